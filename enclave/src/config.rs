@@ -1,0 +1,99 @@
+//! Enclave configuration: a TOML file, then environment overrides, then command-line flags.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `coffer-enclave.toml`. Every field has a documented default; unknown keys are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnclaveConfig {
+    /// PKCS#11 module. Default: SoftHSM's `/usr/lib/softhsm/libsofthsm2.so`.
+    pub pkcs11_module: PathBuf,
+    /// Label of the token holding Coffer's keys. Default `coffer`.
+    pub token_label: String,
+    /// Name of the environment variable holding the user PIN. Default `COFFER_HSM_PIN`.
+    pub pin_env: String,
+    /// A file holding the user PIN (first line); used when set, instead of `pin_env`.
+    pub pin_file: Option<PathBuf>,
+    /// Most PKCS#11 sessions kept open for reuse. Default 16.
+    pub session_pool: usize,
+    /// Unix socket the gRPC service listens on. Default `./.coffer/enclave.sock`.
+    pub socket: PathBuf,
+    /// Log filter (tracing `EnvFilter` syntax). Default `info`.
+    pub log: String,
+}
+
+impl Default for EnclaveConfig {
+    fn default() -> Self {
+        Self {
+            pkcs11_module: PathBuf::from("/usr/lib/softhsm/libsofthsm2.so"),
+            token_label: "coffer".into(),
+            pin_env: "COFFER_HSM_PIN".into(),
+            pin_file: None,
+            session_pool: 16,
+            socket: PathBuf::from("./.coffer/enclave.sock"),
+            log: "info".into(),
+        }
+    }
+}
+
+impl EnclaveConfig {
+    /// Reads `path` if given (missing file is an error), then applies `COFFER_ENCLAVE_*` overrides.
+    pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => Self::default(),
+        };
+        if let Ok(v) = std::env::var("COFFER_PKCS11_MODULE") {
+            cfg.pkcs11_module = v.into();
+        }
+        if let Ok(v) = std::env::var("COFFER_TOKEN_LABEL") {
+            cfg.token_label = v;
+        }
+        if let Ok(v) = std::env::var("COFFER_HSM_PIN_FILE") {
+            cfg.pin_file = Some(v.into());
+        }
+        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
+            cfg.socket = v.into();
+        }
+        Ok(cfg)
+    }
+
+    /// The user PIN, from `pin_file` or the `pin_env` variable; never from argv.
+    pub fn pin(&self) -> anyhow::Result<cryptoki::types::AuthPin> {
+        let pin = match &self.pin_file {
+            Some(p) => {
+                let text = zeroize::Zeroizing::new(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| anyhow::anyhow!("reading PIN file {}: {e}", p.display()))?,
+                );
+                text.lines().next().unwrap_or("").trim().to_string()
+            }
+            None => std::env::var(&self.pin_env).map_err(|_| {
+                anyhow::anyhow!("no HSM PIN: set {} or pin_file", self.pin_env)
+            })?,
+        };
+        if pin.is_empty() {
+            anyhow::bail!("the HSM PIN is empty");
+        }
+        Ok(cryptoki::types::AuthPin::new(pin.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_unknown_keys() {
+        let cfg: EnclaveConfig = toml::from_str("token_label = \"t\"").unwrap();
+        assert_eq!(cfg.token_label, "t");
+        assert_eq!(cfg.session_pool, 16);
+        assert!(toml::from_str::<EnclaveConfig>("tokn_label = \"t\"").is_err());
+    }
+}

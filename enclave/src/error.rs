@@ -1,0 +1,45 @@
+//! The enclave's one error type, and its single mapping to gRPC statuses.
+
+/// Everything that can go wrong inside the enclave. Messages never carry key material.
+#[derive(Debug, thiserror::Error)]
+pub enum EnclaveError {
+    /// The caller asked for something malformed or unsupported (bad curve, path, encoding, ...).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A sealed blob did not open: wrong organization/resource binding, tampering, or wrong KEK.
+    #[error("sealed key material failed authentication (wrong binding or tampered blob)")]
+    SealAuthentication,
+    /// The HSM failed or is unreachable; the message names the PKCS#11 call and return value.
+    #[error("HSM error: {0}")]
+    Hsm(String),
+    /// A bug or an impossible state.
+    #[error("internal enclave error: {0}")]
+    Internal(String),
+}
+
+impl EnclaveError {
+    /// Shorthand for [`EnclaveError::InvalidArgument`].
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Self::InvalidArgument(msg.into())
+    }
+}
+
+impl From<EnclaveError> for tonic::Status {
+    fn from(e: EnclaveError) -> Self {
+        match &e {
+            EnclaveError::InvalidArgument(_) => tonic::Status::invalid_argument(e.to_string()),
+            EnclaveError::SealAuthentication => tonic::Status::failed_precondition(e.to_string()),
+            EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),
+            EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<coffer_crypto::CryptoError> for EnclaveError {
+    fn from(e: coffer_crypto::CryptoError) -> Self {
+        match e {
+            coffer_crypto::CryptoError::InvalidArgument(m) => Self::InvalidArgument(m),
+            coffer_crypto::CryptoError::Internal(m) => Self::Internal(m),
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The PKCS#11 boundary's error type, and its one mapping into the enclave's error.
+
+use cryptoki::error::{Error as CkError, RvError};
+
+use crate::EnclaveError;
+
+/// A failure at the PKCS#11 boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum HsmError {
+    #[error("{call} failed: {rv}")]
+    Pkcs11 { call: &'static str, rv: RvError },
+    #[error("{call} failed: {message}")]
+    Library { call: &'static str, message: String },
+    #[error("no initialized token with label {0:?} (check the token label and SOFTHSM2_CONF)")]
+    TokenNotFound(String),
+    #[error("service key {0:?} is missing from the token: run `coffer-enclave init`")]
+    KeyMissing(&'static str),
+    #[error("sealed blob names KEK {0:?}, which this enclave does not hold")]
+    UnknownKek(String),
+    #[error("sealed blob failed authentication")]
+    SealAuthentication,
+    #[error("malformed data: {0}")]
+    Malformed(&'static str),
+    #[error("HSM state lock poisoned")]
+    Poisoned,
+}
+
+impl HsmError {
+    pub(crate) fn call(call: &'static str, e: CkError) -> Self {
+        match e {
+            CkError::Pkcs11(rv, _) => Self::Pkcs11 { call, rv },
+            other => Self::Library {
+                call,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+impl From<HsmError> for EnclaveError {
+    fn from(e: HsmError) -> Self {
+        match e {
+            HsmError::SealAuthentication | HsmError::UnknownKek(_) => {
+                EnclaveError::SealAuthentication
+            }
+            HsmError::Malformed(m) => EnclaveError::InvalidArgument(format!("malformed input: {m}")),
+            HsmError::Poisoned => EnclaveError::Internal(e.to_string()),
+            other => EnclaveError::Hsm(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! PKCS#11 custody: one module load, one login held by an anchor session, a session pool, and
+//! the two service keys (the AES-256 KEK and the P-256 bundle signer), found by label.
+
+mod error;
+mod seal;
+
+pub use error::HsmError;
+pub use seal::{BlobBinding, BlobKind};
+
+use std::sync::{Mutex, OnceLock};
+
+use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
+use cryptoki::error::{Error as CkError, RvError};
+use cryptoki::mechanism::Mechanism;
+use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
+use cryptoki::session::{Session, UserType};
+use cryptoki::slot::Slot;
+use cryptoki::types::AuthPin;
+use zeroize::Zeroizing;
+
+/// Label of the AES-256 key-encryption key that seals all user key material.
+pub const KEK_LABEL: &str = "coffer-kek-v1";
+/// Label of the P-256 key pair that signs export and import envelopes.
+pub const SIGNER_LABEL: &str = "coffer-bundle-signer-v1";
+
+const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+
+/// Where the token is and how to log in. The PIN is a `secrecy` string, wiped on drop.
+pub struct HsmSettings {
+    pub module: std::path::PathBuf,
+    pub token_label: String,
+    pub pin: AuthPin,
+    pub pool_size: usize,
+}
+
+impl std::fmt::Debug for HsmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HsmSettings")
+            .field("module", &self.module)
+            .field("token_label", &self.token_label)
+            .field("pin", &"<redacted>")
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// Handles of the service keys; valid only for the current login (re-resolved after recovery).
+#[derive(Clone, Copy)]
+struct ServiceKeys {
+    kek: ObjectHandle,
+    signer: ObjectHandle,
+}
+
+struct Anchor {
+    /// Kept open for the life of the process: closing the last session logs the token out.
+    _session: Session,
+    keys: Option<ServiceKeys>,
+}
+
+/// A logged-in token with a pool of sessions. Cheap to share behind an `Arc`.
+pub struct Hsm {
+    ctx: Pkcs11,
+    slot: Slot,
+    pin: AuthPin,
+    anchor: Mutex<Anchor>,
+    pool: Mutex<Vec<Session>>,
+    pool_size: usize,
+    signer_public: OnceLock<[u8; 65]>,
+}
+
+/// The PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once.
+static MODULE: OnceLock<Pkcs11> = OnceLock::new();
+
+fn load_module(path: &std::path::Path) -> Result<Pkcs11, HsmError> {
+    if let Some(ctx) = MODULE.get() {
+        return Ok(ctx.clone());
+    }
+    let ctx = Pkcs11::new(path).map_err(|e| HsmError::call("load module", e))?;
+    // Without OS_LOCKING_OK SoftHSM silently disables its mutexes (notes/softhsm.md 4.1).
+    match ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
+        Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
+        Err(e) => return Err(HsmError::call("C_Initialize", e)),
+    }
+    Ok(MODULE.get_or_init(|| ctx).clone())
+}
+
+fn login(session: &Session, pin: &AuthPin) -> Result<(), HsmError> {
+    match session.login(UserType::User, Some(pin)) {
+        Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => Ok(()),
+        Err(e) => Err(HsmError::call("C_Login", e)),
+    }
+}
+
+/// Errors after which the session, the login or the handles cannot be trusted any more.
+fn needs_recovery(e: &CkError) -> bool {
+    matches!(
+        e,
+        CkError::Pkcs11(
+            RvError::SessionHandleInvalid
+                | RvError::SessionClosed
+                | RvError::ObjectHandleInvalid
+                | RvError::KeyHandleInvalid
+                | RvError::UserNotLoggedIn
+                | RvError::TokenNotPresent
+                | RvError::DeviceRemoved
+                | RvError::DeviceError,
+            _
+        )
+    )
+}
+
+impl Hsm {
+    /// Loads the module, finds the token by label and logs in once.
+    pub fn open(settings: HsmSettings) -> Result<Self, HsmError> {
+        let ctx = load_module(&settings.module)?;
+        let slot = ctx
+            .get_slots_with_initialized_token()
+            .map_err(|e| HsmError::call("C_GetSlotList", e))?
+            .into_iter()
+            .find(|s| {
+                ctx.get_token_info(*s)
+                    .map(|t| t.label().trim_end() == settings.token_label)
+                    .unwrap_or(false)
+            })
+            .ok_or_else(|| HsmError::TokenNotFound(settings.token_label.clone()))?;
+        let session = ctx
+            .open_rw_session(slot)
+            .map_err(|e| HsmError::call("C_OpenSession", e))?;
+        login(&session, &settings.pin)?;
+        Ok(Self {
+            ctx,
+            slot,
+            pin: settings.pin,
+            anchor: Mutex::new(Anchor {
+                _session: session,
+                keys: None,
+            }),
+            pool: Mutex::new(Vec::new()),
+            pool_size: settings.pool_size.max(1),
+            signer_public: OnceLock::new(),
+        })
+    }
+
+    /// Creates the service keys if they are missing (idempotent). Returns what it created.
+    pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
+        let session = self.new_session()?;
+        let mut created = Vec::new();
+        if find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
+            session
+                .generate_key(
+                    &Mechanism::AesKeyGen,
+                    &[
+                        Attribute::Class(ObjectClass::SECRET_KEY),
+                        Attribute::KeyType(KeyType::AES),
+                        Attribute::ValueLen(32.into()),
+                        Attribute::Token(true),
+                        Attribute::Private(true),
+                        Attribute::Sensitive(true),
+                        Attribute::Extractable(false),
+                        Attribute::Encrypt(true),
+                        Attribute::Decrypt(true),
+                        Attribute::Label(KEK_LABEL.as_bytes().to_vec()),
+                    ],
+                )
+                .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
+            created.push(KEK_LABEL);
+        }
+        if find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
+            let label = SIGNER_LABEL.as_bytes().to_vec();
+            session
+                .generate_key_pair(
+                    &Mechanism::EccKeyPairGen,
+                    &[
+                        Attribute::Token(true),
+                        Attribute::Private(false),
+                        Attribute::Verify(true),
+                        Attribute::EcParams(OID_P256.to_vec()),
+                        Attribute::Label(label.clone()),
+                    ],
+                    &[
+                        Attribute::Token(true),
+                        Attribute::Private(true),
+                        Attribute::Sensitive(true),
+                        Attribute::Extractable(false),
+                        Attribute::Sign(true),
+                        Attribute::Label(label),
+                    ],
+                )
+                .map_err(|e| HsmError::call("C_GenerateKeyPair (signer)", e))?;
+            created.push(SIGNER_LABEL);
+        }
+        self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
+        Ok(created)
+    }
+
+    fn new_session(&self) -> Result<Session, HsmError> {
+        self.ctx
+            .open_rw_session(self.slot)
+            .map_err(|e| HsmError::call("C_OpenSession", e))
+    }
+
+    fn keys(&self) -> Result<ServiceKeys, HsmError> {
+        let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
+        if let Some(keys) = anchor.keys {
+            return Ok(keys);
+        }
+        let session = self.new_session()?;
+        let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?
+            .ok_or(HsmError::KeyMissing(KEK_LABEL))?;
+        let signer = find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?
+            .ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
+        let keys = ServiceKeys { kek, signer };
+        anchor.keys = Some(keys);
+        Ok(keys)
+    }
+
+    /// Re-opens the anchor, logs in again and forgets handles (after the token dropped us).
+    fn recover(&self) -> Result<(), HsmError> {
+        tracing::warn!("PKCS#11 session or login lost; re-opening and logging in again");
+        self.pool.lock().map_err(|_| HsmError::Poisoned)?.clear();
+        let session = self.new_session()?;
+        login(&session, &self.pin)?;
+        let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
+        *anchor = Anchor {
+            _session: session,
+            keys: None,
+        };
+        Ok(())
+    }
+
+    /// Runs `op` on a pooled session. A session that saw an error is dropped, never reused
+    /// (an abandoned operation would wedge it); a lost session or login is recovered once.
+    fn with_session<T>(
+        &self,
+        op: impl Fn(&Session, ServiceKeys) -> Result<T, CkError>,
+        call: &'static str,
+    ) -> Result<T, HsmError> {
+        let mut recovered = false;
+        loop {
+            let keys = self.keys()?;
+            let pooled = self.pool.lock().map_err(|_| HsmError::Poisoned)?.pop();
+            let session = match pooled {
+                Some(s) => s,
+                None => self.new_session()?,
+            };
+            match op(&session, keys) {
+                Ok(v) => {
+                    let mut pool = self.pool.lock().map_err(|_| HsmError::Poisoned)?;
+                    if pool.len() < self.pool_size {
+                        pool.push(session);
+                    }
+                    return Ok(v);
+                }
+                Err(e) if needs_recovery(&e) && !recovered => {
+                    drop(session);
+                    self.recover()?;
+                    recovered = true;
+                }
+                Err(e) => return Err(HsmError::call(call, e)),
+            }
+        }
+    }
+
+    /// `n` bytes from the HSM's random number generator.
+    pub fn random(&self, n: usize) -> Result<Zeroizing<Vec<u8>>, HsmError> {
+        self.with_session(
+            |s, _| {
+                let mut buf = Zeroizing::new(vec![0u8; n]);
+                s.generate_random_slice(&mut buf)?;
+                Ok(buf)
+            },
+            "C_GenerateRandom",
+        )
+    }
+
+    /// 32 random bytes, e.g. to seed an ephemeral RNG.
+    pub fn random_seed(&self) -> Result<Zeroizing<[u8; 32]>, HsmError> {
+        let bytes = self.random(32)?;
+        let mut seed = Zeroizing::new([0u8; 32]);
+        seed.copy_from_slice(&bytes);
+        Ok(seed)
+    }
+
+    /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM), bound to `binding`.
+    pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
+        let aad = binding.aad(KEK_LABEL);
+        let iv = self.random(seal::IV_LEN)?;
+        let ct = self.with_session(
+            |s, keys| {
+                let mut iv_buf = [0u8; seal::IV_LEN];
+                iv_buf.copy_from_slice(&iv);
+                let params = cryptoki::mechanism::aead::GcmParams::new(
+                    &mut iv_buf,
+                    &aad,
+                    (seal::TAG_BITS as u64).try_into().unwrap_or_default(),
+                )?;
+                s.encrypt(&Mechanism::AesGcm(params), keys.kek, plaintext)
+            },
+            "C_Encrypt (seal)",
+        )?;
+        Ok(seal::encode(KEK_LABEL, &iv, &ct))
+    }
+
+    /// Opens a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or altered.
+    pub fn open(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<Zeroizing<Vec<u8>>, HsmError> {
+        let parsed = seal::decode(blob)?;
+        if parsed.kek_label != KEK_LABEL {
+            return Err(HsmError::UnknownKek(parsed.kek_label.to_string()));
+        }
+        let aad = binding.aad(parsed.kek_label);
+        let result = self.with_session(
+            |s, keys| {
+                let mut iv_buf = parsed.iv;
+                let params = cryptoki::mechanism::aead::GcmParams::new(
+                    &mut iv_buf,
+                    &aad,
+                    (seal::TAG_BITS as u64).try_into().unwrap_or_default(),
+                )?;
+                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext)
+                    .map(Zeroizing::new)
+            },
+            "C_Decrypt (open)",
+        );
+        match result {
+            Ok(pt) => Ok(pt),
+            // SoftHSM reports a failed GCM tag check as CKR_GENERAL_ERROR (notes 4.9).
+            Err(HsmError::Pkcs11 { rv, .. })
+                if matches!(
+                    rv,
+                    RvError::GeneralError
+                        | RvError::EncryptedDataInvalid
+                        | RvError::EncryptedDataLenRange
+                ) =>
+            {
+                Err(HsmError::SealAuthentication)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bundle signer's uncompressed SEC1 public key, read once from the token.
+    pub fn signer_public_key(&self) -> Result<[u8; 65], HsmError> {
+        if let Some(pk) = self.signer_public.get() {
+            return Ok(*pk);
+        }
+        let point = self.with_session(
+            |s, _| {
+                let handles = s.find_objects(&[
+                    Attribute::Class(ObjectClass::PUBLIC_KEY),
+                    Attribute::Label(SIGNER_LABEL.as_bytes().to_vec()),
+                ])?;
+                let Some(h) = handles.first() else {
+                    return Ok(None);
+                };
+                let attrs = s.get_attributes(*h, &[AttributeType::EcPoint])?;
+                Ok(attrs.into_iter().find_map(|a| match a {
+                    Attribute::EcPoint(p) => Some(p),
+                    _ => None,
+                }))
+            },
+            "C_GetAttributeValue (signer public key)",
+        )?;
+        let point = point.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
+        // SoftHSM wraps the point in a DER OCTET STRING; some HSMs return it raw (notes 4.7).
+        let raw: &[u8] = if point.len() == 67 && point[0] == 0x04 && point[1] == 65 {
+            &point[2..]
+        } else {
+            &point
+        };
+        let pk: [u8; 65] = raw
+            .try_into()
+            .map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
+        Ok(*self.signer_public.get_or_init(|| pk))
+    }
+
+    /// ECDSA P-256 over SHA-256(`data`) with the bundle signer, DER encoded.
+    pub fn sign_with_bundle_signer(&self, data: &[u8]) -> Result<Vec<u8>, HsmError> {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(data);
+        let raw = self.with_session(
+            |s, keys| s.sign(&Mechanism::Ecdsa, keys.signer, &digest),
+            "C_Sign (bundle signer)",
+        )?;
+        let sig = p256::ecdsa::Signature::from_slice(&raw)
+            .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
+        Ok(sig.to_der().as_bytes().to_vec())
+    }
+}
+
+fn find_key(
+    session: &Session,
+    class: ObjectClass,
+    label: &str,
+) -> Result<Option<ObjectHandle>, HsmError> {
+    session
+        .find_objects(&[
+            Attribute::Class(class),
+            Attribute::Label(label.as_bytes().to_vec()),
+        ])
+        .map(|v| v.first().copied())
+        .map_err(|e| HsmError::call("C_FindObjects", e))
+}

@@ -1,0 +1,126 @@
+//! The sealed-blob format: versioned, names its KEK, and binds kind, organization and resource.
+
+use super::HsmError;
+
+pub(crate) const IV_LEN: usize = 12;
+pub(crate) const TAG_BITS: usize = 128;
+const MAGIC: &[u8; 2] = b"CS";
+const VERSION: u8 = 1;
+const DOMAIN: &[u8] = b"coffer-seal-v1";
+
+/// What a blob holds; each kind has its own AAD, so a seed never opens as a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlobKind {
+    WalletSeed,
+    WalletAccountKey,
+    PrivateKey,
+    ImportTarget,
+}
+
+impl BlobKind {
+    fn tag(self) -> &'static str {
+        match self {
+            Self::WalletSeed => "wallet-seed",
+            Self::WalletAccountKey => "wallet-account-key",
+            Self::PrivateKey => "private-key",
+            Self::ImportTarget => "import-target",
+        }
+    }
+}
+
+/// The place a blob belongs to. A blob opened under any other binding fails authentication.
+#[derive(Clone, Copy, Debug)]
+pub struct BlobBinding<'a> {
+    pub kind: BlobKind,
+    pub organization_id: &'a str,
+    pub resource_id: &'a str,
+}
+
+impl BlobBinding<'_> {
+    /// AAD = domain ‖ kind ‖ organization ‖ resource ‖ KEK label, each length-prefixed.
+    pub(crate) fn aad(&self, kek_label: &str) -> Vec<u8> {
+        let mut aad = Vec::with_capacity(96);
+        for field in [
+            DOMAIN,
+            self.kind.tag().as_bytes(),
+            self.organization_id.as_bytes(),
+            self.resource_id.as_bytes(),
+            kek_label.as_bytes(),
+        ] {
+            aad.extend_from_slice(&(field.len() as u32).to_be_bytes());
+            aad.extend_from_slice(field);
+        }
+        aad
+    }
+}
+
+/// `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`.
+pub(crate) fn encode(kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + kek_label.len() + iv.len() + ciphertext.len());
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    out.push(kek_label.len() as u8);
+    out.extend_from_slice(kek_label.as_bytes());
+    out.extend_from_slice(iv);
+    out.extend_from_slice(ciphertext);
+    out
+}
+
+pub(crate) struct ParsedBlob<'a> {
+    pub kek_label: &'a str,
+    pub iv: [u8; IV_LEN],
+    pub ciphertext: &'a [u8],
+}
+
+pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
+    let bad = HsmError::Malformed("sealed blob");
+    if blob.len() < 4 || &blob[..2] != MAGIC || blob[2] != VERSION {
+        return Err(bad);
+    }
+    let label_len = blob[3] as usize;
+    let rest = &blob[4..];
+    if rest.len() < label_len + IV_LEN + TAG_BITS / 8 {
+        return Err(bad);
+    }
+    let kek_label = std::str::from_utf8(&rest[..label_len]).map_err(|_| HsmError::Malformed("sealed blob"))?;
+    let mut iv = [0u8; IV_LEN];
+    iv.copy_from_slice(&rest[label_len..label_len + IV_LEN]);
+    Ok(ParsedBlob {
+        kek_label,
+        iv,
+        ciphertext: &rest[label_len + IV_LEN..],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aad_differs_by_every_field() {
+        let base = BlobBinding { kind: BlobKind::PrivateKey, organization_id: "org", resource_id: "r" };
+        let a = base.aad("k");
+        assert_ne!(a, BlobBinding { kind: BlobKind::WalletSeed, ..base }.aad("k"));
+        assert_ne!(a, BlobBinding { organization_id: "org2", ..base }.aad("k"));
+        assert_ne!(a, BlobBinding { resource_id: "r2", ..base }.aad("k"));
+        assert_ne!(a, base.aad("k2"));
+        // Length prefixes keep ("ab","c") and ("a","bc") apart.
+        let x = BlobBinding { organization_id: "ab", resource_id: "c", ..base }.aad("k");
+        let y = BlobBinding { organization_id: "a", resource_id: "bc", ..base }.aad("k");
+        assert_ne!(x, y);
+    }
+
+    #[test]
+    fn encode_decode_round_trip_and_rejects_garbage() {
+        let blob = encode("kek", &[7u8; 12], &[1u8; 40]);
+        let p = decode(&blob).unwrap();
+        assert_eq!(p.kek_label, "kek");
+        assert_eq!(p.iv, [7u8; 12]);
+        assert_eq!(p.ciphertext, &[1u8; 40][..]);
+        assert!(decode(b"").is_err());
+        assert!(decode(&blob[..20]).is_err());
+        let mut wrong_version = blob.clone();
+        wrong_version[2] = 9;
+        assert!(decode(&wrong_version).is_err());
+    }
+}

@@ -1,0 +1,8 @@
+//! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
+
+pub mod config;
+pub mod error;
+pub mod hsm;
+pub mod service;
+
+pub use error::EnclaveError;

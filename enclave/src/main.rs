@@ -1,0 +1,122 @@
+//! `coffer-enclave`: `init` creates the token's service keys; `serve` runs the gRPC service.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use coffer_enclave::config::EnclaveConfig;
+use coffer_enclave::hsm::{Hsm, HsmSettings};
+use coffer_enclave::service::EnclaveService;
+use coffer_proto::v1::enclave_server::EnclaveServer;
+
+#[derive(Parser)]
+#[command(name = "coffer-enclave", about = "Coffer's HSM-backed key custody process")]
+struct Cli {
+    /// TOML configuration file (see README); environment and flags override it.
+    #[arg(long, env = "COFFER_ENCLAVE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Unix socket to listen on (overrides the config).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Token label (overrides the config).
+    #[arg(long)]
+    token_label: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the KEK and the bundle signer in the token if missing (idempotent), print the signer key.
+    Init,
+    /// Serve the gRPC interface on the Unix socket.
+    Serve,
+}
+
+fn open_hsm(cfg: &EnclaveConfig) -> anyhow::Result<Hsm> {
+    Ok(Hsm::open(HsmSettings {
+        module: cfg.pkcs11_module.clone(),
+        token_label: cfg.token_label.clone(),
+        pin: cfg.pin()?,
+        pool_size: cfg.session_pool,
+    })?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // No core dumps: a crash must not write key material to disk.
+    rlimit::setrlimit(rlimit::Resource::CORE, 0, 0)
+        .map_err(|e| anyhow::anyhow!("disabling core dumps: {e}"))?;
+    let cli = Cli::parse();
+    let mut cfg = EnclaveConfig::load(cli.config.as_deref())?;
+    if let Some(s) = cli.socket {
+        cfg.socket = s;
+    }
+    if let Some(t) = cli.token_label {
+        cfg.token_label = t;
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COFFER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log)),
+        )
+        .json()
+        .with_writer(std::io::stderr)
+        .init();
+
+    match cli.command {
+        Command::Init => {
+            let hsm = open_hsm(&cfg)?;
+            let created = hsm.init_service_keys()?;
+            let signer = hex::encode(hsm.signer_public_key()?);
+            println!(
+                "{}",
+                serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer })
+            );
+            Ok(())
+        }
+        Command::Serve => serve(cfg).await,
+    }
+}
+
+async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
+    let hsm = Arc::new(open_hsm(&cfg)?);
+    let signer = hsm.signer_public_key()?;
+    if let Some(dir) = cfg.socket.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    match std::fs::remove_file(&cfg.socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let listener = tokio::net::UnixListener::bind(&cfg.socket)?;
+    // Only the gateway's user may connect.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600))?;
+    }
+    tracing::info!(
+        socket = %cfg.socket.display(),
+        token = %cfg.token_label,
+        signer = %hex::encode(signer),
+        "enclave ready"
+    );
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+    };
+    tonic::transport::Server::builder()
+        .add_service(EnclaveServer::new(EnclaveService::new(hsm)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    let _ = std::fs::remove_file(&cfg.socket);
+    Ok(())
+}
