@@ -91,7 +91,7 @@ fn open_ref(
         organization_id: &sealed.organization_id,
         resource_id: &sealed.resource_id,
     };
-    let plain = hsm.open(&binding, &sealed.blob)?;
+    let plain = hsm.unseal(&binding, &sealed.blob)?;
     Ok((plain, sealed))
 }
 

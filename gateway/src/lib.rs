@@ -1,1 +1,12 @@
-//! gw
+//! Coffer's gateway: the HTTP API, stamps, activities, records and queries. Holds no secrets.
+
+pub mod activity;
+pub mod auth;
+pub mod config;
+pub mod enclave_client;
+pub mod error;
+pub mod http;
+pub mod ops;
+pub mod orgs;
+pub mod state;
+pub mod store;

@@ -64,7 +64,11 @@ fn mnemonic_from(language: Language, entropy: &[u8]) -> Result<Mnemonic, CryptoE
 /// The words of `m` separated by single spaces, written into one allocation of the final size so
 /// no reallocated copy of the phrase is left behind.
 fn render(m: &Mnemonic) -> Zeroizing<String> {
-    let len = m.words().map(|w| w.len() + 1).sum::<usize>().saturating_sub(1);
+    let len = m
+        .words()
+        .map(|w| w.len() + 1)
+        .sum::<usize>()
+        .saturating_sub(1);
     let mut s = Zeroizing::new(String::with_capacity(len));
     for (i, w) in m.words().enumerate() {
         if i > 0 {
@@ -223,12 +227,17 @@ mod tests {
     fn phrase_whitespace_is_normalized() {
         let messy = format!("  {}\n", ABANDON.replace(' ', " \t "));
         assert_eq!(entropy_from_phrase(&messy).unwrap().as_slice(), &[0u8; 16]);
-        assert_eq!(*seed_from_phrase(&messy).unwrap(), *seed_from_phrase(ABANDON).unwrap());
+        assert_eq!(
+            *seed_from_phrase(&messy).unwrap(),
+            *seed_from_phrase(ABANDON).unwrap()
+        );
     }
 
     #[test]
     fn every_language_round_trips() {
-        let entropy: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
+        let entropy: Vec<u8> = (0u8..32)
+            .map(|i| i.wrapping_mul(37).wrapping_add(11))
+            .collect();
         for lang in LANGUAGES {
             for len in [16, 20, 24, 28, 32] {
                 let phrase = mnemonic_phrase(&entropy[..len], lang).unwrap();
@@ -251,8 +260,14 @@ mod tests {
         // Japanese with the ideographic space (U+3000) BIP-39 recommends for display.
         let ja = mnemonic_phrase(&entropy[..16], "MNEMONIC_LANGUAGE_JAPANESE").unwrap();
         let ja_ideographic = ja.replace(' ', "\u{3000}");
-        assert_eq!(entropy_from_phrase(&ja_ideographic).unwrap().as_slice(), &entropy[..16]);
-        assert_eq!(*seed_from_phrase(&ja_ideographic).unwrap(), *seed_from_phrase(&ja).unwrap());
+        assert_eq!(
+            entropy_from_phrase(&ja_ideographic).unwrap().as_slice(),
+            &entropy[..16]
+        );
+        assert_eq!(
+            *seed_from_phrase(&ja_ideographic).unwrap(),
+            *seed_from_phrase(&ja).unwrap()
+        );
     }
 
     #[test]

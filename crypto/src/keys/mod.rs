@@ -104,7 +104,9 @@ mod tests {
             assert_eq!(Curve::parse(c.wire_name()).unwrap(), c);
         }
         let err = Curve::parse("CURVE_ED448").unwrap_err();
-        assert!(matches!(err, CryptoError::InvalidArgument(ref m) if m == "invalid curve: CURVE_ED448"));
+        assert!(
+            matches!(err, CryptoError::InvalidArgument(ref m) if m == "invalid curve: CURVE_ED448")
+        );
         assert!(Curve::parse("").is_err());
         assert!(Curve::parse("curve_secp256k1").is_err());
     }
@@ -138,8 +140,14 @@ mod tests {
         let zero = [0u8; 32];
         let max = [0xffu8; 32]; // >= n on both curves
         for curve in [Curve::Secp256k1, Curve::P256] {
-            assert!(matches!(public_key(curve, &zero), Err(CryptoError::InvalidArgument(_))));
-            assert!(matches!(public_key(curve, &max), Err(CryptoError::InvalidArgument(_))));
+            assert!(matches!(
+                public_key(curve, &zero),
+                Err(CryptoError::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                public_key(curve, &max),
+                Err(CryptoError::InvalidArgument(_))
+            ));
         }
         // Every 32-byte string is a valid Ed25519 seed.
         assert_eq!(public_key(Curve::Ed25519, &zero).unwrap().len(), 32);

@@ -292,7 +292,7 @@ impl Hsm {
                 let params = cryptoki::mechanism::aead::GcmParams::new(
                     &mut iv_buf,
                     &aad,
-                    (seal::TAG_BITS as u64).try_into().unwrap_or_default(),
+                    cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
                 )?;
                 s.encrypt(&Mechanism::AesGcm(params), keys.kek, plaintext)
             },
@@ -301,8 +301,8 @@ impl Hsm {
         Ok(seal::encode(KEK_LABEL, &iv, &ct))
     }
 
-    /// Opens a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or altered.
-    pub fn open(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<Zeroizing<Vec<u8>>, HsmError> {
+    /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or altered.
+    pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<Zeroizing<Vec<u8>>, HsmError> {
         let parsed = seal::decode(blob)?;
         if parsed.kek_label != KEK_LABEL {
             return Err(HsmError::UnknownKek(parsed.kek_label.to_string()));
@@ -314,7 +314,7 @@ impl Hsm {
                 let params = cryptoki::mechanism::aead::GcmParams::new(
                     &mut iv_buf,
                     &aad,
-                    (seal::TAG_BITS as u64).try_into().unwrap_or_default(),
+                    cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
                 )?;
                 s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext)
                     .map(Zeroizing::new)

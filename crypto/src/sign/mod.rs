@@ -1,0 +1,277 @@
+//! Raw-payload signing (`sign_raw_payload`, wire spec §10.1): payload encodings, hash functions,
+//! EIP-712 / EIP-7702 digests, r/s/v.
+//!
+//! ECDSA (secp256k1, P-256) is RFC 6979 deterministic and always returns low-S with the recovery
+//! id of the returned signature; Ed25519 signs the raw payload bytes.
+
+mod eip712;
+
+use ed25519_dalek::Signer as _;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::{CryptoError, Curve};
+
+pub const PAYLOAD_ENCODING_HEXADECIMAL: &str = "PAYLOAD_ENCODING_HEXADECIMAL";
+pub const PAYLOAD_ENCODING_TEXT_UTF8: &str = "PAYLOAD_ENCODING_TEXT_UTF8";
+pub const PAYLOAD_ENCODING_EIP712: &str = "PAYLOAD_ENCODING_EIP712";
+pub const PAYLOAD_ENCODING_EIP7702_AUTHORIZATION: &str = "PAYLOAD_ENCODING_EIP7702_AUTHORIZATION";
+
+pub const HASH_FUNCTION_NO_OP: &str = "HASH_FUNCTION_NO_OP";
+pub const HASH_FUNCTION_SHA256: &str = "HASH_FUNCTION_SHA256";
+pub const HASH_FUNCTION_KECCAK256: &str = "HASH_FUNCTION_KECCAK256";
+pub const HASH_FUNCTION_NOT_APPLICABLE: &str = "HASH_FUNCTION_NOT_APPLICABLE";
+
+/// A signature as returned by `sign_raw_payload`: r and s as 64 lowercase hex chars (no `0x`),
+/// v = recovery id `"00"`/`"01"` (always `"00"` for Ed25519).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignatureParts {
+    pub r: String,
+    pub s: String,
+    pub v: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Hex,
+    Utf8,
+    Eip712,
+    Eip7702,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HashFunction {
+    NoOp,
+    Sha256,
+    Keccak256,
+    NotApplicable,
+}
+
+impl Encoding {
+    fn parse(s: &str) -> Result<Self, CryptoError> {
+        Ok(match s {
+            PAYLOAD_ENCODING_HEXADECIMAL => Self::Hex,
+            PAYLOAD_ENCODING_TEXT_UTF8 => Self::Utf8,
+            PAYLOAD_ENCODING_EIP712 => Self::Eip712,
+            PAYLOAD_ENCODING_EIP7702_AUTHORIZATION => Self::Eip7702,
+            _ => {
+                return Err(CryptoError::invalid(format!(
+                    "invalid payload encoding: {s}"
+                )))
+            }
+        })
+    }
+}
+
+impl HashFunction {
+    fn parse(s: &str) -> Result<Self, CryptoError> {
+        Ok(match s {
+            HASH_FUNCTION_NO_OP => Self::NoOp,
+            HASH_FUNCTION_SHA256 => Self::Sha256,
+            HASH_FUNCTION_KECCAK256 => Self::Keccak256,
+            HASH_FUNCTION_NOT_APPLICABLE => Self::NotApplicable,
+            _ => return Err(CryptoError::invalid(format!("invalid hash function: {s}"))),
+        })
+    }
+}
+
+fn curve_label(curve: Curve) -> &'static str {
+    match curve {
+        Curve::Secp256k1 => "secp256k1",
+        Curve::P256 => "P-256",
+        Curve::Ed25519 => "ed25519",
+    }
+}
+
+fn bad_payload(reason: impl std::fmt::Display) -> CryptoError {
+    CryptoError::invalid(format!("invalid payload: {reason}"))
+}
+
+/// Signs `payload` (decoded per `encoding`, hashed per `hash_function`) with the `curve` key
+/// `secret`. Validation order: enum names, encoding/hash/curve combination, payload.
+pub fn sign_payload(
+    curve: Curve,
+    secret: &[u8; 32],
+    payload: &str,
+    encoding: &str,
+    hash_function: &str,
+) -> Result<SignatureParts, CryptoError> {
+    let enc = Encoding::parse(encoding)?;
+    let hf = HashFunction::parse(hash_function)?;
+    let hf_refused =
+        |why: &str| CryptoError::invalid(format!("invalid hash function: {hash_function} {why}"));
+
+    // Typed Ethereum encodings: secp256k1 only; the digest is computed by the encoding, the
+    // client sends NO_OP (viem, ethers) — KECCAK256 is tolerated as it names the same hash.
+    if matches!(enc, Encoding::Eip712 | Encoding::Eip7702) {
+        if curve != Curve::Secp256k1 {
+            return Err(CryptoError::invalid(format!(
+                "invalid payload encoding: {encoding} requires a secp256k1 key"
+            )));
+        }
+        if !matches!(hf, HashFunction::NoOp | HashFunction::Keccak256) {
+            return Err(hf_refused(&format!("cannot be used with {encoding}")));
+        }
+        let digest = match enc {
+            Encoding::Eip712 => eip712::hash_typed_data(payload)
+                .map_err(|e| bad_payload(format_args!("invalid EIP-712 typed data: {e}")))?
+                .digest(),
+            _ => eip7702_digest(payload)
+                .map_err(|e| bad_payload(format_args!("invalid EIP-7702 authorization: {e}")))?,
+        };
+        return sign_ecdsa(curve, secret, &digest);
+    }
+
+    match (curve, hf) {
+        (Curve::Ed25519, HashFunction::NotApplicable) => {}
+        (Curve::Ed25519, _) => {
+            return Err(hf_refused(
+                "is not supported for ed25519 keys (use HASH_FUNCTION_NOT_APPLICABLE)",
+            ))
+        }
+        (_, HashFunction::NotApplicable) => {
+            return Err(hf_refused(&format!(
+                "is not supported for {} keys",
+                curve_label(curve)
+            )))
+        }
+        _ => {}
+    }
+
+    let bytes = match enc {
+        Encoding::Hex => {
+            eip712::decode_hex(payload).ok_or_else(|| bad_payload("not valid hexadecimal"))?
+        }
+        _ => payload.as_bytes().to_vec(),
+    };
+
+    if curve == Curve::Ed25519 {
+        let key = ed25519_dalek::SigningKey::from_bytes(secret);
+        let sig = key.sign(&bytes).to_bytes();
+        return Ok(SignatureParts {
+            r: hex::encode(&sig[..32]),
+            s: hex::encode(&sig[32..]),
+            v: "00".into(),
+        });
+    }
+
+    let digest: [u8; 32] = match hf {
+        HashFunction::Sha256 => Sha256::digest(&bytes).into(),
+        HashFunction::Keccak256 => eip712::keccak256(&bytes),
+        _ => <[u8; 32]>::try_from(bytes.as_slice())
+            .map_err(|_| bad_payload("NO_OP requires a 32-byte digest"))?,
+    };
+    sign_ecdsa(curve, secret, &digest)
+}
+
+/// RFC 6979 ECDSA over a 32-byte digest, normalized to low-S with the matching recovery id.
+fn sign_ecdsa(
+    curve: Curve,
+    secret: &[u8; 32],
+    digest: &[u8; 32],
+) -> Result<SignatureParts, CryptoError> {
+    let bad_key = || CryptoError::Internal(format!("invalid {} secret key", curve_label(curve)));
+    let sign_err =
+        |e: k256::ecdsa::Error| CryptoError::Internal(format!("ECDSA signing failed: {e}"));
+    let (r, s, recid) = match curve {
+        Curve::Secp256k1 => {
+            let key = k256::ecdsa::SigningKey::from_slice(secret).map_err(|_| bad_key())?;
+            let (sig, recid) = key.sign_prehash_recoverable(digest).map_err(sign_err)?;
+            let (sig, recid) = match sig.normalize_s() {
+                Some(low) => (low, flip(recid)),
+                None => (sig, recid),
+            };
+            let (r, s) = sig.split_bytes();
+            (r.to_vec(), s.to_vec(), recid)
+        }
+        Curve::P256 => {
+            let key = p256::ecdsa::SigningKey::from_slice(secret).map_err(|_| bad_key())?;
+            let (sig, recid) = key.sign_prehash_recoverable(digest).map_err(sign_err)?;
+            let (sig, recid) = match sig.normalize_s() {
+                Some(low) => (low, flip(recid)),
+                None => (sig, recid),
+            };
+            let (r, s) = sig.split_bytes();
+            (r.to_vec(), s.to_vec(), recid)
+        }
+        Curve::Ed25519 => return Err(CryptoError::Internal("ECDSA requested for ed25519".into())),
+    };
+    Ok(SignatureParts {
+        r: hex::encode(r),
+        s: hex::encode(s),
+        v: format!("{:02x}", recid.to_byte()),
+    })
+}
+
+/// Negating s negates the nonce point R: flip the y-parity bit of the recovery id.
+/// (`RecoveryId` and `Error` are the shared `ecdsa` 0.16 types, re-exported by k256 and p256.)
+fn flip(recid: k256::ecdsa::RecoveryId) -> k256::ecdsa::RecoveryId {
+    k256::ecdsa::RecoveryId::new(!recid.is_y_odd(), recid.is_x_reduced())
+}
+
+// ---------------------------------------------------------------------------------------------
+// EIP-7702
+// ---------------------------------------------------------------------------------------------
+
+/// Appends the RLP encoding of a byte string.
+fn rlp_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    if let [b] = bytes {
+        if *b < 0x80 {
+            out.push(*b);
+            return;
+        }
+    }
+    rlp_header(out, 0x80, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+/// Appends an RLP header (`offset` 0x80 for strings, 0xc0 for lists) for a payload of `len` bytes.
+fn rlp_header(out: &mut Vec<u8>, offset: u8, len: usize) {
+    if len <= 55 {
+        out.push(offset + len as u8);
+    } else {
+        let be = len.to_be_bytes();
+        let len_bytes = &be[be.iter().position(|&b| b != 0).unwrap_or(be.len() - 1)..];
+        out.push(offset + 55 + len_bytes.len() as u8);
+        out.extend_from_slice(len_bytes);
+    }
+}
+
+/// Minimal big-endian bytes of a 256-bit integer (zero → empty), as RLP wants integers.
+fn trim_leading_zeros(word: &[u8]) -> &[u8] {
+    &word[word.iter().position(|&b| b != 0).unwrap_or(word.len())..]
+}
+
+/// `keccak256(0x05 ‖ rlp([chainId, address, nonce]))` for `{"address","chainId","nonce"}`
+/// (numbers as JSON numbers, decimal or `0x`-hex strings; `contractAddress` accepted as viem's
+/// alias of `address`).
+fn eip7702_digest(payload: &str) -> Result<[u8; 32], String> {
+    eip7702_preimage(payload).map(|pre| eip712::keccak256(&pre))
+}
+
+/// `0x05 ‖ rlp([chainId, address, nonce])`.
+fn eip7702_preimage(payload: &str) -> Result<Vec<u8>, String> {
+    let doc: Value = serde_json::from_str(payload).map_err(|e| format!("not valid JSON: {e}"))?;
+    let obj = doc.as_object().ok_or("expected a JSON object")?;
+    let field = |name: &str| obj.get(name).filter(|v| !v.is_null());
+    let address = field("address")
+        .or_else(|| field("contractAddress"))
+        .ok_or("missing \"address\"")?;
+    let address = eip712::parse_address(address).map_err(|e| format!("address: {e}"))?;
+    let chain_id = field("chainId").ok_or("missing \"chainId\"")?;
+    let chain_id = eip712::encode_int(chain_id, 256, false).map_err(|e| format!("chainId: {e}"))?;
+    let nonce = field("nonce").ok_or("missing \"nonce\"")?;
+    let nonce = eip712::encode_int(nonce, 64, false).map_err(|e| format!("nonce: {e}"))?;
+
+    let mut items = Vec::with_capacity(64);
+    rlp_bytes(&mut items, trim_leading_zeros(&chain_id));
+    rlp_bytes(&mut items, &address);
+    rlp_bytes(&mut items, trim_leading_zeros(&nonce));
+    let mut pre = vec![0x05];
+    rlp_header(&mut pre, 0xc0, items.len());
+    pre.extend_from_slice(&items);
+    Ok(pre)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,95 @@
+//! The operation registry's types: an activity is a path, its type, its intent and result keys,
+//! its policy resource and action, and one handler over a typed intent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{Nanos, Organization, Write};
+
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + Send>>;
+
+/// What an activity handler produced: the result body and the effects to commit with it.
+pub struct Outcome {
+    pub result: Value,
+    pub writes: Vec<Write>,
+}
+
+/// Context of one activity being executed.
+pub struct Ctx {
+    pub state: Arc<AppState>,
+    pub org: Organization,
+    pub caller: Caller,
+    pub activity_id: String,
+    pub now: Nanos,
+}
+
+/// Context of one query.
+pub struct QueryCtx {
+    pub state: Arc<AppState>,
+    pub org: Organization,
+    pub caller: Caller,
+}
+
+pub type ActivityHandler = fn(Ctx, Value) -> BoxFut<Outcome>;
+pub type QueryHandler = fn(QueryCtx, Value) -> BoxFut<Value>;
+
+/// One submit endpoint.
+pub struct Operation {
+    /// `/public/v1/submit/<path>`.
+    pub path: &'static str,
+    /// The latest versioned type, the one every official client sends.
+    pub activity_type: &'static str,
+    /// Key of the intent inside `activity.intent`.
+    pub intent_key: &'static str,
+    /// Key of the result inside `activity.result`.
+    pub result_key: &'static str,
+    /// Policy resource and action (spec 12.4), for the policy engine.
+    pub resource: &'static str,
+    pub action: &'static str,
+    pub handler: ActivityHandler,
+}
+
+/// One query endpoint.
+pub struct Query {
+    /// `/public/v1/query/<path>`.
+    pub path: &'static str,
+    pub handler: QueryHandler,
+}
+
+/// Decodes a typed intent or request; a mismatch is a 400 naming the field.
+pub fn decode<T: DeserializeOwned>(params: Value) -> Result<T, ApiError> {
+    serde_json::from_value(params).map_err(|e| ApiError::invalid(format!("invalid parameters: {e}")))
+}
+
+/// Wraps `async fn(Ctx, Intent) -> Result<Outcome, ApiError>` into an [`ActivityHandler`].
+#[macro_export]
+macro_rules! activity_handler {
+    ($f:path) => {
+        |ctx, params| {
+            Box::pin(async move {
+                let intent = $crate::activity::registry::decode(params)?;
+                $f(ctx, intent).await
+            })
+        }
+    };
+}
+
+/// Wraps `async fn(QueryCtx, Request) -> Result<Value, ApiError>` into a [`QueryHandler`].
+#[macro_export]
+macro_rules! query_handler {
+    ($f:path) => {
+        |ctx, params| {
+            Box::pin(async move {
+                let request = $crate::activity::registry::decode(params)?;
+                $f(ctx, request).await
+            })
+        }
+    };
+}

@@ -1,0 +1,90 @@
+//! Gateway configuration: a TOML file, then `COFFER_*` environment overrides, then flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `coffer-gateway.toml`. Every field has a documented default; unknown keys are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// HTTP listen address of the API. Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// HTTP listen address of the auth proxy. Default `127.0.0.1:8081`.
+    pub auth_proxy_listen: SocketAddr,
+    /// Store URL: `sqlite://PATH`. Default `sqlite://./.coffer/coffer.db`.
+    pub store_url: String,
+    /// The enclave's Unix socket. Default `./.coffer/enclave.sock`.
+    pub enclave_socket: PathBuf,
+    /// Largest request body accepted, in bytes. Default 1 MiB (a 400 KiB contract ABI fits).
+    pub body_limit: usize,
+    /// Log filter (tracing `EnvFilter` syntax). Default `info`.
+    pub log: String,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".parse().expect("valid default"),
+            auth_proxy_listen: "127.0.0.1:8081".parse().expect("valid default"),
+            store_url: "sqlite://./.coffer/coffer.db".into(),
+            enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
+            body_limit: 1024 * 1024,
+            log: "info".into(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Reads `path` if given (a missing file is an error), then applies environment overrides.
+    pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => Self::default(),
+        };
+        if let Ok(v) = std::env::var("COFFER_LISTEN") {
+            cfg.listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_LISTEN: {e}"))?;
+        }
+        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_LISTEN") {
+            cfg.auth_proxy_listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_LISTEN: {e}"))?;
+        }
+        if let Ok(v) = std::env::var("COFFER_STORE_URL") {
+            cfg.store_url = v;
+        }
+        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
+            cfg.enclave_socket = v.into();
+        }
+        if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
+            cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;
+        }
+        Ok(cfg)
+    }
+
+    /// The SQLite file named by `store_url`.
+    pub fn sqlite_path(&self) -> anyhow::Result<PathBuf> {
+        match self.store_url.strip_prefix("sqlite://") {
+            Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+            _ => anyhow::bail!("unsupported store_url {:?}: expected sqlite://PATH", self.store_url),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_unknown_keys_and_store_url() {
+        let cfg: GatewayConfig = toml::from_str("body_limit = 10").unwrap();
+        assert_eq!(cfg.body_limit, 10);
+        assert_eq!(cfg.listen.port(), 8080);
+        assert!(toml::from_str::<GatewayConfig>("bodylimit = 10").is_err());
+        assert_eq!(cfg.sqlite_path().unwrap(), PathBuf::from("./.coffer/coffer.db"));
+        let bad = GatewayConfig { store_url: "postgres://x".into(), ..GatewayConfig::default() };
+        assert!(bad.sqlite_path().is_err());
+    }
+}

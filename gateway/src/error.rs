@@ -1,0 +1,157 @@
+//! The HTTP boundary's one error type: a gRPC code, a message and a `TurnkeyErrorCode`, rendered
+//! as the gRPC-gateway `Status` JSON the official clients parse.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::store::StoreError;
+
+/// gRPC status codes used on the wire (`code` in the error body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    InvalidArgument = 3,
+    NotFound = 5,
+    AlreadyExists = 6,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    Aborted = 10,
+    Internal = 13,
+    Unavailable = 14,
+    Unauthenticated = 16,
+}
+
+impl Code {
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+/// A refused request. Nothing was changed when one of these is returned.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: Code,
+    pub message: String,
+    /// `TurnkeyErrorCode` enum name, e.g. `REQUEST_INVALID`.
+    pub turnkey_code: &'static str,
+    /// HTTP status override (only 413 for an oversized body).
+    pub status: Option<StatusCode>,
+}
+
+impl ApiError {
+    pub fn new(code: Code, turnkey_code: &'static str, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), turnkey_code, status: None }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, "REQUEST_INVALID", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, "REQUEST_INVALID", message)
+    }
+    pub fn unauthenticated(turnkey_code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Code::Unauthenticated, turnkey_code, message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, "REQUEST_NOT_AUTHORIZED", message)
+    }
+    pub fn internal() -> Self {
+        Self::new(Code::Internal, "INTERNAL", "internal server error")
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, "RPC_CALL_ERROR", message)
+    }
+    pub fn too_large(limit: usize) -> Self {
+        Self {
+            status: Some(StatusCode::PAYLOAD_TOO_LARGE),
+            ..Self::invalid(format!("request body too large: the limit is {limit} bytes"))
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "code": self.code as i32,
+            "message": self.message,
+            "details": [{
+                "@type": "type.googleapis.com/errors.v1.TurnkeyErrorDetail",
+                "turnkeyErrorCode": self.turnkey_code,
+            }],
+            "turnkeyErrorCode": self.turnkey_code,
+        })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status.unwrap_or_else(|| self.code.http_status());
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::not_found("not found"),
+            StoreError::Conflict(m) if m.starts_with("wallet account has not been exported") => {
+                ApiError::new(Code::InvalidArgument, "WALLET_ACCOUNT_NOT_EXPORTED", m)
+            }
+            StoreError::Conflict(m) => ApiError::invalid(m),
+            StoreError::Unique(m) => ApiError::invalid(m),
+            StoreError::Backend(m) => {
+                tracing::error!(error = %m, "store failure");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(s: tonic::Status) -> Self {
+        match s.code() {
+            tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
+            tonic::Code::FailedPrecondition => {
+                tracing::error!(error = %s.message(), "enclave refused sealed material");
+                ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")
+            }
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+                tracing::warn!(error = %s.message(), "enclave unavailable");
+                ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
+            }
+            _ => {
+                tracing::error!(error = %s.message(), code = ?s.code(), "enclave error");
+                ApiError::internal()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_shape_and_status() {
+        let e = ApiError::unauthenticated("SIGNATURE_INVALID", "could not verify api key signature");
+        assert_eq!(e.code.http_status(), StatusCode::UNAUTHORIZED);
+        let b = e.body();
+        assert_eq!(b["code"], 16);
+        assert_eq!(b["details"][0]["turnkeyErrorCode"], "SIGNATURE_INVALID");
+        assert_eq!(b["details"][0]["@type"], "type.googleapis.com/errors.v1.TurnkeyErrorDetail");
+        assert_eq!(ApiError::too_large(10).into_response().status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(ApiError::unavailable("x").into_response().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

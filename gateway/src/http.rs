@@ -1,0 +1,83 @@
+//! The HTTP front end: routes, body limits, JSON errors everywhere, health and discovery.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::activity::pipeline;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/public/v1/submit/:name", post(submit))
+        .route("/public/v1/query/:name", post(query))
+        .route("/public/v1/discovery/enclave_signer", get(enclave_signer))
+        .route("/healthz", get(healthz))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError { status: Some(StatusCode::METHOD_NOT_ALLOWED), ..ApiError::invalid("method not allowed: use POST") }
+        })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
+}
+
+fn respond(result: Result<serde_json::Value, ApiError>) -> Response {
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn submit(State(state): State<Arc<AppState>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    respond(pipeline::submit(state, &name, &headers, &bytes).await)
+}
+
+async fn query(State(state): State<Arc<AppState>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match read_body(&state, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    respond(pipeline::query(state, &name, &headers, &bytes).await)
+}
+
+/// The bundle signer's key, for clients to pin (`dangerouslyOverrideSignerPublicKey` in JS,
+/// the second half of a `QuorumPublicKey` in Rust).
+async fn enclave_signer(State(state): State<Arc<AppState>>) -> Response {
+    let resp = state.enclave.clone().get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await;
+    respond(resp.map_err(ApiError::from).map(|r| {
+        let pk = hex::encode(r.into_inner().public_key);
+        json!({ "enclaveSignerPublicKey": pk, "quorumPublicKey": format!("{pk}{pk}") })
+    }))
+}
+
+/// 200 once the store answers and the enclave answers; 503 with the reason otherwise.
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    let store = state.db(|s| s.ping()).await;
+    if !matches!(store, Ok(Ok(()))) {
+        return ApiError::unavailable("store unavailable").into_response();
+    }
+    let enclave = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        state.enclave.clone().get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}),
+    )
+    .await;
+    match enclave {
+        Ok(Ok(_)) => Json(json!({ "status": "ok" })).into_response(),
+        _ => ApiError::unavailable("enclave unavailable").into_response(),
+    }
+}

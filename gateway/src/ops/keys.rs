@@ -1,0 +1,151 @@
+//! Standalone private keys: create, delete, and read.
+
+use coffer_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::required;
+use crate::activity::registry::{Ctx, Outcome, QueryCtx};
+use crate::activity::render::timestamp;
+use crate::error::ApiError;
+use crate::store::{AddressEntry, PrivateKey, StoreError, Write};
+
+pub fn private_key_json(k: &PrivateKey) -> Value {
+    json!({
+        "privateKeyId": k.id,
+        "publicKey": k.public_key,
+        "privateKeyName": k.name,
+        "curve": k.curve,
+        "addresses": k.addresses.iter().map(|a| json!({"format": a.format, "address": a.address})).collect::<Vec<_>>(),
+        "privateKeyTags": k.tags,
+        "createdAt": timestamp(k.created_at),
+        "updatedAt": timestamp(k.updated_at),
+        "exported": k.exported,
+        "imported": k.imported,
+    })
+}
+
+pub fn address_entries(addresses: Vec<pb::Address>) -> Vec<AddressEntry> {
+    addresses.into_iter().map(|a| AddressEntry { format: a.format, address: a.address }).collect()
+}
+
+pub async fn load_private_key(state: &std::sync::Arc<crate::state::AppState>, org: &str, id: &str) -> Result<PrivateKey, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.private_key(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("private key not found: {id}")),
+        other => other.into(),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrivateKeyParams {
+    private_key_name: String,
+    curve: String,
+    #[serde(default)]
+    private_key_tags: Vec<String>,
+    #[serde(default)]
+    address_formats: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatePrivateKeysIntent {
+    private_keys: Vec<PrivateKeyParams>,
+}
+
+pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> Result<Outcome, ApiError> {
+    if intent.private_keys.is_empty() {
+        return Err(ApiError::invalid("privateKeys must not be empty"));
+    }
+    let org = ctx.org.id.clone();
+    let existing = ctx.state.db(move |s| s.private_keys(&org)).await??;
+    let mut names: Vec<&str> = existing.iter().map(|k| k.name.as_str()).collect();
+    for p in &intent.private_keys {
+        required(&p.private_key_name, "privateKeyName")?;
+        if names.contains(&p.private_key_name.as_str()) {
+            return Err(ApiError::invalid(format!("private key name must be unique: {:?}", p.private_key_name)));
+        }
+        names.push(&p.private_key_name);
+    }
+    let mut rows = Vec::with_capacity(intent.private_keys.len());
+    for p in &intent.private_keys {
+        let id = uuid::Uuid::new_v4().to_string();
+        let km = ctx
+            .state
+            .enclave
+            .clone()
+            .create_private_key(pb::CreatePrivateKeyRequest {
+                organization_id: ctx.org.id.clone(),
+                private_key_id: id.clone(),
+                curve: p.curve.clone(),
+                address_formats: p.address_formats.clone(),
+            })
+            .await?
+            .into_inner();
+        rows.push(PrivateKey {
+            id,
+            organization_id: ctx.org.id.clone(),
+            name: p.private_key_name.clone(),
+            curve: p.curve.clone(),
+            public_key: hex::encode(&km.public_key),
+            addresses: address_entries(km.addresses),
+            tags: p.private_key_tags.clone(),
+            exported: false,
+            imported: false,
+            sealed_key: km.sealed_key,
+            created_at: ctx.now,
+            updated_at: ctx.now,
+        });
+    }
+    let result: Vec<Value> = rows
+        .iter()
+        .map(|k| {
+            json!({
+                "privateKeyId": k.id,
+                "addresses": k.addresses.iter().map(|a| json!({"format": a.format, "address": a.address})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Outcome { result: json!({ "privateKeys": result }), writes: vec![Write::InsertPrivateKeys(rows)] })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletePrivateKeysIntent {
+    private_key_ids: Vec<String>,
+    delete_without_export: Option<bool>,
+}
+
+pub async fn delete_private_keys(ctx: Ctx, intent: DeletePrivateKeysIntent) -> Result<Outcome, ApiError> {
+    if intent.private_key_ids.is_empty() {
+        return Err(ApiError::invalid("privateKeyIds must not be empty"));
+    }
+    for id in &intent.private_key_ids {
+        load_private_key(&ctx.state, &ctx.org.id, id).await?;
+    }
+    Ok(Outcome {
+        result: json!({ "privateKeyIds": intent.private_key_ids }),
+        writes: vec![Write::DeletePrivateKeys {
+            ids: intent.private_key_ids.clone(),
+            require_exported: !intent.delete_without_export.unwrap_or(false),
+        }],
+    })
+}
+
+pub async fn list_private_keys(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
+    let org = ctx.org.id.clone();
+    let keys = ctx.state.db(move |s| s.private_keys(&org)).await??;
+    Ok(json!({ "privateKeys": keys.iter().map(private_key_json).collect::<Vec<_>>() }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetPrivateKeyRequest {
+    private_key_id: String,
+}
+
+pub async fn get_private_key(ctx: QueryCtx, req: GetPrivateKeyRequest) -> Result<Value, ApiError> {
+    let k = load_private_key(&ctx.state, &ctx.org.id, &req.private_key_id).await?;
+    Ok(json!({ "privateKey": private_key_json(&k) }))
+}

@@ -1,0 +1,289 @@
+//! Export (mnemonic or key, HPKE-encrypted to the caller's target key) and import.
+
+use coffer_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::keys::{address_entries, load_private_key};
+use super::required;
+use super::wallets::{account_rows, account_specs, load_wallet, AccountParams};
+use crate::activity::registry::{Ctx, Outcome};
+use crate::error::ApiError;
+use crate::store::{ImportTarget, PrivateKey, StoreError, Wallet, Write};
+
+fn target_key(hex_key: &str) -> Result<String, ApiError> {
+    let k = hex_key.trim().trim_start_matches("0x");
+    let ok = matches!(k.len(), 130 | 66) && k.bytes().all(|b| b.is_ascii_hexdigit());
+    if !ok {
+        return Err(ApiError::invalid("invalid target public key: expected a P-256 SEC1 public key in hex"));
+    }
+    Ok(k.to_ascii_lowercase())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportWalletIntent {
+    wallet_id: String,
+    target_public_key: String,
+    language: Option<String>,
+}
+
+pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, ApiError> {
+    let target = target_key(&i.target_public_key)?;
+    let wallet = load_wallet(&ctx.state, &ctx.org.id, &i.wallet_id).await?;
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .export_wallet(pb::ExportWalletRequest {
+            seed: Some(pb::SealedRef {
+                kind: pb::BlobKind::WalletSeed as i32,
+                organization_id: ctx.org.id.clone(),
+                resource_id: wallet.id.clone(),
+                blob: wallet.sealed_seed,
+            }),
+            target_public_key: target,
+            language: i.language.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    Ok(Outcome {
+        result: json!({ "walletId": wallet.id, "exportBundle": resp.export_bundle }),
+        writes: vec![Write::MarkWalletExported(wallet.id)],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportPrivateKeyIntent {
+    private_key_id: String,
+    target_public_key: String,
+}
+
+pub async fn export_private_key(ctx: Ctx, i: ExportPrivateKeyIntent) -> Result<Outcome, ApiError> {
+    let target = target_key(&i.target_public_key)?;
+    let key = load_private_key(&ctx.state, &ctx.org.id, &i.private_key_id).await?;
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .export_key(pb::ExportKeyRequest {
+            key: Some(pb::SealedRef {
+                kind: pb::BlobKind::PrivateKey as i32,
+                organization_id: ctx.org.id.clone(),
+                resource_id: key.id.clone(),
+                blob: key.sealed_key,
+            }),
+            curve: key.curve,
+            target_public_key: target,
+        })
+        .await?
+        .into_inner();
+    Ok(Outcome {
+        result: json!({ "privateKeyId": key.id, "exportBundle": resp.export_bundle }),
+        writes: vec![Write::MarkPrivateKeyExported(key.id)],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportWalletAccountIntent {
+    address: String,
+    target_public_key: String,
+}
+
+pub async fn export_wallet_account(ctx: Ctx, i: ExportWalletAccountIntent) -> Result<Outcome, ApiError> {
+    let target = target_key(&i.target_public_key)?;
+    let (org, addr) = (ctx.org.id.clone(), i.address.clone());
+    let account = ctx.state.db(move |s| s.account_by_address(&org, &addr)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("wallet account not found: {}", i.address)),
+        other => other.into(),
+    })?;
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .export_key(pb::ExportKeyRequest {
+            key: Some(pb::SealedRef {
+                kind: pb::BlobKind::WalletAccountKey as i32,
+                organization_id: ctx.org.id.clone(),
+                resource_id: account.id.clone(),
+                blob: account.sealed_key,
+            }),
+            curve: account.curve,
+            target_public_key: target,
+        })
+        .await?
+        .into_inner();
+    Ok(Outcome {
+        result: json!({ "address": account.address, "exportBundle": resp.export_bundle }),
+        writes: vec![Write::MarkAccountExported(account.id)],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitImportIntent {
+    user_id: String,
+}
+
+async fn init_import(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError> {
+    required(&i.user_id, "userId")?;
+    let (org, user) = (ctx.org.id.clone(), i.user_id.clone());
+    ctx.state.db(move |s| s.user(&org, &user)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("user not found: {}", i.user_id)),
+        other => other.into(),
+    })?;
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .init_import(pb::InitImportRequest { organization_id: ctx.org.id.clone(), user_id: i.user_id.clone() })
+        .await?
+        .into_inner();
+    Ok(Outcome {
+        result: json!({ "importBundle": resp.import_bundle }),
+        writes: vec![Write::PutImportTarget(ImportTarget {
+            organization_id: ctx.org.id.clone(),
+            user_id: i.user_id,
+            sealed_key: resp.sealed_target_key,
+            created_at: ctx.now,
+        })],
+    })
+}
+
+pub async fn init_import_wallet(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError> {
+    init_import(ctx, i).await
+}
+
+pub async fn init_import_private_key(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError> {
+    init_import(ctx, i).await
+}
+
+async fn pending_target(ctx: &Ctx, user_id: &str) -> Result<ImportTarget, ApiError> {
+    let (org, user) = (ctx.org.id.clone(), user_id.to_string());
+    ctx.state.db(move |s| s.import_target(&org, &user)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::invalid("no import in progress for this user: call init_import first"),
+        other => other.into(),
+    })
+}
+
+fn target_ref(t: &ImportTarget) -> pb::SealedRef {
+    pb::SealedRef {
+        kind: pb::BlobKind::ImportTarget as i32,
+        organization_id: t.organization_id.clone(),
+        resource_id: t.user_id.clone(),
+        blob: t.sealed_key.clone(),
+    }
+}
+
+fn take(t: ImportTarget) -> Write {
+    Write::TakeImportTarget { organization_id: t.organization_id, user_id: t.user_id, sealed_key: t.sealed_key }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportWalletIntent {
+    user_id: String,
+    wallet_name: String,
+    encrypted_bundle: String,
+    #[serde(default)]
+    accounts: Vec<AccountParams>,
+}
+
+pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, ApiError> {
+    required(&i.wallet_name, "walletName")?;
+    required(&i.encrypted_bundle, "encryptedBundle")?;
+    let specs = account_specs(&i.accounts)?;
+    let (org, name) = (ctx.org.id.clone(), i.wallet_name.clone());
+    if ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await?? {
+        return Err(ApiError::invalid("wallet name must be unique"));
+    }
+    let target = pending_target(&ctx, &i.user_id).await?;
+    let wallet_id = uuid::Uuid::new_v4().to_string();
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .import_wallet(pb::ImportWalletRequest {
+            target: Some(target_ref(&target)),
+            encrypted_bundle: i.encrypted_bundle.clone(),
+            wallet_id: wallet_id.clone(),
+            accounts: specs,
+        })
+        .await?
+        .into_inner();
+    let rows = account_rows(&ctx, &wallet_id, &i.accounts, resp.accounts);
+    let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
+    let wallet = Wallet {
+        id: wallet_id.clone(),
+        organization_id: ctx.org.id.clone(),
+        name: i.wallet_name,
+        exported: false,
+        imported: true,
+        sealed_seed: resp.sealed_seed,
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    };
+    Ok(Outcome {
+        result: json!({ "walletId": wallet_id, "addresses": addresses }),
+        writes: vec![take(target), Write::InsertWallet(wallet), Write::InsertAccounts(rows)],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportPrivateKeyIntent {
+    user_id: String,
+    private_key_name: String,
+    encrypted_bundle: String,
+    curve: String,
+    #[serde(default)]
+    address_formats: Vec<String>,
+}
+
+pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<Outcome, ApiError> {
+    required(&i.private_key_name, "privateKeyName")?;
+    required(&i.encrypted_bundle, "encryptedBundle")?;
+    let (org, name) = (ctx.org.id.clone(), i.private_key_name.clone());
+    if ctx.state.db(move |s| s.private_keys(&org).map(|ks| ks.iter().any(|k| k.name == name))).await?? {
+        return Err(ApiError::invalid("private key name must be unique"));
+    }
+    let target = pending_target(&ctx, &i.user_id).await?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let km = ctx
+        .state
+        .enclave
+        .clone()
+        .import_private_key(pb::ImportPrivateKeyRequest {
+            target: Some(target_ref(&target)),
+            encrypted_bundle: i.encrypted_bundle.clone(),
+            private_key_id: id.clone(),
+            curve: i.curve.clone(),
+            address_formats: i.address_formats.clone(),
+        })
+        .await?
+        .into_inner();
+    let addresses = address_entries(km.addresses);
+    let key = PrivateKey {
+        id: id.clone(),
+        organization_id: ctx.org.id.clone(),
+        name: i.private_key_name,
+        curve: i.curve,
+        public_key: hex::encode(&km.public_key),
+        addresses: addresses.clone(),
+        tags: vec![],
+        exported: false,
+        imported: true,
+        sealed_key: km.sealed_key,
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    };
+    Ok(Outcome {
+        result: json!({
+            "privateKeyId": id,
+            "addresses": addresses.iter().map(|a| json!({"format": a.format, "address": a.address})).collect::<Vec<_>>(),
+        }),
+        writes: vec![take(target), Write::InsertPrivateKeys(vec![key])],
+    })
+}

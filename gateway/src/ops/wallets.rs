@@ -1,0 +1,295 @@
+//! Wallets and wallet accounts: create, derive more accounts, delete, and read.
+
+use coffer_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{required, Pagination};
+use crate::activity::registry::{Ctx, Outcome, QueryCtx};
+use crate::activity::render::timestamp;
+use crate::error::ApiError;
+use crate::store::{StoreError, Wallet, WalletAccount, Write};
+
+/// `WalletAccountParams`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountParams {
+    pub curve: String,
+    pub path_format: String,
+    pub path: String,
+    pub address_format: String,
+}
+
+/// Validates what the gateway can check and assigns account ids for the enclave.
+pub fn account_specs(accounts: &[AccountParams]) -> Result<Vec<pb::AccountSpec>, ApiError> {
+    accounts
+        .iter()
+        .map(|a| {
+            if a.path_format != "PATH_FORMAT_BIP32" {
+                return Err(ApiError::invalid(format!("invalid path format: {:?} (only PATH_FORMAT_BIP32)", a.path_format)));
+            }
+            required(&a.path, "path")?;
+            required(&a.curve, "curve")?;
+            Ok(pb::AccountSpec {
+                account_id: uuid::Uuid::new_v4().to_string(),
+                curve: a.curve.clone(),
+                path: a.path.clone(),
+                address_format: a.address_format.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Turns the enclave's accounts into rows, in request order.
+pub fn account_rows(ctx: &Ctx, wallet_id: &str, params: &[AccountParams], accounts: Vec<pb::Account>) -> Vec<WalletAccount> {
+    params
+        .iter()
+        .zip(accounts)
+        .map(|(p, a)| WalletAccount {
+            id: a.account_id,
+            organization_id: ctx.org.id.clone(),
+            wallet_id: wallet_id.to_string(),
+            curve: p.curve.clone(),
+            path_format: p.path_format.clone(),
+            path: p.path.clone(),
+            address_format: p.address_format.clone(),
+            address: a.address,
+            public_key: hex::encode(a.public_key),
+            sealed_key: a.sealed_key,
+            created_at: ctx.now,
+            updated_at: ctx.now,
+        })
+        .collect()
+}
+
+pub fn wallet_json(w: &Wallet) -> Value {
+    json!({
+        "walletId": w.id,
+        "walletName": w.name,
+        "createdAt": timestamp(w.created_at),
+        "updatedAt": timestamp(w.updated_at),
+        "exported": w.exported,
+        "imported": w.imported,
+    })
+}
+
+pub fn account_json(a: &WalletAccount, wallet: Option<&Wallet>) -> Value {
+    let mut v = json!({
+        "walletAccountId": a.id,
+        "organizationId": a.organization_id,
+        "walletId": a.wallet_id,
+        "curve": a.curve,
+        "pathFormat": a.path_format,
+        "path": a.path,
+        "addressFormat": a.address_format,
+        "address": a.address,
+        "publicKey": a.public_key,
+        "createdAt": timestamp(a.created_at),
+        "updatedAt": timestamp(a.updated_at),
+    });
+    if let Some(w) = wallet {
+        v["walletDetails"] = wallet_json(w);
+    }
+    v
+}
+
+/// Loads a wallet of the caller's organization; 404 if it is not there.
+pub async fn load_wallet(state: &std::sync::Arc<crate::state::AppState>, org: &str, id: &str) -> Result<Wallet, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.wallet(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("wallet not found: {id}")),
+        other => other.into(),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateWalletIntent {
+    wallet_name: String,
+    #[serde(default)]
+    accounts: Vec<AccountParams>,
+    mnemonic_length: Option<u32>,
+}
+
+pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outcome, ApiError> {
+    required(&intent.wallet_name, "walletName")?;
+    let specs = account_specs(&intent.accounts)?;
+    let (org, name) = (ctx.org.id.clone(), intent.wallet_name.clone());
+    let taken = ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await??;
+    if taken {
+        return Err(ApiError::invalid("wallet name must be unique"));
+    }
+    let wallet_id = uuid::Uuid::new_v4().to_string();
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .create_wallet(pb::CreateWalletRequest {
+            organization_id: ctx.org.id.clone(),
+            wallet_id: wallet_id.clone(),
+            mnemonic_length: intent.mnemonic_length.unwrap_or(12),
+            accounts: specs,
+        })
+        .await?
+        .into_inner();
+    let rows = account_rows(&ctx, &wallet_id, &intent.accounts, resp.accounts);
+    let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
+    let wallet = Wallet {
+        id: wallet_id.clone(),
+        organization_id: ctx.org.id.clone(),
+        name: intent.wallet_name,
+        exported: false,
+        imported: false,
+        sealed_seed: resp.sealed_seed,
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    };
+    Ok(Outcome {
+        result: json!({ "walletId": wallet_id, "addresses": addresses }),
+        writes: vec![Write::InsertWallet(wallet), Write::InsertAccounts(rows)],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateWalletAccountsIntent {
+    wallet_id: String,
+    accounts: Vec<AccountParams>,
+    persist: Option<bool>,
+}
+
+pub async fn create_wallet_accounts(ctx: Ctx, intent: CreateWalletAccountsIntent) -> Result<Outcome, ApiError> {
+    if intent.accounts.is_empty() {
+        return Err(ApiError::invalid("accounts must not be empty"));
+    }
+    let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
+    let specs = account_specs(&intent.accounts)?;
+    let resp = ctx
+        .state
+        .enclave
+        .clone()
+        .derive_accounts(pb::DeriveAccountsRequest {
+            seed: Some(pb::SealedRef {
+                kind: pb::BlobKind::WalletSeed as i32,
+                organization_id: ctx.org.id.clone(),
+                resource_id: wallet.id.clone(),
+                blob: wallet.sealed_seed.clone(),
+            }),
+            accounts: specs,
+        })
+        .await?
+        .into_inner();
+    let rows = account_rows(&ctx, &wallet.id, &intent.accounts, resp.accounts);
+    let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
+    let writes = if intent.persist.unwrap_or(true) { vec![Write::InsertAccounts(rows)] } else { vec![] };
+    Ok(Outcome { result: json!({ "addresses": addresses }), writes })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteWalletsIntent {
+    wallet_ids: Vec<String>,
+    delete_without_export: Option<bool>,
+}
+
+pub async fn delete_wallets(ctx: Ctx, intent: DeleteWalletsIntent) -> Result<Outcome, ApiError> {
+    if intent.wallet_ids.is_empty() {
+        return Err(ApiError::invalid("walletIds must not be empty"));
+    }
+    for id in &intent.wallet_ids {
+        load_wallet(&ctx.state, &ctx.org.id, id).await?;
+    }
+    Ok(Outcome {
+        result: json!({ "walletIds": intent.wallet_ids }),
+        writes: vec![Write::DeleteWallets {
+            ids: intent.wallet_ids.clone(),
+            require_exported: !intent.delete_without_export.unwrap_or(false),
+        }],
+    })
+}
+
+#[derive(Deserialize)]
+pub struct Empty {}
+
+pub async fn list_wallets(ctx: QueryCtx, _req: Empty) -> Result<Value, ApiError> {
+    let org = ctx.org.id.clone();
+    let wallets = ctx.state.db(move |s| s.wallets(&org)).await??;
+    Ok(json!({ "wallets": wallets.iter().map(wallet_json).collect::<Vec<_>>() }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetWalletRequest {
+    wallet_id: String,
+}
+
+pub async fn get_wallet(ctx: QueryCtx, req: GetWalletRequest) -> Result<Value, ApiError> {
+    let w = load_wallet(&ctx.state, &ctx.org.id, &req.wallet_id).await?;
+    Ok(json!({ "wallet": wallet_json(&w) }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListWalletAccountsRequest {
+    wallet_id: Option<String>,
+    include_wallet_details: Option<bool>,
+    #[serde(default)]
+    pagination_options: Pagination,
+}
+
+pub async fn list_wallet_accounts(ctx: QueryCtx, req: ListWalletAccountsRequest) -> Result<Value, ApiError> {
+    let limit = req.pagination_options.limit()?;
+    if let Some(w) = &req.wallet_id {
+        load_wallet(&ctx.state, &ctx.org.id, w).await?;
+    }
+    let org = ctx.org.id.clone();
+    let wallet_id = req.wallet_id.clone();
+    let (accounts, wallets) = ctx
+        .state
+        .db(move |s| -> Result<_, StoreError> { Ok((s.accounts(&org, wallet_id.as_deref())?, s.wallets(&org)?)) })
+        .await??;
+    let mut items: Vec<&WalletAccount> = accounts.iter().collect();
+    if let Some(after) = &req.pagination_options.after {
+        if let Some(pos) = items.iter().position(|a| &a.id == after) {
+            items.drain(..=pos);
+        }
+    }
+    if let Some(before) = &req.pagination_options.before {
+        if let Some(pos) = items.iter().position(|a| &a.id == before) {
+            items.truncate(pos);
+            let skip = items.len().saturating_sub(limit);
+            items.drain(..skip);
+        }
+    }
+    items.truncate(limit);
+    let details = req.include_wallet_details.unwrap_or(false);
+    let out: Vec<Value> = items
+        .into_iter()
+        .map(|a| account_json(a, if details { wallets.iter().find(|w| w.id == a.wallet_id) } else { None }))
+        .collect();
+    Ok(json!({ "accounts": out }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetWalletAccountRequest {
+    wallet_id: String,
+    address: Option<String>,
+    path: Option<String>,
+}
+
+pub async fn get_wallet_account(ctx: QueryCtx, req: GetWalletAccountRequest) -> Result<Value, ApiError> {
+    if req.address.is_none() && req.path.is_none() {
+        return Err(ApiError::invalid("one of address or path is required"));
+    }
+    load_wallet(&ctx.state, &ctx.org.id, &req.wallet_id).await?;
+    let (org, wallet_id) = (ctx.org.id.clone(), req.wallet_id.clone());
+    let accounts = ctx.state.db(move |s| s.accounts(&org, Some(&wallet_id))).await??;
+    let found = accounts.iter().find(|a| {
+        req.address.as_ref().is_none_or(|x| &a.address == x) && req.path.as_ref().is_none_or(|p| &a.path == p)
+    });
+    match found {
+        Some(a) => Ok(json!({ "account": account_json(a, None) })),
+        None => Err(ApiError::not_found("wallet account not found")),
+    }
+}

@@ -1,0 +1,237 @@
+//! Storage: the `Store` abstraction the gateway runs on, its records, and the SQLite backend.
+//!
+//! Every activity is committed together with its effects (`Write`s) in one transaction; the
+//! fingerprint is a unique constraint, so identical submissions can never record twice.
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use serde::{Deserialize, Serialize};
+
+/// Unix time in nanoseconds.
+pub type Nanos = i64;
+
+pub fn now_nanos() -> Nanos {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// A precondition checked inside the transaction failed; the message is caller-facing.
+    #[error("{0}")]
+    Conflict(String),
+    /// A uniqueness constraint fired; the message names what must be unique.
+    #[error("{0}")]
+    Unique(String),
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Organization {
+    pub id: String,
+    pub name: String,
+    pub parent_id: Option<String>,
+    pub root_quorum_threshold: i64,
+    pub root_user_ids: Vec<String>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct User {
+    pub id: String,
+    pub organization_id: String,
+    pub name: String,
+    pub email: Option<String>,
+    pub phone_number: Option<String>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub organization_id: String,
+    pub user_id: String,
+    pub name: String,
+    /// Lowercase hex: compressed SEC1 for ECDSA curves, raw 32 bytes for Ed25519.
+    pub public_key: String,
+    /// `CREDENTIAL_TYPE_API_KEY_P256` / `_SECP256K1` / `_ED25519`.
+    pub credential_type: String,
+    pub expiration_seconds: Option<u64>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+#[derive(Clone, PartialEq)]
+pub struct Wallet {
+    pub id: String,
+    pub organization_id: String,
+    pub name: String,
+    pub exported: bool,
+    pub imported: bool,
+    /// Opaque to the gateway: only the enclave's HSM can open it.
+    pub sealed_seed: Vec<u8>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+impl std::fmt::Debug for Wallet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wallet").field("id", &self.id).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, PartialEq)]
+pub struct WalletAccount {
+    pub id: String,
+    pub organization_id: String,
+    pub wallet_id: String,
+    pub curve: String,
+    pub path_format: String,
+    pub path: String,
+    pub address_format: String,
+    pub address: String,
+    pub public_key: String,
+    pub sealed_key: Vec<u8>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+impl std::fmt::Debug for WalletAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalletAccount").field("id", &self.id).field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AddressEntry {
+    pub format: String,
+    pub address: String,
+}
+
+#[derive(Clone, PartialEq)]
+pub struct PrivateKey {
+    pub id: String,
+    pub organization_id: String,
+    pub name: String,
+    pub curve: String,
+    pub public_key: String,
+    pub addresses: Vec<AddressEntry>,
+    pub tags: Vec<String>,
+    pub exported: bool,
+    pub imported: bool,
+    pub sealed_key: Vec<u8>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+impl std::fmt::Debug for PrivateKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateKey").field("id", &self.id).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// A recorded activity. `intent`, `result`, `votes` and `failure` are stored as JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActivityRecord {
+    pub id: String,
+    pub organization_id: String,
+    pub activity_type: String,
+    pub status: String,
+    pub fingerprint: String,
+    pub intent: serde_json::Value,
+    pub result: serde_json::Value,
+    pub votes: serde_json::Value,
+    pub failure: Option<serde_json::Value>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+/// A one-time import target key, sealed by the enclave, bound to organization + user.
+#[derive(Clone, PartialEq)]
+pub struct ImportTarget {
+    pub organization_id: String,
+    pub user_id: String,
+    pub sealed_key: Vec<u8>,
+    pub created_at: Nanos,
+}
+
+/// One effect of an activity, applied inside the activity's transaction.
+#[derive(Debug, Clone)]
+pub enum Write {
+    InsertOrganization(Organization),
+    InsertUser(User),
+    InsertApiKey(ApiKey),
+    InsertWallet(Wallet),
+    InsertAccounts(Vec<WalletAccount>),
+    InsertPrivateKeys(Vec<PrivateKey>),
+    MarkWalletExported(String),
+    MarkPrivateKeyExported(String),
+    MarkAccountExported(String),
+    /// Fails the whole transaction if a wallet is unexported and `require_exported` is set.
+    DeleteWallets { ids: Vec<String>, require_exported: bool },
+    DeletePrivateKeys { ids: Vec<String>, require_exported: bool },
+    PutImportTarget(ImportTarget),
+    /// Consumes the target: it must still be the same blob (used once).
+    TakeImportTarget { organization_id: String, user_id: String, sealed_key: Vec<u8> },
+}
+
+impl std::fmt::Debug for ImportTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportTarget").field("user_id", &self.user_id).finish_non_exhaustive()
+    }
+}
+
+/// What `commit` did: recorded this activity, or found one with the same fingerprint.
+#[derive(Debug)]
+pub enum Committed {
+    New(ActivityRecord),
+    Existing(ActivityRecord),
+}
+
+/// Filters for `list_activities`.
+#[derive(Debug, Default, Clone)]
+pub struct ActivityFilter {
+    pub statuses: Vec<String>,
+    pub types: Vec<String>,
+    pub limit: usize,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// The storage the gateway needs. Implementations must make `commit` atomic.
+pub trait Store: Send + Sync + 'static {
+    fn commit(&self, activity: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError>;
+    /// Applies writes outside any activity (operator CLI: `init-org`).
+    fn apply(&self, writes: &[Write]) -> Result<(), StoreError>;
+
+    fn organization(&self, id: &str) -> Result<Organization, StoreError>;
+    fn api_key_by_public_key(&self, organization_id: &str, public_key: &str) -> Result<ApiKey, StoreError>;
+    fn user(&self, organization_id: &str, id: &str) -> Result<User, StoreError>;
+    fn users(&self, organization_id: &str) -> Result<Vec<User>, StoreError>;
+    fn api_keys_of_user(&self, organization_id: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError>;
+
+    fn wallet(&self, organization_id: &str, id: &str) -> Result<Wallet, StoreError>;
+    fn wallets(&self, organization_id: &str) -> Result<Vec<Wallet>, StoreError>;
+    fn accounts(&self, organization_id: &str, wallet_id: Option<&str>) -> Result<Vec<WalletAccount>, StoreError>;
+    fn account_by_address(&self, organization_id: &str, address: &str) -> Result<WalletAccount, StoreError>;
+    fn private_key(&self, organization_id: &str, id: &str) -> Result<PrivateKey, StoreError>;
+    fn private_keys(&self, organization_id: &str) -> Result<Vec<PrivateKey>, StoreError>;
+    fn private_key_by_address(&self, organization_id: &str, address: &str) -> Result<PrivateKey, StoreError>;
+    fn import_target(&self, organization_id: &str, user_id: &str) -> Result<ImportTarget, StoreError>;
+
+    fn activity(&self, organization_id: &str, id: &str) -> Result<ActivityRecord, StoreError>;
+    fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError>;
+    fn activities(&self, organization_id: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError>;
+
+    /// Cheap liveness probe for `/healthz`.
+    fn ping(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,702 @@
+//! The embedded SQLite backend: one file, WAL, one writer connection and a few readers.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::*;
+
+const MIGRATIONS: &[&str] = &[include_str!("migrations.sql")];
+const READERS: usize = 4;
+
+/// SQLite store. `synchronous=FULL` in WAL mode: a commit is durable when `commit` returns.
+pub struct SqliteStore {
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+}
+
+fn backend(e: rusqlite::Error) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(f, Some(msg)) = &e {
+        if f.code == rusqlite::ErrorCode::ConstraintViolation && msg.contains("UNIQUE") {
+            return StoreError::Unique(msg.clone());
+        }
+    }
+    StoreError::Backend(e.to_string())
+}
+
+fn open_conn(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(backend)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;
+         PRAGMA busy_timeout=5000; PRAGMA secure_delete=ON;",
+    )
+    .map_err(backend)?;
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and applies pending migrations.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::Backend(e.to_string()))?;
+            }
+        }
+        let mut writer = open_conn(path)?;
+        migrate(&mut writer)?;
+        let readers = (0..READERS)
+            .map(|_| open_conn(path).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { writer: Mutex::new(writer), readers, next_reader: AtomicUsize::new(0) })
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
+        let conn = self.readers[i].lock().map_err(|_| StoreError::Backend("reader lock poisoned".into()))?;
+        f(&conn).map_err(backend)
+    }
+
+    fn one<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<Option<T>>) -> Result<T, StoreError> {
+        self.read(f)?.ok_or(StoreError::NotFound)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
+        .map_err(backend)?;
+    let done: i64 = conn
+        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))
+        .map_err(backend)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let version = i as i64 + 1;
+        if version <= done {
+            continue;
+        }
+        let tx = conn.transaction().map_err(backend)?;
+        tx.execute_batch(sql).map_err(backend)?;
+        tx.execute("INSERT INTO schema_migrations (version) VALUES (?1)", params![version]).map_err(backend)?;
+        tx.commit().map_err(backend)?;
+    }
+    Ok(())
+}
+
+fn json_text<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+fn parse_json<T: serde::de::DeserializeOwned + Default>(s: String) -> T {
+    serde_json::from_str(&s).unwrap_or_default()
+}
+
+fn org_row(r: &Row<'_>) -> rusqlite::Result<Organization> {
+    Ok(Organization {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        parent_id: r.get(2)?,
+        root_quorum_threshold: r.get(3)?,
+        root_user_ids: parse_json(r.get(4)?),
+        created_at: r.get(5)?,
+        updated_at: r.get(6)?,
+    })
+}
+const ORG_COLS: &str = "id, name, parent_id, root_quorum_threshold, root_user_ids, created_at, updated_at";
+
+fn user_row(r: &Row<'_>) -> rusqlite::Result<User> {
+    Ok(User {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        name: r.get(2)?,
+        email: r.get(3)?,
+        phone_number: r.get(4)?,
+        created_at: r.get(5)?,
+        updated_at: r.get(6)?,
+    })
+}
+const USER_COLS: &str = "id, organization_id, name, email, phone_number, created_at, updated_at";
+
+fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
+    Ok(ApiKey {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        user_id: r.get(2)?,
+        name: r.get(3)?,
+        public_key: r.get(4)?,
+        credential_type: r.get(5)?,
+        expiration_seconds: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+        created_at: r.get(7)?,
+        updated_at: r.get(8)?,
+    })
+}
+const API_KEY_COLS: &str =
+    "id, organization_id, user_id, name, public_key, credential_type, expiration_seconds, created_at, updated_at";
+
+fn wallet_row(r: &Row<'_>) -> rusqlite::Result<Wallet> {
+    Ok(Wallet {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        name: r.get(2)?,
+        exported: r.get::<_, i64>(3)? != 0,
+        imported: r.get::<_, i64>(4)? != 0,
+        sealed_seed: r.get(5)?,
+        created_at: r.get(6)?,
+        updated_at: r.get(7)?,
+    })
+}
+const WALLET_COLS: &str = "id, organization_id, name, exported, imported, sealed_seed, created_at, updated_at";
+
+fn account_row(r: &Row<'_>) -> rusqlite::Result<WalletAccount> {
+    Ok(WalletAccount {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        wallet_id: r.get(2)?,
+        curve: r.get(3)?,
+        path_format: r.get(4)?,
+        path: r.get(5)?,
+        address_format: r.get(6)?,
+        address: r.get(7)?,
+        public_key: r.get(8)?,
+        sealed_key: r.get(9)?,
+        created_at: r.get(10)?,
+        updated_at: r.get(11)?,
+    })
+}
+const ACCOUNT_COLS: &str = "id, organization_id, wallet_id, curve, path_format, path, address_format, address, public_key, sealed_key, created_at, updated_at";
+
+fn private_key_row(r: &Row<'_>) -> rusqlite::Result<PrivateKey> {
+    Ok(PrivateKey {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        name: r.get(2)?,
+        curve: r.get(3)?,
+        public_key: r.get(4)?,
+        addresses: parse_json(r.get(5)?),
+        tags: parse_json(r.get(6)?),
+        exported: r.get::<_, i64>(7)? != 0,
+        imported: r.get::<_, i64>(8)? != 0,
+        sealed_key: r.get(9)?,
+        created_at: r.get(10)?,
+        updated_at: r.get(11)?,
+    })
+}
+const PRIVATE_KEY_COLS: &str = "id, organization_id, name, curve, public_key, addresses, tags, exported, imported, sealed_key, created_at, updated_at";
+
+fn activity_row(r: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
+    let failure: Option<String> = r.get(9)?;
+    Ok(ActivityRecord {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        activity_type: r.get(2)?,
+        status: r.get(3)?,
+        fingerprint: r.get(4)?,
+        intent: parse_json(r.get(5)?),
+        result: parse_json(r.get(6)?),
+        votes: parse_json(r.get(7)?),
+        failure: failure.map(parse_json),
+        created_at: r.get(8)?,
+        updated_at: r.get(10)?,
+    })
+}
+const ACTIVITY_COLS: &str =
+    "id, organization_id, activity_type, status, fingerprint, intent, result, votes, created_at, failure, updated_at";
+
+/// Applies one write inside `tx`. Preconditions that fail return `Conflict` (the caller rolls back).
+fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreError> {
+    let now = now_nanos();
+    match w {
+        Write::InsertOrganization(o) => {
+            tx.execute(
+                &format!("INSERT INTO organizations ({ORG_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+                params![o.id, o.name, o.parent_id, o.root_quorum_threshold, json_text(&o.root_user_ids), o.created_at, o.updated_at],
+            )
+            .map_err(backend)?;
+        }
+        Write::InsertUser(u) => {
+            tx.execute(
+                &format!("INSERT INTO users ({USER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
+                params![u.id, u.organization_id, u.name, u.email, u.phone_number, u.created_at, u.updated_at],
+            )
+            .map_err(backend)?;
+        }
+        Write::InsertApiKey(k) => {
+            tx.execute(
+                &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                params![
+                    k.id, k.organization_id, k.user_id, k.name, k.public_key, k.credential_type,
+                    k.expiration_seconds.map(|v| v as i64), k.created_at, k.updated_at
+                ],
+            )
+            .map_err(backend)?;
+        }
+        Write::InsertWallet(wl) => {
+            tx.execute(
+                &format!("INSERT INTO wallets ({WALLET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+                params![wl.id, wl.organization_id, wl.name, wl.exported as i64, wl.imported as i64, wl.sealed_seed, wl.created_at, wl.updated_at],
+            )
+            .map_err(|e| match backend(e) {
+                StoreError::Unique(_) => StoreError::Unique("wallet name must be unique".into()),
+                other => other,
+            })?;
+        }
+        Write::InsertAccounts(accounts) => {
+            for a in accounts {
+                tx.execute(
+                    "INSERT INTO wallet_accounts (id, organization_id, wallet_id, seq, curve, path_format, path, address_format, address, public_key, exported, sealed_key, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(seq), -1) + 1 FROM wallet_accounts WHERE wallet_id = ?3), ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12)",
+                    params![a.id, a.organization_id, a.wallet_id, a.curve, a.path_format, a.path, a.address_format, a.address, a.public_key, a.sealed_key, a.created_at, a.updated_at],
+                )
+                .map_err(|e| match backend(e) {
+                    StoreError::Unique(_) => StoreError::Unique(format!(
+                        "wallet account already exists for path {} and address format {}",
+                        a.path, a.address_format
+                    )),
+                    other => other,
+                })?;
+            }
+        }
+        Write::InsertPrivateKeys(keys) => {
+            for k in keys {
+                tx.execute(
+                    &format!("INSERT INTO private_keys ({PRIVATE_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                    params![
+                        k.id, k.organization_id, k.name, k.curve, k.public_key, json_text(&k.addresses),
+                        json_text(&k.tags), k.exported as i64, k.imported as i64, k.sealed_key, k.created_at, k.updated_at
+                    ],
+                )
+                .map_err(|e| match backend(e) {
+                    StoreError::Unique(_) => StoreError::Unique("private key name must be unique".into()),
+                    other => other,
+                })?;
+                for a in &k.addresses {
+                    tx.execute(
+                        "INSERT INTO private_key_addresses (private_key_id, organization_id, address) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                        params![k.id, k.organization_id, a.address],
+                    )
+                    .map_err(backend)?;
+                }
+            }
+        }
+        Write::MarkWalletExported(id) => {
+            tx.execute("UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+        }
+        Write::MarkPrivateKeyExported(id) => {
+            tx.execute("UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+        }
+        Write::MarkAccountExported(id) => {
+            tx.execute("UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+        }
+        Write::DeleteWallets { ids, require_exported } => {
+            for id in ids {
+                let exported: Option<i64> = tx
+                    .query_row("SELECT exported FROM wallets WHERE id = ?1", params![id], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                match exported {
+                    None => return Err(StoreError::Conflict(format!("wallet not found: {id}"))),
+                    Some(0) if *require_exported => {
+                        return Err(StoreError::Conflict(format!(
+                            "wallet account has not been exported: wallet {id} was never exported; pass deleteWithoutExport: true to delete it anyway"
+                        )))
+                    }
+                    Some(_) => {}
+                }
+                tx.execute("DELETE FROM wallet_accounts WHERE wallet_id = ?1", params![id]).map_err(backend)?;
+                tx.execute("DELETE FROM wallets WHERE id = ?1", params![id]).map_err(backend)?;
+            }
+        }
+        Write::DeletePrivateKeys { ids, require_exported } => {
+            for id in ids {
+                let exported: Option<i64> = tx
+                    .query_row("SELECT exported FROM private_keys WHERE id = ?1", params![id], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                match exported {
+                    None => return Err(StoreError::Conflict(format!("private key not found: {id}"))),
+                    Some(0) if *require_exported => {
+                        return Err(StoreError::Conflict(format!(
+                            "wallet account has not been exported: private key {id} was never exported; pass deleteWithoutExport: true to delete it anyway"
+                        )))
+                    }
+                    Some(_) => {}
+                }
+                tx.execute("DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id]).map_err(backend)?;
+                tx.execute("DELETE FROM private_keys WHERE id = ?1", params![id]).map_err(backend)?;
+            }
+        }
+        Write::PutImportTarget(t) => {
+            tx.execute(
+                "INSERT INTO import_targets (organization_id, user_id, sealed_key, created_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (organization_id, user_id) DO UPDATE SET sealed_key = excluded.sealed_key, created_at = excluded.created_at",
+                params![t.organization_id, t.user_id, t.sealed_key, t.created_at],
+            )
+            .map_err(backend)?;
+        }
+        Write::TakeImportTarget { organization_id, user_id, sealed_key } => {
+            let n = tx
+                .execute(
+                    "DELETE FROM import_targets WHERE organization_id = ?1 AND user_id = ?2 AND sealed_key = ?3",
+                    params![organization_id, user_id, sealed_key],
+                )
+                .map_err(backend)?;
+            if n != 1 {
+                return Err(StoreError::Conflict(
+                    "import target was already used or replaced: call init_import again".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn commit(&self, a: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
+        let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
+        let existing = conn
+            .query_row(
+                &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"),
+                params![a.fingerprint],
+                activity_row,
+            )
+            .optional()
+            .map_err(backend)?;
+        if let Some(existing) = existing {
+            return Ok(Committed::Existing(existing));
+        }
+        let tx = conn.transaction().map_err(backend)?;
+        for w in writes {
+            apply_write(&tx, w)?;
+        }
+        tx.execute(
+            &format!("INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+            params![
+                a.id, a.organization_id, a.activity_type, a.status, a.fingerprint, json_text(&a.intent),
+                json_text(&a.result), json_text(&a.votes), a.created_at, a.failure.as_ref().map(json_text), a.updated_at
+            ],
+        )
+        .map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        Ok(Committed::New(a.clone()))
+    }
+
+    fn apply(&self, writes: &[Write]) -> Result<(), StoreError> {
+        let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
+        let tx = conn.transaction().map_err(backend)?;
+        for w in writes {
+            apply_write(&tx, w)?;
+        }
+        tx.commit().map_err(backend)
+    }
+
+    fn organization(&self, id: &str) -> Result<Organization, StoreError> {
+        self.one(|c| c.query_row(&format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row).optional())
+    }
+
+    fn api_key_by_public_key(&self, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND public_key = ?2"),
+                params![org, public_key],
+                api_key_row,
+            )
+            .optional()
+        })
+    }
+
+    fn user(&self, org: &str, id: &str) -> Result<User, StoreError> {
+        self.one(|c| {
+            c.query_row(&format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2"), params![org, id], user_row)
+                .optional()
+        })
+    }
+
+    fn users(&self, org: &str) -> Result<Vec<User>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 ORDER BY created_at, id"))?
+                .query_map(params![org], user_row)?
+                .collect()
+        })
+    }
+
+    fn api_keys_of_user(&self, org: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND user_id = ?2 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org, user_id], api_key_row)?
+            .collect()
+        })
+    }
+
+    fn wallet(&self, org: &str, id: &str) -> Result<Wallet, StoreError> {
+        self.one(|c| {
+            c.query_row(&format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 AND id = ?2"), params![org, id], wallet_row)
+                .optional()
+        })
+    }
+
+    fn wallets(&self, org: &str) -> Result<Vec<Wallet>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 ORDER BY created_at, id"))?
+                .query_map(params![org], wallet_row)?
+                .collect()
+        })
+    }
+
+    fn accounts(&self, org: &str, wallet_id: Option<&str>) -> Result<Vec<WalletAccount>, StoreError> {
+        self.read(|c| match wallet_id {
+            Some(w) => c
+                .prepare_cached(&format!(
+                    "SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 AND wallet_id = ?2 ORDER BY seq"
+                ))?
+                .query_map(params![org, w], account_row)?
+                .collect(),
+            None => c
+                .prepare_cached(&format!(
+                    "SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 ORDER BY created_at, wallet_id, seq"
+                ))?
+                .query_map(params![org], account_row)?
+                .collect(),
+        })
+    }
+
+    fn account_by_address(&self, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 AND address = ?2 ORDER BY created_at LIMIT 1"),
+                params![org, address],
+                account_row,
+            )
+            .optional()
+        })
+    }
+
+    fn private_key(&self, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                private_key_row,
+            )
+            .optional()
+        })
+    }
+
+    fn private_keys(&self, org: &str) -> Result<Vec<PrivateKey>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 ORDER BY created_at, id"))?
+                .query_map(params![org], private_key_row)?
+                .collect()
+        })
+    }
+
+    fn private_key_by_address(&self, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {} FROM private_keys k JOIN private_key_addresses a ON a.private_key_id = k.id
+                     WHERE a.organization_id = ?1 AND a.address = ?2 ORDER BY k.created_at LIMIT 1",
+                    PRIVATE_KEY_COLS.split(", ").map(|c| format!("k.{c}")).collect::<Vec<_>>().join(", ")
+                ),
+                params![org, address],
+                private_key_row,
+            )
+            .optional()
+        })
+    }
+
+    fn import_target(&self, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                "SELECT organization_id, user_id, sealed_key, created_at FROM import_targets WHERE organization_id = ?1 AND user_id = ?2",
+                params![org, user_id],
+                |r| Ok(ImportTarget { organization_id: r.get(0)?, user_id: r.get(1)?, sealed_key: r.get(2)?, created_at: r.get(3)? }),
+            )
+            .optional()
+        })
+    }
+
+    fn activity(&self, org: &str, id: &str) -> Result<ActivityRecord, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                activity_row,
+            )
+            .optional()
+        })
+    }
+
+    fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
+        self.one(|c| {
+            c.query_row(&format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"), params![fingerprint], activity_row)
+                .optional()
+        })
+    }
+
+    fn activities(&self, org: &str, f: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
+        let all: Vec<ActivityRecord> = self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?1 ORDER BY created_at DESC, id DESC"
+            ))?
+            .query_map(params![org], activity_row)?
+            .collect()
+        })?;
+        // Newest first; `after` = older than the cursor, `before` = newer than the cursor.
+        let mut items: Vec<ActivityRecord> = all
+            .into_iter()
+            .filter(|a| f.statuses.is_empty() || f.statuses.contains(&a.status))
+            .filter(|a| f.types.is_empty() || f.types.contains(&a.activity_type))
+            .collect();
+        if let Some(after) = &f.after {
+            if let Some(pos) = items.iter().position(|a| &a.id == after) {
+                items.drain(..=pos);
+            }
+        }
+        if let Some(before) = &f.before {
+            if let Some(pos) = items.iter().position(|a| &a.id == before) {
+                items.truncate(pos);
+                let skip = items.len().saturating_sub(f.limit);
+                items.drain(..skip);
+            }
+        }
+        items.truncate(f.limit);
+        Ok(items)
+    }
+
+    fn ping(&self) -> Result<(), StoreError> {
+        self.read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn org(id: &str) -> Organization {
+        Organization {
+            id: id.into(),
+            name: "o".into(),
+            parent_id: None,
+            root_quorum_threshold: 1,
+            root_user_ids: vec!["u".into()],
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    fn activity(fp: &str) -> ActivityRecord {
+        ActivityRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            organization_id: "o1".into(),
+            activity_type: "ACTIVITY_TYPE_X".into(),
+            status: "ACTIVITY_STATUS_COMPLETED".into(),
+            fingerprint: fp.into(),
+            intent: serde_json::json!({}),
+            result: serde_json::json!({}),
+            votes: serde_json::json!([]),
+            failure: None,
+            created_at: now_nanos(),
+            updated_at: now_nanos(),
+        }
+    }
+
+    fn wallet(id: &str, name: &str) -> Wallet {
+        Wallet {
+            id: id.into(),
+            organization_id: "o1".into(),
+            name: name.into(),
+            exported: false,
+            imported: false,
+            sealed_seed: vec![1, 2, 3],
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    fn store() -> (tempdir::Dir, SqliteStore) {
+        let dir = tempdir::Dir::new();
+        let s = SqliteStore::open(&dir.0.join("t.db")).unwrap();
+        s.apply(&[Write::InsertOrganization(org("o1"))]).unwrap();
+        (dir, s)
+    }
+
+    /// A throwaway directory removed on drop (keeps the dependency list short).
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!("coffer-store-{}", uuid::Uuid::new_v4()));
+                std::fs::create_dir_all(&p).unwrap();
+                Self(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn same_fingerprint_commits_once() {
+        let (_d, s) = store();
+        let first = activity("sha256:aa");
+        assert!(matches!(s.commit(&first, &[Write::InsertWallet(wallet("w1", "a"))]).unwrap(), Committed::New(_)));
+        let again = activity("sha256:aa");
+        match s.commit(&again, &[Write::InsertWallet(wallet("w2", "b"))]).unwrap() {
+            Committed::Existing(a) => assert_eq!(a.id, first.id),
+            other => panic!("expected existing, got {other:?}"),
+        }
+        // The second activity's effects were not applied.
+        assert_eq!(s.wallets("o1").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn failed_write_rolls_back_everything() {
+        let (_d, s) = store();
+        s.commit(&activity("sha256:1"), &[Write::InsertWallet(wallet("w1", "a"))]).unwrap();
+        // Second wallet is fine, then a name clash: neither the wallet nor the activity lands.
+        let err = s
+            .commit(&activity("sha256:2"), &[Write::InsertWallet(wallet("w2", "b")), Write::InsertWallet(wallet("w3", "a"))])
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unique(ref m) if m == "wallet name must be unique"), "{err:?}");
+        assert_eq!(s.wallets("o1").unwrap().len(), 1);
+        assert!(matches!(s.activity_by_fingerprint("sha256:2"), Err(StoreError::NotFound)));
+    }
+
+    #[test]
+    fn delete_requires_export_unless_told() {
+        let (_d, s) = store();
+        s.commit(&activity("sha256:1"), &[Write::InsertWallet(wallet("w1", "a"))]).unwrap();
+        let err = s
+            .commit(&activity("sha256:2"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }])
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict(ref m) if m.starts_with("wallet account has not been exported")));
+        assert_eq!(s.wallets("o1").unwrap().len(), 1);
+        s.commit(&activity("sha256:3"), &[Write::MarkWalletExported("w1".into())]).unwrap();
+        s.commit(&activity("sha256:4"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }]).unwrap();
+        assert!(s.wallets("o1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn import_target_is_used_once() {
+        let (_d, s) = store();
+        let t = ImportTarget { organization_id: "o1".into(), user_id: "u".into(), sealed_key: vec![9], created_at: 1 };
+        s.apply(&[Write::PutImportTarget(t.clone())]).unwrap();
+        assert_eq!(s.import_target("o1", "u").unwrap().sealed_key, vec![9]);
+        let take = Write::TakeImportTarget { organization_id: "o1".into(), user_id: "u".into(), sealed_key: vec![9] };
+        s.apply(std::slice::from_ref(&take)).unwrap();
+        assert!(matches!(s.apply(&[take]), Err(StoreError::Conflict(_))));
+    }
+
+    #[test]
+    fn migrations_are_idempotent() {
+        let dir = tempdir::Dir::new();
+        let path = dir.0.join("m.db");
+        SqliteStore::open(&path).unwrap().apply(&[Write::InsertOrganization(org("o1"))]).unwrap();
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.organization("o1").unwrap(), org("o1"));
+    }
+}
