@@ -27,6 +27,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create the token (SO PIN from $COFFER_HSM_SO_PIN, user PIN as configured) if no token
+    /// with the label exists. For development and CI with SoftHSM; real HSMs are provisioned
+    /// with their vendor's tools.
+    InitToken,
     /// Create the KEK and the bundle signer in the token if missing (idempotent), print the signer key.
     Init,
     /// Serve the gRPC interface on the Unix socket.
@@ -65,6 +69,18 @@ async fn main() -> anyhow::Result<()> {
         .init();
 
     match cli.command {
+        Command::InitToken => {
+            let so_pin = std::env::var("COFFER_HSM_SO_PIN")
+                .map_err(|_| anyhow::anyhow!("set COFFER_HSM_SO_PIN to initialize a token"))?;
+            let created = coffer_enclave::hsm::init_token(
+                &cfg.pkcs11_module,
+                &cfg.token_label,
+                &cryptoki::types::AuthPin::new(so_pin.into()),
+                &cfg.pin()?,
+            )?;
+            println!("{}", serde_json::json!({ "tokenCreated": created, "tokenLabel": cfg.token_label }));
+            Ok(())
+        }
         Command::Init => {
             let hsm = open_hsm(&cfg)?;
             let created = hsm.init_service_keys()?;

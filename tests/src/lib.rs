@@ -1,1 +1,198 @@
-//! Test harness: a fresh SoftHSM token, the real binaries, and the official client.
+//! Test harness: a fresh SoftHSM token, the real `coffer-enclave` and `coffer-gateway`
+//! binaries on real sockets, and the official Rust client pointed at them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use turnkey_api_key_stamper::TurnkeyP256ApiKey;
+use turnkey_client::TurnkeyClient;
+
+const TEST_PIN: &str = "coffer-test-pin";
+const TEST_SO_PIN: &str = "coffer-test-so-pin";
+
+/// Where the built binaries are: `$COFFER_BIN_DIR`, else the workspace's `target/debug`.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("COFFER_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running Coffer: its own directory, token, database and processes. Stopped on drop.
+pub struct Stack {
+    pub dir: PathBuf,
+    pub base_url: String,
+    pub organization_id: String,
+    pub user_id: String,
+    pub api_public_key: String,
+    pub api_private_key: String,
+    /// The bundle signer's uncompressed public key, hex.
+    pub signer_public_key: String,
+    enclave: Option<Child>,
+    gateway: Option<Child>,
+    port: u16,
+}
+
+impl Stack {
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("SOFTHSM2_CONF", self.dir.join("softhsm2.conf"))
+            .env("COFFER_HSM_PIN", TEST_PIN)
+            .env("COFFER_TOKEN_LABEL", "coffer-test")
+            .env("COFFER_ENCLAVE_SOCKET", self.dir.join("enclave.sock"))
+            .env("COFFER_STORE_URL", format!("sqlite://{}", self.dir.join("coffer.db").display()))
+            .env("COFFER_LISTEN", format!("127.0.0.1:{}", self.port))
+            .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("COFFER_LOG", "warn");
+    }
+
+    fn run(&self, bin: &str, args: &[&str]) -> String {
+        let mut cmd = Command::new(bin_dir().join(bin));
+        self.env(&mut cmd);
+        cmd.env("COFFER_HSM_SO_PIN", TEST_SO_PIN);
+        let out = cmd.args(args).output().unwrap_or_else(|e| panic!("running {bin}: {e}"));
+        assert!(out.status.success(), "{bin} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Makes a token, its service keys and an organization, then starts both processes.
+    pub async fn start() -> Stack {
+        let dir = std::env::temp_dir().join(format!("coffer-e2e-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(dir.join("tokens")).unwrap();
+        std::fs::write(
+            dir.join("softhsm2.conf"),
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n",
+                dir.join("tokens").display()
+            ),
+        )
+        .unwrap();
+        let mut stack = Stack {
+            dir,
+            base_url: String::new(),
+            organization_id: String::new(),
+            user_id: String::new(),
+            api_public_key: String::new(),
+            api_private_key: String::new(),
+            signer_public_key: String::new(),
+            enclave: None,
+            gateway: None,
+            port: free_port(),
+        };
+        stack.base_url = format!("http://127.0.0.1:{}", stack.port);
+        stack.run("coffer-enclave", &["init-token"]);
+        let init: serde_json::Value = serde_json::from_str(&stack.run("coffer-enclave", &["init"])).unwrap();
+        stack.signer_public_key = init["enclaveSignerPublicKey"].as_str().unwrap().to_string();
+        let key: serde_json::Value = serde_json::from_str(&stack.run("coffer-gateway", &["keygen"])).unwrap();
+        stack.api_public_key = key["apiPublicKey"].as_str().unwrap().to_string();
+        stack.api_private_key = key["apiPrivateKey"].as_str().unwrap().to_string();
+        let org: serde_json::Value = serde_json::from_str(&stack.run(
+            "coffer-gateway",
+            &["init-org", "--name", "e2e", "--api-public-key", &stack.api_public_key.clone()],
+        ))
+        .unwrap();
+        stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
+        stack.user_id = org["userId"].as_str().unwrap().to_string();
+        stack.start_enclave();
+        let mut gw = Command::new(bin_dir().join("coffer-gateway"));
+        stack.env(&mut gw);
+        stack.gateway = Some(gw.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
+        stack.wait_healthy().await;
+        stack
+    }
+
+    /// Starts the enclave process (again).
+    pub fn start_enclave(&mut self) {
+        let mut cmd = Command::new(bin_dir().join("coffer-enclave"));
+        self.env(&mut cmd);
+        self.enclave = Some(cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start enclave"));
+    }
+
+    /// Kills the enclave (SIGKILL: an abrupt crash, not a clean stop).
+    pub fn kill_enclave(&mut self) {
+        if let Some(mut c) = self.enclave.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits until `/healthz` answers 200 (store and enclave reachable).
+    pub async fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(r) = http.get(format!("{}/healthz", self.base_url)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "stack did not become healthy in 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn api_key(&self) -> TurnkeyP256ApiKey {
+        TurnkeyP256ApiKey::from_strings(&self.api_private_key, Some(&self.api_public_key)).unwrap()
+    }
+
+    /// The official client with the root user's key, pointed at this stack.
+    pub fn client(&self) -> TurnkeyClient<TurnkeyP256ApiKey> {
+        self.client_with(self.api_key())
+    }
+
+    pub fn client_with(&self, key: TurnkeyP256ApiKey) -> TurnkeyClient<TurnkeyP256ApiKey> {
+        TurnkeyClient::builder().api_key(key).base_url(self.base_url.clone()).build().unwrap()
+    }
+
+    /// `QuorumPublicKey` for `turnkey_enclave_encrypt`: any valid point ‖ Coffer's signer key.
+    pub fn quorum_public_key(&self) -> turnkey_enclave_encrypt::QuorumPublicKey {
+        turnkey_enclave_encrypt::QuorumPublicKey::from_string(format!("{0}{0}", self.signer_public_key)).unwrap()
+    }
+
+    /// POSTs `body` as is, stamped by `key` if given, and returns status, content type and JSON.
+    pub async fn post_raw(&self, path: &str, body: &[u8], key: Option<&TurnkeyP256ApiKey>) -> RawResponse {
+        use turnkey_api_key_stamper::Stamp;
+        let mut req = reqwest::Client::new().post(format!("{}{}", self.base_url, path)).body(body.to_vec());
+        if let Some(k) = key {
+            let stamp = k.stamp(body).unwrap();
+            req = req.header(stamp.name, stamp.value);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+        let text = resp.text().await.unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+        RawResponse { status, content_type, json, text }
+    }
+
+    pub fn now_ms() -> u128 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+    }
+}
+
+/// What a raw HTTP call returned.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub json: serde_json::Value,
+    pub text: String,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for child in [self.gateway.take(), self.enclave.take()].into_iter().flatten() {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -109,6 +109,38 @@ fn needs_recovery(e: &CkError) -> bool {
     )
 }
 
+/// Initializes a token with `label` in the first free slot, and sets its user PIN, unless a
+/// token with that label exists already (idempotent). PINs come from the caller, never argv.
+pub fn init_token(module: &std::path::Path, label: &str, so_pin: &AuthPin, user_pin: &AuthPin) -> Result<bool, HsmError> {
+    let ctx = load_module(module)?;
+    let slots = ctx.get_slots_with_token().map_err(|e| HsmError::call("C_GetSlotList", e))?;
+    let mut free = None;
+    for slot in slots {
+        let info = ctx.get_token_info(slot).map_err(|e| HsmError::call("C_GetTokenInfo", e))?;
+        if info.token_initialized() {
+            if info.label().trim_end() == label {
+                return Ok(false);
+            }
+        } else if free.is_none() {
+            free = Some(slot);
+        }
+    }
+    let slot = free.ok_or_else(|| HsmError::TokenNotFound(format!("{label} (and no free slot to create it)")))?;
+    ctx.init_token(slot, so_pin, label).map_err(|e| HsmError::call("C_InitToken", e))?;
+    // Slot ids may change after C_InitToken (SoftHSM reassigns them): find the token again.
+    let slot = ctx
+        .get_slots_with_initialized_token()
+        .map_err(|e| HsmError::call("C_GetSlotList", e))?
+        .into_iter()
+        .find(|s| ctx.get_token_info(*s).map(|t| t.label().trim_end() == label).unwrap_or(false))
+        .ok_or_else(|| HsmError::TokenNotFound(label.to_string()))?;
+    let session = ctx.open_rw_session(slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
+    session.login(UserType::So, Some(so_pin)).map_err(|e| HsmError::call("C_Login (SO)", e))?;
+    session.init_pin(user_pin).map_err(|e| HsmError::call("C_InitPIN", e))?;
+    session.logout().map_err(|e| HsmError::call("C_Logout", e))?;
+    Ok(true)
+}
+
 impl Hsm {
     /// Loads the module, finds the token by label and logs in once.
     pub fn open(settings: HsmSettings) -> Result<Self, HsmError> {
