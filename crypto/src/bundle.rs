@@ -94,8 +94,7 @@ fn envelope(signer: &dyn EnvelopeSigner, data: &[u8]) -> Result<String, CryptoEr
         .map_err(|_| internal("enclave quorum public key is not a P-256 point"))?;
     let der = p256::ecdsa::DerSignature::try_from(signature.as_slice())
         .map_err(|_| internal("enclave quorum signature is not DER"))?;
-    vk.verify(data, &der)
-        .map_err(|_| internal("enclave quorum signature does not verify"))?;
+    vk.verify(data, &der).map_err(|_| internal("enclave quorum signature does not verify"))?;
     serde_json::to_string(&Envelope {
         version: DATA_VERSION,
         data: hex::encode(data),
@@ -120,14 +119,11 @@ pub fn export_bundle(
         .map_err(|_| CryptoError::invalid("invalid target public key"))?;
     // Note: rand_chacha 0.3 does not zeroize its state on drop; the RNG lives only for this call.
     let mut rng = ChaCha20Rng::from_seed(rng_seed);
-    let (encapped, mut ctx) =
-        hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
-            .map_err(|_| internal("HPKE sender setup failed"))?;
+    let (encapped, mut ctx) = hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
+        .map_err(|_| internal("HPKE sender setup failed"))?;
     let encapped = encapped.to_bytes();
     let aad = [encapped.as_slice(), &target].concat();
-    let ciphertext = ctx
-        .seal(plaintext, &aad)
-        .map_err(|_| internal("HPKE seal failed"))?;
+    let ciphertext = ctx.seal(plaintext, &aad).map_err(|_| internal("HPKE seal failed"))?;
     let data = serde_json::to_vec(&SendData {
         encapped_public: hex::encode(encapped),
         ciphertext: hex::encode(ciphertext),
@@ -152,15 +148,13 @@ pub fn new_import_target(rng_seed: [u8; 32]) -> Result<ImportTarget, CryptoError
     let mut bytes = key.to_bytes();
     secret.copy_from_slice(&bytes);
     bytes.zeroize();
-    let public =
-        uncompressed(&key.public_key()).ok_or_else(|| internal("cannot encode P-256 point"))?;
+    let public = uncompressed(&key.public_key()).ok_or_else(|| internal("cannot encode P-256 point"))?;
     Ok(ImportTarget { secret, public })
 }
 
 /// The uncompressed public key of a stored import target secret.
 pub fn import_target_public(secret: &[u8; 32]) -> Result<[u8; 65], CryptoError> {
-    let key =
-        p256::SecretKey::from_slice(secret).map_err(|_| internal("invalid import target key"))?;
+    let key = p256::SecretKey::from_slice(secret).map_err(|_| internal("invalid import target key"))?;
     uncompressed(&key.public_key()).ok_or_else(|| internal("cannot encode P-256 point"))
 }
 
@@ -175,12 +169,8 @@ pub fn import_bundle(
     if !valid {
         return Err(CryptoError::invalid("invalid target public key"));
     }
-    let data = serde_json::to_vec(&TargetData {
-        target_public: hex::encode(target_public),
-        organization_id,
-        user_id,
-    })
-    .map_err(|_| internal("cannot serialize bundle data"))?;
+    let data = serde_json::to_vec(&TargetData { target_public: hex::encode(target_public), organization_id, user_id })
+        .map_err(|_| internal("cannot serialize bundle data"))?;
     envelope(signer, &data)
 }
 
@@ -191,8 +181,8 @@ pub fn open_encrypted_bundle(
     encrypted_bundle: &str,
 ) -> Result<Zeroizing<Vec<u8>>, CryptoError> {
     let target_public = import_target_public(target_secret)?;
-    let private = <Kem as KemTrait>::PrivateKey::from_bytes(target_secret)
-        .map_err(|_| internal("invalid import target key"))?;
+    let private =
+        <Kem as KemTrait>::PrivateKey::from_bytes(target_secret).map_err(|_| internal("invalid import target key"))?;
     let invalid = || CryptoError::invalid("invalid encrypted bundle");
     let msg: ClientMsg = serde_json::from_str(encrypted_bundle).map_err(|_| invalid())?;
     let unhex = |s: &str| hex::decode(s.strip_prefix("0x").unwrap_or(s)).map_err(|_| invalid());
@@ -201,15 +191,11 @@ pub fn open_encrypted_bundle(
     if encapped.len() != 65 {
         return Err(invalid());
     }
-    let encapped_key =
-        <Kem as KemTrait>::EncappedKey::from_bytes(&encapped).map_err(|_| invalid())?;
-    let mut ctx =
-        hpke::setup_receiver::<Aead, Kdf, Kem>(&OpModeR::Base, &private, &encapped_key, HPKE_INFO)
-            .map_err(|_| invalid())?;
+    let encapped_key = <Kem as KemTrait>::EncappedKey::from_bytes(&encapped).map_err(|_| invalid())?;
+    let mut ctx = hpke::setup_receiver::<Aead, Kdf, Kem>(&OpModeR::Base, &private, &encapped_key, HPKE_INFO)
+        .map_err(|_| invalid())?;
     let aad = [encapped.as_slice(), &target_public].concat();
-    ctx.open(&ciphertext, &aad)
-        .map(Zeroizing::new)
-        .map_err(|_| invalid())
+    ctx.open(&ciphertext, &aad).map(Zeroizing::new).map_err(|_| invalid())
 }
 
 #[cfg(test)]

@@ -43,8 +43,7 @@ impl EnclaveConfig {
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut cfg = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
+                let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
                 toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
             }
             None => Self::default(),
@@ -69,14 +68,12 @@ impl EnclaveConfig {
         let pin = match &self.pin_file {
             Some(p) => {
                 let text = zeroize::Zeroizing::new(
-                    std::fs::read_to_string(p)
-                        .map_err(|e| anyhow::anyhow!("reading PIN file {}: {e}", p.display()))?,
+                    std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading PIN file {}: {e}", p.display()))?,
                 );
                 text.lines().next().unwrap_or("").trim().to_string()
             }
-            None => std::env::var(&self.pin_env).map_err(|_| {
-                anyhow::anyhow!("no HSM PIN: set {} or pin_file", self.pin_env)
-            })?,
+            None => std::env::var(&self.pin_env)
+                .map_err(|_| anyhow::anyhow!("no HSM PIN: set {} or pin_file", self.pin_env))?,
         };
         if pin.is_empty() {
             anyhow::bail!("the HSM PIN is empty");

@@ -49,8 +49,7 @@ fn open_hsm(cfg: &EnclaveConfig) -> anyhow::Result<Hsm> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // No core dumps: a crash must not write key material to disk.
-    rlimit::setrlimit(rlimit::Resource::CORE, 0, 0)
-        .map_err(|e| anyhow::anyhow!("disabling core dumps: {e}"))?;
+    rlimit::setrlimit(rlimit::Resource::CORE, 0, 0).map_err(|e| anyhow::anyhow!("disabling core dumps: {e}"))?;
     let cli = Cli::parse();
     let mut cfg = EnclaveConfig::load(cli.config.as_deref())?;
     if let Some(s) = cli.socket {
@@ -85,10 +84,7 @@ async fn main() -> anyhow::Result<()> {
             let hsm = open_hsm(&cfg)?;
             let created = hsm.init_service_keys()?;
             let signer = hex::encode(hsm.signer_public_key()?);
-            println!(
-                "{}",
-                serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer })
-            );
+            println!("{}", serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer }));
             Ok(())
         }
         Command::Serve => serve(cfg).await,
@@ -122,8 +118,8 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     );
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},

@@ -48,10 +48,7 @@ struct HsmSigner<'a> {
 
 impl<'a> HsmSigner<'a> {
     fn new(hsm: &'a Hsm) -> Result<Self, EnclaveError> {
-        Ok(Self {
-            hsm,
-            public: hsm.signer_public_key()?,
-        })
+        Ok(Self { hsm, public: hsm.signer_public_key()? })
     }
 }
 
@@ -60,9 +57,7 @@ impl EnvelopeSigner for HsmSigner<'_> {
         self.public
     }
     fn sign(&self, data: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        self.hsm
-            .sign_with_bundle_signer(data)
-            .map_err(|e| CryptoError::Internal(e.to_string()))
+        self.hsm.sign_with_bundle_signer(data).map_err(|e| CryptoError::Internal(e.to_string()))
     }
 }
 
@@ -86,11 +81,7 @@ fn open_ref(
     if !expect.contains(&kind) {
         return Err(EnclaveError::invalid("sealed blob of the wrong kind"));
     }
-    let binding = BlobBinding {
-        kind,
-        organization_id: &sealed.organization_id,
-        resource_id: &sealed.resource_id,
-    };
+    let binding = BlobBinding { kind, organization_id: &sealed.organization_id, resource_id: &sealed.resource_id };
     let plain = hsm.unseal(&binding, &sealed.blob)?;
     Ok((plain, sealed))
 }
@@ -119,36 +110,18 @@ fn derive_accounts(
             let public_key = keys::public_key(curve, &secret)?;
             let address = address::address(&spec.address_format, curve, &public_key)?;
             let sealed_key = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::WalletAccountKey,
-                    organization_id,
-                    resource_id: &spec.account_id,
-                },
+                &BlobBinding { kind: BlobKind::WalletAccountKey, organization_id, resource_id: &spec.account_id },
                 secret.as_slice(),
             )?;
-            Ok(pb::Account {
-                account_id: spec.account_id.clone(),
-                public_key,
-                address,
-                sealed_key,
-            })
+            Ok(pb::Account { account_id: spec.account_id.clone(), public_key, address, sealed_key })
         })
         .collect()
 }
 
-fn addresses_for(
-    curve: Curve,
-    public_key: &[u8],
-    formats: &[String],
-) -> Result<Vec<pb::Address>, EnclaveError> {
+fn addresses_for(curve: Curve, public_key: &[u8], formats: &[String]) -> Result<Vec<pb::Address>, EnclaveError> {
     formats
         .iter()
-        .map(|f| {
-            Ok(pb::Address {
-                format: f.clone(),
-                address: address::address(f, curve, public_key)?,
-            })
-        })
+        .map(|f| Ok(pb::Address { format: f.clone(), address: address::address(f, curve, public_key)? }))
         .collect()
 }
 
@@ -167,12 +140,7 @@ impl Enclave for EnclaveService {
         _req: Request<pb::GetSignerPublicKeyRequest>,
     ) -> Result<Response<pb::GetSignerPublicKeyResponse>, Status> {
         let hsm = self.hsm.clone();
-        blocking(move || {
-            Ok(pb::GetSignerPublicKeyResponse {
-                public_key: hsm.signer_public_key()?.to_vec(),
-            })
-        })
-        .await
+        blocking(move || Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })).await
     }
 
     async fn create_wallet(
@@ -251,11 +219,7 @@ impl Enclave for EnclaveService {
         let req = req.into_inner();
         blocking(move || {
             let curve = Curve::parse(&req.curve)?;
-            let (plain, _) = open_ref(
-                &hsm,
-                req.key,
-                &[BlobKind::WalletAccountKey, BlobKind::PrivateKey],
-            )?;
+            let (plain, _) = open_ref(&hsm, req.key, &[BlobKind::WalletAccountKey, BlobKind::PrivateKey])?;
             let secret = secret32(&plain)?;
             let signatures = req
                 .payloads
@@ -299,18 +263,11 @@ impl Enclave for EnclaveService {
         .await
     }
 
-    async fn export_key(
-        &self,
-        req: Request<pb::ExportKeyRequest>,
-    ) -> Result<Response<pb::ExportResponse>, Status> {
+    async fn export_key(&self, req: Request<pb::ExportKeyRequest>) -> Result<Response<pb::ExportResponse>, Status> {
         let hsm = self.hsm.clone();
         let req = req.into_inner();
         blocking(move || {
-            let (plain, sealed) = open_ref(
-                &hsm,
-                req.key,
-                &[BlobKind::WalletAccountKey, BlobKind::PrivateKey],
-            )?;
+            let (plain, sealed) = open_ref(&hsm, req.key, &[BlobKind::WalletAccountKey, BlobKind::PrivateKey])?;
             let secret = secret32(&plain)?;
             let signer = HsmSigner::new(&hsm)?;
             let seed = hsm.random_seed()?;
@@ -344,8 +301,7 @@ impl Enclave for EnclaveService {
                 target.secret.as_slice(),
             )?;
             let signer = HsmSigner::new(&hsm)?;
-            let import_bundle =
-                bundle::import_bundle(&signer, &target.public, &req.organization_id, &req.user_id)?;
+            let import_bundle = bundle::import_bundle(&signer, &target.public, &req.organization_id, &req.user_id)?;
             Ok(pb::InitImportResponse { import_bundle, sealed_target_key })
         })
         .await

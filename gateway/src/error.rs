@@ -127,7 +127,10 @@ impl From<tonic::Status> for ApiError {
                 tracing::error!(error = %s.message(), "enclave refused sealed material");
                 ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")
             }
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded => {
                 tracing::warn!(error = %s.message(), "enclave unavailable");
                 ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
             }

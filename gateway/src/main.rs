@@ -45,6 +45,20 @@ enum Command {
     },
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
+    /// Development bootstrap (idempotent): an organization with a root user and a fresh API
+    /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
+    InitDev {
+        /// Where to write dev-org.json.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        base_url: String,
+        #[arg(long)]
+        auth_proxy_url: String,
+        /// Enclave Unix socket (overrides the config).
+        #[arg(long)]
+        enclave_socket: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -64,18 +78,15 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Keygen => {
-            let sk = p256::SecretKey::random(&mut rand_core::OsRng);
-            let pk = sk.public_key().to_sec1_bytes();
-            let compressed = p256::EncodedPoint::from(sk.public_key()).compress();
-            let _ = pk;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "apiPublicKey": hex::encode(compressed.as_bytes()),
-                    "apiPrivateKey": hex::encode(sk.to_bytes()),
-                })
-            );
+            let (public, private) = keygen();
+            println!("{}", serde_json::json!({ "apiPublicKey": public, "apiPrivateKey": *private }));
             Ok(())
+        }
+        Command::InitDev { out, base_url, auth_proxy_url, enclave_socket } => {
+            if let Some(s) = enclave_socket {
+                cfg.enclave_socket = s;
+            }
+            init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
         Command::InitOrg { name, user_name, api_public_key } => {
             let store = SqliteStore::open(&cfg.sqlite_path()?)?;
@@ -95,14 +106,76 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// A fresh P-256 API key pair: (compressed public key hex, private key hex).
+fn keygen() -> (String, zeroize::Zeroizing<String>) {
+    let sk = p256::SecretKey::random(&mut rand_core::OsRng);
+    let compressed = p256::EncodedPoint::from(sk.public_key()).compress();
+    (hex::encode(compressed.as_bytes()), zeroize::Zeroizing::new(hex::encode(sk.to_bytes())))
+}
+
+async fn init_dev(
+    cfg: &GatewayConfig,
+    out: &std::path::Path,
+    base_url: &str,
+    auth_proxy_url: &str,
+) -> anyhow::Result<()> {
+    use coffer_gateway::store::Store;
+    let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+    if let Ok(text) = std::fs::read_to_string(out) {
+        let existing: serde_json::Value = serde_json::from_str(&text)?;
+        let org = existing["organizationId"].as_str().unwrap_or_default();
+        if store.organization(org).is_ok() {
+            println!("{}", out.display());
+            return Ok(());
+        }
+    }
+    // The signer key comes from the running enclave (retry while it starts).
+    let mut enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
+    let mut signer = None;
+    for _ in 0..100 {
+        match enclave.get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await {
+            Ok(r) => {
+                signer = Some(hex::encode(r.into_inner().public_key));
+                break;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    let signer = signer.ok_or_else(|| anyhow::anyhow!("enclave did not answer on {}", cfg.enclave_socket.display()))?;
+    let (public, private) = keygen();
+    let created = coffer_gateway::orgs::create_root_org(&store, "Coffer development", "root", &public)?;
+    let doc = zeroize::Zeroizing::new(serde_json::to_string_pretty(&serde_json::json!({
+        "baseUrl": base_url,
+        "authProxyUrl": auth_proxy_url,
+        "organizationId": created.organization_id,
+        "userId": created.user_id,
+        "apiPublicKey": public,
+        "apiPrivateKey": *private,
+        "enclaveSignerPublicKey": signer,
+    }))?);
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(out)?;
+    f.write_all(doc.as_bytes())?;
+    println!("{}", out.display());
+    Ok(())
+}
+
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
     let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit });
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, "gateway ready");
+    let proxy_listener = tokio::net::TcpListener::bind(cfg.auth_proxy_listen).await?;
+    tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, "gateway ready");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(proxy_listener, coffer_gateway::http::auth_proxy_router()).await {
+            tracing::error!(error = %e, "auth proxy listener failed");
+        }
+    });
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},

@@ -93,11 +93,12 @@ impl Stack {
         let key: serde_json::Value = serde_json::from_str(&stack.run("coffer-gateway", &["keygen"])).unwrap();
         stack.api_public_key = key["apiPublicKey"].as_str().unwrap().to_string();
         stack.api_private_key = key["apiPrivateKey"].as_str().unwrap().to_string();
-        let org: serde_json::Value = serde_json::from_str(&stack.run(
-            "coffer-gateway",
-            &["init-org", "--name", "e2e", "--api-public-key", &stack.api_public_key.clone()],
-        ))
-        .unwrap();
+        let org: serde_json::Value =
+            serde_json::from_str(&stack.run(
+                "coffer-gateway",
+                &["init-org", "--name", "e2e", "--api-public-key", &stack.api_public_key.clone()],
+            ))
+            .unwrap();
         stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
         stack.user_id = org["userId"].as_str().unwrap().to_string();
         stack.start_enclave();

@@ -3,7 +3,9 @@
 
 use coffer_tests::Stack;
 use sha2::Digest;
-use turnkey_client::generated::immutable::common::v1::{AddressFormat, Curve, HashFunction, PathFormat, PayloadEncoding};
+use turnkey_client::generated::immutable::common::v1::{
+    AddressFormat, Curve, HashFunction, PathFormat, PayloadEncoding,
+};
 use turnkey_client::generated::{
     CreatePrivateKeysIntentV2, CreateWalletIntent, DeleteWalletsIntent, ExportPrivateKeyIntent, ExportWalletIntent,
     ImportWalletIntent, InitImportWalletIntent, PrivateKeyParams, SignRawPayloadIntentV2, WalletAccountParams,
@@ -26,7 +28,12 @@ fn four_accounts() -> Vec<WalletAccountParams> {
     ]
 }
 
-fn sign_intent(sign_with: &str, payload: &str, encoding: PayloadEncoding, hash: HashFunction) -> SignRawPayloadIntentV2 {
+fn sign_intent(
+    sign_with: &str,
+    payload: &str,
+    encoding: PayloadEncoding,
+    hash: HashFunction,
+) -> SignRawPayloadIntentV2 {
     SignRawPayloadIntentV2 {
         sign_with: sign_with.into(),
         payload: payload.into(),
@@ -53,10 +60,8 @@ async fn wallet_sign_export_import_end_to_end() {
     let client = stack.client();
     let org = stack.organization_id.clone();
 
-    let who = client
-        .get_whoami(turnkey_client::generated::GetWhoamiRequest { organization_id: org.clone() })
-        .await
-        .unwrap();
+    let who =
+        client.get_whoami(turnkey_client::generated::GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
     assert_eq!(who.organization_id, org);
     assert_eq!(who.user_id, stack.user_id);
 
@@ -111,7 +116,11 @@ async fn wallet_sign_export_import_end_to_end() {
         .export_wallet(
             org.clone(),
             client.current_timestamp(),
-            ExportWalletIntent { wallet_id: wallet_id.clone(), target_public_key: target.target_public_key().unwrap(), language: None },
+            ExportWalletIntent {
+                wallet_id: wallet_id.clone(),
+                target_public_key: target.target_public_key().unwrap(),
+                language: None,
+            },
         )
         .await
         .unwrap();
@@ -130,13 +139,16 @@ async fn wallet_sign_export_import_end_to_end() {
 
     // Import the "abandon ... about" mnemonic and get the spec's vectors.
     let init = client
-        .init_import_wallet(org.clone(), client.current_timestamp(), InitImportWalletIntent { user_id: stack.user_id.clone() })
+        .init_import_wallet(
+            org.clone(),
+            client.current_timestamp(),
+            InitImportWalletIntent { user_id: stack.user_id.clone() },
+        )
         .await
         .unwrap();
     let mut importer = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
-    let encrypted = importer
-        .encrypt_wallet_with_bundle(ABANDON, &init.result.import_bundle, &org, &stack.user_id)
-        .unwrap();
+    let encrypted =
+        importer.encrypt_wallet_with_bundle(ABANDON, &init.result.import_bundle, &org, &stack.user_id).unwrap();
     let imported = client
         .import_wallet(
             org.clone(),
@@ -155,14 +167,22 @@ async fn wallet_sign_export_import_end_to_end() {
         .unwrap();
     assert_eq!(
         imported.result.addresses,
-        vec!["0x9858EfFD232B4033E47d90003D41EC34EcaEda94".to_string(), "HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk".to_string()]
+        vec![
+            "0x9858EfFD232B4033E47d90003D41EC34EcaEda94".to_string(),
+            "HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk".to_string()
+        ]
     );
     // The import target is used once: replaying the same bundle fails and changes nothing.
     let replay = client
         .import_wallet(
             org.clone(),
             client.current_timestamp(),
-            ImportWalletIntent { user_id: stack.user_id.clone(), wallet_name: "again".into(), encrypted_bundle: encrypted, accounts: vec![] },
+            ImportWalletIntent {
+                user_id: stack.user_id.clone(),
+                wallet_name: "again".into(),
+                encrypted_bundle: encrypted,
+                accounts: vec![],
+            },
         )
         .await;
     assert!(matches!(replay, Err(TurnkeyClientError::UnexpectedHttpStatus(400, _))), "{replay:?}");
@@ -218,7 +238,11 @@ async fn private_keys_sign_export_and_deletion_rules() {
     // signWith by private key id, then by address: both recover to the key's address.
     for sign_with in [k1.private_key_id.clone(), eth.clone()] {
         let sig = client
-            .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&sign_with, "0x68656c6c6f", PayloadEncoding::Hexadecimal, HashFunction::Keccak256))
+            .sign_raw_payload(
+                org.clone(),
+                client.current_timestamp(),
+                sign_intent(&sign_with, "0x68656c6c6f", PayloadEncoding::Hexadecimal, HashFunction::Keccak256),
+            )
             .await
             .unwrap()
             .result;
@@ -229,7 +253,11 @@ async fn private_keys_sign_export_and_deletion_rules() {
     // P-256: verify with the compressed public key (its COMPRESSED "address").
     let p = &keys[1];
     let sig = client
-        .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&p.private_key_id, "hello", PayloadEncoding::TextUtf8, HashFunction::Sha256))
+        .sign_raw_payload(
+            org.clone(),
+            client.current_timestamp(),
+            sign_intent(&p.private_key_id, "hello", PayloadEncoding::TextUtf8, HashFunction::Sha256),
+        )
         .await
         .unwrap()
         .result;
@@ -243,11 +271,16 @@ async fn private_keys_sign_export_and_deletion_rules() {
         .delete_private_keys(
             org.clone(),
             client.current_timestamp(),
-            turnkey_client::generated::DeletePrivateKeysIntent { private_key_ids: vec![k1.private_key_id.clone()], delete_without_export: None },
+            turnkey_client::generated::DeletePrivateKeysIntent {
+                private_key_ids: vec![k1.private_key_id.clone()],
+                delete_without_export: None,
+            },
         )
         .await;
     match del {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(400, body)) => assert!(body.contains("WALLET_ACCOUNT_NOT_EXPORTED"), "{body}"),
+        Err(TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
+            assert!(body.contains("WALLET_ACCOUNT_NOT_EXPORTED"), "{body}")
+        }
         other => panic!("expected 400, got {other:?}"),
     }
     // Export, decrypt with the official client, check the key, then deletion works.
@@ -256,7 +289,10 @@ async fn private_keys_sign_export_and_deletion_rules() {
         .export_private_key(
             org.clone(),
             client.current_timestamp(),
-            ExportPrivateKeyIntent { private_key_id: k1.private_key_id.clone(), target_public_key: target.target_public_key().unwrap() },
+            ExportPrivateKeyIntent {
+                private_key_id: k1.private_key_id.clone(),
+                target_public_key: target.target_public_key().unwrap(),
+            },
         )
         .await
         .unwrap()
@@ -265,12 +301,18 @@ async fn private_keys_sign_export_and_deletion_rules() {
     let raw = target.decrypt_private_key(&bundle, &org).unwrap();
     let sk = k256::ecdsa::SigningKey::from_slice(&raw).unwrap();
     let point = sk.verifying_key().to_encoded_point(false);
-    assert_eq!(format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..])), eth.to_lowercase());
+    assert_eq!(
+        format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..])),
+        eth.to_lowercase()
+    );
     client
         .delete_private_keys(
             org.clone(),
             client.current_timestamp(),
-            turnkey_client::generated::DeletePrivateKeysIntent { private_key_ids: vec![k1.private_key_id.clone()], delete_without_export: None },
+            turnkey_client::generated::DeletePrivateKeysIntent {
+                private_key_ids: vec![k1.private_key_id.clone()],
+                delete_without_export: None,
+            },
         )
         .await
         .unwrap();
@@ -279,7 +321,10 @@ async fn private_keys_sign_export_and_deletion_rules() {
         .delete_private_keys(
             org.clone(),
             client.current_timestamp(),
-            turnkey_client::generated::DeletePrivateKeysIntent { private_key_ids: vec![p.private_key_id.clone()], delete_without_export: Some(true) },
+            turnkey_client::generated::DeletePrivateKeysIntent {
+                private_key_ids: vec![p.private_key_id.clone()],
+                delete_without_export: Some(true),
+            },
         )
         .await
         .unwrap();
@@ -319,12 +364,23 @@ async fn wallet_deletion_rule_and_identical_resubmission() {
     assert_eq!(client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap().wallets.len(), 1);
 
     let del = client
-        .delete_wallets(org.clone(), client.current_timestamp(), DeleteWalletsIntent { wallet_ids: vec![wallet_id.clone()], delete_without_export: None })
+        .delete_wallets(
+            org.clone(),
+            client.current_timestamp(),
+            DeleteWalletsIntent { wallet_ids: vec![wallet_id.clone()], delete_without_export: None },
+        )
         .await;
-    assert!(matches!(del, Err(TurnkeyClientError::UnexpectedHttpStatus(400, ref b)) if b.contains("has not been exported")), "{del:?}");
+    assert!(
+        matches!(del, Err(TurnkeyClientError::UnexpectedHttpStatus(400, ref b)) if b.contains("has not been exported")),
+        "{del:?}"
+    );
     assert_eq!(client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap().wallets.len(), 1);
     client
-        .delete_wallets(org.clone(), client.current_timestamp(), DeleteWalletsIntent { wallet_ids: vec![wallet_id], delete_without_export: Some(true) })
+        .delete_wallets(
+            org.clone(),
+            client.current_timestamp(),
+            DeleteWalletsIntent { wallet_ids: vec![wallet_id], delete_without_export: Some(true) },
+        )
         .await
         .unwrap();
     assert!(client.get_wallets(GetWalletsRequest { organization_id: org }).await.unwrap().wallets.is_empty());

@@ -18,11 +18,7 @@ mod tests {
     #[test]
     fn aptos_spec_vector() {
         assert_eq!(
-            abandon(
-                "ADDRESS_FORMAT_APTOS",
-                Curve::Ed25519,
-                "m/44'/637'/0'/0'/0'"
-            ),
+            abandon("ADDRESS_FORMAT_APTOS", Curve::Ed25519, "m/44'/637'/0'/0'/0'"),
             "0xeb663b681209e7087d681c5d3eed12aaa8e1915e7c87794542c3f96e94b3d3bf"
         );
     }

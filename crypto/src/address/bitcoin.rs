@@ -86,19 +86,13 @@ fn base58check(version: u8, hash: &[u8; 20]) -> String {
 }
 
 fn segwit_address(network: Network, version: Fe32, program: &[u8]) -> Result<String, CryptoError> {
-    segwit::encode(network.hrp(), version, program)
-        .map_err(|e| CryptoError::Internal(format!("segwit encoding: {e}")))
+    segwit::encode(network.hrp(), version, program).map_err(|e| CryptoError::Internal(format!("segwit encoding: {e}")))
 }
 
 /// SHA256(SHA256(tag) ‖ SHA256(tag) ‖ msg) (BIP-340).
 fn tagged_hash(tag: &str, msg: &[u8]) -> [u8; 32] {
     let tag_hash = Sha256::digest(tag.as_bytes());
-    Sha256::new()
-        .chain_update(tag_hash)
-        .chain_update(tag_hash)
-        .chain_update(msg)
-        .finalize()
-        .into()
+    Sha256::new().chain_update(tag_hash).chain_update(tag_hash).chain_update(msg).finalize().into()
 }
 
 /// BIP-341 output key for a key-path-only spend: Q = P + int(hash_TapTweak(x(P)))·G where P is
@@ -107,9 +101,7 @@ fn taproot_output_key(compressed: &[u8; 33]) -> Result<[u8; 32], CryptoError> {
     let internal_error = |what: &str| CryptoError::Internal(format!("taproot tweak: {what}"));
     let mut even = *compressed;
     even[0] = 0x02;
-    let p = k256::PublicKey::from_sec1_bytes(&even)
-        .map_err(|_| internal_error("bad internal key"))?
-        .to_projective();
+    let p = k256::PublicKey::from_sec1_bytes(&even).map_err(|_| internal_error("bad internal key"))?.to_projective();
     let tweak = tagged_hash("TapTweak", &compressed[1..]);
     let t = Option::<k256::Scalar>::from(k256::Scalar::from_repr(tweak.into()))
         .ok_or_else(|| internal_error("tweak out of range"))?;
@@ -133,11 +125,7 @@ fn single_key_script(compressed: &[u8; 33]) -> [u8; 35] {
     script
 }
 
-pub(super) fn address(
-    network: Network,
-    kind: Kind,
-    compressed: &[u8; 33],
-) -> Result<String, CryptoError> {
+pub(super) fn address(network: Network, kind: Kind, compressed: &[u8; 33]) -> Result<String, CryptoError> {
     Ok(match kind {
         Kind::P2pkh => base58check(network.p2pkh_version(), &hash160(compressed)),
         Kind::P2sh => {
@@ -184,12 +172,7 @@ mod tests {
     ];
 
     fn btc(network: &str, kind: &str, pk: &[u8]) -> String {
-        format(
-            &format!("ADDRESS_FORMAT_BITCOIN_{network}_{kind}"),
-            Curve::Secp256k1,
-            pk,
-        )
-        .unwrap()
+        format(&format!("ADDRESS_FORMAT_BITCOIN_{network}_{kind}"), Curve::Secp256k1, pk).unwrap()
     }
 
     fn key(path: &str) -> Vec<u8> {
@@ -205,10 +188,7 @@ mod tests {
     fn all_twenty_formats_parse() {
         for (n, network) in NETWORKS {
             for (k, kind) in KINDS {
-                assert_eq!(
-                    parse_format(&format!("ADDRESS_FORMAT_BITCOIN_{n}_{k}")),
-                    Some((network, kind))
-                );
+                assert_eq!(parse_format(&format!("ADDRESS_FORMAT_BITCOIN_{n}_{k}")), Some((network, kind)));
             }
         }
         assert_eq!(parse_format("ADDRESS_FORMAT_BITCOIN_MAINNET"), None);
@@ -222,96 +202,22 @@ mod tests {
     #[test]
     fn published_mnemonic_vectors() {
         for (network, kind, path, expected) in [
-            (
-                "MAINNET",
-                "P2PKH",
-                "m/44'/0'/0'/0/0",
-                "1LqBGSKuX5yYUonjxT5qGfpUsXKYYWeabA",
-            ),
-            (
-                "TESTNET",
-                "P2PKH",
-                "m/44'/1'/0'/0/0",
-                "mkpZhYtJu2r87Js3pDiWJDmPte2NRZ8bJV",
-            ),
-            (
-                "MAINNET",
-                "P2SH",
-                "m/49'/0'/0'/0/0",
-                "37VucYSaXLCAsxYyAPfbSi9eh4iEcbShgf",
-            ),
-            (
-                "TESTNET",
-                "P2SH",
-                "m/49'/1'/0'/0/0",
-                "2Mww8dCYPUpKHofjgcXcBCEGmniw9CoaiD2",
-            ),
-            (
-                "MAINNET",
-                "P2WPKH",
-                "m/84'/0'/0'/0/0",
-                "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu",
-            ),
-            (
-                "MAINNET",
-                "P2WPKH",
-                "m/84'/0'/0'/0/1",
-                "bc1qnjg0jd8228aq7egyzacy8cys3knf9xvrerkf9g",
-            ),
-            (
-                "MAINNET",
-                "P2WPKH",
-                "m/84'/0'/0'/1/0",
-                "bc1q8c6fshw2dlwun7ekn9qwf37cu2rn755upcp6el",
-            ),
-            (
-                "TESTNET",
-                "P2WPKH",
-                "m/84'/1'/0'/0/0",
-                "tb1q6rz28mcfaxtmd6v789l9rrlrusdprr9pqcpvkl",
-            ),
-            (
-                "REGTEST",
-                "P2WPKH",
-                "m/84'/1'/0'/0/0",
-                "bcrt1q6rz28mcfaxtmd6v789l9rrlrusdprr9pz3cppk",
-            ),
-            (
-                "REGTEST",
-                "P2PKH",
-                "m/44'/1'/0'/0/0",
-                "mkpZhYtJu2r87Js3pDiWJDmPte2NRZ8bJV",
-            ),
-            (
-                "REGTEST",
-                "P2SH",
-                "m/49'/1'/0'/0/0",
-                "2Mww8dCYPUpKHofjgcXcBCEGmniw9CoaiD2",
-            ),
-            (
-                "MAINNET",
-                "P2TR",
-                "m/86'/0'/0'/0/0",
-                "bc1p5cyxnuxmeuwuvkwfem96lqzszd02n6xdcjrs20cac6yqjjwudpxqkedrcr",
-            ),
-            (
-                "MAINNET",
-                "P2TR",
-                "m/86'/0'/0'/0/1",
-                "bc1p4qhjn9zdvkux4e44uhx8tc55attvtyu358kutcqkudyccelu0was9fqzwh",
-            ),
-            (
-                "MAINNET",
-                "P2TR",
-                "m/86'/0'/0'/1/0",
-                "bc1p3qkhfews2uk44qtvauqyr2ttdsw7svhkl9nkm9s9c3x4ax5h60wqwruhk7",
-            ),
+            ("MAINNET", "P2PKH", "m/44'/0'/0'/0/0", "1LqBGSKuX5yYUonjxT5qGfpUsXKYYWeabA"),
+            ("TESTNET", "P2PKH", "m/44'/1'/0'/0/0", "mkpZhYtJu2r87Js3pDiWJDmPte2NRZ8bJV"),
+            ("MAINNET", "P2SH", "m/49'/0'/0'/0/0", "37VucYSaXLCAsxYyAPfbSi9eh4iEcbShgf"),
+            ("TESTNET", "P2SH", "m/49'/1'/0'/0/0", "2Mww8dCYPUpKHofjgcXcBCEGmniw9CoaiD2"),
+            ("MAINNET", "P2WPKH", "m/84'/0'/0'/0/0", "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu"),
+            ("MAINNET", "P2WPKH", "m/84'/0'/0'/0/1", "bc1qnjg0jd8228aq7egyzacy8cys3knf9xvrerkf9g"),
+            ("MAINNET", "P2WPKH", "m/84'/0'/0'/1/0", "bc1q8c6fshw2dlwun7ekn9qwf37cu2rn755upcp6el"),
+            ("TESTNET", "P2WPKH", "m/84'/1'/0'/0/0", "tb1q6rz28mcfaxtmd6v789l9rrlrusdprr9pqcpvkl"),
+            ("REGTEST", "P2WPKH", "m/84'/1'/0'/0/0", "bcrt1q6rz28mcfaxtmd6v789l9rrlrusdprr9pz3cppk"),
+            ("REGTEST", "P2PKH", "m/44'/1'/0'/0/0", "mkpZhYtJu2r87Js3pDiWJDmPte2NRZ8bJV"),
+            ("REGTEST", "P2SH", "m/49'/1'/0'/0/0", "2Mww8dCYPUpKHofjgcXcBCEGmniw9CoaiD2"),
+            ("MAINNET", "P2TR", "m/86'/0'/0'/0/0", "bc1p5cyxnuxmeuwuvkwfem96lqzszd02n6xdcjrs20cac6yqjjwudpxqkedrcr"),
+            ("MAINNET", "P2TR", "m/86'/0'/0'/0/1", "bc1p4qhjn9zdvkux4e44uhx8tc55attvtyu358kutcqkudyccelu0was9fqzwh"),
+            ("MAINNET", "P2TR", "m/86'/0'/0'/1/0", "bc1p3qkhfews2uk44qtvauqyr2ttdsw7svhkl9nkm9s9c3x4ax5h60wqwruhk7"),
         ] {
-            assert_eq!(
-                btc(network, kind, &key(path)),
-                expected,
-                "{network} {kind} {path}"
-            );
+            assert_eq!(btc(network, kind, &key(path)), expected, "{network} {kind} {path}");
         }
     }
 
@@ -319,22 +225,10 @@ mod tests {
     #[test]
     fn bip173_examples() {
         let g = generator();
-        assert_eq!(
-            btc("MAINNET", "P2WPKH", &g),
-            "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4"
-        );
-        assert_eq!(
-            btc("TESTNET", "P2WPKH", &g),
-            "tb1qw508d6qejxtdg4y5r3zarvary0c5xw7kxpjzsx"
-        );
-        assert_eq!(
-            btc("MAINNET", "P2WSH", &g),
-            "bc1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3qccfmv3"
-        );
-        assert_eq!(
-            btc("TESTNET", "P2WSH", &g),
-            "tb1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3q0sl5k7"
-        );
+        assert_eq!(btc("MAINNET", "P2WPKH", &g), "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4");
+        assert_eq!(btc("TESTNET", "P2WPKH", &g), "tb1qw508d6qejxtdg4y5r3zarvary0c5xw7kxpjzsx");
+        assert_eq!(btc("MAINNET", "P2WSH", &g), "bc1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3qccfmv3");
+        assert_eq!(btc("TESTNET", "P2WSH", &g), "tb1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3q0sl5k7");
     }
 
     fn base58_payload(address: &str) -> (u8, Vec<u8>) {
@@ -347,31 +241,11 @@ mod tests {
     #[test]
     fn every_network_matches_the_published_mainnet_payload() {
         let anchors: [(&str, Vec<u8>, &str); 5] = [
-            (
-                "P2PKH",
-                key("m/44'/0'/0'/0/0"),
-                "1LqBGSKuX5yYUonjxT5qGfpUsXKYYWeabA",
-            ),
-            (
-                "P2SH",
-                key("m/49'/0'/0'/0/0"),
-                "37VucYSaXLCAsxYyAPfbSi9eh4iEcbShgf",
-            ),
-            (
-                "P2WPKH",
-                key("m/84'/0'/0'/0/0"),
-                "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu",
-            ),
-            (
-                "P2WSH",
-                generator(),
-                "bc1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3qccfmv3",
-            ),
-            (
-                "P2TR",
-                key("m/86'/0'/0'/0/0"),
-                "bc1p5cyxnuxmeuwuvkwfem96lqzszd02n6xdcjrs20cac6yqjjwudpxqkedrcr",
-            ),
+            ("P2PKH", key("m/44'/0'/0'/0/0"), "1LqBGSKuX5yYUonjxT5qGfpUsXKYYWeabA"),
+            ("P2SH", key("m/49'/0'/0'/0/0"), "37VucYSaXLCAsxYyAPfbSi9eh4iEcbShgf"),
+            ("P2WPKH", key("m/84'/0'/0'/0/0"), "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu"),
+            ("P2WSH", generator(), "bc1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3qccfmv3"),
+            ("P2TR", key("m/86'/0'/0'/0/0"), "bc1p5cyxnuxmeuwuvkwfem96lqzszd02n6xdcjrs20cac6yqjjwudpxqkedrcr"),
         ];
         for (kind, pk, mainnet) in &anchors {
             for (network, hrp, p2pkh_version, p2sh_version) in [
@@ -383,16 +257,8 @@ mod tests {
                 let address = btc(network, kind, pk);
                 match *kind {
                     "P2PKH" | "P2SH" => {
-                        let version = if *kind == "P2PKH" {
-                            p2pkh_version
-                        } else {
-                            p2sh_version
-                        };
-                        assert_eq!(
-                            base58_payload(&address),
-                            (version, base58_payload(mainnet).1),
-                            "{network} {kind}"
-                        );
+                        let version = if *kind == "P2PKH" { p2pkh_version } else { p2sh_version };
+                        assert_eq!(base58_payload(&address), (version, base58_payload(mainnet).1), "{network} {kind}");
                     }
                     _ => {
                         let (h, v, program) = segwit::decode(&address).unwrap();
@@ -422,10 +288,7 @@ mod tests {
 
         let mut redeem = vec![0x00, 0x14];
         redeem.extend_from_slice(&hash160(&pk));
-        assert_eq!(
-            base58_payload(&btc("REGTEST", "P2SH", &pk)),
-            (0xc4, hash160(&redeem).to_vec())
-        );
+        assert_eq!(base58_payload(&btc("REGTEST", "P2SH", &pk)), (0xc4, hash160(&redeem).to_vec()));
     }
 
     #[test]

@@ -30,11 +30,7 @@ mod tests {
         assert_eq!(data_s, data_c);
         assert!(sei.starts_with("sei1"));
         // SDK default SEI path.
-        let sei_sdk = abandon(
-            "ADDRESS_FORMAT_SEI",
-            Curve::Secp256k1,
-            "m/44'/118'/0'/0'/0'",
-        );
+        let sei_sdk = abandon("ADDRESS_FORMAT_SEI", Curve::Secp256k1, "m/44'/118'/0'/0'/0'");
         assert!(bech32::decode(&sei_sdk).is_ok());
     }
 }

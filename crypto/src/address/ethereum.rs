@@ -19,11 +19,7 @@ fn eip55(account: &[u8; 20]) -> String {
     out.push_str("0x");
     for (i, c) in lower.chars().enumerate() {
         let nibble = (hash[i / 2] >> (if i % 2 == 0 { 4 } else { 0 })) & 0x0f;
-        out.push(if nibble >= 8 {
-            c.to_ascii_uppercase()
-        } else {
-            c
-        });
+        out.push(if nibble >= 8 { c.to_ascii_uppercase() } else { c });
     }
     out
 }
@@ -47,10 +43,7 @@ mod tests {
             "0xdbF03B407c01E7cD3CBea99509d93f8DDDC8C6FB",
             "0xD1220A0cf47c7B9Be7A2E6BA89F429762e7b9aDb",
         ] {
-            let raw: [u8; 20] = hex::decode(expected[2..].to_lowercase())
-                .unwrap()
-                .try_into()
-                .unwrap();
+            let raw: [u8; 20] = hex::decode(expected[2..].to_lowercase()).unwrap().try_into().unwrap();
             assert_eq!(eip55(&raw), expected);
         }
     }

@@ -45,17 +45,11 @@ pub fn address(format: &str, curve: Curve, public_key: &[u8]) -> Result<String, 
         | "ADDRESS_FORMAT_TON_V5R1"
         | "ADDRESS_FORMAT_SPARK_MAINNET"
         | "ADDRESS_FORMAT_SPARK_REGTEST" => {
-            return Err(CryptoError::invalid(format!(
-                "unsupported address format: {format}"
-            )))
+            return Err(CryptoError::invalid(format!("unsupported address format: {format}")))
         }
         other => match bitcoin::parse_format(other) {
             Some((network, kind)) => Family::Bitcoin(network, kind),
-            None => {
-                return Err(CryptoError::invalid(format!(
-                    "invalid address format: {format}"
-                )))
-            }
+            None => return Err(CryptoError::invalid(format!("invalid address format: {format}"))),
         },
     };
 
@@ -121,39 +115,22 @@ struct Key {
 
 impl Key {
     fn parse(curve: Curve, public_key: &[u8]) -> Result<Key, CryptoError> {
-        let invalid = || {
-            CryptoError::invalid(format!(
-                "invalid public key for curve {}",
-                curve.wire_name()
-            ))
-        };
-        let mut key = Key {
-            curve,
-            compressed: [0; 33],
-            uncompressed: [0; 65],
-            ed25519: [0; 32],
-        };
+        let invalid = || CryptoError::invalid(format!("invalid public key for curve {}", curve.wire_name()));
+        let mut key = Key { curve, compressed: [0; 33], uncompressed: [0; 65], ed25519: [0; 32] };
         // Plain SEC1 only: compressed (02/03, 33 bytes) or uncompressed (04, 65 bytes); the
         // parsers would also take the identity and "compact" (05) encodings.
-        let sec1 = matches!(
-            (public_key.len(), public_key.first()),
-            (33, Some(0x02 | 0x03)) | (65, Some(0x04))
-        );
+        let sec1 = matches!((public_key.len(), public_key.first()), (33, Some(0x02 | 0x03)) | (65, Some(0x04)));
         match curve {
             Curve::Secp256k1 | Curve::P256 if !sec1 => return Err(invalid()),
             Curve::Secp256k1 => {
                 let pk = k256::PublicKey::from_sec1_bytes(public_key).map_err(|_| invalid())?;
-                key.compressed
-                    .copy_from_slice(pk.to_encoded_point(true).as_bytes());
-                key.uncompressed
-                    .copy_from_slice(pk.to_encoded_point(false).as_bytes());
+                key.compressed.copy_from_slice(pk.to_encoded_point(true).as_bytes());
+                key.uncompressed.copy_from_slice(pk.to_encoded_point(false).as_bytes());
             }
             Curve::P256 => {
                 let pk = p256::PublicKey::from_sec1_bytes(public_key).map_err(|_| invalid())?;
-                key.compressed
-                    .copy_from_slice(pk.to_encoded_point(true).as_bytes());
-                key.uncompressed
-                    .copy_from_slice(pk.to_encoded_point(false).as_bytes());
+                key.compressed.copy_from_slice(pk.to_encoded_point(true).as_bytes());
+                key.uncompressed.copy_from_slice(pk.to_encoded_point(false).as_bytes());
             }
             Curve::Ed25519 => {
                 let bytes: [u8; 32] = public_key.try_into().map_err(|_| invalid())?;
@@ -175,7 +152,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::keys;
 
-    pub(crate) const ABANDON: &str = "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about";
+    pub(crate) const ABANDON: &str =
+        "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about";
 
     /// mnemonic -> seed -> derive -> public_key.
     pub(crate) fn pubkey_of(phrase: &str, curve: Curve, path: &str) -> Vec<u8> {
@@ -205,30 +183,15 @@ pub(crate) mod tests {
             "0237b0bb7a8288d38ed49a524b5dc98cff3eb5ca824c9f9dc0dfdb3d9cd600f299"
         );
         for (format, curve, path, expected) in [
-            (
-                "ADDRESS_FORMAT_ETHEREUM",
-                Secp256k1,
-                "m/44'/60'/0'/0/0",
-                "0x9858EfFD232B4033E47d90003D41EC34EcaEda94",
-            ),
+            ("ADDRESS_FORMAT_ETHEREUM", Secp256k1, "m/44'/60'/0'/0/0", "0x9858EfFD232B4033E47d90003D41EC34EcaEda94"),
             (
                 "ADDRESS_FORMAT_COMPRESSED",
                 Secp256k1,
                 "m/44'/60'/0'/0/0",
                 "0237b0bb7a8288d38ed49a524b5dc98cff3eb5ca824c9f9dc0dfdb3d9cd600f299",
             ),
-            (
-                "ADDRESS_FORMAT_COSMOS",
-                Secp256k1,
-                "m/44'/118'/0'/0/0",
-                "cosmos19rl4cm2hmr8afy4kldpxz3fka4jguq0auqdal4",
-            ),
-            (
-                "ADDRESS_FORMAT_TRON",
-                Secp256k1,
-                "m/44'/195'/0'/0/0",
-                "TUEZSdKsoDHQMeZwihtdoBiN46zxhGWYdH",
-            ),
+            ("ADDRESS_FORMAT_COSMOS", Secp256k1, "m/44'/118'/0'/0/0", "cosmos19rl4cm2hmr8afy4kldpxz3fka4jguq0auqdal4"),
+            ("ADDRESS_FORMAT_TRON", Secp256k1, "m/44'/195'/0'/0/0", "TUEZSdKsoDHQMeZwihtdoBiN46zxhGWYdH"),
             (
                 "ADDRESS_FORMAT_BITCOIN_MAINNET_P2PKH",
                 Secp256k1,
@@ -247,18 +210,8 @@ pub(crate) mod tests {
                 "m/86'/0'/0'/0/0",
                 "bc1p5cyxnuxmeuwuvkwfem96lqzszd02n6xdcjrs20cac6yqjjwudpxqkedrcr",
             ),
-            (
-                "ADDRESS_FORMAT_DOGE_MAINNET",
-                Secp256k1,
-                "m/44'/3'/0'/0/0",
-                "DBus3bamQjgJULBJtYXpEzDWQRwF5iwxgC",
-            ),
-            (
-                "ADDRESS_FORMAT_SOLANA",
-                Ed25519,
-                "m/44'/501'/0'/0'",
-                "HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk",
-            ),
+            ("ADDRESS_FORMAT_DOGE_MAINNET", Secp256k1, "m/44'/3'/0'/0/0", "DBus3bamQjgJULBJtYXpEzDWQRwF5iwxgC"),
+            ("ADDRESS_FORMAT_SOLANA", Ed25519, "m/44'/501'/0'/0'", "HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk"),
             (
                 "ADDRESS_FORMAT_SUI",
                 Ed25519,
@@ -302,10 +255,7 @@ pub(crate) mod tests {
             "ADDRESS_FORMAT_BITCOIN_MAINNET_P2WPKH_",
             "ADDRESS_FORMAT_DOGE_REGTEST",
         ] {
-            assert_eq!(
-                refusal(f, Curve::Secp256k1, &secp),
-                format!("invalid address format: {f}")
-            );
+            assert_eq!(refusal(f, Curve::Secp256k1, &secp), format!("invalid address format: {f}"));
         }
     }
 
@@ -330,27 +280,16 @@ pub(crate) mod tests {
             for (curve, pk) in [(Curve::P256, &p256), (Curve::Ed25519, &ed)] {
                 assert_eq!(
                     refusal(f, curve, pk),
-                    format!(
-                        "address format {f} is not valid for curve {}",
-                        curve.wire_name()
-                    )
+                    format!("address format {f} is not valid for curve {}", curve.wire_name())
                 );
             }
             assert!(address(f, Curve::Secp256k1, &secp).is_ok(), "{f}");
         }
-        for f in [
-            "ADDRESS_FORMAT_SOLANA",
-            "ADDRESS_FORMAT_SUI",
-            "ADDRESS_FORMAT_APTOS",
-            "ADDRESS_FORMAT_XLM",
-        ] {
+        for f in ["ADDRESS_FORMAT_SOLANA", "ADDRESS_FORMAT_SUI", "ADDRESS_FORMAT_APTOS", "ADDRESS_FORMAT_XLM"] {
             for (curve, pk) in [(Curve::Secp256k1, &secp), (Curve::P256, &p256)] {
                 assert_eq!(
                     refusal(f, curve, pk),
-                    format!(
-                        "address format {f} is not valid for curve {}",
-                        curve.wire_name()
-                    )
+                    format!("address format {f} is not valid for curve {}", curve.wire_name())
                 );
             }
             assert!(address(f, Curve::Ed25519, &ed).is_ok(), "{f}");
@@ -381,12 +320,8 @@ pub(crate) mod tests {
         assert!(address("ADDRESS_FORMAT_SOLANA", Curve::Ed25519, &[0u8; 31]).is_err());
         // The uncompressed SEC1 form of the same key is accepted too.
         let mut uncompressed = Vec::new();
-        uncompressed.extend_from_slice(
-            k256::PublicKey::from_sec1_bytes(&secp)
-                .unwrap()
-                .to_encoded_point(false)
-                .as_bytes(),
-        );
+        uncompressed
+            .extend_from_slice(k256::PublicKey::from_sec1_bytes(&secp).unwrap().to_encoded_point(false).as_bytes());
         assert_eq!(
             address("ADDRESS_FORMAT_ETHEREUM", Curve::Secp256k1, &uncompressed).unwrap(),
             "0x9858EfFD232B4033E47d90003D41EC34EcaEda94"

@@ -57,11 +57,10 @@ mod tests {
     #[test]
     fn ed25519_compressed_is_the_raw_key() {
         // RFC 8032 test 1.
-        let secret: [u8; 32] =
-            hex::decode("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
-                .unwrap()
-                .try_into()
-                .unwrap();
+        let secret: [u8; 32] = hex::decode("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+            .unwrap()
+            .try_into()
+            .unwrap();
         let pk = public_key(Curve::Ed25519, &secret).unwrap();
         assert_eq!(
             address("ADDRESS_FORMAT_COMPRESSED", Curve::Ed25519, &pk).unwrap(),

@@ -12,11 +12,7 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
     for &byte in data {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
         }
     }
     crc
@@ -80,24 +76,12 @@ mod tests {
         // SEP-0005 test 1: mnemonic -> SLIP-0010 m/44'/148'/x' -> StrKey.
         let phrase = "illness spike retreat truth genius clock brain pass fit cave bargain toe";
         for (index, expected) in [
-            (
-                0,
-                "GDRXE2BQUC3AZNPVFSCEZ76NJ3WWL25FYFK6RGZGIEKWE4SOOHSUJUJ6",
-            ),
-            (
-                1,
-                "GBAW5XGWORWVFE2XTJYDTLDHXTY2Q2MO73HYCGB3XMFMQ562Q2W2GJQX",
-            ),
-            (
-                9,
-                "GBTVYYDIYWGUQUTKX6ZMLGSZGMTESJYJKJWAATGZGITA25ZB6T5REF44",
-            ),
+            (0, "GDRXE2BQUC3AZNPVFSCEZ76NJ3WWL25FYFK6RGZGIEKWE4SOOHSUJUJ6"),
+            (1, "GBAW5XGWORWVFE2XTJYDTLDHXTY2Q2MO73HYCGB3XMFMQ562Q2W2GJQX"),
+            (9, "GBTVYYDIYWGUQUTKX6ZMLGSZGMTESJYJKJWAATGZGITA25ZB6T5REF44"),
         ] {
             let pk = pubkey_of(phrase, Curve::Ed25519, &format!("m/44'/148'/{index}'"));
-            assert_eq!(
-                crate::address::address("ADDRESS_FORMAT_XLM", Curve::Ed25519, &pk).unwrap(),
-                expected
-            );
+            assert_eq!(crate::address::address("ADDRESS_FORMAT_XLM", Curve::Ed25519, &pk).unwrap(), expected);
         }
     }
 

@@ -24,10 +24,7 @@ mod tests {
             &pubkey_of(ABANDON, Curve::Secp256k1, path),
         )
         .unwrap();
-        let decoded = bs58::decode(&tron)
-            .with_check(Some(0x41))
-            .into_vec()
-            .unwrap();
+        let decoded = bs58::decode(&tron).with_check(Some(0x41)).into_vec().unwrap();
         assert_eq!(hex::encode(&decoded[1..]), eth[2..].to_lowercase());
     }
 }

@@ -5,10 +5,7 @@ pub(super) fn address(compressed: &[u8; 33]) -> String {
     let mut payload = [0u8; 21];
     payload[1..].copy_from_slice(&super::hash160(compressed));
     // bs58's check mode appends the double-SHA-256 checksum, as XRP does.
-    bs58::encode(payload)
-        .with_alphabet(bs58::Alphabet::RIPPLE)
-        .with_check()
-        .into_string()
+    bs58::encode(payload).with_alphabet(bs58::Alphabet::RIPPLE).with_check().into_string()
 }
 
 #[cfg(test)]
@@ -20,12 +17,8 @@ mod tests {
     #[test]
     fn genesis_account() {
         // The XRP Ledger genesis account (secret "masterpassphrase").
-        let pk = hex::decode("0330E7FC9D56BB25D6893BA3F317AE5BCF33B3291BD63DB32654A313222F7FD020")
-            .unwrap();
-        assert_eq!(
-            address("ADDRESS_FORMAT_XRP", Curve::Secp256k1, &pk).unwrap(),
-            "rHb9CJAWyB4rj91VRWn96DkukG4bwdtyTh"
-        );
+        let pk = hex::decode("0330E7FC9D56BB25D6893BA3F317AE5BCF33B3291BD63DB32654A313222F7FD020").unwrap();
+        assert_eq!(address("ADDRESS_FORMAT_XRP", Curve::Secp256k1, &pk).unwrap(), "rHb9CJAWyB4rj91VRWn96DkukG4bwdtyTh");
     }
 
     #[test]

@@ -41,13 +41,9 @@ fn parse_path(path: &str) -> Result<Vec<u32>, CryptoError> {
         if digits.is_empty() || digits.len() > 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(invalid_path(format!("bad segment {segment:?} in {path:?}")));
         }
-        let index: u64 = digits
-            .parse()
-            .map_err(|_| invalid_path(format!("bad segment {segment:?} in {path:?}")))?;
+        let index: u64 = digits.parse().map_err(|_| invalid_path(format!("bad segment {segment:?} in {path:?}")))?;
         if index >= u64::from(HARDENED) {
-            return Err(invalid_path(format!(
-                "index {index} in {path:?} must be below 2^31"
-            )));
+            return Err(invalid_path(format!("index {index} in {path:?} must be below 2^31")));
         }
         // Checked just above: index < 2^31.
         let index = index as u32;
@@ -66,15 +62,10 @@ fn parse_path(path: &str) -> Result<Vec<u32>, CryptoError> {
 pub fn derive(seed: &[u8], curve: Curve, path: &str) -> Result<Zeroizing<[u8; 32]>, CryptoError> {
     let indices = parse_path(path)?;
     if curve == Curve::Ed25519 && indices.iter().any(|i| i & HARDENED == 0) {
-        return Err(invalid_path(
-            "ed25519 derivation supports hardened segments only",
-        ));
+        return Err(invalid_path("ed25519 derivation supports hardened segments only"));
     }
     if !(16..=64).contains(&seed.len()) {
-        return Err(CryptoError::invalid(format!(
-            "invalid seed length: {} bytes (must be 16 to 64)",
-            seed.len()
-        )));
+        return Err(CryptoError::invalid(format!("invalid seed length: {} bytes (must be 16 to 64)", seed.len())));
     }
     match curve {
         Curve::Secp256k1 => bip32_secp256k1(seed, &indices),
@@ -106,8 +97,8 @@ fn bip32_secp256k1(seed: &[u8], indices: &[u32]) -> Result<Zeroizing<[u8; 32]>, 
 
 /// HMAC-SHA512 of the concatenation of `parts`, in a zeroizing buffer.
 fn hmac_sha512(key: &[u8], parts: &[&[u8]]) -> Result<Zeroizing<[u8; 64]>, CryptoError> {
-    let mut mac = <Hmac<Sha512> as Mac>::new_from_slice(key)
-        .map_err(|_| CryptoError::Internal("HMAC key rejected".into()))?;
+    let mut mac =
+        <Hmac<Sha512> as Mac>::new_from_slice(key).map_err(|_| CryptoError::Internal("HMAC key rejected".into()))?;
     for part in parts {
         mac.update(part);
     }
@@ -141,10 +132,7 @@ fn slip10_ed25519(seed: &[u8], indices: &[u32]) -> Result<Zeroizing<[u8; 32]>, C
     let mut node = Node::from_digest(&master);
     for &index in indices {
         // Hardened only (checked by the caller): I = HMAC(c, 0x00 || k || ser32(i)).
-        let i = hmac_sha512(
-            node.chain.as_slice(),
-            &[&[0u8], node.key.as_slice(), &index.to_be_bytes()],
-        )?;
+        let i = hmac_sha512(node.chain.as_slice(), &[&[0u8], node.key.as_slice(), &index.to_be_bytes()])?;
         node = Node::from_digest(&i);
     }
     Ok(node.key)
@@ -178,14 +166,11 @@ fn slip10_p256(seed: &[u8], indices: &[u32]) -> Result<Zeroizing<[u8; 32]>, Cryp
     };
 
     for &index in indices {
-        let parent = p256_scalar(node.key.as_slice())
-            .ok_or_else(|| CryptoError::Internal("invalid P-256 parent key".into()))?;
+        let parent =
+            p256_scalar(node.key.as_slice()).ok_or_else(|| CryptoError::Internal("invalid P-256 parent key".into()))?;
         let ser_i = index.to_be_bytes();
         let mut i = if index & HARDENED != 0 {
-            hmac_sha512(
-                node.chain.as_slice(),
-                &[&[0u8], node.key.as_slice(), &ser_i],
-            )?
+            hmac_sha512(node.chain.as_slice(), &[&[0u8], node.key.as_slice(), &ser_i])?
         } else {
             // ser_P(point(k_par)): the compressed public key. `SecretKey` zeroizes on drop.
             let sk = p256::SecretKey::from_slice(node.key.as_slice())
@@ -364,10 +349,9 @@ mod tests {
         let seed = hex::decode(SEED_1).unwrap();
         for path in ["m/44'/501'/0'/0", "m/0", "m/0'/1/2'"] {
             match derive(&seed, Curve::Ed25519, path) {
-                Err(CryptoError::InvalidArgument(m)) => assert_eq!(
-                    m,
-                    "invalid path: ed25519 derivation supports hardened segments only"
-                ),
+                Err(CryptoError::InvalidArgument(m)) => {
+                    assert_eq!(m, "invalid path: ed25519 derivation supports hardened segments only")
+                }
                 other => panic!("{path}: {:?}", other.map(|_| ())),
             }
         }
@@ -376,10 +360,7 @@ mod tests {
     #[test]
     fn path_parsing() {
         assert_eq!(parse_path("m").unwrap(), Vec::<u32>::new());
-        assert_eq!(
-            parse_path(" m/44'/60h/0H/0/7 ").unwrap(),
-            vec![44 | HARDENED, 60 | HARDENED, HARDENED, 0, 7]
-        );
+        assert_eq!(parse_path(" m/44'/60h/0H/0/7 ").unwrap(), vec![44 | HARDENED, 60 | HARDENED, HARDENED, 0, 7]);
         assert_eq!(parse_path("m/2147483647'").unwrap(), vec![u32::MAX]);
         for bad in [
             "",
@@ -409,23 +390,14 @@ mod tests {
         }
         let deep = format!("m{}", "/0".repeat(256));
         assert!(parse_path(&deep).is_err());
-        assert_eq!(
-            parse_path(&format!("m{}", "/0".repeat(255))).unwrap().len(),
-            255
-        );
+        assert_eq!(parse_path(&format!("m{}", "/0".repeat(255))).unwrap().len(), 255);
     }
 
     #[test]
     fn seed_length_is_checked() {
         for curve in [Curve::Secp256k1, Curve::P256, Curve::Ed25519] {
-            assert!(matches!(
-                derive(&[1u8; 15], curve, "m/0'"),
-                Err(CryptoError::InvalidArgument(_))
-            ));
-            assert!(matches!(
-                derive(&[1u8; 65], curve, "m/0'"),
-                Err(CryptoError::InvalidArgument(_))
-            ));
+            assert!(matches!(derive(&[1u8; 15], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
+            assert!(matches!(derive(&[1u8; 65], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
             assert!(derive(&[1u8; 64], curve, "m/0'").is_ok());
         }
     }

@@ -26,9 +26,7 @@ pub fn entropy_len_for_words(words: u32) -> Result<usize, CryptoError> {
         18 => Ok(24),
         21 => Ok(28),
         24 => Ok(32),
-        n => Err(CryptoError::invalid(format!(
-            "invalid mnemonic length: {n} (must be 12, 15, 18, 21 or 24)"
-        ))),
+        n => Err(CryptoError::invalid(format!("invalid mnemonic length: {n} (must be 12, 15, 18, 21 or 24)"))),
     }
 }
 
@@ -44,31 +42,20 @@ fn language(wire: &str) -> Result<Language, CryptoError> {
         "MNEMONIC_LANGUAGE_JAPANESE" => Language::Japanese,
         "MNEMONIC_LANGUAGE_KOREAN" => Language::Korean,
         "MNEMONIC_LANGUAGE_SPANISH" => Language::Spanish,
-        other => {
-            return Err(CryptoError::invalid(format!(
-                "invalid mnemonic language: {other}"
-            )))
-        }
+        other => return Err(CryptoError::invalid(format!("invalid mnemonic language: {other}"))),
     })
 }
 
 fn mnemonic_from(language: Language, entropy: &[u8]) -> Result<Mnemonic, CryptoError> {
     Mnemonic::from_entropy_in(language, entropy).map_err(|_| {
-        CryptoError::invalid(format!(
-            "invalid entropy length: {} bytes (must be 16, 20, 24, 28 or 32)",
-            entropy.len()
-        ))
+        CryptoError::invalid(format!("invalid entropy length: {} bytes (must be 16, 20, 24, 28 or 32)", entropy.len()))
     })
 }
 
 /// The words of `m` separated by single spaces, written into one allocation of the final size so
 /// no reallocated copy of the phrase is left behind.
 fn render(m: &Mnemonic) -> Zeroizing<String> {
-    let len = m
-        .words()
-        .map(|w| w.len() + 1)
-        .sum::<usize>()
-        .saturating_sub(1);
+    let len = m.words().map(|w| w.len() + 1).sum::<usize>().saturating_sub(1);
     let mut s = Zeroizing::new(String::with_capacity(len));
     for (i, w) in m.words().enumerate() {
         if i > 0 {
@@ -106,10 +93,9 @@ fn parse(phrase: &str) -> Result<Mnemonic, CryptoError> {
         Ok(lang) => Mnemonic::parse_in_normalized(lang, text).map_err(|_| invalid()),
         // Word lists that share words (English/French, the two Chinese lists) can leave several
         // candidates: take the first, in the crate's order (English first), whose checksum holds.
-        Err(bip39::Error::AmbiguousLanguages(candidates)) => candidates
-            .iter()
-            .find_map(|lang| Mnemonic::parse_in_normalized(lang, text).ok())
-            .ok_or_else(invalid),
+        Err(bip39::Error::AmbiguousLanguages(candidates)) => {
+            candidates.iter().find_map(|lang| Mnemonic::parse_in_normalized(lang, text).ok()).ok_or_else(invalid)
+        }
         Err(_) => Err(invalid()),
     }
 }
@@ -153,7 +139,8 @@ pub fn seed_from_phrase(phrase: &str) -> Result<Zeroizing<[u8; 64]>, CryptoError
 mod tests {
     use super::*;
 
-    const ABANDON: &str = "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about";
+    const ABANDON: &str =
+        "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about";
     const LANGUAGES: [&str; 10] = [
         "",
         "MNEMONIC_LANGUAGE_ENGLISH",
@@ -212,11 +199,9 @@ mod tests {
         // SEP-0005 test 1: phrase -> seed.
         assert_eq!(
             hex::encode(
-                seed_from_phrase(
-                    "illness spike retreat truth genius clock brain pass fit cave bargain toe"
-                )
-                .unwrap()
-                .as_slice()
+                seed_from_phrase("illness spike retreat truth genius clock brain pass fit cave bargain toe")
+                    .unwrap()
+                    .as_slice()
             ),
             "e4a5a632e70943ae7f07659df1332160937fad82587216a4c64315a0fb39497e\
              e4a01f76ddab4cba68147977f3a147b6ad584c41808e8238a07f6cc4b582f186"
@@ -227,26 +212,17 @@ mod tests {
     fn phrase_whitespace_is_normalized() {
         let messy = format!("  {}\n", ABANDON.replace(' ', " \t "));
         assert_eq!(entropy_from_phrase(&messy).unwrap().as_slice(), &[0u8; 16]);
-        assert_eq!(
-            *seed_from_phrase(&messy).unwrap(),
-            *seed_from_phrase(ABANDON).unwrap()
-        );
+        assert_eq!(*seed_from_phrase(&messy).unwrap(), *seed_from_phrase(ABANDON).unwrap());
     }
 
     #[test]
     fn every_language_round_trips() {
-        let entropy: Vec<u8> = (0u8..32)
-            .map(|i| i.wrapping_mul(37).wrapping_add(11))
-            .collect();
+        let entropy: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
         for lang in LANGUAGES {
             for len in [16, 20, 24, 28, 32] {
                 let phrase = mnemonic_phrase(&entropy[..len], lang).unwrap();
                 assert_eq!(phrase.split(' ').count(), len * 3 / 4, "{lang}");
-                assert_eq!(
-                    entropy_from_phrase(&phrase).unwrap().as_slice(),
-                    &entropy[..len],
-                    "{lang}"
-                );
+                assert_eq!(entropy_from_phrase(&phrase).unwrap().as_slice(), &entropy[..len], "{lang}");
                 // Seed of the phrase as given; for English this equals the entropy's seed.
                 let from_phrase = seed_from_phrase(&phrase).unwrap();
                 let from_entropy = seed_from_entropy(&entropy[..len]).unwrap();
@@ -260,14 +236,8 @@ mod tests {
         // Japanese with the ideographic space (U+3000) BIP-39 recommends for display.
         let ja = mnemonic_phrase(&entropy[..16], "MNEMONIC_LANGUAGE_JAPANESE").unwrap();
         let ja_ideographic = ja.replace(' ', "\u{3000}");
-        assert_eq!(
-            entropy_from_phrase(&ja_ideographic).unwrap().as_slice(),
-            &entropy[..16]
-        );
-        assert_eq!(
-            *seed_from_phrase(&ja_ideographic).unwrap(),
-            *seed_from_phrase(&ja).unwrap()
-        );
+        assert_eq!(entropy_from_phrase(&ja_ideographic).unwrap().as_slice(), &entropy[..16]);
+        assert_eq!(*seed_from_phrase(&ja_ideographic).unwrap(), *seed_from_phrase(&ja).unwrap());
     }
 
     #[test]
@@ -277,14 +247,12 @@ mod tests {
         // A Chinese phrase whose characters occur in both Chinese lists still round-trips.
         for e in 0u8..=255 {
             let entropy = [e; 16];
-            let phrase =
-                mnemonic_phrase(&entropy, "MNEMONIC_LANGUAGE_TRADITIONAL_CHINESE").unwrap();
+            let phrase = mnemonic_phrase(&entropy, "MNEMONIC_LANGUAGE_TRADITIONAL_CHINESE").unwrap();
             let back = entropy_from_phrase(&phrase).unwrap();
             // The phrase decodes to its own entropy unless it also reads as a valid
             // Simplified Chinese phrase, in which case that (first) reading wins.
             if back.as_slice() != entropy {
-                let simplified =
-                    mnemonic_phrase(&back, "MNEMONIC_LANGUAGE_SIMPLIFIED_CHINESE").unwrap();
+                let simplified = mnemonic_phrase(&back, "MNEMONIC_LANGUAGE_SIMPLIFIED_CHINESE").unwrap();
                 assert_eq!(simplified.as_str(), phrase.as_str());
             }
         }

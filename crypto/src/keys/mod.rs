@@ -12,10 +12,7 @@ use zeroize::Zeroizing;
 use crate::CryptoError;
 
 pub use derive::derive;
-pub use mnemonic::{
-    entropy_from_phrase, entropy_len_for_words, mnemonic_phrase, seed_from_entropy,
-    seed_from_phrase,
-};
+pub use mnemonic::{entropy_from_phrase, entropy_len_for_words, mnemonic_phrase, seed_from_entropy, seed_from_phrase};
 
 /// A signing curve, as named by the wire enum `Curve` (`CURVE_SECP256K1`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,10 +75,7 @@ pub fn mnemonic_from_entropy(entropy: &[u8]) -> Result<Zeroizing<String>, Crypto
 }
 
 /// Alias of [`mnemonic_phrase`], kept for the interface first sketched for this module.
-pub fn mnemonic_in_language(
-    entropy: &[u8],
-    language: &str,
-) -> Result<Zeroizing<String>, CryptoError> {
+pub fn mnemonic_in_language(entropy: &[u8], language: &str) -> Result<Zeroizing<String>, CryptoError> {
     mnemonic_phrase(entropy, language)
 }
 
@@ -104,9 +98,7 @@ mod tests {
             assert_eq!(Curve::parse(c.wire_name()).unwrap(), c);
         }
         let err = Curve::parse("CURVE_ED448").unwrap_err();
-        assert!(
-            matches!(err, CryptoError::InvalidArgument(ref m) if m == "invalid curve: CURVE_ED448")
-        );
+        assert!(matches!(err, CryptoError::InvalidArgument(ref m) if m == "invalid curve: CURVE_ED448"));
         assert!(Curve::parse("").is_err());
         assert!(Curve::parse("curve_secp256k1").is_err());
     }
@@ -140,14 +132,8 @@ mod tests {
         let zero = [0u8; 32];
         let max = [0xffu8; 32]; // >= n on both curves
         for curve in [Curve::Secp256k1, Curve::P256] {
-            assert!(matches!(
-                public_key(curve, &zero),
-                Err(CryptoError::InvalidArgument(_))
-            ));
-            assert!(matches!(
-                public_key(curve, &max),
-                Err(CryptoError::InvalidArgument(_))
-            ));
+            assert!(matches!(public_key(curve, &zero), Err(CryptoError::InvalidArgument(_))));
+            assert!(matches!(public_key(curve, &max), Err(CryptoError::InvalidArgument(_))));
         }
         // Every 32-byte string is a valid Ed25519 seed.
         assert_eq!(public_key(Curve::Ed25519, &zero).unwrap().len(), 32);

@@ -63,20 +63,12 @@ pub(crate) fn parse_int(value: &Value) -> Result<Int, String> {
             let mut magnitude = [0u8; 32];
             if let Some(u) = n.as_u64() {
                 magnitude[24..].copy_from_slice(&u.to_be_bytes());
-                Ok(Int {
-                    negative: false,
-                    magnitude,
-                })
+                Ok(Int { negative: false, magnitude })
             } else if let Some(i) = n.as_i64() {
                 magnitude[24..].copy_from_slice(&i.unsigned_abs().to_be_bytes());
-                Ok(Int {
-                    negative: i < 0,
-                    magnitude,
-                })
+                Ok(Int { negative: i < 0, magnitude })
             } else {
-                Err(format!(
-                    "{n} is not an integer (pass large numbers as strings)"
-                ))
+                Err(format!("{n} is not an integer (pass large numbers as strings)"))
             }
         }
         Value::String(s) => parse_int_str(s),
@@ -98,25 +90,17 @@ fn parse_int_str(s: &str) -> Result<Int, String> {
     }
     let mut magnitude = [0u8; 32];
     for c in digits.chars() {
-        let d = c
-            .to_digit(radix)
-            .ok_or_else(|| format!("{s:?} is not a number"))?;
+        let d = c.to_digit(radix).ok_or_else(|| format!("{s:?} is not a number"))?;
         if mul_add(&mut magnitude, radix, d) {
             return Err(format!("{s:?} does not fit in 256 bits"));
         }
     }
-    Ok(Int {
-        negative,
-        magnitude,
-    })
+    Ok(Int { negative, magnitude })
 }
 
 /// ABI-encodes `value` as `uintN` (`signed == false`) or `intN` into a 32-byte word.
 pub(crate) fn encode_int(value: &Value, bits: usize, signed: bool) -> Result<[u8; 32], String> {
-    let Int {
-        negative,
-        magnitude,
-    } = parse_int(value)?;
+    let Int { negative, magnitude } = parse_int(value)?;
     let len = bit_len(&magnitude);
     let kind = if signed { "int" } else { "uint" };
     if !signed {
@@ -129,8 +113,7 @@ pub(crate) fn encode_int(value: &Value, bits: usize, signed: bool) -> Result<[u8
         return Ok(magnitude);
     }
     // intN holds -2^(N-1) ..= 2^(N-1) - 1.
-    let is_min =
-        negative && len == bits && magnitude.iter().map(|b| b.count_ones()).sum::<u32>() == 1;
+    let is_min = negative && len == bits && magnitude.iter().map(|b| b.count_ones()).sum::<u32>() == 1;
     if len >= bits && !is_min {
         return Err(format!("value out of range for {kind}{bits}"));
     }
@@ -150,10 +133,7 @@ pub(crate) fn encode_int(value: &Value, bits: usize, signed: bool) -> Result<[u8
 
 /// Decodes hex with an optional `0x` prefix.
 pub(crate) fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    let body = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
+    let body = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
     hex::decode(body).ok()
 }
 
@@ -161,9 +141,7 @@ pub(crate) fn decode_hex(s: &str) -> Option<Vec<u8>> {
 pub(crate) fn parse_address(value: &Value) -> Result<[u8; 20], String> {
     let s = value.as_str().ok_or("expected an address string")?;
     let bytes = decode_hex(s).filter(|b| b.len() == 20);
-    bytes
-        .and_then(|b| <[u8; 20]>::try_from(b).ok())
-        .ok_or_else(|| format!("{s:?} is not a 20-byte hex address"))
+    bytes.and_then(|b| <[u8; 20]>::try_from(b).ok()).ok_or_else(|| format!("{s:?} is not a 20-byte hex address"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,18 +179,8 @@ fn atomic(ty: &str) -> Option<Atomic> {
         "address" => return Some(Atomic::Address),
         "string" => return Some(Atomic::String),
         "bytes" => return Some(Atomic::Bytes),
-        "uint" => {
-            return Some(Atomic::Int {
-                bits: 256,
-                signed: false,
-            })
-        }
-        "int" => {
-            return Some(Atomic::Int {
-                bits: 256,
-                signed: true,
-            })
-        }
+        "uint" => return Some(Atomic::Int { bits: 256, signed: false }),
+        "int" => return Some(Atomic::Int { bits: 256, signed: true }),
         _ => {}
     }
     let parse_width = |digits: &str| -> Option<usize> {
@@ -237,9 +205,7 @@ fn split_array(ty: &str) -> Result<Option<(&str, Option<usize>)>, String> {
     let Some(body) = ty.strip_suffix(']') else {
         return Ok(None);
     };
-    let open = body
-        .rfind('[')
-        .ok_or_else(|| format!("malformed type {ty:?}"))?;
+    let open = body.rfind('[').ok_or_else(|| format!("malformed type {ty:?}"))?;
     let (inner, dim) = (&body[..open], &body[open + 1..]);
     if inner.is_empty() {
         return Err(format!("malformed type {ty:?}"));
@@ -247,9 +213,7 @@ fn split_array(ty: &str) -> Result<Option<(&str, Option<usize>)>, String> {
     if dim.is_empty() {
         return Ok(Some((inner, None)));
     }
-    let n = dim
-        .parse::<usize>()
-        .map_err(|_| format!("malformed type {ty:?}"))?;
+    let n = dim.parse::<usize>().map_err(|_| format!("malformed type {ty:?}"))?;
     Ok(Some((inner, Some(n))))
 }
 
@@ -265,18 +229,13 @@ fn base_type(ty: &str) -> Result<&str, String> {
     Ok(ty)
 }
 
-struct Types(
-    BTreeMap<String, Vec<Field>>,
-    RefCell<BTreeMap<String, [u8; 32]>>,
-);
+struct Types(BTreeMap<String, Vec<Field>>, RefCell<BTreeMap<String, [u8; 32]>>);
 
 impl Types {
     fn parse(types: &Map<String, Value>) -> Result<Self, String> {
         let mut out = BTreeMap::new();
         for (name, fields) in types {
-            let fields = fields
-                .as_array()
-                .ok_or_else(|| format!("types.{name} must be an array"))?;
+            let fields = fields.as_array().ok_or_else(|| format!("types.{name} must be an array"))?;
             let mut parsed = Vec::with_capacity(fields.len());
             for f in fields {
                 let get = |key: &str| {
@@ -285,10 +244,7 @@ impl Types {
                         .map(str::to_owned)
                         .ok_or_else(|| format!("types.{name}: every field needs a string {key:?}"))
                 };
-                parsed.push(Field {
-                    name: get("name")?,
-                    ty: get("type")?,
-                });
+                parsed.push(Field { name: get("name")?, ty: get("type")? });
             }
             out.insert(name.clone(), parsed);
         }
@@ -296,10 +252,7 @@ impl Types {
     }
 
     fn fields(&self, name: &str) -> Result<&[Field], String> {
-        self.0
-            .get(name)
-            .map(Vec::as_slice)
-            .ok_or_else(|| format!("unknown type {name:?}"))
+        self.0.get(name).map(Vec::as_slice).ok_or_else(|| format!("unknown type {name:?}"))
     }
 
     /// `name` and every struct type reachable from it; checks that every member type resolves.
@@ -312,10 +265,7 @@ impl Types {
             if self.0.contains_key(base) {
                 self.collect(base, out)?;
             } else if atomic(base).is_none() {
-                return Err(format!(
-                    "unknown type {:?} of field {name}.{}",
-                    field.ty, field.name
-                ));
+                return Err(format!("unknown type {:?} of field {name}.{}", field.ty, field.name));
             }
         }
         Ok(())
@@ -329,11 +279,7 @@ impl Types {
         for name in std::iter::once(primary).chain(deps.iter().map(String::as_str)) {
             out.push_str(name);
             out.push('(');
-            let members: Vec<String> = self
-                .fields(name)?
-                .iter()
-                .map(|f| format!("{} {}", f.ty, f.name))
-                .collect();
+            let members: Vec<String> = self.fields(name)?.iter().map(|f| format!("{} {}", f.ty, f.name)).collect();
             out.push_str(&members.join(","));
             out.push(')');
         }
@@ -351,9 +297,7 @@ impl Types {
     }
 
     fn hash_struct(&self, name: &str, value: &Value) -> Result<[u8; 32], String> {
-        let obj = value
-            .as_object()
-            .ok_or_else(|| format!("expected an object for {name}"))?;
+        let obj = value.as_object().ok_or_else(|| format!("expected an object for {name}"))?;
         let mut hasher = Keccak256::new();
         hasher.update(self.type_hash(name)?);
         for field in self.fields(name)? {
@@ -361,9 +305,7 @@ impl Types {
                 .get(&field.name)
                 .filter(|v| !v.is_null())
                 .ok_or_else(|| format!("missing field {name}.{}", field.name))?;
-            let word = self
-                .encode_field(&field.ty, v)
-                .map_err(|e| format!("{name}.{}: {e}", field.name))?;
+            let word = self.encode_field(&field.ty, v).map_err(|e| format!("{name}.{}: {e}", field.name))?;
             hasher.update(word);
         }
         Ok(hasher.finalize().into())
@@ -371,9 +313,7 @@ impl Types {
 
     fn encode_field(&self, ty: &str, value: &Value) -> Result<[u8; 32], String> {
         if let Some((inner, len)) = split_array(ty)? {
-            let items = value
-                .as_array()
-                .ok_or_else(|| format!("expected an array for {ty}"))?;
+            let items = value.as_array().ok_or_else(|| format!("expected an array for {ty}"))?;
             if let Some(n) = len {
                 if items.len() != n {
                     return Err(format!("expected {n} items for {ty}, got {}", items.len()));
@@ -381,10 +321,7 @@ impl Types {
             }
             let mut hasher = Keccak256::new();
             for (i, item) in items.iter().enumerate() {
-                hasher.update(
-                    self.encode_field(inner, item)
-                        .map_err(|e| format!("[{i}]: {e}"))?,
-                );
+                hasher.update(self.encode_field(inner, item).map_err(|e| format!("[{i}]: {e}"))?);
             }
             return Ok(hasher.finalize().into());
         }
@@ -403,10 +340,7 @@ impl Types {
                 word = keccak256(s.as_bytes());
             }
             Atomic::Bytes => {
-                let bytes = value
-                    .as_str()
-                    .and_then(decode_hex)
-                    .ok_or("expected a hex string")?;
+                let bytes = value.as_str().and_then(decode_hex).ok_or("expected a hex string")?;
                 word = keccak256(&bytes);
             }
             Atomic::FixedBytes(n) => {
@@ -448,14 +382,8 @@ impl TypedDataHashes {
 pub(crate) fn hash_typed_data(json: &str) -> Result<TypedDataHashes, String> {
     let doc: Value = serde_json::from_str(json).map_err(|e| format!("not valid JSON: {e}"))?;
     let doc = doc.as_object().ok_or("expected a JSON object")?;
-    let types_json = doc
-        .get("types")
-        .and_then(Value::as_object)
-        .ok_or("\"types\" must be an object")?;
-    let primary = doc
-        .get("primaryType")
-        .and_then(Value::as_str)
-        .ok_or("\"primaryType\" must be a string")?;
+    let types_json = doc.get("types").and_then(Value::as_object).ok_or("\"types\" must be an object")?;
+    let primary = doc.get("primaryType").and_then(Value::as_str).ok_or("\"primaryType\" must be a string")?;
     let empty = Value::Object(Map::new());
     let domain = match doc.get("domain") {
         None | Some(Value::Null) => &empty,
@@ -468,15 +396,8 @@ pub(crate) fn hash_typed_data(json: &str) -> Result<TypedDataHashes, String> {
         let present = domain.as_object();
         let fields = DOMAIN_FIELDS
             .iter()
-            .filter(|(name, _)| {
-                present
-                    .and_then(|m| m.get(*name))
-                    .is_some_and(|v| !v.is_null())
-            })
-            .map(|(name, ty)| Field {
-                name: (*name).into(),
-                ty: (*ty).into(),
-            })
+            .filter(|(name, _)| present.and_then(|m| m.get(*name)).is_some_and(|v| !v.is_null()))
+            .map(|(name, ty)| Field { name: (*name).into(), ty: (*ty).into() })
             .collect();
         types.0.insert(DOMAIN.into(), fields);
     }
@@ -491,10 +412,7 @@ pub(crate) fn hash_typed_data(json: &str) -> Result<TypedDataHashes, String> {
         let message = doc.get("message").ok_or("\"message\" is missing")?;
         Some(types.hash_struct(primary, message)?)
     };
-    Ok(TypedDataHashes {
-        domain_separator,
-        message_hash,
-    })
+    Ok(TypedDataHashes { domain_separator, message_hash })
 }
 
 #[cfg(test)]
@@ -536,10 +454,7 @@ pub(crate) mod tests {
             hex::encode(hashes.message_hash.unwrap()),
             "c52c0ee5d84264471806290a3f2c4cecfc5490626bf912d01f240d7a274b371e"
         );
-        assert_eq!(
-            hex::encode(hashes.digest()),
-            "be609aee343fb3c4b28e1df9e632fca64fcfaede20f02e86244efddf30957bd2"
-        );
+        assert_eq!(hex::encode(hashes.digest()), "be609aee343fb3c4b28e1df9e632fca64fcfaede20f02e86244efddf30957bd2");
         let doc: Value = serde_json::from_str(MAIL).unwrap();
         let types = Types::parse(doc["types"].as_object().unwrap()).unwrap();
         assert_eq!(
@@ -586,28 +501,16 @@ pub(crate) mod tests {
             "fabfe1ed996349fc6027709802be19d047da1aa5d6894ff5f6486d92db2e6860"
         );
         assert_eq!(
-            hex::encode(
-                types
-                    .hash_struct("Person", &doc["message"]["from"])
-                    .unwrap()
-            ),
+            hex::encode(types.hash_struct("Person", &doc["message"]["from"]).unwrap()),
             "9b4846dd48b866f0ac54d61b9b21a9e746f921cefa4ee94c4c0a1c49c774f67f"
         );
         assert_eq!(
-            hex::encode(
-                types
-                    .hash_struct("Person", &doc["message"]["to"][0])
-                    .unwrap()
-            ),
+            hex::encode(types.hash_struct("Person", &doc["message"]["to"][0]).unwrap()),
             "efa62530c7ae3a290f8a13a5fc20450bdb3a6af19d9d9d2542b5a94e631a9168"
         );
         // encodeData(Mail) third word = keccak(hashStruct(to[0])).
         assert_eq!(
-            hex::encode(
-                types
-                    .encode_field("Person[]", &doc["message"]["to"])
-                    .unwrap()
-            ),
+            hex::encode(types.encode_field("Person[]", &doc["message"]["to"]).unwrap()),
             "ca322beec85be24e374d18d582a6f2997f75c54e7993ab5bc07404ce176ca7cd"
         );
         let hashes = hash_typed_data(MAIL_V4).unwrap();
@@ -619,10 +522,7 @@ pub(crate) mod tests {
             hex::encode(hashes.domain_separator),
             "f2cee375fa42b42143804025fc449deafd50cc031ca257e0b194a650a912090f"
         );
-        assert_eq!(
-            hex::encode(hashes.digest()),
-            "a85c2e2b118698e88db68a8105b794a8cc7cec074e89ef991cb4f5f533819cc2"
-        );
+        assert_eq!(hex::encode(hashes.digest()), "a85c2e2b118698e88db68a8105b794a8cc7cec074e89ef991cb4f5f533819cc2");
     }
 
     #[test]
@@ -642,10 +542,7 @@ pub(crate) mod tests {
         let doc = json!({"types": {"M": [{"name": "a", "type": "uint8"}]}, "primaryType": "M",
                          "domain": {}, "message": {"a": 1}});
         let hashes = hash_typed_data(&doc.to_string()).unwrap();
-        assert_eq!(
-            hashes.domain_separator,
-            keccak256(&keccak256(b"EIP712Domain()"))
-        );
+        assert_eq!(hashes.domain_separator, keccak256(&keccak256(b"EIP712Domain()")));
         // Primary type = domain: digest over the separator only.
         let doc = json!({"types": {}, "primaryType": "EIP712Domain", "domain": {"name": "x"}});
         let hashes = hash_typed_data(&doc.to_string()).unwrap();
@@ -664,65 +561,30 @@ pub(crate) mod tests {
         assert_eq!(enc("int256", json!("-1")).unwrap(), minus_one);
         minus_one.replace_range(62.., "80");
         assert_eq!(enc("int8", json!("-128")).unwrap(), minus_one); // -128 = 0xff..ff80
-        assert_eq!(
-            enc("int8", json!(127)).unwrap(),
-            format!("{}7f", "00".repeat(31))
-        );
-        assert!(enc("int8", json!(128))
-            .unwrap_err()
-            .contains("out of range"));
-        assert!(enc("int8", json!(-129))
-            .unwrap_err()
-            .contains("out of range"));
-        assert!(enc("uint8", json!(256))
-            .unwrap_err()
-            .contains("out of range"));
+        assert_eq!(enc("int8", json!(127)).unwrap(), format!("{}7f", "00".repeat(31)));
+        assert!(enc("int8", json!(128)).unwrap_err().contains("out of range"));
+        assert!(enc("int8", json!(-129)).unwrap_err().contains("out of range"));
+        assert!(enc("uint8", json!(256)).unwrap_err().contains("out of range"));
         assert!(enc("uint8", json!(-1)).unwrap_err().contains("negative"));
-        assert_eq!(
-            enc("uint16", json!("0x1234")).unwrap(),
-            format!("{}1234", "00".repeat(30))
-        );
+        assert_eq!(enc("uint16", json!("0x1234")).unwrap(), format!("{}1234", "00".repeat(30)));
         let max = format!("0x{}", "f".repeat(64));
         assert_eq!(enc("uint256", json!(max)).unwrap(), "ff".repeat(32));
         let over = format!("0x1{}", "0".repeat(64));
-        assert!(enc("uint256", json!(over))
-            .unwrap_err()
-            .contains("256 bits"));
+        assert!(enc("uint256", json!(over)).unwrap_err().contains("256 bits"));
         assert_eq!(
             enc("uint256", json!("115792089237316195423570985008687907853269984665640564039457584007913129639935"))
                 .unwrap(),
             "ff".repeat(32)
         );
-        assert!(enc("uint256", json!(1.5))
-            .unwrap_err()
-            .contains("not an integer"));
-        assert_eq!(
-            enc("bool", json!(true)).unwrap(),
-            format!("{}01", "00".repeat(31))
-        );
-        assert_eq!(
-            enc("bytes2", json!("0xabcd")).unwrap(),
-            format!("abcd{}", "00".repeat(30))
-        );
+        assert!(enc("uint256", json!(1.5)).unwrap_err().contains("not an integer"));
+        assert_eq!(enc("bool", json!(true)).unwrap(), format!("{}01", "00".repeat(31)));
+        assert_eq!(enc("bytes2", json!("0xabcd")).unwrap(), format!("abcd{}", "00".repeat(30)));
         assert!(enc("bytes2", json!("0xab")).is_err());
+        assert_eq!(enc("bytes", json!("0x")).unwrap(), hex::encode(keccak256(b"")));
+        assert_eq!(enc("string", json!("")).unwrap(), hex::encode(keccak256(b"")));
         assert_eq!(
-            enc("bytes", json!("0x")).unwrap(),
-            hex::encode(keccak256(b""))
-        );
-        assert_eq!(
-            enc("string", json!("")).unwrap(),
-            hex::encode(keccak256(b""))
-        );
-        assert_eq!(
-            enc(
-                "address",
-                json!("0xcd2a3d9f938e13cd947ec05abc7fe734df8dd826")
-            )
-            .unwrap(),
-            format!(
-                "{}cd2a3d9f938e13cd947ec05abc7fe734df8dd826",
-                "00".repeat(12)
-            )
+            enc("address", json!("0xcd2a3d9f938e13cd947ec05abc7fe734df8dd826")).unwrap(),
+            format!("{}cd2a3d9f938e13cd947ec05abc7fe734df8dd826", "00".repeat(12))
         );
         // Fixed and nested arrays: keccak of the concatenated member encodings.
         let one = enc("uint8", json!(1)).unwrap();
@@ -732,13 +594,9 @@ pub(crate) mod tests {
         assert_eq!(enc("uint8[]", json!([1, 2])).unwrap(), inner);
         let outer = hex::encode(keccak256(&hex::decode(format!("{inner}{inner}")).unwrap()));
         assert_eq!(enc("uint8[2][]", json!([[1, 2], [1, 2]])).unwrap(), outer);
-        assert!(enc("uint8[3]", json!([1, 2]))
-            .unwrap_err()
-            .contains("expected 3 items"));
+        assert!(enc("uint8[3]", json!([1, 2])).unwrap_err().contains("expected 3 items"));
         assert!(enc("uint7", json!(1)).unwrap_err().contains("unknown type"));
-        assert!(enc("bytes33", json!("0x"))
-            .unwrap_err()
-            .contains("unknown type"));
+        assert!(enc("bytes33", json!("0x")).unwrap_err().contains("unknown type"));
     }
 
     #[test]
@@ -747,9 +605,7 @@ pub(crate) mod tests {
         assert!(hash_typed_data("{").unwrap_err().contains("not valid JSON"));
         assert!(err(json!([])).contains("JSON object"));
         assert!(err(json!({"primaryType": "M"})).contains("types"));
-        assert!(
-            err(json!({"types": {}, "primaryType": "M", "message": {}})).contains("not in types")
-        );
+        assert!(err(json!({"types": {}, "primaryType": "M", "message": {}})).contains("not in types"));
         let base = |message: Value| json!({"types": {"M": [{"name": "a", "type": "Unknown"}]}, "primaryType": "M", "message": message});
         assert!(err(base(json!({"a": 1}))).contains("unknown type"));
         let doc = json!({"types": {"M": [{"name": "a", "type": "uint8"}]}, "primaryType": "M", "message": {}});

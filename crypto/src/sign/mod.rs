@@ -54,11 +54,7 @@ impl Encoding {
             PAYLOAD_ENCODING_TEXT_UTF8 => Self::Utf8,
             PAYLOAD_ENCODING_EIP712 => Self::Eip712,
             PAYLOAD_ENCODING_EIP7702_AUTHORIZATION => Self::Eip7702,
-            _ => {
-                return Err(CryptoError::invalid(format!(
-                    "invalid payload encoding: {s}"
-                )))
-            }
+            _ => return Err(CryptoError::invalid(format!("invalid payload encoding: {s}"))),
         })
     }
 }
@@ -98,16 +94,13 @@ pub fn sign_payload(
 ) -> Result<SignatureParts, CryptoError> {
     let enc = Encoding::parse(encoding)?;
     let hf = HashFunction::parse(hash_function)?;
-    let hf_refused =
-        |why: &str| CryptoError::invalid(format!("invalid hash function: {hash_function} {why}"));
+    let hf_refused = |why: &str| CryptoError::invalid(format!("invalid hash function: {hash_function} {why}"));
 
     // Typed Ethereum encodings: secp256k1 only; the digest is computed by the encoding, the
     // client sends NO_OP (viem, ethers) — KECCAK256 is tolerated as it names the same hash.
     if matches!(enc, Encoding::Eip712 | Encoding::Eip7702) {
         if curve != Curve::Secp256k1 {
-            return Err(CryptoError::invalid(format!(
-                "invalid payload encoding: {encoding} requires a secp256k1 key"
-            )));
+            return Err(CryptoError::invalid(format!("invalid payload encoding: {encoding} requires a secp256k1 key")));
         }
         if !matches!(hf, HashFunction::NoOp | HashFunction::Keccak256) {
             return Err(hf_refused(&format!("cannot be used with {encoding}")));
@@ -116,8 +109,9 @@ pub fn sign_payload(
             Encoding::Eip712 => eip712::hash_typed_data(payload)
                 .map_err(|e| bad_payload(format_args!("invalid EIP-712 typed data: {e}")))?
                 .digest(),
-            _ => eip7702_digest(payload)
-                .map_err(|e| bad_payload(format_args!("invalid EIP-7702 authorization: {e}")))?,
+            _ => {
+                eip7702_digest(payload).map_err(|e| bad_payload(format_args!("invalid EIP-7702 authorization: {e}")))?
+            }
         };
         return sign_ecdsa(curve, secret, &digest);
     }
@@ -125,54 +119,37 @@ pub fn sign_payload(
     match (curve, hf) {
         (Curve::Ed25519, HashFunction::NotApplicable) => {}
         (Curve::Ed25519, _) => {
-            return Err(hf_refused(
-                "is not supported for ed25519 keys (use HASH_FUNCTION_NOT_APPLICABLE)",
-            ))
+            return Err(hf_refused("is not supported for ed25519 keys (use HASH_FUNCTION_NOT_APPLICABLE)"))
         }
         (_, HashFunction::NotApplicable) => {
-            return Err(hf_refused(&format!(
-                "is not supported for {} keys",
-                curve_label(curve)
-            )))
+            return Err(hf_refused(&format!("is not supported for {} keys", curve_label(curve))))
         }
         _ => {}
     }
 
     let bytes = match enc {
-        Encoding::Hex => {
-            eip712::decode_hex(payload).ok_or_else(|| bad_payload("not valid hexadecimal"))?
-        }
+        Encoding::Hex => eip712::decode_hex(payload).ok_or_else(|| bad_payload("not valid hexadecimal"))?,
         _ => payload.as_bytes().to_vec(),
     };
 
     if curve == Curve::Ed25519 {
         let key = ed25519_dalek::SigningKey::from_bytes(secret);
         let sig = key.sign(&bytes).to_bytes();
-        return Ok(SignatureParts {
-            r: hex::encode(&sig[..32]),
-            s: hex::encode(&sig[32..]),
-            v: "00".into(),
-        });
+        return Ok(SignatureParts { r: hex::encode(&sig[..32]), s: hex::encode(&sig[32..]), v: "00".into() });
     }
 
     let digest: [u8; 32] = match hf {
         HashFunction::Sha256 => Sha256::digest(&bytes).into(),
         HashFunction::Keccak256 => eip712::keccak256(&bytes),
-        _ => <[u8; 32]>::try_from(bytes.as_slice())
-            .map_err(|_| bad_payload("NO_OP requires a 32-byte digest"))?,
+        _ => <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| bad_payload("NO_OP requires a 32-byte digest"))?,
     };
     sign_ecdsa(curve, secret, &digest)
 }
 
 /// RFC 6979 ECDSA over a 32-byte digest, normalized to low-S with the matching recovery id.
-fn sign_ecdsa(
-    curve: Curve,
-    secret: &[u8; 32],
-    digest: &[u8; 32],
-) -> Result<SignatureParts, CryptoError> {
+fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<SignatureParts, CryptoError> {
     let bad_key = || CryptoError::Internal(format!("invalid {} secret key", curve_label(curve)));
-    let sign_err =
-        |e: k256::ecdsa::Error| CryptoError::Internal(format!("ECDSA signing failed: {e}"));
+    let sign_err = |e: k256::ecdsa::Error| CryptoError::Internal(format!("ECDSA signing failed: {e}"));
     let (r, s, recid) = match curve {
         Curve::Secp256k1 => {
             let key = k256::ecdsa::SigningKey::from_slice(secret).map_err(|_| bad_key())?;
@@ -196,11 +173,7 @@ fn sign_ecdsa(
         }
         Curve::Ed25519 => return Err(CryptoError::Internal("ECDSA requested for ed25519".into())),
     };
-    Ok(SignatureParts {
-        r: hex::encode(r),
-        s: hex::encode(s),
-        v: format!("{:02x}", recid.to_byte()),
-    })
+    Ok(SignatureParts { r: hex::encode(r), s: hex::encode(s), v: format!("{:02x}", recid.to_byte()) })
 }
 
 /// Negating s negates the nonce point R: flip the y-parity bit of the recovery id.
@@ -254,9 +227,7 @@ fn eip7702_preimage(payload: &str) -> Result<Vec<u8>, String> {
     let doc: Value = serde_json::from_str(payload).map_err(|e| format!("not valid JSON: {e}"))?;
     let obj = doc.as_object().ok_or("expected a JSON object")?;
     let field = |name: &str| obj.get(name).filter(|v| !v.is_null());
-    let address = field("address")
-        .or_else(|| field("contractAddress"))
-        .ok_or("missing \"address\"")?;
+    let address = field("address").or_else(|| field("contractAddress")).ok_or("missing \"address\"")?;
     let address = eip712::parse_address(address).map_err(|e| format!("address: {e}"))?;
     let chain_id = field("chainId").ok_or("missing \"chainId\"")?;
     let chain_id = eip712::encode_int(chain_id, 256, false).map_err(|e| format!("chainId: {e}"))?;

@@ -24,9 +24,7 @@ fn refusal(curve: Curve, payload: &str, enc: &str, hf: &str) -> String {
 
 fn parts_bytes(p: &SignatureParts) -> (Vec<u8>, u8) {
     assert_eq!((p.r.len(), p.s.len(), p.v.len()), (64, 64, 2));
-    assert!(format!("{}{}{}", p.r, p.s, p.v)
-        .chars()
-        .all(|c| matches!(c, '0'..='9' | 'a'..='f')));
+    assert!(format!("{}{}{}", p.r, p.s, p.v).chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')));
     let rs = hex::decode(format!("{}{}", p.r, p.s)).unwrap();
     (rs, u8::from_str_radix(&p.v, 16).unwrap())
 }
@@ -36,15 +34,9 @@ fn check_k256(secret: &[u8; 32], digest: &[u8], p: &SignatureParts) {
     let (rs, v) = parts_bytes(p);
     let sig = k256::ecdsa::Signature::from_slice(&rs).unwrap();
     assert!(sig.normalize_s().is_none(), "high-S");
-    let vk = *k256::ecdsa::SigningKey::from_slice(secret)
-        .unwrap()
-        .verifying_key();
+    let vk = *k256::ecdsa::SigningKey::from_slice(secret).unwrap().verifying_key();
     vk.verify_prehash(digest, &sig).unwrap();
-    let rec = k256::ecdsa::VerifyingKey::recover_from_prehash(
-        digest,
-        &sig,
-        RecoveryId::from_byte(v).unwrap(),
-    );
+    let rec = k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, RecoveryId::from_byte(v).unwrap());
     assert_eq!(rec.unwrap(), vk);
     let compressed = crate::keys::public_key(Curve::Secp256k1, secret).unwrap();
     assert_eq!(vk.to_encoded_point(true).as_bytes(), compressed.as_slice());
@@ -54,15 +46,9 @@ fn check_p256(secret: &[u8; 32], digest: &[u8], p: &SignatureParts) {
     let (rs, v) = parts_bytes(p);
     let sig = p256::ecdsa::Signature::from_slice(&rs).unwrap();
     assert!(sig.normalize_s().is_none(), "high-S");
-    let vk = *p256::ecdsa::SigningKey::from_slice(secret)
-        .unwrap()
-        .verifying_key();
+    let vk = *p256::ecdsa::SigningKey::from_slice(secret).unwrap().verifying_key();
     vk.verify_prehash(digest, &sig).unwrap();
-    let rec = p256::ecdsa::VerifyingKey::recover_from_prehash(
-        digest,
-        &sig,
-        RecoveryId::from_byte(v).unwrap(),
-    );
+    let rec = p256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, RecoveryId::from_byte(v).unwrap());
     assert_eq!(rec.unwrap(), vk);
     let compressed = crate::keys::public_key(Curve::P256, secret).unwrap();
     assert_eq!(vk.to_encoded_point(true).as_bytes(), compressed.as_slice());
@@ -79,82 +65,32 @@ fn sha256(b: &[u8]) -> [u8; 32] {
 #[test]
 fn spec_vector_secp256k1_keccak256() {
     let sk = key(PRIV);
-    let p = sign(
-        Curve::Secp256k1,
-        &sk,
-        "hello",
-        PAYLOAD_ENCODING_TEXT_UTF8,
-        HASH_FUNCTION_KECCAK256,
-    );
-    assert_eq!(
-        p.r,
-        "a617747480c00ab06e74ef84bc0681b8e3408d9c2ec344b50673fa38dbe68f57"
-    );
-    assert_eq!(
-        p.s,
-        "373ca52817f06a8cebda66f5a31d09bf24c07027f4da2c50a89eacc54ee48083"
-    );
+    let p = sign(Curve::Secp256k1, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_KECCAK256);
+    assert_eq!(p.r, "a617747480c00ab06e74ef84bc0681b8e3408d9c2ec344b50673fa38dbe68f57");
+    assert_eq!(p.s, "373ca52817f06a8cebda66f5a31d09bf24c07027f4da2c50a89eacc54ee48083");
     assert_eq!(p.v, "01");
     let digest = keccak(b"hello");
-    assert_eq!(
-        hex::encode(digest),
-        "1c8aff950685c2ed4bc3174f3472287b56d9517b9c948127319a09a7a36deac8"
-    );
+    assert_eq!(hex::encode(digest), "1c8aff950685c2ed4bc3174f3472287b56d9517b9c948127319a09a7a36deac8");
     check_k256(&sk, &digest, &p);
     // The recovered key is the spec's Ethereum address.
-    let vk = *k256::ecdsa::SigningKey::from_slice(&sk)
-        .unwrap()
-        .verifying_key();
+    let vk = *k256::ecdsa::SigningKey::from_slice(&sk).unwrap().verifying_key();
     let addr = keccak(&vk.to_encoded_point(false).as_bytes()[1..]);
-    assert_eq!(
-        hex::encode(&addr[12..]),
-        "9858effd232b4033e47d90003d41ec34ecaeda94"
-    );
+    assert_eq!(hex::encode(&addr[12..]), "9858effd232b4033e47d90003d41ec34ecaeda94");
     // Same bytes as HEX, with and without 0x.
     for payload in ["68656c6c6f", "0x68656c6c6f", "0X68656C6C6F"] {
-        assert_eq!(
-            sign(
-                Curve::Secp256k1,
-                &sk,
-                payload,
-                PAYLOAD_ENCODING_HEXADECIMAL,
-                HASH_FUNCTION_KECCAK256
-            ),
-            p
-        );
+        assert_eq!(sign(Curve::Secp256k1, &sk, payload, PAYLOAD_ENCODING_HEXADECIMAL, HASH_FUNCTION_KECCAK256), p);
     }
     // NO_OP over the digest itself gives the same signature.
     let hexdigest = format!("0x{}", hex::encode(digest));
-    assert_eq!(
-        sign(
-            Curve::Secp256k1,
-            &sk,
-            &hexdigest,
-            PAYLOAD_ENCODING_HEXADECIMAL,
-            HASH_FUNCTION_NO_OP
-        ),
-        p
-    );
+    assert_eq!(sign(Curve::Secp256k1, &sk, &hexdigest, PAYLOAD_ENCODING_HEXADECIMAL, HASH_FUNCTION_NO_OP), p);
 }
 
 #[test]
 fn spec_vector_secp256k1_sha256() {
     let sk = key(PRIV);
-    let p = sign(
-        Curve::Secp256k1,
-        &sk,
-        "hello",
-        PAYLOAD_ENCODING_TEXT_UTF8,
-        HASH_FUNCTION_SHA256,
-    );
-    assert_eq!(
-        p.r,
-        "abd4a27db12e29705a60151e77873706c43840aa5ef47cafd01f9ab5cdade8f1"
-    );
-    assert_eq!(
-        p.s,
-        "34f996a6c0ea426a740efa7c14a69b8069dd4bfc832a16838b77a1e4e209638f"
-    );
+    let p = sign(Curve::Secp256k1, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_SHA256);
+    assert_eq!(p.r, "abd4a27db12e29705a60151e77873706c43840aa5ef47cafd01f9ab5cdade8f1");
+    assert_eq!(p.s, "34f996a6c0ea426a740efa7c14a69b8069dd4bfc832a16838b77a1e4e209638f");
     assert_eq!(p.v, "01");
     check_k256(&sk, &sha256(b"hello"), &p);
 }
@@ -167,13 +103,7 @@ fn secp256k1_no_op_viem_hash_message() {
     let mut eip191 = b"\x19Ethereum Signed Message:\n5".to_vec();
     eip191.extend_from_slice(b"hello");
     assert_eq!(format!("0x{}", hex::encode(keccak(&eip191))), payload);
-    let p = sign(
-        Curve::Secp256k1,
-        &sk,
-        payload,
-        PAYLOAD_ENCODING_HEXADECIMAL,
-        HASH_FUNCTION_NO_OP,
-    );
+    let p = sign(Curve::Secp256k1, &sk, payload, PAYLOAD_ENCODING_HEXADECIMAL, HASH_FUNCTION_NO_OP);
     check_k256(&sk, &keccak(&eip191), &p);
 }
 
@@ -201,42 +131,17 @@ fn spec_vector_ed25519_solana() {
     )
     .unwrap();
     let sk = slip10_ed25519(&mnemonic.to_seed(""), &[44, 501, 0, 0]);
-    let p = sign(
-        Curve::Ed25519,
-        &sk,
-        "hello",
-        PAYLOAD_ENCODING_TEXT_UTF8,
-        HASH_FUNCTION_NOT_APPLICABLE,
-    );
-    assert_eq!(
-        p.r,
-        "86854909891a2cafb6289a1781b205c0903b3d1d117fe85775533ffe4864146a"
-    );
-    assert_eq!(
-        p.s,
-        "e67b6381ce931cd68f64df043f3a7c6f4eab326f93088b698449ca703e008606"
-    );
+    let p = sign(Curve::Ed25519, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_NOT_APPLICABLE);
+    assert_eq!(p.r, "86854909891a2cafb6289a1781b205c0903b3d1d117fe85775533ffe4864146a");
+    assert_eq!(p.s, "e67b6381ce931cd68f64df043f3a7c6f4eab326f93088b698449ca703e008606");
     assert_eq!(p.v, "00");
     let (rs, _) = parts_bytes(&p);
     let vk = ed25519_dalek::SigningKey::from_bytes(&sk).verifying_key();
-    vk.verify_strict(
-        b"hello",
-        &ed25519_dalek::Signature::from_slice(&rs).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        crate::keys::public_key(Curve::Ed25519, &sk).unwrap(),
-        vk.to_bytes()
-    );
+    vk.verify_strict(b"hello", &ed25519_dalek::Signature::from_slice(&rs).unwrap()).unwrap();
+    assert_eq!(crate::keys::public_key(Curve::Ed25519, &sk).unwrap(), vk.to_bytes());
     // HEX of the same bytes signs the same message; raw bytes, no hashing.
     assert_eq!(
-        sign(
-            Curve::Ed25519,
-            &sk,
-            "0x68656c6c6f",
-            PAYLOAD_ENCODING_HEXADECIMAL,
-            HASH_FUNCTION_NOT_APPLICABLE
-        ),
+        sign(Curve::Ed25519, &sk, "0x68656c6c6f", PAYLOAD_ENCODING_HEXADECIMAL, HASH_FUNCTION_NOT_APPLICABLE),
         p
     );
 }
@@ -244,40 +149,13 @@ fn spec_vector_ed25519_solana() {
 #[test]
 fn p256_hash_functions_verify_and_recover() {
     let sk = key("a5ba9d6d1a82ab2ad0f3e0bfcd6f2b3fbb4c7c6e2d5f16c9e3f3e0ab8b6b41c2");
-    let p = sign(
-        Curve::P256,
-        &sk,
-        "hello",
-        PAYLOAD_ENCODING_TEXT_UTF8,
-        HASH_FUNCTION_SHA256,
-    );
+    let p = sign(Curve::P256, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_SHA256);
     check_p256(&sk, &sha256(b"hello"), &p);
-    assert_eq!(
-        sign(
-            Curve::P256,
-            &sk,
-            "hello",
-            PAYLOAD_ENCODING_TEXT_UTF8,
-            HASH_FUNCTION_SHA256
-        ),
-        p
-    );
+    assert_eq!(sign(Curve::P256, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_SHA256), p);
     let digest = sha256(b"hello");
-    let no_op = sign(
-        Curve::P256,
-        &sk,
-        &hex::encode(digest),
-        PAYLOAD_ENCODING_HEXADECIMAL,
-        HASH_FUNCTION_NO_OP,
-    );
+    let no_op = sign(Curve::P256, &sk, &hex::encode(digest), PAYLOAD_ENCODING_HEXADECIMAL, HASH_FUNCTION_NO_OP);
     assert_eq!(no_op, p);
-    let k = sign(
-        Curve::P256,
-        &sk,
-        "hello",
-        PAYLOAD_ENCODING_TEXT_UTF8,
-        HASH_FUNCTION_KECCAK256,
-    );
+    let k = sign(Curve::P256, &sk, "hello", PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_KECCAK256);
     check_p256(&sk, &keccak(b"hello"), &k);
 }
 
@@ -289,27 +167,12 @@ fn low_s_and_recovery_id_over_many_payloads() {
     for i in 0u32..40 {
         let payload = format!("payload {i}");
         let d = sha256(payload.as_bytes());
-        let p = sign(
-            Curve::P256,
-            &sk,
-            &payload,
-            PAYLOAD_ENCODING_TEXT_UTF8,
-            HASH_FUNCTION_SHA256,
-        );
+        let p = sign(Curve::P256, &sk, &payload, PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_SHA256);
         check_p256(&sk, &d, &p);
-        let raw: p256::ecdsa::Signature = p256::ecdsa::SigningKey::from_slice(&sk)
-            .unwrap()
-            .sign_prehash_recoverable(&d)
-            .unwrap()
-            .0;
+        let raw: p256::ecdsa::Signature =
+            p256::ecdsa::SigningKey::from_slice(&sk).unwrap().sign_prehash_recoverable(&d).unwrap().0;
         flipped += usize::from(raw.normalize_s().is_some());
-        let p = sign(
-            Curve::Secp256k1,
-            &sk,
-            &payload,
-            PAYLOAD_ENCODING_TEXT_UTF8,
-            HASH_FUNCTION_SHA256,
-        );
+        let p = sign(Curve::Secp256k1, &sk, &payload, PAYLOAD_ENCODING_TEXT_UTF8, HASH_FUNCTION_SHA256);
         check_k256(&sk, &d, &p);
     }
     assert!(flipped > 0, "no high-S case exercised");
@@ -319,32 +182,14 @@ fn low_s_and_recovery_id_over_many_payloads() {
 fn eip712_mail_signed_by_cow() {
     // EIP-712 Example.sol: cow = keccak256("cow"), v = 28 → recovery id 1.
     let cow = keccak(b"cow");
-    let p = sign(
-        Curve::Secp256k1,
-        &cow,
-        eip712::tests::MAIL,
-        PAYLOAD_ENCODING_EIP712,
-        HASH_FUNCTION_NO_OP,
-    );
-    assert_eq!(
-        p.r,
-        "4355c47d63924e8a72e509b65029052eb6c299d53a04e167c5775fd466751c9d"
-    );
-    assert_eq!(
-        p.s,
-        "07299936d304c153f6443dfa05f40ff007d72911b6f72307f996231605b91562"
-    );
+    let p = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
+    assert_eq!(p.r, "4355c47d63924e8a72e509b65029052eb6c299d53a04e167c5775fd466751c9d");
+    assert_eq!(p.s, "07299936d304c153f6443dfa05f40ff007d72911b6f72307f996231605b91562");
     assert_eq!(p.v, "01");
     let digest = key("be609aee343fb3c4b28e1df9e632fca64fcfaede20f02e86244efddf30957bd2");
     check_k256(&cow, &digest, &p);
     // KECCAK256 is tolerated and yields the same digest.
-    let k = sign(
-        Curve::Secp256k1,
-        &cow,
-        eip712::tests::MAIL,
-        PAYLOAD_ENCODING_EIP712,
-        HASH_FUNCTION_KECCAK256,
-    );
+    let k = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_KECCAK256);
     assert_eq!(k, p);
 }
 
@@ -352,60 +197,27 @@ fn eip712_mail_signed_by_cow() {
 fn eip712_v4_arrays_signed_by_cow() {
     // eth-sig-util signedTypeData_v4: 0x65cbd9…4906 ‖ 1b (v = 27 → recovery id 0).
     let cow = keccak(b"cow");
-    let p = sign(
-        Curve::Secp256k1,
-        &cow,
-        eip712::tests::MAIL_V4,
-        PAYLOAD_ENCODING_EIP712,
-        HASH_FUNCTION_NO_OP,
-    );
-    assert_eq!(
-        p.r,
-        "65cbd956f2fae28a601bebc9b906cea0191744bd4c4247bcd27cd08f8eb6b71c"
-    );
-    assert_eq!(
-        p.s,
-        "78efdf7a31dc9abee78f492292721f362d296cf86b4538e07b51303b67f74906"
-    );
+    let p = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL_V4, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
+    assert_eq!(p.r, "65cbd956f2fae28a601bebc9b906cea0191744bd4c4247bcd27cd08f8eb6b71c");
+    assert_eq!(p.s, "78efdf7a31dc9abee78f492292721f362d296cf86b4538e07b51303b67f74906");
     assert_eq!(p.v, "00");
-    check_k256(
-        &cow,
-        &key("a85c2e2b118698e88db68a8105b794a8cc7cec074e89ef991cb4f5f533819cc2"),
-        &p,
-    );
+    check_k256(&cow, &key("a85c2e2b118698e88db68a8105b794a8cc7cec074e89ef991cb4f5f533819cc2"), &p);
 }
 
 #[test]
 fn eip7702_trust_wallet_vector() {
     // trustwallet/wallet-core tw_evm eip7702 tests ("Verified with viem").
-    let payload =
-        r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":1,"nonce":1}"#;
+    let payload = r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":1,"nonce":1}"#;
     let digest = eip7702_digest(payload).unwrap();
-    assert_eq!(
-        hex::encode(digest),
-        "3ae543b2fa103a39a6985d964a67caed05f6b9bb2430ad6d498cda743fe911d9"
-    );
+    assert_eq!(hex::encode(digest), "3ae543b2fa103a39a6985d964a67caed05f6b9bb2430ad6d498cda743fe911d9");
     let sk = key("947dd69af402e7f48da1b845dfc1df6be593d01a0d8274bd03ec56712e7164e8");
-    let p = sign(
-        Curve::Secp256k1,
-        &sk,
-        payload,
-        PAYLOAD_ENCODING_EIP7702_AUTHORIZATION,
-        HASH_FUNCTION_NO_OP,
-    );
-    assert_eq!(
-        p.r,
-        "2c39f2f64441dd38c364ee175dc6b9a87f34ca330bce968f6c8e22811e3bb710"
-    );
-    assert_eq!(
-        p.s,
-        "5f1bcde93dee4b214e60bc0e63babcc13e4fecb8a23c4098fd89844762aa012c"
-    );
+    let p = sign(Curve::Secp256k1, &sk, payload, PAYLOAD_ENCODING_EIP7702_AUTHORIZATION, HASH_FUNCTION_NO_OP);
+    assert_eq!(p.r, "2c39f2f64441dd38c364ee175dc6b9a87f34ca330bce968f6c8e22811e3bb710");
+    assert_eq!(p.s, "5f1bcde93dee4b214e60bc0e63babcc13e4fecb8a23c4098fd89844762aa012c");
     assert_eq!(p.v, "01");
     check_k256(&sk, &digest, &p);
     // Numbers as strings give the same digest.
-    let strings =
-        r#"{"address":"0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1","chainId":"0x1","nonce":"1"}"#;
+    let strings = r#"{"address":"0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1","chainId":"0x1","nonce":"1"}"#;
     assert_eq!(eip7702_digest(strings).unwrap(), digest);
 }
 
@@ -414,10 +226,7 @@ fn eip7702_rlp_by_hand() {
     let addr = "b91aaa96b138a1b1d94c9df4628187132c5f2bf1";
     let pre = |chain: &str, nonce: &str| {
         hex::encode(
-            eip7702_preimage(&format!(
-                r#"{{"address":"0x{addr}","chainId":{chain},"nonce":{nonce}}}"#
-            ))
-            .unwrap(),
+            eip7702_preimage(&format!(r#"{{"address":"0x{addr}","chainId":{chain},"nonce":{nonce}}}"#)).unwrap(),
         )
     };
     // [1, addr, 1]: list of 1 + 21 + 1 = 23 bytes → 0xd7.
@@ -432,10 +241,7 @@ fn eip7702_rlp_by_hand() {
         format!("05f83fa0{}94{addr}88{}", "ff".repeat(32), "ff".repeat(8))
     );
     // Exactly 55 bytes of payload stays short-form (0xc0 + 55 = 0xf7).
-    assert_eq!(
-        pre(&max, "0"),
-        format!("05f7a0{}94{addr}80", "ff".repeat(32))
-    );
+    assert_eq!(pre(&max, "0"), format!("05f7a0{}94{addr}80", "ff".repeat(32)));
 }
 
 #[test]
@@ -447,93 +253,41 @@ fn refusals_by_message() {
         PAYLOAD_ENCODING_EIP712,
         PAYLOAD_ENCODING_EIP7702_AUTHORIZATION,
     );
-    let (noop, sha, kec, na) = (
-        HASH_FUNCTION_NO_OP,
-        HASH_FUNCTION_SHA256,
-        HASH_FUNCTION_KECCAK256,
-        HASH_FUNCTION_NOT_APPLICABLE,
-    );
+    let (noop, sha, kec, na) =
+        (HASH_FUNCTION_NO_OP, HASH_FUNCTION_SHA256, HASH_FUNCTION_KECCAK256, HASH_FUNCTION_NOT_APPLICABLE);
 
-    assert_eq!(
-        refusal(k1, "x", "PAYLOAD_ENCODING_BASE64", kec),
-        "invalid payload encoding: PAYLOAD_ENCODING_BASE64"
-    );
-    assert_eq!(
-        refusal(k1, "x", utf8, "HASH_FUNCTION_MD5"),
-        "invalid hash function: HASH_FUNCTION_MD5"
-    );
-    assert_eq!(
-        refusal(k1, "0xzz", hex_, kec),
-        "invalid payload: not valid hexadecimal"
-    );
-    assert_eq!(
-        refusal(k1, "abc", hex_, kec),
-        "invalid payload: not valid hexadecimal"
-    );
+    assert_eq!(refusal(k1, "x", "PAYLOAD_ENCODING_BASE64", kec), "invalid payload encoding: PAYLOAD_ENCODING_BASE64");
+    assert_eq!(refusal(k1, "x", utf8, "HASH_FUNCTION_MD5"), "invalid hash function: HASH_FUNCTION_MD5");
+    assert_eq!(refusal(k1, "0xzz", hex_, kec), "invalid payload: not valid hexadecimal");
+    assert_eq!(refusal(k1, "abc", hex_, kec), "invalid payload: not valid hexadecimal");
     let short = "00".repeat(31);
-    assert_eq!(
-        refusal(k1, &short, hex_, noop),
-        "invalid payload: NO_OP requires a 32-byte digest"
-    );
-    assert_eq!(
-        refusal(Curve::P256, &short, hex_, noop),
-        "invalid payload: NO_OP requires a 32-byte digest"
-    );
-    assert_eq!(
-        refusal(k1, &"00".repeat(33), hex_, noop),
-        "invalid payload: NO_OP requires a 32-byte digest"
-    );
+    assert_eq!(refusal(k1, &short, hex_, noop), "invalid payload: NO_OP requires a 32-byte digest");
+    assert_eq!(refusal(Curve::P256, &short, hex_, noop), "invalid payload: NO_OP requires a 32-byte digest");
+    assert_eq!(refusal(k1, &"00".repeat(33), hex_, noop), "invalid payload: NO_OP requires a 32-byte digest");
 
     for curve in [k1, Curve::P256] {
         let m = refusal(curve, "hello", utf8, na);
-        assert!(
-            m.starts_with(
-                "invalid hash function: HASH_FUNCTION_NOT_APPLICABLE is not supported for"
-            ),
-            "{m}"
-        );
+        assert!(m.starts_with("invalid hash function: HASH_FUNCTION_NOT_APPLICABLE is not supported for"), "{m}");
     }
     for hf in [noop, sha, kec] {
         let m = refusal(Curve::Ed25519, "hello", utf8, hf);
-        assert!(
-            m.starts_with(&format!(
-                "invalid hash function: {hf} is not supported for ed25519"
-            )),
-            "{m}"
-        );
+        assert!(m.starts_with(&format!("invalid hash function: {hf} is not supported for ed25519")), "{m}");
     }
     for enc in [e712, e7702] {
         for curve in [Curve::Ed25519, Curve::P256] {
             let m = refusal(curve, "{}", enc, noop);
-            assert_eq!(
-                m,
-                format!("invalid payload encoding: {enc} requires a secp256k1 key")
-            );
+            assert_eq!(m, format!("invalid payload encoding: {enc} requires a secp256k1 key"));
         }
         for hf in [sha, na] {
             let m = refusal(k1, "{}", enc, hf);
-            assert_eq!(
-                m,
-                format!("invalid hash function: {hf} cannot be used with {enc}")
-            );
+            assert_eq!(m, format!("invalid hash function: {hf} cannot be used with {enc}"));
         }
     }
 
     let m = refusal(k1, "not json", e712, noop);
-    assert!(
-        m.starts_with("invalid payload: invalid EIP-712 typed data: not valid JSON"),
-        "{m}"
-    );
-    let m = refusal(
-        k1,
-        r#"{"types":{},"primaryType":"Mail","message":{}}"#,
-        e712,
-        noop,
-    );
-    assert_eq!(
-        m,
-        "invalid payload: invalid EIP-712 typed data: primaryType \"Mail\" is not in types"
-    );
+    assert!(m.starts_with("invalid payload: invalid EIP-712 typed data: not valid JSON"), "{m}");
+    let m = refusal(k1, r#"{"types":{},"primaryType":"Mail","message":{}}"#, e712, noop);
+    assert_eq!(m, "invalid payload: invalid EIP-712 typed data: primaryType \"Mail\" is not in types");
     let mut mail: Value = serde_json::from_str(eip712::tests::MAIL).unwrap();
     mail["message"]["from"]["wallet"] = Value::String("0x1234".into());
     let m = refusal(k1, &mail.to_string(), e712, noop);
@@ -543,28 +297,15 @@ fn refusals_by_message() {
     );
 
     let m = refusal(k1, r#"{"chainId":1,"nonce":0}"#, e7702, noop);
-    assert_eq!(
-        m,
-        "invalid payload: invalid EIP-7702 authorization: missing \"address\""
-    );
+    assert_eq!(m, "invalid payload: invalid EIP-7702 authorization: missing \"address\"");
     let m = refusal(
         k1,
         r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":1,"nonce":"18446744073709551616"}"#,
         e7702,
         noop,
     );
-    assert_eq!(
-        m,
-        "invalid payload: invalid EIP-7702 authorization: nonce: value out of range for uint64"
-    );
-    let m = refusal(
-        k1,
-        r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":-1,"nonce":0}"#,
-        e7702,
-        noop,
-    );
-    assert_eq!(
-        m,
-        "invalid payload: invalid EIP-7702 authorization: chainId: negative value for uint256"
-    );
+    assert_eq!(m, "invalid payload: invalid EIP-7702 authorization: nonce: value out of range for uint64");
+    let m =
+        refusal(k1, r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":-1,"nonce":0}"#, e7702, noop);
+    assert_eq!(m, "invalid payload: invalid EIP-7702 authorization: chainId: negative value for uint256");
 }

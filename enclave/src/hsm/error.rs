@@ -29,10 +29,7 @@ impl HsmError {
     pub(crate) fn call(call: &'static str, e: CkError) -> Self {
         match e {
             CkError::Pkcs11(rv, _) => Self::Pkcs11 { call, rv },
-            other => Self::Library {
-                call,
-                message: other.to_string(),
-            },
+            other => Self::Library { call, message: other.to_string() },
         }
     }
 }
@@ -40,9 +37,7 @@ impl HsmError {
 impl From<HsmError> for EnclaveError {
     fn from(e: HsmError) -> Self {
         match e {
-            HsmError::SealAuthentication | HsmError::UnknownKek(_) => {
-                EnclaveError::SealAuthentication
-            }
+            HsmError::SealAuthentication | HsmError::UnknownKek(_) => EnclaveError::SealAuthentication,
             HsmError::Malformed(m) => EnclaveError::InvalidArgument(format!("malformed input: {m}")),
             HsmError::Poisoned => EnclaveError::Internal(e.to_string()),
             other => EnclaveError::Hsm(other.to_string()),

@@ -111,7 +111,12 @@ fn needs_recovery(e: &CkError) -> bool {
 
 /// Initializes a token with `label` in the first free slot, and sets its user PIN, unless a
 /// token with that label exists already (idempotent). PINs come from the caller, never argv.
-pub fn init_token(module: &std::path::Path, label: &str, so_pin: &AuthPin, user_pin: &AuthPin) -> Result<bool, HsmError> {
+pub fn init_token(
+    module: &std::path::Path,
+    label: &str,
+    so_pin: &AuthPin,
+    user_pin: &AuthPin,
+) -> Result<bool, HsmError> {
     let ctx = load_module(module)?;
     let slots = ctx.get_slots_with_token().map_err(|e| HsmError::call("C_GetSlotList", e))?;
     let mut free = None;
@@ -149,24 +154,15 @@ impl Hsm {
             .get_slots_with_initialized_token()
             .map_err(|e| HsmError::call("C_GetSlotList", e))?
             .into_iter()
-            .find(|s| {
-                ctx.get_token_info(*s)
-                    .map(|t| t.label().trim_end() == settings.token_label)
-                    .unwrap_or(false)
-            })
+            .find(|s| ctx.get_token_info(*s).map(|t| t.label().trim_end() == settings.token_label).unwrap_or(false))
             .ok_or_else(|| HsmError::TokenNotFound(settings.token_label.clone()))?;
-        let session = ctx
-            .open_rw_session(slot)
-            .map_err(|e| HsmError::call("C_OpenSession", e))?;
+        let session = ctx.open_rw_session(slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &settings.pin)?;
         Ok(Self {
             ctx,
             slot,
             pin: settings.pin,
-            anchor: Mutex::new(Anchor {
-                _session: session,
-                keys: None,
-            }),
+            anchor: Mutex::new(Anchor { _session: session, keys: None }),
             pool: Mutex::new(Vec::new()),
             pool_size: settings.pool_size.max(1),
             signer_public: OnceLock::new(),
@@ -226,9 +222,7 @@ impl Hsm {
     }
 
     fn new_session(&self) -> Result<Session, HsmError> {
-        self.ctx
-            .open_rw_session(self.slot)
-            .map_err(|e| HsmError::call("C_OpenSession", e))
+        self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))
     }
 
     fn keys(&self) -> Result<ServiceKeys, HsmError> {
@@ -237,10 +231,9 @@ impl Hsm {
             return Ok(keys);
         }
         let session = self.new_session()?;
-        let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?
-            .ok_or(HsmError::KeyMissing(KEK_LABEL))?;
-        let signer = find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?
-            .ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
+        let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.ok_or(HsmError::KeyMissing(KEK_LABEL))?;
+        let signer =
+            find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
         let keys = ServiceKeys { kek, signer };
         anchor.keys = Some(keys);
         Ok(keys)
@@ -253,10 +246,7 @@ impl Hsm {
         let session = self.new_session()?;
         login(&session, &self.pin)?;
         let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
-        *anchor = Anchor {
-            _session: session,
-            keys: None,
-        };
+        *anchor = Anchor { _session: session, keys: None };
         Ok(())
     }
 
@@ -348,24 +338,17 @@ impl Hsm {
                     &aad,
                     cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
                 )?;
-                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext)
-                    .map(Zeroizing::new)
+                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext).map(Zeroizing::new)
             },
             "C_Decrypt (open)",
         );
         match result {
             Ok(pt) => Ok(pt),
             // SoftHSM reports a failed GCM tag check as CKR_GENERAL_ERROR (notes 4.9).
-            Err(HsmError::Pkcs11 { rv, .. })
-                if matches!(
-                    rv,
-                    RvError::GeneralError
-                        | RvError::EncryptedDataInvalid
-                        | RvError::EncryptedDataLenRange
-                ) =>
-            {
-                Err(HsmError::SealAuthentication)
-            }
+            Err(HsmError::Pkcs11 {
+                rv: RvError::GeneralError | RvError::EncryptedDataInvalid | RvError::EncryptedDataLenRange,
+                ..
+            }) => Err(HsmError::SealAuthentication),
             Err(e) => Err(e),
         }
     }
@@ -394,14 +377,9 @@ impl Hsm {
         )?;
         let point = point.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
         // SoftHSM wraps the point in a DER OCTET STRING; some HSMs return it raw (notes 4.7).
-        let raw: &[u8] = if point.len() == 67 && point[0] == 0x04 && point[1] == 65 {
-            &point[2..]
-        } else {
-            &point
-        };
-        let pk: [u8; 65] = raw
-            .try_into()
-            .map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
+        let raw: &[u8] = if point.len() == 67 && point[0] == 0x04 && point[1] == 65 { &point[2..] } else { &point };
+        let pk: [u8; 65] =
+            raw.try_into().map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
         Ok(*self.signer_public.get_or_init(|| pk))
     }
 
@@ -409,26 +387,20 @@ impl Hsm {
     pub fn sign_with_bundle_signer(&self, data: &[u8]) -> Result<Vec<u8>, HsmError> {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(data);
-        let raw = self.with_session(
-            |s, keys| s.sign(&Mechanism::Ecdsa, keys.signer, &digest),
-            "C_Sign (bundle signer)",
-        )?;
+        let raw =
+            self.with_session(|s, keys| s.sign(&Mechanism::Ecdsa, keys.signer, &digest), "C_Sign (bundle signer)")?;
         let sig = p256::ecdsa::Signature::from_slice(&raw)
             .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
         Ok(sig.to_der().as_bytes().to_vec())
     }
 }
 
-fn find_key(
-    session: &Session,
-    class: ObjectClass,
-    label: &str,
-) -> Result<Option<ObjectHandle>, HsmError> {
+fn find_key(session: &Session, class: ObjectClass, label: &str) -> Result<Option<ObjectHandle>, HsmError> {
     session
-        .find_objects(&[
-            Attribute::Class(class),
-            Attribute::Label(label.as_bytes().to_vec()),
-        ])
+        .find_objects(&[Attribute::Class(class), Attribute::Label(label.as_bytes().to_vec())])
         .map(|v| v.first().copied())
         .map_err(|e| HsmError::call("C_FindObjects", e))
 }
+
+#[cfg(test)]
+mod tests;

@@ -85,11 +85,7 @@ pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
     let kek_label = std::str::from_utf8(&rest[..label_len]).map_err(|_| HsmError::Malformed("sealed blob"))?;
     let mut iv = [0u8; IV_LEN];
     iv.copy_from_slice(&rest[label_len..label_len + IV_LEN]);
-    Ok(ParsedBlob {
-        kek_label,
-        iv,
-        ciphertext: &rest[label_len + IV_LEN..],
-    })
+    Ok(ParsedBlob { kek_label, iv, ciphertext: &rest[label_len + IV_LEN..] })
 }
 
 #[cfg(test)]

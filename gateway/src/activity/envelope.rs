@@ -29,9 +29,9 @@ pub fn fingerprint(body: &[u8]) -> String {
 /// Removes `null` members from objects, recursively (the Rust client sends unset options as null).
 pub fn strip_nulls(v: Value) -> Value {
     match v {
-        Value::Object(map) => Value::Object(
-            map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect(),
-        ),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect())
+        }
         Value::Array(items) => Value::Array(items.into_iter().map(strip_nulls).collect()),
         other => other,
     }
@@ -68,7 +68,9 @@ impl Envelope {
             Some(Value::Number(n)) => n.as_i64(),
             _ => None,
         }
-        .ok_or_else(|| ApiError::invalid("bad request body: timestampMs must be a decimal string of Unix milliseconds"))?;
+        .ok_or_else(|| {
+            ApiError::invalid("bad request body: timestampMs must be a decimal string of Unix milliseconds")
+        })?;
         if now_ms - timestamp_ms > MAX_AGE_MS {
             return Err(ApiError::invalid("activity timestampMs is more than 1 hour in the past"));
         }
@@ -118,7 +120,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(e.parameters, json!({"b":[{"d":1}]}));
-        assert!(Envelope::decode(body(json!({"type":"T","timestampMs":"x","organizationId":"o","parameters":{}})), now).is_err());
+        assert!(Envelope::decode(
+            body(json!({"type":"T","timestampMs":"x","organizationId":"o","parameters":{}})),
+            now
+        )
+        .is_err());
         assert!(Envelope::decode(body(json!({"type":"T","timestampMs":"1","organizationId":5,"parameters":{}})), now)
             .unwrap_err()
             .message

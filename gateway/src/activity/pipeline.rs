@@ -46,7 +46,8 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], now: i64) -> 
 
 /// `POST /public/v1/submit/<path>`.
 pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    let op = ops::activity(path).ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
+    let op =
+        ops::activity(path).ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
     let stamp = auth::verified_stamp(headers, body)?;
     let now = now_nanos();
     let env = Envelope::decode(envelope::parse_body(body)?, now / 1_000_000)?;
@@ -63,7 +64,9 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let fingerprint = envelope::fingerprint(body);
     let fp = fingerprint.clone();
     match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
-        Ok(existing) if existing.organization_id == org.id => return Ok(json!({ "activity": render::activity(&existing, false) })),
+        Ok(existing) if existing.organization_id == org.id => {
+            return Ok(json!({ "activity": render::activity(&existing, false) }))
+        }
         Ok(_) => return Err(ApiError::invalid("activity fingerprint belongs to another organization")),
         Err(StoreError::NotFound) => {}
         Err(e) => return Err(e.into()),

@@ -34,7 +34,8 @@ pub fn verified_stamp(headers: &HeaderMap, body: &[u8]) -> Result<stamp::ApiStam
             "cannot authenticate public API activity request without a stamp (X-Stamp/X-Stamp-Webauthn header)",
         ));
     };
-    let value = value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed activity stamp"))?;
+    let value =
+        value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed activity stamp"))?;
     let stamp = stamp::parse(value)?;
     stamp::verify(&stamp, body)?;
     Ok(stamp)
@@ -74,7 +75,11 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: stamp::Ap
     if api_key.credential_type != stamp.scheme.credential_type() {
         return Err(ApiError::unauthenticated(
             "SIGNATURE_INVALID",
-            format!("stamp scheme {} does not match the api key's type {}", stamp.scheme.wire_name(), api_key.credential_type),
+            format!(
+                "stamp scheme {} does not match the api key's type {}",
+                stamp.scheme.wire_name(),
+                api_key.credential_type
+            ),
         ));
     }
     if let Some(exp) = api_key.expiration_seconds {
@@ -85,7 +90,9 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: stamp::Ap
     }
     let (key_org, user_id) = (api_key.organization_id.clone(), api_key.user_id.clone());
     let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::unauthenticated("PUBLIC_KEY_NOT_FOUND", "the api key's user no longer exists"),
+        StoreError::NotFound => {
+            ApiError::unauthenticated("PUBLIC_KEY_NOT_FOUND", "the api key's user no longer exists")
+        }
         other => other.into(),
     })?;
     Ok(Caller { user, api_key, stamp, via_parent })

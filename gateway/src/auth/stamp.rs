@@ -62,9 +62,8 @@ fn invalid_signature() -> ApiError {
 /// Decodes the header value: base64url (padding optional) of `{publicKey, scheme, signature}`.
 pub fn parse(header: &str) -> Result<ApiStamp, ApiError> {
     let trimmed = header.trim().trim_end_matches('=');
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(trimmed)
-        .map_err(|_| malformed("not base64url"))?;
+    let raw =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(trimmed).map_err(|_| malformed("not base64url"))?;
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Wire {
@@ -72,7 +71,8 @@ pub fn parse(header: &str) -> Result<ApiStamp, ApiError> {
         scheme: String,
         signature: String,
     }
-    let wire: Wire = serde_json::from_slice(&raw).map_err(|_| malformed("expected JSON with publicKey, scheme and signature"))?;
+    let wire: Wire =
+        serde_json::from_slice(&raw).map_err(|_| malformed("expected JSON with publicKey, scheme and signature"))?;
     let scheme = Scheme::parse(&wire.scheme).ok_or_else(|| malformed("unknown signature scheme"))?;
     Ok(ApiStamp { public_key: wire.public_key.to_ascii_lowercase(), scheme, signature: wire.signature })
 }

@@ -29,7 +29,11 @@ pub fn address_entries(addresses: Vec<pb::Address>) -> Vec<AddressEntry> {
     addresses.into_iter().map(|a| AddressEntry { format: a.format, address: a.address }).collect()
 }
 
-pub async fn load_private_key(state: &std::sync::Arc<crate::state::AppState>, org: &str, id: &str) -> Result<PrivateKey, ApiError> {
+pub async fn load_private_key(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    id: &str,
+) -> Result<PrivateKey, ApiError> {
     let (org, id2) = (org.to_string(), id.to_string());
     state.db(move |s| s.private_key(&org, &id2)).await?.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found(format!("private key not found: {id}")),

@@ -30,20 +30,118 @@ macro_rules! op {
 
 /// Every submit endpoint: path, type, intent key, result key, policy resource/action, handler.
 pub static ACTIVITIES: &[Operation] = &[
-    op!("create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", "createWalletIntent", "createWalletResult", "WALLET" / "CREATE", wallets::create_wallet),
-    op!("create_wallet_accounts", "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS", "createWalletAccountsIntent", "createWalletAccountsResult", "WALLET" / "CREATE", wallets::create_wallet_accounts),
-    op!("delete_wallets", "ACTIVITY_TYPE_DELETE_WALLETS", "deleteWalletsIntent", "deleteWalletsResult", "WALLET" / "DELETE", wallets::delete_wallets),
-    op!("create_private_keys", "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2", "createPrivateKeysIntentV2", "createPrivateKeysResultV2", "PRIVATE_KEY" / "CREATE", keys::create_private_keys),
-    op!("delete_private_keys", "ACTIVITY_TYPE_DELETE_PRIVATE_KEYS", "deletePrivateKeysIntent", "deletePrivateKeysResult", "PRIVATE_KEY" / "DELETE", keys::delete_private_keys),
-    op!("sign_raw_payload", "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "signRawPayloadIntentV2", "signRawPayloadResult", "PRIVATE_KEY" / "SIGN", signing::sign_raw_payload),
-    op!("sign_raw_payloads", "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS", "signRawPayloadsIntent", "signRawPayloadsResult", "PRIVATE_KEY" / "SIGN", signing::sign_raw_payloads),
-    op!("export_wallet", "ACTIVITY_TYPE_EXPORT_WALLET", "exportWalletIntent", "exportWalletResult", "WALLET" / "EXPORT", transfer::export_wallet),
-    op!("export_private_key", "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY", "exportPrivateKeyIntent", "exportPrivateKeyResult", "PRIVATE_KEY" / "EXPORT", transfer::export_private_key),
-    op!("export_wallet_account", "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT", "exportWalletAccountIntent", "exportWalletAccountResult", "WALLET" / "EXPORT", transfer::export_wallet_account),
-    op!("init_import_wallet", "ACTIVITY_TYPE_INIT_IMPORT_WALLET", "initImportWalletIntent", "initImportWalletResult", "WALLET" / "IMPORT", transfer::init_import_wallet),
-    op!("import_wallet", "ACTIVITY_TYPE_IMPORT_WALLET", "importWalletIntent", "importWalletResult", "WALLET" / "IMPORT", transfer::import_wallet),
-    op!("init_import_private_key", "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY", "initImportPrivateKeyIntent", "initImportPrivateKeyResult", "PRIVATE_KEY" / "IMPORT", transfer::init_import_private_key),
-    op!("import_private_key", "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY", "importPrivateKeyIntent", "importPrivateKeyResult", "PRIVATE_KEY" / "IMPORT", transfer::import_private_key),
+    op!(
+        "create_wallet",
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        "createWalletIntent",
+        "createWalletResult",
+        "WALLET" / "CREATE",
+        wallets::create_wallet
+    ),
+    op!(
+        "create_wallet_accounts",
+        "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
+        "createWalletAccountsIntent",
+        "createWalletAccountsResult",
+        "WALLET" / "CREATE",
+        wallets::create_wallet_accounts
+    ),
+    op!(
+        "delete_wallets",
+        "ACTIVITY_TYPE_DELETE_WALLETS",
+        "deleteWalletsIntent",
+        "deleteWalletsResult",
+        "WALLET" / "DELETE",
+        wallets::delete_wallets
+    ),
+    op!(
+        "create_private_keys",
+        "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+        "createPrivateKeysIntentV2",
+        "createPrivateKeysResultV2",
+        "PRIVATE_KEY" / "CREATE",
+        keys::create_private_keys
+    ),
+    op!(
+        "delete_private_keys",
+        "ACTIVITY_TYPE_DELETE_PRIVATE_KEYS",
+        "deletePrivateKeysIntent",
+        "deletePrivateKeysResult",
+        "PRIVATE_KEY" / "DELETE",
+        keys::delete_private_keys
+    ),
+    op!(
+        "sign_raw_payload",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        "signRawPayloadIntentV2",
+        "signRawPayloadResult",
+        "PRIVATE_KEY" / "SIGN",
+        signing::sign_raw_payload
+    ),
+    op!(
+        "sign_raw_payloads",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS",
+        "signRawPayloadsIntent",
+        "signRawPayloadsResult",
+        "PRIVATE_KEY" / "SIGN",
+        signing::sign_raw_payloads
+    ),
+    op!(
+        "export_wallet",
+        "ACTIVITY_TYPE_EXPORT_WALLET",
+        "exportWalletIntent",
+        "exportWalletResult",
+        "WALLET" / "EXPORT",
+        transfer::export_wallet
+    ),
+    op!(
+        "export_private_key",
+        "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY",
+        "exportPrivateKeyIntent",
+        "exportPrivateKeyResult",
+        "PRIVATE_KEY" / "EXPORT",
+        transfer::export_private_key
+    ),
+    op!(
+        "export_wallet_account",
+        "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
+        "exportWalletAccountIntent",
+        "exportWalletAccountResult",
+        "WALLET" / "EXPORT",
+        transfer::export_wallet_account
+    ),
+    op!(
+        "init_import_wallet",
+        "ACTIVITY_TYPE_INIT_IMPORT_WALLET",
+        "initImportWalletIntent",
+        "initImportWalletResult",
+        "WALLET" / "IMPORT",
+        transfer::init_import_wallet
+    ),
+    op!(
+        "import_wallet",
+        "ACTIVITY_TYPE_IMPORT_WALLET",
+        "importWalletIntent",
+        "importWalletResult",
+        "WALLET" / "IMPORT",
+        transfer::import_wallet
+    ),
+    op!(
+        "init_import_private_key",
+        "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY",
+        "initImportPrivateKeyIntent",
+        "initImportPrivateKeyResult",
+        "PRIVATE_KEY" / "IMPORT",
+        transfer::init_import_private_key
+    ),
+    op!(
+        "import_private_key",
+        "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY",
+        "importPrivateKeyIntent",
+        "importPrivateKeyResult",
+        "PRIVATE_KEY" / "IMPORT",
+        transfer::import_private_key
+    ),
 ];
 
 /// Every query endpoint.

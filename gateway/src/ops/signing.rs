@@ -25,7 +25,11 @@ fn hit<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
 }
 
 /// `signWith` is a wallet account address, a private key address, or a private key id.
-pub async fn resolve_sign_with(state: &std::sync::Arc<AppState>, org: &str, sign_with: &str) -> Result<SigningKey, ApiError> {
+pub async fn resolve_sign_with(
+    state: &std::sync::Arc<AppState>,
+    org: &str,
+    sign_with: &str,
+) -> Result<SigningKey, ApiError> {
     if sign_with.trim().is_empty() {
         return Err(ApiError::invalid("signWith is required"));
     }
@@ -59,11 +63,19 @@ pub async fn resolve_sign_with(state: &std::sync::Arc<AppState>, org: &str, sign
         })
         .await??;
     found.ok_or_else(|| {
-        ApiError::not_found(format!("no wallet account or private key found for signWith {sign_with:?} in this organization"))
+        ApiError::not_found(format!(
+            "no wallet account or private key found for signWith {sign_with:?} in this organization"
+        ))
     })
 }
 
-async fn sign(ctx: &Ctx, sign_with: &str, payloads: Vec<String>, encoding: String, hash_function: String) -> Result<Vec<Value>, ApiError> {
+async fn sign(
+    ctx: &Ctx,
+    sign_with: &str,
+    payloads: Vec<String>,
+    encoding: String,
+    hash_function: String,
+) -> Result<Vec<Value>, ApiError> {
     let key = resolve_sign_with(&ctx.state, &ctx.org.id, sign_with).await?;
     let resp = ctx
         .state

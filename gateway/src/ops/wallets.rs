@@ -26,7 +26,10 @@ pub fn account_specs(accounts: &[AccountParams]) -> Result<Vec<pb::AccountSpec>,
         .iter()
         .map(|a| {
             if a.path_format != "PATH_FORMAT_BIP32" {
-                return Err(ApiError::invalid(format!("invalid path format: {:?} (only PATH_FORMAT_BIP32)", a.path_format)));
+                return Err(ApiError::invalid(format!(
+                    "invalid path format: {:?} (only PATH_FORMAT_BIP32)",
+                    a.path_format
+                )));
             }
             required(&a.path, "path")?;
             required(&a.curve, "curve")?;
@@ -41,7 +44,12 @@ pub fn account_specs(accounts: &[AccountParams]) -> Result<Vec<pb::AccountSpec>,
 }
 
 /// Turns the enclave's accounts into rows, in request order.
-pub fn account_rows(ctx: &Ctx, wallet_id: &str, params: &[AccountParams], accounts: Vec<pb::Account>) -> Vec<WalletAccount> {
+pub fn account_rows(
+    ctx: &Ctx,
+    wallet_id: &str,
+    params: &[AccountParams],
+    accounts: Vec<pb::Account>,
+) -> Vec<WalletAccount> {
     params
         .iter()
         .zip(accounts)
@@ -94,7 +102,11 @@ pub fn account_json(a: &WalletAccount, wallet: Option<&Wallet>) -> Value {
 }
 
 /// Loads a wallet of the caller's organization; 404 if it is not there.
-pub async fn load_wallet(state: &std::sync::Arc<crate::state::AppState>, org: &str, id: &str) -> Result<Wallet, ApiError> {
+pub async fn load_wallet(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    id: &str,
+) -> Result<Wallet, ApiError> {
     let (org, id2) = (org.to_string(), id.to_string());
     state.db(move |s| s.wallet(&org, &id2)).await?.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found(format!("wallet not found: {id}")),

@@ -13,10 +13,7 @@ use serde::{Deserialize, Serialize};
 pub type Nanos = i64;
 
 pub fn now_nanos() -> Nanos {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,11 +174,21 @@ pub enum Write {
     MarkPrivateKeyExported(String),
     MarkAccountExported(String),
     /// Fails the whole transaction if a wallet is unexported and `require_exported` is set.
-    DeleteWallets { ids: Vec<String>, require_exported: bool },
-    DeletePrivateKeys { ids: Vec<String>, require_exported: bool },
+    DeleteWallets {
+        ids: Vec<String>,
+        require_exported: bool,
+    },
+    DeletePrivateKeys {
+        ids: Vec<String>,
+        require_exported: bool,
+    },
     PutImportTarget(ImportTarget),
     /// Consumes the target: it must still be the same blob (used once).
-    TakeImportTarget { organization_id: String, user_id: String, sealed_key: Vec<u8> },
+    TakeImportTarget {
+        organization_id: String,
+        user_id: String,
+        sealed_key: Vec<u8>,
+    },
 }
 
 impl std::fmt::Debug for ImportTarget {

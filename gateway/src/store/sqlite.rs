@@ -47,9 +47,7 @@ impl SqliteStore {
         }
         let mut writer = open_conn(path)?;
         migrate(&mut writer)?;
-        let readers = (0..READERS)
-            .map(|_| open_conn(path).map(Mutex::new))
-            .collect::<Result<Vec<_>, _>>()?;
+        let readers = (0..READERS).map(|_| open_conn(path).map(Mutex::new)).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { writer: Mutex::new(writer), readers, next_reader: AtomicUsize::new(0) })
     }
 
@@ -65,11 +63,9 @@ impl SqliteStore {
 }
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
-        .map_err(backend)?;
-    let done: i64 = conn
-        .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))
-        .map_err(backend)?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)").map_err(backend)?;
+    let done: i64 =
+        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0)).map_err(backend)?;
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let version = i as i64 + 1;
         if version <= done {
@@ -209,7 +205,15 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
         Write::InsertOrganization(o) => {
             tx.execute(
                 &format!("INSERT INTO organizations ({ORG_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
-                params![o.id, o.name, o.parent_id, o.root_quorum_threshold, json_text(&o.root_user_ids), o.created_at, o.updated_at],
+                params![
+                    o.id,
+                    o.name,
+                    o.parent_id,
+                    o.root_quorum_threshold,
+                    json_text(&o.root_user_ids),
+                    o.created_at,
+                    o.updated_at
+                ],
             )
             .map_err(backend)?;
         }
@@ -224,8 +228,15 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
             tx.execute(
                 &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
                 params![
-                    k.id, k.organization_id, k.user_id, k.name, k.public_key, k.credential_type,
-                    k.expiration_seconds.map(|v| v as i64), k.created_at, k.updated_at
+                    k.id,
+                    k.organization_id,
+                    k.user_id,
+                    k.name,
+                    k.public_key,
+                    k.credential_type,
+                    k.expiration_seconds.map(|v| v as i64),
+                    k.created_at,
+                    k.updated_at
                 ],
             )
             .map_err(backend)?;
@@ -233,7 +244,16 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
         Write::InsertWallet(wl) => {
             tx.execute(
                 &format!("INSERT INTO wallets ({WALLET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
-                params![wl.id, wl.organization_id, wl.name, wl.exported as i64, wl.imported as i64, wl.sealed_seed, wl.created_at, wl.updated_at],
+                params![
+                    wl.id,
+                    wl.organization_id,
+                    wl.name,
+                    wl.exported as i64,
+                    wl.imported as i64,
+                    wl.sealed_seed,
+                    wl.created_at,
+                    wl.updated_at
+                ],
             )
             .map_err(|e| match backend(e) {
                 StoreError::Unique(_) => StoreError::Unique("wallet name must be unique".into()),
@@ -279,13 +299,16 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
             }
         }
         Write::MarkWalletExported(id) => {
-            tx.execute("UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+            tx.execute("UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+                .map_err(backend)?;
         }
         Write::MarkPrivateKeyExported(id) => {
-            tx.execute("UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+            tx.execute("UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+                .map_err(backend)?;
         }
         Write::MarkAccountExported(id) => {
-            tx.execute("UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now]).map_err(backend)?;
+            tx.execute("UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+                .map_err(backend)?;
         }
         Write::DeleteWallets { ids, require_exported } => {
             for id in ids {
@@ -321,7 +344,8 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
                     }
                     Some(_) => {}
                 }
-                tx.execute("DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id]).map_err(backend)?;
+                tx.execute("DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id])
+                    .map_err(backend)?;
                 tx.execute("DELETE FROM private_keys WHERE id = ?1", params![id]).map_err(backend)?;
             }
         }
@@ -371,8 +395,17 @@ impl Store for SqliteStore {
         tx.execute(
             &format!("INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
             params![
-                a.id, a.organization_id, a.activity_type, a.status, a.fingerprint, json_text(&a.intent),
-                json_text(&a.result), json_text(&a.votes), a.created_at, a.failure.as_ref().map(json_text), a.updated_at
+                a.id,
+                a.organization_id,
+                a.activity_type,
+                a.status,
+                a.fingerprint,
+                json_text(&a.intent),
+                json_text(&a.result),
+                json_text(&a.votes),
+                a.created_at,
+                a.failure.as_ref().map(json_text),
+                a.updated_at
             ],
         )
         .map_err(backend)?;
@@ -390,7 +423,9 @@ impl Store for SqliteStore {
     }
 
     fn organization(&self, id: &str) -> Result<Organization, StoreError> {
-        self.one(|c| c.query_row(&format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row).optional())
+        self.one(|c| {
+            c.query_row(&format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row).optional()
+        })
     }
 
     fn api_key_by_public_key(&self, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
@@ -406,16 +441,22 @@ impl Store for SqliteStore {
 
     fn user(&self, org: &str, id: &str) -> Result<User, StoreError> {
         self.one(|c| {
-            c.query_row(&format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2"), params![org, id], user_row)
-                .optional()
+            c.query_row(
+                &format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                user_row,
+            )
+            .optional()
         })
     }
 
     fn users(&self, org: &str) -> Result<Vec<User>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 ORDER BY created_at, id"))?
-                .query_map(params![org], user_row)?
-                .collect()
+            c.prepare_cached(&format!(
+                "SELECT {USER_COLS} FROM users WHERE organization_id = ?1 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org], user_row)?
+            .collect()
         })
     }
 
@@ -431,16 +472,22 @@ impl Store for SqliteStore {
 
     fn wallet(&self, org: &str, id: &str) -> Result<Wallet, StoreError> {
         self.one(|c| {
-            c.query_row(&format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 AND id = ?2"), params![org, id], wallet_row)
-                .optional()
+            c.query_row(
+                &format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                wallet_row,
+            )
+            .optional()
         })
     }
 
     fn wallets(&self, org: &str) -> Result<Vec<Wallet>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 ORDER BY created_at, id"))?
-                .query_map(params![org], wallet_row)?
-                .collect()
+            c.prepare_cached(&format!(
+                "SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org], wallet_row)?
+            .collect()
         })
     }
 
@@ -485,9 +532,11 @@ impl Store for SqliteStore {
 
     fn private_keys(&self, org: &str) -> Result<Vec<PrivateKey>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!("SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 ORDER BY created_at, id"))?
-                .query_map(params![org], private_key_row)?
-                .collect()
+            c.prepare_cached(&format!(
+                "SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org], private_key_row)?
+            .collect()
         })
     }
 
@@ -530,8 +579,12 @@ impl Store for SqliteStore {
 
     fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
         self.one(|c| {
-            c.query_row(&format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"), params![fingerprint], activity_row)
-                .optional()
+            c.query_row(
+                &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"),
+                params![fingerprint],
+                activity_row,
+            )
+            .optional()
         })
     }
 
@@ -659,7 +712,10 @@ mod tests {
         s.commit(&activity("sha256:1"), &[Write::InsertWallet(wallet("w1", "a"))]).unwrap();
         // Second wallet is fine, then a name clash: neither the wallet nor the activity lands.
         let err = s
-            .commit(&activity("sha256:2"), &[Write::InsertWallet(wallet("w2", "b")), Write::InsertWallet(wallet("w3", "a"))])
+            .commit(
+                &activity("sha256:2"),
+                &[Write::InsertWallet(wallet("w2", "b")), Write::InsertWallet(wallet("w3", "a"))],
+            )
             .unwrap_err();
         assert!(matches!(err, StoreError::Unique(ref m) if m == "wallet name must be unique"), "{err:?}");
         assert_eq!(s.wallets("o1").unwrap().len(), 1);
@@ -676,7 +732,8 @@ mod tests {
         assert!(matches!(err, StoreError::Conflict(ref m) if m.starts_with("wallet account has not been exported")));
         assert_eq!(s.wallets("o1").unwrap().len(), 1);
         s.commit(&activity("sha256:3"), &[Write::MarkWalletExported("w1".into())]).unwrap();
-        s.commit(&activity("sha256:4"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }]).unwrap();
+        s.commit(&activity("sha256:4"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }])
+            .unwrap();
         assert!(s.wallets("o1").unwrap().is_empty());
     }
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The development launcher (`make run`): the whole stack on the embedded defaults, state in
+# $COFFER_HOME, idempotent, in the foreground until interrupted. See DESIGN.md section 5.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export COFFER_HOME="${COFFER_HOME:-$ROOT/.coffer}"
+COFFER_PORT="${COFFER_PORT:-8080}"
+COFFER_AUTH_PROXY_PORT="${COFFER_AUTH_PROXY_PORT:-8081}"
+mkdir -p "$COFFER_HOME/tokens" "$COFFER_HOME/logs"
+chmod 700 "$COFFER_HOME"
+COFFER_HOME="$(cd "$COFFER_HOME" && pwd)"
+
+"$ROOT/deploy/install-deps.sh"
+cargo build --release --bins --manifest-path "$ROOT/Cargo.toml"
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+
+# SoftHSM: a private config and token directory under $COFFER_HOME.
+if [ ! -f "$COFFER_HOME/softhsm2.conf" ]; then
+  cat > "$COFFER_HOME/softhsm2.conf" <<CONF
+directories.tokendir = $COFFER_HOME/tokens
+objectstore.backend = file
+log.level = ERROR
+slots.removable = false
+CONF
+fi
+export SOFTHSM2_CONF="$COFFER_HOME/softhsm2.conf"
+
+# PINs live in files (0600) and reach the processes through the environment, never argv.
+umask 077
+for f in hsm-pin hsm-so-pin; do
+  [ -s "$COFFER_HOME/$f" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$COFFER_HOME/$f"
+done
+export COFFER_HSM_PIN_FILE="$COFFER_HOME/hsm-pin"
+export COFFER_TOKEN_LABEL="${COFFER_TOKEN_LABEL:-coffer-dev}"
+export COFFER_ENCLAVE_SOCKET="$COFFER_HOME/enclave.sock"
+export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db"
+export COFFER_LISTEN="127.0.0.1:$COFFER_PORT"
+export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
+
+COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" "$BIN/coffer-enclave" init-token >/dev/null
+"$BIN/coffer-enclave" init >/dev/null
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap stop INT TERM EXIT
+
+"$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
+pids+=($!)
+"$BIN/coffer-gateway" init-dev --out "$COFFER_HOME/dev-org.json" \
+  --base-url "http://127.0.0.1:$COFFER_PORT" --auth-proxy-url "http://127.0.0.1:$COFFER_AUTH_PROXY_PORT" >/dev/null
+"$BIN/coffer-gateway" serve 2>>"$COFFER_HOME/logs/gateway.log" &
+pids+=($!)
+
+for _ in $(seq 1 200); do
+  if curl -fsS "http://127.0.0.1:$COFFER_PORT/healthz" >/dev/null 2>&1; then
+    echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
+    echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
+    break
+  fi
+  sleep 0.1
+done
+# Stay in the foreground until interrupted or until either process exits.
+wait -n "${pids[@]}" || true

@@ -1,0 +1,112 @@
+//! Sealing and service keys against a real SoftHSM token (one per test process: the PKCS#11
+//! module is a process-wide singleton).
+
+use std::sync::{Arc, OnceLock};
+
+use super::*;
+
+const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+
+fn hsm() -> Arc<Hsm> {
+    static HSM: OnceLock<Arc<Hsm>> = OnceLock::new();
+    HSM.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("coffer-hsm-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("tokens")).unwrap();
+        let conf = dir.join("softhsm2.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                dir.join("tokens").display()
+            ),
+        )
+        .unwrap();
+        // Set before the module is loaded (C_Initialize reads it); no other thread touches it.
+        std::env::set_var("SOFTHSM2_CONF", &conf);
+        let pin = || AuthPin::new("unit-test-pin".to_string().into());
+        assert!(init_token(MODULE.as_ref(), "unit", &AuthPin::new("unit-so-pin".to_string().into()), &pin()).unwrap());
+        // Idempotent: the token exists now.
+        assert!(!init_token(MODULE.as_ref(), "unit", &AuthPin::new("unit-so-pin".to_string().into()), &pin()).unwrap());
+        let hsm =
+            Hsm::open(HsmSettings { module: MODULE.into(), token_label: "unit".into(), pin: pin(), pool_size: 4 })
+                .unwrap();
+        assert_eq!(hsm.init_service_keys().unwrap(), vec![KEK_LABEL, SIGNER_LABEL]);
+        assert!(hsm.init_service_keys().unwrap().is_empty(), "second init must create nothing");
+        Arc::new(hsm)
+    })
+    .clone()
+}
+
+fn binding<'a>(kind: BlobKind, org: &'a str, resource: &'a str) -> BlobBinding<'a> {
+    BlobBinding { kind, organization_id: org, resource_id: resource }
+}
+
+#[test]
+fn seal_round_trip_with_fresh_ivs() {
+    let hsm = hsm();
+    let b = binding(BlobKind::PrivateKey, "org-a", "key-1");
+    let secret = [42u8; 32];
+    let blob1 = hsm.seal(&b, &secret).unwrap();
+    let blob2 = hsm.seal(&b, &secret).unwrap();
+    assert_ne!(blob1, blob2, "every seal uses a fresh IV");
+    assert!(!blob1.windows(32).any(|w| w == secret), "plaintext must not appear in the blob");
+    assert_eq!(hsm.unseal(&b, &blob1).unwrap().as_slice(), &secret);
+    assert_eq!(hsm.unseal(&b, &blob2).unwrap().as_slice(), &secret);
+}
+
+#[test]
+fn blob_moved_to_another_org_resource_or_kind_fails_to_open() {
+    let hsm = hsm();
+    let blob = hsm.seal(&binding(BlobKind::WalletSeed, "org-a", "wallet-1"), b"seed words").unwrap();
+    for wrong in [
+        binding(BlobKind::WalletSeed, "org-b", "wallet-1"),
+        binding(BlobKind::WalletSeed, "org-a", "wallet-2"),
+        binding(BlobKind::PrivateKey, "org-a", "wallet-1"),
+    ] {
+        assert!(matches!(hsm.unseal(&wrong, &blob), Err(HsmError::SealAuthentication)), "{wrong:?}");
+    }
+    let mut tampered = blob.clone();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 1;
+    let right = binding(BlobKind::WalletSeed, "org-a", "wallet-1");
+    assert!(matches!(hsm.unseal(&right, &tampered), Err(HsmError::SealAuthentication)));
+    assert!(matches!(hsm.unseal(&right, b"garbage"), Err(HsmError::Malformed(_))));
+    // The failures did not wedge the pool: the right binding still opens.
+    assert_eq!(hsm.unseal(&right, &blob).unwrap().as_slice(), b"seed words");
+}
+
+#[test]
+fn bundle_signer_signs_verifiably_and_randomness_differs() {
+    use p256::ecdsa::signature::Verifier;
+    let hsm = hsm();
+    let pk = hsm.signer_public_key().unwrap();
+    assert_eq!(pk[0], 0x04);
+    let der = hsm.sign_with_bundle_signer(b"envelope data").unwrap();
+    let vk = p256::ecdsa::VerifyingKey::from_sec1_bytes(&pk).unwrap();
+    let sig = p256::ecdsa::Signature::from_der(&der).unwrap();
+    vk.verify(b"envelope data", &sig).unwrap();
+    assert!(vk.verify(b"other data", &sig).is_err());
+    let (a, b) = (hsm.random(32).unwrap(), hsm.random(32).unwrap());
+    assert_ne!(a.as_slice(), b.as_slice());
+}
+
+#[test]
+fn concurrent_seal_and_unseal_share_the_pool() {
+    let hsm = hsm();
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let hsm = hsm.clone();
+            std::thread::spawn(move || {
+                for j in 0..25 {
+                    let res = format!("r-{i}-{j}");
+                    let b = binding(BlobKind::WalletAccountKey, "org", &res);
+                    let blob = hsm.seal(&b, res.as_bytes()).unwrap();
+                    assert_eq!(hsm.unseal(&b, &blob).unwrap().as_slice(), res.as_bytes());
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}

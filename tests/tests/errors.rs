@@ -1,0 +1,451 @@
+//! Refusals: every rejected request is a gRPC-gateway `Status` JSON with the right HTTP status,
+//! `Content-Type: application/json`, a typed `TurnkeyErrorDetail`, and changes nothing.
+
+use std::path::Path;
+use std::process::Command;
+
+use coffer_tests::{bin_dir, RawResponse, Stack};
+use serde_json::{json, Value};
+use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
+
+const DETAIL_TYPE: &str = "type.googleapis.com/errors.v1.TurnkeyErrorDetail";
+const NO_STAMP: &str =
+    "cannot authenticate public API activity request without a stamp (X-Stamp/X-Stamp-Webauthn header)";
+const BAD_SIGNATURE: &str = "could not verify api key signature";
+const KEY_NOT_FOUND: &str = "could not find public key in organization or its parent organization";
+
+/// Checks the error shape: status, exact content type, gRPC code, message substring, detail.
+#[track_caller]
+fn assert_error(r: &RawResponse, http: u16, grpc: i64, turnkey_code: Option<&str>, message: &str) {
+    assert_eq!(r.status, http, "status; body: {}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"), "content type; body: {}", r.text);
+    assert_eq!(r.json["code"].as_i64(), Some(grpc), "gRPC code; body: {}", r.text);
+    let m = r.json["message"].as_str().unwrap_or_else(|| panic!("no message: {}", r.text));
+    assert!(m.contains(message), "message {m:?} should contain {message:?}");
+    let details = r.json["details"].as_array().unwrap_or_else(|| panic!("no details: {}", r.text));
+    assert_eq!(details.len(), 1, "{}", r.text);
+    assert_eq!(details[0]["@type"], DETAIL_TYPE, "{}", r.text);
+    let code = details[0]["turnkeyErrorCode"].as_str().unwrap_or_else(|| panic!("no turnkeyErrorCode: {}", r.text));
+    assert!(code.chars().all(|c| c.is_ascii_uppercase() || c == '_') && !code.is_empty(), "{code}");
+    if let Some(expected) = turnkey_code {
+        assert_eq!(code, expected, "{}", r.text);
+    }
+}
+
+/// Sends `body` with `method`, and with exactly the extra `headers` given (e.g. a stamp made
+/// over other bytes).
+async fn send(
+    stack: &Stack,
+    method: reqwest::Method,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(String, String)],
+) -> RawResponse {
+    let mut req = reqwest::Client::new().request(method, format!("{}{}", stack.base_url, path)).body(body);
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    RawResponse { status, content_type, json, text }
+}
+
+fn submit_body(ty: &str, org: &str, timestamp_ms: u128, parameters: Value) -> String {
+    json!({
+        "type": ty,
+        "timestampMs": timestamp_ms.to_string(),
+        "organizationId": org,
+        "parameters": parameters,
+        "generateAppProofs": null,
+    })
+    .to_string()
+}
+
+fn eth_account(curve: &str, format: &str) -> Value {
+    json!({"curve": curve, "pathFormat": "PATH_FORMAT_BIP32", "path": "m/44'/60'/0'/0/0", "addressFormat": format, "name": null})
+}
+
+fn wallet_params(name: &str) -> Value {
+    json!({"walletName": name, "accounts": [eth_account("CURVE_SECP256K1", "ADDRESS_FORMAT_ETHEREUM")], "mnemonicLength": null})
+}
+
+fn sign_params(sign_with: &str, hash_function: &str) -> Value {
+    json!({
+        "signWith": sign_with,
+        "payload": "hello",
+        "encoding": "PAYLOAD_ENCODING_TEXT_UTF8",
+        "hashFunction": hash_function,
+        "externalSignerPubkey": null,
+    })
+}
+
+async fn submit(stack: &Stack, key: &TurnkeyP256ApiKey, path: &str, ty: &str, org: &str, params: Value) -> RawResponse {
+    let body = submit_body(ty, org, Stack::now_ms(), params);
+    stack.post_raw(&format!("/public/v1/submit/{path}"), body.as_bytes(), Some(key)).await
+}
+
+async fn query(stack: &Stack, key: &TurnkeyP256ApiKey, path: &str, body: Value) -> RawResponse {
+    stack.post_raw(&format!("/public/v1/query/{path}"), body.to_string().as_bytes(), Some(key)).await
+}
+
+/// Creates a one-account Ethereum wallet; returns its id and address.
+async fn create_wallet(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, name: &str) -> (String, String) {
+    let r = submit(stack, key, "create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", org, wallet_params(name)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    let result = &r.json["activity"]["result"]["createWalletResult"];
+    (result["walletId"].as_str().unwrap().to_string(), result["addresses"][0].as_str().unwrap().to_string())
+}
+
+/// (wallets, activities) of `org`, read with `key`.
+async fn counts(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str) -> (usize, usize) {
+    let w = query(stack, key, "list_wallets", json!({"organizationId": org})).await;
+    assert_eq!(w.status, 200, "{}", w.text);
+    let a = query(stack, key, "list_activities", json!({"organizationId": org, "paginationOptions": {"limit": "100"}}))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    (w.json["wallets"].as_array().unwrap().len(), a.json["activities"].as_array().unwrap().len())
+}
+
+async fn wallet_exported(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, wallet_id: &str) -> bool {
+    let r = query(stack, key, "get_wallet", json!({"organizationId": org, "walletId": wallet_id})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["wallet"]["exported"].as_bool().unwrap()
+}
+
+/// A P-256 public key (compressed SEC1 hex) usable as an export target.
+fn target_public_key() -> String {
+    hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key())
+}
+
+#[tokio::test]
+async fn authentication_refusals_change_nothing() {
+    let stack = Stack::start().await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (_, address) = create_wallet(&stack, &key, &org, "base").await;
+    let before = counts(&stack, &key, &org).await;
+    assert_eq!(before, (1, 1));
+
+    let body = submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, Stack::now_ms(), wallet_params("w2"));
+    let path = "/public/v1/submit/create_wallet";
+
+    // No stamp at all: submit and query.
+    let r = stack.post_raw(path, body.as_bytes(), None).await;
+    assert_error(&r, 401, 16, Some("SIGNATURE_MISSING"), NO_STAMP);
+    assert_eq!(r.json["message"], NO_STAMP);
+    let r = stack
+        .post_raw("/public/v1/query/list_wallets", json!({"organizationId": org}).to_string().as_bytes(), None)
+        .await;
+    assert_error(&r, 401, 16, Some("SIGNATURE_MISSING"), NO_STAMP);
+    assert!(r.json.get("wallets").is_none());
+
+    // A valid stamp by a key no organization knows.
+    let stranger = TurnkeyP256ApiKey::generate();
+    let r = stack.post_raw(path, body.as_bytes(), Some(&stranger)).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+    let r = query(&stack, &stranger, "list_wallets", json!({"organizationId": org})).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/sign_raw_payload",
+            submit_body(
+                "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+                &org,
+                Stack::now_ms(),
+                sign_params(&address, "HASH_FUNCTION_KECCAK256"),
+            )
+            .as_bytes(),
+            Some(&stranger),
+        )
+        .await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+
+    // The root key's stamp over one body, sent with another (one character changed).
+    let stamp = key.stamp(body.as_bytes()).unwrap();
+    let tampered = body.replace("\"w2\"", "\"w3\"");
+    assert_ne!(tampered, body);
+    let r =
+        send(&stack, reqwest::Method::POST, path, tampered.into_bytes(), &[(stamp.name.clone(), stamp.value.clone())])
+            .await;
+    assert_error(&r, 401, 16, Some("SIGNATURE_INVALID"), BAD_SIGNATURE);
+    assert_eq!(r.json["message"], BAD_SIGNATURE);
+    // ... and with the body re-serialized (same JSON value, different bytes: an extra space).
+    let reserialized = body.replacen('{', "{ ", 1);
+    let r = send(
+        &stack,
+        reqwest::Method::POST,
+        path,
+        reserialized.into_bytes(),
+        &[(stamp.name.clone(), stamp.value.clone())],
+    )
+    .await;
+    assert_error(&r, 401, 16, Some("SIGNATURE_INVALID"), BAD_SIGNATURE);
+    // A header that is not a stamp at all.
+    let r = send(
+        &stack,
+        reqwest::Method::POST,
+        path,
+        body.clone().into_bytes(),
+        &[("X-Stamp".into(), "!!!not-base64!!!".into())],
+    )
+    .await;
+    assert_error(&r, 401, 16, Some("SIGNATURE_INVALID"), "malformed activity stamp");
+
+    // The untouched body with that same stamp is accepted, once.
+    let r = send(
+        &stack,
+        reqwest::Method::POST,
+        path,
+        body.clone().into_bytes(),
+        &[(stamp.name.clone(), stamp.value.clone())],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(counts(&stack, &key, &org).await, (before.0 + 1, before.1 + 1));
+}
+
+#[tokio::test]
+async fn envelope_and_parameter_refusals_change_nothing() {
+    let stack = Stack::start().await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (wallet_id, address) = create_wallet(&stack, &key, &org, "base").await;
+    let before = counts(&stack, &key, &org).await;
+    assert_eq!(before, (1, 1));
+    let path = "/public/v1/submit/create_wallet";
+
+    // Liveness window: 2 h old and 10 min ahead are refused.
+    let now = Stack::now_ms();
+    for (ts, what) in [(now - 2 * 3600 * 1000, "2 h old"), (now + 10 * 60 * 1000, "10 min ahead")] {
+        let body = submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, ts, wallet_params(&format!("ts-{what}")));
+        let r = stack.post_raw(path, body.as_bytes(), Some(&key)).await;
+        assert_error(&r, 400, 3, None, "timestampMs");
+    }
+    // Same for signing: a stale signature request is not executed.
+    let body = submit_body(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &org,
+        now - 2 * 3600 * 1000,
+        sign_params(&address, "HASH_FUNCTION_KECCAK256"),
+    );
+    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body.as_bytes(), Some(&key)).await;
+    assert_error(&r, 400, 3, None, "timestampMs");
+
+    // The wrong activity type for the path.
+    let body = submit_body("ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2", &org, Stack::now_ms(), wallet_params("wrong-type"));
+    let r = stack.post_raw(path, body.as_bytes(), Some(&key)).await;
+    assert_error(&r, 400, 3, None, "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2");
+
+    // Unknown enum values are named in the message.
+    let params =
+        json!({"walletName": "bogus-curve", "accounts": [eth_account("CURVE_BOGUS", "ADDRESS_FORMAT_ETHEREUM")]});
+    let r = submit(&stack, &key, "create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", &org, params).await;
+    assert_error(&r, 400, 3, None, "CURVE_BOGUS");
+    assert!(r.json["message"].as_str().unwrap().contains("invalid curve"), "{}", r.text);
+    let params =
+        json!({"walletName": "bogus-format", "accounts": [eth_account("CURVE_SECP256K1", "ADDRESS_FORMAT_BOGUS")]});
+    let r = submit(&stack, &key, "create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", &org, params).await;
+    assert_error(&r, 400, 3, None, "ADDRESS_FORMAT_BOGUS");
+    assert!(r.json["message"].as_str().unwrap().contains("invalid address format"), "{}", r.text);
+    let r = submit(
+        &stack,
+        &key,
+        "sign_raw_payload",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &org,
+        sign_params(&address, "HASH_FUNCTION_BOGUS"),
+    )
+    .await;
+    assert_error(&r, 400, 3, None, "HASH_FUNCTION_BOGUS");
+    assert!(r.json["message"].as_str().unwrap().contains("invalid hash function"), "{}", r.text);
+    let params = json!({
+        "privateKeys": [{"privateKeyName": "k", "curve": "CURVE_BOGUS", "privateKeyTags": [], "addressFormats": []}],
+        "externalSignerPubkey": null,
+    });
+    let r = submit(&stack, &key, "create_private_keys", "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2", &org, params).await;
+    assert_error(&r, 400, 3, None, "CURVE_BOGUS");
+
+    // Malformed JSON (correctly stamped) on a submit and a query path.
+    let r = stack.post_raw(path, br#"{"type": "ACTIVITY_TYPE_CREATE_WALLET", "#, Some(&key)).await;
+    assert_error(&r, 400, 3, None, "bad request body");
+    let r = stack.post_raw("/public/v1/query/list_wallets", b"not json", Some(&key)).await;
+    assert_error(&r, 400, 3, None, "bad request body");
+
+    // 2 MiB body: 413, still a JSON error.
+    let mut big = submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, Stack::now_ms(), wallet_params("big"));
+    big.pop();
+    big.push_str(&format!(",\"padding\":\"{}\"}}", "a".repeat(2 * 1024 * 1024)));
+    let r = stack.post_raw(path, big.as_bytes(), Some(&key)).await;
+    assert_error(&r, 413, 3, None, "too large");
+
+    // Nothing above changed anything.
+    assert_eq!(counts(&stack, &key, &org).await, before);
+    assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);
+
+    // 30 min old is inside the window: accepted and executed exactly once.
+    let body =
+        submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, Stack::now_ms() - 30 * 60 * 1000, wallet_params("half-hour"));
+    let r = stack.post_raw(path, body.as_bytes(), Some(&key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    assert_eq!(counts(&stack, &key, &org).await, (before.0 + 1, before.1 + 1));
+}
+
+#[tokio::test]
+async fn not_found_and_routing_errors_are_json() {
+    let stack = Stack::start().await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (wallet_id, _) = create_wallet(&stack, &key, &org, "base").await;
+    let before = counts(&stack, &key, &org).await;
+    let unknown = "00000000-0000-4000-8000-00000000beef";
+
+    let r = query(&stack, &key, "get_wallet", json!({"organizationId": org, "walletId": unknown})).await;
+    assert_error(&r, 404, 5, None, unknown);
+    let params = json!({"walletId": unknown, "targetPublicKey": target_public_key(), "language": null});
+    let r = submit(&stack, &key, "export_wallet", "ACTIVITY_TYPE_EXPORT_WALLET", &org, params).await;
+    assert_error(&r, 404, 5, None, unknown);
+    let r = submit(
+        &stack,
+        &key,
+        "sign_raw_payload",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &org,
+        sign_params("0x000000000000000000000000000000000000dead", "HASH_FUNCTION_KECCAK256"),
+    )
+    .await;
+    assert_error(&r, 404, 5, None, "0x000000000000000000000000000000000000dead");
+    let r = query(&stack, &key, "get_activity", json!({"organizationId": org, "activityId": unknown})).await;
+    assert_error(&r, 404, 5, None, unknown);
+    // An organization that does not exist.
+    let r = query(&stack, &key, "list_wallets", json!({"organizationId": unknown})).await;
+    assert_error(&r, 404, 5, Some("ORGANIZATION_NOT_FOUND"), "no organization found with the given ID");
+
+    // Unknown endpoints (stamped) and a GET on a submit path.
+    let body = submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, Stack::now_ms(), wallet_params("nope"));
+    let r = stack.post_raw("/public/v1/submit/nope", body.as_bytes(), Some(&key)).await;
+    assert_error(&r, 404, 5, None, "nope");
+    let r = stack
+        .post_raw("/public/v1/query/nope", json!({"organizationId": org}).to_string().as_bytes(), Some(&key))
+        .await;
+    assert_error(&r, 404, 5, None, "nope");
+    let r = stack.post_raw("/public/v2/whatever", b"{}", Some(&key)).await;
+    assert_error(&r, 404, 5, None, "");
+    let r = send(&stack, reqwest::Method::GET, "/public/v1/submit/create_wallet", vec![], &[]).await;
+    assert_error(&r, 405, 3, None, "POST");
+
+    assert_eq!(counts(&stack, &key, &org).await, before);
+    assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);
+}
+
+/// Runs `coffer-gateway` against the stack's database and token (as the harness does).
+fn gateway_cli(stack: &Stack, args: &[&str]) -> Value {
+    let dir: &Path = &stack.dir;
+    let out = Command::new(bin_dir().join("coffer-gateway"))
+        .env("SOFTHSM2_CONF", dir.join("softhsm2.conf"))
+        .env("COFFER_STORE_URL", format!("sqlite://{}", dir.join("coffer.db").display()))
+        .env("COFFER_ENCLAVE_SOCKET", dir.join("enclave.sock"))
+        .env("COFFER_LOG", "warn")
+        .env_remove("COFFER_GATEWAY_CONFIG")
+        .args(args)
+        .output()
+        .expect("run coffer-gateway");
+    assert!(out.status.success(), "coffer-gateway {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn organizations_are_isolated() {
+    let stack = Stack::start().await;
+    let key_a = stack.api_key();
+    let org_a = stack.organization_id.clone();
+    let (wallet_a, address_a) = create_wallet(&stack, &key_a, &org_a, "a-wallet").await;
+    let activity_a = query(&stack, &key_a, "list_activities", json!({"organizationId": org_a})).await.json
+        ["activities"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // A second, unrelated organization in the same deployment, with its own key.
+    let kp = gateway_cli(&stack, &["keygen"]);
+    let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let created = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b]);
+    let org_b = created["organizationId"].as_str().unwrap().to_string();
+    assert_ne!(org_b, org_a);
+    let key_b = TurnkeyP256ApiKey::from_strings(priv_b, Some(pub_b)).unwrap();
+    let who = query(&stack, &key_b, "whoami", json!({"organizationId": org_b})).await;
+    assert_eq!(who.status, 200, "{}", who.text);
+    assert_eq!(who.json["organizationId"], org_b.as_str());
+
+    let before_a = counts(&stack, &key_a, &org_a).await;
+    let before_b = counts(&stack, &key_b, &org_b).await;
+    assert_eq!(before_a, (1, 1));
+    assert_eq!(before_b, (0, 0));
+
+    // B's key addressing A: its key is not in A.
+    let r = query(&stack, &key_b, "get_wallet", json!({"organizationId": org_a, "walletId": wallet_a})).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+    assert!(r.json.get("wallet").is_none());
+    let r = query(&stack, &key_b, "list_wallets", json!({"organizationId": org_a})).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+    let r = submit(
+        &stack,
+        &key_b,
+        "sign_raw_payload",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &org_a,
+        sign_params(&address_a, "HASH_FUNCTION_KECCAK256"),
+    )
+    .await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+    let params = json!({"walletId": wallet_a, "targetPublicKey": target_public_key(), "language": null});
+    let r = submit(&stack, &key_b, "export_wallet", "ACTIVITY_TYPE_EXPORT_WALLET", &org_a, params).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+
+    // B's key in B, naming A's resources: they do not exist there.
+    let r = query(&stack, &key_b, "get_wallet", json!({"organizationId": org_b, "walletId": wallet_a})).await;
+    assert_error(&r, 404, 5, None, &wallet_a);
+    let r = query(&stack, &key_b, "list_wallet_accounts", json!({"organizationId": org_b, "walletId": wallet_a})).await;
+    assert_error(&r, 404, 5, None, &wallet_a);
+    let r = query(&stack, &key_b, "get_activity", json!({"organizationId": org_b, "activityId": activity_a})).await;
+    assert_error(&r, 404, 5, None, &activity_a);
+    let r = submit(
+        &stack,
+        &key_b,
+        "sign_raw_payload",
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &org_b,
+        sign_params(&address_a, "HASH_FUNCTION_KECCAK256"),
+    )
+    .await;
+    assert_error(&r, 404, 5, None, &address_a);
+    assert!(r.json.get("activity").is_none(), "{}", r.text);
+    let params = json!({"walletId": wallet_a, "targetPublicKey": target_public_key(), "language": null});
+    let r = submit(&stack, &key_b, "export_wallet", "ACTIVITY_TYPE_EXPORT_WALLET", &org_b, params).await;
+    assert_error(&r, 404, 5, None, &wallet_a);
+    let r = submit(
+        &stack,
+        &key_b,
+        "delete_wallets",
+        "ACTIVITY_TYPE_DELETE_WALLETS",
+        &org_b,
+        json!({"walletIds": [wallet_a], "deleteWithoutExport": true}),
+    )
+    .await;
+    assert_error(&r, 404, 5, None, &wallet_a);
+
+    // A's key cannot act in B either.
+    let r =
+        submit(&stack, &key_a, "create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", &org_b, wallet_params("intruder")).await;
+    assert_error(&r, 401, 16, Some("PUBLIC_KEY_NOT_FOUND"), KEY_NOT_FOUND);
+
+    // Nothing changed on either side; A's wallet was neither exported nor deleted.
+    assert_eq!(counts(&stack, &key_a, &org_a).await, before_a);
+    assert_eq!(counts(&stack, &key_b, &org_b).await, before_b);
+    assert!(!wallet_exported(&stack, &key_a, &org_a, &wallet_a).await);
+}

@@ -1,0 +1,283 @@
+//! The enclave crashes (SIGKILL) under a running gateway: key operations fail cleanly with 503
+//! JSON and record nothing, reads keep working, and everything recovers once it is back.
+
+use std::time::Duration;
+
+use coffer_tests::{RawResponse, Stack};
+use serde_json::{json, Value};
+use sha2::Digest;
+use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
+
+const DETAIL_TYPE: &str = "type.googleapis.com/errors.v1.TurnkeyErrorDetail";
+
+/// Recovers the Ethereum address from a secp256k1 r/s/v over `digest` (independent of Coffer).
+fn recover_eth_address(digest: &[u8; 32], r: &str, s: &str, v: &str) -> String {
+    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
+    assert!(sig.normalize_s().is_none(), "signature must be low-S");
+    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
+    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, recid).unwrap();
+    let point = vk.to_encoded_point(false);
+    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
+    format!("0x{}", hex::encode(&hash[12..]))
+}
+
+/// A 503 "enclave unavailable" refusal in the gRPC-gateway error shape (code 14).
+#[track_caller]
+fn assert_unavailable(r: &RawResponse) {
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"), "{}", r.text);
+    assert_eq!(r.json["code"].as_i64(), Some(14), "{}", r.text);
+    let m = r.json["message"].as_str().unwrap_or_else(|| panic!("no message: {}", r.text));
+    assert!(m.contains("unavailable"), "{m}");
+    assert_eq!(r.json["details"][0]["@type"], DETAIL_TYPE, "{}", r.text);
+    assert!(r.json["details"][0]["turnkeyErrorCode"].as_str().is_some_and(|c| !c.is_empty()), "{}", r.text);
+}
+
+/// Checks a completed sign_raw_payload over `message` (KECCAK256) recovers to `address`.
+#[track_caller]
+fn assert_signed_by(r: &RawResponse, message: &str, address: &str) {
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
+    let digest: [u8; 32] = sha3::Keccak256::digest(message.as_bytes()).into();
+    let recovered = recover_eth_address(
+        &digest,
+        sig["r"].as_str().unwrap(),
+        sig["s"].as_str().unwrap(),
+        sig["v"].as_str().unwrap(),
+    );
+    assert_eq!(recovered, address.to_lowercase());
+}
+
+fn submit_body(ty: &str, org: &str, parameters: Value) -> String {
+    json!({
+        "type": ty,
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": parameters,
+        "generateAppProofs": null,
+    })
+    .to_string()
+}
+
+fn sign_body(org: &str, address: &str, message: &str) -> String {
+    submit_body(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        org,
+        json!({
+            "signWith": address,
+            "payload": message,
+            "encoding": "PAYLOAD_ENCODING_TEXT_UTF8",
+            "hashFunction": "HASH_FUNCTION_KECCAK256",
+            "externalSignerPubkey": null,
+        }),
+    )
+}
+
+/// POSTs a stamped body without borrowing the `Stack` (for spawned tasks).
+async fn post(base_url: &str, path: &str, body: String, key: &TurnkeyP256ApiKey) -> RawResponse {
+    let stamp = key.stamp(body.as_bytes()).unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{base_url}{path}"))
+        .header(stamp.name, stamp.value)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    RawResponse { status, content_type, json, text }
+}
+
+async fn create_eth_wallet(stack: &Stack, key: &TurnkeyP256ApiKey) -> String {
+    let params = json!({
+        "walletName": "w",
+        "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32", "path": "m/44'/60'/0'/0/0", "addressFormat": "ADDRESS_FORMAT_ETHEREUM", "name": null}],
+        "mnemonicLength": null,
+    });
+    let body = submit_body("ACTIVITY_TYPE_CREATE_WALLET", &stack.organization_id, params);
+    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["activity"]["result"]["createWalletResult"]["addresses"][0].as_str().unwrap().to_string()
+}
+
+async fn activity_count(stack: &Stack, key: &TurnkeyP256ApiKey) -> usize {
+    let body = json!({"organizationId": stack.organization_id, "paginationOptions": {"limit": "100"}}).to_string();
+    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["activities"].as_array().unwrap().len()
+}
+
+async fn healthz(stack: &Stack) -> RawResponse {
+    let resp = reqwest::get(format!("{}/healthz", stack.base_url)).await.unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    RawResponse { status, content_type, json, text }
+}
+
+#[tokio::test]
+async fn enclave_crash_fails_cleanly_and_recovers() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut stack = Stack::start().await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let before = activity_count(&stack, &key).await;
+        assert_eq!(before, 1);
+
+        stack.kill_enclave();
+
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/sign_raw_payload",
+                sign_body(&org, &address, "after-crash").as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_unavailable(&r);
+        assert!(r.json.get("activity").is_none(), "{}", r.text);
+        // A second try while it is still down: same clean answer.
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/sign_raw_payload",
+                sign_body(&org, &address, "after-crash").as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_unavailable(&r);
+        // Wallet creation needs the enclave too.
+        let params = json!({"walletName": "while-down", "accounts": [], "mnemonicLength": null});
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/create_wallet",
+                submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, params).as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_unavailable(&r);
+
+        let h = healthz(&stack).await;
+        assert_unavailable(&h);
+        assert!(h.json["message"].as_str().unwrap().contains("enclave"), "{}", h.text);
+
+        // Reads need only the store: they keep working, and show nothing was recorded.
+        assert_eq!(activity_count(&stack, &key).await, before);
+        let w = stack
+            .post_raw(
+                "/public/v1/query/list_wallets",
+                json!({"organizationId": org}).to_string().as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_eq!(w.status, 200, "{}", w.text);
+        assert_eq!(w.json["wallets"].as_array().unwrap().len(), 1);
+
+        stack.start_enclave();
+        stack.wait_healthy().await;
+        let h = healthz(&stack).await;
+        assert_eq!(h.status, 200, "{}", h.text);
+        assert_eq!(h.json["status"], "ok");
+
+        // The same request, freshly timestamped, now succeeds with a valid signature.
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/sign_raw_payload",
+                sign_body(&org, &address, "after-crash").as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_signed_by(&r, "after-crash", &address);
+        assert_eq!(activity_count(&stack, &key).await, before + 1);
+
+        // The official client works again too.
+        let client = stack.client();
+        let sig = client
+            .sign_raw_payload(
+                org.clone(),
+                client.current_timestamp(),
+                turnkey_client::generated::SignRawPayloadIntentV2 {
+                    sign_with: address.clone(),
+                    payload: "via-client".into(),
+                    encoding: turnkey_client::generated::immutable::common::v1::PayloadEncoding::TextUtf8,
+                    hash_function: turnkey_client::generated::immutable::common::v1::HashFunction::Keccak256,
+                    external_signer_pubkey: None,
+                },
+            )
+            .await
+            .unwrap()
+            .result;
+        let digest: [u8; 32] = sha3::Keccak256::digest(b"via-client").into();
+        assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v), address.to_lowercase());
+        assert_eq!(activity_count(&stack, &key).await, before + 2);
+    })
+    .await
+    .expect("test took longer than 60 s (a request hung)");
+}
+
+#[tokio::test]
+async fn concurrent_signing_during_enclave_kill() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut stack = Stack::start().await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let before = activity_count(&stack, &key).await;
+
+        let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
+        let spawn_sign = |i: usize| {
+            let (base, org, address, sk, pk) = (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone());
+            tokio::spawn(async move {
+                let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                let message = format!("concurrent-{i}");
+                let r =
+                    post(&base, "/public/v1/submit/sign_raw_payload", sign_body(&org, &address, &message), &key).await;
+                (message, r)
+            })
+        };
+        // Ten in flight when the enclave dies, ten more right after.
+        let mut tasks: Vec<_> = (0..10).map(spawn_sign).collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        stack.kill_enclave();
+        tasks.extend((10..20).map(spawn_sign));
+
+        let (mut ok, mut unavailable) = (0, 0);
+        for t in tasks {
+            let (message, r) = t.await.unwrap();
+            match r.status {
+                200 => {
+                    assert_signed_by(&r, &message, &address);
+                    ok += 1;
+                }
+                503 => {
+                    assert_unavailable(&r);
+                    unavailable += 1;
+                }
+                other => panic!("{message}: unexpected status {other}: {}", r.text),
+            }
+        }
+        eprintln!("DEBUG ok={ok} unavailable={unavailable}");
+        assert_eq!(ok + unavailable, 20);
+        assert!(unavailable >= 10, "the ten requests sent after the kill must fail: ok={ok} unavailable={unavailable}");
+        // Exactly the successful signatures were recorded.
+        assert_eq!(activity_count(&stack, &key).await, before + ok);
+
+        stack.start_enclave();
+        stack.wait_healthy().await;
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/sign_raw_payload",
+                sign_body(&org, &address, "recovered").as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_signed_by(&r, "recovered", &address);
+        assert_eq!(activity_count(&stack, &key).await, before + ok + 1);
+    })
+    .await
+    .expect("test took longer than 60 s (a request hung)");
+}
