@@ -338,6 +338,11 @@ async fn not_found_and_routing_errors_are_json() {
     assert_error(&r, 404, 5, None, "");
     let r = send(&stack, reqwest::Method::GET, "/public/v1/submit/create_wallet", vec![], &[]).await;
     assert_error(&r, 405, 3, None, "POST");
+    let r = send(&stack, reqwest::Method::GET, "/public/v1/query/list_wallets", vec![], &[]).await;
+    assert_error(&r, 405, 3, None, "POST");
+    let big = format!("{{\"organizationId\":\"{org}\",\"padding\":\"{}\"}}", "a".repeat(2 * 1024 * 1024));
+    let r = stack.post_raw("/public/v1/query/list_wallets", big.as_bytes(), Some(&key)).await;
+    assert_error(&r, 413, 3, None, "too large");
 
     assert_eq!(counts(&stack, &key, &org).await, before);
     assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);

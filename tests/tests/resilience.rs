@@ -1,7 +1,9 @@
 //! The enclave crashes (SIGKILL) under a running gateway: key operations fail cleanly with 503
 //! JSON and record nothing, reads keep working, and everything recovers once it is back.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use coffer_tests::{RawResponse, Stack};
 use serde_json::{json, Value};
@@ -132,24 +134,20 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
 
         stack.kill_enclave();
 
-        let r = stack
-            .post_raw(
-                "/public/v1/submit/sign_raw_payload",
-                sign_body(&org, &address, "after-crash").as_bytes(),
-                Some(&key),
-            )
-            .await;
+        let failed = sign_body(&org, &address, "after-crash");
+        let r = stack.post_raw("/public/v1/submit/sign_raw_payload", failed.as_bytes(), Some(&key)).await;
         assert_unavailable(&r);
         assert!(r.json.get("activity").is_none(), "{}", r.text);
-        // A second try while it is still down: same clean answer.
-        let r = stack
-            .post_raw(
-                "/public/v1/submit/sign_raw_payload",
-                sign_body(&org, &address, "after-crash").as_bytes(),
-                Some(&key),
-            )
-            .await;
+        // The identical bytes again (how the Rust client polls) while it is still down: the same
+        // clean answer, not a remembered activity.
+        let r = stack.post_raw("/public/v1/submit/sign_raw_payload", failed.as_bytes(), Some(&key)).await;
         assert_unavailable(&r);
+        let r = stack.post_raw("/public/v1/discovery/enclave_signer", b"", None).await;
+        assert_eq!(r.status, 405, "{}", r.text);
+        let d = reqwest::get(format!("{}/public/v1/discovery/enclave_signer", stack.base_url)).await.unwrap();
+        assert_eq!(d.status().as_u16(), 503);
+        assert_eq!(d.headers()["content-type"], "application/json");
+        assert_eq!(d.json::<Value>().await.unwrap()["code"], 14);
         // Wallet creation needs the enclave too.
         let params = json!({"walletName": "while-down", "accounts": [], "mnemonicLength": null});
         let r = stack
@@ -193,6 +191,10 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
             .await;
         assert_signed_by(&r, "after-crash", &address);
         assert_eq!(activity_count(&stack, &key).await, before + 1);
+        // So do the very bytes that failed: nothing was recorded for them, so they execute now.
+        let r = stack.post_raw("/public/v1/submit/sign_raw_payload", failed.as_bytes(), Some(&key)).await;
+        assert_signed_by(&r, "after-crash", &address);
+        assert_eq!(activity_count(&stack, &key).await, before + 2);
 
         // The official client works again too.
         let client = stack.client();
@@ -213,7 +215,7 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
             .result;
         let digest: [u8; 32] = sha3::Keccak256::digest(b"via-client").into();
         assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v), address.to_lowercase());
-        assert_eq!(activity_count(&stack, &key).await, before + 2);
+        assert_eq!(activity_count(&stack, &key).await, before + 3);
     })
     .await
     .expect("test took longer than 60 s (a request hung)");
@@ -228,26 +230,46 @@ async fn concurrent_signing_during_enclave_kill() {
         let address = create_eth_wallet(&stack, &key).await;
         let before = activity_count(&stack, &key).await;
 
+        // Twenty requests, one every 5 ms; the enclave is killed once a few have completed, so
+        // some finish before the kill, some are in flight during it and the rest start after it.
+        let done = Arc::new(AtomicUsize::new(0));
         let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
-        let spawn_sign = |i: usize| {
-            let (base, org, address, sk, pk) = (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone());
-            tokio::spawn(async move {
-                let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
-                let message = format!("concurrent-{i}");
-                let r =
-                    post(&base, "/public/v1/submit/sign_raw_payload", sign_body(&org, &address, &message), &key).await;
-                (message, r)
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let (base, org, address, sk, pk) = (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone());
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                    tokio::time::sleep(Duration::from_millis(5 * i as u64)).await;
+                    let message = format!("concurrent-{i}");
+                    let started = Instant::now();
+                    let path = "/public/v1/submit/sign_raw_payload";
+                    let r = post(&base, path, sign_body(&org, &address, &message), &key).await;
+                    let finished = Instant::now();
+                    done.fetch_add(1, Ordering::SeqCst);
+                    (message, r, started, finished)
+                })
             })
-        };
-        // Ten in flight when the enclave dies, ten more right after.
-        let mut tasks: Vec<_> = (0..10).map(spawn_sign).collect();
-        tokio::time::sleep(Duration::from_millis(5)).await;
+            .collect();
+        while done.load(Ordering::SeqCst) < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let kill_started = Instant::now();
         stack.kill_enclave();
-        tasks.extend((10..20).map(spawn_sign));
+        let kill_done = Instant::now();
 
-        let (mut ok, mut unavailable) = (0, 0);
+        let (mut ok, mut unavailable, mut in_flight) = (0, 0, 0);
         for t in tasks {
-            let (message, r) = t.await.unwrap();
+            let (message, r, started, finished) = t.await.unwrap();
+            if finished < kill_started {
+                assert_eq!(r.status, 200, "{message} completed before the kill: {}", r.text);
+            }
+            if started > kill_done {
+                assert_eq!(r.status, 503, "{message} was sent after the kill: {}", r.text);
+            }
+            if started <= kill_done && finished >= kill_started {
+                in_flight += 1;
+            }
             match r.status {
                 200 => {
                     assert_signed_by(&r, &message, &address);
@@ -260,9 +282,10 @@ async fn concurrent_signing_during_enclave_kill() {
                 other => panic!("{message}: unexpected status {other}: {}", r.text),
             }
         }
-        eprintln!("DEBUG ok={ok} unavailable={unavailable}");
+        eprintln!("concurrent kill: ok={ok} unavailable={unavailable} in flight at the kill={in_flight}");
         assert_eq!(ok + unavailable, 20);
-        assert!(unavailable >= 10, "the ten requests sent after the kill must fail: ok={ok} unavailable={unavailable}");
+        assert!(ok >= 3, "requests completed before the kill succeed: ok={ok}");
+        assert!(unavailable >= 1, "requests after the kill fail: unavailable={unavailable}");
         // Exactly the successful signatures were recorded.
         assert_eq!(activity_count(&stack, &key).await, before + ok);
 
