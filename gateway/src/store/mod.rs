@@ -161,6 +161,19 @@ pub struct ImportTarget {
     pub created_at: Nanos,
 }
 
+/// A record without a table of its own (policy, tag, contract interface, feature, TVC app, ...).
+/// `name` is unique per organization and kind (use the id where names need not be unique).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub organization_id: String,
+    pub kind: String,
+    pub id: String,
+    pub name: String,
+    pub data: serde_json::Value,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
 /// One effect of an activity, applied inside the activity's transaction.
 #[derive(Debug, Clone)]
 pub enum Write {
@@ -181,6 +194,14 @@ pub enum Write {
     DeletePrivateKeys {
         ids: Vec<String>,
         require_exported: bool,
+    },
+    /// Inserts a record, or replaces the one with the same kind and id.
+    PutRecord(Record),
+    /// Deletes records; fails the transaction if any does not exist.
+    DeleteRecords {
+        organization_id: String,
+        kind: String,
+        ids: Vec<String>,
     },
     PutImportTarget(ImportTarget),
     /// Consumes the target: it must still be the same blob (used once).
@@ -238,6 +259,9 @@ pub trait Store: Send + Sync + 'static {
     fn activity(&self, organization_id: &str, id: &str) -> Result<ActivityRecord, StoreError>;
     fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError>;
     fn activities(&self, organization_id: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError>;
+
+    fn record(&self, organization_id: &str, kind: &str, id: &str) -> Result<Record, StoreError>;
+    fn records(&self, organization_id: &str, kind: &str) -> Result<Vec<Record>, StoreError>;
 
     /// Cheap liveness probe for `/healthz`.
     fn ping(&self) -> Result<(), StoreError>;

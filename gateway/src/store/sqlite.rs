@@ -8,7 +8,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::*;
 
-const MIGRATIONS: &[&str] = &[include_str!("migrations.sql")];
+/// Applied in order, once each; append new files, never edit applied ones.
+const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_core.sql"), include_str!("migrations/0002_records.sql")];
 const READERS: usize = 4;
 
 /// SQLite store. `synchronous=FULL` in WAL mode: a commit is durable when `commit` returns.
@@ -198,6 +199,19 @@ fn activity_row(r: &Row<'_>) -> rusqlite::Result<ActivityRecord> {
 const ACTIVITY_COLS: &str =
     "id, organization_id, activity_type, status, fingerprint, intent, result, votes, created_at, failure, updated_at";
 
+fn record_row(r: &Row<'_>) -> rusqlite::Result<Record> {
+    Ok(Record {
+        organization_id: r.get(0)?,
+        kind: r.get(1)?,
+        id: r.get(2)?,
+        name: r.get(3)?,
+        data: parse_json(r.get(4)?),
+        created_at: r.get(5)?,
+        updated_at: r.get(6)?,
+    })
+}
+const RECORD_COLS: &str = "organization_id, kind, id, name, data, created_at, updated_at";
+
 /// Applies one write inside `tx`. Preconditions that fail return `Conflict` (the caller rolls back).
 fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreError> {
     let now = now_nanos();
@@ -347,6 +361,30 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
                 tx.execute("DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id])
                     .map_err(backend)?;
                 tx.execute("DELETE FROM private_keys WHERE id = ?1", params![id]).map_err(backend)?;
+            }
+        }
+        Write::PutRecord(r) => {
+            tx.execute(
+                "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (kind, id) DO UPDATE SET name = excluded.name, data = excluded.data, updated_at = excluded.updated_at",
+                params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
+            )
+            .map_err(|e| match backend(e) {
+                StoreError::Unique(_) => StoreError::Unique(format!("{} name must be unique: {:?}", r.kind, r.name)),
+                other => other,
+            })?;
+        }
+        Write::DeleteRecords { organization_id, kind, ids } => {
+            for id in ids {
+                let n = tx
+                    .execute(
+                        "DELETE FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                        params![organization_id, kind, id],
+                    )
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("{kind} not found: {id}")));
+                }
             }
         }
         Write::PutImportTarget(t) => {
@@ -618,6 +656,27 @@ impl Store for SqliteStore {
         Ok(items)
     }
 
+    fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {RECORD_COLS} FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3"),
+                params![org, kind, id],
+                record_row,
+            )
+            .optional()
+        })
+    }
+
+    fn records(&self, org: &str, kind: &str) -> Result<Vec<Record>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {RECORD_COLS} FROM records WHERE organization_id = ?1 AND kind = ?2 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org, kind], record_row)?
+            .collect()
+        })
+    }
+
     fn ping(&self) -> Result<(), StoreError> {
         self.read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ()))
     }
@@ -746,6 +805,36 @@ mod tests {
         let take = Write::TakeImportTarget { organization_id: "o1".into(), user_id: "u".into(), sealed_key: vec![9] };
         s.apply(std::slice::from_ref(&take)).unwrap();
         assert!(matches!(s.apply(&[take]), Err(StoreError::Conflict(_))));
+    }
+
+    #[test]
+    fn records_unique_names_replace_and_delete() {
+        let (_d, s) = store();
+        let rec = |id: &str, name: &str| Record {
+            organization_id: "o1".into(),
+            kind: "policy".into(),
+            id: id.into(),
+            name: name.into(),
+            data: serde_json::json!({"n": name}),
+            created_at: 1,
+            updated_at: 1,
+        };
+        s.apply(&[Write::PutRecord(rec("p1", "a"))]).unwrap();
+        let err = s.apply(&[Write::PutRecord(rec("p2", "a"))]).unwrap_err();
+        assert!(matches!(err, StoreError::Unique(ref m) if m.contains("policy name must be unique")), "{err:?}");
+        s.apply(&[Write::PutRecord(rec("p1", "b"))]).unwrap();
+        assert_eq!(s.record("o1", "policy", "p1").unwrap().data, serde_json::json!({"n": "b"}));
+        assert_eq!(s.records("o1", "policy").unwrap().len(), 1);
+        let del = |ids: Vec<&str>| Write::DeleteRecords {
+            organization_id: "o1".into(),
+            kind: "policy".into(),
+            ids: ids.into_iter().map(String::from).collect(),
+        };
+        // Deleting a missing record fails the whole transaction: p1 survives.
+        assert!(matches!(s.apply(&[del(vec!["p1", "nope"])]), Err(StoreError::Conflict(_))));
+        assert!(s.record("o1", "policy", "p1").is_ok());
+        s.apply(&[del(vec!["p1"])]).unwrap();
+        assert!(matches!(s.record("o1", "policy", "p1"), Err(StoreError::NotFound)));
     }
 
     #[test]
