@@ -36,6 +36,9 @@ pub struct Stack {
     pub api_private_key: String,
     /// The bundle signer's uncompressed public key, hex.
     pub signer_public_key: String,
+    /// Time from spawning each process to its first successful answer.
+    pub enclave_startup: Duration,
+    pub gateway_startup: Duration,
     enclave: Option<Child>,
     gateway: Option<Child>,
     port: u16,
@@ -82,6 +85,8 @@ impl Stack {
             api_public_key: String::new(),
             api_private_key: String::new(),
             signer_public_key: String::new(),
+            enclave_startup: Duration::ZERO,
+            gateway_startup: Duration::ZERO,
             enclave: None,
             gateway: None,
             port: free_port(),
@@ -101,12 +106,31 @@ impl Stack {
             .unwrap();
         stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
         stack.user_id = org["userId"].as_str().unwrap().to_string();
+        let t = Instant::now();
         stack.start_enclave();
+        let socket = stack.dir.join("enclave.sock");
+        while !socket.exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "enclave socket did not appear");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        stack.enclave_startup = t.elapsed();
+        let t = Instant::now();
         let mut gw = Command::new(bin_dir().join("coffer-gateway"));
         stack.env(&mut gw);
         stack.gateway = Some(gw.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
         stack.wait_healthy().await;
+        stack.gateway_startup = t.elapsed();
         stack
+    }
+
+    /// Process ids of (enclave, gateway), for resource measurements.
+    pub fn pids(&self) -> (Option<u32>, Option<u32>) {
+        (self.enclave.as_ref().map(|c| c.id()), self.gateway.as_ref().map(|c| c.id()))
+    }
+
+    /// The SoftHSM configuration, token label and user PIN of this stack's token.
+    pub fn token(&self) -> (PathBuf, &'static str, &'static str) {
+        (self.dir.join("softhsm2.conf"), "coffer-test", TEST_PIN)
     }
 
     /// Starts the enclave process (again).
@@ -135,7 +159,7 @@ impl Stack {
                 }
             }
             assert!(Instant::now() < deadline, "stack did not become healthy in 30 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
