@@ -206,10 +206,10 @@ mod tests {
         // Re-encode the high-S vector with an extra leading zero on r (length 0x21).
         let sig = hex::decode(HIGH_S).unwrap();
         let r = &sig[4..36];
-        let s = &sig[38..];
-        let mut der = vec![0x30, (2 + 33 + s.len()) as u8, 0x02, 33, 0x00];
+        let s_tlv = &sig[36..]; // 02 21 00 <s>
+        let mut der = vec![0x30, (2 + 33 + s_tlv.len()) as u8, 0x02, 33, 0x00];
         der.extend_from_slice(r);
-        der.extend_from_slice(s);
+        der.extend_from_slice(s_tlv);
         verify(&stamp(Scheme::P256, P256_PK, &hex::encode(der)), BODY).unwrap();
     }
 
