@@ -8,5 +8,6 @@ pub mod error;
 pub mod http;
 pub mod ops;
 pub mod orgs;
+pub mod policy;
 pub mod state;
 pub mod store;

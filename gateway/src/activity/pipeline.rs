@@ -16,6 +16,23 @@ use crate::state::AppState;
 use crate::store::{now_nanos, ActivityRecord, Committed, Organization, StoreError};
 
 pub const STATUS_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
+pub const STATUS_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
+
+/// What the root-quorum rule decides for a root-quorum-only activity (until the policy engine
+/// decides them): the submitter's own vote runs it when the threshold is 1; above 1 it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootQuorum {
+    Run,
+    ConsensusNeeded,
+}
+
+/// Only root users may submit root-quorum-only activities (others: 403).
+pub fn root_quorum(org: &Organization, user_id: &str) -> Result<RootQuorum, ApiError> {
+    if !org.root_user_ids.iter().any(|u| u == user_id) {
+        return Err(ApiError::forbidden("request not authorized: only root quorum users may submit this activity"));
+    }
+    Ok(if org.root_quorum_threshold > 1 { RootQuorum::ConsensusNeeded } else { RootQuorum::Run })
+}
 
 async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization, ApiError> {
     state.db(move |s| s.organization(&id)).await?.map_err(|e| match e {
@@ -28,18 +45,24 @@ async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization,
     })
 }
 
-/// The submitter's stamp, recorded as the first approval vote.
+/// The submitter's stamp, recorded as the first approval vote. The vote's user carries the
+/// credential that stamped (an API key, or a passkey with scheme `SIGNATURE_SCHEME_TK_WEBAUTHN`).
 fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], now: i64) -> Value {
+    let api_keys = caller.credential.api_key().cloned().into_iter().collect::<Vec<_>>();
+    let mut user = ops::users::user_json(&caller.user, &api_keys);
+    if let Some(a) = caller.credential.authenticator() {
+        user["authenticators"] = json!([ops::authenticators::authenticator_json(a)]);
+    }
     json!({
         "id": uuid::Uuid::new_v4().to_string(),
         "userId": caller.user.id,
-        "user": ops::users::user_json(&caller.user, std::slice::from_ref(&caller.api_key)),
+        "user": user,
         "activityId": activity_id,
         "selection": "VOTE_SELECTION_APPROVED",
         "message": String::from_utf8_lossy(body),
-        "publicKey": caller.stamp.public_key,
-        "signature": caller.stamp.signature,
-        "scheme": caller.stamp.scheme.wire_name(),
+        "publicKey": caller.public_key,
+        "signature": caller.signature,
+        "scheme": caller.scheme,
         "createdAt": render::timestamp(now),
     })
 }
@@ -79,6 +102,25 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
 
     let activity_id = uuid::Uuid::new_v4().to_string();
     let vote = submitter_vote(&caller, &activity_id, body, now);
+    if op.root_quorum && root_quorum(&org, &caller.user.id)? == RootQuorum::ConsensusNeeded {
+        // Recorded with the submitter's vote and no effects; it runs once the quorum approves.
+        let record = ActivityRecord {
+            id: activity_id,
+            organization_id: org.id.clone(),
+            activity_type: op.activity_type.to_string(),
+            status: STATUS_CONSENSUS_NEEDED.to_string(),
+            fingerprint,
+            intent: json!({ op.intent_key: env.parameters }),
+            result: json!({}),
+            votes: json!([vote]),
+            failure: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let (Committed::New(activity) | Committed::Existing(activity)) =
+            state.db(move |s| s.commit(&record, &[])).await??;
+        return Ok(json!({ "activity": render::activity(&activity, false) }));
+    }
     let ctx = Ctx { state: state.clone(), org: org.clone(), caller, activity_id: activity_id.clone(), now };
     let outcome = (op.handler)(ctx, env.parameters.clone()).await?;
 

@@ -53,6 +53,9 @@ pub struct Operation {
     /// Policy resource and action (spec 12.4), for the policy engine.
     pub resource: &'static str,
     pub action: &'static str,
+    /// Root-quorum-only (spec 8.4 remarks, 12.2): only root users may submit it, and it runs
+    /// only when the submitter's vote meets the root quorum threshold.
+    pub root_quorum: bool,
     pub handler: ActivityHandler,
 }
 

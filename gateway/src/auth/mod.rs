@@ -1,6 +1,9 @@
-//! Request authentication: API-key stamps (`X-Stamp`), resolved to a credential and a user.
+//! Request authentication: API-key stamps (`X-Stamp`) and passkey stamps (`X-Stamp-Webauthn`),
+//! resolved to a credential and a user.
 
+pub mod oidc;
 pub mod stamp;
+pub mod webauthn;
 
 use std::sync::Arc;
 
@@ -8,61 +11,161 @@ use axum::http::HeaderMap;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{now_nanos, ApiKey, Organization, StoreError, User};
+use crate::store::{now_nanos, ApiKey, AuthenticatorRecord, Organization, StoreError, User};
+
+/// A stamp read from the request headers. API-key stamps are fully verified when read; a
+/// passkey stamp's challenge is checked against the body when read and its signature when the
+/// credential's public key is known ([`resolve`]).
+#[derive(Debug, Clone)]
+pub enum Stamp {
+    ApiKey(stamp::ApiStamp),
+    Webauthn(webauthn::WebauthnStamp),
+}
+
+/// The credential a request was stamped with.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    ApiKey(ApiKey),
+    Authenticator(AuthenticatorRecord),
+}
+
+impl Credential {
+    /// The organization the credential is registered in (the target org or its parent).
+    pub fn organization_id(&self) -> &str {
+        match self {
+            Credential::ApiKey(k) => &k.organization_id,
+            Credential::Authenticator(a) => &a.organization_id,
+        }
+    }
+    pub fn id(&self) -> &str {
+        match self {
+            Credential::ApiKey(k) => &k.id,
+            Credential::Authenticator(a) => &a.id,
+        }
+    }
+    /// The `CREDENTIAL_TYPE_*` of the credential.
+    pub fn credential_type(&self) -> &str {
+        match self {
+            Credential::ApiKey(k) => &k.credential_type,
+            Credential::Authenticator(_) => webauthn::CREDENTIAL_TYPE,
+        }
+    }
+    pub fn api_key(&self) -> Option<&ApiKey> {
+        match self {
+            Credential::ApiKey(k) => Some(k),
+            Credential::Authenticator(_) => None,
+        }
+    }
+    pub fn authenticator(&self) -> Option<&AuthenticatorRecord> {
+        match self {
+            Credential::ApiKey(_) => None,
+            Credential::Authenticator(a) => Some(a),
+        }
+    }
+}
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub user: User,
-    pub api_key: ApiKey,
-    pub stamp: stamp::ApiStamp,
+    pub credential: Credential,
+    /// What the submitter's vote records: the credential's public key (lowercase hex), the
+    /// stamp's scheme (`SIGNATURE_SCHEME_TK_API_*` or `SIGNATURE_SCHEME_TK_WEBAUTHN`) and its
+    /// signature (lowercase hex; DER for ECDSA).
+    pub public_key: String,
+    pub scheme: &'static str,
+    pub signature: String,
     /// The credential belongs to the parent of the target organization (may read, not act).
     pub via_parent: bool,
 }
 
-/// Reads and verifies the stamp over the raw body. Missing stamp: 401 `SIGNATURE_MISSING`.
-pub fn verified_stamp(headers: &HeaderMap, body: &[u8]) -> Result<stamp::ApiStamp, ApiError> {
-    let Some(value) = headers.get("x-stamp") else {
-        if headers.contains_key("x-stamp-webauthn") {
-            return Err(ApiError::unauthenticated(
-                "UNAUTHENTICATED",
-                "X-Stamp-Webauthn (passkey) stamps are not supported yet by this Coffer version",
-            ));
-        }
-        return Err(ApiError::unauthenticated(
-            "SIGNATURE_MISSING",
-            "cannot authenticate public API activity request without a stamp (X-Stamp/X-Stamp-Webauthn header)",
-        ));
-    };
-    let value =
-        value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed activity stamp"))?;
-    let stamp = stamp::parse(value)?;
-    stamp::verify(&stamp, body)?;
-    Ok(stamp)
+/// Reads the stamp and checks it against the raw body: `X-Stamp` is verified outright;
+/// `X-Stamp-Webauthn` must be a `webauthn.get` whose challenge is this body's hash. Missing
+/// stamp: 401 `SIGNATURE_MISSING`.
+pub fn verified_stamp(headers: &HeaderMap, body: &[u8]) -> Result<Stamp, ApiError> {
+    if let Some(value) = headers.get("x-stamp") {
+        let value =
+            value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed activity stamp"))?;
+        let stamp = stamp::parse(value)?;
+        stamp::verify(&stamp, body)?;
+        return Ok(Stamp::ApiKey(stamp));
+    }
+    if let Some(value) = headers.get("x-stamp-webauthn") {
+        let value = value.to_str().map_err(|_| {
+            ApiError::unauthenticated("SIGNATURE_INVALID", "malformed WebAuthn stamp: header is not ASCII")
+        })?;
+        return Ok(Stamp::Webauthn(webauthn::parse_stamp(value, body)?));
+    }
+    Err(ApiError::unauthenticated(
+        "SIGNATURE_MISSING",
+        "cannot authenticate public API activity request without a stamp (X-Stamp/X-Stamp-Webauthn header)",
+    ))
 }
 
-/// Resolves the stamp's public key in `org`, then in its parent; checks curve and expiry.
-pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: stamp::ApiStamp) -> Result<Caller, ApiError> {
+/// Looks `find` up in `org`, then in its parent; `Some((found, via_parent))`.
+async fn in_org_or_parent<T: Send + 'static>(
+    state: &Arc<AppState>,
+    org: &Organization,
+    find: impl Fn(&dyn crate::store::Store, &str) -> Result<T, StoreError> + Send + 'static,
+) -> Result<Option<(T, bool)>, ApiError> {
     let org_id = org.id.clone();
     let parent = org.parent_id.clone();
-    let pk = stamp.public_key.clone();
-    let found = state
-        .db(move |s| -> Result<Option<(ApiKey, bool)>, StoreError> {
-            match s.api_key_by_public_key(&org_id, &pk) {
-                Ok(k) => return Ok(Some((k, false))),
+    Ok(state
+        .db(move |s| -> Result<Option<(T, bool)>, StoreError> {
+            match find(s, &org_id) {
+                Ok(v) => return Ok(Some((v, false))),
                 Err(StoreError::NotFound) => {}
                 Err(e) => return Err(e),
             }
             if let Some(parent) = parent {
-                match s.api_key_by_public_key(&parent, &pk) {
-                    Ok(k) => return Ok(Some((k, true))),
+                match find(s, &parent) {
+                    Ok(v) => return Ok(Some((v, true))),
                     Err(StoreError::NotFound) => {}
                     Err(e) => return Err(e),
                 }
             }
             Ok(None)
         })
-        .await??;
+        .await??)
+}
+
+/// Resolves the stamp's credential in `org`, then in its parent, and checks it: curve and
+/// expiry for API keys; allowed origin and signature for passkeys.
+pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) -> Result<Caller, ApiError> {
+    let (credential, public_key, scheme, signature, via_parent) = match stamp {
+        Stamp::ApiKey(stamp) => {
+            let (api_key, via_parent) = resolve_api_key(state, org, &stamp).await?;
+            let credential = Credential::ApiKey(api_key);
+            (credential, stamp.public_key, stamp.scheme.wire_name(), stamp.signature, via_parent)
+        }
+        Stamp::Webauthn(stamp) => {
+            let (authenticator, via_parent) = resolve_authenticator(state, org, &stamp).await?;
+            let public_key = authenticator.public_key.clone();
+            let signature = hex::encode(&stamp.signature);
+            (Credential::Authenticator(authenticator), public_key, webauthn::SCHEME, signature, via_parent)
+        }
+    };
+    let key_org = credential.organization_id().to_string();
+    let user_id = match &credential {
+        Credential::ApiKey(k) => k.user_id.clone(),
+        Credential::Authenticator(a) => a.user_id.clone(),
+    };
+    let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
+        StoreError::NotFound => {
+            ApiError::unauthenticated("PUBLIC_KEY_NOT_FOUND", "the credential's user no longer exists")
+        }
+        other => other.into(),
+    })?;
+    Ok(Caller { user, credential, public_key, scheme, signature, via_parent })
+}
+
+async fn resolve_api_key(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: &stamp::ApiStamp,
+) -> Result<(ApiKey, bool), ApiError> {
+    let pk = stamp.public_key.clone();
+    let found = in_org_or_parent(state, org, move |s, o| s.api_key_by_public_key(o, &pk)).await?;
     let Some((api_key, via_parent)) = found else {
         return Err(ApiError::unauthenticated(
             "PUBLIC_KEY_NOT_FOUND",
@@ -88,12 +191,39 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: stamp::Ap
             return Err(ApiError::unauthenticated("API_KEY_EXPIRED", "expired api key"));
         }
     }
-    let (key_org, user_id) = (api_key.organization_id.clone(), api_key.user_id.clone());
-    let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
-        StoreError::NotFound => {
-            ApiError::unauthenticated("PUBLIC_KEY_NOT_FOUND", "the api key's user no longer exists")
-        }
-        other => other.into(),
-    })?;
-    Ok(Caller { user, api_key, stamp, via_parent })
+    Ok((api_key, via_parent))
+}
+
+/// The `FEATURE_NAME_WEBAUTHN_ORIGINS` value of `org`, or of its parent when `org` has none.
+pub async fn webauthn_origins(state: &Arc<AppState>, org: &Organization) -> Result<Option<String>, ApiError> {
+    let found = in_org_or_parent(state, org, |s, o| s.record(o, "feature", webauthn::ORIGINS_FEATURE)).await?;
+    Ok(found.and_then(|(r, _)| r.data.get("value").and_then(|v| v.as_str()).map(str::to_string)))
+}
+
+async fn resolve_authenticator(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: &webauthn::WebauthnStamp,
+) -> Result<(AuthenticatorRecord, bool), ApiError> {
+    let cred = stamp.credential_id.clone();
+    let found = in_org_or_parent(state, org, move |s, o| s.authenticator_by_credential_id(o, &cred)).await?;
+    let Some((authenticator, via_parent)) = found else {
+        return Err(ApiError::unauthenticated(
+            "CREDENTIAL_NOT_FOUND",
+            "credential ID could not be found in organization or its parent organization",
+        ));
+    };
+    let origins = webauthn_origins(state, org).await?;
+    if !webauthn::origin_allowed(origins.as_deref(), &stamp.origin) {
+        return Err(ApiError::unauthenticated(
+            "UNAUTHENTICATED",
+            format!(
+                "WebAuthn origin {:?} is not allowed for this organization ({})",
+                stamp.origin,
+                webauthn::ORIGINS_FEATURE
+            ),
+        ));
+    }
+    webauthn::verify_assertion(stamp, &authenticator.public_key)?;
+    Ok((authenticator, via_parent))
 }

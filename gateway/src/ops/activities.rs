@@ -12,7 +12,7 @@ use crate::store::{ActivityFilter, StoreError};
 pub async fn whoami(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
     // The caller's own organization: a parent credential reading a sub-org is still itself.
     let org = if ctx.caller.via_parent {
-        let id = ctx.caller.api_key.organization_id.clone();
+        let id = ctx.caller.credential.organization_id().to_string();
         ctx.state.db(move |s| s.organization(&id)).await??
     } else {
         ctx.org

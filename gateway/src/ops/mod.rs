@@ -6,7 +6,17 @@ pub mod keys;
 pub mod signing;
 pub mod transfer;
 pub mod users;
+// <users, api keys and tags>
+pub mod credentials;
+pub mod tags;
 pub mod wallets;
+// <passkeys and oauth providers>
+pub mod authenticators;
+pub mod oauth;
+// <policies, contract interfaces, organization features and root quorum>
+pub mod contracts;
+pub mod organization;
+pub mod policies;
 
 use serde::Deserialize;
 
@@ -23,8 +33,13 @@ macro_rules! op {
             result_key: $result,
             resource: $res,
             action: $act,
+            root_quorum: false,
             handler: activity_handler!($h),
         }
+    };
+    // <policies, contract interfaces, organization features and root quorum>
+    (root_quorum $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
+        Operation { root_quorum: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
 }
 
@@ -142,6 +157,209 @@ pub static ACTIVITIES: &[Operation] = &[
         "PRIVATE_KEY" / "IMPORT",
         transfer::import_private_key
     ),
+    // <users, api keys and tags>
+    op!(
+        "create_users",
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        "createUsersIntentV4",
+        "createUsersResult",
+        "USER" / "CREATE",
+        users::create_users
+    ),
+    op!(
+        "update_user",
+        "ACTIVITY_TYPE_UPDATE_USER",
+        "updateUserIntent",
+        "updateUserResult",
+        "USER" / "UPDATE",
+        users::update_user
+    ),
+    op!(
+        "delete_users",
+        "ACTIVITY_TYPE_DELETE_USERS",
+        "deleteUsersIntent",
+        "deleteUsersResult",
+        "USER" / "DELETE",
+        users::delete_users
+    ),
+    op!(
+        "create_api_keys",
+        "ACTIVITY_TYPE_CREATE_API_KEYS_V2",
+        "createApiKeysIntentV2",
+        "createApiKeysResult",
+        "CREDENTIAL" / "CREATE",
+        users::create_api_keys
+    ),
+    op!(
+        "delete_api_keys",
+        "ACTIVITY_TYPE_DELETE_API_KEYS",
+        "deleteApiKeysIntent",
+        "deleteApiKeysResult",
+        "CREDENTIAL" / "DELETE",
+        users::delete_api_keys
+    ),
+    op!(
+        "create_user_tag",
+        "ACTIVITY_TYPE_CREATE_USER_TAG",
+        "createUserTagIntent",
+        "createUserTagResult",
+        "USER" / "CREATE",
+        tags::create_user_tag
+    ),
+    op!(
+        "update_user_tag",
+        "ACTIVITY_TYPE_UPDATE_USER_TAG",
+        "updateUserTagIntent",
+        "updateUserTagResult",
+        "USER" / "UPDATE",
+        tags::update_user_tag
+    ),
+    op!(
+        "delete_user_tags",
+        "ACTIVITY_TYPE_DELETE_USER_TAGS",
+        "deleteUserTagsIntent",
+        "deleteUserTagsResult",
+        "USER" / "DELETE",
+        tags::delete_user_tags
+    ),
+    op!(
+        "create_private_key_tag",
+        "ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG",
+        "createPrivateKeyTagIntent",
+        "createPrivateKeyTagResult",
+        "PRIVATE_KEY" / "CREATE",
+        tags::create_private_key_tag
+    ),
+    op!(
+        "update_private_key_tag",
+        "ACTIVITY_TYPE_UPDATE_PRIVATE_KEY_TAG",
+        "updatePrivateKeyTagIntent",
+        "updatePrivateKeyTagResult",
+        "PRIVATE_KEY" / "UPDATE",
+        tags::update_private_key_tag
+    ),
+    op!(
+        "delete_private_key_tags",
+        "ACTIVITY_TYPE_DELETE_PRIVATE_KEY_TAGS",
+        "deletePrivateKeyTagsIntent",
+        "deletePrivateKeyTagsResult",
+        "PRIVATE_KEY" / "DELETE",
+        tags::delete_private_key_tags
+    ),
+    // <passkeys and oauth providers>
+    op!(
+        "create_authenticators",
+        "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2",
+        "createAuthenticatorsIntentV2",
+        "createAuthenticatorsResult",
+        "CREDENTIAL" / "CREATE",
+        authenticators::create_authenticators
+    ),
+    op!(
+        "delete_authenticators",
+        "ACTIVITY_TYPE_DELETE_AUTHENTICATORS",
+        "deleteAuthenticatorsIntent",
+        "deleteAuthenticatorsResult",
+        "CREDENTIAL" / "DELETE",
+        authenticators::delete_authenticators
+    ),
+    op!(
+        "create_oauth_providers",
+        "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2",
+        "createOauthProvidersIntentV2",
+        "createOauthProvidersResultV2",
+        "CREDENTIAL" / "CREATE",
+        oauth::create_oauth_providers
+    ),
+    op!(
+        "delete_oauth_providers",
+        "ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS",
+        "deleteOauthProvidersIntent",
+        "deleteOauthProvidersResult",
+        "CREDENTIAL" / "DELETE",
+        oauth::delete_oauth_providers
+    ),
+    // <policies, contract interfaces, organization features and root quorum>
+    op!(
+        "create_policy",
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        "createPolicyIntentV3",
+        "createPolicyResult",
+        "POLICY" / "CREATE",
+        policies::create_policy
+    ),
+    op!(
+        "create_policies",
+        "ACTIVITY_TYPE_CREATE_POLICIES",
+        "createPoliciesIntent",
+        "createPoliciesResult",
+        "POLICY" / "CREATE",
+        policies::create_policies
+    ),
+    op!(
+        "update_policy",
+        "ACTIVITY_TYPE_UPDATE_POLICY_V2",
+        "updatePolicyIntentV2",
+        "updatePolicyResultV2",
+        "POLICY" / "UPDATE",
+        policies::update_policy
+    ),
+    op!(
+        "delete_policy",
+        "ACTIVITY_TYPE_DELETE_POLICY",
+        "deletePolicyIntent",
+        "deletePolicyResult",
+        "POLICY" / "DELETE",
+        policies::delete_policy
+    ),
+    op!(
+        "delete_policies",
+        "ACTIVITY_TYPE_DELETE_POLICIES",
+        "deletePoliciesIntent",
+        "deletePoliciesResult",
+        "POLICY" / "DELETE",
+        policies::delete_policies
+    ),
+    op!(
+        "create_smart_contract_interface",
+        "ACTIVITY_TYPE_CREATE_SMART_CONTRACT_INTERFACE",
+        "createSmartContractInterfaceIntent",
+        "createSmartContractInterfaceResult",
+        "SMART_CONTRACT_INTERFACE" / "CREATE",
+        contracts::create_smart_contract_interface
+    ),
+    op!(
+        "delete_smart_contract_interface",
+        "ACTIVITY_TYPE_DELETE_SMART_CONTRACT_INTERFACE",
+        "deleteSmartContractInterfaceIntent",
+        "deleteSmartContractInterfaceResult",
+        "SMART_CONTRACT_INTERFACE" / "DELETE",
+        contracts::delete_smart_contract_interface
+    ),
+    op!(root_quorum
+        "set_organization_feature",
+        "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
+        "setOrganizationFeatureIntent",
+        "setOrganizationFeatureResult",
+        "ORGANIZATION" / "UPDATE",
+        organization::set_organization_feature
+    ),
+    op!(root_quorum
+        "remove_organization_feature",
+        "ACTIVITY_TYPE_REMOVE_ORGANIZATION_FEATURE",
+        "removeOrganizationFeatureIntent",
+        "removeOrganizationFeatureResult",
+        "ORGANIZATION" / "UPDATE",
+        organization::remove_organization_feature
+    ),
+    op!(root_quorum
+        "update_root_quorum",
+        "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM",
+        "updateRootQuorumIntent",
+        "updateRootQuorumResult",
+        "ORGANIZATION" / "UPDATE",
+        organization::update_root_quorum
+    ),
 ];
 
 /// Every query endpoint.
@@ -155,6 +373,27 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_wallet_account", handler: query_handler!(wallets::get_wallet_account) },
     Query { path: "list_private_keys", handler: query_handler!(keys::list_private_keys) },
     Query { path: "get_private_key", handler: query_handler!(keys::get_private_key) },
+    // <users, api keys and tags>
+    Query { path: "get_user", handler: query_handler!(users::get_user) },
+    Query { path: "list_users", handler: query_handler!(users::list_users) },
+    Query { path: "get_api_key", handler: query_handler!(users::get_api_key) },
+    Query { path: "get_api_keys", handler: query_handler!(users::get_api_keys) },
+    Query { path: "list_user_tags", handler: query_handler!(tags::list_user_tags) },
+    Query { path: "list_private_key_tags", handler: query_handler!(tags::list_private_key_tags) },
+    // <passkeys and oauth providers>
+    Query { path: "get_authenticator", handler: query_handler!(authenticators::get_authenticator) },
+    Query { path: "get_authenticators", handler: query_handler!(authenticators::get_authenticators) },
+    Query { path: "get_oauth_providers", handler: query_handler!(oauth::get_oauth_providers) },
+    // <policies, contract interfaces, organization features and root quorum>
+    Query { path: "get_policy", handler: query_handler!(policies::get_policy) },
+    Query { path: "list_policies", handler: query_handler!(policies::list_policies) },
+    Query { path: "get_smart_contract_interface", handler: query_handler!(contracts::get_smart_contract_interface) },
+    Query {
+        path: "list_smart_contract_interfaces",
+        handler: query_handler!(contracts::list_smart_contract_interfaces),
+    },
+    Query { path: "get_organization", handler: query_handler!(organization::get_organization) },
+    Query { path: "get_organization_configs", handler: query_handler!(organization::get_organization_configs) },
 ];
 
 pub fn activity(path: &str) -> Option<&'static Operation> {

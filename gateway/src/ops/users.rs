@@ -1,9 +1,18 @@
-//! User and credential JSON shapes.
+//! Users and their API keys: create, update, delete and read, and the `User` / `ApiKey` JSON.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::required;
+use super::tags::USER_TAG;
+use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
-use crate::store::{ApiKey, User};
+use crate::error::{ApiError, Code};
+use crate::state::AppState;
+use crate::store::{ApiKey, Nanos, Store, StoreError, User, Write};
 
 pub fn api_key_json(k: &ApiKey) -> Value {
     let mut v = json!({
@@ -19,15 +28,25 @@ pub fn api_key_json(k: &ApiKey) -> Value {
     v
 }
 
-/// The swagger `User` object.
+/// The swagger `User` object as a vote carries it: the user with the given API keys only.
 pub fn user_json(u: &User, api_keys: &[ApiKey]) -> Value {
+    user_view(u, api_keys, &[], Vec::new(), Vec::new())
+}
+
+fn user_view(
+    u: &User,
+    api_keys: &[ApiKey],
+    tag_ids: &[String],
+    authenticators: Vec<Value>,
+    oauth: Vec<Value>,
+) -> Value {
     let mut v = json!({
         "userId": u.id,
         "userName": u.name,
-        "authenticators": [],
+        "authenticators": authenticators,
         "apiKeys": api_keys.iter().map(api_key_json).collect::<Vec<_>>(),
-        "userTags": [],
-        "oauthProviders": [],
+        "userTags": tag_ids,
+        "oauthProviders": oauth,
         "createdAt": timestamp(u.created_at),
         "updatedAt": timestamp(u.updated_at),
         "mfaPolicies": [],
@@ -39,4 +58,488 @@ pub fn user_json(u: &User, api_keys: &[ApiKey]) -> Value {
         v["userPhoneNumber"] = json!(p);
     }
     v
+}
+
+/// Full swagger `User` objects (API keys, tags, passkeys, OAuth providers), read through `s`.
+pub fn users_json(s: &dyn Store, org: &str, users: &[User]) -> Result<Vec<Value>, StoreError> {
+    let keys = match users {
+        [one] => s.api_keys_of_user(org, &one.id)?,
+        _ => s.api_keys(org)?,
+    };
+    let mut keys_of: HashMap<String, Vec<ApiKey>> = HashMap::new();
+    for k in keys {
+        keys_of.entry(k.user_id.clone()).or_default().push(k);
+    }
+    let mut tags_of: HashMap<String, Vec<String>> = HashMap::new();
+    for (tag, user) in s.user_tag_members(org)? {
+        tags_of.entry(user).or_default().push(tag);
+    }
+    Ok(users
+        .iter()
+        .map(|u| {
+            user_view(
+                u,
+                keys_of.get(&u.id).map(Vec::as_slice).unwrap_or_default(),
+                tags_of.get(&u.id).map(Vec::as_slice).unwrap_or_default(),
+                super::credentials::authenticators_json(s, org, &u.id),
+                super::credentials::oauth_providers_json(s, org, &u.id),
+            )
+        })
+        .collect())
+}
+
+/// Loads a user of the organization; 404 if it is not there.
+pub async fn load_user(state: &Arc<AppState>, org: &str, id: &str) -> Result<User, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.user(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("user not found: {id}")),
+        other => other.into(),
+    })
+}
+
+/// Keeps the first occurrence of each id.
+pub fn dedup(ids: &[String]) -> Vec<String> {
+    let mut seen = HashSet::new();
+    ids.iter().filter(|id| seen.insert(id.as_str())).cloned().collect()
+}
+
+/// `userEmail`: a plausible address (one `@`, a dotted domain, no spaces).
+pub fn valid_email(email: &str) -> Result<String, ApiError> {
+    let ok = match email.split_once('@') {
+        Some((local, domain)) => {
+            !local.is_empty()
+                && domain.contains('.')
+                && !domain.starts_with('.')
+                && !domain.ends_with('.')
+                && !domain.contains('@')
+                && !email.chars().any(char::is_whitespace)
+                && email.len() <= 254
+        }
+        None => false,
+    };
+    if !ok {
+        return Err(ApiError::new(Code::InvalidArgument, "INVALID_EMAIL", format!("invalid email: {email:?}")));
+    }
+    Ok(email.to_string())
+}
+
+/// `userPhoneNumber`: E.164, e.g. `+13214567890`.
+pub fn valid_phone(phone: &str) -> Result<String, ApiError> {
+    let digits = phone.strip_prefix('+').unwrap_or("");
+    if !(4..=15).contains(&digits.len()) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ApiError::invalid(format!("invalid phone number: {phone:?} (expected E.164, e.g. +13214567890)")));
+    }
+    Ok(phone.to_string())
+}
+
+/// `ApiKeyParamsV2`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKeyParams {
+    pub api_key_name: String,
+    pub public_key: String,
+    pub curve_type: String,
+    /// A decimal string (a JSON number is accepted too).
+    pub expiration_seconds: Option<Value>,
+}
+
+/// Checks a public key against its `curveType`; returns it as lowercase hex and its credential
+/// type. P-256 and secp256k1 keys are compressed SEC1 points (33 bytes), Ed25519 keys 32 bytes.
+pub fn parse_api_public_key(curve_type: &str, public_key: &str) -> Result<(String, &'static str), ApiError> {
+    let hex_key = public_key.trim();
+    let hex_key = hex_key.strip_prefix("0x").unwrap_or(hex_key).to_ascii_lowercase();
+    let bytes = hex::decode(&hex_key).map_err(|_| ApiError::invalid("invalid api key public key: not hex"))?;
+    let (ok, expected, credential_type) = match curve_type {
+        "API_KEY_CURVE_P256" => (
+            bytes.len() == 33 && p256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
+            "a compressed P-256 point (33 bytes, 66 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_P256",
+        ),
+        "API_KEY_CURVE_SECP256K1" => (
+            bytes.len() == 33 && k256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
+            "a compressed secp256k1 point (33 bytes, 66 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_SECP256K1",
+        ),
+        "API_KEY_CURVE_ED25519" => (
+            <[u8; 32]>::try_from(bytes.as_slice())
+                .ok()
+                .is_some_and(|b| ed25519_dalek::VerifyingKey::from_bytes(&b).is_ok()),
+            "an Ed25519 public key (32 bytes, 64 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_ED25519",
+        ),
+        other => {
+            return Err(ApiError::invalid(format!(
+                "invalid api key curve type: {other:?} (API_KEY_CURVE_P256, API_KEY_CURVE_SECP256K1 or API_KEY_CURVE_ED25519)"
+            )))
+        }
+    };
+    if !ok {
+        return Err(ApiError::invalid(format!("invalid api key public key for {curve_type}: expected {expected}")));
+    }
+    Ok((hex_key, credential_type))
+}
+
+/// `expirationSeconds`: absent, or a positive whole number of seconds.
+pub fn parse_expiration(v: Option<&Value>) -> Result<Option<u64>, ApiError> {
+    let parsed = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+    };
+    match parsed {
+        Some(n) if n > 0 => Ok(Some(n)),
+        _ => {
+            Err(ApiError::invalid("invalid api key expiration: expirationSeconds must be a positive number of seconds"))
+        }
+    }
+}
+
+/// Validates API key parameters and makes the rows for `user_id`. `taken` holds the public keys
+/// already registered in the organization; the new ones are added to it.
+pub fn api_key_rows(
+    org: &str,
+    user_id: &str,
+    params: &[ApiKeyParams],
+    now: Nanos,
+    taken: &mut HashSet<String>,
+) -> Result<Vec<ApiKey>, ApiError> {
+    params
+        .iter()
+        .map(|p| {
+            required(&p.api_key_name, "apiKeyName")?;
+            let (public_key, credential_type) = parse_api_public_key(&p.curve_type, &p.public_key)?;
+            let expiration_seconds = parse_expiration(p.expiration_seconds.as_ref())?;
+            if !taken.insert(public_key.clone()) {
+                return Err(ApiError::new(
+                    Code::InvalidArgument,
+                    "CREDENTIAL_CONFLICT",
+                    format!("api key public key already exists in this organization: {public_key}"),
+                ));
+            }
+            Ok(ApiKey {
+                id: uuid::Uuid::new_v4().to_string(),
+                organization_id: org.to_string(),
+                user_id: user_id.to_string(),
+                name: p.api_key_name.clone(),
+                public_key,
+                credential_type: credential_type.to_string(),
+                expiration_seconds,
+                created_at: now,
+                updated_at: now,
+            })
+        })
+        .collect()
+}
+
+/// Public keys of every API key of the organization.
+async fn org_public_keys(state: &Arc<AppState>, org: &str) -> Result<HashSet<String>, ApiError> {
+    let org = org.to_string();
+    Ok(state.db(move |s| s.api_keys(&org)).await??.into_iter().map(|k| k.public_key).collect())
+}
+
+/// Fails with 404 unless every id is a user tag of the organization.
+async fn check_user_tags(state: &Arc<AppState>, org: &str, ids: &[String]) -> Result<(), ApiError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let org = org.to_string();
+    let known: HashSet<String> =
+        state.db(move |s| s.records(&org, USER_TAG)).await??.into_iter().map(|r| r.id).collect();
+    match ids.iter().find(|id| !known.contains(*id)) {
+        Some(missing) => Err(ApiError::not_found(format!("user tag not found: {missing}"))),
+        None => Ok(()),
+    }
+}
+
+/// `UserParamsV4`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserParams {
+    user_name: String,
+    user_email: Option<String>,
+    user_phone_number: Option<String>,
+    #[serde(default)]
+    api_keys: Vec<ApiKeyParams>,
+    #[serde(default)]
+    authenticators: Vec<Value>,
+    #[serde(default)]
+    oauth_providers: Vec<Value>,
+    #[serde(default)]
+    user_tags: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateUsersIntent {
+    #[serde(default)]
+    users: Vec<UserParams>,
+}
+
+pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome, ApiError> {
+    if intent.users.is_empty() {
+        return Err(ApiError::invalid("users must not be empty"));
+    }
+    let mut taken = org_public_keys(&ctx.state, &ctx.org.id).await?;
+    let mut writes = Vec::new();
+    let mut user_ids = Vec::with_capacity(intent.users.len());
+    for p in &intent.users {
+        required(&p.user_name, "userName")?;
+        let email = p.user_email.as_deref().filter(|e| !e.is_empty()).map(valid_email).transpose()?;
+        let phone = p.user_phone_number.as_deref().filter(|e| !e.is_empty()).map(valid_phone).transpose()?;
+        let tags = dedup(&p.user_tags);
+        check_user_tags(&ctx.state, &ctx.org.id, &tags).await?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let keys = api_key_rows(&ctx.org.id, &id, &p.api_keys, ctx.now, &mut taken)?;
+        writes.push(Write::InsertUser(User {
+            id: id.clone(),
+            organization_id: ctx.org.id.clone(),
+            name: p.user_name.clone(),
+            email,
+            phone_number: phone,
+            created_at: ctx.now,
+            updated_at: ctx.now,
+        }));
+        writes.extend(keys.into_iter().map(Write::InsertApiKey));
+        if !tags.is_empty() {
+            writes.push(Write::UpdateUser {
+                organization_id: ctx.org.id.clone(),
+                id: id.clone(),
+                name: None,
+                email: None,
+                phone_number: None,
+                tag_ids: Some(tags),
+                updated_at: ctx.now,
+            });
+        }
+        if !p.authenticators.is_empty() || !p.oauth_providers.is_empty() {
+            writes.extend(
+                super::credentials::inline_credentials(&ctx, &id, &p.authenticators, &p.oauth_providers).await?,
+            );
+        }
+        user_ids.push(id);
+    }
+    Ok(Outcome { result: json!({ "userIds": user_ids }), writes })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateUserIntent {
+    user_id: String,
+    user_name: Option<String>,
+    user_email: Option<String>,
+    /// Replaces the user's tags when non-empty; empty (what clients send when unused) keeps them.
+    #[serde(default)]
+    user_tag_ids: Vec<String>,
+    user_phone_number: Option<String>,
+}
+
+pub async fn update_user(ctx: Ctx, intent: UpdateUserIntent) -> Result<Outcome, ApiError> {
+    load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    if let Some(name) = &intent.user_name {
+        required(name, "userName")?;
+    }
+    // An empty email or phone number clears it.
+    let email = match intent.user_email.as_deref() {
+        Some("") => Some(String::new()),
+        Some(e) => Some(valid_email(e)?),
+        None => None,
+    };
+    let phone = match intent.user_phone_number.as_deref() {
+        Some("") => Some(String::new()),
+        Some(p) => Some(valid_phone(p)?),
+        None => None,
+    };
+    let tags = dedup(&intent.user_tag_ids);
+    check_user_tags(&ctx.state, &ctx.org.id, &tags).await?;
+    Ok(Outcome {
+        result: json!({ "userId": intent.user_id }),
+        writes: vec![Write::UpdateUser {
+            organization_id: ctx.org.id.clone(),
+            id: intent.user_id.clone(),
+            name: intent.user_name.clone(),
+            email,
+            phone_number: phone,
+            tag_ids: (!tags.is_empty()).then_some(tags),
+            updated_at: ctx.now,
+        }],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteUsersIntent {
+    #[serde(default)]
+    user_ids: Vec<String>,
+}
+
+pub async fn delete_users(ctx: Ctx, intent: DeleteUsersIntent) -> Result<Outcome, ApiError> {
+    let ids = dedup(&intent.user_ids);
+    if ids.is_empty() {
+        return Err(ApiError::invalid("userIds must not be empty"));
+    }
+    for id in &ids {
+        load_user(&ctx.state, &ctx.org.id, id).await?;
+        if ctx.org.root_user_ids.contains(id) {
+            return Err(ApiError::invalid(format!("cannot delete a root quorum member: {id}")));
+        }
+    }
+    Ok(Outcome {
+        result: json!({ "userIds": ids }),
+        writes: vec![Write::DeleteUsers { organization_id: ctx.org.id.clone(), ids: ids.clone() }],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateApiKeysIntent {
+    #[serde(default)]
+    api_keys: Vec<ApiKeyParams>,
+    user_id: String,
+}
+
+pub async fn create_api_keys(ctx: Ctx, intent: CreateApiKeysIntent) -> Result<Outcome, ApiError> {
+    load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    if intent.api_keys.is_empty() {
+        return Err(ApiError::invalid("apiKeys must not be empty"));
+    }
+    let mut taken = org_public_keys(&ctx.state, &ctx.org.id).await?;
+    let keys = api_key_rows(&ctx.org.id, &intent.user_id, &intent.api_keys, ctx.now, &mut taken)?;
+    Ok(Outcome {
+        result: json!({ "apiKeyIds": keys.iter().map(|k| k.id.clone()).collect::<Vec<_>>() }),
+        writes: keys.into_iter().map(Write::InsertApiKey).collect(),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteApiKeysIntent {
+    user_id: String,
+    #[serde(default)]
+    api_key_ids: Vec<String>,
+}
+
+pub async fn delete_api_keys(ctx: Ctx, intent: DeleteApiKeysIntent) -> Result<Outcome, ApiError> {
+    load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    let ids = dedup(&intent.api_key_ids);
+    if ids.is_empty() {
+        return Err(ApiError::invalid("apiKeyIds must not be empty"));
+    }
+    let (org, user) = (ctx.org.id.clone(), intent.user_id.clone());
+    let own: HashSet<String> =
+        ctx.state.db(move |s| s.api_keys_of_user(&org, &user)).await??.into_iter().map(|k| k.id).collect();
+    if let Some(missing) = ids.iter().find(|id| !own.contains(*id)) {
+        return Err(ApiError::not_found(format!("api key not found for user {}: {missing}", intent.user_id)));
+    }
+    Ok(Outcome {
+        result: json!({ "apiKeyIds": ids }),
+        writes: vec![Write::DeleteApiKeys {
+            organization_id: ctx.org.id.clone(),
+            user_id: intent.user_id.clone(),
+            ids: ids.clone(),
+        }],
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetUserRequest {
+    user_id: String,
+}
+
+pub async fn get_user(ctx: QueryCtx, req: GetUserRequest) -> Result<Value, ApiError> {
+    let user = load_user(&ctx.state, &ctx.org.id, &req.user_id).await?;
+    let org = ctx.org.id.clone();
+    let mut out = ctx.state.db(move |s| users_json(s, &org, std::slice::from_ref(&user))).await??;
+    Ok(json!({ "user": out.pop().unwrap_or_default() }))
+}
+
+pub async fn list_users(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
+    let org = ctx.org.id.clone();
+    let users = ctx.state.db(move |s| users_json(s, &org, &s.users(&org)?)).await??;
+    Ok(json!({ "users": users }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetApiKeyRequest {
+    api_key_id: String,
+}
+
+pub async fn get_api_key(ctx: QueryCtx, req: GetApiKeyRequest) -> Result<Value, ApiError> {
+    let (org, id) = (ctx.org.id.clone(), req.api_key_id.clone());
+    let key = ctx.state.db(move |s| s.api_key(&org, &id)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("api key not found: {}", req.api_key_id)),
+        other => other.into(),
+    })?;
+    Ok(json!({ "apiKey": api_key_json(&key) }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetApiKeysRequest {
+    user_id: Option<String>,
+}
+
+pub async fn get_api_keys(ctx: QueryCtx, req: GetApiKeysRequest) -> Result<Value, ApiError> {
+    let org = ctx.org.id.clone();
+    let keys = match req.user_id {
+        Some(user) => {
+            load_user(&ctx.state, &org, &user).await?;
+            ctx.state.db(move |s| s.api_keys_of_user(&org, &user)).await??
+        }
+        None => ctx.state.db(move |s| s.api_keys(&org)).await??,
+    };
+    Ok(json!({ "apiKeys": keys.iter().map(api_key_json).collect::<Vec<_>>() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_keys_are_checked_per_curve() {
+        // P-256 and secp256k1 generators, compressed; an RFC 8032 Ed25519 test key.
+        let p256 = "036b17d1f2e12c4247f8bce6e563a440f277037d812deb33a0f4a13945d898c296";
+        let (k, t) = parse_api_public_key("API_KEY_CURVE_P256", &format!("0x{}", p256.to_uppercase())).unwrap();
+        assert_eq!((k.as_str(), t), (p256, "CREDENTIAL_TYPE_API_KEY_P256"));
+        let g = "0279be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798";
+        assert_eq!(parse_api_public_key("API_KEY_CURVE_SECP256K1", g).unwrap().1, "CREDENTIAL_TYPE_API_KEY_SECP256K1");
+        let ed = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+        assert_eq!(parse_api_public_key("API_KEY_CURVE_ED25519", ed).unwrap().1, "CREDENTIAL_TYPE_API_KEY_ED25519");
+        for (curve, key) in [
+            ("API_KEY_CURVE_P256", "zz"),
+            ("API_KEY_CURVE_P256", ed),
+            ("API_KEY_CURVE_SECP256K1", &g[..64]),
+            ("API_KEY_CURVE_SECP256K1", "0479be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798"),
+            ("API_KEY_CURVE_ED25519", g),
+            ("API_KEY_CURVE_UNSPECIFIED", g),
+        ] {
+            let e = parse_api_public_key(curve, key).unwrap_err();
+            assert_eq!(e.code, Code::InvalidArgument, "{curve} {key}");
+        }
+    }
+
+    #[test]
+    fn expiration_must_be_positive_seconds() {
+        assert_eq!(parse_expiration(None).unwrap(), None);
+        assert_eq!(parse_expiration(Some(&json!("900"))).unwrap(), Some(900));
+        assert_eq!(parse_expiration(Some(&json!(60))).unwrap(), Some(60));
+        for bad in [json!("0"), json!("abc"), json!("-5"), json!(""), json!(1.5), json!(true)] {
+            let e = parse_expiration(Some(&bad)).unwrap_err();
+            assert!(e.message.starts_with("invalid api key expiration"), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn email_and_phone() {
+        assert!(valid_email("a@b.co").is_ok());
+        for bad in ["", "a", "a@b", "@b.co", "a b@c.co", "a@.co", "a@b.co."] {
+            assert_eq!(valid_email(bad).unwrap_err().turnkey_code, "INVALID_EMAIL", "{bad}");
+        }
+        assert!(valid_phone("+13214567890").is_ok());
+        for bad in ["13214567890", "+1", "+1-321-456", "+1234567890123456"] {
+            assert!(valid_phone(bad).is_err(), "{bad}");
+        }
+    }
 }

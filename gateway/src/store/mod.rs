@@ -174,6 +174,41 @@ pub struct Record {
     pub updated_at: Nanos,
 }
 
+/// A passkey (WebAuthn credential) of a user.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthenticatorRecord {
+    pub id: String,
+    pub organization_id: String,
+    pub user_id: String,
+    pub name: String,
+    /// base64url without padding of the raw credential id; unique per organization.
+    pub credential_id: String,
+    /// Compressed SEC1 hex of the credential's P-256 key.
+    pub public_key: String,
+    /// The attestation statement format: `none`, `packed`, ...
+    pub attestation_type: String,
+    pub aaguid: String,
+    /// `AUTHENTICATOR_TRANSPORT_*` names.
+    pub transports: Vec<String>,
+    pub sign_count: i64,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+/// An OIDC identity attached to a user; (issuer, subject, audience) is unique per organization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OauthProviderRecord {
+    pub id: String,
+    pub organization_id: String,
+    pub user_id: String,
+    pub name: String,
+    pub issuer: String,
+    pub audience: String,
+    pub subject: String,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
 /// One effect of an activity, applied inside the activity's transaction.
 #[derive(Debug, Clone)]
 pub enum Write {
@@ -209,6 +244,84 @@ pub enum Write {
         organization_id: String,
         user_id: String,
         sealed_key: Vec<u8>,
+    },
+    // <users, api keys and tags>
+    /// Updates a user: `None` leaves a field unchanged, `Some("")` clears the email or phone
+    /// number; `tag_ids` replaces the user's tags. Fails if the user or a tag is missing.
+    UpdateUser {
+        organization_id: String,
+        id: String,
+        name: Option<String>,
+        email: Option<String>,
+        phone_number: Option<String>,
+        tag_ids: Option<Vec<String>>,
+        updated_at: Nanos,
+    },
+    /// Deletes users with their API keys and tag memberships. Fails if a user is missing or is
+    /// in the organization's root quorum.
+    DeleteUsers {
+        organization_id: String,
+        ids: Vec<String>,
+    },
+    /// Deletes API keys of one user; fails if a key is missing or belongs to another user.
+    DeleteApiKeys {
+        organization_id: String,
+        user_id: String,
+        ids: Vec<String>,
+    },
+    /// Adds and removes members (users or private keys) of a tag (a record of kind `user_tag` or
+    /// `private_key_tag`), then renames it: all or nothing. Fails if the tag or a member is
+    /// missing or the new name is taken. User memberships live in `user_tags`, private-key
+    /// memberships in the keys' `tags` lists.
+    UpdateTag {
+        organization_id: String,
+        kind: String,
+        id: String,
+        new_name: Option<String>,
+        add: Vec<String>,
+        remove: Vec<String>,
+        updated_at: Nanos,
+    },
+    /// Deletes tags and every membership of them; fails if a tag is missing.
+    DeleteTags {
+        organization_id: String,
+        kind: String,
+        ids: Vec<String>,
+    },
+    // <passkeys and oauth providers>
+    /// Inserts passkeys; a credential id already registered in the organization fails the
+    /// transaction (unique constraint).
+    InsertAuthenticators(Vec<AuthenticatorRecord>),
+    /// Deletes passkeys of one user; fails if one is missing or belongs to another user.
+    DeleteAuthenticators {
+        organization_id: String,
+        user_id: String,
+        ids: Vec<String>,
+    },
+    /// Inserts OAuth providers; an (issuer, subject, audience) already attached in the
+    /// organization fails the transaction (unique constraint).
+    InsertOauthProviders(Vec<OauthProviderRecord>),
+    /// Deletes OAuth providers of one user; fails if one is missing or belongs to another user.
+    DeleteOauthProviders {
+        organization_id: String,
+        user_id: String,
+        ids: Vec<String>,
+    },
+    // <policies, contract interfaces, organization features and root quorum>
+    /// Inserts a record or replaces this organization's record of the same kind and id. A taken
+    /// name fails the transaction with `unique_message`; with `must_exist`, so does a record that
+    /// is gone (an update racing a delete). Never changes another organization's record.
+    PutRecordChecked {
+        record: Record,
+        unique_message: String,
+        must_exist: bool,
+    },
+    /// Sets the organization's root quorum; fails if a user is not in the organization.
+    SetRootQuorum {
+        organization_id: String,
+        threshold: i64,
+        user_ids: Vec<String>,
+        updated_at: Nanos,
     },
 }
 
@@ -265,4 +378,32 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cheap liveness probe for `/healthz`.
     fn ping(&self) -> Result<(), StoreError>;
+
+    // <users, api keys and tags>
+    fn api_key(&self, organization_id: &str, id: &str) -> Result<ApiKey, StoreError>;
+    /// Every API key of the organization, oldest first.
+    fn api_keys(&self, organization_id: &str) -> Result<Vec<ApiKey>, StoreError>;
+    /// `(tag id, user id)` for every user tag membership of the organization.
+    fn user_tag_members(&self, organization_id: &str) -> Result<Vec<(String, String)>, StoreError>;
+
+    // <passkeys and oauth providers>
+    fn authenticator(&self, organization_id: &str, id: &str) -> Result<AuthenticatorRecord, StoreError>;
+    /// The passkey registered in the organization under `credential_id` (base64url, no padding).
+    fn authenticator_by_credential_id(
+        &self,
+        organization_id: &str,
+        credential_id: &str,
+    ) -> Result<AuthenticatorRecord, StoreError>;
+    /// A user's passkeys, oldest first.
+    fn authenticators_of_user(
+        &self,
+        organization_id: &str,
+        user_id: &str,
+    ) -> Result<Vec<AuthenticatorRecord>, StoreError>;
+    /// OAuth providers of the organization (of one user when `user_id` is set), oldest first.
+    fn oauth_providers(
+        &self,
+        organization_id: &str,
+        user_id: Option<&str>,
+    ) -> Result<Vec<OauthProviderRecord>, StoreError>;
 }

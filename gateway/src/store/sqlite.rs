@@ -2,21 +2,117 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::*;
 
 /// Applied in order, once each; append new files, never edit applied ones.
-const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_core.sql"), include_str!("migrations/0002_records.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_core.sql"),
+    include_str!("migrations/0002_records.sql"),
+    include_str!("migrations/0003_users.sql"),
+    include_str!("migrations/0004_credentials.sql"),
+];
 const READERS: usize = 4;
 
+/// Most activities one group commit takes (one transaction, one fsync).
+const MAX_BATCH: usize = 512;
+
 /// SQLite store. `synchronous=FULL` in WAL mode: a commit is durable when `commit` returns.
+/// Activity commits go through one committer thread that takes every commit waiting at that
+/// moment into one transaction (a savepoint each, so one failure costs only its own activity)
+/// and one fsync: concurrent activities share the cost of durability.
 pub struct SqliteStore {
-    writer: Mutex<Connection>,
+    writer: Arc<Mutex<Connection>>,
+    commits: Mutex<mpsc::Sender<CommitJob>>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+}
+
+/// One activity waiting for the committer, and where to send its outcome.
+struct CommitJob {
+    activity: ActivityRecord,
+    writes: Vec<Write>,
+    reply: mpsc::SyncSender<Result<Committed, StoreError>>,
+}
+
+fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let results = match writer.lock() {
+            Ok(mut conn) => commit_batch(&mut conn, &batch),
+            Err(_) => batch.iter().map(|_| Err(StoreError::Backend("writer lock poisoned".into()))).collect(),
+        };
+        for (job, result) in batch.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+/// Commits a batch in one transaction; each activity in its own savepoint.
+fn commit_batch(conn: &mut Connection, batch: &[CommitJob]) -> Vec<Result<Committed, StoreError>> {
+    let fail_all = |e: StoreError| batch.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect();
+    let mut tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(e) => return fail_all(backend(e)),
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        let result = (|| {
+            let sp = tx.savepoint().map_err(backend)?;
+            let existing = sp
+                .query_row(
+                    &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"),
+                    params![job.activity.fingerprint],
+                    activity_row,
+                )
+                .optional()
+                .map_err(backend)?;
+            if let Some(existing) = existing {
+                return Ok(Committed::Existing(existing));
+            }
+            for w in &job.writes {
+                apply_write(&sp, w)?;
+            }
+            insert_activity(&sp, &job.activity)?;
+            sp.commit().map_err(backend)?;
+            Ok(Committed::New(job.activity.clone()))
+        })();
+        results.push(result);
+    }
+    match tx.commit() {
+        Ok(()) => results,
+        Err(e) => fail_all(backend(e)),
+    }
+}
+
+fn insert_activity(conn: &Connection, a: &ActivityRecord) -> Result<(), StoreError> {
+    conn.execute(
+        &format!("INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+        params![
+            a.id,
+            a.organization_id,
+            a.activity_type,
+            a.status,
+            a.fingerprint,
+            json_text(&a.intent),
+            json_text(&a.result),
+            json_text(&a.votes),
+            a.created_at,
+            a.failure.as_ref().map(json_text),
+            a.updated_at
+        ],
+    )
+    .map_err(backend)?;
+    Ok(())
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {
@@ -49,7 +145,14 @@ impl SqliteStore {
         let mut writer = open_conn(path)?;
         migrate(&mut writer)?;
         let readers = (0..READERS).map(|_| open_conn(path).map(Mutex::new)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { writer: Mutex::new(writer), readers, next_reader: AtomicUsize::new(0) })
+        let writer = Arc::new(Mutex::new(writer));
+        let (tx, rx) = mpsc::channel();
+        let w = writer.clone();
+        std::thread::Builder::new()
+            .name("coffer-committer".into())
+            .spawn(move || committer(w, rx))
+            .map_err(|e| StoreError::Backend(format!("starting the committer thread: {e}")))?;
+        Ok(Self { writer, commits: Mutex::new(tx), readers, next_reader: AtomicUsize::new(0) })
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -212,8 +315,42 @@ fn record_row(r: &Row<'_>) -> rusqlite::Result<Record> {
 }
 const RECORD_COLS: &str = "organization_id, kind, id, name, data, created_at, updated_at";
 
+fn authenticator_row(r: &Row<'_>) -> rusqlite::Result<AuthenticatorRecord> {
+    Ok(AuthenticatorRecord {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        user_id: r.get(2)?,
+        name: r.get(3)?,
+        credential_id: r.get(4)?,
+        public_key: r.get(5)?,
+        attestation_type: r.get(6)?,
+        aaguid: r.get(7)?,
+        transports: parse_json(r.get(8)?),
+        sign_count: r.get(9)?,
+        created_at: r.get(10)?,
+        updated_at: r.get(11)?,
+    })
+}
+const AUTHENTICATOR_COLS: &str = "id, organization_id, user_id, name, credential_id, public_key, attestation_type, aaguid, transports, sign_count, created_at, updated_at";
+
+fn oauth_provider_row(r: &Row<'_>) -> rusqlite::Result<OauthProviderRecord> {
+    Ok(OauthProviderRecord {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        user_id: r.get(2)?,
+        name: r.get(3)?,
+        issuer: r.get(4)?,
+        audience: r.get(5)?,
+        subject: r.get(6)?,
+        created_at: r.get(7)?,
+        updated_at: r.get(8)?,
+    })
+}
+const OAUTH_PROVIDER_COLS: &str =
+    "id, organization_id, user_id, name, issuer, audience, subject, created_at, updated_at";
+
 /// Applies one write inside `tx`. Preconditions that fail return `Conflict` (the caller rolls back).
-fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreError> {
+fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
     let now = now_nanos();
     match w {
         Write::InsertOrganization(o) => {
@@ -387,6 +524,305 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
                 }
             }
         }
+        // <users, api keys and tags>
+        Write::UpdateUser { organization_id, id, name, email, phone_number, tag_ids, updated_at } => {
+            let n = tx
+                .execute(
+                    "UPDATE users SET name = COALESCE(?3, name),
+                        email = CASE WHEN ?4 IS NULL THEN email WHEN ?4 = '' THEN NULL ELSE ?4 END,
+                        phone_number = CASE WHEN ?5 IS NULL THEN phone_number WHEN ?5 = '' THEN NULL ELSE ?5 END,
+                        updated_at = ?6
+                     WHERE organization_id = ?1 AND id = ?2",
+                    params![organization_id, id, name, email, phone_number, updated_at],
+                )
+                .map_err(backend)?;
+            if n != 1 {
+                return Err(StoreError::Conflict(format!("user not found: {id}")));
+            }
+            if let Some(tags) = tag_ids {
+                tx.execute("DELETE FROM user_tags WHERE user_id = ?1", params![id]).map_err(backend)?;
+                for tag in tags {
+                    let found = tx
+                        .query_row(
+                            "SELECT 1 FROM records WHERE organization_id = ?1 AND kind = 'user_tag' AND id = ?2",
+                            params![organization_id, tag],
+                            |_| Ok(()),
+                        )
+                        .optional()
+                        .map_err(backend)?;
+                    if found.is_none() {
+                        return Err(StoreError::Conflict(format!("user tag not found: {tag}")));
+                    }
+                    tx.execute(
+                        "INSERT INTO user_tags (organization_id, tag_id, user_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                        params![organization_id, tag, id],
+                    )
+                    .map_err(backend)?;
+                }
+            }
+        }
+        Write::DeleteUsers { organization_id, ids } => {
+            let roots: Option<String> = tx
+                .query_row("SELECT root_user_ids FROM organizations WHERE id = ?1", params![organization_id], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(backend)?;
+            let roots: Vec<String> = roots.map(parse_json).unwrap_or_default();
+            for id in ids {
+                if roots.contains(id) {
+                    return Err(StoreError::Conflict(format!("cannot delete a root quorum member: {id}")));
+                }
+                tx.execute(
+                    "DELETE FROM import_targets WHERE organization_id = ?1 AND user_id = ?2",
+                    params![organization_id, id],
+                )
+                .map_err(backend)?;
+                // API keys and tag memberships go with the user (ON DELETE CASCADE).
+                let n = tx
+                    .execute("DELETE FROM users WHERE organization_id = ?1 AND id = ?2", params![organization_id, id])
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("user not found: {id}")));
+                }
+            }
+        }
+        Write::DeleteApiKeys { organization_id, user_id, ids } => {
+            for id in ids {
+                let n = tx
+                    .execute(
+                        "DELETE FROM api_keys WHERE organization_id = ?1 AND user_id = ?2 AND id = ?3",
+                        params![organization_id, user_id, id],
+                    )
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("api key not found for user {user_id}: {id}")));
+                }
+            }
+        }
+        Write::UpdateTag { organization_id, kind, id, new_name, add, remove, updated_at } => {
+            let label = kind.replace('_', " ");
+            let found = tx
+                .query_row(
+                    "SELECT 1 FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                    params![organization_id, kind, id],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(backend)?;
+            if found.is_none() {
+                return Err(StoreError::Conflict(format!("{label} not found: {id}")));
+            }
+            let changes = add.iter().map(|m| (m, true)).chain(remove.iter().map(|m| (m, false)));
+            match kind.as_str() {
+                "user_tag" => {
+                    for (user, adding) in changes {
+                        let exists = tx
+                            .query_row(
+                                "SELECT 1 FROM users WHERE organization_id = ?1 AND id = ?2",
+                                params![organization_id, user],
+                                |_| Ok(()),
+                            )
+                            .optional()
+                            .map_err(backend)?;
+                        if exists.is_none() {
+                            return Err(StoreError::Conflict(format!("user not found: {user}")));
+                        }
+                        let sql = if adding {
+                            "INSERT INTO user_tags (organization_id, tag_id, user_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING"
+                        } else {
+                            "DELETE FROM user_tags WHERE organization_id = ?1 AND tag_id = ?2 AND user_id = ?3"
+                        };
+                        tx.execute(sql, params![organization_id, id, user]).map_err(backend)?;
+                    }
+                }
+                "private_key_tag" => {
+                    for (key, adding) in changes {
+                        let tags: Option<String> = tx
+                            .query_row(
+                                "SELECT tags FROM private_keys WHERE organization_id = ?1 AND id = ?2",
+                                params![organization_id, key],
+                                |r| r.get(0),
+                            )
+                            .optional()
+                            .map_err(backend)?;
+                        let Some(tags) = tags else {
+                            return Err(StoreError::Conflict(format!("private key not found: {key}")));
+                        };
+                        let mut tags: Vec<String> = parse_json(tags);
+                        tags.retain(|t| t != id);
+                        if adding {
+                            tags.push(id.clone());
+                        }
+                        tx.execute(
+                            "UPDATE private_keys SET tags = ?3 WHERE organization_id = ?1 AND id = ?2",
+                            params![organization_id, key, json_text(&tags)],
+                        )
+                        .map_err(backend)?;
+                    }
+                }
+                other => return Err(StoreError::Conflict(format!("not a tag kind: {other}"))),
+            }
+            // Renamed last: a name clash rolls back the membership changes above with it.
+            tx.execute(
+                "UPDATE records SET name = COALESCE(?4, name), updated_at = ?5 WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                params![organization_id, kind, id, new_name, updated_at],
+            )
+            .map_err(|e| match backend(e) {
+                StoreError::Unique(_) => {
+                    StoreError::Unique(format!("{label} name must be unique: {:?}", new_name.as_deref().unwrap_or("")))
+                }
+                other => other,
+            })?;
+        }
+        Write::DeleteTags { organization_id, kind, ids } => {
+            if kind == "private_key_tag" {
+                let keys: Vec<(String, String)> = tx
+                    .prepare("SELECT id, tags FROM private_keys WHERE organization_id = ?1")
+                    .and_then(|mut st| {
+                        st.query_map(params![organization_id], |r| Ok((r.get(0)?, r.get(1)?)))?.collect()
+                    })
+                    .map_err(backend)?;
+                for (key, tags) in keys {
+                    let tags: Vec<String> = parse_json(tags);
+                    if tags.iter().any(|t| ids.contains(t)) {
+                        let kept: Vec<&String> = tags.iter().filter(|t| !ids.contains(t)).collect();
+                        tx.execute("UPDATE private_keys SET tags = ?2 WHERE id = ?1", params![key, json_text(&kept)])
+                            .map_err(backend)?;
+                    }
+                }
+            }
+            for id in ids {
+                if kind == "user_tag" {
+                    tx.execute(
+                        "DELETE FROM user_tags WHERE organization_id = ?1 AND tag_id = ?2",
+                        params![organization_id, id],
+                    )
+                    .map_err(backend)?;
+                }
+                let n = tx
+                    .execute(
+                        "DELETE FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                        params![organization_id, kind, id],
+                    )
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("{} not found: {id}", kind.replace('_', " "))));
+                }
+            }
+        }
+        // <passkeys and oauth providers>
+        Write::InsertAuthenticators(list) => {
+            for a in list {
+                tx.execute(
+                    &format!("INSERT INTO authenticators ({AUTHENTICATOR_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                    params![
+                        a.id, a.organization_id, a.user_id, a.name, a.credential_id, a.public_key, a.attestation_type,
+                        a.aaguid, json_text(&a.transports), a.sign_count, a.created_at, a.updated_at
+                    ],
+                )
+                .map_err(|e| match backend(e) {
+                    StoreError::Unique(_) => StoreError::Unique(format!(
+                        "an authenticator with credential ID {} already exists in the organization",
+                        a.credential_id
+                    )),
+                    other => other,
+                })?;
+            }
+        }
+        Write::DeleteAuthenticators { organization_id, user_id, ids } => {
+            for id in ids {
+                let n = tx
+                    .execute(
+                        "DELETE FROM authenticators WHERE organization_id = ?1 AND user_id = ?2 AND id = ?3",
+                        params![organization_id, user_id, id],
+                    )
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("authenticator not found for user {user_id}: {id}")));
+                }
+            }
+        }
+        Write::InsertOauthProviders(list) => {
+            for p in list {
+                tx.execute(
+                    &format!("INSERT INTO oauth_providers ({OAUTH_PROVIDER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                    params![
+                        p.id, p.organization_id, p.user_id, p.name, p.issuer, p.audience, p.subject, p.created_at,
+                        p.updated_at
+                    ],
+                )
+                .map_err(|e| match backend(e) {
+                    StoreError::Unique(_) => StoreError::Unique("oauth provider already exists".into()),
+                    other => other,
+                })?;
+            }
+        }
+        Write::DeleteOauthProviders { organization_id, user_id, ids } => {
+            for id in ids {
+                let n = tx
+                    .execute(
+                        "DELETE FROM oauth_providers WHERE organization_id = ?1 AND user_id = ?2 AND id = ?3",
+                        params![organization_id, user_id, id],
+                    )
+                    .map_err(backend)?;
+                if n != 1 {
+                    return Err(StoreError::Conflict(format!("oauth provider not found for user {user_id}: {id}")));
+                }
+            }
+        }
+        // <policies, contract interfaces, organization features and root quorum>
+        Write::PutRecordChecked { record: r, unique_message, must_exist } => {
+            // Update-then-insert rather than ON CONFLICT: scoped to the organization whatever the
+            // table's key is, so another organization's record with the same id is never touched.
+            let name_taken = |e: rusqlite::Error| match backend(e) {
+                StoreError::Unique(m) if m.contains("records.name") => StoreError::Unique(unique_message.clone()),
+                StoreError::Unique(_) => {
+                    StoreError::Conflict(format!("{} id {} is already in use by another organization", r.kind, r.id))
+                }
+                other => other,
+            };
+            let n = tx
+                .execute(
+                    "UPDATE records SET name = ?4, data = ?5, updated_at = ?6 WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                    params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.updated_at],
+                )
+                .map_err(name_taken)?;
+            if n == 0 {
+                if *must_exist {
+                    return Err(StoreError::Conflict(format!("{} not found: {}", r.kind.replace('_', " "), r.id)));
+                }
+                tx.execute(
+                    "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
+                )
+                .map_err(name_taken)?;
+            }
+        }
+        Write::SetRootQuorum { organization_id, threshold, user_ids, updated_at } => {
+            for user in user_ids {
+                let found: Option<i64> = tx
+                    .query_row(
+                        "SELECT 1 FROM users WHERE organization_id = ?1 AND id = ?2",
+                        params![organization_id, user],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(backend)?;
+                if found.is_none() {
+                    return Err(StoreError::Conflict(format!("user not found: {user}")));
+                }
+            }
+            let n = tx
+                .execute(
+                    "UPDATE organizations SET root_quorum_threshold = ?2, root_user_ids = ?3, updated_at = ?4 WHERE id = ?1",
+                    params![organization_id, threshold, json_text(user_ids), updated_at],
+                )
+                .map_err(backend)?;
+            if n != 1 {
+                return Err(StoreError::Conflict(format!("organization not found: {organization_id}")));
+            }
+        }
         Write::PutImportTarget(t) => {
             tx.execute(
                 "INSERT INTO import_targets (organization_id, user_id, sealed_key, created_at) VALUES (?1, ?2, ?3, ?4)
@@ -414,41 +850,14 @@ fn apply_write(tx: &rusqlite::Transaction<'_>, w: &Write) -> Result<(), StoreErr
 
 impl Store for SqliteStore {
     fn commit(&self, a: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
-        let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
-        let existing = conn
-            .query_row(
-                &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"),
-                params![a.fingerprint],
-                activity_row,
-            )
-            .optional()
-            .map_err(backend)?;
-        if let Some(existing) = existing {
-            return Ok(Committed::Existing(existing));
-        }
-        let tx = conn.transaction().map_err(backend)?;
-        for w in writes {
-            apply_write(&tx, w)?;
-        }
-        tx.execute(
-            &format!("INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
-            params![
-                a.id,
-                a.organization_id,
-                a.activity_type,
-                a.status,
-                a.fingerprint,
-                json_text(&a.intent),
-                json_text(&a.result),
-                json_text(&a.votes),
-                a.created_at,
-                a.failure.as_ref().map(json_text),
-                a.updated_at
-            ],
-        )
-        .map_err(backend)?;
-        tx.commit().map_err(backend)?;
-        Ok(Committed::New(a.clone()))
+        let (reply, outcome) = mpsc::sync_channel(1);
+        let job = CommitJob { activity: a.clone(), writes: writes.to_vec(), reply };
+        self.commits
+            .lock()
+            .map_err(|_| StoreError::Backend("commit queue lock poisoned".into()))?
+            .send(job)
+            .map_err(|_| StoreError::Backend("committer thread stopped".into()))?;
+        outcome.recv().map_err(|_| StoreError::Backend("committer thread stopped".into()))?
     }
 
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError> {
@@ -680,6 +1089,89 @@ impl Store for SqliteStore {
     fn ping(&self) -> Result<(), StoreError> {
         self.read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ()))
     }
+
+    // <users, api keys and tags>
+    fn api_key(&self, org: &str, id: &str) -> Result<ApiKey, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                api_key_row,
+            )
+            .optional()
+        })
+    }
+
+    fn api_keys(&self, org: &str) -> Result<Vec<ApiKey>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org], api_key_row)?
+            .collect()
+        })
+    }
+
+    fn user_tag_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT m.tag_id, m.user_id FROM user_tags m JOIN records r ON r.kind = m.tag_kind AND r.id = m.tag_id
+                 WHERE m.organization_id = ?1 ORDER BY r.created_at, r.id, m.user_id",
+            )?
+            .query_map(params![org], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+        })
+    }
+
+    // <passkeys and oauth providers>
+    fn authenticator(&self, org: &str, id: &str) -> Result<AuthenticatorRecord, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!("SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND id = ?2"),
+                params![org, id],
+                authenticator_row,
+            )
+            .optional()
+        })
+    }
+
+    fn authenticator_by_credential_id(
+        &self,
+        org: &str,
+        credential_id: &str,
+    ) -> Result<AuthenticatorRecord, StoreError> {
+        self.one(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND credential_id = ?2"
+                ),
+                params![org, credential_id],
+                authenticator_row,
+            )
+            .optional()
+        })
+    }
+
+    fn authenticators_of_user(&self, org: &str, user_id: &str) -> Result<Vec<AuthenticatorRecord>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND user_id = ?2 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org, user_id], authenticator_row)?
+            .collect()
+        })
+    }
+
+    fn oauth_providers(&self, org: &str, user_id: Option<&str>) -> Result<Vec<OauthProviderRecord>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {OAUTH_PROVIDER_COLS} FROM oauth_providers WHERE organization_id = ?1 AND (?2 IS NULL OR user_id = ?2)
+                 ORDER BY created_at, id"
+            ))?
+            .query_map(params![org, user_id], oauth_provider_row)?
+            .collect()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -835,6 +1327,33 @@ mod tests {
         assert!(s.record("o1", "policy", "p1").is_ok());
         s.apply(&[del(vec!["p1"])]).unwrap();
         assert!(matches!(s.record("o1", "policy", "p1"), Err(StoreError::NotFound)));
+    }
+
+    #[test]
+    fn concurrent_commits_share_batches_and_fail_alone() {
+        let (_d, s) = store();
+        let s = std::sync::Arc::new(s);
+        // 64 threads commit at once; every 8th reuses a wallet name, so exactly those fail.
+        let handles: Vec<_> = (0..64)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let name = if i % 8 == 0 { "dup".to_string() } else { format!("w{i}") };
+                    s.commit(
+                        &activity(&format!("sha256:{i}")),
+                        &[Write::InsertWallet(wallet(&format!("id{i}"), &name))],
+                    )
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let ok = results.iter().filter(|r| matches!(r, Ok(Committed::New(_)))).count();
+        let unique = results.iter().filter(|r| matches!(r, Err(StoreError::Unique(_)))).count();
+        // One "dup" wins, seven lose; every other commit lands.
+        assert_eq!((ok, unique), (57, 7));
+        assert_eq!(s.wallets("o1").unwrap().len(), 57);
+        let filter = ActivityFilter { limit: 100, ..Default::default() };
+        assert_eq!(s.activities("o1", &filter).unwrap().len(), 57);
     }
 
     #[test]

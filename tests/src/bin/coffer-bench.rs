@@ -65,13 +65,18 @@ impl Sample {
     }
 }
 
+/// Builds request `seq`'s body.
+type MakeBody = Arc<dyn Fn(u64) -> String + Send + Sync>;
+/// Checks a response: `Ok(true)` if a signature was verified, `Ok(false)` if only the shape was.
+type CheckResponse = Arc<dyn Fn(u64, &Value) -> Result<bool, String> + Send + Sync>;
+
 /// What a scenario sends and how a response is checked. `seq` is unique per request.
 #[derive(Clone)]
 struct Scenario {
     name: &'static str,
     path: &'static str,
-    make: Arc<dyn Fn(u64) -> String + Send + Sync>,
-    check: Arc<dyn Fn(u64, &Value) -> Result<bool, String> + Send + Sync>,
+    make: MakeBody,
+    check: CheckResponse,
 }
 
 async fn run(
@@ -167,7 +172,7 @@ fn payload(n: u64) -> String {
     hex::encode(sha2::Sha256::digest(n.to_be_bytes()))
 }
 
-fn check_k1(address: String) -> Arc<dyn Fn(u64, &Value) -> Result<bool, String> + Send + Sync> {
+fn check_k1(address: String) -> CheckResponse {
     Arc::new(move |n, v| {
         let r = &completed(v)?["signRawPayloadResult"];
         if n % 16 != 0 {
@@ -188,7 +193,7 @@ fn check_k1(address: String) -> Arc<dyn Fn(u64, &Value) -> Result<bool, String> 
     })
 }
 
-fn check_ed(address: String) -> Arc<dyn Fn(u64, &Value) -> Result<bool, String> + Send + Sync> {
+fn check_ed(address: String) -> CheckResponse {
     let pk: [u8; 32] = bs58::decode(&address).into_vec().unwrap().try_into().unwrap();
     let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk).unwrap();
     Arc::new(move |n, v| {
@@ -328,7 +333,7 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(client);
 
-    let sign_body = |org: String, sign_with: String, hash: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
+    let sign_body = |org: String, sign_with: String, hash: &'static str| -> MakeBody {
         Arc::new(move |n| {
             envelope(
                 "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",

@@ -1,0 +1,713 @@
+//! End to end: passkeys registered with software authenticators (`none` and `packed`
+//! self-attestation) stamping requests with `X-Stamp-Webauthn`, and OAuth providers verified
+//! against a local OIDC issuer, through the official Rust client and raw HTTP.
+
+use base64::Engine;
+use coffer_tests::{RawResponse, Stack};
+use p256::ecdsa::signature::Signer;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use turnkey_client::generated::immutable::common::v1::CredentialType;
+use turnkey_client::generated::immutable::webauthn::v1::AuthenticatorTransport;
+use turnkey_client::generated::oauth_provider_params_v2::TokenOrClaims;
+use turnkey_client::generated::{
+    Attestation, AuthenticatorParamsV2, CreateAuthenticatorsIntentV2, CreateOauthProvidersIntentV2,
+    CreateUsersIntentV4, DeleteAuthenticatorsIntent, DeleteOauthProvidersIntent, DeleteUsersIntent,
+    GetAuthenticatorRequest, GetAuthenticatorsRequest, GetOauthProvidersRequest, GetUserRequest, GetUsersRequest,
+    OauthProviderParamsV2, OidcClaims, UserParamsV4,
+};
+use turnkey_client::TurnkeyClientError;
+
+fn b64url(b: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+/// A new P-256 key, different in every call and every run.
+fn fresh_key() -> p256::ecdsa::SigningKey {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = format!("{}-{}-{n}", std::process::id(), Stack::now_ms());
+    p256::ecdsa::SigningKey::from_slice(&Sha256::digest(seed.as_bytes())).unwrap()
+}
+
+// --- a software authenticator -----------------------------------------------------------------
+
+/// Just enough CBOR encoding for attestation objects and COSE keys.
+enum Cbor {
+    Int(i64),
+    Bytes(Vec<u8>),
+    Text(&'static str),
+    Map(Vec<(Cbor, Cbor)>),
+}
+
+fn cbor(v: &Cbor, out: &mut Vec<u8>) {
+    fn head(major: u8, n: u64, out: &mut Vec<u8>) {
+        match n {
+            0..=23 => out.push(major << 5 | n as u8),
+            24..=0xff => out.extend_from_slice(&[major << 5 | 24, n as u8]),
+            _ => {
+                out.push(major << 5 | 25);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+        }
+    }
+    match v {
+        Cbor::Int(i) if *i >= 0 => head(0, *i as u64, out),
+        Cbor::Int(i) => head(1, (-1 - *i) as u64, out),
+        Cbor::Bytes(b) => {
+            head(2, b.len() as u64, out);
+            out.extend_from_slice(b);
+        }
+        Cbor::Text(t) => {
+            head(3, t.len() as u64, out);
+            out.extend_from_slice(t.as_bytes());
+        }
+        Cbor::Map(m) => {
+            head(5, m.len() as u64, out);
+            for (k, v) in m {
+                cbor(k, out);
+                cbor(v, out);
+            }
+        }
+    }
+}
+
+/// A passkey: a P-256 key and a random credential id, as a platform authenticator holds them.
+struct Passkey {
+    key: p256::ecdsa::SigningKey,
+    id: Vec<u8>,
+}
+
+const RP: &[u8] = b"coffer.example";
+const ORIGIN: &str = "https://coffer.example";
+
+impl Passkey {
+    fn new() -> Self {
+        let key = fresh_key();
+        let id = Sha256::digest(key.verifying_key().to_encoded_point(true).as_bytes())[..16].to_vec();
+        Passkey { key, id }
+    }
+
+    fn credential_id(&self) -> String {
+        b64url(&self.id)
+    }
+
+    fn public_key_hex(&self) -> String {
+        hex::encode(self.key.verifying_key().to_encoded_point(true).as_bytes())
+    }
+
+    /// `AuthenticatorParamsV2` from a `navigator.credentials.create` with attestation `fmt`.
+    fn register(&self, name: &str, challenge: &str, fmt: &'static str) -> AuthenticatorParamsV2 {
+        let client_data =
+            json!({"type": "webauthn.create", "challenge": challenge, "origin": ORIGIN, "crossOrigin": false})
+                .to_string();
+        let p = self.key.verifying_key().to_encoded_point(false);
+        let cose = Cbor::Map(vec![
+            (Cbor::Int(1), Cbor::Int(2)),
+            (Cbor::Int(3), Cbor::Int(-7)),
+            (Cbor::Int(-1), Cbor::Int(1)),
+            (Cbor::Int(-2), Cbor::Bytes(p.x().unwrap().to_vec())),
+            (Cbor::Int(-3), Cbor::Bytes(p.y().unwrap().to_vec())),
+        ]);
+        let mut auth_data = Sha256::digest(RP).to_vec();
+        auth_data.push(0x45); // UP | UV | AT
+        auth_data.extend_from_slice(&0u32.to_be_bytes());
+        auth_data.extend_from_slice(&[0u8; 16]);
+        auth_data.extend_from_slice(&(self.id.len() as u16).to_be_bytes());
+        auth_data.extend_from_slice(&self.id);
+        cbor(&cose, &mut auth_data);
+        let stmt = match fmt {
+            "packed" => {
+                let mut msg = auth_data.clone();
+                msg.extend_from_slice(&Sha256::digest(client_data.as_bytes()));
+                let sig: p256::ecdsa::Signature = self.key.sign(&msg);
+                Cbor::Map(vec![
+                    (Cbor::Text("alg"), Cbor::Int(-7)),
+                    (Cbor::Text("sig"), Cbor::Bytes(sig.to_der().as_bytes().to_vec())),
+                ])
+            }
+            _ => Cbor::Map(vec![]),
+        };
+        let obj = Cbor::Map(vec![
+            (Cbor::Text("fmt"), Cbor::Text(fmt)),
+            (Cbor::Text("attStmt"), stmt),
+            (Cbor::Text("authData"), Cbor::Bytes(auth_data)),
+        ]);
+        let mut attestation_object = vec![];
+        cbor(&obj, &mut attestation_object);
+        AuthenticatorParamsV2 {
+            authenticator_name: name.into(),
+            challenge: challenge.into(),
+            attestation: Some(Attestation {
+                credential_id: self.credential_id(),
+                client_data_json: b64url(client_data.as_bytes()),
+                attestation_object: b64url(&attestation_object),
+                transports: vec![AuthenticatorTransport::Internal, AuthenticatorTransport::Hybrid],
+            }),
+        }
+    }
+
+    /// The `X-Stamp-Webauthn` value of `@turnkey/webauthn-stamper` for `body`, from `origin`.
+    fn stamp(&self, body: &[u8], origin: &str) -> String {
+        let challenge = b64url(hex::encode(Sha256::digest(body)).as_bytes());
+        let client_data = json!({"type": "webauthn.get", "challenge": challenge, "origin": origin}).to_string();
+        let mut auth_data = Sha256::digest(RP).to_vec();
+        auth_data.push(0x05); // UP | UV
+        auth_data.extend_from_slice(&1u32.to_be_bytes());
+        let mut msg = auth_data.clone();
+        msg.extend_from_slice(&Sha256::digest(client_data.as_bytes()));
+        let sig: p256::ecdsa::Signature = self.key.sign(&msg);
+        json!({
+            "authenticatorData": b64url(&auth_data),
+            "clientDataJson": b64url(client_data.as_bytes()),
+            "credentialId": self.credential_id(),
+            "signature": b64url(sig.to_der().as_bytes()),
+        })
+        .to_string()
+    }
+}
+
+/// POSTs `body` stamped with `X-Stamp-Webauthn: stamp`.
+async fn post_webauthn(stack: &Stack, path: &str, body: &[u8], stamp: &str) -> RawResponse {
+    let resp = reqwest::Client::new()
+        .post(format!("{}{}", stack.base_url, path))
+        .header("X-Stamp-Webauthn", stamp)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    RawResponse { status, content_type, json, text }
+}
+
+fn whoami_body(org: &str) -> Vec<u8> {
+    json!({ "organizationId": org }).to_string().into_bytes()
+}
+
+fn create_wallet_body(org: &str, name: &str) -> Vec<u8> {
+    json!({
+        "type": "ACTIVITY_TYPE_CREATE_WALLET",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": {"walletName": name, "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
+            "path": "m/44'/60'/0'/0/0", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn assert_error(r: &RawResponse, status: u16, code: &str, message_start: &str) {
+    assert_eq!(r.status, status, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    assert_eq!(r.json["turnkeyErrorCode"], code, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().starts_with(message_start), "{}", r.text);
+}
+
+/// The official client's refusal: HTTP `status` and a body containing `needle`.
+fn refused<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
+    match r {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
+            assert_eq!(s, status, "{body}");
+            assert!(body.contains(needle), "{body}");
+        }
+        other => panic!("expected HTTP {status}, got {other:?}"),
+    }
+}
+
+async fn passkey_count(stack: &Stack) -> usize {
+    let req =
+        GetAuthenticatorsRequest { organization_id: stack.organization_id.clone(), user_id: stack.user_id.clone() };
+    stack.client().get_authenticators(req).await.unwrap().authenticators.len()
+}
+
+async fn provider_count(stack: &Stack) -> usize {
+    let req = GetOauthProvidersRequest {
+        organization_id: stack.organization_id.clone(),
+        user_id: Some(stack.user_id.clone()),
+    };
+    stack.client().get_oauth_providers(req).await.unwrap().oauth_providers.len()
+}
+
+async fn wallet_count(stack: &Stack) -> usize {
+    let req = turnkey_client::generated::GetWalletsRequest { organization_id: stack.organization_id.clone() };
+    stack.client().get_wallets(req).await.unwrap().wallets.len()
+}
+
+#[tokio::test]
+async fn passkeys_register_stamp_and_are_deleted() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (plain, packed) = (Passkey::new(), Passkey::new());
+
+    // Register both through the official client: "none" and "packed" self-attestation.
+    let challenge = b64url(b"registration challenge 1");
+    let created = client
+        .create_authenticators(
+            org.clone(),
+            client.current_timestamp(),
+            CreateAuthenticatorsIntentV2 {
+                authenticators: vec![
+                    plain.register("laptop", &challenge, "none"),
+                    packed.register("yubikey", &challenge, "packed"),
+                ],
+                user_id: stack.user_id.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.result.authenticator_ids.len(), 2);
+
+    let list = client
+        .get_authenticators(GetAuthenticatorsRequest { organization_id: org.clone(), user_id: stack.user_id.clone() })
+        .await
+        .unwrap()
+        .authenticators;
+    assert_eq!(list.len(), 2);
+    for (a, (pk, name, fmt)) in list.iter().zip([(&plain, "laptop", "none"), (&packed, "yubikey", "packed")]) {
+        assert_eq!(a.authenticator_name, name);
+        assert_eq!(a.attestation_type, fmt);
+        assert_eq!(a.credential_id, pk.credential_id());
+        assert_eq!(a.aaguid, "00000000-0000-0000-0000-000000000000");
+        assert_eq!(a.transports, vec![AuthenticatorTransport::Internal, AuthenticatorTransport::Hybrid]);
+        let cred = a.credential.as_ref().unwrap();
+        assert_eq!(cred.public_key, pk.public_key_hex());
+        assert_eq!(cred.r#type, CredentialType::WebauthnAuthenticator);
+    }
+    let one = client
+        .get_authenticator(GetAuthenticatorRequest {
+            organization_id: org.clone(),
+            authenticator_id: created.result.authenticator_ids[1].clone(),
+        })
+        .await
+        .unwrap()
+        .authenticator
+        .unwrap();
+    assert_eq!(one.authenticator_name, "yubikey");
+    let user = client
+        .get_user(GetUserRequest { organization_id: org.clone(), user_id: stack.user_id.clone() })
+        .await
+        .unwrap()
+        .user
+        .unwrap();
+    assert_eq!(user.authenticators.len(), 2);
+    assert_eq!(user.api_keys.len(), 1);
+
+    // A passkey stamps whoami and a create_wallet (raw HTTP, as @turnkey/webauthn-stamper does).
+    for pk in [&plain, &packed] {
+        let body = whoami_body(&org);
+        let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &pk.stamp(&body, ORIGIN)).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.json["userId"], stack.user_id);
+        assert_eq!(r.json["organizationId"], org);
+    }
+    let body = create_wallet_body(&org, "passkey wallet");
+    let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &packed.stamp(&body, ORIGIN)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity = &r.json["activity"];
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED");
+    assert_eq!(activity["votes"][0]["scheme"], "SIGNATURE_SCHEME_TK_WEBAUTHN");
+    assert_eq!(activity["votes"][0]["publicKey"], packed.public_key_hex());
+    assert_eq!(activity["votes"][0]["userId"], stack.user_id);
+    assert_eq!(activity["votes"][0]["user"]["authenticators"][0]["credentialId"], packed.credential_id());
+    assert_eq!(activity["result"]["createWalletResult"]["addresses"].as_array().unwrap().len(), 1);
+    // The official client reads that activity (votes included) back.
+    let got = client
+        .get_activity(turnkey_client::generated::GetActivityRequest {
+            organization_id: org.clone(),
+            activity_id: activity["id"].as_str().unwrap().into(),
+        })
+        .await
+        .unwrap()
+        .activity
+        .unwrap();
+    assert_eq!(got.votes[0].scheme, "SIGNATURE_SCHEME_TK_WEBAUTHN");
+    assert_eq!(wallet_count(&stack).await, 1);
+
+    // Refusals change nothing: a tampered signature, a stamp over another body, an unknown
+    // credential, a malformed header.
+    let body = create_wallet_body(&org, "never");
+    let mut stamp: Value = serde_json::from_str(&packed.stamp(&body, ORIGIN)).unwrap();
+    let mut sig =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(stamp["signature"].as_str().unwrap()).unwrap();
+    let n = sig.len();
+    sig[n - 1] ^= 0x01;
+    stamp["signature"] = json!(b64url(&sig));
+    let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &stamp.to_string()).await;
+    assert_error(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
+    let other_body = create_wallet_body(&org, "other");
+    let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &packed.stamp(&other_body, ORIGIN)).await;
+    assert_error(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
+    let stranger = Passkey::new();
+    let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &stranger.stamp(&body, ORIGIN)).await;
+    assert_error(
+        &r,
+        401,
+        "CREDENTIAL_NOT_FOUND",
+        "credential ID could not be found in organization or its parent organization",
+    );
+    let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, "{\"credentialId\":1}").await;
+    assert_error(&r, 401, "SIGNATURE_INVALID", "malformed WebAuthn stamp");
+    assert_eq!(wallet_count(&stack).await, 1);
+
+    // Registration refusals: a credential id already in the organization, a wrong challenge, a
+    // forged packed signature. Nothing is added.
+    let intent = |params: AuthenticatorParamsV2| CreateAuthenticatorsIntentV2 {
+        authenticators: vec![params],
+        user_id: stack.user_id.clone(),
+    };
+    let dup = client
+        .create_authenticators(
+            org.clone(),
+            client.current_timestamp(),
+            intent(plain.register("again", &challenge, "none")),
+        )
+        .await;
+    refused(dup, 400, "already exists");
+    let mut wrong = Passkey::new().register("wrong", &challenge, "none");
+    wrong.challenge = b64url(b"another challenge");
+    refused(
+        client.create_authenticators(org.clone(), client.current_timestamp(), intent(wrong)).await,
+        400,
+        "challenge does not match",
+    );
+    // A packed self-attestation whose signature covers other client data does not verify.
+    let mut forged = Passkey::new().register("forged", &challenge, "packed");
+    forged.attestation.as_mut().unwrap().client_data_json = b64url(
+        json!({"type": "webauthn.create", "challenge": challenge, "origin": "https://elsewhere.example"})
+            .to_string()
+            .as_bytes(),
+    );
+    refused(
+        client.create_authenticators(org.clone(), client.current_timestamp(), intent(forged)).await,
+        400,
+        "does not verify",
+    );
+    assert_eq!(passkey_count(&stack).await, 2);
+
+    // After delete_authenticators the passkey's stamp is refused; the other one still works.
+    let deleted = client
+        .delete_authenticators(
+            org.clone(),
+            client.current_timestamp(),
+            DeleteAuthenticatorsIntent {
+                user_id: stack.user_id.clone(),
+                authenticator_ids: vec![created.result.authenticator_ids[0].clone()],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.result.authenticator_ids, vec![created.result.authenticator_ids[0].clone()]);
+    assert_eq!(passkey_count(&stack).await, 1);
+    let body = whoami_body(&org);
+    let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &plain.stamp(&body, ORIGIN)).await;
+    assert_error(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
+    let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, ORIGIN)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Deleting it again: 404, nothing changes.
+    refused(
+        client
+            .delete_authenticators(
+                org.clone(),
+                client.current_timestamp(),
+                DeleteAuthenticatorsIntent {
+                    user_id: stack.user_id.clone(),
+                    authenticator_ids: vec![created.result.authenticator_ids[0].clone()],
+                },
+            )
+            .await,
+        404,
+        "authenticator not found",
+    );
+    assert_eq!(passkey_count(&stack).await, 1);
+
+    // Allowed origins (FEATURE_NAME_WEBAUTHN_ORIGINS), when the feature can be set.
+    let feature = json!({
+        "type": "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": {"name": "FEATURE_NAME_WEBAUTHN_ORIGINS", "value": "https://other.example, https://coffer.example"},
+    })
+    .to_string();
+    let key = stack.api_key();
+    let r = stack.post_raw("/public/v1/submit/set_organization_feature", feature.as_bytes(), Some(&key)).await;
+    if r.status == 404 {
+        eprintln!("set_organization_feature is not available: origin sub-case skipped");
+    } else {
+        assert_eq!(r.status, 200, "{}", r.text);
+        let body = whoami_body(&org);
+        let r =
+            post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, "https://evil.example")).await;
+        assert_error(&r, 401, "UNAUTHENTICATED", "WebAuthn origin");
+        let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, ORIGIN)).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+}
+
+#[tokio::test]
+async fn inline_passkey_on_create_users_goes_with_the_user() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let pk = Passkey::new();
+    let created = client
+        .create_users(
+            org.clone(),
+            client.current_timestamp(),
+            CreateUsersIntentV4 {
+                users: vec![UserParamsV4 {
+                    user_name: "alice".into(),
+                    user_email: None,
+                    user_phone_number: None,
+                    api_keys: vec![],
+                    authenticators: vec![pk.register("alice's phone", &b64url(b"c"), "none")],
+                    oauth_providers: vec![OauthProviderParamsV2 {
+                        provider_name: "google".into(),
+                        token_or_claims: Some(TokenOrClaims::OidcClaims(OidcClaims {
+                            iss: "https://accounts.google.com".into(),
+                            sub: "alice-sub".into(),
+                            aud: "app".into(),
+                        })),
+                    }],
+                    user_tags: vec![],
+                }],
+            },
+        )
+        .await
+        .unwrap();
+    let alice = created.result.user_ids[0].clone();
+    let user = client
+        .get_user(GetUserRequest { organization_id: org.clone(), user_id: alice.clone() })
+        .await
+        .unwrap()
+        .user
+        .unwrap();
+    assert_eq!(user.authenticators.len(), 1);
+    assert_eq!(user.authenticators[0].credential_id, pk.credential_id());
+    assert_eq!(user.oauth_providers.len(), 1);
+    assert_eq!(user.oauth_providers[0].subject, "alice-sub");
+
+    let body = whoami_body(&org);
+    let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &pk.stamp(&body, ORIGIN)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["userId"], alice);
+    assert_eq!(r.json["username"], "alice");
+
+    // A second user with the same passkey is refused whole: no user is created.
+    let again = client
+        .create_users(
+            org.clone(),
+            client.current_timestamp(),
+            CreateUsersIntentV4 {
+                users: vec![UserParamsV4 {
+                    user_name: "mallory".into(),
+                    user_email: None,
+                    user_phone_number: None,
+                    api_keys: vec![],
+                    authenticators: vec![pk.register("copy", &b64url(b"c"), "none")],
+                    oauth_providers: vec![],
+                    user_tags: vec![],
+                }],
+            },
+        )
+        .await;
+    refused(again, 400, "already exists");
+    let users = client.get_users(GetUsersRequest { organization_id: org.clone() }).await.unwrap().users;
+    assert_eq!(users.len(), 2);
+
+    // Deleting the user takes its passkey with it.
+    client
+        .delete_users(org.clone(), client.current_timestamp(), DeleteUsersIntent { user_ids: vec![alice] })
+        .await
+        .unwrap();
+    let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &pk.stamp(&body, ORIGIN)).await;
+    assert_error(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
+    let providers = client
+        .get_oauth_providers(GetOauthProvidersRequest { organization_id: org.clone(), user_id: None })
+        .await
+        .unwrap()
+        .oauth_providers;
+    assert!(providers.is_empty());
+}
+
+// --- a local OIDC issuer -------------------------------------------------------------------------
+
+/// Serves `/.well-known/openid-configuration` and `/jwks` on 127.0.0.1; returns its issuer URL.
+async fn oidc_issuer(jwk: Value) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", listener.local_addr().unwrap());
+    let iss = issuer.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let (iss, jwk) = (iss.clone(), jwk.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(m) => n += m,
+                    }
+                }
+                let req = String::from_utf8_lossy(&buf[..n]);
+                let path = req.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = match path {
+                    "/.well-known/openid-configuration" => {
+                        ("200 OK", json!({"issuer": iss, "jwks_uri": format!("{iss}/jwks")}).to_string())
+                    }
+                    "/jwks" => ("200 OK", json!({"keys": [jwk]}).to_string()),
+                    _ => ("404 Not Found", "{}".to_string()),
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    issuer
+}
+
+fn jwk(key: &p256::ecdsa::SigningKey) -> Value {
+    let p = key.verifying_key().to_encoded_point(false);
+    json!({"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
+        "x": b64url(p.x().unwrap()), "y": b64url(p.y().unwrap())})
+}
+
+fn es256_token(key: &p256::ecdsa::SigningKey, claims: &Value) -> String {
+    let h = b64url(json!({"alg": "ES256", "kid": "k1", "typ": "JWT"}).to_string().as_bytes());
+    let input = format!("{h}.{}", b64url(claims.to_string().as_bytes()));
+    let sig: p256::ecdsa::Signature = key.sign(input.as_bytes());
+    format!("{input}.{}", b64url(&sig.to_bytes()))
+}
+
+#[tokio::test]
+async fn oauth_providers_verified_against_a_local_issuer() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let key = fresh_key();
+    let issuer = oidc_issuer(jwk(&key)).await;
+    let now = (Stack::now_ms() / 1000) as i64;
+    let claims = |sub: &str, exp: i64| json!({"iss": issuer, "sub": sub, "aud": "coffer-app", "exp": exp, "iat": now});
+    let intent = |token: String| CreateOauthProvidersIntentV2 {
+        user_id: stack.user_id.clone(),
+        oauth_providers: vec![OauthProviderParamsV2 {
+            provider_name: "local".into(),
+            token_or_claims: Some(TokenOrClaims::OidcToken(token)),
+        }],
+    };
+
+    let created = client
+        .create_oauth_providers(
+            org.clone(),
+            client.current_timestamp(),
+            intent(es256_token(&key, &claims("u-1", now + 600))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.result.provider_ids.len(), 1);
+    let user = client
+        .get_user(GetUserRequest { organization_id: org.clone(), user_id: stack.user_id.clone() })
+        .await
+        .unwrap()
+        .user
+        .unwrap();
+    assert_eq!(user.oauth_providers.len(), 1);
+    let p = &user.oauth_providers[0];
+    assert_eq!(p.provider_id, created.result.provider_ids[0]);
+    assert_eq!((p.provider_name.as_str(), p.issuer.as_str()), ("local", issuer.as_str()));
+    assert_eq!((p.subject.as_str(), p.audience.as_str()), ("u-1", "coffer-app"));
+    let users = client.get_users(GetUsersRequest { organization_id: org.clone() }).await.unwrap().users;
+    assert_eq!(users[0].oauth_providers.len(), 1);
+    assert_eq!(provider_count(&stack).await, 1);
+
+    // The same identity again, an expired token, a token signed by another key, a token whose
+    // issuer cannot be reached: 400, nothing changes.
+    refused(
+        client
+            .create_oauth_providers(
+                org.clone(),
+                client.current_timestamp(),
+                intent(es256_token(&key, &claims("u-1", now + 600))),
+            )
+            .await,
+        400,
+        "oauth provider already exists",
+    );
+    let expired = intent(es256_token(&key, &claims("u-2", now - 10)));
+    refused(
+        client.create_oauth_providers(org.clone(), client.current_timestamp(), expired).await,
+        400,
+        "invalid OIDC token",
+    );
+    let other_key = fresh_key();
+    let forged = intent(es256_token(&other_key, &claims("u-3", now + 600)));
+    refused(
+        client.create_oauth_providers(org.clone(), client.current_timestamp(), forged).await,
+        400,
+        "invalid OIDC token",
+    );
+    let mut far = claims("u-4", now + 600);
+    far["iss"] = json!("http://127.0.0.1:9");
+    let unreachable = intent(es256_token(&key, &far));
+    refused(
+        client.create_oauth_providers(org.clone(), client.current_timestamp(), unreachable).await,
+        400,
+        "invalid OIDC token",
+    );
+    // The raw error body carries the spec's code.
+    let body = json!({
+        "type": "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": {"userId": stack.user_id, "oauthProviders": [{"providerName": "x", "oidcToken": "not.a.jwt"}]},
+    })
+    .to_string();
+    let r = stack.post_raw("/public/v1/submit/create_oauth_providers", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_error(&r, 400, "INVALID_OIDC_TOKEN", "invalid OIDC token");
+    assert_eq!(provider_count(&stack).await, 1);
+
+    // Claims instead of a token, then delete_oauth_providers.
+    let by_claims = client
+        .create_oauth_providers(
+            org.clone(),
+            client.current_timestamp(),
+            CreateOauthProvidersIntentV2 {
+                user_id: stack.user_id.clone(),
+                oauth_providers: vec![OauthProviderParamsV2 {
+                    provider_name: "apple".into(),
+                    token_or_claims: Some(TokenOrClaims::OidcClaims(OidcClaims {
+                        iss: "https://appleid.apple.com".into(),
+                        sub: "a-1".into(),
+                        aud: "com.example".into(),
+                    })),
+                }],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(provider_count(&stack).await, 2);
+    let deleted = client
+        .delete_oauth_providers(
+            org.clone(),
+            client.current_timestamp(),
+            DeleteOauthProvidersIntent {
+                user_id: stack.user_id.clone(),
+                provider_ids: vec![created.result.provider_ids[0].clone()],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.result.provider_ids, created.result.provider_ids);
+    let req = GetOauthProvidersRequest { organization_id: org.clone(), user_id: Some(stack.user_id.clone()) };
+    let left = client.get_oauth_providers(req).await.unwrap().oauth_providers;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].provider_id, by_claims.result.provider_ids[0]);
+}
