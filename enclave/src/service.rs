@@ -125,6 +125,21 @@ fn addresses_for(curve: Curve, public_key: &[u8], formats: &[String]) -> Result<
         .collect()
 }
 
+/// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
+fn seal_wallet(
+    hsm: &Hsm,
+    organization_id: &str,
+    wallet_id: &str,
+    phrase: &str,
+    specs: &[pb::AccountSpec],
+) -> Result<pb::CreateWalletResponse, EnclaveError> {
+    let seed = keys::seed_from_phrase(phrase)?;
+    let accounts = derive_accounts(hsm, organization_id, seed.as_slice(), specs)?;
+    let binding = BlobBinding { kind: BlobKind::WalletSeed, organization_id, resource_id: wallet_id };
+    let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
+    Ok(pb::CreateWalletResponse { sealed_seed, accounts })
+}
+
 /// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.
 fn checked_phrase(plain: &[u8]) -> Result<Zeroizing<String>, EnclaveError> {
     let text = std::str::from_utf8(plain).map_err(|_| EnclaveError::invalid("invalid mnemonic"))?;
@@ -153,17 +168,7 @@ impl Enclave for EnclaveService {
             let words = if req.mnemonic_length == 0 { 12 } else { req.mnemonic_length };
             let entropy = hsm.random(keys::entropy_len_for_words(words)?)?;
             let phrase = keys::mnemonic_phrase(&entropy, "")?;
-            let seed = keys::seed_from_phrase(&phrase)?;
-            let accounts = derive_accounts(&hsm, &req.organization_id, seed.as_slice(), &req.accounts)?;
-            let sealed_seed = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::WalletSeed,
-                    organization_id: &req.organization_id,
-                    resource_id: &req.wallet_id,
-                },
-                phrase.as_bytes(),
-            )?;
-            Ok(pb::CreateWalletResponse { sealed_seed, accounts })
+            seal_wallet(&hsm, &req.organization_id, &req.wallet_id, &phrase, &req.accounts)
         })
         .await
     }
@@ -318,17 +323,7 @@ impl Enclave for EnclaveService {
             let target = secret32(&target)?;
             let plain = bundle::open_encrypted_bundle(&target, &req.encrypted_bundle)?;
             let phrase = checked_phrase(&plain)?;
-            let seed = keys::seed_from_phrase(&phrase)?;
-            let accounts = derive_accounts(&hsm, &sealed.organization_id, seed.as_slice(), &req.accounts)?;
-            let sealed_seed = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::WalletSeed,
-                    organization_id: &sealed.organization_id,
-                    resource_id: &req.wallet_id,
-                },
-                phrase.as_bytes(),
-            )?;
-            Ok(pb::CreateWalletResponse { sealed_seed, accounts })
+            seal_wallet(&hsm, &sealed.organization_id, &req.wallet_id, &phrase, &req.accounts)
         })
         .await
     }
