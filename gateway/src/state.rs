@@ -13,14 +13,27 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Runs blocking store work off the async executor.
+    /// Runs store reads. They are short, indexed SQLite reads on a pooled reader connection
+    /// (WAL: never blocked by the writer), so they run inline: a hop to the blocking pool costs
+    /// more than the read itself (measured with `coffer-bench`, see README "Performance").
     pub async fn db<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&dyn Store) -> T + Send + 'static,
     ) -> Result<T, crate::error::ApiError> {
+        Ok(f(self.store.as_ref()))
+    }
+
+    /// Commits an activity with its effects: waits for the group commit (and its fsync) on
+    /// the blocking pool, never on an executor thread.
+    pub async fn commit(
+        self: &Arc<Self>,
+        record: crate::store::ActivityRecord,
+        writes: Vec<crate::store::Write>,
+    ) -> Result<crate::store::Committed, crate::error::ApiError> {
         let state = self.clone();
-        tokio::task::spawn_blocking(move || f(state.store.as_ref()))
+        tokio::task::spawn_blocking(move || state.store.commit(&record, &writes))
             .await
-            .map_err(|_| crate::error::ApiError::internal())
+            .map_err(|_| crate::error::ApiError::internal())?
+            .map_err(Into::into)
     }
 }

@@ -117,8 +117,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
             created_at: now,
             updated_at: now,
         };
-        let (Committed::New(activity) | Committed::Existing(activity)) =
-            state.db(move |s| s.commit(&record, &[])).await??;
+        let (Committed::New(activity) | Committed::Existing(activity)) = state.commit(record, vec![]).await?;
         return Ok(json!({ "activity": render::activity(&activity, false) }));
     }
     let ctx = Ctx { state: state.clone(), org: org.clone(), caller, activity_id: activity_id.clone(), now };
@@ -137,7 +136,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         created_at: now,
         updated_at: now_nanos(),
     };
-    let committed = state.db(move |s| s.commit(&record, &outcome.writes)).await??;
+    let committed = state.commit(record, outcome.writes).await?;
     let activity = match committed {
         Committed::New(a) | Committed::Existing(a) => a,
     };

@@ -117,8 +117,9 @@ pub async fn authenticator_rows(
             aaguid: reg.aaguid,
             transports,
             sign_count: reg.sign_count as i64,
-            created_at: now,
-            updated_at: now,
+            // A nanosecond apart, so lists keep the request's order.
+            created_at: now + rows.len() as i64,
+            updated_at: now + rows.len() as i64,
         });
     }
     Ok(rows)

@@ -98,8 +98,9 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
             exported: false,
             imported: false,
             sealed_key: km.sealed_key,
-            created_at: ctx.now,
-            updated_at: ctx.now,
+            // A nanosecond apart, so lists keep the request's order.
+            created_at: ctx.now + rows.len() as i64,
+            updated_at: ctx.now + rows.len() as i64,
         });
     }
     let result: Vec<Value> = rows

@@ -17,6 +17,10 @@ pub mod oauth;
 pub mod contracts;
 pub mod organization;
 pub mod policies;
+// <tvc apps and deployments>
+pub mod tvc;
+// <sub-organizations>
+pub mod suborgs;
 
 use serde::Deserialize;
 
@@ -360,6 +364,49 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "UPDATE",
         organization::update_root_quorum
     ),
+    // <tvc apps and deployments>
+    op!(
+        "create_tvc_app",
+        "ACTIVITY_TYPE_CREATE_TVC_APP",
+        "createTvcAppIntent",
+        "createTvcAppResult",
+        "TVC_APP" / "CREATE",
+        tvc::create_tvc_app
+    ),
+    op!(
+        "create_tvc_deployment",
+        "ACTIVITY_TYPE_CREATE_TVC_DEPLOYMENT",
+        "createTvcDeploymentIntent",
+        "createTvcDeploymentResult",
+        "TVC_DEPLOYMENT" / "CREATE",
+        tvc::create_tvc_deployment
+    ),
+    op!(
+        "delete_tvc_app_and_deployments",
+        "ACTIVITY_TYPE_DELETE_TVC_APP_AND_DEPLOYMENTS",
+        "deleteTvcAppAndDeploymentsIntent",
+        "deleteTvcAppAndDeploymentsResult",
+        "TVC_APP" / "DELETE",
+        tvc::delete_tvc_app_and_deployments
+    ),
+    // <sub-organizations>
+    op!(
+        "create_sub_organization",
+        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+        "createSubOrganizationIntentV8",
+        "createSubOrganizationResultV8",
+        "ORGANIZATION" / "CREATE",
+        suborgs::create_sub_organization
+    ),
+    // Only the sub-organization's root users, meeting its root quorum, may delete it.
+    op!(root_quorum
+        "delete_sub_organization",
+        "ACTIVITY_TYPE_DELETE_SUB_ORGANIZATION",
+        "deleteSubOrganizationIntent",
+        "deleteSubOrganizationResult",
+        "ORGANIZATION" / "DELETE",
+        suborgs::delete_sub_organization
+    ),
 ];
 
 /// Every query endpoint.
@@ -394,6 +441,14 @@ pub static QUERIES: &[Query] = &[
     },
     Query { path: "get_organization", handler: query_handler!(organization::get_organization) },
     Query { path: "get_organization_configs", handler: query_handler!(organization::get_organization_configs) },
+    // <tvc apps and deployments>
+    Query { path: "get_tvc_app", handler: query_handler!(tvc::get_tvc_app) },
+    Query { path: "list_tvc_apps", handler: query_handler!(tvc::list_tvc_apps) },
+    Query { path: "list_tvc_app_deployments", handler: query_handler!(tvc::list_tvc_app_deployments) },
+    Query { path: "get_tvc_deployment", handler: query_handler!(tvc::get_tvc_deployment) },
+    Query { path: "list_tvc_operators", handler: query_handler!(tvc::list_tvc_operators) },
+    // <sub-organizations>
+    Query { path: "list_suborgs", handler: query_handler!(suborgs::list_suborgs) },
 ];
 
 pub fn activity(path: &str) -> Option<&'static Operation> {
@@ -415,8 +470,9 @@ pub struct Pagination {
 
 impl Pagination {
     pub fn limit(&self) -> Result<usize, ApiError> {
-        match &self.limit {
-            None => Ok(10),
+        match self.limit.as_deref().map(str::trim) {
+            // The Rust client's default Pagination sends "" for an unset limit.
+            None | Some("") => Ok(10),
             Some(s) => match s.parse::<usize>() {
                 Ok(n) if (1..=100).contains(&n) => Ok(n),
                 _ => Err(ApiError::invalid("invalid pagination limit: must be a string from \"1\" to \"100\"")),

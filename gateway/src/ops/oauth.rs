@@ -97,8 +97,9 @@ pub async fn provider_rows(
             issuer,
             audience,
             subject,
-            created_at: now,
-            updated_at: now,
+            // A nanosecond apart, so lists keep the request's order.
+            created_at: now + rows.len() as i64,
+            updated_at: now + rows.len() as i64,
         });
     }
     Ok(rows)

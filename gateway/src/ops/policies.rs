@@ -129,7 +129,8 @@ pub async fn create_policies(ctx: Ctx, intent: CreatePoliciesIntent) -> Result<O
         .policies
         .into_iter()
         .enumerate()
-        .map(|(i, p)| new_policy(&ctx.org.id, ctx.now, p, &format!(" (policies[{i}])")))
+        // A nanosecond apart, so lists keep the batch's order.
+        .map(|(i, p)| new_policy(&ctx.org.id, ctx.now + i as Nanos, p, &format!(" (policies[{i}])")))
         .collect::<Result<Vec<_>, _>>()?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
     let result = json!({ "policyIds": ids });

@@ -206,7 +206,8 @@ pub fn api_key_rows(
 ) -> Result<Vec<ApiKey>, ApiError> {
     params
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             required(&p.api_key_name, "apiKeyName")?;
             let (public_key, credential_type) = parse_api_public_key(&p.curve_type, &p.public_key)?;
             let expiration_seconds = parse_expiration(p.expiration_seconds.as_ref())?;
@@ -225,8 +226,9 @@ pub fn api_key_rows(
                 public_key,
                 credential_type: credential_type.to_string(),
                 expiration_seconds,
-                created_at: now,
-                updated_at: now,
+                // A nanosecond apart, so lists keep the request's order.
+                created_at: now + i as i64,
+                updated_at: now + i as i64,
             })
         })
         .collect()
@@ -297,8 +299,9 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
             name: p.user_name.clone(),
             email,
             phone_number: phone,
-            created_at: ctx.now,
-            updated_at: ctx.now,
+            // A nanosecond apart, so lists keep the request's order.
+            created_at: ctx.now + user_ids.len() as i64,
+            updated_at: ctx.now + user_ids.len() as i64,
         }));
         writes.extend(keys.into_iter().map(Write::InsertApiKey));
         if !tags.is_empty() {

@@ -209,6 +209,37 @@ pub struct OauthProviderRecord {
     pub updated_at: Nanos,
 }
 
+/// Which sub-organizations `list_suborgs` keeps (`filterType` / `filterValue`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubOrgFilter {
+    All,
+    Name(String),
+    Username(String),
+    /// Compared case-insensitively.
+    Email(String),
+    PhoneNumber(String),
+    /// A passkey's credential id (base64url without padding).
+    CredentialId(String),
+    /// An API key's or a passkey's public key (lowercase hex).
+    PublicKey(String),
+    /// Compared case-insensitively for `0x` hex addresses, exactly otherwise.
+    WalletAccountAddress(String),
+    /// The (issuer, subject, audience) of an OAuth provider.
+    OauthIdentity {
+        issuer: String,
+        subject: String,
+        audience: String,
+    },
+}
+
+/// A page of sub-organization ids: at most `limit`, strictly after / before the cursor ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubOrgPage {
+    pub limit: usize,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
 /// One effect of an activity, applied inside the activity's transaction.
 #[derive(Debug, Clone)]
 pub enum Write {
@@ -323,6 +354,28 @@ pub enum Write {
         user_ids: Vec<String>,
         updated_at: Nanos,
     },
+    // <tvc apps and deployments>
+    /// Fails the transaction unless this organization's records of `kind` whose `data[key]` is the
+    /// string `value` are exactly `ids`: the set a handler read is still the whole set.
+    RequireRecordSet {
+        organization_id: String,
+        kind: String,
+        key: String,
+        value: String,
+        ids: Vec<String>,
+    },
+    // <sub-organizations>
+    /// Deletes a sub-organization with everything it holds once its `delete_sub_organization`
+    /// activity `activity_id` is recorded in the same transaction; that activity is moved to the
+    /// parent's log so it outlives the sub-organization (migration 0005's trigger). Fails if the
+    /// organization is not a sub-organization of `parent_id`, or, with `require_exported`, if it
+    /// holds a wallet or private key that was never exported.
+    DeleteSubOrganization {
+        organization_id: String,
+        parent_id: String,
+        activity_id: String,
+        require_exported: bool,
+    },
 }
 
 impl std::fmt::Debug for ImportTarget {
@@ -406,4 +459,21 @@ pub trait Store: Send + Sync + 'static {
         organization_id: &str,
         user_id: Option<&str>,
     ) -> Result<Vec<OauthProviderRecord>, StoreError>;
+
+    // <sub-organizations>
+    /// One page of the ids of `parent_id`'s sub-organizations that match `filter`, oldest first.
+    fn sub_organization_ids(
+        &self,
+        parent_id: &str,
+        filter: &SubOrgFilter,
+        page: &SubOrgPage,
+    ) -> Result<Vec<String>, StoreError>;
+    /// How many rows of each table belong to the organization: every table with an
+    /// `organization_id` column (zeros included), and `organizations` (the row itself and its
+    /// sub-organizations). For audits and tests of deletion.
+    fn organization_footprint(&self, organization_id: &str) -> Result<Vec<(String, i64)>, StoreError>;
+    /// Leaves no old copy of deleted rows in the store's files (SQLite: the pages
+    /// `secure_delete` zeroed are checkpointed into the database and the WAL is truncated).
+    /// `Ok(false)` when readers kept it from completing; call again later.
+    fn purge_deleted_data(&self) -> Result<bool, StoreError>;
 }

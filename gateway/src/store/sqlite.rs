@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0002_records.sql"),
     include_str!("migrations/0003_users.sql"),
     include_str!("migrations/0004_credentials.sql"),
+    include_str!("migrations/0005_suborgs.sql"),
 ];
 const READERS: usize = 4;
 
@@ -503,7 +504,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         Write::PutRecord(r) => {
             tx.execute(
                 "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (kind, id) DO UPDATE SET name = excluded.name, data = excluded.data, updated_at = excluded.updated_at",
+                 ON CONFLICT (organization_id, kind, id) DO UPDATE SET name = excluded.name, data = excluded.data, updated_at = excluded.updated_at",
                 params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
             )
             .map_err(|e| match backend(e) {
@@ -822,6 +823,73 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             if n != 1 {
                 return Err(StoreError::Conflict(format!("organization not found: {organization_id}")));
             }
+        }
+        // <tvc apps and deployments>
+        Write::RequireRecordSet { organization_id, kind, key, value, ids } => {
+            let mut stmt = tx
+                .prepare_cached("SELECT id, data FROM records WHERE organization_id = ?1 AND kind = ?2")
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![organization_id, kind], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(backend)?;
+            let mut found = std::collections::BTreeSet::new();
+            for row in rows {
+                let (id, data) = row.map_err(backend)?;
+                let data: serde_json::Value = parse_json(data);
+                if data.get(key).and_then(serde_json::Value::as_str) == Some(value.as_str()) {
+                    found.insert(id);
+                }
+            }
+            if found != ids.iter().cloned().collect() {
+                return Err(StoreError::Conflict(format!(
+                    "{} records changed while this activity ran; retry",
+                    kind.replace('_', " ")
+                )));
+            }
+        }
+        // <sub-organizations>
+        Write::DeleteSubOrganization { organization_id, parent_id, activity_id, require_exported } => {
+            let parent: Option<Option<String>> = tx
+                .query_row("SELECT parent_id FROM organizations WHERE id = ?1", params![organization_id], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            match parent {
+                None => return Err(StoreError::Conflict(format!("organization not found: {organization_id}"))),
+                Some(p) if p.as_deref() != Some(parent_id.as_str()) => {
+                    return Err(StoreError::Conflict(format!(
+                        "organization {organization_id} is not a sub-organization of {parent_id}"
+                    )))
+                }
+                Some(_) => {}
+            }
+            if *require_exported {
+                let unexported: Option<String> = tx
+                    .query_row(
+                        "SELECT 'wallet ' || id FROM wallets WHERE organization_id = ?1 AND exported = 0
+                         UNION ALL SELECT 'private key ' || id FROM private_keys WHERE organization_id = ?1 AND exported = 0
+                         LIMIT 1",
+                        params![organization_id],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(backend)?;
+                if let Some(what) = unexported {
+                    return Err(StoreError::Conflict(format!(
+                        "wallet account has not been exported: {what} was never exported; pass deleteWithoutExport: true to delete the sub-organization anyway"
+                    )));
+                }
+            }
+            // The deletion itself happens when the activity's row lands (migration 0005).
+            tx.execute(
+                "INSERT INTO organization_deletions (organization_id, parent_id, activity_id) VALUES (?1, ?2, ?3)",
+                params![organization_id, parent_id, activity_id],
+            )
+            .map_err(|e| match backend(e) {
+                StoreError::Unique(_) => {
+                    StoreError::Conflict(format!("sub-organization {organization_id} is already being deleted"))
+                }
+                other => other,
+            })?;
         }
         Write::PutImportTarget(t) => {
             tx.execute(
@@ -1171,6 +1239,120 @@ impl Store for SqliteStore {
             .query_map(params![org, user_id], oauth_provider_row)?
             .collect()
         })
+    }
+
+    // <sub-organizations>
+    fn sub_organization_ids(
+        &self,
+        parent: &str,
+        filter: &SubOrgFilter,
+        page: &SubOrgPage,
+    ) -> Result<Vec<String>, StoreError> {
+        // ?1 parent, ?2..?4 the filter's values, ?5 the `after` cursor, ?6 `before`, ?7 limit.
+        let (cond, values): (&str, [&str; 3]) = match filter {
+            SubOrgFilter::All => ("", ["", "", ""]),
+            SubOrgFilter::Name(v) => ("AND o.name = ?2", [v, "", ""]),
+            SubOrgFilter::Username(v) => ("AND o.id IN (SELECT organization_id FROM users WHERE name = ?2)", [v, "", ""]),
+            SubOrgFilter::Email(v) => {
+                ("AND o.id IN (SELECT organization_id FROM users WHERE lower(email) = lower(?2))", [v, "", ""])
+            }
+            SubOrgFilter::PhoneNumber(v) => {
+                ("AND o.id IN (SELECT organization_id FROM users WHERE phone_number = ?2)", [v, "", ""])
+            }
+            SubOrgFilter::CredentialId(v) => {
+                ("AND o.id IN (SELECT organization_id FROM authenticators WHERE credential_id = ?2)", [v, "", ""])
+            }
+            SubOrgFilter::PublicKey(v) => (
+                "AND (o.id IN (SELECT organization_id FROM api_keys WHERE public_key = ?2)
+                      OR o.id IN (SELECT organization_id FROM authenticators WHERE public_key = ?2))",
+                [v, "", ""],
+            ),
+            SubOrgFilter::WalletAccountAddress(v) => {
+                let hex = v.len() > 2
+                    && (v.starts_with("0x") || v.starts_with("0X"))
+                    && v[2..].bytes().all(|b| b.is_ascii_hexdigit());
+                (
+                    "AND o.id IN (SELECT organization_id FROM wallet_accounts
+                                  WHERE lower(address) = lower(?2) AND (?3 = 'any case' OR address = ?2))",
+                    [v, if hex { "any case" } else { "" }, ""],
+                )
+            }
+            SubOrgFilter::OauthIdentity { issuer, subject, audience } => (
+                "AND o.id IN (SELECT organization_id FROM oauth_providers WHERE issuer = ?2 AND subject = ?3 AND audience = ?4)",
+                [issuer, subject, audience],
+            ),
+        };
+        let after = match page.after {
+            Some(_) => "AND (o.created_at, o.id) > (SELECT c.created_at, c.id FROM organizations c WHERE c.id = ?5)",
+            None => "",
+        };
+        let before = match page.before {
+            Some(_) => "AND (o.created_at, o.id) < (SELECT c.created_at, c.id FROM organizations c WHERE c.id = ?6)",
+            None => "",
+        };
+        // Only `before`: the page just before the cursor, read backwards, then put in order.
+        let backwards = page.before.is_some() && page.after.is_none();
+        let dir = if backwards { "DESC" } else { "ASC" };
+        let sql = format!(
+            "SELECT o.id FROM organizations o WHERE o.parent_id = ?1 {cond} {after} {before}
+             ORDER BY o.created_at {dir}, o.id {dir} LIMIT ?7"
+        );
+        let mut ids: Vec<String> = self.read(|c| {
+            c.prepare_cached(&sql)?
+                .query_map(
+                    params![
+                        parent,
+                        values[0],
+                        values[1],
+                        values[2],
+                        page.after.as_deref().unwrap_or_default(),
+                        page.before.as_deref().unwrap_or_default(),
+                        page.limit as i64
+                    ],
+                    |r| r.get(0),
+                )?
+                .collect()
+        })?;
+        if backwards {
+            ids.reverse();
+        }
+        Ok(ids)
+    }
+
+    fn organization_footprint(&self, org: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        self.read(|c| {
+            let tables: Vec<String> = c
+                .prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+                )?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut out = Vec::with_capacity(tables.len());
+            for table in tables {
+                let columns: Vec<String> = c
+                    .prepare("SELECT name FROM pragma_table_info(?1)")?
+                    .query_map(params![table], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+                let sql = if table == "organizations" {
+                    format!("SELECT COUNT(*) FROM {quoted} WHERE id = ?1 OR parent_id = ?1")
+                } else if columns.iter().any(|c| c == "organization_id") {
+                    format!("SELECT COUNT(*) FROM {quoted} WHERE organization_id = ?1")
+                } else {
+                    continue;
+                };
+                out.push((table, c.query_row(&sql, params![org], |r| r.get(0))?));
+            }
+            Ok(out)
+        })
+    }
+
+    fn purge_deleted_data(&self) -> Result<bool, StoreError> {
+        // The WAL still holds the frames written before a deletion (secure_delete zeroes only
+        // the new page versions): copy the latest pages into the database, then empty the WAL.
+        let conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).map_err(backend)?;
+        Ok(busy == 0)
     }
 }
 

@@ -16,6 +16,8 @@ struct Args {
     duration: Duration,
     warmup: Duration,
     out: std::path::PathBuf,
+    /// Run only scenarios whose name contains this text.
+    only: Option<String>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -24,6 +26,7 @@ fn args() -> anyhow::Result<Args> {
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(2),
         out: std::path::PathBuf::from("target/bench/latest.json"),
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -33,8 +36,11 @@ fn args() -> anyhow::Result<Args> {
             "--duration" => a.duration = Duration::from_secs_f64(val()?.parse()?),
             "--warmup" => a.warmup = Duration::from_secs_f64(val()?.parse()?),
             "--out" => a.out = val()?.into(),
+            "--only" => a.only = Some(val()?),
             "--help" | "-h" => {
-                println!("coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE]");
+                println!(
+                    "coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE] [--only TEXT]"
+                );
                 std::process::exit(0);
             }
             other => bail!("unknown flag {other}"),
@@ -304,6 +310,11 @@ async fn main() -> anyhow::Result<()> {
     let args = args()?;
     eprintln!("starting a fresh stack (binaries from {})", coffer_tests::bin_dir().display());
     let stack = Stack::start().await;
+    // For profilers: where the processes are.
+    if let Ok(f) = std::env::var("COFFER_BENCH_PIDS") {
+        let (e, g) = stack.pids();
+        std::fs::write(f, format!("{} {}", e.unwrap_or(0), g.unwrap_or(0)))?;
+    }
     let client = stack.client();
     let org = stack.organization_id.clone();
 
@@ -344,7 +355,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let o = org.clone();
     let run_id = std::process::id();
-    let scenarios = vec![
+    let scenarios = [
         Scenario {
             name: "sign secp256k1 wallet account (HEX, KECCAK256)",
             path: "/public/v1/submit/sign_raw_payload",
@@ -404,11 +415,14 @@ async fn main() -> anyhow::Result<()> {
 
     let seq = Arc::new(AtomicU64::new(1));
     let mut results = Vec::new();
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     // One client back to back: the latency figure.
-    eprintln!("running: {} with 1 client", scenarios[0].name);
-    let single = run(&scenarios[0], &stack.base_url, key.clone(), 1, args.warmup, args.duration, seq.clone()).await;
-    results.push(("sign secp256k1 wallet account, 1 client", 1usize, single));
-    for sc in &scenarios {
+    if wanted("1 client") {
+        eprintln!("running: {} with 1 client", scenarios[0].name);
+        let single = run(&scenarios[0], &stack.base_url, key.clone(), 1, args.warmup, args.duration, seq.clone()).await;
+        results.push(("sign secp256k1 wallet account, 1 client", 1usize, single));
+    }
+    for sc in scenarios.iter().filter(|s| wanted(s.name)) {
         eprintln!("running: {} with {} clients", sc.name, args.clients);
         let s = run(sc, &stack.base_url, key.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
         results.push((sc.name, args.clients, s));

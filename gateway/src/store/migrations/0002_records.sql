@@ -8,7 +8,7 @@ CREATE TABLE records (
     data TEXT NOT NULL,
     created_at BIGINT NOT NULL,
     updated_at BIGINT NOT NULL,
-    PRIMARY KEY (kind, id),
+    PRIMARY KEY (organization_id, kind, id),
     UNIQUE (organization_id, kind, name)
 );
 CREATE INDEX records_org ON records(organization_id, kind, created_at);

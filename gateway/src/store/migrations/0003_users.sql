@@ -7,7 +7,7 @@ CREATE TABLE user_tags (
     tag_id TEXT NOT NULL,
     user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
     PRIMARY KEY (tag_id, user_id),
-    FOREIGN KEY (tag_kind, tag_id) REFERENCES records(kind, id) ON DELETE CASCADE
+    FOREIGN KEY (organization_id, tag_kind, tag_id) REFERENCES records(organization_id, kind, id) ON DELETE CASCADE
 );
 CREATE INDEX user_tags_user ON user_tags(user_id);
 CREATE INDEX user_tags_org ON user_tags(organization_id);

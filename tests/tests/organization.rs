@@ -1,0 +1,306 @@
+//! End to end: organization features, the root quorum (root-quorum-only activities, threshold
+//! above one waits for consensus), `get_organization` and `get_organization_configs`.
+
+use std::fmt::Debug;
+use std::path::Path;
+use std::process::Command;
+
+use coffer_tests::{bin_dir, Stack};
+use serde_json::{json, Value};
+use turnkey_client::generated::external::data::v1::Quorum;
+use turnkey_client::generated::immutable::activity::v1::ActivityStatus;
+use turnkey_client::generated::immutable::common::v1::{
+    AddressFormat, ApiKeyCurve, Curve, Effect, FeatureName, PathFormat,
+};
+use turnkey_client::generated::immutable::data::v1::Feature;
+use turnkey_client::generated::{
+    ApiKeyParamsV2, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent, GetActivityRequest,
+    GetOrganizationConfigsRequest, GetOrganizationResponse, RemoveOrganizationFeatureIntent,
+    SetOrganizationFeatureIntent, UpdateRootQuorumIntent, UserParamsV4, WalletAccountParams,
+};
+use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
+
+type Client = TurnkeyClient<TurnkeyP256ApiKey>;
+
+const UNKNOWN_ID: &str = "00000000-0000-4000-8000-000000000000";
+
+/// Asserts an HTTP refusal with `status` whose JSON message contains `needle`.
+#[track_caller]
+fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
+    match r {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
+            assert_eq!(s, status, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+            let m = v["message"].as_str().unwrap_or_default();
+            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
+        }
+        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
+    }
+}
+
+fn feature(name: FeatureName, value: &str) -> Feature {
+    Feature { name, value: Some(value.into()) }
+}
+
+async fn configs(c: &Client, org: &str) -> (Vec<Feature>, Quorum) {
+    let cfg = c
+        .get_organization_configs(GetOrganizationConfigsRequest { organization_id: org.into() })
+        .await
+        .unwrap()
+        .configs
+        .unwrap();
+    (cfg.features, cfg.quorum.unwrap())
+}
+
+async fn set(c: &Client, org: &str, name: FeatureName, value: &str) -> Result<Vec<Feature>, TurnkeyClientError> {
+    let intent = SetOrganizationFeatureIntent { name, value: Some(value.into()) };
+    c.set_organization_feature(org.into(), c.current_timestamp(), intent).await.map(|r| r.result.features)
+}
+
+async fn remove(c: &Client, org: &str, name: FeatureName) -> Result<Vec<Feature>, TurnkeyClientError> {
+    let intent = RemoveOrganizationFeatureIntent { name };
+    c.remove_organization_feature(org.into(), c.current_timestamp(), intent).await.map(|r| r.result.features)
+}
+
+async fn quorum(c: &Client, org: &str, threshold: i32, user_ids: &[&str]) -> Result<(), TurnkeyClientError> {
+    let intent = UpdateRootQuorumIntent { threshold, user_ids: user_ids.iter().map(|s| s.to_string()).collect() };
+    c.update_root_quorum(org.into(), c.current_timestamp(), intent).await.map(|_| ())
+}
+
+fn q(threshold: i32, user_ids: &[&str]) -> Quorum {
+    Quorum { threshold, user_ids: user_ids.iter().map(|s| s.to_string()).collect() }
+}
+
+/// How many activities the organization has recorded.
+async fn activity_count(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str) -> usize {
+    let body = json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
+    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["activities"].as_array().unwrap().len()
+}
+
+/// Runs `coffer-gateway` against the stack's database (as the harness does).
+fn gateway_cli(stack: &Stack, args: &[&str]) -> Value {
+    let dir: &Path = &stack.dir;
+    let out = Command::new(bin_dir().join("coffer-gateway"))
+        .env("SOFTHSM2_CONF", dir.join("softhsm2.conf"))
+        .env("COFFER_STORE_URL", format!("sqlite://{}", dir.join("coffer.db").display()))
+        .env("COFFER_ENCLAVE_SOCKET", dir.join("enclave.sock"))
+        .env("COFFER_LOG", "warn")
+        .env_remove("COFFER_GATEWAY_CONFIG")
+        .args(args)
+        .output()
+        .expect("run coffer-gateway");
+    assert!(out.status.success(), "coffer-gateway {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn features_set_override_remove() {
+    let stack = Stack::start().await;
+    let c = stack.client();
+    let org = stack.organization_id.clone();
+
+    let (features, quorum0) = configs(&c, &org).await;
+    assert!(features.is_empty());
+    assert_eq!(quorum0, q(1, &[&stack.user_id]));
+
+    assert_eq!(set(&c, &org, FeatureName::EmailAuth, "").await.unwrap(), [feature(FeatureName::EmailAuth, "")]);
+    let origins = "https://app.example.com,https://admin.example.com";
+    let both = [feature(FeatureName::EmailAuth, ""), feature(FeatureName::WebauthnOrigins, origins)];
+    assert_eq!(set(&c, &org, FeatureName::WebauthnOrigins, origins).await.unwrap(), both);
+    assert_eq!(configs(&c, &org).await.0, both);
+
+    // Setting again overrides the value in place.
+    let overridden = [feature(FeatureName::EmailAuth, "disabled"), feature(FeatureName::WebauthnOrigins, origins)];
+    assert_eq!(set(&c, &org, FeatureName::EmailAuth, "disabled").await.unwrap(), overridden);
+    assert_eq!(configs(&c, &org).await.0, overridden);
+
+    // Refusals change nothing.
+    let activities = activity_count(&stack, &stack.api_key(), &org).await;
+    refused(set(&c, &org, FeatureName::Unspecified, "x").await, 400, "invalid feature name");
+    refused(remove(&c, &org, FeatureName::Webhook).await, 404, "organization feature not set: FEATURE_NAME_WEBHOOK");
+    let body = json!({
+        "type": "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": {"name": "FEATURE_NAME_TELEPORT", "value": "on"},
+    })
+    .to_string();
+    let r = stack.post_raw("/public/v1/submit/set_organization_feature", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert_eq!(r.json["message"], "invalid feature name: \"FEATURE_NAME_TELEPORT\"");
+    assert_eq!(configs(&c, &org).await.0, overridden);
+    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, activities);
+
+    // Remove returns what is left.
+    assert_eq!(
+        remove(&c, &org, FeatureName::EmailAuth).await.unwrap(),
+        [feature(FeatureName::WebauthnOrigins, origins)]
+    );
+    assert_eq!(configs(&c, &org).await, (vec![feature(FeatureName::WebauthnOrigins, origins)], quorum0));
+
+    // Another organization's features are its own: it does not see these, and whatever it does
+    // cannot change them.
+    let kp = gateway_cli(&stack, &["keygen"]);
+    let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let org_b = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = stack.client_with(TurnkeyP256ApiKey::from_strings(priv_b, Some(pub_b)).unwrap());
+    assert!(configs(&b, &org_b).await.0.is_empty());
+    assert_eq!(set(&b, &org_b, FeatureName::Webhook, "b").await.unwrap(), [feature(FeatureName::Webhook, "b")]);
+    assert_eq!(
+        set(&b, &org_b, FeatureName::WebauthnOrigins, "https://b.example").await.unwrap(),
+        [feature(FeatureName::Webhook, "b"), feature(FeatureName::WebauthnOrigins, "https://b.example")]
+    );
+    assert_eq!(configs(&c, &org).await.0, [feature(FeatureName::WebauthnOrigins, origins)]);
+    refused(remove(&b, &org_b, FeatureName::EmailAuth).await, 404, "organization feature not set");
+}
+
+#[tokio::test]
+async fn features_with_the_same_name_in_two_organizations() {
+    let stack = Stack::start().await;
+    let c = stack.client();
+    let org = stack.organization_id.clone();
+    set(&c, &org, FeatureName::EmailAuth, "a").await.unwrap();
+    let kp = gateway_cli(&stack, &["keygen"]);
+    let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let org_b = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = stack.client_with(TurnkeyP256ApiKey::from_strings(priv_b, Some(pub_b)).unwrap());
+    assert_eq!(set(&b, &org_b, FeatureName::EmailAuth, "b").await.unwrap(), [feature(FeatureName::EmailAuth, "b")]);
+    assert_eq!(configs(&c, &org).await.0, [feature(FeatureName::EmailAuth, "a")]);
+}
+
+#[tokio::test]
+async fn root_quorum_end_to_end() {
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    let root_id = stack.user_id.clone();
+
+    // Threshold validation; nothing changes.
+    refused(quorum(&root, &org, 0, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
+    refused(quorum(&root, &org, -1, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
+    refused(quorum(&root, &org, 2, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
+    refused(quorum(&root, &org, 1, &[]).await, 400, "quorum threshold must be non-zero integer");
+    refused(quorum(&root, &org, 1, &[&root_id, UNKNOWN_ID]).await, 404, "user not found");
+    refused(quorum(&root, &org, 1, &[&root_id, &root_id]).await, 400, "duplicate user id");
+    assert_eq!(configs(&root, &org).await.1, q(1, &[&root_id]));
+    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, 0);
+
+    // Threshold 1 with the existing root user: the root user's own vote runs it.
+    quorum(&root, &org, 1, &[&root_id]).await.unwrap();
+    assert_eq!(configs(&root, &org).await.1, q(1, &[&root_id]));
+
+    // A second user (not root yet) may not submit root-quorum-only activities.
+    let alice_key = TurnkeyP256ApiKey::generate();
+    let params = UserParamsV4 {
+        user_name: "alice".into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "alice".into(),
+            public_key: hex::encode(alice_key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let alice_id = root
+        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    let alice = stack.client_with(alice_key);
+    let before = activity_count(&stack, &stack.api_key(), &org).await;
+    refused(set(&alice, &org, FeatureName::EmailAuth, "x").await, 403, "request not authorized");
+    refused(remove(&alice, &org, FeatureName::EmailAuth).await, 403, "request not authorized");
+    refused(quorum(&alice, &org, 1, &[&alice_id]).await, 403, "request not authorized");
+    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, before);
+    assert_eq!(configs(&root, &org).await, (vec![], q(1, &[&root_id])));
+
+    // Two root users, threshold 2.
+    quorum(&root, &org, 2, &[&root_id, &alice_id]).await.unwrap();
+    assert_eq!(configs(&root, &org).await.1, q(2, &[&root_id, &alice_id]));
+
+    // Now one vote is not enough: the activity is recorded as waiting, with the submitter's
+    // vote and no result, and nothing changed.
+    let waiting = match set(&root, &org, FeatureName::EmailAuth, "on").await {
+        Err(TurnkeyClientError::ActivityRequiresApproval(id)) => id,
+        other => panic!("expected ActivityRequiresApproval, got {other:?}"),
+    };
+    let a = root
+        .get_activity(GetActivityRequest { organization_id: org.clone(), activity_id: waiting.clone() })
+        .await
+        .unwrap()
+        .activity
+        .unwrap();
+    assert_eq!(a.status, ActivityStatus::ConsensusNeeded);
+    assert!(a.result.as_ref().and_then(|r| r.inner.as_ref()).is_none(), "{:?}", a.result);
+    assert_eq!(a.votes.len(), 1);
+    assert_eq!(a.votes[0].user_id, root_id);
+    assert!(configs(&root, &org).await.0.is_empty());
+
+    // Either root user alone; every root-quorum-only activity waits the same way.
+    assert!(matches!(
+        set(&alice, &org, FeatureName::EmailAuth, "on").await,
+        Err(TurnkeyClientError::ActivityRequiresApproval(_))
+    ));
+    assert!(matches!(quorum(&root, &org, 1, &[&root_id]).await, Err(TurnkeyClientError::ActivityRequiresApproval(_))));
+    assert!(matches!(
+        remove(&root, &org, FeatureName::EmailAuth).await,
+        Err(TurnkeyClientError::ActivityRequiresApproval(_))
+    ));
+    assert_eq!(configs(&root, &org).await, (vec![], q(2, &[&root_id, &alice_id])));
+
+    // Other activities are not root-quorum-only and still complete.
+    let policy = CreatePolicyIntentV3 {
+        policy_name: "p".into(),
+        effect: Effect::Allow,
+        condition: None,
+        consensus: None,
+        notes: String::new(),
+        time: None,
+    };
+    root.create_policy(org.clone(), root.current_timestamp(), policy).await.unwrap();
+    let wallet = CreateWalletIntent {
+        wallet_name: "w".into(),
+        accounts: vec![WalletAccountParams {
+            curve: Curve::Secp256k1,
+            path_format: PathFormat::Bip32,
+            path: "m/44'/60'/0'/0/0".into(),
+            address_format: AddressFormat::Ethereum,
+            name: None,
+        }],
+        mnemonic_length: None,
+    };
+    let wallet_id = root.create_wallet(org.clone(), root.current_timestamp(), wallet).await.unwrap().result.wallet_id;
+
+    // get_organization: the whole organization, in the shape the official types read.
+    let body = json!({"organizationId": org}).to_string();
+    let r = stack.post_raw("/public/v1/query/get_organization", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    let data = serde_json::from_value::<GetOrganizationResponse>(r.json.clone()).unwrap().organization_data.unwrap();
+    assert_eq!((data.organization_id.as_str(), data.name.as_str()), (org.as_str(), "e2e"));
+    assert_eq!(data.root_quorum, Some(q(2, &[&root_id, &alice_id])));
+    let mut users: Vec<&str> = data.users.iter().map(|u| u.user_name.as_str()).collect();
+    users.sort_unstable();
+    assert_eq!(users, ["alice", "root"]);
+    assert!(data.users.iter().all(|u| u.api_keys.len() == 1));
+    assert_eq!(data.policies.len(), 1);
+    assert_eq!((data.policies[0].policy_name.as_str(), data.policies[0].effect), ("p", Effect::Allow));
+    assert_eq!(data.wallets.len(), 1);
+    assert_eq!(data.wallets[0].wallet_id, wallet_id);
+    assert!(data.private_keys.is_empty() && data.features.is_empty() && data.tags.is_empty());
+    assert!(data.smart_contract_interface_references.is_empty() && data.invitations.is_empty());
+}
