@@ -14,8 +14,8 @@ use turnkey_client::generated::immutable::common::v1::{
 };
 use turnkey_client::generated::immutable::data::v1::Feature;
 use turnkey_client::generated::{
-    ApiKeyParamsV2, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent, GetActivityRequest,
-    GetOrganizationConfigsRequest, GetOrganizationResponse, RemoveOrganizationFeatureIntent,
+    ApiKeyParamsV2, ApproveActivityIntent, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent,
+    GetActivityRequest, GetOrganizationConfigsRequest, GetOrganizationResponse, RemoveOrganizationFeatureIntent,
     SetOrganizationFeatureIntent, UpdateRootQuorumIntent, UserParamsV4, WalletAccountParams,
 };
 use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
@@ -262,7 +262,8 @@ async fn root_quorum_end_to_end() {
     ));
     assert_eq!(configs(&root, &org).await, (vec![], q(2, &[&root_id, &alice_id])));
 
-    // Other activities are not root-quorum-only and still complete.
+    // Above threshold 1 a lone root is not a quorum for other activities either (spec 12.2):
+    // the policy waits for alice's approval; then that allow-all policy lets root act alone.
     let policy = CreatePolicyIntentV3 {
         policy_name: "p".into(),
         effect: Effect::Allow,
@@ -271,7 +272,22 @@ async fn root_quorum_end_to_end() {
         notes: String::new(),
         time: None,
     };
-    root.create_policy(org.clone(), root.current_timestamp(), policy).await.unwrap();
+    let waiting = match root.create_policy(org.clone(), root.current_timestamp(), policy).await {
+        Err(TurnkeyClientError::ActivityRequiresApproval(id)) => id,
+        other => panic!("expected ActivityRequiresApproval, got {other:?}"),
+    };
+    let fingerprint = root
+        .get_activity(GetActivityRequest { organization_id: org.clone(), activity_id: waiting })
+        .await
+        .unwrap()
+        .activity
+        .unwrap()
+        .fingerprint;
+    let approved = alice
+        .approve_activity(org.clone(), alice.current_timestamp(), ApproveActivityIntent { fingerprint })
+        .await
+        .unwrap();
+    assert_eq!(approved.status, ActivityStatus::Completed);
     let wallet = CreateWalletIntent {
         wallet_name: "w".into(),
         accounts: vec![WalletAccountParams {

@@ -1,25 +1,41 @@
 //! The one pipeline every submission and query runs through: stamp, envelope, dedupe, caller,
 //! decision, handler, one transaction, answer.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::http::HeaderMap;
+use serde::Deserialize;
 use serde_json::{json, Value};
+use sha2::Digest;
 
 use super::envelope::{self, Envelope};
-use super::registry::{Ctx, QueryCtx};
+use super::registry::{Ctx, Operation, QueryCtx};
 use super::render;
-use crate::auth::{self, Caller};
-use crate::error::ApiError;
+use crate::auth::{self, Caller, Credential};
+use crate::error::{ApiError, Code};
 use crate::ops;
+use crate::policy::context::{self, VOTE_APPROVED, VOTE_REJECTED};
+use crate::policy::decision::{self, Decision, Evaluation, PolicyOutcome, PolicySource};
 use crate::state::AppState;
-use crate::store::{now_nanos, ActivityRecord, Committed, Organization, StoreError};
+use crate::store::{
+    now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, Store, StoreError, Write,
+    CONSENSUS_MOVED,
+};
 
 pub const STATUS_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
 pub const STATUS_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
+pub const STATUS_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
+pub const STATUS_FAILED: &str = "ACTIVITY_STATUS_FAILED";
+pub const TYPE_APPROVE: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
+pub const TYPE_REJECT: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
 
-/// What the root-quorum rule decides for a root-quorum-only activity (until the policy engine
-/// decides them): the submitter's own vote runs it when the threshold is 1; above 1 it waits.
+const NOT_AUTHORIZED: &str = "request not authorized";
+const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
+const NO_SUCH_FINGERPRINT: &str =
+    "No activity found with fingerprint. Consensus activities must target an existing activity by fingerprint";
+
+/// What the root-quorum rule decides for a root-quorum-only activity with only its submitter's
+/// vote: it runs when the threshold is 1 and waits above 1 ([`evaluate`] is the general rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RootQuorum {
     Run,
@@ -29,7 +45,7 @@ pub enum RootQuorum {
 /// Only root users may submit root-quorum-only activities (others: 403).
 pub fn root_quorum(org: &Organization, user_id: &str) -> Result<RootQuorum, ApiError> {
     if !org.root_user_ids.iter().any(|u| u == user_id) {
-        return Err(ApiError::forbidden("request not authorized: only root quorum users may submit this activity"));
+        return Err(ApiError::forbidden(ROOT_ONLY));
     }
     Ok(if org.root_quorum_threshold > 1 { RootQuorum::ConsensusNeeded } else { RootQuorum::Run })
 }
@@ -47,7 +63,7 @@ async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization,
 
 /// The submitter's stamp, recorded as the first approval vote. The vote's user carries the
 /// credential that stamped (an API key, or a passkey with scheme `SIGNATURE_SCHEME_TK_WEBAUTHN`).
-fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], now: i64) -> Value {
+fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &str, now: i64) -> Value {
     let api_keys = caller.credential.api_key().cloned().into_iter().collect::<Vec<_>>();
     let mut user = ops::users::user_json(&caller.user, &api_keys);
     if let Some(a) = caller.credential.authenticator() {
@@ -58,13 +74,167 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], now: i64) -> 
         "userId": caller.user.id,
         "user": user,
         "activityId": activity_id,
-        "selection": "VOTE_SELECTION_APPROVED",
+        "selection": selection,
         "message": String::from_utf8_lossy(body),
         "publicKey": caller.public_key,
         "signature": caller.signature,
         "scheme": caller.scheme,
         "createdAt": render::timestamp(now),
     })
+}
+
+/// What the policy engine needs to know about an activity and its votes.
+pub struct Proposal<'a> {
+    pub op: &'static Operation,
+    /// Intent parameters (nulls stripped).
+    pub params: &'a Value,
+    /// Every vote so far, the new one included.
+    pub votes: &'a Value,
+    /// The user who submitted it.
+    pub submitter: &'a str,
+    pub now: Nanos,
+}
+
+/// Decides an activity (spec 12.2): root-quorum-only activities need the root quorum and
+/// nothing else; others go through the organization's policies. A root user's activity that
+/// the root quorum could still approve waits for it rather than being denied.
+pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Result<Evaluation, StoreError> {
+    let approvals = context::live_votes(p.votes, context::VOTE_APPROVED, p.now);
+    let voters = context::voter_ids(&approvals);
+    let roots = voters.iter().filter(|v| org.root_user_ids.contains(v)).count() as i64;
+    let met = roots >= org.root_quorum_threshold.max(1);
+    if met {
+        return Ok(Evaluation::root(Decision::Allow, "ROOT_QUORUM"));
+    }
+    if p.op.root_quorum {
+        return Ok(if roots > 0 {
+            Evaluation::root(Decision::ConsensusNeeded, "ROOT_QUORUM_PENDING")
+        } else {
+            Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
+        });
+    }
+    let policies: Vec<PolicySource> = store.records(&org.id, "policy")?.iter().map(PolicySource::from_record).collect();
+    let facts = context::ActivityFacts {
+        organization_id: &org.id,
+        activity_type: p.op.activity_type,
+        resource: p.op.resource,
+        action: p.op.action,
+        params: p.params,
+        approvals,
+        now: p.now,
+    };
+    let ctx = context::build(store, &facts)?;
+    let implicit = context::own_credentials(p.op.activity_type, p.params, p.submitter);
+    let mut e = decision::decide(&policies, &ctx, false, implicit);
+    if e.decision == Decision::Deny && roots > 0 {
+        // The root quorum bypasses every policy: more root votes can still run it.
+        e.decision = Decision::ConsensusNeeded;
+        e.reason = "ROOT_QUORUM_PENDING";
+    }
+    Ok(e)
+}
+
+/// The 403 of a denied activity.
+fn denied(e: &Evaluation) -> ApiError {
+    if e.reason == "ROOT_QUORUM_ONLY" {
+        ApiError::forbidden(ROOT_ONLY)
+    } else {
+        ApiError::forbidden(NOT_AUTHORIZED)
+    }
+}
+
+fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, now: Nanos) -> Write {
+    Write::InsertPolicyEvaluation(PolicyEvaluationRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        activity_id: activity_id.to_string(),
+        organization_id: org.to_string(),
+        vote_id: vote["id"].as_str().unwrap_or_default().to_string(),
+        evaluations: e.outcomes_json(),
+        created_at: now,
+    })
+}
+
+/// Whether `caller` may still vote on `a`: it awaits consensus, the caller acts in its
+/// organization and has not voted, and (root-quorum-only activities) is a root user.
+pub fn can_vote(org: &Organization, a: &ActivityRecord, caller: &Caller) -> bool {
+    if a.status != STATUS_CONSENSUS_NEEDED || caller.via_parent || a.organization_id != org.id {
+        return false;
+    }
+    let voted = a.votes.as_array().is_some_and(|v| v.iter().any(|v| v["userId"] == caller.user.id.as_str()));
+    let root_only = ops::approvals::activity_by_type(&a.activity_type).is_some_and(|op| op.root_quorum);
+    !voted && (!root_only || org.root_user_ids.contains(&caller.user.id))
+}
+
+/// `{organizationId, type, parameters}` with sorted keys, hashed: what an Idempotency-Key
+/// promises stays the same.
+pub fn intent_hash(env: &Envelope) -> String {
+    fn canonical(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    canonical(&m[*k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut s = String::new();
+    canonical(
+        &json!({"organizationId": env.organization_id, "type": env.activity_type, "parameters": env.parameters}),
+        &mut s,
+    );
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+/// The `Idempotency-Key` header, if any (1-255 visible ASCII characters).
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    match v.to_str() {
+        Ok(s) if !s.trim().is_empty() && s.len() <= 255 => Ok(Some(s.trim().to_string())),
+        _ => Err(ApiError::invalid("invalid Idempotency-Key header: 1 to 255 visible ASCII characters")),
+    }
+}
+
+/// The activity an Idempotency-Key already names: the same intent returns it, another is 409.
+async fn idempotent_replay(
+    state: &Arc<AppState>,
+    org: &str,
+    key: &str,
+    hash: &str,
+) -> Result<Option<ActivityRecord>, ApiError> {
+    let (o, k) = (org.to_string(), key.to_string());
+    match state.db(move |s| s.idempotency_key(&o, &k)).await? {
+        Ok((h, id)) if h == hash => {
+            let o = org.to_string();
+            Ok(Some(state.db(move |s| s.activity(&o, &id)).await??))
+        }
+        Ok(_) => Err(ApiError::new(
+            Code::AlreadyExists,
+            "REQUEST_INVALID",
+            "Idempotency-Key was already used for a different request",
+        )),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /public/v1/submit/<path>`.
@@ -82,13 +252,14 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     }
     let org = organization(&state, env.organization_id.clone()).await?;
     let caller = auth::resolve(&state, &org, stamp).await?;
+    let idem = idempotency_key(headers)?;
 
     // Identical bytes are the same activity (the Rust client polls by re-posting them).
     let fingerprint = envelope::fingerprint(body);
     let fp = fingerprint.clone();
     match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
         Ok(existing) if existing.organization_id == org.id => {
-            return Ok(json!({ "activity": render::activity(&existing, false) }))
+            return Ok(json!({ "activity": render::activity(&existing, can_vote(&org, &existing, &caller)) }))
         }
         Ok(_) => return Err(ApiError::invalid("activity fingerprint belongs to another organization")),
         Err(StoreError::NotFound) => {}
@@ -99,48 +270,265 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
             "request not authorized: a parent organization's credentials may read a sub-organization but not act in it",
         ));
     }
+    if op.activity_type == TYPE_APPROVE || op.activity_type == TYPE_REJECT {
+        return vote(state, org, caller, env, body, op.activity_type == TYPE_APPROVE).await;
+    }
+    let hash = intent_hash(&env);
+    if let Some(key) = &idem {
+        if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
+            return Ok(json!({ "activity": render::activity(&a, can_vote(&org, &a, &caller)) }));
+        }
+    }
 
     let activity_id = uuid::Uuid::new_v4().to_string();
-    let vote = submitter_vote(&caller, &activity_id, body, now);
-    if op.root_quorum && root_quorum(&org, &caller.user.id)? == RootQuorum::ConsensusNeeded {
-        // Recorded with the submitter's vote and no effects; it runs once the quorum approves.
-        let record = ActivityRecord {
-            id: activity_id,
+    let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
+    let votes = json!([vote]);
+    let proposal = Proposal { op, params: &env.parameters, votes: &votes, submitter: &caller.user.id, now };
+    let evaluation = evaluate(state.store.as_ref(), &org, &proposal)?;
+    let mut writes = vec![evaluation_write(&org.id, &activity_id, &vote, &evaluation, now)];
+    if let Some(key) = &idem {
+        writes.push(Write::InsertIdempotencyKey {
             organization_id: org.id.clone(),
-            activity_type: op.activity_type.to_string(),
-            status: STATUS_CONSENSUS_NEEDED.to_string(),
-            fingerprint,
-            intent: json!({ op.intent_key: env.parameters }),
-            result: json!({}),
-            votes: json!([vote]),
-            failure: None,
+            key: key.clone(),
+            intent_hash: hash.clone(),
+            activity_id: activity_id.clone(),
             created_at: now,
-            updated_at: now,
-        };
-        let (Committed::New(activity) | Committed::Existing(activity)) = state.commit(record, vec![]).await?;
-        return Ok(json!({ "activity": render::activity(&activity, false) }));
+        });
     }
-    let ctx = Ctx { state: state.clone(), org: org.clone(), caller, activity_id: activity_id.clone(), now };
-    let outcome = (op.handler)(ctx, env.parameters.clone()).await?;
-
+    let (status, result) = match evaluation.decision {
+        Decision::Deny => return Err(denied(&evaluation)),
+        // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
+        Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
+        Decision::Allow => {
+            let ctx = Ctx { state: state.clone(), org: org.clone(), caller, activity_id: activity_id.clone(), now };
+            let outcome = (op.handler)(ctx, env.parameters.clone()).await?;
+            writes.extend(outcome.writes);
+            (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
+        }
+    };
     let record = ActivityRecord {
         id: activity_id,
         organization_id: org.id.clone(),
         activity_type: op.activity_type.to_string(),
-        status: STATUS_COMPLETED.to_string(),
+        status: status.to_string(),
         fingerprint,
         intent: json!({ op.intent_key: env.parameters }),
-        result: json!({ op.result_key: outcome.result }),
-        votes: json!([vote]),
+        result,
+        votes,
         failure: None,
         created_at: now,
         updated_at: now_nanos(),
     };
-    let committed = state.commit(record, outcome.writes).await?;
-    let activity = match committed {
-        Committed::New(a) | Committed::Existing(a) => a,
+    let activity = match state.commit(record, writes).await {
+        Ok(Committed::New(a) | Committed::Existing(a)) => a,
+        Err(e) => {
+            // Two submissions raced for one Idempotency-Key: the loser answers with the winner.
+            if let Some(key) = &idem {
+                if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
+                    return Ok(json!({ "activity": render::activity(&a, false) }));
+                }
+            }
+            return Err(e);
+        }
     };
     Ok(json!({ "activity": render::activity(&activity, false) }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VoteIntent {
+    fingerprint: String,
+}
+
+/// Serializes vote processing in this process, so a handler runs once even when approvals
+/// arrive together (the store's compare-and-set is what guarantees it across processes).
+fn vote_lock() -> &'static tokio::sync::Mutex<()> {
+    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
+    LOCK.get_or_init(|| tokio::sync::Mutex::new(()))
+}
+
+/// The submitter as the caller of a deferred handler, from the first vote's credential.
+fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<Caller, ApiError> {
+    let gone = || ApiError::invalid("the activity's submitter or their credential no longer exists");
+    let user_id = first_vote["userId"].as_str().ok_or_else(gone)?;
+    let user = store.user(org, user_id).map_err(|_| gone())?;
+    let public_key = first_vote["publicKey"].as_str().unwrap_or_default().to_string();
+    let credential = if let Some(id) = first_vote["user"]["authenticators"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|a| a["authenticatorId"].as_str())
+    {
+        Credential::Authenticator(store.authenticator(org, id).map_err(|_| gone())?)
+    } else {
+        Credential::ApiKey(store.api_key_by_public_key(org, &public_key).map_err(|_| gone())?)
+    };
+    let scheme = [
+        "SIGNATURE_SCHEME_TK_API_P256",
+        "SIGNATURE_SCHEME_TK_API_SECP256K1",
+        "SIGNATURE_SCHEME_TK_API_SECP256K1_EIP191",
+        "SIGNATURE_SCHEME_TK_API_ED25519",
+        crate::auth::webauthn::SCHEME,
+    ]
+    .into_iter()
+    .find(|s| first_vote["scheme"] == *s)
+    .unwrap_or("SIGNATURE_SCHEME_TK_API_P256");
+    Ok(Caller {
+        user,
+        credential,
+        public_key,
+        scheme,
+        signature: first_vote["signature"].as_str().unwrap_or_default().to_string(),
+        via_parent: false,
+    })
+}
+
+/// `approve_activity` / `reject_activity`: adds the caller's vote to the activity the
+/// fingerprint names, re-evaluates it, runs it once allowed, and answers with that activity.
+async fn vote(
+    state: Arc<AppState>,
+    org: Organization,
+    caller: Caller,
+    env: Envelope,
+    body: &[u8],
+    approve: bool,
+) -> Result<Value, ApiError> {
+    let intent: VoteIntent = super::registry::decode(env.parameters)?;
+    let _serial = vote_lock().lock().await;
+    let not_found = || ApiError::not_found(NO_SUCH_FINGERPRINT);
+    for _attempt in 0..8 {
+        let fp = intent.fingerprint.clone();
+        let target = match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
+            Ok(a) if a.organization_id == org.id => a,
+            Ok(_) | Err(StoreError::NotFound) => return Err(not_found()),
+            Err(e) => return Err(e.into()),
+        };
+        let old_votes = target.votes.as_array().cloned().unwrap_or_default();
+        if old_votes.iter().any(|v| v["userId"] == caller.user.id.as_str()) {
+            return Err(ApiError::invalid("user has already voted on this activity"));
+        }
+        if target.status != STATUS_CONSENSUS_NEEDED {
+            // Decided already (e.g. by a concurrent vote): answer with what it became.
+            return Ok(json!({ "activity": render::activity(&target, false) }));
+        }
+        let op = ops::approvals::activity_by_type(&target.activity_type).ok_or_else(ApiError::internal)?;
+        if !can_vote(&org, &target, &caller) {
+            return Err(ApiError::forbidden("request not authorized: this user may not vote on this activity"));
+        }
+        let now = now_nanos();
+        let selection = if approve { VOTE_APPROVED } else { VOTE_REJECTED };
+        let vote = submitter_vote(&caller, &target.id, body, selection, now);
+        let mut votes = old_votes.clone();
+        votes.push(vote.clone());
+        let votes = Value::Array(votes);
+        let params = target.intent.get(op.intent_key).cloned().unwrap_or_else(|| json!({}));
+        let submitter = old_votes.first().and_then(|v| v["userId"].as_str()).unwrap_or_default().to_string();
+        let update = |status: &str, result: Value, failure: Option<Value>| Write::UpdateConsensusActivity {
+            organization_id: org.id.clone(),
+            id: target.id.clone(),
+            expected_votes: old_votes.len(),
+            status: status.to_string(),
+            result,
+            votes: votes.clone(),
+            failure,
+            updated_at: now,
+        };
+
+        let mut writes;
+        let mut fallback = None;
+        if approve {
+            let proposal = Proposal { op, params: &params, votes: &votes, submitter: &submitter, now };
+            let evaluation = evaluate(state.store.as_ref(), &org, &proposal)?;
+            let eval_write = evaluation_write(&org.id, &target.id, &vote, &evaluation, now);
+            match evaluation.decision {
+                Decision::Deny => return Err(denied(&evaluation)),
+                Decision::ConsensusNeeded => {
+                    writes = vec![eval_write, update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+                }
+                Decision::Allow => {
+                    let ran = match submitter_caller(state.store.as_ref(), &org.id, &old_votes[0]) {
+                        Ok(submitter) => {
+                            let ctx = Ctx {
+                                state: state.clone(),
+                                org: org.clone(),
+                                caller: submitter,
+                                activity_id: target.id.clone(),
+                                now,
+                            };
+                            (op.handler)(ctx, params.clone()).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let failed = |e: &ApiError| {
+                        update(STATUS_FAILED, json!({}), Some(json!({ "code": e.code as i32, "message": e.message })))
+                    };
+                    match ran {
+                        Ok(outcome) => {
+                            // The evaluation first: completing may delete the organization.
+                            writes = outcome.writes;
+                            writes.push(eval_write.clone());
+                            writes.push(update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None));
+                            fallback = Some(eval_write);
+                        }
+                        Err(e) => writes = vec![eval_write, failed(&e)],
+                    }
+                }
+            }
+        } else {
+            let rejected = Evaluation {
+                decision: Decision::Deny,
+                reason: "REJECTED",
+                outcomes: state
+                    .store
+                    .records(&org.id, "policy")?
+                    .iter()
+                    .map(|r| PolicyOutcome {
+                        policy_id: r.id.clone(),
+                        policy_name: r.name.clone(),
+                        effect: String::new(),
+                        outcome: decision::OUTCOME_REJECTED,
+                        clause: "",
+                        detail: None,
+                    })
+                    .collect(),
+            };
+            writes = vec![
+                evaluation_write(&org.id, &target.id, &vote, &rejected, now),
+                update(STATUS_REJECTED, json!({}), None),
+            ];
+        }
+
+        let mut result = apply(&state, writes).await;
+        if let (Err(e), Some(eval_write)) = (&result, fallback) {
+            // The handler's effects failed inside the transaction: the activity fails instead.
+            if !matches!(e, StoreError::Conflict(m) if m == CONSENSUS_MOVED) {
+                tracing::warn!(error = %e, activity = %target.id, "approved activity failed to apply");
+                let failure = match e {
+                    StoreError::Conflict(m) | StoreError::Unique(m) => {
+                        json!({ "code": Code::InvalidArgument as i32, "message": m })
+                    }
+                    _ => json!({ "code": Code::Internal as i32, "message": "internal server error" }),
+                };
+                result = apply(&state, vec![eval_write, update(STATUS_FAILED, json!({}), Some(failure))]).await;
+            }
+        }
+        match result {
+            Ok(()) => {
+                let fp = intent.fingerprint.clone();
+                let a = state.db(move |s| s.activity_by_fingerprint(&fp)).await??;
+                return Ok(json!({ "activity": render::activity(&a, false) }));
+            }
+            Err(StoreError::Conflict(m)) if m == CONSENSUS_MOVED => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::new(Code::Aborted, "REQUEST_INVALID", "the activity changed while voting: retry the vote"))
+}
+
+async fn apply(state: &Arc<AppState>, writes: Vec<Write>) -> Result<(), StoreError> {
+    let s = state.clone();
+    tokio::task::spawn_blocking(move || s.store.apply(&writes))
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Backend("vote task failed".into())))
 }
 
 /// `POST /public/v1/query/<path>`: authenticate, check read access, answer.

@@ -4,6 +4,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::Pagination;
+use crate::activity::pipeline::can_vote;
 use crate::activity::registry::QueryCtx;
 use crate::activity::render;
 use crate::error::ApiError;
@@ -37,7 +38,7 @@ pub async fn get_activity(ctx: QueryCtx, req: GetActivityRequest) -> Result<Valu
         StoreError::NotFound => ApiError::not_found(format!("activity not found: {}", req.activity_id)),
         other => other.into(),
     })?;
-    Ok(json!({ "activity": render::activity(&a, false) }))
+    Ok(json!({ "activity": render::activity(&a, can_vote(&ctx.org, &a, &ctx.caller)) }))
 }
 
 #[derive(Deserialize)]
@@ -61,5 +62,7 @@ pub async fn list_activities(ctx: QueryCtx, req: ListActivitiesRequest) -> Resul
     };
     let org = ctx.org.id.clone();
     let items = ctx.state.db(move |s| s.activities(&org, &filter)).await??;
-    Ok(json!({ "activities": items.iter().map(|a| render::activity(a, false)).collect::<Vec<_>>() }))
+    Ok(
+        json!({ "activities": items.iter().map(|a| render::activity(a, can_vote(&ctx.org, a, &ctx.caller))).collect::<Vec<_>>() }),
+    )
 }

@@ -21,6 +21,8 @@ pub mod policies;
 pub mod tvc;
 // <sub-organizations>
 pub mod suborgs;
+// <policy engine and approvals>
+pub mod approvals;
 
 use serde::Deserialize;
 
@@ -407,6 +409,23 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "DELETE",
         suborgs::delete_sub_organization
     ),
+    // <policy engine and approvals>: the pipeline itself adds the vote and answers with the target.
+    op!(
+        "approve_activity",
+        "ACTIVITY_TYPE_APPROVE_ACTIVITY",
+        "approveActivityIntent",
+        "approveActivityResult",
+        "ACTIVITY" / "APPROVE",
+        approvals::handled_by_pipeline
+    ),
+    op!(
+        "reject_activity",
+        "ACTIVITY_TYPE_REJECT_ACTIVITY",
+        "rejectActivityIntent",
+        "rejectActivityResult",
+        "ACTIVITY" / "REJECT",
+        approvals::handled_by_pipeline
+    ),
 ];
 
 /// Every query endpoint.
@@ -449,6 +468,9 @@ pub static QUERIES: &[Query] = &[
     Query { path: "list_tvc_operators", handler: query_handler!(tvc::list_tvc_operators) },
     // <sub-organizations>
     Query { path: "list_suborgs", handler: query_handler!(suborgs::list_suborgs) },
+    // <policy engine and approvals>
+    Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
+    Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
 ];
 
 pub fn activity(path: &str) -> Option<&'static Operation> {

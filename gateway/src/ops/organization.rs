@@ -382,8 +382,8 @@ mod tests {
         let o = h.state.store.organization("org").unwrap();
         assert_eq!((o.root_quorum_threshold, o.root_user_ids.len()), (2, 2));
 
-        // Activities that are not root-quorum-only are unaffected by the rule.
-        let r = h
+        // Other activities go through the policies: a non-root user is denied by default.
+        let err = h
             .submit(
                 2,
                 "create_policy",
@@ -391,8 +391,8 @@ mod tests {
                 json!({ "policyName": "p", "effect": "EFFECT_ALLOW", "notes": "" }),
             )
             .await
-            .unwrap();
-        assert_eq!(r["activity"]["status"], "ACTIVITY_STATUS_COMPLETED");
+            .unwrap_err();
+        assert_eq!(err.code.http_status(), 403);
 
         // With threshold 1 the root user's own vote runs it.
         h.state

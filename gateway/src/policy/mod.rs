@@ -5,6 +5,9 @@
 //! `Timestamp(..)`/`CronSpan(..)`, a fixed set of list functions), so no CEL crate parses it;
 //! [`parser`] is a hand-written recursive-descent parser.
 
+pub mod context;
+pub mod decision;
+pub mod eval;
 pub mod parser;
 
 use std::fmt;

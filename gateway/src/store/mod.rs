@@ -376,6 +376,46 @@ pub enum Write {
         activity_id: String,
         require_exported: bool,
     },
+    // <policy engine and approvals>
+    /// Moves an activity out of `ACTIVITY_STATUS_CONSENSUS_NEEDED` (or records a new vote on it):
+    /// a compare-and-set that fails the transaction with [`CONSENSUS_MOVED`] unless the activity is
+    /// still awaiting consensus with exactly `expected_votes` votes, so concurrent votes can
+    /// never both complete it. A completed `delete_sub_organization` deletes the organization
+    /// here, as migration 0005's trigger does for activities recorded at once.
+    UpdateConsensusActivity {
+        organization_id: String,
+        id: String,
+        expected_votes: usize,
+        status: String,
+        result: serde_json::Value,
+        votes: serde_json::Value,
+        failure: Option<serde_json::Value>,
+        updated_at: Nanos,
+    },
+    InsertPolicyEvaluation(PolicyEvaluationRecord),
+    /// Claims an Idempotency-Key for an activity; a key already claimed in the organization fails
+    /// the transaction (unique constraint).
+    InsertIdempotencyKey {
+        organization_id: String,
+        key: String,
+        intent_hash: String,
+        activity_id: String,
+        created_at: Nanos,
+    },
+}
+
+/// The conflict message of a lost [`Write::UpdateConsensusActivity`] race.
+pub const CONSENSUS_MOVED: &str = "activity is no longer awaiting this vote";
+
+/// One policy evaluation: the per-policy outcomes (`[{policyId, outcome}]`) of one vote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyEvaluationRecord {
+    pub id: String,
+    pub activity_id: String,
+    pub organization_id: String,
+    pub vote_id: String,
+    pub evaluations: serde_json::Value,
+    pub created_at: Nanos,
 }
 
 impl std::fmt::Debug for ImportTarget {
@@ -476,4 +516,14 @@ pub trait Store: Send + Sync + 'static {
     /// `secure_delete` zeroed are checkpointed into the database and the WAL is truncated).
     /// `Ok(false)` when readers kept it from completing; call again later.
     fn purge_deleted_data(&self) -> Result<bool, StoreError>;
+
+    // <policy engine and approvals>
+    /// The evaluations recorded for an activity, oldest first.
+    fn policy_evaluations(
+        &self,
+        organization_id: &str,
+        activity_id: &str,
+    ) -> Result<Vec<PolicyEvaluationRecord>, StoreError>;
+    /// `(intent hash, activity id)` claimed by an Idempotency-Key in the organization.
+    fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
 }

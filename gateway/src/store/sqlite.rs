@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0003_users.sql"),
     include_str!("migrations/0004_credentials.sql"),
     include_str!("migrations/0005_suborgs.sql"),
+    include_str!("migrations/0006_votes.sql"),
 ];
 const READERS: usize = 4;
 
@@ -96,7 +97,8 @@ fn commit_batch(conn: &mut Connection, batch: &[CommitJob]) -> Vec<Result<Commit
 }
 
 fn insert_activity(conn: &Connection, a: &ActivityRecord) -> Result<(), StoreError> {
-    conn.execute(
+    execute_cached(
+        conn,
         &format!("INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
         params![
             a.id,
@@ -132,7 +134,24 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
          PRAGMA busy_timeout=5000; PRAGMA secure_delete=ON;",
     )
     .map_err(backend)?;
+    conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
+}
+
+/// `query_row` through the connection's prepared-statement cache: preparing (parsing and
+/// planning) a statement cost more than running it in the gateway's profile.
+fn query_row_cached<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// `execute` through the prepared-statement cache.
+fn execute_cached<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
 }
 
 impl SqliteStore {
@@ -169,8 +188,8 @@ impl SqliteStore {
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)").map_err(backend)?;
-    let done: i64 =
-        conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0)).map_err(backend)?;
+    let done: i64 = query_row_cached(conn, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))
+        .map_err(backend)?;
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let version = i as i64 + 1;
         if version <= done {
@@ -355,7 +374,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
     let now = now_nanos();
     match w {
         Write::InsertOrganization(o) => {
-            tx.execute(
+            execute_cached(
+                tx,
                 &format!("INSERT INTO organizations ({ORG_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
                 params![
                     o.id,
@@ -370,14 +390,16 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             .map_err(backend)?;
         }
         Write::InsertUser(u) => {
-            tx.execute(
+            execute_cached(
+                tx,
                 &format!("INSERT INTO users ({USER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
                 params![u.id, u.organization_id, u.name, u.email, u.phone_number, u.created_at, u.updated_at],
             )
             .map_err(backend)?;
         }
         Write::InsertApiKey(k) => {
-            tx.execute(
+            execute_cached(
+                tx,
                 &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
                 params![
                     k.id,
@@ -394,7 +416,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             .map_err(backend)?;
         }
         Write::InsertWallet(wl) => {
-            tx.execute(
+            execute_cached(
+                tx,
                 &format!("INSERT INTO wallets ({WALLET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
                 params![
                     wl.id,
@@ -414,7 +437,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         }
         Write::InsertAccounts(accounts) => {
             for a in accounts {
-                tx.execute(
+                execute_cached(tx,
                     "INSERT INTO wallet_accounts (id, organization_id, wallet_id, seq, curve, path_format, path, address_format, address, public_key, exported, sealed_key, created_at, updated_at)
                      VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(seq), -1) + 1 FROM wallet_accounts WHERE wallet_id = ?3), ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11, ?12)",
                     params![a.id, a.organization_id, a.wallet_id, a.curve, a.path_format, a.path, a.address_format, a.address, a.public_key, a.sealed_key, a.created_at, a.updated_at],
@@ -430,7 +453,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         }
         Write::InsertPrivateKeys(keys) => {
             for k in keys {
-                tx.execute(
+                execute_cached(tx,
                     &format!("INSERT INTO private_keys ({PRIVATE_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
                     params![
                         k.id, k.organization_id, k.name, k.curve, k.public_key, json_text(&k.addresses),
@@ -442,7 +465,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     other => other,
                 })?;
                 for a in &k.addresses {
-                    tx.execute(
+                    execute_cached(tx,
                         "INSERT INTO private_key_addresses (private_key_id, organization_id, address) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                         params![k.id, k.organization_id, a.address],
                     )
@@ -451,16 +474,20 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             }
         }
         Write::MarkWalletExported(id) => {
-            tx.execute("UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+            execute_cached(tx, "UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
                 .map_err(backend)?;
         }
         Write::MarkPrivateKeyExported(id) => {
-            tx.execute("UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+            execute_cached(tx, "UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
                 .map_err(backend)?;
         }
         Write::MarkAccountExported(id) => {
-            tx.execute("UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
-                .map_err(backend)?;
+            execute_cached(
+                tx,
+                "UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1",
+                params![id, now],
+            )
+            .map_err(backend)?;
         }
         Write::DeleteWallets { ids, require_exported } => {
             for id in ids {
@@ -477,8 +504,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     }
                     Some(_) => {}
                 }
-                tx.execute("DELETE FROM wallet_accounts WHERE wallet_id = ?1", params![id]).map_err(backend)?;
-                tx.execute("DELETE FROM wallets WHERE id = ?1", params![id]).map_err(backend)?;
+                execute_cached(tx, "DELETE FROM wallet_accounts WHERE wallet_id = ?1", params![id]).map_err(backend)?;
+                execute_cached(tx, "DELETE FROM wallets WHERE id = ?1", params![id]).map_err(backend)?;
             }
         }
         Write::DeletePrivateKeys { ids, require_exported } => {
@@ -496,13 +523,13 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     }
                     Some(_) => {}
                 }
-                tx.execute("DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id])
+                execute_cached(tx, "DELETE FROM private_key_addresses WHERE private_key_id = ?1", params![id])
                     .map_err(backend)?;
-                tx.execute("DELETE FROM private_keys WHERE id = ?1", params![id]).map_err(backend)?;
+                execute_cached(tx, "DELETE FROM private_keys WHERE id = ?1", params![id]).map_err(backend)?;
             }
         }
         Write::PutRecord(r) => {
-            tx.execute(
+            execute_cached(tx,
                 "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (organization_id, kind, id) DO UPDATE SET name = excluded.name, data = excluded.data, updated_at = excluded.updated_at",
                 params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
@@ -541,7 +568,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 return Err(StoreError::Conflict(format!("user not found: {id}")));
             }
             if let Some(tags) = tag_ids {
-                tx.execute("DELETE FROM user_tags WHERE user_id = ?1", params![id]).map_err(backend)?;
+                execute_cached(tx, "DELETE FROM user_tags WHERE user_id = ?1", params![id]).map_err(backend)?;
                 for tag in tags {
                     let found = tx
                         .query_row(
@@ -554,7 +581,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     if found.is_none() {
                         return Err(StoreError::Conflict(format!("user tag not found: {tag}")));
                     }
-                    tx.execute(
+                    execute_cached(tx,
                         "INSERT INTO user_tags (organization_id, tag_id, user_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                         params![organization_id, tag, id],
                     )
@@ -574,7 +601,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 if roots.contains(id) {
                     return Err(StoreError::Conflict(format!("cannot delete a root quorum member: {id}")));
                 }
-                tx.execute(
+                execute_cached(
+                    tx,
                     "DELETE FROM import_targets WHERE organization_id = ?1 AND user_id = ?2",
                     params![organization_id, id],
                 )
@@ -634,7 +662,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                         } else {
                             "DELETE FROM user_tags WHERE organization_id = ?1 AND tag_id = ?2 AND user_id = ?3"
                         };
-                        tx.execute(sql, params![organization_id, id, user]).map_err(backend)?;
+                        execute_cached(tx, sql, params![organization_id, id, user]).map_err(backend)?;
                     }
                 }
                 "private_key_tag" => {
@@ -655,7 +683,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                         if adding {
                             tags.push(id.clone());
                         }
-                        tx.execute(
+                        execute_cached(
+                            tx,
                             "UPDATE private_keys SET tags = ?3 WHERE organization_id = ?1 AND id = ?2",
                             params![organization_id, key, json_text(&tags)],
                         )
@@ -665,7 +694,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 other => return Err(StoreError::Conflict(format!("not a tag kind: {other}"))),
             }
             // Renamed last: a name clash rolls back the membership changes above with it.
-            tx.execute(
+            execute_cached(tx,
                 "UPDATE records SET name = COALESCE(?4, name), updated_at = ?5 WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
                 params![organization_id, kind, id, new_name, updated_at],
             )
@@ -688,14 +717,19 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     let tags: Vec<String> = parse_json(tags);
                     if tags.iter().any(|t| ids.contains(t)) {
                         let kept: Vec<&String> = tags.iter().filter(|t| !ids.contains(t)).collect();
-                        tx.execute("UPDATE private_keys SET tags = ?2 WHERE id = ?1", params![key, json_text(&kept)])
-                            .map_err(backend)?;
+                        execute_cached(
+                            tx,
+                            "UPDATE private_keys SET tags = ?2 WHERE id = ?1",
+                            params![key, json_text(&kept)],
+                        )
+                        .map_err(backend)?;
                     }
                 }
             }
             for id in ids {
                 if kind == "user_tag" {
-                    tx.execute(
+                    execute_cached(
+                        tx,
                         "DELETE FROM user_tags WHERE organization_id = ?1 AND tag_id = ?2",
                         params![organization_id, id],
                     )
@@ -715,7 +749,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         // <passkeys and oauth providers>
         Write::InsertAuthenticators(list) => {
             for a in list {
-                tx.execute(
+                execute_cached(tx,
                     &format!("INSERT INTO authenticators ({AUTHENTICATOR_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
                     params![
                         a.id, a.organization_id, a.user_id, a.name, a.credential_id, a.public_key, a.attestation_type,
@@ -746,7 +780,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         }
         Write::InsertOauthProviders(list) => {
             for p in list {
-                tx.execute(
+                execute_cached(tx,
                     &format!("INSERT INTO oauth_providers ({OAUTH_PROVIDER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
                     params![
                         p.id, p.organization_id, p.user_id, p.name, p.issuer, p.audience, p.subject, p.created_at,
@@ -793,7 +827,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 if *must_exist {
                     return Err(StoreError::Conflict(format!("{} not found: {}", r.kind.replace('_', " "), r.id)));
                 }
-                tx.execute(
+                execute_cached(tx,
                     "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
                 )
@@ -880,7 +914,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 }
             }
             // The deletion itself happens when the activity's row lands (migration 0005).
-            tx.execute(
+            execute_cached(
+                tx,
                 "INSERT INTO organization_deletions (organization_id, parent_id, activity_id) VALUES (?1, ?2, ?3)",
                 params![organization_id, parent_id, activity_id],
             )
@@ -891,8 +926,72 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 other => other,
             })?;
         }
+        Write::UpdateConsensusActivity {
+            organization_id,
+            id,
+            expected_votes,
+            status,
+            result,
+            votes,
+            failure,
+            updated_at,
+        } => {
+            let n = tx
+                .execute(
+                    "UPDATE activities SET status = ?1, result = ?2, votes = ?3, failure = ?4, updated_at = ?5
+                     WHERE id = ?6 AND organization_id = ?7 AND status = 'ACTIVITY_STATUS_CONSENSUS_NEEDED'
+                       AND json_array_length(votes) = ?8",
+                    params![
+                        status,
+                        json_text(result),
+                        json_text(votes),
+                        failure.as_ref().map(json_text),
+                        updated_at,
+                        id,
+                        organization_id,
+                        *expected_votes as i64
+                    ],
+                )
+                .map_err(backend)?;
+            if n != 1 {
+                return Err(StoreError::Conflict(CONSENSUS_MOVED.into()));
+            }
+            // What migration 0005's trigger does when such an activity's row is inserted.
+            let parent: Option<String> = tx
+                .query_row(
+                    "SELECT parent_id FROM organization_deletions WHERE activity_id = ?1 AND organization_id = ?2",
+                    params![id, organization_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(backend)?;
+            if let Some(parent) = parent {
+                execute_cached(tx, "UPDATE activities SET organization_id = ?1 WHERE id = ?2", params![parent, id])
+                    .map_err(backend)?;
+                execute_cached(tx, "DELETE FROM organizations WHERE id = ?1", params![organization_id])
+                    .map_err(backend)?;
+            }
+        }
+        Write::InsertPolicyEvaluation(e) => {
+            execute_cached(
+                tx,
+                "INSERT INTO policy_evaluations (id, activity_id, organization_id, vote_id, evaluations, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![e.id, e.activity_id, e.organization_id, e.vote_id, json_text(&e.evaluations), e.created_at],
+            )
+            .map_err(backend)?;
+        }
+        Write::InsertIdempotencyKey { organization_id, key, intent_hash, activity_id, created_at } => {
+            execute_cached(
+                tx,
+                "INSERT INTO idempotency_keys (organization_id, key, intent_hash, activity_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![organization_id, key, intent_hash, activity_id, created_at],
+            )
+            .map_err(backend)?;
+        }
         Write::PutImportTarget(t) => {
-            tx.execute(
+            execute_cached(tx,
                 "INSERT INTO import_targets (organization_id, user_id, sealed_key, created_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (organization_id, user_id) DO UPDATE SET sealed_key = excluded.sealed_key, created_at = excluded.created_at",
                 params![t.organization_id, t.user_id, t.sealed_key, t.created_at],
@@ -939,13 +1038,15 @@ impl Store for SqliteStore {
 
     fn organization(&self, id: &str) -> Result<Organization, StoreError> {
         self.one(|c| {
-            c.query_row(&format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row).optional()
+            query_row_cached(c, &format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row)
+                .optional()
         })
     }
 
     fn api_key_by_public_key(&self, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND public_key = ?2"),
                 params![org, public_key],
                 api_key_row,
@@ -956,7 +1057,8 @@ impl Store for SqliteStore {
 
     fn user(&self, org: &str, id: &str) -> Result<User, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 user_row,
@@ -987,7 +1089,8 @@ impl Store for SqliteStore {
 
     fn wallet(&self, org: &str, id: &str) -> Result<Wallet, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 wallet_row,
@@ -1025,7 +1128,7 @@ impl Store for SqliteStore {
 
     fn account_by_address(&self, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(c,
                 &format!("SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 AND address = ?2 ORDER BY created_at LIMIT 1"),
                 params![org, address],
                 account_row,
@@ -1036,7 +1139,8 @@ impl Store for SqliteStore {
 
     fn private_key(&self, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 private_key_row,
@@ -1057,7 +1161,8 @@ impl Store for SqliteStore {
 
     fn private_key_by_address(&self, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!(
                     "SELECT {} FROM private_keys k JOIN private_key_addresses a ON a.private_key_id = k.id
                      WHERE a.organization_id = ?1 AND a.address = ?2 ORDER BY k.created_at LIMIT 1",
@@ -1072,7 +1177,7 @@ impl Store for SqliteStore {
 
     fn import_target(&self, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(c,
                 "SELECT organization_id, user_id, sealed_key, created_at FROM import_targets WHERE organization_id = ?1 AND user_id = ?2",
                 params![org, user_id],
                 |r| Ok(ImportTarget { organization_id: r.get(0)?, user_id: r.get(1)?, sealed_key: r.get(2)?, created_at: r.get(3)? }),
@@ -1083,7 +1188,8 @@ impl Store for SqliteStore {
 
     fn activity(&self, org: &str, id: &str) -> Result<ActivityRecord, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 activity_row,
@@ -1094,7 +1200,8 @@ impl Store for SqliteStore {
 
     fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1"),
                 params![fingerprint],
                 activity_row,
@@ -1135,7 +1242,8 @@ impl Store for SqliteStore {
 
     fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {RECORD_COLS} FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3"),
                 params![org, kind, id],
                 record_row,
@@ -1155,13 +1263,14 @@ impl Store for SqliteStore {
     }
 
     fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ()))
+        self.read(|c| query_row_cached(c, "SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ()))
     }
 
     // <users, api keys and tags>
     fn api_key(&self, org: &str, id: &str) -> Result<ApiKey, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 api_key_row,
@@ -1194,7 +1303,8 @@ impl Store for SqliteStore {
     // <passkeys and oauth providers>
     fn authenticator(&self, org: &str, id: &str) -> Result<AuthenticatorRecord, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!("SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND id = ?2"),
                 params![org, id],
                 authenticator_row,
@@ -1209,7 +1319,8 @@ impl Store for SqliteStore {
         credential_id: &str,
     ) -> Result<AuthenticatorRecord, StoreError> {
         self.one(|c| {
-            c.query_row(
+            query_row_cached(
+                c,
                 &format!(
                     "SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND credential_id = ?2"
                 ),
@@ -1341,7 +1452,7 @@ impl Store for SqliteStore {
                 } else {
                     continue;
                 };
-                out.push((table, c.query_row(&sql, params![org], |r| r.get(0))?));
+                out.push((table, query_row_cached(c, &sql, params![org], |r| r.get(0))?));
             }
             Ok(out)
         })
@@ -1353,6 +1464,38 @@ impl Store for SqliteStore {
         let conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
         let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).map_err(backend)?;
         Ok(busy == 0)
+    }
+
+    fn policy_evaluations(&self, org: &str, activity_id: &str) -> Result<Vec<PolicyEvaluationRecord>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, activity_id, organization_id, vote_id, evaluations, created_at FROM policy_evaluations
+                 WHERE organization_id = ?1 AND activity_id = ?2 ORDER BY created_at, rowid",
+            )?;
+            let rows = st.query_map(params![org, activity_id], |r| {
+                Ok(PolicyEvaluationRecord {
+                    id: r.get(0)?,
+                    activity_id: r.get(1)?,
+                    organization_id: r.get(2)?,
+                    vote_id: r.get(3)?,
+                    evaluations: parse_json::<serde_json::Value>(r.get(4)?),
+                    created_at: r.get(5)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    fn idempotency_key(&self, org: &str, key: &str) -> Result<(String, String), StoreError> {
+        self.one(|c| {
+            query_row_cached(
+                c,
+                "SELECT intent_hash, activity_id FROM idempotency_keys WHERE organization_id = ?1 AND key = ?2",
+                params![org, key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+        })
     }
 }
 

@@ -1,0 +1,180 @@
+//! Approvals and the policy engine's queries: `get_policy_evaluations` and Coffer's
+//! `coffer_policy_dry_run` (the decision a submission would get, recording nothing).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::ACTIVITIES;
+use crate::activity::envelope::{self, Envelope};
+use crate::activity::pipeline::{self, Proposal};
+use crate::activity::registry::{Ctx, Operation, Outcome, QueryCtx};
+use crate::activity::render;
+use crate::error::ApiError;
+use crate::store::now_nanos;
+
+/// The registered operation of an activity type (the latest version each client sends).
+pub fn activity_by_type(activity_type: &str) -> Option<&'static Operation> {
+    ACTIVITIES.iter().find(|o| o.activity_type == activity_type)
+}
+
+/// `approve_activity` / `reject_activity` never reach a handler: the pipeline records the vote.
+pub async fn handled_by_pipeline(_ctx: Ctx, _intent: Value) -> Result<Outcome, ApiError> {
+    Err(ApiError::internal())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetPolicyEvaluationsRequest {
+    activity_id: String,
+}
+
+pub async fn get_policy_evaluations(ctx: QueryCtx, req: GetPolicyEvaluationsRequest) -> Result<Value, ApiError> {
+    super::required(&req.activity_id, "activityId")?;
+    let (org, id) = (ctx.org.id.clone(), req.activity_id.clone());
+    let records = ctx.state.db(move |s| s.policy_evaluations(&org, &id)).await??;
+    let items: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "activityId": r.activity_id,
+                "organizationId": r.organization_id,
+                "voteId": r.vote_id,
+                "policyEvaluations": r.evaluations,
+                "createdAt": render::timestamp(r.created_at),
+            })
+        })
+        .collect();
+    Ok(json!({ "policyEvaluations": items }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DryRunRequest {
+    /// A submission body as JSON: `{type, timestampMs?, organizationId?, parameters}`.
+    activity: Value,
+}
+
+/// The decision the caller's submission of `activity` would get now, with every policy's
+/// outcome and the clause that decided it. Records nothing and runs nothing.
+pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, ApiError> {
+    let Value::Object(mut body) = req.activity else {
+        return Err(ApiError::invalid("activity must be a submission body object"));
+    };
+    let now = now_nanos();
+    body.entry("organizationId").or_insert_with(|| json!(ctx.org.id));
+    body.entry("timestampMs").or_insert_with(|| json!((now / 1_000_000).to_string()));
+    let env = Envelope::decode(body, now / 1_000_000)?;
+    if env.organization_id != ctx.org.id {
+        return Err(ApiError::invalid("activity.organizationId must be the request's organizationId"));
+    }
+    let op = activity_by_type(&env.activity_type)
+        .ok_or_else(|| ApiError::invalid(format!("unknown activity type {:?}", env.activity_type)))?;
+    let caller = &ctx.caller;
+    let (decision, reason, policies) = if caller.via_parent {
+        ("DECISION_DENY", "PARENT_ORGANIZATION_CREDENTIAL", vec![])
+    } else {
+        let votes = json!([{
+            "userId": caller.user.id,
+            "selection": crate::policy::context::VOTE_APPROVED,
+            "createdAt": render::timestamp(now),
+            "user": { "apiKeys": caller.credential.api_key().map(|k| vec![super::users::api_key_json(k)]).unwrap_or_default(),
+                      "authenticators": caller.credential.authenticator().map(|a| vec![super::authenticators::authenticator_json(a)]).unwrap_or_default() },
+        }]);
+        let params = envelope::strip_nulls(env.parameters.clone());
+        let proposal = Proposal { op, params: &params, votes: &votes, submitter: &caller.user.id, now };
+        let e = pipeline::evaluate(ctx.state.store.as_ref(), &ctx.org, &proposal)?;
+        let policies = e
+            .outcomes
+            .iter()
+            .map(|o| {
+                json!({
+                    "policyId": o.policy_id,
+                    "policyName": o.policy_name,
+                    "effect": o.effect,
+                    "outcome": o.outcome,
+                    "decidingClause": o.clause,
+                    "detail": o.detail,
+                })
+            })
+            .collect();
+        (e.decision.as_str(), e.reason, policies)
+    };
+    Ok(json!({
+        "decision": decision,
+        "reason": reason,
+        "activityType": op.activity_type,
+        "resource": op.resource,
+        "action": op.action,
+        "policies": policies,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use crate::store::{ActivityRecord, Organization, SqliteStore, Store, StoreError, Write, CONSENSUS_MOVED};
+
+    fn update(expected_votes: usize, status: &str) -> Write {
+        Write::UpdateConsensusActivity {
+            organization_id: "org".into(),
+            id: "a1".into(),
+            expected_votes,
+            status: status.into(),
+            result: json!({"r": 1}),
+            votes: json!([{"userId": "u1"}, {"userId": "u2"}]),
+            failure: None,
+            updated_at: 2,
+        }
+    }
+
+    #[test]
+    fn consensus_transition_is_a_compare_and_set() {
+        let dir = std::env::temp_dir().join(format!("coffer-cas-{}", uuid::Uuid::new_v4()));
+        let store = Arc::new(SqliteStore::open(&dir.join("coffer.db")).unwrap());
+        let org = Organization {
+            id: "org".into(),
+            name: "org".into(),
+            parent_id: None,
+            root_quorum_threshold: 1,
+            root_user_ids: vec![],
+            created_at: 0,
+            updated_at: 0,
+        };
+        store.apply(&[Write::InsertOrganization(org)]).unwrap();
+        let a = ActivityRecord {
+            id: "a1".into(),
+            organization_id: "org".into(),
+            activity_type: "ACTIVITY_TYPE_CREATE_WALLET".into(),
+            status: "ACTIVITY_STATUS_CONSENSUS_NEEDED".into(),
+            fingerprint: "sha256:1".into(),
+            intent: json!({}),
+            result: json!({}),
+            votes: json!([{"userId": "u1"}]),
+            failure: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        store.commit(&a, &[]).unwrap();
+        // A stale vote count loses.
+        assert!(
+            matches!(store.apply(&[update(2, "ACTIVITY_STATUS_COMPLETED")]), Err(StoreError::Conflict(m)) if m == CONSENSUS_MOVED)
+        );
+        // Two completions at once: exactly one wins, and a failed one changes nothing.
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let s = store.clone();
+                std::thread::spawn(move || s.apply(&[update(1, "ACTIVITY_STATUS_COMPLETED")]))
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "{results:?}");
+        let stored = store.activity("org", "a1").unwrap();
+        assert_eq!((stored.status.as_str(), stored.result.clone()), ("ACTIVITY_STATUS_COMPLETED", json!({"r": 1})));
+        assert_eq!(stored.votes.as_array().unwrap().len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,327 @@
+//! The evaluation context of one activity (spec 12.4): `activity`, `approvers`, `credentials`,
+//! the wallet / private key / account it touches, `eth.eip_712`, `eth.eip_7702_authorization`
+//! and `time.now`, built from the store and the activity's intent parameters.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::eval::Val;
+use crate::store::{Nanos, PrivateKey, Store, StoreError, Wallet};
+
+/// Collected approvals older than this no longer count (spec 6: a 24 h window).
+pub const VOTE_WINDOW_NANOS: Nanos = 24 * 3_600 * 1_000_000_000;
+
+pub const VOTE_APPROVED: &str = "VOTE_SELECTION_APPROVED";
+pub const VOTE_REJECTED: &str = "VOTE_SELECTION_REJECTED";
+
+/// `ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2` → `SIGN_RAW_PAYLOAD`.
+pub fn kind(activity_type: &str) -> String {
+    let t = activity_type.strip_prefix("ACTIVITY_TYPE_").unwrap_or(activity_type);
+    match t.rsplit_once("_V") {
+        Some((base, v)) if !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()) => base.to_string(),
+        _ => t.to_string(),
+    }
+}
+
+/// The intent fields a policy may read as `activity.params` (spec 12.4), snake_case.
+pub fn params(kind: &str, p: &Value) -> Value {
+    let fields: &[(&str, &str)] = match kind {
+        "SIGN_RAW_PAYLOAD" | "SIGN_RAW_PAYLOADS" => &[("hashFunction", "hash_function"), ("encoding", "encoding")],
+        "SIGN_TRANSACTION" => &[("type", "type")],
+        "DELETE_USERS" => &[("userIds", "user_ids")],
+        "CREATE_API_KEYS" => &[("userId", "user_id")],
+        "DELETE_API_KEYS" => &[("userId", "user_id"), ("apiKeyIds", "api_key_ids")],
+        "UPDATE_WALLET" => &[("walletId", "wallet_id")],
+        "INIT_OTP_AUTH" => &[("otpLength", "otp_length")],
+        "UPDATE_WEBHOOK_ENDPOINT" | "DELETE_WEBHOOK_ENDPOINT" => &[("endpointId", "endpoint_id")],
+        k if k.starts_with("EXPORT_") => &[("targetPublicKey", "target_public_key")],
+        k if k.ends_with("_LOGIN") => &[("sessionProfileId", "session_profile_id")],
+        _ => &[],
+    };
+    let mut out = Map::new();
+    for (camel, snake) in fields {
+        if let Some(v) = p.get(*camel) {
+            out.insert(snake.to_string(), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// The votes that still count: `selection`, within the 24 h window.
+pub fn live_votes<'a>(votes: &'a Value, selection: &str, now: Nanos) -> Vec<&'a Value> {
+    votes
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|v| v["selection"] == selection)
+                .filter(|v| {
+                    let secs = v["createdAt"]["seconds"].as_str().and_then(|s| s.parse::<i64>().ok()).unwrap_or(0);
+                    now.saturating_sub(secs.saturating_mul(1_000_000_000)) <= VOTE_WINDOW_NANOS
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Distinct user ids of the votes, in vote order.
+pub fn voter_ids(votes: &[&Value]) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    for v in votes {
+        if let Some(id) = v["userId"].as_str() {
+            if !ids.iter().any(|i| i == id) {
+                ids.push(id.to_string());
+            }
+        }
+    }
+    ids
+}
+
+/// What the evaluator needs to know about one activity.
+pub struct ActivityFacts<'a> {
+    pub organization_id: &'a str,
+    pub activity_type: &'a str,
+    pub resource: &'a str,
+    pub action: &'a str,
+    /// The intent parameters (camelCase, nulls stripped).
+    pub params: &'a Value,
+    /// Approving votes still in their window.
+    pub approvals: Vec<&'a Value>,
+    pub now: Nanos,
+}
+
+fn wallet_json(w: &Wallet) -> Value {
+    json!({ "id": w.id, "imported": w.imported, "exported": w.exported, "label": w.name })
+}
+
+fn private_key_json(k: &PrivateKey) -> Value {
+    json!({ "id": k.id, "tags": k.tags, "imported": k.imported, "exported": k.exported, "label": k.name })
+}
+
+fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The credential a vote was stamped with, as `credentials` lists it.
+fn vote_credential(v: &Value) -> Option<Value> {
+    let user_id = v["userId"].as_str().unwrap_or_default();
+    if let Some(k) = v["user"]["apiKeys"].as_array().and_then(|a| a.first()) {
+        return Some(json!({
+            "id": k["apiKeyId"], "user_id": user_id, "type": k["credential"]["type"],
+            "public_key": k["credential"]["publicKey"], "credential_id": "",
+        }));
+    }
+    v["user"]["authenticators"].as_array().and_then(|a| a.first()).map(|a| {
+        json!({
+            "id": a["authenticatorId"], "user_id": user_id, "type": a["credential"]["type"],
+            "public_key": a["credential"]["publicKey"], "credential_id": a["credentialId"],
+        })
+    })
+}
+
+/// EIP-712 typed data as `eth.eip_712` (the payload is the JSON, or its hex encoding).
+fn eip712(payload: &str) -> Option<Value> {
+    let typed: Value = serde_json::from_str(payload).ok().or_else(|| {
+        let bytes = hex::decode(payload.trim_start_matches("0x")).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    })?;
+    let d = &typed["domain"];
+    let mut domain = Map::new();
+    for (from, to) in
+        [("name", "name"), ("version", "version"), ("chainId", "chain_id"), ("verifyingContract", "verifying_contract")]
+    {
+        if let Some(v) = d.get(from) {
+            domain.insert(to.into(), int_like(v));
+        }
+    }
+    Some(json!({ "primary_type": typed["primaryType"], "domain": domain, "message": typed["message"] }))
+}
+
+/// A decimal string (`"1"`) as a number, so `chain_id == 1` works either way.
+fn int_like(v: &Value) -> Value {
+    match v.as_str().and_then(|s| s.parse::<u64>().ok()) {
+        Some(n) => json!(n),
+        None => v.clone(),
+    }
+}
+
+/// An EIP-7702 authorization payload (JSON `{address|contractAddress, chainId, nonce}`).
+fn eip7702(payload: &str) -> Option<Value> {
+    let a: Value = serde_json::from_str(payload).ok()?;
+    let address = a.get("address").or_else(|| a.get("contractAddress"))?.clone();
+    Some(json!({ "address": address, "chain_id": int_like(&a["chainId"]), "nonce": int_like(&a["nonce"]) }))
+}
+
+/// Builds the roots of a policy evaluation (everything but what is missing: a missing root or
+/// field is an evaluation error, spec 12.4).
+pub fn build(store: &dyn Store, f: &ActivityFacts<'_>) -> Result<BTreeMap<String, Val>, StoreError> {
+    let org = f.organization_id;
+    let p = f.params;
+    let kind = kind(f.activity_type);
+    let mut ctx = Map::new();
+    ctx.insert(
+        "activity".into(),
+        json!({ "type": f.activity_type, "kind": kind, "resource": f.resource, "action": f.action, "params": params(&kind, p) }),
+    );
+
+    // approvers and their credentials
+    let ids = voter_ids(&f.approvals);
+    let tags = if ids.is_empty() { Vec::new() } else { store.user_tag_members(org)? };
+    let mut approvers = Vec::new();
+    for id in &ids {
+        let Some(u) = found(store.user(org, id))? else { continue };
+        let user_tags: Vec<&String> = tags.iter().filter(|(_, uid)| uid == id).map(|(t, _)| t).collect();
+        approvers.push(json!({ "id": u.id, "tags": user_tags, "email": u.email.unwrap_or_default(), "alias": u.name }));
+    }
+    ctx.insert("approvers".into(), Value::Array(approvers));
+    ctx.insert("credentials".into(), Value::Array(f.approvals.iter().filter_map(|v| vote_credential(v)).collect()));
+
+    // the wallet, account or private key the activity touches
+    let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+    let put_account = |ctx: &mut Map<String, Value>, address: &str| -> Result<bool, StoreError> {
+        if let Some(a) = found(store.account_by_address(org, address))? {
+            ctx.insert("wallet_account".into(), json!({ "address": a.address }));
+            if let Some(w) = found(store.wallet(org, &a.wallet_id))? {
+                ctx.insert("wallet".into(), wallet_json(&w));
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    };
+    if let Some(sw) = text("signWith") {
+        if !put_account(&mut ctx, &sw)? {
+            let key = match found(store.private_key_by_address(org, &sw))? {
+                Some(k) => Some(k),
+                None => found(store.private_key(org, &sw))?,
+            };
+            if let Some(k) = key {
+                ctx.insert("private_key".into(), private_key_json(&k));
+            }
+        }
+    }
+    if let Some(address) = text("address") {
+        put_account(&mut ctx, &address)?;
+    }
+    if let Some(id) = text("walletId") {
+        if let Some(w) = found(store.wallet(org, &id))? {
+            ctx.insert("wallet".into(), wallet_json(&w));
+        }
+    }
+    if let Some(id) = text("privateKeyId") {
+        if let Some(k) = found(store.private_key(org, &id))? {
+            ctx.insert("private_key".into(), private_key_json(&k));
+        }
+    }
+    if let Some(ids) = p.get("walletIds").and_then(Value::as_array) {
+        let mut ws = Vec::new();
+        for id in ids.iter().filter_map(Value::as_str) {
+            if let Some(w) = found(store.wallet(org, id))? {
+                ws.push(wallet_json(&w));
+            }
+        }
+        ctx.insert("wallets".into(), Value::Array(ws));
+    } else if let Some(w) = ctx.get("wallet").cloned() {
+        ctx.insert("wallets".into(), json!([w]));
+    }
+
+    // Ethereum payloads
+    let encoding = text("encoding").unwrap_or_default();
+    let payload = text("payload");
+    let mut eth = Map::new();
+    if let Some(payload) = &payload {
+        if encoding == "PAYLOAD_ENCODING_EIP712" {
+            if let Some(v) = eip712(payload) {
+                eth.insert("eip_712".into(), v);
+            }
+        }
+        if encoding == "PAYLOAD_ENCODING_EIP7702_AUTHORIZATION" {
+            if let Some(v) = eip7702(payload) {
+                eth.insert("eip_7702_authorization".into(), v);
+            }
+        }
+    }
+    if !eth.is_empty() {
+        ctx.insert("eth".into(), Value::Object(eth));
+    }
+
+    let mut roots = match Val::from_json(&Value::Object(ctx)) {
+        Val::Map(m) => m,
+        _ => BTreeMap::new(),
+    };
+    let mut time = BTreeMap::new();
+    time.insert("now".to_string(), Val::Time(i128::from(f.now)));
+    roots.insert("time".into(), Val::Map(time));
+    Ok(roots)
+}
+
+/// Managing one's own credentials is implicitly allowed (spec 12.2): API keys, passkeys and
+/// OAuth providers of the submitter, and the submitter's own user.
+pub fn own_credentials(activity_type: &str, params: &Value, submitter: &str) -> bool {
+    let k = kind(activity_type);
+    matches!(
+        k.as_str(),
+        "CREATE_API_KEYS"
+            | "DELETE_API_KEYS"
+            | "CREATE_AUTHENTICATORS"
+            | "DELETE_AUTHENTICATORS"
+            | "CREATE_OAUTH_PROVIDERS"
+            | "DELETE_OAUTH_PROVIDERS"
+            | "UPDATE_USER"
+            | "UPDATE_USER_NAME"
+            | "UPDATE_USER_EMAIL"
+            | "UPDATE_USER_PHONE_NUMBER"
+    ) && params.get("userId").and_then(Value::as_str) == Some(submitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_params() {
+        assert_eq!(kind("ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2"), "SIGN_RAW_PAYLOAD");
+        assert_eq!(kind("ACTIVITY_TYPE_SIGN_RAW_PAYLOADS"), "SIGN_RAW_PAYLOADS");
+        assert_eq!(kind("ACTIVITY_TYPE_CREATE_USERS_V4"), "CREATE_USERS");
+        assert_eq!(kind("ACTIVITY_TYPE_EXPORT_WALLET"), "EXPORT_WALLET");
+        assert_eq!(kind("ACTIVITY_TYPE_SIGN_TRANSACTION_V2"), "SIGN_TRANSACTION");
+        assert_eq!(kind("ACTIVITY_TYPE_SIGN_TRANSACTION"), "SIGN_TRANSACTION");
+        let p = json!({"signWith": "0x1", "hashFunction": "HASH_FUNCTION_NO_OP", "encoding": "E", "payload": "x"});
+        assert_eq!(params("SIGN_RAW_PAYLOAD", &p), json!({"hash_function": "HASH_FUNCTION_NO_OP", "encoding": "E"}));
+        assert_eq!(params("EXPORT_WALLET", &json!({"targetPublicKey": "04"})), json!({"target_public_key": "04"}));
+        assert_eq!(params("CREATE_WALLET", &json!({"walletName": "x"})), json!({}));
+        assert!(own_credentials("ACTIVITY_TYPE_CREATE_API_KEYS_V2", &json!({"userId": "u"}), "u"));
+        assert!(!own_credentials("ACTIVITY_TYPE_CREATE_API_KEYS_V2", &json!({"userId": "v"}), "u"));
+        assert!(!own_credentials("ACTIVITY_TYPE_CREATE_WALLET", &json!({"userId": "u"}), "u"));
+    }
+
+    #[test]
+    fn eip712_context() {
+        let td = r#"{"types":{},"primaryType":"Permit","domain":{"name":"USD Coin","version":"2","chainId":"1","verifyingContract":"0xA0"},"message":{"value":"5"}}"#;
+        let v = eip712(td).unwrap();
+        assert_eq!(v["primary_type"], "Permit");
+        assert_eq!(v["domain"]["chain_id"], 1);
+        assert_eq!(v["domain"]["verifying_contract"], "0xA0");
+        assert_eq!(eip712(&hex::encode(td)).unwrap(), v);
+        assert!(eip712("not json").is_none());
+        let a = eip7702(r#"{"address":"0xab","chainId":"1","nonce":"7"}"#).unwrap();
+        assert_eq!(a, json!({"address": "0xab", "chain_id": 1, "nonce": 7}));
+    }
+
+    #[test]
+    fn vote_window() {
+        let now = 100 * 3_600 * 1_000_000_000i64;
+        let votes = json!([
+            {"userId": "a", "selection": VOTE_APPROVED, "createdAt": {"seconds": (now / 1_000_000_000).to_string()}},
+            {"userId": "b", "selection": VOTE_APPROVED, "createdAt": {"seconds": ((now - VOTE_WINDOW_NANOS) / 1_000_000_000 - 1).to_string()}},
+            {"userId": "c", "selection": VOTE_REJECTED, "createdAt": {"seconds": (now / 1_000_000_000).to_string()}},
+            {"userId": "a", "selection": VOTE_APPROVED, "createdAt": {"seconds": (now / 1_000_000_000).to_string()}},
+        ]);
+        let live = live_votes(&votes, VOTE_APPROVED, now);
+        assert_eq!(voter_ids(&live), vec!["a".to_string()]);
+        assert_eq!(voter_ids(&live_votes(&votes, VOTE_REJECTED, now)), vec!["c".to_string()]);
+    }
+}
