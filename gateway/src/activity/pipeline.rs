@@ -542,3 +542,30 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
     let params = envelope::strip_nulls(Value::Object(request));
     (q.handler)(QueryCtx { state, org, caller }, params).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(params: Value) -> Envelope {
+        Envelope {
+            activity_type: "ACTIVITY_TYPE_CREATE_WALLET".into(),
+            timestamp_ms: 1,
+            organization_id: "o".into(),
+            parameters: params,
+        }
+    }
+
+    #[test]
+    fn intent_hash_ignores_key_order_and_timestamp_but_not_values() {
+        let a = env(serde_json::from_str(r#"{"walletName":"w","accounts":[{"a":1,"b":2}]}"#).unwrap());
+        let mut b = env(serde_json::from_str(r#"{"accounts":[{"b":2,"a":1}],"walletName":"w"}"#).unwrap());
+        b.timestamp_ms = 2;
+        assert_eq!(intent_hash(&a), intent_hash(&b));
+        let c = env(json!({"walletName": "x", "accounts": [{"a": 1, "b": 2}]}));
+        assert_ne!(intent_hash(&a), intent_hash(&c));
+        let mut d = env(json!({"walletName": "w", "accounts": [{"a": 1, "b": 2}]}));
+        d.organization_id = "other".into();
+        assert_ne!(intent_hash(&a), intent_hash(&d));
+    }
+}

@@ -70,6 +70,11 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
     }
     let op = activity_by_type(&env.activity_type)
         .ok_or_else(|| ApiError::invalid(format!("unknown activity type {:?}", env.activity_type)))?;
+    if env.activity_type == pipeline::TYPE_APPROVE || env.activity_type == pipeline::TYPE_REJECT {
+        return Err(ApiError::invalid(
+            "a vote is not decided by policies: dry-run the activity it targets (canApprove / canReject tell who may vote)",
+        ));
+    }
     let caller = &ctx.caller;
     let (decision, reason, policies) = if caller.via_parent {
         ("DECISION_DENY", "PARENT_ORGANIZATION_CREDENTIAL", vec![])
