@@ -23,17 +23,21 @@ impl AppState {
         Ok(f(self.store.as_ref()))
     }
 
-    /// Commits an activity with its effects: waits for the group commit (and its fsync) on
-    /// the blocking pool, never on an executor thread.
+    /// Commits an activity with its effects: the group committer replies through a oneshot,
+    /// so no thread waits for the fsync.
     pub async fn commit(
         self: &Arc<Self>,
         record: crate::store::ActivityRecord,
         writes: Vec<crate::store::Write>,
     ) -> Result<crate::store::Committed, crate::error::ApiError> {
-        let state = self.clone();
-        tokio::task::spawn_blocking(move || state.store.commit(&record, &writes))
-            .await
-            .map_err(|_| crate::error::ApiError::internal())?
-            .map_err(Into::into)
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.store.commit_then(
+            record,
+            writes,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.await.map_err(|_| crate::error::ApiError::internal())?.map_err(Into::into)
     }
 }

@@ -441,9 +441,18 @@ pub struct ActivityFilter {
     pub after: Option<String>,
 }
 
+/// Receives the outcome of [`Store::commit_then`].
+pub type CommitCallback = Box<dyn FnOnce(Result<Committed, StoreError>) + Send>;
+
 /// The storage the gateway needs. Implementations must make `commit` atomic.
 pub trait Store: Send + Sync + 'static {
     fn commit(&self, activity: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError>;
+    /// Like `commit`, but hands the outcome to `done`, possibly on another thread, so an async
+    /// caller need not park a thread while a commit (and its fsync) is under way. The default
+    /// commits synchronously; a backend with its own committer overrides it.
+    fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
+        done(self.commit(&activity, &writes))
+    }
     /// Applies writes outside any activity (operator CLI: `init-org`).
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError>;
 

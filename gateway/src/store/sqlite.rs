@@ -37,7 +37,7 @@ pub struct SqliteStore {
 struct CommitJob {
     activity: ActivityRecord,
     writes: Vec<Write>,
-    reply: mpsc::SyncSender<Result<Committed, StoreError>>,
+    reply: CommitCallback,
 }
 
 fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
@@ -54,7 +54,7 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
             Err(_) => batch.iter().map(|_| Err(StoreError::Backend("writer lock poisoned".into()))).collect(),
         };
         for (job, result) in batch.into_iter().zip(results) {
-            let _ = job.reply.send(result);
+            (job.reply)(result);
         }
     }
 }
@@ -1018,13 +1018,24 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
 impl Store for SqliteStore {
     fn commit(&self, a: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
         let (reply, outcome) = mpsc::sync_channel(1);
-        let job = CommitJob { activity: a.clone(), writes: writes.to_vec(), reply };
-        self.commits
-            .lock()
-            .map_err(|_| StoreError::Backend("commit queue lock poisoned".into()))?
-            .send(job)
-            .map_err(|_| StoreError::Backend("committer thread stopped".into()))?;
+        self.commit_then(
+            a.clone(),
+            writes.to_vec(),
+            Box::new(move |r| {
+                let _ = reply.send(r);
+            }),
+        );
         outcome.recv().map_err(|_| StoreError::Backend("committer thread stopped".into()))?
+    }
+
+    fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
+        let queue = match self.commits.lock() {
+            Ok(q) => q,
+            Err(_) => return done(Err(StoreError::Backend("commit queue lock poisoned".into()))),
+        };
+        if let Err(mpsc::SendError(job)) = queue.send(CommitJob { activity, writes, reply: done }) {
+            (job.reply)(Err(StoreError::Backend("committer thread stopped".into())));
+        }
     }
 
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError> {
