@@ -10,6 +10,10 @@ use ed25519_dalek::Signer as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+// The `ecdsa` crate's generic signing trait (implemented by k256's and p256's scalars).
+use k256::ecdsa::hazmat::SignPrimitive;
+use zeroize::Zeroizing;
+
 use crate::{CryptoError, Curve};
 
 pub const PAYLOAD_ENCODING_HEXADECIMAL: &str = "PAYLOAD_ENCODING_HEXADECIMAL";
@@ -151,9 +155,19 @@ fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<Sign
     let bad_key = || CryptoError::Internal(format!("invalid {} secret key", curve_label(curve)));
     let sign_err = |e: k256::ecdsa::Error| CryptoError::Internal(format!("ECDSA signing failed: {e}"));
     let (r, s, recid) = match curve {
+        // The scalar signs directly (hazmat): a `SigningKey` would first compute the public key,
+        // a full scalar multiplication that signing does not need (measured: most of the
+        // enclave's signing time). The scalar lives in `Zeroizing` and is wiped on drop.
         Curve::Secp256k1 => {
-            let key = k256::ecdsa::SigningKey::from_slice(secret).map_err(|_| bad_key())?;
-            let (sig, recid) = key.sign_prehash_recoverable(digest).map_err(sign_err)?;
+            let scalar = Zeroizing::new(
+                Option::<k256::NonZeroScalar>::from(k256::NonZeroScalar::from_repr((*secret).into()))
+                    .ok_or_else(bad_key)?,
+            );
+            let (sig, recid) = scalar
+                .as_ref()
+                .try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[])
+                .map_err(sign_err)?;
+            let recid = recid.ok_or_else(|| CryptoError::Internal("ECDSA signing gave no recovery id".into()))?;
             let (sig, recid) = match sig.normalize_s() {
                 Some(low) => (low, flip(recid)),
                 None => (sig, recid),
@@ -162,8 +176,15 @@ fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<Sign
             (r.to_vec(), s.to_vec(), recid)
         }
         Curve::P256 => {
-            let key = p256::ecdsa::SigningKey::from_slice(secret).map_err(|_| bad_key())?;
-            let (sig, recid) = key.sign_prehash_recoverable(digest).map_err(sign_err)?;
+            let scalar = Zeroizing::new(
+                Option::<p256::NonZeroScalar>::from(p256::NonZeroScalar::from_repr((*secret).into()))
+                    .ok_or_else(bad_key)?,
+            );
+            let (sig, recid) = scalar
+                .as_ref()
+                .try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[])
+                .map_err(sign_err)?;
+            let recid = recid.ok_or_else(|| CryptoError::Internal("ECDSA signing gave no recovery id".into()))?;
             let (sig, recid) = match sig.normalize_s() {
                 Some(low) => (low, flip(recid)),
                 None => (sig, recid),
