@@ -163,10 +163,8 @@ fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<Sign
                 Option::<k256::NonZeroScalar>::from(k256::NonZeroScalar::from_repr((*secret).into()))
                     .ok_or_else(bad_key)?,
             );
-            let (sig, recid) = scalar
-                .as_ref()
-                .try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[])
-                .map_err(sign_err)?;
+            let (sig, recid) =
+                scalar.as_ref().try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[]).map_err(sign_err)?;
             let recid = recid.ok_or_else(|| CryptoError::Internal("ECDSA signing gave no recovery id".into()))?;
             let (sig, recid) = match sig.normalize_s() {
                 Some(low) => (low, flip(recid)),
@@ -180,10 +178,8 @@ fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<Sign
                 Option::<p256::NonZeroScalar>::from(p256::NonZeroScalar::from_repr((*secret).into()))
                     .ok_or_else(bad_key)?,
             );
-            let (sig, recid) = scalar
-                .as_ref()
-                .try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[])
-                .map_err(sign_err)?;
+            let (sig, recid) =
+                scalar.as_ref().try_sign_prehashed_rfc6979::<sha2::Sha256>(&(*digest).into(), &[]).map_err(sign_err)?;
             let recid = recid.ok_or_else(|| CryptoError::Internal("ECDSA signing gave no recovery id".into()))?;
             let (sig, recid) = match sig.normalize_s() {
                 Some(low) => (low, flip(recid)),
