@@ -123,6 +123,20 @@ impl Stack {
         stack
     }
 
+    /// Runs `coffer-gateway` (e.g. `keygen`, `init-org`) against this stack's database; its
+    /// JSON output.
+    pub fn gateway_cli(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
+    }
+
+    /// How many activities `list_activities` shows in `org` (up to 100), read with `key`.
+    pub async fn activity_count(&self, key: &TurnkeyP256ApiKey, org: &str) -> usize {
+        let body = serde_json::json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
+        let r = self.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        r.json["activities"].as_array().expect("activities").len()
+    }
+
     /// Process ids of (enclave, gateway), for resource measurements.
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         (self.enclave.as_ref().map(|c| c.id()), self.gateway.as_ref().map(|c| c.id()))

@@ -152,13 +152,6 @@ fn recover(message: &[u8], r: &str, s: &str, v: &str) -> String {
     format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
 }
 
-async fn activity_count(stack: &Stack, org: &str) -> usize {
-    let body = json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
-    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(&stack.api_key())).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json["activities"].as_array().unwrap().len()
-}
-
 async fn get_activity(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, id: &str) -> Value {
     let body = json!({"organizationId": org, "activityId": id}).to_string();
     let r = stack.post_raw("/public/v1/query/get_activity", body.as_bytes(), Some(key)).await;
@@ -198,7 +191,7 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     let (_w2, a2) = add_wallet(&root, &org, "w2").await;
 
     // A non-root user is denied by default: 403, nothing recorded; the dry run agrees.
-    let before = activity_count(&stack, &org).await;
+    let before = stack.activity_count(&stack.api_key(), &org).await;
     let r = alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a1, "x")).await;
     refused(r, 403, "request not authorized");
     let raw = stack
@@ -206,11 +199,11 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
         .await;
     assert_eq!(raw.status, 403, "{}", raw.text);
     assert_eq!(raw.json["message"], "request not authorized");
-    assert_eq!(activity_count(&stack, &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a1, "x")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_DENY"), Some("IMPLICIT_DENY")));
     assert_eq!((d["resource"].as_str(), d["action"].as_str()), (Some("PRIVATE_KEY"), Some("SIGN")));
-    assert_eq!(activity_count(&stack, &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
 
     // An ALLOW scoped to one wallet and to alice.
     let allow = add_policy(
@@ -244,7 +237,7 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
         (d["policies"][0]["outcome"].as_str(), d["policies"][0]["decidingClause"].as_str()),
         (Some("OUTCOME_DENY_IMPLICIT"), Some("condition"))
     );
-    let before = activity_count(&stack, &org).await;
+    let before = stack.activity_count(&stack.api_key(), &org).await;
     let r =
         alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a2, "hello")).await;
     refused(r, 403, "request not authorized");
@@ -254,7 +247,7 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
         Err(TurnkeyClientError::ActivityRequiresApproval(id)) => id,
         other => panic!("expected ActivityRequiresApproval, got {other:?}"),
     };
-    assert_eq!(activity_count(&stack, &org).await, before + 1);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before + 1);
     assert_eq!(evaluations(&root, &org, &waiting).await, vec![vec![(allow.clone(), Outcome::RequiresConsensus)]]);
 
     // An erroring clause never allows: `private_key` is missing when signing with a wallet.
@@ -270,11 +263,11 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     let deny = add_policy(&root, &org, "no w1", Effect::Deny, &format!("wallet.id == '{w1}'"), "").await;
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a1, "again")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_DENY"), Some("EXPLICIT_DENY")));
-    let before = activity_count(&stack, &org).await;
+    let before = stack.activity_count(&stack.api_key(), &org).await;
     let r =
         alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a1, "again")).await;
     refused(r, 403, "request not authorized");
-    assert_eq!(activity_count(&stack, &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     let d = dry_run(&stack, &stack.api_key(), &org, &sign_body(&org, &a1, "root")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_ALLOW"), Some("ROOT_QUORUM")));
     let sig = root.sign_raw_payload(org.clone(), root.current_timestamp(), sign_intent(&a1, "root")).await.unwrap();
@@ -547,23 +540,23 @@ async fn idempotency_key_returns_the_first_activity() {
     let now = Stack::now_ms();
     let first = post_idem(&stack, path, &wallet("idem", now), &key, "key-1").await;
     assert_eq!(first.status, 200, "{}", first.text);
-    let before = activity_count(&stack, &org).await;
+    let before = stack.activity_count(&stack.api_key(), &org).await;
     // Same key, same intent, new timestamp (new bytes): the first activity, nothing new.
     let again = post_idem(&stack, path, &wallet("idem", now + 1000), &key, "key-1").await;
     assert_eq!(again.status, 200, "{}", again.text);
     assert_eq!(again.json["activity"]["id"], first.json["activity"]["id"]);
     assert_eq!(again.json["activity"]["result"], first.json["activity"]["result"]);
-    assert_eq!(activity_count(&stack, &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     // Same key, another intent: 409, nothing new.
     let other = post_idem(&stack, path, &wallet("other", now + 2000), &key, "key-1").await;
     assert_eq!(other.status, 409, "{}", other.text);
     assert!(other.json["message"].as_str().unwrap().contains("Idempotency-Key"), "{}", other.text);
-    assert_eq!(activity_count(&stack, &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     // Another key: a new activity (the wallet name is taken, so a new name).
     let fresh = post_idem(&stack, path, &wallet("idem-2", now + 3000), &key, "key-2").await;
     assert_eq!(fresh.status, 200, "{}", fresh.text);
     assert_ne!(fresh.json["activity"]["id"], first.json["activity"]["id"]);
-    assert_eq!(activity_count(&stack, &org).await, before + 1);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before + 1);
     // A bad header value.
     let bad = post_idem(&stack, path, &wallet("idem-3", now + 4000), &key, " ").await;
     assert_eq!(bad.status, 400, "{}", bad.text);

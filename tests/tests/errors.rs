@@ -1,10 +1,7 @@
 //! Refusals: every rejected request is a gRPC-gateway `Status` JSON with the right HTTP status,
 //! `Content-Type: application/json`, a typed `TurnkeyErrorDetail`, and changes nothing.
 
-use std::path::Path;
-use std::process::Command;
-
-use coffer_tests::{bin_dir, RawResponse, Stack};
+use coffer_tests::{RawResponse, Stack};
 use serde_json::{json, Value};
 use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
 
@@ -348,22 +345,6 @@ async fn not_found_and_routing_errors_are_json() {
     assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);
 }
 
-/// Runs `coffer-gateway` against the stack's database and token (as the harness does).
-fn gateway_cli(stack: &Stack, args: &[&str]) -> Value {
-    let dir: &Path = &stack.dir;
-    let out = Command::new(bin_dir().join("coffer-gateway"))
-        .env("SOFTHSM2_CONF", dir.join("softhsm2.conf"))
-        .env("COFFER_STORE_URL", format!("sqlite://{}", dir.join("coffer.db").display()))
-        .env("COFFER_ENCLAVE_SOCKET", dir.join("enclave.sock"))
-        .env("COFFER_LOG", "warn")
-        .env_remove("COFFER_GATEWAY_CONFIG")
-        .args(args)
-        .output()
-        .expect("run coffer-gateway");
-    assert!(out.status.success(), "coffer-gateway {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[tokio::test]
 async fn organizations_are_isolated() {
     let stack = Stack::start().await;
@@ -377,9 +358,9 @@ async fn organizations_are_isolated() {
         .to_string();
 
     // A second, unrelated organization in the same deployment, with its own key.
-    let kp = gateway_cli(&stack, &["keygen"]);
+    let kp = stack.gateway_cli(&["keygen"]);
     let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
-    let created = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b]);
+    let created = stack.gateway_cli(&["init-org", "--name", "org-b", "--api-public-key", pub_b]);
     let org_b = created["organizationId"].as_str().unwrap().to_string();
     assert_ne!(org_b, org_a);
     let key_b = TurnkeyP256ApiKey::from_strings(priv_b, Some(pub_b)).unwrap();

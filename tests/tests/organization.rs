@@ -2,10 +2,8 @@
 //! above one waits for consensus), `get_organization` and `get_organization_configs`.
 
 use std::fmt::Debug;
-use std::path::Path;
-use std::process::Command;
 
-use coffer_tests::{bin_dir, Stack};
+use coffer_tests::Stack;
 use serde_json::{json, Value};
 use turnkey_client::generated::external::data::v1::Quorum;
 use turnkey_client::generated::immutable::activity::v1::ActivityStatus;
@@ -71,30 +69,6 @@ fn q(threshold: i32, user_ids: &[&str]) -> Quorum {
     Quorum { threshold, user_ids: user_ids.iter().map(|s| s.to_string()).collect() }
 }
 
-/// How many activities the organization has recorded.
-async fn activity_count(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str) -> usize {
-    let body = json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
-    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json["activities"].as_array().unwrap().len()
-}
-
-/// Runs `coffer-gateway` against the stack's database (as the harness does).
-fn gateway_cli(stack: &Stack, args: &[&str]) -> Value {
-    let dir: &Path = &stack.dir;
-    let out = Command::new(bin_dir().join("coffer-gateway"))
-        .env("SOFTHSM2_CONF", dir.join("softhsm2.conf"))
-        .env("COFFER_STORE_URL", format!("sqlite://{}", dir.join("coffer.db").display()))
-        .env("COFFER_ENCLAVE_SOCKET", dir.join("enclave.sock"))
-        .env("COFFER_LOG", "warn")
-        .env_remove("COFFER_GATEWAY_CONFIG")
-        .args(args)
-        .output()
-        .expect("run coffer-gateway");
-    assert!(out.status.success(), "coffer-gateway {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[tokio::test]
 async fn features_set_override_remove() {
     let stack = Stack::start().await;
@@ -117,7 +91,7 @@ async fn features_set_override_remove() {
     assert_eq!(configs(&c, &org).await.0, overridden);
 
     // Refusals change nothing.
-    let activities = activity_count(&stack, &stack.api_key(), &org).await;
+    let activities = stack.activity_count(&stack.api_key(), &org).await;
     refused(set(&c, &org, FeatureName::Unspecified, "x").await, 400, "invalid feature name");
     refused(remove(&c, &org, FeatureName::Webhook).await, 404, "organization feature not set: FEATURE_NAME_WEBHOOK");
     let body = json!({
@@ -131,7 +105,7 @@ async fn features_set_override_remove() {
     assert_eq!(r.status, 400, "{}", r.text);
     assert_eq!(r.json["message"], "invalid feature name: \"FEATURE_NAME_TELEPORT\"");
     assert_eq!(configs(&c, &org).await.0, overridden);
-    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
 
     // Remove returns what is left.
     assert_eq!(
@@ -142,9 +116,9 @@ async fn features_set_override_remove() {
 
     // Another organization's features are its own: it does not see these, and whatever it does
     // cannot change them.
-    let kp = gateway_cli(&stack, &["keygen"]);
+    let kp = stack.gateway_cli(&["keygen"]);
     let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
-    let org_b = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
+    let org_b = stack.gateway_cli(&["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
         .as_str()
         .unwrap()
         .to_string();
@@ -165,9 +139,9 @@ async fn features_with_the_same_name_in_two_organizations() {
     let c = stack.client();
     let org = stack.organization_id.clone();
     set(&c, &org, FeatureName::EmailAuth, "a").await.unwrap();
-    let kp = gateway_cli(&stack, &["keygen"]);
+    let kp = stack.gateway_cli(&["keygen"]);
     let (pub_b, priv_b) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
-    let org_b = gateway_cli(&stack, &["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
+    let org_b = stack.gateway_cli(&["init-org", "--name", "org-b", "--api-public-key", pub_b])["organizationId"]
         .as_str()
         .unwrap()
         .to_string();
@@ -191,7 +165,7 @@ async fn root_quorum_end_to_end() {
     refused(quorum(&root, &org, 1, &[&root_id, UNKNOWN_ID]).await, 404, "user not found");
     refused(quorum(&root, &org, 1, &[&root_id, &root_id]).await, 400, "duplicate user id");
     assert_eq!(configs(&root, &org).await.1, q(1, &[&root_id]));
-    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, 0);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, 0);
 
     // Threshold 1 with the existing root user: the root user's own vote runs it.
     quorum(&root, &org, 1, &[&root_id]).await.unwrap();
@@ -221,11 +195,11 @@ async fn root_quorum_end_to_end() {
         .user_ids[0]
         .clone();
     let alice = stack.client_with(alice_key);
-    let before = activity_count(&stack, &stack.api_key(), &org).await;
+    let before = stack.activity_count(&stack.api_key(), &org).await;
     refused(set(&alice, &org, FeatureName::EmailAuth, "x").await, 403, "request not authorized");
     refused(remove(&alice, &org, FeatureName::EmailAuth).await, 403, "request not authorized");
     refused(quorum(&alice, &org, 1, &[&alice_id]).await, 403, "request not authorized");
-    assert_eq!(activity_count(&stack, &stack.api_key(), &org).await, before);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     assert_eq!(configs(&root, &org).await, (vec![], q(1, &[&root_id])));
 
     // Two root users, threshold 2.

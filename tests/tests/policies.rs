@@ -59,14 +59,6 @@ fn names(list: &[Policy]) -> Vec<&str> {
     list.iter().map(|p| p.policy_name.as_str()).collect()
 }
 
-/// How many activities the organization has recorded.
-async fn activity_count(stack: &Stack, org: &str) -> usize {
-    let body = json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
-    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(&stack.api_key())).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json["activities"].as_array().unwrap().len()
-}
-
 /// Submits `parameters` as raw JSON (for values the typed client cannot express).
 async fn submit_raw(stack: &Stack, path: &str, ty: &str, parameters: Value) -> coffer_tests::RawResponse {
     let body = json!({
@@ -122,7 +114,7 @@ async fn policies_end_to_end() {
     assert_eq!((p.condition.as_deref(), p.consensus.as_deref()), (Some(""), Some("")));
     assert_eq!(p.time.as_deref(), Some("time.now < Timestamp('2030-01-01T00:00:00Z')"));
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc", "deny-noop"]);
-    let activities = activity_count(&stack, &org).await;
+    let activities = stack.activity_count(&stack.api_key(), &org).await;
     assert_eq!(activities, 2);
 
     // Refusals record nothing.
@@ -181,7 +173,7 @@ async fn policies_end_to_end() {
     assert_eq!(r.status, 400, "{}", r.text);
     assert!(r.json["message"].as_str().unwrap().contains("notes"), "{}", r.text);
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc", "deny-noop"]);
-    assert_eq!(activity_count(&stack, &org).await, activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
 
     // Batch create: all or nothing.
     let batch = |list: Vec<CreatePolicyIntentV3>| CreatePoliciesIntent { policies: list };
@@ -220,7 +212,7 @@ async fn policies_end_to_end() {
     );
     refused(c.create_policies(org.clone(), ts_now(), batch(vec![])).await, 400, "policies must not be empty");
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc", "deny-noop"]);
-    assert_eq!(activity_count(&stack, &org).await, activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
     let created = c
         .create_policies(
             org.clone(),
@@ -316,7 +308,7 @@ async fn policies_end_to_end() {
     assert_eq!(names(&left), ["allow-usdc-v2", "allow-usdc"]);
     assert_eq!(left[1].policy_id, reuse.result.policy_id);
     // create, create, create_policies, update, create, delete, delete_policies.
-    assert_eq!(activity_count(&stack, &org).await, 7);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, 7);
 }
 
 /// A JSON document of exactly `len` bytes.
@@ -384,7 +376,7 @@ async fn smart_contract_interfaces_end_to_end() {
         .await
         .unwrap();
     let sol_id = big.result.smart_contract_interface_id.clone();
-    let activities = activity_count(&stack, &org).await;
+    let activities = stack.activity_count(&stack.api_key(), &org).await;
     refused(
         c.create_smart_contract_interface(
             org.clone(),
@@ -425,7 +417,7 @@ async fn smart_contract_interfaces_end_to_end() {
         400,
         "smartContractAddress is required",
     );
-    assert_eq!(activity_count(&stack, &org).await, activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
 
     // Labels need not be unique; the list is in creation order and carries the full interfaces.
     let list = c

@@ -106,13 +106,6 @@ async fn create_eth_wallet(stack: &Stack, key: &TurnkeyP256ApiKey) -> String {
     r.json["activity"]["result"]["createWalletResult"]["addresses"][0].as_str().unwrap().to_string()
 }
 
-async fn activity_count(stack: &Stack, key: &TurnkeyP256ApiKey) -> usize {
-    let body = json!({"organizationId": stack.organization_id, "paginationOptions": {"limit": "100"}}).to_string();
-    let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json["activities"].as_array().unwrap().len()
-}
-
 async fn healthz(stack: &Stack) -> RawResponse {
     let resp = reqwest::get(format!("{}/healthz", stack.base_url)).await.unwrap();
     let status = resp.status().as_u16();
@@ -129,7 +122,7 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
         let key = stack.api_key();
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
-        let before = activity_count(&stack, &key).await;
+        let before = stack.activity_count(&key, &stack.organization_id).await;
         assert_eq!(before, 1);
 
         stack.kill_enclave();
@@ -164,7 +157,7 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
         assert!(h.json["message"].as_str().unwrap().contains("enclave"), "{}", h.text);
 
         // Reads need only the store: they keep working, and show nothing was recorded.
-        assert_eq!(activity_count(&stack, &key).await, before);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before);
         let w = stack
             .post_raw(
                 "/public/v1/query/list_wallets",
@@ -190,11 +183,11 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
             )
             .await;
         assert_signed_by(&r, "after-crash", &address);
-        assert_eq!(activity_count(&stack, &key).await, before + 1);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before + 1);
         // So do the very bytes that failed: nothing was recorded for them, so they execute now.
         let r = stack.post_raw("/public/v1/submit/sign_raw_payload", failed.as_bytes(), Some(&key)).await;
         assert_signed_by(&r, "after-crash", &address);
-        assert_eq!(activity_count(&stack, &key).await, before + 2);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before + 2);
 
         // The official client works again too.
         let client = stack.client();
@@ -215,7 +208,7 @@ async fn enclave_crash_fails_cleanly_and_recovers() {
             .result;
         let digest: [u8; 32] = sha3::Keccak256::digest(b"via-client").into();
         assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v), address.to_lowercase());
-        assert_eq!(activity_count(&stack, &key).await, before + 3);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before + 3);
     })
     .await
     .expect("test took longer than 60 s (a request hung)");
@@ -228,7 +221,7 @@ async fn concurrent_signing_during_enclave_kill() {
         let key = stack.api_key();
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
-        let before = activity_count(&stack, &key).await;
+        let before = stack.activity_count(&key, &stack.organization_id).await;
 
         // Twenty requests, one every 5 ms; the enclave is killed once a few have completed, so
         // some finish before the kill, some are in flight during it and the rest start after it.
@@ -287,7 +280,7 @@ async fn concurrent_signing_during_enclave_kill() {
         assert!(ok >= 3, "requests completed before the kill succeed: ok={ok}");
         assert!(unavailable >= 1, "requests after the kill fail: unavailable={unavailable}");
         // Exactly the successful signatures were recorded.
-        assert_eq!(activity_count(&stack, &key).await, before + ok);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before + ok);
 
         stack.start_enclave();
         stack.wait_healthy().await;
@@ -299,7 +292,7 @@ async fn concurrent_signing_during_enclave_kill() {
             )
             .await;
         assert_signed_by(&r, "recovered", &address);
-        assert_eq!(activity_count(&stack, &key).await, before + ok + 1);
+        assert_eq!(stack.activity_count(&key, &stack.organization_id).await, before + ok + 1);
     })
     .await
     .expect("test took longer than 60 s (a request hung)");
