@@ -53,6 +53,25 @@ pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, A
     })
 }
 
+/// Has the enclave export one sealed key (standalone or wallet account) to `target`.
+async fn export_key(
+    ctx: &Ctx,
+    kind: pb::BlobKind,
+    resource_id: &str,
+    blob: Vec<u8>,
+    curve: String,
+    target: String,
+) -> Result<String, ApiError> {
+    let key = pb::SealedRef {
+        kind: kind as i32,
+        organization_id: ctx.org.id.clone(),
+        resource_id: resource_id.to_string(),
+        blob,
+    };
+    let req = pb::ExportKeyRequest { key: Some(key), curve, target_public_key: target };
+    Ok(ctx.state.enclave.clone().export_key(req).await?.into_inner().export_bundle)
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExportPrivateKeyIntent {
@@ -63,24 +82,9 @@ pub struct ExportPrivateKeyIntent {
 pub async fn export_private_key(ctx: Ctx, i: ExportPrivateKeyIntent) -> Result<Outcome, ApiError> {
     let target = target_key(&i.target_public_key)?;
     let key = load_private_key(&ctx.state, &ctx.org.id, &i.private_key_id).await?;
-    let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .export_key(pb::ExportKeyRequest {
-            key: Some(pb::SealedRef {
-                kind: pb::BlobKind::PrivateKey as i32,
-                organization_id: ctx.org.id.clone(),
-                resource_id: key.id.clone(),
-                blob: key.sealed_key,
-            }),
-            curve: key.curve,
-            target_public_key: target,
-        })
-        .await?
-        .into_inner();
+    let bundle = export_key(&ctx, pb::BlobKind::PrivateKey, &key.id, key.sealed_key, key.curve, target).await?;
     Ok(Outcome {
-        result: json!({ "privateKeyId": key.id, "exportBundle": resp.export_bundle }),
+        result: json!({ "privateKeyId": key.id, "exportBundle": bundle }),
         writes: vec![Write::MarkPrivateKeyExported(key.id)],
     })
 }
@@ -99,24 +103,11 @@ pub async fn export_wallet_account(ctx: Ctx, i: ExportWalletAccountIntent) -> Re
         StoreError::NotFound => ApiError::not_found(format!("wallet account not found: {}", i.address)),
         other => other.into(),
     })?;
-    let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .export_key(pb::ExportKeyRequest {
-            key: Some(pb::SealedRef {
-                kind: pb::BlobKind::WalletAccountKey as i32,
-                organization_id: ctx.org.id.clone(),
-                resource_id: account.id.clone(),
-                blob: account.sealed_key,
-            }),
-            curve: account.curve,
-            target_public_key: target,
-        })
-        .await?
-        .into_inner();
+    let bundle =
+        export_key(&ctx, pb::BlobKind::WalletAccountKey, &account.id, account.sealed_key, account.curve, target)
+            .await?;
     Ok(Outcome {
-        result: json!({ "address": account.address, "exportBundle": resp.export_bundle }),
+        result: json!({ "address": account.address, "exportBundle": bundle }),
         writes: vec![Write::MarkAccountExported(account.id)],
     })
 }
