@@ -31,6 +31,8 @@ pub struct SqliteStore {
     commits: Mutex<mpsc::Sender<CommitJob>>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    /// The checkpoint thread runs while this lives.
+    _alive: Arc<()>,
 }
 
 /// One activity waiting for the committer, and where to send its outcome.
@@ -165,6 +167,25 @@ impl SqliteStore {
         let mut writer = open_conn(path)?;
         migrate(&mut writer)?;
         let readers = (0..READERS).map(|_| open_conn(path).map(Mutex::new)).collect::<Result<Vec<_>, _>>()?;
+        // Checkpoints move off the commit path: SQLite's automatic checkpoint would run inside
+        // an activity's commit every ~1000 WAL pages (copying pages and fsyncing the database
+        // file: a latency spike for whoever committed then). A background thread checkpoints
+        // passively instead, until the store is dropped.
+        writer.execute_batch("PRAGMA wal_autocheckpoint=0;").map_err(backend)?;
+        let alive = Arc::new(());
+        let checkpointer = open_conn(path)?;
+        let weak = Arc::downgrade(&alive);
+        std::thread::Builder::new()
+            .name("coffer-checkpointer".into())
+            .spawn(move || {
+                while weak.upgrade().is_some() {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    if let Err(e) = checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        tracing::warn!(error = %e, "WAL checkpoint failed");
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Backend(format!("starting the checkpoint thread: {e}")))?;
         let writer = Arc::new(Mutex::new(writer));
         let (tx, rx) = mpsc::channel();
         let w = writer.clone();
@@ -172,7 +193,7 @@ impl SqliteStore {
             .name("coffer-committer".into())
             .spawn(move || committer(w, rx))
             .map_err(|e| StoreError::Backend(format!("starting the committer thread: {e}")))?;
-        Ok(Self { writer, commits: Mutex::new(tx), readers, next_reader: AtomicUsize::new(0) })
+        Ok(Self { writer, commits: Mutex::new(tx), readers, next_reader: AtomicUsize::new(0), _alive: alive })
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
