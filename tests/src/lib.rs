@@ -1,6 +1,8 @@
 //! Test harness: a fresh SoftHSM token, the real `coffer-enclave` and `coffer-gateway`
 //! binaries on real sockets, and the official Rust client pointed at them.
 
+pub mod oidc;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,11 +3,11 @@
 //! against a local OIDC issuer, through the official Rust client and raw HTTP.
 
 use base64::Engine;
+use coffer_tests::oidc;
 use coffer_tests::{RawResponse, Stack};
 use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turnkey_client::generated::immutable::common::v1::CredentialType;
 use turnkey_client::generated::immutable::webauthn::v1::AuthenticatorTransport;
 use turnkey_client::generated::oauth_provider_params_v2::TokenOrClaims;
@@ -534,66 +534,13 @@ async fn inline_passkey_on_create_users_goes_with_the_user() {
     assert!(providers.is_empty());
 }
 
-// --- a local OIDC issuer -------------------------------------------------------------------------
-
-/// Serves `/.well-known/openid-configuration` and `/jwks` on 127.0.0.1; returns its issuer URL.
-async fn oidc_issuer(jwk: Value) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let issuer = format!("http://{}", listener.local_addr().unwrap());
-    let iss = issuer.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
-            let (iss, jwk) = (iss.clone(), jwk.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(m) => n += m,
-                    }
-                }
-                let req = String::from_utf8_lossy(&buf[..n]);
-                let path = req.split_whitespace().nth(1).unwrap_or("");
-                let (status, body) = match path {
-                    "/.well-known/openid-configuration" => {
-                        ("200 OK", json!({"issuer": iss, "jwks_uri": format!("{iss}/jwks")}).to_string())
-                    }
-                    "/jwks" => ("200 OK", json!({"keys": [jwk]}).to_string()),
-                    _ => ("404 Not Found", "{}".to_string()),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    issuer
-}
-
-fn jwk(key: &p256::ecdsa::SigningKey) -> Value {
-    let p = key.verifying_key().to_encoded_point(false);
-    json!({"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
-        "x": b64url(p.x().unwrap()), "y": b64url(p.y().unwrap())})
-}
-
-fn es256_token(key: &p256::ecdsa::SigningKey, claims: &Value) -> String {
-    let h = b64url(json!({"alg": "ES256", "kid": "k1", "typ": "JWT"}).to_string().as_bytes());
-    let input = format!("{h}.{}", b64url(claims.to_string().as_bytes()));
-    let sig: p256::ecdsa::Signature = key.sign(input.as_bytes());
-    format!("{input}.{}", b64url(&sig.to_bytes()))
-}
-
 #[tokio::test]
 async fn oauth_providers_verified_against_a_local_issuer() {
     let stack = Stack::start().await;
     let client = stack.client();
     let org = stack.organization_id.clone();
     let key = fresh_key();
-    let issuer = oidc_issuer(jwk(&key)).await;
+    let issuer = oidc::issuer(oidc::jwk(&key)).await;
     let now = (Stack::now_ms() / 1000) as i64;
     let claims = |sub: &str, exp: i64| json!({"iss": issuer, "sub": sub, "aud": "coffer-app", "exp": exp, "iat": now});
     let intent = |token: String| CreateOauthProvidersIntentV2 {
@@ -608,7 +555,7 @@ async fn oauth_providers_verified_against_a_local_issuer() {
         .create_oauth_providers(
             org.clone(),
             client.current_timestamp(),
-            intent(es256_token(&key, &claims("u-1", now + 600))),
+            intent(oidc::es256_token(&key, &claims("u-1", now + 600))),
         )
         .await
         .unwrap();
@@ -635,20 +582,20 @@ async fn oauth_providers_verified_against_a_local_issuer() {
             .create_oauth_providers(
                 org.clone(),
                 client.current_timestamp(),
-                intent(es256_token(&key, &claims("u-1", now + 600))),
+                intent(oidc::es256_token(&key, &claims("u-1", now + 600))),
             )
             .await,
         400,
         "oauth provider already exists",
     );
-    let expired = intent(es256_token(&key, &claims("u-2", now - 10)));
+    let expired = intent(oidc::es256_token(&key, &claims("u-2", now - 10)));
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), expired).await,
         400,
         "invalid OIDC token",
     );
     let other_key = fresh_key();
-    let forged = intent(es256_token(&other_key, &claims("u-3", now + 600)));
+    let forged = intent(oidc::es256_token(&other_key, &claims("u-3", now + 600)));
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), forged).await,
         400,
@@ -656,7 +603,7 @@ async fn oauth_providers_verified_against_a_local_issuer() {
     );
     let mut far = claims("u-4", now + 600);
     far["iss"] = json!("http://127.0.0.1:9");
-    let unreachable = intent(es256_token(&key, &far));
+    let unreachable = intent(oidc::es256_token(&key, &far));
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), unreachable).await,
         400,

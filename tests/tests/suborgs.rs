@@ -6,11 +6,10 @@
 use std::fmt::Debug;
 
 use coffer_gateway::store::{SqliteStore, Store};
+use coffer_tests::oidc;
 use coffer_tests::Stack;
-use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
 use sha2::Digest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turnkey_client::generated::external::options::v1::Pagination;
 use turnkey_client::generated::immutable::activity::v1::ActivityType;
 use turnkey_client::generated::immutable::common::v1::{
@@ -458,60 +457,6 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     assert_eq!(whoami(&parent, &p).await.unwrap().organization_id, p);
 }
 
-// --- a local OIDC issuer (as in passkeys.rs) ----------------------------------------------------
-
-fn b64url(b: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
-}
-
-/// Serves `/.well-known/openid-configuration` and `/jwks` on 127.0.0.1; returns its issuer URL.
-async fn oidc_issuer(key: &p256::ecdsa::SigningKey) -> String {
-    let p = key.verifying_key().to_encoded_point(false);
-    let jwk = json!({"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
-        "x": b64url(p.x().unwrap()), "y": b64url(p.y().unwrap())});
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let issuer = format!("http://{}", listener.local_addr().unwrap());
-    let iss = issuer.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
-            let (iss, jwk) = (iss.clone(), jwk.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(m) => n += m,
-                    }
-                }
-                let req = String::from_utf8_lossy(&buf[..n]);
-                let (status, body) = match req.split_whitespace().nth(1).unwrap_or("") {
-                    "/.well-known/openid-configuration" => {
-                        ("200 OK", json!({"issuer": iss, "jwks_uri": format!("{iss}/jwks")}).to_string())
-                    }
-                    "/jwks" => ("200 OK", json!({"keys": [jwk]}).to_string()),
-                    _ => ("404 Not Found", "{}".to_string()),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    issuer
-}
-
-fn es256_token(key: &p256::ecdsa::SigningKey, claims: &Value) -> String {
-    let h = b64url(json!({"alg": "ES256", "kid": "k1", "typ": "JWT"}).to_string().as_bytes());
-    let input = format!("{h}.{}", b64url(claims.to_string().as_bytes()));
-    let sig: p256::ecdsa::Signature = key.sign(input.as_bytes());
-    format!("{input}.{}", b64url(&sig.to_bytes()))
-}
-
 #[tokio::test]
 async fn refusals_oauth_root_users_and_exported_deletion() {
     let stack = Stack::start().await;
@@ -603,9 +548,9 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
     // --- an email-only root user, and one known by an OAuth identity --------------------------
     let issuer_key =
         p256::ecdsa::SigningKey::from_slice(&sha2::Sha256::digest(format!("suborgs-{}", Stack::now_ms()))).unwrap();
-    let issuer = oidc_issuer(&issuer_key).await;
+    let issuer = oidc::issuer(oidc::jwk(&issuer_key)).await;
     let now = (Stack::now_ms() / 1000) as i64;
-    let token = es256_token(
+    let token = oidc::es256_token(
         &issuer_key,
         &json!({"iss": issuer, "sub": "user-7", "aud": "coffer-app", "exp": now + 600, "iat": now}),
     );
