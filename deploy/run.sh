@@ -26,20 +26,25 @@ CONF
 fi
 export SOFTHSM2_CONF="$COFFER_HOME/softhsm2.conf"
 
-# PINs live in files (0600) and reach the processes through the environment, never argv.
+# PINs live in files (0600) and reach the processes through the environment, never argv, and
+# only the enclave's: the PIN file path and the SO PIN are set on each coffer-enclave command line
+# below and never exported, so the gateway's environment holds neither. (Here both processes run
+# as one user, so this is hygiene; deploy/systemd/ separates them for real.)
 umask 077
 for f in hsm-pin hsm-so-pin; do
   [ -s "$COFFER_HOME/$f" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$COFFER_HOME/$f"
 done
-export COFFER_HSM_PIN_FILE="$COFFER_HOME/hsm-pin"
+unset COFFER_HSM_PIN COFFER_HSM_PIN_FILE COFFER_HSM_SO_PIN  # none inherited from the caller either
+HSM_PIN_FILE="$COFFER_HOME/hsm-pin"
 export COFFER_TOKEN_LABEL="${COFFER_TOKEN_LABEL:-coffer-dev}"
 export COFFER_ENCLAVE_SOCKET="$COFFER_HOME/enclave.sock"
 export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db"
 export COFFER_LISTEN="127.0.0.1:$COFFER_PORT"
 export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
 
-COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" "$BIN/coffer-enclave" init-token >/dev/null
-"$BIN/coffer-enclave" init >/dev/null
+COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" \
+  "$BIN/coffer-enclave" init-token >/dev/null
+COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "$BIN/coffer-enclave" init >/dev/null
 
 pids=()
 stop() {
@@ -49,7 +54,7 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-"$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
+COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
 pids+=($!)
 "$BIN/coffer-gateway" init-dev --out "$COFFER_HOME/dev-org.json" \
   --base-url "http://127.0.0.1:$COFFER_PORT" --auth-proxy-url "http://127.0.0.1:$COFFER_AUTH_PROXY_PORT" >/dev/null

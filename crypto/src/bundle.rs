@@ -106,10 +106,11 @@ fn envelope(signer: &dyn EnvelopeSigner, data: &[u8]) -> Result<String, CryptoEr
 
 /// Encrypts `plaintext` (mnemonic UTF-8 or 32-byte private key) to the client's target key and
 /// returns the `exportBundle` JSON (`ServerSendMsgV1`). The HPKE ephemeral key is drawn from a
-/// ChaCha20 RNG seeded with `rng_seed` (32 bytes of HSM randomness; never reuse a seed).
+/// ChaCha20 RNG seeded with `rng_seed` (32 bytes of HSM randomness; never reuse a seed), borrowed
+/// so the caller's zeroizing copy is the only one outside the RNG.
 pub fn export_bundle(
     signer: &dyn EnvelopeSigner,
-    rng_seed: [u8; 32],
+    rng_seed: &[u8; 32],
     target_public_key_hex: &str,
     organization_id: &str,
     plaintext: &[u8],
@@ -118,7 +119,7 @@ pub fn export_bundle(
     let receiver = <Kem as KemTrait>::PublicKey::from_bytes(&target)
         .map_err(|_| CryptoError::invalid("invalid target public key"))?;
     // Note: rand_chacha 0.3 does not zeroize its state on drop; the RNG lives only for this call.
-    let mut rng = ChaCha20Rng::from_seed(rng_seed);
+    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
     let (encapped, mut ctx) = hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
         .map_err(|_| internal("HPKE sender setup failed"))?;
     let encapped = encapped.to_bytes();
@@ -141,8 +142,8 @@ pub struct ImportTarget {
 }
 
 /// Draws an import target key from a ChaCha20 RNG seeded with `rng_seed`.
-pub fn new_import_target(rng_seed: [u8; 32]) -> Result<ImportTarget, CryptoError> {
-    let mut rng = ChaCha20Rng::from_seed(rng_seed);
+pub fn new_import_target(rng_seed: &[u8; 32]) -> Result<ImportTarget, CryptoError> {
+    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
     let key = p256::SecretKey::random(&mut rng);
     let mut secret = Zeroizing::new([0u8; 32]);
     let mut bytes = key.to_bytes();

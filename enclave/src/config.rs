@@ -22,6 +22,11 @@ pub struct EnclaveConfig {
     pub socket: PathBuf,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
     pub log: String,
+    /// How far (seconds) a stamped body's `timestampMs` may be from the enclave's clock. Default 300.
+    pub freshness_window_secs: u64,
+    /// Most stamped bodies remembered for replay refusal (about 100 bytes each); when full of
+    /// live entries, new key operations are refused as busy. Default 2,000,000.
+    pub replay_capacity: usize,
 }
 
 impl Default for EnclaveConfig {
@@ -34,6 +39,8 @@ impl Default for EnclaveConfig {
             session_pool: 16,
             socket: PathBuf::from("./.coffer/enclave.sock"),
             log: "info".into(),
+            freshness_window_secs: 300,
+            replay_capacity: 2_000_000,
         }
     }
 }
@@ -63,22 +70,21 @@ impl EnclaveConfig {
         Ok(cfg)
     }
 
-    /// The user PIN, from `pin_file` or the `pin_env` variable; never from argv.
+    /// The user PIN, from `pin_file` or the `pin_env` variable; never from argv. Every copy
+    /// outside the returned secret is zeroized.
     pub fn pin(&self) -> anyhow::Result<cryptoki::types::AuthPin> {
-        let pin = match &self.pin_file {
+        let text = zeroize::Zeroizing::new(match &self.pin_file {
             Some(p) => {
-                let text = zeroize::Zeroizing::new(
-                    std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading PIN file {}: {e}", p.display()))?,
-                );
-                text.lines().next().unwrap_or("").trim().to_string()
+                std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading PIN file {}: {e}", p.display()))?
             }
             None => std::env::var(&self.pin_env)
                 .map_err(|_| anyhow::anyhow!("no HSM PIN: set {} or pin_file", self.pin_env))?,
-        };
+        });
+        let pin = text.lines().next().unwrap_or("").trim();
         if pin.is_empty() {
             anyhow::bail!("the HSM PIN is empty");
         }
-        Ok(cryptoki::types::AuthPin::new(pin.into()))
+        Ok(cryptoki::types::AuthPin::new(Box::from(pin)))
     }
 }
 

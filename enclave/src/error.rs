@@ -9,6 +9,13 @@ pub enum EnclaveError {
     /// A sealed blob did not open: wrong organization/resource binding, tampering, or wrong KEK.
     #[error("sealed key material failed authentication (wrong binding or tampered blob)")]
     SealAuthentication,
+    /// The request is not authorized by a fresh stamp of a certified credential for exactly this
+    /// operation (see `authority`). The reason names the failed check, never a secret.
+    #[error("enclave refused: {0}")]
+    Refused(String),
+    /// A bounded resource is full (the replay window); retrying later can succeed.
+    #[error("enclave busy: {0}")]
+    Busy(String),
     /// The HSM failed or is unreachable; the message names the PKCS#11 call and return value.
     #[error("HSM error: {0}")]
     Hsm(String),
@@ -29,9 +36,17 @@ impl From<EnclaveError> for tonic::Status {
         match &e {
             EnclaveError::InvalidArgument(_) => tonic::Status::invalid_argument(e.to_string()),
             EnclaveError::SealAuthentication => tonic::Status::failed_precondition(e.to_string()),
+            EnclaveError::Refused(_) => tonic::Status::permission_denied(e.to_string()),
+            EnclaveError::Busy(_) => tonic::Status::resource_exhausted(e.to_string()),
             EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),
             EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
         }
+    }
+}
+
+impl From<coffer_auth::AuthError> for EnclaveError {
+    fn from(e: coffer_auth::AuthError) -> Self {
+        Self::InvalidArgument(e.message)
     }
 }
 

@@ -31,7 +31,8 @@ enum Command {
     /// with the label exists. For development and CI with SoftHSM; real HSMs are provisioned
     /// with their vendor's tools.
     InitToken,
-    /// Create the KEK and the bundle signer in the token if missing (idempotent), print the signer key.
+    /// Create the service keys (KEK, bundle signer, certificate MAC key) in the token if missing
+    /// (idempotent), print the signer key.
     Init,
     /// Serve the gRPC interface on the Unix socket.
     Serve,
@@ -69,12 +70,14 @@ async fn main() -> anyhow::Result<()> {
 
     match cli.command {
         Command::InitToken => {
-            let so_pin = std::env::var("COFFER_HSM_SO_PIN")
-                .map_err(|_| anyhow::anyhow!("set COFFER_HSM_SO_PIN to initialize a token"))?;
+            let so_pin = zeroize::Zeroizing::new(
+                std::env::var("COFFER_HSM_SO_PIN")
+                    .map_err(|_| anyhow::anyhow!("set COFFER_HSM_SO_PIN to initialize a token"))?,
+            );
             let created = coffer_enclave::hsm::init_token(
                 &cfg.pkcs11_module,
                 &cfg.token_label,
-                &cryptoki::types::AuthPin::new(so_pin.into()),
+                &cryptoki::types::AuthPin::new(Box::from(so_pin.as_str())),
                 &cfg.pin()?,
             )?;
             println!("{}", serde_json::json!({ "tokenCreated": created, "tokenLabel": cfg.token_label }));
@@ -94,6 +97,11 @@ async fn main() -> anyhow::Result<()> {
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let hsm = Arc::new(open_hsm(&cfg)?);
     let signer = hsm.signer_public_key()?;
+    let authority = Arc::new(coffer_enclave::authority::Authority::new(
+        hsm.clone(),
+        (cfg.freshness_window_secs as i64).saturating_mul(1000),
+        cfg.replay_capacity,
+    ));
     if let Some(dir) = cfg.socket.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
@@ -105,10 +113,11 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     }
     let listener = tokio::net::UnixListener::bind(&cfg.socket)?;
-    // Only the gateway's user may connect.
+    // The owner and its group may connect: with separate users (deploy/systemd), the gateway's
+    // user is in the socket's group and the directory keeps everyone else out.
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o660))?;
     }
     tracing::info!(
         socket = %cfg.socket.display(),
@@ -126,7 +135,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         }
     };
     tonic::transport::Server::builder()
-        .add_service(EnclaveServer::new(EnclaveService::new(hsm)))
+        .add_service(EnclaveServer::new(EnclaveService::new(hsm, authority)))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     let _ = std::fs::remove_file(&cfg.socket);

@@ -1,26 +1,49 @@
-//! The enclave's gRPC service: every call opens what it needs through the HSM and drops it.
+//! The enclave's gRPC service: every key-using call is authorized by the stamped request it
+//! carries, takes its parameters from that body, opens what it needs through the HSM and drops it.
 
 use std::sync::Arc;
 
+use coffer_auth::envelope::{derived_id, StampedActivity, SUB_ORGANIZATION_ID};
+use coffer_auth::grants::{self, granted_credentials};
 use coffer_crypto::bundle::{self, EnvelopeSigner};
+use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, keys, sign, CryptoError, Curve};
 use coffer_proto::v1 as pb;
 use coffer_proto::v1::enclave_server::Enclave;
+use serde_json::Value;
 use tonic::{Request, Response, Status};
 use zeroize::Zeroizing;
 
+use crate::authority::{Authority, Authorized, BOOTSTRAP};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::EnclaveError;
+
+/// Activity types, as the stamped bodies name them.
+mod types {
+    pub const CREATE_WALLET: &str = "ACTIVITY_TYPE_CREATE_WALLET";
+    pub const CREATE_WALLET_ACCOUNTS: &str = "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS";
+    pub const CREATE_PRIVATE_KEYS: &str = "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2";
+    pub const SIGN_RAW_PAYLOAD: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+    pub const SIGN_RAW_PAYLOADS: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS";
+    pub const EXPORT_WALLET: &str = "ACTIVITY_TYPE_EXPORT_WALLET";
+    pub const EXPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY";
+    pub const EXPORT_WALLET_ACCOUNT: &str = "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT";
+    pub const INIT_IMPORT_WALLET: &str = "ACTIVITY_TYPE_INIT_IMPORT_WALLET";
+    pub const INIT_IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY";
+    pub const IMPORT_WALLET: &str = "ACTIVITY_TYPE_IMPORT_WALLET";
+    pub const IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY";
+}
 
 /// The gRPC service over one logged-in HSM.
 #[derive(Clone)]
 pub struct EnclaveService {
     hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
 }
 
 impl EnclaveService {
-    pub fn new(hsm: Arc<Hsm>) -> Self {
-        Self { hsm }
+    pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>) -> Self {
+        Self { hsm, authority }
     }
 }
 
@@ -71,58 +94,130 @@ fn kind_of(kind: i32) -> Result<BlobKind, EnclaveError> {
     }
 }
 
-fn open_ref(
-    hsm: &Hsm,
-    sealed: Option<pb::SealedRef>,
+/// A sealed blob the stamped body may use: of an expected kind and in the body's organization.
+/// What it is bound to (resource, curve, address) is authenticated when it opens.
+fn sealed<'a>(
+    sealed: Option<&'a pb::SealedRef>,
     expect: &[BlobKind],
-) -> Result<(Zeroizing<Vec<u8>>, pb::SealedRef), EnclaveError> {
+    a: &Authorized,
+) -> Result<(&'a pb::SealedRef, BlobKind), EnclaveError> {
     let sealed = sealed.ok_or_else(|| EnclaveError::invalid("missing sealed reference"))?;
     let kind = kind_of(sealed.kind)?;
     if !expect.contains(&kind) {
         return Err(EnclaveError::invalid("sealed blob of the wrong kind"));
     }
-    let binding = BlobBinding { kind, organization_id: &sealed.organization_id, resource_id: &sealed.resource_id };
-    let plain = hsm.unseal(&binding, &sealed.blob)?;
-    Ok((plain, sealed))
-}
-
-fn secret32(bytes: &[u8]) -> Result<Zeroizing<[u8; 32]>, EnclaveError> {
-    let mut out = Zeroizing::new([0u8; 32]);
-    if bytes.len() != 32 {
-        return Err(EnclaveError::Internal("sealed key is not 32 bytes".into()));
+    if sealed.organization_id != a.activity.organization_id {
+        return Err(refused(a, "the sealed key belongs to another organization than the stamped body"));
     }
-    out.copy_from_slice(bytes);
-    Ok(out)
+    Ok((sealed, kind))
 }
 
-/// Derives, addresses and seals each requested account from one BIP-39 seed.
+/// A refusal found after authorization (the sealed material does not match the body).
+fn refused(a: &Authorized, reason: &str) -> EnclaveError {
+    tracing::warn!(
+        target: "coffer_audit",
+        decision = "refuse",
+        reason,
+        organization = %a.activity.organization_id,
+        credential = %a.credential.public_key,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    EnclaveError::Refused(reason.to_string())
+}
+
+fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+    let binding = BlobBinding {
+        kind,
+        organization_id: &sealed.organization_id,
+        resource_id: &sealed.resource_id,
+        curve: &sealed.curve,
+        address: &sealed.address,
+        public_key: &sealed.public_key,
+    };
+    Ok(hsm.unseal(&binding, &sealed.blob)?)
+}
+
+/// Opens a signing key; its curve is the one the blob is bound to.
+fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<SecretKey, EnclaveError> {
+    let curve = Curve::parse(&sealed.curve)?;
+    let plain = open(hsm, sealed, kind)?;
+    SecretKey::from_slice(curve, &plain).map_err(|_| EnclaveError::Internal("sealed key is not 32 bytes".into()))
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// `WalletAccountParams` of a stamped body, paired with the ids the gateway chose for them.
+fn account_specs<'a>(accounts: &'a [Value], ids: &'a [String]) -> Result<Vec<(&'a str, &'a Value)>, EnclaveError> {
+    if accounts.len() != ids.len() {
+        return Err(EnclaveError::invalid("one account id is needed per account of the stamped body"));
+    }
+    Ok(ids.iter().map(String::as_str).zip(accounts).collect())
+}
+
+/// Derives, addresses and seals each account from one BIP-39 seed; each key is bound to its
+/// account id, curve and address.
 fn derive_accounts(
     hsm: &Hsm,
     organization_id: &str,
     seed: &[u8],
-    specs: &[pb::AccountSpec],
+    specs: &[(&str, &Value)],
 ) -> Result<Vec<pb::Account>, EnclaveError> {
     specs
         .iter()
-        .map(|spec| {
-            let curve = Curve::parse(&spec.curve)?;
-            let secret = keys::derive(seed, curve, &spec.path)?;
+        .map(|(account_id, spec)| {
+            if text(spec, "pathFormat") != "PATH_FORMAT_BIP32" {
+                return Err(EnclaveError::invalid("invalid path format (only PATH_FORMAT_BIP32)"));
+            }
+            let curve = Curve::parse(text(spec, "curve"))?;
+            let secret = keys::derive(seed, curve, text(spec, "path"))?;
             let public_key = keys::public_key(curve, &secret)?;
-            let address = address::address(&spec.address_format, curve, &public_key)?;
-            let sealed_key = hsm.seal(
-                &BlobBinding { kind: BlobKind::WalletAccountKey, organization_id, resource_id: &spec.account_id },
-                secret.as_slice(),
-            )?;
-            Ok(pb::Account { account_id: spec.account_id.clone(), public_key, address, sealed_key })
+            let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
+            let binding = BlobBinding {
+                curve: curve.wire_name(),
+                address: &address,
+                ..BlobBinding::plain(BlobKind::WalletAccountKey, organization_id, account_id)
+            };
+            let sealed_key = hsm.seal(&binding, secret.as_slice())?;
+            Ok(pb::Account { account_id: account_id.to_string(), public_key, address, sealed_key })
         })
         .collect()
 }
 
-fn addresses_for(curve: Curve, public_key: &[u8], formats: &[String]) -> Result<Vec<pb::Address>, EnclaveError> {
+fn addresses_for(curve: Curve, public_key: &[u8], formats: &[Value]) -> Result<Vec<pb::Address>, EnclaveError> {
     formats
         .iter()
-        .map(|f| Ok(pb::Address { format: f.clone(), address: address::address(f, curve, public_key)? }))
+        .map(|f| {
+            let f = f.as_str().ok_or_else(|| EnclaveError::invalid("addressFormats must be strings"))?;
+            Ok(pb::Address { format: f.to_string(), address: address::address(f, curve, public_key)? })
+        })
         .collect()
+}
+
+/// Seals a standalone private key bound to its id, curve and public key, with its addresses.
+fn seal_private_key(
+    hsm: &Hsm,
+    organization_id: &str,
+    private_key_id: &str,
+    key: &SecretKey,
+    formats: &[Value],
+) -> Result<pb::KeyMaterial, EnclaveError> {
+    let public_key = key.public_key()?;
+    let addresses = addresses_for(key.curve(), &public_key, formats)?;
+    let public_hex = hex::encode(&public_key);
+    let binding = BlobBinding {
+        curve: key.curve().wire_name(),
+        public_key: &public_hex,
+        ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
+    };
+    let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
+    Ok(pb::KeyMaterial { public_key, addresses, sealed_key })
 }
 
 /// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
@@ -131,11 +226,11 @@ fn seal_wallet(
     organization_id: &str,
     wallet_id: &str,
     phrase: &str,
-    specs: &[pb::AccountSpec],
+    specs: &[(&str, &Value)],
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
     let seed = keys::seed_from_phrase(phrase)?;
     let accounts = derive_accounts(hsm, organization_id, seed.as_slice(), specs)?;
-    let binding = BlobBinding { kind: BlobKind::WalletSeed, organization_id, resource_id: wallet_id };
+    let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
     Ok(pb::CreateWalletResponse { sealed_seed, accounts })
 }
@@ -148,6 +243,45 @@ fn checked_phrase(plain: &[u8]) -> Result<Zeroizing<String>, EnclaveError> {
     Ok(phrase)
 }
 
+/// A positive count from a body (`mnemonicLength`: a JSON number or decimal string).
+fn count(v: Option<&Value>) -> Option<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Exports `secret` to the target key the stamped body names.
+fn export(hsm: &Hsm, a: &Authorized, secret: &[u8]) -> Result<pb::ExportResponse, EnclaveError> {
+    let signer = HsmSigner::new(hsm)?;
+    let seed = hsm.random_seed()?;
+    let target = text(&a.activity.parameters, "targetPublicKey");
+    let export_bundle = bundle::export_bundle(&signer, &seed, target, &a.activity.organization_id, secret)?;
+    Ok(pb::ExportResponse { export_bundle })
+}
+
+/// `signWith` of the body names this key: an account by its address, a private key by its id or
+/// by one of its addresses (recomputed here from the bound public key).
+fn names_key(a: &Authorized, sealed: &pb::SealedRef, kind: BlobKind, address_format: &str) -> Result<(), EnclaveError> {
+    let sign_with = text(&a.activity.parameters, "signWith");
+    let named = match kind {
+        BlobKind::WalletAccountKey => !sign_with.is_empty() && sign_with == sealed.address,
+        _ if sign_with == sealed.resource_id => true,
+        _ if !address_format.is_empty() => {
+            let curve = Curve::parse(&sealed.curve)?;
+            let public_key = hex::decode(&sealed.public_key).map_err(|_| EnclaveError::invalid("bad public key"))?;
+            address::address(address_format, curve, &public_key).is_ok_and(|addr| addr == sign_with)
+        }
+        _ => false,
+    };
+    if named {
+        Ok(())
+    } else {
+        Err(refused(a, "the sealed key is not the one signWith names in the stamped body"))
+    }
+}
+
 #[tonic::async_trait]
 impl Enclave for EnclaveService {
     async fn get_signer_public_key(
@@ -158,17 +292,118 @@ impl Enclave for EnclaveService {
         blocking(move || Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })).await
     }
 
+    async fn bootstrap_organization(
+        &self,
+        req: Request<pb::BootstrapOrganizationRequest>,
+    ) -> Result<Response<pb::BootstrapOrganizationResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            if req.credential_type != "CREDENTIAL_TYPE_API_KEY_P256" {
+                return Err(EnclaveError::invalid("bootstrap credentials are P-256 API keys"));
+            }
+            let (public_key, _) = grants::api_public_key("API_KEY_CURVE_P256", &req.public_key)?;
+            // Fresh ids from the HSM: a bootstrap can only ever create a new organization, never
+            // certify a key into an existing one.
+            let uuid = |bytes: &[u8]| {
+                let mut b = [0u8; 16];
+                b.copy_from_slice(&bytes[..16]);
+                uuid::Builder::from_random_bytes(b).into_uuid().to_string()
+            };
+            let random = hsm.random(32)?;
+            let (organization_id, user_id) = (uuid(&random[..16]), uuid(&random[16..]));
+            let certificate = authority.certify(pb::CredentialCertificate {
+                organization_id: organization_id.clone(),
+                user_id: user_id.clone(),
+                credential_type: req.credential_type,
+                public_key: public_key.clone(),
+                expires_at_ms: 0,
+                issuing_fingerprint: format!("{BOOTSTRAP}{organization_id}"),
+                mac: vec![],
+            })?;
+            tracing::info!(
+                target: "coffer_audit",
+                decision = "allow",
+                operation = "bootstrap_organization",
+                organization = %organization_id,
+                credential = %public_key,
+                "enclave decision"
+            );
+            Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate })
+        })
+        .await
+    }
+
+    async fn issue_certificates(
+        &self,
+        req: Request<pb::IssueCertificatesRequest>,
+    ) -> Result<Response<pb::IssueCertificatesResponse>, Status> {
+        let authority = self.authority.clone();
+        let req = req.into_inner();
+        blocking(move || {
+            let a = authority.authorize(
+                "issue_certificates",
+                req.auth.as_ref(),
+                &[grants::CREATE_USERS, grants::CREATE_API_KEYS, grants::CREATE_AUTHENTICATORS, grants::CREATE_SUB_ORGANIZATION],
+            )?;
+            let granted = granted_credentials(&a.activity)?;
+            let certificates = req
+                .credentials
+                .iter()
+                .map(|c| {
+                    let grant = granted
+                        .iter()
+                        .find(|g| {
+                            g.organization_id == c.organization_id
+                                && g.user_id == c.user_id
+                                && g.credential_type == c.credential_type
+                                && g.public_key == c.public_key
+                        })
+                        .ok_or_else(|| refused(&a, "a credential to certify is not one the stamped body adds"))?;
+                    authority.certify(pb::CredentialCertificate {
+                        organization_id: grant.organization_id.clone(),
+                        user_id: grant.user_id.clone(),
+                        credential_type: grant.credential_type.clone(),
+                        public_key: grant.public_key.clone(),
+                        expires_at_ms: authority.expiry(grant.expiration_seconds),
+                        issuing_fingerprint: a.activity.fingerprint.clone(),
+                        mac: vec![],
+                    })
+                })
+                .collect::<Result<Vec<_>, EnclaveError>>()?;
+            Ok(pb::IssueCertificatesResponse { certificates })
+        })
+        .await
+    }
+
     async fn create_wallet(
         &self,
         req: Request<pb::CreateWalletRequest>,
     ) -> Result<Response<pb::CreateWalletResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let words = if req.mnemonic_length == 0 { 12 } else { req.mnemonic_length };
+            let a = authority.authorize(
+                "create_wallet",
+                req.auth.as_ref(),
+                &[types::CREATE_WALLET, grants::CREATE_SUB_ORGANIZATION],
+            )?;
+            // create_sub_organization's wallet belongs to the sub-organization the body creates.
+            let (organization_id, wallet) = if a.activity.activity_type == types::CREATE_WALLET {
+                (a.activity.organization_id.clone(), &a.activity.parameters)
+            } else {
+                let wallet = a
+                    .activity
+                    .parameters
+                    .get("wallet")
+                    .ok_or_else(|| EnclaveError::invalid("the stamped body creates no wallet"))?;
+                (derived_id(&a.activity.fingerprint, SUB_ORGANIZATION_ID, 0), wallet)
+            };
+            let specs = account_specs(items(wallet, "accounts"), &req.account_ids)?;
+            let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
             let entropy = hsm.random(keys::entropy_len_for_words(words)?)?;
             let phrase = keys::mnemonic_phrase(&entropy, "")?;
-            seal_wallet(&hsm, &req.organization_id, &req.wallet_id, &phrase, &req.accounts)
+            seal_wallet(&hsm, &organization_id, &req.wallet_id, &phrase, &specs)
         })
         .await
     }
@@ -177,60 +412,86 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::DeriveAccountsRequest>,
     ) -> Result<Response<pb::DeriveAccountsResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let (phrase, sealed) = open_ref(&hsm, req.seed, &[BlobKind::WalletSeed])?;
-            let phrase = checked_phrase(&phrase)?;
+            let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
+            let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+            if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
+                return Err(refused(&a, "the sealed seed is not the wallet the stamped body names"));
+            }
+            let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+            let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
             let seed = keys::seed_from_phrase(&phrase)?;
-            let accounts = derive_accounts(&hsm, &sealed.organization_id, seed.as_slice(), &req.accounts)?;
+            let accounts = derive_accounts(&hsm, &a.activity.organization_id, seed.as_slice(), &specs)?;
             Ok(pb::DeriveAccountsResponse { accounts })
         })
         .await
     }
 
-    async fn create_private_key(
+    async fn create_private_keys(
         &self,
-        req: Request<pb::CreatePrivateKeyRequest>,
-    ) -> Result<Response<pb::KeyMaterial>, Status> {
-        let hsm = self.hsm.clone();
+        req: Request<pb::CreatePrivateKeysRequest>,
+    ) -> Result<Response<pb::CreatePrivateKeysResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let curve = Curve::parse(&req.curve)?;
-            // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
-            let (secret, public_key) = loop {
-                let bytes = hsm.random(32)?;
-                let secret = secret32(&bytes)?;
-                if let Ok(pk) = keys::public_key(curve, &secret) {
-                    break (secret, pk);
-                }
-            };
-            let addresses = addresses_for(curve, &public_key, &req.address_formats)?;
-            let sealed_key = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::PrivateKey,
-                    organization_id: &req.organization_id,
-                    resource_id: &req.private_key_id,
-                },
-                secret.as_slice(),
-            )?;
-            Ok(pb::KeyMaterial { public_key, addresses, sealed_key })
+            let a = authority.authorize("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
+            let params = items(&a.activity.parameters, "privateKeys");
+            if params.len() != req.private_key_ids.len() {
+                return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
+            }
+            let keys = params
+                .iter()
+                .zip(&req.private_key_ids)
+                .map(|(p, id)| {
+                    let curve = Curve::parse(text(p, "curve"))?;
+                    // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
+                    let key = loop {
+                        let key = SecretKey::from_slice(curve, &hsm.random(32)?)?;
+                        if key.public_key().is_ok() {
+                            break key;
+                        }
+                    };
+                    seal_private_key(&hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
+                })
+                .collect::<Result<Vec<_>, EnclaveError>>()?;
+            Ok(pb::CreatePrivateKeysResponse { keys })
         })
         .await
     }
 
     async fn sign(&self, req: Request<pb::SignRequest>) -> Result<Response<pb::SignResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let curve = Curve::parse(&req.curve)?;
-            let (plain, _) = open_ref(&hsm, req.key, &[BlobKind::WalletAccountKey, BlobKind::PrivateKey])?;
-            let secret = secret32(&plain)?;
-            let signatures = req
-                .payloads
-                .iter()
-                .map(|p| {
-                    let sig = sign::sign_payload(curve, &secret, p, &req.encoding, &req.hash_function)?;
+            let a = authority.authorize(
+                "sign",
+                req.auth.as_ref(),
+                &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS],
+            )?;
+            let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+            names_key(&a, key_ref, kind, &req.address_format)?;
+            let p = &a.activity.parameters;
+            let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
+                vec![text(p, "payload")]
+            } else {
+                items(p, "payloads").iter().map(|v| v.as_str().unwrap_or_default()).collect()
+            };
+            if payloads.is_empty() {
+                return Err(EnclaveError::invalid("payloads must not be empty"));
+            }
+            let key = open_key(&hsm, key_ref, kind)?;
+            let signatures = payloads
+                .into_iter()
+                .map(|payload| {
+                    let sig = sign::sign_payload(
+                        key.curve(),
+                        key.secret_bytes(),
+                        payload,
+                        text(p, "encoding"),
+                        text(p, "hashFunction"),
+                    )?;
                     Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
                 })
                 .collect::<Result<Vec<_>, EnclaveError>>()?;
@@ -243,47 +504,52 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::ExportWalletRequest>,
     ) -> Result<Response<pb::ExportResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let (plain, sealed) = open_ref(&hsm, req.seed, &[BlobKind::WalletSeed])?;
-            let phrase = checked_phrase(&plain)?;
-            let phrase = if req.language.is_empty() || req.language == "MNEMONIC_LANGUAGE_ENGLISH" {
+            let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
+            let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+            if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
+                return Err(refused(&a, "the sealed seed is not the wallet the stamped body names"));
+            }
+            let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
+            let language = text(&a.activity.parameters, "language");
+            let phrase = if language.is_empty() || language == "MNEMONIC_LANGUAGE_ENGLISH" {
                 phrase
             } else {
                 let entropy = keys::entropy_from_phrase(&phrase)?;
-                keys::mnemonic_phrase(&entropy, &req.language)?
+                keys::mnemonic_phrase(&entropy, language)?
             };
-            let signer = HsmSigner::new(&hsm)?;
-            let seed = hsm.random_seed()?;
-            let export_bundle = bundle::export_bundle(
-                &signer,
-                *seed,
-                &req.target_public_key,
-                &sealed.organization_id,
-                phrase.as_bytes(),
-            )?;
-            Ok(pb::ExportResponse { export_bundle })
+            export(&hsm, &a, phrase.as_bytes())
         })
         .await
     }
 
     async fn export_key(&self, req: Request<pb::ExportKeyRequest>) -> Result<Response<pb::ExportResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let (plain, sealed) = open_ref(&hsm, req.key, &[BlobKind::WalletAccountKey, BlobKind::PrivateKey])?;
-            let secret = secret32(&plain)?;
-            let signer = HsmSigner::new(&hsm)?;
-            let seed = hsm.random_seed()?;
-            let export_bundle = bundle::export_bundle(
-                &signer,
-                *seed,
-                &req.target_public_key,
-                &sealed.organization_id,
-                secret.as_slice(),
+            let a = authority.authorize(
+                "export_key",
+                req.auth.as_ref(),
+                &[types::EXPORT_PRIVATE_KEY, types::EXPORT_WALLET_ACCOUNT],
             )?;
-            Ok(pb::ExportResponse { export_bundle })
+            let p = &a.activity.parameters;
+            let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
+                let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
+                if r.resource_id != text(p, "privateKeyId") {
+                    return Err(refused(&a, "the sealed key is not the private key the stamped body names"));
+                }
+                (r, k)
+            } else {
+                let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
+                if r.address != text(p, "address") {
+                    return Err(refused(&a, "the sealed key is not the account the stamped body names"));
+                }
+                (r, k)
+            };
+            let key = open_key(&hsm, key_ref, kind)?;
+            export(&hsm, &a, key.secret_bytes())
         })
         .await
     }
@@ -292,21 +558,24 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::InitImportRequest>,
     ) -> Result<Response<pb::InitImportResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let seed = hsm.random_seed()?;
-            let target = bundle::new_import_target(*seed)?;
-            let sealed_target_key = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::ImportTarget,
-                    organization_id: &req.organization_id,
-                    resource_id: &req.user_id,
-                },
-                target.secret.as_slice(),
+            let a = authority.authorize(
+                "init_import",
+                req.auth.as_ref(),
+                &[types::INIT_IMPORT_WALLET, types::INIT_IMPORT_PRIVATE_KEY],
             )?;
+            let (org, user) = (a.activity.organization_id.as_str(), text(&a.activity.parameters, "userId"));
+            if user.is_empty() {
+                return Err(EnclaveError::invalid("userId is required"));
+            }
+            let seed = hsm.random_seed()?;
+            let target = bundle::new_import_target(&seed)?;
+            let binding = BlobBinding::plain(BlobKind::ImportTarget, org, user);
+            let sealed_target_key = hsm.seal(&binding, target.secret.as_slice())?;
             let signer = HsmSigner::new(&hsm)?;
-            let import_bundle = bundle::import_bundle(&signer, &target.public, &req.organization_id, &req.user_id)?;
+            let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
             Ok(pb::InitImportResponse { import_bundle, sealed_target_key })
         })
         .await
@@ -316,14 +585,14 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::ImportWalletRequest>,
     ) -> Result<Response<pb::CreateWalletResponse>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let (target, sealed) = open_ref(&hsm, req.target, &[BlobKind::ImportTarget])?;
-            let target = secret32(&target)?;
-            let plain = bundle::open_encrypted_bundle(&target, &req.encrypted_bundle)?;
+            let a = authority.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+            let plain = open_import(&hsm, &a, req.target.as_ref())?;
             let phrase = checked_phrase(&plain)?;
-            seal_wallet(&hsm, &sealed.organization_id, &req.wallet_id, &phrase, &req.accounts)
+            let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+            seal_wallet(&hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)
         })
         .await
     }
@@ -332,29 +601,40 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::ImportPrivateKeyRequest>,
     ) -> Result<Response<pb::KeyMaterial>, Status> {
-        let hsm = self.hsm.clone();
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let curve = Curve::parse(&req.curve)?;
-            let (target, sealed) = open_ref(&hsm, req.target, &[BlobKind::ImportTarget])?;
-            let target = secret32(&target)?;
-            let plain = bundle::open_encrypted_bundle(&target, &req.encrypted_bundle)?;
+            let a = authority.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
+            let p = &a.activity.parameters;
+            let curve = Curve::parse(text(p, "curve"))?;
+            let plain = open_import(&hsm, &a, req.target.as_ref())?;
             if plain.len() != 32 {
                 return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
             }
-            let secret = secret32(&plain)?;
-            let public_key = keys::public_key(curve, &secret)?;
-            let addresses = addresses_for(curve, &public_key, &req.address_formats)?;
-            let sealed_key = hsm.seal(
-                &BlobBinding {
-                    kind: BlobKind::PrivateKey,
-                    organization_id: &sealed.organization_id,
-                    resource_id: &req.private_key_id,
-                },
-                secret.as_slice(),
-            )?;
-            Ok(pb::KeyMaterial { public_key, addresses, sealed_key })
+            let key = SecretKey::from_slice(curve, &plain)?;
+            seal_private_key(&hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))
         })
         .await
     }
+}
+
+/// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
+fn open_import(
+    hsm: &Hsm,
+    a: &Authorized,
+    target: Option<&pb::SealedRef>,
+) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+    let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
+    if target_ref.resource_id != text(&a.activity.parameters, "userId") {
+        return Err(refused(a, "the import target is not the one of the user the stamped body names"));
+    }
+    let secret = open(hsm, target_ref, kind)?;
+    let secret: &[u8; 32] =
+        secret.as_slice().try_into().map_err(|_| EnclaveError::Internal("import target is not 32 bytes".into()))?;
+    Ok(bundle::open_encrypted_bundle(secret, text(&a.activity.parameters, "encryptedBundle"))?)
+}
+
+/// The activity a stamped body describes (exposed for the enclave's own tests).
+pub fn parse_activity(body: &[u8]) -> Result<StampedActivity, EnclaveError> {
+    Ok(StampedActivity::parse(body)?)
 }

@@ -119,6 +119,16 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<coffer_auth::AuthError> for ApiError {
+    fn from(e: coffer_auth::AuthError) -> Self {
+        let code = match e.code {
+            coffer_auth::Code::InvalidArgument => Code::InvalidArgument,
+            coffer_auth::Code::Unauthenticated => Code::Unauthenticated,
+        };
+        ApiError::new(code, e.turnkey_code, e.message)
+    }
+}
+
 impl From<tonic::Status> for ApiError {
     fn from(s: tonic::Status) -> Self {
         match s.code() {

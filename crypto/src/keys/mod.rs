@@ -46,6 +46,40 @@ impl Curve {
     }
 }
 
+/// A signing key's 32-byte secret (scalar, or the Ed25519 seed) together with its curve, so a
+/// secret never travels as bare bytes beside a curve string. Zeroized on drop; never printed.
+#[derive(zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
+pub struct SecretKey {
+    #[zeroize(skip)]
+    curve: Curve,
+    bytes: [u8; 32],
+}
+
+impl SecretKey {
+    /// Copies a 32-byte secret (the caller keeps zeroizing its own buffer).
+    pub fn from_slice(curve: Curve, bytes: &[u8]) -> Result<Self, CryptoError> {
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| CryptoError::invalid("private key must be 32 bytes"))?;
+        Ok(Self { curve, bytes })
+    }
+    pub fn curve(&self) -> Curve {
+        self.curve
+    }
+    /// The raw secret, for the signing and export functions of this crate.
+    pub fn secret_bytes(&self) -> &[u8; 32] {
+        &self.bytes
+    }
+    /// See [`public_key`].
+    pub fn public_key(&self) -> Result<Vec<u8>, CryptoError> {
+        public_key(self.curve, &self.bytes)
+    }
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretKey").field("curve", &self.curve).finish_non_exhaustive()
+    }
+}
+
 /// The public key of a 32-byte secret: compressed SEC1 (33 bytes) for secp256k1 and P-256, the
 /// raw 32-byte key for Ed25519 (where `secret` is the RFC 8032 seed).
 pub fn public_key(curve: Curve, secret: &[u8; 32]) -> Result<Vec<u8>, CryptoError> {

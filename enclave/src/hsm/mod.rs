@@ -1,5 +1,6 @@
 //! PKCS#11 custody: one module load, one login held by an anchor session, a session pool, and
-//! the two service keys (the AES-256 KEK and the P-256 bundle signer), found by label.
+//! the service keys (the AES-256 KEK, the P-256 bundle signer and the credential-certificate
+//! HMAC key), found by label.
 
 mod error;
 mod seal;
@@ -22,6 +23,8 @@ use zeroize::Zeroizing;
 pub const KEK_LABEL: &str = "coffer-kek-v1";
 /// Label of the P-256 key pair that signs export and import envelopes.
 pub const SIGNER_LABEL: &str = "coffer-bundle-signer-v1";
+/// Label of the HMAC-SHA256 key that certifies credentials (organization, user, public key).
+pub const CERT_MAC_LABEL: &str = "coffer-cert-mac-v1";
 
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 
@@ -49,6 +52,7 @@ impl std::fmt::Debug for HsmSettings {
 struct ServiceKeys {
     kek: ObjectHandle,
     signer: ObjectHandle,
+    cert_mac: ObjectHandle,
 }
 
 struct Anchor {
@@ -217,6 +221,26 @@ impl Hsm {
                 .map_err(|e| HsmError::call("C_GenerateKeyPair (signer)", e))?;
             created.push(SIGNER_LABEL);
         }
+        if find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.is_none() {
+            session
+                .generate_key(
+                    &Mechanism::GenericSecretKeyGen,
+                    &[
+                        Attribute::Class(ObjectClass::SECRET_KEY),
+                        Attribute::KeyType(KeyType::GENERIC_SECRET),
+                        Attribute::ValueLen(32.into()),
+                        Attribute::Token(true),
+                        Attribute::Private(true),
+                        Attribute::Sensitive(true),
+                        Attribute::Extractable(false),
+                        Attribute::Sign(true),
+                        Attribute::Verify(true),
+                        Attribute::Label(CERT_MAC_LABEL.as_bytes().to_vec()),
+                    ],
+                )
+                .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
+            created.push(CERT_MAC_LABEL);
+        }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         Ok(created)
     }
@@ -234,7 +258,9 @@ impl Hsm {
         let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.ok_or(HsmError::KeyMissing(KEK_LABEL))?;
         let signer =
             find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
-        let keys = ServiceKeys { kek, signer };
+        let cert_mac = find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?
+            .ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
+        let keys = ServiceKeys { kek, signer, cert_mac };
         anchor.keys = Some(keys);
         Ok(keys)
     }
@@ -303,9 +329,30 @@ impl Hsm {
         Ok(seed)
     }
 
+    /// HMAC-SHA256 of `data` under the certificate key, computed in the HSM.
+    pub fn certificate_mac(&self, data: &[u8]) -> Result<Vec<u8>, HsmError> {
+        self.with_session(|s, keys| s.sign(&Mechanism::Sha256Hmac, keys.cert_mac, data), "C_Sign (certificate MAC)")
+    }
+
+    /// Whether `mac` is the certificate key's HMAC-SHA256 of `data` (checked in the HSM).
+    pub fn certificate_mac_valid(&self, data: &[u8], mac: &[u8]) -> Result<bool, HsmError> {
+        if mac.len() != 32 {
+            return Ok(false);
+        }
+        let result = self.with_session(
+            |s, keys| s.verify(&Mechanism::Sha256Hmac, keys.cert_mac, data, mac),
+            "C_Verify (certificate MAC)",
+        );
+        match result {
+            Ok(()) => Ok(true),
+            Err(HsmError::Pkcs11 { rv: RvError::SignatureInvalid | RvError::SignatureLenRange, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM), bound to `binding`.
     pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
-        let aad = binding.aad(KEK_LABEL);
+        let aad = binding.aad(seal::VERSION, KEK_LABEL);
         let iv = self.random(seal::IV_LEN)?;
         let ct = self.with_session(
             |s, keys| {
@@ -323,13 +370,14 @@ impl Hsm {
         Ok(seal::encode(KEK_LABEL, &iv, &ct))
     }
 
-    /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or altered.
+    /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or
+    /// altered. Version 1 blobs open under their legacy binding.
     pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<Zeroizing<Vec<u8>>, HsmError> {
         let parsed = seal::decode(blob)?;
         if parsed.kek_label != KEK_LABEL {
             return Err(HsmError::UnknownKek(parsed.kek_label.to_string()));
         }
-        let aad = binding.aad(parsed.kek_label);
+        let aad = binding.aad(parsed.version, parsed.kek_label);
         let result = self.with_session(
             |s, keys| {
                 let mut iv_buf = parsed.iv;

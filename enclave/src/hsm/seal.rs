@@ -1,12 +1,17 @@
-//! The sealed-blob format: versioned, names its KEK, and binds kind, organization and resource.
+//! The sealed-blob format: versioned, names its KEK, and binds kind, usage, organization,
+//! resource, curve and address or public key.
 
 use super::HsmError;
 
 pub(crate) const IV_LEN: usize = 12;
 pub(crate) const TAG_BITS: usize = 128;
 const MAGIC: &[u8; 2] = b"CS";
-const VERSION: u8 = 1;
-const DOMAIN: &[u8] = b"coffer-seal-v1";
+/// Version 2 binds curve, usage and address or public key; version 1 blobs (kind, organization
+/// and resource only) still open, and `coffer-enclave reseal` moves them to version 2.
+pub(crate) const VERSION: u8 = 2;
+const LEGACY_VERSION: u8 = 1;
+const DOMAIN_V1: &[u8] = b"coffer-seal-v1";
+const DOMAIN_V2: &[u8] = b"coffer-seal-v2";
 
 /// What a blob holds; each kind has its own AAD, so a seed never opens as a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +31,15 @@ impl BlobKind {
             Self::ImportTarget => "import-target",
         }
     }
+
+    /// What the sealed secret may be used for.
+    fn usage(self) -> &'static str {
+        match self {
+            Self::WalletSeed => "derive-and-export",
+            Self::WalletAccountKey | Self::PrivateKey => "sign-and-export",
+            Self::ImportTarget => "hpke-decrypt-import",
+        }
+    }
 }
 
 /// The place a blob belongs to. A blob opened under any other binding fails authentication.
@@ -34,19 +48,40 @@ pub struct BlobBinding<'a> {
     pub kind: BlobKind,
     pub organization_id: &'a str,
     pub resource_id: &'a str,
+    /// `CURVE_*` of a signing key; empty for seeds and import targets.
+    pub curve: &'a str,
+    /// A wallet account key's address; empty otherwise.
+    pub address: &'a str,
+    /// A private key's public key (hex); empty otherwise.
+    pub public_key: &'a str,
 }
 
-impl BlobBinding<'_> {
-    /// AAD = domain ‖ kind ‖ organization ‖ resource ‖ KEK label, each length-prefixed.
-    pub(crate) fn aad(&self, kek_label: &str) -> Vec<u8> {
-        let mut aad = Vec::with_capacity(96);
-        for field in [
-            DOMAIN,
-            self.kind.tag().as_bytes(),
-            self.organization_id.as_bytes(),
-            self.resource_id.as_bytes(),
-            kek_label.as_bytes(),
-        ] {
+impl<'a> BlobBinding<'a> {
+    /// A binding with no curve, address or public key (seeds and import targets).
+    pub fn plain(kind: BlobKind, organization_id: &'a str, resource_id: &'a str) -> Self {
+        Self { kind, organization_id, resource_id, curve: "", address: "", public_key: "" }
+    }
+
+    /// Version 2: AAD = domain ‖ kind ‖ usage ‖ organization ‖ resource ‖ curve ‖ address ‖
+    /// public key ‖ KEK label; version 1: domain ‖ kind ‖ organization ‖ resource ‖ KEK label.
+    /// Each field is length-prefixed.
+    pub(crate) fn aad(&self, version: u8, kek_label: &str) -> Vec<u8> {
+        let fields: Vec<&[u8]> = if version == LEGACY_VERSION {
+            vec![DOMAIN_V1, self.kind.tag().as_bytes(), self.organization_id.as_bytes(), self.resource_id.as_bytes()]
+        } else {
+            vec![
+                DOMAIN_V2,
+                self.kind.tag().as_bytes(),
+                self.kind.usage().as_bytes(),
+                self.organization_id.as_bytes(),
+                self.resource_id.as_bytes(),
+                self.curve.as_bytes(),
+                self.address.as_bytes(),
+                self.public_key.as_bytes(),
+            ]
+        };
+        let mut aad = Vec::with_capacity(160);
+        for field in fields.into_iter().chain([kek_label.as_bytes()]) {
             aad.extend_from_slice(&(field.len() as u32).to_be_bytes());
             aad.extend_from_slice(field);
         }
@@ -67,6 +102,7 @@ pub(crate) fn encode(kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
 }
 
 pub(crate) struct ParsedBlob<'a> {
+    pub version: u8,
     pub kek_label: &'a str,
     pub iv: [u8; IV_LEN],
     pub ciphertext: &'a [u8],
@@ -74,7 +110,7 @@ pub(crate) struct ParsedBlob<'a> {
 
 pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
     let bad = HsmError::Malformed("sealed blob");
-    if blob.len() < 4 || &blob[..2] != MAGIC || blob[2] != VERSION {
+    if blob.len() < 4 || &blob[..2] != MAGIC || !(blob[2] == VERSION || blob[2] == LEGACY_VERSION) {
         return Err(bad);
     }
     let label_len = blob[3] as usize;
@@ -85,7 +121,7 @@ pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
     let kek_label = std::str::from_utf8(&rest[..label_len]).map_err(|_| HsmError::Malformed("sealed blob"))?;
     let mut iv = [0u8; IV_LEN];
     iv.copy_from_slice(&rest[label_len..label_len + IV_LEN]);
-    Ok(ParsedBlob { kek_label, iv, ciphertext: &rest[label_len + IV_LEN..] })
+    Ok(ParsedBlob { version: blob[2], kek_label, iv, ciphertext: &rest[label_len + IV_LEN..] })
 }
 
 #[cfg(test)]
@@ -94,16 +130,29 @@ mod tests {
 
     #[test]
     fn aad_differs_by_every_field() {
-        let base = BlobBinding { kind: BlobKind::PrivateKey, organization_id: "org", resource_id: "r" };
-        let a = base.aad("k");
-        assert_ne!(a, BlobBinding { kind: BlobKind::WalletSeed, ..base }.aad("k"));
-        assert_ne!(a, BlobBinding { organization_id: "org2", ..base }.aad("k"));
-        assert_ne!(a, BlobBinding { resource_id: "r2", ..base }.aad("k"));
-        assert_ne!(a, base.aad("k2"));
+        let base = BlobBinding {
+            kind: BlobKind::PrivateKey,
+            organization_id: "org",
+            resource_id: "r",
+            curve: "CURVE_SECP256K1",
+            address: "",
+            public_key: "02ab",
+        };
+        let a = base.aad(VERSION, "k");
+        assert_ne!(a, BlobBinding { kind: BlobKind::WalletSeed, ..base }.aad(VERSION, "k"));
+        assert_ne!(a, BlobBinding { organization_id: "org2", ..base }.aad(VERSION, "k"));
+        assert_ne!(a, BlobBinding { resource_id: "r2", ..base }.aad(VERSION, "k"));
+        assert_ne!(a, BlobBinding { curve: "CURVE_ED25519", ..base }.aad(VERSION, "k"));
+        assert_ne!(a, BlobBinding { public_key: "02ac", ..base }.aad(VERSION, "k"));
+        assert_ne!(a, BlobBinding { public_key: "", address: "02ab", ..base }.aad(VERSION, "k"));
+        assert_ne!(a, base.aad(VERSION, "k2"));
+        assert_ne!(a, base.aad(LEGACY_VERSION, "k"));
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
-        let x = BlobBinding { organization_id: "ab", resource_id: "c", ..base }.aad("k");
-        let y = BlobBinding { organization_id: "a", resource_id: "bc", ..base }.aad("k");
+        let x = BlobBinding { organization_id: "ab", resource_id: "c", ..base }.aad(VERSION, "k");
+        let y = BlobBinding { organization_id: "a", resource_id: "bc", ..base }.aad(VERSION, "k");
         assert_ne!(x, y);
+        // Version 1 ignores what it never bound.
+        assert_eq!(base.aad(LEGACY_VERSION, "k"), BlobBinding { curve: "x", ..base }.aad(LEGACY_VERSION, "k"));
     }
 
     #[test]
@@ -115,6 +164,7 @@ mod tests {
         assert_eq!(p.ciphertext, &[1u8; 40][..]);
         assert!(decode(b"").is_err());
         assert!(decode(&blob[..20]).is_err());
+        assert_eq!(p.version, VERSION);
         let mut wrong_version = blob.clone();
         wrong_version[2] = 9;
         assert!(decode(&wrong_version).is_err());

@@ -30,7 +30,7 @@ fn hsm() -> Arc<Hsm> {
         let hsm =
             Hsm::open(HsmSettings { module: MODULE.into(), token_label: "unit".into(), pin: pin(), pool_size: 4 })
                 .unwrap();
-        assert_eq!(hsm.init_service_keys().unwrap(), vec![KEK_LABEL, SIGNER_LABEL]);
+        assert_eq!(hsm.init_service_keys().unwrap(), vec![KEK_LABEL, SIGNER_LABEL, CERT_MAC_LABEL]);
         assert!(hsm.init_service_keys().unwrap().is_empty(), "second init must create nothing");
         Arc::new(hsm)
     })
@@ -38,7 +38,38 @@ fn hsm() -> Arc<Hsm> {
 }
 
 fn binding<'a>(kind: BlobKind, org: &'a str, resource: &'a str) -> BlobBinding<'a> {
-    BlobBinding { kind, organization_id: org, resource_id: resource }
+    BlobBinding::plain(kind, org, resource)
+}
+
+#[test]
+fn account_blob_under_another_curve_or_address_fails_to_open() {
+    let hsm = hsm();
+    let right = BlobBinding { curve: "CURVE_SECP256K1", address: "0xabc", ..binding(BlobKind::WalletAccountKey, "o", "a") };
+    let blob = hsm.seal(&right, &[5u8; 32]).unwrap();
+    assert_eq!(hsm.unseal(&right, &blob).unwrap().as_slice(), &[5u8; 32]);
+    for wrong in [
+        BlobBinding { curve: "CURVE_ED25519", ..right },
+        BlobBinding { address: "0xabd", ..right },
+        BlobBinding { address: "", public_key: "0xabc", ..right },
+    ] {
+        assert!(matches!(hsm.unseal(&wrong, &blob), Err(HsmError::SealAuthentication)), "{wrong:?}");
+    }
+}
+
+#[test]
+fn certificate_mac_is_computed_and_checked_in_the_hsm() {
+    let hsm = hsm();
+    let mac = hsm.certificate_mac(b"fields").unwrap();
+    assert_eq!(mac.len(), 32);
+    assert_eq!(hsm.certificate_mac(b"fields").unwrap(), mac, "deterministic");
+    assert!(hsm.certificate_mac_valid(b"fields", &mac).unwrap());
+    assert!(!hsm.certificate_mac_valid(b"fieldz", &mac).unwrap());
+    let mut forged = mac.clone();
+    forged[0] ^= 1;
+    assert!(!hsm.certificate_mac_valid(b"fields", &forged).unwrap());
+    assert!(!hsm.certificate_mac_valid(b"fields", &mac[..31]).unwrap());
+    // A refused MAC did not wedge the pool.
+    assert!(hsm.certificate_mac_valid(b"fields", &mac).unwrap());
 }
 
 #[test]

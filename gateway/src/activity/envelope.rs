@@ -2,7 +2,6 @@
 //! liveness window and its fingerprint.
 
 use serde_json::Value;
-use sha2::Digest;
 
 use crate::error::ApiError;
 
@@ -21,21 +20,7 @@ pub struct Envelope {
     pub parameters: Value,
 }
 
-/// `"sha256:" + hex(sha256(raw body))`, as `@turnkey/crypto computeActivityFingerprint`.
-pub fn fingerprint(body: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(body)))
-}
-
-/// Removes `null` members from objects, recursively (the Rust client sends unset options as null).
-pub fn strip_nulls(v: Value) -> Value {
-    match v {
-        Value::Object(map) => {
-            Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect())
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(strip_nulls).collect()),
-        other => other,
-    }
-}
+pub use coffer_auth::envelope::{fingerprint, strip_nulls};
 
 /// Parses a request body as a JSON object; anything else is "bad request body".
 pub fn parse_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {

@@ -2,8 +2,8 @@
 //! resolved to a credential and a user.
 
 pub mod oidc;
-pub mod stamp;
-pub mod webauthn;
+
+pub use coffer_auth::{stamp, webauthn};
 
 use std::sync::Arc;
 

@@ -146,53 +146,12 @@ pub struct ApiKeyParams {
 /// Checks a public key against its `curveType`; returns it as lowercase hex and its credential
 /// type. P-256 and secp256k1 keys are compressed SEC1 points (33 bytes), Ed25519 keys 32 bytes.
 pub fn parse_api_public_key(curve_type: &str, public_key: &str) -> Result<(String, &'static str), ApiError> {
-    let hex_key = public_key.trim();
-    let hex_key = hex_key.strip_prefix("0x").unwrap_or(hex_key).to_ascii_lowercase();
-    let bytes = hex::decode(&hex_key).map_err(|_| ApiError::invalid("invalid api key public key: not hex"))?;
-    let (ok, expected, credential_type) = match curve_type {
-        "API_KEY_CURVE_P256" => (
-            bytes.len() == 33 && p256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
-            "a compressed P-256 point (33 bytes, 66 hex characters)",
-            "CREDENTIAL_TYPE_API_KEY_P256",
-        ),
-        "API_KEY_CURVE_SECP256K1" => (
-            bytes.len() == 33 && k256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
-            "a compressed secp256k1 point (33 bytes, 66 hex characters)",
-            "CREDENTIAL_TYPE_API_KEY_SECP256K1",
-        ),
-        "API_KEY_CURVE_ED25519" => (
-            <[u8; 32]>::try_from(bytes.as_slice())
-                .ok()
-                .is_some_and(|b| ed25519_dalek::VerifyingKey::from_bytes(&b).is_ok()),
-            "an Ed25519 public key (32 bytes, 64 hex characters)",
-            "CREDENTIAL_TYPE_API_KEY_ED25519",
-        ),
-        other => {
-            return Err(ApiError::invalid(format!(
-                "invalid api key curve type: {other:?} (API_KEY_CURVE_P256, API_KEY_CURVE_SECP256K1 or API_KEY_CURVE_ED25519)"
-            )))
-        }
-    };
-    if !ok {
-        return Err(ApiError::invalid(format!("invalid api key public key for {curve_type}: expected {expected}")));
-    }
-    Ok((hex_key, credential_type))
+    Ok(coffer_auth::grants::api_public_key(curve_type, public_key)?)
 }
 
 /// `expirationSeconds`: absent, or a positive whole number of seconds.
 pub fn parse_expiration(v: Option<&Value>) -> Result<Option<u64>, ApiError> {
-    let parsed = match v {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(_) => None,
-    };
-    match parsed {
-        Some(n) if n > 0 => Ok(Some(n)),
-        _ => {
-            Err(ApiError::invalid("invalid api key expiration: expirationSeconds must be a positive number of seconds"))
-        }
-    }
+    Ok(coffer_auth::grants::expiration(v)?)
 }
 
 /// Validates API key parameters and makes the rows for `user_id`. `taken` holds the public keys

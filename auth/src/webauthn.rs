@@ -6,7 +6,7 @@ use p256::ecdsa::signature::Verifier;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
+use crate::AuthError;
 
 /// The vote scheme recorded for passkey stamps (`SignatureScheme` enum of the official protos).
 pub const SCHEME: &str = "SIGNATURE_SCHEME_TK_WEBAUTHN";
@@ -263,8 +263,8 @@ pub struct Registration {
     pub origin: String,
 }
 
-fn invalid_attestation(detail: impl std::fmt::Display) -> ApiError {
-    ApiError::invalid(format!("invalid authenticator attestation: {detail}"))
+fn invalid_attestation(detail: impl std::fmt::Display) -> AuthError {
+    AuthError::invalid(format!("invalid authenticator attestation: {detail}"))
 }
 
 /// Verifies an `Attestation` (`credentialId`, `clientDataJson`, `attestationObject`, all
@@ -280,7 +280,7 @@ pub fn verify_registration(
     client_data_json: &str,
     attestation_object: &str,
     challenge: &str,
-) -> Result<Registration, ApiError> {
+) -> Result<Registration, AuthError> {
     let client_bytes =
         b64url_decode(client_data_json).ok_or_else(|| invalid_attestation("clientDataJson is not base64url"))?;
     let cd = client_data(&client_bytes).map_err(invalid_attestation)?;
@@ -365,13 +365,13 @@ pub struct WebauthnStamp {
     pub origin: String,
 }
 
-fn malformed(detail: &str) -> ApiError {
-    ApiError::unauthenticated("SIGNATURE_INVALID", format!("malformed WebAuthn stamp: {detail}"))
+fn malformed(detail: &str) -> AuthError {
+    AuthError::unauthenticated("SIGNATURE_INVALID", format!("malformed WebAuthn stamp: {detail}"))
 }
 
 /// 401 `SIGNATURE_INVALID` with the spec's message.
-pub fn invalid_signature() -> ApiError {
-    ApiError::unauthenticated("SIGNATURE_INVALID", "could not verify WebAuthN signature")
+pub fn invalid_signature() -> AuthError {
+    AuthError::unauthenticated("SIGNATURE_INVALID", "could not verify WebAuthN signature")
 }
 
 /// The challenge a passkey signs for `body`: the ASCII bytes of lowercase hex SHA-256(body).
@@ -382,7 +382,7 @@ pub fn challenge_for(body: &[u8]) -> Vec<u8> {
 /// Parses the header (plain JSON `{authenticatorData, clientDataJson, credentialId, signature}`,
 /// base64url values; a base64url-wrapped JSON is accepted too) and checks that clientDataJSON
 /// is a `webauthn.get` over this exact body.
-pub fn parse_stamp(header: &str, body: &[u8]) -> Result<WebauthnStamp, ApiError> {
+pub fn parse_stamp(header: &str, body: &[u8]) -> Result<WebauthnStamp, AuthError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Wire {
@@ -409,7 +409,7 @@ pub fn parse_stamp(header: &str, body: &[u8]) -> Result<WebauthnStamp, ApiError>
         return Err(malformed("clientDataJSON type must be \"webauthn.get\""));
     }
     if b64url_decode(&cd.challenge) != Some(challenge_for(body)) {
-        return Err(ApiError::unauthenticated(
+        return Err(AuthError::unauthenticated(
             "SIGNATURE_INVALID",
             "could not verify WebAuthN signature: the challenge is not the SHA-256 of this request body",
         ));
@@ -423,7 +423,7 @@ pub fn parse_stamp(header: &str, body: &[u8]) -> Result<WebauthnStamp, ApiError>
 /// Verifies the assertion signature (DER ECDSA P-256 over authenticatorData ‖
 /// SHA-256(clientDataJSON); high-S accepted) with the stored compressed-hex public key, and
 /// requires the user-present flag.
-pub fn verify_assertion(stamp: &WebauthnStamp, public_key_hex: &str) -> Result<(), ApiError> {
+pub fn verify_assertion(stamp: &WebauthnStamp, public_key_hex: &str) -> Result<(), AuthError> {
     let pk = hex::decode(public_key_hex).map_err(|_| invalid_signature())?;
     let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&pk).map_err(|_| invalid_signature())?;
     if !matches!(stamp.authenticator_data.get(32), Some(f) if f & FLAG_USER_PRESENT != 0) {
@@ -610,7 +610,7 @@ pub(crate) mod tests {
         let k = SoftKey::new(4);
         let (cd, ao) = k.attest(CHALLENGE, "packed");
         let id = b64url(&k.id);
-        let msg = |r: Result<Registration, ApiError>| r.unwrap_err().message;
+        let msg = |r: Result<Registration, AuthError>| r.unwrap_err().message;
         assert!(msg(verify_registration(&id, &cd, &ao, "b3RoZXI")).contains("challenge does not match"));
         assert!(
             msg(verify_registration(&b64url(&[1, 2, 3]), &cd, &ao, CHALLENGE)).contains("credentialId does not match")
@@ -633,7 +633,7 @@ pub(crate) mod tests {
         let get = b64url(br#"{"type":"webauthn.get","challenge":"c2lnbi11cC1jaGFsbGVuZ2U","origin":"x"}"#);
         assert!(msg(verify_registration(&id, &get, &ao, CHALLENGE)).contains("webauthn.create"));
         let e = verify_registration(&id, &get, &ao, CHALLENGE).unwrap_err();
-        assert_eq!(e.code, crate::error::Code::InvalidArgument);
+        assert_eq!(e.code, crate::Code::InvalidArgument);
     }
 
     #[test]
@@ -656,7 +656,7 @@ pub(crate) mod tests {
         verify_assertion(&parse_stamp(&b64url(header.as_bytes()), body).unwrap(), &pk).unwrap();
         // Another body: the challenge does not match.
         let e = parse_stamp(&header, b"{}").unwrap_err();
-        assert_eq!(e.code, crate::error::Code::Unauthenticated);
+        assert_eq!(e.code, crate::Code::Unauthenticated);
         assert!(e.message.starts_with("could not verify WebAuthN signature"));
         // Another key, or a flipped signature byte.
         let e = verify_assertion(&s, &public_key_hex(SoftKey::new(7).key.verifying_key())).unwrap_err();

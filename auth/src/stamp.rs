@@ -7,7 +7,7 @@
 use base64::Engine;
 use sha2::Digest;
 
-use crate::error::ApiError;
+use crate::AuthError;
 
 /// The signature schemes an API-key stamp may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,16 +55,16 @@ pub struct ApiStamp {
     pub signature: String,
 }
 
-fn malformed(detail: &str) -> ApiError {
-    ApiError::unauthenticated("SIGNATURE_INVALID", format!("malformed activity stamp: {detail}"))
+fn malformed(detail: &str) -> AuthError {
+    AuthError::unauthenticated("SIGNATURE_INVALID", format!("malformed activity stamp: {detail}"))
 }
 
-fn invalid_signature() -> ApiError {
-    ApiError::unauthenticated("SIGNATURE_INVALID", "could not verify api key signature")
+fn invalid_signature() -> AuthError {
+    AuthError::unauthenticated("SIGNATURE_INVALID", "could not verify api key signature")
 }
 
 /// Decodes the header value: base64url (padding optional) of `{publicKey, scheme, signature}`.
-pub fn parse(header: &str) -> Result<ApiStamp, ApiError> {
+pub fn parse(header: &str) -> Result<ApiStamp, AuthError> {
     let trimmed = header.trim().trim_end_matches('=');
     let raw =
         base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(trimmed).map_err(|_| malformed("not base64url"))?;
@@ -82,7 +82,7 @@ pub fn parse(header: &str) -> Result<ApiStamp, ApiError> {
 }
 
 /// Verifies the stamp over exactly `body`. High-S and non-minimal DER are accepted.
-pub fn verify(stamp: &ApiStamp, body: &[u8]) -> Result<(), ApiError> {
+pub fn verify(stamp: &ApiStamp, body: &[u8]) -> Result<(), AuthError> {
     let pk = hex::decode(&stamp.public_key).map_err(|_| malformed("public key is not hex"))?;
     let sig = hex::decode(stamp.signature.trim_start_matches("0x")).map_err(|_| malformed("signature is not hex"))?;
     match stamp.scheme {
@@ -271,7 +271,7 @@ mod tests {
     fn malformed_headers_are_refused() {
         for h in ["", "!!!", "e30", "eyJwdWJsaWNLZXkiOiIwMyJ9"] {
             let e = parse(h).unwrap_err();
-            assert_eq!(e.code, crate::error::Code::Unauthenticated, "{h}");
+            assert_eq!(e.code, crate::Code::Unauthenticated, "{h}");
             assert!(e.message.starts_with("malformed activity stamp"), "{}", e.message);
         }
         assert!(lenient_der(&[0x30, 0x00]).is_none());

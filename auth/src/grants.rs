@@ -1,0 +1,181 @@
+//! The credentials a stamped activity grants: which (organization, user, type, public key) its
+//! body adds. The enclave certifies a credential only when the stamped body grants it.
+
+use serde_json::Value;
+
+use crate::envelope::{derived_id, StampedActivity, SUB_ORGANIZATION_ID, USER_ID};
+use crate::{webauthn, AuthError};
+
+pub const CREATE_USERS: &str = "ACTIVITY_TYPE_CREATE_USERS_V4";
+pub const CREATE_API_KEYS: &str = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
+pub const CREATE_AUTHENTICATORS: &str = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
+pub const CREATE_SUB_ORGANIZATION: &str = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8";
+
+/// One credential a body adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub organization_id: String,
+    pub user_id: String,
+    /// `CREDENTIAL_TYPE_*`.
+    pub credential_type: String,
+    /// Lowercase hex, as stored and as stamps name it.
+    pub public_key: String,
+    pub expiration_seconds: Option<u64>,
+}
+
+/// Checks a public key against its `curveType`; returns it as lowercase hex and its credential
+/// type. P-256 and secp256k1 keys are compressed SEC1 points (33 bytes), Ed25519 keys 32 bytes.
+pub fn api_public_key(curve_type: &str, public_key: &str) -> Result<(String, &'static str), AuthError> {
+    let hex_key = public_key.trim();
+    let hex_key = hex_key.strip_prefix("0x").unwrap_or(hex_key).to_ascii_lowercase();
+    let bytes = hex::decode(&hex_key).map_err(|_| AuthError::invalid("invalid api key public key: not hex"))?;
+    let (ok, expected, credential_type) = match curve_type {
+        "API_KEY_CURVE_P256" => (
+            bytes.len() == 33 && p256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
+            "a compressed P-256 point (33 bytes, 66 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_P256",
+        ),
+        "API_KEY_CURVE_SECP256K1" => (
+            bytes.len() == 33 && k256::PublicKey::from_sec1_bytes(&bytes).is_ok(),
+            "a compressed secp256k1 point (33 bytes, 66 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_SECP256K1",
+        ),
+        "API_KEY_CURVE_ED25519" => (
+            <[u8; 32]>::try_from(bytes.as_slice())
+                .ok()
+                .is_some_and(|b| ed25519_dalek::VerifyingKey::from_bytes(&b).is_ok()),
+            "an Ed25519 public key (32 bytes, 64 hex characters)",
+            "CREDENTIAL_TYPE_API_KEY_ED25519",
+        ),
+        other => {
+            return Err(AuthError::invalid(format!(
+                "invalid api key curve type: {other:?} (API_KEY_CURVE_P256, API_KEY_CURVE_SECP256K1 or API_KEY_CURVE_ED25519)"
+            )))
+        }
+    };
+    if !ok {
+        return Err(AuthError::invalid(format!("invalid api key public key for {curve_type}: expected {expected}")));
+    }
+    Ok((hex_key, credential_type))
+}
+
+/// `expirationSeconds`: absent, or a positive whole number of seconds.
+pub fn expiration(v: Option<&Value>) -> Result<Option<u64>, AuthError> {
+    let parsed = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+    };
+    match parsed {
+        Some(n) if n > 0 => Ok(Some(n)),
+        _ => Err(AuthError::invalid(
+            "invalid api key expiration: expirationSeconds must be a positive number of seconds",
+        )),
+    }
+}
+
+fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The API keys and passkeys one user entry of a body adds.
+fn user_grants(org: &str, user_id: &str, user: &Value, out: &mut Vec<Grant>) -> Result<(), AuthError> {
+    for k in items(user, "apiKeys") {
+        let (public_key, credential_type) = api_public_key(text(k, "curveType"), text(k, "publicKey"))?;
+        out.push(Grant {
+            organization_id: org.to_string(),
+            user_id: user_id.to_string(),
+            credential_type: credential_type.to_string(),
+            public_key,
+            expiration_seconds: expiration(k.get("expirationSeconds"))?,
+        });
+    }
+    for a in items(user, "authenticators") {
+        let att = a.get("attestation").unwrap_or(&Value::Null);
+        let reg = webauthn::verify_registration(
+            text(att, "credentialId"),
+            text(att, "clientDataJson"),
+            text(att, "attestationObject"),
+            text(a, "challenge"),
+        )?;
+        out.push(Grant {
+            organization_id: org.to_string(),
+            user_id: user_id.to_string(),
+            credential_type: webauthn::CREDENTIAL_TYPE.to_string(),
+            public_key: reg.public_key,
+            expiration_seconds: None,
+        });
+    }
+    Ok(())
+}
+
+/// Every credential `activity` adds, with the organization and user it belongs to. Users a body
+/// creates (and a sub-organization) get ids derived from its fingerprint ([`derived_id`]).
+pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, AuthError> {
+    let p = &activity.parameters;
+    let org = activity.organization_id.as_str();
+    let fp = activity.fingerprint.as_str();
+    let mut out = Vec::new();
+    match activity.activity_type.as_str() {
+        CREATE_API_KEYS | CREATE_AUTHENTICATORS => user_grants(org, text(p, "userId"), p, &mut out)?,
+        CREATE_USERS => {
+            for (i, u) in items(p, "users").iter().enumerate() {
+                user_grants(org, &derived_id(fp, USER_ID, i), u, &mut out)?;
+            }
+        }
+        CREATE_SUB_ORGANIZATION => {
+            let sub = derived_id(fp, SUB_ORGANIZATION_ID, 0);
+            for (i, u) in items(p, "rootUsers").iter().enumerate() {
+                user_grants(&sub, &derived_id(fp, USER_ID, i), u, &mut out)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P256: &str = "0303b68b7daa21027d1b9ca5b7f6bd65aaa8d99573a8d1984d4168291fe9e3059c";
+
+    fn activity(ty: &str, params: Value) -> StampedActivity {
+        let body = serde_json::json!({"type": ty, "timestampMs": "1", "organizationId": "org", "parameters": params});
+        StampedActivity::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn api_keys_users_and_sub_organizations() {
+        let key = serde_json::json!({"apiKeyName": "k", "publicKey": P256.to_uppercase(), "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "60"});
+        let a = activity(CREATE_API_KEYS, serde_json::json!({"userId": "u", "apiKeys": [key]}));
+        let g = granted_credentials(&a).unwrap();
+        assert_eq!(
+            g,
+            vec![Grant {
+                organization_id: "org".into(),
+                user_id: "u".into(),
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: P256.into(),
+                expiration_seconds: Some(60),
+            }]
+        );
+        let a = activity(CREATE_USERS, serde_json::json!({"users": [{"userName": "a"}, {"userName": "b", "apiKeys": [key]}]}));
+        let g = granted_credentials(&a).unwrap();
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].user_id, derived_id(&a.fingerprint, USER_ID, 1));
+        let a = activity(CREATE_SUB_ORGANIZATION, serde_json::json!({"rootUsers": [{"userName": "a", "apiKeys": [key]}]}));
+        let g = granted_credentials(&a).unwrap();
+        assert_eq!(g[0].organization_id, derived_id(&a.fingerprint, SUB_ORGANIZATION_ID, 0));
+        assert_eq!(g[0].user_id, derived_id(&a.fingerprint, USER_ID, 0));
+        // Other activities grant nothing; a malformed key is refused.
+        assert!(granted_credentials(&activity("ACTIVITY_TYPE_CREATE_POLICY_V3", serde_json::json!({}))).unwrap().is_empty());
+        let bad = serde_json::json!({"userId": "u", "apiKeys": [{"publicKey": "02", "curveType": "API_KEY_CURVE_P256"}]});
+        assert!(granted_credentials(&activity(CREATE_API_KEYS, bad)).is_err());
+    }
+}

@@ -1,0 +1,42 @@
+//! Request authentication shared by the gateway and the enclave: one implementation of stamp
+//! verification, envelope parsing and credential grants, the enclave's use being the one that counts.
+
+pub mod envelope;
+pub mod grants;
+pub mod stamp;
+pub mod webauthn;
+
+/// How a refused authentication maps onto the HTTP and gRPC boundaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// The request is malformed (HTTP 400).
+    InvalidArgument,
+    /// The stamp or credential does not authenticate the request (HTTP 401).
+    Unauthenticated,
+}
+
+/// A refusal with the `TurnkeyErrorCode` the HTTP boundary reports. Messages never carry secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthError {
+    pub code: Code,
+    /// `TurnkeyErrorCode` enum name, e.g. `SIGNATURE_INVALID`.
+    pub turnkey_code: &'static str,
+    pub message: String,
+}
+
+impl AuthError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self { code: Code::InvalidArgument, turnkey_code: "REQUEST_INVALID", message: message.into() }
+    }
+    pub fn unauthenticated(turnkey_code: &'static str, message: impl Into<String>) -> Self {
+        Self { code: Code::Unauthenticated, turnkey_code, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for AuthError {}

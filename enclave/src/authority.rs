@@ -1,0 +1,332 @@
+//! Enclave authority: key material is used only for what a certified credential of the
+//! organization stamped, just now, for exactly that operation — verified here, never taken
+//! from the gateway's word.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use coffer_auth::envelope::StampedActivity;
+use coffer_auth::{stamp, webauthn};
+use coffer_proto::v1 as pb;
+use prost::Message;
+use serde_json::Value;
+use sha2::Digest;
+
+use crate::hsm::Hsm;
+use crate::EnclaveError;
+
+/// The activity type of a vote that lets a waiting activity run.
+pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
+/// How long a waiting activity's original stamp stays usable (the vote lifetime).
+pub const VOTE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
+/// `issuing_fingerprint` prefix of certificates made by operator bootstrap.
+pub const BOOTSTRAP: &str = "bootstrap:";
+
+const CERT_DOMAIN: &[u8] = b"coffer-credential-certificate-v1";
+
+/// The bytes a certificate's MAC covers: every field but the MAC, length-prefixed.
+pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
+    let expiry = c.expires_at_ms.to_be_bytes();
+    let mut out = Vec::with_capacity(256);
+    for field in [
+        CERT_DOMAIN,
+        c.organization_id.as_bytes(),
+        c.user_id.as_bytes(),
+        c.credential_type.as_bytes(),
+        c.public_key.as_bytes(),
+        &expiry,
+        c.issuing_fingerprint.as_bytes(),
+    ] {
+        out.extend_from_slice(&(field.len() as u32).to_be_bytes());
+        out.extend_from_slice(field);
+    }
+    out
+}
+
+/// What the enclave established about a request before touching key material.
+#[derive(Debug)]
+pub struct Authorized {
+    /// The stamped body of the activity: the only source of the operation's parameters.
+    pub activity: StampedActivity,
+    /// The certified credential that stamped it.
+    pub credential: pb::CredentialCertificate,
+}
+
+/// Fingerprints seen within the freshness window, per operation. Bounded: when full of live
+/// entries it refuses new requests rather than forgetting one (forgetting would allow a replay).
+struct ReplaySet {
+    /// SHA-256(operation ‖ fingerprint) → the time (ms) after which the body is stale anyway.
+    seen: HashMap<[u8; 32], i64>,
+    capacity: usize,
+    next_prune: usize,
+}
+
+impl ReplaySet {
+    fn new(capacity: usize) -> Self {
+        Self { seen: HashMap::new(), capacity: capacity.max(1), next_prune: 1024 }
+    }
+
+    /// Records `key` until `expires_ms`; `Ok(false)` if it was already there.
+    fn insert(&mut self, key: [u8; 32], expires_ms: i64, now_ms: i64) -> Result<bool, EnclaveError> {
+        if let Some(exp) = self.seen.get(&key) {
+            if *exp >= now_ms {
+                return Ok(false);
+            }
+        }
+        if self.seen.len() >= self.next_prune.min(self.capacity) {
+            self.seen.retain(|_, exp| *exp >= now_ms);
+            self.next_prune = (self.seen.len() * 2).max(1024);
+            if self.seen.len() >= self.capacity {
+                return Err(EnclaveError::Busy("replay window is full: retry shortly".into()));
+            }
+        }
+        self.seen.insert(key, expires_ms);
+        Ok(true)
+    }
+}
+
+/// Verifies stamps, certificates, freshness and replay for every key-using call.
+pub struct Authority {
+    hsm: Arc<Hsm>,
+    freshness_ms: i64,
+    replay: Mutex<ReplaySet>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A refusal, with what is known of the request for the audit line.
+struct Refusal {
+    reason: String,
+    organization: String,
+    credential: String,
+    fingerprint: String,
+}
+
+impl Refusal {
+    fn new(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), organization: String::new(), credential: String::new(), fingerprint: String::new() }
+    }
+    fn about(mut self, activity: &StampedActivity, credential: &pb::CredentialCertificate) -> Self {
+        self.organization = activity.organization_id.clone();
+        self.credential = credential.public_key.clone();
+        self.fingerprint = activity.fingerprint.clone();
+        self
+    }
+}
+
+impl Authority {
+    pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, replay_capacity: usize) -> Self {
+        Self { hsm, freshness_ms, replay: Mutex::new(ReplaySet::new(replay_capacity)) }
+    }
+
+    /// Issues a certificate (the MAC computed in the HSM) and returns it encoded.
+    pub fn certify(&self, mut cert: pb::CredentialCertificate) -> Result<Vec<u8>, EnclaveError> {
+        cert.mac = self.hsm.certificate_mac(&certificate_mac_input(&cert))?;
+        Ok(cert.encode_to_vec())
+    }
+
+    /// Expiry of a new credential valid for `seconds` from now (0 = none).
+    pub fn expiry(&self, seconds: Option<u64>) -> u64 {
+        seconds.map_or(0, |s| (now_ms().max(0) as u64).saturating_add(s.saturating_mul(1000)))
+    }
+
+    /// Checks `auth` for `operation`: the body must be one of `types`, stamped by a live certified
+    /// credential of its organization, fresh and not seen before (or, after consensus, approved
+    /// just now by such a credential naming its fingerprint). Writes one audit line either way.
+    pub fn authorize(
+        &self,
+        operation: &'static str,
+        auth: Option<&pb::Authorization>,
+        types: &[&str],
+    ) -> Result<Authorized, EnclaveError> {
+        match self.check(operation, auth, types) {
+            Ok(a) => {
+                tracing::info!(
+                    target: "coffer_audit",
+                    decision = "allow",
+                    operation,
+                    organization = %a.activity.organization_id,
+                    credential = %a.credential.public_key,
+                    user = %a.credential.user_id,
+                    fingerprint = %a.activity.fingerprint,
+                    approved = auth.is_some_and(|a| a.approval.is_some()),
+                    "enclave decision"
+                );
+                Ok(a)
+            }
+            Err(r) => {
+                tracing::warn!(
+                    target: "coffer_audit",
+                    decision = "refuse",
+                    operation,
+                    reason = %r.reason,
+                    organization = %r.organization,
+                    credential = %r.credential,
+                    fingerprint = %r.fingerprint,
+                    "enclave decision"
+                );
+                Err(match r.reason.as_str() {
+                    BUSY => EnclaveError::Busy(r.reason),
+                    _ => EnclaveError::Refused(r.reason),
+                })
+            }
+        }
+    }
+
+    fn check(
+        &self,
+        operation: &'static str,
+        auth: Option<&pb::Authorization>,
+        types: &[&str],
+    ) -> Result<Authorized, Refusal> {
+        let now = now_ms();
+        let request = auth.and_then(|a| a.request.as_ref()).ok_or_else(|| Refusal::new("no stamped request"))?;
+        let (activity, credential) = self.verify_stamped(request, now)?;
+        if !types.contains(&activity.activity_type.as_str()) {
+            return Err(Refusal::new(format!(
+                "the stamped body is {}, which does not ask for this operation",
+                activity.activity_type
+            ))
+            .about(&activity, &credential));
+        }
+        let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
+            None => {
+                self.fresh(&activity, now).map_err(|r| r.about(&activity, &credential))?;
+                (activity.fingerprint.clone(), activity.timestamp_ms)
+            }
+            Some(approval) => {
+                if now - activity.timestamp_ms > VOTE_LIFETIME_MS || activity.timestamp_ms - now > self.freshness_ms {
+                    return Err(Refusal::new("the waiting activity's stamp is older than the vote lifetime")
+                        .about(&activity, &credential));
+                }
+                let (vote, voter) = self.verify_stamped(approval, now)?;
+                let named = vote.parameters.get("fingerprint").and_then(Value::as_str);
+                if vote.activity_type != APPROVE_ACTIVITY
+                    || vote.organization_id != activity.organization_id
+                    || named != Some(activity.fingerprint.as_str())
+                {
+                    return Err(Refusal::new("the approval does not approve this activity").about(&vote, &voter));
+                }
+                self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
+                (vote.fingerprint.clone(), vote.timestamp_ms)
+            }
+        };
+        let mut key = sha2::Sha256::new();
+        key.update(operation.as_bytes());
+        key.update([0u8]);
+        key.update(replay_key.0.as_bytes());
+        let key: [u8; 32] = key.finalize().into();
+        let first = self
+            .replay
+            .lock()
+            .map_err(|_| Refusal::new(BUSY))?
+            .insert(key, replay_key.1.saturating_add(self.freshness_ms), now)
+            .map_err(|_| Refusal::new(BUSY).about(&activity, &credential))?;
+        if !first {
+            return Err(Refusal::new("replayed request: this stamped body was already used for this operation")
+                .about(&activity, &credential));
+        }
+        Ok(Authorized { activity, credential })
+    }
+
+    fn fresh(&self, activity: &StampedActivity, now: i64) -> Result<(), Refusal> {
+        if (now - activity.timestamp_ms).abs() > self.freshness_ms {
+            return Err(Refusal::new(format!(
+                "stale or future timestampMs: more than {} s from the enclave's clock",
+                self.freshness_ms / 1000
+            )));
+        }
+        Ok(())
+    }
+
+    /// Verifies one stamped request: a genuine, unexpired certificate, and a stamp over the exact
+    /// body by that certificate's key, in the certificate's organization.
+    fn verify_stamped(
+        &self,
+        req: &pb::StampedRequest,
+        now: i64,
+    ) -> Result<(StampedActivity, pb::CredentialCertificate), Refusal> {
+        let activity = StampedActivity::parse(&req.body).map_err(|e| Refusal::new(e.message))?;
+        let cert = pb::CredentialCertificate::decode(req.certificate.as_slice())
+            .ok()
+            .filter(|c| !c.mac.is_empty())
+            .ok_or_else(|| Refusal::new("the credential has no enclave certificate"))?;
+        let refuse = |reason: &str| Refusal::new(reason).about(&activity, &cert);
+        match self.hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac) {
+            Ok(true) => {}
+            Ok(false) => return Err(refuse("the credential's certificate is not genuine")),
+            Err(e) => return Err(refuse(&format!("certificate check failed: {e}"))),
+        }
+        if cert.expires_at_ms != 0 && now >= cert.expires_at_ms as i64 {
+            return Err(refuse("the credential has expired"));
+        }
+        match req.stamp_header.to_ascii_lowercase().as_str() {
+            "x-stamp" => {
+                let s = stamp::parse(&req.stamp).map_err(|e| refuse(&e.message))?;
+                if s.public_key != cert.public_key || s.scheme.credential_type() != cert.credential_type {
+                    return Err(refuse("the stamp was made by another key than the certified credential"));
+                }
+                stamp::verify(&s, &req.body).map_err(|e| refuse(&e.message))?;
+            }
+            "x-stamp-webauthn" => {
+                let s = webauthn::parse_stamp(&req.stamp, &req.body).map_err(|e| refuse(&e.message))?;
+                if cert.credential_type != webauthn::CREDENTIAL_TYPE {
+                    return Err(refuse("a passkey stamp names a credential that is not a passkey"));
+                }
+                webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(&e.message))?;
+            }
+            _ => return Err(refuse("no stamp")),
+        }
+        if activity.organization_id != cert.organization_id {
+            return Err(refuse("the credential belongs to another organization than the stamped body"));
+        }
+        Ok((activity, cert))
+    }
+}
+
+const BUSY: &str = "replay window is full: retry shortly";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_set_refuses_repeats_forgets_expired_and_is_bounded() {
+        let mut r = ReplaySet::new(2);
+        assert!(r.insert([1; 32], 100, 0).unwrap());
+        assert!(!r.insert([1; 32], 100, 50).unwrap(), "a repeat within the window");
+        assert!(r.insert([2; 32], 100, 50).unwrap());
+        assert!(matches!(r.insert([3; 32], 100, 50), Err(EnclaveError::Busy(_))), "full of live entries");
+        // Past the expiry the old entries go, and new ones fit.
+        assert!(r.insert([3; 32], 300, 200).unwrap());
+        assert!(r.insert([1; 32], 300, 200).unwrap(), "expired entries no longer count");
+    }
+
+    #[test]
+    fn certificate_mac_input_binds_every_field() {
+        let base = pb::CredentialCertificate {
+            organization_id: "o".into(),
+            user_id: "u".into(),
+            credential_type: "t".into(),
+            public_key: "02".into(),
+            expires_at_ms: 5,
+            issuing_fingerprint: "f".into(),
+            mac: vec![1],
+        };
+        let input = certificate_mac_input(&base);
+        let variants = [
+            pb::CredentialCertificate { organization_id: "o2".into(), ..base.clone() },
+            pb::CredentialCertificate { user_id: "u2".into(), ..base.clone() },
+            pb::CredentialCertificate { credential_type: "t2".into(), ..base.clone() },
+            pb::CredentialCertificate { public_key: "03".into(), ..base.clone() },
+            pb::CredentialCertificate { expires_at_ms: 6, ..base.clone() },
+            pb::CredentialCertificate { issuing_fingerprint: "g".into(), ..base.clone() },
+        ];
+        for v in variants {
+            assert_ne!(certificate_mac_input(&v), input, "{v:?}");
+        }
+        assert_eq!(certificate_mac_input(&pb::CredentialCertificate { mac: vec![2], ..base }), input);
+    }
+}
