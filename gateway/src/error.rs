@@ -133,6 +133,12 @@ impl From<tonic::Status> for ApiError {
     fn from(s: tonic::Status) -> Self {
         match s.code() {
             tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
+            // The enclave's own authorization refused the request (see its audit log).
+            tonic::Code::PermissionDenied => {
+                tracing::warn!(error = %s.message(), "enclave refused a request");
+                ApiError::forbidden(s.message().to_string())
+            }
+            tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
             tonic::Code::FailedPrecondition => {
                 tracing::error!(error = %s.message(), "enclave refused sealed material");
                 ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")

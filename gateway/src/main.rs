@@ -33,7 +33,8 @@ enum Command {
         #[arg(long)]
         enclave_socket: Option<PathBuf>,
     },
-    /// Create an organization with a root user and its API public key; prints the ids as JSON.
+    /// Create an organization with a root user and its API public key, certified by the running
+    /// enclave; prints the ids as JSON.
     InitOrg {
         #[arg(long, default_value = "Coffer organization")]
         name: String,
@@ -42,6 +43,9 @@ enum Command {
         /// The root user's P-256 API public key, compressed hex.
         #[arg(long)]
         api_public_key: String,
+        /// Enclave Unix socket (overrides the config).
+        #[arg(long)]
+        enclave_socket: Option<PathBuf>,
     },
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
@@ -88,9 +92,14 @@ async fn main() -> anyhow::Result<()> {
             }
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
-        Command::InitOrg { name, user_name, api_public_key } => {
+        Command::InitOrg { name, user_name, api_public_key, enclave_socket } => {
+            if let Some(s) = enclave_socket {
+                cfg.enclave_socket = s;
+            }
             let store = SqliteStore::open(&cfg.sqlite_path()?)?;
-            let created = coffer_gateway::orgs::create_root_org(&store, &name, &user_name, &api_public_key)?;
+            let mut enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
+            let created =
+                coffer_gateway::orgs::create_root_org(&store, &mut enclave, &name, &user_name, &api_public_key).await?;
             println!("{}", serde_json::to_string(&created)?);
             Ok(())
         }
@@ -143,7 +152,8 @@ async fn init_dev(
     }
     let signer = signer.ok_or_else(|| anyhow::anyhow!("enclave did not answer on {}", cfg.enclave_socket.display()))?;
     let (public, private) = keygen();
-    let created = coffer_gateway::orgs::create_root_org(&store, "Coffer development", "root", &public)?;
+    let created =
+        coffer_gateway::orgs::create_root_org(&store, &mut enclave, "Coffer development", "root", &public).await?;
     let doc = zeroize::Zeroizing::new(serde_json::to_string_pretty(&serde_json::json!({
         "baseUrl": base_url,
         "authProxyUrl": auth_proxy_url,

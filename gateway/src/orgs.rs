@@ -1,5 +1,9 @@
-//! Organization bootstrap for the operator CLI: an organization, its root user and API key.
+//! Organization bootstrap for the operator CLI: an organization, its root user and API key,
+//! certified by the enclave (which also chooses the new organization's and user's ids).
 
+use coffer_proto::v1 as pb;
+
+use crate::enclave_client::Enclave;
 use crate::store::{now_nanos, ApiKey, Organization, Store, User, Write};
 
 /// Ids of what `init-org` created.
@@ -12,21 +16,25 @@ pub struct CreatedOrg {
 }
 
 /// Creates an organization with one root user holding one P-256 API key (threshold 1).
-pub fn create_root_org(
+pub async fn create_root_org(
     store: &dyn Store,
+    enclave: &mut Enclave,
     name: &str,
     user_name: &str,
     api_public_key: &str,
 ) -> anyhow::Result<CreatedOrg> {
-    let pk = api_public_key.trim().to_ascii_lowercase();
-    let bytes = hex::decode(&pk).map_err(|_| anyhow::anyhow!("API public key must be hex"))?;
-    p256::PublicKey::from_sec1_bytes(&bytes).map_err(|_| anyhow::anyhow!("API public key is not a P-256 point"))?;
-    if bytes.len() != 33 {
-        anyhow::bail!("API public key must be compressed (33 bytes, 66 hex chars)");
-    }
+    let (pk, credential_type) = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", api_public_key)
+        .map_err(|e| anyhow::anyhow!("API public key: {}", e.message))?;
+    let boot = enclave
+        .bootstrap_organization(pb::BootstrapOrganizationRequest {
+            credential_type: credential_type.to_string(),
+            public_key: pk.clone(),
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the enclave did not bootstrap the organization: {}", e.message()))?
+        .into_inner();
     let now = now_nanos();
-    let org_id = uuid::Uuid::new_v4().to_string();
-    let user_id = uuid::Uuid::new_v4().to_string();
+    let (org_id, user_id) = (boot.organization_id, boot.user_id);
     let key_id = uuid::Uuid::new_v4().to_string();
     store.apply(&[
         Write::InsertOrganization(Organization {
@@ -53,10 +61,11 @@ pub fn create_root_org(
             user_id: user_id.clone(),
             name: "root".into(),
             public_key: pk,
-            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            credential_type: credential_type.into(),
             expiration_seconds: None,
             created_at: now,
             updated_at: now,
+            certificate: boot.certificate,
         }),
     ])?;
     Ok(CreatedOrg { organization_id: org_id, user_id, api_key_id: key_id })

@@ -80,7 +80,70 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
         "signature": caller.signature,
         "scheme": caller.scheme,
         "createdAt": render::timestamp(now),
+        // Kept for the enclave (an activity run after consensus is re-verified from its original
+        // stamp); never rendered.
+        render::VOTE_STAMP_HEADER: caller.raw_stamp.header,
+        render::VOTE_STAMP: caller.raw_stamp.value,
     })
+}
+
+/// Runs an allowed activity's handler, then has the enclave certify the credentials it adds
+/// (one call; the enclave checks each against the stamped body).
+async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<super::registry::Outcome, ApiError> {
+    let state = ctx.state.clone();
+    let auth = ctx.auth.clone();
+    let mut outcome = (op.handler)(ctx, params).await?;
+    certify_credentials(&state, auth, &mut outcome.writes).await?;
+    Ok(outcome)
+}
+
+/// Fills in the enclave-issued certificate of every API key and passkey in `writes`.
+async fn certify_credentials(
+    state: &Arc<AppState>,
+    auth: coffer_proto::v1::Authorization,
+    writes: &mut [Write],
+) -> Result<(), ApiError> {
+    use coffer_proto::v1 as pb;
+    let mut credentials = Vec::new();
+    for w in writes.iter() {
+        match w {
+            Write::InsertApiKey(k) => credentials.push(pb::CredentialSpec {
+                organization_id: k.organization_id.clone(),
+                user_id: k.user_id.clone(),
+                credential_type: k.credential_type.clone(),
+                public_key: k.public_key.clone(),
+            }),
+            Write::InsertAuthenticators(list) => credentials.extend(list.iter().map(|a| pb::CredentialSpec {
+                organization_id: a.organization_id.clone(),
+                user_id: a.user_id.clone(),
+                credential_type: auth::webauthn::CREDENTIAL_TYPE.to_string(),
+                public_key: a.public_key.clone(),
+            })),
+            _ => {}
+        }
+    }
+    if credentials.is_empty() {
+        return Ok(());
+    }
+    let expected = credentials.len();
+    let request = pb::IssueCertificatesRequest { auth: Some(auth), credentials };
+    let certificates = state.enclave.clone().issue_certificates(request).await?.into_inner().certificates;
+    if certificates.len() != expected {
+        return Err(ApiError::internal());
+    }
+    let mut certificates = certificates.into_iter();
+    for w in writes.iter_mut() {
+        match w {
+            Write::InsertApiKey(k) => k.certificate = certificates.next().unwrap_or_default(),
+            Write::InsertAuthenticators(list) => {
+                for a in list {
+                    a.certificate = certificates.next().unwrap_or_default();
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// What the policy engine needs to know about an activity and its votes.
@@ -300,8 +363,17 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
-            let ctx = Ctx { state: state.clone(), org: org.clone(), caller, activity_id: activity_id.clone(), now };
-            let outcome = (op.handler)(ctx, env.parameters.clone()).await?;
+            let auth = coffer_proto::v1::Authorization { request: Some(caller.stamped(body)), approval: None };
+            let ctx = Ctx {
+                state: state.clone(),
+                org: org.clone(),
+                caller,
+                activity_id: activity_id.clone(),
+                now,
+                auth,
+                fingerprint: fingerprint.clone(),
+            };
+            let outcome = execute(op, ctx, env.parameters.clone()).await?;
             writes.extend(outcome.writes);
             (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
         }
@@ -372,6 +444,12 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
     .into_iter()
     .find(|s| first_vote["scheme"] == *s)
     .unwrap_or("SIGNATURE_SCHEME_TK_API_P256");
+    let header =
+        if first_vote[render::VOTE_STAMP_HEADER] == auth::X_STAMP_WEBAUTHN { auth::X_STAMP_WEBAUTHN } else { auth::X_STAMP };
+    let raw_stamp = auth::RawStamp {
+        header,
+        value: first_vote[render::VOTE_STAMP].as_str().unwrap_or_default().to_string(),
+    };
     Ok(Caller {
         user,
         credential,
@@ -379,6 +457,7 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
         scheme,
         signature: first_vote["signature"].as_str().unwrap_or_default().to_string(),
         via_parent: false,
+        raw_stamp,
     })
 }
 
@@ -447,14 +526,22 @@ async fn vote(
                 Decision::Allow => {
                     let ran = match submitter_caller(state.store.as_ref(), &org.id, &old_votes[0]) {
                         Ok(submitter) => {
+                            // The enclave runs it on the original stamp plus this fresh approval.
+                            let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
+                            let auth = coffer_proto::v1::Authorization {
+                                request: Some(submitter.stamped(original)),
+                                approval: Some(caller.stamped(body)),
+                            };
                             let ctx = Ctx {
                                 state: state.clone(),
                                 org: org.clone(),
                                 caller: submitter,
                                 activity_id: target.id.clone(),
                                 now,
+                                auth,
+                                fingerprint: target.fingerprint.clone(),
                             };
-                            (op.handler)(ctx, params.clone()).await
+                            execute(op, ctx, params.clone()).await
                         }
                         Err(e) => Err(e),
                     };

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use coffer_proto::v1 as pb;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -28,6 +29,11 @@ pub struct Ctx {
     pub caller: Caller,
     pub activity_id: String,
     pub now: Nanos,
+    /// What authorizes the activity in the enclave: the stamped submission (and, after
+    /// consensus, the approving vote). Every enclave call carries it.
+    pub auth: pb::Authorization,
+    /// The activity's fingerprint (of the stamped submission).
+    pub fingerprint: String,
 }
 
 /// Context of one query.

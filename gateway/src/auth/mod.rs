@@ -18,9 +18,20 @@ use crate::store::{now_nanos, ApiKey, AuthenticatorRecord, Organization, StoreEr
 /// credential's public key is known ([`resolve`]).
 #[derive(Debug, Clone)]
 pub enum Stamp {
-    ApiKey(stamp::ApiStamp),
-    Webauthn(webauthn::WebauthnStamp),
+    ApiKey(stamp::ApiStamp, RawStamp),
+    Webauthn(webauthn::WebauthnStamp, RawStamp),
 }
+
+/// A stamp header exactly as received, for the enclave to verify again over the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStamp {
+    /// `X-Stamp` or `X-Stamp-Webauthn`.
+    pub header: &'static str,
+    pub value: String,
+}
+
+pub const X_STAMP: &str = "X-Stamp";
+pub const X_STAMP_WEBAUTHN: &str = "X-Stamp-Webauthn";
 
 /// The credential a request was stamped with.
 #[derive(Debug, Clone)]
@@ -62,6 +73,13 @@ impl Credential {
             Credential::Authenticator(a) => Some(a),
         }
     }
+    /// The enclave-issued certificate of the credential (empty if it has none).
+    pub fn certificate(&self) -> &[u8] {
+        match self {
+            Credential::ApiKey(k) => &k.certificate,
+            Credential::Authenticator(a) => &a.certificate,
+        }
+    }
 }
 
 /// The authenticated caller of a request.
@@ -77,6 +95,20 @@ pub struct Caller {
     pub signature: String,
     /// The credential belongs to the parent of the target organization (may read, not act).
     pub via_parent: bool,
+    /// The stamp as received.
+    pub raw_stamp: RawStamp,
+}
+
+impl Caller {
+    /// `body` as this caller stamped it, for the enclave to verify.
+    pub fn stamped(&self, body: &[u8]) -> coffer_proto::v1::StampedRequest {
+        coffer_proto::v1::StampedRequest {
+            body: body.to_vec(),
+            stamp_header: self.raw_stamp.header.to_string(),
+            stamp: self.raw_stamp.value.clone(),
+            certificate: self.credential.certificate().to_vec(),
+        }
+    }
 }
 
 /// Reads the stamp and checks it against the raw body: `X-Stamp` is verified outright;
@@ -88,13 +120,14 @@ pub fn verified_stamp(headers: &HeaderMap, body: &[u8]) -> Result<Stamp, ApiErro
             value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed activity stamp"))?;
         let stamp = stamp::parse(value)?;
         stamp::verify(&stamp, body)?;
-        return Ok(Stamp::ApiKey(stamp));
+        return Ok(Stamp::ApiKey(stamp, RawStamp { header: X_STAMP, value: value.to_string() }));
     }
     if let Some(value) = headers.get("x-stamp-webauthn") {
         let value = value.to_str().map_err(|_| {
             ApiError::unauthenticated("SIGNATURE_INVALID", "malformed WebAuthn stamp: header is not ASCII")
         })?;
-        return Ok(Stamp::Webauthn(webauthn::parse_stamp(value, body)?));
+        let raw = RawStamp { header: X_STAMP_WEBAUTHN, value: value.to_string() };
+        return Ok(Stamp::Webauthn(webauthn::parse_stamp(value, body)?, raw));
     }
     Err(ApiError::unauthenticated(
         "SIGNATURE_MISSING",
@@ -132,17 +165,17 @@ async fn in_org_or_parent<T: Send + 'static>(
 /// Resolves the stamp's credential in `org`, then in its parent, and checks it: curve and
 /// expiry for API keys; allowed origin and signature for passkeys.
 pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) -> Result<Caller, ApiError> {
-    let (credential, public_key, scheme, signature, via_parent) = match stamp {
-        Stamp::ApiKey(stamp) => {
+    let (credential, public_key, scheme, signature, via_parent, raw_stamp) = match stamp {
+        Stamp::ApiKey(stamp, raw) => {
             let (api_key, via_parent) = resolve_api_key(state, org, &stamp).await?;
             let credential = Credential::ApiKey(api_key);
-            (credential, stamp.public_key, stamp.scheme.wire_name(), stamp.signature, via_parent)
+            (credential, stamp.public_key, stamp.scheme.wire_name(), stamp.signature, via_parent, raw)
         }
-        Stamp::Webauthn(stamp) => {
+        Stamp::Webauthn(stamp, raw) => {
             let (authenticator, via_parent) = resolve_authenticator(state, org, &stamp).await?;
             let public_key = authenticator.public_key.clone();
             let signature = hex::encode(&stamp.signature);
-            (Credential::Authenticator(authenticator), public_key, webauthn::SCHEME, signature, via_parent)
+            (Credential::Authenticator(authenticator), public_key, webauthn::SCHEME, signature, via_parent, raw)
         }
     };
     let key_org = credential.organization_id().to_string();
@@ -156,7 +189,7 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
         }
         other => other.into(),
     })?;
-    Ok(Caller { user, credential, public_key, scheme, signature, via_parent })
+    Ok(Caller { user, credential, public_key, scheme, signature, via_parent, raw_stamp })
 }
 
 async fn resolve_api_key(

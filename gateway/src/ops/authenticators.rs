@@ -117,6 +117,7 @@ pub async fn authenticator_rows(
             aaguid: reg.aaguid,
             transports,
             sign_count: reg.sign_count as i64,
+            certificate: Vec::new(),
             // A nanosecond apart, so lists keep the request's order.
             created_at: now + rows.len() as i64,
             updated_at: now + rows.len() as i64,

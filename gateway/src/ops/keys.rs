@@ -48,7 +48,9 @@ pub struct PrivateKeyParams {
     curve: String,
     #[serde(default)]
     private_key_tags: Vec<String>,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
     #[serde(default)]
+    #[allow(dead_code)]
     address_formats: Vec<String>,
 }
 
@@ -72,22 +74,28 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
         }
         names.push(&p.private_key_name);
     }
-    let mut rows = Vec::with_capacity(intent.private_keys.len());
-    for p in &intent.private_keys {
-        let id = uuid::Uuid::new_v4().to_string();
-        let km = ctx
-            .state
-            .enclave
-            .clone()
-            .create_private_key(pb::CreatePrivateKeyRequest {
-                organization_id: ctx.org.id.clone(),
-                private_key_id: id.clone(),
-                curve: p.curve.clone(),
-                address_formats: p.address_formats.clone(),
-            })
-            .await?
-            .into_inner();
-        rows.push(PrivateKey {
+    let ids: Vec<String> = intent.private_keys.iter().map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let created = ctx
+        .state
+        .enclave
+        .clone()
+        .create_private_keys(pb::CreatePrivateKeysRequest {
+            auth: Some(ctx.auth.clone()),
+            private_key_ids: ids.clone(),
+        })
+        .await?
+        .into_inner()
+        .keys;
+    if created.len() != ids.len() {
+        return Err(ApiError::internal());
+    }
+    let rows: Vec<PrivateKey> = intent
+        .private_keys
+        .iter()
+        .zip(ids)
+        .zip(created)
+        .enumerate()
+        .map(|(i, ((p, id), km))| PrivateKey {
             id,
             organization_id: ctx.org.id.clone(),
             name: p.private_key_name.clone(),
@@ -99,10 +107,10 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
             imported: false,
             sealed_key: km.sealed_key,
             // A nanosecond apart, so lists keep the request's order.
-            created_at: ctx.now + rows.len() as i64,
-            updated_at: ctx.now + rows.len() as i64,
-        });
-    }
+            created_at: ctx.now + i as i64,
+            updated_at: ctx.now + i as i64,
+        })
+        .collect();
     let result: Vec<Value> = rows
         .iter()
         .map(|k| {

@@ -3,6 +3,7 @@
 
 pub mod activities;
 pub mod keys;
+pub mod sealed;
 pub mod signing;
 pub mod transfer;
 pub mod users;

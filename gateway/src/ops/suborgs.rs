@@ -12,10 +12,11 @@ use serde_json::{json, Value};
 use super::credentials::inline_credentials;
 use super::organization::{BAD_THRESHOLD, FEATURE};
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
-use super::wallets::{account_rows, account_specs, AccountParams};
+use super::wallets::{account_ids, account_rows, AccountParams};
 use super::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::auth::oidc;
+use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};
 use crate::error::{ApiError, Code};
 use crate::state::AppState;
 use crate::store::{Organization, Record, StoreError, SubOrgFilter, SubOrgPage, User, Wallet, Write};
@@ -43,6 +44,8 @@ pub struct WalletParams {
     wallet_name: String,
     #[serde(default)]
     accounts: Vec<AccountParams>,
+    /// Read by the enclave from the stamped body.
+    #[allow(dead_code)]
     mnemonic_length: Option<u32>,
 }
 
@@ -114,17 +117,19 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
     let wallet_specs = match &intent.wallet {
         Some(w) => {
             required(&w.wallet_name, "wallet.walletName")?;
-            Some(account_specs(&w.accounts)?)
+            Some(account_ids(&w.accounts)?)
         }
         None => None,
     };
 
+    // The new organization's and root users' ids derive from the activity's fingerprint, so the
+    // enclave can recompute which credentials the stamped body adds where.
     let sub = Organization {
-        id: uuid::Uuid::new_v4().to_string(),
+        id: derived_id(&ctx.fingerprint, SUB_ORGANIZATION_ID, 0),
         name: intent.sub_organization_name.clone(),
         parent_id: Some(ctx.org.id.clone()),
         root_quorum_threshold: threshold,
-        root_user_ids: intent.root_users.iter().map(|_| uuid::Uuid::new_v4().to_string()).collect(),
+        root_user_ids: (0..intent.root_users.len()).map(|i| derived_id(&ctx.fingerprint, USER_ID, i)).collect(),
         created_at: ctx.now,
         updated_at: ctx.now,
     };
@@ -136,6 +141,8 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
         caller: ctx.caller.clone(),
         activity_id: ctx.activity_id.clone(),
         now: ctx.now,
+        auth: ctx.auth.clone(),
+        fingerprint: ctx.fingerprint.clone(),
     };
     let mut writes = vec![Write::InsertOrganization(sub.clone())];
     let mut taken = HashSet::new();
@@ -185,17 +192,16 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
 
     // Last, once everything else is known to be acceptable: the wallet, sealed by the enclave
     // under the new organization's id (the sealed blobs' AAD binds it).
-    if let (Some(w), Some(specs)) = (intent.wallet, wallet_specs) {
+    if let (Some(w), Some(account_ids)) = (intent.wallet, wallet_specs) {
         let wallet_id = uuid::Uuid::new_v4().to_string();
         let resp = ctx
             .state
             .enclave
             .clone()
             .create_wallet(pb::CreateWalletRequest {
-                organization_id: sub.id.clone(),
+                auth: Some(ctx.auth.clone()),
                 wallet_id: wallet_id.clone(),
-                mnemonic_length: w.mnemonic_length.unwrap_or(12),
-                accounts: specs,
+                account_ids,
             })
             .await?
             .into_inner();

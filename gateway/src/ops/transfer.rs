@@ -6,18 +6,20 @@ use serde_json::json;
 
 use super::keys::{address_entries, load_private_key};
 use super::required;
-use super::wallets::{account_rows, account_specs, load_wallet, AccountParams};
+use super::sealed;
+use super::wallets::{account_ids, account_rows, load_wallet, AccountParams};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::{ImportTarget, PrivateKey, StoreError, Wallet, Write};
 
-fn target_key(hex_key: &str) -> Result<String, ApiError> {
+/// Checks the target key for a clear 400; the enclave encrypts to the stamped body's key itself.
+fn target_key(hex_key: &str) -> Result<(), ApiError> {
     let k = hex_key.trim().trim_start_matches("0x");
     let ok = matches!(k.len(), 130 | 66) && k.bytes().all(|b| b.is_ascii_hexdigit());
     if !ok {
         return Err(ApiError::invalid("invalid target public key: expected a P-256 SEC1 public key in hex"));
     }
-    Ok(k.to_ascii_lowercase())
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -25,26 +27,19 @@ fn target_key(hex_key: &str) -> Result<String, ApiError> {
 pub struct ExportWalletIntent {
     wallet_id: String,
     target_public_key: String,
+    /// Read by the enclave from the stamped body.
+    #[allow(dead_code)]
     language: Option<String>,
 }
 
 pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, ApiError> {
-    let target = target_key(&i.target_public_key)?;
+    target_key(&i.target_public_key)?;
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &i.wallet_id).await?;
     let resp = ctx
         .state
         .enclave
         .clone()
-        .export_wallet(pb::ExportWalletRequest {
-            seed: Some(pb::SealedRef {
-                kind: pb::BlobKind::WalletSeed as i32,
-                organization_id: ctx.org.id.clone(),
-                resource_id: wallet.id.clone(),
-                blob: wallet.sealed_seed,
-            }),
-            target_public_key: target,
-            language: i.language.unwrap_or_default(),
-        })
+        .export_wallet(pb::ExportWalletRequest { auth: Some(ctx.auth.clone()), seed: Some(sealed::seed(&wallet)) })
         .await?
         .into_inner();
     Ok(Outcome {
@@ -53,22 +48,9 @@ pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, A
     })
 }
 
-/// Has the enclave export one sealed key (standalone or wallet account) to `target`.
-async fn export_key(
-    ctx: &Ctx,
-    kind: pb::BlobKind,
-    resource_id: &str,
-    blob: Vec<u8>,
-    curve: String,
-    target: String,
-) -> Result<String, ApiError> {
-    let key = pb::SealedRef {
-        kind: kind as i32,
-        organization_id: ctx.org.id.clone(),
-        resource_id: resource_id.to_string(),
-        blob,
-    };
-    let req = pb::ExportKeyRequest { key: Some(key), curve, target_public_key: target };
+/// Has the enclave export one sealed key (standalone or wallet account) to the stamped target.
+async fn export_key(ctx: &Ctx, key: pb::SealedRef) -> Result<String, ApiError> {
+    let req = pb::ExportKeyRequest { auth: Some(ctx.auth.clone()), key: Some(key) };
     Ok(ctx.state.enclave.clone().export_key(req).await?.into_inner().export_bundle)
 }
 
@@ -80,9 +62,9 @@ pub struct ExportPrivateKeyIntent {
 }
 
 pub async fn export_private_key(ctx: Ctx, i: ExportPrivateKeyIntent) -> Result<Outcome, ApiError> {
-    let target = target_key(&i.target_public_key)?;
+    target_key(&i.target_public_key)?;
     let key = load_private_key(&ctx.state, &ctx.org.id, &i.private_key_id).await?;
-    let bundle = export_key(&ctx, pb::BlobKind::PrivateKey, &key.id, key.sealed_key, key.curve, target).await?;
+    let bundle = export_key(&ctx, sealed::private_key(&key)).await?;
     Ok(Outcome {
         result: json!({ "privateKeyId": key.id, "exportBundle": bundle }),
         writes: vec![Write::MarkPrivateKeyExported(key.id)],
@@ -97,15 +79,13 @@ pub struct ExportWalletAccountIntent {
 }
 
 pub async fn export_wallet_account(ctx: Ctx, i: ExportWalletAccountIntent) -> Result<Outcome, ApiError> {
-    let target = target_key(&i.target_public_key)?;
+    target_key(&i.target_public_key)?;
     let (org, addr) = (ctx.org.id.clone(), i.address.clone());
     let account = ctx.state.db(move |s| s.account_by_address(&org, &addr)).await?.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found(format!("wallet account not found: {}", i.address)),
         other => other.into(),
     })?;
-    let bundle =
-        export_key(&ctx, pb::BlobKind::WalletAccountKey, &account.id, account.sealed_key, account.curve, target)
-            .await?;
+    let bundle = export_key(&ctx, sealed::account(&account)).await?;
     Ok(Outcome {
         result: json!({ "address": account.address, "exportBundle": bundle }),
         writes: vec![Write::MarkAccountExported(account.id)],
@@ -129,7 +109,7 @@ async fn init_import(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError>
         .state
         .enclave
         .clone()
-        .init_import(pb::InitImportRequest { organization_id: ctx.org.id.clone(), user_id: i.user_id.clone() })
+        .init_import(pb::InitImportRequest { auth: Some(ctx.auth.clone()) })
         .await?
         .into_inner();
     Ok(Outcome {
@@ -159,15 +139,6 @@ async fn pending_target(ctx: &Ctx, user_id: &str) -> Result<ImportTarget, ApiErr
     })
 }
 
-fn target_ref(t: &ImportTarget) -> pb::SealedRef {
-    pb::SealedRef {
-        kind: pb::BlobKind::ImportTarget as i32,
-        organization_id: t.organization_id.clone(),
-        resource_id: t.user_id.clone(),
-        blob: t.sealed_key.clone(),
-    }
-}
-
 fn take(t: ImportTarget) -> Write {
     Write::TakeImportTarget { organization_id: t.organization_id, user_id: t.user_id, sealed_key: t.sealed_key }
 }
@@ -185,7 +156,7 @@ pub struct ImportWalletIntent {
 pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, ApiError> {
     required(&i.wallet_name, "walletName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
-    let specs = account_specs(&i.accounts)?;
+    let account_ids = account_ids(&i.accounts)?;
     let (org, name) = (ctx.org.id.clone(), i.wallet_name.clone());
     if ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await?? {
         return Err(ApiError::invalid("wallet name must be unique"));
@@ -197,10 +168,10 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
         .enclave
         .clone()
         .import_wallet(pb::ImportWalletRequest {
-            target: Some(target_ref(&target)),
-            encrypted_bundle: i.encrypted_bundle.clone(),
+            auth: Some(ctx.auth.clone()),
+            target: Some(sealed::import_target(&target)),
             wallet_id: wallet_id.clone(),
-            accounts: specs,
+            account_ids,
         })
         .await?
         .into_inner();
@@ -230,6 +201,8 @@ pub struct ImportPrivateKeyIntent {
     encrypted_bundle: String,
     curve: String,
     #[serde(default)]
+    /// Read by the enclave from the stamped body.
+    #[allow(dead_code)]
     address_formats: Vec<String>,
 }
 
@@ -247,11 +220,9 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
         .enclave
         .clone()
         .import_private_key(pb::ImportPrivateKeyRequest {
-            target: Some(target_ref(&target)),
-            encrypted_bundle: i.encrypted_bundle.clone(),
+            auth: Some(ctx.auth.clone()),
+            target: Some(sealed::import_target(&target)),
             private_key_id: id.clone(),
-            curve: i.curve.clone(),
-            address_formats: i.address_formats.clone(),
         })
         .await?
         .into_inner();

@@ -185,6 +185,7 @@ pub fn api_key_rows(
                 public_key,
                 credential_type: credential_type.to_string(),
                 expiration_seconds,
+                certificate: Vec::new(),
                 // A nanosecond apart, so lists keep the request's order.
                 created_at: now + i as i64,
                 updated_at: now + i as i64,
@@ -244,13 +245,15 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
     let mut taken = org_public_keys(&ctx.state, &ctx.org.id).await?;
     let mut writes = Vec::new();
     let mut user_ids = Vec::with_capacity(intent.users.len());
-    for p in &intent.users {
+    for (index, p) in intent.users.iter().enumerate() {
         required(&p.user_name, "userName")?;
         let email = p.user_email.as_deref().filter(|e| !e.is_empty()).map(valid_email).transpose()?;
         let phone = p.user_phone_number.as_deref().filter(|e| !e.is_empty()).map(valid_phone).transpose()?;
         let tags = dedup(&p.user_tags);
         check_user_tags(&ctx.state, &ctx.org.id, &tags).await?;
-        let id = uuid::Uuid::new_v4().to_string();
+        // Derived from the activity's fingerprint: the enclave recomputes it to certify the
+        // user's credentials.
+        let id = coffer_auth::envelope::derived_id(&ctx.fingerprint, coffer_auth::envelope::USER_ID, index);
         let keys = api_key_rows(&ctx.org.id, &id, &p.api_keys, ctx.now, &mut taken)?;
         writes.push(Write::InsertUser(User {
             id: id.clone(),

@@ -20,8 +20,9 @@ pub struct AccountParams {
     pub address_format: String,
 }
 
-/// Validates what the gateway can check and assigns account ids for the enclave.
-pub fn account_specs(accounts: &[AccountParams]) -> Result<Vec<pb::AccountSpec>, ApiError> {
+/// Validates what the gateway can check and assigns the account ids (the enclave reads the
+/// accounts themselves from the stamped body).
+pub fn account_ids(accounts: &[AccountParams]) -> Result<Vec<String>, ApiError> {
     accounts
         .iter()
         .map(|a| {
@@ -33,12 +34,7 @@ pub fn account_specs(accounts: &[AccountParams]) -> Result<Vec<pb::AccountSpec>,
             }
             required(&a.path, "path")?;
             required(&a.curve, "curve")?;
-            Ok(pb::AccountSpec {
-                account_id: uuid::Uuid::new_v4().to_string(),
-                curve: a.curve.clone(),
-                path: a.path.clone(),
-                address_format: a.address_format.clone(),
-            })
+            Ok(uuid::Uuid::new_v4().to_string())
         })
         .collect()
 }
@@ -120,12 +116,14 @@ pub struct CreateWalletIntent {
     wallet_name: String,
     #[serde(default)]
     accounts: Vec<AccountParams>,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
+    #[allow(dead_code)]
     mnemonic_length: Option<u32>,
 }
 
 pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outcome, ApiError> {
     required(&intent.wallet_name, "walletName")?;
-    let specs = account_specs(&intent.accounts)?;
+    let account_ids = account_ids(&intent.accounts)?;
     let (org, name) = (ctx.org.id.clone(), intent.wallet_name.clone());
     let taken = ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await??;
     if taken {
@@ -137,10 +135,9 @@ pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outco
         .enclave
         .clone()
         .create_wallet(pb::CreateWalletRequest {
-            organization_id: ctx.org.id.clone(),
+            auth: Some(ctx.auth.clone()),
             wallet_id: wallet_id.clone(),
-            mnemonic_length: intent.mnemonic_length.unwrap_or(12),
-            accounts: specs,
+            account_ids,
         })
         .await?
         .into_inner();
@@ -175,19 +172,15 @@ pub async fn create_wallet_accounts(ctx: Ctx, intent: CreateWalletAccountsIntent
         return Err(ApiError::invalid("accounts must not be empty"));
     }
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
-    let specs = account_specs(&intent.accounts)?;
+    let account_ids = account_ids(&intent.accounts)?;
     let resp = ctx
         .state
         .enclave
         .clone()
         .derive_accounts(pb::DeriveAccountsRequest {
-            seed: Some(pb::SealedRef {
-                kind: pb::BlobKind::WalletSeed as i32,
-                organization_id: ctx.org.id.clone(),
-                resource_id: wallet.id.clone(),
-                blob: wallet.sealed_seed.clone(),
-            }),
-            accounts: specs,
+            auth: Some(ctx.auth.clone()),
+            seed: Some(super::sealed::seed(&wallet)),
+            account_ids,
         })
         .await?
         .into_inner();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::eval::Val;
-use crate::store::{Nanos, PrivateKey, Store, StoreError, Wallet};
+use crate::store::{Nanos, PrivateKey, SignWithKey, Store, StoreError, Wallet};
 
 /// Collected approvals older than this no longer count (spec 6: a 24 h window).
 pub const VOTE_WINDOW_NANOS: Nanos = 24 * 3_600 * 1_000_000_000;
@@ -193,14 +193,14 @@ pub fn build(store: &dyn Store, f: &ActivityFacts<'_>) -> Result<BTreeMap<String
         Ok(false)
     };
     if let Some(sw) = text("signWith") {
-        if !put_account(&mut ctx, &sw)? {
-            let key = match found(store.private_key_by_address(org, &sw))? {
-                Some(k) => Some(k),
-                None => found(store.private_key(org, &sw))?,
-            };
-            if let Some(k) = key {
-                ctx.insert("private_key".into(), private_key_json(&k));
+        match crate::store::sign_with_key(store, org, &sw)? {
+            Some(SignWithKey::Account(a)) => {
+                put_account(&mut ctx, &a.address)?;
             }
+            Some(SignWithKey::PrivateKey { key, .. }) => {
+                ctx.insert("private_key".into(), private_key_json(&key));
+            }
+            None => {}
         }
     }
     if let Some(address) = text("address") {

@@ -65,6 +65,8 @@ pub struct ApiKey {
     pub expiration_seconds: Option<u64>,
     pub created_at: Nanos,
     pub updated_at: Nanos,
+    /// The enclave-issued certificate (encoded `CredentialCertificate`); empty if none.
+    pub certificate: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq)]
@@ -193,6 +195,8 @@ pub struct AuthenticatorRecord {
     pub sign_count: i64,
     pub created_at: Nanos,
     pub updated_at: Nanos,
+    /// The enclave-issued certificate (encoded `CredentialCertificate`); empty if none.
+    pub certificate: Vec<u8>,
 }
 
 /// An OIDC identity attached to a user; (issuer, subject, audience) is unique per organization.
@@ -535,4 +539,37 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<PolicyEvaluationRecord>, StoreError>;
     /// `(intent hash, activity id)` claimed by an Idempotency-Key in the organization.
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
+}
+
+/// The key a `signWith` value names in an organization.
+#[derive(Debug, Clone)]
+pub enum SignWithKey {
+    Account(WalletAccount),
+    /// A private key named by its id (`address_format` `None`) or by one of its addresses.
+    PrivateKey { key: PrivateKey, address_format: Option<String> },
+}
+
+fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The one rule for what `signWith` names, used by the policy context and the signing handlers
+/// (the enclave checks the same against the sealed key's binding): a wallet account address,
+/// else a private key address, else a private key id.
+pub fn sign_with_key(store: &dyn Store, org: &str, sign_with: &str) -> Result<Option<SignWithKey>, StoreError> {
+    if sign_with.is_empty() {
+        return Ok(None);
+    }
+    if let Some(a) = found(store.account_by_address(org, sign_with))? {
+        return Ok(Some(SignWithKey::Account(a)));
+    }
+    if let Some(key) = found(store.private_key_by_address(org, sign_with))? {
+        let address_format = key.addresses.iter().find(|a| a.address == sign_with).map(|a| a.format.clone());
+        return Ok(Some(SignWithKey::PrivateKey { key, address_format }));
+    }
+    Ok(found(store.private_key(org, sign_with))?.map(|key| SignWithKey::PrivateKey { key, address_format: None }))
 }

@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0004_credentials.sql"),
     include_str!("migrations/0005_suborgs.sql"),
     include_str!("migrations/0006_votes.sql"),
+    include_str!("migrations/0007_certificates.sql"),
 ];
 const READERS: usize = 4;
 
@@ -301,10 +302,10 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
         expiration_seconds: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
         created_at: r.get(7)?,
         updated_at: r.get(8)?,
+        certificate: r.get(9)?,
     })
 }
-const API_KEY_COLS: &str =
-    "id, organization_id, user_id, name, public_key, credential_type, expiration_seconds, created_at, updated_at";
+const API_KEY_COLS: &str = "id, organization_id, user_id, name, public_key, credential_type, expiration_seconds, created_at, updated_at, certificate";
 
 fn wallet_row(r: &Row<'_>) -> rusqlite::Result<Wallet> {
     Ok(Wallet {
@@ -402,9 +403,10 @@ fn authenticator_row(r: &Row<'_>) -> rusqlite::Result<AuthenticatorRecord> {
         sign_count: r.get(9)?,
         created_at: r.get(10)?,
         updated_at: r.get(11)?,
+        certificate: r.get(12)?,
     })
 }
-const AUTHENTICATOR_COLS: &str = "id, organization_id, user_id, name, credential_id, public_key, attestation_type, aaguid, transports, sign_count, created_at, updated_at";
+const AUTHENTICATOR_COLS: &str = "id, organization_id, user_id, name, credential_id, public_key, attestation_type, aaguid, transports, sign_count, created_at, updated_at, certificate";
 
 fn oauth_provider_row(r: &Row<'_>) -> rusqlite::Result<OauthProviderRecord> {
     Ok(OauthProviderRecord {
@@ -453,7 +455,7 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         Write::InsertApiKey(k) => {
             execute_cached(
                 tx,
-                &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
                 params![
                     k.id,
                     k.organization_id,
@@ -463,7 +465,8 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     k.credential_type,
                     k.expiration_seconds.map(|v| v as i64),
                     k.created_at,
-                    k.updated_at
+                    k.updated_at,
+                    k.certificate
                 ],
             )
             .map_err(backend)?;
@@ -803,10 +806,10 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
         Write::InsertAuthenticators(list) => {
             for a in list {
                 execute_cached(tx,
-                    &format!("INSERT INTO authenticators ({AUTHENTICATOR_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+                    &format!("INSERT INTO authenticators ({AUTHENTICATOR_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
                     params![
                         a.id, a.organization_id, a.user_id, a.name, a.credential_id, a.public_key, a.attestation_type,
-                        a.aaguid, json_text(&a.transports), a.sign_count, a.created_at, a.updated_at
+                        a.aaguid, json_text(&a.transports), a.sign_count, a.created_at, a.updated_at, a.certificate
                     ],
                 )
                 .map_err(|e| match backend(e) {
