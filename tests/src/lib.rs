@@ -100,14 +100,6 @@ impl Stack {
         let key: serde_json::Value = serde_json::from_str(&stack.run("coffer-gateway", &["keygen"])).unwrap();
         stack.api_public_key = key["apiPublicKey"].as_str().unwrap().to_string();
         stack.api_private_key = key["apiPrivateKey"].as_str().unwrap().to_string();
-        let org: serde_json::Value =
-            serde_json::from_str(&stack.run(
-                "coffer-gateway",
-                &["init-org", "--name", "e2e", "--api-public-key", &stack.api_public_key.clone()],
-            ))
-            .unwrap();
-        stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
-        stack.user_id = org["userId"].as_str().unwrap().to_string();
         let t = Instant::now();
         stack.start_enclave();
         let socket = stack.dir.join("enclave.sock");
@@ -116,6 +108,15 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         stack.enclave_startup = t.elapsed();
+        // The enclave bootstraps the organization: it chooses the ids and certifies the root key.
+        let org: serde_json::Value =
+            serde_json::from_str(&stack.run(
+                "coffer-gateway",
+                &["init-org", "--name", "e2e", "--api-public-key", &stack.api_public_key.clone()],
+            ))
+            .unwrap();
+        stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
+        stack.user_id = org["userId"].as_str().unwrap().to_string();
         let t = Instant::now();
         let mut gw = Command::new(bin_dir().join("coffer-gateway"));
         stack.env(&mut gw);

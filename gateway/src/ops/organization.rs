@@ -290,6 +290,7 @@ mod tests {
                 expiration_seconds: None,
                 created_at: now,
                 updated_at: now,
+                certificate: vec![],
             }));
             keys.push(key);
         }

@@ -456,6 +456,7 @@ mod tests {
                 expiration_seconds: None,
                 created_at,
                 updated_at: created_at,
+                certificate: vec![],
             }),
             Write::InsertAuthenticators(vec![AuthenticatorRecord {
                 id: format!("{id}-passkey"),
@@ -470,6 +471,7 @@ mod tests {
                 sign_count: 0,
                 created_at,
                 updated_at: created_at,
+                certificate: vec![],
             }]),
             Write::InsertOauthProviders(vec![OauthProviderRecord {
                 id: format!("{id}-oauth"),

@@ -238,7 +238,7 @@ fn crypto_floor(stack: &Stack, with_hsm: bool, duration: Duration) -> anyhow::Re
         })
         .clone();
     let secret = [7u8; 32];
-    let binding = BlobBinding { kind: BlobKind::PrivateKey, organization_id: "bench", resource_id: "k" };
+    let binding = BlobBinding::plain(BlobKind::PrivateKey, "bench", "k");
     let blob = hsm.seal(&binding, &secret)?;
     let key = stack.api_key();
     let stamped: Vec<(String, coffer_gateway::auth::stamp::ApiStamp)> = (0..64)
