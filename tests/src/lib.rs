@@ -140,6 +140,21 @@ impl Stack {
         r.json["activities"].as_array().expect("activities").len()
     }
 
+    /// Everything the enclave has logged so far (JSON lines; refusals are `coffer_audit` warnings).
+    pub fn enclave_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("enclave.log")).unwrap_or_default()
+    }
+
+    /// The gateway's SQLite file (what an attacker with the gateway's rights can read and write).
+    pub fn database_path(&self) -> PathBuf {
+        self.dir.join("coffer.db")
+    }
+
+    /// The enclave's Unix socket (what an attacker with the gateway's rights can connect to).
+    pub fn enclave_socket(&self) -> PathBuf {
+        self.dir.join("enclave.sock")
+    }
+
     /// Process ids of (enclave, gateway), for resource measurements.
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         (self.enclave.as_ref().map(|c| c.id()), self.gateway.as_ref().map(|c| c.id()))
@@ -154,7 +169,13 @@ impl Stack {
     pub fn start_enclave(&mut self) {
         let mut cmd = Command::new(bin_dir().join("coffer-enclave"));
         self.env(&mut cmd);
-        self.enclave = Some(cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start enclave"));
+        // The enclave's log (its audit lines among them) goes to a file the tests can read.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("enclave.log"))
+            .expect("enclave log file");
+        self.enclave = Some(cmd.arg("serve").stdin(Stdio::null()).stderr(log).spawn().expect("start enclave"));
     }
 
     /// Kills the enclave (SIGKILL: an abrupt crash, not a clean stop).

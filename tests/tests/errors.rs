@@ -283,14 +283,24 @@ async fn envelope_and_parameter_refusals_change_nothing() {
     assert_eq!(counts(&stack, &key, &org).await, before);
     assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);
 
-    // 30 min old is inside the window: accepted and executed exactly once.
+    // 30 min old is inside the gateway's one-hour window but outside the enclave's five
+    // minutes: a key operation is refused by the enclave and nothing is recorded...
     let body =
         submit_body("ACTIVITY_TYPE_CREATE_WALLET", &org, Stack::now_ms() - 30 * 60 * 1000, wallet_params("half-hour"));
     let r = stack.post_raw(path, body.as_bytes(), Some(&key)).await;
+    assert_error(&r, 403, 7, Some("REQUEST_NOT_AUTHORIZED"), "enclave refused: stale or future timestampMs");
+    assert_eq!(counts(&stack, &key, &org).await, before);
+    // ...while an activity that uses no key material runs, exactly once.
+    let policy = json!({"policyName": "half-hour", "effect": "EFFECT_ALLOW", "condition": "true", "consensus": "true", "notes": ""});
+    let body = submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms() - 30 * 60 * 1000, policy);
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&key)).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.content_type.as_deref(), Some("application/json"));
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
-    assert_eq!(counts(&stack, &key, &org).await, (before.0 + 1, before.1 + 1));
+    assert_eq!(counts(&stack, &key, &org).await, (before.0, before.1 + 1));
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(counts(&stack, &key, &org).await, (before.0, before.1 + 1), "an identical body runs once");
 }
 
 #[tokio::test]
