@@ -1,0 +1,503 @@
+//! End to end: the enclave decides. These tests play an attacker who owns the gateway: they read
+//! and rewrite the database under the running gateway and call the enclave's socket directly.
+//! Every attempt to sign, export or certify what no user stamped, just now, for exactly that
+//! operation is refused with a clear error and an audit line, and nothing is signed.
+
+use std::time::Duration;
+
+use coffer_proto::v1 as pb;
+use coffer_tests::Stack;
+use prost::Message;
+use serde_json::{json, Value};
+use sha3::Digest;
+use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
+use turnkey_client::generated::immutable::common::v1::{AddressFormat, ApiKeyCurve, Curve, Effect, PathFormat};
+use turnkey_client::generated::{
+    ApiKeyParamsV2, CreateApiKeysIntentV2, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent,
+    UserParamsV4, WalletAccountParams,
+};
+use turnkey_client::TurnkeyClient;
+
+type Enclave = coffer_gateway::enclave_client::Enclave;
+
+fn db(stack: &Stack) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(stack.database_path()).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c
+}
+
+/// The sealed key of the account with `address`, exactly as the gateway would pass it.
+fn account_ref(c: &rusqlite::Connection, address: &str) -> pb::SealedRef {
+    c.query_row(
+        "SELECT id, organization_id, curve, sealed_key FROM wallet_accounts WHERE address = ?1",
+        [address],
+        |r| {
+            Ok(pb::SealedRef {
+                kind: pb::BlobKind::WalletAccountKey as i32,
+                resource_id: r.get(0)?,
+                organization_id: r.get(1)?,
+                curve: r.get(2)?,
+                blob: r.get(3)?,
+                address: address.to_string(),
+                public_key: String::new(),
+            })
+        },
+    )
+    .unwrap()
+}
+
+fn seed_ref(c: &rusqlite::Connection, wallet_id: &str) -> pb::SealedRef {
+    c.query_row("SELECT organization_id, sealed_seed FROM wallets WHERE id = ?1", [wallet_id], |r| {
+        Ok(pb::SealedRef {
+            kind: pb::BlobKind::WalletSeed as i32,
+            organization_id: r.get(0)?,
+            resource_id: wallet_id.to_string(),
+            blob: r.get(1)?,
+            ..Default::default()
+        })
+    })
+    .unwrap()
+}
+
+fn certificate(c: &rusqlite::Connection, public_key: &str) -> Vec<u8> {
+    c.query_row("SELECT certificate FROM api_keys WHERE public_key = ?1", [public_key], |r| r.get(0)).unwrap()
+}
+
+fn public_key(key: &TurnkeyP256ApiKey) -> String {
+    hex::encode(key.compressed_public_key())
+}
+
+fn body(ty: &str, org: &str, timestamp_ms: u128, parameters: Value) -> String {
+    json!({"type": ty, "timestampMs": timestamp_ms.to_string(), "organizationId": org, "parameters": parameters})
+        .to_string()
+}
+
+fn sign_body(org: &str, sign_with: &str, payload: &str, timestamp_ms: u128) -> String {
+    body(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        org,
+        timestamp_ms,
+        json!({"signWith": sign_with, "payload": payload, "encoding": "PAYLOAD_ENCODING_TEXT_UTF8",
+            "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+    )
+}
+
+/// `body` stamped by `key`, carrying `certificate`.
+fn stamped(key: &TurnkeyP256ApiKey, body: &str, certificate: &[u8]) -> pb::StampedRequest {
+    let stamp = key.stamp(body.as_bytes()).unwrap();
+    pb::StampedRequest {
+        body: body.as_bytes().to_vec(),
+        stamp_header: stamp.name,
+        stamp: stamp.value,
+        certificate: certificate.to_vec(),
+    }
+}
+
+fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
+    Some(pb::Authorization { request: Some(request), approval: None })
+}
+
+async fn sign(enclave: &Enclave, auth: Option<pb::Authorization>, key: &pb::SealedRef) -> Result<pb::SignResponse, tonic::Status> {
+    let req = pb::SignRequest { auth, key: Some(key.clone()), address_format: String::new() };
+    enclave.clone().sign(req).await.map(|r| r.into_inner())
+}
+
+/// The enclave refused: the gRPC code and a message naming the failed check.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code, needle: &str) {
+    match r {
+        Err(s) => {
+            assert_eq!(s.code(), code, "{s:?}");
+            assert!(s.message().contains(needle), "expected {needle:?} in {:?}", s.message());
+        }
+        Ok(v) => panic!("expected a refusal ({needle}), got {v:?}"),
+    }
+}
+
+/// The Ethereum address that signed keccak256(`message`) with r/s/v (independent of Coffer).
+fn recover(message: &[u8], r: &str, s: &str, v: &str) -> String {
+    let digest: [u8; 32] = sha3::Keccak256::digest(message).into();
+    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
+    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
+    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).unwrap();
+    let point = vk.to_encoded_point(false);
+    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
+    format!("0x{}", hex::encode(&hash[12..])).to_lowercase()
+}
+
+fn eth_account(index: u32) -> WalletAccountParams {
+    WalletAccountParams {
+        curve: Curve::Secp256k1,
+        path_format: PathFormat::Bip32,
+        path: format!("m/44'/60'/0'/0/{index}"),
+        address_format: AddressFormat::Ethereum,
+        name: None,
+    }
+}
+
+/// A wallet with two Ethereum accounts: (wallet id, addresses).
+async fn wallet(client: &TurnkeyClient<TurnkeyP256ApiKey>, org: &str, name: &str) -> (String, Vec<String>) {
+    let intent = CreateWalletIntent {
+        wallet_name: name.into(),
+        accounts: vec![eth_account(0), eth_account(1)],
+        mnemonic_length: None,
+    };
+    let r = client.create_wallet(org.into(), client.current_timestamp(), intent).await.unwrap().result;
+    (r.wallet_id, r.addresses)
+}
+
+/// Counts the refusal audit lines the enclave wrote with `reason` in them.
+fn audit_refusals(stack: &Stack, reason: &str) -> usize {
+    stack
+        .enclave_log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["target"] == "coffer_audit"
+                && v["fields"]["decision"] == "refuse"
+                && v["fields"]["reason"].as_str().is_some_and(|r| r.contains(reason))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (w1, a1) = wallet(&client, &org, "w1").await;
+    let (w2, a2) = wallet(&client, &org, "w2").await;
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    assert!(!cert.is_empty(), "the bootstrap key carries an enclave certificate");
+    let (ref1, ref1b) = (account_ref(&c, &a1[0]), account_ref(&c, &a1[1]));
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+
+    // (1) No stamp at all, or a stamp header that is not one.
+    refused(sign(&enclave, None, &ref1).await, tonic::Code::PermissionDenied, "no stamped request");
+    let mut no_stamp = stamped(&root, &sign_body(&org, &a1[0], "x", Stack::now_ms()), &cert);
+    no_stamp.stamp_header = String::new();
+    refused(sign(&enclave, auth(no_stamp), &ref1).await, tonic::Code::PermissionDenied, "no stamp");
+
+    // (2) A genuine stamp whose body names another payload, or another signWith than the key given.
+    let genuine = stamped(&root, &sign_body(&org, &a1[0], "pay alice 1", Stack::now_ms()), &cert);
+    let mut forged = genuine.clone();
+    forged.body = sign_body(&org, &a1[0], "pay mallory 1000", Stack::now_ms()).into_bytes();
+    refused(sign(&enclave, auth(forged), &ref1).await, tonic::Code::PermissionDenied, "could not verify api key signature");
+    refused(sign(&enclave, auth(genuine), &ref1b).await, tonic::Code::PermissionDenied, "not the one signWith names");
+    let other_op = stamped(&root, &body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms(), json!({})), &cert);
+    refused(sign(&enclave, auth(other_op), &ref1).await, tonic::Code::PermissionDenied, "does not ask for this operation");
+
+    // (3) A stamped body signs once; the same body again is a replay.
+    let once = stamped(&root, &sign_body(&org, &a1[0], "once", Stack::now_ms()), &cert);
+    let sig = sign(&enclave, auth(once.clone()), &ref1).await.unwrap().signatures.remove(0);
+    assert_eq!(recover(b"once", &sig.r, &sig.s, &sig.v), a1[0].to_lowercase(), "signed by the named account");
+    refused(sign(&enclave, auth(once), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
+
+    // (4) Stale and future timestamps (the window is five minutes).
+    for ts in [Stack::now_ms() - 6 * 60 * 1000, Stack::now_ms() + 6 * 60 * 1000] {
+        let stale = stamped(&root, &sign_body(&org, &a1[0], "stale", ts), &cert);
+        refused(sign(&enclave, auth(stale), &ref1).await, tonic::Code::PermissionDenied, "stale or future timestampMs");
+    }
+
+    // (5) Credentials the enclave never certified: none, another key's certificate, a forged one,
+    // and a bootstrap certificate (new organization only) used on this organization's keys.
+    let mallory = TurnkeyP256ApiKey::generate();
+    let by_mallory = |certificate: &[u8]| stamped(&mallory, &sign_body(&org, &a1[0], "m", Stack::now_ms()), certificate);
+    refused(sign(&enclave, auth(by_mallory(&[])), &ref1).await, tonic::Code::PermissionDenied, "no enclave certificate");
+    refused(
+        sign(&enclave, auth(by_mallory(&cert)), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "another key than the certified credential",
+    );
+    let mut fake = pb::CredentialCertificate::decode(cert.as_slice()).unwrap();
+    fake.public_key = public_key(&mallory);
+    refused(
+        sign(&enclave, auth(by_mallory(&fake.encode_to_vec())), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "certificate is not genuine",
+    );
+    let boot = enclave
+        .clone()
+        .bootstrap_organization(pb::BootstrapOrganizationRequest {
+            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            public_key: public_key(&mallory),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(boot.organization_id, org, "a bootstrap only ever makes a new organization");
+    refused(
+        sign(&enclave, auth(by_mallory(&boot.certificate)), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "belongs to another organization",
+    );
+    // A genuine create_api_keys body certifies the key it names, not the attacker's.
+    let new_key = TurnkeyP256ApiKey::generate();
+    let add_key = body(
+        "ACTIVITY_TYPE_CREATE_API_KEYS_V2",
+        &org,
+        Stack::now_ms(),
+        json!({"userId": stack.user_id, "apiKeys": [{"apiKeyName": "k", "publicKey": public_key(&new_key),
+            "curveType": "API_KEY_CURVE_P256"}]}),
+    );
+    let spec = |pk: String| pb::CredentialSpec {
+        organization_id: org.clone(),
+        user_id: stack.user_id.clone(),
+        credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+        public_key: pk,
+    };
+    let issue = pb::IssueCertificatesRequest {
+        auth: auth(stamped(&root, &add_key, &cert)),
+        credentials: vec![spec(public_key(&mallory))],
+    };
+    refused(enclave.clone().issue_certificates(issue).await, tonic::Code::PermissionDenied, "not one the stamped body adds");
+
+    // (6) Export: the target key is the stamped body's; the wallet must be the one it names.
+    let target = hex::encode(p256::SecretKey::from_slice(&[7u8; 32]).unwrap().public_key().to_sec1_bytes());
+    let attacker_target = hex::encode(p256::SecretKey::from_slice(&[8u8; 32]).unwrap().public_key().to_sec1_bytes());
+    let export = body("ACTIVITY_TYPE_EXPORT_WALLET", &org, Stack::now_ms(), json!({"walletId": w1, "targetPublicKey": target}));
+    let mut retargeted = stamped(&root, &export, &cert);
+    retargeted.body = export.replace(&target, &attacker_target).into_bytes();
+    let req = |a, seed| pb::ExportWalletRequest { auth: a, seed: Some(seed) };
+    refused(
+        enclave.clone().export_wallet(req(auth(retargeted), seed_ref(&c, &w1))).await,
+        tonic::Code::PermissionDenied,
+        "could not verify api key signature",
+    );
+    refused(
+        enclave.clone().export_wallet(req(auth(stamped(&root, &export, &cert)), seed_ref(&c, &w2))).await,
+        tonic::Code::PermissionDenied,
+        "not the wallet the stamped body names",
+    );
+    refused(enclave.clone().export_wallet(req(None, seed_ref(&c, &w1))).await, tonic::Code::PermissionDenied, "no stamped request");
+    let export_account = body(
+        "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
+        &org,
+        Stack::now_ms(),
+        json!({"address": a1[0], "targetPublicKey": target}),
+    );
+    refused(
+        enclave
+            .clone()
+            .export_key(pb::ExportKeyRequest { auth: auth(stamped(&root, &export_account, &cert)), key: Some(ref1b.clone()) })
+            .await,
+        tonic::Code::PermissionDenied,
+        "not the account the stamped body names",
+    );
+
+    // (7) A blob presented under another account's address, or under another curve, does not open.
+    let mut swapped = account_ref(&c, &a2[0]);
+    (swapped.resource_id, swapped.address) = (ref1.resource_id.clone(), ref1.address.clone());
+    let fresh = || stamped(&root, &sign_body(&org, &a1[0], "swap", Stack::now_ms()), &cert);
+    refused(sign(&enclave, auth(fresh()), &swapped).await, tonic::Code::FailedPrecondition, "failed authentication");
+    let mut recurved = ref1.clone();
+    recurved.curve = "CURVE_P256".into();
+    refused(sign(&enclave, auth(fresh()), &recurved).await, tonic::Code::FailedPrecondition, "failed authentication");
+
+    // Every refusal above left an audit line naming its reason (and no payload or secret).
+    for reason in [
+        "no stamped request",
+        "could not verify api key signature",
+        "not the one signWith names",
+        "replayed request",
+        "stale or future timestampMs",
+        "no enclave certificate",
+        "another key than the certified credential",
+        "certificate is not genuine",
+        "belongs to another organization",
+        "not one the stamped body adds",
+        "not the wallet the stamped body names",
+        "not the account the stamped body names",
+    ] {
+        assert!(audit_refusals(&stack, reason) >= 1, "no audit line for {reason:?}:\n{}", stack.enclave_log());
+    }
+    let log = stack.enclave_log();
+    assert!(!log.contains("pay mallory") && !log.contains("pay alice"), "payloads never reach the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewriting_the_database_under_the_gateway_signs_nothing() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (_, a1) = wallet(&client, &org, "w1").await;
+    let (_, a2) = wallet(&client, &org, "w2").await;
+    let c = db(&stack);
+    let sign_path = "/public/v1/submit/sign_raw_payload";
+    let activities = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT COUNT(*) FROM activities WHERE organization_id = ?1", [&org], |r| r.get(0)).unwrap()
+    };
+    let before = activities(&c);
+
+    // (5) An API key row inserted into the database: the gateway accepts its stamp, the enclave
+    // does not — without a certificate, and with another credential's certificate copied in.
+    let mallory = TurnkeyP256ApiKey::generate();
+    c.execute(
+        "INSERT INTO api_keys (id, organization_id, user_id, name, public_key, credential_type, expiration_seconds,
+            created_at, updated_at, certificate) VALUES ('mallory', ?1, ?2, 'm', ?3, 'CREDENTIAL_TYPE_API_KEY_P256',
+            NULL, 0, 0, x'')",
+        rusqlite::params![org, stack.user_id, public_key(&mallory)],
+    )
+    .unwrap();
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "m1", Stack::now_ms()).as_bytes(), Some(&mallory)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().contains("no enclave certificate"), "{}", r.text);
+    c.execute(
+        "UPDATE api_keys SET certificate = (SELECT certificate FROM api_keys WHERE public_key = ?1) WHERE id = 'mallory'",
+        [public_key(&root)],
+    )
+    .unwrap();
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "m2", Stack::now_ms()).as_bytes(), Some(&mallory)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().contains("another key than the certified credential"), "{}", r.text);
+
+    // (8) An expired key whose expiry was erased from the database: the enclave's certificate
+    // still carries it.
+    let short = TurnkeyP256ApiKey::generate();
+    let intent = CreateApiKeysIntentV2 {
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "short".into(),
+            public_key: public_key(&short),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: Some("1".into()),
+        }],
+        user_id: stack.user_id.clone(),
+    };
+    client.create_api_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "e1", Stack::now_ms()).as_bytes(), Some(&short)).await;
+    assert_eq!((r.status, r.json["message"].as_str()), (401, Some("expired api key")), "{}", r.text);
+    c.execute("UPDATE api_keys SET expiration_seconds = NULL WHERE public_key = ?1", [public_key(&short)]).unwrap();
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "e2", Stack::now_ms()).as_bytes(), Some(&short)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().contains("the credential has expired"), "{}", r.text);
+
+    // (7) An account row pointed at another account's sealed key: it does not open.
+    c.execute(
+        "UPDATE wallet_accounts SET sealed_key = (SELECT sealed_key FROM wallet_accounts WHERE address = ?1) WHERE address = ?2",
+        [&a2[0], &a1[0]],
+    )
+    .unwrap();
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "s1", Stack::now_ms()).as_bytes(), Some(&root)).await;
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert_eq!(r.json["message"], "stored key material failed to open", "{}", r.text);
+
+    // Nothing above was signed or recorded (one create_api_keys activity is the only addition).
+    assert_eq!(activities(&c), before + 1);
+    assert!(audit_refusals(&stack, "no enclave certificate") >= 1);
+    assert!(audit_refusals(&stack, "the credential has expired") >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (alice, bob) = (TurnkeyP256ApiKey::generate(), TurnkeyP256ApiKey::generate());
+    let user = |name: &str, key: &TurnkeyP256ApiKey| UserParamsV4 {
+        user_name: name.into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: name.into(),
+            public_key: public_key(key),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let users = CreateUsersIntentV4 { users: vec![user("alice", &alice), user("bob", &bob)] };
+    client.create_users(org.clone(), client.current_timestamp(), users).await.unwrap();
+    let (w1, a1) = wallet(&client, &org, "w1").await;
+    let policy = CreatePolicyIntentV3 {
+        policy_name: "2 of 2".into(),
+        effect: Effect::Allow,
+        condition: Some(format!("wallet.id == '{w1}'")),
+        consensus: Some("approvers.count() >= 2".into()),
+        notes: String::new(),
+        time: None,
+    };
+    client.create_policy(org.clone(), client.current_timestamp(), policy).await.unwrap();
+    let c = db(&stack);
+    let approve = |fingerprint: &str| {
+        body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms(), json!({"fingerprint": fingerprint}))
+    };
+    // alice asks; the activity waits for a second approver.
+    let submit = |payload: &'static str| {
+        let body = sign_body(&org, &a1[0], payload, Stack::now_ms());
+        let stack = &stack;
+        let alice = &alice;
+        async move {
+            let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body.as_bytes(), Some(alice)).await;
+            assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+            (r.json["activity"]["id"].as_str().unwrap().to_string(), r.json["activity"]["fingerprint"].as_str().unwrap().to_string())
+        }
+    };
+
+    // The attacker rewrites the waiting activity's payload and the stored body: when bob approves,
+    // the forged body's stamp does not verify, and the activity fails without a signature.
+    let (id, fingerprint) = submit("pay alice 1").await;
+    let (intent, votes): (String, String) = c
+        .query_row("SELECT intent, votes FROM activities WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    c.execute(
+        "UPDATE activities SET intent = ?1, votes = ?2 WHERE id = ?3",
+        rusqlite::params![intent.replace("pay alice 1", "pay mallory 1000"), votes.replace("pay alice 1", "pay mallory 1000"), id],
+    )
+    .unwrap();
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approve(&fingerprint).as_bytes(), Some(&bob)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_FAILED", "{}", r.text);
+    assert!(r.json["activity"]["failure"]["message"].as_str().unwrap().contains("enclave refused"), "{}", r.text);
+    assert_eq!(r.json["activity"]["result"], json!({}));
+
+    // Rewriting only the stored intent changes nothing: the enclave signs what alice stamped.
+    let (id, fingerprint) = submit("pay alice 2").await;
+    c.execute("UPDATE activities SET intent = replace(intent, 'pay alice 2', 'pay mallory 2') WHERE id = ?1", [&id])
+        .unwrap();
+    let approval = approve(&fingerprint);
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approval.as_bytes(), Some(&bob)).await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
+    let signer = recover(b"pay alice 2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
+    assert_eq!(signer, a1[0].to_lowercase(), "the signature is over the stamped payload");
+
+    // The same approval presented to the enclave again is a replay; a stale one is refused.
+    let votes: String = c.query_row("SELECT votes FROM activities WHERE id = ?1", [&id], |r| r.get(0)).unwrap();
+    let first: Value = serde_json::from_str::<Value>(&votes).unwrap()[0].clone();
+    let original = pb::StampedRequest {
+        body: first["message"].as_str().unwrap().as_bytes().to_vec(),
+        stamp_header: first["cofferStampHeader"].as_str().unwrap().into(),
+        stamp: first["cofferStamp"].as_str().unwrap().into(),
+        certificate: certificate(&c, &public_key(&alice)),
+    };
+    let bob_cert = certificate(&c, &public_key(&bob));
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let key = account_ref(&c, &a1[0]);
+    let with_approval = |approval: pb::StampedRequest| {
+        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval) })
+    };
+    refused(
+        sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key).await,
+        tonic::Code::PermissionDenied,
+        "replayed request",
+    );
+    let stale = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms() - 6 * 60 * 1000, json!({"fingerprint": fingerprint}));
+    refused(
+        sign(&enclave, with_approval(stamped(&bob, &stale, &bob_cert)), &key).await,
+        tonic::Code::PermissionDenied,
+        "stale or future timestampMs",
+    );
+    // An approval of another activity does not run this one.
+    let elsewhere = approve("sha256:0000");
+    refused(
+        sign(&enclave, with_approval(stamped(&bob, &elsewhere, &bob_cert)), &key).await,
+        tonic::Code::PermissionDenied,
+        "does not approve this activity",
+    );
+}
