@@ -165,17 +165,24 @@ mod tests {
                 expiration_seconds: Some(60),
             }]
         );
-        let a = activity(CREATE_USERS, serde_json::json!({"users": [{"userName": "a"}, {"userName": "b", "apiKeys": [key]}]}));
+        let a = activity(
+            CREATE_USERS,
+            serde_json::json!({"users": [{"userName": "a"}, {"userName": "b", "apiKeys": [key]}]}),
+        );
         let g = granted_credentials(&a).unwrap();
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].user_id, derived_id(&a.fingerprint, USER_ID, 1));
-        let a = activity(CREATE_SUB_ORGANIZATION, serde_json::json!({"rootUsers": [{"userName": "a", "apiKeys": [key]}]}));
+        let a =
+            activity(CREATE_SUB_ORGANIZATION, serde_json::json!({"rootUsers": [{"userName": "a", "apiKeys": [key]}]}));
         let g = granted_credentials(&a).unwrap();
         assert_eq!(g[0].organization_id, derived_id(&a.fingerprint, SUB_ORGANIZATION_ID, 0));
         assert_eq!(g[0].user_id, derived_id(&a.fingerprint, USER_ID, 0));
         // Other activities grant nothing; a malformed key is refused.
-        assert!(granted_credentials(&activity("ACTIVITY_TYPE_CREATE_POLICY_V3", serde_json::json!({}))).unwrap().is_empty());
-        let bad = serde_json::json!({"userId": "u", "apiKeys": [{"publicKey": "02", "curveType": "API_KEY_CURVE_P256"}]});
+        assert!(granted_credentials(&activity("ACTIVITY_TYPE_CREATE_POLICY_V3", serde_json::json!({})))
+            .unwrap()
+            .is_empty());
+        let bad =
+            serde_json::json!({"userId": "u", "apiKeys": [{"publicKey": "02", "curveType": "API_KEY_CURVE_P256"}]});
         assert!(granted_credentials(&activity(CREATE_API_KEYS, bad)).is_err());
     }
 }

@@ -106,7 +106,12 @@ struct Refusal {
 
 impl Refusal {
     fn new(reason: impl Into<String>) -> Self {
-        Self { reason: reason.into(), organization: String::new(), credential: String::new(), fingerprint: String::new() }
+        Self {
+            reason: reason.into(),
+            organization: String::new(),
+            credential: String::new(),
+            fingerprint: String::new(),
+        }
     }
     fn about(mut self, activity: &StampedActivity, credential: &pb::CredentialCertificate) -> Self {
         self.organization = activity.organization_id.clone();

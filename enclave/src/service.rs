@@ -344,7 +344,12 @@ impl Enclave for EnclaveService {
             let a = authority.authorize(
                 "issue_certificates",
                 req.auth.as_ref(),
-                &[grants::CREATE_USERS, grants::CREATE_API_KEYS, grants::CREATE_AUTHENTICATORS, grants::CREATE_SUB_ORGANIZATION],
+                &[
+                    grants::CREATE_USERS,
+                    grants::CREATE_API_KEYS,
+                    grants::CREATE_AUTHENTICATORS,
+                    grants::CREATE_SUB_ORGANIZATION,
+                ],
             )?;
             let granted = granted_credentials(&a.activity)?;
             let certificates = req
@@ -465,11 +470,8 @@ impl Enclave for EnclaveService {
         let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let a = authority.authorize(
-                "sign",
-                req.auth.as_ref(),
-                &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS],
-            )?;
+            let a =
+                authority.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
             let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
             names_key(&a, key_ref, kind, &req.address_format)?;
             let p = &a.activity.parameters;
@@ -619,11 +621,7 @@ impl Enclave for EnclaveService {
 }
 
 /// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
-fn open_import(
-    hsm: &Hsm,
-    a: &Authorized,
-    target: Option<&pb::SealedRef>,
-) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
     let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
         return Err(refused(a, "the import target is not the one of the user the stamped body names"));

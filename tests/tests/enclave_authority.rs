@@ -13,8 +13,8 @@ use sha3::Digest;
 use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
 use turnkey_client::generated::immutable::common::v1::{AddressFormat, ApiKeyCurve, Curve, Effect, PathFormat};
 use turnkey_client::generated::{
-    ApiKeyParamsV2, CreateApiKeysIntentV2, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent,
-    UserParamsV4, WalletAccountParams,
+    ApiKeyParamsV2, CreateApiKeysIntentV2, CreatePolicyIntentV3, CreateUsersIntentV4, CreateWalletIntent, UserParamsV4,
+    WalletAccountParams,
 };
 use turnkey_client::TurnkeyClient;
 
@@ -97,7 +97,11 @@ fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
     Some(pb::Authorization { request: Some(request), approval: None })
 }
 
-async fn sign(enclave: &Enclave, auth: Option<pb::Authorization>, key: &pb::SealedRef) -> Result<pb::SignResponse, tonic::Status> {
+async fn sign(
+    enclave: &Enclave,
+    auth: Option<pb::Authorization>,
+    key: &pb::SealedRef,
+) -> Result<pb::SignResponse, tonic::Status> {
     let req = pb::SignRequest { auth, key: Some(key.clone()), address_format: String::new() };
     enclave.clone().sign(req).await.map(|r| r.into_inner())
 }
@@ -184,10 +188,18 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let genuine = stamped(&root, &sign_body(&org, &a1[0], "pay alice 1", Stack::now_ms()), &cert);
     let mut forged = genuine.clone();
     forged.body = sign_body(&org, &a1[0], "pay mallory 1000", Stack::now_ms()).into_bytes();
-    refused(sign(&enclave, auth(forged), &ref1).await, tonic::Code::PermissionDenied, "could not verify api key signature");
+    refused(
+        sign(&enclave, auth(forged), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "could not verify api key signature",
+    );
     refused(sign(&enclave, auth(genuine), &ref1b).await, tonic::Code::PermissionDenied, "not the one signWith names");
     let other_op = stamped(&root, &body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms(), json!({})), &cert);
-    refused(sign(&enclave, auth(other_op), &ref1).await, tonic::Code::PermissionDenied, "does not ask for this operation");
+    refused(
+        sign(&enclave, auth(other_op), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "does not ask for this operation",
+    );
 
     // (3) A stamped body signs once; the same body again is a replay.
     let once = stamped(&root, &sign_body(&org, &a1[0], "once", Stack::now_ms()), &cert);
@@ -204,8 +216,13 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     // (5) Credentials the enclave never certified: none, another key's certificate, a forged one,
     // and a bootstrap certificate (new organization only) used on this organization's keys.
     let mallory = TurnkeyP256ApiKey::generate();
-    let by_mallory = |certificate: &[u8]| stamped(&mallory, &sign_body(&org, &a1[0], "m", Stack::now_ms()), certificate);
-    refused(sign(&enclave, auth(by_mallory(&[])), &ref1).await, tonic::Code::PermissionDenied, "no enclave certificate");
+    let by_mallory =
+        |certificate: &[u8]| stamped(&mallory, &sign_body(&org, &a1[0], "m", Stack::now_ms()), certificate);
+    refused(
+        sign(&enclave, auth(by_mallory(&[])), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "no enclave certificate",
+    );
     refused(
         sign(&enclave, auth(by_mallory(&cert)), &ref1).await,
         tonic::Code::PermissionDenied,
@@ -252,12 +269,17 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         auth: auth(stamped(&root, &add_key, &cert)),
         credentials: vec![spec(public_key(&mallory))],
     };
-    refused(enclave.clone().issue_certificates(issue).await, tonic::Code::PermissionDenied, "not one the stamped body adds");
+    refused(
+        enclave.clone().issue_certificates(issue).await,
+        tonic::Code::PermissionDenied,
+        "not one the stamped body adds",
+    );
 
     // (6) Export: the target key is the stamped body's; the wallet must be the one it names.
     let target = hex::encode(p256::SecretKey::from_slice(&[7u8; 32]).unwrap().public_key().to_sec1_bytes());
     let attacker_target = hex::encode(p256::SecretKey::from_slice(&[8u8; 32]).unwrap().public_key().to_sec1_bytes());
-    let export = body("ACTIVITY_TYPE_EXPORT_WALLET", &org, Stack::now_ms(), json!({"walletId": w1, "targetPublicKey": target}));
+    let export =
+        body("ACTIVITY_TYPE_EXPORT_WALLET", &org, Stack::now_ms(), json!({"walletId": w1, "targetPublicKey": target}));
     let mut retargeted = stamped(&root, &export, &cert);
     retargeted.body = export.replace(&target, &attacker_target).into_bytes();
     let req = |a, seed| pb::ExportWalletRequest { auth: a, seed: Some(seed) };
@@ -271,7 +293,11 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         tonic::Code::PermissionDenied,
         "not the wallet the stamped body names",
     );
-    refused(enclave.clone().export_wallet(req(None, seed_ref(&c, &w1))).await, tonic::Code::PermissionDenied, "no stamped request");
+    refused(
+        enclave.clone().export_wallet(req(None, seed_ref(&c, &w1))).await,
+        tonic::Code::PermissionDenied,
+        "no stamped request",
+    );
     let export_account = body(
         "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
         &org,
@@ -281,7 +307,10 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     refused(
         enclave
             .clone()
-            .export_key(pb::ExportKeyRequest { auth: auth(stamped(&root, &export_account, &cert)), key: Some(ref1b.clone()) })
+            .export_key(pb::ExportKeyRequest {
+                auth: auth(stamped(&root, &export_account, &cert)),
+                key: Some(ref1b.clone()),
+            })
             .await,
         tonic::Code::PermissionDenied,
         "not the account the stamped body names",
@@ -435,7 +464,10 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         async move {
             let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body.as_bytes(), Some(alice)).await;
             assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
-            (r.json["activity"]["id"].as_str().unwrap().to_string(), r.json["activity"]["fingerprint"].as_str().unwrap().to_string())
+            (
+                r.json["activity"]["id"].as_str().unwrap().to_string(),
+                r.json["activity"]["fingerprint"].as_str().unwrap().to_string(),
+            )
         }
     };
 
@@ -447,7 +479,11 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         .unwrap();
     c.execute(
         "UPDATE activities SET intent = ?1, votes = ?2 WHERE id = ?3",
-        rusqlite::params![intent.replace("pay alice 1", "pay mallory 1000"), votes.replace("pay alice 1", "pay mallory 1000"), id],
+        rusqlite::params![
+            intent.replace("pay alice 1", "pay mallory 1000"),
+            votes.replace("pay alice 1", "pay mallory 1000"),
+            id
+        ],
     )
     .unwrap();
     let r = stack.post_raw("/public/v1/submit/approve_activity", approve(&fingerprint).as_bytes(), Some(&bob)).await;
@@ -464,7 +500,8 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let r = stack.post_raw("/public/v1/submit/approve_activity", approval.as_bytes(), Some(&bob)).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
     let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
-    let signer = recover(b"pay alice 2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
+    let signer =
+        recover(b"pay alice 2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
     assert_eq!(signer, a1[0].to_lowercase(), "the signature is over the stamped payload");
 
     // The same approval presented to the enclave again is a replay; a stale one is refused.
@@ -487,7 +524,12 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         tonic::Code::PermissionDenied,
         "replayed request",
     );
-    let stale = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms() - 6 * 60 * 1000, json!({"fingerprint": fingerprint}));
+    let stale = body(
+        "ACTIVITY_TYPE_APPROVE_ACTIVITY",
+        &org,
+        Stack::now_ms() - 6 * 60 * 1000,
+        json!({"fingerprint": fingerprint}),
+    );
     refused(
         sign(&enclave, with_approval(stamped(&bob, &stale, &bob_cert)), &key).await,
         tonic::Code::PermissionDenied,

@@ -258,8 +258,8 @@ impl Hsm {
         let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.ok_or(HsmError::KeyMissing(KEK_LABEL))?;
         let signer =
             find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
-        let cert_mac = find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?
-            .ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
+        let cert_mac =
+            find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
         let keys = ServiceKeys { kek, signer, cert_mac };
         anchor.keys = Some(keys);
         Ok(keys)

@@ -44,7 +44,8 @@ fn binding<'a>(kind: BlobKind, org: &'a str, resource: &'a str) -> BlobBinding<'
 #[test]
 fn account_blob_under_another_curve_or_address_fails_to_open() {
     let hsm = hsm();
-    let right = BlobBinding { curve: "CURVE_SECP256K1", address: "0xabc", ..binding(BlobKind::WalletAccountKey, "o", "a") };
+    let right =
+        BlobBinding { curve: "CURVE_SECP256K1", address: "0xabc", ..binding(BlobKind::WalletAccountKey, "o", "a") };
     let blob = hsm.seal(&right, &[5u8; 32]).unwrap();
     assert_eq!(hsm.unseal(&right, &blob).unwrap().as_slice(), &[5u8; 32]);
     for wrong in [

@@ -444,12 +444,13 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
     .into_iter()
     .find(|s| first_vote["scheme"] == *s)
     .unwrap_or("SIGNATURE_SCHEME_TK_API_P256");
-    let header =
-        if first_vote[render::VOTE_STAMP_HEADER] == auth::X_STAMP_WEBAUTHN { auth::X_STAMP_WEBAUTHN } else { auth::X_STAMP };
-    let raw_stamp = auth::RawStamp {
-        header,
-        value: first_vote[render::VOTE_STAMP].as_str().unwrap_or_default().to_string(),
+    let header = if first_vote[render::VOTE_STAMP_HEADER] == auth::X_STAMP_WEBAUTHN {
+        auth::X_STAMP_WEBAUTHN
+    } else {
+        auth::X_STAMP
     };
+    let raw_stamp =
+        auth::RawStamp { header, value: first_vote[render::VOTE_STAMP].as_str().unwrap_or_default().to_string() };
     Ok(Caller {
         user,
         credential,

@@ -16,10 +16,10 @@ use super::wallets::{account_ids, account_rows, AccountParams};
 use super::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::auth::oidc;
-use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};
 use crate::error::{ApiError, Code};
 use crate::state::AppState;
 use crate::store::{Organization, Record, StoreError, SubOrgFilter, SubOrgPage, User, Wallet, Write};
+use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};
 
 /// `RootUserParamsV5`.
 #[derive(Deserialize)]

@@ -546,7 +546,10 @@ pub trait Store: Send + Sync + 'static {
 pub enum SignWithKey {
     Account(WalletAccount),
     /// A private key named by its id (`address_format` `None`) or by one of its addresses.
-    PrivateKey { key: PrivateKey, address_format: Option<String> },
+    PrivateKey {
+        key: PrivateKey,
+        address_format: Option<String>,
+    },
 }
 
 fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
