@@ -1,5 +1,6 @@
 //! `coffer-bench`: signing, activity-write and read throughput of a real Coffer stack, reported
-//! as ratios to the crypto floor (stamp verify + HSM unseal + sign) measured in the same run.
+//! as ratios to the crypto floor (stamp verify + HSM unseal + sign) measured in the same run, and
+//! the enclave floor (the same plus the credential certificate's HSM MAC check).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -217,9 +218,19 @@ fn check_ed(address: String) -> CheckResponse {
     })
 }
 
-/// The crypto floor of one signing request, in-process on the same token, one thread per core:
-/// verify a P-256 stamp, (optionally) open a sealed secp256k1 key through PKCS#11, sign, zeroize.
-fn crypto_floor(stack: &Stack, with_hsm: bool, duration: Duration) -> anyhow::Result<f64> {
+/// What one floor operation includes (all: verify a P-256 stamp, sign secp256k1, zeroize).
+#[derive(Clone, Copy, PartialEq)]
+enum Floor {
+    /// No HSM: the key is in memory.
+    Memory,
+    /// Open the sealed key through PKCS#11 (the floor before enclave authority).
+    Hsm,
+    /// The enclave's work per request: also verify the credential certificate's MAC in the HSM.
+    Enclave,
+}
+
+/// The crypto floor of one signing request, in-process on the same token, one thread per core.
+fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration) -> anyhow::Result<f64> {
     use coffer_enclave::hsm::{BlobBinding, BlobKind, Hsm, HsmSettings};
     static HSM: std::sync::OnceLock<Arc<Hsm>> = std::sync::OnceLock::new();
     let (conf, label, pin) = stack.token();
@@ -240,6 +251,8 @@ fn crypto_floor(stack: &Stack, with_hsm: bool, duration: Duration) -> anyhow::Re
     let secret = [7u8; 32];
     let binding = BlobBinding::plain(BlobKind::PrivateKey, "bench", "k");
     let blob = hsm.seal(&binding, &secret)?;
+    let certificate = b"certificate fields: organization, user, type, public key, expiry, fingerprint".to_vec();
+    let mac = hsm.certificate_mac(&certificate)?;
     let key = stack.api_key();
     let stamped: Vec<(String, coffer_gateway::auth::stamp::ApiStamp)> = (0..64)
         .map(|i| {
@@ -255,12 +268,16 @@ fn crypto_floor(stack: &Stack, with_hsm: bool, duration: Duration) -> anyhow::Re
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (hsm, blob, stamped, count) = (hsm.clone(), blob.clone(), stamped.clone(), count.clone());
+            let (certificate, mac) = (certificate.clone(), mac.clone());
             std::thread::spawn(move || {
                 let mut i = t as u64;
                 while Instant::now() < deadline {
                     let (body, stamp) = &stamped[(i % 64) as usize];
                     coffer_gateway::auth::stamp::verify(stamp, body.as_bytes()).expect("stamp verifies");
-                    let sig = if with_hsm {
+                    if floor == Floor::Enclave {
+                        assert!(hsm.certificate_mac_valid(&certificate, &mac).expect("MAC verify"));
+                    }
+                    let sig = if floor != Floor::Memory {
                         let opened = hsm.unseal(&binding, &blob).expect("unseal");
                         let sk = zeroize::Zeroizing::new(secret32(&opened));
                         sign(&sk, i)
@@ -410,8 +427,9 @@ async fn main() -> anyhow::Result<()> {
         "measuring the crypto floor ({} threads)...",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
     );
-    let floor_hsm = crypto_floor(&stack, true, floor_duration)?;
-    let floor_mem = crypto_floor(&stack, false, floor_duration)?;
+    let floor_hsm = crypto_floor(&stack, Floor::Hsm, floor_duration)?;
+    let floor_mem = crypto_floor(&stack, Floor::Memory, floor_duration)?;
+    let floor_enclave = crypto_floor(&stack, Floor::Enclave, floor_duration)?;
 
     let seq = Arc::new(AtomicU64::new(1));
     let mut results = Vec::new();
@@ -444,6 +462,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("\nCoffer benchmark — {machine}");
     println!("crypto floor (stamp verify + HSM unseal + secp256k1 sign): {floor_hsm:.0} ops/s; without HSM: {floor_mem:.0} ops/s");
+    println!("enclave floor (stamp verify + HSM MAC verify + HSM unseal + secp256k1 sign): {floor_enclave:.0} ops/s");
     println!(
         "{:<50} {:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>9}",
         "scenario", "clients", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "verified", "÷ floor"
@@ -484,6 +503,7 @@ async fn main() -> anyhow::Result<()> {
         "durationSeconds": args.duration.as_secs_f64(),
         "cryptoFloorOpsPerSecond": floor_hsm,
         "cryptoFloorWithoutHsmOpsPerSecond": floor_mem,
+        "enclaveFloorOpsPerSecond": floor_enclave,
         "scenarios": json_scenarios,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
