@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use coffer_auth::envelope::{derived_id, StampedActivity, SUB_ORGANIZATION_ID};
+use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID};
 use coffer_auth::grants::{self, granted_credentials};
 use coffer_crypto::bundle::{self, EnvelopeSigner};
 use coffer_crypto::keys::SecretKey;
@@ -138,11 +138,24 @@ fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<Zeroizing<V
     Ok(hsm.unseal(&binding, &sealed.blob)?)
 }
 
-/// Opens a signing key; its curve is the one the blob is bound to.
+/// Opens a signing key; its curve is the one the blob is bound to. A legacy blob binds no curve
+/// or address, so the key it holds must match the public key or address it is presented with.
 fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<SecretKey, EnclaveError> {
     let curve = Curve::parse(&sealed.curve)?;
     let plain = open(hsm, sealed, kind)?;
-    SecretKey::from_slice(curve, &plain).map_err(|_| EnclaveError::Internal("sealed key is not 32 bytes".into()))
+    let key = SecretKey::from_slice(curve, &plain)
+        .map_err(|_| EnclaveError::Internal("sealed key is not 32 bytes".into()))?;
+    if crate::hsm::is_legacy(&sealed.blob) {
+        let public_key = key.public_key()?;
+        let matches = match kind {
+            BlobKind::PrivateKey => hex::encode(&public_key) == sealed.public_key,
+            _ => address::address(&sealed.address_format, curve, &public_key).is_ok_and(|a| a == sealed.address),
+        };
+        if !matches {
+            return Err(EnclaveError::SealAuthentication);
+        }
+    }
+    Ok(key)
 }
 
 fn text<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -632,7 +645,61 @@ fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Res
     Ok(bundle::open_encrypted_bundle(secret, text(&a.activity.parameters, "encryptedBundle"))?)
 }
 
-/// The activity a stamped body describes (exposed for the enclave's own tests).
-pub fn parse_activity(body: &[u8]) -> Result<StampedActivity, EnclaveError> {
-    Ok(StampedActivity::parse(body)?)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_ref(kind: pb::BlobKind, blob: Vec<u8>, curve: &str) -> pb::SealedRef {
+        pb::SealedRef {
+            kind: kind as i32,
+            organization_id: "o".into(),
+            resource_id: "r".into(),
+            blob,
+            curve: curve.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn legacy_blobs_must_hold_the_key_they_are_presented_as() {
+        let hsm = crate::hsm::tests::hsm();
+        let secret = [7u8; 32];
+        let public_key = keys::public_key(Curve::Secp256k1, &secret).unwrap();
+        let legacy = |kind| hsm.seal_legacy(&BlobBinding::plain(kind, "o", "r"), &secret).unwrap();
+
+        let mut k = key_ref(pb::BlobKind::PrivateKey, legacy(BlobKind::PrivateKey), "CURVE_SECP256K1");
+        k.public_key = hex::encode(&public_key);
+        assert_eq!(open_key(&hsm, &k, BlobKind::PrivateKey).unwrap().secret_bytes(), &secret);
+        k.public_key = hex::encode(keys::public_key(Curve::Secp256k1, &[8u8; 32]).unwrap());
+        assert!(matches!(open_key(&hsm, &k, BlobKind::PrivateKey), Err(EnclaveError::SealAuthentication)));
+
+        let address = address::address("ADDRESS_FORMAT_ETHEREUM", Curve::Secp256k1, &public_key).unwrap();
+        let mut a = key_ref(pb::BlobKind::WalletAccountKey, legacy(BlobKind::WalletAccountKey), "CURVE_SECP256K1");
+        (a.address, a.address_format) = (address, "ADDRESS_FORMAT_ETHEREUM".into());
+        assert!(open_key(&hsm, &a, BlobKind::WalletAccountKey).is_ok());
+        let mut other_curve = a.clone();
+        other_curve.curve = "CURVE_P256".into();
+        assert!(matches!(
+            open_key(&hsm, &other_curve, BlobKind::WalletAccountKey),
+            Err(EnclaveError::SealAuthentication)
+        ));
+        let mut other_address = a.clone();
+        other_address.address = "0x0000000000000000000000000000000000000001".into();
+        assert!(matches!(
+            open_key(&hsm, &other_address, BlobKind::WalletAccountKey),
+            Err(EnclaveError::SealAuthentication)
+        ));
+
+        // Current blobs bind curve and address themselves.
+        let binding = BlobBinding {
+            curve: "CURVE_SECP256K1",
+            address: &a.address,
+            ..BlobBinding::plain(BlobKind::WalletAccountKey, "o", "r")
+        };
+        let mut current = a.clone();
+        current.blob = hsm.seal(&binding, &secret).unwrap();
+        assert!(open_key(&hsm, &current, BlobKind::WalletAccountKey).is_ok());
+        current.curve = "CURVE_P256".into();
+        assert!(matches!(open_key(&hsm, &current, BlobKind::WalletAccountKey), Err(EnclaveError::SealAuthentication)));
+    }
 }

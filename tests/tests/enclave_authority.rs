@@ -29,7 +29,7 @@ fn db(stack: &Stack) -> rusqlite::Connection {
 /// The sealed key of the account with `address`, exactly as the gateway would pass it.
 fn account_ref(c: &rusqlite::Connection, address: &str) -> pb::SealedRef {
     c.query_row(
-        "SELECT id, organization_id, curve, sealed_key FROM wallet_accounts WHERE address = ?1",
+        "SELECT id, organization_id, curve, sealed_key, address_format FROM wallet_accounts WHERE address = ?1",
         [address],
         |r| {
             Ok(pb::SealedRef {
@@ -40,6 +40,7 @@ fn account_ref(c: &rusqlite::Connection, address: &str) -> pb::SealedRef {
                 blob: r.get(3)?,
                 address: address.to_string(),
                 public_key: String::new(),
+                address_format: r.get(4)?,
             })
         },
     )

@@ -6,7 +6,7 @@ mod error;
 mod seal;
 
 pub use error::HsmError;
-pub use seal::{BlobBinding, BlobKind};
+pub use seal::{is_legacy, BlobBinding, BlobKind};
 
 use std::sync::{Mutex, OnceLock};
 
@@ -352,7 +352,17 @@ impl Hsm {
 
     /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM), bound to `binding`.
     pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
-        let aad = binding.aad(seal::VERSION, KEK_LABEL);
+        self.seal_version(binding, plaintext, seal::VERSION)
+    }
+
+    /// A blob in the legacy format, as enclaves before binding version 2 sealed them (tests only).
+    #[cfg(test)]
+    pub(crate) fn seal_legacy(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
+        self.seal_version(binding, plaintext, seal::LEGACY_VERSION)
+    }
+
+    fn seal_version(&self, binding: &BlobBinding<'_>, plaintext: &[u8], version: u8) -> Result<Vec<u8>, HsmError> {
+        let aad = binding.aad(version, KEK_LABEL);
         let iv = self.random(seal::IV_LEN)?;
         let ct = self.with_session(
             |s, keys| {
@@ -367,7 +377,7 @@ impl Hsm {
             },
             "C_Encrypt (seal)",
         )?;
-        Ok(seal::encode(KEK_LABEL, &iv, &ct))
+        Ok(seal::encode(version, KEK_LABEL, &iv, &ct))
     }
 
     /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or
@@ -451,4 +461,4 @@ fn find_key(session: &Session, class: ObjectClass, label: &str) -> Result<Option
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

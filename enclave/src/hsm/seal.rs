@@ -9,7 +9,7 @@ const MAGIC: &[u8; 2] = b"CS";
 /// Version 2 binds curve, usage and address or public key; version 1 blobs (kind, organization
 /// and resource only) still open, and `coffer-enclave reseal` moves them to version 2.
 pub(crate) const VERSION: u8 = 2;
-const LEGACY_VERSION: u8 = 1;
+pub(crate) const LEGACY_VERSION: u8 = 1;
 const DOMAIN_V1: &[u8] = b"coffer-seal-v1";
 const DOMAIN_V2: &[u8] = b"coffer-seal-v2";
 
@@ -89,11 +89,17 @@ impl<'a> BlobBinding<'a> {
     }
 }
 
+/// Whether `blob` is in the legacy format (version 1: bound to kind, organization and resource
+/// only), whose curve and address must be checked against the opened key.
+pub fn is_legacy(blob: &[u8]) -> bool {
+    blob.get(2) == Some(&LEGACY_VERSION)
+}
+
 /// `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`.
-pub(crate) fn encode(kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+pub(crate) fn encode(version: u8, kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + kek_label.len() + iv.len() + ciphertext.len());
     out.extend_from_slice(MAGIC);
-    out.push(VERSION);
+    out.push(version);
     out.push(kek_label.len() as u8);
     out.extend_from_slice(kek_label.as_bytes());
     out.extend_from_slice(iv);
@@ -157,7 +163,9 @@ mod tests {
 
     #[test]
     fn encode_decode_round_trip_and_rejects_garbage() {
-        let blob = encode("kek", &[7u8; 12], &[1u8; 40]);
+        let blob = encode(VERSION, "kek", &[7u8; 12], &[1u8; 40]);
+        assert!(!is_legacy(&blob));
+        assert!(is_legacy(&encode(LEGACY_VERSION, "kek", &[7u8; 12], &[1u8; 40])));
         let p = decode(&blob).unwrap();
         assert_eq!(p.kek_label, "kek");
         assert_eq!(p.iv, [7u8; 12]);

@@ -7,7 +7,7 @@ use super::*;
 
 const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
-fn hsm() -> Arc<Hsm> {
+pub(crate) fn hsm() -> Arc<Hsm> {
     static HSM: OnceLock<Arc<Hsm>> = OnceLock::new();
     HSM.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("coffer-hsm-test-{}", std::process::id()));
@@ -55,6 +55,18 @@ fn account_blob_under_another_curve_or_address_fails_to_open() {
     ] {
         assert!(matches!(hsm.unseal(&wrong, &blob), Err(HsmError::SealAuthentication)), "{wrong:?}");
     }
+}
+
+#[test]
+fn legacy_blobs_open_under_their_version_1_binding() {
+    let hsm = hsm();
+    let legacy = binding(BlobKind::PrivateKey, "o", "k");
+    let blob = hsm.seal_legacy(&legacy, &[6u8; 32]).unwrap();
+    assert!(is_legacy(&blob));
+    // Version 1 binds kind, organization and resource only: curve and public key are not in it.
+    let claimed = BlobBinding { curve: "CURVE_P256", public_key: "02ab", ..legacy };
+    assert_eq!(hsm.unseal(&claimed, &blob).unwrap().as_slice(), &[6u8; 32]);
+    assert!(matches!(hsm.unseal(&binding(BlobKind::PrivateKey, "o", "k2"), &blob), Err(HsmError::SealAuthentication)));
 }
 
 #[test]

@@ -24,6 +24,7 @@ pub fn account(a: &WalletAccount) -> pb::SealedRef {
         curve: a.curve.clone(),
         address: a.address.clone(),
         public_key: String::new(),
+        address_format: a.address_format.clone(),
     }
 }
 
@@ -36,6 +37,7 @@ pub fn private_key(k: &PrivateKey) -> pb::SealedRef {
         curve: k.curve.clone(),
         address: String::new(),
         public_key: k.public_key.clone(),
+        address_format: String::new(),
     }
 }
 
