@@ -36,6 +36,11 @@ enum Command {
     Init,
     /// Serve the gRPC interface on the Unix socket.
     Serve,
+    /// One-time upgrade, run by the operator on the enclave host: certify credentials created
+    /// before certificates existed. Reads `coffer-gateway uncertified-credentials` JSON lines on
+    /// stdin and prints each with its `certificate` (hex) for `coffer-gateway import-certificates`.
+    /// It certifies what the database says: run it on a database you trust.
+    CertifyExisting,
 }
 
 fn open_hsm(cfg: &EnclaveConfig) -> anyhow::Result<Hsm> {
@@ -91,6 +96,39 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(cfg).await,
+        Command::CertifyExisting => {
+            use std::io::BufRead;
+            let hsm = Arc::new(open_hsm(&cfg)?);
+            let authority = coffer_enclave::authority::Authority::new(hsm, 0, 1);
+            for line in std::io::stdin().lock().lines() {
+                let line = line?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let mut v: serde_json::Value = serde_json::from_str(&line)?;
+                let field = |k: &str| v[k].as_str().map(str::to_string).ok_or_else(|| anyhow::anyhow!("missing {k}"));
+                let cert = coffer_proto::v1::CredentialCertificate {
+                    organization_id: field("organizationId")?,
+                    user_id: field("userId")?,
+                    credential_type: field("credentialType")?,
+                    public_key: field("publicKey")?,
+                    expires_at_ms: v["expiresAtMs"].as_u64().unwrap_or(0),
+                    issuing_fingerprint: "operator:certify-existing".into(),
+                    mac: vec![],
+                };
+                tracing::info!(
+                    target: "coffer_audit",
+                    decision = "allow",
+                    operation = "certify_existing",
+                    organization = %cert.organization_id,
+                    credential = %cert.public_key,
+                    "enclave decision"
+                );
+                v["certificate"] = hex::encode(authority.certify(cert)?).into();
+                println!("{v}");
+            }
+            Ok(())
+        }
     }
 }
 

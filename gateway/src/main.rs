@@ -49,6 +49,12 @@ enum Command {
     },
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
+    /// One-time upgrade: print, as JSON lines, the API keys and passkeys that have no enclave
+    /// certificate (created before certificates existed), for `coffer-enclave certify-existing`.
+    UncertifiedCredentials,
+    /// One-time upgrade: store the certificates `coffer-enclave certify-existing` printed (JSON
+    /// lines on stdin); each must match its credential row exactly.
+    ImportCertificates,
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
     InitDev {
@@ -91,6 +97,20 @@ async fn main() -> anyhow::Result<()> {
                 cfg.enclave_socket = s;
             }
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
+        }
+        Command::UncertifiedCredentials => {
+            use coffer_gateway::store::Store;
+            let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+            for c in store.uncertified_credentials()? {
+                println!("{}", serde_json::to_string(&c)?);
+            }
+            Ok(())
+        }
+        Command::ImportCertificates => {
+            let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+            let n = coffer_gateway::orgs::import_certificates(&store, std::io::stdin().lock())?;
+            println!("{}", serde_json::json!({ "certificatesStored": n }));
+            Ok(())
         }
         Command::InitOrg { name, user_name, api_public_key, enclave_socket } => {
             if let Some(s) = enclave_socket {

@@ -1,10 +1,11 @@
-//! Organization bootstrap for the operator CLI: an organization, its root user and API key,
-//! certified by the enclave (which also chooses the new organization's and user's ids).
+//! Operator commands on organizations: bootstrap (an organization, its root user and API key,
+//! certified by the enclave, which also chooses the ids) and the one-time certificate import.
 
 use coffer_proto::v1 as pb;
+use prost::Message;
 
 use crate::enclave_client::Enclave;
-use crate::store::{now_nanos, ApiKey, Organization, Store, User, Write};
+use crate::store::{now_nanos, ApiKey, Organization, Store, UncertifiedCredential, User, Write};
 
 /// Ids of what `init-org` created.
 #[derive(Debug, serde::Serialize)]
@@ -69,4 +70,37 @@ pub async fn create_root_org(
         }),
     ])?;
     Ok(CreatedOrg { organization_id: org_id, user_id, api_key_id: key_id })
+}
+
+/// Stores the certificates of a `coffer-enclave certify-existing` run (JSON lines: an
+/// [`UncertifiedCredential`] plus `certificate`, hex). Each certificate must name exactly its
+/// row's organization, user, type and public key; all are stored in one transaction, or none.
+pub fn import_certificates(store: &dyn Store, input: impl std::io::BufRead) -> anyhow::Result<usize> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        #[serde(flatten)]
+        credential: UncertifiedCredential,
+        certificate: String,
+    }
+    let mut writes = Vec::new();
+    for (n, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let l: Line = serde_json::from_str(&line).map_err(|e| anyhow::anyhow!("line {}: {e}", n + 1))?;
+        let bytes =
+            hex::decode(&l.certificate).map_err(|_| anyhow::anyhow!("line {}: certificate is not hex", n + 1))?;
+        let cert = pb::CredentialCertificate::decode(bytes.as_slice())
+            .map_err(|_| anyhow::anyhow!("line {}: not a certificate", n + 1))?;
+        let c = &l.credential;
+        if (&cert.organization_id, &cert.user_id, &cert.credential_type, &cert.public_key)
+            != (&c.organization_id, &c.user_id, &c.credential_type, &c.public_key)
+        {
+            anyhow::bail!("line {}: the certificate is not for credential {}", n + 1, c.id);
+        }
+        writes.push(Write::SetCertificate { kind: c.kind, id: c.id.clone(), certificate: bytes });
+    }
+    store.apply(&writes)?;
+    Ok(writes.len())
 }

@@ -126,6 +126,22 @@ impl Stack {
         stack
     }
 
+    /// Runs `bin` with this stack's environment and `input` on stdin (operator pipelines).
+    pub fn run_with_stdin(&self, bin: &str, args: &[&str], input: &str) -> std::process::Output {
+        use std::io::Write;
+        let mut cmd = Command::new(bin_dir().join(bin));
+        self.env(&mut cmd);
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {bin}: {e}"));
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     /// Runs `coffer-gateway` (e.g. `keygen`, `init-org`) against this stack's database; its
     /// JSON output.
     pub fn gateway_cli(&self, args: &[&str]) -> serde_json::Value {

@@ -544,3 +544,53 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         "does not approve this activity",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_from_before_certificates_are_certified_by_the_operator() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (_, a1) = wallet(&client, &org, "w1").await;
+    let c = db(&stack);
+    // A key as an older Coffer stored it: no certificate.
+    let legacy = TurnkeyP256ApiKey::generate();
+    c.execute(
+        "INSERT INTO api_keys (id, organization_id, user_id, name, public_key, credential_type, expiration_seconds,
+            created_at, updated_at) VALUES ('legacy', ?1, ?2, 'legacy', ?3, 'CREDENTIAL_TYPE_API_KEY_P256', NULL, 0, 0)",
+        rusqlite::params![org, stack.user_id, public_key(&legacy)],
+    )
+    .unwrap();
+    let sign_path = "/public/v1/submit/sign_raw_payload";
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "l1", Stack::now_ms()).as_bytes(), Some(&legacy)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+
+    // The operator's pipeline: export the uncertified rows, certify them on the enclave host (the
+    // HSM login is needed), import the certificates.
+    let out = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let rows = out(stack.run_with_stdin("coffer-gateway", &["uncertified-credentials"], ""));
+    let lines: Vec<Value> = rows.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 1, "{rows}");
+    assert_eq!(
+        (lines[0]["id"].as_str(), lines[0]["publicKey"].as_str()),
+        (Some("legacy"), Some(public_key(&legacy).as_str()))
+    );
+    let certified = out(stack.run_with_stdin("coffer-enclave", &["certify-existing"], &rows));
+    // A certificate moved to another row is refused, and nothing is stored.
+    let moved =
+        certified.replace("\"legacy\"", "\"other\"").replace(&public_key(&legacy), &public_key(&stack.api_key()));
+    assert!(!stack.run_with_stdin("coffer-gateway", &["import-certificates"], &moved).status.success());
+    let stored: Value =
+        serde_json::from_str(&out(stack.run_with_stdin("coffer-gateway", &["import-certificates"], &certified)))
+            .unwrap();
+    assert_eq!(stored["certificatesStored"], 1);
+    assert_eq!(out(stack.run_with_stdin("coffer-gateway", &["uncertified-credentials"], "")), "");
+
+    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "l2", Stack::now_ms()).as_bytes(), Some(&legacy)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
+    let signer = recover(b"l2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
+    assert_eq!(signer, a1[0].to_lowercase());
+}

@@ -250,6 +250,12 @@ pub enum Write {
     InsertOrganization(Organization),
     InsertUser(User),
     InsertApiKey(ApiKey),
+    /// Stores the enclave certificate of a credential created before certificates existed.
+    SetCertificate {
+        kind: CredentialKind,
+        id: String,
+        certificate: Vec<u8>,
+    },
     InsertWallet(Wallet),
     InsertAccounts(Vec<WalletAccount>),
     InsertPrivateKeys(Vec<PrivateKey>),
@@ -489,6 +495,9 @@ pub trait Store: Send + Sync + 'static {
     fn api_key(&self, organization_id: &str, id: &str) -> Result<ApiKey, StoreError>;
     /// Every API key of the organization, oldest first.
     fn api_keys(&self, organization_id: &str) -> Result<Vec<ApiKey>, StoreError>;
+    /// API keys and passkeys of every organization that have no enclave certificate (created
+    /// before certificates existed), for the operator's one-time migration.
+    fn uncertified_credentials(&self) -> Result<Vec<UncertifiedCredential>, StoreError>;
     /// `(tag id, user id)` for every user tag membership of the organization.
     fn user_tag_members(&self, organization_id: &str) -> Result<Vec<(String, String)>, StoreError>;
 
@@ -539,6 +548,28 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<PolicyEvaluationRecord>, StoreError>;
     /// `(intent hash, activity id)` claimed by an Idempotency-Key in the organization.
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
+}
+
+/// Which table a credential lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CredentialKind {
+    ApiKey,
+    Authenticator,
+}
+
+/// A credential without an enclave certificate, as the operator's migration exports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UncertifiedCredential {
+    pub kind: CredentialKind,
+    pub id: String,
+    pub organization_id: String,
+    pub user_id: String,
+    pub credential_type: String,
+    pub public_key: String,
+    /// Unix milliseconds; 0 = no expiry.
+    pub expires_at_ms: u64,
 }
 
 /// The key a `signWith` value names in an organization.

@@ -529,6 +529,15 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                 }
             }
         }
+        Write::SetCertificate { kind, id, certificate } => {
+            let sql = match kind {
+                CredentialKind::ApiKey => "UPDATE api_keys SET certificate = ?2 WHERE id = ?1",
+                CredentialKind::Authenticator => "UPDATE authenticators SET certificate = ?2 WHERE id = ?1",
+            };
+            if execute_cached(tx, sql, params![id, certificate]).map_err(backend)? != 1 {
+                return Err(StoreError::NotFound);
+            }
+        }
         Write::MarkWalletExported(id) => {
             execute_cached(tx, "UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
                 .map_err(backend)?;
@@ -1354,6 +1363,50 @@ impl Store for SqliteStore {
             .query_map(params![org], api_key_row)?
             .collect()
         })
+    }
+
+    fn uncertified_credentials(&self) -> Result<Vec<UncertifiedCredential>, StoreError> {
+        let mut out: Vec<UncertifiedCredential> = self.read(|c| {
+            c.prepare(
+                "SELECT id, organization_id, user_id, credential_type, public_key, expiration_seconds, created_at
+                 FROM api_keys WHERE length(certificate) = 0 ORDER BY created_at, id",
+            )?
+            .query_map([], |r| {
+                let expiration: Option<i64> = r.get(5)?;
+                let created_at: i64 = r.get(6)?;
+                Ok(UncertifiedCredential {
+                    kind: CredentialKind::ApiKey,
+                    id: r.get(0)?,
+                    organization_id: r.get(1)?,
+                    user_id: r.get(2)?,
+                    credential_type: r.get(3)?,
+                    public_key: r.get(4)?,
+                    expires_at_ms: expiration
+                        .map_or(0, |e| (created_at / 1_000_000).saturating_add(e.saturating_mul(1000)).max(1) as u64),
+                })
+            })?
+            .collect()
+        })?;
+        let passkeys: Vec<UncertifiedCredential> = self.read(|c| {
+            c.prepare(
+                "SELECT id, organization_id, user_id, public_key FROM authenticators
+                 WHERE length(certificate) = 0 ORDER BY created_at, id",
+            )?
+            .query_map([], |r| {
+                Ok(UncertifiedCredential {
+                    kind: CredentialKind::Authenticator,
+                    id: r.get(0)?,
+                    organization_id: r.get(1)?,
+                    user_id: r.get(2)?,
+                    credential_type: coffer_auth::webauthn::CREDENTIAL_TYPE.to_string(),
+                    public_key: r.get(3)?,
+                    expires_at_ms: 0,
+                })
+            })?
+            .collect()
+        })?;
+        out.extend(passkeys);
+        Ok(out)
     }
 
     fn user_tag_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
