@@ -11,44 +11,21 @@ use sha2::Digest;
 use super::envelope::{self, Envelope};
 use super::registry::{Ctx, Operation, QueryCtx};
 use super::render;
+use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
 use crate::auth::{self, Caller, Credential};
 use crate::error::{ApiError, Code};
 use crate::ops;
-use crate::policy::context::{self, VOTE_APPROVED, VOTE_REJECTED};
-use crate::policy::decision::{self, Decision, Evaluation, PolicyOutcome, PolicySource};
+use crate::policy::{denied, evaluate, Proposal};
 use crate::state::AppState;
 use crate::store::{
     now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, Store, StoreError, Write,
     CONSENSUS_MOVED,
 };
+use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
+use coffer_policy::decision::{self, Decision, Evaluation, PolicyOutcome};
 
-pub const STATUS_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
-pub const STATUS_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
-pub const STATUS_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
-pub const STATUS_FAILED: &str = "ACTIVITY_STATUS_FAILED";
-pub const TYPE_APPROVE: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
-pub const TYPE_REJECT: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
-
-const NOT_AUTHORIZED: &str = "request not authorized";
-const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
 const NO_SUCH_FINGERPRINT: &str =
     "No activity found with fingerprint. Consensus activities must target an existing activity by fingerprint";
-
-/// What the root-quorum rule decides for a root-quorum-only activity with only its submitter's
-/// vote: it runs when the threshold is 1 and waits above 1 ([`evaluate`] is the general rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RootQuorum {
-    Run,
-    ConsensusNeeded,
-}
-
-/// Only root users may submit root-quorum-only activities (others: 403).
-pub fn root_quorum(org: &Organization, user_id: &str) -> Result<RootQuorum, ApiError> {
-    if !org.root_user_ids.iter().any(|u| u == user_id) {
-        return Err(ApiError::forbidden(ROOT_ONLY));
-    }
-    Ok(if org.root_quorum_threshold > 1 { RootQuorum::ConsensusNeeded } else { RootQuorum::Run })
-}
 
 async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization, ApiError> {
     state.db(move |s| s.organization(&id)).await?.map_err(|e| match e {
@@ -146,66 +123,6 @@ async fn certify_credentials(
     Ok(())
 }
 
-/// What the policy engine needs to know about an activity and its votes.
-pub struct Proposal<'a> {
-    pub op: &'static Operation,
-    /// Intent parameters (nulls stripped).
-    pub params: &'a Value,
-    /// Every vote so far, the new one included.
-    pub votes: &'a Value,
-    /// The user who submitted it.
-    pub submitter: &'a str,
-    pub now: Nanos,
-}
-
-/// Decides an activity (spec 12.2): root-quorum-only activities need the root quorum and
-/// nothing else; others go through the organization's policies. A root user's activity that
-/// the root quorum could still approve waits for it rather than being denied.
-pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Result<Evaluation, StoreError> {
-    let approvals = context::live_votes(p.votes, context::VOTE_APPROVED, p.now);
-    let voters = context::voter_ids(&approvals);
-    let roots = voters.iter().filter(|v| org.root_user_ids.contains(v)).count() as i64;
-    let met = roots >= org.root_quorum_threshold.max(1);
-    if met {
-        return Ok(Evaluation::root(Decision::Allow, "ROOT_QUORUM"));
-    }
-    if p.op.root_quorum {
-        return Ok(if roots > 0 {
-            Evaluation::root(Decision::ConsensusNeeded, "ROOT_QUORUM_PENDING")
-        } else {
-            Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
-        });
-    }
-    let policies: Vec<PolicySource> = store.records(&org.id, "policy")?.iter().map(PolicySource::from_record).collect();
-    let facts = context::ActivityFacts {
-        organization_id: &org.id,
-        activity_type: p.op.activity_type,
-        resource: p.op.resource,
-        action: p.op.action,
-        params: p.params,
-        approvals,
-        now: p.now,
-    };
-    let ctx = context::build(store, &facts)?;
-    let implicit = context::own_credentials(p.op.activity_type, p.params, p.submitter);
-    let mut e = decision::decide(&policies, &ctx, false, implicit);
-    if e.decision == Decision::Deny && roots > 0 {
-        // The root quorum bypasses every policy: more root votes can still run it.
-        e.decision = Decision::ConsensusNeeded;
-        e.reason = "ROOT_QUORUM_PENDING";
-    }
-    Ok(e)
-}
-
-/// The 403 of a denied activity.
-fn denied(e: &Evaluation) -> ApiError {
-    if e.reason == "ROOT_QUORUM_ONLY" {
-        ApiError::forbidden(ROOT_ONLY)
-    } else {
-        ApiError::forbidden(NOT_AUTHORIZED)
-    }
-}
-
 fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, now: Nanos) -> Write {
     Write::InsertPolicyEvaluation(PolicyEvaluationRecord {
         id: uuid::Uuid::new_v4().to_string(),
@@ -215,17 +132,6 @@ fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, 
         evaluations: e.outcomes_json(),
         created_at: now,
     })
-}
-
-/// Whether `caller` may still vote on `a`: it awaits consensus, the caller acts in its
-/// organization and has not voted, and (root-quorum-only activities) is a root user.
-pub fn can_vote(org: &Organization, a: &ActivityRecord, caller: &Caller) -> bool {
-    if a.status != STATUS_CONSENSUS_NEEDED || caller.via_parent || a.organization_id != org.id {
-        return false;
-    }
-    let voted = a.votes.as_array().is_some_and(|v| v.iter().any(|v| v["userId"] == caller.user.id.as_str()));
-    let root_only = ops::approvals::activity_by_type(&a.activity_type).is_some_and(|op| op.root_quorum);
-    !voted && (!root_only || org.root_user_ids.contains(&caller.user.id))
 }
 
 /// `{organizationId, type, parameters}` with sorted keys, hashed: what an Idempotency-Key
@@ -322,7 +228,9 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let fp = fingerprint.clone();
     match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
         Ok(existing) if existing.organization_id == org.id => {
-            return Ok(json!({ "activity": render::activity(&existing, can_vote(&org, &existing, &caller)) }))
+            return Ok(
+                json!({ "activity": render::activity(&existing, ops::approvals::can_vote(&org, &existing, &caller)) }),
+            )
         }
         Ok(_) => return Err(ApiError::invalid("activity fingerprint belongs to another organization")),
         Err(StoreError::NotFound) => {}
@@ -339,7 +247,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let hash = intent_hash(&env);
     if let Some(key) = &idem {
         if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
-            return Ok(json!({ "activity": render::activity(&a, can_vote(&org, &a, &caller)) }));
+            return Ok(json!({ "activity": render::activity(&a, ops::approvals::can_vote(&org, &a, &caller)) }));
         }
     }
 
@@ -491,7 +399,7 @@ async fn vote(
             return Ok(json!({ "activity": render::activity(&target, false) }));
         }
         let op = ops::approvals::activity_by_type(&target.activity_type).ok_or_else(ApiError::internal)?;
-        if !can_vote(&org, &target, &caller) {
+        if !ops::approvals::can_vote(&org, &target, &caller) {
             return Err(ApiError::forbidden("request not authorized: this user may not vote on this activity"));
         }
         let now = now_nanos();

@@ -3,8 +3,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::approvals::can_vote;
 use super::Pagination;
-use crate::activity::pipeline::can_vote;
 use crate::activity::registry::QueryCtx;
 use crate::activity::render;
 use crate::error::ApiError;

@@ -216,7 +216,8 @@ mod tests {
     use p256::ecdsa::signature::Signer;
 
     use super::*;
-    use crate::activity::pipeline::{self, root_quorum, RootQuorum};
+    use crate::activity::pipeline;
+    use crate::policy::{root_quorum, RootQuorum};
     use crate::state::AppState;
     use crate::store::{now_nanos, ApiKey, SqliteStore, Store, User};
 

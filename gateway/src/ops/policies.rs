@@ -10,8 +10,8 @@ use super::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
-use crate::policy;
 use crate::store::{Nanos, Record, StoreError, Write};
+use coffer_policy as policy;
 
 pub const POLICY: &str = "policy";
 /// Spec 5: the message for a policy name already in use.

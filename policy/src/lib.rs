@@ -1,5 +1,5 @@
-//! The policy language (spec 12): the expression tree the evaluator walks, and the entry points
-//! that parse and validate a policy's `condition`, `consensus` and `time` expressions.
+//! The policy engine (spec 12), free of any store: the language's expression tree and parser,
+//! the evaluator, the evaluation context built from facts the caller gathers, and the decision.
 //!
 //! The grammar is CEL-like but not CEL (single-quoted strings only, `x[a..b]` slices,
 //! `Timestamp(..)`/`CronSpan(..)`, a fixed set of list functions), so no CEL crate parses it;

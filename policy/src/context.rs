@@ -1,13 +1,16 @@
 //! The evaluation context of one activity (spec 12.4): `activity`, `approvers`, `credentials`,
 //! the wallet / private key / account it touches, `eth.eip_712`, `eth.eip_7702_authorization`
-//! and `time.now`, built from the store and the activity's intent parameters.
+//! and `time.now`, built from the activity's intent parameters and the organization facts the
+//! caller gathered ([`OrganizationFacts`]).
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::eval::Val;
-use crate::store::{Nanos, PrivateKey, SignWithKey, Store, StoreError, Wallet};
+use crate::eval::Val;
+
+/// Unix time in nanoseconds.
+pub type Nanos = i64;
 
 /// Collected approvals older than this no longer count (spec 6: a 24 h window).
 pub const VOTE_WINDOW_NANOS: Nanos = 24 * 3_600 * 1_000_000_000;
@@ -79,7 +82,6 @@ pub fn voter_ids(votes: &[&Value]) -> Vec<String> {
 
 /// What the evaluator needs to know about one activity.
 pub struct ActivityFacts<'a> {
-    pub organization_id: &'a str,
     pub activity_type: &'a str,
     pub resource: &'a str,
     pub action: &'a str,
@@ -90,20 +92,54 @@ pub struct ActivityFacts<'a> {
     pub now: Nanos,
 }
 
-fn wallet_json(w: &Wallet) -> Value {
-    json!({ "id": w.id, "imported": w.imported, "exported": w.exported, "label": w.name })
+/// A wallet as policies see it (`wallet`, `wallets`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WalletFacts {
+    pub id: String,
+    pub label: String,
+    pub imported: bool,
+    pub exported: bool,
 }
 
-fn private_key_json(k: &PrivateKey) -> Value {
-    json!({ "id": k.id, "tags": k.tags, "imported": k.imported, "exported": k.exported, "label": k.name })
+/// A private key as policies see it (`private_key`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrivateKeyFacts {
+    pub id: String,
+    pub label: String,
+    pub tags: Vec<String>,
+    pub imported: bool,
+    pub exported: bool,
 }
 
-fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(StoreError::NotFound) => Ok(None),
-        Err(e) => Err(e),
-    }
+/// An approving user as policies see it (`approvers`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApproverFacts {
+    pub id: String,
+    pub tags: Vec<String>,
+    pub email: String,
+    pub alias: String,
+}
+
+/// What the caller read about the organization for one activity: the approvers (in vote order)
+/// and the wallet, account or private key the intent names. Missing facts stay `None`: a policy
+/// naming them gets an evaluation error (spec 12.4).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OrganizationFacts {
+    pub approvers: Vec<ApproverFacts>,
+    /// The address of the wallet account the activity touches.
+    pub wallet_account: Option<String>,
+    pub wallet: Option<WalletFacts>,
+    /// Every wallet the activity names (`walletIds`); `None` when it names none.
+    pub wallets: Option<Vec<WalletFacts>>,
+    pub private_key: Option<PrivateKeyFacts>,
+}
+
+fn wallet_json(w: &WalletFacts) -> Value {
+    json!({ "id": w.id, "imported": w.imported, "exported": w.exported, "label": w.label })
+}
+
+fn private_key_json(k: &PrivateKeyFacts) -> Value {
+    json!({ "id": k.id, "tags": k.tags, "imported": k.imported, "exported": k.exported, "label": k.label })
 }
 
 /// The credential a vote was stamped with, as `credentials` lists it.
@@ -158,8 +194,7 @@ fn eip7702(payload: &str) -> Option<Value> {
 
 /// Builds the roots of a policy evaluation (everything but what is missing: a missing root or
 /// field is an evaluation error, spec 12.4).
-pub fn build(store: &dyn Store, f: &ActivityFacts<'_>) -> Result<BTreeMap<String, Val>, StoreError> {
-    let org = f.organization_id;
+pub fn build(f: &ActivityFacts<'_>, org: &OrganizationFacts) -> BTreeMap<String, Val> {
     let p = f.params;
     let kind = kind(f.activity_type);
     let mut ctx = Map::new();
@@ -169,66 +204,36 @@ pub fn build(store: &dyn Store, f: &ActivityFacts<'_>) -> Result<BTreeMap<String
     );
 
     // approvers and their credentials
-    let ids = voter_ids(&f.approvals);
-    let tags = if ids.is_empty() { Vec::new() } else { store.user_tag_members(org)? };
-    let mut approvers = Vec::new();
-    for id in &ids {
-        let Some(u) = found(store.user(org, id))? else { continue };
-        let user_tags: Vec<&String> = tags.iter().filter(|(_, uid)| uid == id).map(|(t, _)| t).collect();
-        approvers.push(json!({ "id": u.id, "tags": user_tags, "email": u.email.unwrap_or_default(), "alias": u.name }));
-    }
+    let approvers = org
+        .approvers
+        .iter()
+        .map(|a| json!({ "id": a.id, "tags": a.tags, "email": a.email, "alias": a.alias }))
+        .collect();
     ctx.insert("approvers".into(), Value::Array(approvers));
     ctx.insert("credentials".into(), Value::Array(f.approvals.iter().filter_map(|v| vote_credential(v)).collect()));
 
     // the wallet, account or private key the activity touches
-    let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
-    let put_account = |ctx: &mut Map<String, Value>, address: &str| -> Result<bool, StoreError> {
-        if let Some(a) = found(store.account_by_address(org, address))? {
-            ctx.insert("wallet_account".into(), json!({ "address": a.address }));
-            if let Some(w) = found(store.wallet(org, &a.wallet_id))? {
-                ctx.insert("wallet".into(), wallet_json(&w));
-            }
-            return Ok(true);
-        }
-        Ok(false)
-    };
-    if let Some(sw) = text("signWith") {
-        match crate::store::sign_with_key(store, org, &sw)? {
-            Some(SignWithKey::Account(a)) => {
-                put_account(&mut ctx, &a.address)?;
-            }
-            Some(SignWithKey::PrivateKey { key, .. }) => {
-                ctx.insert("private_key".into(), private_key_json(&key));
-            }
-            None => {}
-        }
+    if let Some(address) = &org.wallet_account {
+        ctx.insert("wallet_account".into(), json!({ "address": address }));
     }
-    if let Some(address) = text("address") {
-        put_account(&mut ctx, &address)?;
+    if let Some(w) = &org.wallet {
+        ctx.insert("wallet".into(), wallet_json(w));
     }
-    if let Some(id) = text("walletId") {
-        if let Some(w) = found(store.wallet(org, &id))? {
-            ctx.insert("wallet".into(), wallet_json(&w));
-        }
+    if let Some(k) = &org.private_key {
+        ctx.insert("private_key".into(), private_key_json(k));
     }
-    if let Some(id) = text("privateKeyId") {
-        if let Some(k) = found(store.private_key(org, &id))? {
-            ctx.insert("private_key".into(), private_key_json(&k));
+    match (&org.wallets, &org.wallet) {
+        (Some(ws), _) => {
+            ctx.insert("wallets".into(), Value::Array(ws.iter().map(wallet_json).collect()));
         }
-    }
-    if let Some(ids) = p.get("walletIds").and_then(Value::as_array) {
-        let mut ws = Vec::new();
-        for id in ids.iter().filter_map(Value::as_str) {
-            if let Some(w) = found(store.wallet(org, id))? {
-                ws.push(wallet_json(&w));
-            }
+        (None, Some(w)) => {
+            ctx.insert("wallets".into(), json!([wallet_json(w)]));
         }
-        ctx.insert("wallets".into(), Value::Array(ws));
-    } else if let Some(w) = ctx.get("wallet").cloned() {
-        ctx.insert("wallets".into(), json!([w]));
+        (None, None) => {}
     }
 
     // Ethereum payloads
+    let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
     let encoding = text("encoding").unwrap_or_default();
     let payload = text("payload");
     let mut eth = Map::new();
@@ -255,7 +260,7 @@ pub fn build(store: &dyn Store, f: &ActivityFacts<'_>) -> Result<BTreeMap<String
     let mut time = BTreeMap::new();
     time.insert("now".to_string(), Val::Time(i128::from(f.now)));
     roots.insert("time".into(), Val::Map(time));
-    Ok(roots)
+    roots
 }
 
 /// Managing one's own credentials is implicitly allowed (spec 12.2): API keys, passkeys and

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
-use super::{CmpOp, Cron, Expr, Quantifier};
+use crate::{CmpOp, Cron, Expr, Quantifier};
 
 /// A value the evaluator works on.
 #[derive(Debug, Clone, PartialEq)]
@@ -358,7 +358,7 @@ fn cron_span_active(c: &Cron, minutes: u32, zone: &str, now_nanos: i128) -> R<bo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{parse_condition, parse_consensus};
+    use crate::{parse_condition, parse_consensus};
     use serde_json::json;
 
     fn roots(v: Json) -> BTreeMap<String, Val> {
@@ -491,7 +491,7 @@ mod tests {
 
     #[test]
     fn time_examples() {
-        let window = crate::policy::parse_time(
+        let window = crate::parse_time(
             "time.now >= Timestamp('2025-01-01T00:00:00Z') && time.now < Timestamp('2025-02-01T00:00:00Z')",
         )
         .unwrap();

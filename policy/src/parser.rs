@@ -4,7 +4,7 @@
 //! Precedence, lowest first: `||`, `&&`, comparisons and `in` (not chainable), unary `!` and
 //! `-`, then postfix `.field`, `.fn(..)`, `[i]`, `[a..b]`.
 
-use super::{CmpOp, Cron, CronRange, Expr, PolicyError, Quantifier};
+use crate::{CmpOp, Cron, CronRange, Expr, PolicyError, Quantifier};
 
 /// Deepest nesting accepted (parentheses, lists, calls, unary operators, postfix chains), so that
 /// neither the parser nor a tree walker can exhaust the stack.
@@ -768,8 +768,8 @@ fn valid_zone(z: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_condition, parse_consensus, parse_time, CONDITION_ROOTS};
     use super::*;
+    use crate::{parse_condition, parse_consensus, parse_time, CONDITION_ROOTS};
 
     fn cond(s: &str) -> Expr {
         parse_condition(s).unwrap_or_else(|e| panic!("{s:?}: {e}"))

@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::eval::{eval_bool, Val};
-use super::{parse_condition, parse_consensus, parse_time};
-use crate::store::Record;
+use crate::eval::{eval_bool, Val};
+use crate::{parse_condition, parse_consensus, parse_time};
 
 pub const OUTCOME_ALLOW: &str = "OUTCOME_ALLOW";
 pub const OUTCOME_DENY_EXPLICIT: &str = "OUTCOME_DENY_EXPLICIT";
@@ -47,12 +46,12 @@ pub struct PolicySource {
 }
 
 impl PolicySource {
-    /// From a record of kind `policy` (ops/policies.rs).
-    pub fn from_record(r: &Record) -> Self {
-        let text = |k: &str| r.data.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    /// From a stored policy: its id, name and `{effect, condition, consensus, time}` JSON.
+    pub fn from_json(id: &str, name: &str, data: &Value) -> Self {
+        let text = |k: &str| data.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         Self {
-            id: r.id.clone(),
-            name: r.name.clone(),
+            id: id.to_string(),
+            name: name.to_string(),
             effect: text("effect"),
             condition: text("condition"),
             consensus: text("consensus"),
@@ -98,7 +97,7 @@ impl Evaluation {
 /// `Ok(b)`, or the error text, for one optional clause.
 fn clause(
     src: &str,
-    parse: fn(&str) -> Result<super::Expr, super::PolicyError>,
+    parse: fn(&str) -> Result<crate::Expr, crate::PolicyError>,
     roots: &BTreeMap<String, Val>,
 ) -> Result<bool, String> {
     let expr = parse(src).map_err(|e| format!("invalid expression: {e}"))?;
