@@ -153,7 +153,11 @@ async fn init_dev(
     if let Ok(text) = std::fs::read_to_string(out) {
         let existing: serde_json::Value = serde_json::from_str(&text)?;
         let org = existing["organizationId"].as_str().unwrap_or_default();
-        if store.organization(org).is_ok() {
+        let key = existing["apiPublicKey"].as_str().unwrap_or_default();
+        // Reused only if its key carries an enclave certificate: a development organization made
+        // before certificates existed could not sign, so a new one replaces it.
+        let certified = store.api_key_by_public_key(org, key).is_ok_and(|k| !k.certificate.is_empty());
+        if store.organization(org).is_ok() && certified {
             println!("{}", out.display());
             return Ok(());
         }
