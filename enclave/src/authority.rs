@@ -46,6 +46,8 @@ pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
 /// What the enclave established about a request before touching key material.
 #[derive(Debug)]
 pub struct Authorized {
+    /// The enclave operation it was authorized for (audit lines name it).
+    pub operation: &'static str,
     /// The stamped body of the activity: the only source of the operation's parameters.
     pub activity: StampedActivity,
     /// The certified credential that stamped it.
@@ -105,6 +107,20 @@ struct Refusal {
 }
 
 impl Refusal {
+    /// Writes the refusal's audit line.
+    fn audit(&self, operation: &str) {
+        tracing::warn!(
+            target: "coffer_audit",
+            decision = "refuse",
+            operation,
+            reason = %self.reason,
+            organization = %self.organization,
+            credential = %self.credential,
+            fingerprint = %self.fingerprint,
+            "enclave decision"
+        );
+    }
+
     fn new(reason: impl Into<String>) -> Self {
         Self {
             reason: reason.into(),
@@ -162,16 +178,7 @@ impl Authority {
                 Ok(a)
             }
             Err(r) => {
-                tracing::warn!(
-                    target: "coffer_audit",
-                    decision = "refuse",
-                    operation,
-                    reason = %r.reason,
-                    organization = %r.organization,
-                    credential = %r.credential,
-                    fingerprint = %r.fingerprint,
-                    "enclave decision"
-                );
+                r.audit(operation);
                 Err(match r.reason.as_str() {
                     BUSY => EnclaveError::Busy(r.reason),
                     _ => EnclaveError::Refused(r.reason),
@@ -233,7 +240,7 @@ impl Authority {
             return Err(Refusal::new("replayed request: this stamped body was already used for this operation")
                 .about(&activity, &credential));
         }
-        Ok(Authorized { activity, credential })
+        Ok(Authorized { operation, activity, credential })
     }
 
     fn fresh(&self, activity: &StampedActivity, now: i64) -> Result<(), Refusal> {
@@ -292,6 +299,13 @@ impl Authority {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+
+/// Refuses an authorized request whose sealed material does not match its stamped body (the
+/// wrong wallet, key or account), with the same audit line as every other refusal.
+pub fn refuse(a: &Authorized, reason: &str) -> EnclaveError {
+    Refusal::new(reason).about(&a.activity, &a.credential).audit(a.operation);
+    EnclaveError::Refused(reason.to_string())
+}
 
 #[cfg(test)]
 mod tests {

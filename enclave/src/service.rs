@@ -14,7 +14,7 @@ use serde_json::Value;
 use tonic::{Request, Response, Status};
 use zeroize::Zeroizing;
 
-use crate::authority::{Authority, Authorized, BOOTSTRAP};
+use crate::authority::{refuse, Authority, Authorized, BOOTSTRAP};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::EnclaveError;
 
@@ -107,23 +107,9 @@ fn sealed<'a>(
         return Err(EnclaveError::invalid("sealed blob of the wrong kind"));
     }
     if sealed.organization_id != a.activity.organization_id {
-        return Err(refused(a, "the sealed key belongs to another organization than the stamped body"));
+        return Err(refuse(a, "the sealed key belongs to another organization than the stamped body"));
     }
     Ok((sealed, kind))
-}
-
-/// A refusal found after authorization (the sealed material does not match the body).
-fn refused(a: &Authorized, reason: &str) -> EnclaveError {
-    tracing::warn!(
-        target: "coffer_audit",
-        decision = "refuse",
-        reason,
-        organization = %a.activity.organization_id,
-        credential = %a.credential.public_key,
-        fingerprint = %a.activity.fingerprint,
-        "enclave decision"
-    );
-    EnclaveError::Refused(reason.to_string())
 }
 
 fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
@@ -291,7 +277,7 @@ fn names_key(a: &Authorized, sealed: &pb::SealedRef, kind: BlobKind, address_for
     if named {
         Ok(())
     } else {
-        Err(refused(a, "the sealed key is not the one signWith names in the stamped body"))
+        Err(refuse(a, "the sealed key is not the one signWith names in the stamped body"))
     }
 }
 
@@ -377,7 +363,7 @@ impl Enclave for EnclaveService {
                                 && g.credential_type == c.credential_type
                                 && g.public_key == c.public_key
                         })
-                        .ok_or_else(|| refused(&a, "a credential to certify is not one the stamped body adds"))?;
+                        .ok_or_else(|| refuse(&a, "a credential to certify is not one the stamped body adds"))?;
                     authority.certify(pb::CredentialCertificate {
                         organization_id: grant.organization_id.clone(),
                         user_id: grant.user_id.clone(),
@@ -436,7 +422,7 @@ impl Enclave for EnclaveService {
             let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
             let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
             if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
-                return Err(refused(&a, "the sealed seed is not the wallet the stamped body names"));
+                return Err(refuse(&a, "the sealed seed is not the wallet the stamped body names"));
             }
             let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
             let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
@@ -525,7 +511,7 @@ impl Enclave for EnclaveService {
             let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
             let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
             if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
-                return Err(refused(&a, "the sealed seed is not the wallet the stamped body names"));
+                return Err(refuse(&a, "the sealed seed is not the wallet the stamped body names"));
             }
             let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
             let language = text(&a.activity.parameters, "language");
@@ -553,13 +539,13 @@ impl Enclave for EnclaveService {
             let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
                 let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
                 if r.resource_id != text(p, "privateKeyId") {
-                    return Err(refused(&a, "the sealed key is not the private key the stamped body names"));
+                    return Err(refuse(&a, "the sealed key is not the private key the stamped body names"));
                 }
                 (r, k)
             } else {
                 let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
                 if r.address != text(p, "address") {
-                    return Err(refused(&a, "the sealed key is not the account the stamped body names"));
+                    return Err(refuse(&a, "the sealed key is not the account the stamped body names"));
                 }
                 (r, k)
             };
@@ -637,7 +623,7 @@ impl Enclave for EnclaveService {
 fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
     let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
-        return Err(refused(a, "the import target is not the one of the user the stamped body names"));
+        return Err(refuse(a, "the import target is not the one of the user the stamped body names"));
     }
     let secret = open(hsm, target_ref, kind)?;
     let secret: &[u8; 32] =
