@@ -475,9 +475,15 @@ impl Enclave for EnclaveService {
             names_key(&a, key_ref, kind, &req.address_format)?;
             let p = &a.activity.parameters;
             let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
-                vec![text(p, "payload")]
+                vec![p
+                    .get("payload")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| EnclaveError::invalid("payload is required"))?]
             } else {
-                items(p, "payloads").iter().map(|v| v.as_str().unwrap_or_default()).collect()
+                items(p, "payloads")
+                    .iter()
+                    .map(|v| v.as_str().ok_or_else(|| EnclaveError::invalid("payloads must be strings")))
+                    .collect::<Result<_, _>>()?
             };
             if payloads.is_empty() {
                 return Err(EnclaveError::invalid("payloads must not be empty"));
