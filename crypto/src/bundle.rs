@@ -72,7 +72,8 @@ fn internal(what: &str) -> CryptoError {
 /// an optional `0x`; returns it uncompressed.
 fn parse_target_public_key(hex_key: &str) -> Result<[u8; 65], CryptoError> {
     let invalid = || CryptoError::invalid("invalid target public key");
-    let body = hex_key.strip_prefix("0x").unwrap_or(hex_key);
+    let body = hex_key.trim();
+    let body = body.strip_prefix("0x").unwrap_or(body);
     if body.len() != 130 && body.len() != 66 {
         return Err(invalid());
     }
