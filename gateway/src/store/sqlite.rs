@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0005_suborgs.sql"),
     include_str!("migrations/0006_votes.sql"),
     include_str!("migrations/0007_certificates.sql"),
+    include_str!("migrations/0008_activity_pages.sql"),
 ];
 const READERS: usize = 4;
 
@@ -1286,34 +1287,52 @@ impl Store for SqliteStore {
         })
     }
 
+    /// Newest first; `after` = older than the cursor, `before` = the page just newer than the
+    /// cursor (an unknown cursor is ignored). Filters, cursors and the limit are all applied in
+    /// SQL over the (organization, created_at, id) index: one page reads one page of rows.
     fn activities(&self, org: &str, f: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
-        let all: Vec<ActivityRecord> = self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?1 ORDER BY created_at DESC, id DESC"
-            ))?
-            .query_map(params![org], activity_row)?
-            .collect()
-        })?;
-        // Newest first; `after` = older than the cursor, `before` = newer than the cursor.
-        let mut items: Vec<ActivityRecord> = all
-            .into_iter()
-            .filter(|a| f.statuses.is_empty() || f.statuses.contains(&a.status))
-            .filter(|a| f.types.is_empty() || f.types.contains(&a.activity_type))
-            .collect();
-        if let Some(after) = &f.after {
-            if let Some(pos) = items.iter().position(|a| &a.id == after) {
-                items.drain(..=pos);
+        use rusqlite::types::Value as Sql;
+        self.read(|c| {
+            let cursor = |id: &Option<String>| -> rusqlite::Result<Option<(i64, String)>> {
+                let Some(id) = id else { return Ok(None) };
+                query_row_cached(
+                    c,
+                    "SELECT created_at, id FROM activities WHERE organization_id = ?1 AND id = ?2",
+                    params![org, id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+            };
+            let (after, before) = (cursor(&f.after)?, cursor(&f.before)?);
+            let mut sql = format!("SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?");
+            let mut args: Vec<Sql> = vec![Sql::Text(org.to_string())];
+            for (column, values) in [("status", &f.statuses), ("activity_type", &f.types)] {
+                if !values.is_empty() {
+                    sql.push_str(&format!(" AND {column} IN ({})", vec!["?"; values.len()].join(", ")));
+                    args.extend(values.iter().map(|v| Sql::Text(v.clone())));
+                }
             }
-        }
-        if let Some(before) = &f.before {
-            if let Some(pos) = items.iter().position(|a| &a.id == before) {
-                items.truncate(pos);
-                let skip = items.len().saturating_sub(f.limit);
-                items.drain(..skip);
+            if let Some((at, id)) = &after {
+                sql.push_str(" AND (created_at < ? OR (created_at = ? AND id < ?))");
+                args.extend([Sql::Integer(*at), Sql::Integer(*at), Sql::Text(id.clone())]);
             }
-        }
-        items.truncate(f.limit);
-        Ok(items)
+            if let Some((at, id)) = &before {
+                sql.push_str(" AND (created_at > ? OR (created_at = ? AND id > ?))");
+                args.extend([Sql::Integer(*at), Sql::Integer(*at), Sql::Text(id.clone())]);
+            }
+            // Before a cursor: the rows just newer than it, read upwards and turned around.
+            let order = if before.is_some() { "ASC" } else { "DESC" };
+            sql.push_str(&format!(" ORDER BY created_at {order}, id {order} LIMIT ?"));
+            args.push(Sql::Integer(f.limit.min(i64::MAX as usize) as i64));
+            let mut items: Vec<ActivityRecord> = c
+                .prepare_cached(&sql)?
+                .query_map(rusqlite::params_from_iter(args), activity_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            if before.is_some() {
+                items.reverse();
+            }
+            Ok(items)
+        })
     }
 
     fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
@@ -1799,6 +1818,79 @@ mod tests {
         assert_eq!(s.wallets("o1").unwrap().len(), 57);
         let filter = ActivityFilter { limit: 100, ..Default::default() };
         assert_eq!(s.activities("o1", &filter).unwrap().len(), 57);
+    }
+
+    /// Pages from SQL match the list semantics: newest first, `after` older than the cursor,
+    /// `before` the page just newer than it, filters first, unknown cursors ignored.
+    #[test]
+    fn activity_pages_are_keyset_pages_in_sql() {
+        let (_d, s) = store();
+        let mut all = Vec::new();
+        for i in 0..40i64 {
+            let mut a = activity(&format!("sha256:p{i}"));
+            a.id = format!("a{i:02}");
+            // Pairs share a timestamp, so the id breaks ties.
+            a.created_at = 1_000 + i / 2;
+            a.status = if i % 3 == 0 { "ACTIVITY_STATUS_FAILED" } else { "ACTIVITY_STATUS_COMPLETED" }.into();
+            s.commit(&a, &[]).unwrap();
+            all.push(a);
+        }
+        all.sort_by(|x, y| (y.created_at, &y.id).cmp(&(x.created_at, &x.id)));
+        let ids = |v: Vec<ActivityRecord>| v.into_iter().map(|a| a.id).collect::<Vec<_>>();
+        let expect = |f: &ActivityFilter| {
+            let mut items: Vec<&ActivityRecord> =
+                all.iter().filter(|a| f.statuses.is_empty() || f.statuses.contains(&a.status)).collect();
+            if let Some(pos) = f.after.as_ref().and_then(|c| all.iter().position(|a| &a.id == c)) {
+                let cut = &all[pos];
+                items.retain(|a| (a.created_at, &a.id) < (cut.created_at, &cut.id));
+            }
+            if let Some(pos) = f.before.as_ref().and_then(|c| all.iter().position(|a| &a.id == c)) {
+                let cut = &all[pos];
+                items.retain(|a| (a.created_at, &a.id) > (cut.created_at, &cut.id));
+                let skip = items.len().saturating_sub(f.limit);
+                items.drain(..skip);
+            }
+            items.truncate(f.limit);
+            items.into_iter().map(|a| a.id.clone()).collect::<Vec<_>>()
+        };
+        let failed = vec!["ACTIVITY_STATUS_FAILED".to_string()];
+        for (statuses, after, before, limit) in [
+            (vec![], None, None, 10),
+            (vec![], Some("a21"), None, 10),
+            (vec![], Some("a20"), None, 100),
+            (vec![], None, Some("a10"), 5),
+            (vec![], None, Some("a38"), 5),
+            (vec![], Some("a30"), Some("a10"), 4),
+            (failed.clone(), Some("a33"), None, 3),
+            (failed.clone(), None, Some("a03"), 3),
+            (vec![], Some("unknown"), None, 3),
+        ] {
+            let f = ActivityFilter {
+                statuses,
+                types: vec![],
+                limit,
+                after: after.map(String::from),
+                before: before.map(String::from),
+            };
+            let got = ids(s.activities("o1", &f).unwrap());
+            assert_eq!(got, expect(&f), "{after:?} {before:?} {limit}");
+            assert!(!got.is_empty());
+        }
+        // Walking `after` cursors visits every activity once, newest first.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let f = ActivityFilter { limit: 7, after: after.clone(), ..Default::default() };
+            let page = ids(s.activities("o1", &f).unwrap());
+            if page.is_empty() {
+                break;
+            }
+            after = page.last().cloned();
+            seen.extend(page);
+        }
+        assert_eq!(seen, all.iter().map(|a| a.id.clone()).collect::<Vec<_>>());
+        let typed = ActivityFilter { limit: 100, types: vec!["ACTIVITY_TYPE_NONE".into()], ..Default::default() };
+        assert!(s.activities("o1", &typed).unwrap().is_empty());
     }
 
     #[test]
