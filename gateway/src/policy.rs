@@ -5,7 +5,10 @@
 use coffer_policy::context::{
     self, ActivityFacts, ApproverFacts, OrganizationFacts, PrivateKeyFacts, WalletFacts, VOTE_APPROVED,
 };
-use coffer_policy::decision::{self, Decision, Evaluation, PolicySource};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, PolicySource};
 use serde_json::Value;
 
 use crate::activity::registry::Operation;
@@ -61,7 +64,8 @@ pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Resu
             Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
         });
     }
-    let policies = policy_sources(store, &org.id)?;
+    let policies = compiled_policies(store, &org.id)?;
+    let policies: Vec<&CompiledPolicy> = policies.iter().map(Arc::as_ref).collect();
     let facts = ActivityFacts {
         activity_type: p.op.activity_type,
         resource: p.op.resource,
@@ -91,9 +95,40 @@ pub fn denied(e: &Evaluation) -> ApiError {
     }
 }
 
-/// The organization's policies as the engine reads them.
-pub fn policy_sources(store: &dyn Store, org: &str) -> Result<Vec<PolicySource>, StoreError> {
-    Ok(store.records(org, "policy")?.iter().map(|r| PolicySource::from_json(&r.id, &r.name, &r.data)).collect())
+/// (organization, policy id) → the policy compiled from its current source.
+type PolicyCache = HashMap<(String, String), Arc<CompiledPolicy>>;
+
+/// Most compiled policies kept; past it the cache starts over (a cold cache costs parsing only).
+const COMPILED_POLICY_CACHE: usize = 100_000;
+
+/// The organization's policies, compiled. A policy is parsed once per stored version: the cache
+/// holds each (organization, policy id) with the source it was compiled from, and a changed
+/// source is compiled again.
+pub fn compiled_policies(store: &dyn Store, org: &str) -> Result<Vec<Arc<CompiledPolicy>>, StoreError> {
+    static CACHE: OnceLock<Mutex<PolicyCache>> = OnceLock::new();
+    let records = store.records(org, "policy")?;
+    let mut cache = CACHE
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .map_err(|_| StoreError::Backend("policy cache lock poisoned".into()))?;
+    if cache.len() + records.len() > COMPILED_POLICY_CACHE {
+        cache.clear();
+    }
+    Ok(records
+        .iter()
+        .map(|r| {
+            let source = PolicySource::from_json(&r.id, &r.name, &r.data);
+            let key = (org.to_string(), r.id.clone());
+            match cache.get(&key) {
+                Some(c) if c.source == source => c.clone(),
+                _ => {
+                    let compiled = Arc::new(CompiledPolicy::compile(source));
+                    cache.insert(key, compiled.clone());
+                    compiled
+                }
+            }
+        })
+        .collect())
 }
 
 fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
@@ -175,4 +210,48 @@ pub fn organization_facts(
         facts.wallets = Some(ws);
     }
     Ok(facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::{Record, SqliteStore, Write};
+
+    #[test]
+    fn policies_are_compiled_once_per_version() {
+        let dir = std::env::temp_dir().join(format!("coffer-policy-cache-{}", uuid::Uuid::new_v4()));
+        let store = SqliteStore::open(&dir.join("coffer.db")).unwrap();
+        let org = Organization {
+            id: "org".into(),
+            name: "org".into(),
+            parent_id: None,
+            root_quorum_threshold: 1,
+            root_user_ids: vec![],
+            created_at: 0,
+            updated_at: 0,
+        };
+        let policy = |condition: &str| {
+            Write::PutRecord(Record {
+                organization_id: "org".into(),
+                kind: "policy".into(),
+                id: "p1".into(),
+                name: "p".into(),
+                data: json!({"effect": "EFFECT_ALLOW", "condition": condition, "consensus": "", "time": ""}),
+                created_at: 1,
+                updated_at: 1,
+            })
+        };
+        store.apply(&[Write::InsertOrganization(org), policy("true")]).unwrap();
+        let first = compiled_policies(&store, "org").unwrap();
+        let again = compiled_policies(&store, "org").unwrap();
+        assert_eq!(first.len(), 1);
+        assert!(Arc::ptr_eq(&first[0], &again[0]), "an unchanged policy is not parsed again");
+        store.apply(&[policy("false")]).unwrap();
+        let changed = compiled_policies(&store, "org").unwrap();
+        assert!(!Arc::ptr_eq(&first[0], &changed[0]));
+        assert_eq!(changed[0].source.condition, "false");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

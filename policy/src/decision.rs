@@ -94,21 +94,42 @@ impl Evaluation {
     }
 }
 
-/// `Ok(b)`, or the error text, for one optional clause.
-fn clause(
-    src: &str,
-    parse: fn(&str) -> Result<crate::Expr, crate::PolicyError>,
-    roots: &BTreeMap<String, Val>,
-) -> Result<bool, String> {
-    let expr = parse(src).map_err(|e| format!("invalid expression: {e}"))?;
-    eval_bool(&expr, roots).map_err(|e| e.0)
+/// A policy with its three clauses parsed once (a clause that does not parse keeps its error,
+/// which every evaluation reports), so evaluating costs no parsing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledPolicy {
+    pub source: PolicySource,
+    time: Result<crate::Expr, String>,
+    condition: Result<crate::Expr, String>,
+    consensus: Result<crate::Expr, String>,
+}
+
+impl CompiledPolicy {
+    pub fn compile(source: PolicySource) -> Self {
+        let parsed = |src: &str, parse: fn(&str) -> Result<crate::Expr, crate::PolicyError>| {
+            parse(src).map_err(|e| format!("invalid expression: {e}"))
+        };
+        Self {
+            time: parsed(&source.time, parse_time),
+            condition: parsed(&source.condition, parse_condition),
+            consensus: parsed(&source.consensus, parse_consensus),
+            source,
+        }
+    }
+}
+
+/// `Ok(b)`, or the error text, for one clause.
+fn clause(expr: &Result<crate::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
+    let expr = expr.as_ref().map_err(Clone::clone)?;
+    eval_bool(expr, roots).map_err(|e| e.0)
 }
 
 /// Evaluates one policy: every clause is evaluated (no short-circuit); any error is an error.
-pub fn evaluate_policy(p: &PolicySource, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
-    let time = clause(&p.time, parse_time, roots);
-    let condition = clause(&p.condition, parse_condition, roots);
-    let consensus = clause(&p.consensus, parse_consensus, roots);
+pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
+    let p = &c.source;
+    let time = clause(&c.time, roots);
+    let condition = clause(&c.condition, roots);
+    let consensus = clause(&c.consensus, roots);
     let out = |outcome, clause, detail| PolicyOutcome {
         policy_id: p.id.clone(),
         policy_name: p.name.clone(),
@@ -134,7 +155,7 @@ pub fn evaluate_policy(p: &PolicySource, roots: &BTreeMap<String, Val>) -> Polic
 /// Spec 12.2 over the organization's policies. `root_quorum_met`: the approvers include a
 /// quorum of root users; `implicit`: an implicit permission covers the activity.
 pub fn decide(
-    policies: &[PolicySource],
+    policies: &[&CompiledPolicy],
     roots: &BTreeMap<String, Val>,
     root_quorum_met: bool,
     implicit: bool,
@@ -161,15 +182,15 @@ pub fn decide(
 mod tests {
     use super::*;
 
-    fn policy(id: &str, effect: &str, condition: &str, consensus: &str) -> PolicySource {
-        PolicySource {
+    fn policy(id: &str, effect: &str, condition: &str, consensus: &str) -> CompiledPolicy {
+        CompiledPolicy::compile(PolicySource {
             id: id.into(),
             name: id.into(),
             effect: effect.into(),
             condition: condition.into(),
             consensus: consensus.into(),
             time: String::new(),
-        }
+        })
     }
 
     fn roots(approvers: &[&str], wallet: &str) -> BTreeMap<String, Val> {
@@ -192,24 +213,21 @@ mod tests {
         let two = policy("c", "EFFECT_ALLOW", "wallet.id == 'w2'", "approvers.count() >= 2");
         let broken = policy("e", "EFFECT_ALLOW", "wallet.id == 'w1' || private_key.id == 'k'", "");
 
-        let e = decide(std::slice::from_ref(&allow_w1), &roots(&["u"], "w1"), false, false);
+        let e = decide(&[&allow_w1], &roots(&["u"], "w1"), false, false);
         assert_eq!((e.decision, e.reason), (Decision::Allow, "POLICY_ALLOW"));
         assert_eq!(e.outcomes_json(), json!([{"policyId": "a", "outcome": OUTCOME_ALLOW}]));
-        let e = decide(std::slice::from_ref(&allow_w1), &roots(&["u"], "w9"), false, false);
+        let e = decide(&[&allow_w1], &roots(&["u"], "w9"), false, false);
         assert_eq!((e.decision, e.outcomes[0].outcome), (Decision::Deny, OUTCOME_DENY_IMPLICIT));
         assert_eq!(e.outcomes[0].clause, "condition");
-        let e = decide(&[allow_w1.clone(), deny_w1.clone()], &roots(&["u"], "w1"), false, false);
+        let e = decide(&[&allow_w1, &deny_w1], &roots(&["u"], "w1"), false, false);
         assert_eq!((e.decision, e.reason), (Decision::Deny, "EXPLICIT_DENY"));
         // Root quorum bypasses policies, deny included.
-        assert_eq!(decide(&[deny_w1], &roots(&["u"], "w1"), true, false).decision, Decision::Allow);
-        let e = decide(std::slice::from_ref(&two), &roots(&["u"], "w2"), false, false);
+        assert_eq!(decide(&[&deny_w1], &roots(&["u"], "w1"), true, false).decision, Decision::Allow);
+        let e = decide(&[&two], &roots(&["u"], "w2"), false, false);
         assert_eq!((e.decision, e.outcomes[0].outcome), (Decision::ConsensusNeeded, OUTCOME_REQUIRES_CONSENSUS));
-        assert_eq!(
-            decide(std::slice::from_ref(&two), &roots(&["u", "v"], "w2"), false, false).decision,
-            Decision::Allow
-        );
+        assert_eq!(decide(&[&two], &roots(&["u", "v"], "w2"), false, false).decision, Decision::Allow);
         // An erroring policy never allows.
-        let e = decide(&[broken], &roots(&["u"], "w1"), false, false);
+        let e = decide(&[&broken], &roots(&["u"], "w1"), false, false);
         assert_eq!((e.decision, e.outcomes[0].outcome), (Decision::Deny, OUTCOME_ERROR));
         assert!(e.outcomes[0].detail.as_deref().unwrap().contains("MissingField"));
         // Implicit permission, and nothing at all.
@@ -219,16 +237,16 @@ mod tests {
 
     #[test]
     fn time_window_and_consensus_by_user() {
-        let mut p = policy("t", "EFFECT_ALLOW", "", "approvers.any(user, user.id == 'boss')");
+        let p = policy("t", "EFFECT_ALLOW", "", "approvers.any(user, user.id == 'boss')");
         let mut r = roots(&["u"], "w");
         let mut time = BTreeMap::new();
         time.insert("now".to_string(), Val::Time(1_736_899_200_000_000_000));
         r.insert("time".into(), Val::Map(time));
         assert_eq!(evaluate_policy(&p, &r).outcome, OUTCOME_REQUIRES_CONSENSUS);
-        p.time = "time.now < Timestamp('2025-01-01T00:00:00Z')".into();
-        let o = evaluate_policy(&p, &r);
+        let with_time = |time: &str| CompiledPolicy::compile(PolicySource { time: time.into(), ..p.source.clone() });
+        let o = evaluate_policy(&with_time("time.now < Timestamp('2025-01-01T00:00:00Z')"), &r);
         assert_eq!((o.outcome, o.clause), (OUTCOME_DENY_IMPLICIT, "time"));
-        p.time = "time.now >= Timestamp('2025-01-01T00:00:00Z')".into();
+        let p = with_time("time.now >= Timestamp('2025-01-01T00:00:00Z')");
         assert_eq!(evaluate_policy(&p, &roots(&["boss"], "w")).outcome, OUTCOME_ERROR);
         // no time.now
     }
