@@ -21,6 +21,15 @@ pub struct GatewayConfig {
     pub body_limit: usize,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
     pub log: String,
+    /// Longest wait for a request body once its headers arrived, in milliseconds; a slower
+    /// client gets a JSON 408 and its request slot back. Default 10,000.
+    pub body_read_timeout_ms: u64,
+    /// Requests served at once per class — signing (`submit/sign_*`), other submissions, queries;
+    /// beyond that a request is answered at once with a JSON 503 and `Retry-After: 1` instead of
+    /// queueing. Health and discovery have no limit. Defaults 256, 256, 1,024.
+    pub max_in_flight_signing: usize,
+    pub max_in_flight_writes: usize,
+    pub max_in_flight_reads: usize,
 }
 
 impl Default for GatewayConfig {
@@ -32,6 +41,10 @@ impl Default for GatewayConfig {
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             body_limit: 1024 * 1024,
             log: "info".into(),
+            body_read_timeout_ms: 10_000,
+            max_in_flight_signing: 256,
+            max_in_flight_writes: 256,
+            max_in_flight_reads: 1024,
         }
     }
 }
@@ -61,6 +74,16 @@ impl GatewayConfig {
         if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
             cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;
         }
+        for (name, field) in [
+            ("COFFER_BODY_READ_TIMEOUT_MS", &mut cfg.body_read_timeout_ms as &mut dyn SetFromEnv),
+            ("COFFER_MAX_IN_FLIGHT_SIGNING", &mut cfg.max_in_flight_signing),
+            ("COFFER_MAX_IN_FLIGHT_WRITES", &mut cfg.max_in_flight_writes),
+            ("COFFER_MAX_IN_FLIGHT_READS", &mut cfg.max_in_flight_reads),
+        ] {
+            if let Ok(v) = std::env::var(name) {
+                field.set(&v).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+            }
+        }
         Ok(cfg)
     }
 
@@ -70,6 +93,25 @@ impl GatewayConfig {
             Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
             _ => anyhow::bail!("unsupported store_url {:?}: expected sqlite://PATH", self.store_url),
         }
+    }
+}
+
+/// A numeric setting overridden from the environment.
+trait SetFromEnv {
+    fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError>;
+}
+
+impl SetFromEnv for u64 {
+    fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError> {
+        *self = v.trim().parse()?;
+        Ok(())
+    }
+}
+
+impl SetFromEnv for usize {
+    fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError> {
+        *self = v.trim().parse()?;
+        Ok(())
     }
 }
 

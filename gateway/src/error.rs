@@ -43,13 +43,15 @@ pub struct ApiError {
     pub message: String,
     /// `TurnkeyErrorCode` enum name, e.g. `REQUEST_INVALID`.
     pub turnkey_code: &'static str,
-    /// HTTP status override (only 413 for an oversized body).
+    /// HTTP status override (413 for an oversized body, 405, 408).
     pub status: Option<StatusCode>,
+    /// `Retry-After` seconds, for a shed request.
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
     pub fn new(code: Code, turnkey_code: &'static str, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), turnkey_code, status: None }
+        Self { code, message: message.into(), turnkey_code, status: None, retry_after: None }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, "REQUEST_INVALID", message)
@@ -68,6 +70,20 @@ impl ApiError {
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(Code::Unavailable, "RPC_CALL_ERROR", message)
+    }
+    /// A request shed because its class is at its in-flight limit: 503 with `Retry-After: 1`.
+    pub fn overloaded(class: crate::state::RequestClass) -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::unavailable(format!("overloaded: too many {class:?} requests in flight, retry shortly",))
+        }
+    }
+    /// The body did not arrive within the body read timeout.
+    pub fn body_timeout(after: std::time::Duration) -> Self {
+        Self {
+            status: Some(StatusCode::REQUEST_TIMEOUT),
+            ..Self::invalid(format!("request body not received within {} ms", after.as_millis()))
+        }
     }
     pub fn too_large(limit: usize) -> Self {
         Self {
@@ -98,7 +114,11 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status.unwrap_or_else(|| self.code.http_status());
-        (status, axum::Json(self.body())).into_response()
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
@@ -117,6 +137,21 @@ impl From<StoreError> for ApiError {
             }
         }
     }
+}
+
+/// Logs "enclave unavailable" at most once a second, with how many were left out: during an
+/// outage every key request fails the same way, and one line per request floods the log.
+fn warn_enclave_unavailable(message: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if LAST_SECOND.swap(now, Ordering::Relaxed) == now {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    tracing::warn!(error = %message, suppressed, "enclave unavailable");
 }
 
 impl From<coffer_auth::AuthError> for ApiError {
@@ -147,7 +182,7 @@ impl From<tonic::Status> for ApiError {
             | tonic::Code::Unknown
             | tonic::Code::Cancelled
             | tonic::Code::DeadlineExceeded => {
-                tracing::warn!(error = %s.message(), "enclave unavailable");
+                warn_enclave_unavailable(s.message());
                 ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
             }
             _ => {

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::activity::pipeline;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, RequestClass};
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -39,8 +39,14 @@ pub fn auth_proxy_router() -> Router {
         .fallback(|| async { ApiError::not_found("no such auth proxy endpoint in this Coffer version") })
 }
 
+/// Reads the body within the size limit and the body read timeout.
 async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
+    let timeout = state.limits.body_read_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, state.body_limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::too_large(state.body_limit)),
+        Err(_) => Err(ApiError::body_timeout(timeout)),
+    }
 }
 
 fn respond(result: Result<serde_json::Value, ApiError>) -> Response {
@@ -56,6 +62,11 @@ async fn submit(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let class = if name.starts_with("sign_") { RequestClass::Signing } else { RequestClass::Write };
+    let _slot = match state.limits.admit(class) {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let bytes = match read_body(&state, body).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -69,6 +80,10 @@ async fn query(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let _slot = match state.limits.admit(RequestClass::Read) {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let bytes = match read_body(&state, body).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),

@@ -198,7 +198,8 @@ async fn init_dev(
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
-    let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit });
+    let limits = coffer_gateway::state::Limits::new(&cfg);
+    let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits });
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let proxy_listener = tokio::net::TcpListener::bind(cfg.auth_proxy_listen).await?;
     tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, "gateway ready");

@@ -44,6 +44,8 @@ pub struct Stack {
     enclave: Option<Child>,
     gateway: Option<Child>,
     port: u16,
+    /// Extra environment for both processes (settings a test changes).
+    extra_env: Vec<(String, String)>,
 }
 
 impl Stack {
@@ -56,6 +58,9 @@ impl Stack {
             .env("COFFER_LISTEN", format!("127.0.0.1:{}", self.port))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()))
             .env("COFFER_LOG", "warn");
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
     }
 
     fn run(&self, bin: &str, args: &[&str]) -> String {
@@ -69,6 +74,11 @@ impl Stack {
 
     /// Makes a token, its service keys and an organization, then starts both processes.
     pub async fn start() -> Stack {
+        Self::start_with(&[]).await
+    }
+
+    /// [`Stack::start`] with extra settings in both processes' environment.
+    pub async fn start_with(env: &[(&str, &str)]) -> Stack {
         let dir = std::env::temp_dir().join(format!("coffer-e2e-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(dir.join("tokens")).unwrap();
         std::fs::write(
@@ -92,6 +102,7 @@ impl Stack {
             enclave: None,
             gateway: None,
             port: free_port(),
+            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         stack.base_url = format!("http://127.0.0.1:{}", stack.port);
         stack.run("coffer-enclave", &["init-token"]);

@@ -297,3 +297,72 @@ async fn concurrent_signing_during_enclave_kill() {
     .await
     .expect("test took longer than 60 s (a request hung)");
 }
+
+/// Overload is answered at once, not queued: with one read slot held by a client that sends its
+/// body slowly, the next read gets a JSON 503 with `Retry-After`, other classes and `/healthz`
+/// are unaffected, and the slow client gets a JSON 408 once the body read timeout passes.
+#[tokio::test]
+async fn overload_is_shed_at_once_and_slow_bodies_time_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack =
+        Stack::start_with(&[("COFFER_MAX_IN_FLIGHT_READS", "1"), ("COFFER_BODY_READ_TIMEOUT_MS", "1500")]).await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let query = json!({"organizationId": org}).to_string();
+    let addr = stack.base_url.trim_start_matches("http://").to_string();
+
+    // A client that sends its headers and one byte of a 100-byte body, then stalls.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /public/v1/query/list_wallets HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let shed_at = Instant::now();
+    let stamp = key.stamp(query.as_bytes()).unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/public/v1/query/list_wallets", stack.base_url))
+        .header(stamp.name, stamp.value)
+        .body(query.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(shed_at.elapsed() < Duration::from_millis(500), "shed at once, not queued");
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert_eq!(r.headers().get("content-type").and_then(|v| v.to_str().ok()), Some("application/json"));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], 14, "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("overloaded"), "{body}");
+
+    // Other classes and the health check have their own budget.
+    let policy = json!({"type": "ACTIVITY_TYPE_CREATE_POLICY_V3", "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org, "parameters": {"policyName": "p", "effect": "EFFECT_ALLOW", "condition": "true",
+        "consensus": "true", "notes": ""}});
+    let w = post(&stack.base_url, "/public/v1/submit/create_policy", policy.to_string(), &key).await;
+    assert_eq!(w.status, 200, "{}", w.text);
+    assert_eq!(healthz(&stack).await.status, 200);
+
+    // The stalled body times out with a JSON 408, and its slot is free again.
+    let mut answer = Vec::new();
+    let read_answer = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = slow.read(&mut buf).await.unwrap();
+            answer.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&answer);
+            if n == 0 || text.split_once("\r\n\r\n").is_some_and(|(_, body)| body.trim_end().ends_with('}')) {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_answer).await.expect("an answer within the timeout");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request body not received within 1500 ms"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(1400), "not before the timeout");
+    let ok = post(&stack.base_url, "/public/v1/query/list_wallets", query, &key).await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
+}

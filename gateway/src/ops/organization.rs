@@ -297,7 +297,12 @@ mod tests {
         }
         store.apply(&writes).unwrap();
         let enclave = crate::enclave_client::connect(dir.join("no-enclave.sock")).unwrap();
-        let state = Arc::new(AppState { store: Arc::new(store), enclave, body_limit: 1 << 20 });
+        let state = Arc::new(AppState {
+            store: Arc::new(store),
+            enclave,
+            body_limit: 1 << 20,
+            limits: crate::state::Limits::new(&crate::config::GatewayConfig::default()),
+        });
         Harness { _dir: TempDir(dir), state, keys }
     }
 
