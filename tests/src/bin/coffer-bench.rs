@@ -314,6 +314,35 @@ fn sign(secret: &[u8; 32], n: u64) -> coffer_crypto::sign::SignatureParts {
     .expect("sign")
 }
 
+/// How many activities the `list_activities` scenario's organization holds.
+const HISTORY: usize = 100_000;
+
+/// Writes `n` completed activities into `org`'s log directly in the database (what months of
+/// history look like to a page query), in one transaction.
+fn seed_history(stack: &Stack, org: &str, n: usize) -> anyhow::Result<()> {
+    let mut c = rusqlite::Connection::open(stack.database_path())?;
+    c.busy_timeout(Duration::from_secs(30))?;
+    let tx = c.transaction()?;
+    {
+        let mut insert = tx.prepare(
+            "INSERT INTO activities (id, organization_id, activity_type, status, fingerprint, intent, result, votes,
+                failure, created_at, updated_at)
+             VALUES (?1, ?2, 'ACTIVITY_TYPE_CREATE_POLICY_V3', 'ACTIVITY_STATUS_COMPLETED', ?3, '{}', '{}', '[]', NULL, ?4, ?4)",
+        )?;
+        let t0 = 1_600_000_000_000_000_000i64;
+        for i in 0..n {
+            insert.execute(rusqlite::params![
+                format!("history-{i:07}"),
+                org,
+                format!("sha256:history-{org}-{i}"),
+                t0 + i as i64 * 1_000_000
+            ])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
 /// Peak resident set size (VmHWM) of a process, in MiB.
 fn peak_rss_mib(pid: Option<u32>) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
@@ -360,6 +389,8 @@ async fn main() -> anyhow::Result<()> {
         pk["addresses"][0]["address"].as_str().context("key")?.to_string(),
     );
     drop(client);
+    eprintln!("seeding {HISTORY} activities into the organization's log...");
+    seed_history(&stack, &org, HISTORY)?;
 
     let sign_body = |org: String, sign_with: String, hash: &'static str| -> MakeBody {
         Arc::new(move |n| {
@@ -406,6 +437,18 @@ async fn main() -> anyhow::Result<()> {
             }),
         },
         Scenario {
+            name: "read (list_activities, limit 10, 100k history)",
+            path: "/public/v1/query/list_activities",
+            make: Arc::new({
+                let org = org.clone();
+                move |_| json!({"organizationId": org, "paginationOptions": {"limit": "10"}}).to_string()
+            }),
+            check: Arc::new(|_, v| match v["activities"].as_array() {
+                Some(a) if a.len() == 10 => Ok(false),
+                _ => Err(format!("expected 10 activities: {v}")),
+            }),
+        },
+        Scenario {
             name: "read (list_wallets)",
             path: "/public/v1/query/list_wallets",
             make: Arc::new({
@@ -440,10 +483,14 @@ async fn main() -> anyhow::Result<()> {
         let single = run(&scenarios[0], &stack.base_url, key.clone(), 1, args.warmup, args.duration, seq.clone()).await;
         results.push(("sign secp256k1 wallet account, 1 client", 1usize, single));
     }
+    let (_, gateway) = stack.pids();
+    let mut rss_growth = Vec::new();
     for sc in scenarios.iter().filter(|s| wanted(s.name)) {
+        let before = peak_rss_mib(gateway);
         eprintln!("running: {} with {} clients", sc.name, args.clients);
         let s = run(sc, &stack.base_url, key.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
         results.push((sc.name, args.clients, s));
+        rss_growth.push((sc.name, peak_rss_mib(gateway).zip(before).map(|(a, b)| a - b)));
     }
 
     let (enclave_pid, gateway_pid) = stack.pids();
@@ -497,6 +544,11 @@ async fn main() -> anyhow::Result<()> {
         stack.enclave_startup.as_secs_f64() * 1000.0,
         stack.gateway_startup.as_secs_f64() * 1000.0
     );
+    for (name, growth) in &rss_growth {
+        if let Some(g) = growth {
+            println!("gateway peak RSS growth during {name}: {g:.1} MiB");
+        }
+    }
     let report = json!({
         "machine": machine,
         "clients": args.clients,
@@ -506,6 +558,7 @@ async fn main() -> anyhow::Result<()> {
         "enclaveFloorOpsPerSecond": floor_enclave,
         "scenarios": json_scenarios,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
+        "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
     });
     if let Some(dir) = args.out.parent() {
