@@ -30,6 +30,14 @@ pub struct GatewayConfig {
     pub max_in_flight_signing: usize,
     pub max_in_flight_writes: usize,
     pub max_in_flight_reads: usize,
+    /// Open API connections at once, and from one client address; past them a connection gets a
+    /// JSON 503 and is closed. The global cap is lowered to fit the open-file limit. Defaults
+    /// 10,000 and 5,000 (a load balancer funnels many clients through one address).
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    /// Longest wait for a request's headers, from a connection's start or its previous response:
+    /// slow-header and idle connections are closed. Default 10,000 ms.
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -45,6 +53,9 @@ impl Default for GatewayConfig {
             max_in_flight_signing: 256,
             max_in_flight_writes: 256,
             max_in_flight_reads: 1024,
+            max_connections: 10_000,
+            max_connections_per_ip: 5_000,
+            header_read_timeout_ms: 10_000,
         }
     }
 }
@@ -79,6 +90,9 @@ impl GatewayConfig {
             ("COFFER_MAX_IN_FLIGHT_SIGNING", &mut cfg.max_in_flight_signing),
             ("COFFER_MAX_IN_FLIGHT_WRITES", &mut cfg.max_in_flight_writes),
             ("COFFER_MAX_IN_FLIGHT_READS", &mut cfg.max_in_flight_reads),
+            ("COFFER_MAX_CONNECTIONS", &mut cfg.max_connections),
+            ("COFFER_MAX_CONNECTIONS_PER_IP", &mut cfg.max_connections_per_ip),
+            ("COFFER_HEADER_READ_TIMEOUT_MS", &mut cfg.header_read_timeout_ms),
         ] {
             if let Ok(v) = std::env::var(name) {
                 field.set(&v).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;

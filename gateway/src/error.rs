@@ -78,6 +78,10 @@ impl ApiError {
             ..Self::unavailable(format!("overloaded: too many {class:?} requests in flight, retry shortly",))
         }
     }
+    /// A connection past the global or per-address connection cap.
+    pub fn overloaded_connections() -> Self {
+        Self { retry_after: Some(1), ..Self::unavailable("overloaded: too many open connections, retry shortly") }
+    }
     /// The body did not arrive within the body read timeout.
     pub fn body_timeout(after: std::time::Duration) -> Self {
         Self {

@@ -9,5 +9,6 @@ pub mod http;
 pub mod ops;
 pub mod orgs;
 pub mod policy;
+pub mod serve;
 pub mod state;
 pub mod store;

@@ -216,6 +216,15 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
             _ = term.recv() => {},
         }
     };
-    axum::serve(listener, coffer_gateway::http::router(state)).with_graceful_shutdown(shutdown).await?;
+    // The connection cap, not the kernel's file limit, is what turns clients away: raise the soft
+    // limit to the hard one and keep the cap below it (files for the store, the enclave, logs).
+    let files = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    let limits = coffer_gateway::serve::ConnectionLimits {
+        max_connections: cfg.max_connections.min(files.saturating_sub(256).max(64) as usize),
+        max_connections_per_ip: cfg.max_connections_per_ip,
+        header_read_timeout: std::time::Duration::from_millis(cfg.header_read_timeout_ms),
+    };
+    tracing::info!(max_connections = limits.max_connections, open_file_limit = files, "connection limits");
+    coffer_gateway::serve::serve(listener, coffer_gateway::http::router(state), limits, shutdown).await?;
     Ok(())
 }

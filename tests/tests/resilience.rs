@@ -366,3 +366,41 @@ async fn overload_is_shed_at_once_and_slow_bodies_time_out() {
     let ok = post(&stack.base_url, "/public/v1/query/list_wallets", query, &key).await;
     assert_eq!(ok.status, 200, "{}", ok.text);
 }
+
+/// Connections cannot be held without sending: an idle connection and one cut off mid-headers are
+/// closed after the header read timeout, and past the per-address cap a new connection gets a
+/// JSON 503 at once; once the idle ones are gone, requests are served again.
+#[tokio::test]
+async fn idle_and_excess_connections_are_closed_or_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack =
+        Stack::start_with(&[("COFFER_MAX_CONNECTIONS_PER_IP", "2"), ("COFFER_HEADER_READ_TIMEOUT_MS", "1000")]).await;
+    let addr = stack.base_url.trim_start_matches("http://").to_string();
+    let connect = || tokio::net::TcpStream::connect(addr.clone());
+    let started = Instant::now();
+    let mut idle = connect().await.unwrap();
+    let mut half = connect().await.unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: coffer\r\nX-Slow:").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A third connection from this address: answered with a JSON 503 and closed, immediately.
+    let mut third = connect().await.unwrap();
+    let _ = third.write_all(b"GET /healthz HTTP/1.1\r\nHost: coffer\r\n\r\n").await;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_millis(900), third.read_to_end(&mut answer)).await.unwrap().unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("content-type: application/json") || answer.contains("Content-Type: application/json"));
+    assert!(answer.contains("Retry-After: 1"), "{answer}");
+    let json: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["code"], 14, "{json}");
+
+    // The idle and the half-sent connections are closed by the server after the timeout.
+    for conn in [&mut idle, &mut half] {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut buf)).await.expect("closed").ok();
+        assert!(!String::from_utf8_lossy(&buf).contains("200 OK"), "no answer to an incomplete request");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900), "not before the timeout");
+    assert_eq!(healthz(&stack).await.status, 200, "served again once the places are free");
+}
