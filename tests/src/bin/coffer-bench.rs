@@ -340,6 +340,8 @@ fn seed_history(stack: &Stack, org: &str, n: usize) -> anyhow::Result<()> {
         }
     }
     tx.commit()?;
+    // Leave no seeding work in the WAL for the scenarios' commits to checkpoint.
+    c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(())
 }
 
@@ -389,8 +391,14 @@ async fn main() -> anyhow::Result<()> {
         pk["addresses"][0]["address"].as_str().context("key")?.to_string(),
     );
     drop(client);
-    eprintln!("seeding {HISTORY} activities into the organization's log...");
-    seed_history(&stack, &org, HISTORY)?;
+    // A second organization (same API key) with a long history, for the page query.
+    let history_org = stack.gateway_cli(&["init-org", "--name", "history", "--api-public-key", &stack.api_public_key])
+        ["organizationId"]
+        .as_str()
+        .context("history organization")?
+        .to_string();
+    eprintln!("seeding {HISTORY} activities into a second organization's log...");
+    seed_history(&stack, &history_org, HISTORY)?;
 
     let sign_body = |org: String, sign_with: String, hash: &'static str| -> MakeBody {
         Arc::new(move |n| {
@@ -440,7 +448,7 @@ async fn main() -> anyhow::Result<()> {
             name: "read (list_activities, limit 10, 100k history)",
             path: "/public/v1/query/list_activities",
             make: Arc::new({
-                let org = org.clone();
+                let org = history_org.clone();
                 move |_| json!({"organizationId": org, "paginationOptions": {"limit": "10"}}).to_string()
             }),
             check: Arc::new(|_, v| match v["activities"].as_array() {
