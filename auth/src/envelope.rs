@@ -22,6 +22,16 @@ pub fn strip_nulls(v: Value) -> Value {
     }
 }
 
+/// The string member `key` of a body's parameters (empty when absent or not a string).
+pub fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The array member `key` of a body's parameters (empty when absent or not an array).
+pub fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
+}
+
 /// A submission as stamped: what the enclave derives every operation from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StampedActivity {

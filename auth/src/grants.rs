@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::envelope::{derived_id, StampedActivity, SUB_ORGANIZATION_ID, USER_ID};
+use crate::envelope::{derived_id, items, text, StampedActivity, SUB_ORGANIZATION_ID, USER_ID};
 use crate::{webauthn, AuthError};
 
 pub const CREATE_USERS: &str = "ACTIVITY_TYPE_CREATE_USERS_V4";
@@ -73,14 +73,6 @@ pub fn expiration(v: Option<&Value>) -> Result<Option<u64>, AuthError> {
             "invalid api key expiration: expirationSeconds must be a positive number of seconds",
         )),
     }
-}
-
-fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
-}
-
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or_default()
 }
 
 /// The API keys and passkeys one user entry of a body adds.

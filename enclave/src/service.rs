@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID};
+use coffer_auth::envelope::{derived_id, items, text, SUB_ORGANIZATION_ID};
 use coffer_auth::grants::{self, granted_credentials};
 use coffer_crypto::bundle::{self, EnvelopeSigner};
 use coffer_crypto::keys::SecretKey;
@@ -142,14 +142,6 @@ fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<SecretK
         }
     }
     Ok(key)
-}
-
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or_default()
-}
-
-fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[])
 }
 
 /// `WalletAccountParams` of a stamped body, paired with the ids the gateway chose for them.

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::activity::registry::Operation;
 use crate::error::ApiError;
-use crate::store::{Nanos, Organization, PrivateKey, SignWithKey, Store, StoreError, Wallet, WalletAccount};
+use crate::store::{found, Nanos, Organization, PrivateKey, SignWithKey, Store, StoreError, Wallet, WalletAccount};
 
 const NOT_AUTHORIZED: &str = "request not authorized";
 const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
@@ -129,14 +129,6 @@ pub fn compiled_policies(store: &dyn Store, org: &str) -> Result<Vec<Arc<Compile
             }
         })
         .collect())
-}
-
-fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(StoreError::NotFound) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 fn wallet_facts(w: &Wallet) -> WalletFacts {

@@ -583,7 +583,8 @@ pub enum SignWithKey {
     },
 }
 
-fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+/// `Ok(None)` for a record that is not there, so lookups can fall through to the next kind.
+pub fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
     match r {
         Ok(v) => Ok(Some(v)),
         Err(StoreError::NotFound) => Ok(None),
