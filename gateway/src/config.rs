@@ -38,6 +38,19 @@ pub struct GatewayConfig {
     /// Longest wait for a request's headers, from a connection's start or its previous response:
     /// slow-header and idle connections are closed. Default 10,000 ms.
     pub header_read_timeout_ms: u64,
+    /// Largest request head (request line plus headers) in bytes, at least 8,192; past it (or
+    /// past 100 headers) a JSON 431. Default 65,536.
+    pub max_header_bytes: usize,
+    /// Requests per second allowed from one client address and for one credential, with bursts
+    /// of one second's worth; past them a JSON 429 with `Retry-After`. 0 turns a limit off.
+    /// Defaults 0 and 0 (off: a load balancer funnels many clients through one address, and
+    /// the in-flight bounds already shed overload).
+    pub rate_limit_per_ip: u32,
+    pub rate_limit_per_credential: u32,
+    /// A second listener serving only `/healthz`, `/readyz` (and `/metrics`) on its own
+    /// connections, so a flood of API traffic can never crowd out a health check. Default: none
+    /// (the API listener serves them too, outside the in-flight limits).
+    pub ops_listen: Option<SocketAddr>,
 }
 
 impl Default for GatewayConfig {
@@ -56,6 +69,10 @@ impl Default for GatewayConfig {
             max_connections: 10_000,
             max_connections_per_ip: 5_000,
             header_read_timeout_ms: 10_000,
+            max_header_bytes: 64 * 1024,
+            rate_limit_per_ip: 0,
+            rate_limit_per_credential: 0,
+            ops_listen: None,
         }
     }
 }
@@ -76,6 +93,12 @@ impl GatewayConfig {
         if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_LISTEN") {
             cfg.auth_proxy_listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_LISTEN: {e}"))?;
         }
+        if let Ok(v) = std::env::var("COFFER_OPS_LISTEN") {
+            cfg.ops_listen = match v.trim() {
+                "" => None,
+                addr => Some(addr.parse().map_err(|e| anyhow::anyhow!("COFFER_OPS_LISTEN: {e}"))?),
+            };
+        }
         if let Ok(v) = std::env::var("COFFER_STORE_URL") {
             cfg.store_url = v;
         }
@@ -93,6 +116,9 @@ impl GatewayConfig {
             ("COFFER_MAX_CONNECTIONS", &mut cfg.max_connections),
             ("COFFER_MAX_CONNECTIONS_PER_IP", &mut cfg.max_connections_per_ip),
             ("COFFER_HEADER_READ_TIMEOUT_MS", &mut cfg.header_read_timeout_ms),
+            ("COFFER_MAX_HEADER_BYTES", &mut cfg.max_header_bytes),
+            ("COFFER_RATE_LIMIT_PER_IP", &mut cfg.rate_limit_per_ip),
+            ("COFFER_RATE_LIMIT_PER_CREDENTIAL", &mut cfg.rate_limit_per_credential),
         ] {
             if let Ok(v) = std::env::var(name) {
                 field.set(&v).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
@@ -115,14 +141,7 @@ trait SetFromEnv {
     fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError>;
 }
 
-impl SetFromEnv for u64 {
-    fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError> {
-        *self = v.trim().parse()?;
-        Ok(())
-    }
-}
-
-impl SetFromEnv for usize {
+impl<T: std::str::FromStr<Err = std::num::ParseIntError>> SetFromEnv for T {
     fn set(&mut self, v: &str) -> Result<(), std::num::ParseIntError> {
         *self = v.trim().parse()?;
         Ok(())

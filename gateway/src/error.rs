@@ -72,10 +72,21 @@ impl ApiError {
         Self::new(Code::Unavailable, "RPC_CALL_ERROR", message)
     }
     /// A request shed because its class is at its in-flight limit: 503 with `Retry-After: 1`.
-    pub fn overloaded(class: crate::state::RequestClass) -> Self {
+    pub fn overloaded(class: crate::limits::RequestClass) -> Self {
         Self {
             retry_after: Some(1),
             ..Self::unavailable(format!("overloaded: too many {class:?} requests in flight, retry shortly",))
+        }
+    }
+    /// A request over a rate limit: 429 with `Retry-After` (whole seconds, at least 1).
+    pub fn rate_limited(what: &str, wait: std::time::Duration) -> Self {
+        Self {
+            retry_after: Some(wait.as_secs_f64().ceil().max(1.0) as u32),
+            ..Self::new(
+                Code::ResourceExhausted,
+                "RATE_LIMIT_EXCEEDED",
+                format!("rate limit exceeded for this {what}, retry shortly"),
+            )
         }
     }
     /// A connection past the global or per-address connection cap.

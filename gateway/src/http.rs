@@ -7,12 +7,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::json;
 
 use crate::activity::pipeline;
 use crate::error::ApiError;
-use crate::state::{AppState, RequestClass};
+use crate::limits::{ClientAddr, RequestClass};
+use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -20,6 +21,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/public/v1/query/:name", post(query))
         .route("/public/v1/discovery/enclave_signer", get(enclave_signer))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError {
@@ -28,6 +30,16 @@ pub fn router(state: Arc<AppState>) -> Router {
             }
         })
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// The operations listener (`ops_listen`): health and readiness only, on connections of their
+/// own.
+pub fn ops_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::not_found("the operations listener serves /healthz and /readyz") })
         .with_state(state)
 }
 
@@ -59,11 +71,12 @@ fn respond(result: Result<serde_json::Value, ApiError>) -> Response {
 async fn submit(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let class = if name.starts_with("sign_") { RequestClass::Signing } else { RequestClass::Write };
-    let _slot = match state.limits.admit(class) {
+    let _slot = match state.limits.admit(class, client.map(|c| c.0)) {
         Ok(slot) => slot,
         Err(e) => return e.into_response(),
     };
@@ -77,10 +90,11 @@ async fn submit(
 async fn query(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let _slot = match state.limits.admit(RequestClass::Read) {
+    let _slot = match state.limits.admit(RequestClass::Read, client.map(|c| c.0)) {
         Ok(slot) => slot,
         Err(e) => return e.into_response(),
     };
@@ -101,11 +115,10 @@ async fn enclave_signer(State(state): State<Arc<AppState>>) -> Response {
     }))
 }
 
-/// 200 once the store answers and the enclave answers; 503 with the reason otherwise.
-async fn healthz(State(state): State<Arc<AppState>>) -> Response {
-    let store = state.db(|s| s.ping()).await;
-    if !matches!(store, Ok(Ok(()))) {
-        return ApiError::unavailable("store unavailable").into_response();
+/// Whether the store and the enclave answer, each within 2 s.
+async fn readiness(state: &Arc<AppState>) -> Result<(), ApiError> {
+    if !matches!(state.db(|s| s.ping()).await, Ok(Ok(()))) {
+        return Err(ApiError::unavailable("store unavailable"));
     }
     let enclave = tokio::time::timeout(
         std::time::Duration::from_secs(2),
@@ -113,7 +126,18 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     )
     .await;
     match enclave {
-        Ok(Ok(_)) => Json(json!({ "status": "ok" })).into_response(),
-        _ => ApiError::unavailable("enclave unavailable").into_response(),
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(ApiError::unavailable("enclave unavailable")),
     }
+}
+
+/// 200 once the store answers and the enclave answers; 503 with the reason otherwise (the
+/// launcher contract's health check).
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    respond(readiness(&state).await.map(|()| json!({ "status": "ok" })))
+}
+
+/// Readiness for a load balancer: ready when the store and the enclave answer.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    respond(readiness(&state).await.map(|()| json!({ "status": "ready", "store": "ok", "enclave": "ok" })))
 }

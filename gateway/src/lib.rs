@@ -6,6 +6,7 @@ pub mod config;
 pub mod enclave_client;
 pub mod error;
 pub mod http;
+pub mod limits;
 pub mod ops;
 pub mod orgs;
 pub mod policy;

@@ -196,35 +196,53 @@ async fn init_dev(
 }
 
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
+    use coffer_gateway::serve::{serve, ConnectionLimits};
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
-    let limits = coffer_gateway::state::Limits::new(&cfg);
+    let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits });
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let proxy_listener = tokio::net::TcpListener::bind(cfg.auth_proxy_listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, "gateway ready");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(proxy_listener, coffer_gateway::http::auth_proxy_router()).await {
-            tracing::error!(error = %e, "auth proxy listener failed");
+    let ops_listener = match cfg.ops_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+        None => None,
+    };
+    let ops_addr = ops_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, ops = ?ops_addr, "gateway ready");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
         }
-    });
-    let shutdown = async {
+    };
+    // The connection cap, not the kernel's file limit, is what turns clients away: raise the soft
+    // limit to the hard one and keep the cap below it (files for the store, the enclave, logs).
+    let files = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    let limits = ConnectionLimits {
+        max_connections: cfg.max_connections.min(files.saturating_sub(256).max(64) as usize),
+        max_connections_per_ip: cfg.max_connections_per_ip,
+        header_read_timeout: std::time::Duration::from_millis(cfg.header_read_timeout_ms),
+        max_header_bytes: cfg.max_header_bytes,
+    };
+    tracing::info!(max_connections = limits.max_connections, open_file_limit = files, "connection limits");
+    // The auth proxy and the operations listener get small caps of their own.
+    let side_limits = ConnectionLimits { max_connections: 128, max_connections_per_ip: 128, ..limits };
+    let proxy = tokio::spawn(serve(proxy_listener, coffer_gateway::http::auth_proxy_router(), side_limits, stopped()));
+    let ops = ops_listener
+        .map(|l| tokio::spawn(serve(l, coffer_gateway::http::ops_router(state.clone()), side_limits, stopped())));
+    let shutdown = async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
         }
+        let _ = stop_tx.send(true);
     };
-    // The connection cap, not the kernel's file limit, is what turns clients away: raise the soft
-    // limit to the hard one and keep the cap below it (files for the store, the enclave, logs).
-    let files = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
-    let limits = coffer_gateway::serve::ConnectionLimits {
-        max_connections: cfg.max_connections.min(files.saturating_sub(256).max(64) as usize),
-        max_connections_per_ip: cfg.max_connections_per_ip,
-        header_read_timeout: std::time::Duration::from_millis(cfg.header_read_timeout_ms),
-    };
-    tracing::info!(max_connections = limits.max_connections, open_file_limit = files, "connection limits");
-    coffer_gateway::serve::serve(listener, coffer_gateway::http::router(state), limits, shutdown).await?;
+    serve(listener, coffer_gateway::http::router(state), limits, shutdown).await?;
+    for side in std::iter::once(proxy).chain(ops) {
+        side.await??;
+    }
     Ok(())
 }

@@ -221,6 +221,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     }
     let org = organization(&state, env.organization_id.clone()).await?;
     let caller = auth::resolve(&state, &org, stamp).await?;
+    state.limits.charge_credential(caller.credential.id())?;
     let idem = idempotency_key(headers)?;
 
     // Identical bytes are the same activity (the Rust client polls by re-posting them).
@@ -255,7 +256,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
     let proposal = Proposal { op, params: &env.parameters, votes: &votes, submitter: &caller.user.id, now };
-    let evaluation = evaluate(state.store.as_ref(), &org, &proposal)?;
+    let evaluation = state.read_store(|s| evaluate(s, &org, &proposal))?;
     let mut writes = vec![evaluation_write(&org.id, &activity_id, &vote, &evaluation, now)];
     if let Some(key) = &idem {
         writes.push(Write::InsertIdempotencyKey {
@@ -425,7 +426,7 @@ async fn vote(
         let mut fallback = None;
         if approve {
             let proposal = Proposal { op, params: &params, votes: &votes, submitter: &submitter, now };
-            let evaluation = evaluate(state.store.as_ref(), &org, &proposal)?;
+            let evaluation = state.read_store(|s| evaluate(s, &org, &proposal))?;
             let eval_write = evaluation_write(&org.id, &target.id, &vote, &evaluation, now);
             match evaluation.decision {
                 Decision::Deny => return Err(denied(&evaluation)),
@@ -433,7 +434,7 @@ async fn vote(
                     writes = vec![eval_write, update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                 }
                 Decision::Allow => {
-                    let ran = match submitter_caller(state.store.as_ref(), &org.id, &old_votes[0]) {
+                    let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                         Ok(submitter) => {
                             // The enclave runs it on the original stamp plus this fresh approval.
                             let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
@@ -474,8 +475,7 @@ async fn vote(
                 decision: Decision::Deny,
                 reason: "REJECTED",
                 outcomes: state
-                    .store
-                    .records(&org.id, "policy")?
+                    .read_store(|s| s.records(&org.id, "policy"))?
                     .iter()
                     .map(|r| PolicyOutcome {
                         policy_id: r.id.clone(),
@@ -534,6 +534,7 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
     let mut request = envelope::parse_body(body)?;
     let org = organization(&state, envelope::organization_id(&request)?).await?;
     let caller = auth::resolve(&state, &org, stamp).await?;
+    state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");
     let params = envelope::strip_nulls(Value::Object(request));
     (q.handler)(QueryCtx { state, org, caller }, params).await

@@ -102,7 +102,7 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         }]);
         let params = envelope::strip_nulls(env.parameters.clone());
         let proposal = Proposal { op, params: &params, votes: &votes, submitter: &caller.user.id, now };
-        let e = policy::evaluate(ctx.state.store.as_ref(), &ctx.org, &proposal)?;
+        let e = ctx.state.read_store(|s| policy::evaluate(s, &ctx.org, &proposal))?;
         let policies = e
             .outcomes
             .iter()

@@ -301,7 +301,7 @@ mod tests {
             store: Arc::new(store),
             enclave,
             body_limit: 1 << 20,
-            limits: crate::state::Limits::new(&crate::config::GatewayConfig::default()),
+            limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
         });
         Harness { _dir: TempDir(dir), state, keys }
     }

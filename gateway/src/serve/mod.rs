@@ -1,5 +1,8 @@
-//! The API listener: a global and a per-IP connection cap (past them, a JSON 503 and close), and
-//! a header read timeout that also closes connections that stay idle, in front of the router.
+//! The API listener: a global and a per-IP connection cap (past them, a JSON 503 and close), a
+//! header read timeout that also closes connections that stay idle, and a header size limit, in
+//! front of the router; hyper's own error answers get the JSON body (`json_errors`).
+
+mod json_errors;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,6 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
+use crate::limits::ClientAddr;
+use tower::ServiceExt;
 
 /// Connection limits of one listener (see README "Operating limits").
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +30,8 @@ pub struct ConnectionLimits {
     /// Longest wait for a request's headers, from the connection's start or the previous
     /// response on a kept-alive connection: idle and slow-header connections are closed.
     pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers); past it, a JSON 431. At least 8 KiB.
+    pub max_header_bytes: usize,
 }
 
 /// Open connections per client address.
@@ -121,7 +128,12 @@ pub async fn serve(
             }
             continue;
         };
-        let (router, mut stop, open) = (router.clone(), stop_rx.clone(), open_rx.clone());
+        let (mut stop, open) = (stop_rx.clone(), open_rx.clone());
+        let client = ClientAddr(peer.ip());
+        let service = router.clone().map_request(move |mut request: axum::http::Request<_>| {
+            request.extensions_mut().insert(client);
+            request
+        });
         let timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = slot;
@@ -132,9 +144,11 @@ pub async fn serve(
             if !matches!(tokio::time::timeout(timeout, stream.peek(&mut first)).await, Ok(Ok(n)) if n > 0) {
                 return;
             }
+            let max_header_bytes = limits.max_header_bytes.max(8192);
             let mut builder = Builder::new(TokioExecutor::new());
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(timeout);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(router));
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(timeout).max_buf_size(max_header_bytes);
+            let io = TokioIo::new(json_errors::JsonErrors::new(stream, max_header_bytes));
+            let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
             tokio::pin!(conn);
             let mut closing = false;
             loop {
