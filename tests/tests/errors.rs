@@ -351,8 +351,75 @@ async fn not_found_and_routing_errors_are_json() {
     let r = stack.post_raw("/public/v1/query/list_wallets", big.as_bytes(), Some(&key)).await;
     assert_error(&r, 413, 3, None, "too large");
 
+    // Errors hyper raises before any handler: a malformed request, oversized headers.
+    let port: u16 = stack.base_url.rsplit(':').next().unwrap().parse().unwrap();
+    let r = raw_http(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n").await;
+    assert_error(&r, 400, 3, Some("REQUEST_INVALID"), "malformed HTTP request");
+    let huge =
+        format!("POST /public/v1/query/list_wallets HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(70_000));
+    let r = raw_http(port, huge.as_bytes()).await;
+    assert_error(&r, 431, 3, Some("REQUEST_INVALID"), "request header fields too large");
+    let r = send(&stack, reqwest::Method::GET, "/readyz", vec![], &[]).await;
+    assert_eq!((r.status, r.json["status"].as_str()), (200, Some("ready")), "{}", r.text);
+
     assert_eq!(counts(&stack, &key, &org).await, before);
     assert!(!wallet_exported(&stack, &key, &org, &wallet_id).await);
+}
+
+/// Writes `request` on a fresh connection and reads the answer until the server closes it.
+async fn raw_http(port: u16, request: &[u8]) -> RawResponse {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    conn.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), conn.read_to_end(&mut answer)).await.unwrap().unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, text) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head: {answer}"));
+    let status = head[9..12].parse().unwrap();
+    let content_type =
+        head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_string));
+    RawResponse { status, content_type, json: serde_json::from_str(text).unwrap_or(Value::Null), text: text.into() }
+}
+
+/// Per-credential rate limits answer a JSON 429 with `Retry-After`, only to the credential over
+/// its rate; the operations listener answers health and readiness on its own port.
+#[tokio::test]
+async fn rate_limits_are_per_credential_and_health_has_its_own_listener() {
+    let ops_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ops = format!("127.0.0.1:{ops_port}");
+    let stack = Stack::start_with(&[("COFFER_RATE_LIMIT_PER_CREDENTIAL", "5"), ("COFFER_OPS_LISTEN", &ops)]).await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let whoami = json!({"organizationId": org});
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for _ in 0..12 {
+        let r = query(&stack, &key, "whoami", whoami.clone()).await;
+        statuses.push(r.status);
+        if r.status == 429 {
+            limited = Some(r);
+        }
+    }
+    // A burst of one second's worth (5) passes; the rest of a quick run of 12 is refused.
+    assert!(statuses[..5].iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(statuses.iter().filter(|s| **s == 429).count() >= 5, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    let r = limited.unwrap();
+    assert_error(&r, 429, 8, Some("RATE_LIMIT_EXCEEDED"), "rate limit exceeded");
+    // The limit is charged to authenticated credentials: an unknown key still gets its 401.
+    let stranger = TurnkeyP256ApiKey::generate();
+    let r = query(&stack, &stranger, "whoami", whoami.clone()).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = query(&stack, &key, "whoami", whoami).await;
+    assert_eq!(r.status, 200, "the bucket refills: {}", r.text);
+
+    for path in ["/healthz", "/readyz"] {
+        let r = reqwest::get(format!("http://{ops}{path}")).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    let r = reqwest::get(format!("http://{ops}/public/v1/query/whoami")).await.unwrap();
+    assert_eq!(r.status(), 404, "the operations listener serves no API");
 }
 
 #[tokio::test]
