@@ -64,8 +64,8 @@ pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Resu
             Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
         });
     }
-    let policies = compiled_policies(store, &org.id)?;
-    let policies: Vec<&CompiledPolicy> = policies.iter().map(Arc::as_ref).collect();
+    let set = policy_set(store, &org.id)?;
+    let policies = set.applicable(p.op.activity_type, p.op.resource, p.op.action);
     let facts = ActivityFacts {
         activity_type: p.op.activity_type,
         resource: p.op.resource,
@@ -95,40 +95,104 @@ pub fn denied(e: &Evaluation) -> ApiError {
     }
 }
 
-/// (organization, policy id) → the policy compiled from its current source.
-type PolicyCache = HashMap<(String, String), Arc<CompiledPolicy>>;
+/// An organization's policies, compiled, with an index by the activity type their condition
+/// requires (`coffer_policy::scope`).
+pub struct PolicySet {
+    /// `records_version` of the policies this set was built from.
+    version: (i64, i64),
+    policies: Vec<Arc<CompiledPolicy>>,
+    /// Activity type → positions of the policies that require it.
+    by_type: HashMap<String, Vec<usize>>,
+    /// Positions of the policies that require no particular type.
+    any_type: Vec<usize>,
+}
+
+impl PolicySet {
+    fn new(version: (i64, i64), policies: Vec<Arc<CompiledPolicy>>) -> Self {
+        let (mut by_type, mut any_type) = (HashMap::<String, Vec<usize>>::new(), Vec::new());
+        for (i, p) in policies.iter().enumerate() {
+            match &p.scope.types {
+                Some(types) => types.iter().for_each(|t| by_type.entry(t.clone()).or_default().push(i)),
+                None => any_type.push(i),
+            }
+        }
+        Self { version, policies, by_type, any_type }
+    }
+
+    /// The policies that can apply to an activity, in the organization's order: the ones left out
+    /// could only come out "condition false" (or an error), which no decision counts, so the
+    /// decision is the same and the cost follows the policies that can apply.
+    pub fn applicable(&self, activity_type: &str, resource: &str, action: &str) -> Vec<&CompiledPolicy> {
+        let typed = self.by_type.get(activity_type).map(Vec::as_slice).unwrap_or_default();
+        let mut positions: Vec<usize> = typed.iter().chain(&self.any_type).copied().collect();
+        positions.sort_unstable();
+        positions.dedup();
+        positions
+            .into_iter()
+            .map(|i| self.policies[i].as_ref())
+            .filter(|p| p.scope.admits(activity_type, resource, action))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+}
+
+/// Organization → its policy set; (organization, policy id) → the policy compiled from its
+/// current source.
+#[derive(Default)]
+struct PolicyCache {
+    sets: HashMap<String, Arc<PolicySet>>,
+    compiled: HashMap<(String, String), Arc<CompiledPolicy>>,
+}
 
 /// Most compiled policies kept; past it the cache starts over (a cold cache costs parsing only).
 const COMPILED_POLICY_CACHE: usize = 100_000;
 
-/// The organization's policies, compiled. A policy is parsed once per stored version: the cache
-/// holds each (organization, policy id) with the source it was compiled from, and a changed
-/// source is compiled again.
-pub fn compiled_policies(store: &dyn Store, org: &str) -> Result<Vec<Arc<CompiledPolicy>>, StoreError> {
+/// The organization's policy set. Each submission asks the store only for the set's version (an
+/// index walk); the policies are read and indexed again only when one was added, changed or
+/// removed, and each is parsed once per stored version.
+pub fn policy_set(store: &dyn Store, org: &str) -> Result<Arc<PolicySet>, StoreError> {
     static CACHE: OnceLock<Mutex<PolicyCache>> = OnceLock::new();
-    let records = store.records(org, "policy")?;
-    let mut cache = CACHE
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .map_err(|_| StoreError::Backend("policy cache lock poisoned".into()))?;
-    if cache.len() + records.len() > COMPILED_POLICY_CACHE {
-        cache.clear();
+    let cache = CACHE.get_or_init(|| Mutex::new(PolicyCache::default()));
+    let poisoned = || StoreError::Backend("policy cache lock poisoned".into());
+    let version = store.records_version(org, "policy")?;
+    if let Some(set) = cache.lock().map_err(|_| poisoned())?.sets.get(org) {
+        if set.version == version {
+            return Ok(set.clone());
+        }
     }
-    Ok(records
+    // Read outside the lock; a concurrent change only means a rebuild on the next call.
+    let records = store.records(org, "policy")?;
+    let version = (records.len() as i64, records.iter().map(|r| r.updated_at).max().unwrap_or(0));
+    let mut cache = cache.lock().map_err(|_| poisoned())?;
+    if cache.compiled.len() + records.len() > COMPILED_POLICY_CACHE {
+        cache.compiled.clear();
+        cache.sets.clear();
+    }
+    let policies = records
         .iter()
         .map(|r| {
             let source = PolicySource::from_json(&r.id, &r.name, &r.data);
             let key = (org.to_string(), r.id.clone());
-            match cache.get(&key) {
+            match cache.compiled.get(&key) {
                 Some(c) if c.source == source => c.clone(),
                 _ => {
                     let compiled = Arc::new(CompiledPolicy::compile(source));
-                    cache.insert(key, compiled.clone());
+                    cache.compiled.insert(key, compiled.clone());
                     compiled
                 }
             }
         })
-        .collect())
+        .collect();
+    let set = Arc::new(PolicySet::new(version, policies));
+    cache.sets.insert(org.to_string(), set.clone());
+    Ok(set)
 }
 
 fn wallet_facts(w: &Wallet) -> WalletFacts {
@@ -154,11 +218,10 @@ pub fn organization_facts(
     voters: &[String],
 ) -> Result<OrganizationFacts, StoreError> {
     let mut facts = OrganizationFacts::default();
-    let tags = if voters.is_empty() { Vec::new() } else { store.user_tag_members(org)? };
     for id in voters {
         let Some(u) = found(store.user(org, id))? else { continue };
         facts.approvers.push(ApproverFacts {
-            tags: tags.iter().filter(|(_, uid)| uid == id).map(|(t, _)| t.clone()).collect(),
+            tags: store.user_tags_of(org, id)?,
             email: u.email.unwrap_or_default(),
             alias: u.name,
             id: u.id,
@@ -224,7 +287,7 @@ mod tests {
             created_at: 0,
             updated_at: 0,
         };
-        let policy = |condition: &str| {
+        let policy = |condition: &str, at: i64| {
             Write::PutRecord(Record {
                 organization_id: "org".into(),
                 kind: "policy".into(),
@@ -232,18 +295,49 @@ mod tests {
                 name: "p".into(),
                 data: json!({"effect": "EFFECT_ALLOW", "condition": condition, "consensus": "", "time": ""}),
                 created_at: 1,
-                updated_at: 1,
+                updated_at: at,
             })
         };
-        store.apply(&[Write::InsertOrganization(org), policy("true")]).unwrap();
-        let first = compiled_policies(&store, "org").unwrap();
-        let again = compiled_policies(&store, "org").unwrap();
+        store.apply(&[Write::InsertOrganization(org), policy("true", 1)]).unwrap();
+        let first = policy_set(&store, "org").unwrap();
+        let again = policy_set(&store, "org").unwrap();
         assert_eq!(first.len(), 1);
-        assert!(Arc::ptr_eq(&first[0], &again[0]), "an unchanged policy is not parsed again");
-        store.apply(&[policy("false")]).unwrap();
-        let changed = compiled_policies(&store, "org").unwrap();
-        assert!(!Arc::ptr_eq(&first[0], &changed[0]));
-        assert_eq!(changed[0].source.condition, "false");
+        assert!(Arc::ptr_eq(&first, &again), "an unchanged policy set is not read or parsed again");
+        store.apply(&[policy("false", 2)]).unwrap();
+        let changed = policy_set(&store, "org").unwrap();
+        assert!(!Arc::ptr_eq(&first.policies[0], &changed.policies[0]));
+        assert_eq!(changed.policies[0].source.condition, "false");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_index_leaves_out_only_policies_that_cannot_apply() {
+        let compile = |id: &str, effect: &str, condition: &str| {
+            Arc::new(CompiledPolicy::compile(PolicySource {
+                id: id.into(),
+                name: id.into(),
+                effect: effect.into(),
+                condition: condition.into(),
+                consensus: String::new(),
+                time: String::new(),
+            }))
+        };
+        let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+        let set = PolicySet::new(
+            (4, 1),
+            vec![
+                compile("deny-sign", "EFFECT_DENY", &format!("activity.type == '{sign}'")),
+                compile("allow-wallets", "EFFECT_ALLOW", "activity.resource == 'WALLET'"),
+                compile("allow-all", "EFFECT_ALLOW", "true"),
+                compile("broken", "EFFECT_ALLOW", "activity.type == "),
+            ],
+        );
+        let ids = |ps: Vec<&CompiledPolicy>| ps.iter().map(|p| p.source.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(set.applicable(sign, "PRIVATE_KEY", "SIGN")), ["deny-sign", "allow-all", "broken"]);
+        assert_eq!(
+            ids(set.applicable("ACTIVITY_TYPE_CREATE_WALLET", "WALLET", "CREATE")),
+            ["allow-wallets", "allow-all", "broken"]
+        );
+        assert_eq!(ids(set.applicable("ACTIVITY_TYPE_CREATE_USERS", "USER", "CREATE")), ["allow-all", "broken"]);
     }
 }

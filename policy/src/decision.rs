@@ -102,6 +102,8 @@ pub struct CompiledPolicy {
     time: Result<crate::Expr, String>,
     condition: Result<crate::Expr, String>,
     consensus: Result<crate::Expr, String>,
+    /// The activities the condition can hold for (all when it does not parse).
+    pub scope: crate::scope::Scope,
 }
 
 impl CompiledPolicy {
@@ -109,9 +111,11 @@ impl CompiledPolicy {
         let parsed = |src: &str, parse: fn(&str) -> Result<crate::Expr, crate::PolicyError>| {
             parse(src).map_err(|e| format!("invalid expression: {e}"))
         };
+        let condition = parsed(&source.condition, parse_condition);
         Self {
             time: parsed(&source.time, parse_time),
-            condition: parsed(&source.condition, parse_condition),
+            scope: condition.as_ref().map(crate::scope::Scope::of).unwrap_or_default(),
+            condition,
             consensus: parsed(&source.consensus, parse_consensus),
             source,
         }

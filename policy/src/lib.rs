@@ -9,6 +9,7 @@ pub mod context;
 pub mod decision;
 pub mod eval;
 pub mod parser;
+pub mod scope;
 
 use std::fmt;
 

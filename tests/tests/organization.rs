@@ -294,3 +294,76 @@ async fn root_quorum_end_to_end() {
     assert!(data.private_keys.is_empty() && data.features.is_empty() && data.tags.is_empty());
     assert!(data.smart_contract_interface_references.is_empty() && data.invitations.is_empty());
 }
+
+/// Every list pages in the database: `paginationOptions` (also accepted on the lists the SDK
+/// sends without them) give keyset pages oldest first, and a name check reads one row.
+#[tokio::test]
+async fn lists_page_with_pagination_options() {
+    let stack = Stack::start().await;
+    let key = stack.api_key();
+    let org = stack.organization_id.clone();
+    let post = |path: &'static str, body: Value| {
+        let (stack, key) = (&stack, &key);
+        async move { stack.post_raw(path, body.to_string().as_bytes(), Some(key)).await }
+    };
+    let mut wallet_ids = Vec::new();
+    for i in 0..4 {
+        let body = json!({
+            "type": "ACTIVITY_TYPE_CREATE_WALLET",
+            "timestampMs": Stack::now_ms().to_string(),
+            "organizationId": org,
+            "parameters": {"walletName": format!("w{i}"), "accounts": [{
+                "curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
+                "path": format!("m/44'/60'/0'/0/{i}"), "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]},
+        });
+        let r = post("/public/v1/submit/create_wallet", body.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        wallet_ids.push(r.json["activity"]["result"]["createWalletResult"]["walletId"].as_str().unwrap().to_string());
+        if i == 0 {
+            // The same name again: refused by the one-row name check, with the name in the message.
+            let mut again = body;
+            again["timestampMs"] = json!((Stack::now_ms() + 1).to_string());
+            again["parameters"]["accounts"][0]["path"] = json!("m/44'/60'/0'/0/9");
+            let r = post("/public/v1/submit/create_wallet", again).await;
+            assert_eq!(r.status, 400, "{}", r.text);
+            assert!(r.json["message"].as_str().unwrap().contains("wallet name must be unique: \"w0\""), "{}", r.text);
+        }
+    }
+    let names = |r: &coffer_tests::RawResponse| -> Vec<String> {
+        r.json["wallets"].as_array().unwrap().iter().map(|w| w["walletName"].as_str().unwrap().to_string()).collect()
+    };
+    let list = |options: Value| {
+        post("/public/v1/query/list_wallets", json!({"organizationId": org, "paginationOptions": options}))
+    };
+    let all = post("/public/v1/query/list_wallets", json!({"organizationId": org})).await;
+    assert_eq!(names(&all), ["w0", "w1", "w2", "w3"], "without options: everything up to the maximum page");
+    assert_eq!(names(&list(json!({"limit": "2"})).await), ["w0", "w1"]);
+    assert_eq!(names(&list(json!({"limit": "2", "after": wallet_ids[1]})).await), ["w2", "w3"]);
+    assert_eq!(names(&list(json!({"limit": "2", "before": wallet_ids[3]})).await), ["w1", "w2"]);
+    assert_eq!(names(&list(json!({"after": wallet_ids[3]})).await), Vec::<String>::new());
+    let r = list(json!({"limit": "1001"})).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().contains("\"1000\""), "{}", r.text);
+
+    // Accounts across wallets, in wallet order, paged the way the SDK pages them.
+    let accounts = |options: Value| {
+        post("/public/v1/query/list_wallet_accounts", json!({"organizationId": org, "paginationOptions": options}))
+    };
+    let first = accounts(json!({"limit": "3"})).await;
+    let paths: Vec<&str> =
+        first.json["accounts"].as_array().unwrap().iter().map(|a| a["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["m/44'/60'/0'/0/0", "m/44'/60'/0'/0/1", "m/44'/60'/0'/0/2"], "{}", first.text);
+    let last_id = first.json["accounts"][2]["walletAccountId"].as_str().unwrap().to_string();
+    let rest = accounts(json!({"after": last_id})).await;
+    assert_eq!(rest.json["accounts"].as_array().unwrap().len(), 1, "{}", rest.text);
+    assert_eq!(rest.json["accounts"][0]["walletId"], wallet_ids[3].as_str());
+    let r = accounts(json!({"limit": "101"})).await;
+    assert_eq!(r.status, 400, "the SDK's paged lists keep the spec's maximum of 100: {}", r.text);
+
+    // The users list takes the same options.
+    let r =
+        post("/public/v1/query/list_users", json!({"organizationId": org, "paginationOptions": {"limit": "1"}})).await;
+    assert_eq!(r.json["users"].as_array().unwrap().len(), 1, "{}", r.text);
+    assert_eq!(r.json["users"][0]["userId"], stack.user_id.as_str());
+    assert_eq!(r.json["users"][0]["apiKeys"].as_array().unwrap().len(), 1, "{}", r.text);
+}

@@ -144,8 +144,8 @@ pub async fn get_smart_contract_interface(
     Ok(json!({ "smartContractInterface": interface_json(&r) }))
 }
 
-pub async fn list_smart_contract_interfaces(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let records = ctx.state.db(move |s| s.records(&org, SMART_CONTRACT_INTERFACE)).await??;
+pub async fn list_smart_contract_interfaces(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let records = ctx.state.db(move |s| s.records_page(&org, SMART_CONTRACT_INTERFACE, &page)).await??;
     Ok(json!({ "smartContractInterfaces": records.iter().map(interface_json).collect::<Vec<_>>() }))
 }

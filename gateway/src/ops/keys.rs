@@ -8,7 +8,7 @@ use super::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
-use crate::store::{AddressEntry, PrivateKey, StoreError, Write};
+use crate::store::{AddressEntry, Named, PrivateKey, StoreError, Write};
 
 pub fn private_key_json(k: &PrivateKey) -> Value {
     json!({
@@ -64,9 +64,9 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
     if intent.private_keys.is_empty() {
         return Err(ApiError::invalid("privateKeys must not be empty"));
     }
-    let org = ctx.org.id.clone();
-    let existing = ctx.state.db(move |s| s.private_keys(&org)).await??;
-    let mut names: Vec<&str> = existing.iter().map(|k| k.name.as_str()).collect();
+    let wanted: Vec<&str> = intent.private_keys.iter().map(|p| p.private_key_name.as_str()).collect();
+    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &wanted).await?;
+    let mut names: Vec<&str> = Vec::new();
     for p in &intent.private_keys {
         required(&p.private_key_name, "privateKeyName")?;
         if names.contains(&p.private_key_name.as_str()) {
@@ -146,9 +146,9 @@ pub async fn delete_private_keys(ctx: Ctx, intent: DeletePrivateKeysIntent) -> R
     })
 }
 
-pub async fn list_private_keys(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let keys = ctx.state.db(move |s| s.private_keys(&org)).await??;
+pub async fn list_private_keys(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let keys = ctx.state.db(move |s| s.private_keys_page(&org, &page)).await??;
     Ok(json!({ "privateKeys": keys.iter().map(private_key_json).collect::<Vec<_>>() }))
 }
 

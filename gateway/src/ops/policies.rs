@@ -242,8 +242,8 @@ pub async fn get_policy(ctx: QueryCtx, req: GetPolicyRequest) -> Result<Value, A
     Ok(json!({ "policy": policy_json(&r) }))
 }
 
-pub async fn list_policies(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let records = ctx.state.db(move |s| s.records(&org, POLICY)).await??;
+pub async fn list_policies(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let records = ctx.state.db(move |s| s.records_page(&org, POLICY, &page)).await??;
     Ok(json!({ "policies": records.iter().map(policy_json).collect::<Vec<_>>() }))
 }

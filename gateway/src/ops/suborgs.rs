@@ -18,7 +18,7 @@ use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::auth::oidc;
 use crate::error::{ApiError, Code};
 use crate::state::AppState;
-use crate::store::{Organization, Record, StoreError, SubOrgFilter, SubOrgPage, User, Wallet, Write};
+use crate::store::{Organization, Page, Record, StoreError, SubOrgFilter, User, Wallet, Write};
 use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};
 
 /// `RootUserParamsV5`.
@@ -361,7 +361,7 @@ pub async fn list_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Valu
     let p = req.pagination_options;
     let cursor = |c: Option<String>| c.filter(|c| !c.is_empty());
     let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
-    let page = SubOrgPage { limit, before: cursor(p.before), after: cursor(p.after) };
+    let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
     let filter =
         filter(req.filter_type.as_deref().unwrap_or_default(), req.filter_value.as_deref().unwrap_or_default()).await?;
     for id in [&page.after, &page.before].into_iter().flatten() {
@@ -563,8 +563,8 @@ mod tests {
         }
     }
 
-    fn page(limit: usize, after: Option<&str>, before: Option<&str>) -> SubOrgPage {
-        SubOrgPage { limit, after: after.map(str::to_string), before: before.map(str::to_string) }
+    fn page(limit: usize, after: Option<&str>, before: Option<&str>) -> Page {
+        Page { limit, after: after.map(str::to_string), before: before.map(str::to_string) }
     }
 
     fn ids(s: &SqliteStore, parent: &str, f: SubOrgFilter) -> Vec<String> {
@@ -644,7 +644,7 @@ mod tests {
     #[test]
     fn pages_follow_creation_order() {
         let (_d, s) = fixture();
-        let get = |p: SubOrgPage| s.sub_organization_ids("p", &SubOrgFilter::All, &p).unwrap();
+        let get = |p: Page| s.sub_organization_ids("p", &SubOrgFilter::All, &p).unwrap();
         assert_eq!(get(page(2, None, None)), ["a", "b"]);
         assert_eq!(get(page(2, Some("b"), None)), ["c"]);
         assert_eq!(get(page(2, Some("c"), None)), Vec::<String>::new());

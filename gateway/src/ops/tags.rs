@@ -275,13 +275,15 @@ pub async fn delete_private_key_tags(ctx: Ctx, intent: DeletePrivateKeyTagsInten
     })
 }
 
-pub async fn list_user_tags(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let tags = tags_of_kind(&ctx.state, &ctx.org.id, USER_TAG).await?;
+pub async fn list_user_tags(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let tags = ctx.state.db(move |s| s.records_page(&org, USER_TAG, &page)).await??;
     Ok(json!({ "userTags": tags.iter().map(tag_json).collect::<Vec<_>>() }))
 }
 
-pub async fn list_private_key_tags(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let tags = tags_of_kind(&ctx.state, &ctx.org.id, PRIVATE_KEY_TAG).await?;
+pub async fn list_private_key_tags(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let tags = ctx.state.db(move |s| s.records_page(&org, PRIVATE_KEY_TAG, &page)).await??;
     Ok(json!({ "privateKeyTags": tags.iter().map(tag_json).collect::<Vec<_>>() }))
 }
 

@@ -10,7 +10,7 @@ use super::sealed;
 use super::wallets::{account_ids, account_rows, load_wallet, AccountParams};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
-use crate::store::{ImportTarget, PrivateKey, StoreError, Wallet, Write};
+use crate::store::{ImportTarget, Named, PrivateKey, StoreError, Wallet, Write};
 
 /// Checks the target key for a clear 400; the enclave encrypts to the stamped body's key itself.
 fn target_key(hex_key: &str) -> Result<(), ApiError> {
@@ -157,10 +157,7 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
     required(&i.wallet_name, "walletName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
     let account_ids = account_ids(&i.accounts)?;
-    let (org, name) = (ctx.org.id.clone(), i.wallet_name.clone());
-    if ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await?? {
-        return Err(ApiError::invalid("wallet name must be unique"));
-    }
+    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&i.wallet_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
@@ -209,10 +206,7 @@ pub struct ImportPrivateKeyIntent {
 pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<Outcome, ApiError> {
     required(&i.private_key_name, "privateKeyName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
-    let (org, name) = (ctx.org.id.clone(), i.private_key_name.clone());
-    if ctx.state.db(move |s| s.private_keys(&org).map(|ks| ks.iter().any(|k| k.name == name))).await?? {
-        return Err(ApiError::invalid("private key name must be unique"));
-    }
+    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &[&i.private_key_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
     let id = uuid::Uuid::new_v4().to_string();
     let km = ctx

@@ -62,17 +62,12 @@ fn user_view(
 
 /// Full swagger `User` objects (API keys, tags, passkeys, OAuth providers), read through `s`.
 pub fn users_json(s: &dyn Store, org: &str, users: &[User]) -> Result<Vec<Value>, StoreError> {
-    let keys = match users {
-        [one] => s.api_keys_of_user(org, &one.id)?,
-        _ => s.api_keys(org)?,
-    };
+    // Per user (indexed reads): a page of users costs the same whatever the organization holds.
     let mut keys_of: HashMap<String, Vec<ApiKey>> = HashMap::new();
-    for k in keys {
-        keys_of.entry(k.user_id.clone()).or_default().push(k);
-    }
     let mut tags_of: HashMap<String, Vec<String>> = HashMap::new();
-    for (tag, user) in s.user_tag_members(org)? {
-        tags_of.entry(user).or_default().push(tag);
+    for u in users {
+        keys_of.insert(u.id.clone(), s.api_keys_of_user(org, &u.id)?);
+        tags_of.insert(u.id.clone(), s.user_tags_of(org, &u.id)?);
     }
     Ok(users
         .iter()
@@ -419,9 +414,9 @@ pub async fn get_user(ctx: QueryCtx, req: GetUserRequest) -> Result<Value, ApiEr
     Ok(json!({ "user": out.pop().unwrap_or_default() }))
 }
 
-pub async fn list_users(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let users = ctx.state.db(move |s| users_json(s, &org, &s.users(&org)?)).await??;
+pub async fn list_users(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let users = ctx.state.db(move |s| users_json(s, &org, &s.users_page(&org, &page)?)).await??;
     Ok(json!({ "users": users }))
 }
 
@@ -444,6 +439,8 @@ pub async fn get_api_key(ctx: QueryCtx, req: GetApiKeyRequest) -> Result<Value, 
 #[serde(rename_all = "camelCase")]
 pub struct GetApiKeysRequest {
     user_id: Option<String>,
+    #[serde(default)]
+    pagination_options: super::Pagination,
 }
 
 pub async fn get_api_keys(ctx: QueryCtx, req: GetApiKeysRequest) -> Result<Value, ApiError> {
@@ -453,7 +450,10 @@ pub async fn get_api_keys(ctx: QueryCtx, req: GetApiKeysRequest) -> Result<Value
             load_user(&ctx.state, &org, &user).await?;
             ctx.state.db(move |s| s.api_keys_of_user(&org, &user)).await??
         }
-        None => ctx.state.db(move |s| s.api_keys(&org)).await??,
+        None => {
+            let page = super::ListRequest { pagination_options: req.pagination_options }.page()?;
+            ctx.state.db(move |s| s.api_keys_page(&org, &page)).await??
+        }
     };
     Ok(json!({ "apiKeys": keys.iter().map(api_key_json).collect::<Vec<_>>() }))
 }

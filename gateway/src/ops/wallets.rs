@@ -8,7 +8,7 @@ use super::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
-use crate::store::{StoreError, Wallet, WalletAccount, Write};
+use crate::store::{Named, StoreError, Wallet, WalletAccount, Write};
 
 /// `WalletAccountParams`.
 #[derive(Debug, Clone, Deserialize)]
@@ -124,11 +124,7 @@ pub struct CreateWalletIntent {
 pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outcome, ApiError> {
     required(&intent.wallet_name, "walletName")?;
     let account_ids = account_ids(&intent.accounts)?;
-    let (org, name) = (ctx.org.id.clone(), intent.wallet_name.clone());
-    let taken = ctx.state.db(move |s| s.wallets(&org).map(|ws| ws.iter().any(|w| w.name == name))).await??;
-    if taken {
-        return Err(ApiError::invalid("wallet name must be unique"));
-    }
+    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
         .state
@@ -216,9 +212,9 @@ pub async fn delete_wallets(ctx: Ctx, intent: DeleteWalletsIntent) -> Result<Out
 #[derive(Deserialize)]
 pub struct Empty {}
 
-pub async fn list_wallets(ctx: QueryCtx, _req: Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let wallets = ctx.state.db(move |s| s.wallets(&org)).await??;
+pub async fn list_wallets(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+    let (org, page) = (ctx.org.id.clone(), req.page()?);
+    let wallets = ctx.state.db(move |s| s.wallets_page(&org, &page)).await??;
     Ok(json!({ "wallets": wallets.iter().map(wallet_json).collect::<Vec<_>>() }))
 }
 
@@ -243,35 +239,28 @@ pub struct ListWalletAccountsRequest {
 }
 
 pub async fn list_wallet_accounts(ctx: QueryCtx, req: ListWalletAccountsRequest) -> Result<Value, ApiError> {
-    let limit = req.pagination_options.limit()?;
+    let page = req.pagination_options.page()?;
     if let Some(w) = &req.wallet_id {
         load_wallet(&ctx.state, &ctx.org.id, w).await?;
     }
     let org = ctx.org.id.clone();
-    let wallet_id = req.wallet_id.clone();
+    let details = req.include_wallet_details.unwrap_or(false);
     let (accounts, wallets) = ctx
         .state
-        .db(move |s| -> Result<_, StoreError> { Ok((s.accounts(&org, wallet_id.as_deref())?, s.wallets(&org)?)) })
+        .db(move |s| -> Result<_, StoreError> {
+            let accounts = s.accounts_page(&org, req.wallet_id.as_deref(), &page)?;
+            // The wallets of this page only.
+            let mut wallets: Vec<Wallet> = Vec::new();
+            for a in accounts.iter().filter(|_| details) {
+                if !wallets.iter().any(|w| w.id == a.wallet_id) {
+                    wallets.push(s.wallet(&org, &a.wallet_id)?);
+                }
+            }
+            Ok((accounts, wallets))
+        })
         .await??;
-    let mut items: Vec<&WalletAccount> = accounts.iter().collect();
-    if let Some(after) = &req.pagination_options.after {
-        if let Some(pos) = items.iter().position(|a| &a.id == after) {
-            items.drain(..=pos);
-        }
-    }
-    if let Some(before) = &req.pagination_options.before {
-        if let Some(pos) = items.iter().position(|a| &a.id == before) {
-            items.truncate(pos);
-            let skip = items.len().saturating_sub(limit);
-            items.drain(..skip);
-        }
-    }
-    items.truncate(limit);
-    let details = req.include_wallet_details.unwrap_or(false);
-    let out: Vec<Value> = items
-        .into_iter()
-        .map(|a| account_json(a, if details { wallets.iter().find(|w| w.id == a.wallet_id) } else { None }))
-        .collect();
+    let out: Vec<Value> =
+        accounts.iter().map(|a| account_json(a, wallets.iter().find(|w| w.id == a.wallet_id))).collect();
     Ok(json!({ "accounts": out }))
 }
 

@@ -236,12 +236,18 @@ pub enum SubOrgFilter {
     },
 }
 
-/// A page of sub-organization ids: at most `limit`, strictly after / before the cursor ids.
+/// A page of a list: at most `limit` items, strictly after / before the cursor ids (in the
+/// list's order; an id that is not in the list is ignored).
 #[derive(Debug, Clone, PartialEq)]
-pub struct SubOrgPage {
+pub struct Page {
     pub limit: usize,
     pub before: Option<String>,
     pub after: Option<String>,
+}
+
+impl Page {
+    /// Everything, for the gateway's own full reads (not for answering a list request).
+    pub const ALL: Page = Page { limit: usize::MAX, before: None, after: None };
 }
 
 /// One effect of an activity, applied inside the activity's transaction.
@@ -441,6 +447,13 @@ pub enum Committed {
     Existing(ActivityRecord),
 }
 
+/// Resources whose names are unique in an organization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    Wallet,
+    PrivateKey,
+}
+
 /// Filters for `list_activities`.
 #[derive(Debug, Default, Clone)]
 pub struct ActivityFilter {
@@ -469,15 +482,39 @@ pub trait Store: Send + Sync + 'static {
     fn organization(&self, id: &str) -> Result<Organization, StoreError>;
     fn api_key_by_public_key(&self, organization_id: &str, public_key: &str) -> Result<ApiKey, StoreError>;
     fn user(&self, organization_id: &str, id: &str) -> Result<User, StoreError>;
-    fn users(&self, organization_id: &str) -> Result<Vec<User>, StoreError>;
+    /// Which of `names` a wallet or private key of the organization already has (one indexed
+    /// lookup each).
+    fn names_in_use(&self, organization_id: &str, kind: Named, names: &[&str]) -> Result<Vec<String>, StoreError>;
+    /// Users oldest first, one page.
+    fn users_page(&self, organization_id: &str, page: &Page) -> Result<Vec<User>, StoreError>;
+    fn users(&self, organization_id: &str) -> Result<Vec<User>, StoreError> {
+        self.users_page(organization_id, &Page::ALL)
+    }
     fn api_keys_of_user(&self, organization_id: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError>;
 
     fn wallet(&self, organization_id: &str, id: &str) -> Result<Wallet, StoreError>;
-    fn wallets(&self, organization_id: &str) -> Result<Vec<Wallet>, StoreError>;
-    fn accounts(&self, organization_id: &str, wallet_id: Option<&str>) -> Result<Vec<WalletAccount>, StoreError>;
+    /// Wallets oldest first, one page.
+    fn wallets_page(&self, organization_id: &str, page: &Page) -> Result<Vec<Wallet>, StoreError>;
+    fn wallets(&self, organization_id: &str) -> Result<Vec<Wallet>, StoreError> {
+        self.wallets_page(organization_id, &Page::ALL)
+    }
+    /// Accounts of one wallet in derivation order, or of every wallet oldest first; one page.
+    fn accounts_page(
+        &self,
+        organization_id: &str,
+        wallet_id: Option<&str>,
+        page: &Page,
+    ) -> Result<Vec<WalletAccount>, StoreError>;
+    fn accounts(&self, organization_id: &str, wallet_id: Option<&str>) -> Result<Vec<WalletAccount>, StoreError> {
+        self.accounts_page(organization_id, wallet_id, &Page::ALL)
+    }
     fn account_by_address(&self, organization_id: &str, address: &str) -> Result<WalletAccount, StoreError>;
     fn private_key(&self, organization_id: &str, id: &str) -> Result<PrivateKey, StoreError>;
-    fn private_keys(&self, organization_id: &str) -> Result<Vec<PrivateKey>, StoreError>;
+    /// Private keys oldest first, one page.
+    fn private_keys_page(&self, organization_id: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError>;
+    fn private_keys(&self, organization_id: &str) -> Result<Vec<PrivateKey>, StoreError> {
+        self.private_keys_page(organization_id, &Page::ALL)
+    }
     fn private_key_by_address(&self, organization_id: &str, address: &str) -> Result<PrivateKey, StoreError>;
     fn import_target(&self, organization_id: &str, user_id: &str) -> Result<ImportTarget, StoreError>;
 
@@ -486,20 +523,33 @@ pub trait Store: Send + Sync + 'static {
     fn activities(&self, organization_id: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError>;
 
     fn record(&self, organization_id: &str, kind: &str, id: &str) -> Result<Record, StoreError>;
-    fn records(&self, organization_id: &str, kind: &str) -> Result<Vec<Record>, StoreError>;
+    /// Records of one kind oldest first, one page.
+    fn records_page(&self, organization_id: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError>;
+    fn records(&self, organization_id: &str, kind: &str) -> Result<Vec<Record>, StoreError> {
+        self.records_page(organization_id, kind, &Page::ALL)
+    }
+    /// How many records of `kind` there are and their latest `updated_at`: a version that
+    /// changes whenever one is added, changed or removed (cheap: an index walk, no rows read).
+    fn records_version(&self, organization_id: &str, kind: &str) -> Result<(i64, i64), StoreError>;
 
     /// Cheap liveness probe for `/healthz`.
     fn ping(&self) -> Result<(), StoreError>;
 
     // <users, api keys and tags>
     fn api_key(&self, organization_id: &str, id: &str) -> Result<ApiKey, StoreError>;
+    /// The organization's API keys, oldest first, one page.
+    fn api_keys_page(&self, organization_id: &str, page: &Page) -> Result<Vec<ApiKey>, StoreError>;
     /// Every API key of the organization, oldest first.
-    fn api_keys(&self, organization_id: &str) -> Result<Vec<ApiKey>, StoreError>;
+    fn api_keys(&self, organization_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+        self.api_keys_page(organization_id, &Page::ALL)
+    }
     /// API keys and passkeys of every organization that have no enclave certificate (created
     /// before certificates existed), for the operator's one-time migration.
     fn uncertified_credentials(&self) -> Result<Vec<UncertifiedCredential>, StoreError>;
     /// `(tag id, user id)` for every user tag membership of the organization.
     fn user_tag_members(&self, organization_id: &str) -> Result<Vec<(String, String)>, StoreError>;
+    /// The ids of one user's tags, oldest tag first.
+    fn user_tags_of(&self, organization_id: &str, user_id: &str) -> Result<Vec<String>, StoreError>;
 
     // <passkeys and oauth providers>
     fn authenticator(&self, organization_id: &str, id: &str) -> Result<AuthenticatorRecord, StoreError>;
@@ -528,7 +578,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         parent_id: &str,
         filter: &SubOrgFilter,
-        page: &SubOrgPage,
+        page: &Page,
     ) -> Result<Vec<String>, StoreError>;
     /// How many rows of each table belong to the organization: every table with an
     /// `organization_id` column (zeros included), and `organizations` (the row itself and its

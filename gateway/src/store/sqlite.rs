@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0006_votes.sql"),
     include_str!("migrations/0007_certificates.sql"),
     include_str!("migrations/0008_activity_pages.sql"),
+    include_str!("migrations/0009_list_pages.sql"),
 ];
 const READERS: usize = 4;
 
@@ -239,6 +240,68 @@ impl SqliteStore {
     fn one<T>(&self, f: impl Fn(&Connection) -> rusqlite::Result<Option<T>>) -> Result<T, StoreError> {
         self.read(f)?.ok_or(StoreError::NotFound)
     }
+}
+
+/// What [`keyset_page`] lists: `cols` of `table` where `scope` holds, in `order`.
+struct Listing<'a> {
+    table: &'a str,
+    cols: &'a str,
+    scope: &'a str,
+    args: &'a [&'a str],
+    order: &'a [&'a str],
+}
+
+/// One keyset page of `table`: rows where `scope` holds (its `?`s bound to `args`), ordered by
+/// the `order` columns (ending in a unique one), at most `page.limit`, strictly after or before
+/// the row whose id is a cursor (a cursor id outside `scope` is ignored). With an index on
+/// (scope columns, order columns) a page reads one page of rows, whatever the table holds.
+fn keyset_page<T>(
+    c: &Connection,
+    list: Listing<'_>,
+    page: &Page,
+    row: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<T>> {
+    let Listing { table, cols, scope, args, order } = list;
+    use rusqlite::types::Value as Sql;
+    let keys = order.join(", ");
+    let mut bound: Vec<Sql> = Vec::new();
+    let scoped = |extra: &[Sql]| -> Vec<Sql> {
+        args.iter().map(|a| Sql::Text(a.to_string())).chain(extra.iter().cloned()).collect()
+    };
+    let cursor = |id: &Option<String>| -> rusqlite::Result<Option<Vec<Sql>>> {
+        let Some(id) = id else { return Ok(None) };
+        let sql = format!("SELECT {keys} FROM {table} WHERE {scope} AND id = ?");
+        c.prepare_cached(&sql)?
+            .query_row(rusqlite::params_from_iter(scoped(&[Sql::Text(id.clone())])), |r| {
+                (0..order.len()).map(|i| r.get::<_, Sql>(i)).collect()
+            })
+            .optional()
+    };
+    let (after, before) = (cursor(&page.after)?, cursor(&page.before)?);
+    let marks = vec!["?"; order.len()].join(", ");
+    let mut sql = format!("SELECT {cols} FROM {table} WHERE {scope}");
+    bound.extend(scoped(&[]));
+    if let Some(values) = &after {
+        sql.push_str(&format!(" AND ({keys}) > ({marks})"));
+        bound.extend(values.iter().cloned());
+    }
+    if let Some(values) = &before {
+        sql.push_str(&format!(" AND ({keys}) < ({marks})"));
+        bound.extend(values.iter().cloned());
+    }
+    // Before a cursor: the rows just preceding it, read downwards and turned around.
+    let direction = if before.is_some() { "DESC" } else { "ASC" };
+    let ordering: Vec<String> = order.iter().map(|k| format!("{k} {direction}")).collect();
+    sql.push_str(&format!(" ORDER BY {} LIMIT ?", ordering.join(", ")));
+    bound.push(Sql::Integer(page.limit.min(i64::MAX as usize) as i64));
+    let mut items = c
+        .prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(bound), row)?
+        .collect::<rusqlite::Result<Vec<T>>>()?;
+    if before.is_some() {
+        items.reverse();
+    }
+    Ok(items)
 }
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
@@ -1144,13 +1207,36 @@ impl Store for SqliteStore {
         })
     }
 
-    fn users(&self, org: &str) -> Result<Vec<User>, StoreError> {
+    fn names_in_use(&self, org: &str, kind: Named, names: &[&str]) -> Result<Vec<String>, StoreError> {
+        let sql = match kind {
+            Named::Wallet => "SELECT name FROM wallets WHERE organization_id = ?1 AND name = ?2",
+            Named::PrivateKey => "SELECT name FROM private_keys WHERE organization_id = ?1 AND name = ?2",
+        };
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {USER_COLS} FROM users WHERE organization_id = ?1 ORDER BY created_at, id"
-            ))?
-            .query_map(params![org], user_row)?
-            .collect()
+            let mut taken = Vec::new();
+            for name in names {
+                if let Some(n) = query_row_cached(c, sql, params![org, name], |r| r.get(0)).optional()? {
+                    taken.push(n);
+                }
+            }
+            Ok(taken)
+        })
+    }
+
+    fn users_page(&self, org: &str, page: &Page) -> Result<Vec<User>, StoreError> {
+        self.read(|c| {
+            keyset_page(
+                c,
+                Listing {
+                    table: "users",
+                    cols: USER_COLS,
+                    scope: "organization_id = ?",
+                    args: &[org],
+                    order: &["created_at", "id"],
+                },
+                page,
+                user_row,
+            )
         })
     }
 
@@ -1176,30 +1262,49 @@ impl Store for SqliteStore {
         })
     }
 
-    fn wallets(&self, org: &str) -> Result<Vec<Wallet>, StoreError> {
+    fn wallets_page(&self, org: &str, page: &Page) -> Result<Vec<Wallet>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 ORDER BY created_at, id"
-            ))?
-            .query_map(params![org], wallet_row)?
-            .collect()
+            keyset_page(
+                c,
+                Listing {
+                    table: "wallets",
+                    cols: WALLET_COLS,
+                    scope: "organization_id = ?",
+                    args: &[org],
+                    order: &["created_at", "id"],
+                },
+                page,
+                wallet_row,
+            )
         })
     }
 
-    fn accounts(&self, org: &str, wallet_id: Option<&str>) -> Result<Vec<WalletAccount>, StoreError> {
+    fn accounts_page(&self, org: &str, wallet_id: Option<&str>, page: &Page) -> Result<Vec<WalletAccount>, StoreError> {
         self.read(|c| match wallet_id {
-            Some(w) => c
-                .prepare_cached(&format!(
-                    "SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 AND wallet_id = ?2 ORDER BY seq"
-                ))?
-                .query_map(params![org, w], account_row)?
-                .collect(),
-            None => c
-                .prepare_cached(&format!(
-                    "SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 ORDER BY created_at, wallet_id, seq"
-                ))?
-                .query_map(params![org], account_row)?
-                .collect(),
+            Some(w) => keyset_page(
+                c,
+                Listing {
+                    table: "wallet_accounts",
+                    cols: ACCOUNT_COLS,
+                    scope: "organization_id = ? AND wallet_id = ?",
+                    args: &[org, w],
+                    order: &["seq"],
+                },
+                page,
+                account_row,
+            ),
+            None => keyset_page(
+                c,
+                Listing {
+                    table: "wallet_accounts",
+                    cols: ACCOUNT_COLS,
+                    scope: "organization_id = ?",
+                    args: &[org],
+                    order: &["created_at", "wallet_id", "seq"],
+                },
+                page,
+                account_row,
+            ),
         })
     }
 
@@ -1226,13 +1331,21 @@ impl Store for SqliteStore {
         })
     }
 
-    fn private_keys(&self, org: &str) -> Result<Vec<PrivateKey>, StoreError> {
+    fn private_keys_page(&self, org: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 ORDER BY created_at, id"
-            ))?
-            .query_map(params![org], private_key_row)?
-            .collect()
+            let order = &["created_at", "id"];
+            keyset_page(
+                c,
+                Listing {
+                    table: "private_keys",
+                    cols: PRIVATE_KEY_COLS,
+                    scope: "organization_id = ?",
+                    args: &[org],
+                    order,
+                },
+                page,
+                private_key_row,
+            )
         })
     }
 
@@ -1347,13 +1460,32 @@ impl Store for SqliteStore {
         })
     }
 
-    fn records(&self, org: &str, kind: &str) -> Result<Vec<Record>, StoreError> {
+    fn records_page(&self, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {RECORD_COLS} FROM records WHERE organization_id = ?1 AND kind = ?2 ORDER BY created_at, id"
-            ))?
-            .query_map(params![org, kind], record_row)?
-            .collect()
+            let scope = "organization_id = ? AND kind = ?";
+            keyset_page(
+                c,
+                Listing {
+                    table: "records",
+                    cols: RECORD_COLS,
+                    scope,
+                    args: &[org, kind],
+                    order: &["created_at", "id"],
+                },
+                page,
+                record_row,
+            )
+        })
+    }
+
+    fn records_version(&self, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
+        self.read(|c| {
+            query_row_cached(
+                c,
+                "SELECT COUNT(*), COALESCE(MAX(updated_at), 0) FROM records WHERE organization_id = ?1 AND kind = ?2",
+                params![org, kind],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
         })
     }
 
@@ -1374,13 +1506,20 @@ impl Store for SqliteStore {
         })
     }
 
-    fn api_keys(&self, org: &str) -> Result<Vec<ApiKey>, StoreError> {
+    fn api_keys_page(&self, org: &str, page: &Page) -> Result<Vec<ApiKey>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 ORDER BY created_at, id"
-            ))?
-            .query_map(params![org], api_key_row)?
-            .collect()
+            keyset_page(
+                c,
+                Listing {
+                    table: "api_keys",
+                    cols: API_KEY_COLS,
+                    scope: "organization_id = ?",
+                    args: &[org],
+                    order: &["created_at", "id"],
+                },
+                page,
+                api_key_row,
+            )
         })
     }
 
@@ -1435,6 +1574,18 @@ impl Store for SqliteStore {
                  WHERE m.organization_id = ?1 ORDER BY r.created_at, r.id, m.user_id",
             )?
             .query_map(params![org], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+        })
+    }
+
+    fn user_tags_of(&self, org: &str, user_id: &str) -> Result<Vec<String>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT m.tag_id FROM user_tags m JOIN records r ON r.organization_id = m.organization_id
+                   AND r.kind = m.tag_kind AND r.id = m.tag_id
+                 WHERE m.user_id = ?2 AND m.organization_id = ?1 ORDER BY r.created_at, r.id",
+            )?
+            .query_map(params![org, user_id], |r| r.get(0))?
             .collect()
         })
     }
@@ -1496,7 +1647,7 @@ impl Store for SqliteStore {
         &self,
         parent: &str,
         filter: &SubOrgFilter,
-        page: &SubOrgPage,
+        page: &Page,
     ) -> Result<Vec<String>, StoreError> {
         // ?1 parent, ?2..?4 the filter's values, ?5 the `after` cursor, ?6 `before`, ?7 limit.
         let (cond, values): (&str, [&str; 3]) = match filter {
