@@ -1,7 +1,7 @@
 # Coffer: `make run` starts the development stack, `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: deps run test lint bench
+.PHONY: deps run test lint bench fuzz
 BENCH_ARGS ?=
 
 deps:
@@ -22,3 +22,26 @@ test: deps lint
 bench: deps
 	$(CARGO) build --release --bins --locked
 	COFFER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --release --locked -p coffer-tests --bin coffer-bench -- $(BENCH_ARGS)
+
+# Fuzzing (cargo-fuzz, nightly): every target of fuzz/fuzz_targets/ for FUZZ_SECONDS each. New
+# corpus entries go to a temporary directory, the committed corpus and regressions are only read;
+# a crash or timeout lands in fuzz/artifacts/<target>/ and, minimized (`cargo +nightly fuzz tmin`),
+# belongs in fuzz/regressions/<target>/, which `make test` replays (fuzz-targets/tests/corpus.rs).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(basename $(notdir $(wildcard fuzz/fuzz_targets/*.rs)))
+FUZZ_ARGS ?= -timeout=10
+FUZZ_CARGO ?= cargo +nightly
+
+fuzz:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	@rustup run nightly rustc --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
+	@[ -f fuzz/Cargo.lock ] || cp Cargo.lock fuzz/Cargo.lock
+	$(FUZZ_CARGO) fuzz build
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+		work=$$(mktemp -d); seeds=$(CURDIR)/fuzz/corpus/$$t; \
+		if [ -d fuzz/regressions/$$t ]; then seeds="$$seeds $(CURDIR)/fuzz/regressions/$$t"; fi; \
+		echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+		$(FUZZ_CARGO) fuzz run $$t $$work $$seeds -- -max_total_time=$(FUZZ_SECONDS) $(FUZZ_ARGS) || failed="$$failed $$t"; \
+		rm -rf $$work; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failures in:$$failed (inputs in fuzz/artifacts/)" >&2; exit 1; fi

@@ -6,6 +6,15 @@
 
 mod eip712;
 
+/// The EIP-712 hasher alone, for the fuzz targets (`fuzz-targets/`). Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The digest [`super::sign_payload`] signs for a `PAYLOAD_ENCODING_EIP712` payload.
+    pub fn eip712_digest(typed_data_json: &str) -> Result<[u8; 32], String> {
+        super::eip712::hash_typed_data(typed_data_json).map(|h| h.digest())
+    }
+}
+
 use ed25519_dalek::Signer as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -8,6 +8,26 @@ mod seal;
 pub use error::HsmError;
 pub use seal::{is_legacy, BlobBinding, BlobKind};
 
+/// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the
+/// decoder every blob an HSM opens goes through first, and its inverse. Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::HsmError;
+
+    /// A decoded blob: (version, KEK label, IV, ciphertext ‖ tag).
+    pub type Decoded<'a> = (u8, &'a str, [u8; 12], &'a [u8]);
+
+    /// Decodes `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`.
+    pub fn decode(blob: &[u8]) -> Result<Decoded<'_>, HsmError> {
+        super::seal::decode(blob).map(|p| (p.version, p.kek_label, p.iv, p.ciphertext))
+    }
+
+    /// Encodes a blob as sealing does (`ciphertext` includes the tag).
+    pub fn encode(version: u8, kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+        super::seal::encode(version, kek_label, iv, ciphertext)
+    }
+}
+
 use std::sync::{Mutex, OnceLock};
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};

@@ -1,0 +1,334 @@
+//! The bodies of Coffer's fuzz targets, one per parser of untrusted bytes, as plain functions so
+//! that they build and run on stable. `fuzz/fuzz_targets/<name>.rs` wraps each for cargo-fuzz
+//! (`make fuzz`, nightly); `tests/corpus.rs` replays every file of `fuzz/corpus/<name>/` and
+//! `fuzz/regressions/<name>/` through them on every `make test`.
+//!
+//! A target never panics on any input: it calls the parser and ignores its refusals. It panics
+//! only when an invariant of the code under test breaks (a round trip, an error code, a value a
+//! successful parse guarantees), which is a finding. Each returns how far the input got
+//! ([`Outcome`]), so the replay can check that the seeds reach the success path; the cargo-fuzz
+//! wrappers ignore it.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use coffer_auth::webauthn::b64url;
+use coffer_policy::eval::Val;
+use serde_json::Value;
+
+/// How far an input got.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// The parser refused it.
+    Rejected,
+    /// It parsed, and a later step refused it (a signature, an evaluation, a grant).
+    Parsed,
+    /// It took the whole success path: parsed and verified, evaluated, hashed or decoded.
+    Accepted,
+}
+
+/// A target body.
+pub type Target = fn(&[u8]) -> Outcome;
+
+/// Every target, by the name of its `fuzz/fuzz_targets/<name>.rs` and corpus directory.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("api_stamp", api_stamp),
+    ("webauthn_stamp", webauthn_stamp),
+    ("webauthn_attestation", webauthn_attestation),
+    ("envelope", envelope),
+    ("policy", policy),
+    ("eip712", eip712),
+    ("sealed_blob", sealed_blob),
+];
+
+/// The body the stamp seeds are stamped over (the spec section 2.3 vector body of the auth tests).
+pub const STAMPED_BODY: &[u8] = br#"{"organizationId":"00000000-0000-4000-8000-000000000000"}"#;
+/// The P-256 API key of the spec vectors (auth/src/stamp.rs tests).
+pub const API_P256_PUBLIC_KEY: &str = "0303b68b7daa21027d1b9ca5b7f6bd65aaa8d99573a8d1984d4168291fe9e3059c";
+/// The secp256k1 API key of the spec vectors.
+pub const API_SECP256K1_PUBLIC_KEY: &str = "039179be923264ca85627423a65a4491d21e6a1fb000d8f36e58b700e76934fdbb";
+/// The passkey the WebAuthn stamp seeds are signed with (P-256 secret `[6; 32]`, as the auth
+/// tests' `SoftKey::new(6)`), compressed SEC1 hex.
+pub const PASSKEY_PUBLIC_KEY: &str = "02b0514c4c13540f2397f54719f3332e7ef38e42ad9dc08b71e660ce16b9e88d09";
+/// The challenge registrations are checked against (base64url), as the auth tests'.
+pub const REGISTRATION_CHALLENGE: &str = "c2lnbi11cC1jaGFsbGVuZ2U";
+/// The `clientDataJSON` of every registration the attestation target checks.
+pub const REGISTRATION_CLIENT_DATA: &str =
+    r#"{"type":"webauthn.create","challenge":"c2lnbi11cC1jaGFsbGVuZ2U","origin":"https://a.example"}"#;
+
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+// ---------------------------------------------------------------------------------------------
+// coffer-auth
+
+/// `X-Stamp`: the input as a header value (`coffer_auth::stamp::parse`, then `verify` over
+/// [`STAMPED_BODY`]), and as a raw DER signature over that body by the P-256 and secp256k1
+/// vector keys (the lenient DER parser, reached directly instead of through base64, JSON and hex).
+pub fn api_stamp(data: &[u8]) -> Outcome {
+    use coffer_auth::stamp::{self, ApiStamp, Scheme};
+
+    let verified = |s: &ApiStamp| {
+        if stamp::verify(s, STAMPED_BODY).is_err() {
+            return false;
+        }
+        // A signature over the body is not one over any other body.
+        assert!(stamp::verify(s, b"{}").is_err(), "a stamp verified over two bodies: {s:?}");
+        true
+    };
+
+    let as_header = match std::str::from_utf8(data).map(stamp::parse) {
+        Ok(Ok(s)) => {
+            assert!(!s.public_key.bytes().any(|b| b.is_ascii_uppercase()), "public keys are lowercased");
+            if verified(&s) {
+                Outcome::Accepted
+            } else {
+                Outcome::Parsed
+            }
+        }
+        Ok(Err(e)) => {
+            assert_eq!((e.code, e.turnkey_code), (coffer_auth::Code::Unauthenticated, "SIGNATURE_INVALID"));
+            Outcome::Rejected
+        }
+        Err(_) => Outcome::Rejected,
+    };
+    let as_der = [(Scheme::P256, API_P256_PUBLIC_KEY), (Scheme::Secp256k1, API_SECP256K1_PUBLIC_KEY)]
+        .into_iter()
+        .map(|(scheme, key)| ApiStamp { public_key: key.into(), scheme, signature: hex::encode(data) })
+        .map(|s| if verified(&s) { Outcome::Accepted } else { Outcome::Rejected })
+        .max()
+        .unwrap_or(Outcome::Rejected);
+    as_header.max(as_der)
+}
+
+/// `X-Stamp-Webauthn`: `coffer_auth::webauthn::parse_stamp` over [`STAMPED_BODY`] (JSON or
+/// base64url JSON, base64url fields, clientDataJSON, authenticator data), then
+/// `verify_assertion` (DER signature) with [`PASSKEY_PUBLIC_KEY`].
+pub fn webauthn_stamp(data: &[u8]) -> Outcome {
+    use coffer_auth::webauthn;
+
+    let Ok(header) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let stamp = match webauthn::parse_stamp(header, STAMPED_BODY) {
+        Ok(s) => s,
+        Err(e) => {
+            assert_eq!(e.code, coffer_auth::Code::Unauthenticated);
+            return Outcome::Rejected;
+        }
+    };
+    assert!(stamp.authenticator_data.len() >= 37);
+    assert_eq!(webauthn::canonical_credential_id(&stamp.credential_id).as_ref(), Some(&stamp.credential_id));
+    match webauthn::verify_assertion(&stamp, PASSKEY_PUBLIC_KEY) {
+        Ok(()) => {
+            assert!(stamp.authenticator_data[32] & 0x01 != 0, "verified without user presence");
+            Outcome::Accepted
+        }
+        Err(_) => Outcome::Parsed,
+    }
+}
+
+/// Passkey registration: `coffer_auth::webauthn::verify_registration` (the attestation object's
+/// CBOR, authenticator data, COSE key, `packed` self-attestation signature). Input: one byte `n`,
+/// the credential id (`n` bytes), then the raw attestation object; the clientDataJSON is
+/// [`REGISTRATION_CLIENT_DATA`].
+pub fn webauthn_attestation(data: &[u8]) -> Outcome {
+    use coffer_auth::webauthn;
+
+    let Some((&n, rest)) = data.split_first() else { return Outcome::Rejected };
+    let (id, object) = rest.split_at(usize::from(n).min(rest.len()));
+    let (id, client_data) = (b64url(id), b64url(REGISTRATION_CLIENT_DATA.as_bytes()));
+    match webauthn::verify_registration(&id, &client_data, &b64url(object), REGISTRATION_CHALLENGE) {
+        Ok(r) => {
+            assert_eq!(r.credential_id, id);
+            assert!(
+                r.public_key.len() == 66 && matches!(&r.public_key[..2], "02" | "03") && is_lower_hex(&r.public_key),
+                "{}",
+                r.public_key
+            );
+            assert_eq!(r.origin, "https://a.example");
+            Outcome::Accepted
+        }
+        Err(e) => {
+            assert_eq!(e.code, coffer_auth::Code::InvalidArgument);
+            Outcome::Rejected
+        }
+    }
+}
+
+/// JSON values equal but for the value of floats (serde_json's default float parsing does not
+/// promise that printing and re-reading a float gives the same float back).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => x.is_f64() && y.is_f64(),
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_json(a, b)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|((ka, a), (kb, b))| ka == kb && same_json(a, b))
+        }
+        _ => a == b,
+    }
+}
+
+/// The submission envelope: `coffer_auth::envelope::StampedActivity::parse`, the credentials the
+/// body grants (`coffer_auth::grants::granted_credentials`, passkey attestations included) and the
+/// policy context built from its parameters (the EIP-712 and EIP-7702 payloads in them).
+pub fn envelope(data: &[u8]) -> Outcome {
+    use coffer_auth::envelope::{fingerprint, strip_nulls, StampedActivity};
+
+    let Ok(a) = StampedActivity::parse(data) else { return Outcome::Rejected };
+    assert_eq!(a.fingerprint, fingerprint(data));
+    assert!(!a.activity_type.is_empty() && !a.organization_id.is_empty());
+    assert!(a.parameters.is_object());
+    assert_eq!(strip_nulls(a.parameters.clone()), a.parameters, "parameters keep no nulls");
+    // The same submission, re-encoded, is the same activity.
+    let again = serde_json::json!({
+        "type": a.activity_type, "timestampMs": a.timestamp_ms.to_string(),
+        "organizationId": a.organization_id, "parameters": a.parameters,
+    });
+    let b = StampedActivity::parse(again.to_string().as_bytes()).expect("a re-encoded submission parses");
+    assert_eq!(
+        (&b.activity_type, b.timestamp_ms, &b.organization_id),
+        (&a.activity_type, a.timestamp_ms, &a.organization_id)
+    );
+    assert!(same_json(&a.parameters, &b.parameters), "{} != {}", a.parameters, b.parameters);
+
+    let facts = coffer_policy::context::ActivityFacts {
+        activity_type: &a.activity_type,
+        resource: "",
+        action: "",
+        params: &a.parameters,
+        approvals: Vec::new(),
+        now: 0,
+    };
+    let roots = coffer_policy::context::build(&facts, &coffer_policy::context::OrganizationFacts::default());
+    assert!(roots.contains_key("activity") && roots.contains_key("time"));
+
+    match coffer_auth::grants::granted_credentials(&a) {
+        Ok(grants) => {
+            for g in &grants {
+                assert!(!g.public_key.is_empty() && is_lower_hex(&g.public_key), "{g:?}");
+                assert!(g.credential_type.starts_with("CREDENTIAL_TYPE_"), "{g:?}");
+                assert_ne!(g.expiration_seconds, Some(0));
+            }
+            Outcome::Accepted
+        }
+        Err(e) => {
+            assert_eq!(e.code, coffer_auth::Code::InvalidArgument);
+            Outcome::Parsed
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// coffer-policy
+
+/// The fixed context policies are evaluated against: every root the tests' contexts have, with
+/// `tron`, `bitcoin` and `tempo` left missing.
+pub fn policy_context() -> &'static BTreeMap<String, Val> {
+    static ROOTS: OnceLock<BTreeMap<String, Val>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let ctx = serde_json::json!({
+            "activity": {"type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "kind": "SIGN_RAW_PAYLOAD",
+                "resource": "PRIVATE_KEY", "action": "SIGN",
+                "params": {"hash_function": "HASH_FUNCTION_NO_OP", "encoding": "PAYLOAD_ENCODING_EIP712"}},
+            "approvers": [
+                {"id": "u1", "tags": ["t1"], "email": "u1@example.com", "alias": "u1"},
+                {"id": "u2", "tags": ["t1", "t2"], "email": "", "alias": "u2"},
+            ],
+            "credentials": [
+                {"id": "cred-u1", "user_id": "u1", "type": "CREDENTIAL_TYPE_API_KEY_P256", "public_key": "pk-u1", "credential_id": ""},
+                {"id": "cred-u2", "user_id": "u2", "type": "CREDENTIAL_TYPE_WEBAUTHN_AUTHENTICATOR", "public_key": "pk-u2", "credential_id": "AAAA"},
+            ],
+            "wallet": {"id": "w1", "imported": false, "exported": false, "label": "w"},
+            "wallets": [{"id": "w1", "imported": false, "exported": false, "label": "w"},
+                        {"id": "w2", "imported": true, "exported": true, "label": "x"}],
+            "wallet_account": {"address": "0xabc"},
+            "private_key": {"id": "k1", "tags": ["kt"], "imported": false, "exported": false, "label": "k"},
+            "eth": {
+                "tx": {"to": "0xc", "chain_id": 11155111, "value": 5, "data": "0xa9059cbb0000",
+                       "contract_call_args": {"wad": 5}},
+                "eip_712": {"primary_type": "Permit",
+                    "domain": {"name": "USD Coin", "version": "2", "chain_id": 1, "verifying_contract": "0xA0b8"},
+                    "message": {"permitted": [{"token": "0xA0b8"}, {"token": "0xA0b8"}]}},
+            },
+            "solana": {"tx": {"transfers": [{"to": "addr1", "amount": 10}]}},
+        });
+        let Val::Map(mut roots) = Val::from_json(&ctx) else { unreachable!("an object converts to a map") };
+        // 2025-01-15T09:30:00Z, a Wednesday.
+        let now = Val::Time((1_736_899_200 + 9 * 3_600 + 1_800) * 1_000_000_000);
+        roots.insert("time".into(), Val::Map(BTreeMap::from([("now".to_string(), now)])));
+        roots
+    })
+}
+
+/// Policy text: `parse_condition`, `parse_consensus` and `parse_time`; what parses is evaluated
+/// (`eval_bool`) against [`policy_context`].
+pub fn policy(data: &[u8]) -> Outcome {
+    use coffer_policy::{eval, parse_condition, parse_consensus, parse_time, Expr};
+
+    let Ok(src) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let columns = 1..=src.chars().count() + 1;
+    let mut outcome = Outcome::Rejected;
+    for parse in [parse_condition, parse_consensus, parse_time] {
+        let e = match parse(src) {
+            Ok(e) => e,
+            Err(err) => {
+                assert!(columns.contains(&err.column), "column {} outside {columns:?}: {err}", err.column);
+                continue;
+            }
+        };
+        assert!(!e.never_bool(), "a parsed policy is boolean: {e:?}");
+        // Negating the parenthesized text gives the negation of the same tree (or, at the
+        // nesting limit, the limit's error).
+        if !src.trim().is_empty() {
+            match parse(&format!("!({src})")) {
+                Ok(n) => assert!(n == Expr::Not(Box::new(e.clone())), "!({src}) parsed as {n:?}"),
+                Err(err) => assert!(err.message.contains("nests too deeply"), "!({src}): {err}"),
+            }
+        }
+        outcome = outcome.max(match eval::eval_bool(&e, policy_context()) {
+            Ok(_) => Outcome::Accepted,
+            Err(_) => Outcome::Parsed,
+        });
+    }
+    outcome
+}
+
+// ---------------------------------------------------------------------------------------------
+// coffer-crypto
+
+/// EIP-712 typed data: the input as JSON text into the hasher
+/// (`coffer_crypto::sign::fuzzing::eip712_digest`, the digest `sign_payload` signs).
+pub fn eip712(data: &[u8]) -> Outcome {
+    use coffer_crypto::sign::fuzzing::eip712_digest;
+
+    let Ok(text) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let digest = eip712_digest(text);
+    let Ok(doc) = serde_json::from_str::<Value>(text) else {
+        assert!(digest.is_err(), "hashed text that is not JSON");
+        return Outcome::Rejected;
+    };
+    // The digest is a function of the document, not of how its JSON is spelled.
+    assert_eq!(eip712_digest(&doc.to_string()).ok(), digest.as_ref().ok().copied(), "{text}");
+    if digest.is_ok() {
+        Outcome::Accepted
+    } else {
+        Outcome::Parsed
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// coffer-enclave
+
+/// A sealed blob, decoded as the enclave does before asking the HSM to open it
+/// (`coffer_enclave::hsm::fuzzing::decode`); no HSM.
+pub fn sealed_blob(data: &[u8]) -> Outcome {
+    use coffer_enclave::hsm::{fuzzing, is_legacy};
+
+    let Ok((version, kek_label, iv, ciphertext)) = fuzzing::decode(data) else { return Outcome::Rejected };
+    assert!(matches!(version, 1 | 2));
+    assert_eq!(is_legacy(data), version == 1);
+    assert!(ciphertext.len() >= 16, "the blob holds at least the GCM tag");
+    assert_eq!(fuzzing::encode(version, kek_label, &iv, ciphertext), data, "decode and encode round-trip");
+    Outcome::Accepted
+}
