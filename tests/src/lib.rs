@@ -129,9 +129,7 @@ impl Stack {
         stack.organization_id = org["organizationId"].as_str().unwrap().to_string();
         stack.user_id = org["userId"].as_str().unwrap().to_string();
         let t = Instant::now();
-        let mut gw = Command::new(bin_dir().join("coffer-gateway"));
-        stack.env(&mut gw);
-        stack.gateway = Some(gw.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
+        stack.start_gateway();
         stack.wait_healthy().await;
         stack.gateway_startup = t.elapsed();
         stack
@@ -208,6 +206,22 @@ impl Stack {
     /// Kills the enclave (SIGKILL: an abrupt crash, not a clean stop).
     pub fn kill_enclave(&mut self) {
         if let Some(mut c) = self.enclave.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the gateway process (again) on the same port, database and enclave; see
+    /// [`Stack::wait_healthy`].
+    pub fn start_gateway(&mut self) {
+        let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
+        self.env(&mut cmd);
+        self.gateway = Some(cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
+    }
+
+    /// Kills the gateway (SIGKILL: an abrupt crash, not a clean stop).
+    pub fn kill_gateway(&mut self) {
+        if let Some(mut c) = self.gateway.take() {
             let _ = c.kill();
             let _ = c.wait();
         }

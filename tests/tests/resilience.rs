@@ -415,3 +415,220 @@ async fn idle_and_excess_connections_are_closed_or_refused() {
     assert!(started.elapsed() >= Duration::from_millis(900), "not before the timeout");
     assert_eq!(healthz(&stack).await.status, 200, "served again once the places are free");
 }
+
+/// Every activity in `org`, newest first, read page by page through `list_activities`.
+async fn all_activities(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str) -> Vec<Value> {
+    let mut all: Vec<Value> = Vec::new();
+    loop {
+        let mut pagination = json!({"limit": "100"});
+        if let Some(last) = all.last() {
+            pagination["after"] = last["id"].clone();
+        }
+        let body = json!({"organizationId": org, "paginationOptions": pagination}).to_string();
+        let r = stack.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let page = r.json["activities"].as_array().expect("activities").clone();
+        let done = page.len() < 100;
+        all.extend(page);
+        if done {
+            return all;
+        }
+    }
+}
+
+/// The gateway crashes (SIGKILL) while sixteen clients write activities (signatures and
+/// policies): after a restart every activity a client got a 200 for is there, COMPLETED, and
+/// the only others are ones whose requests were in flight at the kill.
+#[tokio::test]
+async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
+    const CLIENTS: usize = 16;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut stack = Stack::start().await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let before: Vec<String> =
+            all_activities(&stack, &key, &org).await.iter().map(|a| a["id"].as_str().unwrap().to_string()).collect();
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked_count = Arc::new(AtomicUsize::new(0));
+        let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let (base, org, address, sk, pk) = (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone());
+                let (stop, acked_count) = (stop.clone(), acked_count.clone());
+                tokio::spawn(async move {
+                    let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                    let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+                    // (activity id, type) of each 200; how many requests got no answer.
+                    let (mut acked, mut unanswered) = (Vec::new(), 0usize);
+                    let mut n = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        n += 1;
+                        // Every fourth client writes policies (no enclave), the rest sign.
+                        let (path, body) = if c % 4 == 3 {
+                            let params = json!({"policyName": format!("kill-{c}-{n}"), "effect": "EFFECT_ALLOW",
+                                "condition": "activity.type == 'ACTIVITY_TYPE_NONE'", "consensus": "true", "notes": ""});
+                            ("/public/v1/submit/create_policy", submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, params))
+                        } else {
+                            ("/public/v1/submit/sign_raw_payload", sign_body(&org, &address, &format!("kill-{c}-{n}")))
+                        };
+                        let stamp = key.stamp(body.as_bytes()).unwrap();
+                        let sent = http.post(format!("{base}{path}")).header(stamp.name, stamp.value).body(body).send();
+                        let answer = match sent.await {
+                            Ok(r) => {
+                                let status = r.status().as_u16();
+                                r.text().await.map(|t| (status, t))
+                            }
+                            Err(e) => Err(e),
+                        };
+                        match answer {
+                            Ok((200, text)) => {
+                                let v: Value = serde_json::from_str(&text).unwrap();
+                                let a = &v["activity"];
+                                assert_eq!(a["status"], "ACTIVITY_STATUS_COMPLETED", "{text}");
+                                acked.push((a["id"].as_str().unwrap().to_string(), a["type"].clone()));
+                                acked_count.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok((status, text)) => panic!("{path}: unexpected {status}: {text}"),
+                            // Cut off by the kill: it may or may not have been recorded.
+                            Err(_) => unanswered += 1,
+                        }
+                    }
+                    (acked, unanswered)
+                })
+            })
+            .collect();
+        // Let the load run, then crash the gateway with requests in flight on every client.
+        let load_started = Instant::now();
+        while acked_count.load(Ordering::SeqCst) < 40 || load_started.elapsed() < Duration::from_millis(500) {
+            assert!(load_started.elapsed() < Duration::from_secs(20), "the load made no progress");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.store(true, Ordering::SeqCst);
+        stack.kill_gateway();
+        let mut acked = Vec::new();
+        let mut unanswered = 0;
+        for t in tasks {
+            let (a, u) = t.await.unwrap();
+            acked.extend(a);
+            unanswered += u;
+        }
+        assert!(unanswered <= CLIENTS, "at most one request per client was cut off: {unanswered}");
+
+        stack.start_gateway();
+        stack.wait_healthy().await;
+        let after = all_activities(&stack, &key, &org).await;
+        let listed: std::collections::HashMap<String, Value> =
+            after.iter().map(|a| (a["id"].as_str().unwrap().to_string(), a.clone())).collect();
+        assert_eq!(listed.len(), after.len(), "no activity is listed twice");
+        for (id, ty) in &acked {
+            assert!(listed.contains_key(id), "acknowledged activity {id} is missing after the crash");
+            let q = json!({"organizationId": org, "activityId": id}).to_string();
+            let r = stack.post_raw("/public/v1/query/get_activity", q.as_bytes(), Some(&key)).await;
+            assert_eq!(r.status, 200, "{id}: {}", r.text);
+            assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{id}: {}", r.text);
+            assert_eq!(&r.json["activity"]["type"], ty, "{id}: {}", r.text);
+        }
+        let acked_ids: std::collections::HashSet<&str> = acked.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(acked_ids.len(), acked.len(), "each 200 named its own activity");
+        let extra: Vec<&Value> = after
+            .iter()
+            .filter(|a| {
+                let id = a["id"].as_str().unwrap();
+                !acked_ids.contains(id) && !before.iter().any(|b| b == id)
+            })
+            .collect();
+        eprintln!(
+            "gateway kill: acknowledged={} cut off={unanswered} recorded but unacknowledged={}",
+            acked.len(),
+            extra.len()
+        );
+        assert_eq!(after.len(), before.len() + acked.len() + extra.len());
+        assert!(extra.len() <= unanswered, "only requests in flight at the kill may be recorded unanswered");
+        for a in &extra {
+            assert_eq!(a["status"], "ACTIVITY_STATUS_COMPLETED", "a recorded activity is complete: {a}");
+        }
+
+        // The restarted gateway serves as before.
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/sign_raw_payload",
+                sign_body(&org, &address, "after-restart").as_bytes(),
+                Some(&key),
+            )
+            .await;
+        assert_signed_by(&r, "after-restart", &address);
+    })
+    .await
+    .expect("test took longer than 60 s (a request hung)");
+}
+
+/// A burst of 300 signing requests, each on its own connection and released at once, against
+/// eight signing slots: each is answered within 10 s, either signed or shed with a JSON 503 and
+/// `Retry-After`; shed requests record nothing.
+#[tokio::test]
+async fn signing_burst_is_signed_or_shed_promptly() {
+    const BURST: usize = 300;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let stack = Stack::start_with(&[("COFFER_MAX_IN_FLIGHT_SIGNING", "8")]).await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let before = all_activities(&stack, &key, &org).await.len();
+
+        let barrier = Arc::new(tokio::sync::Barrier::new(BURST + 1));
+        let url = format!("{}/public/v1/submit/sign_raw_payload", stack.base_url);
+        let tasks: Vec<_> = (0..BURST)
+            .map(|i| {
+                let message = format!("burst-{i}");
+                let body = sign_body(&org, &address, &message);
+                let stamp = key.stamp(body.as_bytes()).unwrap();
+                let (barrier, url) = (barrier.clone(), url.clone());
+                tokio::spawn(async move {
+                    // Its own client, so its own connection.
+                    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+                    barrier.wait().await;
+                    let started = Instant::now();
+                    let r = http.post(url).header(stamp.name, stamp.value).body(body).send().await.unwrap();
+                    let status = r.status().as_u16();
+                    let header = |h: &str| r.headers().get(h).map(|v| v.to_str().unwrap().to_string());
+                    let (content_type, retry_after) = (header("content-type"), header("retry-after"));
+                    let text = r.text().await.unwrap();
+                    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+                    (message, RawResponse { status, content_type, json, text }, retry_after, started.elapsed())
+                })
+            })
+            .collect();
+        barrier.wait().await;
+        let (mut signed, mut shed, mut slowest) = (0, 0, Duration::ZERO);
+        for t in tasks {
+            let (message, r, retry_after, took) = t.await.unwrap();
+            assert!(took < Duration::from_secs(10), "{message} answered after {took:?}: {}", r.text);
+            slowest = slowest.max(took);
+            match r.status {
+                200 => {
+                    assert_signed_by(&r, &message, &address);
+                    signed += 1;
+                }
+                503 => {
+                    assert_eq!(r.content_type.as_deref(), Some("application/json"), "{}", r.text);
+                    assert_eq!(retry_after.as_deref(), Some("1"), "{}", r.text);
+                    assert_eq!(r.json["code"], 14, "{}", r.text);
+                    let m = r.json["message"].as_str().unwrap_or_else(|| panic!("no message: {}", r.text));
+                    assert!(m.starts_with("overloaded"), "{m}");
+                    shed += 1;
+                }
+                other => panic!("{message}: unexpected status {other}: {}", r.text),
+            }
+        }
+        eprintln!("signing burst: signed={signed} shed={shed} slowest={slowest:?}");
+        assert!(signed >= 8, "the slots sign: signed={signed}");
+        assert!(shed >= 1, "{BURST} at once exceed 8 slots: nothing was shed");
+        // Exactly the signed ones were recorded.
+        assert_eq!(all_activities(&stack, &key, &org).await.len(), before + signed);
+        assert_eq!(healthz(&stack).await.status, 200);
+    })
+    .await
+    .expect("test took longer than 60 s (a request hung)");
+}

@@ -1,6 +1,9 @@
 //! `coffer-bench`: signing, activity-write and read throughput of a real Coffer stack, reported
 //! as ratios to the crypto floor (stamp verify + HSM unseal + sign) measured in the same run, and
-//! the enclave floor (the same plus the credential certificate's HSM MAC check).
+//! the enclave floor (the same plus the credential certificate's HSM MAC check); the server CPU
+//! each signed request costs (gateway + enclave, from /proc) beside the floor's CPU per operation;
+//! and a burst of thousands of signing clients at once (latency of the accepted ones, the share
+//! shed, the time to recover, and `/healthz` latency meanwhile).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,6 +17,9 @@ use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
 
 struct Args {
     clients: usize,
+    /// The burst scenario: clients released at once, and how many times.
+    burst_clients: usize,
+    burst_rounds: usize,
     duration: Duration,
     warmup: Duration,
     out: std::path::PathBuf,
@@ -24,6 +30,8 @@ struct Args {
 fn args() -> anyhow::Result<Args> {
     let mut a = Args {
         clients: 32,
+        burst_clients: 2000,
+        burst_rounds: 3,
         duration: Duration::from_secs(10),
         warmup: Duration::from_secs(2),
         out: std::path::PathBuf::from("target/bench/latest.json"),
@@ -34,13 +42,16 @@ fn args() -> anyhow::Result<Args> {
         let mut val = || it.next().context("flag needs a value");
         match flag.as_str() {
             "--clients" => a.clients = val()?.parse()?,
+            "--burst-clients" => a.burst_clients = val()?.parse()?,
+            "--burst-rounds" => a.burst_rounds = val()?.parse()?,
             "--duration" => a.duration = Duration::from_secs_f64(val()?.parse()?),
             "--warmup" => a.warmup = Duration::from_secs_f64(val()?.parse()?),
             "--out" => a.out = val()?.into(),
             "--only" => a.only = Some(val()?),
             "--help" | "-h" => {
                 println!(
-                    "coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE] [--only TEXT]"
+                    "coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE] [--only TEXT] \
+                     [--burst-clients N] [--burst-rounds N]"
                 );
                 std::process::exit(0);
             }
@@ -57,6 +68,8 @@ struct Sample {
     errors: u64,
     verified: u64,
     elapsed: Duration,
+    /// Server CPU (gateway, enclave) spent in the measured window, in seconds.
+    cpu: Option<ServerCpu>,
 }
 
 impl Sample {
@@ -64,11 +77,72 @@ impl Sample {
         self.latencies_us.len() as f64 / self.elapsed.as_secs_f64()
     }
     fn pct(&self, p: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
+        pct_ms(&self.latencies_us, p)
+    }
+}
+
+/// Percentile `p` of sorted microsecond latencies, in milliseconds (0 if there are none).
+fn pct_ms(sorted_us: &[u64], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_us.len() as f64 - 1.0) * p).round() as usize;
+    sorted_us[i] as f64 / 1000.0
+}
+
+/// Seconds per clock tick in /proc's `stat` files (USER_HZ, 100 on Linux; asked of `getconf`).
+fn tick_seconds() -> f64 {
+    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        let hz = std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|hz| *hz > 0.0)
+            .unwrap_or(100.0);
+        1.0 / hz
+    })
+}
+
+/// utime + stime from a `/proc/.../stat` file, in seconds: for `/proc/<pid>/stat` all the
+/// process's threads (exited ones included), for `/proc/thread-self/stat` the calling thread.
+fn cpu_seconds(stat_path: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    // The command name may hold spaces and parentheses: fields are counted after the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // fields[0] is field 3 (state), so utime (field 14) is fields[11] and stime (15) fields[12].
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 * tick_seconds())
+}
+
+/// CPU time of the gateway and the enclave, in seconds (a reading, or the difference of two).
+#[derive(Clone, Copy, Debug)]
+struct ServerCpu {
+    gateway: f64,
+    enclave: f64,
+}
+
+impl ServerCpu {
+    /// The current reading for `pids` = (enclave, gateway), as [`Stack::pids`] gives them.
+    fn read(pids: (Option<u32>, Option<u32>)) -> Option<ServerCpu> {
+        Some(ServerCpu {
+            enclave: cpu_seconds(&format!("/proc/{}/stat", pids.0?))?,
+            gateway: cpu_seconds(&format!("/proc/{}/stat", pids.1?))?,
+        })
+    }
+    fn since(self, start: Option<ServerCpu>) -> Option<ServerCpu> {
+        let s = start?;
+        Some(ServerCpu { gateway: self.gateway - s.gateway, enclave: self.enclave - s.enclave })
+    }
+    /// Microseconds of CPU per request for `requests` requests: (gateway, enclave, total).
+    fn per_request_us(self, requests: usize) -> Option<(f64, f64, f64)> {
+        if requests == 0 {
+            return None;
         }
-        let i = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
-        self.latencies_us[i] as f64 / 1000.0
+        let per = |s: f64| s * 1e6 / requests as f64;
+        Some((per(self.gateway), per(self.enclave), per(self.gateway + self.enclave)))
     }
 }
 
@@ -88,13 +162,14 @@ struct Scenario {
 
 async fn run(
     scenario: &Scenario,
-    stack_url: &str,
+    stack: &Stack,
     key: Arc<TurnkeyP256ApiKey>,
     clients: usize,
     warmup: Duration,
     duration: Duration,
     seq: Arc<AtomicU64>,
 ) -> Sample {
+    let (stack_url, pids) = (&stack.base_url, stack.pids());
     let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build().unwrap();
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -139,13 +214,15 @@ async fn run(
         }));
     }
     tokio::time::sleep(warmup).await;
+    let cpu_before = ServerCpu::read(pids);
     measuring.store(true, Ordering::Relaxed);
     let t = Instant::now();
     tokio::time::sleep(duration).await;
     measuring.store(false, Ordering::Relaxed);
     let elapsed = t.elapsed();
+    let cpu = ServerCpu::read(pids).and_then(|c| c.since(cpu_before));
     stop.store(true, Ordering::Relaxed);
-    let mut total = Sample { elapsed, ..Default::default() };
+    let mut total = Sample { elapsed, cpu, ..Default::default() };
     for task in tasks {
         let s = task.await.unwrap();
         total.latencies_us.extend(s.latencies_us);
@@ -229,8 +306,15 @@ enum Floor {
     Enclave,
 }
 
-/// The crypto floor of one signing request, in-process on the same token, one thread per core.
-fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration) -> anyhow::Result<f64> {
+/// What a floor run measured.
+struct FloorRun {
+    ops_per_second: f64,
+    /// CPU time per operation (each thread's own utime + stime, summed), in microseconds.
+    cpu_us_per_op: Option<f64>,
+}
+
+/// The crypto floor of one signing request, in-process on the same token, on `threads` threads.
+fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize) -> anyhow::Result<FloorRun> {
     use coffer_enclave::hsm::{BlobBinding, BlobKind, Hsm, HsmSettings};
     static HSM: std::sync::OnceLock<Arc<Hsm>> = std::sync::OnceLock::new();
     let (conf, label, pin) = stack.token();
@@ -262,7 +346,6 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration) -> anyhow::Resu
         })
         .collect();
     let stamped = Arc::new(stamped);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let count = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + duration;
     let handles: Vec<_> = (0..threads)
@@ -270,6 +353,7 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration) -> anyhow::Resu
             let (hsm, blob, stamped, count) = (hsm.clone(), blob.clone(), stamped.clone(), count.clone());
             let (certificate, mac) = (certificate.clone(), mac.clone());
             std::thread::spawn(move || {
+                let cpu_start = cpu_seconds("/proc/thread-self/stat");
                 let mut i = t as u64;
                 while Instant::now() < deadline {
                     let (body, stamp) = &stamped[(i % 64) as usize];
@@ -288,13 +372,20 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration) -> anyhow::Resu
                     i += threads as u64;
                     count.fetch_add(1, Ordering::Relaxed);
                 }
+                Some(cpu_seconds("/proc/thread-self/stat")? - cpu_start?)
             })
         })
         .collect();
+    let mut cpu = Some(0.0);
     for h in handles {
-        h.join().map_err(|_| anyhow::anyhow!("floor thread panicked"))?;
+        let spent = h.join().map_err(|_| anyhow::anyhow!("floor thread panicked"))?;
+        cpu = cpu.zip(spent).map(|(a, b)| a + b);
     }
-    Ok(count.load(Ordering::Relaxed) as f64 / duration.as_secs_f64())
+    let ops = count.load(Ordering::Relaxed);
+    Ok(FloorRun {
+        ops_per_second: ops as f64 / duration.as_secs_f64(),
+        cpu_us_per_op: cpu.filter(|_| ops > 0).map(|c| c * 1e6 / ops as f64),
+    })
 }
 
 fn secret32(b: &[u8]) -> [u8; 32] {
@@ -351,6 +442,450 @@ fn peak_rss_mib(pid: Option<u32>) -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+/// One HTTP exchange on a fresh connection, as the burst's clients make it.
+struct RawAnswer {
+    /// Time to connect (the kernel's accept queue included).
+    connect: Duration,
+    status: u16,
+    content_type: Option<String>,
+    retry_after: Option<String>,
+    body: String,
+}
+
+/// POSTs `body` stamped with `stamp` (header name, value) on a new connection to `addr`
+/// (`Connection: close`) and reads the whole answer. Errors are short labels, for counting.
+async fn post_fresh(addr: &str, path: &str, stamp: &(String, String), body: &str) -> Result<RawAnswer, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {}", e.kind()))?;
+    let connect = started.elapsed();
+    let _ = conn.set_nodelay(true);
+    // Head and body in one write, so the server has the whole request even if it answers early.
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{}: {}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        stamp.0,
+        stamp.1,
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.map_err(|e| format!("write: {}", e.kind()))?;
+    let mut raw = Vec::new();
+    if let Err(e) = conn.read_to_end(&mut raw).await {
+        if raw.is_empty() {
+            return Err(format!("read: {}", e.kind()));
+        }
+    }
+    if raw.is_empty() {
+        return Err("closed without an answer".into());
+    }
+    parse_answer(&raw, connect)
+}
+
+fn parse_answer(raw: &[u8], connect: Duration) -> Result<RawAnswer, String> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("incomplete answer")?;
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or("no status line")?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let header = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n").ok_or("bad chunk")?;
+            let size = usize::from_str_radix(size.trim(), 16).map_err(|_| "bad chunk size")?;
+            if size == 0 {
+                break;
+            }
+            out.push_str(after.get(..size).ok_or("short chunk")?);
+            rest = after.get(size + 2..).ok_or("short chunk")?;
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    Ok(RawAnswer { connect, status, content_type: header("content-type"), retry_after: header("retry-after"), body })
+}
+
+/// A refusal in the API's error shape: 503 or 429, JSON, with a numeric `code` and a `message`.
+fn is_json_shed(a: &RawAnswer) -> bool {
+    if a.status != 503 && a.status != 429 {
+        return false;
+    }
+    if !a.content_type.as_deref().is_some_and(|c| c.starts_with("application/json")) {
+        return false;
+    }
+    serde_json::from_str::<Value>(&a.body).is_ok_and(|v| v["code"].is_i64() && v["message"].is_string())
+}
+
+/// Polls `url` every 10 ms once `go` is set until `stop` is, on a kept-alive connection, on its own
+/// thread and runtime (so the burst's client tasks cannot delay it): the latencies of the 200s
+/// and how many polls got anything else.
+fn healthz_prober(url: String, go: Arc<AtomicBool>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("prober runtime");
+        rt.block_on(async move {
+            let health = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+            let _ = health.get(&url).send().await; // open the connection
+            while !go.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let (mut lat, mut failures) = (Vec::new(), 0u64);
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let t = Instant::now();
+                let ok = match health.get(&url).send().await {
+                    Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    lat.push(t.elapsed().as_micros() as u64);
+                } else {
+                    failures += 1;
+                }
+            }
+            (lat, failures)
+        })
+    })
+}
+
+/// `TcpExt: ListenOverflows` from /proc/net/netstat: connections the kernel dropped because a
+/// listener's accept queue was full (the client retries its SYN after a second).
+fn listen_overflows() -> Option<u64> {
+    let netstat = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut tcp_ext = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (tcp_ext.next()?, tcp_ext.next()?);
+    let i = names.split_whitespace().position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
+/// What the burst scenario measured over all its rounds.
+#[derive(Default)]
+struct BurstReport {
+    clients: usize,
+    rounds: usize,
+    /// Latency of each accepted (200, completed, checked) request, from its release (connecting
+    /// included), sorted.
+    accepted_us: Vec<u64>,
+    /// The same from the connection's establishment (what the server's queueing adds), sorted.
+    accepted_after_connect_us: Vec<u64>,
+    verified: u64,
+    shed: u64,
+    shed_429: u64,
+    shed_without_retry_after: u64,
+    /// Shed answers by status and message (up to its first ':').
+    shed_kinds: std::collections::BTreeMap<String, u64>,
+    errors: u64,
+    error_kinds: std::collections::BTreeMap<String, u64>,
+    /// Connecting time of every answered request, sorted.
+    connect_us: Vec<u64>,
+    /// The kernel's count of connections dropped for a full accept queue (`ListenOverflows`,
+    /// host-wide) over the rounds.
+    listen_overflows: Option<u64>,
+    /// Release to the last answer, per round, in ms.
+    burst_ms: Vec<f64>,
+    /// Last answer to the first signing request served in normal latency again, per round, in ms.
+    recovery_ms: Vec<Option<f64>>,
+    /// The single-request latency taken as normal (twice the median before the burst), in ms.
+    normal_ms: f64,
+    /// `/healthz` latencies during the bursts, sorted; polls that did not get a 200.
+    healthz_us: Vec<u64>,
+    healthz_failures: u64,
+    /// Server CPU over the rounds (bursts and recoveries), and the signatures made in them.
+    cpu: Option<ServerCpu>,
+    signed: usize,
+}
+
+/// The open-file limit this process needs for `clients` sockets at once: raised to the hard limit
+/// with `prlimit` (no unsafe code here) if the soft one is too low; the burst is cut to fit what
+/// remains, with a warning.
+fn burst_fits(clients: usize) -> usize {
+    let soft_hard = || -> Option<(u64, u64)> {
+        let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut f = line["Max open files".len()..].split_whitespace();
+        let parse = |v: Option<&str>| v.map(|v| if v == "unlimited" { u64::MAX } else { v.parse().unwrap_or(0) });
+        Some((parse(f.next())?, parse(f.next())?))
+    };
+    let needed = clients as u64 + 256;
+    let Some((soft, hard)) = soft_hard() else { return clients };
+    if soft >= needed {
+        return clients;
+    }
+    let raised = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), &format!("--nofile={hard}:{hard}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    let soft = soft_hard().map_or(soft, |l| l.0);
+    if soft >= needed {
+        eprintln!("  raised the open-file limit to {soft} with prlimit");
+        return clients;
+    }
+    let fit = soft.saturating_sub(256) as usize;
+    eprintln!(
+        "  WARNING: open-file limit {soft} (hard {hard}{}) fits {fit} burst clients, not {clients}: \
+         run the bench under `ulimit -n {needed}` or `prlimit --nofile={needed}:{needed}`",
+        if raised { "" } else { "; prlimit failed" }
+    );
+    fit
+}
+
+/// `clients` signing requests, each on its own new connection, released at once by a barrier,
+/// `rounds` times; a prober polls `/healthz` every 10 ms meanwhile on a kept-alive connection.
+/// After each burst, single requests are sent until one is served in normal latency.
+async fn burst(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    scenario: &Scenario,
+    clients: usize,
+    rounds: usize,
+    seq: &AtomicU64,
+) -> BurstReport {
+    let addr = stack.base_url.trim_start_matches("http://").to_string();
+    let pids = stack.pids();
+    let stamped = |n: u64| {
+        let body = (scenario.make)(n);
+        let s = key.stamp(body.as_bytes()).unwrap();
+        (n, body, (s.name.to_string(), s.value))
+    };
+    let mut report = BurstReport { clients, rounds, ..Default::default() };
+
+    // What one signing request takes when nothing else runs (fresh connection, like the burst's).
+    let mut normal = Vec::new();
+    for _ in 0..20 {
+        let (n, body, stamp) = stamped(seq.fetch_add(1, Ordering::Relaxed));
+        let t = Instant::now();
+        let a = post_fresh(&addr, scenario.path, &stamp, &body).await;
+        if let Ok(a) = a
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|a| serde_json::from_str::<Value>(&a.body).map_err(|e| e.to_string()).map(|v| (a.status, v)))
+        {
+            if a.0 == 200 && (scenario.check)(n, &a.1).is_ok() {
+                normal.push(t.elapsed().as_micros() as u64);
+            }
+        }
+    }
+    normal.sort_unstable();
+    report.normal_ms = (2.0 * pct_ms(&normal, 0.5)).max(2.0);
+
+    let health_url = format!("{}/healthz", stack.base_url);
+    let cpu_before = ServerCpu::read(pids);
+    let overflows_before = listen_overflows();
+    let mut answers: Vec<(u64, Result<RawAnswer, String>, Duration)> = Vec::new();
+    for round in 0..rounds {
+        // Bodies are made and stamped before the release, so only sending is timed.
+        let requests: Vec<_> = (0..clients).map(|_| stamped(seq.fetch_add(1, Ordering::Relaxed))).collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(clients + 1));
+        let tasks: Vec<_> = requests
+            .into_iter()
+            .map(|(n, body, stamp)| {
+                let (barrier, addr, path) = (barrier.clone(), addr.clone(), scenario.path);
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let t = Instant::now();
+                    let a = tokio::time::timeout(Duration::from_secs(30), post_fresh(&addr, path, &stamp, &body))
+                        .await
+                        .unwrap_or_else(|_| Err("no answer within 30 s".into()));
+                    (n, a, t.elapsed(), Instant::now())
+                })
+            })
+            .collect();
+        let (go, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let prober = healthz_prober(health_url.clone(), go.clone(), stop.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await; // the prober connects
+        go.store(true, Ordering::Relaxed);
+        barrier.wait().await;
+        let released = Instant::now();
+        let mut last = released;
+        for t in tasks {
+            let (n, a, took, done) = t.await.unwrap();
+            last = last.max(done);
+            answers.push((n, a, took));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (lat, failures) = tokio::task::spawn_blocking(move || prober.join().expect("prober")).await.unwrap();
+        report.healthz_us.extend(lat);
+        report.healthz_failures += failures;
+        report.burst_ms.push((last - released).as_secs_f64() * 1000.0);
+
+        // Recovery: single requests until one is signed in normal latency.
+        let mut recovered = None;
+        while last.elapsed() < Duration::from_secs(30) {
+            let (n, body, stamp) = stamped(seq.fetch_add(1, Ordering::Relaxed));
+            let t = Instant::now();
+            if let Ok(a) = post_fresh(&addr, scenario.path, &stamp, &body).await {
+                let ok = a.status == 200
+                    && serde_json::from_str::<Value>(&a.body).is_ok_and(|v| (scenario.check)(n, &v).is_ok());
+                report.signed += ok as usize;
+                if ok && t.elapsed().as_secs_f64() * 1000.0 <= report.normal_ms {
+                    recovered = Some(last.elapsed().as_secs_f64() * 1000.0);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        report.recovery_ms.push(recovered);
+        eprintln!(
+            "  round {}: burst over after {:.0} ms, recovered {}",
+            round + 1,
+            report.burst_ms[round],
+            recovered.map_or("not within 30 s".into(), |r| format!("after {r:.1} ms"))
+        );
+        if round + 1 < rounds {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    report.cpu = ServerCpu::read(pids).and_then(|c| c.since(cpu_before));
+    report.listen_overflows = listen_overflows().zip(overflows_before).map(|(a, b)| a.saturating_sub(b));
+
+    // Outcomes are checked after the rounds, so that checking takes no CPU during a burst.
+    let error = |kind: String, report: &mut BurstReport| {
+        if report.errors < 3 {
+            eprintln!("  burst: error: {}", kind.chars().take(300).collect::<String>());
+        }
+        report.errors += 1;
+        let label = kind.split(':').next().unwrap_or_default().chars().take(60).collect::<String>();
+        *report.error_kinds.entry(label).or_default() += 1;
+    };
+    for (n, a, took) in answers {
+        if let Ok(a) = &a {
+            report.connect_us.push(a.connect.as_micros() as u64);
+        }
+        match a {
+            Ok(a) if a.status == 200 => match serde_json::from_str::<Value>(&a.body) {
+                Ok(v) => match (scenario.check)(n, &v) {
+                    Ok(verified) => {
+                        report.accepted_us.push(took.as_micros() as u64);
+                        report.accepted_after_connect_us.push(took.saturating_sub(a.connect).as_micros() as u64);
+                        report.verified += verified as u64;
+                        report.signed += 1;
+                    }
+                    Err(e) => error(format!("HTTP 200: {e}"), &mut report),
+                },
+                Err(e) => error(format!("HTTP 200: not JSON: {e}"), &mut report),
+            },
+            Ok(a) if is_json_shed(&a) => {
+                report.shed += 1;
+                report.shed_429 += (a.status == 429) as u64;
+                report.shed_without_retry_after += a.retry_after.is_none() as u64;
+                let message = serde_json::from_str::<Value>(&a.body).unwrap_or_default()["message"]
+                    .as_str()
+                    .map(|m| m.split(':').next().unwrap_or_default().to_string())
+                    .unwrap_or_default();
+                *report.shed_kinds.entry(format!("{} {message}", a.status)).or_default() += 1;
+            }
+            Ok(a) => error(format!("HTTP {}: {}", a.status, a.body), &mut report),
+            Err(e) => error(e, &mut report),
+        }
+    }
+    report.accepted_us.sort_unstable();
+    report.accepted_after_connect_us.sort_unstable();
+    report.connect_us.sort_unstable();
+    report.healthz_us.sort_unstable();
+    report
+}
+
+/// The burst scenario's name (for `--only`).
+const BURST: &str = "burst: signing clients released at once";
+/// Targets the burst is held to (reported, not enforced).
+const BURST_ACCEPTED_P99_MS: f64 = 250.0;
+const BURST_HEALTHZ_P99_MS: f64 = 50.0;
+
+/// Prints the burst's figures against its targets and returns them as JSON.
+fn print_burst(b: &BurstReport, floor_cpu_us: Option<f64>) -> Value {
+    let total = (b.clients * b.rounds) as f64;
+    let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    let (p50, p99, max) = (pct_ms(&b.accepted_us, 0.5), pct_ms(&b.accepted_us, 0.99), pct_ms(&b.accepted_us, 1.0));
+    let (h50, h99, hmax) = (pct_ms(&b.healthz_us, 0.5), pct_ms(&b.healthz_us, 0.99), pct_ms(&b.healthz_us, 1.0));
+    let recovered: Vec<f64> = b.recovery_ms.iter().flatten().copied().collect();
+    let worst_recovery = recovered.iter().copied().fold(0.0, f64::max);
+    let cpu = b.cpu.and_then(|c| c.per_request_us(b.signed));
+    println!("\nburst: {} signing clients, each on a new connection, released at once, {} rounds", b.clients, b.rounds);
+    println!(
+        "  accepted {} ({:.1}%): p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms (connecting included) — target p99 ≤ {BURST_ACCEPTED_P99_MS:.0} ms: {}",
+        b.accepted_us.len(),
+        100.0 * b.accepted_us.len() as f64 / total,
+        verdict(!b.accepted_us.is_empty() && p99 <= BURST_ACCEPTED_P99_MS)
+    );
+    println!(
+        "  shed (JSON 503/429 with code and message) {} ({:.1}%; {} were 429, {} without Retry-After{}); other outcomes (errors) {} ({:.1}%){}",
+        b.shed,
+        100.0 * b.shed as f64 / total,
+        b.shed_429,
+        b.shed_without_retry_after,
+        if b.shed_kinds.is_empty() { String::new() } else { format!("; {:?}", b.shed_kinds) },
+        b.errors,
+        100.0 * b.errors as f64 / total,
+        if b.error_kinds.is_empty() { String::new() } else { format!(": {:?}", b.error_kinds) }
+    );
+    println!(
+        "  accepted, from connected to answered: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct_ms(&b.accepted_after_connect_us, 0.5),
+        pct_ms(&b.accepted_after_connect_us, 0.99),
+        pct_ms(&b.accepted_after_connect_us, 1.0)
+    );
+    println!(
+        "  connecting (all answered requests): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; accept-queue overflows (host-wide): {}",
+        pct_ms(&b.connect_us, 0.5),
+        pct_ms(&b.connect_us, 0.99),
+        pct_ms(&b.connect_us, 1.0),
+        b.listen_overflows.map_or("n/a".into(), |n| n.to_string())
+    );
+    println!(
+        "  release to last answer: {} ms; recovery (last answer to a signature in ≤ {:.1} ms): {}",
+        b.burst_ms.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", "),
+        b.normal_ms,
+        b.recovery_ms
+            .iter()
+            .map(|r| r.map_or("none within 30 s".into(), |r| format!("{r:.1} ms")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  /healthz every 10 ms during the bursts: {} answers, p50 {h50:.1} ms, p99 {h99:.1} ms, max {hmax:.1} ms, {} not 200 — target p99 ≤ {BURST_HEALTHZ_P99_MS:.0} ms: {}",
+        b.healthz_us.len(),
+        b.healthz_failures,
+        verdict(!b.healthz_us.is_empty() && b.healthz_failures == 0 && h99 <= BURST_HEALTHZ_P99_MS)
+    );
+    if let Some((g, e, t)) = cpu {
+        println!(
+            "  server CPU per signature in the rounds: gateway {g:.0} µs + enclave {e:.0} µs = {t:.0} µs{}",
+            floor_cpu_us.map_or(String::new(), |f| format!(" ({:.2}× the crypto floor's {f:.0} µs)", t / f))
+        );
+    }
+    json!({
+        "name": BURST, "clients": b.clients, "rounds": b.rounds, "requests": b.clients * b.rounds,
+        "accepted": b.accepted_us.len(), "acceptedP50Ms": p50, "acceptedP99Ms": p99, "acceptedMaxMs": max,
+        "acceptedP99TargetMs": BURST_ACCEPTED_P99_MS, "acceptedP99Pass": !b.accepted_us.is_empty() && p99 <= BURST_ACCEPTED_P99_MS,
+        "signaturesVerified": b.verified,
+        "shed": b.shed, "shedShare": b.shed as f64 / total, "shed429": b.shed_429, "shedKinds": b.shed_kinds,
+        "shedWithoutRetryAfter": b.shed_without_retry_after,
+        "errors": b.errors, "errorKinds": b.error_kinds,
+        "acceptedAfterConnectP50Ms": pct_ms(&b.accepted_after_connect_us, 0.5),
+        "acceptedAfterConnectP99Ms": pct_ms(&b.accepted_after_connect_us, 0.99),
+        "connectP50Ms": pct_ms(&b.connect_us, 0.5), "connectP99Ms": pct_ms(&b.connect_us, 0.99),
+        "connectMaxMs": pct_ms(&b.connect_us, 1.0), "listenOverflows": b.listen_overflows,
+        "burstMs": b.burst_ms, "normalLatencyMs": b.normal_ms, "recoveryMs": b.recovery_ms,
+        "worstRecoveryMs": worst_recovery,
+        "healthzAnswers": b.healthz_us.len(), "healthzFailures": b.healthz_failures,
+        "healthzP50Ms": h50, "healthzP99Ms": h99, "healthzMaxMs": hmax, "healthzP99TargetMs": BURST_HEALTHZ_P99_MS,
+        "healthzP99Pass": !b.healthz_us.is_empty() && b.healthz_failures == 0 && h99 <= BURST_HEALTHZ_P99_MS,
+        "signed": b.signed,
+        "serverCpuUsPerSignature": cpu.map(|(g, e, t)| json!({"gateway": g, "enclave": e, "total": t})),
+        "serverCpuRatioToFloorCpu": cpu.zip(floor_cpu_us).map(|(c, f)| c.2 / f),
+    })
 }
 
 #[tokio::main]
@@ -478,9 +1013,16 @@ async fn main() -> anyhow::Result<()> {
         "measuring the crypto floor ({} threads)...",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
     );
-    let floor_hsm = crypto_floor(&stack, Floor::Hsm, floor_duration)?;
-    let floor_mem = crypto_floor(&stack, Floor::Memory, floor_duration)?;
-    let floor_enclave = crypto_floor(&stack, Floor::Enclave, floor_duration)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let floor_hsm = crypto_floor(&stack, Floor::Hsm, floor_duration, cores)?.ops_per_second;
+    let floor_mem = crypto_floor(&stack, Floor::Memory, floor_duration, cores)?.ops_per_second;
+    let floor_enclave = crypto_floor(&stack, Floor::Enclave, floor_duration, cores)?.ops_per_second;
+    // CPU per operation on one thread (no contention for the token), to compare with the server
+    // CPU each signed request costs.
+    eprintln!("measuring the floors' CPU per operation (1 thread)...");
+    let cpu_duration = floor_duration.min(Duration::from_secs(3));
+    let floor_hsm_cpu = crypto_floor(&stack, Floor::Hsm, cpu_duration, 1)?.cpu_us_per_op;
+    let floor_enclave_cpu = crypto_floor(&stack, Floor::Enclave, cpu_duration, 1)?.cpu_us_per_op;
 
     let seq = Arc::new(AtomicU64::new(1));
     let mut results = Vec::new();
@@ -488,7 +1030,7 @@ async fn main() -> anyhow::Result<()> {
     // One client back to back: the latency figure.
     if wanted("1 client") {
         eprintln!("running: {} with 1 client", scenarios[0].name);
-        let single = run(&scenarios[0], &stack.base_url, key.clone(), 1, args.warmup, args.duration, seq.clone()).await;
+        let single = run(&scenarios[0], &stack, key.clone(), 1, args.warmup, args.duration, seq.clone()).await;
         results.push(("sign secp256k1 wallet account, 1 client", 1usize, single));
     }
     let (_, gateway) = stack.pids();
@@ -496,10 +1038,18 @@ async fn main() -> anyhow::Result<()> {
     for sc in scenarios.iter().filter(|s| wanted(s.name)) {
         let before = peak_rss_mib(gateway);
         eprintln!("running: {} with {} clients", sc.name, args.clients);
-        let s = run(sc, &stack.base_url, key.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
+        let s = run(sc, &stack, key.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
         results.push((sc.name, args.clients, s));
         rss_growth.push((sc.name, peak_rss_mib(gateway).zip(before).map(|(a, b)| a - b)));
     }
+    // Last, as it is the most disruptive: thousands of signing clients at once.
+    let burst_report = if wanted(BURST) {
+        let clients = burst_fits(args.burst_clients);
+        eprintln!("running: {BURST} ({clients} clients, {} rounds)", args.burst_rounds);
+        Some(burst(&stack, &key, &scenarios[0], clients, args.burst_rounds, &seq).await)
+    } else {
+        None
+    };
 
     let (enclave_pid, gateway_pid) = stack.pids();
     let machine = format!(
@@ -518,6 +1068,12 @@ async fn main() -> anyhow::Result<()> {
     println!("\nCoffer benchmark — {machine}");
     println!("crypto floor (stamp verify + HSM unseal + secp256k1 sign): {floor_hsm:.0} ops/s; without HSM: {floor_mem:.0} ops/s");
     println!("enclave floor (stamp verify + HSM MAC verify + HSM unseal + secp256k1 sign): {floor_enclave:.0} ops/s");
+    let us = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0} µs"));
+    println!(
+        "CPU per operation, 1 thread: crypto floor {}, enclave floor {}",
+        us(floor_hsm_cpu),
+        us(floor_enclave_cpu)
+    );
     println!(
         "{:<50} {:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>9}",
         "scenario", "clients", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "verified", "÷ floor"
@@ -538,12 +1094,37 @@ async fn main() -> anyhow::Result<()> {
             s.verified,
             ratio * 100.0
         );
+        let cpu = s.cpu.and_then(|c| c.per_request_us(s.latencies_us.len()));
+        let signing = name.starts_with("sign");
         json_scenarios.push(json!({
             "name": name, "clients": clients, "requestsPerSecond": s.rps(), "requests": s.latencies_us.len(),
             "p50Ms": s.pct(0.5), "p90Ms": s.pct(0.9), "p99Ms": s.pct(0.99), "maxMs": s.pct(1.0),
             "errors": s.errors, "signaturesVerified": s.verified, "ratioToCryptoFloor": ratio,
+            "serverCpuUsPerRequest": cpu.map(|(g, e, t)| json!({"gateway": g, "enclave": e, "total": t})),
+            "serverCpuRatioToFloorCpu": if signing { cpu.zip(floor_hsm_cpu).map(|(c, f)| c.2 / f) } else { None },
         }));
     }
+    println!("\nserver CPU per successful request (gateway + enclave utime+stime over the measured window)");
+    println!("{:<50} {:>12} {:>12} {:>12} {:>14}", "scenario", "gateway µs", "enclave µs", "total µs", "÷ floor CPU");
+    let cpu_row = |name: &str, cpu: Option<(f64, f64, f64)>, signing: bool| {
+        let Some((g, e, t)) = cpu else {
+            println!("{name:<50} {:>12}", "n/a");
+            return;
+        };
+        let ratio = match floor_hsm_cpu {
+            Some(f) if signing => format!("{:.2}×", t / f),
+            _ => "—".into(),
+        };
+        println!("{name:<50} {g:>12.0} {e:>12.0} {t:>12.0} {ratio:>14}");
+    };
+    for (name, _, s) in &results {
+        cpu_row(name, s.cpu.and_then(|c| c.per_request_us(s.latencies_us.len())), name.starts_with("sign"));
+    }
+    if let Some(b) = &burst_report {
+        cpu_row(&format!("{BURST} (incl. shedding, probes)"), b.cpu.and_then(|c| c.per_request_us(b.signed)), true);
+    }
+    println!("{:<50} {:>12} {:>12} {:>12.0}", "crypto floor, 1 thread (per op)", "", "", floor_hsm_cpu.unwrap_or(0.0));
+    let burst_json = burst_report.as_ref().map(|b| print_burst(b, floor_hsm_cpu));
     let rss = (peak_rss_mib(enclave_pid), peak_rss_mib(gateway_pid));
     println!(
         "peak RSS: enclave {:.1} MiB, gateway {:.1} MiB; startup to ready: enclave {:.0} ms, gateway {:.0} ms",
@@ -564,7 +1145,10 @@ async fn main() -> anyhow::Result<()> {
         "cryptoFloorOpsPerSecond": floor_hsm,
         "cryptoFloorWithoutHsmOpsPerSecond": floor_mem,
         "enclaveFloorOpsPerSecond": floor_enclave,
+        "cryptoFloorCpuUsPerOp": floor_hsm_cpu,
+        "enclaveFloorCpuUsPerOp": floor_enclave_cpu,
         "scenarios": json_scenarios,
+        "burst": burst_json,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
