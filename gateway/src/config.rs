@@ -26,7 +26,10 @@ pub struct GatewayConfig {
     pub body_read_timeout_ms: u64,
     /// Requests served at once per class — signing (`submit/sign_*`), other submissions, queries;
     /// beyond that a request is answered at once with a JSON 503 and `Retry-After: 1` instead of
-    /// queueing. Health and discovery have no limit. Defaults 256, 256, 1,024.
+    /// queueing. Health and discovery have no limit. Defaults 64, 256, 1,024: a slot should not
+    /// wait longer than the latency a client accepts, so size signing as (signatures per second
+    /// the machine sustains) × (target latency) / 2 — 64 fits a 2-core machine's ~1,200/s and a
+    /// 250 ms p99 (see README "Performance").
     pub max_in_flight_signing: usize,
     pub max_in_flight_writes: usize,
     pub max_in_flight_reads: usize,
@@ -41,6 +44,11 @@ pub struct GatewayConfig {
     /// Largest request head (request line plus headers) in bytes, at least 8,192; past it (or
     /// past 100 headers) a JSON 431. Default 65,536.
     pub max_header_bytes: usize,
+    /// Connections the kernel queues for each listener before the gateway accepts them (capped by
+    /// `net.core.somaxconn`). Default 4,096, so a burst of new clients is accepted and answered
+    /// (or shed with a JSON 503) instead of dropped and retried by the client's TCP a second
+    /// later.
+    pub listen_backlog: u32,
     /// Requests per second allowed from one client address and for one credential, with bursts
     /// of one second's worth; past them a JSON 429 with `Retry-After`. 0 turns a limit off.
     /// Defaults 0 and 0 (off: a load balancer funnels many clients through one address, and
@@ -63,13 +71,14 @@ impl Default for GatewayConfig {
             body_limit: 1024 * 1024,
             log: "info".into(),
             body_read_timeout_ms: 10_000,
-            max_in_flight_signing: 256,
+            max_in_flight_signing: 64,
             max_in_flight_writes: 256,
             max_in_flight_reads: 1024,
             max_connections: 10_000,
             max_connections_per_ip: 5_000,
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
+            listen_backlog: 4096,
             rate_limit_per_ip: 0,
             rate_limit_per_credential: 0,
             ops_listen: None,
@@ -117,6 +126,7 @@ impl GatewayConfig {
             ("COFFER_MAX_CONNECTIONS_PER_IP", &mut cfg.max_connections_per_ip),
             ("COFFER_HEADER_READ_TIMEOUT_MS", &mut cfg.header_read_timeout_ms),
             ("COFFER_MAX_HEADER_BYTES", &mut cfg.max_header_bytes),
+            ("COFFER_LISTEN_BACKLOG", &mut cfg.listen_backlog),
             ("COFFER_RATE_LIMIT_PER_IP", &mut cfg.rate_limit_per_ip),
             ("COFFER_RATE_LIMIT_PER_CREDENTIAL", &mut cfg.rate_limit_per_credential),
         ] {

@@ -2,7 +2,9 @@
 //! reconnects by itself when the enclave restarts.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use coffer_proto::v1::enclave_client::EnclaveClient;
 use hyper_util::rt::TokioIo;
@@ -25,4 +27,46 @@ pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
             }
         }));
     Ok(EnclaveClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
+}
+
+/// When the enclave last answered a health probe (milliseconds since the process's first look,
+/// plus one; 0 = not since the last failed call). Process-wide: a gateway has one enclave client.
+static LAST_ANSWER: AtomicU64 = AtomicU64::new(0);
+
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// A health probe reached the enclave.
+pub fn note_answered() {
+    LAST_ANSWER.store(since_start(), Ordering::Relaxed);
+}
+
+/// A call found the enclave unreachable: the next health check asks it again.
+pub fn note_unreachable() {
+    LAST_ANSWER.store(0, Ordering::Relaxed);
+}
+
+/// Whether a probe reached the enclave within `window` and no call has failed since, so a
+/// health check can answer without queueing behind key operations on the enclave's connection.
+pub fn answered_within(window: Duration) -> bool {
+    let at = LAST_ANSWER.load(Ordering::Relaxed);
+    at != 0 && since_start().saturating_sub(at) <= window.as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_forgets_the_last_answer() {
+        note_answered();
+        assert!(answered_within(Duration::from_secs(60)));
+        note_unreachable();
+        assert!(!answered_within(Duration::from_secs(60)));
+        note_answered();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!answered_within(Duration::from_millis(10)), "an answer older than the window");
+    }
 }

@@ -197,6 +197,7 @@ impl From<tonic::Status> for ApiError {
             | tonic::Code::Unknown
             | tonic::Code::Cancelled
             | tonic::Code::DeadlineExceeded => {
+                crate::enclave_client::note_unreachable();
                 warn_enclave_unavailable(s.message());
                 ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
             }

@@ -201,12 +201,10 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits });
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let proxy_listener = tokio::net::TcpListener::bind(cfg.auth_proxy_listen).await?;
-    let ops_listener = match cfg.ops_listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
-        None => None,
-    };
+    let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
+    let listener = bind(cfg.listen)?;
+    let proxy_listener = bind(cfg.auth_proxy_listen)?;
+    let ops_listener = cfg.ops_listen.map(bind).transpose()?;
     let ops_addr = ops_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, ops = ?ops_addr, "gateway ready");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

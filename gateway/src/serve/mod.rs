@@ -86,6 +86,15 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
+/// A listener on `addr` with room for `backlog` connections not yet accepted (the standard
+/// library's bind asks for 128, which a burst of new clients overflows).
+pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog.max(1))
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, then lets open requests finish.
 pub async fn serve(
     listener: TcpListener,
