@@ -204,9 +204,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
     let proxy_listener = bind(cfg.auth_proxy_listen)?;
-    let ops_listener = cfg.ops_listen.map(bind).transpose()?;
-    let ops_addr = ops_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-    tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, ops = ?ops_addr, "gateway ready");
+    tracing::info!(listen = %listener.local_addr()?, auth_proxy = %proxy_listener.local_addr()?, ops = ?cfg.ops_listen, "gateway ready");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -227,8 +225,10 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // The auth proxy and the operations listener get small caps of their own.
     let side_limits = ConnectionLimits { max_connections: 128, max_connections_per_ip: 128, ..limits };
     let proxy = tokio::spawn(serve(proxy_listener, coffer_gateway::http::auth_proxy_router(), side_limits, stopped()));
-    let ops = ops_listener
-        .map(|l| tokio::spawn(serve(l, coffer_gateway::http::ops_router(state.clone()), side_limits, stopped())));
+    let ops = match cfg.ops_listen {
+        Some(addr) => Some(ops_thread(&cfg, addr, state.store.clone(), side_limits, stopped())?),
+        None => None,
+    };
     let shutdown = async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -239,8 +239,46 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     };
     serve(listener, coffer_gateway::http::router(state), limits, shutdown).await?;
-    for side in std::iter::once(proxy).chain(ops) {
-        side.await??;
+    proxy.await??;
+    if let Some(ops) = ops {
+        tokio::task::spawn_blocking(move || ops.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("operations thread panicked"))??;
     }
     Ok(())
+}
+
+/// The operations listener (`/healthz`, `/readyz`) on a thread and runtime of its own, with its
+/// own enclave connection: when API traffic saturates the main runtime's workers, the kernel
+/// still schedules this thread, so a health check is answered in milliseconds.
+fn ops_thread(
+    cfg: &GatewayConfig,
+    addr: std::net::SocketAddr,
+    store: Arc<dyn coffer_gateway::store::Store>,
+    limits: coffer_gateway::serve::ConnectionLimits,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<std::io::Result<()>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Bound and connected in the context of the runtime whose reactor drives them.
+    let (listener, enclave) = {
+        let _in_ops_runtime = runtime.enter();
+        (
+            coffer_gateway::serve::bind(addr, cfg.listen_backlog)?,
+            coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?,
+        )
+    };
+    let state = Arc::new(AppState {
+        store,
+        enclave,
+        body_limit: cfg.body_limit,
+        limits: coffer_gateway::limits::Limits::new(cfg),
+    });
+    Ok(std::thread::Builder::new().name("coffer-ops".into()).spawn(move || {
+        runtime.block_on(coffer_gateway::serve::serve(
+            listener,
+            coffer_gateway::http::ops_router(state),
+            limits,
+            stopped,
+        ))
+    })?)
 }

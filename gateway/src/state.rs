@@ -15,18 +15,23 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Runs store reads without stalling the executor: on the multi-threaded runtime the worker
-    /// first hands its queued tasks to another thread (`block_in_place`), so a read that waits
-    /// (a reader connection in use, SQLITE_BUSY retries while the WAL is reset, a cold page) never
-    /// delays unrelated requests or `/healthz`. On a current-thread runtime (unit tests) it runs
-    /// inline.
-    pub async fn db<T>(self: &Arc<Self>, f: impl FnOnce(&dyn Store) -> T) -> Result<T, crate::error::ApiError> {
+    /// Runs store reads without stalling the executor. First inline, in no-wait mode
+    /// ([`crate::store::nowait`]): an indexed read that finds a free reader connection costs
+    /// microseconds. If any read in `f` would have waited (all readers busy, SQLITE_BUSY while the
+    /// WAL is reset), `f` runs again under `block_in_place`, where the worker first hands its
+    /// queued tasks to another thread, so the wait never delays unrelated requests or `/healthz`.
+    /// (Running every read under `block_in_place` cost 40% more gateway CPU per signature, see
+    /// README "Performance".) On a current-thread runtime (unit tests) the retry runs inline.
+    pub async fn db<T>(self: &Arc<Self>, f: impl Fn(&dyn Store) -> T) -> Result<T, crate::error::ApiError> {
         Ok(self.read_store(f))
     }
 
     /// The synchronous form of [`AppState::db`], for code that already runs inside a handler.
-    pub fn read_store<T>(&self, f: impl FnOnce(&dyn Store) -> T) -> T {
+    pub fn read_store<T>(&self, f: impl Fn(&dyn Store) -> T) -> T {
         let store = self.store.as_ref();
+        if let Some(out) = crate::store::nowait::run(|| f(store)) {
+            return out;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(|| f(store))

@@ -150,8 +150,8 @@ async fn in_org_or_parent<T: Send + 'static>(
                 Err(StoreError::NotFound) => {}
                 Err(e) => return Err(e),
             }
-            if let Some(parent) = parent {
-                match find(s, &parent) {
+            if let Some(parent) = &parent {
+                match find(s, parent) {
                     Ok(v) => return Ok(Some((v, true))),
                     Err(StoreError::NotFound) => {}
                     Err(e) => return Err(e),

@@ -12,7 +12,7 @@ use super::tags::{self, PRIVATE_KEY_TAG, USER_TAG};
 use super::{keys, users, wallets};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::ApiError;
-use crate::store::{Organization, Record, StoreError, Write};
+use crate::store::{Organization, Page, Record, StoreError, Write};
 
 /// Features are records of this kind with id = name = the `FeatureName` and data `{"value": ..}`.
 pub const FEATURE: &str = "feature";
@@ -168,30 +168,32 @@ pub async fn update_root_quorum(ctx: Ctx, intent: UpdateRootQuorumIntent) -> Res
     })
 }
 
-/// `get_organization`: the whole organization in one object (legacy, `@turnkey/http` only).
+/// `get_organization`: the whole organization in one object (legacy, `@turnkey/http` only); each
+/// list holds at most the first [`super::LIST_PAGE_MAX`] items, like the lists themselves.
 pub async fn get_organization(ctx: QueryCtx, _req: wallets::Empty) -> Result<Value, ApiError> {
     let org = ctx.org.clone();
     let data = ctx
         .state
         .db(move |s| -> Result<Value, StoreError> {
             let id = org.id.as_str();
-            let user_rows = s.users(id)?;
-            let mut tag_rows = s.records(id, USER_TAG)?;
-            tag_rows.extend(s.records(id, PRIVATE_KEY_TAG)?);
+            let first = Page { limit: super::LIST_PAGE_MAX, before: None, after: None };
+            let user_rows = s.users_page(id, &first)?;
+            let mut tag_rows = s.records_page(id, USER_TAG, &first)?;
+            tag_rows.extend(s.records_page(id, PRIVATE_KEY_TAG, &first)?);
             let features: Vec<(String, String)> = s.records(id, FEATURE)?.iter().map(feature_of).collect();
             Ok(json!({
                 "organizationId": org.id,
                 "name": org.name,
                 "users": users::users_json(s, id, &user_rows)?,
-                "policies": s.records(id, POLICY)?.iter().map(policies::policy_json).collect::<Vec<_>>(),
-                "privateKeys": s.private_keys(id)?.iter().map(keys::private_key_json).collect::<Vec<_>>(),
+                "policies": s.records_page(id, POLICY, &first)?.iter().map(policies::policy_json).collect::<Vec<_>>(),
+                "privateKeys": s.private_keys_page(id, &first)?.iter().map(keys::private_key_json).collect::<Vec<_>>(),
                 "invitations": [],
                 "tags": tag_rows.iter().map(tags::tag_json).collect::<Vec<_>>(),
                 "rootQuorum": quorum_json(&org),
                 "features": features_json(&features),
-                "wallets": s.wallets(id)?.iter().map(wallets::wallet_json).collect::<Vec<_>>(),
+                "wallets": s.wallets_page(id, &first)?.iter().map(wallets::wallet_json).collect::<Vec<_>>(),
                 "smartContractInterfaceReferences":
-                    s.records(id, SMART_CONTRACT_INTERFACE)?.iter().map(contracts::reference_json).collect::<Vec<_>>(),
+                    s.records_page(id, SMART_CONTRACT_INTERFACE, &first)?.iter().map(contracts::reference_json).collect::<Vec<_>>(),
             }))
         })
         .await??;

@@ -222,6 +222,25 @@ impl SqliteStore {
     /// they are retried for up to about a second.
     fn read<T>(&self, f: impl Fn(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
         let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
+        if nowait::active() {
+            // A free reader or none: no lock waits, no busy retries.
+            for k in 0..self.readers.len() {
+                let conn = match self.readers[(i + k) % self.readers.len()].try_lock() {
+                    Ok(conn) => conn,
+                    Err(std::sync::TryLockError::WouldBlock) => continue,
+                    Err(std::sync::TryLockError::Poisoned(_)) => {
+                        return Err(StoreError::Backend("reader lock poisoned".into()))
+                    }
+                };
+                return match f(&conn) {
+                    Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+                        Err(nowait::give_up())
+                    }
+                    other => other.map_err(backend),
+                };
+            }
+            return Err(nowait::give_up());
+        }
         let conn = self.readers[i].lock().map_err(|_| StoreError::Backend("reader lock poisoned".into()))?;
         let mut attempt = 0;
         loop {
@@ -1168,6 +1187,9 @@ impl Store for SqliteStore {
     }
 
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError> {
+        if nowait::active() {
+            return Err(nowait::give_up());
+        }
         let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend)?;
         for w in writes {
@@ -2042,6 +2064,24 @@ mod tests {
         assert_eq!(seen, all.iter().map(|a| a.id.clone()).collect::<Vec<_>>());
         let typed = ActivityFilter { limit: 100, types: vec!["ACTIVITY_TYPE_NONE".into()], ..Default::default() };
         assert!(s.activities("o1", &typed).unwrap().is_empty());
+    }
+
+    #[test]
+    fn no_wait_reads_give_up_instead_of_waiting() {
+        let (_dir, s) = store();
+        s.apply(&[Write::InsertOrganization(org("nowait-org"))]).unwrap();
+        assert_eq!(
+            nowait::run(|| s.organization("nowait-org").map(|o| o.id)).map(Result::unwrap),
+            Some("nowait-org".to_string())
+        );
+        // Every reader connection held elsewhere: the read gives up at once, and says so.
+        let held: Vec<_> = s.readers.iter().map(|r| r.lock().unwrap()).collect();
+        assert!(nowait::run(|| s.organization("nowait-org")).is_none());
+        assert!(nowait::run(|| s.apply(&[])).is_none(), "the writer's lock is not waited for either");
+        drop(held);
+        // Outside no-wait mode nothing changed, and the flag does not leak into the next run.
+        assert_eq!(s.organization("nowait-org").unwrap().id, "nowait-org");
+        assert!(nowait::run(|| s.organization("nowait-org")).is_some());
     }
 
     #[test]
