@@ -537,7 +537,7 @@ mod tests {
     #[test]
     fn nested_list_macros_stop_at_the_step_budget() {
         // Found while fuzzing the policy language: 10^7 visits without a budget (0.8 s).
-        let ten = format!("[{}]", vec!["1"; 10].join(", "));
+        let ten = format!("[{}]", ["1"; 10].join(", "));
         let mut src = "true".to_string();
         for depth in (0..7).rev() {
             src = format!("{ten}.all(v{depth}, {src})");
