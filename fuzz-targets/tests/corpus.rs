@@ -150,46 +150,7 @@ fn api_stamp_seeds() -> Vec<(&'static str, Vec<u8>)> {
 
 // auth/src/webauthn.rs tests: a software authenticator (`SoftKey`).
 
-/// Minimal CBOR for the seeds: definite lengths below 2^16.
-enum Cbor {
-    Uint(u64),
-    Nint(i64),
-    Bytes(Vec<u8>),
-    Text(&'static str),
-    Map(Vec<(Cbor, Cbor)>),
-}
-
-fn cbor(v: &Cbor, out: &mut Vec<u8>) {
-    fn head(major: u8, n: u64, out: &mut Vec<u8>) {
-        match n {
-            0..=23 => out.push(major << 5 | n as u8),
-            24..=0xff => out.extend_from_slice(&[major << 5 | 24, n as u8]),
-            _ => {
-                out.push(major << 5 | 25);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-        }
-    }
-    match v {
-        Cbor::Uint(n) => head(0, *n, out),
-        Cbor::Nint(n) => head(1, (-1 - *n) as u64, out),
-        Cbor::Bytes(b) => {
-            head(2, b.len() as u64, out);
-            out.extend_from_slice(b);
-        }
-        Cbor::Text(s) => {
-            head(3, s.len() as u64, out);
-            out.extend_from_slice(s.as_bytes());
-        }
-        Cbor::Map(entries) => {
-            head(5, entries.len() as u64, out);
-            for (k, v) in entries {
-                cbor(k, out);
-                cbor(v, out);
-            }
-        }
-    }
-}
+use coffer_tests::cbor::{cbor, Cbor};
 
 fn passkey(seed: u8) -> (p256::ecdsa::SigningKey, Vec<u8>) {
     (p256::ecdsa::SigningKey::from_slice(&[seed; 32]).unwrap(), vec![seed; 20])
@@ -224,11 +185,11 @@ fn attestation_object(seed: u8, fmt: &'static str) -> Vec<u8> {
     let (key, id) = passkey(seed);
     let point = key.verifying_key().to_encoded_point(false);
     let cose = Cbor::Map(vec![
-        (Cbor::Uint(1), Cbor::Uint(2)),
-        (Cbor::Uint(3), Cbor::Nint(-7)),
-        (Cbor::Nint(-1), Cbor::Uint(1)),
-        (Cbor::Nint(-2), Cbor::Bytes(point.x().unwrap().to_vec())),
-        (Cbor::Nint(-3), Cbor::Bytes(point.y().unwrap().to_vec())),
+        (Cbor::Int(1), Cbor::Int(2)),
+        (Cbor::Int(3), Cbor::Int(-7)),
+        (Cbor::Int(-1), Cbor::Int(1)),
+        (Cbor::Int(-2), Cbor::Bytes(point.x().unwrap().to_vec())),
+        (Cbor::Int(-3), Cbor::Bytes(point.y().unwrap().to_vec())),
     ]);
     let mut ad = sha2::Sha256::digest(b"example.com").to_vec();
     ad.push(0x45);
@@ -242,7 +203,7 @@ fn attestation_object(seed: u8, fmt: &'static str) -> Vec<u8> {
         msg.extend_from_slice(&sha2::Sha256::digest(REGISTRATION_CLIENT_DATA.as_bytes()));
         let sig: p256::ecdsa::Signature = key.sign(&msg);
         Cbor::Map(vec![
-            (Cbor::Text("alg"), Cbor::Nint(-7)),
+            (Cbor::Text("alg"), Cbor::Int(-7)),
             (Cbor::Text("sig"), Cbor::Bytes(sig.to_der().as_bytes().to_vec())),
         ])
     } else {

@@ -1,6 +1,7 @@
 //! Test harness: a fresh SoftHSM token, the real `coffer-enclave` and `coffer-gateway`
 //! binaries on real sockets, and the official Rust client pointed at them.
 
+pub mod cbor;
 pub mod oidc;
 
 use std::path::{Path, PathBuf};

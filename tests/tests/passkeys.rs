@@ -3,6 +3,7 @@
 //! against a local OIDC issuer, through the official Rust client and raw HTTP.
 
 use base64::Engine;
+use coffer_tests::cbor::{cbor, Cbor};
 use coffer_tests::oidc;
 use coffer_tests::{RawResponse, Stack};
 use p256::ecdsa::signature::Signer;
@@ -32,46 +33,6 @@ fn fresh_key() -> p256::ecdsa::SigningKey {
 }
 
 // --- a software authenticator -----------------------------------------------------------------
-
-/// Just enough CBOR encoding for attestation objects and COSE keys.
-enum Cbor {
-    Int(i64),
-    Bytes(Vec<u8>),
-    Text(&'static str),
-    Map(Vec<(Cbor, Cbor)>),
-}
-
-fn cbor(v: &Cbor, out: &mut Vec<u8>) {
-    fn head(major: u8, n: u64, out: &mut Vec<u8>) {
-        match n {
-            0..=23 => out.push(major << 5 | n as u8),
-            24..=0xff => out.extend_from_slice(&[major << 5 | 24, n as u8]),
-            _ => {
-                out.push(major << 5 | 25);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-        }
-    }
-    match v {
-        Cbor::Int(i) if *i >= 0 => head(0, *i as u64, out),
-        Cbor::Int(i) => head(1, (-1 - *i) as u64, out),
-        Cbor::Bytes(b) => {
-            head(2, b.len() as u64, out);
-            out.extend_from_slice(b);
-        }
-        Cbor::Text(t) => {
-            head(3, t.len() as u64, out);
-            out.extend_from_slice(t.as_bytes());
-        }
-        Cbor::Map(m) => {
-            head(5, m.len() as u64, out);
-            for (k, v) in m {
-                cbor(k, out);
-                cbor(v, out);
-            }
-        }
-    }
-}
 
 /// A passkey: a P-256 key and a random credential id, as a platform authenticator holds them.
 struct Passkey {
