@@ -59,6 +59,25 @@ pub struct GatewayConfig {
     /// connections, so a flood of API traffic can never crowd out a health check. Default: none
     /// (the API listener serves them too, outside the in-flight limits).
     pub ops_listen: Option<SocketAddr>,
+    /// `[webhooks]`: delivery targets and limits.
+    pub webhooks: WebhookSettings,
+}
+
+/// `[webhooks]` of `coffer-gateway.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// Allow `http://` and loopback/private targets (development only; `make run` turns it on).
+    /// Env `COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=true`. Default false.
+    pub allow_private_targets: bool,
+    /// Endpoints one organization may have. Default 10.
+    pub max_endpoints_per_organization: usize,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        Self { allow_private_targets: false, max_endpoints_per_organization: 10 }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -82,6 +101,7 @@ impl Default for GatewayConfig {
             rate_limit_per_ip: 0,
             rate_limit_per_credential: 0,
             ops_listen: None,
+            webhooks: WebhookSettings::default(),
         }
     }
 }
@@ -106,6 +126,13 @@ impl GatewayConfig {
             cfg.ops_listen = match v.trim() {
                 "" => None,
                 addr => Some(addr.parse().map_err(|e| anyhow::anyhow!("COFFER_OPS_LISTEN: {e}"))?),
+            };
+        }
+        if let Ok(v) = std::env::var("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS") {
+            cfg.webhooks.allow_private_targets = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                other => anyhow::bail!("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS: {other:?} is not true or false"),
             };
         }
         if let Ok(v) = std::env::var("COFFER_STORE_URL") {

@@ -200,7 +200,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
-    let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits });
+    let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
     let proxy_listener = bind(cfg.auth_proxy_listen)?;
@@ -272,6 +272,7 @@ fn ops_thread(
         enclave,
         body_limit: cfg.body_limit,
         limits: coffer_gateway::limits::Limits::new(cfg),
+        webhooks: cfg.webhooks.clone(),
     });
     Ok(std::thread::Builder::new().name("coffer-ops".into()).spawn(move || {
         runtime.block_on(coffer_gateway::serve::serve(

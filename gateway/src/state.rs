@@ -12,6 +12,7 @@ pub struct AppState {
     pub enclave: Enclave,
     pub body_limit: usize,
     pub limits: Limits,
+    pub webhooks: crate::config::WebhookSettings,
 }
 
 impl AppState {

@@ -24,6 +24,8 @@ pub mod tvc;
 pub mod suborgs;
 // <policy engine and approvals>
 pub mod approvals;
+// <webhooks>
+pub mod webhooks;
 
 use serde::Deserialize;
 
@@ -344,6 +346,31 @@ pub static ACTIVITIES: &[Operation] = &[
         "SMART_CONTRACT_INTERFACE" / "DELETE",
         contracts::delete_smart_contract_interface
     ),
+    // <webhooks>
+    op!(
+        "create_webhook_endpoint",
+        "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
+        "createWebhookEndpointIntent",
+        "createWebhookEndpointResult",
+        "WEBHOOK_ENDPOINT" / "CREATE",
+        webhooks::create_webhook_endpoint
+    ),
+    op!(
+        "update_webhook_endpoint",
+        "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT",
+        "updateWebhookEndpointIntent",
+        "updateWebhookEndpointResult",
+        "WEBHOOK_ENDPOINT" / "UPDATE",
+        webhooks::update_webhook_endpoint
+    ),
+    op!(
+        "delete_webhook_endpoint",
+        "ACTIVITY_TYPE_DELETE_WEBHOOK_ENDPOINT",
+        "deleteWebhookEndpointIntent",
+        "deleteWebhookEndpointResult",
+        "WEBHOOK_ENDPOINT" / "DELETE",
+        webhooks::delete_webhook_endpoint
+    ),
     op!(root_quorum
         "set_organization_feature",
         "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
@@ -473,6 +500,8 @@ pub static QUERIES: &[Query] = &[
     // <policy engine and approvals>
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
+    // <webhooks>
+    Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },
 ];
 
 pub fn activity(path: &str) -> Option<&'static Operation> {

@@ -304,6 +304,7 @@ mod tests {
             enclave,
             body_limit: 1 << 20,
             limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
+            webhooks: Default::default(),
         });
         Harness { _dir: TempDir(dir), state, keys }
     }
