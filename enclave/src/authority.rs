@@ -148,6 +148,52 @@ impl Authority {
         Ok(cert.encode_to_vec())
     }
 
+    /// Checks one webhook delivery attempt before the webhook key signs it: the timestamp is the
+    /// enclave's now (within the freshness window, so no delivery can be signed ahead of time),
+    /// the event id is short and plain, and the body is an activity. Returns the message to sign
+    /// (`v1.ed25519.<key_id>.<timestamp>.<event_id>.` + body) and writes one audit line.
+    pub fn webhook_message(
+        &self,
+        key_id: &str,
+        timestamp_ms: u64,
+        event_id: &str,
+        body: &[u8],
+    ) -> Result<Vec<u8>, EnclaveError> {
+        const OPERATION: &str = "sign_webhook_delivery";
+        let activity = serde_json::from_slice::<serde_json::Value>(body).ok();
+        let field = |k: &str| activity.as_ref().and_then(|a| a.get(k)).and_then(|v| v.as_str()).map(str::to_string);
+        let (organization, activity_id) = (field("organizationId"), field("id"));
+        let refusal = if (timestamp_ms as i64 - now_ms()).abs() > self.freshness_ms {
+            Some("delivery timestamp is not the enclave's now")
+        } else if event_id.is_empty()
+            || event_id.len() > 128
+            || !event_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_:.".contains(&b))
+        {
+            Some("event id must be 1-128 characters of [A-Za-z0-9-_:.]")
+        } else if body.len() > 4 * 1024 * 1024 || organization.is_none() || activity_id.is_none() {
+            Some("delivery body is not an activity (an object with id and organizationId, at most 4 MiB)")
+        } else {
+            None
+        };
+        let organization = organization.unwrap_or_default();
+        if let Some(reason) = refusal {
+            Refusal { organization, ..Refusal::new(reason) }.audit(OPERATION);
+            return Err(EnclaveError::Refused(reason.into()));
+        }
+        tracing::info!(
+            target: "coffer_audit",
+            decision = "allow",
+            operation = OPERATION,
+            organization = %organization,
+            activity = %activity_id.unwrap_or_default(),
+            event = %event_id,
+            "enclave decision"
+        );
+        let mut message = format!("v1.ed25519.{key_id}.{timestamp_ms}.{event_id}.").into_bytes();
+        message.extend_from_slice(body);
+        Ok(message)
+    }
+
     /// Expiry of a new credential valid for `seconds` from now (0 = none).
     pub fn expiry(&self, seconds: Option<u64>) -> u64 {
         seconds.map_or(0, |s| (now_ms().max(0) as u64).saturating_add(s.saturating_mul(1000)))
@@ -347,5 +393,25 @@ mod tests {
             assert_ne!(certificate_mac_input(&v), input, "{v:?}");
         }
         assert_eq!(certificate_mac_input(&pb::CredentialCertificate { mac: vec![2], ..base }), input);
+    }
+
+    #[test]
+    fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity() {
+        let authority = Authority::new(crate::hsm::tests::hsm(), 300_000, 16);
+        let body = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#;
+        let now = now_ms() as u64;
+        let message = authority.webhook_message("kid", now, "evt-1:a1", body).unwrap();
+        assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
+        let refused = |ts: u64, event: &str, body: &[u8]| match authority.webhook_message("kid", ts, event, body) {
+            Err(EnclaveError::Refused(reason)) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(now + 301_000, "e", body).contains("timestamp"), "a delivery signed ahead of time");
+        assert!(refused(now - 301_000, "e", body).contains("timestamp"));
+        assert!(refused(now, "", body).contains("event id"));
+        assert!(refused(now, "e.v\nX-Injected: 1", body).contains("event id"));
+        assert!(refused(now, &"e".repeat(129), body).contains("event id"));
+        assert!(refused(now, "e", b"not json").contains("not an activity"));
+        assert!(refused(now, "e", br#"{"id":"a1"}"#).contains("not an activity"));
     }
 }

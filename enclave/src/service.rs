@@ -48,6 +48,12 @@ impl EnclaveService {
 }
 
 /// Runs blocking HSM and crypto work off the async executor.
+/// The webhook key's id: stable for a key, `coffer-webhook-` + 16 hex digits of its SHA-256.
+fn webhook_key_id(public_key: &[u8; 32]) -> String {
+    use sha2::Digest;
+    format!("coffer-webhook-{}", hex::encode(&sha2::Sha256::digest(public_key)[..8]))
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, EnclaveError> + Send + 'static,
 ) -> Result<Response<T>, Status> {
@@ -281,6 +287,35 @@ impl Enclave for EnclaveService {
     ) -> Result<Response<pb::GetSignerPublicKeyResponse>, Status> {
         let hsm = self.hsm.clone();
         blocking(move || Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })).await
+    }
+
+    async fn get_webhook_signing_key(
+        &self,
+        _req: Request<pb::GetWebhookSigningKeyRequest>,
+    ) -> Result<Response<pb::GetWebhookSigningKeyResponse>, Status> {
+        let hsm = self.hsm.clone();
+        blocking(move || {
+            let public_key = hsm.webhook_public_key()?;
+            Ok(pb::GetWebhookSigningKeyResponse {
+                key_id: webhook_key_id(&public_key),
+                public_key: public_key.to_vec(),
+            })
+        })
+        .await
+    }
+
+    async fn sign_webhook_delivery(
+        &self,
+        req: Request<pb::SignWebhookDeliveryRequest>,
+    ) -> Result<Response<pb::SignWebhookDeliveryResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            let key_id = webhook_key_id(&hsm.webhook_public_key()?);
+            let message = authority.webhook_message(&key_id, req.timestamp_ms, &req.event_id, &req.body)?;
+            Ok(pb::SignWebhookDeliveryResponse { signature: hsm.sign_webhook(&message)?.to_vec(), key_id })
+        })
+        .await
     }
 
     async fn bootstrap_organization(

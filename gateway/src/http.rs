@@ -20,6 +20,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/public/v1/submit/:name", post(submit))
         .route("/public/v1/query/:name", post(query))
         .route("/public/v1/discovery/enclave_signer", get(enclave_signer))
+        .route("/public/v1/discovery/webhooks/jwks", get(webhook_jwks))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
@@ -118,6 +119,35 @@ async fn enclave_signer(State(state): State<Arc<AppState>>) -> Response {
 /// How long an enclave answer to a health probe stands for the next checks (while no call has
 /// found the enclave unreachable): under load a probe would queue behind key operations.
 const ENCLAVE_ANSWER_HOLDS: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The key that signs webhook deliveries, as a JWKS (no stamp; `verifyTurnkeyWebhookSignature`
+/// of `@turnkey/crypto` reads it). The key lives in the enclave's HSM; its `kid` is stable.
+async fn webhook_jwks(State(state): State<Arc<AppState>>) -> Response {
+    use base64::Engine;
+    let resp = state.enclave.clone().get_webhook_signing_key(coffer_proto::v1::GetWebhookSigningKeyRequest {}).await;
+    match resp.map_err(ApiError::from) {
+        Ok(r) => {
+            let key = r.into_inner();
+            let jwks = json!({ "keys": [{
+                "kid": key.key_id,
+                "kty": "OKP",
+                "crv": "Ed25519",
+                "alg": "EdDSA",
+                "use": "sig",
+                "x": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&key.public_key),
+                "turnkey_signature_algorithm": "ed25519",
+                "turnkey_signature_version": "v1",
+            }]});
+            let mut response = Json(jwks).into_response();
+            response.headers_mut().insert(
+                axum::http::header::CACHE_CONTROL,
+                axum::http::HeaderValue::from_static("public, max-age=86400, s-maxage=86400, stale-if-error=604800"),
+            );
+            response
+        }
+        Err(e) => e.into_response(),
+    }
+}
 
 /// Whether the store and the enclave answer, each within 2 s.
 async fn readiness(state: &Arc<AppState>) -> Result<(), ApiError> {

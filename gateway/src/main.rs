@@ -200,7 +200,8 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
     let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
-    let state = Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
+    let state =
+        Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
     let proxy_listener = bind(cfg.auth_proxy_listen)?;

@@ -157,3 +157,35 @@ async fn endpoints_are_created_listed_updated_deleted_and_private_targets_refuse
     assert!(left.iter().all(|e| e["endpointId"] != id.as_str()));
     refused(&delete(json!({"endpointId": id})).await, 404, &id);
 }
+
+/// The webhook signing key's JWKS: unstamped, cacheable, one Ed25519 key with a stable id whose
+/// `x` is a valid curve point (the private half never leaves the enclave's HSM).
+#[tokio::test]
+async fn the_webhook_key_is_published_as_a_jwks() {
+    use base64::Engine;
+    let stack = Stack::start().await;
+    let get = || reqwest::get(format!("{}/public/v1/discovery/webhooks/jwks", stack.base_url));
+    let r = get().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["cache-control"], "public, max-age=86400, s-maxage=86400, stale-if-error=604800");
+    let jwks: Value = r.json().await.unwrap();
+    let keys = jwks["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{jwks}");
+    let k = &keys[0];
+    for (field, value) in [
+        ("kty", "OKP"),
+        ("crv", "Ed25519"),
+        ("alg", "EdDSA"),
+        ("use", "sig"),
+        ("turnkey_signature_algorithm", "ed25519"),
+        ("turnkey_signature_version", "v1"),
+    ] {
+        assert_eq!(k[field], value, "{field}: {jwks}");
+    }
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k["x"].as_str().unwrap()).unwrap();
+    let x: [u8; 32] = x.try_into().unwrap();
+    ed25519_dalek::VerifyingKey::from_bytes(&x).expect("a valid Ed25519 public key");
+    let again: Value = get().await.unwrap().json().await.unwrap();
+    assert_eq!(again, jwks, "the key and its id are stable");
+    assert!(k["kid"].as_str().unwrap().starts_with("coffer-webhook-"));
+}

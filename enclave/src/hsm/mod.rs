@@ -45,8 +45,11 @@ pub const KEK_LABEL: &str = "coffer-kek-v1";
 pub const SIGNER_LABEL: &str = "coffer-bundle-signer-v1";
 /// Label of the HMAC-SHA256 key that certifies credentials (organization, user, public key).
 pub const CERT_MAC_LABEL: &str = "coffer-cert-mac-v1";
+/// The Ed25519 key that signs webhook deliveries (sensitive, never extractable).
+pub const WEBHOOK_SIGNER_LABEL: &str = "coffer-webhook-signer-v1";
 
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+const OID_ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
 
 /// Where the token is and how to log in. The PIN is a `secrecy` string, wiped on drop.
 pub struct HsmSettings {
@@ -73,6 +76,8 @@ struct ServiceKeys {
     kek: ObjectHandle,
     signer: ObjectHandle,
     cert_mac: ObjectHandle,
+    /// Absent on a token initialised before webhooks existed, until `init` runs again.
+    webhook: Option<ObjectHandle>,
 }
 
 struct Anchor {
@@ -90,6 +95,7 @@ pub struct Hsm {
     pool: Mutex<Vec<Session>>,
     pool_size: usize,
     signer_public: OnceLock<[u8; 65]>,
+    webhook_public: OnceLock<[u8; 32]>,
 }
 
 /// The PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once.
@@ -190,6 +196,7 @@ impl Hsm {
             pool: Mutex::new(Vec::new()),
             pool_size: settings.pool_size.max(1),
             signer_public: OnceLock::new(),
+            webhook_public: OnceLock::new(),
         })
     }
 
@@ -261,6 +268,30 @@ impl Hsm {
                 .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
             created.push(CERT_MAC_LABEL);
         }
+        if find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?.is_none() {
+            let label = WEBHOOK_SIGNER_LABEL.as_bytes().to_vec();
+            session
+                .generate_key_pair(
+                    &Mechanism::EccEdwardsKeyPairGen,
+                    &[
+                        Attribute::Token(true),
+                        Attribute::Private(false),
+                        Attribute::Verify(true),
+                        Attribute::EcParams(OID_ED25519.to_vec()),
+                        Attribute::Label(label.clone()),
+                    ],
+                    &[
+                        Attribute::Token(true),
+                        Attribute::Private(true),
+                        Attribute::Sensitive(true),
+                        Attribute::Extractable(false),
+                        Attribute::Sign(true),
+                        Attribute::Label(label),
+                    ],
+                )
+                .map_err(|e| HsmError::call("C_GenerateKeyPair (webhook signer)", e))?;
+            created.push(WEBHOOK_SIGNER_LABEL);
+        }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         Ok(created)
     }
@@ -280,7 +311,8 @@ impl Hsm {
             find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
         let cert_mac =
             find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
-        let keys = ServiceKeys { kek, signer, cert_mac };
+        let webhook = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?;
+        let keys = ServiceKeys { kek, signer, cert_mac, webhook };
         anchor.keys = Some(keys);
         Ok(keys)
     }
@@ -459,6 +491,56 @@ impl Hsm {
         let pk: [u8; 65] =
             raw.try_into().map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
         Ok(*self.signer_public.get_or_init(|| pk))
+    }
+
+    /// The webhook signer's Ed25519 public key, read once from the token.
+    pub fn webhook_public_key(&self) -> Result<[u8; 32], HsmError> {
+        if let Some(pk) = self.webhook_public.get() {
+            return Ok(*pk);
+        }
+        let point = self.with_session(
+            |s, _| {
+                let handles = s.find_objects(&[
+                    Attribute::Class(ObjectClass::PUBLIC_KEY),
+                    Attribute::Label(WEBHOOK_SIGNER_LABEL.as_bytes().to_vec()),
+                ])?;
+                let Some(h) = handles.first() else { return Ok(None) };
+                let attrs = s.get_attributes(*h, &[AttributeType::EcPoint])?;
+                Ok(attrs.into_iter().find_map(|a| match a {
+                    Attribute::EcPoint(p) => Some(p),
+                    _ => None,
+                }))
+            },
+            "C_GetAttributeValue (webhook signer public key)",
+        )?;
+        let point = point.ok_or(HsmError::KeyMissing(WEBHOOK_SIGNER_LABEL))?;
+        // SoftHSM wraps the 32 bytes in a DER OCTET STRING (04 20 | A); some HSMs return them raw.
+        let raw: &[u8] = if point.len() == 34 && point[0] == 0x04 && point[1] == 32 { &point[2..] } else { &point };
+        let pk: [u8; 32] =
+            raw.try_into().map_err(|_| HsmError::Malformed("webhook signer public key is not 32 bytes"))?;
+        Ok(*self.webhook_public.get_or_init(|| pk))
+    }
+
+    /// Pure Ed25519 over `message` with the webhook signer, checked against its public key before
+    /// it leaves (a faulty signature is never handed out).
+    pub fn sign_webhook(&self, message: &[u8]) -> Result<[u8; 64], HsmError> {
+        use cryptoki::mechanism::eddsa::{EddsaParams, EddsaSignatureScheme};
+        let public = self.webhook_public_key()?;
+        let raw = self.with_session(
+            |s, keys| {
+                let Some(key) = keys.webhook else { return Ok(None) };
+                s.sign(&Mechanism::Eddsa(EddsaParams::new(EddsaSignatureScheme::Pure)), key, message).map(Some)
+            },
+            "C_Sign (webhook signer)",
+        )?;
+        let raw = raw.ok_or(HsmError::KeyMissing(WEBHOOK_SIGNER_LABEL))?;
+        let signature: [u8; 64] =
+            raw.as_slice().try_into().map_err(|_| HsmError::Malformed("Ed25519 signature is not 64 bytes"))?;
+        let key = ed25519_dalek::VerifyingKey::from_bytes(&public)
+            .map_err(|_| HsmError::Malformed("webhook signer public key is not a curve point"))?;
+        key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature))
+            .map_err(|_| HsmError::Malformed("the HSM's webhook signature does not verify"))?;
+        Ok(signature)
     }
 
     /// ECDSA P-256 over SHA-256(`data`) with the bundle signer, DER encoded.

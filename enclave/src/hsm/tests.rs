@@ -30,7 +30,10 @@ pub(crate) fn hsm() -> Arc<Hsm> {
         let hsm =
             Hsm::open(HsmSettings { module: MODULE.into(), token_label: "unit".into(), pin: pin(), pool_size: 4 })
                 .unwrap();
-        assert_eq!(hsm.init_service_keys().unwrap(), vec![KEK_LABEL, SIGNER_LABEL, CERT_MAC_LABEL]);
+        assert_eq!(
+            hsm.init_service_keys().unwrap(),
+            vec![KEK_LABEL, SIGNER_LABEL, CERT_MAC_LABEL, WEBHOOK_SIGNER_LABEL]
+        );
         assert!(hsm.init_service_keys().unwrap().is_empty(), "second init must create nothing");
         Arc::new(hsm)
     })
@@ -153,4 +156,21 @@ fn concurrent_seal_and_unseal_share_the_pool() {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn webhook_signatures_come_from_the_hsm_key_and_verify_independently() {
+    let hsm = hsm();
+    let public = hsm.webhook_public_key().unwrap();
+    let message = b"v1.ed25519.kid.1700000000000.evt-1.{\"id\":\"a\"}";
+    let signature = hsm.sign_webhook(message).unwrap();
+    // ed25519-dalek, not the HSM, decides whether it verifies.
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&public).unwrap();
+    key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature)).unwrap();
+    assert!(key.verify_strict(b"another message", &ed25519_dalek::Signature::from_bytes(&signature)).is_err());
+    // The private half stays in the token: sensitive and not extractable.
+    let session = hsm.new_session().unwrap();
+    let handle = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL).unwrap().unwrap();
+    let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
+    assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
 }

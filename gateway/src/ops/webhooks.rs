@@ -19,7 +19,8 @@ pub const MAX_URL_BYTES: usize = 2048;
 /// The event type Coffer delivers.
 pub const ACTIVITY_UPDATES: &str = "ACTIVITY_UPDATES";
 /// Event types of the hosted service that need a chain indexer or a transaction sender.
-const NOT_PRODUCED: &[&str] = &["BALANCE_CONFIRMED_UPDATES", "BALANCE_FINALIZED_UPDATES", "SEND_TRANSACTION_STATUS_UPDATES"];
+const NOT_PRODUCED: &[&str] =
+    &["BALANCE_CONFIRMED_UPDATES", "BALANCE_FINALIZED_UPDATES", "SEND_TRANSACTION_STATUS_UPDATES"];
 
 /// Why a webhook target is refused (the caller-facing message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +179,9 @@ fn subscription(p: &SubscriptionParams) -> Result<Value, ApiError> {
                 "event type {t} is not supported: it needs a chain indexer Coffer does not have, so it could never fire"
             )))
         }
-        t => return Err(ApiError::invalid(format!("unknown webhook event type: {t:?} (supported: {ACTIVITY_UPDATES})"))),
+        t => {
+            return Err(ApiError::invalid(format!("unknown webhook event type: {t:?} (supported: {ACTIVITY_UPDATES})")))
+        }
     }
     let filters = p.filters_json.clone().unwrap_or_default();
     EventFilter::parse(&filters)?;
@@ -352,7 +355,8 @@ mod tests {
         assert!(!both.admits("ACTIVITY_TYPE_CREATE_WALLET", "ACTIVITY_STATUS_COMPLETED"));
         assert!(both.admits("ACTIVITY_TYPE_CREATE_WALLET", "ACTIVITY_STATUS_FAILED"));
         assert!(EventFilter::parse("").unwrap().admits("anything", "at all"));
-        for bad in [r#"{"orgs":[]}"#, "[1]", "{", r#"{"activityTypes":["CREATE_WALLET"]}"#, r#"{"activityStatuses":"x"}"#]
+        for bad in
+            [r#"{"orgs":[]}"#, "[1]", "{", r#"{"activityTypes":["CREATE_WALLET"]}"#, r#"{"activityStatuses":"x"}"#]
         {
             assert!(EventFilter::parse(bad).is_err(), "{bad}");
         }
