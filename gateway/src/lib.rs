@@ -13,3 +13,4 @@ pub mod policy;
 pub mod serve;
 pub mod state;
 pub mod store;
+pub mod webhook_delivery;

@@ -189,3 +189,156 @@ async fn the_webhook_key_is_published_as_a_jwks() {
     assert_eq!(again, jwks, "the key and its id are stable");
     assert!(k["kid"].as_str().unwrap().starts_with("coffer-webhook-"));
 }
+
+/// What a local receiver saw: per path, each request's headers (lowercase names) and body.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, std::collections::HashMap<String, String>, String)>>>;
+
+/// A receiver on 127.0.0.1 answering each path with the statuses given in turn (the last one
+/// repeats).
+async fn receiver(plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
+    use axum::http::StatusCode;
+    let seen: Seen = Default::default();
+    let plan: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u16>>>> =
+        std::sync::Arc::new(std::sync::Mutex::new(plan.iter().map(|(p, s)| (p.to_string(), s.clone())).collect()));
+    let (seen2, plan2) = (seen.clone(), plan.clone());
+    let app =
+        axum::Router::new().fallback(move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: String| {
+            let (seen, plan) = (seen2.clone(), plan2.clone());
+            async move {
+                let path = uri.path().to_string();
+                let headers = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
+                    .collect();
+                seen.lock().unwrap().push((path.clone(), headers, body));
+                let mut plan = plan.lock().unwrap();
+                let statuses = plan.get_mut(&path).expect("a planned path");
+                let status = if statuses.len() > 1 { statuses.remove(0) } else { statuses[0] };
+                StatusCode::from_u16(status).unwrap()
+            }
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen)
+}
+
+/// Deliveries: signed with the published key (checked here with ed25519-dalek), retried with
+/// the same event id after a 503, stopped by a 400, none for a paused endpoint, and visible to
+/// operators through `coffer_list_webhook_deliveries`.
+#[tokio::test]
+async fn activity_updates_are_delivered_signed_retried_and_stopped() {
+    use base64::Engine;
+    let stack = Stack::start_with(&[("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
+    let key = stack.api_key();
+    let (base, seen) = receiver(&[("/retry", vec![503, 200]), ("/refuse", vec![400]), ("/paused", vec![200])]).await;
+    let mut ids = std::collections::HashMap::new();
+    // Only policy creations: the endpoints' own creation and update are not what is tested here.
+    let policies_only = json!({"eventType": "ACTIVITY_UPDATES", "filtersJson": "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_POLICY_V3\"]}"});
+    for path in ["/retry", "/refuse", "/paused"] {
+        let r = create(
+            &stack,
+            &key,
+            json!({"url": format!("{base}{path}"), "name": path, "subscriptions": [policies_only.clone()]}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        ids.insert(
+            path,
+            r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"].as_str().unwrap().to_string(),
+        );
+    }
+    let r = submit(
+        &stack,
+        &key,
+        "update_webhook_endpoint",
+        "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT",
+        json!({"endpointId": ids["/paused"], "isActive": false}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    // One activity after the endpoints exist (their own creation is not reported to them).
+    let r = submit(
+        &stack,
+        &key,
+        "create_policy",
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        json!({
+        "policyName": "webhook-test", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity_id = r.json["activity"]["id"].as_str().unwrap().to_string();
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let on = |path: &str| seen.lock().unwrap().iter().filter(|(p, ..)| p == path).cloned().collect::<Vec<_>>();
+    while on("/retry").len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let retry = on("/retry");
+    assert_eq!(retry.len(), 2, "a 503, then the retry that got a 200");
+    let jwks: Value = reqwest::get(format!("{}/public/v1/discovery/webhooks/jwks", stack.base_url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(jwks["keys"][0]["x"].as_str().unwrap()).unwrap();
+    let verifying = ed25519_dalek::VerifyingKey::from_bytes(&x.try_into().unwrap()).unwrap();
+    for (_, h, body) in &retry {
+        assert_eq!(h["content-type"], "application/json");
+        assert_eq!(h["x-turnkey-organization-id"], stack.organization_id);
+        assert_eq!(h["x-turnkey-event-type"], "ACTIVITY_UPDATES");
+        assert_eq!(h["x-turnkey-webhook-version"], "1");
+        assert_eq!(h["x-turnkey-signature-algorithm"], "ed25519");
+        assert_eq!(h["x-turnkey-signature-version"], "v1");
+        assert_eq!(h["x-turnkey-signature-key-id"], jwks["keys"][0]["kid"].as_str().unwrap());
+        let message = format!(
+            "v1.ed25519.{}.{}.{}.{body}",
+            h["x-turnkey-signature-key-id"], h["x-turnkey-timestamp"], h["x-turnkey-event-id"]
+        );
+        let signature: [u8; 64] = hex::decode(&h["x-turnkey-signature"]).unwrap().try_into().unwrap();
+        verifying
+            .verify_strict(message.as_bytes(), &ed25519_dalek::Signature::from_bytes(&signature))
+            .expect("signature verifies against the JWKS key");
+        let activity: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            (activity["id"].as_str(), activity["status"].as_str()),
+            (Some(activity_id.as_str()), Some("ACTIVITY_STATUS_COMPLETED"))
+        );
+        assert_eq!(activity["type"], "ACTIVITY_TYPE_CREATE_POLICY_V3");
+    }
+    assert_eq!(retry[0].1["x-turnkey-event-id"], retry[1].1["x-turnkey-event-id"], "the same event id across retries");
+    assert_ne!(retry[0].1["x-turnkey-timestamp"], retry[1].1["x-turnkey-timestamp"], "a fresh timestamp per attempt");
+
+    let refused = on("/refuse");
+    assert_eq!(refused.len(), 1, "a 400 is final");
+    assert_ne!(refused[0].1["x-turnkey-event-id"], retry[0].1["x-turnkey-event-id"], "event ids are per endpoint");
+    assert!(on("/paused").is_empty(), "a paused endpoint receives nothing");
+
+    let deliveries = |endpoint: &str| {
+        let body = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
+        let (stack, key) = (&stack, &key);
+        async move {
+            let r = stack
+                .post_raw("/public/v1/query/coffer_list_webhook_deliveries", body.to_string().as_bytes(), Some(key))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            r.json["deliveries"].as_array().unwrap().clone()
+        }
+    };
+    let d = deliveries(&ids["/refuse"]).await;
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (d[0]["status"].as_str(), d[0]["attempts"].as_i64(), d[0]["lastStatusCode"].as_i64()),
+        (Some("FAILED"), Some(1), Some(400))
+    );
+    assert_eq!(d[0]["activityId"], activity_id.as_str());
+    let d = deliveries(&ids["/retry"]).await;
+    assert_eq!(
+        (d[0]["status"].as_str(), d[0]["attempts"].as_i64(), d[0]["lastStatusCode"].as_i64()),
+        (Some("DELIVERED"), Some(2), Some(200))
+    );
+    assert!(deliveries(&ids["/paused"]).await.is_empty());
+}

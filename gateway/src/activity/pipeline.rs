@@ -300,6 +300,8 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         created_at: now,
         updated_at: now_nanos(),
     };
+    // The webhook events of this activity are outbox rows in its own transaction.
+    writes.extend(state.read_store(|s| crate::webhook_delivery::events_for(s, &org, &record))?);
     let activity = match state.commit(record, writes).await {
         Ok(Committed::New(a) | Committed::Existing(a)) => a,
         Err(e) => {
@@ -493,7 +495,7 @@ async fn vote(
             ];
         }
 
-        let mut result = apply(&state, writes).await;
+        let mut result = apply(&state, with_events(&state, &org, &target, writes)?).await;
         if let (Err(e), Some(eval_write)) = (&result, fallback) {
             // The handler's effects failed inside the transaction: the activity fails instead.
             if !matches!(e, StoreError::Conflict(m) if m == CONSENSUS_MOVED) {
@@ -504,7 +506,8 @@ async fn vote(
                     }
                     _ => json!({ "code": Code::Internal as i32, "message": "internal server error" }),
                 };
-                result = apply(&state, vec![eval_write, update(STATUS_FAILED, json!({}), Some(failure))]).await;
+                let writes = vec![eval_write, update(STATUS_FAILED, json!({}), Some(failure))];
+                result = apply(&state, with_events(&state, &org, &target, writes)?).await;
             }
         }
         match result {
@@ -518,6 +521,35 @@ async fn vote(
         }
     }
     Err(ApiError::new(Code::Aborted, "REQUEST_INVALID", "the activity changed while voting: retry the vote"))
+}
+
+/// `writes` plus the webhook events of the status change they make to `target`, if any (a vote
+/// that leaves the activity waiting changes no status and reports nothing).
+fn with_events(
+    state: &Arc<AppState>,
+    org: &Organization,
+    target: &ActivityRecord,
+    mut writes: Vec<Write>,
+) -> Result<Vec<Write>, ApiError> {
+    let updated = writes.iter().find_map(|w| match w {
+        Write::UpdateConsensusActivity { status, result, votes, failure, updated_at, .. }
+            if *status != target.status =>
+        {
+            Some(ActivityRecord {
+                status: status.clone(),
+                result: result.clone(),
+                votes: votes.clone(),
+                failure: failure.clone(),
+                updated_at: *updated_at,
+                ..target.clone()
+            })
+        }
+        _ => None,
+    });
+    if let Some(activity) = updated {
+        writes.extend(state.read_store(|s| crate::webhook_delivery::events_for(s, org, &activity))?);
+    }
+    Ok(writes)
 }
 
 async fn apply(state: &Arc<AppState>, writes: Vec<Write>) -> Result<(), StoreError> {

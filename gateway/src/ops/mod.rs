@@ -502,6 +502,7 @@ pub static QUERIES: &[Query] = &[
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
     // <webhooks>
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },
+    Query { path: "coffer_list_webhook_deliveries", handler: query_handler!(webhooks::list_webhook_deliveries) },
 ];
 
 pub fn activity(path: &str) -> Option<&'static Operation> {

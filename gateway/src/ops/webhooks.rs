@@ -298,11 +298,18 @@ pub async fn delete_webhook_endpoint(ctx: Ctx, intent: DeleteWebhookEndpointInte
     load_endpoint(&ctx, &intent.endpoint_id).await?;
     Ok(Outcome {
         result: json!({ "endpointId": intent.endpoint_id }),
-        writes: vec![Write::DeleteRecords {
-            organization_id: ctx.org.id.clone(),
-            kind: WEBHOOK_ENDPOINT.into(),
-            ids: vec![intent.endpoint_id.clone()],
-        }],
+        writes: vec![
+            Write::DeleteRecords {
+                organization_id: ctx.org.id.clone(),
+                kind: WEBHOOK_ENDPOINT.into(),
+                ids: vec![intent.endpoint_id.clone()],
+            },
+            // Its pending deliveries are dropped with it.
+            Write::DropWebhookDeliveries {
+                organization_id: ctx.org.id.clone(),
+                endpoint_id: intent.endpoint_id.clone(),
+            },
+        ],
     })
 }
 
@@ -310,6 +317,33 @@ pub async fn list_webhook_endpoints(ctx: QueryCtx, req: super::ListRequest) -> R
     let (org, page): (String, Page) = (ctx.org.id.clone(), req.page()?);
     let records = ctx.state.db(|s| s.records_page(&org, WEBHOOK_ENDPOINT, &page)).await??;
     Ok(json!({ "webhookEndpoints": records.iter().map(endpoint_json).collect::<Vec<_>>() }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListDeliveriesRequest {
+    endpoint_id: String,
+    limit: Option<String>,
+}
+
+/// `coffer_list_webhook_deliveries` (a Coffer extension): an endpoint's deliveries, newest first
+/// (`limit` "1".."1000", default 100), with attempt counts, the last answer and the next attempt.
+pub async fn list_webhook_deliveries(ctx: QueryCtx, req: ListDeliveriesRequest) -> Result<Value, ApiError> {
+    required(&req.endpoint_id, "endpointId")?;
+    let limit = match req.limit.as_deref().map(str::trim) {
+        None | Some("") => 100,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => return Err(ApiError::invalid("invalid limit: must be a string from \"1\" to \"1000\"")),
+        },
+    };
+    let org = ctx.org.id.clone();
+    ctx.state.db(|s| s.record(&org, WEBHOOK_ENDPOINT, &req.endpoint_id)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("webhook endpoint not found: {}", req.endpoint_id)),
+        other => other.into(),
+    })?;
+    let list = ctx.state.db(|s| s.webhook_deliveries(&org, &req.endpoint_id, limit)).await??;
+    Ok(json!({ "deliveries": list.iter().map(crate::webhook_delivery::delivery_json).collect::<Vec<_>>() }))
 }
 
 #[cfg(test)]

@@ -452,6 +452,51 @@ pub enum Write {
         activity_id: String,
         created_at: Nanos,
     },
+    // <webhooks>
+    /// An event for one endpoint, in the transaction of the activity change it reports.
+    EnqueueWebhookDelivery(WebhookDelivery),
+    /// Drops the undelivered events of a deleted endpoint.
+    DropWebhookDeliveries {
+        organization_id: String,
+        endpoint_id: String,
+    },
+}
+
+/// Where a webhook delivery stands.
+pub const DELIVERY_PENDING: &str = "PENDING";
+pub const DELIVERY_DELIVERED: &str = "DELIVERED";
+pub const DELIVERY_FAILED: &str = "FAILED";
+
+/// One event for one endpoint (the outbox row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookDelivery {
+    /// The event id (`X-Turnkey-Event-Id`), stable across retries, distinct per endpoint.
+    pub id: String,
+    pub organization_id: String,
+    pub endpoint_id: String,
+    pub activity_organization_id: String,
+    pub activity_id: String,
+    pub event_type: String,
+    pub body: String,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: Nanos,
+    pub last_status_code: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at: Nanos,
+    pub updated_at: Nanos,
+}
+
+/// One delivery attempt and what follows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookAttempt {
+    pub at: Nanos,
+    pub status_code: Option<i64>,
+    pub error: Option<String>,
+    pub duration_ms: i64,
+    /// `DELIVERY_DELIVERED`, `DELIVERY_FAILED`, or `DELIVERY_PENDING` with `next_attempt_at`.
+    pub status: String,
+    pub next_attempt_at: Nanos,
 }
 
 /// The conflict message of a lost [`Write::UpdateConsensusActivity`] race.
@@ -632,6 +677,20 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<PolicyEvaluationRecord>, StoreError>;
     /// `(intent hash, activity id)` claimed by an Idempotency-Key in the organization.
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
+
+    // <webhooks>
+    /// Pending deliveries due at `now`, oldest due first, at most `limit`.
+    fn due_webhook_deliveries(&self, now: Nanos, limit: usize) -> Result<Vec<WebhookDelivery>, StoreError>;
+    /// Records an attempt of delivery `id` and its new state (nothing if the delivery is gone,
+    /// e.g. its endpoint was deleted meanwhile).
+    fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError>;
+    /// An endpoint's deliveries, newest first, at most `limit`.
+    fn webhook_deliveries(
+        &self,
+        organization_id: &str,
+        endpoint_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookDelivery>, StoreError>;
 }
 
 /// Which table a credential lives in.

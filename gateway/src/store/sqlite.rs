@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0007_certificates.sql"),
     include_str!("migrations/0008_activity_pages.sql"),
     include_str!("migrations/0009_list_pages.sql"),
+    include_str!("migrations/0010_webhook_deliveries.sql"),
 ];
 const READERS: usize = 4;
 
@@ -470,6 +471,27 @@ fn record_row(r: &Row<'_>) -> rusqlite::Result<Record> {
         updated_at: r.get(6)?,
     })
 }
+const DELIVERY_COLS: &str = "id, organization_id, endpoint_id, activity_organization_id, activity_id, event_type, body, status, attempts, next_attempt_at, last_status_code, last_error, created_at, updated_at";
+
+fn delivery_row(r: &Row<'_>) -> rusqlite::Result<WebhookDelivery> {
+    Ok(WebhookDelivery {
+        id: r.get(0)?,
+        organization_id: r.get(1)?,
+        endpoint_id: r.get(2)?,
+        activity_organization_id: r.get(3)?,
+        activity_id: r.get(4)?,
+        event_type: r.get(5)?,
+        body: r.get(6)?,
+        status: r.get(7)?,
+        attempts: r.get(8)?,
+        next_attempt_at: r.get(9)?,
+        last_status_code: r.get(10)?,
+        last_error: r.get(11)?,
+        created_at: r.get(12)?,
+        updated_at: r.get(13)?,
+    })
+}
+
 const RECORD_COLS: &str = "organization_id, kind, id, name, data, created_at, updated_at";
 
 fn authenticator_row(r: &Row<'_>) -> rusqlite::Result<AuthenticatorRecord> {
@@ -1138,6 +1160,37 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             )
             .map_err(backend)?;
         }
+        Write::EnqueueWebhookDelivery(d) => {
+            execute_cached(
+                tx,
+                &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
+                params![
+                    d.id,
+                    d.organization_id,
+                    d.endpoint_id,
+                    d.activity_organization_id,
+                    d.activity_id,
+                    d.event_type,
+                    d.body,
+                    d.status,
+                    d.attempts,
+                    d.next_attempt_at,
+                    d.last_status_code,
+                    d.last_error,
+                    d.created_at,
+                    d.updated_at
+                ],
+            )
+            .map_err(backend)?;
+        }
+        Write::DropWebhookDeliveries { organization_id, endpoint_id } => {
+            execute_cached(
+                tx,
+                "DELETE FROM webhook_deliveries WHERE organization_id = ?1 AND endpoint_id = ?2 AND status = 'PENDING'",
+                params![organization_id, endpoint_id],
+            )
+            .map_err(backend)?;
+        }
         Write::PutImportTarget(t) => {
             execute_cached(tx,
                 "INSERT INTO import_targets (organization_id, user_id, sealed_key, created_at) VALUES (?1, ?2, ?3, ?4)
@@ -1795,6 +1848,60 @@ impl Store for SqliteStore {
                 })
             })?;
             rows.collect()
+        })
+    }
+
+    fn due_webhook_deliveries(&self, now: Nanos, limit: usize) -> Result<Vec<WebhookDelivery>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1
+                 ORDER BY next_attempt_at LIMIT ?2"
+            ))?
+            .query_map(params![now, limit.min(i64::MAX as usize) as i64], delivery_row)?
+            .collect()
+        })
+    }
+
+    fn record_webhook_attempt(&self, id: &str, a: &WebhookAttempt) -> Result<(), StoreError> {
+        if nowait::active() {
+            return Err(nowait::give_up());
+        }
+        let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend)?;
+        let attempts: Option<i64> = tx
+            .query_row(
+                "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, next_attempt_at = ?3,
+                    last_status_code = ?4, last_error = ?5, updated_at = ?6
+                 WHERE id = ?1 AND status = 'PENDING' RETURNING attempts",
+                params![id, a.status, a.next_attempt_at, a.status_code, a.error, a.at],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(backend)?;
+        if let Some(n) = attempts {
+            tx.execute(
+                "INSERT INTO webhook_attempts (delivery_id, attempt, at, status_code, error, duration_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![id, n, a.at, a.status_code, a.error, a.duration_ms],
+            )
+            .map_err(backend)?;
+        }
+        tx.commit().map_err(backend)
+    }
+
+    fn webhook_deliveries(
+        &self,
+        org: &str,
+        endpoint_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE organization_id = ?1 AND endpoint_id = ?2
+                 ORDER BY created_at DESC, id DESC LIMIT ?3"
+            ))?
+            .query_map(params![org, endpoint_id, limit.min(i64::MAX as usize) as i64], delivery_row)?
+            .collect()
         })
     }
 
