@@ -41,6 +41,9 @@ export COFFER_ENCLAVE_SOCKET="$COFFER_HOME/enclave.sock"
 export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db"
 export COFFER_LISTEN="127.0.0.1:$COFFER_PORT"
 export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
+# Development only: webhooks may target http:// and loopback/private receivers (the gateway's
+# default refuses them). Said at start; see README "Webhooks".
+export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
 
 COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" \
   "$BIN/coffer-enclave" init-token >/dev/null
@@ -65,6 +68,7 @@ for _ in $(seq 1 200); do
   if curl -fsS "http://127.0.0.1:$COFFER_PORT/healthz" >/dev/null 2>&1; then
     echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
     echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
+    echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"
     break
   fi
   sleep 0.1
