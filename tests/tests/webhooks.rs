@@ -342,3 +342,158 @@ async fn activity_updates_are_delivered_signed_retried_and_stopped() {
     );
     assert!(deliveries(&ids["/paused"]).await.is_empty());
 }
+
+/// A sub-organization's activity reaches its parent's endpoint; a delivery pending when the
+/// gateway is killed (-9) is delivered after it restarts.
+#[tokio::test]
+async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() {
+    let mut stack = Stack::start_with(&[("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
+    let key = stack.api_key();
+    // The receiver is down at first: nothing listens on this port yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let policies_only = json!({"eventType": "ACTIVITY_UPDATES", "filtersJson": "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_POLICY_V3\"]}"});
+    let r = create(
+        &stack,
+        &key,
+        json!({"url": format!("http://127.0.0.1:{port}/parent"), "name": "parent", "subscriptions": [policies_only]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let endpoint =
+        r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"].as_str().unwrap().to_string();
+
+    // A sub-organization whose root is a new key of the test's, and a policy created in it.
+    let sub_key = TurnkeyP256ApiKey::generate();
+    let r = submit(&stack, &key, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", json!({
+        "subOrganizationName": "child", "rootQuorumThreshold": 1,
+        "rootUsers": [{"userName": "child-root", "apiKeys": [{"apiKeyName": "k", "publicKey": hex::encode(sub_key.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}], "authenticators": [], "oauthProviders": []}],
+    })).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let child = r.json["activity"]["result"]["createSubOrganizationResultV8"]["subOrganizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body = json!({
+        "type": "ACTIVITY_TYPE_CREATE_POLICY_V3", "timestampMs": Stack::now_ms().to_string(), "organizationId": child,
+        "parameters": {"policyName": "in-child", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""},
+    });
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.to_string().as_bytes(), Some(&sub_key)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity_id = r.json["activity"]["id"].as_str().unwrap().to_string();
+
+    // The first attempt fails (connection refused) and a retry is scheduled; then the gateway dies.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stack.kill_gateway();
+    stack.start_gateway();
+    stack.wait_healthy().await;
+    let (base, seen) = {
+        use axum::http::StatusCode;
+        let seen: Seen = Default::default();
+        let seen2 = seen.clone();
+        let app =
+            axum::Router::new().fallback(move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: String| {
+                let seen = seen2.clone();
+                async move {
+                    let h = headers
+                        .iter()
+                        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
+                        .collect();
+                    seen.lock().unwrap().push((uri.path().to_string(), h, body));
+                    StatusCode::OK
+                }
+            });
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://127.0.0.1:{port}"), seen)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "delivered once after the restart ({base})");
+    let (path, headers, body) = &got[0];
+    assert_eq!(path, "/parent");
+    assert_eq!(headers["x-turnkey-organization-id"], child, "the activity's own organization");
+    let activity: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(activity["id"], activity_id.as_str());
+    assert_eq!(activity["organizationId"], child.as_str());
+
+    let q = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
+    let r =
+        stack.post_raw("/public/v1/query/coffer_list_webhook_deliveries", q.to_string().as_bytes(), Some(&key)).await;
+    let d = &r.json["deliveries"][0];
+    assert_eq!(d["status"], "DELIVERED", "{}", r.text);
+    assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {}", r.text);
+}
+
+/// An activity that waits for consensus is reported twice: when it starts waiting and when the
+/// second root's approval completes it.
+#[tokio::test]
+async fn consensus_is_reported_when_it_waits_and_when_it_completes() {
+    let stack = Stack::start_with(&[("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
+    let key = stack.api_key();
+    let (base, seen) = receiver(&[("/hook", vec![200])]).await;
+    let policies_only = json!({"eventType": "ACTIVITY_UPDATES", "filtersJson": "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_POLICY_V3\"]}"});
+    let r = create(
+        &stack,
+        &key,
+        json!({"url": format!("{base}/hook"), "name": "quorum", "subscriptions": [policies_only]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    // A second root user, and a root quorum of two.
+    let second = TurnkeyP256ApiKey::generate();
+    let r = submit(&stack, &key, "create_users", "ACTIVITY_TYPE_CREATE_USERS_V4", json!({"users": [{
+        "userName": "second-root", "userTags": [], "authenticators": [], "oauthProviders": [],
+        "apiKeys": [{"apiKeyName": "k", "publicKey": hex::encode(second.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
+    }]})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let second_id = r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().unwrap().to_string();
+    let r = submit(
+        &stack,
+        &key,
+        "update_root_quorum",
+        "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM",
+        json!({"threshold": 2, "userIds": [stack.user_id, second_id]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let r = submit(
+        &stack,
+        &key,
+        "create_policy",
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        json!({
+        "policyName": "needs-two", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+    )
+    .await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+    let (activity_id, fingerprint) = (
+        r.json["activity"]["id"].as_str().unwrap().to_string(),
+        r.json["activity"]["fingerprint"].as_str().unwrap().to_string(),
+    );
+    let approve = json!({"type": "ACTIVITY_TYPE_APPROVE_ACTIVITY", "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": stack.organization_id, "parameters": {"fingerprint": fingerprint}});
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approve.to_string().as_bytes(), Some(&second)).await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let got = seen.lock().unwrap().clone();
+    let statuses: std::collections::BTreeSet<String> = got
+        .iter()
+        .map(|(_, _, body)| {
+            let a: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(a["id"], activity_id.as_str());
+            a["status"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "two events");
+    assert_eq!(statuses, ["ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_CONSENSUS_NEEDED"].map(String::from).into());
+    assert_ne!(got[0].1["x-turnkey-event-id"], got[1].1["x-turnkey-event-id"], "one event id per event");
+}
