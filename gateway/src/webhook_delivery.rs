@@ -167,7 +167,13 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
         let in_flight: Arc<Mutex<InFlight>> = Arc::default();
         loop {
             tokio::time::sleep(POLL).await;
-            let due = match state.db(|s| s.due_webhook_deliveries(now_nanos(), 4 * WORKERS)).await {
+            // Endpoints at their share of workers are left out of the read, so their backlog
+            // does not fill it.
+            let busy: Vec<String> = match in_flight.lock() {
+                Ok(f) => f.1.iter().filter(|(_, n)| **n >= PER_ENDPOINT).map(|(e, _)| e.clone()).collect(),
+                Err(_) => return,
+            };
+            let due = match state.db(|s| s.due_webhook_deliveries(now_nanos(), 4 * WORKERS, &busy)).await {
                 Ok(Ok(d)) => d,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "reading due webhook deliveries failed");

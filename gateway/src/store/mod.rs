@@ -679,8 +679,14 @@ pub trait Store: Send + Sync + 'static {
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
 
     // <webhooks>
-    /// Pending deliveries due at `now`, oldest due first, at most `limit`.
-    fn due_webhook_deliveries(&self, now: Nanos, limit: usize) -> Result<Vec<WebhookDelivery>, StoreError>;
+    /// Pending deliveries due at `now`, oldest due first, at most `limit`, none of the endpoints
+    /// in `skip` (those already busy: so one slow endpoint's backlog cannot hide the others').
+    fn due_webhook_deliveries(
+        &self,
+        now: Nanos,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<WebhookDelivery>, StoreError>;
     /// Records an attempt of delivery `id` and its new state (nothing if the delivery is gone,
     /// e.g. its endpoint was deleted meanwhile).
     fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError>;

@@ -1851,14 +1851,25 @@ impl Store for SqliteStore {
         })
     }
 
-    fn due_webhook_deliveries(&self, now: Nanos, limit: usize) -> Result<Vec<WebhookDelivery>, StoreError> {
+    fn due_webhook_deliveries(
+        &self,
+        now: Nanos,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        use rusqlite::types::Value as Sql;
         self.read(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1
-                 ORDER BY next_attempt_at LIMIT ?2"
-            ))?
-            .query_map(params![now, limit.min(i64::MAX as usize) as i64], delivery_row)?
-            .collect()
+            let mut sql = format!(
+                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?"
+            );
+            let mut args = vec![Sql::Integer(now)];
+            if !skip.is_empty() {
+                sql.push_str(&format!(" AND endpoint_id NOT IN ({})", vec!["?"; skip.len()].join(", ")));
+                args.extend(skip.iter().map(|e| Sql::Text(e.clone())));
+            }
+            sql.push_str(" ORDER BY next_attempt_at LIMIT ?");
+            args.push(Sql::Integer(limit.min(i64::MAX as usize) as i64));
+            c.prepare_cached(&sql)?.query_map(rusqlite::params_from_iter(args), delivery_row)?.collect()
         })
     }
 
@@ -2189,6 +2200,62 @@ mod tests {
         // Outside no-wait mode nothing changed, and the flag does not leak into the next run.
         assert_eq!(s.organization("nowait-org").unwrap().id, "nowait-org");
         assert!(nowait::run(|| s.organization("nowait-org")).is_some());
+    }
+
+    #[test]
+    fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped() {
+        let (_dir, s) = store();
+        let row = |id: &str, endpoint: &str, due: Nanos| WebhookDelivery {
+            id: id.into(),
+            organization_id: "o1".into(),
+            endpoint_id: endpoint.into(),
+            activity_organization_id: "o1".into(),
+            activity_id: "a1".into(),
+            event_type: "ACTIVITY_UPDATES".into(),
+            body: "{}".into(),
+            status: DELIVERY_PENDING.into(),
+            attempts: 0,
+            next_attempt_at: due,
+            last_status_code: None,
+            last_error: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        s.apply(&[
+            Write::EnqueueWebhookDelivery(row("d1", "slow", 10)),
+            Write::EnqueueWebhookDelivery(row("d2", "slow", 11)),
+            Write::EnqueueWebhookDelivery(row("d3", "fast", 12)),
+            Write::EnqueueWebhookDelivery(row("d4", "fast", 99)),
+        ])
+        .unwrap();
+        let ids = |v: Vec<WebhookDelivery>| v.into_iter().map(|d| d.id).collect::<Vec<_>>();
+        assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d1", "d2", "d3"], "due, oldest first");
+        assert_eq!(
+            ids(s.due_webhook_deliveries(50, 10, &["slow".into()]).unwrap()),
+            ["d3"],
+            "a busy endpoint is skipped"
+        );
+        let attempt = |status: &str, next: Nanos| WebhookAttempt {
+            at: 20,
+            status_code: Some(503),
+            error: Some("HTTP 503".into()),
+            duration_ms: 3,
+            status: status.into(),
+            next_attempt_at: next,
+        };
+        s.record_webhook_attempt("d1", &attempt(DELIVERY_PENDING, 70)).unwrap();
+        assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3"], "retried later");
+        s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
+        let listed = s.webhook_deliveries("o1", "slow", 10).unwrap();
+        let d1 = listed.iter().find(|d| d.id == "d1").unwrap();
+        assert_eq!((d1.attempts, d1.last_status_code, d1.next_attempt_at), (1, Some(503), 70));
+        assert_eq!(listed.iter().find(|d| d.id == "d2").unwrap().status, DELIVERY_FAILED);
+        // A finished delivery takes no more attempts.
+        s.record_webhook_attempt("d2", &attempt(DELIVERY_DELIVERED, 20)).unwrap();
+        assert_eq!(s.webhook_deliveries("o1", "slow", 10).unwrap().iter().find(|d| d.id == "d2").unwrap().attempts, 1);
+        // Deleting the endpoint drops what is still pending, keeps what is settled.
+        s.apply(&[Write::DropWebhookDeliveries { organization_id: "o1".into(), endpoint_id: "slow".into() }]).unwrap();
+        assert_eq!(ids(s.webhook_deliveries("o1", "slow", 10).unwrap()), ["d2"]);
     }
 
     #[test]
