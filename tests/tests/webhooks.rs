@@ -196,6 +196,11 @@ type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, std::collections::HashM
 /// A receiver on 127.0.0.1 answering each path with the statuses given in turn (the last one
 /// repeats).
 async fn receiver(plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
+    receiver_on(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), plan)
+}
+
+/// [`receiver`] on a listener of the caller's.
+fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
     use axum::http::StatusCode;
     let seen: Seen = Default::default();
     let plan: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u16>>>> =
@@ -217,7 +222,6 @@ async fn receiver(plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
                 StatusCode::from_u16(status).unwrap()
             }
         });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (base, seen)
@@ -386,26 +390,8 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     stack.kill_gateway();
     stack.start_gateway();
     stack.wait_healthy().await;
-    let (base, seen) = {
-        use axum::http::StatusCode;
-        let seen: Seen = Default::default();
-        let seen2 = seen.clone();
-        let app =
-            axum::Router::new().fallback(move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: String| {
-                let seen = seen2.clone();
-                async move {
-                    let h = headers
-                        .iter()
-                        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
-                        .collect();
-                    seen.lock().unwrap().push((uri.path().to_string(), h, body));
-                    StatusCode::OK
-                }
-            });
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (format!("http://127.0.0.1:{port}"), seen)
-    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let (base, seen) = receiver_on(listener, &[("/parent", vec![200])]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -225,27 +225,7 @@ impl Hsm {
             created.push(KEK_LABEL);
         }
         if find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
-            let label = SIGNER_LABEL.as_bytes().to_vec();
-            session
-                .generate_key_pair(
-                    &Mechanism::EccKeyPairGen,
-                    &[
-                        Attribute::Token(true),
-                        Attribute::Private(false),
-                        Attribute::Verify(true),
-                        Attribute::EcParams(OID_P256.to_vec()),
-                        Attribute::Label(label.clone()),
-                    ],
-                    &[
-                        Attribute::Token(true),
-                        Attribute::Private(true),
-                        Attribute::Sensitive(true),
-                        Attribute::Extractable(false),
-                        Attribute::Sign(true),
-                        Attribute::Label(label),
-                    ],
-                )
-                .map_err(|e| HsmError::call("C_GenerateKeyPair (signer)", e))?;
+            generate_signing_pair(&session, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL)?;
             created.push(SIGNER_LABEL);
         }
         if find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.is_none() {
@@ -269,27 +249,7 @@ impl Hsm {
             created.push(CERT_MAC_LABEL);
         }
         if find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?.is_none() {
-            let label = WEBHOOK_SIGNER_LABEL.as_bytes().to_vec();
-            session
-                .generate_key_pair(
-                    &Mechanism::EccEdwardsKeyPairGen,
-                    &[
-                        Attribute::Token(true),
-                        Attribute::Private(false),
-                        Attribute::Verify(true),
-                        Attribute::EcParams(OID_ED25519.to_vec()),
-                        Attribute::Label(label.clone()),
-                    ],
-                    &[
-                        Attribute::Token(true),
-                        Attribute::Private(true),
-                        Attribute::Sensitive(true),
-                        Attribute::Extractable(false),
-                        Attribute::Sign(true),
-                        Attribute::Label(label),
-                    ],
-                )
-                .map_err(|e| HsmError::call("C_GenerateKeyPair (webhook signer)", e))?;
+            generate_signing_pair(&session, Mechanism::EccEdwardsKeyPairGen, OID_ED25519, WEBHOOK_SIGNER_LABEL)?;
             created.push(WEBHOOK_SIGNER_LABEL);
         }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
@@ -468,41 +428,21 @@ impl Hsm {
         if let Some(pk) = self.signer_public.get() {
             return Ok(*pk);
         }
-        let point = self.with_session(
-            |s, _| {
-                let handles = s.find_objects(&[
-                    Attribute::Class(ObjectClass::PUBLIC_KEY),
-                    Attribute::Label(SIGNER_LABEL.as_bytes().to_vec()),
-                ])?;
-                let Some(h) = handles.first() else {
-                    return Ok(None);
-                };
-                let attrs = s.get_attributes(*h, &[AttributeType::EcPoint])?;
-                Ok(attrs.into_iter().find_map(|a| match a {
-                    Attribute::EcPoint(p) => Some(p),
-                    _ => None,
-                }))
-            },
-            "C_GetAttributeValue (signer public key)",
-        )?;
-        let point = point.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
-        // SoftHSM wraps the point in a DER OCTET STRING; some HSMs return it raw (notes 4.7).
-        let raw: &[u8] = if point.len() == 67 && point[0] == 0x04 && point[1] == 65 { &point[2..] } else { &point };
-        let pk: [u8; 65] =
-            raw.try_into().map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
+        let pk: [u8; 65] = self
+            .public_point(SIGNER_LABEL, 65)?
+            .try_into()
+            .map_err(|_| HsmError::Malformed("signer public key is not a 65-byte point"))?;
         Ok(*self.signer_public.get_or_init(|| pk))
     }
 
-    /// The webhook signer's Ed25519 public key, read once from the token.
-    pub fn webhook_public_key(&self) -> Result<[u8; 32], HsmError> {
-        if let Some(pk) = self.webhook_public.get() {
-            return Ok(*pk);
-        }
+    /// The `CKA_EC_POINT` of the public key labelled `label`, `len` bytes, without the DER OCTET
+    /// STRING SoftHSM wraps it in (some HSMs return it raw, notes 4.7).
+    fn public_point(&self, label: &'static str, len: usize) -> Result<Vec<u8>, HsmError> {
         let point = self.with_session(
             |s, _| {
                 let handles = s.find_objects(&[
                     Attribute::Class(ObjectClass::PUBLIC_KEY),
-                    Attribute::Label(WEBHOOK_SIGNER_LABEL.as_bytes().to_vec()),
+                    Attribute::Label(label.as_bytes().to_vec()),
                 ])?;
                 let Some(h) = handles.first() else { return Ok(None) };
                 let attrs = s.get_attributes(*h, &[AttributeType::EcPoint])?;
@@ -511,13 +451,24 @@ impl Hsm {
                     _ => None,
                 }))
             },
-            "C_GetAttributeValue (webhook signer public key)",
+            "C_GetAttributeValue (public key)",
         )?;
-        let point = point.ok_or(HsmError::KeyMissing(WEBHOOK_SIGNER_LABEL))?;
-        // SoftHSM wraps the 32 bytes in a DER OCTET STRING (04 20 | A); some HSMs return them raw.
-        let raw: &[u8] = if point.len() == 34 && point[0] == 0x04 && point[1] == 32 { &point[2..] } else { &point };
-        let pk: [u8; 32] =
-            raw.try_into().map_err(|_| HsmError::Malformed("webhook signer public key is not 32 bytes"))?;
+        let point = point.ok_or(HsmError::KeyMissing(label))?;
+        Ok(match point.as_slice() {
+            [0x04, n, rest @ ..] if *n as usize == len && rest.len() == len => rest.to_vec(),
+            _ => point,
+        })
+    }
+
+    /// The webhook signer's Ed25519 public key, read once from the token.
+    pub fn webhook_public_key(&self) -> Result<[u8; 32], HsmError> {
+        if let Some(pk) = self.webhook_public.get() {
+            return Ok(*pk);
+        }
+        let pk: [u8; 32] = self
+            .public_point(WEBHOOK_SIGNER_LABEL, 32)?
+            .try_into()
+            .map_err(|_| HsmError::Malformed("webhook signer public key is not 32 bytes"))?;
         Ok(*self.webhook_public.get_or_init(|| pk))
     }
 
@@ -553,6 +504,38 @@ impl Hsm {
             .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
         Ok(sig.to_der().as_bytes().to_vec())
     }
+}
+
+/// Generates a token key pair for signing under `label`: the private half sensitive and never
+/// extractable, the public half readable.
+fn generate_signing_pair(
+    session: &Session,
+    mechanism: Mechanism,
+    curve: &[u8],
+    label: &'static str,
+) -> Result<(), HsmError> {
+    let name = label.as_bytes().to_vec();
+    session
+        .generate_key_pair(
+            &mechanism,
+            &[
+                Attribute::Token(true),
+                Attribute::Private(false),
+                Attribute::Verify(true),
+                Attribute::EcParams(curve.to_vec()),
+                Attribute::Label(name.clone()),
+            ],
+            &[
+                Attribute::Token(true),
+                Attribute::Private(true),
+                Attribute::Sensitive(true),
+                Attribute::Extractable(false),
+                Attribute::Sign(true),
+                Attribute::Label(name),
+            ],
+        )
+        .map(|_| ())
+        .map_err(|e| HsmError::call("C_GenerateKeyPair", e))
 }
 
 fn find_key(session: &Session, class: ObjectClass, label: &str) -> Result<Option<ObjectHandle>, HsmError> {
