@@ -141,14 +141,24 @@ impl reqwest::dns::Resolve for GuardedResolver {
 }
 
 /// Deliveries in flight at once, and per endpoint (one slow endpoint cannot take every worker).
-const WORKERS: usize = 32;
-const PER_ENDPOINT: usize = 4;
-/// How often the outbox is polled for due deliveries.
-const POLL: Duration = Duration::from_millis(50);
+const WORKERS: usize = 64;
+const PER_ENDPOINT: usize = 16;
+/// How often the outbox is read when nothing wakes the worker (retries coming due).
+const POLL: Duration = Duration::from_millis(100);
 /// Most response body read from a receiver.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// Attempts recorded in one transaction at most.
+const RECORD_BATCH: usize = 256;
 
-/// Deliveries being attempted, and how many per endpoint.
+/// Wakes the worker: new events were committed, or a worker is free.
+static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Tells the worker that events were just committed, so it reads the outbox now.
+pub fn wake() {
+    WAKE.notify_one();
+}
+
+/// Deliveries being attempted or waiting to be recorded, and how many per endpoint.
 type InFlight = (HashSet<String>, HashMap<String, usize>);
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
@@ -162,18 +172,24 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
         .user_agent("coffer-webhooks/1")
         .build()?;
     let schedule = Schedule::default();
+    let in_flight: Arc<Mutex<InFlight>> = Arc::default();
+    // Attempts are recorded in batches, one transaction each, by one task.
+    let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, WebhookAttempt)>();
+    tokio::spawn(record_attempts(state.clone(), done_rx, in_flight.clone()));
     Ok(tokio::spawn(async move {
         let workers = Arc::new(Semaphore::new(WORKERS));
-        let in_flight: Arc<Mutex<InFlight>> = Arc::default();
         loop {
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = WAKE.notified() => {}
+            }
             // Endpoints at their share of workers are left out of the read, so their backlog
             // does not fill it.
             let busy: Vec<String> = match in_flight.lock() {
                 Ok(f) => f.1.iter().filter(|(_, n)| **n >= PER_ENDPOINT).map(|(e, _)| e.clone()).collect(),
                 Err(_) => return,
             };
-            let due = match state.db(|s| s.due_webhook_deliveries(now_nanos(), 4 * WORKERS, &busy)).await {
+            let due = match state.db(|s| s.due_webhook_deliveries(now_nanos(), 2 * WORKERS, &busy)).await {
                 Ok(Ok(d)) => d,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "reading due webhook deliveries failed");
@@ -192,18 +208,10 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
                     *f.1.entry(d.endpoint_id.clone()).or_default() += 1;
                 }
                 let Ok(permit) = workers.clone().acquire_owned().await else { return };
-                let (state, client, in_flight) = (state.clone(), client.clone(), in_flight.clone());
+                let (state, client, done) = (state.clone(), client.clone(), done_tx.clone());
                 tokio::spawn(async move {
-                    deliver(&state, &client, &d, &schedule).await;
-                    if let Ok(mut f) = in_flight.lock() {
-                        f.0.remove(&d.id);
-                        if let Some(n) = f.1.get_mut(&d.endpoint_id) {
-                            *n -= 1;
-                            if *n == 0 {
-                                f.1.remove(&d.endpoint_id);
-                            }
-                        }
-                    }
+                    let attempt = deliver(&state, &client, &d, &schedule).await;
+                    let _ = done.send((d.id.clone(), d.endpoint_id.clone(), attempt));
                     drop(permit);
                 });
             }
@@ -211,9 +219,52 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
     }))
 }
 
+/// Records finished attempts in batches; a delivery leaves the in-flight set only once its
+/// attempt is recorded (until then the outbox still shows it due).
+async fn record_attempts(
+    state: Arc<AppState>,
+    mut done: tokio::sync::mpsc::UnboundedReceiver<(String, String, WebhookAttempt)>,
+    in_flight: Arc<Mutex<InFlight>>,
+) {
+    while let Some(first) = done.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < RECORD_BATCH {
+            match done.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let rows: Vec<(String, WebhookAttempt)> = batch.iter().map(|(id, _, a)| (id.clone(), a.clone())).collect();
+        let s = state.clone();
+        match tokio::task::spawn_blocking(move || s.store.record_webhook_attempts(&rows)).await {
+            Ok(Ok(())) => {}
+            other => {
+                tracing::warn!(outcome = ?other.map(|r| r.err()), n = batch.len(), "recording webhook attempts failed")
+            }
+        }
+        if let Ok(mut f) = in_flight.lock() {
+            for (id, endpoint, _) in &batch {
+                f.0.remove(id);
+                if let Some(n) = f.1.get_mut(endpoint) {
+                    *n -= 1;
+                    if *n == 0 {
+                        f.1.remove(endpoint);
+                    }
+                }
+            }
+        }
+        wake();
+    }
+}
+
 /// One attempt: the endpoint's current URL and state, the enclave's signature over a fresh
 /// timestamp, the POST, and the attempt's record.
-async fn deliver(state: &Arc<AppState>, client: &reqwest::Client, d: &WebhookDelivery, schedule: &Schedule) {
+async fn deliver(
+    state: &Arc<AppState>,
+    client: &reqwest::Client,
+    d: &WebhookDelivery,
+    schedule: &Schedule,
+) -> WebhookAttempt {
     let started = Instant::now();
     let at = now_nanos();
     let endpoint = state.db(|s| s.record(&d.organization_id, WEBHOOK_ENDPOINT, &d.endpoint_id)).await;
@@ -237,21 +288,13 @@ async fn deliver(state: &Arc<AppState>, client: &reqwest::Client, d: &WebhookDel
             }
         }
     };
-    let record = WebhookAttempt {
+    WebhookAttempt {
         at,
         status_code: status_code.map(i64::from),
         error,
         duration_ms,
         status: status.to_string(),
         next_attempt_at,
-    };
-    let id = d.id.clone();
-    let s = state.clone();
-    match tokio::task::spawn_blocking(move || s.store.record_webhook_attempt(&id, &record)).await {
-        Ok(Ok(())) => {}
-        other => {
-            tracing::warn!(delivery = %d.id, outcome = ?other.map(|r| r.err()), "recording a webhook attempt failed")
-        }
     }
 }
 

@@ -301,9 +301,17 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         updated_at: now_nanos(),
     };
     // The webhook events of this activity are outbox rows in its own transaction.
-    writes.extend(state.read_store(|s| crate::webhook_delivery::events_for(s, &org, &record))?);
+    let events = state.read_store(|s| crate::webhook_delivery::events_for(s, &org, &record))?;
+    let has_events = !events.is_empty();
+    writes.extend(events);
     let activity = match state.commit(record, writes).await {
-        Ok(Committed::New(a) | Committed::Existing(a)) => a,
+        Ok(Committed::New(a)) => {
+            if has_events {
+                crate::webhook_delivery::wake();
+            }
+            a
+        }
+        Ok(Committed::Existing(a)) => a,
         Err(e) => {
             // Two submissions raced for one Idempotency-Key: the loser answers with the winner.
             if let Some(key) = &idem {
@@ -548,6 +556,8 @@ fn with_events(
     });
     if let Some(activity) = updated {
         writes.extend(state.read_store(|s| crate::webhook_delivery::events_for(s, org, &activity))?);
+        // Woken before the commit lands: the worker reads again on its next poll at the latest.
+        crate::webhook_delivery::wake();
     }
     Ok(writes)
 }

@@ -687,9 +687,12 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
-    /// Records an attempt of delivery `id` and its new state (nothing if the delivery is gone,
-    /// e.g. its endpoint was deleted meanwhile).
-    fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError>;
+    /// Records attempts of deliveries (by id) and their new states in one transaction (nothing
+    /// for a delivery that is gone, e.g. its endpoint was deleted meanwhile, or already settled).
+    fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError>;
+    fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError> {
+        self.record_webhook_attempts(&[(id.to_string(), attempt.clone())])
+    }
     /// An endpoint's deliveries, newest first, at most `limit`.
     fn webhook_deliveries(
         &self,

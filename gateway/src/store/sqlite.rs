@@ -1873,29 +1873,32 @@ impl Store for SqliteStore {
         })
     }
 
-    fn record_webhook_attempt(&self, id: &str, a: &WebhookAttempt) -> Result<(), StoreError> {
+    fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError> {
         if nowait::active() {
             return Err(nowait::give_up());
         }
         let mut conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(backend)?;
-        let attempts: Option<i64> = tx
-            .query_row(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, next_attempt_at = ?3,
-                    last_status_code = ?4, last_error = ?5, updated_at = ?6
-                 WHERE id = ?1 AND status = 'PENDING' RETURNING attempts",
-                params![id, a.status, a.next_attempt_at, a.status_code, a.error, a.at],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(backend)?;
-        if let Some(n) = attempts {
-            tx.execute(
-                "INSERT INTO webhook_attempts (delivery_id, attempt, at, status_code, error, duration_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![id, n, a.at, a.status_code, a.error, a.duration_ms],
-            )
-            .map_err(backend)?;
+        for (id, a) in attempts {
+            let n: Option<i64> = tx
+                .prepare_cached(
+                    "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, next_attempt_at = ?3,
+                        last_status_code = ?4, last_error = ?5, updated_at = ?6
+                     WHERE id = ?1 AND status = 'PENDING' RETURNING attempts",
+                )
+                .map_err(backend)?
+                .query_row(params![id, a.status, a.next_attempt_at, a.status_code, a.error, a.at], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            if let Some(n) = n {
+                execute_cached(
+                    &tx,
+                    "INSERT INTO webhook_attempts (delivery_id, attempt, at, status_code, error, duration_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![id, n, a.at, a.status_code, a.error, a.duration_ms],
+                )
+                .map_err(backend)?;
+            }
         }
         tx.commit().map_err(backend)
     }

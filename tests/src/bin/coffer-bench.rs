@@ -807,6 +807,133 @@ async fn burst(
     report
 }
 
+/// The webhook scenario's name (for `--only`).
+const WEBHOOK: &str = "activity write with one subscribed webhook endpoint";
+
+/// Activity writes (create_policy) while one endpoint, a receiver in this process, is subscribed
+/// to them: write throughput against the plain write scenario, deliveries per second, and the
+/// time from a write's answer to its delivery's arrival.
+async fn webhook_scenario(
+    stack: &Stack,
+    key: Arc<TurnkeyP256ApiKey>,
+    args: &Args,
+    seq: Arc<AtomicU64>,
+    plain_write_rps: Option<f64>,
+) -> anyhow::Result<Value> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    type Times = Arc<Mutex<HashMap<String, Instant>>>;
+    let (answered, received): (Times, Times) = Default::default();
+    let rx = received.clone();
+    let app = axum::Router::new().fallback(move |body: String| {
+        let rx = rx.clone();
+        async move {
+            let at = Instant::now();
+            if let Some(id) = serde_json::from_str::<Value>(&body).ok().and_then(|a| a["id"].as_str().map(String::from))
+            {
+                rx.lock().unwrap().entry(id).or_insert(at);
+            }
+            "ok"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/bench", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let org = stack.organization_id.clone();
+    let filter = json!({"activityTypes": ["ACTIVITY_TYPE_CREATE_POLICY_V3"]}).to_string();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
+        &org,
+        json!({"url": url, "name": "bench", "subscriptions": [{"eventType": "ACTIVITY_UPDATES", "filtersJson": filter}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_webhook_endpoint", body.as_bytes(), Some(&key)).await;
+    let endpoint = r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"]
+        .as_str()
+        .with_context(|| format!("creating the endpoint: {}", r.text))?
+        .to_string();
+    let run_id = uuid_like();
+    let answered2 = answered.clone();
+    let scenario = Scenario {
+        name: WEBHOOK,
+        path: "/public/v1/submit/create_policy",
+        make: Arc::new({
+            let org = org.clone();
+            move |n| {
+                envelope(
+                    "ACTIVITY_TYPE_CREATE_POLICY_V3",
+                    &org,
+                    json!({"policyName": format!("webhook-{run_id}-{n}"), "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+                )
+            }
+        }),
+        check: Arc::new(move |_, v| {
+            completed(v)?;
+            let id = v["activity"]["id"].as_str().ok_or("no activity id")?.to_string();
+            answered2.lock().unwrap().insert(id, Instant::now());
+            Ok(false)
+        }),
+    };
+    let sample = run(&scenario, stack, key.clone(), args.clients, args.warmup, args.duration, seq).await;
+    // Let the queue drain (bounded), then pair answers with arrivals.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let missing = {
+            let (a, r) = (answered.lock().unwrap(), received.lock().unwrap());
+            a.keys().filter(|id| !r.contains_key(*id)).count()
+        };
+        if missing == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (a, r) = (answered.lock().unwrap().clone(), received.lock().unwrap().clone());
+    let mut lat: Vec<u64> = a
+        .iter()
+        .filter_map(|(id, t)| r.get(id).map(|got| got.saturating_duration_since(*t).as_micros() as u64))
+        .collect();
+    lat.sort_unstable();
+    let undelivered = a.keys().filter(|id| !r.contains_key(*id)).count();
+    let first = r.values().min().copied();
+    let last = r.values().max().copied();
+    let delivery_rate = match (first, last) {
+        (Some(f), Some(l)) if l > f => r.len() as f64 / (l - f).as_secs_f64(),
+        _ => 0.0,
+    };
+    let body = envelope("ACTIVITY_TYPE_DELETE_WEBHOOK_ENDPOINT", &org, json!({"endpointId": endpoint}));
+    stack.post_raw("/public/v1/submit/delete_webhook_endpoint", body.as_bytes(), Some(&key)).await;
+
+    let (p50, p99) = (pct_ms(&lat, 0.5), pct_ms(&lat, 0.99));
+    let ratio = plain_write_rps.map(|p| sample.rps() / p);
+    println!(
+        "
+{WEBHOOK}, {} clients",
+        args.clients
+    );
+    println!(
+        "  writes {:.0}/s{} ; deliveries {:.0}/s ({} received, {} not within 30 s, {} write errors)",
+        sample.rps(),
+        ratio.map_or(String::new(), |r| format!(" ({:.0} % of the plain write scenario; target ≥ 80 %)", r * 100.0)),
+        delivery_rate,
+        r.len(),
+        undelivered,
+        sample.errors
+    );
+    println!(
+        "  answered → delivered: p50 {p50:.1} ms, p99 {p99:.1} ms (target p99 ≤ 250 ms: {})",
+        if !lat.is_empty() && p99 <= 250.0 { "PASS" } else { "FAIL" }
+    );
+    Ok(json!({
+        "name": WEBHOOK, "clients": args.clients, "writesPerSecond": sample.rps(), "writeErrors": sample.errors,
+        "ratioToPlainWrites": ratio, "deliveriesPerSecond": delivery_rate, "received": r.len(),
+        "undelivered": undelivered, "latencyP50Ms": p50, "latencyP99Ms": p99,
+    }))
+}
+
+/// A short unique id for names made by one bench run.
+fn uuid_like() -> String {
+    format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos())
+}
+
 /// The burst scenario's name (for `--only`).
 const BURST: &str = "burst: signing clients released at once";
 /// Targets the burst is held to (reported, not enforced).
@@ -916,7 +1043,9 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("starting a fresh stack (binaries from {})", coffer_tests::bin_dir().display());
     // Health is also probed on the operations listener, as a load balancer would be pointed.
     let ops_addr = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
-    let stack = Stack::start_with(&[("COFFER_OPS_LISTEN", &ops_addr)]).await;
+    // The webhook scenario's receiver is a local one.
+    let stack =
+        Stack::start_with(&[("COFFER_OPS_LISTEN", &ops_addr), ("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
     let ops_health_url = format!("http://{ops_addr}/healthz");
     // For profilers: where the processes are.
     if let Ok(f) = std::env::var("COFFER_BENCH_PIDS") {
@@ -1067,6 +1196,13 @@ async fn main() -> anyhow::Result<()> {
         results.push((sc.name, args.clients, s));
         rss_growth.push((sc.name, peak_rss_mib(gateway).zip(before).map(|(a, b)| a - b)));
     }
+    let webhook_report = if wanted(WEBHOOK) {
+        let plain = results.iter().find(|r| r.0.starts_with("activity write")).map(|r| r.2.rps());
+        eprintln!("running: {WEBHOOK} with {} clients", args.clients);
+        Some(webhook_scenario(&stack, key.clone(), &args, seq.clone(), plain).await?)
+    } else {
+        None
+    };
     // Last, as it is the most disruptive: thousands of signing clients at once.
     let burst_report = if wanted(BURST) {
         let clients = burst_fits(args.burst_clients);
@@ -1174,6 +1310,7 @@ async fn main() -> anyhow::Result<()> {
         "enclaveFloorCpuUsPerOp": floor_enclave_cpu,
         "scenarios": json_scenarios,
         "burst": burst_json,
+        "webhook": webhook_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
