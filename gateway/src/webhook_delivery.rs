@@ -145,6 +145,8 @@ const WORKERS: usize = 64;
 const PER_ENDPOINT: usize = 16;
 /// How often the outbox is read when nothing wakes the worker (retries coming due).
 const POLL: Duration = Duration::from_millis(100);
+/// Shortest gap between two reads of the outbox (wakes in between are merged).
+const MIN_POLL_GAP: Duration = Duration::from_millis(5);
 /// Most response body read from a receiver.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// Attempts recorded in one transaction at most.
@@ -182,6 +184,12 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
                 _ = WAKE.notified() => {}
+            }
+            // Wakes come with every commit: read at most every few milliseconds, and only with
+            // a worker free.
+            tokio::time::sleep(MIN_POLL_GAP).await;
+            if workers.available_permits() == 0 {
+                continue;
             }
             // Endpoints at their share of workers are left out of the read, so their backlog
             // does not fill it.
@@ -272,7 +280,11 @@ async fn deliver(
         Ok(Ok(e)) if e.data["isActive"].as_bool() == Some(false) => {
             Outcome::Terminal(None, "endpoint paused before delivery".into())
         }
-        Ok(Ok(e)) => attempt(state, client, d, e.data["url"].as_str().unwrap_or_default()).await,
+        Ok(Ok(e)) => match state.db(|s| s.webhook_delivery(&d.id)).await {
+            Ok(Ok(full)) => attempt(state, client, &full, e.data["url"].as_str().unwrap_or_default()).await,
+            Ok(Err(StoreError::NotFound)) => Outcome::Terminal(None, "delivery dropped".into()),
+            _ => Outcome::Retry(None, "store unavailable".into()),
+        },
         Ok(Err(StoreError::NotFound)) => Outcome::Terminal(None, "endpoint deleted".into()),
         _ => Outcome::Retry(None, "store unavailable".into()),
     };

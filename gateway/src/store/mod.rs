@@ -681,6 +681,8 @@ pub trait Store: Send + Sync + 'static {
     // <webhooks>
     /// Pending deliveries due at `now`, oldest due first, at most `limit`, none of the endpoints
     /// in `skip` (those already busy: so one slow endpoint's backlog cannot hide the others').
+    /// Without their bodies (empty): the worker reads this often; [`Store::webhook_delivery`]
+    /// reads one whole.
     fn due_webhook_deliveries(
         &self,
         now: Nanos,
@@ -693,6 +695,8 @@ pub trait Store: Send + Sync + 'static {
     fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError> {
         self.record_webhook_attempts(&[(id.to_string(), attempt.clone())])
     }
+    /// One delivery, body included.
+    fn webhook_delivery(&self, id: &str) -> Result<WebhookDelivery, StoreError>;
     /// An endpoint's deliveries, newest first, at most `limit`.
     fn webhook_deliveries(
         &self,

@@ -1859,9 +1859,9 @@ impl Store for SqliteStore {
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
         use rusqlite::types::Value as Sql;
         self.read(|c| {
-            let mut sql = format!(
-                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?"
-            );
+            let light = DELIVERY_COLS.replace(", body,", ", '' AS body,");
+            let mut sql =
+                format!("SELECT {light} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?");
             let mut args = vec![Sql::Integer(now)];
             if !skip.is_empty() {
                 sql.push_str(&format!(" AND endpoint_id NOT IN ({})", vec!["?"; skip.len()].join(", ")));
@@ -1901,6 +1901,18 @@ impl Store for SqliteStore {
             }
         }
         tx.commit().map_err(backend)
+    }
+
+    fn webhook_delivery(&self, id: &str) -> Result<WebhookDelivery, StoreError> {
+        self.one(|c| {
+            query_row_cached(
+                c,
+                &format!("SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE id = ?1"),
+                params![id],
+                delivery_row,
+            )
+            .optional()
+        })
     }
 
     fn webhook_deliveries(
