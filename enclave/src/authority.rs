@@ -160,9 +160,20 @@ impl Authority {
         body: &[u8],
     ) -> Result<Vec<u8>, EnclaveError> {
         const OPERATION: &str = "sign_webhook_delivery";
-        let activity = serde_json::from_slice::<serde_json::Value>(body).ok();
-        let field = |k: &str| activity.as_ref().and_then(|a| a.get(k)).and_then(|v| v.as_str()).map(str::to_string);
-        let (organization, activity_id) = (field("organizationId"), field("id"));
+        /// The two fields of an activity the enclave checks (the rest is parsed, not kept).
+        #[derive(serde::Deserialize)]
+        struct ActivityIds {
+            id: String,
+            #[serde(rename = "organizationId")]
+            organization_id: String,
+        }
+        // An object only: serde would also read a struct from an array.
+        let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        let ids = is_object.then(|| serde_json::from_slice::<ActivityIds>(body).ok()).flatten();
+        let (organization, activity_id) = match ids {
+            Some(a) => (Some(a.organization_id), Some(a.id)),
+            None => (None, None),
+        };
         let refusal = if (timestamp_ms as i64 - now_ms()).abs() > self.freshness_ms {
             Some("delivery timestamp is not the enclave's now")
         } else if event_id.is_empty()
@@ -413,5 +424,8 @@ mod tests {
         assert!(refused(now, &"e".repeat(129), body).contains("event id"));
         assert!(refused(now, "e", b"not json").contains("not an activity"));
         assert!(refused(now, "e", br#"{"id":"a1"}"#).contains("not an activity"));
+        assert!(refused(now, "e", br#"["a1","o1"]"#).contains("not an activity"), "an array is not an activity");
+        assert!(refused(now, "e", br#"{"id":1,"organizationId":"o1"}"#).contains("not an activity"));
+        assert!(refused(now, "e", br#"{"id":"a1","organizationId":"o1"} trailing"#).contains("not an activity"));
     }
 }

@@ -48,6 +48,9 @@ impl EnclaveService {
 }
 
 /// Runs blocking HSM and crypto work off the async executor.
+/// Most webhook deliveries signed in one call.
+const MAX_WEBHOOK_BATCH: usize = 256;
+
 /// The webhook key's id: stable for a key, `coffer-webhook-` + 16 hex digits of its SHA-256.
 fn webhook_key_id(public_key: &[u8; 32]) -> String {
     use sha2::Digest;
@@ -304,16 +307,44 @@ impl Enclave for EnclaveService {
         .await
     }
 
-    async fn sign_webhook_delivery(
+    async fn sign_webhook_deliveries(
         &self,
-        req: Request<pb::SignWebhookDeliveryRequest>,
-    ) -> Result<Response<pb::SignWebhookDeliveryResponse>, Status> {
+        req: Request<pb::SignWebhookDeliveriesRequest>,
+    ) -> Result<Response<pb::SignWebhookDeliveriesResponse>, Status> {
         let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
+        if req.deliveries.len() > MAX_WEBHOOK_BATCH {
+            return Err(
+                EnclaveError::Refused(format!("at most {MAX_WEBHOOK_BATCH} webhook deliveries per call")).into()
+            );
+        }
         blocking(move || {
             let key_id = webhook_key_id(&hsm.webhook_public_key()?);
-            let message = authority.webhook_message(&key_id, req.timestamp_ms, &req.event_id, &req.body)?;
-            Ok(pb::SignWebhookDeliveryResponse { signature: hsm.sign_webhook(&message)?.to_vec(), key_id })
+            // Each delivery is checked on its own; a refused one does not stop the others.
+            let mut messages = Vec::with_capacity(req.deliveries.len());
+            let refusals: Vec<Option<String>> = req
+                .deliveries
+                .iter()
+                .map(|d| match authority.webhook_message(&key_id, d.timestamp_ms, &d.event_id, &d.body) {
+                    Ok(message) => {
+                        messages.push(message);
+                        None
+                    }
+                    Err(e) => Some(e.to_string()),
+                })
+                .collect();
+            let mut signatures = hsm.sign_webhooks(&messages)?.into_iter();
+            let deliveries = refusals
+                .into_iter()
+                .map(|refusal| match refusal {
+                    None => pb::SignedWebhookDelivery {
+                        signature: signatures.next().map(|s| s.to_vec()).unwrap_or_default(),
+                        refusal: String::new(),
+                    },
+                    Some(refusal) => pb::SignedWebhookDelivery { signature: Vec::new(), refusal },
+                })
+                .collect();
+            Ok(pb::SignWebhookDeliveriesResponse { key_id, deliveries })
         })
         .await
     }

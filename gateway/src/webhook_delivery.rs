@@ -1,14 +1,20 @@
 //! Webhook deliveries: the events an activity change enqueues (outbox rows written in the same
 //! transaction as the change), and the worker that posts them, signed by the enclave's HSM key,
 //! retrying with backoff until delivered or given up.
+//!
+//! A committed event reaches the worker in memory at once; its outbox row is leased for
+//! [`LEASE`] meanwhile, so the outbox poll only sees retries that came due and events whose
+//! hand-off was lost (a crash, a full queue). At start the worker releases every lease: what a
+//! killed gateway had in hand is delivered again (at least once).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
 
 use crate::activity::render;
 use crate::ops::webhooks::{
@@ -20,52 +26,112 @@ use crate::store::{
     DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
 
-/// The outbox rows for `activity` as it is about to be committed: one per active endpoint of its
-/// organization, or of the parent organization, with an active `ACTIVITY_UPDATES` subscription
-/// whose filter passes. Paused endpoints and subscriptions get nothing (not even later).
-pub fn events_for(store: &dyn Store, org: &Organization, activity: &ActivityRecord) -> Result<Vec<Write>, StoreError> {
-    let mut endpoints = store.records(&org.id, WEBHOOK_ENDPOINT)?;
-    if let Some(parent) = &org.parent_id {
-        endpoints.extend(store.records(parent, WEBHOOK_ENDPOINT)?);
-    }
-    if endpoints.is_empty() {
-        return Ok(Vec::new());
-    }
-    let body = render::activity(activity, false).to_string();
-    let now = now_nanos();
-    Ok(endpoints
-        .iter()
-        .map(endpoint_json)
-        .filter(|e| e["isActive"].as_bool() == Some(true))
-        .filter(|e| {
-            e["subscriptions"].as_array().is_some_and(|subs| {
-                subs.iter().any(|s| {
-                    s["eventType"] == ACTIVITY_UPDATES
-                        && s["isActive"].as_bool() != Some(false)
-                        && EventFilter::parse(s["filtersJson"].as_str().unwrap_or_default())
-                            .is_ok_and(|f| f.admits(&activity.activity_type, &activity.status))
+/// How long a fresh event handed to the worker in memory stays out of the outbox poll.
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// One delivery to attempt, with its endpoint's URL as read when the event was enqueued (good
+/// while no endpoint has changed since: see [`Outbox::committed`]).
+struct Job {
+    delivery: WebhookDelivery,
+    url: Option<(String, u64)>,
+}
+
+/// Bumped after every commit that changes a webhook endpoint: a URL read before is stale.
+static ENDPOINTS_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Fresh events, from the committing request to the worker.
+static HANDOFF: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
+
+/// What an activity change means for webhooks: the events it enqueues (outbox rows for its
+/// transaction), and whether it changes an endpoint. [`Outbox::committed`] once it committed.
+pub struct Outbox {
+    jobs: Vec<Job>,
+    changes_endpoints: bool,
+}
+
+impl Outbox {
+    /// The events of `activity` as it is about to be committed with `writes`: one per active
+    /// endpoint of its organization, or of the parent organization, with an active
+    /// `ACTIVITY_UPDATES` subscription whose filter passes. Paused endpoints and subscriptions get
+    /// nothing (not even later).
+    pub fn for_activity(
+        store: &dyn Store,
+        org: &Organization,
+        activity: &ActivityRecord,
+        writes: &[Write],
+    ) -> Result<Outbox, StoreError> {
+        let changes_endpoints = writes.iter().any(|w| match w {
+            Write::PutRecord(r) => r.kind == WEBHOOK_ENDPOINT,
+            Write::DeleteRecords { kind, .. } => kind == WEBHOOK_ENDPOINT,
+            Write::DeleteSubOrganization { .. } | Write::DropWebhookDeliveries { .. } => true,
+            _ => false,
+        });
+        // Read before the endpoints: a change committed after this is seen by the worker.
+        let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
+        let mut endpoints = store.records(&org.id, WEBHOOK_ENDPOINT)?;
+        if let Some(parent) = &org.parent_id {
+            endpoints.extend(store.records(parent, WEBHOOK_ENDPOINT)?);
+        }
+        if endpoints.is_empty() {
+            return Ok(Outbox { jobs: Vec::new(), changes_endpoints });
+        }
+        let body = render::activity(activity, false).to_string();
+        let now = now_nanos();
+        let jobs = endpoints
+            .iter()
+            .map(endpoint_json)
+            .filter(|e| e["isActive"].as_bool() == Some(true))
+            .filter(|e| {
+                e["subscriptions"].as_array().is_some_and(|subs| {
+                    subs.iter().any(|s| {
+                        s["eventType"] == ACTIVITY_UPDATES
+                            && s["isActive"].as_bool() != Some(false)
+                            && EventFilter::parse(s["filtersJson"].as_str().unwrap_or_default())
+                                .is_ok_and(|f| f.admits(&activity.activity_type, &activity.status))
+                    })
                 })
             })
-        })
-        .map(|e| {
-            Write::EnqueueWebhookDelivery(WebhookDelivery {
-                id: uuid::Uuid::new_v4().to_string(),
-                organization_id: e["organizationId"].as_str().unwrap_or_default().to_string(),
-                endpoint_id: e["endpointId"].as_str().unwrap_or_default().to_string(),
-                activity_organization_id: activity.organization_id.clone(),
-                activity_id: activity.id.clone(),
-                event_type: ACTIVITY_UPDATES.to_string(),
-                body: body.clone(),
-                status: DELIVERY_PENDING.to_string(),
-                attempts: 0,
-                next_attempt_at: now,
-                last_status_code: None,
-                last_error: None,
-                created_at: now,
-                updated_at: now,
+            .map(|e| Job {
+                delivery: WebhookDelivery {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    organization_id: e["organizationId"].as_str().unwrap_or_default().to_string(),
+                    endpoint_id: e["endpointId"].as_str().unwrap_or_default().to_string(),
+                    activity_organization_id: activity.organization_id.clone(),
+                    activity_id: activity.id.clone(),
+                    event_type: ACTIVITY_UPDATES.to_string(),
+                    body: body.clone(),
+                    status: DELIVERY_PENDING.to_string(),
+                    attempts: 0,
+                    next_attempt_at: now + LEASE.as_nanos() as Nanos,
+                    last_status_code: None,
+                    last_error: None,
+                    created_at: now,
+                    updated_at: now,
+                },
+                url: e["url"].as_str().map(|u| (u.to_string(), generation)),
             })
-        })
-        .collect())
+            .collect();
+        Ok(Outbox { jobs, changes_endpoints })
+    }
+
+    /// The outbox rows to write in the activity's transaction.
+    pub fn writes(&self) -> impl Iterator<Item = Write> + '_ {
+        self.jobs.iter().map(|j| Write::EnqueueWebhookDelivery(j.delivery.clone()))
+    }
+
+    /// The transaction committed: endpoint URLs read before are stale if it changed an
+    /// endpoint, and its events go to the worker (one it cannot take now waits out its lease).
+    pub fn committed(self) {
+        if self.changes_endpoints {
+            ENDPOINTS_GENERATION.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Some(tx) = HANDOFF.get() {
+            for job in self.jobs {
+                if tx.try_send(job).is_err() {
+                    tracing::debug!("webhook hand-off queue full: the event is delivered when its lease ends");
+                }
+            }
+        }
+    }
 }
 
 /// Delivery timing (see README "Webhooks").
@@ -143,25 +209,33 @@ impl reqwest::dns::Resolve for GuardedResolver {
 /// Deliveries in flight at once, and per endpoint (one slow endpoint cannot take every worker).
 const WORKERS: usize = 64;
 const PER_ENDPOINT: usize = 16;
-/// How often the outbox is read when nothing wakes the worker (retries coming due).
+/// Events waiting for a worker, per endpoint; beyond this they wait out their lease.
+const WAITING_PER_ENDPOINT: usize = 4096;
+/// Fresh events in the hand-off queue at most.
+const HANDOFF_CAPACITY: usize = 16_384;
+/// How often the outbox is read for retries come due and lapsed leases.
 const POLL: Duration = Duration::from_millis(100);
-/// Shortest gap between two reads of the outbox (wakes in between are merged).
-const MIN_POLL_GAP: Duration = Duration::from_millis(5);
+/// Deliveries signed by the enclave in one call at most (its limit is 256).
+const SIGN_BATCH: usize = 64;
 /// Most response body read from a receiver.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// Attempts recorded in one transaction at most.
 const RECORD_BATCH: usize = 256;
 
-/// Wakes the worker: new events were committed, or a worker is free.
-static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Wakes the worker: an attempt was recorded, so a worker is free.
+static FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
-/// Tells the worker that events were just committed, so it reads the outbox now.
-pub fn wake() {
-    WAKE.notify_one();
+/// Deliveries the worker holds (waiting or in flight, until their attempt is recorded), and how
+/// many are in flight, per endpoint and in all.
+#[derive(Default)]
+struct Held {
+    ids: HashSet<String>,
+    active: HashMap<String, usize>,
+    total: usize,
 }
 
-/// Deliveries being attempted or waiting to be recorded, and how many per endpoint.
-type InFlight = (HashSet<String>, HashMap<String, usize>);
+/// A finished attempt on its way to the store: (delivery id, endpoint id, attempt).
+type Done = (String, String, WebhookAttempt);
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
 pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -173,67 +247,109 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
         .dns_resolver(Arc::new(GuardedResolver { allow_private }))
         .user_agent("coffer-webhooks/1")
         .build()?;
-    let schedule = Schedule::default();
-    let in_flight: Arc<Mutex<InFlight>> = Arc::default();
+    // What a previous process held in memory is due now.
+    match state.store.release_webhook_leases(now_nanos()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(deliveries = n, "webhook deliveries of an earlier run are due again"),
+        Err(e) => tracing::warn!(error = %e, "releasing webhook leases failed; they are due when they lapse"),
+    }
+    let (handoff, mut fresh) = mpsc::channel::<Job>(HANDOFF_CAPACITY);
+    if HANDOFF.set(handoff).is_err() {
+        anyhow::bail!("the webhook delivery worker is already running");
+    }
+    let held: Arc<Mutex<Held>> = Arc::default();
     // Attempts are recorded in batches, one transaction each, by one task.
-    let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, WebhookAttempt)>();
-    tokio::spawn(record_attempts(state.clone(), done_rx, in_flight.clone()));
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
+    tokio::spawn(record_attempts(state.clone(), done_rx, held.clone()));
     Ok(tokio::spawn(async move {
-        let workers = Arc::new(Semaphore::new(WORKERS));
+        let mut waiting: HashMap<String, VecDeque<Job>> = HashMap::new();
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let mut arrived = Vec::new();
             tokio::select! {
-                _ = tokio::time::sleep(POLL) => {}
-                _ = WAKE.notified() => {}
-            }
-            // Wakes come with every commit: read at most every few milliseconds, and only with
-            // a worker free.
-            tokio::time::sleep(MIN_POLL_GAP).await;
-            if workers.available_permits() == 0 {
-                continue;
-            }
-            // Endpoints at their share of workers are left out of the read, so their backlog
-            // does not fill it.
-            let busy: Vec<String> = match in_flight.lock() {
-                Ok(f) => f.1.iter().filter(|(_, n)| **n >= PER_ENDPOINT).map(|(e, _)| e.clone()).collect(),
-                Err(_) => return,
-            };
-            let due = match state.db(|s| s.due_webhook_deliveries(now_nanos(), 2 * WORKERS, &busy)).await {
-                Ok(Ok(d)) => d,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reading due webhook deliveries failed");
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            for d in due {
-                {
-                    let Ok(mut f) = in_flight.lock() else { return };
-                    let per = f.1.get(&d.endpoint_id).copied().unwrap_or(0);
-                    if f.0.contains(&d.id) || per >= PER_ENDPOINT {
-                        continue;
+                job = fresh.recv() => match job {
+                    Some(job) => arrived.push(job),
+                    None => return,
+                },
+                _ = FREED.notified() => {}
+                _ = poll.tick() => {
+                    let waiting_now: usize = waiting.values().map(VecDeque::len).sum();
+                    if waiting_now < WORKERS {
+                        arrived.extend(due(&state, &held, &waiting).await);
                     }
-                    f.0.insert(d.id.clone());
-                    *f.1.entry(d.endpoint_id.clone()).or_default() += 1;
                 }
-                let Ok(permit) = workers.clone().acquire_owned().await else { return };
-                let (state, client, done) = (state.clone(), client.clone(), done_tx.clone());
-                tokio::spawn(async move {
-                    let attempt = deliver(&state, &client, &d, &schedule).await;
-                    let _ = done.send((d.id.clone(), d.endpoint_id.clone(), attempt));
-                    drop(permit);
-                });
+            }
+            while let Ok(job) = fresh.try_recv() {
+                arrived.push(job);
+            }
+            {
+                let Ok(mut h) = held.lock() else { return };
+                for job in arrived {
+                    let queue = waiting.entry(job.delivery.endpoint_id.clone()).or_default();
+                    if queue.len() < WAITING_PER_ENDPOINT && h.ids.insert(job.delivery.id.clone()) {
+                        queue.push_back(job);
+                    }
+                }
+            }
+            let Some(batches) = take_ready(&held, &mut waiting) else { return };
+            for batch in batches {
+                tokio::spawn(deliver_batch(state.clone(), client.clone(), batch, done_tx.clone()));
             }
         }
     }))
 }
 
-/// Records finished attempts in batches; a delivery leaves the in-flight set only once its
-/// attempt is recorded (until then the outbox still shows it due).
-async fn record_attempts(
-    state: Arc<AppState>,
-    mut done: tokio::sync::mpsc::UnboundedReceiver<(String, String, WebhookAttempt)>,
-    in_flight: Arc<Mutex<InFlight>>,
-) {
+/// Due deliveries from the outbox that the worker does not hold, leaving out endpoints that have
+/// work waiting or all their workers busy (so one endpoint's backlog does not fill the read).
+async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> Vec<Job> {
+    let busy: Vec<String> = match held.lock() {
+        Ok(h) => h
+            .active
+            .iter()
+            .filter(|(_, n)| **n >= PER_ENDPOINT)
+            .map(|(e, _)| e.clone())
+            .chain(waiting.iter().filter(|(_, q)| !q.is_empty()).map(|(e, _)| e.clone()))
+            .collect(),
+        Err(_) => return Vec::new(),
+    };
+    match state.db(|s| s.due_webhook_deliveries(now_nanos(), 2 * WORKERS, &busy)).await {
+        Ok(Ok(due)) => {
+            let Ok(h) = held.lock() else { return Vec::new() };
+            due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "reading due webhook deliveries failed");
+            Vec::new()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Takes waiting jobs while workers are free (overall and per endpoint), in batches for the
+/// enclave; `None` if the bookkeeping lock is poisoned.
+fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Option<Vec<Vec<Job>>> {
+    let mut h = held.lock().ok()?;
+    let mut batches = vec![Vec::new()];
+    for (endpoint, queue) in waiting.iter_mut() {
+        while h.total < WORKERS && h.active.get(endpoint).copied().unwrap_or(0) < PER_ENDPOINT {
+            let Some(job) = queue.pop_front() else { break };
+            *h.active.entry(endpoint.clone()).or_default() += 1;
+            h.total += 1;
+            if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
+                batches.push(Vec::new());
+            }
+            batches.last_mut()?.push(job);
+        }
+    }
+    waiting.retain(|_, q| !q.is_empty());
+    batches.retain(|b| !b.is_empty());
+    Some(batches)
+}
+
+/// Records finished attempts in batches; a delivery leaves the worker's hands only once its
+/// attempt is recorded (until then the outbox may still show it due).
+async fn record_attempts(state: Arc<AppState>, mut done: mpsc::UnboundedReceiver<Done>, held: Arc<Mutex<Held>>) {
     while let Some(first) = done.recv().await {
         let mut batch = vec![first];
         while batch.len() < RECORD_BATCH {
@@ -250,44 +366,112 @@ async fn record_attempts(
                 tracing::warn!(outcome = ?other.map(|r| r.err()), n = batch.len(), "recording webhook attempts failed")
             }
         }
-        if let Ok(mut f) = in_flight.lock() {
+        if let Ok(mut h) = held.lock() {
             for (id, endpoint, _) in &batch {
-                f.0.remove(id);
-                if let Some(n) = f.1.get_mut(endpoint) {
+                h.ids.remove(id);
+                h.total = h.total.saturating_sub(1);
+                if let Some(n) = h.active.get_mut(endpoint) {
                     *n -= 1;
                     if *n == 0 {
-                        f.1.remove(endpoint);
+                        h.active.remove(endpoint);
                     }
                 }
             }
         }
-        wake();
+        FREED.notify_one();
     }
 }
 
-/// One attempt: the endpoint's current URL and state, the enclave's signature over a fresh
-/// timestamp, the POST, and the attempt's record.
-async fn deliver(
-    state: &Arc<AppState>,
-    client: &reqwest::Client,
+/// One attempt of each delivery in `batch`: the endpoint's current URL and state, the enclave's
+/// signatures over a fresh timestamp (one call for the batch), then each POST on its own task.
+async fn deliver_batch(
+    state: Arc<AppState>,
+    client: reqwest::Client,
+    batch: Vec<Job>,
+    done: mpsc::UnboundedSender<Done>,
+) {
+    let schedule = Schedule::default();
+    let started = Instant::now();
+    let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
+    let mut to_sign = Vec::with_capacity(batch.len());
+    for job in batch {
+        let url = match job.url {
+            Some((url, read_at)) if read_at == generation => Ok(url),
+            _ => endpoint_url(&state, &job.delivery).await,
+        };
+        let target = url.and_then(|u| {
+            check_target(&u, state.webhooks.allow_private_targets).map_err(|e| Outcome::Terminal(None, e.0))
+        });
+        match target {
+            Ok(url) => to_sign.push((job.delivery, url)),
+            Err(outcome) => {
+                let attempt = attempt_record(&job.delivery, outcome, started, now_nanos(), &schedule);
+                let _ = done.send((job.delivery.id, job.delivery.endpoint_id, attempt));
+            }
+        }
+    }
+    if to_sign.is_empty() {
+        return;
+    }
+    let timestamp_ms = (now_nanos() / 1_000_000) as u64;
+    let request = coffer_proto::v1::SignWebhookDeliveriesRequest {
+        deliveries: to_sign
+            .iter()
+            .map(|(d, _)| coffer_proto::v1::SignWebhookDeliveryRequest {
+                timestamp_ms,
+                event_id: d.id.clone(),
+                body: d.body.as_bytes().to_vec(),
+            })
+            .collect(),
+    };
+    let signed = match state.enclave.clone().sign_webhook_deliveries(request).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            let why = format!("enclave could not sign: {}", e.message());
+            for (d, _) in to_sign {
+                let attempt = attempt_record(&d, Outcome::Retry(None, why.clone()), started, now_nanos(), &schedule);
+                let _ = done.send((d.id, d.endpoint_id, attempt));
+            }
+            return;
+        }
+    };
+    let mut signatures = signed.deliveries.into_iter();
+    for (d, url) in to_sign {
+        let signature = signatures.next().unwrap_or_default();
+        let (client, done, key_id) = (client.clone(), done.clone(), signed.key_id.clone());
+        tokio::spawn(async move {
+            let at = now_nanos();
+            let outcome = if signature.signature.len() == 64 {
+                post(&client, &d, url, &key_id, timestamp_ms, &signature.signature).await
+            } else {
+                Outcome::Retry(None, format!("enclave refused to sign: {}", signature.refusal))
+            };
+            let attempt = attempt_record(&d, outcome, started, at, &schedule);
+            let _ = done.send((d.id, d.endpoint_id, attempt));
+        });
+    }
+}
+
+/// The endpoint's URL as stored now, or how the attempt ends if it is paused or gone.
+async fn endpoint_url(state: &Arc<AppState>, d: &WebhookDelivery) -> Result<String, Outcome> {
+    match state.db(|s| s.record(&d.organization_id, WEBHOOK_ENDPOINT, &d.endpoint_id)).await {
+        Ok(Ok(e)) if e.data["isActive"].as_bool() == Some(false) => {
+            Err(Outcome::Terminal(None, "endpoint paused before delivery".into()))
+        }
+        Ok(Ok(e)) => Ok(e.data["url"].as_str().unwrap_or_default().to_string()),
+        Ok(Err(StoreError::NotFound)) => Err(Outcome::Terminal(None, "endpoint deleted".into())),
+        _ => Err(Outcome::Retry(None, "store unavailable".into())),
+    }
+}
+
+/// The record of one attempt: when, how it ended, and when the next one is due (if any).
+fn attempt_record(
     d: &WebhookDelivery,
+    outcome: Outcome,
+    started: Instant,
+    at: Nanos,
     schedule: &Schedule,
 ) -> WebhookAttempt {
-    let started = Instant::now();
-    let at = now_nanos();
-    let endpoint = state.db(|s| s.record(&d.organization_id, WEBHOOK_ENDPOINT, &d.endpoint_id)).await;
-    let outcome = match endpoint {
-        Ok(Ok(e)) if e.data["isActive"].as_bool() == Some(false) => {
-            Outcome::Terminal(None, "endpoint paused before delivery".into())
-        }
-        Ok(Ok(e)) => match state.db(|s| s.webhook_delivery(&d.id)).await {
-            Ok(Ok(full)) => attempt(state, client, &full, e.data["url"].as_str().unwrap_or_default()).await,
-            Ok(Err(StoreError::NotFound)) => Outcome::Terminal(None, "delivery dropped".into()),
-            _ => Outcome::Retry(None, "store unavailable".into()),
-        },
-        Ok(Err(StoreError::NotFound)) => Outcome::Terminal(None, "endpoint deleted".into()),
-        _ => Outcome::Retry(None, "store unavailable".into()),
-    };
     let duration_ms = started.elapsed().as_millis() as i64;
     let (status, next_attempt_at, status_code, error) = match outcome {
         Outcome::Delivered(code) => (DELIVERY_DELIVERED, at, Some(code), None),
@@ -310,27 +494,15 @@ async fn deliver(
     }
 }
 
-async fn attempt(state: &Arc<AppState>, client: &reqwest::Client, d: &WebhookDelivery, url: &str) -> Outcome {
-    let allow_private = state.webhooks.allow_private_targets;
-    // Checked again at dial time: the setting or the URL may have changed since it was stored.
-    let url = match check_target(url, allow_private) {
-        Ok(u) => u,
-        Err(e) => return Outcome::Terminal(None, e.0),
-    };
-    let timestamp_ms = (now_nanos() / 1_000_000) as u64;
-    let signed = state
-        .enclave
-        .clone()
-        .sign_webhook_delivery(coffer_proto::v1::SignWebhookDeliveryRequest {
-            timestamp_ms,
-            event_id: d.id.clone(),
-            body: d.body.as_bytes().to_vec(),
-        })
-        .await;
-    let signed = match signed {
-        Ok(r) => r.into_inner(),
-        Err(e) => return Outcome::Retry(None, format!("enclave could not sign: {}", e.message())),
-    };
+/// The signed POST of one delivery and how it ended.
+async fn post(
+    client: &reqwest::Client,
+    d: &WebhookDelivery,
+    url: reqwest::Url,
+    key_id: &str,
+    timestamp_ms: u64,
+    signature: &[u8],
+) -> Outcome {
     let response = client
         .post(url)
         .header("Content-Type", "application/json")
@@ -339,10 +511,10 @@ async fn attempt(state: &Arc<AppState>, client: &reqwest::Client, d: &WebhookDel
         .header("X-Turnkey-Webhook-Version", "1")
         .header("X-Turnkey-Event-Id", &d.id)
         .header("X-Turnkey-Timestamp", timestamp_ms.to_string())
-        .header("X-Turnkey-Signature-Key-Id", &signed.key_id)
+        .header("X-Turnkey-Signature-Key-Id", key_id)
         .header("X-Turnkey-Signature-Algorithm", "ed25519")
         .header("X-Turnkey-Signature-Version", "v1")
-        .header("X-Turnkey-Signature", hex::encode(&signed.signature))
+        .header("X-Turnkey-Signature", hex::encode(signature))
         .body(d.body.clone())
         .send()
         .await;

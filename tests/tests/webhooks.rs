@@ -216,9 +216,19 @@ fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16
                     .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
                     .collect();
                 seen.lock().unwrap().push((path.clone(), headers, body));
-                let mut plan = plan.lock().unwrap();
-                let statuses = plan.get_mut(&path).expect("a planned path");
-                let status = if statuses.len() > 1 { statuses.remove(0) } else { statuses[0] };
+                let status = {
+                    let mut plan = plan.lock().unwrap();
+                    let statuses = plan.get_mut(&path).expect("a planned path");
+                    if statuses.len() > 1 {
+                        statuses.remove(0)
+                    } else {
+                        statuses[0]
+                    }
+                };
+                if status == 0 {
+                    // 0 in a plan: take the request and never answer.
+                    std::future::pending::<()>().await;
+                }
                 StatusCode::from_u16(status).unwrap()
             }
         });
@@ -365,6 +375,18 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert_eq!(r.status, 200, "{}", r.text);
     let endpoint =
         r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"].as_str().unwrap().to_string();
+    // A second receiver is up but holds the first request without answering: the gateway dies
+    // with that event in hand and no attempt recorded.
+    let (held_base, held_seen) = receiver(&[("/held", vec![0, 200])]).await;
+    let r = create(
+        &stack,
+        &key,
+        json!({"url": format!("{held_base}/held"), "name": "held", "subscriptions": [policies_only.clone()]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let held_endpoint =
+        r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"].as_str().unwrap().to_string();
 
     // A sub-organization whose root is a new key of the test's, and a policy created in it.
     let sub_key = TurnkeyP256ApiKey::generate();
@@ -385,7 +407,13 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert_eq!(r.status, 200, "{}", r.text);
     let activity_id = r.json["activity"]["id"].as_str().unwrap().to_string();
 
-    // The first attempt fails (connection refused) and a retry is scheduled; then the gateway dies.
+    // The first attempt to the parent's endpoint fails (connection refused) and a retry is
+    // scheduled; the held receiver has the event and has not answered; then the gateway dies.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while held_seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(held_seen.lock().unwrap().len(), 1, "the held receiver got the event before the crash");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     stack.kill_gateway();
     stack.start_gateway();
@@ -411,6 +439,21 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     let d = &r.json["deliveries"][0];
     assert_eq!(d["status"], "DELIVERED", "{}", r.text);
     assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {}", r.text);
+
+    // The event the dead gateway held is sent again by the new one, long before its lease
+    // (a minute) would have lapsed: same event id, answered this time.
+    while held_seen.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let held = held_seen.lock().unwrap().clone();
+    assert_eq!(held.len(), 2, "sent again after the restart");
+    assert_eq!(held[0].1["x-turnkey-event-id"], held[1].1["x-turnkey-event-id"], "the same event");
+    assert_eq!(serde_json::from_str::<Value>(&held[1].2).unwrap()["id"], activity_id.as_str());
+    let q = json!({"organizationId": stack.organization_id, "endpointId": held_endpoint});
+    let r =
+        stack.post_raw("/public/v1/query/coffer_list_webhook_deliveries", q.to_string().as_bytes(), Some(&key)).await;
+    let d = &r.json["deliveries"][0];
+    assert_eq!((d["status"].as_str(), d["attempts"].as_i64()), (Some("DELIVERED"), Some(1)), "{}", r.text);
 }
 
 /// An activity that waits for consensus is reported twice: when it starts waiting and when the

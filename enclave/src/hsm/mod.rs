@@ -472,26 +472,33 @@ impl Hsm {
         Ok(*self.webhook_public.get_or_init(|| pk))
     }
 
-    /// Pure Ed25519 over `message` with the webhook signer, checked against its public key before
-    /// it leaves (a faulty signature is never handed out).
-    pub fn sign_webhook(&self, message: &[u8]) -> Result<[u8; 64], HsmError> {
+    /// Pure Ed25519 over each of `messages` with the webhook signer, in one session; every
+    /// signature is checked against the public key before it leaves (a faulty signature is never
+    /// handed out).
+    pub fn sign_webhooks(&self, messages: &[Vec<u8>]) -> Result<Vec<[u8; 64]>, HsmError> {
         use cryptoki::mechanism::eddsa::{EddsaParams, EddsaSignatureScheme};
         let public = self.webhook_public_key()?;
         let raw = self.with_session(
             |s, keys| {
                 let Some(key) = keys.webhook else { return Ok(None) };
-                s.sign(&Mechanism::Eddsa(EddsaParams::new(EddsaSignatureScheme::Pure)), key, message).map(Some)
+                let mechanism = Mechanism::Eddsa(EddsaParams::new(EddsaSignatureScheme::Pure));
+                messages.iter().map(|m| s.sign(&mechanism, key, m)).collect::<Result<Vec<_>, _>>().map(Some)
             },
             "C_Sign (webhook signer)",
         )?;
         let raw = raw.ok_or(HsmError::KeyMissing(WEBHOOK_SIGNER_LABEL))?;
-        let signature: [u8; 64] =
-            raw.as_slice().try_into().map_err(|_| HsmError::Malformed("Ed25519 signature is not 64 bytes"))?;
         let key = ed25519_dalek::VerifyingKey::from_bytes(&public)
             .map_err(|_| HsmError::Malformed("webhook signer public key is not a curve point"))?;
-        key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature))
-            .map_err(|_| HsmError::Malformed("the HSM's webhook signature does not verify"))?;
-        Ok(signature)
+        raw.iter()
+            .zip(messages)
+            .map(|(raw, message)| {
+                let signature: [u8; 64] =
+                    raw.as_slice().try_into().map_err(|_| HsmError::Malformed("Ed25519 signature is not 64 bytes"))?;
+                key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature))
+                    .map_err(|_| HsmError::Malformed("the HSM's webhook signature does not verify"))?;
+                Ok(signature)
+            })
+            .collect()
     }
 
     /// ECDSA P-256 over SHA-256(`data`) with the bundle signer, DER encoded.

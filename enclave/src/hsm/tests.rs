@@ -162,12 +162,17 @@ fn concurrent_seal_and_unseal_share_the_pool() {
 fn webhook_signatures_come_from_the_hsm_key_and_verify_independently() {
     let hsm = hsm();
     let public = hsm.webhook_public_key().unwrap();
-    let message = b"v1.ed25519.kid.1700000000000.evt-1.{\"id\":\"a\"}";
-    let signature = hsm.sign_webhook(message).unwrap();
-    // ed25519-dalek, not the HSM, decides whether it verifies.
+    let messages: Vec<Vec<u8>> =
+        (0..3).map(|n| format!("v1.ed25519.kid.1700000000000.evt-{n}.{{\"id\":\"a\"}}").into_bytes()).collect();
+    let signatures = hsm.sign_webhooks(&messages).unwrap();
+    assert_eq!(signatures.len(), 3, "one signature per message, in order");
+    // ed25519-dalek, not the HSM, decides whether they verify.
     let key = ed25519_dalek::VerifyingKey::from_bytes(&public).unwrap();
-    key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature)).unwrap();
-    assert!(key.verify_strict(b"another message", &ed25519_dalek::Signature::from_bytes(&signature)).is_err());
+    for (message, signature) in messages.iter().zip(&signatures) {
+        key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(signature)).unwrap();
+    }
+    assert!(key.verify_strict(&messages[1], &ed25519_dalek::Signature::from_bytes(&signatures[0])).is_err());
+    assert!(hsm.sign_webhooks(&[]).unwrap().is_empty());
     // The private half stays in the token: sensitive and not extractable.
     let session = hsm.new_session().unwrap();
     let handle = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL).unwrap().unwrap();

@@ -21,6 +21,7 @@ use crate::store::{
     now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, Store, StoreError, Write,
     CONSENSUS_MOVED,
 };
+use crate::webhook_delivery::Outbox;
 use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
 use coffer_policy::decision::{self, Decision, Evaluation, PolicyOutcome};
 
@@ -301,14 +302,11 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         updated_at: now_nanos(),
     };
     // The webhook events of this activity are outbox rows in its own transaction.
-    let events = state.read_store(|s| crate::webhook_delivery::events_for(s, &org, &record))?;
-    let has_events = !events.is_empty();
-    writes.extend(events);
+    let outbox = state.read_store(|s| Outbox::for_activity(s, &org, &record, &writes))?;
+    writes.extend(outbox.writes());
     let activity = match state.commit(record, writes).await {
         Ok(Committed::New(a)) => {
-            if has_events {
-                crate::webhook_delivery::wake();
-            }
+            outbox.committed();
             a
         }
         Ok(Committed::Existing(a)) => a,
@@ -503,7 +501,7 @@ async fn vote(
             ];
         }
 
-        let mut result = apply(&state, with_events(&state, &org, &target, writes)?).await;
+        let mut result = apply(&state, &org, &target, writes).await;
         if let (Err(e), Some(eval_write)) = (&result, fallback) {
             // The handler's effects failed inside the transaction: the activity fails instead.
             if !matches!(e, StoreError::Conflict(m) if m == CONSENSUS_MOVED) {
@@ -515,7 +513,7 @@ async fn vote(
                     _ => json!({ "code": Code::Internal as i32, "message": "internal server error" }),
                 };
                 let writes = vec![eval_write, update(STATUS_FAILED, json!({}), Some(failure))];
-                result = apply(&state, with_events(&state, &org, &target, writes)?).await;
+                result = apply(&state, &org, &target, writes).await;
             }
         }
         match result {
@@ -531,14 +529,15 @@ async fn vote(
     Err(ApiError::new(Code::Aborted, "REQUEST_INVALID", "the activity changed while voting: retry the vote"))
 }
 
-/// `writes` plus the webhook events of the status change they make to `target`, if any (a vote
-/// that leaves the activity waiting changes no status and reports nothing).
-fn with_events(
+/// Applies a vote's `writes` to `target` in one transaction, with the webhook events of the
+/// status change they make (a vote that leaves the activity waiting changes no status and
+/// reports nothing).
+async fn apply(
     state: &Arc<AppState>,
     org: &Organization,
     target: &ActivityRecord,
     mut writes: Vec<Write>,
-) -> Result<Vec<Write>, ApiError> {
+) -> Result<(), StoreError> {
     let updated = writes.iter().find_map(|w| match w {
         Write::UpdateConsensusActivity { status, result, votes, failure, updated_at, .. }
             if *status != target.status =>
@@ -554,19 +553,19 @@ fn with_events(
         }
         _ => None,
     });
-    if let Some(activity) = updated {
-        writes.extend(state.read_store(|s| crate::webhook_delivery::events_for(s, org, &activity))?);
-        // Woken before the commit lands: the worker reads again on its next poll at the latest.
-        crate::webhook_delivery::wake();
-    }
-    Ok(writes)
-}
-
-async fn apply(state: &Arc<AppState>, writes: Vec<Write>) -> Result<(), StoreError> {
+    let outbox = match updated {
+        Some(activity) => Some(state.read_store(|s| Outbox::for_activity(s, org, &activity, &writes))?),
+        None => None,
+    };
+    writes.extend(outbox.iter().flat_map(Outbox::writes));
     let s = state.clone();
     tokio::task::spawn_blocking(move || s.store.apply(&writes))
         .await
-        .unwrap_or_else(|_| Err(StoreError::Backend("vote task failed".into())))
+        .unwrap_or_else(|_| Err(StoreError::Backend("vote task failed".into())))?;
+    if let Some(outbox) = outbox {
+        outbox.committed();
+    }
+    Ok(())
 }
 
 /// `POST /public/v1/query/<path>`: authenticate, check read access, answer.

@@ -681,14 +681,15 @@ pub trait Store: Send + Sync + 'static {
     // <webhooks>
     /// Pending deliveries due at `now`, oldest due first, at most `limit`, none of the endpoints
     /// in `skip` (those already busy: so one slow endpoint's backlog cannot hide the others').
-    /// Without their bodies (empty): the worker reads this often; [`Store::webhook_delivery`]
-    /// reads one whole.
     fn due_webhook_deliveries(
         &self,
         now: Nanos,
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
+    /// Makes every pending, never attempted delivery due at `now` (the leases of a previous
+    /// process, which may have died holding them); how many.
+    fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError>;
     /// Records attempts of deliveries (by id) and their new states in one transaction (nothing
     /// for a delivery that is gone, e.g. its endpoint was deleted meanwhile, or already settled).
     fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError>;

@@ -1859,9 +1859,9 @@ impl Store for SqliteStore {
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
         use rusqlite::types::Value as Sql;
         self.read(|c| {
-            let light = DELIVERY_COLS.replace(", body,", ", '' AS body,");
-            let mut sql =
-                format!("SELECT {light} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?");
+            let mut sql = format!(
+                "SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?"
+            );
             let mut args = vec![Sql::Integer(now)];
             if !skip.is_empty() {
                 sql.push_str(&format!(" AND endpoint_id NOT IN ({})", vec!["?"; skip.len()].join(", ")));
@@ -1871,6 +1871,19 @@ impl Store for SqliteStore {
             args.push(Sql::Integer(limit.min(i64::MAX as usize) as i64));
             c.prepare_cached(&sql)?.query_map(rusqlite::params_from_iter(args), delivery_row)?.collect()
         })
+    }
+
+    fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError> {
+        if nowait::active() {
+            return Err(nowait::give_up());
+        }
+        let conn = self.writer.lock().map_err(|_| StoreError::Backend("writer lock poisoned".into()))?;
+        conn.execute(
+            "UPDATE webhook_deliveries SET next_attempt_at = ?1
+             WHERE status = 'PENDING' AND attempts = 0 AND next_attempt_at > ?1",
+            params![now],
+        )
+        .map_err(backend)
     }
 
     fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError> {
@@ -2258,8 +2271,13 @@ mod tests {
             status: status.into(),
             next_attempt_at: next,
         };
+        assert_eq!(s.due_webhook_deliveries(50, 10, &[]).unwrap()[0].body, "{}", "with their bodies");
         s.record_webhook_attempt("d1", &attempt(DELIVERY_PENDING, 70)).unwrap();
         assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3"], "retried later");
+        // A restart releases the leases of never attempted deliveries (d4), not retries (d1).
+        assert_eq!(s.release_webhook_leases(50).unwrap(), 1);
+        assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3", "d4"]);
+        assert_eq!(s.release_webhook_leases(50).unwrap(), 0);
         s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
         let listed = s.webhook_deliveries("o1", "slow", 10).unwrap();
         let d1 = listed.iter().find(|d| d.id == "d1").unwrap();
