@@ -207,26 +207,29 @@ impl reqwest::dns::Resolve for GuardedResolver {
 }
 
 /// Deliveries in flight at once, and per endpoint (one slow endpoint cannot take every worker).
-const WORKERS: usize = 64;
-const PER_ENDPOINT: usize = 16;
+const WORKERS: usize = 256;
+const PER_ENDPOINT: usize = 64;
 /// Events waiting for a worker, per endpoint; beyond this they wait out their lease.
 const WAITING_PER_ENDPOINT: usize = 4096;
 /// Fresh events in the hand-off queue at most.
 const HANDOFF_CAPACITY: usize = 16_384;
 /// How often the outbox is read for retries come due and lapsed leases.
 const POLL: Duration = Duration::from_millis(100);
+/// How long the worker lets work gather after a wake before it hands out a batch.
+const GATHER: Duration = Duration::from_millis(3);
 /// Deliveries signed by the enclave in one call at most (its limit is 256).
 const SIGN_BATCH: usize = 64;
 /// Most response body read from a receiver.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
-/// Attempts recorded in one transaction at most.
-const RECORD_BATCH: usize = 256;
+/// Attempts recorded in one transaction at most, and how long the recorder lets them gather.
+const RECORD_BATCH: usize = 1024;
+const RECORD_GATHER: Duration = Duration::from_millis(20);
 
-/// Wakes the worker: an attempt was recorded, so a worker is free.
+/// Wakes the worker: an attempt is over, so a worker is free.
 static FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 /// Deliveries the worker holds (waiting or in flight, until their attempt is recorded), and how
-/// many are in flight, per endpoint and in all.
+/// many attempts are in flight, per endpoint and in all.
 #[derive(Default)]
 struct Held {
     ids: HashSet<String>,
@@ -234,8 +237,38 @@ struct Held {
     total: usize,
 }
 
-/// A finished attempt on its way to the store: (delivery id, endpoint id, attempt).
-type Done = (String, String, WebhookAttempt);
+impl Held {
+    /// An attempt to `endpoint` is over (its record may still be on the way): its worker is free.
+    fn finished(&mut self, endpoint: &str) {
+        self.total = self.total.saturating_sub(1);
+        if let Some(n) = self.active.get_mut(endpoint) {
+            *n -= 1;
+            if *n == 0 {
+                self.active.remove(endpoint);
+            }
+        }
+    }
+}
+
+/// A finished attempt on its way to the store: (delivery id, attempt).
+type Done = (String, WebhookAttempt);
+
+/// Where a finished attempt goes: its worker is free at once, its record goes to the recorder.
+#[derive(Clone)]
+struct Finish {
+    held: Arc<Mutex<Held>>,
+    done: mpsc::UnboundedSender<Done>,
+}
+
+impl Finish {
+    fn over(&self, d: WebhookDelivery, attempt: WebhookAttempt) {
+        if let Ok(mut h) = self.held.lock() {
+            h.finished(&d.endpoint_id);
+        }
+        FREED.notify_one();
+        let _ = self.done.send((d.id, attempt));
+    }
+}
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
 pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -261,6 +294,7 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
     // Attempts are recorded in batches, one transaction each, by one task.
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
     tokio::spawn(record_attempts(state.clone(), done_rx, held.clone()));
+    let finish = Finish { held: held.clone(), done: done_tx };
     Ok(tokio::spawn(async move {
         let mut waiting: HashMap<String, VecDeque<Job>> = HashMap::new();
         let mut poll = tokio::time::interval(POLL);
@@ -280,6 +314,9 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
                     }
                 }
             }
+            // A moment for more events and freed workers to gather: the enclave signs them in one
+            // call, and its per-call cost is most of the cost of a signature.
+            tokio::time::sleep(GATHER).await;
             while let Ok(job) = fresh.try_recv() {
                 arrived.push(job);
             }
@@ -294,7 +331,7 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
             }
             let Some(batches) = take_ready(&held, &mut waiting) else { return };
             for batch in batches {
-                tokio::spawn(deliver_batch(state.clone(), client.clone(), batch, done_tx.clone()));
+                tokio::spawn(deliver_batch(state.clone(), client.clone(), batch, finish.clone()));
             }
         }
     }))
@@ -351,6 +388,8 @@ fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) 
 /// attempt is recorded (until then the outbox may still show it due).
 async fn record_attempts(state: Arc<AppState>, mut done: mpsc::UnboundedReceiver<Done>, held: Arc<Mutex<Held>>) {
     while let Some(first) = done.recv().await {
+        // Attempts gather for a moment: fewer, larger transactions write fewer pages.
+        tokio::time::sleep(RECORD_GATHER).await;
         let mut batch = vec![first];
         while batch.len() < RECORD_BATCH {
             match done.try_recv() {
@@ -358,38 +397,25 @@ async fn record_attempts(state: Arc<AppState>, mut done: mpsc::UnboundedReceiver
                 Err(_) => break,
             }
         }
-        let rows: Vec<(String, WebhookAttempt)> = batch.iter().map(|(id, _, a)| (id.clone(), a.clone())).collect();
         let s = state.clone();
-        match tokio::task::spawn_blocking(move || s.store.record_webhook_attempts(&rows)).await {
-            Ok(Ok(())) => {}
-            other => {
-                tracing::warn!(outcome = ?other.map(|r| r.err()), n = batch.len(), "recording webhook attempts failed")
-            }
+        let (result, batch) = tokio::task::spawn_blocking(move || (s.store.record_webhook_attempts(&batch), batch))
+            .await
+            .unwrap_or_else(|_| (Err(StoreError::Backend("recording task failed".into())), Vec::new()));
+        match result {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, n = batch.len(), "recording webhook attempts failed"),
         }
         if let Ok(mut h) = held.lock() {
-            for (id, endpoint, _) in &batch {
+            for (id, _) in &batch {
                 h.ids.remove(id);
-                h.total = h.total.saturating_sub(1);
-                if let Some(n) = h.active.get_mut(endpoint) {
-                    *n -= 1;
-                    if *n == 0 {
-                        h.active.remove(endpoint);
-                    }
-                }
             }
         }
-        FREED.notify_one();
     }
 }
 
 /// One attempt of each delivery in `batch`: the endpoint's current URL and state, the enclave's
 /// signatures over a fresh timestamp (one call for the batch), then each POST on its own task.
-async fn deliver_batch(
-    state: Arc<AppState>,
-    client: reqwest::Client,
-    batch: Vec<Job>,
-    done: mpsc::UnboundedSender<Done>,
-) {
+async fn deliver_batch(state: Arc<AppState>, client: reqwest::Client, batch: Vec<Job>, finish: Finish) {
     let schedule = Schedule::default();
     let started = Instant::now();
     let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
@@ -406,7 +432,7 @@ async fn deliver_batch(
             Ok(url) => to_sign.push((job.delivery, url)),
             Err(outcome) => {
                 let attempt = attempt_record(&job.delivery, outcome, started, now_nanos(), &schedule);
-                let _ = done.send((job.delivery.id, job.delivery.endpoint_id, attempt));
+                finish.over(job.delivery, attempt);
             }
         }
     }
@@ -430,7 +456,7 @@ async fn deliver_batch(
             let why = format!("enclave could not sign: {}", e.message());
             for (d, _) in to_sign {
                 let attempt = attempt_record(&d, Outcome::Retry(None, why.clone()), started, now_nanos(), &schedule);
-                let _ = done.send((d.id, d.endpoint_id, attempt));
+                finish.over(d, attempt);
             }
             return;
         }
@@ -438,7 +464,7 @@ async fn deliver_batch(
     let mut signatures = signed.deliveries.into_iter();
     for (d, url) in to_sign {
         let signature = signatures.next().unwrap_or_default();
-        let (client, done, key_id) = (client.clone(), done.clone(), signed.key_id.clone());
+        let (client, finish, key_id) = (client.clone(), finish.clone(), signed.key_id.clone());
         tokio::spawn(async move {
             let at = now_nanos();
             let outcome = if signature.signature.len() == 64 {
@@ -447,7 +473,7 @@ async fn deliver_batch(
                 Outcome::Retry(None, format!("enclave refused to sign: {}", signature.refusal))
             };
             let attempt = attempt_record(&d, outcome, started, at, &schedule);
-            let _ = done.send((d.id, d.endpoint_id, attempt));
+            finish.over(d, attempt);
         });
     }
 }

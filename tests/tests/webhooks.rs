@@ -237,6 +237,24 @@ fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16
     (base, seen)
 }
 
+/// An endpoint's deliveries as `coffer_list_webhook_deliveries` shows them once none is pending
+/// (attempts are recorded shortly after they end), or after 10 s.
+async fn settled_deliveries(stack: &Stack, key: &TurnkeyP256ApiKey, endpoint: String) -> Vec<Value> {
+    let body = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = stack
+            .post_raw("/public/v1/query/coffer_list_webhook_deliveries", body.to_string().as_bytes(), Some(key))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let list = r.json["deliveries"].as_array().unwrap().clone();
+        if list.iter().all(|d| d["status"] != "PENDING") || std::time::Instant::now() > deadline {
+            return list;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
 /// Deliveries: signed with the published key (checked here with ed25519-dalek), retried with
 /// the same event id after a 503, stopped by a 400, none for a paused endpoint, and visible to
 /// operators through `coffer_list_webhook_deliveries`.
@@ -331,17 +349,7 @@ async fn activity_updates_are_delivered_signed_retried_and_stopped() {
     assert_ne!(refused[0].1["x-turnkey-event-id"], retry[0].1["x-turnkey-event-id"], "event ids are per endpoint");
     assert!(on("/paused").is_empty(), "a paused endpoint receives nothing");
 
-    let deliveries = |endpoint: &str| {
-        let body = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
-        let (stack, key) = (&stack, &key);
-        async move {
-            let r = stack
-                .post_raw("/public/v1/query/coffer_list_webhook_deliveries", body.to_string().as_bytes(), Some(key))
-                .await;
-            assert_eq!(r.status, 200, "{}", r.text);
-            r.json["deliveries"].as_array().unwrap().clone()
-        }
-    };
+    let deliveries = |endpoint: &str| settled_deliveries(&stack, &key, endpoint.to_string());
     let d = deliveries(&ids["/refuse"]).await;
     assert_eq!(d.len(), 1);
     assert_eq!(
@@ -433,12 +441,9 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert_eq!(activity["id"], activity_id.as_str());
     assert_eq!(activity["organizationId"], child.as_str());
 
-    let q = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
-    let r =
-        stack.post_raw("/public/v1/query/coffer_list_webhook_deliveries", q.to_string().as_bytes(), Some(&key)).await;
-    let d = &r.json["deliveries"][0];
-    assert_eq!(d["status"], "DELIVERED", "{}", r.text);
-    assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {}", r.text);
+    let d = &settled_deliveries(&stack, &key, endpoint).await[0];
+    assert_eq!(d["status"], "DELIVERED", "{d}");
+    assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {d}");
 
     // The event the dead gateway held is sent again by the new one, long before its lease
     // (a minute) would have lapsed: same event id, answered this time.
@@ -449,11 +454,8 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert_eq!(held.len(), 2, "sent again after the restart");
     assert_eq!(held[0].1["x-turnkey-event-id"], held[1].1["x-turnkey-event-id"], "the same event");
     assert_eq!(serde_json::from_str::<Value>(&held[1].2).unwrap()["id"], activity_id.as_str());
-    let q = json!({"organizationId": stack.organization_id, "endpointId": held_endpoint});
-    let r =
-        stack.post_raw("/public/v1/query/coffer_list_webhook_deliveries", q.to_string().as_bytes(), Some(&key)).await;
-    let d = &r.json["deliveries"][0];
-    assert_eq!((d["status"].as_str(), d["attempts"].as_i64()), (Some("DELIVERED"), Some(1)), "{}", r.text);
+    let d = &settled_deliveries(&stack, &key, held_endpoint).await[0];
+    assert_eq!((d["status"].as_str(), d["attempts"].as_i64()), (Some("DELIVERED"), Some(1)), "{d}");
 }
 
 /// An activity that waits for consensus is reported twice: when it starts waiting and when the
