@@ -11,7 +11,44 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// A cheap-to-clone handle to the enclave.
-pub type Enclave = EnclaveClient<Channel>;
+pub type Enclave = EnclaveClient<Metered<Channel>>;
+
+/// A channel that counts each call by gRPC method and outcome, with its latency (`/metrics`).
+#[derive(Clone, Debug)]
+pub struct Metered<S>(S);
+
+impl<S, B, R> tower::Service<axum::http::Request<B>> for Metered<S>
+where
+    S: tower::Service<axum::http::Request<B>, Response = axum::http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    R: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_string();
+        let started = Instant::now();
+        let call = self.0.call(request);
+        Box::pin(async move {
+            let result = call.await;
+            // An error answer is "trailers only": its grpc-status is in the headers.
+            let outcome = match &result {
+                Ok(r) if r.headers().get("grpc-status").is_some_and(|s| s != "0") => "error",
+                Ok(_) => "ok",
+                Err(_) => "unavailable",
+            };
+            crate::metrics::observe_enclave_call(&method, outcome, started.elapsed());
+            result
+        })
+    }
+}
 
 /// Connects lazily: the first call (and every call after the enclave went away) dials again.
 pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
@@ -26,7 +63,7 @@ pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }));
-    Ok(EnclaveClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
+    Ok(EnclaveClient::new(Metered(channel)).max_decoding_message_size(64 * 1024 * 1024))
 }
 
 /// When the enclave last answered a health probe (milliseconds since the process's first look,

@@ -23,6 +23,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/public/v1/discovery/webhooks/jwks", get(webhook_jwks))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError {
@@ -31,7 +32,51 @@ pub fn router(state: Arc<AppState>) -> Router {
             }
         })
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(count_request))
         .with_state(state)
+}
+
+/// The operation a request path names, as a metrics label: the registry's operations by name,
+/// anything else under a fixed name (so a client cannot make up label values).
+fn operation_label(path: &str) -> String {
+    if let Some(name) = path.strip_prefix("/public/v1/submit/") {
+        return match crate::ops::activity(name) {
+            Some(_) => format!("submit/{name}"),
+            None => "submit/unknown".into(),
+        };
+    }
+    if let Some(name) = path.strip_prefix("/public/v1/query/") {
+        return match crate::ops::query(name) {
+            Some(_) => format!("query/{name}"),
+            None => "query/unknown".into(),
+        };
+    }
+    match path {
+        "/healthz"
+        | "/readyz"
+        | "/metrics"
+        | "/public/v1/discovery/enclave_signer"
+        | "/public/v1/discovery/webhooks/jwks" => path.to_string(),
+        _ => "other".into(),
+    }
+}
+
+/// Counts every request of the API listener by operation and status, with its latency.
+async fn count_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let operation = operation_label(request.uri().path());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    crate::metrics::observe_request(operation, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+async fn metrics() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        crate::metrics::metrics().render(),
+    )
+        .into_response()
 }
 
 /// The operations listener (`ops_listen`): health and readiness only, on connections of their
@@ -40,7 +85,8 @@ pub fn ops_router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .fallback(|| async { ApiError::not_found("the operations listener serves /healthz and /readyz") })
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("the operations listener serves /healthz, /readyz and /metrics") })
         .with_state(state)
 }
 

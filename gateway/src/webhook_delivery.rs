@@ -262,6 +262,12 @@ struct Finish {
 
 impl Finish {
     fn over(&self, d: WebhookDelivery, attempt: WebhookAttempt) {
+        let outcome = match attempt.status.as_str() {
+            DELIVERY_DELIVERED => "delivered",
+            DELIVERY_PENDING => "retry",
+            _ => "failed",
+        };
+        crate::metrics::metrics().webhook_attempts.get_or_create(&crate::metrics::OutcomeLabel { outcome }).inc();
         if let Ok(mut h) = self.held.lock() {
             h.finished(&d.endpoint_id);
         }
@@ -330,6 +336,9 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
                 }
             }
             let Some(batches) = take_ready(&held, &mut waiting) else { return };
+            if let Ok(h) = held.lock() {
+                crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
+            }
             for batch in batches {
                 tokio::spawn(deliver_batch(state.clone(), client.clone(), batch, finish.clone()));
             }

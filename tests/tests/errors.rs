@@ -382,7 +382,7 @@ async fn raw_http(port: u16, request: &[u8]) -> RawResponse {
 }
 
 /// Per-credential rate limits answer a JSON 429 with `Retry-After`, only to the credential over
-/// its rate; the operations listener answers health and readiness on its own port.
+/// its rate; the operations listener answers health, readiness and metrics on its own port.
 #[tokio::test]
 async fn rate_limits_are_per_credential_and_health_has_its_own_listener() {
     let ops_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -420,6 +420,42 @@ async fn rate_limits_are_per_credential_and_health_has_its_own_listener() {
     }
     let r = reqwest::get(format!("http://{ops}/public/v1/query/whoami")).await.unwrap();
     assert_eq!(r.status(), 404, "the operations listener serves no API");
+
+    // Metrics, on both listeners: requests by operation and status, activities, the enclave's
+    // calls and the store's commits. Names a client makes up do not become label values.
+    let (_, _) = create_wallet(&stack, &key, &org, "metrics-wallet").await;
+    let r = query(&stack, &key, "no_such_query", json!({"organizationId": org})).await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    let r = reqwest::get(format!("http://{ops}/metrics")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = r.text().await.unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let ok = statuses.iter().filter(|s| **s == 200).count() as f64 + 1.0;
+    let limited = statuses.iter().filter(|s| **s == 429).count() as f64;
+    assert_eq!(value(r#"coffer_http_requests_total{operation="query/whoami",status="200"}"#), ok);
+    assert_eq!(value(r#"coffer_http_requests_total{operation="query/whoami",status="429"}"#), limited);
+    assert_eq!(value(r#"coffer_http_requests_total{operation="query/whoami",status="401"}"#), 1.0);
+    assert_eq!(value(r#"coffer_http_requests_total{operation="query/unknown",status="404"}"#), 1.0);
+    assert!(!text.contains("no_such_query"), "a made-up path is not a label value");
+    assert_eq!(
+        value(
+            r#"coffer_activities_total{activity_type="ACTIVITY_TYPE_CREATE_WALLET",status="ACTIVITY_STATUS_COMPLETED"}"#
+        ),
+        1.0
+    );
+    assert_eq!(value(r#"coffer_enclave_calls_total{method="CreateWallet",outcome="ok"}"#), 1.0);
+    assert!(value("coffer_store_commit_seconds_count") >= 1.0);
+    assert!(value("coffer_http_request_seconds_count{operation=\"query/whoami\"}") >= ok);
+    assert!(!text.contains(&org), "no organization id in any label");
+    let api = reqwest::get(format!("{}/metrics", stack.base_url)).await.unwrap();
+    assert_eq!(api.status(), 200, "the API listener serves /metrics too");
 }
 
 #[tokio::test]

@@ -307,6 +307,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let activity = match state.commit(record, writes).await {
         Ok(Committed::New(a)) => {
             outbox.committed();
+            crate::metrics::observe_activity(&a.activity_type, &a.status);
             a
         }
         Ok(Committed::Existing(a)) => a,
@@ -553,8 +554,8 @@ async fn apply(
         }
         _ => None,
     });
-    let outbox = match updated {
-        Some(activity) => Some(state.read_store(|s| Outbox::for_activity(s, org, &activity, &writes))?),
+    let outbox = match &updated {
+        Some(activity) => Some(state.read_store(|s| Outbox::for_activity(s, org, activity, &writes))?),
         None => None,
     };
     writes.extend(outbox.iter().flat_map(Outbox::writes));
@@ -564,6 +565,9 @@ async fn apply(
         .unwrap_or_else(|_| Err(StoreError::Backend("vote task failed".into())))?;
     if let Some(outbox) = outbox {
         outbox.committed();
+    }
+    if let Some(activity) = updated {
+        crate::metrics::observe_activity(&activity.activity_type, &activity.status);
     }
     Ok(())
 }

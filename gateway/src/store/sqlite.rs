@@ -59,7 +59,14 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
             }
         }
         let results = match writer.lock() {
-            Ok(mut conn) => commit_batch(&mut conn, &batch),
+            Ok(mut conn) => {
+                let started = std::time::Instant::now();
+                let results = commit_batch(&mut conn, &batch);
+                let m = crate::metrics::metrics();
+                m.commit_seconds.observe(started.elapsed().as_secs_f64());
+                m.commit_batch.observe(batch.len() as f64);
+                results
+            }
             Err(_) => batch.iter().map(|_| Err(StoreError::Backend("writer lock poisoned".into()))).collect(),
         };
         for (job, result) in batch.into_iter().zip(results) {
