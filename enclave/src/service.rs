@@ -47,7 +47,6 @@ impl EnclaveService {
     }
 }
 
-/// Runs blocking HSM and crypto work off the async executor.
 /// Most webhook deliveries signed in one call.
 const MAX_WEBHOOK_BATCH: usize = 256;
 
@@ -57,6 +56,7 @@ fn webhook_key_id(public_key: &[u8; 32]) -> String {
     format!("coffer-webhook-{}", hex::encode(&sha2::Sha256::digest(public_key)[..8]))
 }
 
+/// Runs blocking HSM and crypto work off the async executor.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, EnclaveError> + Send + 'static,
 ) -> Result<Response<T>, Status> {

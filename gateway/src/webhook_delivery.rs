@@ -229,18 +229,16 @@ const RECORD_GATHER: Duration = Duration::from_millis(20);
 static FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 /// Deliveries the worker holds (waiting or in flight, until their attempt is recorded), and how
-/// many attempts are in flight, per endpoint and in all.
+/// many attempts are in flight per endpoint.
 #[derive(Default)]
 struct Held {
     ids: HashSet<String>,
     active: HashMap<String, usize>,
-    total: usize,
 }
 
 impl Held {
     /// An attempt to `endpoint` is over (its record may still be on the way): its worker is free.
     fn finished(&mut self, endpoint: &str) {
-        self.total = self.total.saturating_sub(1);
         if let Some(n) = self.active.get_mut(endpoint) {
             *n -= 1;
             if *n == 0 {
@@ -336,9 +334,6 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
                 }
             }
             let Some(batches) = take_ready(&held, &mut waiting) else { return };
-            if let Ok(h) = held.lock() {
-                crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
-            }
             for batch in batches {
                 tokio::spawn(deliver_batch(state.clone(), client.clone(), batch, finish.clone()));
             }
@@ -376,12 +371,14 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
 /// enclave; `None` if the bookkeeping lock is poisoned.
 fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Option<Vec<Vec<Job>>> {
     let mut h = held.lock().ok()?;
+    crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
+    let mut total: usize = h.active.values().sum();
     let mut batches = vec![Vec::new()];
     for (endpoint, queue) in waiting.iter_mut() {
-        while h.total < WORKERS && h.active.get(endpoint).copied().unwrap_or(0) < PER_ENDPOINT {
+        while total < WORKERS && h.active.get(endpoint).copied().unwrap_or(0) < PER_ENDPOINT {
             let Some(job) = queue.pop_front() else { break };
             *h.active.entry(endpoint.clone()).or_default() += 1;
-            h.total += 1;
+            total += 1;
             if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
                 batches.push(Vec::new());
             }
@@ -406,16 +403,16 @@ async fn record_attempts(state: Arc<AppState>, mut done: mpsc::UnboundedReceiver
                 Err(_) => break,
             }
         }
+        let ids: Vec<String> = batch.iter().map(|(id, _)| id.clone()).collect();
         let s = state.clone();
-        let (result, batch) = tokio::task::spawn_blocking(move || (s.store.record_webhook_attempts(&batch), batch))
+        let result = tokio::task::spawn_blocking(move || s.store.record_webhook_attempts(&batch))
             .await
-            .unwrap_or_else(|_| (Err(StoreError::Backend("recording task failed".into())), Vec::new()));
-        match result {
-            Ok(()) => {}
-            Err(e) => tracing::warn!(error = %e, n = batch.len(), "recording webhook attempts failed"),
+            .unwrap_or_else(|_| Err(StoreError::Backend("recording task failed".into())));
+        if let Err(e) = result {
+            tracing::warn!(error = %e, n = ids.len(), "recording webhook attempts failed");
         }
         if let Ok(mut h) = held.lock() {
-            for (id, _) in &batch {
+            for id in &ids {
                 h.ids.remove(id);
             }
         }
@@ -428,11 +425,20 @@ async fn deliver_batch(state: Arc<AppState>, client: reqwest::Client, batch: Vec
     let schedule = Schedule::default();
     let started = Instant::now();
     let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
+    // Endpoints read from the store for this batch (a batch of retries often shares one).
+    let mut read: HashMap<(String, String), Result<String, Outcome>> = HashMap::new();
     let mut to_sign = Vec::with_capacity(batch.len());
     for job in batch {
         let url = match job.url {
             Some((url, read_at)) if read_at == generation => Ok(url),
-            _ => endpoint_url(&state, &job.delivery).await,
+            _ => {
+                let key = (job.delivery.organization_id.clone(), job.delivery.endpoint_id.clone());
+                if !read.contains_key(&key) {
+                    let url = endpoint_url(&state, &job.delivery).await;
+                    read.insert(key.clone(), url);
+                }
+                read[&key].clone()
+            }
         };
         let target = url.and_then(|u| {
             check_target(&u, state.webhooks.allow_private_targets).map_err(|e| Outcome::Terminal(None, e.0))

@@ -696,8 +696,6 @@ pub trait Store: Send + Sync + 'static {
     fn record_webhook_attempt(&self, id: &str, attempt: &WebhookAttempt) -> Result<(), StoreError> {
         self.record_webhook_attempts(&[(id.to_string(), attempt.clone())])
     }
-    /// One delivery, body included.
-    fn webhook_delivery(&self, id: &str) -> Result<WebhookDelivery, StoreError>;
     /// An endpoint's deliveries, newest first, at most `limit`.
     fn webhook_deliveries(
         &self,

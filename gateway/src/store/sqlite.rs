@@ -1923,18 +1923,6 @@ impl Store for SqliteStore {
         tx.commit().map_err(backend)
     }
 
-    fn webhook_delivery(&self, id: &str) -> Result<WebhookDelivery, StoreError> {
-        self.one(|c| {
-            query_row_cached(
-                c,
-                &format!("SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE id = ?1"),
-                params![id],
-                delivery_row,
-            )
-            .optional()
-        })
-    }
-
     fn webhook_deliveries(
         &self,
         org: &str,
