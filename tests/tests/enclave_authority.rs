@@ -594,3 +594,66 @@ async fn credentials_from_before_certificates_are_certified_by_the_operator() {
     let signer = recover(b"l2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
     assert_eq!(signer, a1[0].to_lowercase());
 }
+
+/// Webhook signing is the one enclave call that carries no stamp: it uses no organization's key
+/// material, only the deployment's webhook key, and a signature attests which deployment sent a
+/// delivery (README, threat model). What the enclave still decides, called directly on its socket
+/// as an attacker who owns the gateway would: a timestamp that is its own now (no delivery signed
+/// ahead of time or backdated), a plain event id (no header injection), a body that is an
+/// activity object, and a bounded batch — each refusal for its own delivery, with an audit line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
+    let stack = Stack::start().await;
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
+    let now = Stack::now_ms() as u64;
+    let activity = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#.to_vec();
+    let delivery = |timestamp_ms: u64, event_id: &str, body: &[u8]| pb::SignWebhookDeliveryRequest {
+        timestamp_ms,
+        event_id: event_id.into(),
+        body: body.to_vec(),
+    };
+    let deliveries = vec![
+        delivery(now, "evt-1", &activity),
+        delivery(now - 10 * 60 * 1000, "evt-2", &activity),
+        delivery(now + 10 * 60 * 1000, "evt-3", &activity),
+        delivery(now, "evt-4\r\nX-Injected: 1", &activity),
+        delivery(now, "evt-5", br#"["a1","o1"]"#),
+        delivery(now, "evt-6", b"sign this for me"),
+    ];
+    let signed = enclave
+        .clone()
+        .sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(signed.key_id, key.key_id);
+    assert_eq!(signed.deliveries.len(), 6, "one answer per delivery, in order");
+
+    // The fresh one is signed over the message the enclave built, checked with ed25519-dalek.
+    let verifying = ed25519_dalek::VerifyingKey::from_bytes(&key.public_key.try_into().unwrap()).unwrap();
+    let first = &signed.deliveries[0];
+    assert!(first.refusal.is_empty(), "{first:?}");
+    let message = [format!("v1.ed25519.{}.{now}.evt-1.", key.key_id).as_bytes(), &activity].concat();
+    let signature = ed25519_dalek::Signature::from_bytes(&first.signature.clone().try_into().unwrap());
+    verifying.verify_strict(&message, &signature).expect("a genuine webhook signature");
+
+    let refusals: Vec<&str> = signed.deliveries[1..].iter().map(|d| d.refusal.as_str()).collect();
+    for (d, needle) in
+        signed.deliveries[1..].iter().zip(["timestamp", "timestamp", "event id", "not an activity", "not an activity"])
+    {
+        assert!(d.signature.is_empty(), "nothing signed for a refused delivery: {refusals:?}");
+        assert!(d.refusal.contains(needle), "expected {needle:?} in {:?}", d.refusal);
+    }
+    assert!(audit_refusals(&stack, "delivery timestamp is not the enclave's now") >= 2, "{}", stack.enclave_log());
+    assert!(audit_refusals(&stack, "event id must be") >= 1);
+    assert!(audit_refusals(&stack, "delivery body is not an activity") >= 2);
+
+    // More than a batch's worth is refused whole.
+    let too_many = (0..257).map(|n| delivery(now, &format!("evt-{n}"), &activity)).collect();
+    refused(
+        enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries: too_many }).await,
+        tonic::Code::PermissionDenied,
+        "at most 256",
+    );
+}
