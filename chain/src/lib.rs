@@ -1,0 +1,123 @@
+//! Transaction formats Coffer signs: parse an unsigned transaction strictly, say what the key
+//! signs, assemble the signed encoding, and describe the transaction to policies. No keys here:
+//! the enclave parses the stamped body with this crate and signs, the gateway parses it for
+//! clear errors and for the policy context (`eth.tx`, `solana.tx`, `tron.tx`).
+
+pub mod abi;
+pub mod ethereum;
+pub mod idl;
+pub mod solana;
+pub mod tron;
+
+use std::collections::BTreeMap;
+
+use coffer_policy::eval::Val;
+
+pub const TRANSACTION_TYPE_ETHEREUM: &str = "TRANSACTION_TYPE_ETHEREUM";
+pub const TRANSACTION_TYPE_SOLANA: &str = "TRANSACTION_TYPE_SOLANA";
+pub const TRANSACTION_TYPE_TRON: &str = "TRANSACTION_TYPE_TRON";
+pub const TRANSACTION_TYPE_BITCOIN: &str = "TRANSACTION_TYPE_BITCOIN";
+pub const TRANSACTION_TYPE_TEMPO: &str = "TRANSACTION_TYPE_TEMPO";
+
+/// Why a transaction was not accepted. The message names the field and is safe to show the
+/// API caller (it never contains more than the caller sent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TxError(pub String);
+
+impl TxError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        Self(msg.into())
+    }
+}
+
+/// An unsigned transaction that parsed completely.
+#[derive(Debug, Clone)]
+pub enum Unsigned {
+    Ethereum(ethereum::EthereumTx),
+    Solana(solana::SolanaTx),
+    Tron(tron::TronTx),
+}
+
+/// Parses `unsignedTransaction` (hex, `0x` optional) of the given `TRANSACTION_TYPE_*`.
+pub fn parse(transaction_type: &str, unsigned_hex: &str) -> Result<Unsigned, TxError> {
+    let known = match transaction_type {
+        TRANSACTION_TYPE_ETHEREUM | TRANSACTION_TYPE_SOLANA | TRANSACTION_TYPE_TRON => true,
+        TRANSACTION_TYPE_BITCOIN | TRANSACTION_TYPE_TEMPO => {
+            return Err(TxError(format!("type: {transaction_type} is not supported yet")))
+        }
+        _ => false,
+    };
+    if !known {
+        return Err(TxError(format!("type: unknown transaction type {transaction_type:?}")));
+    }
+    let hex_text = unsigned_hex.trim();
+    let hex_text = hex_text.strip_prefix("0x").or_else(|| hex_text.strip_prefix("0X")).unwrap_or(hex_text);
+    if hex_text.is_empty() {
+        return Err(TxError::new("unsignedTransaction is required"));
+    }
+    let bytes = hex::decode(hex_text).map_err(|_| TxError::new("unsignedTransaction: not valid hexadecimal"))?;
+    Ok(match transaction_type {
+        TRANSACTION_TYPE_ETHEREUM => Unsigned::Ethereum(ethereum::parse(&bytes)?),
+        TRANSACTION_TYPE_SOLANA => Unsigned::Solana(solana::parse(&bytes)?),
+        _ => Unsigned::Tron(tron::parse(&bytes)?),
+    })
+}
+
+impl Unsigned {
+    /// The policy root this transaction appears under (`eth`, `solana`, `tron`) and its `tx`
+    /// facts, without what needs a smart contract interface (the caller adds those).
+    pub fn policy_root(&self) -> &'static str {
+        match self {
+            Unsigned::Ethereum(_) => "eth",
+            Unsigned::Solana(_) => "solana",
+            Unsigned::Tron(_) => "tron",
+        }
+    }
+}
+
+/// A map of facts, as the policy engine reads them.
+pub type Facts = BTreeMap<String, Val>;
+
+/// An unsigned integer (any width, in decimal) as a policy value: `Int` when it fits in an
+/// i128, else `Uint`, so `eth.tx.value < 1000000000000000000` compares numbers.
+pub(crate) fn uint(decimal: impl std::fmt::Display) -> Val {
+    let decimal = decimal.to_string();
+    match decimal.parse::<i128>() {
+        Ok(i) => Val::Int(i),
+        Err(_) => Val::Uint(decimal),
+    }
+}
+
+pub(crate) fn text(s: impl Into<String>) -> Val {
+    Val::Str(s.into())
+}
+
+pub(crate) fn hex0x(bytes: &[u8]) -> Val {
+    Val::Str(format!("0x{}", hex::encode(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_and_hex_are_checked_before_anything_is_parsed() {
+        assert_eq!(
+            parse(TRANSACTION_TYPE_BITCOIN, "00").unwrap_err().0,
+            "type: TRANSACTION_TYPE_BITCOIN is not supported yet"
+        );
+        assert_eq!(
+            parse(TRANSACTION_TYPE_TEMPO, "76").unwrap_err().0,
+            "type: TRANSACTION_TYPE_TEMPO is not supported yet"
+        );
+        assert!(parse("TRANSACTION_TYPE_DOGE", "00").unwrap_err().0.starts_with("type: unknown"));
+        assert_eq!(parse(TRANSACTION_TYPE_ETHEREUM, "").unwrap_err().0, "unsignedTransaction is required");
+        assert_eq!(parse(TRANSACTION_TYPE_ETHEREUM, "0x").unwrap_err().0, "unsignedTransaction is required");
+        assert_eq!(
+            parse(TRANSACTION_TYPE_ETHEREUM, "0xzz").unwrap_err().0,
+            "unsignedTransaction: not valid hexadecimal"
+        );
+        assert_eq!(parse(TRANSACTION_TYPE_SOLANA, "abc").unwrap_err().0, "unsignedTransaction: not valid hexadecimal");
+    }
+}

@@ -1,0 +1,261 @@
+//! Tron transactions: a `Transaction` protobuf or its `raw_data` alone (what TronWeb's
+//! `raw_data_hex` holds). The key signs SHA-256 of the exact `raw_data` bytes; the signed result
+//! is the `Transaction` with the 65-byte signature (r ‖ s ‖ v, v = 27 + recovery id, as TronWeb
+//! writes it) appended to its `signature` list. Decoding is prost's, over the few messages of
+//! Tron's `Tron.proto` that signing and policies read.
+
+use coffer_policy::eval::Val;
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::{text, uint, Facts, TxError};
+
+#[derive(Clone, PartialEq, Message)]
+struct Transaction {
+    #[prost(bytes = "vec", tag = "1")]
+    raw_data: Vec<u8>,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    signature: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Raw {
+    #[prost(bytes = "vec", tag = "1")]
+    ref_block_bytes: Vec<u8>,
+    #[prost(int64, tag = "8")]
+    expiration: i64,
+    #[prost(message, repeated, tag = "11")]
+    contract: Vec<Contract>,
+    #[prost(int64, tag = "14")]
+    timestamp: i64,
+    #[prost(int64, tag = "18")]
+    fee_limit: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Contract {
+    #[prost(int32, tag = "1")]
+    r#type: i32,
+    #[prost(message, optional, tag = "2")]
+    parameter: Option<Any>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Any {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TransferContract {
+    #[prost(bytes = "vec", tag = "1")]
+    owner_address: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    to_address: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    amount: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TriggerSmartContract {
+    #[prost(bytes = "vec", tag = "1")]
+    owner_address: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    contract_address: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    call_value: i64,
+    #[prost(bytes = "vec", tag = "4")]
+    data: Vec<u8>,
+}
+
+const TRANSFER_CONTRACT: i32 = 1;
+const TRIGGER_SMART_CONTRACT: i32 = 31;
+
+/// `Transaction.Contract.ContractType` names of the common contracts.
+fn contract_name(t: i32) -> String {
+    match t {
+        0 => "AccountCreateContract".into(),
+        1 => "TransferContract".into(),
+        2 => "TransferAssetContract".into(),
+        4 => "VoteWitnessContract".into(),
+        30 => "CreateSmartContract".into(),
+        31 => "TriggerSmartContract".into(),
+        54 => "FreezeBalanceV2Contract".into(),
+        55 => "UnfreezeBalanceV2Contract".into(),
+        57 => "DelegateResourceContract".into(),
+        58 => "UnDelegateResourceContract".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A parsed Tron transaction: the exact `raw_data` bytes and the encoding to extend.
+#[derive(Debug, Clone)]
+pub struct TronTx {
+    raw_data: Vec<u8>,
+    /// The input re-framed as a `Transaction` (the input itself when it was one).
+    transaction: Vec<u8>,
+    contract_type: i32,
+    parameter: Vec<u8>,
+}
+
+fn invalid(reason: impl std::fmt::Display) -> TxError {
+    TxError(format!("unsignedTransaction: {reason}"))
+}
+
+/// A `raw_data` that decodes and carries exactly one contract (Tron executes one per
+/// transaction).
+fn raw(bytes: &[u8]) -> Result<Raw, TxError> {
+    let raw = Raw::decode(bytes).map_err(|e| invalid(format_args!("raw_data is not a Tron protobuf: {e}")))?;
+    match raw.contract.len() {
+        1 => Ok(raw),
+        0 => Err(invalid("raw_data has no contract")),
+        n => Err(invalid(format_args!("raw_data has {n} contracts; Tron executes exactly one"))),
+    }
+}
+
+/// Parses a `Transaction` or a bare `raw_data`. A `Transaction` is recognized by a `raw_data`
+/// field that is itself a raw with a contract; anything else is read as `raw_data`.
+pub fn parse(bytes: &[u8]) -> Result<TronTx, TxError> {
+    let as_transaction = Transaction::decode(bytes).ok().filter(|t| !t.raw_data.is_empty());
+    let (raw_bytes, decoded, transaction) = match as_transaction.and_then(|t| raw(&t.raw_data).ok().map(|r| (t, r))) {
+        Some((t, r)) => {
+            if t.signature.iter().any(|s| s.len() != 65) {
+                return Err(invalid("signature: every existing signature must be 65 bytes"));
+            }
+            (t.raw_data, r, bytes.to_vec())
+        }
+        None => {
+            let r = raw(bytes)?;
+            let framed = Transaction { raw_data: bytes.to_vec(), signature: vec![] }.encode_to_vec();
+            (bytes.to_vec(), r, framed)
+        }
+    };
+    let contract = &decoded.contract[0];
+    let parameter = contract.parameter.as_ref().map(|p| p.value.clone()).unwrap_or_default();
+    let tx = TronTx { raw_data: raw_bytes, transaction, contract_type: contract.r#type, parameter };
+    if tx.contract_type == TRANSFER_CONTRACT {
+        TransferContract::decode(tx.parameter.as_slice())
+            .map_err(|e| invalid(format_args!("TransferContract parameter: {e}")))?;
+    }
+    Ok(tx)
+}
+
+/// A Tron address (0x41 ‖ 20 bytes) in base58check, as wallets show it.
+fn address(bytes: &[u8]) -> String {
+    bs58::encode(bytes).with_check().into_string()
+}
+
+impl TronTx {
+    /// SHA-256 of `raw_data`: what the secp256k1 key signs.
+    pub fn signing_hash(&self) -> [u8; 32] {
+        Sha256::digest(&self.raw_data).into()
+    }
+
+    /// The `Transaction` with the signature appended (field 2, 65 bytes, v = 27 + recovery id).
+    pub fn signed(&self, r: &[u8; 32], s: &[u8; 32], recovery_id: u8) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.transaction.len() + 67);
+        out.extend_from_slice(&self.transaction);
+        out.extend_from_slice(&[0x12, 65]);
+        out.extend_from_slice(r);
+        out.extend_from_slice(s);
+        out.push(27 + recovery_id);
+        out
+    }
+
+    /// `tron.tx` (spec 12.4): the contract type, and for transfers and contract calls the
+    /// addresses (base58check) and amounts.
+    pub fn facts(&self) -> Facts {
+        let mut f = Facts::new();
+        f.insert("contract".into(), text(contract_name(self.contract_type)));
+        match self.contract_type {
+            TRANSFER_CONTRACT => {
+                if let Ok(t) = TransferContract::decode(self.parameter.as_slice()) {
+                    f.insert("owner_address".into(), text(address(&t.owner_address)));
+                    f.insert("to_address".into(), text(address(&t.to_address)));
+                    f.insert("amount".into(), uint(t.amount));
+                }
+            }
+            TRIGGER_SMART_CONTRACT => {
+                if let Ok(t) = TriggerSmartContract::decode(self.parameter.as_slice()) {
+                    f.insert("owner_address".into(), text(address(&t.owner_address)));
+                    f.insert("contract_address".into(), text(address(&t.contract_address)));
+                    f.insert("call_value".into(), uint(t.call_value));
+                    f.insert("data".into(), Val::Str(hex::encode(&t.data)));
+                }
+            }
+            _ => {}
+        }
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transfer_raw(amount: i64) -> Vec<u8> {
+        let mut owner = vec![0x41];
+        owner.extend_from_slice(&[0x11; 20]);
+        let mut to = vec![0x41];
+        to.extend_from_slice(&[0x22; 20]);
+        let param = TransferContract { owner_address: owner, to_address: to, amount }.encode_to_vec();
+        Raw {
+            ref_block_bytes: vec![0xab, 0xcd],
+            expiration: 1_700_000_060_000,
+            contract: vec![Contract {
+                r#type: TRANSFER_CONTRACT,
+                parameter: Some(Any { type_url: "type.googleapis.com/protocol.TransferContract".into(), value: param }),
+            }],
+            timestamp: 1_700_000_000_000,
+            fee_limit: 0,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn raw_data_and_transaction_forms_sign_the_same_bytes() {
+        let raw_bytes = transfer_raw(1_000_000);
+        let from_raw = parse(&raw_bytes).unwrap();
+        let framed = Transaction { raw_data: raw_bytes.clone(), signature: vec![] }.encode_to_vec();
+        let from_tx = parse(&framed).unwrap();
+        assert_eq!(from_raw.signing_hash(), <[u8; 32]>::from(Sha256::digest(&raw_bytes)));
+        assert_eq!(from_tx.signing_hash(), from_raw.signing_hash());
+        let signed = from_raw.signed(&[1; 32], &[2; 32], 1);
+        assert_eq!(signed, from_tx.signed(&[1; 32], &[2; 32], 1));
+        let back = Transaction::decode(signed.as_slice()).unwrap();
+        assert_eq!(back.raw_data, raw_bytes);
+        assert_eq!(back.signature.len(), 1);
+        assert_eq!(back.signature[0][64], 28);
+        assert_eq!(&back.signature[0][..32], &[1; 32]);
+        let f = from_raw.facts();
+        assert_eq!(f["contract"], Val::Str("TransferContract".into()));
+        assert_eq!(f["amount"], Val::Int(1_000_000));
+        let owner = match &f["owner_address"] {
+            Val::Str(s) => s.clone(),
+            _ => unreachable!(),
+        };
+        assert!(owner.starts_with('T'), "{owner}");
+    }
+
+    #[test]
+    fn malformed_tron_input_is_refused() {
+        assert!(parse(&[0xff, 0xff, 0xff]).unwrap_err().0.starts_with("unsignedTransaction: raw_data"));
+        let no_contract = Raw { ref_block_bytes: vec![1, 2], ..Default::default() }.encode_to_vec();
+        assert_eq!(parse(&no_contract).unwrap_err().0, "unsignedTransaction: raw_data has no contract");
+        let mut bad_param = transfer_raw(5);
+        // Rewrite the parameter's value into a truncated message: the length prefix lies.
+        let bad = Raw {
+            contract: vec![Contract {
+                r#type: TRANSFER_CONTRACT,
+                parameter: Some(Any { type_url: String::new(), value: vec![0x0a, 0x20, 0x41] }),
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(parse(&bad).unwrap_err().0.contains("TransferContract parameter"));
+        bad_param.push(0xff);
+        assert!(parse(&bad_param).is_err(), "a trailing byte is not a valid protobuf field");
+    }
+}
