@@ -25,6 +25,7 @@ mod types {
     pub const CREATE_PRIVATE_KEYS: &str = "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2";
     pub const SIGN_RAW_PAYLOAD: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
     pub const SIGN_RAW_PAYLOADS: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS";
+    pub const SIGN_TRANSACTION: &str = "ACTIVITY_TYPE_SIGN_TRANSACTION_V2";
     pub const EXPORT_WALLET: &str = "ACTIVITY_TYPE_EXPORT_WALLET";
     pub const EXPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY";
     pub const EXPORT_WALLET_ACCOUNT: &str = "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT";
@@ -561,6 +562,54 @@ impl Enclave for EnclaveService {
                 })
                 .collect::<Result<Vec<_>, EnclaveError>>()?;
             Ok(pb::SignResponse { signatures })
+        })
+        .await
+    }
+
+    async fn sign_transaction(
+        &self,
+        req: Request<pb::SignRequest>,
+    ) -> Result<Response<pb::SignTransactionResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            let a = authority.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
+            let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+            names_key(&a, key_ref, kind, &req.address_format)?;
+            // The transaction is the stamped body's, parsed here: the gateway's parse decides
+            // nothing the enclave signs.
+            let p = &a.activity.parameters;
+            let tx = coffer_chain::parse(text(p, "type"), text(p, "unsignedTransaction"))
+                .map_err(|e| EnclaveError::invalid(e.to_string()))?;
+            let key = open_key(&hsm, key_ref, kind)?;
+            let needs = |curve: Curve, chain: &str| {
+                if key.curve() == curve {
+                    Ok(())
+                } else {
+                    Err(EnclaveError::invalid(format!(
+                        "signWith: {chain} transactions are signed by a {} key",
+                        curve.wire_name()
+                    )))
+                }
+            };
+            let signed_transaction = match &tx {
+                coffer_chain::Unsigned::Ethereum(t) => {
+                    needs(Curve::Secp256k1, "Ethereum")?;
+                    let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+                    t.signed(&sig.r, &sig.s, sig.recovery_id == 1)
+                }
+                coffer_chain::Unsigned::Tron(t) => {
+                    needs(Curve::Secp256k1, "Tron")?;
+                    let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+                    t.signed(&sig.r, &sig.s, sig.recovery_id)
+                }
+                coffer_chain::Unsigned::Solana(t) => {
+                    needs(Curve::Ed25519, "Solana")?;
+                    let slot = t.signer_slot(&key.public_key()?).map_err(|e| EnclaveError::invalid(e.to_string()))?;
+                    t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
+                }
+            };
+            Ok(pb::SignTransactionResponse { signed_transaction })
         })
         .await
     }

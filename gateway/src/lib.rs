@@ -14,4 +14,5 @@ pub mod policy;
 pub mod serve;
 pub mod state;
 pub mod store;
+pub mod tx_facts;
 pub mod webhook_delivery;

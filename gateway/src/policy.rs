@@ -255,6 +255,8 @@ pub fn organization_facts(
             facts.private_key = Some(private_key_facts(&k));
         }
     }
+    let signer = facts.wallet_account.clone().or_else(|| text("signWith").map(str::to_string));
+    facts.transaction = crate::tx_facts::transaction_facts(store, org, params, signer.as_deref())?;
     if let Some(ids) = params.get("walletIds").and_then(Value::as_array) {
         let mut ws = Vec::new();
         for id in ids.iter().filter_map(Value::as_str) {

@@ -132,6 +132,16 @@ pub struct OrganizationFacts {
     /// Every wallet the activity names (`walletIds`); `None` when it names none.
     pub wallets: Option<Vec<WalletFacts>>,
     pub private_key: Option<PrivateKeyFacts>,
+    /// The transaction a `sign_transaction` signs, when it parsed.
+    pub transaction: Option<TransactionFacts>,
+}
+
+/// A transaction being signed as policies see it: `<root>.tx` with `root` one of `eth`,
+/// `solana`, `tron` (spec 12.4). Built by `coffer-chain` and the caller's contract interfaces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionFacts {
+    pub root: &'static str,
+    pub tx: BTreeMap<String, Val>,
 }
 
 fn wallet_json(w: &WalletFacts) -> Value {
@@ -257,6 +267,12 @@ pub fn build(f: &ActivityFacts<'_>, org: &OrganizationFacts) -> BTreeMap<String,
         Val::Map(m) => m,
         _ => BTreeMap::new(),
     };
+    if let Some(t) = &org.transaction {
+        let root = roots.entry(t.root.to_string()).or_insert_with(|| Val::Map(BTreeMap::new()));
+        if let Val::Map(m) = root {
+            m.insert("tx".into(), Val::Map(t.tx.clone()));
+        }
+    }
     let mut time = BTreeMap::new();
     time.insert("now".to_string(), Val::Time(i128::from(f.now)));
     roots.insert("time".into(), Val::Map(time));

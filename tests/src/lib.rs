@@ -3,6 +3,7 @@
 
 pub mod cbor;
 pub mod oidc;
+pub mod rlp;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

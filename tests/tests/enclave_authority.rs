@@ -657,3 +657,107 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
         "at most 256",
     );
 }
+
+/// An unsigned EIP-1559 transfer on chain 1 (the tests' own RLP encoder).
+fn eip1559_transfer(to: &[u8; 20], value: u128) -> Vec<u8> {
+    use coffer_tests::rlp::{rlp_bytes, rlp_list, rlp_uint};
+    let mut tx = vec![0x02];
+    tx.extend(rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(0),
+        rlp_uint(1),
+        rlp_uint(2),
+        rlp_uint(21_000),
+        rlp_bytes(to),
+        rlp_uint(value),
+        rlp_bytes(&[]),
+        rlp_list(&[]),
+    ]));
+    tx
+}
+
+fn sign_transaction_body(org: &str, sign_with: &str, unsigned: &[u8], timestamp_ms: u128) -> String {
+    body(
+        "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+        org,
+        timestamp_ms,
+        json!({"signWith": sign_with, "unsignedTransaction": hex::encode(unsigned), "type": "TRANSACTION_TYPE_ETHEREUM"}),
+    )
+}
+
+async fn sign_transaction(
+    enclave: &Enclave,
+    auth: Option<pb::Authorization>,
+    key: &pb::SealedRef,
+) -> Result<Vec<u8>, tonic::Status> {
+    let req = pb::SignRequest { auth, key: Some(key.clone()), address_format: String::new() };
+    enclave.clone().sign_transaction(req).await.map(|r| r.into_inner().signed_transaction)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transaction() {
+    use coffer_tests::rlp::{rlp_items, rlp_payload};
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (_, a) = wallet(&client, &org, "tx").await;
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let (ref0, ref1) = (account_ref(&c, &a[0]), account_ref(&c, &a[1]));
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let alice_tx = eip1559_transfer(&[0xa1; 20], 1);
+    let mallory_tx = eip1559_transfer(&[0x3a; 20], 1_000_000);
+
+    // The transaction comes from the stamped body: rewriting it breaks the stamp.
+    let genuine = stamped(&root, &sign_transaction_body(&org, &a[0], &alice_tx, Stack::now_ms()), &cert);
+    let mut forged = genuine.clone();
+    forged.body = sign_transaction_body(&org, &a[0], &mallory_tx, Stack::now_ms()).into_bytes();
+    refused(
+        sign_transaction(&enclave, auth(forged), &ref0).await,
+        tonic::Code::PermissionDenied,
+        "could not verify api key signature",
+    );
+    // Another account's key under the genuine body, and a raw-payload stamp on this call.
+    refused(
+        sign_transaction(&enclave, auth(genuine.clone()), &ref1).await,
+        tonic::Code::PermissionDenied,
+        "not the one signWith names",
+    );
+    let raw = stamped(&root, &sign_body(&org, &a[0], "x", Stack::now_ms()), &cert);
+    refused(
+        sign_transaction(&enclave, auth(raw), &ref0).await,
+        tonic::Code::PermissionDenied,
+        "does not ask for this operation",
+    );
+
+    // A genuine request (a body the enclave saw refused is spent) signs exactly the stamped
+    // transaction, once.
+    let alice_tx = eip1559_transfer(&[0xa1; 20], 2);
+    let genuine = stamped(&root, &sign_transaction_body(&org, &a[0], &alice_tx, Stack::now_ms()), &cert);
+    let signed = sign_transaction(&enclave, auth(genuine.clone()), &ref0).await.unwrap();
+    let items = rlp_items(&signed[1..]);
+    assert_eq!(&items[..9], &rlp_items(&alice_tx[1..])[..], "the stamped fields, unchanged");
+    let digest: [u8; 32] = sha3::Keccak256::digest(&alice_tx).into();
+    let (v, r, s) = (rlp_payload(&items[9]), rlp_payload(&items[10]), rlp_payload(&items[11]));
+    let pad = |x: Vec<u8>| {
+        let mut out = [0u8; 32];
+        out[32 - x.len()..].copy_from_slice(&x);
+        out
+    };
+    let sig = k256::ecdsa::Signature::from_scalars(pad(r), pad(s)).unwrap();
+    let recid = k256::ecdsa::RecoveryId::from_byte(v.first().copied().unwrap_or(0)).unwrap();
+    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).unwrap();
+    let point = vk.to_encoded_point(false);
+    let signer = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
+    assert_eq!(signer, a[0].to_lowercase());
+    refused(sign_transaction(&enclave, auth(genuine), &ref0).await, tonic::Code::PermissionDenied, "replayed request");
+
+    // A stamped transaction the enclave cannot parse completely is not signed, whatever the
+    // gateway checked: a trailing byte.
+    let mut trailing = alice_tx.clone();
+    trailing.push(0);
+    let bad = stamped(&root, &sign_transaction_body(&org, &a[0], &trailing, Stack::now_ms()), &cert);
+    refused(sign_transaction(&enclave, auth(bad), &ref0).await, tonic::Code::InvalidArgument, "trailing bytes");
+    assert!(audit_refusals(&stack, "signWith names") >= 1);
+}

@@ -161,6 +161,21 @@ pub fn sign_payload(
 
 /// RFC 6979 ECDSA over a 32-byte digest, normalized to low-S with the matching recovery id.
 fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<SignatureParts, CryptoError> {
+    let sig = sign_digest(curve, secret, digest)?;
+    Ok(SignatureParts { r: hex::encode(sig.r), s: hex::encode(sig.s), v: format!("{:02x}", sig.recovery_id) })
+}
+
+/// An ECDSA signature: r and s big-endian, low-S, and the recovery id (0 or 1) that matches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EcdsaSignature {
+    pub r: [u8; 32],
+    pub s: [u8; 32],
+    pub recovery_id: u8,
+}
+
+/// RFC 6979 ECDSA over a 32-byte digest (secp256k1 or P-256), normalized to low-S with the
+/// matching recovery id: what transaction signing writes into a transaction.
+pub fn sign_digest(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<EcdsaSignature, CryptoError> {
     let bad_key = || CryptoError::Internal(format!("invalid {} secret key", curve_label(curve)));
     let sign_err = |e: k256::ecdsa::Error| CryptoError::Internal(format!("ECDSA signing failed: {e}"));
     let (r, s, recid) = match curve {
@@ -199,7 +214,15 @@ fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<Sign
         }
         Curve::Ed25519 => return Err(CryptoError::Internal("ECDSA requested for ed25519".into())),
     };
-    Ok(SignatureParts { r: hex::encode(r), s: hex::encode(s), v: format!("{:02x}", recid.to_byte()) })
+    let (mut rb, mut sb) = ([0u8; 32], [0u8; 32]);
+    rb.copy_from_slice(&r);
+    sb.copy_from_slice(&s);
+    Ok(EcdsaSignature { r: rb, s: sb, recovery_id: recid.to_byte() })
+}
+
+/// Ed25519 over the message bytes (RFC 8032).
+pub fn sign_ed25519(secret: &[u8; 32], message: &[u8]) -> [u8; 64] {
+    ed25519_dalek::SigningKey::from_bytes(secret).sign(message).to_bytes()
 }
 
 /// Negating s negates the nonce point R: flip the y-parity bit of the recovery id.

@@ -246,6 +246,9 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     if op.activity_type == TYPE_APPROVE || op.activity_type == TYPE_REJECT {
         return vote(state, org, caller, env, body, op.activity_type == TYPE_APPROVE).await;
     }
+    if let Some(check) = op.precheck {
+        check(&env.parameters)?;
+    }
     let hash = intent_hash(&env);
     if let Some(key) = &idem {
         if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {

@@ -46,6 +46,9 @@ pub struct QueryCtx {
 pub type ActivityHandler = fn(Ctx, Value) -> BoxFut<Outcome>;
 pub type QueryHandler = fn(QueryCtx, Value) -> BoxFut<Value>;
 
+/// A check of an intent's parameters that runs before policies see them.
+pub type IntentCheck = fn(&Value) -> Result<(), ApiError>;
+
 /// One submit endpoint.
 pub struct Operation {
     /// `/public/v1/submit/<path>`.
@@ -62,6 +65,9 @@ pub struct Operation {
     /// Root-quorum-only (spec 8.4 remarks, 12.2): only root users may submit it, and it runs
     /// only when the submitter's vote meets the root quorum threshold.
     pub root_quorum: bool,
+    /// Checks the intent before policies see it, for a 400 that names the field instead of a
+    /// policy error (sign_transaction: a transaction that does not parse).
+    pub precheck: Option<IntentCheck>,
     pub handler: ActivityHandler,
 }
 

@@ -44,12 +44,17 @@ macro_rules! op {
             resource: $res,
             action: $act,
             root_quorum: false,
+            precheck: None,
             handler: activity_handler!($h),
         }
     };
     // <policies, contract interfaces, organization features and root quorum>
     (root_quorum $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
         Operation { root_quorum: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
+    };
+    // <transaction signing>
+    (checked_by $check:path, $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
+        Operation { precheck: Some($check), ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
 }
 
@@ -110,6 +115,15 @@ pub static ACTIVITIES: &[Operation] = &[
         "signRawPayloadsResult",
         "PRIVATE_KEY" / "SIGN",
         signing::sign_raw_payloads
+    ),
+    op!(
+        checked_by signing::check_transaction,
+        "sign_transaction",
+        "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+        "signTransactionIntentV2",
+        "signTransactionResult",
+        "PRIVATE_KEY" / "SIGN",
+        signing::sign_transaction
     ),
     op!(
         "export_wallet",

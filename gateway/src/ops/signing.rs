@@ -1,5 +1,5 @@
-//! Raw-payload signing: resolve `signWith` to sealed key material, let the enclave sign what the
-//! stamped body asks for.
+//! Payload and transaction signing: resolve `signWith` to sealed key material, let the enclave
+//! sign what the stamped body asks for.
 
 use coffer_proto::v1 as pb;
 use serde::Deserialize;
@@ -10,7 +10,9 @@ use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::SignWithKey;
 
-async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Vec<Value>, ApiError> {
+/// The sealed key `signWith` names, and the address format when it names a private key by one of
+/// its addresses.
+async fn signing_key(ctx: &Ctx, sign_with: &str) -> Result<(pb::SealedRef, String), ApiError> {
     if sign_with.trim().is_empty() {
         return Err(ApiError::invalid("signWith is required"));
     }
@@ -27,6 +29,11 @@ async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Vec<Value>, ApiError> {
             )))
         }
     };
+    Ok((key, address_format))
+}
+
+async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Vec<Value>, ApiError> {
+    let (key, address_format) = signing_key(ctx, sign_with).await?;
     let resp = ctx
         .state
         .enclave
@@ -74,4 +81,36 @@ pub async fn sign_raw_payloads(ctx: Ctx, i: SignRawPayloadsIntent) -> Result<Out
     }
     let sigs = sign(&ctx, &i.sign_with).await?;
     Ok(Outcome { result: json!({ "signatures": sigs }), writes: vec![] })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignTransactionIntent {
+    sign_with: String,
+    #[allow(dead_code)]
+    unsigned_transaction: String,
+    #[allow(dead_code)]
+    r#type: String,
+}
+
+/// A transaction that does not parse is a 400 naming the field, before policies see it. The
+/// enclave parses the stamped body again and signs only what it parsed itself.
+pub fn check_transaction(params: &Value) -> Result<(), ApiError> {
+    let text = |k: &str| params.get(k).and_then(Value::as_str);
+    let ty = text("type").ok_or_else(|| ApiError::invalid("type is required"))?;
+    let unsigned = text("unsignedTransaction").ok_or_else(|| ApiError::invalid("unsignedTransaction is required"))?;
+    coffer_chain::parse(ty, unsigned).map(drop).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+pub async fn sign_transaction(ctx: Ctx, i: SignTransactionIntent) -> Result<Outcome, ApiError> {
+    let (key, address_format) = signing_key(&ctx, &i.sign_with).await?;
+    let signed = ctx
+        .state
+        .enclave
+        .clone()
+        .sign_transaction(pb::SignRequest { auth: Some(ctx.auth.clone()), key: Some(key), address_format })
+        .await?
+        .into_inner()
+        .signed_transaction;
+    Ok(Outcome { result: json!({ "signedTransaction": hex::encode(signed) }), writes: vec![] })
 }

@@ -463,6 +463,9 @@ pub enum Write {
 }
 
 /// Where a webhook delivery stands.
+/// Record kind of smart contract interfaces (`ops::contracts` writes them, policies read them).
+pub const SMART_CONTRACT_INTERFACE: &str = "smart_contract_interface";
+
 pub const DELIVERY_PENDING: &str = "PENDING";
 pub const DELIVERY_DELIVERED: &str = "DELIVERED";
 pub const DELIVERY_FAILED: &str = "FAILED";

@@ -1,0 +1,524 @@
+//! End to end: `sign_transaction` for Ethereum (every type), Solana (legacy and v0, one and two
+//! signers) and Tron through the official Rust client, each result checked with independent
+//! code (k256 recovery, ed25519-dalek verification, the tests' own RLP splitter), and
+//! policies over `eth.tx`, ABI-decoded calls and `solana.tx` for a user who is not root.
+
+use std::fmt::Debug;
+
+use coffer_tests::rlp::{rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint};
+use coffer_tests::Stack;
+use prost::Message;
+use serde_json::Value;
+use sha2::Digest;
+use turnkey_client::generated::immutable::common::v1::{
+    AddressFormat, ApiKeyCurve, Curve, Effect, PathFormat, SmartContractInterfaceType, TransactionType,
+};
+use turnkey_client::generated::{
+    ApiKeyParamsV2, CreatePolicyIntentV3, CreateSmartContractInterfaceIntent, CreateUsersIntentV4, CreateWalletIntent,
+    SignTransactionIntentV2, UserParamsV4, WalletAccountParams,
+};
+use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
+
+type Client = TurnkeyClient<TurnkeyP256ApiKey>;
+
+const VIEM_VECTORS: &str = include_str!("../../chain/src/ethereum/viem-vectors.json");
+
+#[track_caller]
+fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
+    match r {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
+            assert_eq!(s, status, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+            let m = v["message"].as_str().unwrap_or_default();
+            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
+        }
+        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
+    }
+}
+
+fn be_number(b: &[u8]) -> u64 {
+    b.iter().fold(0u64, |a, x| a << 8 | u64::from(*x))
+}
+
+fn eth_address(vk: &k256::ecdsa::VerifyingKey) -> String {
+    let point = vk.to_encoded_point(false);
+    format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
+}
+
+fn recover(digest: &[u8; 32], r: &[u8], s: &[u8], parity: u8) -> k256::ecdsa::VerifyingKey {
+    let pad = |x: &[u8]| {
+        let mut out = [0u8; 32];
+        out[32 - x.len()..].copy_from_slice(x);
+        out
+    };
+    let sig = k256::ecdsa::Signature::from_scalars(pad(r), pad(s)).unwrap();
+    assert!(sig.normalize_s().is_none(), "low-S");
+    k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, k256::ecdsa::RecoveryId::from_byte(parity).unwrap())
+        .unwrap()
+}
+
+/// Checks a signed Ethereum transaction against the unsigned one it came from: the same fields
+/// followed by a signature that recovers to `address`.
+fn check_signed_ethereum(unsigned: &[u8], signed: &[u8], address: &str) {
+    let digest: [u8; 32] = sha3::Keccak256::digest(unsigned).into();
+    let typed = unsigned[0] < 0xc0;
+    let items = if typed {
+        assert_eq!(signed[0], unsigned[0], "same type byte");
+        rlp_items(&signed[1..])
+    } else {
+        rlp_items(signed)
+    };
+    let n = items.len();
+    let (v, r, s) = (rlp_payload(&items[n - 3]), rlp_payload(&items[n - 2]), rlp_payload(&items[n - 1]));
+    let parity = if typed {
+        let mut again = vec![unsigned[0]];
+        again.extend(rlp_list(&items[..n - 3]));
+        assert_eq!(again, unsigned, "the signed transaction carries exactly the unsigned fields");
+        u8::try_from(be_number(&v)).unwrap()
+    } else {
+        let unsigned_items = rlp_items(unsigned);
+        assert_eq!(&items[..6], &unsigned_items[..6]);
+        let v = be_number(&v);
+        if unsigned_items.len() == 9 {
+            let chain_id = be_number(&rlp_payload(&unsigned_items[6]));
+            assert!(v == chain_id * 2 + 35 || v == chain_id * 2 + 36, "EIP-155 v {v} for chain {chain_id}");
+            (v - chain_id * 2 - 35) as u8
+        } else {
+            assert!(v == 27 || v == 28, "pre-EIP-155 v {v}");
+            (v - 27) as u8
+        }
+    };
+    assert_eq!(eth_address(&recover(&digest, &r, &s, parity)), address.to_lowercase());
+}
+
+/// An unsigned EIP-1559 transaction on chain 1.
+fn eip1559(nonce: u64, to: &str, value: u128, data: &[u8]) -> Vec<u8> {
+    eip1559_value(nonce, to, rlp_uint(value), data)
+}
+
+fn eip1559_value(nonce: u64, to: &str, value: Vec<u8>, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x02];
+    out.extend(rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(nonce.into()),
+        rlp_uint(1_000_000_000),
+        rlp_uint(30_000_000_000),
+        rlp_uint(100_000),
+        rlp_bytes(&hex::decode(to.trim_start_matches("0x")).unwrap()),
+        value,
+        rlp_bytes(data),
+        rlp_list(&[]),
+    ]));
+    out
+}
+
+/// ERC-20 `transfer(address,uint256)` call data.
+fn erc20_transfer(to: &str, amount: u64) -> Vec<u8> {
+    let mut data = hex::decode("a9059cbb").unwrap();
+    data.extend([0u8; 12]);
+    data.extend(hex::decode(to.trim_start_matches("0x")).unwrap());
+    data.extend([0u8; 24]);
+    data.extend(amount.to_be_bytes());
+    data
+}
+
+// ---- Solana, built here byte by byte ------------------------------------------------------
+
+fn compact(n: usize) -> Vec<u8> {
+    assert!(n < 0x80);
+    vec![n as u8]
+}
+
+/// A System Program transfer `from` → `to` paid by `payer` (legacy or v0), signature slots
+/// empty. Returns (transaction, message).
+fn solana_transfer(payer: [u8; 32], from: [u8; 32], to: [u8; 32], lamports: u64, v0: bool) -> (Vec<u8>, Vec<u8>) {
+    let mut keys = vec![payer];
+    if from != payer {
+        keys.push(from);
+    }
+    let signers = keys.len();
+    keys.extend([to, [0u8; 32]]);
+    let index = |k: [u8; 32]| keys.iter().position(|x| *x == k).unwrap() as u8;
+    let mut message = Vec::new();
+    if v0 {
+        message.push(0x80);
+    }
+    message.extend([signers as u8, 0, 1]);
+    message.extend(compact(keys.len()));
+    keys.iter().for_each(|k| message.extend(k));
+    message.extend([5u8; 32]);
+    message.extend(compact(1));
+    message.push(index([0u8; 32]));
+    message.extend(compact(2));
+    message.extend([index(from), index(to)]);
+    let mut data = 2u32.to_le_bytes().to_vec();
+    data.extend(lamports.to_le_bytes());
+    message.extend(compact(data.len()));
+    message.extend(data);
+    if v0 {
+        message.extend(compact(0));
+    }
+    let mut tx = compact(signers);
+    tx.extend(vec![0u8; 64 * signers]);
+    tx.extend(&message);
+    (tx, message)
+}
+
+// ---- Tron -----------------------------------------------------------------------------------
+
+#[derive(Clone, PartialEq, Message)]
+struct TronTransferContract {
+    #[prost(bytes = "vec", tag = "1")]
+    owner_address: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    to_address: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    amount: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TronAny {
+    #[prost(string, tag = "1")]
+    type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TronContract {
+    #[prost(int32, tag = "1")]
+    r#type: i32,
+    #[prost(message, optional, tag = "2")]
+    parameter: Option<TronAny>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TronRaw {
+    #[prost(bytes = "vec", tag = "1")]
+    ref_block_bytes: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    ref_block_hash: Vec<u8>,
+    #[prost(int64, tag = "8")]
+    expiration: i64,
+    #[prost(message, repeated, tag = "11")]
+    contract: Vec<TronContract>,
+    #[prost(int64, tag = "14")]
+    timestamp: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TronTransaction {
+    #[prost(bytes = "vec", tag = "1")]
+    raw_data: Vec<u8>,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    signature: Vec<Vec<u8>>,
+}
+
+fn tron_address_bytes(address: &str) -> Vec<u8> {
+    bs58::decode(address).with_check(None).into_vec().unwrap()
+}
+
+// ---- the stack ------------------------------------------------------------------------------
+
+struct Accounts {
+    eth: String,
+    sol: String,
+    tron: String,
+}
+
+async fn wallet(c: &Client, org: &str) -> Accounts {
+    let account = |curve, path: &str, format| WalletAccountParams {
+        curve,
+        path_format: PathFormat::Bip32,
+        path: path.into(),
+        address_format: format,
+        name: None,
+    };
+    let r = c
+        .create_wallet(
+            org.into(),
+            c.current_timestamp(),
+            CreateWalletIntent {
+                wallet_name: "chains".into(),
+                accounts: vec![
+                    account(Curve::Secp256k1, "m/44'/60'/0'/0/0", AddressFormat::Ethereum),
+                    account(Curve::Ed25519, "m/44'/501'/0'/0'", AddressFormat::Solana),
+                    account(Curve::Secp256k1, "m/44'/195'/0'/0/0", AddressFormat::Tron),
+                ],
+                mnemonic_length: None,
+            },
+        )
+        .await
+        .unwrap()
+        .result;
+    Accounts { eth: r.addresses[0].clone(), sol: r.addresses[1].clone(), tron: r.addresses[2].clone() }
+}
+
+async fn sign(
+    c: &Client,
+    org: &str,
+    sign_with: &str,
+    unsigned: &[u8],
+    ty: TransactionType,
+) -> Result<Vec<u8>, TurnkeyClientError> {
+    let intent = SignTransactionIntentV2 {
+        sign_with: sign_with.into(),
+        unsigned_transaction: hex::encode(unsigned),
+        r#type: ty,
+        external_signer_pubkey: None,
+    };
+    let r = c.sign_transaction(org.into(), c.current_timestamp(), intent).await?;
+    let signed = r.result.signed_transaction;
+    assert!(!signed.starts_with("0x"), "hex without 0x, like the hosted service");
+    Ok(hex::decode(signed).unwrap())
+}
+
+#[tokio::test]
+async fn transactions_end_to_end() {
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    let a = wallet(&root, &org).await;
+
+    // Ethereum: every type viem serializes, signed with the wallet's key, recovered to it.
+    let vectors: Value = serde_json::from_str(VIEM_VECTORS).unwrap();
+    for name in ["legacy_155", "legacy_pre155", "eip2930", "eip1559", "eip1559_create", "eip4844", "eip7702"] {
+        let unsigned = hex::decode(vectors[name]["unsigned"].as_str().unwrap()).unwrap();
+        let signed = sign(&root, &org, &a.eth, &unsigned, TransactionType::Ethereum).await.unwrap();
+        check_signed_ethereum(&unsigned, &signed, &a.eth);
+    }
+    // `0x`-prefixed input is accepted as viem sends it stripped or not.
+    let tx = eip1559(0, "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", 5, &[]);
+    let intent = SignTransactionIntentV2 {
+        sign_with: a.eth.clone(),
+        unsigned_transaction: format!("0x{}", hex::encode(&tx)),
+        r#type: TransactionType::Ethereum,
+        external_signer_pubkey: None,
+    };
+    let signed = root.sign_transaction(org.clone(), root.current_timestamp(), intent).await.unwrap();
+    check_signed_ethereum(&tx, &hex::decode(signed.result.signed_transaction).unwrap(), &a.eth);
+
+    // Solana: legacy and v0, alone and as the second of two signers (the other slot kept empty).
+    let ours: [u8; 32] = bs58::decode(&a.sol).into_vec().unwrap().try_into().unwrap();
+    let ours_vk = ed25519_dalek::VerifyingKey::from_bytes(&ours).unwrap();
+    let payer = ed25519_dalek::SigningKey::from_bytes(&[42u8; 32]);
+    let payer_pk = payer.verifying_key().to_bytes();
+    for v0 in [false, true] {
+        let (tx, message) = solana_transfer(ours, ours, [9u8; 32], 1500, v0);
+        let signed = sign(&root, &org, &a.sol, &tx, TransactionType::Solana).await.unwrap();
+        assert_eq!(signed.len(), tx.len());
+        assert_eq!(&signed[65..], message.as_slice(), "the message is left as given");
+        let sig = ed25519_dalek::Signature::from_bytes(signed[1..65].try_into().unwrap());
+        ours_vk.verify_strict(&message, &sig).unwrap();
+
+        let (tx, message) = solana_transfer(payer_pk, ours, [9u8; 32], 2500, v0);
+        let signed = sign(&root, &org, &a.sol, &tx, TransactionType::Solana).await.unwrap();
+        assert_eq!(signed[0], 2);
+        assert_eq!(&signed[1..65], &[0u8; 64], "the payer's slot is left for the payer");
+        let sig = ed25519_dalek::Signature::from_bytes(signed[65..129].try_into().unwrap());
+        ours_vk.verify_strict(&message, &sig).unwrap();
+        // The payer completes it; both signatures verify over the same message.
+        let mut both = signed.clone();
+        both[1..65].copy_from_slice(&ed25519_dalek::Signer::sign(&payer, &message).to_bytes());
+        let payer_sig = ed25519_dalek::Signature::from_bytes(both[1..65].try_into().unwrap());
+        payer.verifying_key().verify_strict(&message, &payer_sig).unwrap();
+    }
+    let (not_ours, _) = solana_transfer(payer_pk, payer_pk, [9u8; 32], 1, false);
+    refused(
+        sign(&root, &org, &a.sol, &not_ours, TransactionType::Solana).await,
+        400,
+        "signWith is not a required signer of this Solana transaction",
+    );
+
+    // Tron: a TransferContract as raw_data and as a Transaction; v = 27 + recovery id.
+    let owner = tron_address_bytes(&a.tron);
+    let mut to = vec![0x41];
+    to.extend([0x22u8; 20]);
+    let parameter = TronTransferContract { owner_address: owner.clone(), to_address: to, amount: 1_000_000 };
+    let raw = TronRaw {
+        ref_block_bytes: vec![0x12, 0x34],
+        ref_block_hash: vec![7; 8],
+        expiration: 1_900_000_060_000,
+        contract: vec![TronContract {
+            r#type: 1,
+            parameter: Some(TronAny {
+                type_url: "type.googleapis.com/protocol.TransferContract".into(),
+                value: parameter.encode_to_vec(),
+            }),
+        }],
+        timestamp: 1_900_000_000_000,
+    }
+    .encode_to_vec();
+    let framed = TronTransaction { raw_data: raw.clone(), signature: vec![] }.encode_to_vec();
+    for input in [&raw, &framed] {
+        let signed = sign(&root, &org, &a.tron, input, TransactionType::Tron).await.unwrap();
+        let t = TronTransaction::decode(signed.as_slice()).unwrap();
+        assert_eq!(t.raw_data, raw);
+        assert_eq!(t.signature.len(), 1);
+        let s = &t.signature[0];
+        assert!(s[64] == 27 || s[64] == 28, "v = {}", s[64]);
+        let digest: [u8; 32] = sha2::Sha256::digest(&raw).into();
+        let vk = recover(&digest, &s[..32], &s[32..64], s[64] - 27);
+        let eth = eth_address(&vk);
+        let mut tron = vec![0x41];
+        tron.extend(hex::decode(&eth[2..]).unwrap());
+        assert_eq!(tron, owner, "recovered to the Tron account");
+    }
+
+    // Refusals: each a 400 naming the problem, and nothing recorded.
+    let before = stack.activity_count(&stack.api_key(), &org).await;
+    let mut trailing = tx.clone();
+    trailing.push(0);
+    refused(
+        sign(&root, &org, &a.eth, &trailing, TransactionType::Ethereum).await,
+        400,
+        "unsignedTransaction: 1 trailing bytes after the transaction",
+    );
+    refused(sign(&root, &org, &a.eth, &[0x02, 0xc1], TransactionType::Ethereum).await, 400, "unsignedTransaction:");
+    refused(sign(&root, &org, &a.eth, &tx, TransactionType::Bitcoin).await, 400, "not supported yet");
+    refused(sign(&root, &org, &a.eth, &tx, TransactionType::Solana).await, 400, "unsignedTransaction");
+    refused(
+        sign(&root, &org, &a.sol, &tx, TransactionType::Ethereum).await,
+        400,
+        "signWith: Ethereum transactions are signed by a CURVE_SECP256K1 key",
+    );
+    refused(
+        sign(&root, &org, "0x0000000000000000000000000000000000000001", &tx, TransactionType::Ethereum).await,
+        404,
+        "no wallet account or private key found",
+    );
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+
+    policies_over_transactions(&stack, &root, &org, &a).await;
+}
+
+async fn add_policy(root: &Client, org: &str, name: &str, effect: Effect, condition: &str, consensus: &str) {
+    let intent = CreatePolicyIntentV3 {
+        policy_name: name.into(),
+        effect,
+        condition: Some(condition.into()),
+        consensus: Some(consensus.into()),
+        notes: String::new(),
+        time: None,
+    };
+    root.create_policy(org.into(), root.current_timestamp(), intent).await.unwrap();
+}
+
+async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: &Accounts) {
+    // Alice is not root: only policies let her sign.
+    let key = TurnkeyP256ApiKey::generate();
+    let user = UserParamsV4 {
+        user_name: "alice".into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "alice".into(),
+            public_key: hex::encode(key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let alice_id = root
+        .create_users(org.into(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![user] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    let alice = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap());
+    let is_alice = format!("approvers.any(user, user.id == '{alice_id}')");
+    let signing = "activity.type == 'ACTIVITY_TYPE_SIGN_TRANSACTION_V2'";
+
+    let friend = "0x1111111111111111111111111111111111111111";
+    let stranger = "0x2222222222222222222222222222222222222222";
+    add_policy(root, org, "to friend", Effect::Allow, &format!("{signing} && eth.tx.to == '{friend}'"), &is_alice)
+        .await;
+    add_policy(root, org, "not above 1000 wei", Effect::Deny, &format!("{signing} && eth.tx.value > 1000"), "true")
+        .await;
+    let eth = |to: &str, value: u128| eip1559(3, to, value, &[]);
+    let ok = sign(&alice, org, &a.eth, &eth(friend, 500), TransactionType::Ethereum).await.unwrap();
+    check_signed_ethereum(&eth(friend, 500), &ok, &a.eth);
+    refused(sign(&alice, org, &a.eth, &eth(stranger, 500), TransactionType::Ethereum).await, 403, "not authorized");
+    refused(sign(&alice, org, &a.eth, &eth(friend, 1001), TransactionType::Ethereum).await, 403, "not authorized");
+    // 2^200 wei does not fit in an i128 and still compares as a number.
+    let mut huge = vec![1u8];
+    huge.extend([0u8; 25]);
+    let huge = eip1559_value(3, friend, rlp_bytes(&huge), &[]);
+    refused(sign(&alice, org, &a.eth, &huge, TransactionType::Ethereum).await, 403, "not authorized");
+    // A malformed transaction is a 400 for her too, not a policy error.
+    refused(
+        sign(&alice, org, &a.eth, &[0x02, 0xc0, 0x00], TransactionType::Ethereum).await,
+        400,
+        "unsignedTransaction",
+    );
+
+    // An ERC-20 `transfer` allowed only to one recipient, through an uploaded ABI.
+    let token = "0xabcdefabcdefabcdefabcdefabcdefabcdefabcd";
+    let abi = r#"[{"type":"function","name":"transfer","stateMutability":"nonpayable",
+        "inputs":[{"name":"_to","type":"address"},{"name":"_value","type":"uint256"}],"outputs":[{"name":"","type":"bool"}]},
+        {"type":"function","name":"approve","stateMutability":"nonpayable",
+        "inputs":[{"name":"_spender","type":"address"},{"name":"_value","type":"uint256"}],"outputs":[{"name":"","type":"bool"}]}]"#;
+    root.create_smart_contract_interface(
+        org.into(),
+        root.current_timestamp(),
+        CreateSmartContractInterfaceIntent {
+            // Mixed case as users paste it; policies see lowercase.
+            smart_contract_address: "0xABCDEFabcdefABCDEFabcdefABCDEFabcdefABCD".into(),
+            smart_contract_interface: abi.into(),
+            r#type: SmartContractInterfaceType::Ethereum,
+            label: "token".into(),
+            notes: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    let recipient = "0x4444444444444444444444444444444444444444";
+    add_policy(
+        root,
+        org,
+        "erc20 to recipient",
+        Effect::Allow,
+        &format!(
+            "{signing} && eth.tx.to == '{token}' && eth.tx.function_name == 'transfer' && \
+             eth.tx.function_signature == 'transfer(address,uint256)' && eth.tx.contract_call_args['_to'] == '{recipient}' \
+             && eth.tx.contract_call_args['_value'] <= 1000000"
+        ),
+        &is_alice,
+    )
+    .await;
+    let call = |data: Vec<u8>| eip1559(4, token, 0, &data);
+    let ok = sign(&alice, org, &a.eth, &call(erc20_transfer(recipient, 250)), TransactionType::Ethereum).await.unwrap();
+    check_signed_ethereum(&call(erc20_transfer(recipient, 250)), &ok, &a.eth);
+    refused(
+        sign(&alice, org, &a.eth, &call(erc20_transfer(stranger, 250)), TransactionType::Ethereum).await,
+        403,
+        "not authorized",
+    );
+    refused(
+        sign(&alice, org, &a.eth, &call(erc20_transfer(recipient, 2_000_000)), TransactionType::Ethereum).await,
+        403,
+        "not authorized",
+    );
+    let mut approve = erc20_transfer(recipient, 250);
+    approve[..4].copy_from_slice(&hex::decode("095ea7b3").unwrap());
+    refused(sign(&alice, org, &a.eth, &call(approve), TransactionType::Ethereum).await, 403, "not authorized");
+
+    // Solana: System Program transfers of at most 1000 lamports.
+    add_policy(
+        root,
+        org,
+        "small sol transfers",
+        Effect::Allow,
+        &format!("{signing} && solana.tx.transfers.count() > 0 && solana.tx.transfers.all(t, t.amount <= 1000)"),
+        &is_alice,
+    )
+    .await;
+    let ours: [u8; 32] = bs58::decode(&a.sol).into_vec().unwrap().try_into().unwrap();
+    let (small, _) = solana_transfer(ours, ours, [9u8; 32], 1000, true);
+    sign(&alice, org, &a.sol, &small, TransactionType::Solana).await.unwrap();
+    let (large, _) = solana_transfer(ours, ours, [9u8; 32], 1001, true);
+    refused(sign(&alice, org, &a.sol, &large, TransactionType::Solana).await, 403, "not authorized");
+}
