@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("policy", policy),
     ("eip712", eip712),
     ("sealed_blob", sealed_blob),
+    ("transaction", transaction),
 ];
 
 /// The body the stamp seeds are stamped over (the spec section 2.3 vector body of the auth tests).
@@ -330,5 +331,44 @@ pub fn sealed_blob(data: &[u8]) -> Outcome {
     assert_eq!(is_legacy(data), version == 1);
     assert!(ciphertext.len() >= 16, "the blob holds at least the GCM tag");
     assert_eq!(fuzzing::encode(version, kek_label, &iv, ciphertext), data, "decode and encode round-trip");
+    Outcome::Accepted
+}
+
+// ---------------------------------------------------------------------------------------------
+// coffer-chain
+
+/// An unsigned transaction: the first byte picks the chain (0 Ethereum, 1 Solana, 2 Tron, modulo
+/// 3), the rest is the transaction's bytes as `sign_transaction` carries them after hex. What
+/// parses yields policy facts and a signed encoding that keeps what was signed.
+pub fn transaction(data: &[u8]) -> Outcome {
+    use coffer_chain::{ethereum, solana, tron};
+
+    let Some((&chain, bytes)) = data.split_first() else { return Outcome::Rejected };
+    match chain % 3 {
+        0 => {
+            let Ok(tx) = ethereum::parse(bytes) else { return Outcome::Rejected };
+            let _ = tx.facts();
+            let signed = tx.signed(&[1; 32], &[2; 32], true);
+            assert!(signed.len() > bytes.len(), "a signature adds bytes");
+            if bytes[0] < 0xc0 {
+                assert_eq!(signed[0], bytes[0], "the signed envelope keeps the type");
+            }
+        }
+        1 => {
+            let Ok(tx) = solana::parse(bytes) else { return Outcome::Rejected };
+            let _ = tx.facts();
+            let signed = tx.signed(0, &[0xaa; 64]);
+            assert_eq!(signed.len(), bytes.len(), "signing fills a slot, it adds none");
+            assert!(signed.ends_with(tx.message()), "the message is left as given");
+            assert_eq!(solana::parse(&signed).map(|t| t.message().to_vec()).ok().as_deref(), Some(tx.message()));
+        }
+        _ => {
+            let Ok(tx) = tron::parse(bytes) else { return Outcome::Rejected };
+            let _ = tx.facts();
+            let signed = tx.signed(&[1; 32], &[2; 32], 0);
+            let again = tron::parse(&signed).expect("a signed transaction parses");
+            assert_eq!(again.signing_hash(), tx.signing_hash(), "the signed transaction signs the same raw_data");
+        }
+    }
     Outcome::Accepted
 }

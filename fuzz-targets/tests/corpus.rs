@@ -357,6 +357,42 @@ fn eip712_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+// chain/src/ethereum/viem-vectors.json, chain/src/solana/web3js-vectors.json, and a Tron
+// TransferContract raw_data encoded by hand (owner 0x41‖0x11…, to 0x41‖0x22…, 1000 sun).
+fn transaction_seeds() -> Vec<(String, Vec<u8>)> {
+    let prefixed = |chain: u8, hex_text: &str| {
+        let mut out = vec![chain];
+        out.extend(hex::decode(hex_text).unwrap());
+        out
+    };
+    let eth: serde_json::Value =
+        serde_json::from_str(include_str!("../../chain/src/ethereum/viem-vectors.json")).unwrap();
+    let sol: serde_json::Value =
+        serde_json::from_str(include_str!("../../chain/src/solana/web3js-vectors.json")).unwrap();
+    let mut out: Vec<(String, Vec<u8>)> = eth
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, v)| (format!("eth-{name}"), prefixed(0, v["unsigned"].as_str().unwrap())))
+        .collect();
+    for name in ["legacy1_unsigned", "legacy2_unsigned", "v0_1_unsigned", "v0_2_unsigned"] {
+        out.push((format!("sol-{name}"), prefixed(1, sol[name].as_str().unwrap())));
+    }
+    let mut transfer = vec![0x0a, 0x15, 0x41];
+    transfer.extend([0x11; 20]);
+    transfer.extend([0x12, 0x15, 0x41]);
+    transfer.extend([0x22; 20]);
+    transfer.extend([0x18, 0xe8, 0x07]);
+    let mut any = vec![0x12, transfer.len() as u8];
+    any.extend(transfer);
+    let mut contract = vec![0x08, 0x01, 0x12, any.len() as u8];
+    contract.extend(any);
+    let mut raw = vec![2u8, 0x0a, 0x02, 0xab, 0xcd, 0x5a, contract.len() as u8];
+    raw.extend(contract);
+    out.push(("tron-transfer".into(), raw));
+    out
+}
+
 /// Every seed: (target, name, bytes, how far it gets).
 fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     use coffer_enclave::hsm::fuzzing::encode;
@@ -370,6 +406,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.push(("sealed_blob", "v2".into(), encode(2, "coffer-kek-v1", &[7; 12], &[1; 48])));
     out.push(("sealed_blob", "v1-legacy".into(), encode(1, "coffer-kek-v1", &[9; 12], &[2; 16])));
     out.push(("sealed_blob", "empty-label".into(), encode(2, "", &[0; 12], &[3; 16])));
+    out.extend(transaction_seeds().into_iter().map(|(n, b)| ("transaction", n, b)));
     out.into_iter()
         .map(|(target, name, bytes)| {
             let expect = match (target, name.as_str()) {
