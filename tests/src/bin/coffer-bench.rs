@@ -24,7 +24,7 @@ struct Args {
     duration: Duration,
     warmup: Duration,
     out: std::path::PathBuf,
-    /// Run only scenarios whose name contains this text.
+    /// Run only scenarios whose name contains this text (or one of several, separated by `|`).
     only: Option<String>,
 }
 
@@ -944,6 +944,102 @@ fn uuid_like() -> String {
     format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos())
 }
 
+/// The transaction-signing scenario's name (for `--only`).
+const TRANSACTION: &str = "sign_transaction EIP-1559, non-root user, value policy";
+/// sign_transaction's throughput must be at least this share of sign_raw_payload's.
+const TRANSACTION_RATIO_TARGET: f64 = 0.9;
+
+/// An unsigned EIP-1559 transfer on chain 1 with `nonce` and `value` (the tests' RLP encoder).
+fn eip1559_transfer(nonce: u64, value: u128) -> Vec<u8> {
+    use coffer_tests::rlp::{rlp_bytes, rlp_list, rlp_uint};
+    let mut tx = vec![0x02];
+    tx.extend(rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(nonce.into()),
+        rlp_uint(1_000_000_000),
+        rlp_uint(30_000_000_000),
+        rlp_uint(21_000),
+        rlp_bytes(&[0x70; 20]),
+        rlp_uint(value),
+        rlp_bytes(&[]),
+        rlp_list(&[]),
+    ]));
+    tx
+}
+
+/// A user who is not root (so policies decide), allowed by one policy to sign Ethereum
+/// transactions of at most 1 ETH on chain 1, and the scenario signing transfers as that user;
+/// every 16th signed transaction is recovered to `eth`.
+async fn transaction_setup(
+    stack: &Stack,
+    root: &TurnkeyP256ApiKey,
+    org: &str,
+    eth: &str,
+) -> anyhow::Result<(Arc<TurnkeyP256ApiKey>, Scenario)> {
+    let signer = TurnkeyP256ApiKey::generate();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        org,
+        json!({"users": [{"userName": "bench-signer", "apiKeys": [{"apiKeyName": "bench-signer",
+            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
+            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(root)).await;
+    let user =
+        r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().context("bench user")?.to_string();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        org,
+        json!({"policyName": "bench: transfers up to 1 ETH", "effect": "EFFECT_ALLOW",
+            "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_TRANSACTION_V2' && eth.tx.chain_id == 1 && eth.tx.value <= 1000000000000000000",
+            "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(root)).await;
+    r.json["activity"]["result"]["createPolicyResult"]["policyId"].as_str().context("bench policy")?;
+    let (org, sign_with, address) = (org.to_string(), eth.to_string(), eth.to_lowercase());
+    let scenario = Scenario {
+        name: TRANSACTION,
+        path: "/public/v1/submit/sign_transaction",
+        make: Arc::new(move |n| {
+            envelope(
+                "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+                &org,
+                json!({"signWith": sign_with, "type": "TRANSACTION_TYPE_ETHEREUM",
+                    "unsignedTransaction": hex::encode(eip1559_transfer(n, u128::from(n % 1000)))}),
+            )
+        }),
+        check: Arc::new(move |n, v| {
+            use coffer_tests::rlp::{rlp_items, rlp_payload};
+            let signed =
+                completed(v)?["signTransactionResult"]["signedTransaction"].as_str().ok_or("no signedTransaction")?;
+            if n % 16 != 0 {
+                return Ok(false);
+            }
+            let signed = hex::decode(signed).map_err(|e| e.to_string())?;
+            let items = rlp_items(&signed[1..]);
+            let pad = |x: Vec<u8>| {
+                let mut out = [0u8; 32];
+                out[32 - x.len()..].copy_from_slice(&x);
+                out
+            };
+            let sig = k256::ecdsa::Signature::from_scalars(pad(rlp_payload(&items[10])), pad(rlp_payload(&items[11])))
+                .map_err(|e| e.to_string())?;
+            let recid = k256::ecdsa::RecoveryId::from_byte(rlp_payload(&items[9]).first().copied().unwrap_or(0))
+                .ok_or("bad y parity")?;
+            let digest = sha3::Keccak256::digest(eip1559_transfer(n, u128::from(n % 1000)));
+            let vk =
+                k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).map_err(|e| e.to_string())?;
+            let point = vk.to_encoded_point(false);
+            let got = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
+            if got != address {
+                return Err(format!("transaction recovers to {got}, expected {address}"));
+            }
+            Ok(true)
+        }),
+    };
+    Ok((Arc::new(signer), scenario))
+}
+
 /// The burst scenario's name (for `--only`).
 const BURST: &str = "burst: signing clients released at once";
 /// Targets the burst is held to (reported, not enforced).
@@ -1190,7 +1286,7 @@ async fn main() -> anyhow::Result<()> {
 
     let seq = Arc::new(AtomicU64::new(1));
     let mut results = Vec::new();
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| o.split('|').any(|o| name.contains(o)));
     // One client back to back: the latency figure.
     if wanted("1 client") {
         eprintln!("running: {} with 1 client", scenarios[0].name);
@@ -1206,6 +1302,22 @@ async fn main() -> anyhow::Result<()> {
         results.push((sc.name, args.clients, s));
         rss_growth.push((sc.name, peak_rss_mib(gateway).zip(before).map(|(a, b)| a - b)));
     }
+    // Transaction signing as a user whose policy is evaluated, against raw signing by root.
+    let transaction_report = if wanted(TRANSACTION) {
+        let (signer, scenario) = transaction_setup(&stack, &key, &org, &eth).await?;
+        eprintln!("running: {TRANSACTION} with {} clients", args.clients);
+        let s = run(&scenario, &stack, signer, args.clients, args.warmup, args.duration, seq.clone()).await;
+        let raw = results.iter().find(|r| r.0 == scenarios[0].name && r.1 == args.clients).map(|r| r.2.rps());
+        let ratio = raw.map(|r| s.rps() / r);
+        let report = json!({
+            "requestsPerSecond": s.rps(), "signRawPayloadRequestsPerSecond": raw, "ratio": ratio,
+            "ratioTarget": TRANSACTION_RATIO_TARGET, "pass": ratio.map(|r| r >= TRANSACTION_RATIO_TARGET),
+        });
+        results.push((TRANSACTION, args.clients, s));
+        Some(report)
+    } else {
+        None
+    };
     let webhook_report = if wanted(WEBHOOK) {
         let plain = results.iter().find(|r| r.0.starts_with("activity write")).map(|r| r.2.rps());
         eprintln!("running: {WEBHOOK} with {} clients", args.clients);
@@ -1296,6 +1408,13 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("{:<50} {:>12} {:>12} {:>12.0}", "crypto floor, 1 thread (per op)", "", "", floor_hsm_cpu.unwrap_or(0.0));
     let burst_json = burst_report.as_ref().map(|b| print_burst(b, floor_hsm_cpu));
+    if let Some(ratio) = transaction_report.as_ref().and_then(|t| t["ratio"].as_f64()) {
+        println!(
+            "sign_transaction (non-root, policy) ÷ sign_raw_payload (root) throughput: {:.1}% (target ≥ {:.0}%)",
+            ratio * 100.0,
+            TRANSACTION_RATIO_TARGET * 100.0
+        );
+    }
     let rss = (peak_rss_mib(enclave_pid), peak_rss_mib(gateway_pid));
     println!(
         "peak RSS: enclave {:.1} MiB, gateway {:.1} MiB; startup to ready: enclave {:.0} ms, gateway {:.0} ms",
@@ -1321,6 +1440,7 @@ async fn main() -> anyhow::Result<()> {
         "scenarios": json_scenarios,
         "burst": burst_json,
         "webhook": webhook_report,
+        "transactionSigning": transaction_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
