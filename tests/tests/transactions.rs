@@ -164,6 +164,25 @@ fn solana_transfer(payer: [u8; 32], from: [u8; 32], to: [u8; 32], lamports: u64,
     (tx, message)
 }
 
+/// A one-instruction transaction calling `program` with `data`, paid and signed by `payer`.
+fn solana_call(payer: [u8; 32], program: [u8; 32], data: &[u8]) -> Vec<u8> {
+    let mut message = vec![1, 0, 1];
+    message.extend(compact(2));
+    message.extend(payer);
+    message.extend(program);
+    message.extend([5u8; 32]);
+    message.extend(compact(1));
+    message.push(1);
+    message.extend(compact(1));
+    message.push(0);
+    message.extend(compact(data.len()));
+    message.extend(data);
+    let mut tx = compact(1);
+    tx.extend([0u8; 64]);
+    tx.extend(message);
+    tx
+}
+
 // ---- Tron -----------------------------------------------------------------------------------
 
 #[derive(Clone, PartialEq, Message)]
@@ -521,4 +540,42 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
     sign(&alice, org, &a.sol, &small, TransactionType::Solana).await.unwrap();
     let (large, _) = solana_transfer(ours, ours, [9u8; 32], 1001, true);
     refused(sign(&alice, org, &a.sol, &large, TransactionType::Solana).await, 403, "not authorized");
+
+    // An Anchor program's `deposit` of at most 100, through an uploaded IDL.
+    let program = bs58::encode([77u8; 32]).into_string();
+    let idl = r#"{"instructions":[{"name":"deposit","args":[{"name":"amount","type":"u64"}]},
+        {"name":"withdraw","args":[{"name":"amount","type":"u64"}]}]}"#;
+    root.create_smart_contract_interface(
+        org.into(),
+        root.current_timestamp(),
+        CreateSmartContractInterfaceIntent {
+            smart_contract_address: program.clone(),
+            smart_contract_interface: idl.into(),
+            r#type: SmartContractInterfaceType::Solana,
+            label: "vault".into(),
+            notes: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    add_policy(
+        root,
+        org,
+        "small deposits",
+        Effect::Allow,
+        &format!(
+            "{signing} && solana.tx.instructions.all(i, i.program_key == '{program}' && \
+             i.parsed_instruction_data.instruction_name == 'deposit' && i.parsed_instruction_data.program_call_args['amount'] <= 100)"
+        ),
+        &is_alice,
+    )
+    .await;
+    let anchor = |name: &str, amount: u64| {
+        let mut data = sha2::Sha256::digest(format!("global:{name}").as_bytes())[..8].to_vec();
+        data.extend(amount.to_le_bytes());
+        solana_call(ours, [77u8; 32], &data)
+    };
+    sign(&alice, org, &a.sol, &anchor("deposit", 100), TransactionType::Solana).await.unwrap();
+    refused(sign(&alice, org, &a.sol, &anchor("deposit", 101), TransactionType::Solana).await, 403, "not authorized");
+    refused(sign(&alice, org, &a.sol, &anchor("withdraw", 1), TransactionType::Solana).await, 403, "not authorized");
 }
