@@ -97,6 +97,17 @@ pub(crate) fn hex0x(bytes: &[u8]) -> Val {
     Val::Str(format!("0x{}", hex::encode(bytes)))
 }
 
+/// A deterministic xorshift generator for the property tests.
+#[cfg(test)]
+pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

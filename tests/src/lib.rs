@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use turnkey_api_key_stamper::TurnkeyP256ApiKey;
-use turnkey_client::TurnkeyClient;
+use turnkey_client::{TurnkeyClient, TurnkeyClientError};
 
 const TEST_PIN: &str = "coffer-test-pin";
 const TEST_SO_PIN: &str = "coffer-test-so-pin";
@@ -300,5 +300,20 @@ impl Drop for Stack {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Asserts that an official-client call was refused with HTTP `status` and a JSON error whose
+/// message contains `needle`.
+#[track_caller]
+pub fn refused<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
+    match r {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
+            assert_eq!(s, status, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+            let m = v["message"].as_str().unwrap_or_default();
+            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
+        }
+        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
     }
 }

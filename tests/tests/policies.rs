@@ -1,9 +1,7 @@
 //! End to end: policies (create, batch create, update, delete, read; expressions validated at
 //! write time) and smart contract interfaces, through the official Rust client.
 
-use std::fmt::Debug;
-
-use coffer_tests::Stack;
+use coffer_tests::{refused, Stack};
 use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::external::data::v1::{Policy, Timestamp};
@@ -19,20 +17,6 @@ const UNKNOWN_ID: &str = "00000000-0000-4000-8000-000000000000";
 const MAX_INTERFACE: usize = 409_600;
 
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
-
-/// Asserts an HTTP refusal with `status` whose JSON message contains `needle`.
-#[track_caller]
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 fn intent(name: &str, effect: Effect, condition: Option<&str>, consensus: Option<&str>) -> CreatePolicyIntentV3 {
     CreatePolicyIntentV3 {

@@ -3,10 +3,8 @@
 //! code (k256 recovery, ed25519-dalek verification, the tests' own RLP splitter), and
 //! policies over `eth.tx`, ABI-decoded calls and `solana.tx` for a user who is not root.
 
-use std::fmt::Debug;
-
 use coffer_tests::rlp::{rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint};
-use coffer_tests::Stack;
+use coffer_tests::{refused, Stack};
 use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
@@ -22,19 +20,6 @@ use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
 
 const VIEM_VECTORS: &str = include_str!("../../chain/src/ethereum/viem-vectors.json");
-
-#[track_caller]
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 fn be_number(b: &[u8]) -> u64 {
     b.iter().fold(0u64, |a, x| a << 8 | u64::from(*x))

@@ -1,10 +1,8 @@
 //! End to end: TVC apps with inline and reused operator sets, deployments, reads, refusals that
 //! change nothing, and deleting an app with its deployments, through the official Rust client.
 
-use std::fmt::Debug;
-
 use base64::Engine;
-use coffer_tests::Stack;
+use coffer_tests::{refused, Stack};
 use serde_json::Value;
 use turnkey_client::generated::external::data::v1::{TvcDeployment, TvcOperator, TvcOperatorSet};
 use turnkey_client::generated::immutable::common::v1::TvcHealthCheckType;
@@ -13,25 +11,11 @@ use turnkey_client::generated::{
     GetTvcAppRequest, GetTvcAppsRequest, GetTvcDeploymentRequest, GetTvcOperatorsRequest, TvcOperatorParams,
     TvcOperatorSetParams,
 };
-use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
+use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
 
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
 
 const UNKNOWN_ID: &str = "00000000-0000-4000-8000-000000000000";
-
-/// Asserts an HTTP refusal with `status` whose JSON message contains `needle`.
-#[track_caller]
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 /// An uncompressed P-256 public key, hex.
 fn point(seed: u8) -> String {

@@ -146,13 +146,7 @@ fn arbitrary_bytes_never_panic_and_what_parses_reencodes_exactly() {
         .iter()
         .map(|n| hex::decode(v[*n]["unsigned"].as_str().unwrap()).unwrap())
         .collect();
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = crate::xorshift(0x9e37_79b9_7f4a_7c15u64);
     for round in 0..20_000 {
         let base = seeds[round % seeds.len()].clone();
         let mut m = base.clone();

@@ -118,13 +118,7 @@ fn arbitrary_bytes_never_panic_and_signing_changes_only_the_slot() {
         .iter()
         .map(|n| hex::decode(v[*n].as_str().unwrap()).unwrap())
         .collect();
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = crate::xorshift(0x2545_f491_4f6c_dd1du64);
     for round in 0..20_000 {
         let mut m = seeds[round % seeds.len()].clone();
         match next() % 3 {
