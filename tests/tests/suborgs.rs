@@ -417,7 +417,7 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     refused(wallet_count(&parent, &s1).await, 404, "no organization found");
     refused(whoami(&alice, &p).await, 401, "could not find public key");
     refused(whoami(&alice, &s2).await, 401, "could not find public key");
-    // The record of the deletion is kept, in the parent's log.
+    // The record of the deletion is in the parent's log.
     assert_eq!(activity_count(&parent, &p).await, parent_activities + 1);
     let deleted = parent
         .get_activities(GetActivitiesRequest {
@@ -432,8 +432,47 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     assert_eq!(deleted.len(), 1);
     assert_eq!(deleted[0].organization_id, p);
     assert_eq!(deleted[0].votes[0].user_id, alice_id);
-    // No row of any table belongs to it any more, and the sealed blobs are not in the files.
-    assert_eq!(rows(&db, &s1), Vec::<(String, i64)>::new());
+    // Its history stays, readable by the parent: the signature alice made in it is still on
+    // record, in the sub-organization's own log.
+    let history = parent
+        .get_activities(GetActivitiesRequest {
+            organization_id: s1.clone(),
+            filter_by_status: vec![],
+            pagination_options: None,
+            filter_by_type: vec![],
+        })
+        .await
+        .unwrap()
+        .activities;
+    assert!(history.iter().all(|a| a.organization_id == s1), "{history:?}");
+    let signed = history.iter().find(|a| a.r#type == ActivityType::SignRawPayloadV2).expect("the signing is on record");
+    let one = parent
+        .get_activity(GetActivityRequest { organization_id: s1.clone(), activity_id: signed.id.clone() })
+        .await
+        .unwrap()
+        .activity
+        .unwrap();
+    assert_eq!(one.votes[0].user_id, alice_id);
+    refused(
+        alice
+            .get_activities(GetActivitiesRequest {
+                organization_id: s1.clone(),
+                filter_by_status: vec![],
+                pagination_options: None,
+                filter_by_type: vec![],
+            })
+            .await,
+        401,
+        "could not find public key",
+    );
+    // Nothing else of it is left: only its activities, their policy evaluations and its row as a
+    // tombstone; and the sealed blobs are not in the files.
+    let left = rows(&db, &s1);
+    assert!(
+        left.iter().all(|(t, _)| ["activities", "organizations", "policy_evaluations"].contains(&t.as_str())),
+        "{left:?}"
+    );
+    assert_eq!(left.iter().find(|(t, _)| t == "activities").map(|(_, n)| *n), Some(history.len() as i64));
     assert!(db.wallet(&s1, &w.wallet_id).is_err());
     // (secure_delete zeroes the new page versions; the gateway then truncates the WAL, which
     // still held the frames written at creation, moments after the deletion commits.)
@@ -639,6 +678,12 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
     let phrase = target.decrypt_wallet_mnemonic_phrase(&exported.result.export_bundle, &s5).unwrap();
     assert_eq!(phrase.split(' ').count(), 12);
     assert_eq!(delete(&gina, &s5, None).await.unwrap(), s5);
-    assert_eq!(rows(&db, &s5), Vec::<(String, i64)>::new());
+    // What is left is the export's record (with its policy evaluation) and the tombstone.
+    let left = rows(&db, &s5);
+    assert_eq!(
+        left.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+        ["activities", "organizations", "policy_evaluations"]
+    );
+    assert_eq!(left[0].1, 1, "the export_wallet activity");
     assert_eq!(list(&parent, &p, "", "").await, [s3, s4]);
 }

@@ -28,6 +28,9 @@ use coffer_policy::decision::{self, Decision, Evaluation, PolicyOutcome};
 const NO_SUCH_FINGERPRINT: &str =
     "No activity found with fingerprint. Consensus activities must target an existing activity by fingerprint";
 
+/// The queries a deleted sub-organization still answers (to its parent): its activity history.
+const HISTORY_READS: &[&str] = &["list_activities", "get_activity"];
+
 async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization, ApiError> {
     state.db(move |s| s.organization(&id)).await?.map_err(|e| match e {
         StoreError::NotFound => ApiError::new(
@@ -580,7 +583,15 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
     let q = ops::query(path).ok_or_else(|| ApiError::not_found(format!("unknown query endpoint: query/{path}")))?;
     let stamp = auth::verified_stamp(headers, body)?;
     let mut request = envelope::parse_body(body)?;
-    let org = organization(&state, envelope::organization_id(&request)?).await?;
+    let id = envelope::organization_id(&request)?;
+    let org = match organization(&state, id.clone()).await {
+        // A deleted sub-organization's activity history stays readable by its parent (its own
+        // credentials are gone): the audit trail outlives the organization.
+        Err(e) if e.code == crate::error::Code::NotFound && HISTORY_READS.contains(&path) => {
+            state.db(move |s| s.deleted_organization(&id)).await?.map_err(|_| e)?
+        }
+        other => other?,
+    };
     let caller = auth::resolve(&state, &org, stamp).await?;
     state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");

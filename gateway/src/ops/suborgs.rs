@@ -270,6 +270,7 @@ pub async fn delete_sub_organization(ctx: Ctx, intent: DeleteSubOrganizationInte
             parent_id,
             activity_id: ctx.activity_id.clone(),
             require_exported,
+            deleted_at: ctx.now,
         }],
     })
 }
@@ -654,7 +655,7 @@ mod tests {
     }
 
     #[test]
-    fn deletion_lands_with_its_activity_and_leaves_nothing_behind() {
+    fn deletion_lands_with_its_activity_and_keeps_only_the_history() {
         let (_d, s) = fixture();
         let before_b = footprint(&s, "b");
         // Every table that holds organization rows is non-empty for "b" before.
@@ -684,6 +685,7 @@ mod tests {
                     parent_id: parent.into(),
                     activity_id: a.id.clone(),
                     require_exported,
+                    deleted_at: a.created_at,
                 }],
             )
         };
@@ -709,11 +711,26 @@ mod tests {
         assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
         assert_eq!(total(&s, "p"), 4, "p and its three sub-organizations, nothing else");
 
-        // Forced: the activity lands in the parent's log and "b" is gone from every table.
+        // Forced: the activity lands in the parent's log; "b" keeps only its history (activities,
+        // policy evaluations) and its row as a tombstone the parent can still read through.
         let a = activity("b", "sha256:delete-5");
         let Committed::New(_) = delete("b", "p", &a, false).unwrap() else { panic!("expected a new activity") };
         assert!(matches!(s.organization("b"), Err(StoreError::NotFound)));
-        assert_eq!(total(&s, "b"), 0, "{:?}", footprint(&s, "b"));
+        assert_eq!(s.deleted_organization("b").unwrap().parent_id.as_deref(), Some("p"));
+        assert!(matches!(s.deleted_organization("a"), Err(StoreError::NotFound)), "a live one is not deleted");
+        let count = |fp: &[(String, i64)], t: &str| fp.iter().find(|(x, _)| x == t).map_or(0, |(_, n)| *n);
+        let after_b = footprint(&s, "b");
+        for (table, n) in &after_b {
+            let expected = match table.as_str() {
+                "activities" | "policy_evaluations" => count(&before_b, table),
+                "organizations" => 1,
+                _ => 0,
+            };
+            assert_eq!(*n, expected, "{table} after the deletion: {after_b:?}");
+        }
+        assert!(count(&before_b, "activities") > 0);
+        let all = crate::store::ActivityFilter { limit: 1000, ..Default::default() };
+        assert_eq!(s.activities("b", &all).unwrap().len() as i64, count(&before_b, "activities"));
         let recorded = s.activity("p", &a.id).unwrap();
         assert_eq!((recorded.organization_id.as_str(), recorded.fingerprint.as_str()), ("p", "sha256:delete-5"));
         assert!(matches!(s.activity("b", &a.id), Err(StoreError::NotFound)));
@@ -728,8 +745,47 @@ mod tests {
         // Everything exported: the default (export required) deletes too.
         s.apply(&[Write::MarkWalletExported("c-wallet".into()), Write::MarkPrivateKeyExported("c-pk".into())]).unwrap();
         delete("c", "p", &activity("c", "sha256:delete-7"), true).unwrap();
-        assert_eq!(total(&s, "c"), 0);
+        assert!(
+            s.wallets("c").unwrap().is_empty()
+                && s.private_keys("c").unwrap().is_empty()
+                && s.users("c").unwrap().is_empty()
+        );
         assert_eq!(ids(&s, "p", SubOrgFilter::All), ["a"]);
+    }
+
+    #[test]
+    fn an_approved_deletion_moves_its_record_to_the_parent() {
+        let (_d, s) = fixture();
+        // The deletion waited for votes: its activity is already in "b"'s log.
+        let mut a = activity("b", "sha256:delete-after-votes");
+        a.status = "ACTIVITY_STATUS_CONSENSUS_NEEDED".into();
+        s.commit(&a, &[]).unwrap();
+        assert_eq!(s.activity("b", &a.id).unwrap().organization_id, "b");
+        s.apply(&[
+            Write::DeleteSubOrganization {
+                organization_id: "b".into(),
+                parent_id: "p".into(),
+                activity_id: a.id.clone(),
+                require_exported: false,
+                deleted_at: a.created_at,
+            },
+            Write::UpdateConsensusActivity {
+                organization_id: "b".into(),
+                id: a.id.clone(),
+                expected_votes: 0,
+                status: "ACTIVITY_STATUS_COMPLETED".into(),
+                result: json!({}),
+                votes: json!([]),
+                failure: None,
+                updated_at: a.created_at,
+            },
+        ])
+        .unwrap();
+        let moved = s.activity("p", &a.id).unwrap();
+        assert_eq!((moved.organization_id.as_str(), moved.status.as_str()), ("p", "ACTIVITY_STATUS_COMPLETED"));
+        assert!(matches!(s.organization("b"), Err(StoreError::NotFound)));
+        assert!(s.deleted_organization("b").is_ok());
+        assert!(s.users("b").unwrap().is_empty() && s.wallets("b").unwrap().is_empty());
     }
 
     #[test]

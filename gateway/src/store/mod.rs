@@ -415,16 +415,18 @@ pub enum Write {
         ids: Vec<String>,
     },
     // <sub-organizations>
-    /// Deletes a sub-organization with everything it holds once its `delete_sub_organization`
-    /// activity `activity_id` is recorded in the same transaction; that activity is moved to the
-    /// parent's log so it outlives the sub-organization (migration 0005's trigger). Fails if the
-    /// organization is not a sub-organization of `parent_id`, or, with `require_exported`, if it
-    /// holds a wallet or private key that was never exported.
+    /// Deletes a sub-organization: removes its credentials, keys, records and pending deliveries,
+    /// keeps its activities and policy evaluations, and leaves its row as a tombstone
+    /// (`deleted_at`, `activity_id`) so that its parent can still read that history. The
+    /// `delete_sub_organization` activity `activity_id` itself is recorded in the parent's log.
+    /// Fails if the organization is not a live sub-organization of `parent_id`, or, with
+    /// `require_exported`, if it holds a wallet or private key that was never exported.
     DeleteSubOrganization {
         organization_id: String,
         parent_id: String,
         activity_id: String,
         require_exported: bool,
+        deleted_at: Nanos,
     },
     // <policy engine and approvals>
     /// Moves an activity out of `ACTIVITY_STATUS_CONSENSUS_NEEDED` (or records a new vote on it):
@@ -561,7 +563,10 @@ pub trait Store: Send + Sync + 'static {
     /// Applies writes outside any activity (operator CLI: `init-org`).
     fn apply(&self, writes: &[Write]) -> Result<(), StoreError>;
 
+    /// A live organization (a deleted sub-organization is not found).
     fn organization(&self, id: &str) -> Result<Organization, StoreError>;
+    /// A deleted sub-organization's tombstone, whose activity history its parent can still read.
+    fn deleted_organization(&self, id: &str) -> Result<Organization, StoreError>;
     fn api_key_by_public_key(&self, organization_id: &str, public_key: &str) -> Result<ApiKey, StoreError>;
     fn user(&self, organization_id: &str, id: &str) -> Result<User, StoreError>;
     /// Which of `names` a wallet or private key of the organization already has (one indexed

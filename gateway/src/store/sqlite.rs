@@ -20,7 +20,31 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0008_activity_pages.sql"),
     include_str!("migrations/0009_list_pages.sql"),
     include_str!("migrations/0010_webhook_deliveries.sql"),
+    include_str!("migrations/0011_deleted_organizations.sql"),
 ];
+
+/// What a deleted sub-organization loses, children before parents: every credential, key,
+/// record and pending delivery. Its activities and policy evaluations stay (the audit trail), as
+/// does its organization row, as a tombstone. A test checks that every table holding an
+/// `organization_id` is either here or kept on purpose.
+const PURGED_ON_DELETION: &[&str] = &[
+    "api_keys",
+    "authenticators",
+    "oauth_providers",
+    "user_tags",
+    "import_targets",
+    "users",
+    "wallet_accounts",
+    "wallets",
+    "private_key_addresses",
+    "private_keys",
+    "records",
+    "idempotency_keys",
+    "webhook_deliveries",
+];
+/// Kept when a sub-organization is deleted.
+#[cfg(test)]
+const KEPT_ON_DELETION: &[&str] = &["activities", "policy_evaluations", "organizations"];
 const READERS: usize = 4;
 
 /// WAL size (pages) past which the background checkpointer truncates the WAL.
@@ -102,7 +126,14 @@ fn commit_batch(conn: &mut Connection, batch: &[CommitJob]) -> Vec<Result<Commit
             for w in &job.writes {
                 apply_write(&sp, w)?;
             }
-            insert_activity(&sp, &job.activity)?;
+            match deletion_parent(&job.writes, &job.activity.id) {
+                // The record of a sub-organization's deletion goes to its parent's log.
+                Some(parent) => insert_activity(
+                    &sp,
+                    &ActivityRecord { organization_id: parent.to_string(), ..job.activity.clone() },
+                )?,
+                None => insert_activity(&sp, &job.activity)?,
+            }
             sp.commit().map_err(backend)?;
             Ok(Committed::New(job.activity.clone()))
         })();
@@ -112,6 +143,14 @@ fn commit_batch(conn: &mut Connection, batch: &[CommitJob]) -> Vec<Result<Commit
         Ok(()) => results,
         Err(e) => fail_all(backend(e)),
     }
+}
+
+/// The parent of the sub-organization `writes` delete, when `activity_id` is the deleting one.
+fn deletion_parent<'a>(writes: &'a [Write], activity_id: &str) -> Option<&'a str> {
+    writes.iter().find_map(|w| match w {
+        Write::DeleteSubOrganization { activity_id: a, parent_id, .. } if a == activity_id => Some(parent_id.as_str()),
+        _ => None,
+    })
 }
 
 fn insert_activity(conn: &Connection, a: &ActivityRecord) -> Result<(), StoreError> {
@@ -1059,9 +1098,13 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             }
         }
         // <sub-organizations>
-        Write::DeleteSubOrganization { organization_id, parent_id, activity_id, require_exported } => {
+        Write::DeleteSubOrganization { organization_id, parent_id, activity_id, require_exported, deleted_at } => {
             let parent: Option<Option<String>> = tx
-                .query_row("SELECT parent_id FROM organizations WHERE id = ?1", params![organization_id], |r| r.get(0))
+                .query_row(
+                    "SELECT parent_id FROM organizations WHERE id = ?1 AND deleted_at IS NULL",
+                    params![organization_id],
+                    |r| r.get(0),
+                )
                 .optional()
                 .map_err(backend)?;
             match parent {
@@ -1090,18 +1133,30 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
                     )));
                 }
             }
-            // The deletion itself happens when the activity's row lands (migration 0005).
+            for table in PURGED_ON_DELETION {
+                if *table == "webhook_deliveries" {
+                    execute_cached(
+                        tx,
+                        "DELETE FROM webhook_attempts WHERE delivery_id IN
+                         (SELECT id FROM webhook_deliveries WHERE organization_id = ?1)",
+                        params![organization_id],
+                    )
+                    .map_err(backend)?;
+                }
+                execute_cached(
+                    tx,
+                    &format!("DELETE FROM {table} WHERE organization_id = ?1"),
+                    params![organization_id],
+                )
+                .map_err(backend)?;
+            }
             execute_cached(
                 tx,
-                "INSERT INTO organization_deletions (organization_id, parent_id, activity_id) VALUES (?1, ?2, ?3)",
-                params![organization_id, parent_id, activity_id],
+                "UPDATE organizations SET deleted_at = ?2, deletion_activity_id = ?3, root_user_ids = '[]', updated_at = ?2
+                 WHERE id = ?1",
+                params![organization_id, deleted_at, activity_id],
             )
-            .map_err(|e| match backend(e) {
-                StoreError::Unique(_) => {
-                    StoreError::Conflict(format!("sub-organization {organization_id} is already being deleted"))
-                }
-                other => other,
-            })?;
+            .map_err(backend)?;
         }
         Write::UpdateConsensusActivity {
             organization_id,
@@ -1133,19 +1188,17 @@ fn apply_write(tx: &Connection, w: &Write) -> Result<(), StoreError> {
             if n != 1 {
                 return Err(StoreError::Conflict(CONSENSUS_MOVED.into()));
             }
-            // What migration 0005's trigger does when such an activity's row is inserted.
+            // An approved deletion of this organization: its record goes to the parent's log.
             let parent: Option<String> = tx
                 .query_row(
-                    "SELECT parent_id FROM organization_deletions WHERE activity_id = ?1 AND organization_id = ?2",
-                    params![id, organization_id],
+                    "SELECT parent_id FROM organizations WHERE id = ?1 AND deletion_activity_id = ?2",
+                    params![organization_id, id],
                     |r| r.get(0),
                 )
                 .optional()
                 .map_err(backend)?;
             if let Some(parent) = parent {
                 execute_cached(tx, "UPDATE activities SET organization_id = ?1 WHERE id = ?2", params![parent, id])
-                    .map_err(backend)?;
-                execute_cached(tx, "DELETE FROM organizations WHERE id = ?1", params![organization_id])
                     .map_err(backend)?;
             }
         }
@@ -1260,8 +1313,25 @@ impl Store for SqliteStore {
 
     fn organization(&self, id: &str) -> Result<Organization, StoreError> {
         self.one(|c| {
-            query_row_cached(c, &format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1"), params![id], org_row)
-                .optional()
+            query_row_cached(
+                c,
+                &format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1 AND deleted_at IS NULL"),
+                params![id],
+                org_row,
+            )
+            .optional()
+        })
+    }
+
+    fn deleted_organization(&self, id: &str) -> Result<Organization, StoreError> {
+        self.one(|c| {
+            query_row_cached(
+                c,
+                &format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1 AND deleted_at IS NOT NULL"),
+                params![id],
+                org_row,
+            )
+            .optional()
         })
     }
 
@@ -1777,7 +1847,7 @@ impl Store for SqliteStore {
         let backwards = page.before.is_some() && page.after.is_none();
         let dir = if backwards { "DESC" } else { "ASC" };
         let sql = format!(
-            "SELECT o.id FROM organizations o WHERE o.parent_id = ?1 {cond} {after} {before}
+            "SELECT o.id FROM organizations o WHERE o.parent_id = ?1 AND o.deleted_at IS NULL {cond} {after} {before}
              ORDER BY o.created_at {dir}, o.id {dir} LIMIT ?7"
         );
         let mut ids: Vec<String> = self.read(|c| {
@@ -1994,6 +2064,23 @@ mod tests {
             sealed_seed: vec![1, 2, 3],
             created_at: 1,
             updated_at: 1,
+        }
+    }
+
+    #[test]
+    fn every_table_of_an_organization_is_purged_or_kept_on_deletion_by_decision() {
+        let (_dir, s) = store();
+        let tables: Vec<String> = s.organization_footprint("o1").unwrap().into_iter().map(|(t, _)| t).collect();
+        let unclassified: Vec<&String> = tables
+            .iter()
+            .filter(|t| !PURGED_ON_DELETION.contains(&t.as_str()) && !KEPT_ON_DELETION.contains(&t.as_str()))
+            .collect();
+        assert!(
+            unclassified.is_empty(),
+            "tables a sub-organization deletion neither purges nor keeps: {unclassified:?}"
+        );
+        for t in PURGED_ON_DELETION.iter().chain(KEPT_ON_DELETION) {
+            assert!(tables.iter().any(|x| x == t), "{t} is not a table with an organization_id");
         }
     }
 
