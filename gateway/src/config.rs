@@ -17,6 +17,10 @@ pub struct GatewayConfig {
     pub store_url: String,
     /// The enclave's Unix socket. Default `./.coffer/enclave.sock`.
     pub enclave_socket: PathBuf,
+    /// Several enclaves sharing one HSM's keys, each call going to the next one that is up
+    /// (`enclave_client::Failover`); when set, `enclave_socket` is not used. Environment:
+    /// `COFFER_ENCLAVE_SOCKETS`, comma-separated. Default: none.
+    pub enclave_sockets: Vec<PathBuf>,
     /// Largest request body accepted, in bytes. Default 1 MiB (a 400 KiB contract ABI fits).
     pub body_limit: usize,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -87,6 +91,7 @@ impl Default for GatewayConfig {
             auth_proxy_listen: "127.0.0.1:8081".parse().expect("valid default"),
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
+            enclave_sockets: Vec::new(),
             body_limit: 1024 * 1024,
             log: "info".into(),
             body_read_timeout_ms: 10_000,
@@ -141,6 +146,9 @@ impl GatewayConfig {
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
             cfg.enclave_socket = v.into();
         }
+        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKETS") {
+            cfg.enclave_sockets = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+        }
         if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
             cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;
         }
@@ -162,6 +170,15 @@ impl GatewayConfig {
             }
         }
         Ok(cfg)
+    }
+
+    /// The enclaves the gateway talks to: `enclave_sockets`, or else `enclave_socket`.
+    pub fn enclave_endpoints(&self) -> Vec<PathBuf> {
+        if self.enclave_sockets.is_empty() {
+            vec![self.enclave_socket.clone()]
+        } else {
+            self.enclave_sockets.clone()
+        }
     }
 
     /// The SQLite file named by `store_url`.

@@ -1,17 +1,107 @@
-//! The gateway's gRPC client to the enclave: a lazy HTTP/2 channel over the Unix socket that
-//! reconnects by itself when the enclave restarts.
+//! The gateway's gRPC client to its enclaves: lazy HTTP/2 channels over Unix sockets that
+//! reconnect by themselves when an enclave restarts, with failover between several enclaves.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use coffer_proto::v1::enclave_client::EnclaveClient;
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
+use tonic::body::BoxBody;
 use tonic::transport::{Channel, Endpoint, Uri};
+use tower::ServiceExt;
 
-/// A cheap-to-clone handle to the enclave.
-pub type Enclave = EnclaveClient<Metered<Channel>>;
+/// A cheap-to-clone handle to the enclaves.
+pub type Enclave = EnclaveClient<Metered<Failover>>;
+
+/// How long an enclave that could not be reached is passed over before it is tried again.
+const DOWN_FOR: Duration = Duration::from_secs(2);
+
+/// One enclave of a [`Failover`]: its socket (for logs), its channel, and until when it is
+/// passed over (milliseconds on [`since_start`]'s clock; 0 = up).
+struct Member {
+    socket: PathBuf,
+    channel: Channel,
+    down_until: AtomicU64,
+}
+
+/// Several enclaves behind one client. Each call goes to the next enclave that is up, in turn; a
+/// call that cannot reach its enclave (no socket, connection refused or reset) is sent to the
+/// next one, and the unreachable one is passed over for [`DOWN_FOR`]. Only calls that never got
+/// an answer move: an enclave's refusal or error is the answer. Resending is safe because every
+/// key operation is decided from the stamped body: the same body signs to the same signature
+/// (RFC 6979, Ed25519) and exports to the same target, and a creation whose answer was lost left
+/// nothing in the store.
+#[derive(Clone)]
+pub struct Failover {
+    members: Arc<[Member]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Failover {
+    /// The members in the order one call tries them: those up from the next in turn, then
+    /// those passed over (a call fails only when every enclave failed it).
+    fn order(&self) -> Vec<usize> {
+        let n = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = since_start();
+        let (mut up, mut down) = (Vec::with_capacity(n), Vec::new());
+        for i in (0..n).map(|k| (start + k) % n) {
+            if self.members[i].down_until.load(Ordering::Relaxed) > now {
+                down.push(i);
+            } else {
+                up.push(i);
+            }
+        }
+        up.extend(down);
+        up
+    }
+}
+
+impl tower::Service<axum::http::Request<BoxBody>> for Failover {
+    type Response = axum::http::Response<BoxBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        // Each member's channel is made ready when a call picks it.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<BoxBody>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            // Unary calls: the body is one small message, kept so that it can be sent again.
+            let body = body.collect().await?.to_bytes();
+            let mut last: Option<Self::Error> = None;
+            for i in this.order() {
+                let member = &this.members[i];
+                let mut request = axum::http::Request::new(tonic::body::boxed(http_body_util::Full::new(body.clone())));
+                *request.method_mut() = parts.method.clone();
+                *request.uri_mut() = parts.uri.clone();
+                *request.version_mut() = parts.version;
+                *request.headers_mut() = parts.headers.clone();
+                match member.channel.clone().oneshot(request).await {
+                    Ok(response) => {
+                        member.down_until.store(0, Ordering::Relaxed);
+                        return Ok(response);
+                    }
+                    Err(e) => {
+                        if this.members.len() > 1 {
+                            tracing::warn!(enclave = %member.socket.display(), error = %e, "enclave unreachable; trying the next");
+                        }
+                        member.down_until.store(since_start() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
+                        last = Some(e.into());
+                    }
+                }
+            }
+            Err(last.unwrap_or_else(|| "no enclave configured".into()))
+        })
+    }
+}
 
 /// A channel that counts each call by gRPC method and outcome, with its latency (`/metrics`).
 #[derive(Clone, Debug)]
@@ -50,8 +140,23 @@ where
     }
 }
 
-/// Connects lazily: the first call (and every call after the enclave went away) dials again.
+/// Connects lazily to one enclave: the first call (and every call after the enclave went away)
+/// dials again.
 pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
+    connect_all(vec![socket])
+}
+
+/// Connects lazily to several enclaves sharing one HSM's keys, with [`Failover`] between them.
+pub fn connect_all(sockets: Vec<PathBuf>) -> Result<Enclave, tonic::transport::Error> {
+    let members = sockets
+        .into_iter()
+        .map(|socket| Ok(Member { channel: channel(socket.clone())?, socket, down_until: AtomicU64::new(0) }))
+        .collect::<Result<Vec<_>, tonic::transport::Error>>()?;
+    let failover = Failover { members: members.into(), next: Arc::new(AtomicUsize::new(0)) };
+    Ok(EnclaveClient::new(Metered(failover)).max_decoding_message_size(64 * 1024 * 1024))
+}
+
+fn channel(socket: PathBuf) -> Result<Channel, tonic::transport::Error> {
     let channel = Endpoint::try_from("http://enclave.invalid")?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(30))
@@ -63,7 +168,7 @@ pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }));
-    Ok(EnclaveClient::new(Metered(channel)).max_decoding_message_size(64 * 1024 * 1024))
+    Ok(channel)
 }
 
 /// When the enclave last answered a health probe (milliseconds since the process's first look,

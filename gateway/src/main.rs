@@ -95,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
         Command::InitDev { out, base_url, auth_proxy_url, enclave_socket } => {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
+                cfg.enclave_sockets.clear();
             }
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
@@ -115,9 +116,10 @@ async fn main() -> anyhow::Result<()> {
         Command::InitOrg { name, user_name, api_public_key, enclave_socket } => {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
+                cfg.enclave_sockets.clear();
             }
             let store = SqliteStore::open(&cfg.sqlite_path()?)?;
-            let mut enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
+            let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
             let created =
                 coffer_gateway::orgs::create_root_org(&store, &mut enclave, &name, &user_name, &api_public_key).await?;
             println!("{}", serde_json::to_string(&created)?);
@@ -129,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
             }
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
+                cfg.enclave_sockets.clear();
             }
             serve(cfg).await
         }
@@ -163,7 +166,7 @@ async fn init_dev(
         }
     }
     // The signer key comes from the running enclave (retry while it starts).
-    let mut enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
+    let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
     let mut signer = None;
     for _ in 0..100 {
         match enclave.get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await {
@@ -198,7 +201,7 @@ async fn init_dev(
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     use coffer_gateway::serve::{serve, ConnectionLimits};
     let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
-    let enclave = coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?;
+    let enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state =
         Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
@@ -266,7 +269,7 @@ fn ops_thread(
         let _in_ops_runtime = runtime.enter();
         (
             coffer_gateway::serve::bind(addr, cfg.listen_backlog)?,
-            coffer_gateway::enclave_client::connect(cfg.enclave_socket.clone())?,
+            coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?,
         )
     };
     let state = Arc::new(AppState {

@@ -205,6 +205,22 @@ impl Stack {
         self.enclave = Some(cmd.arg("serve").stdin(Stdio::null()).stderr(log).spawn().expect("start enclave"));
     }
 
+    /// Starts another enclave on the same token (the same service keys), listening on `socket`;
+    /// its log goes to `<socket>.log`. The caller owns (and kills) the process.
+    pub fn spawn_enclave(&self, socket: &Path) -> Child {
+        let mut cmd = Command::new(bin_dir().join("coffer-enclave"));
+        self.env(&mut cmd);
+        cmd.env("COFFER_ENCLAVE_SOCKET", socket);
+        let log = std::fs::File::create(socket.with_extension("log")).expect("enclave log file");
+        cmd.arg("serve").stdin(Stdio::null()).stderr(log).spawn().expect("start enclave")
+    }
+
+    /// Sets an environment variable for the processes this stack starts from now on.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.extra_env.retain(|(k, _)| k != key);
+        self.extra_env.push((key.to_string(), value.to_string()));
+    }
+
     /// Kills the enclave (SIGKILL: an abrupt crash, not a clean stop).
     pub fn kill_enclave(&mut self) {
         if let Some(mut c) = self.enclave.take() {

@@ -632,3 +632,87 @@ async fn signing_burst_is_signed_or_shed_promptly() {
     .await
     .expect("test took longer than 60 s (a request hung)");
 }
+
+/// Two enclaves on one token behind one gateway: signing goes on, without a single failed
+/// request, while either one is killed (a request in flight on the dead one is sent to the other)
+/// and after it comes back.
+#[tokio::test]
+async fn two_enclaves_one_killed_under_load_the_other_signs() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut stack = Stack::start().await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let second_socket = stack.dir.join("enclave2.sock");
+        let mut second = stack.spawn_enclave(&second_socket);
+        let t = Instant::now();
+        while !second_socket.exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stack.kill_gateway();
+        let sockets = format!("{},{}", stack.enclave_socket().display(), second_socket.display());
+        stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
+        stack.start_gateway();
+        stack.wait_healthy().await;
+        let before = stack.activity_count(&key, &org).await;
+
+        // Eight clients sign back to back while the enclaves are killed and restarted in turn.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
+        let clients: Vec<_> = (0..8)
+            .map(|c| {
+                let (base, org, address, sk, pk, stop) =
+                    (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                    let mut results = Vec::new();
+                    let mut n = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        let message = format!("failover-{c}-{n}");
+                        n += 1;
+                        let r = post(
+                            &base,
+                            "/public/v1/submit/sign_raw_payload",
+                            sign_body(&org, &address, &message),
+                            &key,
+                        )
+                        .await;
+                        results.push((message, r, Instant::now()));
+                    }
+                    results
+                })
+            })
+            .collect();
+        let phase = Duration::from_millis(700);
+        tokio::time::sleep(phase).await;
+        stack.kill_enclave();
+        let first_down = Instant::now();
+        tokio::time::sleep(phase).await;
+        stack.start_enclave();
+        let first_back = Instant::now();
+        tokio::time::sleep(phase).await;
+        let _ = second.kill();
+        let _ = second.wait();
+        let second_down = Instant::now();
+        tokio::time::sleep(phase).await;
+        stop.store(true, Ordering::SeqCst);
+
+        // Every request was signed (none failed), and some were answered while only the second
+        // enclave was up, and some while only the first was.
+        let (mut ok, mut by_second, mut by_first) = (0, 0, 0);
+        for c in clients {
+            for (message, r, at) in c.await.unwrap() {
+                assert_signed_by(&r, &message, &address);
+                ok += 1;
+                by_second += usize::from(at > first_down + Duration::from_millis(50) && at < first_back);
+                by_first += usize::from(at > second_down + Duration::from_millis(50));
+            }
+        }
+        eprintln!("two enclaves: {ok} signed, {by_second} with only the second up, {by_first} with only the first");
+        assert!(by_second > 0 && by_first > 0, "{by_second} / {by_first}");
+        assert_eq!(stack.activity_count(&key, &org).await, (before + ok).min(100));
+    })
+    .await
+    .expect("test took longer than 90 s (a request hung)");
+}
