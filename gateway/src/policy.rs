@@ -233,10 +233,19 @@ pub fn organization_facts(
         facts.wallet_account = Some(a.address);
         Ok(())
     };
+    // The signer's Ethereum address, for `eth.tx.from`.
+    let mut signer = None;
     if let Some(sw) = text("signWith") {
         match crate::store::sign_with_key(store, org, sw)? {
-            Some(SignWithKey::Account(a)) => put_account(&mut facts, a)?,
-            Some(SignWithKey::PrivateKey { key, .. }) => facts.private_key = Some(private_key_facts(&key)),
+            Some(SignWithKey::Account(a)) => {
+                signer = (a.address_format == "ADDRESS_FORMAT_ETHEREUM").then(|| a.address.clone());
+                put_account(&mut facts, a)?
+            }
+            Some(SignWithKey::PrivateKey { key, .. }) => {
+                signer =
+                    key.addresses.iter().find(|e| e.format == "ADDRESS_FORMAT_ETHEREUM").map(|e| e.address.clone());
+                facts.private_key = Some(private_key_facts(&key))
+            }
             None => {}
         }
     }
@@ -255,7 +264,6 @@ pub fn organization_facts(
             facts.private_key = Some(private_key_facts(&k));
         }
     }
-    let signer = facts.wallet_account.clone().or_else(|| text("signWith").map(str::to_string));
     facts.transaction = crate::tx_facts::transaction_facts(store, org, params, signer.as_deref())?;
     if let Some(ids) = params.get("walletIds").and_then(Value::as_array) {
         let mut ws = Vec::new();

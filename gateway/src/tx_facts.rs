@@ -64,7 +64,7 @@ fn interfaces(store: &dyn Store, org: &str) -> Result<Arc<Interfaces>, StoreErro
 
 /// The facts of the transaction `params` (a `sign_transaction` intent) carries, or `None` when
 /// it carries none or it does not parse (the handler then refuses it with a 400). `signer` is
-/// the address `signWith` resolved to, if any.
+/// the Ethereum address of the key `signWith` resolved to, if it has one.
 pub fn transaction_facts(
     store: &dyn Store,
     org: &str,
@@ -78,7 +78,7 @@ pub fn transaction_facts(
     let tx = match &tx {
         Unsigned::Ethereum(t) => {
             let mut f = t.facts();
-            if let Some(from) = signer.filter(|s| s.starts_with("0x")) {
+            if let Some(from) = signer {
                 f.insert("from".into(), Val::Str(from.to_ascii_lowercase()));
             }
             if let (Some(to), true) = (t.to(), t.data().len() >= 4) {

@@ -438,8 +438,16 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
 
     let friend = "0x1111111111111111111111111111111111111111";
     let stranger = "0x2222222222222222222222222222222222222222";
-    add_policy(root, org, "to friend", Effect::Allow, &format!("{signing} && eth.tx.to == '{friend}'"), &is_alice)
-        .await;
+    let from = a.eth.to_lowercase();
+    add_policy(
+        root,
+        org,
+        "to friend",
+        Effect::Allow,
+        &format!("{signing} && eth.tx.to == '{friend}' && eth.tx.from == '{from}'"),
+        &is_alice,
+    )
+    .await;
     add_policy(root, org, "not above 1000 wei", Effect::Deny, &format!("{signing} && eth.tx.value > 1000"), "true")
         .await;
     let eth = |to: &str, value: u128| eip1559(3, to, value, &[]);
