@@ -94,6 +94,7 @@ impl tower::Service<axum::http::Request<BoxBody>> for Failover {
                             tracing::warn!(enclave = %member.socket.display(), error = %e, "enclave unreachable; trying the next");
                         }
                         member.down_until.store(since_start() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
+                        crate::metrics::observe_enclave_unreachable(&member.socket);
                         last = Some(e.into());
                     }
                 }

@@ -45,6 +45,12 @@ pub struct MethodLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnclaveEndpointLabel {
+    /// The enclave's socket, as configured (a bounded set).
+    pub enclave: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     /// `delivered`, `retry` or `failed`.
     pub outcome: &'static str,
@@ -64,6 +70,7 @@ pub struct Metrics {
     pub activities: Family<ActivityLabels, Counter>,
     pub enclave_calls: Family<EnclaveLabels, Counter>,
     pub enclave_seconds: Histograms<MethodLabel>,
+    pub enclave_unreachable: Family<EnclaveEndpointLabel, Counter>,
     pub commit_seconds: Histogram,
     pub commit_batch: Histogram,
     pub webhook_held: Gauge,
@@ -75,6 +82,7 @@ impl Metrics {
         let (requests, request_seconds) = (Family::default(), Family::new_with_constructor(latency as fn() -> _));
         let (activities, enclave_calls) = (Family::default(), Family::default());
         let enclave_seconds = Family::new_with_constructor(latency as fn() -> _);
+        let enclave_unreachable = Family::default();
         let (commit_seconds, commit_batch) = (latency(), Histogram::new(exponential_buckets(1.0, 2.0, 10)));
         let (webhook_held, webhook_attempts) = (Gauge::default(), Family::default());
         let mut registry = Registry::with_prefix("coffer");
@@ -83,6 +91,11 @@ impl Metrics {
         registry.register("activities", "Activities recorded, by type and status", activities.clone());
         registry.register("enclave_calls", "Calls to the enclave by method and outcome", enclave_calls.clone());
         registry.register("enclave_call_seconds", "Enclave call latency by method", enclave_seconds.clone());
+        registry.register(
+            "enclave_unreachable",
+            "Calls an enclave did not answer (sent to the next one when there are several), by enclave",
+            enclave_unreachable.clone(),
+        );
         registry.register("store_commit_seconds", "Store commit latency (one transaction)", commit_seconds.clone());
         registry.register("store_commit_batch_size", "Activities per store commit", commit_batch.clone());
         registry.register(
@@ -98,6 +111,7 @@ impl Metrics {
             activities,
             enclave_calls,
             enclave_seconds,
+            enclave_unreachable,
             commit_seconds,
             commit_batch,
             webhook_held,
@@ -140,6 +154,11 @@ pub fn observe_enclave_call(method: &str, outcome: &'static str, took: Duration)
     let m = metrics();
     m.enclave_seconds.get_or_create(&MethodLabel { method: method.to_string() }).observe(took.as_secs_f64());
     m.enclave_calls.get_or_create(&EnclaveLabels { method: method.to_string(), outcome }).inc();
+}
+
+/// An enclave did not answer a call.
+pub fn observe_enclave_unreachable(enclave: &std::path::Path) {
+    metrics().enclave_unreachable.get_or_create(&EnclaveEndpointLabel { enclave: enclave.display().to_string() }).inc();
 }
 
 #[cfg(test)]

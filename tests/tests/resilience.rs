@@ -712,6 +712,12 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
         eprintln!("two enclaves: {ok} signed, {by_second} with only the second up, {by_first} with only the first");
         assert!(by_second > 0 && by_first > 0, "{by_second} / {by_first}");
         assert_eq!(stack.activity_count(&key, &org).await, (before + ok).min(100));
+        // Each enclave was counted unreachable while it was down.
+        let metrics = reqwest::get(format!("{}/metrics", stack.base_url)).await.unwrap().text().await.unwrap();
+        for socket in [stack.enclave_socket(), second_socket.clone()] {
+            let line = format!("coffer_enclave_unreachable_total{{enclave=\"{}\"}}", socket.display());
+            assert!(metrics.lines().any(|l| l.starts_with(&line)), "{line} in {metrics}");
+        }
     })
     .await
     .expect("test took longer than 90 s (a request hung)");
