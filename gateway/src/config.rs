@@ -13,7 +13,9 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// HTTP listen address of the auth proxy. Default `127.0.0.1:8081`.
     pub auth_proxy_listen: SocketAddr,
-    /// Store URL: `sqlite://PATH`. Default `sqlite://./.coffer/coffer.db`.
+    /// Store URL: `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket
+    /// directory as a percent-encoded host, e.g. `postgres://coffer@%2Frun%2Fpostgresql/coffer`).
+    /// Default `sqlite://./.coffer/coffer.db`. Environment: `COFFER_STORE_URL`.
     pub store_url: String,
     /// The enclave's Unix socket. Default `./.coffer/enclave.sock`.
     pub enclave_socket: PathBuf,
@@ -181,12 +183,10 @@ impl GatewayConfig {
         }
     }
 
-    /// The SQLite file named by `store_url`.
-    pub fn sqlite_path(&self) -> anyhow::Result<PathBuf> {
-        match self.store_url.strip_prefix("sqlite://") {
-            Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-            _ => anyhow::bail!("unsupported store_url {:?}: expected sqlite://PATH", self.store_url),
-        }
+    /// Opens the store `store_url` names: `sqlite://PATH`, or `postgres://…` for a database that
+    /// several gateways share.
+    pub fn open_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
+        Ok(crate::store::open(&self.store_url)?)
     }
 }
 
@@ -212,8 +212,9 @@ mod tests {
         assert_eq!(cfg.body_limit, 10);
         assert_eq!(cfg.listen.port(), 8080);
         assert!(toml::from_str::<GatewayConfig>("bodylimit = 10").is_err());
-        assert_eq!(cfg.sqlite_path().unwrap(), PathBuf::from("./.coffer/coffer.db"));
-        let bad = GatewayConfig { store_url: "postgres://x".into(), ..GatewayConfig::default() };
-        assert!(bad.sqlite_path().is_err());
+        assert_eq!(cfg.store_url, "sqlite://./.coffer/coffer.db");
+        let bad = GatewayConfig { store_url: "mysql://u:secret@x/db".into(), ..GatewayConfig::default() };
+        let err = bad.open_store().err().expect("an unknown scheme is refused").to_string();
+        assert!(err.contains("unsupported store URL") && !err.contains("secret"), "{err}");
     }
 }

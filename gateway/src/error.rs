@@ -150,6 +150,10 @@ impl From<StoreError> for ApiError {
                 tracing::error!(error = %m, "store failure");
                 ApiError::internal()
             }
+            StoreError::Busy => {
+                tracing::error!("store busy past its retries");
+                ApiError::internal()
+            }
         }
     }
 }

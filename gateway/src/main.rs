@@ -7,7 +7,6 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use coffer_gateway::config::GatewayConfig;
 use coffer_gateway::state::AppState;
-use coffer_gateway::store::SqliteStore;
 
 #[derive(Parser)]
 #[command(name = "coffer-gateway", about = "Coffer's HTTP gateway (holds no secrets)")]
@@ -100,16 +99,15 @@ async fn main() -> anyhow::Result<()> {
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
         Command::UncertifiedCredentials => {
-            use coffer_gateway::store::Store;
-            let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+            let store = cfg.open_store()?;
             for c in store.uncertified_credentials()? {
                 println!("{}", serde_json::to_string(&c)?);
             }
             Ok(())
         }
         Command::ImportCertificates => {
-            let store = SqliteStore::open(&cfg.sqlite_path()?)?;
-            let n = coffer_gateway::orgs::import_certificates(&store, std::io::stdin().lock())?;
+            let store = cfg.open_store()?;
+            let n = coffer_gateway::orgs::import_certificates(store.as_ref(), std::io::stdin().lock())?;
             println!("{}", serde_json::json!({ "certificatesStored": n }));
             Ok(())
         }
@@ -118,10 +116,11 @@ async fn main() -> anyhow::Result<()> {
                 cfg.enclave_socket = s;
                 cfg.enclave_sockets.clear();
             }
-            let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+            let store = cfg.open_store()?;
             let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
             let created =
-                coffer_gateway::orgs::create_root_org(&store, &mut enclave, &name, &user_name, &api_public_key).await?;
+                coffer_gateway::orgs::create_root_org(store.as_ref(), &mut enclave, &name, &user_name, &api_public_key)
+                    .await?;
             println!("{}", serde_json::to_string(&created)?);
             Ok(())
         }
@@ -151,8 +150,7 @@ async fn init_dev(
     base_url: &str,
     auth_proxy_url: &str,
 ) -> anyhow::Result<()> {
-    use coffer_gateway::store::Store;
-    let store = SqliteStore::open(&cfg.sqlite_path()?)?;
+    let store = cfg.open_store()?;
     if let Ok(text) = std::fs::read_to_string(out) {
         let existing: serde_json::Value = serde_json::from_str(&text)?;
         let org = existing["organizationId"].as_str().unwrap_or_default();
@@ -180,7 +178,8 @@ async fn init_dev(
     let signer = signer.ok_or_else(|| anyhow::anyhow!("enclave did not answer on {}", cfg.enclave_socket.display()))?;
     let (public, private) = keygen();
     let created =
-        coffer_gateway::orgs::create_root_org(&store, &mut enclave, "Coffer development", "root", &public).await?;
+        coffer_gateway::orgs::create_root_org(store.as_ref(), &mut enclave, "Coffer development", "root", &public)
+            .await?;
     let doc = zeroize::Zeroizing::new(serde_json::to_string_pretty(&serde_json::json!({
         "baseUrl": base_url,
         "authProxyUrl": auth_proxy_url,
@@ -200,7 +199,7 @@ async fn init_dev(
 
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     use coffer_gateway::serve::{serve, ConnectionLimits};
-    let store = Arc::new(SqliteStore::open(&cfg.sqlite_path()?)?);
+    let store = cfg.open_store()?;
     let enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state =

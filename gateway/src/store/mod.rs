@@ -1,11 +1,31 @@
-//! Storage: the `Store` abstraction the gateway runs on, its records, and the SQLite backend.
+//! Storage: the `Store` abstraction the gateway runs on, its records, and its two backends
+//! (embedded SQLite, PostgreSQL for several gateways), which share one set of SQL (`sql`).
 //!
 //! Every activity is committed together with its effects (`Write`s) in one transaction; the
-//! fingerprint is a unique constraint, so identical submissions can never record twice.
+//! fingerprint is a unique constraint, so identical submissions can never record twice, even
+//! when two gateways commit them at the same moment.
 
+mod backend;
+mod postgres;
+pub(crate) mod sql;
 mod sqlite;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+/// Opens the store a `store_url` names: `sqlite://PATH` or `postgres://…` (`postgresql://…`).
+pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        return Ok(std::sync::Arc::new(SqliteStore::open(std::path::Path::new(path))?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(std::sync::Arc::new(PostgresStore::open(url)?));
+    }
+    Err(StoreError::Backend(format!(
+        "unsupported store URL (expected sqlite://PATH or postgres://…): {}",
+        postgres::redact(url)
+    )))
+}
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +82,9 @@ pub enum StoreError {
     Unique(String),
     #[error("database error: {0}")]
     Backend(String),
+    /// A transient lock conflict (SQLite's SQLITE_BUSY); reads are retried.
+    #[error("database busy")]
+    Busy,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -1,0 +1,182 @@
+//! A SQL backend (how to reach its connections) and the `Store` every backend gets from the
+//! shared SQL in [`super::sql`].
+
+use super::sql::{self, Db};
+use super::*;
+
+/// What a backend provides: connections for reads and for write transactions, a committer for
+/// activities, and what has no portable SQL.
+pub trait Backend: Send + Sync + 'static {
+    type Db: Db;
+    /// Runs a read (possibly more than once: reads are retried on transient errors).
+    fn read<T>(&self, f: impl FnMut(&mut Self::Db) -> Result<T, StoreError>) -> Result<T, StoreError>;
+    /// Runs `f` in a write transaction, committed if it succeeds.
+    fn write<T>(&self, f: impl FnOnce(&mut Self::Db) -> Result<T, StoreError>) -> Result<T, StoreError>;
+    /// Queues an activity for the group committer ([`sql::commit_batch`]).
+    fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback);
+    /// See [`Store::purge_deleted_data`].
+    fn purge_deleted_data(&self) -> Result<bool, StoreError>;
+}
+
+impl<B: Backend> Store for B {
+    fn commit(&self, a: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
+        if nowait::active() {
+            return Err(nowait::give_up());
+        }
+        let (reply, outcome) = std::sync::mpsc::sync_channel(1);
+        Backend::commit_then(
+            self,
+            a.clone(),
+            writes.to_vec(),
+            Box::new(move |r| {
+                let _ = reply.send(r);
+            }),
+        );
+        outcome.recv().map_err(|_| StoreError::Backend("committer thread stopped".into()))?
+    }
+    fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
+        Backend::commit_then(self, activity, writes, done)
+    }
+    fn apply(&self, writes: &[Write]) -> Result<(), StoreError> {
+        self.write(|db| writes.iter().try_for_each(|w| sql::apply_write(db, w)))
+    }
+    fn organization(&self, id: &str) -> Result<Organization, StoreError> {
+        self.read(|db| sql::organization(db, id))
+    }
+    fn deleted_organization(&self, id: &str) -> Result<Organization, StoreError> {
+        self.read(|db| sql::deleted_organization(db, id))
+    }
+    fn api_key_by_public_key(&self, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
+        self.read(|db| sql::api_key_by_public_key(db, org, public_key))
+    }
+    fn user(&self, org: &str, id: &str) -> Result<User, StoreError> {
+        self.read(|db| sql::user(db, org, id))
+    }
+    fn names_in_use(&self, org: &str, kind: Named, names: &[&str]) -> Result<Vec<String>, StoreError> {
+        self.read(|db| sql::names_in_use(db, org, kind, names))
+    }
+    fn users_page(&self, org: &str, page: &Page) -> Result<Vec<User>, StoreError> {
+        self.read(|db| sql::users_page(db, org, page))
+    }
+    fn api_keys_of_user(&self, org: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+        self.read(|db| sql::api_keys_of_user(db, org, user_id))
+    }
+    fn wallet(&self, org: &str, id: &str) -> Result<Wallet, StoreError> {
+        self.read(|db| sql::wallet(db, org, id))
+    }
+    fn wallets_page(&self, org: &str, page: &Page) -> Result<Vec<Wallet>, StoreError> {
+        self.read(|db| sql::wallets_page(db, org, page))
+    }
+    fn accounts_page(&self, org: &str, wallet_id: Option<&str>, page: &Page) -> Result<Vec<WalletAccount>, StoreError> {
+        self.read(|db| sql::accounts_page(db, org, wallet_id, page))
+    }
+    fn account_by_address(&self, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
+        self.read(|db| sql::account_by_address(db, org, address))
+    }
+    fn private_key(&self, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
+        self.read(|db| sql::private_key(db, org, id))
+    }
+    fn private_keys_page(&self, org: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError> {
+        self.read(|db| sql::private_keys_page(db, org, page))
+    }
+    fn private_key_by_address(&self, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
+        self.read(|db| sql::private_key_by_address(db, org, address))
+    }
+    fn import_target(&self, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
+        self.read(|db| sql::import_target(db, org, user_id))
+    }
+    fn activity(&self, org: &str, id: &str) -> Result<ActivityRecord, StoreError> {
+        self.read(|db| sql::activity(db, org, id))
+    }
+    fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
+        self.read(|db| sql::activity_by_fingerprint(db, fingerprint))
+    }
+    fn activities(&self, org: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
+        self.read(|db| sql::activities(db, org, filter))
+    }
+    fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
+        self.read(|db| sql::record(db, org, kind, id))
+    }
+    fn records_page(&self, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
+        self.read(|db| sql::records_page(db, org, kind, page))
+    }
+    fn records_version(&self, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
+        self.read(|db| sql::records_version(db, org, kind))
+    }
+    fn ping(&self) -> Result<(), StoreError> {
+        self.read(|db| sql::ping(db))
+    }
+    fn api_key(&self, org: &str, id: &str) -> Result<ApiKey, StoreError> {
+        self.read(|db| sql::api_key(db, org, id))
+    }
+    fn api_keys_page(&self, org: &str, page: &Page) -> Result<Vec<ApiKey>, StoreError> {
+        self.read(|db| sql::api_keys_page(db, org, page))
+    }
+    fn uncertified_credentials(&self) -> Result<Vec<UncertifiedCredential>, StoreError> {
+        self.read(|db| sql::uncertified_credentials(db))
+    }
+    fn user_tag_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
+        self.read(|db| sql::user_tag_members(db, org))
+    }
+    fn user_tags_of(&self, org: &str, user_id: &str) -> Result<Vec<String>, StoreError> {
+        self.read(|db| sql::user_tags_of(db, org, user_id))
+    }
+    fn authenticator(&self, org: &str, id: &str) -> Result<AuthenticatorRecord, StoreError> {
+        self.read(|db| sql::authenticator(db, org, id))
+    }
+    fn authenticator_by_credential_id(
+        &self,
+        org: &str,
+        credential_id: &str,
+    ) -> Result<AuthenticatorRecord, StoreError> {
+        self.read(|db| sql::authenticator_by_credential_id(db, org, credential_id))
+    }
+    fn authenticators_of_user(&self, org: &str, user_id: &str) -> Result<Vec<AuthenticatorRecord>, StoreError> {
+        self.read(|db| sql::authenticators_of_user(db, org, user_id))
+    }
+    fn oauth_providers(&self, org: &str, user_id: Option<&str>) -> Result<Vec<OauthProviderRecord>, StoreError> {
+        self.read(|db| sql::oauth_providers(db, org, user_id))
+    }
+    fn sub_organization_ids(
+        &self,
+        parent: &str,
+        filter: &SubOrgFilter,
+        page: &Page,
+    ) -> Result<Vec<String>, StoreError> {
+        self.read(|db| sql::sub_organization_ids(db, parent, filter, page))
+    }
+    fn organization_footprint(&self, org: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        self.read(|db| sql::organization_footprint(db, org))
+    }
+    fn purge_deleted_data(&self) -> Result<bool, StoreError> {
+        Backend::purge_deleted_data(self)
+    }
+    fn policy_evaluations(&self, org: &str, activity_id: &str) -> Result<Vec<PolicyEvaluationRecord>, StoreError> {
+        self.read(|db| sql::policy_evaluations(db, org, activity_id))
+    }
+    fn idempotency_key(&self, org: &str, key: &str) -> Result<(String, String), StoreError> {
+        self.read(|db| sql::idempotency_key(db, org, key))
+    }
+    fn due_webhook_deliveries(
+        &self,
+        now: Nanos,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        self.read(|db| sql::due_webhook_deliveries(db, now, limit, skip))
+    }
+    fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError> {
+        self.write(|db| sql::release_webhook_leases(db, now))
+    }
+    fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError> {
+        self.write(|db| sql::record_webhook_attempts(db, attempts))
+    }
+    fn webhook_deliveries(
+        &self,
+        org: &str,
+        endpoint_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        self.read(|db| sql::webhook_deliveries(db, org, endpoint_id, limit))
+    }
+}
