@@ -14,7 +14,12 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-test: deps lint
+# Static checks of deploy/ (systemd units, compose, Helm chart, Dockerfile); no docker or helm needed.
+.PHONY: lint-deploy
+lint-deploy: deps
+	./deploy/lint.sh
+
+test: deps lint-deploy lint
 	$(CARGO) build --bins --locked
 	$(CARGO) test --workspace --locked
 
