@@ -3,6 +3,7 @@
 
 pub mod cbor;
 pub mod oidc;
+pub mod postgres;
 pub mod rlp;
 
 use std::path::{Path, PathBuf};
@@ -48,6 +49,9 @@ pub struct Stack {
     port: u16,
     /// Extra environment for both processes (settings a test changes).
     extra_env: Vec<(String, String)>,
+    /// `sqlite://…` in the stack's directory, or a fresh PostgreSQL database when the run's
+    /// `COFFER_TEST_STORE` is `postgres` (see [`postgres::store_under_test`]).
+    store_url: String,
 }
 
 impl Stack {
@@ -56,7 +60,7 @@ impl Stack {
             .env("COFFER_HSM_PIN", TEST_PIN)
             .env("COFFER_TOKEN_LABEL", "coffer-test")
             .env("COFFER_ENCLAVE_SOCKET", self.dir.join("enclave.sock"))
-            .env("COFFER_STORE_URL", format!("sqlite://{}", self.dir.join("coffer.db").display()))
+            .env("COFFER_STORE_URL", &self.store_url)
             .env("COFFER_LISTEN", format!("127.0.0.1:{}", self.port))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()))
             .env("COFFER_LOG", "warn");
@@ -91,7 +95,12 @@ impl Stack {
             ),
         )
         .unwrap();
+        let store_url = match postgres::store_under_test() {
+            "postgres" => postgres::server().fresh_database(),
+            _ => format!("sqlite://{}", dir.join("coffer.db").display()),
+        };
         let mut stack = Stack {
+            store_url,
             dir,
             base_url: String::new(),
             organization_id: String::new(),
@@ -173,7 +182,9 @@ impl Stack {
     }
 
     /// The gateway's SQLite file (what an attacker with the gateway's rights can read and write).
+    /// The SQLite file (stacks on SQLite only).
     pub fn database_path(&self) -> PathBuf {
+        assert!(self.store_url.starts_with("sqlite://"), "this test reads the SQLite file: run it on SQLite");
         self.dir.join("coffer.db")
     }
 

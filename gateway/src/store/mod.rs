@@ -11,6 +11,7 @@ pub(crate) mod sql;
 mod sqlite;
 
 pub use postgres::PostgresStore;
+pub use sql::{KEPT_ON_DELETION, PURGED_ON_DELETION};
 pub use sqlite::SqliteStore;
 
 /// Opens the store a `store_url` names: `sqlite://PATH` or `postgres://…` (`postgresql://…`).

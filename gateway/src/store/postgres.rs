@@ -336,3 +336,34 @@ impl Backend for PostgresStore {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_as_written_or_in_order() {
+        assert_eq!(placeholders("a = ?1 AND b = ?2 OR c = ?1"), "a = $1 AND b = $2 OR c = $1");
+        assert_eq!(placeholders("x IN (?, ?) LIMIT ?"), "x IN ($1, $2) LIMIT $3");
+        assert_eq!(placeholders("?12"), "$12");
+    }
+
+    #[test]
+    fn migrations_in_postgresql_words() {
+        let m = PgConn::dialect(sql::MIGRATIONS[4]);
+        assert!(!m.contains("TRIGGER") && !m.contains("BEGIN\n") && !m.contains("END;"), "{m}");
+        assert!(m.contains("CREATE TABLE IF NOT EXISTS organization_deletions"));
+        let m = PgConn::dialect(sql::MIGRATIONS[6]);
+        assert!(m.contains("BYTEA NOT NULL DEFAULT ''::bytea") && !m.contains("BLOB"), "{m}");
+        let m = PgConn::dialect(sql::MIGRATIONS[9]);
+        assert!(m.contains("attempts BIGINT") && !m.contains(" INTEGER"), "{m}");
+        assert!(!PgConn::dialect(sql::MIGRATIONS[10]).contains("DROP TRIGGER"));
+    }
+
+    #[test]
+    fn urls_in_messages_carry_no_password() {
+        assert_eq!(redact("postgres://coffer:s3cret@db:5432/coffer"), "postgres://coffer@db:5432/coffer");
+        assert_eq!(redact("postgres://coffer@%2Frun/coffer"), "postgres://coffer@%2Frun/coffer");
+        assert_eq!(redact("postgres://db/coffer"), "postgres://db/coffer");
+    }
+}

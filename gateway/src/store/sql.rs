@@ -471,7 +471,6 @@ pub const PURGED_ON_DELETION: &[&str] = &[
     "webhook_deliveries",
 ];
 /// Kept when a sub-organization is deleted.
-#[cfg(test)]
 pub const KEPT_ON_DELETION: &[&str] = &["activities", "policy_evaluations", "organizations"];
 
 /// Commits activities with their writes in one transaction, each in its own savepoint so one

@@ -1,0 +1,546 @@
+//! The store's conformance suite: every test runs on SQLite and on PostgreSQL (a private server
+//! started by `deploy/postgres-private.sh`), and the races between two gateways run as two stores
+//! on one database.
+
+use std::sync::Arc;
+
+use coffer_gateway::store::*;
+use coffer_tests::postgres;
+
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database of its own for one test: a SQLite file in a directory removed on drop, or a fresh
+/// PostgreSQL database.
+struct Database {
+    url: String,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn database(backend: Backend) -> Database {
+    match backend {
+        Backend::Sqlite => {
+            let dir = std::env::temp_dir().join(format!("coffer-store-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Database { url: format!("sqlite://{}", dir.join("t.db").display()), dir: Some(dir) }
+        }
+        Backend::Postgres => Database { url: postgres::server().fresh_database(), dir: None },
+    }
+}
+
+/// One store (one gateway's) on a fresh database holding organization `o1`.
+fn store(backend: Backend) -> (Database, Arc<dyn Store>) {
+    let db = database(backend);
+    let s = open(&db.url).unwrap();
+    s.apply(&[Write::InsertOrganization(org("o1"))]).unwrap();
+    (db, s)
+}
+
+/// Two stores on one database: what two gateways see.
+fn two_stores(backend: Backend) -> (Database, Arc<dyn Store>, Arc<dyn Store>) {
+    let (db, a) = store(backend);
+    let b = open(&db.url).unwrap();
+    (db, a, b)
+}
+
+/// Runs each named test on both backends.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Backend::Sqlite)
+            })*
+        }
+        mod postgresql {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Backend::Postgres)
+            })*
+        }
+    };
+}
+
+conformance!(
+    every_table_of_an_organization_is_purged_or_kept_on_deletion_by_decision,
+    same_fingerprint_commits_once,
+    failed_write_rolls_back_everything,
+    delete_requires_export_unless_told,
+    import_target_is_used_once,
+    records_unique_names_replace_and_delete,
+    concurrent_commits_share_batches_and_fail_alone,
+    activity_pages_are_keyset_pages_in_sql,
+    webhook_outbox_rows_are_due_skipped_attempted_and_dropped,
+    migrations_are_idempotent_and_a_newer_schema_is_refused,
+    two_gateways_record_one_fingerprint_once,
+    two_gateways_keep_names_unique,
+    two_gateways_move_a_consensus_activity_once,
+    two_gateways_claim_an_idempotency_key_once,
+    sub_organization_deletion_keeps_activities_and_purges_the_rest,
+);
+
+fn org(id: &str) -> Organization {
+    Organization {
+        id: id.into(),
+        name: "o".into(),
+        parent_id: None,
+        root_quorum_threshold: 1,
+        root_user_ids: vec!["u".into()],
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn activity(fp: &str) -> ActivityRecord {
+    ActivityRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        organization_id: "o1".into(),
+        activity_type: "ACTIVITY_TYPE_X".into(),
+        status: "ACTIVITY_STATUS_COMPLETED".into(),
+        fingerprint: fp.into(),
+        intent: serde_json::json!({}),
+        result: serde_json::json!({}),
+        votes: serde_json::json!([]),
+        failure: None,
+        created_at: now_nanos(),
+        updated_at: now_nanos(),
+    }
+}
+
+fn wallet(id: &str, name: &str) -> Wallet {
+    Wallet {
+        id: id.into(),
+        organization_id: "o1".into(),
+        name: name.into(),
+        exported: false,
+        imported: false,
+        sealed_seed: vec![1, 2, 3],
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn every_table_of_an_organization_is_purged_or_kept_on_deletion_by_decision(backend: Backend) {
+    let (_db, s) = store(backend);
+    let tables: Vec<String> = s.organization_footprint("o1").unwrap().into_iter().map(|(t, _)| t).collect();
+    let unclassified: Vec<&String> = tables
+        .iter()
+        .filter(|t| !PURGED_ON_DELETION.contains(&t.as_str()) && !KEPT_ON_DELETION.contains(&t.as_str()))
+        .collect();
+    assert!(unclassified.is_empty(), "tables a sub-organization deletion neither purges nor keeps: {unclassified:?}");
+    for t in PURGED_ON_DELETION.iter().chain(KEPT_ON_DELETION) {
+        assert!(tables.iter().any(|x| x == t), "{t} is not a table with an organization_id");
+    }
+}
+
+fn same_fingerprint_commits_once(backend: Backend) {
+    let (_db, s) = store(backend);
+    let first = activity("sha256:aa");
+    assert!(matches!(s.commit(&first, &[Write::InsertWallet(wallet("w1", "a"))]).unwrap(), Committed::New(_)));
+    let again = activity("sha256:aa");
+    match s.commit(&again, &[Write::InsertWallet(wallet("w2", "b"))]).unwrap() {
+        Committed::Existing(a) => assert_eq!(a.id, first.id),
+        other => panic!("expected existing, got {other:?}"),
+    }
+    // The second activity's effects were not applied.
+    assert_eq!(s.wallets("o1").unwrap().len(), 1);
+}
+
+fn failed_write_rolls_back_everything(backend: Backend) {
+    let (_db, s) = store(backend);
+    s.commit(&activity("sha256:1"), &[Write::InsertWallet(wallet("w1", "a"))]).unwrap();
+    // Second wallet is fine, then a name clash: neither the wallet nor the activity lands.
+    let err = s
+        .commit(
+            &activity("sha256:2"),
+            &[Write::InsertWallet(wallet("w2", "b")), Write::InsertWallet(wallet("w3", "a"))],
+        )
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unique(ref m) if m == "wallet name must be unique"), "{err:?}");
+    assert_eq!(s.wallets("o1").unwrap().len(), 1);
+    assert!(matches!(s.activity_by_fingerprint("sha256:2"), Err(StoreError::NotFound)));
+}
+
+fn delete_requires_export_unless_told(backend: Backend) {
+    let (_db, s) = store(backend);
+    s.commit(&activity("sha256:1"), &[Write::InsertWallet(wallet("w1", "a"))]).unwrap();
+    let err = s
+        .commit(&activity("sha256:2"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(ref m) if m.starts_with("wallet account has not been exported")));
+    assert_eq!(s.wallets("o1").unwrap().len(), 1);
+    s.commit(&activity("sha256:3"), &[Write::MarkWalletExported("w1".into())]).unwrap();
+    s.commit(&activity("sha256:4"), &[Write::DeleteWallets { ids: vec!["w1".into()], require_exported: true }])
+        .unwrap();
+    assert!(s.wallets("o1").unwrap().is_empty());
+}
+
+fn import_target_is_used_once(backend: Backend) {
+    let (_db, s) = store(backend);
+    let t = ImportTarget { organization_id: "o1".into(), user_id: "u".into(), sealed_key: vec![9], created_at: 1 };
+    s.apply(&[Write::PutImportTarget(t.clone())]).unwrap();
+    assert_eq!(s.import_target("o1", "u").unwrap().sealed_key, vec![9]);
+    let take = Write::TakeImportTarget { organization_id: "o1".into(), user_id: "u".into(), sealed_key: vec![9] };
+    s.apply(std::slice::from_ref(&take)).unwrap();
+    assert!(matches!(s.apply(&[take]), Err(StoreError::Conflict(_))));
+}
+
+fn records_unique_names_replace_and_delete(backend: Backend) {
+    let (_db, s) = store(backend);
+    let rec = |id: &str, name: &str| Record {
+        organization_id: "o1".into(),
+        kind: "policy".into(),
+        id: id.into(),
+        name: name.into(),
+        data: serde_json::json!({"n": name}),
+        created_at: 1,
+        updated_at: 1,
+    };
+    s.apply(&[Write::PutRecord(rec("p1", "a"))]).unwrap();
+    let err = s.apply(&[Write::PutRecord(rec("p2", "a"))]).unwrap_err();
+    assert!(matches!(err, StoreError::Unique(ref m) if m.contains("policy name must be unique")), "{err:?}");
+    s.apply(&[Write::PutRecord(rec("p1", "b"))]).unwrap();
+    assert_eq!(s.record("o1", "policy", "p1").unwrap().data, serde_json::json!({"n": "b"}));
+    assert_eq!(s.records("o1", "policy").unwrap().len(), 1);
+    let del = |ids: Vec<&str>| Write::DeleteRecords {
+        organization_id: "o1".into(),
+        kind: "policy".into(),
+        ids: ids.into_iter().map(String::from).collect(),
+    };
+    // Deleting a missing record fails the whole transaction: p1 survives.
+    assert!(matches!(s.apply(&[del(vec!["p1", "nope"])]), Err(StoreError::Conflict(_))));
+    assert!(s.record("o1", "policy", "p1").is_ok());
+    s.apply(&[del(vec!["p1"])]).unwrap();
+    assert!(matches!(s.record("o1", "policy", "p1"), Err(StoreError::NotFound)));
+}
+
+fn concurrent_commits_share_batches_and_fail_alone(backend: Backend) {
+    let (_db, s) = store(backend);
+    // 64 threads commit at once; every 8th reuses a wallet name, so exactly those fail.
+    let handles: Vec<_> = (0..64)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let name = if i % 8 == 0 { "dup".to_string() } else { format!("w{i}") };
+                s.commit(&activity(&format!("sha256:{i}")), &[Write::InsertWallet(wallet(&format!("id{i}"), &name))])
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = results.iter().filter(|r| matches!(r, Ok(Committed::New(_)))).count();
+    let unique = results.iter().filter(|r| matches!(r, Err(StoreError::Unique(_)))).count();
+    // One "dup" wins, seven lose; every other commit lands.
+    assert_eq!((ok, unique), (57, 7));
+    assert_eq!(s.wallets("o1").unwrap().len(), 57);
+    let filter = ActivityFilter { limit: 100, ..Default::default() };
+    assert_eq!(s.activities("o1", &filter).unwrap().len(), 57);
+}
+
+fn activity_pages_are_keyset_pages_in_sql(backend: Backend) {
+    let (_db, s) = store(backend);
+    let mut all = Vec::new();
+    for i in 0..40i64 {
+        let mut a = activity(&format!("sha256:p{i}"));
+        a.id = format!("a{i:02}");
+        // Pairs share a timestamp, so the id breaks ties.
+        a.created_at = 1_000 + i / 2;
+        a.status = if i % 3 == 0 { "ACTIVITY_STATUS_FAILED" } else { "ACTIVITY_STATUS_COMPLETED" }.into();
+        s.commit(&a, &[]).unwrap();
+        all.push(a);
+    }
+    all.sort_by(|x, y| (y.created_at, &y.id).cmp(&(x.created_at, &x.id)));
+    let ids = |v: Vec<ActivityRecord>| v.into_iter().map(|a| a.id).collect::<Vec<_>>();
+    let expect = |f: &ActivityFilter| {
+        let mut items: Vec<&ActivityRecord> =
+            all.iter().filter(|a| f.statuses.is_empty() || f.statuses.contains(&a.status)).collect();
+        if let Some(pos) = f.after.as_ref().and_then(|c| all.iter().position(|a| &a.id == c)) {
+            let cut = &all[pos];
+            items.retain(|a| (a.created_at, &a.id) < (cut.created_at, &cut.id));
+        }
+        if let Some(pos) = f.before.as_ref().and_then(|c| all.iter().position(|a| &a.id == c)) {
+            let cut = &all[pos];
+            items.retain(|a| (a.created_at, &a.id) > (cut.created_at, &cut.id));
+            let skip = items.len().saturating_sub(f.limit);
+            items.drain(..skip);
+        }
+        items.truncate(f.limit);
+        items.into_iter().map(|a| a.id.clone()).collect::<Vec<_>>()
+    };
+    let failed = vec!["ACTIVITY_STATUS_FAILED".to_string()];
+    for (statuses, after, before, limit) in [
+        (vec![], None, None, 10),
+        (vec![], Some("a21"), None, 10),
+        (vec![], Some("a20"), None, 100),
+        (vec![], None, Some("a10"), 5),
+        (vec![], None, Some("a38"), 5),
+        (vec![], Some("a30"), Some("a10"), 4),
+        (failed.clone(), Some("a33"), None, 3),
+        (failed.clone(), None, Some("a03"), 3),
+        (vec![], Some("unknown"), None, 3),
+    ] {
+        let f = ActivityFilter {
+            statuses,
+            types: vec![],
+            limit,
+            after: after.map(String::from),
+            before: before.map(String::from),
+        };
+        let got = ids(s.activities("o1", &f).unwrap());
+        assert_eq!(got, expect(&f), "{after:?} {before:?} {limit}");
+        assert!(!got.is_empty());
+    }
+    // Walking `after` cursors visits every activity once, newest first.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let f = ActivityFilter { limit: 7, after: after.clone(), ..Default::default() };
+        let page = ids(s.activities("o1", &f).unwrap());
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().cloned();
+        seen.extend(page);
+    }
+    assert_eq!(seen, all.iter().map(|a| a.id.clone()).collect::<Vec<_>>());
+    let typed = ActivityFilter { limit: 100, types: vec!["ACTIVITY_TYPE_NONE".into()], ..Default::default() };
+    assert!(s.activities("o1", &typed).unwrap().is_empty());
+}
+
+fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
+    let (_db, s) = store(backend);
+    let row = |id: &str, endpoint: &str, due: Nanos| WebhookDelivery {
+        id: id.into(),
+        organization_id: "o1".into(),
+        endpoint_id: endpoint.into(),
+        activity_organization_id: "o1".into(),
+        activity_id: "a1".into(),
+        event_type: "ACTIVITY_UPDATES".into(),
+        body: "{}".into(),
+        status: DELIVERY_PENDING.into(),
+        attempts: 0,
+        next_attempt_at: due,
+        last_status_code: None,
+        last_error: None,
+        created_at: 1,
+        updated_at: 1,
+    };
+    s.apply(&[
+        Write::EnqueueWebhookDelivery(row("d1", "slow", 10)),
+        Write::EnqueueWebhookDelivery(row("d2", "slow", 11)),
+        Write::EnqueueWebhookDelivery(row("d3", "fast", 12)),
+        Write::EnqueueWebhookDelivery(row("d4", "fast", 99)),
+    ])
+    .unwrap();
+    let ids = |v: Vec<WebhookDelivery>| v.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d1", "d2", "d3"], "due, oldest first");
+    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &["slow".into()]).unwrap()), ["d3"], "a busy endpoint is skipped");
+    let attempt = |status: &str, next: Nanos| WebhookAttempt {
+        at: 20,
+        status_code: Some(503),
+        error: Some("HTTP 503".into()),
+        duration_ms: 3,
+        status: status.into(),
+        next_attempt_at: next,
+    };
+    assert_eq!(s.due_webhook_deliveries(50, 10, &[]).unwrap()[0].body, "{}", "with their bodies");
+    s.record_webhook_attempt("d1", &attempt(DELIVERY_PENDING, 70)).unwrap();
+    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3"], "retried later");
+    // A restart releases the leases of never attempted deliveries (d4), not retries (d1).
+    assert_eq!(s.release_webhook_leases(50).unwrap(), 1);
+    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3", "d4"]);
+    assert_eq!(s.release_webhook_leases(50).unwrap(), 0);
+    s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
+    let listed = s.webhook_deliveries("o1", "slow", 10).unwrap();
+    let d1 = listed.iter().find(|d| d.id == "d1").unwrap();
+    assert_eq!((d1.attempts, d1.last_status_code, d1.next_attempt_at), (1, Some(503), 70));
+    assert_eq!(listed.iter().find(|d| d.id == "d2").unwrap().status, DELIVERY_FAILED);
+    // A finished delivery takes no more attempts.
+    s.record_webhook_attempt("d2", &attempt(DELIVERY_DELIVERED, 20)).unwrap();
+    assert_eq!(s.webhook_deliveries("o1", "slow", 10).unwrap().iter().find(|d| d.id == "d2").unwrap().attempts, 1);
+    // Deleting the endpoint drops what is still pending, keeps what is settled.
+    s.apply(&[Write::DropWebhookDeliveries { organization_id: "o1".into(), endpoint_id: "slow".into() }]).unwrap();
+    assert_eq!(ids(s.webhook_deliveries("o1", "slow", 10).unwrap()), ["d2"]);
+}
+
+fn migrations_are_idempotent_and_a_newer_schema_is_refused(backend: Backend) {
+    let (db, s) = store(backend);
+    drop(s);
+    let again = open(&db.url).unwrap();
+    assert_eq!(again.organization("o1").unwrap(), org("o1"));
+    // A database a newer build migrated: this build must not write to it.
+    match backend {
+        Backend::Sqlite => {
+            let c = rusqlite::Connection::open(db.url.trim_start_matches("sqlite://")).unwrap();
+            c.execute("INSERT INTO schema_migrations (version) VALUES (999)", []).unwrap();
+        }
+        Backend::Postgres => {
+            let url = db.url.clone();
+            std::thread::spawn(move || {
+                let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+                c.batch_execute("INSERT INTO schema_migrations (version) VALUES (999)").unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+    }
+    let err = open(&db.url).err().expect("a newer schema is refused").to_string();
+    assert!(err.contains("version 999, newer than this build"), "{err}");
+}
+
+/// Runs `f(i, store)` on `n` threads, alternating between the two stores, all at once.
+fn race<T: Send + 'static>(
+    a: &Arc<dyn Store>,
+    b: &Arc<dyn Store>,
+    n: usize,
+    f: impl Fn(usize, &dyn Store) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let start = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, f, start) = (if i % 2 == 0 { a.clone() } else { b.clone() }, f.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                f(i, s.as_ref())
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn two_gateways_record_one_fingerprint_once(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    // The same request reaches both gateways 16 times at once: one record, one wallet, and every
+    // answer names that record.
+    let results = race(&a, &b, 16, |i, s| {
+        let mut act = activity("sha256:same");
+        act.id = format!("attempt-{i}");
+        s.commit(&act, &[Write::InsertWallet(wallet(&format!("w{i}"), "shared name"))])
+    });
+    let mut new = Vec::new();
+    let mut existing = Vec::new();
+    for r in results {
+        match r.unwrap() {
+            Committed::New(x) => new.push(x.id),
+            Committed::Existing(x) => existing.push(x.id),
+        }
+    }
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert!(existing.iter().all(|id| *id == new[0]), "{existing:?} vs {new:?}");
+    assert_eq!(a.wallets("o1").unwrap().len(), 1);
+    assert_eq!(b.activity_by_fingerprint("sha256:same").unwrap().id, new[0]);
+}
+
+fn two_gateways_keep_names_unique(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    let results = race(&a, &b, 16, |i, s| {
+        s.commit(&activity(&format!("sha256:n{i}")), &[Write::InsertWallet(wallet(&format!("w{i}"), "one name"))])
+    });
+    let ok = results.iter().filter(|r| matches!(r, Ok(Committed::New(_)))).count();
+    let taken =
+        results.iter().filter(|r| matches!(r, Err(StoreError::Unique(m)) if m == "wallet name must be unique")).count();
+    assert_eq!((ok, taken), (1, 15), "{results:?}");
+    assert_eq!(b.wallets("o1").unwrap().len(), 1);
+    // No activity of a loser was recorded either.
+    let all = a.activities("o1", &ActivityFilter { limit: 100, ..Default::default() }).unwrap();
+    assert_eq!(all.len(), 1);
+}
+
+fn two_gateways_move_a_consensus_activity_once(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    let mut pending = activity("sha256:pending");
+    pending.id = "pending".into();
+    pending.status = "ACTIVITY_STATUS_CONSENSUS_NEEDED".into();
+    a.commit(&pending, &[]).unwrap();
+    // Sixteen approvals of the activity as it stood with no votes: only one may complete it.
+    let results = race(&a, &b, 16, |i, s| {
+        s.commit(
+            &activity(&format!("sha256:vote{i}")),
+            &[Write::UpdateConsensusActivity {
+                organization_id: "o1".into(),
+                id: "pending".into(),
+                expected_votes: 0,
+                status: "ACTIVITY_STATUS_COMPLETED".into(),
+                result: serde_json::json!({"by": i}),
+                votes: serde_json::json!([{"id": format!("vote{i}")}]),
+                failure: None,
+                updated_at: now_nanos(),
+            }],
+        )
+    });
+    let won: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| i).collect();
+    assert_eq!(won.len(), 1, "{results:?}");
+    assert!(results
+        .iter()
+        .filter(|r| r.is_err())
+        .all(|r| matches!(r, Err(StoreError::Conflict(m)) if m == CONSENSUS_MOVED)));
+    let done = b.activity("o1", "pending").unwrap();
+    assert_eq!(done.status, "ACTIVITY_STATUS_COMPLETED");
+    assert_eq!(done.result, serde_json::json!({"by": won[0]}));
+    assert_eq!(done.votes.as_array().unwrap().len(), 1);
+}
+
+fn two_gateways_claim_an_idempotency_key_once(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    let results = race(&a, &b, 16, |i, s| {
+        let act = activity(&format!("sha256:idem{i}"));
+        let id = act.id.clone();
+        let claim = Write::InsertIdempotencyKey {
+            organization_id: "o1".into(),
+            key: "retry-me".into(),
+            intent_hash: format!("h{i}"),
+            activity_id: id.clone(),
+            created_at: 1,
+        };
+        s.commit(&act, &[claim]).map(|_| id)
+    });
+    let won: Vec<&String> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(won.len(), 1, "{results:?}");
+    assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(StoreError::Unique(_)))));
+    assert_eq!(&a.idempotency_key("o1", "retry-me").unwrap().1, won[0]);
+}
+
+fn sub_organization_deletion_keeps_activities_and_purges_the_rest(backend: Backend) {
+    let (_db, s) = store(backend);
+    let mut sub = org("sub");
+    sub.parent_id = Some("o1".into());
+    s.apply(&[Write::InsertOrganization(sub)]).unwrap();
+    let mut signed = activity("sha256:signed");
+    signed.organization_id = "sub".into();
+    let mut w = wallet("sw", "sub wallet");
+    w.organization_id = "sub".into();
+    w.exported = true;
+    s.commit(&signed, &[Write::InsertWallet(w)]).unwrap();
+    let mut deletion = activity("sha256:delete");
+    deletion.organization_id = "sub".into();
+    let delete = Write::DeleteSubOrganization {
+        organization_id: "sub".into(),
+        parent_id: "o1".into(),
+        activity_id: deletion.id.clone(),
+        require_exported: true,
+        deleted_at: now_nanos(),
+    };
+    s.commit(&deletion, &[delete]).unwrap();
+    assert!(matches!(s.organization("sub"), Err(StoreError::NotFound)));
+    assert_eq!(s.deleted_organization("sub").unwrap().id, "sub");
+    // The sub-organization's own history stays; the deletion is on the parent's record.
+    assert_eq!(s.activity("sub", &signed.id).unwrap().fingerprint, "sha256:signed");
+    assert_eq!(s.activity("o1", &deletion.id).unwrap().fingerprint, "sha256:delete");
+    let footprint: std::collections::BTreeMap<String, i64> =
+        s.organization_footprint("sub").unwrap().into_iter().collect();
+    for table in PURGED_ON_DELETION {
+        assert_eq!(footprint[*table], 0, "{table} still holds rows of the deleted organization");
+    }
+    assert_eq!(footprint["activities"], 1);
+}
