@@ -19,9 +19,13 @@ lint: deps
 lint-deploy: deps
 	./deploy/lint.sh
 
+# Everything on SQLite (the store's conformance suite on SQLite and PostgreSQL), then the custody,
+# organization and approvals end-to-end families again on PostgreSQL, with the same binaries.
+E2E_ON_POSTGRES ?= custody organization approvals
 test: deps lint-deploy lint
 	$(CARGO) build --bins --locked
 	$(CARGO) test --workspace --locked
+	COFFER_TEST_STORE=postgres $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_POSTGRES))
 
 # Throughput and latency against the raw HSM, in one run (release build); see README "Performance".
 bench: deps

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Coffer needs to build and test on Debian/Ubuntu when it is missing:
 # SoftHSM 2 (the PKCS#11 module used in development and CI), protoc (for the gRPC contract), and
-# PyYAML for deploy/lint.sh (python3-yaml pulls in python3).
+# PyYAML for deploy/lint.sh (python3-yaml pulls in python3), and PostgreSQL's server binaries (the
+# PostgreSQL store's tests and `COFFER_STORE=postgres make run` start a private server with them).
 set -euo pipefail
 
 need=()
@@ -9,6 +10,7 @@ need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 { python3 -c 'import yaml' || /usr/bin/python3 -c 'import yaml'; } >/dev/null 2>&1 || need+=(python3-yaml)
+command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 echo "installing: ${need[*]}" >&2
@@ -18,5 +20,10 @@ if [ "$(id -u)" -ne 0 ]; then
   SUDO=sudo
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [[ " ${need[*]} " == *" postgresql "* ]] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+  # Only the binaries are wanted: no system-wide cluster created and started by the package.
+  $SUDO mkdir -p /etc/postgresql-common
+  echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.conf >/dev/null
+fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

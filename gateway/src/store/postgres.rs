@@ -292,6 +292,18 @@ impl PostgresStore {
     }
 }
 
+/// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
+/// worker: the idle connections are closed on a thread of their own.
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        let idle = match self.idle.get_mut() {
+            Ok(pool) => std::mem::take(&mut pool.idle),
+            Err(_) => return,
+        };
+        let _ = std::thread::spawn(move || drop(idle)).join();
+    }
+}
+
 fn committer_loop(config: ::postgres::Config, mut conn: PgConn, jobs: mpsc::Receiver<CommitJob>) {
     while let Ok(first) = jobs.recv() {
         let batch = gather(first, &jobs, MAX_BATCH);
