@@ -24,7 +24,7 @@ user="$(id -un)"
 if [ "$(id -u)" -eq 0 ]; then
   user=coffer-pg
   id -u "$user" >/dev/null 2>&1 ||
-    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user" 2>/dev/null ||
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user" 2>/dev/null ||
     id -u "$user" >/dev/null  # another process created it meanwhile
   as_owner=(runuser -u "$user" --)
 fi
@@ -33,7 +33,16 @@ case "$cmd" in
   start)
     mkdir -p "$dir"
     dir="$(cd "$dir" && pwd)"
-    [ "$(id -u)" -eq 0 ] && chown "$user" "$dir"
+    if [ "$(id -u)" -eq 0 ]; then
+      chown "$user" "$dir"
+      # The server's user must pass through DIR's parent (e.g. a 0700 $COFFER_HOME): let its
+      # group in, to traverse only (0710), rather than opening the parent to everyone.
+      parent="$(dirname "$dir")"
+      if ! runuser -u "$user" -- test -x "$parent"; then
+        chgrp "$user" "$parent"
+        chmod g+x,g-rw "$parent"
+      fi
+    fi
     chmod 700 "$dir"
     if [ ! -f "$dir/data/PG_VERSION" ]; then
       # trust on the socket: who can reach it is decided by DIR's mode (0700, the owner's; root

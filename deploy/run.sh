@@ -38,7 +38,16 @@ unset COFFER_HSM_PIN COFFER_HSM_PIN_FILE COFFER_HSM_SO_PIN  # none inherited fro
 HSM_PIN_FILE="$COFFER_HOME/hsm-pin"
 export COFFER_TOKEN_LABEL="${COFFER_TOKEN_LABEL:-coffer-dev}"
 export COFFER_ENCLAVE_SOCKET="$COFFER_HOME/enclave.sock"
-export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db"
+# The store: SQLite in $COFFER_HOME, or with COFFER_STORE=postgres a private PostgreSQL server in
+# $COFFER_HOME/postgres (Unix socket only, no network listener), stopped with the stack.
+case "${COFFER_STORE:-sqlite}" in
+  sqlite) export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db" ;;
+  postgres)
+    COFFER_STORE_URL="$("$ROOT/deploy/postgres-private.sh" start "$COFFER_HOME/postgres")"
+    export COFFER_STORE_URL
+    ;;
+  *) echo "COFFER_STORE=${COFFER_STORE}: expected sqlite or postgres" >&2; exit 2 ;;
+esac
 export COFFER_LISTEN="127.0.0.1:$COFFER_PORT"
 export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
@@ -54,6 +63,7 @@ stop() {
   trap - INT TERM EXIT
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "${COFFER_STORE:-sqlite}" = postgres ]; then "$ROOT/deploy/postgres-private.sh" stop "$COFFER_HOME/postgres"; fi
 }
 trap stop INT TERM EXIT
 
@@ -68,6 +78,7 @@ for _ in $(seq 1 200); do
   if curl -fsS "http://127.0.0.1:$COFFER_PORT/healthz" >/dev/null 2>&1; then
     echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
     echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
+    echo "store: ${COFFER_STORE:-sqlite}"
     echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"
     break
   fi

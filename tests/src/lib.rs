@@ -85,6 +85,11 @@ impl Stack {
 
     /// [`Stack::start`] with extra settings in both processes' environment.
     pub async fn start_with(env: &[(&str, &str)]) -> Stack {
+        Stack::start_on(postgres::store_under_test(), env).await
+    }
+
+    /// A stack on the given store, `sqlite` or `postgres`, whatever the run's `COFFER_TEST_STORE`.
+    pub async fn start_on(store: &str, env: &[(&str, &str)]) -> Stack {
         let dir = std::env::temp_dir().join(format!("coffer-e2e-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(dir.join("tokens")).unwrap();
         std::fs::write(
@@ -95,7 +100,7 @@ impl Stack {
             ),
         )
         .unwrap();
-        let store_url = match postgres::store_under_test() {
+        let store_url = match store {
             "postgres" => postgres::server().fresh_database(),
             _ => format!("sqlite://{}", dir.join("coffer.db").display()),
         };
@@ -246,6 +251,23 @@ impl Stack {
         let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
         self.env(&mut cmd);
         self.gateway = Some(cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
+    }
+
+    /// Starts another gateway on the same store and enclaves, on a port of its own, and waits
+    /// until it is healthy: its base URL and process (the caller kills it).
+    pub async fn spawn_gateway(&self) -> (String, Child) {
+        let port = free_port();
+        let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
+        self.env(&mut cmd);
+        cmd.env("COFFER_LISTEN", format!("127.0.0.1:{port}"));
+        let child = cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway");
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{url}/healthz")).await.is_ok_and(|r| r.status() == 200) {
+            assert!(Instant::now() < deadline, "second gateway did not become healthy in 30 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (url, child)
     }
 
     /// Kills the gateway (SIGKILL: an abrupt crash, not a clean stop).

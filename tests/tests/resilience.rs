@@ -722,3 +722,264 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
     .await
     .expect("test took longer than 90 s (a request hung)");
 }
+
+/// A stamped body with a timestamp of its own (concurrent bodies must differ to be distinct
+/// requests).
+fn body_at(ty: &str, org: &str, timestamp_ms: u128, parameters: Value) -> String {
+    json!({"type": ty, "timestampMs": timestamp_ms.to_string(), "organizationId": org, "parameters": parameters})
+        .to_string()
+}
+
+/// Sends each `(gateway, path, body)` at once; the answers in order.
+async fn all_at_once(requests: Vec<(String, &'static str, String)>, key: &TurnkeyP256ApiKey) -> Vec<RawResponse> {
+    let start = Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|(base, path, body)| {
+            let (start, key) = (start.clone(), TurnkeyP256ApiKey::from_bytes(key.private_key(), None).unwrap());
+            tokio::spawn(async move {
+                start.wait().await;
+                post(&base, path, body, &key).await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn wallet_names(base: &str, key: &TurnkeyP256ApiKey, org: &str) -> Vec<String> {
+    let r = post(base, "/public/v1/query/list_wallets", json!({"organizationId": org}).to_string(), key).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["wallets"].as_array().unwrap().iter().map(|w| w["walletName"].as_str().unwrap().to_string()).collect()
+}
+
+/// Two gateways on one PostgreSQL database drive one organization at once: one request sent
+/// sixteen times through both is one activity and one wallet; sixteen requests for one wallet
+/// name make one wallet; two approvals of one pending activity, one through each gateway,
+/// execute it once.
+#[tokio::test]
+async fn two_gateways_on_postgres_agree_on_fingerprints_names_and_approvals() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let stack = Stack::start_on("postgres", &[]).await;
+        let (second, mut second_gateway) = stack.spawn_gateway().await;
+        let gateways = [stack.base_url.clone(), second.clone()];
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let via = |i: usize| gateways[i % 2].clone();
+
+        // One request, sixteen times, half through each gateway.
+        let body = body_at(
+            "ACTIVITY_TYPE_CREATE_WALLET",
+            &org,
+            Stack::now_ms(),
+            json!({"walletName": "once", "accounts": []}),
+        );
+        let answers =
+            all_at_once((0..16).map(|i| (via(i), "/public/v1/submit/create_wallet", body.clone())).collect(), &key)
+                .await;
+        let ids: std::collections::BTreeSet<&str> = answers
+            .iter()
+            .map(|r| {
+                assert_eq!(r.status, 200, "{}", r.text);
+                r.json["activity"]["id"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(ids.len(), 1, "one activity for one request: {ids:?}");
+
+        // Sixteen different requests for one wallet name.
+        let t0 = Stack::now_ms();
+        let contested = (0..16)
+            .map(|i| {
+                let body = body_at(
+                    "ACTIVITY_TYPE_CREATE_WALLET",
+                    &org,
+                    t0 + i as u128,
+                    json!({"walletName": "contested", "accounts": []}),
+                );
+                (via(i), "/public/v1/submit/create_wallet", body)
+            })
+            .collect();
+        let answers = all_at_once(contested, &key).await;
+        let won = answers.iter().filter(|r| r.status == 200).count();
+        assert_eq!(won, 1, "{:?}", answers.iter().map(|r| (r.status, r.text.clone())).collect::<Vec<_>>());
+        for r in answers.iter().filter(|r| r.status != 200) {
+            assert_eq!(r.status, 400, "{}", r.text);
+            assert!(r.text.contains("unique") || r.text.contains("already"), "{}", r.text);
+        }
+        let mut names = wallet_names(&second, &key, &org).await;
+        names.sort();
+        assert_eq!(names, ["contested", "once"]);
+
+        // A root quorum of two: the root's wallet waits; alice approves it through both gateways
+        // at once (two distinct approvals); it is created once.
+        let alice = TurnkeyP256ApiKey::generate();
+        let users = json!({"users": [{"userName": "alice", "userEmail": null, "userPhoneNumber": null,
+            "apiKeys": [{"apiKeyName": "alice", "publicKey": hex::encode(alice.compressed_public_key()),
+                "curveType": "API_KEY_CURVE_P256", "expirationSeconds": null}],
+            "authenticators": [], "oauthProviders": [], "userTags": []}]});
+        let r = post(
+            &gateways[0],
+            "/public/v1/submit/create_users",
+            body_at("ACTIVITY_TYPE_CREATE_USERS_V4", &org, Stack::now_ms(), users),
+            &key,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let alice_id = r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().unwrap().to_string();
+        let quorum = json!({"threshold": 2, "userIds": [stack.user_id, alice_id]});
+        let r = post(
+            &gateways[1],
+            "/public/v1/submit/update_root_quorum",
+            body_at("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM", &org, Stack::now_ms(), quorum),
+            &key,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let body = body_at(
+            "ACTIVITY_TYPE_CREATE_WALLET",
+            &org,
+            Stack::now_ms(),
+            json!({"walletName": "approved", "accounts": []}),
+        );
+        let r = post(&gateways[0], "/public/v1/submit/create_wallet", body, &key).await;
+        assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+        let (pending, fingerprint) =
+            (r.json["activity"]["id"].as_str().unwrap().to_string(), r.json["activity"]["fingerprint"].clone());
+        let t0 = Stack::now_ms();
+        let approvals = (0..2)
+            .map(|i| {
+                let body = body_at(
+                    "ACTIVITY_TYPE_APPROVE_ACTIVITY",
+                    &org,
+                    t0 + i as u128,
+                    json!({"fingerprint": fingerprint}),
+                );
+                (via(i), "/public/v1/submit/approve_activity", body)
+            })
+            .collect();
+        let answers = all_at_once(approvals, &alice).await;
+        let completed = answers.iter().filter(|r| r.json["activity"]["status"] == "ACTIVITY_STATUS_COMPLETED").count();
+        assert_eq!(completed, 1, "{:?}", answers.iter().map(|r| r.text.clone()).collect::<Vec<_>>());
+        let names = wallet_names(&gateways[1], &key, &org).await;
+        assert_eq!(names.iter().filter(|n| *n == "approved").count(), 1, "{names:?}");
+        let q = json!({"organizationId": org, "activityId": pending}).to_string();
+        let r = post(&gateways[0], "/public/v1/query/get_activity", q, &key).await;
+        assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+        assert_eq!(r.json["activity"]["votes"].as_array().map(Vec::len), Some(2), "{}", r.text);
+        let _ = second_gateway.kill();
+        let _ = second_gateway.wait();
+    })
+    .await
+    .expect("test took longer than 90 s (a request hung)");
+}
+
+/// Two gateways and two enclaves on PostgreSQL under signing load: an enclave is killed, then a
+/// gateway; the clients of the dead gateway move to the other one. Every 200 is a signature by
+/// the account, the only failures are requests in flight at the gateway's kill, and every
+/// acknowledged activity is on record through the surviving gateway.
+#[tokio::test]
+async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowledged_is_lost() {
+    const CLIENTS: usize = 8;
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut stack = Stack::start_on("postgres", &[]).await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let second_socket = stack.dir.join("enclave2.sock");
+        let mut second_enclave = stack.spawn_enclave(&second_socket);
+        let t = Instant::now();
+        while !second_socket.exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stack.kill_gateway();
+        let sockets = format!("{},{}", stack.enclave_socket().display(), second_socket.display());
+        stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
+        stack.start_gateway();
+        stack.wait_healthy().await;
+        let (second, mut second_gateway) = stack.spawn_gateway().await;
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (sk, pk) = (stack.api_private_key.clone(), stack.api_public_key.clone());
+        let gateways = [stack.base_url.clone(), second.clone()];
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let (gateways, org, address, sk, pk, stop) =
+                    (gateways.clone(), org.clone(), address.clone(), sk.clone(), pk.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                    let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+                    let (mut signed, mut cut_off, mut on) = (Vec::new(), 0usize, c % 2);
+                    let mut n = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        n += 1;
+                        let message = format!("scale-{c}-{n}");
+                        let body = sign_body(&org, &address, &message);
+                        let stamp = key.stamp(body.as_bytes()).unwrap();
+                        let sent = http
+                            .post(format!("{}/public/v1/submit/sign_raw_payload", gateways[on]))
+                            .header(stamp.name, stamp.value)
+                            .body(body)
+                            .send()
+                            .await;
+                        match sent {
+                            Ok(r) => {
+                                let status = r.status().as_u16();
+                                let text = r.text().await.unwrap_or_default();
+                                let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+                                let r = RawResponse { status, content_type: Some("application/json".into()), json, text };
+                                assert_signed_by(&r, &message, &address);
+                                signed.push((r.json["activity"]["id"].as_str().unwrap().to_string(), on));
+                            }
+                            // The gateway died: what was in flight may or may not be on record; the
+                            // client goes to the other gateway, as behind a load balancer.
+                            Err(_) => {
+                                cut_off += 1;
+                                on = 1 - on;
+                            }
+                        }
+                    }
+                    (signed, cut_off)
+                })
+            })
+            .collect();
+        let phase = Duration::from_millis(700);
+        tokio::time::sleep(phase).await;
+        stack.kill_enclave();
+        tokio::time::sleep(phase).await;
+        stack.kill_gateway();
+        let gateway_down = Instant::now();
+        tokio::time::sleep(phase).await;
+        stop.store(true, Ordering::SeqCst);
+
+        let (mut signed, mut cut_off) = (Vec::new(), 0);
+        for c in clients {
+            let (s, u) = c.await.unwrap();
+            signed.extend(s);
+            cut_off += u;
+        }
+        let on_second = signed.iter().filter(|(_, g)| *g == 1).count();
+        eprintln!(
+            "two gateways, two enclaves on PostgreSQL: {} signed ({on_second} by the second gateway), {cut_off} cut off, {:?} after the kill",
+            signed.len(),
+            gateway_down.elapsed()
+        );
+        assert!(cut_off <= CLIENTS, "only requests in flight at the gateway's kill fail: {cut_off}");
+        assert!(on_second > signed.len() / 2, "the surviving gateway took the load: {on_second} of {}", signed.len());
+        // Everything acknowledged is on record, completed, as the other gateway reads it.
+        for (id, _) in &signed {
+            let q = json!({"organizationId": org, "activityId": id}).to_string();
+            let r = post(&second, "/public/v1/query/get_activity", q, &key).await;
+            assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{id}: {}", r.text);
+        }
+        let _ = second_gateway.kill();
+        let _ = second_gateway.wait();
+        let _ = second_enclave.kill();
+        let _ = second_enclave.wait();
+    })
+    .await
+    .expect("test took longer than 90 s (a request hung)");
+}

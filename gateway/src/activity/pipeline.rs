@@ -2,6 +2,7 @@
 //! decision, handler, one transaction, answer.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
 use serde::Deserialize;
@@ -289,11 +290,15 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
                 auth,
                 fingerprint: fingerprint.clone(),
             };
-            let outcome = execute(op, ctx, env.parameters.clone()).await?;
+            let outcome = match execute(op, ctx, env.parameters.clone()).await {
+                Ok(outcome) => outcome,
+                Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
+            };
             writes.extend(outcome.writes);
             (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
         }
     };
+    let record_fingerprint = fingerprint.clone();
     let record = ActivityRecord {
         id: activity_id,
         organization_id: org.id.clone(),
@@ -324,10 +329,31 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
                     return Ok(json!({ "activity": render::activity(&a, false) }));
                 }
             }
-            return Err(e);
+            return twin_or(&state, &org.id, &record_fingerprint, e.into()).await;
         }
     };
     Ok(json!({ "activity": render::activity(&activity, false) }))
+}
+
+/// An identical submission (the same bytes) that raced its twin through this gateway or another
+/// one answers with the twin's record, as a resubmission after it would: its own run may have
+/// failed on what the twin did (a name just taken, the enclave refusing the replayed stamp).
+/// When the enclave saw the stamp first, the twin's commit is moments away: wait for it.
+async fn twin_or(state: &Arc<AppState>, org: &str, fingerprint: &str, err: ApiError) -> Result<Value, ApiError> {
+    let wait = if err.message.contains("replayed request") { Duration::from_secs(3) } else { Duration::ZERO };
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let fp = fingerprint.to_string();
+        if let Ok(Ok(twin)) = state.db(move |s| s.activity_by_fingerprint(&fp)).await {
+            if twin.organization_id == org {
+                return Ok(json!({ "activity": render::activity(&twin, false) }));
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(err);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[derive(Deserialize)]
