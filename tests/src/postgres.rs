@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 /// The server of this test process; it stops when the process ends (a watchdog sees to it).
 pub struct PgServer {
     url: String,
+    /// Outlives this process by design (it stops the server after it); never waited for.
+    _watchdog: std::process::Child,
 }
 
 fn script() -> PathBuf {
@@ -25,7 +27,7 @@ pub fn server() -> &'static PgServer {
         assert!(out.status.success(), "starting PostgreSQL: {}", String::from_utf8_lossy(&out.stderr));
         let url = String::from_utf8(out.stdout).unwrap().trim().to_string();
         // Stops the server and removes its files once this process is gone, however it ends.
-        Command::new("sh")
+        let watchdog = Command::new("sh")
             .args([
                 "-c",
                 r#"while kill -0 "$0" 2>/dev/null; do sleep 0.5; done; bash "$1" stop "$2"; rm -rf "$2""#,
@@ -38,7 +40,7 @@ pub fn server() -> &'static PgServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("starting the watchdog");
-        PgServer { url }
+        PgServer { url, _watchdog: watchdog }
     })
 }
 

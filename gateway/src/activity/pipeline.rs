@@ -329,7 +329,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
                     return Ok(json!({ "activity": render::activity(&a, false) }));
                 }
             }
-            return twin_or(&state, &org.id, &record_fingerprint, e.into()).await;
+            return twin_or(&state, &org.id, &record_fingerprint, e).await;
         }
     };
     Ok(json!({ "activity": render::activity(&activity, false) }))

@@ -104,7 +104,7 @@ impl<B: Backend> Store for B {
         self.read(|db| sql::records_version(db, org, kind))
     }
     fn ping(&self) -> Result<(), StoreError> {
-        self.read(|db| sql::ping(db))
+        self.read(sql::ping)
     }
     fn api_key(&self, org: &str, id: &str) -> Result<ApiKey, StoreError> {
         self.read(|db| sql::api_key(db, org, id))
@@ -113,7 +113,7 @@ impl<B: Backend> Store for B {
         self.read(|db| sql::api_keys_page(db, org, page))
     }
     fn uncertified_credentials(&self) -> Result<Vec<UncertifiedCredential>, StoreError> {
-        self.read(|db| sql::uncertified_credentials(db))
+        self.read(sql::uncertified_credentials)
     }
     fn user_tag_members(&self, org: &str) -> Result<Vec<(String, String)>, StoreError> {
         self.read(|db| sql::user_tag_members(db, org))
