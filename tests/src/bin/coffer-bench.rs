@@ -26,6 +26,9 @@ struct Args {
     out: std::path::PathBuf,
     /// Run only scenarios whose name contains this text (or one of several, separated by `|`).
     only: Option<String>,
+    /// `--store postgres`: also measure writes and reads on PostgreSQL, with one and with two
+    /// gateways, beside SQLite's (fresh stacks each).
+    store: Option<String>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -37,6 +40,7 @@ fn args() -> anyhow::Result<Args> {
         warmup: Duration::from_secs(2),
         out: std::path::PathBuf::from("target/bench/latest.json"),
         only: None,
+        store: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,10 +53,14 @@ fn args() -> anyhow::Result<Args> {
             "--warmup" => a.warmup = Duration::from_secs_f64(val()?.parse()?),
             "--out" => a.out = val()?.into(),
             "--only" => a.only = Some(val()?),
+            "--store" => match val()?.as_str() {
+                "postgres" => a.store = Some("postgres".into()),
+                other => bail!("--store {other}: expected postgres (SQLite is always measured)"),
+            },
             "--help" | "-h" => {
                 println!(
                     "coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE] [--only TEXT] \
-                     [--burst-clients N] [--burst-rounds N]"
+                     [--burst-clients N] [--burst-rounds N] [--store postgres]"
                 );
                 std::process::exit(0);
             }
@@ -170,14 +178,29 @@ async fn run(
     duration: Duration,
     seq: Arc<AtomicU64>,
 ) -> Sample {
-    let (stack_url, pids) = (&stack.base_url, stack.pids());
+    run_on(scenario, std::slice::from_ref(&stack.base_url), stack.pids(), key, clients, warmup, duration, seq).await
+}
+
+/// [`run`] against several gateways: client `i` talks to `gateways[i % n]`, as behind a load
+/// balancer. `pids` are the processes whose CPU is sampled.
+#[allow(clippy::too_many_arguments)]
+async fn run_on(
+    scenario: &Scenario,
+    gateways: &[String],
+    pids: (Option<u32>, Option<u32>),
+    key: Arc<TurnkeyP256ApiKey>,
+    clients: usize,
+    warmup: Duration,
+    duration: Duration,
+    seq: Arc<AtomicU64>,
+) -> Sample {
     let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build().unwrap();
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    for _ in 0..clients {
+    for i in 0..clients {
         let (http, key, sc, url) =
-            (http.clone(), key.clone(), scenario.clone(), format!("{stack_url}{}", scenario.path));
+            (http.clone(), key.clone(), scenario.clone(), format!("{}{}", gateways[i % gateways.len()], scenario.path));
         let (measuring, stop, seq) = (measuring.clone(), stop.clone(), seq.clone());
         tasks.push(tokio::spawn(async move {
             let mut s = Sample::default();
@@ -1171,6 +1194,109 @@ fn print_burst(b: &BurstReport, floor_cpu_us: Option<f64>) -> Value {
     })
 }
 
+/// The store comparison's name (for `--only`).
+const STORE: &str = "store comparison";
+/// PostgreSQL's target on the 2-core machine: durable activity writes per second, one gateway.
+const POSTGRES_WRITES_TARGET: f64 = 1500.0;
+
+/// Activity writes (create_policy, unique names) and reads (list_wallets) on fresh stacks:
+/// SQLite with one gateway, then PostgreSQL with one and with two gateways on one database.
+async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, u64)> {
+    let mut rows = Vec::new();
+    let mut errors = 0;
+    for (label, store, gateways) in [
+        ("SQLite, 1 gateway", "sqlite", 1),
+        ("PostgreSQL, 1 gateway", "postgres", 1),
+        ("PostgreSQL, 2 gateways", "postgres", 2),
+    ] {
+        eprintln!("running: {STORE}: {label} with {} clients", args.clients);
+        let stack = Stack::start_on(store, &[]).await;
+        let key = Arc::new(stack.api_key());
+        let org = stack.organization_id.clone();
+        let body = envelope("ACTIVITY_TYPE_CREATE_WALLET", &org, json!({"walletName": "bench", "accounts": []}));
+        let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&key)).await;
+        anyhow::ensure!(r.status == 200, "creating the wallet: {}", r.text);
+        let mut urls = vec![stack.base_url.clone()];
+        let mut second = None;
+        if gateways == 2 {
+            let (url, child) = stack.spawn_gateway().await;
+            urls.push(url);
+            second = Some(child);
+        }
+        let run_id = std::process::id();
+        let o = org.clone();
+        let write = Scenario {
+            name: "activity write (create_policy, unique names)",
+            path: "/public/v1/submit/create_policy",
+            make: Arc::new(move |n| {
+                envelope(
+                    "ACTIVITY_TYPE_CREATE_POLICY_V3",
+                    &o,
+                    json!({"policyName": format!("store-{run_id}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", "notes": ""}),
+                )
+            }),
+            check: Arc::new(|_, v| {
+                completed(v)?["createPolicyResult"]["policyId"].as_str().map(|_| false).ok_or("no policyId".into())
+            }),
+        };
+        let read = Scenario {
+            name: "read (list_wallets)",
+            path: "/public/v1/query/list_wallets",
+            make: Arc::new(move |_| json!({"organizationId": org}).to_string()),
+            check: Arc::new(|_, v| match v["wallets"].as_array().map(Vec::len) {
+                Some(1) => Ok(false),
+                _ => Err(format!("unexpected wallets: {v}")),
+            }),
+        };
+        let pids = stack.pids();
+        let (c, w, d) = (args.clients, args.warmup, args.duration);
+        let writes = run_on(&write, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
+        let reads = run_on(&read, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
+        if let Some(mut child) = second {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        errors += writes.errors + reads.errors;
+        rows.push((label, writes, reads));
+        if store == "sqlite" && args.store.is_none() {
+            break;
+        }
+    }
+    println!();
+    println!("store comparison ({} clients, fresh stacks)", args.clients);
+    println!("{:<28} {:>10} {:>10} {:>10} {:>10} {:>8}", "store", "writes/s", "p99 ms", "reads/s", "p99 ms", "errors");
+    for (label, w, r) in &rows {
+        println!(
+            "{label:<28} {:>10.0} {:>10.1} {:>10.0} {:>10.1} {:>8}",
+            w.rps(),
+            w.pct(0.99),
+            r.rps(),
+            r.pct(0.99),
+            w.errors + r.errors
+        );
+    }
+    let find = |l: &str| rows.iter().find(|r| r.0 == l);
+    if let (Some(sqlite), Some(pg)) = (find("SQLite, 1 gateway"), find("PostgreSQL, 1 gateway")) {
+        let pass = |ok: bool| if ok { "PASS" } else { "FAIL" };
+        println!(
+            "PostgreSQL durable writes, 1 gateway: {:.0}/s (target ≥ {POSTGRES_WRITES_TARGET:.0}: {}); reads {:.0}/s vs SQLite's {:.0}/s ({})",
+            pg.1.rps(),
+            pass(pg.1.rps() >= POSTGRES_WRITES_TARGET),
+            pg.2.rps(),
+            sqlite.2.rps(),
+            pass(pg.2.rps() >= sqlite.2.rps())
+        );
+    }
+    let json = rows
+        .iter()
+        .map(|(label, w, r)| {
+            json!({"store": label, "writesPerSecond": w.rps(), "writeP99Ms": w.pct(0.99),
+                "readsPerSecond": r.rps(), "readP99Ms": r.pct(0.99), "errors": w.errors + r.errors})
+        })
+        .collect::<Vec<_>>();
+    Ok((json!(json), errors))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = args()?;
@@ -1463,7 +1589,13 @@ async fn main() -> anyhow::Result<()> {
             println!("gateway peak RSS growth during {name}: {g:.1} MiB");
         }
     }
+    let store_report = if args.store.is_some() || args.only.as_deref().is_some_and(|o| STORE.contains(o)) {
+        Some(store_comparison(&args, seq.clone()).await?)
+    } else {
+        None
+    };
     let report = json!({
+        "storeComparison": store_report.as_ref().map(|r| r.0.clone()),
         "machine": machine,
         "clients": args.clients,
         "durationSeconds": args.duration.as_secs_f64(),
@@ -1485,7 +1617,7 @@ async fn main() -> anyhow::Result<()> {
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
     println!("written: {}", args.out.display());
-    let errors: u64 = results.iter().map(|r| r.2.errors).sum();
+    let errors: u64 = results.iter().map(|r| r.2.errors).sum::<u64>() + store_report.map_or(0, |r| r.1);
     if errors > 0 {
         bail!("{errors} requests failed");
     }
