@@ -187,6 +187,11 @@ impl Stack {
     }
 
     /// The gateway's SQLite file (what an attacker with the gateway's rights can read and write).
+    /// The store URL the stack's gateway uses.
+    pub fn store_url(&self) -> &str {
+        &self.store_url
+    }
+
     /// The SQLite file (stacks on SQLite only).
     pub fn database_path(&self) -> PathBuf {
         assert!(self.store_url.starts_with("sqlite://"), "this test reads the SQLite file: run it on SQLite");

@@ -5,7 +5,7 @@
 
 use std::fmt::Debug;
 
-use coffer_gateway::store::{SqliteStore, Store};
+use coffer_gateway::store::Store;
 use coffer_tests::oidc;
 use coffer_tests::Stack;
 use serde_json::{json, Value};
@@ -165,12 +165,13 @@ fn recover_eth_address(digest: &[u8; 32], r: &str, s: &str, v: &str) -> String {
 
 /// The gateway's own database file, opened beside the running gateway (WAL mode allows it):
 /// the deletion is checked in the rows themselves, not only through the API.
-fn database(stack: &Stack) -> SqliteStore {
-    SqliteStore::open(&stack.dir.join("coffer.db")).unwrap()
+/// The stack's own store (SQLite or PostgreSQL), opened beside its gateway.
+fn database(stack: &Stack) -> std::sync::Arc<dyn Store> {
+    coffer_gateway::store::open(stack.store_url()).unwrap()
 }
 
 /// Rows of each table that belong to `org`, leaving out the empty tables.
-fn rows(db: &SqliteStore, org: &str) -> Vec<(String, i64)> {
+fn rows(db: &std::sync::Arc<dyn Store>, org: &str) -> Vec<(String, i64)> {
     db.organization_footprint(org).unwrap().into_iter().filter(|(_, n)| *n > 0).collect()
 }
 

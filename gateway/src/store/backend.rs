@@ -9,9 +9,9 @@ use super::*;
 pub trait Backend: Send + Sync + 'static {
     type Db: Db;
     /// Runs a read (possibly more than once: reads are retried on transient errors).
-    fn read<T>(&self, f: impl FnMut(&mut Self::Db) -> Result<T, StoreError>) -> Result<T, StoreError>;
+    fn read<T: Send>(&self, f: impl FnMut(&mut Self::Db) -> Result<T, StoreError> + Send) -> Result<T, StoreError>;
     /// Runs `f` in a write transaction, committed if it succeeds.
-    fn write<T>(&self, f: impl FnOnce(&mut Self::Db) -> Result<T, StoreError>) -> Result<T, StoreError>;
+    fn write<T: Send>(&self, f: impl FnOnce(&mut Self::Db) -> Result<T, StoreError> + Send) -> Result<T, StoreError>;
     /// Queues an activity for the group committer ([`sql::commit_batch`]).
     fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback);
     /// See [`Store::purge_deleted_data`].

@@ -211,12 +211,14 @@ impl Db for PgConn {
 }
 
 /// Runs blocking database work where blocking is allowed: under `block_in_place` on a
-/// multi-thread runtime's worker, directly on any other thread. (`postgres` runs its own small
+/// multi-thread runtime's worker, on a thread of its own from a current-thread runtime (the
+/// gateway's operations listener), directly on any other thread. (`postgres` runs its own small
 /// runtime, which cannot start on a thread that is inside another one.)
-fn off_executor<T>(f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+fn off_executor<T: Send>(f: impl FnOnce() -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        Ok(_) => Err(StoreError::Backend("the PostgreSQL store needs a multi-thread runtime".into())),
+        Ok(_) => std::thread::scope(|s| s.spawn(f).join())
+            .unwrap_or_else(|_| Err(StoreError::Backend("a store call panicked".into()))),
         Err(_) => f(),
     }
 }
@@ -248,7 +250,7 @@ impl PostgresStore {
 
     /// Runs `f` on a pooled connection (opened on demand, at most [`MAX_CONNECTIONS`]); a
     /// connection that broke is dropped rather than returned.
-    fn with_conn<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn with_conn<T: Send>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         if nowait::active() {
             return Err(nowait::give_up());
         }
@@ -324,12 +326,12 @@ fn committer_loop(config: ::postgres::Config, mut conn: PgConn, jobs: mpsc::Rece
 impl Backend for PostgresStore {
     type Db = PgConn;
 
-    fn read<T>(&self, f: impl FnMut(&mut PgConn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn read<T: Send>(&self, f: impl FnMut(&mut PgConn) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         let mut f = f;
         self.with_conn(|c| f(c))
     }
 
-    fn write<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn write<T: Send>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         self.with_conn(|c| c.transaction(f))
     }
 

@@ -257,11 +257,11 @@ impl SqliteStore {
 impl Backend for SqliteStore {
     type Db = Connection;
 
-    fn read<T>(&self, f: impl FnMut(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn read<T: Send>(&self, f: impl FnMut(&mut Connection) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         self.read_on(f)
     }
 
-    fn write<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn write<T: Send>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         if nowait::active() {
             return Err(nowait::give_up());
         }
