@@ -633,6 +633,24 @@ async fn signing_burst_is_signed_or_shed_promptly() {
     .expect("test took longer than 60 s (a request hung)");
 }
 
+/// Starts a second enclave on the stack's token and restarts the gateway with both enclaves:
+/// the second one's socket and process (the caller kills it).
+async fn second_enclave(stack: &mut Stack) -> (std::path::PathBuf, std::process::Child) {
+    let socket = stack.dir.join("enclave2.sock");
+    let child = stack.spawn_enclave(&socket);
+    let t = Instant::now();
+    while !socket.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stack.kill_gateway();
+    let sockets = format!("{},{}", stack.enclave_socket().display(), socket.display());
+    stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
+    stack.start_gateway();
+    stack.wait_healthy().await;
+    (socket, child)
+}
+
 /// Two enclaves on one token behind one gateway: signing goes on, without a single failed
 /// request, while either one is killed (a request in flight on the dead one is sent to the other)
 /// and after it comes back.
@@ -643,18 +661,7 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
         let key = stack.api_key();
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
-        let second_socket = stack.dir.join("enclave2.sock");
-        let mut second = stack.spawn_enclave(&second_socket);
-        let t = Instant::now();
-        while !second_socket.exists() {
-            assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        stack.kill_gateway();
-        let sockets = format!("{},{}", stack.enclave_socket().display(), second_socket.display());
-        stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
-        stack.start_gateway();
-        stack.wait_healthy().await;
+        let (second_socket, mut second) = second_enclave(&mut stack).await;
         let before = stack.activity_count(&key, &org).await;
 
         // Eight clients sign back to back while the enclaves are killed and restarted in turn.
@@ -888,18 +895,7 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
         let key = stack.api_key();
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
-        let second_socket = stack.dir.join("enclave2.sock");
-        let mut second_enclave = stack.spawn_enclave(&second_socket);
-        let t = Instant::now();
-        while !second_socket.exists() {
-            assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        stack.kill_gateway();
-        let sockets = format!("{},{}", stack.enclave_socket().display(), second_socket.display());
-        stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
-        stack.start_gateway();
-        stack.wait_healthy().await;
+        let (_, mut second_enclave) = second_enclave(&mut stack).await;
         let (second, mut second_gateway) = stack.spawn_gateway().await;
 
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -1,8 +1,68 @@
 //! A SQL backend (how to reach its connections) and the `Store` every backend gets from the
 //! shared SQL in [`super::sql`].
 
+use std::sync::{mpsc, Mutex};
+
 use super::sql::{self, Db};
 use super::*;
+
+/// One activity waiting for the committer, and where to send its outcome.
+pub struct CommitJob {
+    pub activity: ActivityRecord,
+    pub writes: Vec<Write>,
+    pub reply: CommitCallback,
+}
+
+/// Takes every job waiting (up to `max`) after the first into one batch.
+pub fn gather(first: CommitJob, jobs: &mpsc::Receiver<CommitJob>, max: usize) -> Vec<CommitJob> {
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match jobs.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
+/// Commits a batch with the shared SQL, records the metrics, and answers every job.
+pub fn commit_and_reply<D: Db>(db: Result<&mut D, StoreError>, batch: Vec<CommitJob>) {
+    let results = match db {
+        Ok(db) => {
+            let started = std::time::Instant::now();
+            let jobs: Vec<(&ActivityRecord, &[Write])> = batch.iter().map(|j| (&j.activity, &j.writes[..])).collect();
+            let results = sql::commit_batch(db, &jobs);
+            let m = crate::metrics::metrics();
+            m.commit_seconds.observe(started.elapsed().as_secs_f64());
+            m.commit_batch.observe(batch.len() as f64);
+            results
+        }
+        Err(e) => batch.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect(),
+    };
+    for (job, result) in batch.into_iter().zip(results) {
+        (job.reply)(result);
+    }
+}
+
+/// Where activities wait for a backend's committer thread.
+pub struct CommitQueue(Mutex<mpsc::Sender<CommitJob>>);
+
+impl CommitQueue {
+    pub fn new(sender: mpsc::Sender<CommitJob>) -> Self {
+        Self(Mutex::new(sender))
+    }
+
+    /// Queues an activity; `done` hears the outcome (at once, if the committer is gone).
+    pub fn send(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
+        let queue = match self.0.lock() {
+            Ok(q) => q,
+            Err(_) => return done(Err(StoreError::Backend("commit queue lock poisoned".into()))),
+        };
+        if let Err(mpsc::SendError(job)) = queue.send(CommitJob { activity, writes, reply: done }) {
+            (job.reply)(Err(StoreError::Backend("committer thread stopped".into())));
+        }
+    }
+}
 
 /// What a backend provides: connections for reads and for write transactions, a committer for
 /// activities, and what has no portable SQL.

@@ -17,9 +17,8 @@ use ::postgres::error::SqlState;
 use ::postgres::types::{IsNull, ToSql, Type};
 use ::postgres::{Client, NoTls, Statement};
 
-use super::backend::Backend;
+use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
 use super::sql::{self, Arg, Db, SqlRow, Value};
-use super::sqlite::{commit_and_reply, gather, CommitJob};
 use super::*;
 
 /// Connections one store opens at most for reads and write transactions (the committer has
@@ -36,7 +35,7 @@ pub struct PostgresStore {
     config: ::postgres::Config,
     idle: Mutex<Pool>,
     freed: Condvar,
-    commits: Mutex<mpsc::Sender<CommitJob>>,
+    commits: CommitQueue,
 }
 
 struct Pool {
@@ -242,7 +241,7 @@ impl PostgresStore {
                 config: config.clone(),
                 idle: Mutex::new(Pool { idle: vec![first], open: 1 }),
                 freed: Condvar::new(),
-                commits: Mutex::new(tx),
+                commits: CommitQueue::new(tx),
             })
         })?;
         Ok(store)
@@ -336,13 +335,7 @@ impl Backend for PostgresStore {
     }
 
     fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
-        let queue = match self.commits.lock() {
-            Ok(q) => q,
-            Err(_) => return done(Err(StoreError::Backend("commit queue lock poisoned".into()))),
-        };
-        if let Err(mpsc::SendError(job)) = queue.send(CommitJob { activity, writes, reply: done }) {
-            (job.reply)(Err(StoreError::Backend("committer thread stopped".into())));
-        }
+        self.commits.send(activity, writes, done)
     }
 
     /// PostgreSQL removes deleted rows' old versions itself (VACUUM); nothing to force here.

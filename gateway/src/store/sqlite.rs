@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode};
 
-use super::backend::Backend;
+use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
 use super::sql::{self, Arg, Db, SqlRow, Value};
 use super::*;
 
@@ -25,49 +25,11 @@ const MAX_BATCH: usize = 512;
 /// and one fsync: concurrent activities share the cost of durability.
 pub struct SqliteStore {
     writer: Arc<Mutex<Connection>>,
-    commits: Mutex<mpsc::Sender<CommitJob>>,
+    commits: CommitQueue,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// The checkpoint thread runs while this lives.
     _alive: Arc<()>,
-}
-
-/// One activity waiting for the committer, and where to send its outcome.
-pub(super) struct CommitJob {
-    pub activity: ActivityRecord,
-    pub writes: Vec<Write>,
-    pub reply: CommitCallback,
-}
-
-/// Takes every job waiting (up to `max`) after the first into one batch.
-pub(super) fn gather(first: CommitJob, jobs: &mpsc::Receiver<CommitJob>, max: usize) -> Vec<CommitJob> {
-    let mut batch = vec![first];
-    while batch.len() < max {
-        match jobs.try_recv() {
-            Ok(job) => batch.push(job),
-            Err(_) => break,
-        }
-    }
-    batch
-}
-
-/// Commits a batch with the shared SQL, records the metrics, and answers every job.
-pub(super) fn commit_and_reply<D: Db>(db: Result<&mut D, StoreError>, batch: Vec<CommitJob>) {
-    let results = match db {
-        Ok(db) => {
-            let started = std::time::Instant::now();
-            let jobs: Vec<(&ActivityRecord, &[Write])> = batch.iter().map(|j| (&j.activity, &j.writes[..])).collect();
-            let results = sql::commit_batch(db, &jobs);
-            let m = crate::metrics::metrics();
-            m.commit_seconds.observe(started.elapsed().as_secs_f64());
-            m.commit_batch.observe(batch.len() as f64);
-            results
-        }
-        Err(e) => batch.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect(),
-    };
-    for (job, result) in batch.into_iter().zip(results) {
-        (job.reply)(result);
-    }
 }
 
 fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
@@ -215,7 +177,7 @@ impl SqliteStore {
             .name("coffer-committer".into())
             .spawn(move || committer(w, rx))
             .map_err(|e| StoreError::Backend(format!("starting the committer thread: {e}")))?;
-        Ok(Self { writer, commits: Mutex::new(tx), readers, next_reader: AtomicUsize::new(0), _alive: alive })
+        Ok(Self { writer, commits: CommitQueue::new(tx), readers, next_reader: AtomicUsize::new(0), _alive: alive })
     }
 
     /// Runs a read on a pooled reader. A read can meet SQLITE_BUSY without SQLite's busy
@@ -270,13 +232,7 @@ impl Backend for SqliteStore {
     }
 
     fn commit_then(&self, activity: ActivityRecord, writes: Vec<Write>, done: CommitCallback) {
-        let queue = match self.commits.lock() {
-            Ok(q) => q,
-            Err(_) => return done(Err(StoreError::Backend("commit queue lock poisoned".into()))),
-        };
-        if let Err(mpsc::SendError(job)) = queue.send(CommitJob { activity, writes, reply: done }) {
-            (job.reply)(Err(StoreError::Backend("committer thread stopped".into())));
-        }
+        self.commits.send(activity, writes, done)
     }
 
     fn purge_deleted_data(&self) -> Result<bool, StoreError> {

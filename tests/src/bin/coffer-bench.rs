@@ -1194,6 +1194,24 @@ fn print_burst(b: &BurstReport, floor_cpu_us: Option<f64>) -> Value {
     })
 }
 
+/// Activity writes: a policy with a new name each (`{prefix}-{n}`).
+fn create_policy_scenario(org: String, prefix: String) -> Scenario {
+    Scenario {
+        name: "activity write (create_policy, unique names)",
+        path: "/public/v1/submit/create_policy",
+        make: Arc::new(move |n| {
+            envelope(
+                "ACTIVITY_TYPE_CREATE_POLICY_V3",
+                &org,
+                json!({"policyName": format!("{prefix}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", "notes": ""}),
+            )
+        }),
+        check: Arc::new(|_, v| {
+            completed(v)?["createPolicyResult"]["policyId"].as_str().map(|_| false).ok_or("no policyId".into())
+        }),
+    }
+}
+
 /// The store comparison's name (for `--only`).
 const STORE: &str = "store comparison";
 /// PostgreSQL's target on the 2-core machine: durable activity writes per second, one gateway.
@@ -1224,21 +1242,7 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
             second = Some(child);
         }
         let run_id = std::process::id();
-        let o = org.clone();
-        let write = Scenario {
-            name: "activity write (create_policy, unique names)",
-            path: "/public/v1/submit/create_policy",
-            make: Arc::new(move |n| {
-                envelope(
-                    "ACTIVITY_TYPE_CREATE_POLICY_V3",
-                    &o,
-                    json!({"policyName": format!("store-{run_id}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", "notes": ""}),
-                )
-            }),
-            check: Arc::new(|_, v| {
-                completed(v)?["createPolicyResult"]["policyId"].as_str().map(|_| false).ok_or("no policyId".into())
-            }),
-        };
+        let write = create_policy_scenario(org.clone(), format!("store-{run_id}"));
         let o = org.clone();
         let users = Scenario {
             name: "activity write (create_users, one user without credentials)",
@@ -1402,20 +1406,7 @@ async fn main() -> anyhow::Result<()> {
             make: sign_body(org.clone(), pk_id.clone(), "HASH_FUNCTION_KECCAK256"),
             check: check_k1(pk_addr.clone()),
         },
-        Scenario {
-            name: "activity write (create_policy, unique names)",
-            path: "/public/v1/submit/create_policy",
-            make: Arc::new(move |n| {
-                envelope(
-                    "ACTIVITY_TYPE_CREATE_POLICY_V3",
-                    &o,
-                    json!({"policyName": format!("bench-{run_id}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", "notes": ""}),
-                )
-            }),
-            check: Arc::new(|_, v| {
-                completed(v)?["createPolicyResult"]["policyId"].as_str().map(|_| false).ok_or("no policyId".into())
-            }),
-        },
+        create_policy_scenario(o, format!("bench-{run_id}")),
         Scenario {
             name: "read (list_activities, limit 10, 100k history)",
             path: "/public/v1/query/list_activities",
