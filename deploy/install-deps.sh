@@ -9,6 +9,7 @@ need=()
 [ -e /usr/lib/softhsm/libsofthsm2.so ] || need+=(softhsm2)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the e2e tests make throwaway certificates for enclaves over TCP
 { python3 -c 'import yaml' || /usr/bin/python3 -c 'import yaml'; } >/dev/null 2>&1 || need+=(python3-yaml)
 command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
 [ ${#need[@]} -eq 0 ] && exit 0

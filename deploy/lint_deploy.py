@@ -595,9 +595,15 @@ def lint_helm():
             lint_manifests(docs, values, variant)
         except (KeyError, TypeError, AttributeError, IndexError) as e:
             check(False, f"helm ({variant}): a manifest lacks a field or has the wrong shape: {e!r}")
-        check("TCP with mutual TLS" in notes and "NOT implemented" in notes, "NOTES.txt: must say a separate enclave needs TCP+mTLS")
+        check(
+            re.search(r"TCP\s+with\s+mutual\s+TLS", notes) is not None and "NOT in this chart" in notes,
+            "NOTES.txt: must say a separate enclave Deployment (TCP+mTLS) is not in the chart",
+        )
     readme = read(os.path.join(chart, "README.md"))
-    check("TCP with mutual TLS" in readme and "not" in readme, "helm/coffer/README.md: must say a separate enclave needs TCP+mTLS")
+    check(
+        re.search(r"TCP\s+with\s+mutual\s+TLS", readme) is not None and "not in this chart" in readme,
+        "helm/coffer/README.md: must say a separate enclave Deployment (TCP+mTLS) is not in the chart",
+    )
     print(f"  helm/coffer: rendered {len(variants)} value sets (and the defaults, which must fail on"
           f" enclave.pkcs11Module); kinds, apiVersions, selectors, probes, socket, PIN, securityContexts")
 

@@ -27,6 +27,21 @@ pub struct EnclaveConfig {
     /// Most stamped bodies remembered for replay refusal (about 100 bytes each); when full of
     /// live entries, new key operations are refused as busy. Default 2,000,000.
     pub replay_capacity: usize,
+    /// Also serve over TCP at this address, with mutual TLS only (`tls`). Default: none (the Unix
+    /// socket alone). Environment: `COFFER_ENCLAVE_TCP_LISTEN`.
+    pub tcp_listen: Option<std::net::SocketAddr>,
+    /// The TCP listener's TLS files (PEM), all required with `tcp_listen`.
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for mutual TLS: this side's certificate chain and private key, and the CA that
+/// must have issued the other side's certificate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 impl Default for EnclaveConfig {
@@ -41,6 +56,8 @@ impl Default for EnclaveConfig {
             log: "info".into(),
             freshness_window_secs: 300,
             replay_capacity: 2_000_000,
+            tcp_listen: None,
+            tls: None,
         }
     }
 }
@@ -66,6 +83,21 @@ impl EnclaveConfig {
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
             cfg.socket = v.into();
+        }
+        if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
+            cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
+        }
+        let tls_env = ["COFFER_ENCLAVE_TLS_CERT", "COFFER_ENCLAVE_TLS_KEY", "COFFER_ENCLAVE_TLS_CLIENT_CA"]
+            .map(|k| std::env::var(k).ok().map(PathBuf::from));
+        if let [Some(cert), Some(key), Some(client_ca)] = tls_env {
+            cfg.tls = Some(TlsFiles { cert, key, client_ca });
+        } else if tls_env.iter().any(Option::is_some) {
+            anyhow::bail!("COFFER_ENCLAVE_TLS_CERT, _KEY and _CLIENT_CA go together");
+        }
+        if cfg.tcp_listen.is_some() && cfg.tls.is_none() {
+            anyhow::bail!(
+                "tcp_listen needs [tls] cert, key and client_ca: the enclave serves TCP with mutual TLS only"
+            );
         }
         Ok(cfg)
     }
@@ -98,5 +130,11 @@ mod tests {
         assert_eq!(cfg.token_label, "t");
         assert_eq!(cfg.session_pool, 16);
         assert!(toml::from_str::<EnclaveConfig>("tokn_label = \"t\"").is_err());
+        let tcp: EnclaveConfig = toml::from_str(
+            "tcp_listen = \"127.0.0.1:7443\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"",
+        )
+        .unwrap();
+        assert_eq!(tcp.tls.unwrap().client_ca, PathBuf::from("ca.pem"));
+        assert!(toml::from_str::<EnclaveConfig>("[tls]\ncert = \"c.pem\"").is_err(), "all three files");
     }
 }

@@ -172,10 +172,37 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             _ = term.recv() => {},
         }
     };
+    let service = Arc::new(EnclaveService::new(hsm, authority));
+    // Over TCP, only a client presenting a certificate of `client_ca` gets a connection: what
+    // the Unix socket's file permissions decide for a local gateway.
+    let tcp = match (cfg.tcp_listen, &cfg.tls) {
+        (Some(addr), Some(files)) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p)
+                    .map(zeroize::Zeroizing::new)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+            };
+            let (cert, key, ca) = (read(&files.cert)?, read(&files.key)?, read(&files.client_ca)?);
+            let tls = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(&*cert, &*key))
+                .client_ca_root(tonic::transport::Certificate::from_pem(&*ca));
+            let server = tonic::transport::Server::builder()
+                .tls_config(tls)?
+                .add_service(EnclaveServer::from_arc(service.clone()));
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(address = %listener.local_addr()?, "enclave serving TCP with mutual TLS");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            Some(tokio::spawn(server.serve_with_incoming(incoming)))
+        }
+        _ => None,
+    };
     tonic::transport::Server::builder()
-        .add_service(EnclaveServer::new(EnclaveService::new(hsm, authority)))
+        .add_service(EnclaveServer::from_arc(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
+    if let Some(tcp) = tcp {
+        tcp.abort();
+    }
     let _ = std::fs::remove_file(&cfg.socket);
     Ok(())
 }

@@ -23,6 +23,13 @@ pub struct GatewayConfig {
     /// (`enclave_client::Failover`); when set, `enclave_socket` is not used. Environment:
     /// `COFFER_ENCLAVE_SOCKETS`, comma-separated. Default: none.
     pub enclave_sockets: Vec<PathBuf>,
+    /// Enclaves over TCP, `https://HOST:PORT` each, reached with mutual TLS (`enclave_tls`);
+    /// used beside `enclave_sockets` (and instead of `enclave_socket`). Environment:
+    /// `COFFER_ENCLAVE_URLS`, comma-separated. Default: none.
+    pub enclave_urls: Vec<String>,
+    /// The gateway's TLS files for `enclave_urls`, required with them. Environment:
+    /// `COFFER_ENCLAVE_CLIENT_TLS_CA`, `COFFER_ENCLAVE_CLIENT_TLS_CERT`, `COFFER_ENCLAVE_CLIENT_TLS_KEY`.
+    pub enclave_tls: Option<EnclaveTls>,
     /// Largest request body accepted, in bytes. Default 1 MiB (a 400 KiB contract ABI fits).
     pub body_limit: usize,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -94,6 +101,8 @@ impl Default for GatewayConfig {
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             enclave_sockets: Vec::new(),
+            enclave_urls: Vec::new(),
+            enclave_tls: None,
             body_limit: 1024 * 1024,
             log: "info".into(),
             body_read_timeout_ms: 10_000,
@@ -151,6 +160,23 @@ impl GatewayConfig {
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKETS") {
             cfg.enclave_sockets = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(PathBuf::from).collect();
         }
+        if let Ok(v) = std::env::var("COFFER_ENCLAVE_URLS") {
+            cfg.enclave_urls = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        }
+        let tls_env =
+            ["COFFER_ENCLAVE_CLIENT_TLS_CA", "COFFER_ENCLAVE_CLIENT_TLS_CERT", "COFFER_ENCLAVE_CLIENT_TLS_KEY"]
+                .map(|k| std::env::var(k).ok().map(PathBuf::from));
+        if let [Some(ca), Some(cert), Some(key)] = tls_env {
+            cfg.enclave_tls = Some(EnclaveTls { ca, cert, key });
+        } else if tls_env.iter().any(Option::is_some) {
+            anyhow::bail!("COFFER_ENCLAVE_CLIENT_TLS_CA, _CERT and _KEY go together");
+        }
+        if let Some(url) = cfg.enclave_urls.iter().find(|u| !u.starts_with("https://")) {
+            anyhow::bail!("enclave URL {url:?}: enclaves over TCP are reached with mutual TLS, https:// only");
+        }
+        if !cfg.enclave_urls.is_empty() && cfg.enclave_tls.is_none() {
+            anyhow::bail!("enclave_urls need enclave_tls (ca, cert, key): enclaves over TCP use mutual TLS");
+        }
         if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
             cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;
         }
@@ -174,13 +200,18 @@ impl GatewayConfig {
         Ok(cfg)
     }
 
-    /// The enclaves the gateway talks to: `enclave_sockets`, or else `enclave_socket`.
-    pub fn enclave_endpoints(&self) -> Vec<PathBuf> {
-        if self.enclave_sockets.is_empty() {
-            vec![self.enclave_socket.clone()]
-        } else {
-            self.enclave_sockets.clone()
+    /// The enclaves the gateway talks to: `enclave_sockets` and `enclave_urls`, or else
+    /// `enclave_socket`.
+    pub fn enclave_endpoints(&self) -> Vec<crate::enclave_client::EnclaveEndpoint> {
+        use crate::enclave_client::EnclaveEndpoint;
+        let mut out: Vec<EnclaveEndpoint> = self.enclave_sockets.iter().cloned().map(EnclaveEndpoint::Unix).collect();
+        if let Some(tls) = &self.enclave_tls {
+            out.extend(self.enclave_urls.iter().map(|url| EnclaveEndpoint::Tls { url: url.clone(), tls: tls.clone() }));
         }
+        if out.is_empty() {
+            out.push(EnclaveEndpoint::Unix(self.enclave_socket.clone()));
+        }
+        out
     }
 
     /// Opens the store `store_url` names: `sqlite://PATH`, or `postgres://…` for a database that
@@ -188,6 +219,16 @@ impl GatewayConfig {
     pub fn open_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
         Ok(crate::store::open(&self.store_url)?)
     }
+}
+
+/// PEM files for mutual TLS with enclaves over TCP: the CA that issued the enclaves'
+/// certificates, and the gateway's own certificate and private key.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnclaveTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A numeric setting overridden from the environment.

@@ -1,5 +1,6 @@
-//! The gateway's gRPC client to its enclaves: lazy HTTP/2 channels over Unix sockets that
-//! reconnect by themselves when an enclave restarts, with failover between several enclaves.
+//! The gateway's gRPC client to its enclaves: lazy HTTP/2 channels over Unix sockets or over TCP
+//! with mutual TLS, that reconnect by themselves when an enclave restarts, with failover between
+//! several enclaves.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,10 +20,10 @@ pub type Enclave = EnclaveClient<Metered<Failover>>;
 /// How long an enclave that could not be reached is passed over before it is tried again.
 const DOWN_FOR: Duration = Duration::from_secs(2);
 
-/// One enclave of a [`Failover`]: its socket (for logs), its channel, and until when it is
-/// passed over (milliseconds on [`since_start`]'s clock; 0 = up).
+/// One enclave of a [`Failover`]: its name (socket path or URL, for logs and metrics), its
+/// channel, and until when it is passed over (milliseconds on [`since_start`]'s clock; 0 = up).
 struct Member {
-    socket: PathBuf,
+    name: String,
     channel: Channel,
     down_until: AtomicU64,
 }
@@ -91,10 +92,10 @@ impl tower::Service<axum::http::Request<BoxBody>> for Failover {
                     }
                     Err(e) => {
                         if this.members.len() > 1 {
-                            tracing::warn!(enclave = %member.socket.display(), error = %e, "enclave unreachable; trying the next");
+                            tracing::warn!(enclave = %member.name, error = %e, "enclave unreachable; trying the next");
                         }
                         member.down_until.store(since_start() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
-                        crate::metrics::observe_enclave_unreachable(&member.socket);
+                        crate::metrics::observe_enclave_unreachable(&member.name);
                         last = Some(e.into());
                     }
                 }
@@ -141,35 +142,75 @@ where
     }
 }
 
+/// Where an enclave listens: a Unix socket, or a TCP address reached with mutual TLS.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnclaveEndpoint {
+    Unix(PathBuf),
+    /// `https://HOST:PORT`; the enclave's certificate must name HOST and chain to `tls.ca`.
+    Tls {
+        url: String,
+        tls: crate::config::EnclaveTls,
+    },
+}
+
+impl EnclaveEndpoint {
+    /// The socket path or URL, as logs and metrics name the enclave.
+    pub fn name(&self) -> String {
+        match self {
+            EnclaveEndpoint::Unix(p) => p.display().to_string(),
+            EnclaveEndpoint::Tls { url, .. } => url.clone(),
+        }
+    }
+}
+
 /// Connects lazily to one enclave: the first call (and every call after the enclave went away)
 /// dials again.
-pub fn connect(socket: PathBuf) -> Result<Enclave, tonic::transport::Error> {
-    connect_all(vec![socket])
+pub fn connect(socket: PathBuf) -> anyhow::Result<Enclave> {
+    connect_all(vec![EnclaveEndpoint::Unix(socket)])
 }
 
 /// Connects lazily to several enclaves sharing one HSM's keys, with [`Failover`] between them.
-pub fn connect_all(sockets: Vec<PathBuf>) -> Result<Enclave, tonic::transport::Error> {
-    let members = sockets
+pub fn connect_all(endpoints: Vec<EnclaveEndpoint>) -> anyhow::Result<Enclave> {
+    let members = endpoints
         .into_iter()
-        .map(|socket| Ok(Member { channel: channel(socket.clone())?, socket, down_until: AtomicU64::new(0) }))
-        .collect::<Result<Vec<_>, tonic::transport::Error>>()?;
+        .map(|endpoint| {
+            Ok(Member { name: endpoint.name(), channel: channel(endpoint)?, down_until: AtomicU64::new(0) })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let failover = Failover { members: members.into(), next: Arc::new(AtomicUsize::new(0)) };
     Ok(EnclaveClient::new(Metered(failover)).max_decoding_message_size(64 * 1024 * 1024))
 }
 
-fn channel(socket: PathBuf) -> Result<Channel, tonic::transport::Error> {
-    let channel = Endpoint::try_from("http://enclave.invalid")?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }));
-    Ok(channel)
+fn channel(endpoint: EnclaveEndpoint) -> anyhow::Result<Channel> {
+    let configure = |e: Endpoint| {
+        e.connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(30))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+    };
+    Ok(match endpoint {
+        EnclaveEndpoint::Unix(socket) => configure(Endpoint::try_from("http://enclave.invalid")?)
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(socket).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            })),
+        EnclaveEndpoint::Tls { url, tls } => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p)
+                    .map(zeroize::Zeroizing::new)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+            };
+            let (ca, cert, key) = (read(&tls.ca)?, read(&tls.cert)?, read(&tls.key)?);
+            let host = url::Url::parse(&url)?.host_str().map(str::to_string).unwrap_or_default();
+            let config = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&*ca))
+                .identity(tonic::transport::Identity::from_pem(&*cert, &*key))
+                .domain_name(host);
+            configure(Endpoint::from_shared(url)?.tls_config(config)?).connect_lazy()
+        }
+    })
 }
 
 /// When the enclave last answered a health probe (milliseconds since the process's first look,

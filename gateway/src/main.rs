@@ -95,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
                 cfg.enclave_sockets.clear();
+                cfg.enclave_urls.clear();
             }
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
@@ -115,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
                 cfg.enclave_sockets.clear();
+                cfg.enclave_urls.clear();
             }
             let store = cfg.open_store()?;
             let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
@@ -131,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
                 cfg.enclave_sockets.clear();
+                cfg.enclave_urls.clear();
             }
             serve(cfg).await
         }

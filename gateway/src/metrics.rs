@@ -157,8 +157,8 @@ pub fn observe_enclave_call(method: &str, outcome: &'static str, took: Duration)
 }
 
 /// An enclave did not answer a call.
-pub fn observe_enclave_unreachable(enclave: &std::path::Path) {
-    metrics().enclave_unreachable.get_or_create(&EnclaveEndpointLabel { enclave: enclave.display().to_string() }).inc();
+pub fn observe_enclave_unreachable(enclave: &str) {
+    metrics().enclave_unreachable.get_or_create(&EnclaveEndpointLabel { enclave: enclave.to_string() }).inc();
 }
 
 #[cfg(test)]

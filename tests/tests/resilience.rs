@@ -979,3 +979,79 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
     .await
     .expect("test took longer than 90 s (a request hung)");
 }
+
+/// An enclave over TCP: it serves a gateway that presents a certificate of the enclaves' CA
+/// (the gateway signs through it with the Unix-socket enclave gone), and refuses a connection
+/// without a client certificate, with one from another CA, and in plaintext.
+#[tokio::test]
+async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() {
+    use coffer_proto::v1::{enclave_client::EnclaveClient, GetSignerPublicKeyRequest};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut stack = Stack::start().await;
+        let key = stack.api_key();
+        let org = stack.organization_id.clone();
+        let address = create_eth_wallet(&stack, &key).await;
+        let pki = coffer_tests::tls::Pki::generate(&stack.dir.join("pki"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let p = |name: &str| pki.path(name).display().to_string();
+        // The enclave's TCP listener (the variables are the enclave's; the gateway reads others).
+        stack.set_env("COFFER_ENCLAVE_TCP_LISTEN", &format!("127.0.0.1:{port}"));
+        stack.set_env("COFFER_ENCLAVE_TLS_CERT", &p("enclave.pem"));
+        stack.set_env("COFFER_ENCLAVE_TLS_KEY", &p("enclave.key"));
+        stack.set_env("COFFER_ENCLAVE_TLS_CLIENT_CA", &p("ca.pem"));
+        let mut tcp_enclave = stack.spawn_enclave(&stack.dir.join("enclave-tcp.sock"));
+        let t = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(30), "the enclave's TCP listener did not open");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The gateway reaches only the TCP enclave; the Unix-socket one is gone.
+        stack.kill_enclave();
+        stack.kill_gateway();
+        let url = format!("https://localhost:{port}");
+        stack.set_env("COFFER_ENCLAVE_URLS", &url);
+        stack.set_env("COFFER_ENCLAVE_CLIENT_TLS_CA", &p("ca.pem"));
+        stack.set_env("COFFER_ENCLAVE_CLIENT_TLS_CERT", &p("gateway.pem"));
+        stack.set_env("COFFER_ENCLAVE_CLIENT_TLS_KEY", &p("gateway.key"));
+        stack.start_gateway();
+        stack.wait_healthy().await;
+        let r =
+            post(&stack.base_url, "/public/v1/submit/sign_raw_payload", sign_body(&org, &address, "over tcp"), &key)
+                .await;
+        assert_signed_by(&r, "over tcp", &address);
+
+        // Straight at the enclave's port: only the gateway's certificate gets an answer.
+        let ca = Certificate::from_pem(std::fs::read(pki.path("ca.pem")).unwrap());
+        let identity = |name: &str| {
+            Identity::from_pem(
+                std::fs::read(pki.path(&format!("{name}.pem"))).unwrap(),
+                std::fs::read(pki.path(&format!("{name}.key"))).unwrap(),
+            )
+        };
+        let ask = |tls: Option<ClientTlsConfig>, url: String| async move {
+            let mut endpoint = Endpoint::from_shared(url).unwrap().connect_timeout(Duration::from_secs(5));
+            if let Some(tls) = tls {
+                endpoint = endpoint.tls_config(tls).unwrap();
+            }
+            match endpoint.connect().await {
+                Ok(channel) => EnclaveClient::new(channel)
+                    .get_signer_public_key(GetSignerPublicKeyRequest {})
+                    .await
+                    .map(|r| r.into_inner().public_key)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let base = ClientTlsConfig::new().ca_certificate(ca.clone()).domain_name("localhost");
+        let signer = ask(Some(base.clone().identity(identity("gateway"))), url.clone()).await;
+        assert_eq!(hex::encode(signer.expect("the gateway's certificate is accepted")), stack.signer_public_key);
+        assert!(ask(Some(base.clone()), url.clone()).await.is_err(), "no client certificate");
+        assert!(ask(Some(base.identity(identity("rogue"))), url.clone()).await.is_err(), "another CA's certificate");
+        assert!(ask(None, format!("http://127.0.0.1:{port}")).await.is_err(), "plaintext");
+        let _ = tcp_enclave.kill();
+        let _ = tcp_enclave.wait();
+    })
+    .await
+    .expect("test took longer than 90 s (a request hung)");
+}
