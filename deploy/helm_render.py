@@ -4,8 +4,11 @@
 It implements only the subset of Helm's Go templates the chart uses, the way Helm does it:
   {{ .Values.a.b }}  {{ .Release.Name }}  {{ .Release.Service }}  {{ .Chart.AppVersion }}
   {{- ... -}} (whitespace trimming)  {{/* comments */}}  {{ if X }} ... {{ else }} ... {{ end }}
-  pipelines into: quote, toYaml, nindent N, indent N, sha256sum, required "msg" X, not X
+  pipelines into: quote, toYaml, nindent N, indent N, sha256sum, required "msg" X, not X,
+  eq A B, ne A B (two strings or two booleans only), fail "msg"
 Anything else is an error rather than a guess, so a template it renders renders the same in helm.
+eq and ne refuse numbers: helm's values are float64 and a template's literals int, which Go's
+templates refuse to compare, so such a comparison would fail in helm.
 Stricter than helm on purpose: a missing value is an error (helm prints "<no value>"), and so is
 printing a number of a million or more, which helm (values are float64) prints as 1e+06.
 
@@ -28,7 +31,7 @@ class RenderError(Exception):
 
 
 ACTION = re.compile(r"\{\{(-[ \t\r\n])?(.*?)([ \t\r\n]-)?\}\}", re.S)
-FUNCTIONS = {"quote", "toYaml", "nindent", "indent", "sha256sum", "required", "not"}
+FUNCTIONS = {"quote", "toYaml", "nindent", "indent", "sha256sum", "required", "not", "eq", "ne", "fail"}
 
 
 def tokenize(text, where):
@@ -142,7 +145,8 @@ class Renderer:
         raise RenderError(f"{where}: unknown word {word!r}")
 
     def call(self, fn, args, where):
-        n = {"quote": 1, "toYaml": 1, "sha256sum": 1, "not": 1, "nindent": 2, "indent": 2, "required": 2}[fn]
+        n = {"quote": 1, "toYaml": 1, "sha256sum": 1, "not": 1, "nindent": 2, "indent": 2, "required": 2,
+             "eq": 2, "ne": 2, "fail": 1}[fn]
         if len(args) != n:
             raise RenderError(f"{where}: {fn} takes {n} arguments, got {len(args)}")
         if fn == "quote":
@@ -153,6 +157,15 @@ class Renderer:
             return hashlib.sha256(go_str(args[0], where).encode()).hexdigest()
         if fn == "not":
             return not truthy(args[0])
+        if fn in ("eq", "ne"):
+            a, b = args
+            if not (isinstance(a, str) and isinstance(b, str) or isinstance(a, bool) and isinstance(b, bool)):
+                raise RenderError(f"{where}: {fn} compares two strings or two booleans here, got {a!r} and {b!r}")
+            return (a == b) == (fn == "eq")
+        if fn == "fail":
+            if not isinstance(args[0], str):
+                raise RenderError(f"{where}: fail wants a string")
+            raise RenderError(f"{where}: fail: {args[0]}")
         if fn in ("nindent", "indent"):
             if not isinstance(args[0], int):
                 raise RenderError(f"{where}: {fn} wants a number first")

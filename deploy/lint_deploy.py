@@ -407,12 +407,46 @@ def lint_haproxy(services, gateways):
 # Helm chart
 
 API = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1", "PodDisruptionBudget": "policy/v1",
-       "HorizontalPodAutoscaler": "autoscaling/v2", "Job": "batch/v1"}
+       "HorizontalPodAutoscaler": "autoscaling/v2", "Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def lint_manifests(docs, values, variant):
+def selects(selector, labels):
+    return bool(selector) and selector.items() <= labels.items()
+
+
+def pod_secrets(spec):
+    """Every Secret a pod spec references: secret and projected volumes, env secretKeyRef, envFrom."""
+    names = set()
+    for v in spec.get("volumes", []):
+        if "secret" in v:
+            names.add(v["secret"].get("secretName"))
+        for src in (v.get("projected") or {}).get("sources", []):
+            if "secret" in src:
+                names.add(src["secret"].get("name"))
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        for e in c.get("env", []):
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                names.add(ref.get("name"))
+        for ef in c.get("envFrom", []):
+            if "secretRef" in ef:
+                names.add(ef["secretRef"].get("name"))
+    return names
+
+
+def container_port(containers, name, port):
+    """The container port a Service/probe/policy port (name or number) reaches, or None."""
+    for c in containers:
+        for p in c.get("ports", []):
+            if port in (p.get("name"), p.get("containerPort")):
+                return p["containerPort"]
+    return None
+
+
+def lint_manifests(docs, values, variant, release, namespace):
     w = f"helm ({variant})"
+    mode = values["enclave"]["mode"]
     by_kind = {}
     for d in docs:
         if not check(isinstance(d, dict) and d.get("kind") and d.get("apiVersion") and d.get("metadata", {}).get("name"),
@@ -427,42 +461,91 @@ def lint_manifests(docs, values, variant):
     for name, cm in by_kind.get("ConfigMap", {}).items():
         for k, v in (cm.get("data") or {}).items():
             check(isinstance(v, str), f"{w}: ConfigMap {name}: {k} is not a string (quote it in values)")
-    deps = list(by_kind.get("Deployment", {}).values())
-    if not check(len(deps) == 1, f"{w}: expected one Deployment"):
+    deps = by_kind.get("Deployment", {})
+    gw_name, enc_name = f"{release}-gateway", f"{release}-enclave"
+    want = {gw_name} | ({enc_name} if mode == "deployment" else set())
+    if not check(set(deps) == want, f"{w}: Deployments {sorted(deps)}, expected {sorted(want)} for enclave.mode {mode}"):
         return
-    dep = deps[0]
-    pod = dep["spec"]["template"]
-    labels = pod["metadata"].get("labels", {})
-    sel = dep["spec"]["selector"]["matchLabels"]
-    check(sel.items() <= labels.items(), f"{w}: Deployment selector does not match its pod labels")
-    lint_pod(w, pod["spec"], by_kind, values, serving=True)
-    check(("replicas" in dep["spec"]) != bool(values["autoscaling"]["enabled"]),
+    pods = {role: deps[n]["spec"]["template"] for role, n in (("gateway", gw_name), ("enclave", enc_name)) if n in deps}
+    labels = {role: pod["metadata"].get("labels", {}) for role, pod in pods.items()}
+    for role, pod in pods.items():
+        dep = deps[gw_name if role == "gateway" else enc_name]
+        sel = dep["spec"]["selector"]["matchLabels"]
+        check(selects(sel, labels[role]), f"{w}: Deployment {dep['metadata']['name']} selector does not match its pod labels")
+        for other in labels:
+            if other != role:
+                check(not selects(sel, labels[other]), f"{w}: Deployment {dep['metadata']['name']} also selects {other} pods")
+    gw_dep, gw_pod = deps[gw_name], pods["gateway"]
+    lint_gateway_pod(w, gw_pod["spec"], by_kind, values, mode, release, namespace)
+    check(("replicas" in gw_dep["spec"]) != bool(values["autoscaling"]["enabled"]),
           f"{w}: Deployment replicas must be set exactly when the HPA is off")
-    for svc in by_kind.get("Service", {}).values():
-        check(svc["spec"]["selector"].items() <= labels.items(), f"{w}: Service {svc['metadata']['name']} selects no gateway pod")
-        gw_ports = {p["name"] for c in pod["spec"]["containers"] if c["name"] == "gateway" for p in c.get("ports", [])}
+    if mode == "deployment":
+        enc_dep = deps[enc_name]
+        check(enc_dep["spec"].get("replicas") == values["enclave"]["replicas"] and enc_dep["spec"].get("replicas", 0) >= 1,
+              f"{w}: enclave Deployment replicas are not enclave.replicas")
+        lint_enclave_pod(w + " enclave Deployment", pods["enclave"]["spec"], by_kind, values)
+    # Services: each selects the pods of exactly one Deployment, and targets a port they have.
+    svcs = by_kind.get("Service", {})
+    want_svcs = {gw_name: "gateway"} | ({enc_name: "enclave"} if mode == "deployment" else {})
+    check(set(svcs) == set(want_svcs), f"{w}: Services {sorted(svcs)}, expected {sorted(want_svcs)}")
+    for sname, role in want_svcs.items():
+        svc = svcs.get(sname)
+        if not svc:
+            continue
+        check(selects(svc["spec"]["selector"], labels[role]), f"{w}: Service {sname} selects no {role} pod")
+        for other in labels:
+            if other != role:
+                check(not selects(svc["spec"]["selector"], labels[other]), f"{w}: Service {sname} also selects {other} pods")
+        ctrs = [c for c in pods[role]["spec"]["containers"] if c["name"] == role]
         for p in svc["spec"]["ports"]:
-            check(p.get("targetPort") in gw_ports, f"{w}: Service port {p.get('name')} targets {p.get('targetPort')}, no gateway port")
+            check(container_port(ctrs, p.get("name"), p.get("targetPort")) is not None,
+                  f"{w}: Service {sname} port {p.get('name')} targets {p.get('targetPort')}, no {role} container port")
+    if mode == "deployment" and enc_name in svcs:
+        lint_enclave_service(w, svcs[enc_name], pods, release, namespace)
+    # PodDisruptionBudgets: one per Deployment when enabled, each selecting its own pods only.
     pdbs = list(by_kind.get("PodDisruptionBudget", {}).values())
-    check(len(pdbs) == int(bool(values["podDisruptionBudget"]["enabled"])), f"{w}: PodDisruptionBudget present != enabled")
+    check(len(pdbs) == len(pods) * int(bool(values["podDisruptionBudget"]["enabled"])),
+          f"{w}: {len(pdbs)} PodDisruptionBudgets; expected one per Deployment when enabled, none otherwise")
+    covered = set()
     for pdb in pdbs:
-        check(pdb["spec"]["selector"]["matchLabels"].items() <= labels.items(), f"{w}: the PDB selects no gateway pod")
+        hit = {role for role, l in labels.items() if selects(pdb["spec"]["selector"]["matchLabels"], l)}
+        check(len(hit) == 1, f"{w}: PDB {pdb['metadata']['name']} selects the pods of {sorted(hit) or 'no'} Deployment(s), not one")
+        covered |= hit
         check(("minAvailable" in pdb["spec"]) != ("maxUnavailable" in pdb["spec"]), f"{w}: PDB needs exactly one bound")
+    if pdbs:
+        check(covered == set(pods), f"{w}: PDBs cover {sorted(covered)}, not every Deployment's pods {sorted(pods)}")
+    # The NetworkPolicy: deployment mode only, when enabled.
+    nps = list(by_kind.get("NetworkPolicy", {}).values())
+    want_np = mode == "deployment" and bool(values["enclave"]["networkPolicy"]["enabled"])
+    check(len(nps) == int(want_np), f"{w}: {len(nps)} NetworkPolicies, expected {int(want_np)}")
+    for np_ in nps:
+        if "enclave" in pods:
+            lint_network_policy(w, np_, pods, labels)
     hpas = list(by_kind.get("HorizontalPodAutoscaler", {}).values())
     check(len(hpas) == int(bool(values["autoscaling"]["enabled"])), f"{w}: HPA present != enabled")
     for hpa in hpas:
         ref = hpa["spec"]["scaleTargetRef"]
-        check(ref.get("kind") == "Deployment" and ref.get("name") == dep["metadata"]["name"], f"{w}: HPA scales {ref}")
+        check(ref.get("kind") == "Deployment" and ref.get("name") == gw_name, f"{w}: HPA scales {ref}, not the gateways")
         check(1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"], f"{w}: HPA min/max replicas")
-        for ctr in pod["spec"]["containers"]:
+        for ctr in gw_pod["spec"]["containers"]:
             check(ctr.get("resources", {}).get("requests", {}).get("cpu"),
                   f"{w}: container {ctr['name']} has no CPU request, which the HPA's utilization needs")
     jobs = list(by_kind.get("Job", {}).values())
     check(len(jobs) == int(bool(values["enclave"]["initJob"]["enabled"])), f"{w}: init Job present != enabled")
     for job in jobs:
         check("pre-install" in job["metadata"].get("annotations", {}).get("helm.sh/hook", ""), f"{w}: the init Job is no pre-install hook")
-        check(job["spec"]["template"]["spec"].get("restartPolicy") in ("Never", "OnFailure"), f"{w}: Job restartPolicy")
-        lint_pod(w + " Job", job["spec"]["template"]["spec"], by_kind, values, serving=False)
+        spec = job["spec"]["template"]["spec"]
+        check(spec.get("restartPolicy") in ("Never", "OnFailure"), f"{w}: Job restartPolicy")
+        containers, volumes, mounted = lint_pod_common(w + " Job", spec, by_kind)
+        if check(set(containers) == {"enclave-init"}, f"{w} Job: containers {sorted(containers)}, expected enclave-init alone"):
+            lint_enclave_container(w + " Job", "enclave-init", containers, volumes, mounted, by_kind, values)
+            check(containers["enclave-init"].get("args") == ["init"], f"{w} Job: enclave-init does not run `init`")
+        allowed = {values["enclave"]["pinSecret"]} | extra_secrets(values)
+        check(pod_secrets(spec) <= allowed, f"{w} Job: references Secrets {sorted(pod_secrets(spec) - allowed)} it has no use for")
+
+
+def extra_secrets(values):
+    return {v["secret"].get("secretName") for v in values.get("extraVolumes") or [] if "secret" in v}
 
 
 # Fields of the Kubernetes API this chart may use; a misindented template puts keys elsewhere.
@@ -474,8 +557,11 @@ CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env"
                     "securityContext", "workingDir", "lifecycle"}
 
 
-def lint_pod(w, spec, by_kind, values, serving):
+def lint_pod_common(w, spec, by_kind):
+    """Fields, securityContexts, mounts. Returns containers by name, volumes by name, and
+    mounted = {volume: [(container, mountPath, readOnly)]}."""
     check(set(spec) <= POD_FIELDS, f"{w}: unknown pod spec fields {sorted(set(spec) - POD_FIELDS)}")
+    check(not spec.get("initContainers"), f"{w}: init containers (the chart has none; a Secret there escapes these checks)")
     for c in spec.get("containers", []):
         check(set(c) <= CONTAINER_FIELDS, f"{w}: unknown container fields {sorted(set(c) - CONTAINER_FIELDS)}")
         check(isinstance(c.get("resources", {}), dict), f"{w}: {c.get('name')}: resources is empty")
@@ -487,7 +573,7 @@ def lint_pod(w, spec, by_kind, values, serving):
         check(c.get("image"), f"{w}: container {c['name']} has no image")
         for m in c.get("volumeMounts", []):
             check(m["name"] in volumes, f"{w}: {c['name']} mounts undeclared volume {m['name']}")
-            mounted.setdefault(m["name"], []).append((c["name"], m["mountPath"]))
+            mounted.setdefault(m["name"], []).append((c["name"], m["mountPath"], m.get("readOnly") is True))
         for ef in c.get("envFrom", []):
             ref = ef.get("configMapRef", {}).get("name")
             check(ref in by_kind.get("ConfigMap", {}), f"{w}: {c['name']} reads ConfigMap {ref}, which is not rendered")
@@ -499,44 +585,53 @@ def lint_pod(w, spec, by_kind, values, serving):
     check(spec.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{w}: no RuntimeDefault seccomp")
     for v in volumes:
         check(v in mounted, f"{w}: volume {v} is mounted by no container")
-    enclave_name = "enclave" if serving else "enclave-init"
-    enclave = containers.get(enclave_name)
-    if not check(enclave, f"{w}: no {enclave_name} container"):
+    return containers, volumes, mounted
+
+
+def container_env(c, by_kind):
+    """{name: env entry} and the names its ConfigMaps (envFrom) add."""
+    env = {e["name"]: e for e in c.get("env", [])}
+    keys = set()
+    for ef in c.get("envFrom", []):
+        keys |= set((by_kind.get("ConfigMap", {}).get(ef["configMapRef"]["name"], {}).get("data") or {}))
+    return env, keys
+
+
+def secret_file(w, path, owner, volumes, mounted, secret, key, what):
+    """`path` is a file of Secret `secret`'s `key`, on a volume only `owner` mounts, read-only."""
+    hits = [(n, mp) for n, v in volumes.items() if "secret" in v
+            for c, mp, _ in mounted.get(n, []) if c == owner and under(path or "", mp)]
+    if not check(path and hits, f"{w}: {what} {path!r} is on no Secret volume of the {owner} container"):
         return
-    env = {e["name"]: e for e in enclave.get("env", [])}
-    envfrom_keys = set()
-    for ef in enclave.get("envFrom", []):
-        envfrom_keys |= set((by_kind.get("ConfigMap", {}).get(ef["configMapRef"]["name"], {}).get("data") or {}))
-    check_env(f"{w}: {enclave_name}", "enclave", {**{k: "" for k in envfrom_keys}, **{k: e.get("value") for k, e in env.items()}})
+    name, mp = hits[0]
+    vol = volumes[name]["secret"]
+    check(vol.get("secretName") == secret, f"{w}: {what} comes from Secret {vol.get('secretName')}, not {secret}")
+    items = {i["path"]: i["key"] for i in vol.get("items", [])}
+    rel = os.path.relpath(path, mp)
+    check(items.get(rel, rel if not vol.get("items") else None) == key, f"{w}: {what} is not key {key} of Secret {secret}")
+    check({c for c, _, _ in mounted[name]} == {owner}, f"{w}: the Secret volume of {what} is mounted outside the {owner} container")
+    check(all(ro for _, _, ro in mounted[name]), f"{w}: the Secret volume of {what} is mounted writable")
+
+
+def lint_enclave_container(w, name, containers, volumes, mounted, by_kind, values):
+    """An enclave (serving, or the init Job): environment, module, and the PIN as a file."""
+    env, keys = container_env(containers[name], by_kind)
+    check(not [e for e in env.values() if (e.get("valueFrom") or {}).get("secretKeyRef")]
+          and not [ef for ef in containers[name].get("envFrom", []) if "secretRef" in ef],
+          f"{w}: {name} takes a Secret into its environment (the database URL?); its secrets are files")
+    check_env(f"{w}: {name}", "enclave", {**{k: "" for k in keys}, **{k: e.get("value") for k, e in env.items()}})
     check(env.get("COFFER_PKCS11_MODULE", {}).get("value") == values["enclave"]["pkcs11Module"], f"{w}: PKCS#11 module not from values")
-    # The PIN: a file from a Secret volume that only the enclave container mounts.
-    pin = env.get("COFFER_HSM_PIN_FILE", {}).get("value", "")
-    pin_vols = [n for n, v in volumes.items() if "secret" in v and any(under(pin, p) for c, p in mounted.get(n, []) if c == enclave_name)]
-    if check(pin_vols, f"{w}: COFFER_HSM_PIN_FILE {pin!r} is on no Secret volume of the enclave container"):
-        vol = volumes[pin_vols[0]]["secret"]
-        check(vol.get("secretName") == values["enclave"]["pinSecret"], f"{w}: the PIN Secret is not enclave.pinSecret")
-        items = {i["path"]: i["key"] for i in vol.get("items", [])}
-        check(items.get(os.path.basename(pin)) == values["enclave"]["pinKey"], f"{w}: the PIN file is not the Secret's pinKey")
-        check({c for c, _ in mounted[pin_vols[0]]} == {enclave_name}, f"{w}: the PIN Secret is mounted outside the enclave container")
-    if not serving:
-        return
-    gw = containers.get("gateway")
-    if not check(gw and len(containers) == 2, f"{w}: the pod must be exactly gateway + enclave"):
-        return
-    genv = {e["name"]: e for e in gw.get("env", [])}
-    gkeys = set()
-    for ef in gw.get("envFrom", []):
-        gkeys |= set((by_kind.get("ConfigMap", {}).get(ef["configMapRef"]["name"], {}).get("data") or {}))
+    secret_file(w, env.get("COFFER_HSM_PIN_FILE", {}).get("value"), name, volumes, mounted,
+                values["enclave"]["pinSecret"], values["enclave"]["pinKey"], "COFFER_HSM_PIN_FILE")
+    return env
+
+
+def lint_gateway_container(w, gw, by_kind, values):
+    genv, gkeys = container_env(gw, by_kind)
     check_env(f"{w}: gateway", "gateway", {**{k: "" for k in gkeys}, **{k: e.get("value") for k, e in genv.items()}})
     store = genv.get("COFFER_STORE_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
     check(store.get("name") == values["database"]["existingSecret"] and store.get("key") == values["database"]["urlKey"],
           f"{w}: COFFER_STORE_URL does not come from database.existingSecret")
-    # The socket: same path in both, on an emptyDir both mount.
-    gsock, esock = genv.get("COFFER_ENCLAVE_SOCKET", {}).get("value"), env.get("COFFER_ENCLAVE_SOCKET", {}).get("value")
-    check(gsock and gsock == esock, f"{w}: gateway and enclave name different sockets ({gsock}, {esock})")
-    shared = [n for n, v in volumes.items() if "emptyDir" in v
-              and {c for c, p in mounted.get(n, []) if gsock and under(gsock, p)} == {"gateway", "enclave"}]
-    check(shared, f"{w}: no emptyDir holds the socket for both containers")
     # Probes on the ops listener, paths as specified.
     ports = {p["name"]: p["containerPort"] for p in gw.get("ports", [])}
     check(ports.get("http") == port_of(genv.get("COFFER_LISTEN", {}).get("value", ":0")), f"{w}: port http is not COFFER_LISTEN's")
@@ -545,9 +640,156 @@ def lint_pod(w, spec, by_kind, values, serving):
         check(hg.get("path") == path, f"{w}: gateway {probe} is not GET {path}")
         port = ports.get(hg.get("port"), hg.get("port"))
         check(port == port_of(genv.get("COFFER_OPS_LISTEN", {}).get("value", ":0")), f"{w}: gateway {probe} is not on COFFER_OPS_LISTEN")
+    return genv
+
+
+def lint_gateway_pod(w, spec, by_kind, values, mode, release, namespace):
+    containers, volumes, mounted = lint_pod_common(w, spec, by_kind)
+    want = {"gateway", "enclave"} if mode == "sidecar" else {"gateway"}
+    if not check(set(containers) == want, f"{w}: gateway pod containers {sorted(containers)}, expected {sorted(want)} (enclave.mode {mode})"):
+        return
+    genv = lint_gateway_container(w, containers["gateway"], by_kind, values)
+    database, pin = values["database"]["existingSecret"], values["enclave"]["pinSecret"]
+    enc_tls, gw_tls = values["enclave"]["tls"]["existingSecret"], values["gateway"]["enclaveTls"]["existingSecret"]
+    tls_env = {"COFFER_ENCLAVE_URLS", "COFFER_ENCLAVE_CLIENT_TLS_CA", "COFFER_ENCLAVE_CLIENT_TLS_CERT", "COFFER_ENCLAVE_CLIENT_TLS_KEY"}
+    if mode == "sidecar":
+        check(not (tls_env & set(genv)), f"{w}: sidecar gateway has {sorted(tls_env & set(genv))}")
+        allowed = {database, pin} | extra_secrets(values)
+        check(pod_secrets(spec) <= allowed, f"{w}: gateway pod references Secrets {sorted(pod_secrets(spec) - allowed)}")
+        env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values)
+        check(not {k for k in env if k.startswith("COFFER_ENCLAVE_TLS") or k == "COFFER_ENCLAVE_TCP_LISTEN"},
+              f"{w}: the sidecar enclave listens on TCP")
+        # The socket: same path in both, on an emptyDir both mount.
+        gsock, esock = genv.get("COFFER_ENCLAVE_SOCKET", {}).get("value"), env.get("COFFER_ENCLAVE_SOCKET", {}).get("value")
+        check(gsock and gsock == esock, f"{w}: gateway and enclave name different sockets ({gsock}, {esock})")
+        shared = [n for n, v in volumes.items() if "emptyDir" in v
+                  and {c for c, p, _ in mounted.get(n, []) if gsock and under(gsock, p)} == {"gateway", "enclave"}]
+        check(shared, f"{w}: no emptyDir holds the socket for both containers")
+        return
+    # deployment mode: the gateway alone, nothing of the enclave's, its client TLS files.
+    check(not {"COFFER_ENCLAVE_SOCKET", "COFFER_ENCLAVE_SOCKETS"} & set(genv),
+          f"{w}: gateway without an enclave container still names a socket")
+    check(not [n for n, v in volumes.items() if "emptyDir" in v], f"{w}: gateway pod has an emptyDir (the socket volume)")
+    allowed = {database, gw_tls}
+    check(pod_secrets(spec) <= allowed, f"{w}: gateway pod references Secrets {sorted(pod_secrets(spec) - allowed)}"
+          f" (only {sorted(allowed)}: never the PIN, the enclave's key or the enclave's extraVolumes)")
+    check(gw_tls in pod_secrets(spec), f"{w}: gateway pod does not mount gateway.enclaveTls.existingSecret")
+    t = values["gateway"]["enclaveTls"]
+    for var, key in (("CA", t["caKey"]), ("CERT", t["certKey"]), ("KEY", t["keyKey"])):
+        secret_file(w, genv.get(f"COFFER_ENCLAVE_CLIENT_TLS_{var}", {}).get("value"), "gateway", volumes, mounted,
+                    gw_tls, key, f"COFFER_ENCLAVE_CLIENT_TLS_{var}")
+    urls = [u.strip() for u in (genv.get("COFFER_ENCLAVE_URLS", {}).get("value") or "").split(",") if u.strip()]
+    check(urls, f"{w}: gateway has no COFFER_ENCLAVE_URLS")
+    for u in urls:
+        p = urlsplit(u)
+        check(p.scheme == "https" and p.hostname == f"{release}-enclave.{namespace}.svc" and p.port == 7443
+              and p.path in ("", "/"), f"{w}: COFFER_ENCLAVE_URLS {u} is not https://{release}-enclave.{namespace}.svc:7443")
+
+
+def lint_enclave_pod(w, spec, by_kind, values):
+    containers, volumes, mounted = lint_pod_common(w, spec, by_kind)
+    if not check(set(containers) == {"enclave"}, f"{w}: containers {sorted(containers)}, expected enclave alone"):
+        return
+    enc = containers["enclave"]
+    env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values)
+    t, gw_tls = values["enclave"]["tls"], values["gateway"]["enclaveTls"]["existingSecret"]
+    allowed = {values["enclave"]["pinSecret"], t["existingSecret"]} | extra_secrets(values)
+    check(pod_secrets(spec) <= allowed, f"{w}: enclave pod references Secrets {sorted(pod_secrets(spec) - allowed)}"
+          f" (never the gateway's client key {gw_tls} or the database URL)")
+    for var, key in (("CERT", t["certKey"]), ("KEY", t["keyKey"]), ("CLIENT_CA", t["clientCaKey"])):
+        secret_file(w, env.get(f"COFFER_ENCLAVE_TLS_{var}", {}).get("value"), "enclave", volumes, mounted,
+                    t["existingSecret"], key, f"COFFER_ENCLAVE_TLS_{var}")
+    listen = env.get("COFFER_ENCLAVE_TCP_LISTEN", {}).get("value", ":0")
+    ports = {p.get("name"): p["containerPort"] for p in enc.get("ports", [])}
+    check(port_of(listen) == 7443 and 7443 in ports.values(),
+          f"{w}: COFFER_ENCLAVE_TCP_LISTEN {listen} is not a container port 7443")
+    for probe in ("readinessProbe", "livenessProbe"):
+        ts = enc.get(probe, {}).get("tcpSocket", {}).get("port")
+        check(ports.get(ts, ts) == port_of(listen), f"{w}: enclave {probe} is not a TCP probe on COFFER_ENCLAVE_TCP_LISTEN's port")
+    # Its own socket, on an emptyDir only it mounts, writable (it creates the socket there).
+    sock = env.get("COFFER_ENCLAVE_SOCKET", {}).get("value", "")
+    holders = [n for n, v in volumes.items() if "emptyDir" in v
+               and any(c == "enclave" and under(sock, p) and not ro for c, p, ro in mounted.get(n, []))]
+    check(sock.startswith("/") and holders, f"{w}: COFFER_ENCLAVE_SOCKET {sock!r} is on no writable emptyDir (read-only root)")
+    check(enc.get("resources", {}).get("requests"), f"{w}: enclave has no resource requests")
+
+
+def lint_enclave_service(w, svc, pods, release, namespace):
+    check(svc["spec"].get("type", "ClusterIP") == "ClusterIP" and svc["spec"].get("clusterIP") != "None",
+          f"{w}: the enclave Service is not a ClusterIP Service")
+    enc = [c for c in pods["enclave"]["spec"]["containers"] if c["name"] == "enclave"]
+    env = {e["name"]: e.get("value") for c in enc for e in c.get("env", [])}
+    ports = {p.get("port"): p for p in svc["spec"]["ports"]}
+    check(set(ports) == {7443}, f"{w}: enclave Service ports {sorted(ports)}, expected 7443 (the gateways' URL)")
+    p = ports.get(7443, {})
+    check(container_port(enc, None, p.get("targetPort")) == port_of(env.get("COFFER_ENCLAVE_TCP_LISTEN") or ":0"),
+          f"{w}: enclave Service port 7443 does not reach COFFER_ENCLAVE_TCP_LISTEN's port")
+    check(p.get("protocol", "TCP") == "TCP", f"{w}: enclave Service port is not TCP")
+
+
+def lint_network_policy(w, np_, pods, labels):
+    name = np_["metadata"]["name"]
+    sel = np_["spec"].get("podSelector", {})
+    check(set(sel) == {"matchLabels"} and selects(sel["matchLabels"], labels["enclave"])
+          and not selects(sel["matchLabels"], labels["gateway"]), f"{w}: NetworkPolicy {name} does not select the enclave pods alone")
+    check("Ingress" in np_["spec"].get("policyTypes", []), f"{w}: NetworkPolicy {name} has no Ingress policy type")
+    rules = np_["spec"].get("ingress") or []
+    check(rules, f"{w}: NetworkPolicy {name} admits nobody, not even the gateways")
+    enc = [c for c in pods["enclave"]["spec"]["containers"] if c["name"] == "enclave"]
+    for r in rules:
+        peers = r.get("from") or []
+        check(peers, f"{w}: NetworkPolicy {name}: a rule without `from` admits every source")
+        for peer in peers:
+            ps = peer.get("podSelector", {})
+            check(set(peer) == {"podSelector"} and set(ps) == {"matchLabels"} and selects(ps["matchLabels"], labels["gateway"])
+                  and not selects(ps["matchLabels"], labels["enclave"]),
+                  f"{w}: NetworkPolicy {name}: a peer other than this release's gateway pods: {peer}")
+        ports = r.get("ports") or []
+        check(ports, f"{w}: NetworkPolicy {name}: a rule without ports admits every port")
+        for p in ports:
+            check(p.get("protocol", "TCP") == "TCP" and container_port(enc, None, p.get("port")) == 7443,
+                  f"{w}: NetworkPolicy {name}: port {p} is not the enclave's TLS port 7443")
+
+
+def lint_renderer():
+    """helm_render.py itself: what it must render, and what it must refuse rather than guess."""
+    scope = {"Values": {"m": "deployment", "n": 2, "b": True}, "Release": {"Name": "r", "Namespace": "ns"}}
+
+    def render(t):
+        return helm_render.Renderer(scope).render(helm_render.parse(helm_render.tokenize(t, "self-test")))
+    for t, want in (('{{ if eq .Values.m "deployment" }}A{{ else }}B{{ end }}', "A"),
+                    ('{{ if ne .Values.m "deployment" }}A{{ else }}B{{ end }}', "B"),
+                    ('{{ if eq .Values.b true }}A{{ end }}', "A"),
+                    ('{{ .Values.m | eq "sidecar" }}', "false"),
+                    ('{{ .Release.Name }}-enclave.{{ .Release.Namespace }}.svc', "r-enclave.ns.svc")):
+        try:
+            got = render(t)
+        except helm_render.RenderError as e:
+            got = f"error {e}"
+        check(got == want, f"helm_render.py: {t} renders {got!r}, not {want!r}")
+    # Helm would fail on these (float64 values against int literals, mixed types), or they are
+    # outside the subset: the renderer must refuse them too.
+    for t in ('{{ eq .Values.n 2 }}', '{{ eq 1 1 }}', '{{ eq .Values.m 1 }}', '{{ eq .Values.b "true" }}',
+              '{{ fail "stop" }}', '{{ eq .Values.m }}', '{{ range .Values.m }}x{{ end }}', '{{ if eq (.Values.m) "x" }}{{ end }}',
+              '{{ .Values.missing }}', '{{ else if .Values.b }}'):
+        try:
+            render(t)
+            check(False, f"helm_render.py: renders {t}, which it must refuse")
+        except helm_render.RenderError:
+            pass
+    try:
+        render('{{ fail "stop here" }}')
+    except helm_render.RenderError as e:
+        check("fail: stop here" in str(e), f"helm_render.py: fail does not report its message: {e}")
+
+
+def says_san(text, dns):
+    """`dns` named within 60 characters of the word SAN (the statement that the SAN must hold it)."""
+    return any("SAN" in text[max(0, m.start() - 60):m.end() + 60] for m in re.finditer(re.escape(dns), text))
 
 
 def lint_helm():
+    lint_renderer()
     chart = os.path.join(DEPLOY, "helm", "coffer")
     meta = yaml.safe_load(read(os.path.join(chart, "Chart.yaml")))
     check(meta.get("apiVersion") == "v2" and meta.get("name") and meta.get("version"), "Chart.yaml: apiVersion v2, name, version")
@@ -556,29 +798,57 @@ def lint_helm():
         if isinstance(v, str):
             check(not re.search(r"://[^/@\s]*:[^/@\s]*@", v), f"values.yaml: {path} holds a URL with a password")
             check(not re.search(r"(pin|password|url)$", path, re.I) or not v, f"values.yaml: {path} holds a value; name a Secret instead")
+            check("-----BEGIN" not in v, f"values.yaml: {path} holds PEM material; name a Secret instead")
+    check(base["enclave"]["mode"] == "sidecar", "values.yaml: enclave.mode must default to sidecar (today's topology)")
+    check(base["enclave"]["replicas"] == 2, "values.yaml: enclave.replicas must default to 2")
+    check(base["enclave"]["networkPolicy"]["enabled"] is True, "values.yaml: enclave.networkPolicy.enabled must default to true")
     try:
         helm_render.render_chart(chart, base)
         check(False, "helm: the default values render, but enclave.pkcs11Module must be required")
     except helm_render.RenderError as e:
         check("pkcs11Module" in str(e), f"helm: default values fail for another reason: {e}")
     lint_values = os.path.join(chart, "ci", "lint-values.yaml")
-    # Each switch on and off somewhere, no two switches alike in every set, every optional block filled.
-    variants = {
-        "ci/lint-values.yaml": {},
-        "PDB off": {"podDisruptionBudget": {"enabled": False}},
-        "init Job off": {"enclave": {"initJob": {"enabled": False}}},
-        "HPA off, every optional list and map set": {
-            "autoscaling": {"enabled": False},
-            "enclave": {"extraVolumeMounts": [{"name": "luna", "mountPath": "/etc/luna"}]},
-            "extraVolumes": [{"name": "luna", "secret": {"secretName": "luna-client"}}],
-            "nodeSelector": {"hsm": "luna"}, "tolerations": [{"key": "hsm", "operator": "Exists"}],
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
-        },
+    dep = {"mode": "deployment"}
+    # Values the chart must refuse: (override, what the error names).
+    refused = {
+        "enclave.mode unknown": ({"enclave": {"mode": "sidecars"}}, "enclave.mode"),
+        "gateway TLS Secret = enclave TLS Secret": (
+            {"enclave": dep, "gateway": {"enclaveTls": {"existingSecret": base["enclave"]["tls"]["existingSecret"]}}},
+            "enclave.tls.existingSecret"),
+        "gateway TLS Secret = PIN Secret": (
+            {"enclave": dep, "gateway": {"enclaveTls": {"existingSecret": base["enclave"]["pinSecret"]}}}, "pinSecret"),
     }
-    for variant, override in variants.items():
+    for what, (override, needle) in refused.items():
+        try:
+            helm_render.render_chart(chart, helm_render.load_values(chart, [lint_values], override))
+            check(False, f"helm: renders with {what}, which it must refuse")
+        except helm_render.RenderError as e:
+            check("fail: " in str(e) and needle in str(e), f"helm: {what} refused for another reason than the chart's `fail`: {e}")
+    # Each switch on and off somewhere, no two switches alike in every set, every optional block
+    # filled, both enclave modes; (override, release name, namespace).
+    every_optional = {
+        "enclave": {"extraVolumeMounts": [{"name": "luna", "mountPath": "/etc/luna"}]},
+        "extraVolumes": [{"name": "luna", "secret": {"secretName": "luna-client"}}],
+        "nodeSelector": {"hsm": "luna"}, "tolerations": [{"key": "hsm", "operator": "Exists"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    }
+    variants = {
+        "ci/lint-values.yaml": ({}, "coffer", "default"),
+        "PDB off": ({"podDisruptionBudget": {"enabled": False}}, "coffer", "default"),
+        "init Job off": ({"enclave": {"initJob": {"enabled": False}}}, "coffer", "default"),
+        "HPA off, every optional list and map set": (dict(every_optional, autoscaling={"enabled": False}), "coffer", "default"),
+        "deployment mode": ({"enclave": dep}, "acme", "vault"),
+        "deployment mode, PDB, NetworkPolicy and init Job off": (
+            {"enclave": dict(dep, networkPolicy={"enabled": False}, initJob={"enabled": False}),
+             "podDisruptionBudget": {"enabled": False}}, "coffer", "default"),
+        "deployment mode, HPA off, every optional list and map set, 3 enclaves": (
+            helm_render.merge(every_optional, {"enclave": dict(dep, replicas=3), "autoscaling": {"enabled": False}}),
+            "coffer", "hsm"),
+    }
+    for variant, (override, release, namespace) in variants.items():
         values = helm_render.load_values(chart, [lint_values], override)
         try:
-            rendered = helm_render.render_chart(chart, values)
+            rendered = helm_render.render_chart(chart, values, release, namespace)
         except helm_render.RenderError as e:
             check(False, f"helm ({variant}): {e}")
             continue
@@ -592,20 +862,33 @@ def lint_helm():
             except yaml.YAMLError as e:
                 check(False, f"helm ({variant}): {rel} renders to invalid YAML: {e}")
         try:
-            lint_manifests(docs, values, variant)
-        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            lint_manifests(docs, values, variant, release, namespace)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
             check(False, f"helm ({variant}): a manifest lacks a field or has the wrong shape: {e!r}")
-        check(
-            re.search(r"TCP\s+with\s+mutual\s+TLS", notes) is not None and "NOT in this chart" in notes,
-            "NOTES.txt: must say a separate enclave Deployment (TCP+mTLS) is not in the chart",
-        )
+        check(not re.search(r"not\s+in\s+this\s+chart", notes, re.I), f"NOTES.txt ({variant}): still says something is not in this chart")
+        if values["enclave"]["mode"] == "deployment":
+            dns = f"{release}-enclave.{namespace}.svc"
+            check(says_san(notes, dns) and re.search(r"TCP\s+with\s+mutual\s+TLS", notes)
+                  and values["enclave"]["tls"]["existingSecret"] in notes
+                  and values["gateway"]["enclaveTls"]["existingSecret"] in notes,
+                  f"NOTES.txt ({variant}): must name the enclave Service {dns}, that its SAN must include it, and both TLS Secrets")
+        else:
+            check("enclave.mode=deployment" in notes and re.search(r"TCP\s+with\s+mutual\s+TLS", notes),
+                  f"NOTES.txt ({variant}): must point at enclave.mode=deployment (TCP with mutual TLS)")
     readme = read(os.path.join(chart, "README.md"))
-    check(
-        re.search(r"TCP\s+with\s+mutual\s+TLS", readme) is not None and "not in this chart" in readme,
-        "helm/coffer/README.md: must say a separate enclave Deployment (TCP+mTLS) is not in the chart",
-    )
-    print(f"  helm/coffer: rendered {len(variants)} value sets (and the defaults, which must fail on"
-          f" enclave.pkcs11Module); kinds, apiVersions, selectors, probes, socket, PIN, securityContexts")
+    check(not re.search(r"not\s+in\s+this\s+chart", readme, re.I), "helm/coffer/README.md: still says the enclave Deployment is not in this chart")
+    check(all(s in readme for s in ("enclave.mode", "`sidecar`", "`deployment`"))
+          and says_san(readme, "<release>-enclave.<namespace>.svc") and re.search(r"TCP\s+with\s+mutual\s+TLS", readme),
+          "helm/coffer/README.md: must describe both enclave.mode values and that the server certificate's SAN"
+          " must include <release>-enclave.<namespace>.svc")
+    deploy_readme = read(os.path.join(DEPLOY, "README.md"))
+    check("enclave.mode" in deploy_readme and says_san(deploy_readme, "<release>-enclave.<namespace>.svc")
+          and not re.search(r"does\s+not\s+template|not\s+in\s+this\s+chart", deploy_readme),
+          "deploy/README.md: must describe enclave.mode and the SAN <release>-enclave.<namespace>.svc, and no longer say"
+          " the chart does not template the enclave Deployment")
+    print(f"  helm/coffer: rendered {len(variants)} value sets in both enclave modes (the defaults must fail on"
+          f" enclave.pkcs11Module, {len(refused)} bad sets must be refused); kinds, apiVersions, selectors, Services,"
+          f" PDBs, NetworkPolicy, enclave URL, probes, socket, PIN, TLS Secrets, securityContexts")
 
 
 def walk(v, path=""):
