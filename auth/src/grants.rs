@@ -10,6 +10,15 @@ pub const CREATE_USERS: &str = "ACTIVITY_TYPE_CREATE_USERS_V4";
 pub const CREATE_API_KEYS: &str = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
 pub const CREATE_AUTHENTICATORS: &str = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
 pub const CREATE_SUB_ORGANIZATION: &str = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8";
+pub const CREATE_OAUTH_PROVIDERS: &str = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2";
+
+/// The credential type of an OAuth provider's certificate: its `public_key` is the identity hash
+/// ([`crate::oidc::identity_hash`]) of (issuer, subject, audience).
+pub const OAUTH_PROVIDER: &str = "COFFER_OAUTH_PROVIDER";
+/// The credential type of a sub-organization's parent certificate: `organization_id` is the
+/// sub-organization, `public_key` its parent's id, `user_id` empty. It lets the parent's
+/// credentials submit login activities for the sub-organization.
+pub const PARENT_ORGANIZATION: &str = "COFFER_PARENT_ORGANIZATION";
 
 /// One credential a body adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +84,7 @@ pub fn expiration(v: Option<&Value>) -> Result<Option<u64>, AuthError> {
     }
 }
 
-/// The API keys and passkeys one user entry of a body adds.
+/// The API keys, OAuth identities and passkeys one user entry of a body adds.
 fn user_grants(org: &str, user_id: &str, user: &Value, out: &mut Vec<Grant>) -> Result<(), AuthError> {
     for k in items(user, "apiKeys") {
         let (public_key, credential_type) = api_public_key(text(k, "curveType"), text(k, "publicKey"))?;
@@ -85,6 +94,20 @@ fn user_grants(org: &str, user_id: &str, user: &Value, out: &mut Vec<Grant>) -> 
             credential_type: credential_type.to_string(),
             public_key,
             expiration_seconds: expiration(k.get("expirationSeconds"))?,
+        });
+    }
+    for p in items(user, "oauthProviders") {
+        let (iss, sub, aud) = match (p.get("oidcToken").and_then(Value::as_str), p.get("oidcClaims")) {
+            (Some(token), _) if !token.trim().is_empty() => crate::oidc::unverified_identity(token.trim())?,
+            (_, Some(c)) => (text(c, "iss").to_string(), text(c, "sub").to_string(), text(c, "aud").to_string()),
+            _ => return Err(AuthError::invalid("each oauth provider needs exactly one of oidcToken and oidcClaims")),
+        };
+        out.push(Grant {
+            organization_id: org.to_string(),
+            user_id: user_id.to_string(),
+            credential_type: OAUTH_PROVIDER.to_string(),
+            public_key: crate::oidc::identity_hash(&iss, &sub, &aud),
+            expiration_seconds: None,
         });
     }
     for a in items(user, "authenticators") {
@@ -114,7 +137,9 @@ pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, Aut
     let fp = activity.fingerprint.as_str();
     let mut out = Vec::new();
     match activity.activity_type.as_str() {
-        CREATE_API_KEYS | CREATE_AUTHENTICATORS => user_grants(org, text(p, "userId"), p, &mut out)?,
+        CREATE_API_KEYS | CREATE_AUTHENTICATORS | CREATE_OAUTH_PROVIDERS => {
+            user_grants(org, text(p, "userId"), p, &mut out)?
+        }
         CREATE_USERS => {
             for (i, u) in items(p, "users").iter().enumerate() {
                 user_grants(org, &derived_id(fp, USER_ID, i), u, &mut out)?;
@@ -125,6 +150,13 @@ pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, Aut
             for (i, u) in items(p, "rootUsers").iter().enumerate() {
                 user_grants(&sub, &derived_id(fp, USER_ID, i), u, &mut out)?;
             }
+            out.push(Grant {
+                organization_id: sub,
+                user_id: String::new(),
+                credential_type: PARENT_ORGANIZATION.to_string(),
+                public_key: org.to_string(),
+                expiration_seconds: None,
+            });
         }
         _ => {}
     }
@@ -169,6 +201,17 @@ mod tests {
         let g = granted_credentials(&a).unwrap();
         assert_eq!(g[0].organization_id, derived_id(&a.fingerprint, SUB_ORGANIZATION_ID, 0));
         assert_eq!(g[0].user_id, derived_id(&a.fingerprint, USER_ID, 0));
+        // The sub-organization's parent certificate names the submitting organization.
+        assert_eq!(
+            g[1],
+            Grant {
+                organization_id: g[0].organization_id.clone(),
+                user_id: String::new(),
+                credential_type: PARENT_ORGANIZATION.into(),
+                public_key: "org".into(),
+                expiration_seconds: None,
+            }
+        );
         // Other activities grant nothing; a malformed key is refused.
         assert!(granted_credentials(&activity("ACTIVITY_TYPE_CREATE_POLICY_V3", serde_json::json!({})))
             .unwrap()
@@ -176,6 +219,34 @@ mod tests {
         let bad =
             serde_json::json!({"userId": "u", "apiKeys": [{"publicKey": "02", "curveType": "API_KEY_CURVE_P256"}]});
         assert!(granted_credentials(&activity(CREATE_API_KEYS, bad)).is_err());
+    }
+
+    #[test]
+    fn oauth_identities_are_granted_by_their_hash() {
+        let claims = serde_json::json!({"iss": "https://i", "sub": "s", "aud": "a"});
+        let a = activity(
+            CREATE_OAUTH_PROVIDERS,
+            serde_json::json!({"userId": "u", "oauthProviders": [{"providerName": "p", "oidcClaims": claims}]}),
+        );
+        let g = granted_credentials(&a).unwrap();
+        assert_eq!(g.len(), 1);
+        assert_eq!((g[0].credential_type.as_str(), g[0].user_id.as_str()), (OAUTH_PROVIDER, "u"));
+        assert_eq!(g[0].public_key, crate::oidc::identity_hash("https://i", "s", "a"));
+        // A token's identity is read from its claims (unverified: the stamp vouches for the body).
+        use crate::webauthn::b64url;
+        let token = format!(
+            "{}.{}.{}",
+            b64url(br#"{"alg":"RS256"}"#),
+            b64url(br#"{"iss":"https://i","sub":"s","aud":["a"],"exp":1,"nbf":99999999999}"#),
+            b64url(b"sig")
+        );
+        let a = activity(
+            CREATE_USERS,
+            serde_json::json!({"users": [{"userName": "x", "oauthProviders": [{"providerName": "p", "oidcToken": token}]}]}),
+        );
+        assert_eq!(granted_credentials(&a).unwrap()[0].public_key, crate::oidc::identity_hash("https://i", "s", "a"));
+        let neither = serde_json::json!({"userId": "u", "oauthProviders": [{"providerName": "p"}]});
+        assert!(granted_credentials(&activity(CREATE_OAUTH_PROVIDERS, neither)).is_err());
     }
 
     /// Untrusted bodies: every truncation and many byte flips of real bodies parse or fail

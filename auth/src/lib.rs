@@ -3,6 +3,7 @@
 
 pub mod envelope;
 pub mod grants;
+pub mod oidc;
 pub mod stamp;
 pub mod webauthn;
 

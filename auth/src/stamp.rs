@@ -44,7 +44,20 @@ impl Scheme {
             Self::Ed25519 => "CREDENTIAL_TYPE_API_KEY_ED25519",
         }
     }
+
+    /// Whether a stamp of this scheme can come from a credential of `credential_type`: the API
+    /// key of its curve, or for P-256 also a session key (OAuth login, stamp login, read-write
+    /// session).
+    pub fn signs_for(self, credential_type: &str) -> bool {
+        credential_type == self.credential_type()
+            || (self == Self::P256 && SESSION_CREDENTIAL_TYPES.contains(&credential_type))
+    }
 }
+
+/// The credential types of session keys (all P-256), which stamp like P-256 API keys until they
+/// expire.
+pub const SESSION_CREDENTIAL_TYPES: &[&str] =
+    &["CREDENTIAL_TYPE_OAUTH_KEY_P256", "CREDENTIAL_TYPE_LOGIN", "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256"];
 
 /// A decoded `X-Stamp`: who claims to have signed, and how.
 #[derive(Debug, Clone)]

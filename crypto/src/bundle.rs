@@ -70,7 +70,7 @@ fn internal(what: &str) -> CryptoError {
 
 /// Parses a P-256 public key given as uncompressed (130 hex) or compressed (66 hex) SEC1, with
 /// an optional `0x`; returns it uncompressed.
-fn parse_target_public_key(hex_key: &str) -> Result<[u8; 65], CryptoError> {
+pub(crate) fn parse_target_public_key(hex_key: &str) -> Result<[u8; 65], CryptoError> {
     let invalid = || CryptoError::invalid("invalid target public key");
     let body = hex_key.trim();
     let body = body.strip_prefix("0x").unwrap_or(body);
@@ -105,6 +105,41 @@ fn envelope(signer: &dyn EnvelopeSigner, data: &[u8]) -> Result<String, CryptoEr
     .map_err(|_| internal("cannot serialize bundle"))
 }
 
+/// HPKE-seals `plaintext` to `target` (uncompressed) with the Turnkey suite, info and AAD;
+/// returns the uncompressed encapsulated key and `ciphertext ‖ tag`. The ephemeral key is drawn
+/// from a ChaCha20 RNG seeded with `rng_seed`.
+pub(crate) fn hpke_seal(
+    rng_seed: &[u8; 32],
+    target: &[u8; 65],
+    plaintext: &[u8],
+) -> Result<([u8; 65], Vec<u8>), CryptoError> {
+    let receiver = <Kem as KemTrait>::PublicKey::from_bytes(target)
+        .map_err(|_| CryptoError::invalid("invalid target public key"))?;
+    // Note: rand_chacha 0.3 does not zeroize its state on drop; the RNG lives only for this call.
+    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
+    let (encapped, mut ctx) = hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
+        .map_err(|_| internal("HPKE sender setup failed"))?;
+    let encapped: [u8; 65] =
+        encapped.to_bytes().as_slice().try_into().map_err(|_| internal("unexpected encapsulated key size"))?;
+    let aad = [encapped.as_slice(), target].concat();
+    let ciphertext = ctx.seal(plaintext, &aad).map_err(|_| internal("HPKE seal failed"))?;
+    Ok((encapped, ciphertext))
+}
+
+/// Opens an HPKE `ciphertext ‖ tag` sealed to `secret` by [`hpke_seal`] (or the SDK's
+/// `hpkeEncrypt`); `encapped` is uncompressed. `None` for any malformed or unauthentic input.
+pub(crate) fn hpke_open(secret: &[u8; 32], encapped: &[u8], ciphertext: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+    let receiver_public = import_target_public(secret).ok()?;
+    let private = <Kem as KemTrait>::PrivateKey::from_bytes(secret).ok()?;
+    if encapped.len() != 65 {
+        return None;
+    }
+    let encapped_key = <Kem as KemTrait>::EncappedKey::from_bytes(encapped).ok()?;
+    let mut ctx = hpke::setup_receiver::<Aead, Kdf, Kem>(&OpModeR::Base, &private, &encapped_key, HPKE_INFO).ok()?;
+    let aad = [encapped, receiver_public.as_slice()].concat();
+    ctx.open(ciphertext, &aad).ok().map(Zeroizing::new)
+}
+
 /// Encrypts `plaintext` (mnemonic UTF-8 or 32-byte private key) to the client's target key and
 /// returns the `exportBundle` JSON (`ServerSendMsgV1`). The HPKE ephemeral key is drawn from a
 /// ChaCha20 RNG seeded with `rng_seed` (32 bytes of HSM randomness; never reuse a seed), borrowed
@@ -117,15 +152,7 @@ pub fn export_bundle(
     plaintext: &[u8],
 ) -> Result<String, CryptoError> {
     let target = parse_target_public_key(target_public_key_hex)?;
-    let receiver = <Kem as KemTrait>::PublicKey::from_bytes(&target)
-        .map_err(|_| CryptoError::invalid("invalid target public key"))?;
-    // Note: rand_chacha 0.3 does not zeroize its state on drop; the RNG lives only for this call.
-    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
-    let (encapped, mut ctx) = hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
-        .map_err(|_| internal("HPKE sender setup failed"))?;
-    let encapped = encapped.to_bytes();
-    let aad = [encapped.as_slice(), &target].concat();
-    let ciphertext = ctx.seal(plaintext, &aad).map_err(|_| internal("HPKE seal failed"))?;
+    let (encapped, ciphertext) = hpke_seal(rng_seed, &target, plaintext)?;
     let data = serde_json::to_vec(&SendData {
         encapped_public: hex::encode(encapped),
         ciphertext: hex::encode(ciphertext),
@@ -182,22 +209,13 @@ pub fn open_encrypted_bundle(
     target_secret: &[u8; 32],
     encrypted_bundle: &str,
 ) -> Result<Zeroizing<Vec<u8>>, CryptoError> {
-    let target_public = import_target_public(target_secret)?;
-    let private =
-        <Kem as KemTrait>::PrivateKey::from_bytes(target_secret).map_err(|_| internal("invalid import target key"))?;
+    import_target_public(target_secret)?;
     let invalid = || CryptoError::invalid("invalid encrypted bundle");
     let msg: ClientMsg = serde_json::from_str(encrypted_bundle).map_err(|_| invalid())?;
     let unhex = |s: &str| hex::decode(s.strip_prefix("0x").unwrap_or(s)).map_err(|_| invalid());
     let encapped = unhex(&msg.encapped_public)?;
     let ciphertext = unhex(&msg.ciphertext)?;
-    if encapped.len() != 65 {
-        return Err(invalid());
-    }
-    let encapped_key = <Kem as KemTrait>::EncappedKey::from_bytes(&encapped).map_err(|_| invalid())?;
-    let mut ctx = hpke::setup_receiver::<Aead, Kdf, Kem>(&OpModeR::Base, &private, &encapped_key, HPKE_INFO)
-        .map_err(|_| invalid())?;
-    let aad = [encapped.as_slice(), &target_public].concat();
-    ctx.open(&ciphertext, &aad).map(Zeroizing::new).map_err(|_| invalid())
+    hpke_open(target_secret, &encapped, &ciphertext).ok_or_else(invalid)
 }
 
 #[cfg(test)]

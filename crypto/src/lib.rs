@@ -4,6 +4,8 @@ pub mod address;
 pub mod bundle;
 pub mod error;
 pub mod keys;
+pub mod qos;
+pub mod session;
 pub mod sign;
 
 pub use error::CryptoError;

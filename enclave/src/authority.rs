@@ -43,6 +43,25 @@ pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
     out
 }
 
+const OAUTH2_DOMAIN: &[u8] = b"coffer-oauth2-credential-v1";
+
+/// The bytes an OAuth 2.0 credential's MAC covers: every field but the MAC, length-prefixed.
+pub fn oauth2_mac_input(c: &pb::Oauth2Credential) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    for field in [
+        OAUTH2_DOMAIN,
+        c.organization_id.as_bytes(),
+        c.credential_id.as_bytes(),
+        c.provider.as_bytes(),
+        c.client_id.as_bytes(),
+        c.encrypted_client_secret.as_bytes(),
+    ] {
+        out.extend_from_slice(&(field.len() as u32).to_be_bytes());
+        out.extend_from_slice(field);
+    }
+    out
+}
+
 /// What the enclave established about a request before touching key material.
 #[derive(Debug)]
 pub struct Authorized {
@@ -52,6 +71,9 @@ pub struct Authorized {
     pub activity: StampedActivity,
     /// The certified credential that stamped it.
     pub credential: pb::CredentialCertificate,
+    /// The credential is the parent organization's, acting for its sub-organization (login
+    /// activities only, with the sub-organization's parent certificate).
+    pub via_parent: bool,
 }
 
 /// Fingerprints seen within the freshness window, per operation. Bounded: when full of live
@@ -148,6 +170,27 @@ impl Authority {
         Ok(cert.encode_to_vec())
     }
 
+    /// Certifies an OAuth 2.0 credential (the MAC computed in the HSM).
+    pub fn certify_oauth2(&self, mut c: pb::Oauth2Credential) -> Result<pb::Oauth2Credential, EnclaveError> {
+        c.mac = self.hsm.certificate_mac(&oauth2_mac_input(&c))?;
+        Ok(c)
+    }
+
+    /// Checks that `c` is a credential this enclave certified, of the stamped body's organization
+    /// and the one the body names.
+    pub fn check_oauth2(&self, a: &Authorized, c: &pb::Oauth2Credential, named_id: &str) -> Result<(), EnclaveError> {
+        if !self.hsm.certificate_mac_valid(&oauth2_mac_input(c), &c.mac)? {
+            return Err(refuse(a, "the OAuth 2.0 credential's certificate does not verify"));
+        }
+        if c.organization_id != a.activity.organization_id {
+            return Err(refuse(a, "the OAuth 2.0 credential belongs to another organization than the stamped body"));
+        }
+        if c.credential_id != named_id {
+            return Err(refuse(a, "the OAuth 2.0 credential is not the one the stamped body names"));
+        }
+        Ok(())
+    }
+
     /// Checks one webhook delivery attempt before the webhook key signs it: the timestamp is the
     /// enclave's now (within the freshness window, so no delivery can be signed ahead of time),
     /// the event id is short and plain, and the body is an activity. Returns the message to sign
@@ -219,7 +262,20 @@ impl Authority {
         auth: Option<&pb::Authorization>,
         types: &[&str],
     ) -> Result<Authorized, EnclaveError> {
-        match self.check(operation, auth, types) {
+        self.authorize_for(operation, auth, types, None)
+    }
+
+    /// [`Authority::authorize`] for a login activity, which a credential of the sub-organization's
+    /// parent may also stamp when `parent_certificate` (a `COFFER_PARENT_ORGANIZATION` certificate
+    /// of the body's organization) names the credential's organization as its parent.
+    pub fn authorize_for(
+        &self,
+        operation: &'static str,
+        auth: Option<&pb::Authorization>,
+        types: &[&str],
+        parent_certificate: Option<&[u8]>,
+    ) -> Result<Authorized, EnclaveError> {
+        match self.check(operation, auth, types, parent_certificate) {
             Ok(a) => {
                 tracing::info!(
                     target: "coffer_audit",
@@ -249,10 +305,24 @@ impl Authority {
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
+        parent_certificate: Option<&[u8]>,
     ) -> Result<Authorized, Refusal> {
         let now = now_ms();
         let request = auth.and_then(|a| a.request.as_ref()).ok_or_else(|| Refusal::new("no stamped request"))?;
         let (activity, credential) = self.verify_stamped(request, now)?;
+        let via_parent = activity.organization_id != credential.organization_id;
+        if via_parent {
+            let parent = parent_certificate.and_then(|c| pb::CredentialCertificate::decode(c).ok()).filter(|p| {
+                p.credential_type == coffer_auth::grants::PARENT_ORGANIZATION
+                    && p.organization_id == activity.organization_id
+                    && p.public_key == credential.organization_id
+                    && self.hsm.certificate_mac_valid(&certificate_mac_input(p), &p.mac).unwrap_or(false)
+            });
+            if parent.is_none() {
+                return Err(Refusal::new("the credential belongs to another organization than the stamped body")
+                    .about(&activity, &credential));
+            }
+        }
         if !types.contains(&activity.activity_type.as_str()) {
             return Err(Refusal::new(format!(
                 "the stamped body is {}, which does not ask for this operation",
@@ -272,6 +342,10 @@ impl Authority {
                 }
                 let (vote, voter) = self.verify_stamped(approval, now)?;
                 let named = vote.parameters.get("fingerprint").and_then(Value::as_str);
+                if vote.organization_id != voter.organization_id {
+                    return Err(Refusal::new("the credential belongs to another organization than the stamped body")
+                        .about(&vote, &voter));
+                }
                 if vote.activity_type != APPROVE_ACTIVITY
                     || vote.organization_id != activity.organization_id
                     || named != Some(activity.fingerprint.as_str())
@@ -297,7 +371,7 @@ impl Authority {
             return Err(Refusal::new("replayed request: this stamped body was already used for this operation")
                 .about(&activity, &credential));
         }
-        Ok(Authorized { operation, activity, credential })
+        Ok(Authorized { operation, activity, credential, via_parent })
     }
 
     fn fresh(&self, activity: &StampedActivity, now: i64) -> Result<(), Refusal> {
@@ -311,7 +385,7 @@ impl Authority {
     }
 
     /// Verifies one stamped request: a genuine, unexpired certificate, and a stamp over the exact
-    /// body by that certificate's key, in the certificate's organization.
+    /// body by that certificate's key. Whose organization the body may name is the caller's check.
     fn verify_stamped(
         &self,
         req: &pb::StampedRequest,
@@ -334,7 +408,7 @@ impl Authority {
         match req.stamp_header.to_ascii_lowercase().as_str() {
             "x-stamp" => {
                 let s = stamp::parse(&req.stamp).map_err(|e| refuse(&e.message))?;
-                if s.public_key != cert.public_key || s.scheme.credential_type() != cert.credential_type {
+                if s.public_key != cert.public_key || !s.scheme.signs_for(&cert.credential_type) {
                     return Err(refuse("the stamp was made by another key than the certified credential"));
                 }
                 stamp::verify(&s, &req.body).map_err(|e| refuse(&e.message))?;
@@ -347,9 +421,6 @@ impl Authority {
                 webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(&e.message))?;
             }
             _ => return Err(refuse("no stamp")),
-        }
-        if activity.organization_id != cert.organization_id {
-            return Err(refuse("the credential belongs to another organization than the stamped body"));
         }
         Ok((activity, cert))
     }

@@ -32,6 +32,44 @@ pub struct EnclaveConfig {
     pub tcp_listen: Option<std::net::SocketAddr>,
     /// The TCP listener's TLS files (PEM), all required with `tcp_listen`.
     pub tls: Option<TlsFiles>,
+    /// `[login]`: the OIDC issuer URL and the OAuth 2.0 providers' endpoints.
+    pub login: LoginSettings,
+}
+
+/// `[login]` of `coffer-enclave.toml`. The provider endpoints come from here and never from a
+/// request, so a taken-over gateway cannot send a client secret anywhere else.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoginSettings {
+    /// The `iss` of the OIDC tokens Coffer issues: the gateway's public base URL, which serves
+    /// `/.well-known/openid-configuration`. Default: none (oauth2_authenticate is refused until
+    /// it is set). Environment: `COFFER_OIDC_ISSUER`.
+    pub oidc_issuer: Option<String>,
+    /// X (Twitter) OAuth 2.0 endpoints. Environment: `COFFER_OAUTH2_X_TOKEN_URL`,
+    /// `COFFER_OAUTH2_X_USERINFO_URL`.
+    pub x_token_url: String,
+    pub x_userinfo_url: String,
+    /// Discord OAuth 2.0 endpoints. Environment: `COFFER_OAUTH2_DISCORD_TOKEN_URL`,
+    /// `COFFER_OAUTH2_DISCORD_USERINFO_URL`.
+    pub discord_token_url: String,
+    pub discord_userinfo_url: String,
+    /// The longest session (`expirationSeconds` of oauth_login, stamp_login and
+    /// create_read_write_session) the enclave certifies. Default 604,800 (7 days). Environment:
+    /// `COFFER_MAX_SESSION_SECONDS`.
+    pub max_session_seconds: u64,
+}
+
+impl Default for LoginSettings {
+    fn default() -> Self {
+        Self {
+            oidc_issuer: None,
+            x_token_url: "https://api.x.com/2/oauth2/token".into(),
+            x_userinfo_url: "https://api.x.com/2/users/me".into(),
+            discord_token_url: "https://discord.com/api/oauth2/token".into(),
+            discord_userinfo_url: "https://discord.com/api/users/@me".into(),
+            max_session_seconds: 7 * 24 * 3600,
+        }
+    }
 }
 
 /// PEM files for mutual TLS: this side's certificate chain and private key, and the CA that
@@ -58,6 +96,7 @@ impl Default for EnclaveConfig {
             replay_capacity: 2_000_000,
             tcp_listen: None,
             tls: None,
+            login: LoginSettings::default(),
         }
     }
 }
@@ -93,6 +132,34 @@ impl EnclaveConfig {
             cfg.tls = Some(TlsFiles { cert, key, client_ca });
         } else if tls_env.iter().any(Option::is_some) {
             anyhow::bail!("COFFER_ENCLAVE_TLS_CERT, _KEY and _CLIENT_CA go together");
+        }
+        let login = &mut cfg.login;
+        for (var, field) in [
+            ("COFFER_OAUTH2_X_TOKEN_URL", &mut login.x_token_url),
+            ("COFFER_OAUTH2_X_USERINFO_URL", &mut login.x_userinfo_url),
+            ("COFFER_OAUTH2_DISCORD_TOKEN_URL", &mut login.discord_token_url),
+            ("COFFER_OAUTH2_DISCORD_USERINFO_URL", &mut login.discord_userinfo_url),
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                *field = v;
+            }
+        }
+        if let Ok(v) = std::env::var("COFFER_MAX_SESSION_SECONDS") {
+            login.max_session_seconds =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_MAX_SESSION_SECONDS: {e}"))?;
+        }
+        if let Ok(v) = std::env::var("COFFER_OIDC_ISSUER") {
+            login.oidc_issuer = Some(v).filter(|v| !v.trim().is_empty());
+        }
+        for url in [&login.x_token_url, &login.x_userinfo_url, &login.discord_token_url, &login.discord_userinfo_url] {
+            crate::login::provider_url(url).map_err(|e| anyhow::anyhow!("[login]: {e}"))?;
+        }
+        if let Some(iss) = &login.oidc_issuer {
+            let u = url::Url::parse(iss).map_err(|_| anyhow::anyhow!("oidc_issuer {iss:?} is not a URL"))?;
+            if !matches!(u.scheme(), "https" | "http") || u.query().is_some() || u.fragment().is_some() {
+                anyhow::bail!("oidc_issuer {iss:?} must be an http(s) URL without query or fragment");
+            }
+            login.oidc_issuer = Some(iss.trim_end_matches('/').to_string());
         }
         if cfg.tcp_listen.is_some() && cfg.tls.is_none() {
             anyhow::bail!(

@@ -16,6 +16,10 @@ pub enum EnclaveError {
     /// A bounded resource is full (the replay window); retrying later can succeed.
     #[error("enclave busy: {0}")]
     Busy(String),
+    /// An OAuth 2.0 provider failed or could not be reached (a 502 at the gateway); the message
+    /// names the provider and its answer, never a secret.
+    #[error("{0}")]
+    Upstream(String),
     /// The HSM failed or is unreachable; the message names the PKCS#11 call and return value.
     #[error("HSM error: {0}")]
     Hsm(String),
@@ -38,6 +42,7 @@ impl From<EnclaveError> for tonic::Status {
             EnclaveError::SealAuthentication => tonic::Status::failed_precondition(e.to_string()),
             EnclaveError::Refused(_) => tonic::Status::permission_denied(e.to_string()),
             EnclaveError::Busy(_) => tonic::Status::resource_exhausted(e.to_string()),
+            EnclaveError::Upstream(_) => tonic::Status::aborted(e.to_string()),
             EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),
             EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
         }

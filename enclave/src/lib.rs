@@ -4,6 +4,8 @@ pub mod authority;
 pub mod config;
 pub mod error;
 pub mod hsm;
+pub mod login;
 pub mod service;
+pub mod sessions;
 
 pub use error::EnclaveError;

@@ -172,7 +172,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             _ = term.recv() => {},
         }
     };
-    let service = Arc::new(EnclaveService::new(hsm, authority));
+    let service = Arc::new(EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone())));
     // Over TCP, only a client presenting a certificate of `client_ca` gets a connection: what
     // the Unix socket's file permissions decide for a local gateway.
     let tcp = match (cfg.tcp_listen, &cfg.tls) {

@@ -15,8 +15,11 @@ use tonic::{Request, Response, Status};
 use zeroize::Zeroizing;
 
 use crate::authority::{refuse, Authority, Authorized, BOOTSTRAP};
+use crate::config::LoginSettings;
+use crate::hsm::LoginKey;
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::EnclaveError;
+use crate::{login, sessions};
 
 /// Activity types, as the stamped bodies name them.
 mod types {
@@ -33,6 +36,9 @@ mod types {
     pub const INIT_IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY";
     pub const IMPORT_WALLET: &str = "ACTIVITY_TYPE_IMPORT_WALLET";
     pub const IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY";
+    pub const CREATE_OAUTH2_CREDENTIAL: &str = "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL";
+    pub const UPDATE_OAUTH2_CREDENTIAL: &str = "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL";
+    pub const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
 }
 
 /// The gRPC service over one logged-in HSM.
@@ -40,12 +46,37 @@ mod types {
 pub struct EnclaveService {
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
+    login: Arc<LoginSettings>,
 }
 
 impl EnclaveService {
-    pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>) -> Self {
-        Self { hsm, authority }
+    pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
+        Self { hsm, authority, login }
     }
+}
+
+/// Opens an OAuth 2.0 client secret (`encryptedClientSecret`, a QOS envelope to the TLS-fetcher
+/// key) with ECDH in the HSM. The plaintext never leaves the enclave.
+fn open_client_secret(hsm: &Hsm, encrypted: &str) -> Result<Zeroizing<String>, EnclaveError> {
+    let envelope = coffer_crypto::qos::decode_encrypted_client_secret(encrypted)
+        .map_err(|_| EnclaveError::invalid("invalid encryptedClientSecret: not an encrypted client secret"))?;
+    let receiver = hsm.login_public_keys()?.tls_fetcher;
+    let plain = coffer_crypto::qos::open_quorum_envelope(&envelope, &receiver, |sender| {
+        hsm.tls_fetcher_ecdh(sender).map_err(|e| CryptoError::Internal(e.to_string()))
+    })
+    .map_err(|_| {
+        EnclaveError::invalid("invalid encryptedClientSecret: it does not decrypt with Coffer's TLS-fetcher key")
+    })?;
+    let secret = String::from_utf8(plain.to_vec())
+        .map_err(|_| EnclaveError::invalid("invalid encryptedClientSecret: the secret is not UTF-8 text"))?;
+    if secret.is_empty() {
+        return Err(EnclaveError::invalid("invalid encryptedClientSecret: the secret is empty"));
+    }
+    Ok(Zeroizing::new(secret))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// Most webhook deliveries signed in one call.
@@ -293,6 +324,193 @@ impl Enclave for EnclaveService {
         blocking(move || Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })).await
     }
 
+    async fn get_login_keys(
+        &self,
+        _req: Request<pb::GetLoginKeysRequest>,
+    ) -> Result<Response<pb::GetLoginKeysResponse>, Status> {
+        let (hsm, login) = (self.hsm.clone(), self.login.clone());
+        blocking(move || {
+            let keys = hsm.login_public_keys()?;
+            Ok(pb::GetLoginKeysResponse {
+                notarizer_public_key: keys.notarizer.to_vec(),
+                oidc_issuer_public_key: keys.oidc_issuer.to_vec(),
+                oidc_key_id: login::oidc_key_id(&keys.oidc_issuer),
+                tls_fetcher_public_key: keys.tls_fetcher.to_vec(),
+                oidc_issuer: login.oidc_issuer.clone().unwrap_or_default(),
+            })
+        })
+        .await
+    }
+
+    async fn certify_oauth2_credential(
+        &self,
+        req: Request<pb::CertifyOauth2CredentialRequest>,
+    ) -> Result<Response<pb::Oauth2Credential>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            let a = authority.authorize(
+                "certify_oauth2_credential",
+                req.auth.as_ref(),
+                &[types::CREATE_OAUTH2_CREDENTIAL, types::UPDATE_OAUTH2_CREDENTIAL],
+            )?;
+            let p = &a.activity.parameters;
+            let credential_id = if a.activity.activity_type == types::CREATE_OAUTH2_CREDENTIAL {
+                req.credential_id.clone()
+            } else {
+                text(p, "oauth2CredentialId").to_string()
+            };
+            if credential_id.is_empty() || credential_id != req.credential_id {
+                return Err(refuse(&a, "the credential id is not the one the stamped body names"));
+            }
+            // Update: the stored credential (certified, of this organization and id) gives the
+            // fields the body leaves out.
+            let current = match &req.current {
+                Some(c) if a.activity.activity_type == types::UPDATE_OAUTH2_CREDENTIAL => {
+                    authority.check_oauth2(&a, c, &credential_id)?;
+                    Some(c)
+                }
+                _ => None,
+            };
+            let field = |k: &str, old: Option<&String>| -> Result<String, EnclaveError> {
+                match (text(p, k), old) {
+                    ("", Some(old)) => Ok(old.clone()),
+                    ("", None) => Err(EnclaveError::invalid(format!("{k} is required"))),
+                    (v, _) => Ok(v.to_string()),
+                }
+            };
+            let provider = field("provider", current.map(|c| &c.provider))?;
+            login::check_provider(&provider)?;
+            let client_id = field("clientId", current.map(|c| &c.client_id))?;
+            let encrypted_client_secret = field("encryptedClientSecret", current.map(|c| &c.encrypted_client_secret))?;
+            // It must open now; the plaintext is dropped (zeroized) at once.
+            drop(open_client_secret(&hsm, &encrypted_client_secret)?);
+            tracing::info!(
+                target: "coffer_audit",
+                decision = "allow",
+                operation = "certify_oauth2_credential",
+                organization = %a.activity.organization_id,
+                fingerprint = %a.activity.fingerprint,
+                "enclave decision"
+            );
+            authority.certify_oauth2(pb::Oauth2Credential {
+                organization_id: a.activity.organization_id.clone(),
+                credential_id,
+                provider,
+                client_id,
+                encrypted_client_secret,
+                mac: vec![],
+            })
+        })
+        .await
+    }
+
+    async fn oauth2_authenticate(
+        &self,
+        req: Request<pb::Oauth2AuthenticateRequest>,
+    ) -> Result<Response<pb::Oauth2AuthenticateResponse>, Status> {
+        let (hsm, authority, settings) = (self.hsm.clone(), self.authority.clone(), self.login.clone());
+        let req = req.into_inner();
+        let Some(issuer) = settings.oidc_issuer.clone() else {
+            return Err(EnclaveError::invalid(
+                "oauth2_authenticate needs the enclave's oidc_issuer setting (COFFER_OIDC_ISSUER)",
+            )
+            .into());
+        };
+        // Authorize and open the secret in the HSM.
+        let h = hsm.clone();
+        let (a, credential, secret) = blocking(move || {
+            let a = authority.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
+            let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
+            authority.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
+            let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
+            Ok((a, credential, secret))
+        })
+        .await?
+        .into_inner();
+        let p = a.activity.parameters.clone();
+        for k in ["authCode", "redirectUri", "codeVerifier", "nonce"] {
+            if text(&p, k).is_empty() {
+                return Err(EnclaveError::invalid(format!("{k} is required")).into());
+            }
+        }
+        let user = login::exchange(
+            &settings,
+            &login::CodeExchange {
+                provider: &credential.provider,
+                client_id: &credential.client_id,
+                client_secret: &secret,
+                auth_code: text(&p, "authCode"),
+                redirect_uri: text(&p, "redirectUri"),
+                code_verifier: text(&p, "codeVerifier"),
+            },
+        )
+        .await?;
+        drop(secret);
+        blocking(move || {
+            let target = text(&p, "bearerTokenTargetPublicKey");
+            let encrypted_bearer_token = if target.is_empty() {
+                None
+            } else {
+                let seed = hsm.random_seed()?;
+                Some(coffer_crypto::session::sealed_to_target(&seed, target, user.bearer_token.as_bytes())?)
+            };
+            let claims = login::oidc_claims(
+                &issuer,
+                &credential.client_id,
+                text(&p, "nonce"),
+                &user,
+                now_secs(),
+                encrypted_bearer_token,
+            );
+            let kid = login::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
+            let oidc_token =
+                login::es256_jwt(&kid, &claims, |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?))?;
+            tracing::info!(
+                target: "coffer_audit",
+                decision = "allow",
+                operation = "oauth2_authenticate",
+                organization = %a.activity.organization_id,
+                fingerprint = %a.activity.fingerprint,
+                "enclave decision"
+            );
+            Ok(pb::Oauth2AuthenticateResponse { oidc_token })
+        })
+        .await
+    }
+
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, Status> {
+        let (hsm, authority, settings) = (self.hsm.clone(), self.authority.clone(), self.login.clone());
+        let req = Arc::new(req.into_inner());
+        let (h, au, r) = (hsm.clone(), authority.clone(), req.clone());
+        let a = blocking(move || {
+            let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
+            au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent)
+        })
+        .await?
+        .into_inner();
+        let seconds = sessions::session_seconds(&a.activity.parameters, settings.max_session_seconds)?;
+        let identity = if a.activity.activity_type == sessions::OAUTH_LOGIN {
+            match sessions::verified_identity(&h, &settings, &a.activity.parameters).await {
+                Ok(claims) => Some(claims),
+                Err(e) => {
+                    refuse(&a, &e.to_string());
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
+        blocking(move || {
+            let g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
+            sessions::open_session(&hsm, &authority, &a, g, seconds)
+        })
+        .await
+    }
+
     async fn get_webhook_signing_key(
         &self,
         _req: Request<pb::GetWebhookSigningKeyRequest>,
@@ -407,6 +625,7 @@ impl Enclave for EnclaveService {
                     grants::CREATE_API_KEYS,
                     grants::CREATE_AUTHENTICATORS,
                     grants::CREATE_SUB_ORGANIZATION,
+                    grants::CREATE_OAUTH_PROVIDERS,
                 ],
             )?;
             let granted = granted_credentials(&a.activity)?;

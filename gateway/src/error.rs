@@ -193,6 +193,11 @@ impl From<tonic::Status> for ApiError {
                 ApiError::forbidden(s.message().to_string())
             }
             tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
+            // An OAuth 2.0 provider failed the enclave's request: 502, naming the provider.
+            tonic::Code::Aborted => ApiError {
+                status: Some(StatusCode::BAD_GATEWAY),
+                ..ApiError::new(Code::Unavailable, "OAUTH2_PROVIDER_ERROR", s.message().to_string())
+            },
             tonic::Code::FailedPrecondition => {
                 tracing::error!(error = %s.message(), "enclave refused sealed material");
                 ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")

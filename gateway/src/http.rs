@@ -21,6 +21,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/public/v1/query/:name", post(query))
         .route("/public/v1/discovery/enclave_signer", get(enclave_signer))
         .route("/public/v1/discovery/webhooks/jwks", get(webhook_jwks))
+        .route("/public/v1/discovery/keys", get(crate::login_keys::discovery_keys))
+        .route("/.well-known/openid-configuration", get(crate::login_keys::openid_configuration))
+        .route("/.well-known/jwks.json", get(crate::login_keys::jwks))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -56,7 +59,10 @@ fn operation_label(path: &str) -> String {
         | "/readyz"
         | "/metrics"
         | "/public/v1/discovery/enclave_signer"
-        | "/public/v1/discovery/webhooks/jwks" => path.to_string(),
+        | "/public/v1/discovery/webhooks/jwks"
+        | "/public/v1/discovery/keys"
+        | "/.well-known/openid-configuration"
+        | "/.well-known/jwks.json" => path.to_string(),
         _ => "other".into(),
     }
 }

@@ -7,6 +7,7 @@ pub mod enclave_client;
 pub mod error;
 pub mod http;
 pub mod limits;
+pub mod login_keys;
 pub mod metrics;
 pub mod ops;
 pub mod orgs;

@@ -1,11 +1,13 @@
 //! PKCS#11 custody: one module load, one login held by an anchor session, a session pool, and
 //! the service keys (the AES-256 KEK, the P-256 bundle signer and the credential-certificate
-//! HMAC key), found by label.
+//! HMAC key, the login keys), found by label.
 
 mod error;
+mod login_keys;
 mod seal;
 
 pub use error::HsmError;
+pub use login_keys::{LoginKey, LoginPublicKeys};
 pub use seal::{is_legacy, BlobBinding, BlobKind};
 
 /// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the
@@ -48,6 +50,13 @@ pub const CERT_MAC_LABEL: &str = "coffer-cert-mac-v1";
 /// The Ed25519 key that signs webhook deliveries (sensitive, never extractable).
 pub const WEBHOOK_SIGNER_LABEL: &str = "coffer-webhook-signer-v1";
 
+/// The P-256 key that signs session JWTs (`verifySessionJwtSignature` of `@turnkey/crypto`).
+pub const NOTARIZER_LABEL: &str = "coffer-notarizer-v1";
+/// The P-256 key that signs the OIDC tokens Coffer issues (ES256).
+pub const OIDC_ISSUER_LABEL: &str = "coffer-oidc-issuer-v1";
+/// The P-256 key OAuth 2.0 client secrets are encrypted to (ECDH only, never extractable).
+pub const TLS_FETCHER_LABEL: &str = "coffer-tls-fetcher-v1";
+
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 const OID_ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
 
@@ -78,6 +87,10 @@ struct ServiceKeys {
     cert_mac: ObjectHandle,
     /// Absent on a token initialised before webhooks existed, until `init` runs again.
     webhook: Option<ObjectHandle>,
+    /// Absent on a token initialised before sessions and OAuth existed, until `init` runs again.
+    notarizer: Option<ObjectHandle>,
+    oidc_issuer: Option<ObjectHandle>,
+    tls_fetcher: Option<ObjectHandle>,
 }
 
 struct Anchor {
@@ -96,6 +109,7 @@ pub struct Hsm {
     pool_size: usize,
     signer_public: OnceLock<[u8; 65]>,
     webhook_public: OnceLock<[u8; 32]>,
+    login_public: OnceLock<LoginPublicKeys>,
 }
 
 /// The PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once.
@@ -197,6 +211,7 @@ impl Hsm {
             pool_size: settings.pool_size.max(1),
             signer_public: OnceLock::new(),
             webhook_public: OnceLock::new(),
+            login_public: OnceLock::new(),
         })
     }
 
@@ -225,7 +240,7 @@ impl Hsm {
             created.push(KEK_LABEL);
         }
         if find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
-            generate_signing_pair(&session, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL)?;
+            generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
             created.push(SIGNER_LABEL);
         }
         if find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.is_none() {
@@ -249,8 +264,24 @@ impl Hsm {
             created.push(CERT_MAC_LABEL);
         }
         if find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?.is_none() {
-            generate_signing_pair(&session, Mechanism::EccEdwardsKeyPairGen, OID_ED25519, WEBHOOK_SIGNER_LABEL)?;
+            generate_pair(
+                &session,
+                Mechanism::EccEdwardsKeyPairGen,
+                OID_ED25519,
+                WEBHOOK_SIGNER_LABEL,
+                Attribute::Sign(true),
+            )?;
             created.push(WEBHOOK_SIGNER_LABEL);
+        }
+        for (label, usage) in [
+            (NOTARIZER_LABEL, Attribute::Sign(true)),
+            (OIDC_ISSUER_LABEL, Attribute::Sign(true)),
+            (TLS_FETCHER_LABEL, Attribute::Derive(true)),
+        ] {
+            if find_key(&session, ObjectClass::PRIVATE_KEY, label)?.is_none() {
+                generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
+                created.push(label);
+            }
         }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         Ok(created)
@@ -272,7 +303,15 @@ impl Hsm {
         let cert_mac =
             find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
         let webhook = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?;
-        let keys = ServiceKeys { kek, signer, cert_mac, webhook };
+        let keys = ServiceKeys {
+            kek,
+            signer,
+            cert_mac,
+            webhook,
+            notarizer: find_key(&session, ObjectClass::PRIVATE_KEY, NOTARIZER_LABEL)?,
+            oidc_issuer: find_key(&session, ObjectClass::PRIVATE_KEY, OIDC_ISSUER_LABEL)?,
+            tls_fetcher: find_key(&session, ObjectClass::PRIVATE_KEY, TLS_FETCHER_LABEL)?,
+        };
         anchor.keys = Some(keys);
         Ok(keys)
     }
@@ -513,13 +552,14 @@ impl Hsm {
     }
 }
 
-/// Generates a token key pair for signing under `label`: the private half sensitive and never
-/// extractable, the public half readable.
-fn generate_signing_pair(
+/// Generates a token key pair under `label` for one `usage` (`Sign` or `Derive`): the private
+/// half sensitive and never extractable, the public half readable.
+fn generate_pair(
     session: &Session,
     mechanism: Mechanism,
     curve: &[u8],
     label: &'static str,
+    usage: Attribute,
 ) -> Result<(), HsmError> {
     let name = label.as_bytes().to_vec();
     session
@@ -537,7 +577,7 @@ fn generate_signing_pair(
                 Attribute::Private(true),
                 Attribute::Sensitive(true),
                 Attribute::Extractable(false),
-                Attribute::Sign(true),
+                usage,
                 Attribute::Label(name),
             ],
         )

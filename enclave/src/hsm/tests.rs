@@ -32,7 +32,15 @@ pub(crate) fn hsm() -> Arc<Hsm> {
                 .unwrap();
         assert_eq!(
             hsm.init_service_keys().unwrap(),
-            vec![KEK_LABEL, SIGNER_LABEL, CERT_MAC_LABEL, WEBHOOK_SIGNER_LABEL]
+            vec![
+                KEK_LABEL,
+                SIGNER_LABEL,
+                CERT_MAC_LABEL,
+                WEBHOOK_SIGNER_LABEL,
+                NOTARIZER_LABEL,
+                OIDC_ISSUER_LABEL,
+                TLS_FETCHER_LABEL
+            ]
         );
         assert!(hsm.init_service_keys().unwrap().is_empty(), "second init must create nothing");
         Arc::new(hsm)

@@ -79,30 +79,46 @@ async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<supe
     Ok(outcome)
 }
 
-/// Fills in the enclave-issued certificate of every API key and passkey in `writes`.
+/// Record kind of a sub-organization's parent certificate (the enclave's proof that the parent's
+/// credentials may submit its login activities).
+pub const PARENT_CERTIFICATE: &str = "parent_certificate";
+
+/// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
+/// `writes`, and adds the parent certificate of a sub-organization they create.
 async fn certify_credentials(
     state: &Arc<AppState>,
     auth: coffer_proto::v1::Authorization,
-    writes: &mut [Write],
+    writes: &mut Vec<Write>,
 ) -> Result<(), ApiError> {
     use coffer_proto::v1 as pb;
+    let spec = |organization_id: &str, user_id: &str, credential_type: &str, public_key: String| pb::CredentialSpec {
+        organization_id: organization_id.to_string(),
+        user_id: user_id.to_string(),
+        credential_type: credential_type.to_string(),
+        public_key,
+    };
     let mut credentials = Vec::new();
+    let mut sub_organization = None;
     for w in writes.iter() {
         match w {
-            Write::InsertApiKey(k) => credentials.push(pb::CredentialSpec {
-                organization_id: k.organization_id.clone(),
-                user_id: k.user_id.clone(),
-                credential_type: k.credential_type.clone(),
-                public_key: k.public_key.clone(),
-            }),
-            Write::InsertAuthenticators(list) => credentials.extend(list.iter().map(|a| pb::CredentialSpec {
-                organization_id: a.organization_id.clone(),
-                user_id: a.user_id.clone(),
-                credential_type: auth::webauthn::CREDENTIAL_TYPE.to_string(),
-                public_key: a.public_key.clone(),
+            Write::InsertApiKey(k) => {
+                credentials.push(spec(&k.organization_id, &k.user_id, &k.credential_type, k.public_key.clone()))
+            }
+            Write::InsertAuthenticators(list) => {
+                credentials.extend(list.iter().map(|a| {
+                    spec(&a.organization_id, &a.user_id, auth::webauthn::CREDENTIAL_TYPE, a.public_key.clone())
+                }))
+            }
+            Write::InsertOauthProviders(list) => credentials.extend(list.iter().map(|p| {
+                let identity = auth::oidc::identity_hash(&p.issuer, &p.subject, &p.audience);
+                spec(&p.organization_id, &p.user_id, coffer_auth::grants::OAUTH_PROVIDER, identity)
             })),
+            Write::InsertOrganization(o) => sub_organization = o.parent_id.clone().map(|parent| (o.id.clone(), parent)),
             _ => {}
         }
+    }
+    if let Some((sub, parent)) = &sub_organization {
+        credentials.push(spec(sub, "", coffer_auth::grants::PARENT_ORGANIZATION, parent.clone()));
     }
     if credentials.is_empty() {
         return Ok(());
@@ -122,8 +138,25 @@ async fn certify_credentials(
                     a.certificate = certificates.next().unwrap_or_default();
                 }
             }
+            Write::InsertOauthProviders(list) => {
+                for p in list {
+                    p.certificate = certificates.next().unwrap_or_default();
+                }
+            }
             _ => {}
         }
+    }
+    if let Some((sub, _)) = sub_organization {
+        let certificate = certificates.next().unwrap_or_default();
+        writes.push(Write::PutRecord(crate::store::Record {
+            organization_id: sub,
+            kind: PARENT_CERTIFICATE.into(),
+            id: PARENT_CERTIFICATE.into(),
+            name: PARENT_CERTIFICATE.into(),
+            data: json!({ "certificate": hex::encode(certificate) }),
+            created_at: now_nanos(),
+            updated_at: now_nanos(),
+        }));
     }
     Ok(())
 }

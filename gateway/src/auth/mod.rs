@@ -208,7 +208,7 @@ async fn resolve_api_key(
             ),
         ));
     };
-    if api_key.credential_type != stamp.scheme.credential_type() {
+    if !stamp.scheme.signs_for(&api_key.credential_type) {
         return Err(ApiError::unauthenticated(
             "SIGNATURE_INVALID",
             format!(
@@ -221,7 +221,12 @@ async fn resolve_api_key(
     if let Some(exp) = api_key.expiration_seconds {
         let expires_at = api_key.created_at.saturating_add((exp as i64).saturating_mul(1_000_000_000));
         if now_nanos() >= expires_at {
-            return Err(ApiError::unauthenticated("API_KEY_EXPIRED", "expired api key"));
+            let what = if stamp::SESSION_CREDENTIAL_TYPES.contains(&api_key.credential_type.as_str()) {
+                "expired session"
+            } else {
+                "expired api key"
+            };
+            return Err(ApiError::unauthenticated("API_KEY_EXPIRED", what));
         }
     }
     Ok((api_key, via_parent))

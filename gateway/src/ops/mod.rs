@@ -14,6 +14,8 @@ pub mod wallets;
 // <passkeys and oauth providers>
 pub mod authenticators;
 pub mod oauth;
+// <social login and sessions>
+pub mod oauth2;
 // <policies, contract interfaces, organization features and root quorum>
 pub mod contracts;
 pub mod organization;
@@ -303,6 +305,39 @@ pub static ACTIVITIES: &[Operation] = &[
         "CREDENTIAL" / "DELETE",
         oauth::delete_oauth_providers
     ),
+    // <social login and sessions>
+    op!(
+        "create_oauth2_credential",
+        "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
+        "createOauth2CredentialIntent",
+        "createOauth2CredentialResult",
+        "AUTH" / "CREATE",
+        oauth2::create_oauth2_credential
+    ),
+    op!(
+        "update_oauth2_credential",
+        "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL",
+        "updateOauth2CredentialIntent",
+        "updateOauth2CredentialResult",
+        "AUTH" / "UPDATE",
+        oauth2::update_oauth2_credential
+    ),
+    op!(
+        "delete_oauth2_credential",
+        "ACTIVITY_TYPE_DELETE_OAUTH2_CREDENTIAL",
+        "deleteOauth2CredentialIntent",
+        "deleteOauth2CredentialResult",
+        "AUTH" / "DELETE",
+        oauth2::delete_oauth2_credential
+    ),
+    op!(
+        "oauth2_authenticate",
+        "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
+        "oauth2AuthenticateIntent",
+        "oauth2AuthenticateResult",
+        "AUTH" / "CREATE",
+        oauth2::oauth2_authenticate
+    ),
     // <policies, contract interfaces, organization features and root quorum>
     op!(
         "create_policy",
@@ -493,6 +528,9 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_authenticator", handler: query_handler!(authenticators::get_authenticator) },
     Query { path: "get_authenticators", handler: query_handler!(authenticators::get_authenticators) },
     Query { path: "get_oauth_providers", handler: query_handler!(oauth::get_oauth_providers) },
+    // <social login and sessions>
+    Query { path: "get_oauth2_credential", handler: query_handler!(oauth2::get_oauth2_credential) },
+    Query { path: "list_oauth2_credentials", handler: query_handler!(oauth2::list_oauth2_credentials) },
     // <policies, contract interfaces, organization features and root quorum>
     Query { path: "get_policy", handler: query_handler!(policies::get_policy) },
     Query { path: "list_policies", handler: query_handler!(policies::list_policies) },

@@ -75,7 +75,7 @@ pub async fn provider_rows(
         required(&p.provider_name, "providerName")?;
         let (issuer, subject, audience) = match (&p.oidc_token, &p.oidc_claims) {
             (Some(token), None) if !token.trim().is_empty() => {
-                let c = oidc::verify(token).await?;
+                let c = oidc::verify(state, token).await?;
                 (c.iss, c.sub, c.aud)
             }
             (None, Some(c)) => {
@@ -100,6 +100,8 @@ pub async fn provider_rows(
             // A nanosecond apart, so lists keep the request's order.
             created_at: now + rows.len() as i64,
             updated_at: now + rows.len() as i64,
+            // Issued by the enclave in the pipeline, before the commit.
+            certificate: vec![],
         });
     }
     Ok(rows)

@@ -321,7 +321,7 @@ pub struct ListSubOrgsRequest {
 
 /// The filter a `filterType` / `filterValue` pair names; `OIDC_TOKEN` is verified against its
 /// issuer and matches the token's (issuer, subject, audience).
-async fn filter(filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError> {
+pub async fn filter(state: &Arc<AppState>, filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError> {
     if filter_type.is_empty() {
         if !value.trim().is_empty() {
             return Err(ApiError::invalid("filterType is required when filterValue is set"));
@@ -344,7 +344,7 @@ async fn filter(filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError
         }
         "WALLET_ACCOUNT_ADDRESS" => SubOrgFilter::WalletAccountAddress(v),
         "OIDC_TOKEN" => {
-            let c = oidc::verify(value.trim()).await?;
+            let c = oidc::verify(state, value.trim()).await?;
             SubOrgFilter::OauthIdentity { issuer: c.iss, subject: c.sub, audience: c.aud }
         }
         other => {
@@ -363,8 +363,12 @@ pub async fn list_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Valu
     let cursor = |c: Option<String>| c.filter(|c| !c.is_empty());
     let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
     let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
-    let filter =
-        filter(req.filter_type.as_deref().unwrap_or_default(), req.filter_value.as_deref().unwrap_or_default()).await?;
+    let filter = filter(
+        &ctx.state,
+        req.filter_type.as_deref().unwrap_or_default(),
+        req.filter_value.as_deref().unwrap_or_default(),
+    )
+    .await?;
     for id in [&page.after, &page.before].into_iter().flatten() {
         let cursor = id.clone();
         let parent = match ctx.state.db(move |s| s.organization(&cursor)).await? {
@@ -484,6 +488,7 @@ mod tests {
                 subject: format!("sub-{name}"),
                 created_at,
                 updated_at: created_at,
+                certificate: vec![],
             }]),
             Write::PutRecord(rec("user_tag", &format!("{id}-tag"))),
             Write::UpdateUser {

@@ -269,6 +269,9 @@ pub struct OauthProviderRecord {
     pub subject: String,
     pub created_at: Nanos,
     pub updated_at: Nanos,
+    /// The enclave-issued certificate of the identity (`CredentialCertificate` of type
+    /// `COFFER_OAUTH_PROVIDER`); empty if none.
+    pub certificate: Vec<u8>,
 }
 
 /// Which sub-organizations `list_suborgs` keeps (`filterType` / `filterValue`).

@@ -231,6 +231,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0009_list_pages.sql"),
     include_str!("migrations/0010_webhook_deliveries.sql"),
     include_str!("migrations/0011_deleted_organizations.sql"),
+    include_str!("migrations/0012_login.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at
@@ -434,7 +435,7 @@ fn authenticator_row(r: &dyn SqlRow) -> Result<AuthenticatorRecord, StoreError> 
 }
 
 const OAUTH_PROVIDER_COLS: &str =
-    "id, organization_id, user_id, name, issuer, audience, subject, created_at, updated_at";
+    "id, organization_id, user_id, name, issuer, audience, subject, created_at, updated_at, certificate";
 fn oauth_provider_row(r: &dyn SqlRow) -> Result<OauthProviderRecord, StoreError> {
     Ok(OauthProviderRecord {
         id: r.text(0)?,
@@ -446,6 +447,7 @@ fn oauth_provider_row(r: &dyn SqlRow) -> Result<OauthProviderRecord, StoreError>
         subject: r.text(6)?,
         created_at: r.int(7)?,
         updated_at: r.int(8)?,
+        certificate: r.bytes(9)?,
     })
 }
 
@@ -904,7 +906,7 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
             for p in list {
                 db.execute(
                     &format!(
-                        "INSERT INTO oauth_providers ({OAUTH_PROVIDER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                        "INSERT INTO oauth_providers ({OAUTH_PROVIDER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
                     ),
                     args![
                         p.id,
@@ -915,7 +917,8 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
                         p.audience,
                         p.subject,
                         p.created_at,
-                        p.updated_at
+                        p.updated_at,
+                        p.certificate
                     ],
                 )
                 .map_err(unique_as("oauth provider already exists"))?;

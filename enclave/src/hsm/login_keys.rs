@@ -1,0 +1,164 @@
+//! The login keys in the HSM: the notarizer (session JWTs), the OIDC issuer (ES256 tokens) and
+//! the TLS-fetcher key that OAuth 2.0 client secrets are encrypted to (ECDH only).
+
+use cryptoki::mechanism::elliptic_curve::{EcKdf, Ecdh1DeriveParams};
+use cryptoki::mechanism::Mechanism;
+use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass};
+use p256::ecdsa::signature::hazmat::PrehashVerifier;
+use zeroize::Zeroizing;
+
+use super::{Hsm, HsmError, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, TLS_FETCHER_LABEL};
+
+/// A P-256 signing key of the login service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginKey {
+    /// Signs session JWTs.
+    Notarizer,
+    /// Signs Coffer's OIDC tokens.
+    OidcIssuer,
+}
+
+impl LoginKey {
+    fn label(self) -> &'static str {
+        match self {
+            LoginKey::Notarizer => NOTARIZER_LABEL,
+            LoginKey::OidcIssuer => OIDC_ISSUER_LABEL,
+        }
+    }
+}
+
+/// The public halves of the login keys, uncompressed SEC1 points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginPublicKeys {
+    pub notarizer: [u8; 65],
+    pub oidc_issuer: [u8; 65],
+    pub tls_fetcher: [u8; 65],
+}
+
+fn point65(v: Vec<u8>) -> Result<[u8; 65], HsmError> {
+    let mut with_tag = v;
+    // `public_point` strips SoftHSM's OCTET STRING only for a given length; put the 0x04 back.
+    if with_tag.len() == 64 {
+        with_tag.insert(0, 0x04);
+    }
+    with_tag.try_into().map_err(|_| HsmError::Malformed("login public key is not a 65-byte P-256 point"))
+}
+
+impl Hsm {
+    /// The login keys' public halves, read once from the token.
+    pub fn login_public_keys(&self) -> Result<LoginPublicKeys, HsmError> {
+        if let Some(keys) = self.login_public.get() {
+            return Ok(*keys);
+        }
+        let read = |label| self.public_point(label, 65).and_then(point65);
+        let keys = LoginPublicKeys {
+            notarizer: read(NOTARIZER_LABEL)?,
+            oidc_issuer: read(OIDC_ISSUER_LABEL)?,
+            tls_fetcher: read(TLS_FETCHER_LABEL)?,
+        };
+        Ok(*self.login_public.get_or_init(|| keys))
+    }
+
+    /// ECDSA P-256 over the 32-byte `digest` with a login key: raw r ‖ s, low-S, checked
+    /// against the public key before it leaves.
+    pub fn sign_digest_with(&self, key: LoginKey, digest: &[u8; 32]) -> Result<[u8; 64], HsmError> {
+        let public = self.login_public_keys()?;
+        let raw = self.with_session(
+            |s, keys| {
+                let handle = match key {
+                    LoginKey::Notarizer => keys.notarizer,
+                    LoginKey::OidcIssuer => keys.oidc_issuer,
+                };
+                handle.map(|h| s.sign(&Mechanism::Ecdsa, h, digest)).transpose()
+            },
+            "C_Sign (login key)",
+        )?;
+        let raw = raw.ok_or(HsmError::KeyMissing(key.label()))?;
+        let sig = p256::ecdsa::Signature::from_slice(&raw)
+            .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
+        let sig = sig.normalize_s().unwrap_or(sig);
+        let point = match key {
+            LoginKey::Notarizer => public.notarizer,
+            LoginKey::OidcIssuer => public.oidc_issuer,
+        };
+        let verifying = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point)
+            .map_err(|_| HsmError::Malformed("login public key is not a curve point"))?;
+        verifying
+            .verify_prehash(digest, &sig)
+            .map_err(|_| HsmError::Malformed("the HSM's login-key signature does not verify"))?;
+        Ok(sig.to_bytes().into())
+    }
+
+    /// The raw ECDH shared secret (the x-coordinate) of the TLS-fetcher key and `peer`, an
+    /// uncompressed P-256 point. The derived secret is a session object, destroyed at once.
+    pub fn tls_fetcher_ecdh(&self, peer: &[u8; 65]) -> Result<Zeroizing<[u8; 32]>, HsmError> {
+        if p256::PublicKey::from_sec1_bytes(peer).is_err() {
+            return Err(HsmError::Malformed("the sender key is not a P-256 point"));
+        }
+        let value = self.with_session(
+            |s, keys| {
+                let Some(private) = keys.tls_fetcher else { return Ok(None) };
+                let params = Ecdh1DeriveParams::new(EcKdf::null(), peer);
+                let derived = s.derive_key(
+                    &Mechanism::Ecdh1Derive(params),
+                    private,
+                    &[
+                        Attribute::Class(ObjectClass::SECRET_KEY),
+                        Attribute::KeyType(KeyType::GENERIC_SECRET),
+                        Attribute::ValueLen(32.into()),
+                        Attribute::Token(false),
+                        Attribute::Sensitive(false),
+                        Attribute::Extractable(true),
+                    ],
+                )?;
+                let attrs = s.get_attributes(derived, &[AttributeType::Value]);
+                let destroyed = s.destroy_object(derived);
+                let value = attrs?.into_iter().find_map(|a| match a {
+                    Attribute::Value(v) => Some(Zeroizing::new(v)),
+                    _ => None,
+                });
+                destroyed?;
+                Ok(Some(value))
+            },
+            "C_DeriveKey (TLS-fetcher ECDH)",
+        )?;
+        let value = value.ok_or(HsmError::KeyMissing(TLS_FETCHER_LABEL))?;
+        let value = value.ok_or(HsmError::Malformed("the derived ECDH secret has no value"))?;
+        let mut out = Zeroizing::new([0u8; 32]);
+        if value.len() != 32 {
+            return Err(HsmError::Malformed("the ECDH shared secret is not 32 bytes"));
+        }
+        out.copy_from_slice(&value);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_keys_sign_verifiably_and_ecdh_matches_software() {
+        let hsm = crate::hsm::tests::hsm();
+        let keys = hsm.login_public_keys().unwrap();
+        assert_ne!(keys.notarizer, keys.oidc_issuer);
+        assert_ne!(keys.oidc_issuer, keys.tls_fetcher);
+        let digest = [7u8; 32];
+        for (key, point) in [(LoginKey::Notarizer, keys.notarizer), (LoginKey::OidcIssuer, keys.oidc_issuer)] {
+            let sig = hsm.sign_digest_with(key, &digest).unwrap();
+            let vk = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point).unwrap();
+            let sig = p256::ecdsa::Signature::from_slice(&sig).unwrap();
+            vk.verify_prehash(&digest, &sig).unwrap();
+            assert!(sig.normalize_s().is_none(), "low-S");
+        }
+        // ECDH in the HSM equals ECDH in software with the peer's secret.
+        let peer = p256::SecretKey::from_slice(&[9u8; 32]).unwrap();
+        let peer_point: [u8; 65] = peer.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
+        let shared = hsm.tls_fetcher_ecdh(&peer_point).unwrap();
+        let fetcher = p256::PublicKey::from_sec1_bytes(&keys.tls_fetcher).unwrap();
+        let expected = p256::ecdh::diffie_hellman(peer.to_nonzero_scalar(), fetcher.as_affine());
+        assert_eq!(shared.as_slice(), expected.raw_secret_bytes().as_slice());
+        // Not a point: refused before the HSM sees it.
+        assert!(hsm.tls_fetcher_ecdh(&[4u8; 65]).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! Sessions: which user a login activity may open a session for (decided here, from the stamped
+//! body and certificates), the session key's certificate, and the notarizer-signed session JWT.
+
+use coffer_auth::envelope::text;
+use coffer_auth::grants::{self, OAUTH_PROVIDER};
+use coffer_auth::oidc;
+use coffer_proto::v1 as pb;
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use prost::Message;
+use serde_json::{json, Value};
+use sha2::Digest;
+use zeroize::Zeroizing;
+
+use crate::authority::{certificate_mac_input, refuse, Authority, Authorized};
+use crate::config::LoginSettings;
+use crate::hsm::{Hsm, LoginKey};
+use crate::EnclaveError;
+
+pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
+pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
+pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2";
+pub const LOGIN_TYPES: &[&str] = &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION];
+
+/// Default session length when the body gives none.
+pub const DEFAULT_SESSION_SECONDS: u64 = 900;
+
+/// `expirationSeconds` of a login body: absent → 900, else 1 ..= the deployment's maximum.
+pub fn session_seconds(p: &Value, max: u64) -> Result<u64, EnclaveError> {
+    let seconds = grants::expiration(p.get("expirationSeconds"))
+        .map_err(|_| EnclaveError::invalid("invalid expirationSeconds: a positive number of seconds"))?
+        .unwrap_or(DEFAULT_SESSION_SECONDS);
+    if seconds > max {
+        return Err(EnclaveError::invalid(format!("invalid expirationSeconds: at most {max} seconds")));
+    }
+    Ok(seconds)
+}
+
+/// The OIDC token of an `oauth_login` body, verified: Coffer's own tokens against the issuer key
+/// in the HSM, others against their issuer's published keys. Then its nonce must be the
+/// lowercase hex SHA-256 of the body's `publicKey` string (spec §14).
+pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -> Result<oidc::Claims, EnclaveError> {
+    let token = text(p, "oidcToken").trim();
+    if token.is_empty() {
+        return Err(EnclaveError::invalid("oidcToken is required"));
+    }
+    let issuer_key = hsm.login_public_keys()?.oidc_issuer;
+    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::login::oidc_key_id(&issuer_key))] });
+    let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
+    let claims = oidc::verify(token, own).await?;
+    let public_key = text(p, "publicKey");
+    let expected = hex::encode(sha2::Sha256::digest(public_key.as_bytes()));
+    if claims.nonce.as_deref() != Some(expected.as_str()) {
+        return Err(EnclaveError::invalid(
+            "invalid OIDC token: its nonce is not the SHA-256 of the session public key (sha256(publicKey) as lowercase hex)",
+        ));
+    }
+    Ok(claims)
+}
+
+/// A session key's public half as stored: a compressed P-256 point, lowercase hex.
+fn session_public_key(p: &Value) -> Result<String, EnclaveError> {
+    grants::api_public_key("API_KEY_CURVE_P256", text(p, "publicKey"))
+        .map(|(k, _)| k)
+        .map_err(|_| EnclaveError::invalid("invalid publicKey: a compressed P-256 public key (66 hex characters)"))
+}
+
+/// What a login activity opens: for whom, with which key, of which credential type.
+pub struct SessionGrant {
+    pub user_id: String,
+    pub public_key: String,
+    pub credential_type: &'static str,
+    /// create_read_write_session: the key pair made here; its private half leaves only encrypted.
+    pub secret: Option<Zeroizing<[u8; 32]>>,
+}
+
+/// Decides the user and key of a login activity already authorized (`a`); `identity` is the
+/// verified OIDC claims of an `oauth_login`.
+pub fn grant(
+    hsm: &Hsm,
+    a: &Authorized,
+    identity: Option<&oidc::Claims>,
+    provider_certificate: &[u8],
+) -> Result<SessionGrant, EnclaveError> {
+    let p = &a.activity.parameters;
+    match a.activity.activity_type.as_str() {
+        STAMP_LOGIN => {
+            if a.via_parent {
+                return Err(EnclaveError::invalid(
+                    "stamp_login opens a session for the stamping user: stamp it with a credential of the organization itself",
+                ));
+            }
+            Ok(SessionGrant {
+                user_id: a.credential.user_id.clone(),
+                public_key: session_public_key(p)?,
+                credential_type: "CREDENTIAL_TYPE_LOGIN",
+                secret: None,
+            })
+        }
+        OAUTH_LOGIN => {
+            let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
+            let cert = pb::CredentialCertificate::decode(provider_certificate)
+                .ok()
+                .filter(|c| !c.mac.is_empty())
+                .ok_or_else(|| refuse(a, "no certified OAuth provider matches the token"))?;
+            if !hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac)?
+                || cert.credential_type != OAUTH_PROVIDER
+                || cert.organization_id != a.activity.organization_id
+                || cert.public_key != oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
+            {
+                return Err(refuse(
+                    a,
+                    "the OAuth provider's certificate is not the token's identity in this organization",
+                ));
+            }
+            Ok(SessionGrant {
+                user_id: cert.user_id,
+                public_key: session_public_key(p)?,
+                credential_type: "CREDENTIAL_TYPE_OAUTH_KEY_P256",
+                secret: None,
+            })
+        }
+        CREATE_READ_WRITE_SESSION => {
+            let user_id = match text(p, "userId") {
+                "" if a.via_parent => {
+                    return Err(EnclaveError::invalid(
+                        "userId is required when a parent organization's credential asks",
+                    ))
+                }
+                "" => a.credential.user_id.clone(),
+                u => u.to_string(),
+            };
+            if text(p, "targetPublicKey").is_empty() {
+                return Err(EnclaveError::invalid("targetPublicKey is required"));
+            }
+            // Rejection-sample a valid scalar from HSM randomness.
+            let secret = loop {
+                let bytes = hsm.random(32)?;
+                if p256::SecretKey::from_slice(&bytes).is_ok() {
+                    let mut s = Zeroizing::new([0u8; 32]);
+                    s.copy_from_slice(&bytes);
+                    break s;
+                }
+            };
+            let sk = p256::SecretKey::from_slice(secret.as_slice())
+                .map_err(|_| EnclaveError::Internal("session key is not a scalar".into()))?;
+            let public_key = hex::encode(sk.public_key().to_encoded_point(true).as_bytes());
+            Ok(SessionGrant {
+                user_id,
+                public_key,
+                credential_type: "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256",
+                secret: Some(secret),
+            })
+        }
+        other => Err(EnclaveError::invalid(format!("{other} opens no session"))),
+    }
+}
+
+/// Certifies the session key and signs its JWT; for a read-write session also encrypts the key
+/// to the body's `targetPublicKey`.
+pub fn open_session(
+    hsm: &Hsm,
+    authority: &Authority,
+    a: &Authorized,
+    g: SessionGrant,
+    seconds: u64,
+) -> Result<pb::CreateSessionResponse, EnclaveError> {
+    let expires_at_ms = authority.expiry(Some(seconds));
+    let organization_id = a.activity.organization_id.clone();
+    let certificate = authority.certify(pb::CredentialCertificate {
+        organization_id: organization_id.clone(),
+        user_id: g.user_id.clone(),
+        credential_type: g.credential_type.to_string(),
+        public_key: g.public_key.clone(),
+        expires_at_ms,
+        issuing_fingerprint: a.activity.fingerprint.clone(),
+        mac: vec![],
+    })?;
+    let claims = json!({
+        "exp": expires_at_ms / 1000,
+        "public_key": g.public_key,
+        "session_type": "SESSION_TYPE_READ_WRITE",
+        "user_id": g.user_id,
+        "organization_id": organization_id,
+    });
+    let session = coffer_crypto::session::assemble_session_jwt(&claims, |digest| {
+        hsm.sign_digest_with(LoginKey::Notarizer, digest)
+            .map_err(|e| coffer_crypto::CryptoError::Internal(e.to_string()))
+    })?;
+    let credential_bundle = match &g.secret {
+        Some(secret) => {
+            let seed = hsm.random_seed()?;
+            coffer_crypto::session::credential_bundle(&seed, text(&a.activity.parameters, "targetPublicKey"), secret)?
+        }
+        None => String::new(),
+    };
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "create_session",
+        organization = %organization_id,
+        user = %g.user_id,
+        credential = %g.public_key,
+        via_parent = a.via_parent,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    Ok(pb::CreateSessionResponse {
+        session,
+        user_id: g.user_id,
+        public_key: g.public_key,
+        credential_type: g.credential_type.to_string(),
+        expires_at_ms,
+        certificate,
+        credential_bundle,
+    })
+}
