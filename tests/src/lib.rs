@@ -63,6 +63,8 @@ impl Stack {
             .env("COFFER_ENCLAVE_SOCKET", self.dir.join("enclave.sock"))
             .env("COFFER_STORE_URL", &self.store_url)
             .env("COFFER_LISTEN", format!("127.0.0.1:{}", self.port))
+            // Coffer's OIDC issuer is the gateway's base URL (the enclave signs tokens with it).
+            .env("COFFER_OIDC_ISSUER", format!("http://127.0.0.1:{}", self.port))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()))
             .env("COFFER_LOG", "warn");
         for (k, v) in &self.extra_env {

@@ -101,7 +101,8 @@ async fn certify_credentials(
     let mut sub_organization = None;
     for w in writes.iter() {
         match w {
-            Write::InsertApiKey(k) => {
+            // Session keys come certified by the enclave's CreateSession.
+            Write::InsertApiKey(k) if k.certificate.is_empty() => {
                 credentials.push(spec(&k.organization_id, &k.user_id, &k.credential_type, k.public_key.clone()))
             }
             Write::InsertAuthenticators(list) => {
@@ -132,7 +133,9 @@ async fn certify_credentials(
     let mut certificates = certificates.into_iter();
     for w in writes.iter_mut() {
         match w {
-            Write::InsertApiKey(k) => k.certificate = certificates.next().unwrap_or_default(),
+            Write::InsertApiKey(k) if k.certificate.is_empty() => {
+                k.certificate = certificates.next().unwrap_or_default()
+            }
             Write::InsertAuthenticators(list) => {
                 for a in list {
                     a.certificate = certificates.next().unwrap_or_default();
@@ -275,7 +278,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         Err(StoreError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
-    if caller.via_parent {
+    if caller.via_parent && !op.parent_may_act {
         return Err(ApiError::forbidden(
             "request not authorized: a parent organization's credentials may read a sub-organization but not act in it",
         ));
@@ -297,7 +300,13 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
     let proposal = Proposal { op, params: &env.parameters, votes: &votes, submitter: &caller.user.id, now };
-    let evaluation = state.read_store(|s| evaluate(s, &org, &proposal))?;
+    // A parent's credential acting for its sub-organization (login activities) answers to the
+    // parent's policies.
+    let policy_org = match (&org.parent_id, caller.via_parent) {
+        (Some(parent), true) => organization(&state, parent.clone()).await?,
+        _ => org.clone(),
+    };
+    let evaluation = state.read_store(|s| evaluate(s, &policy_org, &proposal))?;
     let mut writes = vec![evaluation_write(&org.id, &activity_id, &vote, &evaluation, now)];
     if let Some(key) = &idem {
         writes.push(Write::InsertIdempotencyKey {

@@ -68,6 +68,10 @@ pub struct Operation {
     /// Checks the intent before policies see it, for a 400 that names the field instead of a
     /// policy error (sign_transaction: a transaction that does not parse).
     pub precheck: Option<IntentCheck>,
+    /// A login activity (oauth_login, stamp_login, create_read_write_session): the parent
+    /// organization's credentials may submit it for a sub-organization, under the parent's
+    /// policies — the one exception to "parents read, not act".
+    pub parent_may_act: bool,
     pub handler: ActivityHandler,
 }
 

@@ -16,6 +16,7 @@ pub mod authenticators;
 pub mod oauth;
 // <social login and sessions>
 pub mod oauth2;
+pub mod sessions;
 // <policies, contract interfaces, organization features and root quorum>
 pub mod contracts;
 pub mod organization;
@@ -47,12 +48,17 @@ macro_rules! op {
             action: $act,
             root_quorum: false,
             precheck: None,
+            parent_may_act: false,
             handler: activity_handler!($h),
         }
     };
     // <policies, contract interfaces, organization features and root quorum>
     (root_quorum $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
         Operation { root_quorum: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
+    };
+    // <social login and sessions>
+    (login $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
+        Operation { parent_may_act: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
     // <transaction signing>
     (checked_by $check:path, $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
@@ -337,6 +343,30 @@ pub static ACTIVITIES: &[Operation] = &[
         "oauth2AuthenticateResult",
         "AUTH" / "CREATE",
         oauth2::oauth2_authenticate
+    ),
+    op!(login
+        "oauth_login",
+        "ACTIVITY_TYPE_OAUTH_LOGIN",
+        "oauthLoginIntent",
+        "oauthLoginResult",
+        "AUTH" / "CREATE",
+        sessions::oauth_login
+    ),
+    op!(login
+        "stamp_login",
+        "ACTIVITY_TYPE_STAMP_LOGIN",
+        "stampLoginIntent",
+        "stampLoginResult",
+        "AUTH" / "CREATE",
+        sessions::stamp_login
+    ),
+    op!(login
+        "create_read_write_session",
+        "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
+        "createReadWriteSessionIntentV2",
+        "createReadWriteSessionResultV2",
+        "AUTH" / "CREATE",
+        sessions::create_read_write_session
     ),
     // <policies, contract interfaces, organization features and root quorum>
     op!(

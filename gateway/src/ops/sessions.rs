@@ -1,0 +1,167 @@
+//! Sessions: `oauth_login`, `stamp_login` and `create_read_write_session`. The enclave decides
+//! whose session it is and certifies its key; the gateway finds what the enclave needs (the OAuth
+//! identity's certificate, a sub-organization's parent certificate) and stores the session key
+//! as an expiring credential of the user.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::required;
+use crate::activity::pipeline::PARENT_CERTIFICATE;
+use crate::activity::registry::{Ctx, Outcome};
+use crate::auth::{oidc, stamp::SESSION_CREDENTIAL_TYPES};
+use crate::error::{ApiError, Code};
+use crate::store::{ApiKey, StoreError, Write};
+use coffer_proto::v1 as pb;
+
+/// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
+async fn parent_certificate(ctx: &Ctx) -> Result<Vec<u8>, ApiError> {
+    if !ctx.caller.via_parent {
+        return Ok(Vec::new());
+    }
+    let org = ctx.org.id.clone();
+    match ctx.state.db(move |s| s.record(&org, PARENT_CERTIFICATE, PARENT_CERTIFICATE)).await? {
+        Ok(r) => {
+            Ok(hex::decode(r.data.get("certificate").and_then(Value::as_str).unwrap_or_default()).unwrap_or_default())
+        }
+        // Created before parent certificates: the enclave refuses, with its reason.
+        Err(StoreError::NotFound) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Asks the enclave for the session, then stores its key as a credential of the user (removing
+/// the user's earlier session keys when `invalidate_existing`).
+async fn open_session(
+    ctx: &Ctx,
+    provider_certificate: Vec<u8>,
+    invalidate_existing: bool,
+    key_name: Option<String>,
+) -> Result<(pb::CreateSessionResponse, String, Vec<Write>), ApiError> {
+    let request = pb::CreateSessionRequest {
+        auth: Some(ctx.auth.clone()),
+        provider_certificate,
+        parent_certificate: parent_certificate(ctx).await?,
+    };
+    let session = ctx.state.enclave.clone().create_session(request).await?.into_inner();
+    // The enclave chose the user; it must be one of this organization.
+    let user = super::users::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
+    let mut writes = Vec::new();
+    if invalidate_existing {
+        let (org, uid) = (ctx.org.id.clone(), user.id.clone());
+        let earlier: Vec<String> = ctx
+            .state
+            .db(move |s| s.api_keys_of_user(&org, &uid))
+            .await??
+            .into_iter()
+            .filter(|k| SESSION_CREDENTIAL_TYPES.contains(&k.credential_type.as_str()))
+            .map(|k| k.id)
+            .collect();
+        if !earlier.is_empty() {
+            writes.push(Write::DeleteApiKeys {
+                organization_id: ctx.org.id.clone(),
+                user_id: user.id.clone(),
+                ids: earlier,
+            });
+        }
+    }
+    let seconds = (session.expires_at_ms / 1000).saturating_sub((ctx.now / 1_000_000_000).max(0) as u64);
+    let id = uuid::Uuid::new_v4().to_string();
+    writes.push(Write::InsertApiKey(ApiKey {
+        id: id.clone(),
+        organization_id: ctx.org.id.clone(),
+        user_id: user.id.clone(),
+        name: key_name.unwrap_or_else(|| format!("Session key {}", session.expires_at_ms)),
+        public_key: session.public_key.clone(),
+        credential_type: session.credential_type.clone(),
+        expiration_seconds: Some(seconds.max(1)),
+        created_at: ctx.now,
+        updated_at: ctx.now,
+        certificate: session.certificate.clone(),
+    }));
+    Ok((session, id, writes))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OauthLoginIntent {
+    oidc_token: String,
+    public_key: String,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, ApiError> {
+    required(&intent.oidc_token, "oidcToken")?;
+    required(&intent.public_key, "publicKey")?;
+    // Which user has the token's identity: found here, proven to the enclave by its certificate.
+    let claims = oidc::verify(&ctx.state, &intent.oidc_token).await?;
+    let org = ctx.org.id.clone();
+    let provider = ctx
+        .state
+        .db(move |s| s.oauth_providers(&org, None))
+        .await??
+        .into_iter()
+        .find(|p| p.issuer == claims.iss && p.subject == claims.sub && p.audience == claims.aud)
+        .ok_or_else(|| {
+            ApiError::new(
+                Code::NotFound,
+                "OAUTH_PROVIDER_NOT_FOUND",
+                "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
+            )
+        })?;
+    let (session, _, writes) =
+        open_session(&ctx, provider.certificate, intent.invalidate_existing.unwrap_or(false), None).await?;
+    Ok(Outcome { result: json!({ "session": session.session }), writes })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StampLoginIntent {
+    public_key: String,
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
+    required(&intent.public_key, "publicKey")?;
+    let (session, _, writes) =
+        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None).await?;
+    Ok(Outcome { result: json!({ "session": session.session }), writes })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateReadWriteSessionIntent {
+    target_public_key: String,
+    user_id: Option<String>,
+    api_key_name: Option<String>,
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionIntent) -> Result<Outcome, ApiError> {
+    required(&intent.target_public_key, "targetPublicKey")?;
+    if let Some(u) = intent.user_id.as_deref().filter(|u| !u.is_empty()) {
+        super::users::load_user(&ctx.state, &ctx.org.id, u).await?;
+    }
+    let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    let (session, api_key_id, writes) =
+        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name).await?;
+    let user = super::users::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
+    Ok(Outcome {
+        result: json!({
+            "organizationId": ctx.org.id,
+            "organizationName": ctx.org.name,
+            "userId": user.id,
+            "username": user.name,
+            "apiKeyId": api_key_id,
+            "credentialBundle": session.credential_bundle,
+        }),
+        writes,
+    })
+}

@@ -1,0 +1,451 @@
+//! Social login and sessions end to end, with a local fake OAuth 2.0 provider: OAuth 2.0
+//! credentials (the client secret encrypted to Coffer's TLS-fetcher key), the code exchange in the
+//! enclave, Coffer's OIDC token verified by an independent JOSE library against the published
+//! JWKS, oauth_login / stamp_login / read-write sessions whose keys stamp until they expire, and
+//! a parent organization logging a sub-organization's user in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use coffer_tests::{refused, RawResponse, Stack};
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use serde_json::{json, Value};
+use sha2::Digest;
+use turnkey_client::generated::immutable::common::v1::Oauth2Provider;
+use turnkey_client::generated::{
+    CreateOauth2CredentialIntent, GetOauth2CredentialRequest, GetWhoamiRequest, ListOauth2CredentialsRequest,
+    Oauth2AuthenticateIntent, OauthLoginIntent, StampLoginIntent,
+};
+use turnkey_client::TurnkeyP256ApiKey;
+
+const CLIENT_ID: &str = "coffer-test-client";
+const CLIENT_SECRET: &str = "s3cret-client-secret-of-the-app";
+const AUTH_CODE: &str = "code-123";
+const VERIFIER: &str = "pkce-verifier-abcdefghijklmnopqrstuvwxyz-0123456789";
+const REDIRECT: &str = "https://app.example/callback";
+const BEARER: &str = "provider-bearer-token-xyz";
+const X_USER: &str = "x-user-1001";
+
+/// What the fake provider saw, for assertions.
+#[derive(Default)]
+struct Seen {
+    token_requests: usize,
+}
+
+/// A fake X: `POST /token` checks HTTP Basic client authentication and the PKCE exchange,
+/// `GET /me` checks the bearer token and answers X's user shape.
+async fn fake_x() -> (String, Arc<Mutex<Seen>>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, post};
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    let token = move |headers: HeaderMap, body: String| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().token_requests += 1;
+            let basic = format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT_ID}:{CLIENT_SECRET}"))
+            );
+            if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(basic.as_str()) {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    r#"{"error":"invalid_client","error_description":"bad client"}"#.to_string(),
+                );
+            }
+            let form: HashMap<String, String> = reqwest::Url::parse(&format!("http://x/?{body}"))
+                .unwrap()
+                .query_pairs()
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            let want = [
+                ("grant_type", "authorization_code"),
+                ("code", AUTH_CODE),
+                ("code_verifier", VERIFIER),
+                ("redirect_uri", REDIRECT),
+                ("client_id", CLIENT_ID),
+            ];
+            if want.iter().any(|(k, v)| form.get(*k).map(String::as_str) != Some(*v)) {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    r#"{"error":"invalid_grant","error_description":"code mismatch"}"#.to_string(),
+                );
+            }
+            (StatusCode::OK, json!({"token_type": "bearer", "access_token": BEARER, "expires_in": 7200}).to_string())
+        }
+    };
+    let me = |headers: HeaderMap| async move {
+        if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {BEARER}")) {
+            return (StatusCode::UNAUTHORIZED, "{}".to_string());
+        }
+        (StatusCode::OK, json!({"data": {"id": X_USER, "name": "Ada", "username": "ada"}}).to_string())
+    };
+    let app = axum::Router::new().route("/token", post(token)).route("/me", get(me));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen)
+}
+
+async fn stack_with_fake_x() -> (Stack, Arc<Mutex<Seen>>) {
+    let (base, seen) = fake_x().await;
+    let token = format!("{base}/token");
+    let me = format!("{base}/me");
+    let stack =
+        Stack::start_with(&[("COFFER_OAUTH2_X_TOKEN_URL", &token), ("COFFER_OAUTH2_X_USERINFO_URL", &me)]).await;
+    (stack, seen)
+}
+
+async fn get_json(stack: &Stack, path: &str) -> Value {
+    let r = reqwest::get(format!("{}{path}", stack.base_url)).await.unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+    r.json().await.unwrap()
+}
+
+/// The client secret encrypted to the published TLS-fetcher key, as `encryptOauth2ClientSecret`
+/// does.
+async fn encrypted_secret(stack: &Stack, secret: &str) -> String {
+    let keys = get_json(stack, "/public/v1/discovery/keys").await;
+    let fetcher: [u8; 65] =
+        hex::decode(keys["tlsFetcherEncryptPublicKey"].as_str().unwrap()).unwrap().try_into().unwrap();
+    let envelope = coffer_crypto::qos::seal_quorum_envelope(secret.as_bytes(), &fetcher, &[0x42; 32]).unwrap();
+    hex::encode(envelope)
+}
+
+/// A session key and the nonce that binds an OIDC token to it (sha256 of its hex).
+fn session_key() -> (TurnkeyP256ApiKey, String, String) {
+    let key = TurnkeyP256ApiKey::generate();
+    let public = hex::encode(key.compressed_public_key());
+    let nonce = hex::encode(sha2::Sha256::digest(public.as_bytes()));
+    (key, public, nonce)
+}
+
+fn jwt_claims(jwt: &str) -> Value {
+    let payload = jwt.split('.').nth(1).unwrap();
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap()
+}
+
+async fn submit(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    org: &str,
+    path: &str,
+    ty: &str,
+    parameters: Value,
+) -> RawResponse {
+    let body = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org, "parameters": parameters});
+    stack.post_raw(&format!("/public/v1/submit/{path}"), body.to_string().as_bytes(), Some(key)).await
+}
+
+#[tokio::test]
+async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
+    let (stack, seen) = stack_with_fake_x().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+
+    // Discovery: the keys, the issuer's configuration and its JWKS, no stamp needed.
+    let keys = get_json(&stack, "/public/v1/discovery/keys").await;
+    assert_eq!(keys["oidcIssuer"], stack.base_url);
+    assert_eq!(keys["oidcJwksUri"], format!("{}/.well-known/jwks.json", stack.base_url));
+    assert_eq!(keys["enclaveSignerPublicKey"], stack.signer_public_key);
+    for k in ["notarizerPublicKey", "tlsFetcherEncryptPublicKey"] {
+        let point = hex::decode(keys[k].as_str().unwrap()).unwrap();
+        assert!(p256::PublicKey::from_sec1_bytes(&point).is_ok() && point.len() == 65, "{k}");
+    }
+    let config = get_json(&stack, "/.well-known/openid-configuration").await;
+    assert_eq!(config["issuer"], stack.base_url);
+    let jwks = get_json(&stack, config["jwks_uri"].as_str().unwrap().trim_start_matches(&stack.base_url)).await;
+
+    // A secret that does not open with Coffer's key is refused and nothing is stored.
+    let garbage = CreateOauth2CredentialIntent {
+        provider: Oauth2Provider::X,
+        client_id: CLIENT_ID.into(),
+        encrypted_client_secret: hex::encode([7u8; 120]),
+    };
+    refused(client.create_oauth2_credential(org.clone(), Stack::now_ms(), garbage).await, 400, "encryptedClientSecret");
+    let list = client.list_oauth2_credentials(ListOauth2CredentialsRequest { organization_id: org.clone() }).await;
+    assert!(list.unwrap().oauth2_credentials.is_empty());
+
+    let create = CreateOauth2CredentialIntent {
+        provider: Oauth2Provider::X,
+        client_id: CLIENT_ID.into(),
+        encrypted_client_secret: encrypted_secret(&stack, CLIENT_SECRET).await,
+    };
+    let created = client.create_oauth2_credential(org.clone(), Stack::now_ms(), create).await.unwrap();
+    let credential_id = created.result.oauth2_credential_id;
+    let got = client
+        .get_oauth2_credential(GetOauth2CredentialRequest {
+            organization_id: org.clone(),
+            oauth2_credential_id: credential_id.clone(),
+        })
+        .await
+        .unwrap()
+        .oauth2_credential
+        .unwrap();
+    assert_eq!((got.client_id.as_str(), got.provider), (CLIENT_ID, Oauth2Provider::X));
+    assert!(!got.encrypted_client_secret.contains(CLIENT_SECRET));
+
+    // A wrong code fails at the provider: the error names the provider's answer, not the secret.
+    let (session, session_public, nonce) = session_key();
+    let intent = |code: &str| Oauth2AuthenticateIntent {
+        oauth2_credential_id: credential_id.clone(),
+        auth_code: code.into(),
+        redirect_uri: REDIRECT.into(),
+        code_verifier: VERIFIER.into(),
+        nonce: nonce.clone(),
+        bearer_token_target_public_key: None,
+    };
+    let wrong = client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent("wrong-code")).await;
+    match &wrong {
+        Err(turnkey_client::TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
+            assert!(body.contains("provider X") && body.contains("invalid_grant"), "{body}");
+            assert!(!body.contains(CLIENT_SECRET));
+        }
+        other => panic!("expected a 400 naming the provider, got {other:?}"),
+    }
+    assert!(!stack.enclave_log().contains(CLIENT_SECRET), "the secret must never be logged");
+
+    // The right code: Coffer's OIDC token, verified by jsonwebtoken against the published JWKS.
+    let token =
+        client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await.unwrap().result.oidc_token;
+    assert_eq!(seen.lock().unwrap().token_requests, 2);
+    let header = jsonwebtoken::decode_header(&token).unwrap();
+    let jwk: jsonwebtoken::jwk::JwkSet = serde_json::from_value(jwks.clone()).unwrap();
+    let key = jwk.find(header.kid.as_deref().unwrap()).expect("the token's kid is in the JWKS");
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
+    validation.set_audience(&[CLIENT_ID]);
+    validation.set_issuer(&[stack.base_url.as_str()]);
+    let verified =
+        jsonwebtoken::decode::<Value>(&token, &jsonwebtoken::DecodingKey::from_jwk(key).unwrap(), &validation)
+            .unwrap()
+            .claims;
+    assert_eq!(verified["sub"], X_USER);
+    assert_eq!(verified["nonce"], nonce);
+    assert_eq!(verified["preferred_username"], "ada");
+    assert_eq!(verified["exp"].as_i64().unwrap() - verified["iat"].as_i64().unwrap(), 900);
+    assert!(verified.get("encrypted_bearer_token").is_none());
+
+    // With a target key, the bearer token travels encrypted to it in the token.
+    let target = p256::SecretKey::from_slice(&[0x11; 32]).unwrap();
+    let target_hex = hex::encode(target.public_key().to_encoded_point(false).as_bytes());
+    let with_bearer =
+        Oauth2AuthenticateIntent { bearer_token_target_public_key: Some(target_hex), ..intent(AUTH_CODE) };
+    let token2 = client.oauth2_authenticate(org.clone(), Stack::now_ms(), with_bearer).await.unwrap().result.oidc_token;
+    let sealed = jwt_claims(&token2)["encrypted_bearer_token"].as_str().unwrap().to_string();
+    let bearer = coffer_crypto::session::open_credential_bundle(&sealed, &[0x11; 32]).unwrap();
+    assert_eq!(bearer.as_slice(), BEARER.as_bytes());
+
+    // Attach the identity to the root user (Coffer's own token, verified without a fetch), then
+    // log in with it: a session JWT signed by the notarizer, whose key stamps as the root user.
+    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "x", "oidcToken": token}]});
+    let r = submit(
+        &stack,
+        &stack.api_key(),
+        &org,
+        "create_oauth_providers",
+        "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2",
+        attach,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let login = OauthLoginIntent {
+        oidc_token: token.clone(),
+        public_key: session_public.clone(),
+        expiration_seconds: Some("600".into()),
+        invalidate_existing: None,
+        session_profile_id: None,
+    };
+    let jwt = client.oauth_login(org.clone(), Stack::now_ms(), login).await.unwrap().result.session;
+    let notarizer = hex::decode(keys["notarizerPublicKey"].as_str().unwrap()).unwrap();
+    assert!(coffer_crypto::session::verify_session_jwt_signature(&jwt, &notarizer));
+    let claims = jwt_claims(&jwt);
+    assert_eq!(claims["user_id"], stack.user_id);
+    assert_eq!(claims["organization_id"], org);
+    assert_eq!(claims["public_key"], session_public);
+    assert_eq!(claims["session_type"], "SESSION_TYPE_READ_WRITE");
+    let whoami =
+        stack.client_with(session).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, stack.user_id);
+
+    // The token binds one key: another key with the same token is refused.
+    let (_, other_public, _) = session_key();
+    let replay = OauthLoginIntent {
+        oidc_token: token,
+        public_key: other_public,
+        expiration_seconds: None,
+        invalidate_existing: None,
+        session_profile_id: None,
+    };
+    refused(client.oauth_login(org.clone(), Stack::now_ms(), replay).await, 400, "nonce");
+}
+
+async fn stamp_login(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    public: &str,
+    seconds: &str,
+    invalidate: bool,
+) -> RawResponse {
+    let p = json!({"publicKey": public, "expirationSeconds": seconds, "invalidateExisting": invalidate});
+    submit(stack, key, &stack.organization_id, "stamp_login", "ACTIVITY_TYPE_STAMP_LOGIN", p).await
+}
+
+#[tokio::test]
+async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_ones() {
+    let stack = Stack::start().await;
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let whoami = |key: TurnkeyP256ApiKey| {
+        let client = stack.client_with(key);
+        let org = org.clone();
+        async move { client.get_whoami(GetWhoamiRequest { organization_id: org }).await }
+    };
+
+    // A 2-second session stamps, then fails with 401 "expired".
+    let (short, short_public, _) = session_key();
+    let r = stamp_login(&stack, &root, &short_public, "2", false).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let jwt = r.json["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap().to_string();
+    let claims = jwt_claims(&jwt);
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["public_key"].as_str()),
+        (Some(stack.user_id.as_str()), Some(short_public.as_str()))
+    );
+    let exp = claims["exp"].as_u64().unwrap();
+    let now = (Stack::now_ms() / 1000) as u64;
+    assert!((now..=now + 3).contains(&exp), "exp {exp} now {now}");
+    assert_eq!(
+        whoami(TurnkeyP256ApiKey::from_strings(hex::encode(short.private_key()), None).unwrap()).await.unwrap().user_id,
+        stack.user_id
+    );
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    refused(whoami(short).await, 401, "expired");
+
+    // Too long: refused by the enclave's maximum, nothing recorded.
+    let (_, long_public, _) = session_key();
+    let before = stack.activity_count(&root, &org).await;
+    let r = stamp_login(&stack, &root, &long_public, "604801", false).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap().contains("expirationSeconds"), "{}", r.text);
+    assert_eq!(stack.activity_count(&root, &org).await, before);
+
+    // invalidateExisting removes the earlier session keys, not the API key.
+    let (first, first_public, _) = session_key();
+    assert_eq!(stamp_login(&stack, &root, &first_public, "600", false).await.status, 200);
+    let first_copy = TurnkeyP256ApiKey::from_strings(hex::encode(first.private_key()), None).unwrap();
+    assert!(whoami(first_copy).await.is_ok());
+    let (second, second_public, _) = session_key();
+    assert_eq!(stamp_login(&stack, &root, &second_public, "600", true).await.status, 200);
+    refused(whoami(first).await, 401, "could not find public key");
+    assert!(whoami(second).await.is_ok());
+    assert!(whoami(stack.api_key()).await.is_ok());
+
+    // A session key may itself log in again (a stamp_login by the session's user).
+    let client = stack.client();
+    let (_, bad_public, _) = session_key();
+    let bad = StampLoginIntent {
+        public_key: bad_public[..20].to_string(),
+        expiration_seconds: None,
+        invalidate_existing: None,
+        session_profile_id: None,
+    };
+    refused(client.stamp_login(org.clone(), Stack::now_ms(), bad).await, 400, "publicKey");
+}
+
+#[tokio::test]
+async fn read_write_session_bundle_opens_with_the_target_key_and_a_parent_logs_a_sub_organization_user_in() {
+    let (stack, _) = stack_with_fake_x().await;
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+
+    // create_read_write_session: the enclave makes the key and encrypts it to the target key.
+    let target = p256::SecretKey::from_slice(&[0x22; 32]).unwrap();
+    let target_hex = hex::encode(target.public_key().to_encoded_point(false).as_bytes());
+    let p = json!({"targetPublicKey": target_hex, "apiKeyName": "browser session", "expirationSeconds": "900"});
+    let r =
+        submit(&stack, &root, &org, "create_read_write_session", "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let result = &r.json["activity"]["result"]["createReadWriteSessionResultV2"];
+    assert_eq!(result["userId"], stack.user_id);
+    assert_eq!(result["organizationId"], org);
+    assert_eq!(result["organizationName"], "e2e");
+    let secret =
+        coffer_crypto::session::open_credential_bundle(result["credentialBundle"].as_str().unwrap(), &[0x22; 32])
+            .unwrap();
+    let session = TurnkeyP256ApiKey::from_strings(hex::encode(secret.as_slice()), None).unwrap();
+    let api_key_id = result["apiKeyId"].as_str().unwrap();
+    let body = json!({"organizationId": org, "apiKeyId": api_key_id});
+    let got = stack.post_raw("/public/v1/query/get_api_key", body.to_string().as_bytes(), Some(&root)).await;
+    assert_eq!(
+        got.json["apiKey"]["credential"]["publicKey"],
+        hex::encode(session.compressed_public_key()),
+        "{}",
+        got.text
+    );
+    assert_eq!(got.json["apiKey"]["credential"]["type"], "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256");
+    assert_eq!(got.json["apiKey"]["apiKeyName"], "browser session");
+    let whoami =
+        stack.client_with(session).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, stack.user_id);
+
+    // A sub-organization whose root user has an X identity (attached by claims).
+    let claims = json!({"iss": stack.base_url, "sub": X_USER, "aud": CLIENT_ID});
+    let sub = json!({"subOrganizationName": "player-1", "rootQuorumThreshold": 1, "rootUsers": [{"userName": "player",
+        "apiKeys": [], "authenticators": [], "oauthProviders": [{"providerName": "x", "oidcClaims": claims}]}]});
+    let r =
+        submit(&stack, &root, &org, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", sub).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let sub_result = &r.json["activity"]["result"]["createSubOrganizationResultV8"];
+    let sub_org = sub_result["subOrganizationId"].as_str().unwrap().to_string();
+    let player = sub_result["rootUserIds"][0].as_str().unwrap().to_string();
+
+    // The parent's app exchanges the code (in the parent) and logs the player in (in the sub-org).
+    let create = CreateOauth2CredentialIntent {
+        provider: Oauth2Provider::X,
+        client_id: CLIENT_ID.into(),
+        encrypted_client_secret: encrypted_secret(&stack, CLIENT_SECRET).await,
+    };
+    let client = stack.client();
+    let credential_id = client
+        .create_oauth2_credential(org.clone(), Stack::now_ms(), create)
+        .await
+        .unwrap()
+        .result
+        .oauth2_credential_id;
+    let (player_key, player_public, nonce) = session_key();
+    let exchange = Oauth2AuthenticateIntent {
+        oauth2_credential_id: credential_id,
+        auth_code: AUTH_CODE.into(),
+        redirect_uri: REDIRECT.into(),
+        code_verifier: VERIFIER.into(),
+        nonce,
+        bearer_token_target_public_key: None,
+    };
+    let token = client.oauth2_authenticate(org.clone(), Stack::now_ms(), exchange).await.unwrap().result.oidc_token;
+    let p = json!({"oidcToken": token, "publicKey": player_public});
+    let r = submit(&stack, &root, &sub_org, "oauth_login", "ACTIVITY_TYPE_OAUTH_LOGIN", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let jwt = r.json["activity"]["result"]["oauthLoginResult"]["session"].as_str().unwrap();
+    let claims = jwt_claims(jwt);
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["organization_id"].as_str()),
+        (Some(player.as_str()), Some(sub_org.as_str()))
+    );
+    let whoami =
+        stack.client_with(player_key).get_whoami(GetWhoamiRequest { organization_id: sub_org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, player);
+
+    // Still "parents read, not act" for everything else.
+    let r = submit(
+        &stack,
+        &root,
+        &sub_org,
+        "create_policy",
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        json!({"policyName": "p", "effect": "EFFECT_ALLOW", "consensus": "true", "condition": "true"}),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+}
