@@ -374,6 +374,11 @@ impl Authority {
         Ok(Authorized { operation, activity, credential, via_parent })
     }
 
+    /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
+    pub fn is_fresh(&self, timestamp_ms: i64) -> bool {
+        (now_ms() - timestamp_ms).abs() <= self.freshness_ms
+    }
+
     fn fresh(&self, activity: &StampedActivity, now: i64) -> Result<(), Refusal> {
         if (now - activity.timestamp_ms).abs() > self.freshness_ms {
             return Err(Refusal::new(format!(

@@ -1,5 +1,6 @@
 //! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
 
+pub mod auth_proxy;
 pub mod authority;
 pub mod config;
 pub mod error;

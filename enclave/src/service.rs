@@ -511,6 +511,32 @@ impl Enclave for EnclaveService {
         .await
     }
 
+    async fn enable_auth_proxy(
+        &self,
+        req: Request<pb::EnableAuthProxyRequest>,
+    ) -> Result<Response<pb::EnableAuthProxyResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[crate::auth_proxy::ENABLE_AUTH_PROXY])?;
+            crate::auth_proxy::enable(&hsm, &authority, &a)
+        })
+        .await
+    }
+
+    async fn stamp_auth_proxy_request(
+        &self,
+        req: Request<pb::StampAuthProxyRequestRequest>,
+    ) -> Result<Response<pb::StampAuthProxyRequestResponse>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || {
+            let stamp = crate::auth_proxy::stamp(&hsm, &authority, &req)?;
+            Ok(pb::StampAuthProxyRequestResponse { stamp })
+        })
+        .await
+    }
+
     async fn get_webhook_signing_key(
         &self,
         _req: Request<pb::GetWebhookSigningKeyRequest>,

@@ -13,6 +13,11 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// HTTP listen address of the auth proxy. Default `127.0.0.1:8081`.
     pub auth_proxy_listen: SocketAddr,
+    /// Auth proxy calls per second per config id and per client address (bursts of one second's
+    /// worth); past them a JSON 429. 0 turns a limit off. Defaults 100 and 20. Environment:
+    /// `COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG`, `COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP`.
+    pub auth_proxy_rate_limit_per_config: u32,
+    pub auth_proxy_rate_limit_per_ip: u32,
     /// Store URL: `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket
     /// directory as a percent-encoded host, e.g. `postgres://coffer@%2Frun%2Fpostgresql/coffer`).
     /// Default `sqlite://./.coffer/coffer.db`. Environment: `COFFER_STORE_URL`.
@@ -98,6 +103,8 @@ impl Default for GatewayConfig {
         Self {
             listen: "127.0.0.1:8080".parse().expect("valid default"),
             auth_proxy_listen: "127.0.0.1:8081".parse().expect("valid default"),
+            auth_proxy_rate_limit_per_config: 100,
+            auth_proxy_rate_limit_per_ip: 20,
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             enclave_sockets: Vec::new(),
@@ -134,6 +141,14 @@ impl GatewayConfig {
         };
         if let Ok(v) = std::env::var("COFFER_LISTEN") {
             cfg.listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_LISTEN: {e}"))?;
+        }
+        for (var, field) in [
+            ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG", &mut cfg.auth_proxy_rate_limit_per_config),
+            ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", &mut cfg.auth_proxy_rate_limit_per_ip),
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
+            }
         }
         if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_LISTEN") {
             cfg.auth_proxy_listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_LISTEN: {e}"))?;

@@ -96,14 +96,6 @@ pub fn ops_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// The auth proxy's listener. Its endpoints come with the OAuth issue; until then it answers
-/// `/healthz` and a JSON 404 for everything else.
-pub fn auth_proxy_router() -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
-        .fallback(|| async { ApiError::not_found("no such auth proxy endpoint in this Coffer version") })
-}
-
 /// Reads the body within the size limit and the body read timeout.
 async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let timeout = state.limits.body_read_timeout;

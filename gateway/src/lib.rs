@@ -2,6 +2,7 @@
 
 pub mod activity;
 pub mod auth;
+pub mod auth_proxy;
 pub mod config;
 pub mod enclave_client;
 pub mod error;

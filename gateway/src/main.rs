@@ -231,7 +231,14 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     tracing::info!(max_connections = limits.max_connections, open_file_limit = files, "connection limits");
     // The auth proxy and the operations listener get small caps of their own.
     let side_limits = ConnectionLimits { max_connections: 128, max_connections_per_ip: 128, ..limits };
-    let proxy = tokio::spawn(serve(proxy_listener, coffer_gateway::http::auth_proxy_router(), side_limits, stopped()));
+    let proxy_router = coffer_gateway::auth_proxy::router(
+        state.clone(),
+        cfg.auth_proxy_rate_limit_per_config,
+        cfg.auth_proxy_rate_limit_per_ip,
+    );
+    // Browsers reach the auth proxy directly: more connections than the operations listener.
+    let proxy_limits = ConnectionLimits { max_connections: 2048, max_connections_per_ip: 256, ..limits };
+    let proxy = tokio::spawn(serve(proxy_listener, proxy_router, proxy_limits, stopped()));
     let ops = match cfg.ops_listen {
         Some(addr) => Some(ops_thread(&cfg, addr, state.store.clone(), side_limits, stopped())?),
         None => None,

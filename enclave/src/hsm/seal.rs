@@ -20,6 +20,8 @@ pub enum BlobKind {
     WalletAccountKey,
     PrivateKey,
     ImportTarget,
+    /// The auth proxy user's P-256 API key: stamps login activities only.
+    AuthProxyKey,
 }
 
 impl BlobKind {
@@ -29,6 +31,7 @@ impl BlobKind {
             Self::WalletAccountKey => "wallet-account-key",
             Self::PrivateKey => "private-key",
             Self::ImportTarget => "import-target",
+            Self::AuthProxyKey => "auth-proxy-key",
         }
     }
 
@@ -38,6 +41,7 @@ impl BlobKind {
             Self::WalletSeed => "derive-and-export",
             Self::WalletAccountKey | Self::PrivateKey => "sign-and-export",
             Self::ImportTarget => "hpke-decrypt-import",
+            Self::AuthProxyKey => "stamp-login-activities",
         }
     }
 }

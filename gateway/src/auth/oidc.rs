@@ -6,11 +6,17 @@ use std::sync::Arc;
 pub use coffer_auth::oidc::{identity_hash, Claims};
 
 use crate::error::ApiError;
+use crate::login_keys::LoginKeys;
 use crate::state::AppState;
 
-/// Verifies `token`: Coffer's own tokens against the issuer key, others against their issuer's JWKS.
-pub async fn verify(state: &Arc<AppState>, token: &str) -> Result<Claims, ApiError> {
-    let own = crate::login_keys::login_keys(state).await.ok();
+/// Coffer's own login keys, when the enclave answers (else tokens of every issuer are fetched).
+pub async fn own_keys(state: &Arc<AppState>) -> Option<&'static LoginKeys> {
+    crate::login_keys::login_keys(state).await.ok()
+}
+
+/// Verifies `token`: Coffer's own tokens against the issuer key in `own`, others against their
+/// issuer's JWKS.
+pub async fn verify(own: Option<&LoginKeys>, token: &str) -> Result<Claims, ApiError> {
     let jwks = own.map(|k| serde_json::json!({ "keys": [k.jwk()] }));
     let own_issuer = match (own.and_then(|k| k.oidc_issuer.as_deref()), &jwks) {
         (Some(issuer), Some(jwks)) => Some(coffer_auth::oidc::OwnIssuer { issuer, jwks }),

@@ -15,6 +15,7 @@ pub mod wallets;
 pub mod authenticators;
 pub mod oauth;
 // <social login and sessions>
+pub mod auth_proxy;
 pub mod oauth2;
 pub mod sessions;
 // <policies, contract interfaces, organization features and root quorum>
@@ -368,6 +369,30 @@ pub static ACTIVITIES: &[Operation] = &[
         "AUTH" / "CREATE",
         sessions::create_read_write_session
     ),
+    op!(root_quorum
+        "enable_auth_proxy",
+        "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
+        "enableAuthProxyIntent",
+        "enableAuthProxyResult",
+        "ORGANIZATION" / "UPDATE",
+        auth_proxy::enable_auth_proxy
+    ),
+    op!(root_quorum
+        "disable_auth_proxy",
+        "ACTIVITY_TYPE_DISABLE_AUTH_PROXY",
+        "disableAuthProxyIntent",
+        "disableAuthProxyResult",
+        "ORGANIZATION" / "UPDATE",
+        auth_proxy::disable_auth_proxy
+    ),
+    op!(root_quorum
+        "update_auth_proxy_config",
+        "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG",
+        "updateAuthProxyConfigIntent",
+        "updateAuthProxyConfigResult",
+        "ORGANIZATION" / "UPDATE",
+        auth_proxy::update_auth_proxy_config
+    ),
     // <policies, contract interfaces, organization features and root quorum>
     op!(
         "create_policy",
@@ -561,6 +586,7 @@ pub static QUERIES: &[Query] = &[
     // <social login and sessions>
     Query { path: "get_oauth2_credential", handler: query_handler!(oauth2::get_oauth2_credential) },
     Query { path: "list_oauth2_credentials", handler: query_handler!(oauth2::list_oauth2_credentials) },
+    Query { path: "coffer_get_auth_proxy_config", handler: query_handler!(auth_proxy::get_auth_proxy_config) },
     // <policies, contract interfaces, organization features and root quorum>
     Query { path: "get_policy", handler: query_handler!(policies::get_policy) },
     Query { path: "list_policies", handler: query_handler!(policies::list_policies) },

@@ -75,7 +75,7 @@ pub async fn provider_rows(
         required(&p.provider_name, "providerName")?;
         let (issuer, subject, audience) = match (&p.oidc_token, &p.oidc_claims) {
             (Some(token), None) if !token.trim().is_empty() => {
-                let c = oidc::verify(state, token).await?;
+                let c = oidc::verify(oidc::own_keys(state).await, token).await?;
                 (c.iss, c.sub, c.aud)
             }
             (None, Some(c)) => {

@@ -108,6 +108,26 @@ fn new_policy(org: &str, now: Nanos, p: CreatePolicyIntent, suffix: &str) -> Res
     })
 }
 
+/// A policy Coffer itself makes (the auth proxy's), validated like any other.
+pub fn system_policy(
+    org: &str,
+    now: Nanos,
+    name: &str,
+    consensus: &str,
+    condition: &str,
+    notes: &str,
+) -> Result<Record, ApiError> {
+    let p = CreatePolicyIntent {
+        policy_name: name.into(),
+        effect: "EFFECT_ALLOW".into(),
+        condition: Some(condition.into()),
+        consensus: Some(consensus.into()),
+        notes: notes.into(),
+        time: None,
+    };
+    new_policy(org, now, p, "")
+}
+
 pub async fn create_policy(ctx: Ctx, intent: CreatePolicyIntent) -> Result<Outcome, ApiError> {
     let record = new_policy(&ctx.org.id, ctx.now, intent, "")?;
     Ok(Outcome { result: json!({ "policyId": record.id }), writes: vec![put(record, false)] })

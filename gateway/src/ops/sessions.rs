@@ -97,7 +97,7 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
     required(&intent.oidc_token, "oidcToken")?;
     required(&intent.public_key, "publicKey")?;
     // Which user has the token's identity: found here, proven to the enclave by its certificate.
-    let claims = oidc::verify(&ctx.state, &intent.oidc_token).await?;
+    let claims = oidc::verify(oidc::own_keys(&ctx.state).await, &intent.oidc_token).await?;
     let org = ctx.org.id.clone();
     let provider = ctx
         .state

@@ -321,7 +321,7 @@ pub struct ListSubOrgsRequest {
 
 /// The filter a `filterType` / `filterValue` pair names; `OIDC_TOKEN` is verified against its
 /// issuer and matches the token's (issuer, subject, audience).
-pub async fn filter(state: &Arc<AppState>, filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError> {
+pub async fn filter(own: Option<&crate::login_keys::LoginKeys>, filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError> {
     if filter_type.is_empty() {
         if !value.trim().is_empty() {
             return Err(ApiError::invalid("filterType is required when filterValue is set"));
@@ -344,7 +344,7 @@ pub async fn filter(state: &Arc<AppState>, filter_type: &str, value: &str) -> Re
         }
         "WALLET_ACCOUNT_ADDRESS" => SubOrgFilter::WalletAccountAddress(v),
         "OIDC_TOKEN" => {
-            let c = oidc::verify(state, value.trim()).await?;
+            let c = oidc::verify(own, value.trim()).await?;
             SubOrgFilter::OauthIdentity { issuer: c.iss, subject: c.sub, audience: c.aud }
         }
         other => {
@@ -364,7 +364,7 @@ pub async fn list_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Valu
     let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
     let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
     let filter = filter(
-        &ctx.state,
+        oidc::own_keys(&ctx.state).await,
         req.filter_type.as_deref().unwrap_or_default(),
         req.filter_value.as_deref().unwrap_or_default(),
     )
@@ -807,14 +807,14 @@ mod tests {
 
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
-            assert_eq!(filter("", "").await.unwrap(), SubOrgFilter::All);
-            assert_eq!(filter("NAME", " n ").await.unwrap(), SubOrgFilter::Name(" n ".into()));
-            assert_eq!(filter("PUBLIC_KEY", " 0x02AB").await.unwrap(), SubOrgFilter::PublicKey("02ab".into()));
-            assert!(filter("NAME", "  ").await.unwrap_err().message.contains("filterValue is required"));
-            assert!(filter("", "x").await.unwrap_err().message.contains("filterType is required"));
-            assert!(filter("NAME", "").await.unwrap_err().message.contains("filterValue is required"));
-            assert!(filter("BOGUS", "x").await.unwrap_err().message.starts_with("invalid filter type"));
-            assert_eq!(filter("OIDC_TOKEN", "not.a.jwt").await.unwrap_err().turnkey_code, "INVALID_OIDC_TOKEN");
+            assert_eq!(filter(None, "", "").await.unwrap(), SubOrgFilter::All);
+            assert_eq!(filter(None, "NAME", " n ").await.unwrap(), SubOrgFilter::Name(" n ".into()));
+            assert_eq!(filter(None, "PUBLIC_KEY", " 0x02AB").await.unwrap(), SubOrgFilter::PublicKey("02ab".into()));
+            assert!(filter(None, "NAME", "  ").await.unwrap_err().message.contains("filterValue is required"));
+            assert!(filter(None, "", "x").await.unwrap_err().message.contains("filterType is required"));
+            assert!(filter(None, "NAME", "").await.unwrap_err().message.contains("filterValue is required"));
+            assert!(filter(None, "BOGUS", "x").await.unwrap_err().message.starts_with("invalid filter type"));
+            assert_eq!(filter(None, "OIDC_TOKEN", "not.a.jwt").await.unwrap_err().turnkey_code, "INVALID_OIDC_TOKEN");
         });
     }
 }

@@ -157,6 +157,12 @@ impl<B: Backend> Store for B {
     fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
         self.read(|db| sql::record(db, org, kind, id))
     }
+    fn records_of_kind(&self, kind: &str) -> Result<Vec<Record>, StoreError> {
+        self.read(|db| sql::records_of_kind(db, kind))
+    }
+    fn record_by_id(&self, kind: &str, id: &str) -> Result<Record, StoreError> {
+        self.read(|db| sql::record_by_id(db, kind, id))
+    }
     fn records_page(&self, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
         self.read(|db| sql::records_page(db, org, kind, page))
     }

@@ -637,6 +637,10 @@ pub trait Store: Send + Sync + 'static {
     fn activities(&self, organization_id: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError>;
 
     fn record(&self, organization_id: &str, kind: &str, id: &str) -> Result<Record, StoreError>;
+    /// The record of `kind` with `id`, in whichever organization holds it.
+    fn record_by_id(&self, kind: &str, id: &str) -> Result<Record, StoreError>;
+    /// Every record of `kind`, in every organization (bounded; for small kinds only).
+    fn records_of_kind(&self, kind: &str) -> Result<Vec<Record>, StoreError>;
     /// Records of one kind oldest first, one page.
     fn records_page(&self, organization_id: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError>;
     fn records(&self, organization_id: &str, kind: &str) -> Result<Vec<Record>, StoreError> {

@@ -1377,6 +1377,18 @@ pub fn record<D: Db>(db: &mut D, org: &str, kind: &str, id: &str) -> Result<Reco
     db.query_one(&sql, args![org, kind, id], record_row)
 }
 
+/// The record of `kind` with `id` in whichever organization holds it (ids are UUIDs).
+pub fn record_by_id<D: Db>(db: &mut D, kind: &str, id: &str) -> Result<Record, StoreError> {
+    let sql = format!("SELECT {RECORD_COLS} FROM records WHERE kind = ?1 AND id = ?2");
+    db.query_one(&sql, args![kind, id], record_row)
+}
+
+/// Every record of `kind` in every organization (at most 100,000; auth proxy configurations).
+pub fn records_of_kind<D: Db>(db: &mut D, kind: &str) -> Result<Vec<Record>, StoreError> {
+    let sql = format!("SELECT {RECORD_COLS} FROM records WHERE kind = ?1 ORDER BY created_at, id LIMIT 100000");
+    db.query(&sql, args![kind], record_row)
+}
+
 pub fn records_page<D: Db>(db: &mut D, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
     let list = Listing {
         table: "records",

@@ -1,0 +1,100 @@
+//! The auth proxy's key: made and sealed here when an organization enables its auth proxy, and
+//! used only to stamp the login activities the proxy submits for browsers (oauth2_authenticate of
+//! its own organization, oauth_login), timestamped now.
+
+use coffer_auth::envelope::{derived_id, StampedActivity, USER_ID};
+use coffer_proto::v1 as pb;
+use p256::ecdsa::signature::Signer;
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use serde_json::json;
+
+use crate::authority::{Authority, Authorized};
+use crate::hsm::{BlobBinding, BlobKind, Hsm};
+use crate::EnclaveError;
+
+pub const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
+const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
+
+fn binding<'a>(organization_id: &'a str, user_id: &'a str, public_key: &'a str) -> BlobBinding<'a> {
+    BlobBinding {
+        curve: "CURVE_P256",
+        public_key,
+        ..BlobBinding::plain(BlobKind::AuthProxyKey, organization_id, user_id)
+    }
+}
+
+/// A fresh P-256 key for the proxy user the stamped `enable_auth_proxy` creates.
+pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
+    if a.via_parent {
+        return Err(EnclaveError::invalid("enable_auth_proxy is the organization's own activity"));
+    }
+    let organization_id = a.activity.organization_id.clone();
+    let user_id = derived_id(&a.activity.fingerprint, USER_ID, 0);
+    let secret = loop {
+        let bytes = hsm.random(32)?;
+        if let Ok(sk) = p256::SecretKey::from_slice(&bytes) {
+            break sk;
+        }
+    };
+    let public_key = hex::encode(secret.public_key().to_encoded_point(true).as_bytes());
+    let sealed_key = hsm.seal(&binding(&organization_id, &user_id, &public_key), secret.to_bytes().as_slice())?;
+    let certificate = authority.certify(pb::CredentialCertificate {
+        organization_id: organization_id.clone(),
+        user_id: user_id.clone(),
+        credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+        public_key: public_key.clone(),
+        expires_at_ms: 0,
+        issuing_fingerprint: a.activity.fingerprint.clone(),
+        mac: vec![],
+    })?;
+    Ok(pb::EnableAuthProxyResponse { user_id, public_key, sealed_key, certificate })
+}
+
+/// The `X-Stamp` of `req.body` by the proxy key, for the two login activities only.
+pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
+    let activity = StampedActivity::parse(&req.body)?;
+    let refuse = |reason: &str| {
+        tracing::warn!(
+            target: "coffer_audit",
+            decision = "refuse",
+            operation = "stamp_auth_proxy_request",
+            reason,
+            organization = %req.organization_id,
+            fingerprint = %activity.fingerprint,
+            "enclave decision"
+        );
+        EnclaveError::Refused(reason.to_string())
+    };
+    match activity.activity_type.as_str() {
+        OAUTH2_AUTHENTICATE if activity.organization_id != req.organization_id => {
+            return Err(refuse("the auth proxy exchanges codes only with its own organization's credentials"))
+        }
+        // Another organization's oauth_login (a sub-organization's user) runs only with that
+        // organization's parent certificate naming the proxy's organization.
+        OAUTH2_AUTHENTICATE | crate::sessions::OAUTH_LOGIN => {}
+        _ => return Err(refuse("the auth proxy key stamps only oauth2_authenticate and oauth_login")),
+    }
+    if !authority.is_fresh(activity.timestamp_ms) {
+        return Err(refuse("the body's timestampMs is not the enclave's now"));
+    }
+    let plain = hsm.unseal(&binding(&req.organization_id, &req.user_id, &req.public_key), &req.sealed_key)?;
+    let key = p256::ecdsa::SigningKey::from_slice(&plain)
+        .map_err(|_| EnclaveError::Internal("sealed auth proxy key is not a P-256 scalar".into()))?;
+    drop(plain);
+    let signature: p256::ecdsa::Signature = key.sign(&req.body);
+    let stamp = json!({
+        "publicKey": req.public_key,
+        "scheme": "SIGNATURE_SCHEME_TK_API_P256",
+        "signature": hex::encode(signature.to_der().as_bytes()),
+    });
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "stamp_auth_proxy_request",
+        organization = %activity.organization_id,
+        fingerprint = %activity.fingerprint,
+        "enclave decision"
+    );
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()))
+}

@@ -1,0 +1,363 @@
+//! The auth proxy listener: unstamped browser calls identified by `X-Auth-Proxy-Config-Id`, with
+//! CORS limited to the configuration's origins and rate limits per config id and per address.
+//! `wallet_kit_config` answers the login settings; `oauth2_authenticate` and `oauth_login` become
+//! activities of the proxy's user (stamped in the enclave with its sealed key, recorded, subject
+//! to policies); `account` looks a user's sub-organization up.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use serde_json::{json, Map, Value};
+
+use crate::activity::pipeline;
+use crate::auth::oidc;
+use crate::error::{ApiError, Code};
+use crate::limits::{ClientAddr, RateLimiter};
+use crate::ops::auth_proxy::AUTH_PROXY;
+use crate::ops::oauth2::OAUTH2_CREDENTIAL;
+use crate::state::AppState;
+use crate::store::{Page, Record, StoreError, SubOrgFilter};
+
+/// The header that names the configuration (any case).
+pub const CONFIG_HEADER: &str = "x-auth-proxy-config-id";
+/// What a browser preflight may ask to send: the headers the official clients send.
+const ALLOWED_HEADERS: &str = "Content-Type, X-Auth-Proxy-Config-Id, X-Captcha-Token";
+/// How long the set of allowed origins (for preflights, which carry no config id) is reused.
+const ORIGINS_TTL: Duration = Duration::from_secs(5);
+
+/// Endpoints of the hosted auth proxy that need message delivery (OTP by email or SMS).
+const NOT_SUPPORTED: &[&str] =
+    &["otp_init", "otp_init_v2", "otp_login", "otp_login_v2", "otp_verify", "otp_verify_v2", "signup", "signup_v2"];
+
+/// The listener's state: the gateway's, its limits, and the cached preflight origins.
+pub struct AuthProxy {
+    state: Arc<AppState>,
+    per_config: Option<RateLimiter<String>>,
+    per_ip: Option<RateLimiter<std::net::IpAddr>>,
+    origins: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
+}
+
+pub fn router(state: Arc<AppState>, per_config: u32, per_ip: u32) -> Router {
+    let proxy = Arc::new(AuthProxy {
+        state,
+        per_config: RateLimiter::per_second(per_config),
+        per_ip: RateLimiter::per_second(per_ip),
+        origins: Mutex::new(None),
+    });
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/v1/:name", axum::routing::post(call).options(preflight))
+        .fallback(|method: Method, State(p): State<Arc<AuthProxy>>, headers: HeaderMap| async move {
+            if method == Method::OPTIONS {
+                return preflight(State(p), headers).await;
+            }
+            ApiError::not_found("no such auth proxy endpoint").into_response()
+        })
+        .with_state(proxy)
+}
+
+impl AuthProxy {
+    /// Origins that some enabled configuration allows.
+    async fn allowed_origins(&self) -> Result<Arc<HashSet<String>>, ApiError> {
+        if let Ok(guard) = self.origins.lock() {
+            if let Some((at, set)) = guard.as_ref() {
+                if at.elapsed() < ORIGINS_TTL {
+                    return Ok(set.clone());
+                }
+            }
+        }
+        let configs = self.state.db(|s| s.records_of_kind(AUTH_PROXY)).await??;
+        let set: HashSet<String> =
+            configs.iter().filter(|r| enabled(r)).flat_map(|r| origins_of(r).into_iter()).collect();
+        let set = Arc::new(set);
+        if let Ok(mut guard) = self.origins.lock() {
+            *guard = Some((Instant::now(), set.clone()));
+        }
+        Ok(set)
+    }
+}
+
+fn enabled(r: &Record) -> bool {
+    r.data["enabled"].as_bool() == Some(true)
+}
+
+fn origins_of(r: &Record) -> Vec<String> {
+    let list = r.data["config"]["allowedOrigins"].as_array().cloned().unwrap_or_default();
+    list.iter().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+fn origin(headers: &HeaderMap) -> Option<String> {
+    headers.get("origin").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+fn with_cors(mut response: Response, origin: Option<&str>) -> Response {
+    if let Some(value) = origin.and_then(|o| HeaderValue::from_str(o).ok()) {
+        let h = response.headers_mut();
+        h.insert("access-control-allow-origin", value);
+        h.insert("vary", HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// A browser preflight: allowed for an origin some enabled configuration lists, never `*`.
+async fn preflight(State(p): State<Arc<AuthProxy>>, headers: HeaderMap) -> Response {
+    let Some(o) = origin(&headers) else {
+        return ApiError::invalid("a preflight needs an Origin header").into_response();
+    };
+    match p.allowed_origins().await {
+        Ok(set) if set.contains(&o) => {
+            let mut r = StatusCode::NO_CONTENT.into_response();
+            let h = r.headers_mut();
+            h.insert("access-control-allow-methods", HeaderValue::from_static("POST, OPTIONS"));
+            h.insert("access-control-allow-headers", HeaderValue::from_static(ALLOWED_HEADERS));
+            h.insert("access-control-max-age", HeaderValue::from_static("600"));
+            with_cors(r, Some(&o))
+        }
+        Ok(_) => ApiError::forbidden(format!("origin {o} is not allowed by any auth proxy configuration")).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::new(Code::Unauthenticated, "UNAUTHENTICATED", "unknown or disabled auth proxy config id")
+}
+
+async fn call(
+    State(p): State<Arc<AuthProxy>>,
+    Path(name): Path<String>,
+    client: Option<Extension<ClientAddr>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.per_ip, client) {
+        if let Err(wait) = limiter.take(ip, Instant::now()) {
+            return ApiError::rate_limited("address", wait).into_response();
+        }
+    }
+    let Some(config_id) = headers.get(CONFIG_HEADER).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string()) else {
+        return unauthorized().into_response();
+    };
+    let id = config_id.clone();
+    let config = match p.state.db(move |s| s.record_by_id(AUTH_PROXY, &id)).await {
+        Ok(Ok(r)) if enabled(&r) => r,
+        Ok(Ok(_)) | Ok(Err(StoreError::NotFound)) => return unauthorized().into_response(),
+        Ok(Err(e)) => return ApiError::from(e).into_response(),
+        Err(e) => return e.into_response(),
+    };
+    // CORS: a browser's origin must be one the configuration allows (echoed, never `*`).
+    let origin = origin(&headers);
+    if let Some(o) = &origin {
+        if !origins_of(&config).contains(o) {
+            return ApiError::forbidden(format!("origin {o} is not allowed by this auth proxy configuration"))
+                .into_response();
+        }
+    }
+    if let Some(limiter) = &p.per_config {
+        if let Err(wait) = limiter.take(config_id, Instant::now()) {
+            return with_cors(ApiError::rate_limited("auth proxy configuration", wait).into_response(), origin.as_deref());
+        }
+    }
+    let result = match parse_body(&body) {
+        Ok(params) => dispatch(&p.state, &config, &name, params).await,
+        Err(e) => Err(e),
+    };
+    let response = match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    };
+    with_cors(response, origin.as_deref())
+}
+
+/// The request body: a JSON object; an empty body counts as `{}` (`@turnkey/core` sends none).
+fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(ApiError::invalid("the request body must be a JSON object")),
+    }
+}
+
+fn text<'a>(m: &'a Map<String, Value>, k: &str) -> &'a str {
+    m.get(k).and_then(Value::as_str).unwrap_or_default()
+}
+
+async fn dispatch(state: &Arc<AppState>, config: &Record, name: &str, params: Map<String, Value>) -> Result<Value, ApiError> {
+    let settings = &config.data["config"];
+    match name {
+        "wallet_kit_config" => Ok(wallet_kit_config(config)),
+        "wallet_kit_client_params" => Ok(json!({})),
+        "oauth2_authenticate" => oauth2_authenticate(state, config, &params).await,
+        "oauth_login" => oauth_login(state, config, &params, settings).await,
+        "account" => account(state, config, &params).await,
+        n if NOT_SUPPORTED.contains(&n) => Err(ApiError {
+            status: Some(StatusCode::NOT_IMPLEMENTED),
+            ..ApiError::invalid(format!(
+                "{n} is not supported yet: OTP, email and SMS login need message delivery, which Coffer does not have"
+            ))
+        }),
+        _ => Err(ApiError::not_found("no such auth proxy endpoint")),
+    }
+}
+
+/// `POST /v1/wallet_kit_config`: the seed's fields.
+pub fn wallet_kit_config(config: &Record) -> Value {
+    let c = &config.data["config"];
+    let mut providers: Vec<Value> = c["allowedAuthMethods"].as_array().cloned().unwrap_or_default();
+    providers.extend(c["walletKitSettings"]["enabledSocialProviders"].as_array().cloned().unwrap_or_default());
+    json!({
+        "enabledProviders": providers,
+        "sessionExpirationSeconds": c["sessionExpirationSeconds"].as_i64().unwrap_or(900).to_string(),
+        "organizationId": config.organization_id,
+        "oauthClientIds": c["walletKitSettings"]["oauthClientIds"].as_object().cloned().unwrap_or_default(),
+        "oauthRedirectUrl": c["walletKitSettings"]["oauthRedirectUrl"].as_str().unwrap_or_default(),
+        "otpAlphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(false),
+        "otpLength": c["otpLength"].as_i64().unwrap_or(6).to_string(),
+    })
+}
+
+/// Submits `parameters` as activity `path` of `organization_id`, stamped by the proxy user's key
+/// in the enclave, through the one pipeline; answers its result object.
+async fn submit_as_proxy(
+    state: &Arc<AppState>,
+    config: &Record,
+    path: &str,
+    organization_id: &str,
+    parameters: Value,
+) -> Result<Value, ApiError> {
+    let op = crate::ops::activity(path).ok_or_else(ApiError::internal)?;
+    let now_ms = crate::store::now_nanos() / 1_000_000;
+    let body = json!({
+        "type": op.activity_type,
+        "timestampMs": now_ms.to_string(),
+        "organizationId": organization_id,
+        "parameters": parameters,
+    })
+    .to_string();
+    let request = coffer_proto::v1::StampAuthProxyRequestRequest {
+        organization_id: config.organization_id.clone(),
+        user_id: config.data["userId"].as_str().unwrap_or_default().to_string(),
+        public_key: config.data["publicKey"].as_str().unwrap_or_default().to_string(),
+        sealed_key: hex::decode(config.data["sealedKey"].as_str().unwrap_or_default()).unwrap_or_default(),
+        body: body.clone().into_bytes(),
+    };
+    let stamp = state.enclave.clone().stamp_auth_proxy_request(request).await?.into_inner().stamp;
+    let mut headers = HeaderMap::new();
+    headers.insert("x-stamp", HeaderValue::from_str(&stamp).map_err(|_| ApiError::internal())?);
+    let answer = pipeline::submit(state.clone(), path, &headers, body.as_bytes()).await?;
+    let activity = &answer["activity"];
+    if activity["status"] != "ACTIVITY_STATUS_COMPLETED" {
+        return Err(ApiError::forbidden(format!(
+            "the auth proxy's {path} did not complete ({}): the organization's policies must let the proxy user \
+             submit it without approvals",
+            activity["status"].as_str().unwrap_or("unknown status")
+        )));
+    }
+    Ok(activity["result"][op.result_key].clone())
+}
+
+async fn oauth2_authenticate(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+    let (provider, client_id) = (text(p, "provider"), text(p, "clientId"));
+    for (v, k) in [(provider, "provider"), (client_id, "clientId")] {
+        crate::ops::required(v, k)?;
+    }
+    let org = config.organization_id.clone();
+    let credentials = state.db(move |s| s.records(&org, OAUTH2_CREDENTIAL)).await??;
+    let credential = credentials
+        .iter()
+        .find(|r| r.data["provider"] == provider && r.data["clientId"] == client_id)
+        .ok_or_else(|| {
+            ApiError::new(
+                Code::NotFound,
+                "OAUTH2_CREDENTIAL_NOT_FOUND",
+                format!("no oauth2 credential for {provider} with client id {client_id:?} in this organization"),
+            )
+        })?;
+    let parameters = json!({
+        "oauth2CredentialId": credential.id,
+        "authCode": text(p, "authCode"),
+        "redirectUri": text(p, "redirectUri"),
+        "codeVerifier": text(p, "codeVerifier"),
+        "nonce": text(p, "nonce"),
+    });
+    submit_as_proxy(state, config, "oauth2_authenticate", &config.organization_id, parameters).await
+}
+
+/// The organization (the configuration's, or one of its sub-organizations) whose user has the
+/// token's identity.
+async fn organization_of_identity(state: &Arc<AppState>, config: &Record, token: &str) -> Result<String, ApiError> {
+    let claims = oidc::verify(oidc::own_keys(state).await, token).await?;
+    let org = config.organization_id.clone();
+    let (iss, sub, aud) = (claims.iss.clone(), claims.sub.clone(), claims.aud.clone());
+    let own = state.db(move |s| s.oauth_providers(&org, None)).await??;
+    if own.iter().any(|p| p.issuer == iss && p.subject == sub && p.audience == aud) {
+        return Ok(config.organization_id.clone());
+    }
+    let org = config.organization_id.clone();
+    let filter = SubOrgFilter::OauthIdentity { issuer: claims.iss, subject: claims.sub, audience: claims.aud };
+    let page = Page { limit: 1, before: None, after: None };
+    let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
+    ids.into_iter().next().ok_or_else(|| {
+        ApiError::new(Code::NotFound, "OAUTH_PROVIDER_NOT_FOUND", "no user has an oauth provider matching the OIDC token")
+    })
+}
+
+async fn oauth_login(
+    state: &Arc<AppState>,
+    config: &Record,
+    p: &Map<String, Value>,
+    settings: &Value,
+) -> Result<Value, ApiError> {
+    let token = text(p, "oidcToken");
+    crate::ops::required(token, "oidcToken")?;
+    crate::ops::required(text(p, "publicKey"), "publicKey")?;
+    let organization_id = match text(p, "organizationId") {
+        "" => organization_of_identity(state, config, token).await?,
+        id if id == config.organization_id => id.to_string(),
+        id => {
+            let sub = id.to_string();
+            let parent = state.db(move |s| s.organization(&sub)).await?.ok().and_then(|o| o.parent_id);
+            if parent.as_deref() != Some(config.organization_id.as_str()) {
+                return Err(ApiError::invalid(
+                    "organizationId must be the auth proxy's organization or one of its sub-organizations",
+                ));
+            }
+            id.to_string()
+        }
+    };
+    let mut parameters = json!({
+        "oidcToken": token,
+        "publicKey": text(p, "publicKey"),
+        "expirationSeconds": settings["sessionExpirationSeconds"].as_i64().unwrap_or(900).to_string(),
+    });
+    if let Some(b) = p.get("invalidateExisting").and_then(Value::as_bool) {
+        parameters["invalidateExisting"] = json!(b);
+    }
+    submit_as_proxy(state, config, "oauth_login", &organization_id, parameters).await
+}
+
+/// `POST /v1/account {filterType, filterValue, oidcToken?}` → `{organizationId?}`: the
+/// sub-organization of the configuration's organization that the filter finds.
+async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+    let (filter_type, mut value) = (text(p, "filterType"), text(p, "filterValue"));
+    if filter_type == "OIDC_TOKEN" && value.is_empty() {
+        value = text(p, "oidcToken");
+    }
+    crate::ops::required(filter_type, "filterType")?;
+    let filter = crate::ops::suborgs::filter(oidc::own_keys(state).await, filter_type, value).await?;
+    let org = config.organization_id.clone();
+    let page = Page { limit: 1, before: None, after: None };
+    let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
+    Ok(match ids.into_iter().next() {
+        Some(id) => json!({ "organizationId": id }),
+        None => json!({}),
+    })
+}
