@@ -518,7 +518,8 @@ impl Enclave for EnclaveService {
         let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         blocking(move || {
-            let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[crate::auth_proxy::ENABLE_AUTH_PROXY])?;
+            let a =
+                authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[crate::auth_proxy::ENABLE_AUTH_PROXY])?;
             crate::auth_proxy::enable(&hsm, &authority, &a)
         })
         .await

@@ -120,7 +120,9 @@ async fn preflight(State(p): State<Arc<AuthProxy>>, headers: HeaderMap) -> Respo
             h.insert("access-control-max-age", HeaderValue::from_static("600"));
             with_cors(r, Some(&o))
         }
-        Ok(_) => ApiError::forbidden(format!("origin {o} is not allowed by any auth proxy configuration")).into_response(),
+        Ok(_) => {
+            ApiError::forbidden(format!("origin {o} is not allowed by any auth proxy configuration")).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -161,7 +163,10 @@ async fn call(
     }
     if let Some(limiter) = &p.per_config {
         if let Err(wait) = limiter.take(config_id, Instant::now()) {
-            return with_cors(ApiError::rate_limited("auth proxy configuration", wait).into_response(), origin.as_deref());
+            return with_cors(
+                ApiError::rate_limited("auth proxy configuration", wait).into_response(),
+                origin.as_deref(),
+            );
         }
     }
     let result = match parse_body(&body) {
@@ -190,7 +195,12 @@ fn text<'a>(m: &'a Map<String, Value>, k: &str) -> &'a str {
     m.get(k).and_then(Value::as_str).unwrap_or_default()
 }
 
-async fn dispatch(state: &Arc<AppState>, config: &Record, name: &str, params: Map<String, Value>) -> Result<Value, ApiError> {
+async fn dispatch(
+    state: &Arc<AppState>,
+    config: &Record,
+    name: &str,
+    params: Map<String, Value>,
+) -> Result<Value, ApiError> {
     let settings = &config.data["config"];
     match name {
         "wallet_kit_config" => Ok(wallet_kit_config(config)),
@@ -264,7 +274,11 @@ async fn submit_as_proxy(
     Ok(activity["result"][op.result_key].clone())
 }
 
-async fn oauth2_authenticate(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+async fn oauth2_authenticate(
+    state: &Arc<AppState>,
+    config: &Record,
+    p: &Map<String, Value>,
+) -> Result<Value, ApiError> {
     let (provider, client_id) = (text(p, "provider"), text(p, "clientId"));
     for (v, k) in [(provider, "provider"), (client_id, "clientId")] {
         crate::ops::required(v, k)?;
@@ -306,7 +320,11 @@ async fn organization_of_identity(state: &Arc<AppState>, config: &Record, token:
     let page = Page { limit: 1, before: None, after: None };
     let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
     ids.into_iter().next().ok_or_else(|| {
-        ApiError::new(Code::NotFound, "OAUTH_PROVIDER_NOT_FOUND", "no user has an oauth provider matching the OIDC token")
+        ApiError::new(
+            Code::NotFound,
+            "OAUTH_PROVIDER_NOT_FOUND",
+            "no user has an oauth provider matching the OIDC token",
+        )
     })
 }
 

@@ -48,6 +48,8 @@ pub struct Stack {
     enclave: Option<Child>,
     gateway: Option<Child>,
     port: u16,
+    /// The auth proxy listener's port.
+    pub auth_proxy_port: u16,
     /// Extra environment for both processes (settings a test changes).
     extra_env: Vec<(String, String)>,
     /// `sqlite://…` in the stack's directory, or a fresh PostgreSQL database when the run's
@@ -65,7 +67,7 @@ impl Stack {
             .env("COFFER_LISTEN", format!("127.0.0.1:{}", self.port))
             // Coffer's OIDC issuer is the gateway's base URL (the enclave signs tokens with it).
             .env("COFFER_OIDC_ISSUER", format!("http://127.0.0.1:{}", self.port))
-            .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", self.auth_proxy_port))
             .env("COFFER_LOG", "warn");
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
@@ -121,6 +123,7 @@ impl Stack {
             enclave: None,
             gateway: None,
             port: free_port(),
+            auth_proxy_port: free_port(),
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         stack.base_url = format!("http://127.0.0.1:{}", stack.port);
@@ -267,7 +270,8 @@ impl Stack {
         let port = free_port();
         let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
         self.env(&mut cmd);
-        cmd.env("COFFER_LISTEN", format!("127.0.0.1:{port}"));
+        cmd.env("COFFER_LISTEN", format!("127.0.0.1:{port}"))
+            .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()));
         let child = cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway");
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -449,3 +449,228 @@ async fn read_write_session_bundle_opens_with_the_target_key_and_a_parent_logs_a
     .await;
     assert_eq!(r.status, 403, "{}", r.text);
 }
+
+/// One auth proxy call as a browser makes it.
+async fn proxy_post(
+    stack: &Stack,
+    path: &str,
+    config_id: Option<&str>,
+    origin: Option<&str>,
+    body: &str,
+) -> reqwest::Response {
+    let mut req =
+        reqwest::Client::new().post(format!("http://127.0.0.1:{}{path}", stack.auth_proxy_port)).body(body.to_string());
+    if let Some(id) = config_id {
+        // Any case: HTTP header names are case-insensitive.
+        req = req.header("x-AUTH-proxy-config-ID", id);
+    }
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() {
+    let (base, _) = fake_x().await;
+    let (token_url, me_url) = (format!("{base}/token"), format!("{base}/me"));
+    let stack = Stack::start_with(&[
+        ("COFFER_OAUTH2_X_TOKEN_URL", &token_url),
+        ("COFFER_OAUTH2_X_USERINFO_URL", &me_url),
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG", "15"),
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "0"),
+    ])
+    .await;
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    const APP: &str = "https://app.example";
+
+    // Before anything is configured: an unknown config id is a JSON 401.
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some("no-such-config"), None, "{}").await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], 16);
+
+    let r = submit(&stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let proxy_user = r.json["activity"]["result"]["enableAuthProxyResult"]["userId"].as_str().unwrap().to_string();
+    let r = submit(&stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 400, "enabling twice: {}", r.text);
+    for bad in [json!({"allowedAuthMethods": ["telepathy"]}), json!({"allowedOrigins": ["*"]}), json!({"otpLength": 3})]
+    {
+        let r = submit(
+            &stack,
+            &root,
+            &org,
+            "update_auth_proxy_config",
+            "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG",
+            bad.clone(),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text);
+    }
+    let settings = json!({
+        "allowedOrigins": [APP],
+        "allowedAuthMethods": ["passkey", "email"],
+        "walletKitSettings": {"enabledSocialProviders": ["x", "discord"], "oauthClientIds": {"x": CLIENT_ID}, "oauthRedirectUrl": REDIRECT},
+        "sessionExpirationSeconds": 1200,
+        "otpLength": 8,
+    });
+    let r = submit(&stack, &root, &org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", settings)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config_id =
+        r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
+    let body = json!({"organizationId": org});
+    let got =
+        stack.post_raw("/public/v1/query/coffer_get_auth_proxy_config", body.to_string().as_bytes(), Some(&root)).await;
+    assert_eq!(got.json["authProxyConfig"]["configId"], config_id, "{}", got.text);
+    assert_eq!(got.json["authProxyConfig"]["userId"], proxy_user);
+    assert!(!got.text.contains("sealedKey"));
+    let configs =
+        stack.post_raw("/public/v1/query/get_organization_configs", body.to_string().as_bytes(), Some(&root)).await;
+    assert!(configs.text.contains("FEATURE_NAME_AUTH_PROXY"), "{}", configs.text);
+
+    // wallet_kit_config: no body at all, as @turnkey/core sends it, from an allowed origin.
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), Some(APP), "").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], APP);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"enabledProviders": ["passkey", "email", "x", "discord"], "sessionExpirationSeconds": "1200",
+               "organizationId": org, "oauthClientIds": {"x": CLIENT_ID}, "oauthRedirectUrl": REDIRECT,
+               "otpAlphanumeric": false, "otpLength": "8"})
+    );
+    let r = proxy_post(&stack, "/v1/wallet_kit_client_params", Some(&config_id), None, "{}").await;
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({}));
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "[1]").await;
+    assert_eq!(r.status(), 400);
+    // Another origin: refused, and never a wildcard.
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), Some("https://evil.example"), "{}").await;
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // Preflights carry no config id: allowed for an origin an enabled config lists.
+    let preflight = |origin: &'static str| {
+        reqwest::Client::new()
+            .request(reqwest::Method::OPTIONS, format!("http://127.0.0.1:{}/v1/oauth_login", stack.auth_proxy_port))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type,x-auth-proxy-config-id")
+            .send()
+    };
+    let r = preflight(APP).await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], APP);
+    let allowed = r.headers()["access-control-allow-headers"].to_str().unwrap().to_ascii_lowercase();
+    assert!(
+        allowed.contains("x-auth-proxy-config-id")
+            && allowed.contains("content-type")
+            && allowed.contains("x-captcha-token")
+    );
+    let r = preflight("https://evil.example").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let r = proxy_post(&stack, "/v1/otp_init", Some(&config_id), Some(APP), "{}").await;
+    assert_eq!(r.status(), 501);
+    assert!(r.json::<Value>().await.unwrap()["message"].as_str().unwrap().contains("not supported"));
+
+    // The proxied OAuth flow: an X credential, a player sub-organization with that identity.
+    let create = CreateOauth2CredentialIntent {
+        provider: Oauth2Provider::X,
+        client_id: CLIENT_ID.into(),
+        encrypted_client_secret: encrypted_secret(&stack, CLIENT_SECRET).await,
+    };
+    stack.client().create_oauth2_credential(org.clone(), Stack::now_ms(), create).await.unwrap();
+    let claims = json!({"iss": stack.base_url, "sub": X_USER, "aud": CLIENT_ID});
+    let sub = json!({"subOrganizationName": "player-2", "rootQuorumThreshold": 1, "rootUsers": [{"userName": "player",
+        "apiKeys": [], "authenticators": [], "oauthProviders": [{"providerName": "x", "oidcClaims": claims}]}]});
+    let r =
+        submit(&stack, &root, &org, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", sub).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let sub_org = r.json["activity"]["result"]["createSubOrganizationResultV8"]["subOrganizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let player =
+        r.json["activity"]["result"]["createSubOrganizationResultV8"]["rootUserIds"][0].as_str().unwrap().to_string();
+
+    let (player_key, player_public, nonce) = session_key();
+    let exchange = json!({"provider": "OAUTH2_PROVIDER_X", "authCode": AUTH_CODE, "redirectUri": REDIRECT,
+        "codeVerifier": VERIFIER, "nonce": nonce, "clientId": CLIENT_ID});
+    let r = proxy_post(&stack, "/v1/oauth2_authenticate", Some(&config_id), Some(APP), &exchange.to_string()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], APP);
+    let token = r.json::<Value>().await.unwrap()["oidcToken"].as_str().unwrap().to_string();
+    let unknown_client = json!({"provider": "OAUTH2_PROVIDER_DISCORD", "authCode": AUTH_CODE, "redirectUri": REDIRECT,
+        "codeVerifier": VERIFIER, "nonce": nonce, "clientId": CLIENT_ID});
+    let r = proxy_post(&stack, "/v1/oauth2_authenticate", Some(&config_id), None, &unknown_client.to_string()).await;
+    assert_eq!(r.status(), 404);
+
+    let r = proxy_post(
+        &stack,
+        "/v1/account",
+        Some(&config_id),
+        None,
+        &json!({"filterType": "OIDC_TOKEN", "filterValue": token}).to_string(),
+    )
+    .await;
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"organizationId": sub_org}));
+    let r = proxy_post(
+        &stack,
+        "/v1/account",
+        Some(&config_id),
+        None,
+        &json!({"filterType": "EMAIL", "filterValue": "nobody@example.com"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({}));
+
+    let r = proxy_post(
+        &stack,
+        "/v1/oauth_login",
+        Some(&config_id),
+        Some(APP),
+        &json!({"oidcToken": token, "publicKey": player_public}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let jwt = r.json::<Value>().await.unwrap()["session"].as_str().unwrap().to_string();
+    let session = jwt_claims(&jwt);
+    assert_eq!(
+        (session["user_id"].as_str(), session["organization_id"].as_str()),
+        (Some(player.as_str()), Some(sub_org.as_str()))
+    );
+    let lifetime = session["exp"].as_i64().unwrap() - (Stack::now_ms() / 1000) as i64;
+    assert!((1190..=1200).contains(&lifetime), "the config's session length: {lifetime}");
+    let whoami =
+        stack.client_with(player_key).get_whoami(GetWhoamiRequest { organization_id: sub_org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, player);
+    // Both proxied calls are activities of the proxy user.
+    let list = |o: &str| json!({"organizationId": o, "filterByType": ["ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", "ACTIVITY_TYPE_OAUTH_LOGIN"]});
+    let a = stack.post_raw("/public/v1/query/list_activities", list(&org).to_string().as_bytes(), Some(&root)).await;
+    assert!(
+        a.json["activities"].as_array().unwrap().iter().any(|x| x["votes"][0]["userId"] == proxy_user),
+        "{}",
+        a.text
+    );
+    let a =
+        stack.post_raw("/public/v1/query/list_activities", list(&sub_org).to_string().as_bytes(), Some(&root)).await;
+    assert_eq!(a.json["activities"].as_array().unwrap().len(), 1, "{}", a.text);
+
+    // A burst past the config's rate: JSON 429s.
+    let mut limited = 0;
+    for _ in 0..40 {
+        let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "{}").await;
+        if r.status() == 429 {
+            assert_eq!(r.json::<Value>().await.unwrap()["code"], 8);
+            limited += 1;
+        }
+    }
+    assert!(limited > 0, "40 calls at once must pass a limit of 15 per second");
+
+    // Disabled: the config id no longer opens anything.
+    let r = submit(&stack, &root, &org, "disable_auth_proxy", "ACTIVITY_TYPE_DISABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "{}").await;
+    assert_eq!(r.status(), 401);
+}

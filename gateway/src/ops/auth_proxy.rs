@@ -157,7 +157,8 @@ pub struct UpdateAuthProxyConfigIntent {
 
 /// An origin as browsers send it: `scheme://host[:port]`, nothing more.
 fn check_origin(o: &str) -> Result<(), ApiError> {
-    let bad = || ApiError::invalid(format!("invalid allowedOrigins entry {o:?}: an origin such as https://app.example"));
+    let bad =
+        || ApiError::invalid(format!("invalid allowedOrigins entry {o:?}: an origin such as https://app.example"));
     let u = url::Url::parse(o).map_err(|_| bad())?;
     let origin = u.origin().ascii_serialization();
     if !matches!(u.scheme(), "https" | "http") || origin != o.trim_end_matches('/') || o == "*" {

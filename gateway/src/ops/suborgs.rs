@@ -321,7 +321,11 @@ pub struct ListSubOrgsRequest {
 
 /// The filter a `filterType` / `filterValue` pair names; `OIDC_TOKEN` is verified against its
 /// issuer and matches the token's (issuer, subject, audience).
-pub async fn filter(own: Option<&crate::login_keys::LoginKeys>, filter_type: &str, value: &str) -> Result<SubOrgFilter, ApiError> {
+pub async fn filter(
+    own: Option<&crate::login_keys::LoginKeys>,
+    filter_type: &str,
+    value: &str,
+) -> Result<SubOrgFilter, ApiError> {
     if filter_type.is_empty() {
         if !value.trim().is_empty() {
             return Err(ApiError::invalid("filterType is required when filterValue is set"));
