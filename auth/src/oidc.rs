@@ -228,6 +228,18 @@ fn now_secs() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
+/// Verifies `token` against `jwks` at `now` (Unix seconds): structure, registered claims, then the
+/// signature. No network; what [`verify`] does once it has the issuer's keys.
+pub fn verify_with_jwks(token: &str, jwks: &Value, now: i64) -> Result<Claims, AuthError> {
+    let jwt = split(token)?;
+    let claims = claims(&jwt.payload, now)?;
+    if !matches!(jwt.header.alg.as_str(), "RS256" | "ES256") {
+        return Err(invalid(format!("unsupported signing algorithm {:?} (RS256 or ES256)", jwt.header.alg)));
+    }
+    verify_signature(&jwt, jwks)?;
+    Ok(claims)
+}
+
 /// An ES256 issuer key (uncompressed P-256 point) as a JWK.
 pub fn es256_jwk(point: &[u8], kid: &str) -> Value {
     use crate::webauthn::b64url;
@@ -248,21 +260,17 @@ pub struct OwnIssuer<'a> {
 /// `own`'s JWKS for Coffer's own tokens (no network fetch), the issuer's published JWKS for any
 /// other.
 pub async fn verify(token: &str, own: Option<OwnIssuer<'_>>) -> Result<Claims, AuthError> {
+    let now = now_secs();
+    // Structure, claims and algorithm first: nothing is fetched for a token that cannot pass.
     let jwt = split(token)?;
-    let claims = claims(&jwt.payload, now_secs())?;
+    let claims = claims(&jwt.payload, now)?;
     if !matches!(jwt.header.alg.as_str(), "RS256" | "ES256") {
         return Err(invalid(format!("unsupported signing algorithm {:?} (RS256 or ES256)", jwt.header.alg)));
     }
-    let fetched;
-    let jwks = match own {
-        Some(own) if own.issuer == claims.iss => own.jwks,
-        _ => {
-            fetched = issuer_keys(&claims.iss).await?;
-            &fetched
-        }
-    };
-    verify_signature(&jwt, jwks)?;
-    Ok(claims)
+    match own {
+        Some(own) if own.issuer == claims.iss => verify_with_jwks(token, own.jwks, now),
+        _ => verify_with_jwks(token, &issuer_keys(&claims.iss).await?, now),
+    }
 }
 
 #[cfg(test)]
@@ -338,6 +346,42 @@ mod tests {
         c["sub"] = json!("someone-else");
         let forged = format!("{}.{}.{}", parts[0], b64url(c.to_string().as_bytes()), parts[2]);
         assert!(verify_signature(&split(&forged).unwrap(), &json!({"keys": [jwk]})).is_err());
+    }
+
+    /// Untrusted tokens: every truncation and thousands of byte flips of a valid token verify or
+    /// fail cleanly with INVALID_OIDC_TOKEN, never panic, and a flipped token never verifies
+    /// with another identity than it names.
+    #[test]
+    fn mutated_tokens_never_panic() {
+        let (sk, jwk) = ec_key(4);
+        let jwks = json!({ "keys": [jwk] });
+        let t = token("ES256", "ec1", &good_claims(), |m| {
+            let s: p256::ecdsa::Signature = sk.sign(m);
+            s.to_bytes().to_vec()
+        });
+        let now = now_secs();
+        assert!(verify_with_jwks(&t, &jwks, now).is_ok());
+        let check = |b: &[u8]| {
+            let Ok(text) = std::str::from_utf8(b) else { return };
+            match verify_with_jwks(text, &jwks, now) {
+                Ok(c) => assert_eq!(unverified_identity(text).unwrap(), (c.iss, c.sub, c.aud)),
+                Err(e) => assert_eq!(e.turnkey_code, "INVALID_OIDC_TOKEN"),
+            }
+        };
+        let bytes = t.as_bytes();
+        for n in 0..=bytes.len() {
+            check(&bytes[..n]);
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..4000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut m = bytes.to_vec();
+            let at = (seed as usize) % m.len();
+            m[at] = (seed >> 32) as u8;
+            check(&m);
+        }
     }
 
     #[test]

@@ -41,7 +41,20 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("eip712", eip712),
     ("sealed_blob", sealed_blob),
     ("transaction", transaction),
+    ("oidc_token", oidc_token),
+    ("qos_envelope", qos_envelope),
 ];
+
+/// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
+pub fn oidc_fuzz_jwks() -> Value {
+    let sk = p256::SecretKey::from_slice(&[5; 32]).expect("a scalar");
+    let point = p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&sk.public_key(), false);
+    serde_json::json!({ "keys": [coffer_auth::oidc::es256_jwk(point.as_bytes(), "fuzz")] })
+}
+/// The "now" OIDC tokens are checked at (their `exp` must be later).
+pub const OIDC_FUZZ_NOW: i64 = 1_700_000_000;
+/// The TLS-fetcher secret the QOS envelope seeds are sealed to.
+pub const QOS_FUZZ_RECEIVER: [u8; 32] = [3; 32];
 
 /// The body the stamp seeds are stamped over (the spec section 2.3 vector body of the auth tests).
 pub const STAMPED_BODY: &[u8] = br#"{"organizationId":"00000000-0000-4000-8000-000000000000"}"#;
@@ -64,6 +77,69 @@ fn is_lower_hex(s: &str) -> bool {
 
 // ---------------------------------------------------------------------------------------------
 // coffer-auth
+
+/// An OIDC token (`coffer_auth::oidc`): the JWT's parts, header, claims and ES256/RS256 signature
+/// against [`oidc_fuzz_jwks`] at [`OIDC_FUZZ_NOW`]; a verified token's identity equals the one
+/// read without verification.
+pub fn oidc_token(data: &[u8]) -> Outcome {
+    use coffer_auth::oidc;
+    let Ok(token) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let unverified = oidc::unverified_identity(token);
+    match oidc::verify_with_jwks(token, &oidc_fuzz_jwks(), OIDC_FUZZ_NOW) {
+        Ok(c) => {
+            let (iss, sub, aud) = unverified.expect("a verified token's identity reads without verifying");
+            assert_eq!((c.iss.as_str(), c.sub.as_str(), c.aud.as_str()), (iss.as_str(), sub.as_str(), aud.as_str()));
+            assert!(c.exp > OIDC_FUZZ_NOW);
+            assert_eq!(oidc::identity_hash(&c.iss, &c.sub, &c.aud).len(), 64);
+            Outcome::Accepted
+        }
+        Err(e) => {
+            assert_eq!(e.turnkey_code, "INVALID_OIDC_TOKEN");
+            if unverified.is_ok() {
+                Outcome::Parsed
+            } else {
+                Outcome::Rejected
+            }
+        }
+    }
+}
+
+/// An OAuth 2.0 client secret envelope (`coffer_crypto::qos`): the hex text the SDK sends and,
+/// separately, the raw borsh envelope, opened with [`QOS_FUZZ_RECEIVER`] (software ECDH here, the
+/// HSM's in the enclave). Refusals never carry plaintext.
+pub fn qos_envelope(data: &[u8]) -> Outcome {
+    use coffer_crypto::qos;
+    let secret = p256::SecretKey::from_slice(&QOS_FUZZ_RECEIVER).expect("a scalar");
+    let receiver: [u8; 65] = p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&secret.public_key(), false)
+        .as_bytes()
+        .try_into()
+        .expect("65 bytes");
+    let open = |envelope: &[u8]| {
+        qos::open_quorum_envelope(envelope, &receiver, |sender| {
+            let peer = p256::PublicKey::from_sec1_bytes(sender)
+                .map_err(|_| coffer_crypto::CryptoError::invalid("not a point"))?;
+            let shared = p256::ecdh::diffie_hellman(secret.to_nonzero_scalar(), peer.as_affine());
+            let mut out = zeroize::Zeroizing::new([0u8; 32]);
+            out.copy_from_slice(shared.raw_secret_bytes());
+            Ok(out)
+        })
+    };
+    let from_text = match std::str::from_utf8(data).map(qos::decode_encrypted_client_secret) {
+        Ok(Ok(envelope)) => match open(&envelope) {
+            Ok(_) => Outcome::Accepted,
+            Err(_) => Outcome::Parsed,
+        },
+        _ => Outcome::Rejected,
+    };
+    let raw = match open(data) {
+        Ok(_) => Outcome::Accepted,
+        Err(e) => {
+            assert!(!e.to_string().is_empty());
+            Outcome::Rejected
+        }
+    };
+    from_text.max(raw)
+}
 
 /// `X-Stamp`: the input as a header value (`coffer_auth::stamp::parse`, then `verify` over
 /// [`STAMPED_BODY`]), and as a raw DER signature over that body by the P-256 and secp256k1
@@ -207,8 +283,17 @@ pub fn envelope(data: &[u8]) -> Outcome {
     match coffer_auth::grants::granted_credentials(&a) {
         Ok(grants) => {
             for g in &grants {
+                use coffer_auth::grants::{OAUTH_PROVIDER, PARENT_ORGANIZATION};
+                if g.credential_type == PARENT_ORGANIZATION {
+                    // A sub-organization's parent is the organization that stamped the body.
+                    assert!(g.public_key == a.organization_id && g.user_id.is_empty(), "{g:?}");
+                    continue;
+                }
                 assert!(!g.public_key.is_empty() && is_lower_hex(&g.public_key), "{g:?}");
-                assert!(g.credential_type.starts_with("CREDENTIAL_TYPE_"), "{g:?}");
+                assert!(
+                    g.credential_type.starts_with("CREDENTIAL_TYPE_") || g.credential_type == OAUTH_PROVIDER,
+                    "{g:?}"
+                );
                 assert_ne!(g.expiration_seconds, Some(0));
             }
             Outcome::Accepted

@@ -394,6 +394,26 @@ fn transaction_seeds() -> Vec<(String, Vec<u8>)> {
 }
 
 /// Every seed: (target, name, bytes, how far it gets).
+/// An ES256 OIDC token by the fuzz issuer key, and a client secret sealed to the fuzz receiver.
+fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use p256::ecdsa::signature::Signer;
+    let header = b64url(br#"{"alg":"ES256","typ":"JWT","kid":"fuzz"}"#);
+    let claims = serde_json::json!({"iss": "https://issuer.example", "sub": "user-1", "aud": "client-1",
+        "exp": coffer_fuzz_targets::OIDC_FUZZ_NOW + 600, "nonce": "n"});
+    let input = format!("{header}.{}", b64url(claims.to_string().as_bytes()));
+    let key = p256::ecdsa::SigningKey::from_slice(&[5; 32]).unwrap();
+    let signature: p256::ecdsa::Signature = key.sign(input.as_bytes());
+    let token = format!("{input}.{}", b64url(&signature.to_bytes()));
+    let receiver = p256::SecretKey::from_slice(&coffer_fuzz_targets::QOS_FUZZ_RECEIVER).unwrap();
+    let point: [u8; 65] = receiver.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
+    let envelope = coffer_crypto::qos::seal_quorum_envelope(b"client-secret", &point, &[9; 32]).unwrap();
+    vec![
+        ("oidc_token", "es256".into(), token.into_bytes()),
+        ("qos_envelope", "hex".into(), hex::encode(&envelope).into_bytes()),
+        ("qos_envelope", "raw".into(), envelope),
+    ]
+}
+
 fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     use coffer_enclave::hsm::fuzzing::encode;
     let mut out: Vec<(&'static str, String, Vec<u8>)> = Vec::new();
@@ -407,6 +427,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.push(("sealed_blob", "v1-legacy".into(), encode(1, "coffer-kek-v1", &[9; 12], &[2; 16])));
     out.push(("sealed_blob", "empty-label".into(), encode(2, "", &[0; 12], &[3; 16])));
     out.extend(transaction_seeds().into_iter().map(|(n, b)| ("transaction", n, b)));
+    out.extend(login_seeds());
     out.into_iter()
         .map(|(target, name, bytes)| {
             let expect = match (target, name.as_str()) {
