@@ -9,7 +9,7 @@ use coffer_proto::v1 as pb;
 use coffer_tests::Stack;
 use prost::Message;
 use serde_json::{json, Value};
-use sha3::Digest;
+use sha2::Digest;
 use turnkey_api_key_stamper::{Stamp, TurnkeyP256ApiKey};
 use turnkey_client::generated::immutable::common::v1::{AddressFormat, ApiKeyCurve, Curve, Effect, PathFormat};
 use turnkey_client::generated::{
@@ -760,4 +760,173 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
     let bad = stamped(&root, &sign_transaction_body(&org, &a[0], &trailing, Stack::now_ms()), &cert);
     refused(sign_transaction(&enclave, auth(bad), &ref0).await, tonic::Code::InvalidArgument, "trailing bytes");
     assert!(audit_refusals(&stack, "signWith names") >= 1);
+}
+
+/// Login calls on the enclave socket, as an attacker who owns the gateway would make them: a
+/// session opens only for the user the stamp names (once), never across organizations without a
+/// genuine parent certificate, never for a self-made OIDC token; an OAuth 2.0 credential opens
+/// only with its own certificate; and the auth proxy's key stamps only login activities, now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp_says() {
+    let stack = Stack::start().await;
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let session_key = public_key(&TurnkeyP256ApiKey::generate());
+    let session = |auth: Option<pb::Authorization>, provider: Vec<u8>, parent: Vec<u8>| {
+        let e = enclave.clone();
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest {
+                    auth,
+                    provider_certificate: provider,
+                    parent_certificate: parent,
+                })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+
+    // The stamping user gets the session, once.
+    let login = body("ACTIVITY_TYPE_STAMP_LOGIN", &org, Stack::now_ms(), json!({"publicKey": session_key}));
+    let opened = session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await.unwrap();
+    assert_eq!((opened.user_id.as_str(), opened.public_key.as_str()), (stack.user_id.as_str(), session_key.as_str()));
+    assert_eq!(opened.credential_type, "CREDENTIAL_TYPE_LOGIN");
+    refused(
+        session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await,
+        tonic::Code::PermissionDenied,
+        "replayed",
+    );
+
+    // Another organization's body (a sub-organization of ours): refused without its parent
+    // certificate, and with our own API key's certificate passed off as one.
+    let params = json!({"subOrganizationName": "target", "rootQuorumThreshold": 1,
+        "rootUsers": [{"userName": "victim", "apiKeys": [], "authenticators": [],
+        "oauthProviders": [{"providerName": "x", "oidcClaims": {"iss": "https://i.example", "sub": "v", "aud": "a"}}]}]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_sub_organization",
+            body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let sub = &r.json["activity"]["result"]["createSubOrganizationResultV8"];
+    let sub_org = sub["subOrganizationId"].as_str().unwrap().to_string();
+    let victim = sub["rootUserIds"][0].as_str().unwrap().to_string();
+    let rw = |ts| {
+        body(
+            "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
+            &sub_org,
+            ts,
+            json!({"targetPublicKey": hex::encode(p256::SecretKey::from_slice(&[8; 32]).unwrap().public_key().to_sec1_bytes()), "userId": victim}),
+        )
+    };
+    refused(
+        session(auth(stamped(&root, &rw(Stack::now_ms()), &root_cert)), vec![], vec![]).await,
+        tonic::Code::PermissionDenied,
+        "another organization",
+    );
+    refused(
+        session(auth(stamped(&root, &rw(Stack::now_ms() + 1), &root_cert)), vec![], root_cert.clone()).await,
+        tonic::Code::PermissionDenied,
+        "another organization",
+    );
+    // With the genuine parent certificate (as the gateway stores it) the parent's login works.
+    let parent_cert: String = db(&stack)
+        .query_row(
+            "SELECT data FROM records WHERE organization_id = ?1 AND kind = 'parent_certificate'",
+            [&sub_org],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let parent_cert =
+        hex::decode(serde_json::from_str::<Value>(&parent_cert).unwrap()["certificate"].as_str().unwrap()).unwrap();
+    let opened =
+        session(auth(stamped(&root, &rw(Stack::now_ms() + 2), &root_cert)), vec![], parent_cert).await.unwrap();
+    assert_eq!(opened.user_id, victim);
+    assert!(!opened.credential_bundle.is_empty());
+
+    // oauth_login with a token Coffer never issued (right issuer, attacker's key): refused before
+    // any certificate is looked at.
+    use p256::ecdsa::signature::Signer;
+    let b64 = |b: &[u8]| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    };
+    let nonce = hex::encode(sha2::Sha256::digest(session_key.as_bytes()));
+    let claims =
+        json!({"iss": stack.base_url, "sub": "x", "aud": "c", "exp": Stack::now_ms() / 1000 + 600, "nonce": nonce});
+    let input = format!("{}.{}", b64(br#"{"alg":"ES256","kid":"k"}"#), b64(claims.to_string().as_bytes()));
+    let forged: p256::ecdsa::Signature = p256::ecdsa::SigningKey::from_slice(&[7; 32]).unwrap().sign(input.as_bytes());
+    let token = format!("{input}.{}", b64(&forged.to_bytes()));
+    let oauth =
+        body("ACTIVITY_TYPE_OAUTH_LOGIN", &org, Stack::now_ms(), json!({"oidcToken": token, "publicKey": session_key}));
+    refused(
+        session(auth(stamped(&root, &oauth, &root_cert)), root_cert.clone(), vec![]).await,
+        tonic::Code::InvalidArgument,
+        "invalid OIDC token",
+    );
+
+    // An OAuth 2.0 credential whose certificate is made up does not reach the provider.
+    let exchange = body(
+        "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
+        &org,
+        Stack::now_ms(),
+        json!({"oauth2CredentialId": "c1", "authCode": "a", "redirectUri": "https://r", "codeVerifier": "v", "nonce": "n"}),
+    );
+    let credential = pb::Oauth2Credential {
+        organization_id: org.clone(),
+        credential_id: "c1".into(),
+        provider: "OAUTH2_PROVIDER_X".into(),
+        client_id: "id".into(),
+        encrypted_client_secret: "00".into(),
+        mac: vec![1; 32],
+    };
+    let r = enclave
+        .clone()
+        .oauth2_authenticate(pb::Oauth2AuthenticateRequest {
+            auth: auth(stamped(&root, &exchange, &root_cert)),
+            credential: Some(credential),
+        })
+        .await;
+    refused(r, tonic::Code::PermissionDenied, "certificate does not verify");
+
+    // The auth proxy key: enabled through the gateway, then asked to stamp what it must not.
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/enable_auth_proxy",
+            body("ACTIVITY_TYPE_ENABLE_AUTH_PROXY", &org, Stack::now_ms(), json!({})).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config: String = db(&stack)
+        .query_row("SELECT data FROM records WHERE organization_id = ?1 AND kind = 'auth_proxy'", [&org], |r| r.get(0))
+        .unwrap();
+    let config: Value = serde_json::from_str(&config).unwrap();
+    let proxy_stamp = |b: String| {
+        let e = enclave.clone();
+        let req = pb::StampAuthProxyRequestRequest {
+            organization_id: org.clone(),
+            user_id: config["userId"].as_str().unwrap().into(),
+            public_key: config["publicKey"].as_str().unwrap().into(),
+            sealed_key: hex::decode(config["sealedKey"].as_str().unwrap()).unwrap(),
+            body: b.into_bytes(),
+        };
+        async move { e.clone().stamp_auth_proxy_request(req).await.map(|r| r.into_inner()) }
+    };
+    let exchange = |o: &str, ts| body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", o, ts, json!({"oauth2CredentialId": "c1"}));
+    let signing = sign_body(&org, "0x0000000000000000000000000000000000000000", "hello", Stack::now_ms());
+    refused(proxy_stamp(signing).await, tonic::Code::PermissionDenied, "stamps only");
+    refused(proxy_stamp(exchange(&sub_org, Stack::now_ms())).await, tonic::Code::PermissionDenied, "own organization");
+    refused(
+        proxy_stamp(exchange(&org, Stack::now_ms() - 10 * 60 * 1000)).await,
+        tonic::Code::PermissionDenied,
+        "timestampMs",
+    );
+    let ok = proxy_stamp(exchange(&org, Stack::now_ms())).await.unwrap();
+    assert!(!ok.stamp.is_empty());
+    assert!(stack.enclave_log().contains("stamp_auth_proxy_request"), "audit lines name the operation");
 }
