@@ -50,6 +50,11 @@ case "${COFFER_STORE:-sqlite}" in
 esac
 export COFFER_LISTEN="127.0.0.1:$COFFER_PORT"
 export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
+# Coffer's OIDC issuer (the `iss` of the tokens oauth2_authenticate returns, and where its
+# discovery document lives) is the gateway's base URL. The OAuth 2.0 provider endpoints
+# (COFFER_OAUTH2_X_TOKEN_URL, ..._USERINFO_URL, COFFER_OAUTH2_DISCORD_...) pass through from the
+# caller's environment to the enclave, which alone reads them.
+export COFFER_OIDC_ISSUER="${COFFER_OIDC_ISSUER:-http://127.0.0.1:$COFFER_PORT}"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
 # default refuses them). Said at start; see README "Webhooks".
 export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
@@ -79,6 +84,7 @@ for _ in $(seq 1 200); do
     echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
     echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
     echo "store: ${COFFER_STORE:-sqlite}"
+    echo "login keys and OIDC issuer: http://127.0.0.1:$COFFER_PORT/public/v1/discovery/keys"
     echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"
     break
   fi

@@ -261,29 +261,15 @@ mod tests {
             serde_json::json!({"type": CREATE_SUB_ORGANIZATION, "timestampMs": 2, "organizationId": "o",
                 "parameters": {"rootUsers": [{"apiKeys": [key, key]}], "wallet": {"accounts": []}}}),
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         let mut parsed = 0;
         for body in bodies {
             let bytes = body.to_string().into_bytes();
-            let mut check = |b: &[u8]| {
+            crate::testing::for_each_mutation(&bytes, 0x9e37_79b9_7f4a_7c15, 4000, |b| {
                 if let Ok(a) = StampedActivity::parse(b) {
                     parsed += 1;
                     let _ = granted_credentials(&a);
                 }
-            };
-            for n in 0..=bytes.len() {
-                check(&bytes[..n]);
-            }
-            for _ in 0..4000 {
-                // xorshift: deterministic, no dependency.
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let mut m = bytes.clone();
-                let at = (seed as usize) % m.len();
-                m[at] = (seed >> 32) as u8;
-                check(&m);
-            }
+            });
         }
         assert!(parsed > 100, "the mutations must also reach the grant parser ({parsed})");
     }

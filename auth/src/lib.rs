@@ -41,3 +41,24 @@ impl std::fmt::Display for AuthError {
 }
 
 impl std::error::Error for AuthError {}
+
+/// Test support: deterministic mutations of untrusted inputs.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// Calls `check` with every truncation of `bytes` and `rounds` single-byte flips of it
+    /// (xorshift from `seed`: deterministic, no dependency).
+    pub fn for_each_mutation(bytes: &[u8], mut seed: u64, rounds: usize, mut check: impl FnMut(&[u8])) {
+        for n in 0..=bytes.len() {
+            check(&bytes[..n]);
+        }
+        for _ in 0..rounds {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut m = bytes.to_vec();
+            let at = (seed as usize) % m.len();
+            m[at] = (seed >> 32) as u8;
+            check(&m);
+        }
+    }
+}

@@ -178,18 +178,23 @@ fn http() -> &'static reqwest::Client {
     })
 }
 
-/// Issuer and JWKS URLs must be `https`, or `http` to a loopback host (local issuers in
-/// development and tests). Redirects are not followed.
-fn fetchable(url: &str) -> Result<reqwest::Url, AuthError> {
-    let u = reqwest::Url::parse(url).map_err(|_| invalid(format!("{url:?} is not a URL")))?;
+/// The rule for every URL Coffer fetches from on a login's behalf (OIDC issuers, OAuth 2.0
+/// providers): `https`, or `http` to a loopback host (local issuers and providers in development
+/// and tests). Redirects are never followed.
+pub fn https_or_loopback(url: &str) -> Result<reqwest::Url, String> {
+    let u = reqwest::Url::parse(url).map_err(|_| format!("{url:?} is not a URL"))?;
     let host = u.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
     let loopback =
         host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
     match u.scheme() {
         "https" => Ok(u),
         "http" if loopback => Ok(u),
-        _ => Err(invalid(format!("{url:?} must be an https URL"))),
+        _ => Err(format!("{url:?} must be an https URL (http only to a loopback host)")),
     }
+}
+
+fn fetchable(url: &str) -> Result<reqwest::Url, AuthError> {
+    https_or_loopback(url).map_err(invalid)
 }
 
 async fn fetch_json(url: &str) -> Result<Value, AuthError> {
@@ -368,20 +373,7 @@ mod tests {
                 Err(e) => assert_eq!(e.turnkey_code, "INVALID_OIDC_TOKEN"),
             }
         };
-        let bytes = t.as_bytes();
-        for n in 0..=bytes.len() {
-            check(&bytes[..n]);
-        }
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        for _ in 0..4000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let mut m = bytes.to_vec();
-            let at = (seed as usize) % m.len();
-            m[at] = (seed >> 32) as u8;
-            check(&m);
-        }
+        crate::testing::for_each_mutation(t.as_bytes(), 0x2545_f491_4f6c_dd1d, 4000, check);
     }
 
     #[test]

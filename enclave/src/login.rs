@@ -18,18 +18,9 @@ const MAX_PROVIDER_ANSWER: usize = 64 * 1024;
 pub const PROVIDER_X: &str = "OAUTH2_PROVIDER_X";
 pub const PROVIDER_DISCORD: &str = "OAUTH2_PROVIDER_DISCORD";
 
-/// A provider URL is `https`, or `http` to a loopback host (a local provider in development and
-/// tests). Redirects are never followed.
+/// A provider URL: `https`, or `http` to a loopback host (`coffer_auth::oidc::https_or_loopback`).
 pub fn provider_url(url: &str) -> Result<url::Url, String> {
-    let u = url::Url::parse(url).map_err(|_| format!("{url:?} is not a URL"))?;
-    let host = u.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-    let loopback =
-        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    match u.scheme() {
-        "https" => Ok(u),
-        "http" if loopback => Ok(u),
-        _ => Err(format!("{url:?} must be an https URL (http only to a loopback host)")),
-    }
+    coffer_auth::oidc::https_or_loopback(url)
 }
 
 /// A provider's display name and endpoints.

@@ -11,7 +11,7 @@ use crate::activity::pipeline::PARENT_CERTIFICATE;
 use crate::activity::registry::{Ctx, Outcome};
 use crate::auth::{oidc, stamp::SESSION_CREDENTIAL_TYPES};
 use crate::error::{ApiError, Code};
-use crate::store::{ApiKey, StoreError, Write};
+use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
 
 /// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
@@ -37,7 +37,7 @@ async fn open_session(
     provider_certificate: Vec<u8>,
     invalidate_existing: bool,
     key_name: Option<String>,
-) -> Result<(pb::CreateSessionResponse, String, Vec<Write>), ApiError> {
+) -> Result<(pb::CreateSessionResponse, User, String, Vec<Write>), ApiError> {
     let request = pb::CreateSessionRequest {
         auth: Some(ctx.auth.clone()),
         provider_certificate,
@@ -79,7 +79,7 @@ async fn open_session(
         updated_at: ctx.now,
         certificate: session.certificate.clone(),
     }));
-    Ok((session, id, writes))
+    Ok((session, user, id, writes))
 }
 
 #[derive(Deserialize)]
@@ -112,7 +112,7 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
                 "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
             )
         })?;
-    let (session, _, writes) =
+    let (session, _, _, writes) =
         open_session(&ctx, provider.certificate, intent.invalidate_existing.unwrap_or(false), None).await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
@@ -128,7 +128,7 @@ pub struct StampLoginIntent {
 
 pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
     required(&intent.public_key, "publicKey")?;
-    let (session, _, writes) =
+    let (session, _, _, writes) =
         open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None).await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
@@ -150,9 +150,8 @@ pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionI
         super::users::load_user(&ctx.state, &ctx.org.id, u).await?;
     }
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
-    let (session, api_key_id, writes) =
+    let (session, user, api_key_id, writes) =
         open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name).await?;
-    let user = super::users::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
     Ok(Outcome {
         result: json!({
             "organizationId": ctx.org.id,
