@@ -15,8 +15,9 @@ use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::Oauth2Provider;
 use turnkey_client::generated::{
-    CreateOauth2CredentialIntent, GetOauth2CredentialRequest, GetWhoamiRequest, ListOauth2CredentialsRequest,
-    Oauth2AuthenticateIntent, OauthLoginIntent, StampLoginIntent,
+    CreateOauth2CredentialIntent, DeleteOauth2CredentialIntent, GetOauth2CredentialRequest, GetWhoamiRequest,
+    ListOauth2CredentialsRequest, Oauth2AuthenticateIntent, OauthLoginIntent, StampLoginIntent,
+    UpdateOauth2CredentialIntent,
 };
 use turnkey_client::TurnkeyP256ApiKey;
 
@@ -227,6 +228,30 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
     assert_eq!(verified["exp"].as_i64().unwrap() - verified["iat"].as_i64().unwrap(), 900);
     assert!(verified.get("encrypted_bearer_token").is_none());
 
+    // A wrong client secret fails at the provider: the error names it, never the secret.
+    let update = |secret: String| UpdateOauth2CredentialIntent {
+        oauth2_credential_id: credential_id.clone(),
+        provider: Oauth2Provider::X,
+        client_id: CLIENT_ID.into(),
+        encrypted_client_secret: secret,
+    };
+    const WRONG: &str = "wrong-secret-value-123";
+    client
+        .update_oauth2_credential(org.clone(), Stack::now_ms(), update(encrypted_secret(&stack, WRONG).await))
+        .await
+        .unwrap();
+    match client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await {
+        Err(turnkey_client::TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
+            assert!(body.contains("provider X") && body.contains("invalid_client"), "{body}");
+            assert!(!body.contains(WRONG));
+        }
+        other => panic!("expected a 400 naming the provider, got {other:?}"),
+    }
+    client
+        .update_oauth2_credential(org.clone(), Stack::now_ms(), update(encrypted_secret(&stack, CLIENT_SECRET).await))
+        .await
+        .unwrap();
+
     // With a target key, the bearer token travels encrypted to it in the token.
     let target = p256::SecretKey::from_slice(&[0x11; 32]).unwrap();
     let target_hex = hex::encode(target.public_key().to_encoded_point(false).as_bytes());
@@ -279,6 +304,17 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
         session_profile_id: None,
     };
     refused(client.oauth_login(org.clone(), Stack::now_ms(), replay).await, 400, "nonce");
+
+    // Deleted: gone from reads, and no code is exchanged with it.
+    let delete = DeleteOauth2CredentialIntent { oauth2_credential_id: credential_id.clone() };
+    client.delete_oauth2_credential(org.clone(), Stack::now_ms(), delete).await.unwrap();
+    let get = GetOauth2CredentialRequest { organization_id: org.clone(), oauth2_credential_id: credential_id.clone() };
+    refused(client.get_oauth2_credential(get).await, 404, "oauth2 credential not found");
+    let list = client.list_oauth2_credentials(ListOauth2CredentialsRequest { organization_id: org.clone() }).await;
+    assert!(list.unwrap().oauth2_credentials.is_empty());
+    let requests = seen.lock().unwrap().token_requests;
+    refused(client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await, 404, "not found");
+    assert_eq!(seen.lock().unwrap().token_requests, requests, "nothing reached the provider");
 }
 
 async fn stamp_login(
