@@ -5,7 +5,7 @@ use coffer_proto::v1 as pb;
 use prost::Message;
 
 use crate::enclave_client::Enclave;
-use crate::store::{now_nanos, ApiKey, Organization, Store, UncertifiedCredential, User, Write};
+use crate::store::{now_nanos, ApiKey, CredentialKind, Organization, Store, UncertifiedCredential, User, Write};
 
 /// Ids of what `init-org` created.
 #[derive(Debug, serde::Serialize)]
@@ -99,7 +99,18 @@ pub fn import_certificates(store: &dyn Store, input: impl std::io::BufRead) -> a
         {
             anyhow::bail!("line {}: the certificate is not for credential {}", n + 1, c.id);
         }
-        writes.push(Write::SetCertificate { kind: c.kind, id: c.id.clone(), certificate: bytes });
+        writes.push(match c.kind {
+            CredentialKind::ParentOrganization => Write::PutRecord(crate::store::Record {
+                organization_id: c.organization_id.clone(),
+                kind: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
+                id: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
+                name: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
+                data: serde_json::json!({ "certificate": hex::encode(&bytes) }),
+                created_at: now_nanos(),
+                updated_at: now_nanos(),
+            }),
+            kind => Write::SetCertificate { kind, id: c.id.clone(), certificate: bytes },
+        });
     }
     store.apply(&writes)?;
     Ok(writes.len())

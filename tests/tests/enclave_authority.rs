@@ -593,6 +593,65 @@ async fn credentials_from_before_certificates_are_certified_by_the_operator() {
     let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
     let signer = recover(b"l2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
     assert_eq!(signer, a1[0].to_lowercase());
+
+    // OAuth identities and sub-organizations from before their certificates: a provider row
+    // without one, a sub-organization without its parent certificate. The same pipeline
+    // certifies both; then the parent's credential can open a session in the sub-organization.
+    let params = json!({"subOrganizationName": "old", "rootQuorumThreshold": 1, "rootUsers": [{"userName": "p",
+        "apiKeys": [], "authenticators": [], "oauthProviders": [{"providerName": "x",
+        "oidcClaims": {"iss": "https://i.example", "sub": "s", "aud": "a"}}]}]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_sub_organization",
+            body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params).as_bytes(),
+            Some(&stack.api_key()),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let sub_org = r.json["activity"]["result"]["createSubOrganizationResultV8"]["subOrganizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.execute("UPDATE oauth_providers SET certificate = x''", []).unwrap();
+    c.execute("DELETE FROM records WHERE kind = 'parent_certificate'", []).unwrap();
+    let session = |ts: u128| {
+        let target = hex::encode(p256::SecretKey::from_slice(&[8; 32]).unwrap().public_key().to_sec1_bytes());
+        body("ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2", &sub_org, ts, json!({"targetPublicKey": target}))
+    };
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_read_write_session",
+            session(Stack::now_ms()).as_bytes(),
+            Some(&stack.api_key()),
+        )
+        .await;
+    assert_eq!(r.status, 403, "no parent certificate yet: {}", r.text);
+    let rows = out(stack.run_with_stdin("coffer-gateway", &["uncertified-credentials"], ""));
+    let kinds: Vec<String> =
+        rows.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["kind"].to_string()).collect();
+    assert_eq!(kinds, vec!["\"oauthProvider\"", "\"parentOrganization\""], "{rows}");
+    let certified = out(stack.run_with_stdin("coffer-enclave", &["certify-existing"], &rows));
+    let stored: Value =
+        serde_json::from_str(&out(stack.run_with_stdin("coffer-gateway", &["import-certificates"], &certified)))
+            .unwrap();
+    assert_eq!(stored["certificatesStored"], 2);
+    assert_eq!(out(stack.run_with_stdin("coffer-gateway", &["uncertified-credentials"], "")), "");
+    let empty: i64 =
+        c.query_row("SELECT COUNT(*) FROM oauth_providers WHERE length(certificate) = 0", [], |r| r.get(0)).unwrap();
+    assert_eq!(empty, 0);
+    // A session for a user the parent names (userId required when a parent asks).
+    let user: String = c.query_row("SELECT user_id FROM oauth_providers", [], |r| r.get(0)).unwrap();
+    let target = hex::encode(p256::SecretKey::from_slice(&[8; 32]).unwrap().public_key().to_sec1_bytes());
+    let with_user = body(
+        "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
+        &sub_org,
+        Stack::now_ms(),
+        json!({"targetPublicKey": target, "userId": user}),
+    );
+    let r = stack
+        .post_raw("/public/v1/submit/create_read_write_session", with_user.as_bytes(), Some(&stack.api_key()))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
 }
 
 /// Webhook signing is the one enclave call that carries no stamp: it uses no organization's key

@@ -744,12 +744,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
 }
 
-/// Which table a credential lives in.
+/// Which table (or record) a credential's certificate lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CredentialKind {
     ApiKey,
     Authenticator,
+    /// An OAuth provider (the certificate binds its identity hash).
+    OauthProvider,
+    /// A sub-organization's parent certificate (`id` is the sub-organization).
+    ParentOrganization,
 }
 
 /// A credential without an enclave certificate, as the operator's migration exports it.

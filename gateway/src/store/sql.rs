@@ -662,6 +662,11 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
             let sql = match kind {
                 CredentialKind::ApiKey => "UPDATE api_keys SET certificate = ?2 WHERE id = ?1",
                 CredentialKind::Authenticator => "UPDATE authenticators SET certificate = ?2 WHERE id = ?1",
+                CredentialKind::OauthProvider => "UPDATE oauth_providers SET certificate = ?2 WHERE id = ?1",
+                // Parent certificates are records (Write::PutRecord), written by the importer.
+                CredentialKind::ParentOrganization => {
+                    return Err(StoreError::Conflict("a parent certificate is stored as a record".into()))
+                }
             };
             if db.execute(sql, args![id, certificate])? != 1 {
                 return Err(StoreError::NotFound);
@@ -1453,6 +1458,40 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
                 user_id: r.text(2)?,
                 credential_type: coffer_auth::webauthn::CREDENTIAL_TYPE.to_string(),
                 public_key: r.text(3)?,
+                expires_at_ms: 0,
+            })
+        },
+    )?);
+    out.extend(db.query(
+        "SELECT id, organization_id, user_id, issuer, subject, audience FROM oauth_providers
+         WHERE length(certificate) = 0 ORDER BY created_at, id",
+        args![],
+        |r| {
+            Ok(UncertifiedCredential {
+                kind: CredentialKind::OauthProvider,
+                id: r.text(0)?,
+                organization_id: r.text(1)?,
+                user_id: r.text(2)?,
+                credential_type: coffer_auth::grants::OAUTH_PROVIDER.to_string(),
+                public_key: coffer_auth::oidc::identity_hash(&r.text(3)?, &r.text(4)?, &r.text(5)?),
+                expires_at_ms: 0,
+            })
+        },
+    )?);
+    out.extend(db.query(
+        "SELECT o.id, o.parent_id FROM organizations o
+         WHERE o.parent_id IS NOT NULL AND o.deleted_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM records r WHERE r.organization_id = o.id AND r.kind = 'parent_certificate')
+         ORDER BY o.created_at, o.id",
+        args![],
+        |r| {
+            Ok(UncertifiedCredential {
+                kind: CredentialKind::ParentOrganization,
+                id: r.text(0)?,
+                organization_id: r.text(0)?,
+                user_id: String::new(),
+                credential_type: coffer_auth::grants::PARENT_ORGANIZATION.to_string(),
+                public_key: r.text(1)?,
                 expires_at_ms: 0,
             })
         },
