@@ -374,6 +374,15 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
     assert!(whoami(first_copy).await.is_ok());
     let (second, second_public, _) = session_key();
     assert_eq!(stamp_login(&stack, &root, &second_public, "600", true).await.status, 200);
+    // A key that is already a credential: refused (the root API key, or the live session key
+    // without invalidateExisting), and nothing recorded.
+    let before = stack.activity_count(&root, &org).await;
+    for (key, invalidate) in [(stack.api_public_key.clone(), true), (second_public.clone(), false)] {
+        let r = stamp_login(&stack, &root, &key, "600", invalidate).await;
+        assert_eq!(r.status, 400, "{}", r.text);
+        assert!(r.json["message"].as_str().unwrap().contains("already a credential"), "{}", r.text);
+    }
+    assert_eq!(stack.activity_count(&root, &org).await, before);
     refused(whoami(first).await, 401, "could not find public key");
     assert!(whoami(second).await.is_ok());
     assert!(whoami(stack.api_key()).await.is_ok());

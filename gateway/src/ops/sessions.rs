@@ -37,7 +37,28 @@ async fn open_session(
     provider_certificate: Vec<u8>,
     invalidate_existing: bool,
     key_name: Option<String>,
+    public_key: Option<&str>,
 ) -> Result<(pb::CreateSessionResponse, User, String, Vec<Write>), ApiError> {
+    // A key already in the organization cannot become a session key too (unless it is one of the
+    // session keys this login removes): refused before the enclave certifies anything.
+    if let Some(pk) = public_key {
+        let pk = pk.trim();
+        let pk = pk.strip_prefix("0x").unwrap_or(pk).to_ascii_lowercase();
+        let org = ctx.org.id.clone();
+        match ctx.state.db(move |s| s.api_key_by_public_key(&org, &pk)).await? {
+            Err(StoreError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+            Ok(existing) => {
+                let replaced =
+                    invalidate_existing && SESSION_CREDENTIAL_TYPES.contains(&existing.credential_type.as_str());
+                if !replaced {
+                    return Err(ApiError::invalid(
+                        "publicKey is already a credential in this organization: use a new key",
+                    ));
+                }
+            }
+        }
+    }
     let request = pb::CreateSessionRequest {
         auth: Some(ctx.auth.clone()),
         provider_certificate,
@@ -112,8 +133,14 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
                 "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
             )
         })?;
-    let (session, _, _, writes) =
-        open_session(&ctx, provider.certificate, intent.invalidate_existing.unwrap_or(false), None).await?;
+    let (session, _, _, writes) = open_session(
+        &ctx,
+        provider.certificate,
+        intent.invalidate_existing.unwrap_or(false),
+        None,
+        Some(&intent.public_key),
+    )
+    .await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
 
@@ -129,7 +156,8 @@ pub struct StampLoginIntent {
 pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
     required(&intent.public_key, "publicKey")?;
     let (session, _, _, writes) =
-        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None).await?;
+        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))
+            .await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
 
@@ -151,7 +179,7 @@ pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionI
     }
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
     let (session, user, api_key_id, writes) =
-        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name).await?;
+        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name, None).await?;
     Ok(Outcome {
         result: json!({
             "organizationId": ctx.org.id,
