@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +29,8 @@ use crate::store::{Page, Record, StoreError, SubOrgFilter};
 pub const CONFIG_HEADER: &str = "x-auth-proxy-config-id";
 /// What a browser preflight may ask to send: the headers the official clients send.
 const ALLOWED_HEADERS: &str = "Content-Type, X-Auth-Proxy-Config-Id, X-Captcha-Token";
+/// The largest auth proxy request body (its calls carry a token and a few fields).
+const MAX_BODY: usize = 64 * 1024;
 /// How long the set of allowed origins (for preflights, which carry no config id) is reused.
 const ORIGINS_TTL: Duration = Duration::from_secs(5);
 
@@ -136,7 +138,7 @@ async fn call(
     Path(name): Path<String>,
     client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.per_ip, client) {
         if let Err(wait) = limiter.take(ip, Instant::now()) {
@@ -169,6 +171,11 @@ async fn call(
             );
         }
     }
+    let body = match tokio::time::timeout(Duration::from_secs(10), axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return with_cors(ApiError::too_large(MAX_BODY).into_response(), origin.as_deref()),
+        Err(_) => return with_cors(ApiError::body_timeout(Duration::from_secs(10)).into_response(), origin.as_deref()),
+    };
     let result = match parse_body(&body) {
         Ok(params) => dispatch(&p.state, &config, &name, params).await,
         Err(e) => Err(e),

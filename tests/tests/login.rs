@@ -589,6 +589,10 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
     assert_eq!(r.json::<Value>().await.unwrap(), json!({}));
     let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "[1]").await;
     assert_eq!(r.status(), 400);
+    let huge = format!("{{\"x\":\"{}\"}}", "a".repeat(100 * 1024));
+    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, &huge).await;
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], 3);
     // Another origin: refused, and never a wildcard.
     let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), Some("https://evil.example"), "{}").await;
     assert_eq!(r.status(), 403);
