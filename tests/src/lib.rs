@@ -28,8 +28,18 @@ pub fn bin_dir() -> PathBuf {
     target.join("debug")
 }
 
+/// A port free now and never handed out before in this process (the OS may offer a released
+/// port again, and two stacks starting at once would then collide).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A running Coffer: its own directory, token, database and processes. Stopped on drop.
@@ -95,7 +105,13 @@ impl Stack {
 
     /// A stack on the given store, `sqlite` or `postgres`, whatever the run's `COFFER_TEST_STORE`.
     pub async fn start_on(store: &str, env: &[(&str, &str)]) -> Stack {
-        let dir = std::env::temp_dir().join(format!("coffer-e2e-{}-{}", std::process::id(), free_port()));
+        // Unique per stack of this process: a port number from `free_port` can come back for
+        // another stack, and a directory shared with a stack being dropped loses its token.
+        static STACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("coffer-e2e-{}-{n}", std::process::id()));
+        // A directory left by a crashed run whose process had the same id.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("tokens")).unwrap();
         std::fs::write(
             dir.join("softhsm2.conf"),
