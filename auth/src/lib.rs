@@ -1,6 +1,7 @@
 //! Request authentication shared by the gateway and the enclave: one implementation of stamp
 //! verification, envelope parsing and credential grants, the enclave's use being the one that counts.
 
+pub mod attested;
 pub mod envelope;
 pub mod grants;
 pub mod oidc;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use coffer_auth::envelope::StampedActivity;
-use coffer_auth::{stamp, webauthn};
+use coffer_auth::oidc::Claims;
+use coffer_auth::{attested, stamp, webauthn};
 use coffer_proto::v1 as pb;
 use prost::Message;
 use serde_json::Value;
@@ -262,20 +263,23 @@ impl Authority {
         auth: Option<&pb::Authorization>,
         types: &[&str],
     ) -> Result<Authorized, EnclaveError> {
-        self.authorize_for(operation, auth, types, None)
+        self.authorize_for(operation, auth, types, None, None)
     }
 
     /// [`Authority::authorize`] for a login activity, which a credential of the sub-organization's
     /// parent may also stamp when `parent_certificate` (a `COFFER_PARENT_ORGANIZATION` certificate
-    /// of the body's organization) names the credential's organization as its parent.
+    /// of the body's organization) names the credential's organization as its parent, and which
+    /// an attested session key may stamp (`X-Stamp-Attested`, `stamp_login` only) when
+    /// `attested_claims` are its token's claims, verified by the caller.
     pub fn authorize_for(
         &self,
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
         parent_certificate: Option<&[u8]>,
+        attested_claims: Option<&Claims>,
     ) -> Result<Authorized, EnclaveError> {
-        match self.check(operation, auth, types, parent_certificate) {
+        match self.check(operation, auth, types, parent_certificate, attested_claims) {
             Ok(a) => {
                 tracing::info!(
                     target: "coffer_audit",
@@ -306,10 +310,11 @@ impl Authority {
         auth: Option<&pb::Authorization>,
         types: &[&str],
         parent_certificate: Option<&[u8]>,
+        attested_claims: Option<&Claims>,
     ) -> Result<Authorized, Refusal> {
         let now = now_ms();
         let request = auth.and_then(|a| a.request.as_ref()).ok_or_else(|| Refusal::new("no stamped request"))?;
-        let (activity, credential) = self.verify_stamped(request, now)?;
+        let (activity, credential) = self.verify_stamped(request, now, attested_claims)?;
         let via_parent = activity.organization_id != credential.organization_id;
         if via_parent {
             let parent = parent_certificate.and_then(|c| pb::CredentialCertificate::decode(c).ok()).filter(|p| {
@@ -340,7 +345,7 @@ impl Authority {
                     return Err(Refusal::new("the waiting activity's stamp is older than the vote lifetime")
                         .about(&activity, &credential));
                 }
-                let (vote, voter) = self.verify_stamped(approval, now)?;
+                let (vote, voter) = self.verify_stamped(approval, now, None)?;
                 let named = vote.parameters.get("fingerprint").and_then(Value::as_str);
                 if vote.organization_id != voter.organization_id {
                     return Err(Refusal::new("the credential belongs to another organization than the stamped body")
@@ -395,6 +400,7 @@ impl Authority {
         &self,
         req: &pb::StampedRequest,
         now: i64,
+        attested_claims: Option<&Claims>,
     ) -> Result<(StampedActivity, pb::CredentialCertificate), Refusal> {
         let activity = StampedActivity::parse(&req.body).map_err(|e| Refusal::new(e.message))?;
         let cert = pb::CredentialCertificate::decode(req.certificate.as_slice())
@@ -425,13 +431,36 @@ impl Authority {
                 }
                 webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(&e.message))?;
             }
+            "x-stamp-attested" => {
+                // A session key attested by an OIDC token: only to log in, as the user whose
+                // certified OAuth identity the token (verified by the caller) names.
+                let s = attested::parse(&req.stamp).map_err(|e| refuse(&e.message))?;
+                let claims = attested_claims.ok_or_else(|| refuse("an attested stamp authorizes only a login"))?;
+                if activity.activity_type != ATTESTED_LOGIN {
+                    return Err(refuse("an attested stamp authorizes only stamp_login"));
+                }
+                if cert.credential_type != coffer_auth::grants::OAUTH_PROVIDER
+                    || cert.public_key != coffer_auth::oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
+                {
+                    return Err(refuse("the attested token is not the certified OAuth identity"));
+                }
+                attested::check_binding(&s, claims).map_err(|e| refuse(&e.message))?;
+                attested::verify_signature(&s, &req.body).map_err(|e| refuse(&e.message))?;
+            }
             _ => return Err(refuse("no stamp")),
+        }
+        if cert.credential_type == coffer_auth::grants::OAUTH_PROVIDER
+            && !req.stamp_header.eq_ignore_ascii_case(attested::HEADER)
+        {
+            return Err(refuse("an OAuth identity's certificate authorizes only an attested stamp"));
         }
         Ok((activity, cert))
     }
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+/// The one activity an attested stamp may submit.
+const ATTESTED_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 
 /// Refuses an authorized request whose sealed material does not match its stamped body (the
 /// wrong wallet, key or account), with the same audit line as every other refusal.

@@ -485,10 +485,26 @@ impl Enclave for EnclaveService {
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
         let (hsm, authority, settings) = (self.hsm.clone(), self.authority.clone(), self.login.clone());
         let req = Arc::new(req.into_inner());
+        // An attested stamp's token is verified first (it may need the issuer's keys from the
+        // network); the authority then checks it against the certified identity and the stamp.
+        let attested = req
+            .auth
+            .as_ref()
+            .and_then(|a| a.request.as_ref())
+            .filter(|r| r.stamp_header.eq_ignore_ascii_case(coffer_auth::attested::HEADER))
+            .map(|r| coffer_auth::attested::parse(&r.stamp));
+        let attested_claims = match attested {
+            None => None,
+            Some(Err(e)) => return Err(EnclaveError::Refused(e.message).into()),
+            Some(Ok(stamp)) => match sessions::verify_token(&hsm, &settings, &stamp.token).await {
+                Ok(claims) => Some(claims),
+                Err(e) => return Err(EnclaveError::Refused(format!("attested stamp: {e}")).into()),
+            },
+        };
         let (h, au, r) = (hsm.clone(), authority.clone(), req.clone());
         let a = blocking(move || {
             let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
-            au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent)
+            au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, attested_claims.as_ref())
         })
         .await?
         .into_inner();

@@ -43,10 +43,7 @@ pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -
     if token.is_empty() {
         return Err(EnclaveError::invalid("oidcToken is required"));
     }
-    let issuer_key = hsm.login_public_keys()?.oidc_issuer;
-    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::login::oidc_key_id(&issuer_key))] });
-    let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
-    let claims = oidc::verify(token, own).await?;
+    let claims = verify_token(hsm, settings, token).await?;
     let public_key = text(p, "publicKey");
     let expected = hex::encode(sha2::Sha256::digest(public_key.as_bytes()));
     if claims.nonce.as_deref() != Some(expected.as_str()) {
@@ -55,6 +52,15 @@ pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -
         ));
     }
     Ok(claims)
+}
+
+/// An OIDC token verified by the enclave: Coffer's own against the issuer key in the HSM (no
+/// fetch), others against their issuer's published keys.
+pub async fn verify_token(hsm: &Hsm, settings: &LoginSettings, token: &str) -> Result<oidc::Claims, EnclaveError> {
+    let issuer_key = hsm.login_public_keys()?.oidc_issuer;
+    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::login::oidc_key_id(&issuer_key))] });
+    let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
+    Ok(oidc::verify(token, own).await?)
 }
 
 /// A session key's public half as stored: a compressed P-256 point, lowercase hex.

@@ -482,6 +482,84 @@ async fn read_write_session_bundle_opens_with_the_target_key_and_a_parent_logs_a
         stack.client_with(player_key).get_whoami(GetWhoamiRequest { organization_id: sub_org.clone() }).await.unwrap();
     assert_eq!(whoami.user_id, player);
 
+    // @turnkey/core's loginWithOauth: stamp_login stamped by the new session key itself, attested
+    // by an OIDC token whose nonce binds that key (X-Stamp-Attested), in the sub-organization.
+    let (attested_key, attested_public, nonce) = session_key();
+    let exchange = Oauth2AuthenticateIntent {
+        oauth2_credential_id: client
+            .list_oauth2_credentials(ListOauth2CredentialsRequest { organization_id: org.clone() })
+            .await
+            .unwrap()
+            .oauth2_credentials[0]
+            .oauth2_credential_id
+            .clone(),
+        auth_code: AUTH_CODE.into(),
+        redirect_uri: REDIRECT.into(),
+        code_verifier: VERIFIER.into(),
+        nonce,
+        bearer_token_target_public_key: None,
+    };
+    let attesting = client.oauth2_authenticate(org.clone(), Stack::now_ms(), exchange).await.unwrap().result.oidc_token;
+    let attested_post = |path: &'static str, ty: &'static str, params: Value, token: String, key: TurnkeyP256ApiKey| {
+        let stack = &stack;
+        let sub_org = sub_org.clone();
+        async move {
+            use p256::ecdsa::signature::Signer;
+            let body = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": sub_org, "parameters": params}).to_string();
+            let signing = p256::ecdsa::SigningKey::from_slice(&key.private_key()).unwrap();
+            let signature: p256::ecdsa::Signature = signing.sign(body.as_bytes());
+            let stamp = json!({"publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_OIDC",
+                "publicKey": hex::encode(key.compressed_public_key()), "signature": hex::encode(signature.to_der().as_bytes())});
+            let r = reqwest::Client::new()
+                .post(format!("{}/public/v1/submit/{path}", stack.base_url))
+                .header("X-Stamp-Attested", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let copy = |k: &TurnkeyP256ApiKey| TurnkeyP256ApiKey::from_strings(hex::encode(k.private_key()), None).unwrap();
+    // Only stamp_login: anything else is refused.
+    let (status, _) = attested_post(
+        "create_wallet",
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        json!({"walletName": "w", "accounts": []}),
+        attesting.clone(),
+        copy(&attested_key),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // A token bound to another key: refused.
+    let (other, _, _) = session_key();
+    let (status, body) = attested_post(
+        "stamp_login",
+        "ACTIVITY_TYPE_STAMP_LOGIN",
+        json!({"publicKey": hex::encode(other.compressed_public_key())}),
+        attesting.clone(),
+        copy(&other),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = attested_post(
+        "stamp_login",
+        "ACTIVITY_TYPE_STAMP_LOGIN",
+        json!({"publicKey": attested_public, "expirationSeconds": "900"}),
+        attesting,
+        copy(&attested_key),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let jwt = body["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap();
+    assert_eq!(jwt_claims(jwt)["user_id"], player);
+    let whoami = stack
+        .client_with(attested_key)
+        .get_whoami(GetWhoamiRequest { organization_id: sub_org.clone() })
+        .await
+        .unwrap();
+    assert_eq!(whoami.user_id, player);
+
     // Still "parents read, not act" for everything else.
     let r = submit(
         &stack,

@@ -278,6 +278,11 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         Err(StoreError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
+    if matches!(caller.credential, Credential::Attested(_)) && op.path != "stamp_login" {
+        return Err(ApiError::forbidden(
+            "request not authorized: an attested stamp (X-Stamp-Attested) may only submit stamp_login",
+        ));
+    }
     if caller.via_parent && !op.parent_may_act {
         return Err(ApiError::forbidden(
             "request not authorized: a parent organization's credentials may read a sub-organization but not act in it",
@@ -661,6 +666,9 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
         other => other?,
     };
     let caller = auth::resolve(&state, &org, stamp).await?;
+    if matches!(caller.credential, Credential::Attested(_)) {
+        return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
+    }
     state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");
     let params = envelope::strip_nulls(Value::Object(request));

@@ -1,9 +1,10 @@
-//! Request authentication: API-key stamps (`X-Stamp`) and passkey stamps (`X-Stamp-Webauthn`),
-//! resolved to a credential and a user.
+//! Request authentication: API-key stamps (`X-Stamp`), passkey stamps (`X-Stamp-Webauthn`) and
+//! OIDC-attested session keys (`X-Stamp-Attested`, logins only), resolved to a credential and a
+//! user.
 
 pub mod oidc;
 
-pub use coffer_auth::{stamp, webauthn};
+pub use coffer_auth::{attested, stamp, webauthn};
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::http::HeaderMap;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{now_nanos, ApiKey, AuthenticatorRecord, Organization, StoreError, User};
+use crate::store::{now_nanos, ApiKey, AuthenticatorRecord, OauthProviderRecord, Organization, StoreError, User};
 
 /// A stamp read from the request headers. API-key stamps are fully verified when read; a
 /// passkey stamp's challenge is checked against the body when read and its signature when the
@@ -20,6 +21,8 @@ use crate::store::{now_nanos, ApiKey, AuthenticatorRecord, Organization, StoreEr
 pub enum Stamp {
     ApiKey(stamp::ApiStamp, RawStamp),
     Webauthn(webauthn::WebauthnStamp, RawStamp),
+    /// Signature verified when read; the token and the identity in [`resolve`].
+    Attested(attested::AttestedStamp, RawStamp),
 }
 
 /// A stamp header exactly as received, for the enclave to verify again over the same bytes.
@@ -32,12 +35,16 @@ pub struct RawStamp {
 
 pub const X_STAMP: &str = "X-Stamp";
 pub const X_STAMP_WEBAUTHN: &str = "X-Stamp-Webauthn";
+pub const X_STAMP_ATTESTED: &str = attested::HEADER;
 
 /// The credential a request was stamped with.
 #[derive(Debug, Clone)]
 pub enum Credential {
     ApiKey(ApiKey),
     Authenticator(AuthenticatorRecord),
+    /// A session key attested by an OIDC token, acting as the user of this OAuth identity (it
+    /// may only log in).
+    Attested(OauthProviderRecord),
 }
 
 impl Credential {
@@ -46,12 +53,14 @@ impl Credential {
         match self {
             Credential::ApiKey(k) => &k.organization_id,
             Credential::Authenticator(a) => &a.organization_id,
+            Credential::Attested(p) => &p.organization_id,
         }
     }
     pub fn id(&self) -> &str {
         match self {
             Credential::ApiKey(k) => &k.id,
             Credential::Authenticator(a) => &a.id,
+            Credential::Attested(p) => &p.id,
         }
     }
     /// The `CREDENTIAL_TYPE_*` of the credential.
@@ -59,17 +68,18 @@ impl Credential {
         match self {
             Credential::ApiKey(k) => &k.credential_type,
             Credential::Authenticator(_) => webauthn::CREDENTIAL_TYPE,
+            Credential::Attested(_) => "CREDENTIAL_TYPE_OAUTH_KEY_P256",
         }
     }
     pub fn api_key(&self) -> Option<&ApiKey> {
         match self {
             Credential::ApiKey(k) => Some(k),
-            Credential::Authenticator(_) => None,
+            Credential::Authenticator(_) | Credential::Attested(_) => None,
         }
     }
     pub fn authenticator(&self) -> Option<&AuthenticatorRecord> {
         match self {
-            Credential::ApiKey(_) => None,
+            Credential::ApiKey(_) | Credential::Attested(_) => None,
             Credential::Authenticator(a) => Some(a),
         }
     }
@@ -78,6 +88,8 @@ impl Credential {
         match self {
             Credential::ApiKey(k) => &k.certificate,
             Credential::Authenticator(a) => &a.certificate,
+            // The OAuth identity's certificate: the enclave checks the token against it.
+            Credential::Attested(p) => &p.certificate,
         }
     }
 }
@@ -129,6 +141,13 @@ pub fn verified_stamp(headers: &HeaderMap, body: &[u8]) -> Result<Stamp, ApiErro
         let raw = RawStamp { header: X_STAMP_WEBAUTHN, value: value.to_string() };
         return Ok(Stamp::Webauthn(webauthn::parse_stamp(value, body)?, raw));
     }
+    if let Some(value) = headers.get("x-stamp-attested") {
+        let value =
+            value.to_str().map_err(|_| ApiError::unauthenticated("SIGNATURE_INVALID", "malformed attested stamp"))?;
+        let stamp = attested::parse(value)?;
+        attested::verify_signature(&stamp, body)?;
+        return Ok(Stamp::Attested(stamp, RawStamp { header: X_STAMP_ATTESTED, value: value.to_string() }));
+    }
     Err(ApiError::unauthenticated(
         "SIGNATURE_MISSING",
         "cannot authenticate public API activity request without a stamp (X-Stamp/X-Stamp-Webauthn header)",
@@ -177,11 +196,23 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
             let signature = hex::encode(&stamp.signature);
             (Credential::Authenticator(authenticator), public_key, webauthn::SCHEME, signature, via_parent, raw)
         }
+        Stamp::Attested(stamp, raw) => {
+            let provider = resolve_attested(state, org, &stamp).await?;
+            (
+                Credential::Attested(provider),
+                stamp.public_key,
+                "SIGNATURE_SCHEME_TK_API_P256",
+                stamp.signature,
+                false,
+                raw,
+            )
+        }
     };
     let key_org = credential.organization_id().to_string();
     let user_id = match &credential {
         Credential::ApiKey(k) => k.user_id.clone(),
         Credential::Authenticator(a) => a.user_id.clone(),
+        Credential::Attested(p) => p.user_id.clone(),
     };
     let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
         StoreError::NotFound => {
@@ -190,6 +221,31 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
         other => other.into(),
     })?;
     Ok(Caller { user, credential, public_key, scheme, signature, via_parent, raw_stamp })
+}
+
+/// The OAuth identity an attested stamp's token names, in `org` itself (a login acts for the
+/// organization's own user): the token verified, bound to the stamp's key by its nonce.
+async fn resolve_attested(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: &attested::AttestedStamp,
+) -> Result<OauthProviderRecord, ApiError> {
+    let claims = oidc::verify(oidc::own_keys(state).await, &stamp.token)
+        .await
+        .map_err(|e| ApiError::unauthenticated("SIGNATURE_INVALID", format!("attested stamp: {}", e.message)))?;
+    attested::check_binding(stamp, &claims)?;
+    let org_id = org.id.clone();
+    state
+        .db(move |s| s.oauth_providers(&org_id, None))
+        .await??
+        .into_iter()
+        .find(|p| p.issuer == claims.iss && p.subject == claims.sub && p.audience == claims.aud)
+        .ok_or_else(|| {
+            ApiError::unauthenticated(
+                "PUBLIC_KEY_NOT_FOUND",
+                "attested stamp: no user of this organization has an oauth provider matching the OIDC token",
+            )
+        })
 }
 
 async fn resolve_api_key(
