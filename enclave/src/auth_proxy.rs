@@ -1,6 +1,6 @@
 //! The auth proxy's key: made and sealed here when an organization enables its auth proxy, and
-//! used only to stamp the login activities the proxy submits for browsers (oauth2_authenticate of
-//! its own organization, oauth_login), timestamped now.
+//! used only to stamp what the proxy submits for browsers — oauth2_authenticate and signups
+//! (create_sub_organization) of its own organization, oauth_login — timestamped now.
 
 use coffer_auth::envelope::{derived_id, StampedActivity, USER_ID};
 use coffer_proto::v1 as pb;
@@ -14,6 +14,7 @@ use crate::EnclaveError;
 
 pub const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
 const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
+const CREATE_SUB_ORGANIZATION: &str = coffer_auth::grants::CREATE_SUB_ORGANIZATION;
 
 fn binding<'a>(organization_id: &'a str, user_id: &'a str, public_key: &'a str) -> BlobBinding<'a> {
     BlobBinding {
@@ -66,13 +67,18 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         EnclaveError::Refused(reason.to_string())
     };
     match activity.activity_type.as_str() {
-        OAUTH2_AUTHENTICATE if activity.organization_id != req.organization_id => {
-            return Err(refuse("the auth proxy exchanges codes only with its own organization's credentials"))
+        OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION if activity.organization_id != req.organization_id => {
+            return Err(refuse("the auth proxy exchanges codes and signs users up only in its own organization"))
         }
         // Another organization's oauth_login (a sub-organization's user) runs only with that
-        // organization's parent certificate naming the proxy's organization.
-        OAUTH2_AUTHENTICATE | crate::sessions::OAUTH_LOGIN => {}
-        _ => return Err(refuse("the auth proxy key stamps only oauth2_authenticate and oauth_login")),
+        // organization's parent certificate naming the proxy's organization. A signup makes a new
+        // sub-organization (what the proxy does for anyone, by design), never touches another.
+        OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION | crate::sessions::OAUTH_LOGIN => {}
+        _ => {
+            return Err(refuse(
+                "the auth proxy key stamps only oauth2_authenticate, oauth_login and create_sub_organization",
+            ))
+        }
     }
     if !authority.is_fresh(activity.timestamp_ms) {
         return Err(refuse("the body's timestampMs is not the enclave's now"));

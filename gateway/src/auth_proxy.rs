@@ -35,8 +35,7 @@ const MAX_BODY: usize = 64 * 1024;
 const ORIGINS_TTL: Duration = Duration::from_secs(5);
 
 /// Endpoints of the hosted auth proxy that need message delivery (OTP by email or SMS).
-const NOT_SUPPORTED: &[&str] =
-    &["otp_init", "otp_init_v2", "otp_login", "otp_login_v2", "otp_verify", "otp_verify_v2", "signup", "signup_v2"];
+const NOT_SUPPORTED: &[&str] = &["otp_init", "otp_init_v2", "otp_login", "otp_login_v2", "otp_verify", "otp_verify_v2"];
 
 /// The listener's state: the gateway's, its limits, and the cached preflight origins.
 pub struct AuthProxy {
@@ -215,6 +214,7 @@ async fn dispatch(
         "oauth2_authenticate" => oauth2_authenticate(state, config, &params).await,
         "oauth_login" => oauth_login(state, config, &params, settings).await,
         "account" => account(state, config, &params).await,
+        "signup" | "signup_v2" => signup(state, config, &params).await,
         n if NOT_SUPPORTED.contains(&n) => Err(ApiError {
             status: Some(StatusCode::NOT_IMPLEMENTED),
             ..ApiError::invalid(format!(
@@ -367,6 +367,51 @@ async fn oauth_login(
         parameters["invalidateExisting"] = json!(b);
     }
     submit_as_proxy(state, config, "oauth_login", &organization_id, parameters).await
+}
+
+/// `POST /v1/signup_v2` (and `signup`): a sub-organization of the configuration's organization
+/// with one root user holding the given API keys, passkeys and OAuth providers (and a wallet if
+/// asked), as `create_sub_organization` by the proxy user. What `@turnkey/core`'s
+/// `signUpWithOauth` and `signUpWithPasskey` send; a `verificationToken` (OTP) is not supported.
+async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+    if !text(p, "verificationToken").is_empty() {
+        return Err(ApiError {
+            status: Some(StatusCode::NOT_IMPLEMENTED),
+            ..ApiError::invalid(
+                "signup with a verificationToken is not supported yet: OTP login needs message delivery",
+            )
+        });
+    }
+    let list = |k: &str| p.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
+    let now_ms = crate::store::now_nanos() / 1_000_000;
+    let mut user = json!({
+        "userName": match text(p, "userName") { "" => format!("user-{now_ms}"), n => n.to_string() },
+        "apiKeys": list("apiKeys"),
+        "authenticators": list("authenticators"),
+        "oauthProviders": list("oauthProviders"),
+    });
+    for (from, to) in [("userEmail", "userEmail"), ("userPhoneNumber", "userPhoneNumber")] {
+        if !text(p, from).is_empty() {
+            user[to] = json!(text(p, from));
+        }
+    }
+    let mut parameters = json!({
+        "subOrganizationName": match text(p, "organizationName") { "" => format!("sub-org-{now_ms}"), n => n.to_string() },
+        "rootQuorumThreshold": 1,
+        "rootUsers": [user],
+    });
+    if let Some(w) = p.get("wallet").filter(|w| w.is_object()) {
+        parameters["wallet"] = w.clone();
+    }
+    let result = submit_as_proxy(state, config, "create_sub_organization", &config.organization_id, parameters).await?;
+    let mut answer = json!({
+        "organizationId": result["subOrganizationId"],
+        "userId": result["rootUserIds"][0],
+    });
+    if let Some(w) = result.get("wallet").filter(|w| !w.is_null()) {
+        answer["wallet"] = w.clone();
+    }
+    Ok(answer)
 }
 
 /// `POST /v1/account {filterType, filterValue, oidcToken?}` → `{organizationId?}`: the

@@ -317,6 +317,35 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
     assert_eq!(seen.lock().unwrap().token_requests, requests, "nothing reached the provider");
 }
 
+/// A submission stamped the way `@turnkey/core`'s `loginWithOauth` stamps: `X-Stamp-Attested`,
+/// the session key's signature with the OIDC token that attests it.
+async fn attested_submit(
+    stack: &Stack,
+    org: String,
+    path: &str,
+    ty: &str,
+    params: Value,
+    token: String,
+    key: TurnkeyP256ApiKey,
+) -> (u16, Value) {
+    use p256::ecdsa::signature::Signer;
+    let body =
+        json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org, "parameters": params})
+            .to_string();
+    let signing = p256::ecdsa::SigningKey::from_slice(&key.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signing.sign(body.as_bytes());
+    let stamp = json!({"publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_OIDC",
+        "publicKey": hex::encode(key.compressed_public_key()), "signature": hex::encode(signature.to_der().as_bytes())});
+    let r = reqwest::Client::new()
+        .post(format!("{}/public/v1/submit/{path}", stack.base_url))
+        .header("X-Stamp-Attested", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json::<Value>().await.unwrap())
+}
+
 async fn stamp_login(
     stack: &Stack,
     key: &TurnkeyP256ApiKey,
@@ -501,24 +530,7 @@ async fn read_write_session_bundle_opens_with_the_target_key_and_a_parent_logs_a
     };
     let attesting = client.oauth2_authenticate(org.clone(), Stack::now_ms(), exchange).await.unwrap().result.oidc_token;
     let attested_post = |path: &'static str, ty: &'static str, params: Value, token: String, key: TurnkeyP256ApiKey| {
-        let stack = &stack;
-        let sub_org = sub_org.clone();
-        async move {
-            use p256::ecdsa::signature::Signer;
-            let body = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": sub_org, "parameters": params}).to_string();
-            let signing = p256::ecdsa::SigningKey::from_slice(&key.private_key()).unwrap();
-            let signature: p256::ecdsa::Signature = signing.sign(body.as_bytes());
-            let stamp = json!({"publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_OIDC",
-                "publicKey": hex::encode(key.compressed_public_key()), "signature": hex::encode(signature.to_der().as_bytes())});
-            let r = reqwest::Client::new()
-                .post(format!("{}/public/v1/submit/{path}", stack.base_url))
-                .header("X-Stamp-Attested", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()))
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
+        attested_submit(&stack, sub_org.clone(), path, ty, params, token, key)
     };
     let copy = |k: &TurnkeyP256ApiKey| TurnkeyP256ApiKey::from_strings(hex::encode(k.private_key()), None).unwrap();
     // Only stamp_login: anything else is refused.

@@ -60,8 +60,10 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
         ctx.now,
         PROXY_POLICY_NAME,
         &format!("approvers.any(user, user.id == '{}')", key.user_id),
-        "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN'",
-        "Lets the auth proxy's user exchange OAuth 2.0 codes and log users in; made by enable_auth_proxy.",
+        "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN' \
+         || activity.type == 'ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8'",
+        "Lets the auth proxy's user exchange OAuth 2.0 codes, log users in and sign them up (a sub-organization \
+         each); made by enable_auth_proxy.",
     )?;
     let config = Record {
         organization_id: org.clone(),
