@@ -156,6 +156,10 @@ pub fn api_stamp(data: &[u8]) -> Outcome {
         true
     };
 
+    if let Ok(Ok(a)) = std::str::from_utf8(data).map(coffer_auth::attested::parse) {
+        assert!(!a.public_key.bytes().any(|b| b.is_ascii_uppercase()), "public keys are lowercased");
+        let _ = coffer_auth::attested::verify_signature(&a, STAMPED_BODY);
+    }
     let as_header = match std::str::from_utf8(data).map(stamp::parse) {
         Ok(Ok(s)) => {
             assert!(!s.public_key.bytes().any(|b| b.is_ascii_uppercase()), "public keys are lowercased");
