@@ -989,3 +989,107 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     assert!(!ok.stamp.is_empty());
     assert!(stack.enclave_log().contains("stamp_auth_proxy_request"), "audit lines name the operation");
 }
+
+/// `X-Stamp-Attested` on the enclave socket: a session key attested by a (third-party) OIDC token
+/// opens a session only as the user whose certified OAuth identity the token names, only for
+/// `stamp_login`, only with the key the token's nonce binds; an OAuth identity's certificate never
+/// authorizes an API-key stamp, and an API key's certificate never an attested one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identity() {
+    use p256::ecdsa::signature::Signer;
+    let stack = Stack::start().await;
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
+    let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
+
+    // The root user gets the identity (iss, "u1", "app"): its certificate is the provider's.
+    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "local",
+        "oidcClaims": {"iss": iss, "sub": "u1", "aud": "app"}}]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_oauth_providers",
+            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let provider_cert: Vec<u8> =
+        db(&stack).query_row("SELECT certificate FROM oauth_providers", [], |r| r.get(0)).unwrap();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+
+    let session = TurnkeyP256ApiKey::generate();
+    let session_public = public_key(&session);
+    let token_for = |key_hex: &str| {
+        let nonce = hex::encode(sha2::Sha256::digest(key_hex.as_bytes()));
+        coffer_tests::oidc::es256_token(
+            &issuer_key,
+            &json!({"iss": iss, "sub": "u1", "aud": "app", "exp": Stack::now_ms() / 1000 + 600, "nonce": nonce}),
+        )
+    };
+    let attested = |body: &str, token: &str, certificate: &[u8]| {
+        let signing = p256::ecdsa::SigningKey::from_slice(&session.private_key()).unwrap();
+        let signature: p256::ecdsa::Signature = signing.sign(body.as_bytes());
+        let stamp = json!({"publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_OIDC",
+            "publicKey": session_public, "signature": hex::encode(signature.to_der().as_bytes())});
+        use base64::Engine;
+        pb::StampedRequest {
+            body: body.as_bytes().to_vec(),
+            stamp_header: "X-Stamp-Attested".into(),
+            stamp: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()),
+            certificate: certificate.to_vec(),
+        }
+    };
+    let create = |request: pb::StampedRequest| {
+        let e = enclave.clone();
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest {
+                    auth: auth(request),
+                    provider_certificate: vec![],
+                    parent_certificate: vec![],
+                })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    let login = |ts: u128| body("ACTIVITY_TYPE_STAMP_LOGIN", &org, ts, json!({"publicKey": session_public}));
+    let token = token_for(&session_public);
+
+    // An API key's certificate does not make an attested stamp count, nor does a token bound to
+    // another key, nor another activity than stamp_login.
+    refused(
+        create(attested(&login(Stack::now_ms()), &token, &root_cert)).await,
+        tonic::Code::PermissionDenied,
+        "certified OAuth identity",
+    );
+    let other = token_for(&public_key(&TurnkeyP256ApiKey::generate()));
+    refused(
+        create(attested(&login(Stack::now_ms() + 1), &other, &provider_cert)).await,
+        tonic::Code::PermissionDenied,
+        "nonce",
+    );
+    let oauth = body(
+        "ACTIVITY_TYPE_OAUTH_LOGIN",
+        &org,
+        Stack::now_ms(),
+        json!({"oidcToken": token, "publicKey": session_public}),
+    );
+    refused(create(attested(&oauth, &token, &provider_cert)).await, tonic::Code::PermissionDenied, "only stamp_login");
+    // The provider's certificate behind an ordinary X-Stamp of the session key: refused.
+    refused(
+        create(stamped(&session, &login(Stack::now_ms() + 2), &provider_cert)).await,
+        tonic::Code::PermissionDenied,
+        "another key",
+    );
+
+    // The genuine combination: a session for the root user, once.
+    let request = attested(&login(Stack::now_ms() + 3), &token, &provider_cert);
+    let opened = create(request.clone()).await.unwrap();
+    assert_eq!(
+        (opened.user_id.as_str(), opened.public_key.as_str()),
+        (stack.user_id.as_str(), session_public.as_str())
+    );
+    refused(create(request).await, tonic::Code::PermissionDenied, "replayed");
+}
