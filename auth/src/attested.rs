@@ -3,8 +3,6 @@
 //! SHA-256 of the key's hex). It authenticates only a login, as the user whose OAuth identity the
 //! token names.
 
-use base64::Engine;
-
 use crate::oidc::Claims;
 use crate::stamp::{self, ApiStamp, Scheme};
 use crate::AuthError;
@@ -30,9 +28,6 @@ fn malformed(detail: &str) -> AuthError {
 
 /// Decodes the header value: base64url of `{publicKeyAttestation, scheme, publicKey, signature}`.
 pub fn parse(header: &str) -> Result<AttestedStamp, AuthError> {
-    let trimmed = header.trim().trim_end_matches('=');
-    let raw =
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(trimmed).map_err(|_| malformed("not base64url"))?;
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Wire {
@@ -41,8 +36,7 @@ pub fn parse(header: &str) -> Result<AttestedStamp, AuthError> {
         public_key: String,
         signature: String,
     }
-    let w: Wire = serde_json::from_slice(&raw)
-        .map_err(|_| malformed("expected JSON with publicKeyAttestation, scheme, publicKey and signature"))?;
+    let w: Wire = stamp::decode_header(header, "publicKeyAttestation, scheme, publicKey and signature", malformed)?;
     if w.scheme != SCHEME_P256_OIDC {
         return Err(malformed(&format!("unsupported scheme {:?} (only {SCHEME_P256_OIDC})", w.scheme)));
     }

@@ -17,6 +17,9 @@ use crate::AuthError;
 const MAX_DOCUMENT: usize = 256 * 1024;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The OAuth 2.0 providers whose codes Coffer exchanges (`Oauth2Provider` of the SDK).
+pub const OAUTH2_PROVIDERS: &[&str] = &["OAUTH2_PROVIDER_X", "OAUTH2_PROVIDER_DISCORD"];
+
 /// 400 `INVALID_OIDC_TOKEN`: "invalid OIDC token: <why>".
 pub fn invalid(detail: impl std::fmt::Display) -> AuthError {
     AuthError { turnkey_code: "INVALID_OIDC_TOKEN", ..AuthError::invalid(format!("invalid OIDC token: {detail}")) }

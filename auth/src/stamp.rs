@@ -76,11 +76,20 @@ fn invalid_signature() -> AuthError {
     AuthError::unauthenticated("SIGNATURE_INVALID", "could not verify api key signature")
 }
 
-/// Decodes the header value: base64url (padding optional) of `{publicKey, scheme, signature}`.
-pub fn parse(header: &str) -> Result<ApiStamp, AuthError> {
+/// A stamp header's JSON, base64url (padding optional); `malformed` names what went wrong.
+pub(crate) fn decode_header<T: serde::de::DeserializeOwned>(
+    header: &str,
+    fields: &str,
+    malformed: impl Fn(&str) -> AuthError,
+) -> Result<T, AuthError> {
     let trimmed = header.trim().trim_end_matches('=');
     let raw =
         base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(trimmed).map_err(|_| malformed("not base64url"))?;
+    serde_json::from_slice(&raw).map_err(|_| malformed(&format!("expected JSON with {fields}")))
+}
+
+/// Decodes the header value: base64url (padding optional) of `{publicKey, scheme, signature}`.
+pub fn parse(header: &str) -> Result<ApiStamp, AuthError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Wire {
@@ -88,8 +97,7 @@ pub fn parse(header: &str) -> Result<ApiStamp, AuthError> {
         scheme: String,
         signature: String,
     }
-    let wire: Wire =
-        serde_json::from_slice(&raw).map_err(|_| malformed("expected JSON with publicKey, scheme and signature"))?;
+    let wire: Wire = decode_header(header, "publicKey, scheme and signature", malformed)?;
     let scheme = Scheme::parse(&wire.scheme).ok_or_else(|| malformed("unknown signature scheme"))?;
     Ok(ApiStamp { public_key: wire.public_key.to_ascii_lowercase(), scheme, signature: wire.signature })
 }

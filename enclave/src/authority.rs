@@ -25,42 +25,41 @@ pub const BOOTSTRAP: &str = "bootstrap:";
 
 const CERT_DOMAIN: &[u8] = b"coffer-credential-certificate-v1";
 
-/// The bytes a certificate's MAC covers: every field but the MAC, length-prefixed.
-pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
-    let expiry = c.expires_at_ms.to_be_bytes();
+/// Length-prefixed fields: what an HSM MAC covers (the first field is the domain).
+fn mac_input(fields: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    for field in [
-        CERT_DOMAIN,
-        c.organization_id.as_bytes(),
-        c.user_id.as_bytes(),
-        c.credential_type.as_bytes(),
-        c.public_key.as_bytes(),
-        &expiry,
-        c.issuing_fingerprint.as_bytes(),
-    ] {
+    for field in fields {
         out.extend_from_slice(&(field.len() as u32).to_be_bytes());
         out.extend_from_slice(field);
     }
     out
 }
 
+/// The bytes a certificate's MAC covers: every field but the MAC, length-prefixed.
+pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
+    mac_input(&[
+        CERT_DOMAIN,
+        c.organization_id.as_bytes(),
+        c.user_id.as_bytes(),
+        c.credential_type.as_bytes(),
+        c.public_key.as_bytes(),
+        &c.expires_at_ms.to_be_bytes(),
+        c.issuing_fingerprint.as_bytes(),
+    ])
+}
+
 const OAUTH2_DOMAIN: &[u8] = b"coffer-oauth2-credential-v1";
 
 /// The bytes an OAuth 2.0 credential's MAC covers: every field but the MAC, length-prefixed.
 pub fn oauth2_mac_input(c: &pb::Oauth2Credential) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
-    for field in [
+    mac_input(&[
         OAUTH2_DOMAIN,
         c.organization_id.as_bytes(),
         c.credential_id.as_bytes(),
         c.provider.as_bytes(),
         c.client_id.as_bytes(),
         c.encrypted_client_secret.as_bytes(),
-    ] {
-        out.extend_from_slice(&(field.len() as u32).to_be_bytes());
-        out.extend_from_slice(field);
-    }
-    out
+    ])
 }
 
 /// What the enclave established about a request before touching key material.

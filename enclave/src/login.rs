@@ -15,8 +15,8 @@ const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest provider answer read.
 const MAX_PROVIDER_ANSWER: usize = 64 * 1024;
 
-pub const PROVIDER_X: &str = "OAUTH2_PROVIDER_X";
-pub const PROVIDER_DISCORD: &str = "OAUTH2_PROVIDER_DISCORD";
+pub const PROVIDER_X: &str = coffer_auth::oidc::OAUTH2_PROVIDERS[0];
+pub const PROVIDER_DISCORD: &str = coffer_auth::oidc::OAUTH2_PROVIDERS[1];
 
 /// A provider URL: `https`, or `http` to a loopback host (`coffer_auth::oidc::https_or_loopback`).
 pub fn provider_url(url: &str) -> Result<url::Url, String> {
@@ -40,15 +40,21 @@ fn provider<'a>(settings: &'a LoginSettings, provider: &str) -> Result<Provider<
             token_url: &settings.discord_token_url,
             userinfo_url: &settings.discord_userinfo_url,
         }),
-        other => Err(EnclaveError::invalid(format!(
-            "unsupported OAuth 2.0 provider {other:?} (OAUTH2_PROVIDER_X or OAUTH2_PROVIDER_DISCORD)"
-        ))),
+        other => {
+            check_provider(other)?;
+            Err(EnclaveError::Internal("an OAuth 2.0 provider without endpoints".into()))
+        }
     }
 }
 
 /// Checks a provider name of a stamped body.
 pub fn check_provider(name: &str) -> Result<(), EnclaveError> {
-    provider(&LoginSettings::default(), name).map(|_| ())
+    if coffer_auth::oidc::OAUTH2_PROVIDERS.contains(&name) {
+        return Ok(());
+    }
+    Err(EnclaveError::invalid(format!(
+        "unsupported OAuth 2.0 provider {name:?} (OAUTH2_PROVIDER_X or OAUTH2_PROVIDER_DISCORD)"
+    )))
 }
 
 fn http() -> &'static reqwest::Client {

@@ -16,6 +16,8 @@ use crate::state::AppState;
 /// answer stands for the life of the process.
 #[derive(Debug, Clone)]
 pub struct LoginKeys {
+    /// The bundle signer's key, published beside the login keys.
+    pub enclave_signer: Vec<u8>,
     pub notarizer: Vec<u8>,
     pub oidc_issuer_key: Vec<u8>,
     pub oidc_key_id: String,
@@ -41,6 +43,14 @@ static KEYS: OnceCell<LoginKeys> = OnceCell::const_new();
 /// The login keys, asked of the enclave on first use.
 pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError> {
     KEYS.get_or_try_init(|| async {
+        let signer = state
+            .enclave
+            .clone()
+            .get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {})
+            .await
+            .map_err(ApiError::from)?
+            .into_inner()
+            .public_key;
         let r = state
             .enclave
             .clone()
@@ -49,6 +59,7 @@ pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError
             .map_err(ApiError::from)?
             .into_inner();
         Ok::<_, ApiError>(LoginKeys {
+            enclave_signer: signer,
             notarizer: r.notarizer_public_key,
             oidc_issuer_key: r.oidc_issuer_public_key,
             oidc_key_id: r.oidc_key_id,
@@ -69,14 +80,9 @@ fn cached(value: Value) -> Response {
 
 /// `GET /public/v1/discovery/keys`: every public key a client of the login flow needs.
 pub async fn discovery_keys(State(state): State<Arc<AppState>>) -> Response {
-    let signer = state.enclave.clone().get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await;
-    let signer = match signer {
-        Ok(r) => hex::encode(r.into_inner().public_key),
-        Err(e) => return ApiError::from(e).into_response(),
-    };
     match login_keys(&state).await {
         Ok(k) => cached(json!({
-            "enclaveSignerPublicKey": signer,
+            "enclaveSignerPublicKey": hex::encode(&k.enclave_signer),
             "notarizerPublicKey": hex::encode(&k.notarizer),
             "tlsFetcherEncryptPublicKey": hex::encode(&k.tls_fetcher),
             "oidcIssuer": k.oidc_issuer,

@@ -14,10 +14,9 @@ use crate::store::{Record, StoreError, Write};
 use coffer_proto::v1 as pb;
 
 pub const OAUTH2_CREDENTIAL: &str = "oauth2_credential";
-const PROVIDERS: &[&str] = &["OAUTH2_PROVIDER_X", "OAUTH2_PROVIDER_DISCORD"];
 
 fn check_provider(provider: &str) -> Result<(), ApiError> {
-    if PROVIDERS.contains(&provider) {
+    if coffer_auth::oidc::OAUTH2_PROVIDERS.contains(&provider) {
         return Ok(());
     }
     Err(ApiError::invalid(format!("invalid provider: {provider:?} (OAUTH2_PROVIDER_X or OAUTH2_PROVIDER_DISCORD)")))
