@@ -1093,3 +1093,88 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
     );
     refused(create(request).await, tonic::Code::PermissionDenied, "replayed");
 }
+
+/// Every login-related call that uses key material (OAuth 2.0 credential certification, the code
+/// exchange, sessions, the auth proxy's key) refuses what the key-using calls refuse: no stamped
+/// request, a stale stamp, a credential without a certificate, a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() {
+    let stack = Stack::start().await;
+    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let bodies = |ts: u128| {
+        vec![
+            body(
+                "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
+                &org,
+                ts,
+                json!({"provider": "OAUTH2_PROVIDER_X", "clientId": "c", "encryptedClientSecret": "00"}),
+            ),
+            body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", &org, ts, json!({"oauth2CredentialId": "c1"})),
+            body(
+                "ACTIVITY_TYPE_STAMP_LOGIN",
+                &org,
+                ts,
+                json!({"publicKey": public_key(&TurnkeyP256ApiKey::generate())}),
+            ),
+            body("ACTIVITY_TYPE_ENABLE_AUTH_PROXY", &org, ts, json!({})),
+        ]
+    };
+    // Calls the RPC that serves `body`'s type with `auth`.
+    let call = |i: usize, auth: Option<pb::Authorization>| {
+        let e = enclave.clone();
+        async move {
+            match i {
+                0 => e
+                    .clone()
+                    .certify_oauth2_credential(pb::CertifyOauth2CredentialRequest {
+                        auth,
+                        credential_id: "c".into(),
+                        current: None,
+                    })
+                    .await
+                    .map(|_| ()),
+                1 => e
+                    .clone()
+                    .oauth2_authenticate(pb::Oauth2AuthenticateRequest { auth, credential: None })
+                    .await
+                    .map(|_| ()),
+                2 => e
+                    .clone()
+                    .create_session(pb::CreateSessionRequest {
+                        auth,
+                        provider_certificate: vec![],
+                        parent_certificate: vec![],
+                    })
+                    .await
+                    .map(|_| ()),
+                _ => e.clone().enable_auth_proxy(pb::EnableAuthProxyRequest { auth }).await.map(|_| ()),
+            }
+        }
+    };
+    let now = Stack::now_ms();
+    for (i, fresh) in bodies(now).into_iter().enumerate() {
+        refused(call(i, None).await, tonic::Code::PermissionDenied, "no stamped request");
+        let unstamped = pb::StampedRequest {
+            body: fresh.as_bytes().to_vec(),
+            certificate: root_cert.clone(),
+            ..Default::default()
+        };
+        refused(call(i, auth(unstamped)).await, tonic::Code::PermissionDenied, "no stamp");
+        refused(
+            call(i, auth(stamped(&root, &fresh, &[]))).await,
+            tonic::Code::PermissionDenied,
+            "no enclave certificate",
+        );
+        let stale = &bodies(now - 10 * 60 * 1000)[i];
+        refused(call(i, auth(stamped(&root, stale, &root_cert))).await, tonic::Code::PermissionDenied, "stale");
+    }
+    // A fresh, certified stamp gets past the authority once; its replay does not (the first call
+    // may still fail later, on what the body asks for).
+    for (i, fresh) in bodies(now + 1).into_iter().enumerate() {
+        let _ = call(i, auth(stamped(&root, &fresh, &root_cert))).await;
+        refused(call(i, auth(stamped(&root, &fresh, &root_cert))).await, tonic::Code::PermissionDenied, "replayed");
+    }
+}
