@@ -53,18 +53,19 @@ impl Outbox {
     /// endpoint of its organization, or of the parent organization, with an active
     /// `ACTIVITY_UPDATES` subscription whose filter passes. Paused endpoints and subscriptions get
     /// nothing (not even later).
+    /// The [`Outbox::for_activity`] of an organization known to have no webhook endpoint, nor a
+    /// parent with one: no events; only whether `writes` change an endpoint.
+    pub fn without_endpoints(writes: &[Write]) -> Outbox {
+        Outbox { jobs: Vec::new(), changes_endpoints: changes_endpoints(writes) }
+    }
+
     pub fn for_activity(
         store: &dyn Store,
         org: &Organization,
         activity: &ActivityRecord,
         writes: &[Write],
     ) -> Result<Outbox, StoreError> {
-        let changes_endpoints = writes.iter().any(|w| match w {
-            Write::PutRecord(r) => r.kind == WEBHOOK_ENDPOINT,
-            Write::DeleteRecords { kind, .. } => kind == WEBHOOK_ENDPOINT,
-            Write::DeleteSubOrganization { .. } | Write::DropWebhookDeliveries { .. } => true,
-            _ => false,
-        });
+        let changes_endpoints = changes_endpoints(writes);
         // Read before the endpoints: a change committed after this is seen by the worker.
         let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
         let mut endpoints = store.records(&org.id, WEBHOOK_ENDPOINT)?;
@@ -132,6 +133,16 @@ impl Outbox {
             }
         }
     }
+}
+
+/// Whether `writes` change a webhook endpoint (or drop deliveries).
+fn changes_endpoints(writes: &[Write]) -> bool {
+    writes.iter().any(|w| match w {
+        Write::PutRecord(r) => r.kind == WEBHOOK_ENDPOINT,
+        Write::DeleteRecords { kind, .. } => kind == WEBHOOK_ENDPOINT,
+        Write::DeleteSubOrganization { .. } | Write::DropWebhookDeliveries { .. } => true,
+        _ => false,
+    })
 }
 
 /// Delivery timing (see README "Webhooks").

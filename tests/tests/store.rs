@@ -88,6 +88,7 @@ conformance!(
     two_gateways_move_a_consensus_activity_once,
     two_gateways_claim_an_idempotency_key_once,
     sub_organization_deletion_keeps_activities_and_purges_the_rest,
+    stamp_context_reads_what_the_separate_lookups_read,
 );
 
 fn org(id: &str) -> Organization {
@@ -543,4 +544,104 @@ fn sub_organization_deletion_keeps_activities_and_purges_the_rest(backend: Backe
         assert_eq!(footprint[*table], 0, "{table} still holds rows of the deleted organization");
     }
     assert_eq!(footprint["activities"], 1);
+}
+
+fn user_in(org: &str, id: &str) -> User {
+    User {
+        id: id.into(),
+        organization_id: org.into(),
+        name: id.into(),
+        email: None,
+        phone_number: None,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn api_key_in(org: &str, user: &str, public_key: &str) -> ApiKey {
+    ApiKey {
+        id: format!("{org}-{public_key}"),
+        organization_id: org.into(),
+        user_id: user.into(),
+        name: public_key.into(),
+        public_key: public_key.into(),
+        credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+        expiration_seconds: Some(60),
+        created_at: 2,
+        updated_at: 3,
+        certificate: vec![7, 8],
+    }
+}
+
+/// The one-statement lookup of an API-key request agrees with the separate lookups: the
+/// organization's own key before its parent's, the fingerprint and the parent's records seen,
+/// and not found for an unknown organization, an unknown key and a deleted organization.
+fn stamp_context_reads_what_the_separate_lookups_read(backend: Backend) {
+    let (_db, s) = store(backend);
+    let mut sub = org("sub");
+    sub.parent_id = Some("o1".into());
+    s.apply(&[
+        Write::InsertUser(user_in("o1", "u1")),
+        Write::InsertApiKey(api_key_in("o1", "u1", "pk1")),
+        Write::InsertOrganization(sub),
+        Write::InsertUser(user_in("sub", "u2")),
+        Write::InsertApiKey(api_key_in("sub", "u2", "pk2")),
+    ])
+    .unwrap();
+    const KIND: &str = "webhook_endpoint";
+
+    let own = s.stamp_context("o1", "pk1", Some("sha256:new"), KIND).unwrap();
+    assert_eq!(own.organization, s.organization("o1").unwrap());
+    assert_eq!(own.api_key, s.api_key_by_public_key("o1", "pk1").unwrap());
+    assert_eq!(own.user, Some(s.user("o1", "u1").unwrap()));
+    assert!(!own.via_parent && !own.fingerprint_taken && !own.has_records_of_kind);
+
+    s.commit(&activity("sha256:new"), &[]).unwrap();
+    assert!(s.stamp_context("o1", "pk1", Some("sha256:new"), KIND).unwrap().fingerprint_taken);
+    assert!(!s.stamp_context("o1", "pk1", None, KIND).unwrap().fingerprint_taken);
+
+    // The parent's key acts in the sub-organization; the sub-organization's own key is its own.
+    let parents = s.stamp_context("sub", "pk1", None, KIND).unwrap();
+    assert_eq!((parents.organization.id.as_str(), parents.api_key.organization_id.as_str()), ("sub", "o1"));
+    assert!(parents.via_parent);
+    assert_eq!(parents.user.map(|u| u.id), Some("u1".to_string()));
+    let subs = s.stamp_context("sub", "pk2", None, KIND).unwrap();
+    assert!(!subs.via_parent);
+    assert_eq!(subs.user.map(|u| u.id), Some("u2".to_string()));
+    // The same public key in both: the sub-organization's own wins.
+    s.apply(&[Write::InsertApiKey(api_key_in("sub", "u2", "pk1"))]).unwrap();
+    let both = s.stamp_context("sub", "pk1", None, KIND).unwrap();
+    assert_eq!((both.api_key.organization_id.as_str(), both.via_parent), ("sub", false));
+
+    // A record of the kind in the parent counts for the sub-organization, not the other way.
+    let record = |org: &str| Record {
+        organization_id: org.into(),
+        kind: KIND.into(),
+        id: format!("{org}-endpoint"),
+        name: format!("{org}-endpoint"),
+        data: serde_json::json!({}),
+        created_at: 1,
+        updated_at: 1,
+    };
+    s.apply(&[Write::PutRecord(record("sub"))]).unwrap();
+    assert!(s.stamp_context("sub", "pk2", None, KIND).unwrap().has_records_of_kind);
+    assert!(!s.stamp_context("o1", "pk1", None, KIND).unwrap().has_records_of_kind);
+    s.apply(&[Write::PutRecord(record("o1"))]).unwrap();
+    assert!(s.stamp_context("o1", "pk1", None, KIND).unwrap().has_records_of_kind);
+    assert!(!s.stamp_context("o1", "pk1", None, "policy").unwrap().has_records_of_kind);
+
+    for (org, key) in [("nope", "pk1"), ("o1", "pk2"), ("o1", "unknown")] {
+        assert!(matches!(s.stamp_context(org, key, None, KIND), Err(StoreError::NotFound)), "{org} {key}");
+    }
+    let mut deletion = activity("sha256:delete");
+    deletion.organization_id = "o1".into();
+    let delete = Write::DeleteSubOrganization {
+        organization_id: "sub".into(),
+        parent_id: "o1".into(),
+        activity_id: deletion.id.clone(),
+        require_exported: true,
+        deleted_at: now_nanos(),
+    };
+    s.commit(&deletion, &[delete]).unwrap();
+    assert!(matches!(s.stamp_context("sub", "pk1", None, KIND), Err(StoreError::NotFound)));
 }

@@ -19,8 +19,8 @@ use crate::ops;
 use crate::policy::{denied, evaluate, Proposal};
 use crate::state::AppState;
 use crate::store::{
-    now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, Store, StoreError, Write,
-    CONSENSUS_MOVED,
+    now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, StampContext, Store, StoreError,
+    Write, CONSENSUS_MOVED,
 };
 use crate::webhook_delivery::Outbox;
 use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
@@ -41,6 +41,65 @@ async fn organization(state: &Arc<AppState>, id: String) -> Result<Organization,
         ),
         other => other.into(),
     })
+}
+
+/// What the one-statement lookup of [`authenticate`] also told (`None`: not known, ask the store).
+#[derive(Debug, Default, Clone, Copy)]
+struct Prefetched {
+    /// Whether an activity with the request's fingerprint exists.
+    fingerprint_taken: Option<bool>,
+    /// Whether the organization or its parent has webhook endpoints.
+    webhook_endpoints: Option<bool>,
+}
+
+/// The organization a request names and its authenticated caller. An API-key stamp, the common
+/// case, costs one store read ([`Store::stamp_context`]) that also tells whether `fingerprint`
+/// is taken and whether webhook endpoints exist; other stamps, and whatever that read does not
+/// find, take the separate lookups, which name precisely what is missing. `history_read`: a
+/// deleted sub-organization is still found (its parent reads its activity history).
+async fn authenticate(
+    state: &Arc<AppState>,
+    org_id: String,
+    stamp: auth::Stamp,
+    fingerprint: Option<&str>,
+    history_read: bool,
+) -> Result<(Organization, Caller, Prefetched), ApiError> {
+    let stamp = match stamp {
+        auth::Stamp::ApiKey(api_stamp, raw) => {
+            let (o, pk, fp) = (org_id.clone(), api_stamp.public_key.clone(), fingerprint.map(str::to_string));
+            let endpoints = crate::ops::webhooks::WEBHOOK_ENDPOINT;
+            match state.db(move |s| s.stamp_context(&o, &pk, fp.as_deref(), endpoints)).await? {
+                Ok(StampContext {
+                    organization,
+                    api_key,
+                    via_parent,
+                    user: Some(user),
+                    fingerprint_taken,
+                    has_records_of_kind,
+                }) => {
+                    let caller = auth::api_key_caller(api_stamp, raw, api_key, user, via_parent)?;
+                    let known = Prefetched {
+                        fingerprint_taken: fingerprint.map(|_| fingerprint_taken),
+                        webhook_endpoints: Some(has_records_of_kind),
+                    };
+                    return Ok((organization, caller, known));
+                }
+                Ok(_) | Err(StoreError::NotFound) => auth::Stamp::ApiKey(api_stamp, raw),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        other => other,
+    };
+    let org = match organization(state, org_id.clone()).await {
+        // A deleted sub-organization's activity history stays readable by its parent (its own
+        // credentials are gone): the audit trail outlives the organization.
+        Err(e) if e.code == crate::error::Code::NotFound && history_read => {
+            state.db(move |s| s.deleted_organization(&org_id)).await?.map_err(|_| e)?
+        }
+        other => other?,
+    };
+    let caller = auth::resolve(state, &org, stamp).await?;
+    Ok((org, caller, Prefetched::default()))
 }
 
 /// The submitter's stamp, recorded as the first approval vote. The vote's user carries the
@@ -260,15 +319,19 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
             env.activity_type, op.activity_type
         )));
     }
-    let org = organization(&state, env.organization_id.clone()).await?;
-    let caller = auth::resolve(&state, &org, stamp).await?;
+    let fingerprint = envelope::fingerprint(body);
+    let (org, caller, known) =
+        authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;
     state.limits.charge_credential(caller.credential.id())?;
     let idem = idempotency_key(headers)?;
 
     // Identical bytes are the same activity (the Rust client polls by re-posting them).
-    let fingerprint = envelope::fingerprint(body);
     let fp = fingerprint.clone();
-    match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
+    let existing = match known.fingerprint_taken {
+        Some(false) => Err(StoreError::NotFound),
+        _ => state.db(move |s| s.activity_by_fingerprint(&fp)).await?,
+    };
+    match existing {
         Ok(existing) if existing.organization_id == org.id => {
             return Ok(
                 json!({ "activity": render::activity(&existing, ops::approvals::can_vote(&org, &existing, &caller)) }),
@@ -360,7 +423,10 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         updated_at: now_nanos(),
     };
     // The webhook events of this activity are outbox rows in its own transaction.
-    let outbox = state.read_store(|s| Outbox::for_activity(s, &org, &record, &writes))?;
+    let outbox = match known.webhook_endpoints {
+        Some(false) => Outbox::without_endpoints(&writes),
+        _ => state.read_store(|s| Outbox::for_activity(s, &org, &record, &writes))?,
+    };
     writes.extend(outbox.writes());
     let activity = match state.commit(record, writes).await {
         Ok(Committed::New(a)) => {
@@ -657,15 +723,7 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
     let stamp = auth::verified_stamp(headers, body)?;
     let mut request = envelope::parse_body(body)?;
     let id = envelope::organization_id(&request)?;
-    let org = match organization(&state, id.clone()).await {
-        // A deleted sub-organization's activity history stays readable by its parent (its own
-        // credentials are gone): the audit trail outlives the organization.
-        Err(e) if e.code == crate::error::Code::NotFound && HISTORY_READS.contains(&path) => {
-            state.db(move |s| s.deleted_organization(&id)).await?.map_err(|_| e)?
-        }
-        other => other?,
-    };
-    let caller = auth::resolve(&state, &org, stamp).await?;
+    let (org, caller, _) = authenticate(&state, id, stamp, None, HISTORY_READS.contains(&path)).await?;
     if matches!(caller.credential, Credential::Attested(_)) {
         return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
     }

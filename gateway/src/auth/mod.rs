@@ -264,6 +264,13 @@ async fn resolve_api_key(
             ),
         ));
     };
+    check_api_key(stamp, &api_key)?;
+    Ok((api_key, via_parent))
+}
+
+/// Whether the found `api_key` may have made `stamp`: its type signs with the stamp's scheme and
+/// it has not expired.
+fn check_api_key(stamp: &stamp::ApiStamp, api_key: &ApiKey) -> Result<(), ApiError> {
     if !stamp.scheme.signs_for(&api_key.credential_type) {
         return Err(ApiError::unauthenticated(
             "SIGNATURE_INVALID",
@@ -285,7 +292,28 @@ async fn resolve_api_key(
             return Err(ApiError::unauthenticated("API_KEY_EXPIRED", what));
         }
     }
-    Ok((api_key, via_parent))
+    Ok(())
+}
+
+/// The caller of an API-key stamp whose key and user were read together
+/// ([`crate::store::Store::stamp_context`]), checked as [`resolve`] checks them.
+pub fn api_key_caller(
+    stamp: stamp::ApiStamp,
+    raw_stamp: RawStamp,
+    api_key: ApiKey,
+    user: User,
+    via_parent: bool,
+) -> Result<Caller, ApiError> {
+    check_api_key(&stamp, &api_key)?;
+    Ok(Caller {
+        user,
+        credential: Credential::ApiKey(api_key),
+        public_key: stamp.public_key,
+        scheme: stamp.scheme.wire_name(),
+        signature: stamp.signature,
+        via_parent,
+        raw_stamp,
+    })
 }
 
 /// The `FEATURE_NAME_WEBAUTHN_ORIGINS` value of `org`, or of its parent when `org` has none.

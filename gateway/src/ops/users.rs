@@ -237,7 +237,11 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
     if intent.users.is_empty() {
         return Err(ApiError::invalid("users must not be empty"));
     }
-    let mut taken = org_public_keys(&ctx.state, &ctx.org.id).await?;
+    // Only users with API keys need the organization's keys (to refuse one already there).
+    let mut taken = match intent.users.iter().any(|u| !u.api_keys.is_empty()) {
+        true => org_public_keys(&ctx.state, &ctx.org.id).await?,
+        false => HashSet::new(),
+    };
     let mut writes = Vec::new();
     let mut user_ids = Vec::with_capacity(intent.users.len());
     for (index, p) in intent.users.iter().enumerate() {

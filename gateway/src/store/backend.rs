@@ -109,6 +109,15 @@ impl<B: Backend> Store for B {
     fn api_key_by_public_key(&self, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
         self.read(|db| sql::api_key_by_public_key(db, org, public_key))
     }
+    fn stamp_context(
+        &self,
+        org: &str,
+        public_key: &str,
+        fingerprint: Option<&str>,
+        record_kind: &str,
+    ) -> Result<StampContext, StoreError> {
+        self.read(|db| sql::stamp_context(db, org, public_key, fingerprint, record_kind))
+    }
     fn user(&self, org: &str, id: &str) -> Result<User, StoreError> {
         self.read(|db| sql::user(db, org, id))
     }

@@ -575,6 +575,24 @@ pub struct ActivityFilter {
     pub after: Option<String>,
 }
 
+/// What a request stamped with an API key needs from the store before its operation runs, read
+/// in one statement ([`Store::stamp_context`]): one round trip where the separate lookups took
+/// four or five.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StampContext {
+    /// The live organization the request names.
+    pub organization: Organization,
+    /// The API key with the stamp's public key: the organization's own, else its parent's.
+    pub api_key: ApiKey,
+    pub via_parent: bool,
+    /// The key's user (`None` if the user is gone and the key left behind).
+    pub user: Option<User>,
+    /// Whether an activity with the asked fingerprint exists (in any organization).
+    pub fingerprint_taken: bool,
+    /// Whether the organization or its parent has a record of the asked kind.
+    pub has_records_of_kind: bool,
+}
+
 /// Receives the outcome of [`Store::commit_then`].
 pub type CommitCallback = Box<dyn FnOnce(Result<Committed, StoreError>) + Send>;
 
@@ -595,6 +613,17 @@ pub trait Store: Send + Sync + 'static {
     /// A deleted sub-organization's tombstone, whose activity history its parent can still read.
     fn deleted_organization(&self, id: &str) -> Result<Organization, StoreError>;
     fn api_key_by_public_key(&self, organization_id: &str, public_key: &str) -> Result<ApiKey, StoreError>;
+    /// The live organization, the API key with `public_key` in it or in its parent, the key's
+    /// user, whether `fingerprint` names an activity and whether the organization or its parent
+    /// has a record of `record_kind`, in one statement. Not found when the organization or the key
+    /// is not (the separate lookups tell which).
+    fn stamp_context(
+        &self,
+        organization_id: &str,
+        public_key: &str,
+        fingerprint: Option<&str>,
+        record_kind: &str,
+    ) -> Result<StampContext, StoreError>;
     fn user(&self, organization_id: &str, id: &str) -> Result<User, StoreError>;
     /// Which of `names` a wallet or private key of the organization already has (one indexed
     /// lookup each).

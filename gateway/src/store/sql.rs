@@ -1226,6 +1226,68 @@ pub fn api_key_by_public_key<D: Db>(db: &mut D, org: &str, public_key: &str) -> 
     db.query_one(&sql, args![org, public_key], api_key_row)
 }
 
+/// The columns of a row from `offset` on, read as a row of their own (a joined statement reads
+/// several records from one row).
+struct Shifted<'a> {
+    row: &'a dyn SqlRow,
+    offset: usize,
+}
+
+impl SqlRow for Shifted<'_> {
+    fn value(&self, i: usize) -> Result<Value, StoreError> {
+        self.row.value(self.offset + i)
+    }
+}
+
+/// `cols` of the table `alias` names.
+fn qualified(alias: &str, cols: &str) -> String {
+    cols.split(", ").map(|c| format!("{alias}.{c}")).collect::<Vec<_>>().join(", ")
+}
+
+/// See [`Store::stamp_context`]. The organization's own key sorts before its parent's.
+pub fn stamp_context<D: Db>(
+    db: &mut D,
+    org: &str,
+    public_key: &str,
+    fingerprint: Option<&str>,
+    record_kind: &str,
+) -> Result<StampContext, StoreError> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "SELECT {}, {}, {},
+                k.organization_id <> o.id AS via_parent,
+                EXISTS (SELECT 1 FROM activities a WHERE a.fingerprint = ?3),
+                EXISTS (SELECT 1 FROM records r WHERE r.kind = ?4 AND (r.organization_id = o.id OR r.organization_id = o.parent_id))
+             FROM organizations o
+             JOIN api_keys k ON k.public_key = ?2 AND (k.organization_id = o.id OR k.organization_id = o.parent_id)
+             LEFT JOIN users u ON u.organization_id = k.organization_id AND u.id = k.user_id
+             WHERE o.id = ?1 AND o.deleted_at IS NULL
+             ORDER BY via_parent LIMIT 1",
+            qualified("o", ORG_COLS),
+            qualified("k", API_KEY_COLS),
+            qualified("u", USER_COLS)
+        )
+    });
+    let (org_cols, key_cols, user_cols) =
+        (ORG_COLS.split(',').count(), API_KEY_COLS.split(',').count(), USER_COLS.split(',').count());
+    db.query_one(&SQL, args![org, public_key, fingerprint, record_kind], |r| {
+        let user_at = org_cols + key_cols;
+        let flags = user_at + user_cols;
+        let user = match r.value(user_at)? {
+            Value::Null => None,
+            _ => Some(user_row(&Shifted { row: r, offset: user_at })?),
+        };
+        Ok(StampContext {
+            organization: org_row(r)?,
+            api_key: api_key_row(&Shifted { row: r, offset: org_cols })?,
+            user,
+            via_parent: r.int(flags)? != 0,
+            fingerprint_taken: r.int(flags + 1)? != 0,
+            has_records_of_kind: r.int(flags + 2)? != 0,
+        })
+    })
+}
+
 pub fn user<D: Db>(db: &mut D, org: &str, id: &str) -> Result<User, StoreError> {
     let sql = format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], user_row)

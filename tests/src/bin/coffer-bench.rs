@@ -1272,8 +1272,11 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
         let (c, w, d) = (args.clients, args.warmup, args.duration);
         let writes = run_on(&write, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
         let user_writes = run_on(&users, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
-        let reads = run_on(&read, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
+        let mut reads = run_on(&read, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
+        let (mut writes, mut user_writes) = (writes, user_writes);
         if let Some(mut child) = second {
+            // `pids` is the first gateway's only: no per-request figure for two.
+            (writes.cpu, user_writes.cpu, reads.cpu) = (None, None, None);
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -1286,18 +1289,23 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
     println!();
     println!("store comparison ({} clients, fresh stacks)", args.clients);
     println!(
-        "{:<24} {:>13} {:>8} {:>13} {:>8} {:>9} {:>8} {:>7}",
-        "store", "policies/s", "p99 ms", "users/s", "p99 ms", "reads/s", "p99 ms", "errors"
+        "{:<24} {:>11} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>7}",
+        "store", "policies/s", "p99 ms", "gw µs", "users/s", "p99 ms", "gw µs", "reads/s", "p99 ms", "gw µs", "errors"
     );
+    // Gateway CPU per request (one gateway only).
+    let gw = |s: &Sample| s.cpu.and_then(|c| c.per_request_us(s.latencies_us.len())).map_or(f64::NAN, |c| c.0);
     for (label, p, u, r) in &rows {
         println!(
-            "{label:<24} {:>13.0} {:>8.1} {:>13.0} {:>8.1} {:>9.0} {:>8.1} {:>7}",
+            "{label:<24} {:>11.0} {:>7.1} {:>7.0} {:>9.0} {:>7.1} {:>7.0} {:>9.0} {:>7.1} {:>7.0} {:>7}",
             p.rps(),
             p.pct(0.99),
+            gw(p),
             u.rps(),
             u.pct(0.99),
+            gw(u),
             r.rps(),
             r.pct(0.99),
+            gw(r),
             p.errors + u.errors + r.errors
         );
     }
@@ -1318,7 +1326,8 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
         .map(|(label, p, u, r)| {
             json!({"store": label, "createPolicyPerSecond": p.rps(), "createPolicyP99Ms": p.pct(0.99),
                 "createUsersPerSecond": u.rps(), "createUsersP99Ms": u.pct(0.99),
-                "readsPerSecond": r.rps(), "readP99Ms": r.pct(0.99), "errors": p.errors + u.errors + r.errors})
+                "readsPerSecond": r.rps(), "readP99Ms": r.pct(0.99),
+                "gatewayCpuUs": {"createPolicy": gw(p), "createUsers": gw(u), "reads": gw(r)}, "errors": p.errors + u.errors + r.errors})
         })
         .collect::<Vec<_>>();
     Ok((json!(json), errors))
