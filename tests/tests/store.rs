@@ -89,6 +89,7 @@ conformance!(
     two_gateways_claim_an_idempotency_key_once,
     sub_organization_deletion_keeps_activities_and_purges_the_rest,
     stamp_context_reads_what_the_separate_lookups_read,
+    two_gateways_deriving_in_one_wallet_keep_its_account_order,
 );
 
 fn org(id: &str) -> Organization {
@@ -644,4 +645,43 @@ fn stamp_context_reads_what_the_separate_lookups_read(backend: Backend) {
     };
     s.commit(&deletion, &[delete]).unwrap();
     assert!(matches!(s.stamp_context("sub", "pk1", None, KIND), Err(StoreError::NotFound)));
+}
+
+/// Accounts derived into one wallet through two gateways at once each get a place of their own
+/// in the wallet's order: paging one account at a time by cursor finds every one exactly once
+/// (two accounts sharing a place would hide one of them from the next page).
+fn two_gateways_deriving_in_one_wallet_keep_its_account_order(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    a.commit(&activity("sha256:wallet"), &[Write::InsertWallet(wallet("w", "w"))]).unwrap();
+    let n = 16;
+    for round in 0..4 {
+        let results = race(&a, &b, n, move |i, s| {
+            let account = WalletAccount {
+                id: format!("acct-{round}-{i}"),
+                organization_id: "o1".into(),
+                wallet_id: "w".into(),
+                curve: "CURVE_SECP256K1".into(),
+                path_format: "PATH_FORMAT_BIP32".into(),
+                path: format!("m/44'/60'/0'/0/{}", round * n + i),
+                address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
+                address: format!("0x{round}{i}"),
+                public_key: format!("pk{round}-{i}"),
+                sealed_key: vec![],
+                created_at: 5,
+                updated_at: 5,
+            };
+            s.commit(&activity(&format!("sha256:derive-{round}-{i}")), &[Write::InsertAccounts(vec![account])])
+        });
+        assert!(results.iter().all(|r| matches!(r, Ok(Committed::New(_)))), "{results:?}");
+    }
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = Page { limit: 1, before: None, after: after.clone() };
+        let Some(account) = a.accounts_page("o1", Some("w"), &page).unwrap().pop() else { break };
+        after = Some(account.id.clone());
+        seen.push(account.id);
+    }
+    let distinct: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!((seen.len(), distinct.len()), (4 * n, 4 * n), "paged: {seen:?}");
 }

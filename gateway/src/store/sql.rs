@@ -628,6 +628,17 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
             .map_err(unique_as("wallet name must be unique"))?;
         }
         Write::InsertAccounts(accounts) => {
+            // An account's place in its wallet is the wallet's last plus one: the wallet's row is
+            // locked first, so a transaction of another gateway deriving into the same wallet
+            // waits for this one and then counts its accounts (a no-op write on SQLite, whose
+            // one writer already serializes).
+            let mut locked: Vec<&str> = Vec::new();
+            for a in accounts {
+                if !locked.contains(&a.wallet_id.as_str()) {
+                    db.execute("UPDATE wallets SET updated_at = updated_at WHERE id = ?1", args![a.wallet_id])?;
+                    locked.push(&a.wallet_id);
+                }
+            }
             for a in accounts {
                 db.execute(
                     "INSERT INTO wallet_accounts (id, organization_id, wallet_id, seq, curve, path_format, path, address_format, address, public_key, exported, sealed_key, created_at, updated_at)
