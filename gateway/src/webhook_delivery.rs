@@ -353,7 +353,8 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
 }
 
 /// Due deliveries from the outbox that the worker does not hold, leaving out endpoints that have
-/// work waiting or all their workers busy (so one endpoint's backlog does not fill the read).
+/// work waiting or all their workers busy (so one endpoint's backlog does not fill the read),
+/// claimed for [`LEASE`]: another gateway's worker polling the same outbox does not get them.
 async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> Vec<Job> {
     let busy: Vec<String> = match held.lock() {
         Ok(h) => h
@@ -365,7 +366,9 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
             .collect(),
         Err(_) => return Vec::new(),
     };
-    match state.db(|s| s.due_webhook_deliveries(now_nanos(), 2 * WORKERS, &busy)).await {
+    let now = now_nanos();
+    let lease_until = now + LEASE.as_nanos() as Nanos;
+    match state.db(|s| s.claim_due_webhook_deliveries(now, lease_until, 2 * WORKERS, &busy)).await {
         Ok(Ok(due)) => {
             let Ok(h) = held.lock() else { return Vec::new() };
             due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()

@@ -90,6 +90,7 @@ conformance!(
     sub_organization_deletion_keeps_activities_and_purges_the_rest,
     stamp_context_reads_what_the_separate_lookups_read,
     two_gateways_deriving_in_one_wallet_keep_its_account_order,
+    two_gateways_claim_each_due_webhook_delivery_once,
 );
 
 fn org(id: &str) -> Organization {
@@ -345,8 +346,14 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
     ])
     .unwrap();
     let ids = |v: Vec<WebhookDelivery>| v.into_iter().map(|d| d.id).collect::<Vec<_>>();
-    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d1", "d2", "d3"], "due, oldest first");
-    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &["slow".into()]).unwrap()), ["d3"], "a busy endpoint is skipped");
+    let lease = 1_000;
+    assert_eq!(ids(s.claim_due_webhook_deliveries(50, lease, 1, &[]).unwrap()), ["d1"], "oldest due first, the limit");
+    let claimed = s.claim_due_webhook_deliveries(50, lease, 10, &["slow".into()]).unwrap();
+    assert_eq!(ids(claimed), ["d3"], "a busy endpoint is skipped");
+    let claimed = s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap();
+    assert_eq!(claimed.iter().map(|d| (d.id.as_str(), d.body.as_str())).collect::<Vec<_>>(), [("d2", "{}")]);
+    assert!(s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap().is_empty(), "claimed ones are leased");
+    assert_eq!(ids(s.claim_due_webhook_deliveries(100, lease, 10, &[]).unwrap()), ["d4"], "due later");
     let attempt = |status: &str, next: Nanos| WebhookAttempt {
         at: 20,
         status_code: Some(503),
@@ -355,17 +362,17 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
         status: status.into(),
         next_attempt_at: next,
     };
-    assert_eq!(s.due_webhook_deliveries(50, 10, &[]).unwrap()[0].body, "{}", "with their bodies");
     s.record_webhook_attempt("d1", &attempt(DELIVERY_PENDING, 70)).unwrap();
-    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3"], "retried later");
-    // A restart releases the leases of never attempted deliveries (d4), not retries (d1).
-    assert_eq!(s.release_webhook_leases(50).unwrap(), 1);
-    assert_eq!(ids(s.due_webhook_deliveries(50, 10, &[]).unwrap()), ["d2", "d3", "d4"]);
-    assert_eq!(s.release_webhook_leases(50).unwrap(), 0);
+    assert_eq!(ids(s.claim_due_webhook_deliveries(80, lease, 10, &[]).unwrap()), ["d1"], "retried when due");
+    // A restart releases the leases of never attempted deliveries (d2, d3, d4), not retries (d1).
+    assert_eq!(s.release_webhook_leases(50).unwrap(), 3);
+    assert_eq!(ids(s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap()), ["d2", "d3", "d4"]);
+    assert_eq!(s.release_webhook_leases(2 * lease).unwrap(), 0);
     s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
     let listed = s.webhook_deliveries("o1", "slow", 10).unwrap();
     let d1 = listed.iter().find(|d| d.id == "d1").unwrap();
-    assert_eq!((d1.attempts, d1.last_status_code, d1.next_attempt_at), (1, Some(503), 70));
+    // Its retry, due at 70, was claimed at 80 until the lease's end.
+    assert_eq!((d1.attempts, d1.last_status_code, d1.next_attempt_at), (1, Some(503), lease));
     assert_eq!(listed.iter().find(|d| d.id == "d2").unwrap().status, DELIVERY_FAILED);
     // A finished delivery takes no more attempts.
     s.record_webhook_attempt("d2", &attempt(DELIVERY_DELIVERED, 20)).unwrap();
@@ -684,4 +691,46 @@ fn two_gateways_deriving_in_one_wallet_keep_its_account_order(backend: Backend) 
     }
     let distinct: std::collections::HashSet<_> = seen.iter().collect();
     assert_eq!((seen.len(), distinct.len()), (4 * n, 4 * n), "paged: {seen:?}");
+}
+
+/// Two gateways' delivery workers polling one outbox at once: every due delivery is claimed,
+/// and by exactly one of them.
+fn two_gateways_claim_each_due_webhook_delivery_once(backend: Backend) {
+    let (_db, a, b) = two_stores(backend);
+    let n = 40;
+    let rows: Vec<Write> = (0..n)
+        .map(|i| {
+            Write::EnqueueWebhookDelivery(WebhookDelivery {
+                id: format!("d{i:02}"),
+                organization_id: "o1".into(),
+                endpoint_id: format!("e{}", i % 3),
+                activity_organization_id: "o1".into(),
+                activity_id: "a1".into(),
+                event_type: "ACTIVITY_UPDATES".into(),
+                body: "{}".into(),
+                status: DELIVERY_PENDING.into(),
+                attempts: 0,
+                next_attempt_at: i,
+                last_status_code: None,
+                last_error: None,
+                created_at: i,
+                updated_at: i,
+            })
+        })
+        .collect();
+    a.apply(&rows).unwrap();
+    let claims = race(&a, &b, 8, |_, s| {
+        let mut mine = Vec::new();
+        loop {
+            let got = s.claim_due_webhook_deliveries(100, 1_000, 3, &[]).unwrap();
+            if got.is_empty() {
+                return mine;
+            }
+            mine.extend(got.into_iter().map(|d| d.id));
+        }
+    });
+    let mut all: Vec<String> = claims.into_iter().flatten().collect();
+    all.sort();
+    let expected: Vec<String> = (0..n).map(|i| format!("d{i:02}")).collect();
+    assert_eq!(all, expected, "each delivery claimed once");
 }

@@ -232,13 +232,14 @@ impl<B: Backend> Store for B {
     fn idempotency_key(&self, org: &str, key: &str) -> Result<(String, String), StoreError> {
         self.read(|db| sql::idempotency_key(db, org, key))
     }
-    fn due_webhook_deliveries(
+    fn claim_due_webhook_deliveries(
         &self,
         now: Nanos,
+        lease_until: Nanos,
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
-        self.read(|db| sql::due_webhook_deliveries(db, now, limit, skip))
+        self.write(|db| sql::claim_due_webhook_deliveries(db, now, lease_until, limit, skip))
     }
     fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError> {
         self.write(|db| sql::release_webhook_leases(db, now))

@@ -747,11 +747,14 @@ pub trait Store: Send + Sync + 'static {
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
 
     // <webhooks>
-    /// Pending deliveries due at `now`, oldest due first, at most `limit`, none of the endpoints
-    /// in `skip` (those already busy: so one slow endpoint's backlog cannot hide the others').
-    fn due_webhook_deliveries(
+    /// Claims pending deliveries due at `now`, oldest due first, at most `limit`, none of the
+    /// endpoints in `skip` (those already busy: so one slow endpoint's backlog cannot hide the
+    /// others'): each is leased until `lease_until` by a conditional update, so of several
+    /// gateways polling at once exactly one gets it.
+    fn claim_due_webhook_deliveries(
         &self,
         now: Nanos,
+        lease_until: Nanos,
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError>;

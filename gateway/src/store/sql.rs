@@ -1748,22 +1748,36 @@ pub fn policy_evaluations<D: Db>(
     })
 }
 
-pub fn due_webhook_deliveries<D: Db>(
+/// Inside a write transaction. The outer `next_attempt_at <= now` is checked again on the row
+/// as it is when its lock is had: on PostgreSQL a row another gateway claimed meanwhile no longer
+/// matches and is left to it.
+pub fn claim_due_webhook_deliveries<D: Db>(
     db: &mut D,
     now: Nanos,
+    lease_until: Nanos,
     limit: usize,
     skip: &[String],
 ) -> Result<Vec<WebhookDelivery>, StoreError> {
-    let mut sql =
-        format!("SELECT {DELIVERY_COLS} FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?");
-    let mut bound = vec![Arg::Int(now)];
+    let due = "status = 'PENDING' AND next_attempt_at <= ?2";
+    let mut bound = vec![Arg::Int(lease_until), Arg::Int(now)];
+    let mut busy = String::new();
     if !skip.is_empty() {
-        sql.push_str(&format!(" AND endpoint_id NOT IN ({})", vec!["?"; skip.len()].join(", ")));
+        let first = bound.len() + 1;
+        let marks: Vec<String> = (first..first + skip.len()).map(|i| format!("?{i}")).collect();
+        busy = format!(" AND endpoint_id NOT IN ({})", marks.join(", "));
         bound.extend(skip.iter().map(|e| Arg::Text(e)));
     }
-    sql.push_str(" ORDER BY next_attempt_at LIMIT ?");
     bound.push(Arg::Int(limit.min(i64::MAX as usize) as i64));
-    db.query(&sql, &bound, delivery_row)
+    let sql = format!(
+        "UPDATE webhook_deliveries SET next_attempt_at = ?1
+         WHERE id IN (SELECT id FROM webhook_deliveries WHERE {due}{busy} ORDER BY next_attempt_at LIMIT ?{})
+           AND {due}
+         RETURNING {DELIVERY_COLS}",
+        bound.len()
+    );
+    let mut claimed = db.query(&sql, &bound, delivery_row)?;
+    claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    Ok(claimed)
 }
 
 pub fn release_webhook_leases<D: Db>(db: &mut D, now: Nanos) -> Result<usize, StoreError> {
