@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 /// The server of this test process; it stops when the process ends (a watchdog sees to it).
 pub struct PgServer {
     url: String,
+    dir: PathBuf,
     /// Outlives this process by design (it stops the server after it); never waited for.
     _watchdog: std::process::Child,
 }
@@ -40,11 +41,17 @@ pub fn server() -> &'static PgServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("starting the watchdog");
-        PgServer { url, _watchdog: watchdog }
+        PgServer { url, dir, _watchdog: watchdog }
     })
 }
 
 impl PgServer {
+    /// The server's main process (its backends are its children), from its pid file.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid_file = std::fs::read_to_string(self.dir.join("data/postmaster.pid")).ok()?;
+        pid_file.lines().next()?.trim().parse().ok()
+    }
+
     /// The URL of a new, empty database on this server.
     pub fn fresh_database(&self) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);

@@ -126,24 +126,54 @@ fn cpu_seconds(stat_path: &str) -> Option<f64> {
     Some(ticks as f64 * tick_seconds())
 }
 
-/// CPU time of the gateway and the enclave, in seconds (a reading, or the difference of two).
+/// CPU time of the gateway, the enclave and the database server, in seconds (a reading, or the
+/// difference of two).
 #[derive(Clone, Copy, Debug)]
 struct ServerCpu {
     gateway: f64,
     enclave: f64,
+    /// The PostgreSQL server's processes (0 on SQLite, which runs inside the gateway).
+    database: f64,
+}
+
+/// The PostgreSQL server whose CPU [`ServerCpu::read`] adds (its postmaster's pid; 0: none).
+static DATABASE_PID: AtomicU64 = AtomicU64::new(0);
+
+/// CPU seconds of the process `pid` and of its children (a PostgreSQL server's backends).
+fn process_tree_cpu_seconds(pid: u32) -> Option<f64> {
+    let mut total = cpu_seconds(&format!("/proc/{pid}/stat"))?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        // Field 4 (ppid) is the second after the command name's closing parenthesis.
+        let ppid = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            total += cpu_seconds(&format!("/proc/{child}/stat")).unwrap_or(0.0);
+        }
+    }
+    Some(total)
 }
 
 impl ServerCpu {
     /// The current reading for `pids` = (enclave, gateway), as [`Stack::pids`] gives them.
     fn read(pids: (Option<u32>, Option<u32>)) -> Option<ServerCpu> {
+        let database = match DATABASE_PID.load(Ordering::Relaxed) {
+            0 => 0.0,
+            pid => process_tree_cpu_seconds(pid as u32)?,
+        };
         Some(ServerCpu {
             enclave: cpu_seconds(&format!("/proc/{}/stat", pids.0?))?,
             gateway: cpu_seconds(&format!("/proc/{}/stat", pids.1?))?,
+            database,
         })
     }
     fn since(self, start: Option<ServerCpu>) -> Option<ServerCpu> {
         let s = start?;
-        Some(ServerCpu { gateway: self.gateway - s.gateway, enclave: self.enclave - s.enclave })
+        Some(ServerCpu {
+            gateway: self.gateway - s.gateway,
+            enclave: self.enclave - s.enclave,
+            database: self.database - s.database,
+        })
     }
     /// Microseconds of CPU per request for `requests` requests: (gateway, enclave, total).
     fn per_request_us(self, requests: usize) -> Option<(f64, f64, f64)> {
@@ -1229,6 +1259,8 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
     ] {
         eprintln!("running: {STORE}: {label} with {} clients", args.clients);
         let stack = Stack::start_on(store, &[]).await;
+        let database = if store == "postgres" { coffer_tests::postgres::server().postmaster_pid() } else { None };
+        DATABASE_PID.store(database.unwrap_or(0).into(), Ordering::Relaxed);
         let key = Arc::new(stack.api_key());
         let org = stack.organization_id.clone();
         let body = envelope("ACTIVITY_TYPE_CREATE_WALLET", &org, json!({"walletName": "bench", "accounts": []}));
@@ -1280,6 +1312,7 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
             let _ = child.kill();
             let _ = child.wait();
         }
+        DATABASE_PID.store(0, Ordering::Relaxed);
         errors += writes.errors + user_writes.errors + reads.errors;
         rows.push((label, writes, user_writes, reads));
         if store == "sqlite" && args.store.is_none() {
@@ -1289,23 +1322,39 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
     println!();
     println!("store comparison ({} clients, fresh stacks)", args.clients);
     println!(
-        "{:<24} {:>11} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>7}",
-        "store", "policies/s", "p99 ms", "gw µs", "users/s", "p99 ms", "gw µs", "reads/s", "p99 ms", "gw µs", "errors"
+        "{:<24} {:>10} {:>6} {:>11} {:>9} {:>6} {:>11} {:>9} {:>6} {:>11} {:>6}",
+        "store",
+        "policies/s",
+        "p99 ms",
+        "gw+db µs",
+        "users/s",
+        "p99 ms",
+        "gw+db µs",
+        "reads/s",
+        "p99 ms",
+        "gw+db µs",
+        "errors"
     );
-    // Gateway CPU per request (one gateway only).
-    let gw = |s: &Sample| s.cpu.and_then(|c| c.per_request_us(s.latencies_us.len())).map_or(f64::NAN, |c| c.0);
+    // Server CPU per request, gateway + database (one gateway only).
+    let cpu = |s: &Sample| match s.cpu {
+        Some(c) if !s.latencies_us.is_empty() => {
+            let per = |x: f64| x * 1e6 / s.latencies_us.len() as f64;
+            format!("{:.0}+{:.0}", per(c.gateway), per(c.database))
+        }
+        _ => "-".into(),
+    };
     for (label, p, u, r) in &rows {
         println!(
-            "{label:<24} {:>11.0} {:>7.1} {:>7.0} {:>9.0} {:>7.1} {:>7.0} {:>9.0} {:>7.1} {:>7.0} {:>7}",
+            "{label:<24} {:>10.0} {:>6.1} {:>11} {:>9.0} {:>6.1} {:>11} {:>9.0} {:>6.1} {:>11} {:>6}",
             p.rps(),
             p.pct(0.99),
-            gw(p),
+            cpu(p),
             u.rps(),
             u.pct(0.99),
-            gw(u),
+            cpu(u),
             r.rps(),
             r.pct(0.99),
-            gw(r),
+            cpu(r),
             p.errors + u.errors + r.errors
         );
     }
@@ -1327,7 +1376,7 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
             json!({"store": label, "createPolicyPerSecond": p.rps(), "createPolicyP99Ms": p.pct(0.99),
                 "createUsersPerSecond": u.rps(), "createUsersP99Ms": u.pct(0.99),
                 "readsPerSecond": r.rps(), "readP99Ms": r.pct(0.99),
-                "gatewayCpuUs": {"createPolicy": gw(p), "createUsers": gw(u), "reads": gw(r)}, "errors": p.errors + u.errors + r.errors})
+                "serverCpuUsPerRequest": {"createPolicy": cpu(p), "createUsers": cpu(u), "reads": cpu(r)}, "errors": p.errors + u.errors + r.errors})
         })
         .collect::<Vec<_>>();
     Ok((json!(json), errors))
