@@ -79,6 +79,11 @@ pub struct GatewayConfig {
     pub ops_listen: Option<SocketAddr>,
     /// `[webhooks]`: delivery targets and limits.
     pub webhooks: WebhookSettings,
+    /// This gateway's name among several on one database: the webhook deliveries it holds are
+    /// leased in this name, and a gateway that starts again under it takes them back at once
+    /// (another gateway's lapse after their lease). Env `COFFER_INSTANCE_ID`. Default: the host
+    /// name and the listen port.
+    pub instance_id: Option<String>,
 }
 
 /// `[webhooks]` of `coffer-gateway.toml`.
@@ -125,11 +130,27 @@ impl Default for GatewayConfig {
             rate_limit_per_credential: 0,
             ops_listen: None,
             webhooks: WebhookSettings::default(),
+            instance_id: None,
         }
     }
 }
 
 impl GatewayConfig {
+    /// [`GatewayConfig::instance_id`], or the host name and the listen port.
+    pub fn instance(&self) -> String {
+        match &self.instance_id {
+            Some(id) if !id.trim().is_empty() => id.trim().to_string(),
+            _ => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "gateway".into());
+                format!("{host}:{}", self.listen.port())
+            }
+        }
+    }
+
     /// Reads `path` if given (a missing file is an error), then applies environment overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut cfg = match path {
@@ -191,6 +212,9 @@ impl GatewayConfig {
         }
         if !cfg.enclave_urls.is_empty() && cfg.enclave_tls.is_none() {
             anyhow::bail!("enclave_urls need enclave_tls (ca, cert, key): enclaves over TCP use mutual TLS");
+        }
+        if let Ok(v) = std::env::var("COFFER_INSTANCE_ID") {
+            cfg.instance_id = Some(v);
         }
         if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
             cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;

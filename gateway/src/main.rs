@@ -207,7 +207,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state =
         Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
-    let _webhooks = coffer_gateway::webhook_delivery::spawn(state.clone())?;
+    let _webhooks = coffer_gateway::webhook_delivery::spawn(state.clone(), cfg.instance())?;
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
     let proxy_listener = bind(cfg.auth_proxy_listen)?;

@@ -4,8 +4,10 @@
 //!
 //! A committed event reaches the worker in memory at once; its outbox row is leased for
 //! [`LEASE`] meanwhile, so the outbox poll only sees retries that came due and events whose
-//! hand-off was lost (a crash, a full queue). At start the worker releases every lease: what a
-//! killed gateway had in hand is delivered again (at least once).
+//! hand-off was lost (a crash, a full queue). Leases are in the gateway's instance id: at start
+//! the worker releases its own, so what a killed gateway had in hand is delivered again (at least
+//! once) when it comes back, and by any gateway once its lease lapses; a due retry is claimed by
+//! one gateway's poll only.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -40,6 +42,8 @@ struct Job {
 static ENDPOINTS_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Fresh events, from the committing request to the worker.
 static HANDOFF: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
+/// This gateway's instance id, in which the deliveries its worker holds are leased.
+static INSTANCE: OnceLock<String> = OnceLock::new();
 
 /// What an activity change means for webhooks: the events it enqueues (outbox rows for its
 /// transaction), and whether it changes an endpoint. [`Outbox::committed`] once it committed.
@@ -107,6 +111,7 @@ impl Outbox {
                     last_error: None,
                     created_at: now,
                     updated_at: now,
+                    leased_by: INSTANCE.get().cloned(),
                 },
                 url: e["url"].as_str().map(|u| (u.to_string(), generation)),
             })
@@ -286,7 +291,7 @@ impl Finish {
 }
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
-pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub fn spawn(state: Arc<AppState>, instance: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let allow_private = state.webhooks.allow_private_targets;
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -295,8 +300,12 @@ pub fn spawn(state: Arc<AppState>) -> anyhow::Result<tokio::task::JoinHandle<()>
         .dns_resolver(Arc::new(GuardedResolver { allow_private }))
         .user_agent("coffer-webhooks/1")
         .build()?;
-    // What a previous process held in memory is due now.
-    match state.store.release_webhook_leases(now_nanos()) {
+    if INSTANCE.set(instance).is_err() {
+        anyhow::bail!("the webhook delivery worker is already running");
+    }
+    let instance = INSTANCE.get().map(String::as_str).unwrap_or_default();
+    // What a previous process of this name held in memory is due now.
+    match state.store.release_webhook_leases(now_nanos(), instance) {
         Ok(0) => {}
         Ok(n) => tracing::info!(deliveries = n, "webhook deliveries of an earlier run are due again"),
         Err(e) => tracing::warn!(error = %e, "releasing webhook leases failed; they are due when they lapse"),
@@ -367,8 +376,8 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
         Err(_) => return Vec::new(),
     };
     let now = now_nanos();
-    let lease_until = now + LEASE.as_nanos() as Nanos;
-    match state.db(|s| s.claim_due_webhook_deliveries(now, lease_until, 2 * WORKERS, &busy)).await {
+    let lease = (now + LEASE.as_nanos() as Nanos, INSTANCE.get().map(String::as_str).unwrap_or_default());
+    match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
         Ok(Ok(due)) => {
             let Ok(h) = held.lock() else { return Vec::new() };
             due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()

@@ -337,6 +337,7 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
         last_error: None,
         created_at: 1,
         updated_at: 1,
+        leased_by: None,
     };
     s.apply(&[
         Write::EnqueueWebhookDelivery(row("d1", "slow", 10)),
@@ -347,13 +348,18 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
     .unwrap();
     let ids = |v: Vec<WebhookDelivery>| v.into_iter().map(|d| d.id).collect::<Vec<_>>();
     let lease = 1_000;
-    assert_eq!(ids(s.claim_due_webhook_deliveries(50, lease, 1, &[]).unwrap()), ["d1"], "oldest due first, the limit");
-    let claimed = s.claim_due_webhook_deliveries(50, lease, 10, &["slow".into()]).unwrap();
-    assert_eq!(ids(claimed), ["d3"], "a busy endpoint is skipped");
-    let claimed = s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap();
-    assert_eq!(claimed.iter().map(|d| (d.id.as_str(), d.body.as_str())).collect::<Vec<_>>(), [("d2", "{}")]);
-    assert!(s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap().is_empty(), "claimed ones are leased");
-    assert_eq!(ids(s.claim_due_webhook_deliveries(100, lease, 10, &[]).unwrap()), ["d4"], "due later");
+    let claim = |now: Nanos, limit: usize, skip: &[String]| {
+        ids(s.claim_due_webhook_deliveries(now, (lease, "gw-a"), limit, skip).unwrap())
+    };
+    assert_eq!(claim(50, 1, &[]), ["d1"], "oldest due first, the limit");
+    assert_eq!(claim(50, 10, &["slow".into()]), ["d3"], "a busy endpoint is skipped");
+    let claimed = s.claim_due_webhook_deliveries(50, (lease, "gw-a"), 10, &[]).unwrap();
+    assert_eq!(
+        claimed.iter().map(|d| (d.id.as_str(), d.body.as_str(), d.leased_by.as_deref())).collect::<Vec<_>>(),
+        [("d2", "{}", Some("gw-a"))]
+    );
+    assert!(claim(50, 10, &[]).is_empty(), "claimed ones are leased");
+    assert_eq!(claim(100, 10, &[]), ["d4"], "due later");
     let attempt = |status: &str, next: Nanos| WebhookAttempt {
         at: 20,
         status_code: Some(503),
@@ -363,11 +369,13 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
         next_attempt_at: next,
     };
     s.record_webhook_attempt("d1", &attempt(DELIVERY_PENDING, 70)).unwrap();
-    assert_eq!(ids(s.claim_due_webhook_deliveries(80, lease, 10, &[]).unwrap()), ["d1"], "retried when due");
-    // A restart releases the leases of never attempted deliveries (d2, d3, d4), not retries (d1).
-    assert_eq!(s.release_webhook_leases(50).unwrap(), 3);
-    assert_eq!(ids(s.claim_due_webhook_deliveries(50, lease, 10, &[]).unwrap()), ["d2", "d3", "d4"]);
-    assert_eq!(s.release_webhook_leases(2 * lease).unwrap(), 0);
+    // Waiting for its retry, d1 is nobody's: another gateway's restart does not make it due.
+    assert_eq!(s.release_webhook_leases(50, "gw-b").unwrap(), 0, "gw-a's leases are not gw-b's");
+    // A restart under the same name releases what it held (d2, d3, d4), not a waiting retry (d1).
+    assert_eq!(s.release_webhook_leases(50, "gw-a").unwrap(), 3);
+    assert_eq!(ids(s.claim_due_webhook_deliveries(50, (lease, "gw-b"), 10, &[]).unwrap()), ["d2", "d3", "d4"]);
+    assert_eq!(s.release_webhook_leases(50, "gw-a").unwrap(), 0, "now gw-b's");
+    assert_eq!(claim(80, 10, &[]), ["d1"], "retried when due");
     s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
     let listed = s.webhook_deliveries("o1", "slow", 10).unwrap();
     let d1 = listed.iter().find(|d| d.id == "d1").unwrap();
@@ -715,6 +723,7 @@ fn two_gateways_claim_each_due_webhook_delivery_once(backend: Backend) {
                 last_error: None,
                 created_at: i,
                 updated_at: i,
+                leased_by: None,
             })
         })
         .collect();
@@ -722,7 +731,7 @@ fn two_gateways_claim_each_due_webhook_delivery_once(backend: Backend) {
     let claims = race(&a, &b, 8, |_, s| {
         let mut mine = Vec::new();
         loop {
-            let got = s.claim_due_webhook_deliveries(100, 1_000, 3, &[]).unwrap();
+            let got = s.claim_due_webhook_deliveries(100, (1_000, "gw"), 3, &[]).unwrap();
             if got.is_empty() {
                 return mine;
             }

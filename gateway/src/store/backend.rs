@@ -235,14 +235,14 @@ impl<B: Backend> Store for B {
     fn claim_due_webhook_deliveries(
         &self,
         now: Nanos,
-        lease_until: Nanos,
+        lease: (Nanos, &str),
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
-        self.write(|db| sql::claim_due_webhook_deliveries(db, now, lease_until, limit, skip))
+        self.write(|db| sql::claim_due_webhook_deliveries(db, now, lease, limit, skip))
     }
-    fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError> {
-        self.write(|db| sql::release_webhook_leases(db, now))
+    fn release_webhook_leases(&self, now: Nanos, owner: &str) -> Result<usize, StoreError> {
+        self.write(|db| sql::release_webhook_leases(db, now, owner))
     }
     fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError> {
         self.write(|db| sql::record_webhook_attempts(db, attempts))

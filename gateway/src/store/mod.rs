@@ -517,6 +517,9 @@ pub struct WebhookDelivery {
     pub last_error: Option<String>,
     pub created_at: Nanos,
     pub updated_at: Nanos,
+    /// The gateway (its instance id) holding the delivery until `next_attempt_at`; `None` while
+    /// it only waits to be due.
+    pub leased_by: Option<String>,
 }
 
 /// One delivery attempt and what follows it.
@@ -749,18 +752,18 @@ pub trait Store: Send + Sync + 'static {
     // <webhooks>
     /// Claims pending deliveries due at `now`, oldest due first, at most `limit`, none of the
     /// endpoints in `skip` (those already busy: so one slow endpoint's backlog cannot hide the
-    /// others'): each is leased until `lease_until` by a conditional update, so of several
+    /// others'): each is leased until `lease.0` to `lease.1` by a conditional update, so of several
     /// gateways polling at once exactly one gets it.
     fn claim_due_webhook_deliveries(
         &self,
         now: Nanos,
-        lease_until: Nanos,
+        lease: (Nanos, &str),
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
-    /// Makes every pending, never attempted delivery due at `now` (the leases of a previous
-    /// process, which may have died holding them); how many.
-    fn release_webhook_leases(&self, now: Nanos) -> Result<usize, StoreError>;
+    /// Makes every pending delivery leased by `owner` due at `now` (what a previous process of
+    /// that name held when it stopped, maybe dying); how many. Other gateways' leases stay.
+    fn release_webhook_leases(&self, now: Nanos, owner: &str) -> Result<usize, StoreError>;
     /// Records attempts of deliveries (by id) and their new states in one transaction (nothing
     /// for a delivery that is gone, e.g. its endpoint was deleted meanwhile, or already settled).
     fn record_webhook_attempts(&self, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError>;

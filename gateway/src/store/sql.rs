@@ -232,6 +232,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0010_webhook_deliveries.sql"),
     include_str!("migrations/0011_deleted_organizations.sql"),
     include_str!("migrations/0012_login.sql"),
+    include_str!("migrations/0013_webhook_leases.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at
@@ -395,7 +396,7 @@ fn record_row(r: &dyn SqlRow) -> Result<Record, StoreError> {
     })
 }
 
-const DELIVERY_COLS: &str = "id, organization_id, endpoint_id, activity_organization_id, activity_id, event_type, body, status, attempts, next_attempt_at, last_status_code, last_error, created_at, updated_at";
+const DELIVERY_COLS: &str = "id, organization_id, endpoint_id, activity_organization_id, activity_id, event_type, body, status, attempts, next_attempt_at, last_status_code, last_error, created_at, updated_at, leased_by";
 fn delivery_row(r: &dyn SqlRow) -> Result<WebhookDelivery, StoreError> {
     Ok(WebhookDelivery {
         id: r.text(0)?,
@@ -412,6 +413,7 @@ fn delivery_row(r: &dyn SqlRow) -> Result<WebhookDelivery, StoreError> {
         last_error: r.opt_text(11)?,
         created_at: r.int(12)?,
         updated_at: r.int(13)?,
+        leased_by: r.opt_text(14)?,
     })
 }
 
@@ -1122,7 +1124,7 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
         }
         Write::EnqueueWebhookDelivery(d) => {
             db.execute(
-                &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
+                &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
                 args![
                     d.id,
                     d.organization_id,
@@ -1137,7 +1139,8 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
                     d.last_status_code,
                     d.last_error,
                     d.created_at,
-                    d.updated_at
+                    d.updated_at,
+                    d.leased_by
                 ],
             )?;
         }
@@ -1754,12 +1757,12 @@ pub fn policy_evaluations<D: Db>(
 pub fn claim_due_webhook_deliveries<D: Db>(
     db: &mut D,
     now: Nanos,
-    lease_until: Nanos,
+    (lease_until, owner): (Nanos, &str),
     limit: usize,
     skip: &[String],
 ) -> Result<Vec<WebhookDelivery>, StoreError> {
     let due = "status = 'PENDING' AND next_attempt_at <= ?2";
-    let mut bound = vec![Arg::Int(lease_until), Arg::Int(now)];
+    let mut bound = vec![Arg::Int(lease_until), Arg::Int(now), Arg::Text(owner)];
     let mut busy = String::new();
     if !skip.is_empty() {
         let first = bound.len() + 1;
@@ -1769,7 +1772,7 @@ pub fn claim_due_webhook_deliveries<D: Db>(
     }
     bound.push(Arg::Int(limit.min(i64::MAX as usize) as i64));
     let sql = format!(
-        "UPDATE webhook_deliveries SET next_attempt_at = ?1
+        "UPDATE webhook_deliveries SET next_attempt_at = ?1, leased_by = ?3
          WHERE id IN (SELECT id FROM webhook_deliveries WHERE {due}{busy} ORDER BY next_attempt_at LIMIT ?{})
            AND {due}
          RETURNING {DELIVERY_COLS}",
@@ -1780,11 +1783,14 @@ pub fn claim_due_webhook_deliveries<D: Db>(
     Ok(claimed)
 }
 
-pub fn release_webhook_leases<D: Db>(db: &mut D, now: Nanos) -> Result<usize, StoreError> {
+/// Rows leased before leases had owners (`leased_by` empty, never attempted) count as `owner`'s:
+/// then one gateway held them all.
+pub fn release_webhook_leases<D: Db>(db: &mut D, now: Nanos, owner: &str) -> Result<usize, StoreError> {
     let n = db.execute(
-        "UPDATE webhook_deliveries SET next_attempt_at = ?1
-         WHERE status = 'PENDING' AND attempts = 0 AND next_attempt_at > ?1",
-        args![now],
+        "UPDATE webhook_deliveries SET next_attempt_at = ?1, leased_by = NULL
+         WHERE status = 'PENDING' AND next_attempt_at > ?1
+           AND (leased_by = ?2 OR (leased_by IS NULL AND attempts = 0))",
+        args![now, owner],
     )?;
     Ok(n as usize)
 }
@@ -1794,7 +1800,7 @@ pub fn record_webhook_attempts<D: Db>(db: &mut D, attempts: &[(String, WebhookAt
     for (id, a) in attempts {
         let n = db.query_opt(
             "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, next_attempt_at = ?3,
-                last_status_code = ?4, last_error = ?5, updated_at = ?6
+                last_status_code = ?4, last_error = ?5, updated_at = ?6, leased_by = NULL
              WHERE id = ?1 AND status = 'PENDING' RETURNING attempts",
             args![id, a.status, a.next_attempt_at, a.status_code, a.error, a.at],
             |r| r.int(0),
