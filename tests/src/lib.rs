@@ -281,8 +281,8 @@ impl Stack {
     }
 
     /// Starts another gateway on the same store and enclaves, on a port of its own, and waits
-    /// until it is healthy: its base URL and process (the caller kills it).
-    pub async fn spawn_gateway(&self) -> (String, Child) {
+    /// until it is healthy: its base URL and process (killed when dropped, a failing test too).
+    pub async fn spawn_gateway(&self) -> (String, GatewayProcess) {
         let port = free_port();
         let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
         self.env(&mut cmd);
@@ -295,7 +295,7 @@ impl Stack {
             assert!(Instant::now() < deadline, "second gateway did not become healthy in 30 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        (url, child)
+        (url, GatewayProcess(child))
     }
 
     /// Kills the gateway (SIGKILL: an abrupt crash, not a clean stop).
@@ -341,22 +341,38 @@ impl Stack {
 
     /// POSTs `body` as is, stamped by `key` if given, and returns status, content type and JSON.
     pub async fn post_raw(&self, path: &str, body: &[u8], key: Option<&TurnkeyP256ApiKey>) -> RawResponse {
-        use turnkey_api_key_stamper::Stamp;
-        let mut req = reqwest::Client::new().post(format!("{}{}", self.base_url, path)).body(body.to_vec());
-        if let Some(k) = key {
-            let stamp = k.stamp(body).unwrap();
-            req = req.header(stamp.name, stamp.value);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
-        let text = resp.text().await.unwrap();
-        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
-        RawResponse { status, content_type, json, text }
+        post_to(&self.base_url, path, body, key).await
     }
 
     pub fn now_ms() -> u128 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+    }
+}
+
+/// POSTs `body` to `base_url` + `path`, stamped with `key` if given (any gateway of a stack; for
+/// spawned tasks, which cannot borrow the `Stack`).
+pub async fn post_to(base_url: &str, path: &str, body: &[u8], key: Option<&TurnkeyP256ApiKey>) -> RawResponse {
+    use turnkey_api_key_stamper::Stamp;
+    let mut req = reqwest::Client::new().post(format!("{base_url}{path}")).body(body.to_vec());
+    if let Some(k) = key {
+        let stamp = k.stamp(body).unwrap();
+        req = req.header(stamp.name, stamp.value);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    RawResponse { status, content_type, json, text }
+}
+
+/// A gateway process beyond a stack's own ([`Stack::spawn_gateway`]), killed when dropped.
+pub struct GatewayProcess(pub Child);
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

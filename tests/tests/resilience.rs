@@ -79,19 +79,7 @@ fn sign_body(org: &str, address: &str, message: &str) -> String {
 
 /// POSTs a stamped body without borrowing the `Stack` (for spawned tasks).
 async fn post(base_url: &str, path: &str, body: String, key: &TurnkeyP256ApiKey) -> RawResponse {
-    let stamp = key.stamp(body.as_bytes()).unwrap();
-    let resp = reqwest::Client::new()
-        .post(format!("{base_url}{path}"))
-        .header(stamp.name, stamp.value)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
-    let text = resp.text().await.unwrap();
-    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-    RawResponse { status, content_type, json, text }
+    coffer_tests::post_to(base_url, path, body.as_bytes(), Some(key)).await
 }
 
 async fn create_eth_wallet(stack: &Stack, key: &TurnkeyP256ApiKey) -> String {
@@ -771,7 +759,7 @@ async fn wallet_names(base: &str, key: &TurnkeyP256ApiKey, org: &str) -> Vec<Str
 async fn two_gateways_on_postgres_agree_on_fingerprints_names_and_approvals() {
     tokio::time::timeout(Duration::from_secs(90), async {
         let stack = Stack::start_on("postgres", &[]).await;
-        let (second, mut second_gateway) = stack.spawn_gateway().await;
+        let (second, second_gateway) = stack.spawn_gateway().await;
         let gateways = [stack.base_url.clone(), second.clone()];
         let key = stack.api_key();
         let org = stack.organization_id.clone();
@@ -876,8 +864,7 @@ async fn two_gateways_on_postgres_agree_on_fingerprints_names_and_approvals() {
         let r = post(&gateways[0], "/public/v1/query/get_activity", q, &key).await;
         assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
         assert_eq!(r.json["activity"]["votes"].as_array().map(Vec::len), Some(2), "{}", r.text);
-        let _ = second_gateway.kill();
-        let _ = second_gateway.wait();
+        drop(second_gateway);
     })
     .await
     .expect("test took longer than 90 s (a request hung)");
@@ -896,7 +883,7 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
         let (_, mut second_enclave) = second_enclave(&mut stack).await;
-        let (second, mut second_gateway) = stack.spawn_gateway().await;
+        let (second, second_gateway) = stack.spawn_gateway().await;
 
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (sk, pk) = (stack.api_private_key.clone(), stack.api_public_key.clone());
@@ -971,8 +958,7 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
             let r = post(&second, "/public/v1/query/get_activity", q, &key).await;
             assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{id}: {}", r.text);
         }
-        let _ = second_gateway.kill();
-        let _ = second_gateway.wait();
+        drop(second_gateway);
         let _ = second_enclave.kill();
         let _ = second_enclave.wait();
     })

@@ -528,3 +528,72 @@ async fn consensus_is_reported_when_it_waits_and_when_it_completes() {
     assert_eq!(statuses, ["ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_CONSENSUS_NEEDED"].map(String::from).into());
     assert_ne!(got[0].1["x-turnkey-event-id"], got[1].1["x-turnkey-event-id"], "one event id per event");
 }
+
+/// Two gateways on one PostgreSQL database, one endpoint that refuses the first attempts: every
+/// event submitted through either gateway is delivered, and none twice, though both gateways
+/// poll the one outbox for the retries (each due retry is claimed by one of them).
+#[tokio::test]
+async fn on_postgres_two_gateways_deliver_each_event_once() {
+    let stack = Stack::start_on("postgres", &[("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
+    let key = stack.api_key();
+    let (second, _second_gateway) = stack.spawn_gateway().await;
+    const REFUSED: usize = 6;
+    let mut plan = vec![503; REFUSED];
+    plan.push(200);
+    let (base, seen) = receiver(&[("/once", plan)]).await;
+    let policies_only = json!({"eventType": "ACTIVITY_UPDATES", "filtersJson": "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_POLICY_V3\"]}"});
+    let r =
+        create(&stack, &key, json!({"url": format!("{base}/once"), "name": "once", "subscriptions": [policies_only]}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let endpoint =
+        r.json["activity"]["result"]["createWebhookEndpointResult"]["endpointId"].as_str().unwrap().to_string();
+
+    const EVENTS: usize = 12;
+    let mut activity_ids = Vec::new();
+    for i in 0..EVENTS {
+        let body = json!({
+            "type": "ACTIVITY_TYPE_CREATE_POLICY_V3", "timestampMs": Stack::now_ms().to_string(),
+            "organizationId": stack.organization_id,
+            "parameters": {"policyName": format!("p{i}"), "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""},
+        });
+        let gateway = if i % 2 == 0 { &stack.base_url } else { &second };
+        let r =
+            coffer_tests::post_to(gateway, "/public/v1/submit/create_policy", body.to_string().as_bytes(), Some(&key))
+                .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        activity_ids.push(r.json["activity"]["id"].as_str().unwrap().to_string());
+    }
+    // The refused attempts come due again about a second later (then two, four...).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut settled = Vec::new();
+    while std::time::Instant::now() < deadline {
+        settled = settled_deliveries(&stack, &key, endpoint.clone()).await;
+        if settled.len() == EVENTS && settled.iter().all(|d| d["status"] == "DELIVERED") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(settled.len(), EVENTS, "{settled:?}");
+    assert!(settled.iter().all(|d| d["status"] == "DELIVERED"), "{settled:?}");
+    // A moment for a duplicate to arrive, if a retry were sent by both gateways.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let got = seen.lock().unwrap().clone();
+    let mut per_event: std::collections::HashMap<String, usize> = Default::default();
+    for (_, headers, _) in &got {
+        *per_event.entry(headers["x-turnkey-event-id"].clone()).or_default() += 1;
+    }
+    assert_eq!(per_event.len(), EVENTS, "every event reached the receiver");
+    assert_eq!(
+        got.len(),
+        EVENTS + REFUSED,
+        "one answered attempt per event, besides the {REFUSED} refused: {per_event:?}"
+    );
+    let attempts: i64 = settled.iter().map(|d| d["attempts"].as_i64().unwrap()).sum();
+    assert_eq!(attempts as usize, EVENTS + REFUSED, "the outbox counts the same attempts");
+    let delivered: std::collections::HashSet<String> = got
+        .iter()
+        .map(|(_, _, body)| serde_json::from_str::<Value>(body).unwrap()["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(delivered, activity_ids.iter().cloned().collect(), "the events are the activities");
+}

@@ -1306,11 +1306,10 @@ async fn store_comparison(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(V
         let user_writes = run_on(&users, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
         let mut reads = run_on(&read, &urls, pids, key.clone(), c, w, d, seq.clone()).await;
         let (mut writes, mut user_writes) = (writes, user_writes);
-        if let Some(mut child) = second {
+        if let Some(gateway) = second {
             // `pids` is the first gateway's only: no per-request figure for two.
             (writes.cpu, user_writes.cpu, reads.cpu) = (None, None, None);
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(gateway);
         }
         DATABASE_PID.store(0, Ordering::Relaxed);
         errors += writes.errors + user_writes.errors + reads.errors;
