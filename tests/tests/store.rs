@@ -320,9 +320,9 @@ fn activity_pages_are_keyset_pages_in_sql(backend: Backend) {
     assert!(s.activities("o1", &typed).unwrap().is_empty());
 }
 
-fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
-    let (_db, s) = store(backend);
-    let row = |id: &str, endpoint: &str, due: Nanos| WebhookDelivery {
+/// A never attempted delivery of activity `a1` of `o1`, due at `due` (and created then).
+fn pending(id: &str, endpoint: &str, due: Nanos) -> WebhookDelivery {
+    WebhookDelivery {
         id: id.into(),
         organization_id: "o1".into(),
         endpoint_id: endpoint.into(),
@@ -335,10 +335,15 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
         next_attempt_at: due,
         last_status_code: None,
         last_error: None,
-        created_at: 1,
+        created_at: due,
         updated_at: 1,
         leased_by: None,
-    };
+    }
+}
+
+fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
+    let (_db, s) = store(backend);
+    let row = |id: &str, endpoint: &str, due: Nanos| WebhookDelivery { created_at: 1, ..pending(id, endpoint, due) };
     s.apply(&[
         Write::EnqueueWebhookDelivery(row("d1", "slow", 10)),
         Write::EnqueueWebhookDelivery(row("d2", "slow", 11)),
@@ -528,6 +533,21 @@ fn two_gateways_claim_an_idempotency_key_once(backend: Backend) {
     assert_eq!(&a.idempotency_key("o1", "retry-me").unwrap().1, won[0]);
 }
 
+/// Deletes the sub-organization `sub` of `o1` by an activity submitted in `submitted_in`.
+fn delete_sub_organization(s: &dyn Store, submitted_in: &str) -> ActivityRecord {
+    let mut deletion = activity("sha256:delete");
+    deletion.organization_id = submitted_in.into();
+    let delete = Write::DeleteSubOrganization {
+        organization_id: "sub".into(),
+        parent_id: "o1".into(),
+        activity_id: deletion.id.clone(),
+        require_exported: true,
+        deleted_at: now_nanos(),
+    };
+    s.commit(&deletion, &[delete]).unwrap();
+    deletion
+}
+
 fn sub_organization_deletion_keeps_activities_and_purges_the_rest(backend: Backend) {
     let (_db, s) = store(backend);
     let mut sub = org("sub");
@@ -539,16 +559,7 @@ fn sub_organization_deletion_keeps_activities_and_purges_the_rest(backend: Backe
     w.organization_id = "sub".into();
     w.exported = true;
     s.commit(&signed, &[Write::InsertWallet(w)]).unwrap();
-    let mut deletion = activity("sha256:delete");
-    deletion.organization_id = "sub".into();
-    let delete = Write::DeleteSubOrganization {
-        organization_id: "sub".into(),
-        parent_id: "o1".into(),
-        activity_id: deletion.id.clone(),
-        require_exported: true,
-        deleted_at: now_nanos(),
-    };
-    s.commit(&deletion, &[delete]).unwrap();
+    let deletion = delete_sub_organization(s.as_ref(), "sub");
     assert!(matches!(s.organization("sub"), Err(StoreError::NotFound)));
     assert_eq!(s.deleted_organization("sub").unwrap().id, "sub");
     // The sub-organization's own history stays; the deletion is on the parent's record.
@@ -649,16 +660,7 @@ fn stamp_context_reads_what_the_separate_lookups_read(backend: Backend) {
     for (org, key) in [("nope", "pk1"), ("o1", "pk2"), ("o1", "unknown")] {
         assert!(matches!(s.stamp_context(org, key, None, KIND), Err(StoreError::NotFound)), "{org} {key}");
     }
-    let mut deletion = activity("sha256:delete");
-    deletion.organization_id = "o1".into();
-    let delete = Write::DeleteSubOrganization {
-        organization_id: "sub".into(),
-        parent_id: "o1".into(),
-        activity_id: deletion.id.clone(),
-        require_exported: true,
-        deleted_at: now_nanos(),
-    };
-    s.commit(&deletion, &[delete]).unwrap();
+    delete_sub_organization(s.as_ref(), "o1");
     assert!(matches!(s.stamp_context("sub", "pk1", None, KIND), Err(StoreError::NotFound)));
 }
 
@@ -707,25 +709,7 @@ fn two_gateways_claim_each_due_webhook_delivery_once(backend: Backend) {
     let (_db, a, b) = two_stores(backend);
     let n = 40;
     let rows: Vec<Write> = (0..n)
-        .map(|i| {
-            Write::EnqueueWebhookDelivery(WebhookDelivery {
-                id: format!("d{i:02}"),
-                organization_id: "o1".into(),
-                endpoint_id: format!("e{}", i % 3),
-                activity_organization_id: "o1".into(),
-                activity_id: "a1".into(),
-                event_type: "ACTIVITY_UPDATES".into(),
-                body: "{}".into(),
-                status: DELIVERY_PENDING.into(),
-                attempts: 0,
-                next_attempt_at: i,
-                last_status_code: None,
-                last_error: None,
-                created_at: i,
-                updated_at: i,
-                leased_by: None,
-            })
-        })
+        .map(|i| Write::EnqueueWebhookDelivery(pending(&format!("d{i:02}"), &format!("e{}", i % 3), i)))
         .collect();
     a.apply(&rows).unwrap();
     let claims = race(&a, &b, 8, |_, s| {
