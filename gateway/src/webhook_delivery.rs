@@ -288,6 +288,16 @@ impl Finish {
         FREED.notify_one();
         let _ = self.done.send((d.id, attempt));
     }
+
+    /// The delivery is not this gateway's to send any more (its lease lapsed and another may
+    /// have claimed it): its worker is free and nothing is recorded.
+    fn released(&self, d: WebhookDelivery) {
+        if let Ok(mut h) = self.held.lock() {
+            h.finished(&d.endpoint_id);
+            h.ids.remove(&d.id);
+        }
+        FREED.notify_one();
+    }
 }
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
@@ -442,11 +452,47 @@ async fn record_attempts(state: Arc<AppState>, mut done: mpsc::UnboundedReceiver
     }
 }
 
+/// The jobs of `batch` this gateway may send. A job whose lease ends within half a lease (it
+/// waited in a slow endpoint's backlog) has it renewed first, and is dropped if that fails: its
+/// lease may have lapsed and another gateway claimed it. An attempt (at most 15 s) started with
+/// half a lease left ends before the lease does, so the usual job costs no store call here.
+async fn still_held(state: &Arc<AppState>, batch: Vec<Job>, finish: &Finish) -> Vec<Job> {
+    let now = now_nanos();
+    let (mut fresh, stale): (Vec<Job>, Vec<Job>) =
+        batch.into_iter().partition(|j| j.delivery.next_attempt_at - now > LEASE.as_nanos() as Nanos / 2);
+    if stale.is_empty() {
+        return fresh;
+    }
+    let ids: Vec<String> = stale.iter().map(|j| j.delivery.id.clone()).collect();
+    let lease_until = now + LEASE.as_nanos() as Nanos;
+    let renew = move |s: &dyn crate::store::Store| {
+        s.renew_webhook_leases(&ids, (lease_until, INSTANCE.get().map(String::as_str).unwrap_or_default()))
+    };
+    let renewed: HashSet<String> = match state.db(renew).await {
+        Ok(Ok(renewed)) => renewed.into_iter().collect(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "renewing webhook leases failed; the deliveries are sent when they lapse");
+            HashSet::new()
+        }
+        Err(_) => HashSet::new(),
+    };
+    for mut job in stale {
+        if renewed.contains(&job.delivery.id) {
+            job.delivery.next_attempt_at = lease_until;
+            fresh.push(job);
+        } else {
+            finish.released(job.delivery);
+        }
+    }
+    fresh
+}
+
 /// One attempt of each delivery in `batch`: the endpoint's current URL and state, the enclave's
 /// signatures over a fresh timestamp (one call for the batch), then each POST on its own task.
 async fn deliver_batch(state: Arc<AppState>, client: reqwest::Client, batch: Vec<Job>, finish: Finish) {
     let schedule = Schedule::default();
     let started = Instant::now();
+    let batch = still_held(&state, batch, &finish).await;
     let generation = ENDPOINTS_GENERATION.load(Ordering::Acquire);
     // Endpoints read from the store for this batch (a batch of retries often shares one).
     let mut read: HashMap<(String, String), Result<String, Outcome>> = HashMap::new();

@@ -364,6 +364,12 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
         [("d2", "{}", Some("gw-a"))]
     );
     assert!(claim(50, 10, &[]).is_empty(), "claimed ones are leased");
+    // Before sending, the holder renews its leases; another gateway renews nothing of them.
+    let all = ["d1".to_string(), "d2".into(), "d3".into()];
+    assert!(s.renew_webhook_leases(&all, (lease, "gw-b")).unwrap().is_empty());
+    let mut renewed = s.renew_webhook_leases(&all, (lease, "gw-a")).unwrap();
+    renewed.sort();
+    assert_eq!(renewed, all);
     assert_eq!(claim(100, 10, &[]), ["d4"], "due later");
     let attempt = |status: &str, next: Nanos| WebhookAttempt {
         at: 20,

@@ -239,7 +239,13 @@ impl<B: Backend> Store for B {
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        if !self.read(|db| sql::any_due_webhook_delivery(db, now, skip))? {
+            return Ok(Vec::new());
+        }
         self.write(|db| sql::claim_due_webhook_deliveries(db, now, lease, limit, skip))
+    }
+    fn renew_webhook_leases(&self, ids: &[String], lease: (Nanos, &str)) -> Result<Vec<String>, StoreError> {
+        self.write(|db| sql::renew_webhook_leases(db, ids, lease))
     }
     fn release_webhook_leases(&self, now: Nanos, owner: &str) -> Result<usize, StoreError> {
         self.write(|db| sql::release_webhook_leases(db, now, owner))

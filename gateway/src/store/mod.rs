@@ -761,6 +761,9 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         skip: &[String],
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
+    /// Extends the leases `lease.1` holds on `ids` to `lease.0`; the ids it still held (one whose
+    /// lease lapsed may be another gateway's by now, and is not to be sent).
+    fn renew_webhook_leases(&self, ids: &[String], lease: (Nanos, &str)) -> Result<Vec<String>, StoreError>;
     /// Makes every pending delivery leased by `owner` due at `now` (what a previous process of
     /// that name held when it stopped, maybe dying); how many. Other gateways' leases stay.
     fn release_webhook_leases(&self, now: Nanos, owner: &str) -> Result<usize, StoreError>;

@@ -1752,6 +1752,24 @@ pub fn policy_evaluations<D: Db>(
     })
 }
 
+/// `?N, ?N+1, …` for `n` values from placeholder `first` on.
+fn marks(first: usize, n: usize) -> String {
+    (first..first + n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Whether a pending delivery is due at `now`, of an endpoint not in `skip` (a read: most polls
+/// find nothing, and need not take the writer).
+pub fn any_due_webhook_delivery<D: Db>(db: &mut D, now: Nanos, skip: &[String]) -> Result<bool, StoreError> {
+    let mut sql = "SELECT 1 FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1".to_string();
+    if !skip.is_empty() {
+        sql.push_str(&format!(" AND endpoint_id NOT IN ({})", marks(2, skip.len())));
+    }
+    sql.push_str(" LIMIT 1");
+    let mut bound = vec![Arg::Int(now)];
+    bound.extend(skip.iter().map(|e| Arg::Text(e)));
+    db.exists(&sql, &bound)
+}
+
 /// Inside a write transaction. The outer `next_attempt_at <= now` is checked again on the row
 /// as it is when its lock is had: on PostgreSQL a row another gateway claimed meanwhile no longer
 /// matches and is left to it.
@@ -1766,9 +1784,7 @@ pub fn claim_due_webhook_deliveries<D: Db>(
     let mut bound = vec![Arg::Int(lease_until), Arg::Int(now), Arg::Text(owner)];
     let mut busy = String::new();
     if !skip.is_empty() {
-        let first = bound.len() + 1;
-        let marks: Vec<String> = (first..first + skip.len()).map(|i| format!("?{i}")).collect();
-        busy = format!(" AND endpoint_id NOT IN ({})", marks.join(", "));
+        busy = format!(" AND endpoint_id NOT IN ({})", marks(bound.len() + 1, skip.len()));
         bound.extend(skip.iter().map(|e| Arg::Text(e)));
     }
     bound.push(Arg::Int(limit.min(i64::MAX as usize) as i64));
@@ -1782,6 +1798,27 @@ pub fn claim_due_webhook_deliveries<D: Db>(
     let mut claimed = db.query(&sql, &bound, delivery_row)?;
     claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     Ok(claimed)
+}
+
+/// Inside a write transaction: extends `owner`'s leases of `ids` to `lease_until`; the ids it
+/// still held (a lease that lapsed may have been claimed by another gateway since).
+pub fn renew_webhook_leases<D: Db>(
+    db: &mut D,
+    ids: &[String],
+    (lease_until, owner): (Nanos, &str),
+) -> Result<Vec<String>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "UPDATE webhook_deliveries SET next_attempt_at = ?1
+         WHERE leased_by = ?2 AND status = 'PENDING' AND id IN ({})
+         RETURNING id",
+        marks(3, ids.len())
+    );
+    let mut bound = vec![Arg::Int(lease_until), Arg::Text(owner)];
+    bound.extend(ids.iter().map(|i| Arg::Text(i)));
+    db.query(&sql, &bound, |r| r.text(0))
 }
 
 /// Rows leased before leases had owners (`leased_by` empty, never attempted) count as `owner`'s:
