@@ -45,6 +45,11 @@ static HANDOFF: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
 /// This gateway's instance id, in which the deliveries its worker holds are leased.
 static INSTANCE: OnceLock<String> = OnceLock::new();
 
+/// [`INSTANCE`] (empty before the worker starts, when nothing is leased).
+fn instance() -> &'static str {
+    INSTANCE.get().map(String::as_str).unwrap_or_default()
+}
+
 /// What an activity change means for webhooks: the events it enqueues (outbox rows for its
 /// transaction), and whether it changes an endpoint. [`Outbox::committed`] once it committed.
 pub struct Outbox {
@@ -301,7 +306,7 @@ impl Finish {
 }
 
 /// Starts the delivery worker on the current runtime; it runs for the life of the process.
-pub fn spawn(state: Arc<AppState>, instance: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let allow_private = state.webhooks.allow_private_targets;
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -310,12 +315,11 @@ pub fn spawn(state: Arc<AppState>, instance: String) -> anyhow::Result<tokio::ta
         .dns_resolver(Arc::new(GuardedResolver { allow_private }))
         .user_agent("coffer-webhooks/1")
         .build()?;
-    if INSTANCE.set(instance).is_err() {
+    if INSTANCE.set(name).is_err() {
         anyhow::bail!("the webhook delivery worker is already running");
     }
-    let instance = INSTANCE.get().map(String::as_str).unwrap_or_default();
     // What a previous process of this name held in memory is due now.
-    match state.store.release_webhook_leases(now_nanos(), instance) {
+    match state.store.release_webhook_leases(now_nanos(), instance()) {
         Ok(0) => {}
         Ok(n) => tracing::info!(deliveries = n, "webhook deliveries of an earlier run are due again"),
         Err(e) => tracing::warn!(error = %e, "releasing webhook leases failed; they are due when they lapse"),
@@ -386,7 +390,7 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
         Err(_) => return Vec::new(),
     };
     let now = now_nanos();
-    let lease = (now + LEASE.as_nanos() as Nanos, INSTANCE.get().map(String::as_str).unwrap_or_default());
+    let lease = (now + LEASE.as_nanos() as Nanos, instance());
     match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
         Ok(Ok(due)) => {
             let Ok(h) = held.lock() else { return Vec::new() };
@@ -465,9 +469,7 @@ async fn still_held(state: &Arc<AppState>, batch: Vec<Job>, finish: &Finish) -> 
     }
     let ids: Vec<String> = stale.iter().map(|j| j.delivery.id.clone()).collect();
     let lease_until = now + LEASE.as_nanos() as Nanos;
-    let renew = move |s: &dyn crate::store::Store| {
-        s.renew_webhook_leases(&ids, (lease_until, INSTANCE.get().map(String::as_str).unwrap_or_default()))
-    };
+    let renew = move |s: &dyn crate::store::Store| s.renew_webhook_leases(&ids, (lease_until, instance()));
     let renewed: HashSet<String> = match state.db(renew).await {
         Ok(Ok(renewed)) => renewed.into_iter().collect(),
         Ok(Err(e)) => {

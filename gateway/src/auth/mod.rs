@@ -234,18 +234,24 @@ async fn resolve_attested(
         .await
         .map_err(|e| ApiError::unauthenticated("SIGNATURE_INVALID", format!("attested stamp: {}", e.message)))?;
     attested::check_binding(stamp, &claims)?;
-    let org_id = org.id.clone();
-    state
-        .db(move |s| s.oauth_providers(&org_id, None))
-        .await??
-        .into_iter()
-        .find(|p| p.issuer == claims.iss && p.subject == claims.sub && p.audience == claims.aud)
-        .ok_or_else(|| {
-            ApiError::unauthenticated(
-                "PUBLIC_KEY_NOT_FOUND",
-                "attested stamp: no user of this organization has an oauth provider matching the OIDC token",
-            )
-        })
+    oauth_identity(state, &org.id, &claims).await?.ok_or_else(|| {
+        ApiError::unauthenticated(
+            "PUBLIC_KEY_NOT_FOUND",
+            "attested stamp: no user of this organization has an oauth provider matching the OIDC token",
+        )
+    })
+}
+
+/// The OAuth provider of `org` whose identity (issuer, subject, audience) a verified token's
+/// `claims` name, if a user of `org` has it.
+pub async fn oauth_identity(
+    state: &Arc<AppState>,
+    org: &str,
+    claims: &coffer_auth::oidc::Claims,
+) -> Result<Option<OauthProviderRecord>, ApiError> {
+    let org = org.to_string();
+    let providers = state.db(move |s| s.oauth_providers(&org, None)).await??;
+    Ok(providers.into_iter().find(|p| p.issuer == claims.iss && p.subject == claims.sub && p.audience == claims.aud))
 }
 
 async fn resolve_api_key(

@@ -119,20 +119,13 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
     required(&intent.public_key, "publicKey")?;
     // Which user has the token's identity: found here, proven to the enclave by its certificate.
     let claims = oidc::verify(oidc::own_keys(&ctx.state).await, &intent.oidc_token).await?;
-    let org = ctx.org.id.clone();
-    let provider = ctx
-        .state
-        .db(move |s| s.oauth_providers(&org, None))
-        .await??
-        .into_iter()
-        .find(|p| p.issuer == claims.iss && p.subject == claims.sub && p.audience == claims.aud)
-        .ok_or_else(|| {
-            ApiError::new(
-                Code::NotFound,
-                "OAUTH_PROVIDER_NOT_FOUND",
-                "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
-            )
-        })?;
+    let provider = crate::auth::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
+        ApiError::new(
+            Code::NotFound,
+            "OAUTH_PROVIDER_NOT_FOUND",
+            "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
+        )
+    })?;
     let (session, _, _, writes) = open_session(
         &ctx,
         provider.certificate,

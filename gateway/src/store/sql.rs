@@ -1267,8 +1267,12 @@ pub fn stamp_context<D: Db>(
     fingerprint: Option<&str>,
     record_kind: &str,
 ) -> Result<StampContext, StoreError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
+    // The statement, and where the key's and the user's columns start and the flags follow.
+    static SQL: std::sync::LazyLock<(String, usize, usize, usize)> = std::sync::LazyLock::new(|| {
+        let count = |cols: &str| cols.split(',').count();
+        let key_at = count(ORG_COLS);
+        let user_at = key_at + count(API_KEY_COLS);
+        let statement = format!(
             "SELECT {}, {}, {},
                 k.organization_id <> o.id AS via_parent,
                 EXISTS (SELECT 1 FROM activities a WHERE a.fingerprint = ?3),
@@ -1281,20 +1285,18 @@ pub fn stamp_context<D: Db>(
             qualified("o", ORG_COLS),
             qualified("k", API_KEY_COLS),
             qualified("u", USER_COLS)
-        )
+        );
+        (statement, key_at, user_at, user_at + count(USER_COLS))
     });
-    let (org_cols, key_cols, user_cols) =
-        (ORG_COLS.split(',').count(), API_KEY_COLS.split(',').count(), USER_COLS.split(',').count());
-    db.query_one(&SQL, args![org, public_key, fingerprint, record_kind], |r| {
-        let user_at = org_cols + key_cols;
-        let flags = user_at + user_cols;
+    let (sql, key_at, user_at, flags) = (&SQL.0, SQL.1, SQL.2, SQL.3);
+    db.query_one(sql, args![org, public_key, fingerprint, record_kind], |r| {
         let user = match r.value(user_at)? {
             Value::Null => None,
             _ => Some(user_row(&Shifted { row: r, offset: user_at })?),
         };
         Ok(StampContext {
             organization: org_row(r)?,
-            api_key: api_key_row(&Shifted { row: r, offset: org_cols })?,
+            api_key: api_key_row(&Shifted { row: r, offset: key_at })?,
             user,
             via_parent: r.int(flags)? != 0,
             fingerprint_taken: r.int(flags + 1)? != 0,
