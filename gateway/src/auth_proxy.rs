@@ -266,7 +266,7 @@ async fn submit_as_proxy(
         sealed_key: hex::decode(config.data["sealedKey"].as_str().unwrap_or_default()).unwrap_or_default(),
         body: body.clone().into_bytes(),
     };
-    let stamp = state.enclave.clone().stamp_auth_proxy_request(request).await?.into_inner().stamp;
+    let stamp = state.custody.stamp_auth_proxy_request(request).await?;
     let mut headers = HeaderMap::new();
     headers.insert("x-stamp", HeaderValue::from_str(&stamp).map_err(|_| ApiError::internal())?);
     let answer = pipeline::submit(state.clone(), path, &headers, body.as_bytes()).await?;

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::custody::transport::EnclaveTls;
+
 /// `coffer-gateway.toml`. Every field has a documented default; unknown keys are refused.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -25,7 +27,7 @@ pub struct GatewayConfig {
     /// The enclave's Unix socket. Default `./.coffer/enclave.sock`.
     pub enclave_socket: PathBuf,
     /// Several enclaves sharing one HSM's keys, each call going to the next one that is up
-    /// (`enclave_client::Failover`); when set, `enclave_socket` is not used. Environment:
+    /// (`custody::transport::Failover`); when set, `enclave_socket` is not used. Environment:
     /// `COFFER_ENCLAVE_SOCKETS`, comma-separated. Default: none.
     pub enclave_sockets: Vec<PathBuf>,
     /// Enclaves over TCP, `https://HOST:PORT` each, reached with mutual TLS (`enclave_tls`);
@@ -241,8 +243,8 @@ impl GatewayConfig {
 
     /// The enclaves the gateway talks to: `enclave_sockets` and `enclave_urls`, or else
     /// `enclave_socket`.
-    pub fn enclave_endpoints(&self) -> Vec<crate::enclave_client::EnclaveEndpoint> {
-        use crate::enclave_client::EnclaveEndpoint;
+    pub fn enclave_endpoints(&self) -> Vec<crate::custody::transport::EnclaveEndpoint> {
+        use crate::custody::transport::EnclaveEndpoint;
         let mut out: Vec<EnclaveEndpoint> = self.enclave_sockets.iter().cloned().map(EnclaveEndpoint::Unix).collect();
         if let Some(tls) = &self.enclave_tls {
             out.extend(self.enclave_urls.iter().map(|url| EnclaveEndpoint::Tls { url: url.clone(), tls: tls.clone() }));
@@ -258,16 +260,6 @@ impl GatewayConfig {
     pub fn open_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
         Ok(crate::store::open(&self.store_url)?)
     }
-}
-
-/// PEM files for mutual TLS with enclaves over TCP: the CA that issued the enclaves'
-/// certificates, and the gateway's own certificate and private key.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EnclaveTls {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 /// A numeric setting overridden from the environment.

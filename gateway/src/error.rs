@@ -47,11 +47,14 @@ pub struct ApiError {
     pub status: Option<StatusCode>,
     /// `Retry-After` seconds, for a shed request.
     pub retry_after: Option<u32>,
+    /// Why the enclave refused, when it did: the typed reason decisions are made on (never the
+    /// message's wording). Not rendered.
+    pub refusal: Option<coffer_proto::v1::RefusalReason>,
 }
 
 impl ApiError {
     pub fn new(code: Code, turnkey_code: &'static str, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), turnkey_code, status: None, retry_after: None }
+        Self { code, message: message.into(), turnkey_code, status: None, retry_after: None, refusal: None }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, "REQUEST_INVALID", message)
@@ -72,7 +75,8 @@ impl ApiError {
         Self::new(Code::Unavailable, "RPC_CALL_ERROR", message)
     }
     /// A request shed because its class is at its in-flight limit: 503 with `Retry-After: 1`.
-    pub fn overloaded(class: crate::limits::RequestClass) -> Self {
+    /// `class` names the request class (`limits::RequestClass`).
+    pub fn overloaded(class: impl std::fmt::Debug) -> Self {
         Self {
             retry_after: Some(1),
             ..Self::unavailable(format!("overloaded: too many {class:?} requests in flight, retry shortly",))
@@ -158,21 +162,6 @@ impl From<StoreError> for ApiError {
     }
 }
 
-/// Logs "enclave unavailable" at most once a second, with how many were left out: during an
-/// outage every key request fails the same way, and one line per request floods the log.
-fn warn_enclave_unavailable(message: &str) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST_SECOND: AtomicU64 = AtomicU64::new(0);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    if LAST_SECOND.swap(now, Ordering::Relaxed) == now {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
-    tracing::warn!(error = %message, suppressed, "enclave unavailable");
-}
-
 impl From<coffer_auth::AuthError> for ApiError {
     fn from(e: coffer_auth::AuthError) -> Self {
         let code = match e.code {
@@ -180,41 +169,6 @@ impl From<coffer_auth::AuthError> for ApiError {
             coffer_auth::Code::Unauthenticated => Code::Unauthenticated,
         };
         ApiError::new(code, e.turnkey_code, e.message)
-    }
-}
-
-impl From<tonic::Status> for ApiError {
-    fn from(s: tonic::Status) -> Self {
-        match s.code() {
-            tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
-            // The enclave's own authorization refused the request (see its audit log).
-            tonic::Code::PermissionDenied => {
-                tracing::warn!(error = %s.message(), "enclave refused a request");
-                ApiError::forbidden(s.message().to_string())
-            }
-            tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
-            // An OAuth 2.0 provider failed the enclave's request: 502, naming the provider.
-            tonic::Code::Aborted => ApiError {
-                status: Some(StatusCode::BAD_GATEWAY),
-                ..ApiError::new(Code::Unavailable, "OAUTH2_PROVIDER_ERROR", s.message().to_string())
-            },
-            tonic::Code::FailedPrecondition => {
-                tracing::error!(error = %s.message(), "enclave refused sealed material");
-                ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")
-            }
-            tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-            | tonic::Code::DeadlineExceeded => {
-                crate::enclave_client::note_unreachable();
-                warn_enclave_unavailable(s.message());
-                ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
-            }
-            _ => {
-                tracing::error!(error = %s.message(), code = ?s.code(), "enclave error");
-                ApiError::internal()
-            }
-        }
     }
 }
 

@@ -11,6 +11,7 @@ use axum::{Extension, Json, Router};
 use serde_json::json;
 
 use crate::activity::pipeline;
+use crate::custody::transport;
 use crate::error::ApiError;
 use crate::limits::{ClientAddr, RequestClass};
 use crate::state::AppState;
@@ -153,9 +154,8 @@ async fn query(
 /// The bundle signer's key, for clients to pin (`dangerouslyOverrideSignerPublicKey` in JS,
 /// the second half of a `QuorumPublicKey` in Rust).
 async fn enclave_signer(State(state): State<Arc<AppState>>) -> Response {
-    let resp = state.enclave.clone().get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await;
-    respond(resp.map_err(ApiError::from).map(|r| {
-        let pk = hex::encode(r.into_inner().public_key);
+    respond(state.custody.signer_public_key().await.map(|key| {
+        let pk = hex::encode(key);
         json!({ "enclaveSignerPublicKey": pk, "quorumPublicKey": format!("{pk}{pk}") })
     }))
 }
@@ -168,10 +168,8 @@ const ENCLAVE_ANSWER_HOLDS: std::time::Duration = std::time::Duration::from_mill
 /// of `@turnkey/crypto` reads it). The key lives in the enclave's HSM; its `kid` is stable.
 async fn webhook_jwks(State(state): State<Arc<AppState>>) -> Response {
     use base64::Engine;
-    let resp = state.enclave.clone().get_webhook_signing_key(coffer_proto::v1::GetWebhookSigningKeyRequest {}).await;
-    match resp.map_err(ApiError::from) {
-        Ok(r) => {
-            let key = r.into_inner();
+    match state.custody.webhook_signing_key().await {
+        Ok(key) => {
             let jwks = json!({ "keys": [{
                 "kid": key.key_id,
                 "kty": "OKP",
@@ -198,21 +196,17 @@ async fn readiness(state: &Arc<AppState>) -> Result<(), ApiError> {
     if !matches!(state.db(|s| s.ping()).await, Ok(Ok(()))) {
         return Err(ApiError::unavailable("store unavailable"));
     }
-    if crate::enclave_client::answered_within(ENCLAVE_ANSWER_HOLDS) {
+    if transport::answered_within(ENCLAVE_ANSWER_HOLDS) {
         return Ok(());
     }
-    let enclave = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        state.enclave.clone().get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}),
-    )
-    .await;
+    let enclave = tokio::time::timeout(std::time::Duration::from_secs(2), state.custody.signer_public_key()).await;
     match enclave {
         Ok(Ok(_)) => {
-            crate::enclave_client::note_answered();
+            transport::note_answered();
             Ok(())
         }
         _ => {
-            crate::enclave_client::note_unreachable();
+            transport::note_unreachable();
             Err(ApiError::unavailable("enclave unavailable"))
         }
     }

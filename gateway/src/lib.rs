@@ -4,7 +4,7 @@ pub mod activity;
 pub mod auth;
 pub mod auth_proxy;
 pub mod config;
-pub mod enclave_client;
+pub mod custody;
 pub mod error;
 pub mod http;
 pub mod limits;

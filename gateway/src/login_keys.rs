@@ -43,21 +43,8 @@ static KEYS: OnceCell<LoginKeys> = OnceCell::const_new();
 /// The login keys, asked of the enclave on first use.
 pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError> {
     KEYS.get_or_try_init(|| async {
-        let signer = state
-            .enclave
-            .clone()
-            .get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {})
-            .await
-            .map_err(ApiError::from)?
-            .into_inner()
-            .public_key;
-        let r = state
-            .enclave
-            .clone()
-            .get_login_keys(coffer_proto::v1::GetLoginKeysRequest {})
-            .await
-            .map_err(ApiError::from)?
-            .into_inner();
+        let signer = state.custody.signer_public_key().await?;
+        let r = state.custody.login_keys().await?;
         Ok::<_, ApiError>(LoginKeys {
             enclave_signer: signer,
             notarizer: r.notarizer_public_key,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use coffer_gateway::config::GatewayConfig;
+use coffer_gateway::custody::Custody;
 use coffer_gateway::state::AppState;
 
 #[derive(Parser)]
@@ -119,9 +120,9 @@ async fn main() -> anyhow::Result<()> {
                 cfg.enclave_urls.clear();
             }
             let store = cfg.open_store()?;
-            let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
+            let custody = Custody::connect_all(cfg.enclave_endpoints())?;
             let created =
-                coffer_gateway::orgs::create_root_org(store.as_ref(), &mut enclave, &name, &user_name, &api_public_key)
+                coffer_gateway::orgs::create_root_org(store.as_ref(), &custody, &name, &user_name, &api_public_key)
                     .await?;
             println!("{}", serde_json::to_string(&created)?);
             Ok(())
@@ -167,12 +168,12 @@ async fn init_dev(
         }
     }
     // The signer key comes from the running enclave (retry while it starts).
-    let mut enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
+    let custody = Custody::connect_all(cfg.enclave_endpoints())?;
     let mut signer = None;
     for _ in 0..100 {
-        match enclave.get_signer_public_key(coffer_proto::v1::GetSignerPublicKeyRequest {}).await {
-            Ok(r) => {
-                signer = Some(hex::encode(r.into_inner().public_key));
+        match custody.signer_public_key().await {
+            Ok(key) => {
+                signer = Some(hex::encode(key));
                 break;
             }
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
@@ -181,8 +182,7 @@ async fn init_dev(
     let signer = signer.ok_or_else(|| anyhow::anyhow!("enclave did not answer on {}", cfg.enclave_socket.display()))?;
     let (public, private) = keygen();
     let created =
-        coffer_gateway::orgs::create_root_org(store.as_ref(), &mut enclave, "Coffer development", "root", &public)
-            .await?;
+        coffer_gateway::orgs::create_root_org(store.as_ref(), &custody, "Coffer development", "root", &public).await?;
     let doc = zeroize::Zeroizing::new(serde_json::to_string_pretty(&serde_json::json!({
         "baseUrl": base_url,
         "authProxyUrl": auth_proxy_url,
@@ -203,10 +203,10 @@ async fn init_dev(
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     use coffer_gateway::serve::{serve, ConnectionLimits};
     let store = cfg.open_store()?;
-    let enclave = coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?;
+    let custody = Custody::connect_all(cfg.enclave_endpoints())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);
     let state =
-        Arc::new(AppState { store, enclave, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
+        Arc::new(AppState { store, custody, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
     let _webhooks = coffer_gateway::webhook_delivery::spawn(state.clone(), cfg.instance())?;
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
@@ -274,16 +274,13 @@ fn ops_thread(
 ) -> anyhow::Result<std::thread::JoinHandle<std::io::Result<()>>> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // Bound and connected in the context of the runtime whose reactor drives them.
-    let (listener, enclave) = {
+    let (listener, custody) = {
         let _in_ops_runtime = runtime.enter();
-        (
-            coffer_gateway::serve::bind(addr, cfg.listen_backlog)?,
-            coffer_gateway::enclave_client::connect_all(cfg.enclave_endpoints())?,
-        )
+        (coffer_gateway::serve::bind(addr, cfg.listen_backlog)?, Custody::connect_all(cfg.enclave_endpoints())?)
     };
     let state = Arc::new(AppState {
         store,
-        enclave,
+        custody,
         body_limit: cfg.body_limit,
         limits: coffer_gateway::limits::Limits::new(cfg),
         webhooks: cfg.webhooks.clone(),

@@ -4,7 +4,7 @@
 use coffer_proto::v1 as pb;
 use prost::Message;
 
-use crate::enclave_client::Enclave;
+use crate::custody::Custody;
 use crate::store::{now_nanos, ApiKey, CredentialKind, Organization, Store, UncertifiedCredential, User, Write};
 
 /// Ids of what `init-org` created.
@@ -19,21 +19,20 @@ pub struct CreatedOrg {
 /// Creates an organization with one root user holding one P-256 API key (threshold 1).
 pub async fn create_root_org(
     store: &dyn Store,
-    enclave: &mut Enclave,
+    custody: &Custody,
     name: &str,
     user_name: &str,
     api_public_key: &str,
 ) -> anyhow::Result<CreatedOrg> {
     let (pk, credential_type) = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", api_public_key)
         .map_err(|e| anyhow::anyhow!("API public key: {}", e.message))?;
-    let boot = enclave
+    let boot = custody
         .bootstrap_organization(pb::BootstrapOrganizationRequest {
             credential_type: credential_type.to_string(),
             public_key: pk.clone(),
         })
         .await
-        .map_err(|e| anyhow::anyhow!("the enclave did not bootstrap the organization: {}", e.message()))?
-        .into_inner();
+        .map_err(|e| anyhow::anyhow!("the enclave did not bootstrap the organization: {}", e.message))?;
     let now = now_nanos();
     let (org_id, user_id) = (boot.organization_id, boot.user_id);
     let key_id = uuid::Uuid::new_v4().to_string();

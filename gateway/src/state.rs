@@ -1,15 +1,15 @@
-//! Shared gateway state: the store, the enclave client and limits.
+//! Shared gateway state: the store, the enclaves and limits.
 
 use std::sync::Arc;
 
-use crate::enclave_client::Enclave;
+use crate::custody::Custody;
 use crate::limits::Limits;
 use crate::store::Store;
 
 /// Everything a request handler needs, shared behind an `Arc`.
 pub struct AppState {
     pub store: Arc<dyn Store>,
-    pub enclave: Enclave,
+    pub custody: Custody,
     pub body_limit: usize,
     pub limits: Limits,
     pub webhooks: crate::config::WebhookSettings,

@@ -536,10 +536,10 @@ async fn deliver_batch(state: Arc<AppState>, client: reqwest::Client, batch: Vec
             })
             .collect(),
     };
-    let signed = match state.enclave.clone().sign_webhook_deliveries(request).await {
-        Ok(r) => r.into_inner(),
+    let signed = match state.custody.sign_webhook_deliveries(request).await {
+        Ok(r) => r,
         Err(e) => {
-            let why = format!("enclave could not sign: {}", e.message());
+            let why = format!("enclave could not sign: {}", e.message);
             for (d, _) in to_sign {
                 let attempt = attempt_record(&d, Outcome::Retry(None, why.clone()), started, now_nanos(), &schedule);
                 finish.over(d, attempt);

@@ -184,8 +184,8 @@ async fn certify_credentials(
         return Ok(());
     }
     let expected = credentials.len();
-    let request = pb::IssueCertificatesRequest { auth: Some(auth), credentials };
-    let certificates = state.enclave.clone().issue_certificates(request).await?.into_inner().certificates;
+    let request = pb::IssueCertificatesRequest { credentials, ..Default::default() };
+    let certificates = state.custody.authorized(&auth).issue_certificates(request).await?.certificates;
     if certificates.len() != expected {
         return Err(ApiError::internal());
     }

@@ -36,6 +36,13 @@ pub struct Ctx {
     pub fingerprint: String,
 }
 
+impl Ctx {
+    /// The enclaves, on behalf of this activity (every call carries [`Ctx::auth`]).
+    pub fn enclave(&self) -> crate::custody::Authorized<'_> {
+        self.state.custody.authorized(&self.auth)
+    }
+}
+
 /// Context of one query.
 pub struct QueryCtx {
     pub state: Arc<AppState>,

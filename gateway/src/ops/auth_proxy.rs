@@ -52,8 +52,8 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
             writes: vec![Write::PutRecord(r), Write::PutRecord(feature_record(&ctx.org.id, ctx.now))],
         });
     }
-    let request = pb::EnableAuthProxyRequest { auth: Some(ctx.auth.clone()) };
-    let key = ctx.state.enclave.clone().enable_auth_proxy(request).await?.into_inner();
+    let request = pb::EnableAuthProxyRequest::default();
+    let key = ctx.enclave().enable_auth_proxy(request).await?;
     let org = ctx.org.id.clone();
     let policy = super::policies::system_policy(
         &org,

@@ -76,15 +76,9 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
     }
     let ids: Vec<String> = intent.private_keys.iter().map(|_| uuid::Uuid::new_v4().to_string()).collect();
     let created = ctx
-        .state
-        .enclave
-        .clone()
-        .create_private_keys(pb::CreatePrivateKeysRequest {
-            auth: Some(ctx.auth.clone()),
-            private_key_ids: ids.clone(),
-        })
+        .enclave()
+        .create_private_keys(pb::CreatePrivateKeysRequest { private_key_ids: ids.clone(), ..Default::default() })
         .await?
-        .into_inner()
         .keys;
     if created.len() != ids.len() {
         return Err(ApiError::internal());

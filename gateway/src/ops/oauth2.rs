@@ -108,9 +108,8 @@ pub async fn create_oauth2_credential(ctx: Ctx, intent: CreateOauth2CredentialIn
     required(&intent.encrypted_client_secret, "encryptedClientSecret")?;
     ensure_unique(&ctx, &intent.provider, &intent.client_id, None).await?;
     let id = uuid::Uuid::new_v4().to_string();
-    let request =
-        pb::CertifyOauth2CredentialRequest { auth: Some(ctx.auth.clone()), credential_id: id.clone(), current: None };
-    let credential = ctx.state.enclave.clone().certify_oauth2_credential(request).await?.into_inner();
+    let request = pb::CertifyOauth2CredentialRequest { credential_id: id.clone(), current: None, ..Default::default() };
+    let credential = ctx.enclave().certify_oauth2_credential(request).await?;
     Ok(Outcome {
         result: json!({ "oauth2CredentialId": id }),
         writes: vec![Write::PutRecord(record_of(credential, ctx.now, ctx.now))],
@@ -139,11 +138,11 @@ pub async fn update_oauth2_credential(ctx: Ctx, intent: UpdateOauth2CredentialIn
     let client_id = if intent.client_id.is_empty() { text(&current, "clientId").to_string() } else { intent.client_id };
     ensure_unique(&ctx, &provider, &client_id, Some(&current.id)).await?;
     let request = pb::CertifyOauth2CredentialRequest {
-        auth: Some(ctx.auth.clone()),
         credential_id: current.id.clone(),
         current: Some(certified(&current)),
+        ..Default::default()
     };
-    let credential = ctx.state.enclave.clone().certify_oauth2_credential(request).await?.into_inner();
+    let credential = ctx.enclave().certify_oauth2_credential(request).await?;
     Ok(Outcome {
         result: json!({ "oauth2CredentialId": current.id }),
         writes: vec![Write::PutRecord(record_of(credential, current.created_at, ctx.now))],
@@ -211,8 +210,7 @@ pub async fn oauth2_authenticate(ctx: Ctx, intent: Oauth2AuthenticateIntent) -> 
         required(v, k)?;
     }
     let credential = load(&ctx.state, &ctx.org.id, &intent.oauth2_credential_id).await?;
-    let request =
-        pb::Oauth2AuthenticateRequest { auth: Some(ctx.auth.clone()), credential: Some(certified(&credential)) };
-    let token = ctx.state.enclave.clone().oauth2_authenticate(request).await?.into_inner().oidc_token;
+    let request = pb::Oauth2AuthenticateRequest { credential: Some(certified(&credential)), ..Default::default() };
+    let token = ctx.enclave().oauth2_authenticate(request).await?.oidc_token;
     Ok(Outcome { result: json!({ "oidcToken": token }), writes: vec![] })
 }

@@ -298,10 +298,13 @@ mod tests {
             keys.push(key);
         }
         store.apply(&writes).unwrap();
-        let enclave = crate::enclave_client::connect(dir.join("no-enclave.sock")).unwrap();
+        let custody = crate::custody::Custody::connect_all(vec![crate::custody::transport::EnclaveEndpoint::Unix(
+            dir.join("no-enclave.sock"),
+        )])
+        .unwrap();
         let state = Arc::new(AppState {
             store: Arc::new(store),
-            enclave,
+            custody,
             body_limit: 1 << 20,
             limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
             webhooks: Default::default(),

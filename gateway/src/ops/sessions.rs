@@ -60,11 +60,11 @@ async fn open_session(
         }
     }
     let request = pb::CreateSessionRequest {
-        auth: Some(ctx.auth.clone()),
         provider_certificate,
         parent_certificate: parent_certificate(ctx).await?,
+        ..Default::default()
     };
-    let session = ctx.state.enclave.clone().create_session(request).await?.into_inner();
+    let session = ctx.enclave().create_session(request).await?;
     // The enclave chose the user; it must be one of this organization.
     let user = super::users::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
     let mut writes = Vec::new();

@@ -34,13 +34,7 @@ async fn signing_key(ctx: &Ctx, sign_with: &str) -> Result<(pb::SealedRef, Strin
 
 async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Vec<Value>, ApiError> {
     let (key, address_format) = signing_key(ctx, sign_with).await?;
-    let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .sign(pb::SignRequest { auth: Some(ctx.auth.clone()), key: Some(key), address_format })
-        .await?
-        .into_inner();
+    let resp = ctx.enclave().sign(pb::SignRequest { key: Some(key), address_format, ..Default::default() }).await?;
     Ok(resp.signatures.into_iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect())
 }
 
@@ -105,12 +99,9 @@ pub fn check_transaction(params: &Value) -> Result<(), ApiError> {
 pub async fn sign_transaction(ctx: Ctx, i: SignTransactionIntent) -> Result<Outcome, ApiError> {
     let (key, address_format) = signing_key(&ctx, &i.sign_with).await?;
     let signed = ctx
-        .state
-        .enclave
-        .clone()
-        .sign_transaction(pb::SignRequest { auth: Some(ctx.auth.clone()), key: Some(key), address_format })
+        .enclave()
+        .sign_transaction(pb::SignRequest { key: Some(key), address_format, ..Default::default() })
         .await?
-        .into_inner()
         .signed_transaction;
     Ok(Outcome { result: json!({ "signedTransaction": hex::encode(signed) }), writes: vec![] })
 }

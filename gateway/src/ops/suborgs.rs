@@ -195,16 +195,9 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
     if let (Some(w), Some(account_ids)) = (intent.wallet, wallet_specs) {
         let wallet_id = uuid::Uuid::new_v4().to_string();
         let resp = ctx
-            .state
-            .enclave
-            .clone()
-            .create_wallet(pb::CreateWalletRequest {
-                auth: Some(ctx.auth.clone()),
-                wallet_id: wallet_id.clone(),
-                account_ids,
-            })
-            .await?
-            .into_inner();
+            .enclave()
+            .create_wallet(pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() })
+            .await?;
         let rows = account_rows(&sub_ctx, &wallet_id, &w.accounts, resp.accounts);
         let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
         writes.push(Write::InsertWallet(Wallet {

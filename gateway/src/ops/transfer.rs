@@ -36,12 +36,9 @@ pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, A
     target_key(&i.target_public_key)?;
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &i.wallet_id).await?;
     let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .export_wallet(pb::ExportWalletRequest { auth: Some(ctx.auth.clone()), seed: Some(sealed::seed(&wallet)) })
-        .await?
-        .into_inner();
+        .enclave()
+        .export_wallet(pb::ExportWalletRequest { seed: Some(sealed::seed(&wallet)), ..Default::default() })
+        .await?;
     Ok(Outcome {
         result: json!({ "walletId": wallet.id, "exportBundle": resp.export_bundle }),
         writes: vec![Write::MarkWalletExported(wallet.id)],
@@ -50,8 +47,8 @@ pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, A
 
 /// Has the enclave export one sealed key (standalone or wallet account) to the stamped target.
 async fn export_key(ctx: &Ctx, key: pb::SealedRef) -> Result<String, ApiError> {
-    let req = pb::ExportKeyRequest { auth: Some(ctx.auth.clone()), key: Some(key) };
-    Ok(ctx.state.enclave.clone().export_key(req).await?.into_inner().export_bundle)
+    let req = pb::ExportKeyRequest { key: Some(key), ..Default::default() };
+    Ok(ctx.enclave().export_key(req).await?.export_bundle)
 }
 
 #[derive(Deserialize)]
@@ -105,13 +102,7 @@ async fn init_import(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError>
         StoreError::NotFound => ApiError::not_found(format!("user not found: {}", i.user_id)),
         other => other.into(),
     })?;
-    let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .init_import(pb::InitImportRequest { auth: Some(ctx.auth.clone()) })
-        .await?
-        .into_inner();
+    let resp = ctx.enclave().init_import(pb::InitImportRequest::default()).await?;
     Ok(Outcome {
         result: json!({ "importBundle": resp.import_bundle }),
         writes: vec![Write::PutImportTarget(ImportTarget {
@@ -161,17 +152,14 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
     let target = pending_target(&ctx, &i.user_id).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
-        .state
-        .enclave
-        .clone()
+        .enclave()
         .import_wallet(pb::ImportWalletRequest {
-            auth: Some(ctx.auth.clone()),
             target: Some(sealed::import_target(&target)),
             wallet_id: wallet_id.clone(),
             account_ids,
+            ..Default::default()
         })
-        .await?
-        .into_inner();
+        .await?;
     let rows = account_rows(&ctx, &wallet_id, &i.accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
@@ -210,16 +198,13 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
     let target = pending_target(&ctx, &i.user_id).await?;
     let id = uuid::Uuid::new_v4().to_string();
     let km = ctx
-        .state
-        .enclave
-        .clone()
+        .enclave()
         .import_private_key(pb::ImportPrivateKeyRequest {
-            auth: Some(ctx.auth.clone()),
             target: Some(sealed::import_target(&target)),
             private_key_id: id.clone(),
+            ..Default::default()
         })
-        .await?
-        .into_inner();
+        .await?;
     let addresses = address_entries(km.addresses);
     let key = PrivateKey {
         id: id.clone(),

@@ -127,16 +127,9 @@ pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outco
     super::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
-        .state
-        .enclave
-        .clone()
-        .create_wallet(pb::CreateWalletRequest {
-            auth: Some(ctx.auth.clone()),
-            wallet_id: wallet_id.clone(),
-            account_ids,
-        })
-        .await?
-        .into_inner();
+        .enclave()
+        .create_wallet(pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() })
+        .await?;
     let rows = account_rows(&ctx, &wallet_id, &intent.accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
@@ -170,16 +163,13 @@ pub async fn create_wallet_accounts(ctx: Ctx, intent: CreateWalletAccountsIntent
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
     let account_ids = account_ids(&intent.accounts)?;
     let resp = ctx
-        .state
-        .enclave
-        .clone()
+        .enclave()
         .derive_accounts(pb::DeriveAccountsRequest {
-            auth: Some(ctx.auth.clone()),
             seed: Some(super::sealed::seed(&wallet)),
             account_ids,
+            ..Default::default()
         })
-        .await?
-        .into_inner();
+        .await?;
     let rows = account_rows(&ctx, &wallet.id, &intent.accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let writes = if intent.persist.unwrap_or(true) { vec![Write::InsertAccounts(rows)] } else { vec![] };

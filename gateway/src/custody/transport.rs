@@ -1,21 +1,66 @@
-//! The gateway's gRPC client to its enclaves: lazy HTTP/2 channels over Unix sockets or over TCP
-//! with mutual TLS, that reconnect by themselves when an enclave restarts, with failover between
-//! several enclaves.
+//! How the gateway reaches its enclaves: lazy HTTP/2 channels over Unix sockets or over TCP with
+//! mutual TLS, that reconnect by themselves when an enclave restarts, with failover between
+//! several enclaves, metered; and [`Transport`], the one type every transport is seen as.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use coffer_proto::v1::enclave_client::EnclaveClient;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tonic::body::BoxBody;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tower::ServiceExt;
 
-/// A cheap-to-clone handle to the enclaves.
-pub type Enclave = EnclaveClient<Metered<Failover>>;
+/// The error a transport fails a call with (it never reached an enclave, or got no answer).
+pub type TransportError = Box<dyn std::error::Error + Send + Sync>;
+type Call =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<axum::http::Response<BoxBody>, TransportError>> + Send>>;
+
+/// Any HTTP/2 service that answers gRPC requests, as one cheap-to-clone, `Sync` type: the metered
+/// channels of [`connect_all`] in production, an enclave service in the same process in tests
+/// (`tower`'s `BoxCloneService` is not `Sync`, and the gateway's state is shared across threads).
+#[derive(Clone)]
+pub struct Transport(Arc<dyn Fn(axum::http::Request<BoxBody>) -> Call + Send + Sync>);
+
+impl Transport {
+    /// Wraps `service`; each call goes to a clone of it, made ready first.
+    pub fn new<S, B>(service: S) -> Self
+    where
+        S: tower::Service<axum::http::Request<BoxBody>, Response = axum::http::Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<TransportError>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<TransportError>,
+    {
+        Transport(Arc::new(move |request| {
+            let service = service.clone();
+            Box::pin(async move {
+                let response = service.oneshot(request).await.map_err(Into::into)?;
+                Ok(response.map(|b| BoxBody::new(b.map_err(|e| tonic::Status::from_error(e.into())))))
+            })
+        }))
+    }
+}
+
+impl tower::Service<axum::http::Request<BoxBody>> for Transport {
+    type Response = axum::http::Response<BoxBody>;
+    type Error = TransportError;
+    type Future = Call;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<BoxBody>) -> Self::Future {
+        (self.0)(request)
+    }
+}
 
 /// How long an enclave that could not be reached is passed over before it is tried again.
 const DOWN_FOR: Duration = Duration::from_secs(2);
@@ -149,8 +194,18 @@ pub enum EnclaveEndpoint {
     /// `https://HOST:PORT`; the enclave's certificate must name HOST and chain to `tls.ca`.
     Tls {
         url: String,
-        tls: crate::config::EnclaveTls,
+        tls: EnclaveTls,
     },
+}
+
+/// PEM files for mutual TLS with enclaves over TCP: the CA that issued the enclaves'
+/// certificates, and the gateway's own certificate and private key.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnclaveTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl EnclaveEndpoint {
@@ -163,14 +218,9 @@ impl EnclaveEndpoint {
     }
 }
 
-/// Connects lazily to one enclave: the first call (and every call after the enclave went away)
-/// dials again.
-pub fn connect(socket: PathBuf) -> anyhow::Result<Enclave> {
-    connect_all(vec![EnclaveEndpoint::Unix(socket)])
-}
-
-/// Connects lazily to several enclaves sharing one HSM's keys, with [`Failover`] between them.
-pub fn connect_all(endpoints: Vec<EnclaveEndpoint>) -> anyhow::Result<Enclave> {
+/// Connects lazily to several enclaves sharing one HSM's keys, with [`Failover`] between them:
+/// the first call (and every call after an enclave went away) dials again.
+pub fn connect_all(endpoints: Vec<EnclaveEndpoint>) -> anyhow::Result<Transport> {
     let members = endpoints
         .into_iter()
         .map(|endpoint| {
@@ -178,7 +228,7 @@ pub fn connect_all(endpoints: Vec<EnclaveEndpoint>) -> anyhow::Result<Enclave> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let failover = Failover { members: members.into(), next: Arc::new(AtomicUsize::new(0)) };
-    Ok(EnclaveClient::new(Metered(failover)).max_decoding_message_size(64 * 1024 * 1024))
+    Ok(Transport::new(Metered(failover)))
 }
 
 fn channel(endpoint: EnclaveEndpoint) -> anyhow::Result<Channel> {

@@ -1,0 +1,252 @@
+//! The seam between the gateway and its enclaves: every call for key material goes through
+//! [`Custody`], which attaches the activity's stamped authorization itself and maps the enclave's
+//! answers, typed refusals included, to [`ApiError`] in one place. Handlers never see tonic.
+
+pub mod transport;
+
+use coffer_proto::v1 as pb;
+use coffer_proto::v1::enclave_client::EnclaveClient;
+use prost::Message;
+
+use crate::error::{ApiError, Code};
+use transport::{EnclaveEndpoint, Transport};
+
+/// The largest answer taken from an enclave (an export, a batch of signatures).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The enclaves, as the gateway's operations reach them. Cheap to clone.
+#[derive(Clone)]
+pub struct Custody {
+    client: EnclaveClient<Transport>,
+}
+
+/// The enclaves on behalf of one activity: every call carries the activity's [`pb::Authorization`]
+/// (its stamped submission, and after consensus the approving vote), from which the enclave
+/// derives what it may do.
+pub struct Authorized<'a> {
+    client: &'a EnclaveClient<Transport>,
+    auth: &'a pb::Authorization,
+}
+
+/// A request the enclave authorizes from a stamped body: it has an `auth` field.
+trait NeedsAuthorization {
+    fn authorize(&mut self, auth: pb::Authorization);
+}
+
+/// The requests the enclave authorizes from a stamped body.
+macro_rules! needs_authorization {
+    ($($request:ty),* $(,)?) => {
+        $(impl NeedsAuthorization for $request {
+            fn authorize(&mut self, auth: pb::Authorization) {
+                self.auth = Some(auth);
+            }
+        })*
+    };
+}
+
+needs_authorization!(
+    pb::IssueCertificatesRequest,
+    pb::CreateWalletRequest,
+    pb::DeriveAccountsRequest,
+    pb::CreatePrivateKeysRequest,
+    pb::SignRequest,
+    pb::ExportWalletRequest,
+    pb::ExportKeyRequest,
+    pb::InitImportRequest,
+    pb::ImportWalletRequest,
+    pb::ImportPrivateKeyRequest,
+    pb::CertifyOauth2CredentialRequest,
+    pb::Oauth2AuthenticateRequest,
+    pb::CreateSessionRequest,
+    pb::EnableAuthProxyRequest,
+);
+
+/// Each authorized call: its method on [`Authorized`] (the RPC's name), the request, the answer.
+macro_rules! authorized_calls {
+    ($($(#[$doc:meta])* $method:ident($request:ty) -> $answer:ty;)*) => {
+        impl Authorized<'_> {
+            $($(#[$doc])*
+            pub async fn $method(&self, mut request: $request) -> Result<$answer, ApiError> {
+                request.authorize(self.auth.clone());
+                answer(self.client.clone().$method(request).await)
+            })*
+        }
+    };
+}
+
+authorized_calls! {
+    /// Certifies the credentials an activity adds (API keys, passkeys, OAuth identities, a
+    /// sub-organization's parent).
+    issue_certificates(pb::IssueCertificatesRequest) -> pb::IssueCertificatesResponse;
+    create_wallet(pb::CreateWalletRequest) -> pb::CreateWalletResponse;
+    derive_accounts(pb::DeriveAccountsRequest) -> pb::DeriveAccountsResponse;
+    create_private_keys(pb::CreatePrivateKeysRequest) -> pb::CreatePrivateKeysResponse;
+    sign(pb::SignRequest) -> pb::SignResponse;
+    sign_transaction(pb::SignRequest) -> pb::SignTransactionResponse;
+    export_wallet(pb::ExportWalletRequest) -> pb::ExportResponse;
+    export_key(pb::ExportKeyRequest) -> pb::ExportResponse;
+    init_import(pb::InitImportRequest) -> pb::InitImportResponse;
+    import_wallet(pb::ImportWalletRequest) -> pb::CreateWalletResponse;
+    import_private_key(pb::ImportPrivateKeyRequest) -> pb::KeyMaterial;
+    certify_oauth2_credential(pb::CertifyOauth2CredentialRequest) -> pb::Oauth2Credential;
+    oauth2_authenticate(pb::Oauth2AuthenticateRequest) -> pb::Oauth2AuthenticateResponse;
+    create_session(pb::CreateSessionRequest) -> pb::CreateSessionResponse;
+    enable_auth_proxy(pb::EnableAuthProxyRequest) -> pb::EnableAuthProxyResponse;
+}
+
+impl Custody {
+    /// The enclaves behind `transport`.
+    pub fn new(transport: Transport) -> Self {
+        Self { client: EnclaveClient::new(transport).max_decoding_message_size(MAX_ANSWER_BYTES) }
+    }
+
+    /// Connects lazily to the enclaves at `endpoints` (see [`transport::connect_all`]).
+    pub fn connect_all(endpoints: Vec<EnclaveEndpoint>) -> anyhow::Result<Self> {
+        Ok(Self::new(transport::connect_all(endpoints)?))
+    }
+
+    /// The calls of the activity `auth` authorizes.
+    pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Authorized<'a> {
+        Authorized { client: &self.client, auth }
+    }
+
+    /// The bundle signer's public key (65-byte uncompressed SEC1).
+    pub async fn signer_public_key(&self) -> Result<Vec<u8>, ApiError> {
+        answer(self.client.clone().get_signer_public_key(pb::GetSignerPublicKeyRequest {}).await).map(|r| r.public_key)
+    }
+
+    /// The webhook signing key's public half and id.
+    pub async fn webhook_signing_key(&self) -> Result<pb::GetWebhookSigningKeyResponse, ApiError> {
+        answer(self.client.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await)
+    }
+
+    /// The public login keys (notarizer, OIDC issuer, TLS fetcher).
+    pub async fn login_keys(&self) -> Result<pb::GetLoginKeysResponse, ApiError> {
+        answer(self.client.clone().get_login_keys(pb::GetLoginKeysRequest {}).await)
+    }
+
+    /// Signs webhook deliveries (the enclave refuses, per delivery, what is not an event body).
+    pub async fn sign_webhook_deliveries(
+        &self,
+        request: pb::SignWebhookDeliveriesRequest,
+    ) -> Result<pb::SignWebhookDeliveriesResponse, ApiError> {
+        answer(self.client.clone().sign_webhook_deliveries(request).await)
+    }
+
+    /// The auth proxy's stamp (an `X-Stamp` value) of a body the enclave checks itself.
+    pub async fn stamp_auth_proxy_request(
+        &self,
+        request: pb::StampAuthProxyRequestRequest,
+    ) -> Result<String, ApiError> {
+        answer(self.client.clone().stamp_auth_proxy_request(request).await).map(|r| r.stamp)
+    }
+
+    /// Operator bootstrap: a new organization with one root credential, ids chosen by the enclave.
+    pub async fn bootstrap_organization(
+        &self,
+        request: pb::BootstrapOrganizationRequest,
+    ) -> Result<pb::BootstrapOrganizationResponse, ApiError> {
+        answer(self.client.clone().bootstrap_organization(request).await)
+    }
+}
+
+/// An enclave's answer, or the [`ApiError`] its status means.
+fn answer<T>(result: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ApiError> {
+    result.map(tonic::Response::into_inner).map_err(api_error)
+}
+
+/// The reason the enclave attached to a refusal, if any (see `Refusal` in `enclave.proto`).
+fn refusal_reason(status: &tonic::Status) -> Option<pb::RefusalReason> {
+    let refusal = pb::Refusal::decode(status.details()).ok()?;
+    pb::RefusalReason::try_from(refusal.reason).ok().filter(|r| *r != pb::RefusalReason::Unspecified)
+}
+
+/// The one mapping of enclave statuses to the gateway's errors.
+fn api_error(s: tonic::Status) -> ApiError {
+    let refusal = refusal_reason(&s);
+    let error = match s.code() {
+        tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
+        // The enclave's own authorization refused the request (see its audit log).
+        tonic::Code::PermissionDenied => {
+            tracing::warn!(error = %s.message(), reason = ?refusal, "enclave refused a request");
+            ApiError::forbidden(s.message().to_string())
+        }
+        tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
+        // An OAuth 2.0 provider failed the enclave's request: 502, naming the provider.
+        tonic::Code::Aborted => ApiError {
+            status: Some(axum::http::StatusCode::BAD_GATEWAY),
+            ..ApiError::new(Code::Unavailable, "OAUTH2_PROVIDER_ERROR", s.message().to_string())
+        },
+        tonic::Code::FailedPrecondition => {
+            tracing::error!(error = %s.message(), "enclave refused sealed material");
+            ApiError::new(Code::Internal, "INTERNAL", "stored key material failed to open")
+        }
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+            transport::note_unreachable();
+            warn_enclave_unavailable(s.message());
+            ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
+        }
+        _ => {
+            tracing::error!(error = %s.message(), code = ?s.code(), "enclave error");
+            ApiError::internal()
+        }
+    };
+    ApiError { refusal, ..error }
+}
+
+/// Logs "enclave unavailable" at most once a second, with how many were left out: during an
+/// outage every key request fails the same way, and one line per request floods the log.
+fn warn_enclave_unavailable(message: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if LAST_SECOND.swap(now, Ordering::Relaxed) == now {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    tracing::warn!(error = %message, suppressed, "enclave unavailable");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(reason: pb::RefusalReason) -> tonic::Status {
+        let details = pb::Refusal { reason: reason as i32 }.encode_to_vec();
+        tonic::Status::with_details(tonic::Code::PermissionDenied, "enclave refused: whatever it says", details.into())
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_typed_reason_whatever_its_wording() {
+        let e = api_error(refused(pb::RefusalReason::Replayed));
+        assert_eq!((e.code, e.refusal), (Code::PermissionDenied, Some(pb::RefusalReason::Replayed)));
+        assert_eq!(e.message, "enclave refused: whatever it says");
+        // The wording alone decides nothing.
+        let e = api_error(tonic::Status::permission_denied("replayed request: this stamped body was already used"));
+        assert_eq!(e.refusal, None);
+        // Details that do not decode are no reason.
+        let garbage = tonic::Status::with_details(tonic::Code::PermissionDenied, "x", vec![0xff, 0xff].into());
+        assert_eq!(api_error(garbage).refusal, None);
+        let busy = tonic::Status::with_details(
+            tonic::Code::ResourceExhausted,
+            "enclave busy",
+            pb::Refusal { reason: pb::RefusalReason::ReplayWindowFull as i32 }.encode_to_vec().into(),
+        );
+        let e = api_error(busy);
+        assert_eq!((e.code, e.refusal), (Code::Unavailable, Some(pb::RefusalReason::ReplayWindowFull)));
+    }
+
+    #[test]
+    fn statuses_map_to_the_documented_errors() {
+        assert_eq!(api_error(tonic::Status::invalid_argument("bad curve")).code, Code::InvalidArgument);
+        let e = api_error(tonic::Status::aborted("provider said no"));
+        assert_eq!((e.turnkey_code, e.status), ("OAUTH2_PROVIDER_ERROR", Some(axum::http::StatusCode::BAD_GATEWAY)));
+        let e = api_error(tonic::Status::failed_precondition("seal"));
+        assert_eq!((e.code, e.message.as_str()), (Code::Internal, "stored key material failed to open"));
+        let e = api_error(tonic::Status::unavailable("connection refused"));
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.starts_with("enclave unavailable"), "{}", e.message);
+    }
+}
