@@ -453,7 +453,8 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
 /// failed on what the twin did (a name just taken, the enclave refusing the replayed stamp).
 /// When the enclave saw the stamp first, the twin's commit is moments away: wait for it.
 async fn twin_or(state: &Arc<AppState>, org: &str, fingerprint: &str, err: ApiError) -> Result<Value, ApiError> {
-    let wait = if err.message.contains("replayed request") { Duration::from_secs(3) } else { Duration::ZERO };
+    let replayed = err.refusal == Some(coffer_proto::v1::RefusalReason::Replayed);
+    let wait = if replayed { Duration::from_secs(3) } else { Duration::ZERO };
     let deadline = std::time::Instant::now() + wait;
     loop {
         let fp = fingerprint.to_string();

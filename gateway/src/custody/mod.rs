@@ -4,6 +4,9 @@
 
 pub mod transport;
 
+#[cfg(test)]
+pub mod in_process;
+
 use coffer_proto::v1 as pb;
 use coffer_proto::v1::enclave_client::EnclaveClient;
 use prost::Message;

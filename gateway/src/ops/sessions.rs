@@ -185,3 +185,42 @@ pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionI
         writes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use p256::elliptic_curve::sec1::ToEncodedPoint;
+
+    use crate::custody::in_process::{stamp_headers, Harness};
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_write_session_key_reaches_only_the_target_and_stamps_as_the_user() {
+        let h = Harness::new().await;
+        let target = p256::SecretKey::from_slice(&[0x22; 32]).unwrap();
+        let target_hex = hex::encode(target.public_key().to_encoded_point(false).as_bytes());
+        let intent = json!({ "targetPublicKey": target_hex, "apiKeyName": "session", "expirationSeconds": "900" });
+        let result =
+            h.run("create_read_write_session", "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2", intent).await.unwrap();
+        assert_eq!(result["userId"], h.user_id);
+        let bundle = result["credentialBundle"].as_str().unwrap();
+        // Only the target key opens the bundle.
+        assert!(coffer_crypto::session::open_credential_bundle(bundle, &[0x23; 32]).is_err());
+        let secret = coffer_crypto::session::open_credential_bundle(bundle, &[0x22; 32]).unwrap();
+        let session = p256::ecdsa::SigningKey::from_slice(&secret).unwrap();
+
+        // The stored credential is the session key, certified by the enclave.
+        let key_id = result["apiKeyId"].as_str().unwrap();
+        let stored = h.state.store.api_key(&h.organization_id, key_id).unwrap();
+        assert_eq!(stored.public_key, hex::encode(session.verifying_key().to_encoded_point(true).as_bytes()));
+        assert_eq!(stored.credential_type, "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256");
+        assert!(!stored.certificate.is_empty());
+
+        // It stamps as the user.
+        let body = json!({ "organizationId": h.organization_id }).to_string();
+        let headers = stamp_headers(&session, body.as_bytes());
+        let whoami =
+            crate::activity::pipeline::query(h.state.clone(), "whoami", &headers, body.as_bytes()).await.unwrap();
+        assert_eq!(whoami["userId"], h.user_id);
+    }
+}

@@ -105,3 +105,62 @@ pub async fn sign_transaction(ctx: Ctx, i: SignTransactionIntent) -> Result<Outc
         .signed_transaction;
     Ok(Outcome { result: json!({ "signedTransaction": hex::encode(signed) }), writes: vec![] })
 }
+
+#[cfg(test)]
+mod tests {
+    use k256::ecdsa::{RecoveryId, Signature, VerifyingKey};
+    use serde_json::{json, Value};
+    use sha3::Digest;
+
+    use crate::custody::in_process::Harness;
+
+    /// The Ethereum address that signed `digest` with (r, s, v), recovered by k256.
+    fn signer_address(digest: &[u8; 32], signature: &Value) -> String {
+        let text = |k: &str| signature[k].as_str().unwrap().to_string();
+        let rs = hex::decode(text("r") + &text("s")).unwrap();
+        let v = u8::from_str_radix(&text("v"), 16).unwrap();
+        let key = VerifyingKey::recover_from_prehash(
+            digest,
+            &Signature::from_slice(&rs).unwrap(),
+            RecoveryId::from_byte(v).unwrap(),
+        )
+        .unwrap();
+        let point = key.to_encoded_point(false);
+        format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_enclave_signs_what_the_stamped_body_says_with_the_named_key() {
+        let h = Harness::new().await;
+        let (_, addresses) = h.ethereum_wallet("signer", &[0, 1]).await;
+        let intent = |sign_with: &str, payload: &str| {
+            json!({
+                "signWith": sign_with,
+                "payload": payload,
+                "encoding": "PAYLOAD_ENCODING_TEXT_UTF8",
+                "hashFunction": "HASH_FUNCTION_KECCAK256",
+            })
+        };
+        let signature = h
+            .run("sign_raw_payload", "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", intent(&addresses[1], "hello"))
+            .await
+            .unwrap();
+        let digest: [u8; 32] = sha3::Keccak256::digest(b"hello").into();
+        assert_eq!(signer_address(&digest, &signature), addresses[1].to_lowercase());
+
+        let mut many = intent(&addresses[0], "");
+        many["payloads"] = json!(["one", "two"]);
+        let result = h.run("sign_raw_payloads", "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS", many).await.unwrap();
+        let signatures = result["signatures"].as_array().unwrap();
+        assert_eq!(signatures.len(), 2);
+        for (payload, signature) in ["one", "two"].iter().zip(signatures) {
+            let digest: [u8; 32] = sha3::Keccak256::digest(payload.as_bytes()).into();
+            assert_eq!(signer_address(&digest, signature), addresses[0].to_lowercase());
+        }
+
+        // An address the organization does not hold: refused, nothing signed.
+        let stranger = "0x000000000000000000000000000000000000dEaD";
+        let err = h.run("sign_raw_payload", "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", intent(stranger, "x")).await;
+        assert!(err.is_err(), "{err:?}");
+    }
+}

@@ -228,3 +228,34 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
         writes: vec![take(target), Write::InsertPrivateKeys(vec![key])],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sha3::Digest;
+
+    use crate::custody::in_process::Harness;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_exported_wallet_opens_with_the_official_client_and_derives_its_addresses() {
+        let h = Harness::new().await;
+        let (wallet_id, addresses) = h.ethereum_wallet("exported", &[0, 3]).await;
+        let signer = hex::encode(h.state.custody.signer_public_key().await.unwrap());
+        let quorum = turnkey_enclave_encrypt::QuorumPublicKey::from_string(format!("{signer}{signer}")).unwrap();
+        let mut target = turnkey_enclave_encrypt::ExportClient::new(&quorum);
+        let intent = json!({ "walletId": wallet_id, "targetPublicKey": target.target_public_key().unwrap() });
+        let result = h.run("export_wallet", "ACTIVITY_TYPE_EXPORT_WALLET", intent).await.unwrap();
+        let bundle = result["exportBundle"].as_str().unwrap();
+        let phrase = target.decrypt_wallet_mnemonic_phrase(bundle, &h.organization_id).unwrap();
+        let mnemonic = bip39::Mnemonic::parse(&phrase).unwrap();
+        for (index, address) in [0, 3].iter().zip(&addresses) {
+            let path = format!("m/44'/60'/0'/0/{index}").parse().unwrap();
+            let key = bip32::XPrv::derive_from_path(mnemonic.to_seed(""), &path).unwrap();
+            let point = key.public_key().public_key().to_encoded_point(false);
+            let derived = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
+            assert_eq!(&derived, &address.to_lowercase());
+        }
+        // The wallet is marked exported (deleting it no longer needs deleteWithoutExport).
+        assert!(h.state.store.wallet(&h.organization_id, &wallet_id).unwrap().exported);
+    }
+}

@@ -277,3 +277,53 @@ pub async fn get_wallet_account(ctx: QueryCtx, req: GetWalletAccountRequest) -> 
         None => Err(ApiError::not_found("wallet account not found")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::custody::in_process::{ethereum_account, Harness};
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn wallets_and_accounts_are_made_by_the_enclave_and_stored_sealed() {
+        let h = Harness::new().await;
+        let (wallet_id, first) = h.ethereum_wallet("main", &[0]).await;
+        assert_eq!(first.len(), 1);
+        assert!(first[0].starts_with("0x") && first[0].len() == 42, "{first:?}");
+
+        let more = json!({ "walletId": wallet_id, "accounts": [ethereum_account(1), ethereum_account(2)] });
+        let derived = h.run("create_wallet_accounts", "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS", more).await.unwrap();
+        let derived: Vec<&str> = derived["addresses"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(derived.len(), 2);
+        assert!(!derived.contains(&first[0].as_str()) && derived[0] != derived[1], "{derived:?}");
+
+        // What the store keeps is sealed by the enclave: a seed blob, no plaintext mnemonic.
+        let wallet = h.state.store.wallet(&h.organization_id, &wallet_id).unwrap();
+        assert!(wallet.sealed_seed.len() > 32, "{}", wallet.sealed_seed.len());
+        let accounts =
+            h.state.store.accounts_page(&h.organization_id, Some(&wallet_id), &crate::store::Page::ALL).unwrap();
+        assert_eq!(accounts.len(), 3);
+
+        // A second wallet of the same name is refused before the enclave makes anything.
+        let again = json!({ "walletName": "main", "accounts": [ethereum_account(0)] });
+        let err = h.run("create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", again).await.unwrap_err();
+        assert_eq!(err.code, crate::error::Code::InvalidArgument, "{err}");
+        assert_eq!(h.state.store.wallets_page(&h.organization_id, &crate::store::Page::ALL).unwrap().len(), 1);
+    }
+
+    /// Two identical submissions racing through the gateway: the enclave refuses the second
+    /// stamp as replayed (a typed reason), and the gateway answers it with its twin's activity.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_twin_refused_as_replayed_answers_with_the_first_activity() {
+        let h = Harness::new().await;
+        for _ in 0..5 {
+            let params = json!({ "walletName": uuid::Uuid::new_v4().to_string(), "accounts": [ethereum_account(0)] });
+            let body = h.body("ACTIVITY_TYPE_CREATE_WALLET", params);
+            let (a, b) = tokio::join!(h.submit_body("create_wallet", &body), h.submit_body("create_wallet", &body));
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a["activity"]["id"], b["activity"]["id"]);
+            assert_eq!(a["activity"]["status"], "ACTIVITY_STATUS_COMPLETED");
+        }
+        assert_eq!(h.state.store.wallets_page(&h.organization_id, &crate::store::Page::ALL).unwrap().len(), 5);
+    }
+}
