@@ -20,8 +20,7 @@ use crate::activity::pipeline;
 use crate::auth::oidc;
 use crate::error::{ApiError, Code};
 use crate::limits::{ClientAddr, RateLimiter};
-use crate::ops::auth_proxy::AUTH_PROXY;
-use crate::ops::oauth2::OAUTH2_CREDENTIAL;
+use crate::record_kinds::{AUTH_PROXY, OAUTH2_CREDENTIAL};
 use crate::state::AppState;
 use crate::store::{Page, Record, StoreError, SubOrgFilter};
 

@@ -101,9 +101,9 @@ pub fn import_certificates(store: &dyn Store, input: impl std::io::BufRead) -> a
         writes.push(match c.kind {
             CredentialKind::ParentOrganization => Write::PutRecord(crate::store::Record {
                 organization_id: c.organization_id.clone(),
-                kind: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
-                id: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
-                name: crate::activity::pipeline::PARENT_CERTIFICATE.into(),
+                kind: crate::record_kinds::PARENT_CERTIFICATE.into(),
+                id: crate::record_kinds::PARENT_CERTIFICATE.into(),
+                name: crate::record_kinds::PARENT_CERTIFICATE.into(),
                 data: serde_json::json!({ "certificate": hex::encode(&bytes) }),
                 created_at: now_nanos(),
                 updated_at: now_nanos(),

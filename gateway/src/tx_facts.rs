@@ -10,7 +10,8 @@ use coffer_policy::context::TransactionFacts;
 use coffer_policy::eval::Val;
 use serde_json::Value;
 
-use crate::store::{Store, StoreError, SMART_CONTRACT_INTERFACE};
+use crate::record_kinds::SMART_CONTRACT_INTERFACE;
+use crate::store::{Store, StoreError};
 
 /// An organization's parsed interfaces: Ethereum ABIs by lowercase contract address, Solana IDLs
 /// by program key. An interface that does not parse is left out (it decodes nothing).

@@ -15,18 +15,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::activity::render;
-use crate::ops::webhooks::{
-    check_target, endpoint_json, is_forbidden_address, EventFilter, ACTIVITY_UPDATES, WEBHOOK_ENDPOINT,
-};
+use crate::record_kinds::WEBHOOK_ENDPOINT;
 use crate::state::AppState;
 use crate::store::{
     now_nanos, ActivityRecord, Nanos, Organization, Store, StoreError, WebhookAttempt, WebhookDelivery, Write,
     DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
+use crate::webhook_endpoint::{check_target, endpoint_json, is_forbidden_address, EventFilter, ACTIVITY_UPDATES};
 
 /// How long a fresh event handed to the worker in memory stays out of the outbox poll.
 pub const LEASE: Duration = Duration::from_secs(60);
@@ -659,24 +657,6 @@ fn error_text(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
-}
-
-/// A delivery as the operators' query shows it.
-pub fn delivery_json(d: &WebhookDelivery) -> Value {
-    serde_json::json!({
-        "eventId": d.id,
-        "endpointId": d.endpoint_id,
-        "organizationId": d.activity_organization_id,
-        "activityId": d.activity_id,
-        "eventType": d.event_type,
-        "status": d.status,
-        "attempts": d.attempts,
-        "lastStatusCode": d.last_status_code,
-        "lastError": d.last_error,
-        "nextAttemptAt": (d.status == DELIVERY_PENDING).then(|| render::timestamp(d.next_attempt_at)),
-        "createdAt": render::timestamp(d.created_at),
-        "updatedAt": render::timestamp(d.updated_at),
-    })
 }
 
 #[cfg(test)]

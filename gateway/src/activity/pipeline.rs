@@ -17,6 +17,7 @@ use crate::auth::{self, Caller, Credential};
 use crate::error::{ApiError, Code};
 use crate::ops;
 use crate::policy::{denied, evaluate, Proposal};
+use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::state::AppState;
 use crate::store::{
     now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, StampContext, Store, StoreError,
@@ -67,7 +68,7 @@ async fn authenticate(
     let stamp = match stamp {
         auth::Stamp::ApiKey(api_stamp, raw) => {
             let (o, pk, fp) = (org_id.clone(), api_stamp.public_key.clone(), fingerprint.map(str::to_string));
-            let endpoints = crate::ops::webhooks::WEBHOOK_ENDPOINT;
+            let endpoints = crate::record_kinds::WEBHOOK_ENDPOINT;
             match state.db(move |s| s.stamp_context(&o, &pk, fp.as_deref(), endpoints)).await? {
                 Ok(StampContext {
                     organization,
@@ -137,10 +138,6 @@ async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<supe
     certify_credentials(&state, auth, &mut outcome.writes).await?;
     Ok(outcome)
 }
-
-/// Record kind of a sub-organization's parent certificate (the enclave's proof that the parent's
-/// credentials may submit its login activities).
-pub const PARENT_CERTIFICATE: &str = "parent_certificate";
 
 /// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
 /// `writes`, and adds the parent certificate of a sub-organization they create.

@@ -7,14 +7,13 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::organization::FEATURE;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
+use crate::record_kinds::{AUTH_PROXY, FEATURE};
 use crate::store::{ApiKey, Record, User, Write};
 use coffer_proto::v1 as pb;
 
-pub const AUTH_PROXY: &str = "auth_proxy";
 pub const FEATURE_AUTH_PROXY: &str = "FEATURE_NAME_AUTH_PROXY";
 /// Values of `allowedAuthMethods`.
 pub const AUTH_METHODS: &[&str] = &["passkey", "wallet", "email", "sms"];

@@ -11,7 +11,7 @@ use crate::activity::render::timestamp;
 use crate::error::ApiError;
 use crate::store::{Record, StoreError, Write};
 
-pub use crate::store::SMART_CONTRACT_INTERFACE;
+use crate::record_kinds::SMART_CONTRACT_INTERFACE;
 /// Largest interface accepted, in bytes of its JSON text (400 KiB).
 pub const MAX_INTERFACE_BYTES: usize = 409_600;
 

@@ -10,10 +10,9 @@ use super::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::{ApiError, Code};
+use crate::record_kinds::OAUTH2_CREDENTIAL;
 use crate::store::{Record, StoreError, Write};
 use coffer_proto::v1 as pb;
-
-pub const OAUTH2_CREDENTIAL: &str = "oauth2_credential";
 
 fn check_provider(provider: &str) -> Result<(), ApiError> {
     if coffer_auth::oidc::OAUTH2_PROVIDERS.contains(&provider) {

@@ -6,16 +6,14 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::contracts::{self, SMART_CONTRACT_INTERFACE};
-use super::policies::{self, POLICY};
-use super::tags::{self, PRIVATE_KEY_TAG, USER_TAG};
+use super::contracts;
+use super::policies;
+use super::tags;
 use super::{keys, users, wallets};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::ApiError;
+use crate::record_kinds::{FEATURE, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG};
 use crate::store::{Organization, Page, Record, StoreError, Write};
-
-/// Features are records of this kind with id = name = the `FeatureName` and data `{"value": ..}`.
-pub const FEATURE: &str = "feature";
 
 /// `FeatureName` values (`turnkey_client` 0.17.1), `FEATURE_NAME_UNSPECIFIED` excluded.
 pub const FEATURE_NAMES: &[&str] = &[

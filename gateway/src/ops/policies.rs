@@ -10,10 +10,10 @@ use super::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
+use crate::record_kinds::POLICY;
 use crate::store::{Nanos, Record, StoreError, Write};
 use coffer_policy as policy;
 
-pub const POLICY: &str = "policy";
 /// Spec 5: the message for a policy name already in use.
 pub const NAME_TAKEN: &str = "policy label must be unique";
 

@@ -7,10 +7,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::required;
-use crate::activity::pipeline::PARENT_CERTIFICATE;
 use crate::activity::registry::{Ctx, Outcome};
 use crate::auth::{oidc, stamp::SESSION_CREDENTIAL_TYPES};
 use crate::error::{ApiError, Code};
+use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
 

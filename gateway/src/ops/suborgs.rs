@@ -10,13 +10,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::credentials::inline_credentials;
-use super::organization::{BAD_THRESHOLD, FEATURE};
+use super::organization::BAD_THRESHOLD;
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
 use super::wallets::{account_ids, account_rows, AccountParams};
 use super::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::auth::oidc;
 use crate::error::{ApiError, Code};
+use crate::record_kinds::FEATURE;
 use crate::state::AppState;
 use crate::store::{Organization, Page, Record, StoreError, SubOrgFilter, User, Wallet, Write};
 use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};

@@ -15,11 +15,9 @@ use super::users::{dedup, load_user};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
+use crate::record_kinds::{PRIVATE_KEY_TAG, USER_TAG};
 use crate::state::AppState;
 use crate::store::{Record, StoreError, Write};
-
-pub const USER_TAG: &str = "user_tag";
-pub const PRIVATE_KEY_TAG: &str = "private_key_tag";
 
 fn label(kind: &str) -> &'static str {
     if kind == USER_TAG {

@@ -17,13 +17,9 @@ use super::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
+use crate::record_kinds::{TVC_APP, TVC_DEPLOYMENT, TVC_OPERATOR, TVC_OPERATOR_SET};
 use crate::state::AppState;
 use crate::store::{Nanos, Record, StoreError, Write};
-
-pub const TVC_APP: &str = "tvc_app";
-pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
-pub const TVC_OPERATOR_SET: &str = "tvc_operator_set";
-pub const TVC_OPERATOR: &str = "tvc_operator";
 
 const HEALTH_CHECK_TYPES: &[&str] = &["TVC_HEALTH_CHECK_TYPE_HTTP", "TVC_HEALTH_CHECK_TYPE_GRPC"];
 /// Longest app, operator set or operator name accepted, in characters.

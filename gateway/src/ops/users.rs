@@ -7,10 +7,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::required;
-use super::tags::USER_TAG;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::{ApiError, Code};
+use crate::record_kinds::USER_TAG;
 use crate::state::AppState;
 use crate::store::{ApiKey, Nanos, Store, StoreError, User, Write};
 

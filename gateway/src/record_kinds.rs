@@ -1,0 +1,54 @@
+//! The kinds of the store's generic records (the `records` table), named once for every module.
+
+/// A policy (`data`: the policy JSON clients read).
+pub const POLICY: &str = "policy";
+/// A smart contract interface (Ethereum ABI or Solana IDL) policies decode calls with.
+pub const SMART_CONTRACT_INTERFACE: &str = "smart_contract_interface";
+/// A user tag (`data.userIds`).
+pub const USER_TAG: &str = "user_tag";
+/// A private-key tag (`data.privateKeyIds`).
+pub const PRIVATE_KEY_TAG: &str = "private_key_tag";
+/// An organization feature: id = name = the `FeatureName`, data `{"value": ..}`.
+pub const FEATURE: &str = "feature";
+/// A webhook endpoint (its URL, filters and name).
+pub const WEBHOOK_ENDPOINT: &str = "webhook_endpoint";
+/// An OAuth 2.0 client (X, Discord), its secret sealed to the enclave.
+pub const OAUTH2_CREDENTIAL: &str = "oauth2_credential";
+/// The auth proxy's configuration of an organization (its key sealed by the enclave).
+pub const AUTH_PROXY: &str = "auth_proxy";
+/// A sub-organization's parent certificate: the enclave's proof that the parent's credentials may
+/// submit its login activities.
+pub const PARENT_CERTIFICATE: &str = "parent_certificate";
+/// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
+pub const TVC_APP: &str = "tvc_app";
+pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
+pub const TVC_OPERATOR_SET: &str = "tvc_operator_set";
+pub const TVC_OPERATOR: &str = "tvc_operator";
+
+/// Every kind, for checks that they are distinct.
+pub const ALL: &[&str] = &[
+    POLICY,
+    SMART_CONTRACT_INTERFACE,
+    USER_TAG,
+    PRIVATE_KEY_TAG,
+    FEATURE,
+    WEBHOOK_ENDPOINT,
+    OAUTH2_CREDENTIAL,
+    AUTH_PROXY,
+    PARENT_CERTIFICATE,
+    TVC_APP,
+    TVC_DEPLOYMENT,
+    TVC_OPERATOR_SET,
+    TVC_OPERATOR,
+];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kinds_are_distinct() {
+        let mut kinds = super::ALL.to_vec();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), super::ALL.len());
+    }
+}
