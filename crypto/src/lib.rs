@@ -1,5 +1,8 @@
 //! Key-material functions of the enclave, free of any HSM: pure, unit-tested, fuzzable.
 
+// No panics on input in the enclave: errors are returned; tests may unwrap.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod address;
 pub mod bundle;
 pub mod error;
