@@ -8,6 +8,7 @@ pub mod bundle;
 pub mod error;
 pub mod keys;
 pub mod qos;
+pub mod secret;
 pub mod session;
 pub mod sign;
 

@@ -158,7 +158,7 @@ pub(crate) mod tests {
     /// mnemonic -> seed -> derive -> public_key.
     pub(crate) fn pubkey_of(phrase: &str, curve: Curve, path: &str) -> Vec<u8> {
         let seed = keys::seed_from_phrase(phrase).unwrap();
-        let secret = keys::derive(seed.as_slice(), curve, path).unwrap();
+        let secret = keys::derive(&seed, curve, path).unwrap();
         keys::public_key(curve, &secret).unwrap()
     }
 

@@ -12,6 +12,7 @@ use sha2::Sha512;
 use zeroize::{Zeroize, Zeroizing};
 
 use super::Curve;
+use crate::secret::Seed;
 use crate::CryptoError;
 
 const HARDENED: u32 = 1 << 31;
@@ -59,7 +60,8 @@ fn parse_path(path: &str) -> Result<Vec<u32>, CryptoError> {
 ///
 /// secp256k1: BIP-32. P-256: SLIP-0010 ("Nist256p1 seed"). Ed25519: SLIP-0010 ("ed25519 seed"),
 /// hardened segments only; the result is the RFC 8032 seed of the key.
-pub fn derive(seed: &[u8], curve: Curve, path: &str) -> Result<Zeroizing<[u8; 32]>, CryptoError> {
+pub fn derive(seed: &Seed, curve: Curve, path: &str) -> Result<Zeroizing<[u8; 32]>, CryptoError> {
+    let seed = seed.as_bytes();
     let indices = parse_path(path)?;
     if curve == Curve::Ed25519 && indices.iter().any(|i| i & HARDENED == 0) {
         return Err(invalid_path("ed25519 derivation supports hardened segments only"));
@@ -216,7 +218,7 @@ mod tests {
     /// Checks (path, private key, public key) triples; the public key as SLIP-0010 prints it
     /// (Ed25519 keys with a leading 00 byte).
     fn check(curve: Curve, seed: &str, chains: &[(&str, &str, &str)]) {
-        let seed = hex::decode(seed).unwrap();
+        let seed = Seed::from_slice(&hex::decode(seed).unwrap());
         for (path, private, public) in chains {
             let key = derive(&seed, curve, path).unwrap();
             assert_eq!(hex::encode(key.as_slice()), *private, "{curve:?} {path}");
@@ -346,7 +348,7 @@ mod tests {
 
     #[test]
     fn ed25519_refuses_non_hardened_segments() {
-        let seed = hex::decode(SEED_1).unwrap();
+        let seed = Seed::from_slice(&hex::decode(SEED_1).unwrap());
         for path in ["m/44'/501'/0'/0", "m/0", "m/0'/1/2'"] {
             match derive(&seed, Curve::Ed25519, path) {
                 Err(CryptoError::InvalidArgument(m)) => {
@@ -396,9 +398,15 @@ mod tests {
     #[test]
     fn seed_length_is_checked() {
         for curve in [Curve::Secp256k1, Curve::P256, Curve::Ed25519] {
-            assert!(matches!(derive(&[1u8; 15], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
-            assert!(matches!(derive(&[1u8; 65], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
-            assert!(derive(&[1u8; 64], curve, "m/0'").is_ok());
+            assert!(matches!(
+                derive(&Seed::from_slice(&[1u8; 15]), curve, "m/0'"),
+                Err(CryptoError::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                derive(&Seed::from_slice(&[1u8; 65]), curve, "m/0'"),
+                Err(CryptoError::InvalidArgument(_))
+            ));
+            assert!(derive(&Seed::from_slice(&[1u8; 64]), curve, "m/0'").is_ok());
         }
     }
 }
