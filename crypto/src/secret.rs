@@ -101,13 +101,15 @@ mod tests {
 
     const SEED_DEBUG: &str = "Seed([REDACTED; 64 bytes])";
     const ENTROPY_DEBUG: &str = "Entropy([REDACTED; 16 bytes])";
+    const SECRET_KEY_DEBUG: &str = "SecretKey { curve: Secp256k1, .. }";
+    const FIXED: [&str; 3] = [SEED_DEBUG, ENTROPY_DEBUG, SECRET_KEY_DEBUG];
 
     /// `n` distinct bytes none of whose renderings occurs in the fixed text of the redacted
     /// forms (`ED`, `ee`, `64`, `6`, ...), so any occurrence in an output is a leak.
     fn secret(n: usize) -> Vec<u8> {
         let out: Vec<u8> = (0..=255u8)
             .rev()
-            .filter(|b| renderings(&[*b]).iter().all(|r| !SEED_DEBUG.contains(r) && !ENTROPY_DEBUG.contains(r)))
+            .filter(|b| renderings(&[*b]).iter().all(|r| FIXED.iter().all(|fixed| !fixed.contains(r))))
             .take(n)
             .collect();
         assert_eq!(out.len(), n);
@@ -115,8 +117,8 @@ mod tests {
     }
 
     fn check_debug(value: &impl std::fmt::Debug, expected: &str, secret: &[u8]) {
+        assert_eq!(format!("{value:?}"), expected);
         for debug in [format!("{value:?}"), format!("{value:#?}")] {
-            assert_eq!(debug, expected);
             for r in renderings(secret) {
                 assert!(!debug.contains(&r), "{debug:?} contains {r:?}");
             }
@@ -130,6 +132,8 @@ mod tests {
         check_debug(&seed, SEED_DEBUG, &bytes);
         let entropy = Entropy::from(Zeroizing::new(bytes[..16].to_vec()));
         check_debug(&entropy, ENTROPY_DEBUG, &bytes[..16]);
+        let key = crate::keys::SecretKey::from_slice(crate::Curve::Secp256k1, &bytes[..32]).unwrap();
+        check_debug(&key, SECRET_KEY_DEBUG, &bytes[..32]);
         // A structure that holds one prints it redacted too.
         assert_eq!(format!("{:?}", Some(&seed)), format!("Some({SEED_DEBUG})"));
     }

@@ -209,14 +209,14 @@ fn derive_accounts(
             }
             let curve = Curve::parse(text(spec, "curve"))?;
             let secret = keys::derive(seed, curve, text(spec, "path"))?;
-            let public_key = keys::public_key(curve, &secret)?;
+            let public_key = secret.public_key()?;
             let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
             let binding = BlobBinding {
                 curve: curve.wire_name(),
                 address: &address,
                 ..BlobBinding::plain(BlobKind::WalletAccountKey, organization_id, account_id)
             };
-            let sealed_key = hsm.seal(&binding, secret.as_slice())?;
+            let sealed_key = hsm.seal(&binding, secret.secret_bytes())?;
             Ok(pb::Account { account_id: account_id.to_string(), public_key, address, sealed_key })
         })
         .collect()

@@ -159,7 +159,7 @@ pub(crate) mod tests {
     pub(crate) fn pubkey_of(phrase: &str, curve: Curve, path: &str) -> Vec<u8> {
         let seed = keys::seed_from_phrase(phrase).unwrap();
         let secret = keys::derive(&seed, curve, path).unwrap();
-        keys::public_key(curve, &secret).unwrap()
+        secret.public_key().unwrap()
     }
 
     /// The address of the "abandon ... about" key at `path` in `format`.

@@ -63,6 +63,10 @@ impl SecretKey {
         let bytes: [u8; 32] = bytes.try_into().map_err(|_| CryptoError::invalid("private key must be 32 bytes"))?;
         Ok(Self { curve, bytes })
     }
+    /// Copies a secret this crate produced (the caller's buffer zeroizes itself).
+    pub(crate) fn from_array(curve: Curve, bytes: &[u8; 32]) -> Self {
+        Self { curve, bytes: *bytes }
+    }
     pub fn curve(&self) -> Curve {
         self.curve
     }
