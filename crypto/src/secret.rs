@@ -7,6 +7,8 @@
 
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
+use crate::CryptoError;
+
 macro_rules! secret_bytes {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
@@ -77,6 +79,57 @@ secret_bytes! {
     Entropy
 }
 
+/// 32 bytes of randomness (the HSM's) that seed a ChaCha20 RNG for one ephemeral key: whoever
+/// knows them knows that key, so they are as secret as what it protects. Never reuse one.
+#[derive(Zeroize, ZeroizeOnDrop)]
+pub struct RngSeed([u8; 32]);
+
+impl RngSeed {
+    /// Copies 32 bytes (the caller keeps zeroizing its own buffer).
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, CryptoError> {
+        let bytes: &[u8; 32] = bytes.try_into().map_err(|_| CryptoError::invalid("RNG seed must be 32 bytes"))?;
+        Ok(Self(*bytes))
+    }
+
+    /// The secret bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A ChaCha20 RNG seeded with these bytes. (rand_chacha 0.3 does not zeroize its state on
+    /// drop: keep the RNG for one call only.)
+    pub(crate) fn rng(&self) -> rand_chacha::ChaCha20Rng {
+        rand_core::SeedableRng::from_seed(self.0)
+    }
+}
+
+/// Copies the bytes; the `Zeroizing` wipes its own copy when it is dropped here.
+impl From<Zeroizing<[u8; 32]>> for RngSeed {
+    fn from(bytes: Zeroizing<[u8; 32]>) -> Self {
+        Self(*bytes)
+    }
+}
+
+impl AsRef<[u8]> for RngSeed {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for RngSeed {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The type name and length only, never a byte of the secret.
+impl std::fmt::Debug for RngSeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RngSeed([REDACTED; 32 bytes])")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +140,7 @@ mod tests {
     fn secret_types_zeroize_on_drop() {
         assert_zod::<Seed>();
         assert_zod::<Entropy>();
+        assert_zod::<RngSeed>();
         assert_zod::<crate::keys::SecretKey>();
     }
 
@@ -101,8 +155,9 @@ mod tests {
 
     const SEED_DEBUG: &str = "Seed([REDACTED; 64 bytes])";
     const ENTROPY_DEBUG: &str = "Entropy([REDACTED; 16 bytes])";
+    const RNG_SEED_DEBUG: &str = "RngSeed([REDACTED; 32 bytes])";
     const SECRET_KEY_DEBUG: &str = "SecretKey { curve: Secp256k1, .. }";
-    const FIXED: [&str; 3] = [SEED_DEBUG, ENTROPY_DEBUG, SECRET_KEY_DEBUG];
+    const FIXED: [&str; 4] = [SEED_DEBUG, ENTROPY_DEBUG, RNG_SEED_DEBUG, SECRET_KEY_DEBUG];
 
     /// `n` distinct bytes none of whose renderings occurs in the fixed text of the redacted
     /// forms (`ED`, `ee`, `64`, `6`, ...), so any occurrence in an output is a leak.
@@ -132,6 +187,8 @@ mod tests {
         check_debug(&seed, SEED_DEBUG, &bytes);
         let entropy = Entropy::from(Zeroizing::new(bytes[..16].to_vec()));
         check_debug(&entropy, ENTROPY_DEBUG, &bytes[..16]);
+        let rng_seed = RngSeed::from_slice(&bytes[..32]).unwrap();
+        check_debug(&rng_seed, RNG_SEED_DEBUG, &bytes[..32]);
         let key = crate::keys::SecretKey::from_slice(crate::Curve::Secp256k1, &bytes[..32]).unwrap();
         check_debug(&key, SECRET_KEY_DEBUG, &bytes[..32]);
         // A structure that holds one prints it redacted too.
@@ -154,5 +211,15 @@ mod tests {
         assert_eq!(entropy.as_bytes(), &[7u8; 20]);
         entropy.zeroize();
         assert!(entropy.is_empty());
+
+        let rng_seed = RngSeed::from(Zeroizing::new([9u8; 32]));
+        assert_eq!(rng_seed.as_bytes(), &[9u8; 32]);
+        assert_eq!(rng_seed.as_ref(), &[9u8; 32]);
+        assert_eq!(&*rng_seed, &[9u8; 32]);
+        assert_eq!(RngSeed::from_slice(&[9u8; 32]).unwrap().as_bytes(), rng_seed.as_bytes());
+        for bad in [&[9u8; 31][..], &[9u8; 33]] {
+            let err = RngSeed::from_slice(bad).unwrap_err();
+            assert!(matches!(err, CryptoError::InvalidArgument(ref m) if m == "RNG seed must be 32 bytes"));
+        }
     }
 }
