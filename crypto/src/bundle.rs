@@ -6,11 +6,10 @@
 use hpke::{Deserializable, Kem as KemTrait, OpModeR, OpModeS, Serializable};
 use p256::ecdsa::signature::Verifier as _;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
-use rand_chacha::ChaCha20Rng;
-use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::secret::RngSeed;
 use crate::CryptoError;
 
 type Kem = hpke::kem::DhP256HkdfSha256;
@@ -109,14 +108,14 @@ fn envelope(signer: &dyn EnvelopeSigner, data: &[u8]) -> Result<String, CryptoEr
 /// returns the uncompressed encapsulated key and `ciphertext ‖ tag`. The ephemeral key is drawn
 /// from a ChaCha20 RNG seeded with `rng_seed`.
 pub(crate) fn hpke_seal(
-    rng_seed: &[u8; 32],
+    rng_seed: &RngSeed,
     target: &[u8; 65],
     plaintext: &[u8],
 ) -> Result<([u8; 65], Vec<u8>), CryptoError> {
     let receiver = <Kem as KemTrait>::PublicKey::from_bytes(target)
         .map_err(|_| CryptoError::invalid("invalid target public key"))?;
     // Note: rand_chacha 0.3 does not zeroize its state on drop; the RNG lives only for this call.
-    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
+    let mut rng = rng_seed.rng();
     let (encapped, mut ctx) = hpke::setup_sender::<Aead, Kdf, Kem, _>(&OpModeS::Base, &receiver, HPKE_INFO, &mut rng)
         .map_err(|_| internal("HPKE sender setup failed"))?;
     let encapped: [u8; 65] =
@@ -146,7 +145,7 @@ pub(crate) fn hpke_open(secret: &[u8; 32], encapped: &[u8], ciphertext: &[u8]) -
 /// so the caller's zeroizing copy is the only one outside the RNG.
 pub fn export_bundle(
     signer: &dyn EnvelopeSigner,
-    rng_seed: &[u8; 32],
+    rng_seed: &RngSeed,
     target_public_key_hex: &str,
     organization_id: &str,
     plaintext: &[u8],
@@ -170,8 +169,8 @@ pub struct ImportTarget {
 }
 
 /// Draws an import target key from a ChaCha20 RNG seeded with `rng_seed`.
-pub fn new_import_target(rng_seed: &[u8; 32]) -> Result<ImportTarget, CryptoError> {
-    let mut rng = ChaCha20Rng::from_seed(*rng_seed);
+pub fn new_import_target(rng_seed: &RngSeed) -> Result<ImportTarget, CryptoError> {
+    let mut rng = rng_seed.rng();
     let key = p256::SecretKey::random(&mut rng);
     let mut secret = Zeroizing::new([0u8; 32]);
     let mut bytes = key.to_bytes();

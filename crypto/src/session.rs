@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::bundle::{hpke_open, hpke_seal, parse_target_public_key};
+use crate::secret::RngSeed;
 use crate::CryptoError;
 
 /// The JOSE header of every session JWT, byte for byte as the hosted service sends it.
@@ -130,7 +131,7 @@ pub fn verify_session_jwt_signature(jwt: &str, notarizer_public: &[u8]) -> bool 
 /// sends it), with the ephemeral key drawn from a ChaCha20 RNG seeded with `rng_seed` (HSM
 /// randomness; never reuse a seed).
 pub fn credential_bundle(
-    rng_seed: &[u8; 32],
+    rng_seed: &RngSeed,
     target_public: &str,
     private_key: &[u8; 32],
 ) -> Result<String, CryptoError> {
@@ -143,7 +144,7 @@ pub fn credential_bundle(
 /// Any secret in the credential-bundle format (`bs58check(compressed encapped key ‖ HPKE
 /// ciphertext)` to `target_public`), so `decryptCredentialBundle` of `@turnkey/crypto` opens it
 /// (it returns the plaintext as hex): the `encrypted_bearer_token` of Coffer's OIDC tokens.
-pub fn sealed_to_target(rng_seed: &[u8; 32], target_public: &str, plaintext: &[u8]) -> Result<String, CryptoError> {
+pub fn sealed_to_target(rng_seed: &RngSeed, target_public: &str, plaintext: &[u8]) -> Result<String, CryptoError> {
     let target = parse_target_public_key(target_public)?;
     let (encapped, ciphertext) = hpke_seal(rng_seed, &target, plaintext)?;
     let compressed = p256::PublicKey::from_sec1_bytes(&encapped)

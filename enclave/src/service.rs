@@ -198,7 +198,7 @@ fn account_specs<'a>(accounts: &'a [Value], ids: &'a [String]) -> Result<Vec<(&'
 fn derive_accounts(
     hsm: &Hsm,
     organization_id: &str,
-    seed: &[u8],
+    seed: &keys::Seed,
     specs: &[(&str, &Value)],
 ) -> Result<Vec<pb::Account>, EnclaveError> {
     specs
@@ -209,14 +209,14 @@ fn derive_accounts(
             }
             let curve = Curve::parse(text(spec, "curve"))?;
             let secret = keys::derive(seed, curve, text(spec, "path"))?;
-            let public_key = keys::public_key(curve, &secret)?;
+            let public_key = secret.public_key()?;
             let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
             let binding = BlobBinding {
                 curve: curve.wire_name(),
                 address: &address,
                 ..BlobBinding::plain(BlobKind::WalletAccountKey, organization_id, account_id)
             };
-            let sealed_key = hsm.seal(&binding, secret.as_slice())?;
+            let sealed_key = hsm.seal(&binding, secret.secret_bytes())?;
             Ok(pb::Account { account_id: account_id.to_string(), public_key, address, sealed_key })
         })
         .collect()
@@ -261,7 +261,7 @@ fn seal_wallet(
     specs: &[(&str, &Value)],
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
     let seed = keys::seed_from_phrase(phrase)?;
-    let accounts = derive_accounts(hsm, organization_id, seed.as_slice(), specs)?;
+    let accounts = derive_accounts(hsm, organization_id, &seed, specs)?;
     let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
     Ok(pb::CreateWalletResponse { sealed_seed, accounts })
@@ -726,7 +726,7 @@ impl Enclave for EnclaveService {
             };
             let specs = account_specs(items(wallet, "accounts"), &req.account_ids)?;
             let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
-            let entropy = hsm.random(keys::entropy_len_for_words(words)?)?;
+            let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
             let phrase = keys::mnemonic_phrase(&entropy, "")?;
             seal_wallet(&hsm, &organization_id, &req.wallet_id, &phrase, &specs)
         })
@@ -748,7 +748,7 @@ impl Enclave for EnclaveService {
             let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
             let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
             let seed = keys::seed_from_phrase(&phrase)?;
-            let accounts = derive_accounts(&hsm, &a.activity.organization_id, seed.as_slice(), &specs)?;
+            let accounts = derive_accounts(&hsm, &a.activity.organization_id, &seed, &specs)?;
             Ok(pb::DeriveAccountsResponse { accounts })
         })
         .await

@@ -158,8 +158,8 @@ pub(crate) mod tests {
     /// mnemonic -> seed -> derive -> public_key.
     pub(crate) fn pubkey_of(phrase: &str, curve: Curve, path: &str) -> Vec<u8> {
         let seed = keys::seed_from_phrase(phrase).unwrap();
-        let secret = keys::derive(seed.as_slice(), curve, path).unwrap();
-        keys::public_key(curve, &secret).unwrap()
+        let secret = keys::derive(&seed, curve, path).unwrap();
+        secret.public_key().unwrap()
     }
 
     /// The address of the "abandon ... about" key at `path` in `format`.

@@ -6,6 +6,11 @@ use turnkey_enclave_encrypt::client::EnclaveEncryptClient;
 use turnkey_enclave_encrypt::errors::EnclaveEncryptError;
 use turnkey_enclave_encrypt::{ExportClient, ImportClient, QuorumPublicKey};
 
+/// The RNG seed of a test: 32 copies of `byte`.
+fn rng(byte: u8) -> RngSeed {
+    RngSeed::from(Zeroizing::new([byte; 32]))
+}
+
 /// Test-only software quorum key (the enclave uses the HSM).
 struct SoftSigner(SigningKey);
 
@@ -60,7 +65,7 @@ fn export_decrypts_with_turnkey_export_client() {
     let mut client = ExportClient::new(&quorum(&s));
     let target = client.target_public_key().unwrap();
     assert_eq!(target.len(), 130);
-    let bundle = export_bundle(&s, &[1; 32], &target, "org-1", MNEMONIC.as_bytes()).unwrap();
+    let bundle = export_bundle(&s, &rng(1), &target, "org-1", MNEMONIC.as_bytes()).unwrap();
     assert_eq!(client.decrypt_wallet_mnemonic_phrase(&bundle, "org-1").unwrap(), MNEMONIC);
 
     // Private key: 32 bytes; target passed compressed with 0x.
@@ -68,7 +73,7 @@ fn export_decrypts_with_turnkey_export_client() {
     let target = hex::decode(client.target_public_key().unwrap()).unwrap();
     let compressed = p256::PublicKey::from_sec1_bytes(&target).unwrap().to_encoded_point(true);
     let target_hex = format!("0x{}", hex::encode(compressed.as_bytes()));
-    let bundle = export_bundle(&s, &[2; 32], &target_hex, "org-1", &PRIVATE_KEY).unwrap();
+    let bundle = export_bundle(&s, &rng(2), &target_hex, "org-1", &PRIVATE_KEY).unwrap();
     assert_eq!(client.decrypt_private_key(&bundle, "org-1").unwrap(), PRIVATE_KEY);
 }
 
@@ -76,7 +81,7 @@ fn export_decrypts_with_turnkey_export_client() {
 fn export_refused_by_client_for_wrong_org_signature_or_signer() {
     let s = signer();
     let new_bundle = |client: &ExportClient, org: &str| {
-        export_bundle(&s, &[3; 32], &client.target_public_key().unwrap(), org, MNEMONIC.as_bytes()).unwrap()
+        export_bundle(&s, &rng(3), &client.target_public_key().unwrap(), org, MNEMONIC.as_bytes()).unwrap()
     };
 
     let mut client = ExportClient::new(&quorum(&s));
@@ -117,7 +122,7 @@ fn export_refused_by_client_for_wrong_org_signature_or_signer() {
 fn export_bundle_shape_signature_and_determinism() {
     let s = signer();
     let target = "0403b68b7daa21027d1b9ca5b7f6bd65aaa8d99573a8d1984d4168291fe9e3059cebbcaba18fbb4eee31fd7b49f1d699e086ddd61cf517170f9d05807bcb1d1483";
-    let bundle = export_bundle(&s, &[4; 32], target, "org-1", MNEMONIC.as_bytes()).unwrap();
+    let bundle = export_bundle(&s, &rng(4), target, "org-1", MNEMONIC.as_bytes()).unwrap();
     assert!(bundle.starts_with(r#"{"version":"v1.0.0","data":""#), "{bundle}");
     let keys: Vec<&str> = ["\"version\"", "\"data\"", "\"dataSignature\"", "\"enclaveQuorumPublic\""].to_vec();
     let pos: Vec<usize> = keys.iter().map(|k| bundle.find(k).unwrap()).collect();
@@ -132,8 +137,8 @@ fn export_bundle_shape_signature_and_determinism() {
     // AES-GCM: plaintext + 16-byte tag.
     assert_eq!(hex::decode(field(&d, "ciphertext")).unwrap().len(), MNEMONIC.len() + 16);
     // Same seed → same bundle; another seed → another ephemeral key.
-    assert_eq!(export_bundle(&s, &[4; 32], target, "org-1", MNEMONIC.as_bytes()).unwrap(), bundle);
-    assert_ne!(export_bundle(&s, &[5; 32], target, "org-1", MNEMONIC.as_bytes()).unwrap(), bundle);
+    assert_eq!(export_bundle(&s, &rng(4), target, "org-1", MNEMONIC.as_bytes()).unwrap(), bundle);
+    assert_ne!(export_bundle(&s, &rng(5), target, "org-1", MNEMONIC.as_bytes()).unwrap(), bundle);
 }
 
 #[test]
@@ -142,7 +147,7 @@ fn export_rejects_bad_target_keys() {
     let good = "0403b68b7daa21027d1b9ca5b7f6bd65aaa8d99573a8d1984d4168291fe9e3059cebbcaba18fbb4eee31fd7b49f1d699e086ddd61cf517170f9d05807bcb1d1483";
     let not_on_curve = format!("{}00", &good[..128]);
     for bad in ["", "04", "zz", &good[..128], &not_on_curve, &format!("{good}00"), &good.replace("04", "05")] {
-        match export_bundle(&s, &[0; 32], bad, "org-1", b"x") {
+        match export_bundle(&s, &rng(0), bad, "org-1", b"x") {
             Err(CryptoError::InvalidArgument(m)) => assert_eq!(m, "invalid target public key"),
             other => panic!("{bad}: {other:?}"),
         }
@@ -161,16 +166,16 @@ fn export_refuses_a_signer_whose_signature_does_not_verify() {
         }
     }
     let target = ExportClient::new(&quorum(&signer())).target_public_key().unwrap();
-    assert!(matches!(export_bundle(&Liar, &[0; 32], &target, "o", b"x"), Err(CryptoError::Internal(_))));
+    assert!(matches!(export_bundle(&Liar, &rng(0), &target, "o", b"x"), Err(CryptoError::Internal(_))));
 }
 
 #[test]
 fn import_round_trip_with_turnkey_import_client() {
     let s = signer();
-    let t = new_import_target(&[9; 32]).unwrap();
+    let t = new_import_target(&rng(9)).unwrap();
     assert_eq!(import_target_public(&t.secret).unwrap(), t.public);
-    assert_eq!(new_import_target(&[9; 32]).unwrap().public, t.public);
-    assert_ne!(new_import_target(&[8; 32]).unwrap().public, t.public);
+    assert_eq!(new_import_target(&rng(9)).unwrap().public, t.public);
+    assert_ne!(new_import_target(&rng(8)).unwrap().public, t.public);
 
     let bundle = import_bundle(&s, &t.public, "org-1", "user-1").unwrap();
     assert!(bundle.starts_with(r#"{"version":"v1.0.0","data":""#), "{bundle}");
@@ -214,7 +219,7 @@ fn import_rejects_bad_target_and_open_rejects_bad_bundles() {
         matches!(import_bundle(&s, &bad, "o", "u"), Err(CryptoError::InvalidArgument(m)) if m == "invalid target public key")
     );
 
-    let t = new_import_target(&[10; 32]).unwrap();
+    let t = new_import_target(&rng(10)).unwrap();
     let bundle = import_bundle(&s, &t.public, "org-1", "user-1").unwrap();
     let mut client = ImportClient::new(&quorum(&s));
     let encrypted = client.encrypt_wallet_with_bundle(MNEMONIC, &bundle, "org-1", "user-1").unwrap();
@@ -222,7 +227,7 @@ fn import_rejects_bad_target_and_open_rejects_bad_bundles() {
     let (enc, ct) = (field(&v, "encappedPublic").to_owned(), field(&v, "ciphertext").to_owned());
     let mut flipped = hex::decode(&ct).unwrap();
     flipped[0] ^= 1;
-    let other = new_import_target(&[11; 32]).unwrap();
+    let other = new_import_target(&rng(11)).unwrap();
     let cases = [
         ("not json".to_owned(), &t.secret),
         (r#"{"encappedPublic":"04"}"#.to_owned(), &t.secret),

@@ -11,7 +11,8 @@ use p256::elliptic_curve::{sec1::ToEncodedPoint, Field, PrimeField};
 use sha2::Sha512;
 use zeroize::{Zeroize, Zeroizing};
 
-use super::Curve;
+use super::{Curve, SecretKey};
+use crate::secret::Seed;
 use crate::CryptoError;
 
 const HARDENED: u32 = 1 << 31;
@@ -58,8 +59,9 @@ fn parse_path(path: &str) -> Result<Vec<u32>, CryptoError> {
 /// The private key at `path` below `seed` (16 to 64 bytes, normally a BIP-39 seed).
 ///
 /// secp256k1: BIP-32. P-256: SLIP-0010 ("Nist256p1 seed"). Ed25519: SLIP-0010 ("ed25519 seed"),
-/// hardened segments only; the result is the RFC 8032 seed of the key.
-pub fn derive(seed: &[u8], curve: Curve, path: &str) -> Result<Zeroizing<[u8; 32]>, CryptoError> {
+/// hardened segments only; the secret is the RFC 8032 seed of the key.
+pub fn derive(seed: &Seed, curve: Curve, path: &str) -> Result<SecretKey, CryptoError> {
+    let seed = seed.as_bytes();
     let indices = parse_path(path)?;
     if curve == Curve::Ed25519 && indices.iter().any(|i| i & HARDENED == 0) {
         return Err(invalid_path("ed25519 derivation supports hardened segments only"));
@@ -67,11 +69,12 @@ pub fn derive(seed: &[u8], curve: Curve, path: &str) -> Result<Zeroizing<[u8; 32
     if !(16..=64).contains(&seed.len()) {
         return Err(CryptoError::invalid(format!("invalid seed length: {} bytes (must be 16 to 64)", seed.len())));
     }
-    match curve {
+    let key = match curve {
         Curve::Secp256k1 => bip32_secp256k1(seed, &indices),
         Curve::P256 => slip10_p256(seed, &indices),
         Curve::Ed25519 => slip10_ed25519(seed, &indices),
-    }
+    }?;
+    Ok(SecretKey::from_array(curve, &key))
 }
 
 fn bip32_secp256k1(seed: &[u8], indices: &[u32]) -> Result<Zeroizing<[u8; 32]>, CryptoError> {
@@ -207,7 +210,6 @@ fn slip10_p256(seed: &[u8], indices: &[u32]) -> Result<Zeroizing<[u8; 32]>, Cryp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::public_key;
 
     const SEED_1: &str = "000102030405060708090a0b0c0d0e0f";
     const SEED_2: &str = "fffcf9f6f3f0edeae7e4e1dedbd8d5d2cfccc9c6c3c0bdbab7b4b1aeaba8a5a2\
@@ -216,11 +218,12 @@ mod tests {
     /// Checks (path, private key, public key) triples; the public key as SLIP-0010 prints it
     /// (Ed25519 keys with a leading 00 byte).
     fn check(curve: Curve, seed: &str, chains: &[(&str, &str, &str)]) {
-        let seed = hex::decode(seed).unwrap();
+        let seed = Seed::from_slice(&hex::decode(seed).unwrap());
         for (path, private, public) in chains {
             let key = derive(&seed, curve, path).unwrap();
-            assert_eq!(hex::encode(key.as_slice()), *private, "{curve:?} {path}");
-            let mut pk = public_key(curve, &key).unwrap();
+            assert_eq!(key.curve(), curve);
+            assert_eq!(hex::encode(key.secret_bytes()), *private, "{curve:?} {path}");
+            let mut pk = key.public_key().unwrap();
             if curve == Curve::Ed25519 {
                 pk.insert(0, 0);
             }
@@ -346,7 +349,7 @@ mod tests {
 
     #[test]
     fn ed25519_refuses_non_hardened_segments() {
-        let seed = hex::decode(SEED_1).unwrap();
+        let seed = Seed::from_slice(&hex::decode(SEED_1).unwrap());
         for path in ["m/44'/501'/0'/0", "m/0", "m/0'/1/2'"] {
             match derive(&seed, Curve::Ed25519, path) {
                 Err(CryptoError::InvalidArgument(m)) => {
@@ -396,9 +399,15 @@ mod tests {
     #[test]
     fn seed_length_is_checked() {
         for curve in [Curve::Secp256k1, Curve::P256, Curve::Ed25519] {
-            assert!(matches!(derive(&[1u8; 15], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
-            assert!(matches!(derive(&[1u8; 65], curve, "m/0'"), Err(CryptoError::InvalidArgument(_))));
-            assert!(derive(&[1u8; 64], curve, "m/0'").is_ok());
+            assert!(matches!(
+                derive(&Seed::from_slice(&[1u8; 15]), curve, "m/0'"),
+                Err(CryptoError::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                derive(&Seed::from_slice(&[1u8; 65]), curve, "m/0'"),
+                Err(CryptoError::InvalidArgument(_))
+            ));
+            assert!(derive(&Seed::from_slice(&[1u8; 64]), curve, "m/0'").is_ok());
         }
     }
 }

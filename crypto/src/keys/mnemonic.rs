@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use bip39::{Language, Mnemonic};
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::secret::{Entropy, Seed};
 use crate::CryptoError;
 
 /// Entropy length in bytes for a phrase of `words` words.
@@ -69,7 +70,7 @@ fn render(m: &Mnemonic) -> Zeroizing<String> {
 /// The phrase of `entropy` (16, 20, 24, 28 or 32 bytes) in `language`, a wire enum
 /// `MNEMONIC_LANGUAGE_*` or "" for English. Words are separated by single ASCII spaces and
 /// appear as in the bip39 crate's word lists (NFKD).
-pub fn mnemonic_phrase(entropy: &[u8], language: &str) -> Result<Zeroizing<String>, CryptoError> {
+pub fn mnemonic_phrase(entropy: &Entropy, language: &str) -> Result<Zeroizing<String>, CryptoError> {
     let lang = self::language(language)?;
     let m = mnemonic_from(lang, entropy)?;
     Ok(render(&m))
@@ -101,7 +102,7 @@ fn parse(phrase: &str) -> Result<Mnemonic, CryptoError> {
 }
 
 /// The entropy of a phrase in any supported language.
-pub fn entropy_from_phrase(phrase: &str) -> Result<Zeroizing<Vec<u8>>, CryptoError> {
+pub fn entropy_from_phrase(phrase: &str) -> Result<Entropy, CryptoError> {
     let m = parse(phrase)?;
     // Rebuilt from the word indices of the parsed mnemonic rather than with
     // `Mnemonic::to_entropy*`, which re-detects the language and so cannot cope with a phrase
@@ -119,20 +120,28 @@ pub fn entropy_from_phrase(phrase: &str) -> Result<Zeroizing<Vec<u8>>, CryptoErr
         }
         idx.zeroize();
     }
-    Ok(out)
+    Ok(Entropy::from(out))
+}
+
+/// The seed of `m`, copied into a [`Seed`] and wiped where the bip39 crate returned it.
+fn seed_of(m: &Mnemonic) -> Seed {
+    let mut bytes = m.to_seed_normalized("");
+    let seed = Seed::from_slice(&bytes);
+    bytes.zeroize();
+    seed
 }
 
 /// The BIP-39 seed (empty passphrase) of the **English** phrase of `entropy`.
-pub fn seed_from_entropy(entropy: &[u8]) -> Result<Zeroizing<[u8; 64]>, CryptoError> {
+pub fn seed_from_entropy(entropy: &Entropy) -> Result<Seed, CryptoError> {
     let m = mnemonic_from(Language::English, entropy)?;
-    Ok(Zeroizing::new(m.to_seed_normalized("")))
+    Ok(seed_of(&m))
 }
 
 /// The BIP-39 seed (empty passphrase) of a phrase in any supported language, computed from the
 /// phrase as given (normalized: NFKD, single spaces), after checking its words and checksum.
-pub fn seed_from_phrase(phrase: &str) -> Result<Zeroizing<[u8; 64]>, CryptoError> {
+pub fn seed_from_phrase(phrase: &str) -> Result<Seed, CryptoError> {
     let m = parse(phrase)?;
-    Ok(Zeroizing::new(m.to_seed_normalized("")))
+    Ok(seed_of(&m))
 }
 
 #[cfg(test)]
@@ -154,6 +163,10 @@ mod tests {
         "MNEMONIC_LANGUAGE_SPANISH",
     ];
 
+    fn ent(bytes: &[u8]) -> Entropy {
+        Entropy::from_slice(bytes)
+    }
+
     fn msg(e: CryptoError) -> String {
         match e {
             CryptoError::InvalidArgument(m) => m,
@@ -166,7 +179,7 @@ mod tests {
         for (words, bytes) in [(12, 16), (15, 20), (18, 24), (21, 28), (24, 32)] {
             assert_eq!(entropy_len_for_words(words).unwrap(), bytes);
             let entropy = vec![0x5au8; bytes];
-            let phrase = mnemonic_phrase(&entropy, "").unwrap();
+            let phrase = mnemonic_phrase(&ent(&entropy), "").unwrap();
             assert_eq!(phrase.split(' ').count(), words as usize);
         }
         for bad in [0, 11, 13, 16, 25, 48] {
@@ -175,25 +188,25 @@ mod tests {
                 format!("invalid mnemonic length: {bad} (must be 12, 15, 18, 21 or 24)")
             );
         }
-        assert!(mnemonic_phrase(&[0u8; 17], "").is_err());
-        assert!(seed_from_entropy(&[0u8; 12]).is_err());
+        assert!(mnemonic_phrase(&ent(&[0u8; 17]), "").is_err());
+        assert!(seed_from_entropy(&ent(&[0u8; 12])).is_err());
     }
 
     #[test]
     fn bip39_vectors() {
         // BIP-39 / Trezor vector 0 entropy, seed with the empty passphrase (widely published).
-        let phrase = mnemonic_phrase(&[0u8; 16], "MNEMONIC_LANGUAGE_ENGLISH").unwrap();
+        let phrase = mnemonic_phrase(&ent(&[0u8; 16]), "MNEMONIC_LANGUAGE_ENGLISH").unwrap();
         assert_eq!(phrase.as_str(), ABANDON);
-        let seed = seed_from_entropy(&[0u8; 16]).unwrap();
+        let seed = seed_from_entropy(&ent(&[0u8; 16])).unwrap();
         assert_eq!(
-            hex::encode(seed.as_slice()),
+            hex::encode(seed.as_bytes()),
             "5eb00bbddcf069084889a8ab9155568165f5c453ccb85e70811aaed6f6da5fc1\
              9a5ac40b389cd370d086206dec8aa6c43daea6690f20ad3d8d48b2d2ce9e38e4"
         );
         assert_eq!(*seed_from_phrase(ABANDON).unwrap(), *seed);
         // Trezor vector: 7f7f...7f.
         assert_eq!(
-            mnemonic_phrase(&[0x7f; 16], "").unwrap().as_str(),
+            mnemonic_phrase(&ent(&[0x7f; 16]), "").unwrap().as_str(),
             "legal winner thank year wave sausage worth useful legal winner thank yellow"
         );
         // SEP-0005 test 1: phrase -> seed.
@@ -201,7 +214,7 @@ mod tests {
             hex::encode(
                 seed_from_phrase("illness spike retreat truth genius clock brain pass fit cave bargain toe")
                     .unwrap()
-                    .as_slice()
+                    .as_bytes()
             ),
             "e4a5a632e70943ae7f07659df1332160937fad82587216a4c64315a0fb39497e\
              e4a01f76ddab4cba68147977f3a147b6ad584c41808e8238a07f6cc4b582f186"
@@ -211,7 +224,7 @@ mod tests {
     #[test]
     fn phrase_whitespace_is_normalized() {
         let messy = format!("  {}\n", ABANDON.replace(' ', " \t "));
-        assert_eq!(entropy_from_phrase(&messy).unwrap().as_slice(), &[0u8; 16]);
+        assert_eq!(entropy_from_phrase(&messy).unwrap().as_bytes(), &[0u8; 16]);
         assert_eq!(*seed_from_phrase(&messy).unwrap(), *seed_from_phrase(ABANDON).unwrap());
     }
 
@@ -220,12 +233,12 @@ mod tests {
         let entropy: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect();
         for lang in LANGUAGES {
             for len in [16, 20, 24, 28, 32] {
-                let phrase = mnemonic_phrase(&entropy[..len], lang).unwrap();
+                let phrase = mnemonic_phrase(&ent(&entropy[..len]), lang).unwrap();
                 assert_eq!(phrase.split(' ').count(), len * 3 / 4, "{lang}");
-                assert_eq!(entropy_from_phrase(&phrase).unwrap().as_slice(), &entropy[..len], "{lang}");
+                assert_eq!(entropy_from_phrase(&phrase).unwrap().as_bytes(), &entropy[..len], "{lang}");
                 // Seed of the phrase as given; for English this equals the entropy's seed.
                 let from_phrase = seed_from_phrase(&phrase).unwrap();
-                let from_entropy = seed_from_entropy(&entropy[..len]).unwrap();
+                let from_entropy = seed_from_entropy(&ent(&entropy[..len])).unwrap();
                 assert_eq!(
                     *from_phrase == *from_entropy,
                     lang.is_empty() || lang == "MNEMONIC_LANGUAGE_ENGLISH",
@@ -234,24 +247,24 @@ mod tests {
             }
         }
         // Japanese with the ideographic space (U+3000) BIP-39 recommends for display.
-        let ja = mnemonic_phrase(&entropy[..16], "MNEMONIC_LANGUAGE_JAPANESE").unwrap();
+        let ja = mnemonic_phrase(&ent(&entropy[..16]), "MNEMONIC_LANGUAGE_JAPANESE").unwrap();
         let ja_ideographic = ja.replace(' ', "\u{3000}");
-        assert_eq!(entropy_from_phrase(&ja_ideographic).unwrap().as_slice(), &entropy[..16]);
+        assert_eq!(entropy_from_phrase(&ja_ideographic).unwrap().as_bytes(), &entropy[..16]);
         assert_eq!(*seed_from_phrase(&ja_ideographic).unwrap(), *seed_from_phrase(&ja).unwrap());
     }
 
     #[test]
     fn ambiguous_word_lists_prefer_a_valid_reading() {
         // "abandon ... about": every word is in both the English and the French list.
-        assert_eq!(entropy_from_phrase(ABANDON).unwrap().as_slice(), &[0u8; 16]);
+        assert_eq!(entropy_from_phrase(ABANDON).unwrap().as_bytes(), &[0u8; 16]);
         // A Chinese phrase whose characters occur in both Chinese lists still round-trips.
         for e in 0u8..=255 {
             let entropy = [e; 16];
-            let phrase = mnemonic_phrase(&entropy, "MNEMONIC_LANGUAGE_TRADITIONAL_CHINESE").unwrap();
+            let phrase = mnemonic_phrase(&ent(&entropy), "MNEMONIC_LANGUAGE_TRADITIONAL_CHINESE").unwrap();
             let back = entropy_from_phrase(&phrase).unwrap();
             // The phrase decodes to its own entropy unless it also reads as a valid
             // Simplified Chinese phrase, in which case that (first) reading wins.
-            if back.as_slice() != entropy {
+            if back.as_bytes() != entropy {
                 let simplified = mnemonic_phrase(&back, "MNEMONIC_LANGUAGE_SIMPLIFIED_CHINESE").unwrap();
                 assert_eq!(simplified.as_str(), phrase.as_str());
             }
@@ -275,11 +288,11 @@ mod tests {
             assert_eq!(msg(seed_from_phrase(bad).unwrap_err()), "invalid mnemonic");
         }
         assert_eq!(
-            msg(mnemonic_phrase(&[0u8; 16], "MNEMONIC_LANGUAGE_KLINGON").unwrap_err()),
+            msg(mnemonic_phrase(&ent(&[0u8; 16]), "MNEMONIC_LANGUAGE_KLINGON").unwrap_err()),
             "invalid mnemonic language: MNEMONIC_LANGUAGE_KLINGON"
         );
         assert_eq!(
-            msg(mnemonic_phrase(&[0u8; 15], "").unwrap_err()),
+            msg(mnemonic_phrase(&ent(&[0u8; 15]), "").unwrap_err()),
             "invalid entropy length: 15 bytes (must be 16, 20, 24, 28 or 32)"
         );
     }

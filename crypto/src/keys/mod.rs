@@ -1,7 +1,8 @@
 //! Key material: curves, BIP-39 mnemonics, BIP-32 / SLIP-0010 derivation, public keys.
 //!
-//! Everything secret that leaves this module is wrapped in [`Zeroizing`]; error messages never
-//! carry key material.
+//! Everything secret that leaves this module has a zeroizing type of its own ([`Seed`],
+//! [`Entropy`], [`SecretKey`]) or is wrapped in [`Zeroizing`]; error messages never carry key
+//! material.
 
 mod derive;
 mod mnemonic;
@@ -11,6 +12,7 @@ use zeroize::Zeroizing;
 
 use crate::CryptoError;
 
+pub use crate::secret::{Entropy, Seed};
 pub use derive::derive;
 pub use mnemonic::{entropy_from_phrase, entropy_len_for_words, mnemonic_phrase, seed_from_entropy, seed_from_phrase};
 
@@ -61,6 +63,10 @@ impl SecretKey {
         let bytes: [u8; 32] = bytes.try_into().map_err(|_| CryptoError::invalid("private key must be 32 bytes"))?;
         Ok(Self { curve, bytes })
     }
+    /// Copies a secret this crate produced (the caller's buffer zeroizes itself).
+    pub(crate) fn from_array(curve: Curve, bytes: &[u8; 32]) -> Self {
+        Self { curve, bytes: *bytes }
+    }
     pub fn curve(&self) -> Curve {
         self.curve
     }
@@ -104,17 +110,17 @@ pub fn public_key(curve: Curve, secret: &[u8; 32]) -> Result<Vec<u8>, CryptoErro
 
 /// English phrase of `entropy`. Alias of `mnemonic_phrase(entropy, "")`, kept for the interface
 /// first sketched for this module.
-pub fn mnemonic_from_entropy(entropy: &[u8]) -> Result<Zeroizing<String>, CryptoError> {
+pub fn mnemonic_from_entropy(entropy: &Entropy) -> Result<Zeroizing<String>, CryptoError> {
     mnemonic_phrase(entropy, "")
 }
 
 /// Alias of [`mnemonic_phrase`], kept for the interface first sketched for this module.
-pub fn mnemonic_in_language(entropy: &[u8], language: &str) -> Result<Zeroizing<String>, CryptoError> {
+pub fn mnemonic_in_language(entropy: &Entropy, language: &str) -> Result<Zeroizing<String>, CryptoError> {
     mnemonic_phrase(entropy, language)
 }
 
 /// Alias of [`entropy_from_phrase`], kept for the interface first sketched for this module.
-pub fn entropy_from_mnemonic(phrase: &str) -> Result<Zeroizing<Vec<u8>>, CryptoError> {
+pub fn entropy_from_mnemonic(phrase: &str) -> Result<Entropy, CryptoError> {
     entropy_from_phrase(phrase)
 }
 

@@ -3,6 +3,11 @@ use p256::ecdsa::signature::hazmat::PrehashSigner as _;
 use p256::ecdsa::{Signature, SigningKey};
 use serde_json::json;
 
+/// The RNG seed of a test: 32 copies of `byte`.
+fn rng(byte: u8) -> RngSeed {
+    RngSeed::from(Zeroizing::new([byte; 32]))
+}
+
 /// A session JWT issued by the hosted service, from the tests of `tkhq/sdk`; node's
 /// `verifySessionJwtSignature(jwt)` (`@turnkey/crypto` 2.13.2, production notarizer key) accepts it.
 const HOSTED_JWT: &str = concat!(
@@ -156,7 +161,7 @@ fn signer_errors_pass_through() {
 const EMBEDDED_KEY: [u8; 32] = [0x61; 32];
 const EMBEDDED_PUBLIC_HEX: &str = "049a2f9f7997a7fab2453c002b8bdc08fe4c8b6221ce689f771c0ee9067e0e039326f5aa18be3e7365b8d5cc00314c68d89892ea5eca81e56fefe0c59aa2f1326e";
 const SESSION_KEY: [u8; 32] = [0x17; 32];
-/// `credential_bundle(&[0x09; 32], EMBEDDED_PUBLIC_HEX, &SESSION_KEY)`; node's
+/// `credential_bundle(&rng(0x09), EMBEDDED_PUBLIC_HEX, &SESSION_KEY)`; node's
 /// `decryptCredentialBundle(NODE_DECRYPTED_BUNDLE, "61" × 32)` returned `"17" × 32`.
 const NODE_DECRYPTED_BUNDLE: &str = "v523gXDvytEo4qGeFJNMb6ihTeBDQ8s2XWe1wQ7F2emtmEEVmV3r2mPrAPD8cP4GCkD9x15jgXscjYPRbYy5zYWP8wkdhJXB5mRofrEaU5S2RxKfXAo";
 /// Made by node: `encryptOnRampSecret("node-made credential", compressed EMBEDDED public)`, the
@@ -168,7 +173,7 @@ const NODE_MADE_BUNDLE: &str =
 fn credential_bundle_matches_the_one_node_decrypted() {
     let public = p256::SecretKey::from_slice(&EMBEDDED_KEY).unwrap().public_key();
     assert_eq!(hex::encode(public.to_encoded_point(false).as_bytes()), EMBEDDED_PUBLIC_HEX);
-    let bundle = credential_bundle(&[0x09; 32], EMBEDDED_PUBLIC_HEX, &SESSION_KEY).unwrap();
+    let bundle = credential_bundle(&rng(0x09), EMBEDDED_PUBLIC_HEX, &SESSION_KEY).unwrap();
     assert_eq!(bundle, NODE_DECRYPTED_BUNDLE);
     assert_eq!(open_credential_bundle(&bundle, &EMBEDDED_KEY).unwrap().as_slice(), SESSION_KEY);
     let raw = bs58::decode(&bundle).with_check(None).into_vec().unwrap();
@@ -176,8 +181,8 @@ fn credential_bundle_matches_the_one_node_decrypted() {
     assert!(raw[0] == 0x02 || raw[0] == 0x03);
     // A compressed target key (and a 0x prefix) gives the same bundle.
     let compressed = format!("0x{}", hex::encode(public.to_encoded_point(true).as_bytes()));
-    assert_eq!(credential_bundle(&[0x09; 32], &compressed, &SESSION_KEY).unwrap(), bundle);
-    assert_ne!(credential_bundle(&[0x0a; 32], EMBEDDED_PUBLIC_HEX, &SESSION_KEY).unwrap(), bundle);
+    assert_eq!(credential_bundle(&rng(0x09), &compressed, &SESSION_KEY).unwrap(), bundle);
+    assert_ne!(credential_bundle(&rng(0x0a), EMBEDDED_PUBLIC_HEX, &SESSION_KEY).unwrap(), bundle);
 }
 
 #[test]
@@ -202,7 +207,7 @@ fn bad_credential_bundles_and_keys_are_refused() {
     }
     assert!(open_credential_bundle(NODE_DECRYPTED_BUNDLE, &[0x62; 32]).is_err());
     for target in ["", "04", &EMBEDDED_PUBLIC_HEX[..128], &format!("{EMBEDDED_PUBLIC_HEX}00")] {
-        assert!(matches!(credential_bundle(&[9; 32], target, &SESSION_KEY), Err(CryptoError::InvalidArgument(_))));
+        assert!(matches!(credential_bundle(&rng(9), target, &SESSION_KEY), Err(CryptoError::InvalidArgument(_))));
     }
-    assert!(credential_bundle(&[9; 32], EMBEDDED_PUBLIC_HEX, &[0; 32]).is_err());
+    assert!(credential_bundle(&rng(9), EMBEDDED_PUBLIC_HEX, &[0; 32]).is_err());
 }

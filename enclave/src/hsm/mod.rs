@@ -373,11 +373,11 @@ impl Hsm {
     }
 
     /// 32 random bytes, e.g. to seed an ephemeral RNG.
-    pub fn random_seed(&self) -> Result<Zeroizing<[u8; 32]>, HsmError> {
+    pub fn random_seed(&self) -> Result<coffer_crypto::secret::RngSeed, HsmError> {
         let bytes = self.random(32)?;
         let mut seed = Zeroizing::new([0u8; 32]);
         seed.copy_from_slice(&bytes);
-        Ok(seed)
+        Ok(seed.into())
     }
 
     /// HMAC-SHA256 of `data` under the certificate key, computed in the HSM.
