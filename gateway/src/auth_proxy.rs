@@ -249,7 +249,7 @@ async fn submit_as_proxy(
     organization_id: &str,
     parameters: Value,
 ) -> Result<Value, ApiError> {
-    let op = crate::ops::activity(path).ok_or_else(ApiError::internal)?;
+    let op = crate::ops::REGISTRY.activity(path).ok_or_else(ApiError::internal)?;
     let now_ms = crate::store::now_nanos() / 1_000_000;
     let body = json!({
         "type": op.activity_type,
@@ -268,7 +268,7 @@ async fn submit_as_proxy(
     let stamp = state.custody.stamp_auth_proxy_request(request).await?;
     let mut headers = HeaderMap::new();
     headers.insert("x-stamp", HeaderValue::from_str(&stamp).map_err(|_| ApiError::internal())?);
-    let answer = pipeline::submit(state.clone(), path, &headers, body.as_bytes()).await?;
+    let answer = pipeline::submit(state.clone(), &crate::ops::REGISTRY, path, &headers, body.as_bytes()).await?;
     let activity = &answer["activity"];
     if activity["status"] != "ACTIVITY_STATUS_COMPLETED" {
         return Err(ApiError::forbidden(format!(
@@ -287,7 +287,7 @@ async fn oauth2_authenticate(
 ) -> Result<Value, ApiError> {
     let (provider, client_id) = (text(p, "provider"), text(p, "clientId"));
     for (v, k) in [(provider, "provider"), (client_id, "clientId")] {
-        crate::ops::required(v, k)?;
+        crate::ops::params::required(v, k)?;
     }
     let org = config.organization_id.clone();
     let credentials = state.db(move |s| s.records(&org, OAUTH2_CREDENTIAL)).await??;
@@ -341,8 +341,8 @@ async fn oauth_login(
     settings: &Value,
 ) -> Result<Value, ApiError> {
     let token = text(p, "oidcToken");
-    crate::ops::required(token, "oidcToken")?;
-    crate::ops::required(text(p, "publicKey"), "publicKey")?;
+    crate::ops::params::required(token, "oidcToken")?;
+    crate::ops::params::required(text(p, "publicKey"), "publicKey")?;
     let organization_id = match text(p, "organizationId") {
         "" => organization_of_identity(state, config, token).await?,
         id if id == config.organization_id => id.to_string(),
@@ -420,7 +420,7 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
     if filter_type == "OIDC_TOKEN" && value.is_empty() {
         value = text(p, "oidcToken");
     }
-    crate::ops::required(filter_type, "filterType")?;
+    crate::ops::params::required(filter_type, "filterType")?;
     let filter = crate::ops::suborgs::filter(oidc::own_keys(state).await, filter_type, value).await?;
     let org = config.organization_id.clone();
     let page = Page { limit: 1, before: None, after: None };

@@ -44,13 +44,13 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// anything else under a fixed name (so a client cannot make up label values).
 fn operation_label(path: &str) -> String {
     if let Some(name) = path.strip_prefix("/public/v1/submit/") {
-        return match crate::ops::activity(name) {
+        return match crate::ops::REGISTRY.activity(name) {
             Some(_) => format!("submit/{name}"),
             None => "submit/unknown".into(),
         };
     }
     if let Some(name) = path.strip_prefix("/public/v1/query/") {
-        return match crate::ops::query(name) {
+        return match crate::ops::REGISTRY.query(name) {
             Some(_) => format!("query/{name}"),
             None => "query/unknown".into(),
         };
@@ -130,7 +130,7 @@ async fn submit(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    respond(pipeline::submit(state, &name, &headers, &bytes).await)
+    respond(pipeline::submit(state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
 }
 
 async fn query(
@@ -148,7 +148,7 @@ async fn query(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    respond(pipeline::query(state, &name, &headers, &bytes).await)
+    respond(pipeline::query(state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
 }
 
 /// The bundle signer's key, for clients to pin (`dangerouslyOverrideSignerPublicKey` in JS,

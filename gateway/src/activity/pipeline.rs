@@ -10,12 +10,11 @@ use serde_json::{json, Value};
 use sha2::Digest;
 
 use super::envelope::{self, Envelope};
-use super::registry::{Ctx, Operation, QueryCtx};
+use super::registry::{Ctx, Operation, QueryCtx, Registry};
 use super::render;
 use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
 use crate::auth::{self, Caller, Credential};
 use crate::error::{ApiError, Code};
-use crate::ops;
 use crate::policy::{denied, evaluate, Proposal};
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::state::AppState;
@@ -107,9 +106,9 @@ async fn authenticate(
 /// credential that stamped (an API key, or a passkey with scheme `SIGNATURE_SCHEME_TK_WEBAUTHN`).
 fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &str, now: i64) -> Value {
     let api_keys = caller.credential.api_key().cloned().into_iter().collect::<Vec<_>>();
-    let mut user = ops::users::user_json(&caller.user, &api_keys);
+    let mut user = render::user_json(&caller.user, &api_keys);
     if let Some(a) = caller.credential.authenticator() {
-        user["authenticators"] = json!([ops::authenticators::authenticator_json(a)]);
+        user["authenticators"] = json!([render::authenticator_json(a)]);
     }
     json!({
         "id": uuid::Uuid::new_v4().to_string(),
@@ -304,9 +303,16 @@ async fn idempotent_replay(
 }
 
 /// `POST /public/v1/submit/<path>`.
-pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    let op =
-        ops::activity(path).ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
+pub async fn submit(
+    state: Arc<AppState>,
+    registry: &'static Registry,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    let op = registry
+        .activity(path)
+        .ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
     let stamp = auth::verified_stamp(headers, body)?;
     let now = now_nanos();
     let env = Envelope::decode(envelope::parse_body(body)?, now / 1_000_000)?;
@@ -330,9 +336,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     };
     match existing {
         Ok(existing) if existing.organization_id == org.id => {
-            return Ok(
-                json!({ "activity": render::activity(&existing, ops::approvals::can_vote(&org, &existing, &caller)) }),
-            )
+            return Ok(json!({ "activity": render::activity(&existing, registry.can_vote(&org, &existing, &caller)) }))
         }
         Ok(_) => return Err(ApiError::invalid("activity fingerprint belongs to another organization")),
         Err(StoreError::NotFound) => {}
@@ -349,7 +353,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
         ));
     }
     if op.activity_type == TYPE_APPROVE || op.activity_type == TYPE_REJECT {
-        return vote(state, org, caller, env, body, op.activity_type == TYPE_APPROVE).await;
+        return vote(state, registry, org, caller, env, body, op.activity_type == TYPE_APPROVE).await;
     }
     if let Some(check) = op.precheck {
         check(&env.parameters)?;
@@ -357,7 +361,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
     let hash = intent_hash(&env);
     if let Some(key) = &idem {
         if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
-            return Ok(json!({ "activity": render::activity(&a, ops::approvals::can_vote(&org, &a, &caller)) }));
+            return Ok(json!({ "activity": render::activity(&a, registry.can_vote(&org, &a, &caller)) }));
         }
     }
 
@@ -390,6 +394,7 @@ pub async fn submit(state: Arc<AppState>, path: &str, headers: &HeaderMap, body:
             let auth = coffer_proto::v1::Authorization { request: Some(caller.stamped(body)), approval: None };
             let ctx = Ctx {
                 state: state.clone(),
+                registry,
                 org: org.clone(),
                 caller,
                 activity_id: activity_id.clone(),
@@ -527,6 +532,7 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
 /// fingerprint names, re-evaluates it, runs it once allowed, and answers with that activity.
 async fn vote(
     state: Arc<AppState>,
+    registry: &'static Registry,
     org: Organization,
     caller: Caller,
     env: Envelope,
@@ -551,8 +557,8 @@ async fn vote(
             // Decided already (e.g. by a concurrent vote): answer with what it became.
             return Ok(json!({ "activity": render::activity(&target, false) }));
         }
-        let op = ops::approvals::activity_by_type(&target.activity_type).ok_or_else(ApiError::internal)?;
-        if !ops::approvals::can_vote(&org, &target, &caller) {
+        let op = registry.activity_by_type(&target.activity_type).ok_or_else(ApiError::internal)?;
+        if !registry.can_vote(&org, &target, &caller) {
             return Err(ApiError::forbidden("request not authorized: this user may not vote on this activity"));
         }
         let now = now_nanos();
@@ -596,6 +602,7 @@ async fn vote(
                             };
                             let ctx = Ctx {
                                 state: state.clone(),
+                                registry,
                                 org: org.clone(),
                                 caller: submitter,
                                 activity_id: target.id.clone(),
@@ -716,8 +723,14 @@ async fn apply(
 }
 
 /// `POST /public/v1/query/<path>`: authenticate, check read access, answer.
-pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    let q = ops::query(path).ok_or_else(|| ApiError::not_found(format!("unknown query endpoint: query/{path}")))?;
+pub async fn query(
+    state: Arc<AppState>,
+    registry: &'static Registry,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    let q = registry.query(path).ok_or_else(|| ApiError::not_found(format!("unknown query endpoint: query/{path}")))?;
     let stamp = auth::verified_stamp(headers, body)?;
     let mut request = envelope::parse_body(body)?;
     let id = envelope::organization_id(&request)?;
@@ -728,7 +741,7 @@ pub async fn query(state: Arc<AppState>, path: &str, headers: &HeaderMap, body: 
     state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");
     let params = envelope::strip_nulls(Value::Object(request));
-    (q.handler)(QueryCtx { state, org, caller }, params).await
+    (q.handler)(QueryCtx { state, registry, org, caller }, params).await
 }
 
 #[cfg(test)]

@@ -9,10 +9,11 @@ use coffer_proto::v1 as pb;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::STATUS_CONSENSUS_NEEDED;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{Nanos, Organization, Write};
+use crate::store::{ActivityRecord, Nanos, Organization, Write};
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + Send>>;
 
@@ -25,6 +26,8 @@ pub struct Outcome {
 /// Context of one activity being executed.
 pub struct Ctx {
     pub state: Arc<AppState>,
+    /// Every operation (what the pipeline runs).
+    pub registry: &'static Registry,
     pub org: Organization,
     pub caller: Caller,
     pub activity_id: String,
@@ -46,6 +49,7 @@ impl Ctx {
 /// Context of one query.
 pub struct QueryCtx {
     pub state: Arc<AppState>,
+    pub registry: &'static Registry,
     pub org: Organization,
     pub caller: Caller,
 }
@@ -87,6 +91,41 @@ pub struct Query {
     /// `/public/v1/query/<path>`.
     pub path: &'static str,
     pub handler: QueryHandler,
+}
+
+/// Every operation, by path and by type: the pipeline receives it (in [`AppState`]) instead of
+/// knowing the handlers.
+pub struct Registry {
+    pub activities: &'static [Operation],
+    pub queries: &'static [Query],
+}
+
+impl Registry {
+    /// The activity submitted at `submit/<path>`.
+    pub fn activity(&self, path: &str) -> Option<&'static Operation> {
+        self.activities.iter().find(|o| o.path == path)
+    }
+
+    /// The query at `query/<path>`.
+    pub fn query(&self, path: &str) -> Option<&'static Query> {
+        self.queries.iter().find(|q| q.path == path)
+    }
+
+    /// The registered operation of an activity type (the latest version each client sends).
+    pub fn activity_by_type(&self, activity_type: &str) -> Option<&'static Operation> {
+        self.activities.iter().find(|o| o.activity_type == activity_type)
+    }
+
+    /// Whether `caller` may still vote on `a`: it awaits consensus, the caller acts in its
+    /// organization and has not voted, and (root-quorum-only activities) is a root user.
+    pub fn can_vote(&self, org: &Organization, a: &ActivityRecord, caller: &Caller) -> bool {
+        if a.status != STATUS_CONSENSUS_NEEDED || caller.via_parent || a.organization_id != org.id {
+            return false;
+        }
+        let voted = a.votes.as_array().is_some_and(|v| v.iter().any(|v| v["userId"] == caller.user.id.as_str()));
+        let root_only = self.activity_by_type(&a.activity_type).is_some_and(|op| op.root_quorum);
+        !voted && (!root_only || org.root_user_ids.contains(&caller.user.id))
+    }
 }
 
 /// Decodes a typed intent or request; a mismatch is a 400 naming the field.

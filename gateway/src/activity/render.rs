@@ -1,8 +1,9 @@
-//! The JSON shapes clients read: `Timestamp`, `Activity`, `Vote`.
+//! The JSON shapes clients read: `Timestamp`, `Activity`, `Vote`, and the `User`, `ApiKey`,
+//! `Authenticator` and `OauthProvider` objects (a vote carries its user and credential).
 
 use serde_json::{json, Value};
 
-use crate::store::{ActivityRecord, Nanos};
+use crate::store::{ActivityRecord, ApiKey, AuthenticatorRecord, Nanos, OauthProviderRecord, User};
 
 /// `{"seconds": "...", "nanos": "..."}`, both strings.
 pub fn timestamp(n: Nanos) -> Value {
@@ -52,4 +53,81 @@ pub fn activity(a: &ActivityRecord, can_vote: bool) -> Value {
         out["failure"] = f.clone();
     }
     out
+}
+
+/// The swagger `ApiKey` object.
+pub fn api_key_json(k: &ApiKey) -> Value {
+    let mut v = json!({
+        "credential": { "publicKey": k.public_key, "type": k.credential_type },
+        "apiKeyId": k.id,
+        "apiKeyName": k.name,
+        "createdAt": timestamp(k.created_at),
+        "updatedAt": timestamp(k.updated_at),
+    });
+    if let Some(exp) = k.expiration_seconds {
+        v["expirationSeconds"] = json!(exp.to_string());
+    }
+    v
+}
+
+/// The swagger `User` object as a vote carries it: the user with the given API keys only.
+pub fn user_json(u: &User, api_keys: &[ApiKey]) -> Value {
+    user_view(u, api_keys, &[], Vec::new(), Vec::new())
+}
+
+/// The swagger `User` object with its tags, passkeys and OAuth providers.
+pub fn user_view(
+    u: &User,
+    api_keys: &[ApiKey],
+    tag_ids: &[String],
+    authenticators: Vec<Value>,
+    oauth: Vec<Value>,
+) -> Value {
+    let mut v = json!({
+        "userId": u.id,
+        "userName": u.name,
+        "authenticators": authenticators,
+        "apiKeys": api_keys.iter().map(api_key_json).collect::<Vec<_>>(),
+        "userTags": tag_ids,
+        "oauthProviders": oauth,
+        "createdAt": timestamp(u.created_at),
+        "updatedAt": timestamp(u.updated_at),
+        "mfaPolicies": [],
+    });
+    if let Some(e) = &u.email {
+        v["userEmail"] = json!(e);
+    }
+    if let Some(p) = &u.phone_number {
+        v["userPhoneNumber"] = json!(p);
+    }
+    v
+}
+
+/// The swagger `Authenticator` object.
+pub fn authenticator_json(a: &AuthenticatorRecord) -> Value {
+    json!({
+        "transports": a.transports,
+        "attestationType": a.attestation_type,
+        "aaguid": a.aaguid,
+        "credentialId": a.credential_id,
+        "model": "",
+        "credential": { "publicKey": a.public_key, "type": coffer_auth::webauthn::CREDENTIAL_TYPE },
+        "authenticatorId": a.id,
+        "authenticatorName": a.name,
+        "createdAt": timestamp(a.created_at),
+        "updatedAt": timestamp(a.updated_at),
+    })
+}
+
+/// The swagger `OauthProvider` object.
+pub fn oauth_provider_json(p: &OauthProviderRecord) -> Value {
+    json!({
+        "providerId": p.id,
+        "providerName": p.name,
+        "issuer": p.issuer,
+        "audience": p.audience,
+        "subject": p.subject,
+        "createdAt": timestamp(p.created_at),
+        "updatedAt": timestamp(p.updated_at),
+    })
 }

@@ -126,7 +126,7 @@ impl Harness {
     /// Submits `body` to `submit/<path>`, stamped by the root user's key.
     pub async fn submit_body(&self, path: &str, body: &str) -> Result<Value, ApiError> {
         let headers = stamp_headers(&self.key, body.as_bytes());
-        pipeline::submit(self.state.clone(), path, &headers, body.as_bytes()).await
+        pipeline::submit(self.state.clone(), &crate::ops::REGISTRY, path, &headers, body.as_bytes()).await
     }
 
     /// Submits a `ty` activity; the completed activity's `result.<result_key>`, or the error.
@@ -143,7 +143,7 @@ impl Harness {
         request["organizationId"] = json!(self.organization_id);
         let body = request.to_string();
         let headers = stamp_headers(&self.key, body.as_bytes());
-        pipeline::query(self.state.clone(), path, &headers, body.as_bytes()).await
+        pipeline::query(self.state.clone(), &crate::ops::REGISTRY, path, &headers, body.as_bytes()).await
     }
 
     /// Creates a wallet named `name` with the Ethereum accounts at `m/44'/60'/0'/0/<index>`

@@ -3,14 +3,13 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::approvals::can_vote;
-use super::Pagination;
+use super::params::Pagination;
 use crate::activity::registry::QueryCtx;
 use crate::activity::render;
 use crate::error::ApiError;
 use crate::store::{ActivityFilter, StoreError};
 
-pub async fn whoami(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
+pub async fn whoami(ctx: QueryCtx, _req: super::params::Empty) -> Result<Value, ApiError> {
     // The caller's own organization: a parent credential reading a sub-org is still itself.
     let org = if ctx.caller.via_parent {
         let id = ctx.caller.credential.organization_id().to_string();
@@ -38,7 +37,7 @@ pub async fn get_activity(ctx: QueryCtx, req: GetActivityRequest) -> Result<Valu
         StoreError::NotFound => ApiError::not_found(format!("activity not found: {}", req.activity_id)),
         other => other.into(),
     })?;
-    Ok(json!({ "activity": render::activity(&a, can_vote(&ctx.org, &a, &ctx.caller)) }))
+    Ok(json!({ "activity": render::activity(&a, ctx.registry.can_vote(&ctx.org, &a, &ctx.caller)) }))
 }
 
 #[derive(Deserialize)]
@@ -63,6 +62,6 @@ pub async fn list_activities(ctx: QueryCtx, req: ListActivitiesRequest) -> Resul
     let org = ctx.org.id.clone();
     let items = ctx.state.db(move |s| s.activities(&org, &filter)).await??;
     Ok(
-        json!({ "activities": items.iter().map(|a| render::activity(a, can_vote(&ctx.org, a, &ctx.caller))).collect::<Vec<_>>() }),
+        json!({ "activities": items.iter().map(|a| render::activity(a, ctx.registry.can_vote(&ctx.org, a, &ctx.caller))).collect::<Vec<_>>() }),
     )
 }

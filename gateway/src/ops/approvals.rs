@@ -4,32 +4,13 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::ACTIVITIES;
 use crate::activity::envelope::{self, Envelope};
-use crate::activity::registry::{Ctx, Operation, Outcome, QueryCtx};
+use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render;
-use crate::activity::{STATUS_CONSENSUS_NEEDED, TYPE_APPROVE, TYPE_REJECT};
-use crate::auth::Caller;
+use crate::activity::{TYPE_APPROVE, TYPE_REJECT};
 use crate::error::ApiError;
 use crate::policy::{self, Proposal};
 use crate::store::now_nanos;
-use crate::store::{ActivityRecord, Organization};
-
-/// The registered operation of an activity type (the latest version each client sends).
-pub fn activity_by_type(activity_type: &str) -> Option<&'static Operation> {
-    ACTIVITIES.iter().find(|o| o.activity_type == activity_type)
-}
-
-/// Whether `caller` may still vote on `a`: it awaits consensus, the caller acts in its
-/// organization and has not voted, and (root-quorum-only activities) is a root user.
-pub fn can_vote(org: &Organization, a: &ActivityRecord, caller: &Caller) -> bool {
-    if a.status != STATUS_CONSENSUS_NEEDED || caller.via_parent || a.organization_id != org.id {
-        return false;
-    }
-    let voted = a.votes.as_array().is_some_and(|v| v.iter().any(|v| v["userId"] == caller.user.id.as_str()));
-    let root_only = activity_by_type(&a.activity_type).is_some_and(|op| op.root_quorum);
-    !voted && (!root_only || org.root_user_ids.contains(&caller.user.id))
-}
 
 /// `approve_activity` / `reject_activity` never reach a handler: the pipeline records the vote.
 pub async fn handled_by_pipeline(_ctx: Ctx, _intent: Value) -> Result<Outcome, ApiError> {
@@ -43,7 +24,7 @@ pub struct GetPolicyEvaluationsRequest {
 }
 
 pub async fn get_policy_evaluations(ctx: QueryCtx, req: GetPolicyEvaluationsRequest) -> Result<Value, ApiError> {
-    super::required(&req.activity_id, "activityId")?;
+    super::params::required(&req.activity_id, "activityId")?;
     let (org, id) = (ctx.org.id.clone(), req.activity_id.clone());
     let records = ctx.state.db(move |s| s.policy_evaluations(&org, &id)).await??;
     let items: Vec<Value> = records
@@ -82,7 +63,7 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
     if env.organization_id != ctx.org.id {
         return Err(ApiError::invalid("activity.organizationId must be the request's organizationId"));
     }
-    let op = activity_by_type(&env.activity_type)
+    let op = (ctx.registry.activity_by_type(&env.activity_type))
         .ok_or_else(|| ApiError::invalid(format!("unknown activity type {:?}", env.activity_type)))?;
     if env.activity_type == TYPE_APPROVE || env.activity_type == TYPE_REJECT {
         return Err(ApiError::invalid(
@@ -97,8 +78,8 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
             "userId": caller.user.id,
             "selection": coffer_policy::context::VOTE_APPROVED,
             "createdAt": render::timestamp(now),
-            "user": { "apiKeys": caller.credential.api_key().map(|k| vec![super::users::api_key_json(k)]).unwrap_or_default(),
-                      "authenticators": caller.credential.authenticator().map(|a| vec![super::authenticators::authenticator_json(a)]).unwrap_or_default() },
+            "user": { "apiKeys": caller.credential.api_key().map(|k| vec![crate::activity::render::api_key_json(k)]).unwrap_or_default(),
+                      "authenticators": caller.credential.authenticator().map(|a| vec![crate::activity::render::authenticator_json(a)]).unwrap_or_default() },
         }]);
         let params = envelope::strip_nulls(env.parameters.clone());
         let proposal = Proposal { op, params: &params, votes: &votes, submitter: &caller.user.id, now };

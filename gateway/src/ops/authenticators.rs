@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
-use crate::activity::render::timestamp;
+use crate::activity::render::authenticator_json;
 use crate::auth::{self, webauthn};
 use crate::error::ApiError;
 use crate::store::{AuthenticatorRecord, Organization, StoreError};
@@ -19,22 +19,6 @@ const TRANSPORTS: &[&str] = &[
     "AUTHENTICATOR_TRANSPORT_USB",
     "AUTHENTICATOR_TRANSPORT_HYBRID",
 ];
-
-/// The swagger `Authenticator` object.
-pub fn authenticator_json(a: &AuthenticatorRecord) -> Value {
-    json!({
-        "transports": a.transports,
-        "attestationType": a.attestation_type,
-        "aaguid": a.aaguid,
-        "credentialId": a.credential_id,
-        "model": "",
-        "credential": { "publicKey": a.public_key, "type": webauthn::CREDENTIAL_TYPE },
-        "authenticatorId": a.id,
-        "authenticatorName": a.name,
-        "createdAt": timestamp(a.created_at),
-        "updatedAt": timestamp(a.updated_at),
-    })
-}
 
 /// `Attestation`.
 #[derive(Deserialize)]
@@ -138,7 +122,7 @@ pub async fn create_authenticators(ctx: Ctx, intent: CreateAuthenticatorsIntent)
     if intent.authenticators.is_empty() {
         return Err(ApiError::invalid("authenticators must not be empty"));
     }
-    super::users::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
     let rows = authenticator_rows(&ctx.state, &ctx.org, &intent.user_id, &intent.authenticators, ctx.now).await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     Ok(Outcome {
@@ -159,8 +143,8 @@ pub async fn delete_authenticators(ctx: Ctx, intent: DeleteAuthenticatorsIntent)
     if intent.authenticator_ids.is_empty() {
         return Err(ApiError::invalid("authenticatorIds must not be empty"));
     }
-    super::users::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
-    let ids = super::users::dedup(&intent.authenticator_ids);
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    let ids = super::params::dedup(&intent.authenticator_ids);
     let (org, user) = (ctx.org.id.clone(), intent.user_id.clone());
     let owned: HashSet<String> =
         ctx.state.db(move |s| s.authenticators_of_user(&org, &user)).await??.into_iter().map(|a| a.id).collect();
@@ -199,7 +183,7 @@ pub struct GetAuthenticatorsRequest {
 }
 
 pub async fn get_authenticators(ctx: QueryCtx, req: GetAuthenticatorsRequest) -> Result<Value, ApiError> {
-    super::users::load_user(&ctx.state, &ctx.org.id, &req.user_id).await?;
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &req.user_id).await?;
     let (org, user) = (ctx.org.id.clone(), req.user_id.clone());
     let list = ctx.state.db(move |s| s.authenticators_of_user(&org, &user)).await??;
     Ok(json!({ "authenticators": list.iter().map(authenticator_json).collect::<Vec<_>>() }))

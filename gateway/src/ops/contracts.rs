@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::Digest;
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
@@ -144,7 +144,7 @@ pub async fn get_smart_contract_interface(
     Ok(json!({ "smartContractInterface": interface_json(&r) }))
 }
 
-pub async fn list_smart_contract_interfaces(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_smart_contract_interfaces(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let records = ctx.state.db(move |s| s.records_page(&org, SMART_CONTRACT_INTERFACE, &page)).await??;
     Ok(json!({ "smartContractInterfaces": records.iter().map(interface_json).collect::<Vec<_>>() }))

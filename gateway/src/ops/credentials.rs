@@ -2,9 +2,10 @@
 
 use serde_json::Value;
 
-use super::authenticators::{authenticator_json, authenticator_rows, AuthenticatorParams};
-use super::oauth::{oauth_provider_json, provider_rows, OauthProviderParams};
+use super::authenticators::{authenticator_rows, AuthenticatorParams};
+use super::oauth::{provider_rows, OauthProviderParams};
 use crate::activity::registry::{decode, Ctx};
+use crate::activity::render::{authenticator_json, oauth_provider_json};
 use crate::error::ApiError;
 use crate::store::{Store, Write};
 

@@ -4,11 +4,12 @@ use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::lookup::load_private_key;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
-use crate::store::{AddressEntry, Named, PrivateKey, StoreError, Write};
+use crate::store::{AddressEntry, Named, PrivateKey, Write};
 
 pub fn private_key_json(k: &PrivateKey) -> Value {
     json!({
@@ -27,18 +28,6 @@ pub fn private_key_json(k: &PrivateKey) -> Value {
 
 pub fn address_entries(addresses: Vec<pb::Address>) -> Vec<AddressEntry> {
     addresses.into_iter().map(|a| AddressEntry { format: a.format, address: a.address }).collect()
-}
-
-pub async fn load_private_key(
-    state: &std::sync::Arc<crate::state::AppState>,
-    org: &str,
-    id: &str,
-) -> Result<PrivateKey, ApiError> {
-    let (org, id2) = (org.to_string(), id.to_string());
-    state.db(move |s| s.private_key(&org, &id2)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found(format!("private key not found: {id}")),
-        other => other.into(),
-    })
 }
 
 #[derive(Deserialize)]
@@ -65,7 +54,7 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
         return Err(ApiError::invalid("privateKeys must not be empty"));
     }
     let wanted: Vec<&str> = intent.private_keys.iter().map(|p| p.private_key_name.as_str()).collect();
-    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &wanted).await?;
+    super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &wanted).await?;
     let mut names: Vec<&str> = Vec::new();
     for p in &intent.private_keys {
         required(&p.private_key_name, "privateKeyName")?;
@@ -140,7 +129,7 @@ pub async fn delete_private_keys(ctx: Ctx, intent: DeletePrivateKeysIntent) -> R
     })
 }
 
-pub async fn list_private_keys(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_private_keys(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let keys = ctx.state.db(move |s| s.private_keys_page(&org, &page)).await??;
     Ok(json!({ "privateKeys": keys.iter().map(private_key_json).collect::<Vec<_>>() }))

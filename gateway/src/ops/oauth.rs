@@ -7,26 +7,13 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
-use crate::activity::render::timestamp;
+use crate::activity::render::oauth_provider_json;
 use crate::auth::oidc;
 use crate::error::{ApiError, Code};
 use crate::state::AppState;
 use crate::store::{Nanos, OauthProviderRecord, Write};
-
-/// The swagger `OauthProvider` object.
-pub fn oauth_provider_json(p: &OauthProviderRecord) -> Value {
-    json!({
-        "providerId": p.id,
-        "providerName": p.name,
-        "issuer": p.issuer,
-        "audience": p.audience,
-        "subject": p.subject,
-        "createdAt": timestamp(p.created_at),
-        "updatedAt": timestamp(p.updated_at),
-    })
-}
 
 fn already_exists() -> ApiError {
     ApiError::new(Code::InvalidArgument, "OAUTH_PROVIDER_ALREADY_EXISTS", "oauth provider already exists")
@@ -119,7 +106,7 @@ pub async fn create_oauth_providers(ctx: Ctx, intent: CreateOauthProvidersIntent
     if intent.oauth_providers.is_empty() {
         return Err(ApiError::invalid("oauthProviders must not be empty"));
     }
-    super::users::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
     let rows = provider_rows(&ctx.state, &ctx.org.id, &intent.user_id, &intent.oauth_providers, ctx.now).await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     Ok(Outcome { result: json!({ "providerIds": ids }), writes: vec![Write::InsertOauthProviders(rows)] })
@@ -137,8 +124,8 @@ pub async fn delete_oauth_providers(ctx: Ctx, intent: DeleteOauthProvidersIntent
     if intent.provider_ids.is_empty() {
         return Err(ApiError::invalid("providerIds must not be empty"));
     }
-    super::users::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
-    let ids = super::users::dedup(&intent.provider_ids);
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    let ids = super::params::dedup(&intent.provider_ids);
     let (org, user) = (ctx.org.id.clone(), intent.user_id.clone());
     let owned: HashSet<String> =
         ctx.state.db(move |s| s.oauth_providers(&org, Some(&user))).await??.into_iter().map(|p| p.id).collect();
@@ -164,7 +151,7 @@ pub struct GetOauthProvidersRequest {
 pub async fn get_oauth_providers(ctx: QueryCtx, req: GetOauthProvidersRequest) -> Result<Value, ApiError> {
     let user = req.user_id.filter(|u| !u.is_empty());
     if let Some(u) = &user {
-        super::users::load_user(&ctx.state, &ctx.org.id, u).await?;
+        super::lookup::load_user(&ctx.state, &ctx.org.id, u).await?;
     }
     let org = ctx.org.id.clone();
     let list = ctx.state.db(move |s| s.oauth_providers(&org, user.as_deref())).await??;

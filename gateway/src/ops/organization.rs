@@ -153,7 +153,7 @@ pub async fn update_root_quorum(ctx: Ctx, intent: UpdateRootQuorumIntent) -> Res
         )));
     }
     for id in &intent.user_ids {
-        users::load_user(&ctx.state, &ctx.org.id, id).await?;
+        super::lookup::load_user(&ctx.state, &ctx.org.id, id).await?;
     }
     Ok(Outcome {
         result: json!({}),
@@ -167,14 +167,14 @@ pub async fn update_root_quorum(ctx: Ctx, intent: UpdateRootQuorumIntent) -> Res
 }
 
 /// `get_organization`: the whole organization in one object (legacy, `@turnkey/http` only); each
-/// list holds at most the first [`super::LIST_PAGE_MAX`] items, like the lists themselves.
-pub async fn get_organization(ctx: QueryCtx, _req: wallets::Empty) -> Result<Value, ApiError> {
+/// list holds at most the first [`super::params::LIST_PAGE_MAX`] items, like the lists themselves.
+pub async fn get_organization(ctx: QueryCtx, _req: super::params::Empty) -> Result<Value, ApiError> {
     let org = ctx.org.clone();
     let data = ctx
         .state
         .db(move |s| -> Result<Value, StoreError> {
             let id = org.id.as_str();
-            let first = Page { limit: super::LIST_PAGE_MAX, before: None, after: None };
+            let first = Page { limit: super::params::LIST_PAGE_MAX, before: None, after: None };
             let user_rows = s.users_page(id, &first)?;
             let mut tag_rows = s.records_page(id, USER_TAG, &first)?;
             tag_rows.extend(s.records_page(id, PRIVATE_KEY_TAG, &first)?);
@@ -199,7 +199,7 @@ pub async fn get_organization(ctx: QueryCtx, _req: wallets::Empty) -> Result<Val
 }
 
 /// `get_organization_configs`: features and root quorum.
-pub async fn get_organization_configs(ctx: QueryCtx, _req: wallets::Empty) -> Result<Value, ApiError> {
+pub async fn get_organization_configs(ctx: QueryCtx, _req: super::params::Empty) -> Result<Value, ApiError> {
     let org = ctx.org.id.clone();
     let features: Vec<(String, String)> =
         ctx.state.db(move |s| s.records(&org, FEATURE)).await??.iter().map(feature_of).collect();
@@ -333,7 +333,7 @@ mod tests {
             let header = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string());
             let mut headers = HeaderMap::new();
             headers.insert("x-stamp", HeaderValue::from_str(&header).unwrap());
-            pipeline::submit(self.state.clone(), path, &headers, body).await
+            pipeline::submit(self.state.clone(), &crate::ops::REGISTRY, path, &headers, body).await
         }
 
         fn features(&self) -> usize {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
@@ -262,7 +262,7 @@ pub async fn get_policy(ctx: QueryCtx, req: GetPolicyRequest) -> Result<Value, A
     Ok(json!({ "policy": policy_json(&r) }))
 }
 
-pub async fn list_policies(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_policies(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let records = ctx.state.db(move |s| s.records_page(&org, POLICY, &page)).await??;
     Ok(json!({ "policies": records.iter().map(policy_json).collect::<Vec<_>>() }))

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome};
 use crate::auth::{oidc, stamp::SESSION_CREDENTIAL_TYPES};
 use crate::error::{ApiError, Code};
@@ -66,7 +66,7 @@ async fn open_session(
     };
     let session = ctx.enclave().create_session(request).await?;
     // The enclave chose the user; it must be one of this organization.
-    let user = super::users::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
+    let user = super::lookup::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
     let mut writes = Vec::new();
     if invalidate_existing {
         let (org, uid) = (ctx.org.id.clone(), user.id.clone());
@@ -168,7 +168,7 @@ pub struct CreateReadWriteSessionIntent {
 pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionIntent) -> Result<Outcome, ApiError> {
     required(&intent.target_public_key, "targetPublicKey")?;
     if let Some(u) = intent.user_id.as_deref().filter(|u| !u.is_empty()) {
-        super::users::load_user(&ctx.state, &ctx.org.id, u).await?;
+        super::lookup::load_user(&ctx.state, &ctx.org.id, u).await?;
     }
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
     let (session, user, api_key_id, writes) =
@@ -219,8 +219,15 @@ mod tests {
         // It stamps as the user.
         let body = json!({ "organizationId": h.organization_id }).to_string();
         let headers = stamp_headers(&session, body.as_bytes());
-        let whoami =
-            crate::activity::pipeline::query(h.state.clone(), "whoami", &headers, body.as_bytes()).await.unwrap();
+        let whoami = crate::activity::pipeline::query(
+            h.state.clone(),
+            &crate::ops::REGISTRY,
+            "whoami",
+            &headers,
+            body.as_bytes(),
+        )
+        .await
+        .unwrap();
         assert_eq!(whoami["userId"], h.user_id);
     }
 }

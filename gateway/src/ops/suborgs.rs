@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 
 use super::credentials::inline_credentials;
 use super::organization::BAD_THRESHOLD;
+use super::params::{required, Pagination};
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
 use super::wallets::{account_ids, account_rows, AccountParams};
-use super::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::auth::oidc;
 use crate::error::{ApiError, Code};
@@ -138,6 +138,7 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
     // the parent's FEATURE_NAME_WEBAUTHN_ORIGINS, since the sub-organization has none yet.
     let sub_ctx = Ctx {
         state: ctx.state.clone(),
+        registry: ctx.registry,
         org: sub.clone(),
         caller: ctx.caller.clone(),
         activity_id: ctx.activity_id.clone(),

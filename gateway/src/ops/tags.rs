@@ -10,8 +10,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
-use super::users::{dedup, load_user};
+use super::lookup::load_user;
+use super::params::dedup;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
@@ -58,7 +59,7 @@ async fn check_members(state: &Arc<AppState>, org: &str, kind: &str, ids: &[Stri
         if kind == USER_TAG {
             load_user(state, org, id).await?;
         } else {
-            super::keys::load_private_key(state, org, id).await?;
+            super::lookup::load_private_key(state, org, id).await?;
         }
     }
     Ok(())
@@ -273,13 +274,13 @@ pub async fn delete_private_key_tags(ctx: Ctx, intent: DeletePrivateKeyTagsInten
     })
 }
 
-pub async fn list_user_tags(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_user_tags(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let tags = ctx.state.db(move |s| s.records_page(&org, USER_TAG, &page)).await??;
     Ok(json!({ "userTags": tags.iter().map(tag_json).collect::<Vec<_>>() }))
 }
 
-pub async fn list_private_key_tags(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_private_key_tags(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let tags = ctx.state.db(move |s| s.records_page(&org, PRIVATE_KEY_TAG, &page)).await??;
     Ok(json!({ "privateKeyTags": tags.iter().map(tag_json).collect::<Vec<_>>() }))

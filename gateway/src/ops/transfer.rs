@@ -4,10 +4,11 @@ use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::keys::{address_entries, load_private_key};
-use super::required;
+use super::keys::address_entries;
+use super::lookup::{load_private_key, load_wallet};
+use super::params::required;
 use super::sealed;
-use super::wallets::{account_ids, account_rows, load_wallet, AccountParams};
+use super::wallets::{account_ids, account_rows, AccountParams};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::{ImportTarget, Named, PrivateKey, StoreError, Wallet, Write};
@@ -148,7 +149,7 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
     required(&i.wallet_name, "walletName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
     let account_ids = account_ids(&i.accounts)?;
-    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&i.wallet_name]).await?;
+    super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&i.wallet_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
@@ -194,7 +195,7 @@ pub struct ImportPrivateKeyIntent {
 pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<Outcome, ApiError> {
     required(&i.private_key_name, "privateKeyName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
-    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &[&i.private_key_name]).await?;
+    super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &[&i.private_key_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
     let id = uuid::Uuid::new_v4().to_string();
     let km = ctx

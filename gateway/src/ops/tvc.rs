@@ -13,7 +13,7 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
@@ -691,7 +691,7 @@ pub async fn get_tvc_deployment(ctx: QueryCtx, req: GetTvcDeploymentRequest) -> 
 }
 
 /// Every operator of the organization, newest first (as the client documents).
-pub async fn list_tvc_operators(ctx: QueryCtx, _req: super::wallets::Empty) -> Result<Value, ApiError> {
+pub async fn list_tvc_operators(ctx: QueryCtx, _req: super::params::Empty) -> Result<Value, ApiError> {
     let mut operators = records(&ctx.state, &ctx.org.id, TVC_OPERATOR).await?;
     operators.reverse();
     Ok(json!({ "tvcOperators": operators.iter().map(operator_json).collect::<Vec<_>>() }))

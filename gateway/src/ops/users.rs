@@ -6,59 +6,15 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::lookup::load_user;
+use super::params::dedup;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
-use crate::activity::render::timestamp;
+use crate::activity::render::{api_key_json, user_view};
 use crate::error::{ApiError, Code};
 use crate::record_kinds::USER_TAG;
 use crate::state::AppState;
 use crate::store::{ApiKey, Nanos, Store, StoreError, User, Write};
-
-pub fn api_key_json(k: &ApiKey) -> Value {
-    let mut v = json!({
-        "credential": { "publicKey": k.public_key, "type": k.credential_type },
-        "apiKeyId": k.id,
-        "apiKeyName": k.name,
-        "createdAt": timestamp(k.created_at),
-        "updatedAt": timestamp(k.updated_at),
-    });
-    if let Some(exp) = k.expiration_seconds {
-        v["expirationSeconds"] = json!(exp.to_string());
-    }
-    v
-}
-
-/// The swagger `User` object as a vote carries it: the user with the given API keys only.
-pub fn user_json(u: &User, api_keys: &[ApiKey]) -> Value {
-    user_view(u, api_keys, &[], Vec::new(), Vec::new())
-}
-
-fn user_view(
-    u: &User,
-    api_keys: &[ApiKey],
-    tag_ids: &[String],
-    authenticators: Vec<Value>,
-    oauth: Vec<Value>,
-) -> Value {
-    let mut v = json!({
-        "userId": u.id,
-        "userName": u.name,
-        "authenticators": authenticators,
-        "apiKeys": api_keys.iter().map(api_key_json).collect::<Vec<_>>(),
-        "userTags": tag_ids,
-        "oauthProviders": oauth,
-        "createdAt": timestamp(u.created_at),
-        "updatedAt": timestamp(u.updated_at),
-        "mfaPolicies": [],
-    });
-    if let Some(e) = &u.email {
-        v["userEmail"] = json!(e);
-    }
-    if let Some(p) = &u.phone_number {
-        v["userPhoneNumber"] = json!(p);
-    }
-    v
-}
 
 /// Full swagger `User` objects (API keys, tags, passkeys, OAuth providers), read through `s`.
 pub fn users_json(s: &dyn Store, org: &str, users: &[User]) -> Result<Vec<Value>, StoreError> {
@@ -81,21 +37,6 @@ pub fn users_json(s: &dyn Store, org: &str, users: &[User]) -> Result<Vec<Value>
             )
         })
         .collect())
-}
-
-/// Loads a user of the organization; 404 if it is not there.
-pub async fn load_user(state: &Arc<AppState>, org: &str, id: &str) -> Result<User, ApiError> {
-    let (org, id2) = (org.to_string(), id.to_string());
-    state.db(move |s| s.user(&org, &id2)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found(format!("user not found: {id}")),
-        other => other.into(),
-    })
-}
-
-/// Keeps the first occurrence of each id.
-pub fn dedup(ids: &[String]) -> Vec<String> {
-    let mut seen = HashSet::new();
-    ids.iter().filter(|id| seen.insert(id.as_str())).cloned().collect()
 }
 
 /// `userEmail`: a plausible address (one `@`, a dotted domain, no spaces).
@@ -418,7 +359,7 @@ pub async fn get_user(ctx: QueryCtx, req: GetUserRequest) -> Result<Value, ApiEr
     Ok(json!({ "user": out.pop().unwrap_or_default() }))
 }
 
-pub async fn list_users(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_users(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let users = ctx.state.db(move |s| users_json(s, &org, &s.users_page(&org, &page)?)).await??;
     Ok(json!({ "users": users }))
@@ -444,7 +385,7 @@ pub async fn get_api_key(ctx: QueryCtx, req: GetApiKeyRequest) -> Result<Value, 
 pub struct GetApiKeysRequest {
     user_id: Option<String>,
     #[serde(default)]
-    pagination_options: super::Pagination,
+    pagination_options: super::params::Pagination,
 }
 
 pub async fn get_api_keys(ctx: QueryCtx, req: GetApiKeysRequest) -> Result<Value, ApiError> {
@@ -455,7 +396,7 @@ pub async fn get_api_keys(ctx: QueryCtx, req: GetApiKeysRequest) -> Result<Value
             ctx.state.db(move |s| s.api_keys_of_user(&org, &user)).await??
         }
         None => {
-            let page = super::ListRequest { pagination_options: req.pagination_options }.page()?;
+            let page = super::params::ListRequest { pagination_options: req.pagination_options }.page()?;
             ctx.state.db(move |s| s.api_keys_page(&org, &page)).await??
         }
     };

@@ -4,7 +4,8 @@ use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{required, Pagination};
+use super::lookup::load_wallet;
+use super::params::{required, Pagination};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
@@ -97,19 +98,6 @@ pub fn account_json(a: &WalletAccount, wallet: Option<&Wallet>) -> Value {
     v
 }
 
-/// Loads a wallet of the caller's organization; 404 if it is not there.
-pub async fn load_wallet(
-    state: &std::sync::Arc<crate::state::AppState>,
-    org: &str,
-    id: &str,
-) -> Result<Wallet, ApiError> {
-    let (org, id2) = (org.to_string(), id.to_string());
-    state.db(move |s| s.wallet(&org, &id2)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found(format!("wallet not found: {id}")),
-        other => other.into(),
-    })
-}
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateWalletIntent {
@@ -124,7 +112,7 @@ pub struct CreateWalletIntent {
 pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outcome, ApiError> {
     required(&intent.wallet_name, "walletName")?;
     let account_ids = account_ids(&intent.accounts)?;
-    super::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
+    super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
     let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
         .enclave()
@@ -199,10 +187,7 @@ pub async fn delete_wallets(ctx: Ctx, intent: DeleteWalletsIntent) -> Result<Out
     })
 }
 
-#[derive(Deserialize)]
-pub struct Empty {}
-
-pub async fn list_wallets(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_wallets(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let wallets = ctx.state.db(move |s| s.wallets_page(&org, &page)).await??;
     Ok(json!({ "wallets": wallets.iter().map(wallet_json).collect::<Vec<_>>() }))

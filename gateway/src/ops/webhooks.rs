@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::required;
+use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::ApiError;
 use crate::record_kinds::WEBHOOK_ENDPOINT;
@@ -149,7 +149,7 @@ pub async fn delete_webhook_endpoint(ctx: Ctx, intent: DeleteWebhookEndpointInte
     })
 }
 
-pub async fn list_webhook_endpoints(ctx: QueryCtx, req: super::ListRequest) -> Result<Value, ApiError> {
+pub async fn list_webhook_endpoints(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page): (String, Page) = (ctx.org.id.clone(), req.page()?);
     let records = ctx.state.db(|s| s.records_page(&org, WEBHOOK_ENDPOINT, &page)).await??;
     Ok(json!({ "webhookEndpoints": records.iter().map(endpoint_json).collect::<Vec<_>>() }))

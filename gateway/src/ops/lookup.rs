@@ -1,0 +1,41 @@
+//! Loading what a request names in the caller's organization, with the 404 the API answers.
+
+use std::sync::Arc;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{PrivateKey, StoreError, User, Wallet};
+
+/// Loads a user of the organization; 404 if it is not there.
+pub async fn load_user(state: &Arc<AppState>, org: &str, id: &str) -> Result<User, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.user(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("user not found: {id}")),
+        other => other.into(),
+    })
+}
+
+/// Loads a wallet of the caller's organization; 404 if it is not there.
+pub async fn load_wallet(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    id: &str,
+) -> Result<Wallet, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.wallet(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("wallet not found: {id}")),
+        other => other.into(),
+    })
+}
+
+pub async fn load_private_key(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    id: &str,
+) -> Result<PrivateKey, ApiError> {
+    let (org, id2) = (org.to_string(), id.to_string());
+    state.db(move |s| s.private_key(&org, &id2)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("private key not found: {id}")),
+        other => other.into(),
+    })
+}
