@@ -8,8 +8,12 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode};
 
 use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
+use super::error::{Constraint, StoreError, Unique};
+use super::interface::CommitCallback;
+use super::model::ActivityRecord;
+use super::nowait;
 use super::sql::{self, Arg, Db, SqlRow, Value};
-use super::*;
+use super::write::Write;
 
 const READERS: usize = 4;
 
@@ -45,7 +49,11 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
 fn backend(e: rusqlite::Error) -> StoreError {
     if let rusqlite::Error::SqliteFailure(f, msg) = &e {
         if f.code == ErrorCode::ConstraintViolation && msg.as_deref().is_some_and(|m| m.contains("UNIQUE")) {
-            return StoreError::Unique(msg.clone().unwrap_or_default());
+            // SQLite names the columns only in the message: "UNIQUE constraint failed: records.organization_id,
+            // records.kind, records.name".
+            let message = msg.clone().unwrap_or_default();
+            let constraint = if message.contains("records.name") { Constraint::RecordName } else { Constraint::Other };
+            return StoreError::Unique(Unique::new(constraint, message));
         }
         if f.code == ErrorCode::DatabaseBusy {
             return StoreError::Busy;
@@ -249,6 +257,8 @@ impl Backend for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::interface::Store;
+    use crate::store::model::Organization;
 
     fn org(id: &str) -> Organization {
         Organization {
