@@ -1,4 +1,4 @@
-//! Reads on the async executor without waiting: inside [`nowait::run`], a store call that would
+//! Reads on the async executor without waiting: inside [`run`], a store call that would
 //! have to wait (every reader connection in use, SQLITE_BUSY while the WAL is reset, the writer's
 //! lock) gives up at once, and the caller reruns the work where waiting is allowed. An indexed
 //! read that does not wait costs microseconds, far less than a hand-off to another thread.

@@ -25,7 +25,7 @@ fn qualified(alias: &str, cols: &str) -> String {
     cols.split(", ").map(|c| format!("{alias}.{c}")).collect::<Vec<_>>().join(", ")
 }
 
-/// See [`Store::stamp_context`]. The organization's own key sorts before its parent's.
+/// See `Store::stamp_context`. The organization's own key sorts before its parent's.
 pub fn stamp_context<D: Db>(
     db: &mut D,
     org: &str,
