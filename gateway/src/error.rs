@@ -145,11 +145,11 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound => ApiError::not_found("not found"),
-            StoreError::Conflict(m) if m.starts_with("wallet account has not been exported") => {
-                ApiError::new(Code::InvalidArgument, "WALLET_ACCOUNT_NOT_EXPORTED", m)
+            StoreError::Conflict(c) if c.kind == crate::store::ConflictKind::NotExported => {
+                ApiError::new(Code::InvalidArgument, "WALLET_ACCOUNT_NOT_EXPORTED", c.message)
             }
-            StoreError::Conflict(m) => ApiError::invalid(m),
-            StoreError::Unique(m) => ApiError::invalid(m),
+            StoreError::Conflict(c) => ApiError::invalid(c.message),
+            StoreError::Unique(u) => ApiError::invalid(u.message),
             StoreError::Backend(m) => {
                 tracing::error!(error = %m, "store failure");
                 ApiError::internal()

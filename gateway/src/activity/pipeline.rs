@@ -658,8 +658,8 @@ async fn vote(
             if !matches!(e, StoreError::Conflict(m) if m == CONSENSUS_MOVED) {
                 tracing::warn!(error = %e, activity = %target.id, "approved activity failed to apply");
                 let failure = match e {
-                    StoreError::Conflict(m) | StoreError::Unique(m) => {
-                        json!({ "code": Code::InvalidArgument as i32, "message": m })
+                    StoreError::Conflict(_) | StoreError::Unique(_) => {
+                        json!({ "code": Code::InvalidArgument as i32, "message": e.to_string() })
                     }
                     _ => json!({ "code": Code::Internal as i32, "message": "internal server error" }),
                 };

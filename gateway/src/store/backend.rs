@@ -3,8 +3,16 @@
 
 use std::sync::{mpsc, Mutex};
 
+use super::error::StoreError;
+use super::interface::{CommitCallback, Store};
+use super::model::{
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, Named, Nanos,
+    OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext, SubOrgFilter,
+    UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
+};
+use super::nowait;
 use super::sql::{self, Db};
-use super::*;
+use super::write::Write;
 
 /// One activity waiting for the committer, and where to send its outcome.
 pub struct CommitJob {

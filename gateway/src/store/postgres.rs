@@ -18,8 +18,12 @@ use ::postgres::types::{IsNull, ToSql, Type};
 use ::postgres::{Client, NoTls, Statement};
 
 use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
+use super::error::{Constraint, StoreError, Unique};
+use super::interface::CommitCallback;
+use super::model::ActivityRecord;
+use super::nowait;
 use super::sql::{self, Arg, Db, SqlRow, Value};
-use super::*;
+use super::write::Write;
 
 /// Connections one store opens at most for reads and write transactions (the committer has
 /// its own). PostgreSQL's default `max_connections` is 100: room for a few gateways.
@@ -63,8 +67,13 @@ pub fn redact(url: &str) -> String {
 
 fn pg(e: ::postgres::Error) -> StoreError {
     if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
-        let constraint = e.as_db_error().and_then(|d| d.constraint()).unwrap_or_default();
-        return StoreError::Unique(format!("UNIQUE constraint failed: {constraint}"));
+        // PostgreSQL names the constraint; a records name clash is records' UNIQUE (organization_id, kind, name).
+        let name = e.as_db_error().and_then(|d| d.constraint()).unwrap_or_default();
+        let constraint = match name {
+            "records_organization_id_kind_name_key" => Constraint::RecordName,
+            _ => Constraint::Other,
+        };
+        return StoreError::Unique(Unique::new(constraint, format!("UNIQUE constraint failed: {name}")));
     }
     StoreError::Backend(format!("postgres: {e}"))
 }

@@ -8,8 +8,12 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode};
 
 use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
+use super::error::{Constraint, StoreError, Unique};
+use super::interface::CommitCallback;
+use super::model::ActivityRecord;
+use super::nowait;
 use super::sql::{self, Arg, Db, SqlRow, Value};
-use super::*;
+use super::write::Write;
 
 const READERS: usize = 4;
 
@@ -45,7 +49,11 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
 fn backend(e: rusqlite::Error) -> StoreError {
     if let rusqlite::Error::SqliteFailure(f, msg) = &e {
         if f.code == ErrorCode::ConstraintViolation && msg.as_deref().is_some_and(|m| m.contains("UNIQUE")) {
-            return StoreError::Unique(msg.clone().unwrap_or_default());
+            // SQLite names the columns only in the message: "UNIQUE constraint failed: records.organization_id,
+            // records.kind, records.name".
+            let message = msg.clone().unwrap_or_default();
+            let constraint = if message.contains("records.name") { Constraint::RecordName } else { Constraint::Other };
+            return StoreError::Unique(Unique::new(constraint, message));
         }
         if f.code == ErrorCode::DatabaseBusy {
             return StoreError::Busy;
@@ -249,6 +257,9 @@ impl Backend for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::error::ConflictKind;
+    use crate::store::interface::Store;
+    use crate::store::model::{Organization, Record, Wallet};
 
     fn org(id: &str) -> Organization {
         Organization {
@@ -302,5 +313,50 @@ mod tests {
         // Outside no-wait mode nothing changed, and the flag does not leak into the next run.
         assert_eq!(s.organization("nowait-org").unwrap().id, "nowait-org");
         assert!(nowait::run(|| s.organization("nowait-org")).is_some());
+    }
+
+    #[test]
+    fn errors_are_typed_where_the_store_raises_them() {
+        let (_dir, s) = store();
+        let wallet = |id: &str| Wallet {
+            id: id.into(),
+            organization_id: "o1".into(),
+            name: "same".into(),
+            exported: false,
+            imported: false,
+            sealed_seed: vec![1],
+            created_at: 1,
+            updated_at: 1,
+        };
+        s.apply(&[Write::InsertWallet(wallet("w1"))]).unwrap();
+        let delete = |id: &str| Write::DeleteWallets { ids: vec![id.into()], require_exported: true };
+        let err = s.apply(&[delete("w1")]).unwrap_err();
+        assert!(matches!(&err, StoreError::Conflict(c) if c.kind == ConflictKind::NotExported), "{err:?}");
+        assert!(err.to_string().starts_with("wallet account has not been exported: wallet w1"), "{err}");
+        let err = s.apply(&[delete("nope")]).unwrap_err();
+        assert!(matches!(&err, StoreError::Conflict(c) if c.kind == ConflictKind::Precondition), "{err:?}");
+        assert!(matches!(&err, StoreError::Conflict(c) if c == "wallet not found: nope"), "{err:?}");
+
+        // SQLite's message names the columns; the adapter tells a record name from the rest.
+        let err = s.apply(&[Write::InsertWallet(wallet("w2"))]).unwrap_err();
+        assert!(matches!(&err, StoreError::Unique(u) if u.constraint == Constraint::Other), "{err:?}");
+        assert_eq!(err.to_string(), "wallet name must be unique");
+        let checked = |id: &str| Write::PutRecordChecked {
+            record: Record {
+                organization_id: "o1".into(),
+                kind: "policy".into(),
+                id: id.into(),
+                name: "same".into(),
+                data: serde_json::json!({}),
+                created_at: 1,
+                updated_at: 1,
+            },
+            unique_message: "policy name taken".into(),
+            must_exist: false,
+        };
+        s.apply(&[checked("p1")]).unwrap();
+        let err = s.apply(&[checked("p2")]).unwrap_err();
+        assert!(matches!(&err, StoreError::Unique(u) if u.constraint == Constraint::RecordName), "{err:?}");
+        assert_eq!(err.to_string(), "policy name taken");
     }
 }

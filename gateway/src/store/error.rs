@@ -1,0 +1,110 @@
+//! The store's errors, typed so that callers decide on what went wrong rather than on message
+//! text.
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// A precondition checked inside the transaction failed; the message is caller-facing.
+    #[error("{0}")]
+    Conflict(Conflict),
+    /// A uniqueness constraint fired; the message names what must be unique.
+    #[error("{0}")]
+    Unique(Unique),
+    #[error("database error: {0}")]
+    Backend(String),
+    /// A transient lock conflict (SQLite's SQLITE_BUSY); reads are retried.
+    #[error("database busy")]
+    Busy,
+}
+
+/// Which precondition failed, where a caller answers one differently from the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// Any other: a row that is missing or was changed meanwhile, a lost race, ...
+    Precondition,
+    /// A wallet or private key that was never exported, deleted with `require_exported`.
+    NotExported,
+}
+
+/// A failed precondition: its kind and its caller-facing message. It reads as its message
+/// (`Deref` to `str`, equal to a string with the same text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub kind: ConflictKind,
+    pub message: String,
+}
+
+impl Conflict {
+    pub fn new(kind: ConflictKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+}
+
+impl StoreError {
+    /// A failed precondition of no particular kind ([`ConflictKind::Precondition`]).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        StoreError::Conflict(Conflict::new(ConflictKind::Precondition, message))
+    }
+}
+
+/// Which uniqueness constraint fired, as the backend's driver reports it (each backend reads its
+/// own driver's error; the shared SQL decides on this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Constraint {
+    /// A record's name, unique per organization and kind.
+    RecordName,
+    /// Any other.
+    Other,
+}
+
+/// A uniqueness constraint that fired: which one, and the message (the driver's, until the
+/// shared SQL replaces it with one for the caller). It reads as its message, like [`Conflict`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unique {
+    pub constraint: Constraint,
+    pub message: String,
+}
+
+impl Unique {
+    pub fn new(constraint: Constraint, message: impl Into<String>) -> Self {
+        Self { constraint, message: message.into() }
+    }
+}
+
+macro_rules! reads_as_message {
+    ($t:ty) => {
+        impl std::ops::Deref for $t {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.message
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.message)
+            }
+        }
+        impl PartialEq<str> for $t {
+            fn eq(&self, other: &str) -> bool {
+                self.message == other
+            }
+        }
+        impl PartialEq<&str> for $t {
+            fn eq(&self, other: &&str) -> bool {
+                self.message == *other
+            }
+        }
+    };
+}
+reads_as_message!(Conflict);
+reads_as_message!(Unique);
+
+/// `Ok(None)` for a record that is not there, so lookups can fall through to the next kind.
+pub fn found<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
