@@ -19,8 +19,8 @@ use crate::policy::{denied, evaluate, Proposal};
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::state::AppState;
 use crate::store::{
-    now_nanos, ActivityRecord, Committed, Nanos, Organization, PolicyEvaluationRecord, StampContext, Store, StoreError,
-    Write, CONSENSUS_MOVED,
+    now_nanos, ActivityRecord, Committed, ConflictKind, Nanos, Organization, PolicyEvaluationRecord, StampContext,
+    Store, StoreError, Write,
 };
 use crate::webhook_delivery::Outbox;
 use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
@@ -655,7 +655,7 @@ async fn vote(
         let mut result = apply(&state, &org, &target, writes).await;
         if let (Err(e), Some(eval_write)) = (&result, fallback) {
             // The handler's effects failed inside the transaction: the activity fails instead.
-            if !matches!(e, StoreError::Conflict(m) if m == CONSENSUS_MOVED) {
+            if !matches!(e, StoreError::Conflict(ref c) if c.kind == ConflictKind::ConsensusMoved) {
                 tracing::warn!(error = %e, activity = %target.id, "approved activity failed to apply");
                 let failure = match e {
                     StoreError::Conflict(_) | StoreError::Unique(_) => {
@@ -673,7 +673,7 @@ async fn vote(
                 let a = state.db(move |s| s.activity_by_fingerprint(&fp)).await??;
                 return Ok(json!({ "activity": render::activity(&a, false) }));
             }
-            Err(StoreError::Conflict(m)) if m == CONSENSUS_MOVED => continue,
+            Err(StoreError::Conflict(c)) if c.kind == ConflictKind::ConsensusMoved => continue,
             Err(e) => return Err(e.into()),
         }
     }

@@ -25,6 +25,9 @@ pub enum ConflictKind {
     Precondition,
     /// A wallet or private key that was never exported, deleted with `require_exported`.
     NotExported,
+    /// An activity no longer awaits the vote being recorded ([`crate::store::CONSENSUS_MOVED`]):
+    /// another vote moved it first; the voter re-reads it and tries again.
+    ConsensusMoved,
 }
 
 /// A failed precondition: its kind and its caller-facing message. It reads as its message

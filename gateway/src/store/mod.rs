@@ -28,7 +28,7 @@ pub use model::{
     now_nanos, ActivityFilter, ActivityRecord, AddressEntry, ApiKey, AuthenticatorRecord, Committed, CredentialKind,
     ImportTarget, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record,
     StampContext, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
-    DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING, SMART_CONTRACT_INTERFACE,
+    DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
 pub use open::open;
 pub use postgres::PostgresStore;

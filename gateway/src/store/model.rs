@@ -233,9 +233,6 @@ impl Page {
     pub const ALL: Page = Page { limit: usize::MAX, before: None, after: None };
 }
 
-/// Record kind of smart contract interfaces (`ops::contracts` writes them, policies read them).
-pub const SMART_CONTRACT_INTERFACE: &str = "smart_contract_interface";
-
 /// Where a webhook delivery stands.
 pub const DELIVERY_PENDING: &str = "PENDING";
 pub const DELIVERY_DELIVERED: &str = "DELIVERED";

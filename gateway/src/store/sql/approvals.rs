@@ -1,7 +1,7 @@
 //! Votes on activities awaiting consensus, and the policy evaluations each vote records.
 
 use super::db::{args, json_text, parse_json, Db};
-use crate::store::error::StoreError;
+use crate::store::error::{Conflict, ConflictKind, StoreError};
 use crate::store::model::{Nanos, PolicyEvaluationRecord};
 use crate::store::write::CONSENSUS_MOVED;
 
@@ -39,7 +39,7 @@ pub fn update_consensus_activity<D: Db>(
         ],
     )?;
     if n != 1 {
-        return Err(StoreError::conflict(CONSENSUS_MOVED));
+        return Err(StoreError::Conflict(Conflict::new(ConflictKind::ConsensusMoved, CONSENSUS_MOVED)));
     }
     // An approved deletion of this organization: its record goes to the parent's log.
     let parent = db.query_opt(
