@@ -5,7 +5,8 @@ use alloy_dyn_abi::{DynSolValue, JsonAbiExt};
 use alloy_json_abi::JsonAbi;
 use coffer_policy::eval::Val;
 
-use crate::{hex0x, text, uint, Facts, TxError};
+use crate::error::TxError;
+use crate::facts::{hex0x, text, uint, Facts};
 
 /// A parsed ABI, kept by the caller across evaluations.
 #[derive(Debug, Clone)]

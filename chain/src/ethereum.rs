@@ -9,7 +9,8 @@ use alloy_primitives::{Signature, TxKind, U256};
 use alloy_rlp::Header;
 use coffer_policy::eval::Val;
 
-use crate::{hex0x, text, uint, Facts, TxError};
+use crate::error::TxError;
+use crate::facts::{hex0x, text, uint, Facts};
 
 type Typed = EthereumTypedTransaction<TxEip4844>;
 

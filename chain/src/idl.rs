@@ -9,7 +9,8 @@ use coffer_policy::eval::Val;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::{text, uint, Facts, TxError};
+use crate::error::TxError;
+use crate::facts::{text, uint, Facts};
 
 #[derive(Debug, Clone)]
 struct IdlInstruction {

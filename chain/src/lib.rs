@@ -4,32 +4,21 @@
 //! clear errors and for the policy context (`eth.tx`, `solana.tx`, `tron.tx`).
 
 pub mod abi;
+mod error;
 pub mod ethereum;
+mod facts;
 pub mod idl;
 pub mod solana;
 pub mod tron;
 
-use std::collections::BTreeMap;
-
-use coffer_policy::eval::Val;
+pub use error::TxError;
+pub use facts::Facts;
 
 pub const TRANSACTION_TYPE_ETHEREUM: &str = "TRANSACTION_TYPE_ETHEREUM";
 pub const TRANSACTION_TYPE_SOLANA: &str = "TRANSACTION_TYPE_SOLANA";
 pub const TRANSACTION_TYPE_TRON: &str = "TRANSACTION_TYPE_TRON";
 pub const TRANSACTION_TYPE_BITCOIN: &str = "TRANSACTION_TYPE_BITCOIN";
 pub const TRANSACTION_TYPE_TEMPO: &str = "TRANSACTION_TYPE_TEMPO";
-
-/// Why a transaction was not accepted. The message names the field and is safe to show the
-/// API caller (it never contains more than the caller sent).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TxError(pub String);
-
-impl TxError {
-    pub fn new(msg: impl Into<String>) -> Self {
-        Self(msg.into())
-    }
-}
 
 /// An unsigned transaction that parsed completely.
 #[derive(Debug, Clone)]
@@ -74,27 +63,6 @@ impl Unsigned {
             Unsigned::Tron(_) => "tron",
         }
     }
-}
-
-/// A map of facts, as the policy engine reads them.
-pub type Facts = BTreeMap<String, Val>;
-
-/// An unsigned integer (any width, in decimal) as a policy value: `Int` when it fits in an
-/// i128, else `Uint`, so `eth.tx.value < 1000000000000000000` compares numbers.
-pub(crate) fn uint(decimal: impl std::fmt::Display) -> Val {
-    let decimal = decimal.to_string();
-    match decimal.parse::<i128>() {
-        Ok(i) => Val::Int(i),
-        Err(_) => Val::Uint(decimal),
-    }
-}
-
-pub(crate) fn text(s: impl Into<String>) -> Val {
-    Val::Str(s.into())
-}
-
-pub(crate) fn hex0x(bytes: &[u8]) -> Val {
-    Val::Str(format!("0x{}", hex::encode(bytes)))
 }
 
 /// A deterministic xorshift generator for the property tests.

@@ -5,7 +5,8 @@
 
 use coffer_policy::eval::Val;
 
-use crate::{text, uint, Facts, TxError};
+use crate::error::TxError;
+use crate::facts::{text, uint, Facts};
 
 pub const SYSTEM_PROGRAM: &str = "11111111111111111111111111111111";
 pub const TOKEN_PROGRAM: &str = "TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA";

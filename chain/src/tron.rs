@@ -8,7 +8,8 @@ use coffer_policy::eval::Val;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::{text, uint, Facts, TxError};
+use crate::error::TxError;
+use crate::facts::{text, uint, Facts};
 
 #[derive(Clone, PartialEq, Message)]
 struct Transaction {

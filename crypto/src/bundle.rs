@@ -9,8 +9,8 @@ use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::error::CryptoError;
 use crate::secret::RngSeed;
-use crate::CryptoError;
 
 type Kem = hpke::kem::DhP256HkdfSha256;
 type Aead = hpke::aead::AesGcm256;

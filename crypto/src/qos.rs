@@ -22,7 +22,7 @@ use p256::elliptic_curve::sec1::ToEncodedPoint;
 use sha2::Sha512;
 use zeroize::Zeroizing;
 
-use crate::CryptoError;
+use crate::error::CryptoError;
 
 /// The HMAC message of the QOS key derivation.
 const HMAC_MESSAGE: &[u8] = b"qos_encryption_hmac_message";

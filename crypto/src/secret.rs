@@ -7,7 +7,7 @@
 
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
-use crate::CryptoError;
+use crate::error::CryptoError;
 
 macro_rules! secret_bytes {
     ($(#[$meta:meta])* $name:ident) => {

@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::bundle::{hpke_open, hpke_seal, parse_target_public_key};
+use crate::error::CryptoError;
 use crate::secret::RngSeed;
-use crate::CryptoError;
 
 /// The JOSE header of every session JWT, byte for byte as the hosted service sends it.
 pub const SESSION_JWT_HEADER: &str = r#"{"alg":"ES256","typ":"JWT"}"#;

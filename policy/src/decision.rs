@@ -99,16 +99,16 @@ impl Evaluation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompiledPolicy {
     pub source: PolicySource,
-    time: Result<crate::Expr, String>,
-    condition: Result<crate::Expr, String>,
-    consensus: Result<crate::Expr, String>,
+    time: Result<crate::expr::Expr, String>,
+    condition: Result<crate::expr::Expr, String>,
+    consensus: Result<crate::expr::Expr, String>,
     /// The activities the condition can hold for (all when it does not parse).
     pub scope: crate::scope::Scope,
 }
 
 impl CompiledPolicy {
     pub fn compile(source: PolicySource) -> Self {
-        let parsed = |src: &str, parse: fn(&str) -> Result<crate::Expr, crate::PolicyError>| {
+        let parsed = |src: &str, parse: fn(&str) -> Result<crate::expr::Expr, crate::error::PolicyError>| {
             parse(src).map_err(|e| format!("invalid expression: {e}"))
         };
         let condition = parsed(&source.condition, parse_condition);
@@ -123,7 +123,7 @@ impl CompiledPolicy {
 }
 
 /// `Ok(b)`, or the error text, for one clause.
-fn clause(expr: &Result<crate::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
+fn clause(expr: &Result<crate::expr::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
     let expr = expr.as_ref().map_err(Clone::clone)?;
     eval_bool(expr, roots).map_err(|e| e.0)
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
-use crate::{CmpOp, Cron, Expr, Quantifier};
+use crate::expr::{CmpOp, Cron, Expr, Quantifier};
 
 /// A value the evaluator works on.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,8 @@
 //! Precedence, lowest first: `||`, `&&`, comparisons and `in` (not chainable), unary `!` and
 //! `-`, then postfix `.field`, `.fn(..)`, `[i]`, `[a..b]`.
 
-use crate::{CmpOp, Cron, CronRange, Expr, PolicyError, Quantifier};
+use crate::error::PolicyError;
+use crate::expr::{CmpOp, Cron, CronRange, Expr, Quantifier};
 
 /// Deepest nesting accepted (parentheses, lists, calls, unary operators, postfix chains), so that
 /// neither the parser nor a tree walker can exhaust the stack.

@@ -1,7 +1,7 @@
 //! Which activities a policy can apply to, read from its condition, so a large policy set is
 //! indexed by activity type instead of evaluated whole for every activity.
 
-use crate::{CmpOp, Expr};
+use crate::expr::{CmpOp, Expr};
 
 /// What a condition requires of `activity.type`, `activity.resource` and `activity.action`
 /// through its top-level conjuncts (`activity.type == '…'`, `activity.resource in ['…', …]`,

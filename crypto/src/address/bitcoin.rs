@@ -12,8 +12,8 @@ use k256::elliptic_curve::sec1::ToEncodedPoint;
 use k256::elliptic_curve::PrimeField;
 use sha2::{Digest, Sha256};
 
-use super::hash160;
-use crate::CryptoError;
+use super::encoding::hash160;
+use crate::error::CryptoError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Network {

@@ -3,11 +3,11 @@
 
 use bech32::{Bech32, Hrp};
 
-use crate::CryptoError;
+use crate::error::CryptoError;
 
 pub(super) fn address(hrp: &str, compressed: &[u8; 33]) -> Result<String, CryptoError> {
     let hrp = Hrp::parse(hrp).map_err(|e| CryptoError::Internal(format!("bech32 HRP: {e}")))?;
-    bech32::encode::<Bech32>(hrp, &super::hash160(compressed))
+    bech32::encode::<Bech32>(hrp, &super::encoding::hash160(compressed))
         .map_err(|e| CryptoError::Internal(format!("bech32 encoding: {e}")))
 }
 

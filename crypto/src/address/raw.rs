@@ -1,7 +1,7 @@
 //! ADDRESS_FORMAT_UNCOMPRESSED / ADDRESS_FORMAT_COMPRESSED: the public key itself, lowercase hex
 //! without `0x`.
 
-use super::Key;
+use super::encoding::Key;
 use crate::keys::Curve;
 
 /// Hex of the 65-byte SEC1 point `04 ‖ x ‖ y` (ECDSA curves only; the caller checks the curve).

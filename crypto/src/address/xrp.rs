@@ -3,7 +3,7 @@
 
 pub(super) fn address(compressed: &[u8; 33]) -> String {
     let mut payload = [0u8; 21];
-    payload[1..].copy_from_slice(&super::hash160(compressed));
+    payload[1..].copy_from_slice(&super::encoding::hash160(compressed));
     // bs58's check mode appends the double-SHA-256 checksum, as XRP does.
     bs58::encode(payload).with_alphabet(bs58::Alphabet::RIPPLE).with_check().into_string()
 }

@@ -11,9 +11,9 @@ use p256::elliptic_curve::{sec1::ToEncodedPoint, Field, PrimeField};
 use sha2::Sha512;
 use zeroize::{Zeroize, Zeroizing};
 
-use super::{Curve, SecretKey};
+use super::curve::{Curve, SecretKey};
+use crate::error::CryptoError;
 use crate::secret::Seed;
-use crate::CryptoError;
 
 const HARDENED: u32 = 1 << 31;
 /// BIP-32 serializes the depth in one byte.

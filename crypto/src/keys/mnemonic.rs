@@ -16,8 +16,8 @@ use std::borrow::Cow;
 use bip39::{Language, Mnemonic};
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::error::CryptoError;
 use crate::secret::{Entropy, Seed};
-use crate::CryptoError;
 
 /// Entropy length in bytes for a phrase of `words` words.
 pub fn entropy_len_for_words(words: u32) -> Result<usize, CryptoError> {

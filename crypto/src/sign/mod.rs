@@ -23,7 +23,8 @@ use sha2::{Digest, Sha256};
 use k256::ecdsa::hazmat::SignPrimitive;
 use zeroize::Zeroizing;
 
-use crate::{CryptoError, Curve};
+use crate::error::CryptoError;
+use crate::keys::Curve;
 
 pub const PAYLOAD_ENCODING_HEXADECIMAL: &str = "PAYLOAD_ENCODING_HEXADECIMAL";
 pub const PAYLOAD_ENCODING_TEXT_UTF8: &str = "PAYLOAD_ENCODING_TEXT_UTF8";
