@@ -18,7 +18,14 @@ use turnkey_client::generated::{
 };
 use turnkey_client::TurnkeyClient;
 
-type Enclave = coffer_gateway::enclave_client::Enclave;
+/// A raw gRPC client to the enclave, as a taken-over gateway would hold one (no `Custody` seam:
+/// these tests send what the seam never would).
+type Enclave = coffer_proto::v1::enclave_client::EnclaveClient<coffer_gateway::custody::transport::Transport>;
+
+fn connect(socket: std::path::PathBuf) -> Enclave {
+    use coffer_gateway::custody::transport::{connect_all, EnclaveEndpoint};
+    Enclave::new(connect_all(vec![EnclaveEndpoint::Unix(socket)]).unwrap())
+}
 
 fn db(stack: &Stack) -> rusqlite::Connection {
     let c = rusqlite::Connection::open(stack.database_path()).unwrap();
@@ -177,7 +184,7 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let cert = certificate(&c, &public_key(&root));
     assert!(!cert.is_empty(), "the bootstrap key carries an enclave certificate");
     let (ref1, ref1b) = (account_ref(&c, &a1[0]), account_ref(&c, &a1[1]));
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
 
     // (1) No stamp at all, or a stamp header that is not one.
     refused(sign(&enclave, None, &ref1).await, tonic::Code::PermissionDenied, "no stamped request");
@@ -515,7 +522,7 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         certificate: certificate(&c, &public_key(&alice)),
     };
     let bob_cert = certificate(&c, &public_key(&bob));
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a1[0]);
     let with_approval = |approval: pb::StampedRequest| {
         Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval) })
@@ -663,7 +670,7 @@ async fn credentials_from_before_certificates_are_certified_by_the_operator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let stack = Stack::start().await;
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
     let now = Stack::now_ms() as u64;
     let activity = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#.to_vec();
@@ -764,7 +771,7 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
     let c = db(&stack);
     let cert = certificate(&c, &public_key(&root));
     let (ref0, ref1) = (account_ref(&c, &a[0]), account_ref(&c, &a[1]));
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let alice_tx = eip1559_transfer(&[0xa1; 20], 1);
     let mallory_tx = eip1559_transfer(&[0x3a; 20], 1_000_000);
 
@@ -828,7 +835,7 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp_says() {
     let stack = Stack::start().await;
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
     let root_cert = certificate(&db(&stack), &stack.api_public_key);
@@ -998,7 +1005,7 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
 async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identity() {
     use p256::ecdsa::signature::Signer;
     let stack = Stack::start().await;
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
     let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
@@ -1100,7 +1107,7 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() {
     let stack = Stack::start().await;
-    let enclave = coffer_gateway::enclave_client::connect(stack.enclave_socket()).unwrap();
+    let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
     let root_cert = certificate(&db(&stack), &stack.api_public_key);
