@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
 use crate::config::LoginSettings;
-use crate::EnclaveError;
+use crate::error::EnclaveError;
 
 /// How long the OIDC tokens Coffer issues live.
 pub const OIDC_TOKEN_LIFETIME_SECS: i64 = 15 * 60;

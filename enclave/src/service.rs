@@ -16,9 +16,9 @@ use zeroize::Zeroizing;
 
 use crate::authority::{refuse, Authority, Authorized, BOOTSTRAP};
 use crate::config::LoginSettings;
+use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::LoginKey;
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
-use crate::EnclaveError;
 use crate::{login, sessions};
 
 /// Activity types, as the stamped bodies name them.
@@ -148,7 +148,11 @@ fn sealed<'a>(
         return Err(EnclaveError::invalid("sealed blob of the wrong kind"));
     }
     if sealed.organization_id != a.activity.organization_id {
-        return Err(refuse(a, "the sealed key belongs to another organization than the stamped body"));
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the sealed key belongs to another organization than the stamped body",
+        ));
     }
     Ok((sealed, kind))
 }
@@ -310,7 +314,11 @@ fn names_key(a: &Authorized, sealed: &pb::SealedRef, kind: BlobKind, address_for
     if named {
         Ok(())
     } else {
-        Err(refuse(a, "the sealed key is not the one signWith names in the stamped body"))
+        Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the sealed key is not the one signWith names in the stamped body",
+        ))
     }
 }
 
@@ -361,7 +369,11 @@ impl Enclave for EnclaveService {
                 text(p, "oauth2CredentialId").to_string()
             };
             if credential_id.is_empty() || credential_id != req.credential_id {
-                return Err(refuse(&a, "the credential id is not the one the stamped body names"));
+                return Err(refuse(
+                    &a,
+                    RefusalReason::BindingMismatch,
+                    "the credential id is not the one the stamped body names",
+                ));
             }
             // Update: the stored credential (certified, of this organization and id) gives the
             // fields the body leaves out.
@@ -495,10 +507,14 @@ impl Enclave for EnclaveService {
             .map(|r| coffer_auth::attested::parse(&r.stamp));
         let attested_claims = match attested {
             None => None,
-            Some(Err(e)) => return Err(EnclaveError::Refused(e.message).into()),
+            Some(Err(e)) => return Err(EnclaveError::refused(RefusalReason::StampInvalid, e.message).into()),
             Some(Ok(stamp)) => match sessions::verify_token(&hsm, &settings, &stamp.token).await {
                 Ok(claims) => Some(claims),
-                Err(e) => return Err(EnclaveError::Refused(format!("attested stamp: {e}")).into()),
+                Err(e) => {
+                    return Err(
+                        EnclaveError::refused(RefusalReason::IdentityInvalid, format!("attested stamp: {e}")).into()
+                    )
+                }
             },
         };
         let (h, au, r) = (hsm.clone(), authority.clone(), req.clone());
@@ -513,7 +529,7 @@ impl Enclave for EnclaveService {
             match sessions::verified_identity(&h, &settings, &a.activity.parameters).await {
                 Ok(claims) => Some(claims),
                 Err(e) => {
-                    refuse(&a, &e.to_string());
+                    refuse(&a, RefusalReason::IdentityInvalid, &e.to_string());
                     return Err(e.into());
                 }
             }
@@ -576,15 +592,17 @@ impl Enclave for EnclaveService {
         let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
         let req = req.into_inner();
         if req.deliveries.len() > MAX_WEBHOOK_BATCH {
-            return Err(
-                EnclaveError::Refused(format!("at most {MAX_WEBHOOK_BATCH} webhook deliveries per call")).into()
-            );
+            return Err(EnclaveError::refused(
+                RefusalReason::BatchTooLarge,
+                format!("at most {MAX_WEBHOOK_BATCH} webhook deliveries per call"),
+            )
+            .into());
         }
         blocking(move || {
             let key_id = webhook_key_id(&hsm.webhook_public_key()?);
             // Each delivery is checked on its own; a refused one does not stop the others.
             let mut messages = Vec::with_capacity(req.deliveries.len());
-            let refusals: Vec<Option<String>> = req
+            let refusals: Vec<Option<(String, RefusalReason)>> = req
                 .deliveries
                 .iter()
                 .map(|d| match authority.webhook_message(&key_id, d.timestamp_ms, &d.event_id, &d.body) {
@@ -592,7 +610,7 @@ impl Enclave for EnclaveService {
                         messages.push(message);
                         None
                     }
-                    Err(e) => Some(e.to_string()),
+                    Err(e) => Some((e.to_string(), e.refusal_reason().unwrap_or(RefusalReason::Unspecified))),
                 })
                 .collect();
             let mut signatures = hsm.sign_webhooks(&messages)?.into_iter();
@@ -602,8 +620,11 @@ impl Enclave for EnclaveService {
                     None => pb::SignedWebhookDelivery {
                         signature: signatures.next().map(|s| s.to_vec()).unwrap_or_default(),
                         refusal: String::new(),
+                        refusal_reason: RefusalReason::Unspecified as i32,
                     },
-                    Some(refusal) => pb::SignedWebhookDelivery { signature: Vec::new(), refusal },
+                    Some((refusal, reason)) => {
+                        pb::SignedWebhookDelivery { signature: Vec::new(), refusal, refusal_reason: reason as i32 }
+                    }
                 })
                 .collect();
             Ok(pb::SignWebhookDeliveriesResponse { key_id, deliveries })
@@ -684,7 +705,13 @@ impl Enclave for EnclaveService {
                                 && g.credential_type == c.credential_type
                                 && g.public_key == c.public_key
                         })
-                        .ok_or_else(|| refuse(&a, "a credential to certify is not one the stamped body adds"))?;
+                        .ok_or_else(|| {
+                            refuse(
+                                &a,
+                                RefusalReason::BindingMismatch,
+                                "a credential to certify is not one the stamped body adds",
+                            )
+                        })?;
                     authority.certify(pb::CredentialCertificate {
                         organization_id: grant.organization_id.clone(),
                         user_id: grant.user_id.clone(),
@@ -743,7 +770,11 @@ impl Enclave for EnclaveService {
             let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
             let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
             if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
-                return Err(refuse(&a, "the sealed seed is not the wallet the stamped body names"));
+                return Err(refuse(
+                    &a,
+                    RefusalReason::BindingMismatch,
+                    "the sealed seed is not the wallet the stamped body names",
+                ));
             }
             let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
             let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
@@ -886,7 +917,11 @@ impl Enclave for EnclaveService {
             let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
             let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
             if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
-                return Err(refuse(&a, "the sealed seed is not the wallet the stamped body names"));
+                return Err(refuse(
+                    &a,
+                    RefusalReason::BindingMismatch,
+                    "the sealed seed is not the wallet the stamped body names",
+                ));
             }
             let phrase = checked_phrase(&open(&hsm, seed_ref, kind)?)?;
             let language = text(&a.activity.parameters, "language");
@@ -914,13 +949,21 @@ impl Enclave for EnclaveService {
             let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
                 let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
                 if r.resource_id != text(p, "privateKeyId") {
-                    return Err(refuse(&a, "the sealed key is not the private key the stamped body names"));
+                    return Err(refuse(
+                        &a,
+                        RefusalReason::BindingMismatch,
+                        "the sealed key is not the private key the stamped body names",
+                    ));
                 }
                 (r, k)
             } else {
                 let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
                 if r.address != text(p, "address") {
-                    return Err(refuse(&a, "the sealed key is not the account the stamped body names"));
+                    return Err(refuse(
+                        &a,
+                        RefusalReason::BindingMismatch,
+                        "the sealed key is not the account the stamped body names",
+                    ));
                 }
                 (r, k)
             };
@@ -998,7 +1041,11 @@ impl Enclave for EnclaveService {
 fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
     let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
-        return Err(refuse(a, "the import target is not the one of the user the stamped body names"));
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the import target is not the one of the user the stamped body names",
+        ));
     }
     let secret = open(hsm, target_ref, kind)?;
     let secret: &[u8; 32] =

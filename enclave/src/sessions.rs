@@ -13,8 +13,8 @@ use zeroize::Zeroizing;
 
 use crate::authority::{certificate_mac_input, refuse, Authority, Authorized};
 use crate::config::LoginSettings;
+use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
-use crate::EnclaveError;
 
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
@@ -104,10 +104,10 @@ pub fn grant(
         }
         OAUTH_LOGIN => {
             let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
-            let cert = pb::CredentialCertificate::decode(provider_certificate)
-                .ok()
-                .filter(|c| !c.mac.is_empty())
-                .ok_or_else(|| refuse(a, "no certified OAuth provider matches the token"))?;
+            let cert =
+                pb::CredentialCertificate::decode(provider_certificate).ok().filter(|c| !c.mac.is_empty()).ok_or_else(
+                    || refuse(a, RefusalReason::CertificateInvalid, "no certified OAuth provider matches the token"),
+                )?;
             if !hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac)?
                 || cert.credential_type != OAUTH_PROVIDER
                 || cert.organization_id != a.activity.organization_id
@@ -115,6 +115,7 @@ pub fn grant(
             {
                 return Err(refuse(
                     a,
+                    RefusalReason::IdentityInvalid,
                     "the OAuth provider's certificate is not the token's identity in this organization",
                 ));
             }
