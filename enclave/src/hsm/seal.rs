@@ -1,7 +1,7 @@
 //! The sealed-blob format: versioned, names its KEK, and binds kind, usage, organization,
 //! resource, curve and address or public key.
 
-use super::HsmError;
+use super::error::HsmError;
 
 pub(crate) const IV_LEN: usize = 12;
 pub(crate) const TAG_BITS: usize = 128;
