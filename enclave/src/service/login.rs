@@ -14,7 +14,7 @@ use crate::authority::{refuse, Authority};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
-use crate::{auth_proxy, login, sessions};
+use crate::{login, proxy_stamper, sessions};
 
 /// Activity types, as the stamped bodies name them.
 mod types {
@@ -227,8 +227,8 @@ pub(super) fn enable_auth_proxy(
     authority: &Authority,
     req: pb::EnableAuthProxyRequest,
 ) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
-    let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[auth_proxy::ENABLE_AUTH_PROXY])?;
-    auth_proxy::enable(hsm, authority, &a)
+    let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[proxy_stamper::ENABLE_AUTH_PROXY])?;
+    proxy_stamper::enable(hsm, authority, &a)
 }
 
 pub(super) fn stamp_auth_proxy_request(
@@ -236,7 +236,7 @@ pub(super) fn stamp_auth_proxy_request(
     authority: &Authority,
     req: pb::StampAuthProxyRequestRequest,
 ) -> Result<pb::StampAuthProxyRequestResponse, EnclaveError> {
-    let stamp = auth_proxy::stamp(hsm, authority, &req)?;
+    let stamp = proxy_stamper::stamp(hsm, authority, &req)?;
     Ok(pb::StampAuthProxyRequestResponse { stamp })
 }
 
