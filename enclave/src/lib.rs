@@ -1,4 +1,5 @@
 //! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod authority;
 pub mod config;
