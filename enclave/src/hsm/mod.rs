@@ -13,7 +13,7 @@ pub use key_labels::{
     LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, SIGNER_LABEL,
     TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
-pub use seal::{is_legacy, BlobBinding, BlobKind};
+pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
 pub use token::{init_token, Hsm, HsmSettings};
 
 /// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the

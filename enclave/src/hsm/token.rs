@@ -17,7 +17,7 @@ use super::key_labels::{
     LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL,
     WEBHOOK_SIGNER_LABEL,
 };
-use super::seal::{self, BlobBinding};
+use super::seal::{self, BlobBinding, OpenedBlob};
 
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 const OID_ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
@@ -395,7 +395,7 @@ impl Hsm {
 
     /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or
     /// altered. Version 1 blobs open under their legacy binding.
-    pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<Zeroizing<Vec<u8>>, HsmError> {
+    pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<OpenedBlob, HsmError> {
         let parsed = seal::decode(blob)?;
         if parsed.kek_label != KEK_LABEL {
             return Err(HsmError::UnknownKek(parsed.kek_label.to_string()));
@@ -409,7 +409,7 @@ impl Hsm {
                     &aad,
                     cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
                 )?;
-                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext).map(Zeroizing::new)
+                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext).map(OpenedBlob::new)
             },
             "C_Decrypt (open)",
         );

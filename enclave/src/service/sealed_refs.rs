@@ -4,11 +4,10 @@
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, Curve};
 use coffer_proto::v1 as pb;
-use zeroize::Zeroizing;
 
 use crate::authority::{refuse, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
-use crate::hsm::{BlobBinding, BlobKind, Hsm};
+use crate::hsm::{BlobBinding, BlobKind, Hsm, OpenedBlob};
 
 fn kind_of(kind: i32) -> Result<BlobKind, EnclaveError> {
     match pb::BlobKind::try_from(kind) {
@@ -42,7 +41,7 @@ pub(super) fn sealed<'a>(
     Ok((sealed, kind))
 }
 
-pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<OpenedBlob, EnclaveError> {
     let binding = BlobBinding {
         kind,
         organization_id: &sealed.organization_id,
