@@ -8,6 +8,7 @@ use crate::authority::{refuse, Authority, BOOTSTRAP};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 
+/// A new organization with one certified P-256 API key (operator bootstrap; ids from the HSM).
 pub(super) fn bootstrap_organization(
     hsm: &Hsm,
     authority: &Authority,
@@ -46,6 +47,7 @@ pub(super) fn bootstrap_organization(
     Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate })
 }
 
+/// Certificates for exactly the credentials the stamped body adds.
 pub(super) fn issue_certificates(
     authority: &Authority,
     req: pb::IssueCertificatesRequest,

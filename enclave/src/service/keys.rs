@@ -21,6 +21,8 @@ mod types {
     pub const CREATE_PRIVATE_KEYS: &str = "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2";
 }
 
+/// A new wallet (of the body's organization, or of the sub-organization it creates): a fresh
+/// mnemonic from HSM randomness, its accounts, all sealed.
 pub(super) fn create_wallet(
     hsm: &Hsm,
     authority: &Authority,
@@ -49,6 +51,7 @@ pub(super) fn create_wallet(
     seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)
 }
 
+/// More accounts of the wallet the stamped body names, derived from its sealed seed.
 pub(super) fn derive_accounts(
     hsm: &Hsm,
     authority: &Authority,
@@ -70,6 +73,7 @@ pub(super) fn derive_accounts(
     Ok(pb::DeriveAccountsResponse { accounts })
 }
 
+/// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
 pub(super) fn create_private_keys(
     hsm: &Hsm,
     authority: &Authority,

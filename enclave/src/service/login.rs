@@ -14,7 +14,7 @@ use crate::authority::{refuse, Authority};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
-use crate::{login, proxy_stamper, sessions};
+use crate::{oauth2, proxy_stamper, sessions};
 
 /// Activity types, as the stamped bodies name them.
 mod types {
@@ -23,17 +23,20 @@ mod types {
     pub const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
 }
 
+/// The login keys' public halves, the OIDC key id and the configured issuer.
 pub(super) fn login_keys(hsm: &Hsm, settings: &LoginSettings) -> Result<pb::GetLoginKeysResponse, EnclaveError> {
     let keys = hsm.login_public_keys()?;
     Ok(pb::GetLoginKeysResponse {
         notarizer_public_key: keys.notarizer.to_vec(),
         oidc_issuer_public_key: keys.oidc_issuer.to_vec(),
-        oidc_key_id: login::oidc_key_id(&keys.oidc_issuer),
+        oidc_key_id: oauth2::oidc_key_id(&keys.oidc_issuer),
         tls_fetcher_public_key: keys.tls_fetcher.to_vec(),
         oidc_issuer: settings.oidc_issuer.clone().unwrap_or_default(),
     })
 }
 
+/// Certifies an OAuth 2.0 credential the stamped body creates or updates; its client secret must
+/// open now.
 pub(super) fn certify_oauth2_credential(
     hsm: &Hsm,
     authority: &Authority,
@@ -74,7 +77,7 @@ pub(super) fn certify_oauth2_credential(
         }
     };
     let provider = field("provider", current.map(|c| &c.provider))?;
-    login::check_provider(&provider)?;
+    oauth2::check_provider(&provider)?;
     let client_id = field("clientId", current.map(|c| &c.client_id))?;
     let encrypted_client_secret = field("encryptedClientSecret", current.map(|c| &c.encrypted_client_secret))?;
     // It must open now; the plaintext is dropped (zeroized) at once.
@@ -97,6 +100,7 @@ pub(super) fn certify_oauth2_credential(
     })
 }
 
+/// The OAuth 2.0 code exchange the stamped body asks for, answered with an OIDC token Coffer signs.
 pub(super) async fn oauth2_authenticate(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
@@ -126,9 +130,9 @@ pub(super) async fn oauth2_authenticate(
             return Err(EnclaveError::invalid(format!("{k} is required")).into());
         }
     }
-    let user = login::exchange(
+    let user = oauth2::exchange(
         &settings,
-        &login::CodeExchange {
+        &oauth2::CodeExchange {
             provider: &credential.provider,
             client_id: &credential.client_id,
             client_secret: &secret,
@@ -147,7 +151,7 @@ pub(super) async fn oauth2_authenticate(
             let seed = hsm.random_seed()?;
             Some(coffer_crypto::session::sealed_to_target(&seed, target, user.bearer_token.as_bytes())?)
         };
-        let claims = login::oidc_claims(
+        let claims = oauth2::oidc_claims(
             &issuer,
             &credential.client_id,
             text(&p, "nonce"),
@@ -155,9 +159,9 @@ pub(super) async fn oauth2_authenticate(
             now_secs(),
             encrypted_bearer_token,
         );
-        let kid = login::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
+        let kid = oauth2::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
         let oidc_token =
-            login::es256_jwt(&kid, &claims, |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?))?;
+            oauth2::es256_jwt(&kid, &claims, |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?))?;
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
@@ -171,6 +175,7 @@ pub(super) async fn oauth2_authenticate(
     .await
 }
 
+/// A session for the user a login activity names: its key's certificate and its JWT.
 pub(super) async fn create_session(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
@@ -222,6 +227,7 @@ pub(super) async fn create_session(
     .await
 }
 
+/// The auth proxy's key, made and sealed for the stamped `enable_auth_proxy`.
 pub(super) fn enable_auth_proxy(
     hsm: &Hsm,
     authority: &Authority,
@@ -231,6 +237,7 @@ pub(super) fn enable_auth_proxy(
     proxy_stamper::enable(hsm, authority, &a)
 }
 
+/// The auth proxy key's stamp of a login activity it submits.
 pub(super) fn stamp_auth_proxy_request(
     hsm: &Hsm,
     authority: &Authority,

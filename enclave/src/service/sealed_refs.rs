@@ -41,6 +41,7 @@ pub(super) fn sealed<'a>(
     Ok((sealed, kind))
 }
 
+/// Opens a sealed blob under the binding its reference names.
 pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<OpenedBlob, EnclaveError> {
     let binding = BlobBinding {
         kind,

@@ -17,6 +17,7 @@ mod types {
     pub const SIGN_TRANSACTION: &str = "ACTIVITY_TYPE_SIGN_TRANSACTION_V2";
 }
 
+/// Signs the stamped body's raw payloads with the key its `signWith` names.
 pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
     let a = authority.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
     let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
@@ -50,6 +51,7 @@ pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Re
     Ok(pb::SignResponse { signatures })
 }
 
+/// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
 pub(super) fn sign_transaction(
     hsm: &Hsm,
     authority: &Authority,

@@ -30,6 +30,7 @@ pub(super) fn signer_public_key(hsm: &Hsm) -> Result<pb::GetSignerPublicKeyRespo
     Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })
 }
 
+/// Exports the mnemonic of the wallet the stamped body names (in its language).
 pub(super) fn export_wallet(
     hsm: &Hsm,
     authority: &Authority,
@@ -55,6 +56,7 @@ pub(super) fn export_wallet(
     export(hsm, &a, phrase.as_bytes())
 }
 
+/// Exports the private key or wallet account the stamped body names.
 pub(super) fn export_key(
     hsm: &Hsm,
     authority: &Authority,
@@ -91,6 +93,7 @@ pub(super) fn export_key(
     export(hsm, &a, key.secret_bytes())
 }
 
+/// A new import target for the body's user: sealed here, its public half in a signed bundle.
 pub(super) fn init_import(
     hsm: &Hsm,
     authority: &Authority,
@@ -114,6 +117,7 @@ pub(super) fn init_import(
     Ok(pb::InitImportResponse { import_bundle, sealed_target_key })
 }
 
+/// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
 pub(super) fn import_wallet(
     hsm: &Hsm,
     authority: &Authority,
@@ -126,6 +130,7 @@ pub(super) fn import_wallet(
     seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)
 }
 
+/// A private key from the stamped body's bundle, sealed with its addresses.
 pub(super) fn import_private_key(
     hsm: &Hsm,
     authority: &Authority,

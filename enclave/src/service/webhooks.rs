@@ -22,6 +22,8 @@ pub(super) fn signing_key(hsm: &Hsm) -> Result<pb::GetWebhookSigningKeyResponse,
     Ok(pb::GetWebhookSigningKeyResponse { key_id: webhook_key_id(&public_key), public_key: public_key.to_vec() })
 }
 
+/// Signs a batch of webhook deliveries; each is checked on its own and a refused one gets its
+/// refusal instead of a signature.
 pub(super) fn sign_deliveries(
     hsm: &Hsm,
     authority: &Authority,
