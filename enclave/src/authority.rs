@@ -154,6 +154,7 @@ impl Refusal {
             fingerprint: String::new(),
         }
     }
+
     /// The error the caller sees: busy when the replay window is full, else a refusal.
     fn into_error(self) -> EnclaveError {
         match self.reason {
@@ -542,6 +543,16 @@ mod tests {
         // Past the expiry the old entries go, and new ones fit.
         assert!(r.insert([3; 32], 300, 200).unwrap());
         assert!(r.insert([1; 32], 300, 200).unwrap(), "expired entries no longer count");
+    }
+
+    #[test]
+    fn busy_or_refused_is_decided_on_the_reason_type() {
+        let busy = Refusal::new(RefusalReason::ReplayWindowFull, "any words").into_error();
+        assert!(matches!(busy, EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, .. }), "{busy:?}");
+        // The busy wording alone no longer decides anything.
+        let refused = Refusal::new(RefusalReason::Replayed, BUSY).into_error();
+        assert!(matches!(refused, EnclaveError::Refused { reason: RefusalReason::Replayed, .. }), "{refused:?}");
+        assert_eq!(refused.to_string(), format!("enclave refused: {BUSY}"));
     }
 
     #[test]
