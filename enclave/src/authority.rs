@@ -13,8 +13,8 @@ use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
 
+use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::EnclaveError;
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
@@ -101,7 +101,7 @@ impl ReplaySet {
             self.seen.retain(|_, exp| *exp >= now_ms);
             self.next_prune = (self.seen.len() * 2).max(1024);
             if self.seen.len() >= self.capacity {
-                return Err(EnclaveError::Busy("replay window is full: retry shortly".into()));
+                return Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() });
             }
         }
         self.seen.insert(key, expires_ms);
@@ -122,7 +122,8 @@ fn now_ms() -> i64 {
 
 /// A refusal, with what is known of the request for the audit line.
 struct Refusal {
-    reason: String,
+    reason: RefusalReason,
+    message: String,
     organization: String,
     credential: String,
     fingerprint: String,
@@ -135,7 +136,8 @@ impl Refusal {
             target: "coffer_audit",
             decision = "refuse",
             operation,
-            reason = %self.reason,
+            reason = %self.message,
+            reason_code = self.reason.as_str_name(),
             organization = %self.organization,
             credential = %self.credential,
             fingerprint = %self.fingerprint,
@@ -143,14 +145,24 @@ impl Refusal {
         );
     }
 
-    fn new(reason: impl Into<String>) -> Self {
+    fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
         Self {
-            reason: reason.into(),
+            reason,
+            message: message.into(),
             organization: String::new(),
             credential: String::new(),
             fingerprint: String::new(),
         }
     }
+
+    /// The error the caller sees: busy when the replay window is full, else a refusal.
+    fn into_error(self) -> EnclaveError {
+        match self.reason {
+            RefusalReason::ReplayWindowFull => EnclaveError::Busy { reason: self.reason, message: self.message },
+            reason => EnclaveError::Refused { reason, message: self.message },
+        }
+    }
+
     fn about(mut self, activity: &StampedActivity, credential: &pb::CredentialCertificate) -> Self {
         self.organization = activity.organization_id.clone();
         self.credential = credential.public_key.clone();
@@ -180,13 +192,25 @@ impl Authority {
     /// and the one the body names.
     pub fn check_oauth2(&self, a: &Authorized, c: &pb::Oauth2Credential, named_id: &str) -> Result<(), EnclaveError> {
         if !self.hsm.certificate_mac_valid(&oauth2_mac_input(c), &c.mac)? {
-            return Err(refuse(a, "the OAuth 2.0 credential's certificate does not verify"));
+            return Err(refuse(
+                a,
+                RefusalReason::CertificateInvalid,
+                "the OAuth 2.0 credential's certificate does not verify",
+            ));
         }
         if c.organization_id != a.activity.organization_id {
-            return Err(refuse(a, "the OAuth 2.0 credential belongs to another organization than the stamped body"));
+            return Err(refuse(
+                a,
+                RefusalReason::BindingMismatch,
+                "the OAuth 2.0 credential belongs to another organization than the stamped body",
+            ));
         }
         if c.credential_id != named_id {
-            return Err(refuse(a, "the OAuth 2.0 credential is not the one the stamped body names"));
+            return Err(refuse(
+                a,
+                RefusalReason::BindingMismatch,
+                "the OAuth 2.0 credential is not the one the stamped body names",
+            ));
         }
         Ok(())
     }
@@ -218,21 +242,25 @@ impl Authority {
             None => (None, None),
         };
         let refusal = if (timestamp_ms as i64 - now_ms()).abs() > self.freshness_ms {
-            Some("delivery timestamp is not the enclave's now")
+            Some((RefusalReason::Stale, "delivery timestamp is not the enclave's now"))
         } else if event_id.is_empty()
             || event_id.len() > 128
             || !event_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_:.".contains(&b))
         {
-            Some("event id must be 1-128 characters of [A-Za-z0-9-_:.]")
+            Some((RefusalReason::DeliveryInvalid, "event id must be 1-128 characters of [A-Za-z0-9-_:.]"))
         } else if body.len() > 4 * 1024 * 1024 || organization.is_none() || activity_id.is_none() {
-            Some("delivery body is not an activity (an object with id and organizationId, at most 4 MiB)")
+            Some((
+                RefusalReason::DeliveryInvalid,
+                "delivery body is not an activity (an object with id and organizationId, at most 4 MiB)",
+            ))
         } else {
             None
         };
         let organization = organization.unwrap_or_default();
-        if let Some(reason) = refusal {
-            Refusal { organization, ..Refusal::new(reason) }.audit(OPERATION);
-            return Err(EnclaveError::Refused(reason.into()));
+        if let Some((reason, message)) = refusal {
+            let refusal = Refusal { organization, ..Refusal::new(reason, message) };
+            refusal.audit(OPERATION);
+            return Err(refusal.into_error());
         }
         tracing::info!(
             target: "coffer_audit",
@@ -295,10 +323,7 @@ impl Authority {
             }
             Err(r) => {
                 r.audit(operation);
-                Err(match r.reason.as_str() {
-                    BUSY => EnclaveError::Busy(r.reason),
-                    _ => EnclaveError::Refused(r.reason),
-                })
+                Err(r.into_error())
             }
         }
     }
@@ -312,7 +337,9 @@ impl Authority {
         attested_claims: Option<&Claims>,
     ) -> Result<Authorized, Refusal> {
         let now = now_ms();
-        let request = auth.and_then(|a| a.request.as_ref()).ok_or_else(|| Refusal::new("no stamped request"))?;
+        let request = auth
+            .and_then(|a| a.request.as_ref())
+            .ok_or_else(|| Refusal::new(RefusalReason::NoAuthorization, "no stamped request"))?;
         let (activity, credential) = self.verify_stamped(request, now, attested_claims)?;
         let via_parent = activity.organization_id != credential.organization_id;
         if via_parent {
@@ -323,15 +350,18 @@ impl Authority {
                     && self.hsm.certificate_mac_valid(&certificate_mac_input(p), &p.mac).unwrap_or(false)
             });
             if parent.is_none() {
-                return Err(Refusal::new("the credential belongs to another organization than the stamped body")
-                    .about(&activity, &credential));
+                return Err(Refusal::new(
+                    RefusalReason::OrganizationMismatch,
+                    "the credential belongs to another organization than the stamped body",
+                )
+                .about(&activity, &credential));
             }
         }
         if !types.contains(&activity.activity_type.as_str()) {
-            return Err(Refusal::new(format!(
-                "the stamped body is {}, which does not ask for this operation",
-                activity.activity_type
-            ))
+            return Err(Refusal::new(
+                RefusalReason::OperationMismatch,
+                format!("the stamped body is {}, which does not ask for this operation", activity.activity_type),
+            )
             .about(&activity, &credential));
         }
         let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
@@ -341,20 +371,30 @@ impl Authority {
             }
             Some(approval) => {
                 if now - activity.timestamp_ms > VOTE_LIFETIME_MS || activity.timestamp_ms - now > self.freshness_ms {
-                    return Err(Refusal::new("the waiting activity's stamp is older than the vote lifetime")
-                        .about(&activity, &credential));
+                    return Err(Refusal::new(
+                        RefusalReason::Stale,
+                        "the waiting activity's stamp is older than the vote lifetime",
+                    )
+                    .about(&activity, &credential));
                 }
                 let (vote, voter) = self.verify_stamped(approval, now, None)?;
                 let named = vote.parameters.get("fingerprint").and_then(Value::as_str);
                 if vote.organization_id != voter.organization_id {
-                    return Err(Refusal::new("the credential belongs to another organization than the stamped body")
-                        .about(&vote, &voter));
+                    return Err(Refusal::new(
+                        RefusalReason::OrganizationMismatch,
+                        "the credential belongs to another organization than the stamped body",
+                    )
+                    .about(&vote, &voter));
                 }
                 if vote.activity_type != APPROVE_ACTIVITY
                     || vote.organization_id != activity.organization_id
                     || named != Some(activity.fingerprint.as_str())
                 {
-                    return Err(Refusal::new("the approval does not approve this activity").about(&vote, &voter));
+                    return Err(Refusal::new(
+                        RefusalReason::NotApproved,
+                        "the approval does not approve this activity",
+                    )
+                    .about(&vote, &voter));
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
                 (vote.fingerprint.clone(), vote.timestamp_ms)
@@ -368,12 +408,15 @@ impl Authority {
         let first = self
             .replay
             .lock()
-            .map_err(|_| Refusal::new(BUSY))?
+            .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY))?
             .insert(key, replay_key.1.saturating_add(self.freshness_ms), now)
-            .map_err(|_| Refusal::new(BUSY).about(&activity, &credential))?;
+            .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY).about(&activity, &credential))?;
         if !first {
-            return Err(Refusal::new("replayed request: this stamped body was already used for this operation")
-                .about(&activity, &credential));
+            return Err(Refusal::new(
+                RefusalReason::Replayed,
+                "replayed request: this stamped body was already used for this operation",
+            )
+            .about(&activity, &credential));
         }
         Ok(Authorized { operation, activity, credential, via_parent })
     }
@@ -385,10 +428,13 @@ impl Authority {
 
     fn fresh(&self, activity: &StampedActivity, now: i64) -> Result<(), Refusal> {
         if (now - activity.timestamp_ms).abs() > self.freshness_ms {
-            return Err(Refusal::new(format!(
-                "stale or future timestampMs: more than {} s from the enclave's clock",
-                self.freshness_ms / 1000
-            )));
+            return Err(Refusal::new(
+                RefusalReason::Stale,
+                format!(
+                    "stale or future timestampMs: more than {} s from the enclave's clock",
+                    self.freshness_ms / 1000
+                ),
+            ));
         }
         Ok(())
     }
@@ -401,57 +447,65 @@ impl Authority {
         now: i64,
         attested_claims: Option<&Claims>,
     ) -> Result<(StampedActivity, pb::CredentialCertificate), Refusal> {
-        let activity = StampedActivity::parse(&req.body).map_err(|e| Refusal::new(e.message))?;
+        let activity =
+            StampedActivity::parse(&req.body).map_err(|e| Refusal::new(RefusalReason::StampInvalid, e.message))?;
         let cert = pb::CredentialCertificate::decode(req.certificate.as_slice())
             .ok()
             .filter(|c| !c.mac.is_empty())
-            .ok_or_else(|| Refusal::new("the credential has no enclave certificate"))?;
-        let refuse = |reason: &str| Refusal::new(reason).about(&activity, &cert);
+            .ok_or_else(|| {
+                Refusal::new(RefusalReason::CertificateInvalid, "the credential has no enclave certificate")
+            })?;
+        let refuse = |reason: RefusalReason, message: &str| Refusal::new(reason, message).about(&activity, &cert);
+        use RefusalReason::{CertificateExpired, CertificateInvalid, IdentityInvalid, OperationMismatch, StampInvalid};
         match self.hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac) {
             Ok(true) => {}
-            Ok(false) => return Err(refuse("the credential's certificate is not genuine")),
-            Err(e) => return Err(refuse(&format!("certificate check failed: {e}"))),
+            Ok(false) => return Err(refuse(CertificateInvalid, "the credential's certificate is not genuine")),
+            Err(e) => return Err(refuse(CertificateInvalid, &format!("certificate check failed: {e}"))),
         }
         if cert.expires_at_ms != 0 && now >= cert.expires_at_ms as i64 {
-            return Err(refuse("the credential has expired"));
+            return Err(refuse(CertificateExpired, "the credential has expired"));
         }
         match req.stamp_header.to_ascii_lowercase().as_str() {
             "x-stamp" => {
-                let s = stamp::parse(&req.stamp).map_err(|e| refuse(&e.message))?;
+                let s = stamp::parse(&req.stamp).map_err(|e| refuse(StampInvalid, &e.message))?;
                 if s.public_key != cert.public_key || !s.scheme.signs_for(&cert.credential_type) {
-                    return Err(refuse("the stamp was made by another key than the certified credential"));
+                    return Err(refuse(
+                        StampInvalid,
+                        "the stamp was made by another key than the certified credential",
+                    ));
                 }
-                stamp::verify(&s, &req.body).map_err(|e| refuse(&e.message))?;
+                stamp::verify(&s, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;
             }
             "x-stamp-webauthn" => {
-                let s = webauthn::parse_stamp(&req.stamp, &req.body).map_err(|e| refuse(&e.message))?;
+                let s = webauthn::parse_stamp(&req.stamp, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;
                 if cert.credential_type != webauthn::CREDENTIAL_TYPE {
-                    return Err(refuse("a passkey stamp names a credential that is not a passkey"));
+                    return Err(refuse(StampInvalid, "a passkey stamp names a credential that is not a passkey"));
                 }
-                webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(&e.message))?;
+                webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(StampInvalid, &e.message))?;
             }
             "x-stamp-attested" => {
                 // A session key attested by an OIDC token: only to log in, as the user whose
                 // certified OAuth identity the token (verified by the caller) names.
-                let s = attested::parse(&req.stamp).map_err(|e| refuse(&e.message))?;
-                let claims = attested_claims.ok_or_else(|| refuse("an attested stamp authorizes only a login"))?;
+                let s = attested::parse(&req.stamp).map_err(|e| refuse(StampInvalid, &e.message))?;
+                let claims = attested_claims
+                    .ok_or_else(|| refuse(OperationMismatch, "an attested stamp authorizes only a login"))?;
                 if activity.activity_type != ATTESTED_LOGIN {
-                    return Err(refuse("an attested stamp authorizes only stamp_login"));
+                    return Err(refuse(OperationMismatch, "an attested stamp authorizes only stamp_login"));
                 }
                 if cert.credential_type != coffer_auth::grants::OAUTH_PROVIDER
                     || cert.public_key != coffer_auth::oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
                 {
-                    return Err(refuse("the attested token is not the certified OAuth identity"));
+                    return Err(refuse(IdentityInvalid, "the attested token is not the certified OAuth identity"));
                 }
-                attested::check_binding(&s, claims).map_err(|e| refuse(&e.message))?;
-                attested::verify_signature(&s, &req.body).map_err(|e| refuse(&e.message))?;
+                attested::check_binding(&s, claims).map_err(|e| refuse(StampInvalid, &e.message))?;
+                attested::verify_signature(&s, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;
             }
-            _ => return Err(refuse("no stamp")),
+            _ => return Err(refuse(StampInvalid, "no stamp")),
         }
         if cert.credential_type == coffer_auth::grants::OAUTH_PROVIDER
             && !req.stamp_header.eq_ignore_ascii_case(attested::HEADER)
         {
-            return Err(refuse("an OAuth identity's certificate authorizes only an attested stamp"));
+            return Err(refuse(StampInvalid, "an OAuth identity's certificate authorizes only an attested stamp"));
         }
         Ok((activity, cert))
     }
@@ -463,9 +517,10 @@ const ATTESTED_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 
 /// Refuses an authorized request whose sealed material does not match its stamped body (the
 /// wrong wallet, key or account), with the same audit line as every other refusal.
-pub fn refuse(a: &Authorized, reason: &str) -> EnclaveError {
-    Refusal::new(reason).about(&a.activity, &a.credential).audit(a.operation);
-    EnclaveError::Refused(reason.to_string())
+pub fn refuse(a: &Authorized, reason: RefusalReason, message: &str) -> EnclaveError {
+    let refusal = Refusal::new(reason, message).about(&a.activity, &a.credential);
+    refusal.audit(a.operation);
+    refusal.into_error()
 }
 
 #[cfg(test)]
@@ -478,10 +533,26 @@ mod tests {
         assert!(r.insert([1; 32], 100, 0).unwrap());
         assert!(!r.insert([1; 32], 100, 50).unwrap(), "a repeat within the window");
         assert!(r.insert([2; 32], 100, 50).unwrap());
-        assert!(matches!(r.insert([3; 32], 100, 50), Err(EnclaveError::Busy(_))), "full of live entries");
+        assert!(
+            matches!(
+                r.insert([3; 32], 100, 50),
+                Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, .. })
+            ),
+            "full of live entries"
+        );
         // Past the expiry the old entries go, and new ones fit.
         assert!(r.insert([3; 32], 300, 200).unwrap());
         assert!(r.insert([1; 32], 300, 200).unwrap(), "expired entries no longer count");
+    }
+
+    #[test]
+    fn busy_or_refused_is_decided_on_the_reason_type() {
+        let busy = Refusal::new(RefusalReason::ReplayWindowFull, "any words").into_error();
+        assert!(matches!(busy, EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, .. }), "{busy:?}");
+        // The busy wording alone no longer decides anything.
+        let refused = Refusal::new(RefusalReason::Replayed, BUSY).into_error();
+        assert!(matches!(refused, EnclaveError::Refused { reason: RefusalReason::Replayed, .. }), "{refused:?}");
+        assert_eq!(refused.to_string(), format!("enclave refused: {BUSY}"));
     }
 
     #[test]
@@ -518,18 +589,25 @@ mod tests {
         let message = authority.webhook_message("kid", now, "evt-1:a1", body).unwrap();
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
         let refused = |ts: u64, event: &str, body: &[u8]| match authority.webhook_message("kid", ts, event, body) {
-            Err(EnclaveError::Refused(reason)) => reason,
+            Err(EnclaveError::Refused { reason, message }) => (reason, message),
             other => panic!("{other:?}"),
         };
-        assert!(refused(now + 301_000, "e", body).contains("timestamp"), "a delivery signed ahead of time");
-        assert!(refused(now - 301_000, "e", body).contains("timestamp"));
-        assert!(refused(now, "", body).contains("event id"));
-        assert!(refused(now, "e.v\nX-Injected: 1", body).contains("event id"));
-        assert!(refused(now, &"e".repeat(129), body).contains("event id"));
-        assert!(refused(now, "e", b"not json").contains("not an activity"));
-        assert!(refused(now, "e", br#"{"id":"a1"}"#).contains("not an activity"));
-        assert!(refused(now, "e", br#"["a1","o1"]"#).contains("not an activity"), "an array is not an activity");
-        assert!(refused(now, "e", br#"{"id":1,"organizationId":"o1"}"#).contains("not an activity"));
-        assert!(refused(now, "e", br#"{"id":"a1","organizationId":"o1"} trailing"#).contains("not an activity"));
+        use RefusalReason::{DeliveryInvalid, Stale};
+        assert_eq!(refused(now + 301_000, "e", body).0, Stale, "a delivery signed ahead of time");
+        assert_eq!(refused(now - 301_000, "e", body).0, Stale);
+        for event in ["", "e.v\nX-Injected: 1", &"e".repeat(129)] {
+            let (reason, message) = refused(now, event, body);
+            assert!(reason == DeliveryInvalid && message.contains("event id"), "{event:?}: {message}");
+        }
+        for (body, why) in [
+            (b"not json".as_slice(), "not json"),
+            (br#"{"id":"a1"}"#, "no organizationId"),
+            (br#"["a1","o1"]"#, "an array is not an activity"),
+            (br#"{"id":1,"organizationId":"o1"}"#, "a numeric id"),
+            (br#"{"id":"a1","organizationId":"o1"} trailing"#, "trailing bytes"),
+        ] {
+            let (reason, message) = refused(now, "e", body);
+            assert!(reason == DeliveryInvalid && message.contains("not an activity"), "{why}: {message}");
+        }
     }
 }

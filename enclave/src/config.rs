@@ -72,6 +72,11 @@ impl Default for LoginSettings {
     }
 }
 
+/// A provider URL: `https`, or `http` to a loopback host (`coffer_auth::oidc::https_or_loopback`).
+pub fn provider_url(url: &str) -> Result<url::Url, String> {
+    coffer_auth::oidc::https_or_loopback(url)
+}
+
 /// PEM files for mutual TLS: this side's certificate chain and private key, and the CA that
 /// must have issued the other side's certificate.
 #[derive(Debug, Clone, Deserialize)]
@@ -152,7 +157,7 @@ impl EnclaveConfig {
             login.oidc_issuer = Some(v).filter(|v| !v.trim().is_empty());
         }
         for url in [&login.x_token_url, &login.x_userinfo_url, &login.discord_token_url, &login.discord_userinfo_url] {
-            crate::login::provider_url(url).map_err(|e| anyhow::anyhow!("[login]: {e}"))?;
+            provider_url(url).map_err(|e| anyhow::anyhow!("[login]: {e}"))?;
         }
         if let Some(iss) = &login.oidc_issuer {
             let u = url::Url::parse(iss).map_err(|_| anyhow::anyhow!("oidc_issuer {iss:?} is not a URL"))?;

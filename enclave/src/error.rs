@@ -1,5 +1,7 @@
 //! The enclave's one error type, and its single mapping to gRPC statuses.
 
+pub use coffer_proto::v1::RefusalReason;
+
 /// Everything that can go wrong inside the enclave. Messages never carry key material.
 #[derive(Debug, thiserror::Error)]
 pub enum EnclaveError {
@@ -10,12 +12,13 @@ pub enum EnclaveError {
     #[error("sealed key material failed authentication (wrong binding or tampered blob)")]
     SealAuthentication,
     /// The request is not authorized by a fresh stamp of a certified credential for exactly this
-    /// operation (see `authority`). The reason names the failed check, never a secret.
-    #[error("enclave refused: {0}")]
-    Refused(String),
+    /// operation (see `authority`). The reason is the failed check's type (what callers decide
+    /// on); the message names it for humans, never a secret.
+    #[error("enclave refused: {message}")]
+    Refused { reason: RefusalReason, message: String },
     /// A bounded resource is full (the replay window); retrying later can succeed.
-    #[error("enclave busy: {0}")]
-    Busy(String),
+    #[error("enclave busy: {message}")]
+    Busy { reason: RefusalReason, message: String },
     /// An OAuth 2.0 provider failed or could not be reached (a 502 at the gateway); the message
     /// names the provider and its answer, never a secret.
     #[error("{0}")]
@@ -33,6 +36,19 @@ impl EnclaveError {
     pub fn invalid(msg: impl Into<String>) -> Self {
         Self::InvalidArgument(msg.into())
     }
+
+    /// Shorthand for [`EnclaveError::Refused`].
+    pub fn refused(reason: RefusalReason, message: impl Into<String>) -> Self {
+        Self::Refused { reason, message: message.into() }
+    }
+
+    /// The typed reason of a refusal or busy answer; `None` for every other error.
+    pub fn refusal_reason(&self) -> Option<RefusalReason> {
+        match self {
+            Self::Refused { reason, .. } | Self::Busy { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
 }
 
 impl From<EnclaveError> for tonic::Status {
@@ -40,8 +56,17 @@ impl From<EnclaveError> for tonic::Status {
         match &e {
             EnclaveError::InvalidArgument(_) => tonic::Status::invalid_argument(e.to_string()),
             EnclaveError::SealAuthentication => tonic::Status::failed_precondition(e.to_string()),
-            EnclaveError::Refused(_) => tonic::Status::permission_denied(e.to_string()),
-            EnclaveError::Busy(_) => tonic::Status::resource_exhausted(e.to_string()),
+            // A refusal carries its typed reason as the status details (`coffer_proto::refusal_reason`).
+            EnclaveError::Refused { reason, .. } => tonic::Status::with_details(
+                tonic::Code::PermissionDenied,
+                e.to_string(),
+                coffer_proto::refusal_details(*reason).into(),
+            ),
+            EnclaveError::Busy { reason, .. } => tonic::Status::with_details(
+                tonic::Code::ResourceExhausted,
+                e.to_string(),
+                coffer_proto::refusal_details(*reason).into(),
+            ),
             EnclaveError::Upstream(_) => tonic::Status::aborted(e.to_string()),
             EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),
             EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
@@ -61,5 +86,30 @@ impl From<coffer_crypto::CryptoError> for EnclaveError {
             coffer_crypto::CryptoError::InvalidArgument(m) => Self::InvalidArgument(m),
             coffer_crypto::CryptoError::Internal(m) => Self::Internal(m),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_carry_their_decodable_reason_and_the_same_message() {
+        let status = tonic::Status::from(EnclaveError::refused(RefusalReason::Stale, "stale or future timestampMs"));
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(status.message(), "enclave refused: stale or future timestampMs");
+        assert_eq!(coffer_proto::refusal_reason(&status), Some(RefusalReason::Stale));
+
+        let busy = EnclaveError::Busy {
+            reason: RefusalReason::ReplayWindowFull,
+            message: "replay window is full: retry shortly".into(),
+        };
+        let status = tonic::Status::from(busy);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status.message(), "enclave busy: replay window is full: retry shortly");
+        assert_eq!(coffer_proto::refusal_reason(&status), Some(RefusalReason::ReplayWindowFull));
+
+        let other = tonic::Status::from(EnclaveError::invalid("bad"));
+        assert_eq!(coffer_proto::refusal_reason(&other), None);
     }
 }

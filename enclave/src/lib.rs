@@ -1,11 +1,12 @@
 //! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod auth_proxy;
 pub mod authority;
 pub mod config;
 pub mod error;
 pub mod hsm;
-pub mod login;
+pub mod oauth2;
+pub mod proxy_stamper;
 pub mod service;
 pub mod sessions;
 

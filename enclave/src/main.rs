@@ -1,4 +1,5 @@
 //! `coffer-enclave`: `init` creates the token's service keys; `serve` runs the gRPC service.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -164,9 +165,9 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         "enclave ready"
     );
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
+    let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},

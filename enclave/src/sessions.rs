@@ -13,8 +13,8 @@ use zeroize::Zeroizing;
 
 use crate::authority::{certificate_mac_input, refuse, Authority, Authorized};
 use crate::config::LoginSettings;
+use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
-use crate::EnclaveError;
 
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
@@ -58,7 +58,7 @@ pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -
 /// fetch), others against their issuer's published keys.
 pub async fn verify_token(hsm: &Hsm, settings: &LoginSettings, token: &str) -> Result<oidc::Claims, EnclaveError> {
     let issuer_key = hsm.login_public_keys()?.oidc_issuer;
-    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::login::oidc_key_id(&issuer_key))] });
+    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::oauth2::oidc_key_id(&issuer_key))] });
     let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
     Ok(oidc::verify(token, own).await?)
 }
@@ -104,10 +104,10 @@ pub fn grant(
         }
         OAUTH_LOGIN => {
             let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
-            let cert = pb::CredentialCertificate::decode(provider_certificate)
-                .ok()
-                .filter(|c| !c.mac.is_empty())
-                .ok_or_else(|| refuse(a, "no certified OAuth provider matches the token"))?;
+            let cert =
+                pb::CredentialCertificate::decode(provider_certificate).ok().filter(|c| !c.mac.is_empty()).ok_or_else(
+                    || refuse(a, RefusalReason::CertificateInvalid, "no certified OAuth provider matches the token"),
+                )?;
             if !hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac)?
                 || cert.credential_type != OAUTH_PROVIDER
                 || cert.organization_id != a.activity.organization_id
@@ -115,6 +115,7 @@ pub fn grant(
             {
                 return Err(refuse(
                     a,
+                    RefusalReason::IdentityInvalid,
                     "the OAuth provider's certificate is not the token's identity in this organization",
                 ));
             }

@@ -4,3 +4,45 @@
 pub mod v1 {
     tonic::include_proto!("coffer.enclave.v1");
 }
+
+/// The typed reason of an enclave refusal: the `Refusal` the enclave attaches as the details of
+/// every PERMISSION_DENIED and RESOURCE_EXHAUSTED status it returns. `None` when the status
+/// carries no decodable refusal (another code, or a status that did not come from the enclave).
+/// Decide on this, never on the wording of the status message.
+pub fn refusal_reason(status: &tonic::Status) -> Option<v1::RefusalReason> {
+    use prost::Message;
+    if !matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::ResourceExhausted) {
+        return None;
+    }
+    let details = status.details();
+    if details.is_empty() {
+        return None;
+    }
+    let refusal = v1::Refusal::decode(details).ok()?;
+    v1::RefusalReason::try_from(refusal.reason).ok()
+}
+
+/// The `Status` details that carry `reason` (a prost-encoded `Refusal`).
+pub fn refusal_details(reason: v1::RefusalReason) -> Vec<u8> {
+    use prost::Message;
+    v1::Refusal { reason: reason as i32 }.encode_to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_reasons_round_trip_through_status_details() {
+        let reason = v1::RefusalReason::Replayed;
+        let status = tonic::Status::with_details(
+            tonic::Code::PermissionDenied,
+            "enclave refused: x",
+            refusal_details(reason).into(),
+        );
+        assert_eq!(refusal_reason(&status), Some(reason));
+        assert_eq!(refusal_reason(&tonic::Status::permission_denied("no details")), None);
+        let other = tonic::Status::with_details(tonic::Code::Internal, "x", refusal_details(reason).into());
+        assert_eq!(refusal_reason(&other), None, "only refusal codes carry a refusal");
+    }
+}

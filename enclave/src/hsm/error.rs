@@ -2,7 +2,7 @@
 
 use cryptoki::error::{Error as CkError, RvError};
 
-use crate::EnclaveError;
+use crate::error::EnclaveError;
 
 /// A failure at the PKCS#11 boundary.
 #[derive(Debug, thiserror::Error)]

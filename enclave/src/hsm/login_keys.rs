@@ -7,33 +7,9 @@ use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass};
 use p256::ecdsa::signature::hazmat::PrehashVerifier;
 use zeroize::Zeroizing;
 
-use super::{Hsm, HsmError, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, TLS_FETCHER_LABEL};
-
-/// A P-256 signing key of the login service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoginKey {
-    /// Signs session JWTs.
-    Notarizer,
-    /// Signs Coffer's OIDC tokens.
-    OidcIssuer,
-}
-
-impl LoginKey {
-    fn label(self) -> &'static str {
-        match self {
-            LoginKey::Notarizer => NOTARIZER_LABEL,
-            LoginKey::OidcIssuer => OIDC_ISSUER_LABEL,
-        }
-    }
-}
-
-/// The public halves of the login keys, uncompressed SEC1 points.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoginPublicKeys {
-    pub notarizer: [u8; 65],
-    pub oidc_issuer: [u8; 65],
-    pub tls_fetcher: [u8; 65],
-}
+use super::error::HsmError;
+use super::key_labels::{LoginKey, LoginPublicKeys, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, TLS_FETCHER_LABEL};
+use super::token::Hsm;
 
 fn point65(v: Vec<u8>) -> Result<[u8; 65], HsmError> {
     let mut with_tag = v;

@@ -1,7 +1,7 @@
 //! The sealed-blob format: versioned, names its KEK, and binds kind, usage, organization,
 //! resource, curve and address or public key.
 
-use super::HsmError;
+use super::error::HsmError;
 
 pub(crate) const IV_LEN: usize = 12;
 pub(crate) const TAG_BITS: usize = 128;
@@ -12,6 +12,42 @@ pub(crate) const VERSION: u8 = 2;
 pub(crate) const LEGACY_VERSION: u8 = 1;
 const DOMAIN_V1: &[u8] = b"coffer-seal-v1";
 const DOMAIN_V2: &[u8] = b"coffer-seal-v2";
+
+/// The plaintext of an opened (unsealed) blob: wiped when dropped, never cloned, and its `Debug`
+/// prints only the length.
+#[derive(zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
+pub struct OpenedBlob(Vec<u8>);
+
+impl OpenedBlob {
+    pub(crate) fn new(plaintext: Vec<u8>) -> Self {
+        Self(plaintext)
+    }
+
+    /// The plaintext.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for OpenedBlob {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for OpenedBlob {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for OpenedBlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenedBlob({} bytes)", self.0.len())
+    }
+}
 
 /// What a blob holds; each kind has its own AAD, so a seed never opens as a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +173,14 @@ pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opened_blobs_print_only_their_length() {
+        let opened = OpenedBlob::new(b"seed words".to_vec());
+        assert_eq!(format!("{opened:?}"), "OpenedBlob(10 bytes)");
+        assert_eq!(opened.as_slice(), b"seed words");
+        assert_eq!(opened.len(), 10);
+    }
 
     #[test]
     fn aad_differs_by_every_field() {

@@ -3,7 +3,13 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::*;
+use cryptoki::object::{Attribute, AttributeType, ObjectClass};
+use cryptoki::types::AuthPin;
+
+use super::error::HsmError;
+use super::key_labels::*;
+use super::seal::{is_legacy, BlobBinding, BlobKind};
+use super::token::*;
 
 const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
-use crate::config::LoginSettings;
-use crate::EnclaveError;
+use crate::config::{provider_url, LoginSettings};
+use crate::error::EnclaveError;
 
 /// How long the OIDC tokens Coffer issues live.
 pub const OIDC_TOKEN_LIFETIME_SECS: i64 = 15 * 60;
@@ -17,11 +17,6 @@ const MAX_PROVIDER_ANSWER: usize = 64 * 1024;
 
 pub const PROVIDER_X: &str = coffer_auth::oidc::OAUTH2_PROVIDERS[0];
 pub const PROVIDER_DISCORD: &str = coffer_auth::oidc::OAUTH2_PROVIDERS[1];
-
-/// A provider URL: `https`, or `http` to a loopback host (`coffer_auth::oidc::https_or_loopback`).
-pub fn provider_url(url: &str) -> Result<url::Url, String> {
-    coffer_auth::oidc::https_or_loopback(url)
-}
 
 /// A provider's display name and endpoints.
 struct Provider<'a> {

@@ -9,8 +9,8 @@ use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::json;
 
 use crate::authority::{Authority, Authorized};
+use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
-use crate::EnclaveError;
 
 pub const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
 const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
@@ -54,21 +54,25 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
 /// The `X-Stamp` of `req.body` by the proxy key, for the two login activities only.
 pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
     let activity = StampedActivity::parse(&req.body)?;
-    let refuse = |reason: &str| {
+    let refuse = |code: RefusalReason, reason: &str| {
         tracing::warn!(
             target: "coffer_audit",
             decision = "refuse",
             operation = "stamp_auth_proxy_request",
             reason,
+            reason_code = code.as_str_name(),
             organization = %req.organization_id,
             fingerprint = %activity.fingerprint,
             "enclave decision"
         );
-        EnclaveError::Refused(reason.to_string())
+        EnclaveError::refused(code, reason)
     };
     match activity.activity_type.as_str() {
         OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION if activity.organization_id != req.organization_id => {
-            return Err(refuse("the auth proxy exchanges codes and signs users up only in its own organization"))
+            return Err(refuse(
+                RefusalReason::OrganizationMismatch,
+                "the auth proxy exchanges codes and signs users up only in its own organization",
+            ))
         }
         // Another organization's oauth_login (a sub-organization's user) runs only with that
         // organization's parent certificate naming the proxy's organization. A signup makes a new
@@ -76,12 +80,13 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION | crate::sessions::OAUTH_LOGIN => {}
         _ => {
             return Err(refuse(
+                RefusalReason::OperationMismatch,
                 "the auth proxy key stamps only oauth2_authenticate, oauth_login and create_sub_organization",
             ))
         }
     }
     if !authority.is_fresh(activity.timestamp_ms) {
-        return Err(refuse("the body's timestampMs is not the enclave's now"));
+        return Err(refuse(RefusalReason::Stale, "the body's timestampMs is not the enclave's now"));
     }
     let plain = hsm.unseal(&binding(&req.organization_id, &req.user_id, &req.public_key), &req.sealed_key)?;
     let key = p256::ecdsa::SigningKey::from_slice(&plain)

@@ -1,0 +1,98 @@
+//! Organizations and their credentials: operator bootstrap of a new organization, and the
+//! certificates of the credentials a stamped body adds.
+
+use coffer_auth::grants::{self, granted_credentials};
+use coffer_proto::v1 as pb;
+
+use crate::authority::{refuse, Authority, BOOTSTRAP};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::Hsm;
+
+/// A new organization with one certified P-256 API key (operator bootstrap; ids from the HSM).
+pub(super) fn bootstrap_organization(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::BootstrapOrganizationRequest,
+) -> Result<pb::BootstrapOrganizationResponse, EnclaveError> {
+    if req.credential_type != "CREDENTIAL_TYPE_API_KEY_P256" {
+        return Err(EnclaveError::invalid("bootstrap credentials are P-256 API keys"));
+    }
+    let (public_key, _) = grants::api_public_key("API_KEY_CURVE_P256", &req.public_key)?;
+    // Fresh ids from the HSM: a bootstrap can only ever create a new organization, never
+    // certify a key into an existing one.
+    let uuid = |bytes: &[u8]| {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&bytes[..16]);
+        uuid::Builder::from_random_bytes(b).into_uuid().to_string()
+    };
+    let random = hsm.random(32)?;
+    let (organization_id, user_id) = (uuid(&random[..16]), uuid(&random[16..]));
+    let certificate = authority.certify(pb::CredentialCertificate {
+        organization_id: organization_id.clone(),
+        user_id: user_id.clone(),
+        credential_type: req.credential_type,
+        public_key: public_key.clone(),
+        expires_at_ms: 0,
+        issuing_fingerprint: format!("{BOOTSTRAP}{organization_id}"),
+        mac: vec![],
+    })?;
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "bootstrap_organization",
+        organization = %organization_id,
+        credential = %public_key,
+        "enclave decision"
+    );
+    Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate })
+}
+
+/// Certificates for exactly the credentials the stamped body adds.
+pub(super) fn issue_certificates(
+    authority: &Authority,
+    req: pb::IssueCertificatesRequest,
+) -> Result<pb::IssueCertificatesResponse, EnclaveError> {
+    let a = authority.authorize(
+        "issue_certificates",
+        req.auth.as_ref(),
+        &[
+            grants::CREATE_USERS,
+            grants::CREATE_API_KEYS,
+            grants::CREATE_AUTHENTICATORS,
+            grants::CREATE_SUB_ORGANIZATION,
+            grants::CREATE_OAUTH_PROVIDERS,
+        ],
+    )?;
+    let granted = granted_credentials(&a.activity)?;
+    let certificates = req
+        .credentials
+        .iter()
+        .map(|c| {
+            let grant = granted
+                .iter()
+                .find(|g| {
+                    g.organization_id == c.organization_id
+                        && g.user_id == c.user_id
+                        && g.credential_type == c.credential_type
+                        && g.public_key == c.public_key
+                })
+                .ok_or_else(|| {
+                    refuse(
+                        &a,
+                        RefusalReason::BindingMismatch,
+                        "a credential to certify is not one the stamped body adds",
+                    )
+                })?;
+            authority.certify(pb::CredentialCertificate {
+                organization_id: grant.organization_id.clone(),
+                user_id: grant.user_id.clone(),
+                credential_type: grant.credential_type.clone(),
+                public_key: grant.public_key.clone(),
+                expires_at_ms: authority.expiry(grant.expiration_seconds),
+                issuing_fingerprint: a.activity.fingerprint.clone(),
+                mac: vec![],
+            })
+        })
+        .collect::<Result<Vec<_>, EnclaveError>>()?;
+    Ok(pb::IssueCertificatesResponse { certificates })
+}

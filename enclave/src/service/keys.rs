@@ -1,0 +1,205 @@
+//! Key creation: wallets (a fresh mnemonic, its accounts), more accounts of a wallet, and
+//! standalone private keys, each sealed to what it is bound to.
+
+use coffer_auth::envelope::{derived_id, items, text, SUB_ORGANIZATION_ID};
+use coffer_auth::grants;
+use coffer_crypto::keys::SecretKey;
+use coffer_crypto::{address, keys, Curve};
+use coffer_proto::v1 as pb;
+use serde_json::Value;
+use zeroize::Zeroizing;
+
+use super::sealed_refs::{open, sealed};
+use crate::authority::{refuse, Authority};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{BlobBinding, BlobKind, Hsm};
+
+/// Activity types, as the stamped bodies name them.
+mod types {
+    pub const CREATE_WALLET: &str = "ACTIVITY_TYPE_CREATE_WALLET";
+    pub const CREATE_WALLET_ACCOUNTS: &str = "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS";
+    pub const CREATE_PRIVATE_KEYS: &str = "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2";
+}
+
+/// A new wallet (of the body's organization, or of the sub-organization it creates): a fresh
+/// mnemonic from HSM randomness, its accounts, all sealed.
+pub(super) fn create_wallet(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::CreateWalletRequest,
+) -> Result<pb::CreateWalletResponse, EnclaveError> {
+    let a = authority.authorize(
+        "create_wallet",
+        req.auth.as_ref(),
+        &[types::CREATE_WALLET, grants::CREATE_SUB_ORGANIZATION],
+    )?;
+    // create_sub_organization's wallet belongs to the sub-organization the body creates.
+    let (organization_id, wallet) = if a.activity.activity_type == types::CREATE_WALLET {
+        (a.activity.organization_id.clone(), &a.activity.parameters)
+    } else {
+        let wallet = a
+            .activity
+            .parameters
+            .get("wallet")
+            .ok_or_else(|| EnclaveError::invalid("the stamped body creates no wallet"))?;
+        (derived_id(&a.activity.fingerprint, SUB_ORGANIZATION_ID, 0), wallet)
+    };
+    let specs = account_specs(items(wallet, "accounts"), &req.account_ids)?;
+    let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
+    let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
+    let phrase = keys::mnemonic_phrase(&entropy, "")?;
+    seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)
+}
+
+/// More accounts of the wallet the stamped body names, derived from its sealed seed.
+pub(super) fn derive_accounts(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::DeriveAccountsRequest,
+) -> Result<pb::DeriveAccountsResponse, EnclaveError> {
+    let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
+    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
+        return Err(refuse(
+            &a,
+            RefusalReason::BindingMismatch,
+            "the sealed seed is not the wallet the stamped body names",
+        ));
+    }
+    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+    let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
+    let seed = keys::seed_from_phrase(&phrase)?;
+    let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
+    Ok(pb::DeriveAccountsResponse { accounts })
+}
+
+/// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
+pub(super) fn create_private_keys(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::CreatePrivateKeysRequest,
+) -> Result<pb::CreatePrivateKeysResponse, EnclaveError> {
+    let a = authority.authorize("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
+    let params = items(&a.activity.parameters, "privateKeys");
+    if params.len() != req.private_key_ids.len() {
+        return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
+    }
+    let keys = params
+        .iter()
+        .zip(&req.private_key_ids)
+        .map(|(p, id)| {
+            let curve = Curve::parse(text(p, "curve"))?;
+            // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
+            let key = loop {
+                let key = SecretKey::from_slice(curve, &hsm.random(32)?)?;
+                if key.public_key().is_ok() {
+                    break key;
+                }
+            };
+            seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
+        })
+        .collect::<Result<Vec<_>, EnclaveError>>()?;
+    Ok(pb::CreatePrivateKeysResponse { keys })
+}
+
+/// `WalletAccountParams` of a stamped body, paired with the ids the gateway chose for them.
+pub(super) fn account_specs<'a>(
+    accounts: &'a [Value],
+    ids: &'a [String],
+) -> Result<Vec<(&'a str, &'a Value)>, EnclaveError> {
+    if accounts.len() != ids.len() {
+        return Err(EnclaveError::invalid("one account id is needed per account of the stamped body"));
+    }
+    Ok(ids.iter().map(String::as_str).zip(accounts).collect())
+}
+
+/// Derives, addresses and seals each account from one BIP-39 seed; each key is bound to its
+/// account id, curve and address.
+fn seal_accounts(
+    hsm: &Hsm,
+    organization_id: &str,
+    seed: &keys::Seed,
+    specs: &[(&str, &Value)],
+) -> Result<Vec<pb::Account>, EnclaveError> {
+    specs
+        .iter()
+        .map(|(account_id, spec)| {
+            if text(spec, "pathFormat") != "PATH_FORMAT_BIP32" {
+                return Err(EnclaveError::invalid("invalid path format (only PATH_FORMAT_BIP32)"));
+            }
+            let curve = Curve::parse(text(spec, "curve"))?;
+            let secret = keys::derive(seed, curve, text(spec, "path"))?;
+            let public_key = secret.public_key()?;
+            let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
+            let binding = BlobBinding {
+                curve: curve.wire_name(),
+                address: &address,
+                ..BlobBinding::plain(BlobKind::WalletAccountKey, organization_id, account_id)
+            };
+            let sealed_key = hsm.seal(&binding, secret.secret_bytes())?;
+            Ok(pb::Account { account_id: account_id.to_string(), public_key, address, sealed_key })
+        })
+        .collect()
+}
+
+fn addresses_for(curve: Curve, public_key: &[u8], formats: &[Value]) -> Result<Vec<pb::Address>, EnclaveError> {
+    formats
+        .iter()
+        .map(|f| {
+            let f = f.as_str().ok_or_else(|| EnclaveError::invalid("addressFormats must be strings"))?;
+            Ok(pb::Address { format: f.to_string(), address: address::address(f, curve, public_key)? })
+        })
+        .collect()
+}
+
+/// Seals a standalone private key bound to its id, curve and public key, with its addresses.
+pub(super) fn seal_private_key(
+    hsm: &Hsm,
+    organization_id: &str,
+    private_key_id: &str,
+    key: &SecretKey,
+    formats: &[Value],
+) -> Result<pb::KeyMaterial, EnclaveError> {
+    let public_key = key.public_key()?;
+    let addresses = addresses_for(key.curve(), &public_key, formats)?;
+    let public_hex = hex::encode(&public_key);
+    let binding = BlobBinding {
+        curve: key.curve().wire_name(),
+        public_key: &public_hex,
+        ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
+    };
+    let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
+    Ok(pb::KeyMaterial { public_key, addresses, sealed_key })
+}
+
+/// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
+pub(super) fn seal_wallet(
+    hsm: &Hsm,
+    organization_id: &str,
+    wallet_id: &str,
+    phrase: &str,
+    specs: &[(&str, &Value)],
+) -> Result<pb::CreateWalletResponse, EnclaveError> {
+    let seed = keys::seed_from_phrase(phrase)?;
+    let accounts = seal_accounts(hsm, organization_id, &seed, specs)?;
+    let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
+    let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
+    Ok(pb::CreateWalletResponse { sealed_seed, accounts })
+}
+
+/// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.
+pub(super) fn checked_phrase(plain: &[u8]) -> Result<Zeroizing<String>, EnclaveError> {
+    let text = std::str::from_utf8(plain).map_err(|_| EnclaveError::invalid("invalid mnemonic"))?;
+    let phrase = Zeroizing::new(text.split_whitespace().collect::<Vec<_>>().join(" "));
+    keys::entropy_from_phrase(&phrase)?;
+    Ok(phrase)
+}
+
+/// A positive count from a body (`mnemonicLength`: a JSON number or decimal string).
+fn count(v: Option<&Value>) -> Option<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,272 @@
+//! Login: the login keys, OAuth 2.0 credentials and the code exchange, sessions, and the auth
+//! proxy's key.
+
+use std::sync::Arc;
+
+use coffer_auth::envelope::text;
+use coffer_crypto::CryptoError;
+use coffer_proto::v1 as pb;
+use tonic::{Response, Status};
+use zeroize::Zeroizing;
+
+use super::worker::blocking;
+use crate::authority::{refuse, Authority};
+use crate::config::LoginSettings;
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{Hsm, LoginKey};
+use crate::{oauth2, proxy_stamper, sessions};
+
+/// Activity types, as the stamped bodies name them.
+mod types {
+    pub const CREATE_OAUTH2_CREDENTIAL: &str = "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL";
+    pub const UPDATE_OAUTH2_CREDENTIAL: &str = "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL";
+    pub const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
+}
+
+/// The login keys' public halves, the OIDC key id and the configured issuer.
+pub(super) fn login_keys(hsm: &Hsm, settings: &LoginSettings) -> Result<pb::GetLoginKeysResponse, EnclaveError> {
+    let keys = hsm.login_public_keys()?;
+    Ok(pb::GetLoginKeysResponse {
+        notarizer_public_key: keys.notarizer.to_vec(),
+        oidc_issuer_public_key: keys.oidc_issuer.to_vec(),
+        oidc_key_id: oauth2::oidc_key_id(&keys.oidc_issuer),
+        tls_fetcher_public_key: keys.tls_fetcher.to_vec(),
+        oidc_issuer: settings.oidc_issuer.clone().unwrap_or_default(),
+    })
+}
+
+/// Certifies an OAuth 2.0 credential the stamped body creates or updates; its client secret must
+/// open now.
+pub(super) fn certify_oauth2_credential(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::CertifyOauth2CredentialRequest,
+) -> Result<pb::Oauth2Credential, EnclaveError> {
+    let a = authority.authorize(
+        "certify_oauth2_credential",
+        req.auth.as_ref(),
+        &[types::CREATE_OAUTH2_CREDENTIAL, types::UPDATE_OAUTH2_CREDENTIAL],
+    )?;
+    let p = &a.activity.parameters;
+    let credential_id = if a.activity.activity_type == types::CREATE_OAUTH2_CREDENTIAL {
+        req.credential_id.clone()
+    } else {
+        text(p, "oauth2CredentialId").to_string()
+    };
+    if credential_id.is_empty() || credential_id != req.credential_id {
+        return Err(refuse(
+            &a,
+            RefusalReason::BindingMismatch,
+            "the credential id is not the one the stamped body names",
+        ));
+    }
+    // Update: the stored credential (certified, of this organization and id) gives the
+    // fields the body leaves out.
+    let current = match &req.current {
+        Some(c) if a.activity.activity_type == types::UPDATE_OAUTH2_CREDENTIAL => {
+            authority.check_oauth2(&a, c, &credential_id)?;
+            Some(c)
+        }
+        _ => None,
+    };
+    let field = |k: &str, old: Option<&String>| -> Result<String, EnclaveError> {
+        match (text(p, k), old) {
+            ("", Some(old)) => Ok(old.clone()),
+            ("", None) => Err(EnclaveError::invalid(format!("{k} is required"))),
+            (v, _) => Ok(v.to_string()),
+        }
+    };
+    let provider = field("provider", current.map(|c| &c.provider))?;
+    oauth2::check_provider(&provider)?;
+    let client_id = field("clientId", current.map(|c| &c.client_id))?;
+    let encrypted_client_secret = field("encryptedClientSecret", current.map(|c| &c.encrypted_client_secret))?;
+    // It must open now; the plaintext is dropped (zeroized) at once.
+    drop(open_client_secret(hsm, &encrypted_client_secret)?);
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "certify_oauth2_credential",
+        organization = %a.activity.organization_id,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    authority.certify_oauth2(pb::Oauth2Credential {
+        organization_id: a.activity.organization_id.clone(),
+        credential_id,
+        provider,
+        client_id,
+        encrypted_client_secret,
+        mac: vec![],
+    })
+}
+
+/// The OAuth 2.0 code exchange the stamped body asks for, answered with an OIDC token Coffer signs.
+pub(super) async fn oauth2_authenticate(
+    hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
+    settings: Arc<LoginSettings>,
+    req: pb::Oauth2AuthenticateRequest,
+) -> Result<Response<pb::Oauth2AuthenticateResponse>, Status> {
+    let Some(issuer) = settings.oidc_issuer.clone() else {
+        return Err(EnclaveError::invalid(
+            "oauth2_authenticate needs the enclave's oidc_issuer setting (COFFER_OIDC_ISSUER)",
+        )
+        .into());
+    };
+    // Authorize and open the secret in the HSM.
+    let h = hsm.clone();
+    let (a, credential, secret) = blocking(move || {
+        let a = authority.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
+        let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
+        authority.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
+        let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
+        Ok((a, credential, secret))
+    })
+    .await?
+    .into_inner();
+    let p = a.activity.parameters.clone();
+    for k in ["authCode", "redirectUri", "codeVerifier", "nonce"] {
+        if text(&p, k).is_empty() {
+            return Err(EnclaveError::invalid(format!("{k} is required")).into());
+        }
+    }
+    let user = oauth2::exchange(
+        &settings,
+        &oauth2::CodeExchange {
+            provider: &credential.provider,
+            client_id: &credential.client_id,
+            client_secret: &secret,
+            auth_code: text(&p, "authCode"),
+            redirect_uri: text(&p, "redirectUri"),
+            code_verifier: text(&p, "codeVerifier"),
+        },
+    )
+    .await?;
+    drop(secret);
+    blocking(move || {
+        let target = text(&p, "bearerTokenTargetPublicKey");
+        let encrypted_bearer_token = if target.is_empty() {
+            None
+        } else {
+            let seed = hsm.random_seed()?;
+            Some(coffer_crypto::session::sealed_to_target(&seed, target, user.bearer_token.as_bytes())?)
+        };
+        let claims = oauth2::oidc_claims(
+            &issuer,
+            &credential.client_id,
+            text(&p, "nonce"),
+            &user,
+            now_secs(),
+            encrypted_bearer_token,
+        );
+        let kid = oauth2::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
+        let oidc_token =
+            oauth2::es256_jwt(&kid, &claims, |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?))?;
+        tracing::info!(
+            target: "coffer_audit",
+            decision = "allow",
+            operation = "oauth2_authenticate",
+            organization = %a.activity.organization_id,
+            fingerprint = %a.activity.fingerprint,
+            "enclave decision"
+        );
+        Ok(pb::Oauth2AuthenticateResponse { oidc_token })
+    })
+    .await
+}
+
+/// A session for the user a login activity names: its key's certificate and its JWT.
+pub(super) async fn create_session(
+    hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
+    settings: Arc<LoginSettings>,
+    req: pb::CreateSessionRequest,
+) -> Result<Response<pb::CreateSessionResponse>, Status> {
+    let req = Arc::new(req);
+    // An attested stamp's token is verified first (it may need the issuer's keys from the
+    // network); the authority then checks it against the certified identity and the stamp.
+    let attested = req
+        .auth
+        .as_ref()
+        .and_then(|a| a.request.as_ref())
+        .filter(|r| r.stamp_header.eq_ignore_ascii_case(coffer_auth::attested::HEADER))
+        .map(|r| coffer_auth::attested::parse(&r.stamp));
+    let attested_claims = match attested {
+        None => None,
+        Some(Err(e)) => return Err(EnclaveError::refused(RefusalReason::StampInvalid, e.message).into()),
+        Some(Ok(stamp)) => match sessions::verify_token(&hsm, &settings, &stamp.token).await {
+            Ok(claims) => Some(claims),
+            Err(e) => {
+                return Err(EnclaveError::refused(RefusalReason::IdentityInvalid, format!("attested stamp: {e}")).into())
+            }
+        },
+    };
+    let (h, au, r) = (hsm.clone(), authority.clone(), req.clone());
+    let a = blocking(move || {
+        let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
+        au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, attested_claims.as_ref())
+    })
+    .await?
+    .into_inner();
+    let seconds = sessions::session_seconds(&a.activity.parameters, settings.max_session_seconds)?;
+    let identity = if a.activity.activity_type == sessions::OAUTH_LOGIN {
+        match sessions::verified_identity(&h, &settings, &a.activity.parameters).await {
+            Ok(claims) => Some(claims),
+            Err(e) => {
+                refuse(&a, RefusalReason::IdentityInvalid, &e.to_string());
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
+    blocking(move || {
+        let g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
+        sessions::open_session(&hsm, &authority, &a, g, seconds)
+    })
+    .await
+}
+
+/// The auth proxy's key, made and sealed for the stamped `enable_auth_proxy`.
+pub(super) fn enable_auth_proxy(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::EnableAuthProxyRequest,
+) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
+    let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[proxy_stamper::ENABLE_AUTH_PROXY])?;
+    proxy_stamper::enable(hsm, authority, &a)
+}
+
+/// The auth proxy key's stamp of a login activity it submits.
+pub(super) fn stamp_auth_proxy_request(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::StampAuthProxyRequestRequest,
+) -> Result<pb::StampAuthProxyRequestResponse, EnclaveError> {
+    let stamp = proxy_stamper::stamp(hsm, authority, &req)?;
+    Ok(pb::StampAuthProxyRequestResponse { stamp })
+}
+
+/// Opens an OAuth 2.0 client secret (`encryptedClientSecret`, a QOS envelope to the TLS-fetcher
+/// key) with ECDH in the HSM. The plaintext never leaves the enclave.
+fn open_client_secret(hsm: &Hsm, encrypted: &str) -> Result<Zeroizing<String>, EnclaveError> {
+    let envelope = coffer_crypto::qos::decode_encrypted_client_secret(encrypted)
+        .map_err(|_| EnclaveError::invalid("invalid encryptedClientSecret: not an encrypted client secret"))?;
+    let receiver = hsm.login_public_keys()?.tls_fetcher;
+    let plain = coffer_crypto::qos::open_quorum_envelope(&envelope, &receiver, |sender| {
+        hsm.tls_fetcher_ecdh(sender).map_err(|e| CryptoError::Internal(e.to_string()))
+    })
+    .map_err(|_| {
+        EnclaveError::invalid("invalid encryptedClientSecret: it does not decrypt with Coffer's TLS-fetcher key")
+    })?;
+    let secret = String::from_utf8(plain.to_vec())
+        .map_err(|_| EnclaveError::invalid("invalid encryptedClientSecret: the secret is not UTF-8 text"))?;
+    if secret.is_empty() {
+        return Err(EnclaveError::invalid("invalid encryptedClientSecret: the secret is empty"));
+    }
+    Ok(Zeroizing::new(secret))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}

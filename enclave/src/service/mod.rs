@@ -1,0 +1,169 @@
+//! The enclave's gRPC service: every key-using call is authorized by the stamped request it
+//! carries, takes its parameters from that body, opens what it needs through the HSM and drops it.
+//! This module is the tonic surface only; each family of calls lives in its own module.
+
+mod bootstrap;
+mod keys;
+mod login;
+mod sealed_refs;
+mod signing;
+mod transfer;
+mod webhooks;
+mod worker;
+
+use std::sync::Arc;
+
+use coffer_proto::v1 as pb;
+use coffer_proto::v1::enclave_server::Enclave;
+use tonic::{Request, Response, Status};
+
+use self::worker::blocking;
+use crate::authority::Authority;
+use crate::config::LoginSettings;
+use crate::error::EnclaveError;
+use crate::hsm::Hsm;
+
+/// The gRPC service over one logged-in HSM.
+#[derive(Clone)]
+pub struct EnclaveService {
+    hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
+    login: Arc<LoginSettings>,
+}
+
+/// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
+type BlockingCall<Q, T> = fn(&Hsm, &Authority, Q) -> Result<T, EnclaveError>;
+
+impl EnclaveService {
+    pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
+        Self { hsm, authority, login }
+    }
+
+    /// Runs `call` on the request off the async executor.
+    async fn run<Q: Send + 'static, T: Send + 'static>(
+        &self,
+        req: Request<Q>,
+        call: BlockingCall<Q, T>,
+    ) -> Result<Response<T>, Status> {
+        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let req = req.into_inner();
+        blocking(move || call(&hsm, &authority, req)).await
+    }
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Enclave for EnclaveService {
+    async fn bootstrap_organization(
+        &self,
+        req: Request<pb::BootstrapOrganizationRequest>,
+    ) -> Answer<pb::BootstrapOrganizationResponse> {
+        self.run(req, bootstrap::bootstrap_organization).await
+    }
+
+    async fn issue_certificates(
+        &self,
+        req: Request<pb::IssueCertificatesRequest>,
+    ) -> Answer<pb::IssueCertificatesResponse> {
+        self.run(req, |_, authority, req| bootstrap::issue_certificates(authority, req)).await
+    }
+
+    async fn create_wallet(&self, req: Request<pb::CreateWalletRequest>) -> Answer<pb::CreateWalletResponse> {
+        self.run(req, keys::create_wallet).await
+    }
+
+    async fn derive_accounts(&self, req: Request<pb::DeriveAccountsRequest>) -> Answer<pb::DeriveAccountsResponse> {
+        self.run(req, keys::derive_accounts).await
+    }
+
+    async fn create_private_keys(
+        &self,
+        req: Request<pb::CreatePrivateKeysRequest>,
+    ) -> Answer<pb::CreatePrivateKeysResponse> {
+        self.run(req, keys::create_private_keys).await
+    }
+
+    async fn sign(&self, req: Request<pb::SignRequest>) -> Answer<pb::SignResponse> {
+        self.run(req, signing::sign).await
+    }
+
+    async fn sign_transaction(&self, req: Request<pb::SignRequest>) -> Answer<pb::SignTransactionResponse> {
+        self.run(req, signing::sign_transaction).await
+    }
+
+    async fn get_signer_public_key(
+        &self,
+        req: Request<pb::GetSignerPublicKeyRequest>,
+    ) -> Answer<pb::GetSignerPublicKeyResponse> {
+        self.run(req, |hsm, _, _| transfer::signer_public_key(hsm)).await
+    }
+
+    async fn export_wallet(&self, req: Request<pb::ExportWalletRequest>) -> Answer<pb::ExportResponse> {
+        self.run(req, transfer::export_wallet).await
+    }
+
+    async fn export_key(&self, req: Request<pb::ExportKeyRequest>) -> Answer<pb::ExportResponse> {
+        self.run(req, transfer::export_key).await
+    }
+
+    async fn init_import(&self, req: Request<pb::InitImportRequest>) -> Answer<pb::InitImportResponse> {
+        self.run(req, transfer::init_import).await
+    }
+
+    async fn import_wallet(&self, req: Request<pb::ImportWalletRequest>) -> Answer<pb::CreateWalletResponse> {
+        self.run(req, transfer::import_wallet).await
+    }
+
+    async fn import_private_key(&self, req: Request<pb::ImportPrivateKeyRequest>) -> Answer<pb::KeyMaterial> {
+        self.run(req, transfer::import_private_key).await
+    }
+
+    async fn get_webhook_signing_key(
+        &self,
+        req: Request<pb::GetWebhookSigningKeyRequest>,
+    ) -> Answer<pb::GetWebhookSigningKeyResponse> {
+        self.run(req, |hsm, _, _| webhooks::signing_key(hsm)).await
+    }
+
+    async fn sign_webhook_deliveries(
+        &self,
+        req: Request<pb::SignWebhookDeliveriesRequest>,
+    ) -> Answer<pb::SignWebhookDeliveriesResponse> {
+        self.run(req, webhooks::sign_deliveries).await
+    }
+
+    async fn get_login_keys(&self, _req: Request<pb::GetLoginKeysRequest>) -> Answer<pb::GetLoginKeysResponse> {
+        let (hsm, settings) = (self.hsm.clone(), self.login.clone());
+        blocking(move || login::login_keys(&hsm, &settings)).await
+    }
+
+    async fn certify_oauth2_credential(
+        &self,
+        req: Request<pb::CertifyOauth2CredentialRequest>,
+    ) -> Answer<pb::Oauth2Credential> {
+        self.run(req, login::certify_oauth2_credential).await
+    }
+
+    async fn oauth2_authenticate(
+        &self,
+        req: Request<pb::Oauth2AuthenticateRequest>,
+    ) -> Answer<pb::Oauth2AuthenticateResponse> {
+        login::oauth2_authenticate(self.hsm.clone(), self.authority.clone(), self.login.clone(), req.into_inner()).await
+    }
+
+    async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Answer<pb::CreateSessionResponse> {
+        login::create_session(self.hsm.clone(), self.authority.clone(), self.login.clone(), req.into_inner()).await
+    }
+
+    async fn enable_auth_proxy(&self, req: Request<pb::EnableAuthProxyRequest>) -> Answer<pb::EnableAuthProxyResponse> {
+        self.run(req, login::enable_auth_proxy).await
+    }
+
+    async fn stamp_auth_proxy_request(
+        &self,
+        req: Request<pb::StampAuthProxyRequestRequest>,
+    ) -> Answer<pb::StampAuthProxyRequestResponse> {
+        self.run(req, login::stamp_auth_proxy_request).await
+    }
+}

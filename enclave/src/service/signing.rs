@@ -1,0 +1,122 @@
+//! Signing with a sealed key: raw payloads, and transactions parsed from the stamped body.
+
+use coffer_auth::envelope::{items, text};
+use coffer_crypto::{address, sign, Curve};
+use coffer_proto::v1 as pb;
+use serde_json::Value;
+
+use super::sealed_refs::{open_key, sealed};
+use crate::authority::{refuse, Authority, Authorized};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{BlobKind, Hsm};
+
+/// Activity types, as the stamped bodies name them.
+mod types {
+    pub const SIGN_RAW_PAYLOAD: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+    pub const SIGN_RAW_PAYLOADS: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS";
+    pub const SIGN_TRANSACTION: &str = "ACTIVITY_TYPE_SIGN_TRANSACTION_V2";
+}
+
+/// Signs the stamped body's raw payloads with the key its `signWith` names.
+pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
+    let a = authority.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
+    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    names_key(&a, key_ref, kind, &req.address_format)?;
+    let p = &a.activity.parameters;
+    let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
+        vec![p.get("payload").and_then(Value::as_str).ok_or_else(|| EnclaveError::invalid("payload is required"))?]
+    } else {
+        items(p, "payloads")
+            .iter()
+            .map(|v| v.as_str().ok_or_else(|| EnclaveError::invalid("payloads must be strings")))
+            .collect::<Result<_, _>>()?
+    };
+    if payloads.is_empty() {
+        return Err(EnclaveError::invalid("payloads must not be empty"));
+    }
+    let key = open_key(hsm, key_ref, kind)?;
+    let signatures = payloads
+        .into_iter()
+        .map(|payload| {
+            let sig = sign::sign_payload(
+                key.curve(),
+                key.secret_bytes(),
+                payload,
+                text(p, "encoding"),
+                text(p, "hashFunction"),
+            )?;
+            Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
+        })
+        .collect::<Result<Vec<_>, EnclaveError>>()?;
+    Ok(pb::SignResponse { signatures })
+}
+
+/// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
+pub(super) fn sign_transaction(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::SignRequest,
+) -> Result<pb::SignTransactionResponse, EnclaveError> {
+    let a = authority.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
+    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    names_key(&a, key_ref, kind, &req.address_format)?;
+    // The transaction is the stamped body's, parsed here: the gateway's parse decides
+    // nothing the enclave signs.
+    let p = &a.activity.parameters;
+    let tx = coffer_chain::parse(text(p, "type"), text(p, "unsignedTransaction"))
+        .map_err(|e| EnclaveError::invalid(e.to_string()))?;
+    let key = open_key(hsm, key_ref, kind)?;
+    let needs = |curve: Curve, chain: &str| {
+        if key.curve() == curve {
+            Ok(())
+        } else {
+            Err(EnclaveError::invalid(format!(
+                "signWith: {chain} transactions are signed by a {} key",
+                curve.wire_name()
+            )))
+        }
+    };
+    let signed_transaction = match &tx {
+        coffer_chain::Unsigned::Ethereum(t) => {
+            needs(Curve::Secp256k1, "Ethereum")?;
+            let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+            t.signed(&sig.r, &sig.s, sig.recovery_id == 1)
+        }
+        coffer_chain::Unsigned::Tron(t) => {
+            needs(Curve::Secp256k1, "Tron")?;
+            let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+            t.signed(&sig.r, &sig.s, sig.recovery_id)
+        }
+        coffer_chain::Unsigned::Solana(t) => {
+            needs(Curve::Ed25519, "Solana")?;
+            let slot = t.signer_slot(&key.public_key()?).map_err(|e| EnclaveError::invalid(e.to_string()))?;
+            t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
+        }
+    };
+    Ok(pb::SignTransactionResponse { signed_transaction })
+}
+
+/// `signWith` of the body names this key: an account by its address, a private key by its id or
+/// by one of its addresses (recomputed here from the bound public key).
+fn names_key(a: &Authorized, sealed: &pb::SealedRef, kind: BlobKind, address_format: &str) -> Result<(), EnclaveError> {
+    let sign_with = text(&a.activity.parameters, "signWith");
+    let named = match kind {
+        BlobKind::WalletAccountKey => !sign_with.is_empty() && sign_with == sealed.address,
+        _ if sign_with == sealed.resource_id => true,
+        _ if !address_format.is_empty() => {
+            let curve = Curve::parse(&sealed.curve)?;
+            let public_key = hex::decode(&sealed.public_key).map_err(|_| EnclaveError::invalid("bad public key"))?;
+            address::address(address_format, curve, &public_key).is_ok_and(|addr| addr == sign_with)
+        }
+        _ => false,
+    };
+    if named {
+        Ok(())
+    } else {
+        Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the sealed key is not the one signWith names in the stamped body",
+        ))
+    }
+}

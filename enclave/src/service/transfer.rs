@@ -1,0 +1,194 @@
+//! Moving key material in and out: exports encrypted to the stamped body's target key, and
+//! imports decrypted with the user's import target, both under the HSM bundle signer.
+
+use coffer_auth::envelope::{items, text};
+use coffer_crypto::bundle::{self, EnvelopeSigner};
+use coffer_crypto::keys::SecretKey;
+use coffer_crypto::{keys, CryptoError, Curve};
+use coffer_proto::v1 as pb;
+use zeroize::Zeroizing;
+
+use super::keys::{account_specs, checked_phrase, seal_private_key, seal_wallet};
+use super::sealed_refs::{open, open_key, sealed};
+use crate::authority::{refuse, Authority, Authorized};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{BlobBinding, BlobKind, Hsm};
+
+/// Activity types, as the stamped bodies name them.
+mod types {
+    pub const EXPORT_WALLET: &str = "ACTIVITY_TYPE_EXPORT_WALLET";
+    pub const EXPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY";
+    pub const EXPORT_WALLET_ACCOUNT: &str = "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT";
+    pub const INIT_IMPORT_WALLET: &str = "ACTIVITY_TYPE_INIT_IMPORT_WALLET";
+    pub const INIT_IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY";
+    pub const IMPORT_WALLET: &str = "ACTIVITY_TYPE_IMPORT_WALLET";
+    pub const IMPORT_PRIVATE_KEY: &str = "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY";
+}
+
+/// The bundle signer's public key (export and import envelopes verify against it).
+pub(super) fn signer_public_key(hsm: &Hsm) -> Result<pb::GetSignerPublicKeyResponse, EnclaveError> {
+    Ok(pb::GetSignerPublicKeyResponse { public_key: hsm.signer_public_key()?.to_vec() })
+}
+
+/// Exports the mnemonic of the wallet the stamped body names (in its language).
+pub(super) fn export_wallet(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::ExportWalletRequest,
+) -> Result<pb::ExportResponse, EnclaveError> {
+    let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
+    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
+        return Err(refuse(
+            &a,
+            RefusalReason::BindingMismatch,
+            "the sealed seed is not the wallet the stamped body names",
+        ));
+    }
+    let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
+    let language = text(&a.activity.parameters, "language");
+    let phrase = if language.is_empty() || language == "MNEMONIC_LANGUAGE_ENGLISH" {
+        phrase
+    } else {
+        let entropy = keys::entropy_from_phrase(&phrase)?;
+        keys::mnemonic_phrase(&entropy, language)?
+    };
+    export(hsm, &a, phrase.as_bytes())
+}
+
+/// Exports the private key or wallet account the stamped body names.
+pub(super) fn export_key(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::ExportKeyRequest,
+) -> Result<pb::ExportResponse, EnclaveError> {
+    let a = authority.authorize(
+        "export_key",
+        req.auth.as_ref(),
+        &[types::EXPORT_PRIVATE_KEY, types::EXPORT_WALLET_ACCOUNT],
+    )?;
+    let p = &a.activity.parameters;
+    let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
+        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
+        if r.resource_id != text(p, "privateKeyId") {
+            return Err(refuse(
+                &a,
+                RefusalReason::BindingMismatch,
+                "the sealed key is not the private key the stamped body names",
+            ));
+        }
+        (r, k)
+    } else {
+        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
+        if r.address != text(p, "address") {
+            return Err(refuse(
+                &a,
+                RefusalReason::BindingMismatch,
+                "the sealed key is not the account the stamped body names",
+            ));
+        }
+        (r, k)
+    };
+    let key = open_key(hsm, key_ref, kind)?;
+    export(hsm, &a, key.secret_bytes())
+}
+
+/// A new import target for the body's user: sealed here, its public half in a signed bundle.
+pub(super) fn init_import(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::InitImportRequest,
+) -> Result<pb::InitImportResponse, EnclaveError> {
+    let a = authority.authorize(
+        "init_import",
+        req.auth.as_ref(),
+        &[types::INIT_IMPORT_WALLET, types::INIT_IMPORT_PRIVATE_KEY],
+    )?;
+    let (org, user) = (a.activity.organization_id.as_str(), text(&a.activity.parameters, "userId"));
+    if user.is_empty() {
+        return Err(EnclaveError::invalid("userId is required"));
+    }
+    let seed = hsm.random_seed()?;
+    let target = bundle::new_import_target(&seed)?;
+    let binding = BlobBinding::plain(BlobKind::ImportTarget, org, user);
+    let sealed_target_key = hsm.seal(&binding, target.secret.as_slice())?;
+    let signer = HsmSigner::new(hsm)?;
+    let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
+    Ok(pb::InitImportResponse { import_bundle, sealed_target_key })
+}
+
+/// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
+pub(super) fn import_wallet(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::ImportWalletRequest,
+) -> Result<pb::CreateWalletResponse, EnclaveError> {
+    let a = authority.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+    let plain = open_import(hsm, &a, req.target.as_ref())?;
+    let phrase = checked_phrase(&plain)?;
+    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+    seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)
+}
+
+/// A private key from the stamped body's bundle, sealed with its addresses.
+pub(super) fn import_private_key(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::ImportPrivateKeyRequest,
+) -> Result<pb::KeyMaterial, EnclaveError> {
+    let a = authority.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
+    let p = &a.activity.parameters;
+    let curve = Curve::parse(text(p, "curve"))?;
+    let plain = open_import(hsm, &a, req.target.as_ref())?;
+    if plain.len() != 32 {
+        return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
+    }
+    let key = SecretKey::from_slice(curve, &plain)?;
+    seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))
+}
+
+/// The HSM bundle signer seen through the crypto crate's envelope interface.
+struct HsmSigner<'a> {
+    hsm: &'a Hsm,
+    public: [u8; 65],
+}
+
+impl<'a> HsmSigner<'a> {
+    fn new(hsm: &'a Hsm) -> Result<Self, EnclaveError> {
+        Ok(Self { hsm, public: hsm.signer_public_key()? })
+    }
+}
+
+impl EnvelopeSigner for HsmSigner<'_> {
+    fn public_key(&self) -> [u8; 65] {
+        self.public
+    }
+    fn sign(&self, data: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        self.hsm.sign_with_bundle_signer(data).map_err(|e| CryptoError::Internal(e.to_string()))
+    }
+}
+
+/// Exports `secret` to the target key the stamped body names.
+fn export(hsm: &Hsm, a: &Authorized, secret: &[u8]) -> Result<pb::ExportResponse, EnclaveError> {
+    let signer = HsmSigner::new(hsm)?;
+    let seed = hsm.random_seed()?;
+    let target = text(&a.activity.parameters, "targetPublicKey");
+    let export_bundle = bundle::export_bundle(&signer, &seed, target, &a.activity.organization_id, secret)?;
+    Ok(pb::ExportResponse { export_bundle })
+}
+
+/// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
+fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+    let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
+    if target_ref.resource_id != text(&a.activity.parameters, "userId") {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the import target is not the one of the user the stamped body names",
+        ));
+    }
+    let secret = open(hsm, target_ref, kind)?;
+    let secret: &[u8; 32] =
+        secret.as_slice().try_into().map_err(|_| EnclaveError::Internal("import target is not 32 bytes".into()))?;
+    Ok(bundle::open_encrypted_bundle(secret, text(&a.activity.parameters, "encryptedBundle"))?)
+}
