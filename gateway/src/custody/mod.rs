@@ -9,7 +9,6 @@ pub mod in_process;
 
 use coffer_proto::v1 as pb;
 use coffer_proto::v1::enclave_client::EnclaveClient;
-use prost::Message;
 
 use crate::error::{ApiError, Code};
 use transport::{EnclaveEndpoint, Transport};
@@ -158,15 +157,9 @@ fn answer<T>(result: Result<tonic::Response<T>, tonic::Status>) -> Result<T, Api
     result.map(tonic::Response::into_inner).map_err(api_error)
 }
 
-/// The reason the enclave attached to a refusal, if any (see `Refusal` in `enclave.proto`).
-fn refusal_reason(status: &tonic::Status) -> Option<pb::RefusalReason> {
-    let refusal = pb::Refusal::decode(status.details()).ok()?;
-    pb::RefusalReason::try_from(refusal.reason).ok().filter(|r| *r != pb::RefusalReason::Unspecified)
-}
-
 /// The one mapping of enclave statuses to the gateway's errors.
 fn api_error(s: tonic::Status) -> ApiError {
-    let refusal = refusal_reason(&s);
+    let refusal = coffer_proto::refusal_reason(&s).filter(|r| *r != pb::RefusalReason::Unspecified);
     let error = match s.code() {
         tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
         // The enclave's own authorization refused the request (see its audit log).
@@ -217,7 +210,7 @@ mod tests {
     use super::*;
 
     fn refused(reason: pb::RefusalReason) -> tonic::Status {
-        let details = pb::Refusal { reason: reason as i32 }.encode_to_vec();
+        let details = coffer_proto::refusal_details(reason);
         tonic::Status::with_details(tonic::Code::PermissionDenied, "enclave refused: whatever it says", details.into())
     }
 
@@ -235,7 +228,7 @@ mod tests {
         let busy = tonic::Status::with_details(
             tonic::Code::ResourceExhausted,
             "enclave busy",
-            pb::Refusal { reason: pb::RefusalReason::ReplayWindowFull as i32 }.encode_to_vec().into(),
+            coffer_proto::refusal_details(pb::RefusalReason::ReplayWindowFull).into(),
         );
         let e = api_error(busy);
         assert_eq!((e.code, e.refusal), (Code::Unavailable, Some(pb::RefusalReason::ReplayWindowFull)));
