@@ -358,11 +358,51 @@ struct FileScan {
     declared: BTreeSet<(Vec<String>, String)>,
     /// Every path named, with the inline module it is named in.
     paths: Vec<(Vec<String>, UsePath)>,
+    /// `#[cfg(test)] mod x;` at the top of the file: test support, outside the graph like tests.
+    test_mods: Vec<String>,
+}
+
+/// The names of the top-level `#[cfg(test)] (pub …) mod x;` declarations of a token stream.
+fn test_mod_names(toks: &[Tok]) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    for i in 0..toks.len() {
+        match &toks[i] {
+            Tok::Punct('{') => depth += 1,
+            Tok::Punct('}') => depth = depth.saturating_sub(1),
+            Tok::Punct('#')
+                if depth == 0
+                    && is_punct(toks.get(i + 1), '[')
+                    && is_ident(toks.get(i + 2), "cfg")
+                    && is_punct(toks.get(i + 3), '(')
+                    && is_ident(toks.get(i + 4), "test")
+                    && is_punct(toks.get(i + 5), ')')
+                    && is_punct(toks.get(i + 6), ']') =>
+            {
+                let mut j = i + 7;
+                if is_ident(toks.get(j), "pub") {
+                    j += 1;
+                    if is_punct(toks.get(j), '(') {
+                        j = skip_balanced(toks, j);
+                    }
+                }
+                if let (true, Some(Tok::Ident(name)), true) =
+                    (is_ident(toks.get(j), "mod"), toks.get(j + 1), is_punct(toks.get(j + 2), ';'))
+                {
+                    names.push(name.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    names
 }
 
 fn scan_file(src: &str) -> FileScan {
-    let toks = drop_test_items(tokenize(&strip_comments_and_literals(src)));
-    let mut scan = FileScan::default();
+    let all = tokenize(&strip_comments_and_literals(src));
+    let test_mods = test_mod_names(&all);
+    let toks = drop_test_items(all);
+    let mut scan = FileScan { test_mods, ..FileScan::default() };
     let mut stack: Vec<(String, usize)> = Vec::new();
     let mut depth = 0usize;
     let mut i = 0;
@@ -464,6 +504,14 @@ fn module_graphs(krate: &str, files: &BTreeMap<String, String>) -> (Vec<ModuleGr
             let owns_dir = id == 0 || file_name(&file) == "mod.rs";
             let child_dir =
                 if owns_dir { dir_name(&file).to_string() } else { file.trim_end_matches(".rs").to_string() };
+            // Test support declared `#[cfg(test)] mod x;` is test code: reached, not in the graph.
+            for name in &scans[&file].test_mods {
+                for f in [join(&child_dir, &format!("{name}.rs")), join(&child_dir, &format!("{name}/mod.rs"))] {
+                    if files.contains_key(&f) {
+                        reached.insert(f);
+                    }
+                }
+            }
             for (scope, name) in &scans[&file].file_mods {
                 let dir = scope.iter().fold(child_dir.clone(), |d, s| join(&d, s));
                 let flat = join(&dir, &format!("{name}.rs"));
@@ -740,10 +788,7 @@ fn module_graph_covers_every_source_file() {
     assert!(modules > 50 && edges > 50, "only {modules} modules and {edges} edges found: is the scanner broken?");
 }
 
-// Enabled when the cycles are gone (the gateway and enclave refactors); until then
-// `cargo test -p coffer-tests --test house -- --ignored` lists them.
 #[test]
-#[ignore = "enabled when the cycles are gone"]
 fn no_import_cycles_between_modules() {
     let (graphs, problems) = workspace_graphs();
     assert!(problems.is_empty(), "{}", problems.join("\n"));
@@ -940,6 +985,34 @@ fn binaries_are_their_own_roots_and_unreached_files_are_reported() {
     assert_eq!(orphans, ["stray.rs"]);
     let main = &graphs[2];
     assert_eq!(edge_set(main), BTreeSet::from([e("cli.rs", "main.rs")]));
+}
+
+#[test]
+fn test_support_declared_under_cfg_test_is_reached_but_not_in_the_graph() {
+    let (graphs, orphans) = module_graphs(
+        "t",
+        &tree(&[
+            (
+                "lib.rs",
+                "pub mod a;
+",
+            ),
+            (
+                "a/mod.rs",
+                "pub fn f() {}
+#[cfg(test)]
+pub(crate) mod harness;
+",
+            ),
+            (
+                "a/harness.rs",
+                "use crate::a::f;
+",
+            ),
+        ]),
+    );
+    assert!(orphans.is_empty(), "orphans: {orphans:?}");
+    assert!(!graphs[0].files.iter().any(|f| f == "a/harness.rs"), "{:?}", graphs[0].files);
 }
 
 // ------------------------------------------------------------------------------------------------
