@@ -5,7 +5,7 @@ pub mod authority;
 pub mod config;
 pub mod error;
 pub mod hsm;
-pub mod oauth2;
+pub mod oauth2_exchange;
 pub mod proxy_stamper;
 pub mod service;
 pub mod sessions;

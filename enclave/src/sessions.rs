@@ -58,7 +58,7 @@ pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -
 /// fetch), others against their issuer's published keys.
 pub async fn verify_token(hsm: &Hsm, settings: &LoginSettings, token: &str) -> Result<oidc::Claims, EnclaveError> {
     let issuer_key = hsm.login_public_keys()?.oidc_issuer;
-    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::oauth2::oidc_key_id(&issuer_key))] });
+    let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::oauth2_exchange::oidc_key_id(&issuer_key))] });
     let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
     Ok(oidc::verify(token, own).await?)
 }

@@ -17,9 +17,9 @@ use axum::{Extension, Json, Router};
 use serde_json::{json, Map, Value};
 
 use crate::activity::pipeline;
-use crate::auth::oidc;
 use crate::error::{ApiError, Code};
 use crate::limits::{ClientAddr, RateLimiter};
+use crate::oidc_tokens;
 use crate::record_kinds::{AUTH_PROXY, OAUTH2_CREDENTIAL};
 use crate::state::AppState;
 use crate::store::{Page, Record, StoreError, SubOrgFilter};
@@ -314,7 +314,7 @@ async fn oauth2_authenticate(
 /// The organization (the configuration's, or one of its sub-organizations) whose user has the
 /// token's identity.
 async fn organization_of_identity(state: &Arc<AppState>, config: &Record, token: &str) -> Result<String, ApiError> {
-    let claims = oidc::verify(oidc::own_keys(state).await, token).await?;
+    let claims = oidc_tokens::verify(oidc_tokens::own_keys(state).await, token).await?;
     let org = config.organization_id.clone();
     let (iss, sub, aud) = (claims.iss.clone(), claims.sub.clone(), claims.aud.clone());
     let own = state.db(move |s| s.oauth_providers(&org, None)).await??;
@@ -421,7 +421,7 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
         value = text(p, "oidcToken");
     }
     crate::ops::params::required(filter_type, "filterType")?;
-    let filter = crate::ops::suborgs::filter(oidc::own_keys(state).await, filter_type, value).await?;
+    let filter = crate::ops::suborgs::filter(oidc_tokens::own_keys(state).await, filter_type, value).await?;
     let org = config.organization_id.clone();
     let page = Page { limit: 1, before: None, after: None };
     let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;

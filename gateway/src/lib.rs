@@ -1,20 +1,21 @@
 //! Coffer's gateway: the HTTP API, stamps, activities, records and queries. Holds no secrets.
 
 pub mod activity;
-pub mod auth;
 pub mod auth_proxy;
 pub mod config;
 pub mod custody;
 pub mod error;
 pub mod http;
 pub mod limits;
-pub mod login_keys;
+pub mod login_public_keys;
 pub mod metrics;
+pub mod oidc_tokens;
 pub mod ops;
 pub mod orgs;
-pub mod policy;
+pub mod policy_gate;
 pub mod record_kinds;
 pub mod serve;
+pub mod stamps;
 pub mod state;
 pub mod store;
 pub mod tx_facts;

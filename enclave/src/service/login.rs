@@ -14,7 +14,7 @@ use crate::authority::{refuse, Authority};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
-use crate::{oauth2, proxy_stamper, sessions};
+use crate::{oauth2_exchange, proxy_stamper, sessions};
 
 /// Activity types, as the stamped bodies name them.
 mod types {
@@ -29,7 +29,7 @@ pub(super) fn login_keys(hsm: &Hsm, settings: &LoginSettings) -> Result<pb::GetL
     Ok(pb::GetLoginKeysResponse {
         notarizer_public_key: keys.notarizer.to_vec(),
         oidc_issuer_public_key: keys.oidc_issuer.to_vec(),
-        oidc_key_id: oauth2::oidc_key_id(&keys.oidc_issuer),
+        oidc_key_id: oauth2_exchange::oidc_key_id(&keys.oidc_issuer),
         tls_fetcher_public_key: keys.tls_fetcher.to_vec(),
         oidc_issuer: settings.oidc_issuer.clone().unwrap_or_default(),
     })
@@ -77,7 +77,7 @@ pub(super) fn certify_oauth2_credential(
         }
     };
     let provider = field("provider", current.map(|c| &c.provider))?;
-    oauth2::check_provider(&provider)?;
+    oauth2_exchange::check_provider(&provider)?;
     let client_id = field("clientId", current.map(|c| &c.client_id))?;
     let encrypted_client_secret = field("encryptedClientSecret", current.map(|c| &c.encrypted_client_secret))?;
     // It must open now; the plaintext is dropped (zeroized) at once.
@@ -130,9 +130,9 @@ pub(super) async fn oauth2_authenticate(
             return Err(EnclaveError::invalid(format!("{k} is required")).into());
         }
     }
-    let user = oauth2::exchange(
+    let user = oauth2_exchange::exchange(
         &settings,
-        &oauth2::CodeExchange {
+        &oauth2_exchange::CodeExchange {
             provider: &credential.provider,
             client_id: &credential.client_id,
             client_secret: &secret,
@@ -151,7 +151,7 @@ pub(super) async fn oauth2_authenticate(
             let seed = hsm.random_seed()?;
             Some(coffer_crypto::session::sealed_to_target(&seed, target, user.bearer_token.as_bytes())?)
         };
-        let claims = oauth2::oidc_claims(
+        let claims = oauth2_exchange::oidc_claims(
             &issuer,
             &credential.client_id,
             text(&p, "nonce"),
@@ -159,9 +159,13 @@ pub(super) async fn oauth2_authenticate(
             now_secs(),
             encrypted_bearer_token,
         );
-        let kid = oauth2::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
+        let kid = oauth2_exchange::oidc_key_id(&hsm.login_public_keys()?.oidc_issuer);
         let oidc_token =
-            oauth2::es256_jwt(&kid, &claims, |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?))?;
+            oauth2_exchange::es256_jwt(
+                &kid,
+                &claims,
+                |digest| Ok(hsm.sign_digest_with(LoginKey::OidcIssuer, digest)?),
+            )?;
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",

@@ -1,10 +1,10 @@
 //! Activities: the submission envelope, the operation registry, the pipeline that runs one,
 //! and the JSON the clients read back.
 
-pub mod envelope;
 pub mod pipeline;
 pub mod registry;
 pub mod render;
+pub mod submission;
 
 /// Activity statuses and the vote activity types, as the wire names them.
 pub const STATUS_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";

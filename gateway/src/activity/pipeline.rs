@@ -9,14 +9,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::Digest;
 
-use super::envelope::{self, Envelope};
 use super::registry::{Ctx, Operation, QueryCtx, Registry};
 use super::render;
+use super::submission::{self, Envelope};
 use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
-use crate::auth::{self, Caller, Credential};
 use crate::error::{ApiError, Code};
-use crate::policy::{denied, evaluate, Proposal};
+use crate::policy_gate::{denied, evaluate, Proposal};
 use crate::record_kinds::PARENT_CERTIFICATE;
+use crate::stamps::{self, Caller, Credential};
 use crate::state::AppState;
 use crate::store::{
     now_nanos, ActivityRecord, Committed, ConflictKind, Nanos, Organization, PolicyEvaluationRecord, StampContext,
@@ -60,12 +60,12 @@ struct Prefetched {
 async fn authenticate(
     state: &Arc<AppState>,
     org_id: String,
-    stamp: auth::Stamp,
+    stamp: stamps::Stamp,
     fingerprint: Option<&str>,
     history_read: bool,
 ) -> Result<(Organization, Caller, Prefetched), ApiError> {
     let stamp = match stamp {
-        auth::Stamp::ApiKey(api_stamp, raw) => {
+        stamps::Stamp::ApiKey(api_stamp, raw) => {
             let (o, pk, fp) = (org_id.clone(), api_stamp.public_key.clone(), fingerprint.map(str::to_string));
             let endpoints = crate::record_kinds::WEBHOOK_ENDPOINT;
             match state.db(move |s| s.stamp_context(&o, &pk, fp.as_deref(), endpoints)).await? {
@@ -77,14 +77,14 @@ async fn authenticate(
                     fingerprint_taken,
                     has_records_of_kind,
                 }) => {
-                    let caller = auth::api_key_caller(api_stamp, raw, api_key, user, via_parent)?;
+                    let caller = stamps::api_key_caller(api_stamp, raw, api_key, user, via_parent)?;
                     let known = Prefetched {
                         fingerprint_taken: fingerprint.map(|_| fingerprint_taken),
                         webhook_endpoints: Some(has_records_of_kind),
                     };
                     return Ok((organization, caller, known));
                 }
-                Ok(_) | Err(StoreError::NotFound) => auth::Stamp::ApiKey(api_stamp, raw),
+                Ok(_) | Err(StoreError::NotFound) => stamps::Stamp::ApiKey(api_stamp, raw),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -98,7 +98,7 @@ async fn authenticate(
         }
         other => other?,
     };
-    let caller = auth::resolve(state, &org, stamp).await?;
+    let caller = stamps::resolve(state, &org, stamp).await?;
     Ok((org, caller, Prefetched::default()))
 }
 
@@ -160,13 +160,11 @@ async fn certify_credentials(
             Write::InsertApiKey(k) if k.certificate.is_empty() => {
                 credentials.push(spec(&k.organization_id, &k.user_id, &k.credential_type, k.public_key.clone()))
             }
-            Write::InsertAuthenticators(list) => {
-                credentials.extend(list.iter().map(|a| {
-                    spec(&a.organization_id, &a.user_id, auth::webauthn::CREDENTIAL_TYPE, a.public_key.clone())
-                }))
-            }
+            Write::InsertAuthenticators(list) => credentials.extend(list.iter().map(|a| {
+                spec(&a.organization_id, &a.user_id, stamps::webauthn::CREDENTIAL_TYPE, a.public_key.clone())
+            })),
             Write::InsertOauthProviders(list) => credentials.extend(list.iter().map(|p| {
-                let identity = auth::oidc::identity_hash(&p.issuer, &p.subject, &p.audience);
+                let identity = crate::oidc_tokens::identity_hash(&p.issuer, &p.subject, &p.audience);
                 spec(&p.organization_id, &p.user_id, coffer_auth::grants::OAUTH_PROVIDER, identity)
             })),
             Write::InsertOrganization(o) => sub_organization = o.parent_id.clone().map(|parent| (o.id.clone(), parent)),
@@ -313,16 +311,16 @@ pub async fn submit(
     let op = registry
         .activity(path)
         .ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
-    let stamp = auth::verified_stamp(headers, body)?;
+    let stamp = stamps::verified_stamp(headers, body)?;
     let now = now_nanos();
-    let env = Envelope::decode(envelope::parse_body(body)?, now / 1_000_000)?;
+    let env = Envelope::decode(submission::parse_body(body)?, now / 1_000_000)?;
     if env.activity_type != op.activity_type {
         return Err(ApiError::invalid(format!(
             "invalid activity type {:?} for submit/{path}: expected {}",
             env.activity_type, op.activity_type
         )));
     }
-    let fingerprint = envelope::fingerprint(body);
+    let fingerprint = submission::fingerprint(body);
     let (org, caller, known) =
         authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;
     state.limits.charge_credential(caller.credential.id())?;
@@ -505,18 +503,18 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
         "SIGNATURE_SCHEME_TK_API_SECP256K1",
         "SIGNATURE_SCHEME_TK_API_SECP256K1_EIP191",
         "SIGNATURE_SCHEME_TK_API_ED25519",
-        crate::auth::webauthn::SCHEME,
+        crate::stamps::webauthn::SCHEME,
     ]
     .into_iter()
     .find(|s| first_vote["scheme"] == *s)
     .unwrap_or("SIGNATURE_SCHEME_TK_API_P256");
-    let header = if first_vote[render::VOTE_STAMP_HEADER] == auth::X_STAMP_WEBAUTHN {
-        auth::X_STAMP_WEBAUTHN
+    let header = if first_vote[render::VOTE_STAMP_HEADER] == stamps::X_STAMP_WEBAUTHN {
+        stamps::X_STAMP_WEBAUTHN
     } else {
-        auth::X_STAMP
+        stamps::X_STAMP
     };
     let raw_stamp =
-        auth::RawStamp { header, value: first_vote[render::VOTE_STAMP].as_str().unwrap_or_default().to_string() };
+        stamps::RawStamp { header, value: first_vote[render::VOTE_STAMP].as_str().unwrap_or_default().to_string() };
     Ok(Caller {
         user,
         credential,
@@ -731,16 +729,16 @@ pub async fn query(
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let q = registry.query(path).ok_or_else(|| ApiError::not_found(format!("unknown query endpoint: query/{path}")))?;
-    let stamp = auth::verified_stamp(headers, body)?;
-    let mut request = envelope::parse_body(body)?;
-    let id = envelope::organization_id(&request)?;
+    let stamp = stamps::verified_stamp(headers, body)?;
+    let mut request = submission::parse_body(body)?;
+    let id = submission::organization_id(&request)?;
     let (org, caller, _) = authenticate(&state, id, stamp, None, HISTORY_READS.contains(&path)).await?;
     if matches!(caller.credential, Credential::Attested(_)) {
         return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
     }
     state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");
-    let params = envelope::strip_nulls(Value::Object(request));
+    let params = submission::strip_nulls(Value::Object(request));
     (q.handler)(QueryCtx { state, registry, org, caller }, params).await
 }
 

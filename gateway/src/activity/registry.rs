@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::STATUS_CONSENSUS_NEEDED;
-use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::stamps::Caller;
 use crate::state::AppState;
 use crate::store::{ActivityRecord, Nanos, Organization, Write};
 

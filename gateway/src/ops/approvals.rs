@@ -4,12 +4,12 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::activity::envelope::{self, Envelope};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render;
+use crate::activity::submission::{self, Envelope};
 use crate::activity::{TYPE_APPROVE, TYPE_REJECT};
 use crate::error::ApiError;
-use crate::policy::{self, Proposal};
+use crate::policy_gate::{self, Proposal};
 use crate::store::now_nanos;
 
 /// `approve_activity` / `reject_activity` never reach a handler: the pipeline records the vote.
@@ -81,9 +81,9 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
             "user": { "apiKeys": caller.credential.api_key().map(|k| vec![crate::activity::render::api_key_json(k)]).unwrap_or_default(),
                       "authenticators": caller.credential.authenticator().map(|a| vec![crate::activity::render::authenticator_json(a)]).unwrap_or_default() },
         }]);
-        let params = envelope::strip_nulls(env.parameters.clone());
+        let params = submission::strip_nulls(env.parameters.clone());
         let proposal = Proposal { op, params: &params, votes: &votes, submitter: &caller.user.id, now };
-        let e = ctx.state.read_store(|s| policy::evaluate(s, &ctx.org, &proposal))?;
+        let e = ctx.state.read_store(|s| policy_gate::evaluate(s, &ctx.org, &proposal))?;
         let policies = e
             .outcomes
             .iter()

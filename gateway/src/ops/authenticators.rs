@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::authenticator_json;
-use crate::auth::{self, webauthn};
 use crate::error::ApiError;
+use crate::stamps::{self, webauthn};
 use crate::store::{AuthenticatorRecord, Organization, StoreError};
 
 const TRANSPORTS: &[&str] = &[
@@ -50,7 +50,7 @@ pub async fn authenticator_rows(
     params: &[AuthenticatorParams],
     now: crate::store::Nanos,
 ) -> Result<Vec<AuthenticatorRecord>, ApiError> {
-    let origins = auth::webauthn_origins(state, org).await?;
+    let origins = stamps::webauthn_origins(state, org).await?;
     let mut seen = HashSet::new();
     let mut rows = Vec::with_capacity(params.len());
     for p in params {

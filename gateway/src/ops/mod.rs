@@ -17,8 +17,8 @@ pub mod wallets;
 pub mod authenticators;
 pub mod oauth;
 // <social login and sessions>
-pub mod auth_proxy;
 pub mod oauth2;
+pub mod proxy_config;
 pub mod sessions;
 // <policies, contract interfaces, organization features and root quorum>
 pub mod contracts;
@@ -373,7 +373,7 @@ pub static ACTIVITIES: &[Operation] = &[
         "enableAuthProxyIntent",
         "enableAuthProxyResult",
         "ORGANIZATION" / "UPDATE",
-        auth_proxy::enable_auth_proxy
+        proxy_config::enable_auth_proxy
     ),
     op!(root_quorum
         "disable_auth_proxy",
@@ -381,7 +381,7 @@ pub static ACTIVITIES: &[Operation] = &[
         "disableAuthProxyIntent",
         "disableAuthProxyResult",
         "ORGANIZATION" / "UPDATE",
-        auth_proxy::disable_auth_proxy
+        proxy_config::disable_auth_proxy
     ),
     op!(root_quorum
         "update_auth_proxy_config",
@@ -389,7 +389,7 @@ pub static ACTIVITIES: &[Operation] = &[
         "updateAuthProxyConfigIntent",
         "updateAuthProxyConfigResult",
         "ORGANIZATION" / "UPDATE",
-        auth_proxy::update_auth_proxy_config
+        proxy_config::update_auth_proxy_config
     ),
     // <policies, contract interfaces, organization features and root quorum>
     op!(
@@ -584,7 +584,7 @@ pub static QUERIES: &[Query] = &[
     // <social login and sessions>
     Query { path: "get_oauth2_credential", handler: query_handler!(oauth2::get_oauth2_credential) },
     Query { path: "list_oauth2_credentials", handler: query_handler!(oauth2::list_oauth2_credentials) },
-    Query { path: "coffer_get_auth_proxy_config", handler: query_handler!(auth_proxy::get_auth_proxy_config) },
+    Query { path: "coffer_get_auth_proxy_config", handler: query_handler!(proxy_config::get_auth_proxy_config) },
     // <policies, contract interfaces, organization features and root quorum>
     Query { path: "get_policy", handler: query_handler!(policies::get_policy) },
     Query { path: "list_policies", handler: query_handler!(policies::list_policies) },

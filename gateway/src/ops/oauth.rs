@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::oauth_provider_json;
-use crate::auth::oidc;
 use crate::error::{ApiError, Code};
+use crate::oidc_tokens;
 use crate::state::AppState;
 use crate::store::{Nanos, OauthProviderRecord, Write};
 
@@ -62,7 +62,7 @@ pub async fn provider_rows(
         required(&p.provider_name, "providerName")?;
         let (issuer, subject, audience) = match (&p.oidc_token, &p.oidc_claims) {
             (Some(token), None) if !token.trim().is_empty() => {
-                let c = oidc::verify(oidc::own_keys(state).await, token).await?;
+                let c = oidc_tokens::verify(oidc_tokens::own_keys(state).await, token).await?;
                 (c.iss, c.sub, c.aud)
             }
             (None, Some(c)) => {

@@ -217,7 +217,7 @@ mod tests {
 
     use super::*;
     use crate::activity::pipeline;
-    use crate::policy::{root_quorum, RootQuorum};
+    use crate::policy_gate::{root_quorum, RootQuorum};
     use crate::state::AppState;
     use crate::store::{now_nanos, ApiKey, SqliteStore, Store, User};
 

@@ -8,9 +8,10 @@ use serde_json::{json, Value};
 
 use super::params::required;
 use crate::activity::registry::{Ctx, Outcome};
-use crate::auth::{oidc, stamp::SESSION_CREDENTIAL_TYPES};
 use crate::error::{ApiError, Code};
+use crate::oidc_tokens;
 use crate::record_kinds::PARENT_CERTIFICATE;
+use crate::stamps::stamp::SESSION_CREDENTIAL_TYPES;
 use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
 
@@ -118,8 +119,8 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
     required(&intent.oidc_token, "oidcToken")?;
     required(&intent.public_key, "publicKey")?;
     // Which user has the token's identity: found here, proven to the enclave by its certificate.
-    let claims = oidc::verify(oidc::own_keys(&ctx.state).await, &intent.oidc_token).await?;
-    let provider = crate::auth::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
+    let claims = oidc_tokens::verify(oidc_tokens::own_keys(&ctx.state).await, &intent.oidc_token).await?;
+    let provider = crate::stamps::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
         ApiError::new(
             Code::NotFound,
             "OAUTH_PROVIDER_NOT_FOUND",

@@ -15,8 +15,8 @@ use super::params::{required, Pagination};
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
 use super::wallets::{account_ids, account_rows, AccountParams};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
-use crate::auth::oidc;
 use crate::error::{ApiError, Code};
+use crate::oidc_tokens;
 use crate::record_kinds::FEATURE;
 use crate::state::AppState;
 use crate::store::{Organization, Page, Record, StoreError, SubOrgFilter, User, Wallet, Write};
@@ -317,7 +317,7 @@ pub struct ListSubOrgsRequest {
 /// The filter a `filterType` / `filterValue` pair names; `OIDC_TOKEN` is verified against its
 /// issuer and matches the token's (issuer, subject, audience).
 pub async fn filter(
-    own: Option<&crate::login_keys::LoginKeys>,
+    own: Option<&crate::login_public_keys::LoginKeys>,
     filter_type: &str,
     value: &str,
 ) -> Result<SubOrgFilter, ApiError> {
@@ -343,7 +343,7 @@ pub async fn filter(
         }
         "WALLET_ACCOUNT_ADDRESS" => SubOrgFilter::WalletAccountAddress(v),
         "OIDC_TOKEN" => {
-            let c = oidc::verify(own, value.trim()).await?;
+            let c = oidc_tokens::verify(own, value.trim()).await?;
             SubOrgFilter::OauthIdentity { issuer: c.iss, subject: c.sub, audience: c.aud }
         }
         other => {
@@ -363,7 +363,7 @@ pub async fn list_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Valu
     let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
     let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
     let filter = filter(
-        oidc::own_keys(&ctx.state).await,
+        oidc_tokens::own_keys(&ctx.state).await,
         req.filter_type.as_deref().unwrap_or_default(),
         req.filter_value.as_deref().unwrap_or_default(),
     )

@@ -392,11 +392,11 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
     let certificate = b"certificate fields: organization, user, type, public key, expiry, fingerprint".to_vec();
     let mac = hsm.certificate_mac(&certificate)?;
     let key = stack.api_key();
-    let stamped: Vec<(String, coffer_gateway::auth::stamp::ApiStamp)> = (0..64)
+    let stamped: Vec<(String, coffer_gateway::stamps::stamp::ApiStamp)> = (0..64)
         .map(|i| {
             let body = format!("{{\"organizationId\":\"bench\",\"n\":{i}}}");
             let h = key.stamp(body.as_bytes()).unwrap();
-            (body, coffer_gateway::auth::stamp::parse(&h.value).unwrap())
+            (body, coffer_gateway::stamps::stamp::parse(&h.value).unwrap())
         })
         .collect();
     let stamped = Arc::new(stamped);
@@ -411,7 +411,7 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
                 let mut i = t as u64;
                 while Instant::now() < deadline {
                     let (body, stamp) = &stamped[(i % 64) as usize];
-                    coffer_gateway::auth::stamp::verify(stamp, body.as_bytes()).expect("stamp verifies");
+                    coffer_gateway::stamps::stamp::verify(stamp, body.as_bytes()).expect("stamp verifies");
                     if floor == Floor::Enclave {
                         assert!(hsm.certificate_mac_valid(&certificate, &mac).expect("MAC verify"));
                     }

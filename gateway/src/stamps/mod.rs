@@ -2,8 +2,6 @@
 //! OIDC-attested session keys (`X-Stamp-Attested`, logins only), resolved to a credential and a
 //! user.
 
-pub mod oidc;
-
 pub use coffer_auth::{attested, stamp, webauthn};
 
 use std::sync::Arc;
@@ -230,7 +228,7 @@ async fn resolve_attested(
     org: &Organization,
     stamp: &attested::AttestedStamp,
 ) -> Result<OauthProviderRecord, ApiError> {
-    let claims = oidc::verify(oidc::own_keys(state).await, &stamp.token)
+    let claims = crate::oidc_tokens::verify(crate::oidc_tokens::own_keys(state).await, &stamp.token)
         .await
         .map_err(|e| ApiError::unauthenticated("SIGNATURE_INVALID", format!("attested stamp: {}", e.message)))?;
     attested::check_binding(stamp, &claims)?;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 pub use coffer_auth::oidc::{identity_hash, Claims};
 
 use crate::error::ApiError;
-use crate::login_keys::LoginKeys;
+use crate::login_public_keys::LoginKeys;
 use crate::state::AppState;
 
 /// Coffer's own login keys, when the enclave answers (else tokens of every issuer are fetched).
 pub async fn own_keys(state: &Arc<AppState>) -> Option<&'static LoginKeys> {
-    crate::login_keys::login_keys(state).await.ok()
+    crate::login_public_keys::login_keys(state).await.ok()
 }
 
 /// Verifies `token`: Coffer's own tokens against the issuer key in `own`, others against their
