@@ -2,35 +2,27 @@
 //! grouped one file per resource family.
 
 pub mod activities;
+pub mod approvals;
+pub mod authenticators;
+pub mod contracts;
+pub mod credentials;
 pub mod keys;
 pub mod lookup;
-pub mod params;
-pub mod sealed;
-pub mod signing;
-pub mod transfer;
-pub mod users;
-// <users, api keys and tags>
-pub mod credentials;
-pub mod tags;
-pub mod wallets;
-// <passkeys and oauth providers>
-pub mod authenticators;
 pub mod oauth;
-// <social login and sessions>
 pub mod oauth2;
-pub mod proxy_config;
-pub mod sessions;
-// <policies, contract interfaces, organization features and root quorum>
-pub mod contracts;
 pub mod organization;
+pub mod params;
 pub mod policies;
-// <tvc apps and deployments>
-pub mod tvc;
-// <sub-organizations>
+pub mod proxy_config;
+pub mod sealed;
+pub mod sessions;
+pub mod signing;
 pub mod suborgs;
-// <policy engine and approvals>
-pub mod approvals;
-// <webhooks>
+pub mod tags;
+pub mod transfer;
+pub mod tvc;
+pub mod users;
+pub mod wallets;
 pub mod webhooks;
 
 use crate::activity::registry::{Operation, Query, Registry};
@@ -51,15 +43,12 @@ macro_rules! op {
             handler: activity_handler!($h),
         }
     };
-    // <policies, contract interfaces, organization features and root quorum>
     (root_quorum $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
         Operation { root_quorum: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
-    // <social login and sessions>
     (login $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
         Operation { parent_may_act: true, ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
-    // <transaction signing>
     (checked_by $check:path, $path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {
         Operation { precheck: Some($check), ..op!($path, $ty, $intent, $result, $res / $act, $h) }
     };
@@ -188,7 +177,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "PRIVATE_KEY" / "IMPORT",
         transfer::import_private_key
     ),
-    // <users, api keys and tags>
     op!(
         "create_users",
         "ACTIVITY_TYPE_CREATE_USERS_V4",
@@ -277,7 +265,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "PRIVATE_KEY" / "DELETE",
         tags::delete_private_key_tags
     ),
-    // <passkeys and oauth providers>
     op!(
         "create_authenticators",
         "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2",
@@ -310,7 +297,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "CREDENTIAL" / "DELETE",
         oauth::delete_oauth_providers
     ),
-    // <social login and sessions>
     op!(
         "create_oauth2_credential",
         "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
@@ -391,7 +377,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "UPDATE",
         proxy_config::update_auth_proxy_config
     ),
-    // <policies, contract interfaces, organization features and root quorum>
     op!(
         "create_policy",
         "ACTIVITY_TYPE_CREATE_POLICY_V3",
@@ -448,7 +433,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "SMART_CONTRACT_INTERFACE" / "DELETE",
         contracts::delete_smart_contract_interface
     ),
-    // <webhooks>
     op!(
         "create_webhook_endpoint",
         "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
@@ -497,7 +481,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "UPDATE",
         organization::update_root_quorum
     ),
-    // <tvc apps and deployments>
     op!(
         "create_tvc_app",
         "ACTIVITY_TYPE_CREATE_TVC_APP",
@@ -522,7 +505,6 @@ pub static ACTIVITIES: &[Operation] = &[
         "TVC_APP" / "DELETE",
         tvc::delete_tvc_app_and_deployments
     ),
-    // <sub-organizations>
     op!(
         "create_sub_organization",
         "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
@@ -570,22 +552,18 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_wallet_account", handler: query_handler!(wallets::get_wallet_account) },
     Query { path: "list_private_keys", handler: query_handler!(keys::list_private_keys) },
     Query { path: "get_private_key", handler: query_handler!(keys::get_private_key) },
-    // <users, api keys and tags>
     Query { path: "get_user", handler: query_handler!(users::get_user) },
     Query { path: "list_users", handler: query_handler!(users::list_users) },
     Query { path: "get_api_key", handler: query_handler!(users::get_api_key) },
     Query { path: "get_api_keys", handler: query_handler!(users::get_api_keys) },
     Query { path: "list_user_tags", handler: query_handler!(tags::list_user_tags) },
     Query { path: "list_private_key_tags", handler: query_handler!(tags::list_private_key_tags) },
-    // <passkeys and oauth providers>
     Query { path: "get_authenticator", handler: query_handler!(authenticators::get_authenticator) },
     Query { path: "get_authenticators", handler: query_handler!(authenticators::get_authenticators) },
     Query { path: "get_oauth_providers", handler: query_handler!(oauth::get_oauth_providers) },
-    // <social login and sessions>
     Query { path: "get_oauth2_credential", handler: query_handler!(oauth2::get_oauth2_credential) },
     Query { path: "list_oauth2_credentials", handler: query_handler!(oauth2::list_oauth2_credentials) },
     Query { path: "coffer_get_auth_proxy_config", handler: query_handler!(proxy_config::get_auth_proxy_config) },
-    // <policies, contract interfaces, organization features and root quorum>
     Query { path: "get_policy", handler: query_handler!(policies::get_policy) },
     Query { path: "list_policies", handler: query_handler!(policies::list_policies) },
     Query { path: "get_smart_contract_interface", handler: query_handler!(contracts::get_smart_contract_interface) },
@@ -595,18 +573,14 @@ pub static QUERIES: &[Query] = &[
     },
     Query { path: "get_organization", handler: query_handler!(organization::get_organization) },
     Query { path: "get_organization_configs", handler: query_handler!(organization::get_organization_configs) },
-    // <tvc apps and deployments>
     Query { path: "get_tvc_app", handler: query_handler!(tvc::get_tvc_app) },
     Query { path: "list_tvc_apps", handler: query_handler!(tvc::list_tvc_apps) },
     Query { path: "list_tvc_app_deployments", handler: query_handler!(tvc::list_tvc_app_deployments) },
     Query { path: "get_tvc_deployment", handler: query_handler!(tvc::get_tvc_deployment) },
     Query { path: "list_tvc_operators", handler: query_handler!(tvc::list_tvc_operators) },
-    // <sub-organizations>
     Query { path: "list_suborgs", handler: query_handler!(suborgs::list_suborgs) },
-    // <policy engine and approvals>
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
-    // <webhooks>
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },
     Query { path: "coffer_list_webhook_deliveries", handler: query_handler!(webhooks::list_webhook_deliveries) },
 ];

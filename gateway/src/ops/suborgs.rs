@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -13,13 +12,13 @@ use super::credentials::inline_credentials;
 use super::organization::BAD_THRESHOLD;
 use super::params::{required, Pagination};
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
-use super::wallets::{account_ids, account_rows, AccountParams};
+use super::wallets::{account_ids, new_wallet, AccountParams};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::{ApiError, Code};
 use crate::oidc_tokens;
 use crate::record_kinds::FEATURE;
 use crate::state::AppState;
-use crate::store::{Organization, Page, Record, StoreError, SubOrgFilter, User, Wallet, Write};
+use crate::store::{Organization, Page, Record, StoreError, SubOrgFilter, User, Write};
 use coffer_auth::envelope::{derived_id, SUB_ORGANIZATION_ID, USER_ID};
 
 /// `RootUserParamsV5`.
@@ -195,25 +194,9 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
     // Last, once everything else is known to be acceptable: the wallet, sealed by the enclave
     // under the new organization's id (the sealed blobs' AAD binds it).
     if let (Some(w), Some(account_ids)) = (intent.wallet, wallet_specs) {
-        let wallet_id = uuid::Uuid::new_v4().to_string();
-        let resp = ctx
-            .enclave()
-            .create_wallet(pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() })
-            .await?;
-        let rows = account_rows(&sub_ctx, &wallet_id, &w.accounts, resp.accounts);
-        let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
-        writes.push(Write::InsertWallet(Wallet {
-            id: wallet_id.clone(),
-            organization_id: sub.id.clone(),
-            name: w.wallet_name,
-            exported: false,
-            imported: false,
-            sealed_seed: resp.sealed_seed,
-            created_at: ctx.now,
-            updated_at: ctx.now,
-        }));
-        writes.push(Write::InsertAccounts(rows));
-        result["wallet"] = json!({ "walletId": wallet_id, "addresses": addresses });
+        let (wallet, wallet_writes) = new_wallet(&ctx, &sub_ctx, w.wallet_name, &w.accounts, account_ids).await?;
+        writes.extend(wallet_writes);
+        result["wallet"] = wallet;
     }
     Ok(Outcome { result, writes })
 }
@@ -393,7 +376,7 @@ mod tests {
     use super::*;
     use crate::store::{
         now_nanos, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, OauthProviderRecord, PrivateKey,
-        SqliteStore, Store, WalletAccount,
+        SqliteStore, Store, Wallet, WalletAccount,
     };
 
     /// A scratch directory removed on drop.

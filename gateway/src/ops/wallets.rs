@@ -113,27 +113,38 @@ pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outco
     required(&intent.wallet_name, "walletName")?;
     let account_ids = account_ids(&intent.accounts)?;
     super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
+    let (result, writes) = new_wallet(&ctx, &ctx, intent.wallet_name, &intent.accounts, account_ids).await?;
+    Ok(Outcome { result, writes })
+}
+
+/// Has the enclave make a wallet named `name` with `accounts` (ids `account_ids`), its seed and
+/// keys sealed under `owner`'s organization: the result clients read (`walletId`, `addresses`)
+/// and the writes that store it. `ctx` is the activity the enclave authorizes; `owner` is its
+/// organization, or the sub-organization it creates.
+pub async fn new_wallet(
+    ctx: &Ctx,
+    owner: &Ctx,
+    name: String,
+    accounts: &[AccountParams],
+    account_ids: Vec<String>,
+) -> Result<(Value, Vec<Write>), ApiError> {
     let wallet_id = uuid::Uuid::new_v4().to_string();
-    let resp = ctx
-        .enclave()
-        .create_wallet(pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() })
-        .await?;
-    let rows = account_rows(&ctx, &wallet_id, &intent.accounts, resp.accounts);
+    let request = pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() };
+    let resp = ctx.enclave().create_wallet(request).await?;
+    let rows = account_rows(owner, &wallet_id, accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
         id: wallet_id.clone(),
-        organization_id: ctx.org.id.clone(),
-        name: intent.wallet_name,
+        organization_id: owner.org.id.clone(),
+        name,
         exported: false,
         imported: false,
         sealed_seed: resp.sealed_seed,
-        created_at: ctx.now,
-        updated_at: ctx.now,
+        created_at: owner.now,
+        updated_at: owner.now,
     };
-    Ok(Outcome {
-        result: json!({ "walletId": wallet_id, "addresses": addresses }),
-        writes: vec![Write::InsertWallet(wallet), Write::InsertAccounts(rows)],
-    })
+    let result = json!({ "walletId": wallet_id, "addresses": addresses });
+    Ok((result, vec![Write::InsertWallet(wallet), Write::InsertAccounts(rows)]))
 }
 
 #[derive(Deserialize)]
