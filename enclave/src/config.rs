@@ -109,13 +109,7 @@ impl Default for EnclaveConfig {
 impl EnclaveConfig {
     /// Reads `path` if given (missing file is an error), then applies `COFFER_ENCLAVE_*` overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
-        let mut cfg = match path {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?;
-                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
-            }
-            None => Self::default(),
-        };
+        let mut cfg: Self = coffer_process::read_config(path)?;
         if let Ok(v) = std::env::var("COFFER_PKCS11_MODULE") {
             cfg.pkcs11_module = v.into();
         }

@@ -65,14 +65,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(t) = cli.token_label {
         cfg.token_label = t;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("COFFER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log)),
-        )
-        .json()
-        .with_writer(std::io::stderr)
-        .init();
+    coffer_process::init_logging(&cfg.log);
 
     match cli.command {
         Command::InitToken => {

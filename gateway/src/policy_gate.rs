@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, PolicySource};
 use serde_json::Value;
 
-use crate::activity::registry::Operation;
 use crate::error::ApiError;
 use crate::store::{found, Nanos, Organization, PrivateKey, SignWithKey, Store, StoreError, Wallet, WalletAccount};
 
@@ -34,9 +33,19 @@ pub fn root_quorum(org: &Organization, user_id: &str) -> Result<RootQuorum, ApiE
     Ok(if org.root_quorum_threshold > 1 { RootQuorum::ConsensusNeeded } else { RootQuorum::Run })
 }
 
+/// What an activity type is to the policy engine: the type, its policy resource and action
+/// (spec 12.4), and whether only the root quorum decides it.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject {
+    pub activity_type: &'static str,
+    pub resource: &'static str,
+    pub action: &'static str,
+    pub root_quorum: bool,
+}
+
 /// What the policy engine needs to know about an activity and its votes.
 pub struct Proposal<'a> {
-    pub op: &'static Operation,
+    pub subject: Subject,
     /// Intent parameters (nulls stripped).
     pub params: &'a Value,
     /// Every vote so far, the new one included.
@@ -57,7 +66,7 @@ pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Resu
     if met {
         return Ok(Evaluation::root(Decision::Allow, "ROOT_QUORUM"));
     }
-    if p.op.root_quorum {
+    if p.subject.root_quorum {
         return Ok(if roots > 0 {
             Evaluation::root(Decision::ConsensusNeeded, "ROOT_QUORUM_PENDING")
         } else {
@@ -65,18 +74,18 @@ pub fn evaluate(store: &dyn Store, org: &Organization, p: &Proposal<'_>) -> Resu
         });
     }
     let set = policy_set(store, &org.id)?;
-    let policies = set.applicable(p.op.activity_type, p.op.resource, p.op.action);
+    let policies = set.applicable(p.subject.activity_type, p.subject.resource, p.subject.action);
     let facts = ActivityFacts {
-        activity_type: p.op.activity_type,
-        resource: p.op.resource,
-        action: p.op.action,
+        activity_type: p.subject.activity_type,
+        resource: p.subject.resource,
+        action: p.subject.action,
         params: p.params,
         approvals,
         now: p.now,
     };
     let org_facts = organization_facts(store, &org.id, p.params, &voters)?;
     let ctx = context::build(&facts, &org_facts);
-    let implicit = context::own_credentials(p.op.activity_type, p.params, p.submitter);
+    let implicit = context::own_credentials(p.subject.activity_type, p.params, p.submitter);
     let mut e = decision::decide(&policies, &ctx, false, implicit);
     if e.decision == Decision::Deny && roots > 0 {
         // The root quorum bypasses every policy: more root votes can still run it.

@@ -366,7 +366,13 @@ pub async fn submit(
     let activity_id = uuid::Uuid::new_v4().to_string();
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
-    let proposal = Proposal { op, params: &env.parameters, votes: &votes, submitter: &caller.user.id, now };
+    let proposal = Proposal {
+        subject: op.policy_subject(),
+        params: &env.parameters,
+        votes: &votes,
+        submitter: &caller.user.id,
+        now,
+    };
     // A parent's credential acting for its sub-organization (login activities) answers to the
     // parent's policies.
     let policy_org = match (&org.parent_id, caller.via_parent) {
@@ -581,7 +587,8 @@ async fn vote(
         let mut writes;
         let mut fallback = None;
         if approve {
-            let proposal = Proposal { op, params: &params, votes: &votes, submitter: &submitter, now };
+            let proposal =
+                Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &submitter, now };
             let evaluation = state.read_store(|s| evaluate(s, &org, &proposal))?;
             let eval_write = evaluation_write(&org.id, &target.id, &vote, &evaluation, now);
             match evaluation.decision {

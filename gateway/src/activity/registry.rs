@@ -86,6 +86,18 @@ pub struct Operation {
     pub handler: ActivityHandler,
 }
 
+impl Operation {
+    /// What this activity type is to the policy engine.
+    pub fn policy_subject(&self) -> crate::policy_gate::Subject {
+        crate::policy_gate::Subject {
+            activity_type: self.activity_type,
+            resource: self.resource,
+            action: self.action,
+            root_quorum: self.root_quorum,
+        }
+    }
+}
+
 /// One query endpoint.
 pub struct Query {
     /// `/public/v1/query/<path>`.

@@ -82,7 +82,8 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
                       "authenticators": caller.credential.authenticator().map(|a| vec![crate::activity::render::authenticator_json(a)]).unwrap_or_default() },
         }]);
         let params = submission::strip_nulls(env.parameters.clone());
-        let proposal = Proposal { op, params: &params, votes: &votes, submitter: &caller.user.id, now };
+        let proposal =
+            Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &caller.user.id, now };
         let e = ctx.state.read_store(|s| policy_gate::evaluate(s, &ctx.org, &proposal))?;
         let policies = e
             .outcomes
