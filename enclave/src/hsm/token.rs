@@ -82,7 +82,9 @@ fn load_module(path: &std::path::Path) -> Result<Pkcs11, HsmError> {
         return Ok(ctx.clone());
     }
     let ctx = Pkcs11::new(path).map_err(|e| HsmError::call("load module", e))?;
-    // Without OS_LOCKING_OK SoftHSM silently disables its mutexes (notes/softhsm.md 4.1).
+    // Without CKF_OS_LOCKING_OK SoftHSM silently disables all its mutexes (its MutexFactory is
+    // turned off), and threads with sessions of their own then fail with CKR_GENERAL_ERROR. The
+    // module is one per process: a second C_Initialize answers CRYPTOKI_ALREADY_INITIALIZED.
     match ctx.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
         Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
         Err(e) => return Err(HsmError::call("C_Initialize", e)),
