@@ -83,6 +83,17 @@ pub fn stamp_headers(key: &p256::ecdsa::SigningKey, body: &[u8]) -> HeaderMap {
     headers
 }
 
+/// A gateway's state on `store` and `custody`, with the default limits and settings.
+pub fn gateway_state(store: SqliteStore, custody: Custody) -> Arc<AppState> {
+    Arc::new(AppState {
+        store: Arc::new(store),
+        custody,
+        body_limit: 1 << 20,
+        limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
+        webhooks: Default::default(),
+    })
+}
+
 /// A gateway on a fresh SQLite store and the in-process enclave, with one organization that
 /// the enclave bootstrapped: its root user holds a certified P-256 API key.
 pub struct Harness {
@@ -102,13 +113,7 @@ impl Harness {
         let key = p256::ecdsa::SigningKey::random(&mut rand_core::OsRng);
         let public = hex::encode(key.verifying_key().to_encoded_point(true).as_bytes());
         let created = crate::orgs::create_root_org(&store, &custody, "test", "root", &public).await.expect("bootstrap");
-        let state = Arc::new(AppState {
-            store: Arc::new(store),
-            custody,
-            body_limit: 1 << 20,
-            limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
-            webhooks: Default::default(),
-        });
+        let state = gateway_state(store, custody);
         Harness { state, organization_id: created.organization_id, user_id: created.user_id, key, _dir: TempDir(dir) }
     }
 

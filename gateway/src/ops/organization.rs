@@ -211,10 +211,6 @@ mod tests {
     use std::path::PathBuf;
     use std::sync::Arc;
 
-    use axum::http::{HeaderMap, HeaderValue};
-    use base64::Engine;
-    use p256::ecdsa::signature::Signer;
-
     use super::*;
     use crate::activity::pipeline;
     use crate::policy_gate::{root_quorum, RootQuorum};
@@ -300,13 +296,7 @@ mod tests {
             dir.join("no-enclave.sock"),
         )])
         .unwrap();
-        let state = Arc::new(AppState {
-            store: Arc::new(store),
-            custody,
-            body_limit: 1 << 20,
-            limits: crate::limits::Limits::new(&crate::config::GatewayConfig::default()),
-            webhooks: Default::default(),
-        });
+        let state = crate::custody::in_process::gateway_state(store, custody);
         Harness { _dir: TempDir(dir), state, keys }
     }
 
@@ -323,16 +313,7 @@ mod tests {
         }
 
         async fn submit_body(&self, user: usize, path: &str, body: &[u8]) -> Result<Value, ApiError> {
-            let key = &self.keys[user];
-            let sig: p256::ecdsa::Signature = key.sign(body);
-            let stamp = json!({
-                "publicKey": hex::encode(key.verifying_key().to_encoded_point(true).as_bytes()),
-                "scheme": "SIGNATURE_SCHEME_TK_API_P256",
-                "signature": hex::encode(sig.to_der().as_bytes()),
-            });
-            let header = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string());
-            let mut headers = HeaderMap::new();
-            headers.insert("x-stamp", HeaderValue::from_str(&header).unwrap());
+            let headers = crate::custody::in_process::stamp_headers(&self.keys[user], body);
             pipeline::submit(self.state.clone(), &crate::ops::REGISTRY, path, &headers, body).await
         }
 
