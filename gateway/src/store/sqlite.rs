@@ -48,9 +48,10 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
 
 fn backend(e: rusqlite::Error) -> StoreError {
     if let rusqlite::Error::SqliteFailure(f, msg) = &e {
-        if f.code == ErrorCode::ConstraintViolation && msg.as_deref().is_some_and(|m| m.contains("UNIQUE")) {
-            // SQLite names the columns only in the message: "UNIQUE constraint failed: records.organization_id,
-            // records.kind, records.name".
+        use rusqlite::ffi::{SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE};
+        if matches!(f.extended_code, SQLITE_CONSTRAINT_UNIQUE | SQLITE_CONSTRAINT_PRIMARYKEY) {
+            // SQLite names the constraint's columns only in the message ("UNIQUE constraint failed:
+            // records.organization_id, records.kind, records.name"): read here, and nowhere else.
             let message = msg.clone().unwrap_or_default();
             let constraint = if message.contains("records.name") { Constraint::RecordName } else { Constraint::Other };
             return StoreError::Unique(Unique::new(constraint, message));
