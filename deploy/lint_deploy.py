@@ -44,7 +44,12 @@ def env_names(crate):
     return names
 
 
-KNOWN_ENV = {"gateway": env_names("gateway"), "enclave": env_names("enclave"), "other": set()}
+# Both binaries read what coffer-process (process/: logging, configuration files) reads.
+KNOWN_ENV = {
+    "gateway": env_names("gateway") | env_names("process"),
+    "enclave": env_names("enclave") | env_names("process"),
+    "other": set(),
+}
 # Never set as an environment value in a file: they are the PINs themselves.
 FORBIDDEN_ENV = {"COFFER_HSM_PIN", "COFFER_HSM_SO_PIN"}
 SECRETISH = re.compile(r"(^|_)(PIN|PASSWORD|SECRET|PASSPHRASE|PRIVATE_KEY)(_|$)", re.I)
