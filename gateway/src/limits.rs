@@ -49,8 +49,19 @@ impl Limits {
     /// or at once a 503 with `Retry-After` when the class's slots are all taken (overload is
     /// shed, not queued).
     pub fn admit(&self, class: RequestClass, client: Option<ClientAddr>) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.admit_at(class, client, Instant::now())
+    }
+
+    /// [`Limits::admit`] with the clock read by the caller (`now` is `Instant::now()` in
+    /// production; the unit tests inject it).
+    fn admit_at(
+        &self,
+        class: RequestClass,
+        client: Option<ClientAddr>,
+        now: Instant,
+    ) -> Result<OwnedSemaphorePermit, ApiError> {
         if let (Some(limiter), Some(ClientAddr(ip))) = (&self.per_ip, client) {
-            limiter.take(ip, Instant::now()).map_err(|wait| ApiError::rate_limited("client address", wait))?;
+            limiter.take(ip, now).map_err(|wait| ApiError::rate_limited("client address", wait))?;
         }
         let sem = match class {
             RequestClass::Signing => &self.signing,
@@ -62,10 +73,15 @@ impl Limits {
 
     /// Charges one request to an authenticated credential: a 429 when it is over its rate.
     pub fn charge_credential(&self, credential_id: &str) -> Result<(), ApiError> {
+        self.charge_credential_at(credential_id, Instant::now())
+    }
+
+    /// [`Limits::charge_credential`] with the clock read by the caller.
+    fn charge_credential_at(&self, credential_id: &str, now: Instant) -> Result<(), ApiError> {
         match &self.per_credential {
-            Some(limiter) => limiter
-                .take(credential_id.to_string(), Instant::now())
-                .map_err(|wait| ApiError::rate_limited("credential", wait)),
+            Some(limiter) => {
+                limiter.take(credential_id.to_string(), now).map_err(|wait| ApiError::rate_limited("credential", wait))
+            }
             None => Ok(()),
         }
     }
@@ -105,7 +121,9 @@ impl<K: std::hash::Hash + Eq> RateLimiter<K> {
         (rate > 0).then(|| Self { rate: rate as f64, shards: (0..SHARDS).map(|_| shard()).collect() })
     }
 
-    /// Takes one token for `key` at `now`, or says how long until one is there.
+    /// Takes one token for `key` at `now`, or says how long until one is there. The clock is the
+    /// caller's (`Instant::now()` in production), so the arithmetic is unit-tested on an injected
+    /// one.
     pub fn take(&self, key: K, now: Instant) -> Result<(), Duration> {
         let shard = &self.shards[shard_of(&key)];
         let Ok(mut shard) = shard.lock() else { return Ok(()) };
@@ -138,21 +156,259 @@ fn shard_of<K: std::hash::Hash>(key: &K) -> usize {
 
 #[cfg(test)]
 mod tests {
+    //! The time-dependent arithmetic on an injected clock: every `now` is `t0` plus an exact
+    //! offset, so nothing here depends on how fast the machine runs. Where a test asserts an exact
+    //! boundary, the offsets are binary fractions of a second (the floating-point refill is then
+    //! exact); elsewhere they are a millisecond either side of it.
+
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+
     use super::*;
+    use crate::config::GatewayConfig;
+    use crate::error::Code;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Takes from `key` at `now` until refused: the number of tokens taken.
+    fn drain<K: std::hash::Hash + Eq + Clone>(limiter: &RateLimiter<K>, key: K, now: Instant) -> usize {
+        let mut taken = 0;
+        while limiter.take(key.clone(), now).is_ok() {
+            taken += 1;
+            assert!(taken <= 1_000_000, "never refused");
+        }
+        taken
+    }
 
     #[test]
-    fn buckets_allow_a_second_of_burst_then_the_rate() {
-        let limiter = RateLimiter::per_second(10).unwrap();
-        let t0 = Instant::now();
-        for _ in 0..10 {
-            assert!(limiter.take("a", t0).is_ok());
+    fn the_burst_is_exactly_one_seconds_worth_however_long_the_key_was_idle() {
+        for rate in [1u32, 2, 3, 4, 7, 10, 100, 1000] {
+            let limiter = RateLimiter::per_second(rate).unwrap();
+            let t0 = Instant::now();
+            assert_eq!(drain(&limiter, "a", t0), rate as usize, "rate {rate}: a new key's burst");
+            assert_eq!(
+                drain(&limiter, "a", t0 + Duration::from_secs(3600)),
+                rate as usize,
+                "rate {rate}: after an hour"
+            );
         }
-        let wait = limiter.take("a", t0).unwrap_err();
-        assert!(wait > Duration::from_millis(90) && wait <= Duration::from_millis(100), "{wait:?}");
-        assert!(limiter.take("b", t0).is_ok(), "keys have their own buckets");
-        assert!(limiter.take("a", t0 + Duration::from_millis(99)).is_err());
-        assert!(limiter.take("a", t0 + Duration::from_millis(201)).is_ok(), "refilled at the rate");
         assert!(RateLimiter::<&str>::per_second(0).is_none(), "0 turns the limit off");
+    }
+
+    #[test]
+    fn tokens_come_back_at_exactly_the_rate() {
+        // 4 a second: one token every 250 ms.
+        let limiter = RateLimiter::per_second(4).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(drain(&limiter, "a", t0), 4);
+        assert!(limiter.take("a", t0 + ms(125)).is_err(), "half a token at 125 ms");
+        // A refused take keeps the half token earned so far.
+        assert!(limiter.take("a", t0 + ms(250)).is_ok(), "one token at 250 ms");
+        assert!(limiter.take("a", t0 + ms(250)).is_err(), "and only one");
+        assert_eq!(drain(&limiter, "a", t0 + ms(750)), 2, "two more 500 ms later");
+        assert_eq!(drain(&limiter, "a", t0 + ms(1500)), 3, "three more 750 ms later");
+        // Polled every 62.5 ms for ten seconds: exactly rate × seconds granted.
+        let granted = (1..=160u64)
+            .filter(|i| limiter.take("a", t0 + ms(1500) + Duration::from_micros(62_500 * i)).is_ok())
+            .count();
+        assert_eq!(granted, 40);
+
+        // The boundary for every rate dividing a second into whole milliseconds: one token is
+        // back a token's period after the burst was spent, and not a millisecond before.
+        for rate in [1u32, 2, 4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200, 250, 500] {
+            let period = ms(1000 / u64::from(rate));
+            let early = RateLimiter::per_second(rate).unwrap();
+            drain(&early, "a", t0);
+            assert!(early.take("a", t0 + period - ms(1)).is_err(), "rate {rate}: 1 ms early");
+            let on_time = RateLimiter::per_second(rate).unwrap();
+            drain(&on_time, "a", t0);
+            assert_eq!(drain(&on_time, "a", t0 + period + ms(1)), 1, "rate {rate}: one period later, one token");
+        }
+    }
+
+    #[test]
+    fn the_wait_is_the_time_until_the_next_token() {
+        let limiter = RateLimiter::per_second(4).unwrap();
+        let t0 = Instant::now();
+        drain(&limiter, "a", t0);
+        assert_eq!(limiter.take("a", t0).unwrap_err(), ms(250));
+        assert_eq!(limiter.take("a", t0 + ms(125)).unwrap_err(), ms(125));
+        assert_eq!(limiter.take("a", t0 + Duration::from_micros(187_500)).unwrap_err(), Duration::from_micros(62_500));
+        assert!(limiter.take("a", t0 + ms(250)).is_ok(), "the token is there when the wait says");
+    }
+
+    #[test]
+    fn retry_after_is_the_wait_in_whole_seconds_rounded_up_and_at_least_one() {
+        let secs = |wait: Duration| ApiError::rate_limited("credential", wait).retry_after;
+        assert_eq!(secs(Duration::ZERO), Some(1));
+        assert_eq!(secs(Duration::from_nanos(1)), Some(1));
+        assert_eq!(secs(ms(250)), Some(1));
+        assert_eq!(secs(ms(1000)), Some(1));
+        assert_eq!(secs(ms(1001)), Some(2));
+        assert_eq!(secs(ms(2500)), Some(3));
+        assert_eq!(secs(Duration::from_secs(60)), Some(60));
+
+        // What the limiter produces: with a whole number of tokens a second the wait is never
+        // more than a second, so `Retry-After` is 1, and a client that honours it is admitted.
+        let t0 = Instant::now();
+        for rate in 1..=100u32 {
+            for offset in [0, 1, 7, 333, 999].map(ms) {
+                let limiter = RateLimiter::per_second(rate).unwrap();
+                drain(&limiter, "a", t0);
+                let Err(wait) = limiter.take("a", t0 + offset) else { continue };
+                // At most one token's period (to the nanosecond `Duration` rounds to).
+                let period = Duration::from_secs(1) / rate;
+                assert!(wait > Duration::ZERO && wait <= period + Duration::from_nanos(1), "rate {rate}: {wait:?}");
+                assert_eq!(secs(wait), Some(1), "rate {rate}, {offset:?}");
+                assert!(limiter.take("a", t0 + offset + Duration::from_secs(1)).is_ok(), "rate {rate}, {offset:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_key_has_its_own_bucket() {
+        let limiter = RateLimiter::per_second(3).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(drain(&limiter, "a", t0), 3);
+        assert_eq!(drain(&limiter, "b", t0), 3, "b's whole burst, whatever a spent");
+        assert_eq!(drain(&limiter, "b", t0 + ms(500)), 1, "b refills on its own");
+        assert_eq!(drain(&limiter, "a", t0 + ms(1000)), 3, "a refills from when it was spent");
+        assert_eq!(drain(&limiter, "c", t0 + ms(1000)), 3);
+    }
+
+    fn limits(per_ip: u32, per_credential: u32) -> Limits {
+        Limits::new(&GatewayConfig {
+            rate_limit_per_ip: per_ip,
+            rate_limit_per_credential: per_credential,
+            ..GatewayConfig::default()
+        })
+    }
+
+    fn assert_rate_limited(e: ApiError, what: &str) {
+        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+        assert_eq!(e.turnkey_code, "RATE_LIMIT_EXCEEDED");
+        assert_eq!(e.message, format!("rate limit exceeded for this {what}, retry shortly"));
+        assert_eq!(e.retry_after, Some(1));
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "1");
+    }
+
+    #[test]
+    fn addresses_and_credentials_are_limited_each_on_its_own() {
+        let limits = limits(2, 3);
+        let a = Some(ClientAddr("192.0.2.1".parse().unwrap()));
+        let b = Some(ClientAddr("2001:db8::1".parse().unwrap()));
+        let t0 = Instant::now();
+        // One bucket per address, shared by every request class.
+        assert!(limits.admit_at(RequestClass::Read, a, t0).is_ok());
+        assert!(limits.admit_at(RequestClass::Signing, a, t0).is_ok());
+        assert_rate_limited(limits.admit_at(RequestClass::Write, a, t0).unwrap_err(), "client address");
+        assert!(limits.admit_at(RequestClass::Read, b, t0).is_ok(), "another address");
+        assert!(limits.admit_at(RequestClass::Read, b, t0).is_ok());
+        assert!(limits.admit_at(RequestClass::Read, b, t0).is_err());
+        for _ in 0..100 {
+            assert!(limits.admit_at(RequestClass::Read, None, t0).is_ok(), "no address, no per-address limit");
+        }
+        // One bucket per credential, apart from the addresses'.
+        for _ in 0..3 {
+            assert!(limits.charge_credential_at("c1", t0).is_ok());
+        }
+        assert_rate_limited(limits.charge_credential_at("c1", t0).unwrap_err(), "credential");
+        for _ in 0..3 {
+            assert!(limits.charge_credential_at("c2", t0).is_ok(), "another credential");
+        }
+        // Each refills at its own rate: half a second gives an address one token (2/s) and a
+        // credential one (3/s, 1.5 tokens).
+        let t1 = t0 + ms(500);
+        assert!(limits.admit_at(RequestClass::Read, a, t1).is_ok());
+        assert!(limits.admit_at(RequestClass::Read, a, t1).is_err());
+        assert!(limits.charge_credential_at("c1", t1).is_ok());
+        assert!(limits.charge_credential_at("c1", t1).is_err());
+    }
+
+    #[test]
+    fn a_rate_of_zero_turns_a_limit_off() {
+        let limits = limits(0, 0);
+        let a = Some(ClientAddr("192.0.2.1".parse().unwrap()));
+        let t0 = Instant::now();
+        for _ in 0..10_000 {
+            assert!(limits.admit_at(RequestClass::Read, a, t0).is_ok());
+            assert!(limits.charge_credential_at("c1", t0).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_class_at_its_in_flight_bound_is_shed_with_a_503_the_others_admitted() {
+        let limits = Limits::new(&GatewayConfig { max_in_flight_signing: 2, ..GatewayConfig::default() });
+        let held: Vec<_> = (0..2).map(|_| limits.admit(RequestClass::Signing, None).unwrap()).collect();
+        let e = limits.admit(RequestClass::Signing, None).unwrap_err();
+        assert_eq!((e.code, e.retry_after), (Code::Unavailable, Some(1)));
+        assert!(limits.admit(RequestClass::Write, None).is_ok());
+        drop(held);
+        assert!(limits.admit(RequestClass::Signing, None).is_ok(), "a finished request frees its slot");
+    }
+
+    /// `n` keys that fall in shard 0.
+    fn keys_in_shard_0(n: usize) -> Vec<usize> {
+        (0..).filter(|k| shard_of(k) == 0).take(n).collect()
+    }
+
+    fn shard_0(limiter: &RateLimiter<usize>) -> std::sync::MutexGuard<'_, Shard<usize>> {
+        limiter.shards[0].lock().unwrap()
+    }
+
+    #[test]
+    fn a_shard_at_its_mark_drops_exactly_its_full_buckets() {
+        let limiter = RateLimiter::per_second(2).unwrap();
+        let t0 = Instant::now();
+        let t1 = t0 + ms(500);
+        let keys = keys_in_shard_0(2 * PRUNE_AT + 1);
+        // PRUNE_AT keys with a token spent at t0: at the mark none is full, so none is dropped.
+        for &k in &keys[..=PRUNE_AT] {
+            limiter.take(k, t0).unwrap();
+        }
+        assert_eq!(shard_0(&limiter).buckets.len(), PRUNE_AT + 1);
+        assert_eq!(shard_0(&limiter).prune_at, 2 * PRUNE_AT);
+        // At t1 those are full again (forgetting one changes nothing); the keys spending a token
+        // at t1 are not.
+        for &k in &keys[PRUNE_AT + 1..2 * PRUNE_AT] {
+            limiter.take(k, t1).unwrap();
+        }
+        assert_eq!(shard_0(&limiter).buckets.len(), 2 * PRUNE_AT);
+        limiter.take(keys[2 * PRUNE_AT], t1).unwrap();
+        {
+            let shard = shard_0(&limiter);
+            assert!(keys[..=PRUNE_AT].iter().all(|k| !shard.buckets.contains_key(k)), "the full ones dropped");
+            assert!(keys[PRUNE_AT + 1..].iter().all(|k| shard.buckets.contains_key(k)), "the others kept");
+            assert_eq!(shard.buckets.len(), PRUNE_AT);
+            assert_eq!(shard.prune_at, 2 * (PRUNE_AT - 1), "twice what the pruning kept");
+        }
+        assert_eq!(drain(&limiter, keys[PRUNE_AT + 1], t1), 1, "a kept bucket keeps its state");
+        assert_eq!(drain(&limiter, keys[0], t1), 2, "a dropped one comes back full, as it was");
+    }
+
+    #[test]
+    fn a_shard_of_busy_buckets_never_holds_more_than_its_cap() {
+        let limiter = RateLimiter::per_second(2).unwrap();
+        let t0 = Instant::now();
+        let keys = keys_in_shard_0(SHARD_CAP);
+        let spent = keys[0];
+        assert_eq!(drain(&limiter, spent, t0), 2);
+        // None of these is ever full, so none can be pruned.
+        for &k in &keys[1..SHARD_CAP - 1] {
+            limiter.take(k, t0).unwrap();
+        }
+        assert!(limiter.take(spent, t0).is_err(), "still limited below the cap");
+        limiter.take(keys[SHARD_CAP - 1], t0).unwrap();
+        assert_eq!(shard_0(&limiter).buckets.len(), SHARD_CAP);
+        // The next request to the shard starts it afresh: memory stays bounded, the limit fails
+        // open (the spent key has its burst again).
+        assert!(limiter.take(spent, t0).is_ok());
+        assert_eq!(shard_0(&limiter).buckets.len(), 1);
+        assert_eq!(shard_0(&limiter).prune_at, PRUNE_AT);
     }
 
     #[test]
