@@ -137,7 +137,9 @@ impl<K: std::hash::Hash + Eq> RateLimiter<K> {
         }
         let b = shard.buckets.entry(key).or_insert(Bucket { tokens: self.rate, at: now });
         b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.rate);
-        b.at = now;
+        // A caller that read the clock before another but took the lock after it must not move the
+        // bucket's time back (the gap would be refilled twice).
+        b.at = b.at.max(now);
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
             Ok(())
@@ -195,6 +197,20 @@ mod tests {
             );
         }
         assert!(RateLimiter::<&str>::per_second(0).is_none(), "0 turns the limit off");
+    }
+
+    #[test]
+    fn a_late_reading_of_the_clock_refills_nothing_twice() {
+        let limiter = RateLimiter::per_second(4).unwrap();
+        let t0 = Instant::now();
+        for _ in 0..4 {
+            assert!(limiter.take("k", t0).is_ok());
+        }
+        // One token's period later, then a caller whose clock reading was 250 ms older.
+        assert!(limiter.take("k", t0 + Duration::from_millis(250)).is_ok());
+        assert!(limiter.take("k", t0).is_err());
+        // The gap the late caller went back over is not refilled again.
+        assert!(limiter.take("k", t0 + Duration::from_millis(250)).is_err());
     }
 
     #[test]
