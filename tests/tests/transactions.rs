@@ -4,7 +4,7 @@
 //! policies over `eth.tx`, ABI-decoded calls and `solana.tx` for a user who is not root.
 
 use coffer_tests::rlp::{rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint};
-use coffer_tests::{refused, Stack};
+use coffer_tests::{refused_any_code as refused, Stack};
 use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
