@@ -42,6 +42,10 @@ fn free_port() -> u16 {
     }
 }
 
+/// The setting ([`Stack::start_with`]) under which the enclave logs its `coffer_audit` allow lines
+/// too (info level; the stacks log warnings only by default), for [`Stack::audit`].
+pub const AUDIT_LOG: (&str, &str) = ("COFFER_LOG", "warn,coffer_audit=info");
+
 /// A running Coffer: its own directory, token, database and processes. Stopped on drop.
 pub struct Stack {
     pub dir: PathBuf,
@@ -236,6 +240,21 @@ impl Stack {
     /// Everything the enclave has logged so far (JSON lines; refusals are `coffer_audit` warnings).
     pub fn enclave_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("enclave.log")).unwrap_or_default()
+    }
+
+    /// The `fields` of the enclave's `coffer_audit` lines (JSON) with this `decision` (`allow`,
+    /// `refuse`, …) and `operation` (`sign`, `export_wallet`, …), oldest first: each `allow` is
+    /// one execution the enclave authorized (filter further on `fingerprint`, `organization`).
+    /// Matched on the parsed fields, never on a substring of the line. `allow` lines are at info
+    /// level: start the stack with [`AUDIT_LOG`] to have them.
+    pub fn audit(&self, decision: &str, operation: &str) -> Vec<serde_json::Value> {
+        self.enclave_log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["target"] == "coffer_audit")
+            .map(|l| l["fields"].clone())
+            .filter(|f| f["decision"] == decision && f["operation"] == operation)
+            .collect()
     }
 
     /// The gateway's SQLite file (what an attacker with the gateway's rights can read and write).
