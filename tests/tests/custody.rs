@@ -431,10 +431,13 @@ async fn wallet_deletion_rule_and_identical_resubmission() {
     assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED");
     assert_eq!(activity["fingerprint"], format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes()))));
     assert_eq!(activity["votes"][0]["selection"], "VOTE_SELECTION_APPROVED");
-    // Identical bytes, a new stamp: the same activity, and no second wallet.
+    // Identical bytes, a new stamp: the same activity, and no second wallet (nor activity).
+    let activities = activity_ids(&stack).await;
+    assert!(activities.contains(activity["id"].as_str().unwrap()), "{activities:?}");
     let again = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&key)).await;
     assert_eq!(again.status, 200);
     assert_eq!(again.json["activity"]["id"], activity["id"]);
+    assert_eq!(activity_ids(&stack).await, activities);
     let wallet_id = activity["result"]["createWalletResult"]["walletId"].as_str().unwrap().to_string();
     let client = stack.client();
     assert_eq!(client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap().wallets.len(), 1);
