@@ -42,6 +42,10 @@ fn free_port() -> u16 {
     }
 }
 
+/// The setting ([`Stack::start_with`]) under which the enclave logs its `coffer_audit` allow lines
+/// too (info level; the stacks log warnings only by default), for [`Stack::audit`].
+pub const AUDIT_LOG: (&str, &str) = ("COFFER_LOG", "warn,coffer_audit=info");
+
 /// A running Coffer: its own directory, token, database and processes. Stopped on drop.
 pub struct Stack {
     pub dir: PathBuf,
@@ -195,17 +199,62 @@ impl Stack {
         serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
     }
 
-    /// How many activities `list_activities` shows in `org` (up to 100), read with `key`.
+    /// Every activity of `org`, newest first, read with `key` through `list_activities` pages of
+    /// 100 (`paginationOptions.after` = the last id of the previous page) until a short page: the
+    /// exact oracle for "recorded once" / "nothing recorded" (no cap). Fails the test if a page
+    /// is refused, an activity has no id, or an id comes back twice.
+    pub async fn activities(&self, key: &TurnkeyP256ApiKey, org: &str) -> Vec<serde_json::Value> {
+        const PAGE: usize = 100;
+        let mut all: Vec<serde_json::Value> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut pagination = serde_json::json!({"limit": PAGE.to_string()});
+            if let Some(a) = &after {
+                pagination["after"] = serde_json::Value::String(a.clone());
+            }
+            let body = serde_json::json!({"organizationId": org, "paginationOptions": pagination}).to_string();
+            let r = self.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
+            assert_eq!(r.status, 200, "list_activities: {}", r.text);
+            let page = r.json["activities"].as_array().unwrap_or_else(|| panic!("no activities: {}", r.text)).clone();
+            assert!(page.len() <= PAGE, "a page of {} activities (asked for {PAGE})", page.len());
+            for a in &page {
+                let id = a["id"].as_str().unwrap_or_else(|| panic!("an activity without an id: {a}"));
+                assert!(seen.insert(id.to_string()), "activity {id} listed twice while paging");
+            }
+            let full = page.len() == PAGE;
+            after = page.last().map(|a| a["id"].as_str().unwrap().to_string());
+            all.extend(page);
+            if !full {
+                return all;
+            }
+        }
+    }
+
+    /// How many activities `org` has, exactly: [`Stack::activities`] counted (every page, no
+    /// cap), read with `key`.
     pub async fn activity_count(&self, key: &TurnkeyP256ApiKey, org: &str) -> usize {
-        let body = serde_json::json!({"organizationId": org, "paginationOptions": {"limit": "100"}}).to_string();
-        let r = self.post_raw("/public/v1/query/list_activities", body.as_bytes(), Some(key)).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        r.json["activities"].as_array().expect("activities").len()
+        self.activities(key, org).await.len()
     }
 
     /// Everything the enclave has logged so far (JSON lines; refusals are `coffer_audit` warnings).
     pub fn enclave_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("enclave.log")).unwrap_or_default()
+    }
+
+    /// The `fields` of the enclave's `coffer_audit` lines (JSON) with this `decision` (`allow`,
+    /// `refuse`, …) and `operation` (`sign`, `export_wallet`, …), oldest first: each `allow` is
+    /// one execution the enclave authorized (filter further on `fingerprint`, `organization`).
+    /// Matched on the parsed fields, never on a substring of the line. `allow` lines are at info
+    /// level: start the stack with [`AUDIT_LOG`] to have them.
+    pub fn audit(&self, decision: &str, operation: &str) -> Vec<serde_json::Value> {
+        self.enclave_log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["target"] == "coffer_audit")
+            .map(|l| l["fields"].clone())
+            .filter(|f| f["decision"] == decision && f["operation"] == operation)
+            .collect()
     }
 
     /// The gateway's SQLite file (what an attacker with the gateway's rights can read and write).
@@ -396,10 +445,76 @@ impl Drop for Stack {
     }
 }
 
-/// Asserts that an official-client call was refused with HTTP `status` and a JSON error whose
-/// message contains `needle`.
+/// The `@type` of the one entry of `details` in every Coffer error body.
+pub const ERROR_DETAIL_TYPE: &str = "type.googleapis.com/errors.v1.TurnkeyErrorDetail";
+
+/// Asserts that `body` (the text of a response with HTTP `status`) is Coffer's error in the
+/// gRPC-gateway `Status` shape (gateway/src/error.rs): a JSON object whose `code` is the
+/// numeric gRPC code that goes with `status`, whose `message` contains `needle`, and whose
+/// `details[0]` is a `TurnkeyErrorDetail` with `turnkeyErrorCode` == `turnkey_error_code` (the
+/// top-level `turnkeyErrorCode` too).
 #[track_caller]
-pub fn refused<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
+fn assert_error_body(status: u16, body: &str, turnkey_error_code: &str, needle: &str) {
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("HTTP {status}: the body is not JSON ({e}): {body}"));
+    let code = v["code"].as_i64().unwrap_or_else(|| panic!("HTTP {status}: no numeric `code`: {body}"));
+    // The gRPC codes that render as this HTTP status (error.rs `Code::http_status`); other
+    // statuses are explicit overrides (405, 408, 413, 501, 502) of a known code.
+    let codes: &[i64] = match status {
+        400 => &[3, 9],
+        401 => &[16],
+        403 => &[7],
+        404 => &[5],
+        409 => &[6, 10],
+        429 => &[8],
+        500 => &[13],
+        503 => &[14],
+        _ => &[3, 5, 6, 7, 8, 9, 10, 13, 14, 16],
+    };
+    assert!(codes.contains(&code), "HTTP {status} with gRPC code {code} (expected one of {codes:?}): {body}");
+    let m = v["message"].as_str().unwrap_or_else(|| panic!("HTTP {status}: no `message`: {body}"));
+    assert!(m.contains(needle), "HTTP {status}: expected {needle:?} in the message {m:?}");
+    let details = v["details"].as_array().unwrap_or_else(|| panic!("HTTP {status}: no `details`: {body}"));
+    assert_eq!(details.len(), 1, "HTTP {status}: one detail expected: {body}");
+    assert_eq!(details[0]["@type"], ERROR_DETAIL_TYPE, "{body}");
+    assert_eq!(details[0]["turnkeyErrorCode"], turnkey_error_code, "HTTP {status}: turnkeyErrorCode: {body}");
+    assert_eq!(v["turnkeyErrorCode"], turnkey_error_code, "HTTP {status}: top-level turnkeyErrorCode: {body}");
+}
+
+/// Asserts that an official-client call was refused with HTTP `status`, in Coffer's error shape
+/// (numeric gRPC `code` matching the status, `message`, `details[0].turnkeyErrorCode` ==
+/// `turnkey_error_code`, e.g. `REQUEST_INVALID`, `REQUEST_NOT_AUTHORIZED`,
+/// `SIGNATURE_INVALID`; see gateway/src/error.rs), with a message containing `needle`. Any other
+/// outcome (success, another status, code or message, a body that is not that JSON) fails.
+#[track_caller]
+pub fn refused<T: std::fmt::Debug>(
+    r: Result<T, TurnkeyClientError>,
+    status: u16,
+    turnkey_error_code: &str,
+    needle: &str,
+) {
+    match r {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
+            assert_eq!(s, status, "expected HTTP {status} ({turnkey_error_code}, {needle:?}): {body}");
+            assert_error_body(status, &body, turnkey_error_code, needle);
+        }
+        other => panic!("expected HTTP {status} ({turnkey_error_code}, {needle:?}), got {other:?}"),
+    }
+}
+
+/// [`refused`] for a raw HTTP answer ([`Stack::post_raw`], [`post_to`]): the same strictness,
+/// plus `Content-Type: application/json`.
+#[track_caller]
+pub fn refused_raw(r: &RawResponse, status: u16, turnkey_error_code: &str, needle: &str) {
+    assert_eq!(r.status, status, "expected HTTP {status} ({turnkey_error_code}, {needle:?}): {}", r.text);
+    assert_eq!(r.content_type.as_deref(), Some("application/json"), "{}", r.text);
+    assert_error_body(status, &r.text, turnkey_error_code, needle);
+}
+
+/// The loose, transitional check (HTTP status and a JSON message containing `needle`, any error
+/// code) for the files not yet switched to [`refused`]; not for new tests.
+#[track_caller]
+pub fn refused_any_code<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
     match r {
         Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
             assert_eq!(s, status, "{body}");
@@ -408,5 +523,176 @@ pub fn refused<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16
             assert!(m.contains(needle), "expected {needle:?} in {m:?}");
         }
         other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
+    }
+}
+
+/// The secp256k1 key that made the signature (`r`, `s`, recovery id `recid`) over the 32-byte
+/// prehash `digest`, recovered with `k256` (independent of Coffer). `r` and `s` are big-endian,
+/// at most 32 bytes (RLP drops leading zeros; they are padded back). The signature must be
+/// low-S (what Ethereum requires): a high-S one fails the assert, and so does `recid` > 1.
+#[track_caller]
+pub fn recover_secp256k1(digest: &[u8; 32], r: &[u8], s: &[u8], recid: u8) -> k256::ecdsa::VerifyingKey {
+    let pad = |x: &[u8]| {
+        assert!(x.len() <= 32, "a secp256k1 scalar of {} bytes", x.len());
+        let mut out = [0u8; 32];
+        out[32 - x.len()..].copy_from_slice(x);
+        out
+    };
+    let sig = k256::ecdsa::Signature::from_scalars(pad(r), pad(s)).expect("r and s are valid scalars");
+    assert!(sig.normalize_s().is_none(), "the signature is high-S (s = {})", hex::encode(s));
+    assert!(recid <= 1, "recovery id {recid} (expected 0 or 1)");
+    let recid = k256::ecdsa::RecoveryId::from_byte(recid).unwrap();
+    k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, recid).expect("the signature recovers a key")
+}
+
+/// The Ethereum address (`0x` + 40 lowercase hex) of a secp256k1 key.
+pub fn eth_address(vk: &k256::ecdsa::VerifyingKey) -> String {
+    use sha3::Digest;
+    let point = vk.to_encoded_point(false);
+    format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
+}
+
+/// The Ethereum address that signed `digest` with the hex `r`, `s` (64 digits each) and `v` (the
+/// recovery id in hex, "00" or "01"), as Coffer's `sign_raw_payload` returns them; see
+/// [`recover_secp256k1`] (low-S checked).
+#[track_caller]
+pub fn recover_eth_address(digest: &[u8; 32], r: &str, s: &str, v: &str) -> String {
+    assert_eq!((r.len(), s.len()), (64, 64), "r and s must be 32 bytes of hex: r={r} s={s}");
+    let recid = u8::from_str_radix(v, 16).unwrap_or_else(|_| panic!("v is not hex: {v:?}"));
+    let vk = recover_secp256k1(digest, &hex::decode(r).unwrap(), &hex::decode(s).unwrap(), recid);
+    eth_address(&vk)
+}
+
+/// Settle, then observe: polls `probe` every 50 ms until what it returns has not changed for
+/// `quiet`, and returns that value. For counts and absences ("no second delivery", "no other
+/// execution"): assert on the settled value, not the moment an expected count is first reached,
+/// so a late duplicate is seen. Fails the test if the value keeps changing for `quiet` + 60 s.
+pub async fn settled<T, F, Fut>(what: &str, mut probe: F, quiet: Duration) -> T
+where
+    T: PartialEq + std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = Instant::now() + quiet + Duration::from_secs(60);
+    let mut value = probe().await;
+    let mut since = Instant::now();
+    loop {
+        if since.elapsed() >= quiet {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what} did not settle: still changing, now {value:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let next = probe().await;
+        if next != value {
+            value = next;
+            since = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(code: i64, message: &str, tk: &str) -> String {
+        serde_json::json!({"code": code, "message": message,
+            "details": [{"@type": ERROR_DETAIL_TYPE, "turnkeyErrorCode": tk}], "turnkeyErrorCode": tk})
+        .to_string()
+    }
+
+    fn err(status: u16, b: String) -> Result<(), TurnkeyClientError> {
+        Err(TurnkeyClientError::UnexpectedHttpStatus(status, b))
+    }
+
+    #[test]
+    fn refused_accepts_the_exact_refusal() {
+        refused(
+            err(403, body(7, "denied by policy", "REQUEST_NOT_AUTHORIZED")),
+            403,
+            "REQUEST_NOT_AUTHORIZED",
+            "policy",
+        );
+        let raw = RawResponse {
+            status: 400,
+            content_type: Some("application/json".into()),
+            json: serde_json::Value::Null,
+            text: body(3, "bad id", "REQUEST_INVALID"),
+        };
+        refused_raw(&raw, 400, "REQUEST_INVALID", "bad id");
+    }
+
+    #[test]
+    #[should_panic(expected = "turnkeyErrorCode")]
+    fn refused_fails_on_another_error_code() {
+        refused(err(400, body(3, "bad id", "REQUEST_INVALID")), 400, "SIGNATURE_INVALID", "bad id");
+    }
+
+    #[test]
+    #[should_panic(expected = "gRPC code")]
+    fn refused_fails_on_a_code_that_does_not_go_with_the_status() {
+        refused(err(400, body(16, "bad id", "REQUEST_INVALID")), 400, "REQUEST_INVALID", "bad id");
+    }
+
+    #[test]
+    #[should_panic(expected = "in the message")]
+    fn refused_fails_on_another_message() {
+        refused(err(400, body(3, "bad id", "REQUEST_INVALID")), 400, "REQUEST_INVALID", "unknown wallet");
+    }
+
+    #[test]
+    #[should_panic(expected = "expected HTTP 400")]
+    fn refused_fails_on_success() {
+        refused(Ok(()), 400, "REQUEST_INVALID", "x");
+    }
+
+    #[test]
+    #[should_panic(expected = "not JSON")]
+    fn refused_fails_on_a_body_that_is_not_json() {
+        refused(err(400, "bad id".into()), 400, "REQUEST_INVALID", "bad id");
+    }
+
+    fn signed() -> ([u8; 32], k256::ecdsa::Signature, u8, String) {
+        use sha3::Digest;
+        let key = k256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+        let digest: [u8; 32] = sha3::Keccak256::digest(b"coffer").into();
+        let (sig, recid) = key.sign_prehash_recoverable(&digest).unwrap();
+        (digest, sig, recid.to_byte(), eth_address(key.verifying_key()))
+    }
+
+    #[test]
+    fn recover_finds_the_signer() {
+        let (digest, sig, v, address) = signed();
+        let (r, s) = sig.split_bytes();
+        assert_eq!(recover_eth_address(&digest, &hex::encode(r), &hex::encode(s), &format!("{v:02x}")), address);
+    }
+
+    #[test]
+    #[should_panic(expected = "high-S")]
+    fn recover_refuses_a_high_s_signature() {
+        let (digest, sig, v, _) = signed();
+        // (r, n - s) with the other parity is the same signature, malleated.
+        let high = k256::ecdsa::Signature::from_scalars(sig.r(), -*sig.s()).unwrap();
+        let (r, s) = high.split_bytes();
+        recover_eth_address(&digest, &hex::encode(r), &hex::encode(s), &format!("{:02x}", v ^ 1));
+    }
+
+    #[tokio::test]
+    async fn settled_waits_for_the_value_to_stop_changing() {
+        let t = Instant::now();
+        // Reaches 3 at 0 ms, then a late change at ~300 ms: the settled value is the late one.
+        let v = settled(
+            "a counter",
+            || async {
+                if t.elapsed() < Duration::from_millis(300) {
+                    3
+                } else {
+                    4
+                }
+            },
+            Duration::from_millis(500),
+        )
+        .await;
+        assert_eq!(v, 4);
+        assert!(t.elapsed() >= Duration::from_millis(800));
     }
 }

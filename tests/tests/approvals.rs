@@ -2,9 +2,9 @@
 //! 2-of-N consensus with approve/reject, concurrent approvals, root quorums, Idempotency-Key and
 //! the policy dry run, through the official client and raw HTTP.
 
-use std::fmt::Debug;
+use std::time::Duration;
 
-use coffer_tests::{RawResponse, Stack};
+use coffer_tests::{recover_eth_address, refused, refused_raw, settled, RawResponse, Stack, AUDIT_LOG};
 use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::immutable::activity::v1::{ActivityStatus, ActivityType};
@@ -31,22 +31,6 @@ struct Member {
 
 fn copy_key(k: &TurnkeyP256ApiKey) -> TurnkeyP256ApiKey {
     TurnkeyP256ApiKey::from_strings(hex::encode(k.private_key()), None).unwrap()
-}
-
-#[track_caller]
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-            if status == 403 {
-                assert_eq!(v["details"][0]["turnkeyErrorCode"], "REQUEST_NOT_AUTHORIZED", "{v}");
-            }
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
 }
 
 async fn add_user(stack: &Stack, root: &Client, org: &str, name: &str) -> Member {
@@ -142,14 +126,29 @@ async fn vote(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, approve: bool, 
     stack.post_raw(path, vote_body(org, approve, fingerprint).as_bytes(), Some(key)).await
 }
 
-/// Recovers the Ethereum address from r/s/v over keccak256(message).
+/// The Ethereum address that signed keccak256(`message`) with r/s/v ([`recover_eth_address`],
+/// low-S checked).
 fn recover(message: &[u8], r: &str, s: &str, v: &str) -> String {
-    let digest: [u8; 32] = sha3::Keccak256::digest(message).into();
-    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
-    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
-    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).unwrap();
-    let point = vk.to_encoded_point(false);
-    format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
+    recover_eth_address(&sha3::Keccak256::digest(message).into(), r, s, v)
+}
+
+/// The ids of every activity of `org` (the exact, paged oracle), read by the root.
+async fn activity_ids(stack: &Stack, org: &str) -> std::collections::BTreeSet<String> {
+    stack.activities(&stack.api_key(), org).await.iter().map(|a| a["id"].as_str().unwrap().to_string()).collect()
+}
+
+/// How many signatures the enclave made for the activity with `fingerprint`: its `coffer_audit`
+/// allow lines for `sign` naming that fingerprint, once the log has stopped growing for 300 ms.
+async fn signings(stack: &Stack, fingerprint: &str) -> usize {
+    let count = || async {
+        stack.audit("allow", "sign").iter().filter(|f| f["fingerprint"].as_str() == Some(fingerprint)).count()
+    };
+    settled("the enclave's signings", count, Duration::from_millis(300)).await
+}
+
+/// Every `sign` the enclave allowed so far, settled (see [`signings`]).
+async fn all_signings(stack: &Stack) -> usize {
+    settled("the enclave's signings", || async { stack.audit("allow", "sign").len() }, Duration::from_millis(300)).await
 }
 
 async fn get_activity(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, id: &str) -> Value {
@@ -182,7 +181,7 @@ async fn evaluations(c: &Client, org: &str, activity_id: &str) -> Vec<Vec<(Strin
 
 #[tokio::test]
 async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
-    let stack = Stack::start().await;
+    let stack = Stack::start_with(&[AUDIT_LOG]).await;
     let root = stack.client();
     let org = stack.organization_id.clone();
     let alice = add_user(&stack, &root, &org, "alice").await;
@@ -190,20 +189,24 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     let (w1, a1) = add_wallet(&root, &org, "w1").await;
     let (_w2, a2) = add_wallet(&root, &org, "w2").await;
 
-    // A non-root user is denied by default: 403, nothing recorded; the dry run agrees.
-    let before = stack.activity_count(&stack.api_key(), &org).await;
+    // A non-root user is denied by default: 403, nothing recorded, nothing signed; the dry run
+    // agrees. (The oracles see what there is: the setup's activities, and no signature yet.)
+    let before = activity_ids(&stack, &org).await;
+    assert_eq!(before.len(), 4, "two users, two wallets: {before:?}");
+    assert_eq!(all_signings(&stack).await, 0);
     let r = alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a1, "x")).await;
-    refused(r, 403, "request not authorized");
+    refused(r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
     let raw = stack
         .post_raw("/public/v1/submit/sign_raw_payload", sign_body(&org, &a1, "x").as_bytes(), Some(&alice.key))
         .await;
-    assert_eq!(raw.status, 403, "{}", raw.text);
+    refused_raw(&raw, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
     assert_eq!(raw.json["message"], "request not authorized");
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    assert_eq!(activity_ids(&stack, &org).await, before);
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a1, "x")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_DENY"), Some("IMPLICIT_DENY")));
     assert_eq!((d["resource"].as_str(), d["action"].as_str()), (Some("PRIVATE_KEY"), Some("SIGN")));
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    assert_eq!(activity_ids(&stack, &org).await, before);
+    assert_eq!(all_signings(&stack).await, 0, "a refused request reached the enclave's signing");
 
     // An ALLOW scoped to one wallet and to alice.
     let allow = add_policy(
@@ -229,6 +232,8 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
         .unwrap();
     assert_eq!(recover(b"hello", &sig.result.r, &sig.result.s, &sig.result.v), a1.to_lowercase());
     assert_eq!(evaluations(&root, &org, &sig.activity_id).await, vec![vec![(allow.clone(), Outcome::Allow)]]);
+    // The signings oracle counts what the enclave signed: this one, once.
+    assert_eq!(all_signings(&stack).await, 1);
 
     // Another wallet: refused, and the dry run names the clause.
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a2, "hello")).await;
@@ -237,18 +242,22 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
         (d["policies"][0]["outcome"].as_str(), d["policies"][0]["decidingClause"].as_str()),
         (Some("OUTCOME_DENY_IMPLICIT"), Some("condition"))
     );
-    let before = stack.activity_count(&stack.api_key(), &org).await;
+    let before = activity_ids(&stack, &org).await;
     let r =
         alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a2, "hello")).await;
-    refused(r, 403, "request not authorized");
+    refused(r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    assert_eq!(activity_ids(&stack, &org).await, before);
     // bob is not named in the consensus: waits for alice (consensus needed), never runs.
     let r = bob.client.sign_raw_payload(org.clone(), bob.client.current_timestamp(), sign_intent(&a1, "bob")).await;
     let waiting = match r {
         Err(TurnkeyClientError::ActivityRequiresApproval(id)) => id,
         other => panic!("expected ActivityRequiresApproval, got {other:?}"),
     };
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before + 1);
+    let mut expected = before.clone();
+    expected.insert(waiting.clone());
+    assert_eq!(activity_ids(&stack, &org).await, expected);
     assert_eq!(evaluations(&root, &org, &waiting).await, vec![vec![(allow.clone(), Outcome::RequiresConsensus)]]);
+    assert_eq!(all_signings(&stack).await, 1, "neither the refused nor the waiting request was signed");
 
     // An erroring clause never allows: `private_key` is missing when signing with a wallet.
     let broken =
@@ -263,15 +272,17 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     let deny = add_policy(&root, &org, "no w1", Effect::Deny, &format!("wallet.id == '{w1}'"), "").await;
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a1, "again")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_DENY"), Some("EXPLICIT_DENY")));
-    let before = stack.activity_count(&stack.api_key(), &org).await;
+    let before = activity_ids(&stack, &org).await;
     let r =
         alice.client.sign_raw_payload(org.clone(), alice.client.current_timestamp(), sign_intent(&a1, "again")).await;
-    refused(r, 403, "request not authorized");
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    refused(r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    assert_eq!(activity_ids(&stack, &org).await, before);
+    assert_eq!(all_signings(&stack).await, 1, "the denied request was not signed");
     let d = dry_run(&stack, &stack.api_key(), &org, &sign_body(&org, &a1, "root")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_ALLOW"), Some("ROOT_QUORUM")));
     let sig = root.sign_raw_payload(org.clone(), root.current_timestamp(), sign_intent(&a1, "root")).await.unwrap();
     assert_eq!(recover(b"root", &sig.result.r, &sig.result.s, &sig.result.v), a1.to_lowercase());
+    assert_eq!(all_signings(&stack).await, 2);
     let _ = deny;
 
     // Implicit permission: one's own credentials, not another user's.
@@ -287,12 +298,12 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     alice.client.create_api_keys(org.clone(), alice.client.current_timestamp(), own(&alice.id)).await.unwrap();
     let r = alice.client.create_api_keys(org.clone(), alice.client.current_timestamp(), own(&bob.id)).await;
     // bob's keys: no policy applies (the wallet policies need a wallet): implicit deny.
-    refused(r, 403, "request not authorized");
+    refused(r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
 }
 
 #[tokio::test]
 async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
-    let stack = Stack::start().await;
+    let stack = Stack::start_with(&[AUDIT_LOG]).await;
     let root = stack.client();
     let org = stack.organization_id.clone();
     let alice = add_user(&stack, &root, &org, "alice").await;
@@ -327,13 +338,16 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     let b = get_activity(&stack, &bob.key, &org, &id).await;
     assert_eq!((b["canApprove"].as_bool(), b["canReject"].as_bool()), (Some(true), Some(true)));
     let fingerprint = a["fingerprint"].as_str().unwrap().to_string();
+    assert_eq!(signings(&stack, &fingerprint).await, 0, "nothing signed before consensus");
 
     // Voting twice, and an unknown fingerprint.
     let r = vote(&stack, &alice.key, &org, true, &fingerprint).await;
-    assert_eq!((r.status, r.json["message"].as_str()), (400, Some("user has already voted on this activity")));
+    refused_raw(&r, 400, "REQUEST_INVALID", "user has already voted on this activity");
+    assert_eq!(r.json["message"], "user has already voted on this activity");
     let r = vote(&stack, &bob.key, &org, true, "sha256:00").await;
-    assert_eq!(r.status, 404);
+    refused_raw(&r, 404, "REQUEST_INVALID", "No activity found with fingerprint");
     assert!(r.json["message"].as_str().unwrap().starts_with("No activity found with fingerprint"), "{}", r.text);
+    assert_eq!(signings(&stack, &fingerprint).await, 0, "nothing signed by a refused vote");
 
     // bob approves through the official client: the target activity comes back, completed.
     let done = bob
@@ -356,6 +370,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
         recover(b"2of", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap()),
         a1.to_lowercase()
     );
+    assert_eq!(signings(&stack, &fingerprint).await, 1, "signed once, on the second approval");
     assert_eq!(
         evaluations(&root, &org, &id).await,
         vec![
@@ -365,11 +380,12 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     );
     // Voting on it again: bob counted once; carol sees the completed activity, unchanged.
     let r = vote(&stack, &bob.key, &org, true, &fingerprint).await;
-    assert_eq!(r.status, 400, "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "user has already voted on this activity");
     let r = vote(&stack, &carol.key, &org, true, &fingerprint).await;
     assert_eq!((r.status, r.json["activity"]["status"].as_str()), (200, Some("ACTIVITY_STATUS_COMPLETED")));
     assert_eq!(r.json["activity"]["votes"].as_array().unwrap().len(), 2);
     assert_eq!(r.json["activity"]["result"], a["result"]);
+    assert_eq!(signings(&stack, &fingerprint).await, 1, "a vote on a completed activity signs nothing");
 
     // 3 of n: double approval by bob counts once.
     let body = sign_body(&org, &a2, "3of");
@@ -383,7 +399,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     assert_eq!((r.status, r.json["activity"]["status"].as_str()), (200, Some("ACTIVITY_STATUS_CONSENSUS_NEEDED")));
     assert_eq!(r.json["activity"]["type"], "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2");
     let r = vote(&stack, &bob.key, &org, true, &fp3).await;
-    assert_eq!(r.status, 400, "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "user has already voted on this activity");
     let a = get_activity(&stack, &alice.key, &org, &id3).await;
     assert_eq!(
         (a["status"].as_str(), a["votes"].as_array().unwrap().len()),
@@ -405,6 +421,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     let evals = evaluations(&root, &org, &id3).await;
     assert_eq!(evals.len(), 3);
     assert_eq!(evals[2], vec![(two.clone(), Outcome::Rejected), (three.clone(), Outcome::Rejected)]);
+    assert_eq!(signings(&stack, &fp3).await, 0, "a rejected activity is never signed");
 
     // Two approvals at the same moment, either of which completes it: it runs once.
     for round in 0..3 {
@@ -416,8 +433,12 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
             r.json["activity"]["id"].as_str().unwrap().to_string(),
             r.json["activity"]["fingerprint"].as_str().unwrap().to_string(),
         );
+        assert_eq!(signings(&stack, &fp).await, 0, "nothing signed before the approvals");
         let (x, y) = tokio::join!(vote(&stack, &bob.key, &org, true, &fp), vote(&stack, &carol.key, &org, true, &fp));
         assert_eq!((x.status, y.status), (200, 200), "{} / {}", x.text, y.text);
+        // Executed once: the enclave signed for this activity exactly once, counted after its
+        // log has settled (equal results prove nothing: RFC 6979 signing is deterministic).
+        assert_eq!(signings(&stack, &fp).await, 1, "round {round}: the enclave's signings for {fp}");
         assert_eq!(x.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED");
         assert_eq!(y.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED");
         assert_eq!(x.json["activity"]["result"], y.json["activity"]["result"]);
@@ -469,7 +490,7 @@ async fn root_quorum_of_two_needs_both_roots() {
     let c = get_activity(&stack, &alice.key, &org, &id).await;
     assert_eq!(c["canApprove"], true);
     let r = vote(&stack, &bob.key, &org, true, &a.fingerprint).await;
-    assert_eq!(r.status, 403, "{}", r.text);
+    refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "this user may not vote on this activity");
     assert_eq!(features(&stack, &org).await, json!([]));
     let done = alice
         .client
@@ -498,6 +519,14 @@ async fn root_quorum_of_two_needs_both_roots() {
     let r = vote(&stack, &alice.key, &org, true, &fp).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
     assert!(r.json["activity"]["result"]["createWalletResult"]["walletId"].is_string(), "{}", r.text);
+}
+
+/// The organization's wallet names, oldest first.
+async fn wallet_names(stack: &Stack, org: &str) -> Vec<String> {
+    let body = json!({"organizationId": org}).to_string();
+    let r = stack.post_raw("/public/v1/query/list_wallets", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["wallets"].as_array().unwrap().iter().map(|w| w["walletName"].as_str().unwrap().to_string()).collect()
 }
 
 async fn features(stack: &Stack, org: &str) -> Value {
@@ -540,26 +569,35 @@ async fn idempotency_key_returns_the_first_activity() {
     let now = Stack::now_ms();
     let first = post_idem(&stack, path, &wallet("idem", now), &key, "key-1").await;
     assert_eq!(first.status, 200, "{}", first.text);
-    let before = stack.activity_count(&stack.api_key(), &org).await;
+    // The first one is on record (the oracle sees it), with its wallet.
+    let before = activity_ids(&stack, &org).await;
+    let first_id = first.json["activity"]["id"].as_str().unwrap().to_string();
+    assert!(before.contains(&first_id), "{before:?}");
+    assert_eq!(wallet_names(&stack, &org).await, ["idem"]);
     // Same key, same intent, new timestamp (new bytes): the first activity, nothing new.
     let again = post_idem(&stack, path, &wallet("idem", now + 1000), &key, "key-1").await;
     assert_eq!(again.status, 200, "{}", again.text);
     assert_eq!(again.json["activity"]["id"], first.json["activity"]["id"]);
     assert_eq!(again.json["activity"]["result"], first.json["activity"]["result"]);
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    assert_eq!(activity_ids(&stack, &org).await, before);
+    assert_eq!(wallet_names(&stack, &org).await, ["idem"]);
     // Same key, another intent: 409, nothing new.
     let other = post_idem(&stack, path, &wallet("other", now + 2000), &key, "key-1").await;
-    assert_eq!(other.status, 409, "{}", other.text);
-    assert!(other.json["message"].as_str().unwrap().contains("Idempotency-Key"), "{}", other.text);
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    refused_raw(&other, 409, "REQUEST_INVALID", "Idempotency-Key was already used for a different request");
+    assert_eq!(activity_ids(&stack, &org).await, before);
+    assert_eq!(wallet_names(&stack, &org).await, ["idem"]);
     // Another key: a new activity (the wallet name is taken, so a new name).
     let fresh = post_idem(&stack, path, &wallet("idem-2", now + 3000), &key, "key-2").await;
     assert_eq!(fresh.status, 200, "{}", fresh.text);
     assert_ne!(fresh.json["activity"]["id"], first.json["activity"]["id"]);
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before + 1);
-    // A bad header value.
+    let mut expected = before.clone();
+    expected.insert(fresh.json["activity"]["id"].as_str().unwrap().to_string());
+    assert_eq!(activity_ids(&stack, &org).await, expected);
+    // A bad header value: refused, nothing new.
     let bad = post_idem(&stack, path, &wallet("idem-3", now + 4000), &key, " ").await;
-    assert_eq!(bad.status, 400, "{}", bad.text);
+    refused_raw(&bad, 400, "REQUEST_INVALID", "invalid Idempotency-Key header");
+    assert_eq!(activity_ids(&stack, &org).await, expected);
+    assert_eq!(wallet_names(&stack, &org).await, ["idem", "idem-2"]);
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! End to end: wallets, private keys, signing, export and import, through the official Rust
 //! client against the real binaries and a fresh SoftHSM token.
 
-use coffer_tests::Stack;
+use coffer_tests::{recover_eth_address, refused, Stack};
 use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::{
     AddressFormat, Curve, HashFunction, PathFormat, PayloadEncoding,
@@ -11,7 +11,27 @@ use turnkey_client::generated::{
     ImportWalletIntent, InitImportWalletIntent, PrivateKeyParams, SignRawPayloadIntentV2, WalletAccountParams,
 };
 use turnkey_client::generated::{GetWalletAccountsRequest, GetWalletsRequest};
-use turnkey_client::TurnkeyClientError;
+
+type Client = turnkey_client::TurnkeyClient<turnkey_api_key_stamper::TurnkeyP256ApiKey>;
+
+/// The ids of every activity of the stack's organization (the exact, paged oracle).
+async fn activity_ids(stack: &Stack) -> std::collections::BTreeSet<String> {
+    let activities = stack.activities(&stack.api_key(), &stack.organization_id).await;
+    activities.iter().map(|a| a["id"].as_str().unwrap().to_string()).collect()
+}
+
+/// The organization's wallets as (id, name, exported, imported), in listing order.
+async fn wallets(client: &Client, org: &str) -> Vec<(String, String, bool, bool)> {
+    let w = client.get_wallets(GetWalletsRequest { organization_id: org.into() }).await.unwrap().wallets;
+    w.into_iter().map(|w| (w.wallet_id, w.wallet_name, w.exported, w.imported)).collect()
+}
+
+/// The organization's private keys as (id, name, public key, exported), in listing order.
+async fn private_keys(client: &Client, org: &str) -> Vec<(String, String, String, bool)> {
+    let req = turnkey_client::generated::GetPrivateKeysRequest { organization_id: org.into() };
+    let k = client.get_private_keys(req).await.unwrap().private_keys;
+    k.into_iter().map(|k| (k.private_key_id, k.private_key_name, k.public_key, k.exported)).collect()
+}
 
 const ABANDON: &str = "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about";
 
@@ -41,17 +61,6 @@ fn sign_intent(
         hash_function: hash,
         external_signer_pubkey: None,
     }
-}
-
-/// Recovers the Ethereum address from a secp256k1 r/s/v over `digest` (independent of Coffer).
-fn recover_eth_address(digest: &[u8; 32], r: &str, s: &str, v: &str) -> String {
-    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
-    assert!(sig.normalize_s().is_none(), "signature must be low-S");
-    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
-    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, recid).unwrap();
-    let point = vk.to_encoded_point(false);
-    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
-    format!("0x{}", hex::encode(&hash[12..]))
 }
 
 #[tokio::test]
@@ -91,7 +100,7 @@ async fn wallet_sign_export_import_end_to_end() {
         .unwrap()
         .result;
     let digest: [u8; 32] = sha3::Keccak256::digest(b"hello").into();
-    assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v).to_lowercase(), addrs[0].to_lowercase());
+    assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v), addrs[0].to_lowercase());
 
     // Ed25519: verify against the Solana address (base58 of the public key).
     let sig = client
@@ -133,8 +142,8 @@ async fn wallet_sign_export_import_end_to_end() {
     let derived = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
     assert_eq!(derived, addrs[0].to_lowercase());
 
-    let wallets = client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap();
-    let w = wallets.wallets.iter().find(|w| w.wallet_id == wallet_id).unwrap();
+    let listed = client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap();
+    let w = listed.wallets.iter().find(|w| w.wallet_id == wallet_id).unwrap();
     assert!(w.exported && !w.imported);
 
     // Import the "abandon ... about" mnemonic and get the spec's vectors.
@@ -149,6 +158,8 @@ async fn wallet_sign_export_import_end_to_end() {
     let mut importer = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
     let encrypted =
         importer.encrypt_wallet_with_bundle(ABANDON, &init.result.import_bundle, &org, &stack.user_id).unwrap();
+    let before_import = wallets(&client, &org).await;
+    assert_eq!(before_import.len(), 1, "{before_import:?}");
     let imported = client
         .import_wallet(
             org.clone(),
@@ -172,20 +183,61 @@ async fn wallet_sign_export_import_end_to_end() {
             "HAgk14JpMQLgt6rVgv7cBQFJWFto5Dqxi472uT3DKpqk".to_string()
         ]
     );
-    // The import target is used once: replaying the same bundle fails and changes nothing.
-    let replay = client
-        .import_wallet(
+    // The positive control of the replays below: the first import made a wallet (and an activity).
+    let after_import = wallets(&client, &org).await;
+    assert_eq!(after_import.len(), 2, "{after_import:?}");
+    assert!(after_import.contains(&(imported.result.wallet_id.clone(), "imported".into(), false, true)));
+    let activities = activity_ids(&stack).await;
+    assert!(activities.contains(&imported.activity_id), "the oracle sees the import's activity");
+
+    // The import target is used once: replaying the same bundle (the very import, and under
+    // another name) is refused and changes nothing.
+    let replay = |name: &str, accounts: Vec<WalletAccountParams>, bundle: &str| ImportWalletIntent {
+        user_id: stack.user_id.clone(),
+        wallet_name: name.into(),
+        encrypted_bundle: bundle.into(),
+        accounts,
+    };
+    let same_accounts = || {
+        vec![
+            account(Curve::Secp256k1, "m/44'/60'/0'/0/0", AddressFormat::Ethereum),
+            account(Curve::Ed25519, "m/44'/501'/0'/0'", AddressFormat::Solana),
+        ]
+    };
+    let r = client
+        .import_wallet(org.clone(), client.current_timestamp(), replay("again", same_accounts(), &encrypted))
+        .await;
+    refused(r, 400, "REQUEST_INVALID", "no import in progress for this user");
+    let r = client.import_wallet(org.clone(), client.current_timestamp(), replay("again", vec![], &encrypted)).await;
+    refused(r, 400, "REQUEST_INVALID", "no import in progress for this user");
+    assert_eq!(wallets(&client, &org).await, after_import);
+    assert_eq!(activity_ids(&stack).await, activities);
+    // A new import in progress does not revive the old bundle: it was sealed to the old
+    // target, which the enclave no longer holds; still nothing changes but the new init.
+    let init2 = client
+        .init_import_wallet(
             org.clone(),
             client.current_timestamp(),
-            ImportWalletIntent {
-                user_id: stack.user_id.clone(),
-                wallet_name: "again".into(),
-                encrypted_bundle: encrypted,
-                accounts: vec![],
-            },
+            InitImportWalletIntent { user_id: stack.user_id.clone() },
         )
+        .await
+        .unwrap();
+    let activities = activity_ids(&stack).await;
+    let r = client
+        .import_wallet(org.clone(), client.current_timestamp(), replay("again", same_accounts(), &encrypted))
         .await;
-    assert!(matches!(replay, Err(TurnkeyClientError::UnexpectedHttpStatus(400, _))), "{replay:?}");
+    refused(r, 400, "REQUEST_INVALID", "invalid encrypted bundle");
+    assert_eq!(wallets(&client, &org).await, after_import);
+    assert_eq!(activity_ids(&stack).await, activities);
+    // ...and the new target, untouched by the refused replay, still imports (once).
+    let mut importer = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
+    let fresh =
+        importer.encrypt_wallet_with_bundle(ABANDON, &init2.result.import_bundle, &org, &stack.user_id).unwrap();
+    let again = client
+        .import_wallet(org.clone(), client.current_timestamp(), replay("again", same_accounts(), &fresh))
+        .await
+        .unwrap();
+    assert_eq!(again.result.addresses, imported.result.addresses);
     let accounts = client
         .get_wallet_accounts(GetWalletAccountsRequest {
             organization_id: org.clone(),
@@ -266,23 +318,46 @@ async fn private_keys_sign_export_and_deletion_rules() {
     use p256::ecdsa::signature::Verifier;
     vk.verify(b"hello", &s).unwrap();
 
-    // Unexported keys are not deleted without deleteWithoutExport.
-    let del = client
-        .delete_private_keys(
+    // Unexported keys are not deleted without deleteWithoutExport: the secp256k1 key, and the
+    // P-256 one (alone, and together with the other) are refused, and nothing changes. (The
+    // oracles see what there is: both keys, unexported, and the activities so far.)
+    let keys_before = private_keys(&client, &org).await;
+    assert_eq!(
+        keys_before.iter().map(|k| (k.0.as_str(), k.3)).collect::<Vec<_>>(),
+        [(k1.private_key_id.as_str(), false), (p.private_key_id.as_str(), false)]
+    );
+    let activities = activity_ids(&stack).await;
+    let delete = |ids: Vec<String>, flag: Option<bool>| {
+        client.delete_private_keys(
             org.clone(),
             client.current_timestamp(),
-            turnkey_client::generated::DeletePrivateKeysIntent {
-                private_key_ids: vec![k1.private_key_id.clone()],
-                delete_without_export: None,
-            },
+            turnkey_client::generated::DeletePrivateKeysIntent { private_key_ids: ids, delete_without_export: flag },
         )
-        .await;
-    match del {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
-            assert!(body.contains("WALLET_ACCOUNT_NOT_EXPORTED"), "{body}")
-        }
-        other => panic!("expected 400, got {other:?}"),
-    }
+    };
+    let never_exported =
+        |id: &str| format!("wallet account has not been exported: private key {id} was never exported");
+    let r = delete(vec![k1.private_key_id.clone()], None).await;
+    refused(r, 400, "WALLET_ACCOUNT_NOT_EXPORTED", &never_exported(&k1.private_key_id));
+    let r = delete(vec![p.private_key_id.clone()], None).await;
+    refused(r, 400, "WALLET_ACCOUNT_NOT_EXPORTED", &never_exported(&p.private_key_id));
+    let r = delete(vec![p.private_key_id.clone()], Some(false)).await;
+    refused(r, 400, "WALLET_ACCOUNT_NOT_EXPORTED", &never_exported(&p.private_key_id));
+    let r = delete(vec![p.private_key_id.clone(), k1.private_key_id.clone()], None).await;
+    refused(r, 400, "WALLET_ACCOUNT_NOT_EXPORTED", "was never exported");
+    assert_eq!(private_keys(&client, &org).await, keys_before);
+    assert_eq!(activity_ids(&stack).await, activities);
+    // The refused P-256 key still signs.
+    let sig = client
+        .sign_raw_payload(
+            org.clone(),
+            client.current_timestamp(),
+            sign_intent(&p.private_key_id, "still here", PayloadEncoding::TextUtf8, HashFunction::Sha256),
+        )
+        .await
+        .unwrap()
+        .result;
+    let s = p256::ecdsa::Signature::from_slice(&hex::decode(format!("{}{}", sig.r, sig.s)).unwrap()).unwrap();
+    vk.verify(b"still here", &s).unwrap();
     // Export, decrypt with the official client, check the key, then deletion works.
     let mut target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
     let bundle = client
@@ -316,6 +391,7 @@ async fn private_keys_sign_export_and_deletion_rules() {
         )
         .await
         .unwrap();
+    assert_eq!(private_keys(&client, &org).await, keys_before[1..], "k1 went, once exported");
     // The P-256 key goes only with the flag.
     client
         .delete_private_keys(
@@ -355,14 +431,20 @@ async fn wallet_deletion_rule_and_identical_resubmission() {
     assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED");
     assert_eq!(activity["fingerprint"], format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes()))));
     assert_eq!(activity["votes"][0]["selection"], "VOTE_SELECTION_APPROVED");
-    // Identical bytes, a new stamp: the same activity, and no second wallet.
+    // Identical bytes, a new stamp: the same activity, and no second wallet (nor activity).
+    let activities = activity_ids(&stack).await;
+    assert!(activities.contains(activity["id"].as_str().unwrap()), "{activities:?}");
     let again = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&key)).await;
     assert_eq!(again.status, 200);
     assert_eq!(again.json["activity"]["id"], activity["id"]);
+    assert_eq!(activity_ids(&stack).await, activities);
     let wallet_id = activity["result"]["createWalletResult"]["walletId"].as_str().unwrap().to_string();
     let client = stack.client();
     assert_eq!(client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap().wallets.len(), 1);
 
+    let listed = wallets(&client, &org).await;
+    assert_eq!(listed, [(wallet_id.clone(), "w".to_string(), false, false)]);
+    let activities = activity_ids(&stack).await;
     let del = client
         .delete_wallets(
             org.clone(),
@@ -370,11 +452,10 @@ async fn wallet_deletion_rule_and_identical_resubmission() {
             DeleteWalletsIntent { wallet_ids: vec![wallet_id.clone()], delete_without_export: None },
         )
         .await;
-    assert!(
-        matches!(del, Err(TurnkeyClientError::UnexpectedHttpStatus(400, ref b)) if b.contains("has not been exported")),
-        "{del:?}"
-    );
-    assert_eq!(client.get_wallets(GetWalletsRequest { organization_id: org.clone() }).await.unwrap().wallets.len(), 1);
+    let never_exported = format!("wallet account has not been exported: wallet {wallet_id} was never exported");
+    refused(del, 400, "WALLET_ACCOUNT_NOT_EXPORTED", &never_exported);
+    assert_eq!(wallets(&client, &org).await, listed);
+    assert_eq!(activity_ids(&stack).await, activities);
     client
         .delete_wallets(
             org.clone(),

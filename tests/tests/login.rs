@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use coffer_tests::{refused, RawResponse, Stack};
+use coffer_tests::{refused_any_code as refused, RawResponse, Stack};
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::{json, Value};
 use sha2::Digest;

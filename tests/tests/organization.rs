@@ -1,9 +1,7 @@
 //! End to end: organization features, the root quorum (root-quorum-only activities, threshold
 //! above one waits for consensus), `get_organization` and `get_organization_configs`.
 
-use std::fmt::Debug;
-
-use coffer_tests::Stack;
+use coffer_tests::{refused, refused_raw, Stack};
 use serde_json::{json, Value};
 use turnkey_client::generated::external::data::v1::Quorum;
 use turnkey_client::generated::immutable::activity::v1::ActivityStatus;
@@ -21,20 +19,6 @@ use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
 
 const UNKNOWN_ID: &str = "00000000-0000-4000-8000-000000000000";
-
-/// Asserts an HTTP refusal with `status` whose JSON message contains `needle`.
-#[track_caller]
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 fn feature(name: FeatureName, value: &str) -> Feature {
     Feature { name, value: Some(value.into()) }
@@ -90,10 +74,16 @@ async fn features_set_override_remove() {
     assert_eq!(set(&c, &org, FeatureName::EmailAuth, "disabled").await.unwrap(), overridden);
     assert_eq!(configs(&c, &org).await.0, overridden);
 
-    // Refusals change nothing.
+    // Refusals change nothing. (The oracle sees the three settings above.)
     let activities = stack.activity_count(&stack.api_key(), &org).await;
-    refused(set(&c, &org, FeatureName::Unspecified, "x").await, 400, "invalid feature name");
-    refused(remove(&c, &org, FeatureName::Webhook).await, 404, "organization feature not set: FEATURE_NAME_WEBHOOK");
+    assert_eq!(activities, 3);
+    refused(set(&c, &org, FeatureName::Unspecified, "x").await, 400, "REQUEST_INVALID", "invalid feature name");
+    refused(
+        remove(&c, &org, FeatureName::Webhook).await,
+        404,
+        "REQUEST_INVALID",
+        "organization feature not set: FEATURE_NAME_WEBHOOK",
+    );
     let body = json!({
         "type": "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
         "timestampMs": Stack::now_ms().to_string(),
@@ -102,7 +92,7 @@ async fn features_set_override_remove() {
     })
     .to_string();
     let r = stack.post_raw("/public/v1/submit/set_organization_feature", body.as_bytes(), Some(&stack.api_key())).await;
-    assert_eq!(r.status, 400, "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "invalid feature name");
     assert_eq!(r.json["message"], "invalid feature name: \"FEATURE_NAME_TELEPORT\"");
     assert_eq!(configs(&c, &org).await.0, overridden);
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
@@ -130,7 +120,7 @@ async fn features_set_override_remove() {
         [feature(FeatureName::Webhook, "b"), feature(FeatureName::WebauthnOrigins, "https://b.example")]
     );
     assert_eq!(configs(&c, &org).await.0, [feature(FeatureName::WebauthnOrigins, origins)]);
-    refused(remove(&b, &org_b, FeatureName::EmailAuth).await, 404, "organization feature not set");
+    refused(remove(&b, &org_b, FeatureName::EmailAuth).await, 404, "REQUEST_INVALID", "organization feature not set");
 }
 
 #[tokio::test]
@@ -158,18 +148,35 @@ async fn root_quorum_end_to_end() {
     let root_id = stack.user_id.clone();
 
     // Threshold validation; nothing changes.
-    refused(quorum(&root, &org, 0, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
-    refused(quorum(&root, &org, -1, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
-    refused(quorum(&root, &org, 2, &[&root_id]).await, 400, "quorum threshold must be non-zero integer");
-    refused(quorum(&root, &org, 1, &[]).await, 400, "quorum threshold must be non-zero integer");
-    refused(quorum(&root, &org, 1, &[&root_id, UNKNOWN_ID]).await, 404, "user not found");
-    refused(quorum(&root, &org, 1, &[&root_id, &root_id]).await, 400, "duplicate user id");
+    refused(
+        quorum(&root, &org, 0, &[&root_id]).await,
+        400,
+        "REQUEST_INVALID",
+        "quorum threshold must be non-zero integer",
+    );
+    refused(
+        quorum(&root, &org, -1, &[&root_id]).await,
+        400,
+        "REQUEST_INVALID",
+        "quorum threshold must be non-zero integer",
+    );
+    refused(
+        quorum(&root, &org, 2, &[&root_id]).await,
+        400,
+        "REQUEST_INVALID",
+        "quorum threshold must be non-zero integer",
+    );
+    refused(quorum(&root, &org, 1, &[]).await, 400, "REQUEST_INVALID", "quorum threshold must be non-zero integer");
+    refused(quorum(&root, &org, 1, &[&root_id, UNKNOWN_ID]).await, 404, "REQUEST_INVALID", "user not found");
+    refused(quorum(&root, &org, 1, &[&root_id, &root_id]).await, 400, "REQUEST_INVALID", "duplicate user id");
     assert_eq!(configs(&root, &org).await.1, q(1, &[&root_id]));
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, 0);
 
-    // Threshold 1 with the existing root user: the root user's own vote runs it.
+    // Threshold 1 with the existing root user: the root user's own vote runs it (and the
+    // oracle above sees it: one activity).
     quorum(&root, &org, 1, &[&root_id]).await.unwrap();
     assert_eq!(configs(&root, &org).await.1, q(1, &[&root_id]));
+    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, 1);
 
     // A second user (not root yet) may not submit root-quorum-only activities.
     let alice_key = TurnkeyP256ApiKey::generate();
@@ -196,9 +203,20 @@ async fn root_quorum_end_to_end() {
         .clone();
     let alice = stack.client_with(alice_key);
     let before = stack.activity_count(&stack.api_key(), &org).await;
-    refused(set(&alice, &org, FeatureName::EmailAuth, "x").await, 403, "request not authorized");
-    refused(remove(&alice, &org, FeatureName::EmailAuth).await, 403, "request not authorized");
-    refused(quorum(&alice, &org, 1, &[&alice_id]).await, 403, "request not authorized");
+    assert_eq!(before, 2, "the quorum update and alice's creation");
+    refused(
+        set(&alice, &org, FeatureName::EmailAuth, "x").await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
+    refused(
+        remove(&alice, &org, FeatureName::EmailAuth).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
+    refused(quorum(&alice, &org, 1, &[&alice_id]).await, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
     assert_eq!(configs(&root, &org).await, (vec![], q(1, &[&root_id])));
 
@@ -325,8 +343,7 @@ async fn lists_page_with_pagination_options() {
             again["timestampMs"] = json!((Stack::now_ms() + 1).to_string());
             again["parameters"]["accounts"][0]["path"] = json!("m/44'/60'/0'/0/9");
             let r = post("/public/v1/submit/create_wallet", again).await;
-            assert_eq!(r.status, 400, "{}", r.text);
-            assert!(r.json["message"].as_str().unwrap().contains("wallet name must be unique: \"w0\""), "{}", r.text);
+            refused_raw(&r, 400, "REQUEST_INVALID", "wallet name must be unique: \"w0\"");
         }
     }
     let names = |r: &coffer_tests::RawResponse| -> Vec<String> {
@@ -342,8 +359,7 @@ async fn lists_page_with_pagination_options() {
     assert_eq!(names(&list(json!({"limit": "2", "before": wallet_ids[3]})).await), ["w1", "w2"]);
     assert_eq!(names(&list(json!({"after": wallet_ids[3]})).await), Vec::<String>::new());
     let r = list(json!({"limit": "1001"})).await;
-    assert_eq!(r.status, 400, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("\"1000\""), "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "invalid pagination limit: must be a string from \"1\" to \"1000\"");
 
     // Accounts across wallets, in wallet order, paged the way the SDK pages them.
     let accounts = |options: Value| {
@@ -358,7 +374,8 @@ async fn lists_page_with_pagination_options() {
     assert_eq!(rest.json["accounts"].as_array().unwrap().len(), 1, "{}", rest.text);
     assert_eq!(rest.json["accounts"][0]["walletId"], wallet_ids[3].as_str());
     let r = accounts(json!({"limit": "101"})).await;
-    assert_eq!(r.status, 400, "the SDK's paged lists keep the spec's maximum of 100: {}", r.text);
+    // The SDK's paged lists keep the spec's maximum of 100.
+    refused_raw(&r, 400, "REQUEST_INVALID", "invalid pagination limit: must be a string from \"1\" to \"100\"");
 
     // The users list takes the same options.
     let r =

@@ -1,7 +1,7 @@
 //! End to end: policies (create, batch create, update, delete, read; expressions validated at
 //! write time) and smart contract interfaces, through the official Rust client.
 
-use coffer_tests::{refused, Stack};
+use coffer_tests::{refused_any_code as refused, Stack};
 use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::external::data::v1::{Policy, Timestamp};

@@ -4,7 +4,7 @@
 //! policies over `eth.tx`, ABI-decoded calls and `solana.tx` for a user who is not root.
 
 use coffer_tests::rlp::{rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint};
-use coffer_tests::{refused, Stack};
+use coffer_tests::{eth_address, recover_secp256k1 as recover, refused, settled, Stack};
 use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
@@ -25,21 +25,17 @@ fn be_number(b: &[u8]) -> u64 {
     b.iter().fold(0u64, |a, x| a << 8 | u64::from(*x))
 }
 
-fn eth_address(vk: &k256::ecdsa::VerifyingKey) -> String {
-    let point = vk.to_encoded_point(false);
-    format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
-}
-
-fn recover(digest: &[u8; 32], r: &[u8], s: &[u8], parity: u8) -> k256::ecdsa::VerifyingKey {
-    let pad = |x: &[u8]| {
-        let mut out = [0u8; 32];
-        out[32 - x.len()..].copy_from_slice(x);
-        out
+/// How many transactions the enclave has signed and returned: the gateway's count of enclave
+/// `SignTransaction` calls that succeeded (its `allow` audit lines count attempts the enclave
+/// authorized, some of which it then refuses, e.g. for the wrong curve), once it has stopped
+/// changing for 300 ms.
+async fn signed_transactions(stack: &Stack) -> usize {
+    let read = || async {
+        let text = reqwest::get(format!("{}/metrics", stack.base_url)).await.unwrap().text().await.unwrap();
+        let series = r#"coffer_enclave_calls_total{method="SignTransaction",outcome="ok"} "#;
+        text.lines().find_map(|l| l.strip_prefix(series)).map_or(0, |v| v.parse::<usize>().unwrap())
     };
-    let sig = k256::ecdsa::Signature::from_scalars(pad(r), pad(s)).unwrap();
-    assert!(sig.normalize_s().is_none(), "low-S");
-    k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, k256::ecdsa::RecoveryId::from_byte(parity).unwrap())
-        .unwrap()
+    settled("the enclave's transaction signings", read, std::time::Duration::from_millis(300)).await
 }
 
 /// Checks a signed Ethereum transaction against the unsigned one it came from: the same fields
@@ -331,6 +327,7 @@ async fn transactions_end_to_end() {
     refused(
         sign(&root, &org, &a.sol, &not_ours, TransactionType::Solana).await,
         400,
+        "REQUEST_INVALID",
         "signWith is not a required signer of this Solana transaction",
     );
 
@@ -369,29 +366,51 @@ async fn transactions_end_to_end() {
         assert_eq!(tron, owner, "recovered to the Tron account");
     }
 
-    // Refusals: each a 400 naming the problem, and nothing recorded.
-    let before = stack.activity_count(&stack.api_key(), &org).await;
+    // Refusals: each a 400 naming the problem, and nothing recorded or signed. (The oracles see
+    // what there is: the activities and the signatures above.)
+    let before = stack.activities(&stack.api_key(), &org).await;
+    let signed = signed_transactions(&stack).await;
+    assert!(signed > 0 && before.len() >= signed, "{signed} signed, {} activities", before.len());
     let mut trailing = tx.clone();
     trailing.push(0);
     refused(
         sign(&root, &org, &a.eth, &trailing, TransactionType::Ethereum).await,
         400,
+        "REQUEST_INVALID",
         "unsignedTransaction: 1 trailing bytes after the transaction",
     );
-    refused(sign(&root, &org, &a.eth, &[0x02, 0xc1], TransactionType::Ethereum).await, 400, "unsignedTransaction:");
-    refused(sign(&root, &org, &a.eth, &tx, TransactionType::Bitcoin).await, 400, "not supported yet");
-    refused(sign(&root, &org, &a.eth, &tx, TransactionType::Solana).await, 400, "unsignedTransaction");
+    refused(
+        sign(&root, &org, &a.eth, &[0x02, 0xc1], TransactionType::Ethereum).await,
+        400,
+        "REQUEST_INVALID",
+        "unsignedTransaction:",
+    );
+    refused(
+        sign(&root, &org, &a.eth, &tx, TransactionType::Bitcoin).await,
+        400,
+        "REQUEST_INVALID",
+        "not supported yet",
+    );
+    refused(
+        sign(&root, &org, &a.eth, &tx, TransactionType::Solana).await,
+        400,
+        "REQUEST_INVALID",
+        "unsignedTransaction",
+    );
     refused(
         sign(&root, &org, &a.sol, &tx, TransactionType::Ethereum).await,
         400,
+        "REQUEST_INVALID",
         "signWith: Ethereum transactions are signed by a CURVE_SECP256K1 key",
     );
     refused(
         sign(&root, &org, "0x0000000000000000000000000000000000000001", &tx, TransactionType::Ethereum).await,
         404,
+        "REQUEST_INVALID",
         "no wallet account or private key found",
     );
-    assert_eq!(stack.activity_count(&stack.api_key(), &org).await, before);
+    assert_eq!(stack.activities(&stack.api_key(), &org).await, before);
+    assert_eq!(signed_transactions(&stack).await, signed);
 
     policies_over_transactions(&stack, &root, &org, &a).await;
 }
@@ -409,6 +428,7 @@ async fn add_policy(root: &Client, org: &str, name: &str, effect: Effect, condit
 }
 
 async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: &Accounts) {
+    let signed_before = signed_transactions(stack).await;
     // Alice is not root: only policies let her sign.
     let key = TurnkeyP256ApiKey::generate();
     let user = UserParamsV4 {
@@ -453,17 +473,33 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
     let eth = |to: &str, value: u128| eip1559(3, to, value, &[]);
     let ok = sign(&alice, org, &a.eth, &eth(friend, 500), TransactionType::Ethereum).await.unwrap();
     check_signed_ethereum(&eth(friend, 500), &ok, &a.eth);
-    refused(sign(&alice, org, &a.eth, &eth(stranger, 500), TransactionType::Ethereum).await, 403, "not authorized");
-    refused(sign(&alice, org, &a.eth, &eth(friend, 1001), TransactionType::Ethereum).await, 403, "not authorized");
+    refused(
+        sign(&alice, org, &a.eth, &eth(stranger, 500), TransactionType::Ethereum).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
+    refused(
+        sign(&alice, org, &a.eth, &eth(friend, 1001), TransactionType::Ethereum).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
     // 2^200 wei does not fit in an i128 and still compares as a number.
     let mut huge = vec![1u8];
     huge.extend([0u8; 25]);
     let huge = eip1559_value(3, friend, rlp_bytes(&huge), &[]);
-    refused(sign(&alice, org, &a.eth, &huge, TransactionType::Ethereum).await, 403, "not authorized");
+    refused(
+        sign(&alice, org, &a.eth, &huge, TransactionType::Ethereum).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
     // A malformed transaction is a 400 for her too, not a policy error.
     refused(
         sign(&alice, org, &a.eth, &[0x02, 0xc0, 0x00], TransactionType::Ethereum).await,
         400,
+        "REQUEST_INVALID",
         "unsignedTransaction",
     );
 
@@ -507,16 +543,23 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
     refused(
         sign(&alice, org, &a.eth, &call(erc20_transfer(stranger, 250)), TransactionType::Ethereum).await,
         403,
-        "not authorized",
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
     );
     refused(
         sign(&alice, org, &a.eth, &call(erc20_transfer(recipient, 2_000_000)), TransactionType::Ethereum).await,
         403,
-        "not authorized",
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
     );
     let mut approve = erc20_transfer(recipient, 250);
     approve[..4].copy_from_slice(&hex::decode("095ea7b3").unwrap());
-    refused(sign(&alice, org, &a.eth, &call(approve), TransactionType::Ethereum).await, 403, "not authorized");
+    refused(
+        sign(&alice, org, &a.eth, &call(approve), TransactionType::Ethereum).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
 
     // Solana: System Program transfers of at most 1000 lamports.
     add_policy(
@@ -532,7 +575,12 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
     let (small, _) = solana_transfer(ours, ours, [9u8; 32], 1000, true);
     sign(&alice, org, &a.sol, &small, TransactionType::Solana).await.unwrap();
     let (large, _) = solana_transfer(ours, ours, [9u8; 32], 1001, true);
-    refused(sign(&alice, org, &a.sol, &large, TransactionType::Solana).await, 403, "not authorized");
+    refused(
+        sign(&alice, org, &a.sol, &large, TransactionType::Solana).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
 
     // An Anchor program's `deposit` of at most 100, through an uploaded IDL.
     let program = bs58::encode([77u8; 32]).into_string();
@@ -569,6 +617,18 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
         solana_call(ours, [77u8; 32], &data)
     };
     sign(&alice, org, &a.sol, &anchor("deposit", 100), TransactionType::Solana).await.unwrap();
-    refused(sign(&alice, org, &a.sol, &anchor("deposit", 101), TransactionType::Solana).await, 403, "not authorized");
-    refused(sign(&alice, org, &a.sol, &anchor("withdraw", 1), TransactionType::Solana).await, 403, "not authorized");
+    refused(
+        sign(&alice, org, &a.sol, &anchor("deposit", 101), TransactionType::Solana).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
+    refused(
+        sign(&alice, org, &a.sol, &anchor("withdraw", 1), TransactionType::Solana).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "request not authorized",
+    );
+    // The enclave signed exactly her four allowed transactions, none of the refused ones.
+    assert_eq!(signed_transactions(stack).await, signed_before + 4);
 }

@@ -2,7 +2,7 @@
 //! change nothing, and deleting an app with its deployments, through the official Rust client.
 
 use base64::Engine;
-use coffer_tests::{refused, Stack};
+use coffer_tests::{refused_any_code as refused, Stack};
 use serde_json::Value;
 use turnkey_client::generated::external::data::v1::{TvcDeployment, TvcOperator, TvcOperatorSet};
 use turnkey_client::generated::immutable::common::v1::TvcHealthCheckType;

@@ -1,10 +1,9 @@
 //! End to end: users, API keys (curves, expiry, deletion) and user / private-key tags, through
 //! the official Rust client against the real binaries.
 
-use std::fmt::Debug;
 use std::time::Duration;
 
-use coffer_tests::Stack;
+use coffer_tests::{refused, Stack};
 use turnkey_client::generated::external::data::v1::{TagType, User};
 use turnkey_client::generated::immutable::common::v1::{AddressFormat, ApiKeyCurve, CredentialType, Curve};
 use turnkey_client::generated::{
@@ -17,17 +16,6 @@ use turnkey_client::generated::{
 use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey, TurnkeySecp256k1ApiKey};
 
 const UNKNOWN_ID: &str = "00000000-0000-4000-8000-000000000000";
-
-/// Asserts an HTTP refusal with `status` whose body contains `needle`.
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            assert!(body.contains(needle), "expected {needle:?} in {body}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 fn p256_params(name: &str, key: &TurnkeyP256ApiKey, expiration: Option<&str>) -> ApiKeyParamsV2 {
     ApiKeyParamsV2 {
@@ -179,14 +167,17 @@ async fn users_and_api_keys_end_to_end() {
     assert_eq!((got.api_key_name.as_str(), got.expiration_seconds), ("short", Some(2)));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let expired = whoami(&short_client, &org).await;
-    refused(expired, 401, "expired api key");
-    refused(whoami(&short_client, &org).await, 401, "API_KEY_EXPIRED");
+    refused(expired, 401, "API_KEY_EXPIRED", "expired api key");
+    refused(whoami(&short_client, &org).await, 401, "API_KEY_EXPIRED", "expired api key");
     let alices =
         root.get_api_keys(GetApiKeysRequest { organization_id: org.clone(), user_id: Some(alice_id.clone()) }).await;
     assert_eq!(alices.unwrap().api_keys.len(), 3);
     assert_eq!(key_count(&root, &org).await, 4);
 
-    // Refusals change nothing.
+    // Refusals change nothing: no key, no user, no activity. (The oracles see what there is:
+    // four keys, two users, the activities so far.)
+    let activities = stack.activities(&stack.api_key(), &org).await;
+    assert_eq!(users(&root, &org).await.len(), 2);
     let add = |params: ApiKeyParamsV2, user_id: &str| CreateApiKeysIntentV2 {
         api_keys: vec![params],
         user_id: user_id.to_string(),
@@ -196,6 +187,7 @@ async fn users_and_api_keys_end_to_end() {
         root.create_api_keys(org.clone(), root.current_timestamp(), add(p256_params("x", &fresh, None), UNKNOWN_ID))
             .await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
     let mut bad = p256_params("bad", &fresh, None);
@@ -203,6 +195,7 @@ async fn users_and_api_keys_end_to_end() {
     refused(
         root.create_api_keys(org.clone(), root.current_timestamp(), add(bad, &alice_id)).await,
         400,
+        "REQUEST_INVALID",
         "invalid api key public key",
     );
     let mut wrong_curve = p256_params("ed", &fresh, None);
@@ -210,6 +203,7 @@ async fn users_and_api_keys_end_to_end() {
     refused(
         root.create_api_keys(org.clone(), root.current_timestamp(), add(wrong_curve, &alice_id)).await,
         400,
+        "REQUEST_INVALID",
         "invalid api key public key for API_KEY_CURVE_ED25519",
     );
     for exp in ["0", "soon"] {
@@ -221,6 +215,7 @@ async fn users_and_api_keys_end_to_end() {
             )
             .await,
             400,
+            "REQUEST_INVALID",
             "invalid api key expiration",
         );
     }
@@ -229,6 +224,7 @@ async fn users_and_api_keys_end_to_end() {
         root.create_api_keys(org.clone(), root.current_timestamp(), add(dup, &stack.user_id)).await,
         400,
         "CREDENTIAL_CONFLICT",
+        &format!("api key public key already exists in this organization: {alice_pk}"),
     );
     // One bad key in a batch refuses the whole batch.
     let batch = CreateApiKeysIntentV2 {
@@ -238,17 +234,20 @@ async fn users_and_api_keys_end_to_end() {
     refused(
         root.create_api_keys(org.clone(), root.current_timestamp(), batch).await,
         400,
+        "REQUEST_INVALID",
         "invalid api key expiration",
     );
     assert_eq!(key_count(&root, &org).await, 4);
     refused(
         root.get_user(GetUserRequest { organization_id: org.clone(), user_id: UNKNOWN_ID.into() }).await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
     refused(
         root.get_api_key(GetApiKeyRequest { organization_id: org.clone(), api_key_id: UNKNOWN_ID.into() }).await,
         404,
+        "REQUEST_INVALID",
         "api key not found",
     );
     refused(
@@ -259,6 +258,7 @@ async fn users_and_api_keys_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
     refused(
@@ -269,6 +269,7 @@ async fn users_and_api_keys_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "cannot delete a root quorum member",
     );
     refused(
@@ -279,6 +280,7 @@ async fn users_and_api_keys_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "api key not found",
     );
     let mut bad_email = user_params("bob", vec![], vec![]);
@@ -287,9 +289,11 @@ async fn users_and_api_keys_end_to_end() {
         root.create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![bad_email] }).await,
         400,
         "INVALID_EMAIL",
+        "invalid email: \"not-an-email\"",
     );
     assert_eq!(users(&root, &org).await.len(), 2);
     assert_eq!(key_count(&root, &org).await, 4);
+    assert_eq!(stack.activities(&stack.api_key(), &org).await, activities);
 
     // Update: name and email change, tags (an empty list) stay as they are.
     let before = user(&root, &org, &alice_id).await;
@@ -325,6 +329,7 @@ async fn users_and_api_keys_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
 
@@ -338,7 +343,7 @@ async fn users_and_api_keys_end_to_end() {
         .await
         .unwrap();
     assert_eq!(del.result.api_key_ids, vec![k1_id.clone()]);
-    refused(whoami(&k1_client, &org).await, 401, "could not find public key");
+    refused(whoami(&k1_client, &org).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     assert_eq!(whoami(&alice, &org).await.unwrap(), alice_id);
 
     // Deleting the user: its keys stop working at once.
@@ -347,13 +352,14 @@ async fn users_and_api_keys_end_to_end() {
         .await
         .unwrap();
     assert_eq!(gone.result.user_ids, vec![alice_id.clone()]);
-    refused(whoami(&alice, &org).await, 401, "PUBLIC_KEY_NOT_FOUND");
+    refused(whoami(&alice, &org).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     let left = users(&root, &org).await;
     assert_eq!(left.iter().map(|u| u.user_id.as_str()).collect::<Vec<_>>(), vec![stack.user_id.as_str()]);
     assert_eq!(key_count(&root, &org).await, 1);
     refused(
         root.get_api_key(GetApiKeyRequest { organization_id: org.clone(), api_key_id: short_id }).await,
         404,
+        "REQUEST_INVALID",
         "api key not found",
     );
 }
@@ -396,6 +402,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         c.create_user_tag(org.clone(), ts(), CreateUserTagIntent { user_tag_name: "admins".into(), user_ids: vec![] })
             .await,
         400,
+        "REQUEST_INVALID",
         "user tag name must be unique",
     );
     refused(
@@ -406,6 +413,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
     let list = || c.list_user_tags(ListUserTagsRequest { organization_id: org.clone() });
@@ -425,6 +433,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
     refused(
         c.update_user_tag(org.clone(), ts(), update(Some("ops"), vec![b.clone()], vec![])).await,
         400,
+        "REQUEST_INVALID",
         "user tag name must be unique",
     );
     // ... and so does a valid rename plus an unknown user.
@@ -436,6 +445,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user not found",
     );
     assert_admins_only_a(&c, &org, &admins, &a, &b).await;
@@ -452,6 +462,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user tag not found",
     );
     assert_admins_only_a(&c, &org, &admins, &a, &b).await;
@@ -476,6 +487,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
     refused(
         c.update_user(org.clone(), ts(), set_tags(&b, vec![admins.clone(), UNKNOWN_ID.into()])).await,
         404,
+        "REQUEST_INVALID",
         "user tag not found",
     );
     assert_eq!(user(&c, &org, &b).await.user_tags, vec![ops.clone()]);
@@ -501,6 +513,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "user tag not found",
     );
     assert_eq!(list().await.unwrap().user_tags.len(), 2);
@@ -575,6 +588,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "private key tag name must be unique",
     );
     let pk_update = |name: Option<&str>, add: Vec<String>, remove: Vec<String>| UpdatePrivateKeyTagIntent {
@@ -586,6 +600,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
     refused(
         c.update_private_key_tag(org.clone(), ts(), pk_update(Some("cold"), vec![k2.clone()], vec![k1.clone()])).await,
         400,
+        "REQUEST_INVALID",
         "private key tag name must be unique",
     );
     refused(
@@ -596,6 +611,7 @@ async fn user_and_private_key_tags_with_atomic_updates() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "private key not found",
     );
     assert_eq!(key_tags(&c, &org, k1.clone()).await, vec![hot.clone()]);

@@ -2,7 +2,9 @@
 //! per-organization limit, and the refusals (private targets, unsupported event types, filters)
 //! that record nothing.
 
-use coffer_tests::{RawResponse, Stack};
+use std::time::Duration;
+
+use coffer_tests::{refused_raw, settled, RawResponse, Stack};
 use serde_json::{json, Value};
 use turnkey_api_key_stamper::TurnkeyP256ApiKey;
 
@@ -27,12 +29,26 @@ async fn endpoints(stack: &Stack, key: &TurnkeyP256ApiKey) -> Vec<Value> {
     r.json["webhookEndpoints"].as_array().unwrap().clone()
 }
 
+/// A refusal of a malformed or unknown request ([`refused_raw`] with `REQUEST_INVALID`).
 #[track_caller]
 fn refused(r: &RawResponse, status: u16, needle: &str) {
-    assert_eq!(r.status, status, "{}", r.text);
-    assert_eq!(r.content_type.as_deref(), Some("application/json"));
-    let m = r.json["message"].as_str().unwrap_or_default();
-    assert!(m.contains(needle), "message {m:?} should contain {needle:?}");
+    refused_raw(r, status, "REQUEST_INVALID", needle);
+}
+
+/// What the receiver saw, once it has seen at least `at_least` requests (waiting up to
+/// `within`) and then nothing new for 2 s: a late duplicate or a stray delivery would be in
+/// it. The caller asserts the exact contents.
+async fn settled_seen(
+    seen: &Seen,
+    at_least: usize,
+    within: Duration,
+) -> Vec<(String, std::collections::HashMap<String, String>, String)> {
+    let deadline = std::time::Instant::now() + within;
+    while seen.lock().unwrap().len() < at_least && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    settled("the receiver's requests", || async { seen.lock().unwrap().len() }, Duration::from_secs(2)).await;
+    seen.lock().unwrap().clone()
 }
 
 #[tokio::test]
@@ -40,21 +56,23 @@ async fn endpoints_are_created_listed_updated_deleted_and_private_targets_refuse
     let stack = Stack::start().await;
     let key = stack.api_key();
     let sub = |event: &str| json!({"eventType": event});
+    let activities = stack.activities(&key, &stack.organization_id).await;
 
     // Targets a webhook may not reach, with the development setting off (the default).
-    for url in [
-        "http://hooks.example.com/coffer",
-        "https://127.0.0.1/hook",
-        "https://10.0.0.1/hook",
-        "https://169.254.169.254/latest/meta-data",
-        "https://[::1]/hook",
-        "https://user:secret@hooks.example.com/hook",
-        "https://localhost/hook",
-        "hooks.example.com/relative",
+    const PRIVATE: &str = "url host is a loopback, private, link-local or metadata address";
+    for (url, why) in [
+        ("http://hooks.example.com/coffer", "url must use https://"),
+        ("https://127.0.0.1/hook", PRIVATE),
+        ("https://10.0.0.1/hook", PRIVATE),
+        ("https://169.254.169.254/latest/meta-data", PRIVATE),
+        ("https://[::1]/hook", PRIVATE),
+        ("https://user:secret@hooks.example.com/hook", "url must not carry a user name or password"),
+        ("https://localhost/hook", PRIVATE),
+        ("hooks.example.com/relative", "url is not an absolute URL"),
     ] {
         let r =
             create(&stack, &key, json!({"url": url, "name": "x", "subscriptions": [sub("ACTIVITY_UPDATES")]})).await;
-        assert_eq!(r.status, 400, "{url}: {}", r.text);
+        refused(&r, 400, why);
         assert_eq!(r.json["code"], 3, "{url}");
     }
     let r = create(
@@ -79,6 +97,7 @@ async fn endpoints_are_created_listed_updated_deleted_and_private_targets_refuse
     let r = create(&stack, &key, json!({"url": "https://hooks.example.com/a", "name": "", "subscriptions": []})).await;
     refused(&r, 400, "name is required");
     assert!(endpoints(&stack, &key).await.is_empty(), "a refusal records nothing");
+    assert_eq!(stack.activities(&key, &stack.organization_id).await, activities, "nor an activity");
 
     // Create: active unless told otherwise, subscriptions as given.
     let filters = "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_WALLET\"]}";
@@ -95,8 +114,10 @@ async fn endpoints_are_created_listed_updated_deleted_and_private_targets_refuse
     let result = &r.json["activity"]["result"]["createWebhookEndpointResult"];
     let id = result["endpointId"].as_str().unwrap().to_string();
     assert_eq!(result["webhookEndpoint"]["endpointId"], id.as_str());
+    // The checks above see what is there: this endpoint, and its activity.
     let listed = endpoints(&stack, &key).await;
     assert_eq!(listed.len(), 1);
+    assert_eq!(stack.activity_count(&key, &stack.organization_id).await, activities.len() + 1);
     let e = &listed[0];
     assert_eq!(e["endpointId"], id.as_str());
     assert_eq!(e["organizationId"], stack.organization_id.as_str());
@@ -141,9 +162,11 @@ async fn endpoints_are_created_listed_updated_deleted_and_private_targets_refuse
             .await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
+    let full = endpoints(&stack, &key).await;
+    assert_eq!(full.len(), 10);
     let r = create(&stack, &key, json!({"url": "https://hooks.example.com/11", "name": "one too many"})).await;
     refused(&r, 400, "at most 10 webhook endpoints");
-    assert_eq!(endpoints(&stack, &key).await.len(), 10);
+    assert_eq!(endpoints(&stack, &key).await, full);
 
     // Delete.
     let delete = |params: Value| {
@@ -303,11 +326,10 @@ async fn activity_updates_are_delivered_signed_retried_and_stopped() {
     assert_eq!(r.status, 200, "{}", r.text);
     let activity_id = r.json["activity"]["id"].as_str().unwrap().to_string();
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    let on = |path: &str| seen.lock().unwrap().iter().filter(|(p, ..)| p == path).cloned().collect::<Vec<_>>();
-    while on("/retry").len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // /retry's two attempts and /refuse's one, then nothing more for 2 s.
+    let all = settled_seen(&seen, 3, Duration::from_secs(15)).await;
+    let on = |path: &str| all.iter().filter(|(p, ..)| p == path).cloned().collect::<Vec<_>>();
+    assert_eq!(all.len(), 3, "{all:?}");
     let retry = on("/retry");
     assert_eq!(retry.len(), 2, "a 503, then the retry that got a 200");
     let jwks: Value = reqwest::get(format!("{}/public/v1/discovery/webhooks/jwks", stack.base_url))
@@ -428,12 +450,8 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     stack.wait_healthy().await;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let (base, seen) = receiver_on(listener, &[("/parent", vec![200])]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let got = seen.lock().unwrap().clone();
-    assert_eq!(got.len(), 1, "delivered once after the restart ({base})");
+    let got = settled_seen(&seen, 1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1, "delivered once after the restart, and not again ({base}): {got:?}");
     let (path, headers, body) = &got[0];
     assert_eq!(path, "/parent");
     assert_eq!(headers["x-turnkey-organization-id"], child, "the activity's own organization");
@@ -446,12 +464,9 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {d}");
 
     // The event the dead gateway held is sent again by the new one, long before its lease
-    // (a minute) would have lapsed: same event id, answered this time.
-    while held_seen.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let held = held_seen.lock().unwrap().clone();
-    assert_eq!(held.len(), 2, "sent again after the restart");
+    // (a minute) would have lapsed: same event id, answered this time, and not sent a third time.
+    let held = settled_seen(&held_seen, 2, Duration::from_secs(20)).await;
+    assert_eq!(held.len(), 2, "sent again after the restart, once: {held:?}");
     assert_eq!(held[0].1["x-turnkey-event-id"], held[1].1["x-turnkey-event-id"], "the same event");
     assert_eq!(serde_json::from_str::<Value>(&held[1].2).unwrap()["id"], activity_id.as_str());
     let d = &settled_deliveries(&stack, &key, held_endpoint).await[0];
@@ -511,11 +526,7 @@ async fn consensus_is_reported_when_it_waits_and_when_it_completes() {
     let r = stack.post_raw("/public/v1/submit/approve_activity", approve.to_string().as_bytes(), Some(&second)).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while seen.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let got = seen.lock().unwrap().clone();
+    let got = settled_seen(&seen, 2, Duration::from_secs(10)).await;
     let statuses: std::collections::BTreeSet<String> = got
         .iter()
         .map(|(_, _, body)| {
@@ -576,9 +587,8 @@ async fn on_postgres_two_gateways_deliver_each_event_once() {
     }
     assert_eq!(settled.len(), EVENTS, "{settled:?}");
     assert!(settled.iter().all(|d| d["status"] == "DELIVERED"), "{settled:?}");
-    // A moment for a duplicate to arrive, if a retry were sent by both gateways.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let got = seen.lock().unwrap().clone();
+    // Settled: a duplicate (a retry sent by both gateways) would arrive within the quiet time.
+    let got = settled_seen(&seen, EVENTS + REFUSED, Duration::from_secs(10)).await;
     let mut per_event: std::collections::HashMap<String, usize> = Default::default();
     for (_, headers, _) in &got {
         *per_event.entry(headers["x-turnkey-event-id"].clone()).or_default() += 1;
