@@ -200,6 +200,7 @@ impl SolanaTx {
                 return Err(invalid(format_args!("instructions[{i}]: account index {a} is out of range")));
             }
         }
+        self.value_moves()?;
         Ok(())
     }
 
@@ -236,6 +237,8 @@ impl SolanaTx {
         out
     }
 
+    /// The base58 key of account `index`, or `None` when the account is loaded from an address
+    /// lookup table (a v0 message): the table's contents are on chain, not in the message.
     fn key(&self, index: u8) -> Option<String> {
         self.account_keys.get(usize::from(index)).map(|k| bs58::encode(k).into_string())
     }
@@ -273,9 +276,33 @@ impl SolanaTx {
         self.instructions.iter().map(|ix| self.key(ix.program).unwrap_or_default()).collect()
     }
 
+    /// Every System, SPL Token and Token-2022 instruction that moves value, decoded as the
+    /// programs do; an instruction of one of those kinds that the program would refuse (data
+    /// shorter than its layout, too few accounts) is an error naming it.
+    fn value_moves(&self) -> Result<Vec<(usize, Move)>, TxError> {
+        let mut out = Vec::new();
+        for (i, ix) in self.instructions.iter().enumerate() {
+            let program = self.key(ix.program).unwrap_or_default();
+            let decoded = match program.as_str() {
+                SYSTEM_PROGRAM => system_move(&ix.data, ix.accounts.len()),
+                TOKEN_PROGRAM => token_move(&ix.data, ix.accounts.len(), false),
+                TOKEN_2022_PROGRAM => token_move(&ix.data, ix.accounts.len(), true),
+                _ => Ok(None),
+            };
+            match decoded {
+                Ok(Some(m)) => out.push((i, m)),
+                Ok(None) => {}
+                Err(reason) => return Err(invalid(format_args!("instructions[{i}]: {reason}"))),
+            }
+        }
+        Ok(out)
+    }
+
     /// `solana.tx` without what an IDL adds (spec 12.4): keys are base58, amounts numbers.
     /// Accounts a v0 message loads from a lookup table cannot be named offline: their
-    /// `account_key` is empty and `address_table_lookups` lists the tables.
+    /// `account_key` is absent (and `address_table_key` / `address_table_index` say where they
+    /// come from), and so is a transfer's `from` / `to` / `owner` / `mint` naming one, with
+    /// `<field>_known: false`; a policy that reads the missing field gets an evaluation error.
     pub fn facts(&self) -> Facts {
         let mut f = Facts::new();
         let keys: Vec<Val> = self.account_keys.iter().map(|k| text(bs58::encode(k).into_string())).collect();
@@ -289,39 +316,50 @@ impl SolanaTx {
         f.insert("program_keys".into(), Val::List(programs.into_iter().map(text).collect()));
         f.insert("recent_blockhash".into(), text(bs58::encode(self.recent_blockhash).into_string()));
         let (mut transfers, mut spl) = (Vec::new(), Vec::new());
+        // `parse` refused every transaction whose value moves do not decode.
+        for (i, m) in self.value_moves().unwrap_or_default() {
+            let ix = &self.instructions[i];
+            let mut e = Facts::new();
+            e.insert("kind".into(), text(m.kind));
+            e.insert("instruction_index".into(), uint(i));
+            e.insert("amount".into(), uint(m.amount));
+            if let Some(fee) = m.fee {
+                e.insert("fee".into(), uint(fee));
+            }
+            for (name, position) in m.accounts {
+                let known = self.key(ix.accounts[*position]);
+                e.insert(format!("{name}_known"), Val::Bool(known.is_some()));
+                if let Some(k) = known {
+                    e.insert((*name).into(), text(k));
+                }
+            }
+            if m.token {
+                spl.push(Val::Map(e));
+            } else {
+                transfers.push(Val::Map(e));
+            }
+        }
         let instructions = self
             .instructions
             .iter()
             .map(|ix| {
                 let program = self.key(ix.program).unwrap_or_default();
-                let account = |n: usize| ix.accounts.get(n).and_then(|a| self.key(*a)).unwrap_or_default();
-                if let Some(t) = system_transfer(&program, &ix.data, ix.accounts.len()) {
-                    let mut m = Facts::new();
-                    m.insert("from".into(), text(account(0)));
-                    m.insert("to".into(), text(account(1)));
-                    m.insert("amount".into(), uint(t));
-                    transfers.push(Val::Map(m));
-                }
-                if let Some((amount, checked)) = token_transfer(&program, &ix.data, ix.accounts.len()) {
-                    let mut m = Facts::new();
-                    m.insert("amount".into(), uint(amount));
-                    m.insert("from".into(), text(account(0)));
-                    if checked {
-                        m.insert("mint".into(), text(account(1)));
-                        m.insert("to".into(), text(account(2)));
-                        m.insert("owner".into(), text(account(3)));
-                    } else {
-                        m.insert("to".into(), text(account(1)));
-                        m.insert("owner".into(), text(account(2)));
-                    }
-                    spl.push(Val::Map(m));
-                }
                 let accounts = ix
                     .accounts
                     .iter()
                     .map(|a| {
                         let mut m = Facts::new();
-                        m.insert("account_key".into(), text(self.key(*a).unwrap_or_default()));
+                        match self.key(*a) {
+                            Some(k) => {
+                                m.insert("account_key".into(), text(k));
+                            }
+                            None => {
+                                if let Some((table, index)) = self.loaded_from(*a) {
+                                    m.insert("address_table_key".into(), text(table));
+                                    m.insert("address_table_index".into(), uint(index));
+                                }
+                            }
+                        }
                         m.insert("signer".into(), Val::Bool(self.is_signer(*a)));
                         m.insert("writable".into(), Val::Bool(self.is_writable(*a)));
                         Val::Map(m)
@@ -351,29 +389,128 @@ impl SolanaTx {
         f.insert("address_table_lookups".into(), Val::List(lookups));
         f
     }
+
+    /// The lookup table (base58) and the index in it of an account a v0 message loads: the
+    /// runtime appends every table's writable entries, then every table's read-only entries.
+    fn loaded_from(&self, index: u8) -> Option<(String, u8)> {
+        let mut at = usize::from(index).checked_sub(self.account_keys.len())?;
+        for pass in [true, false] {
+            for l in &self.lookups {
+                let entries = if pass { &l.writable } else { &l.readonly };
+                if at < entries.len() {
+                    return Some((bs58::encode(l.table).into_string(), entries[at]));
+                }
+                at -= entries.len();
+            }
+        }
+        None
+    }
 }
 
-/// A System Program `Transfer` (instruction 2, u64 lamports; accounts from, to).
-fn system_transfer(program: &str, data: &[u8], accounts: usize) -> Option<u64> {
-    if program != SYSTEM_PROGRAM || data.len() != 12 || data[..4] != [2, 0, 0, 0] || accounts < 2 {
-        return None;
-    }
-    Some(u64::from_le_bytes(data[4..12].try_into().ok()?))
+/// One instruction that moves value: lamports (System) or token base units (SPL Token,
+/// Token-2022), and where each named account is among the instruction's accounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Move {
+    kind: &'static str,
+    token: bool,
+    amount: u64,
+    fee: Option<u64>,
+    accounts: &'static [(&'static str, usize)],
 }
 
-/// An SPL Token (or Token-2022) `Transfer` (3: u64; source, destination, owner) or
-/// `TransferChecked` (12: u64, u8 decimals; source, mint, destination, owner): the amount and
-/// whether it is the checked form.
-fn token_transfer(program: &str, data: &[u8], accounts: usize) -> Option<(u64, bool)> {
-    if program != TOKEN_PROGRAM && program != TOKEN_2022_PROGRAM {
-        return None;
+fn le_u64(data: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(data.get(at..at.checked_add(8)?)?.try_into().ok()?))
+}
+
+/// The end of a bincode `String` (u64 length, then UTF-8 bytes) starting at `at`, if it is
+/// there and valid (bincode refuses invalid UTF-8).
+fn bincode_string_end(data: &[u8], at: usize) -> Option<usize> {
+    let len = usize::try_from(le_u64(data, at)?).ok()?;
+    let end = at.checked_add(8)?.checked_add(len)?;
+    std::str::from_utf8(data.get(at + 8..end)?).ok()?;
+    Some(end)
+}
+
+/// A System program instruction that moves lamports, decoded as the runtime does: bincode with
+/// a u32 little-endian variant index, fixed-width little-endian integers, trailing bytes
+/// accepted (`limited_deserialize`); the account positions are the processor's. `Ok(None)` for
+/// every other instruction (none moves lamports); an error for one of these the runtime would
+/// refuse before moving anything (it fails the whole transaction).
+fn system_move(data: &[u8], accounts: usize) -> Result<Option<Move>, String> {
+    const FROM_TO: &[(&str, usize)] = &[("from", 0), ("to", 1)];
+    let Some(tag) = data.get(..4) else { return Ok(None) };
+    let tag = u32::from_le_bytes(tag.try_into().expect("4 bytes"));
+    // (name, accounts the processor requires, lamports' offset, the layout's end, accounts)
+    let (kind, min_accounts, lamports, end, named): (_, _, _, Option<usize>, &'static [(&str, usize)]) = match tag {
+        // CreateAccount { lamports: u64, space: u64, owner: Pubkey }; [funding, new account]
+        0 => ("CreateAccount", 2, 4, Some(4 + 8 + 8 + 32), FROM_TO),
+        // Transfer { lamports: u64 }; [from, to]
+        2 => ("Transfer", 2, 4, Some(4 + 8), FROM_TO),
+        // CreateAccountWithSeed { base: Pubkey, seed: String, lamports, space, owner };
+        // [funding, new account, (base)]
+        3 => {
+            let end = bincode_string_end(data, 4 + 32).map(|s| s + 8 + 8 + 32);
+            ("CreateAccountWithSeed", 2, end.map_or(usize::MAX, |e| e - 48), end, FROM_TO)
+        }
+        // WithdrawNonceAccount(u64); [nonce account, recipient, RecentBlockhashes, Rent,
+        // nonce authority]: the processor reads the sysvars at 2 and 3.
+        5 => ("WithdrawNonceAccount", 4, 4, Some(4 + 8), FROM_TO),
+        // TransferWithSeed { lamports: u64, from_seed: String, from_owner: Pubkey };
+        // [funding (derived), base, to]
+        11 => {
+            let end = bincode_string_end(data, 4 + 8).map(|s| s + 32);
+            ("TransferWithSeed", 3, 4, end, &[("from", 0), ("to", 2)])
+        }
+        // CreateAccountAllowPrefund { lamports, space, owner }; [new account, (funding)]: the
+        // funding account moves `lamports` to the new one when they are not 0.
+        13 => ("CreateAccountAllowPrefund", 2, 4, Some(4 + 8 + 8 + 32), &[("from", 1), ("to", 0)]),
+        _ => return Ok(None),
+    };
+    let Some(end) = end.filter(|e| *e <= data.len()) else {
+        return Err(format!(
+            "System {kind}: the instruction data ({} bytes) is shorter than its layout, the runtime would refuse it",
+            data.len()
+        ));
+    };
+    let amount = le_u64(&data[..end], lamports).expect("within the layout");
+    if kind == "CreateAccountAllowPrefund" && amount == 0 {
+        return Ok(None);
     }
-    let amount = || Some(u64::from_le_bytes(data.get(1..9)?.try_into().ok()?));
-    match (data.first(), data.len()) {
-        (Some(3), 9) if accounts >= 3 => Some((amount()?, false)),
-        (Some(12), 10) if accounts >= 4 => Some((amount()?, true)),
-        _ => None,
+    if accounts < min_accounts {
+        return Err(format!("System {kind}: {accounts} accounts, the runtime requires {min_accounts}"));
     }
+    Ok(Some(Move { kind, token: false, amount, fee: None, accounts: named }))
+}
+
+/// An SPL Token or Token-2022 instruction that moves tokens, decoded as the token program's
+/// `unpack` does: a one-byte tag, little-endian integers, trailing bytes accepted (SPL Token and
+/// Token-2022 ignore them; the Pinocchio rewrite of SPL Token refuses them, so reporting the
+/// transfer is the superset). `Transfer` (3: u64; [source, destination, owner]),
+/// `TransferChecked` (12: u64, u8 decimals; [source, mint, destination, owner]) and, in
+/// Token-2022, `TransferFeeExtension` (26) / `TransferCheckedWithFee` (1: u64, u8, u64 fee; as
+/// `TransferChecked`).
+fn token_move(data: &[u8], accounts: usize, token_2022: bool) -> Result<Option<Move>, String> {
+    const PLAIN: &[(&str, usize)] = &[("from", 0), ("to", 1), ("owner", 2)];
+    const CHECKED: &[(&str, usize)] = &[("from", 0), ("mint", 1), ("to", 2), ("owner", 3)];
+    let (kind, amount_at, end, fee_at, named) = match (data.first(), data.get(1)) {
+        (Some(3), _) => ("Transfer", 1, 1 + 8, None, PLAIN),
+        (Some(12), _) => ("TransferChecked", 1, 1 + 8 + 1, None, CHECKED),
+        (Some(26), Some(1)) if token_2022 => ("TransferCheckedWithFee", 2, 2 + 8 + 1 + 8, Some(2 + 8 + 1), CHECKED),
+        _ => return Ok(None),
+    };
+    if data.len() < end {
+        return Err(format!(
+            "token {kind}: the instruction data ({} bytes) is shorter than its layout ({end}), the program would refuse it",
+            data.len()
+        ));
+    }
+    let min_accounts = named.len();
+    if accounts < min_accounts {
+        return Err(format!("token {kind}: {accounts} accounts, the program requires {min_accounts}"));
+    }
+    let amount = le_u64(data, amount_at).expect("within the layout");
+    let fee = fee_at.map(|at| le_u64(data, at).expect("within the layout"));
+    Ok(Some(Move { kind, token: true, amount, fee, accounts: named }))
 }
 
 #[cfg(test)]
