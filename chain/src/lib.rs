@@ -76,6 +76,18 @@ pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// Evaluates a policy `condition` over `facts` as `<root>.tx`, as the gateway's context has it:
+/// `Err` is an evaluation error (a missing field, the step budget), which a DENY treats as a
+/// denial and an ALLOW as allowing nothing.
+#[cfg(test)]
+pub(crate) fn policy_over(root: &str, facts: &Facts, condition: &str) -> Result<bool, String> {
+    use coffer_policy::eval::Val;
+    let tx = Facts::from([("tx".to_string(), Val::Map(facts.clone()))]);
+    let roots = Facts::from([(root.to_string(), Val::Map(tx))]);
+    let expr = coffer_policy::parse_condition(condition).map_err(|e| format!("does not parse: {e}"))?;
+    coffer_policy::eval::eval_bool(&expr, &roots).map_err(|e| e.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -198,3 +198,337 @@ fn arbitrary_bytes_never_panic_and_signing_changes_only_the_slot() {
     assert!(ok[OPAQUE] > 0, "opaque replacements were exercised");
     assert!(refused[TRUNCATE] > 0 && refused[APPEND] > 0, "the must-refuse mutations were exercised");
 }
+
+// ---- Value moves decoded as the runtime does (issue 23) ----
+//
+// The messages below are written from Solana's documented wire format, independently of the
+// parser: signature slots (compact-u16 count, 64 bytes each), [0x80 for v0] header (required
+// signatures, read-only signed, read-only unsigned), compact-u16 + 32-byte keys, a 32-byte
+// blockhash, compact-u16 + instructions (program index u8, compact-u16 + account indexes,
+// compact-u16 + data), and for v0 compact-u16 + lookups (table key, writable and read-only
+// index lists). Every count here is below 128, so a compact-u16 is one byte.
+//
+// Instruction data, from the programs' documented layouts:
+// - System (bincode: u32 little-endian variant, u64 little-endian, String = u64 length + UTF-8,
+//   Pubkey = 32 bytes): CreateAccount = 0 {lamports, space, owner} [funding, new];
+//   Transfer = 2 {lamports} [from, to]; CreateAccountWithSeed = 3 {base, seed, lamports, space,
+//   owner} [funding, new, base]; WithdrawNonceAccount = 5 {lamports} [nonce, recipient,
+//   RecentBlockhashes sysvar, Rent sysvar, authority]; TransferWithSeed = 11 {lamports,
+//   from_seed, from_owner} [funding, base, to]; CreateAccountAllowPrefund = 13 {lamports, space,
+//   owner} [new, funding].
+// - SPL Token / Token-2022 (u8 tag, u64 little-endian): Transfer = 3 {amount} [source,
+//   destination, owner]; TransferChecked = 12 {amount, decimals: u8} [source, mint,
+//   destination, owner]; Token-2022 TransferFeeExtension = 26, TransferCheckedWithFee = 1
+//   {amount, decimals, fee: u64} [source, mint, destination, owner].
+
+const SOL: u64 = 1_000_000_000;
+const ALLOW_SMALL: &str = "solana.tx.transfers.count() > 0 && solana.tx.transfers.all(t, t.amount <= 1000000)";
+
+fn key(n: u8) -> [u8; 32] {
+    [n; 32]
+}
+
+fn b58(k: [u8; 32]) -> String {
+    bs58::encode(k).into_string()
+}
+
+fn system_key() -> [u8; 32] {
+    [0; 32]
+}
+
+fn program_key(text: &str) -> [u8; 32] {
+    bs58::decode(text).into_vec().unwrap().try_into().unwrap()
+}
+
+/// A message with `signers` signers (the first keys, all writable), `keys` in all, the last
+/// `readonly` of them read-only unsigned, the instructions (program index, accounts, data), and
+/// for v0 the lookups (table, writable, read-only).
+/// A lookup: the table's key, the writable and the read-only indexes into it.
+type Table = ([u8; 32], Vec<u8>, Vec<u8>);
+
+struct Msg {
+    signers: u8,
+    readonly: u8,
+    keys: Vec<[u8; 32]>,
+    ixs: Vec<(u8, Vec<u8>, Vec<u8>)>,
+    lookups: Option<Vec<Table>>,
+}
+
+fn short(out: &mut Vec<u8>, n: usize) {
+    assert!(n < 0x80);
+    out.push(n as u8);
+}
+
+fn serialize(m: &Msg) -> Vec<u8> {
+    let mut out = Vec::new();
+    short(&mut out, usize::from(m.signers));
+    out.extend(std::iter::repeat_n(0u8, 64 * usize::from(m.signers)));
+    if m.lookups.is_some() {
+        out.push(0x80);
+    }
+    out.extend([m.signers, 0, m.readonly]);
+    short(&mut out, m.keys.len());
+    for k in &m.keys {
+        out.extend_from_slice(k);
+    }
+    out.extend_from_slice(&[0xbb; 32]);
+    short(&mut out, m.ixs.len());
+    for (program, accounts, data) in &m.ixs {
+        out.push(*program);
+        short(&mut out, accounts.len());
+        out.extend_from_slice(accounts);
+        short(&mut out, data.len());
+        out.extend_from_slice(data);
+    }
+    if let Some(lookups) = &m.lookups {
+        short(&mut out, lookups.len());
+        for (table, w, r) in lookups {
+            out.extend_from_slice(table);
+            short(&mut out, w.len());
+            out.extend_from_slice(w);
+            short(&mut out, r.len());
+            out.extend_from_slice(r);
+        }
+    }
+    out
+}
+
+fn u32le(v: u32) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn u64le(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// System Transfer { lamports }.
+fn sys_transfer(lamports: u64) -> Vec<u8> {
+    cat(&[&u32le(2), &u64le(lamports)])
+}
+
+/// bincode String: u64 length, then the bytes.
+fn bincode_str(s: &str) -> Vec<u8> {
+    cat(&[&u64le(s.len() as u64), s.as_bytes()])
+}
+
+fn list(f: &Facts, name: &str) -> Vec<Facts> {
+    let Val::List(items) = &f[name] else { panic!("{name} is a list") };
+    items
+        .iter()
+        .map(|v| match v {
+            Val::Map(m) => m.clone(),
+            other => panic!("{name}: {other:?}"),
+        })
+        .collect()
+}
+
+fn s(v: &str) -> Val {
+    Val::Str(v.into())
+}
+
+/// Payer 1 (signer), keys 2..=n unsigned writable, the System program read-only last.
+fn legacy(extra_keys: &[[u8; 32]], programs: &[[u8; 32]], ixs: Vec<(u8, Vec<u8>, Vec<u8>)>) -> Vec<u8> {
+    let mut keys = vec![key(1)];
+    keys.extend_from_slice(extra_keys);
+    keys.extend_from_slice(programs);
+    serialize(&Msg { signers: 1, readonly: programs.len() as u8, keys, ixs, lookups: None })
+}
+
+#[test]
+fn a_system_transfer_with_a_trailing_byte_is_reported_with_its_amount() {
+    // Issue 23: 5 SOL with one trailing byte (the runtime's bincode decoder ignores it, so it
+    // executes as a transfer), then 1,000 lamports: only the second was reported, and the
+    // transaction passed an ALLOW of transfers of at most 1,000,000 lamports.
+    let mut five = sys_transfer(5 * SOL);
+    five.push(0x00);
+    let bytes = legacy(&[key(2)], &[system_key()], vec![(2, vec![0, 1], five), (2, vec![0, 1], sys_transfer(1000))]);
+    let f = parse(&bytes).unwrap().facts();
+    let t = list(&f, "transfers");
+    assert_eq!(t.len(), 2, "{t:?}");
+    assert_eq!(t[0]["kind"], s("Transfer"));
+    assert_eq!(t[0]["amount"], Val::Int(i128::from(5 * SOL)));
+    assert_eq!(t[0]["from"], s(&b58(key(1))));
+    assert_eq!(t[0]["to"], s(&b58(key(2))));
+    assert_eq!(t[0]["to_known"], Val::Bool(true));
+    assert_eq!(t[0]["instruction_index"], Val::Int(0));
+    assert_eq!(t[1]["amount"], Val::Int(1000));
+    assert_eq!(crate::policy_over("solana", &f, ALLOW_SMALL), Ok(false));
+}
+
+#[test]
+fn create_account_funding_5_sol_is_a_transfer() {
+    // CreateAccount { lamports: 5 SOL, space: 0, owner } [funding, new account].
+    let data = cat(&[&u32le(0), &u64le(5 * SOL), &u64le(0), &key(9)]);
+    let keys = vec![key(1), key(2), system_key()];
+    let bytes = serialize(&Msg { signers: 2, readonly: 1, keys, ixs: vec![(2, vec![0, 1], data)], lookups: None });
+    let f = parse(&bytes).unwrap().facts();
+    let t = list(&f, "transfers");
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!(t[0]["kind"], s("CreateAccount"));
+    assert_eq!(t[0]["amount"], Val::Int(i128::from(5 * SOL)));
+    assert_eq!((&t[0]["from"], &t[0]["to"]), (&s(&b58(key(1))), &s(&b58(key(2)))));
+    assert_eq!(crate::policy_over("solana", &f, ALLOW_SMALL), Ok(false));
+    assert_eq!(
+        crate::policy_over("solana", &f, &format!("solana.tx.transfers.any(t, t.to in ['{}'])", b58(key(2)))),
+        Ok(true)
+    );
+}
+
+#[test]
+fn every_system_instruction_that_moves_lamports_names_the_runtimes_accounts() {
+    // CreateAccountWithSeed { base, seed, lamports, space, owner } [funding, new, base].
+    let with_seed = cat(&[&u32le(3), &key(7), &bincode_str("vault"), &u64le(11), &u64le(165), &key(9), &[0xff]]);
+    // WithdrawNonceAccount(lamports) [nonce, recipient, RecentBlockhashes, Rent, authority].
+    let withdraw = cat(&[&u32le(5), &u64le(22)]);
+    // TransferWithSeed { lamports, from_seed, from_owner } [funding, base, to].
+    let transfer_seed = cat(&[&u32le(11), &u64le(33), &bincode_str("s"), &key(9)]);
+    // CreateAccountAllowPrefund { lamports, space, owner } [new, funding].
+    let prefund = cat(&[&u32le(13), &u64le(44), &u64le(0), &key(9)]);
+    // Not value moves: Assign (1) {owner}, AdvanceNonceAccount (4), and a prefund of 0.
+    let assign = cat(&[&u32le(1), &key(9)]);
+    let advance = u32le(4);
+    let prefund0 = cat(&[&u32le(13), &u64le(0), &u64le(0), &key(9)]);
+    // Keys: 0 payer (signer), 1..=5 writable, 6 System, 7 RecentBlockhashes, 8 Rent.
+    let keys = vec![key(1), key(2), key(3), key(4), key(5), key(6), system_key(), key(0x70), key(0x71)];
+    let ixs = vec![
+        (6, vec![0, 1, 0], with_seed),
+        (6, vec![2, 3, 7, 8, 0], withdraw),
+        (6, vec![4, 0, 5], transfer_seed),
+        (6, vec![1, 0], prefund),
+        (6, vec![1], assign),
+        (6, vec![2, 7, 0], advance),
+        (6, vec![1], prefund0),
+    ];
+    let bytes = serialize(&Msg { signers: 1, readonly: 3, keys, ixs, lookups: None });
+    let f = parse(&bytes).unwrap().facts();
+    let t = list(&f, "transfers");
+    let got: Vec<(Val, Val, Val, Val, Val)> = t
+        .iter()
+        .map(|m| {
+            (m["kind"].clone(), m["from"].clone(), m["to"].clone(), m["amount"].clone(), m["instruction_index"].clone())
+        })
+        .collect();
+    let row = |kind: &str, from: u8, to: u8, amount: i128, ix: i128| {
+        (s(kind), s(&b58(key(from))), s(&b58(key(to))), Val::Int(amount), Val::Int(ix))
+    };
+    assert_eq!(
+        got,
+        vec![
+            row("CreateAccountWithSeed", 1, 2, 11, 0),
+            row("WithdrawNonceAccount", 3, 4, 22, 1),
+            row("TransferWithSeed", 5, 6, 33, 2),
+            row("CreateAccountAllowPrefund", 1, 2, 44, 3),
+        ]
+    );
+}
+
+#[test]
+fn system_and_token_moves_the_program_would_refuse_are_refused() {
+    let err = |ixs: Vec<(u8, Vec<u8>, Vec<u8>)>| {
+        parse(&legacy(&[key(2), key(3)], &[system_key(), program_key(TOKEN_PROGRAM)], ixs)).unwrap_err().0
+    };
+    // 7 bytes of lamports: bincode runs out of input.
+    let short_transfer = sys_transfer(5 * SOL)[..11].to_vec();
+    assert_eq!(
+        err(vec![(3, vec![0, 1], short_transfer)]),
+        "unsignedTransaction: instructions[0]: System Transfer: the instruction data (11 bytes) is shorter than its layout, the runtime would refuse it"
+    );
+    // A seed whose length runs past the data.
+    let long_seed = cat(&[&u32le(11), &u64le(1), &u64le(1000), b"s", &key(9)]);
+    assert!(
+        err(vec![(3, vec![0, 1, 2], long_seed)]).contains("System TransferWithSeed: the instruction data (53 bytes)")
+    );
+    // A seed that is not UTF-8 (bincode's String refuses it).
+    let bad_utf8 = cat(&[&u32le(11), &u64le(1), &u64le(1), &[0xff], &key(9)]);
+    assert!(err(vec![(3, vec![0, 1, 2], bad_utf8)]).contains("System TransferWithSeed"));
+    assert_eq!(
+        err(vec![(3, vec![0], sys_transfer(1))]),
+        "unsignedTransaction: instructions[0]: System Transfer: 1 accounts, the runtime requires 2"
+    );
+    assert!(err(vec![(3, vec![0, 1, 2], cat(&[&u32le(5), &u64le(1)]))]).contains("WithdrawNonceAccount: 3 accounts"));
+    let token_short = cat(&[&[3u8], &u64le(1)[..7]]);
+    assert!(err(vec![(4, vec![1, 2, 0], token_short)]).contains("token Transfer: the instruction data (8 bytes)"));
+    assert!(err(vec![(4, vec![1, 2], cat(&[&[3u8], &u64le(1)]))]).contains("token Transfer: 2 accounts"));
+    let checked_short = cat(&[&[12u8], &u64le(1)]);
+    assert!(err(vec![(4, vec![1, 2, 2, 0], checked_short)])
+        .contains("token TransferChecked: the instruction data (9 bytes)"));
+    // Instructions that move nothing are not decoded further (Assign with no data is the
+    // runtime's to refuse; nothing moves).
+    assert!(parse(&legacy(&[key(2)], &[system_key()], vec![(2, vec![0], u32le(1))])).is_ok());
+}
+
+#[test]
+fn token_transfers_with_trailing_bytes_and_token_2022_fees_are_reported() {
+    // Keys: 0 owner (signer), 1 source, 2 destination, 3 mint, then the two token programs.
+    let keys = [key(21), key(22), key(23)];
+    let programs = [program_key(TOKEN_PROGRAM), program_key(TOKEN_2022_PROGRAM)];
+    let transfer = cat(&[&[3u8], &u64le(5_000_000), &[1, 2, 3]]);
+    let checked = cat(&[&[12u8], &u64le(6_000_000), &[6], &[0]]);
+    let with_fee = cat(&[&[26u8, 1], &u64le(7_000_000), &[6], &u64le(70), &[9]]);
+    // The fee extension is Token-2022's: the same bytes to SPL Token are not a transfer.
+    let ixs = vec![
+        (4, vec![1, 2, 0], transfer),
+        (5, vec![1, 3, 2, 0], checked),
+        (5, vec![1, 3, 2, 0], with_fee.clone()),
+        (4, vec![1, 3, 2, 0], with_fee),
+    ];
+    let f = parse(&legacy(&keys, &programs, ixs)).unwrap().facts();
+    let t = list(&f, "spl_transfers");
+    assert_eq!(t.len(), 3, "{t:?}");
+    let (owner, source, dest, mint) = (s(&b58(key(1))), s(&b58(key(21))), s(&b58(key(22))), s(&b58(key(23))));
+    assert_eq!((&t[0]["kind"], &t[0]["amount"]), (&s("Transfer"), &Val::Int(5_000_000)));
+    assert_eq!((&t[0]["from"], &t[0]["to"], &t[0]["owner"]), (&source, &dest, &owner));
+    assert!(!t[0].contains_key("mint"));
+    assert_eq!((&t[1]["kind"], &t[1]["amount"], &t[1]["mint"]), (&s("TransferChecked"), &Val::Int(6_000_000), &mint));
+    assert_eq!((&t[1]["from"], &t[1]["to"], &t[1]["owner"]), (&source, &dest, &owner));
+    assert_eq!(
+        (&t[2]["kind"], &t[2]["amount"], &t[2]["fee"]),
+        (&s("TransferCheckedWithFee"), &Val::Int(7_000_000), &Val::Int(70))
+    );
+    assert_eq!((&t[2]["from"], &t[2]["to"], &t[2]["mint"]), (&source, &dest, &mint));
+    let limit = "solana.tx.spl_transfers.all(t, t.amount <= 1000000)";
+    assert_eq!(crate::policy_over("solana", &f, limit), Ok(false));
+}
+
+#[test]
+fn a_recipient_in_a_lookup_table_is_unknown_and_fails_closed() {
+    // v0: payer 1 (signer), the System and token programs (read-only); the recipient of a
+    // 5 SOL transfer, and a token destination and owner, are loaded from a lookup table.
+    let table = key(0x7a);
+    let keys = vec![key(1), system_key(), program_key(TOKEN_PROGRAM)];
+    let ixs = vec![(1, vec![0, 3], sys_transfer(5 * SOL)), (2, vec![0, 4, 5], cat(&[&[3u8], &u64le(9)]))];
+    let lookups = Some(vec![(table, vec![7, 8], vec![9])]);
+    let f = parse(&serialize(&Msg { signers: 1, readonly: 2, keys, ixs, lookups })).unwrap().facts();
+    let t = list(&f, "transfers");
+    // The deny list of the issue cannot be evaluated (a DENY that errs denies): no recipient
+    // rather than a placeholder that is in no list.
+    let deny = format!("solana.tx.transfers.any(t, t.to in ['{}'])", b58(key(66)));
+    assert!(crate::policy_over("solana", &f, &deny).unwrap_err().contains("MissingField: to"));
+    assert!(!t[0].contains_key("to"), "{:?}", t[0]);
+    assert_eq!(t[0]["from"], s(&b58(key(1))));
+    assert_eq!((t[0]["from_known"].clone(), t[0]["to_known"].clone()), (Val::Bool(true), Val::Bool(false)));
+    assert_eq!(t[0]["amount"], Val::Int(i128::from(5 * SOL)));
+    let spl = list(&f, "spl_transfers");
+    assert!(!spl[0].contains_key("to") && !spl[0].contains_key("owner"));
+    assert_eq!((spl[0]["to_known"].clone(), spl[0]["owner_known"].clone()), (Val::Bool(false), Val::Bool(false)));
+    // An allow list cannot be evaluated either (an ALLOW that errs allows nothing), and the
+    // explicit check is false.
+    let allow = format!("solana.tx.transfers.all(t, t.to in ['{}'])", b58(key(66)));
+    assert!(crate::policy_over("solana", &f, &allow).is_err());
+    assert_eq!(crate::policy_over("solana", &f, "solana.tx.transfers.all(t, t.to_known)"), Ok(false));
+    // The instruction's accounts say where the loaded ones come from.
+    let ixs = list(&f, "instructions");
+    let Val::List(accounts) = &ixs[0]["accounts"] else { panic!("a list") };
+    let Val::Map(to) = &accounts[1] else { panic!("a map") };
+    assert!(!to.contains_key("account_key"));
+    assert_eq!(to["address_table_key"], s(&b58(table)));
+    assert_eq!(to["address_table_index"], Val::Int(7));
+    assert_eq!(to["writable"], Val::Bool(true));
+    let Val::List(accounts) = &ixs[1]["accounts"] else { panic!("a list") };
+    let Val::Map(owner) = &accounts[2] else { panic!("a map") };
+    assert_eq!((owner["address_table_index"].clone(), owner["writable"].clone()), (Val::Int(9), Val::Bool(false)));
+}
