@@ -237,6 +237,8 @@ impl EthereumTx {
             Typed::Eip7702(_) => "TYPE_4",
         };
         f.insert("type".into(), text(type_name));
+        // Absent for a pre-EIP-155 legacy transaction: it names no chain, so its signature is
+        // valid on every chain. Never a default such as 0, which a policy would compare.
         if let Some(id) = t.chain_id() {
             f.insert("chain_id".into(), uint(id));
         }
@@ -257,6 +259,7 @@ impl EthereumTx {
         if let Some(blob) = t.max_fee_per_blob_gas() {
             f.insert("max_fee_per_blob_gas".into(), uint(blob));
         }
+        // Every authorization, however many (nothing is capped or truncated here).
         if let Some(list) = t.authorization_list() {
             let auths = list
                 .iter()

@@ -216,3 +216,143 @@ fn arbitrary_bytes_never_panic_and_what_parses_reencodes_exactly() {
     assert!(ok[REPLACE] * 2 >= replaced, "only {} of {replaced} replacements parsed (floor 50%)", ok[REPLACE]);
     assert!(refused[TRUNCATE] > 0 && refused[APPEND] > 0, "the must-refuse mutations were exercised");
 }
+
+// ---- Facts a policy author relies on (issue 23) ----
+//
+// RLP written out here from the Yellow Paper, independently of alloy: a byte string of one byte
+// below 0x80 is itself, else 0x80 + length (under 56 bytes) or 0xb7 + length-of-length +
+// big-endian length; a list is 0xc0 + payload length (under 56) or 0xf7 + length-of-length +
+// length; integers are big-endian without leading zeros (0 is the empty string).
+
+fn rlp_str(b: &[u8]) -> Vec<u8> {
+    match b.len() {
+        1 if b[0] < 0x80 => b.to_vec(),
+        n if n < 56 => [&[0x80 + n as u8][..], b].concat(),
+        n => {
+            let len = be_trimmed(n as u64);
+            [&[0xb7 + len.len() as u8][..], &len, b].concat()
+        }
+    }
+}
+
+fn rlp_list(items: &[Vec<u8>]) -> Vec<u8> {
+    let payload = items.concat();
+    let n = payload.len();
+    if n < 56 {
+        [&[0xc0 + n as u8][..], &payload].concat()
+    } else {
+        let len = be_trimmed(n as u64);
+        [&[0xf7 + len.len() as u8][..], &len, &payload].concat()
+    }
+}
+
+fn be_trimmed(v: u64) -> Vec<u8> {
+    v.to_be_bytes().iter().copied().skip_while(|b| *b == 0).collect()
+}
+
+fn rlp_uint(v: u64) -> Vec<u8> {
+    rlp_str(&be_trimmed(v))
+}
+
+fn auth_address(i: usize) -> [u8; 20] {
+    let mut a = [0x10u8; 20];
+    a[18..].copy_from_slice(&(i as u16).to_be_bytes());
+    a
+}
+
+/// An unsigned EIP-7702 transaction (0x04 || rlp([chain_id, nonce, max_priority_fee_per_gas,
+/// max_fee_per_gas, gas_limit, destination, value, data, access_list, authorization_list])),
+/// with `n` authorizations [chain_id, address, nonce, y_parity, r, s].
+fn eip7702_with(n: usize) -> Vec<u8> {
+    let auths: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            rlp_list(&[
+                rlp_uint(1),
+                rlp_str(&auth_address(i)),
+                rlp_uint(i as u64),
+                rlp_uint(0),
+                rlp_str(&[0x44; 32]),
+                rlp_str(&[0x55; 32]),
+            ])
+        })
+        .collect();
+    let body = rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(7),
+        rlp_uint(1_000_000_000),
+        rlp_uint(30_000_000_000),
+        rlp_uint(100_000),
+        rlp_str(&[0x70; 20]),
+        rlp_uint(0),
+        rlp_str(&[]),
+        rlp_list(&[]),
+        rlp_list(&auths),
+    ]);
+    [&[0x04][..], &body].concat()
+}
+
+#[test]
+fn a_pre_eip155_transaction_has_no_chain_id_and_a_deny_on_it_cannot_pass() {
+    // Issue 23: a legacy pre-EIP-155 transaction passed a DENY `eth.tx.chain_id != 1`. It names
+    // no chain (its signature is valid on every chain), so `chain_id` is absent, never 0: a
+    // policy reading it gets an evaluation error (a DENY that errs denies; an ALLOW such as
+    // `eth.tx.chain_id == 1` allows nothing).
+    // rlp([nonce, gas_price, gas, to, value, data]): 6 fields, no chain id.
+    let pre155 =
+        rlp_list(&[rlp_uint(0), rlp_uint(1), rlp_uint(21_000), rlp_str(&[0x70; 20]), rlp_uint(5), rlp_str(&[])]);
+    let f = parse(&pre155).unwrap().facts();
+    assert_eq!(f["type"], Val::Str("LEGACY".into()));
+    assert!(!f.contains_key("chain_id"), "{f:?}");
+    assert_eq!(crate::policy_over("eth", &f, "eth.tx.chain_id != 1"), Err("MissingField: chain_id".into()));
+    assert!(crate::policy_over("eth", &f, "eth.tx.chain_id == 1").is_err());
+    assert_eq!(crate::policy_over("eth", &f, "'chain_id' in eth.tx"), Ok(false));
+    // EIP-155 (9 fields: ..., chain_id, 0, 0) names its chain.
+    let eip155 = rlp_list(&[
+        rlp_uint(0),
+        rlp_uint(1),
+        rlp_uint(21_000),
+        rlp_str(&[0x70; 20]),
+        rlp_uint(5),
+        rlp_str(&[]),
+        rlp_uint(1),
+        rlp_uint(0),
+        rlp_uint(0),
+    ]);
+    let f = parse(&eip155).unwrap().facts();
+    assert_eq!(f["chain_id"], Val::Int(1));
+    assert_eq!(crate::policy_over("eth", &f, "eth.tx.chain_id != 1"), Ok(false));
+}
+
+#[test]
+fn every_eip7702_authorization_is_in_the_facts() {
+    // Issue 23: with 1,000 authorizations a 5-address deny list passed, with 500 it was refused.
+    // The facts were complete; the deny list ran past the evaluator's step budget and a DENY
+    // that errs was taken as not denying. The facts stay complete at any count (no cap, nothing
+    // truncated), so the last authorization is seen.
+    for n in [1, 500, 1000, 3000] {
+        let f = parse(&eip7702_with(n)).unwrap().facts();
+        let Val::List(list) = &f["authorization_list"] else { panic!("a list") };
+        assert_eq!(list.len(), n);
+        for (i, a) in list.iter().enumerate() {
+            let Val::Map(a) = a else { panic!("a map") };
+            assert_eq!(a["address"], Val::Str(format!("0x{}", hex::encode(auth_address(i)))));
+            assert_eq!(a["nonce"], Val::Int(i as i128));
+            assert_eq!(a["chain_id"], Val::Int(1));
+        }
+        let last = format!("0x{}", hex::encode(auth_address(n - 1)));
+        let deny = format!(
+            "eth.tx.authorization_list.any(a, a.address in ['0x{}', '0x{}', '0x{}', '0x{}', '{last}'])",
+            "01".repeat(20),
+            "02".repeat(20),
+            "03".repeat(20),
+            "04".repeat(20)
+        );
+        // Denied, or (past the step budget) an evaluation error, which a DENY treats as a
+        // denial: never a pass.
+        let verdict = crate::policy_over("eth", &f, &deny);
+        assert_ne!(verdict, Ok(false), "{n} authorizations");
+        if n <= 500 {
+            assert_eq!(verdict, Ok(true), "{n} authorizations");
+        }
+    }
+}
