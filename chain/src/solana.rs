@@ -284,14 +284,14 @@ impl SolanaTx {
         for (i, ix) in self.instructions.iter().enumerate() {
             let program = self.key(ix.program).unwrap_or_default();
             let decoded = match program.as_str() {
-                SYSTEM_PROGRAM => system_move(&ix.data, ix.accounts.len()),
-                TOKEN_PROGRAM => token_move(&ix.data, ix.accounts.len(), false),
-                TOKEN_2022_PROGRAM => token_move(&ix.data, ix.accounts.len(), true),
-                _ => Ok(None),
+                SYSTEM_PROGRAM => system_move(&ix.data, ix.accounts.len()).map(|m| m.into_iter().collect()),
+                TOKEN_PROGRAM if ix.data.first() == Some(&TOKEN_BATCH) => token_batch(&ix.data[1..], ix.accounts.len()),
+                TOKEN_PROGRAM => token_move(&ix.data, ix.accounts.len(), false).map(|m| m.into_iter().collect()),
+                TOKEN_2022_PROGRAM => token_move(&ix.data, ix.accounts.len(), true).map(|m| m.into_iter().collect()),
+                _ => Ok(Vec::new()),
             };
             match decoded {
-                Ok(Some(m)) => out.push((i, m)),
-                Ok(None) => {}
+                Ok(moves) => out.extend(moves.into_iter().map(|m| (i, m))),
                 Err(reason) => return Err(invalid(format_args!("instructions[{i}]: {reason}"))),
             }
         }
@@ -327,7 +327,7 @@ impl SolanaTx {
                 e.insert("fee".into(), uint(fee));
             }
             for (name, position) in m.accounts {
-                let known = self.key(ix.accounts[*position]);
+                let known = self.key(ix.accounts[m.first_account + position]);
                 e.insert(format!("{name}_known"), Val::Bool(known.is_some()));
                 if let Some(k) = known {
                     e.insert((*name).into(), text(k));
@@ -415,7 +415,40 @@ struct Move {
     token: bool,
     amount: u64,
     fee: Option<u64>,
+    /// The accounts' positions count from this instruction account (not 0 inside a batch).
+    first_account: usize,
     accounts: &'static [(&'static str, usize)],
+}
+
+/// The Pinocchio rewrite of SPL Token (p-token) runs a `Batch` (tag 255): instructions of its
+/// own, each `[account count: u8][data length: u8][data]`, taking the instruction's accounts in
+/// turn. SPL Token refuses the tag, p-token executes it, so its transfers are reported.
+const TOKEN_BATCH: u8 = 255;
+
+/// The transfers of a p-token `Batch` (its data after the tag), decoded as p-token does; a batch
+/// it would refuse is an error.
+fn token_batch(mut data: &[u8], accounts: usize) -> Result<Vec<Move>, String> {
+    let (mut out, mut first_account) = (Vec::new(), 0usize);
+    loop {
+        let [count, len, rest @ ..] = data else {
+            return Err("token Batch: an instruction header is cut short, the program would refuse it".into());
+        };
+        let (count, len) = (usize::from(*count), usize::from(*len));
+        if rest.len() < len || accounts - first_account < count {
+            return Err(
+                "token Batch: an instruction runs past the data or the accounts, the program would refuse it".into()
+            );
+        }
+        if let Some(mut m) = token_move(&rest[..len], count, false).map_err(|e| format!("token Batch: {e}"))? {
+            m.first_account = first_account;
+            out.push(m);
+        }
+        first_account += count;
+        data = &rest[len..];
+        if data.is_empty() {
+            return Ok(out);
+        }
+    }
 }
 
 fn le_u64(data: &[u8], at: usize) -> Option<u64> {
@@ -479,7 +512,7 @@ fn system_move(data: &[u8], accounts: usize) -> Result<Option<Move>, String> {
     if accounts < min_accounts {
         return Err(format!("System {kind}: {accounts} accounts, the runtime requires {min_accounts}"));
     }
-    Ok(Some(Move { kind, token: false, amount, fee: None, accounts: named }))
+    Ok(Some(Move { kind, token: false, amount, fee: None, first_account: 0, accounts: named }))
 }
 
 /// An SPL Token or Token-2022 instruction that moves tokens, decoded as the token program's
@@ -510,7 +543,7 @@ fn token_move(data: &[u8], accounts: usize, token_2022: bool) -> Result<Option<M
     }
     let amount = le_u64(data, amount_at).expect("within the layout");
     let fee = fee_at.map(|at| le_u64(data, at).expect("within the layout"));
-    Ok(Some(Move { kind, token: true, amount, fee, accounts: named }))
+    Ok(Some(Move { kind, token: true, amount, fee, first_account: 0, accounts: named }))
 }
 
 #[cfg(test)]

@@ -532,3 +532,35 @@ fn a_recipient_in_a_lookup_table_is_unknown_and_fails_closed() {
     let Val::Map(owner) = &accounts[2] else { panic!("a map") };
     assert_eq!((owner["address_table_index"].clone(), owner["writable"].clone()), (Val::Int(9), Val::Bool(false)));
 }
+
+#[test]
+fn transfers_inside_a_p_token_batch_are_reported() {
+    // p-token's Batch (255): instructions `[account count: u8][data length: u8][data]`, each
+    // taking the next accounts of the batch instruction. Here a Transfer of 5,000,000 (3 accounts:
+    // source, destination, owner) then a TransferChecked of 6,000,000 (4: source, mint,
+    // destination, owner).
+    let inner_transfer = cat(&[&[3u8], &u64le(5_000_000)]);
+    let inner_checked = cat(&[&[12u8], &u64le(6_000_000), &[6]]);
+    let batch = cat(&[
+        &[255u8, 3, inner_transfer.len() as u8],
+        &inner_transfer,
+        &[4, inner_checked.len() as u8],
+        &inner_checked,
+    ]);
+    // Keys: 0 owner (signer), 1 source, 2 destination, 3 second destination, 4 mint, 5 SPL Token.
+    let keys = [key(21), key(22), key(24), key(23)];
+    let tx = |data: Vec<u8>, accounts: Vec<u8>| {
+        parse(&legacy(&keys, &[program_key(TOKEN_PROGRAM)], vec![(5, accounts, data)]))
+    };
+    let f = tx(batch.clone(), vec![1, 2, 0, 1, 4, 3, 0]).unwrap().facts();
+    let t = list(&f, "spl_transfers");
+    assert_eq!(t.len(), 2, "{t:?}");
+    assert_eq!((&t[0]["kind"], &t[0]["amount"]), (&s("Transfer"), &Val::Int(5_000_000)));
+    assert_eq!((&t[0]["from"], &t[0]["to"], &t[0]["owner"]), (&s(&b58(key(21))), &s(&b58(key(22))), &s(&b58(key(1)))));
+    assert_eq!((&t[1]["kind"], &t[1]["amount"]), (&s("TransferChecked"), &Val::Int(6_000_000)));
+    assert_eq!((&t[1]["from"], &t[1]["mint"], &t[1]["to"]), (&s(&b58(key(21))), &s(&b58(key(23))), &s(&b58(key(24)))));
+    assert_eq!(crate::policy_over("solana", &f, "solana.tx.spl_transfers.all(t, t.amount <= 1000000)"), Ok(false));
+    // A batch p-token would refuse: too few accounts for its instructions, data cut short.
+    assert!(tx(batch.clone(), vec![1, 2, 0, 1, 4, 3]).unwrap_err().0.contains("token Batch"));
+    assert!(tx(batch[..batch.len() - 1].to_vec(), vec![1, 2, 0, 1, 4, 3, 0]).unwrap_err().0.contains("token Batch"));
+}
