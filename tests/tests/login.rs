@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use coffer_tests::{refused_any_code as refused, RawResponse, Stack};
+use coffer_tests::{refused, RawResponse, Stack};
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -165,7 +165,12 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
         client_id: CLIENT_ID.into(),
         encrypted_client_secret: hex::encode([7u8; 120]),
     };
-    refused(client.create_oauth2_credential(org.clone(), Stack::now_ms(), garbage).await, 400, "encryptedClientSecret");
+    refused(
+        client.create_oauth2_credential(org.clone(), Stack::now_ms(), garbage).await,
+        400,
+        "REQUEST_INVALID",
+        "encryptedClientSecret",
+    );
     let list = client.list_oauth2_credentials(ListOauth2CredentialsRequest { organization_id: org.clone() }).await;
     assert!(list.unwrap().oauth2_credentials.is_empty());
 
@@ -303,17 +308,22 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
         invalidate_existing: None,
         session_profile_id: None,
     };
-    refused(client.oauth_login(org.clone(), Stack::now_ms(), replay).await, 400, "nonce");
+    refused(client.oauth_login(org.clone(), Stack::now_ms(), replay).await, 400, "REQUEST_INVALID", "nonce");
 
     // Deleted: gone from reads, and no code is exchanged with it.
     let delete = DeleteOauth2CredentialIntent { oauth2_credential_id: credential_id.clone() };
     client.delete_oauth2_credential(org.clone(), Stack::now_ms(), delete).await.unwrap();
     let get = GetOauth2CredentialRequest { organization_id: org.clone(), oauth2_credential_id: credential_id.clone() };
-    refused(client.get_oauth2_credential(get).await, 404, "oauth2 credential not found");
+    refused(client.get_oauth2_credential(get).await, 404, "OAUTH2_CREDENTIAL_NOT_FOUND", "oauth2 credential not found");
     let list = client.list_oauth2_credentials(ListOauth2CredentialsRequest { organization_id: org.clone() }).await;
     assert!(list.unwrap().oauth2_credentials.is_empty());
     let requests = seen.lock().unwrap().token_requests;
-    refused(client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await, 404, "not found");
+    refused(
+        client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await,
+        404,
+        "OAUTH2_CREDENTIAL_NOT_FOUND",
+        "not found",
+    );
     assert_eq!(seen.lock().unwrap().token_requests, requests, "nothing reached the provider");
 }
 
@@ -386,7 +396,7 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
         stack.user_id
     );
     tokio::time::sleep(Duration::from_millis(2600)).await;
-    refused(whoami(short).await, 401, "expired");
+    refused(whoami(short).await, 401, "API_KEY_EXPIRED", "expired");
 
     // Too long: refused by the enclave's maximum, nothing recorded.
     let (_, long_public, _) = session_key();
@@ -412,7 +422,7 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
         assert!(r.json["message"].as_str().unwrap().contains("already a credential"), "{}", r.text);
     }
     assert_eq!(stack.activity_count(&root, &org).await, before);
-    refused(whoami(first).await, 401, "could not find public key");
+    refused(whoami(first).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     assert!(whoami(second).await.is_ok());
     assert!(whoami(stack.api_key()).await.is_ok());
 
@@ -425,7 +435,7 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
         invalidate_existing: None,
         session_profile_id: None,
     };
-    refused(client.stamp_login(org.clone(), Stack::now_ms(), bad).await, 400, "publicKey");
+    refused(client.stamp_login(org.clone(), Stack::now_ms(), bad).await, 400, "REQUEST_INVALID", "publicKey");
 }
 
 #[tokio::test]
