@@ -876,6 +876,13 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     let opened = session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await.unwrap();
     assert_eq!((opened.user_id.as_str(), opened.public_key.as_str()), (stack.user_id.as_str(), session_key.as_str()));
     assert_eq!(opened.credential_type, "CREDENTIAL_TYPE_LOGIN");
+    let notarizer = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
+    let notarizer = hex::encode(&notarizer.notarizer_public_key);
+    let claims = independent::verify_session_jwt(&opened.session, &notarizer);
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
+        (Some(stack.user_id.as_str()), Some(org.as_str()), Some(session_key.as_str()))
+    );
     refused(
         session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await,
         tonic::Code::PermissionDenied,
@@ -935,8 +942,7 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     assert_eq!(secret.len(), 32);
     assert_eq!(independent::compressed_public(&secret), opened.public_key);
     assert_eq!(opened.credential_type, "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256");
-    let notarizer = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
-    let claims = independent::verify_session_jwt(&opened.session, &hex::encode(&notarizer.notarizer_public_key));
+    let claims = independent::verify_session_jwt(&opened.session, &notarizer);
     assert_eq!(
         (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
         (Some(victim.as_str()), Some(sub_org.as_str()), Some(opened.public_key.as_str()))

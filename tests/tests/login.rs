@@ -224,13 +224,9 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
         bearer_token_target_public_key: None,
     };
     let wrong = client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent("wrong-code")).await;
-    match &wrong {
-        Err(turnkey_client::TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
-            assert!(body.contains("provider X") && body.contains("invalid_grant"), "{body}");
-            assert!(!body.contains(CLIENT_SECRET));
-        }
-        other => panic!("expected a 400 naming the provider, got {other:?}"),
-    }
+    let shown = format!("{wrong:?}");
+    assert!(shown.contains("invalid_grant") && !shown.contains(CLIENT_SECRET), "{shown}");
+    refused(wrong, 400, "REQUEST_INVALID", "provider X");
     assert!(!stack.enclave_log().contains(CLIENT_SECRET), "the secret must never be logged");
 
     // The right code: Coffer's OIDC token, verified by jsonwebtoken against the published JWKS.
@@ -265,13 +261,10 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
         .update_oauth2_credential(org.clone(), Stack::now_ms(), update(encrypted_secret(&stack, WRONG).await))
         .await
         .unwrap();
-    match client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await {
-        Err(turnkey_client::TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
-            assert!(body.contains("provider X") && body.contains("invalid_client"), "{body}");
-            assert!(!body.contains(WRONG));
-        }
-        other => panic!("expected a 400 naming the provider, got {other:?}"),
-    }
+    let wrong = client.oauth2_authenticate(org.clone(), Stack::now_ms(), intent(AUTH_CODE)).await;
+    let shown = format!("{wrong:?}");
+    assert!(shown.contains("invalid_client") && !shown.contains(WRONG), "{shown}");
+    refused(wrong, 400, "REQUEST_INVALID", "provider X");
     client
         .update_oauth2_credential(org.clone(), Stack::now_ms(), update(encrypted_secret(&stack, CLIENT_SECRET).await))
         .await
