@@ -3,6 +3,9 @@
 //! Every attempt to sign, export or certify what no user stamped, just now, for exactly that
 //! operation is refused with a clear error and an audit line, and nothing is signed.
 
+#[allow(dead_code)]
+mod independent;
+
 use std::time::Duration;
 
 use coffer_proto::v1 as pb;
@@ -126,15 +129,29 @@ fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code, n
     }
 }
 
-/// The Ethereum address that signed keccak256(`message`) with r/s/v (independent of Coffer).
+/// Verifies an `X-Stamp` value independently: base64url JSON naming `publicKey` (== `public_key`,
+/// compressed P-256 hex) and scheme `SIGNATURE_SCHEME_TK_API_P256`, whose DER `signature` is an
+/// ECDSA P-256 / SHA-256 signature over `body` (checked with `p256`). A stamp over any other
+/// body, or by any other key, fails the test.
+#[track_caller]
+fn verify_api_stamp(stamp: &str, public_key: &str, body: &[u8]) {
+    use base64::Engine;
+    use p256::ecdsa::signature::Verifier;
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(stamp).expect("the stamp is base64url");
+    let stamp: Value = serde_json::from_slice(&json).expect("the stamp is JSON");
+    assert_eq!(stamp["publicKey"], public_key, "{stamp}");
+    assert_eq!(stamp["scheme"], "SIGNATURE_SCHEME_TK_API_P256", "{stamp}");
+    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&hex::decode(public_key).unwrap()).expect("a P-256 key");
+    let signature = p256::ecdsa::Signature::from_der(&hex::decode(stamp["signature"].as_str().unwrap()).unwrap())
+        .expect("a DER signature");
+    key.verify(body, &signature).unwrap_or_else(|e| panic!("the stamp does not verify over the body: {e}: {stamp}"));
+}
+
+/// The Ethereum address that signed keccak256(`message`) with r/s/v: the shared
+/// [`coffer_tests::recover_eth_address`] (k256, low-S checked), independent of Coffer.
+#[track_caller]
 fn recover(message: &[u8], r: &str, s: &str, v: &str) -> String {
-    let digest: [u8; 32] = sha3::Keccak256::digest(message).into();
-    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
-    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
-    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).unwrap();
-    let point = vk.to_encoded_point(false);
-    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
-    format!("0x{}", hex::encode(&hash[12..])).to_lowercase()
+    coffer_tests::recover_eth_address(&sha3::Keccak256::digest(message).into(), r, s, v)
 }
 
 fn eth_account(index: u32) -> WalletAccountParams {
@@ -834,7 +851,7 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
 /// only with its own certificate; and the auth proxy's key stamps only login activities, now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp_says() {
-    let stack = Stack::start().await;
+    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG]).await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
@@ -859,6 +876,13 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     let opened = session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await.unwrap();
     assert_eq!((opened.user_id.as_str(), opened.public_key.as_str()), (stack.user_id.as_str(), session_key.as_str()));
     assert_eq!(opened.credential_type, "CREDENTIAL_TYPE_LOGIN");
+    let notarizer = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
+    let notarizer = hex::encode(&notarizer.notarizer_public_key);
+    let claims = independent::verify_session_jwt(&opened.session, &notarizer);
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
+        (Some(stack.user_id.as_str()), Some(org.as_str()), Some(session_key.as_str()))
+    );
     refused(
         session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await,
         tonic::Code::PermissionDenied,
@@ -912,7 +936,17 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     let opened =
         session(auth(stamped(&root, &rw(Stack::now_ms() + 2), &root_cert)), vec![], parent_cert).await.unwrap();
     assert_eq!(opened.user_id, victim);
-    assert!(!opened.credential_bundle.is_empty());
+    // The bundle opens (the test's own HPKE) with the target key to the session's secret, whose
+    // public key is the session the enclave certified and its JWT names.
+    let secret = independent::open_credential_bundle(&opened.credential_bundle, &[8; 32]);
+    assert_eq!(secret.len(), 32);
+    assert_eq!(independent::compressed_public(&secret), opened.public_key);
+    assert_eq!(opened.credential_type, "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256");
+    let claims = independent::verify_session_jwt(&opened.session, &notarizer);
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
+        (Some(victim.as_str()), Some(sub_org.as_str()), Some(opened.public_key.as_str()))
+    );
 
     // oauth_login with a token Coffer never issued (right issuer, attacker's key): refused before
     // any certificate is looked at.
@@ -985,16 +1019,33 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     };
     let exchange = |o: &str, ts| body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", o, ts, json!({"oauth2CredentialId": "c1"}));
     let signing = sign_body(&org, "0x0000000000000000000000000000000000000000", "hello", Stack::now_ms());
-    refused(proxy_stamp(signing).await, tonic::Code::PermissionDenied, "stamps only");
-    refused(proxy_stamp(exchange(&sub_org, Stack::now_ms())).await, tonic::Code::PermissionDenied, "own organization");
-    refused(
-        proxy_stamp(exchange(&org, Stack::now_ms() - 10 * 60 * 1000)).await,
-        tonic::Code::PermissionDenied,
-        "timestampMs",
-    );
-    let ok = proxy_stamp(exchange(&org, Stack::now_ms())).await.unwrap();
-    assert!(!ok.stamp.is_empty());
-    assert!(stack.enclave_log().contains("stamp_auth_proxy_request"), "audit lines name the operation");
+    refused(proxy_stamp(signing.clone()).await, tonic::Code::PermissionDenied, "stamps only");
+    let to_sub = exchange(&sub_org, Stack::now_ms());
+    refused(proxy_stamp(to_sub.clone()).await, tonic::Code::PermissionDenied, "own organization");
+    let stale = exchange(&org, Stack::now_ms() - 10 * 60 * 1000);
+    refused(proxy_stamp(stale.clone()).await, tonic::Code::PermissionDenied, "timestampMs");
+    let allowed = exchange(&org, Stack::now_ms());
+    let ok = proxy_stamp(allowed.clone()).await.unwrap();
+    // The stamp is the proxy key's signature over exactly that body (p256), not over another.
+    verify_api_stamp(&ok.stamp, config["publicKey"].as_str().unwrap(), allowed.as_bytes());
+    let other = exchange(&org, Stack::now_ms() + 1);
+    let wrong = std::panic::catch_unwind(|| {
+        verify_api_stamp(&ok.stamp, config["publicKey"].as_str().unwrap(), other.as_bytes())
+    });
+    assert!(wrong.is_err(), "the stamp must not verify over another body");
+    // Audited on the parsed fields: one allow for that body's fingerprint, and a refusal for each
+    // refused body.
+    let allow = audit_of(&stack, "allow", "stamp_auth_proxy_request", &allowed);
+    assert_eq!(allow.len(), 1, "{allow:?}");
+    assert_eq!(allow[0]["organization"], org.as_str());
+    for (refused_body, reason_code) in
+        [(signing, "OPERATION_MISMATCH"), (to_sub, "ORGANIZATION_MISMATCH"), (stale, "STALE")]
+    {
+        let lines = audit_of(&stack, "refuse", "stamp_auth_proxy_request", &refused_body);
+        assert_eq!(lines.len(), 1, "{reason_code}: {lines:?}");
+        assert!(lines[0]["reason_code"].as_str().unwrap().contains(reason_code), "{}", lines[0]);
+        assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &refused_body).is_empty());
+    }
 }
 
 /// `X-Stamp-Attested` on the enclave socket: a session key attested by a (third-party) OIDC token
@@ -1101,36 +1152,99 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
     refused(create(request).await, tonic::Code::PermissionDenied, "replayed");
 }
 
+/// A fake X (OAuth 2.0 provider) for the code exchange: `POST /token` answers a bearer token to
+/// the right client credentials and code, `GET /me` the user [`X_USER`] to that token.
+async fn fake_x() -> String {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, post};
+    use base64::Engine;
+    let token = |headers: HeaderMap, body: String| async move {
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{X_CLIENT_ID}:{X_CLIENT_SECRET}"))
+        );
+        let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(basic.as_str())
+            && body.contains(&format!("code={X_CODE}"));
+        if !ok {
+            return (StatusCode::BAD_REQUEST, r#"{"error":"invalid_grant"}"#.to_string());
+        }
+        (StatusCode::OK, json!({"token_type": "bearer", "access_token": X_BEARER, "expires_in": 7200}).to_string())
+    };
+    let me = |headers: HeaderMap| async move {
+        if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {X_BEARER}")) {
+            return (StatusCode::UNAUTHORIZED, "{}".to_string());
+        }
+        (StatusCode::OK, json!({"data": {"id": X_USER, "name": "Ada", "username": "ada"}}).to_string())
+    };
+    let app = axum::Router::new().route("/token", post(token)).route("/me", get(me));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+const X_CLIENT_ID: &str = "authority-test-client";
+const X_CLIENT_SECRET: &str = "authority-test-client-secret";
+const X_CODE: &str = "code-77";
+const X_BEARER: &str = "bearer-77";
+const X_USER: &str = "x-user-77";
+
+/// The `coffer_audit` lines with `decision` and `operation` (parsed fields, see [`Stack::audit`])
+/// for the body with this `fingerprint` (`sha256:` + hex of SHA-256 of the body).
+fn audit_of(stack: &Stack, decision: &str, operation: &str, body: &str) -> Vec<Value> {
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    stack.audit(decision, operation).into_iter().filter(|f| f["fingerprint"] == fingerprint).collect()
+}
+
 /// Every login-related call that uses key material (OAuth 2.0 credential certification, the code
 /// exchange, sessions, the auth proxy's key) refuses what the key-using calls refuse: no stamped
-/// request, a stale stamp, a credential without a certificate, a replay.
+/// request, a stale stamp, a credential without a certificate, a replay; and the same requests,
+/// stamped fresh and certified, are served once, with a result that checks out independently
+/// and one `allow` audit line naming the body's fingerprint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() {
-    let stack = Stack::start().await;
+    let x = fake_x().await;
+    let (token_url, me_url) = (format!("{x}/token"), format!("{x}/me"));
+    let stack = Stack::start_with(&[
+        coffer_tests::AUDIT_LOG,
+        ("COFFER_OAUTH2_X_TOKEN_URL", &token_url),
+        ("COFFER_OAUTH2_X_USERINFO_URL", &me_url),
+    ])
+    .await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
     let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let keys = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
+    let fetcher: [u8; 65] = keys.tls_fetcher_public_key.clone().try_into().expect("a 65-byte TLS fetcher key");
+    let secret = hex::encode(
+        coffer_crypto::qos::seal_quorum_envelope(X_CLIENT_SECRET.as_bytes(), &fetcher, &[0x42; 32]).unwrap(),
+    );
+    let session_key = public_key(&TurnkeyP256ApiKey::generate());
+    let nonce = hex::encode(sha2::Sha256::digest(session_key.as_bytes()));
     let bodies = |ts: u128| {
         vec![
             body(
                 "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
                 &org,
                 ts,
-                json!({"provider": "OAUTH2_PROVIDER_X", "clientId": "c", "encryptedClientSecret": "00"}),
+                json!({"provider": "OAUTH2_PROVIDER_X", "clientId": X_CLIENT_ID, "encryptedClientSecret": secret}),
             ),
-            body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", &org, ts, json!({"oauth2CredentialId": "c1"})),
             body(
-                "ACTIVITY_TYPE_STAMP_LOGIN",
+                "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
                 &org,
                 ts,
-                json!({"publicKey": public_key(&TurnkeyP256ApiKey::generate())}),
+                json!({"oauth2CredentialId": "c1", "authCode": X_CODE, "redirectUri": "https://app.example/cb",
+                       "codeVerifier": "pkce-verifier-abcdefghijklmnopqrstuvwxyz-0123456789", "nonce": nonce}),
             ),
+            body("ACTIVITY_TYPE_STAMP_LOGIN", &org, ts, json!({"publicKey": session_key, "expirationSeconds": "600"})),
             body("ACTIVITY_TYPE_ENABLE_AUTH_PROXY", &org, ts, json!({})),
         ]
     };
-    // Calls the RPC that serves `body`'s type with `auth`.
-    let call = |i: usize, auth: Option<pb::Authorization>| {
+    const OPERATIONS: [&str; 4] =
+        ["certify_oauth2_credential", "oauth2_authenticate", "create_session", "enable_auth_proxy"];
+    // Calls the RPC that serves `body`'s type with `auth`; the exchange with `credential`.
+    let call = |i: usize, auth: Option<pb::Authorization>, credential: Option<pb::Oauth2Credential>| {
         let e = enclave.clone();
         async move {
             match i {
@@ -1138,16 +1252,16 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
                     .clone()
                     .certify_oauth2_credential(pb::CertifyOauth2CredentialRequest {
                         auth,
-                        credential_id: "c".into(),
+                        credential_id: "c1".into(),
                         current: None,
                     })
                     .await
-                    .map(|_| ()),
+                    .map(|r| format!("{:?}", r.into_inner())),
                 1 => e
                     .clone()
-                    .oauth2_authenticate(pb::Oauth2AuthenticateRequest { auth, credential: None })
+                    .oauth2_authenticate(pb::Oauth2AuthenticateRequest { auth, credential })
                     .await
-                    .map(|_| ()),
+                    .map(|r| format!("{:?}", r.into_inner())),
                 2 => e
                     .clone()
                     .create_session(pb::CreateSessionRequest {
@@ -1156,32 +1270,158 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
                         parent_certificate: vec![],
                     })
                     .await
-                    .map(|_| ()),
-                _ => e.clone().enable_auth_proxy(pb::EnableAuthProxyRequest { auth }).await.map(|_| ()),
+                    .map(|r| format!("{:?}", r.into_inner())),
+                _ => e
+                    .clone()
+                    .enable_auth_proxy(pb::EnableAuthProxyRequest { auth })
+                    .await
+                    .map(|r| format!("{:?}", r.into_inner())),
             }
         }
     };
     let now = Stack::now_ms();
     for (i, fresh) in bodies(now).into_iter().enumerate() {
-        refused(call(i, None).await, tonic::Code::PermissionDenied, "no stamped request");
+        refused(call(i, None, None).await, tonic::Code::PermissionDenied, "no stamped request");
         let unstamped = pb::StampedRequest {
             body: fresh.as_bytes().to_vec(),
             certificate: root_cert.clone(),
             ..Default::default()
         };
-        refused(call(i, auth(unstamped)).await, tonic::Code::PermissionDenied, "no stamp");
+        refused(call(i, auth(unstamped), None).await, tonic::Code::PermissionDenied, "no stamp");
         refused(
-            call(i, auth(stamped(&root, &fresh, &[]))).await,
+            call(i, auth(stamped(&root, &fresh, &[])), None).await,
             tonic::Code::PermissionDenied,
             "no enclave certificate",
         );
         let stale = &bodies(now - 10 * 60 * 1000)[i];
-        refused(call(i, auth(stamped(&root, stale, &root_cert))).await, tonic::Code::PermissionDenied, "stale");
+        refused(call(i, auth(stamped(&root, stale, &root_cert)), None).await, tonic::Code::PermissionDenied, "stale");
+        assert!(
+            audit_of(&stack, "allow", OPERATIONS[i], &fresh).is_empty(),
+            "{} allowed a refused body",
+            OPERATIONS[i]
+        );
+        assert!(audit_of(&stack, "allow", OPERATIONS[i], stale).is_empty(), "{} allowed a stale body", OPERATIONS[i]);
     }
-    // A fresh, certified stamp gets past the authority once; its replay does not (the first call
-    // may still fail later, on what the body asks for).
-    for (i, fresh) in bodies(now + 1).into_iter().enumerate() {
-        let _ = call(i, auth(stamped(&root, &fresh, &root_cert))).await;
-        refused(call(i, auth(stamped(&root, &fresh, &root_cert))).await, tonic::Code::PermissionDenied, "replayed");
+
+    // The same requests, stamped fresh and certified: each is served, with its result checked.
+    let fresh = bodies(now + 1);
+    let a = |i: usize| auth(stamped(&root, &fresh[i], &root_cert));
+    // certify_oauth2_credential: the body's credential, MACed by the HSM.
+    let credential = enclave
+        .clone()
+        .certify_oauth2_credential(pb::CertifyOauth2CredentialRequest {
+            auth: a(0),
+            credential_id: "c1".into(),
+            current: None,
+        })
+        .await
+        .expect("a fresh certified create_oauth2_credential is certified")
+        .into_inner();
+    assert_eq!(
+        (
+            &credential.organization_id[..],
+            &credential.credential_id[..],
+            &credential.provider[..],
+            &credential.client_id[..]
+        ),
+        (org.as_str(), "c1", "OAUTH2_PROVIDER_X", X_CLIENT_ID)
+    );
+    assert_eq!(credential.encrypted_client_secret, secret);
+    assert_eq!(credential.mac.len(), 32, "an HMAC-SHA256 of the credential");
+    // oauth2_authenticate with that credential: an OIDC token for the provider's user, signed by
+    // the OIDC issuer key (verified with jsonwebtoken), carrying the body's nonce.
+    let token = enclave
+        .clone()
+        .oauth2_authenticate(pb::Oauth2AuthenticateRequest { auth: a(1), credential: Some(credential.clone()) })
+        .await
+        .expect("a fresh certified oauth2_authenticate exchanges the code")
+        .into_inner()
+        .oidc_token;
+    let issuer = &keys.oidc_issuer_public_key;
+    assert_eq!(issuer.len(), 65);
+    let b64 = |b: &[u8]| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    };
+    let key = jsonwebtoken::DecodingKey::from_ec_components(&b64(&issuer[1..33]), &b64(&issuer[33..])).unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
+    validation.set_audience(&[X_CLIENT_ID]);
+    validation.set_issuer(&[keys.oidc_issuer.as_str()]);
+    let claims = jsonwebtoken::decode::<Value>(&token, &key, &validation).expect("the OIDC token verifies").claims;
+    assert_eq!((claims["sub"].as_str(), claims["nonce"].as_str()), (Some(X_USER), Some(nonce.as_str())), "{claims}");
+    // create_session (stamp_login): a session for the stamping user and the body's key, whose JWT
+    // verifies against the notarizer key (jsonwebtoken, see independent.rs).
+    let opened = enclave
+        .clone()
+        .create_session(pb::CreateSessionRequest {
+            auth: a(2),
+            provider_certificate: vec![],
+            parent_certificate: vec![],
+        })
+        .await
+        .expect("a fresh certified stamp_login opens a session")
+        .into_inner();
+    assert_eq!(
+        (opened.user_id.as_str(), opened.public_key.as_str(), opened.credential_type.as_str()),
+        (stack.user_id.as_str(), session_key.as_str(), "CREDENTIAL_TYPE_LOGIN")
+    );
+    assert!(!opened.certificate.is_empty());
+    let claims = independent::verify_session_jwt(&opened.session, &hex::encode(&keys.notarizer_public_key));
+    assert_eq!(
+        (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
+        (Some(stack.user_id.as_str()), Some(org.as_str()), Some(session_key.as_str()))
+    );
+    let exp_ms = claims["exp"].as_u64().unwrap() * 1000;
+    assert!(exp_ms.abs_diff(opened.expires_at_ms) <= 1000, "exp {exp_ms} vs expires_at_ms {}", opened.expires_at_ms);
+    // enable_auth_proxy: a proxy user and key; the key then stamps a login body, verifiably.
+    let proxy = enclave
+        .clone()
+        .enable_auth_proxy(pb::EnableAuthProxyRequest { auth: a(3) })
+        .await
+        .expect("a fresh certified enable_auth_proxy enables it")
+        .into_inner();
+    assert!(!proxy.user_id.is_empty() && !proxy.sealed_key.is_empty() && !proxy.certificate.is_empty(), "{proxy:?}");
+    let login = body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", &org, Stack::now_ms(), json!({"oauth2CredentialId": "c1"}));
+    let stamp = enclave
+        .clone()
+        .stamp_auth_proxy_request(pb::StampAuthProxyRequestRequest {
+            organization_id: org.clone(),
+            user_id: proxy.user_id.clone(),
+            public_key: proxy.public_key.clone(),
+            sealed_key: proxy.sealed_key.clone(),
+            body: login.clone().into_bytes(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stamp;
+    verify_api_stamp(&stamp, &proxy.public_key, login.as_bytes());
+
+    // The authority allowed each body once, for the root API key (its allow line names the
+    // credential; the operation may add its own allow line after it); the replay is refused,
+    // audited, and adds no allow line.
+    for (i, fresh) in fresh.iter().enumerate() {
+        let allowed = audit_of(&stack, "allow", OPERATIONS[i], fresh);
+        let by_root: Vec<_> = allowed.iter().filter(|f| f["credential"] == stack.api_public_key.as_str()).collect();
+        assert_eq!(by_root.len(), 1, "{}: {allowed:?}", OPERATIONS[i]);
+        assert_eq!(by_root[0]["organization"], org.as_str(), "{}", by_root[0]);
+        assert_eq!(by_root[0]["user"], stack.user_id.as_str(), "{}", by_root[0]);
+        refused(
+            call(i, auth(stamped(&root, fresh, &root_cert)), Some(credential.clone())).await,
+            tonic::Code::PermissionDenied,
+            "replayed",
+        );
+        let refusals = audit_of(&stack, "refuse", OPERATIONS[i], fresh);
+        assert!(
+            refusals.iter().any(|f| f["reason_code"] == "REFUSAL_REASON_REPLAYED"),
+            "{}: no replay refusal audited: {refusals:?}",
+            OPERATIONS[i]
+        );
+        assert_eq!(
+            audit_of(&stack, "allow", OPERATIONS[i], fresh),
+            allowed,
+            "{}: the replay was allowed",
+            OPERATIONS[i]
+        );
     }
 }

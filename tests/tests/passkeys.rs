@@ -5,7 +5,7 @@
 use base64::Engine;
 use coffer_tests::cbor::{cbor, Cbor};
 use coffer_tests::oidc;
-use coffer_tests::{RawResponse, Stack};
+use coffer_tests::{refused, refused_raw, RawResponse, Stack};
 use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -18,7 +18,6 @@ use turnkey_client::generated::{
     GetAuthenticatorRequest, GetAuthenticatorsRequest, GetOauthProvidersRequest, GetUserRequest, GetUsersRequest,
     OauthProviderParamsV2, OidcClaims, UserParamsV4,
 };
-use turnkey_client::TurnkeyClientError;
 
 fn b64url(b: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
@@ -161,24 +160,6 @@ fn create_wallet_body(org: &str, name: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn assert_error(r: &RawResponse, status: u16, code: &str, message_start: &str) {
-    assert_eq!(r.status, status, "{}", r.text);
-    assert_eq!(r.content_type.as_deref(), Some("application/json"));
-    assert_eq!(r.json["turnkeyErrorCode"], code, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().starts_with(message_start), "{}", r.text);
-}
-
-/// The official client's refusal: HTTP `status` and a body containing `needle`.
-fn refused<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            assert!(body.contains(needle), "{body}");
-        }
-        other => panic!("expected HTTP {status}, got {other:?}"),
-    }
-}
-
 async fn passkey_count(stack: &Stack) -> usize {
     let req =
         GetAuthenticatorsRequest { organization_id: stack.organization_id.clone(), user_id: stack.user_id.clone() };
@@ -299,20 +280,20 @@ async fn passkeys_register_stamp_and_are_deleted() {
     sig[n - 1] ^= 0x01;
     stamp["signature"] = json!(b64url(&sig));
     let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &stamp.to_string()).await;
-    assert_error(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
+    refused_raw(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
     let other_body = create_wallet_body(&org, "other");
     let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &packed.stamp(&other_body, ORIGIN)).await;
-    assert_error(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
+    refused_raw(&r, 401, "SIGNATURE_INVALID", "could not verify WebAuthN signature");
     let stranger = Passkey::new();
     let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, &stranger.stamp(&body, ORIGIN)).await;
-    assert_error(
+    refused_raw(
         &r,
         401,
         "CREDENTIAL_NOT_FOUND",
         "credential ID could not be found in organization or its parent organization",
     );
     let r = post_webauthn(&stack, "/public/v1/submit/create_wallet", &body, "{\"credentialId\":1}").await;
-    assert_error(&r, 401, "SIGNATURE_INVALID", "malformed WebAuthn stamp");
+    refused_raw(&r, 401, "SIGNATURE_INVALID", "malformed WebAuthn stamp");
     assert_eq!(wallet_count(&stack).await, 1);
 
     // Registration refusals: a credential id already in the organization, a wrong challenge, a
@@ -328,12 +309,13 @@ async fn passkeys_register_stamp_and_are_deleted() {
             intent(plain.register("again", &challenge, "none")),
         )
         .await;
-    refused(dup, 400, "already exists");
+    refused(dup, 400, "REQUEST_INVALID", "already exists");
     let mut wrong = Passkey::new().register("wrong", &challenge, "none");
     wrong.challenge = b64url(b"another challenge");
     refused(
         client.create_authenticators(org.clone(), client.current_timestamp(), intent(wrong)).await,
         400,
+        "REQUEST_INVALID",
         "challenge does not match",
     );
     // A packed self-attestation whose signature covers other client data does not verify.
@@ -346,6 +328,7 @@ async fn passkeys_register_stamp_and_are_deleted() {
     refused(
         client.create_authenticators(org.clone(), client.current_timestamp(), intent(forged)).await,
         400,
+        "REQUEST_INVALID",
         "does not verify",
     );
     assert_eq!(passkey_count(&stack).await, 2);
@@ -366,7 +349,7 @@ async fn passkeys_register_stamp_and_are_deleted() {
     assert_eq!(passkey_count(&stack).await, 1);
     let body = whoami_body(&org);
     let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &plain.stamp(&body, ORIGIN)).await;
-    assert_error(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
+    refused_raw(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
     let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, ORIGIN)).await;
     assert_eq!(r.status, 200, "{}", r.text);
     // Deleting it again: 404, nothing changes.
@@ -382,11 +365,12 @@ async fn passkeys_register_stamp_and_are_deleted() {
             )
             .await,
         404,
+        "REQUEST_INVALID",
         "authenticator not found",
     );
     assert_eq!(passkey_count(&stack).await, 1);
 
-    // Allowed origins (FEATURE_NAME_WEBAUTHN_ORIGINS), when the feature can be set.
+    // Allowed origins (FEATURE_NAME_WEBAUTHN_ORIGINS).
     let feature = json!({
         "type": "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
         "timestampMs": Stack::now_ms().to_string(),
@@ -396,16 +380,15 @@ async fn passkeys_register_stamp_and_are_deleted() {
     .to_string();
     let key = stack.api_key();
     let r = stack.post_raw("/public/v1/submit/set_organization_feature", feature.as_bytes(), Some(&key)).await;
-    if r.status == 404 {
-        eprintln!("set_organization_feature is not available: origin sub-case skipped");
-    } else {
-        assert_eq!(r.status, 200, "{}", r.text);
-        let body = whoami_body(&org);
-        let r =
-            post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, "https://evil.example")).await;
-        assert_error(&r, 401, "UNAUTHENTICATED", "WebAuthn origin");
-        let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, ORIGIN)).await;
-        assert_eq!(r.status, 200, "{}", r.text);
+    // The feature must be settable: a 404 (or anything but 200) fails the test, never a skip.
+    assert_eq!(r.status, 200, "set_organization_feature FEATURE_NAME_WEBAUTHN_ORIGINS: {}", r.text);
+    let body = whoami_body(&org);
+    let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, "https://evil.example")).await;
+    refused_raw(&r, 401, "UNAUTHENTICATED", "WebAuthn origin");
+    // Both listed origins pass.
+    for origin in [ORIGIN, "https://other.example"] {
+        let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &packed.stamp(&body, origin)).await;
+        assert_eq!(r.status, 200, "{origin}: {}", r.text);
     }
 }
 
@@ -476,7 +459,7 @@ async fn inline_passkey_on_create_users_goes_with_the_user() {
             },
         )
         .await;
-    refused(again, 400, "already exists");
+    refused(again, 400, "REQUEST_INVALID", "already exists");
     let users = client.get_users(GetUsersRequest { organization_id: org.clone() }).await.unwrap().users;
     assert_eq!(users.len(), 2);
 
@@ -486,7 +469,7 @@ async fn inline_passkey_on_create_users_goes_with_the_user() {
         .await
         .unwrap();
     let r = post_webauthn(&stack, "/public/v1/query/whoami", &body, &pk.stamp(&body, ORIGIN)).await;
-    assert_error(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
+    refused_raw(&r, 401, "CREDENTIAL_NOT_FOUND", "credential ID could not be found");
     let providers = client
         .get_oauth_providers(GetOauthProvidersRequest { organization_id: org.clone(), user_id: None })
         .await
@@ -547,12 +530,14 @@ async fn oauth_providers_verified_against_a_local_issuer() {
             )
             .await,
         400,
+        "OAUTH_PROVIDER_ALREADY_EXISTS",
         "oauth provider already exists",
     );
     let expired = intent(oidc::es256_token(&key, &claims("u-2", now - 10)));
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), expired).await,
         400,
+        "INVALID_OIDC_TOKEN",
         "invalid OIDC token",
     );
     let other_key = fresh_key();
@@ -560,6 +545,7 @@ async fn oauth_providers_verified_against_a_local_issuer() {
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), forged).await,
         400,
+        "INVALID_OIDC_TOKEN",
         "invalid OIDC token",
     );
     let mut far = claims("u-4", now + 600);
@@ -568,6 +554,7 @@ async fn oauth_providers_verified_against_a_local_issuer() {
     refused(
         client.create_oauth_providers(org.clone(), client.current_timestamp(), unreachable).await,
         400,
+        "INVALID_OIDC_TOKEN",
         "invalid OIDC token",
     );
     // The raw error body carries the spec's code.
@@ -579,7 +566,7 @@ async fn oauth_providers_verified_against_a_local_issuer() {
     })
     .to_string();
     let r = stack.post_raw("/public/v1/submit/create_oauth_providers", body.as_bytes(), Some(&stack.api_key())).await;
-    assert_error(&r, 400, "INVALID_OIDC_TOKEN", "invalid OIDC token");
+    refused_raw(&r, 400, "INVALID_OIDC_TOKEN", "invalid OIDC token");
     assert_eq!(provider_count(&stack).await, 1);
 
     // Claims instead of a token, then delete_oauth_providers.

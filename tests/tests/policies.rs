@@ -1,7 +1,7 @@
 //! End to end: policies (create, batch create, update, delete, read; expressions validated at
 //! write time) and smart contract interfaces, through the official Rust client.
 
-use coffer_tests::{refused_any_code as refused, Stack};
+use coffer_tests::{refused, refused_raw, Stack};
 use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::external::data::v1::{Policy, Timestamp};
@@ -106,38 +106,49 @@ async fn policies_end_to_end() {
     refused(
         c.create_policy(org.clone(), ts_now(), intent("allow-usdc", Effect::Deny, None, None)).await,
         400,
+        "REQUEST_INVALID",
         "policy label must be unique",
     );
     refused(
         c.create_policy(org.clone(), ts_now(), intent("bad-cond", Effect::Allow, Some("foo.bar == 1"), None)).await,
         400,
+        "REQUEST_INVALID",
         "invalid policy condition: unknown identifier 'foo'",
     );
     refused(
         c.create_policy(org.clone(), ts_now(), intent("bad-cond", Effect::Allow, Some("(activity.type == 'x'"), None))
             .await,
         400,
+        "REQUEST_INVALID",
         "invalid policy condition: missing ')' to close '(' at column 1",
     );
     refused(
         c.create_policy(org.clone(), ts_now(), intent("bad-cond", Effect::Allow, Some("activity.type == \"x\""), None))
             .await,
         400,
+        "REQUEST_INVALID",
         "single quotes",
     );
     refused(
         c.create_policy(org.clone(), ts_now(), intent("bad-cons", Effect::Allow, None, Some("wallet.id == 'x'"))).await,
         400,
+        "REQUEST_INVALID",
         "invalid policy consensus: unknown identifier 'wallet'",
     );
     refused(
         c.create_policy(org.clone(), ts_now(), intent("bad-effect", Effect::Unspecified, None, None)).await,
         400,
+        "REQUEST_INVALID",
         "invalid policy effect",
     );
     let mut bad_time = intent("bad-time", Effect::Allow, None, None);
     bad_time.time = Some("time.now < Timestamp('2030-01-01')".into());
-    refused(c.create_policy(org.clone(), ts_now(), bad_time).await, 400, "invalid policy time: invalid Timestamp");
+    refused(
+        c.create_policy(org.clone(), ts_now(), bad_time).await,
+        400,
+        "REQUEST_INVALID",
+        "invalid policy time: invalid Timestamp",
+    );
     let r = submit_raw(
         &stack,
         "create_policy",
@@ -145,8 +156,7 @@ async fn policies_end_to_end() {
         json!({"policyName": "raw", "effect": "EFFECT_MAYBE", "notes": ""}),
     )
     .await;
-    assert_eq!(r.status, 400, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("invalid policy effect: \"EFFECT_MAYBE\""), "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "invalid policy effect: \"EFFECT_MAYBE\"");
     let r = submit_raw(
         &stack,
         "create_policy",
@@ -154,8 +164,7 @@ async fn policies_end_to_end() {
         json!({"policyName": "raw", "effect": "EFFECT_ALLOW"}),
     )
     .await;
-    assert_eq!(r.status, 400, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("notes"), "{}", r.text);
+    refused_raw(&r, 400, "REQUEST_INVALID", "notes");
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc", "deny-noop"]);
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
 
@@ -172,6 +181,7 @@ async fn policies_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "invalid policy consensus",
     );
     refused(
@@ -182,6 +192,7 @@ async fn policies_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "policy label must be unique",
     );
     refused(
@@ -192,9 +203,15 @@ async fn policies_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "policy label must be unique",
     );
-    refused(c.create_policies(org.clone(), ts_now(), batch(vec![])).await, 400, "policies must not be empty");
+    refused(
+        c.create_policies(org.clone(), ts_now(), batch(vec![])).await,
+        400,
+        "REQUEST_INVALID",
+        "policies must not be empty",
+    );
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc", "deny-noop"]);
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
     let created = c
@@ -225,15 +242,21 @@ async fn policies_end_to_end() {
         policy_notes: None,
         time: None,
     };
-    refused(c.update_policy(org.clone(), ts_now(), update(Some("b1"), None)).await, 400, "policy label must be unique");
+    refused(
+        c.update_policy(org.clone(), ts_now(), update(Some("b1"), None)).await,
+        400,
+        "REQUEST_INVALID",
+        "policy label must be unique",
+    );
     refused(
         c.update_policy(org.clone(), ts_now(), update(None, Some("activity.type =="))).await,
         400,
+        "REQUEST_INVALID",
         "invalid policy condition: unexpected end of expression",
     );
     let mut unknown = update(Some("x"), None);
     unknown.policy_id = UNKNOWN_ID.into();
-    refused(c.update_policy(org.clone(), ts_now(), unknown).await, 404, "policy not found");
+    refused(c.update_policy(org.clone(), ts_now(), unknown).await, 404, "REQUEST_INVALID", "policy not found");
     assert_eq!(policy(&c, &org, &first_id).await.unwrap(), before);
 
     let mut change = update(Some("allow-usdc-v2"), Some("activity.kind == 'SIGN_TRANSACTION'"));
@@ -257,10 +280,11 @@ async fn policies_end_to_end() {
     let deleted =
         c.delete_policy(org.clone(), ts_now(), DeletePolicyIntent { policy_id: second_id.clone() }).await.unwrap();
     assert_eq!(deleted.result.policy_id, second_id);
-    refused(policy(&c, &org, &second_id).await, 404, "policy not found");
+    refused(policy(&c, &org, &second_id).await, 404, "REQUEST_INVALID", "policy not found");
     refused(
         c.delete_policy(org.clone(), ts_now(), DeletePolicyIntent { policy_id: second_id.clone() }).await,
         404,
+        "REQUEST_INVALID",
         "policy not found",
     );
     let ids = created.result.policy_ids.clone();
@@ -272,6 +296,7 @@ async fn policies_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "policy not found",
     );
     refused(
@@ -282,6 +307,7 @@ async fn policies_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "duplicate policy id",
     );
     assert_eq!(names(&policies(&c, &org).await), ["allow-usdc-v2", "b1", "b2", "allow-usdc"]);
@@ -369,6 +395,7 @@ async fn smart_contract_interfaces_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "smart contract interface exceeds 409600 bytes",
     );
     refused(
@@ -379,6 +406,7 @@ async fn smart_contract_interfaces_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "smart contract interface is not valid JSON",
     );
     refused(
@@ -389,6 +417,7 @@ async fn smart_contract_interfaces_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "invalid smart contract interface type",
     );
     refused(
@@ -399,6 +428,7 @@ async fn smart_contract_interfaces_end_to_end() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "smartContractAddress is required",
     );
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, activities);
@@ -445,6 +475,7 @@ async fn smart_contract_interfaces_end_to_end() {
         })
         .await,
         404,
+        "REQUEST_INVALID",
         "smart contract interface not found",
     );
     refused(
@@ -455,6 +486,7 @@ async fn smart_contract_interfaces_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "smart contract interface not found",
     );
     let list = c

@@ -3,12 +3,10 @@
 //! and deletion (export rule, the record kept in the parent's log, every row and sealed blob
 //! gone), through the official Rust client against the real binaries.
 
-use std::fmt::Debug;
-
 use coffer_gateway::store::Store;
 use coffer_tests::oidc;
-use coffer_tests::Stack;
-use serde_json::{json, Value};
+use coffer_tests::{recover_eth_address, refused, Stack};
+use serde_json::json;
 use sha2::Digest;
 use turnkey_client::generated::external::options::v1::Pagination;
 use turnkey_client::generated::immutable::activity::v1::ActivityType;
@@ -26,17 +24,6 @@ use turnkey_client::generated::{
 use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
 
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
-
-/// Asserts an HTTP refusal with `status` whose body contains `needle`.
-fn refused<T: Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            assert!(body.contains(needle), "expected {needle:?} in {body}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
 
 fn eth_account() -> WalletAccountParams {
     WalletAccountParams {
@@ -139,30 +126,6 @@ async fn wallet_count(c: &Client, org: &str) -> Result<usize, TurnkeyClientError
     c.get_wallets(GetWalletsRequest { organization_id: org.into() }).await.map(|r| r.wallets.len())
 }
 
-async fn activity_count(c: &Client, org: &str) -> usize {
-    let page = Pagination { limit: "100".into(), before: String::new(), after: String::new() };
-    c.get_activities(GetActivitiesRequest {
-        organization_id: org.into(),
-        filter_by_status: vec![],
-        pagination_options: Some(page),
-        filter_by_type: vec![],
-    })
-    .await
-    .unwrap()
-    .activities
-    .len()
-}
-
-/// Recovers the Ethereum address from a secp256k1 r/s/v over `digest` (independent of Coffer).
-fn recover_eth_address(digest: &[u8; 32], r: &str, s: &str, v: &str) -> String {
-    let sig = k256::ecdsa::Signature::from_slice(&hex::decode(format!("{r}{s}")).unwrap()).unwrap();
-    let recid = k256::ecdsa::RecoveryId::from_byte(u8::from_str_radix(v, 16).unwrap()).unwrap();
-    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, recid).unwrap();
-    let point = vk.to_encoded_point(false);
-    let hash = sha3::Keccak256::digest(&point.as_bytes()[1..]);
-    format!("0x{}", hex::encode(&hash[12..]))
-}
-
 /// The gateway's own database file, opened beside the running gateway (WAL mode allows it):
 /// the deletion is checked in the rows themselves, not only through the API.
 /// The stack's own store (SQLite or PostgreSQL), opened beside its gateway.
@@ -177,6 +140,67 @@ fn rows(db: &std::sync::Arc<dyn Store>, org: &str) -> Vec<(String, i64)> {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Where any of `blobs` is still stored in the stack's own store: on SQLite the bytes of the
+/// database file and its WAL (the file must exist; a WAL the gateway truncated is empty); on
+/// PostgreSQL every row of every table of the database the gateway uses, rendered as text
+/// (a `bytea` renders as lowercase hex), searched for each blob's hex. Names the places
+/// ("coffer.db", "wallets", …) it was found in. Any other store, or a store that cannot be read,
+/// fails the test: the absence check never passes without looking.
+fn blob_locations(stack: &Stack, blobs: &[&[u8]]) -> Vec<String> {
+    let url = stack.store_url().to_string();
+    if url.starts_with("sqlite://") {
+        let db = stack.database_path();
+        let wal = db.with_file_name("coffer.db-wal");
+        let main = std::fs::read(&db).unwrap_or_else(|e| panic!("reading {}: {e}", db.display()));
+        assert!(!main.is_empty(), "{} is empty", db.display());
+        let wal_bytes = match std::fs::read(&wal) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => panic!("reading {}: {e}", wal.display()),
+        };
+        [("coffer.db", main), ("coffer.db-wal", wal_bytes)]
+            .into_iter()
+            .filter(|(_, bytes)| blobs.iter().any(|b| contains(bytes, b)))
+            .map(|(f, _)| f.to_string())
+            .collect()
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let needles: Vec<String> = blobs.iter().map(hex::encode).collect();
+        // Off the async runtime: the blocking client runs one of its own.
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connecting to the stack's database");
+            let tables: Vec<String> = c
+                .query(
+                    "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY 1",
+                    &[],
+                )
+                .expect("listing the tables")
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            for t in ["wallets", "wallet_accounts", "organizations", "activities"] {
+                assert!(tables.iter().any(|x| x == t), "no table {t} in the stack's database: {tables:?}");
+            }
+            let mut found = Vec::new();
+            for t in &tables {
+                for n in &needles {
+                    let q = format!("SELECT count(*) FROM \"{t}\" AS r WHERE strpos(r::text, $1) > 0");
+                    let hits: i64 =
+                        c.query_one(q.as_str(), &[n]).unwrap_or_else(|e| panic!("searching {t}: {e}")).get(0);
+                    if hits > 0 && !found.contains(t) {
+                        found.push(t.clone());
+                    }
+                }
+            }
+            found
+        })
+        .join()
+        .unwrap()
+    } else {
+        panic!("cannot look for the sealed blobs in the store {url:?}: neither sqlite:// nor postgres://")
+    }
 }
 
 #[tokio::test]
@@ -281,15 +305,17 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     refused(
         parent.create_wallet(s1.clone(), parent.current_timestamp(), in_sub.clone()).await,
         403,
+        "REQUEST_NOT_AUTHORIZED",
         "request not authorized",
     );
     assert_eq!(wallet_count(&alice, &s1).await.unwrap(), 1);
     // The sub-organization's key is nobody in the parent: 401 for reads and acts alike.
     // (whoami is left out here: the spec lets it find a sub-organization's user from the parent's id.)
-    refused(wallet_count(&alice, &p).await, 401, "could not find public key");
+    refused(wallet_count(&alice, &p).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     refused(
         alice.create_wallet(p.clone(), alice.current_timestamp(), in_sub.clone()).await,
         401,
+        "PUBLIC_KEY_NOT_FOUND",
         "could not find public key",
     );
     assert_eq!(wallet_count(&parent, &p).await.unwrap(), 0);
@@ -307,16 +333,17 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     .sub_organization_id;
     let bob = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(bob_key.private_key()), None).unwrap());
     assert_eq!(whoami(&bob, &s2).await.unwrap().username, "bob");
-    refused(whoami(&alice, &s2).await, 401, "could not find public key");
-    refused(wallet_count(&alice, &s2).await, 401, "could not find public key");
-    refused(whoami(&bob, &s1).await, 401, "could not find public key");
-    refused(wallet_count(&bob, &s1).await, 401, "could not find public key");
+    refused(whoami(&alice, &s2).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
+    refused(wallet_count(&alice, &s2).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
+    refused(whoami(&bob, &s1).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
+    refused(wallet_count(&bob, &s1).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     refused(
         bob.create_wallet(s1.clone(), bob.current_timestamp(), in_sub.clone()).await,
         401,
+        "PUBLIC_KEY_NOT_FOUND",
         "could not find public key",
     );
-    refused(wallet_count(&bob, &p).await, 401, "could not find public key");
+    refused(wallet_count(&bob, &p).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     // A sub-organization cannot have sub-organizations of its own.
     refused(
         create(
@@ -326,6 +353,7 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
         )
         .await,
         400,
+        "REQUEST_INVALID",
         "cannot have sub-organizations",
     );
 
@@ -348,12 +376,12 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     assert_eq!(list_page(&parent, &p, "", "", page("1", "")).await.unwrap(), vec![s1.clone()]);
     assert_eq!(list_page(&parent, &p, "", "", page("1", &s1)).await.unwrap(), vec![s2.clone()]);
     assert!(list_page(&parent, &p, "", "", page("1", &s2)).await.unwrap().is_empty());
-    refused(list_page(&parent, &p, "", "", page("1", &p)).await, 400, "invalid pagination cursor");
-    refused(list_page(&parent, &p, "COLOR", "blue", None).await, 400, "invalid filter type");
-    refused(list_page(&parent, &p, "NAME", "", None).await, 400, "filterValue is required");
+    refused(list_page(&parent, &p, "", "", page("1", &p)).await, 400, "REQUEST_INVALID", "invalid pagination cursor");
+    refused(list_page(&parent, &p, "COLOR", "blue", None).await, 400, "REQUEST_INVALID", "invalid filter type");
+    refused(list_page(&parent, &p, "NAME", "", None).await, 400, "REQUEST_INVALID", "filterValue is required");
     // A sub-organization has none; its key cannot list the parent's.
     assert!(list(&alice, &s1, "", "").await.is_empty());
-    refused(list_page(&alice, &p, "", "", None).await, 401, "could not find public key");
+    refused(list_page(&alice, &p, "", "", None).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
 
     // --- delete -------------------------------------------------------------------------------
     let before = rows(&db, &s1);
@@ -363,12 +391,18 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     }
     let sealed_seed = db.wallet(&s1, &w.wallet_id).unwrap().sealed_seed;
     let sealed_account = db.accounts(&s1, Some(&w.wallet_id)).unwrap().remove(0).sealed_key;
-    let parent_activities = activity_count(&parent, &p).await;
+    // The positive control for the absence check after the deletion: the blobs are found now.
+    for blob in [&sealed_seed, &sealed_account] {
+        assert!(blob.len() >= 32, "a sealed blob of {} bytes", blob.len());
+        let at = blob_locations(&stack, &[blob]);
+        assert!(!at.is_empty(), "the sealed blob {} is not found in the store before the deletion", hex::encode(blob));
+    }
+    let parent_activities = stack.activity_count(&stack.api_key(), &p).await;
 
     // Only a sub-organization can be deleted: the parent deleting itself is refused.
-    refused(delete(&parent, &p, Some(true)).await, 400, "not a sub-organization");
+    refused(delete(&parent, &p, Some(true)).await, 400, "REQUEST_INVALID", "not a sub-organization");
     // The parent's key may not delete it (acting in the sub-organization): 403.
-    refused(delete(&parent, &s1, Some(true)).await, 403, "request not authorized");
+    refused(delete(&parent, &s1, Some(true)).await, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
     // Only root users may: a user alice adds is refused with 403.
     let carol_key = TurnkeyP256ApiKey::generate();
     alice
@@ -390,23 +424,26 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
         .await
         .unwrap();
     let carol = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(carol_key.private_key()), None).unwrap());
-    refused(delete(&carol, &s1, Some(true)).await, 403, "only root quorum users");
+    refused(delete(&carol, &s1, Some(true)).await, 403, "REQUEST_NOT_AUTHORIZED", "only root quorum users");
     let before = rows(&db, &s1);
 
     // The wallet was never exported: without the flag, 400 and nothing changes.
-    match delete(&alice, &s1, None).await {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(400, body)) => {
-            let body: Value = serde_json::from_str(&body).unwrap();
-            assert!(body["message"].as_str().unwrap().starts_with("wallet account has not been exported"), "{body}");
-            assert_eq!(body["details"][0]["turnkeyErrorCode"], "WALLET_ACCOUNT_NOT_EXPORTED");
-        }
-        other => panic!("expected 400 WALLET_ACCOUNT_NOT_EXPORTED, got {other:?}"),
-    }
-    refused(delete(&alice, &s1, Some(false)).await, 400, "wallet account has not been exported");
+    refused(
+        delete(&alice, &s1, None).await,
+        400,
+        "WALLET_ACCOUNT_NOT_EXPORTED",
+        "wallet account has not been exported",
+    );
+    refused(
+        delete(&alice, &s1, Some(false)).await,
+        400,
+        "WALLET_ACCOUNT_NOT_EXPORTED",
+        "wallet account has not been exported",
+    );
     assert_eq!(rows(&db, &s1), before);
     assert_eq!(whoami(&alice, &s1).await.unwrap().organization_id, s1);
     assert_eq!(list(&parent, &p, "", "").await, [s1.clone(), s2.clone()]);
-    assert_eq!(activity_count(&parent, &p).await, parent_activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &p).await, parent_activities);
 
     // With deleteWithoutExport: gone.
     assert_eq!(delete(&alice, &s1, Some(true)).await.unwrap(), s1);
@@ -414,12 +451,12 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     assert!(list(&parent, &p, "NAME", "sub-alpha").await.is_empty());
     assert!(list(&parent, &p, "WALLET_ACCOUNT_ADDRESS", &address).await.is_empty());
     // Its credentials open nothing: the organization is unknown, and the key unknown elsewhere.
-    refused(whoami(&alice, &s1).await, 404, "no organization found");
-    refused(wallet_count(&parent, &s1).await, 404, "no organization found");
-    refused(whoami(&alice, &p).await, 401, "could not find public key");
-    refused(whoami(&alice, &s2).await, 401, "could not find public key");
+    refused(whoami(&alice, &s1).await, 404, "ORGANIZATION_NOT_FOUND", "no organization found");
+    refused(wallet_count(&parent, &s1).await, 404, "ORGANIZATION_NOT_FOUND", "no organization found");
+    refused(whoami(&alice, &p).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
+    refused(whoami(&alice, &s2).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     // The record of the deletion is in the parent's log.
-    assert_eq!(activity_count(&parent, &p).await, parent_activities + 1);
+    assert_eq!(stack.activity_count(&stack.api_key(), &p).await, parent_activities + 1);
     let deleted = parent
         .get_activities(GetActivitiesRequest {
             organization_id: p.clone(),
@@ -464,6 +501,7 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
             })
             .await,
         401,
+        "PUBLIC_KEY_NOT_FOUND",
         "could not find public key",
     );
     // Nothing else of it is left: only its activities, their policy evaluations and its row as a
@@ -477,15 +515,10 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     assert!(db.wallet(&s1, &w.wallet_id).is_err());
     // (secure_delete zeroes the new page versions; the gateway then truncates the WAL, which
     // still held the frames written at creation, moments after the deletion commits.)
+    // (On PostgreSQL the rows are searched, on SQLite the files.)
     let mut left = Vec::new();
     for _ in 0..100 {
-        left = ["coffer.db", "coffer.db-wal"]
-            .iter()
-            .filter(|f| {
-                let bytes = std::fs::read(stack.dir.join(f)).unwrap_or_default();
-                contains(&bytes, &sealed_seed) || contains(&bytes, &sealed_account)
-            })
-            .collect::<Vec<_>>();
+        left = blob_locations(&stack, &[&sealed_seed, &sealed_account]);
         if left.is_empty() {
             break;
         }
@@ -508,23 +541,31 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
 
     // --- refused creations change nothing -----------------------------------------------------
     let parent_rows = rows(&db, &p);
-    let parent_activities = activity_count(&parent, &p).await;
+    let parent_activities = stack.activity_count(&stack.api_key(), &p).await;
     refused(
         create(&parent, &p, intent("t0", vec![user("a")], 0, None)).await,
         400,
+        "REQUEST_INVALID",
         "quorum threshold must be non-zero integer",
     );
     refused(
         create(&parent, &p, intent("t3", vec![user("a"), user("b")], 3, None)).await,
         400,
+        "REQUEST_INVALID",
         "rootQuorumThreshold 3 > 2 root users",
     );
-    refused(create(&parent, &p, intent("none", vec![], 1, None)).await, 400, "at least one root user");
+    refused(
+        create(&parent, &p, intent("none", vec![], 1, None)).await,
+        400,
+        "REQUEST_INVALID",
+        "at least one root user",
+    );
     let mut bad_key = api_key("bad", &key);
     bad_key.public_key = "04deadbeef".into();
     refused(
         create(&parent, &p, intent("bad-key", vec![root_user("a", None, vec![bad_key])], 1, Some(wallet("w")))).await,
         400,
+        "REQUEST_INVALID",
         "invalid api key public key",
     );
     // One key twice across root users.
@@ -541,18 +582,20 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
         )
         .await,
         400,
+        "CREDENTIAL_CONFLICT",
         "already exists",
     );
     refused(
         create(&parent, &p, intent("nobody", vec![root_user("a", None, vec![])], 1, None)).await,
         400,
+        "REQUEST_INVALID",
         "no way to authenticate",
     );
     // An email is a way in only while an email login is enabled.
     let mut no_email_login = intent("no-email", vec![root_user("a", Some("a@example.com"), vec![])], 1, None);
     no_email_login.disable_email_auth = Some(true);
     no_email_login.disable_otp_email_auth = Some(true);
-    refused(create(&parent, &p, no_email_login).await, 400, "no way to authenticate");
+    refused(create(&parent, &p, no_email_login).await, 400, "REQUEST_INVALID", "no way to authenticate");
     refused(
         create(
             &parent,
@@ -561,11 +604,12 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
         )
         .await,
         400,
+        "INVALID_EMAIL",
         "invalid email",
     );
     let mut bad_wallet = intent("bad-wallet", vec![user("a")], 1, Some(wallet("w")));
     bad_wallet.wallet.as_mut().unwrap().accounts[0].path = String::new();
-    refused(create(&parent, &p, bad_wallet).await, 400, "path is required");
+    refused(create(&parent, &p, bad_wallet).await, 400, "REQUEST_INVALID", "path is required");
     // Raw JSON the client cannot send: a threshold that is not an integer.
     let body = json!({
         "type": "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
@@ -583,7 +627,7 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
     );
     assert!(list(&parent, &p, "", "").await.is_empty());
     assert_eq!(rows(&db, &p), parent_rows);
-    assert_eq!(activity_count(&parent, &p).await, parent_activities);
+    assert_eq!(stack.activity_count(&stack.api_key(), &p).await, parent_activities);
 
     // --- an email-only root user, and one known by an OAuth identity --------------------------
     let issuer_key =
@@ -628,7 +672,12 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
     assert!(!names.contains(&"FEATURE_NAME_SMS_AUTH".to_string()), "{names:?}");
     assert_eq!(list(&parent, &p, "OIDC_TOKEN", &token).await, vec![s3.clone()]);
     assert_eq!(list(&parent, &p, "EMAIL", "DANA@example.com").await, vec![s3.clone()]);
-    refused(list_page(&parent, &p, "OIDC_TOKEN", "not.a.jwt", None).await, 400, "invalid OIDC token");
+    refused(
+        list_page(&parent, &p, "OIDC_TOKEN", "not.a.jwt", None).await,
+        400,
+        "INVALID_OIDC_TOKEN",
+        "invalid OIDC token",
+    );
     // The same identity by claims, in another sub-organization: both are found.
     let claims = RootUserParamsV5 {
         oauth_providers: vec![OauthProviderParamsV2 {

@@ -2,7 +2,7 @@
 //! change nothing, and deleting an app with its deployments, through the official Rust client.
 
 use base64::Engine;
-use coffer_tests::{refused_any_code as refused, Stack};
+use coffer_tests::{refused, Stack};
 use serde_json::Value;
 use turnkey_client::generated::external::data::v1::{TvcDeployment, TvcOperator, TvcOperatorSet};
 use turnkey_client::generated::immutable::common::v1::TvcHealthCheckType;
@@ -176,12 +176,22 @@ async fn tvc_apps_and_deployments_end_to_end() {
             set_params("s", vec![], vec![carol_id.clone()], 1),
         )
     };
-    refused(c.create_tvc_app(org.clone(), ts(), both).await, 400, "either manifestSetId or manifestSetParams");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), both).await,
+        400,
+        "REQUEST_INVALID",
+        "either manifestSetId or manifestSetParams",
+    );
     let neither = CreateTvcAppIntent {
         share_set_params: None,
         ..app_intent("app-two", set_params("x", vec![operator("x", 7)], vec![], 1), set_params("s", vec![], vec![], 1))
     };
-    refused(c.create_tvc_app(org.clone(), ts(), neither).await, 400, "shareSetId or shareSetParams is required");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), neither).await,
+        400,
+        "REQUEST_INVALID",
+        "shareSetId or shareSetParams is required",
+    );
     let second = c
         .create_tvc_app(
             org.clone(),
@@ -302,7 +312,12 @@ async fn tvc_apps_and_deployments_end_to_end() {
     assert!(deployments(&c, &org, &second.app_id).await.is_empty());
 
     // Refusals: each changes nothing.
-    refused(c.create_tvc_deployment(org.clone(), ts(), deployment_intent(UNKNOWN_ID)).await, 404, "tvc app not found");
+    refused(
+        c.create_tvc_deployment(org.clone(), ts(), deployment_intent(UNKNOWN_ID)).await,
+        404,
+        "REQUEST_INVALID",
+        "tvc app not found",
+    );
     for (hc, ingress, field) in
         [(3001, 0, "publicIngressPort"), (3001, 65_536, "publicIngressPort"), (0, 80, "healthCheckPort")]
     {
@@ -312,66 +327,102 @@ async fn tvc_apps_and_deployments_end_to_end() {
             public_ingress_port: ingress,
             ..deployment_intent(&app_id)
         };
-        refused(c.create_tvc_deployment(org.clone(), ts(), bad).await, 400, field);
+        refused(c.create_tvc_deployment(org.clone(), ts(), bad).await, 400, "REQUEST_INVALID", field);
     }
     refused(
         c.create_tvc_deployment(org.clone(), ts(), deployment_intent(&app_id)).await,
         400,
+        "REQUEST_INVALID",
         "nonce 7 already exists",
     );
     let bad_digest =
         CreateTvcDeploymentIntent { nonce: Some(8), expected_pivot_digest: "abc".into(), ..deployment_intent(&app_id) };
-    refused(c.create_tvc_deployment(org.clone(), ts(), bad_digest).await, 400, "expectedPivotDigest");
+    refused(
+        c.create_tvc_deployment(org.clone(), ts(), bad_digest).await,
+        400,
+        "REQUEST_INVALID",
+        "expectedPivotDigest",
+    );
     let debug = CreateTvcDeploymentIntent { nonce: Some(8), debug_mode: Some(true), ..deployment_intent(&app_id) };
-    refused(c.create_tvc_deployment(org.clone(), ts(), debug).await, 400, "debug-mode deployments are not enabled");
+    refused(
+        c.create_tvc_deployment(org.clone(), ts(), debug).await,
+        400,
+        "REQUEST_INVALID",
+        "debug-mode deployments are not enabled",
+    );
     let unspecified = CreateTvcDeploymentIntent {
         nonce: Some(8),
         health_check_type: TvcHealthCheckType::Unspecified,
         ..deployment_intent(&app_id)
     };
-    refused(c.create_tvc_deployment(org.clone(), ts(), unspecified).await, 400, "healthCheckType");
+    refused(c.create_tvc_deployment(org.clone(), ts(), unspecified).await, 400, "REQUEST_INVALID", "healthCheckType");
 
     let ops = || vec![operator("dave", 4), operator("erin", 5)];
     for threshold in [0, 3] {
         let bad = app_intent("app-three", set_params("m", ops(), vec![], threshold), set_params("s", ops(), vec![], 1));
-        refused(c.create_tvc_app(org.clone(), ts(), bad).await, 400, "manifestSetParams.threshold");
+        refused(c.create_tvc_app(org.clone(), ts(), bad).await, 400, "REQUEST_INVALID", "manifestSetParams.threshold");
     }
     let bad = app_intent("app-three", set_params("m", ops(), vec![], 1), set_params("s", vec![], vec![], 1));
-    refused(c.create_tvc_app(org.clone(), ts(), bad).await, 400, "shareSetParams needs at least one operator");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), bad).await,
+        400,
+        "REQUEST_INVALID",
+        "shareSetParams needs at least one operator",
+    );
     let duplicate = app_intent("app-one", set_params("m", ops(), vec![], 1), set_params("s", ops(), vec![], 1));
-    refused(c.create_tvc_app(org.clone(), ts(), duplicate).await, 400, "tvc app name must be unique");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), duplicate).await,
+        400,
+        "REQUEST_INVALID",
+        "tvc app name must be unique",
+    );
     let bad_key = CreateTvcAppIntent {
         quorum_public_key: point(9),
         ..app_intent("app-three", set_params("m", ops(), vec![], 1), set_params("s", ops(), vec![], 1))
     };
-    refused(c.create_tvc_app(org.clone(), ts(), bad_key).await, 400, "invalid quorumPublicKey");
+    refused(c.create_tvc_app(org.clone(), ts(), bad_key).await, 400, "REQUEST_INVALID", "invalid quorumPublicKey");
     let bad_operator = app_intent(
         "app-three",
         set_params("m", vec![TvcOperatorParams { name: "x".into(), public_key: "04abcd".into() }], vec![], 1),
         set_params("s", ops(), vec![], 1),
     );
-    refused(c.create_tvc_app(org.clone(), ts(), bad_operator).await, 400, "manifestSetParams.newOperators.0.publicKey");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), bad_operator).await,
+        400,
+        "REQUEST_INVALID",
+        "manifestSetParams.newOperators.0.publicKey",
+    );
     let unknown_set = CreateTvcAppIntent {
         share_set_id: Some(UNKNOWN_ID.into()),
         share_set_params: None,
         ..app_intent("app-three", set_params("m", ops(), vec![], 1), set_params("s", ops(), vec![], 1))
     };
-    refused(c.create_tvc_app(org.clone(), ts(), unknown_set).await, 404, "tvc operator set not found");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), unknown_set).await,
+        404,
+        "REQUEST_INVALID",
+        "tvc operator set not found",
+    );
     let unknown_operator =
         app_intent("app-three", set_params("m", ops(), vec![UNKNOWN_ID.into()], 1), set_params("s", ops(), vec![], 1));
-    refused(c.create_tvc_app(org.clone(), ts(), unknown_operator).await, 404, "tvc operator not found");
+    refused(
+        c.create_tvc_app(org.clone(), ts(), unknown_operator).await,
+        404,
+        "REQUEST_INVALID",
+        "tvc operator not found",
+    );
     let twice = app_intent(
         "app-three",
         set_params("m", vec![], vec![alice_id.clone(), alice_id.clone()], 1),
         set_params("s", ops(), vec![], 1),
     );
-    refused(c.create_tvc_app(org.clone(), ts(), twice).await, 400, "duplicate operator");
+    refused(c.create_tvc_app(org.clone(), ts(), twice).await, 400, "REQUEST_INVALID", "duplicate operator");
     let renamed = app_intent(
         "app-three",
         set_params("m", ops(), vec![], 1),
         set_params("s", vec![operator("mallory", 4)], vec![], 1),
     );
-    refused(c.create_tvc_app(org.clone(), ts(), renamed).await, 400, "under another name");
+    refused(c.create_tvc_app(org.clone(), ts(), renamed).await, 400, "REQUEST_INVALID", "under another name");
 
     assert_eq!(apps(&c, &org).await, vec!["app-one", "app-two"]);
     assert_eq!(deployments(&c, &org, &app_id).await, listed);
@@ -387,6 +438,7 @@ async fn tvc_apps_and_deployments_end_to_end() {
     refused(
         c.get_tvc_app(GetTvcAppRequest { organization_id: org.clone(), tvc_app_id: app_id.clone() }).await,
         404,
+        "REQUEST_INVALID",
         "tvc app not found",
     );
     for d in [&d1.deployment_id, &d2.deployment_id] {
@@ -394,6 +446,7 @@ async fn tvc_apps_and_deployments_end_to_end() {
             c.get_tvc_deployment(GetTvcDeploymentRequest { organization_id: org.clone(), deployment_id: d.clone() })
                 .await,
             404,
+            "REQUEST_INVALID",
             "tvc deployment not found",
         );
     }
@@ -401,6 +454,7 @@ async fn tvc_apps_and_deployments_end_to_end() {
         c.get_tvc_app_deployments(GetTvcAppDeploymentsRequest { organization_id: org.clone(), app_id: app_id.clone() })
             .await,
         404,
+        "REQUEST_INVALID",
         "tvc app not found",
     );
     refused(
@@ -411,6 +465,7 @@ async fn tvc_apps_and_deployments_end_to_end() {
         )
         .await,
         404,
+        "REQUEST_INVALID",
         "tvc app not found",
     );
     assert_eq!(apps(&c, &org).await, vec!["app-two"]);
