@@ -511,21 +511,6 @@ pub fn refused_raw(r: &RawResponse, status: u16, turnkey_error_code: &str, needl
     assert_error_body(status, &r.text, turnkey_error_code, needle);
 }
 
-/// The loose, transitional check (HTTP status and a JSON message containing `needle`, any error
-/// code) for the files not yet switched to [`refused`]; not for new tests.
-#[track_caller]
-pub fn refused_any_code<T: std::fmt::Debug>(r: Result<T, TurnkeyClientError>, status: u16, needle: &str) {
-    match r {
-        Err(TurnkeyClientError::UnexpectedHttpStatus(s, body)) => {
-            assert_eq!(s, status, "{body}");
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
-            let m = v["message"].as_str().unwrap_or_default();
-            assert!(m.contains(needle), "expected {needle:?} in {m:?}");
-        }
-        other => panic!("expected HTTP {status} ({needle}), got {other:?}"),
-    }
-}
-
 /// The secp256k1 key that made the signature (`r`, `s`, recovery id `recid`) over the 32-byte
 /// prehash `digest`, recovered with `k256` (independent of Coffer). `r` and `s` are big-endian,
 /// at most 32 bytes (RLP drops leading zeros; they are padded back). The signature must be
