@@ -281,7 +281,7 @@ impl EvalPool {
 
     /// Runs `f` on the pool within `org`'s share; a 503 if no slot came within the wait.
     pub async fn run<T: Send + 'static>(
-        &self,
+        &'static self,
         org: &str,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ApiError> {
@@ -314,7 +314,7 @@ impl EvalPool {
             // The slots are the thread's: they are given back when the work ends, even when the
             // request stopped waiting for it.
             drop((mine, slot));
-            pool().forget_idle(&org_id);
+            self.forget_idle(&org_id);
             let _ = tx.send(out);
         });
         self.jobs.lock().map_err(|_| ApiError::internal())?.send(job).map_err(|_| ApiError::internal())?;
@@ -696,6 +696,126 @@ mod tests {
         assert!(!Arc::ptr_eq(&first.policies[0].compiled, &changed.policies[0].compiled));
         assert_eq!(changed.policies[0].compiled.source.condition, "false");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn open_store(name: &str) -> (std::path::PathBuf, SqliteStore) {
+        let dir = std::env::temp_dir().join(format!("coffer-{name}-{}", uuid::Uuid::new_v4()));
+        let store = SqliteStore::open(&dir.join("coffer.db")).unwrap();
+        (dir, store)
+    }
+
+    fn put_org(store: &SqliteStore, org: &str, conditions: &[&str]) {
+        let o = Organization {
+            id: org.into(),
+            name: org.into(),
+            parent_id: None,
+            root_quorum_threshold: 1,
+            root_user_ids: vec![],
+            created_at: 0,
+            updated_at: 0,
+        };
+        let mut writes = vec![Write::InsertOrganization(o)];
+        for (i, c) in conditions.iter().enumerate() {
+            writes.push(Write::PutRecord(Record {
+                organization_id: org.into(),
+                kind: "policy".into(),
+                id: format!("{org}-p{i}"),
+                name: format!("policy {i}"),
+                data: json!({"effect": "EFFECT_ALLOW", "condition": c, "consensus": "", "time": ""}),
+                created_at: 1,
+                updated_at: 1 + i as i64,
+            }));
+        }
+        store.apply(&writes).unwrap();
+    }
+
+    #[test]
+    fn the_cache_is_charged_by_bytes_shares_sources_and_evicts_the_least_recently_used() {
+        let (dir, store) = open_store("policy-bytes");
+        let big = format!("[{}0].count() > 0", "0,".repeat(999));
+        // Org a: the same big source twice (one compilation, charged once) and a small one.
+        put_org(&store, "bytes-a", &[&big, &big, "true"]);
+        put_org(&store, "bytes-b", &[&big]);
+        put_org(&store, "bytes-c", &["false"]);
+        let a = policy_set_within(&store, "bytes-a", usize::MAX).unwrap();
+        assert!(Arc::ptr_eq(&a.policies[0].compiled, &a.policies[1].compiled), "one source, one compilation");
+        let source = |c: &str| PolicySource {
+            id: String::new(),
+            name: String::new(),
+            effect: "EFFECT_ALLOW".into(),
+            condition: c.into(),
+            consensus: String::new(),
+            time: String::new(),
+        };
+        let entries: usize = a.policies.iter().map(|p| ENTRY_BYTES + p.id.len() + p.name.len()).sum();
+        assert_eq!(a.bytes(), entries + compiled_bytes(&source(&big)) + compiled_bytes(&source("true")));
+        assert_eq!(compiled_bytes(&source(&big)), COMPILED_BYTES + COMPILED_BYTES_PER_SOURCE_BYTE * (12 + big.len()));
+        // Another organization with the same source shares its compilation too.
+        let b = policy_set_within(&store, "bytes-b", usize::MAX).unwrap();
+        assert!(Arc::ptr_eq(&a.policies[0].compiled, &b.policies[0].compiled));
+        // Outcomes carry each policy's own id and name, not the shared compilation's (empty).
+        assert!(b.policies[0].compiled.source.id.is_empty());
+        let entries: Vec<&PolicyEntry> = a.policies.iter().collect();
+        let compiled: Vec<&CompiledPolicy> = entries.iter().map(|e| e.compiled.as_ref()).collect();
+        let mut e = decision::decide(&compiled, &Default::default(), false, false);
+        name_outcomes(&mut e, &entries).unwrap();
+        let named: Vec<(&str, &str)> =
+            e.outcomes.iter().map(|o| (o.policy_id.as_str(), o.policy_name.as_str())).collect();
+        assert_eq!(named, [("bytes-a-p0", "policy 0"), ("bytes-a-p1", "policy 1"), ("bytes-a-p2", "policy 2")]);
+        assert!(name_outcomes(&mut e, &entries[..2]).is_err(), "outcomes that do not match the policies fail closed");
+
+        // Least recently used first out, on a cache of its own: a budget that holds a and b but
+        // not c too. a, c, then a again: c is the least recently used when b comes.
+        let c = policy_set_within(&store, "bytes-c", usize::MAX).unwrap();
+        let mut cache = PolicyCache::default();
+        let budget = a.bytes() + b.bytes();
+        cache.insert("a", a.clone(), budget);
+        cache.insert("c", c.clone(), budget);
+        cache.clock += 1;
+        let clock = cache.clock;
+        cache.sets.get_mut("a").unwrap().1 = clock;
+        cache.insert("b", b.clone(), budget);
+        let mut cached: Vec<&str> = cache.sets.keys().map(String::as_str).collect();
+        cached.sort_unstable();
+        assert_eq!(cached, ["a", "b"]);
+        assert_eq!(cache.bytes, a.bytes() + b.bytes());
+        // A set larger than the whole budget is not cached, and pushes nothing out.
+        cache.insert("huge", a.clone(), b.bytes().min(a.bytes()) - 1);
+        assert!(!cache.sets.contains_key("huge"));
+        assert_eq!(cache.bytes, 0, "a budget below every set empties the cache");
+        // Replacing an organization's set charges the new one only.
+        cache.insert("a", a.clone(), usize::MAX);
+        cache.insert("a", c.clone(), usize::MAX);
+        assert_eq!(cache.bytes, c.bytes());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn an_organization_gets_its_share_of_the_pool_and_no_more() {
+        let pool: &'static EvalPool = Box::leak(Box::new(EvalPool::new(&PolicySettings::new(2, 1, 300, 0, 0))));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let first = tokio::spawn(pool.run("x", move || {
+            let _ = started.send(std::thread::current().name().map(String::from));
+            held.recv().ok();
+            1
+        }));
+        let thread = running.await.unwrap();
+        assert!(thread.is_some_and(|t| t.starts_with("coffer-policy-")), "runs on the pool's own threads");
+        // x holds its one slot: its next evaluation waits, then is shed with the 503.
+        let e = pool.run("x", || 2).await.unwrap_err();
+        assert_eq!(e.retry_after, Some(1));
+        assert!(e.message.contains("too many policy evaluation requests"), "{}", e.message);
+        // y gets the other thread meanwhile.
+        assert_eq!(pool.run("y", || 3).await.unwrap(), 3);
+        release.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        // Once x's evaluation ended, its share is free again, and nothing is kept for idle ones.
+        assert_eq!(pool.run("x", || 4).await.unwrap(), 4);
+        assert!(pool.per_org.lock().unwrap().is_empty());
+        // A panicking evaluation fails its request only; the pool goes on.
+        assert!(pool.run("x", || panic!("evaluation bug")).await.is_err());
+        assert_eq!(pool.run("x", || 5).await.unwrap(), 5);
     }
 
     #[test]
