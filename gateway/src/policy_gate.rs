@@ -519,9 +519,9 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
     let mut policies = Vec::with_capacity(records.len());
     for r in &records {
         let source = PolicySource::from_json(&r.id, &r.name, &r.data);
+        let key = source_key(&source);
         let shared = {
             let cache = cache().lock().map_err(|_| poisoned())?;
-            let key = source_key(&source);
             cache.compiled.get(&key).and_then(Weak::upgrade).filter(|c| {
                 let s = &c.source;
                 (&s.effect, &s.condition, &s.consensus, &s.time)
@@ -540,7 +540,7 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
                 // Another thread may have compiled the same source meanwhile: keep one.
                 cache
                     .compiled
-                    .entry(source_key(&source))
+                    .entry(key)
                     .and_modify(|w| {
                         if w.strong_count() == 0 {
                             *w = Arc::downgrade(&c)
