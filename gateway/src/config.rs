@@ -79,6 +79,23 @@ pub struct GatewayConfig {
     /// connections, so a flood of API traffic can never crowd out a health check. Default: none
     /// (the API listener serves them too, outside the in-flight limits).
     pub ops_listen: Option<SocketAddr>,
+    /// Policy evaluation runs on a pool of its own threads, off the request executor: this many
+    /// evaluations at once. 0 (the default) is the machine's cores. Env `COFFER_POLICY_THREADS`.
+    pub policy_threads: usize,
+    /// Evaluations of one organization at once, so one organization cannot take the whole pool.
+    /// 0 (the default) is half the pool, at least 1; at most the pool. A single-tenant
+    /// deployment may set it to the pool. Env `COFFER_POLICY_THREADS_PER_ORGANIZATION`.
+    pub policy_threads_per_organization: usize,
+    /// Longest wait for an evaluation slot (the organization's share, then a thread); past it a
+    /// JSON 503 with `Retry-After: 1`. Default 10,000 ms. Env `COFFER_POLICY_QUEUE_TIMEOUT_MS`.
+    pub policy_queue_timeout_ms: u64,
+    /// Bound of the compiled-policy cache in estimated bytes (96 per byte of a policy's
+    /// expressions plus fixed costs); least recently used organizations go first. Default
+    /// 268,435,456 (256 MiB). Env `COFFER_POLICY_CACHE_BYTES`.
+    pub policy_cache_bytes: usize,
+    /// Policies one organization may have; `create_policy` / `create_policies` past it are
+    /// refused with a 400. Default 100,000. Env `COFFER_MAX_POLICIES_PER_ORGANIZATION`.
+    pub max_policies_per_organization: usize,
     /// `[webhooks]`: delivery targets and limits.
     pub webhooks: WebhookSettings,
     /// This gateway's name among several on one database: the webhook deliveries it holds are
@@ -131,6 +148,11 @@ impl Default for GatewayConfig {
             rate_limit_per_ip: 0,
             rate_limit_per_credential: 0,
             ops_listen: None,
+            policy_threads: 0,
+            policy_threads_per_organization: 0,
+            policy_queue_timeout_ms: crate::policy_gate::DEFAULT_QUEUE_TIMEOUT_MS,
+            policy_cache_bytes: crate::policy_gate::DEFAULT_CACHE_BYTES,
+            max_policies_per_organization: crate::policy_gate::DEFAULT_MAX_POLICIES,
             webhooks: WebhookSettings::default(),
             instance_id: None,
         }
@@ -227,6 +249,11 @@ impl GatewayConfig {
             ("COFFER_LISTEN_BACKLOG", &mut cfg.listen_backlog),
             ("COFFER_RATE_LIMIT_PER_IP", &mut cfg.rate_limit_per_ip),
             ("COFFER_RATE_LIMIT_PER_CREDENTIAL", &mut cfg.rate_limit_per_credential),
+            ("COFFER_POLICY_THREADS", &mut cfg.policy_threads),
+            ("COFFER_POLICY_THREADS_PER_ORGANIZATION", &mut cfg.policy_threads_per_organization),
+            ("COFFER_POLICY_QUEUE_TIMEOUT_MS", &mut cfg.policy_queue_timeout_ms),
+            ("COFFER_POLICY_CACHE_BYTES", &mut cfg.policy_cache_bytes),
+            ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &mut cfg.max_policies_per_organization),
         ] {
             if let Ok(v) = std::env::var(name) {
                 field.set(&v).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
@@ -247,6 +274,17 @@ impl GatewayConfig {
             out.push(EnclaveEndpoint::Unix(self.enclave_socket.clone()));
         }
         out
+    }
+
+    /// The policy evaluation settings (pool, per-organization share, cache, policy cap).
+    pub fn policy_settings(&self) -> crate::policy_gate::PolicySettings {
+        crate::policy_gate::PolicySettings::new(
+            self.policy_threads,
+            self.policy_threads_per_organization,
+            self.policy_queue_timeout_ms,
+            self.policy_cache_bytes,
+            self.max_policies_per_organization,
+        )
     }
 
     /// Opens the store `store_url` names: `sqlite://PATH`, or `postgres://…` for a database that

@@ -195,6 +195,14 @@ async fn init_dev(
 
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     use coffer_gateway::serve::{serve, ConnectionLimits};
+    let policy = cfg.policy_settings();
+    tracing::info!(
+        threads = policy.threads,
+        per_organization = policy.per_organization,
+        cache_bytes = policy.cache_bytes,
+        "policy evaluation pool"
+    );
+    coffer_gateway::policy_gate::configure(policy);
     let store = cfg.open_store()?;
     let custody = Custody::connect_all(cfg.enclave_endpoints())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);

@@ -75,6 +75,10 @@ pub struct Metrics {
     pub commit_batch: Histogram,
     pub webhook_held: Gauge,
     pub webhook_attempts: Family<OutcomeLabel, Counter>,
+    pub policy_wait_seconds: Histogram,
+    pub policy_evaluation_seconds: Histogram,
+    pub policy_shed: Counter,
+    pub policy_cache_bytes: Gauge,
 }
 
 impl Metrics {
@@ -85,6 +89,8 @@ impl Metrics {
         let enclave_unreachable = Family::default();
         let (commit_seconds, commit_batch) = (latency(), Histogram::new(exponential_buckets(1.0, 2.0, 10)));
         let (webhook_held, webhook_attempts) = (Gauge::default(), Family::default());
+        let (policy_wait_seconds, policy_evaluation_seconds) = (latency(), latency());
+        let (policy_shed, policy_cache_bytes) = (Counter::default(), Gauge::default());
         let mut registry = Registry::with_prefix("coffer");
         registry.register("http_requests", "HTTP requests by operation and status", requests.clone());
         registry.register("http_request_seconds", "HTTP request latency by operation", request_seconds.clone());
@@ -104,6 +110,26 @@ impl Metrics {
             webhook_held.clone(),
         );
         registry.register("webhook_attempts", "Webhook delivery attempts by outcome", webhook_attempts.clone());
+        registry.register(
+            "policy_evaluation_wait_seconds",
+            "Wait for a slot of the policy evaluation pool",
+            policy_wait_seconds.clone(),
+        );
+        registry.register(
+            "policy_evaluation_seconds",
+            "Policy evaluations on the pool (store reads included)",
+            policy_evaluation_seconds.clone(),
+        );
+        registry.register(
+            "policy_evaluations_shed",
+            "Requests answered 503 because no policy evaluation slot came within the wait",
+            policy_shed.clone(),
+        );
+        registry.register(
+            "policy_cache_bytes",
+            "Estimated bytes of the compiled-policy cache",
+            policy_cache_bytes.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -116,6 +142,10 @@ impl Metrics {
             commit_batch,
             webhook_held,
             webhook_attempts,
+            policy_wait_seconds,
+            policy_evaluation_seconds,
+            policy_shed,
+            policy_cache_bytes,
         }
     }
 
@@ -159,6 +189,26 @@ pub fn observe_enclave_call(method: &str, outcome: &'static str, took: Duration)
 /// An enclave did not answer a call.
 pub fn observe_enclave_unreachable(enclave: &str) {
     metrics().enclave_unreachable.get_or_create(&EnclaveEndpointLabel { enclave: enclave.to_string() }).inc();
+}
+
+/// The wait of a request for a policy evaluation slot.
+pub fn observe_policy_evaluation_wait(took: Duration) {
+    metrics().policy_wait_seconds.observe(took.as_secs_f64());
+}
+
+/// One policy evaluation on the pool.
+pub fn observe_policy_evaluation(took: Duration) {
+    metrics().policy_evaluation_seconds.observe(took.as_secs_f64());
+}
+
+/// A request shed for want of a policy evaluation slot.
+pub fn observe_policy_evaluation_shed() {
+    metrics().policy_shed.inc();
+}
+
+/// The compiled-policy cache's estimated bytes.
+pub fn observe_policy_cache_bytes(bytes: usize) {
+    metrics().policy_cache_bytes.set(bytes as i64);
 }
 
 #[cfg(test)]

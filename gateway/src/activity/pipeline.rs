@@ -14,7 +14,7 @@ use super::render;
 use super::submission::{self, Envelope};
 use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
 use crate::error::{ApiError, Code};
-use crate::policy_gate::{denied, evaluate, Proposal};
+use crate::policy_gate::{denied, Proposal};
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::stamps::{self, Caller, Credential};
 use crate::state::AppState;
@@ -379,7 +379,7 @@ pub async fn submit(
         (Some(parent), true) => organization(&state, parent.clone()).await?,
         _ => org.clone(),
     };
-    let evaluation = state.read_store(|s| evaluate(s, &policy_org, &proposal))?;
+    let evaluation = crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?;
     let mut writes = vec![evaluation_write(&org.id, &activity_id, &vote, &evaluation, now)];
     if let Some(key) = &idem {
         writes.push(Write::InsertIdempotencyKey {
@@ -589,7 +589,7 @@ async fn vote(
         if approve {
             let proposal =
                 Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &submitter, now };
-            let evaluation = state.read_store(|s| evaluate(s, &org, &proposal))?;
+            let evaluation = crate::policy_gate::decide(&state.store, &org, &proposal).await?;
             let eval_write = evaluation_write(&org.id, &target.id, &vote, &evaluation, now);
             match evaluation.decision {
                 Decision::Deny => return Err(denied(&evaluation)),

@@ -84,7 +84,7 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         let params = submission::strip_nulls(env.parameters.clone());
         let proposal =
             Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &caller.user.id, now };
-        let e = ctx.state.read_store(|s| policy_gate::evaluate(s, &ctx.org, &proposal))?;
+        let e = policy_gate::decide(&ctx.state.store, &ctx.org, &proposal).await?;
         let policies = e
             .outcomes
             .iter()
