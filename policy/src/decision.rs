@@ -125,7 +125,7 @@ impl CompiledPolicy {
 /// `Ok(b)`, or the error text, for one clause.
 fn clause(expr: &Result<crate::expr::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
     let expr = expr.as_ref().map_err(Clone::clone)?;
-    eval_bool(expr, roots).map_err(|e| e.0)
+    eval_bool(expr, roots).map_err(|e| e.message)
 }
 
 /// Evaluates one policy: every clause is evaluated (no short-circuit); any error is an error.
