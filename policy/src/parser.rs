@@ -1081,7 +1081,7 @@ mod tests {
     #[test]
     fn clause_length_list_length_and_static_cost_are_capped() {
         // Issue 23: ten policies of 0.96 MB (`[0, … ×480000].count() > 0`) took 800 MiB.
-        let huge = format!("[{}].count() > 0", vec!["0"; 480_000].join(", "));
+        let huge = format!("[{}].count() > 0", vec!["0"; 480_000].join(","));
         assert!(huge.len() > 900_000);
         let e = parse_condition(&huge).unwrap_err();
         assert_eq!(
