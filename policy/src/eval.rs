@@ -257,6 +257,11 @@ fn bytes_cost(n: usize) -> u64 {
 /// What copying (or fully comparing) `v` costs: a step per value and per
 /// [`STR_BYTES_PER_STEP`] bytes of its text. Stops counting once past `cap`.
 fn weight(v: &Val, cap: u64) -> u64 {
+    match v {
+        Val::Str(s) | Val::Uint(s) => return 1 + bytes_cost(s.len()),
+        Val::List(_) | Val::Map(_) => {}
+        _ => return 1,
+    }
     let mut total = 0u64;
     let mut stack = vec![v];
     while let Some(v) = stack.pop() {
