@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("webauthn_attestation", webauthn_attestation),
     ("envelope", envelope),
     ("policy", policy),
+    ("policy_cost", policy_cost),
     ("eip712", eip712),
     ("sealed_blob", sealed_blob),
     ("transaction", transaction),
@@ -368,18 +369,94 @@ pub fn policy(data: &[u8]) -> Outcome {
             }
         };
         assert!(!e.never_bool(), "a parsed policy is boolean: {e:?}");
-        // Negating the parenthesized text gives the negation of the same tree (or, at the
-        // nesting limit, the limit's error).
+        // Negating the parenthesized text gives the negation of the same tree (or, at one of
+        // the caps the 4 bytes and the node it adds can cross, the cap's error).
         if !src.trim().is_empty() {
             match parse(&format!("!({src})")) {
                 Ok(n) => assert!(n == Expr::Not(Box::new(e.clone())), "!({src}) parsed as {n:?}"),
-                Err(err) => assert!(err.message.contains("nests too deeply"), "!({src}): {err}"),
+                Err(err) => assert!(
+                    ["nests too deeply", "expression too long", "expression too costly"]
+                        .iter()
+                        .any(|cap| err.message.contains(cap)),
+                    "!({src}): {err}"
+                ),
             }
         }
         outcome = outcome.max(match eval::eval_bool(&e, policy_context()) {
             Ok(_) => Outcome::Accepted,
             Err(_) => Outcome::Parsed,
         });
+    }
+    outcome
+}
+
+/// A context with long lists and long text: `wallets` and `approvers` (2,000 each),
+/// `solana.tx.transfers` (2,000), `eth.tx.data` (100 KB of hex) and `eth.tx.authorization_list`
+/// (1,000), over [`policy_context`], so that short policies reach expensive evaluations.
+pub fn policy_big_context() -> &'static BTreeMap<String, Val> {
+    static ROOTS: OnceLock<BTreeMap<String, Val>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let n = |k: usize| 0..k;
+        let big = serde_json::json!({
+            "wallets": n(2_000).map(|i| serde_json::json!({"id": format!("w{i}"), "imported": false, "exported": false, "label": "w"})).collect::<Vec<_>>(),
+            "approvers": n(2_000).map(|i| serde_json::json!({"id": format!("u{i}"), "tags": ["t1", "t2"], "email": "", "alias": "a"})).collect::<Vec<_>>(),
+            "solana": {"tx": {"transfers": n(2_000).map(|i| serde_json::json!({"from": "f", "to": format!("addr{i}"), "amount": i})).collect::<Vec<_>>()}},
+            "eth": {"tx": {"to": "0xc", "chain_id": 1, "value": 5, "data": format!("0x{}", "ab".repeat(50_000)),
+                "authorization_list": n(1_000).map(|i| serde_json::json!({"address": format!("0x{i:040x}"), "chain_id": 1, "nonce": i})).collect::<Vec<_>>()}},
+        });
+        let mut roots = policy_context().clone();
+        let Val::Map(big) = Val::from_json(&big) else { unreachable!("an object converts to a map") };
+        roots.extend(big);
+        roots
+    })
+}
+
+/// The evaluator's cost: policy text, then optionally a NUL byte and a JSON object for the
+/// context's roots (`time.now` added when missing). Each clause kind that parses is evaluated
+/// against that context (or [`policy_context`]) and [`policy_big_context`]; every evaluation
+/// must end within 4× the wall-clock backstop ([`coffer_policy::EVAL_DEADLINE`]), and one that
+/// succeeds within the step budget.
+pub fn policy_cost(data: &[u8]) -> Outcome {
+    use coffer_policy::eval::{eval_bool_in, Env};
+    use coffer_policy::{parse_condition, parse_consensus, parse_time, EVAL_DEADLINE, MAX_EVAL_STEPS};
+    use std::time::Instant;
+
+    let (text, ctx) = match data.iter().position(|b| *b == 0) {
+        Some(i) => (&data[..i], Some(&data[i + 1..])),
+        None => (data, None),
+    };
+    let Ok(src) = std::str::from_utf8(text) else { return Outcome::Rejected };
+    let given = ctx.and_then(|c| serde_json::from_slice::<Value>(c).ok()).and_then(|v| match Val::from_json(&v) {
+        Val::Map(mut m) => {
+            m.entry("time".into()).or_insert_with(|| policy_context()["time"].clone());
+            Some(m)
+        }
+        _ => None,
+    });
+    let contexts = [given.as_ref().unwrap_or_else(|| policy_context()), policy_big_context()];
+    let mut outcome = Outcome::Rejected;
+    for parse in [parse_condition, parse_consensus, parse_time] {
+        let Ok(e) = parse(src) else { continue };
+        outcome = outcome.max(Outcome::Parsed);
+        for roots in contexts {
+            let started = Instant::now();
+            let mut env = Env::new(roots);
+            let result = eval_bool_in(&e, &mut env);
+            let took = started.elapsed();
+            assert!(took < 4 * EVAL_DEADLINE, "evaluation took {took:?} ({} steps): {result:?}", env.steps());
+            match result {
+                Ok(_) => {
+                    assert!(
+                        env.steps() <= u64::from(MAX_EVAL_STEPS),
+                        "succeeded past the budget: {} steps",
+                        env.steps()
+                    );
+                    outcome = Outcome::Accepted;
+                }
+                Err(err) if err.is_cost() => {}
+                Err(_) => {}
+            }
+        }
     }
     outcome
 }

@@ -323,6 +323,48 @@ const POLICIES: &[(&str, Outcome)] = &[
     ("", Outcome::Accepted),
 ];
 
+// policy/src/eval.rs and decision.rs tests, and issue 23: policies whose cost grows with a
+// list (over the big context), and contexts given as JSON after a NUL byte.
+fn policy_cost_seeds() -> Vec<(&'static str, Vec<u8>, Outcome)> {
+    let ten = format!("[{}]", ["1"; 10].join(","));
+    let with_ctx = |p: &str, ctx: serde_json::Value| {
+        let mut b = p.as_bytes().to_vec();
+        b.push(0);
+        b.extend(ctx.to_string().into_bytes());
+        b
+    };
+    vec![
+        ("cronspan-over-wallets", b"wallets.all(w, !CronSpan('0 0 30 2 *', '7d', 'UTC'))".to_vec(), Outcome::Accepted),
+        ("deny-list", b"solana.tx.transfers.any(t, t.to in ['a', 'b', 'c', 'd', 'e'])".to_vec(), Outcome::Accepted),
+        ("nested-context-lists", b"wallets.all(a, wallets.any(b, a.id == b.id))".to_vec(), Outcome::Accepted),
+        (
+            "long-text",
+            b"eth.tx.data.contains('cd') || eth.tx.data[2..40] == eth.tx.data[4..42]".to_vec(),
+            Outcome::Accepted,
+        ),
+        (
+            "nested-literal-lists",
+            format!("{ten}.all(a, {ten}.all(b, {ten}.any(c, c == 1)))").into_bytes(),
+            Outcome::Accepted,
+        ),
+        (
+            "authorizations",
+            b"eth.tx.authorization_list.all(a, a.chain_id == 1) && eth.tx.authorization_list.count() > 0".to_vec(),
+            Outcome::Accepted,
+        ),
+        ("missing-field", with_ctx("eth.tx.chain_id != 1", json!({"eth": {"tx": {"to": "0xc"}}})), Outcome::Accepted),
+        (
+            "given-context",
+            with_ctx(
+                "approvers.filter(u, u.tags.contains('t')).count() >= 1",
+                json!({"approvers": [{"id": "u", "tags": ["t"]}]}),
+            ),
+            Outcome::Accepted,
+        ),
+        ("too-costly", format!("[{}].any(x, x == 0)", vec!["0"; 4_000].join(",")).into_bytes(), Outcome::Rejected),
+    ]
+}
+
 // crypto/src/sign/eip712.rs tests.
 const MAIL: &str = r#"{"types":{"EIP712Domain":[{"name":"name","type":"string"},{"name":"version","type":"string"},{"name":"chainId","type":"uint256"},{"name":"verifyingContract","type":"address"}],"Person":[{"name":"name","type":"string"},{"name":"wallet","type":"address"}],"Mail":[{"name":"from","type":"Person"},{"name":"to","type":"Person"},{"name":"contents","type":"string"}]},"primaryType":"Mail","domain":{"name":"Ether Mail","version":"1","chainId":1,"verifyingContract":"0xCcCCccccCCCCcCCCCCCcCcCccCcCCCcCcccccccC"},"message":{"from":{"name":"Cow","wallet":"0xCD2a3d9F938E13CD947Ec05AbC7FE734Df8DD826"},"to":{"name":"Bob","wallet":"0xbBbBBBBbbBBBbbbBbbBbbbbBBbBbbbbBbBbbBBbB"},"contents":"Hello, Bob!"}}"#;
 const MAIL_V4: &str = r#"{"types":{"EIP712Domain":[{"name":"name","type":"string"},{"name":"version","type":"string"},{"name":"chainId","type":"uint256"},{"name":"verifyingContract","type":"address"}],"Person":[{"name":"name","type":"string"},{"name":"wallets","type":"address[]"}],"Mail":[{"name":"from","type":"Person"},{"name":"to","type":"Person[]"},{"name":"contents","type":"string"}],"Group":[{"name":"name","type":"string"},{"name":"members","type":"Person[]"}]},"primaryType":"Mail","domain":{"name":"Ether Mail","version":"1","chainId":1,"verifyingContract":"0xCcCCccccCCCCcCCCCCCcCcCccCcCCCcCcccccccC"},"message":{"from":{"name":"Cow","wallets":["0xCD2a3d9F938E13CD947Ec05AbC7FE734Df8DD826","0xDeaDbeefdEAdbeefdEadbEEFdeadbeEFdEaDbeeF"]},"to":[{"name":"Bob","wallets":["0xbBbBBBBbbBBBbbbBbbBbbbbBBbBbbbbBbBbbBBbB","0xB0BdaBea57B0BDABeA57b0bdABEA57b0BDabEa57","0xB0B0b0b0b0b0B000000000000000000000000000"]}],"contents":"Hello, Bob!"}}"#;
@@ -421,6 +463,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.extend(webauthn_seeds().into_iter().map(|(t, n, b)| (t, n.to_string(), b)));
     out.extend(envelope_seeds().into_iter().map(|(n, b)| ("envelope", n.to_string(), b)));
     out.extend(POLICIES.iter().enumerate().map(|(i, (p, _))| ("policy", format!("{i:02}"), p.as_bytes().to_vec())));
+    out.extend(policy_cost_seeds().into_iter().map(|(n, b, _)| ("policy_cost", n.to_string(), b)));
     out.extend(eip712_seeds().into_iter().map(|(n, b)| ("eip712", n.to_string(), b)));
     // No HSM here, so the sealed blobs are synthetic: well formed, with a made-up ciphertext ‖ tag.
     out.push(("sealed_blob", "v2".into(), encode(2, "coffer-kek-v1", &[7; 12], &[1; 48])));
@@ -433,6 +476,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
             let expect = match (target, name.as_str()) {
                 ("api_stamp", "truncated-json") | ("webauthn_stamp", "other-body") => Outcome::Rejected,
                 ("policy", i) => POLICIES[i.parse::<usize>().unwrap()].1,
+                ("policy_cost", n) => policy_cost_seeds().into_iter().find(|s| s.0 == n).unwrap().2,
                 _ => Outcome::Accepted,
             };
             (target, name, bytes, expect)

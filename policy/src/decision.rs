@@ -1,6 +1,42 @@
 //! The decision (spec 12.2): root quorum, then explicit deny, then an allow whose consensus is
 //! met, then implicit permissions, then consensus needed, else implicit deny; with one outcome
 //! per policy and the clause that decided it.
+//!
+//! # Denies fail closed
+//!
+//! A policy whose evaluation errs — a missing field (`eth.tx.chain_id` on a legacy transaction),
+//! a type error, the step budget or the time limit running out
+//! ([`crate::eval::EvalErrorKind`]), a clause that no longer parses under the caps — has the
+//! outcome `OUTCOME_ERROR`, with the clause and the error as its detail. What that outcome does
+//! depends on the effect:
+//!
+//! - **`EFFECT_ALLOW` that errs allows nothing**: it is not an `OUTCOME_ALLOW`, so the decision
+//!   goes on as if the policy had not matched (an implicit permission, consensus, or the
+//!   implicit deny).
+//! - **`EFFECT_DENY` that errs denies**: the decision is `DECISION_DENY` with the reason
+//!   `EXPLICIT_DENY` (the hosted service's reasons have no "denied by an error"; an explicit
+//!   deny is the closest, and the policy's own outcome, `OUTCOME_ERROR` with its detail, says
+//!   why), ahead of any allow. Only a root quorum still bypasses it, as it bypasses every policy.
+//!
+//! A DENY errs "to deny" only when it could have matched: when one of its clauses is definitely
+//! false — the time window is over, the condition or the consensus is `false`, or the
+//! condition's top-level `activity.type` / `resource` / `action` conjuncts exclude the activity
+//! ([`crate::scope::Scope`], which the gateway also uses to skip the policies that cannot
+//! apply) — it is `OUTCOME_DENY_IMPLICIT` like a deny that does not match, whatever the other
+//! clauses did (`false && error` is false). So scope a DENY that names transaction fields with
+//! `activity.type == '…' && …`: without it, the DENY also errs, and denies, on the activities
+//! that have no transaction.
+//!
+//! **Where this differs from the hosted service.** The hosted service documents that a policy
+//! whose evaluation errors is skipped, for either effect. Skipping is harmless for an ALLOW (it
+//! fails closed by itself) but makes a DENY fail *open*: whoever can make the DENY err — a
+//! transaction without the field it reads (a pre-EIP-155 transaction and `eth.tx.chain_id`), a
+//! list long enough to run it out of budget (an EIP-7702 transaction with 1,000 authorizations
+//! against a deny list) — gets the request past it, and signed. A custody deployment's denies
+//! are its hard limits (recipients, chains, amounts, key exports); a request the engine could
+//! not check against one must be refused, and the refusal is visible (the policy's outcome and
+//! its detail in `get_policy_evaluations` and the dry run) and fixable by the policy's author,
+//! whereas a signed transaction cannot be taken back.
 
 use std::collections::BTreeMap;
 
@@ -76,8 +112,8 @@ pub struct PolicyOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
     pub decision: Decision,
-    /// `ROOT_QUORUM`, `EXPLICIT_DENY`, `POLICY_ALLOW`, `IMPLICIT_PERMISSION`, `CONSENSUS_NEEDED`,
-    /// `IMPLICIT_DENY`.
+    /// `ROOT_QUORUM`, `EXPLICIT_DENY` (also a DENY whose evaluation erred), `POLICY_ALLOW`,
+    /// `IMPLICIT_PERMISSION`, `CONSENSUS_NEEDED`, `IMPLICIT_DENY`.
     pub reason: &'static str,
     pub outcomes: Vec<PolicyOutcome>,
 }
@@ -125,10 +161,30 @@ impl CompiledPolicy {
 /// `Ok(b)`, or the error text, for one clause.
 fn clause(expr: &Result<crate::expr::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
     let expr = expr.as_ref().map_err(Clone::clone)?;
-    eval_bool(expr, roots).map_err(|e| e.0)
+    eval_bool(expr, roots).map_err(|e| e.message)
 }
 
-/// Evaluates one policy: every clause is evaluated (no short-circuit); any error is an error.
+impl PolicyOutcome {
+    /// Whether this outcome makes the decision a deny: an explicit deny, or a DENY policy whose
+    /// evaluation erred (denies fail closed, see the module documentation).
+    pub fn denies(&self) -> bool {
+        self.outcome == OUTCOME_DENY_EXPLICIT || (self.outcome == OUTCOME_ERROR && self.effect == "EFFECT_DENY")
+    }
+}
+
+/// `activity.type`, `.resource` and `.action` of the context, when all three are there.
+fn activity_fields(roots: &BTreeMap<String, Val>) -> Option<(&str, &str, &str)> {
+    let Some(Val::Map(a)) = roots.get("activity") else { return None };
+    let text = |k: &str| match a.get(k) {
+        Some(Val::Str(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    Some((text("type")?, text("resource")?, text("action")?))
+}
+
+/// Evaluates one policy: every clause is evaluated (no short-circuit). For an ALLOW any error is
+/// the outcome; for a DENY a definitely false clause comes first, then an error (which denies:
+/// see the module documentation).
 pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
     let p = &c.source;
     let time = clause(&c.time, roots);
@@ -143,14 +199,30 @@ pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> Pol
         detail,
     };
     let deny = p.effect == "EFFECT_DENY";
+    if deny {
+        let out_of_scope =
+            activity_fields(roots).is_some_and(|(t, resource, action)| !c.scope.admits(t, resource, action));
+        return match (time, condition, consensus) {
+            (Ok(false), _, _) => out(OUTCOME_DENY_IMPLICIT, "time", Some("outside the policy's time window".into())),
+            (_, Ok(false), _) => out(OUTCOME_DENY_IMPLICIT, "condition", None),
+            (_, Err(_), _) if out_of_scope => out(
+                OUTCOME_DENY_IMPLICIT,
+                "condition",
+                Some("the activity's type, resource or action is outside the condition's scope".into()),
+            ),
+            (_, _, Ok(false)) => out(OUTCOME_DENY_IMPLICIT, "consensus", None),
+            (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e)),
+            (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e)),
+            (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e)),
+            (Ok(true), Ok(true), Ok(true)) => out(OUTCOME_DENY_EXPLICIT, "consensus", None),
+        };
+    }
     match (time, condition, consensus) {
         (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e)),
         (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e)),
         (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e)),
         (Ok(false), _, _) => out(OUTCOME_DENY_IMPLICIT, "time", Some("outside the policy's time window".into())),
         (_, Ok(false), _) => out(OUTCOME_DENY_IMPLICIT, "condition", None),
-        (_, _, Ok(true)) if deny => out(OUTCOME_DENY_EXPLICIT, "consensus", None),
-        (_, _, Ok(false)) if deny => out(OUTCOME_DENY_IMPLICIT, "consensus", None),
         (_, _, Ok(true)) => out(OUTCOME_ALLOW, "consensus", None),
         (_, _, Ok(false)) => out(OUTCOME_REQUIRES_CONSENSUS, "consensus", None),
     }
@@ -168,7 +240,9 @@ pub fn decide(
     let any = |o: &str| outcomes.iter().any(|x| x.outcome == o);
     let (decision, reason) = if root_quorum_met {
         (Decision::Allow, "ROOT_QUORUM")
-    } else if any(OUTCOME_DENY_EXPLICIT) {
+    } else if outcomes.iter().any(PolicyOutcome::denies) {
+        // An explicit deny, or a DENY that erred (fails closed; `EXPLICIT_DENY` is the closest
+        // of the hosted service's reasons).
         (Decision::Deny, "EXPLICIT_DENY")
     } else if any(OUTCOME_ALLOW) {
         (Decision::Allow, "POLICY_ALLOW")
@@ -253,5 +327,145 @@ mod tests {
         let p = with_time("time.now >= Timestamp('2025-01-01T00:00:00Z')");
         assert_eq!(evaluate_policy(&p, &roots(&["boss"], "w")).outcome, OUTCOME_ERROR);
         // no time.now
+    }
+
+    fn with(mut r: BTreeMap<String, Val>, key: &str, v: Value) -> BTreeMap<String, Val> {
+        r.insert(key.into(), Val::from_json(&v));
+        r
+    }
+
+    /// The tree a stored condition parses to without the caps (a policy written before them).
+    fn stored(id: &str, effect: &str, condition: &str) -> CompiledPolicy {
+        let unbounded = crate::Limits {
+            max_clause_bytes: usize::MAX,
+            max_list_len: usize::MAX,
+            eval: crate::EvalLimits { max_steps: u32::MAX, ..crate::EvalLimits::DEFAULT },
+        };
+        let mut p = policy(id, effect, "", "");
+        p.source.condition = condition.into();
+        p.condition = Ok(crate::parser::parse_with(condition, crate::CONDITION_ROOTS, &unbounded).unwrap());
+        p
+    }
+
+    #[test]
+    fn a_deny_that_runs_out_of_budget_denies() {
+        let allow = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1'", "");
+        let r = roots(&["u"], "w1");
+        // Issue 23: with 10 items the DENY matched; with 5,000 it ran out of budget and the
+        // ALLOW signed.
+        let list = |n: usize| format!("[{}]", vec!["0"; n].join(","));
+        let ten = policy("d", "EFFECT_DENY", &format!("{}.any(x, x == 0)", list(10)), "");
+        let e = decide(&[&allow, &ten], &r, false, false);
+        assert_eq!(
+            (e.decision, e.reason, e.outcomes[1].outcome),
+            (Decision::Deny, "EXPLICIT_DENY", OUTCOME_DENY_EXPLICIT)
+        );
+        // As written now: the parser refuses it (too costly); as stored before, the clause
+        // does not parse, which errs, which denies.
+        let src = format!("{}.any(x, x == 0)", list(5_000));
+        assert!(crate::parse_condition(&src).is_err());
+        let refused = policy("d", "EFFECT_DENY", &src, "");
+        let e = decide(&[&allow, &refused], &r, false, false);
+        assert_eq!((e.decision, e.reason), (Decision::Deny, "EXPLICIT_DENY"));
+        assert_eq!((e.outcomes[1].outcome, e.outcomes[1].clause), (OUTCOME_ERROR, "condition"));
+        assert!(e.outcomes[1].detail.as_deref().unwrap().contains("list too long"), "{:?}", e.outcomes[1].detail);
+        // Its tree evaluated: out of steps, which denies.
+        let deny = stored("d", "EFFECT_DENY", &src);
+        let e = decide(&[&allow, &deny], &r, false, false);
+        assert_eq!((e.decision, e.reason, e.outcomes[1].outcome), (Decision::Deny, "EXPLICIT_DENY", OUTCOME_ERROR));
+        assert!(e.outcomes[1].detail.as_deref().unwrap().contains("evaluation too costly"));
+        // A list from the context, too long for the budget (the parser cannot know its length).
+        let many: Vec<Value> = (0..6_000).map(|i| json!({"id": format!("w{i}"), "label": ""})).collect();
+        let r = with(r, "wallets", json!(many));
+        let deny = policy("d", "EFFECT_DENY", "wallets.any(w, w.id == 'blocked')", "");
+        let e = decide(&[&allow, &deny], &r, false, false);
+        assert_eq!((e.decision, e.reason, e.outcomes[1].outcome), (Decision::Deny, "EXPLICIT_DENY", OUTCOME_ERROR));
+        // The JSON the API renders is unchanged in shape.
+        assert_eq!(
+            e.outcomes_json(),
+            json!([{"policyId": "a", "outcome": OUTCOME_ALLOW}, {"policyId": "d", "outcome": OUTCOME_ERROR}])
+        );
+        // Root quorum still bypasses it.
+        assert_eq!(decide(&[&allow, &deny], &r, true, false).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn an_allow_that_errs_allows_nothing() {
+        let many: Vec<Value> = (0..6_000).map(|i| json!({"id": format!("w{i}"), "label": ""})).collect();
+        let r = with(roots(&["u"], "w1"), "wallets", json!(many));
+        let allow = policy("a", "EFFECT_ALLOW", "wallets.any(w, w.id == 'w1')", "");
+        let e = decide(&[&allow], &r, false, false);
+        assert_eq!((e.decision, e.reason, e.outcomes[0].outcome), (Decision::Deny, "IMPLICIT_DENY", OUTCOME_ERROR));
+        assert!(!e.outcomes[0].denies());
+        let missing = policy("a", "EFFECT_ALLOW", "eth.tx.chain_id == 1", "");
+        let e = decide(&[&missing], &r, false, false);
+        assert_eq!((e.decision, e.reason, e.outcomes[0].outcome), (Decision::Deny, "IMPLICIT_DENY", OUTCOME_ERROR));
+        // With an implicit permission, an erring ALLOW changes nothing either.
+        assert_eq!(decide(&[&allow], &r, false, true).reason, "IMPLICIT_PERMISSION");
+    }
+
+    #[test]
+    fn a_deny_naming_a_missing_field_denies() {
+        let sign_tx = |tx: Value| {
+            let v = json!({
+                "activity": {"type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2", "kind": "SIGN_TRANSACTION", "resource": "PRIVATE_KEY", "action": "SIGN", "params": {}},
+                "approvers": [{"id": "u", "tags": [], "email": "", "alias": "u"}], "credentials": [],
+                "wallet": {"id": "w1", "imported": false, "exported": false, "label": ""},
+                "eth": {"tx": tx},
+            });
+            match Val::from_json(&v) {
+                Val::Map(m) => m,
+                _ => unreachable!(),
+            }
+        };
+        let allow = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1'", "");
+        // Issue 23: a legacy pre-EIP-155 transaction has no chain_id and passed this DENY.
+        let deny = policy("d", "EFFECT_DENY", "eth.tx.chain_id != 1", "");
+        let e = decide(&[&allow, &deny], &sign_tx(json!({"to": "0xc", "chain_id": 5})), false, false);
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Deny, OUTCOME_DENY_EXPLICIT));
+        assert_eq!(
+            decide(&[&allow, &deny], &sign_tx(json!({"to": "0xc", "chain_id": 1})), false, false).decision,
+            Decision::Allow
+        );
+        let legacy = sign_tx(json!({"to": "0xc"}));
+        let e = decide(&[&allow, &deny], &legacy, false, false);
+        assert_eq!((e.decision, e.reason), (Decision::Deny, "EXPLICIT_DENY"));
+        assert_eq!((e.outcomes[1].outcome, e.outcomes[1].clause), (OUTCOME_ERROR, "condition"));
+        assert!(e.outcomes[1].detail.as_deref().unwrap().contains("MissingField: chain_id"));
+        // A type error denies too.
+        let typed = policy("d", "EFFECT_DENY", "eth.tx.to > 5", "");
+        assert_eq!(decide(&[&allow, &typed], &legacy, false, false).decision, Decision::Deny);
+
+        // A DENY that cannot match is not applicable, whatever else errs: its condition's
+        // activity type excludes the activity, its time window is over, or a conjunct is false
+        // (false && error is false).
+        let scoped = policy(
+            "d",
+            "EFFECT_DENY",
+            "activity.type == 'ACTIVITY_TYPE_SIGN_TRANSACTION_V2' && eth.tx.chain_id != 1",
+            "",
+        );
+        let raw = roots(&["u"], "w1");
+        let e = decide(&[&allow, &scoped], &raw, false, false);
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Allow, OUTCOME_DENY_IMPLICIT));
+        assert_eq!(decide(&[&allow, &scoped], &legacy, false, false).decision, Decision::Deny);
+        let mut over = policy("d", "EFFECT_DENY", "eth.tx.chain_id != 1", "");
+        over.time = crate::parse_time("time.now < Timestamp('2025-01-01T00:00:00Z')").map_err(|e| e.to_string());
+        let mut late = legacy.clone();
+        late.insert(
+            "time".into(),
+            Val::Map(BTreeMap::from([("now".to_string(), Val::Time(1_736_899_200_000_000_000))])),
+        );
+        let e = decide(&[&allow, &over], &late, false, false);
+        assert_eq!(
+            (e.decision, e.outcomes[1].outcome, e.outcomes[1].clause),
+            (Decision::Allow, OUTCOME_DENY_IMPLICIT, "time")
+        );
+        // Inside the window (and with no time at all, an error) it denies.
+        late.insert("time".into(), Val::Map(BTreeMap::from([("now".to_string(), Val::Time(0))])));
+        assert_eq!(decide(&[&allow, &over], &late, false, false).decision, Decision::Deny);
+        assert_eq!(decide(&[&allow, &over], &legacy, false, false).decision, Decision::Deny);
+        let consensus_false = policy("d", "EFFECT_DENY", "eth.tx.chain_id != 1", "approvers.count() > 5");
+        assert_eq!(decide(&[&allow, &consensus_false], &legacy, false, false).decision, Decision::Allow);
     }
 }

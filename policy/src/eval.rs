@@ -1,8 +1,17 @@
 //! The policy evaluator: walks a parsed [`Expr`] over a JSON-like context, without
 //! short-circuiting (spec 12.2): every operand is evaluated and any error fails the expression.
+//!
+//! **Cost.** Every unit of work is charged to a step budget ([`MAX_EVAL_STEPS`] per clause):
+//! one step per expression node visited, per list item a quantifier, `in` or `contains()` goes
+//! through, per `CronSpan` iteration, per value copied out of the context or built, and one per
+//! [`STR_BYTES_PER_STEP`] bytes of text copied, sliced, counted or compared. A wall-clock deadline
+//! ([`EVAL_DEADLINE`], checked every [`DEADLINE_CHECK_STEPS`] steps) backs the budget up. Running
+//! out of either is an [`EvalError`] of kind [`EvalErrorKind::OutOfSteps`] /
+//! [`EvalErrorKind::OutOfTime`], which fails the clause like any other evaluation error.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
@@ -23,20 +32,48 @@ pub enum Val {
     Time(i128),
 }
 
-/// Why an expression could not be evaluated (a missing field, a type error, ...).
+/// What kind of evaluation error: the expression's own (a missing field, a type error, ...) or
+/// the evaluation's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalErrorKind {
+    /// A missing field, a type error, an index out of bounds, an unsupported time zone, ...
+    Failed,
+    /// The step budget ([`MAX_EVAL_STEPS`]) ran out.
+    OutOfSteps,
+    /// The wall-clock deadline ([`EVAL_DEADLINE`]) passed.
+    OutOfTime,
+}
+
+/// Why an expression could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EvalError(pub String);
+pub struct EvalError {
+    pub kind: EvalErrorKind,
+    pub message: String,
+}
+
+impl EvalError {
+    fn failed(m: impl Into<String>) -> Self {
+        Self { kind: EvalErrorKind::Failed, message: m.into() }
+    }
+
+    /// The evaluation ran out of steps or time (rather than failing on the expression itself).
+    pub fn is_cost(&self) -> bool {
+        self.kind != EvalErrorKind::Failed
+    }
+}
 
 impl std::fmt::Display for EvalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
+
+impl std::error::Error for EvalError {}
 
 type R<T> = Result<T, EvalError>;
 
 fn err<T>(m: impl Into<String>) -> R<T> {
-    Err(EvalError(m.into()))
+    Err(EvalError::failed(m))
 }
 
 impl Val {
@@ -74,39 +111,128 @@ impl Val {
     }
 }
 
-/// Most expression nodes one evaluation may visit. Nested list macros multiply (`l.all(a,
-/// l.all(b, …))` over 10-item lists is 10^depth visits): past this budget the clause is an
-/// error, which decides nothing, instead of holding the submission for seconds. Real policies
-/// visit tens to a few thousand nodes.
+/// The step budget of one clause's evaluation (see the module documentation for what a step
+/// is). Nested list macros multiply (`l.all(a, l.all(b, …))` over 10-item lists is 10^depth
+/// visits): past this budget the clause is an error instead of holding the submission. Real
+/// policies take tens to a few thousand steps; a step is tens of nanoseconds, so the budget is
+/// about a millisecond of work.
 pub const MAX_EVAL_STEPS: u32 = 20_000;
 
-/// The evaluation environment: the context's roots, the variables bound by list macros and the
-/// steps taken.
+/// The wall-clock backstop of one clause's evaluation: past it the clause is an error of kind
+/// [`EvalErrorKind::OutOfTime`]. The step budget should always end an evaluation first (20,000
+/// steps take about a millisecond); the deadline covers a cost the steps would misjudge (a slow
+/// or contended machine, a unit of work undercharged).
+pub const EVAL_DEADLINE: Duration = Duration::from_millis(50);
+
+/// The deadline is checked each time the step count passes a multiple of this.
+pub const DEADLINE_CHECK_STEPS: u64 = 1024;
+
+/// Text costs one step per this many bytes copied, sliced, counted or compared (shorter text
+/// rides on the step of the node that handles it).
+pub const STR_BYTES_PER_STEP: usize = 64;
+
+/// What one clause's evaluation may spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalLimits {
+    pub max_steps: u32,
+    pub deadline: Duration,
+}
+
+impl EvalLimits {
+    /// [`MAX_EVAL_STEPS`] and [`EVAL_DEADLINE`].
+    pub const DEFAULT: EvalLimits = EvalLimits { max_steps: MAX_EVAL_STEPS, deadline: EVAL_DEADLINE };
+}
+
+impl Default for EvalLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// The evaluation environment: the context's roots, the variables bound by list macros, the
+/// steps taken and the limits.
 pub struct Env<'a> {
     roots: &'a BTreeMap<String, Val>,
     vars: Vec<(String, Val)>,
-    steps: u32,
+    steps: u64,
+    max_steps: u64,
+    deadline: Instant,
 }
 
 impl<'a> Env<'a> {
     pub fn new(roots: &'a BTreeMap<String, Val>) -> Self {
-        Self { roots, vars: Vec::new(), steps: 0 }
+        Self::with_limits(roots, EvalLimits::DEFAULT)
+    }
+
+    /// An environment whose deadline starts now.
+    pub fn with_limits(roots: &'a BTreeMap<String, Val>, limits: EvalLimits) -> Self {
+        let now = Instant::now();
+        let deadline = now.checked_add(limits.deadline).unwrap_or(now);
+        Self { roots, vars: Vec::new(), steps: 0, max_steps: u64::from(limits.max_steps), deadline }
+    }
+
+    /// The steps charged so far (past the budget when the evaluation ran out of it).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn remaining(&self) -> u64 {
+        self.max_steps.saturating_sub(self.steps)
+    }
+
+    /// Charges `n` steps: an error once past the budget or, checked every
+    /// [`DEADLINE_CHECK_STEPS`] steps, the deadline.
+    fn charge(&mut self, n: u64) -> R<()> {
+        let before = self.steps;
+        self.steps = self.steps.saturating_add(n);
+        if self.steps > self.max_steps {
+            return Err(EvalError {
+                kind: EvalErrorKind::OutOfSteps,
+                message: format!("evaluation too costly: more than {} steps", self.max_steps),
+            });
+        }
+        if before / DEADLINE_CHECK_STEPS != self.steps / DEADLINE_CHECK_STEPS && Instant::now() >= self.deadline {
+            return Err(EvalError {
+                kind: EvalErrorKind::OutOfTime,
+                message: "evaluation too costly: past its time limit".into(),
+            });
+        }
+        Ok(())
     }
 }
 
-/// Evaluates a boolean expression (a condition, consensus or time window).
+/// Evaluates a boolean expression (a condition, consensus or time window) within the default
+/// limits ([`EvalLimits::DEFAULT`]).
 pub fn eval_bool(e: &Expr, roots: &BTreeMap<String, Val>) -> R<bool> {
-    let mut env = Env::new(roots);
-    match eval(e, &mut env)? {
+    eval_bool_in(e, &mut Env::new(roots))
+}
+
+/// Evaluates a boolean expression in `env` (whose steps tell the cost afterwards).
+pub fn eval_bool_in(e: &Expr, env: &mut Env<'_>) -> R<bool> {
+    match eval(e, env)? {
         Val::Bool(b) => Ok(b),
         other => err(format!("TypeError: expression is a {}, not a bool", other.type_name())),
     }
 }
 
-/// Evaluates every expression of a list, then fails with the first error.
+/// Evaluates every expression of a list, then fails with the first error (at once when the
+/// evaluation runs out of steps or time).
 fn eval_all(items: &[Expr], env: &mut Env<'_>) -> R<Vec<Val>> {
-    let results: Vec<R<Val>> = items.iter().map(|e| eval(e, env)).collect();
-    results.into_iter().collect()
+    let mut out = Vec::with_capacity(items.len());
+    let mut first_err = None;
+    for e in items {
+        match eval(e, env) {
+            Ok(v) => out.push(v),
+            Err(e) if e.is_cost() => return Err(e),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 fn as_bool(v: &Val, what: &str) -> R<bool> {
@@ -123,30 +249,148 @@ fn as_int(v: &Val, what: &str) -> R<i128> {
     }
 }
 
+/// Steps for `n` bytes of text.
+fn bytes_cost(n: usize) -> u64 {
+    (n / STR_BYTES_PER_STEP) as u64
+}
+
+/// What copying (or fully comparing) `v` costs: a step per value and per
+/// [`STR_BYTES_PER_STEP`] bytes of its text. Stops counting once past `cap`.
+fn weight(v: &Val, cap: u64) -> u64 {
+    match v {
+        Val::Str(s) | Val::Uint(s) => return 1 + bytes_cost(s.len()),
+        Val::List(_) | Val::Map(_) => {}
+        _ => return 1,
+    }
+    let mut total = 0u64;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        total += 1;
+        match v {
+            Val::Str(s) | Val::Uint(s) => total += bytes_cost(s.len()),
+            Val::List(l) => {
+                total += l.len() as u64;
+                if total > cap {
+                    return total;
+                }
+                stack.extend(l);
+            }
+            Val::Map(m) => {
+                total += m.len() as u64;
+                if total > cap {
+                    return total;
+                }
+                for (k, v) in m {
+                    total += bytes_cost(k.len());
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+        if total > cap {
+            return total;
+        }
+    }
+    total
+}
+
+/// What comparing `a` and `b` for equality costs beyond the comparison's own step.
+fn eq_cost(a: &Val, b: &Val, cap: u64) -> u64 {
+    match (a, b) {
+        (Val::Str(x), Val::Str(y)) | (Val::Uint(x), Val::Uint(y)) => bytes_cost(x.len().min(y.len())),
+        (Val::List(_), Val::List(_)) | (Val::Map(_), Val::Map(_)) => weight(a, cap).min(weight(b, cap)),
+        _ => 0,
+    }
+}
+
+/// A path into the context or a bound variable (`root.a['b'][0]`, literal indices only),
+/// resolved by reference, so that `eth.tx.to` copies the address and not `eth`. `None`: `e` is
+/// not such a path. `nodes` counts the path's nodes (and the bytes of its names).
+fn resolve<'v>(
+    e: &Expr,
+    roots: &'v BTreeMap<String, Val>,
+    vars: &'v [(String, Val)],
+    nodes: &mut u64,
+) -> Option<R<&'v Val>> {
+    *nodes += 1;
+    match e {
+        Expr::Ident(name) => {
+            *nodes += bytes_cost(name.len());
+            Some(match vars.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v).or_else(|| roots.get(name)) {
+                Some(v) => Ok(v),
+                None => err(format!("MissingField: {name}")),
+            })
+        }
+        Expr::Member(x, field) => {
+            let base = resolve(x, roots, vars, nodes)?;
+            *nodes += bytes_cost(field.len());
+            Some(base.and_then(|b| match b {
+                Val::Map(m) => m.get(field).ok_or_else(|| EvalError::failed(format!("MissingField: {field}"))),
+                other => err(format!("TypeError: .{field} on a {}", other.type_name())),
+            }))
+        }
+        Expr::Index(x, i) if matches!(i.as_ref(), Expr::Int(_) | Expr::Str(_)) => {
+            let base = resolve(x, roots, vars, nodes)?;
+            *nodes += 1;
+            Some(base.and_then(|b| {
+                match (b, i.as_ref()) {
+                    (Val::List(l), Expr::Int(i)) => usize::try_from(*i)
+                        .ok()
+                        .and_then(|i| l.get(i))
+                        .ok_or_else(|| EvalError::failed(format!("IndexOutOfBounds: {i} of {}", l.len()))),
+                    (Val::Map(m), Expr::Str(k)) => {
+                        m.get(k).ok_or_else(|| EvalError::failed(format!("MissingField: {k}")))
+                    }
+                    (x, i) => {
+                        let i = if matches!(i, Expr::Int(_)) { "int" } else { "string" };
+                        err(format!("TypeError: cannot index a {} with a {i}", x.type_name()))
+                    }
+                }
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// A path's value, copied and charged (see [`resolve`]); `None` when `e` is not a path.
+fn lookup(e: &Expr, env: &mut Env<'_>) -> Option<R<Val>> {
+    let remaining = env.remaining();
+    let mut nodes = 0;
+    let (found, cost) = match resolve(e, env.roots, &env.vars, &mut nodes)? {
+        Ok(v) => {
+            let w = weight(v, remaining);
+            (Ok((w <= remaining).then(|| v.clone())), w)
+        }
+        Err(e) => (Err(e), 0),
+    };
+    // The node itself was charged on entry to `eval`.
+    Some(
+        env.charge(nodes.saturating_sub(1).saturating_add(cost))
+            .and_then(|()| found.map(|v| v.expect("a copy within the budget was made"))),
+    )
+}
+
 pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
-    env.steps += 1;
-    if env.steps > MAX_EVAL_STEPS {
-        return err(format!("evaluation too costly: more than {MAX_EVAL_STEPS} steps"));
+    env.charge(1)?;
+    if matches!(e, Expr::Ident(_) | Expr::Member(..) | Expr::Index(..)) {
+        if let Some(v) = lookup(e, env) {
+            return v;
+        }
     }
     Ok(match e {
         Expr::Bool(b) => Val::Bool(*b),
         Expr::Int(i) => Val::Int(*i),
         Expr::BigUint(s) => Val::Uint(s.clone()),
-        Expr::Str(s) => Val::Str(s.clone()),
+        Expr::Str(s) => {
+            env.charge(bytes_cost(s.len()))?;
+            Val::Str(s.clone())
+        }
         Expr::List(items) => Val::List(eval_all(items, env)?),
         Expr::Timestamp(n) => Val::Time(*n),
-        Expr::Ident(name) => {
-            if let Some((_, v)) = env.vars.iter().rev().find(|(n, _)| n == name) {
-                v.clone()
-            } else if let Some(v) = env.roots.get(name) {
-                v.clone()
-            } else {
-                return err(format!("MissingField: {name}"));
-            }
-        }
+        Expr::Ident(name) => return err(format!("MissingField: {name}")),
         Expr::Member(x, field) => match eval(x, env)? {
-            Val::Map(m) => match m.get(field) {
-                Some(v) => v.clone(),
+            Val::Map(mut m) => match m.remove(field) {
+                Some(v) => v,
                 None => return err(format!("MissingField: {field}")),
             },
             other => return err(format!("TypeError: .{field} on a {}", other.type_name())),
@@ -154,12 +398,12 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
         Expr::Index(x, i) => {
             let (x, i) = (eval(x, env), eval(i, env));
             match (x?, i?) {
-                (Val::List(l), Val::Int(i)) => match usize::try_from(i).ok().and_then(|i| l.get(i)) {
-                    Some(v) => v.clone(),
+                (Val::List(mut l), Val::Int(i)) => match usize::try_from(i).ok().filter(|i| *i < l.len()) {
+                    Some(i) => l.swap_remove(i),
                     None => return err(format!("IndexOutOfBounds: {i} of {}", l.len())),
                 },
-                (Val::Map(m), Val::Str(k)) => match m.get(&k) {
-                    Some(v) => v.clone(),
+                (Val::Map(mut m), Val::Str(k)) => match m.remove(&k) {
+                    Some(v) => v,
                     None => return err(format!("MissingField: {k}")),
                 },
                 (x, i) => return err(format!("TypeError: cannot index a {} with a {}", x.type_name(), i.type_name())),
@@ -175,11 +419,15 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
                 }
             };
             match x {
-                Val::List(l) => {
+                Val::List(mut l) => {
                     let (a, b) = bounds(l.len())?;
-                    Val::List(l[a..b].to_vec())
+                    env.charge((b - a) as u64)?;
+                    l.truncate(b);
+                    l.drain(..a);
+                    Val::List(l)
                 }
                 Val::Str(s) => {
+                    env.charge(bytes_cost(s.len()))?;
                     let chars: Vec<char> = s.chars().collect();
                     let (a, b) = bounds(chars.len())?;
                     Val::Str(chars[a..b].iter().collect())
@@ -190,7 +438,7 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
         Expr::Not(x) => Val::Bool(!as_bool(&eval(x, env)?, "!")?),
         Expr::Neg(x) => {
             let i = as_int(&eval(x, env)?, "-")?;
-            Val::Int(i.checked_neg().ok_or_else(|| EvalError("Overflow: negation".into()))?)
+            Val::Int(i.checked_neg().ok_or_else(|| EvalError::failed("Overflow: negation"))?)
         }
         Expr::And(items) => {
             let vals = eval_all(items, env)?;
@@ -204,15 +452,20 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
         }
         Expr::Compare(op, a, b) => {
             let (a, b) = (eval(a, env), eval(b, env));
-            Val::Bool(compare(*op, &a?, &b?)?)
+            let (a, b) = (a?, b?);
+            env.charge(eq_cost(&a, &b, env.remaining()))?;
+            Val::Bool(compare(*op, &a, &b)?)
         }
         Expr::In(x, list) => {
             let (x, list) = (eval(x, env), eval(list, env));
             let (x, list) = (x?, list?);
             match list {
-                Val::List(l) => Val::Bool(l.iter().any(|v| loose_eq(v, &x))),
+                Val::List(l) => Val::Bool(any_equal(&l, &x, env)?),
                 Val::Map(m) => match x {
-                    Val::Str(k) => Val::Bool(m.contains_key(&k)),
+                    Val::Str(k) => {
+                        env.charge(bytes_cost(k.len()))?;
+                        Val::Bool(m.contains_key(&k))
+                    }
                     other => return err(format!("TypeError: 'in' a struct with a {}", other.type_name())),
                 },
                 other => return err(format!("TypeError: 'in' expects a list, got {}", other.type_name())),
@@ -221,48 +474,96 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
         Expr::Contains(list, x) => {
             let (list, x) = (eval(list, env), eval(x, env));
             match (list?, x?) {
-                (Val::List(l), x) => Val::Bool(l.iter().any(|v| loose_eq(v, &x))),
-                (Val::Str(s), Val::Str(sub)) => Val::Bool(s.contains(&sub)),
+                (Val::List(l), x) => Val::Bool(any_equal(&l, &x, env)?),
+                (Val::Str(s), Val::Str(sub)) => {
+                    env.charge(bytes_cost(s.len() + sub.len()))?;
+                    Val::Bool(s.contains(&sub))
+                }
                 (l, _) => return err(format!("TypeError: contains() on a {}", l.type_name())),
             }
         }
-        Expr::Count(list) => match eval(list, env)? {
-            Val::List(l) => Val::Int(l.len() as i128),
-            Val::Map(m) => Val::Int(m.len() as i128),
-            Val::Str(s) => Val::Int(s.chars().count() as i128),
-            other => return err(format!("TypeError: count() on a {}", other.type_name())),
+        Expr::Count(list) => match count_in_place(list, env) {
+            Some(n) => Val::Int(n?),
+            None => match eval(list, env)? {
+                Val::List(l) => Val::Int(l.len() as i128),
+                Val::Map(m) => Val::Int(m.len() as i128),
+                Val::Str(s) => {
+                    env.charge(bytes_cost(s.len()))?;
+                    Val::Int(s.chars().count() as i128)
+                }
+                other => return err(format!("TypeError: count() on a {}", other.type_name())),
+            },
         },
         Expr::Quantified { quantifier, list, var, pred } => {
             let items = match eval(list, env)? {
                 Val::List(l) => l,
                 other => return err(format!("TypeError: {quantifier:?} on a {}", other.type_name())),
             };
-            let mut results = Vec::with_capacity(items.len());
-            for item in &items {
-                env.vars.push((var.clone(), item.clone()));
-                results.push(eval(pred, env).and_then(|v| as_bool(&v, "a list predicate")));
-                env.vars.pop();
-            }
-            let bools = results.into_iter().collect::<R<Vec<bool>>>()?;
-            match quantifier {
-                Quantifier::All => Val::Bool(bools.iter().all(|b| *b)),
-                Quantifier::Any => Val::Bool(bools.iter().any(|b| *b)),
-                Quantifier::Filter => {
-                    Val::List(items.into_iter().zip(bools).filter(|(_, keep)| *keep).map(|(v, _)| v).collect())
+            let (mut all, mut any, mut kept, mut first_err) = (true, false, Vec::new(), None);
+            for item in items {
+                // The iteration, and binding the variable's name.
+                env.charge(1 + bytes_cost(var.len()))?;
+                env.vars.push((var.clone(), item));
+                let r = eval(pred, env).and_then(|v| as_bool(&v, "a list predicate"));
+                let (_, item) = env.vars.pop().expect("the variable pushed above");
+                match r {
+                    Ok(b) => {
+                        all &= b;
+                        any |= b;
+                        if b && *quantifier == Quantifier::Filter {
+                            kept.push(item);
+                        }
+                    }
+                    Err(e) if e.is_cost() => return Err(e),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+            match quantifier {
+                Quantifier::All => Val::Bool(all),
+                Quantifier::Any => Val::Bool(any),
+                Quantifier::Filter => Val::List(kept),
             }
         }
         Expr::CronSpan { cron, minutes, zone } => {
             let now = match env.roots.get("time").and_then(|t| match t {
-                Val::Map(m) => m.get("now").cloned(),
+                Val::Map(m) => m.get("now"),
                 _ => None,
             }) {
-                Some(Val::Time(n)) => n,
+                Some(Val::Time(n)) => *n,
                 _ => return err("MissingField: time.now"),
             };
-            Val::Bool(cron_span_active(cron, *minutes, zone, now)?)
+            Val::Bool(cron_span_active(cron, *minutes, zone, now, env)?)
         }
     })
+}
+
+/// `count()` of a path (see [`resolve`]) without copying what it names; `None`: not a path.
+fn count_in_place(e: &Expr, env: &mut Env<'_>) -> Option<R<i128>> {
+    let mut nodes = 0;
+    let (n, cost) = match resolve(e, env.roots, &env.vars, &mut nodes)? {
+        Ok(Val::List(l)) => (Ok(l.len() as i128), 0),
+        Ok(Val::Map(m)) => (Ok(m.len() as i128), 0),
+        Ok(Val::Str(s)) => (Ok(s.chars().count() as i128), bytes_cost(s.len())),
+        Ok(other) => (err(format!("TypeError: count() on a {}", other.type_name())), 0),
+        Err(e) => (Err(e), 0),
+    };
+    Some(env.charge(nodes.saturating_add(cost)).and(n))
+}
+
+/// `in` / `contains()` on a list: a step per item and for what each comparison reads.
+fn any_equal(l: &[Val], x: &Val, env: &mut Env<'_>) -> R<bool> {
+    for v in l {
+        env.charge(1 + eq_cost(v, x, env.remaining()))?;
+        if loose_eq(v, x) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Equality for `in` / `contains()`: values of different types are simply not equal.
@@ -295,7 +596,7 @@ fn compare(op: CmpOp, a: &Val, b: &Val) -> R<bool> {
         }
         _ => {
             let o = num_cmp(a, b).ok_or_else(|| {
-                EvalError(format!("TypeError: cannot order a {} and a {}", a.type_name(), b.type_name()))
+                EvalError::failed(format!("TypeError: cannot order a {} and a {}", a.type_name(), b.type_name()))
             })?;
             Ok(match op {
                 CmpOp::Lt => o == Ordering::Less,
@@ -342,9 +643,9 @@ fn in_ranges(ranges: &[(u32, u32)], v: u32) -> bool {
     ranges.iter().any(|(a, b)| *a <= v && v <= *b)
 }
 
-fn cron_matches(c: &Cron, local_minute: i64) -> bool {
-    let days = local_minute.div_euclid(1440);
-    let in_day = local_minute.rem_euclid(1440) as u32;
+/// Whether the cron spec's day fields (day of month, month, day of week) match a local day
+/// (days since 1970-01-01).
+fn day_matches(c: &Cron, days: i64) -> bool {
     let (_, month, dom) = civil(days);
     let dow = (days + 4).rem_euclid(7) as u32; // 1970-01-01 was a Thursday; 0 = Sunday
     let dow_ok = in_ranges(&c.day_of_week, dow) || (dow == 0 && in_ranges(&c.day_of_week, 7));
@@ -355,16 +656,40 @@ fn cron_matches(c: &Cron, local_minute: i64) -> bool {
         (false, true) => dom_ok,
         (false, false) => dom_ok || dow_ok,
     };
-    day_ok && in_ranges(&c.month, month) && in_ranges(&c.hour, in_day / 60) && in_ranges(&c.minute, in_day % 60)
+    day_ok && in_ranges(&c.month, month)
 }
 
-/// True while `now` is within `minutes` after a minute the cron spec matches in `zone`.
-fn cron_span_active(c: &Cron, minutes: u32, zone: &str, now_nanos: i128) -> R<bool> {
+/// True while `now` is within `minutes` after a minute the cron spec matches in `zone`: some
+/// minute of `(now - minutes, now]` matches. Walks back from `now` a minute at a time, but skips
+/// a whole day whose date does not match and a whole hour that does not match, so it takes at
+/// most a few hundred iterations (8 days, 192 hours, and minutes only within matching hours);
+/// each iteration is a step of `env`'s budget.
+fn cron_span_active(c: &Cron, minutes: u32, zone: &str, now_nanos: i128, env: &mut Env<'_>) -> R<bool> {
     let offset = fixed_offset_minutes(zone).ok_or_else(|| {
-        EvalError(format!("UnsupportedTimeZone: {zone} (only UTC and Etc/GMT±N zones are resolvable here)"))
+        EvalError::failed(format!("UnsupportedTimeZone: {zone} (only UTC and Etc/GMT±N zones are resolvable here)"))
     })?;
     let now_minute = now_nanos.div_euclid(60_000_000_000) as i64 + offset;
-    Ok((0..i64::from(minutes)).any(|back| cron_matches(c, now_minute - back)))
+    let oldest = now_minute - i64::from(minutes) + 1;
+    let mut m = now_minute;
+    while m >= oldest {
+        env.charge(1)?;
+        let day = m.div_euclid(1440);
+        if !day_matches(c, day) {
+            m = day * 1440 - 1; // the previous day's last minute
+            continue;
+        }
+        let in_day = m.rem_euclid(1440) as u32;
+        let hour = in_day / 60;
+        if !in_ranges(&c.hour, hour) {
+            m = day * 1440 + i64::from(hour) * 60 - 1; // the previous hour's last minute
+            continue;
+        }
+        if in_ranges(&c.minute, in_day % 60) {
+            return Ok(true);
+        }
+        m -= 1;
+    }
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -443,7 +768,7 @@ mod tests {
         assert!(cond("private_key.tags.contains('kt')", sign_ctx(None, Some("k1"))).unwrap());
         // Signing with a wallet: `private_key` is missing, so the clause errors, even inside `||`.
         let e = cond("wallet.id == 'w1' || private_key.id == 'k1'", sign_ctx(Some("w1"), None)).unwrap_err();
-        assert!(e.0.contains("MissingField"), "{e}");
+        assert!(e.message.contains("MissingField"), "{e}");
         let mut export = json!({"activity": {"type": "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT", "kind": "EXPORT_WALLET_ACCOUNT",
             "resource": "WALLET", "action": "EXPORT", "params": {"target_public_key": "04aa"}},
             "wallet_account": {"address": "0xabc"}});
@@ -455,7 +780,7 @@ mod tests {
         assert!(cond("activity.resource in ['AUTH', 'OTP'] && activity.action in ['CREATE','VERIFY']", auth.clone())
             .unwrap());
         assert!(cond("activity.params.otp_length == 6", auth.clone()).unwrap());
-        assert!(cond("activity.params.missing == 6", auth).unwrap_err().0.contains("MissingField"));
+        assert!(cond("activity.params.missing == 6", auth).unwrap_err().message.contains("MissingField"));
     }
 
     #[test]
@@ -483,9 +808,9 @@ mod tests {
         assert!(cond("eth.tx.chain_id == 11155111", ctx.clone()).unwrap());
         assert!(cond("eth.tx.to == '0xc' && eth.tx.data[0..10] == '0xa9059cbb'", ctx.clone()).unwrap());
         assert!(cond("eth.tx.contract_call_args['wad'] < 1000000000000000000", ctx.clone()).unwrap());
-        assert!(cond("eth.tx.data[0..99] == 'x'", ctx.clone()).unwrap_err().0.contains("IndexOutOfBounds"));
-        assert!(cond("eth.tx.to < 5", ctx.clone()).unwrap_err().0.contains("TypeError"));
-        assert!(cond("eth.tx.to == 5", ctx.clone()).unwrap_err().0.contains("TypeError"));
+        assert!(cond("eth.tx.data[0..99] == 'x'", ctx.clone()).unwrap_err().message.contains("IndexOutOfBounds"));
+        assert!(cond("eth.tx.to < 5", ctx.clone()).unwrap_err().message.contains("TypeError"));
+        assert!(cond("eth.tx.to == 5", ctx.clone()).unwrap_err().message.contains("TypeError"));
         assert!(cond(
             "eth.tx.chain_id < 115792089237316195423570985008687907853269984665640564039457584007913129639935",
             ctx
@@ -519,7 +844,7 @@ mod tests {
         // Saturday 2025-01-18 at 10:00: outside.
         assert!(!eval_bool(&weekdays, &at(jan15 + 3 * 24 * hour + 10 * hour)).unwrap());
         let ny = parse_condition("CronSpan('0 9 * * 1-5', '8h', 'America/New_York')").unwrap();
-        assert!(eval_bool(&ny, &at(jan15)).unwrap_err().0.contains("UnsupportedTimeZone"));
+        assert!(eval_bool(&ny, &at(jan15)).unwrap_err().message.contains("UnsupportedTimeZone"));
         let gmt5 = parse_condition("CronSpan('0 9 * * *', '1h', 'Etc/GMT+5')").unwrap();
         assert!(eval_bool(&gmt5, &at(jan15 + 14 * hour)).unwrap());
         assert!(!eval_bool(&gmt5, &at(jan15 + 9 * hour)).unwrap());
@@ -531,7 +856,7 @@ mod tests {
         assert!(cond("false && private_key.id == 'x'", ctx.clone()).is_err());
         assert!(cond("true || private_key.id == 'x'", ctx.clone()).is_err());
         assert!(cond("wallet.id == 'w'", ctx.clone()).unwrap());
-        assert!(cond("wallet.id", ctx).unwrap_err().0.contains("TypeError"));
+        assert!(cond("wallet.id", ctx).unwrap_err().message.contains("TypeError"));
     }
 
     #[test]
@@ -543,11 +868,136 @@ mod tests {
             src = format!("{ten}.all(v{depth}, {src})");
         }
         let roots = BTreeMap::new();
-        let expr = crate::parse_condition(&src).unwrap();
+        // Refused when written now (10^7 steps on every evaluation); as stored before the caps,
+        // the evaluation stops at the budget.
+        let refused = crate::parse_condition(&src).unwrap_err();
+        assert!(refused.message.contains("too costly: every evaluation takes at least"), "{refused}");
+        let expr = crate::parser::parse_with(&src, crate::CONDITION_ROOTS, &unbounded()).unwrap();
         let e = eval_bool(&expr, &roots).unwrap_err();
-        assert!(e.0.contains("evaluation too costly"), "{}", e.0);
+        assert!(e.message.contains("evaluation too costly"), "{}", e.message);
+        assert_eq!(e.kind, EvalErrorKind::OutOfSteps);
         // Two levels (121 visits) are well inside it.
         let small = crate::parse_condition(&format!("{ten}.all(a, {ten}.any(b, b == 1))")).unwrap();
         assert!(eval_bool(&small, &roots).unwrap());
+    }
+
+    fn unbounded() -> crate::Limits {
+        let eval = EvalLimits { max_steps: u32::MAX, ..EvalLimits::DEFAULT };
+        crate::Limits { max_clause_bytes: usize::MAX, max_list_len: usize::MAX, eval }
+    }
+
+    /// The per-minute walk `cron_span_active` replaced, as an oracle.
+    fn cron_matches_minute(c: &Cron, local_minute: i64) -> bool {
+        let days = local_minute.div_euclid(1440);
+        let in_day = local_minute.rem_euclid(1440) as u32;
+        day_matches(c, days) && in_ranges(&c.hour, in_day / 60) && in_ranges(&c.minute, in_day % 60)
+    }
+
+    #[test]
+    fn cron_span_skips_days_and_hours_like_the_minute_walk() {
+        let roots = BTreeMap::new();
+        let specs = [
+            "0 9 * * 1-5",
+            "0 0 30 2 *",
+            "59 23 31 12 *",
+            "0,30 8-17 1,15 1-12 0,7",
+            "5 * * * *",
+            "* * * * *",
+            "0 0 29 2 *",
+            "10-12 3 * * 6",
+        ];
+        let durations = [1, 2, 59, 60, 61, 480, 1439, 1440, 1441, 2 * 1440 + 7, 7 * 1440];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for spec in specs {
+            let cron = crate::parser::parse_cron(spec).unwrap();
+            for minutes in durations {
+                for _ in 0..40 {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Minutes from 1970 to about 2100, some of them right on a boundary.
+                    let mut now_minute = (seed % (130 * 525_600)) as i64;
+                    if seed.is_multiple_of(3) {
+                        now_minute -= now_minute % 60;
+                    }
+                    let want = (0..i64::from(minutes)).any(|back| cron_matches_minute(&cron, now_minute - back));
+                    let mut env = Env::new(&roots);
+                    let got =
+                        cron_span_active(&cron, minutes, "UTC", i128::from(now_minute) * 60_000_000_000, &mut env);
+                    assert_eq!(got, Ok(want), "{spec} {minutes} at minute {now_minute}");
+                    assert!(env.steps() <= 400, "{spec} {minutes}: {} steps", env.steps());
+                }
+            }
+        }
+    }
+
+    /// Issue 23: three policies of a 9,990-item list quantified over a CronSpan that never
+    /// matches (February 30th) over 7 days took 13.4 s: the CronSpan loop was not charged.
+    #[test]
+    fn cron_span_over_a_long_list_runs_out_of_steps() {
+        let list = format!("[{}]", vec!["0"; 9_990].join(","));
+        let src = format!("{list}.all(x, !CronSpan('0 0 30 2 *', '7d', 'UTC'))");
+        // The literal list is longer than a clause may hold now: evaluate the tree the parser
+        // made before the caps (what a policy stored before them holds).
+        let expr = crate::parser::parse_with(&src, crate::CONDITION_ROOTS, &unbounded()).unwrap();
+        let roots = at(1_736_899_200 * 1_000_000_000);
+        let started = Instant::now();
+        let mut env = Env::new(&roots);
+        let e = eval_bool_in(&expr, &mut env).unwrap_err();
+        assert_eq!(e.kind, EvalErrorKind::OutOfSteps, "{e}");
+        assert!(e.is_cost());
+        assert!(
+            env.steps() > u64::from(MAX_EVAL_STEPS) && env.steps() < u64::from(MAX_EVAL_STEPS) + 1_000,
+            "{}",
+            env.steps()
+        );
+        // A sanity bound only (the steps above are the test): it took 1.47 s per clause before.
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+        // One CronSpan over 7 days is a handful of steps, not 10,080.
+        let one = crate::parse_condition("CronSpan('0 0 30 2 *', '7d', 'UTC')").unwrap();
+        let mut env = Env::new(&roots);
+        assert!(!eval_bool_in(&one, &mut env).unwrap());
+        assert!(env.steps() <= 10, "{}", env.steps());
+    }
+
+    #[test]
+    fn every_unit_of_work_is_charged() {
+        let roots = roots(
+            json!({"solana": {"tx": {"transfers": (0..6_000).map(|i| json!({"to": "a", "amount": i})).collect::<Vec<_>>()}},
+            "eth": {"tx": {"to": "0xc", "data": format!("0x{}", "ab".repeat(200_000))}}}),
+        );
+        let steps = |src: &str| {
+            let mut env = Env::new(&roots);
+            let r = eval_bool_in(&parse_condition(src).unwrap(), &mut env);
+            (r, env.steps())
+        };
+        // A path copies what it names, not the root it goes through.
+        let (r, n) = steps("eth.tx.to == '0xc'");
+        assert_eq!((r, n), (Ok(true), 6));
+        // Copying 400 KB of text, comparing it, slicing it: a step per 64 bytes.
+        let (r, n) = steps("eth.tx.data == 'x'");
+        assert!(r.is_ok() && n > 400_000 / 64 && n < 2 * 400_000 / 64, "{n}");
+        let (r, _) = steps("eth.tx.data[0..10] == '0xabababab' && eth.tx.data[0..10] == '0xabababab' && eth.tx.data.contains('x') && eth.tx.data.count() > 0");
+        assert_eq!(r.unwrap_err().kind, EvalErrorKind::OutOfSteps);
+        // A context list: each item a quantifier visits, and `in` goes through, is charged.
+        let (r, n) = steps("solana.tx.transfers.any(t, t.amount == -1)");
+        assert_eq!(r.unwrap_err().kind, EvalErrorKind::OutOfSteps, "{n}");
+        // count() reads the list in place.
+        let (r, n) = steps("solana.tx.transfers.count() > 0");
+        assert_eq!((r, n), (Ok(true), 6));
+        let (r, _) = steps("-1 in solana.tx.transfers.filter(t, true) || true");
+        assert_eq!(r.unwrap_err().kind, EvalErrorKind::OutOfSteps);
+    }
+
+    #[test]
+    fn the_deadline_is_a_typed_error() {
+        let roots = at(0);
+        let ten = format!("[{}]", ["1"; 10].join(", "));
+        let expr = parse_condition(&format!("{ten}.all(a, {ten}.all(b, {ten}.all(c, true)))")).unwrap();
+        let mut env = Env::with_limits(&roots, EvalLimits { max_steps: u32::MAX, deadline: Duration::ZERO });
+        let e = eval_bool_in(&expr, &mut env).unwrap_err();
+        assert_eq!(e.kind, EvalErrorKind::OutOfTime, "{e}");
+        assert!(env.steps() >= DEADLINE_CHECK_STEPS && env.steps() < 2 * DEADLINE_CHECK_STEPS, "{}", env.steps());
+        assert!(eval_bool(&expr, &roots).unwrap());
     }
 }

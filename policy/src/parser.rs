@@ -6,10 +6,18 @@
 
 use crate::error::PolicyError;
 use crate::expr::{CmpOp, Cron, CronRange, Expr, Quantifier};
+use crate::Limits;
 
 /// Deepest nesting accepted (parentheses, lists, calls, unary operators, postfix chains), so that
 /// neither the parser nor a tree walker can exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
+
+/// Most bytes of one clause's source (a condition, consensus or time window): a deny list of
+/// about a thousand addresses. Longer text is refused before it is read.
+pub const MAX_CLAUSE_BYTES: usize = 64 * 1024;
+
+/// Most items of one literal list (`[a, b, …]`).
+pub const MAX_LIST_LEN: usize = 4_096;
 
 /// 2^256 - 1, the largest `uint` literal.
 const U256_MAX: &str = "115792089237316195423570985008687907853269984665640564039457584007913129639935";
@@ -215,10 +223,33 @@ fn lex_string(src: &str, start: usize) -> Result<(String, usize), PolicyError> {
     Err(error(src, start, "unterminated string (missing closing ')"))
 }
 
-/// Parses `src` as one boolean expression whose free identifiers are all in `roots`.
+/// Refuses a clause longer than `limits.max_clause_bytes`.
+pub fn check_length(src: &str, limits: &Limits) -> Result<(), PolicyError> {
+    if src.len() > limits.max_clause_bytes {
+        return Err(PolicyError {
+            column: 1,
+            message: format!(
+                "expression too long: {} bytes, more than the {} a clause may hold",
+                src.len(),
+                limits.max_clause_bytes
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Parses `src` as one boolean expression whose free identifiers are all in `roots`, under the
+/// default [`Limits`].
 pub fn parse(src: &str, roots: &[&str]) -> Result<Expr, PolicyError> {
+    parse_with(src, roots, &Limits::DEFAULT)
+}
+
+/// [`parse`] under `limits`: the clause's length, its literal lists' lengths, and its cost as far
+/// as its literal lists tell it ([`min_steps`]).
+pub fn parse_with(src: &str, roots: &[&str], limits: &Limits) -> Result<Expr, PolicyError> {
+    check_length(src, limits)?;
     let toks = lex(src)?;
-    let mut p = Parser { src, toks, i: 0, depth: 0, roots, bound: Vec::new() };
+    let mut p = Parser { src, toks, i: 0, depth: 0, roots, bound: Vec::new(), max_list_len: limits.max_list_len };
     if p.peek() == &Tok::Eof {
         return Err(error(src, 0, "empty expression"));
     }
@@ -233,7 +264,46 @@ pub fn parse(src: &str, roots: &[&str]) -> Result<Expr, PolicyError> {
         }
     }
     p.require_bool(&e, start)?;
+    let steps = min_steps(&e);
+    let budget = u64::from(limits.eval.max_steps);
+    if steps > budget {
+        return Err(p.err_at(
+            start,
+            format!(
+                "expression too costly: every evaluation takes at least {steps} steps, more than the budget of {budget} \
+                 (a quantifier over a literal list runs its predicate once per item, and nested ones multiply)"
+            ),
+        ));
+    }
     Ok(e)
+}
+
+/// The fewest steps an evaluation of `e` that does not fail can take (see [`crate::eval`]):
+/// one per node, and a quantifier over a literal list runs its predicate once per item (the
+/// evaluator does not short-circuit, and an error anywhere fails the whole clause). Lists from
+/// the context count as empty, so this is a lower bound: above the step budget, no evaluation
+/// can succeed.
+pub fn min_steps(e: &Expr) -> u64 {
+    let sum = |items: &[&Expr]| items.iter().fold(1u64, |acc, e| acc.saturating_add(min_steps(e)));
+    match e {
+        Expr::Bool(_) | Expr::Int(_) | Expr::BigUint(_) | Expr::Str(_) | Expr::Ident(_) | Expr::Timestamp(_) => 1,
+        // The node, and at least one iteration of its walk back in time.
+        Expr::CronSpan { .. } => 2,
+        Expr::List(items) | Expr::And(items) | Expr::Or(items) => {
+            items.iter().fold(1u64, |acc, e| acc.saturating_add(min_steps(e)))
+        }
+        Expr::Member(x, _) | Expr::Not(x) | Expr::Neg(x) | Expr::Count(x) => sum(&[x]),
+        Expr::Index(a, b) | Expr::Compare(_, a, b) | Expr::In(a, b) | Expr::Contains(a, b) => sum(&[a, b]),
+        Expr::Slice(a, b, c) => sum(&[a, b, c]),
+        Expr::Quantified { list, pred, .. } => {
+            let per_item = 1u64.saturating_add(min_steps(pred));
+            let items = match list.as_ref() {
+                Expr::List(items) => items.len() as u64,
+                _ => 0,
+            };
+            sum(&[list]).saturating_add(items.saturating_mul(per_item))
+        }
+    }
 }
 
 struct Parser<'a> {
@@ -244,6 +314,7 @@ struct Parser<'a> {
     roots: &'a [&'a str],
     /// Variables bound by enclosing `all`/`any`/`filter`, innermost last.
     bound: Vec<String>,
+    max_list_len: usize,
 }
 
 impl Parser<'_> {
@@ -529,6 +600,12 @@ impl Parser<'_> {
                 self.enter()?;
                 let mut items = Vec::new();
                 while self.peek() != &Tok::RBracket {
+                    if items.len() == self.max_list_len {
+                        let max = self.max_list_len;
+                        return Err(
+                            self.err_at(pos, format!("list too long: a literal list holds at most {max} items"))
+                        );
+                    }
                     items.push(self.expr()?);
                     if !self.eat(&Tok::Comma) {
                         break;
@@ -770,7 +847,7 @@ fn valid_zone(z: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{parse_condition, parse_consensus, parse_time, CONDITION_ROOTS};
+    use crate::{parse_condition, parse_consensus, parse_time, Limits, CONDITION_ROOTS};
 
     fn cond(s: &str) -> Expr {
         parse_condition(s).unwrap_or_else(|e| panic!("{s:?}: {e}"))
@@ -992,13 +1069,58 @@ mod tests {
         assert!(cond_err(&deep).contains("nests too deeply"));
         let ok = format!("{}true{}", "(".repeat(MAX_DEPTH - 1), ")".repeat(MAX_DEPTH - 1));
         assert_eq!(cond(&ok), Expr::Bool(true));
-        assert!(cond_err(&format!("{}true", "!".repeat(100_000))).contains("nests too deeply"));
-        assert!(cond_err(&format!("activity{} == 1", ".a".repeat(100_000))).contains("nests too deeply"));
+        assert!(cond_err(&format!("{}true", "!".repeat(60_000))).contains("nests too deeply"));
+        assert!(cond_err(&format!("activity{} == 1", ".a".repeat(30_000))).contains("nests too deeply"));
         // Long flat chains are fine: they do not nest.
-        let flat = vec!["wallet.id == 'x'"; 5_000].join(" || ");
-        assert!(matches!(cond(&flat), Expr::Or(v) if v.len() == 5_000));
-        let list = format!("wallet.id in [{}]", vec!["'a'"; 10_000].join(","));
+        let flat = vec!["wallet.id == 'x'"; 3_000].join(" || ");
+        assert!(matches!(cond(&flat), Expr::Or(v) if v.len() == 3_000));
+        let list = format!("wallet.id in [{}]", vec!["'a'"; MAX_LIST_LEN].join(","));
         cond(&list);
+    }
+
+    #[test]
+    fn clause_length_list_length_and_static_cost_are_capped() {
+        // Issue 23: ten policies of 0.96 MB (`[0, … ×480000].count() > 0`) took 800 MiB.
+        let huge = format!("[{}].count() > 0", vec!["0"; 480_000].join(","));
+        assert!(huge.len() > 900_000);
+        let e = parse_condition(&huge).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("expression too long: {} bytes, more than the 65536 a clause may hold at column 1", huge.len())
+        );
+        for parse in [parse_condition, parse_consensus, parse_time] {
+            assert!(parse(&huge).unwrap_err().message.contains("expression too long"));
+            // Blank text is measured too.
+            assert!(parse(&" ".repeat(MAX_CLAUSE_BYTES + 1)).unwrap_err().message.contains("expression too long"));
+        }
+        assert!(parse_condition(&format!("{}true", " ".repeat(MAX_CLAUSE_BYTES - 4))).is_ok());
+        // A literal list of more than MAX_LIST_LEN items, within the byte cap.
+        let long = format!("wallet.id in [{}]", vec!["1"; MAX_LIST_LEN + 1].join(","));
+        assert!(long.len() < MAX_CLAUSE_BYTES);
+        assert_eq!(cond_err(&long), "list too long: a literal list holds at most 4096 items at column 14");
+        // Within both caps, but every evaluation would exceed the step budget.
+        let list = format!("[{}]", vec!["0"; 4_000].join(","));
+        let e = cond_err(&format!("{list}.any(x, x == 0)"));
+        assert!(
+            e.starts_with(
+                "expression too costly: every evaluation takes at least 20002 steps, more than the budget of 20000"
+            ),
+            "{e}"
+        );
+        let ten = format!("[{}]", ["0"; 10].join(","));
+        let nested = format!("{ten}.all(a, {ten}.all(b, {ten}.all(c, {ten}.any(d, d == 0))))");
+        assert!(cond_err(&nested).contains("too costly"));
+        // Three levels are fine (3,000-odd steps), and so are context lists, whose length is
+        // unknown here.
+        cond(&format!("{ten}.all(a, {ten}.all(b, {ten}.any(d, d == 0)))"));
+        cond(&format!("{list}.count() > 0 && wallets.any(w, w.id == 'x')"));
+        cond("wallets.all(a, wallets.all(b, wallets.all(c, a.id == b.id)))");
+        // Custom limits.
+        let tight = Limits { max_clause_bytes: 10, ..Limits::DEFAULT };
+        assert!(super::parse_with("wallet.id == 'abc'", CONDITION_ROOTS, &tight)
+            .unwrap_err()
+            .message
+            .contains("too long"));
     }
 
     #[test]

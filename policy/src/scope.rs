@@ -9,7 +9,10 @@ use crate::expr::{CmpOp, Expr};
 ///
 /// Sound by construction: a conjunct of the top-level `&&` that is false makes the condition
 /// false (or an error, since `&&` evaluates every operand), and a policy whose condition is false
-/// or an error is `OUTCOME_DENY_IMPLICIT` / `OUTCOME_ERROR`, neither of which any decision counts.
+/// is `OUTCOME_DENY_IMPLICIT`, which no decision counts. An error would count for a DENY (denies
+/// fail closed, [`crate::decision`]), so `evaluate_policy` reads a DENY whose condition errs but
+/// whose scope excludes the activity as `OUTCOME_DENY_IMPLICIT` too: skipping the policy by its
+/// scope and evaluating it decide the same.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Scope {
     pub types: Option<Vec<String>>,
