@@ -85,7 +85,7 @@ pub(crate) fn policy_over(root: &str, facts: &Facts, condition: &str) -> Result<
     let tx = Facts::from([("tx".to_string(), Val::Map(facts.clone()))]);
     let roots = Facts::from([(root.to_string(), Val::Map(tx))]);
     let expr = coffer_policy::parse_condition(condition).map_err(|e| format!("does not parse: {e}"))?;
-    coffer_policy::eval::eval_bool(&expr, &roots).map_err(|e| e.0)
+    coffer_policy::eval::eval_bool(&expr, &roots).map_err(|e| e.message)
 }
 
 #[cfg(test)]
