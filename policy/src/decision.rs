@@ -23,9 +23,14 @@
 //! condition's top-level `activity.type` / `resource` / `action` conjuncts exclude the activity
 //! ([`crate::scope::Scope`], which the gateway also uses to skip the policies that cannot
 //! apply) — it is `OUTCOME_DENY_IMPLICIT` like a deny that does not match, whatever the other
-//! clauses did (`false && error` is false). So scope a DENY that names transaction fields with
-//! `activity.type == '…' && …`: without it, the DENY also errs, and denies, on the activities
-//! that have no transaction.
+//! clauses did (`false && error` is false). Inside a DENY's expressions `&&` and `||` read the
+//! same way, as CEL does ([`crate::eval::Env::deciding_operands`]): a `false` conjunct makes the
+//! conjunction false and a `true` disjunct makes the disjunction true, whatever the other
+//! operands did, errors included. So scope a DENY that names fields some activities lack:
+//! `activity.params.type == 'TRANSACTION_TYPE_ETHEREUM' && eth.tx.value > 1000` leaves Solana
+//! signing alone, while an unscoped `eth.tx.value > 1000` errs, and denies, on every activity
+//! without an Ethereum transaction. ALLOW policies keep the hosted service's reading (an
+//! operand's error is the expression's error), which allows nothing.
 //!
 //! **Where this differs from the hosted service.** The hosted service documents that a policy
 //! whose evaluation errors is skipped, for either effect. Skipping is harmless for an ALLOW (it
@@ -42,7 +47,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::eval::{eval_bool, Val};
+use crate::eval::{eval_bool, eval_bool_in, Env, EvalError, EvalErrorKind, Val};
 use crate::{parse_condition, parse_consensus, parse_time};
 
 pub const OUTCOME_ALLOW: &str = "OUTCOME_ALLOW";
@@ -159,9 +164,16 @@ impl CompiledPolicy {
 }
 
 /// `Ok(b)`, or the error text, for one clause.
-fn clause(expr: &Result<crate::expr::Expr, String>, roots: &BTreeMap<String, Val>) -> Result<bool, String> {
-    let expr = expr.as_ref().map_err(Clone::clone)?;
-    eval_bool(expr, roots).map_err(|e| e.message)
+fn clause(
+    expr: &Result<crate::expr::Expr, String>,
+    roots: &BTreeMap<String, Val>,
+    deny: bool,
+) -> Result<bool, EvalError> {
+    match expr {
+        Ok(expr) if deny => eval_bool_in(expr, &mut Env::new(roots).deciding_operands()),
+        Ok(expr) => eval_bool(expr, roots),
+        Err(message) => Err(EvalError { kind: EvalErrorKind::Failed, message: message.clone() }),
+    }
 }
 
 impl PolicyOutcome {
@@ -187,9 +199,10 @@ fn activity_fields(roots: &BTreeMap<String, Val>) -> Option<(&str, &str, &str)> 
 /// see the module documentation).
 pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
     let p = &c.source;
-    let time = clause(&c.time, roots);
-    let condition = clause(&c.condition, roots);
-    let consensus = clause(&c.consensus, roots);
+    let deny = p.effect == "EFFECT_DENY";
+    let time = clause(&c.time, roots, deny);
+    let condition = clause(&c.condition, roots, deny);
+    let consensus = clause(&c.consensus, roots, deny);
     let out = |outcome, clause, detail| PolicyOutcome {
         policy_id: p.id.clone(),
         policy_name: p.name.clone(),
@@ -198,7 +211,6 @@ pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> Pol
         clause,
         detail,
     };
-    let deny = p.effect == "EFFECT_DENY";
     if deny {
         let out_of_scope =
             activity_fields(roots).is_some_and(|(t, resource, action)| !c.scope.admits(t, resource, action));
@@ -211,16 +223,16 @@ pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> Pol
                 Some("the activity's type, resource or action is outside the condition's scope".into()),
             ),
             (_, _, Ok(false)) => out(OUTCOME_DENY_IMPLICIT, "consensus", None),
-            (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e)),
-            (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e)),
-            (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e)),
+            (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e.message)),
+            (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e.message)),
+            (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e.message)),
             (Ok(true), Ok(true), Ok(true)) => out(OUTCOME_DENY_EXPLICIT, "consensus", None),
         };
     }
     match (time, condition, consensus) {
-        (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e)),
-        (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e)),
-        (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e)),
+        (Err(e), _, _) => out(OUTCOME_ERROR, "time", Some(e.message)),
+        (_, Err(e), _) => out(OUTCOME_ERROR, "condition", Some(e.message)),
+        (_, _, Err(e)) => out(OUTCOME_ERROR, "consensus", Some(e.message)),
         (Ok(false), _, _) => out(OUTCOME_DENY_IMPLICIT, "time", Some("outside the policy's time window".into())),
         (_, Ok(false), _) => out(OUTCOME_DENY_IMPLICIT, "condition", None),
         (_, _, Ok(true)) => out(OUTCOME_ALLOW, "consensus", None),
@@ -402,6 +414,46 @@ mod tests {
         assert_eq!((e.decision, e.reason, e.outcomes[0].outcome), (Decision::Deny, "IMPLICIT_DENY", OUTCOME_ERROR));
         // With an implicit permission, an erring ALLOW changes nothing either.
         assert_eq!(decide(&[&allow], &r, false, true).reason, "IMPLICIT_PERMISSION");
+    }
+
+    #[test]
+    fn a_deny_reads_a_deciding_operand_whatever_the_others_did() {
+        // A Solana signing: no `eth` root at all.
+        let solana = {
+            let v = json!({
+                "activity": {"type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2", "kind": "SIGN_TRANSACTION", "resource": "PRIVATE_KEY", "action": "SIGN",
+                    "params": {"type": "TRANSACTION_TYPE_SOLANA"}},
+                "approvers": [{"id": "u", "tags": [], "email": "", "alias": "u"}], "credentials": [],
+                "wallet": {"id": "w1", "imported": false, "exported": false, "label": ""},
+                "solana": {"tx": {"transfers": []}},
+            });
+            match Val::from_json(&v) {
+                Val::Map(m) => m,
+                _ => unreachable!(),
+            }
+        };
+        let allow = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1'", "");
+        // Scoped to Ethereum transactions: the scope's `false` decides, the missing `eth` does not.
+        let scoped = policy(
+            "d",
+            "EFFECT_DENY",
+            "activity.params.type == 'TRANSACTION_TYPE_ETHEREUM' && eth.tx.value > 1000",
+            "",
+        );
+        let e = decide(&[&allow, &scoped], &solana, false, false);
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Allow, OUTCOME_DENY_IMPLICIT));
+        // Unscoped, the DENY cannot be read for this activity: it denies (fail closed).
+        let unscoped = policy("d", "EFFECT_DENY", "eth.tx.value > 1000", "");
+        let e = decide(&[&allow, &unscoped], &solana, false, false);
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Deny, OUTCOME_ERROR));
+        // `true || error` matches.
+        let either = policy("d", "EFFECT_DENY", "wallet.id == 'w1' || eth.tx.value > 1000", "");
+        let e = decide(&[&allow, &either], &solana, false, false);
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Deny, OUTCOME_DENY_EXPLICIT));
+        // An ALLOW keeps the hosted service's reading: the operand's error is the result.
+        let allow_either = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1' || eth.tx.value > 1000", "");
+        let e = decide(&[&allow_either], &solana, false, false);
+        assert_eq!((e.decision, e.outcomes[0].outcome), (Decision::Deny, OUTCOME_ERROR));
     }
 
     #[test]

@@ -72,6 +72,27 @@ impl std::error::Error for EvalError {}
 
 type R<T> = Result<T, EvalError>;
 
+/// Whether any operand of `items` is `decisive` (`false` for `&&`, `true` for `||`). Every
+/// operand is evaluated (no short-circuit); a cost error always stands; another error stands
+/// unless the environment absorbs errors and an operand decided.
+fn logical(items: &[Expr], env: &mut Env<'_>, decisive: bool, op: &str) -> R<bool> {
+    let mut first_error = None;
+    let mut decided = false;
+    for item in items {
+        match eval(item, env).and_then(|v| as_bool(&v, op)) {
+            Ok(b) => decided |= b == decisive,
+            Err(e) if e.is_cost() => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if !(decided && env.absorb_errors) => Err(e),
+        _ => Ok(decided),
+    }
+}
+
 fn err<T>(m: impl Into<String>) -> R<T> {
     Err(EvalError::failed(m))
 }
@@ -157,6 +178,9 @@ pub struct Env<'a> {
     steps: u64,
     max_steps: u64,
     deadline: Instant,
+    /// `&&` and `||` decided by a deciding operand whatever the others did, errors included
+    /// ([`Env::deciding_operands`]); otherwise an operand's error is the result.
+    absorb_errors: bool,
 }
 
 impl<'a> Env<'a> {
@@ -168,7 +192,24 @@ impl<'a> Env<'a> {
     pub fn with_limits(roots: &'a BTreeMap<String, Val>, limits: EvalLimits) -> Self {
         let now = Instant::now();
         let deadline = now.checked_add(limits.deadline).unwrap_or(now);
-        Self { roots, vars: Vec::new(), steps: 0, max_steps: u64::from(limits.max_steps), deadline }
+        Self {
+            roots,
+            vars: Vec::new(),
+            steps: 0,
+            max_steps: u64::from(limits.max_steps),
+            deadline,
+            absorb_errors: false,
+        }
+    }
+
+    /// Logical operators as a DENY policy is read: an operand that decides (`false` for `&&`,
+    /// `true` for `||`) decides whatever the others did, errors included, as in CEL. A DENY
+    /// scoped with `… == 'X' && …` then does not err (and deny) on the activities it excludes,
+    /// while `true || error` still matches. ALLOW policies keep the hosted service's reading, in
+    /// which any operand's error is the result (and allows nothing).
+    pub fn deciding_operands(mut self) -> Self {
+        self.absorb_errors = true;
+        self
     }
 
     /// The steps charged so far (past the budget when the evaluation ran out of it).
@@ -440,16 +481,8 @@ pub fn eval(e: &Expr, env: &mut Env<'_>) -> R<Val> {
             let i = as_int(&eval(x, env)?, "-")?;
             Val::Int(i.checked_neg().ok_or_else(|| EvalError::failed("Overflow: negation"))?)
         }
-        Expr::And(items) => {
-            let vals = eval_all(items, env)?;
-            let bools = vals.iter().map(|v| as_bool(v, "&&")).collect::<R<Vec<_>>>()?;
-            Val::Bool(bools.iter().all(|b| *b))
-        }
-        Expr::Or(items) => {
-            let vals = eval_all(items, env)?;
-            let bools = vals.iter().map(|v| as_bool(v, "||")).collect::<R<Vec<_>>>()?;
-            Val::Bool(bools.iter().any(|b| *b))
-        }
+        Expr::And(items) => Val::Bool(!logical(items, env, false, "&&")?),
+        Expr::Or(items) => Val::Bool(logical(items, env, true, "||")?),
         Expr::Compare(op, a, b) => {
             let (a, b) = (eval(a, env), eval(b, env));
             let (a, b) = (a?, b?);

@@ -269,7 +269,9 @@ async fn default_deny_scoped_allow_deny_wins_and_dry_run() {
     assert_eq!(d["decision"], "DECISION_DENY");
 
     // A DENY on the same wallet beats the ALLOW; root users (threshold 1) still bypass policies.
-    let deny = add_policy(&root, &org, "no w1", Effect::Deny, &format!("wallet.id == '{w1}'"), "").await;
+    // Scoped to signing: a DENY naming `wallet` errs, and denies, on activities without one.
+    let deny_w1 = format!("activity.resource == 'PRIVATE_KEY' && wallet.id == '{w1}'");
+    let deny = add_policy(&root, &org, "no w1", Effect::Deny, &deny_w1, "").await;
     let d = dry_run(&stack, &alice.key, &org, &sign_body(&org, &a1, "again")).await;
     assert_eq!((d["decision"].as_str(), d["reason"].as_str()), (Some("DECISION_DENY"), Some("EXPLICIT_DENY")));
     let before = activity_ids(&stack, &org).await;

@@ -468,8 +468,10 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
         &is_alice,
     )
     .await;
-    add_policy(root, org, "not above 1000 wei", Effect::Deny, &format!("{signing} && eth.tx.value > 1000"), "true")
-        .await;
+    // Scoped to Ethereum: a DENY naming `eth` errs, and denies, on a Solana transaction.
+    let ethereum = "activity.params.type == 'TRANSACTION_TYPE_ETHEREUM'";
+    let not_above = format!("{signing} && {ethereum} && eth.tx.value > 1000");
+    add_policy(root, org, "not above 1000 wei", Effect::Deny, &not_above, "true").await;
     let eth = |to: &str, value: u128| eip1559(3, to, value, &[]);
     let ok = sign(&alice, org, &a.eth, &eth(friend, 500), TransactionType::Ethereum).await.unwrap();
     check_signed_ethereum(&eth(friend, 500), &ok, &a.eth);
