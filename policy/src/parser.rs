@@ -6,18 +6,11 @@
 
 use crate::error::PolicyError;
 use crate::expr::{CmpOp, Cron, CronRange, Expr, Quantifier};
-use crate::Limits;
+use crate::limits::Limits;
 
 /// Deepest nesting accepted (parentheses, lists, calls, unary operators, postfix chains), so that
 /// neither the parser nor a tree walker can exhaust the stack.
 pub const MAX_DEPTH: usize = 64;
-
-/// Most bytes of one clause's source (a condition, consensus or time window): a deny list of
-/// about a thousand addresses. Longer text is refused before it is read.
-pub const MAX_CLAUSE_BYTES: usize = 64 * 1024;
-
-/// Most items of one literal list (`[a, b, …]`).
-pub const MAX_LIST_LEN: usize = 4_096;
 
 /// 2^256 - 1, the largest `uint` literal.
 const U256_MAX: &str = "115792089237316195423570985008687907853269984665640564039457584007913129639935";
@@ -847,7 +840,9 @@ fn valid_zone(z: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{parse_condition, parse_consensus, parse_time, Limits, CONDITION_ROOTS};
+    use crate::{
+        parse_condition, parse_consensus, parse_time, Limits, CONDITION_ROOTS, MAX_CLAUSE_BYTES, MAX_LIST_LEN,
+    };
 
     fn cond(s: &str) -> Expr {
         parse_condition(s).unwrap_or_else(|e| panic!("{s:?}: {e}"))
