@@ -13,6 +13,7 @@ use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, Policy
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::record_kinds::POLICY;
 use crate::store::{found, Nanos, Organization, PrivateKey, SignWithKey, Store, StoreError, Wallet, WalletAccount};
 
 const NOT_AUTHORIZED: &str = "request not authorized";
@@ -500,7 +501,7 @@ pub fn policy_set(store: &dyn Store, org: &str) -> Result<Arc<PolicySet>, StoreE
 
 fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<PolicySet>, StoreError> {
     let poisoned = || StoreError::Backend("policy cache lock poisoned".into());
-    let version = store.records_version(org, "policy")?;
+    let version = store.records_version(org, POLICY)?;
     {
         let mut cache = cache().lock().map_err(|_| poisoned())?;
         cache.clock += 1;
@@ -514,7 +515,7 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
     }
     // Read and compiled outside the lock (a policy takes long to parse); a concurrent change
     // only means a rebuild on the next call.
-    let records = store.records(org, "policy")?;
+    let records = store.records(org, POLICY)?;
     let version = (records.len() as i64, records.iter().map(|r| r.updated_at).max().unwrap_or(0));
     let mut policies = Vec::with_capacity(records.len());
     for r in &records {
@@ -562,7 +563,7 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
 /// the cap by what they add between them.
 pub fn check_policy_count(store: &dyn Store, org: &str, adding: usize) -> Result<(), ApiError> {
     let max = settings().max_policies_per_organization;
-    let (count, _) = store.records_version(org, "policy")?;
+    let (count, _) = store.records_version(org, POLICY)?;
     let count = usize::try_from(count).unwrap_or(0);
     if count.saturating_add(adding) > max {
         return Err(ApiError::invalid(format!(

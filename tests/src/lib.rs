@@ -502,6 +502,21 @@ pub fn refused<T: std::fmt::Debug>(
     }
 }
 
+/// Submits `parameters` as a `ty` activity to `submit/<path>` in `org`, stamped by `key`, with a
+/// fresh `timestampMs`; the raw answer.
+pub async fn submit(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    org: &str,
+    path: &str,
+    ty: &str,
+    parameters: serde_json::Value,
+) -> RawResponse {
+    let body = serde_json::json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org,
+        "parameters": parameters});
+    stack.post_raw(&format!("/public/v1/submit/{path}"), body.to_string().as_bytes(), Some(key)).await
+}
+
 /// [`refused`] for a raw HTTP answer ([`Stack::post_raw`], [`post_to`]): the same strictness,
 /// plus `Content-Type: application/json`.
 #[track_caller]

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use coffer_tests::{refused, refused_raw, RawResponse, Stack};
+use coffer_tests::{refused, refused_raw, submit, RawResponse, Stack};
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -146,18 +146,6 @@ async fn coffer_oidc_claims(stack: &Stack, token: &str) -> Value {
     jsonwebtoken::decode::<Value>(token, &jsonwebtoken::DecodingKey::from_jwk(key).unwrap(), &validation)
         .expect("Coffer's OIDC token verifies against its JWKS")
         .claims
-}
-
-async fn submit(
-    stack: &Stack,
-    key: &TurnkeyP256ApiKey,
-    org: &str,
-    path: &str,
-    ty: &str,
-    parameters: Value,
-) -> RawResponse {
-    let body = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org, "parameters": parameters});
-    stack.post_raw(&format!("/public/v1/submit/{path}"), body.to_string().as_bytes(), Some(key)).await
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coffer_tests::{post_to, refused_raw, RawResponse, Stack};
+use coffer_tests::{post_to, refused_raw, submit, RawResponse, Stack};
 use serde_json::{json, Value};
 use turnkey_client::TurnkeyP256ApiKey;
 
@@ -24,21 +24,6 @@ const CACHE_MIB: usize = 48;
 /// applies to every activity type.
 fn expensive(n: usize) -> String {
     format!("[{}0].all(x, x == 0)", "0,".repeat(n - 1))
-}
-
-/// Submits `parameters` as `ty` to `submit/<path>` in `org`, stamped by `key`.
-async fn submit(
-    stack: &Stack,
-    key: &TurnkeyP256ApiKey,
-    org: &str,
-    path: &str,
-    ty: &str,
-    parameters: Value,
-) -> RawResponse {
-    let body = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org,
-        "parameters": parameters})
-    .to_string();
-    stack.post_raw(&format!("/public/v1/submit/{path}"), body.as_bytes(), Some(key)).await
 }
 
 /// Creates `conditions` as ALLOW policies in one `create_policies`; the raw answer.

@@ -639,7 +639,7 @@ async fn vote(
                 decision: Decision::Deny,
                 reason: "REJECTED",
                 outcomes: state
-                    .read_store(|s| s.records(&org.id, "policy"))?
+                    .read_store(|s| s.records(&org.id, crate::record_kinds::POLICY))?
                     .iter()
                     .map(|r| PolicyOutcome {
                         policy_id: r.id.clone(),
