@@ -1,0 +1,245 @@
+//! The decision over an organization's authority state (spec 12.2): the root quorum, then the
+//! organization's policies with `coffer-policy`, over the facts the state holds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use coffer_policy::context::{self, ActivityFacts, VOTE_APPROVED};
+use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, PolicySource};
+use serde_json::{json, Value};
+
+use crate::facts;
+use crate::model::{AuthorityState, Credential, CredentialKind, Millis};
+use crate::subjects::Subject;
+
+/// An organization's policies compiled once, indexed by the activity types their conditions
+/// require, so a decision costs what the applicable policies cost.
+#[derive(Debug, Default)]
+pub struct PolicyIndex {
+    policies: Vec<Arc<CompiledPolicy>>,
+    by_type: HashMap<String, Vec<usize>>,
+    any_type: Vec<usize>,
+}
+
+impl PolicyIndex {
+    /// Compiles every policy of `state` (in id order, the state's order).
+    pub fn of(state: &AuthorityState) -> Self {
+        let mut index = Self::default();
+        for p in state.policies.values() {
+            let compiled = CompiledPolicy::compile(PolicySource {
+                id: p.id.clone(),
+                name: p.name.clone(),
+                effect: p.effect.clone(),
+                condition: p.condition.clone(),
+                consensus: p.consensus.clone(),
+                time: p.time.clone(),
+            });
+            let i = index.policies.len();
+            match &compiled.scope.types {
+                Some(types) => types.iter().for_each(|t| index.by_type.entry(t.clone()).or_default().push(i)),
+                None => index.any_type.push(i),
+            }
+            index.policies.push(Arc::new(compiled));
+        }
+        index
+    }
+
+    /// The policies that can apply to `subject` (the others could only be "condition false").
+    pub fn applicable(&self, subject: &Subject) -> Vec<&CompiledPolicy> {
+        let typed = self.by_type.get(subject.activity_type).map(Vec::as_slice).unwrap_or_default();
+        let mut positions: Vec<usize> = typed.iter().chain(&self.any_type).copied().collect();
+        positions.sort_unstable();
+        positions.dedup();
+        positions
+            .into_iter()
+            .map(|i| self.policies[i].as_ref())
+            .filter(|p| p.scope.admits(subject.activity_type, subject.resource, subject.action))
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.policies.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty()
+    }
+}
+
+/// A vote the enclave verified: who approved, with which credential, when.
+#[derive(Debug, Clone)]
+pub struct Vote<'a> {
+    pub user_id: &'a str,
+    pub credential: &'a Credential,
+    pub at_ms: Millis,
+}
+
+/// The vote as the policy engine reads it (`credentials`, `approvers` and the 24 h window).
+fn vote_json(v: &Vote<'_>) -> Value {
+    let c = v.credential;
+    let credential = json!({ "type": c.credential_type, "publicKey": c.public_key });
+    let user = match c.kind {
+        CredentialKind::Passkey => {
+            json!({ "authenticators": [{ "authenticatorId": c.id, "credentialId": c.id, "credential": credential }] })
+        }
+        _ => json!({ "apiKeys": [{ "apiKeyId": c.id, "credential": credential }] }),
+    };
+    json!({
+        "userId": v.user_id,
+        "selection": VOTE_APPROVED,
+        "createdAt": { "seconds": (v.at_ms / 1000).to_string() },
+        "user": user,
+    })
+}
+
+/// What is being decided: the activity, its submitter and the approvals presented.
+pub struct Proposal<'a> {
+    pub subject: &'a Subject,
+    /// The stamped body's parameters.
+    pub params: &'a Value,
+    /// The submitter's user id.
+    pub submitter: &'a str,
+    /// Every approving vote, the submitter's first.
+    pub votes: Vec<Vote<'a>>,
+    pub now_ms: Millis,
+}
+
+/// Decides `p` over `state` (spec 12.2): the root quorum alone decides root-quorum-only
+/// activities; others need an allowing policy (or an implicit permission) and no deny, and a
+/// policy's consensus is met only by the votes presented. A root user's activity the root quorum
+/// could still approve is `ConsensusNeeded`, not `Deny`.
+pub fn decide(state: &AuthorityState, index: &PolicyIndex, p: &Proposal<'_>) -> Evaluation {
+    let org = &state.organization;
+    let now = p.now_ms.saturating_mul(1_000_000);
+    let votes = Value::Array(p.votes.iter().map(vote_json).collect());
+    let approvals = context::live_votes(&votes, VOTE_APPROVED, now);
+    let voters = context::voter_ids(&approvals);
+    let roots = voters.iter().filter(|v| org.root_user_ids.contains(v)).count() as i64;
+    if roots >= org.root_quorum_threshold.max(1) {
+        return Evaluation::root(Decision::Allow, "ROOT_QUORUM");
+    }
+    if p.subject.root_quorum {
+        return if roots > 0 {
+            Evaluation::root(Decision::ConsensusNeeded, "ROOT_QUORUM_PENDING")
+        } else {
+            Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
+        };
+    }
+    let policies = index.applicable(p.subject);
+    let facts = ActivityFacts {
+        activity_type: p.subject.activity_type,
+        resource: p.subject.resource,
+        action: p.subject.action,
+        params: p.params,
+        approvals,
+        now,
+    };
+    let org_facts = facts::organization_facts(state, p.params, &voters);
+    let ctx = context::build(&facts, &org_facts);
+    let implicit = context::own_credentials(p.subject.activity_type, p.params, p.submitter);
+    let mut e = decision::decide(&policies, &ctx, false, implicit);
+    if e.decision == Decision::Deny && roots > 0 {
+        e.decision = Decision::ConsensusNeeded;
+        e.reason = "ROOT_QUORUM_PENDING";
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::effect::Effect;
+    use crate::model::{Organization, Policy, User};
+    use crate::subjects::subject;
+
+    fn org(threshold: i64, roots: &[&str]) -> AuthorityState {
+        let mut s = AuthorityState::new(Organization {
+            id: "o".into(),
+            name: "o".into(),
+            root_quorum_threshold: threshold,
+            root_user_ids: roots.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
+        });
+        for u in ["r1", "r2", "alice"] {
+            s.apply(&Effect::PutUser { user: User { id: u.into(), name: u.into(), ..Default::default() } }).unwrap();
+        }
+        s
+    }
+
+    fn cred(user: &str) -> Credential {
+        Credential {
+            id: format!("k-{user}"),
+            user_id: user.into(),
+            kind: CredentialKind::ApiKey,
+            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            public_key: format!("02{user}"),
+            expires_at_ms: 0,
+        }
+    }
+
+    fn run(s: &AuthorityState, ty: &str, voters: &[&str]) -> Decision {
+        let creds: Vec<Credential> = voters.iter().map(|v| cred(v)).collect();
+        let p = Proposal {
+            subject: subject(ty).unwrap(),
+            params: &json!({"signWith": "0xabc"}),
+            submitter: voters[0],
+            votes: creds.iter().map(|c| Vote { user_id: &c.user_id, credential: c, at_ms: 1_000 }).collect(),
+            now_ms: 2_000,
+        };
+        decide(s, &PolicyIndex::of(s), &p).decision
+    }
+
+    const SIGN: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+
+    #[test]
+    fn quorum_and_policies_decide() {
+        let s = org(2, &["r1", "r2"]);
+        assert_eq!(run(&s, SIGN, &["r1"]), Decision::ConsensusNeeded, "one root of two");
+        assert_eq!(run(&s, SIGN, &["r1", "r2"]), Decision::Allow);
+        assert_eq!(run(&s, SIGN, &["alice"]), Decision::Deny, "no policy: implicit deny");
+        assert_eq!(run(&s, "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM", &["alice"]), Decision::Deny);
+        let mut s = s;
+        s.apply(&Effect::PutPolicy {
+            policy: Policy {
+                id: "p1".into(),
+                name: "alice signs".into(),
+                effect: "EFFECT_ALLOW".into(),
+                condition: format!("activity.type == '{SIGN}'"),
+                consensus: "approvers.any(user, user.id == 'alice')".into(),
+                time: String::new(),
+            },
+        })
+        .unwrap();
+        assert_eq!(run(&s, SIGN, &["alice"]), Decision::Allow);
+        assert_eq!(run(&s, "ACTIVITY_TYPE_CREATE_USERS_V4", &["alice"]), Decision::Deny);
+        s.apply(&Effect::PutPolicy {
+            policy: Policy {
+                id: "p0".into(),
+                name: "no signing".into(),
+                effect: "EFFECT_DENY".into(),
+                condition: "activity.resource == 'PRIVATE_KEY'".into(),
+                consensus: String::new(),
+                time: String::new(),
+            },
+        })
+        .unwrap();
+        assert_eq!(run(&s, SIGN, &["alice"]), Decision::Deny, "a deny wins");
+    }
+
+    #[test]
+    fn old_votes_do_not_count() {
+        let s = org(2, &["r1", "r2"]);
+        let (a, b) = (cred("r1"), cred("r2"));
+        let p = Proposal {
+            subject: subject(SIGN).unwrap(),
+            params: &json!({}),
+            submitter: "r1",
+            votes: vec![
+                Vote { user_id: "r1", credential: &a, at_ms: 100 * 3_600_000 },
+                Vote { user_id: "r2", credential: &b, at_ms: 1_000 },
+            ],
+            now_ms: 100 * 3_600_000,
+        };
+        assert_eq!(decide(&s, &PolicyIndex::of(&s), &p).decision, Decision::ConsensusNeeded);
+    }
+}

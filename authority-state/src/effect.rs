@@ -1,0 +1,510 @@
+//! What an activity does to authority state ([`Effect`]), and applying it: the one place the
+//! state changes, run by the enclave on its state and checkable by the gateway on its records.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    kinds, Account, AuthorityState, ContractInterface, Credential, CredentialKind, Named, Organization, Policy,
+    PrivateKey, Tag, User, Wallet,
+};
+
+/// One change to one organization's authority state. Deletes name what must exist: applying a
+/// delete of something missing is an error ([`ApplyError`]), as the gateway's writes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "snake_case")]
+pub enum Effect {
+    /// A new organization (a sub-organization, or the operator's bootstrap): its whole first
+    /// state is the effects that follow it in the same change list.
+    CreateOrganization {
+        organization: Organization,
+    },
+    /// A sub-organization deleted: its state goes (the enclave keeps no tombstone but its id).
+    DeleteOrganization,
+    /// Creates a user or replaces it (name, email, tags).
+    PutUser {
+        user: User,
+    },
+    /// Deletes users with every credential they hold.
+    DeleteUsers {
+        ids: Vec<String>,
+    },
+    AddCredential {
+        credential: Credential,
+    },
+    /// Deletes credentials of one user, of one kind.
+    RemoveCredentials {
+        user_id: String,
+        kind: CredentialKind,
+        ids: Vec<String>,
+    },
+    SetRootQuorum {
+        threshold: i64,
+        user_ids: Vec<String>,
+    },
+    /// Creates or replaces a policy.
+    PutPolicy {
+        policy: Policy,
+    },
+    DeletePolicies {
+        ids: Vec<String>,
+    },
+    /// Changes a user's name, email or tags (`None` leaves a field as it is).
+    UpdateUser {
+        id: String,
+        name: Option<String>,
+        email: Option<String>,
+        tag_ids: Option<Vec<String>>,
+    },
+    /// Creates a tag (its members are added with [`Effect::UpdateTag`]).
+    PutTag {
+        kind: TagKind,
+        tag: Tag,
+    },
+    /// Adds and removes members of a tag (users or private keys), then renames it.
+    UpdateTag {
+        kind: TagKind,
+        id: String,
+        new_name: Option<String>,
+        add: Vec<String>,
+        remove: Vec<String>,
+    },
+    /// Deletes tags and every membership of them.
+    DeleteTags {
+        kind: TagKind,
+        ids: Vec<String>,
+    },
+    PutWallet {
+        wallet: Wallet,
+    },
+    PutAccounts {
+        accounts: Vec<Account>,
+    },
+    DeleteWallets {
+        ids: Vec<String>,
+    },
+    PutPrivateKey {
+        private_key: PrivateKey,
+    },
+    DeletePrivateKeys {
+        ids: Vec<String>,
+    },
+    PutContractInterface {
+        interface: ContractInterface,
+    },
+    DeleteContractInterfaces {
+        ids: Vec<String>,
+    },
+    SetFeature {
+        name: String,
+        value: String,
+    },
+    RemoveFeature {
+        name: String,
+    },
+    SetAuthProxy {
+        enabled: bool,
+    },
+    PutWebhookEndpoint {
+        endpoint: Named,
+    },
+    DeleteWebhookEndpoints {
+        ids: Vec<String>,
+    },
+    PutOauth2Credential {
+        credential: Named,
+    },
+    DeleteOauth2Credentials {
+        ids: Vec<String>,
+    },
+}
+
+/// Which tags: user tags (members are users) or private-key tags (members are private keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TagKind {
+    User,
+    PrivateKey,
+}
+
+/// An effect for one organization.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub organization_id: String,
+    #[serde(flatten)]
+    pub effect: Effect,
+}
+
+/// Why an effect cannot apply to a state: what it names is missing or already there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{kind} {id} does not exist")]
+    Missing { kind: &'static str, id: String },
+    #[error("{kind} {id} already exists")]
+    Exists { kind: &'static str, id: String },
+    #[error("user {0} is in the root quorum")]
+    RootUser(String),
+    #[error("credential {id} does not belong to user {user_id}")]
+    NotOwned { id: String, user_id: String },
+}
+
+/// The entries an effect touched: `(kind, id)`, to write or delete in the store.
+pub type Touched = Vec<(&'static str, String)>;
+
+fn remove_all<T>(
+    map: &mut std::collections::BTreeMap<String, T>,
+    kind: &'static str,
+    ids: &[String],
+    touched: &mut Touched,
+) -> Result<(), ApplyError> {
+    if let Some(id) = ids.iter().find(|id| !map.contains_key(*id)) {
+        return Err(ApplyError::Missing { kind, id: id.clone() });
+    }
+    for id in ids {
+        map.remove(id);
+        touched.push((kind, id.clone()));
+    }
+    Ok(())
+}
+
+impl AuthorityState {
+    fn tags_mut(&mut self, kind: TagKind) -> (&mut std::collections::BTreeMap<String, Tag>, &'static str) {
+        match kind {
+            TagKind::User => (&mut self.user_tags, kinds::USER_TAG),
+            TagKind::PrivateKey => (&mut self.private_key_tags, kinds::PRIVATE_KEY_TAG),
+        }
+    }
+
+    /// Applies one effect, all or nothing: on error the state is unchanged.
+    pub fn apply(&mut self, effect: &Effect) -> Result<Touched, ApplyError> {
+        let mut next = self.clone();
+        let touched = next.apply_in_place(effect)?;
+        *self = next;
+        Ok(touched)
+    }
+
+    /// Applies effects in order, all or nothing.
+    pub fn apply_all<'a>(&mut self, effects: impl IntoIterator<Item = &'a Effect>) -> Result<Touched, ApplyError> {
+        let mut next = self.clone();
+        let mut touched = Vec::new();
+        for e in effects {
+            touched.extend(next.apply_in_place(e)?);
+        }
+        *self = next;
+        Ok(touched)
+    }
+
+    fn apply_in_place(&mut self, effect: &Effect) -> Result<Touched, ApplyError> {
+        use kinds::*;
+        let mut t: Touched = Vec::new();
+        let org = (ORGANIZATION, ORGANIZATION.to_string());
+        match effect {
+            Effect::CreateOrganization { organization } => {
+                self.organization = organization.clone();
+                t.push(org);
+            }
+            Effect::DeleteOrganization => {
+                let id = self.organization.id.clone();
+                *self = AuthorityState::new(Organization { id, ..Default::default() });
+            }
+            Effect::PutUser { user } => {
+                if let Some(tag) = user.tag_ids.iter().find(|t| !self.user_tags.contains_key(*t)) {
+                    return Err(ApplyError::Missing { kind: USER_TAG, id: tag.clone() });
+                }
+                self.users.insert(user.id.clone(), user.clone());
+                t.push((USER, user.id.clone()));
+            }
+            Effect::DeleteUsers { ids } => {
+                if let Some(root) = ids.iter().find(|id| self.organization.root_user_ids.contains(id)) {
+                    return Err(ApplyError::RootUser(root.clone()));
+                }
+                remove_all(&mut self.users, USER, ids, &mut t)?;
+                let gone: Vec<Credential> =
+                    self.credentials.values().filter(|c| ids.contains(&c.user_id)).cloned().collect();
+                for c in gone {
+                    self.unindex_credential(&c);
+                    self.credentials.remove(&c.id);
+                    t.push((CREDENTIAL, c.id));
+                }
+            }
+            Effect::AddCredential { credential } => {
+                if !self.users.contains_key(&credential.user_id) {
+                    return Err(ApplyError::Missing { kind: USER, id: credential.user_id.clone() });
+                }
+                if self.credentials.contains_key(&credential.id) {
+                    return Err(ApplyError::Exists { kind: CREDENTIAL, id: credential.id.clone() });
+                }
+                self.index_credential(credential);
+                self.credentials.insert(credential.id.clone(), credential.clone());
+                t.push((CREDENTIAL, credential.id.clone()));
+            }
+            Effect::RemoveCredentials { user_id, kind, ids } => {
+                for id in ids {
+                    match self.credentials.get(id) {
+                        None => return Err(ApplyError::Missing { kind: CREDENTIAL, id: id.clone() }),
+                        Some(c) if &c.user_id != user_id || c.kind != *kind => {
+                            return Err(ApplyError::NotOwned { id: id.clone(), user_id: user_id.clone() })
+                        }
+                        Some(_) => {}
+                    }
+                }
+                for id in ids {
+                    if let Some(c) = self.credentials.remove(id) {
+                        self.unindex_credential(&c);
+                    }
+                    t.push((CREDENTIAL, id.clone()));
+                }
+            }
+            Effect::SetRootQuorum { threshold, user_ids } => {
+                if let Some(u) = user_ids.iter().find(|u| !self.users.contains_key(*u)) {
+                    return Err(ApplyError::Missing { kind: USER, id: u.clone() });
+                }
+                self.organization.root_quorum_threshold = *threshold;
+                self.organization.root_user_ids = user_ids.clone();
+                t.push(org);
+            }
+            Effect::PutPolicy { policy } => {
+                self.policies.insert(policy.id.clone(), policy.clone());
+                t.push((POLICY, policy.id.clone()));
+            }
+            Effect::DeletePolicies { ids } => remove_all(&mut self.policies, POLICY, ids, &mut t)?,
+            Effect::UpdateUser { id, name, email, tag_ids } => {
+                if let Some(tag) = tag_ids.iter().flatten().find(|t| !self.user_tags.contains_key(*t)) {
+                    return Err(ApplyError::Missing { kind: USER_TAG, id: tag.clone() });
+                }
+                let user = self.users.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: USER, id: id.clone() })?;
+                if let Some(n) = name {
+                    user.name = n.clone();
+                }
+                if let Some(e) = email {
+                    user.email = e.clone();
+                }
+                if let Some(t) = tag_ids {
+                    user.tag_ids = t.clone();
+                }
+                t.push((USER, id.clone()));
+            }
+            Effect::PutTag { kind, tag } => {
+                let (map, k) = self.tags_mut(*kind);
+                map.insert(tag.id.clone(), tag.clone());
+                t.push((k, tag.id.clone()));
+            }
+            Effect::UpdateTag { kind, id, new_name, add, remove } => {
+                let (map, k) = self.tags_mut(*kind);
+                let tag = map.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: k, id: id.clone() })?;
+                if let Some(n) = new_name {
+                    tag.name = n.clone();
+                }
+                t.push((k, id.clone()));
+                for member in add.iter().chain(remove) {
+                    let adding = add.contains(member) && !remove.contains(member);
+                    let edit = |tags: &mut Vec<String>| {
+                        tags.retain(|x| x != id);
+                        if adding {
+                            tags.push(id.clone());
+                        }
+                    };
+                    match kind {
+                        TagKind::User => {
+                            let u = self
+                                .users
+                                .get_mut(member)
+                                .ok_or_else(|| ApplyError::Missing { kind: USER, id: member.clone() })?;
+                            edit(&mut u.tag_ids);
+                            t.push((USER, member.clone()));
+                        }
+                        TagKind::PrivateKey => {
+                            let pk = self
+                                .private_keys
+                                .get_mut(member)
+                                .ok_or_else(|| ApplyError::Missing { kind: PRIVATE_KEY, id: member.clone() })?;
+                            edit(&mut pk.tags);
+                            t.push((PRIVATE_KEY, member.clone()));
+                        }
+                    }
+                }
+            }
+            Effect::DeleteTags { kind, ids } => {
+                let (map, k) = self.tags_mut(*kind);
+                remove_all(map, k, ids, &mut t)?;
+                match kind {
+                    TagKind::User => {
+                        for u in self.users.values_mut() {
+                            if u.tag_ids.iter().any(|id| ids.contains(id)) {
+                                u.tag_ids.retain(|id| !ids.contains(id));
+                                t.push((USER, u.id.clone()));
+                            }
+                        }
+                    }
+                    TagKind::PrivateKey => {
+                        for pk in self.private_keys.values_mut() {
+                            if pk.tags.iter().any(|id| ids.contains(id)) {
+                                pk.tags.retain(|id| !ids.contains(id));
+                                t.push((PRIVATE_KEY, pk.id.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+            Effect::PutWallet { wallet } => {
+                self.wallets.insert(wallet.id.clone(), wallet.clone());
+                t.push((WALLET, wallet.id.clone()));
+            }
+            Effect::PutAccounts { accounts } => {
+                for a in accounts {
+                    if !self.wallets.contains_key(&a.wallet_id) {
+                        return Err(ApplyError::Missing { kind: WALLET, id: a.wallet_id.clone() });
+                    }
+                    if let Some(old) = self.accounts.get(&a.id).cloned() {
+                        self.unindex_account(&old);
+                    }
+                    self.index_account(a);
+                    self.accounts.insert(a.id.clone(), a.clone());
+                    t.push((ACCOUNT, a.id.clone()));
+                }
+            }
+            Effect::DeleteWallets { ids } => {
+                remove_all(&mut self.wallets, WALLET, ids, &mut t)?;
+                let gone: Vec<Account> =
+                    self.accounts.values().filter(|a| ids.contains(&a.wallet_id)).cloned().collect();
+                for a in gone {
+                    self.unindex_account(&a);
+                    self.accounts.remove(&a.id);
+                    t.push((ACCOUNT, a.id));
+                }
+            }
+            Effect::PutPrivateKey { private_key } => {
+                self.private_keys.insert(private_key.id.clone(), private_key.clone());
+                t.push((PRIVATE_KEY, private_key.id.clone()));
+            }
+            Effect::DeletePrivateKeys { ids } => remove_all(&mut self.private_keys, PRIVATE_KEY, ids, &mut t)?,
+            Effect::PutContractInterface { interface } => {
+                self.contract_interfaces.insert(interface.id.clone(), interface.clone());
+                t.push((CONTRACT_INTERFACE, interface.id.clone()));
+            }
+            Effect::DeleteContractInterfaces { ids } => {
+                remove_all(&mut self.contract_interfaces, CONTRACT_INTERFACE, ids, &mut t)?
+            }
+            Effect::SetFeature { name, value } => {
+                self.organization.features.insert(name.clone(), value.clone());
+                t.push(org);
+            }
+            Effect::RemoveFeature { name } => {
+                self.organization.features.remove(name);
+                t.push(org);
+            }
+            Effect::SetAuthProxy { enabled } => {
+                self.organization.auth_proxy_enabled = *enabled;
+                t.push(org);
+            }
+            Effect::PutWebhookEndpoint { endpoint } => {
+                self.webhook_endpoints.insert(endpoint.id.clone(), endpoint.clone());
+                t.push((WEBHOOK_ENDPOINT, endpoint.id.clone()));
+            }
+            Effect::DeleteWebhookEndpoints { ids } => {
+                remove_all(&mut self.webhook_endpoints, WEBHOOK_ENDPOINT, ids, &mut t)?
+            }
+            Effect::PutOauth2Credential { credential } => {
+                self.oauth2_credentials.insert(credential.id.clone(), credential.clone());
+                t.push((OAUTH2_CREDENTIAL, credential.id.clone()));
+            }
+            Effect::DeleteOauth2Credentials { ids } => {
+                remove_all(&mut self.oauth2_credentials, OAUTH2_CREDENTIAL, ids, &mut t)?
+            }
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> AuthorityState {
+        let mut s = AuthorityState::new(Organization {
+            id: "o".into(),
+            name: "o".into(),
+            root_quorum_threshold: 1,
+            root_user_ids: vec!["root".into()],
+            ..Default::default()
+        });
+        s.apply(&Effect::PutUser { user: User { id: "root".into(), name: "root".into(), ..Default::default() } })
+            .unwrap();
+        s
+    }
+
+    fn key(id: &str, user: &str, pk: &str) -> Effect {
+        Effect::AddCredential {
+            credential: Credential {
+                id: id.into(),
+                user_id: user.into(),
+                kind: CredentialKind::ApiKey,
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: pk.into(),
+                expires_at_ms: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn deleting_a_user_revokes_every_credential_it_holds_and_round_trips_through_entries() {
+        let mut s = state();
+        s.apply(&Effect::PutUser { user: User { id: "u".into(), name: "u".into(), ..Default::default() } }).unwrap();
+        s.apply(&key("k1", "u", "02aa")).unwrap();
+        s.apply(&key("k2", "root", "02bb")).unwrap();
+        assert!(s.live_credential("u", "02aa", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_some());
+        let back = AuthorityState::from_entries(
+            3,
+            s.entries().iter().map(|e| (e.kind, e.id.as_str(), e.data.as_slice())).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let mut expected = s.clone();
+        expected.version = 3;
+        assert_eq!(expected, back);
+        let touched = s.apply(&Effect::DeleteUsers { ids: vec!["u".into()] }).unwrap();
+        assert_eq!(touched, vec![(kinds::USER, "u".to_string()), (kinds::CREDENTIAL, "k1".to_string())]);
+        assert!(s.live_credential("u", "02aa", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_none());
+        assert!(s.credentials_by_public_key("02aa").next().is_none());
+        assert!(s.live_credential("root", "02bb", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_some());
+    }
+
+    #[test]
+    fn a_failing_effect_changes_nothing() {
+        let mut s = state();
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&Effect::DeleteUsers { ids: vec!["root".into()] }),
+            Err(ApplyError::RootUser("root".into()))
+        );
+        assert_eq!(
+            s.apply_all(&[key("k", "root", "02"), Effect::DeletePolicies { ids: vec!["nope".into()] }]),
+            Err(ApplyError::Missing { kind: kinds::POLICY, id: "nope".into() })
+        );
+        assert_eq!(s, before);
+        assert!(s.credentials_by_public_key("02").next().is_none());
+    }
+
+    #[test]
+    fn credentials_expire_and_removal_checks_the_owner() {
+        let mut s = state();
+        let mut c = Credential {
+            id: "s".into(),
+            user_id: "root".into(),
+            kind: CredentialKind::Session,
+            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            public_key: "02cc".into(),
+            expires_at_ms: 1_000,
+        };
+        s.apply(&Effect::AddCredential { credential: c.clone() }).unwrap();
+        assert!(s.live_credential("root", "02cc", &c.credential_type, 999).is_some());
+        assert!(s.live_credential("root", "02cc", &c.credential_type, 1_000).is_none());
+        c.user_id = "other".into();
+        assert!(matches!(
+            s.apply(&Effect::RemoveCredentials {
+                user_id: "other".into(),
+                kind: CredentialKind::Session,
+                ids: vec!["s".into()]
+            }),
+            Err(ApplyError::NotOwned { .. })
+        ));
+    }
+}

@@ -1,0 +1,12 @@
+//! An organization's authority state — everything the enclave's decisions read — with the pure
+//! transitions activities apply to it ([`transition`]) and the decision over it ([`decide`]).
+
+pub mod decide;
+pub mod effect;
+pub mod facts;
+pub mod model;
+pub mod subjects;
+pub mod transition;
+
+pub use effect::{Change, Effect};
+pub use model::{AuthorityState, Credential, CredentialKind, Organization, User};

@@ -1,0 +1,400 @@
+//! The authority state of one organization, and its storage as entries (kind, id, JSON bytes).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+/// Unix time in milliseconds.
+pub type Millis = i64;
+
+/// The organization itself: its place in the tree, its root quorum and the settings that change
+/// how its members authenticate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Organization {
+    pub id: String,
+    pub name: String,
+    pub parent_id: Option<String>,
+    pub root_quorum_threshold: i64,
+    pub root_user_ids: Vec<String>,
+    /// `set_organization_feature`: name → value.
+    #[serde(default)]
+    pub features: BTreeMap<String, String>,
+    /// Whether the auth proxy's key may stamp for this organization.
+    #[serde(default)]
+    pub auth_proxy_enabled: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct User {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub email: String,
+    /// The user tags the user carries (ids).
+    #[serde(default)]
+    pub tag_ids: Vec<String>,
+}
+
+/// What a credential is, for revocation: which activity removes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialKind {
+    ApiKey,
+    Passkey,
+    OauthIdentity,
+    /// A session key the enclave issued at a login (an API key with an expiry).
+    Session,
+}
+
+/// A credential a user stamps with: an API key, a passkey, an OAuth identity or a session key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credential {
+    /// The gateway's record id (API key id, authenticator id, OAuth provider id).
+    pub id: String,
+    pub user_id: String,
+    pub kind: CredentialKind,
+    /// `CREDENTIAL_TYPE_*` as certified.
+    pub credential_type: String,
+    /// The key a stamp is verified against (hex), or an OAuth identity's hash.
+    pub public_key: String,
+    /// 0: no expiry.
+    #[serde(default)]
+    pub expires_at_ms: u64,
+}
+
+impl Credential {
+    /// Whether it still authenticates at `now`.
+    pub fn live(&self, now: Millis) -> bool {
+        self.expires_at_ms == 0 || now < self.expires_at_ms as i64
+    }
+}
+
+/// A policy as created: the engine compiles it from these fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub id: String,
+    pub name: String,
+    pub effect: String,
+    #[serde(default)]
+    pub condition: String,
+    #[serde(default)]
+    pub consensus: String,
+    #[serde(default)]
+    pub time: String,
+}
+
+/// A user tag or a private-key tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tag {
+    pub id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Wallet {
+    pub id: String,
+    pub label: String,
+    #[serde(default)]
+    pub imported: bool,
+    #[serde(default)]
+    pub exported: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Account {
+    pub id: String,
+    pub wallet_id: String,
+    pub address: String,
+    pub address_format: String,
+    #[serde(default)]
+    pub exported: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressEntry {
+    pub format: String,
+    pub address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PrivateKey {
+    pub id: String,
+    pub label: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub imported: bool,
+    #[serde(default)]
+    pub exported: bool,
+    #[serde(default)]
+    pub addresses: Vec<AddressEntry>,
+}
+
+/// A smart contract interface (an Ethereum ABI or a Solana IDL) policies decode calls with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContractInterface {
+    pub id: String,
+    pub address: String,
+    /// `SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM` / `_SOLANA`.
+    pub interface_type: String,
+    pub body: String,
+}
+
+/// A record the enclave only needs to know exists and what it names (webhook endpoints, OAuth
+/// 2.0 credentials): its id and a digest of what decides (URL, provider and client id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Named {
+    pub id: String,
+    pub value: String,
+}
+
+/// Everything the enclave's decisions read about one organization.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AuthorityState {
+    /// The store's version of this state (0: not stored yet).
+    pub version: u64,
+    pub organization: Organization,
+    pub users: BTreeMap<String, User>,
+    /// By credential id.
+    pub credentials: BTreeMap<String, Credential>,
+    pub policies: BTreeMap<String, Policy>,
+    pub user_tags: BTreeMap<String, Tag>,
+    pub private_key_tags: BTreeMap<String, Tag>,
+    pub wallets: BTreeMap<String, Wallet>,
+    /// By account id.
+    pub accounts: BTreeMap<String, Account>,
+    pub private_keys: BTreeMap<String, PrivateKey>,
+    pub contract_interfaces: BTreeMap<String, ContractInterface>,
+    pub webhook_endpoints: BTreeMap<String, Named>,
+    pub oauth2_credentials: BTreeMap<String, Named>,
+    /// Credential ids by public key (derived; rebuilt on load).
+    by_public_key: HashMap<String, Vec<String>>,
+    /// Account ids by address (derived; rebuilt on load).
+    by_address: HashMap<String, String>,
+}
+
+/// One stored entry of a state: `kind`, `id` and the JSON of the item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: &'static str,
+    pub id: String,
+    pub data: Vec<u8>,
+}
+
+/// Entry kinds, one per map of [`AuthorityState`].
+pub mod kinds {
+    pub const ORGANIZATION: &str = "organization";
+    pub const USER: &str = "user";
+    pub const CREDENTIAL: &str = "credential";
+    pub const POLICY: &str = "policy";
+    pub const USER_TAG: &str = "user_tag";
+    pub const PRIVATE_KEY_TAG: &str = "private_key_tag";
+    pub const WALLET: &str = "wallet";
+    pub const ACCOUNT: &str = "account";
+    pub const PRIVATE_KEY: &str = "private_key";
+    pub const CONTRACT_INTERFACE: &str = "contract_interface";
+    pub const WEBHOOK_ENDPOINT: &str = "webhook_endpoint";
+    pub const OAUTH2_CREDENTIAL: &str = "oauth2_credential";
+    pub const ALL: &[&str] = &[
+        ORGANIZATION,
+        USER,
+        CREDENTIAL,
+        POLICY,
+        USER_TAG,
+        PRIVATE_KEY_TAG,
+        WALLET,
+        ACCOUNT,
+        PRIVATE_KEY,
+        CONTRACT_INTERFACE,
+        WEBHOOK_ENDPOINT,
+        OAUTH2_CREDENTIAL,
+    ];
+}
+
+/// A stored entry that does not read back: the store was written by something else.
+#[derive(Debug, thiserror::Error)]
+#[error("authority state entry {kind}/{id} does not parse: {reason}")]
+pub struct CorruptEntry {
+    pub kind: String,
+    pub id: String,
+    pub reason: String,
+}
+
+fn encode<T: Serialize>(kind: &'static str, id: &str, item: &T) -> Entry {
+    // Serializing these plain structs to JSON cannot fail (string keys, no custom impls).
+    let data = serde_json::to_vec(item).unwrap_or_default();
+    Entry { kind, id: id.to_string(), data }
+}
+
+impl AuthorityState {
+    /// A new organization's state (version 0: not stored yet).
+    pub fn new(organization: Organization) -> Self {
+        Self { organization, ..Default::default() }
+    }
+
+    /// The credentials with this public key (or OAuth identity hash).
+    pub fn credentials_by_public_key(&self, public_key: &str) -> impl Iterator<Item = &Credential> {
+        self.by_public_key.get(public_key).into_iter().flatten().filter_map(|id| self.credentials.get(id))
+    }
+
+    /// The live credential of `user_id` with `public_key` and `credential_type`, if any.
+    pub fn live_credential(
+        &self,
+        user_id: &str,
+        public_key: &str,
+        credential_type: &str,
+        now: Millis,
+    ) -> Option<&Credential> {
+        if !self.users.contains_key(user_id) {
+            return None;
+        }
+        self.credentials_by_public_key(public_key)
+            .find(|c| c.user_id == user_id && c.credential_type == credential_type && c.live(now))
+    }
+
+    pub fn account_by_address(&self, address: &str) -> Option<&Account> {
+        self.by_address.get(address).and_then(|id| self.accounts.get(id))
+    }
+
+    pub fn private_key_by_address(&self, address: &str) -> Option<&PrivateKey> {
+        self.private_keys.values().find(|k| k.addresses.iter().any(|a| a.address == address))
+    }
+
+    pub(crate) fn index_credential(&mut self, c: &Credential) {
+        let ids = self.by_public_key.entry(c.public_key.clone()).or_default();
+        if !ids.contains(&c.id) {
+            ids.push(c.id.clone());
+        }
+    }
+
+    pub(crate) fn unindex_credential(&mut self, c: &Credential) {
+        if let Some(ids) = self.by_public_key.get_mut(&c.public_key) {
+            ids.retain(|i| i != &c.id);
+            if ids.is_empty() {
+                self.by_public_key.remove(&c.public_key);
+            }
+        }
+    }
+
+    pub(crate) fn index_account(&mut self, a: &Account) {
+        self.by_address.insert(a.address.clone(), a.id.clone());
+    }
+
+    pub(crate) fn unindex_account(&mut self, a: &Account) {
+        if self.by_address.get(&a.address) == Some(&a.id) {
+            self.by_address.remove(&a.address);
+        }
+    }
+
+    /// The stored entry of `(kind, id)` as it is now, or `None` when it no longer exists.
+    pub fn entry(&self, kind: &str, id: &str) -> Option<Entry> {
+        use kinds::*;
+        match kind {
+            ORGANIZATION => Some(encode(ORGANIZATION, ORGANIZATION, &self.organization)),
+            USER => self.users.get(id).map(|v| encode(USER, id, v)),
+            CREDENTIAL => self.credentials.get(id).map(|v| encode(CREDENTIAL, id, v)),
+            POLICY => self.policies.get(id).map(|v| encode(POLICY, id, v)),
+            USER_TAG => self.user_tags.get(id).map(|v| encode(USER_TAG, id, v)),
+            PRIVATE_KEY_TAG => self.private_key_tags.get(id).map(|v| encode(PRIVATE_KEY_TAG, id, v)),
+            WALLET => self.wallets.get(id).map(|v| encode(WALLET, id, v)),
+            ACCOUNT => self.accounts.get(id).map(|v| encode(ACCOUNT, id, v)),
+            PRIVATE_KEY => self.private_keys.get(id).map(|v| encode(PRIVATE_KEY, id, v)),
+            CONTRACT_INTERFACE => self.contract_interfaces.get(id).map(|v| encode(CONTRACT_INTERFACE, id, v)),
+            WEBHOOK_ENDPOINT => self.webhook_endpoints.get(id).map(|v| encode(WEBHOOK_ENDPOINT, id, v)),
+            OAUTH2_CREDENTIAL => self.oauth2_credentials.get(id).map(|v| encode(OAUTH2_CREDENTIAL, id, v)),
+            _ => None,
+        }
+    }
+
+    /// Every entry of the state (what an empty store receives).
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for kind in kinds::ALL {
+            for id in self.ids(kind) {
+                out.extend(self.entry(kind, &id));
+            }
+        }
+        out
+    }
+
+    fn ids(&self, kind: &str) -> Vec<String> {
+        use kinds::*;
+        let keys = |m: &dyn Fn() -> Vec<String>| m();
+        match kind {
+            ORGANIZATION => vec![ORGANIZATION.to_string()],
+            USER => keys(&|| self.users.keys().cloned().collect()),
+            CREDENTIAL => keys(&|| self.credentials.keys().cloned().collect()),
+            POLICY => keys(&|| self.policies.keys().cloned().collect()),
+            USER_TAG => keys(&|| self.user_tags.keys().cloned().collect()),
+            PRIVATE_KEY_TAG => keys(&|| self.private_key_tags.keys().cloned().collect()),
+            WALLET => keys(&|| self.wallets.keys().cloned().collect()),
+            ACCOUNT => keys(&|| self.accounts.keys().cloned().collect()),
+            PRIVATE_KEY => keys(&|| self.private_keys.keys().cloned().collect()),
+            CONTRACT_INTERFACE => keys(&|| self.contract_interfaces.keys().cloned().collect()),
+            WEBHOOK_ENDPOINT => keys(&|| self.webhook_endpoints.keys().cloned().collect()),
+            OAUTH2_CREDENTIAL => keys(&|| self.oauth2_credentials.keys().cloned().collect()),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Reads a state back from its stored entries.
+    pub fn from_entries<'a>(
+        version: u64,
+        entries: impl IntoIterator<Item = (&'a str, &'a str, &'a [u8])>,
+    ) -> Result<Self, CorruptEntry> {
+        use kinds::*;
+        fn parse<T: for<'de> Deserialize<'de>>(kind: &str, id: &str, data: &[u8]) -> Result<T, CorruptEntry> {
+            serde_json::from_slice(data).map_err(|e| CorruptEntry {
+                kind: kind.to_string(),
+                id: id.to_string(),
+                reason: e.to_string(),
+            })
+        }
+        let mut s = Self { version, ..Default::default() };
+        for (kind, id, data) in entries {
+            let key = id.to_string();
+            match kind {
+                ORGANIZATION => s.organization = parse(kind, id, data)?,
+                USER => {
+                    s.users.insert(key, parse(kind, id, data)?);
+                }
+                CREDENTIAL => {
+                    let c: Credential = parse(kind, id, data)?;
+                    s.index_credential(&c);
+                    s.credentials.insert(key, c);
+                }
+                POLICY => {
+                    s.policies.insert(key, parse(kind, id, data)?);
+                }
+                USER_TAG => {
+                    s.user_tags.insert(key, parse(kind, id, data)?);
+                }
+                PRIVATE_KEY_TAG => {
+                    s.private_key_tags.insert(key, parse(kind, id, data)?);
+                }
+                WALLET => {
+                    s.wallets.insert(key, parse(kind, id, data)?);
+                }
+                ACCOUNT => {
+                    let a: Account = parse(kind, id, data)?;
+                    s.index_account(&a);
+                    s.accounts.insert(key, a);
+                }
+                PRIVATE_KEY => {
+                    s.private_keys.insert(key, parse(kind, id, data)?);
+                }
+                CONTRACT_INTERFACE => {
+                    s.contract_interfaces.insert(key, parse(kind, id, data)?);
+                }
+                WEBHOOK_ENDPOINT => {
+                    s.webhook_endpoints.insert(key, parse(kind, id, data)?);
+                }
+                OAUTH2_CREDENTIAL => {
+                    s.oauth2_credentials.insert(key, parse(kind, id, data)?);
+                }
+                other => return Err(CorruptEntry { kind: other.to_string(), id: key, reason: "unknown kind".into() }),
+            }
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,85 @@
+//! What each activity type is to the policy engine: its resource and action (spec 12.4) and
+//! whether only the root quorum decides it. The gateway's operation registry is checked against
+//! this table (gateway/src/ops/mod.rs), so the enclave and the gateway read one list.
+
+/// An activity type's policy subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subject {
+    pub activity_type: &'static str,
+    pub resource: &'static str,
+    pub action: &'static str,
+    pub root_quorum: bool,
+}
+
+const fn s(activity_type: &'static str, resource: &'static str, action: &'static str, root_quorum: bool) -> Subject {
+    Subject { activity_type, resource, action, root_quorum }
+}
+
+/// Every activity type an organization can submit.
+pub static SUBJECTS: &[Subject] = &[
+    s("ACTIVITY_TYPE_CREATE_WALLET", "WALLET", "CREATE", false),
+    s("ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS", "WALLET", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_WALLETS", "WALLET", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2", "PRIVATE_KEY", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_PRIVATE_KEYS", "PRIVATE_KEY", "DELETE", false),
+    s("ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "PRIVATE_KEY", "SIGN", false),
+    s("ACTIVITY_TYPE_SIGN_RAW_PAYLOADS", "PRIVATE_KEY", "SIGN", false),
+    s("ACTIVITY_TYPE_SIGN_TRANSACTION_V2", "PRIVATE_KEY", "SIGN", false),
+    s("ACTIVITY_TYPE_EXPORT_WALLET", "WALLET", "EXPORT", false),
+    s("ACTIVITY_TYPE_EXPORT_PRIVATE_KEY", "PRIVATE_KEY", "EXPORT", false),
+    s("ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT", "WALLET", "EXPORT", false),
+    s("ACTIVITY_TYPE_INIT_IMPORT_WALLET", "WALLET", "IMPORT", false),
+    s("ACTIVITY_TYPE_IMPORT_WALLET", "WALLET", "IMPORT", false),
+    s("ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY", "PRIVATE_KEY", "IMPORT", false),
+    s("ACTIVITY_TYPE_IMPORT_PRIVATE_KEY", "PRIVATE_KEY", "IMPORT", false),
+    s("ACTIVITY_TYPE_CREATE_USERS_V4", "USER", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_USER", "USER", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_USERS", "USER", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_API_KEYS_V2", "CREDENTIAL", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_API_KEYS", "CREDENTIAL", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_USER_TAG", "USER", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_USER_TAG", "USER", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_USER_TAGS", "USER", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG", "PRIVATE_KEY", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_PRIVATE_KEY_TAG", "PRIVATE_KEY", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_PRIVATE_KEY_TAGS", "PRIVATE_KEY", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2", "CREDENTIAL", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_AUTHENTICATORS", "CREDENTIAL", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", "CREDENTIAL", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS", "CREDENTIAL", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL", "AUTH", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL", "AUTH", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_OAUTH2_CREDENTIAL", "AUTH", "DELETE", false),
+    s("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", "AUTH", "CREATE", false),
+    s("ACTIVITY_TYPE_OAUTH_LOGIN", "AUTH", "CREATE", false),
+    s("ACTIVITY_TYPE_STAMP_LOGIN", "AUTH", "CREATE", false),
+    s("ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2", "AUTH", "CREATE", false),
+    s("ACTIVITY_TYPE_ENABLE_AUTH_PROXY", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_DISABLE_AUTH_PROXY", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_CREATE_POLICY_V3", "POLICY", "CREATE", false),
+    s("ACTIVITY_TYPE_CREATE_POLICIES", "POLICY", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_POLICY_V2", "POLICY", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_POLICY", "POLICY", "DELETE", false),
+    s("ACTIVITY_TYPE_DELETE_POLICIES", "POLICY", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_SMART_CONTRACT_INTERFACE", "SMART_CONTRACT_INTERFACE", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_SMART_CONTRACT_INTERFACE", "SMART_CONTRACT_INTERFACE", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT", "WEBHOOK_ENDPOINT", "CREATE", false),
+    s("ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT", "WEBHOOK_ENDPOINT", "UPDATE", false),
+    s("ACTIVITY_TYPE_DELETE_WEBHOOK_ENDPOINT", "WEBHOOK_ENDPOINT", "DELETE", false),
+    s("ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_REMOVE_ORGANIZATION_FEATURE", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM", "ORGANIZATION", "UPDATE", true),
+    s("ACTIVITY_TYPE_CREATE_TVC_APP", "TVC_APP", "CREATE", false),
+    s("ACTIVITY_TYPE_CREATE_TVC_DEPLOYMENT", "TVC_DEPLOYMENT", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_TVC_APP_AND_DEPLOYMENTS", "TVC_APP", "DELETE", false),
+    s("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", "ORGANIZATION", "CREATE", false),
+    s("ACTIVITY_TYPE_DELETE_SUB_ORGANIZATION", "ORGANIZATION", "DELETE", true),
+    s("ACTIVITY_TYPE_APPROVE_ACTIVITY", "ACTIVITY", "APPROVE", false),
+    s("ACTIVITY_TYPE_REJECT_ACTIVITY", "ACTIVITY", "REJECT", false),
+];
+
+/// The subject of `activity_type`, if it is one Coffer runs.
+pub fn subject(activity_type: &str) -> Option<&'static Subject> {
+    SUBJECTS.iter().find(|s| s.activity_type == activity_type)
+}
