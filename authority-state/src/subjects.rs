@@ -83,3 +83,28 @@ pub static SUBJECTS: &[Subject] = &[
 pub fn subject(activity_type: &str) -> Option<&'static Subject> {
     SUBJECTS.iter().find(|s| s.activity_type == activity_type)
 }
+
+/// The activity types whose enclave call is a key operation (they record their own facts):
+/// the gateway never sends them to the enclave's `ApplyActivity`, which refuses them.
+pub const KEY_OPERATIONS: &[&str] = &[
+    "ACTIVITY_TYPE_CREATE_WALLET",
+    "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
+    "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+    "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS",
+    "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+    "ACTIVITY_TYPE_EXPORT_WALLET",
+    "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY",
+    "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
+    "ACTIVITY_TYPE_INIT_IMPORT_WALLET",
+    "ACTIVITY_TYPE_IMPORT_WALLET",
+    "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY",
+    "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY",
+    "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
+    "ACTIVITY_TYPE_OAUTH_LOGIN",
+    "ACTIVITY_TYPE_STAMP_LOGIN",
+    "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
+    "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
+    "ACTIVITY_TYPE_APPROVE_ACTIVITY",
+    "ACTIVITY_TYPE_REJECT_ACTIVITY",
+];

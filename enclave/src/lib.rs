@@ -2,11 +2,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod authority;
+pub mod authority_store;
 pub mod config;
 pub mod error;
 pub mod hsm;
 pub mod oauth2_exchange;
 pub mod proxy_stamper;
+pub mod rules;
 pub mod service;
 pub mod sessions;
 

@@ -1,9 +1,11 @@
 //! Sessions: which user a login activity may open a session for (decided here, from the stamped
 //! body and certificates), the session key's certificate, and the notarizer-signed session JWT.
 
-use coffer_auth::envelope::text;
+use coffer_auth::envelope::{derived_id, text};
 use coffer_auth::grants::{self, OAUTH_PROVIDER};
 use coffer_auth::oidc;
+use coffer_authority_state::model::CredentialKind;
+use coffer_authority_state::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use prost::Message;
@@ -171,7 +173,17 @@ pub fn open_session(
     g: SessionGrant,
     seconds: u64,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
-    let expires_at_ms = authority.expiry(Some(seconds));
+    let mut expires_at_ms = authority.expiry(Some(seconds));
+    // A session cannot outlive the session that opened it.
+    let stamped_by_session = a.decided.as_ref().is_some_and(|d| {
+        d.loaded
+            .state
+            .credentials_by_public_key(&a.credential.public_key)
+            .any(|c| c.kind == CredentialKind::Session && c.user_id == a.credential.user_id)
+    });
+    if stamped_by_session && a.credential.expires_at_ms != 0 {
+        expires_at_ms = expires_at_ms.min(a.credential.expires_at_ms);
+    }
     let organization_id = a.activity.organization_id.clone();
     let certificate = authority.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
@@ -200,6 +212,41 @@ pub fn open_session(
         }
         None => String::new(),
     };
+    // The session key is a credential of the user from now on (and the user's earlier sessions
+    // are not, when the body says so), durably, before the session leaves the enclave.
+    let credential_id = derived_id(&a.activity.fingerprint, SESSION_CREDENTIAL_ID, 0);
+    let mut effects = Vec::new();
+    if a.activity.parameters.get("invalidateExisting").and_then(serde_json::Value::as_bool) == Some(true) {
+        if let Some(l) = authority.rules().load(&organization_id)? {
+            let earlier: Vec<String> = l
+                .state
+                .credentials
+                .values()
+                .filter(|c| c.user_id == g.user_id && c.kind == CredentialKind::Session)
+                .map(|c| c.id.clone())
+                .collect();
+            if !earlier.is_empty() {
+                effects.push(Effect::RemoveCredentials {
+                    user_id: g.user_id.clone(),
+                    kind: CredentialKind::Session,
+                    ids: earlier,
+                });
+            }
+        }
+    }
+    effects.push(Effect::AddCredential {
+        credential: Credential {
+            id: credential_id.clone(),
+            user_id: g.user_id.clone(),
+            kind: CredentialKind::Session,
+            credential_type: g.credential_type.to_string(),
+            public_key: g.public_key.clone(),
+            expires_at_ms,
+        },
+    });
+    let changes: Vec<Change> =
+        effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
+    authority.rules().record(&changes)?;
     tracing::info!(
         target: "coffer_audit",
         decision = "allow",
@@ -219,5 +266,9 @@ pub fn open_session(
         expires_at_ms,
         certificate,
         credential_bundle,
+        credential_id,
     })
 }
+
+/// `derived_id` purpose of a session key's credential id (the gateway's API key id of it).
+const SESSION_CREDENTIAL_ID: &str = "session-credential";

@@ -35,7 +35,8 @@ pub async fn create_root_org(
         .map_err(|e| anyhow::anyhow!("the enclave did not bootstrap the organization: {}", e.message))?;
     let now = now_nanos();
     let (org_id, user_id) = (boot.organization_id, boot.user_id);
-    let key_id = uuid::Uuid::new_v4().to_string();
+    // The key's id in the enclave's authority state, so that deleting it there names it.
+    let key_id = boot.api_key_id;
     store.apply(&[
         Write::InsertOrganization(Organization {
             id: org_id.clone(),

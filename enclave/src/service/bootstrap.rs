@@ -2,6 +2,8 @@
 //! certificates of the credentials a stamped body adds.
 
 use coffer_auth::grants::{self, granted_credentials};
+use coffer_authority_state::model::{CredentialKind, Organization, User};
+use coffer_authority_state::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
 use crate::authority::{refuse, Authority, BOOTSTRAP};
@@ -25,8 +27,35 @@ pub(super) fn bootstrap_organization(
         b.copy_from_slice(&bytes[..16]);
         uuid::Builder::from_random_bytes(b).into_uuid().to_string()
     };
-    let random = hsm.random(32)?;
-    let (organization_id, user_id) = (uuid(&random[..16]), uuid(&random[16..]));
+    let random = hsm.random(48)?;
+    let (organization_id, user_id, api_key_id) = (uuid(&random[..16]), uuid(&random[16..32]), uuid(&random[32..]));
+    // The organization's first authority state: its root user alone, with this key.
+    let org = |effect| Change { organization_id: organization_id.clone(), effect };
+    authority.rules().commit(
+        &[
+            org(Effect::CreateOrganization {
+                organization: Organization {
+                    id: organization_id.clone(),
+                    name: organization_id.clone(),
+                    root_quorum_threshold: 1,
+                    root_user_ids: vec![user_id.clone()],
+                    ..Default::default()
+                },
+            }),
+            org(Effect::PutUser { user: User { id: user_id.clone(), name: "root".into(), ..Default::default() } }),
+            org(Effect::AddCredential {
+                credential: Credential {
+                    id: api_key_id.clone(),
+                    user_id: user_id.clone(),
+                    kind: CredentialKind::ApiKey,
+                    credential_type: req.credential_type.clone(),
+                    public_key: public_key.clone(),
+                    expires_at_ms: 0,
+                },
+            }),
+        ],
+        None,
+    )?;
     let certificate = authority.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
         user_id: user_id.clone(),
@@ -44,7 +73,7 @@ pub(super) fn bootstrap_organization(
         credential = %public_key,
         "enclave decision"
     );
-    Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate })
+    Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate, api_key_id })
 }
 
 /// Certificates for exactly the credentials the stamped body adds.

@@ -9,6 +9,7 @@ use coffer_proto::v1 as pb;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
+use super::key_facts;
 use super::sealed_refs::{open, sealed};
 use crate::authority::{refuse, Authority};
 use crate::error::{EnclaveError, RefusalReason};
@@ -48,7 +49,12 @@ pub(super) fn create_wallet(
     let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
-    seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)
+    let made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
+    // A sub-organization's wallet is recorded with the sub-organization (apply_activity).
+    if organization_id == a.activity.organization_id {
+        key_facts::wallet_created(authority, &a, &req.wallet_id, false, &made)?;
+    }
+    Ok(made)
 }
 
 /// More accounts of the wallet the stamped body names, derived from its sealed seed.
@@ -70,6 +76,7 @@ pub(super) fn derive_accounts(
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
+    key_facts::accounts_derived(authority, &a, &seed_ref.resource_id, &accounts)?;
     Ok(pb::DeriveAccountsResponse { accounts })
 }
 
@@ -99,6 +106,9 @@ pub(super) fn create_private_keys(
             seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
+    for ((p, id), made) in params.iter().zip(&req.private_key_ids).zip(&keys) {
+        key_facts::private_key_made(authority, &a, id, p, false, made)?;
+    }
     Ok(pb::CreatePrivateKeysResponse { keys })
 }
 

@@ -3,6 +3,8 @@
 //! This module is the tonic surface only; each family of calls lives in its own module.
 
 mod bootstrap;
+mod changes;
+mod key_facts;
 mod keys;
 mod login;
 mod sealed_refs;
@@ -158,6 +160,10 @@ impl Enclave for EnclaveService {
 
     async fn enable_auth_proxy(&self, req: Request<pb::EnableAuthProxyRequest>) -> Answer<pb::EnableAuthProxyResponse> {
         self.run(req, login::enable_auth_proxy).await
+    }
+
+    async fn apply_activity(&self, req: Request<pb::ApplyActivityRequest>) -> Answer<pb::ApplyActivityResponse> {
+        self.run(req, |_, authority, req| changes::apply_activity(authority, req)).await
     }
 
     async fn stamp_auth_proxy_request(

@@ -8,6 +8,7 @@ use coffer_crypto::{keys, CryptoError, Curve};
 use coffer_proto::v1 as pb;
 use zeroize::Zeroizing;
 
+use super::key_facts;
 use super::keys::{account_specs, checked_phrase, seal_private_key, seal_wallet};
 use super::sealed_refs::{open, open_key, sealed};
 use crate::authority::{refuse, Authority, Authorized};
@@ -53,7 +54,9 @@ pub(super) fn export_wallet(
         let entropy = keys::entropy_from_phrase(&phrase)?;
         keys::mnemonic_phrase(&entropy, language)?
     };
-    export(hsm, &a, phrase.as_bytes())
+    let bundle = export(hsm, &a, phrase.as_bytes())?;
+    key_facts::exported(authority, &a, Some(&seed_ref.resource_id), None)?;
+    Ok(bundle)
 }
 
 /// Exports the private key or wallet account the stamped body names.
@@ -89,8 +92,11 @@ pub(super) fn export_key(
         }
         (r, k)
     };
+    let private_key_id = (kind == BlobKind::PrivateKey).then(|| key_ref.resource_id.clone());
     let key = open_key(hsm, key_ref, kind)?;
-    export(hsm, &a, key.secret_bytes())
+    let bundle = export(hsm, &a, key.secret_bytes())?;
+    key_facts::exported(authority, &a, None, private_key_id.as_deref())?;
+    Ok(bundle)
 }
 
 /// A new import target for the body's user: sealed here, its public half in a signed bundle.
@@ -127,7 +133,9 @@ pub(super) fn import_wallet(
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
-    seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)
+    let made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
+    key_facts::wallet_created(authority, &a, &req.wallet_id, true, &made)?;
+    Ok(made)
 }
 
 /// A private key from the stamped body's bundle, sealed with its addresses.
@@ -144,7 +152,10 @@ pub(super) fn import_private_key(
         return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
     }
     let key = SecretKey::from_slice(curve, &plain)?;
-    seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))
+    let made =
+        seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
+    key_facts::private_key_made(authority, &a, &req.private_key_id, p, true, &made)?;
+    Ok(made)
 }
 
 /// The HSM bundle signer seen through the crypto crate's envelope interface.

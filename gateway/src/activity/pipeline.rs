@@ -133,9 +133,31 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
 async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<super::registry::Outcome, ApiError> {
     let state = ctx.state.clone();
     let auth = ctx.auth.clone();
+    let org = ctx.org.id.clone();
     let mut outcome = (op.handler)(ctx, params).await?;
-    certify_credentials(&state, auth, &mut outcome.writes).await?;
+    certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
+    apply_in_enclave(&state, op, &org, auth, &outcome.writes).await?;
     Ok(outcome)
+}
+
+/// Has the enclave decide an activity that uses no key (key operations are decided by their own
+/// enclave call) over the organization's authority state, and apply the changes `writes` make
+/// to it: the enclave refuses unless they are exactly what the stamped body asks for.
+async fn apply_in_enclave(
+    state: &Arc<AppState>,
+    op: &'static Operation,
+    org: &str,
+    auth: coffer_proto::v1::Authorization,
+    writes: &[Write],
+) -> Result<(), ApiError> {
+    if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
+        return Ok(());
+    }
+    let proposal = crate::authority_proposal::proposal(org, writes);
+    let proposal = serde_json::to_vec(&proposal).map_err(|_| ApiError::internal())?;
+    let request = coffer_proto::v1::ApplyActivityRequest { proposal, ..Default::default() };
+    state.custody.authorized(&auth).apply_activity(request).await?;
+    Ok(())
 }
 
 /// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
@@ -395,7 +417,11 @@ pub async fn submit(
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
-            let auth = coffer_proto::v1::Authorization { request: Some(caller.stamped(body)), approval: None };
+            let auth = coffer_proto::v1::Authorization {
+                request: Some(caller.stamped(body)),
+                approval: None,
+                votes: Vec::new(),
+            };
             let ctx = Ctx {
                 state: state.clone(),
                 registry,
@@ -532,6 +558,19 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
     })
 }
 
+/// The stamped approvals among `votes` whose credential the store still has (the enclave
+/// verifies each and counts those still live in its state).
+fn approval_stamps(store: &dyn Store, org: &str, votes: &[Value]) -> Vec<coffer_proto::v1::StampedRequest> {
+    votes
+        .iter()
+        .filter(|v| v["selection"] == VOTE_APPROVED)
+        .filter_map(|v| {
+            let voter = submitter_caller(store, org, v).ok()?;
+            Some(voter.stamped(v["message"].as_str().unwrap_or_default().as_bytes()))
+        })
+        .collect()
+}
+
 /// `approve_activity` / `reject_activity`: adds the caller's vote to the activity the
 /// fingerprint names, re-evaluates it, runs it once allowed, and answers with that activity.
 async fn vote(
@@ -599,11 +638,15 @@ async fn vote(
                 Decision::Allow => {
                     let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                         Ok(submitter) => {
-                            // The enclave runs it on the original stamp plus this fresh approval.
+                            // The enclave runs it on the original stamp, the earlier approvals'
+                            // stamps (it counts them itself) and this fresh approval.
                             let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
+                            let earlier = state
+                                .read_store(|s| Ok::<_, ApiError>(approval_stamps(s, &org.id, &old_votes[1..])))?;
                             let auth = coffer_proto::v1::Authorization {
                                 request: Some(submitter.stamped(original)),
                                 approval: Some(caller.stamped(body)),
+                                votes: earlier,
                             };
                             let ctx = Ctx {
                                 state: state.clone(),

@@ -61,6 +61,7 @@ needs_authorization!(
     pb::Oauth2AuthenticateRequest,
     pb::CreateSessionRequest,
     pb::EnableAuthProxyRequest,
+    pb::ApplyActivityRequest,
 );
 
 /// Each authorized call: its method on [`Authorized`] (the RPC's name), the request, the answer.
@@ -94,6 +95,9 @@ authorized_calls! {
     oauth2_authenticate(pb::Oauth2AuthenticateRequest) -> pb::Oauth2AuthenticateResponse;
     create_session(pb::CreateSessionRequest) -> pb::CreateSessionResponse;
     enable_auth_proxy(pb::EnableAuthProxyRequest) -> pb::EnableAuthProxyResponse;
+    /// Decides an activity that uses no key over the organization's authority state and applies
+    /// the changes the gateway's records get.
+    apply_activity(pb::ApplyActivityRequest) -> pb::ApplyActivityResponse;
 }
 
 impl Custody {

@@ -88,7 +88,8 @@ async fn open_session(
         }
     }
     let seconds = (session.expires_at_ms / 1000).saturating_sub((ctx.now / 1_000_000_000).max(0) as u64);
-    let id = uuid::Uuid::new_v4().to_string();
+    // The session key's id in the enclave's authority state.
+    let id = session.credential_id.clone();
     writes.push(Write::InsertApiKey(ApiKey {
         id: id.clone(),
         organization_id: ctx.org.id.clone(),
