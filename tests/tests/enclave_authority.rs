@@ -105,7 +105,7 @@ fn stamped(key: &TurnkeyP256ApiKey, body: &str, certificate: &[u8]) -> pb::Stamp
 }
 
 fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
-    Some(pb::Authorization { request: Some(request), approval: None })
+    Some(pb::Authorization { request: Some(request), approval: None, votes: Vec::new() })
 }
 
 async fn sign(
@@ -542,7 +542,7 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a1[0]);
     let with_approval = |approval: pb::StampedRequest| {
-        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval) })
+        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), votes: Vec::new() })
     };
     refused(
         sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key).await,
