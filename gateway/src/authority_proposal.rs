@@ -16,21 +16,23 @@ pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
     for w in writes {
         match w {
             // Session keys come certified by the enclave's CreateSession, which records them.
-            Write::InsertApiKey(k) if k.certificate.is_empty() || k.expiration_seconds.is_none() => out.push(Change {
-                organization_id: k.organization_id.clone(),
-                effect: Effect::AddCredential {
-                    credential: Credential {
-                        id: k.id.clone(),
-                        user_id: k.user_id.clone(),
-                        kind: CredentialKind::ApiKey,
-                        credential_type: k.credential_type.clone(),
-                        public_key: k.public_key.clone(),
-                        expires_at_ms: k
-                            .expiration_seconds
-                            .map_or(0, |s| (k.created_at / 1_000_000).max(0) as u64 + s.saturating_mul(1000)),
+            Write::InsertApiKey(k) if !SESSION_CREDENTIAL_TYPES.contains(&k.credential_type.as_str()) => {
+                out.push(Change {
+                    organization_id: k.organization_id.clone(),
+                    effect: Effect::AddCredential {
+                        credential: Credential {
+                            id: k.id.clone(),
+                            user_id: k.user_id.clone(),
+                            kind: CredentialKind::ApiKey,
+                            credential_type: k.credential_type.clone(),
+                            public_key: k.public_key.clone(),
+                            expires_at_ms: k
+                                .expiration_seconds
+                                .map_or(0, |s| (k.created_at / 1_000_000).max(0) as u64 + s.saturating_mul(1000)),
+                        },
                     },
-                },
-            }),
+                })
+            }
             Write::DeleteApiKeys { user_id, ids, .. } => out.push(change(Effect::RemoveCredentials {
                 user_id: user_id.clone(),
                 kind: CredentialKind::ApiKey,

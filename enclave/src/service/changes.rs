@@ -55,12 +55,19 @@ pub(super) fn apply_activity(
     let versions = if proposal.is_empty() {
         Vec::new()
     } else {
-        authority.rules().commit(&proposal, Some((&loaded.state.organization.id, loaded.state.version))).map_err(
-            |e| match e {
-                EnclaveError::Refused { reason, message } => refuse(&a, reason, &message),
-                other => other,
-            },
-        )?
+        match authority.rules().commit(&proposal, Some((&loaded.state.organization.id, loaded.state.version))) {
+            Ok(v) => v,
+            // Shadow mode: the state does not have everything yet (what an activity type without
+            // a transition made); logged, and the gateway's decision stands.
+            Err(e) if !authority.rules().enforces() => {
+                tracing::warn!(target: "coffer_audit", decision = "shadow_refuse", operation = a.operation,
+                    reason = %e, organization = %a.activity.organization_id,
+                    fingerprint = %a.activity.fingerprint, "enclave decision");
+                return Ok(pb::ApplyActivityResponse::default());
+            }
+            Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
+            Err(other) => return Err(other),
+        }
     };
     let version =
         versions.iter().find(|(org, _)| org == &a.activity.organization_id).map_or(loaded.state.version, |(_, v)| *v);
