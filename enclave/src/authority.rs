@@ -2,8 +2,7 @@
 //! organization stamped, just now, for exactly that operation — verified here, never taken
 //! from the gateway's word.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use coffer_auth::envelope::StampedActivity;
 use coffer_auth::oidc::Claims;
@@ -13,6 +12,7 @@ use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
 
+use crate::authority_store::{AuthorityStore, DecisionRecord, Remembered, StoreError};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 
@@ -74,38 +74,41 @@ pub struct Authorized {
     /// The credential is the parent organization's, acting for its sub-organization (login
     /// activities only, with the sub-organization's parent certificate).
     pub via_parent: bool,
+    /// Where [`refuse`] records a refusal after this authorization.
+    decisions: DecisionLog,
 }
 
-/// Fingerprints seen within the freshness window, per operation. Bounded: when full of live
-/// entries it refuses new requests rather than forgetting one (forgetting would allow a replay).
-struct ReplaySet {
-    /// SHA-256(operation ‖ fingerprint) → the time (ms) after which the body is stale anyway.
-    seen: HashMap<[u8; 32], i64>,
-    capacity: usize,
-    next_prune: usize,
-}
+/// The authority store's decision log, as an [`Authorized`] carries it.
+#[derive(Clone)]
+struct DecisionLog(Arc<dyn AuthorityStore>);
 
-impl ReplaySet {
-    fn new(capacity: usize) -> Self {
-        Self { seen: HashMap::new(), capacity: capacity.max(1), next_prune: 1024 }
+impl std::fmt::Debug for DecisionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DecisionLog")
     }
+}
 
-    /// Records `key` until `expires_ms`; `Ok(false)` if it was already there.
-    fn insert(&mut self, key: [u8; 32], expires_ms: i64, now_ms: i64) -> Result<bool, EnclaveError> {
-        if let Some(exp) = self.seen.get(&key) {
-            if *exp >= now_ms {
-                return Ok(false);
-            }
+impl DecisionLog {
+    /// Records a refusal of an authorized request; a failure to record is logged, the refusal stands.
+    fn refused(&self, a: &Authorized, reason: RefusalReason) {
+        let record = decision(a, crate::authority_store::OUTCOME_REFUSE, reason.as_str_name());
+        if let Err(e) = self.0.record_decision(&record) {
+            tracing::error!(error = %e, operation = a.operation, "the decision log did not take a refusal");
         }
-        if self.seen.len() >= self.next_prune.min(self.capacity) {
-            self.seen.retain(|_, exp| *exp >= now_ms);
-            self.next_prune = (self.seen.len() * 2).max(1024);
-            if self.seen.len() >= self.capacity {
-                return Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() });
-            }
-        }
-        self.seen.insert(key, expires_ms);
-        Ok(true)
+    }
+}
+
+/// The decision log's record of `outcome` for an authorized request.
+fn decision(a: &Authorized, outcome: &str, reason: &str) -> DecisionRecord {
+    DecisionRecord {
+        at_ms: now_ms(),
+        organization_id: a.activity.organization_id.clone(),
+        operation: a.operation.to_string(),
+        fingerprint: a.activity.fingerprint.clone(),
+        activity_type: a.activity.activity_type.clone(),
+        user_id: a.credential.user_id.clone(),
+        outcome: outcome.to_string(),
+        reason: reason.to_string(),
     }
 }
 
@@ -113,7 +116,8 @@ impl ReplaySet {
 pub struct Authority {
     hsm: Arc<Hsm>,
     freshness_ms: i64,
-    replay: Mutex<ReplaySet>,
+    /// The replay window (shared by every enclave on the same store) and the decision log.
+    store: Arc<dyn AuthorityStore>,
 }
 
 fn now_ms() -> i64 {
@@ -127,6 +131,8 @@ struct Refusal {
     organization: String,
     credential: String,
     fingerprint: String,
+    /// Set when the authority store failed: the caller gets that error, not a refusal.
+    failure: Option<StoreError>,
 }
 
 impl Refusal {
@@ -152,13 +158,27 @@ impl Refusal {
             organization: String::new(),
             credential: String::new(),
             fingerprint: String::new(),
+            failure: None,
         }
     }
 
-    /// The error the caller sees: busy when the replay window is full, else a refusal.
+    /// The authority store failed while deciding: no decision could be made.
+    fn store_failed(e: StoreError) -> Self {
+        let mut r = Self::new(RefusalReason::Unspecified, format!("no decision: {e}"));
+        r.failure = Some(e);
+        r
+    }
+
+    /// The error the caller sees: the store's failure if there was one, busy when the replay
+    /// window (or the organization's share of it) is full, else a refusal.
     fn into_error(self) -> EnclaveError {
+        if let Some(e) = self.failure {
+            return e.into();
+        }
         match self.reason {
-            RefusalReason::ReplayWindowFull => EnclaveError::Busy { reason: self.reason, message: self.message },
+            RefusalReason::ReplayWindowFull | RefusalReason::OrganizationReplayQuota => {
+                EnclaveError::Busy { reason: self.reason, message: self.message }
+            }
             reason => EnclaveError::Refused { reason, message: self.message },
         }
     }
@@ -172,8 +192,22 @@ impl Refusal {
 }
 
 impl Authority {
-    pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, replay_capacity: usize) -> Self {
-        Self { hsm, freshness_ms, replay: Mutex::new(ReplaySet::new(replay_capacity)) }
+    /// An authority whose replay window and decision log are `store`'s (shared by every enclave
+    /// that opens the same store).
+    pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, store: Arc<dyn AuthorityStore>) -> Self {
+        Self { hsm, freshness_ms, store }
+    }
+
+    /// An authority on a store in this process's memory alone (tests, operator commands that
+    /// only certify): a replay window of `replay_capacity` entries, as much for one organization.
+    pub fn in_memory(hsm: Arc<Hsm>, freshness_ms: i64, replay_capacity: u64) -> Result<Self, EnclaveError> {
+        let limits = crate::authority_store::StoreLimits {
+            replay_capacity,
+            replay_per_organization: replay_capacity,
+            decision_retention_ms: 0,
+        };
+        let store = crate::authority_store::SqliteAuthorityStore::open_in_memory(limits)?;
+        Ok(Self::new(hsm, freshness_ms, Arc::new(store)))
     }
 
     /// Issues a certificate (the MAC computed in the HSM) and returns it encoded.
@@ -308,6 +342,7 @@ impl Authority {
     ) -> Result<Authorized, EnclaveError> {
         match self.check(operation, auth, types, parent_certificate, attested_claims) {
             Ok(a) => {
+                let approved = auth.is_some_and(|a| a.approval.is_some());
                 tracing::info!(
                     target: "coffer_audit",
                     decision = "allow",
@@ -316,9 +351,17 @@ impl Authority {
                     credential = %a.credential.public_key,
                     user = %a.credential.user_id,
                     fingerprint = %a.activity.fingerprint,
-                    approved = auth.is_some_and(|a| a.approval.is_some()),
+                    approved,
                     "enclave decision"
                 );
+                // Every allow is in the decision log before anything is done: if the log does not
+                // take it, nothing is done.
+                let record =
+                    decision(&a, crate::authority_store::OUTCOME_ALLOW, if approved { "approved" } else { "" });
+                if let Err(e) = self.store.record_decision(&record) {
+                    tracing::error!(error = %e, operation, "the decision log did not take an allow: not acting");
+                    return Err(e.into());
+                }
                 Ok(a)
             }
             Err(r) => {
@@ -405,20 +448,25 @@ impl Authority {
         key.update([0u8]);
         key.update(replay_key.0.as_bytes());
         let key: [u8; 32] = key.finalize().into();
-        let first = self
-            .replay
-            .lock()
-            .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY))?
-            .insert(key, replay_key.1.saturating_add(self.freshness_ms), now)
-            .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY).about(&activity, &credential))?;
-        if !first {
-            return Err(Refusal::new(
+        // Charged to the body's organization: each has its share of the window.
+        let remembered = self
+            .store
+            .remember(&activity.organization_id, key, replay_key.1.saturating_add(self.freshness_ms), now)
+            .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
+        let refusal = match remembered {
+            Remembered::Fresh => None,
+            Remembered::Replayed => Some((
                 RefusalReason::Replayed,
                 "replayed request: this stamped body was already used for this operation",
-            )
-            .about(&activity, &credential));
+            )),
+            Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
+            Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
+        };
+        if let Some((reason, message)) = refusal {
+            return Err(Refusal::new(reason, message).about(&activity, &credential));
         }
-        Ok(Authorized { operation, activity, credential, via_parent })
+        let decisions = DecisionLog(self.store.clone());
+        Ok(Authorized { operation, activity, credential, via_parent, decisions })
     }
 
     /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
@@ -512,6 +560,8 @@ impl Authority {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+const ORGANIZATION_BUSY: &str =
+    "this organization's share of the replay window is full: retry once its recent requests have aged out";
 /// The one activity an attested stamp may submit.
 const ATTESTED_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 
@@ -520,6 +570,7 @@ const ATTESTED_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 pub fn refuse(a: &Authorized, reason: RefusalReason, message: &str) -> EnclaveError {
     let refusal = Refusal::new(reason, message).about(&a.activity, &a.credential);
     refusal.audit(a.operation);
+    a.decisions.refused(a, reason);
     refusal.into_error()
 }
 
@@ -528,27 +579,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replay_set_refuses_repeats_forgets_expired_and_is_bounded() {
-        let mut r = ReplaySet::new(2);
-        assert!(r.insert([1; 32], 100, 0).unwrap());
-        assert!(!r.insert([1; 32], 100, 50).unwrap(), "a repeat within the window");
-        assert!(r.insert([2; 32], 100, 50).unwrap());
-        assert!(
-            matches!(
-                r.insert([3; 32], 100, 50),
-                Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, .. })
-            ),
-            "full of live entries"
-        );
-        // Past the expiry the old entries go, and new ones fit.
-        assert!(r.insert([3; 32], 300, 200).unwrap());
-        assert!(r.insert([1; 32], 300, 200).unwrap(), "expired entries no longer count");
-    }
-
-    #[test]
     fn busy_or_refused_is_decided_on_the_reason_type() {
         let busy = Refusal::new(RefusalReason::ReplayWindowFull, "any words").into_error();
         assert!(matches!(busy, EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, .. }), "{busy:?}");
+        let quota = Refusal::new(RefusalReason::OrganizationReplayQuota, "any words").into_error();
+        assert!(
+            matches!(quota, EnclaveError::Busy { reason: RefusalReason::OrganizationReplayQuota, .. }),
+            "{quota:?}"
+        );
+        let failed = Refusal::store_failed(StoreError::Unavailable("down".into())).into_error();
+        assert!(matches!(failed, EnclaveError::AuthorityStore(StoreError::Unavailable(_))), "{failed:?}");
         // The busy wording alone no longer decides anything.
         let refused = Refusal::new(RefusalReason::Replayed, BUSY).into_error();
         assert!(matches!(refused, EnclaveError::Refused { reason: RefusalReason::Replayed, .. }), "{refused:?}");
@@ -583,7 +623,7 @@ mod tests {
 
     #[test]
     fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity() {
-        let authority = Authority::new(crate::hsm::tests::hsm(), 300_000, 16);
+        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
         let body = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#;
         let now = now_ms() as u64;
         let message = authority.webhook_message("kid", now, "evt-1:a1", body).unwrap();

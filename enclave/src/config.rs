@@ -24,9 +24,29 @@ pub struct EnclaveConfig {
     pub log: String,
     /// How far (seconds) a stamped body's `timestampMs` may be from the enclave's clock. Default 300.
     pub freshness_window_secs: u64,
-    /// Most stamped bodies remembered for replay refusal (about 100 bytes each); when full of
-    /// live entries, new key operations are refused as busy. Default 2,000,000.
+    /// Most stamped bodies remembered for replay refusal, all organizations together (about 150
+    /// bytes each in the authority store); when full of live entries, new key operations are
+    /// refused as busy (`REFUSAL_REASON_REPLAY_WINDOW_FULL`). Default 2,000,000.
     pub replay_capacity: usize,
+    /// Most live replay entries one organization may hold (its requests of the last freshness
+    /// window); past it that organization's key operations are refused as busy
+    /// (`REFUSAL_REASON_ORGANIZATION_REPLAY_QUOTA`) while the others go on. Default 100,000
+    /// (over 300 requests a second for the default 300 s window). Environment:
+    /// `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
+    pub replay_quota_per_organization: u64,
+    /// The enclave tier's authority store (replay window, decision log, authority state):
+    /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
+    /// directory as a percent-encoded host), with credentials the gateway never has. Default:
+    /// `sqlite://` + `authority.sqlite` in the directory of `socket` (`make run`: `$COFFER_HOME`).
+    /// Environment: `COFFER_AUTHORITY_STORE_URL`.
+    pub authority_store: Option<String>,
+    /// A file whose first line is the authority store's PostgreSQL password (so that it is in
+    /// neither argv, nor the URL, nor a log). Default: none. Environment:
+    /// `COFFER_AUTHORITY_STORE_PASSWORD_FILE`.
+    pub authority_store_password_file: Option<PathBuf>,
+    /// Days the decision log keeps a decision (`coffer-enclave reconcile` reads it); 0 keeps them
+    /// forever. Default 30.
+    pub decision_retention_days: u64,
     /// Also serve over TCP at this address, with mutual TLS only (`tls`). Default: none (the Unix
     /// socket alone). Environment: `COFFER_ENCLAVE_TCP_LISTEN`.
     pub tcp_listen: Option<std::net::SocketAddr>,
@@ -99,6 +119,10 @@ impl Default for EnclaveConfig {
             log: "info".into(),
             freshness_window_secs: 300,
             replay_capacity: 2_000_000,
+            replay_quota_per_organization: 100_000,
+            authority_store: None,
+            authority_store_password_file: None,
+            decision_retention_days: 30,
             tcp_listen: None,
             tls: None,
             login: LoginSettings::default(),
@@ -121,6 +145,16 @@ impl EnclaveConfig {
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
             cfg.socket = v.into();
+        }
+        if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_URL") {
+            cfg.authority_store = Some(v).filter(|v| !v.trim().is_empty());
+        }
+        if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_PASSWORD_FILE") {
+            cfg.authority_store_password_file = Some(v.into());
+        }
+        if let Ok(v) = std::env::var("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
+            cfg.replay_quota_per_organization =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_REPLAY_QUOTA_PER_ORGANIZATION: {e}"))?;
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
@@ -168,6 +202,20 @@ impl EnclaveConfig {
         Ok(cfg)
     }
 
+    /// Where the authority store is (`authority_store`, or its default beside the socket) and
+    /// its bounds.
+    pub fn store_settings(&self) -> crate::authority_store::StoreSettings {
+        crate::authority_store::StoreSettings {
+            url: self.authority_store.clone().unwrap_or_else(|| crate::authority_store::default_url(&self.socket)),
+            password_file: self.authority_store_password_file.clone(),
+            limits: crate::authority_store::StoreLimits {
+                replay_capacity: self.replay_capacity as u64,
+                replay_per_organization: self.replay_quota_per_organization,
+                decision_retention_ms: (self.decision_retention_days.min(100_000) as i64) * 24 * 3600 * 1000,
+            },
+        }
+    }
+
     /// The user PIN, from `pin_file` or the `pin_env` variable; never from argv. Every copy
     /// outside the returned secret is zeroized.
     pub fn pin(&self) -> anyhow::Result<cryptoki::types::AuthPin> {
@@ -195,6 +243,10 @@ mod tests {
         let cfg: EnclaveConfig = toml::from_str("token_label = \"t\"").unwrap();
         assert_eq!(cfg.token_label, "t");
         assert_eq!(cfg.session_pool, 16);
+        assert_eq!(cfg.replay_quota_per_organization, 100_000);
+        let store = cfg.store_settings();
+        assert_eq!(store.url, "sqlite://./.coffer/authority.sqlite", "beside the socket by default");
+        assert_eq!(store.limits.decision_retention_ms, 30 * 24 * 3600 * 1000);
         assert!(toml::from_str::<EnclaveConfig>("tokn_label = \"t\"").is_err());
         let tcp: EnclaveConfig = toml::from_str(
             "tcp_listen = \"127.0.0.1:7443\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"",

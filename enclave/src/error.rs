@@ -2,6 +2,8 @@
 
 pub use coffer_proto::v1::RefusalReason;
 
+use crate::authority_store::StoreError;
+
 /// Everything that can go wrong inside the enclave. Messages never carry key material.
 #[derive(Debug, thiserror::Error)]
 pub enum EnclaveError {
@@ -29,6 +31,10 @@ pub enum EnclaveError {
     /// A bug or an impossible state.
     #[error("internal enclave error: {0}")]
     Internal(String),
+    /// The enclave tier's authority store failed: unreachable (retry), corrupt, or a state change
+    /// that lost a race with another enclave (`VersionMoved`, when its caller did not retry).
+    #[error("{0}")]
+    AuthorityStore(#[from] crate::authority_store::StoreError),
 }
 
 impl EnclaveError {
@@ -70,6 +76,14 @@ impl From<EnclaveError> for tonic::Status {
             EnclaveError::Upstream(_) => tonic::Status::aborted(e.to_string()),
             EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),
             EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
+            // The one mapping of the authority store's errors: what can pass by retrying is
+            // UNAVAILABLE (the gateway's "retry shortly"), the rest INTERNAL.
+            EnclaveError::AuthorityStore(s) => match s {
+                StoreError::Unavailable(_) | StoreError::VersionMoved { .. } => {
+                    tonic::Status::unavailable(e.to_string())
+                }
+                StoreError::Corrupt(_) | StoreError::Invalid(_) => tonic::Status::internal(e.to_string()),
+            },
         }
     }
 }
@@ -108,6 +122,16 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(status.message(), "enclave busy: replay window is full: retry shortly");
         assert_eq!(coffer_proto::refusal_reason(&status), Some(RefusalReason::ReplayWindowFull));
+
+        let quota = EnclaveError::Busy { reason: RefusalReason::OrganizationReplayQuota, message: "full".into() };
+        let status = tonic::Status::from(quota);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(coffer_proto::refusal_reason(&status), Some(RefusalReason::OrganizationReplayQuota));
+
+        let moved = StoreError::VersionMoved { organization_id: "o".into(), expected: 1, found: Some(2) };
+        assert_eq!(tonic::Status::from(EnclaveError::from(moved)).code(), tonic::Code::Unavailable);
+        let corrupt = EnclaveError::from(StoreError::Corrupt("x".into()));
+        assert_eq!(tonic::Status::from(corrupt).code(), tonic::Code::Internal);
 
         let other = tonic::Status::from(EnclaveError::invalid("bad"));
         assert_eq!(coffer_proto::refusal_reason(&other), None);

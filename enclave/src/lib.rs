@@ -2,6 +2,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod authority;
+pub mod authority_store;
 pub mod config;
 pub mod error;
 pub mod hsm;

@@ -42,6 +42,20 @@ enum Command {
     /// stdin and prints each with its `certificate` (hex) for `coffer-gateway import-certificates`.
     /// It certifies what the database says: run it on a database you trust.
     CertifyExisting,
+    /// Lists the enclave's decisions (`allow`) that have no activity in the gateway's records:
+    /// reads the gateway's activity fingerprints, one per line, from FILE (`-` = stdin), e.g.
+    /// `sqlite3 coffer.db 'SELECT fingerprint FROM activities'`, and prints each unmatched
+    /// decision as a JSON line (with the outcomes the log has after it for the same activity).
+    /// Exits 1 if there is any, 0 otherwise.
+    Reconcile {
+        /// The gateway's activity fingerprints, one per line; `-` reads stdin.
+        #[arg(long, value_name = "FILE")]
+        gateway_activities: PathBuf,
+        /// Only decisions made at or after this time (ms since the Unix epoch). Default: all the
+        /// log keeps (`decision_retention_days`).
+        #[arg(long, default_value_t = 0)]
+        since_ms: i64,
+    },
 }
 
 fn open_hsm(cfg: &EnclaveConfig) -> anyhow::Result<Hsm> {
@@ -93,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
         Command::CertifyExisting => {
             use std::io::BufRead;
             let hsm = Arc::new(open_hsm(&cfg)?);
-            let authority = coffer_enclave::authority::Authority::new(hsm, 0, 1);
+            let authority = coffer_enclave::authority::Authority::in_memory(hsm, 0, 1)?;
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
                 if line.trim().is_empty() {
@@ -123,22 +137,116 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Reconcile { gateway_activities, since_ms } => {
+            let unmatched = reconcile(&cfg, &gateway_activities, since_ms)?;
+            if unmatched > 0 {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
+}
+
+/// `reconcile`: prints the `allow` decisions since `since_ms` whose fingerprint the gateway's
+/// records (`activities`, one fingerprint a line) lack; returns how many.
+fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -> anyhow::Result<usize> {
+    use coffer_enclave::authority_store::{DecisionRecord, OUTCOME_ALLOW};
+    use std::collections::{HashMap, HashSet};
+    use std::io::{BufRead, Write};
+    let input: Box<dyn BufRead> = if activities.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file =
+            std::fs::File::open(activities).map_err(|e| anyhow::anyhow!("reading {}: {e}", activities.display()))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let mut known = HashSet::new();
+    for line in input.lines() {
+        let line = line?;
+        let fingerprint = line.trim();
+        if !fingerprint.is_empty() {
+            known.insert(fingerprint.to_string());
+        }
+    }
+    let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+    // (organization, operation, fingerprint) of each unmatched allow → the decision and the
+    // outcomes logged after it for the same activity and operation.
+    let mut unmatched: Vec<(DecisionRecord, Vec<String>)> = Vec::new();
+    let mut index: HashMap<(String, String, String), usize> = HashMap::new();
+    let (mut scanned, mut allowed) = (0usize, 0usize);
+    const PAGE: usize = 10_000;
+    let (mut since, mut skip) = (since_ms, 0usize);
+    loop {
+        let page = store.decisions(since, PAGE)?;
+        let full = page.len() == PAGE;
+        let last_at = page.last().map(|d| d.at_ms);
+        let at_last = page.iter().filter(|d| Some(d.at_ms) == last_at).count();
+        for d in page.into_iter().skip(skip) {
+            scanned += 1;
+            let key = (d.organization_id.clone(), d.operation.clone(), d.fingerprint.clone());
+            if d.outcome == OUTCOME_ALLOW {
+                allowed += 1;
+                if !known.contains(&d.fingerprint) {
+                    index.insert(key, unmatched.len());
+                    unmatched.push((d, Vec::new()));
+                }
+            } else if let Some(i) = index.get(&key) {
+                unmatched[*i].1.push(format!("{}:{}", d.outcome, d.reason));
+            }
+        }
+        match last_at {
+            Some(at) if full => {
+                // The next page starts at the last millisecond again: skip what was seen of it.
+                skip = if at == since { skip + at_last } else { at_last };
+                since = at;
+            }
+            _ => break,
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    for (d, later) in &unmatched {
+        let line = serde_json::json!({
+            "atMs": d.at_ms,
+            "organizationId": d.organization_id,
+            "operation": d.operation,
+            "fingerprint": d.fingerprint,
+            "activityType": d.activity_type,
+            "userId": d.user_id,
+            "outcome": d.outcome,
+            "laterOutcomes": later,
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    eprintln!(
+        "{}",
+        serde_json::json!({
+            "decisionsScanned": scanned,
+            "allowed": allowed,
+            "gatewayActivities": known.len(),
+            "unmatched": unmatched.len(),
+        })
+    );
+    Ok(unmatched.len())
 }
 
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let hsm = Arc::new(open_hsm(&cfg)?);
     let signer = hsm.signer_public_key()?;
-    let authority = Arc::new(coffer_enclave::authority::Authority::new(
-        hsm.clone(),
-        (cfg.freshness_window_secs as i64).saturating_mul(1000),
-        cfg.replay_capacity,
-    ));
     if let Some(dir) = cfg.socket.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
         }
     }
+    // After the socket's directory exists: the default store file is created in it.
+    let settings = cfg.store_settings();
+    let store = coffer_enclave::authority_store::open(&settings)?;
+    tracing::info!(store = %coffer_enclave::authority_store::redact(&settings.url), "authority store open");
+    let authority = Arc::new(coffer_enclave::authority::Authority::new(
+        hsm.clone(),
+        (cfg.freshness_window_secs as i64).saturating_mul(1000),
+        store,
+    ));
     match std::fs::remove_file(&cfg.socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

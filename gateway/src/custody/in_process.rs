@@ -49,7 +49,7 @@ fn service() -> Arc<EnclaveService> {
                 HsmSettings { module: MODULE.into(), token_label: "gateway-test".into(), pin: pin(), pool_size: 4 };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");
-            let authority = Arc::new(Authority::new(hsm.clone(), 60_000, 100_000));
+            let authority = Arc::new(Authority::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store"));
             Arc::new(EnclaveService::new(hsm, authority, Default::default()))
         })
         .clone()

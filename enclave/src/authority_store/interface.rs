@@ -1,0 +1,189 @@
+//! The authority store's interface: its types, the [`AuthorityStore`] trait both backends
+//! implement, and [`StoreError`], the one error type of this boundary.
+
+/// One record of an organization's authority state: what it is (`kind`, e.g. `user`, `policy`),
+/// its id within that kind, and its bytes, serialized by the caller (the store never reads them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: String,
+    pub id: String,
+    pub data: Vec<u8>,
+}
+
+/// An organization's authority state as last committed: every entry, and the version the commit
+/// that made it produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrgHead {
+    /// Per organization, starts at 1, grows by one with each applied change, never reused (an
+    /// organization whose entries are all deleted keeps its version).
+    pub version: u64,
+    /// Sorted by (kind, id).
+    pub entries: Vec<Entry>,
+}
+
+/// A change to one organization's state, applied only if the organization is still at
+/// `expected_version` (compare-and-set).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OrgChanges {
+    pub organization_id: String,
+    /// The version the change was computed from; 0 = the organization must not exist yet.
+    pub expected_version: u64,
+    /// Entries written (inserted, or replacing the entry of the same kind and id).
+    pub puts: Vec<Entry>,
+    /// (kind, id) of entries removed; one that does not exist is no error.
+    pub deletes: Vec<(String, String)>,
+}
+
+/// What [`AuthorityStore::remember`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remembered {
+    /// The key was not in the window; it is now, until its expiry.
+    Fresh,
+    /// The key is in the window (not expired): the request is a replay (or a twin in flight).
+    Replayed,
+    /// The organization has `replay_per_organization` live entries: it must wait for some to
+    /// expire; other organizations are not affected. Nothing was recorded.
+    OrganizationQuotaFull,
+    /// The whole window holds `replay_capacity` live entries. Nothing was recorded.
+    WindowFull,
+}
+
+/// `DecisionRecord::outcome` values.
+pub const OUTCOME_ALLOW: &str = "allow";
+pub const OUTCOME_REFUSE: &str = "refuse";
+pub const OUTCOME_DONE: &str = "done";
+pub const OUTCOME_FAILED: &str = "failed";
+
+/// One decision of the enclave (or the outcome of an execution it authorized), as the decision
+/// log keeps it: no secret, no payload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecisionRecord {
+    /// The enclave's clock when it decided (ms since the Unix epoch).
+    pub at_ms: i64,
+    pub organization_id: String,
+    /// The enclave operation (`sign`, `export_wallet`, ...), as the audit lines name it.
+    pub operation: String,
+    /// The stamped body's fingerprint (the activity's, or the vote's for an approved execution's
+    /// vote); empty when the request had no readable body.
+    pub fingerprint: String,
+    /// The stamped body's activity type.
+    pub activity_type: String,
+    /// The stamping credential's user.
+    pub user_id: String,
+    /// [`OUTCOME_ALLOW`], [`OUTCOME_REFUSE`], [`OUTCOME_DONE`] or [`OUTCOME_FAILED`].
+    pub outcome: String,
+    /// For a refusal, the typed reason's name (`REFUSAL_REASON_…`); for a failure, what failed.
+    /// Never a decision input (nothing reads it but people).
+    pub reason: String,
+}
+
+/// The bounds of the replay window and of the decision log, given to a backend when it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Most live replay entries in the whole window (every enclave and organization together).
+    /// On PostgreSQL a safety bound read from a total at most a second old, so enclaves that
+    /// insert at once may pass it by a few entries.
+    pub replay_capacity: u64,
+    /// Most live replay entries one organization may hold. Exact on SQLite; on PostgreSQL,
+    /// concurrent inserts of one organization may pass it by at most their number.
+    pub replay_per_organization: u64,
+    /// Decisions older than this are pruned (ms); 0 keeps them forever.
+    pub decision_retention_ms: i64,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self { replay_capacity: 2_000_000, replay_per_organization: 100_000, decision_retention_ms: 0 }
+    }
+}
+
+/// Errors of the authority store. Callers decide on the variant, never on the message (which
+/// names the backend's failure for people and never carries a password).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Compare-and-set failed: `organization_id` is no longer at the version the change was
+    /// computed from (`found`: its version now, `None` if it does not exist). Nothing of the call
+    /// was applied; reload and recompute.
+    #[error("organization {organization_id} moved: expected version {expected}, found {found:?}")]
+    VersionMoved { organization_id: String, expected: u64, found: Option<u64> },
+    /// The store cannot be reached or failed to answer (connection, I/O, lock timeout,
+    /// serialization failure); retrying later can succeed.
+    #[error("authority store unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds something it should not (a version out of range, an unknown schema
+    /// version, a row of the wrong shape).
+    #[error("authority store corrupt: {0}")]
+    Corrupt(String),
+    /// The call itself is malformed (one organization twice in one `apply`, an empty id, ...).
+    #[error("invalid authority store call: {0}")]
+    Invalid(String),
+}
+
+/// The enclave tier's durable store. Every method is a blocking call (on the tokio runtime,
+/// PostgreSQL calls step off the executor themselves); every write is committed before the call
+/// returns. Shared by every enclave that opens the same file or database.
+pub trait AuthorityStore: Send + Sync {
+    /// Every entry of `org` and its version; `None` if no change was ever applied to it.
+    fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError>;
+
+    /// The version of `org` alone (one indexed read): enough to tell whether a cached
+    /// [`OrgHead`] is still the latest when other enclaves write too.
+    fn version(&self, org: &str) -> Result<Option<u64>, StoreError>;
+
+    /// Applies every change in ONE transaction, each only if its organization is still at its
+    /// `expected_version`; returns the new versions (`expected_version + 1`), in the order of
+    /// `changes`. On any mismatch nothing is applied and the error is
+    /// [`StoreError::VersionMoved`] naming the first organization that moved. Durable (fsync'd on
+    /// SQLite, `synchronous_commit` on PostgreSQL) before it returns. An organization may appear
+    /// once per call.
+    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError>;
+
+    /// Every organization that has a version, sorted.
+    fn organizations(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The replay window: records `key` for `organization` until `expires_ms` unless a live
+    /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of
+    /// the organization whenever it reaches its quota, all of them periodically and when the
+    /// window is full). Committed before it returns, but see the backends for how durably: an
+    /// entry survives a crash of the enclave process; on SQLite, not necessarily of the machine.
+    fn remember(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<Remembered, StoreError>;
+
+    /// Appends one decision to the decision log (same durability as [`AuthorityStore::remember`]).
+    fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;
+
+    /// Whether the enclave authorized an activity of `organization` with this fingerprint: a
+    /// decision with outcome `allow` or `done` is in the log.
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
+
+    /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
+    /// one's `at_ms`: decisions of the same millisecond may then come again).
+    fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError>;
+}
+
+/// Checks the shape of an `apply` call (both backends): ids non-empty, one organization once.
+pub(super) fn check_changes(changes: &[OrgChanges]) -> Result<(), StoreError> {
+    let mut seen = std::collections::HashSet::new();
+    for c in changes {
+        if c.organization_id.is_empty() {
+            return Err(StoreError::Invalid("an organization id is empty".into()));
+        }
+        if !seen.insert(c.organization_id.as_str()) {
+            return Err(StoreError::Invalid(format!("organization {} appears twice", c.organization_id)));
+        }
+        if c.expected_version >= i64::MAX as u64 {
+            return Err(StoreError::Invalid(format!("version {} out of range", c.expected_version)));
+        }
+    }
+    Ok(())
+}
+
+/// A stored version as `u64` (versions are stored as signed 64-bit integers, always > 0).
+pub(super) fn version_of(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).ok().filter(|v| *v > 0).ok_or_else(|| StoreError::Corrupt(format!("stored version {v}")))
+}

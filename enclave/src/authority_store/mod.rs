@@ -1,0 +1,26 @@
+//! The enclave tier's durable store ("authority store"): each organization's authority state as
+//! versioned opaque entries, the replay window every enclave of a deployment shares (with a quota
+//! per organization), and the log of the enclave's decisions. See DESIGN.md "Authority state".
+//!
+//! Two backends behind one trait ([`AuthorityStore`]): an SQLite file owned by the enclave's user
+//! (the default, `sqlite://PATH`), and a PostgreSQL database of the enclave tier for several
+//! enclaves (`postgres://…`, with credentials the gateway is never given). [`open`] picks one from
+//! the configured URL.
+//!
+//! This file only declares the modules and re-exports. From the bottom up: `interface` (the
+//! types, the trait and [`StoreError`], the one error type of this boundary), the backends
+//! `sqlite` and `postgres`, and `open` on top. No module imports from one above it; the mapping
+//! of [`StoreError`] into the enclave's `EnclaveError` lives in `crate::error`.
+
+mod interface;
+mod open;
+mod postgres;
+mod sqlite;
+
+pub use interface::{
+    AuthorityStore, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_ALLOW,
+    OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
+};
+pub use open::{default_url, open, redact, StoreSettings};
+pub use postgres::PostgresAuthorityStore;
+pub use sqlite::SqliteAuthorityStore;

@@ -1,0 +1,61 @@
+//! Opening the authority store a URL names: `sqlite://PATH` or `postgres://…` (the password from
+//! a file, never from argv).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::interface::{AuthorityStore, StoreError, StoreLimits};
+use super::postgres::PostgresAuthorityStore;
+use super::sqlite::SqliteAuthorityStore;
+
+pub use super::postgres::redact;
+
+/// Where the authority store is and how to get in.
+#[derive(Debug, Clone, Default)]
+pub struct StoreSettings {
+    /// `sqlite://PATH` or `postgres://USER@HOST[:PORT]/DB` (a Unix socket directory as a
+    /// percent-encoded host). A password in the URL works but belongs in `password_file`.
+    pub url: String,
+    /// A file whose first line is the PostgreSQL password.
+    pub password_file: Option<PathBuf>,
+    pub limits: StoreLimits,
+}
+
+/// The default store: `authority.sqlite` in the directory of the enclave's socket, which is where
+/// the enclave keeps its state (`make run`: `$COFFER_HOME`, beside the token).
+pub fn default_url(socket: &Path) -> String {
+    let dir = socket.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    format!("sqlite://{}", dir.join("authority.sqlite").display())
+}
+
+/// Opens (and migrates) the store `settings.url` names.
+pub fn open(settings: &StoreSettings) -> Result<Arc<dyn AuthorityStore>, StoreError> {
+    let url = settings.url.trim();
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(StoreError::Invalid("sqlite:// needs a path".into()));
+        }
+        return Ok(Arc::new(SqliteAuthorityStore::open(Path::new(path), settings.limits)?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let password = match &settings.password_file {
+            Some(file) => {
+                let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| {
+                    StoreError::Invalid(format!("reading the authority store password file {}: {e}", file.display()))
+                })?);
+                let first = text.lines().next().unwrap_or("").trim().to_string();
+                if first.is_empty() {
+                    return Err(StoreError::Invalid(format!("the password file {} is empty", file.display())));
+                }
+                Some(zeroize::Zeroizing::new(first))
+            }
+            None => None,
+        };
+        let config = PostgresAuthorityStore::config(url, password.as_deref().map(String::as_str))?;
+        return Ok(Arc::new(PostgresAuthorityStore::open(config, settings.limits)?));
+    }
+    Err(StoreError::Invalid(format!(
+        "unsupported authority store URL {}: expected sqlite://PATH or postgres://…",
+        redact(url)
+    )))
+}

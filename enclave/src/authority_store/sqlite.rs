@@ -1,0 +1,625 @@
+//! The SQLite backend of the authority store: one file owned by the enclave's user (mode 0600),
+//! in WAL mode so reads never wait for a write, shareable by several enclave processes on one host
+//! (writes take SQLite's file lock, waiting up to five seconds).
+//!
+//! Durability, by what is written:
+//! - state changes (`apply`) commit with `synchronous=FULL`: the WAL is fsync'd before the call
+//!   returns, so a change survives a power loss once the enclave has answered;
+//! - replay entries and decisions commit with `synchronous=NORMAL`: written to the WAL (the
+//!   kernel has them, so they survive a crash or kill of the enclave process) but fsync'd only at
+//!   the next checkpoint or state change. Chosen because an fsync per signing would halve signing
+//!   throughput on most disks, and what a power loss can undo is narrow: a replay entry lives for
+//!   the freshness window only (5 minutes by default); a replay accepted after the machine came
+//!   back needs a captured body whose first use landed in the last unsynced moment before the power
+//!   went, is still fresh once the enclave is up again, and asks again for an operation that
+//!   body's own stamp authorized. The decision log loses at most the same moment, as the log files
+//!   of the audit lines would.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::interface::{
+    check_changes, version_of, AuthorityStore, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError,
+    StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
+};
+
+/// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
+const MIGRATIONS: &[&str] = &[r"
+CREATE TABLE org_heads (
+    organization_id TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE entries (
+    organization_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (organization_id, kind, id)
+) WITHOUT ROWID;
+CREATE TABLE replay (
+    key BLOB PRIMARY KEY,
+    organization_id TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX replay_expiry ON replay (expires_ms);
+CREATE INDEX replay_organization_expiry ON replay (organization_id, expires_ms);
+CREATE TABLE replay_live (
+    organization_id TEXT PRIMARY KEY,
+    live INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE replay_total (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    live INTEGER NOT NULL
+);
+INSERT INTO replay_total (one, live) VALUES (1, 0);
+CREATE TABLE decisions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    organization_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    activity_type TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX decisions_fingerprint ON decisions (organization_id, fingerprint);
+CREATE INDEX decisions_at ON decisions (at_ms);
+"];
+
+/// How often (ms) expired replay entries are pruned as a whole; between, an organization's own
+/// are pruned when it reaches its quota.
+const PRUNE_EVERY_MS: i64 = 10_000;
+/// How often (ms) decisions past their retention are pruned.
+const PRUNE_DECISIONS_EVERY_MS: i64 = 600_000;
+/// How long a write waits for another process's write lock.
+const BUSY_TIMEOUT_MS: u64 = 5_000;
+/// Reader connections kept open for reuse.
+const MAX_IDLE_READERS: usize = 8;
+
+/// The SQLite authority store (`sqlite://PATH`).
+pub struct SqliteAuthorityStore {
+    /// `None` in memory (tests): reads then use the writer.
+    path: Option<PathBuf>,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+    limits: StoreLimits,
+    next_prune_ms: AtomicI64,
+    next_decision_prune_ms: AtomicI64,
+}
+
+fn sq(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::Corrupt(format!("sqlite: {e}")),
+        Some(ErrorCode::ConstraintViolation) => StoreError::Corrupt(format!("sqlite: {e}")),
+        _ => match e {
+            rusqlite::Error::InvalidColumnType(..) | rusqlite::Error::FromSqlConversionFailure(..) => {
+                StoreError::Corrupt(format!("sqlite: {e}"))
+            }
+            e => StoreError::Unavailable(format!("sqlite: {e}")),
+        },
+    }
+}
+
+fn poisoned<T>(_: T) -> StoreError {
+    StoreError::Unavailable("sqlite: a connection lock is poisoned".into())
+}
+
+/// Opens one connection with the settings every connection of the store has.
+fn connect(path: Option<&Path>) -> Result<Connection, StoreError> {
+    let conn = match path {
+        Some(p) => Connection::open(p),
+        None => Connection::open_in_memory(),
+    }
+    .map_err(sq)?;
+    conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS)).map_err(sq)?;
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(sq)?;
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(sq)?;
+    Ok(conn)
+}
+
+/// Creates `path` (and its directory) owner-only if it does not exist, and makes it 0600 if it does.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let io = |what: &str, e: std::io::Error| StoreError::Unavailable(format!("{what} {}: {e}", path.display()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io("creating the directory of", e))?;
+    }
+    std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path).map_err(|e| io("creating", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| io("restricting", e))
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
+    let applied: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sq)?;
+    let applied = usize::try_from(applied).map_err(|_| StoreError::Corrupt(format!("schema version {applied}")))?;
+    if applied > MIGRATIONS.len() {
+        return Err(StoreError::Corrupt(format!(
+            "schema version {applied} is newer than this enclave's ({}): run the newer enclave",
+            MIGRATIONS.len()
+        )));
+    }
+    for m in &MIGRATIONS[applied..] {
+        tx.execute_batch(m).map_err(sq)?;
+    }
+    tx.pragma_update(None, "user_version", MIGRATIONS.len() as i64).map_err(sq)?;
+    tx.commit().map_err(sq)
+}
+
+/// Subtracts pruned entries from the organizations' and the total counts.
+fn uncount(tx: &Transaction<'_>, gone: HashMap<String, i64>) -> Result<(), StoreError> {
+    let mut total = 0;
+    for (org, n) in gone {
+        tx.prepare_cached("UPDATE replay_live SET live = live - ?2 WHERE organization_id = ?1")
+            .and_then(|mut st| st.execute(params![org, n]))
+            .map_err(sq)?;
+        total += n;
+    }
+    if total > 0 {
+        tx.execute("DELETE FROM replay_live WHERE live <= 0", []).map_err(sq)?;
+        tx.prepare_cached("UPDATE replay_total SET live = live - ?1")
+            .and_then(|mut st| st.execute([total]))
+            .map_err(sq)?;
+    }
+    Ok(())
+}
+
+/// Removes every expired replay entry.
+fn prune_all(tx: &Transaction<'_>, now_ms: i64) -> Result<(), StoreError> {
+    let mut gone: HashMap<String, i64> = HashMap::new();
+    {
+        let mut st =
+            tx.prepare_cached("DELETE FROM replay WHERE expires_ms < ?1 RETURNING organization_id").map_err(sq)?;
+        let mut rows = st.query([now_ms]).map_err(sq)?;
+        while let Some(row) = rows.next().map_err(sq)? {
+            *gone.entry(row.get(0).map_err(sq)?).or_default() += 1;
+        }
+    }
+    uncount(tx, gone)
+}
+
+/// Removes the expired replay entries of one organization.
+fn prune_organization(tx: &Transaction<'_>, organization: &str, now_ms: i64) -> Result<(), StoreError> {
+    let n = tx
+        .prepare_cached("DELETE FROM replay WHERE organization_id = ?1 AND expires_ms < ?2")
+        .and_then(|mut st| st.execute(params![organization, now_ms]))
+        .map_err(sq)?;
+    uncount(tx, HashMap::from([(organization.to_string(), n as i64)]))
+}
+
+fn live_of(tx: &Transaction<'_>, organization: &str) -> Result<i64, StoreError> {
+    tx.prepare_cached("SELECT live FROM replay_live WHERE organization_id = ?1")
+        .and_then(|mut st| st.query_row([organization], |r| r.get(0)).optional())
+        .map(Option::unwrap_or_default)
+        .map_err(sq)
+}
+
+fn total_live(tx: &Transaction<'_>) -> Result<i64, StoreError> {
+    tx.prepare_cached("SELECT live FROM replay_total WHERE one = 1")
+        .and_then(|mut st| st.query_row([], |r| r.get(0)))
+        .map_err(sq)
+}
+
+fn as_count(limit: u64) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX).max(1)
+}
+
+fn decision_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRecord> {
+    Ok(DecisionRecord {
+        at_ms: r.get(0)?,
+        organization_id: r.get(1)?,
+        operation: r.get(2)?,
+        fingerprint: r.get(3)?,
+        activity_type: r.get(4)?,
+        user_id: r.get(5)?,
+        outcome: r.get(6)?,
+        reason: r.get(7)?,
+    })
+}
+
+impl SqliteAuthorityStore {
+    /// Opens (creating it 0600 if missing) the store file at `path` and applies pending migrations.
+    pub fn open(path: &Path, limits: StoreLimits) -> Result<Self, StoreError> {
+        create_private(path)?;
+        Self::with_connection(Some(path.to_path_buf()), limits)
+    }
+
+    /// A store in memory, for one process (tests, and an `Authority` built without a store).
+    pub fn open_in_memory(limits: StoreLimits) -> Result<Self, StoreError> {
+        Self::with_connection(None, limits)
+    }
+
+    fn with_connection(path: Option<PathBuf>, limits: StoreLimits) -> Result<Self, StoreError> {
+        let mut writer = connect(path.as_deref())?;
+        migrate(&mut writer)?;
+        Ok(Self {
+            path,
+            writer: Mutex::new(writer),
+            readers: Mutex::new(Vec::new()),
+            limits,
+            next_prune_ms: AtomicI64::new(0),
+            next_decision_prune_ms: AtomicI64::new(0),
+        })
+    }
+
+    /// Runs `f` on a reader connection (the writer's, in memory).
+    fn read<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let Some(path) = &self.path else {
+            return f(&mut *self.writer.lock().map_err(poisoned)?);
+        };
+        let idle = self.readers.lock().map_err(poisoned)?.pop();
+        let mut conn = match idle {
+            Some(c) => c,
+            None => connect(Some(path))?,
+        };
+        let out = f(&mut conn);
+        let mut readers = self.readers.lock().map_err(poisoned)?;
+        if readers.len() < MAX_IDLE_READERS {
+            readers.push(conn);
+        }
+        out
+    }
+
+    /// Prunes decisions past their retention, at most every [`PRUNE_DECISIONS_EVERY_MS`].
+    fn prune_decisions(&self, tx: &Transaction<'_>, now_ms: i64) -> Result<(), StoreError> {
+        if self.limits.decision_retention_ms <= 0 || now_ms < self.next_decision_prune_ms.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.next_decision_prune_ms.store(now_ms + PRUNE_DECISIONS_EVERY_MS, Ordering::Relaxed);
+        tx.execute("DELETE FROM decisions WHERE at_ms < ?1", [now_ms - self.limits.decision_retention_ms])
+            .map_err(sq)?;
+        Ok(())
+    }
+
+    fn remember_in(
+        &self,
+        tx: &Transaction<'_>,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<Remembered, StoreError> {
+        if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
+            self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
+            prune_all(tx, now_ms)?;
+            self.prune_decisions(tx, now_ms)?;
+        }
+        let existing: Option<(String, i64)> = tx
+            .prepare_cached("SELECT organization_id, expires_ms FROM replay WHERE key = ?1")
+            .and_then(|mut st| st.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(sq)?;
+        if let Some((owner, expiry)) = existing {
+            if expiry >= now_ms {
+                return Ok(Remembered::Replayed);
+            }
+            tx.prepare_cached("DELETE FROM replay WHERE key = ?1")
+                .and_then(|mut st| st.execute([&key[..]]))
+                .map_err(sq)?;
+            uncount(tx, HashMap::from([(owner, 1)]))?;
+        }
+        let quota = as_count(self.limits.replay_per_organization);
+        if live_of(tx, organization)? >= quota {
+            prune_organization(tx, organization, now_ms)?;
+            if live_of(tx, organization)? >= quota {
+                return Ok(Remembered::OrganizationQuotaFull);
+            }
+        }
+        let capacity = as_count(self.limits.replay_capacity);
+        if total_live(tx)? >= capacity {
+            prune_all(tx, now_ms)?;
+            self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
+            if total_live(tx)? >= capacity {
+                return Ok(Remembered::WindowFull);
+            }
+        }
+        tx.prepare_cached("INSERT INTO replay (key, organization_id, expires_ms) VALUES (?1, ?2, ?3)")
+            .and_then(|mut st| st.execute(params![&key[..], organization, expires_ms]))
+            .map_err(sq)?;
+        tx.prepare_cached(
+            "INSERT INTO replay_live (organization_id, live) VALUES (?1, 1)
+             ON CONFLICT (organization_id) DO UPDATE SET live = live + 1",
+        )
+        .and_then(|mut st| st.execute([organization]))
+        .map_err(sq)?;
+        tx.prepare_cached("UPDATE replay_total SET live = live + 1").and_then(|mut st| st.execute([])).map_err(sq)?;
+        Ok(Remembered::Fresh)
+    }
+}
+
+/// `PRAGMA synchronous=FULL` for one state change, back to NORMAL when dropped.
+struct FullSync<'a>(&'a Connection);
+
+impl<'a> FullSync<'a> {
+    fn new(conn: &'a Connection) -> Result<Self, StoreError> {
+        conn.pragma_update(None, "synchronous", "FULL").map_err(sq)?;
+        Ok(Self(conn))
+    }
+}
+
+impl Drop for FullSync<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.pragma_update(None, "synchronous", "NORMAL") {
+            tracing::warn!(error = %e, "authority store: restoring synchronous=NORMAL");
+        }
+    }
+}
+
+fn apply_in(tx: &Transaction<'_>, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
+    let mut versions = Vec::with_capacity(changes.len());
+    for c in changes {
+        let found: Option<i64> = tx
+            .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
+            .and_then(|mut st| st.query_row([&c.organization_id], |r| r.get(0)).optional())
+            .map_err(sq)?;
+        let found = found.map(version_of).transpose()?;
+        if found.unwrap_or(0) != c.expected_version {
+            return Err(StoreError::VersionMoved {
+                organization_id: c.organization_id.clone(),
+                expected: c.expected_version,
+                found,
+            });
+        }
+        for e in &c.puts {
+            tx.prepare_cached(
+                "INSERT INTO entries (organization_id, kind, id, data) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (organization_id, kind, id) DO UPDATE SET data = excluded.data",
+            )
+            .and_then(|mut st| st.execute(params![c.organization_id, e.kind, e.id, e.data]))
+            .map_err(sq)?;
+        }
+        for (kind, id) in &c.deletes {
+            tx.prepare_cached("DELETE FROM entries WHERE organization_id = ?1 AND kind = ?2 AND id = ?3")
+                .and_then(|mut st| st.execute(params![c.organization_id, kind, id]))
+                .map_err(sq)?;
+        }
+        let next = c.expected_version + 1;
+        tx.prepare_cached(
+            "INSERT INTO org_heads (organization_id, version) VALUES (?1, ?2)
+             ON CONFLICT (organization_id) DO UPDATE SET version = excluded.version",
+        )
+        .and_then(|mut st| st.execute(params![c.organization_id, next as i64]))
+        .map_err(sq)?;
+        versions.push(next);
+    }
+    Ok(versions)
+}
+
+impl AuthorityStore for SqliteAuthorityStore {
+    fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
+        self.read(|conn| {
+            let tx = conn.transaction().map_err(sq)?;
+            let version: Option<i64> = tx
+                .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
+                .and_then(|mut st| st.query_row([org], |r| r.get(0)).optional())
+                .map_err(sq)?;
+            let Some(version) = version else { return Ok(None) };
+            let entries = tx
+                .prepare_cached("SELECT kind, id, data FROM entries WHERE organization_id = ?1 ORDER BY kind, id")
+                .and_then(|mut st| {
+                    st.query_map([org], |r| Ok(Entry { kind: r.get(0)?, id: r.get(1)?, data: r.get(2)? }))?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(sq)?;
+            Ok(Some(OrgHead { version: version_of(version)?, entries }))
+        })
+    }
+
+    fn version(&self, org: &str) -> Result<Option<u64>, StoreError> {
+        self.read(|conn| {
+            let v: Option<i64> = conn
+                .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
+                .and_then(|mut st| st.query_row([org], |r| r.get(0)).optional())
+                .map_err(sq)?;
+            v.map(version_of).transpose()
+        })
+    }
+
+    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
+        check_changes(changes)?;
+        let conn = self.writer.lock().map_err(poisoned)?;
+        // Dropped in reverse order: the transaction (rolled back unless committed), then the
+        // setting back to NORMAL.
+        let _full = FullSync::new(&conn)?;
+        let tx = Transaction::new_unchecked(&conn, TransactionBehavior::Immediate).map_err(sq)?;
+        let versions = apply_in(&tx, changes)?;
+        tx.commit().map_err(sq)?;
+        Ok(versions)
+    }
+
+    fn organizations(&self) -> Result<Vec<String>, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT organization_id FROM org_heads ORDER BY organization_id")
+                .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>())
+                .map_err(sq)
+        })
+    }
+
+    fn remember(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<Remembered, StoreError> {
+        let mut conn = self.writer.lock().map_err(poisoned)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
+        let out = self.remember_in(&tx, organization, key, expires_ms, now_ms)?;
+        // Committed whatever the answer: pruning done on the way stays done.
+        tx.commit().map_err(sq)?;
+        Ok(out)
+    }
+
+    fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
+        let conn = self.writer.lock().map_err(poisoned)?;
+        conn.prepare_cached(
+            "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                d.at_ms,
+                d.organization_id,
+                d.operation,
+                d.fingerprint,
+                d.activity_type,
+                d.user_id,
+                d.outcome,
+                d.reason
+            ])
+        })
+        .map_err(sq)?;
+        Ok(())
+    }
+
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2 AND outcome IN (?3, ?4) LIMIT 1",
+            )
+            .and_then(|mut st| st.exists(params![organization, fingerprint, OUTCOME_ALLOW, OUTCOME_DONE]))
+            .map_err(sq)
+        })
+    }
+
+    fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason
+                 FROM decisions WHERE at_ms >= ?1 ORDER BY at_ms, seq LIMIT ?2",
+            )
+            .and_then(|mut st| st.query_map(params![since_ms, limit], decision_of)?.collect())
+            .map_err(sq)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(capacity: u64, per_organization: u64) -> StoreLimits {
+        StoreLimits { replay_capacity: capacity, replay_per_organization: per_organization, decision_retention_ms: 0 }
+    }
+
+    fn scratch() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("coffer-authority-store-{}", uuid::Uuid::new_v4()));
+        dir.join("sub").join("authority.sqlite")
+    }
+
+    fn entry(kind: &str, id: &str, data: &[u8]) -> Entry {
+        Entry { kind: kind.into(), id: id.into(), data: data.to_vec() }
+    }
+
+    #[test]
+    fn the_file_is_private_and_versions_compare_and_set_across_processes() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = scratch();
+        let a = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        // A second store on the same file: another enclave process.
+        let b = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let create = OrgChanges {
+            organization_id: "o1".into(),
+            expected_version: 0,
+            puts: vec![entry("user", "u1", b"alice"), entry("policy", "p1", b"allow")],
+            deletes: vec![],
+        };
+        assert_eq!(a.apply(std::slice::from_ref(&create)).unwrap(), vec![1]);
+        assert!(
+            matches!(b.apply(&[create]), Err(StoreError::VersionMoved { found: Some(1), expected: 0, .. })),
+            "must not exist yet"
+        );
+        assert_eq!(b.version("o1").unwrap(), Some(1));
+        let change = OrgChanges {
+            organization_id: "o1".into(),
+            expected_version: 1,
+            puts: vec![entry("user", "u1", b"alice2")],
+            deletes: vec![("policy".into(), "p1".into())],
+        };
+        assert_eq!(b.apply(std::slice::from_ref(&change)).unwrap(), vec![2]);
+        // The same change computed from version 1 again loses.
+        assert!(matches!(a.apply(&[change]), Err(StoreError::VersionMoved { found: Some(2), .. })));
+        let head = a.load("o1").unwrap().unwrap();
+        assert_eq!(head, OrgHead { version: 2, entries: vec![entry("user", "u1", b"alice2")] });
+        assert_eq!(a.load("nobody").unwrap(), None);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn apply_is_one_transaction() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(100, 10)).unwrap();
+        let new =
+            |org: &str, v: u64| OrgChanges { organization_id: org.into(), expected_version: v, ..Default::default() };
+        assert_eq!(s.apply(&[new("a", 0), new("b", 0)]).unwrap(), vec![1, 1]);
+        // b moved: a's change is not applied either.
+        let mut a = new("a", 1);
+        a.puts.push(entry("k", "1", b"x"));
+        assert!(matches!(
+            s.apply(&[a, new("b", 5)]),
+            Err(StoreError::VersionMoved { ref organization_id, found: Some(1), .. }) if organization_id == "b"
+        ));
+        assert_eq!(s.load("a").unwrap().unwrap(), OrgHead { version: 1, entries: vec![] });
+        assert!(matches!(s.apply(&[new("a", 1), new("a", 1)]), Err(StoreError::Invalid(_))));
+        // Deleting every entry keeps the version: it is never reused.
+        assert_eq!(s.apply(&[new("a", 1)]).unwrap(), vec![2]);
+        assert_eq!(s.organizations().unwrap(), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn the_replay_window_has_a_quota_per_organization_and_a_capacity() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let key = |n: u8| [n; 32];
+        assert_eq!(s.remember("a", key(1), 100, 0).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(1), 100, 50).unwrap(), Remembered::Replayed);
+        assert_eq!(s.remember("b", key(1), 100, 50).unwrap(), Remembered::Replayed, "keys are global");
+        assert_eq!(s.remember("a", key(2), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(3), 100, 50).unwrap(), Remembered::OrganizationQuotaFull);
+        // Other organizations go on, each to its own quota, until the window itself is full.
+        assert_eq!(s.remember("b", key(10), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("b", key(11), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("b", key(12), 100, 50).unwrap(), Remembered::OrganizationQuotaFull);
+        assert_eq!(s.remember("c", key(20), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("c", key(21), 100, 50).unwrap(), Remembered::WindowFull, "5 live entries");
+        // Past the expiry the old entries go, and new ones fit.
+        assert_eq!(s.remember("a", key(3), 300, 101).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(1), 300, 101).unwrap(), Remembered::Fresh, "an expired key is new again");
+    }
+
+    #[test]
+    fn decisions_are_logged_and_found_by_fingerprint() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let d = |at: i64, fp: &str, outcome: &str| DecisionRecord {
+            at_ms: at,
+            organization_id: "o".into(),
+            operation: "sign".into(),
+            fingerprint: fp.into(),
+            activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2".into(),
+            user_id: "u".into(),
+            outcome: outcome.into(),
+            reason: String::new(),
+        };
+        s.record_decision(&d(1, "f1", OUTCOME_ALLOW)).unwrap();
+        s.record_decision(&d(2, "f2", "refuse")).unwrap();
+        s.record_decision(&d(2, "f3", OUTCOME_DONE)).unwrap();
+        assert!(s.decided("o", "f1").unwrap());
+        assert!(!s.decided("o", "f2").unwrap(), "a refusal is no authorization");
+        assert!(s.decided("o", "f3").unwrap());
+        assert!(!s.decided("other", "f1").unwrap());
+        let all = s.decisions(0, 10).unwrap();
+        assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);
+        assert_eq!(all[0], d(1, "f1", OUTCOME_ALLOW));
+        assert_eq!(s.decisions(2, 1).unwrap()[0].fingerprint, "f2");
+    }
+}
