@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use coffer_enclave::authority_store::*;
-use coffer_tests::postgres;
+use coffer_tests::postgres as pg_server;
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
@@ -33,7 +33,7 @@ fn database(backend: Backend) -> Database {
             let dir = std::env::temp_dir().join(format!("coffer-authority-{}", uuid::Uuid::new_v4()));
             Database { url: format!("sqlite://{}", dir.join("authority.sqlite").display()), dir: Some(dir) }
         }
-        Backend::Postgres => Database { url: postgres::server().fresh_database(), dir: None },
+        Backend::Postgres => Database { url: pg_server::server().fresh_database(), dir: None },
     }
 }
 

@@ -1448,13 +1448,15 @@ async fn two_enclaves_share_one_replay_window_with_a_quota_per_organization() {
     .await;
     let (org1, root1) = (stack.organization_id.clone(), stack.api_key());
     let (_w1, a1) = wallet(&stack.client(), &org1, "w1").await; // org1's replay entry 1
-    let key2 = TurnkeyP256ApiKey::generate();
-    let org2 = stack.gateway_cli(&["init-org", "--name", "org-2", "--api-public-key", &public_key(&key2)])
-        ["organizationId"]
+    let kp = stack.gateway_cli(&["keygen"]);
+    let (pub2, priv2) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let key2 = TurnkeyP256ApiKey::from_strings(priv2, Some(pub2)).unwrap();
+    let org2 = stack.gateway_cli(&["init-org", "--name", "org-2", "--api-public-key", pub2])["organizationId"]
         .as_str()
         .unwrap()
         .to_string();
-    let (_w2, a2) = wallet(&stack.client_with(key2.clone()), &org2, "w2").await;
+    let client2 = stack.client_with(TurnkeyP256ApiKey::from_strings(priv2, Some(pub2)).unwrap());
+    let (_w2, a2) = wallet(&client2, &org2, "w2").await;
     let c = db(&stack);
     let (cert1, cert2) = (certificate(&c, &public_key(&root1)), certificate(&c, &public_key(&key2)));
     let (ref1, ref2) = (account_ref(&c, &a1[0]), account_ref(&c, &a2[0]));
