@@ -4,6 +4,15 @@
 # `coffer`, and prints the store URL; `stop DIR` stops it. Used by `COFFER_STORE=postgres make run`
 # and by the test harness (tests/src/postgres.rs), so both run PostgreSQL the same way.
 #
+# `authority DIR PASSWORD_FILE` (server started) adds the enclave tier's database
+# `coffer_authority`, owned by the role `coffer_enclave` whose password is PASSWORD_FILE's first
+# line (made, 0600, if missing), which is the only way into that database (scram-sha-256 in
+# pg_hba.conf; every other role is rejected there), and prints its URL without the password: the
+# enclave's COFFER_AUTHORITY_STORE_URL, with COFFER_AUTHORITY_STORE_PASSWORD_FILE=PASSWORD_FILE.
+# The gateway is given neither. On this development server the gateway's role is the cluster's
+# superuser, which could still change that password from its own database: a separation for
+# hygiene here; production gives the enclave tier a server of its own (DESIGN.md "Authority state").
+#
 # PostgreSQL refuses to run as root, and build and CI machines run as root: then the server runs
 # as the system user `coffer-pg` (created here once), which owns DIR. DIR's parent must let that
 # user through (e.g. /tmp, or a $COFFER_HOME under a world-traversable path).
@@ -11,7 +20,7 @@ set -euo pipefail
 
 cmd="${1:-}"
 dir="${2:-}"
-[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop DIR | authority DIR PASSWORD_FILE" >&2; exit 2; }
 
 bin="$(dirname "$(readlink -f "$(command -v pg_ctl 2>/dev/null || echo /nonexistent)")")"
 if [ ! -x "$bin/pg_ctl" ]; then
@@ -60,12 +69,38 @@ case "$cmd" in
     # The socket directory as a percent-encoded host (the URL form tokio-postgres reads).
     printf 'postgres://%s@%s/coffer\n' "$user" "$(printf '%s' "$dir" | sed 's|/|%2F|g')"
     ;;
+  authority)
+    pwfile="${3:-}"
+    [ -n "$pwfile" ] || { echo "usage: $0 authority DIR PASSWORD_FILE" >&2; exit 2; }
+    dir="$(cd "$dir" && pwd)"
+    if [ ! -s "$pwfile" ]; then
+      (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$pwfile")
+    fi
+    IFS= read -r pw < "$pwfile" || [ -n "$pw" ]
+    case "$pw" in
+      *[!A-Za-z0-9._~-]* | "") echo "$pwfile: the password must be letters, digits and ._~- only" >&2; exit 2 ;;
+    esac
+    psql_as_owner=("${as_owner[@]}" "$bin/psql" -h "$dir" -U "$user" -v ON_ERROR_STOP=1 -q)
+    # The password goes through stdin (printf is a builtin): never in argv.
+    printf '%s\n' \
+      "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'coffer_enclave') THEN CREATE ROLE coffer_enclave LOGIN; END IF; END \$\$;" \
+      "ALTER ROLE coffer_enclave LOGIN NOSUPERUSER PASSWORD '$pw';" | "${psql_as_owner[@]}" -d postgres >/dev/null
+    "${psql_as_owner[@]}" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'coffer_authority'" | grep -q 1 ||
+      "${as_owner[@]}" "$bin/createdb" -h "$dir" -U "$user" -O coffer_enclave coffer_authority
+    "${psql_as_owner[@]}" -d postgres -c "REVOKE ALL ON DATABASE coffer_authority FROM PUBLIC" >/dev/null
+    hba="$dir/data/pg_hba.conf"
+    if ! "${as_owner[@]}" grep -q '^local coffer_authority coffer_enclave scram-sha-256' "$hba"; then
+      "${as_owner[@]}" sh -c 'f="$1"; { printf "%s\n" "local coffer_authority coffer_enclave scram-sha-256" "local coffer_authority all reject"; cat "$f"; } > "$f.new" && mv "$f.new" "$f"' sh "$hba"
+      "${as_owner[@]}" "$bin/pg_ctl" -D "$dir/data" reload >/dev/null
+    fi
+    printf 'postgres://coffer_enclave@%s/coffer_authority\n' "$(printf '%s' "$dir" | sed 's|/|%2F|g')"
+    ;;
   stop)
     [ -f "$dir/data/PG_VERSION" ] || exit 0
     "${as_owner[@]}" "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
     ;;
   *)
-    echo "usage: $0 start|stop DIR" >&2
+    echo "usage: $0 start|stop DIR | authority DIR PASSWORD_FILE" >&2
     exit 2
     ;;
 esac

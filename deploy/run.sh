@@ -35,16 +35,26 @@ for f in hsm-pin hsm-so-pin; do
   [ -s "$COFFER_HOME/$f" ] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$COFFER_HOME/$f"
 done
 unset COFFER_HSM_PIN COFFER_HSM_PIN_FILE COFFER_HSM_SO_PIN  # none inherited from the caller either
+unset COFFER_AUTHORITY_STORE_URL COFFER_AUTHORITY_STORE_PASSWORD_FILE
 HSM_PIN_FILE="$COFFER_HOME/hsm-pin"
 export COFFER_TOKEN_LABEL="${COFFER_TOKEN_LABEL:-coffer-dev}"
 export COFFER_ENCLAVE_SOCKET="$COFFER_HOME/enclave.sock"
 # The store: SQLite in $COFFER_HOME, or with COFFER_STORE=postgres a private PostgreSQL server in
 # $COFFER_HOME/postgres (Unix socket only, no network listener), stopped with the stack.
+# The enclave tier's authority store (replay window, decision log, authority state): by default
+# the SQLite file $COFFER_HOME/authority.sqlite (0600, beside the token and the socket); with
+# COFFER_STORE=postgres the database coffer_authority on the same server, owned by the role
+# coffer_enclave whose password file ($COFFER_HOME/authority-store-password, 0600) only the
+# enclave's command line below names, never exported: the gateway gets neither.
+ENCLAVE_STORE_ENV=()
 case "${COFFER_STORE:-sqlite}" in
   sqlite) export COFFER_STORE_URL="sqlite://$COFFER_HOME/coffer.db" ;;
   postgres)
     COFFER_STORE_URL="$("$ROOT/deploy/postgres-private.sh" start "$COFFER_HOME/postgres")"
     export COFFER_STORE_URL
+    AUTHORITY_PASSWORD_FILE="$COFFER_HOME/authority-store-password"
+    AUTHORITY_STORE_URL="$("$ROOT/deploy/postgres-private.sh" authority "$COFFER_HOME/postgres" "$AUTHORITY_PASSWORD_FILE")"
+    ENCLAVE_STORE_ENV=(COFFER_AUTHORITY_STORE_URL="$AUTHORITY_STORE_URL" COFFER_AUTHORITY_STORE_PASSWORD_FILE="$AUTHORITY_PASSWORD_FILE")
     ;;
   *) echo "COFFER_STORE=${COFFER_STORE}: expected sqlite or postgres" >&2; exit 2 ;;
 esac
@@ -72,7 +82,7 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
+env COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "${ENCLAVE_STORE_ENV[@]}" "$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
 pids+=($!)
 "$BIN/coffer-gateway" init-dev --out "$COFFER_HOME/dev-org.json" \
   --base-url "http://127.0.0.1:$COFFER_PORT" --auth-proxy-url "http://127.0.0.1:$COFFER_AUTH_PROXY_PORT" >/dev/null
@@ -83,7 +93,7 @@ for _ in $(seq 1 200); do
   if curl -fsS "http://127.0.0.1:$COFFER_PORT/healthz" >/dev/null 2>&1; then
     echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
     echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
-    echo "store: ${COFFER_STORE:-sqlite}"
+    echo "store: ${COFFER_STORE:-sqlite} (enclave tier: ${AUTHORITY_STORE_URL:-sqlite://$COFFER_HOME/authority.sqlite})"
     echo "login keys and OIDC issuer: http://127.0.0.1:$COFFER_PORT/public/v1/discovery/keys"
     echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"
     break

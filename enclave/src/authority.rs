@@ -138,7 +138,7 @@ struct Refusal {
     credential: String,
     fingerprint: String,
     /// Set when the authority store failed: the caller gets that error, not a refusal.
-    failure: Option<StoreError>,
+    failure: Option<Box<StoreError>>,
 }
 
 impl Refusal {
@@ -171,7 +171,7 @@ impl Refusal {
     /// The authority store failed while deciding: no decision could be made.
     fn store_failed(e: StoreError) -> Self {
         let mut r = Self::new(RefusalReason::Unspecified, format!("no decision: {e}"));
-        r.failure = Some(e);
+        r.failure = Some(Box::new(e));
         r
     }
 
@@ -179,7 +179,7 @@ impl Refusal {
     /// window (or the organization's share of it) is full, else a refusal.
     fn into_error(self) -> EnclaveError {
         if let Some(e) = self.failure {
-            return e.into();
+            return (*e).into();
         }
         match self.reason {
             RefusalReason::ReplayWindowFull | RefusalReason::OrganizationReplayQuota => {

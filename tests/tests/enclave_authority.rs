@@ -1425,3 +1425,140 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
         );
     }
 }
+
+/// Issue 24, the replay window: two enclave processes on one PostgreSQL authority store share it.
+/// A stamped body used once through enclave A is a replay at enclave B; an organization that
+/// fills its share (`replay_quota_per_organization`, 6 here) gets the typed busy refusal while
+/// another organization's signing goes on, through both enclaves and through the gateway; and
+/// `coffer-enclave reconcile` lists the decisions the gateway has no activity for (the bodies sent
+/// straight to the socket), not the ones it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_enclaves_share_one_replay_window_with_a_quota_per_organization() {
+    const QUOTA: usize = 6;
+    let authority_store = coffer_tests::postgres::server().fresh_database();
+    let quota = QUOTA.to_string();
+    let stack = Stack::start_on(
+        "sqlite",
+        &[
+            coffer_tests::AUDIT_LOG,
+            ("COFFER_AUTHORITY_STORE_URL", &authority_store),
+            ("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", &quota),
+        ],
+    )
+    .await;
+    let (org1, root1) = (stack.organization_id.clone(), stack.api_key());
+    let (_w1, a1) = wallet(&stack.client(), &org1, "w1").await; // org1's replay entry 1
+    let kp = stack.gateway_cli(&["keygen"]);
+    let (pub2, priv2) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let key2 = TurnkeyP256ApiKey::from_strings(priv2, Some(pub2)).unwrap();
+    let org2 = stack.gateway_cli(&["init-org", "--name", "org-2", "--api-public-key", pub2])["organizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let client2 = stack.client_with(TurnkeyP256ApiKey::from_strings(priv2, Some(pub2)).unwrap());
+    let (_w2, a2) = wallet(&client2, &org2, "w2").await;
+    let c = db(&stack);
+    let (cert1, cert2) = (certificate(&c, &public_key(&root1)), certificate(&c, &public_key(&key2)));
+    let (ref1, ref2) = (account_ref(&c, &a1[0]), account_ref(&c, &a2[0]));
+
+    let socket_b = stack.dir.join("enclave-b.sock");
+    let mut enclave_b = stack.spawn_enclave(&socket_b);
+    for _ in 0..3000 {
+        if socket_b.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (a, b) = (connect(stack.enclave_socket()), connect(socket_b.clone()));
+
+    // Used once through A (org1's entry 2): a replay at B, and at A.
+    let once = stamped(&root1, &sign_body(&org1, &a1[0], "once", Stack::now_ms()), &cert1);
+    let sig = sign(&a, auth(once.clone()), &ref1).await.unwrap().signatures.remove(0);
+    assert_eq!(recover(b"once", &sig.r, &sig.s, &sig.v), a1[0].to_lowercase());
+    refused(sign(&b, auth(once.clone()), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
+    refused(sign(&a, auth(once), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
+
+    // org1 fills its share through both enclaves (entries 3..=QUOTA), then is refused, typed.
+    for n in 3..=QUOTA {
+        let enclave = if n % 2 == 0 { &a } else { &b };
+        let body = sign_body(&org1, &a1[0], &format!("fill {n}"), Stack::now_ms());
+        sign(enclave, auth(stamped(&root1, &body, &cert1)), &ref1).await.unwrap_or_else(|e| panic!("{n}: {e:?}"));
+    }
+    for enclave in [&a, &b] {
+        let over = stamped(&root1, &sign_body(&org1, &a1[0], "over", Stack::now_ms()), &cert1);
+        let status = sign(enclave, auth(over), &ref1).await.expect_err("over the organization's quota");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert_eq!(
+            coffer_proto::refusal_reason(&status),
+            Some(pb::RefusalReason::OrganizationReplayQuota),
+            "the typed reason, whatever the wording: {status:?}"
+        );
+    }
+    let quota_lines = stack
+        .audit("refuse", "sign")
+        .into_iter()
+        .filter(|f| {
+            f["reason_code"] == "REFUSAL_REASON_ORGANIZATION_REPLAY_QUOTA" && f["organization"] == org1.as_str()
+        })
+        .count();
+    assert_eq!(quota_lines, 1, "enclave A's audit line for its refusal");
+    // Through the gateway: org1 is told to retry later, and org2 signs through both enclaves.
+    let sign_http = |org: &str, sign_with: &str, payload: &str| {
+        json!({"type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "timestampMs": Stack::now_ms().to_string(),
+            "organizationId": org, "parameters": {"signWith": sign_with, "payload": payload,
+            "encoding": "PAYLOAD_ENCODING_TEXT_UTF8", "hashFunction": "HASH_FUNCTION_KECCAK256"}})
+        .to_string()
+    };
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/sign_raw_payload",
+            sign_http(&org1, &a1[0], "via gateway").as_bytes(),
+            Some(&root1),
+        )
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/sign_raw_payload",
+            sign_http(&org2, &a2[0], "org2 via gateway").as_bytes(),
+            Some(&key2),
+        )
+        .await;
+    assert_eq!(r.status, 200, "another organization is not affected: {}", r.text);
+    for (n, enclave) in [&a, &b].into_iter().enumerate() {
+        let payload = format!("org2 {n}");
+        let body = sign_body(&org2, &a2[0], &payload, Stack::now_ms());
+        let sig = sign(enclave, auth(stamped(&key2, &body, &cert2)), &ref2).await.unwrap().signatures.remove(0);
+        assert_eq!(recover(payload.as_bytes(), &sig.r, &sig.s, &sig.v), a2[0].to_lowercase());
+    }
+
+    // Reconcile: the decisions without a gateway activity are the bodies sent straight to the
+    // enclaves (org1: once + the fill; org2: two), and not the wallets nor org2's gateway signing.
+    let fingerprints: Vec<String> = c
+        .prepare("SELECT fingerprint FROM activities")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let out = stack.run_with_stdin(
+        "coffer-enclave",
+        &["reconcile", "--gateway-activities", "-"],
+        &(fingerprints.join("\n") + "\n"),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let unmatched: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let per_org = |org: &str| unmatched.iter().filter(|d| d["organizationId"] == org).count();
+    assert_eq!((per_org(&org1), per_org(&org2)), (QUOTA - 1, 2), "{unmatched:#?}");
+    assert!(unmatched.iter().all(|d| d["outcome"] == "allow" && d["operation"] == "sign"), "{unmatched:#?}");
+    assert!(unmatched.iter().all(|d| !fingerprints.contains(&d["fingerprint"].as_str().unwrap().to_string())));
+    // With every fingerprint known, nothing is left.
+    let mut all = fingerprints.clone();
+    all.extend(unmatched.iter().map(|d| d["fingerprint"].as_str().unwrap().to_string()));
+    let out = stack.run_with_stdin("coffer-enclave", &["reconcile", "--gateway-activities", "-"], &all.join("\n"));
+    assert!(out.status.success() && out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let _ = enclave_b.kill();
+    let _ = enclave_b.wait();
+}

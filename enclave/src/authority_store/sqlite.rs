@@ -501,3 +501,125 @@ impl AuthorityStore for SqliteAuthorityStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(capacity: u64, per_organization: u64) -> StoreLimits {
+        StoreLimits { replay_capacity: capacity, replay_per_organization: per_organization, decision_retention_ms: 0 }
+    }
+
+    fn scratch() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("coffer-authority-store-{}", uuid::Uuid::new_v4()));
+        dir.join("sub").join("authority.sqlite")
+    }
+
+    fn entry(kind: &str, id: &str, data: &[u8]) -> Entry {
+        Entry { kind: kind.into(), id: id.into(), data: data.to_vec() }
+    }
+
+    #[test]
+    fn the_file_is_private_and_versions_compare_and_set_across_processes() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = scratch();
+        let a = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        // A second store on the same file: another enclave process.
+        let b = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let create = OrgChanges {
+            organization_id: "o1".into(),
+            expected_version: 0,
+            puts: vec![entry("user", "u1", b"alice"), entry("policy", "p1", b"allow")],
+            deletes: vec![],
+        };
+        assert_eq!(a.apply(std::slice::from_ref(&create)).unwrap(), vec![1]);
+        assert!(
+            matches!(b.apply(&[create]), Err(StoreError::VersionMoved { found: Some(1), expected: 0, .. })),
+            "must not exist yet"
+        );
+        assert_eq!(b.version("o1").unwrap(), Some(1));
+        let change = OrgChanges {
+            organization_id: "o1".into(),
+            expected_version: 1,
+            puts: vec![entry("user", "u1", b"alice2")],
+            deletes: vec![("policy".into(), "p1".into())],
+        };
+        assert_eq!(b.apply(std::slice::from_ref(&change)).unwrap(), vec![2]);
+        // The same change computed from version 1 again loses.
+        assert!(matches!(a.apply(&[change]), Err(StoreError::VersionMoved { found: Some(2), .. })));
+        let head = a.load("o1").unwrap().unwrap();
+        assert_eq!(head, OrgHead { version: 2, entries: vec![entry("user", "u1", b"alice2")] });
+        assert_eq!(a.load("nobody").unwrap(), None);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
+    }
+
+    #[test]
+    fn apply_is_one_transaction() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(100, 10)).unwrap();
+        let new =
+            |org: &str, v: u64| OrgChanges { organization_id: org.into(), expected_version: v, ..Default::default() };
+        assert_eq!(s.apply(&[new("a", 0), new("b", 0)]).unwrap(), vec![1, 1]);
+        // b moved: a's change is not applied either.
+        let mut a = new("a", 1);
+        a.puts.push(entry("k", "1", b"x"));
+        assert!(matches!(
+            s.apply(&[a, new("b", 5)]),
+            Err(StoreError::VersionMoved { ref organization_id, found: Some(1), .. }) if organization_id == "b"
+        ));
+        assert_eq!(s.load("a").unwrap().unwrap(), OrgHead { version: 1, entries: vec![] });
+        assert!(matches!(s.apply(&[new("a", 1), new("a", 1)]), Err(StoreError::Invalid(_))));
+        // Deleting every entry keeps the version: it is never reused.
+        assert_eq!(s.apply(&[new("a", 1)]).unwrap(), vec![2]);
+        assert_eq!(s.organizations().unwrap(), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn the_replay_window_has_a_quota_per_organization_and_a_capacity() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let key = |n: u8| [n; 32];
+        assert_eq!(s.remember("a", key(1), 100, 0).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(1), 100, 50).unwrap(), Remembered::Replayed);
+        assert_eq!(s.remember("b", key(1), 100, 50).unwrap(), Remembered::Replayed, "keys are global");
+        assert_eq!(s.remember("a", key(2), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(3), 100, 50).unwrap(), Remembered::OrganizationQuotaFull);
+        // Other organizations go on, each to its own quota, until the window itself is full.
+        assert_eq!(s.remember("b", key(10), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("b", key(11), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("b", key(12), 100, 50).unwrap(), Remembered::OrganizationQuotaFull);
+        assert_eq!(s.remember("c", key(20), 100, 50).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("c", key(21), 100, 50).unwrap(), Remembered::WindowFull, "5 live entries");
+        // Past the expiry the old entries go, and new ones fit.
+        assert_eq!(s.remember("a", key(3), 300, 101).unwrap(), Remembered::Fresh);
+        assert_eq!(s.remember("a", key(1), 300, 101).unwrap(), Remembered::Fresh, "an expired key is new again");
+    }
+
+    #[test]
+    fn decisions_are_logged_and_found_by_fingerprint() {
+        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let d = |at: i64, fp: &str, outcome: &str| DecisionRecord {
+            at_ms: at,
+            organization_id: "o".into(),
+            operation: "sign".into(),
+            fingerprint: fp.into(),
+            activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2".into(),
+            user_id: "u".into(),
+            outcome: outcome.into(),
+            reason: String::new(),
+        };
+        s.record_decision(&d(1, "f1", OUTCOME_ALLOW)).unwrap();
+        s.record_decision(&d(2, "f2", "refuse")).unwrap();
+        s.record_decision(&d(2, "f3", OUTCOME_DONE)).unwrap();
+        assert!(s.decided("o", "f1").unwrap());
+        assert!(!s.decided("o", "f2").unwrap(), "a refusal is no authorization");
+        assert!(s.decided("o", "f3").unwrap());
+        assert!(!s.decided("other", "f1").unwrap());
+        let all = s.decisions(0, 10).unwrap();
+        assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);
+        assert_eq!(all[0], d(1, "f1", OUTCOME_ALLOW));
+        assert_eq!(s.decisions(2, 1).unwrap()[0].fingerprint, "f2");
+    }
+}

@@ -1,0 +1,226 @@
+//! The enclave's authority store (`coffer_enclave::authority_store`) on both backends: every test
+//! runs on an SQLite file and on PostgreSQL (the private server of `deploy/postgres-private.sh`),
+//! each with two stores on one database, which is what two enclaves sharing a store see.
+
+use std::sync::Arc;
+
+use coffer_enclave::authority_store::*;
+use coffer_tests::postgres as pg_server;
+
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database of its own for one test; a SQLite file's directory is removed on drop.
+struct Database {
+    url: String,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn database(backend: Backend) -> Database {
+    match backend {
+        Backend::Sqlite => {
+            let dir = std::env::temp_dir().join(format!("coffer-authority-{}", uuid::Uuid::new_v4()));
+            Database { url: format!("sqlite://{}", dir.join("authority.sqlite").display()), dir: Some(dir) }
+        }
+        Backend::Postgres => Database { url: pg_server::server().fresh_database(), dir: None },
+    }
+}
+
+fn limits(capacity: u64, per_organization: u64) -> StoreLimits {
+    StoreLimits { replay_capacity: capacity, replay_per_organization: per_organization, decision_retention_ms: 0 }
+}
+
+/// Two stores (two enclaves) on one fresh database.
+fn two_stores(backend: Backend, l: StoreLimits) -> (Database, Arc<dyn AuthorityStore>, Arc<dyn AuthorityStore>) {
+    let db = database(backend);
+    let settings = StoreSettings { url: db.url.clone(), password_file: None, limits: l };
+    let a = open(&settings).unwrap();
+    let b = open(&settings).unwrap();
+    (db, a, b)
+}
+
+fn entry(kind: &str, id: &str, data: &[u8]) -> Entry {
+    Entry { kind: kind.into(), id: id.into(), data: data.to_vec() }
+}
+
+fn change(org: &str, expected_version: u64, puts: Vec<Entry>, deletes: &[(&str, &str)]) -> OrgChanges {
+    OrgChanges {
+        organization_id: org.into(),
+        expected_version,
+        puts,
+        deletes: deletes.iter().map(|(k, i)| (k.to_string(), i.to_string())).collect(),
+    }
+}
+
+fn versions_compare_and_set(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    assert_eq!(a.version("o1").unwrap(), None);
+    assert_eq!(
+        a.apply(&[change("o1", 0, vec![entry("user", "u1", b"1"), entry("policy", "p", b"x")], &[])]).unwrap(),
+        [1]
+    );
+    // Created already: the other enclave's create loses, typed.
+    match b.apply(&[change("o1", 0, vec![], &[])]) {
+        Err(StoreError::VersionMoved { organization_id, expected: 0, found: Some(1) }) => {
+            assert_eq!(organization_id, "o1")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.version("o1").unwrap(), Some(1));
+    assert_eq!(b.apply(&[change("o1", 1, vec![entry("user", "u1", b"2")], &[("policy", "p")])]).unwrap(), [2]);
+    assert!(matches!(a.apply(&[change("o1", 1, vec![], &[])]), Err(StoreError::VersionMoved { found: Some(2), .. })));
+    assert_eq!(a.load("o1").unwrap().unwrap(), OrgHead { version: 2, entries: vec![entry("user", "u1", b"2")] });
+    // One transaction: o2 is created only if o1 is still at 2, and it is not.
+    assert!(matches!(
+        a.apply(&[change("o2", 0, vec![entry("k", "1", b"x")], &[]), change("o1", 7, vec![], &[])]),
+        Err(StoreError::VersionMoved { expected: 7, .. })
+    ));
+    assert_eq!(a.load("o2").unwrap(), None, "nothing of a failed apply is applied");
+    assert_eq!(a.apply(&[change("o2", 0, vec![], &[]), change("o1", 2, vec![], &[("user", "u1")])]).unwrap(), [1, 3]);
+    // An organization emptied keeps its version: versions are never reused.
+    assert_eq!(b.load("o1").unwrap().unwrap(), OrgHead { version: 3, entries: vec![] });
+    assert!(matches!(a.apply(&[change("o1", 0, vec![], &[])]), Err(StoreError::VersionMoved { found: Some(3), .. })));
+    assert_eq!(b.organizations().unwrap(), ["o1", "o2"]);
+    assert!(matches!(
+        a.apply(&[change("o3", 0, vec![], &[]), change("o3", 0, vec![], &[])]),
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+fn concurrent_changes_apply_once(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    a.apply(&[change("o", 0, vec![], &[])]).unwrap();
+    // Each enclave bumps o from the version it read, 20 times, in two threads: every success is
+    // a distinct version, and the final version counts them all.
+    let run = |s: Arc<dyn AuthorityStore>, who: &'static str| {
+        std::thread::spawn(move || {
+            let mut won = Vec::new();
+            for i in 0..20 {
+                loop {
+                    let v = s.version("o").unwrap().unwrap();
+                    match s.apply(&[change("o", v, vec![entry("n", &format!("{who}{i}"), b"")], &[])]) {
+                        Ok(nv) => {
+                            won.push(nv[0]);
+                            break;
+                        }
+                        Err(StoreError::VersionMoved { .. }) => continue,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            won
+        })
+    };
+    let (ta, tb) = (run(a.clone(), "a"), run(b.clone(), "b"));
+    let mut all = [ta.join().unwrap(), tb.join().unwrap()].concat();
+    all.sort();
+    assert_eq!(all, (2..=41).collect::<Vec<u64>>());
+    assert_eq!(a.load("o").unwrap().unwrap().entries.len(), 40);
+}
+
+fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, limits(6, 2));
+    let now = 1_000_000;
+    let key = |n: u8| [n; 32];
+    assert_eq!(a.remember("o1", key(1), now + 300_000, now).unwrap(), Remembered::Fresh);
+    assert_eq!(
+        b.remember("o1", key(1), now + 300_000, now).unwrap(),
+        Remembered::Replayed,
+        "seen by the other enclave"
+    );
+    assert_eq!(b.remember("o1", key(2), now + 300_000, now).unwrap(), Remembered::Fresh);
+    assert_eq!(a.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
+    assert_eq!(b.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
+    // Another organization is not affected.
+    assert_eq!(b.remember("o2", key(4), now + 300_000, now).unwrap(), Remembered::Fresh);
+    assert_eq!(a.remember("o2", key(5), now + 300_000, now).unwrap(), Remembered::Fresh);
+    // Once o1's entries expire they are pruned and o1 goes on; an expired key is new again.
+    let later = now + 300_001;
+    assert_eq!(a.remember("o1", key(3), later + 300_000, later).unwrap(), Remembered::Fresh);
+    assert_eq!(b.remember("o1", key(1), later + 300_000, later).unwrap(), Remembered::Fresh);
+    assert_eq!(b.remember("o1", key(6), later + 300_000, later).unwrap(), Remembered::OrganizationQuotaFull);
+}
+
+fn the_window_has_a_capacity(backend: Backend) {
+    let (_db, a, _b) = two_stores(backend, limits(3, 10));
+    let now = 5_000;
+    for n in 0..3u8 {
+        assert_eq!(a.remember(&format!("o{n}"), [n; 32], now + 100, now).unwrap(), Remembered::Fresh);
+    }
+    assert_eq!(a.remember("o9", [9; 32], now + 100, now).unwrap(), Remembered::WindowFull);
+    // Expired entries make room again.
+    assert_eq!(a.remember("o9", [9; 32], now + 500, now + 101).unwrap(), Remembered::Fresh);
+}
+
+fn decisions_are_logged_for_every_enclave(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let d = |at: i64, fp: &str, outcome: &str| DecisionRecord {
+        at_ms: at,
+        organization_id: "o".into(),
+        operation: "sign".into(),
+        fingerprint: fp.into(),
+        activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2".into(),
+        user_id: "u".into(),
+        outcome: outcome.into(),
+        reason: if outcome == OUTCOME_REFUSE { "REFUSAL_REASON_BINDING_MISMATCH".into() } else { String::new() },
+    };
+    a.record_decision(&d(10, "f1", OUTCOME_ALLOW)).unwrap();
+    b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
+    b.record_decision(&d(11, "f2", OUTCOME_REFUSE)).unwrap();
+    a.record_decision(&d(12, "f3", OUTCOME_FAILED)).unwrap();
+    assert!(b.decided("o", "f1").unwrap());
+    assert!(!a.decided("o", "f2").unwrap(), "a refusal authorizes nothing");
+    assert!(!a.decided("o", "f3").unwrap(), "nor does a failure alone");
+    assert!(!a.decided("p", "f1").unwrap(), "another organization's");
+    let all = a.decisions(0, 100).unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(all[0], d(10, "f1", OUTCOME_ALLOW));
+    assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12]);
+    assert_eq!(b.decisions(11, 1).unwrap().len(), 1);
+    assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
+}
+
+fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
+    let settings = StoreSettings { url: "mysql://enclave:hunter2@db/x".into(), ..Default::default() };
+    let err = open(&settings).err().expect("refused").to_string();
+    assert!(err.contains("unsupported") && !err.contains("hunter2"), "{err}");
+    assert_eq!(redact("postgres://enclave:hunter2@%2Ftmp/a"), "postgres://enclave@%2Ftmp/a");
+}
+
+/// Runs each named test on both backends.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Backend::Sqlite);
+            })*
+        }
+        mod postgres {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Backend::Postgres);
+            })*
+        }
+    };
+}
+
+conformance!(
+    versions_compare_and_set,
+    concurrent_changes_apply_once,
+    the_replay_window_is_shared_with_a_quota_per_organization,
+    the_window_has_a_capacity,
+    decisions_are_logged_for_every_enclave,
+    unsupported_urls_are_refused_without_their_password,
+);
