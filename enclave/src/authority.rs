@@ -76,6 +76,18 @@ pub struct Authorized {
     pub via_parent: bool,
 }
 
+impl Authorized {
+    /// What this authorization's allow line named, for its outcome line (`crate::audit`).
+    pub fn decision(&self) -> crate::audit::Decision {
+        crate::audit::Decision {
+            operation: self.operation,
+            organization: self.activity.organization_id.clone(),
+            credential: self.credential.public_key.clone(),
+            fingerprint: self.activity.fingerprint.clone(),
+        }
+    }
+}
+
 /// Fingerprints seen within the freshness window, per operation. Bounded: when full of live
 /// entries it refuses new requests rather than forgetting one (forgetting would allow a replay).
 struct ReplaySet {
@@ -271,6 +283,12 @@ impl Authority {
             event = %event_id,
             "enclave decision"
         );
+        crate::audit::record(crate::audit::Decision {
+            operation: OPERATION,
+            organization,
+            credential: String::new(),
+            fingerprint: event_id.to_string(),
+        });
         let mut message = format!("v1.ed25519.{key_id}.{timestamp_ms}.{event_id}.").into_bytes();
         message.extend_from_slice(body);
         Ok(message)
@@ -319,6 +337,7 @@ impl Authority {
                     approved = auth.is_some_and(|a| a.approval.is_some()),
                     "enclave decision"
                 );
+                crate::audit::record(a.decision());
                 Ok(a)
             }
             Err(r) => {
@@ -400,16 +419,8 @@ impl Authority {
                 (vote.fingerprint.clone(), vote.timestamp_ms)
             }
         };
-        let mut key = sha2::Sha256::new();
-        key.update(operation.as_bytes());
-        key.update([0u8]);
-        key.update(replay_key.0.as_bytes());
-        let key: [u8; 32] = key.finalize().into();
         let first = self
-            .replay
-            .lock()
-            .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY))?
-            .insert(key, replay_key.1.saturating_add(self.freshness_ms), now)
+            .first_use_at(operation, &replay_key.0, replay_key.1, now)
             .map_err(|_| Refusal::new(RefusalReason::ReplayWindowFull, BUSY).about(&activity, &credential))?;
         if !first {
             return Err(Refusal::new(
@@ -419,6 +430,31 @@ impl Authority {
             .about(&activity, &credential));
         }
         Ok(Authorized { operation, activity, credential, via_parent })
+    }
+
+    /// Records that the body with `fingerprint`, timestamped `timestamp_ms`, was used for
+    /// `operation` (remembered until it is stale anyway): `Ok(false)` if it already was, a replay;
+    /// busy when the replay window is full of live entries.
+    pub fn first_use(&self, operation: &str, fingerprint: &str, timestamp_ms: i64) -> Result<bool, EnclaveError> {
+        self.first_use_at(operation, fingerprint, timestamp_ms, now_ms())
+    }
+
+    fn first_use_at(
+        &self,
+        operation: &str,
+        fingerprint: &str,
+        timestamp_ms: i64,
+        now: i64,
+    ) -> Result<bool, EnclaveError> {
+        let mut key = sha2::Sha256::new();
+        key.update(operation.as_bytes());
+        key.update([0u8]);
+        key.update(fingerprint.as_bytes());
+        let key: [u8; 32] = key.finalize().into();
+        self.replay
+            .lock()
+            .map_err(|_| EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })?
+            .insert(key, timestamp_ms.saturating_add(self.freshness_ms), now)
     }
 
     /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.

@@ -175,6 +175,13 @@ async fn wallet(client: &TurnkeyClient<TurnkeyP256ApiKey>, org: &str, name: &str
     (r.wallet_id, r.addresses)
 }
 
+/// A `BootstrapOrganization` request for a root user holding `api_public_key`, stamped now by
+/// the stack's operator key (what `coffer-gateway init-org` sends).
+fn operator_bootstrap(stack: &Stack, api_public_key: &str) -> pb::BootstrapOrganizationRequest {
+    let operator = coffer_gateway::operator_key::OperatorKey::from_file(&stack.operator_key_file()).unwrap();
+    coffer_gateway::orgs::bootstrap_request(&operator, "booted", "root", api_public_key, "CREDENTIAL_TYPE_API_KEY_P256")
+}
+
 /// Counts the refusal audit lines the enclave wrote with `reason` in them.
 fn audit_refusals(stack: &Stack, reason: &str) -> usize {
     stack
@@ -260,12 +267,22 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         tonic::Code::PermissionDenied,
         "certificate is not genuine",
     );
+    // An unstamped bootstrap is refused; the operator's stamped one makes a new organization.
+    refused(
+        enclave
+            .clone()
+            .bootstrap_organization(pb::BootstrapOrganizationRequest {
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: public_key(&mallory),
+                operator: None,
+            })
+            .await,
+        tonic::Code::PermissionDenied,
+        "no operator stamp",
+    );
     let boot = enclave
         .clone()
-        .bootstrap_organization(pb::BootstrapOrganizationRequest {
-            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
-            public_key: public_key(&mallory),
-        })
+        .bootstrap_organization(operator_bootstrap(&stack, &public_key(&mallory)))
         .await
         .unwrap()
         .into_inner();
@@ -1055,12 +1072,13 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identity() {
     use p256::ecdsa::signature::Signer;
-    let stack = Stack::start().await;
+    // The issuer is one the enclave is configured to trust (only those are ever fetched from).
+    let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
+    let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
+    let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", &iss)]).await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
-    let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
-    let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
 
     // The root user gets the identity (iss, "u1", "app"): its certificate is the provider's.
     let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "local",
