@@ -430,6 +430,23 @@ mod tests {
     }
 
     #[test]
+    fn issuer_lists_and_unverified_claims() {
+        let allowed = ["https://accounts.google.com".to_string(), "http://127.0.0.1:9000/".to_string()];
+        assert!(issuer_listed(&allowed, "https://accounts.google.com/"));
+        assert!(issuer_listed(&allowed, "http://127.0.0.1:9000"));
+        assert!(!issuer_listed(&allowed, "http://127.0.0.1:9001"));
+        assert!(!issuer_listed(&allowed, "https://accounts.google.com.evil"));
+        assert!(!issuer_listed(&[], "https://accounts.google.com"));
+        // Claims are read (and checked) without any key; a bad signature does not matter yet.
+        let t = token("ES256", "k", &good_claims(), |_| vec![0; 64]);
+        assert_eq!(unverified_claims(&t, now_secs()).unwrap().iss, "https://issuer.example");
+        let mut expired = good_claims();
+        expired["exp"] = json!(now_secs() - 1);
+        assert!(unverified_claims(&token("ES256", "k", &expired, |_| vec![0; 64]), now_secs()).is_err());
+        assert!(unverified_claims(&token("HS256", "k", &good_claims(), |_| vec![0; 64]), now_secs()).is_err());
+    }
+
+    #[test]
     fn malformed_tokens_and_urls() {
         for t in ["", "a.b", "a.b.c.d", "!!.e30.AA", "e30.!!.AA"] {
             assert_eq!(split(t).err().map(|e| e.turnkey_code), Some("INVALID_OIDC_TOKEN"), "{t}");

@@ -9,7 +9,7 @@ use coffer_proto::v1 as pb;
 use tonic::{Response, Status};
 use zeroize::Zeroizing;
 
-use super::worker::{answer, run_blocking};
+use super::worker::{run_blocking, status};
 use crate::audit;
 use crate::authority::{refuse, Authority, Authorized};
 use crate::config::LoginSettings;
@@ -117,17 +117,21 @@ pub(super) async fn oauth2_authenticate(
     // Authorize and open the secret in the HSM; only then is the provider called. The decision's
     // outcome is written when the whole call ends.
     let h = hsm.clone();
-    let (a, credential, secret, outcome) = run_blocking(move || {
+    let authorized = run_blocking(move || {
         let a = authority.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
         let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
         authority.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
         let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
         Ok((a, credential, secret, audit::carry()))
     })
-    .await?;
+    .await;
+    let (a, credential, secret, outcome) = match authorized {
+        Ok(v) => v,
+        Err(e) => return Err(status(e)),
+    };
     let result = exchange_and_sign(hsm, &settings, issuer, a, credential, secret).await;
     outcome.close(result.as_ref().map(|_| ()));
-    answer(result)
+    result.map(Response::new).map_err(status)
 }
 
 /// The authorized part of [`oauth2_authenticate`]: the exchange at the provider, then the token.
@@ -224,17 +228,21 @@ pub(super) async fn create_session(
         },
     };
     let (h, au, st, r) = (hsm.clone(), authority.clone(), settings.clone(), req.clone());
-    let (a, tokens, outcome) = run_blocking(move || {
+    let authorized = run_blocking(move || {
         let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
         let claims = attested.as_ref().map(|t| &t.claims);
         let a = au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, claims)?;
         let tokens = sessions::before_fetch(&h, &st, &a, attested, &r.provider_certificate)?;
         Ok((a, tokens, audit::carry()))
     })
-    .await?;
+    .await;
+    let (a, tokens, outcome) = match authorized {
+        Ok(v) => v,
+        Err(e) => return Err(status(e)),
+    };
     let result = verify_and_open(hsm, authority, &settings, req, a, tokens).await;
     outcome.close(result.as_ref().map(|_| ()));
-    answer(result)
+    result.map(Response::new).map_err(status)
 }
 
 /// The authorized part of [`create_session`]: the tokens verified (fetching an allowlisted

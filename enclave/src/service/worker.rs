@@ -20,18 +20,13 @@ pub(super) async fn run_blocking<T: Send + 'static>(
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, EnclaveError> + Send + 'static,
 ) -> Result<Response<T>, Status> {
-    answer(run_blocking(f).await)
+    run_blocking(f).await.map(Response::new).map_err(status)
 }
 
-/// An enclave result as a gRPC answer; HSM and internal failures are logged.
-pub(super) fn answer<T>(result: Result<T, EnclaveError>) -> Result<Response<T>, Status> {
-    match result {
-        Ok(v) => Ok(Response::new(v)),
-        Err(e) => {
-            if matches!(e, EnclaveError::Hsm(_) | EnclaveError::Internal(_)) {
-                tracing::error!(error = %e, "enclave call failed");
-            }
-            Err(e.into())
-        }
+/// An enclave error as a gRPC status; HSM and internal failures are logged.
+pub(super) fn status(e: EnclaveError) -> Status {
+    if matches!(e, EnclaveError::Hsm(_) | EnclaveError::Internal(_)) {
+        tracing::error!(error = %e, "enclave call failed");
     }
+    e.into()
 }
