@@ -63,11 +63,23 @@ export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
 # Coffer's OIDC issuer (the `iss` of the tokens oauth2_authenticate returns, and where its
 # discovery document lives) is the gateway's base URL. The OAuth 2.0 provider endpoints
 # (COFFER_OAUTH2_X_TOKEN_URL, ..._USERINFO_URL, COFFER_OAUTH2_DISCORD_...) pass through from the
-# caller's environment to the enclave, which alone reads them.
+# caller's environment to the enclave, which alone reads them; so does COFFER_OIDC_ISSUERS_ALLOWED,
+# the third-party OIDC issuers (e.g. https://accounts.google.com) whose tokens the enclave verifies
+# (default none: only Coffer's own).
 export COFFER_OIDC_ISSUER="${COFFER_OIDC_ISSUER:-http://127.0.0.1:$COFFER_PORT}"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
 # default refuses them). Said at start; see README "Webhooks".
 export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
+
+# The operator's key: the enclave bootstraps an organization (init-dev, init-org) only for a body
+# this key stamped. Its private half stays in $COFFER_HOME/operator.key (0600, made once) and
+# reaches only the operator commands (COFFER_OPERATOR_KEY_FILE on their command line, never
+# exported, so `coffer-gateway serve` never has it); the enclave gets the public half.
+OPERATOR_KEY_FILE="$COFFER_HOME/operator.key"
+OPERATOR_PUBLIC_KEY="$("$BIN/coffer-gateway" operator-keygen --out "$OPERATOR_KEY_FILE" \
+  | sed -n 's/.*"operatorPublicKey":"\([0-9a-f]*\)".*/\1/p')"
+[ -n "$OPERATOR_PUBLIC_KEY" ] || { echo "could not read the operator key $OPERATOR_KEY_FILE" >&2; exit 1; }
+unset COFFER_OPERATOR_KEY_FILE  # not inherited from the caller either
 
 COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" \
   "$BIN/coffer-enclave" init-token >/dev/null
@@ -82,9 +94,10 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-env COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "${ENCLAVE_STORE_ENV[@]}" "$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
+env COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" COFFER_OPERATOR_PUBLIC_KEYS="$OPERATOR_PUBLIC_KEY" "${ENCLAVE_STORE_ENV[@]}" \
+  "$BIN/coffer-enclave" serve 2>>"$COFFER_HOME/logs/enclave.log" &
 pids+=($!)
-"$BIN/coffer-gateway" init-dev --out "$COFFER_HOME/dev-org.json" \
+COFFER_OPERATOR_KEY_FILE="$OPERATOR_KEY_FILE" "$BIN/coffer-gateway" init-dev --out "$COFFER_HOME/dev-org.json" \
   --base-url "http://127.0.0.1:$COFFER_PORT" --auth-proxy-url "http://127.0.0.1:$COFFER_AUTH_PROXY_PORT" >/dev/null
 "$BIN/coffer-gateway" serve 2>>"$COFFER_HOME/logs/gateway.log" &
 pids+=($!)

@@ -5,6 +5,7 @@ pub mod attested;
 pub mod envelope;
 pub mod grants;
 pub mod oidc;
+pub mod operator;
 pub mod stamp;
 pub mod webauthn;
 

@@ -3,7 +3,6 @@
 //! (or a JWKS the caller holds, for Coffer's own issuer), `exp` in the future, `iss`/`sub`/`aud`
 //! present; and the identity hash an OAuth provider's certificate binds.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use p256::ecdsa::signature::Verifier;
@@ -169,16 +168,31 @@ fn verify_signature(jwt: &Jwt, jwks: &Value) -> Result<(), AuthError> {
     }
 }
 
-fn http() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(FETCH_TIMEOUT)
-            .user_agent(concat!("coffer-gateway/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default()
-    })
+/// An HTTP client for issuers' documents: no redirects, bounded time, and a `User-Agent` naming
+/// the process that fetches (`coffer-gateway/<version>`, `coffer-enclave/<version>`).
+pub fn http_client(user_agent: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(FETCH_TIMEOUT)
+        .connect_timeout(FETCH_TIMEOUT)
+        .user_agent(user_agent)
+        .build()
+        .unwrap_or_default()
+}
+
+/// How the keys of an issuer other than Coffer's own are fetched: with which client, and from
+/// which issuers at all (`None`: any issuer, the gateway's rule; `Some`: only those listed,
+/// compared without a trailing `/`, the enclave's rule).
+#[derive(Clone, Copy)]
+pub struct Fetch<'a> {
+    pub client: &'a reqwest::Client,
+    pub allowed: Option<&'a [String]>,
+}
+
+/// Whether `iss` is one of `allowed` (both compared without a trailing `/`).
+pub fn issuer_listed(allowed: &[String], iss: &str) -> bool {
+    let iss = iss.trim_end_matches('/');
+    allowed.iter().any(|a| a.trim_end_matches('/') == iss)
 }
 
 /// The rule for every URL Coffer fetches from on a login's behalf (OIDC issuers, OAuth 2.0
@@ -200,10 +214,10 @@ fn fetchable(url: &str) -> Result<reqwest::Url, AuthError> {
     https_or_loopback(url).map_err(invalid)
 }
 
-async fn fetch_json(url: &str) -> Result<Value, AuthError> {
+async fn fetch_json(http: &reqwest::Client, url: &str) -> Result<Value, AuthError> {
     let u = fetchable(url)?;
     let unreachable = |e: &dyn std::fmt::Display| invalid(format!("could not fetch {url}: {e}"));
-    let mut resp = http().get(u).send().await.map_err(|e| unreachable(&e))?;
+    let mut resp = http.get(u).send().await.map_err(|e| unreachable(&e))?;
     if !resp.status().is_success() {
         return Err(unreachable(&format!("HTTP {}", resp.status().as_u16())));
     }
@@ -218,9 +232,9 @@ async fn fetch_json(url: &str) -> Result<Value, AuthError> {
 }
 
 /// The issuer's signing keys: discovery document → `jwks_uri` → JWKS.
-async fn issuer_keys(iss: &str) -> Result<Value, AuthError> {
+async fn issuer_keys(http: &reqwest::Client, iss: &str) -> Result<Value, AuthError> {
     let base = iss.trim_end_matches('/');
-    let config = fetch_json(&format!("{base}/.well-known/openid-configuration")).await?;
+    let config = fetch_json(http, &format!("{base}/.well-known/openid-configuration")).await?;
     let issuer = config.get("issuer").and_then(Value::as_str).unwrap_or_default();
     if issuer.trim_end_matches('/') != base {
         return Err(invalid(format!("the discovery document's issuer {issuer:?} is not the token's iss")));
@@ -229,7 +243,7 @@ async fn issuer_keys(iss: &str) -> Result<Value, AuthError> {
         .get("jwks_uri")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid("the discovery document has no jwks_uri"))?;
-    fetch_json(jwks_uri).await
+    fetch_json(http, jwks_uri).await
 }
 
 fn now_secs() -> i64 {
@@ -264,20 +278,34 @@ pub struct OwnIssuer<'a> {
     pub jwks: &'a Value,
 }
 
-/// Verifies `token` completely: structure, claims, then the signature with the issuer's keys —
-/// `own`'s JWKS for Coffer's own tokens (no network fetch), the issuer's published JWKS for any
-/// other.
-pub async fn verify(token: &str, own: Option<OwnIssuer<'_>>) -> Result<Claims, AuthError> {
-    let now = now_secs();
-    // Structure, claims and algorithm first: nothing is fetched for a token that cannot pass.
+/// The claims of `token` at `now` (Unix seconds), checked for everything that needs no key:
+/// structure, registered claims (`exp` in the future) and a supported algorithm. Its signature is
+/// NOT verified: for deciding, before anything is fetched, whether the token's issuer and
+/// identity are worth fetching keys for.
+pub fn unverified_claims(token: &str, now: i64) -> Result<Claims, AuthError> {
     let jwt = split(token)?;
     let claims = claims(&jwt.payload, now)?;
     if !matches!(jwt.header.alg.as_str(), "RS256" | "ES256") {
         return Err(invalid(format!("unsupported signing algorithm {:?} (RS256 or ES256)", jwt.header.alg)));
     }
+    Ok(claims)
+}
+
+/// Verifies `token` completely: structure, claims, then the signature with the issuer's keys —
+/// `own`'s JWKS for Coffer's own tokens (no network fetch), the issuer's published JWKS for any
+/// other issuer `fetch` allows (an issuer it does not allow is refused before any fetch).
+pub async fn verify(token: &str, own: Option<OwnIssuer<'_>>, fetch: Fetch<'_>) -> Result<Claims, AuthError> {
+    let now = now_secs();
+    // Structure, claims and algorithm first: nothing is fetched for a token that cannot pass.
+    let claims = unverified_claims(token, now)?;
     match own {
         Some(own) if own.issuer == claims.iss => verify_with_jwks(token, own.jwks, now),
-        _ => verify_with_jwks(token, &issuer_keys(&claims.iss).await?, now),
+        _ => {
+            if fetch.allowed.is_some_and(|allowed| !issuer_listed(allowed, &claims.iss)) {
+                return Err(invalid("the token's issuer is not one this deployment trusts"));
+            }
+            verify_with_jwks(token, &issuer_keys(fetch.client, &claims.iss).await?, now)
+        }
     }
 }
 
@@ -399,6 +427,23 @@ mod tests {
         let mut c = good_claims();
         c["nbf"] = json!(now + 3600);
         assert!(claims(&c, now).is_err());
+    }
+
+    #[test]
+    fn issuer_lists_and_unverified_claims() {
+        let allowed = ["https://accounts.google.com".to_string(), "http://127.0.0.1:9000/".to_string()];
+        assert!(issuer_listed(&allowed, "https://accounts.google.com/"));
+        assert!(issuer_listed(&allowed, "http://127.0.0.1:9000"));
+        assert!(!issuer_listed(&allowed, "http://127.0.0.1:9001"));
+        assert!(!issuer_listed(&allowed, "https://accounts.google.com.evil"));
+        assert!(!issuer_listed(&[], "https://accounts.google.com"));
+        // Claims are read (and checked) without any key; a bad signature does not matter yet.
+        let t = token("ES256", "k", &good_claims(), |_| vec![0; 64]);
+        assert_eq!(unverified_claims(&t, now_secs()).unwrap().iss, "https://issuer.example");
+        let mut expired = good_claims();
+        expired["exp"] = json!(now_secs() - 1);
+        assert!(unverified_claims(&token("ES256", "k", &expired, |_| vec![0; 64]), now_secs()).is_err());
+        assert!(unverified_claims(&token("HS256", "k", &good_claims(), |_| vec![0; 64]), now_secs()).is_err());
     }
 
     #[test]

@@ -85,6 +85,17 @@ pub struct Authorized {
 /// The authority store's decision log, as an [`Authorized`] carries it.
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn AuthorityStore>);
+impl Authorized {
+    /// What this authorization's allow line named, for its outcome line (`crate::audit`).
+    pub fn decision(&self) -> crate::audit::Decision {
+        crate::audit::Decision {
+            operation: self.operation,
+            organization: self.activity.organization_id.clone(),
+            credential: self.credential.public_key.clone(),
+            fingerprint: self.activity.fingerprint.clone(),
+        }
+    }
+}
 
 impl std::fmt::Debug for DecisionLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -322,6 +333,12 @@ impl Authority {
             event = %event_id,
             "enclave decision"
         );
+        crate::audit::record(crate::audit::Decision {
+            operation: OPERATION,
+            organization,
+            credential: String::new(),
+            fingerprint: event_id.to_string(),
+        });
         let mut message = format!("v1.ed25519.{key_id}.{timestamp_ms}.{event_id}.").into_bytes();
         message.extend_from_slice(body);
         Ok(message)
@@ -379,6 +396,7 @@ impl Authority {
                     tracing::error!(error = %e, operation, "the decision log did not take an allow: not acting");
                     return Err(e.into());
                 }
+                crate::audit::record(a.decision());
                 Ok(a)
             }
             Err(r) => {
@@ -532,6 +550,36 @@ impl Authority {
         Ok(Authorized { operation, activity, credential, via_parent, decided, decisions })
     }
 
+    /// Records that the body with `fingerprint`, timestamped `timestamp_ms`, was used for
+    /// `operation` (remembered until it is stale anyway): `Ok(false)` if it already was, a replay;
+    /// busy when the replay window is full of live entries.
+    pub fn first_use(&self, operation: &str, fingerprint: &str, timestamp_ms: i64) -> Result<bool, EnclaveError> {
+        self.first_use_at(operation, fingerprint, timestamp_ms, now_ms())
+    }
+
+    fn first_use_at(
+        &self,
+        operation: &str,
+        fingerprint: &str,
+        timestamp_ms: i64,
+        now: i64,
+    ) -> Result<bool, EnclaveError> {
+        let mut key = sha2::Sha256::new();
+        key.update(operation.as_bytes());
+        key.update([0u8]);
+        key.update(fingerprint.as_bytes());
+        let key: [u8; 32] = key.finalize().into();
+        // Operator calls have a share of the window of their own.
+        let expires = timestamp_ms.saturating_add(self.freshness_ms);
+        match self.store.remember(OPERATOR_REPLAY_SHARE, key, expires, now)? {
+            Remembered::Fresh => Ok(true),
+            Remembered::Replayed => Ok(false),
+            Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
+                Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
+            }
+        }
+    }
+
     /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
     pub fn is_fresh(&self, timestamp_ms: i64) -> bool {
         (now_ms() - timestamp_ms).abs() <= self.freshness_ms
@@ -623,6 +671,8 @@ impl Authority {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+/// The replay window's share of operator calls (bootstrap), apart from every organization's.
+const OPERATOR_REPLAY_SHARE: &str = "coffer:operator";
 const ORGANIZATION_BUSY: &str =
     "this organization's share of the replay window is full: retry once its recent requests have aged out";
 /// The one activity an attested stamp may submit.

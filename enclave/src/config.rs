@@ -61,6 +61,14 @@ pub struct EnclaveConfig {
     pub tls: Option<TlsFiles>,
     /// `[login]`: the OIDC issuer URL and the OAuth 2.0 providers' endpoints.
     pub login: LoginSettings,
+    /// The operators' P-256 public keys (compressed, hex): `BootstrapOrganization` runs only for
+    /// a body one of them stamped (see `operator.rs`). Default: none, so no organization can be
+    /// bootstrapped until one is configured. Environment: `COFFER_OPERATOR_PUBLIC_KEYS`
+    /// (comma-separated; replaces the list).
+    pub operator_public_keys: Vec<String>,
+    /// A file of more operator public keys, one per line (`#` comments and blank lines ignored),
+    /// read at start. Default: none. Environment: `COFFER_OPERATOR_PUBLIC_KEYS_FILE`.
+    pub operator_public_keys_file: Option<PathBuf>,
 }
 
 /// `[login]` of `coffer-enclave.toml`. The provider endpoints come from here and never from a
@@ -84,6 +92,23 @@ pub struct LoginSettings {
     /// create_read_write_session) the enclave certifies. Default 604,800 (7 days). Environment:
     /// `COFFER_MAX_SESSION_SECONDS`.
     pub max_session_seconds: u64,
+    /// The issuers (exact URLs, compared without a trailing `/`) of third-party OIDC tokens the
+    /// enclave verifies (oauth_login, attested stamps), the only ones whose discovery document and
+    /// JWKS it ever fetches. Coffer's own issuer (`oidc_issuer`) needs no entry: its tokens are
+    /// verified against the HSM's key, without a fetch. The OAuth 2.0 provider endpoints above
+    /// are allowed by being configured. Default: none (only Coffer's own tokens). Each must be an
+    /// `https` URL (`http` only to a loopback host). Environment: `COFFER_OIDC_ISSUERS_ALLOWED`
+    /// (comma-separated; replaces the list).
+    pub oidc_issuers_allowed: Vec<String>,
+}
+
+impl LoginSettings {
+    /// Whether the enclave verifies tokens of `iss`: Coffer's own issuer or one of
+    /// `oidc_issuers_allowed`.
+    pub fn issuer_allowed(&self, iss: &str) -> bool {
+        self.oidc_issuer.as_deref().is_some_and(|own| own == iss)
+            || coffer_auth::oidc::issuer_listed(&self.oidc_issuers_allowed, iss)
+    }
 }
 
 impl Default for LoginSettings {
@@ -95,6 +120,7 @@ impl Default for LoginSettings {
             discord_token_url: "https://discord.com/api/oauth2/token".into(),
             discord_userinfo_url: "https://discord.com/api/users/@me".into(),
             max_session_seconds: 7 * 24 * 3600,
+            oidc_issuers_allowed: Vec::new(),
         }
     }
 }
@@ -134,6 +160,8 @@ impl Default for EnclaveConfig {
             tcp_listen: None,
             tls: None,
             login: LoginSettings::default(),
+            operator_public_keys: Vec::new(),
+            operator_public_keys_file: None,
         }
     }
 }
@@ -195,6 +223,13 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_OIDC_ISSUER") {
             login.oidc_issuer = Some(v).filter(|v| !v.trim().is_empty());
         }
+        if let Ok(v) = std::env::var("COFFER_OIDC_ISSUERS_ALLOWED") {
+            login.oidc_issuers_allowed = comma_list(&v);
+        }
+        for iss in &mut login.oidc_issuers_allowed {
+            provider_url(iss).map_err(|e| anyhow::anyhow!("[login] oidc_issuers_allowed: {e}"))?;
+            *iss = iss.trim_end_matches('/').to_string();
+        }
         for url in [&login.x_token_url, &login.x_userinfo_url, &login.discord_token_url, &login.discord_userinfo_url] {
             provider_url(url).map_err(|e| anyhow::anyhow!("[login]: {e}"))?;
         }
@@ -204,6 +239,12 @@ impl EnclaveConfig {
                 anyhow::bail!("oidc_issuer {iss:?} must be an http(s) URL without query or fragment");
             }
             login.oidc_issuer = Some(iss.trim_end_matches('/').to_string());
+        }
+        if let Ok(v) = std::env::var("COFFER_OPERATOR_PUBLIC_KEYS") {
+            cfg.operator_public_keys = comma_list(&v);
+        }
+        if let Ok(v) = std::env::var("COFFER_OPERATOR_PUBLIC_KEYS_FILE") {
+            cfg.operator_public_keys_file = Some(v.into()).filter(|p: &PathBuf| !p.as_os_str().is_empty());
         }
         if cfg.tcp_listen.is_some() && cfg.tls.is_none() {
             anyhow::bail!(
@@ -227,6 +268,26 @@ impl EnclaveConfig {
         }
     }
 
+    /// Every configured operator public key (`operator_public_keys`, then the lines of
+    /// `operator_public_keys_file`), each checked to be a compressed P-256 point, lowercase hex.
+    pub fn operator_keys(&self) -> anyhow::Result<Vec<String>> {
+        let mut keys = self.operator_public_keys.clone();
+        if let Some(p) = &self.operator_public_keys_file {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("reading operator_public_keys_file {}: {e}", p.display()))?;
+            keys.extend(
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string),
+            );
+        }
+        keys.iter()
+            .map(|k| {
+                coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", k.trim())
+                    .map(|(k, _)| k)
+                    .map_err(|_| anyhow::anyhow!("operator public key {k:?} is not a compressed P-256 key (66 hex)"))
+            })
+            .collect()
+    }
+
     /// The user PIN, from `pin_file` or the `pin_env` variable; never from argv. Every copy
     /// outside the returned secret is zeroized.
     pub fn pin(&self) -> anyhow::Result<cryptoki::types::AuthPin> {
@@ -243,6 +304,11 @@ impl EnclaveConfig {
         }
         Ok(cryptoki::types::AuthPin::new(Box::from(pin)))
     }
+}
+
+/// The non-empty, trimmed items of a comma-separated environment value.
+fn comma_list(v: &str) -> Vec<String> {
+    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
 #[cfg(test)]
@@ -265,5 +331,28 @@ mod tests {
         .unwrap();
         assert_eq!(tcp.tls.unwrap().client_ca, PathBuf::from("ca.pem"));
         assert!(toml::from_str::<EnclaveConfig>("[tls]\ncert = \"c.pem\"").is_err(), "all three files");
+    }
+
+    #[test]
+    fn issuer_allowlist_and_operator_keys() {
+        use p256::elliptic_curve::sec1::ToEncodedPoint;
+        let operator = p256::SecretKey::from_slice(&[1; 32]).unwrap().public_key();
+        let operator = hex::encode(operator.to_encoded_point(true).as_bytes());
+        let cfg: EnclaveConfig = toml::from_str(&format!(
+            "operator_public_keys = [\"{}\"]\n[login]\noidc_issuer = \"https://coffer.example\"\n\
+             oidc_issuers_allowed = [\"https://accounts.google.com/\"]",
+            operator.to_uppercase()
+        ))
+        .unwrap();
+        assert!(cfg.login.issuer_allowed("https://coffer.example"), "Coffer's own issuer");
+        assert!(cfg.login.issuer_allowed("https://accounts.google.com"));
+        assert!(!cfg.login.issuer_allowed("http://127.0.0.1:9"));
+        assert!(!LoginSettings::default().issuer_allowed("https://accounts.google.com"), "none by default");
+        assert!(toml::from_str::<EnclaveConfig>("[login]\noidc_issuers_alowed = []").is_err(), "unknown key");
+        let keys = cfg.operator_keys().unwrap();
+        assert_eq!(keys, [operator]);
+        let bad: EnclaveConfig = toml::from_str("operator_public_keys = [\"04zz\"]").unwrap();
+        assert!(bad.operator_keys().is_err());
+        assert_eq!(comma_list(" a, ,b "), ["a", "b"]);
     }
 }

@@ -48,6 +48,27 @@ impl EnclaveError {
         Self::Refused { reason, message: message.into() }
     }
 
+    /// The error's type as audit lines name it (`coffer_audit` outcome lines): never its message.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "invalid_argument",
+            Self::SealAuthentication => "seal_authentication",
+            Self::Refused { .. } => "refused",
+            Self::Busy { .. } => "busy",
+            Self::Upstream(_) => "upstream",
+            Self::Hsm(_) => "hsm",
+            Self::Internal(_) => "internal",
+            Self::AuthorityStore(_) => "authority_store",
+        }
+    }
+
+    /// Whether the error is evidence of tampering: sealed key material that does not open under
+    /// the binding (organization, resource, curve, address) the request presents it with, or
+    /// names a KEK this enclave does not hold.
+    pub fn is_tampering(&self) -> bool {
+        matches!(self, Self::SealAuthentication)
+    }
+
     /// The typed reason of a refusal or busy answer; `None` for every other error.
     pub fn refusal_reason(&self) -> Option<RefusalReason> {
         match self {

@@ -1,12 +1,15 @@
 //! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod audit;
 pub mod authority;
 pub mod authority_store;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod hsm;
 pub mod oauth2_exchange;
+pub mod operator;
 pub mod proxy_stamper;
 pub mod rules;
 pub mod service;

@@ -278,7 +278,14 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             _ = term.recv() => {},
         }
     };
-    let service = Arc::new(EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone())));
+    let operators = cfg.operator_keys()?;
+    if operators.is_empty() {
+        tracing::warn!("no operator_public_keys configured: BootstrapOrganization refuses every call");
+    }
+    let service = Arc::new(
+        EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone()))
+            .with_operators(coffer_enclave::operator::Operators::new(operators)),
+    );
     // Over TCP, only a client presenting a certificate of `client_ca` gets a connection: what
     // the Unix socket's file permissions decide for a local gateway.
     let tcp = match (cfg.tcp_listen, &cfg.tls) {

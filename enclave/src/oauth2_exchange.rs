@@ -1,8 +1,6 @@
 //! Social login inside the enclave: the OAuth 2.0 code exchange with the provider (endpoints from
 //! the enclave's configuration only), the user endpoint, and the OIDC token Coffer signs.
 
-use std::time::Duration;
-
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
@@ -11,7 +9,6 @@ use crate::error::EnclaveError;
 
 /// How long the OIDC tokens Coffer issues live.
 pub const OIDC_TOKEN_LIFETIME_SECS: i64 = 15 * 60;
-const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest provider answer read.
 const MAX_PROVIDER_ANSWER: usize = 64 * 1024;
 
@@ -53,16 +50,7 @@ pub fn check_provider(name: &str) -> Result<(), EnclaveError> {
 }
 
 fn http() -> &'static reqwest::Client {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(PROVIDER_TIMEOUT)
-            .connect_timeout(PROVIDER_TIMEOUT)
-            .user_agent(concat!("coffer-enclave/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default()
-    })
+    crate::egress::client()
 }
 
 /// What the code exchange and the user endpoint gave.

@@ -126,12 +126,27 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
                 )
                 .is_some()
     });
-    if !live {
+    if !live && authority.rules().enforces() {
         return Err(refuse(
             RefusalReason::CredentialRevoked,
             "the auth proxy is disabled, or this is not its key, in the organization's authority state",
         ));
     }
+    // Decided: the key is opened (a sealed key that does not open is an outcome, see audit.rs).
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "stamp_auth_proxy_request",
+        organization = %activity.organization_id,
+        fingerprint = %activity.fingerprint,
+        "enclave decision"
+    );
+    crate::audit::record(crate::audit::Decision {
+        operation: "stamp_auth_proxy_request",
+        organization: activity.organization_id.clone(),
+        credential: req.public_key.clone(),
+        fingerprint: activity.fingerprint.clone(),
+    });
     let plain = hsm.unseal(&binding(&req.organization_id, &req.user_id, &req.public_key), &req.sealed_key)?;
     let key = p256::ecdsa::SigningKey::from_slice(&plain)
         .map_err(|_| EnclaveError::Internal("sealed auth proxy key is not a P-256 scalar".into()))?;
@@ -142,14 +157,6 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         "scheme": "SIGNATURE_SCHEME_TK_API_P256",
         "signature": hex::encode(signature.to_der().as_bytes()),
     });
-    tracing::info!(
-        target: "coffer_audit",
-        decision = "allow",
-        operation = "stamp_auth_proxy_request",
-        organization = %activity.organization_id,
-        fingerprint = %activity.fingerprint,
-        "enclave decision"
-    );
     use base64::Engine;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()))
 }

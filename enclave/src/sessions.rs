@@ -37,15 +37,94 @@ pub fn session_seconds(p: &Value, max: u64) -> Result<u64, EnclaveError> {
     Ok(seconds)
 }
 
-/// The OIDC token of an `oauth_login` body, verified: Coffer's own tokens against the issuer key
-/// in the HSM, others against their issuer's published keys. Then its nonce must be the
-/// lowercase hex SHA-256 of the body's `publicKey` string (spec §14).
-pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -> Result<oidc::Claims, EnclaveError> {
-    let token = text(p, "oidcToken").trim();
-    if token.is_empty() {
-        return Err(EnclaveError::invalid("oidcToken is required"));
+/// What the enclave says when a token's issuer is not one it trusts: the same words whatever the
+/// issuer, and nothing about whether it can be reached (nothing was fetched).
+pub const ISSUER_NOT_ALLOWED: &str =
+    "the OIDC token's issuer is not Coffer's own nor one of the enclave's oidc_issuers_allowed";
+
+/// The claims of `token` read without verifying its signature (structure, registered claims,
+/// `exp`, algorithm): what the local checks before any fetch are made on.
+pub fn read_token(token: &str) -> Result<oidc::Claims, EnclaveError> {
+    Ok(oidc::unverified_claims(token.trim(), now_secs())?)
+}
+
+/// An OIDC token a login has still to verify, and the claims its local checks were made on.
+pub struct PendingToken {
+    pub token: String,
+    pub claims: oidc::Claims,
+}
+
+/// The checks of a login's OIDC tokens that need no network, made after the call's stamp and
+/// credential are verified (`a`) and before anything is fetched: each token's issuer is Coffer's
+/// own or allowlisted (else [`ISSUER_NOT_ALLOWED`], typed), and an `oauth_login` token of another
+/// issuer names the identity of a certified OAuth provider of the body's organization. `attested`
+/// is an attested stamp's token with the claims the authority checked. Returns the tokens to
+/// verify, the `oauth_login` one first.
+pub fn before_fetch(
+    hsm: &Hsm,
+    settings: &LoginSettings,
+    a: &Authorized,
+    attested: Option<PendingToken>,
+    provider_certificate: &[u8],
+) -> Result<Vec<PendingToken>, EnclaveError> {
+    let mut pending = Vec::new();
+    if a.activity.activity_type == OAUTH_LOGIN {
+        let token = text(&a.activity.parameters, "oidcToken").trim();
+        if token.is_empty() {
+            return Err(EnclaveError::invalid("oidcToken is required"));
+        }
+        let claims = match read_token(token) {
+            Ok(c) => c,
+            Err(e) => {
+                refuse(a, RefusalReason::IdentityInvalid, &e.to_string());
+                return Err(e);
+            }
+        };
+        if !settings.issuer_allowed(&claims.iss) {
+            return Err(refuse(a, RefusalReason::IssuerNotAllowed, ISSUER_NOT_ALLOWED));
+        }
+        if settings.oidc_issuer.as_deref() != Some(claims.iss.as_str()) {
+            provider_user(hsm, a, &claims, provider_certificate)?;
+        }
+        pending.push(PendingToken { token: token.to_string(), claims });
     }
-    let claims = verify_token(hsm, settings, token).await?;
+    if let Some(t) = attested {
+        if !settings.issuer_allowed(&t.claims.iss) {
+            return Err(refuse(a, RefusalReason::IssuerNotAllowed, ISSUER_NOT_ALLOWED));
+        }
+        pending.push(t);
+    }
+    Ok(pending)
+}
+
+/// Verifies a token [`before_fetch`] passed (Coffer's own against the issuer key in the HSM,
+/// another allowlisted issuer's against its published keys) and that it says what it was read
+/// to say. A token that does not verify is refused with an audit line; the error is the
+/// verification's.
+pub async fn verify_pending(
+    hsm: &Hsm,
+    settings: &LoginSettings,
+    a: &Authorized,
+    t: &PendingToken,
+) -> Result<oidc::Claims, EnclaveError> {
+    let claims = match verify_token(hsm, settings, &t.token).await {
+        Ok(c) => c,
+        Err(e) => {
+            refuse(a, RefusalReason::IdentityInvalid, &e.to_string());
+            return Err(e);
+        }
+    };
+    if (&claims.iss, &claims.sub, &claims.aud, &claims.nonce)
+        != (&t.claims.iss, &t.claims.sub, &t.claims.aud, &t.claims.nonce)
+    {
+        return Err(EnclaveError::Internal("a verified token's claims are not the ones it was read with".into()));
+    }
+    Ok(claims)
+}
+
+/// An `oauth_login` body's verified claims must have as nonce the lowercase hex SHA-256 of the
+/// body's `publicKey` string (spec §14).
+pub fn check_nonce(p: &Value, claims: &oidc::Claims) -> Result<(), EnclaveError> {
     let public_key = text(p, "publicKey");
     let expected = hex::encode(sha2::Sha256::digest(public_key.as_bytes()));
     if claims.nonce.as_deref() != Some(expected.as_str()) {
@@ -53,16 +132,22 @@ pub async fn verified_identity(hsm: &Hsm, settings: &LoginSettings, p: &Value) -
             "invalid OIDC token: its nonce is not the SHA-256 of the session public key (sha256(publicKey) as lowercase hex)",
         ));
     }
-    Ok(claims)
+    Ok(())
 }
 
 /// An OIDC token verified by the enclave: Coffer's own against the issuer key in the HSM (no
-/// fetch), others against their issuer's published keys.
+/// fetch), another issuer's against its published keys, fetched with the enclave's client and
+/// only from an allowlisted issuer (`[login] oidc_issuers_allowed`).
 pub async fn verify_token(hsm: &Hsm, settings: &LoginSettings, token: &str) -> Result<oidc::Claims, EnclaveError> {
     let issuer_key = hsm.login_public_keys()?.oidc_issuer;
     let jwks = json!({ "keys": [oidc::es256_jwk(&issuer_key, &crate::oauth2_exchange::oidc_key_id(&issuer_key))] });
     let own = settings.oidc_issuer.as_deref().map(|issuer| oidc::OwnIssuer { issuer, jwks: &jwks });
-    Ok(oidc::verify(token, own).await?)
+    let fetch = oidc::Fetch { client: crate::egress::client(), allowed: Some(&settings.oidc_issuers_allowed) };
+    Ok(oidc::verify(token, own, fetch).await?)
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// A session key's public half as stored: a compressed P-256 point, lowercase hex.
@@ -106,23 +191,8 @@ pub fn grant(
         }
         OAUTH_LOGIN => {
             let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
-            let cert =
-                pb::CredentialCertificate::decode(provider_certificate).ok().filter(|c| !c.mac.is_empty()).ok_or_else(
-                    || refuse(a, RefusalReason::CertificateInvalid, "no certified OAuth provider matches the token"),
-                )?;
-            if !hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac)?
-                || cert.credential_type != OAUTH_PROVIDER
-                || cert.organization_id != a.activity.organization_id
-                || cert.public_key != oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
-            {
-                return Err(refuse(
-                    a,
-                    RefusalReason::IdentityInvalid,
-                    "the OAuth provider's certificate is not the token's identity in this organization",
-                ));
-            }
             Ok(SessionGrant {
-                user_id: cert.user_id,
+                user_id: provider_user(hsm, a, claims, provider_certificate)?,
                 public_key: session_public_key(p)?,
                 credential_type: "CREDENTIAL_TYPE_OAUTH_KEY_P256",
                 secret: None,
@@ -162,6 +232,32 @@ pub fn grant(
         }
         other => Err(EnclaveError::invalid(format!("{other} opens no session"))),
     }
+}
+
+/// The user whose certified OAuth provider (`provider_certificate`, of the body's organization)
+/// is the identity `claims` name.
+fn provider_user(
+    hsm: &Hsm,
+    a: &Authorized,
+    claims: &oidc::Claims,
+    provider_certificate: &[u8],
+) -> Result<String, EnclaveError> {
+    let cert = pb::CredentialCertificate::decode(provider_certificate)
+        .ok()
+        .filter(|c| !c.mac.is_empty())
+        .ok_or_else(|| refuse(a, RefusalReason::CertificateInvalid, "no certified OAuth provider matches the token"))?;
+    if !hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac)?
+        || cert.credential_type != OAUTH_PROVIDER
+        || cert.organization_id != a.activity.organization_id
+        || cert.public_key != oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
+    {
+        return Err(refuse(
+            a,
+            RefusalReason::IdentityInvalid,
+            "the OAuth provider's certificate is not the token's identity in this organization",
+        ));
+    }
+    Ok(cert.user_id)
 }
 
 /// Certifies the session key and signs its JWT; for a read-write session also encrypts the key

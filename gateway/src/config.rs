@@ -103,6 +103,10 @@ pub struct GatewayConfig {
     /// (another gateway's lapse after their lease). Env `COFFER_INSTANCE_ID`. Default: the host
     /// name and the listen port.
     pub instance_id: Option<String>,
+    /// The operator's private key file, for the operator commands (`init-org`, `init-dev`) that
+    /// ask the enclave to bootstrap an organization (`operator_key`). Readable by the operator's
+    /// account only; `serve` never reads it. Env `COFFER_OPERATOR_KEY_FILE`. Default: none.
+    pub operator_key_file: Option<PathBuf>,
 }
 
 /// `[webhooks]` of `coffer-gateway.toml`.
@@ -155,11 +159,23 @@ impl Default for GatewayConfig {
             max_policies_per_organization: crate::policy_gate::DEFAULT_MAX_POLICIES,
             webhooks: WebhookSettings::default(),
             instance_id: None,
+            operator_key_file: None,
         }
     }
 }
 
 impl GatewayConfig {
+    /// The operator's key from `operator_key_file` (operator commands only).
+    pub fn operator_key(&self) -> anyhow::Result<crate::operator_key::OperatorKey> {
+        let path = self.operator_key_file.as_deref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "no operator key: set COFFER_OPERATOR_KEY_FILE (or operator_key_file) to the operator's key file \
+                 (`coffer-gateway operator-keygen --out FILE` makes one; the enclave lists its public key in operator_public_keys)"
+            )
+        })?;
+        crate::operator_key::OperatorKey::from_file(path)
+    }
+
     /// [`GatewayConfig::instance_id`], or the host name and the listen port.
     pub fn instance(&self) -> String {
         match &self.instance_id {
@@ -204,6 +220,9 @@ impl GatewayConfig {
                 "false" | "0" | "" => false,
                 other => anyhow::bail!("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS: {other:?} is not true or false"),
             };
+        }
+        if let Ok(v) = std::env::var("COFFER_OPERATOR_KEY_FILE") {
+            cfg.operator_key_file = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
         }
         if let Ok(v) = std::env::var("COFFER_STORE_URL") {
             cfg.store_url = v;

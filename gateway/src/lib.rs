@@ -11,6 +11,7 @@ pub mod limits;
 pub mod login_public_keys;
 pub mod metrics;
 pub mod oidc_tokens;
+pub mod operator_key;
 pub mod ops;
 pub mod orgs;
 pub mod policy_gate;

@@ -34,7 +34,7 @@ enum Command {
         enclave_socket: Option<PathBuf>,
     },
     /// Create an organization with a root user and its API public key, certified by the running
-    /// enclave; prints the ids as JSON.
+    /// enclave for the operator's stamp (key from COFFER_OPERATOR_KEY_FILE); prints the ids as JSON.
     InitOrg {
         #[arg(long, default_value = "Coffer organization")]
         name: String,
@@ -49,6 +49,14 @@ enum Command {
     },
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
+    /// Make the operator's key pair: the private key into a new file (mode 0600, never
+    /// overwritten; an existing file is kept and read), the public key printed as JSON for the
+    /// enclave's `operator_public_keys`.
+    OperatorKeygen {
+        /// The private key file to create (or read, if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// One-time upgrade: print, as JSON lines, the API keys and passkeys that have no enclave
     /// certificate (created before certificates existed), for `coffer-enclave certify-existing`.
     UncertifiedCredentials,
@@ -85,6 +93,15 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::json!({ "apiPublicKey": public, "apiPrivateKey": *private }));
             Ok(())
         }
+        Command::OperatorKeygen { out } => {
+            let key = if out.exists() {
+                coffer_gateway::operator_key::OperatorKey::from_file(&out)?
+            } else {
+                coffer_gateway::operator_key::OperatorKey::create_file(&out)?
+            };
+            println!("{}", serde_json::json!({ "operatorPublicKey": key.public_key(), "operatorKeyFile": out }));
+            Ok(())
+        }
         Command::InitDev { out, base_url, auth_proxy_url, enclave_socket } => {
             if let Some(s) = enclave_socket {
                 cfg.enclave_socket = s;
@@ -112,11 +129,18 @@ async fn main() -> anyhow::Result<()> {
                 cfg.enclave_sockets.clear();
                 cfg.enclave_urls.clear();
             }
+            let operator = cfg.operator_key()?;
             let store = cfg.open_store()?;
             let custody = Custody::connect_all(cfg.enclave_endpoints())?;
-            let created =
-                coffer_gateway::orgs::create_root_org(store.as_ref(), &custody, &name, &user_name, &api_public_key)
-                    .await?;
+            let created = coffer_gateway::orgs::create_root_org(
+                store.as_ref(),
+                &custody,
+                &operator,
+                &name,
+                &user_name,
+                &api_public_key,
+            )
+            .await?;
             println!("{}", serde_json::to_string(&created)?);
             Ok(())
         }
@@ -160,6 +184,7 @@ async fn init_dev(
             return Ok(());
         }
     }
+    let operator = cfg.operator_key()?;
     // The signer key comes from the running enclave (retry while it starts).
     let custody = Custody::connect_all(cfg.enclave_endpoints())?;
     let mut signer = None;
@@ -174,8 +199,15 @@ async fn init_dev(
     }
     let signer = signer.ok_or_else(|| anyhow::anyhow!("enclave did not answer on {}", cfg.enclave_socket.display()))?;
     let (public, private) = keygen();
-    let created =
-        coffer_gateway::orgs::create_root_org(store.as_ref(), &custody, "Coffer development", "root", &public).await?;
+    let created = coffer_gateway::orgs::create_root_org(
+        store.as_ref(),
+        &custody,
+        &operator,
+        "Coffer development",
+        "root",
+        &public,
+    )
+    .await?;
     let doc = zeroize::Zeroizing::new(serde_json::to_string_pretty(&serde_json::json!({
         "baseUrl": base_url,
         "authProxyUrl": auth_proxy_url,

@@ -22,5 +22,12 @@ pub async fn verify(own: Option<&LoginKeys>, token: &str) -> Result<Claims, ApiE
         (Some(issuer), Some(jwks)) => Some(coffer_auth::oidc::OwnIssuer { issuer, jwks }),
         _ => None,
     };
-    Ok(coffer_auth::oidc::verify(token, own_issuer).await?)
+    let fetch = coffer_auth::oidc::Fetch { client: http(), allowed: None };
+    Ok(coffer_auth::oidc::verify(token, own_issuer, fetch).await?)
+}
+
+/// The gateway's client for issuers' documents (`User-Agent: coffer-gateway/<version>`).
+fn http() -> &'static reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| coffer_auth::oidc::http_client(concat!("coffer-gateway/", env!("CARGO_PKG_VERSION"))))
 }

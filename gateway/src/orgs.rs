@@ -5,6 +5,7 @@ use coffer_proto::v1 as pb;
 use prost::Message;
 
 use crate::custody::Custody;
+use crate::operator_key::OperatorKey;
 use crate::store::{now_nanos, ApiKey, CredentialKind, Organization, Store, UncertifiedCredential, User, Write};
 
 /// Ids of what `init-org` created.
@@ -16,10 +17,39 @@ pub struct CreatedOrg {
     pub api_key_id: String,
 }
 
-/// Creates an organization with one root user holding one P-256 API key (threshold 1).
+/// The enclave request that bootstraps `name` with root user `user_name` holding the API key
+/// `public_key` (compressed P-256 hex), stamped now by the operator's key.
+pub fn bootstrap_request(
+    operator: &OperatorKey,
+    name: &str,
+    user_name: &str,
+    public_key: &str,
+    credential_type: &str,
+) -> pb::BootstrapOrganizationRequest {
+    let parameters = coffer_auth::operator::BootstrapParameters {
+        organization_name: name.into(),
+        root_user_name: user_name.into(),
+        root_api_public_key: public_key.into(),
+    };
+    let body = coffer_auth::operator::bootstrap_body(&parameters, (now_nanos() / 1_000_000) as i64);
+    pb::BootstrapOrganizationRequest {
+        credential_type: credential_type.to_string(),
+        public_key: public_key.to_string(),
+        operator: Some(pb::StampedRequest {
+            stamp: operator.stamp(&body),
+            body,
+            stamp_header: "X-Stamp".into(),
+            certificate: Vec::new(),
+        }),
+    }
+}
+
+/// Creates an organization with one root user holding one P-256 API key (threshold 1): the
+/// enclave bootstraps it for the operator's stamp.
 pub async fn create_root_org(
     store: &dyn Store,
     custody: &Custody,
+    operator: &OperatorKey,
     name: &str,
     user_name: &str,
     api_public_key: &str,
@@ -27,10 +57,7 @@ pub async fn create_root_org(
     let (pk, credential_type) = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", api_public_key)
         .map_err(|e| anyhow::anyhow!("API public key: {}", e.message))?;
     let boot = custody
-        .bootstrap_organization(pb::BootstrapOrganizationRequest {
-            credential_type: credential_type.to_string(),
-            public_key: pk.clone(),
-        })
+        .bootstrap_organization(bootstrap_request(operator, name, user_name, &pk, credential_type))
         .await
         .map_err(|e| anyhow::anyhow!("the enclave did not bootstrap the organization: {}", e.message))?;
     let now = now_nanos();

@@ -64,6 +64,9 @@ pub struct Stack {
     port: u16,
     /// The auth proxy listener's port.
     pub auth_proxy_port: u16,
+    /// The operator's public key (compressed hex): the enclave's `operator_public_keys`; its
+    /// private half is in [`Stack::operator_key_file`], which the gateway's operator commands read.
+    pub operator_public_key: String,
     /// Extra environment for both processes (settings a test changes).
     extra_env: Vec<(String, String)>,
     /// `sqlite://…` in the stack's directory, or a fresh PostgreSQL database when the run's
@@ -83,6 +86,12 @@ impl Stack {
             .env("COFFER_OIDC_ISSUER", format!("http://127.0.0.1:{}", self.port))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", self.auth_proxy_port))
             .env("COFFER_LOG", "warn");
+        if !self.operator_public_key.is_empty() {
+            // The enclave knows the operator's public key; the gateway's operator commands
+            // (init-org) read its private key from the file. Both processes get both here.
+            cmd.env("COFFER_OPERATOR_PUBLIC_KEYS", &self.operator_public_key)
+                .env("COFFER_OPERATOR_KEY_FILE", self.operator_key_file());
+        }
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
         }
@@ -144,6 +153,7 @@ impl Stack {
             gateway: None,
             port: free_port(),
             auth_proxy_port: free_port(),
+            operator_public_key: String::new(),
             extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         stack.base_url = format!("http://127.0.0.1:{}", stack.port);
@@ -153,6 +163,13 @@ impl Stack {
         let key: serde_json::Value = serde_json::from_str(&stack.run("coffer-gateway", &["keygen"])).unwrap();
         stack.api_public_key = key["apiPublicKey"].as_str().unwrap().to_string();
         stack.api_private_key = key["apiPrivateKey"].as_str().unwrap().to_string();
+        // The operator's key pair: the enclave bootstraps organizations only for its stamp.
+        let operator_key_file = stack.operator_key_file();
+        let operator: serde_json::Value = serde_json::from_str(
+            &stack.run("coffer-gateway", &["operator-keygen", "--out", operator_key_file.to_str().unwrap()]),
+        )
+        .unwrap();
+        stack.operator_public_key = operator["operatorPublicKey"].as_str().unwrap().to_string();
         let t = Instant::now();
         stack.start_enclave();
         let socket = stack.dir.join("enclave.sock");
@@ -267,6 +284,12 @@ impl Stack {
     pub fn database_path(&self) -> PathBuf {
         assert!(self.store_url.starts_with("sqlite://"), "this test reads the SQLite file: run it on SQLite");
         self.dir.join("coffer.db")
+    }
+
+    /// The operator's private key file (`coffer-gateway operator-keygen`; the operator's, not
+    /// the gateway's: what a taken-over gateway does not have).
+    pub fn operator_key_file(&self) -> PathBuf {
+        self.dir.join("operator.key")
     }
 
     /// The enclave's Unix socket (what an attacker with the gateway's rights can connect to).

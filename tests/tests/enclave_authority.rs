@@ -175,6 +175,13 @@ async fn wallet(client: &TurnkeyClient<TurnkeyP256ApiKey>, org: &str, name: &str
     (r.wallet_id, r.addresses)
 }
 
+/// A `BootstrapOrganization` request for a root user holding `api_public_key`, stamped now by
+/// the stack's operator key (what `coffer-gateway init-org` sends).
+fn operator_bootstrap(stack: &Stack, api_public_key: &str) -> pb::BootstrapOrganizationRequest {
+    let operator = coffer_gateway::operator_key::OperatorKey::from_file(&stack.operator_key_file()).unwrap();
+    coffer_gateway::orgs::bootstrap_request(&operator, "booted", "root", api_public_key, "CREDENTIAL_TYPE_API_KEY_P256")
+}
+
 /// Counts the refusal audit lines the enclave wrote with `reason` in them.
 fn audit_refusals(stack: &Stack, reason: &str) -> usize {
     stack
@@ -260,12 +267,22 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         tonic::Code::PermissionDenied,
         "certificate is not genuine",
     );
+    // An unstamped bootstrap is refused; the operator's stamped one makes a new organization.
+    refused(
+        enclave
+            .clone()
+            .bootstrap_organization(pb::BootstrapOrganizationRequest {
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: public_key(&mallory),
+                operator: None,
+            })
+            .await,
+        tonic::Code::PermissionDenied,
+        "no operator stamp",
+    );
     let boot = enclave
         .clone()
-        .bootstrap_organization(pb::BootstrapOrganizationRequest {
-            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
-            public_key: public_key(&mallory),
-        })
+        .bootstrap_organization(operator_bootstrap(&stack, &public_key(&mallory)))
         .await
         .unwrap()
         .into_inner();
@@ -1055,12 +1072,13 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identity() {
     use p256::ecdsa::signature::Signer;
-    let stack = Stack::start().await;
+    // The issuer is one the enclave is configured to trust (only those are ever fetched from).
+    let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
+    let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
+    let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", &iss)]).await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
-    let issuer_key = p256::ecdsa::SigningKey::from_slice(&[21; 32]).unwrap();
-    let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
 
     // The root user gets the identity (iss, "u1", "app"): its certificate is the provider's.
     let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "local",
@@ -1561,4 +1579,379 @@ async fn two_enclaves_share_one_replay_window_with_a_quota_per_organization() {
 
     let _ = enclave_b.kill();
     let _ = enclave_b.wait();
+}
+
+// ---- No egress before authentication (issue 24, item 9) -------------------------------------
+
+/// A loopback listener that counts the connections made to it and keeps the head of each
+/// request (answered 404): stands for an internal service an attacker names as an OIDC issuer.
+struct Listener {
+    url: String,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+async fn listener() -> Listener {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (a, h) = (accepted.clone(), heads.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = l.accept().await else { return };
+            a.fetch_add(1, Ordering::SeqCst);
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") && n < buf.len() {
+                    match sock.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(m) => n += m,
+                    }
+                }
+                h.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).to_string());
+                let _ =
+                    sock.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await;
+            });
+        }
+    });
+    Listener { url, accepted, heads }
+}
+
+/// An OIDC token naming `iss` that nobody signed (its signature is 64 zero bytes), attesting
+/// `session_public` (nonce = SHA-256 of its hex).
+fn unsigned_token(iss: &str, sub: &str, session_public: &str) -> String {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let nonce = hex::encode(sha2::Sha256::digest(session_public.as_bytes()));
+    let claims = json!({"iss": iss, "sub": sub, "aud": "app", "exp": Stack::now_ms() / 1000 + 600, "nonce": nonce});
+    format!("{}.{}.{}", b64(br#"{"alg":"ES256","kid":"k1"}"#), b64(claims.to_string().as_bytes()), b64(&[0; 64]))
+}
+
+/// `X-Stamp-Attested` of `body` by `session` with `token`, carrying `certificate`.
+fn attested_stamp(session: &TurnkeyP256ApiKey, token: &str, body: &str, certificate: &[u8]) -> pb::StampedRequest {
+    use base64::Engine;
+    use p256::ecdsa::signature::Signer;
+    let signing = p256::ecdsa::SigningKey::from_slice(&session.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signing.sign(body.as_bytes());
+    let stamp = json!({"publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_OIDC",
+        "publicKey": public_key(session), "signature": hex::encode(signature.to_der().as_bytes())});
+    pb::StampedRequest {
+        body: body.as_bytes().to_vec(),
+        stamp_header: "X-Stamp-Attested".into(),
+        stamp: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string()),
+        certificate: certificate.to_vec(),
+    }
+}
+
+/// The refusal's typed reason and its message (the status must be a refusal).
+#[track_caller]
+fn refusal<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> (pb::RefusalReason, String) {
+    match r {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+            let reason = coffer_proto::refusal_reason(&s).unwrap_or_else(|| panic!("no typed reason: {s:?}"));
+            (reason, s.message().to_string())
+        }
+        Ok(v) => panic!("expected a refusal, got {v:?}"),
+    }
+}
+
+/// Item 9: `CreateSession` on the raw socket with OIDC tokens nobody signed, naming a loopback
+/// "issuer" (a listener that counts connections) and a closed port: nothing is fetched before
+/// the stamp and credential are verified, nothing ever from an issuer outside the enclave's
+/// `oidc_issuers_allowed`, the refusal is typed and its text the same for an open and a closed
+/// port. An allowlisted issuer is fetched from only after the stamp, the certified identity and
+/// the issuer check passed, with `User-Agent: coffer-enclave/<version>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_session_makes_no_request_before_authorization_nor_to_an_issuer_not_allowed() {
+    use std::sync::atomic::Ordering;
+    let open = listener().await;
+    let closed = format!("http://127.0.0.1:{}", {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    });
+    let allowed = listener().await;
+    let stack =
+        Stack::start_with(&[coffer_tests::AUDIT_LOG, ("COFFER_OIDC_ISSUERS_ALLOWED", allowed.url.as_str())]).await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let session = TurnkeyP256ApiKey::generate();
+    let session_public = public_key(&session);
+    let create = |auth: Option<pb::Authorization>, provider: Vec<u8>| {
+        let e = enclave.clone();
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest {
+                    auth,
+                    provider_certificate: provider,
+                    parent_certificate: vec![],
+                })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    let login = |ts: u128| body("ACTIVITY_TYPE_STAMP_LOGIN", &org, ts, json!({"publicKey": session_public}));
+    let oauth_login = |iss: &str, ts: u128| {
+        let token = unsigned_token(iss, "victim", &session_public);
+        body("ACTIVITY_TYPE_OAUTH_LOGIN", &org, ts, json!({"oidcToken": token, "publicKey": session_public}))
+    };
+
+    // (a) An attested stamp with no certificate, then with an API key's: refused by the
+    // authority, before the token is looked at for anything but its claims.
+    let mut texts = Vec::new();
+    for iss in [open.url.as_str(), closed.as_str()] {
+        let token = unsigned_token(iss, "victim", &session_public);
+        let (reason, text) =
+            refusal(create(auth(attested_stamp(&session, &token, &login(Stack::now_ms()), &[])), vec![]).await);
+        assert_eq!(reason, pb::RefusalReason::CertificateInvalid, "{text}");
+        let (reason, text2) =
+            refusal(create(auth(attested_stamp(&session, &token, &login(Stack::now_ms()), &root_cert)), vec![]).await);
+        assert_eq!(reason, pb::RefusalReason::IdentityInvalid, "{text2}");
+        texts.push((text, text2));
+    }
+    assert_eq!(texts[0], texts[1], "the same words for an open and a closed port");
+
+    // (b) oauth_login stamped by a genuine credential, naming an issuer not allowlisted: typed
+    // refusal, the same text whatever the port, and an audit line with the reason.
+    let mut texts = Vec::new();
+    for iss in [open.url.as_str(), closed.as_str()] {
+        let b = oauth_login(iss, Stack::now_ms());
+        let (reason, text) = refusal(create(auth(stamped(&root, &b, &root_cert)), root_cert.clone()).await);
+        assert_eq!(reason, pb::RefusalReason::IssuerNotAllowed, "{text}");
+        assert!(!text.contains("127.0.0.1"), "the refusal names no issuer: {text}");
+        let lines = audit_of(&stack, "refuse", "create_session", &b);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["reason_code"], "REFUSAL_REASON_ISSUER_NOT_ALLOWED", "{}", lines[0]);
+        texts.push(text);
+    }
+    assert_eq!(texts[0], texts[1], "the same words for an open and a closed port");
+
+    // (c) An attested stamp that passes every check of the authority (the identity certified
+    // through the gateway, the token bound to the stamping key), naming that open port: still
+    // refused, before any fetch, because the issuer is not allowlisted.
+    let attach = |iss: &str| {
+        json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
+            "oidcClaims": {"iss": iss, "sub": "victim", "aud": "app"}}]})
+    };
+    let provider_cert = |iss: &str| -> Vec<u8> {
+        db(&stack)
+            .query_row("SELECT certificate FROM oauth_providers WHERE issuer = ?1", [iss], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("no provider for {iss}: {e}"))
+    };
+    for iss in [open.url.as_str(), allowed.url.as_str()] {
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/create_oauth_providers",
+                body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach(iss)).as_bytes(),
+                Some(&root),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let token = unsigned_token(&open.url, "victim", &session_public);
+    let (reason, text) = refusal(
+        create(auth(attested_stamp(&session, &token, &login(Stack::now_ms()), &provider_cert(&open.url))), vec![])
+            .await,
+    );
+    assert_eq!(reason, pb::RefusalReason::IssuerNotAllowed, "{text}");
+    assert_eq!(text, texts[0], "one wording for every issuer not allowed");
+    assert_eq!(open.accepted.load(Ordering::SeqCst), 0, "no connection to an issuer that is not allowlisted");
+    assert_eq!(allowed.accepted.load(Ordering::SeqCst), 0, "nothing fetched from anyone so far");
+
+    // (d) The allowlisted issuer: a genuine stamp and its certified identity get the token's keys
+    // fetched (the listener answers 404, so the token is refused), with the enclave's User-Agent.
+    let b = oauth_login(&allowed.url, Stack::now_ms());
+    let r = create(auth(stamped(&root, &b, &root_cert)), provider_cert(&allowed.url)).await;
+    refused(r, tonic::Code::InvalidArgument, "invalid OIDC token");
+    assert_eq!(allowed.accepted.load(Ordering::SeqCst), 1, "one request: the discovery document");
+    let head = allowed.heads.lock().unwrap()[0].to_ascii_lowercase();
+    assert!(head.starts_with("get /.well-known/openid-configuration "), "{head}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(head.contains(&format!("\r\nuser-agent: coffer-enclave/{version}\r\n")), "{head}");
+    // A stamp that does not verify, naming the allowlisted issuer: nothing more is fetched.
+    let b = oauth_login(&allowed.url, Stack::now_ms());
+    let mut bad = stamped(&root, &b, &root_cert);
+    bad.body = oauth_login(&allowed.url, Stack::now_ms() + 1).into_bytes();
+    let (reason, _) = refusal(create(auth(bad), provider_cert(&allowed.url)).await);
+    assert_eq!(reason, pb::RefusalReason::StampInvalid);
+    assert_eq!(allowed.accepted.load(Ordering::SeqCst), 1, "no fetch for a stamp that does not verify");
+    assert_eq!(open.accepted.load(Ordering::SeqCst), 0);
+}
+
+// ---- Audit records outcomes (issue 24, item 10) ---------------------------------------------
+
+/// The enclave's `coffer_audit` outcome lines (whole JSON lines: level and fields) for the body
+/// with `fingerprint`.
+fn outcomes(stack: &Stack, operation: &str, fingerprint: &str) -> Vec<Value> {
+    stack
+        .enclave_log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| {
+            l["target"] == "coffer_audit"
+                && l["fields"]["outcome"].is_string()
+                && l["fields"]["operation"] == operation
+                && l["fields"]["fingerprint"] == fingerprint
+        })
+        .collect()
+}
+
+/// Item 10: a signing the enclave allowed has its allow line and then exactly one outcome line,
+/// `done`; a signing whose sealed key was swapped in the database is allowed, fails, signs
+/// nothing, and its one outcome line says `failed` with `tampering = true`, at error level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
+    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG]).await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (_, a1) = wallet(&client, &org, "w1").await;
+    let (_, a2) = wallet(&client, &org, "w2").await;
+    let sign_path = "/public/v1/submit/sign_raw_payload";
+    let fingerprint = |b: &str| format!("sha256:{}", hex::encode(sha2::Sha256::digest(b.as_bytes())));
+
+    // A normal signing: allow, then done.
+    let ok = sign_body(&org, &a1[0], "fine", Stack::now_ms());
+    let r = stack.post_raw(sign_path, ok.as_bytes(), Some(&root)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let result = &r.json["activity"]["result"]["signRawPayloadResult"];
+    assert_eq!(
+        recover(b"fine", result["r"].as_str().unwrap(), result["s"].as_str().unwrap(), result["v"].as_str().unwrap()),
+        a1[0].to_lowercase()
+    );
+    assert_eq!(audit_of(&stack, "allow", "sign", &ok).len(), 1);
+    let done = outcomes(&stack, "sign", &fingerprint(&ok));
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0]["fields"]["outcome"], "done", "{}", done[0]);
+    assert_eq!(done[0]["fields"]["organization"], org.as_str(), "{}", done[0]);
+    assert_eq!(done[0]["fields"]["credential"], stack.api_public_key.as_str(), "{}", done[0]);
+
+    // The account's sealed key swapped for another account's in the database.
+    db(&stack)
+        .execute(
+            "UPDATE wallet_accounts SET sealed_key = (SELECT sealed_key FROM wallet_accounts WHERE address = ?1) WHERE address = ?2",
+            [&a2[0], &a1[0]],
+        )
+        .unwrap();
+    let swapped = sign_body(&org, &a1[0], "swapped", Stack::now_ms());
+    let r = stack.post_raw(sign_path, swapped.as_bytes(), Some(&root)).await;
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert_eq!(r.json["message"], "stored key material failed to open", "{}", r.text);
+    assert!(r.json["activity"].is_null() && !r.text.contains("signRawPayloadResult"), "nothing signed: {}", r.text);
+    assert_eq!(audit_of(&stack, "allow", "sign", &swapped).len(), 1, "the stamp itself was genuine");
+    let failed = outcomes(&stack, "sign", &fingerprint(&swapped));
+    assert_eq!(failed.len(), 1, "exactly one outcome line: {failed:?}");
+    let f = &failed[0];
+    assert_eq!(f["level"], "ERROR", "{f}");
+    assert_eq!(f["fields"]["outcome"], "failed", "{f}");
+    assert_eq!(f["fields"]["tampering"], true, "{f}");
+    assert_eq!(f["fields"]["error_kind"], "seal_authentication", "{f}");
+    assert_eq!(f["fields"]["organization"], org.as_str(), "{f}");
+    // No payload or key material in any outcome line.
+    for l in stack.enclave_log().lines().filter(|l| l.contains("\"outcome\"")) {
+        assert!(!l.contains("swapped") && !l.contains("fine"), "a payload in an audit line: {l}");
+    }
+    // A refused request (the first body replayed on the enclave socket) writes its refusal and
+    // no outcome line.
+    let enclave = connect(stack.enclave_socket());
+    let c = db(&stack);
+    let (cert, key) = (certificate(&c, &stack.api_public_key), account_ref(&c, &a1[0]));
+    refused(sign(&enclave, auth(stamped(&root, &ok, &cert)), &key).await, tonic::Code::PermissionDenied, "replayed");
+    assert_eq!(outcomes(&stack, "sign", &fingerprint(&ok)).len(), 1, "still the one outcome of the allowed signing");
+}
+
+// ---- Bootstrap needs the operator (issue 24, item 6, bootstrap) -----------------------------
+
+/// Item 6 (bootstrap): `BootstrapOrganization` on the raw socket without an operator stamp, with
+/// another key's stamp, with the operator's stamp over another body, stale or replayed, is
+/// refused with its typed reason and an audit line, and certifies nothing; the operator's fresh
+/// stamp bootstraps exactly the key its body names, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_needs_a_fresh_stamp_of_a_configured_operator_key() {
+    use coffer_gateway::operator_key::OperatorKey;
+    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG]).await;
+    let enclave = connect(stack.enclave_socket());
+    let organizations =
+        || -> i64 { db(&stack).query_row("SELECT COUNT(*) FROM organizations", [], |r| r.get(0)).unwrap() };
+    let before = (organizations(), stack.audit("allow", "bootstrap_organization").len());
+    assert_eq!(before.1, 1, "the stack's own init-org");
+    let boot = |req: pb::BootstrapOrganizationRequest| {
+        let e = enclave.clone();
+        async move { e.clone().bootstrap_organization(req).await.map(|r| r.into_inner()) }
+    };
+    let mallory = TurnkeyP256ApiKey::generate();
+    let operator = OperatorKey::from_file(&stack.operator_key_file()).unwrap();
+    let request = |key: &OperatorKey, pk: &str| {
+        coffer_gateway::orgs::bootstrap_request(key, "mallory-org", "mallory", pk, "CREDENTIAL_TYPE_API_KEY_P256")
+    };
+
+    // The gateway's word alone (the request it sends today without a stamp).
+    let unstamped = pb::BootstrapOrganizationRequest {
+        credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+        public_key: public_key(&mallory),
+        operator: None,
+    };
+    assert_eq!(refusal(boot(unstamped).await).0, pb::RefusalReason::NoAuthorization);
+    // A stamp by a key the enclave was not configured with.
+    let (reason, text) = refusal(boot(request(&OperatorKey::generate(), &public_key(&mallory))).await);
+    assert_eq!(reason, pb::RefusalReason::NotOperator, "{text}");
+    // The operator's stamp over another body (the attacker's key put in).
+    let mut moved = request(&operator, &public_key(&TurnkeyP256ApiKey::generate()));
+    let other = request(&operator, &public_key(&mallory));
+    moved.operator.as_mut().unwrap().body = other.operator.unwrap().body;
+    assert_eq!(refusal(boot(moved).await).0, pb::RefusalReason::NotOperator);
+    // The operator's genuine stamp with another key in the request than its body names.
+    let mut rebound = request(&operator, &public_key(&TurnkeyP256ApiKey::generate()));
+    rebound.public_key = public_key(&mallory);
+    assert_eq!(refusal(boot(rebound).await).0, pb::RefusalReason::BindingMismatch);
+    // A stale operator body.
+    let stale_body = operator_body(&public_key(&mallory), Stack::now_ms() as i64 - 10 * 60 * 1000);
+    let stale = pb::BootstrapOrganizationRequest {
+        credential_type: String::new(),
+        public_key: String::new(),
+        operator: Some(pb::StampedRequest {
+            stamp: operator.stamp(&stale_body),
+            body: stale_body,
+            stamp_header: "X-Stamp".into(),
+            certificate: vec![],
+        }),
+    };
+    assert_eq!(refusal(boot(stale).await).0, pb::RefusalReason::Stale);
+    // Nothing was bootstrapped: no allow line, no certificate, no row.
+    assert_eq!((organizations(), stack.audit("allow", "bootstrap_organization").len()), before);
+    let refusals = stack.audit("refuse", "bootstrap_organization");
+    let codes: Vec<&str> = refusals.iter().map(|f| f["reason_code"].as_str().unwrap()).collect();
+    for code in ["NO_AUTHORIZATION", "NOT_OPERATOR", "STALE"] {
+        assert!(codes.iter().any(|c| c.ends_with(code)), "{code} in {codes:?}");
+    }
+
+    // The operator's fresh stamp: a new organization, the body's key certified, once.
+    let genuine = request(&operator, &public_key(&mallory));
+    let created = boot(genuine.clone()).await.unwrap();
+    let cert = pb::CredentialCertificate::decode(created.certificate.as_slice()).unwrap();
+    assert_eq!(
+        (cert.organization_id.as_str(), cert.user_id.as_str(), cert.public_key.as_str()),
+        (created.organization_id.as_str(), created.user_id.as_str(), public_key(&mallory).as_str())
+    );
+    assert_ne!(created.organization_id, stack.organization_id);
+    let allow = stack.audit("allow", "bootstrap_organization");
+    assert_eq!(allow.len(), 2, "{allow:?}");
+    assert_eq!(allow[1]["organization"], created.organization_id.as_str());
+    assert_eq!(allow[1]["operator"], operator.public_key().as_str());
+    assert_eq!(refusal(boot(genuine).await).0, pb::RefusalReason::Replayed);
+    assert_eq!(stack.audit("allow", "bootstrap_organization").len(), 2, "the replay made nothing");
+}
+
+/// An operator bootstrap body for a root key `pk` at `timestamp_ms`.
+fn operator_body(pk: &str, timestamp_ms: i64) -> Vec<u8> {
+    let v = json!({"type": "COFFER_OPERATOR_BOOTSTRAP_ORGANIZATION", "timestampMs": timestamp_ms.to_string(),
+        "parameters": {"organizationName": "old", "rootUserName": "root", "rootApiPublicKey": pk}});
+    v.to_string().into_bytes()
 }

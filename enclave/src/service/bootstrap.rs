@@ -9,17 +9,27 @@ use coffer_proto::v1 as pb;
 use crate::authority::{refuse, Authority, BOOTSTRAP};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
+use crate::operator::{Operators, BOOTSTRAP_ORGANIZATION};
 
-/// A new organization with one certified P-256 API key (operator bootstrap; ids from the HSM).
+/// A new organization with one certified P-256 API key, for a body an operator key of the
+/// enclave's configuration stamped (ids from the HSM): the key certified is the body's.
 pub(super) fn bootstrap_organization(
     hsm: &Hsm,
     authority: &Authority,
+    operators: &Operators,
     req: pb::BootstrapOrganizationRequest,
 ) -> Result<pb::BootstrapOrganizationResponse, EnclaveError> {
-    if req.credential_type != "CREDENTIAL_TYPE_API_KEY_P256" {
-        return Err(EnclaveError::invalid("bootstrap credentials are P-256 API keys"));
+    let boot = operators.authorize_bootstrap(authority, req.operator.as_ref())?;
+    let p = &boot.body.parameters;
+    let (public_key, credential_type) = grants::api_public_key("API_KEY_CURVE_P256", &p.root_api_public_key)?;
+    // The request's own fields, if the gateway sets them, must say the same as the stamped body.
+    let named = |field: &str, value: &str| field.is_empty() || field.eq_ignore_ascii_case(value);
+    if !named(&req.credential_type, credential_type) || !named(&req.public_key, &public_key) {
+        return Err(EnclaveError::refused(
+            RefusalReason::BindingMismatch,
+            "the request's key is not the one the operator's body names",
+        ));
     }
-    let (public_key, _) = grants::api_public_key("API_KEY_CURVE_P256", &req.public_key)?;
     // Fresh ids from the HSM: a bootstrap can only ever create a new organization, never
     // certify a key into an existing one.
     let uuid = |bytes: &[u8]| {
@@ -36,19 +46,21 @@ pub(super) fn bootstrap_organization(
             org(Effect::CreateOrganization {
                 organization: Organization {
                     id: organization_id.clone(),
-                    name: organization_id.clone(),
+                    name: p.organization_name.clone(),
                     root_quorum_threshold: 1,
                     root_user_ids: vec![user_id.clone()],
                     ..Default::default()
                 },
             }),
-            org(Effect::PutUser { user: User { id: user_id.clone(), name: "root".into(), ..Default::default() } }),
+            org(Effect::PutUser {
+                user: User { id: user_id.clone(), name: p.root_user_name.clone(), ..Default::default() },
+            }),
             org(Effect::AddCredential {
                 credential: Credential {
                     id: api_key_id.clone(),
                     user_id: user_id.clone(),
                     kind: CredentialKind::ApiKey,
-                    credential_type: req.credential_type.clone(),
+                    credential_type: credential_type.to_string(),
                     public_key: public_key.clone(),
                     expires_at_ms: 0,
                 },
@@ -56,23 +68,34 @@ pub(super) fn bootstrap_organization(
         ],
         None,
     )?;
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = BOOTSTRAP_ORGANIZATION,
+        organization = %organization_id,
+        organization_name = %p.organization_name,
+        user = %user_id,
+        user_name = %p.root_user_name,
+        credential = %public_key,
+        operator = %boot.operator,
+        fingerprint = %boot.body.fingerprint,
+        "enclave decision"
+    );
+    crate::audit::record(crate::audit::Decision {
+        operation: BOOTSTRAP_ORGANIZATION,
+        organization: organization_id.clone(),
+        credential: public_key.clone(),
+        fingerprint: boot.body.fingerprint.clone(),
+    });
     let certificate = authority.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
         user_id: user_id.clone(),
-        credential_type: req.credential_type,
-        public_key: public_key.clone(),
+        credential_type: credential_type.to_string(),
+        public_key,
         expires_at_ms: 0,
         issuing_fingerprint: format!("{BOOTSTRAP}{organization_id}"),
         mac: vec![],
     })?;
-    tracing::info!(
-        target: "coffer_audit",
-        decision = "allow",
-        operation = "bootstrap_organization",
-        organization = %organization_id,
-        credential = %public_key,
-        "enclave decision"
-    );
     Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate, api_key_id })
 }
 

@@ -9,8 +9,9 @@ use coffer_proto::v1 as pb;
 use tonic::{Response, Status};
 use zeroize::Zeroizing;
 
-use super::worker::blocking;
-use crate::authority::{refuse, Authority};
+use super::worker::{run_blocking, status};
+use crate::audit;
+use crate::authority::{refuse, Authority, Authorized};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
@@ -113,25 +114,43 @@ pub(super) async fn oauth2_authenticate(
         )
         .into());
     };
-    // Authorize and open the secret in the HSM.
+    // Authorize and open the secret in the HSM; only then is the provider called. The decision's
+    // outcome is written when the whole call ends.
     let h = hsm.clone();
-    let (a, credential, secret) = blocking(move || {
+    let authorized = run_blocking(move || {
         let a = authority.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
         let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
         authority.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
         let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
-        Ok((a, credential, secret))
+        Ok((a, credential, secret, audit::carry()))
     })
-    .await?
-    .into_inner();
+    .await;
+    let (a, credential, secret, outcome) = match authorized {
+        Ok(v) => v,
+        Err(e) => return Err(status(e)),
+    };
+    let result = exchange_and_sign(hsm, &settings, issuer, a, credential, secret).await;
+    outcome.close(result.as_ref().map(|_| ()));
+    result.map(Response::new).map_err(status)
+}
+
+/// The authorized part of [`oauth2_authenticate`]: the exchange at the provider, then the token.
+async fn exchange_and_sign(
+    hsm: Arc<Hsm>,
+    settings: &LoginSettings,
+    issuer: String,
+    a: Authorized,
+    credential: pb::Oauth2Credential,
+    secret: Zeroizing<String>,
+) -> Result<pb::Oauth2AuthenticateResponse, EnclaveError> {
     let p = a.activity.parameters.clone();
     for k in ["authCode", "redirectUri", "codeVerifier", "nonce"] {
         if text(&p, k).is_empty() {
-            return Err(EnclaveError::invalid(format!("{k} is required")).into());
+            return Err(EnclaveError::invalid(format!("{k} is required")));
         }
     }
     let user = oauth2_exchange::exchange(
-        &settings,
+        settings,
         &oauth2_exchange::CodeExchange {
             provider: &credential.provider,
             client_id: &credential.client_id,
@@ -143,7 +162,7 @@ pub(super) async fn oauth2_authenticate(
     )
     .await?;
     drop(secret);
-    blocking(move || {
+    run_blocking(move || {
         let target = text(&p, "bearerTokenTargetPublicKey");
         let encrypted_bearer_token = if target.is_empty() {
             None
@@ -180,6 +199,11 @@ pub(super) async fn oauth2_authenticate(
 }
 
 /// A session for the user a login activity names: its key's certificate and its JWT.
+///
+/// Nothing is fetched before the call's stamp and credential are verified and every local check
+/// passed: an attested stamp's OIDC token is first only read (the authority checks the stamp,
+/// the certified identity and the key binding against its claims), and a token's issuer must be
+/// Coffer's own or allowlisted before its keys are fetched (`sessions::before_fetch`).
 pub(super) async fn create_session(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
@@ -187,50 +211,75 @@ pub(super) async fn create_session(
     req: pb::CreateSessionRequest,
 ) -> Result<Response<pb::CreateSessionResponse>, Status> {
     let req = Arc::new(req);
-    // An attested stamp's token is verified first (it may need the issuer's keys from the
-    // network); the authority then checks it against the certified identity and the stamp.
     let attested = req
         .auth
         .as_ref()
         .and_then(|a| a.request.as_ref())
         .filter(|r| r.stamp_header.eq_ignore_ascii_case(coffer_auth::attested::HEADER))
         .map(|r| coffer_auth::attested::parse(&r.stamp));
-    let attested_claims = match attested {
+    let attested = match attested {
         None => None,
         Some(Err(e)) => return Err(EnclaveError::refused(RefusalReason::StampInvalid, e.message).into()),
-        Some(Ok(stamp)) => match sessions::verify_token(&hsm, &settings, &stamp.token).await {
-            Ok(claims) => Some(claims),
+        Some(Ok(stamp)) => match sessions::read_token(&stamp.token) {
+            Ok(claims) => Some(sessions::PendingToken { token: stamp.token, claims }),
             Err(e) => {
                 return Err(EnclaveError::refused(RefusalReason::IdentityInvalid, format!("attested stamp: {e}")).into())
             }
         },
     };
-    let (h, au, r) = (hsm.clone(), authority.clone(), req.clone());
-    let a = blocking(move || {
+    let (h, au, st, r) = (hsm.clone(), authority.clone(), settings.clone(), req.clone());
+    let authorized = run_blocking(move || {
         let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
-        au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, attested_claims.as_ref())
+        let claims = attested.as_ref().map(|t| &t.claims);
+        let a = au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, claims)?;
+        let tokens = sessions::before_fetch(&h, &st, &a, attested, &r.provider_certificate)?;
+        Ok((a, tokens, audit::carry()))
     })
-    .await?
-    .into_inner();
+    .await;
+    let (a, tokens, outcome) = match authorized {
+        Ok(v) => v,
+        Err(e) => return Err(status(e)),
+    };
+    let result = verify_and_open(hsm, authority, &settings, req, a, tokens).await;
+    outcome.close(result.as_ref().map(|_| ()));
+    result.map(Response::new).map_err(status)
+}
+
+/// The authorized part of [`create_session`]: the tokens verified (fetching an allowlisted
+/// issuer's keys if need be), then the session opened.
+async fn verify_and_open(
+    hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
+    settings: &LoginSettings,
+    req: Arc<pb::CreateSessionRequest>,
+    a: Authorized,
+    tokens: Vec<sessions::PendingToken>,
+) -> Result<pb::CreateSessionResponse, EnclaveError> {
     let seconds = sessions::session_seconds(&a.activity.parameters, settings.max_session_seconds)?;
+    let mut verified = Vec::with_capacity(tokens.len());
+    for t in &tokens {
+        verified.push(sessions::verify_pending(&hsm, settings, &a, t).await?);
+    }
+    // The oauth_login token comes first (`before_fetch`); its nonce binds the session key.
     let identity = if a.activity.activity_type == sessions::OAUTH_LOGIN {
-        match sessions::verified_identity(&h, &settings, &a.activity.parameters).await {
-            Ok(claims) => Some(claims),
-            Err(e) => {
-                refuse(&a, RefusalReason::IdentityInvalid, &e.to_string());
-                return Err(e.into());
-            }
+        let claims = verified
+            .into_iter()
+            .next()
+            .ok_or_else(|| EnclaveError::Internal("oauth_login without its token".into()))?;
+        if let Err(e) = sessions::check_nonce(&a.activity.parameters, &claims) {
+            refuse(&a, RefusalReason::IdentityInvalid, &e.to_string());
+            return Err(e);
         }
+        Some(claims)
     } else {
         None
     };
-    blocking(move || {
+    run_blocking(move || {
         let g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
         sessions::open_session(&hsm, &authority, &a, g, seconds)
     })
     .await
 }
-
 /// The auth proxy's key, made and sealed for the stamped `enable_auth_proxy`.
 pub(super) fn enable_auth_proxy(
     hsm: &Hsm,

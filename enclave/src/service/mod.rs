@@ -24,6 +24,7 @@ use crate::authority::Authority;
 use crate::config::LoginSettings;
 use crate::error::EnclaveError;
 use crate::hsm::Hsm;
+use crate::operator::Operators;
 
 /// The gRPC service over one logged-in HSM.
 #[derive(Clone)]
@@ -31,14 +32,22 @@ pub struct EnclaveService {
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
     login: Arc<LoginSettings>,
+    operators: Arc<Operators>,
 }
 
 /// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
 type BlockingCall<Q, T> = fn(&Hsm, &Authority, Q) -> Result<T, EnclaveError>;
 
 impl EnclaveService {
+    /// The service with no operator key (no organization can be bootstrapped): see
+    /// [`EnclaveService::with_operators`].
     pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
-        Self { hsm, authority, login }
+        Self { hsm, authority, login, operators: Arc::default() }
+    }
+
+    /// The operator keys whose stamps `BootstrapOrganization` accepts.
+    pub fn with_operators(self, operators: Operators) -> Self {
+        Self { operators: Arc::new(operators), ..self }
     }
 
     /// Runs `call` on the request off the async executor.
@@ -61,7 +70,9 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::BootstrapOrganizationRequest>,
     ) -> Answer<pb::BootstrapOrganizationResponse> {
-        self.run(req, bootstrap::bootstrap_organization).await
+        let (hsm, authority, operators) = (self.hsm.clone(), self.authority.clone(), self.operators.clone());
+        let req = req.into_inner();
+        blocking(move || bootstrap::bootstrap_organization(&hsm, &authority, &operators, req)).await
     }
 
     async fn issue_certificates(

@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use base64::Engine;
 use coffer_enclave::authority::Authority;
 use coffer_enclave::hsm::{init_token, Hsm, HsmSettings};
+use coffer_enclave::operator::Operators;
 use coffer_enclave::service::EnclaveService;
 use coffer_proto::v1::enclave_server::EnclaveServer;
 use cryptoki::types::AuthPin;
@@ -19,6 +20,7 @@ use super::transport::Transport;
 use super::Custody;
 use crate::activity::pipeline;
 use crate::error::ApiError;
+use crate::operator_key::OperatorKey;
 use crate::state::AppState;
 use crate::store::SqliteStore;
 
@@ -51,9 +53,16 @@ fn service() -> Arc<EnclaveService> {
             hsm.init_service_keys().expect("service keys");
             let authority =
                 Arc::new(Authority::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store").enforcing(false));
-            Arc::new(EnclaveService::new(hsm, authority, Default::default()))
+            let operators = Operators::new(vec![operator().public_key()]);
+            Arc::new(EnclaveService::new(hsm, authority, Default::default()).with_operators(operators))
         })
         .clone()
+}
+
+/// The operator key of this test process, the one operator its enclave knows.
+pub fn operator() -> &'static OperatorKey {
+    static OPERATOR: OnceLock<OperatorKey> = OnceLock::new();
+    OPERATOR.get_or_init(OperatorKey::generate)
 }
 
 /// The enclave of this test process, reached in memory.
@@ -113,7 +122,9 @@ impl Harness {
         let custody = custody();
         let key = p256::ecdsa::SigningKey::random(&mut rand_core::OsRng);
         let public = hex::encode(key.verifying_key().to_encoded_point(true).as_bytes());
-        let created = crate::orgs::create_root_org(&store, &custody, "test", "root", &public).await.expect("bootstrap");
+        let created = crate::orgs::create_root_org(&store, &custody, operator(), "test", "root", &public)
+            .await
+            .expect("bootstrap");
         let state = gateway_state(store, custody);
         Harness { state, organization_id: created.organization_id, user_id: created.user_id, key, _dir: TempDir(dir) }
     }

@@ -1,0 +1,116 @@
+//! Operator calls to the enclave: the body an operator's key stamps to bootstrap an organization.
+//! The gateway's `init-org` makes and stamps it; the enclave verifies the stamp against the
+//! operator keys of its own configuration, its freshness and that it was not used before, and
+//! certifies exactly the key it names. One format, written once, for both sides.
+
+use p256::ecdsa::signature::Signer;
+use serde::{Deserialize, Serialize};
+
+use crate::AuthError;
+
+/// The `type` of a bootstrap body.
+pub const BOOTSTRAP_ORGANIZATION: &str = "COFFER_OPERATOR_BOOTSTRAP_ORGANIZATION";
+
+/// What an operator bootstraps: a new organization (its id chosen by the enclave) with one root
+/// user holding one P-256 API key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootstrapParameters {
+    pub organization_name: String,
+    pub root_user_name: String,
+    /// The root user's API key: a compressed P-256 point, hex.
+    pub root_api_public_key: String,
+}
+
+/// A parsed bootstrap body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapBody {
+    pub timestamp_ms: i64,
+    pub parameters: BootstrapParameters,
+    /// `crate::envelope::fingerprint` of the exact body: what replay refusal remembers.
+    pub fingerprint: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Wire {
+    #[serde(rename = "type")]
+    kind: String,
+    timestamp_ms: String,
+    parameters: BootstrapParameters,
+}
+
+/// The body that asks for `parameters` at `timestamp_ms` (Unix milliseconds).
+pub fn bootstrap_body(parameters: &BootstrapParameters, timestamp_ms: i64) -> Vec<u8> {
+    let wire = Wire {
+        kind: BOOTSTRAP_ORGANIZATION.into(),
+        timestamp_ms: timestamp_ms.to_string(),
+        parameters: parameters.clone(),
+    };
+    serde_json::to_vec(&wire).unwrap_or_default()
+}
+
+/// Parses a bootstrap body: exactly the fields [`bootstrap_body`] writes, of that type.
+pub fn parse_bootstrap(body: &[u8]) -> Result<BootstrapBody, AuthError> {
+    let wire: Wire = serde_json::from_slice(body).map_err(|_| {
+        AuthError::invalid("not an operator bootstrap body (type, timestampMs and parameters, nothing else)")
+    })?;
+    if wire.kind != BOOTSTRAP_ORGANIZATION {
+        return Err(AuthError::invalid(format!("an operator bootstrap body has type {BOOTSTRAP_ORGANIZATION}")));
+    }
+    let timestamp_ms = wire
+        .timestamp_ms
+        .parse()
+        .map_err(|_| AuthError::invalid("an operator bootstrap body has no valid timestampMs"))?;
+    Ok(BootstrapBody { timestamp_ms, parameters: wire.parameters, fingerprint: crate::envelope::fingerprint(body) })
+}
+
+/// The `X-Stamp` value of `body` by the operator's `key` (the API-key P-256 scheme, so
+/// [`crate::stamp::verify`] checks it).
+pub fn stamp(key: &p256::ecdsa::SigningKey, body: &[u8]) -> String {
+    use base64::Engine;
+    let signature: p256::ecdsa::Signature = key.sign(body);
+    let stamp = serde_json::json!({
+        "publicKey": public_key_hex(key),
+        "scheme": crate::stamp::Scheme::P256.wire_name(),
+        "signature": hex::encode(signature.to_der().as_bytes()),
+    });
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(stamp.to_string())
+}
+
+/// The compressed public key of `key`, lowercase hex (how operator keys are configured).
+pub fn public_key_hex(key: &p256::ecdsa::SigningKey) -> String {
+    hex::encode(key.verifying_key().to_encoded_point(true).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_round_trips_and_its_stamp_verifies_only_over_it() {
+        let key = p256::ecdsa::SigningKey::from_slice(&[3; 32]).unwrap();
+        let params = BootstrapParameters {
+            organization_name: "o".into(),
+            root_user_name: "root".into(),
+            root_api_public_key: "02ab".into(),
+        };
+        let body = bootstrap_body(&params, 1234);
+        let parsed = parse_bootstrap(&body).unwrap();
+        assert_eq!((parsed.timestamp_ms, &parsed.parameters), (1234, &params));
+        assert_eq!(parsed.fingerprint, crate::envelope::fingerprint(&body));
+        let s = crate::stamp::parse(&stamp(&key, &body)).unwrap();
+        assert_eq!(s.public_key, public_key_hex(&key));
+        crate::stamp::verify(&s, &body).unwrap();
+        assert!(crate::stamp::verify(&s, &bootstrap_body(&params, 1235)).is_err());
+        // Anything else than exactly this shape is refused.
+        for other in [
+            br#"{"type":"X","timestampMs":"1","parameters":{"organizationName":"o","rootUserName":"r","rootApiPublicKey":"k"}}"#.as_slice(),
+            br#"{"type":"COFFER_OPERATOR_BOOTSTRAP_ORGANIZATION","timestampMs":"1","parameters":{"organizationName":"o","rootUserName":"r","rootApiPublicKey":"k","extra":1}}"#,
+            br#"{"type":"COFFER_OPERATOR_BOOTSTRAP_ORGANIZATION","timestampMs":"x","parameters":{"organizationName":"o","rootUserName":"r","rootApiPublicKey":"k"}}"#,
+            b"[]",
+        ] {
+            assert!(parse_bootstrap(other).is_err(), "{}", String::from_utf8_lossy(other));
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Operator authorization: `BootstrapOrganization` runs only for a body stamped, just now and
+//! once, by an operator key of the enclave's own configuration (`operator_public_keys`), never on
+//! the gateway's word. Every refusal and allow writes its `coffer_audit` line.
+
+use coffer_auth::operator::{self, BootstrapBody};
+use coffer_auth::stamp;
+use coffer_proto::v1 as pb;
+
+use crate::authority::Authority;
+use crate::error::{EnclaveError, RefusalReason};
+
+/// The operation name of a bootstrap in audit lines and the replay window.
+pub const BOOTSTRAP_ORGANIZATION: &str = "bootstrap_organization";
+
+/// The operators' public keys (compressed P-256, lowercase hex), from the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Operators {
+    keys: Vec<String>,
+}
+
+/// A bootstrap an operator stamped, verified.
+#[derive(Debug)]
+pub struct OperatorBootstrap {
+    pub body: BootstrapBody,
+    /// The operator key that stamped it.
+    pub operator: String,
+}
+
+impl Operators {
+    /// `keys` as `EnclaveConfig::operator_keys` checked them.
+    pub fn new(keys: Vec<String>) -> Self {
+        Self { keys: keys.into_iter().map(|k| k.to_ascii_lowercase()).collect() }
+    }
+
+    /// Verifies the operator's stamped bootstrap body: an `X-Stamp` over exactly the body by a
+    /// configured operator key, a bootstrap body, fresh, and not used before.
+    pub fn authorize_bootstrap(
+        &self,
+        authority: &Authority,
+        request: Option<&pb::StampedRequest>,
+    ) -> Result<OperatorBootstrap, EnclaveError> {
+        let refusal = |reason: RefusalReason, message: &str, fingerprint: &str, operator: &str| {
+            tracing::warn!(
+                target: "coffer_audit",
+                decision = "refuse",
+                operation = BOOTSTRAP_ORGANIZATION,
+                reason = message,
+                reason_code = reason.as_str_name(),
+                credential = operator,
+                fingerprint,
+                "enclave decision"
+            );
+            match reason {
+                RefusalReason::ReplayWindowFull => EnclaveError::Busy { reason, message: message.into() },
+                _ => EnclaveError::refused(reason, message),
+            }
+        };
+        let Some(request) = request else {
+            return Err(refusal(RefusalReason::NoAuthorization, "no operator stamp", "", ""));
+        };
+        let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
+        let refuse = |reason, message: &str, operator: &str| refusal(reason, message, &fingerprint, operator);
+        if self.keys.is_empty() {
+            return Err(refuse(
+                RefusalReason::NotOperator,
+                "no operator key is configured (operator_public_keys): bootstrap is off",
+                "",
+            ));
+        }
+        if !request.stamp_header.eq_ignore_ascii_case("X-Stamp") {
+            return Err(refuse(RefusalReason::StampInvalid, "an operator call carries an X-Stamp", ""));
+        }
+        let s = stamp::parse(&request.stamp).map_err(|e| refuse(RefusalReason::StampInvalid, &e.message, ""))?;
+        if s.scheme != stamp::Scheme::P256 || !self.keys.contains(&s.public_key) {
+            return Err(refuse(RefusalReason::NotOperator, "the stamp is not by an operator key", &s.public_key));
+        }
+        stamp::verify(&s, &request.body).map_err(|e| refuse(RefusalReason::NotOperator, &e.message, &s.public_key))?;
+        let body = operator::parse_bootstrap(&request.body)
+            .map_err(|e| refuse(RefusalReason::OperationMismatch, &e.message, &s.public_key))?;
+        if !authority.is_fresh(body.timestamp_ms) {
+            return Err(refuse(
+                RefusalReason::Stale,
+                "stale or future timestampMs: outside the enclave's freshness window",
+                &s.public_key,
+            ));
+        }
+        match authority.first_use(BOOTSTRAP_ORGANIZATION, &body.fingerprint, body.timestamp_ms) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(refuse(
+                    RefusalReason::Replayed,
+                    "replayed request: this operator body was already used",
+                    &s.public_key,
+                ))
+            }
+            Err(e) => return Err(refuse(RefusalReason::ReplayWindowFull, &e.to_string(), &s.public_key)),
+        }
+        Ok(OperatorBootstrap { body, operator: s.public_key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coffer_auth::operator::{bootstrap_body, BootstrapParameters};
+
+    fn now_ms() -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    }
+
+    #[test]
+    fn only_a_fresh_unused_body_stamped_by_a_configured_operator_key() {
+        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
+        let operator_key = p256::ecdsa::SigningKey::from_slice(&[5; 32]).unwrap();
+        let other = p256::ecdsa::SigningKey::from_slice(&[6; 32]).unwrap();
+        let ops = Operators::new(vec![operator::public_key_hex(&operator_key)]);
+        let params = BootstrapParameters {
+            organization_name: "o".into(),
+            root_user_name: "root".into(),
+            root_api_public_key: operator::public_key_hex(&other),
+        };
+        let request = |key: &p256::ecdsa::SigningKey, body: &[u8]| pb::StampedRequest {
+            body: body.to_vec(),
+            stamp_header: "X-Stamp".into(),
+            stamp: operator::stamp(key, body),
+            certificate: vec![],
+        };
+        let reason = |r: Result<OperatorBootstrap, EnclaveError>| r.unwrap_err().refusal_reason();
+        let body = bootstrap_body(&params, now_ms());
+        assert_eq!(reason(ops.authorize_bootstrap(&authority, None)), Some(RefusalReason::NoAuthorization));
+        assert_eq!(
+            reason(ops.authorize_bootstrap(&authority, Some(&request(&other, &body)))),
+            Some(RefusalReason::NotOperator)
+        );
+        let mut forged = request(&operator_key, &body);
+        forged.body = bootstrap_body(&params, now_ms() + 1);
+        assert_eq!(reason(ops.authorize_bootstrap(&authority, Some(&forged))), Some(RefusalReason::NotOperator));
+        let stale = bootstrap_body(&params, now_ms() - 301_000);
+        assert_eq!(
+            reason(ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &stale)))),
+            Some(RefusalReason::Stale)
+        );
+        assert_eq!(
+            reason(Operators::default().authorize_bootstrap(&authority, Some(&request(&operator_key, &body)))),
+            Some(RefusalReason::NotOperator),
+            "no operator configured: nothing is bootstrapped"
+        );
+        let ok = ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &body))).unwrap();
+        assert_eq!(ok.body.parameters, params);
+        assert_eq!(
+            reason(ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &body)))),
+            Some(RefusalReason::Replayed)
+        );
+    }
+}
