@@ -2,6 +2,7 @@
 
 pub mod activity;
 pub mod auth_proxy;
+pub mod authority_proposal;
 pub mod config;
 pub mod custody;
 pub mod error;
