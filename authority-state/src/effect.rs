@@ -31,7 +31,8 @@ pub enum Effect {
     AddCredential {
         credential: Credential,
     },
-    /// Deletes credentials of one user, of one kind.
+    /// Deletes credentials of one user, of one kind. A session key is an API key (with an
+    /// expiry): removing API keys removes session keys too, as `delete_api_keys` does.
     RemoveCredentials {
         user_id: String,
         kind: CredentialKind,
@@ -87,6 +88,18 @@ pub enum Effect {
     },
     DeletePrivateKeys {
         ids: Vec<String>,
+    },
+    /// A wallet's seed left the enclave (`export_wallet`).
+    MarkWalletExported {
+        id: String,
+    },
+    /// A wallet account's key left the enclave (`export_wallet_account`).
+    MarkAccountExported {
+        id: String,
+    },
+    /// A private key left the enclave (`export_private_key`).
+    MarkPrivateKeyExported {
+        id: String,
     },
     PutContractInterface {
         interface: ContractInterface,
@@ -145,6 +158,12 @@ pub enum ApplyError {
     RootUser(String),
     #[error("credential {id} does not belong to user {user_id}")]
     NotOwned { id: String, user_id: String },
+}
+
+/// Whether removing credentials of `kind` removes one of `other`: each kind its own, and API
+/// keys session keys too (a session key is an API key with an expiry).
+fn removes(kind: CredentialKind, other: CredentialKind) -> bool {
+    kind == other || (kind == CredentialKind::ApiKey && other == CredentialKind::Session)
 }
 
 /// The entries an effect touched: `(kind, id)`, to write or delete in the store.
@@ -241,7 +260,7 @@ impl AuthorityState {
                 for id in ids {
                     match self.credentials.get(id) {
                         None => return Err(ApplyError::Missing { kind: CREDENTIAL, id: id.clone() }),
-                        Some(c) if &c.user_id != user_id || c.kind != *kind => {
+                        Some(c) if &c.user_id != user_id || !removes(*kind, c.kind) => {
                             return Err(ApplyError::NotOwned { id: id.clone(), user_id: user_id.clone() })
                         }
                         Some(_) => {}
@@ -377,6 +396,25 @@ impl AuthorityState {
                 t.push((PRIVATE_KEY, private_key.id.clone()));
             }
             Effect::DeletePrivateKeys { ids } => remove_all(&mut self.private_keys, PRIVATE_KEY, ids, &mut t)?,
+            Effect::MarkWalletExported { id } => {
+                let w = self.wallets.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: WALLET, id: id.clone() })?;
+                w.exported = true;
+                t.push((WALLET, id.clone()));
+            }
+            Effect::MarkAccountExported { id } => {
+                let a =
+                    self.accounts.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: ACCOUNT, id: id.clone() })?;
+                a.exported = true;
+                t.push((ACCOUNT, id.clone()));
+            }
+            Effect::MarkPrivateKeyExported { id } => {
+                let k = self
+                    .private_keys
+                    .get_mut(id)
+                    .ok_or_else(|| ApplyError::Missing { kind: PRIVATE_KEY, id: id.clone() })?;
+                k.exported = true;
+                t.push((PRIVATE_KEY, id.clone()));
+            }
             Effect::PutContractInterface { interface } => {
                 self.contract_interfaces.insert(interface.id.clone(), interface.clone());
                 t.push((CONTRACT_INTERFACE, interface.id.clone()));

@@ -1,65 +1,294 @@
-//! The changes an activity's writes make to the organization's authority state, as the enclave's
-//! `ApplyActivity` checks them against the stamped body (one arm per kind of write).
+//! The authority state changes an activity's writes make (issue 24): what the gateway proposes
+//! to the enclave with the stamped request, which the enclave's `transition::check` recomputes
+//! from the stamped body. One arm per [`Write`] variant, whatever activity produced it.
+//!
+//! Project the handler's writes before `certify_credentials` fills in certificates: an API key
+//! that already carries one is a key the enclave issued itself (a session key, the auth proxy's
+//! key), which the enclave records on its own and the proposal leaves out.
 
-use coffer_authority_state::model::{CredentialKind, Policy};
-use coffer_authority_state::{Change, Credential, Effect};
+use coffer_authority_state::effect::{Change, Effect, TagKind};
+use coffer_authority_state::model::{
+    self as authority, AddressEntry, ContractInterface, Credential, CredentialKind, Named, Policy, Tag,
+};
+use coffer_authority_state::transition::oauth2_credential_value;
 use serde_json::Value;
 
-use crate::record_kinds::POLICY;
-use crate::stamps::stamp::SESSION_CREDENTIAL_TYPES;
-use crate::store::Write;
+use crate::record_kinds as kinds;
+use crate::store::{ApiKey, Record, Write};
 
-/// The proposal of `writes` for `organization_id`'s authority state.
+/// The changes `writes` make to authority state, in order. `organization_id` is the activity's
+/// organization, for the writes that do not name one.
 pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
-    let change = |effect| Change { organization_id: organization_id.to_string(), effect };
     let mut out = Vec::new();
     for w in writes {
-        match w {
-            // Session keys come certified by the enclave's CreateSession, which records them.
-            Write::InsertApiKey(k) if !SESSION_CREDENTIAL_TYPES.contains(&k.credential_type.as_str()) => {
-                out.push(Change {
-                    organization_id: k.organization_id.clone(),
-                    effect: Effect::AddCredential {
-                        credential: Credential {
-                            id: k.id.clone(),
-                            user_id: k.user_id.clone(),
-                            kind: CredentialKind::ApiKey,
-                            credential_type: k.credential_type.clone(),
-                            public_key: k.public_key.clone(),
-                            expires_at_ms: k
-                                .expiration_seconds
-                                .map_or(0, |s| (k.created_at / 1_000_000).max(0) as u64 + s.saturating_mul(1000)),
-                        },
-                    },
-                })
-            }
-            Write::DeleteApiKeys { user_id, ids, .. } => out.push(change(Effect::RemoveCredentials {
-                user_id: user_id.clone(),
-                kind: CredentialKind::ApiKey,
-                ids: ids.clone(),
-            })),
-            Write::DeleteUsers { ids, .. } => out.push(change(Effect::DeleteUsers { ids: ids.clone() })),
-            Write::SetRootQuorum { threshold, user_ids, .. } => {
-                out.push(change(Effect::SetRootQuorum { threshold: *threshold, user_ids: user_ids.clone() }))
-            }
-            Write::PutRecordChecked { record: r, .. } | Write::PutRecord(r) if r.kind == POLICY => {
-                let text = |k: &str| r.data.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-                out.push(change(Effect::PutPolicy {
-                    policy: Policy {
-                        id: r.id.clone(),
-                        name: r.name.clone(),
-                        effect: text("effect"),
-                        condition: text("condition"),
-                        consensus: text("consensus"),
-                        time: text("time"),
-                    },
-                }))
-            }
-            Write::DeleteRecords { kind, ids, .. } if kind == POLICY => {
-                out.push(change(Effect::DeletePolicies { ids: ids.clone() }))
-            }
-            _ => {}
-        }
+        project(organization_id, w, &mut out);
     }
     out
 }
+
+fn change(organization_id: &str, effect: Effect) -> Change {
+    Change { organization_id: organization_id.to_string(), effect }
+}
+
+/// When an API key stops authenticating, in Unix milliseconds (0: never), as the stamp check
+/// reads it: `created_at + expiration_seconds`.
+fn expires_at_ms(k: &ApiKey) -> u64 {
+    k.expiration_seconds
+        .map_or(0, |e| (k.created_at / 1_000_000).saturating_add((e as i64).saturating_mul(1000)).max(1) as u64)
+}
+
+fn tag_kind(kind: &str) -> Option<TagKind> {
+    match kind {
+        kinds::USER_TAG => Some(TagKind::User),
+        kinds::PRIVATE_KEY_TAG => Some(TagKind::PrivateKey),
+        _ => None,
+    }
+}
+
+fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
+    let credential = |id: &str, user_id: &str, kind, credential_type: &str, public_key: String| Effect::AddCredential {
+        credential: Credential {
+            id: id.to_string(),
+            user_id: user_id.to_string(),
+            kind,
+            credential_type: credential_type.to_string(),
+            public_key,
+            expires_at_ms: 0,
+        },
+    };
+    match w {
+        Write::InsertOrganization(o) => out.push(change(
+            &o.id,
+            Effect::CreateOrganization {
+                organization: authority::Organization {
+                    id: o.id.clone(),
+                    name: o.name.clone(),
+                    parent_id: o.parent_id.clone(),
+                    root_quorum_threshold: o.root_quorum_threshold,
+                    root_user_ids: o.root_user_ids.clone(),
+                    ..Default::default()
+                },
+            },
+        )),
+        Write::InsertUser(u) => out.push(change(
+            &u.organization_id,
+            Effect::PutUser {
+                user: authority::User {
+                    id: u.id.clone(),
+                    name: u.name.clone(),
+                    email: u.email.clone().unwrap_or_default(),
+                    tag_ids: Vec::new(),
+                },
+            },
+        )),
+        // Certified already: issued by the enclave, which records it itself.
+        Write::InsertApiKey(k) if !k.certificate.is_empty() => {}
+        Write::InsertApiKey(k) => out.push(change(
+            &k.organization_id,
+            Effect::AddCredential {
+                credential: Credential {
+                    id: k.id.clone(),
+                    user_id: k.user_id.clone(),
+                    kind: CredentialKind::ApiKey,
+                    credential_type: k.credential_type.clone(),
+                    public_key: k.public_key.clone(),
+                    expires_at_ms: expires_at_ms(k),
+                },
+            },
+        )),
+        Write::SetCertificate { .. } => {}
+        Write::InsertWallet(wallet) => out.push(change(
+            &wallet.organization_id,
+            Effect::PutWallet {
+                wallet: authority::Wallet {
+                    id: wallet.id.clone(),
+                    label: wallet.name.clone(),
+                    imported: wallet.imported,
+                    exported: wallet.exported,
+                },
+            },
+        )),
+        Write::InsertAccounts(accounts) => {
+            if let Some(first) = accounts.first() {
+                let accounts = accounts
+                    .iter()
+                    .map(|a| authority::Account {
+                        id: a.id.clone(),
+                        wallet_id: a.wallet_id.clone(),
+                        address: a.address.clone(),
+                        address_format: a.address_format.clone(),
+                        exported: false,
+                    })
+                    .collect();
+                out.push(change(&first.organization_id, Effect::PutAccounts { accounts }));
+            }
+        }
+        Write::InsertPrivateKeys(keys) => out.extend(keys.iter().map(|k| {
+            change(
+                &k.organization_id,
+                Effect::PutPrivateKey {
+                    private_key: authority::PrivateKey {
+                        id: k.id.clone(),
+                        label: k.name.clone(),
+                        tags: k.tags.clone(),
+                        imported: k.imported,
+                        exported: k.exported,
+                        addresses: k
+                            .addresses
+                            .iter()
+                            .map(|a| AddressEntry { format: a.format.clone(), address: a.address.clone() })
+                            .collect(),
+                    },
+                },
+            )
+        })),
+        Write::MarkWalletExported(id) => out.push(change(org, Effect::MarkWalletExported { id: id.clone() })),
+        Write::MarkPrivateKeyExported(id) => out.push(change(org, Effect::MarkPrivateKeyExported { id: id.clone() })),
+        Write::MarkAccountExported(id) => out.push(change(org, Effect::MarkAccountExported { id: id.clone() })),
+        Write::DeleteWallets { ids, .. } => out.push(change(org, Effect::DeleteWallets { ids: ids.clone() })),
+        Write::DeletePrivateKeys { ids, .. } => out.push(change(org, Effect::DeletePrivateKeys { ids: ids.clone() })),
+        Write::PutRecord(record) | Write::PutRecordChecked { record, .. } => out.extend(put_record(record)),
+        Write::DeleteRecords { organization_id, kind, ids } => out.extend(delete_records(organization_id, kind, ids)),
+        Write::PutImportTarget(_) | Write::TakeImportTarget { .. } => {}
+        Write::UpdateUser { organization_id, id, name, email, tag_ids, .. } => out.push(change(
+            organization_id,
+            Effect::UpdateUser { id: id.clone(), name: name.clone(), email: email.clone(), tag_ids: tag_ids.clone() },
+        )),
+        Write::DeleteUsers { organization_id, ids } => {
+            out.push(change(organization_id, Effect::DeleteUsers { ids: ids.clone() }))
+        }
+        Write::DeleteApiKeys { organization_id, user_id, ids } => out.push(change(
+            organization_id,
+            Effect::RemoveCredentials { user_id: user_id.clone(), kind: CredentialKind::ApiKey, ids: ids.clone() },
+        )),
+        Write::UpdateTag { organization_id, kind, id, new_name, add, remove, .. } => {
+            if let Some(kind) = tag_kind(kind) {
+                let effect = Effect::UpdateTag {
+                    kind,
+                    id: id.clone(),
+                    new_name: new_name.clone(),
+                    add: add.clone(),
+                    remove: remove.clone(),
+                };
+                out.push(change(organization_id, effect));
+            }
+        }
+        Write::DeleteTags { organization_id, kind, ids } => {
+            if let Some(kind) = tag_kind(kind) {
+                out.push(change(organization_id, Effect::DeleteTags { kind, ids: ids.clone() }));
+            }
+        }
+        Write::InsertAuthenticators(list) => out.extend(list.iter().map(|a| {
+            let public_key = a.public_key.clone();
+            let effect = credential(
+                &a.id,
+                &a.user_id,
+                CredentialKind::Passkey,
+                coffer_auth::webauthn::CREDENTIAL_TYPE,
+                public_key,
+            );
+            change(&a.organization_id, effect)
+        })),
+        Write::DeleteAuthenticators { organization_id, user_id, ids } => out.push(change(
+            organization_id,
+            Effect::RemoveCredentials { user_id: user_id.clone(), kind: CredentialKind::Passkey, ids: ids.clone() },
+        )),
+        Write::InsertOauthProviders(list) => out.extend(list.iter().map(|p| {
+            let identity = crate::oidc_tokens::identity_hash(&p.issuer, &p.subject, &p.audience);
+            let effect = credential(
+                &p.id,
+                &p.user_id,
+                CredentialKind::OauthIdentity,
+                coffer_auth::grants::OAUTH_PROVIDER,
+                identity,
+            );
+            change(&p.organization_id, effect)
+        })),
+        Write::DeleteOauthProviders { organization_id, user_id, ids } => out.push(change(
+            organization_id,
+            Effect::RemoveCredentials {
+                user_id: user_id.clone(),
+                kind: CredentialKind::OauthIdentity,
+                ids: ids.clone(),
+            },
+        )),
+        Write::SetRootQuorum { organization_id, threshold, user_ids, .. } => out
+            .push(change(organization_id, Effect::SetRootQuorum { threshold: *threshold, user_ids: user_ids.clone() })),
+        Write::RequireRecordSet { .. } => {}
+        Write::DeleteSubOrganization { organization_id, .. } => {
+            out.push(change(organization_id, Effect::DeleteOrganization))
+        }
+        Write::UpdateConsensusActivity { .. }
+        | Write::InsertPolicyEvaluation(_)
+        | Write::InsertIdempotencyKey { .. }
+        | Write::EnqueueWebhookDelivery(_)
+        | Write::DropWebhookDeliveries { .. } => {}
+    }
+}
+
+/// A record's change, by kind: the records authority state keeps (policies, tags, contract
+/// interfaces, webhook endpoints, OAuth 2.0 credentials, features, the auth proxy's flag).
+fn put_record(r: &Record) -> Option<Change> {
+    let text = |k: &str| r.data.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let effect = match r.kind.as_str() {
+        kinds::POLICY => Effect::PutPolicy {
+            policy: Policy {
+                id: r.id.clone(),
+                name: r.name.clone(),
+                effect: text("effect"),
+                condition: text("condition"),
+                consensus: text("consensus"),
+                time: text("time"),
+            },
+        },
+        kinds::USER_TAG | kinds::PRIVATE_KEY_TAG => {
+            Effect::PutTag { kind: tag_kind(&r.kind)?, tag: Tag { id: r.id.clone(), name: r.name.clone() } }
+        }
+        kinds::SMART_CONTRACT_INTERFACE => Effect::PutContractInterface {
+            interface: ContractInterface {
+                id: r.id.clone(),
+                address: text("smartContractAddress"),
+                interface_type: text("type"),
+                body: text("smartContractInterface"),
+            },
+        },
+        kinds::WEBHOOK_ENDPOINT => {
+            Effect::PutWebhookEndpoint { endpoint: Named { id: r.id.clone(), value: text("url") } }
+        }
+        kinds::OAUTH2_CREDENTIAL => Effect::PutOauth2Credential {
+            credential: Named {
+                id: r.id.clone(),
+                value: oauth2_credential_value(&text("provider"), &text("clientId")),
+            },
+        },
+        kinds::FEATURE => Effect::SetFeature { name: r.id.clone(), value: text("value") },
+        kinds::AUTH_PROXY => {
+            Effect::SetAuthProxy { enabled: r.data.get("enabled").and_then(Value::as_bool).unwrap_or(false) }
+        }
+        // Parent certificates and TVC records decide nothing the enclave decides.
+        _ => return None,
+    };
+    Some(change(&r.organization_id, effect))
+}
+
+/// Deleted records' changes, by kind (see [`put_record`]).
+fn delete_records(org: &str, kind: &str, ids: &[String]) -> Vec<Change> {
+    let ids = ids.to_vec();
+    let effect = match kind {
+        kinds::POLICY => Effect::DeletePolicies { ids },
+        kinds::USER_TAG | kinds::PRIVATE_KEY_TAG => match tag_kind(kind) {
+            Some(kind) => Effect::DeleteTags { kind, ids },
+            None => return Vec::new(),
+        },
+        kinds::SMART_CONTRACT_INTERFACE => Effect::DeleteContractInterfaces { ids },
+        kinds::WEBHOOK_ENDPOINT => Effect::DeleteWebhookEndpoints { ids },
+        kinds::OAUTH2_CREDENTIAL => Effect::DeleteOauth2Credentials { ids },
+        kinds::FEATURE => return ids.into_iter().map(|name| change(org, Effect::RemoveFeature { name })).collect(),
+        kinds::AUTH_PROXY => Effect::SetAuthProxy { enabled: false },
+        _ => return Vec::new(),
+    };
+    vec![change(org, effect)]
+}
+
+#[cfg(test)]
+mod tests;

@@ -2,7 +2,9 @@
 //! when their proposed changes are exactly what the stamped body asks for, applied to it.
 
 use coffer_authority_state::subjects::{self, KEY_OPERATIONS};
-use coffer_authority_state::transition::{self, Input};
+use coffer_auth::envelope::derived_id;
+use coffer_auth::grants::granted_credentials;
+use coffer_authority_state::transition::{self, Grant, Input};
 use coffer_authority_state::Change;
 use coffer_proto::v1 as pb;
 
@@ -37,12 +39,27 @@ pub(super) fn apply_activity(
         return Ok(pb::ApplyActivityResponse::default());
     };
     let loaded = &decided.loaded;
+    // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
+    // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
+    let fingerprint = a.activity.fingerprint.clone();
+    let derive_id = move |label: &str, i: usize| derived_id(&fingerprint, label, i);
+    let grants: Vec<Grant> = granted_credentials(&a.activity)?
+        .into_iter()
+        .map(|g| Grant {
+            organization_id: g.organization_id,
+            user_id: g.user_id,
+            credential_type: g.credential_type,
+            public_key: g.public_key,
+        })
+        .collect();
     let input = Input {
         state: &loaded.state,
         activity_type: &a.activity.activity_type,
         params: &a.activity.parameters,
         proposal: &proposal,
         now_ms: crate::authority::now_ms(),
+        derive_id: &derive_id,
+        grants: &grants,
     };
     if let Err(e) = transition::check(&input) {
         if !authority.rules().enforces() {

@@ -135,26 +135,28 @@ async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<supe
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
     let mut outcome = (op.handler)(ctx, params).await?;
+    // Projected before certification: an API key already certified is one the enclave issued
+    // (a session or the auth proxy's key), which it recorded itself.
+    let proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    apply_in_enclave(&state, op, &org, auth, &outcome.writes).await?;
+    apply_in_enclave(&state, op, auth, &proposal).await?;
     Ok(outcome)
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
-/// enclave call) over the organization's authority state, and apply the changes `writes` make
-/// to it: the enclave refuses unless they are exactly what the stamped body asks for.
+/// enclave call) over the organization's authority state, and apply `proposal`, the changes the
+/// activity's writes make to it: the enclave refuses unless they are exactly what the stamped
+/// body asks for.
 async fn apply_in_enclave(
     state: &Arc<AppState>,
     op: &'static Operation,
-    org: &str,
     auth: coffer_proto::v1::Authorization,
-    writes: &[Write],
+    proposal: &[coffer_authority_state::Change],
 ) -> Result<(), ApiError> {
     if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
         return Ok(());
     }
-    let proposal = crate::authority_proposal::proposal(org, writes);
-    let proposal = serde_json::to_vec(&proposal).map_err(|_| ApiError::internal())?;
+    let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, ..Default::default() };
     state.custody.authorized(&auth).apply_activity(request).await?;
     Ok(())

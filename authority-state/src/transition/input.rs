@@ -1,0 +1,180 @@
+//! What a transition reads ([`Input`]): the state, the stamped body, the proposal it checks and
+//! what coffer-auth derives from the body ([`Grant`], derived ids); and the readers every
+//! transition shares.
+
+use serde_json::Value;
+
+use crate::effect::{Change, Effect};
+use crate::model::{AuthorityState, Millis};
+
+/// Why a proposal is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// The stamped body asks for something else than the proposal does.
+    #[error("the proposed changes are not what the stamped body asks for: {0}")]
+    Mismatch(String),
+    /// The stamped body cannot be read as its activity type, or asks for what its organization's
+    /// state refuses (a missing record, an unexported key deleted without `deleteWithoutExport`).
+    #[error("the stamped body is not a valid {activity_type}: {reason}")]
+    Invalid { activity_type: String, reason: String },
+}
+
+/// A credential the stamped body grants, as `coffer_auth::grants::granted_credentials` computes
+/// it (this crate parses no WebAuthn attestation and no OIDC token): passkeys and OAuth
+/// identities are taken from here, each matched to its place in the body by organization, user
+/// and type.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Grant {
+    pub organization_id: String,
+    pub user_id: String,
+    pub credential_type: String,
+    /// Lowercase hex, or an OAuth identity's hash.
+    pub public_key: String,
+}
+
+/// Labels of [`Input::derive_id`], the same as `coffer_auth::envelope::{USER_ID,
+/// SUB_ORGANIZATION_ID}`.
+pub const USER_ID: &str = "user";
+pub const SUB_ORGANIZATION_ID: &str = "sub-organization";
+
+/// What a transition reads.
+pub struct Input<'a> {
+    pub state: &'a AuthorityState,
+    pub activity_type: &'a str,
+    /// The stamped body's parameters.
+    pub params: &'a Value,
+    pub proposal: &'a [Change],
+    pub now_ms: Millis,
+    /// `coffer_auth::envelope::derived_id(fingerprint, label, index)` of the stamped activity:
+    /// the ids of the users ([`USER_ID`], by position in the body) and of the sub-organization
+    /// ([`SUB_ORGANIZATION_ID`], index 0) the body creates.
+    pub derive_id: &'a dyn Fn(&str, usize) -> String,
+    /// Every credential the stamped body grants (`coffer_auth::grants::granted_credentials`).
+    pub grants: &'a [Grant],
+}
+
+impl Input<'_> {
+    pub(crate) fn org(&self) -> String {
+        self.state.organization.id.clone()
+    }
+
+    /// A change of this organization.
+    pub(crate) fn change(&self, effect: Effect) -> Change {
+        Change { organization_id: self.org(), effect }
+    }
+
+    pub(crate) fn invalid(&self, reason: impl Into<String>) -> TransitionError {
+        TransitionError::Invalid { activity_type: self.activity_type.to_string(), reason: reason.into() }
+    }
+
+    pub(crate) fn text(&self, key: &str) -> Result<String, TransitionError> {
+        text_of(self.params, key)
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| self.invalid(format!("{key} is missing")))
+    }
+
+    pub(crate) fn opt_text(&self, key: &str) -> Option<String> {
+        text_of(self.params, key)
+    }
+
+    /// A list of ids, each kept once (the handlers' `dedup`).
+    pub(crate) fn texts(&self, key: &str) -> Vec<String> {
+        dedup(raw_texts(self.params, key))
+    }
+
+    /// The `n`th change of the proposal.
+    pub(crate) fn proposed(&self, n: usize) -> Option<&Effect> {
+        self.proposal.get(n).map(|c| &c.effect)
+    }
+
+    /// The id the proposal gives the record made by its `n`th change: the gateway names new
+    /// records; an id already in use is refused.
+    pub(crate) fn new_id(&self, n: usize, taken: impl Fn(&str) -> bool) -> Result<String, TransitionError> {
+        let id = self.proposed(n).and_then(proposed_id).unwrap_or_default();
+        if id.is_empty() || id.len() > 128 || taken(&id) {
+            return Err(TransitionError::Mismatch(format!("change {n} does not name a new record")));
+        }
+        Ok(id)
+    }
+
+    /// [`Input::new_id`] for the next change after `out`, also refusing an id `out` already made.
+    pub(crate) fn fresh(&self, out: &[Change], taken: impl Fn(&str) -> bool) -> Result<String, TransitionError> {
+        self.new_id(out.len(), |id| taken(id) || out.iter().any(|c| proposed_id(&c.effect).as_deref() == Some(id)))
+    }
+
+    /// The public keys the body grants `user_id` of `organization_id` as `credential_type`, in
+    /// body order; exactly `count` of them, or the body and its grants disagree.
+    pub(crate) fn granted(
+        &self,
+        organization_id: &str,
+        user_id: &str,
+        credential_type: &str,
+        count: usize,
+    ) -> Result<Vec<String>, TransitionError> {
+        let keys: Vec<String> = self
+            .grants
+            .iter()
+            .filter(|g| {
+                g.organization_id == organization_id && g.user_id == user_id && g.credential_type == credential_type
+            })
+            .map(|g| g.public_key.clone())
+            .collect();
+        if keys.len() != count {
+            return Err(self.invalid(format!(
+                "the body lists {count} {credential_type} credential(s) of user {user_id}, its grants {}",
+                keys.len()
+            )));
+        }
+        Ok(keys)
+    }
+}
+
+pub(crate) fn text_of(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// The objects of the list `key` of `v` (none when absent).
+pub(crate) fn items<'v>(v: &'v Value, key: &str) -> &'v [Value] {
+    v.get(key).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default()
+}
+
+/// The strings of the list `key` of `v`, as given (repeats kept).
+pub(crate) fn raw_texts(v: &Value, key: &str) -> Vec<String> {
+    items(v, key).iter().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+/// Keeps the first occurrence of each id.
+pub(crate) fn dedup(ids: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(ids.len());
+    for id in ids {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+/// The id of the record an effect creates, as proposed.
+pub(crate) fn proposed_id(e: &Effect) -> Option<String> {
+    Some(match e {
+        Effect::PutPolicy { policy } => policy.id.clone(),
+        Effect::AddCredential { credential } => credential.id.clone(),
+        Effect::PutUser { user } => user.id.clone(),
+        Effect::PutTag { tag, .. } => tag.id.clone(),
+        Effect::PutContractInterface { interface } => interface.id.clone(),
+        Effect::PutWebhookEndpoint { endpoint } => endpoint.id.clone(),
+        Effect::PutOauth2Credential { credential } => credential.id.clone(),
+        Effect::CreateOrganization { organization } => organization.id.clone(),
+        Effect::PutWallet { wallet } => wallet.id.clone(),
+        _ => return None,
+    })
+}
+
+/// An integer as the handlers read one: a JSON number, or a decimal string (trimmed).
+pub(crate) fn integer(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,259 @@
+//! Transitions of the organization's records and settings: policies, the root quorum, tags,
+//! smart contract interfaces, webhook endpoints, OAuth 2.0 credentials, features and the auth
+//! proxy. Each reads its values from the body (or, for an update, the state it changes) as the
+//! gateway's handler writes them.
+
+use serde_json::Value;
+
+use super::input::{integer, raw_texts, Input, TransitionError};
+use crate::effect::{Change, Effect, TagKind};
+use crate::model::{ContractInterface, Named, Policy, Tag, User};
+
+type Changes = Result<Vec<Change>, TransitionError>;
+
+fn policy_from(i: &Input<'_>, id: String, p: &Value) -> Result<Policy, TransitionError> {
+    let text = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = text("policyName");
+    if name.trim().is_empty() {
+        return Err(i.invalid("policyName is missing"));
+    }
+    Ok(Policy {
+        id,
+        name,
+        effect: text("effect"),
+        condition: text("condition"),
+        consensus: text("consensus"),
+        time: text("time"),
+    })
+}
+
+pub(crate) fn create_policy(i: &Input<'_>) -> Changes {
+    let id = i.new_id(0, |id| i.state.policies.contains_key(id))?;
+    Ok(vec![i.change(Effect::PutPolicy { policy: policy_from(i, id, i.params)? })])
+}
+
+pub(crate) fn create_policies(i: &Input<'_>) -> Changes {
+    let list = i.params.get("policies").and_then(Value::as_array).ok_or_else(|| i.invalid("policies is missing"))?;
+    let mut out = Vec::new();
+    for p in list {
+        let id = i.fresh(&out, |id| i.state.policies.contains_key(id))?;
+        out.push(i.change(Effect::PutPolicy { policy: policy_from(i, id, p)? }));
+    }
+    Ok(out)
+}
+
+pub(crate) fn update_policy(i: &Input<'_>) -> Changes {
+    let id = i.text("policyId")?;
+    let mut p = i.state.policies.get(&id).cloned().ok_or_else(|| i.invalid(format!("policy {id} does not exist")))?;
+    if let Some(v) = i.opt_text("policyName") {
+        p.name = v;
+    }
+    if let Some(v) = i.opt_text("policyEffect") {
+        p.effect = v;
+    }
+    if let Some(v) = i.opt_text("policyCondition") {
+        p.condition = v;
+    }
+    if let Some(v) = i.opt_text("policyConsensus") {
+        p.consensus = v;
+    }
+    if let Some(v) = i.opt_text("time") {
+        p.time = v;
+    }
+    Ok(vec![i.change(Effect::PutPolicy { policy: p })])
+}
+
+pub(crate) fn delete_policy(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeletePolicies { ids: vec![i.text("policyId")?] })])
+}
+
+/// `delete_policies`: the ids as given (the gateway refuses repeats).
+pub(crate) fn delete_policies(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeletePolicies { ids: raw_texts(i.params, "policyIds") })])
+}
+
+pub(crate) fn update_root_quorum(i: &Input<'_>) -> Changes {
+    let threshold = integer(i.params.get("threshold")).filter(|t| *t >= 1);
+    let threshold = threshold.ok_or_else(|| i.invalid("threshold is not a positive integer"))?;
+    let user_ids = raw_texts(i.params, "userIds");
+    if threshold as u64 > user_ids.len() as u64 {
+        return Err(i.invalid("threshold is more than the number of quorum users"));
+    }
+    Ok(vec![i.change(Effect::SetRootQuorum { threshold, user_ids })])
+}
+
+pub(crate) fn delete_users(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeleteUsers { ids: i.texts("userIds") })])
+}
+
+fn tag_exists(i: &Input<'_>, kind: TagKind, id: &str) -> bool {
+    match kind {
+        TagKind::User => i.state.user_tags.contains_key(id),
+        TagKind::PrivateKey => i.state.private_key_tags.contains_key(id),
+    }
+}
+
+/// `create_user_tag` / `create_private_key_tag`: the tag, then its members (the gateway writes
+/// the membership update even when the body lists none).
+pub(crate) fn create_tag(i: &Input<'_>, kind: TagKind, name_key: &str, members_key: &str) -> Changes {
+    let id = i.new_id(0, |id| tag_exists(i, kind, id))?;
+    let name = i.text(name_key)?;
+    Ok(vec![
+        i.change(Effect::PutTag { kind, tag: Tag { id: id.clone(), name } }),
+        i.change(Effect::UpdateTag { kind, id, new_name: None, add: i.texts(members_key), remove: Vec::new() }),
+    ])
+}
+
+/// `update_user_tag` / `update_private_key_tag`: members added and removed (each once), then
+/// the new name.
+pub(crate) fn update_tag(
+    i: &Input<'_>,
+    kind: TagKind,
+    keys: [&str; 4], // id, new name, add, remove
+) -> Changes {
+    let [id_key, name_key, add_key, remove_key] = keys;
+    let id = i.text(id_key)?;
+    if !tag_exists(i, kind, &id) {
+        return Err(i.invalid(format!("tag {id} does not exist")));
+    }
+    let (add, remove) = (i.texts(add_key), i.texts(remove_key));
+    if let Some(both) = add.iter().find(|a| remove.contains(a)) {
+        return Err(i.invalid(format!("{both} is both added to and removed from the tag")));
+    }
+    Ok(vec![i.change(Effect::UpdateTag { kind, id, new_name: i.opt_text(name_key), add, remove })])
+}
+
+pub(crate) fn delete_tags(i: &Input<'_>, kind: TagKind, key: &str) -> Changes {
+    Ok(vec![i.change(Effect::DeleteTags { kind, ids: i.texts(key) })])
+}
+
+pub(crate) fn create_smart_contract_interface(i: &Input<'_>) -> Changes {
+    let id = i.new_id(0, |id| i.state.contract_interfaces.contains_key(id))?;
+    let interface = ContractInterface {
+        id,
+        address: i.text("smartContractAddress")?,
+        interface_type: i.text("type")?,
+        body: i.text("smartContractInterface")?,
+    };
+    Ok(vec![i.change(Effect::PutContractInterface { interface })])
+}
+
+pub(crate) fn delete_smart_contract_interface(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeleteContractInterfaces { ids: vec![i.text("smartContractInterfaceId")?] })])
+}
+
+pub(crate) fn create_webhook_endpoint(i: &Input<'_>) -> Changes {
+    let id = i.new_id(0, |id| i.state.webhook_endpoints.contains_key(id))?;
+    Ok(vec![i.change(Effect::PutWebhookEndpoint { endpoint: Named { id, value: i.text("url")? } })])
+}
+
+/// `update_webhook_endpoint`: the body's URL, or the endpoint's own when it gives none.
+pub(crate) fn update_webhook_endpoint(i: &Input<'_>) -> Changes {
+    let id = i.text("endpointId")?;
+    let current =
+        i.state.webhook_endpoints.get(&id).ok_or_else(|| i.invalid(format!("webhook endpoint {id} does not exist")))?;
+    let value = i.opt_text("url").unwrap_or_else(|| current.value.clone());
+    Ok(vec![i.change(Effect::PutWebhookEndpoint { endpoint: Named { id, value } })])
+}
+
+pub(crate) fn delete_webhook_endpoint(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeleteWebhookEndpoints { ids: vec![i.text("endpointId")?] })])
+}
+
+/// What an OAuth 2.0 credential names: `provider/clientId` (the gateway record's name).
+pub fn oauth2_credential_value(provider: &str, client_id: &str) -> String {
+    format!("{provider}/{client_id}")
+}
+
+pub(crate) fn create_oauth2_credential(i: &Input<'_>) -> Changes {
+    let id = i.new_id(0, |id| i.state.oauth2_credentials.contains_key(id))?;
+    let value = oauth2_credential_value(&i.text("provider")?, &i.text("clientId")?);
+    Ok(vec![i.change(Effect::PutOauth2Credential { credential: Named { id, value } })])
+}
+
+/// `update_oauth2_credential`: an empty provider or client id keeps the credential's own.
+pub(crate) fn update_oauth2_credential(i: &Input<'_>) -> Changes {
+    let id = i.text("oauth2CredentialId")?;
+    let current = i
+        .state
+        .oauth2_credentials
+        .get(&id)
+        .ok_or_else(|| i.invalid(format!("oauth2 credential {id} does not exist")))?;
+    // Providers are `OAUTH2_PROVIDER_*`: the first `/` ends the provider.
+    let (provider, client_id) = current.value.split_once('/').unwrap_or((current.value.as_str(), ""));
+    let given = |k: &str, old: &str| i.opt_text(k).filter(|v| !v.is_empty()).unwrap_or_else(|| old.to_string());
+    let value = oauth2_credential_value(&given("provider", provider), &given("clientId", client_id));
+    Ok(vec![i.change(Effect::PutOauth2Credential { credential: Named { id, value } })])
+}
+
+pub(crate) fn delete_oauth2_credential(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::DeleteOauth2Credentials { ids: vec![i.text("oauth2CredentialId")?] })])
+}
+
+pub(crate) fn set_organization_feature(i: &Input<'_>) -> Changes {
+    let name = i.text("name")?;
+    Ok(vec![i.change(Effect::SetFeature { name, value: i.opt_text("value").unwrap_or_default() })])
+}
+
+pub(crate) fn remove_organization_feature(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::RemoveFeature { name: i.text("name")? })])
+}
+
+/// The feature `enable_auth_proxy` sets and `disable_auth_proxy` removes.
+pub const AUTH_PROXY_FEATURE: &str = "FEATURE_NAME_AUTH_PROXY";
+/// The policy `enable_auth_proxy` makes for the proxy's user (gateway/src/ops/proxy_config.rs).
+pub const AUTH_PROXY_POLICY_NAME: &str = "Coffer auth proxy: login activities";
+pub const AUTH_PROXY_POLICY_CONDITION: &str = "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN' || activity.type == 'ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8'";
+/// The user `enable_auth_proxy` makes.
+pub const AUTH_PROXY_USER_NAME: &str = "Auth Proxy";
+
+/// The auth proxy policy's consensus: only its user.
+pub fn auth_proxy_policy_consensus(user_id: &str) -> String {
+    format!("approvers.any(user, user.id == '{user_id}')")
+}
+
+/// `enable_auth_proxy`. The first time (no auth proxy policy yet), the proxy's user (its id the enclave's, proposed as a
+/// new user without credentials: the enclave records the proxy's key itself) and the policy
+/// that lets it submit login activities; then, as on every enabling, the flag and the feature.
+pub(crate) fn enable_auth_proxy(i: &Input<'_>) -> Changes {
+    if i.state.organization.auth_proxy_enabled {
+        return Err(i.invalid("the auth proxy is already enabled"));
+    }
+    let mut out = Vec::new();
+    let first = !i.state.policies.values().any(|p| p.name == AUTH_PROXY_POLICY_NAME);
+    if first && matches!(i.proposed(0), Some(Effect::PutUser { .. })) {
+        let user_id = i.new_id(0, |id| i.state.users.contains_key(id))?;
+        out.push(i.change(Effect::PutUser {
+            user: User { id: user_id.clone(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() },
+        }));
+        let policy = Policy {
+            id: i.fresh(&out, |id| i.state.policies.contains_key(id))?,
+            name: AUTH_PROXY_POLICY_NAME.into(),
+            effect: "EFFECT_ALLOW".into(),
+            condition: AUTH_PROXY_POLICY_CONDITION.into(),
+            consensus: auth_proxy_policy_consensus(&user_id),
+            time: String::new(),
+        };
+        out.push(i.change(Effect::PutPolicy { policy }));
+    }
+    out.push(i.change(Effect::SetAuthProxy { enabled: true }));
+    out.push(i.change(Effect::SetFeature { name: AUTH_PROXY_FEATURE.into(), value: String::new() }));
+    Ok(out)
+}
+
+pub(crate) fn disable_auth_proxy(i: &Input<'_>) -> Changes {
+    if !i.state.organization.auth_proxy_enabled {
+        return Err(i.invalid("the auth proxy is not enabled"));
+    }
+    let mut out = vec![i.change(Effect::SetAuthProxy { enabled: false })];
+    if i.state.organization.features.contains_key(AUTH_PROXY_FEATURE) {
+        out.push(i.change(Effect::RemoveFeature { name: AUTH_PROXY_FEATURE.into() }));
+    }
+    Ok(out)
+}
+
+/// `update_auth_proxy_config` changes nothing the enclave decides with: its record is written
+/// back with the flag as it is.
+pub(crate) fn update_auth_proxy_config(i: &Input<'_>) -> Changes {
+    Ok(vec![i.change(Effect::SetAuthProxy { enabled: i.state.organization.auth_proxy_enabled })])
+}

@@ -1,0 +1,917 @@
+//! Each transition: the proposal the gateway's handler makes passes (and applies), and one with
+//! a security-relevant field changed is refused.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::effect::Effect;
+use crate::model::{
+    Account, AuthorityState, ContractInterface, Credential, Named, Organization, Policy, PrivateKey, Tag, User, Wallet,
+};
+
+const NOW: i64 = 1_000_000;
+
+fn state() -> AuthorityState {
+    let mut s = AuthorityState::new(Organization {
+        id: "o".into(),
+        root_quorum_threshold: 1,
+        root_user_ids: vec!["r".into()],
+        ..Default::default()
+    });
+    for u in ["r", "u"] {
+        s.apply(&Effect::PutUser { user: User { id: u.into(), name: u.into(), ..Default::default() } }).unwrap();
+    }
+    s
+}
+
+fn derive(label: &str, n: usize) -> String {
+    format!("{label}-{n}")
+}
+
+fn c(effect: Effect) -> Change {
+    Change { organization_id: "o".into(), effect }
+}
+
+fn run(
+    s: &AuthorityState,
+    ty: &str,
+    params: &Value,
+    proposal: &[Change],
+    grants: &[Grant],
+) -> Result<(), TransitionError> {
+    check(&Input { state: s, activity_type: ty, params, proposal, now_ms: NOW, derive_id: &derive, grants })
+}
+
+/// Applies a proposal: this organization's changes to `s`, a new organization's to a new state.
+fn apply(s: &AuthorityState, proposal: &[Change]) {
+    let mut states: BTreeMap<String, AuthorityState> = BTreeMap::new();
+    states.insert(s.organization.id.clone(), s.clone());
+    for ch in proposal {
+        let st = states.entry(ch.organization_id.clone()).or_default();
+        st.apply(&ch.effect).unwrap_or_else(|e| panic!("{ch:?}: {e}"));
+    }
+}
+
+/// `good` passes and applies; every `(why, bad)` is refused.
+fn case(
+    s: &AuthorityState,
+    ty: &str,
+    params: Value,
+    grants: &[Grant],
+    good: Vec<Change>,
+    bad: Vec<(&str, Vec<Change>)>,
+) {
+    assert_eq!(run(s, ty, &params, &good, grants), Ok(()), "{ty}");
+    apply(s, &good);
+    for (why, proposal) in bad {
+        assert!(run(s, ty, &params, &proposal, grants).is_err(), "{ty}: {why} was accepted");
+    }
+    // Nothing at all, and one change too many, are refused too.
+    assert!(run(s, ty, &params, &[], grants).is_err(), "{ty}: an empty proposal");
+    let mut more = good.clone();
+    more.push(c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["u".into()] }));
+    assert!(run(s, ty, &params, &more, grants).is_err(), "{ty}: an extra change");
+}
+
+/// `proposal` with `f` applied to its change `n`.
+fn with(proposal: &[Change], n: usize, f: impl FnOnce(&mut Change)) -> Vec<Change> {
+    let mut out = proposal.to_vec();
+    f(&mut out[n]);
+    out
+}
+
+fn cred(ch: &mut Change) -> &mut Credential {
+    match &mut ch.effect {
+        Effect::AddCredential { credential } => credential,
+        other => panic!("not a credential: {other:?}"),
+    }
+}
+
+fn key(id: &str, user: &str, pk: &str) -> Effect {
+    Effect::AddCredential {
+        credential: Credential {
+            id: id.into(),
+            user_id: user.into(),
+            kind: CredentialKind::ApiKey,
+            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            public_key: pk.into(),
+            expires_at_ms: 0,
+        },
+    }
+}
+
+fn granted(org: &str, user: &str, ty: &str, pk: &str) -> Grant {
+    Grant { organization_id: org.into(), user_id: user.into(), credential_type: ty.into(), public_key: pk.into() }
+}
+
+fn passkey(id: &str, user: &str, pk: &str) -> Effect {
+    Effect::AddCredential {
+        credential: Credential {
+            id: id.into(),
+            user_id: user.into(),
+            kind: CredentialKind::Passkey,
+            credential_type: WEBAUTHN_CREDENTIAL_TYPE.into(),
+            public_key: pk.into(),
+            expires_at_ms: 0,
+        },
+    }
+}
+
+fn identity(id: &str, user: &str, hash: &str) -> Effect {
+    Effect::AddCredential {
+        credential: Credential {
+            id: id.into(),
+            user_id: user.into(),
+            kind: CredentialKind::OauthIdentity,
+            credential_type: OAUTH_CREDENTIAL_TYPE.into(),
+            public_key: hash.into(),
+            expires_at_ms: 0,
+        },
+    }
+}
+
+fn policy(id: &str, effect: &str) -> Effect {
+    Effect::PutPolicy {
+        policy: Policy {
+            id: id.into(),
+            name: "n".into(),
+            effect: effect.into(),
+            condition: "true".into(),
+            consensus: String::new(),
+            time: String::new(),
+        },
+    }
+}
+
+#[test]
+fn every_type_with_a_transition_is_an_activity_type() {
+    for ty in TYPES {
+        assert!(known(ty), "{ty}");
+        assert!(crate::subjects::subject(ty).is_some(), "{ty}");
+    }
+    let with_transition = crate::subjects::SUBJECTS.iter().filter(|s| known(s.activity_type)).count();
+    assert_eq!(with_transition, TYPES.len());
+}
+
+#[test]
+fn a_proposal_must_be_what_the_body_asks() {
+    let s = state();
+    let body = json!({"policyName": "n", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""});
+    let ty = "ACTIVITY_TYPE_CREATE_POLICY_V3";
+    let good = vec![c(policy("p1", "EFFECT_ALLOW"))];
+    case(&s, ty, body, &[], good, vec![("another effect", vec![c(policy("p1", "EFFECT_DENY"))])]);
+    // A type with no transition proposes nothing.
+    let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+    assert_eq!(run(&s, sign, &json!({}), &[], &[]), Ok(()));
+    assert!(run(&s, sign, &json!({}), &[c(policy("p", "EFFECT_ALLOW"))], &[]).is_err());
+}
+
+#[test]
+fn policies_are_the_bodys() {
+    let mut s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_POLICIES";
+    let body = json!({"policies": [
+        {"policyName": "n", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""},
+        {"policyName": "n", "effect": "EFFECT_DENY", "condition": "true", "notes": ""},
+    ]});
+    let good = vec![c(policy("p1", "EFFECT_ALLOW")), c(policy("p2", "EFFECT_DENY"))];
+    let same_id = with(&good, 1, |ch| {
+        if let Effect::PutPolicy { policy } = &mut ch.effect {
+            policy.id = "p1".into();
+        }
+    });
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        good.clone(),
+        vec![("one id twice", same_id), ("swapped", vec![good[1].clone(), good[0].clone()])],
+    );
+
+    s.apply(&policy("p1", "EFFECT_ALLOW")).unwrap();
+    let ty = "ACTIVITY_TYPE_UPDATE_POLICY_V2";
+    let body = json!({"policyId": "p1", "policyEffect": "EFFECT_DENY", "policyCondition": ""});
+    let mut p = s.policies["p1"].clone();
+    p.effect = "EFFECT_DENY".into();
+    p.condition = String::new();
+    let good = vec![c(Effect::PutPolicy { policy: p.clone() })];
+    let mut kept = p.clone();
+    kept.condition = "true".into();
+    case(&s, ty, body, &[], good, vec![("condition kept", vec![c(Effect::PutPolicy { policy: kept })])]);
+
+    let ty = "ACTIVITY_TYPE_DELETE_POLICIES";
+    let good = vec![c(Effect::DeletePolicies { ids: vec!["p1".into()] })];
+    let other = vec![c(Effect::DeletePolicies { ids: vec!["p2".into()] })];
+    case(&s, ty, json!({"policyIds": ["p1"]}), &[], good.clone(), vec![("another policy", other)]);
+    case(&s, "ACTIVITY_TYPE_DELETE_POLICY", json!({"policyId": "p1"}), &[], good, vec![]);
+}
+
+#[test]
+fn root_quorum_is_the_bodys() {
+    let s = state();
+    let ty = "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM";
+    let good = vec![c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["r".into(), "u".into()] })];
+    let bad = vec![c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["u".into()] })];
+    case(&s, ty, json!({"threshold": " 1", "userIds": ["r", "u"]}), &[], good, vec![("another quorum", bad)]);
+    let none = json!({"threshold": 3, "userIds": ["r", "u"]});
+    assert!(matches!(run(&s, ty, &none, &[], &[]), Err(TransitionError::Invalid { .. })));
+}
+
+#[test]
+fn an_api_key_is_the_one_in_the_body() {
+    let s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
+    let body = json!({"userId": "r", "apiKeys": [{"apiKeyName": "k", "publicKey": " 0x02AB", "curveType": "API_KEY_CURVE_P256"}]});
+    let good = vec![c(key("k1", "r", "02ab"))];
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        good.clone(),
+        vec![
+            ("another key", vec![c(key("k1", "r", "02cd"))]),
+            ("another user", vec![c(key("k1", "u", "02ab"))]),
+            ("another type", with(&good, 0, |ch| cred(ch).credential_type = "CREDENTIAL_TYPE_API_KEY_ED25519".into())),
+            ("an expiry", with(&good, 0, |ch| cred(ch).expires_at_ms = 5)),
+            ("another organization", with(&good, 0, |ch| ch.organization_id = "x".into())),
+        ],
+    );
+    // An expiry within a minute of now + expirationSeconds is the proposal's; further is refused.
+    let body = json!({"userId": "r", "apiKeys": [{"apiKeyName": "k", "publicKey": "02ab", "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "60"}]});
+    let at = |ms: u64| with(&good, 0, |ch| cred(ch).expires_at_ms = ms);
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        at(NOW as u64 + 60_000 + 30),
+        vec![("a later expiry", at(NOW as u64 + 10 * 60_000)), ("none", at(0))],
+    );
+}
+
+#[test]
+fn credentials_are_removed_by_kind() {
+    let mut s = state();
+    s.apply(&key("k1", "u", "02ab")).unwrap();
+    s.apply(&Effect::AddCredential {
+        credential: Credential {
+            id: "s1".into(),
+            user_id: "u".into(),
+            kind: CredentialKind::Session,
+            credential_type: "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256".into(),
+            public_key: "02cc".into(),
+            expires_at_ms: 10,
+        },
+    })
+    .unwrap();
+    s.apply(&passkey("a1", "u", "03aa")).unwrap();
+    s.apply(&identity("o1", "u", "hash")).unwrap();
+    let remove = |kind, ids: &[&str]| {
+        vec![c(Effect::RemoveCredentials {
+            user_id: "u".into(),
+            kind,
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+        })]
+    };
+    // Deleting API keys deletes session keys too (delete_api_keys lists both).
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_API_KEYS",
+        json!({"userId": "u", "apiKeyIds": ["k1", "s1", "k1"]}),
+        &[],
+        remove(CredentialKind::ApiKey, &["k1", "s1"]),
+        vec![("another key", remove(CredentialKind::ApiKey, &["k1"]))],
+    );
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_AUTHENTICATORS",
+        json!({"userId": "u", "authenticatorIds": ["a1"]}),
+        &[],
+        remove(CredentialKind::Passkey, &["a1"]),
+        vec![("another kind", remove(CredentialKind::ApiKey, &["a1"]))],
+    );
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS",
+        json!({"userId": "u", "providerIds": ["o1"]}),
+        &[],
+        remove(CredentialKind::OauthIdentity, &["o1"]),
+        vec![("another user", {
+            let mut p = remove(CredentialKind::OauthIdentity, &["o1"]);
+            if let Effect::RemoveCredentials { user_id, .. } = &mut p[0].effect {
+                *user_id = "r".into();
+            }
+            p
+        })],
+    );
+}
+
+#[test]
+fn passkeys_and_oauth_identities_are_the_granted_ones() {
+    let s = state();
+    let grants = [
+        granted("o", "u", WEBAUTHN_CREDENTIAL_TYPE, "03aa"),
+        granted("o", "u", WEBAUTHN_CREDENTIAL_TYPE, "03bb"),
+        granted("o", "u", OAUTH_CREDENTIAL_TYPE, "hash"),
+    ];
+    let ty = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
+    let body = json!({"userId": "u", "authenticators": [{"authenticatorName": "a"}, {"authenticatorName": "b"}]});
+    let good = vec![c(passkey("a1", "u", "03aa")), c(passkey("a2", "u", "03bb"))];
+    case(
+        &s,
+        ty,
+        body.clone(),
+        &grants,
+        good.clone(),
+        vec![
+            ("another public key", with(&good, 1, |ch| cred(ch).public_key = "03cc".into())),
+            ("another user", with(&good, 0, |ch| cred(ch).user_id = "r".into())),
+            ("one id twice", with(&good, 1, |ch| cred(ch).id = "a1".into())),
+            ("one missing", good[..1].to_vec()),
+        ],
+    );
+    // A body and grants that disagree are refused whatever the proposal.
+    assert!(matches!(run(&s, ty, &body, &good, &grants[..1]), Err(TransitionError::Invalid { .. })));
+
+    let ty = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2";
+    let body = json!({"userId": "u", "oauthProviders": [{"providerName": "g", "oidcClaims": {}}]});
+    let good = vec![c(identity("p1", "u", "hash"))];
+    case(
+        &s,
+        ty,
+        body,
+        &grants,
+        good.clone(),
+        vec![
+            ("another identity", with(&good, 0, |ch| cred(ch).public_key = "other".into())),
+            ("as a passkey", vec![c(passkey("p1", "u", "hash"))]),
+        ],
+    );
+}
+
+#[test]
+fn create_users_makes_the_derived_users_with_the_bodys_credentials() {
+    let mut s = state();
+    s.apply(&Effect::PutTag { kind: TagKind::User, tag: Tag { id: "t1".into(), name: "t".into() } }).unwrap();
+    let ty = "ACTIVITY_TYPE_CREATE_USERS_V4";
+    let body = json!({"users": [
+        {"userName": "alice", "userEmail": "a@x.io", "userTags": ["t1", "t1"],
+         "apiKeys": [{"apiKeyName": "k", "publicKey": "02AB", "curveType": "API_KEY_CURVE_P256"}],
+         "authenticators": [{"authenticatorName": "a"}],
+         "oauthProviders": [{"providerName": "g"}]},
+        {"userName": "bob"},
+    ]});
+    let (u0, u1) = (derive(USER_ID, 0), derive(USER_ID, 1));
+    let grants = [
+        granted("o", &u0, "CREDENTIAL_TYPE_API_KEY_P256", "02ab"),
+        granted("o", &u0, OAUTH_CREDENTIAL_TYPE, "hash"),
+        granted("o", &u0, WEBAUTHN_CREDENTIAL_TYPE, "03aa"),
+    ];
+    let user = |id: &str, name: &str, email: &str| {
+        c(Effect::PutUser { user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![] } })
+    };
+    let good = vec![
+        user(&u0, "alice", "a@x.io"),
+        c(key("k1", &u0, "02ab")),
+        c(Effect::UpdateUser { id: u0.clone(), name: None, email: None, tag_ids: Some(vec!["t1".into()]) }),
+        c(passkey("a1", &u0, "03aa")),
+        c(identity("o1", &u0, "hash")),
+        user(&u1, "bob", ""),
+    ];
+    case(
+        &s,
+        ty,
+        body,
+        &grants,
+        good.clone(),
+        vec![
+            ("another user id", with(&good, 5, |ch| ch.effect = user("u9", "bob", "").effect)),
+            ("an existing user id", with(&good, 5, |ch| ch.effect = user("u", "bob", "").effect)),
+            ("another name", with(&good, 0, |ch| ch.effect = user(&u0, "mallory", "a@x.io").effect)),
+            ("another email", with(&good, 0, |ch| ch.effect = user(&u0, "alice", "m@x.io").effect)),
+            ("another API key", with(&good, 1, |ch| cred(ch).public_key = "02cd".into())),
+            ("an API key of another user", with(&good, 1, |ch| cred(ch).user_id = u1.clone())),
+            ("another passkey", with(&good, 3, |ch| cred(ch).public_key = "03cc".into())),
+            ("another identity", with(&good, 4, |ch| cred(ch).public_key = "other".into())),
+            ("an extra credential", {
+                let mut p = good.clone();
+                p.insert(6, c(key("k9", &u1, "02ee")));
+                p
+            }),
+            ("no tags", {
+                let mut p = good.clone();
+                p.remove(2);
+                p
+            }),
+            (
+                "a root tag",
+                with(&good, 2, |ch| {
+                    ch.effect =
+                        Effect::UpdateUser { id: u0.clone(), name: None, email: None, tag_ids: Some(vec!["t2".into()]) }
+                }),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn update_user_is_the_bodys() {
+    let s = state();
+    let ty = "ACTIVITY_TYPE_UPDATE_USER";
+    let body = json!({"userId": "u", "userName": "n", "userEmail": "", "userTagIds": []});
+    let good = vec![c(Effect::UpdateUser {
+        id: "u".into(),
+        name: Some("n".into()),
+        email: Some(String::new()),
+        tag_ids: None,
+    })];
+    let other = vec![c(Effect::UpdateUser {
+        id: "r".into(),
+        name: Some("n".into()),
+        email: Some(String::new()),
+        tag_ids: None,
+    })];
+    let email_kept = vec![c(Effect::UpdateUser { id: "u".into(), name: Some("n".into()), email: None, tag_ids: None })];
+    case(&s, ty, body, &[], good, vec![("another user", other), ("the email kept", email_kept)]);
+    let ty = "ACTIVITY_TYPE_DELETE_USERS";
+    let good = vec![c(Effect::DeleteUsers { ids: vec!["u".into()] })];
+    case(
+        &s,
+        ty,
+        json!({"userIds": ["u", "u"]}),
+        &[],
+        good,
+        vec![("another user", vec![c(Effect::DeleteUsers { ids: vec!["r".into()] })])],
+    );
+}
+
+#[test]
+fn tags_are_the_bodys() {
+    let mut s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_USER_TAG";
+    let tag =
+        |id: &str, name: &str| c(Effect::PutTag { kind: TagKind::User, tag: Tag { id: id.into(), name: name.into() } });
+    let members = |id: &str, add: &[&str]| {
+        c(Effect::UpdateTag {
+            kind: TagKind::User,
+            id: id.into(),
+            new_name: None,
+            add: add.iter().map(|s| s.to_string()).collect(),
+            remove: vec![],
+        })
+    };
+    // The membership update is there even when the body lists no members.
+    case(
+        &s,
+        ty,
+        json!({"userTagName": "t"}),
+        &[],
+        vec![tag("t1", "t"), members("t1", &[])],
+        vec![("without members", vec![tag("t1", "t")])],
+    );
+    case(
+        &s,
+        ty,
+        json!({"userTagName": "t", "userIds": ["u"]}),
+        &[],
+        vec![tag("t1", "t"), members("t1", &["u"])],
+        vec![
+            ("another member", vec![tag("t1", "t"), members("t1", &["r"])]),
+            ("another tag", vec![tag("t1", "t"), members("t0", &["u"])]),
+        ],
+    );
+    s.apply(&tag("t1", "t").effect).unwrap();
+    let ty = "ACTIVITY_TYPE_UPDATE_USER_TAG";
+    let update = |name: Option<&str>, add: &[&str], remove: &[&str]| {
+        vec![c(Effect::UpdateTag {
+            kind: TagKind::User,
+            id: "t1".into(),
+            new_name: name.map(str::to_string),
+            add: add.iter().map(|s| s.to_string()).collect(),
+            remove: remove.iter().map(|s| s.to_string()).collect(),
+        })]
+    };
+    case(
+        &s,
+        ty,
+        json!({"userTagId": "t1", "newUserTagName": "t2", "addUserIds": ["u", "u"], "removeUserIds": []}),
+        &[],
+        update(Some("t2"), &["u"], &[]),
+        vec![("another member", update(Some("t2"), &["r"], &[])), ("another name", update(Some("x"), &["u"], &[]))],
+    );
+    let both = json!({"userTagId": "t1", "addUserIds": ["u"], "removeUserIds": ["u"]});
+    assert!(matches!(run(&s, ty, &both, &[], &[]), Err(TransitionError::Invalid { .. })));
+    let ty = "ACTIVITY_TYPE_DELETE_USER_TAGS";
+    let del = |id: &str| vec![c(Effect::DeleteTags { kind: TagKind::User, ids: vec![id.into()] })];
+    case(&s, ty, json!({"userTagIds": ["t1"]}), &[], del("t1"), vec![("another tag", del("t2"))]);
+
+    // Private-key tags name private keys.
+    s.apply(&Effect::PutPrivateKey { private_key: PrivateKey { id: "k".into(), ..Default::default() } }).unwrap();
+    let ty = "ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG";
+    let good = vec![
+        c(Effect::PutTag { kind: TagKind::PrivateKey, tag: Tag { id: "pt".into(), name: "p".into() } }),
+        c(Effect::UpdateTag {
+            kind: TagKind::PrivateKey,
+            id: "pt".into(),
+            new_name: None,
+            add: vec!["k".into()],
+            remove: vec![],
+        }),
+    ];
+    let as_user_tag = with(&good, 0, |ch| {
+        ch.effect = Effect::PutTag { kind: TagKind::User, tag: Tag { id: "pt".into(), name: "p".into() } }
+    });
+    case(
+        &s,
+        ty,
+        json!({"privateKeyTagName": "p", "privateKeyIds": ["k"]}),
+        &[],
+        good,
+        vec![("a user tag", as_user_tag)],
+    );
+}
+
+#[test]
+fn records_name_what_the_body_names() {
+    let mut s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_SMART_CONTRACT_INTERFACE";
+    let interface = |address: &str| ContractInterface {
+        id: "i1".into(),
+        address: address.into(),
+        interface_type: "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM".into(),
+        body: "[]".into(),
+    };
+    let body = json!({"smartContractAddress": "0xabc", "smartContractInterface": "[]", "type": "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM", "label": "l"});
+    let put = |i| vec![c(Effect::PutContractInterface { interface: i })];
+    case(&s, ty, body, &[], put(interface("0xabc")), vec![("another address", put(interface("0xdef")))]);
+    s.apply(&put(interface("0xabc"))[0].effect).unwrap();
+    let del = |id: &str| vec![c(Effect::DeleteContractInterfaces { ids: vec![id.into()] })];
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_SMART_CONTRACT_INTERFACE",
+        json!({"smartContractInterfaceId": "i1"}),
+        &[],
+        del("i1"),
+        vec![("another", del("i2"))],
+    );
+
+    let hook = |id: &str, url: &str| {
+        vec![c(Effect::PutWebhookEndpoint { endpoint: Named { id: id.into(), value: url.into() } })]
+    };
+    let ty = "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT";
+    case(
+        &s,
+        ty,
+        json!({"url": "https://a.example/h", "name": "n"}),
+        &[],
+        hook("w1", "https://a.example/h"),
+        vec![("another URL", hook("w1", "https://evil.example/h"))],
+    );
+    s.apply(&hook("w1", "https://a.example/h")[0].effect).unwrap();
+    let ty = "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT";
+    case(
+        &s,
+        ty,
+        json!({"endpointId": "w1", "name": "m"}),
+        &[],
+        hook("w1", "https://a.example/h"),
+        vec![("another URL", hook("w1", "https://evil.example/h"))],
+    );
+    case(
+        &s,
+        ty,
+        json!({"endpointId": "w1", "url": "https://b.example/h"}),
+        &[],
+        hook("w1", "https://b.example/h"),
+        vec![("the old URL", hook("w1", "https://a.example/h"))],
+    );
+    let del = |id: &str| vec![c(Effect::DeleteWebhookEndpoints { ids: vec![id.into()] })];
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_WEBHOOK_ENDPOINT",
+        json!({"endpointId": "w1"}),
+        &[],
+        del("w1"),
+        vec![("another", del("w2"))],
+    );
+
+    let cred2 = |id: &str, v: &str| {
+        vec![c(Effect::PutOauth2Credential { credential: Named { id: id.into(), value: v.into() } })]
+    };
+    let ty = "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL";
+    let body = json!({"provider": "OAUTH2_PROVIDER_X", "clientId": "c/1", "encryptedClientSecret": "e"});
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        cred2("c1", "OAUTH2_PROVIDER_X/c/1"),
+        vec![("another client", cred2("c1", "OAUTH2_PROVIDER_X/c2"))],
+    );
+    s.apply(&cred2("c1", "OAUTH2_PROVIDER_X/c/1")[0].effect).unwrap();
+    let ty = "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL";
+    let body = json!({"oauth2CredentialId": "c1", "provider": "OAUTH2_PROVIDER_DISCORD", "clientId": "", "encryptedClientSecret": ""});
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        cred2("c1", "OAUTH2_PROVIDER_DISCORD/c/1"),
+        vec![("unchanged", cred2("c1", "OAUTH2_PROVIDER_X/c/1"))],
+    );
+    let del = |id: &str| vec![c(Effect::DeleteOauth2Credentials { ids: vec![id.into()] })];
+    case(
+        &s,
+        "ACTIVITY_TYPE_DELETE_OAUTH2_CREDENTIAL",
+        json!({"oauth2CredentialId": "c1"}),
+        &[],
+        del("c1"),
+        vec![("another", del("c2"))],
+    );
+}
+
+#[test]
+fn features_and_the_auth_proxy() {
+    let mut s = state();
+    let set = |name: &str, value: &str| c(Effect::SetFeature { name: name.into(), value: value.into() });
+    let ty = "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE";
+    case(
+        &s,
+        ty,
+        json!({"name": "FEATURE_NAME_WEBAUTHN_ORIGINS", "value": "https://a"}),
+        &[],
+        vec![set("FEATURE_NAME_WEBAUTHN_ORIGINS", "https://a")],
+        vec![("another value", vec![set("FEATURE_NAME_WEBAUTHN_ORIGINS", "https://evil")])],
+    );
+    case(
+        &s,
+        ty,
+        json!({"name": "FEATURE_NAME_EMAIL_AUTH"}),
+        &[],
+        vec![set("FEATURE_NAME_EMAIL_AUTH", "")],
+        vec![("another feature", vec![set("FEATURE_NAME_SMS_AUTH", "")])],
+    );
+    let ty = "ACTIVITY_TYPE_REMOVE_ORGANIZATION_FEATURE";
+    let remove = |name: &str| vec![c(Effect::RemoveFeature { name: name.into() })];
+    case(
+        &s,
+        ty,
+        json!({"name": "FEATURE_NAME_EMAIL_AUTH"}),
+        &[],
+        remove("FEATURE_NAME_EMAIL_AUTH"),
+        vec![("another", remove("FEATURE_NAME_SMS_AUTH"))],
+    );
+
+    // Enabling the first time: the proxy's user, its policy, the flag and the feature.
+    let ty = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
+    let proxy_policy = |user: &str| Policy {
+        id: "pp".into(),
+        name: AUTH_PROXY_POLICY_NAME.into(),
+        effect: "EFFECT_ALLOW".into(),
+        condition: AUTH_PROXY_POLICY_CONDITION.into(),
+        consensus: auth_proxy_policy_consensus(user),
+        time: String::new(),
+    };
+    let enable = vec![c(Effect::SetAuthProxy { enabled: true }), set(AUTH_PROXY_FEATURE, "")];
+    let mut first = vec![
+        c(Effect::PutUser { user: User { id: "px".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() } }),
+        c(Effect::PutPolicy { policy: proxy_policy("px") }),
+    ];
+    first.extend(enable.clone());
+    let mut any = proxy_policy("px");
+    any.consensus = "true".into();
+    case(
+        &s,
+        ty,
+        json!({}),
+        &[],
+        first.clone(),
+        vec![
+            (
+                "a policy for another user",
+                with(&first, 1, |ch| ch.effect = Effect::PutPolicy { policy: proxy_policy("u") }),
+            ),
+            ("a looser policy", with(&first, 1, |ch| ch.effect = Effect::PutPolicy { policy: any })),
+            (
+                "an existing user",
+                with(&first, 0, |ch| {
+                    ch.effect = Effect::PutUser {
+                        user: User { id: "u".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() },
+                    }
+                }),
+            ),
+        ],
+    );
+    for ch in &first {
+        s.apply(&ch.effect).unwrap();
+    }
+    assert!(run(&s, ty, &json!({}), &enable, &[]).is_err(), "already enabled");
+    let ty = "ACTIVITY_TYPE_DISABLE_AUTH_PROXY";
+    let disable =
+        vec![c(Effect::SetAuthProxy { enabled: false }), c(Effect::RemoveFeature { name: AUTH_PROXY_FEATURE.into() })];
+    case(
+        &s,
+        ty,
+        json!({}),
+        &[],
+        disable.clone(),
+        vec![("still enabled", vec![c(Effect::SetAuthProxy { enabled: true })])],
+    );
+    let ty = "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG";
+    case(
+        &s,
+        ty,
+        json!({"allowedOrigins": []}),
+        &[],
+        vec![c(Effect::SetAuthProxy { enabled: true })],
+        vec![("disabling", vec![c(Effect::SetAuthProxy { enabled: false })])],
+    );
+    for ch in &disable {
+        s.apply(&ch.effect).unwrap();
+    }
+    // Enabling again: the flag and the feature only, no second user or policy.
+    let ty = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
+    let again = with(&first, 0, |ch| {
+        ch.effect =
+            Effect::PutUser { user: User { id: "py".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() } }
+    });
+    case(&s, ty, json!({}), &[], enable, vec![("a second proxy user", again)]);
+}
+
+#[test]
+fn keys_are_deleted_only_once_exported_unless_the_body_says_otherwise() {
+    let mut s = state();
+    s.apply(&Effect::PutWallet { wallet: Wallet { id: "w1".into(), ..Default::default() } }).unwrap();
+    s.apply(&Effect::PutWallet { wallet: Wallet { id: "w2".into(), ..Default::default() } }).unwrap();
+    s.apply(&Effect::MarkWalletExported { id: "w1".into() }).unwrap();
+    s.apply(&Effect::PutPrivateKey { private_key: PrivateKey { id: "k1".into(), ..Default::default() } }).unwrap();
+    let ty = "ACTIVITY_TYPE_DELETE_WALLETS";
+    let del = |ids: &[&str]| vec![c(Effect::DeleteWallets { ids: ids.iter().map(|s| s.to_string()).collect() })];
+    case(&s, ty, json!({"walletIds": ["w1"]}), &[], del(&["w1"]), vec![("another wallet", del(&["w2"]))]);
+    assert!(matches!(
+        run(&s, ty, &json!({"walletIds": ["w2"]}), &del(&["w2"]), &[]),
+        Err(TransitionError::Invalid { .. })
+    ));
+    case(
+        &s,
+        ty,
+        json!({"walletIds": ["w2"], "deleteWithoutExport": true}),
+        &[],
+        del(&["w2"]),
+        vec![("both", del(&["w1", "w2"]))],
+    );
+    let ty = "ACTIVITY_TYPE_DELETE_PRIVATE_KEYS";
+    let del = |ids: &[&str]| vec![c(Effect::DeletePrivateKeys { ids: ids.iter().map(|s| s.to_string()).collect() })];
+    assert!(run(&s, ty, &json!({"privateKeyIds": ["k1"]}), &del(&["k1"]), &[]).is_err());
+    case(
+        &s,
+        ty,
+        json!({"privateKeyIds": ["k1"], "deleteWithoutExport": true}),
+        &[],
+        del(&["k1"]),
+        vec![("another", del(&["k2"]))],
+    );
+}
+
+#[test]
+fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
+    let s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8";
+    let body = json!({
+        "subOrganizationName": "sub",
+        "rootQuorumThreshold": 1,
+        "rootUsers": [
+            {"userName": "alice", "apiKeys": [{"apiKeyName": "k", "publicKey": "02ab", "curveType": "API_KEY_CURVE_P256"}],
+             "authenticators": [{"authenticatorName": "a"}]},
+            {"userName": "bob", "userEmail": "b@x.io", "oauthProviders": [{"providerName": "g"}]},
+        ],
+        "disableSmsAuth": true,
+        "disableEmailRecovery": false,
+        "wallet": {"walletName": "w", "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32", "path": "m/44'/60'/0'/0/0", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]},
+    });
+    let sub = derive(SUB_ORGANIZATION_ID, 0);
+    let (u0, u1) = (derive(USER_ID, 0), derive(USER_ID, 1));
+    let grants = [
+        granted(&sub, &u0, "CREDENTIAL_TYPE_API_KEY_P256", "02ab"),
+        granted(&sub, &u0, WEBAUTHN_CREDENTIAL_TYPE, "03aa"),
+        granted(&sub, &u1, OAUTH_CREDENTIAL_TYPE, "hash"),
+        granted(&sub, "", "COFFER_PARENT_ORGANIZATION", "o"),
+    ];
+    let sc = |effect: Effect| Change { organization_id: sub.clone(), effect };
+    let user = |id: &str, name: &str, email: &str| {
+        sc(Effect::PutUser { user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![] } })
+    };
+    let organization = Organization {
+        id: sub.clone(),
+        name: "sub".into(),
+        parent_id: Some("o".into()),
+        root_quorum_threshold: 1,
+        root_user_ids: vec![u0.clone(), u1.clone()],
+        ..Default::default()
+    };
+    let feature = |name: &str| sc(Effect::SetFeature { name: name.into(), value: String::new() });
+    let account = Account {
+        id: "acc1".into(),
+        wallet_id: "w1".into(),
+        address: "0xabc".into(),
+        address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
+        exported: false,
+    };
+    let good = vec![
+        sc(Effect::CreateOrganization { organization: organization.clone() }),
+        user(&u0, "alice", ""),
+        sc(key("k1", &u0, "02ab")),
+        sc(passkey("a1", &u0, "03aa")),
+        user(&u1, "bob", "b@x.io"),
+        sc(identity("o1", &u1, "hash")),
+        feature("FEATURE_NAME_EMAIL_RECOVERY"),
+        feature("FEATURE_NAME_EMAIL_AUTH"),
+        feature("FEATURE_NAME_OTP_EMAIL_AUTH"),
+        sc(Effect::PutWallet { wallet: Wallet { id: "w1".into(), label: "w".into(), ..Default::default() } }),
+        sc(Effect::PutAccounts { accounts: vec![account.clone()] }),
+    ];
+    let org_with = |f: &dyn Fn(&mut Organization)| {
+        let mut o = organization.clone();
+        f(&mut o);
+        with(&good, 0, |ch| ch.effect = Effect::CreateOrganization { organization: o })
+    };
+    case(
+        &s,
+        ty,
+        body.clone(),
+        &grants,
+        good.clone(),
+        vec![
+            ("another organization id", org_with(&|o| o.id = "evil".into())),
+            ("another parent", org_with(&|o| o.parent_id = None)),
+            ("another quorum", org_with(&|o| o.root_user_ids = vec![u0.clone()])),
+            ("another threshold", org_with(&|o| o.root_quorum_threshold = 2)),
+            ("a root user elsewhere", with(&good, 1, |ch| ch.organization_id = "o".into())),
+            ("another API key", with(&good, 2, |ch| cred(ch).public_key = "02cd".into())),
+            ("another passkey", with(&good, 3, |ch| cred(ch).public_key = "03cc".into())),
+            ("an identity for another user", with(&good, 5, |ch| cred(ch).user_id = u0.clone())),
+            ("SMS auth on", {
+                let mut p = good.clone();
+                p.insert(9, feature("FEATURE_NAME_SMS_AUTH"));
+                p
+            }),
+            (
+                "another wallet name",
+                with(&good, 9, |ch| {
+                    ch.effect = Effect::PutWallet {
+                        wallet: Wallet { id: "w1".into(), label: "x".into(), ..Default::default() },
+                    }
+                }),
+            ),
+            (
+                "an imported wallet",
+                with(&good, 9, |ch| {
+                    ch.effect = Effect::PutWallet {
+                        wallet: Wallet { id: "w1".into(), label: "w".into(), imported: true, exported: false },
+                    }
+                }),
+            ),
+            ("the wallet in the parent", with(&good, 9, |ch| ch.organization_id = "o".into())),
+            ("accounts in the parent", with(&good, 10, |ch| ch.organization_id = "o".into())),
+            (
+                "an account of another wallet",
+                with(&good, 10, |ch| {
+                    let mut a = account.clone();
+                    a.wallet_id = "w0".into();
+                    ch.effect = Effect::PutAccounts { accounts: vec![a] };
+                }),
+            ),
+            (
+                "another address format",
+                with(&good, 10, |ch| {
+                    let mut a = account.clone();
+                    a.address_format = "ADDRESS_FORMAT_SOLANA".into();
+                    ch.effect = Effect::PutAccounts { accounts: vec![a] };
+                }),
+            ),
+            ("no accounts", good[..10].to_vec()),
+        ],
+    );
+    // A sub-organization cannot have sub-organizations.
+    let mut child = s.clone();
+    child.organization.parent_id = Some("p".into());
+    assert!(matches!(run(&child, ty, &body, &good, &grants), Err(TransitionError::Invalid { .. })));
+}
+
+#[test]
+fn a_sub_organization_is_deleted_from_inside_with_its_keys_exported() {
+    let mut s = state();
+    let ty = "ACTIVITY_TYPE_DELETE_SUB_ORGANIZATION";
+    let good = vec![c(Effect::DeleteOrganization)];
+    assert!(run(&s, ty, &json!({}), &good, &[]).is_err(), "not a sub-organization");
+    s.organization.parent_id = Some("p".into());
+    let elsewhere = vec![Change { organization_id: "p".into(), effect: Effect::DeleteOrganization }];
+    case(&s, ty, json!({}), &[], good.clone(), vec![("the parent", elsewhere)]);
+    s.apply(&Effect::PutPrivateKey { private_key: PrivateKey { id: "k".into(), ..Default::default() } }).unwrap();
+    assert!(matches!(run(&s, ty, &json!({}), &good, &[]), Err(TransitionError::Invalid { .. })));
+    assert_eq!(run(&s, ty, &json!({"deleteWithoutExport": true}), &good, &[]), Ok(()));
+}

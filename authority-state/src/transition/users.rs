@@ -1,0 +1,409 @@
+//! Transitions of users and their credentials: `create_users`, `update_user`, `delete_users`,
+//! API keys, passkeys and OAuth identities, and the sub-organizations that bring root users of
+//! their own. User and sub-organization ids are the ones the body derives; passkeys' public keys
+//! and OAuth identities' hashes the ones it grants; API keys are read from the body itself.
+
+use serde_json::Value;
+
+use super::input::{dedup, integer, items, text_of, Input, TransitionError, SUB_ORGANIZATION_ID, USER_ID};
+use crate::effect::{Change, Effect};
+use crate::model::{Account, Credential, CredentialKind, Organization, User, Wallet};
+
+/// `coffer_auth::webauthn::CREDENTIAL_TYPE`: a passkey's credential type.
+pub const WEBAUTHN_CREDENTIAL_TYPE: &str = "CREDENTIAL_TYPE_WEBAUTHN_AUTHENTICATOR";
+/// `coffer_auth::grants::OAUTH_PROVIDER`: an OAuth identity's credential type.
+pub const OAUTH_CREDENTIAL_TYPE: &str = "COFFER_OAUTH_PROVIDER";
+
+type Changes = Result<Vec<Change>, TransitionError>;
+
+/// The credential type an API key of `curve_type` is certified as.
+pub fn api_key_type(curve_type: &str) -> Option<&'static str> {
+    Some(match curve_type {
+        "API_KEY_CURVE_P256" => "CREDENTIAL_TYPE_API_KEY_P256",
+        "API_KEY_CURVE_SECP256K1" => "CREDENTIAL_TYPE_API_KEY_SECP256K1",
+        "API_KEY_CURVE_ED25519" => "CREDENTIAL_TYPE_API_KEY_ED25519",
+        _ => return None,
+    })
+}
+
+/// A public key as the gateway stores it (`coffer_auth::grants::api_public_key`): trimmed,
+/// without `0x`, lowercase.
+fn stored_public_key(key: &str) -> String {
+    let key = key.trim();
+    key.strip_prefix("0x").unwrap_or(key).to_ascii_lowercase()
+}
+
+/// `expirationSeconds` as the gateway reads it (a decimal string or a number).
+fn expiration_seconds(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| v.as_str()?.trim().parse().ok())
+}
+
+/// Where the records a transition makes go, and which ids are already taken there.
+struct Target<'s> {
+    organization_id: String,
+    /// Credential ids of the organization's state (none for a new organization).
+    taken: &'s dyn Fn(&str) -> bool,
+}
+
+impl Target<'_> {
+    fn change(&self, effect: Effect) -> Change {
+        Change { organization_id: self.organization_id.clone(), effect }
+    }
+}
+
+/// Appends the credentials one user entry of a body lists (`apiKeys`, then `authenticators`,
+/// then `oauthProviders`), with `between` after the API keys, in the order the gateway writes
+/// them: its API key rows, then the inline credentials.
+fn user_credentials(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    user_id: &str,
+    entry: &Value,
+    between: Option<Effect>,
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    api_keys(i, t, user_id, items(entry, "apiKeys"), out)?;
+    out.extend(between.map(|e| t.change(e)));
+    passkeys(i, t, user_id, items(entry, "authenticators").len(), out)?;
+    oauth_identities(i, t, user_id, items(entry, "oauthProviders").len(), out)
+}
+
+/// The API keys of one user the body lists, as credentials with the proposal's ids. A key's
+/// expiry is the proposal's when it is within a minute of `now + expirationSeconds`.
+fn api_keys(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    user_id: &str,
+    keys: &[Value],
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    for (n, k) in keys.iter().enumerate() {
+        let text = |f: &str| text_of(k, f).unwrap_or_default();
+        let credential_type = api_key_type(&text("curveType"))
+            .ok_or_else(|| i.invalid(format!("apiKeys[{n}].curveType is not a curve")))?;
+        let id = i.fresh(out, t.taken)?;
+        let proposed = match i.proposed(out.len()) {
+            Some(Effect::AddCredential { credential }) => credential.expires_at_ms,
+            _ => 0,
+        };
+        let expires_at_ms = match k.get("expirationSeconds").and_then(expiration_seconds) {
+            None => 0,
+            Some(s) => {
+                let at = (i.now_ms.max(0) as u64).saturating_add(s.saturating_mul(1000));
+                if proposed.abs_diff(at) <= 60_000 {
+                    proposed
+                } else {
+                    at
+                }
+            }
+        };
+        out.push(t.change(Effect::AddCredential {
+            credential: Credential {
+                id,
+                user_id: user_id.to_string(),
+                kind: CredentialKind::ApiKey,
+                credential_type: credential_type.to_string(),
+                public_key: stored_public_key(&text("publicKey")),
+                expires_at_ms,
+            },
+        }));
+    }
+    Ok(())
+}
+
+/// `count` passkeys of `user_id`, with the public keys the body grants.
+fn passkeys(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    user_id: &str,
+    count: usize,
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    granted_credentials(i, t, user_id, count, CredentialKind::Passkey, WEBAUTHN_CREDENTIAL_TYPE, out)
+}
+
+/// `count` OAuth identities of `user_id`, with the identity hashes the body grants.
+fn oauth_identities(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    user_id: &str,
+    count: usize,
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    granted_credentials(i, t, user_id, count, CredentialKind::OauthIdentity, OAUTH_CREDENTIAL_TYPE, out)
+}
+
+fn granted_credentials(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    user_id: &str,
+    count: usize,
+    kind: CredentialKind,
+    credential_type: &str,
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    for public_key in i.granted(&t.organization_id, user_id, credential_type, count)? {
+        let id = i.fresh(out, t.taken)?;
+        out.push(t.change(Effect::AddCredential {
+            credential: Credential {
+                id,
+                user_id: user_id.to_string(),
+                kind,
+                credential_type: credential_type.to_string(),
+                public_key,
+                expires_at_ms: 0,
+            },
+        }));
+    }
+    Ok(())
+}
+
+/// This organization, for credentials of an existing user.
+fn here<'s>(i: &'s Input<'_>, taken: &'s dyn Fn(&str) -> bool) -> Target<'s> {
+    Target { organization_id: i.org(), taken }
+}
+
+/// The user the body names (`userId`), which must exist.
+fn existing_user(i: &Input<'_>) -> Result<String, TransitionError> {
+    let user_id = i.text("userId")?;
+    if !i.state.users.contains_key(&user_id) {
+        return Err(i.invalid(format!("user {user_id} does not exist")));
+    }
+    Ok(user_id)
+}
+
+pub(crate) fn create_api_keys(i: &Input<'_>) -> Changes {
+    let user_id = existing_user(i)?;
+    let taken = |id: &str| i.state.credentials.contains_key(id);
+    let mut out = Vec::new();
+    api_keys(i, &here(i, &taken), &user_id, items(i.params, "apiKeys"), &mut out)?;
+    Ok(out)
+}
+
+pub(crate) fn create_authenticators(i: &Input<'_>) -> Changes {
+    let user_id = existing_user(i)?;
+    let taken = |id: &str| i.state.credentials.contains_key(id);
+    let mut out = Vec::new();
+    passkeys(i, &here(i, &taken), &user_id, items(i.params, "authenticators").len(), &mut out)?;
+    Ok(out)
+}
+
+pub(crate) fn create_oauth_providers(i: &Input<'_>) -> Changes {
+    let user_id = existing_user(i)?;
+    let taken = |id: &str| i.state.credentials.contains_key(id);
+    let mut out = Vec::new();
+    oauth_identities(i, &here(i, &taken), &user_id, items(i.params, "oauthProviders").len(), &mut out)?;
+    Ok(out)
+}
+
+/// `delete_api_keys`, `delete_authenticators`, `delete_oauth_providers`.
+pub(crate) fn remove_credentials(i: &Input<'_>, kind: CredentialKind, key: &str) -> Changes {
+    Ok(vec![i.change(Effect::RemoveCredentials { user_id: i.text("userId")?, kind, ids: i.texts(key) })])
+}
+
+/// A new user as the gateway inserts it: name and email (empty: none) from the body, no tags yet.
+fn new_user(i: &Input<'_>, id: &str, entry: &Value) -> Result<User, TransitionError> {
+    let name = text_of(entry, "userName").filter(|n| !n.trim().is_empty());
+    Ok(User {
+        id: id.to_string(),
+        name: name.ok_or_else(|| i.invalid("userName is missing"))?,
+        email: text_of(entry, "userEmail").unwrap_or_default(),
+        tag_ids: Vec::new(),
+    })
+}
+
+pub(crate) fn create_users(i: &Input<'_>) -> Changes {
+    let users = items(i.params, "users");
+    if users.is_empty() {
+        return Err(i.invalid("users must not be empty"));
+    }
+    let taken = |id: &str| i.state.credentials.contains_key(id);
+    let t = here(i, &taken);
+    let mut out = Vec::new();
+    for (index, entry) in users.iter().enumerate() {
+        let id = (i.derive_id)(USER_ID, index);
+        if i.state.users.contains_key(&id) {
+            return Err(i.invalid(format!("user {id} already exists")));
+        }
+        out.push(i.change(Effect::PutUser { user: new_user(i, &id, entry)? }));
+        let tags = dedup(items(entry, "userTags").iter().filter_map(Value::as_str).map(str::to_string).collect());
+        let tags = (!tags.is_empty()).then(|| Effect::UpdateUser {
+            id: id.clone(),
+            name: None,
+            email: None,
+            tag_ids: Some(tags),
+        });
+        user_credentials(i, &t, &id, entry, tags, &mut out)?;
+    }
+    Ok(out)
+}
+
+pub(crate) fn update_user(i: &Input<'_>) -> Changes {
+    let id = existing_user(i)?;
+    let tags = i.texts("userTagIds");
+    Ok(vec![i.change(Effect::UpdateUser {
+        id,
+        name: i.opt_text("userName"),
+        email: i.opt_text("userEmail"),
+        tag_ids: (!tags.is_empty()).then_some(tags),
+    })])
+}
+
+/// The root quorum threshold of a new sub-organization: from 1 to its number of root users.
+fn threshold(i: &Input<'_>, root_users: usize) -> Result<i64, TransitionError> {
+    match integer(i.params.get("rootQuorumThreshold")) {
+        Some(t) if t >= 1 && t as u64 <= root_users as u64 => Ok(t),
+        _ => Err(i.invalid("rootQuorumThreshold is not an integer from 1 to the number of root users")),
+    }
+}
+
+/// The login features a new sub-organization starts with: on unless the body disables them.
+const SUB_ORGANIZATION_FEATURES: &[(&str, &str)] = &[
+    ("FEATURE_NAME_EMAIL_RECOVERY", "disableEmailRecovery"),
+    ("FEATURE_NAME_EMAIL_AUTH", "disableEmailAuth"),
+    ("FEATURE_NAME_OTP_EMAIL_AUTH", "disableOtpEmailAuth"),
+    ("FEATURE_NAME_SMS_AUTH", "disableSmsAuth"),
+];
+
+/// `create_sub_organization` (V8): the new organization (its id and its root users' derived
+/// from the body, its parent this organization), each root user with the credentials the body
+/// lists, its login features, and its wallet if the body asks for one. The wallet's facts
+/// (ids, addresses) are the enclave's: they are taken as proposed, for the new organization
+/// only, with the name and the account formats the body gives.
+pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
+    if let Some(parent) = &i.state.organization.parent_id {
+        return Err(i.invalid(format!("organization {} is a sub-organization of {parent}", i.org())));
+    }
+    let root_users = items(i.params, "rootUsers");
+    if root_users.is_empty() {
+        return Err(i.invalid("rootUsers must not be empty"));
+    }
+    let sub = (i.derive_id)(SUB_ORGANIZATION_ID, 0);
+    if sub.is_empty() || sub == i.org() {
+        return Err(i.invalid("the sub-organization id is not a new one"));
+    }
+    let user_ids: Vec<String> = (0..root_users.len()).map(|n| (i.derive_id)(USER_ID, n)).collect();
+    let nothing_taken = |_: &str| false;
+    let t = Target { organization_id: sub.clone(), taken: &nothing_taken };
+    let organization = Organization {
+        id: sub.clone(),
+        name: i.opt_text("subOrganizationName").unwrap_or_default(),
+        parent_id: Some(i.org()),
+        root_quorum_threshold: threshold(i, root_users.len())?,
+        root_user_ids: user_ids.clone(),
+        ..Default::default()
+    };
+    let mut out = vec![t.change(Effect::CreateOrganization { organization })];
+    for (entry, id) in root_users.iter().zip(&user_ids) {
+        out.push(t.change(Effect::PutUser { user: new_user(i, id, entry)? }));
+        user_credentials(i, &t, id, entry, None, &mut out)?;
+    }
+    for (name, disable) in SUB_ORGANIZATION_FEATURES {
+        if i.params.get(*disable).and_then(Value::as_bool) != Some(true) {
+            out.push(t.change(Effect::SetFeature { name: name.to_string(), value: String::new() }));
+        }
+    }
+    if let Some(wallet) = i.params.get("wallet").filter(|w| !w.is_null()) {
+        sub_organization_wallet(i, &t, wallet, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The wallet of a new sub-organization, as proposed: a new wallet named as the body asks, then
+/// its accounts (if the body lists any) in the body's address formats, none exported.
+fn sub_organization_wallet(
+    i: &Input<'_>,
+    t: &Target<'_>,
+    body: &Value,
+    out: &mut Vec<Change>,
+) -> Result<(), TransitionError> {
+    let mismatch = |what: &str| TransitionError::Mismatch(format!("the sub-organization's wallet: {what}"));
+    let wallet_id = i.fresh(out, |_| false)?;
+    let label = text_of(body, "walletName").filter(|n| !n.trim().is_empty());
+    let wallet = Wallet {
+        id: wallet_id.clone(),
+        label: label.ok_or_else(|| i.invalid("wallet.walletName is missing"))?,
+        imported: false,
+        exported: false,
+    };
+    out.push(t.change(Effect::PutWallet { wallet }));
+    let wanted = items(body, "accounts");
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let Some(Change { organization_id, effect: Effect::PutAccounts { accounts } }) = i.proposal.get(out.len()) else {
+        return Err(mismatch("its accounts are not proposed"));
+    };
+    if organization_id != &t.organization_id || accounts.len() != wanted.len() {
+        return Err(mismatch("not the accounts the body asks for"));
+    }
+    let mut checked: Vec<Account> = Vec::with_capacity(accounts.len());
+    for (a, w) in accounts.iter().zip(wanted) {
+        let ok = !a.id.is_empty()
+            && a.id.len() <= 128
+            && !checked.iter().any(|c| c.id == a.id)
+            && !a.address.is_empty()
+            && text_of(w, "addressFormat").as_deref() == Some(a.address_format.as_str());
+        if !ok {
+            return Err(mismatch("an account is not one the body asks for"));
+        }
+        checked.push(Account {
+            id: a.id.clone(),
+            wallet_id: wallet_id.clone(),
+            address: a.address.clone(),
+            address_format: a.address_format.clone(),
+            exported: false,
+        });
+    }
+    out.push(t.change(Effect::PutAccounts { accounts: checked }));
+    Ok(())
+}
+
+/// Whether `delete_without_export` is set: without it, every key must have been exported.
+fn without_export(i: &Input<'_>) -> bool {
+    i.params.get("deleteWithoutExport").and_then(Value::as_bool) == Some(true)
+}
+
+/// `delete_sub_organization`, submitted in the sub-organization itself: its state goes.
+pub(crate) fn delete_sub_organization(i: &Input<'_>) -> Changes {
+    if i.state.organization.parent_id.is_none() {
+        return Err(i.invalid(format!("organization {} is not a sub-organization", i.org())));
+    }
+    if !without_export(i) {
+        if let Some(w) = i.state.wallets.values().find(|w| !w.exported) {
+            return Err(i.invalid(format!("wallet {} was never exported", w.id)));
+        }
+        if let Some(k) = i.state.private_keys.values().find(|k| !k.exported) {
+            return Err(i.invalid(format!("private key {} was never exported", k.id)));
+        }
+    }
+    Ok(vec![i.change(Effect::DeleteOrganization)])
+}
+
+/// `delete_wallets`: the ids as given; unexported wallets only with `deleteWithoutExport`.
+pub(crate) fn delete_wallets(i: &Input<'_>) -> Changes {
+    let ids = super::input::raw_texts(i.params, "walletIds");
+    if ids.is_empty() {
+        return Err(i.invalid("walletIds must not be empty"));
+    }
+    if !without_export(i) {
+        if let Some(id) = ids.iter().find(|id| i.state.wallets.get(*id).is_some_and(|w| !w.exported)) {
+            return Err(i.invalid(format!("wallet {id} was never exported")));
+        }
+    }
+    Ok(vec![i.change(Effect::DeleteWallets { ids })])
+}
+
+/// `delete_private_keys`: the ids as given; unexported keys only with `deleteWithoutExport`.
+pub(crate) fn delete_private_keys(i: &Input<'_>) -> Changes {
+    let ids = super::input::raw_texts(i.params, "privateKeyIds");
+    if ids.is_empty() {
+        return Err(i.invalid("privateKeyIds must not be empty"));
+    }
+    if !without_export(i) {
+        if let Some(id) = ids.iter().find(|id| i.state.private_keys.get(*id).is_some_and(|k| !k.exported)) {
+            return Err(i.invalid(format!("private key {id} was never exported")));
+        }
+    }
+    Ok(vec![i.change(Effect::DeletePrivateKeys { ids })])
+}
