@@ -86,6 +86,7 @@ pub fn subject(activity_type: &str) -> Option<&'static Subject> {
 
 /// The activity types whose enclave call is a key operation (they record their own facts):
 /// the gateway never sends them to the enclave's `ApplyActivity`, which refuses them.
+/// (enable_auth_proxy makes its key with `EnableAuthProxy`, then goes through `ApplyActivity`.)
 pub const KEY_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_WALLET",
     "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
@@ -104,7 +105,6 @@ pub const KEY_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_OAUTH_LOGIN",
     "ACTIVITY_TYPE_STAMP_LOGIN",
     "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
-    "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
     "ACTIVITY_TYPE_APPROVE_ACTIVITY",
     "ACTIVITY_TYPE_REJECT_ACTIVITY",
 ];

@@ -78,6 +78,11 @@ pub struct Authorized {
     /// What the organization's rules decided (the state read and the policy evaluation); `None`
     /// only in shadow mode, when they would have refused.
     pub decided: Option<Decided>,
+    /// The organization whose rules decide (the parent's for a parent's login), the submitter and
+    /// the verified voters: what [`Authority::decide_again`] reads.
+    policy_org: String,
+    submitter: VerifiedVote,
+    voters: Vec<VerifiedVote>,
     /// Where [`refuse`] records a refusal after this authorization.
     decisions: DecisionLog,
 }
@@ -233,6 +238,18 @@ impl Authority {
         Self { rules, ..self }
     }
 
+    /// Decides `a` again over its organization's current state (the state moved since), with
+    /// the same stamps; a refusal is returned as the caller's error (and audited).
+    pub fn decide_again(&self, a: &Authorized) -> Result<Option<Decided>, EnclaveError> {
+        let now = now_ms();
+        let p = &a.activity;
+        match self.rules.decide(&a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {
+            Ok(d) => Ok(Some(d)),
+            Err(_) if !self.rules.enforces() => Ok(None),
+            Err((reason, message)) => Err(refuse(a, reason, &message)),
+        }
+    }
+
     /// The organizations' rules this authority decides with.
     pub fn rules(&self) -> &Arc<Rules> {
         &self.rules
@@ -242,6 +259,12 @@ impl Authority {
     pub fn certify(&self, mut cert: pb::CredentialCertificate) -> Result<Vec<u8>, EnclaveError> {
         cert.mac = self.hsm.certificate_mac(&certificate_mac_input(&cert))?;
         Ok(cert.encode_to_vec())
+    }
+
+    /// The certificate `bytes` encode, if this enclave issued it (its MAC verifies).
+    pub fn genuine_certificate(&self, bytes: &[u8]) -> Option<pb::CredentialCertificate> {
+        let cert = pb::CredentialCertificate::decode(bytes).ok().filter(|c| !c.mac.is_empty())?;
+        self.hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac).ok().filter(|v| *v).map(|_| cert)
     }
 
     /// Certifies an OAuth 2.0 credential (the MAC computed in the HSM).
@@ -547,7 +570,18 @@ impl Authority {
             Err((reason, message)) => return Err(Refusal::new(reason, message).about(&activity, &credential)),
         };
         let decisions = DecisionLog(self.store.clone());
-        Ok(Authorized { operation, activity, credential, via_parent, decided, decisions })
+        let policy_org = policy_org.clone();
+        Ok(Authorized {
+            operation,
+            activity,
+            credential,
+            via_parent,
+            decided,
+            decisions,
+            policy_org,
+            submitter,
+            voters,
+        })
     }
 
     /// Records that the body with `fingerprint`, timestamped `timestamp_ms`, was used for

@@ -107,7 +107,8 @@ async fn main() -> anyhow::Result<()> {
         Command::CertifyExisting => {
             use std::io::BufRead;
             let hsm = Arc::new(open_hsm(&cfg)?);
-            let authority = coffer_enclave::authority::Authority::in_memory(hsm, 0, 1)?;
+            let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+            let authority = coffer_enclave::authority::Authority::new(hsm, 0, store);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
                 if line.trim().is_empty() {
@@ -132,6 +133,30 @@ async fn main() -> anyhow::Result<()> {
                     credential = %cert.public_key,
                     "enclave decision"
                 );
+                // The credential enters its organization's authority state too (the same trust).
+                use coffer_authority_state::model::CredentialKind;
+                let kind = match v["kind"].as_str() {
+                    Some("apiKey") => Some(CredentialKind::ApiKey),
+                    Some("authenticator") => Some(CredentialKind::Passkey),
+                    Some("oauthProvider") => Some(CredentialKind::OauthIdentity),
+                    _ => None,
+                };
+                if let Some(kind) = kind {
+                    let credential = coffer_authority_state::Credential {
+                        id: field("id")?,
+                        user_id: cert.user_id.clone(),
+                        kind,
+                        credential_type: cert.credential_type.clone(),
+                        public_key: cert.public_key.clone(),
+                        expires_at_ms: cert.expires_at_ms,
+                    };
+                    if !authority.rules().adopt_credential(&cert.organization_id, credential)? {
+                        eprintln!(
+                            "{}: not added to the authority state (no state for its organization or user, or already there)",
+                            field("id")?
+                        );
+                    }
+                }
                 v["certificate"] = hex::encode(authority.certify(cert)?).into();
                 println!("{v}");
             }

@@ -8,18 +8,11 @@ use p256::ecdsa::signature::Signer;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::json;
 
-use coffer_authority_state::model::{CredentialKind, User};
-use coffer_authority_state::{Change, Credential, Effect};
-
 use crate::authority::{Authority, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 
 pub const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
-/// `derived_id` purpose of the proxy key's credential id.
-const PROXY_CREDENTIAL_ID: &str = "auth-proxy-credential";
-/// The proxy user's name in authority state.
-const PROXY_USER_NAME: &str = "Auth Proxy";
 const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
 const CREATE_SUB_ORGANIZATION: &str = coffer_auth::grants::CREATE_SUB_ORGANIZATION;
 
@@ -55,24 +48,8 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
         issuing_fingerprint: a.activity.fingerprint.clone(),
         mac: vec![],
     })?;
-    // The proxy user and its key are the organization's from now on, and the proxy is enabled.
-    let effects = [
-        Effect::PutUser { user: User { id: user_id.clone(), name: PROXY_USER_NAME.into(), ..Default::default() } },
-        Effect::AddCredential {
-            credential: Credential {
-                id: derived_id(&a.activity.fingerprint, PROXY_CREDENTIAL_ID, 0),
-                user_id: user_id.clone(),
-                kind: CredentialKind::ApiKey,
-                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
-                public_key: public_key.clone(),
-                expires_at_ms: 0,
-            },
-        },
-        Effect::SetAuthProxy { enabled: true },
-    ];
-    let changes: Vec<Change> =
-        effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
-    authority.rules().record(&changes)?;
+    // The proxy user, its key and the switch enter the authority state with the activity's
+    // changes (ApplyActivity, which checks this certificate is the one issued here).
     Ok(pb::EnableAuthProxyResponse { user_id, public_key, sealed_key, certificate })
 }
 

@@ -24,6 +24,7 @@ pub struct Loaded {
 const CACHE_ORGANIZATIONS: usize = 20_000;
 
 /// A voter the enclave verified: the user, the certified credential, when the vote was stamped.
+#[derive(Debug, Clone)]
 pub struct VerifiedVote {
     pub user_id: String,
     pub public_key: String,
@@ -32,7 +33,7 @@ pub struct VerifiedVote {
 }
 
 /// What the rules decided for an authorized request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Decided {
     /// The state the decision read (of the policy organization).
     pub loaded: Arc<Loaded>,
@@ -48,6 +49,20 @@ pub struct Rules {
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
     writing: Mutex<()>,
+}
+
+/// The organization's state moved between a decision and its commit.
+fn moved() -> EnclaveError {
+    EnclaveError::Busy {
+        reason: RefusalReason::Unspecified,
+        message: "the organization's authority state changed during the decision: retry".into(),
+    }
+}
+
+/// Whether `e` says the state moved under a decision (decide again on the new state).
+pub fn is_moved(e: &EnclaveError) -> bool {
+    matches!(e, EnclaveError::Busy { reason: RefusalReason::Unspecified, .. })
+        || matches!(e, EnclaveError::AuthorityStore(crate::authority_store::StoreError::VersionMoved { .. }))
 }
 
 fn internal(what: &str) -> EnclaveError {
@@ -72,6 +87,20 @@ impl Rules {
 
     pub fn enforces(&self) -> bool {
         self.enforce
+    }
+
+    /// Adds a credential the operator certifies from the gateway's records (`certify-existing`,
+    /// trusting the database at that moment) to its organization's state: `Ok(false)` when the
+    /// state has no such organization or user, or already has the credential.
+    pub fn adopt_credential(&self, organization_id: &str, credential: Credential) -> Result<bool, EnclaveError> {
+        let Some(l) = self.load(organization_id)? else { return Ok(false) };
+        if !l.state.users.contains_key(&credential.user_id) || l.state.credentials.contains_key(&credential.id) {
+            return Ok(false);
+        }
+        let change =
+            Change { organization_id: organization_id.to_string(), effect: Effect::AddCredential { credential } };
+        self.commit(&[change], None)?;
+        Ok(true)
     }
 
     /// Records what the enclave itself did (keys made, sessions opened): committed, or in
@@ -189,10 +218,7 @@ impl Rules {
         let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
         if let Some((org, version)) = decided_on {
             if self.store.version(org)? != Some(version) {
-                return Err(EnclaveError::Busy {
-                    reason: RefusalReason::Unspecified,
-                    message: "the organization's authority state changed during the decision: retry".into(),
-                });
+                return Err(moved());
             }
         }
         let mut order: Vec<String> = Vec::new();

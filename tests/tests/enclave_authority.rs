@@ -1955,3 +1955,343 @@ fn operator_body(pk: &str, timestamp_ms: i64) -> Vec<u8> {
         "parameters": {"organizationName": "old", "rootUserName": "root", "rootApiPublicKey": pk}});
     v.to_string().into_bytes()
 }
+
+// ---- The organization's rules, decided where the keys are (issue 24, items 1–5) -------------
+
+/// A stack whose enclave enforces the organization's rules (`enforce_rules`), with allow lines.
+async fn enforcing_stack() -> Stack {
+    Stack::start_with(&[("COFFER_ENFORCE_RULES", "1"), coffer_tests::AUDIT_LOG]).await
+}
+
+/// A new user of `org` with one P-256 API key, made by the stack's root: its id and key.
+async fn member(client: &TurnkeyClient<TurnkeyP256ApiKey>, org: &str, name: &str) -> (String, TurnkeyP256ApiKey) {
+    let key = TurnkeyP256ApiKey::generate();
+    let user = UserParamsV4 {
+        user_name: name.into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: name.into(),
+            public_key: public_key(&key),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let r = client.create_users(org.into(), client.current_timestamp(), CreateUsersIntentV4 { users: vec![user] });
+    (r.await.unwrap().result.user_ids[0].clone(), key)
+}
+
+async fn policy(
+    client: &TurnkeyClient<TurnkeyP256ApiKey>,
+    org: &str,
+    name: &str,
+    effect: Effect,
+    condition: &str,
+    consensus: Option<String>,
+) {
+    let intent = CreatePolicyIntentV3 {
+        policy_name: name.into(),
+        effect,
+        condition: Some(condition.into()),
+        consensus,
+        notes: String::new(),
+        time: None,
+    };
+    client.create_policy(org.into(), client.current_timestamp(), intent).await.unwrap();
+}
+
+/// The enclave refused with this typed reason (PERMISSION_DENIED) and wrote its audit line.
+#[track_caller]
+fn refused_for<T: std::fmt::Debug>(
+    stack: &Stack,
+    r: Result<T, tonic::Status>,
+    operation: &str,
+    reason: pb::RefusalReason,
+) {
+    match r {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
+            assert_eq!(coffer_proto::refusal_reason(&s), Some(reason), "{s:?}");
+        }
+        Ok(v) => panic!("expected {reason:?}, got {v:?}"),
+    }
+    let lines = stack.audit("refuse", operation);
+    assert!(
+        lines.iter().any(|l| l["reason_code"] == reason.as_str_name()),
+        "no {operation} refusal line with {reason:?}: {lines:?}"
+    );
+}
+
+fn hex_sign_body(org: &str, sign_with: &str, hash_function: &str, timestamp_ms: u128) -> String {
+    body(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        org,
+        timestamp_ms,
+        json!({"signWith": sign_with, "payload": hex::encode([7u8; 32]), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+            "hashFunction": hash_function}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (w, a) = wallet(&client, &org, "treasury").await;
+    let (alice_id, alice) = member(&client, &org, "alice").await;
+    let (_, bob) = member(&client, &org, "bob").await;
+    let friend = format!("0x{}", hex::encode([0xa1u8; 20]));
+    let alice_only = Some(format!("approvers.any(user, user.id == '{alice_id}')"));
+    // alice may send at most 1 ETH to the friend, and sign raw payloads except raw digests.
+    policy(
+        &client,
+        &org,
+        "alice pays the friend",
+        Effect::Allow,
+        &format!("activity.type == 'ACTIVITY_TYPE_SIGN_TRANSACTION_V2' && eth.tx.to == '{friend}' && eth.tx.value <= 1000000000000000000"),
+        alice_only.clone(),
+    )
+    .await;
+    policy(
+        &client,
+        &org,
+        "alice signs",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'",
+        alice_only,
+    )
+    .await;
+    policy(
+        &client,
+        &org,
+        "no raw digests",
+        Effect::Deny,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2' && activity.params.hash_function == 'HASH_FUNCTION_NO_OP'",
+        None,
+    )
+    .await;
+    let c = db(&stack);
+    let (alice_cert, bob_cert, root_cert) =
+        (certificate(&c, &public_key(&alice)), certificate(&c, &public_key(&bob)), certificate(&c, &public_key(&root)));
+    let key = account_ref(&c, &a[0]);
+    let enclave = connect(stack.enclave_socket());
+
+    // (1) 1,000 ETH to another address: the gateway refuses it, and so does the enclave.
+    let theft =
+        sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0x3a; 20], 1_000 * 10u128.pow(18)), Stack::now_ms());
+    let r = stack.post_raw("/public/v1/submit/sign_transaction", theft.as_bytes(), Some(&alice)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    refused_for(
+        &stack,
+        sign_transaction(&enclave, auth(stamped(&alice, &theft, &alice_cert)), &key).await,
+        "sign_transaction",
+        pb::RefusalReason::PolicyDenied,
+    );
+    // What the policy allows, the enclave signs.
+    let allowed = sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0xa1; 20], 10u128.pow(18)), Stack::now_ms());
+    let signed = sign_transaction(&enclave, auth(stamped(&alice, &allowed, &alice_cert)), &key).await.unwrap();
+    assert!(signed.len() > 60, "a signed transaction");
+
+    // (1) A raw digest under the DENY: refused at the enclave; a hashed payload is signed.
+    let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&alice, &digest, &alice_cert)), &key).await,
+        "sign",
+        pb::RefusalReason::PolicyDenied,
+    );
+    let hashed = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let sig = sign(&enclave, auth(stamped(&alice, &hashed, &alice_cert)), &key).await.unwrap();
+    assert_eq!(sig.signatures.len(), 1);
+
+    // (3) bob has no policy at all: he may neither export the mnemonic nor sign.
+    let target = p256::SecretKey::random(&mut p256::elliptic_curve::rand_core::OsRng).public_key();
+    let target = hex::encode(p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&target, false).as_bytes());
+    let export =
+        body("ACTIVITY_TYPE_EXPORT_WALLET", &org, Stack::now_ms(), json!({"walletId": w, "targetPublicKey": target}));
+    let req = pb::ExportWalletRequest { auth: auth(stamped(&bob, &export, &bob_cert)), seed: Some(seed_ref(&c, &w)) };
+    refused_for(&stack, enclave.clone().export_wallet(req).await, "export_wallet", pb::RefusalReason::PolicyDenied);
+    // bob's signing is one alice must approve ("alice signs" applies, its consensus is hers).
+    let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&bob, &bobs, &bob_cert)), &key).await,
+        "sign",
+        pb::RefusalReason::ConsensusNeeded,
+    );
+
+    // A state change: bob's create_policy sent straight to ApplyActivity, with the exact
+    // proposal its body asks for, is refused; nothing is added to the enclave's state.
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        Stack::now_ms(),
+        json!({"policyName": "bob may", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}),
+    );
+    let proposal = json!([{ "organization_id": org, "effect": "put_policy",
+        "policy": {"id": "bobs", "name": "bob may", "effect": "EFFECT_ALLOW", "condition": "true", "consensus": "", "time": ""} }]);
+    let req = pb::ApplyActivityRequest {
+        auth: auth(stamped(&bob, &create, &bob_cert)),
+        proposal: proposal.to_string().into_bytes(),
+        parent_certificate: vec![],
+    };
+    refused_for(&stack, enclave.clone().apply_activity(req).await, "apply_activity", pb::RefusalReason::PolicyDenied);
+    // bob's signing is one alice must approve ("alice signs" applies, its consensus is hers).
+    let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&bob, &bobs, &bob_cert)), &key).await,
+        "sign",
+        pb::RefusalReason::ConsensusNeeded,
+    );
+
+    // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
+    // approval it does.
+    let quorum = turnkey_client::generated::UpdateRootQuorumIntent {
+        threshold: 2,
+        user_ids: vec![stack.user_id.clone(), alice_id.clone()],
+    };
+    client.update_root_quorum(org.clone(), client.current_timestamp(), quorum).await.unwrap();
+    let alone = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&root, &alone, &root_cert)), &key).await,
+        "sign",
+        pb::RefusalReason::ConsensusNeeded,
+    );
+    let waiting = hex_sign_body(&org, &a[0], "HASH_FUNCTION_SHA256", Stack::now_ms());
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(waiting.as_bytes())));
+    let vote = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms(), json!({"fingerprint": fingerprint}));
+    let both = Some(pb::Authorization {
+        request: Some(stamped(&root, &waiting, &root_cert)),
+        approval: Some(stamped(&alice, &vote, &alice_cert)),
+        votes: Vec::new(),
+    });
+    assert_eq!(sign(&enclave, both, &key).await.unwrap().signatures.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_credentials_and_sessions_stay_revoked_even_from_an_old_database() {
+    let mut stack = enforcing_stack().await;
+    let client = stack.client();
+    let k1 = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (_, a) = wallet(&client, &org, "w").await;
+    let c = db(&stack);
+    let key = account_ref(&c, &a[0]);
+    let enclave = connect(stack.enclave_socket());
+    // root gets a second key, and the database is copied (an operator's backup) with k1 in it.
+    let k2_secret = hex::encode(p256::SecretKey::random(&mut p256::elliptic_curve::rand_core::OsRng).to_bytes());
+    let k2_of = || TurnkeyP256ApiKey::from_strings(&k2_secret, None).unwrap();
+    let k2 = k2_of();
+    let intent = CreateApiKeysIntentV2 {
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "k2".into(),
+            public_key: public_key(&k2),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        user_id: stack.user_id.clone(),
+    };
+    client.create_api_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    let k1_cert = certificate(&c, &public_key(&k1));
+    let backup = stack.database_path().with_extension("backup");
+    c.execute("VACUUM INTO ?1", [backup.to_str().unwrap()]).unwrap();
+
+    // (4) k1 is deleted with k2: the gateway answers 401, and the enclave refuses a fresh stamp
+    // of k1 carrying its saved certificate (before this, it signed).
+    let by_k2 = stack.client_with(k2);
+    let k1_id: String =
+        c.query_row("SELECT id FROM api_keys WHERE public_key = ?1", [public_key(&k1)], |r| r.get(0)).unwrap();
+    let intent =
+        turnkey_client::generated::DeleteApiKeysIntent { user_id: stack.user_id.clone(), api_key_ids: vec![k1_id] };
+    by_k2.delete_api_keys(org.clone(), by_k2.current_timestamp(), intent).await.unwrap();
+    let body1 = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body1.as_bytes(), Some(&k1)).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&k1, &body1, &k1_cert)), &key).await,
+        "sign",
+        pb::RefusalReason::CredentialRevoked,
+    );
+
+    // (5) The old database restored under the gateway brings k1's row back: the gateway lets its
+    // stamp through, the enclave's state still refuses it.
+    stack.kill_gateway();
+    drop(c);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", stack.database_path().display()));
+    }
+    std::fs::copy(&backup, stack.database_path()).unwrap();
+    stack.start_gateway();
+    stack.wait_healthy().await;
+    let body2 = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body2.as_bytes(), Some(&k1)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap_or_default().contains("not live"), "{}", r.text);
+    assert!(
+        stack
+            .audit("refuse", "sign")
+            .iter()
+            .filter(|l| l["reason_code"] == "REFUSAL_REASON_CREDENTIAL_REVOKED")
+            .count()
+            >= 2
+    );
+
+    // (4) Sessions: one invalidated by invalidateExisting signs nothing and opens no session.
+    let login = |session: &TurnkeyP256ApiKey, invalidate: bool| {
+        body(
+            "ACTIVITY_TYPE_STAMP_LOGIN",
+            &org,
+            Stack::now_ms(),
+            json!({"publicKey": public_key(session), "expirationSeconds": "600", "invalidateExisting": invalidate}),
+        )
+    };
+    let k2 = k2_of();
+    let k2_cert = certificate(&db(&stack), &public_key(&k2));
+    let (s1, s2) = (TurnkeyP256ApiKey::generate(), TurnkeyP256ApiKey::generate());
+    let open = |session: &TurnkeyP256ApiKey, invalidate: bool, by: &TurnkeyP256ApiKey, cert: &[u8]| {
+        let req = pb::CreateSessionRequest {
+            auth: auth(stamped(by, &login(session, invalidate), cert)),
+            ..Default::default()
+        };
+        let enclave = enclave.clone();
+        async move { enclave.clone().create_session(req).await.map(|r| r.into_inner()) }
+    };
+    let first = open(&s1, false, &k2, &k2_cert).await.unwrap();
+    let second = open(&s2, true, &k2, &k2_cert).await.unwrap();
+    let body3 = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&s1, &body3, &first.certificate)), &key).await,
+        "sign",
+        pb::RefusalReason::CredentialRevoked,
+    );
+    let s3 = TurnkeyP256ApiKey::generate();
+    refused_for(
+        &stack,
+        open(&s3, false, &s1, &first.certificate).await,
+        "create_session",
+        pb::RefusalReason::CredentialRevoked,
+    );
+    // A live session may open another, never one that outlives it.
+    let longer = body(
+        "ACTIVITY_TYPE_STAMP_LOGIN",
+        &org,
+        Stack::now_ms(),
+        json!({"publicKey": public_key(&s3), "expirationSeconds": "86400"}),
+    );
+    let req = pb::CreateSessionRequest { auth: auth(stamped(&s2, &longer, &second.certificate)), ..Default::default() };
+    let third = enclave.clone().create_session(req).await.unwrap().into_inner();
+    assert!(third.expires_at_ms <= second.expires_at_ms, "{} > {}", third.expires_at_ms, second.expires_at_ms);
+    let body4 = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    assert_eq!(
+        sign(&enclave, auth(stamped(&s2, &body4, &second.certificate)), &key).await.unwrap().signatures.len(),
+        1
+    );
+}

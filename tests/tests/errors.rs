@@ -290,9 +290,14 @@ async fn envelope_and_parameter_refusals_change_nothing() {
     let r = stack.post_raw(path, body.as_bytes(), Some(&key)).await;
     assert_error(&r, 403, 7, "REQUEST_NOT_AUTHORIZED", "enclave refused: stale or future timestampMs");
     assert_eq!(counts(&stack, &key, &org).await, before);
-    // ...while an activity that uses no key material runs, exactly once.
+    // ...and so is a state change: it is decided by the enclave too.
     let policy = json!({"policyName": "half-hour", "effect": "EFFECT_ALLOW", "condition": "true", "consensus": "true", "notes": ""});
-    let body = submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms() - 30 * 60 * 1000, policy);
+    let body = submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms() - 30 * 60 * 1000, policy.clone());
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&key)).await;
+    assert_error(&r, 403, 7, "REQUEST_NOT_AUTHORIZED", "enclave refused: stale or future timestampMs");
+    assert_eq!(counts(&stack, &key, &org).await, before);
+    // A fresh one runs, exactly once.
+    let body = submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms(), policy);
     let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&key)).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.content_type.as_deref(), Some("application/json"));

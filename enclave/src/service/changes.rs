@@ -1,15 +1,17 @@
 //! Activities that change no key material: decided over the organization's authority state and,
 //! when their proposed changes are exactly what the stamped body asks for, applied to it.
 
-use coffer_authority_state::subjects::{self, KEY_OPERATIONS};
 use coffer_auth::envelope::derived_id;
 use coffer_auth::grants::granted_credentials;
+use coffer_authority_state::model::CredentialKind;
+use coffer_authority_state::subjects::{self, KEY_OPERATIONS};
 use coffer_authority_state::transition::{self, Grant, Input};
-use coffer_authority_state::Change;
+use coffer_authority_state::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authority};
+use crate::authority::{refuse, Authority, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
+use crate::rules::is_moved;
 
 /// Most changes one activity may propose.
 const MAX_CHANGES: usize = 10_000;
@@ -34,11 +36,6 @@ pub(super) fn apply_activity(
     if proposal.len() > MAX_CHANGES {
         return Err(EnclaveError::invalid(format!("at most {MAX_CHANGES} changes per activity")));
     }
-    let Some(decided) = &a.decided else {
-        // Shadow mode, and the rules would have refused (logged): nothing is applied.
-        return Ok(pb::ApplyActivityResponse::default());
-    };
-    let loaded = &decided.loaded;
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
     let fingerprint = a.activity.fingerprint.clone();
@@ -52,41 +49,121 @@ pub(super) fn apply_activity(
             public_key: g.public_key,
         })
         .collect();
-    let input = Input {
-        state: &loaded.state,
-        activity_type: &a.activity.activity_type,
-        params: &a.activity.parameters,
-        proposal: &proposal,
-        now_ms: crate::authority::now_ms(),
-        derive_id: &derive_id,
-        grants: &grants,
-    };
-    if let Err(e) = transition::check(&input) {
-        if !authority.rules().enforces() {
-            tracing::warn!(target: "coffer_audit", decision = "shadow_refuse", operation = a.operation, reason = %e,
-                organization = %a.activity.organization_id, fingerprint = %a.activity.fingerprint, "enclave decision");
+    let mut decided = a.decided.clone();
+    // Another activity of the organization may commit between this decision and its own: the
+    // decision is then made again over the new state (a few times, then the caller retries).
+    for _attempt in 0..8 {
+        let Some(d) = decided.take() else {
+            // Shadow mode, and the rules would have refused (logged): nothing is applied.
             return Ok(pb::ApplyActivityResponse::default());
+        };
+        let loaded = &d.loaded;
+        let input = Input {
+            state: &loaded.state,
+            activity_type: &a.activity.activity_type,
+            params: &a.activity.parameters,
+            proposal: &proposal,
+            now_ms: crate::authority::now_ms(),
+            derive_id: &derive_id,
+            grants: &grants,
+        };
+        if let Err(e) = transition::check(&input) {
+            if !authority.rules().enforces() {
+                shadow(&a, &e.to_string());
+                return Ok(pb::ApplyActivityResponse::default());
+            }
+            return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
         }
-        return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
-    }
-    let versions = if proposal.is_empty() {
-        Vec::new()
-    } else {
-        match authority.rules().commit(&proposal, Some((&loaded.state.organization.id, loaded.state.version))) {
-            Ok(v) => v,
-            // Shadow mode: the state does not have everything yet (what an activity type without
-            // a transition made); logged, and the gateway's decision stands.
+        let mut changes = proposal.clone();
+        changes.extend(issued_credentials(authority, &a, &proposal, &req.issued_certificates)?);
+        if changes.is_empty() {
+            let evaluation = d.evaluation.outcomes_json().to_string();
+            return Ok(pb::ApplyActivityResponse { version: loaded.state.version, evaluation });
+        }
+        let decided_on = (loaded.state.organization.id.as_str(), loaded.state.version);
+        match authority.rules().commit(&changes, Some(decided_on)) {
+            Ok(versions) => {
+                let version = versions
+                    .iter()
+                    .find(|(org, _)| org == &a.activity.organization_id)
+                    .map_or(loaded.state.version, |(_, v)| *v);
+                let evaluation = d.evaluation.outcomes_json().to_string();
+                return Ok(pb::ApplyActivityResponse { version, evaluation });
+            }
+            Err(e) if is_moved(&e) => decided = authority.decide_again(&a)?,
+            // Shadow mode: the state does not have everything yet; logged, the gateway decides.
             Err(e) if !authority.rules().enforces() => {
-                tracing::warn!(target: "coffer_audit", decision = "shadow_refuse", operation = a.operation,
-                    reason = %e, organization = %a.activity.organization_id,
-                    fingerprint = %a.activity.fingerprint, "enclave decision");
+                shadow(&a, &e.to_string());
                 return Ok(pb::ApplyActivityResponse::default());
             }
             Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
             Err(other) => return Err(other),
         }
-    };
-    let version =
-        versions.iter().find(|(org, _)| org == &a.activity.organization_id).map_or(loaded.state.version, |(_, v)| *v);
-    Ok(pb::ApplyActivityResponse { version, evaluation: decided.evaluation.outcomes_json().to_string() })
+    }
+    Err(EnclaveError::Busy {
+        reason: RefusalReason::Unspecified,
+        message: "the organization's authority state keeps changing: retry".into(),
+    })
 }
+
+/// The audit line of what the rules would have refused in shadow mode.
+fn shadow(a: &Authorized, reason: &str) {
+    tracing::warn!(
+        target: "coffer_audit",
+        decision = "shadow_refuse",
+        operation = a.operation,
+        reason,
+        organization = %a.activity.organization_id,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+}
+
+/// The credentials this enclave issued for the activity itself (enable_auth_proxy's key, made by
+/// `EnableAuthProxy` before the activity's changes): each certificate must be genuine, issued for
+/// this activity's fingerprint in its organization, to the auth proxy user the proposal creates.
+fn issued_credentials(
+    authority: &Authority,
+    a: &Authorized,
+    proposal: &[Change],
+    certificates: &[Vec<u8>],
+) -> Result<Vec<Change>, EnclaveError> {
+    let mut out = Vec::new();
+    for (n, bytes) in certificates.iter().enumerate() {
+        let cert = authority.genuine_certificate(bytes).ok_or_else(|| {
+            refuse(a, RefusalReason::CertificateInvalid, "an issued certificate is not one this enclave issued")
+        })?;
+        let new_user = proposal.iter().any(|c| {
+            matches!(&c.effect, Effect::PutUser { user } if user.id == cert.user_id && c.organization_id == cert.organization_id)
+        });
+        if a.activity.activity_type != ENABLE_AUTH_PROXY
+            || cert.issuing_fingerprint != a.activity.fingerprint
+            || cert.organization_id != a.activity.organization_id
+            || !new_user
+        {
+            return Err(refuse(
+                a,
+                RefusalReason::BindingMismatch,
+                "an issued certificate is not this activity's own (enable_auth_proxy's key for its new user)",
+            ));
+        }
+        out.push(Change {
+            organization_id: cert.organization_id.clone(),
+            effect: Effect::AddCredential {
+                credential: Credential {
+                    id: derived_id(&a.activity.fingerprint, ISSUED_CREDENTIAL_ID, n),
+                    user_id: cert.user_id,
+                    kind: CredentialKind::ApiKey,
+                    credential_type: cert.credential_type,
+                    public_key: cert.public_key,
+                    expires_at_ms: cert.expires_at_ms,
+                },
+            },
+        });
+    }
+    Ok(out)
+}
+
+const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
+/// `derived_id` purpose of the ids of credentials the enclave issued for an activity.
+const ISSUED_CREDENTIAL_ID: &str = "issued-credential";

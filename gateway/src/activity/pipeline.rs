@@ -138,26 +138,36 @@ async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<supe
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
     let proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
+    let issued: Vec<Vec<u8>> = outcome
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::InsertApiKey(k) if !k.certificate.is_empty() => Some(k.certificate.clone()),
+            _ => None,
+        })
+        .collect();
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    apply_in_enclave(&state, op, auth, &proposal).await?;
+    apply_in_enclave(&state, op, auth, &proposal, issued).await?;
     Ok(outcome)
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
 /// enclave call) over the organization's authority state, and apply `proposal`, the changes the
 /// activity's writes make to it: the enclave refuses unless they are exactly what the stamped
-/// body asks for.
+/// body asks for. `issued_certificates`: credentials the enclave issued for this activity before
+/// (enable_auth_proxy's key), which the projection leaves out.
 async fn apply_in_enclave(
     state: &Arc<AppState>,
     op: &'static Operation,
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_authority_state::Change],
+    issued_certificates: Vec<Vec<u8>>,
 ) -> Result<(), ApiError> {
     if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
         return Ok(());
     }
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
-    let request = coffer_proto::v1::ApplyActivityRequest { proposal, ..Default::default() };
+    let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
     state.custody.authorized(&auth).apply_activity(request).await?;
     Ok(())
 }

@@ -117,8 +117,14 @@ pub async fn delete_private_keys(ctx: Ctx, intent: DeletePrivateKeysIntent) -> R
     if intent.private_key_ids.is_empty() {
         return Err(ApiError::invalid("privateKeyIds must not be empty"));
     }
+    let require_exported = !intent.delete_without_export.unwrap_or(false);
     for id in &intent.private_key_ids {
-        load_private_key(&ctx.state, &ctx.org.id, id).await?;
+        // Checked before the enclave sees the activity (it refuses it too), and again in the
+        // transaction (the write).
+        if !load_private_key(&ctx.state, &ctx.org.id, id).await?.exported && require_exported {
+            let conflict = crate::store::Conflict::not_exported(&format!("private key {id}"));
+            return Err(crate::store::StoreError::Conflict(conflict).into());
+        }
     }
     Ok(Outcome {
         result: json!({ "privateKeyIds": intent.private_key_ids }),

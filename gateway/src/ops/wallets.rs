@@ -186,8 +186,16 @@ pub async fn delete_wallets(ctx: Ctx, intent: DeleteWalletsIntent) -> Result<Out
     if intent.wallet_ids.is_empty() {
         return Err(ApiError::invalid("walletIds must not be empty"));
     }
+    let require_exported = !intent.delete_without_export.unwrap_or(false);
     for id in &intent.wallet_ids {
-        load_wallet(&ctx.state, &ctx.org.id, id).await?;
+        // Checked before the enclave sees the activity (it refuses it too), and again in the
+        // transaction (the write).
+        if !load_wallet(&ctx.state, &ctx.org.id, id).await?.exported && require_exported {
+            return Err(crate::store::StoreError::Conflict(crate::store::Conflict::not_exported(&format!(
+                "wallet {id}"
+            )))
+            .into());
+        }
     }
     Ok(Outcome {
         result: json!({ "walletIds": intent.wallet_ids }),

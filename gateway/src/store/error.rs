@@ -39,6 +39,17 @@ pub struct Conflict {
 }
 
 impl Conflict {
+    /// A wallet or private key (`what`: "wallet <id>", "private key <id>") deleted without
+    /// `deleteWithoutExport` that was never exported.
+    pub fn not_exported(what: &str) -> Self {
+        Self::new(
+            ConflictKind::NotExported,
+            format!(
+                "wallet account has not been exported: {what} was never exported; pass deleteWithoutExport: true to delete it anyway"
+            ),
+        )
+    }
+
     pub fn new(kind: ConflictKind, message: impl Into<String>) -> Self {
         Self { kind, message: message.into() }
     }

@@ -2,7 +2,7 @@
 
 use super::db::{args, json_text, parse_json, unique_as, Db, SqlRow};
 use super::page::{by_organization, keyset_page, Listing};
-use crate::store::error::{Conflict, ConflictKind, StoreError};
+use crate::store::error::{Conflict, StoreError};
 use crate::store::model::{now_nanos, ImportTarget, Named, Page, PrivateKey, Wallet, WalletAccount};
 
 const WALLET_COLS: &str = "id, organization_id, name, exported, imported, sealed_seed, created_at, updated_at";
@@ -141,9 +141,7 @@ pub fn delete_wallets<D: Db>(db: &mut D, ids: &[String], require_exported: bool)
         match db.query_opt("SELECT exported FROM wallets WHERE id = ?1", args![id], |r| r.int(0))? {
             None => return Err(StoreError::conflict(format!("wallet not found: {id}"))),
             Some(0) if require_exported => {
-                return Err(StoreError::Conflict(Conflict::new(ConflictKind::NotExported, format!(
-                    "wallet account has not been exported: wallet {id} was never exported; pass deleteWithoutExport: true to delete it anyway"
-                ))))
+                return Err(StoreError::Conflict(Conflict::not_exported(&format!("wallet {id}"))))
             }
             Some(_) => {}
         }
@@ -159,9 +157,7 @@ pub fn delete_private_keys<D: Db>(db: &mut D, ids: &[String], require_exported: 
         match db.query_opt("SELECT exported FROM private_keys WHERE id = ?1", args![id], |r| r.int(0))? {
             None => return Err(StoreError::conflict(format!("private key not found: {id}"))),
             Some(0) if require_exported => {
-                return Err(StoreError::Conflict(Conflict::new(ConflictKind::NotExported, format!(
-                    "wallet account has not been exported: private key {id} was never exported; pass deleteWithoutExport: true to delete it anyway"
-                ))))
+                return Err(StoreError::Conflict(Conflict::not_exported(&format!("private key {id}"))))
             }
             Some(_) => {}
         }
