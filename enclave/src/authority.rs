@@ -120,13 +120,23 @@ impl DecisionLog {
 
 /// The decision log's record of `outcome` for an authorized request.
 fn decision(a: &Authorized, outcome: &str, reason: &str) -> DecisionRecord {
+    decision_of(a.operation, &a.activity, &a.credential, outcome, reason)
+}
+
+fn decision_of(
+    operation: &str,
+    activity: &StampedActivity,
+    credential: &pb::CredentialCertificate,
+    outcome: &str,
+    reason: &str,
+) -> DecisionRecord {
     DecisionRecord {
         at_ms: now_ms(),
-        organization_id: a.activity.organization_id.clone(),
-        operation: a.operation.to_string(),
-        fingerprint: a.activity.fingerprint.clone(),
-        activity_type: a.activity.activity_type.clone(),
-        user_id: a.credential.user_id.clone(),
+        organization_id: activity.organization_id.clone(),
+        operation: operation.to_string(),
+        fingerprint: activity.fingerprint.clone(),
+        activity_type: activity.activity_type.clone(),
+        user_id: credential.user_id.clone(),
         outcome: outcome.to_string(),
         reason: reason.to_string(),
     }
@@ -411,14 +421,6 @@ impl Authority {
                     approved,
                     "enclave decision"
                 );
-                // Every allow is in the decision log before anything is done: if the log does not
-                // take it, nothing is done.
-                let record =
-                    decision(&a, crate::authority_store::OUTCOME_ALLOW, if approved { "approved" } else { "" });
-                if let Err(e) = self.store.record_decision(&record) {
-                    tracing::error!(error = %e, operation, "the decision log did not take an allow: not acting");
-                    return Err(e.into());
-                }
                 crate::audit::record(a.decision());
                 Ok(a)
             }
@@ -503,29 +505,8 @@ impl Authority {
                 (vote.fingerprint.clone(), vote.timestamp_ms)
             }
         };
-        let mut key = sha2::Sha256::new();
-        key.update(operation.as_bytes());
-        key.update([0u8]);
-        key.update(replay_key.0.as_bytes());
-        let key: [u8; 32] = key.finalize().into();
-        // Charged to the body's organization: each has its share of the window.
-        let remembered = self
-            .store
-            .remember(&activity.organization_id, key, replay_key.1.saturating_add(self.freshness_ms), now)
-            .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
-        let refusal = match remembered {
-            Remembered::Fresh => None,
-            Remembered::Replayed => Some((
-                RefusalReason::Replayed,
-                "replayed request: this stamped body was already used for this operation",
-            )),
-            Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
-            Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
-        };
-        if let Some((reason, message)) = refusal {
-            return Err(Refusal::new(reason, message).about(&activity, &credential));
-        }
-        // Earlier votes of an activity that waited: each a genuine approval of this activity,
+        // The organization's rules decide before the replay window and the decision log take the
+        // request. Earlier votes of an activity that waited: each a genuine approval of this activity,
         // within the vote lifetime; whether its credential is still live the rules decide.
         for stamped in auth.map(|a| a.votes.as_slice()).unwrap_or_default() {
             let (vote, voter) = self.verify_stamped(stamped, now, None)?;
@@ -569,6 +550,39 @@ impl Authority {
             }
             Err((reason, message)) => return Err(Refusal::new(reason, message).about(&activity, &credential)),
         };
+        let mut key = sha2::Sha256::new();
+        key.update(operation.as_bytes());
+        key.update([0u8]);
+        key.update(replay_key.0.as_bytes());
+        let key: [u8; 32] = key.finalize().into();
+        // Charged to the body's organization: each has its share of the window. A fresh entry
+        // and the allow it stands for are committed together: every allow is in the decision log
+        // before anything is done, and if the store takes neither, nothing is done.
+        let approved = auth.is_some_and(|a| a.approval.is_some());
+        let allowed = decision_of(
+            operation,
+            &activity,
+            &credential,
+            crate::authority_store::OUTCOME_ALLOW,
+            if approved { "approved" } else { "" },
+        );
+        let expires = replay_key.1.saturating_add(self.freshness_ms);
+        let remembered = self
+            .store
+            .remember_allowed(&activity.organization_id, key, expires, now, &allowed)
+            .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
+        let refusal = match remembered {
+            Remembered::Fresh => None,
+            Remembered::Replayed => Some((
+                RefusalReason::Replayed,
+                "replayed request: this stamped body was already used for this operation",
+            )),
+            Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
+            Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
+        };
+        if let Some((reason, message)) = refusal {
+            return Err(Refusal::new(reason, message).about(&activity, &credential));
+        }
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();
         Ok(Authorized {

@@ -154,6 +154,24 @@ pub trait AuthorityStore: Send + Sync {
         now_ms: i64,
     ) -> Result<Remembered, StoreError>;
 
+    /// [`AuthorityStore::remember`] and, only if the key was fresh, [`AuthorityStore::record_decision`]
+    /// of `allowed` (the authorization that entry stands for), in one transaction where the
+    /// backend can: the hot path of every authorized request (one commit instead of two).
+    fn remember_allowed(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<Remembered, StoreError> {
+        let remembered = self.remember(organization, key, expires_ms, now_ms)?;
+        if remembered == Remembered::Fresh {
+            self.record_decision(allowed)?;
+        }
+        Ok(remembered)
+    }
+
     /// Appends one decision to the decision log (same durability as [`AuthorityStore::remember`]).
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;
 

@@ -17,8 +17,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
@@ -80,9 +80,96 @@ const PRUNE_DECISIONS_EVERY_MS: i64 = 600_000;
 const BUSY_TIMEOUT_MS: u64 = 5_000;
 /// Reader connections kept open for reuse.
 const MAX_IDLE_READERS: usize = 8;
+/// How often the background thread checkpoints the WAL into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// The writer's own automatic checkpoint, a safety net should the background one stall (pages).
+const WRITER_AUTOCHECKPOINT_PAGES: i64 = 100_000;
 
 /// The SQLite authority store (`sqlite://PATH`).
+///
+/// Replay entries (with the allow each stands for) are committed by a group committer: a thread
+/// that takes every request waiting and commits them in one transaction, so that concurrent
+/// requests share one commit (and the pages they all touch: the counts, the indexes' last pages).
+/// Each caller still waits for its own commit.
 pub struct SqliteAuthorityStore {
+    shared: Arc<Shared>,
+    /// The group committer's queue (file stores; in memory, calls commit themselves).
+    jobs: Option<Mutex<mpsc::Sender<Job>>>,
+}
+
+impl std::ops::Deref for SqliteAuthorityStore {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// One replay insert waiting for the group committer.
+struct Job {
+    organization: String,
+    key: [u8; 32],
+    expires_ms: i64,
+    now_ms: i64,
+    allowed: Option<DecisionRecord>,
+    reply: mpsc::SyncSender<Result<Remembered, StoreError>>,
+}
+
+/// Most replay inserts one group commit takes.
+const MAX_BATCH: usize = 256;
+
+/// The group committer: takes what is waiting, commits it in one transaction, answers each.
+fn committer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        let outcome = (|| {
+            let mut conn = shared.writer.lock().map_err(poisoned)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
+            let mut answers = Vec::with_capacity(batch.len());
+            for j in &batch {
+                let answer = shared.remember_in(&tx, &j.organization, j.key, j.expires_ms, j.now_ms)?;
+                if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
+                    insert_decision(&tx, d)?;
+                }
+                answers.push(answer);
+            }
+            tx.commit().map_err(sq)?;
+            Ok::<_, StoreError>(answers)
+        })();
+        match outcome {
+            Ok(answers) => {
+                for (j, a) in batch.iter().zip(answers) {
+                    let _ = j.reply.send(Ok(a));
+                }
+            }
+            Err(e) => {
+                for j in &batch {
+                    let _ = j.reply.send(Err(same_error(&e)));
+                }
+            }
+        }
+    }
+}
+
+/// A copy of `e` for each caller of a failed group commit.
+fn same_error(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::VersionMoved { organization_id, expected, found } => {
+            StoreError::VersionMoved { organization_id: organization_id.clone(), expected: *expected, found: *found }
+        }
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
+    }
+}
+
+/// What the store and its committer thread share.
+pub struct Shared {
     /// `None` in memory (tests): reads then use the writer.
     path: Option<PathBuf>,
     writer: Mutex<Connection>,
@@ -90,6 +177,33 @@ pub struct SqliteAuthorityStore {
     limits: StoreLimits,
     next_prune_ms: AtomicI64,
     next_decision_prune_ms: AtomicI64,
+    /// Tells the checkpoint thread to stop (set on drop).
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Checkpoints the WAL of `path` off the request path, every [`CHECKPOINT_EVERY`], PASSIVE (it
+/// never waits for a reader or a writer), until `stop`. A checkpoint fsyncs; done by a commit,
+/// it would hold every request behind it for that long.
+fn start_checkpointer(path: PathBuf, stop: Arc<AtomicBool>) -> Result<(), StoreError> {
+    let conn = connect(Some(&path))?;
+    std::thread::Builder::new()
+        .name("coffer-authority-checkpoint".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(CHECKPOINT_EVERY);
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::warn!(error = %e, "authority store: WAL checkpoint failed");
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| StoreError::Unavailable(format!("starting the checkpoint thread: {e}")))
 }
 
 fn sq(e: rusqlite::Error) -> StoreError {
@@ -240,16 +354,67 @@ impl SqliteAuthorityStore {
     fn with_connection(path: Option<PathBuf>, limits: StoreLimits) -> Result<Self, StoreError> {
         let mut writer = connect(path.as_deref())?;
         migrate(&mut writer)?;
-        Ok(Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(p) = &path {
+            writer.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES).map_err(sq)?;
+            start_checkpointer(p.clone(), stop.clone())?;
+        }
+        let shared = Arc::new(Shared {
+            stop,
             path,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             limits,
             next_prune_ms: AtomicI64::new(0),
             next_decision_prune_ms: AtomicI64::new(0),
-        })
+        });
+        let jobs = match &shared.path {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel();
+                let for_thread = shared.clone();
+                std::thread::Builder::new()
+                    .name("coffer-authority-commit".into())
+                    .spawn(move || committer(for_thread, rx))
+                    .map_err(|e| StoreError::Unavailable(format!("starting the committer thread: {e}")))?;
+                Some(Mutex::new(tx))
+            }
+            None => None,
+        };
+        Ok(Self { shared, jobs })
     }
 
+    /// A replay insert through the group committer (or directly, in memory).
+    fn remember_through(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: Option<&DecisionRecord>,
+    ) -> Result<Remembered, StoreError> {
+        let Some(jobs) = &self.jobs else {
+            let mut conn = self.writer.lock().map_err(poisoned)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
+            let out = self.remember_in(&tx, organization, key, expires_ms, now_ms)?;
+            if let (Remembered::Fresh, Some(d)) = (out, allowed) {
+                insert_decision(&tx, d)?;
+            }
+            // Committed whatever the answer: pruning done on the way stays done.
+            tx.commit().map_err(sq)?;
+            return Ok(out);
+        };
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job =
+            Job { organization: organization.to_string(), key, expires_ms, now_ms, allowed: allowed.cloned(), reply };
+        jobs.lock()
+            .map_err(poisoned)?
+            .send(job)
+            .map_err(|_| StoreError::Unavailable("sqlite: the committer thread is gone".into()))?;
+        answer.recv().map_err(|_| StoreError::Unavailable("sqlite: the committer thread is gone".into()))?
+    }
+}
+
+impl Shared {
     /// Runs `f` on a reader connection (the writer's, in memory).
     fn read<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let Some(path) = &self.path else {
@@ -392,6 +557,28 @@ fn apply_in(tx: &Transaction<'_>, changes: &[OrgChanges]) -> Result<Vec<u64>, St
     Ok(versions)
 }
 
+/// Appends one decision (in the caller's transaction, or on its own).
+fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            d.at_ms,
+            d.organization_id,
+            d.operation,
+            d.fingerprint,
+            d.activity_type,
+            d.user_id,
+            d.outcome,
+            d.reason
+        ])
+    })
+    .map_err(sq)?;
+    Ok(())
+}
+
 impl AuthorityStore for SqliteAuthorityStore {
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
         self.read(|conn| {
@@ -449,34 +636,23 @@ impl AuthorityStore for SqliteAuthorityStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
-        let mut conn = self.writer.lock().map_err(poisoned)?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
-        let out = self.remember_in(&tx, organization, key, expires_ms, now_ms)?;
-        // Committed whatever the answer: pruning done on the way stays done.
-        tx.commit().map_err(sq)?;
-        Ok(out)
+        self.remember_through(organization, key, expires_ms, now_ms, None)
+    }
+
+    fn remember_allowed(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_through(organization, key, expires_ms, now_ms, Some(allowed))
     }
 
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
         let conn = self.writer.lock().map_err(poisoned)?;
-        conn.prepare_cached(
-            "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                d.at_ms,
-                d.organization_id,
-                d.operation,
-                d.fingerprint,
-                d.activity_type,
-                d.user_id,
-                d.outcome,
-                d.reason
-            ])
-        })
-        .map_err(sq)?;
-        Ok(())
+        insert_decision(&conn, d)
     }
 
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
