@@ -2138,6 +2138,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         auth: auth(stamped(&bob, &create, &bob_cert)),
         proposal: proposal.to_string().into_bytes(),
         parent_certificate: vec![],
+        issued_certificates: vec![],
     };
     refused_for(&stack, enclave.clone().apply_activity(req).await, "apply_activity", pb::RefusalReason::PolicyDenied);
     // bob's signing is one alice must approve ("alice signs" applies, its consensus is hers).

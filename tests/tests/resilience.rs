@@ -621,9 +621,10 @@ async fn second_enclave(stack: &mut Stack) -> (std::path::PathBuf, std::process:
     (socket, child)
 }
 
-/// Two enclaves on one token behind one gateway: signing goes on, without a single failed
-/// request, while either one is killed (a request in flight on the dead one is sent to the other)
-/// and after it comes back.
+/// Two enclaves on one token and one authority store behind one gateway: signing goes on while
+/// either one is killed and after it comes back. A request in flight on the dead one is sent to
+/// the other, which refuses to run it a second time (the replay window is shared): the client gets
+/// a 503 to send it anew, and nothing else fails.
 #[tokio::test]
 async fn two_enclaves_one_killed_under_load_the_other_signs() {
     tokio::time::timeout(Duration::from_secs(90), async {
@@ -678,10 +679,17 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
 
         // Every request was signed (none failed), and some were answered while only the second
         // enclave was up, and some while only the first was.
-        let (mut ok, mut by_second, mut by_first) = (0, 0, 0);
+        let (mut ok, mut by_second, mut by_first, mut unknown) = (0, 0, 0, 0);
         let mut expected = before.clone();
         for c in clients {
             for (message, r, at) in c.await.unwrap() {
+                // A request in flight on an enclave when it was killed: the enclaves share one
+                // replay window, so the other refuses to run it again, and the client is told to
+                // send it anew (nothing was recorded).
+                if r.status == 503 && r.text.contains("was not run again") {
+                    unknown += 1;
+                    continue;
+                }
                 assert_signed_by(&r, &message, &address);
                 assert!(expected.insert(r.json["activity"]["id"].as_str().unwrap().to_string()), "{}", r.text);
                 ok += 1;
@@ -689,7 +697,11 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
                 by_first += usize::from(at > second_down + Duration::from_millis(50));
             }
         }
-        eprintln!("two enclaves: {ok} signed, {by_second} with only the second up, {by_first} with only the first");
+        eprintln!(
+            "two enclaves: {ok} signed, {by_second} with only the second up, {by_first} with only the first, \
+             {unknown} in flight at a kill"
+        );
+        assert!(unknown <= 16, "at most the 8 clients' requests in flight at each of the two kills: {unknown}");
         assert!(by_second > 0 && by_first > 0, "{by_second} / {by_first}");
         // Each signature recorded exactly once: every page, once settled, holds the wallet's
         // activity and one per signature, nothing else.

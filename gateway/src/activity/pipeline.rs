@@ -508,6 +508,19 @@ async fn twin_or(state: &Arc<AppState>, org: &str, fingerprint: &str, err: ApiEr
             }
         }
         if std::time::Instant::now() >= deadline {
+            if replayed {
+                // The enclaves have seen this stamped body and no activity came of it: the
+                // enclave that had it stopped while running it (the gateway then sent it to
+                // another, which shares the replay window). It was not run twice; its outcome is
+                // unknown here.
+                return Err(ApiError {
+                    refusal: err.refusal,
+                    ..ApiError::unavailable(
+                        "the enclave running this request stopped before answering and it was not run again: \
+                         send it again with a new stamp",
+                    )
+                });
+            }
             return Err(err);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
