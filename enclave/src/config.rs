@@ -49,10 +49,10 @@ pub struct EnclaveConfig {
     pub decision_retention_days: u64,
     /// Whether the organization's rules kept in the authority state (live credentials, root
     /// quorum, policies, the changes activities may make) refuse what they do not allow. Default
-    /// false: shadow mode, where the enclave keeps the state, decides, and logs
-    /// `decision="shadow_refuse"` audit lines without refusing, until the state covers every
-    /// activity type (README "What the enclave does not decide yet"). Environment:
-    /// `COFFER_ENFORCE_RULES` (`1`/`true`).
+    /// true. False is shadow mode, for an upgrade in progress: the enclave keeps the state,
+    /// decides, and logs `decision="shadow_refuse"` audit lines without refusing (README
+    /// "Upgrading to the authority state"). Environment: `COFFER_ENFORCE_RULES` (`0`/`false` to
+    /// turn it off).
     pub enforce_rules: bool,
     /// Also serve over TCP at this address, with mutual TLS only (`tls`). Default: none (the Unix
     /// socket alone). Environment: `COFFER_ENCLAVE_TCP_LISTEN`.
@@ -156,7 +156,7 @@ impl Default for EnclaveConfig {
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
-            enforce_rules: false,
+            enforce_rules: true,
             tcp_listen: None,
             tls: None,
             login: LoginSettings::default(),
@@ -183,7 +183,7 @@ impl EnclaveConfig {
             cfg.socket = v.into();
         }
         if let Ok(v) = std::env::var("COFFER_ENFORCE_RULES") {
-            cfg.enforce_rules = matches!(v.trim(), "1" | "true");
+            cfg.enforce_rules = !matches!(v.trim(), "0" | "false");
         }
         if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_URL") {
             cfg.authority_store = Some(v).filter(|v| !v.trim().is_empty());

@@ -42,6 +42,10 @@ enum Command {
     /// stdin and prints each with its `certificate` (hex) for `coffer-gateway import-certificates`.
     /// It certifies what the database says: run it on a database you trust.
     CertifyExisting,
+    /// One-time upgrade: builds the authority state of each organization that has none from
+    /// `coffer-gateway authority-state` lines on stdin (trusting the gateway's records at that
+    /// moment, on the enclave host); an organization that already has one is left alone.
+    ImportAuthorityState,
     /// Lists the enclave's decisions (`allow`) that have no activity in the gateway's records:
     /// reads the gateway's activity fingerprints, one per line, from FILE (`-` = stdin), e.g.
     /// `sqlite3 coffer.db 'SELECT fingerprint FROM activities'`, and prints each unmatched
@@ -104,6 +108,28 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(cfg).await,
+        Command::ImportAuthorityState => {
+            use std::io::BufRead;
+            let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+            let rules = coffer_enclave::rules::Rules::new(store);
+            let (mut built, mut kept) = (0usize, 0usize);
+            for line in std::io::stdin().lock().lines() {
+                let line = line?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_str(&line)?;
+                let org = v["organizationId"].as_str().ok_or_else(|| anyhow::anyhow!("missing organizationId"))?;
+                let changes: Vec<coffer_authority_state::Change> = serde_json::from_value(v["changes"].clone())?;
+                if rules.import(org, &changes)? {
+                    built += 1;
+                } else {
+                    kept += 1;
+                }
+            }
+            println!("{}", serde_json::json!({ "organizationsBuilt": built, "organizationsKept": kept }));
+            Ok(())
+        }
         Command::CertifyExisting => {
             use std::io::BufRead;
             let hsm = Arc::new(open_hsm(&cfg)?);

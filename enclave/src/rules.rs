@@ -89,6 +89,24 @@ impl Rules {
         self.enforce
     }
 
+    /// Builds an organization's first state from `changes` (`coffer-enclave
+    /// import-authority-state`, trusting the gateway's records at that moment): `Ok(false)` when
+    /// the enclave already has (or had) a state for it, which is never overwritten.
+    pub fn import(&self, organization_id: &str, changes: &[Change]) -> Result<bool, EnclaveError> {
+        if self.store.version(organization_id)?.is_some() {
+            return Ok(false);
+        }
+        if changes.iter().any(|c| c.organization_id != organization_id)
+            || !matches!(changes.first().map(|c| &c.effect), Some(Effect::CreateOrganization { .. }))
+        {
+            return Err(EnclaveError::invalid(format!(
+                "{organization_id}: the changes must create this organization first and change nothing else"
+            )));
+        }
+        self.commit(changes, None)?;
+        Ok(true)
+    }
+
     /// Adds a credential the operator certifies from the gateway's records (`certify-existing`,
     /// trusting the database at that moment) to its organization's state: `Ok(false)` when the
     /// state has no such organization or user, or already has the credential.

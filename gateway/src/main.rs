@@ -60,6 +60,14 @@ enum Command {
     /// One-time upgrade: print, as JSON lines, the API keys and passkeys that have no enclave
     /// certificate (created before certificates existed), for `coffer-enclave certify-existing`.
     UncertifiedCredentials,
+    /// One-time upgrade to the enclave's authority state: print, as JSON lines, the changes that
+    /// build each given organization's state (and its sub-organizations') from this database, for
+    /// `coffer-enclave import-authority-state` on the enclave host. It trusts the database now.
+    AuthorityState {
+        /// Root organization ids (their sub-organizations follow).
+        #[arg(required = true)]
+        organization_ids: Vec<String>,
+    },
     /// One-time upgrade: store the certificates `coffer-enclave certify-existing` printed (JSON
     /// lines on stdin); each must match its credential row exactly.
     ImportCertificates,
@@ -114,6 +122,15 @@ async fn main() -> anyhow::Result<()> {
             let store = cfg.open_store()?;
             for c in store.uncertified_credentials()? {
                 println!("{}", serde_json::to_string(&c)?);
+            }
+            Ok(())
+        }
+        Command::AuthorityState { organization_ids } => {
+            let store = cfg.open_store()?;
+            for id in organization_ids {
+                for line in coffer_gateway::orgs::authority_state_lines(store.as_ref(), &id)? {
+                    println!("{line}");
+                }
             }
             Ok(())
         }

@@ -142,3 +142,63 @@ pub fn import_certificates(store: &dyn Store, input: impl std::io::BufRead) -> a
     store.apply(&writes)?;
     Ok(writes.len())
 }
+
+/// One-time upgrade to the enclave's authority state: the changes that build `organization_id`'s
+/// state (and each of its sub-organizations', depth first) from the gateway's records, as
+/// `{"organizationId", "changes"}` JSON lines for `coffer-enclave import-authority-state`. It
+/// trusts the database at that moment, as `certify-existing` does. Session keys are left out
+/// (they expire; users log in again).
+pub fn authority_state_lines(store: &dyn Store, organization_id: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    use crate::record_kinds::{
+        AUTH_PROXY, FEATURE, OAUTH2_CREDENTIAL, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG,
+        WEBHOOK_ENDPOINT,
+    };
+    use crate::store::{Page, SubOrgFilter};
+    let org = store.organization(organization_id)?;
+    let mut writes = vec![Write::InsertOrganization(org.clone())];
+    for kind in [USER_TAG, PRIVATE_KEY_TAG] {
+        writes.extend(store.records(&org.id, kind)?.into_iter().map(Write::PutRecord));
+    }
+    let users = store.users(&org.id)?;
+    for u in &users {
+        writes.push(Write::InsertUser(u.clone()));
+        writes.push(Write::UpdateUser {
+            organization_id: org.id.clone(),
+            id: u.id.clone(),
+            name: None,
+            email: None,
+            phone_number: None,
+            tag_ids: Some(store.user_tags_of(&org.id, &u.id)?),
+            updated_at: u.updated_at,
+        });
+        let authenticators = store.authenticators_of_user(&org.id, &u.id)?;
+        if !authenticators.is_empty() {
+            writes.push(Write::InsertAuthenticators(authenticators));
+        }
+    }
+    // Certificates cleared: the projection leaves certified keys out as enclave-issued ones.
+    let keys = store.api_keys(&org.id)?.into_iter().map(|k| ApiKey { certificate: Vec::new(), ..k });
+    writes.extend(keys.map(Write::InsertApiKey));
+    let providers = store.oauth_providers(&org.id, None)?;
+    if !providers.is_empty() {
+        writes.push(Write::InsertOauthProviders(providers));
+    }
+    for w in store.wallets(&org.id)? {
+        let accounts = store.accounts(&org.id, Some(&w.id))?;
+        writes.push(Write::InsertWallet(w));
+        writes.push(Write::InsertAccounts(accounts));
+    }
+    let private_keys = store.private_keys(&org.id)?;
+    if !private_keys.is_empty() {
+        writes.push(Write::InsertPrivateKeys(private_keys));
+    }
+    for kind in [POLICY, SMART_CONTRACT_INTERFACE, FEATURE, WEBHOOK_ENDPOINT, OAUTH2_CREDENTIAL, AUTH_PROXY] {
+        writes.extend(store.records(&org.id, kind)?.into_iter().map(Write::PutRecord));
+    }
+    let changes = crate::authority_proposal::proposal(&org.id, &writes);
+    let mut out = vec![serde_json::json!({ "organizationId": org.id, "changes": changes })];
+    for sub in store.sub_organization_ids(&org.id, &SubOrgFilter::All, &Page::ALL)? {
+        out.extend(authority_state_lines(store, &sub)?);
+    }
+    Ok(out)
+}

@@ -1399,6 +1399,8 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
         .expect("a fresh certified enable_auth_proxy enables it")
         .into_inner();
     assert!(!proxy.user_id.is_empty() && !proxy.sealed_key.is_empty() && !proxy.certificate.is_empty(), "{proxy:?}");
+    // The key alone stamps nothing: the proxy is enabled when the activity's changes reach the
+    // organization's authority state (ApplyActivity), which this raw call skipped.
     let login = body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", &org, Stack::now_ms(), json!({"oauth2CredentialId": "c1"}));
     let stamp = enclave
         .clone()
@@ -1409,11 +1411,9 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
             sealed_key: proxy.sealed_key.clone(),
             body: login.clone().into_bytes(),
         })
-        .await
-        .unwrap()
-        .into_inner()
-        .stamp;
-    verify_api_stamp(&stamp, &proxy.public_key, login.as_bytes());
+        .await;
+    let status = stamp.expect_err("a proxy key the state does not enable stamps nothing");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::CredentialRevoked), "{status:?}");
 
     // The authority allowed each body once, for the root API key (its allow line names the
     // credential; the operation may add its own allow line after it); the replay is refused,
@@ -2295,4 +2295,67 @@ async fn revoked_credentials_and_sessions_stay_revoked_even_from_an_old_database
         sign(&enclave, auth(stamped(&s2, &body4, &second.certificate)), &key).await.unwrap().signatures.len(),
         1
     );
+}
+
+/// Issue 24, the upgrade: an organization an older Coffer made (rows only, no authority state,
+/// no certificates) is refused by the enclave until the operator builds its state once from the
+/// database (`coffer-gateway authority-state ORG | coffer-enclave import-authority-state`, after
+/// the certificates); then its key signs, and a second import changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_organization_from_before_the_authority_state_is_imported_once_by_the_operator() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (_, a) = wallet(&client, &org, "w").await;
+    let c = db(&stack);
+    // A second root organization as an older Coffer stored it, sharing the first's wallet row
+    // would be wrong: it gets its own user and key, and signs with the first's account only to
+    // show a refusal; its own wallet comes through the API after the import.
+    let legacy = TurnkeyP256ApiKey::generate();
+    c.execute_batch(&format!(
+        "INSERT INTO organizations (id, name, parent_id, root_quorum_threshold, root_user_ids, created_at, updated_at)
+            VALUES ('old-org', 'old', NULL, 1, '[\"old-root\"]', 0, 0);
+         INSERT INTO users (id, organization_id, name, email, phone_number, created_at, updated_at)
+            VALUES ('old-root', 'old-org', 'root', NULL, NULL, 0, 0);
+         INSERT INTO api_keys (id, organization_id, user_id, name, public_key, credential_type, expiration_seconds,
+            created_at, updated_at) VALUES ('old-key', 'old-org', 'old-root', 'k', '{}', 'CREDENTIAL_TYPE_API_KEY_P256', NULL, 0, 0);",
+        public_key(&legacy)
+    ))
+    .unwrap();
+    let out = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let rows = out(stack.run_with_stdin("coffer-gateway", &["uncertified-credentials"], ""));
+    let certified = out(stack.run_with_stdin("coffer-enclave", &["certify-existing"], &rows));
+    out(stack.run_with_stdin("coffer-gateway", &["import-certificates"], &certified));
+    let old = stack.client_with(TurnkeyP256ApiKey::from_strings(&hex::encode(legacy.private_key()), None).unwrap());
+    let intent =
+        CreateWalletIntent { wallet_name: "old".into(), accounts: vec![eth_account(0)], mnemonic_length: None };
+    let refused = old.create_wallet("old-org".into(), old.current_timestamp(), intent).await;
+    assert!(format!("{refused:?}").contains("no authority state"), "{refused:?}");
+
+    // The operator builds the state from the records, once.
+    let lines = out(stack.run_with_stdin("coffer-gateway", &["authority-state", "old-org"], ""));
+    let imported: Value =
+        serde_json::from_str(&out(stack.run_with_stdin("coffer-enclave", &["import-authority-state"], &lines)))
+            .unwrap();
+    assert_eq!(imported, json!({"organizationsBuilt": 1, "organizationsKept": 0}));
+    let intent =
+        CreateWalletIntent { wallet_name: "old".into(), accounts: vec![eth_account(0)], mnemonic_length: None };
+    let made = old.create_wallet("old-org".into(), old.current_timestamp(), intent).await.unwrap().result;
+    assert_eq!(made.addresses.len(), 1);
+    // An organization that has a state is never overwritten, and the first one is untouched.
+    let again: Value =
+        serde_json::from_str(&out(stack.run_with_stdin("coffer-enclave", &["import-authority-state"], &lines)))
+            .unwrap();
+    assert_eq!(again, json!({"organizationsBuilt": 0, "organizationsKept": 1}));
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/sign_raw_payload",
+            sign_body(&org, &a[0], "still", Stack::now_ms()).as_bytes(),
+            Some(&stack.api_key()),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
 }
