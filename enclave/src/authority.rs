@@ -328,10 +328,21 @@ impl Authority {
             id: String,
             #[serde(rename = "organizationId")]
             organization_id: String,
+            #[serde(default)]
+            status: String,
+            #[serde(default)]
+            fingerprint: String,
         }
         // An object only: serde would also read a struct from an array.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         let ids = is_object.then(|| serde_json::from_slice::<ActivityIds>(body).ok()).flatten();
+        // A completed activity is one the enclave authorized: its decision log has it.
+        let completed_undecided = match &ids {
+            Some(a) if a.status == ACTIVITY_COMPLETED => {
+                !self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
+            }
+            _ => false,
+        };
         let (organization, activity_id) = match ids {
             Some(a) => (Some(a.organization_id), Some(a.id)),
             None => (None, None),
@@ -348,6 +359,8 @@ impl Authority {
                 RefusalReason::DeliveryInvalid,
                 "delivery body is not an activity (an object with id and organizationId, at most 4 MiB)",
             ))
+        } else if completed_undecided {
+            Some((RefusalReason::DeliveryInvalid, "a completed activity the enclave did not authorize"))
         } else {
             None
         };
@@ -719,6 +732,8 @@ impl Authority {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+/// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
+const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
 const OPERATOR_REPLAY_SHARE: &str = "coffer:operator";
 const ORGANIZATION_BUSY: &str =
@@ -795,8 +810,26 @@ mod tests {
     #[test]
     fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity() {
         let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
-        let body = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#;
+        let body =
+            br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:f1"}"#;
         let now = now_ms() as u64;
+        // A completed activity the enclave never authorized (a forged event) is not signed...
+        match authority.webhook_message("kid", now, "evt-1:a1", body) {
+            Err(EnclaveError::Refused { reason: RefusalReason::DeliveryInvalid, message }) => {
+                assert!(message.contains("did not authorize"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // ...one it did is.
+        let allowed = crate::authority_store::DecisionRecord {
+            at_ms: now as i64,
+            organization_id: "o1".into(),
+            operation: "sign".into(),
+            fingerprint: "sha256:f1".into(),
+            outcome: crate::authority_store::OUTCOME_ALLOW.into(),
+            ..Default::default()
+        };
+        authority.store.record_decision(&allowed).unwrap();
         let message = authority.webhook_message("kid", now, "evt-1:a1", body).unwrap();
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
         let refused = |ts: u64, event: &str, body: &[u8]| match authority.webhook_message("kid", ts, event, body) {

@@ -707,7 +707,7 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let enclave = connect(stack.enclave_socket());
     let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
     let now = Stack::now_ms() as u64;
-    let activity = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED"}"#.to_vec();
+    let activity = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#.to_vec();
     let delivery = |timestamp_ms: u64, event_id: &str, body: &[u8]| pb::SignWebhookDeliveryRequest {
         timestamp_ms,
         event_id: event_id.into(),
@@ -748,6 +748,32 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     assert!(audit_refusals(&stack, "delivery timestamp is not the enclave's now") >= 2, "{}", stack.enclave_log());
     assert!(audit_refusals(&stack, "event id must be") >= 1);
     assert!(audit_refusals(&stack, "delivery body is not an activity") >= 2);
+
+    // (6) A forged "COMPLETED" activity of an organization that does not exist is not signed; a
+    // completed activity the enclave authorized is.
+    let forged =
+        br#"{"id":"a9","organizationId":"nobody","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:00"}"#;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    wallet(&client, &org, "webhooked").await;
+    let real = stack.activities(&stack.api_key(), &org).await.into_iter().next().expect("the wallet's activity");
+    assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
+    let real = serde_json::to_vec(&real).unwrap();
+    let deliveries = vec![delivery(now, "evt-7", forged), delivery(now, "evt-8", &real)];
+    let signed = enclave
+        .clone()
+        .sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(signed.deliveries[0].signature.is_empty(), "{:?}", signed.deliveries[0]);
+    assert!(signed.deliveries[0].refusal.contains("did not authorize"), "{:?}", signed.deliveries[0]);
+    assert!(
+        signed.deliveries[1].refusal.is_empty() && !signed.deliveries[1].signature.is_empty(),
+        "{:?}",
+        signed.deliveries[1]
+    );
+    assert!(audit_refusals(&stack, "a completed activity the enclave did not authorize") >= 1);
 
     // More than a batch's worth is refused whole.
     let too_many = (0..257).map(|n| delivery(now, &format!("evt-{n}"), &activity)).collect();
@@ -2220,6 +2246,20 @@ async fn revoked_credentials_and_sessions_stay_revoked_even_from_an_old_database
         "sign",
         pb::RefusalReason::CredentialRevoked,
     );
+    // A second enclave on the same authority store refuses it too.
+    let socket_b = stack.enclave_socket().with_file_name("enclave-b.sock");
+    let mut second = stack.spawn_enclave(&socket_b);
+    let t = std::time::Instant::now();
+    while !socket_b.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let body_b = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let at_b = sign(&connect(socket_b.clone()), auth(stamped(&k1, &body_b, &k1_cert)), &key).await;
+    let _ = second.kill();
+    let _ = second.wait();
+    let status = at_b.expect_err("the second enclave refuses the deleted key");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::CredentialRevoked), "{status:?}");
 
     // (5) The old database restored under the gateway brings k1's row back: the gateway lets its
     // stamp through, the enclave's state still refuses it.
