@@ -24,22 +24,45 @@ pub struct PolicyIndex {
 impl PolicyIndex {
     /// Compiles every policy of `state` (in id order, the state's order).
     pub fn of(state: &AuthorityState) -> Self {
+        Self::reusing(state, None)
+    }
+
+    /// [`PolicyIndex::of`], reusing the compiled form of every policy `old` has unchanged (a
+    /// state change compiles only what it changed).
+    pub fn reusing(state: &AuthorityState, old: Option<&PolicyIndex>) -> Self {
+        // Both in id order: a merge walk finds each policy's old compiled form without a map.
+        let mut old_policies = old.map(|o| o.policies.as_slice()).unwrap_or_default().iter().peekable();
         let mut index = Self::default();
         for p in state.policies.values() {
-            let compiled = CompiledPolicy::compile(PolicySource {
-                id: p.id.clone(),
-                name: p.name.clone(),
-                effect: p.effect.clone(),
-                condition: p.condition.clone(),
-                consensus: p.consensus.clone(),
-                time: p.time.clone(),
-            });
+            while old_policies.peek().is_some_and(|c| c.source.id < p.id) {
+                old_policies.next();
+            }
+            let same = |c: &CompiledPolicy| {
+                let s = &c.source;
+                s.id == p.id
+                    && s.name == p.name
+                    && s.effect == p.effect
+                    && s.condition == p.condition
+                    && s.consensus == p.consensus
+                    && s.time == p.time
+            };
+            let compiled = match old_policies.peek() {
+                Some(c) if same(c) => Arc::clone(c),
+                _ => Arc::new(CompiledPolicy::compile(PolicySource {
+                    id: p.id.clone(),
+                    name: p.name.clone(),
+                    effect: p.effect.clone(),
+                    condition: p.condition.clone(),
+                    consensus: p.consensus.clone(),
+                    time: p.time.clone(),
+                })),
+            };
             let i = index.policies.len();
             match &compiled.scope.types {
                 Some(types) => types.iter().for_each(|t| index.by_type.entry(t.clone()).or_default().push(i)),
                 None => index.any_type.push(i),
             }
-            index.policies.push(Arc::new(compiled));
+            index.policies.push(compiled);
         }
         index
     }

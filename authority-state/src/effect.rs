@@ -212,6 +212,19 @@ impl AuthorityState {
         Ok(touched)
     }
 
+    /// Applies effects in order to a state the caller discards on error (no copy is made: on
+    /// error the state is partly changed).
+    pub fn apply_all_unchecked<'a>(
+        &mut self,
+        effects: impl IntoIterator<Item = &'a Effect>,
+    ) -> Result<Touched, ApplyError> {
+        let mut touched = Vec::new();
+        for e in effects {
+            touched.extend(self.apply_in_place(e)?);
+        }
+        Ok(touched)
+    }
+
     fn apply_in_place(&mut self, effect: &Effect) -> Result<Touched, ApplyError> {
         use kinds::*;
         let mut t: Touched = Vec::new();

@@ -17,7 +17,8 @@ use crate::error::{EnclaveError, RefusalReason};
 #[derive(Debug)]
 pub struct Loaded {
     pub state: AuthorityState,
-    pub index: PolicyIndex,
+    /// Shared with the next version when a change touched no policy.
+    pub index: Arc<PolicyIndex>,
 }
 
 /// Most organizations whose state is kept in memory; past it the cache starts over.
@@ -49,6 +50,14 @@ pub struct Rules {
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
     writing: Mutex<()>,
+    /// Held by a state change from its last decision to its commit, so that this enclave's
+    /// changes never invalidate each other's decisions (other enclaves' still can: retried).
+    changing: Mutex<()>,
+}
+
+/// Whether a change writes or deletes a policy entry (the compiled index must follow).
+fn writes_touch_policies(puts: &[Entry], deletes: &[(String, String)]) -> bool {
+    puts.iter().any(|e| e.kind == kinds::POLICY) || deletes.iter().any(|(k, _)| k == kinds::POLICY)
 }
 
 /// The organization's state moved between a decision and its commit.
@@ -76,7 +85,13 @@ impl Rules {
     }
 
     pub fn new(store: Arc<dyn AuthorityStore>) -> Self {
-        Self { store, enforce: true, cache: Mutex::new(HashMap::new()), writing: Mutex::new(()) }
+        Self {
+            store,
+            enforce: true,
+            cache: Mutex::new(HashMap::new()),
+            writing: Mutex::new(()),
+            changing: Mutex::new(()),
+        }
     }
 
     /// The same rules, enforcing (`true`, the default) or in shadow mode (`false`).
@@ -121,6 +136,12 @@ impl Rules {
         Ok(true)
     }
 
+    /// Serializes this enclave's state changes from decision to commit ([`Rules::commit`] with
+    /// the decided version checks what other enclaves did meanwhile).
+    pub fn changing(&self) -> Result<std::sync::MutexGuard<'_, ()>, EnclaveError> {
+        self.changing.lock().map_err(|_| internal("change lock poisoned"))
+    }
+
     /// Records what the enclave itself did (keys made, sessions opened): committed, or in
     /// shadow mode, when the state cannot take it (an organization it does not have yet), logged.
     pub fn record(&self, changes: &[Change]) -> Result<(), EnclaveError> {
@@ -157,7 +178,7 @@ impl Rules {
             // Deleted (a version with no entries left), or entries of another organization.
             return Ok(None);
         }
-        let loaded = Arc::new(Loaded { index: PolicyIndex::of(&state), state });
+        let loaded = Arc::new(Loaded { index: Arc::new(PolicyIndex::of(&state)), state });
         let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
         if cache.len() >= CACHE_ORGANIZATIONS {
             cache.clear();
@@ -283,7 +304,8 @@ impl Rules {
                 Vec::new()
             };
             let touched = state
-                .apply_all(effects.iter().copied())
+                // `state` is this commit's own copy, dropped on error.
+                .apply_all_unchecked(effects.iter().copied())
                 .map_err(|e| EnclaveError::refused(RefusalReason::TransitionMismatch, e.to_string()))?;
             if let Some(Effect::CreateOrganization { organization }) = effects.first() {
                 if &organization.id != org {
@@ -310,17 +332,35 @@ impl Rules {
                 deletes.sort();
                 deletes.dedup();
             }
+            let policies_touched = writes_touch_policies(&puts, &deletes);
             writes.push(OrgChanges { organization_id: org.clone(), expected_version, puts, deletes });
-            next_states.push(state);
+            next_states.push((state, deleted, policies_touched));
         }
         let versions = self.store.apply(&writes)?;
-        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
-        for (org, version) in order.iter().zip(&versions) {
-            // The next read loads the new version (the cache is only a cache).
-            cache.remove(org);
-            let _ = version;
+        // The cache takes the new states as they were committed (a deleted organization goes);
+        // unchanged policies keep their compiled form.
+        let old: Vec<Option<Arc<Loaded>>> = {
+            let cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
+            order.iter().map(|org| cache.get(org).cloned()).collect()
+        };
+        let mut fresh = Vec::new();
+        for (((mut state, deleted, policies_touched), version), old) in next_states.into_iter().zip(&versions).zip(old)
+        {
+            state.version = *version;
+            let index = match old {
+                Some(l) if !policies_touched => l.index.clone(),
+                old => Arc::new(PolicyIndex::reusing(&state, old.as_ref().map(|l| l.index.as_ref()))),
+            };
+            fresh.push((deleted, Arc::new(Loaded { state, index })));
         }
-        drop(next_states);
+        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
+        for (org, (deleted, loaded)) in order.iter().zip(fresh) {
+            if deleted {
+                cache.remove(org);
+            } else {
+                cache.insert(org.clone(), loaded);
+            }
+        }
         Ok(order.into_iter().zip(versions).collect())
     }
 }

@@ -49,9 +49,18 @@ pub(super) fn apply_activity(
             public_key: g.public_key,
         })
         .collect();
-    let mut decided = a.decided.clone();
-    // Another activity of the organization may commit between this decision and its own: the
-    // decision is then made again over the new state (a few times, then the caller retries).
+    // This enclave's state changes run one at a time from here to their commit; when the state
+    // moved since the decision (a change before this one, or another enclave's), the decision is
+    // made again over the new state.
+    let _changing = authority.rules().changing()?;
+    let mut decided = match &a.decided {
+        Some(d)
+            if authority.rules().store().version(&d.loaded.state.organization.id)? != Some(d.loaded.state.version) =>
+        {
+            authority.decide_again(&a)?
+        }
+        other => other.clone(),
+    };
     for _attempt in 0..8 {
         let Some(d) = decided.take() else {
             // Shadow mode, and the rules would have refused (logged): nothing is applied.
