@@ -2150,6 +2150,29 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         pb::RefusalReason::ConsensusNeeded,
     );
 
+    // Nor export an account's key, nor make a wallet.
+    let export_key = body(
+        "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
+        &org,
+        Stack::now_ms(),
+        json!({"address": a[0], "targetPublicKey": target}),
+    );
+    let req = pb::ExportKeyRequest { auth: auth(stamped(&bob, &export_key, &bob_cert)), key: Some(key.clone()) };
+    refused_for(&stack, enclave.clone().export_key(req).await, "export_key", pb::RefusalReason::PolicyDenied);
+    let make = body(
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        &org,
+        Stack::now_ms(),
+        json!({"walletName": "bob's", "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
+            "path": "m/44'/60'/0'/0/0", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]}),
+    );
+    let req = pb::CreateWalletRequest {
+        auth: auth(stamped(&bob, &make, &bob_cert)),
+        wallet_id: "bobs-wallet".into(),
+        account_ids: vec!["bobs-account".into()],
+    };
+    refused_for(&stack, enclave.clone().create_wallet(req).await, "create_wallet", pb::RefusalReason::PolicyDenied);
+
     // A state change: bob's create_policy sent straight to ApplyActivity, with the exact
     // proposal its body asks for, is refused; nothing is added to the enclave's state.
     let create = body(
