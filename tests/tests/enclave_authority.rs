@@ -2199,6 +2199,28 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         pb::RefusalReason::ConsensusNeeded,
     );
 
+    // Policy rows rewritten in the gateway's database change what the gateway allows, not what
+    // the enclave does: an ALLOW for everything inserted for bob, and alice's DENY deleted.
+    c.execute(
+        "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at)
+            VALUES (?1, 'policy', 'inserted', 'anything goes', ?2, 1, 1)",
+        rusqlite::params![
+            org,
+            json!({"effect": "EFFECT_ALLOW", "condition": "true", "consensus": "true", "notes": ""}).to_string()
+        ],
+    )
+    .unwrap();
+    let path = "/public/v1/submit/sign_raw_payload";
+    let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let r = stack.post_raw(path, bobs.as_bytes(), Some(&bob)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap_or_default().contains("consensus"), "{}", r.text);
+    c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
+    let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
+    let r = stack.post_raw(path, digest.as_bytes(), Some(&alice)).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.json["message"].as_str().unwrap_or_default().contains("EXPLICIT_DENY"), "{}", r.text);
+
     // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
     // approval it does.
     let quorum = turnkey_client::generated::UpdateRootQuorumIntent {
