@@ -371,9 +371,8 @@ mod tests {
     use crate::authority_store::{SqliteAuthorityStore, StoreLimits};
     use coffer_authority_state::model::{CredentialKind, Organization, User};
 
-    fn rules() -> ((), Rules) {
-        let store = SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap();
-        ((), Rules::new(Arc::new(store)))
+    fn rules() -> Rules {
+        Rules::new(Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap()))
     }
 
     fn change(org: &str, effect: Effect) -> Change {
@@ -426,7 +425,7 @@ mod tests {
 
     #[test]
     fn state_survives_a_new_rules_over_the_same_store_and_revocation_takes_effect() {
-        let (_dir, r) = rules();
+        let r = rules();
         bootstrap(&r, "o");
         let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
         assert!(r.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).is_ok());
@@ -457,7 +456,7 @@ mod tests {
 
     #[test]
     fn a_deleted_organization_is_unknown_and_cannot_come_back() {
-        let (_dir, r) = rules();
+        let r = rules();
         bootstrap(&r, "o");
         r.commit_all(&[change("o", Effect::DeleteOrganization)]).unwrap();
         assert!(r.load("o").unwrap().is_none());

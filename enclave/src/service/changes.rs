@@ -50,17 +50,10 @@ pub(super) fn apply_activity(
         })
         .collect();
     // This enclave's state changes run one at a time from here to their commit; when the state
-    // moved since the decision (a change before this one, or another enclave's), the decision is
-    // made again over the new state.
+    // moved since the decision (a change before this one, or another enclave's), the commit's
+    // version check says so and the decision is made again over the new state.
     let _changing = authority.rules().changing()?;
-    let mut decided = match &a.decided {
-        Some(d)
-            if authority.rules().store().version(&d.loaded.state.organization.id)? != Some(d.loaded.state.version) =>
-        {
-            authority.decide_again(&a)?
-        }
-        other => other.clone(),
-    };
+    let mut decided = a.decided.clone();
     for _attempt in 0..8 {
         let Some(d) = decided.take() else {
             // Shadow mode, and the rules would have refused (logged): nothing is applied.
