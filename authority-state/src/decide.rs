@@ -1,83 +1,138 @@
 //! The decision over an organization's authority state (spec 12.2): the root quorum, then the
 //! organization's policies with `coffer-policy`, over the facts the state holds.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use imbl::OrdMap;
 
 use coffer_policy::context::{self, ActivityFacts, VOTE_APPROVED};
 use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, PolicySource};
 use serde_json::{json, Value};
 
 use crate::facts;
-use crate::model::{AuthorityState, Credential, CredentialKind, Millis};
+use crate::model::{AuthorityState, Credential, CredentialKind, Millis, Policy};
 use crate::subjects::Subject;
 
 /// An organization's policies compiled once, indexed by the activity types their conditions
-/// require, so a decision costs what the applicable policies cost.
-#[derive(Debug, Default)]
+/// require, so a decision costs what the applicable policies cost. Persistent maps: the next
+/// version's index is this one with only the changed policies compiled again.
+#[derive(Debug, Default, Clone)]
 pub struct PolicyIndex {
-    policies: Vec<Arc<CompiledPolicy>>,
-    by_type: HashMap<String, Vec<usize>>,
-    any_type: Vec<usize>,
+    /// Every compiled policy by id (the state's order).
+    policies: OrdMap<String, Arc<CompiledPolicy>>,
+    /// The policies whose condition names one of a few activity types, by type.
+    by_type: imbl::HashMap<String, OrdMap<String, Arc<CompiledPolicy>>>,
+    /// The policies whose condition can hold for any activity type.
+    any_type: OrdMap<String, Arc<CompiledPolicy>>,
+}
+
+fn compile(p: &Policy) -> Arc<CompiledPolicy> {
+    Arc::new(CompiledPolicy::compile(PolicySource {
+        id: p.id.clone(),
+        name: p.name.clone(),
+        effect: p.effect.clone(),
+        condition: p.condition.clone(),
+        consensus: p.consensus.clone(),
+        time: p.time.clone(),
+    }))
+}
+
+/// Whether `c` was compiled from exactly `p`.
+fn compiled_from(c: &CompiledPolicy, p: &Policy) -> bool {
+    let s = &c.source;
+    s.id == p.id
+        && s.name == p.name
+        && s.effect == p.effect
+        && s.condition == p.condition
+        && s.consensus == p.consensus
+        && s.time == p.time
 }
 
 impl PolicyIndex {
-    /// Compiles every policy of `state` (in id order, the state's order).
+    /// Compiles every policy of `state`.
     pub fn of(state: &AuthorityState) -> Self {
-        Self::reusing(state, None)
-    }
-
-    /// [`PolicyIndex::of`], reusing the compiled form of every policy `old` has unchanged (a
-    /// state change compiles only what it changed).
-    pub fn reusing(state: &AuthorityState, old: Option<&PolicyIndex>) -> Self {
-        // Both in id order: a merge walk finds each policy's old compiled form without a map.
-        let mut old_policies = old.map(|o| o.policies.as_slice()).unwrap_or_default().iter().peekable();
         let mut index = Self::default();
         for p in state.policies.values() {
-            while old_policies.peek().is_some_and(|c| c.source.id < p.id) {
-                old_policies.next();
-            }
-            let same = |c: &CompiledPolicy| {
-                let s = &c.source;
-                s.id == p.id
-                    && s.name == p.name
-                    && s.effect == p.effect
-                    && s.condition == p.condition
-                    && s.consensus == p.consensus
-                    && s.time == p.time
-            };
-            let compiled = match old_policies.peek() {
-                Some(c) if same(c) => Arc::clone(c),
-                _ => Arc::new(CompiledPolicy::compile(PolicySource {
-                    id: p.id.clone(),
-                    name: p.name.clone(),
-                    effect: p.effect.clone(),
-                    condition: p.condition.clone(),
-                    consensus: p.consensus.clone(),
-                    time: p.time.clone(),
-                })),
-            };
-            let i = index.policies.len();
-            match &compiled.scope.types {
-                Some(types) => types.iter().for_each(|t| index.by_type.entry(t.clone()).or_default().push(i)),
-                None => index.any_type.push(i),
-            }
-            index.policies.push(compiled);
+            index.insert(compile(p));
         }
         index
     }
 
-    /// The policies that can apply to `subject` (the others could only be "condition false").
+    /// This index after a change of `state` that wrote or deleted the policies `changed` (ids):
+    /// only those are compiled again (a cheap copy otherwise shared with this version).
+    pub fn updated<'a>(&self, state: &AuthorityState, changed: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut next = self.clone();
+        for id in changed {
+            let now = state.policies.get(id);
+            if let (Some(c), Some(p)) = (next.policies.get(id), now) {
+                if compiled_from(c, p) {
+                    continue;
+                }
+            }
+            next.remove(id);
+            if let Some(p) = now {
+                next.insert(compile(p));
+            }
+        }
+        next
+    }
+
+    fn insert(&mut self, compiled: Arc<CompiledPolicy>) {
+        let id = compiled.source.id.clone();
+        match &compiled.scope.types {
+            Some(types) => types.iter().for_each(|t| {
+                self.by_type.entry(t.clone()).or_default().insert(id.clone(), Arc::clone(&compiled));
+            }),
+            None => {
+                self.any_type.insert(id.clone(), Arc::clone(&compiled));
+            }
+        }
+        self.policies.insert(id, compiled);
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some(old) = self.policies.remove(id) else { return };
+        match &old.scope.types {
+            Some(types) => types.iter().for_each(|t| {
+                if let Some(m) = self.by_type.get_mut(t) {
+                    m.remove(id);
+                    if m.is_empty() {
+                        self.by_type.remove(t);
+                    }
+                }
+            }),
+            None => {
+                self.any_type.remove(id);
+            }
+        }
+    }
+
+    /// The policies that can apply to `subject` (the others could only be "condition false"),
+    /// in id order.
     pub fn applicable(&self, subject: &Subject) -> Vec<&CompiledPolicy> {
-        let typed = self.by_type.get(subject.activity_type).map(Vec::as_slice).unwrap_or_default();
-        let mut positions: Vec<usize> = typed.iter().chain(&self.any_type).copied().collect();
-        positions.sort_unstable();
-        positions.dedup();
-        positions
-            .into_iter()
-            .map(|i| self.policies[i].as_ref())
-            .filter(|p| p.scope.admits(subject.activity_type, subject.resource, subject.action))
-            .collect()
+        let mut typed = self.by_type.get(subject.activity_type).into_iter().flat_map(|m| m.iter()).peekable();
+        let mut any = self.any_type.iter().peekable();
+        let mut out = Vec::new();
+        // Both in id order: merged, and a policy in both (it cannot be) taken once.
+        loop {
+            let next = match (typed.peek(), any.peek()) {
+                (Some((a, _)), Some((b, _))) if a < b => typed.next(),
+                (Some((a, _)), Some((b, _))) if a == b => {
+                    any.next();
+                    typed.next()
+                }
+                (Some(_), Some(_)) => any.next(),
+                (Some(_), None) => typed.next(),
+                (None, Some(_)) => any.next(),
+                (None, None) => break,
+            };
+            if let Some((_, p)) = next {
+                if p.scope.admits(subject.activity_type, subject.resource, subject.action) {
+                    out.push(p.as_ref());
+                }
+            }
+        }
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -247,6 +302,47 @@ mod tests {
         })
         .unwrap();
         assert_eq!(run(&s, SIGN, &["alice"]), Decision::Deny, "a deny wins");
+    }
+
+    #[test]
+    fn an_updated_index_is_the_index_of_the_new_state() {
+        let policy = |id: &str, effect: &str, condition: &str| Policy {
+            id: id.into(),
+            name: id.into(),
+            effect: effect.into(),
+            condition: condition.into(),
+            consensus: String::new(),
+            time: String::new(),
+        };
+        let mut s = org(1, &["r1"]);
+        for (id, effect, condition) in [
+            ("a", "EFFECT_ALLOW", format!("activity.type == '{SIGN}'")),
+            ("b", "EFFECT_DENY", "activity.resource == 'PRIVATE_KEY'".to_string()),
+            ("c", "EFFECT_ALLOW", "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'".to_string()),
+        ] {
+            s.apply(&Effect::PutPolicy { policy: policy(id, effect, &condition) }).unwrap();
+        }
+        let before = PolicyIndex::of(&s);
+        let ids = |i: &PolicyIndex, ty: &str| -> Vec<String> {
+            i.applicable(subject(ty).unwrap()).iter().map(|p| p.source.id.clone()).collect()
+        };
+        assert_eq!(ids(&before, SIGN), ["a", "b"]);
+        // "a" now names another type, "b" is deleted, "0" is new and applies to everything.
+        s.apply(&Effect::PutPolicy {
+            policy: policy("a", "EFFECT_ALLOW", "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'"),
+        })
+        .unwrap();
+        s.apply(&Effect::DeletePolicies { ids: vec!["b".into()] }).unwrap();
+        s.apply(&Effect::PutPolicy { policy: policy("0", "EFFECT_DENY", "true") }).unwrap();
+        let after = before.updated(&s, ["a", "b", "0"]);
+        let fresh = PolicyIndex::of(&s);
+        for ty in [SIGN, "ACTIVITY_TYPE_CREATE_USERS_V4", "ACTIVITY_TYPE_CREATE_POLICY_V3"] {
+            assert_eq!(ids(&after, ty), ids(&fresh, ty), "{ty}");
+        }
+        assert_eq!(ids(&after, SIGN), ["0"]);
+        assert_eq!(ids(&after, "ACTIVITY_TYPE_CREATE_USERS_V4"), ["0", "a", "c"]);
+        assert_eq!(ids(&before, SIGN), ["a", "b"], "the old version is unchanged");
+        assert_eq!((after.len(), before.len()), (3, 3));
     }
 
     #[test]

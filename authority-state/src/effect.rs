@@ -169,8 +169,8 @@ fn removes(kind: CredentialKind, other: CredentialKind) -> bool {
 /// The entries an effect touched: `(kind, id)`, to write or delete in the store.
 pub type Touched = Vec<(&'static str, String)>;
 
-fn remove_all<T>(
-    map: &mut std::collections::BTreeMap<String, T>,
+fn remove_all<T: Clone>(
+    map: &mut imbl::OrdMap<String, T>,
     kind: &'static str,
     ids: &[String],
     touched: &mut Touched,
@@ -186,7 +186,7 @@ fn remove_all<T>(
 }
 
 impl AuthorityState {
-    fn tags_mut(&mut self, kind: TagKind) -> (&mut std::collections::BTreeMap<String, Tag>, &'static str) {
+    fn tags_mut(&mut self, kind: TagKind) -> (&mut imbl::OrdMap<String, Tag>, &'static str) {
         match kind {
             TagKind::User => (&mut self.user_tags, kinds::USER_TAG),
             TagKind::PrivateKey => (&mut self.private_key_tags, kinds::PRIVATE_KEY_TAG),
@@ -360,16 +360,24 @@ impl AuthorityState {
                 remove_all(map, k, ids, &mut t)?;
                 match kind {
                     TagKind::User => {
-                        for u in self.users.values_mut() {
-                            if u.tag_ids.iter().any(|id| ids.contains(id)) {
+                        let tagged: Vec<String> = (self.users.iter())
+                            .filter(|(_, u)| u.tag_ids.iter().any(|id| ids.contains(id)))
+                            .map(|(key, _)| key.clone())
+                            .collect();
+                        for key in tagged {
+                            if let Some(u) = self.users.get_mut(&key) {
                                 u.tag_ids.retain(|id| !ids.contains(id));
                                 t.push((USER, u.id.clone()));
                             }
                         }
                     }
                     TagKind::PrivateKey => {
-                        for pk in self.private_keys.values_mut() {
-                            if pk.tags.iter().any(|id| ids.contains(id)) {
+                        let tagged: Vec<String> = (self.private_keys.iter())
+                            .filter(|(_, pk)| pk.tags.iter().any(|id| ids.contains(id)))
+                            .map(|(key, _)| key.clone())
+                            .collect();
+                        for key in tagged {
+                            if let Some(pk) = self.private_keys.get_mut(&key) {
                                 pk.tags.retain(|id| !ids.contains(id));
                                 t.push((PRIVATE_KEY, pk.id.clone()));
                             }

@@ -1,6 +1,8 @@
 //! The authority state of one organization, and its storage as entries (kind, id, JSON bytes).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use imbl::{HashMap, OrdMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -148,25 +150,26 @@ pub struct Named {
     pub value: String,
 }
 
-/// Everything the enclave's decisions read about one organization.
+/// Everything the enclave's decisions read about one organization. Its maps are persistent
+/// (`imbl`): a clone is cheap, and the next version shares every entry a change did not touch.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AuthorityState {
     /// The store's version of this state (0: not stored yet).
     pub version: u64,
     pub organization: Organization,
-    pub users: BTreeMap<String, User>,
+    pub users: OrdMap<String, User>,
     /// By credential id.
-    pub credentials: BTreeMap<String, Credential>,
-    pub policies: BTreeMap<String, Policy>,
-    pub user_tags: BTreeMap<String, Tag>,
-    pub private_key_tags: BTreeMap<String, Tag>,
-    pub wallets: BTreeMap<String, Wallet>,
+    pub credentials: OrdMap<String, Credential>,
+    pub policies: OrdMap<String, Policy>,
+    pub user_tags: OrdMap<String, Tag>,
+    pub private_key_tags: OrdMap<String, Tag>,
+    pub wallets: OrdMap<String, Wallet>,
     /// By account id.
-    pub accounts: BTreeMap<String, Account>,
-    pub private_keys: BTreeMap<String, PrivateKey>,
-    pub contract_interfaces: BTreeMap<String, ContractInterface>,
-    pub webhook_endpoints: BTreeMap<String, Named>,
-    pub oauth2_credentials: BTreeMap<String, Named>,
+    pub accounts: OrdMap<String, Account>,
+    pub private_keys: OrdMap<String, PrivateKey>,
+    pub contract_interfaces: OrdMap<String, ContractInterface>,
+    pub webhook_endpoints: OrdMap<String, Named>,
+    pub oauth2_credentials: OrdMap<String, Named>,
     /// Credential ids by public key (derived; rebuilt on load).
     by_public_key: HashMap<String, Vec<String>>,
     /// Account ids by address (derived; rebuilt on load).

@@ -162,11 +162,29 @@ impl Rules {
     /// The organization's current state (`None`: the enclave has none), read again from the
     /// store whenever its version moved (another enclave, or this one, changed it).
     pub fn load(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
-        let Some(version) = self.store.version(organization_id)? else { return Ok(None) };
-        if let Some(l) = self.cache.lock().map_err(|_| internal("cache poisoned"))?.get(organization_id) {
-            if l.state.version == version {
-                return Ok(Some(l.clone()));
-            }
+        if let Some(hit) = self.cached(organization_id)? {
+            return Ok(hit);
+        }
+        // A commit of this enclave may be between the store and the cache: once it is done, the
+        // cache has its state and nothing needs reading again.
+        let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
+        self.load_writing(organization_id)
+    }
+
+    /// The cached state when it is current (`Some(None)`: the store has no such organization),
+    /// `None` when the store must be read.
+    fn cached(&self, organization_id: &str) -> Result<Option<Option<Arc<Loaded>>>, EnclaveError> {
+        let Some(version) = self.store.version(organization_id)? else { return Ok(Some(None)) };
+        let cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
+        // Versions only grow and the cache holds only committed states: a cached version newer
+        // than the one just read was committed after that read, and is as good.
+        Ok(cache.get(organization_id).filter(|l| l.state.version >= version).map(|l| Some(l.clone())))
+    }
+
+    /// [`Rules::load`] with the write lock held: no commit of this enclave runs meanwhile.
+    fn load_writing(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
+        if let Some(hit) = self.cached(organization_id)? {
+            return Ok(hit);
         }
         let Some(head) = self.store.load(organization_id)? else { return Ok(None) };
         let state = AuthorityState::from_entries(
@@ -273,14 +291,15 @@ impl Rules {
         for org in &order {
             let effects = &by_org[org];
             let creating = matches!(effects.first(), Some(Effect::CreateOrganization { .. }));
-            let (mut state, expected_version) = match (self.load(org)?, creating) {
+            let (mut state, expected_version, base) = match (self.load_writing(org)?, creating) {
                 (Some(_), true) => {
                     return Err(EnclaveError::refused(
                         RefusalReason::TransitionMismatch,
                         format!("organization {org} already exists"),
                     ))
                 }
-                (Some(l), false) => (l.state.clone(), l.state.version),
+                // A cheap copy: the state's maps are persistent.
+                (Some(l), false) => (l.state.clone(), l.state.version, Some(l.index.clone())),
                 (None, true) => {
                     if self.store.version(org)?.is_some() {
                         // Ids are never reused: a deleted organization does not come back.
@@ -289,7 +308,7 @@ impl Rules {
                             format!("organization {org} existed before"),
                         ));
                     }
-                    (AuthorityState::default(), 0)
+                    (AuthorityState::default(), 0, None)
                 }
                 (None, false) => {
                     return Err(EnclaveError::refused(
@@ -332,25 +351,26 @@ impl Rules {
                 deletes.sort();
                 deletes.dedup();
             }
-            let policies_touched = writes_touch_policies(&puts, &deletes);
+            // The compiled policies follow: only the written or deleted ones compile again.
+            let index = match base {
+                Some(base) if !writes_touch_policies(&puts, &deletes) => base,
+                Some(base) => {
+                    let changed = (puts.iter().map(|e| (e.kind.as_str(), e.id.as_str())))
+                        .chain(deletes.iter().map(|(k, id)| (k.as_str(), id.as_str())))
+                        .filter(|(k, _)| *k == kinds::POLICY)
+                        .map(|(_, id)| id);
+                    Arc::new(base.updated(&state, changed))
+                }
+                None => Arc::new(PolicyIndex::of(&state)),
+            };
             writes.push(OrgChanges { organization_id: org.clone(), expected_version, puts, deletes });
-            next_states.push((state, deleted, policies_touched));
+            next_states.push((state, deleted, index));
         }
         let versions = self.store.apply(&writes)?;
-        // The cache takes the new states as they were committed (a deleted organization goes);
-        // unchanged policies keep their compiled form.
-        let old: Vec<Option<Arc<Loaded>>> = {
-            let cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
-            order.iter().map(|org| cache.get(org).cloned()).collect()
-        };
+        // The cache takes the new states as they were committed (a deleted organization goes).
         let mut fresh = Vec::new();
-        for (((mut state, deleted, policies_touched), version), old) in next_states.into_iter().zip(&versions).zip(old)
-        {
+        for ((mut state, deleted, index), version) in next_states.into_iter().zip(&versions) {
             state.version = *version;
-            let index = match old {
-                Some(l) if !policies_touched => l.index.clone(),
-                old => Arc::new(PolicyIndex::reusing(&state, old.as_ref().map(|l| l.index.as_ref()))),
-            };
             fresh.push((deleted, Arc::new(Loaded { state, index })));
         }
         let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;

@@ -19,14 +19,36 @@ fn record_row(r: &dyn SqlRow) -> Result<Record, StoreError> {
     })
 }
 
+/// Counts a change to `org`'s records of `kind` (`added`: how many more there are now, negative
+/// for deletions) in `record_counts`, which [`records_version`] reads.
+pub fn counted<D: Db>(db: &mut D, org: &str, kind: &str, added: i64) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO record_counts (organization_id, kind, count, version) VALUES (?1, ?2, ?3, 1)
+                 ON CONFLICT (organization_id, kind) DO UPDATE
+                 SET count = record_counts.count + excluded.count, version = record_counts.version + 1",
+        args![org, kind, added],
+    )?;
+    Ok(())
+}
+
+fn exists<D: Db>(db: &mut D, r: &Record) -> Result<bool, StoreError> {
+    let found = db.query(
+        "SELECT 1 FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+        args![r.organization_id, r.kind, r.id],
+        |row| row.int(0),
+    )?;
+    Ok(!found.is_empty())
+}
+
 pub fn put<D: Db>(db: &mut D, r: &Record) -> Result<(), StoreError> {
+    let added = if exists(db, r)? { 0 } else { 1 };
     db.execute(
         "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (organization_id, kind, id) DO UPDATE SET name = excluded.name, data = excluded.data, updated_at = excluded.updated_at",
         args![r.organization_id, r.kind, r.id, r.name, json_text(&r.data), r.created_at, r.updated_at],
     )
     .map_err(unique_as(format!("{} name must be unique: {:?}", r.kind, r.name)))?;
-    Ok(())
+    counted(db, &r.organization_id, &r.kind, added)
 }
 
 /// See `Write::DeleteRecords`.
@@ -40,7 +62,7 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[Strin
             return Err(StoreError::conflict(format!("{kind} not found: {id}")));
         }
     }
-    Ok(())
+    counted(db, organization_id, kind, -(ids.len() as i64))
 }
 
 /// See `Write::PutRecordChecked`.
@@ -72,7 +94,7 @@ pub fn put_checked<D: Db>(db: &mut D, r: &Record, unique_message: &str, must_exi
         )
         .map_err(name_taken)?;
     }
-    Ok(())
+    counted(db, &r.organization_id, &r.kind, i64::from(n == 0))
 }
 
 /// See `Write::RequireRecordSet`.
@@ -133,10 +155,13 @@ pub fn records_page<D: Db>(db: &mut D, org: &str, kind: &str, page: &Page) -> Re
     keyset_page(db, list, page, record_row)
 }
 
+/// How many records of `kind` `org` has, and a version that changes with every write of them
+/// (`(0, 0)`: never any). One row read, kept by every write (see [`counted`]).
 pub fn records_version<D: Db>(db: &mut D, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
-    db.query_one(
-        "SELECT COUNT(*), COALESCE(MAX(updated_at), 0) FROM records WHERE organization_id = ?1 AND kind = ?2",
+    let rows = db.query(
+        "SELECT count, version FROM record_counts WHERE organization_id = ?1 AND kind = ?2",
         args![org, kind],
         |r| Ok((r.int(0)?, r.int(1)?)),
-    )
+    )?;
+    Ok(rows.into_iter().next().unwrap_or((0, 0)))
 }

@@ -23,6 +23,7 @@ pub const PURGED_ON_DELETION: &[&str] = &[
     "private_key_addresses",
     "private_keys",
     "records",
+    "record_counts",
     "idempotency_keys",
     "webhook_deliveries",
 ];

@@ -71,7 +71,7 @@ pub fn update<D: Db>(
         args![organization_id, kind, id, new_name, updated_at],
     )
     .map_err(unique_as(format!("{label} name must be unique: {:?}", new_name.unwrap_or(""))))?;
-    Ok(())
+    super::records::counted(db, organization_id, kind, 0)
 }
 
 /// See `Write::DeleteTags`.
@@ -101,7 +101,7 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[Strin
             return Err(StoreError::conflict(format!("{} not found: {id}", kind.replace('_', " "))));
         }
     }
-    Ok(())
+    super::records::counted(db, organization_id, kind, -(ids.len() as i64))
 }
 
 pub fn user_tag_members<D: Db>(db: &mut D, org: &str) -> Result<Vec<(String, String)>, StoreError> {
