@@ -131,13 +131,15 @@ fn committer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
             let mut conn = shared.writer.lock().map_err(poisoned)?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
             let mut answers = Vec::with_capacity(batch.len());
+            let mut counts = Counts::default();
             for j in &batch {
-                let answer = shared.remember_in(&tx, &j.organization, j.key, j.expires_ms, j.now_ms)?;
+                let answer = shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms)?;
                 if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
                     insert_decision(&tx, d)?;
                 }
                 answers.push(answer);
             }
+            counts.flush(&tx)?;
             tx.commit().map_err(sq)?;
             Ok::<_, StoreError>(answers)
         })();
@@ -268,26 +270,86 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     tx.commit().map_err(sq)
 }
 
-/// Subtracts pruned entries from the organizations' and the total counts.
-fn uncount(tx: &Transaction<'_>, gone: HashMap<String, i64>) -> Result<(), StoreError> {
-    let mut total = 0;
-    for (org, n) in gone {
-        tx.prepare_cached("UPDATE replay_live SET live = live - ?2 WHERE organization_id = ?1")
-            .and_then(|mut st| st.execute(params![org, n]))
+/// The replay window's counts (live entries per organization and in all) as one transaction sees
+/// them: each read once, changed in memory, written back once by [`Counts::flush`], so a group
+/// commit of many inserts costs one read and one write of each count it touches.
+#[derive(Default)]
+struct Counts {
+    /// Per organization: the stored count when first read, and what this transaction added.
+    live: HashMap<String, (i64, i64)>,
+    /// The stored total when first read (`None`: not read yet), and what this transaction added.
+    total: Option<i64>,
+    total_added: i64,
+}
+
+impl Counts {
+    fn live_of(&mut self, tx: &Transaction<'_>, organization: &str) -> Result<i64, StoreError> {
+        if let Some((stored, added)) = self.live.get(organization) {
+            return Ok(stored + added);
+        }
+        let stored: i64 = tx
+            .prepare_cached("SELECT live FROM replay_live WHERE organization_id = ?1")
+            .and_then(|mut st| st.query_row([organization], |r| r.get(0)).optional())
+            .map(Option::unwrap_or_default)
             .map_err(sq)?;
-        total += n;
+        self.live.insert(organization.to_string(), (stored, 0));
+        Ok(stored)
     }
-    if total > 0 {
-        tx.execute("DELETE FROM replay_live WHERE live <= 0", []).map_err(sq)?;
-        tx.prepare_cached("UPDATE replay_total SET live = live - ?1")
-            .and_then(|mut st| st.execute([total]))
-            .map_err(sq)?;
+
+    fn total_live(&mut self, tx: &Transaction<'_>) -> Result<i64, StoreError> {
+        let stored = match self.total {
+            Some(t) => t,
+            None => {
+                let t = tx
+                    .prepare_cached("SELECT live FROM replay_total WHERE one = 1")
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                    .map_err(sq)?;
+                *self.total.insert(t)
+            }
+        };
+        Ok(stored + self.total_added)
     }
-    Ok(())
+
+    /// Counts `n` more (or, negative, fewer) live entries of `organization`.
+    fn add(&mut self, tx: &Transaction<'_>, organization: &str, n: i64) -> Result<(), StoreError> {
+        self.live_of(tx, organization)?;
+        if let Some((_, added)) = self.live.get_mut(organization) {
+            *added += n;
+        }
+        self.total_added += n;
+        Ok(())
+    }
+
+    /// Writes every changed count (the transaction holds the write lock: nobody else changed them).
+    fn flush(self, tx: &Transaction<'_>) -> Result<(), StoreError> {
+        for (organization, (stored, added)) in self.live {
+            if added == 0 {
+                continue;
+            }
+            if stored + added <= 0 {
+                tx.prepare_cached("DELETE FROM replay_live WHERE organization_id = ?1")
+                    .and_then(|mut st| st.execute([&organization]))
+                    .map_err(sq)?;
+            } else {
+                tx.prepare_cached(
+                    "INSERT INTO replay_live (organization_id, live) VALUES (?1, ?2)
+                     ON CONFLICT (organization_id) DO UPDATE SET live = excluded.live",
+                )
+                .and_then(|mut st| st.execute(params![organization, stored + added]))
+                .map_err(sq)?;
+            }
+        }
+        if self.total_added != 0 {
+            tx.prepare_cached("UPDATE replay_total SET live = live + ?1")
+                .and_then(|mut st| st.execute([self.total_added]))
+                .map_err(sq)?;
+        }
+        Ok(())
+    }
 }
 
 /// Removes every expired replay entry.
-fn prune_all(tx: &Transaction<'_>, now_ms: i64) -> Result<(), StoreError> {
+fn prune_all(tx: &Transaction<'_>, counts: &mut Counts, now_ms: i64) -> Result<(), StoreError> {
     let mut gone: HashMap<String, i64> = HashMap::new();
     {
         let mut st =
@@ -297,29 +359,24 @@ fn prune_all(tx: &Transaction<'_>, now_ms: i64) -> Result<(), StoreError> {
             *gone.entry(row.get(0).map_err(sq)?).or_default() += 1;
         }
     }
-    uncount(tx, gone)
+    for (organization, n) in gone {
+        counts.add(tx, &organization, -n)?;
+    }
+    Ok(())
 }
 
 /// Removes the expired replay entries of one organization.
-fn prune_organization(tx: &Transaction<'_>, organization: &str, now_ms: i64) -> Result<(), StoreError> {
+fn prune_organization(
+    tx: &Transaction<'_>,
+    counts: &mut Counts,
+    organization: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
     let n = tx
         .prepare_cached("DELETE FROM replay WHERE organization_id = ?1 AND expires_ms < ?2")
         .and_then(|mut st| st.execute(params![organization, now_ms]))
         .map_err(sq)?;
-    uncount(tx, HashMap::from([(organization.to_string(), n as i64)]))
-}
-
-fn live_of(tx: &Transaction<'_>, organization: &str) -> Result<i64, StoreError> {
-    tx.prepare_cached("SELECT live FROM replay_live WHERE organization_id = ?1")
-        .and_then(|mut st| st.query_row([organization], |r| r.get(0)).optional())
-        .map(Option::unwrap_or_default)
-        .map_err(sq)
-}
-
-fn total_live(tx: &Transaction<'_>) -> Result<i64, StoreError> {
-    tx.prepare_cached("SELECT live FROM replay_total WHERE one = 1")
-        .and_then(|mut st| st.query_row([], |r| r.get(0)))
-        .map_err(sq)
+    counts.add(tx, organization, -(n as i64))
 }
 
 fn as_count(limit: u64) -> i64 {
@@ -395,10 +452,12 @@ impl SqliteAuthorityStore {
         let Some(jobs) = &self.jobs else {
             let mut conn = self.writer.lock().map_err(poisoned)?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
-            let out = self.remember_in(&tx, organization, key, expires_ms, now_ms)?;
+            let mut counts = Counts::default();
+            let out = self.remember_in(&tx, &mut counts, organization, key, expires_ms, now_ms)?;
             if let (Remembered::Fresh, Some(d)) = (out, allowed) {
                 insert_decision(&tx, d)?;
             }
+            counts.flush(&tx)?;
             // Committed whatever the answer: pruning done on the way stays done.
             tx.commit().map_err(sq)?;
             return Ok(out);
@@ -447,6 +506,7 @@ impl Shared {
     fn remember_in(
         &self,
         tx: &Transaction<'_>,
+        counts: &mut Counts,
         organization: &str,
         key: [u8; 32],
         expires_ms: i64,
@@ -454,7 +514,7 @@ impl Shared {
     ) -> Result<Remembered, StoreError> {
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
-            prune_all(tx, now_ms)?;
+            prune_all(tx, counts, now_ms)?;
             self.prune_decisions(tx, now_ms)?;
         }
         let existing: Option<(String, i64)> = tx
@@ -468,33 +528,27 @@ impl Shared {
             tx.prepare_cached("DELETE FROM replay WHERE key = ?1")
                 .and_then(|mut st| st.execute([&key[..]]))
                 .map_err(sq)?;
-            uncount(tx, HashMap::from([(owner, 1)]))?;
+            counts.add(tx, &owner, -1)?;
         }
         let quota = as_count(self.limits.replay_per_organization);
-        if live_of(tx, organization)? >= quota {
-            prune_organization(tx, organization, now_ms)?;
-            if live_of(tx, organization)? >= quota {
+        if counts.live_of(tx, organization)? >= quota {
+            prune_organization(tx, counts, organization, now_ms)?;
+            if counts.live_of(tx, organization)? >= quota {
                 return Ok(Remembered::OrganizationQuotaFull);
             }
         }
         let capacity = as_count(self.limits.replay_capacity);
-        if total_live(tx)? >= capacity {
-            prune_all(tx, now_ms)?;
+        if counts.total_live(tx)? >= capacity {
+            prune_all(tx, counts, now_ms)?;
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
-            if total_live(tx)? >= capacity {
+            if counts.total_live(tx)? >= capacity {
                 return Ok(Remembered::WindowFull);
             }
         }
         tx.prepare_cached("INSERT INTO replay (key, organization_id, expires_ms) VALUES (?1, ?2, ?3)")
             .and_then(|mut st| st.execute(params![&key[..], organization, expires_ms]))
             .map_err(sq)?;
-        tx.prepare_cached(
-            "INSERT INTO replay_live (organization_id, live) VALUES (?1, 1)
-             ON CONFLICT (organization_id) DO UPDATE SET live = live + 1",
-        )
-        .and_then(|mut st| st.execute([organization]))
-        .map_err(sq)?;
-        tx.prepare_cached("UPDATE replay_total SET live = live + 1").and_then(|mut st| st.execute([])).map_err(sq)?;
+        counts.add(tx, organization, 1)?;
         Ok(Remembered::Fresh)
     }
 }
