@@ -87,14 +87,22 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 100_000;
 
 /// The SQLite authority store (`sqlite://PATH`).
 ///
-/// Replay entries (with the allow each stands for) are committed by a group committer: a thread
-/// that takes every request waiting and commits them in one transaction, so that concurrent
-/// requests share one commit (and the pages they all touch: the counts, the indexes' last pages).
-/// Each caller still waits for its own commit.
+/// Replay entries (with the allow each stands for) are group committed: the caller that finds no
+/// commit running leads one, taking every entry waiting and committing them in one transaction,
+/// then the entries that arrived meanwhile, until none wait. Concurrent requests share one commit
+/// (and the pages they all touch: the counts, the indexes' last pages), and a request that finds
+/// the store idle commits on its own thread, without a hand-off to another. Each caller still
+/// waits for its own commit.
 pub struct SqliteAuthorityStore {
     shared: Arc<Shared>,
-    /// The group committer's queue (file stores; in memory, calls commit themselves).
-    jobs: Option<Mutex<mpsc::Sender<Job>>>,
+    /// Replay entries waiting for a group commit, and whether one is being led.
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    jobs: Vec<Job>,
+    leading: bool,
 }
 
 impl std::ops::Deref for SqliteAuthorityStore {
@@ -104,55 +112,53 @@ impl std::ops::Deref for SqliteAuthorityStore {
     }
 }
 
-/// One replay insert waiting for the group committer.
+/// One replay insert waiting for a group commit.
 struct Job {
     organization: String,
     key: [u8; 32],
     expires_ms: i64,
     now_ms: i64,
     allowed: Option<DecisionRecord>,
-    reply: mpsc::SyncSender<Result<Remembered, StoreError>>,
+    reply: mpsc::SyncSender<Reply>,
+}
+
+/// What a waiting caller receives: its answer, or the lead of the next group commit.
+enum Reply {
+    Answer(Result<Remembered, StoreError>),
+    Lead,
 }
 
 /// Most replay inserts one group commit takes.
 const MAX_BATCH: usize = 256;
 
-/// The group committer: takes what is waiting, commits it in one transaction, answers each.
-fn committer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
+/// Commits `batch` in one transaction and answers each job.
+fn commit_group(shared: &Shared, batch: Vec<Job>) {
+    let outcome = (|| {
+        let mut conn = shared.writer.lock().map_err(poisoned)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut counts = Counts::default();
+        for j in &batch {
+            let answer = shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms)?;
+            if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
+                insert_decision(&tx, d)?;
+            }
+            answers.push(answer);
+        }
+        counts.flush(&tx)?;
+        // Committed whatever the answers: pruning done on the way stays done.
+        tx.commit().map_err(sq)?;
+        Ok::<_, StoreError>(answers)
+    })();
+    match outcome {
+        Ok(answers) => {
+            for (j, a) in batch.iter().zip(answers) {
+                let _ = j.reply.send(Reply::Answer(Ok(a)));
             }
         }
-        let outcome = (|| {
-            let mut conn = shared.writer.lock().map_err(poisoned)?;
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
-            let mut answers = Vec::with_capacity(batch.len());
-            let mut counts = Counts::default();
+        Err(e) => {
             for j in &batch {
-                let answer = shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms)?;
-                if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
-                    insert_decision(&tx, d)?;
-                }
-                answers.push(answer);
-            }
-            counts.flush(&tx)?;
-            tx.commit().map_err(sq)?;
-            Ok::<_, StoreError>(answers)
-        })();
-        match outcome {
-            Ok(answers) => {
-                for (j, a) in batch.iter().zip(answers) {
-                    let _ = j.reply.send(Ok(a));
-                }
-            }
-            Err(e) => {
-                for j in &batch {
-                    let _ = j.reply.send(Err(same_error(&e)));
-                }
+                let _ = j.reply.send(Reply::Answer(Err(same_error(&e))));
             }
         }
     }
@@ -425,22 +431,10 @@ impl SqliteAuthorityStore {
             next_prune_ms: AtomicI64::new(0),
             next_decision_prune_ms: AtomicI64::new(0),
         });
-        let jobs = match &shared.path {
-            Some(_) => {
-                let (tx, rx) = mpsc::channel();
-                let for_thread = shared.clone();
-                std::thread::Builder::new()
-                    .name("coffer-authority-commit".into())
-                    .spawn(move || committer(for_thread, rx))
-                    .map_err(|e| StoreError::Unavailable(format!("starting the committer thread: {e}")))?;
-                Some(Mutex::new(tx))
-            }
-            None => None,
-        };
-        Ok(Self { shared, jobs })
+        Ok(Self { shared, waiting: Mutex::new(Waiting::default()) })
     }
 
-    /// A replay insert through the group committer (or directly, in memory).
+    /// A replay insert, group committed with the others waiting (see [`SqliteAuthorityStore`]).
     fn remember_through(
         &self,
         organization: &str,
@@ -449,27 +443,56 @@ impl SqliteAuthorityStore {
         now_ms: i64,
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
-        let Some(jobs) = &self.jobs else {
-            let mut conn = self.writer.lock().map_err(poisoned)?;
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
-            let mut counts = Counts::default();
-            let out = self.remember_in(&tx, &mut counts, organization, key, expires_ms, now_ms)?;
-            if let (Remembered::Fresh, Some(d)) = (out, allowed) {
-                insert_decision(&tx, d)?;
-            }
-            counts.flush(&tx)?;
-            // Committed whatever the answer: pruning done on the way stays done.
-            tx.commit().map_err(sq)?;
-            return Ok(out);
-        };
-        let (reply, answer) = mpsc::sync_channel(1);
+        let (reply, answer) = mpsc::sync_channel(2);
         let job =
             Job { organization: organization.to_string(), key, expires_ms, now_ms, allowed: allowed.cloned(), reply };
-        jobs.lock()
-            .map_err(poisoned)?
-            .send(job)
-            .map_err(|_| StoreError::Unavailable("sqlite: the committer thread is gone".into()))?;
-        answer.recv().map_err(|_| StoreError::Unavailable("sqlite: the committer thread is gone".into()))?
+        let mut lead = {
+            let mut waiting = self.waiting.lock().map_err(poisoned)?;
+            waiting.jobs.push(job);
+            !std::mem::replace(&mut waiting.leading, true)
+        };
+        loop {
+            if lead {
+                self.lead_one_group()?;
+            }
+            match answer.recv() {
+                Ok(Reply::Answer(result)) => return result,
+                Ok(Reply::Lead) => lead = true,
+                Err(_) => return Err(StoreError::Unavailable("sqlite: a group commit was abandoned".into())),
+            }
+        }
+    }
+
+    /// Commits the first group waiting, then hands the lead to the owner of the first entry still
+    /// waiting (so that no caller leads for ever under load), or gives it up.
+    fn lead_one_group(&self) -> Result<(), StoreError> {
+        /// Gives the lead up should the commit panic, so that the next caller leads.
+        struct Unwinding<'a>(&'a Mutex<Waiting>);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    if let Ok(mut w) = self.0.lock() {
+                        w.leading = false;
+                    }
+                }
+            }
+        }
+        let _unwinding = Unwinding(&self.waiting);
+        let batch: Vec<Job> = {
+            let mut waiting = self.waiting.lock().map_err(poisoned)?;
+            let n = waiting.jobs.len().min(MAX_BATCH);
+            waiting.jobs.drain(..n).collect()
+        };
+        commit_group(&self.shared, batch);
+        let mut waiting = self.waiting.lock().map_err(poisoned)?;
+        match waiting.jobs.first() {
+            // Its owner waits for its answer; the lead comes first.
+            Some(next) => {
+                let _ = next.reply.send(Reply::Lead);
+            }
+            None => waiting.leading = false,
+        }
+        Ok(())
     }
 }
 
@@ -805,6 +828,48 @@ mod tests {
         // Deleting every entry keeps the version: it is never reused.
         assert_eq!(s.apply(&[new("a", 1)]).unwrap(), vec![2]);
         assert_eq!(s.organizations().unwrap(), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn concurrent_callers_share_group_commits_and_each_gets_its_own_answer() {
+        let path = scratch();
+        let s = Arc::new(SqliteAuthorityStore::open(&path, limits(10_000, 300)).unwrap());
+        // 8 threads × 50 keys; every key is sent twice (by two threads), so exactly one of the
+        // two is fresh; organization "q" (every 4th key) has a quota of 300 but takes 100.
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    (0..50u8)
+                        .map(|n| {
+                            let mut key = [0u8; 32];
+                            key[0] = t / 2;
+                            key[1] = n;
+                            let org = if n % 4 == 0 { "q" } else { "r" };
+                            s.remember(org, key, 1_000, 1).unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let answers: Vec<Remembered> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let fresh = answers.iter().filter(|a| **a == Remembered::Fresh).count();
+        let replayed = answers.iter().filter(|a| **a == Remembered::Replayed).count();
+        assert_eq!((fresh, replayed), (200, 200), "{answers:?}");
+        // The counts written back by the group commits are those of the entries.
+        let counts: Vec<(String, i64)> = s
+            .read(|c| {
+                let mut st = c.prepare("SELECT organization_id, live FROM replay_live ORDER BY 1").map_err(sq)?;
+                let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(sq)?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(sq)
+            })
+            .unwrap();
+        assert_eq!(counts, [("q".to_string(), 52), ("r".to_string(), 148)]);
+        let total: i64 =
+            s.read(|c| c.query_row("SELECT live FROM replay_total", [], |r| r.get(0)).map_err(sq)).unwrap();
+        assert_eq!(total, 200);
+        drop(s);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
     }
 
     #[test]
