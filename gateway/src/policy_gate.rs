@@ -516,7 +516,6 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
     // Read and compiled outside the lock (a policy takes long to parse); a concurrent change
     // only means a rebuild on the next call.
     let records = store.records(org, POLICY)?;
-    let version = (records.len() as i64, records.iter().map(|r| r.updated_at).max().unwrap_or(0));
     let mut policies = Vec::with_capacity(records.len());
     for r in &records {
         let source = PolicySource::from_json(&r.id, &r.name, &r.data);
@@ -687,12 +686,12 @@ mod tests {
                 updated_at: at,
             })
         };
-        store.apply(&[Write::InsertOrganization(org), policy("true", 1)]).unwrap();
+        store.apply(&[Write::InsertOrganization(org), policy("true", 7)]).unwrap();
         let first = policy_set(&store, "org").unwrap();
         let again = policy_set(&store, "org").unwrap();
         assert_eq!(first.len(), 1);
         assert!(Arc::ptr_eq(&first, &again), "an unchanged policy set is not read or parsed again");
-        store.apply(&[policy("false", 2)]).unwrap();
+        store.apply(&[policy("false", 9)]).unwrap();
         let changed = policy_set(&store, "org").unwrap();
         assert!(!Arc::ptr_eq(&first.policies[0].compiled, &changed.policies[0].compiled));
         assert_eq!(changed.policies[0].compiled.source.condition, "false");

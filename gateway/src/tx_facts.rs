@@ -35,7 +35,6 @@ fn interfaces(store: &dyn Store, org: &str) -> Result<Arc<Interfaces>, StoreErro
         }
     }
     let records = store.records(org, SMART_CONTRACT_INTERFACE)?;
-    let version = (records.len() as i64, records.iter().map(|r| r.updated_at).max().unwrap_or(0));
     let (mut abis, mut idls) = (HashMap::new(), HashMap::new());
     for r in &records {
         let field = |k: &str| r.data.get(k).and_then(Value::as_str).unwrap_or_default();

@@ -1121,6 +1121,178 @@ async fn transaction_setup(
     Ok((Arc::new(signer), raw, scenario))
 }
 
+/// The authority-scale section's name (for `--only`).
+const AUTHORITY_SCALE: &str = "authority scale";
+/// Its scenarios: a non-root user's raw signing with one applicable policy among many that name
+/// another activity type, then with that many applicable.
+const ONE_APPLICABLE: &str = "sign_raw_payload, non-root, 1 of 25,001 policies applicable";
+const MANY_APPLICABLE: &str = "sign_raw_payload, non-root, 25,001 of 50,001 applicable";
+const MANY_POLICIES: usize = 25_000;
+const MANY_ORGANIZATIONS: usize = 10_000;
+/// Policies per create_policies activity while filling an organization.
+const POLICIES_PER_ACTIVITY: usize = 250;
+
+fn rss_mib(pid: Option<u32>) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Submits every body to `path`, `concurrency` at a time, stamped by `key`; fails on the first
+/// answer that is not 200.
+async fn submit_all(
+    base_url: &str,
+    path: &'static str,
+    key: Arc<TurnkeyP256ApiKey>,
+    bodies: Vec<String>,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let queue = Arc::new(std::sync::Mutex::new(bodies));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (queue, key, base_url) = (queue.clone(), key.clone(), base_url.to_string());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Some(body) = queue.lock().map_err(|_| anyhow::anyhow!("queue"))?.pop() else { return Ok(()) };
+                let r = coffer_tests::post_to(&base_url, path, body.as_bytes(), Some(&key)).await;
+                anyhow::ensure!(r.status == 200, "{path}: {} {}", r.status, r.text);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// The enclave's authority state at scale, on a fresh stack: its resident memory with
+/// [`MANY_ORGANIZATIONS`] sub-organizations' state loaded, and a non-root user's signing when the
+/// organization has [`MANY_POLICIES`] policies that do not apply to it, then as many that do.
+async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, Vec<(&'static str, Sample)>)> {
+    let stack = Stack::start().await;
+    let root = Arc::new(stack.api_key());
+    let org = stack.organization_id.clone();
+    let (enclave, _) = stack.pids();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        &org,
+        json!({"walletName": "scale", "accounts": [
+            {"curve":"CURVE_SECP256K1","pathFormat":"PATH_FORMAT_BIP32","path":"m/44'/60'/0'/0/0","addressFormat":"ADDRESS_FORMAT_ETHEREUM"}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&root)).await;
+    let eth = r.json["activity"]["result"]["createWalletResult"]["addresses"][0]
+        .as_str()
+        .context("scale wallet")?
+        .to_string();
+
+    // Resident memory with many organizations' state loaded (each sub-organization's state is
+    // cached by the enclave from the commit that created it).
+    let rss_before = rss_mib(enclave);
+    eprintln!("running: {AUTHORITY_SCALE}: creating {MANY_ORGANIZATIONS} sub-organizations...");
+    let started = Instant::now();
+    let public_key = stack.api_public_key.clone();
+    let bodies = (0..MANY_ORGANIZATIONS)
+        .map(|i| {
+            envelope(
+                "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+                &org,
+                json!({"subOrganizationName": format!("scale-{i}"), "rootQuorumThreshold": 1, "rootUsers": [{
+                    "userName": "root", "apiKeys": [{"apiKeyName": "root", "publicKey": public_key,
+                    "curveType": "API_KEY_CURVE_P256"}], "authenticators": [], "oauthProviders": []}]}),
+            )
+        })
+        .collect();
+    submit_all(&stack.base_url, "/public/v1/submit/create_sub_organization", root.clone(), bodies, args.clients)
+        .await?;
+    let organizations_s = started.elapsed().as_secs_f64();
+    let rss_after = rss_mib(enclave);
+
+    // A non-root user allowed to sign raw payloads by one policy.
+    let signer = Arc::new(TurnkeyP256ApiKey::generate());
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        &org,
+        json!({"users": [{"userName": "scale-signer", "apiKeys": [{"apiKeyName": "scale-signer",
+            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
+            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(&root)).await;
+    let user =
+        r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().context("scale user")?.to_string();
+    let policies = |from: usize, condition: &'static str, user: String| -> Vec<String> {
+        (from..from + MANY_POLICIES)
+            .step_by(POLICIES_PER_ACTIVITY)
+            .map(|first| {
+                let batch: Vec<Value> = (first..first + POLICIES_PER_ACTIVITY)
+                    .map(|i| json!({"policyName": format!("scale-{i}"), "effect": "EFFECT_ALLOW",
+                        "condition": condition, "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""}))
+                    .collect();
+                envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org, json!({"policies": batch}))
+            })
+            .collect()
+    };
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        json!({"policyName": "scale: raw payloads", "effect": "EFFECT_ALLOW",
+            "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'",
+            "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&root)).await;
+    anyhow::ensure!(r.status == 200, "the signer's policy: {}", r.text);
+    eprintln!("running: {AUTHORITY_SCALE}: creating {MANY_POLICIES} policies for another activity type...");
+    let other = policies(1_000_000, "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'", user.clone());
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), other, 4).await?;
+    let sign = Scenario {
+        name: ONE_APPLICABLE,
+        path: "/public/v1/submit/sign_raw_payload",
+        make: {
+            let (org, eth) = (org.clone(), eth.clone());
+            Arc::new(move |n| {
+                envelope(
+                    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+                    &org,
+                    json!({"signWith": eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+                        "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+                )
+            })
+        },
+        check: check_k1(eth.clone()),
+    };
+    eprintln!("running: {ONE_APPLICABLE} with {} clients", args.clients);
+    let one = run(&sign, &stack, signer.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
+    eprintln!("running: {AUTHORITY_SCALE}: creating {MANY_POLICIES} policies that apply to it...");
+    let applicable = policies(
+        2_000_000,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2' && activity.resource == 'PRIVATE_KEY'",
+        user,
+    );
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), applicable, 4).await?;
+    let sign = Scenario { name: MANY_APPLICABLE, ..sign };
+    eprintln!("running: {MANY_APPLICABLE} with {} clients", args.clients);
+    let many = run(&sign, &stack, signer, args.clients, args.warmup, args.duration, seq).await;
+    let per_org_kib = rss_after.zip(rss_before).map(|(a, b)| (a - b) * 1024.0 / MANY_ORGANIZATIONS as f64);
+    let peaks = (peak_rss_mib(enclave), peak_rss_mib(stack.pids().1));
+    println!(
+        "{AUTHORITY_SCALE}: peak RSS after the policy scenarios: enclave {} MiB, gateway {} MiB",
+        peaks.0.map_or("n/a".into(), |v| format!("{v:.1}")),
+        peaks.1.map_or("n/a".into(), |v| format!("{v:.1}")),
+    );
+    println!(
+        "\n{AUTHORITY_SCALE}: {MANY_ORGANIZATIONS} sub-organizations made in {organizations_s:.1} s; enclave RSS {} → {} MiB ({} KiB per organization's state)",
+        rss_before.map_or("n/a".into(), |v| format!("{v:.1}")),
+        rss_after.map_or("n/a".into(), |v| format!("{v:.1}")),
+        per_org_kib.map_or("n/a".into(), |v| format!("{v:.1}")),
+    );
+    let report = json!({
+        "organizations": MANY_ORGANIZATIONS, "organizationsSeconds": organizations_s,
+        "enclaveRssMiBBefore": rss_before, "enclaveRssMiBAfter": rss_after, "enclaveRssKiBPerOrganization": per_org_kib,
+        "policies": MANY_POLICIES, "peakRssMiB": {"enclave": peaks.0, "gateway": peaks.1},
+    });
+    Ok((report, vec![(ONE_APPLICABLE, one), (MANY_APPLICABLE, many)]))
+}
+
 /// The burst scenario's name (for `--only`).
 const BURST: &str = "burst: signing clients released at once";
 /// Targets the burst is held to (reported, not enforced).
@@ -1555,6 +1727,13 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let scale_report = if wanted(AUTHORITY_SCALE) {
+        let (report, samples) = authority_scale(&args, seq.clone()).await?;
+        results.extend(samples.into_iter().map(|(name, s)| (name, args.clients, s)));
+        Some(report)
+    } else {
+        None
+    };
     // Last, as it is the most disruptive: thousands of signing clients at once.
     let burst_report = if wanted(BURST) {
         let clients = burst_fits(args.burst_clients);
@@ -1678,6 +1857,7 @@ async fn main() -> anyhow::Result<()> {
         "scenarios": json_scenarios,
         "burst": burst_json,
         "webhook": webhook_report,
+        "authorityScale": scale_report,
         "transactionSigning": transaction_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),

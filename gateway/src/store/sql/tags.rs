@@ -117,7 +117,7 @@ pub fn user_tags_of<D: Db>(db: &mut D, org: &str, user_id: &str) -> Result<Vec<S
     db.query(
         "SELECT m.tag_id FROM user_tags m JOIN records r ON r.organization_id = m.organization_id
            AND r.kind = m.tag_kind AND r.id = m.tag_id
-         WHERE m.user_id = ?2 AND m.organization_id = ?1 ORDER BY r.created_at, r.id",
+         WHERE m.user_id = ?2 AND m.organization_id = ?1 AND r.kind = 'user_tag' ORDER BY r.created_at, r.id",
         args![org, user_id],
         |r| r.text(0),
     )
