@@ -2200,7 +2200,16 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     );
 
     // Policy rows rewritten in the gateway's database change what the gateway allows, not what
-    // the enclave does: an ALLOW for everything inserted for bob, and alice's DENY deleted.
+    // the enclave does: an ALLOW for everything inserted for bob, and alice's DENY deleted (and
+    // the policies' counted version bumped each time, as the gateway's own writes do, so that
+    // the gateway reads them).
+    let bump = || {
+        c.execute(
+            "UPDATE record_counts SET version = version + 1 WHERE organization_id = ?1 AND kind = 'policy'",
+            [&org],
+        )
+        .unwrap()
+    };
     c.execute(
         "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at)
             VALUES (?1, 'policy', 'inserted', 'anything goes', ?2, 1, 1)",
@@ -2210,12 +2219,14 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         ],
     )
     .unwrap();
+    assert_eq!(bump(), 1);
     let path = "/public/v1/submit/sign_raw_payload";
     let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
     let r = stack.post_raw(path, bobs.as_bytes(), Some(&bob)).await;
     assert_eq!(r.status, 403, "{}", r.text);
     assert!(r.json["message"].as_str().unwrap_or_default().contains("consensus"), "{}", r.text);
     c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
+    assert_eq!(bump(), 1);
     let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
     let r = stack.post_raw(path, digest.as_bytes(), Some(&alice)).await;
     assert_eq!(r.status, 403, "{}", r.text);
