@@ -149,6 +149,8 @@ pub struct Authority {
     freshness_ms: i64,
     /// The replay window (shared by every enclave on the same store) and the decision log.
     store: Arc<dyn AuthorityStore>,
+    /// `auth_proxy_signups_per_hour`.
+    signups_per_hour: u64,
 }
 
 /// The enclave's clock, in ms since the Unix epoch.
@@ -227,7 +229,39 @@ impl Authority {
     /// An authority whose replay window and decision log are `store`'s (shared by every enclave
     /// that opens the same store).
     pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, store: Arc<dyn AuthorityStore>) -> Self {
-        Self { hsm, freshness_ms, rules: Arc::new(Rules::new(store.clone())), store }
+        Self { hsm, freshness_ms, rules: Arc::new(Rules::new(store.clone())), store, signups_per_hour: 10_000 }
+    }
+
+    /// The same authority with `auth_proxy_signups_per_hour` = `per_hour`.
+    pub fn signup_quota(mut self, per_hour: u64) -> Self {
+        self.signups_per_hour = per_hour;
+        self
+    }
+
+    /// Counts one sign-up (the stamped body's `fingerprint`) of `organization`'s auth proxy in
+    /// the store, an hour long: busy (`SIGNUP_QUOTA`) past `auth_proxy_signups_per_hour`. The
+    /// same body stamped again is not counted twice.
+    pub fn charge_signup(&self, organization: &str, fingerprint: &str) -> Result<(), EnclaveError> {
+        const HOUR_MS: i64 = 3_600_000;
+        let mut key = sha2::Sha256::new();
+        key.update(b"auth-proxy-signup\0");
+        key.update(fingerprint.as_bytes());
+        let key: [u8; 32] = key.finalize().into();
+        let now = now_ms();
+        let scope = format!("auth-proxy-signups/{organization}");
+        match self.store.remember_within(&scope, key, now.saturating_add(HOUR_MS), now, self.signups_per_hour)? {
+            Remembered::Fresh | Remembered::Replayed => Ok(()),
+            Remembered::OrganizationQuotaFull => Err(EnclaveError::Busy {
+                reason: RefusalReason::SignupQuota,
+                message: format!(
+                    "the auth proxy made {} sign-ups in the last hour (auth_proxy_signups_per_hour): retry later",
+                    self.signups_per_hour
+                ),
+            }),
+            Remembered::WindowFull => {
+                Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
+            }
+        }
     }
 
     /// An authority on a store in this process's memory alone (tests, operator commands that

@@ -34,6 +34,12 @@ pub struct EnclaveConfig {
     /// (over 300 requests a second for the default 300 s window). Environment:
     /// `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
     pub replay_quota_per_organization: u64,
+    /// Most sign-ups (`create_sub_organization`) the auth proxy's key stamps for one
+    /// organization's auth proxy in an hour, counted by the enclave in the authority store (so by
+    /// every enclave on it together); past it the proxy's sign-ups are refused as busy
+    /// (`REFUSAL_REASON_SIGNUP_QUOTA`). Default 10,000. Environment:
+    /// `COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR`.
+    pub auth_proxy_signups_per_hour: u64,
     /// The enclave tier's authority store (replay window, decision log, authority state):
     /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
     /// directory as a percent-encoded host), with credentials the gateway never has. Default:
@@ -153,6 +159,7 @@ impl Default for EnclaveConfig {
             freshness_window_secs: 300,
             replay_capacity: 2_000_000,
             replay_quota_per_organization: 100_000,
+            auth_proxy_signups_per_hour: 10_000,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -194,6 +201,10 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
             cfg.replay_quota_per_organization =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_REPLAY_QUOTA_PER_ORGANIZATION: {e}"))?;
+        }
+        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR") {
+            cfg.auth_proxy_signups_per_hour =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR: {e}"))?;
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
@@ -321,6 +332,7 @@ mod tests {
         assert_eq!(cfg.token_label, "t");
         assert_eq!(cfg.session_pool, 16);
         assert_eq!(cfg.replay_quota_per_organization, 100_000);
+        assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
         let store = cfg.store_settings();
         assert_eq!(store.url, "sqlite://./.coffer/authority.sqlite", "beside the socket by default");
         assert_eq!(store.limits.decision_retention_ms, 30 * 24 * 3600 * 1000);

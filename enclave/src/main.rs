@@ -299,7 +299,8 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             (cfg.freshness_window_secs as i64).saturating_mul(1000),
             store,
         )
-        .enforcing(cfg.enforce_rules),
+        .enforcing(cfg.enforce_rules)
+        .signup_quota(cfg.auth_proxy_signups_per_hour),
     );
     tracing::info!(enforce_rules = cfg.enforce_rules, "organization rules");
     match std::fs::remove_file(&cfg.socket) {

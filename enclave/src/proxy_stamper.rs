@@ -109,6 +109,27 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             "the auth proxy is disabled, or this is not its key, in the organization's authority state",
         ));
     }
+    // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.
+    if activity.activity_type == CREATE_SUB_ORGANIZATION {
+        if let Err(e) = authority.charge_signup(&req.organization_id, &activity.fingerprint) {
+            let reason = e.to_string();
+            let code = match &e {
+                EnclaveError::Busy { reason, .. } => *reason,
+                _ => RefusalReason::Unspecified,
+            };
+            tracing::warn!(
+                target: "coffer_audit",
+                decision = "refuse",
+                operation = "stamp_auth_proxy_request",
+                reason,
+                reason_code = code.as_str_name(),
+                organization = %req.organization_id,
+                fingerprint = %activity.fingerprint,
+                "enclave decision"
+            );
+            return Err(e);
+        }
+    }
     // Decided: the key is opened (a sealed key that does not open is an outcome, see audit.rs).
     tracing::info!(
         target: "coffer_audit",

@@ -150,6 +150,17 @@ fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
     assert_eq!(a.remember("o1", key(3), later + 300_000, later).unwrap(), Remembered::Fresh);
     assert_eq!(b.remember("o1", key(1), later + 300_000, later).unwrap(), Remembered::Fresh);
     assert_eq!(b.remember("o1", key(6), later + 300_000, later).unwrap(), Remembered::OrganizationQuotaFull);
+    // A scope with a quota of its own (the auth proxy's sign-ups): 3 here, across both enclaves,
+    // whatever the window's per-organization quota (2).
+    for n in 10..13 {
+        let store = if n % 2 == 0 { &a } else { &b };
+        assert_eq!(store.remember_within("signups/o1", key(n), later + 10, later, 3).unwrap(), Remembered::Fresh);
+    }
+    assert_eq!(b.remember_within("signups/o1", key(10), later + 10, later, 3).unwrap(), Remembered::Replayed);
+    assert_eq!(
+        a.remember_within("signups/o1", key(13), later + 10, later, 3).unwrap(),
+        Remembered::OrganizationQuotaFull
+    );
 }
 
 fn the_window_has_a_capacity(backend: Backend) {

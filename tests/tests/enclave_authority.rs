@@ -894,7 +894,7 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
 /// only with its own certificate; and the auth proxy's key stamps only login activities, now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp_says() {
-    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG]).await;
+    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG, ("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR", "2")]).await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
@@ -1089,6 +1089,24 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         assert!(lines[0]["reason_code"].as_str().unwrap().contains(reason_code), "{}", lines[0]);
         assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &refused_body).is_empty());
     }
+
+    // Sign-ups through the proxy are counted by the enclave, per proxy: two an hour here. The
+    // same body stamped again is not a second sign-up; a third one is refused, its body unsigned.
+    let signup = |n: u128| {
+        let params = json!({"subOrganizationName": format!("signup-{n}"), "rootQuorumThreshold": 1,
+            "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}]});
+        body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms() + n, params)
+    };
+    let (first, second, third) = (signup(1), signup(2), signup(3));
+    for b in [&first, &first, &second] {
+        let stamp = proxy_stamp(b.clone()).await.unwrap().stamp;
+        verify_api_stamp(&stamp, config["publicKey"].as_str().unwrap(), b.as_bytes());
+    }
+    refused(proxy_stamp(third.clone()).await, tonic::Code::ResourceExhausted, "sign-ups in the last hour");
+    let lines = audit_of(&stack, "refuse", "stamp_auth_proxy_request", &third);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["reason_code"], "REFUSAL_REASON_SIGNUP_QUOTA", "{}", lines[0]);
+    assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &third).is_empty());
 }
 
 /// `X-Stamp-Attested` on the enclave socket: a session key attested by a (third-party) OIDC token

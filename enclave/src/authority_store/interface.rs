@@ -154,6 +154,19 @@ pub trait AuthorityStore: Send + Sync {
         now_ms: i64,
     ) -> Result<Remembered, StoreError>;
 
+    /// [`AuthorityStore::remember`] under a quota of its own for `scope` instead of the window's
+    /// per-organization one: how the enclave counts what it bounds per configuration (the auth
+    /// proxy's sign-ups, one entry each until `expires_ms`). `scope` never names an organization
+    /// (the caller prefixes it), so these entries count against no organization's quota.
+    fn remember_within(
+        &self,
+        scope: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, StoreError>;
+
     /// [`AuthorityStore::remember`] and, only if the key was fresh, [`AuthorityStore::record_decision`]
     /// of `allowed` (the authorization that entry stands for), in one transaction where the
     /// backend can: the hot path of every authorized request (one commit instead of two).

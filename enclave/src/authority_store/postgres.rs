@@ -439,7 +439,18 @@ impl AuthorityStore for PostgresAuthorityStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
-        let quota = as_count(self.limits.replay_per_organization);
+        self.remember_within(organization, key, expires_ms, now_ms, self.limits.replay_per_organization)
+    }
+
+    fn remember_within(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, StoreError> {
+        let quota = as_count(quota);
         let capacity = as_count(self.limits.replay_capacity);
         self.with_conn(|client| {
             let total = self.housekeeping(client, now_ms)?;

@@ -118,6 +118,8 @@ struct Job {
     key: [u8; 32],
     expires_ms: i64,
     now_ms: i64,
+    /// The scope's quota (the window's per-organization one when `None`).
+    quota: Option<u64>,
     allowed: Option<DecisionRecord>,
     reply: mpsc::SyncSender<Reply>,
 }
@@ -139,7 +141,8 @@ fn commit_group(shared: &Shared, batch: Vec<Job>) {
         let mut answers = Vec::with_capacity(batch.len());
         let mut counts = Counts::default();
         for j in &batch {
-            let answer = shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms)?;
+            let answer =
+                shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms, j.quota)?;
             if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
                 insert_decision(&tx, d)?;
             }
@@ -441,11 +444,12 @@ impl SqliteAuthorityStore {
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
+        quota: Option<u64>,
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
         let (reply, answer) = mpsc::sync_channel(2);
-        let job =
-            Job { organization: organization.to_string(), key, expires_ms, now_ms, allowed: allowed.cloned(), reply };
+        let organization = organization.to_string();
+        let job = Job { organization, key, expires_ms, now_ms, quota, allowed: allowed.cloned(), reply };
         let mut lead = {
             let mut waiting = self.waiting.lock().map_err(poisoned)?;
             waiting.jobs.push(job);
@@ -534,6 +538,7 @@ impl Shared {
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
+        quota: Option<u64>,
     ) -> Result<Remembered, StoreError> {
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
@@ -553,7 +558,7 @@ impl Shared {
                 .map_err(sq)?;
             counts.add(tx, &owner, -1)?;
         }
-        let quota = as_count(self.limits.replay_per_organization);
+        let quota = as_count(quota.unwrap_or(self.limits.replay_per_organization));
         if counts.live_of(tx, organization)? >= quota {
             prune_organization(tx, counts, organization, now_ms)?;
             if counts.live_of(tx, organization)? >= quota {
@@ -713,7 +718,18 @@ impl AuthorityStore for SqliteAuthorityStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(organization, key, expires_ms, now_ms, None)
+        self.remember_through(organization, key, expires_ms, now_ms, None, None)
+    }
+
+    fn remember_within(
+        &self,
+        scope: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_through(scope, key, expires_ms, now_ms, Some(quota), None)
     }
 
     fn remember_allowed(
@@ -724,7 +740,7 @@ impl AuthorityStore for SqliteAuthorityStore {
         now_ms: i64,
         allowed: &DecisionRecord,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(organization, key, expires_ms, now_ms, Some(allowed))
+        self.remember_through(organization, key, expires_ms, now_ms, None, Some(allowed))
     }
 
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
