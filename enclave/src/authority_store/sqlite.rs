@@ -141,8 +141,7 @@ fn commit_group(shared: &Shared, batch: Vec<Job>) {
         let mut answers = Vec::with_capacity(batch.len());
         let mut counts = Counts::default();
         for j in &batch {
-            let answer =
-                shared.remember_in(&tx, &mut counts, &j.organization, j.key, j.expires_ms, j.now_ms, j.quota)?;
+            let answer = shared.remember_in(&tx, &mut counts, j)?;
             if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
                 insert_decision(&tx, d)?;
             }
@@ -530,16 +529,10 @@ impl Shared {
         Ok(())
     }
 
-    fn remember_in(
-        &self,
-        tx: &Transaction<'_>,
-        counts: &mut Counts,
-        organization: &str,
-        key: [u8; 32],
-        expires_ms: i64,
-        now_ms: i64,
-        quota: Option<u64>,
-    ) -> Result<Remembered, StoreError> {
+    /// One job's replay insert, in the group commit's transaction.
+    fn remember_in(&self, tx: &Transaction<'_>, counts: &mut Counts, job: &Job) -> Result<Remembered, StoreError> {
+        let Job { organization, key, expires_ms, now_ms, quota, .. } = job;
+        let (organization, key, expires_ms, now_ms) = (organization.as_str(), *key, *expires_ms, *now_ms);
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
             prune_all(tx, counts, now_ms)?;
