@@ -56,7 +56,8 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
 /// The `X-Stamp` of `req.body` by the proxy key, for the two login activities only.
 pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
     let activity = StampedActivity::parse(&req.body)?;
-    let refuse = |code: RefusalReason, reason: &str| {
+    // The audit line of a refusal.
+    let audit = |code: RefusalReason, reason: &str| {
         tracing::warn!(
             target: "coffer_audit",
             decision = "refuse",
@@ -67,6 +68,9 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             fingerprint = %activity.fingerprint,
             "enclave decision"
         );
+    };
+    let refuse = |code: RefusalReason, reason: &str| {
+        audit(code, reason);
         EnclaveError::refused(code, reason)
     };
     match activity.activity_type.as_str() {
@@ -112,21 +116,11 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
     // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.
     if activity.activity_type == CREATE_SUB_ORGANIZATION {
         if let Err(e) = authority.charge_signup(&req.organization_id, &activity.fingerprint) {
-            let reason = e.to_string();
             let code = match &e {
                 EnclaveError::Busy { reason, .. } => *reason,
                 _ => RefusalReason::Unspecified,
             };
-            tracing::warn!(
-                target: "coffer_audit",
-                decision = "refuse",
-                operation = "stamp_auth_proxy_request",
-                reason,
-                reason_code = code.as_str_name(),
-                organization = %req.organization_id,
-                fingerprint = %activity.fingerprint,
-                "enclave decision"
-            );
+            audit(code, &e.to_string());
             return Err(e);
         }
     }

@@ -2106,7 +2106,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         "alice signs",
         Effect::Allow,
         "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'",
-        alice_only,
+        alice_only.clone(),
     )
     .await;
     policy(
@@ -2249,6 +2249,36 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let r = stack.post_raw(path, digest.as_bytes(), Some(&alice)).await;
     assert_eq!(r.status, 403, "{}", r.text);
     assert!(r.json["message"].as_str().unwrap_or_default().contains("EXPLICIT_DENY"), "{}", r.text);
+
+    // The recorded policy evaluation of a state change is the enclave's: alice's user tag, allowed
+    // by her policy, is recorded with that policy's outcome and without the forged row's, which
+    // the gateway's own evaluation includes.
+    policy(
+        &client,
+        &org,
+        "alice tags",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_CREATE_USER_TAG'",
+        alice_only.clone(),
+    )
+    .await;
+    let tag = body("ACTIVITY_TYPE_CREATE_USER_TAG", &org, Stack::now_ms(), json!({"userTagName": "t", "userIds": []}));
+    let r = stack.post_raw("/public/v1/submit/create_user_tag", tag.as_bytes(), Some(&alice)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    let query = json!({"organizationId": org, "activityId": r.json["activity"]["id"]});
+    let r = stack.post_raw("/public/v1/query/get_policy_evaluations", query.to_string().as_bytes(), Some(&root)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let recorded = &r.json["policyEvaluations"][0]["policyEvaluations"];
+    let ids: Vec<&str> = recorded.as_array().unwrap().iter().filter_map(|o| o["policyId"].as_str()).collect();
+    let names: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            c.query_row("SELECT name FROM records WHERE kind = 'policy' AND id = ?1", [id], |r| r.get(0))
+                .unwrap_or_else(|_| format!("(no row: {id})"))
+        })
+        .collect();
+    assert_eq!(names, ["alice tags"], "{recorded}");
 
     // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
     // approval it does.

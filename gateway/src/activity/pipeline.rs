@@ -130,7 +130,14 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
 
 /// Runs an allowed activity's handler, then has the enclave certify the credentials it adds
 /// (one call; the enclave checks each against the stamped body).
-async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<super::registry::Outcome, ApiError> {
+/// Runs the operation's handler and has the enclave decide and apply its changes: the outcome,
+/// and the enclave's policy evaluation when it made one (every activity that is not a key
+/// operation, outside shadow mode), which is what the activity records.
+async fn execute(
+    op: &'static Operation,
+    ctx: Ctx,
+    params: Value,
+) -> Result<(super::registry::Outcome, Option<Value>), ApiError> {
     let state = ctx.state.clone();
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
@@ -147,8 +154,8 @@ async fn execute(op: &'static Operation, ctx: Ctx, params: Value) -> Result<supe
         })
         .collect();
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    apply_in_enclave(&state, op, auth, &proposal, issued).await?;
-    Ok(outcome)
+    let evaluation = apply_in_enclave(&state, op, auth, &proposal, issued).await?;
+    Ok((outcome, evaluation))
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
@@ -162,14 +169,23 @@ async fn apply_in_enclave(
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_authority_state::Change],
     issued_certificates: Vec<Vec<u8>>,
-) -> Result<(), ApiError> {
+) -> Result<Option<Value>, ApiError> {
     if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
-        return Ok(());
+        return Ok(None);
     }
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
-    state.custody.authorized(&auth).apply_activity(request).await?;
-    Ok(())
+    let applied = state.custody.authorized(&auth).apply_activity(request).await?;
+    // Empty in shadow mode (the enclave applied nothing); otherwise the outcomes it decided with.
+    Ok(serde_json::from_str::<Value>(&applied.evaluation).ok().filter(Value::is_array))
+}
+
+/// `evaluation_write` with the enclave's outcomes in place of the gateway's, when it sent them.
+fn recorded_by_enclave(mut write: Write, enclave: Option<Value>) -> Write {
+    if let (Write::InsertPolicyEvaluation(record), Some(outcomes)) = (&mut write, enclave) {
+        record.evaluations = outcomes;
+    }
+    write
 }
 
 /// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
@@ -445,7 +461,12 @@ pub async fn submit(
                 fingerprint: fingerprint.clone(),
             };
             let outcome = match execute(op, ctx, env.parameters.clone()).await {
-                Ok(outcome) => outcome,
+                Ok((outcome, enclave_evaluation)) => {
+                    // The recorded evaluation is the enclave's, when it made one.
+                    let first = writes.remove(0);
+                    writes.insert(0, recorded_by_enclave(first, enclave_evaluation));
+                    outcome
+                }
                 Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
             };
             writes.extend(outcome.writes);
@@ -691,10 +712,10 @@ async fn vote(
                         update(STATUS_FAILED, json!({}), Some(json!({ "code": e.code as i32, "message": e.message })))
                     };
                     match ran {
-                        Ok(outcome) => {
+                        Ok((outcome, enclave_evaluation)) => {
                             // The evaluation first: completing may delete the organization.
                             writes = outcome.writes;
-                            writes.push(eval_write.clone());
+                            writes.push(recorded_by_enclave(eval_write.clone(), enclave_evaluation));
                             writes.push(update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None));
                             fallback = Some(eval_write);
                         }
