@@ -15,7 +15,7 @@ use sha2::Digest;
 use crate::authority_store::{AuthorityStore, DecisionRecord, Remembered, StoreError};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::rules::{Decided, Rules, VerifiedVote};
+use crate::rules::{Decided, Loaded, Rules, VerifiedVote};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
@@ -288,6 +288,18 @@ impl Authority {
         let now = now_ms();
         let p = &a.activity;
         match self.rules.decide(&a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {
+            Ok(d) => Ok(Some(d)),
+            Err(_) if !self.rules.enforces() => Ok(None),
+            Err((reason, message)) => Err(refuse(a, reason, &message)),
+        }
+    }
+
+    /// [`Authority::decide_again`] over `loaded`, the state a state change is decided on (the
+    /// head its organization's staged changes leave, see [`Rules::stage`]).
+    pub fn decide_over(&self, a: &Authorized, loaded: Option<Arc<Loaded>>) -> Result<Option<Decided>, EnclaveError> {
+        let p = &a.activity;
+        let now = now_ms();
+        match Rules::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {
             Ok(d) => Ok(Some(d)),
             Err(_) if !self.rules.enforces() => Ok(None),
             Err((reason, message)) => Err(refuse(a, reason, &message)),

@@ -2,8 +2,8 @@
 //! read from the authority store (cached by version), stamping credentials checked live, the root
 //! quorum and policies decided over it, and changes written only as the stamped body asks.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{mpsc, Arc, Mutex};
 
 use coffer_authority_state::decide::{self, PolicyIndex, Proposal, Vote};
 use coffer_authority_state::model::{kinds, Millis};
@@ -50,9 +50,63 @@ pub struct Rules {
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
     writing: Mutex<()>,
-    /// Held by a state change from its last decision to its commit, so that this enclave's
-    /// changes never invalidate each other's decisions (other enclaves' still can: retried).
-    changing: Mutex<()>,
+    /// Held by a state change from its decision to its staging (see [`Rules::stage`]), so that
+    /// each change of this enclave is decided and checked on the state the changes staged before
+    /// it leave; and by a group commit's leader while it takes and settles a group.
+    changing: Mutex<Staged>,
+}
+
+/// State changes of this enclave that are decided and checked but not yet committed: the state
+/// they leave in each organization (what the next change is decided and checked on), and the
+/// queue the next group commit takes them from. Key operations never read these heads: they
+/// decide on committed states only.
+#[derive(Default)]
+pub struct Staged {
+    heads: HashMap<String, Head>,
+    queue: Vec<StagedChange>,
+    /// Whether a group commit is being led (its leader hands the lead on when it is done).
+    leading: bool,
+}
+
+/// The state an organization's staged changes leave.
+#[derive(Clone)]
+struct Head {
+    loaded: Arc<Loaded>,
+    /// The committed version the staged changes build on (0: a new organization).
+    base_version: u64,
+    /// The entries they touched (to write or delete), since the last group took them.
+    touched: BTreeSet<(String, String)>,
+    /// The last staged change deleted the organization.
+    deleted: bool,
+}
+
+/// One staged change waiting for its group commit.
+struct StagedChange {
+    organizations: Vec<String>,
+    reply: mpsc::SyncSender<GroupReply>,
+}
+
+/// What a staged change's owner receives: its versions (or the group's failure), or the lead of
+/// the next group commit.
+enum GroupReply {
+    Done(Result<Vec<(String, u64)>, EnclaveError>),
+    Lead,
+}
+
+/// The receiving end of a staged change (see [`Rules::committed`]).
+pub struct Pending {
+    answer: mpsc::Receiver<GroupReply>,
+    lead: bool,
+}
+
+/// A copy of a group commit's error for each of its changes: a moved state (decide again) stays
+/// one; the store's errors are copied.
+fn each(e: &EnclaveError) -> EnclaveError {
+    match e {
+        EnclaveError::AuthorityStore(se) => EnclaveError::AuthorityStore(se.clone()),
+        e if is_moved(e) => moved(),
+        other => EnclaveError::Internal(other.to_string()),
+    }
 }
 
 /// Whether a change writes or deletes a policy entry (the compiled index must follow).
@@ -90,7 +144,7 @@ impl Rules {
             enforce: true,
             cache: Mutex::new(HashMap::new()),
             writing: Mutex::new(()),
-            changing: Mutex::new(()),
+            changing: Mutex::new(Staged::default()),
         }
     }
 
@@ -136,10 +190,242 @@ impl Rules {
         Ok(true)
     }
 
-    /// Serializes this enclave's state changes from decision to commit ([`Rules::commit`] with
-    /// the decided version checks what other enclaves did meanwhile).
-    pub fn changing(&self) -> Result<std::sync::MutexGuard<'_, ()>, EnclaveError> {
+    /// Serializes this enclave's state changes from decision to staging (the compare-and-set of
+    /// each group commit checks what other enclaves did meanwhile).
+    pub fn changing(&self) -> Result<std::sync::MutexGuard<'_, Staged>, EnclaveError> {
         self.changing.lock().map_err(|_| internal("change lock poisoned"))
+    }
+
+    /// The state the next change of `organization_id` is decided and checked on: what the changes
+    /// staged before it leave, or the committed state.
+    pub fn head(&self, staged: &Staged, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
+        match staged.heads.get(organization_id) {
+            Some(h) if h.deleted => Ok(None),
+            Some(h) => Ok(Some(h.loaded.clone())),
+            None => self.load(organization_id),
+        }
+    }
+
+    /// Stages `changes` (already decided and checked on the heads): applies them to each
+    /// organization's head, all or nothing, and queues them for a group commit. The caller then
+    /// waits with [`Rules::committed`], after letting `staged` go.
+    pub fn stage(&self, staged: &mut Staged, changes: &[Change]) -> Result<Pending, EnclaveError> {
+        let mut order: Vec<String> = Vec::new();
+        let mut by_org: HashMap<String, Vec<&Effect>> = HashMap::new();
+        for c in changes {
+            if !by_org.contains_key(&c.organization_id) {
+                order.push(c.organization_id.clone());
+            }
+            by_org.entry(c.organization_id.clone()).or_default().push(&c.effect);
+        }
+        let mut next = Vec::new();
+        for org in &order {
+            let effects = &by_org[org];
+            let creating = matches!(effects.first(), Some(Effect::CreateOrganization { .. }));
+            let current: Option<Head> = match staged.heads.get(org) {
+                Some(h) if h.deleted => None,
+                Some(h) => Some(h.clone()),
+                None => self.load(org)?.map(|l| Head {
+                    base_version: l.state.version,
+                    loaded: l,
+                    touched: BTreeSet::new(),
+                    deleted: false,
+                }),
+            };
+            let head = match (current, creating) {
+                (Some(_), true) => {
+                    return Err(EnclaveError::refused(
+                        RefusalReason::TransitionMismatch,
+                        format!("organization {org} already exists"),
+                    ))
+                }
+                (Some(h), false) => h,
+                (None, true) => {
+                    if staged.heads.contains_key(org) || self.store.version(org)?.is_some() {
+                        // Ids are never reused: a deleted organization does not come back.
+                        return Err(EnclaveError::refused(
+                            RefusalReason::TransitionMismatch,
+                            format!("organization {org} existed before"),
+                        ));
+                    }
+                    let fresh = AuthorityState::default();
+                    let index = Arc::new(PolicyIndex::of(&fresh));
+                    Head {
+                        loaded: Arc::new(Loaded { state: fresh, index }),
+                        base_version: 0,
+                        touched: BTreeSet::new(),
+                        deleted: false,
+                    }
+                }
+                (None, false) => {
+                    return Err(EnclaveError::refused(
+                        RefusalReason::OrganizationUnknown,
+                        format!("the enclave has no authority state for organization {org}"),
+                    ))
+                }
+            };
+            let deleted = effects.iter().any(|e| matches!(e, Effect::DeleteOrganization));
+            // A cheap copy: the state's maps are persistent.
+            let mut state = head.loaded.state.clone();
+            let mut touched = head.touched.clone();
+            if deleted {
+                touched.extend(state.entries().into_iter().map(|e| (e.kind.to_string(), e.id)));
+            }
+            let changed = state
+                .apply_all_unchecked(effects.iter().copied())
+                .map_err(|e| EnclaveError::refused(RefusalReason::TransitionMismatch, e.to_string()))?;
+            if let Some(Effect::CreateOrganization { organization }) = effects.first() {
+                if &organization.id != org {
+                    return Err(EnclaveError::refused(
+                        RefusalReason::TransitionMismatch,
+                        "a new organization's changes name another organization",
+                    ));
+                }
+            }
+            let policies: Vec<&str> =
+                changed.iter().filter(|(k, _)| *k == kinds::POLICY).map(|(_, id)| id.as_str()).collect();
+            let index = if policies.is_empty() {
+                head.loaded.index.clone()
+            } else {
+                Arc::new(head.loaded.index.updated(&state, policies))
+            };
+            touched.extend(changed.into_iter().map(|(k, id)| (k.to_string(), id)));
+            state.version = head.base_version;
+            let loaded = Arc::new(Loaded { state, index });
+            next.push((org.clone(), Head { loaded, base_version: head.base_version, touched, deleted }));
+        }
+        // Every organization's effects applied: the heads move, and the change waits in the queue.
+        for (org, head) in next {
+            staged.heads.insert(org, head);
+        }
+        let (reply, answer) = mpsc::sync_channel(2);
+        staged.queue.push(StagedChange { organizations: order, reply });
+        let lead = !std::mem::replace(&mut staged.leading, true);
+        Ok(Pending { answer, lead })
+    }
+
+    /// Waits until the staged change is committed (with the others of its group, in one
+    /// transaction): the new version of each organization it changed. Leads a group commit when
+    /// it is this change's turn. An error fails every change of the group and every change staged
+    /// after it (they were decided on its heads); a moved state ([`is_moved`]) is decided again.
+    pub fn committed(&self, pending: Pending) -> Result<Vec<(String, u64)>, EnclaveError> {
+        let Pending { answer, mut lead } = pending;
+        loop {
+            if lead {
+                self.lead_group()?;
+            }
+            match answer.recv() {
+                Ok(GroupReply::Done(result)) => return result,
+                Ok(GroupReply::Lead) => lead = true,
+                Err(_) => return Err(internal("group commit abandoned")),
+            }
+        }
+    }
+
+    /// Commits every change staged so far in one store transaction, settles the heads, answers
+    /// each change, and hands the lead to the owner of the first change staged meanwhile.
+    fn lead_group(&self) -> Result<(), EnclaveError> {
+        let (group, snapshot) = {
+            let mut staged = self.changing()?;
+            let group = std::mem::take(&mut staged.queue);
+            let mut snapshot: Vec<(String, Head)> = Vec::new();
+            for org in group.iter().flat_map(|c| c.organizations.iter()) {
+                if snapshot.iter().any(|(o, _)| o == org) {
+                    continue;
+                }
+                if let Some(h) = staged.heads.get_mut(org) {
+                    let taken = Head { touched: std::mem::take(&mut h.touched), ..h.clone() };
+                    snapshot.push((org.clone(), taken));
+                }
+            }
+            (group, snapshot)
+        };
+        let result = self.commit_group(&snapshot);
+        let mut staged = self.changing()?;
+        let mut failed_later = Vec::new();
+        match &result {
+            Ok(versions) => {
+                for ((org, taken), (_, version)) in snapshot.iter().zip(versions) {
+                    let settled = match staged.heads.get_mut(org) {
+                        Some(h) if Arc::ptr_eq(&h.loaded, &taken.loaded) => true,
+                        Some(h) => {
+                            // Changes staged meanwhile build on what was just committed.
+                            h.base_version = *version;
+                            false
+                        }
+                        None => false,
+                    };
+                    if settled {
+                        staged.heads.remove(org);
+                    }
+                }
+            }
+            Err(_) => {
+                // Every head built on what failed: the changes staged after it are decided again.
+                staged.heads.clear();
+                failed_later = std::mem::take(&mut staged.queue);
+            }
+        }
+        for change in &group {
+            let answer = match &result {
+                Ok(versions) => {
+                    Ok(versions.iter().filter(|(o, _)| change.organizations.contains(o)).cloned().collect())
+                }
+                Err(e) => Err(each(e)),
+            };
+            let _ = change.reply.send(GroupReply::Done(answer));
+        }
+        for change in &failed_later {
+            let _ = change.reply.send(GroupReply::Done(Err(moved())));
+        }
+        match staged.queue.first() {
+            // Its owner waits for its answer; the lead comes first.
+            Some(next) => {
+                let _ = next.reply.send(GroupReply::Lead);
+            }
+            None => staged.leading = false,
+        }
+        Ok(())
+    }
+
+    /// Writes the heads of `snapshot` (the entries their changes touched) in one transaction,
+    /// each only if its organization is still at the version its changes build on, fsync'd; the
+    /// cache then takes the committed states.
+    fn commit_group(&self, snapshot: &[(String, Head)]) -> Result<Vec<(String, u64)>, EnclaveError> {
+        let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
+        let mut writes = Vec::new();
+        for (org, head) in snapshot {
+            let (mut puts, mut deletes) = (Vec::new(), Vec::new());
+            for (kind, id) in &head.touched {
+                match head.loaded.state.entry(kind, id).filter(|_| !head.deleted) {
+                    Some(e) => puts.push(Entry { kind: e.kind.to_string(), id: e.id, data: e.data }),
+                    None => deletes.push((kind.clone(), id.clone())),
+                }
+            }
+            if head.deleted {
+                deletes.push((kinds::ORGANIZATION.to_string(), kinds::ORGANIZATION.to_string()));
+                deletes.sort();
+                deletes.dedup();
+            }
+            writes.push(OrgChanges {
+                organization_id: org.clone(),
+                expected_version: head.base_version,
+                puts,
+                deletes,
+            });
+        }
+        let versions = self.store.apply(&writes)?;
+        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
+        for ((org, head), version) in snapshot.iter().zip(&versions) {
+            if head.deleted {
+                cache.remove(org);
+            } else {
+                let mut state = head.loaded.state.clone();
+                state.version = *version;
+                cache.insert(org.clone(), Arc::new(Loaded { state, index: head.loaded.index.clone() }));
+            }
+        }
+        Ok(snapshot.iter().map(|(org, _)| org.clone()).zip(versions).collect())
     }
 
     /// Records what the enclave itself did (keys made, sessions opened): committed, or in
@@ -218,15 +504,27 @@ impl Rules {
         voters: &[VerifiedVote],
         now_ms: Millis,
     ) -> Result<Decided, (RefusalReason, String)> {
-        let loaded = match self.load(policy_org) {
-            Ok(Some(l)) => l,
-            Ok(None) => {
-                return Err((
-                    RefusalReason::OrganizationUnknown,
-                    format!("the enclave has no authority state for organization {policy_org}"),
-                ))
-            }
-            Err(e) => return Err((RefusalReason::Unspecified, e.to_string())),
+        let loaded = self.load(policy_org).map_err(|e| (RefusalReason::Unspecified, e.to_string()))?;
+        Self::decide_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)
+    }
+
+    /// [`Rules::decide`] over `loaded`, the state of `policy_org` (`None`: it has none), which may
+    /// be a staged head (see [`Rules::stage`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_over(
+        loaded: Option<Arc<Loaded>>,
+        policy_org: &str,
+        activity_type: &str,
+        params: &serde_json::Value,
+        submitter: &VerifiedVote,
+        voters: &[VerifiedVote],
+        now_ms: Millis,
+    ) -> Result<Decided, (RefusalReason, String)> {
+        let Some(loaded) = loaded else {
+            return Err((
+                RefusalReason::OrganizationUnknown,
+                format!("the enclave has no authority state for organization {policy_org}"),
+            ));
         };
         let state = &loaded.state;
         let live = |v: &VerifiedVote| -> Option<Credential> {
@@ -472,6 +770,74 @@ mod tests {
             other.decide("nope", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().0,
             RefusalReason::OrganizationUnknown
         );
+    }
+
+    fn put_user(org: &str, id: &str) -> Change {
+        change(org, Effect::PutUser { user: User { id: id.into(), name: id.into(), ..Default::default() } })
+    }
+
+    /// Stages `changes` and waits for its group commit, deciding again (here: staging again)
+    /// whenever the group failed on a moved state.
+    fn stage_and_commit(r: &Rules, changes: &[Change]) -> Vec<(String, u64)> {
+        loop {
+            let pending = {
+                let mut staged = r.changing().unwrap();
+                r.stage(&mut staged, changes).unwrap()
+            };
+            match r.committed(pending) {
+                Ok(versions) => return versions,
+                Err(e) if is_moved(&e) => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn staged_changes_commit_in_groups_and_a_moved_state_fails_the_group() {
+        let r = Arc::new(rules());
+        bootstrap(&r, "o");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    (0..10).map(|n| stage_and_commit(&r, &[put_user("o", &format!("u{t}-{n}"))])[0].1).max()
+                })
+            })
+            .collect();
+        let last: u64 = threads.into_iter().filter_map(|t| t.join().unwrap()).max().unwrap();
+        let cached = r.load("o").unwrap().unwrap();
+        assert_eq!(cached.state.users.len(), 81, "every staged user is committed");
+        assert_eq!(cached.state.version, last);
+        assert!(last <= 81, "one version per group at most: {last}");
+        // What the cache holds is what the store has (another enclave reads the same).
+        let other = Rules::new(r.store().clone());
+        assert_eq!(other.load("o").unwrap().unwrap().state, cached.state);
+
+        // Another enclave commits while a change is staged here: the group fails as moved, the
+        // head goes, and the next decision reads the committed state (the other's change, not
+        // this one's).
+        let pending = {
+            let mut staged = r.changing().unwrap();
+            r.stage(&mut staged, &[put_user("o", "here")]).unwrap()
+        };
+        other.commit_all(&[put_user("o", "there")]).unwrap();
+        let failed = r.committed(pending).unwrap_err();
+        assert!(is_moved(&failed), "{failed}");
+        let staged = r.changing().unwrap();
+        let head = r.head(&staged, "o").unwrap().unwrap();
+        assert!(head.state.users.contains_key("there") && !head.state.users.contains_key("here"));
+        drop(staged);
+        stage_and_commit(&r, &[put_user("o", "here")]);
+        let after = other.load("o").unwrap().unwrap();
+        assert!(after.state.users.contains_key("there") && after.state.users.contains_key("here"));
+        // A change staged on a deleted organization's head is refused, and it cannot come back.
+        stage_and_commit(&r, &[change("o", Effect::DeleteOrganization)]);
+        assert!(r.load("o").unwrap().is_none());
+        let mut staged = r.changing().unwrap();
+        assert!(matches!(
+            r.stage(&mut staged, &[put_user("o", "late")]),
+            Err(EnclaveError::Refused { reason: RefusalReason::OrganizationUnknown, .. })
+        ));
     }
 
     #[test]

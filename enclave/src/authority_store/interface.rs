@@ -99,7 +99,7 @@ impl Default for StoreLimits {
 
 /// Errors of the authority store. Callers decide on the variant, never on the message (which
 /// names the backend's failure for people and never carries a password).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Compare-and-set failed: `organization_id` is no longer at the version the change was
     /// computed from (`found`: its version now, `None` if it does not exist). Nothing of the call

@@ -160,21 +160,9 @@ fn commit_group(shared: &Shared, batch: Vec<Job>) {
         }
         Err(e) => {
             for j in &batch {
-                let _ = j.reply.send(Reply::Answer(Err(same_error(&e))));
+                let _ = j.reply.send(Reply::Answer(Err(e.clone())));
             }
         }
-    }
-}
-
-/// A copy of `e` for each caller of a failed group commit.
-fn same_error(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::VersionMoved { organization_id, expected, found } => {
-            StoreError::VersionMoved { organization_id: organization_id.clone(), expected: *expected, found: *found }
-        }
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
-        StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
     }
 }
 

@@ -49,56 +49,64 @@ pub(super) fn apply_activity(
             public_key: g.public_key,
         })
         .collect();
-    // This enclave's state changes run one at a time from here to their commit; when the state
-    // moved since the decision (a change before this one, or another enclave's), the commit's
-    // version check says so and the decision is made again over the new state.
-    let _changing = authority.rules().changing()?;
-    let mut decided = a.decided.clone();
+    // The credentials this enclave issued for the activity itself (checked once).
+    let issued = issued_credentials(authority, &a, &proposal, &req.issued_certificates)?;
+    let organization = a.activity.organization_id.clone();
+    let rules = authority.rules();
+    // Each attempt decides and checks the change on the state the changes staged before it leave
+    // (one at a time, under the change lock), stages it, and waits for its group commit; when
+    // the group fails (another enclave moved the state), the change is decided again.
     for _attempt in 0..8 {
-        let Some(d) = decided.take() else {
-            // Shadow mode, and the rules would have refused (logged): nothing is applied.
-            return Ok(pb::ApplyActivityResponse::default());
-        };
-        let loaded = &d.loaded;
-        let input = Input {
-            state: &loaded.state,
-            activity_type: &a.activity.activity_type,
-            params: &a.activity.parameters,
-            proposal: &proposal,
-            now_ms: crate::authority::now_ms(),
-            derive_id: &derive_id,
-            grants: &grants,
-        };
-        if let Err(e) = transition::check(&input) {
-            if !authority.rules().enforces() {
-                shadow(&a, &e.to_string());
+        let (pending, evaluation) = {
+            let mut staged = rules.changing()?;
+            let head = rules.head(&staged, &organization)?;
+            let Some(d) = authority.decide_over(&a, head)? else {
+                // Shadow mode, and the rules would have refused (logged): nothing is applied.
                 return Ok(pb::ApplyActivityResponse::default());
+            };
+            let input = Input {
+                state: &d.loaded.state,
+                activity_type: &a.activity.activity_type,
+                params: &a.activity.parameters,
+                proposal: &proposal,
+                now_ms: crate::authority::now_ms(),
+                derive_id: &derive_id,
+                grants: &grants,
+            };
+            if let Err(e) = transition::check(&input) {
+                if !rules.enforces() {
+                    shadow(&a, &e.to_string());
+                    return Ok(pb::ApplyActivityResponse::default());
+                }
+                return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
             }
-            return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
-        }
-        let mut changes = proposal.clone();
-        changes.extend(issued_credentials(authority, &a, &proposal, &req.issued_certificates)?);
-        if changes.is_empty() {
             let evaluation = d.evaluation.outcomes_json().to_string();
-            return Ok(pb::ApplyActivityResponse { version: loaded.state.version, evaluation });
-        }
-        let decided_on = (loaded.state.organization.id.as_str(), loaded.state.version);
-        match authority.rules().commit(&changes, Some(decided_on)) {
+            let mut changes = proposal.clone();
+            changes.extend(issued.iter().cloned());
+            if changes.is_empty() {
+                return Ok(pb::ApplyActivityResponse { version: d.loaded.state.version, evaluation });
+            }
+            match rules.stage(&mut staged, &changes) {
+                Ok(pending) => (pending, evaluation),
+                // Shadow mode: the state does not have everything yet; logged, the gateway decides.
+                Err(e) if !rules.enforces() => {
+                    shadow(&a, &e.to_string());
+                    return Ok(pb::ApplyActivityResponse::default());
+                }
+                Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
+                Err(other) => return Err(other),
+            }
+        };
+        match rules.committed(pending) {
             Ok(versions) => {
-                let version = versions
-                    .iter()
-                    .find(|(org, _)| org == &a.activity.organization_id)
-                    .map_or(loaded.state.version, |(_, v)| *v);
-                let evaluation = d.evaluation.outcomes_json().to_string();
+                let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                 return Ok(pb::ApplyActivityResponse { version, evaluation });
             }
-            Err(e) if is_moved(&e) => decided = authority.decide_again(&a)?,
-            // Shadow mode: the state does not have everything yet; logged, the gateway decides.
-            Err(e) if !authority.rules().enforces() => {
+            Err(e) if is_moved(&e) => continue,
+            Err(e) if !rules.enforces() => {
                 shadow(&a, &e.to_string());
                 return Ok(pb::ApplyActivityResponse::default());
             }
-            Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
             Err(other) => return Err(other),
         }
     }
