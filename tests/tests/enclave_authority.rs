@@ -30,6 +30,16 @@ fn connect(socket: std::path::PathBuf) -> Enclave {
     Enclave::new(connect_all(vec![EnclaveEndpoint::Unix(socket)]).unwrap())
 }
 
+/// Waits until an enclave listens on `socket`: its file appears at bind, a moment before it
+/// listens, and a connection in between is refused.
+async fn accepting(socket: &std::path::Path) {
+    let t = std::time::Instant::now();
+    while tokio::net::UnixStream::connect(socket).await.is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "no enclave listens on {}", socket.display());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn db(stack: &Stack) -> rusqlite::Connection {
     let c = rusqlite::Connection::open(stack.database_path()).unwrap();
     c.busy_timeout(Duration::from_secs(10)).unwrap();
@@ -1525,12 +1535,7 @@ async fn two_enclaves_share_one_replay_window_with_a_quota_per_organization() {
 
     let socket_b = stack.dir.join("enclave-b.sock");
     let mut enclave_b = stack.spawn_enclave(&socket_b);
-    for _ in 0..3000 {
-        if socket_b.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    accepting(&socket_b).await;
     let (a, b) = (connect(stack.enclave_socket()), connect(socket_b.clone()));
 
     // Used once through A (org1's entry 2): a replay at B, and at A.
@@ -2353,11 +2358,7 @@ async fn revoked_credentials_and_sessions_stay_revoked_even_from_an_old_database
     // A second enclave on the same authority store refuses it too.
     let socket_b = stack.enclave_socket().with_file_name("enclave-b.sock");
     let mut second = stack.spawn_enclave(&socket_b);
-    let t = std::time::Instant::now();
-    while !socket_b.exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    accepting(&socket_b).await;
     let body_b = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
     let at_b = sign(&connect(socket_b.clone()), auth(stamped(&k1, &body_b, &k1_cert)), &key).await;
     let _ = second.kill();
