@@ -109,11 +109,6 @@ fn each(e: &EnclaveError) -> EnclaveError {
     }
 }
 
-/// Whether a change writes or deletes a policy entry (the compiled index must follow).
-fn writes_touch_policies(puts: &[Entry], deletes: &[(String, String)]) -> bool {
-    puts.iter().any(|e| e.kind == kinds::POLICY) || deletes.iter().any(|(k, _)| k == kinds::POLICY)
-}
-
 /// The organization's state moved between a decision and its commit.
 fn moved() -> EnclaveError {
     EnclaveError::Busy {
@@ -135,7 +130,7 @@ fn internal(what: &str) -> EnclaveError {
 impl Rules {
     #[cfg(test)]
     fn commit_all(&self, changes: &[Change]) -> Result<Vec<(String, u64)>, EnclaveError> {
-        self.commit(changes, None)
+        self.commit(changes)
     }
 
     pub fn new(store: Arc<dyn AuthorityStore>) -> Self {
@@ -172,7 +167,7 @@ impl Rules {
                 "{organization_id}: the changes must create this organization first and change nothing else"
             )));
         }
-        self.commit(changes, None)?;
+        self.commit(changes)?;
         Ok(true)
     }
 
@@ -186,7 +181,7 @@ impl Rules {
         }
         let change =
             Change { organization_id: organization_id.to_string(), effect: Effect::AddCredential { credential } };
-        self.commit(&[change], None)?;
+        self.commit(&[change])?;
         Ok(true)
     }
 
@@ -431,7 +426,7 @@ impl Rules {
     /// Records what the enclave itself did (keys made, sessions opened): committed, or in
     /// shadow mode, when the state cannot take it (an organization it does not have yet), logged.
     pub fn record(&self, changes: &[Change]) -> Result<(), EnclaveError> {
-        match self.commit(changes, None) {
+        match self.commit(changes) {
             Ok(_) => Ok(()),
             Err(e) if !self.enforce => {
                 tracing::warn!(target: "coffer_audit", shadow = true, error = %e, "authority state not recorded");
@@ -559,127 +554,22 @@ impl Rules {
         }
     }
 
-    /// Applies `changes` (already checked) to the organizations they name, in one store
-    /// transaction that fails if any of them moved since it was read; returns the new version of
-    /// each organization, in first-appearance order.
-    ///
-    /// `decided_on`: the organization and version a decision read; when that organization moved
-    /// since, nothing is written (the decision would be over an old state).
-    pub fn commit(
-        &self,
-        changes: &[Change],
-        decided_on: Option<(&str, u64)>,
-    ) -> Result<Vec<(String, u64)>, EnclaveError> {
-        let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
-        if let Some((org, version)) = decided_on {
-            if self.store.version(org)? != Some(version) {
-                return Err(moved());
-            }
-        }
-        let mut order: Vec<String> = Vec::new();
-        let mut by_org: HashMap<String, Vec<&Effect>> = HashMap::new();
-        for c in changes {
-            if !by_org.contains_key(&c.organization_id) {
-                order.push(c.organization_id.clone());
-            }
-            by_org.entry(c.organization_id.clone()).or_default().push(&c.effect);
-        }
-        let mut writes = Vec::new();
-        let mut next_states = Vec::new();
-        for org in &order {
-            let effects = &by_org[org];
-            let creating = matches!(effects.first(), Some(Effect::CreateOrganization { .. }));
-            let (mut state, expected_version, base) = match (self.load_writing(org)?, creating) {
-                (Some(_), true) => {
-                    return Err(EnclaveError::refused(
-                        RefusalReason::TransitionMismatch,
-                        format!("organization {org} already exists"),
-                    ))
-                }
-                // A cheap copy: the state's maps are persistent.
-                (Some(l), false) => (l.state.clone(), l.state.version, Some(l.index.clone())),
-                (None, true) => {
-                    if self.store.version(org)?.is_some() {
-                        // Ids are never reused: a deleted organization does not come back.
-                        return Err(EnclaveError::refused(
-                            RefusalReason::TransitionMismatch,
-                            format!("organization {org} existed before"),
-                        ));
-                    }
-                    (AuthorityState::default(), 0, None)
-                }
-                (None, false) => {
-                    return Err(EnclaveError::refused(
-                        RefusalReason::OrganizationUnknown,
-                        format!("the enclave has no authority state for organization {org}"),
-                    ))
-                }
+    /// Applies `changes` (already checked, or facts the enclave itself made) through the staged
+    /// path, like every state change: staged on the heads, committed with the group; when the
+    /// group fails on a moved state, staged again on the committed one. Returns the new version
+    /// of each organization, in first-appearance order.
+    pub fn commit(&self, changes: &[Change]) -> Result<Vec<(String, u64)>, EnclaveError> {
+        for _attempt in 0..8 {
+            let pending = {
+                let mut staged = self.changing()?;
+                self.stage(&mut staged, changes)?
             };
-            let before: Vec<(String, String)> = if effects.iter().any(|e| matches!(e, Effect::DeleteOrganization)) {
-                state.entries().into_iter().map(|e| (e.kind.to_string(), e.id)).collect()
-            } else {
-                Vec::new()
-            };
-            let touched = state
-                // `state` is this commit's own copy, dropped on error.
-                .apply_all_unchecked(effects.iter().copied())
-                .map_err(|e| EnclaveError::refused(RefusalReason::TransitionMismatch, e.to_string()))?;
-            if let Some(Effect::CreateOrganization { organization }) = effects.first() {
-                if &organization.id != org {
-                    return Err(EnclaveError::refused(
-                        RefusalReason::TransitionMismatch,
-                        "a new organization's changes name another organization",
-                    ));
-                }
-            }
-            let mut keys: Vec<(String, String)> = before;
-            keys.extend(touched.into_iter().map(|(k, id)| (k.to_string(), id)));
-            keys.sort();
-            keys.dedup();
-            let deleted = effects.iter().any(|e| matches!(e, Effect::DeleteOrganization));
-            let (mut puts, mut deletes) = (Vec::new(), Vec::new());
-            for (kind, id) in keys {
-                match state.entry(&kind, &id).filter(|_| !deleted) {
-                    Some(e) => puts.push(Entry { kind: e.kind.to_string(), id: e.id, data: e.data }),
-                    None => deletes.push((kind, id)),
-                }
-            }
-            if deleted {
-                deletes.push((kinds::ORGANIZATION.to_string(), kinds::ORGANIZATION.to_string()));
-                deletes.sort();
-                deletes.dedup();
-            }
-            // The compiled policies follow: only the written or deleted ones compile again.
-            let index = match base {
-                Some(base) if !writes_touch_policies(&puts, &deletes) => base,
-                Some(base) => {
-                    let changed = (puts.iter().map(|e| (e.kind.as_str(), e.id.as_str())))
-                        .chain(deletes.iter().map(|(k, id)| (k.as_str(), id.as_str())))
-                        .filter(|(k, _)| *k == kinds::POLICY)
-                        .map(|(_, id)| id);
-                    Arc::new(base.updated(&state, changed))
-                }
-                None => Arc::new(PolicyIndex::of(&state)),
-            };
-            writes.push(OrgChanges { organization_id: org.clone(), expected_version, puts, deletes });
-            next_states.push((state, deleted, index));
-        }
-        let versions = self.store.apply(&writes)?;
-        // The cache takes the new states as they were committed (a deleted organization goes).
-        let mut fresh = Vec::new();
-        for ((mut state, deleted, index), version) in next_states.into_iter().zip(&versions) {
-            state.version = *version;
-            fresh.push((deleted, Arc::new(Loaded { state, index })));
-        }
-        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
-        for (org, (deleted, loaded)) in order.iter().zip(fresh) {
-            if deleted {
-                cache.remove(org);
-            } else {
-                cache.insert(org.clone(), loaded);
+            match self.committed(pending) {
+                Err(e) if is_moved(&e) => continue,
+                other => return other,
             }
         }
-        Ok(order.into_iter().zip(versions).collect())
+        Err(moved())
     }
 }
 

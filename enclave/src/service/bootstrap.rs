@@ -41,33 +41,30 @@ pub(super) fn bootstrap_organization(
     let (organization_id, user_id, api_key_id) = (uuid(&random[..16]), uuid(&random[16..32]), uuid(&random[32..]));
     // The organization's first authority state: its root user alone, with this key.
     let org = |effect| Change { organization_id: organization_id.clone(), effect };
-    authority.rules().commit(
-        &[
-            org(Effect::CreateOrganization {
-                organization: Organization {
-                    id: organization_id.clone(),
-                    name: p.organization_name.clone(),
-                    root_quorum_threshold: 1,
-                    root_user_ids: vec![user_id.clone()],
-                    ..Default::default()
-                },
-            }),
-            org(Effect::PutUser {
-                user: User { id: user_id.clone(), name: p.root_user_name.clone(), ..Default::default() },
-            }),
-            org(Effect::AddCredential {
-                credential: Credential {
-                    id: api_key_id.clone(),
-                    user_id: user_id.clone(),
-                    kind: CredentialKind::ApiKey,
-                    credential_type: credential_type.to_string(),
-                    public_key: public_key.clone(),
-                    expires_at_ms: 0,
-                },
-            }),
-        ],
-        None,
-    )?;
+    authority.rules().commit(&[
+        org(Effect::CreateOrganization {
+            organization: Organization {
+                id: organization_id.clone(),
+                name: p.organization_name.clone(),
+                root_quorum_threshold: 1,
+                root_user_ids: vec![user_id.clone()],
+                ..Default::default()
+            },
+        }),
+        org(Effect::PutUser {
+            user: User { id: user_id.clone(), name: p.root_user_name.clone(), ..Default::default() },
+        }),
+        org(Effect::AddCredential {
+            credential: Credential {
+                id: api_key_id.clone(),
+                user_id: user_id.clone(),
+                kind: CredentialKind::ApiKey,
+                credential_type: credential_type.to_string(),
+                public_key: public_key.clone(),
+                expires_at_ms: 0,
+            },
+        }),
+    ])?;
     tracing::info!(
         target: "coffer_audit",
         decision = "allow",
