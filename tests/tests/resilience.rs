@@ -915,6 +915,13 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
                                 let text = r.text().await.unwrap_or_default();
                                 let json = serde_json::from_str(&text).unwrap_or(Value::Null);
                                 let r = RawResponse { status, content_type: Some("application/json".into()), json, text };
+                                // In flight on the enclave when it was killed: the other enclave
+                                // shares the replay window and will not run it again, so the
+                                // client is told to send it anew (nothing was recorded).
+                                if r.status == 503 && r.text.contains("was not run again") {
+                                    cut_off += 1;
+                                    continue;
+                                }
                                 assert_signed_by(&r, &message, &address);
                                 signed.push((r.json["activity"]["id"].as_str().unwrap().to_string(), on));
                             }
@@ -951,7 +958,10 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
             signed.len(),
             gateway_down.elapsed()
         );
-        assert!(cut_off <= CLIENTS, "only requests in flight at the gateway's kill fail: {cut_off}");
+        assert!(
+            cut_off <= 2 * CLIENTS,
+            "only requests in flight at the enclave's or the gateway's kill fail: {cut_off}"
+        );
         assert!(on_second > signed.len() / 2, "the surviving gateway took the load: {on_second} of {}", signed.len());
         // Everything acknowledged is on record, completed, as the other gateway reads it.
         for (id, _) in &signed {
