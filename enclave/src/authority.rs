@@ -79,7 +79,7 @@ pub struct Authorized {
     /// only in shadow mode, when they would have refused.
     pub decided: Option<Decided>,
     /// The organization whose rules decide (the parent's for a parent's login), the submitter and
-    /// the verified voters: what [`Authority::decide_again`] reads.
+    /// the verified voters: what [`Authority::decide_over`] reads.
     policy_org: String,
     submitter: VerifiedVote,
     voters: Vec<VerifiedVote>,
@@ -282,21 +282,16 @@ impl Authority {
         Self { rules, ..self }
     }
 
-    /// Decides `a` again over its organization's current state (the state moved since), with
-    /// the same stamps; a refusal is returned as the caller's error (and audited).
-    pub fn decide_again(&self, a: &Authorized) -> Result<Option<Decided>, EnclaveError> {
-        let now = now_ms();
-        let p = &a.activity;
-        match self.rules.decide(&a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {
-            Ok(d) => Ok(Some(d)),
-            Err(_) if !self.rules.enforces() => Ok(None),
-            Err((reason, message)) => Err(refuse(a, reason, &message)),
-        }
-    }
-
-    /// [`Authority::decide_again`] over `loaded`, the state a state change is decided on (the
-    /// head its organization's staged changes leave, see [`Rules::stage`]).
+    /// Decides `a` again, with the same stamps, over `loaded`: the state a state change is decided
+    /// on (the head its organization's staged changes leave, see [`Rules::stage`]). The decision
+    /// its authorization made is kept when it read that very state. A refusal is returned as the
+    /// caller's error (and audited).
     pub fn decide_over(&self, a: &Authorized, loaded: Option<Arc<Loaded>>) -> Result<Option<Decided>, EnclaveError> {
+        if let (Some(d), Some(l)) = (&a.decided, &loaded) {
+            if Arc::ptr_eq(&d.loaded, l) {
+                return Ok(Some(d.clone()));
+            }
+        }
         let p = &a.activity;
         let now = now_ms();
         match Rules::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {

@@ -7,6 +7,7 @@ pub mod authority_store;
 pub mod config;
 pub mod egress;
 pub mod error;
+pub mod group_commit;
 pub mod hsm;
 pub mod oauth2_exchange;
 pub mod operator;

@@ -12,6 +12,7 @@ use coffer_policy::decision::{Decision, Evaluation};
 
 use crate::authority_store::{AuthorityStore, Entry, OrgChanges};
 use crate::error::{EnclaveError, RefusalReason};
+use crate::group_commit::{self, Reply, Turn};
 
 /// One organization's state as loaded, with its policies compiled.
 #[derive(Debug)]
@@ -80,22 +81,19 @@ struct Head {
     deleted: bool,
 }
 
+/// What a staged change's owner receives: the new version of each organization it changed, or
+/// the group's failure.
+type Committed = Result<Vec<(String, u64)>, EnclaveError>;
+
 /// One staged change waiting for its group commit.
 struct StagedChange {
     organizations: Vec<String>,
-    reply: mpsc::SyncSender<GroupReply>,
-}
-
-/// What a staged change's owner receives: its versions (or the group's failure), or the lead of
-/// the next group commit.
-enum GroupReply {
-    Done(Result<Vec<(String, u64)>, EnclaveError>),
-    Lead,
+    reply: Reply<Committed>,
 }
 
 /// The receiving end of a staged change (see [`Rules::committed`]).
 pub struct Pending {
-    answer: mpsc::Receiver<GroupReply>,
+    answer: mpsc::Receiver<Turn<Committed>>,
     lead: bool,
 }
 
@@ -293,7 +291,7 @@ impl Rules {
         for (org, head) in next {
             staged.heads.insert(org, head);
         }
-        let (reply, answer) = mpsc::sync_channel(2);
+        let (reply, answer) = group_commit::channel();
         staged.queue.push(StagedChange { organizations: order, reply });
         let lead = !std::mem::replace(&mut staged.leading, true);
         Ok(Pending { answer, lead })
@@ -303,18 +301,8 @@ impl Rules {
     /// transaction): the new version of each organization it changed. Leads a group commit when
     /// it is this change's turn. An error fails every change of the group and every change staged
     /// after it (they were decided on its heads); a moved state ([`is_moved`]) is decided again.
-    pub fn committed(&self, pending: Pending) -> Result<Vec<(String, u64)>, EnclaveError> {
-        let Pending { answer, mut lead } = pending;
-        loop {
-            if lead {
-                self.lead_group()?;
-            }
-            match answer.recv() {
-                Ok(GroupReply::Done(result)) => return result,
-                Ok(GroupReply::Lead) => lead = true,
-                Err(_) => return Err(internal("group commit abandoned")),
-            }
-        }
+    pub fn committed(&self, pending: Pending) -> Committed {
+        group_commit::wait(&pending.answer, pending.lead, || self.lead_group(), || internal("group commit abandoned"))
     }
 
     /// Commits every change staged so far in one store transaction, settles the heads, answers
@@ -368,15 +356,15 @@ impl Rules {
                 }
                 Err(e) => Err(each(e)),
             };
-            let _ = change.reply.send(GroupReply::Done(answer));
+            let _ = change.reply.send(Turn::Answer(answer));
         }
         for change in &failed_later {
-            let _ = change.reply.send(GroupReply::Done(Err(moved())));
+            let _ = change.reply.send(Turn::Answer(Err(moved())));
         }
         match staged.queue.first() {
             // Its owner waits for its answer; the lead comes first.
             Some(next) => {
-                let _ = next.reply.send(GroupReply::Lead);
+                let _ = next.reply.send(Turn::Lead);
             }
             None => staged.leading = false,
         }

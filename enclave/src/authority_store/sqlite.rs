@@ -18,8 +18,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 
+use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
@@ -121,13 +122,7 @@ struct Job {
     /// The scope's quota (the window's per-organization one when `None`).
     quota: Option<u64>,
     allowed: Option<DecisionRecord>,
-    reply: mpsc::SyncSender<Reply>,
-}
-
-/// What a waiting caller receives: its answer, or the lead of the next group commit.
-enum Reply {
-    Answer(Result<Remembered, StoreError>),
-    Lead,
+    reply: Reply<Result<Remembered, StoreError>>,
 }
 
 /// Most replay inserts one group commit takes.
@@ -155,12 +150,12 @@ fn commit_group(shared: &Shared, batch: Vec<Job>) {
     match outcome {
         Ok(answers) => {
             for (j, a) in batch.iter().zip(answers) {
-                let _ = j.reply.send(Reply::Answer(Ok(a)));
+                let _ = j.reply.send(Turn::Answer(Ok(a)));
             }
         }
         Err(e) => {
             for j in &batch {
-                let _ = j.reply.send(Reply::Answer(Err(e.clone())));
+                let _ = j.reply.send(Turn::Answer(Err(e.clone())));
             }
         }
     }
@@ -434,24 +429,20 @@ impl SqliteAuthorityStore {
         quota: Option<u64>,
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
-        let (reply, answer) = mpsc::sync_channel(2);
+        let (reply, answer) = group_commit::channel();
         let organization = organization.to_string();
         let job = Job { organization, key, expires_ms, now_ms, quota, allowed: allowed.cloned(), reply };
-        let mut lead = {
+        let lead = {
             let mut waiting = self.waiting.lock().map_err(poisoned)?;
             waiting.jobs.push(job);
             !std::mem::replace(&mut waiting.leading, true)
         };
-        loop {
-            if lead {
-                self.lead_one_group()?;
-            }
-            match answer.recv() {
-                Ok(Reply::Answer(result)) => return result,
-                Ok(Reply::Lead) => lead = true,
-                Err(_) => return Err(StoreError::Unavailable("sqlite: a group commit was abandoned".into())),
-            }
-        }
+        group_commit::wait(
+            &answer,
+            lead,
+            || self.lead_one_group(),
+            || StoreError::Unavailable("sqlite: a group commit was abandoned".into()),
+        )
     }
 
     /// Commits the first group waiting, then hands the lead to the owner of the first entry still
@@ -479,7 +470,7 @@ impl SqliteAuthorityStore {
         match waiting.jobs.first() {
             // Its owner waits for its answer; the lead comes first.
             Some(next) => {
-                let _ = next.reply.send(Reply::Lead);
+                let _ = next.reply.send(Turn::Lead);
             }
             None => waiting.leading = false,
         }
