@@ -42,6 +42,9 @@ pub struct StampedActivity {
     pub parameters: Value,
     /// [`fingerprint`] of the exact body.
     pub fingerprint: String,
+    /// The body asks for app proofs: `generateAppProofs: true` at the top level (where the
+    /// interface puts it) or among the parameters (where some SDKs copy it).
+    pub generate_app_proofs: bool,
 }
 
 impl StampedActivity {
@@ -63,11 +66,21 @@ impl StampedActivity {
             _ => None,
         }
         .ok_or_else(|| AuthError::invalid("stamped body has no valid timestampMs"))?;
+        let asks = |v: Option<&Value>| v.and_then(|v| v.get("generateAppProofs")).and_then(Value::as_bool) == Some(true);
+        let generate_app_proofs = map.get("generateAppProofs").and_then(Value::as_bool) == Some(true)
+            || asks(map.get("parameters"));
         let parameters = match map.remove("parameters") {
             Some(p @ Value::Object(_)) => strip_nulls(p),
             _ => return Err(AuthError::invalid("stamped body has no parameters object")),
         };
-        Ok(Self { activity_type, timestamp_ms, organization_id, parameters, fingerprint: fingerprint(body) })
+        Ok(Self {
+            activity_type,
+            timestamp_ms,
+            organization_id,
+            parameters,
+            fingerprint: fingerprint(body),
+            generate_app_proofs,
+        })
     }
 }
 

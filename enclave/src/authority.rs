@@ -91,6 +91,11 @@ pub struct Authorized {
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn AuthorityStore>);
 impl Authorized {
+    /// The verified approvals the decision counted: the submitter's, then every vote's.
+    pub fn approvals(&self) -> impl Iterator<Item = &VerifiedVote> {
+        std::iter::once(&self.submitter).chain(&self.voters)
+    }
+
     /// What this authorization's allow line named, for its outcome line (`crate::audit`).
     pub fn decision(&self) -> crate::audit::Decision {
         crate::audit::Decision {
@@ -151,6 +156,8 @@ pub struct Authority {
     store: Arc<dyn AuthorityStore>,
     /// `auth_proxy_signups_per_hour`.
     signups_per_hour: u64,
+    /// Each organization's activity log head, as this enclave last appended it.
+    log: crate::proofs::ActivityLog,
 }
 
 /// The enclave's clock, in ms since the Unix epoch.
@@ -229,7 +236,33 @@ impl Authority {
     /// An authority whose replay window and decision log are `store`'s (shared by every enclave
     /// that opens the same store).
     pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, store: Arc<dyn AuthorityStore>) -> Self {
-        Self { hsm, freshness_ms, rules: Arc::new(Rules::new(store.clone())), store, signups_per_hour: 10_000 }
+        Self {
+            hsm,
+            freshness_ms,
+            rules: Arc::new(Rules::new(store.clone())),
+            store,
+            signups_per_hour: 10_000,
+            log: crate::proofs::ActivityLog::default(),
+        }
+    }
+
+    /// A finished activity's stamped submission, verified as it stood when it was stamped (the
+    /// stamp over the body, a genuine certificate valid at the body's timestamp), for its record
+    /// in the activity log: freshness, replay and the rules were decided when it ran.
+    pub fn verify_submission(
+        &self,
+        request: &pb::StampedRequest,
+    ) -> Result<(StampedActivity, pb::CredentialCertificate), EnclaveError> {
+        let stamped_at = StampedActivity::parse(&request.body).map(|a| a.timestamp_ms).unwrap_or(0);
+        self.verify_stamped(request, stamped_at, None).map_err(|r| {
+            r.audit("record_activity");
+            r.into_error()
+        })
+    }
+
+    /// The activity log: each organization's head, appended through the authority store.
+    pub fn activity_log(&self) -> (&crate::proofs::ActivityLog, &dyn AuthorityStore) {
+        (&self.log, self.store.as_ref())
     }
 
     /// The same authority with `auth_proxy_signups_per_hour` = `per_hour`.

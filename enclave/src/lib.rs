@@ -11,6 +11,7 @@ pub mod group_commit;
 pub mod hsm;
 pub mod oauth2_exchange;
 pub mod operator;
+pub mod proofs;
 pub mod proxy_stamper;
 pub mod rules;
 pub mod service;

@@ -336,7 +336,17 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     }
     let service = Arc::new(
         EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone()))
-            .with_operators(coffer_enclave::operator::Operators::new(operators)),
+            .with_operators(coffer_enclave::operator::Operators::new(operators))
+            .with_boot_proof(&coffer_enclave::proofs::BootFacts {
+                configuration_digest: {
+                    use sha2::Digest;
+                    // The configuration as read (no secret is in it: PINs and passwords are in
+                    // files or variables it only names).
+                    hex::encode(sha2::Sha256::digest(format!("{cfg:?}").as_bytes()))
+                },
+                pkcs11_module: cfg.pkcs11_module.display().to_string(),
+                token_label: cfg.token_label.clone(),
+            }),
     );
     // Over TCP, only a client presenting a certificate of `client_ca` gets a connection: what
     // the Unix socket's file permissions decide for a local gateway.

@@ -354,7 +354,16 @@ pub fn open_session(
         fingerprint = %a.activity.fingerprint,
         "enclave decision"
     );
+    let result = json!({
+        "userId": g.user_id,
+        "sessionPublicKey": g.public_key,
+        "credentialType": g.credential_type,
+        "expiresAtMs": expires_at_ms.to_string(),
+        "sessionSha256": hex::encode(sha2::Sha256::digest(session.as_bytes())),
+    });
+    let app_proofs = crate::proofs::of_call(hsm, a, result)?;
     Ok(pb::CreateSessionResponse {
+        app_proofs,
         session,
         user_id: g.user_id,
         public_key: g.public_key,

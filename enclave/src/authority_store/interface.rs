@@ -140,6 +140,12 @@ pub trait AuthorityStore: Send + Sync {
 
     /// Every organization that has a version, sorted.
     fn organizations(&self) -> Result<Vec<String>, StoreError>;
+    /// The head of `org`'s activity log: (links appended, head hash); `None` before its first.
+    fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError>;
+    /// Moves `org`'s activity log from `expected` links to `expected + 1` with `head`, only if
+    /// it is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise).
+    /// Committed before it returns.
+    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError>;
 
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of

@@ -111,6 +111,12 @@ BEGIN
     RETURN 0;
 END
 $fn$;
+", r"
+CREATE TABLE log_heads (
+    organization_id TEXT PRIMARY KEY,
+    links BIGINT NOT NULL,
+    head TEXT NOT NULL
+);
 "];
 
 /// The PostgreSQL authority store (`postgres://…`).
@@ -325,6 +331,38 @@ impl Drop for PostgresAuthorityStore {
 }
 
 impl AuthorityStore for PostgresAuthorityStore {
+    fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.with_conn(|client| {
+            let row = client
+                .query_opt("SELECT links, head FROM log_heads WHERE organization_id = $1", &[&org])
+                .map_err(pg)?;
+            row.map(|r| Ok((version_of(r.try_get(0).map_err(pg)?)?, r.try_get(1).map_err(pg)?))).transpose()
+        })
+    }
+
+    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError> {
+        let (from, to) = (expected as i64, expected as i64 + 1);
+        let changed = self.with_conn(|client| {
+            if expected == 0 {
+                client.execute(
+                    "INSERT INTO log_heads (organization_id, links, head) VALUES ($1, 1, $2) ON CONFLICT DO NOTHING",
+                    &[&org, &head],
+                )
+            } else {
+                client.execute(
+                    "UPDATE log_heads SET links = $3, head = $4 WHERE organization_id = $1 AND links = $2",
+                    &[&org, &from, &to, &head],
+                )
+            }
+            .map_err(pg)
+        })?;
+        if changed == 0 {
+            let found = self.log_head(org)?.map(|(n, _)| n);
+            return Err(StoreError::VersionMoved { organization_id: org.to_string(), expected, found });
+        }
+        Ok(())
+    }
+
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
         self.with_conn(|client| {
             let mut tx = client

@@ -70,6 +70,12 @@ CREATE TABLE decisions (
 );
 CREATE INDEX decisions_fingerprint ON decisions (organization_id, fingerprint);
 CREATE INDEX decisions_at ON decisions (at_ms);
+", r"
+CREATE TABLE log_heads (
+    organization_id TEXT PRIMARY KEY,
+    links INTEGER NOT NULL,
+    head TEXT NOT NULL
+) WITHOUT ROWID;
 "];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own
@@ -634,6 +640,40 @@ fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreErr
 }
 
 impl AuthorityStore for SqliteAuthorityStore {
+    fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.read(|conn| {
+            let row: Option<(i64, String)> = conn
+                .prepare_cached("SELECT links, head FROM log_heads WHERE organization_id = ?1")
+                .and_then(|mut st| st.query_row([org], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                .map_err(sq)?;
+            row.map(|(n, h)| Ok((version_of(n)?, h))).transpose()
+        })
+    }
+
+    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError> {
+        let (from, to) = (expected as i64, expected as i64 + 1);
+        let conn = self.writer.lock().map_err(poisoned)?;
+        let moved = if expected == 0 {
+            conn.prepare_cached(
+                "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, 1, ?2) ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut st| st.execute(rusqlite::params![org, head]))
+        } else {
+            conn.prepare_cached(
+                "UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2",
+            )
+            .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))
+        }
+        .map_err(sq)?
+            == 0;
+        drop(conn);
+        if moved {
+            let found = self.log_head(org)?.map(|(n, _)| n);
+            return Err(StoreError::VersionMoved { organization_id: org.to_string(), expected, found });
+        }
+        Ok(())
+    }
+
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
         self.read(|conn| {
             let tx = conn.transaction().map_err(sq)?;

@@ -10,6 +10,10 @@ pub const CERT_MAC_LABEL: &str = "coffer-cert-mac-v1";
 /// The Ed25519 key that signs webhook deliveries (sensitive, never extractable).
 pub const WEBHOOK_SIGNER_LABEL: &str = "coffer-webhook-signer-v1";
 
+/// The P-256 key that signs app proofs, boot proofs and the activity log's links (sensitive,
+/// never extractable; its public half is published with the other service keys).
+pub const PROOF_LABEL: &str = "coffer-proof-key-v1";
+
 /// The P-256 key that signs session JWTs (`verifySessionJwtSignature` of `@turnkey/crypto`).
 pub const NOTARIZER_LABEL: &str = "coffer-notarizer-v1";
 /// The P-256 key that signs the OIDC tokens Coffer issues (ES256).

@@ -5,12 +5,13 @@
 mod error;
 mod key_labels;
 mod login_keys;
+mod proof_key;
 mod seal;
 mod token;
 
 pub use error::HsmError;
 pub use key_labels::{
-    LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, SIGNER_LABEL,
+    LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL,
     TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};

@@ -14,7 +14,7 @@ use zeroize::Zeroizing;
 
 use super::error::HsmError;
 use super::key_labels::{
-    LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL,
+    LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL,
     WEBHOOK_SIGNER_LABEL,
 };
 use super::seal::{self, BlobBinding, OpenedBlob};
@@ -53,6 +53,8 @@ pub(super) struct ServiceKeys {
     pub(super) notarizer: Option<ObjectHandle>,
     pub(super) oidc_issuer: Option<ObjectHandle>,
     pub(super) tls_fetcher: Option<ObjectHandle>,
+    /// Absent on a token initialised before proofs existed, until `init` runs again.
+    pub(super) proof: Option<ObjectHandle>,
 }
 
 struct Anchor {
@@ -72,6 +74,7 @@ pub struct Hsm {
     signer_public: OnceLock<[u8; 65]>,
     webhook_public: OnceLock<[u8; 32]>,
     pub(super) login_public: OnceLock<LoginPublicKeys>,
+    pub(super) proof_public: OnceLock<[u8; 65]>,
 }
 
 /// The PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once.
@@ -176,6 +179,7 @@ impl Hsm {
             signer_public: OnceLock::new(),
             webhook_public: OnceLock::new(),
             login_public: OnceLock::new(),
+            proof_public: OnceLock::new(),
         })
     }
 
@@ -240,6 +244,7 @@ impl Hsm {
         for (label, usage) in [
             (NOTARIZER_LABEL, Attribute::Sign(true)),
             (OIDC_ISSUER_LABEL, Attribute::Sign(true)),
+            (PROOF_LABEL, Attribute::Sign(true)),
             (TLS_FETCHER_LABEL, Attribute::Derive(true)),
         ] {
             if find_key(&session, ObjectClass::PRIVATE_KEY, label)?.is_none() {
@@ -275,6 +280,7 @@ impl Hsm {
             notarizer: find_key(&session, ObjectClass::PRIVATE_KEY, NOTARIZER_LABEL)?,
             oidc_issuer: find_key(&session, ObjectClass::PRIVATE_KEY, OIDC_ISSUER_LABEL)?,
             tls_fetcher: find_key(&session, ObjectClass::PRIVATE_KEY, TLS_FETCHER_LABEL)?,
+            proof: find_key(&session, ObjectClass::PRIVATE_KEY, PROOF_LABEL)?,
         };
         anchor.keys = Some(keys);
         Ok(keys)

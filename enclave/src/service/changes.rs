@@ -18,6 +18,7 @@ const MAX_CHANGES: usize = 10_000;
 
 /// Decides the stamped activity over its organization's state and applies the proposal.
 pub(super) fn apply_activity(
+    hsm: &crate::hsm::Hsm,
     authority: &Authority,
     req: pb::ApplyActivityRequest,
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
@@ -84,7 +85,9 @@ pub(super) fn apply_activity(
             let mut changes = proposal.clone();
             changes.extend(issued.iter().cloned());
             if changes.is_empty() {
-                return Ok(pb::ApplyActivityResponse { version: d.loaded.state.version, evaluation });
+                let version = d.loaded.state.version;
+                let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
             }
             match rules.stage(&mut staged, &changes) {
                 Ok(pending) => (pending, evaluation),
@@ -100,7 +103,8 @@ pub(super) fn apply_activity(
         match rules.committed(pending) {
             Ok(versions) => {
                 let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
-                return Ok(pb::ApplyActivityResponse { version, evaluation });
+                let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
             }
             Err(e) if is_moved(&e) => continue,
             Err(e) if !rules.enforces() => {
@@ -114,6 +118,26 @@ pub(super) fn apply_activity(
         reason: RefusalReason::Unspecified,
         message: "the organization's authority state keeps changing: retry".into(),
     })
+}
+
+/// When the stamped body asks: the proof of the decision and of the changes applied, with the
+/// organization's state version after them.
+fn applied_proofs(
+    hsm: &crate::hsm::Hsm,
+    a: &Authorized,
+    proposal: &[Change],
+    version: u64,
+) -> Result<Vec<pb::AppProof>, EnclaveError> {
+    if !a.activity.generate_app_proofs {
+        return Ok(Vec::new());
+    }
+    let changes = serde_json::to_value(proposal).map_err(|e| EnclaveError::Internal(e.to_string()))?;
+    let result = serde_json::json!({
+        "changesSha256": coffer_crypto::proof::json_digest(&changes),
+        "changes": proposal.len(),
+        "stateVersionAfter": version.to_string(),
+    });
+    crate::proofs::of_call(hsm, a, result)
 }
 
 /// The audit line of what the rules would have refused in shadow mode.

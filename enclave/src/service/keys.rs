@@ -6,7 +6,7 @@ use coffer_auth::grants;
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, keys, Curve};
 use coffer_proto::v1 as pb;
-use serde_json::Value;
+use serde_json::{json, Value};
 use zeroize::Zeroizing;
 
 use super::key_facts;
@@ -49,7 +49,8 @@ pub(super) fn create_wallet(
     let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
-    let made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
+    let mut made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
+    made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &req.wallet_id, &specs, &made.accounts)?;
     // A sub-organization's wallet is recorded with the sub-organization (apply_activity).
     if organization_id == a.activity.organization_id {
         key_facts::wallet_created(authority, &a, &req.wallet_id, false, &made)?;
@@ -77,7 +78,9 @@ pub(super) fn derive_accounts(
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
     key_facts::accounts_derived(authority, &a, &seed_ref.resource_id, &accounts)?;
-    Ok(pb::DeriveAccountsResponse { accounts })
+    let app_proofs =
+        wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
+    Ok(pb::DeriveAccountsResponse { accounts, app_proofs })
 }
 
 /// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
@@ -109,7 +112,42 @@ pub(super) fn create_private_keys(
     for ((p, id), made) in params.iter().zip(&req.private_key_ids).zip(&keys) {
         key_facts::private_key_made(authority, &a, id, p, false, made)?;
     }
-    Ok(pb::CreatePrivateKeysResponse { keys })
+    let result = json!({ "privateKeys": req.private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
+    Ok(pb::CreatePrivateKeysResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, keys })
+}
+
+/// A private key the enclave made, as a proof states it: id, public key and addresses.
+pub(super) fn key_json(private_key_id: &str, k: &pb::KeyMaterial) -> Value {
+    json!({
+        "privateKeyId": private_key_id,
+        "publicKey": hex::encode(&k.public_key),
+        "addresses": k.addresses.iter().map(|a| json!({ "format": a.format, "address": a.address })).collect::<Vec<_>>(),
+    })
+}
+
+/// When the stamped body asks: an address-derivation proof per account of the wallet, and the
+/// proof of the call's decision and accounts.
+pub(super) fn wallet_proofs(
+    hsm: &Hsm,
+    a: &crate::authority::Authorized,
+    organization_id: &str,
+    wallet_id: &str,
+    specs: &[(&str, &Value)],
+    accounts: &[pb::Account],
+) -> Result<Vec<pb::AppProof>, EnclaveError> {
+    if !a.activity.generate_app_proofs {
+        return Ok(Vec::new());
+    }
+    let derived: Vec<(&str, &str)> =
+        specs.iter().zip(accounts).map(|((_, spec), account)| (text(spec, "path"), account.address.as_str())).collect();
+    let mut proofs = crate::proofs::of_addresses(hsm, a, organization_id, wallet_id, &derived)?;
+    let result = json!({
+        "organizationId": organization_id,
+        "walletId": wallet_id,
+        "accounts": derived.iter().map(|(path, address)| json!({ "path": path, "address": address })).collect::<Vec<_>>(),
+    });
+    proofs.extend(crate::proofs::of_call(hsm, a, result)?);
+    Ok(proofs)
 }
 
 /// `WalletAccountParams` of a stamped body, paired with the ids the gateway chose for them.
@@ -179,7 +217,7 @@ pub(super) fn seal_private_key(
         ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
     };
     let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
-    Ok(pb::KeyMaterial { public_key, addresses, sealed_key })
+    Ok(pb::KeyMaterial { public_key, addresses, sealed_key, app_proofs: Vec::new() })
 }
 
 /// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
@@ -194,7 +232,7 @@ pub(super) fn seal_wallet(
     let accounts = seal_accounts(hsm, organization_id, &seed, specs)?;
     let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
-    Ok(pb::CreateWalletResponse { sealed_seed, accounts })
+    Ok(pb::CreateWalletResponse { sealed_seed, accounts, app_proofs: Vec::new() })
 }
 
 /// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.

@@ -33,6 +33,8 @@ pub struct EnclaveService {
     authority: Arc<Authority>,
     login: Arc<LoginSettings>,
     operators: Arc<Operators>,
+    /// Signed at start (`with_boot_proof`); `None` until then, or on a token without a proof key.
+    boot: Option<Arc<pb::BootProof>>,
 }
 
 /// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
@@ -42,7 +44,19 @@ impl EnclaveService {
     /// The service with no operator key (no organization can be bootstrapped): see
     /// [`EnclaveService::with_operators`].
     pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
-        Self { hsm, authority, login, operators: Arc::default() }
+        Self { hsm, authority, login, operators: Arc::default(), boot: None }
+    }
+
+    /// Signs the boot proof now, with what `facts` state of this process. A token without a
+    /// proof key (initialised before proofs existed) serves none until `init` runs again.
+    pub fn with_boot_proof(self, facts: &crate::proofs::BootFacts) -> Self {
+        match crate::proofs::boot_proof(&self.hsm, facts) {
+            Ok(proof) => Self { boot: Some(Arc::new(proof)), ..self },
+            Err(e) => {
+                tracing::warn!(error = %e, "no boot proof (run `coffer-enclave init` to add the proof key)");
+                self
+            }
+        }
     }
 
     /// The operator keys whose stamps `BootstrapOrganization` accepts.
@@ -174,7 +188,25 @@ impl Enclave for EnclaveService {
     }
 
     async fn apply_activity(&self, req: Request<pb::ApplyActivityRequest>) -> Answer<pb::ApplyActivityResponse> {
-        self.run(req, |_, authority, req| changes::apply_activity(authority, req)).await
+        self.run(req, changes::apply_activity).await
+    }
+
+    async fn get_boot_proof(&self, _req: Request<pb::GetBootProofRequest>) -> Answer<pb::BootProof> {
+        match &self.boot {
+            Some(b) => Ok(Response::new(b.as_ref().clone())),
+            None => Err(Status::failed_precondition("this enclave has no boot proof: its token has no proof key")),
+        }
+    }
+
+    async fn record_activity(
+        &self,
+        req: Request<pb::RecordActivityRequest>,
+    ) -> Answer<pb::RecordActivityResponse> {
+        self.run(req, crate::proofs::record_activity).await
+    }
+
+    async fn get_log_head(&self, req: Request<pb::GetLogHeadRequest>) -> Answer<pb::GetLogHeadResponse> {
+        self.run(req, |hsm, authority, req| crate::proofs::log_head(hsm, authority, &req.organization_id)).await
     }
 
     async fn stamp_auth_proxy_request(

@@ -3,7 +3,7 @@
 use coffer_auth::envelope::{items, text};
 use coffer_crypto::{address, sign, Curve};
 use coffer_proto::v1 as pb;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::sealed_refs::{open_key, sealed};
 use crate::authority::{refuse, Authority, Authorized};
@@ -48,7 +48,11 @@ pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Re
             Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
-    Ok(pb::SignResponse { signatures })
+    let result = json!({
+        "signWith": text(p, "signWith"),
+        "signatures": signatures.iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect::<Vec<_>>(),
+    });
+    Ok(pb::SignResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signatures })
 }
 
 /// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
@@ -93,7 +97,11 @@ pub(super) fn sign_transaction(
             t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
         }
     };
-    Ok(pb::SignTransactionResponse { signed_transaction })
+    let result = json!({
+        "signWith": text(p, "signWith"),
+        "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
+    });
+    Ok(pb::SignTransactionResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signed_transaction })
 }
 
 /// `signWith` of the body names this key: an account by its address, a private key by its id or

@@ -9,7 +9,7 @@ use coffer_proto::v1 as pb;
 use zeroize::Zeroizing;
 
 use super::key_facts;
-use super::keys::{account_specs, checked_phrase, seal_private_key, seal_wallet};
+use super::keys::{account_specs, checked_phrase, key_json, seal_private_key, seal_wallet, wallet_proofs};
 use super::sealed_refs::{open, open_key, sealed};
 use crate::authority::{refuse, Authority, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
@@ -120,7 +120,9 @@ pub(super) fn init_import(
     let sealed_target_key = hsm.seal(&binding, target.secret.as_slice())?;
     let signer = HsmSigner::new(hsm)?;
     let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
-    Ok(pb::InitImportResponse { import_bundle, sealed_target_key })
+    let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
+    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs })
 }
 
 /// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
@@ -133,8 +135,9 @@ pub(super) fn import_wallet(
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
-    let made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
+    let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
     key_facts::wallet_created(authority, &a, &req.wallet_id, true, &made)?;
+    made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &req.wallet_id, &specs, &made.accounts)?;
     Ok(made)
 }
 
@@ -152,9 +155,11 @@ pub(super) fn import_private_key(
         return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
     }
     let key = SecretKey::from_slice(curve, &plain)?;
-    let made =
+    let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
     key_facts::private_key_made(authority, &a, &req.private_key_id, p, true, &made)?;
+    let result = serde_json::json!({ "privateKeys": [key_json(&req.private_key_id, &made)] });
+    made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     Ok(made)
 }
 
@@ -185,7 +190,13 @@ fn export(hsm: &Hsm, a: &Authorized, secret: &[u8]) -> Result<pb::ExportResponse
     let seed = hsm.random_seed()?;
     let target = text(&a.activity.parameters, "targetPublicKey");
     let export_bundle = bundle::export_bundle(&signer, &seed, target, &a.activity.organization_id, secret)?;
-    Ok(pb::ExportResponse { export_bundle })
+    let result = serde_json::json!({ "targetPublicKey": target, "exportBundleSha256": sha256_hex(&export_bundle) });
+    Ok(pb::ExportResponse { app_proofs: crate::proofs::of_call(hsm, a, result)?, export_bundle })
+}
+
+/// SHA-256 of a bundle, lowercase hex: what a proof states of it.
+fn sha256_hex(bundle: &str) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bundle.as_bytes()))
 }
 
 /// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.

@@ -1,0 +1,269 @@
+//! The enclave's signed statements: app proofs of what an authorized call decided and did (when
+//! its stamped body asks), its boot proof, and each organization's activity log.
+//!
+//! Formats are `coffer_crypto::proof`'s (the verifiers run the same code); the proof key never
+//! leaves the HSM, and nothing here signs what the gateway says alone: a call's proof states the
+//! enclave's own decision and output, and a log link a submission whose stamp it verified.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use coffer_crypto::proof::{self, LogLink};
+use coffer_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::authority::{now_ms, Authority, Authorized};
+use crate::authority_store::{AuthorityStore, StoreError};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::Hsm;
+
+/// `payload`, signed by the proof key.
+fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
+    let signature = hsm.sign_proof(&payload)?;
+    let p = proof::app_proof(&hsm.proof_public_key()?, payload, &signature);
+    Ok(pb::AppProof { scheme: p.scheme, public_key: p.public_key, proof_payload: p.proof_payload, signature: p.signature })
+}
+
+/// When the stamped body asks for proofs: one `APP_PROOF_TYPE_POLICY_OUTCOME` proof of the
+/// enclave's decision on this call (what decided, over which state version, with which verified
+/// approvals) and of `result`, what the call produced as the enclave computed it.
+pub fn of_call(hsm: &Hsm, a: &Authorized, result: Value) -> Result<Vec<pb::AppProof>, EnclaveError> {
+    if !a.activity.generate_app_proofs {
+        return Ok(Vec::new());
+    }
+    let approvals: Vec<Value> = a
+        .approvals()
+        .map(|v| {
+            json!({
+                "userId": v.user_id,
+                "publicKey": v.public_key,
+                "credentialType": v.credential_type,
+                "stampedAtMs": v.at_ms.to_string(),
+            })
+        })
+        .collect();
+    let (decided_by, policies, version) = match &a.decided {
+        Some(d) => (d.evaluation.reason, d.evaluation.outcomes_json(), d.loaded.state.version),
+        // Shadow mode: the rules would have refused, and were not enforced.
+        None => ("RULES_NOT_ENFORCED", json!([]), 0),
+    };
+    let context = json!({
+        "organizationId": a.activity.organization_id,
+        "operation": a.operation,
+        "fingerprint": a.activity.fingerprint,
+        "activityType": a.activity.activity_type,
+        "approvals": approvals,
+    });
+    let data = json!({ "organizationId": a.credential.organization_id, "stateVersion": version.to_string() });
+    let body = json!({
+        "organizationId": a.activity.organization_id,
+        "outcome": "OUTCOME_ALLOW",
+        "decisionContextDigest": proof::json_digest(&context),
+        "organizationDataDigest": proof::json_digest(&data),
+        "userRequestApprovals": [],
+        "cofferDecision": {
+            "operation": a.operation,
+            "fingerprint": a.activity.fingerprint,
+            "activityType": a.activity.activity_type,
+            "decidedBy": decided_by,
+            "policies": policies,
+            "approvals": approvals,
+            "stateOrganizationId": a.credential.organization_id,
+            "stateVersion": version.to_string(),
+            "resultDigest": proof::json_digest(&result),
+            "result": result,
+        },
+    });
+    Ok(vec![signed(hsm, proof::payload(proof::POLICY_OUTCOME, now_ms(), "policyOutcomeProof", body))?])
+}
+
+/// When the stamped body asks for proofs: one `APP_PROOF_TYPE_ADDRESS_DERIVATION` proof per
+/// derived account, `(path, address)`, of the wallet `wallet_id` of `organization_id`.
+pub fn of_addresses(
+    hsm: &Hsm,
+    a: &Authorized,
+    organization_id: &str,
+    wallet_id: &str,
+    accounts: &[(&str, &str)],
+) -> Result<Vec<pb::AppProof>, EnclaveError> {
+    if !a.activity.generate_app_proofs {
+        return Ok(Vec::new());
+    }
+    let now = now_ms();
+    accounts
+        .iter()
+        .map(|(path, address)| {
+            let body = json!({
+                "organizationId": organization_id,
+                "walletId": wallet_id,
+                "derivationPath": path,
+                "address": address,
+            });
+            signed(hsm, proof::payload(proof::ADDRESS_DERIVATION, now, "addressDerivationProof", body))
+        })
+        .collect()
+}
+
+/// What the boot proof states besides the HSM's keys: known to `main` only.
+#[derive(Debug, Clone, Default)]
+pub struct BootFacts {
+    /// SHA-256 of the configuration as this enclave read it (no secret is in it: PINs and
+    /// passwords are in files or the environment it names).
+    pub configuration_digest: String,
+    pub pkcs11_module: String,
+    pub token_label: String,
+}
+
+/// The enclave's boot proof: its manifest (binary, version, configuration, HSM, service keys,
+/// start time) signed by the proof key. It attests what this process says of itself with a key
+/// only the HSM holds; there is no hardware attestation of the process (README "Proofs").
+pub fn boot_proof(hsm: &Hsm, facts: &BootFacts) -> Result<pb::BootProof, EnclaveError> {
+    use sha2::Digest;
+    let started = now_ms();
+    let binary = std::env::current_exe()
+        .and_then(std::fs::read)
+        .map(|b| hex::encode(sha2::Sha256::digest(b)))
+        .unwrap_or_default();
+    let login = hsm.login_public_keys().ok();
+    let body = json!({
+        "enclaveApp": "coffer-enclave",
+        "version": env!("CARGO_PKG_VERSION"),
+        "binarySha256": binary,
+        "configurationDigest": facts.configuration_digest,
+        "hsm": { "pkcs11Module": facts.pkcs11_module, "tokenLabel": facts.token_label },
+        "serviceKeys": {
+            "proof": hex::encode(hsm.proof_public_key()?),
+            "bundleSigner": hsm.signer_public_key().map(hex::encode).unwrap_or_default(),
+            "webhookSigner": hsm.webhook_public_key().map(hex::encode).unwrap_or_default(),
+            "notarizer": login.map(|k| hex::encode(k.notarizer)).unwrap_or_default(),
+            "oidcIssuer": login.map(|k| hex::encode(k.oidc_issuer)).unwrap_or_default(),
+            "tlsFetcher": login.map(|k| hex::encode(k.tls_fetcher)).unwrap_or_default(),
+        },
+        "startedAtMs": started.to_string(),
+        "attestation": "none",
+    });
+    let proof = signed(hsm, proof::payload(proof::BOOT, started, "cofferManifest", body))?;
+    Ok(pb::BootProof { proof: Some(proof), started_at_ms: started as u64, version: env!("CARGO_PKG_VERSION").into() })
+}
+
+/// Each organization's log head as this enclave last appended it; the store's compare-and-set
+/// orders appends across enclaves.
+#[derive(Default)]
+pub struct ActivityLog {
+    heads: Mutex<HashMap<String, Arc<Mutex<Option<(u64, String)>>>>>,
+}
+
+/// How many times an append recomputes after another enclave appended first.
+const APPEND_TRIES: usize = 8;
+
+impl ActivityLog {
+    fn slot(&self, organization_id: &str) -> Result<Arc<Mutex<Option<(u64, String)>>>, EnclaveError> {
+        let mut heads = self.heads.lock().map_err(|_| EnclaveError::Internal("activity log poisoned".into()))?;
+        Ok(heads.entry(organization_id.to_string()).or_default().clone())
+    }
+
+    /// Appends the link `make(seq, previous head)` returns, signed by `sign` before the head
+    /// moves (a link the store took is always one the enclave signed).
+    fn append<T>(
+        &self,
+        store: &dyn AuthorityStore,
+        organization_id: &str,
+        make: impl Fn(u64, &str) -> Result<(LogLink, T), EnclaveError>,
+    ) -> Result<(LogLink, T), EnclaveError> {
+        let slot = self.slot(organization_id)?;
+        let mut cached = slot.lock().map_err(|_| EnclaveError::Internal("activity log poisoned".into()))?;
+        for _ in 0..APPEND_TRIES {
+            let (links, head) = match cached.clone() {
+                Some(h) => h,
+                None => store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id))),
+            };
+            let (link, signed) = make(links + 1, &head)?;
+            match store.advance_log(organization_id, links, &link.head) {
+                Ok(()) => {
+                    *cached = Some((links + 1, link.head.clone()));
+                    return Ok((link, signed));
+                }
+                Err(StoreError::VersionMoved { .. }) => *cached = None,
+                Err(e) => {
+                    *cached = None;
+                    return Err(e.into());
+                }
+            }
+        }
+        Err(EnclaveError::Busy {
+            reason: RefusalReason::Unspecified,
+            message: "the activity log kept moving; retry".into(),
+        })
+    }
+}
+
+/// Appends a finished activity to its organization's log (see `RecordActivity` in the proto).
+pub fn record_activity(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: pb::RecordActivityRequest,
+) -> Result<pb::RecordActivityResponse, EnclaveError> {
+    let request = req
+        .request
+        .as_ref()
+        .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
+    let (stamped, _) = authority.verify_submission(request)?;
+    let activity: Value =
+        serde_json::from_slice(&req.activity).map_err(|_| EnclaveError::invalid("the activity is not JSON"))?;
+    let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    if text("organizationId") != stamped.organization_id
+        || text("fingerprint") != stamped.fingerprint
+        || text("type") != stamped.activity_type
+    {
+        return Err(EnclaveError::refused(
+            RefusalReason::BindingMismatch,
+            "the activity is not the stamped submission's (organization, fingerprint or type)",
+        ));
+    }
+    let (id, status) = (text("id"), text("status"));
+    if id.is_empty() || !proof::FINAL_STATUSES.contains(&status.as_str()) {
+        return Err(EnclaveError::invalid("only a finished activity with an id is recorded"));
+    }
+    let key = hsm.proof_public_key()?;
+    for p in activity.get("appProofs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
+        let ours = serde_json::from_value::<proof::AppProof>(p.clone())
+            .ok()
+            .is_some_and(|p| proof::verify(&p, Some(&key)).is_ok());
+        if !ours {
+            return Err(EnclaveError::refused(
+                RefusalReason::BindingMismatch,
+                "an app proof of the activity is not this enclave's",
+            ));
+        }
+    }
+    let digest = proof::activity_digest(&activity);
+    let organization_id = stamped.organization_id.clone();
+    let (log, store) = authority.activity_log();
+    let (link, signed_link) = log.append(store, &organization_id, |seq, previous| {
+        let link = LogLink {
+            organization_id: organization_id.clone(),
+            seq: seq.to_string(),
+            activity_id: id.clone(),
+            fingerprint: stamped.fingerprint.clone(),
+            activity_type: stamped.activity_type.clone(),
+            status: status.clone(),
+            activity_digest: digest.clone(),
+            previous: previous.to_string(),
+            head: proof::next_head(previous, seq, &id, &digest),
+        };
+        let payload = link.payload(now_ms())?;
+        Ok((link, signed(hsm, payload)?))
+    })?;
+    Ok(pb::RecordActivityResponse { link: Some(signed_link), seq: link.seq().unwrap_or_default() })
+}
+
+/// The organization's log head as the store holds it now, signed.
+pub fn log_head(hsm: &Hsm, authority: &Authority, organization_id: &str) -> Result<pb::GetLogHeadResponse, EnclaveError> {
+    if organization_id.is_empty() {
+        return Err(EnclaveError::invalid("organization_id is required"));
+    }
+    let (_, store) = authority.activity_log();
+    let (links, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
+    let proof = signed(hsm, proof::log_head_payload(now_ms(), organization_id, links, &head))?;
+    Ok(pb::GetLogHeadResponse { head: Some(proof), seq: links })
+}
