@@ -6,6 +6,7 @@ pub mod envelope;
 pub mod grants;
 pub mod oidc;
 pub mod operator;
+pub mod proof;
 pub mod stamp;
 pub mod webauthn;
 

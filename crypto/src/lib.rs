@@ -7,7 +7,6 @@ pub mod address;
 pub mod bundle;
 pub mod error;
 pub mod keys;
-pub mod proof;
 pub mod qos;
 pub mod secret;
 pub mod session;

@@ -1,14 +1,14 @@
 //! The enclave's signed statements: app proofs of what an authorized call decided and did (when
 //! its stamped body asks), its boot proof, and each organization's activity log.
 //!
-//! Formats are `coffer_crypto::proof`'s (the verifiers run the same code); the proof key never
+//! Formats are `coffer_auth::proof`'s (the verifiers run the same code); the proof key never
 //! leaves the HSM, and nothing here signs what the gateway says alone: a call's proof states the
 //! enclave's own decision and output, and a log link a submission whose stamp it verified.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use coffer_crypto::proof::{self, LogLink};
+use coffer_auth::proof::{self, LogLink};
 use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -251,7 +251,7 @@ pub fn record_activity(
             previous: previous.to_string(),
             head: proof::next_head(previous, seq, &id, &digest),
         };
-        let payload = link.payload(now_ms())?;
+        let payload = link.payload(now_ms());
         Ok((link, signed(hsm, payload)?))
     })?;
     Ok(pb::RecordActivityResponse { link: Some(signed_link), seq: link.seq().unwrap_or_default() })

@@ -221,6 +221,7 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::UpdateConsensusActivity { .. }
         | Write::InsertPolicyEvaluation(_)
         | Write::InsertIdempotencyKey { .. }
+        | Write::InsertLogLink { .. }
         | Write::EnqueueWebhookDelivery(_)
         | Write::DropWebhookDeliveries { .. } => {}
     }

@@ -1,6 +1,7 @@
 //! Coffer's gateway: the HTTP API, stamps, activities, records and queries. Holds no secrets.
 
 pub mod activity;
+pub mod activity_log;
 pub mod auth_proxy;
 pub mod authority_proposal;
 pub mod config;

@@ -24,6 +24,9 @@ pub struct LoginKeys {
     pub tls_fetcher: Vec<u8>,
     /// `None` when the enclave has no `oidc_issuer` setting.
     pub oidc_issuer: Option<String>,
+    /// The proof key as app proofs name it (130 bytes of hex: the key twice); `None` on a token
+    /// initialised before proofs existed.
+    pub proof_key: Option<String>,
 }
 
 impl LoginKeys {
@@ -45,6 +48,7 @@ pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError
     KEYS.get_or_try_init(|| async {
         let signer = state.custody.signer_public_key().await?;
         let r = state.custody.login_keys().await?;
+        let boot = state.custody.boot_proof().await.ok();
         Ok::<_, ApiError>(LoginKeys {
             enclave_signer: signer,
             notarizer: r.notarizer_public_key,
@@ -52,6 +56,7 @@ pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError
             oidc_key_id: r.oidc_key_id,
             tls_fetcher: r.tls_fetcher_public_key,
             oidc_issuer: Some(r.oidc_issuer).filter(|s| !s.is_empty()),
+            proof_key: boot.and_then(|b| b.proof).map(|p| p.public_key),
         })
     })
     .await
@@ -74,6 +79,9 @@ pub async fn discovery_keys(State(state): State<Arc<AppState>>) -> Response {
             "tlsFetcherEncryptPublicKey": hex::encode(&k.tls_fetcher),
             "oidcIssuer": k.oidc_issuer,
             "oidcJwksUri": k.jwks_uri(),
+            // App proofs, boot proofs and activity log links verify with its second half.
+            "proofPublicKey": k.proof_key.as_deref().map(|k| &k[k.len() / 2..]),
+            "appProofPublicKey": k.proof_key,
         })),
         Err(e) => e.into_response(),
     }

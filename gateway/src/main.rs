@@ -71,6 +71,29 @@ enum Command {
     /// One-time upgrade: store the certificates `coffer-enclave certify-existing` printed (JSON
     /// lines on stdin); each must match its credential row exactly.
     ImportCertificates,
+    /// Export an organization's activity log through the public API, as JSON for `verify-log`:
+    /// the head the enclave signs now, every link up to it and the activities they name. Stamped
+    /// with an API key of the organization read from a file (its P-256 private key as hex).
+    ExportLog {
+        #[arg(long)]
+        base_url: String,
+        #[arg(long)]
+        organization_id: String,
+        #[arg(long)]
+        api_key_file: PathBuf,
+        /// Where to write the export.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Check an exported activity log offline against the enclave's proof key (hex, from
+    /// `/public/v1/discovery/keys` `proofPublicKey`): prints what verified, or the first activity
+    /// that does not and why (exit status 1).
+    VerifyLog {
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        proof_key: String,
+    },
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
     InitDev {
@@ -96,6 +119,34 @@ async fn main() -> anyhow::Result<()> {
     }
     coffer_process::init_logging(&cfg.log);
     match cli.command {
+        Command::ExportLog { base_url, organization_id, api_key_file, out } => {
+            let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
+            let log = coffer_gateway::activity_log::export(&base_url, &organization_id, &key).await?;
+            std::fs::write(&out, serde_json::to_vec(&log)?)?;
+            println!(
+                "{}",
+                serde_json::json!({ "links": log.links.len(), "activities": log.activities.len(), "out": out })
+            );
+            Ok(())
+        }
+        Command::VerifyLog { log, proof_key } => {
+            let key = coffer_gateway::activity_log::proof_key(&proof_key)?;
+            match coffer_gateway::activity_log::verify_file(&log, &key)? {
+                Ok(v) => {
+                    println!("{}", serde_json::json!({ "verified": true, "links": v.links, "unlogged": v.unlogged }));
+                    Ok(())
+                }
+                Err(f) => {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "verified": false, "seq": f.seq, "activityId": f.activity_id, "reason": f.reason,
+                        })
+                    );
+                    std::process::exit(1);
+                }
+            }
+        }
         Command::Keygen => {
             let (public, private) = keygen();
             println!("{}", serde_json::json!({ "apiPublicKey": public, "apiPrivateKey": *private }));

@@ -26,7 +26,7 @@ impl Hsm {
     /// ECDSA P-256 with the proof key over SHA-256 of `payload`'s UTF-8 bytes: raw r ‖ s, low-S,
     /// checked against the public key before it leaves.
     pub fn sign_proof(&self, payload: &str) -> Result<[u8; 64], HsmError> {
-        let digest = coffer_crypto::proof::payload_digest(payload);
+        let digest = coffer_auth::proof::payload_digest(payload);
         let public = self.proof_public_key()?;
         let raw = self.with_session(
             |s, keys| keys.proof.map(|h| s.sign(&Mechanism::Ecdsa, h, &digest)).transpose(),

@@ -133,7 +133,7 @@ fn applied_proofs(
     }
     let changes = serde_json::to_value(proposal).map_err(|e| EnclaveError::Internal(e.to_string()))?;
     let result = serde_json::json!({
-        "changesSha256": coffer_crypto::proof::json_digest(&changes),
+        "changesSha256": coffer_auth::proof::json_digest(&changes),
         "changes": proposal.len(),
         "stateVersionAfter": version.to_string(),
     });

@@ -141,6 +141,7 @@ async fn execute(
     let state = ctx.state.clone();
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
+    let proofs = ctx.proofs.clone();
     let mut outcome = (op.handler)(ctx, params).await?;
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
@@ -154,7 +155,7 @@ async fn execute(
         })
         .collect();
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    let evaluation = apply_in_enclave(&state, op, auth, &proposal, issued).await?;
+    let evaluation = apply_in_enclave(&state, op, auth, &proposal, issued, &proofs).await?;
     Ok((outcome, evaluation))
 }
 
@@ -169,15 +170,65 @@ async fn apply_in_enclave(
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_authority_state::Change],
     issued_certificates: Vec<Vec<u8>>,
+    proofs: &crate::custody::AppProofs,
 ) -> Result<Option<Value>, ApiError> {
     if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
         return Ok(None);
     }
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
-    let applied = state.custody.authorized(&auth).apply_activity(request).await?;
+    let applied = state.custody.authorized(&auth).collecting(proofs).apply_activity(request).await?;
     // Empty in shadow mode (the enclave applied nothing); otherwise the outcomes it decided with.
     Ok(serde_json::from_str::<Value>(&applied.evaluation).ok().filter(Value::is_array))
+}
+
+/// The app proofs an activity collected, as the API renders them (`v1AppProof`).
+fn taken_proofs(proofs: &crate::custody::AppProofs) -> Vec<Value> {
+    let taken = proofs.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+    taken
+        .into_iter()
+        .map(|p| {
+            json!({
+                "scheme": p.scheme,
+                "publicKey": p.public_key,
+                "proofPayload": p.proof_payload,
+                "signature": p.signature,
+            })
+        })
+        .collect()
+}
+
+/// Has the enclave append a finished activity, as the API renders it, to its organization's log:
+/// the write of the signed link, to commit with the activity. An enclave that cannot record it
+/// leaves the activity unlogged (a warning here; the log's verification lists it).
+async fn log_link(
+    state: &Arc<AppState>,
+    submission: coffer_proto::v1::StampedRequest,
+    record: &ActivityRecord,
+) -> Option<Write> {
+    let activity = serde_json::to_vec(&render::activity(record, false)).ok()?;
+    let request = coffer_proto::v1::RecordActivityRequest { request: Some(submission), activity };
+    match state.custody.record_activity(request).await {
+        Ok(recorded) => {
+            let link = recorded.link?;
+            let link = json!({
+                "scheme": link.scheme,
+                "publicKey": link.public_key,
+                "proofPayload": link.proof_payload,
+                "signature": link.signature,
+            });
+            Some(Write::InsertLogLink {
+                organization_id: record.organization_id.clone(),
+                seq: recorded.seq,
+                activity_id: record.id.clone(),
+                link: link.to_string(),
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e.message, activity = %record.id, "the enclave did not record the activity in its log");
+            None
+        }
+    }
 }
 
 /// `evaluation_write` with the enclave's outcomes in place of the gateway's, when it sent them.
@@ -440,16 +491,15 @@ pub async fn submit(
             created_at: now,
         });
     }
+    let proofs: Arc<crate::custody::AppProofs> = Default::default();
+    let mut submission = None;
     let (status, result) = match evaluation.decision {
         Decision::Deny => return Err(denied(&evaluation)),
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
-            let auth = coffer_proto::v1::Authorization {
-                request: Some(caller.stamped(body)),
-                approval: None,
-                votes: Vec::new(),
-            };
+            submission = Some(caller.stamped(body));
+            let auth = coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new() };
             let ctx = Ctx {
                 state: state.clone(),
                 registry,
@@ -459,6 +509,7 @@ pub async fn submit(
                 now,
                 auth,
                 fingerprint: fingerprint.clone(),
+                proofs: proofs.clone(),
             };
             let outcome = match execute(op, ctx, env.parameters.clone()).await {
                 Ok((outcome, enclave_evaluation)) => {
@@ -486,7 +537,12 @@ pub async fn submit(
         failure: None,
         created_at: now,
         updated_at: now_nanos(),
+        app_proofs: taken_proofs(&proofs),
     };
+    // A finished activity's link in its organization's log is committed with it.
+    if let Some(submission) = submission {
+        writes.extend(log_link(&state, submission, &record).await);
+    }
     // The webhook events of this activity are outbox rows in its own transaction.
     let outbox = match known.webhook_endpoints {
         Some(false) => Outbox::without_endpoints(&writes),
@@ -667,6 +723,7 @@ async fn vote(
             votes: votes.clone(),
             failure,
             updated_at: now,
+            app_proofs: Vec::new(),
         };
 
         let mut writes;
@@ -682,6 +739,7 @@ async fn vote(
                     writes = vec![eval_write, update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                 }
                 Decision::Allow => {
+                    let proofs: Arc<crate::custody::AppProofs> = Default::default();
                     let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                         Ok(submitter) => {
                             // The enclave runs it on the original stamp, the earlier approvals'
@@ -703,6 +761,7 @@ async fn vote(
                                 now,
                                 auth,
                                 fingerprint: target.fingerprint.clone(),
+                                proofs: proofs.clone(),
                             };
                             execute(op, ctx, params.clone()).await
                         }
@@ -716,7 +775,11 @@ async fn vote(
                             // The evaluation first: completing may delete the organization.
                             writes = outcome.writes;
                             writes.push(recorded_by_enclave(eval_write.clone(), enclave_evaluation));
-                            writes.push(update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None));
+                            let mut completed = update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None);
+                            if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
+                                *app_proofs = taken_proofs(&proofs);
+                            }
+                            writes.push(completed);
                             fallback = Some(eval_write);
                         }
                         Err(e) => writes = vec![eval_write, failed(&e)],
@@ -784,7 +847,7 @@ async fn apply(
     mut writes: Vec<Write>,
 ) -> Result<(), StoreError> {
     let updated = writes.iter().find_map(|w| match w {
-        Write::UpdateConsensusActivity { status, result, votes, failure, updated_at, .. }
+        Write::UpdateConsensusActivity { status, result, votes, failure, updated_at, app_proofs, .. }
             if *status != target.status =>
         {
             Some(ActivityRecord {
@@ -793,6 +856,7 @@ async fn apply(
                 votes: votes.clone(),
                 failure: failure.clone(),
                 updated_at: *updated_at,
+                app_proofs: app_proofs.clone(),
                 ..target.clone()
             })
         }
@@ -812,6 +876,21 @@ async fn apply(
     }
     if let Some(activity) = updated {
         crate::metrics::observe_activity(&activity.activity_type, &activity.status);
+        // Finished by this vote: its link goes in after the change committed (a vote that lost
+        // the race, or whose effects failed, must not leave a link of what never was).
+        if activity.status != STATUS_CONSENSUS_NEEDED {
+            let original = activity.votes[0]["message"].as_str().unwrap_or_default().as_bytes().to_vec();
+            let submission = state.read_store(|s| submitter_caller(s, &org.id, &activity.votes[0]));
+            if let Ok(submitter) = submission {
+                if let Some(link) = log_link(state, submitter.stamped(&original), &activity).await {
+                    let s = state.clone();
+                    let stored = tokio::task::spawn_blocking(move || s.store.apply(&[link])).await;
+                    if !matches!(stored, Ok(Ok(()))) {
+                        tracing::warn!(activity = %activity.id, "the activity's log link was not stored");
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -37,12 +37,14 @@ pub struct Ctx {
     pub auth: pb::Authorization,
     /// The activity's fingerprint (of the stamped submission).
     pub fingerprint: String,
+    /// The app proofs the enclave returned for this activity so far.
+    pub proofs: Arc<crate::custody::AppProofs>,
 }
 
 impl Ctx {
     /// The enclaves, on behalf of this activity (every call carries [`Ctx::auth`]).
     pub fn enclave(&self) -> crate::custody::Authorized<'_> {
-        self.state.custody.authorized(&self.auth)
+        self.state.custody.authorized(&self.auth).collecting(&self.proofs)
     }
 }
 

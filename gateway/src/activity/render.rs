@@ -48,6 +48,7 @@ pub fn activity(a: &ActivityRecord, can_vote: bool) -> Value {
         "canReject": can_vote,
         "createdAt": timestamp(a.created_at),
         "updatedAt": timestamp(a.updated_at),
+        "appProofs": a.app_proofs,
     });
     if let Some(f) = &a.failure {
         out["failure"] = f.clone();

@@ -28,6 +28,46 @@ pub struct Custody {
 pub struct Authorized<'a> {
     client: &'a EnclaveClient<Transport>,
     auth: &'a pb::Authorization,
+    /// Where the app proofs the enclave returns go (those of one activity).
+    proofs: Option<&'a AppProofs>,
+}
+
+/// The app proofs the enclave returned during one activity, in the order it made them.
+pub type AppProofs = std::sync::Mutex<Vec<pb::AppProof>>;
+
+/// An answer that may carry the enclave's app proofs.
+trait CarriesProofs {
+    fn take_proofs(&mut self) -> Vec<pb::AppProof>;
+}
+
+macro_rules! carries_proofs {
+    (with: $($with:ty),*; without: $($without:ty),* $(,)?) => {
+        $(impl CarriesProofs for $with {
+            fn take_proofs(&mut self) -> Vec<pb::AppProof> {
+                std::mem::take(&mut self.app_proofs)
+            }
+        })*
+        $(impl CarriesProofs for $without {
+            fn take_proofs(&mut self) -> Vec<pb::AppProof> {
+                Vec::new()
+            }
+        })*
+    };
+}
+
+carries_proofs!(
+    with: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
+        pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial,
+        pb::CreateSessionResponse, pb::ApplyActivityResponse;
+    without: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
+        pb::EnableAuthProxyResponse,
+);
+
+impl<'a> Authorized<'a> {
+    /// The same calls, keeping the app proofs of their answers in `proofs`.
+    pub fn collecting(self, proofs: &'a AppProofs) -> Self {
+        Self { proofs: Some(proofs), ..self }
+    }
 }
 
 /// A request the enclave authorizes from a stamped body: it has an `auth` field.
@@ -71,7 +111,14 @@ macro_rules! authorized_calls {
             $($(#[$doc])*
             pub async fn $method(&self, mut request: $request) -> Result<$answer, ApiError> {
                 request.authorize(self.auth.clone());
-                answer(self.client.clone().$method(request).await)
+                let mut answer = answer(self.client.clone().$method(request).await)?;
+                if let Some(proofs) = self.proofs {
+                    let taken = answer.take_proofs();
+                    if !taken.is_empty() {
+                        proofs.lock().map_err(|_| ApiError::internal())?.extend(taken);
+                    }
+                }
+                Ok(answer)
             })*
         }
     };
@@ -113,7 +160,23 @@ impl Custody {
 
     /// The calls of the activity `auth` authorizes.
     pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Authorized<'a> {
-        Authorized { client: &self.client, auth }
+        Authorized { client: &self.client, auth, proofs: None }
+    }
+
+    /// The enclave's boot proof.
+    pub async fn boot_proof(&self) -> Result<pb::BootProof, ApiError> {
+        answer(self.client.clone().get_boot_proof(pb::GetBootProofRequest {}).await)
+    }
+
+    /// Appends a finished activity to its organization's log: the signed link and its position.
+    pub async fn record_activity(&self, request: pb::RecordActivityRequest) -> Result<pb::RecordActivityResponse, ApiError> {
+        answer(self.client.clone().record_activity(request).await)
+    }
+
+    /// The organization's activity log head, signed now.
+    pub async fn log_head(&self, organization_id: &str) -> Result<pb::GetLogHeadResponse, ApiError> {
+        let request = pb::GetLogHeadRequest { organization_id: organization_id.to_string() };
+        answer(self.client.clone().get_log_head(request).await)
     }
 
     /// The bundle signer's public key (65-byte uncompressed SEC1).

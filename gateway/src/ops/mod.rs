@@ -13,6 +13,7 @@ pub mod oauth2;
 pub mod organization;
 pub mod params;
 pub mod policies;
+pub mod proofs;
 pub mod proxy_config;
 pub mod sealed;
 pub mod sessions;
@@ -546,6 +547,10 @@ pub static QUERIES: &[Query] = &[
     Query { path: "whoami", handler: query_handler!(activities::whoami) },
     Query { path: "get_activity", handler: query_handler!(activities::get_activity) },
     Query { path: "list_activities", handler: query_handler!(activities::list_activities) },
+    Query { path: "list_app_proofs", handler: query_handler!(proofs::list_app_proofs) },
+    Query { path: "get_boot_proof", handler: query_handler!(proofs::get_boot_proof) },
+    Query { path: "get_latest_boot_proof", handler: query_handler!(proofs::get_latest_boot_proof) },
+    Query { path: "coffer_list_activity_log", handler: query_handler!(proofs::list_activity_log) },
     Query { path: "list_wallets", handler: query_handler!(wallets::list_wallets) },
     Query { path: "get_wallet", handler: query_handler!(wallets::get_wallet) },
     Query { path: "list_wallet_accounts", handler: query_handler!(wallets::list_wallet_accounts) },

@@ -6,7 +6,7 @@ use std::sync::{mpsc, Mutex};
 use super::error::StoreError;
 use super::interface::{CommitCallback, Store};
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, Named, Nanos,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, LogEntry, Named, Nanos,
     OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext, SubOrgFilter,
     UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
 };
@@ -170,6 +170,12 @@ impl<B: Backend> Store for B {
     }
     fn activities(&self, org: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
         self.read(|db| sql::activities(db, org, filter))
+    }
+    fn activity_log(&self, org: &str, after: u64, limit: usize) -> Result<Vec<LogEntry>, StoreError> {
+        self.read(|db| sql::log_page(db, org, after, limit))
+    }
+    fn unlogged_activities(&self, org: &str, limit: usize) -> Result<Vec<ActivityRecord>, StoreError> {
+        self.read(|db| sql::unlogged(db, org, limit))
     }
     fn record(&self, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
         self.read(|db| sql::record(db, org, kind, id))

@@ -2,7 +2,7 @@
 
 use super::error::StoreError;
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, Named, Nanos,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, LogEntry, Named, Nanos,
     OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext, SubOrgFilter,
     UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
 };
@@ -79,6 +79,10 @@ pub trait Store: Send + Sync + 'static {
     fn activity(&self, organization_id: &str, id: &str) -> Result<ActivityRecord, StoreError>;
     fn activity_by_fingerprint(&self, fingerprint: &str) -> Result<ActivityRecord, StoreError>;
     fn activities(&self, organization_id: &str, filter: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError>;
+    /// The activity log from position `after` (exclusive), at most `limit` links, in order.
+    fn activity_log(&self, organization_id: &str, after: u64, limit: usize) -> Result<Vec<LogEntry>, StoreError>;
+    /// Finished activities no link names, oldest first, at most `limit`.
+    fn unlogged_activities(&self, organization_id: &str, limit: usize) -> Result<Vec<ActivityRecord>, StoreError>;
 
     fn record(&self, organization_id: &str, kind: &str, id: &str) -> Result<Record, StoreError>;
     /// The record of `kind` with `id`, in whichever organization holds it.

@@ -132,6 +132,19 @@ pub struct ActivityRecord {
     pub failure: Option<serde_json::Value>,
     pub created_at: Nanos,
     pub updated_at: Nanos,
+    /// The enclave's app proofs of the activity (`v1AppProof` objects), when it asked for them.
+    pub app_proofs: Vec<serde_json::Value>,
+}
+
+/// One link of an organization's activity log, with the activity it names as stored now.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub seq: u64,
+    /// The signed link (JSON `v1AppProof`).
+    pub link: String,
+    pub activity_id: String,
+    /// `None` when the activity row is gone.
+    pub activity: Option<ActivityRecord>,
 }
 
 /// A one-time import target key, sealed by the enclave, bound to organization + user.

@@ -158,6 +158,14 @@ pub enum Write {
         votes: serde_json::Value,
         failure: Option<serde_json::Value>,
         updated_at: Nanos,
+        app_proofs: Vec<serde_json::Value>,
+    },
+    /// One link of the organization's activity log, as the enclave signed it (JSON `v1AppProof`).
+    InsertLogLink {
+        organization_id: String,
+        seq: u64,
+        activity_id: String,
+        link: String,
     },
     InsertPolicyEvaluation(PolicyEvaluationRecord),
     /// Claims an Idempotency-Key for an activity; a key already claimed in the organization fails

@@ -2,10 +2,10 @@
 
 use super::db::{args, json_text, parse_json, Arg, Db, SqlRow};
 use crate::store::error::StoreError;
-use crate::store::model::{ActivityFilter, ActivityRecord, Nanos};
+use crate::store::model::{ActivityFilter, ActivityRecord, LogEntry, Nanos};
 
 const ACTIVITY_COLS: &str =
-    "id, organization_id, activity_type, status, fingerprint, intent, result, votes, created_at, failure, updated_at";
+    "id, organization_id, activity_type, status, fingerprint, intent, result, votes, created_at, failure, updated_at, app_proofs";
 fn activity_row(r: &dyn SqlRow) -> Result<ActivityRecord, StoreError> {
     Ok(ActivityRecord {
         id: r.text(0)?,
@@ -19,6 +19,7 @@ fn activity_row(r: &dyn SqlRow) -> Result<ActivityRecord, StoreError> {
         failure: r.opt_text(9)?.map(parse_json),
         created_at: r.int(8)?,
         updated_at: r.int(10)?,
+        app_proofs: r.opt_text(11)?.map(parse_json::<Vec<serde_json::Value>>).unwrap_or_default(),
     })
 }
 
@@ -26,7 +27,7 @@ fn activity_row(r: &dyn SqlRow) -> Result<ActivityRecord, StoreError> {
 pub fn insert<D: Db>(db: &mut D, a: &ActivityRecord, organization_id: &str) -> Result<bool, StoreError> {
     let n = db.execute(
         &format!(
-            "INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+            "INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
              ON CONFLICT (fingerprint) DO NOTHING"
         ),
         args![
@@ -40,10 +41,16 @@ pub fn insert<D: Db>(db: &mut D, a: &ActivityRecord, organization_id: &str) -> R
             json_text(&a.votes),
             a.created_at,
             a.failure.as_ref().map(json_text),
-            a.updated_at
+            a.updated_at,
+            proofs_text(&a.app_proofs)
         ],
     )?;
     Ok(n == 1)
+}
+
+/// The `app_proofs` column: NULL when there are none (most activities).
+pub fn proofs_text(proofs: &[serde_json::Value]) -> Option<String> {
+    (!proofs.is_empty()).then(|| serde_json::Value::from(proofs.to_vec()).to_string())
 }
 
 /// See `Write::InsertIdempotencyKey`.
@@ -119,4 +126,57 @@ pub fn idempotency_key<D: Db>(db: &mut D, org: &str, key: &str) -> Result<(Strin
         args![org, key],
         |r| Ok((r.text(0)?, r.text(1)?)),
     )
+}
+
+/// See `Write::InsertLogLink`. A position taken already fails the transaction.
+pub fn insert_log_link<D: Db>(
+    db: &mut D,
+    organization_id: &str,
+    seq: u64,
+    activity_id: &str,
+    link: &str,
+) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO activity_log (organization_id, seq, activity_id, link) VALUES (?1, ?2, ?3, ?4)",
+        args![organization_id, seq as i64, activity_id, link],
+    )?;
+    Ok(())
+}
+
+/// One page of the organization's activity log from position `after` (exclusive), in order: each
+/// link with the activity it names as the activities table holds it now (`None` if it is gone).
+pub fn log_page<D: Db>(db: &mut D, org: &str, after: u64, limit: usize) -> Result<Vec<LogEntry>, StoreError> {
+    let cols = ACTIVITY_COLS.split(", ").map(|c| format!("a.{c}")).collect::<Vec<_>>().join(", ");
+    let sql = format!(
+        "SELECT l.seq, l.link, l.activity_id, {cols} FROM activity_log l
+         LEFT JOIN activities a ON a.id = l.activity_id
+         WHERE l.organization_id = ?1 AND l.seq > ?2 ORDER BY l.seq LIMIT ?3"
+    );
+    db.query(&sql, args![org, after as i64, limit.min(i64::MAX as usize) as i64], |r| {
+        let activity = match r.opt_text(3)? {
+            Some(_) => Some(activity_row(&Offset(r, 3))?),
+            None => None,
+        };
+        Ok(LogEntry { seq: r.int(0)? as u64, link: r.text(1)?, activity_id: r.text(2)?, activity })
+    })
+}
+
+/// Finished activities of the organization that no link names (recorded while the enclave could
+/// not be reached, or before the log existed), oldest first, at most `limit`.
+pub fn unlogged<D: Db>(db: &mut D, org: &str, limit: usize) -> Result<Vec<ActivityRecord>, StoreError> {
+    let sql = format!(
+        "SELECT {ACTIVITY_COLS} FROM activities a WHERE a.organization_id = ?1
+           AND a.status IN ('ACTIVITY_STATUS_COMPLETED', 'ACTIVITY_STATUS_FAILED', 'ACTIVITY_STATUS_REJECTED')
+           AND NOT EXISTS (SELECT 1 FROM activity_log l WHERE l.organization_id = a.organization_id AND l.activity_id = a.id)
+         ORDER BY a.created_at, a.id LIMIT ?2"
+    );
+    db.query(&sql, args![org, limit.min(i64::MAX as usize) as i64], activity_row)
+}
+
+/// The columns of a row from the `.1`th on, as a row of their own.
+struct Offset<'a>(&'a dyn SqlRow, usize);
+impl SqlRow for Offset<'_> {
+    fn value(&self, i: usize) -> Result<super::db::Value, StoreError> {
+        self.0.value(i + self.1)
+    }
 }

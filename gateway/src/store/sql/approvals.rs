@@ -17,12 +17,14 @@ pub fn update_consensus_activity<D: Db>(
     votes: &serde_json::Value,
     failure: Option<&serde_json::Value>,
     updated_at: Nanos,
+    app_proofs: &[serde_json::Value],
 ) -> Result<(), StoreError> {
     // A compare-and-set: with two gateways, the second update waits for the first's
     // row lock and then finds the row no longer matching.
     let n = db.execute(
         &format!(
-            "UPDATE activities SET status = ?1, result = ?2, votes = ?3, failure = ?4, updated_at = ?5
+            "UPDATE activities SET status = ?1, result = ?2, votes = ?3, failure = ?4, updated_at = ?5,
+                            app_proofs = ?9
                      WHERE id = ?6 AND organization_id = ?7 AND status = 'ACTIVITY_STATUS_CONSENSUS_NEEDED'
                        AND {} = ?8",
             D::VOTE_COUNT
@@ -35,7 +37,8 @@ pub fn update_consensus_activity<D: Db>(
             updated_at,
             id,
             organization_id,
-            expected_votes as i64
+            expected_votes as i64,
+            super::activities::proofs_text(app_proofs)
         ],
     )?;
     if n != 1 {

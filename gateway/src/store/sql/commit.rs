@@ -138,6 +138,7 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
             votes,
             failure,
             updated_at,
+            app_proofs,
         } => approvals::update_consensus_activity(
             db,
             organization_id,
@@ -148,7 +149,11 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
             votes,
             failure.as_ref(),
             *updated_at,
+            app_proofs,
         ),
+        Write::InsertLogLink { organization_id, seq, activity_id, link } => {
+            activities::insert_log_link(db, organization_id, *seq, activity_id, link)
+        }
         Write::InsertPolicyEvaluation(e) => approvals::insert_policy_evaluation(db, e),
         Write::InsertIdempotencyKey { organization_id, key, intent_hash, activity_id, created_at } => {
             activities::insert_idempotency_key(db, organization_id, key, intent_hash, activity_id, *created_at)

@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0013_webhook_leases.sql"),
     include_str!("../migrations/0014_redundant_indexes.sql"),
     include_str!("../migrations/0015_record_counts.sql"),
+    include_str!("../migrations/0016_proofs.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at

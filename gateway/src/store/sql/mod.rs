@@ -26,7 +26,7 @@ mod users;
 mod wallets;
 mod webhooks;
 
-pub use activities::{activities, activity, activity_by_fingerprint, idempotency_key};
+pub use activities::{activities, activity, activity_by_fingerprint, idempotency_key, log_page, unlogged};
 pub use approvals::policy_evaluations;
 pub use commit::{apply_write, commit_batch};
 pub use credentials::{

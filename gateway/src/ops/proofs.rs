@@ -1,0 +1,137 @@
+//! Proofs: an activity's app proofs, the enclave's boot proof, and the organization's activity log
+//! with the head the enclave signs (what `coffer-gateway verify-log` checks).
+
+use base64::Engine;
+use coffer_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::activity::registry::QueryCtx;
+use crate::activity::render;
+use crate::error::ApiError;
+use crate::store::StoreError;
+
+/// Most links one page of the log export holds.
+const MAX_LOG_PAGE: usize = 5_000;
+/// Most unlogged activities the first page lists.
+const MAX_UNLOGGED: usize = 1_000;
+/// `v1BootProof.enclaveApp` and `owner` of Coffer's enclave.
+const ENCLAVE_APP: &str = "coffer-enclave";
+const OWNER: &str = "coffer";
+
+fn proof_json(p: &pb::AppProof) -> Value {
+    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload, "signature": p.signature })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListAppProofsRequest {
+    activity_id: String,
+}
+
+/// `query/list_app_proofs`: the proofs the activity returned (none unless it asked).
+pub async fn list_app_proofs(ctx: QueryCtx, req: ListAppProofsRequest) -> Result<Value, ApiError> {
+    let (org, id) = (ctx.org.id.clone(), req.activity_id.clone());
+    let a = ctx.state.db(move |s| s.activity(&org, &id)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("activity not found: {}", req.activity_id)),
+        other => other.into(),
+    })?;
+    Ok(json!({ "appProofs": a.app_proofs }))
+}
+
+/// `v1BootProof` of Coffer's boot proof: no hardware attestation (`awsAttestationDocB64` is
+/// empty); the manifest is the signed payload, its envelope the signed proof itself.
+fn boot_proof_json(b: &pb::BootProof) -> Result<Value, ApiError> {
+    let proof = b.proof.as_ref().ok_or_else(ApiError::internal)?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let started = b.started_at_ms;
+    Ok(json!({
+        "ephemeralPublicKeyHex": proof.public_key,
+        "awsAttestationDocB64": "",
+        "qosManifestB64": b64.encode(proof.proof_payload.as_bytes()),
+        "qosManifestEnvelopeB64": b64.encode(proof_json(proof).to_string().as_bytes()),
+        "deploymentLabel": b.version,
+        "enclaveApp": ENCLAVE_APP,
+        "owner": OWNER,
+        "createdAt": { "seconds": (started / 1000).to_string(), "nanos": ((started % 1000) * 1_000_000).to_string() },
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetBootProofRequest {
+    ephemeral_key: String,
+}
+
+/// `query/get_boot_proof`: the boot proof of the enclave whose proof key `ephemeralKey` is.
+pub async fn get_boot_proof(ctx: QueryCtx, req: GetBootProofRequest) -> Result<Value, ApiError> {
+    let boot = ctx.state.custody.boot_proof().await?;
+    let ours = boot.proof.as_ref().is_some_and(|p| p.public_key.eq_ignore_ascii_case(req.ephemeral_key.trim()));
+    if !ours {
+        return Err(ApiError::not_found("no boot proof for this ephemeral key"));
+    }
+    Ok(json!({ "bootProof": boot_proof_json(&boot)? }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetLatestBootProofRequest {
+    #[serde(default)]
+    #[allow(dead_code)]
+    app_name: String,
+}
+
+/// `query/get_latest_boot_proof`: Coffer runs one enclave app, so every name gets its proof.
+pub async fn get_latest_boot_proof(ctx: QueryCtx, _req: GetLatestBootProofRequest) -> Result<Value, ApiError> {
+    let boot = ctx.state.custody.boot_proof().await?;
+    Ok(json!({ "bootProof": boot_proof_json(&boot)? }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListActivityLogRequest {
+    /// The last position already read ("0" or absent: from the start).
+    #[serde(default)]
+    after_seq: Option<String>,
+    #[serde(default)]
+    limit: Option<String>,
+}
+
+/// `query/coffer_list_activity_log` (Coffer's own): the enclave's signed head now, then one page
+/// of links in order, each with its activity as `get_activity` serves it (`null` when the row is
+/// gone); the first page also lists finished activities that no link names.
+pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Result<Value, ApiError> {
+    let number = |v: &Option<String>, name: &str| -> Result<Option<u64>, ApiError> {
+        v.as_deref().map(|s| s.parse::<u64>().map_err(|_| ApiError::invalid(format!("{name} must be a number")))).transpose()
+    };
+    let after = number(&req.after_seq, "afterSeq")?.unwrap_or(0);
+    let limit = number(&req.limit, "limit")?.unwrap_or(1_000).clamp(1, MAX_LOG_PAGE as u64) as usize;
+    let head = ctx.state.custody.log_head(&ctx.org.id).await?;
+    let org = ctx.org.id.clone();
+    let (entries, unlogged) = ctx
+        .state
+        .db(move |s| {
+            let entries = s.activity_log(&org, after, limit)?;
+            let unlogged = if after == 0 { s.unlogged_activities(&org, MAX_UNLOGGED)? } else { Vec::new() };
+            Ok::<_, StoreError>((entries, unlogged))
+        })
+        .await??;
+    let links: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq.to_string(),
+                "activityId": e.activity_id,
+                "link": serde_json::from_str::<Value>(&e.link).unwrap_or(Value::Null),
+                "activity": e.activity.as_ref().map(|a| render::activity(a, false)),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "organizationId": ctx.org.id,
+        "head": head.head.as_ref().map(proof_json),
+        "headSeq": head.seq.to_string(),
+        "links": links,
+        "unlogged": unlogged.iter().map(|a| render::activity(a, false)).collect::<Vec<_>>(),
+    }))
+}
