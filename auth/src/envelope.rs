@@ -66,9 +66,10 @@ impl StampedActivity {
             _ => None,
         }
         .ok_or_else(|| AuthError::invalid("stamped body has no valid timestampMs"))?;
-        let asks = |v: Option<&Value>| v.and_then(|v| v.get("generateAppProofs")).and_then(Value::as_bool) == Some(true);
-        let generate_app_proofs = map.get("generateAppProofs").and_then(Value::as_bool) == Some(true)
-            || asks(map.get("parameters"));
+        let asks =
+            |v: Option<&Value>| v.and_then(|v| v.get("generateAppProofs")).and_then(Value::as_bool) == Some(true);
+        let generate_app_proofs =
+            map.get("generateAppProofs").and_then(Value::as_bool) == Some(true) || asks(map.get("parameters"));
         let parameters = match map.remove("parameters") {
             Some(p @ Value::Object(_)) => strip_nulls(p),
             _ => return Err(AuthError::invalid("stamped body has no parameters object")),

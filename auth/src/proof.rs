@@ -157,8 +157,11 @@ pub fn json_digest(v: &Value) -> String {
 pub fn activity_digest(activity: &Value) -> String {
     match activity {
         Value::Object(m) => {
-            let kept: Map<String, Value> =
-                m.iter().filter(|(k, _)| !VIEWER_MEMBERS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let kept: Map<String, Value> = m
+                .iter()
+                .filter(|(k, _)| !VIEWER_MEMBERS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             json_digest(&Value::Object(kept))
         }
         other => json_digest(other),
@@ -271,7 +274,8 @@ pub const FINAL_STATUSES: [&str; 3] =
 /// the links follow each other from the genesis to the signed head, and each link's digest is that
 /// of the activity it names as exported. Names the first link (or the missing one) that does not.
 pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogFault> {
-    let fault = |seq: u64, activity_id: &str, reason: String| LogFault { seq, activity_id: activity_id.to_string(), reason };
+    let fault =
+        |seq: u64, activity_id: &str, reason: String| LogFault { seq, activity_id: activity_id.to_string(), reason };
     let head = verify(&log.head, Some(key)).map_err(|e| fault(0, "", format!("the signed head: {e}")))?;
     let head_body = head.get("activityLogHead").filter(|_| head.get("type").and_then(Value::as_str) == Some(LOG_HEAD));
     let head_body = head_body.ok_or_else(|| fault(0, "", "the head is not an activity log head".into()))?;
@@ -280,11 +284,8 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
     if head_body.get("organizationId").and_then(Value::as_str) != Some(log.organization_id.as_str()) {
         return Err(fault(0, "", "the signed head is another organization's".into()));
     }
-    let activities: std::collections::HashMap<&str, &Value> = log
-        .activities
-        .iter()
-        .filter_map(|a| Some((a.get("id")?.as_str()?, a)))
-        .collect();
+    let activities: std::collections::HashMap<&str, &Value> =
+        log.activities.iter().filter_map(|a| Some((a.get("id")?.as_str()?, a))).collect();
     let mut previous = genesis(&log.organization_id);
     let mut seen = std::collections::HashSet::new();
     let mut expected_seq = 1u64;

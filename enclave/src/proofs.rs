@@ -21,7 +21,12 @@ use crate::hsm::Hsm;
 fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
     let signature = hsm.sign_proof(&payload)?;
     let p = proof::app_proof(&hsm.proof_public_key()?, payload, &signature);
-    Ok(pb::AppProof { scheme: p.scheme, public_key: p.public_key, proof_payload: p.proof_payload, signature: p.signature })
+    Ok(pb::AppProof {
+        scheme: p.scheme,
+        public_key: p.public_key,
+        proof_payload: p.proof_payload,
+        signature: p.signature,
+    })
 }
 
 /// When the stamped body asks for proofs: one `APP_PROOF_TYPE_POLICY_OUTCOME` proof of the
@@ -150,14 +155,18 @@ pub fn boot_proof(hsm: &Hsm, facts: &BootFacts) -> Result<pb::BootProof, Enclave
 /// orders appends across enclaves.
 #[derive(Default)]
 pub struct ActivityLog {
-    heads: Mutex<HashMap<String, Arc<Mutex<Option<(u64, String)>>>>>,
+    heads: Mutex<HashMap<String, Arc<HeadSlot>>>,
 }
+
+/// One organization's head as this enclave last appended it, `(links, head)`; `None` until read
+/// from the store (or after another enclave moved it). Held through an append.
+type HeadSlot = Mutex<Option<(u64, String)>>;
 
 /// How many times an append recomputes after another enclave appended first.
 const APPEND_TRIES: usize = 8;
 
 impl ActivityLog {
-    fn slot(&self, organization_id: &str) -> Result<Arc<Mutex<Option<(u64, String)>>>, EnclaveError> {
+    fn slot(&self, organization_id: &str) -> Result<Arc<HeadSlot>, EnclaveError> {
         let mut heads = self.heads.lock().map_err(|_| EnclaveError::Internal("activity log poisoned".into()))?;
         Ok(heads.entry(organization_id.to_string()).or_default().clone())
     }
@@ -258,7 +267,11 @@ pub fn record_activity(
 }
 
 /// The organization's log head as the store holds it now, signed.
-pub fn log_head(hsm: &Hsm, authority: &Authority, organization_id: &str) -> Result<pb::GetLogHeadResponse, EnclaveError> {
+pub fn log_head(
+    hsm: &Hsm,
+    authority: &Authority,
+    organization_id: &str,
+) -> Result<pb::GetLogHeadResponse, EnclaveError> {
     if organization_id.is_empty() {
         return Err(EnclaveError::invalid("organization_id is required"));
     }

@@ -23,9 +23,11 @@ impl std::fmt::Debug for ApiKeyFile {
 
 impl ApiKeyFile {
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let text = Zeroizing::new(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?);
+        let text =
+            Zeroizing::new(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?);
         let line = text.lines().next().unwrap_or_default().trim();
-        let bytes = Zeroizing::new(hex::decode(line).map_err(|_| anyhow::anyhow!("{} holds no hex key", path.display()))?);
+        let bytes =
+            Zeroizing::new(hex::decode(line).map_err(|_| anyhow::anyhow!("{} holds no hex key", path.display()))?);
         let key = p256::ecdsa::SigningKey::from_slice(&bytes)
             .map_err(|_| anyhow::anyhow!("{} holds no P-256 private key", path.display()))?;
         Ok(Self(key))
@@ -41,8 +43,9 @@ pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> 
     let (mut head, mut head_seq, mut after) = (None, 0u64, 0u64);
     let (mut links, mut activities) = (Vec::new(), Vec::new());
     loop {
-        let body = json!({ "organizationId": organization_id, "afterSeq": after.to_string(), "limit": PAGE.to_string() })
-            .to_string();
+        let body =
+            json!({ "organizationId": organization_id, "afterSeq": after.to_string(), "limit": PAGE.to_string() })
+                .to_string();
         let response = client
             .post(&url)
             .header("X-Stamp", coffer_auth::operator::stamp(&key.0, body.as_bytes()))

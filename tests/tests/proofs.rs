@@ -90,7 +90,10 @@ async fn app_proofs_verify_name_what_the_enclave_did_and_match_the_boot_proof() 
     let decision = payload(&wallet.app_proofs[2]);
     assert_eq!(decision["type"], "APP_PROOF_TYPE_POLICY_OUTCOME");
     let outcome = &decision["policyOutcomeProof"];
-    assert_eq!((outcome["organizationId"].as_str(), outcome["outcome"].as_str()), (Some(org.as_str()), Some("OUTCOME_ALLOW")));
+    assert_eq!(
+        (outcome["organizationId"].as_str(), outcome["outcome"].as_str()),
+        (Some(org.as_str()), Some("OUTCOME_ALLOW"))
+    );
     let coffer = &outcome["cofferDecision"];
     assert_eq!(coffer["activityType"], "ACTIVITY_TYPE_CREATE_WALLET");
     assert_eq!(coffer["decidedBy"], "ROOT_QUORUM");
@@ -114,13 +117,18 @@ async fn app_proofs_verify_name_what_the_enclave_did_and_match_the_boot_proof() 
     assert_eq!(listed, wallet.app_proofs);
 
     // A signature's proof states the signature the activity returned; one byte changed fails.
-    let signed =
-        client.sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&addresses[0], "hi")).await.unwrap();
+    let signed = client
+        .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&addresses[0], "hi"))
+        .await
+        .unwrap();
     assert_eq!(signed.app_proofs.len(), 1);
     let p = &signed.app_proofs[0];
     assert!(verifies(p));
     let stated = &payload(p)["policyOutcomeProof"]["cofferDecision"]["result"]["signatures"][0];
-    assert_eq!((stated["r"].as_str(), stated["s"].as_str()), (Some(signed.result.r.as_str()), Some(signed.result.s.as_str())));
+    assert_eq!(
+        (stated["r"].as_str(), stated["s"].as_str()),
+        (Some(signed.result.r.as_str()), Some(signed.result.s.as_str()))
+    );
     let mut changed = p.clone();
     changed.proof_payload = changed.proof_payload.replacen(&signed.result.r[..4], "ffff", 1);
     assert_ne!(changed.proof_payload, p.proof_payload);
@@ -253,7 +261,11 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
         .create_wallet(
             org.clone(),
             client.current_timestamp(),
-            CreateWalletIntent { wallet_name: "logged".into(), accounts: vec![eth_account("m/44'/60'/0'/0/0")], mnemonic_length: None },
+            CreateWalletIntent {
+                wallet_name: "logged".into(),
+                accounts: vec![eth_account("m/44'/60'/0'/0/0")],
+                mnemonic_length: None,
+            },
         )
         .await
         .unwrap();
@@ -267,7 +279,11 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
         ids.push(signed.activity_id);
     }
     let tag = client
-        .create_user_tag(org.clone(), client.current_timestamp(), CreateUserTagIntent { user_tag_name: "t".into(), user_ids: vec![] })
+        .create_user_tag(
+            org.clone(),
+            client.current_timestamp(),
+            CreateUserTagIntent { user_tag_name: "t".into(), user_ids: vec![] },
+        )
         .await
         .unwrap();
     ids.push(tag.activity_id);
@@ -299,14 +315,22 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     assert_ne!(forged, original);
     assert_eq!(sql(&stack, "UPDATE activities SET result = $1 WHERE id = $2", &[&forged, edited]), 1);
     let verdict = export_and_verify(&stack, "edited").await;
-    assert_eq!((verdict["verified"].as_bool(), verdict["activityId"].as_str()), (Some(false), Some(edited.as_str())), "{verdict}");
+    assert_eq!(
+        (verdict["verified"].as_bool(), verdict["activityId"].as_str()),
+        (Some(false), Some(edited.as_str())),
+        "{verdict}"
+    );
     assert_eq!(verdict["seq"], 3);
     assert_eq!(sql(&stack, "UPDATE activities SET result = $1 WHERE id = $2", &[&original, edited]), 1);
     assert_eq!(export_and_verify(&stack, "restored").await["verified"], true);
 
     // Moved: the second and fourth links trade places.
     let swap = |a: u64, b: u64| {
-        sql(&stack, &format!("UPDATE activity_log SET seq = 0 - seq WHERE seq IN ({a}, {b}) AND organization_id = $1"), &[&org]);
+        sql(
+            &stack,
+            &format!("UPDATE activity_log SET seq = 0 - seq WHERE seq IN ({a}, {b}) AND organization_id = $1"),
+            &[&org],
+        );
         sql(&stack, &format!("UPDATE activity_log SET seq = {b} WHERE seq = -{a} AND organization_id = $1"), &[&org]);
         sql(&stack, &format!("UPDATE activity_log SET seq = {a} WHERE seq = -{b} AND organization_id = $1"), &[&org]);
     };
@@ -321,7 +345,11 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     let deleted = &ids[4];
     assert_eq!(sql(&stack, "DELETE FROM activities WHERE id = $1", &[deleted]), 1);
     let verdict = export_and_verify(&stack, "deleted").await;
-    assert_eq!((verdict["verified"].as_bool(), verdict["activityId"].as_str()), (Some(false), Some(deleted.as_str())), "{verdict}");
+    assert_eq!(
+        (verdict["verified"].as_bool(), verdict["activityId"].as_str()),
+        (Some(false), Some(deleted.as_str())),
+        "{verdict}"
+    );
     assert!(verdict["reason"].as_str().unwrap().contains("missing"), "{verdict}");
 
     // A link deleted outright: the gap is named.

@@ -118,6 +118,7 @@ fn activity(fp: &str) -> ActivityRecord {
         failure: None,
         created_at: now_nanos(),
         updated_at: now_nanos(),
+        app_proofs: Vec::new(),
     }
 }
 
@@ -504,6 +505,7 @@ fn two_gateways_move_a_consensus_activity_once(backend: Backend) {
                 votes: serde_json::json!([{"id": format!("vote{i}")}]),
                 failure: None,
                 updated_at: now_nanos(),
+                app_proofs: Vec::new(),
             }],
         )
     });

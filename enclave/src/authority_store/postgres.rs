@@ -32,7 +32,8 @@ const TOTAL_EVERY_MS: i64 = 1_000;
 const PRUNE_DECISIONS_EVERY_MS: i64 = 600_000;
 
 /// The schema, one migration per entry; `authority_schema.version` is how many were applied.
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[
+    r"
 CREATE TABLE org_heads (
     organization_id TEXT PRIMARY KEY,
     version BIGINT NOT NULL
@@ -111,13 +112,15 @@ BEGIN
     RETURN 0;
 END
 $fn$;
-", r"
+",
+    r"
 CREATE TABLE log_heads (
     organization_id TEXT PRIMARY KEY,
     links BIGINT NOT NULL,
     head TEXT NOT NULL
 );
-"];
+",
+];
 
 /// The PostgreSQL authority store (`postgres://…`).
 pub struct PostgresAuthorityStore {

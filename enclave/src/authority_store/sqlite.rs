@@ -29,7 +29,8 @@ use super::interface::{
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[
+    r"
 CREATE TABLE org_heads (
     organization_id TEXT PRIMARY KEY,
     version INTEGER NOT NULL
@@ -70,13 +71,15 @@ CREATE TABLE decisions (
 );
 CREATE INDEX decisions_fingerprint ON decisions (organization_id, fingerprint);
 CREATE INDEX decisions_at ON decisions (at_ms);
-", r"
+",
+    r"
 CREATE TABLE log_heads (
     organization_id TEXT PRIMARY KEY,
     links INTEGER NOT NULL,
     head TEXT NOT NULL
 ) WITHOUT ROWID;
-"];
+",
+];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own
 /// are pruned when it reaches its quota.
@@ -659,10 +662,8 @@ impl AuthorityStore for SqliteAuthorityStore {
             )
             .and_then(|mut st| st.execute(rusqlite::params![org, head]))
         } else {
-            conn.prepare_cached(
-                "UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2",
-            )
-            .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))
+            conn.prepare_cached("UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2")
+                .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))
         }
         .map_err(sq)?
             == 0;

@@ -11,8 +11,8 @@ mod token;
 
 pub use error::HsmError;
 pub use key_labels::{
-    LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL,
-    TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
+    LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL,
+    SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
 pub use token::{init_token, Hsm, HsmSettings};

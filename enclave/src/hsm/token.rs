@@ -14,8 +14,8 @@ use zeroize::Zeroizing;
 
 use super::error::HsmError;
 use super::key_labels::{
-    LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL,
-    WEBHOOK_SIGNER_LABEL,
+    LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL,
+    TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
 use super::seal::{self, BlobBinding, OpenedBlob};
 

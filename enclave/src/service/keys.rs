@@ -78,8 +78,7 @@ pub(super) fn derive_accounts(
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
     key_facts::accounts_derived(authority, &a, &seed_ref.resource_id, &accounts)?;
-    let app_proofs =
-        wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
+    let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
     Ok(pb::DeriveAccountsResponse { accounts, app_proofs })
 }
 

@@ -198,10 +198,7 @@ impl Enclave for EnclaveService {
         }
     }
 
-    async fn record_activity(
-        &self,
-        req: Request<pb::RecordActivityRequest>,
-    ) -> Answer<pb::RecordActivityResponse> {
+    async fn record_activity(&self, req: Request<pb::RecordActivityRequest>) -> Answer<pb::RecordActivityResponse> {
         self.run(req, crate::proofs::record_activity).await
     }
 

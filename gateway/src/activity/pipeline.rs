@@ -499,7 +499,8 @@ pub async fn submit(
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
             submission = Some(caller.stamped(body));
-            let auth = coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new() };
+            let auth =
+                coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new() };
             let ctx = Ctx {
                 state: state.clone(),
                 registry,
@@ -775,7 +776,8 @@ async fn vote(
                             // The evaluation first: completing may delete the organization.
                             writes = outcome.writes;
                             writes.push(recorded_by_enclave(eval_write.clone(), enclave_evaluation));
-                            let mut completed = update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None);
+                            let mut completed =
+                                update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None);
                             if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
                                 *app_proofs = taken_proofs(&proofs);
                             }

@@ -169,7 +169,10 @@ impl Custody {
     }
 
     /// Appends a finished activity to its organization's log: the signed link and its position.
-    pub async fn record_activity(&self, request: pb::RecordActivityRequest) -> Result<pb::RecordActivityResponse, ApiError> {
+    pub async fn record_activity(
+        &self,
+        request: pb::RecordActivityRequest,
+    ) -> Result<pb::RecordActivityResponse, ApiError> {
         answer(self.client.clone().record_activity(request).await)
     }
 

@@ -129,6 +129,7 @@ mod tests {
             votes: json!([{"userId": "u1"}, {"userId": "u2"}]),
             failure: None,
             updated_at: 2,
+            app_proofs: Vec::new(),
         }
     }
 
@@ -158,6 +159,7 @@ mod tests {
             failure: None,
             created_at: 1,
             updated_at: 1,
+            app_proofs: Vec::new(),
         };
         store.commit(&a, &[]).unwrap();
         // A stale vote count loses.

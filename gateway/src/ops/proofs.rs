@@ -102,7 +102,9 @@ pub struct ListActivityLogRequest {
 /// gone); the first page also lists finished activities that no link names.
 pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Result<Value, ApiError> {
     let number = |v: &Option<String>, name: &str| -> Result<Option<u64>, ApiError> {
-        v.as_deref().map(|s| s.parse::<u64>().map_err(|_| ApiError::invalid(format!("{name} must be a number")))).transpose()
+        v.as_deref()
+            .map(|s| s.parse::<u64>().map_err(|_| ApiError::invalid(format!("{name} must be a number"))))
+            .transpose()
     };
     let after = number(&req.after_seq, "afterSeq")?.unwrap_or(0);
     let limit = number(&req.limit, "limit")?.unwrap_or(1_000).clamp(1, MAX_LOG_PAGE as u64) as usize;

@@ -549,6 +549,7 @@ mod tests {
             failure: None,
             created_at: now_nanos(),
             updated_at: now_nanos(),
+            app_proofs: Vec::new(),
         }
     }
 
@@ -766,6 +767,7 @@ mod tests {
                 votes: json!([]),
                 failure: None,
                 updated_at: a.created_at,
+                app_proofs: Vec::new(),
             },
         ])
         .unwrap();

@@ -386,6 +386,7 @@ mod tests {
             failure: None,
             created_at: now_nanos(),
             updated_at: now_nanos(),
+            app_proofs: Vec::new(),
         }
     }
 
