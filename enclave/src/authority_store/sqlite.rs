@@ -14,6 +14,9 @@
 //!   went, is still fresh once the enclave is up again, and asks again for an operation that
 //!   body's own stamp authorized. The decision log loses at most the same moment, as the log files
 //!   of the audit lines would.
+//! - activity log heads (`advance_log`) commit with `synchronous=NORMAL` too, for the same reason
+//!   (one per finished activity): a power loss can take back the last heads, and a verifier then
+//!   reports the links the gateway stored beyond them (README "The activity log").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

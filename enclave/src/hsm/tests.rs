@@ -45,6 +45,7 @@ pub(crate) fn hsm() -> Arc<Hsm> {
                 WEBHOOK_SIGNER_LABEL,
                 NOTARIZER_LABEL,
                 OIDC_ISSUER_LABEL,
+                PROOF_LABEL,
                 TLS_FETCHER_LABEL
             ]
         );
@@ -190,6 +191,27 @@ fn webhook_signatures_come_from_the_hsm_key_and_verify_independently() {
     // The private half stays in the token: sensitive and not extractable.
     let session = hsm.new_session().unwrap();
     let handle = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL).unwrap().unwrap();
+    let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
+    assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
+}
+
+#[test]
+fn proofs_are_signed_by_the_hsm_proof_key_and_verify_as_app_proofs() {
+    let hsm = hsm();
+    let point = hsm.proof_public_key().unwrap();
+    assert_eq!(point[0], 0x04);
+    let payload = coffer_auth::proof::payload("T", 1, "body", serde_json::json!({ "a": 1 }));
+    let signature = hsm.sign_proof(&payload).unwrap();
+    let proof = coffer_auth::proof::app_proof(&point, payload.clone(), &signature);
+    assert_eq!(coffer_auth::proof::verify(&proof, Some(&point)).unwrap()["body"]["a"], 1);
+    // p256 (not the HSM) decides: r || s over SHA-256 of the payload, by the published key.
+    use p256::ecdsa::signature::Verifier;
+    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point).unwrap();
+    let sig = p256::ecdsa::Signature::from_slice(&signature).unwrap();
+    key.verify(payload.as_bytes(), &sig).unwrap();
+    assert!(key.verify(b"another payload", &sig).is_err());
+    let session = hsm.new_session().unwrap();
+    let handle = find_key(&session, ObjectClass::PRIVATE_KEY, PROOF_LABEL).unwrap().unwrap();
     let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
     assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
 }
