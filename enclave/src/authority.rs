@@ -157,7 +157,7 @@ pub struct Authority {
     /// `auth_proxy_signups_per_hour`.
     signups_per_hour: u64,
     /// Each organization's activity log head, as this enclave last appended it.
-    log: crate::proofs::ActivityLog,
+    log: crate::activity_log::ActivityLog,
 }
 
 /// The enclave's clock, in ms since the Unix epoch.
@@ -242,7 +242,7 @@ impl Authority {
             rules: Arc::new(Rules::new(store.clone())),
             store,
             signups_per_hour: 10_000,
-            log: crate::proofs::ActivityLog::default(),
+            log: crate::activity_log::ActivityLog::default(),
         }
     }
 
@@ -261,7 +261,7 @@ impl Authority {
     }
 
     /// The activity log: each organization's head, appended through the authority store.
-    pub fn activity_log(&self) -> (&crate::proofs::ActivityLog, &dyn AuthorityStore) {
+    pub fn activity_log(&self) -> (&crate::activity_log::ActivityLog, &dyn AuthorityStore) {
         (&self.log, self.store.as_ref())
     }
 

@@ -1,6 +1,7 @@
 //! Coffer's enclave: HSM custody and the gRPC service the gateway calls for key material.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod activity_log;
 pub mod audit;
 pub mod authority;
 pub mod authority_store;

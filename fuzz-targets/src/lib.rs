@@ -44,6 +44,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("transaction", transaction),
     ("oidc_token", oidc_token),
     ("qos_envelope", qos_envelope),
+    ("activity_log", activity_log),
 ];
 
 /// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
@@ -54,6 +55,32 @@ pub fn oidc_fuzz_jwks() -> Value {
 }
 /// The "now" OIDC tokens are checked at (their `exp` must be later).
 pub const OIDC_FUZZ_NOW: i64 = 1_700_000_000;
+/// The proof key the activity log seeds are signed with (P-256 secret `[7; 32]`), uncompressed.
+pub fn proof_fuzz_key() -> [u8; 65] {
+    let sk = p256::SecretKey::from_slice(&[7; 32]).expect("a scalar");
+    p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&sk.public_key(), false)
+        .as_bytes()
+        .try_into()
+        .expect("65 bytes")
+}
+
+/// An exported activity log, as `coffer-gateway verify-log` reads it from an untrusted file,
+/// checked against the fuzz proof key. A log that verifies has every link it holds in its chain; a
+/// refusal always says why.
+pub fn activity_log(data: &[u8]) -> Outcome {
+    let Ok(log) = serde_json::from_slice::<coffer_auth::proof::ExportedLog>(data) else { return Outcome::Rejected };
+    match coffer_auth::proof::verify_log(&log, &proof_fuzz_key()) {
+        Ok(v) => {
+            assert_eq!(v.links as usize, log.links.len(), "a verified log chains every link it holds");
+            Outcome::Accepted
+        }
+        Err(fault) => {
+            assert!(!fault.reason.is_empty());
+            Outcome::Parsed
+        }
+    }
+}
+
 /// The TLS-fetcher secret the QOS envelope seeds are sealed to.
 pub const QOS_FUZZ_RECEIVER: [u8; 32] = [3; 32];
 

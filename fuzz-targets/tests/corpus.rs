@@ -435,6 +435,41 @@ fn transaction_seeds() -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// A three-link activity log of organization `o`, signed by the fuzz proof key.
+fn activity_log_seed() -> Vec<u8> {
+    use coffer_auth::proof;
+    use p256::ecdsa::signature::Signer;
+    let key = p256::ecdsa::SigningKey::from_slice(&[7; 32]).unwrap();
+    let point = coffer_fuzz_targets::proof_fuzz_key();
+    let sign = |payload: String| {
+        let signature: p256::ecdsa::Signature = key.sign(payload.as_bytes());
+        proof::app_proof(&point, payload, &signature.to_bytes().into())
+    };
+    let (mut previous, mut links, mut activities) = (proof::genesis("o"), Vec::new(), Vec::new());
+    for seq in 1..=3u64 {
+        let activity = json!({"id": format!("a{seq}"), "organizationId": "o", "type": "T", "fingerprint": format!("f{seq}"),
+            "status": "ACTIVITY_STATUS_COMPLETED", "result": {"n": seq}});
+        let digest = proof::activity_digest(&activity);
+        let head = proof::next_head(&previous, seq, &format!("a{seq}"), &digest);
+        let link = proof::LogLink {
+            organization_id: "o".into(),
+            seq: seq.to_string(),
+            activity_id: format!("a{seq}"),
+            fingerprint: format!("f{seq}"),
+            activity_type: "T".into(),
+            status: "ACTIVITY_STATUS_COMPLETED".into(),
+            activity_digest: digest,
+            previous: previous.clone(),
+            head: head.clone(),
+        };
+        links.push(sign(link.payload(1)));
+        activities.push(activity);
+        previous = head;
+    }
+    let head = sign(proof::log_head_payload(2, "o", 3, &previous));
+    serde_json::to_vec(&proof::ExportedLog { organization_id: "o".into(), head, links, activities }).unwrap()
+}
+
 /// Every seed: (target, name, bytes, how far it gets).
 /// An ES256 OIDC token by the fuzz issuer key, and a client secret sealed to the fuzz receiver.
 fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -471,6 +506,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.push(("sealed_blob", "empty-label".into(), encode(2, "", &[0; 12], &[3; 16])));
     out.extend(transaction_seeds().into_iter().map(|(n, b)| ("transaction", n, b)));
     out.extend(login_seeds());
+    out.push(("activity_log", "three-links".into(), activity_log_seed()));
     out.into_iter()
         .map(|(target, name, bytes)| {
             let expect = match (target, name.as_str()) {

@@ -508,7 +508,9 @@ async fn sub_organization_lifecycle_isolation_and_deletion() {
     // tombstone; and the sealed blobs are not in the files.
     let left = rows(&db, &s1);
     assert!(
-        left.iter().all(|(t, _)| ["activities", "organizations", "policy_evaluations"].contains(&t.as_str())),
+        left.iter().all(|(t, _)| {
+            ["activities", "activity_log", "organizations", "policy_evaluations"].contains(&t.as_str())
+        }),
         "{left:?}"
     );
     assert_eq!(left.iter().find(|(t, _)| t == "activities").map(|(_, n)| *n), Some(history.len() as i64));
@@ -732,7 +734,7 @@ async fn refusals_oauth_root_users_and_exported_deletion() {
     let left = rows(&db, &s5);
     assert_eq!(
         left.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
-        ["activities", "organizations", "policy_evaluations"]
+        ["activities", "activity_log", "organizations", "policy_evaluations"]
     );
     assert_eq!(left[0].1, 1, "the export_wallet activity");
     assert_eq!(list(&parent, &p, "", "").await, [s3, s4]);

@@ -997,6 +997,119 @@ fn uuid_like() -> String {
     format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos())
 }
 
+/// The app-proof scenario's name: root signing with `generateAppProofs: true`.
+const APP_PROOFS: &str = "sign secp256k1 wallet account with app proofs";
+/// Signing with app proofs, at least this share of signing without (issue: one more HSM signature).
+const APP_PROOFS_RATIO_TARGET: f64 = 0.7;
+/// The activity-log section's name (for `--only`).
+const ACTIVITY_LOG: &str = "activity log export";
+/// How many links the activity-log section exports and verifies.
+const LOG_LINKS: u64 = 100_000;
+
+/// A signing check that also wants one app proof, verified (P-256 over SHA-256 of the payload,
+/// by the key's second half) on the requests whose signature is verified.
+fn check_with_proof(inner: CheckResponse) -> CheckResponse {
+    Arc::new(move |n, v| {
+        let proofs = v["activity"]["appProofs"].as_array().cloned().unwrap_or_default();
+        if proofs.len() != 1 {
+            return Err(format!("expected one app proof: {}", v["activity"]["appProofs"]));
+        }
+        let verified = inner(n, v)?;
+        if verified {
+            use p256::ecdsa::signature::Verifier;
+            let p = &proofs[0];
+            let key = hex::decode(p["publicKey"].as_str().unwrap_or_default()).map_err(|e| e.to_string())?;
+            let sig = hex::decode(p["signature"].as_str().unwrap_or_default()).map_err(|e| e.to_string())?;
+            let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(key.get(65..).unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+            let sig = p256::ecdsa::Signature::from_slice(&sig).map_err(|e| e.to_string())?;
+            key.verify(p["proofPayload"].as_str().unwrap_or_default().as_bytes(), &sig)
+                .map_err(|_| "the app proof does not verify".to_string())?;
+        }
+        Ok(verified)
+    })
+}
+
+/// Fills the organization's activity log to [`LOG_LINKS`] links with signing activities (16
+/// clients), then times `coffer-gateway export-log` through the API and `verify-log` offline.
+async fn activity_log_export(
+    stack: &Stack,
+    key: &Arc<TurnkeyP256ApiKey>,
+    org: &str,
+    eth: &str,
+    seq: &Arc<AtomicU64>,
+) -> anyhow::Result<Value> {
+    let body = json!({"organizationId": org, "afterSeq": "0", "limit": "1"}).to_string();
+    let r = stack.post_raw("/public/v1/query/coffer_list_activity_log", body.as_bytes(), Some(key)).await;
+    let have = r.json["headSeq"].as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    if have < LOG_LINKS {
+        let missing = Arc::new(AtomicU64::new(LOG_LINKS - have));
+        let http = reqwest::Client::new();
+        let url = format!("{}/public/v1/submit/sign_raw_payload", stack.base_url);
+        let t = Instant::now();
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (http, url, key, seq, missing) = (http.clone(), url.clone(), key.clone(), seq.clone(), missing.clone());
+                let (org, eth) = (org.to_string(), eth.to_string());
+                tokio::spawn(async move {
+                    while missing.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1)).is_ok() {
+                        let n = seq.fetch_add(1, Ordering::Relaxed);
+                        let body = envelope(
+                            "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+                            &org,
+                            json!({"signWith": eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL", "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+                        );
+                        let stamp = key.stamp(body.as_bytes()).unwrap();
+                        let ok = matches!(http.post(&url).header(stamp.name, stamp.value).body(body).send().await, Ok(r) if r.status() == 200);
+                        if !ok {
+                            missing.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await?;
+        }
+        eprintln!("  filled the log to {LOG_LINKS} links in {:.0} s", t.elapsed().as_secs_f64());
+    }
+    let dir = std::env::temp_dir().join(format!("coffer-bench-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let key_file = dir.join("api.key");
+    std::fs::write(&key_file, format!("{}\n", stack.api_private_key))?;
+    let out = dir.join("log.json");
+    let t = Instant::now();
+    let exported = stack.gateway_cli(&[
+        "export-log",
+        "--base-url",
+        &stack.base_url,
+        "--organization-id",
+        org,
+        "--api-key-file",
+        key_file.to_str().unwrap_or_default(),
+        "--out",
+        out.to_str().unwrap_or_default(),
+    ]);
+    let export_seconds = t.elapsed().as_secs_f64();
+    let discovery: Value = reqwest::get(format!("{}/public/v1/discovery/keys", stack.base_url)).await?.json().await?;
+    let proof_key = discovery["proofPublicKey"].as_str().context("no proof key")?.to_string();
+    let t = Instant::now();
+    let verified = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
+        .args(["verify-log", "--log", out.to_str().unwrap_or_default(), "--proof-key", &proof_key])
+        .output()?;
+    let verify_seconds = t.elapsed().as_secs_f64();
+    let verdict: Value = serde_json::from_slice(&verified.stdout).unwrap_or_default();
+    let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let _ = std::fs::remove_dir_all(&dir);
+    if verdict["verified"] != true {
+        bail!("the exported log does not verify: {verdict}");
+    }
+    Ok(json!({
+        "links": verdict["links"], "exportedActivities": exported["activities"], "exportBytes": bytes,
+        "exportSeconds": export_seconds, "verifySeconds": verify_seconds,
+    }))
+}
+
 /// The transaction-signing scenario's name (for `--only`).
 const TRANSACTION: &str = "sign_transaction EIP-1559, non-root user, value policy";
 /// Its baseline: raw signing by the same user, allowed by a policy on the activity type.
@@ -1624,6 +1737,19 @@ async fn main() -> anyhow::Result<()> {
             check: check_k1(eth.clone()),
         },
         Scenario {
+            name: APP_PROOFS,
+            path: "/public/v1/submit/sign_raw_payload",
+            make: {
+                let plain = sign_body(org.clone(), eth.clone(), "HASH_FUNCTION_KECCAK256");
+                Arc::new(move |n| {
+                    let mut body: Value = serde_json::from_str(&plain(n)).unwrap_or_default();
+                    body["generateAppProofs"] = json!(true);
+                    body.to_string()
+                })
+            },
+            check: check_with_proof(check_k1(eth.clone())),
+        },
+        Scenario {
             name: "sign Ed25519 wallet account (NOT_APPLICABLE)",
             path: "/public/v1/submit/sign_raw_payload",
             make: sign_body(org.clone(), sol.clone(), "HASH_FUNCTION_NOT_APPLICABLE"),
@@ -1734,6 +1860,21 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let proofs_report = {
+        let rps = |name: &str| results.iter().find(|r| r.0 == name && r.1 == args.clients).map(|r| r.2.rps());
+        rps(APP_PROOFS).zip(rps(scenarios[0].name)).map(|(with, without)| {
+            json!({
+                "withAppProofsRequestsPerSecond": with, "withoutRequestsPerSecond": without,
+                "ratio": with / without, "ratioTarget": APP_PROOFS_RATIO_TARGET, "pass": with / without >= APP_PROOFS_RATIO_TARGET,
+            })
+        })
+    };
+    let log_report = if wanted(ACTIVITY_LOG) {
+        eprintln!("running: {ACTIVITY_LOG} ({LOG_LINKS} links)");
+        Some(activity_log_export(&stack, &key, &org, &eth, &seq).await?)
+    } else {
+        None
+    };
     // Last, as it is the most disruptive: thousands of signing clients at once.
     let burst_report = if wanted(BURST) {
         let clients = burst_fits(args.burst_clients);
@@ -1817,6 +1958,21 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("{:<50} {:>12} {:>12} {:>12.0}", "crypto floor, 1 thread (per op)", "", "", floor_hsm_cpu.unwrap_or(0.0));
     let burst_json = burst_report.as_ref().map(|b| print_burst(b, floor_hsm_cpu));
+    if let Some(p) = &proofs_report {
+        println!(
+            "signing with app proofs ÷ without: {:.1}% (target ≥ {:.0}%)",
+            p["ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            APP_PROOFS_RATIO_TARGET * 100.0
+        );
+    }
+    if let Some(l) = &log_report {
+        println!(
+            "activity log: {} links exported in {:.1} s, verified offline in {:.1} s",
+            l["links"],
+            l["exportSeconds"].as_f64().unwrap_or(0.0),
+            l["verifySeconds"].as_f64().unwrap_or(0.0)
+        );
+    }
     if let Some(t) = &transaction_report {
         let pct = |k: &str| t[k].as_f64().map_or("n/a".to_string(), |r| format!("{:.1}%", r * 100.0));
         println!(
@@ -1859,6 +2015,8 @@ async fn main() -> anyhow::Result<()> {
         "webhook": webhook_report,
         "authorityScale": scale_report,
         "transactionSigning": transaction_report,
+        "appProofs": proofs_report,
+        "activityLog": log_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},

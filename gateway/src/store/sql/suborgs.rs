@@ -28,7 +28,7 @@ pub const PURGED_ON_DELETION: &[&str] = &[
     "webhook_deliveries",
 ];
 /// Kept when a sub-organization is deleted.
-pub const KEPT_ON_DELETION: &[&str] = &["activities", "policy_evaluations", "organizations"];
+pub const KEPT_ON_DELETION: &[&str] = &["activities", "activity_log", "policy_evaluations", "organizations"];
 
 /// See `Write::DeleteSubOrganization`.
 pub fn delete_sub_organization<D: Db>(
