@@ -270,9 +270,11 @@ pub struct LogFault {
 pub const FINAL_STATUSES: [&str; 3] =
     ["ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_FAILED", "ACTIVITY_STATUS_REJECTED"];
 
-/// Checks an exported log against the proof key `key`: the head and every link are signed by it,
-/// the links follow each other from the genesis to the signed head, and each link's digest is that
-/// of the activity it names as exported. Names the first link (or the missing one) that does not.
+/// Checks an exported log against the proof key `key`: the head and every signed link are signed
+/// by it (a link appended inside a group carries no signature of its own: the group's last link
+/// covers it), the links follow each other from the genesis to the signed head, and each link's
+/// digest is that of the activity it names as exported. Names the first link (or the missing one)
+/// that does not.
 pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogFault> {
     let fault =
         |seq: u64, activity_id: &str, reason: String| LogFault { seq, activity_id: activity_id.to_string(), reason };
@@ -291,7 +293,14 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
     let mut expected_seq = 1u64;
     let mut last_id = String::new();
     for proof in &log.links {
-        let payload = verify(proof, Some(key)).map_err(|e| fault(expected_seq, "", e.to_string()))?;
+        // A link without a signature was appended in a group whose last link (or a later head)
+        // is signed: the chain recomputed through it must reach that signature.
+        let payload = if proof.signature.is_empty() {
+            serde_json::from_str(&proof.proof_payload)
+                .map_err(|_| fault(expected_seq, "", "an unsigned link is not JSON".into()))?
+        } else {
+            verify(proof, Some(key)).map_err(|e| fault(expected_seq, "", e.to_string()))?
+        };
         let link = LogLink::from_payload(&payload).map_err(|e| fault(expected_seq, "", e.to_string()))?;
         let id = link.activity_id.clone();
         if link.organization_id != log.organization_id {
@@ -459,6 +468,37 @@ mod tests {
         }
         let head = sign(&sk, &point, log_head_payload(6, org, n as u64, &previous));
         (ExportedLog { organization_id: org.into(), head, links, activities }, point, sk)
+    }
+
+    #[test]
+    fn links_inside_a_group_need_no_signature_but_a_rewrite_of_them_breaks_the_next_signed_one() {
+        let (mut log, point, sk) = log_of(5);
+        for i in [0, 1, 3] {
+            log.links[i].signature.clear();
+        }
+        assert_eq!(verify_log(&log, &point).unwrap().links, 5);
+        // The second activity and its unsigned link rewritten to agree: the chain no longer
+        // reaches the third link's signature.
+        let mut rewritten = log.clone();
+        rewritten.activities[1]["result"]["n"] = json!(42);
+        let mut link: LogLink =
+            LogLink::from_payload(&serde_json::from_str(&rewritten.links[1].proof_payload).unwrap()).unwrap();
+        link.activity_digest = activity_digest(&rewritten.activities[1]);
+        link.head = next_head(&link.previous, 2, "a1", &link.activity_digest);
+        rewritten.links[1].proof_payload = link.payload(5);
+        let f = verify_log(&rewritten, &point).unwrap_err();
+        assert_eq!((f.seq, f.activity_id.as_str()), (3, "a2"), "{f}");
+        // A trailing unsigned link rewritten: the signed head no longer matches.
+        let mut tail = log.clone();
+        tail.links[4].signature.clear();
+        tail.activities[4]["result"]["n"] = json!(7);
+        let mut link: LogLink =
+            LogLink::from_payload(&serde_json::from_str(&tail.links[4].proof_payload).unwrap()).unwrap();
+        link.activity_digest = activity_digest(&tail.activities[4]);
+        link.head = next_head(&link.previous, 5, "a4", &link.activity_digest);
+        tail.links[4].proof_payload = link.payload(5);
+        assert_eq!(verify_log(&tail, &point).unwrap_err().seq, 5);
+        drop(sk);
     }
 
     #[test]

@@ -1,58 +1,188 @@
-//! Each organization's activity log head as this enclave appends to it: a per-organization lock
-//! and cached head in front of the authority store's compare-and-set.
+//! Each organization's activity log as this enclave appends to it: appends are group committed
+//! (the caller that finds none running leads one group: per organization, one compare-and-set of
+//! the head in the authority store and one signature, on the group's last link), in front of the
+//! store's compare-and-set that orders appends across enclaves.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use coffer_auth::proof::{self, LogLink};
+use coffer_proto::v1 as pb;
 
 use crate::authority_store::{AuthorityStore, StoreError};
 use crate::error::{EnclaveError, RefusalReason};
+use crate::group_commit::{self, Reply, Turn};
 
-/// Each organization's log head as this enclave last appended it; the store's compare-and-set
-/// orders appends across enclaves.
-#[derive(Default)]
-pub struct ActivityLog {
-    heads: Mutex<HashMap<String, Arc<HeadSlot>>>,
+/// What one append records: the activity, as the enclave checked it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub organization_id: String,
+    pub activity_id: String,
+    pub fingerprint: String,
+    pub activity_type: String,
+    pub status: String,
+    pub activity_digest: String,
 }
 
-/// One organization's head as this enclave last appended it, `(links, head)`; `None` until read
-/// from the store (or after another enclave moved it). Held through an append.
-type HeadSlot = Mutex<Option<(u64, String)>>;
+/// Makes the proof of a link's payload: signed when the flag says so, else with an empty
+/// signature (a link inside a group, covered by the group's signed last link).
+pub type Signer<'a> = &'a dyn Fn(String, bool) -> Result<pb::AppProof, EnclaveError>;
 
-/// How many times an append recomputes after another enclave appended first.
+/// An appended link: its proof and position.
+pub type Appended = (pb::AppProof, u64);
+
+struct Job {
+    entry: Entry,
+    reply: Reply<Result<Appended, String>>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    jobs: Vec<Job>,
+    leading: bool,
+}
+
+/// The appends waiting for a group, and each organization's head as this enclave last wrote it.
+#[derive(Default)]
+pub struct ActivityLog {
+    waiting: Mutex<Waiting>,
+    heads: Mutex<HashMap<String, (u64, String)>>,
+}
+
+/// How many times a group recomputes an organization's links after another enclave appended first.
 const APPEND_TRIES: usize = 8;
+/// Most appends one group takes.
+const MAX_GROUP: usize = 512;
+/// Most organizations whose head is kept in memory; past it the map starts over.
+const CACHED_HEADS: usize = 20_000;
+
+fn poisoned<T>(_: T) -> EnclaveError {
+    EnclaveError::Internal("activity log poisoned".into())
+}
 
 impl ActivityLog {
-    fn slot(&self, organization_id: &str) -> Result<Arc<HeadSlot>, EnclaveError> {
-        let mut heads = self.heads.lock().map_err(|_| EnclaveError::Internal("activity log poisoned".into()))?;
-        Ok(heads.entry(organization_id.to_string()).or_default().clone())
+    /// Appends `entry` to its organization's log and returns its link: waits for the group it
+    /// joins, or leads one. `sign` makes the links' proofs (whoever leads signs the group's).
+    pub fn append(&self, store: &dyn AuthorityStore, entry: Entry, sign: Signer<'_>) -> Result<Appended, EnclaveError> {
+        let (reply, answer) = group_commit::channel();
+        let lead = {
+            let mut waiting = self.waiting.lock().map_err(poisoned)?;
+            waiting.jobs.push(Job { entry, reply });
+            !std::mem::replace(&mut waiting.leading, true)
+        };
+        group_commit::wait(
+            &answer,
+            lead,
+            || self.lead_one_group(store, sign),
+            || "the activity log's group was abandoned".to_string(),
+        )
+        .map_err(|message| EnclaveError::Busy { reason: RefusalReason::Unspecified, message })
     }
 
-    /// Appends the link `make(seq, previous head)` returns, signed by `sign` before the head
-    /// moves (a link the store took is always one the enclave signed).
-    pub fn append<T>(
+    /// Appends the first group waiting, then hands the lead to the owner of the first append
+    /// still waiting, or gives it up.
+    fn lead_one_group(&self, store: &dyn AuthorityStore, sign: Signer<'_>) -> Result<(), String> {
+        /// Gives the lead up should the group panic, so that the next caller leads.
+        struct Unwinding<'a>(&'a Mutex<Waiting>);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    if let Ok(mut w) = self.0.lock() {
+                        w.leading = false;
+                    }
+                }
+            }
+        }
+        let _unwinding = Unwinding(&self.waiting);
+        let batch: Vec<Job> = {
+            let mut waiting = self.waiting.lock().map_err(|_| "activity log poisoned".to_string())?;
+            let n = waiting.jobs.len().min(MAX_GROUP);
+            waiting.jobs.drain(..n).collect()
+        };
+        // Per organization, in the order the appends came.
+        let mut groups: Vec<(String, Vec<Job>)> = Vec::new();
+        for job in batch {
+            match groups.iter_mut().find(|(org, _)| *org == job.entry.organization_id) {
+                Some((_, jobs)) => jobs.push(job),
+                None => groups.push((job.entry.organization_id.clone(), vec![job])),
+            }
+        }
+        for (organization_id, jobs) in groups {
+            let entries: Vec<&Entry> = jobs.iter().map(|j| &j.entry).collect();
+            match self.append_group(store, &organization_id, &entries, sign) {
+                Ok(appended) => {
+                    for (job, a) in jobs.into_iter().zip(appended) {
+                        let _ = job.reply.send(Turn::Answer(Ok(a)));
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for job in jobs {
+                        let _ = job.reply.send(Turn::Answer(Err(message.clone())));
+                    }
+                }
+            }
+        }
+        let mut waiting = self.waiting.lock().map_err(|_| "activity log poisoned".to_string())?;
+        match waiting.jobs.first() {
+            Some(next) => {
+                let _ = next.reply.send(Turn::Lead);
+            }
+            None => waiting.leading = false,
+        }
+        Ok(())
+    }
+
+    /// One organization's part of a group: its links chained onto the head, the last one signed,
+    /// and the head moved past them all in one compare-and-set.
+    fn append_group(
         &self,
         store: &dyn AuthorityStore,
         organization_id: &str,
-        make: impl Fn(u64, &str) -> Result<(LogLink, T), EnclaveError>,
-    ) -> Result<(LogLink, T), EnclaveError> {
-        let slot = self.slot(organization_id)?;
-        let mut cached = slot.lock().map_err(|_| EnclaveError::Internal("activity log poisoned".into()))?;
+        entries: &[&Entry],
+        sign: Signer<'_>,
+    ) -> Result<Vec<Appended>, EnclaveError> {
         for _ in 0..APPEND_TRIES {
-            let (links, head) = match cached.clone() {
+            let cached = self.heads.lock().map_err(poisoned)?.get(organization_id).cloned();
+            let (start, mut head) = match cached {
                 Some(h) => h,
                 None => store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id))),
             };
-            let (link, signed) = make(links + 1, &head)?;
-            match store.advance_log(organization_id, links, &link.head) {
+            let now = crate::authority::now_ms();
+            let mut appended = Vec::with_capacity(entries.len());
+            for (i, e) in entries.iter().enumerate() {
+                let seq = start + 1 + i as u64;
+                let link = LogLink {
+                    organization_id: organization_id.to_string(),
+                    seq: seq.to_string(),
+                    activity_id: e.activity_id.clone(),
+                    fingerprint: e.fingerprint.clone(),
+                    activity_type: e.activity_type.clone(),
+                    status: e.status.clone(),
+                    activity_digest: e.activity_digest.clone(),
+                    previous: head.clone(),
+                    head: proof::next_head(&head, seq, &e.activity_id, &e.activity_digest),
+                };
+                head = link.head.clone();
+                // Signed before the head moves: a link the store took is one the enclave signed
+                // (itself, or through the group's last link).
+                appended.push((sign(link.payload(now), i + 1 == entries.len())?, seq));
+            }
+            let links = start + entries.len() as u64;
+            match store.advance_log(organization_id, start, links, &head) {
                 Ok(()) => {
-                    *cached = Some((links + 1, link.head.clone()));
-                    return Ok((link, signed));
+                    let mut heads = self.heads.lock().map_err(poisoned)?;
+                    if heads.len() >= CACHED_HEADS {
+                        heads.clear();
+                    }
+                    heads.insert(organization_id.to_string(), (links, head));
+                    return Ok(appended);
                 }
-                Err(StoreError::VersionMoved { .. }) => *cached = None,
+                Err(StoreError::VersionMoved { .. }) => {
+                    self.heads.lock().map_err(poisoned)?.remove(organization_id);
+                }
                 Err(e) => {
-                    *cached = None;
+                    self.heads.lock().map_err(poisoned)?.remove(organization_id);
                     return Err(e.into());
                 }
             }
@@ -61,5 +191,84 @@ impl ActivityLog {
             reason: RefusalReason::Unspecified,
             message: "the activity log kept moving; retry".into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::authority_store::{SqliteAuthorityStore, StoreLimits};
+
+    /// 8 threads append 400 links to two organizations at once: every link gets its own place,
+    /// each organization's links chain from its genesis to the head the store keeps, and every
+    /// group's last link is the signed one.
+    #[test]
+    fn concurrent_appends_chain_once_each_and_sign_each_groups_last_link() {
+        use p256::ecdsa::signature::Signer as _;
+        let store: Arc<dyn AuthorityStore> =
+            Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap());
+        let log = Arc::new(ActivityLog::default());
+        let key = p256::ecdsa::SigningKey::from_slice(&[7; 32]).unwrap();
+        let point: [u8; 65] = key.verifying_key().to_encoded_point(false).as_bytes().try_into().unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (store, log, key) = (store.clone(), log.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let sign = |payload: String, signed: bool| {
+                        let sig: p256::ecdsa::Signature = key.sign(payload.as_bytes());
+                        let mut p = proof::app_proof(&point, payload, &sig.to_bytes().into());
+                        if !signed {
+                            p.signature.clear();
+                        }
+                        Ok(pb::AppProof {
+                            scheme: p.scheme,
+                            public_key: p.public_key,
+                            proof_payload: p.proof_payload,
+                            signature: p.signature,
+                        })
+                    };
+                    (0..50)
+                        .map(|i| {
+                            let entry = Entry {
+                                organization_id: format!("org-{}", t % 2),
+                                activity_id: format!("a-{t}-{i}"),
+                                fingerprint: format!("f-{t}-{i}"),
+                                activity_type: "T".into(),
+                                status: "ACTIVITY_STATUS_COMPLETED".into(),
+                                activity_digest: format!("{t}{i}"),
+                            };
+                            log.append(store.as_ref(), entry, &sign).unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<Appended> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        assert_eq!(all.len(), 400);
+        for org in ["org-0", "org-1"] {
+            let mut links: Vec<(LogLink, bool)> = all
+                .iter()
+                .map(|(p, _)| {
+                    let v: serde_json::Value = serde_json::from_str(&p.proof_payload).unwrap();
+                    (LogLink::from_payload(&v).unwrap(), !p.signature.is_empty())
+                })
+                .filter(|(l, _)| l.organization_id == org)
+                .collect();
+            links.sort_by_key(|(l, _)| l.seq().unwrap());
+            assert_eq!(links.len(), 200);
+            let mut previous = proof::genesis(org);
+            for (i, (l, _)) in links.iter().enumerate() {
+                assert_eq!(l.seq().unwrap(), i as u64 + 1);
+                assert_eq!(l.previous, previous);
+                assert_eq!(l.head, proof::next_head(&previous, i as u64 + 1, &l.activity_id, &l.activity_digest));
+                previous = l.head.clone();
+            }
+            assert_eq!(store.log_head(org).unwrap(), Some((200, previous)));
+            assert!(links.last().unwrap().1, "the last link of the log is signed");
+        }
+        all.retain(|(p, _)| !p.signature.is_empty());
+        assert!(!all.is_empty());
     }
 }

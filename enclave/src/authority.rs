@@ -2,7 +2,8 @@
 //! organization stamped, just now, for exactly that operation — verified here, never taken
 //! from the gateway's word.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use coffer_auth::envelope::StampedActivity;
 use coffer_auth::oidc::Claims;
@@ -158,7 +159,14 @@ pub struct Authority {
     signups_per_hour: u64,
     /// Each organization's activity log head, as this enclave last appended it.
     log: crate::activity_log::ActivityLog,
+    /// Submissions this enclave authorized lately, by fingerprint: (organization, activity type).
+    /// Recording one in the log need not verify its stamp again.
+    authorized_lately: Mutex<HashMap<String, (String, String)>>,
 }
+
+/// Most fingerprints [`Authority::authorized_lately`] keeps; past it the map starts over (a
+/// submission it forgot is verified again when recorded).
+const AUTHORIZED_LATELY: usize = 65_536;
 
 /// The enclave's clock, in ms since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -243,6 +251,7 @@ impl Authority {
             store,
             signups_per_hour: 10_000,
             log: crate::activity_log::ActivityLog::default(),
+            authorized_lately: Mutex::default(),
         }
     }
 
@@ -258,6 +267,12 @@ impl Authority {
             r.audit("record_activity");
             r.into_error()
         })
+    }
+
+    /// The organization and activity type of the submission with `fingerprint`, if this enclave
+    /// authorized it lately (its stamp and certificate verified then): forgotten once asked.
+    pub fn authorized_lately(&self, fingerprint: &str) -> Option<(String, String)> {
+        self.authorized_lately.lock().ok()?.remove(fingerprint)
     }
 
     /// The activity log: each organization's head, appended through the authority store.
@@ -509,6 +524,13 @@ impl Authority {
                     "enclave decision"
                 );
                 crate::audit::record(a.decision());
+                if let Ok(mut lately) = self.authorized_lately.lock() {
+                    if lately.len() >= AUTHORIZED_LATELY {
+                        lately.clear();
+                    }
+                    let known = (a.activity.organization_id.clone(), a.activity.activity_type.clone());
+                    lately.insert(a.activity.fingerprint.clone(), known);
+                }
                 Ok(a)
             }
             Err(r) => {

@@ -367,3 +367,94 @@ async fn the_log_verifies_until_a_row_is_changed_on_sqlite() {
 async fn the_log_verifies_until_a_row_is_changed_on_postgres() {
     the_log_verifies_until_a_row_is_changed("postgres").await;
 }
+
+/// A taken-over gateway on the enclave socket: `RecordActivity` takes only a finished activity of
+/// a submission a certified credential stamped, named as that submission names itself, with no
+/// app proof but the enclave's own; everything else is refused with a typed reason and moves no
+/// head.
+#[tokio::test]
+async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissions() {
+    use coffer_proto::v1 as pb;
+    use sha2::Digest;
+    let stack = Stack::start_on("sqlite", &[]).await;
+    let org = stack.organization_id.clone();
+    let enclave = coffer_proto::v1::enclave_client::EnclaveClient::new(
+        coffer_gateway::custody::transport::connect_all(vec![
+            coffer_gateway::custody::transport::EnclaveEndpoint::Unix(stack.enclave_socket()),
+        ])
+        .unwrap(),
+    );
+    let key = stack.api_key();
+    let certificate: Vec<u8> = rusqlite::Connection::open(stack.database_path())
+        .unwrap()
+        .query_row("SELECT certificate FROM api_keys WHERE public_key = ?1", [&stack.api_public_key], |r| r.get(0))
+        .unwrap();
+    let body = json!({"type": "ACTIVITY_TYPE_CREATE_USER_TAG", "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org, "parameters": {"userTagName": "never-run", "userIds": []}})
+    .to_string();
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    let stamped = |key: &turnkey_api_key_stamper::TurnkeyP256ApiKey| {
+        use turnkey_api_key_stamper::Stamp;
+        let stamp = key.stamp(body.as_bytes()).unwrap();
+        pb::StampedRequest {
+            body: body.as_bytes().to_vec(),
+            stamp_header: stamp.name,
+            stamp: stamp.value,
+            certificate: certificate.clone(),
+        }
+    };
+    let activity = json!({"id": "a-1", "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_USER_TAG",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED", "result": {}, "appProofs": []});
+    let record = |request: pb::StampedRequest, activity: &Value| {
+        let mut enclave = enclave.clone();
+        let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
+        async move { enclave.record_activity(req).await }
+    };
+    let reason = |r: Result<tonic::Response<pb::RecordActivityResponse>, tonic::Status>| match r {
+        Err(s) => {
+            coffer_proto::refusal_reason(&s).map_or_else(|| format!("{:?}", s.code()), |r| r.as_str_name().to_string())
+        }
+        Ok(r) => panic!("recorded: {:?}", r.into_inner()),
+    };
+    let head = || {
+        let mut enclave = enclave.clone();
+        let org = org.clone();
+        async move { enclave.get_log_head(pb::GetLogHeadRequest { organization_id: org }).await.unwrap().into_inner().seq }
+    };
+    let before = head().await;
+
+    // Another key's stamp over the body, under the root key's certificate.
+    let stranger = turnkey_api_key_stamper::TurnkeyP256ApiKey::generate();
+    assert_eq!(reason(record(stamped(&stranger), &activity).await), "REFUSAL_REASON_STAMP_INVALID");
+    // The activity names another fingerprint, organization or type than the stamped body.
+    for (field, value) in [
+        ("fingerprint", json!("sha256:00")),
+        ("organizationId", json!("another")),
+        ("type", json!("ACTIVITY_TYPE_CREATE_WALLET")),
+    ] {
+        let mut other = activity.clone();
+        other[field] = value;
+        assert_eq!(reason(record(stamped(&key), &other).await), "REFUSAL_REASON_BINDING_MISMATCH", "{field}");
+    }
+    // Not finished.
+    let mut waiting = activity.clone();
+    waiting["status"] = json!("ACTIVITY_STATUS_CONSENSUS_NEEDED");
+    assert_eq!(reason(record(stamped(&key), &waiting).await), "InvalidArgument");
+    // An app proof the enclave did not make.
+    let mut foreign = activity.clone();
+    foreign["appProofs"] = json!([{"scheme": "SIGNATURE_SCHEME_EPHEMERAL_KEY_P256", "publicKey": "04".repeat(130),
+        "proofPayload": "{}", "signature": "00".repeat(64)}]);
+    assert_eq!(reason(record(stamped(&key), &foreign).await), "REFUSAL_REASON_BINDING_MISMATCH");
+    assert_eq!(head().await, before, "no refusal moved the head");
+
+    // The genuine stamp over the body, the activity as it names itself: one more link.
+    let recorded = record(stamped(&key), &activity).await.unwrap().into_inner();
+    assert_eq!(recorded.seq, before + 1);
+    let link = recorded.link.unwrap();
+    let link: AppProof = serde_json::from_value(json!({"scheme": link.scheme, "publicKey": link.public_key,
+        "proofPayload": link.proof_payload, "signature": link.signature}))
+    .unwrap();
+    assert!(verifies(&link), "a link appended alone is signed");
+    assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
+    assert_eq!(head().await, before + 1);
+}

@@ -142,10 +142,10 @@ pub trait AuthorityStore: Send + Sync {
     fn organizations(&self) -> Result<Vec<String>, StoreError>;
     /// The head of `org`'s activity log: (links appended, head hash); `None` before its first.
     fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError>;
-    /// Moves `org`'s activity log from `expected` links to `expected + 1` with `head`, only if
-    /// it is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise).
-    /// Committed before it returns.
-    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError>;
+    /// Moves `org`'s activity log from `expected` links to `links` (more) with `head`, only if it
+    /// is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise). Committed
+    /// before it returns.
+    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError>;
 
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of

@@ -343,13 +343,16 @@ impl AuthorityStore for PostgresAuthorityStore {
         })
     }
 
-    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError> {
-        let (from, to) = (expected as i64, expected as i64 + 1);
+    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError> {
+        if links <= expected {
+            return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
+        }
+        let (from, to) = (expected as i64, links as i64);
         let changed = self.with_conn(|client| {
             if expected == 0 {
                 client.execute(
-                    "INSERT INTO log_heads (organization_id, links, head) VALUES ($1, 1, $2) ON CONFLICT DO NOTHING",
-                    &[&org, &head],
+                    "INSERT INTO log_heads (organization_id, links, head) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&org, &to, &head],
                 )
             } else {
                 client.execute(

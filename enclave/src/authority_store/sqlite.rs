@@ -656,14 +656,17 @@ impl AuthorityStore for SqliteAuthorityStore {
         })
     }
 
-    fn advance_log(&self, org: &str, expected: u64, head: &str) -> Result<(), StoreError> {
-        let (from, to) = (expected as i64, expected as i64 + 1);
+    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError> {
+        if links <= expected {
+            return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
+        }
+        let (from, to) = (expected as i64, links as i64);
         let conn = self.writer.lock().map_err(poisoned)?;
         let moved = if expected == 0 {
             conn.prepare_cached(
-                "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, 1, ?2) ON CONFLICT DO NOTHING",
+                "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
             )
-            .and_then(|mut st| st.execute(rusqlite::params![org, head]))
+            .and_then(|mut st| st.execute(rusqlite::params![org, to, head]))
         } else {
             conn.prepare_cached("UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2")
                 .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))

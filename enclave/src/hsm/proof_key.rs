@@ -1,7 +1,6 @@
 //! The proof key in the HSM: its public half, and ECDSA P-256 signatures of proof payloads.
 
 use cryptoki::mechanism::Mechanism;
-use p256::ecdsa::signature::hazmat::PrehashVerifier;
 
 use super::error::HsmError;
 use super::key_labels::PROOF_LABEL;
@@ -35,11 +34,10 @@ impl Hsm {
         let raw = raw.ok_or(HsmError::KeyMissing(PROOF_LABEL))?;
         let sig = p256::ecdsa::Signature::from_slice(&raw)
             .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
-        let sig = sig.normalize_s().unwrap_or(sig);
-        p256::ecdsa::VerifyingKey::from_sec1_bytes(&public)
-            .map_err(|_| HsmError::Malformed("the proof key is not a curve point"))?
-            .verify_prehash(&digest, &sig)
+        let sig: [u8; 64] = sig.normalize_s().unwrap_or(sig).to_bytes().into();
+        ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, &public)
+            .verify(payload.as_bytes(), &sig)
             .map_err(|_| HsmError::Malformed("the HSM's proof signature does not verify"))?;
-        Ok(sig.to_bytes().into())
+        Ok(sig)
     }
 }
