@@ -7,7 +7,6 @@
 //! `verifyAppProofSignature` accepts Coffer's proofs unchanged. Coffer's proof key only signs: it
 //! stands in both halves of `publicKey` (there is no ephemeral encryption key).
 
-use p256::ecdsa::signature::Verifier;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -89,10 +88,15 @@ pub fn verify(proof: &AppProof, expected: Option<&[u8; 65]>) -> Result<Value, Pr
     if expected.is_some_and(|e| e[..] != key[65..]) {
         return Err(ProofError::OtherKey);
     }
-    let verifying = p256::ecdsa::VerifyingKey::from_sec1_bytes(&key[65..]).map_err(|_| ProofError::PublicKey)?;
+    p256::PublicKey::from_sec1_bytes(&key[65..]).map_err(|_| ProofError::PublicKey)?;
     let signature = hex::decode(&proof.signature).map_err(|_| ProofError::SignatureEncoding)?;
-    let signature = p256::ecdsa::Signature::from_slice(&signature).map_err(|_| ProofError::SignatureEncoding)?;
-    verifying.verify(proof.proof_payload.as_bytes(), &signature).map_err(|_| ProofError::Signature)?;
+    if signature.len() != 64 {
+        return Err(ProofError::SignatureEncoding);
+    }
+    // ring's assembly P-256 (as for stamps): a log holds thousands of signed links.
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, &key[65..])
+        .verify(proof.proof_payload.as_bytes(), &signature)
+        .map_err(|_| ProofError::Signature)?;
     serde_json::from_str(&proof.proof_payload).map_err(|_| ProofError::Payload("not JSON"))
 }
 

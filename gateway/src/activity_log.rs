@@ -55,30 +55,33 @@ pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> 
             .await
             .with_context(|| format!("POST {url}"))?;
         let status = response.status();
-        let page: Value = serde_json::from_slice(&response.bytes().await.context("reading the log page")?)
+        let mut page: Value = serde_json::from_slice(&response.bytes().await.context("reading the log page")?)
             .context("the log page is not JSON")?;
         if !status.is_success() {
             anyhow::bail!("the gateway answered {status}: {page}");
         }
         if head.is_none() {
-            let h: AppProof = serde_json::from_value(page["head"].clone()).context("the page has no signed head")?;
+            let h: AppProof = serde_json::from_value(page["head"].take()).context("the page has no signed head")?;
             head = Some(h);
             head_seq = page["headSeq"].as_str().and_then(|s| s.parse().ok()).context("the page has no headSeq")?;
-            activities.extend(page["unlogged"].as_array().cloned().unwrap_or_default());
+            if let Value::Array(unlogged) = page["unlogged"].take() {
+                activities.extend(unlogged);
+            }
         }
-        let entries = page["links"].as_array().cloned().unwrap_or_default();
-        for e in &entries {
+        let Value::Array(entries) = page["links"].take() else { anyhow::bail!("the page has no links") };
+        let count = entries.len();
+        for mut e in entries {
             let seq: u64 = e["seq"].as_str().and_then(|s| s.parse().ok()).context("a link has no seq")?;
             if seq > head_seq {
                 break;
             }
-            links.push(serde_json::from_value::<AppProof>(e["link"].clone()).context("a link is not a proof")?);
+            links.push(serde_json::from_value::<AppProof>(e["link"].take()).context("a link is not a proof")?);
             if !e["activity"].is_null() {
-                activities.push(e["activity"].clone());
+                activities.push(e["activity"].take());
             }
             after = seq;
         }
-        if (entries.len() as u64) < PAGE || after >= head_seq {
+        if (count as u64) < PAGE || after >= head_seq {
             break;
         }
     }

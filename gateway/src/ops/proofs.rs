@@ -118,22 +118,23 @@ pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Re
             Ok::<_, StoreError>((entries, unlogged))
         })
         .await??;
+    // Built by moving values into maps: `json!` would copy every activity once more.
     let links: Vec<Value> = entries
-        .iter()
+        .into_iter()
         .map(|e| {
-            json!({
-                "seq": e.seq.to_string(),
-                "activityId": e.activity_id,
-                "link": serde_json::from_str::<Value>(&e.link).unwrap_or(Value::Null),
-                "activity": e.activity.as_ref().map(|a| render::activity(a, false)),
-            })
+            let mut m = serde_json::Map::new();
+            m.insert("seq".into(), Value::String(e.seq.to_string()));
+            m.insert("link".into(), serde_json::from_str::<Value>(&e.link).unwrap_or(Value::Null));
+            m.insert("activity".into(), e.activity.as_ref().map_or(Value::Null, |a| render::activity(a, false)));
+            m.insert("activityId".into(), Value::String(e.activity_id));
+            Value::Object(m)
         })
         .collect();
-    Ok(json!({
-        "organizationId": ctx.org.id,
-        "head": head.head.as_ref().map(proof_json),
-        "headSeq": head.seq.to_string(),
-        "links": links,
-        "unlogged": unlogged.iter().map(|a| render::activity(a, false)).collect::<Vec<_>>(),
-    }))
+    let mut out = serde_json::Map::new();
+    out.insert("organizationId".into(), Value::String(ctx.org.id.clone()));
+    out.insert("head".into(), head.head.as_ref().map_or(Value::Null, proof_json));
+    out.insert("headSeq".into(), Value::String(head.seq.to_string()));
+    out.insert("links".into(), Value::Array(links));
+    out.insert("unlogged".into(), Value::Array(unlogged.iter().map(|a| render::activity(a, false)).collect()));
+    Ok(Value::Object(out))
 }

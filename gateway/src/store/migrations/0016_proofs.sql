@@ -8,3 +8,5 @@ CREATE TABLE IF NOT EXISTS activity_log (
     link TEXT NOT NULL,
     PRIMARY KEY (organization_id, seq)
 );
+-- Which link names an activity (the export's unlogged activities, a row's link).
+CREATE INDEX IF NOT EXISTS activity_log_activity ON activity_log(organization_id, activity_id);
