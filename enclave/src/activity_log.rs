@@ -24,9 +24,9 @@ pub struct Entry {
     pub activity_digest: String,
 }
 
-/// Makes the proof of a link's payload: signed when the flag says so, else with an empty
-/// signature (a link inside a group, covered by the group's signed last link).
-pub type Signer<'a> = &'a dyn Fn(String, bool) -> Result<pb::AppProof, EnclaveError>;
+/// Makes the proof of a link: signed when the flag says so, else with an empty signature (a link
+/// inside a group, covered by the group's signed last link).
+pub type Signer<'a> = &'a dyn Fn(&LogLink, bool) -> Result<pb::AppProof, EnclaveError>;
 
 /// An appended link: its proof and position.
 pub type Appended = (pb::AppProof, u64);
@@ -148,7 +148,6 @@ impl ActivityLog {
                 Some(h) => h,
                 None => store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id))),
             };
-            let now = crate::authority::now_ms();
             let mut appended = Vec::with_capacity(entries.len());
             for (i, e) in entries.iter().enumerate() {
                 let seq = start + 1 + i as u64;
@@ -166,7 +165,7 @@ impl ActivityLog {
                 head = link.head.clone();
                 // Signed before the head moves: a link the store took is one the enclave signed
                 // (itself, or through the group's last link).
-                appended.push((sign(link.payload(now), i + 1 == entries.len())?, seq));
+                appended.push((sign(&link, i + 1 == entries.len())?, seq));
             }
             let links = start + entries.len() as u64;
             match store.advance_log(organization_id, start, links, &head) {
@@ -216,7 +215,8 @@ mod tests {
             .map(|t| {
                 let (store, log, key) = (store.clone(), log.clone(), key.clone());
                 std::thread::spawn(move || {
-                    let sign = |payload: String, signed: bool| {
+                    let sign = |link: &LogLink, signed: bool| {
+                        let payload = link.payload(1);
                         let sig: p256::ecdsa::Signature = key.sign(payload.as_bytes());
                         let mut p = proof::app_proof(&point, payload, &sig.to_bytes().into());
                         if !signed {

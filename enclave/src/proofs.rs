@@ -202,7 +202,8 @@ pub fn record_activity(
         activity_digest: proof::activity_digest(&activity),
     };
     let (log, store) = authority.activity_log();
-    let sign = |payload: String, sign: bool| {
+    let sign = |link: &proof::LogLink, sign: bool| {
+        let payload = link.payload(now_ms());
         if sign {
             signed(hsm, payload)
         } else {
