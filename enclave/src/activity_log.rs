@@ -36,16 +36,10 @@ struct Job {
     reply: Reply<Result<Appended, String>>,
 }
 
-#[derive(Default)]
-struct Waiting {
-    jobs: Vec<Job>,
-    leading: bool,
-}
-
 /// The appends waiting for a group, and each organization's head as this enclave last wrote it.
 #[derive(Default)]
 pub struct ActivityLog {
-    waiting: Mutex<Waiting>,
+    waiting: Mutex<group_commit::Queue<Job>>,
     heads: Mutex<HashMap<String, (u64, String)>>,
 }
 
@@ -65,11 +59,7 @@ impl ActivityLog {
     /// joins, or leads one. `sign` makes the links' proofs (whoever leads signs the group's).
     pub fn append(&self, store: &dyn AuthorityStore, entry: Entry, sign: Signer<'_>) -> Result<Appended, EnclaveError> {
         let (reply, answer) = group_commit::channel();
-        let lead = {
-            let mut waiting = self.waiting.lock().map_err(poisoned)?;
-            waiting.jobs.push(Job { entry, reply });
-            !std::mem::replace(&mut waiting.leading, true)
-        };
+        let lead = group_commit::join(&self.waiting, Job { entry, reply }).map_err(poisoned)?;
         group_commit::wait(
             &answer,
             lead,
@@ -82,24 +72,19 @@ impl ActivityLog {
     /// Appends the first group waiting, then hands the lead to the owner of the first append
     /// still waiting, or gives it up.
     fn lead_one_group(&self, store: &dyn AuthorityStore, sign: Signer<'_>) -> Result<(), String> {
-        /// Gives the lead up should the group panic, so that the next caller leads.
-        struct Unwinding<'a>(&'a Mutex<Waiting>);
-        impl Drop for Unwinding<'_> {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    if let Ok(mut w) = self.0.lock() {
-                        w.leading = false;
-                    }
-                }
-            }
-        }
-        let _unwinding = Unwinding(&self.waiting);
-        let batch: Vec<Job> = {
-            let mut waiting = self.waiting.lock().map_err(|_| "activity log poisoned".to_string())?;
-            let n = waiting.jobs.len().min(MAX_GROUP);
-            waiting.jobs.drain(..n).collect()
-        };
-        // Per organization, in the order the appends came.
+        group_commit::lead_one(
+            &self.waiting,
+            MAX_GROUP,
+            |batch| self.append_batch(store, batch, sign),
+            |next| {
+                let _ = next.reply.send(Turn::Lead);
+            },
+        )
+        .map_err(|_| "activity log poisoned".to_string())
+    }
+
+    /// Appends a batch, per organization in the order the appends came, and answers each.
+    fn append_batch(&self, store: &dyn AuthorityStore, batch: Vec<Job>, sign: Signer<'_>) {
         let mut groups: Vec<(String, Vec<Job>)> = Vec::new();
         for job in batch {
             match groups.iter_mut().find(|(org, _)| *org == job.entry.organization_id) {
@@ -123,14 +108,6 @@ impl ActivityLog {
                 }
             }
         }
-        let mut waiting = self.waiting.lock().map_err(|_| "activity log poisoned".to_string())?;
-        match waiting.jobs.first() {
-            Some(next) => {
-                let _ = next.reply.send(Turn::Lead);
-            }
-            None => waiting.leading = false,
-        }
-        Ok(())
     }
 
     /// One organization's part of a group: its links chained onto the head, the last one signed,

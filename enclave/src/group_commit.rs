@@ -1,5 +1,6 @@
-//! The hand-off both group commits use (replay entries, state changes): a caller that finds no
-//! group running leads one; every other caller waits for its answer or for the lead.
+//! The hand-off the group commits use (replay entries, state changes, activity log appends): a
+//! caller that finds no group running leads one; every other caller waits for its answer or for
+//! the lead.
 
 use std::sync::mpsc;
 
@@ -37,4 +38,62 @@ pub fn wait<T, E>(
             Err(_) => return Err(abandoned()),
         }
     }
+}
+
+/// Entries waiting for a group, and whether a group is being led.
+pub struct Queue<J> {
+    jobs: Vec<J>,
+    leading: bool,
+}
+
+impl<J> Default for Queue<J> {
+    fn default() -> Self {
+        Self { jobs: Vec::new(), leading: false }
+    }
+}
+
+/// The queue's lock was poisoned (a thread panicked holding it).
+#[derive(Debug)]
+pub struct Poisoned;
+
+/// Adds `job` to the queue: whether its caller leads (no group was being led).
+pub fn join<J>(queue: &std::sync::Mutex<Queue<J>>, job: J) -> Result<bool, Poisoned> {
+    let mut q = queue.lock().map_err(|_| Poisoned)?;
+    q.jobs.push(job);
+    Ok(!std::mem::replace(&mut q.leading, true))
+}
+
+/// Leads one group: hands at most `max` waiting entries to `commit`, then passes the lead to the
+/// owner of the first entry still waiting (`pass_lead`), so that no caller leads for ever under
+/// load, or gives it up. Should `commit` panic, the lead is given up, so that the next caller leads.
+pub fn lead_one<J>(
+    queue: &std::sync::Mutex<Queue<J>>,
+    max: usize,
+    commit: impl FnOnce(Vec<J>),
+    pass_lead: impl FnOnce(&J),
+) -> Result<(), Poisoned> {
+    struct Unwinding<'a, J>(&'a std::sync::Mutex<Queue<J>>);
+    impl<J> Drop for Unwinding<'_, J> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                if let Ok(mut q) = self.0.lock() {
+                    q.leading = false;
+                }
+            }
+        }
+    }
+    let _unwinding = Unwinding(queue);
+    let batch: Vec<J> = {
+        let mut q = queue.lock().map_err(|_| Poisoned)?;
+        let n = q.jobs.len().min(max);
+        q.jobs.drain(..n).collect()
+    };
+    commit(batch);
+    let mut q = queue.lock().map_err(|_| Poisoned)?;
+    match q.jobs.first() {
+        // Its owner waits for its answer; the lead comes first.
+        Some(next) => pass_lead(next),
+        None => q.leading = false,
+    }
+    Ok(())
 }

@@ -109,13 +109,7 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 100_000;
 pub struct SqliteAuthorityStore {
     shared: Arc<Shared>,
     /// Replay entries waiting for a group commit, and whether one is being led.
-    waiting: Mutex<Waiting>,
-}
-
-#[derive(Default)]
-struct Waiting {
-    jobs: Vec<Job>,
-    leading: bool,
+    waiting: Mutex<group_commit::Queue<Job>>,
 }
 
 impl std::ops::Deref for SqliteAuthorityStore {
@@ -428,7 +422,7 @@ impl SqliteAuthorityStore {
             next_prune_ms: AtomicI64::new(0),
             next_decision_prune_ms: AtomicI64::new(0),
         });
-        Ok(Self { shared, waiting: Mutex::new(Waiting::default()) })
+        Ok(Self { shared, waiting: Mutex::default() })
     }
 
     /// A replay insert, group committed with the others waiting (see [`SqliteAuthorityStore`]).
@@ -444,11 +438,7 @@ impl SqliteAuthorityStore {
         let (reply, answer) = group_commit::channel();
         let organization = organization.to_string();
         let job = Job { organization, key, expires_ms, now_ms, quota, allowed: allowed.cloned(), reply };
-        let lead = {
-            let mut waiting = self.waiting.lock().map_err(poisoned)?;
-            waiting.jobs.push(job);
-            !std::mem::replace(&mut waiting.leading, true)
-        };
+        let lead = group_commit::join(&self.waiting, job).map_err(poisoned)?;
         group_commit::wait(
             &answer,
             lead,
@@ -460,33 +450,15 @@ impl SqliteAuthorityStore {
     /// Commits the first group waiting, then hands the lead to the owner of the first entry still
     /// waiting (so that no caller leads for ever under load), or gives it up.
     fn lead_one_group(&self) -> Result<(), StoreError> {
-        /// Gives the lead up should the commit panic, so that the next caller leads.
-        struct Unwinding<'a>(&'a Mutex<Waiting>);
-        impl Drop for Unwinding<'_> {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    if let Ok(mut w) = self.0.lock() {
-                        w.leading = false;
-                    }
-                }
-            }
-        }
-        let _unwinding = Unwinding(&self.waiting);
-        let batch: Vec<Job> = {
-            let mut waiting = self.waiting.lock().map_err(poisoned)?;
-            let n = waiting.jobs.len().min(MAX_BATCH);
-            waiting.jobs.drain(..n).collect()
-        };
-        commit_group(&self.shared, batch);
-        let mut waiting = self.waiting.lock().map_err(poisoned)?;
-        match waiting.jobs.first() {
-            // Its owner waits for its answer; the lead comes first.
-            Some(next) => {
+        group_commit::lead_one(
+            &self.waiting,
+            MAX_BATCH,
+            |batch| commit_group(&self.shared, batch),
+            |next| {
                 let _ = next.reply.send(Turn::Lead);
-            }
-            None => waiting.leading = false,
-        }
-        Ok(())
+            },
+        )
+        .map_err(poisoned)
     }
 }
 

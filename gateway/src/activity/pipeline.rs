@@ -332,41 +332,9 @@ fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, 
 /// `{organizationId, type, parameters}` with sorted keys, hashed: what an Idempotency-Key
 /// promises stays the same.
 pub fn intent_hash(env: &Envelope) -> String {
-    fn canonical(v: &Value, out: &mut String) {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::String((*k).clone()).to_string());
-                    out.push(':');
-                    canonical(&m[*k], out);
-                }
-                out.push('}');
-            }
-            Value::Array(a) => {
-                out.push('[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    canonical(x, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut s = String::new();
-    canonical(
-        &json!({"organizationId": env.organization_id, "type": env.activity_type, "parameters": env.parameters}),
-        &mut s,
-    );
-    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+    let intent =
+        json!({"organizationId": env.organization_id, "type": env.activity_type, "parameters": env.parameters});
+    hex::encode(sha2::Sha256::digest(coffer_auth::proof::canonical_json(&intent).as_bytes()))
 }
 
 /// The `Idempotency-Key` header, if any (1-255 visible ASCII characters).
