@@ -194,7 +194,9 @@ impl Enclave for EnclaveService {
     async fn get_boot_proof(&self, _req: Request<pb::GetBootProofRequest>) -> Answer<pb::BootProof> {
         match &self.boot {
             Some(b) => Ok(Response::new(b.as_ref().clone())),
-            None => Err(Status::failed_precondition("this enclave has no boot proof: its token has no proof key")),
+            None => Err(Status::not_found(
+                "this enclave has no boot proof: its token has no proof key (run `coffer-enclave init`)",
+            )),
         }
     }
 

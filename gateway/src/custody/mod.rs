@@ -238,6 +238,8 @@ fn api_error(s: tonic::Status) -> ApiError {
             ApiError::forbidden(s.message().to_string())
         }
         tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
+        // Something the enclave does not have (a boot proof on a token without a proof key).
+        tonic::Code::NotFound => ApiError::not_found(s.message().to_string()),
         // An OAuth 2.0 provider failed the enclave's request: 502, naming the provider.
         tonic::Code::Aborted => ApiError {
             status: Some(axum::http::StatusCode::BAD_GATEWAY),
@@ -311,6 +313,8 @@ mod tests {
         assert_eq!((e.turnkey_code, e.status), ("OAUTH2_PROVIDER_ERROR", Some(axum::http::StatusCode::BAD_GATEWAY)));
         let e = api_error(tonic::Status::failed_precondition("seal"));
         assert_eq!((e.code, e.message.as_str()), (Code::Internal, "stored key material failed to open"));
+        let e = api_error(tonic::Status::not_found("no boot proof"));
+        assert_eq!((e.code, e.message.as_str()), (Code::NotFound, "no boot proof"));
         let e = api_error(tonic::Status::unavailable("connection refused"));
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.starts_with("enclave unavailable"), "{}", e.message);
