@@ -260,10 +260,19 @@ async fn concurrent_signing_during_enclave_kill() {
                 other => panic!("{message}: unexpected status {other}: {}", r.text),
             }
         }
+        // However the twenty fell around the kill (each also waits for its activity log link, so
+        // all may have been sent before it): requests sent once it is done fail.
+        for i in 0..3 {
+            let message = format!("after-the-kill-{i}");
+            let r = post(&base, "/public/v1/submit/sign_raw_payload", sign_body(&org, &address, &message), &key).await;
+            assert_eq!(r.status, 503, "{message} was sent after the kill: {}", r.text);
+            assert_unavailable(&r);
+            unavailable += 1;
+        }
         eprintln!("concurrent kill: ok={ok} unavailable={unavailable} in flight at the kill={in_flight}");
-        assert_eq!(ok + unavailable, 20);
+        assert_eq!(ok + unavailable, 23);
         assert!(ok >= 3, "requests completed before the kill succeed: ok={ok}");
-        assert!(unavailable >= 1, "requests after the kill fail: unavailable={unavailable}");
+        assert!(unavailable >= 3, "requests after the kill fail: unavailable={unavailable}");
         // Exactly the successful signatures were recorded: once settled, the activities are the
         // wallet's and one per 200, nothing for a 503.
         assert_eq!(settled_count(&stack, &key, &org).await, before.len() + ok);
