@@ -282,6 +282,7 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
 }
 
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
+    let started_at_ms = coffer_enclave::authority::now_ms();
     let hsm = Arc::new(open_hsm(&cfg)?);
     let signer = hsm.signer_public_key()?;
     if let Some(dir) = cfg.socket.parent() {
@@ -337,7 +338,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let service = Arc::new(
         EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone()))
             .with_operators(coffer_enclave::operator::Operators::new(operators))
-            .with_boot_proof(&coffer_enclave::proofs::BootFacts {
+            .with_boot_proof(coffer_enclave::proofs::BootFacts {
                 configuration_digest: {
                     use sha2::Digest;
                     // The configuration as read (no secret is in it: PINs and passwords are in
@@ -346,6 +347,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
                 },
                 pkcs11_module: cfg.pkcs11_module.display().to_string(),
                 token_label: cfg.token_label.clone(),
+                started_at_ms,
             }),
     );
     // Over TCP, only a client presenting a certificate of `client_ca` gets a connection: what

@@ -17,13 +17,12 @@ use crate::hsm::Hsm;
 /// `payload`, signed by the proof key.
 fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
     let signature = hsm.sign_proof(&payload)?;
-    let p = proof::app_proof(&hsm.proof_public_key()?, payload, &signature);
-    Ok(pb::AppProof {
-        scheme: p.scheme,
-        public_key: p.public_key,
-        proof_payload: p.proof_payload,
-        signature: p.signature,
-    })
+    Ok(wire(proof::app_proof(&hsm.proof_public_key()?, payload, &signature)))
+}
+
+/// A proof as the gRPC contract carries it.
+fn wire(p: proof::AppProof) -> pb::AppProof {
+    pb::AppProof { scheme: p.scheme, public_key: p.public_key, proof_payload: p.proof_payload, signature: p.signature }
 }
 
 /// When the stamped body asks for proofs: one `APP_PROOF_TYPE_POLICY_OUTCOME` proof of the
@@ -114,6 +113,8 @@ pub struct BootFacts {
     pub configuration_digest: String,
     pub pkcs11_module: String,
     pub token_label: String,
+    /// When the process started (ms since the Unix epoch).
+    pub started_at_ms: i64,
 }
 
 /// The enclave's boot proof: its manifest (binary, version, configuration, HSM, service keys,
@@ -121,7 +122,7 @@ pub struct BootFacts {
 /// only the HSM holds; there is no hardware attestation of the process (README "Proofs").
 pub fn boot_proof(hsm: &Hsm, facts: &BootFacts) -> Result<pb::BootProof, EnclaveError> {
     use sha2::Digest;
-    let started = now_ms();
+    let started = facts.started_at_ms;
     let binary = std::env::current_exe()
         .and_then(std::fs::read)
         .map(|b| hex::encode(sha2::Sha256::digest(b)))
@@ -207,13 +208,8 @@ pub fn record_activity(
         if sign {
             signed(hsm, payload)
         } else {
-            let p = proof::app_proof(&key, payload, &[0; 64]);
-            Ok(pb::AppProof {
-                scheme: p.scheme,
-                public_key: p.public_key,
-                proof_payload: p.proof_payload,
-                signature: String::new(),
-            })
+            // Inside a group: covered by the group's signed last link.
+            Ok(pb::AppProof { signature: String::new(), ..wire(proof::app_proof(&key, payload, &[0; 64])) })
         }
     };
     let (link, seq) = log.append(store, entry, &sign)?;

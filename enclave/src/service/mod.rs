@@ -33,8 +33,10 @@ pub struct EnclaveService {
     authority: Arc<Authority>,
     login: Arc<LoginSettings>,
     operators: Arc<Operators>,
-    /// Signed at start (`with_boot_proof`); `None` until then, or on a token without a proof key.
-    boot: Option<Arc<pb::BootProof>>,
+    /// What the boot proof states of this process (`with_boot_proof`), and the proof, signed on
+    /// first request (hashing the binary is not start-up work).
+    boot_facts: Option<Arc<crate::proofs::BootFacts>>,
+    boot: Arc<std::sync::OnceLock<pb::BootProof>>,
 }
 
 /// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
@@ -44,19 +46,14 @@ impl EnclaveService {
     /// The service with no operator key (no organization can be bootstrapped): see
     /// [`EnclaveService::with_operators`].
     pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
-        Self { hsm, authority, login, operators: Arc::default(), boot: None }
+        Self { hsm, authority, login, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
     }
 
-    /// Signs the boot proof now, with what `facts` state of this process. A token without a
-    /// proof key (initialised before proofs existed) serves none until `init` runs again.
-    pub fn with_boot_proof(self, facts: &crate::proofs::BootFacts) -> Self {
-        match crate::proofs::boot_proof(&self.hsm, facts) {
-            Ok(proof) => Self { boot: Some(Arc::new(proof)), ..self },
-            Err(e) => {
-                tracing::warn!(error = %e, "no boot proof (run `coffer-enclave init` to add the proof key)");
-                self
-            }
-        }
+    /// The boot proof states `facts` of this process; it is signed when first asked for. A
+    /// token without a proof key (initialised before proofs existed) serves none until `init`
+    /// runs again.
+    pub fn with_boot_proof(self, facts: crate::proofs::BootFacts) -> Self {
+        Self { boot_facts: Some(Arc::new(facts)), ..self }
     }
 
     /// The operator keys whose stamps `BootstrapOrganization` accepts.
@@ -192,11 +189,21 @@ impl Enclave for EnclaveService {
     }
 
     async fn get_boot_proof(&self, _req: Request<pb::GetBootProofRequest>) -> Answer<pb::BootProof> {
-        match &self.boot {
-            Some(b) => Ok(Response::new(b.as_ref().clone())),
-            None => Err(Status::not_found(
-                "this enclave has no boot proof: its token has no proof key (run `coffer-enclave init`)",
-            )),
+        if let Some(b) = self.boot.get() {
+            return Ok(Response::new(b.clone()));
+        }
+        let missing = || {
+            Status::not_found("this enclave has no boot proof: its token has no proof key (run `coffer-enclave init`)")
+        };
+        let facts = self.boot_facts.clone().ok_or_else(missing)?;
+        let (hsm, boot) = (self.hsm.clone(), self.boot.clone());
+        let signed = blocking(move || crate::proofs::boot_proof(&hsm, &facts)).await;
+        match signed {
+            Ok(proof) => Ok(Response::new(boot.get_or_init(|| proof.into_inner()).clone())),
+            Err(e) => {
+                tracing::warn!(error = %e, "no boot proof (run `coffer-enclave init` to add the proof key)");
+                Err(missing())
+            }
         }
     }
 

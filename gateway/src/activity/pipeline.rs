@@ -185,17 +185,7 @@ async fn apply_in_enclave(
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
 fn taken_proofs(proofs: &crate::custody::AppProofs) -> Vec<Value> {
     let taken = proofs.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
-    taken
-        .into_iter()
-        .map(|p| {
-            json!({
-                "scheme": p.scheme,
-                "publicKey": p.public_key,
-                "proofPayload": p.proof_payload,
-                "signature": p.signature,
-            })
-        })
-        .collect()
+    taken.iter().map(render::app_proof).collect()
 }
 
 /// Has the enclave append a finished activity, as the API renders it, to its organization's log:
@@ -210,13 +200,7 @@ async fn log_link(
     let request = coffer_proto::v1::RecordActivityRequest { request: Some(submission), activity };
     match state.custody.record_activity(request).await {
         Ok(recorded) => {
-            let link = recorded.link?;
-            let link = json!({
-                "scheme": link.scheme,
-                "publicKey": link.public_key,
-                "proofPayload": link.proof_payload,
-                "signature": link.signature,
-            });
+            let link = render::app_proof(&recorded.link?);
             Some(Write::InsertLogLink {
                 organization_id: record.organization_id.clone(),
                 seq: recorded.seq,

@@ -56,6 +56,11 @@ pub fn activity(a: &ActivityRecord, can_vote: bool) -> Value {
     out
 }
 
+/// The swagger `v1AppProof` object of an enclave proof.
+pub fn app_proof(p: &coffer_proto::v1::AppProof) -> Value {
+    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload, "signature": p.signature })
+}
+
 /// The swagger `ApiKey` object.
 pub fn api_key_json(k: &ApiKey) -> Value {
     let mut v = json!({

@@ -19,10 +19,6 @@ const MAX_UNLOGGED: usize = 1_000;
 const ENCLAVE_APP: &str = "coffer-enclave";
 const OWNER: &str = "coffer";
 
-fn proof_json(p: &pb::AppProof) -> Value {
-    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload, "signature": p.signature })
-}
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ListAppProofsRequest {
@@ -49,7 +45,7 @@ fn boot_proof_json(b: &pb::BootProof) -> Result<Value, ApiError> {
         "ephemeralPublicKeyHex": proof.public_key,
         "awsAttestationDocB64": "",
         "qosManifestB64": b64.encode(proof.proof_payload.as_bytes()),
-        "qosManifestEnvelopeB64": b64.encode(proof_json(proof).to_string().as_bytes()),
+        "qosManifestEnvelopeB64": b64.encode(render::app_proof(proof).to_string().as_bytes()),
         "deploymentLabel": b.version,
         "enclaveApp": ENCLAVE_APP,
         "owner": OWNER,
@@ -132,7 +128,7 @@ pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Re
         .collect();
     let mut out = serde_json::Map::new();
     out.insert("organizationId".into(), Value::String(ctx.org.id.clone()));
-    out.insert("head".into(), head.head.as_ref().map_or(Value::Null, proof_json));
+    out.insert("head".into(), head.head.as_ref().map_or(Value::Null, render::app_proof));
     out.insert("headSeq".into(), Value::String(head.seq.to_string()));
     out.insert("links".into(), Value::Array(links));
     out.insert("unlogged".into(), Value::Array(unlogged.iter().map(|a| render::activity(a, false)).collect()));
