@@ -23,10 +23,17 @@ lint-deploy: deps
 # end-to-end family again on PostgreSQL, with the same binaries, except enclave_authority (it
 # rewrites the SQLite file under the gateway, as an attacker with the database would).
 E2E_ON_POSTGRES ?= approvals custody errors login organization passkeys policies policy_cost resilience suborgs transactions tvc users webhooks
+# The HSM layer's tests run on SoftHSM and on kryoptic (deploy/build-kryoptic.sh, cached), and these
+# end-to-end families run again with kryoptic as the enclave's module (README "Pointing the enclave
+# at a real HSM").
+E2E_ON_KRYOPTIC ?= custody login proofs transactions webhooks
+KRYOPTIC_ENV = COFFER_KRYOPTIC_MODULE=$$(cat target/kryoptic-module) COFFER_REQUIRE_KRYOPTIC=1
 test: deps lint-deploy lint
 	$(CARGO) build --bins --locked
-	$(CARGO) test --workspace --locked
+	mkdir -p target && ./deploy/build-kryoptic.sh > target/kryoptic-module
+	$(KRYOPTIC_ENV) $(CARGO) test --workspace --locked
 	COFFER_TEST_STORE=postgres $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_POSTGRES))
+	COFFER_TEST_HSM=kryoptic $(KRYOPTIC_ENV) $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_KRYOPTIC))
 
 # Throughput and latency against the raw HSM, in one run (release build); see README "Performance".
 bench: deps

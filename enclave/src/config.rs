@@ -16,8 +16,14 @@ pub struct EnclaveConfig {
     pub pin_env: String,
     /// A file holding the user PIN (first line); used when set, instead of `pin_env`.
     pub pin_file: Option<PathBuf>,
-    /// Most PKCS#11 sessions kept open for reuse. Default 16.
+    /// Most PKCS#11 sessions open for operations at once (callers past it wait), kept open for
+    /// reuse; the module profile's own limit, less the anchor session, caps it. Default 16.
     pub session_pool: usize,
+    /// What the enclave may assume about the PKCS#11 module (README "Pointing the enclave at a
+    /// real HSM"): `auto` (from the module's manufacturer), `softhsm`, `kryoptic`, `cloudhsm`,
+    /// `luna`, `luna-fips`, `nshield`, `yubihsm`, `gcp-kms` or `generic`. Default `auto`.
+    /// Environment: `COFFER_HSM_PROFILE`.
+    pub hsm_profile: String,
     /// Unix socket the gRPC service listens on. Default `./.coffer/enclave.sock`.
     pub socket: PathBuf,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -154,6 +160,7 @@ impl Default for EnclaveConfig {
             pin_env: "COFFER_HSM_PIN".into(),
             pin_file: None,
             session_pool: 16,
+            hsm_profile: "auto".into(),
             socket: PathBuf::from("./.coffer/enclave.sock"),
             log: "info".into(),
             freshness_window_secs: 300,
@@ -183,6 +190,10 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_TOKEN_LABEL") {
             cfg.token_label = v;
         }
+        if let Ok(v) = std::env::var("COFFER_HSM_PROFILE") {
+            cfg.hsm_profile = v.trim().to_string();
+        }
+        crate::hsm::ModuleProfile::configured(&cfg.hsm_profile)?;
         if let Ok(v) = std::env::var("COFFER_HSM_PIN_FILE") {
             cfg.pin_file = Some(v.into());
         }

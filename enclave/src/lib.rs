@@ -16,6 +16,7 @@ pub mod proofs;
 pub mod proxy_stamper;
 pub mod rules;
 pub mod service;
+pub mod service_key_shelf;
 pub mod sessions;
 
 pub use error::EnclaveError;

@@ -62,12 +62,31 @@ enum Command {
     },
 }
 
-fn open_hsm(cfg: &EnclaveConfig) -> anyhow::Result<Hsm> {
+/// The authority store, after the socket's directory exists (the default store file is in it).
+fn open_store(cfg: &EnclaveConfig) -> anyhow::Result<Arc<dyn coffer_enclave::authority_store::AuthorityStore>> {
+    if let Some(dir) = cfg.socket.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    let settings = cfg.store_settings();
+    let store = coffer_enclave::authority_store::open(&settings)?;
+    tracing::info!(store = %coffer_enclave::authority_store::redact(&settings.url), "authority store open");
+    Ok(store)
+}
+
+/// The HSM under its profile, with `store` keeping the service keys the module cannot hold.
+fn open_hsm(
+    cfg: &EnclaveConfig,
+    store: &Arc<dyn coffer_enclave::authority_store::AuthorityStore>,
+) -> anyhow::Result<Hsm> {
     Ok(Hsm::open(HsmSettings {
         module: cfg.pkcs11_module.clone(),
         token_label: cfg.token_label.clone(),
         pin: cfg.pin()?,
         pool_size: cfg.session_pool,
+        profile: coffer_enclave::hsm::ModuleProfile::configured(&cfg.hsm_profile)?,
+        shelf: Some(Arc::new(coffer_enclave::service_key_shelf::ServiceKeyShelf(store.clone()))),
     })?)
 }
 
@@ -87,6 +106,13 @@ async fn main() -> anyhow::Result<()> {
 
     match cli.command {
         Command::InitToken => {
+            let profile = coffer_enclave::hsm::ModuleProfile::configured(&cfg.hsm_profile)?;
+            if let Some(profile) = profile.filter(|p| !p.init_token) {
+                anyhow::bail!(
+                    "hsm_profile {:?}: this module's tokens (partitions) are made with its vendor's tools, not C_InitToken",
+                    profile.name
+                );
+            }
             let so_pin = zeroize::Zeroizing::new(
                 std::env::var("COFFER_HSM_SO_PIN")
                     .map_err(|_| anyhow::anyhow!("set COFFER_HSM_SO_PIN to initialize a token"))?,
@@ -101,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Init => {
-            let hsm = open_hsm(&cfg)?;
+            let hsm = open_hsm(&cfg, &open_store(&cfg)?)?;
             let created = hsm.init_service_keys()?;
             let signer = hex::encode(hsm.signer_public_key()?);
             println!("{}", serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer }));
@@ -132,8 +158,8 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::CertifyExisting => {
             use std::io::BufRead;
-            let hsm = Arc::new(open_hsm(&cfg)?);
-            let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+            let store = open_store(&cfg)?;
+            let hsm = Arc::new(open_hsm(&cfg, &store)?);
             let authority = coffer_enclave::authority::Authority::new(hsm, 0, store);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
@@ -283,17 +309,9 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
 
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let started_at_ms = coffer_enclave::authority::now_ms();
-    let hsm = Arc::new(open_hsm(&cfg)?);
+    let store = open_store(&cfg)?;
+    let hsm = Arc::new(open_hsm(&cfg, &store)?);
     let signer = hsm.signer_public_key()?;
-    if let Some(dir) = cfg.socket.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)?;
-        }
-    }
-    // After the socket's directory exists: the default store file is created in it.
-    let settings = cfg.store_settings();
-    let store = coffer_enclave::authority_store::open(&settings)?;
-    tracing::info!(store = %coffer_enclave::authority_store::redact(&settings.url), "authority store open");
     let authority = Arc::new(
         coffer_enclave::authority::Authority::new(
             hsm.clone(),

@@ -519,11 +519,15 @@ pub fn eip712(data: &[u8]) -> Outcome {
 pub fn sealed_blob(data: &[u8]) -> Outcome {
     use coffer_enclave::hsm::{fuzzing, is_legacy};
 
-    let Ok((version, kek_label, iv, ciphertext)) = fuzzing::decode(data) else { return Outcome::Rejected };
-    assert!(matches!(version, 1 | 2));
+    let Ok((version, kek_label, iv_source, iv, ciphertext)) = fuzzing::decode(data) else { return Outcome::Rejected };
+    assert!(matches!(version, 1..=3));
     assert_eq!(is_legacy(data), version == 1);
     assert!(ciphertext.len() >= 16, "the blob holds at least the GCM tag");
-    assert_eq!(fuzzing::encode(version, kek_label, &iv, ciphertext), data, "decode and encode round-trip");
+    match version {
+        3 => assert!((1..=5).contains(&iv_source) && (1..=64).contains(&iv.len()), "a recorded IV origin and length"),
+        _ => assert_eq!((iv_source, iv.len()), (0, 12), "versions 1 and 2: a 12-byte caller IV"),
+    }
+    assert_eq!(fuzzing::encode(version, kek_label, iv_source, iv, ciphertext), data, "decode and encode round-trip");
     Outcome::Accepted
 }
 

@@ -501,9 +501,11 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.extend(policy_cost_seeds().into_iter().map(|(n, b, _)| ("policy_cost", n.to_string(), b)));
     out.extend(eip712_seeds().into_iter().map(|(n, b)| ("eip712", n.to_string(), b)));
     // No HSM here, so the sealed blobs are synthetic: well formed, with a made-up ciphertext ‖ tag.
-    out.push(("sealed_blob", "v2".into(), encode(2, "coffer-kek-v1", &[7; 12], &[1; 48])));
-    out.push(("sealed_blob", "v1-legacy".into(), encode(1, "coffer-kek-v1", &[9; 12], &[2; 16])));
-    out.push(("sealed_blob", "empty-label".into(), encode(2, "", &[0; 12], &[3; 16])));
+    out.push(("sealed_blob", "v3-caller-iv".into(), encode(3, "coffer-kek-v1", 1, &[7; 12], &[1; 48])));
+    out.push(("sealed_blob", "v3-appended-16-byte-iv".into(), encode(3, "coffer-kek-v1", 3, &[6; 16], &[1; 48])));
+    out.push(("sealed_blob", "v2".into(), encode(2, "coffer-kek-v1", 0, &[7; 12], &[1; 48])));
+    out.push(("sealed_blob", "v1-legacy".into(), encode(1, "coffer-kek-v1", 0, &[9; 12], &[2; 16])));
+    out.push(("sealed_blob", "empty-label".into(), encode(2, "", 0, &[0; 12], &[3; 16])));
     out.extend(transaction_seeds().into_iter().map(|(n, b)| ("transaction", n, b)));
     out.extend(login_seeds());
     out.push(("activity_log", "three-links".into(), activity_log_seed()));

@@ -74,6 +74,19 @@ pub struct Stack {
     store_url: String,
 }
 
+/// The kryoptic module when the run's end-to-end stacks use it (`COFFER_TEST_HSM=kryoptic`,
+/// the module from `COFFER_KRYOPTIC_MODULE`); SoftHSM otherwise.
+pub fn kryoptic_under_test() -> Option<String> {
+    match std::env::var("COFFER_TEST_HSM").as_deref() {
+        Err(_) | Ok("") | Ok("softhsm") => None,
+        Ok("kryoptic") => Some(
+            std::env::var("COFFER_KRYOPTIC_MODULE")
+                .expect("COFFER_TEST_HSM=kryoptic needs COFFER_KRYOPTIC_MODULE (deploy/build-kryoptic.sh)"),
+        ),
+        Ok(other) => panic!("COFFER_TEST_HSM={other:?}: expected softhsm or kryoptic"),
+    }
+}
+
 impl Stack {
     fn env(&self, cmd: &mut Command) {
         cmd.env("SOFTHSM2_CONF", self.dir.join("softhsm2.conf"))
@@ -138,6 +151,18 @@ impl Stack {
             "postgres" => postgres::server().fresh_database(),
             _ => format!("sqlite://{}", dir.join("coffer.db").display()),
         };
+        let mut extra_env: Vec<(String, String)> = Vec::new();
+        if let Some(module) = kryoptic_under_test() {
+            // The run's PKCS#11 module is kryoptic: a token of one slot in the stack's directory.
+            let conf = dir.join("kryoptic.conf");
+            let db = dir.join("tokens/kryoptic.sql");
+            std::fs::write(&conf, format!("[[slots]]\nslot = 0\ndbtype = \"sqlite\"\ndbargs = \"{}\"\n", db.display()))
+                .unwrap();
+            extra_env.push(("COFFER_PKCS11_MODULE".into(), module));
+            extra_env.push(("KRYOPTIC_CONF".into(), conf.display().to_string()));
+            extra_env.push(("COFFER_HSM_PROFILE".into(), "kryoptic".into()));
+        }
+        extra_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut stack = Stack {
             store_url,
             dir,
@@ -154,7 +179,7 @@ impl Stack {
             port: free_port(),
             auth_proxy_port: free_port(),
             operator_public_key: String::new(),
-            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            extra_env,
         };
         stack.base_url = format!("http://127.0.0.1:{}", stack.port);
         stack.run("coffer-enclave", &["init-token"]);

@@ -202,6 +202,20 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
 }
 
+fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
+    use coffer_enclave::hsm::SealedKeyShelf;
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    assert_eq!(a.sealed_service_key("coffer-webhook-signer-v1").unwrap(), None);
+    assert_eq!(a.keep_sealed_service_key("coffer-webhook-signer-v1", b"first").unwrap(), b"first");
+    // A second enclave initialising at the same time keeps the first key, not its own.
+    assert_eq!(b.keep_sealed_service_key("coffer-webhook-signer-v1", b"second").unwrap(), b"first");
+    assert_eq!(b.sealed_service_key("coffer-webhook-signer-v1").unwrap().as_deref(), Some(&b"first"[..]));
+    let shelf = coffer_enclave::service_key_shelf::ServiceKeyShelf(b.clone());
+    assert_eq!(shelf.keep_sealed_service_key("coffer-cert-mac-v1", &[0, 1, 255]).unwrap(), [0, 1, 255]);
+    assert_eq!(shelf.sealed_service_key("coffer-cert-mac-v1").unwrap().as_deref(), Some(&[0u8, 1, 255][..]));
+    assert_eq!(a.sealed_service_key("coffer-tls-fetcher-v1").unwrap(), None);
+}
+
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
     let settings = StoreSettings { url: "mysql://enclave:hunter2@db/x".into(), ..Default::default() };
     let err = open(&settings).err().expect("refused").to_string();
@@ -228,6 +242,7 @@ macro_rules! conformance {
 }
 
 conformance!(
+    sealed_service_keys_are_kept_once_for_every_enclave,
     versions_compare_and_set,
     concurrent_changes_apply_once,
     the_replay_window_is_shared_with_a_quota_per_organization,

@@ -146,6 +146,11 @@ pub trait AuthorityStore: Send + Sync {
     /// is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise). Committed
     /// before it returns.
     fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError>;
+    /// The sealed service key labelled `label` (kept for modules that cannot hold it, see
+    /// `hsm::SealedKeyShelf`).
+    fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keeps `blob` under `label` unless a key is there already; returns the one kept.
+    fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError>;
 
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of

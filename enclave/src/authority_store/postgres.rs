@@ -120,6 +120,12 @@ CREATE TABLE log_heads (
     head TEXT NOT NULL
 );
 ",
+    r"
+CREATE TABLE sealed_service_keys (
+    label TEXT PRIMARY KEY,
+    blob BYTEA NOT NULL
+);
+",
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).
@@ -334,6 +340,28 @@ impl Drop for PostgresAuthorityStore {
 }
 
 impl AuthorityStore for PostgresAuthorityStore {
+    fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.with_conn(|client| {
+            let row =
+                client.query_opt("SELECT blob FROM sealed_service_keys WHERE label = $1", &[&label]).map_err(pg)?;
+            row.map(|r| r.try_get(0).map_err(pg)).transpose()
+        })
+    }
+
+    fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
+        self.with_conn(|client| {
+            client
+                .execute(
+                    "INSERT INTO sealed_service_keys (label, blob) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &[&label, &blob],
+                )
+                .map_err(pg)?;
+            let row =
+                client.query_one("SELECT blob FROM sealed_service_keys WHERE label = $1", &[&label]).map_err(pg)?;
+            row.try_get(0).map_err(pg)
+        })
+    }
+
     fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
         self.with_conn(|client| {
             let row = client

@@ -82,6 +82,12 @@ CREATE TABLE log_heads (
     head TEXT NOT NULL
 ) WITHOUT ROWID;
 ",
+    r"
+CREATE TABLE sealed_service_keys (
+    label TEXT PRIMARY KEY,
+    blob BLOB NOT NULL
+) WITHOUT ROWID;
+",
 ];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own
@@ -618,6 +624,24 @@ fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreErr
 }
 
 impl AuthorityStore for SqliteAuthorityStore {
+    fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT blob FROM sealed_service_keys WHERE label = ?1")
+                .and_then(|mut st| st.query_row([label], |r| r.get(0)).optional())
+                .map_err(sq)
+        })
+    }
+
+    fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let conn = self.writer.lock().map_err(poisoned)?;
+        conn.prepare_cached("INSERT INTO sealed_service_keys (label, blob) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
+            .and_then(|mut st| st.execute(rusqlite::params![label, blob]))
+            .map_err(sq)?;
+        drop(conn);
+        self.sealed_service_key(label)?
+            .ok_or_else(|| StoreError::Invalid(format!("sealed service key {label} vanished")))
+    }
+
     fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
         self.read(|conn| {
             let row: Option<(i64, String)> = conn

@@ -13,7 +13,7 @@ pub enum HsmError {
     Library { call: &'static str, message: String },
     #[error("no initialized token with label {0:?} (check the token label and SOFTHSM2_CONF)")]
     TokenNotFound(String),
-    #[error("service key {0:?} is missing from the token: run `coffer-enclave init`")]
+    #[error("service key {0:?} is missing from the token: run `coffer-enclave init` (and restart the enclave where the module does not see other processes' new objects)")]
     KeyMissing(&'static str),
     #[error("sealed blob names KEK {0:?}, which this enclave does not hold")]
     UnknownKek(String),
@@ -23,6 +23,14 @@ pub enum HsmError {
     Malformed(&'static str),
     #[error("HSM state lock poisoned")]
     Poisoned,
+    #[error("unknown hsm_profile {name:?} (one of: {known})")]
+    UnknownProfile { name: String, known: String },
+    #[error("the PKCS#11 module does not offer what hsm_profile {profile:?} needs: {missing}")]
+    ProfileUnsupported { profile: &'static str, missing: String },
+    #[error("service key {0:?} is kept sealed on this module, and no authority store was given to keep it in")]
+    NoShelf(&'static str),
+    #[error("sealed service keys: {0}")]
+    Shelf(String),
 }
 
 impl HsmError {

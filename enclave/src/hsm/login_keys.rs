@@ -9,6 +9,7 @@ use zeroize::Zeroizing;
 
 use super::error::HsmError;
 use super::key_labels::{LoginKey, LoginPublicKeys, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, TLS_FETCHER_LABEL};
+use super::software_keys;
 use super::token::Hsm;
 
 fn point65(v: Vec<u8>) -> Result<[u8; 65], HsmError> {
@@ -21,17 +22,26 @@ fn point65(v: Vec<u8>) -> Result<[u8; 65], HsmError> {
 }
 
 impl Hsm {
+    /// Whether the TLS-fetcher key is a token object (else it is a sealed software key).
+    fn tls_fetcher_in_hsm(&self) -> Result<bool, HsmError> {
+        Ok(self.keys()?.tls_fetcher.is_some())
+    }
+
     /// The login keys' public halves, read once from the token.
     pub fn login_public_keys(&self) -> Result<LoginPublicKeys, HsmError> {
         if let Some(keys) = self.login_public.get() {
             return Ok(*keys);
         }
         let read = |label| self.public_point(label, 65).and_then(point65);
-        let keys = LoginPublicKeys {
-            notarizer: read(NOTARIZER_LABEL)?,
-            oidc_issuer: read(OIDC_ISSUER_LABEL)?,
-            tls_fetcher: read(TLS_FETCHER_LABEL)?,
+        let tls_fetcher = match self.tls_fetcher_in_hsm()? {
+            true => read(TLS_FETCHER_LABEL)?,
+            false => {
+                let key = software_keys::p256_key(&self.open_sealed_key(TLS_FETCHER_LABEL)?)?;
+                point65(key.public_key().to_sec1_bytes().to_vec())?
+            }
         };
+        let keys =
+            LoginPublicKeys { notarizer: read(NOTARIZER_LABEL)?, oidc_issuer: read(OIDC_ISSUER_LABEL)?, tls_fetcher };
         Ok(*self.login_public.get_or_init(|| keys))
     }
 
@@ -66,10 +76,18 @@ impl Hsm {
     }
 
     /// The raw ECDH shared secret (the x-coordinate) of the TLS-fetcher key and `peer`, an
-    /// uncompressed P-256 point. The derived secret is a session object, destroyed at once.
+    /// uncompressed P-256 point. In the HSM the derived secret is a session object, destroyed at
+    /// once; where the profile keeps the key sealed, it is opened in the enclave for this one use.
     pub fn tls_fetcher_ecdh(&self, peer: &[u8; 65]) -> Result<Zeroizing<[u8; 32]>, HsmError> {
-        if p256::PublicKey::from_sec1_bytes(peer).is_err() {
+        let Ok(peer_key) = p256::PublicKey::from_sec1_bytes(peer) else {
             return Err(HsmError::Malformed("the sender key is not a P-256 point"));
+        };
+        if !self.tls_fetcher_in_hsm()? {
+            let key = software_keys::p256_key(&self.open_sealed_key(TLS_FETCHER_LABEL)?)?;
+            let shared = p256::ecdh::diffie_hellman(key.to_nonzero_scalar(), peer_key.as_affine());
+            let mut out = Zeroizing::new([0u8; 32]);
+            out.copy_from_slice(shared.raw_secret_bytes());
+            return Ok(out);
         }
         let value = self.with_session(
             |s, keys| {

@@ -1,12 +1,17 @@
-//! PKCS#11 custody: one module load, one login held by an anchor session, a session pool, and
-//! the service keys (the AES-256 KEK, the P-256 bundle signer and the credential-certificate
-//! HMAC key, the login keys), found by label.
+//! PKCS#11 custody: one module load, a profile of what the module can do, one login held by an
+//! anchor session, a bounded session pool, and the service keys (the AES-256 KEK, the P-256
+//! bundle signer and the credential-certificate HMAC key, the login keys), found by label.
 
 mod error;
+mod kek;
 mod key_labels;
 mod login_keys;
+mod pool;
+mod profile;
 mod proof_key;
 mod seal;
+mod sealed_keys;
+mod software_keys;
 mod token;
 
 pub use error::HsmError;
@@ -14,7 +19,9 @@ pub use key_labels::{
     LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL,
     SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
+pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
+pub use software_keys::SealedKeyShelf;
 pub use token::{init_token, Hsm, HsmSettings};
 
 /// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the
@@ -23,17 +30,20 @@ pub use token::{init_token, Hsm, HsmSettings};
 pub mod fuzzing {
     use super::error::HsmError;
 
-    /// A decoded blob: (version, KEK label, IV, ciphertext ‖ tag).
-    pub type Decoded<'a> = (u8, &'a str, [u8; 12], &'a [u8]);
+    /// A decoded blob: (version, KEK label, IV source code (0 before version 3), IV,
+    /// ciphertext ‖ tag).
+    pub type Decoded<'a> = (u8, &'a str, u8, &'a [u8], &'a [u8]);
 
-    /// Decodes `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`.
+    /// Decodes a blob of any version (`seal::encode` gives the layouts).
     pub fn decode(blob: &[u8]) -> Result<Decoded<'_>, HsmError> {
-        super::seal::decode(blob).map(|p| (p.version, p.kek_label, p.iv, p.ciphertext))
+        super::seal::decode(blob)
+            .map(|p| (p.version, p.kek_label, p.iv_source.map_or(0, |s| s.code()), p.iv, p.ciphertext))
     }
 
-    /// Encodes a blob as sealing does (`ciphertext` includes the tag).
-    pub fn encode(version: u8, kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
-        super::seal::encode(version, kek_label, iv, ciphertext)
+    /// Encodes a blob as sealing does (`ciphertext` includes the tag; `iv_source` is recorded
+    /// from version 3 on).
+    pub fn encode(version: u8, kek_label: &str, iv_source: u8, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+        super::seal::encode(version, kek_label, iv_source, iv, ciphertext)
     }
 }
 

@@ -1,17 +1,25 @@
-//! The sealed-blob format: versioned, names its KEK, and binds kind, usage, organization,
-//! resource, curve and address or public key.
+//! The sealed-blob format: versioned, names its KEK, records its IV (length and origin), and
+//! binds kind, usage, organization, resource, curve and address or public key.
 
 use super::error::HsmError;
+use super::profile::IvSource;
 
-pub(crate) const IV_LEN: usize = 12;
 pub(crate) const TAG_BITS: usize = 128;
+const TAG_LEN: usize = TAG_BITS / 8;
 const MAGIC: &[u8; 2] = b"CS";
-/// Version 2 binds curve, usage and address or public key; version 1 blobs (kind, organization
-/// and resource only) still open, and `coffer-enclave reseal` moves them to version 2.
-pub(crate) const VERSION: u8 = 2;
+/// Version 3 records its IV's length and origin (an IV the HSM chose may be 16 bytes); version 2
+/// binds curve, usage and address or public key with a fixed 12-byte IV; version 1 blobs (kind,
+/// organization and resource only) still open, and `coffer-enclave reseal` moves them on.
+pub(crate) const VERSION: u8 = 3;
+pub(crate) const V2: u8 = 2;
 pub(crate) const LEGACY_VERSION: u8 = 1;
+/// The IV length of versions 1 and 2.
+const FIXED_IV_LEN: usize = 12;
+/// The longest IV a version 3 blob may record.
+const MAX_IV_LEN: usize = 64;
 const DOMAIN_V1: &[u8] = b"coffer-seal-v1";
 const DOMAIN_V2: &[u8] = b"coffer-seal-v2";
+const DOMAIN_V3: &[u8] = b"coffer-seal-v3";
 
 /// The plaintext of an opened (unsealed) blob: wiped when dropped, never cloned, and its `Debug`
 /// prints only the length.
@@ -58,6 +66,8 @@ pub enum BlobKind {
     ImportTarget,
     /// The auth proxy user's P-256 API key: stamps login activities only.
     AuthProxyKey,
+    /// A service key the module cannot hold (its label is the resource).
+    ServiceKey,
 }
 
 impl BlobKind {
@@ -68,6 +78,7 @@ impl BlobKind {
             Self::PrivateKey => "private-key",
             Self::ImportTarget => "import-target",
             Self::AuthProxyKey => "auth-proxy-key",
+            Self::ServiceKey => "service-key",
         }
     }
 
@@ -78,6 +89,7 @@ impl BlobKind {
             Self::WalletAccountKey | Self::PrivateKey => "sign-and-export",
             Self::ImportTarget => "hpke-decrypt-import",
             Self::AuthProxyKey => "stamp-login-activities",
+            Self::ServiceKey => "enclave-service",
         }
     }
 }
@@ -102,15 +114,15 @@ impl<'a> BlobBinding<'a> {
         Self { kind, organization_id, resource_id, curve: "", address: "", public_key: "" }
     }
 
-    /// Version 2: AAD = domain ‖ kind ‖ usage ‖ organization ‖ resource ‖ curve ‖ address ‖
-    /// public key ‖ KEK label; version 1: domain ‖ kind ‖ organization ‖ resource ‖ KEK label.
-    /// Each field is length-prefixed.
+    /// Versions 2 and 3: AAD = domain ‖ kind ‖ usage ‖ organization ‖ resource ‖ curve ‖
+    /// address ‖ public key ‖ KEK label (version 3 has its own domain); version 1: domain ‖ kind
+    /// ‖ organization ‖ resource ‖ KEK label. Each field is length-prefixed.
     pub(crate) fn aad(&self, version: u8, kek_label: &str) -> Vec<u8> {
         let fields: Vec<&[u8]> = if version == LEGACY_VERSION {
             vec![DOMAIN_V1, self.kind.tag().as_bytes(), self.organization_id.as_bytes(), self.resource_id.as_bytes()]
         } else {
             vec![
-                DOMAIN_V2,
+                if version == V2 { DOMAIN_V2 } else { DOMAIN_V3 },
                 self.kind.tag().as_bytes(),
                 self.kind.usage().as_bytes(),
                 self.organization_id.as_bytes(),
@@ -135,13 +147,19 @@ pub fn is_legacy(blob: &[u8]) -> bool {
     blob.get(2) == Some(&LEGACY_VERSION)
 }
 
-/// `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`.
-pub(crate) fn encode(version: u8, kek_label: &str, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + kek_label.len() + iv.len() + ciphertext.len());
+/// Versions 1 and 2: `"CS" ‖ version ‖ len(kek) ‖ kek label ‖ iv(12) ‖ ciphertext ‖ tag(16)`;
+/// version 3: `"CS" ‖ 3 ‖ len(kek) ‖ kek label ‖ iv source ‖ len(iv) ‖ iv ‖ ciphertext ‖ tag(16)`.
+/// `iv_source` is ignored for versions 1 and 2.
+pub(crate) fn encode(version: u8, kek_label: &str, iv_source: u8, iv: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 + kek_label.len() + iv.len() + ciphertext.len());
     out.extend_from_slice(MAGIC);
     out.push(version);
     out.push(kek_label.len() as u8);
     out.extend_from_slice(kek_label.as_bytes());
+    if version == VERSION {
+        out.push(iv_source);
+        out.push(iv.len() as u8);
+    }
     out.extend_from_slice(iv);
     out.extend_from_slice(ciphertext);
     out
@@ -150,24 +168,36 @@ pub(crate) fn encode(version: u8, kek_label: &str, iv: &[u8], ciphertext: &[u8])
 pub(crate) struct ParsedBlob<'a> {
     pub version: u8,
     pub kek_label: &'a str,
-    pub iv: [u8; IV_LEN],
+    /// The recorded origin of the IV (version 3); `None` for versions 1 and 2 (caller IVs).
+    pub iv_source: Option<IvSource>,
+    pub iv: &'a [u8],
     pub ciphertext: &'a [u8],
 }
 
 pub(crate) fn decode(blob: &[u8]) -> Result<ParsedBlob<'_>, HsmError> {
-    let bad = HsmError::Malformed("sealed blob");
-    if blob.len() < 4 || &blob[..2] != MAGIC || !(blob[2] == VERSION || blob[2] == LEGACY_VERSION) {
-        return Err(bad);
+    let bad = || HsmError::Malformed("sealed blob");
+    let (header, rest) = blob.split_at_checked(4).ok_or_else(bad)?;
+    let version = header[2];
+    if &header[..2] != MAGIC || !matches!(version, LEGACY_VERSION | V2 | VERSION) {
+        return Err(bad());
     }
-    let label_len = blob[3] as usize;
-    let rest = &blob[4..];
-    if rest.len() < label_len + IV_LEN + TAG_BITS / 8 {
-        return Err(bad);
+    let (label, rest) = rest.split_at_checked(header[3] as usize).ok_or_else(bad)?;
+    let kek_label = std::str::from_utf8(label).map_err(|_| bad())?;
+    let (iv_source, iv_len, rest) = if version == VERSION {
+        let [source, len, rest @ ..] = rest else { return Err(bad()) };
+        let source = IvSource::from_code(*source).ok_or_else(bad)?;
+        if *len == 0 || *len as usize > MAX_IV_LEN {
+            return Err(bad());
+        }
+        (Some(source), *len as usize, rest)
+    } else {
+        (None, FIXED_IV_LEN, rest)
+    };
+    let (iv, ciphertext) = rest.split_at_checked(iv_len).ok_or_else(bad)?;
+    if ciphertext.len() < TAG_LEN {
+        return Err(bad());
     }
-    let kek_label = std::str::from_utf8(&rest[..label_len]).map_err(|_| HsmError::Malformed("sealed blob"))?;
-    let mut iv = [0u8; IV_LEN];
-    iv.copy_from_slice(&rest[label_len..label_len + IV_LEN]);
-    Ok(ParsedBlob { version: blob[2], kek_label, iv, ciphertext: &rest[label_len + IV_LEN..] })
+    Ok(ParsedBlob { version, kek_label, iv_source, iv, ciphertext })
 }
 
 #[cfg(test)]
@@ -201,6 +231,7 @@ mod tests {
         assert_ne!(a, BlobBinding { public_key: "", address: "02ab", ..base }.aad(VERSION, "k"));
         assert_ne!(a, base.aad(VERSION, "k2"));
         assert_ne!(a, base.aad(LEGACY_VERSION, "k"));
+        assert_ne!(a, base.aad(V2, "k"));
         // Length prefixes keep ("ab","c") and ("a","bc") apart.
         let x = BlobBinding { organization_id: "ab", resource_id: "c", ..base }.aad(VERSION, "k");
         let y = BlobBinding { organization_id: "a", resource_id: "bc", ..base }.aad(VERSION, "k");
@@ -211,18 +242,30 @@ mod tests {
 
     #[test]
     fn encode_decode_round_trip_and_rejects_garbage() {
-        let blob = encode(VERSION, "kek", &[7u8; 12], &[1u8; 40]);
+        let blob = encode(VERSION, "kek", IvSource::Appended.code(), &[7u8; 16], &[1u8; 40]);
         assert!(!is_legacy(&blob));
-        assert!(is_legacy(&encode(LEGACY_VERSION, "kek", &[7u8; 12], &[1u8; 40])));
+        assert!(is_legacy(&encode(LEGACY_VERSION, "kek", 0, &[7u8; 12], &[1u8; 40])));
         let p = decode(&blob).unwrap();
         assert_eq!(p.kek_label, "kek");
-        assert_eq!(p.iv, [7u8; 12]);
+        assert_eq!((p.iv_source, p.iv), (Some(IvSource::Appended), &[7u8; 16][..]));
         assert_eq!(p.ciphertext, &[1u8; 40][..]);
+        assert_eq!(p.version, VERSION);
+        // Version 2: a fixed 12-byte IV and no origin byte.
+        let v2 = encode(V2, "kek", 9, &[8u8; 12], &[2u8; 16]);
+        assert_eq!(v2.len(), 4 + 3 + 12 + 16);
+        let p = decode(&v2).unwrap();
+        assert_eq!((p.version, p.iv_source, p.iv, p.ciphertext), (V2, None, &[8u8; 12][..], &[2u8; 16][..]));
         assert!(decode(b"").is_err());
         assert!(decode(&blob[..20]).is_err());
-        assert_eq!(p.version, VERSION);
         let mut wrong_version = blob.clone();
         wrong_version[2] = 9;
         assert!(decode(&wrong_version).is_err());
+        for (at, value) in [(7, 0u8), (7, 6), (8, 0), (8, 65), (8, 200)] {
+            let mut bad = blob.clone();
+            bad[at] = value;
+            assert!(decode(&bad).is_err(), "byte {at} = {value}");
+        }
+        // A tag's worth of ciphertext at least.
+        assert!(decode(&encode(VERSION, "kek", 1, &[7u8; 12], &[1u8; 15])).is_err());
     }
 }

@@ -1,41 +1,130 @@
-//! Sealing and service keys against a real SoftHSM token (one per test process: the PKCS#11
-//! module is a process-wide singleton).
+//! Sealing, service keys, sessions and profiles against real PKCS#11 modules: SoftHSM 2, and
+//! kryoptic (`deploy/build-kryoptic.sh`, found through `COFFER_KRYOPTIC_MODULE`) where it is
+//! built. Every test runs on each module; `COFFER_REQUIRE_KRYOPTIC=1` (`make test`) makes a
+//! missing kryoptic a failure instead of a skip. A module is loaded once per test process.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cryptoki::object::{Attribute, AttributeType, ObjectClass};
 use cryptoki::types::AuthPin;
 
 use super::error::HsmError;
 use super::key_labels::*;
-use super::seal::{is_legacy, BlobBinding, BlobKind};
+use super::profile::{IvSource, KeyHome, ModuleProfile};
+use super::seal::{is_legacy, BlobBinding, BlobKind, LEGACY_VERSION, V2};
 use super::token::*;
 
-const MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
-pub(crate) fn hsm() -> Arc<Hsm> {
-    static HSM: OnceLock<Arc<Hsm>> = OnceLock::new();
-    HSM.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("coffer-hsm-test-{}", std::process::id()));
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Module {
+    SoftHsm,
+    Kryoptic,
+}
+
+/// A module's test directory (its token store and the authority store of sealed service keys),
+/// prepared once per process before the module is loaded.
+struct Prepared {
+    path: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+fn prepared(module: Module) -> Option<&'static Prepared> {
+    static SOFT: OnceLock<Prepared> = OnceLock::new();
+    static KRY: OnceLock<Option<Prepared>> = OnceLock::new();
+    let dir = |name: &str| {
+        let dir = std::env::temp_dir().join(format!("coffer-hsm-test-{name}-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("tokens")).unwrap();
-        let conf = dir.join("softhsm2.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-                dir.join("tokens").display()
-            ),
-        )
-        .unwrap();
-        // Set before the module is loaded (C_Initialize reads it); no other thread touches it.
-        std::env::set_var("SOFTHSM2_CONF", &conf);
-        let pin = || AuthPin::new("unit-test-pin".to_string().into());
-        assert!(init_token(MODULE.as_ref(), "unit", &AuthPin::new("unit-so-pin".to_string().into()), &pin()).unwrap());
-        // Idempotent: the token exists now.
-        assert!(!init_token(MODULE.as_ref(), "unit", &AuthPin::new("unit-so-pin".to_string().into()), &pin()).unwrap());
-        let hsm =
-            Hsm::open(HsmSettings { module: MODULE.into(), token_label: "unit".into(), pin: pin(), pool_size: 4 })
-                .unwrap();
+        dir
+    };
+    match module {
+        Module::SoftHsm => Some(SOFT.get_or_init(|| {
+            let dir = dir("softhsm");
+            let conf = dir.join("softhsm2.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                    dir.join("tokens").display()
+                ),
+            )
+            .unwrap();
+            // Set before the module is loaded (C_Initialize reads it).
+            std::env::set_var("SOFTHSM2_CONF", &conf);
+            Prepared { path: SOFTHSM.into(), dir }
+        })),
+        Module::Kryoptic => KRY
+            .get_or_init(|| {
+                let Some(path) = std::env::var_os("COFFER_KRYOPTIC_MODULE").filter(|p| !p.is_empty()) else {
+                    assert!(
+                        std::env::var_os("COFFER_REQUIRE_KRYOPTIC").is_none(),
+                        "COFFER_REQUIRE_KRYOPTIC is set but COFFER_KRYOPTIC_MODULE is not (deploy/build-kryoptic.sh)"
+                    );
+                    eprintln!(
+                        "kryoptic not built (COFFER_KRYOPTIC_MODULE unset): its half of the HSM tests is skipped"
+                    );
+                    return None;
+                };
+                let dir = dir("kryoptic");
+                let conf = dir.join("token.conf");
+                // One slot per token the tests make (kryoptic has only the slots it is given).
+                let slots: String = (0..4)
+                    .map(|n| {
+                        let db = dir.join(format!("tokens/token{n}.sql"));
+                        format!("[[slots]]\nslot = {n}\ndbtype = \"sqlite\"\ndbargs = \"{}\"\n", db.display())
+                    })
+                    .collect();
+                std::fs::write(&conf, slots).unwrap();
+                std::env::set_var("KRYOPTIC_CONF", &conf);
+                Some(Prepared { path: path.into(), dir })
+            })
+            .as_ref(),
+    }
+}
+
+fn pin() -> AuthPin {
+    AuthPin::new("unit-test-pin".to_string().into())
+}
+
+/// Opens `label` on `module` (initialising the token if needed) under `profile` (`None`:
+/// detected), with an SQLite authority store of its own as the shelf for sealed service keys.
+pub(crate) fn open(module: Module, label: &str, profile: Option<ModuleProfile>, pool_size: usize) -> Option<Hsm> {
+    try_open(module, label, profile, pool_size, pin()).map(Result::unwrap)
+}
+
+fn try_open(
+    module: Module,
+    label: &str,
+    profile: Option<ModuleProfile>,
+    pool_size: usize,
+    user_pin: AuthPin,
+) -> Option<Result<Hsm, HsmError>> {
+    // Token creation and profile checks from parallel tests go one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let prepared = prepared(module)?;
+    let so_pin = AuthPin::new("unit-so-pin".to_string().into());
+    init_token(&prepared.path, label, &so_pin, &pin()).unwrap();
+    let store_url = format!("sqlite://{}", prepared.dir.join(format!("{label}.authority.sqlite")).display());
+    let store =
+        crate::authority_store::open(&crate::authority_store::StoreSettings { url: store_url, ..Default::default() })
+            .unwrap();
+    Some(Hsm::open(HsmSettings {
+        module: prepared.path.clone(),
+        token_label: label.into(),
+        pin: user_pin,
+        pool_size,
+        profile,
+        shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
+    }))
+}
+
+/// The shared token of `module`, its service keys made once (detected profile).
+pub(crate) fn hsm_on(module: Module) -> Option<Arc<Hsm>> {
+    static SOFT: OnceLock<Arc<Hsm>> = OnceLock::new();
+    static KRY: OnceLock<Option<Arc<Hsm>>> = OnceLock::new();
+    let make = || {
+        let hsm = open(module, "unit", None, 4)?;
         assert_eq!(
             hsm.init_service_keys().unwrap(),
             vec![
@@ -50,18 +139,44 @@ pub(crate) fn hsm() -> Arc<Hsm> {
             ]
         );
         assert!(hsm.init_service_keys().unwrap().is_empty(), "second init must create nothing");
-        Arc::new(hsm)
-    })
-    .clone()
+        Some(Arc::new(hsm))
+    };
+    match module {
+        Module::SoftHsm => Some(SOFT.get_or_init(|| make().expect("SoftHSM")).clone()),
+        Module::Kryoptic => KRY.get_or_init(make).clone(),
+    }
+}
+
+/// The SoftHSM token other modules' unit tests use.
+pub(crate) fn hsm() -> Arc<Hsm> {
+    hsm_on(Module::SoftHsm).expect("SoftHSM")
+}
+
+/// Runs each named test (`fn(&Arc<Hsm>, Module)`) on SoftHSM and on kryoptic.
+macro_rules! on_both_modules {
+    ($($name:ident),* $(,)?) => {
+        mod softhsm {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::hsm_on(super::Module::SoftHsm).unwrap(), super::Module::SoftHsm);
+            })*
+        }
+        mod kryoptic {
+            $(#[test]
+            fn $name() {
+                if let Some(hsm) = super::hsm_on(super::Module::Kryoptic) {
+                    super::$name(&hsm, super::Module::Kryoptic);
+                }
+            })*
+        }
+    };
 }
 
 fn binding<'a>(kind: BlobKind, org: &'a str, resource: &'a str) -> BlobBinding<'a> {
     BlobBinding::plain(kind, org, resource)
 }
 
-#[test]
-fn account_blob_under_another_curve_or_address_fails_to_open() {
-    let hsm = hsm();
+fn account_blob_under_another_curve_or_address_fails_to_open(hsm: &Arc<Hsm>, _module: Module) {
     let right =
         BlobBinding { curve: "CURVE_SECP256K1", address: "0xabc", ..binding(BlobKind::WalletAccountKey, "o", "a") };
     let blob = hsm.seal(&right, &[5u8; 32]).unwrap();
@@ -75,11 +190,9 @@ fn account_blob_under_another_curve_or_address_fails_to_open() {
     }
 }
 
-#[test]
-fn legacy_blobs_open_under_their_version_1_binding() {
-    let hsm = hsm();
+fn legacy_blobs_open_under_their_version_1_binding(hsm: &Arc<Hsm>, _module: Module) {
     let legacy = binding(BlobKind::PrivateKey, "o", "k");
-    let blob = hsm.seal_legacy(&legacy, &[6u8; 32]).unwrap();
+    let blob = hsm.seal_as_version(&legacy, &[6u8; 32], LEGACY_VERSION).unwrap();
     assert!(is_legacy(&blob));
     // Version 1 binds kind, organization and resource only: curve and public key are not in it.
     let claimed = BlobBinding { curve: "CURVE_P256", public_key: "02ab", ..legacy };
@@ -87,9 +200,7 @@ fn legacy_blobs_open_under_their_version_1_binding() {
     assert!(matches!(hsm.unseal(&binding(BlobKind::PrivateKey, "o", "k2"), &blob), Err(HsmError::SealAuthentication)));
 }
 
-#[test]
-fn certificate_mac_is_computed_and_checked_in_the_hsm() {
-    let hsm = hsm();
+fn certificate_mac_is_computed_and_checked_in_the_hsm(hsm: &Arc<Hsm>, _module: Module) {
     let mac = hsm.certificate_mac(b"fields").unwrap();
     assert_eq!(mac.len(), 32);
     assert_eq!(hsm.certificate_mac(b"fields").unwrap(), mac, "deterministic");
@@ -103,9 +214,7 @@ fn certificate_mac_is_computed_and_checked_in_the_hsm() {
     assert!(hsm.certificate_mac_valid(b"fields", &mac).unwrap());
 }
 
-#[test]
-fn seal_round_trip_with_fresh_ivs() {
-    let hsm = hsm();
+fn seal_round_trip_with_fresh_ivs(hsm: &Arc<Hsm>, _module: Module) {
     let b = binding(BlobKind::PrivateKey, "org-a", "key-1");
     let secret = [42u8; 32];
     let blob1 = hsm.seal(&b, &secret).unwrap();
@@ -116,9 +225,7 @@ fn seal_round_trip_with_fresh_ivs() {
     assert_eq!(hsm.unseal(&b, &blob2).unwrap().as_slice(), &secret);
 }
 
-#[test]
-fn blob_moved_to_another_org_resource_or_kind_fails_to_open() {
-    let hsm = hsm();
+fn blob_moved_to_another_org_resource_or_kind_fails_to_open(hsm: &Arc<Hsm>, _module: Module) {
     let blob = hsm.seal(&binding(BlobKind::WalletSeed, "org-a", "wallet-1"), b"seed words").unwrap();
     for wrong in [
         binding(BlobKind::WalletSeed, "org-b", "wallet-1"),
@@ -137,10 +244,8 @@ fn blob_moved_to_another_org_resource_or_kind_fails_to_open() {
     assert_eq!(hsm.unseal(&right, &blob).unwrap().as_slice(), b"seed words");
 }
 
-#[test]
-fn bundle_signer_signs_verifiably_and_randomness_differs() {
+fn bundle_signer_signs_verifiably_and_randomness_differs(hsm: &Arc<Hsm>, _module: Module) {
     use p256::ecdsa::signature::Verifier;
-    let hsm = hsm();
     let pk = hsm.signer_public_key().unwrap();
     assert_eq!(pk[0], 0x04);
     let der = hsm.sign_with_bundle_signer(b"envelope data").unwrap();
@@ -152,9 +257,7 @@ fn bundle_signer_signs_verifiably_and_randomness_differs() {
     assert_ne!(a.as_slice(), b.as_slice());
 }
 
-#[test]
-fn concurrent_seal_and_unseal_share_the_pool() {
-    let hsm = hsm();
+fn concurrent_seal_and_unseal_share_the_pool(hsm: &Arc<Hsm>, _module: Module) {
     let handles: Vec<_> = (0..8)
         .map(|i| {
             let hsm = hsm.clone();
@@ -173,9 +276,7 @@ fn concurrent_seal_and_unseal_share_the_pool() {
     }
 }
 
-#[test]
-fn webhook_signatures_come_from_the_hsm_key_and_verify_independently() {
-    let hsm = hsm();
+fn webhook_signatures_come_from_the_hsm_key_and_verify_independently(hsm: &Arc<Hsm>, _module: Module) {
     let public = hsm.webhook_public_key().unwrap();
     let messages: Vec<Vec<u8>> =
         (0..3).map(|n| format!("v1.ed25519.kid.1700000000000.evt-{n}.{{\"id\":\"a\"}}").into_bytes()).collect();
@@ -188,16 +289,25 @@ fn webhook_signatures_come_from_the_hsm_key_and_verify_independently() {
     }
     assert!(key.verify_strict(&messages[1], &ed25519_dalek::Signature::from_bytes(&signatures[0])).is_err());
     assert!(hsm.sign_webhooks(&[]).unwrap().is_empty());
-    // The private half stays in the token: sensitive and not extractable.
-    let session = hsm.new_session().unwrap();
-    let handle = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL).unwrap().unwrap();
-    let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
-    assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
+    let session = hsm.session().unwrap();
+    let handle = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL).unwrap();
+    match hsm.profile().webhook_signer {
+        // The private half stays in the token: sensitive and not extractable.
+        KeyHome::Hsm => {
+            let attrs = session
+                .get_attributes(handle.unwrap(), &[AttributeType::Sensitive, AttributeType::Extractable])
+                .unwrap();
+            assert!(
+                attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)),
+                "{attrs:?}"
+            );
+        }
+        // A module without Ed25519 (kryoptic on OpenSSL 3.0): a sealed seed, no token object.
+        _ => assert!(handle.is_none() && hsm.has_sealed_key(WEBHOOK_SIGNER_LABEL).unwrap()),
+    }
 }
 
-#[test]
-fn proofs_are_signed_by_the_hsm_proof_key_and_verify_as_app_proofs() {
-    let hsm = hsm();
+fn proofs_are_signed_by_the_hsm_proof_key_and_verify_as_app_proofs(hsm: &Arc<Hsm>, _module: Module) {
     let point = hsm.proof_public_key().unwrap();
     assert_eq!(point[0], 0x04);
     let payload = coffer_auth::proof::payload("T", 1, "body", serde_json::json!({ "a": 1 }));
@@ -210,8 +320,196 @@ fn proofs_are_signed_by_the_hsm_proof_key_and_verify_as_app_proofs() {
     let sig = p256::ecdsa::Signature::from_slice(&signature).unwrap();
     key.verify(payload.as_bytes(), &sig).unwrap();
     assert!(key.verify(b"another payload", &sig).is_err());
-    let session = hsm.new_session().unwrap();
+    let session = hsm.session().unwrap();
     let handle = find_key(&session, ObjectClass::PRIVATE_KEY, PROOF_LABEL).unwrap().unwrap();
     let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
     assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
 }
+
+/// The profile the shared token of `module` was detected under, as configured (before `check`).
+fn detected(module: Module) -> ModuleProfile {
+    ModuleProfile::named(match module {
+        Module::SoftHsm => "softhsm",
+        Module::Kryoptic => "kryoptic",
+    })
+    .unwrap()
+}
+
+fn seals_record_their_iv_and_open_under_the_other_iv_mode(hsm: &Arc<Hsm>, module: Module) {
+    let b = binding(BlobKind::WalletSeed, "org", "w");
+    let blob = hsm.seal(&b, b"seed").unwrap();
+    let (version, _, source, iv, _) = super::fuzzing::decode(&blob).unwrap();
+    assert_eq!((version, source, iv.len()), (3, hsm.profile().iv_source.code(), 12));
+    assert_eq!(
+        hsm.profile().iv_source,
+        if module == Module::Kryoptic { IvSource::MessageApi } else { IvSource::Caller }
+    );
+    // Blobs of the earlier formats (12-byte caller IVs) keep opening.
+    for version in [V2, LEGACY_VERSION] {
+        let old = hsm.seal_as_version(&b, b"old seed", version).unwrap();
+        assert_eq!(super::fuzzing::decode(&old).unwrap().0, version);
+        assert_eq!(hsm.unseal(&b, &old).unwrap().as_slice(), b"old seed");
+    }
+    // The same token under the other IV mode: caller IVs where the module generates them, and
+    // module-generated IVs (the message API) where the module offers it.
+    let other = ModuleProfile {
+        iv_source: if module == Module::Kryoptic { IvSource::Caller } else { IvSource::MessageApi },
+        ..detected(module)
+    };
+    let Some(opened) = open(module, "unit", None, 2) else { return };
+    match try_open(module, "unit", Some(other.clone()), 2, pin()).unwrap() {
+        Ok(twin) => {
+            let theirs = twin.seal(&b, b"their seed").unwrap();
+            assert_eq!(super::fuzzing::decode(&theirs).unwrap().2, other.iv_source.code());
+            assert_eq!(hsm.unseal(&b, &theirs).unwrap().as_slice(), b"their seed");
+            assert_eq!(twin.unseal(&b, &blob).unwrap().as_slice(), b"seed");
+        }
+        // SoftHSM 2.6 is a PKCS#11 2.40 module: no message API, and the start-up check says so.
+        Err(e) => {
+            assert_eq!(module, Module::SoftHsm);
+            assert!(e.to_string().contains("C_MessageEncryptInit"), "{e}");
+        }
+    }
+    assert_eq!(opened.unseal(&b, &blob).unwrap().as_slice(), b"seed");
+    // A module that is said to write its IV back and does not (neither does) is caught: sealing
+    // under IV 0 again and again would break GCM.
+    let said = ModuleProfile { iv_source: IvSource::WrittenBack, ..detected(module) };
+    let written = open(module, "unit", Some(said), 2).unwrap();
+    let err = written.seal(&b, b"seed").expect_err("refused");
+    assert!(err.to_string().contains("wrote no GCM IV back"), "{err}");
+}
+
+fn the_session_pool_never_exceeds_its_bound_under_64_signers(_hsm: &Arc<Hsm>, module: Module) {
+    let bounded = Arc::new(open(module, "unit", None, 4).unwrap());
+    let signers: Vec<_> = (0..64)
+        .map(|i| {
+            let hsm = bounded.clone();
+            std::thread::spawn(move || {
+                for j in 0..4 {
+                    let message = format!("message {i}.{j}");
+                    let der = hsm.sign_with_bundle_signer(message.as_bytes()).unwrap();
+                    let sig = p256::ecdsa::Signature::from_der(&der).unwrap();
+                    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&hsm.signer_public_key().unwrap()).unwrap();
+                    p256::ecdsa::signature::Verifier::verify(&key, message.as_bytes(), &sig).unwrap();
+                }
+            })
+        })
+        .collect();
+    for s in signers {
+        s.join().unwrap();
+    }
+    // Reached, never passed.
+    assert_eq!(bounded.session_bound_and_peak(), (4, 4));
+    // A module's own limit caps the configured pool, the anchor session included.
+    let capped = ModuleProfile { max_sessions: Some(3), ..detected(module) };
+    assert_eq!(open(module, "unit", Some(capped), 16).unwrap().session_bound_and_peak().0, 2);
+}
+
+fn the_start_up_check_refuses_a_profile_whose_mechanism_is_missing(_hsm: &Arc<Hsm>, module: Module) {
+    let refusal = |profile: ModuleProfile| match try_open(module, "unit", Some(profile), 2, pin()).unwrap() {
+        Err(HsmError::ProfileUnsupported { missing, .. }) => Some(missing),
+        Err(e) => panic!("{e}"),
+        Ok(_) => None,
+    };
+    let native_k1 = ModuleProfile { native_secp256k1: true, ..detected(module) };
+    let vendor_gcm = ModuleProfile::named("gcp-kms").unwrap();
+    match module {
+        // kryoptic has no secp256k1; SoftHSM takes any curve OpenSSL knows.
+        Module::Kryoptic => {
+            assert!(refusal(native_k1).unwrap().contains("secp256k1"));
+            // kryoptic has no Ed25519 without OpenSSL 3.2: a profile that needs it in the HSM is refused.
+            if hsm_on(module).unwrap().profile().webhook_signer == KeyHome::Sealed {
+                let ed = ModuleProfile { webhook_signer: KeyHome::Hsm, ..detected(module) };
+                assert!(refusal(ed).unwrap().contains("CKM_EDDSA"));
+            }
+        }
+        Module::SoftHsm => assert_eq!(refusal(native_k1), None),
+    }
+    let missing = refusal(vendor_gcm).unwrap();
+    assert!(missing.contains("vendor mechanism 0x8001e101"), "names the vendor GCM: {missing}");
+    // Unknown names are refused with the list of known ones.
+    let err = ModuleProfile::configured("thales").err().unwrap().to_string();
+    assert!(err.contains("luna-fips") && err.contains("\"thales\""), "{err}");
+}
+
+fn service_keys_are_sealed_where_the_module_cannot_hold_them(_hsm: &Arc<Hsm>, module: Module) {
+    use ed25519_dalek::Verifier;
+    let all_sealed = ModuleProfile {
+        webhook_signer: KeyHome::Sealed,
+        tls_fetcher: KeyHome::Sealed,
+        cert_mac: KeyHome::Sealed,
+        ..detected(module)
+    };
+    let first = open(module, "sealed", Some(all_sealed.clone()), 2).unwrap();
+    first.init_service_keys().unwrap();
+    let session = first.session().unwrap();
+    for (class, label) in [
+        (ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL),
+        (ObjectClass::PRIVATE_KEY, TLS_FETCHER_LABEL),
+        (ObjectClass::SECRET_KEY, CERT_MAC_LABEL),
+    ] {
+        assert!(find_key(&session, class, label).unwrap().is_none(), "{label} is not a token object");
+        assert!(first.has_sealed_key(label).unwrap(), "{label} is sealed in the authority store");
+    }
+    drop(session);
+    // Webhook signatures verify with ed25519-dalek under the published key.
+    let public = first.webhook_public_key().unwrap();
+    let signatures = first.sign_webhooks(&[b"delivery".to_vec()]).unwrap();
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&public).unwrap();
+    key.verify(b"delivery", &ed25519_dalek::Signature::from_bytes(&signatures[0])).unwrap();
+    // ECDH equals the peer's side computed in software.
+    let peer = p256::SecretKey::from_slice(&[5u8; 32]).unwrap();
+    let peer_point: [u8; 65] = peer.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
+    let fetcher = first.login_public_keys().unwrap().tls_fetcher;
+    let expected = p256::ecdh::diffie_hellman(
+        peer.to_nonzero_scalar(),
+        p256::PublicKey::from_sec1_bytes(&fetcher).unwrap().as_affine(),
+    );
+    assert_eq!(first.tls_fetcher_ecdh(&peer_point).unwrap().as_slice(), expected.raw_secret_bytes().as_slice());
+    // Certificate MACs: RFC 2104 HMAC-SHA256, checked in constant time.
+    let mac = first.certificate_mac(b"fields").unwrap();
+    assert!(first.certificate_mac_valid(b"fields", &mac).unwrap());
+    assert!(!first.certificate_mac_valid(b"fieldz", &mac).unwrap());
+    // A restarted enclave finds the same keys: same public halves, same MACs, and what the first
+    // sealed opens.
+    let blob = first.seal(&binding(BlobKind::PrivateKey, "o", "k"), &[3u8; 32]).unwrap();
+    drop(first);
+    let restarted = open(module, "sealed", Some(all_sealed), 2).unwrap();
+    assert!(restarted.init_service_keys().unwrap().is_empty(), "nothing to create again");
+    assert_eq!(restarted.webhook_public_key().unwrap(), public);
+    assert_eq!(restarted.login_public_keys().unwrap().tls_fetcher, fetcher);
+    assert_eq!(restarted.certificate_mac(b"fields").unwrap(), mac);
+    assert_eq!(restarted.unseal(&binding(BlobKind::PrivateKey, "o", "k"), &blob).unwrap().as_slice(), &[3u8; 32]);
+}
+
+fn login_with_a_wrong_pin_is_refused(_hsm: &Arc<Hsm>, module: Module) {
+    // A token nobody in this process has logged in to (a login is per application and token).
+    let label = "pin-check";
+    let prepared = prepared(module).unwrap();
+    init_token(&prepared.path, label, &AuthPin::new("unit-so-pin".to_string().into()), &pin()).unwrap();
+    match try_open(module, label, None, 2, AuthPin::new("not-the-pin".to_string().into())).unwrap() {
+        Err(HsmError::Pkcs11 { call: "C_Login", rv }) => {
+            assert_eq!(rv, cryptoki::error::RvError::PinIncorrect)
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a wrong PIN logged in"),
+    }
+    assert!(try_open(module, label, None, 2, pin()).unwrap().is_ok());
+}
+
+on_both_modules!(
+    account_blob_under_another_curve_or_address_fails_to_open,
+    legacy_blobs_open_under_their_version_1_binding,
+    certificate_mac_is_computed_and_checked_in_the_hsm,
+    seal_round_trip_with_fresh_ivs,
+    blob_moved_to_another_org_resource_or_kind_fails_to_open,
+    bundle_signer_signs_verifiably_and_randomness_differs,
+    concurrent_seal_and_unseal_share_the_pool,
+    webhook_signatures_come_from_the_hsm_key_and_verify_independently,
+    proofs_are_signed_by_the_hsm_proof_key_and_verify_as_app_proofs,
+    seals_record_their_iv_and_open_under_the_other_iv_mode,
+    the_session_pool_never_exceeds_its_bound_under_64_signers,
+    the_start_up_check_refuses_a_profile_whose_mechanism_is_missing,
+    service_keys_are_sealed_where_the_module_cannot_hold_them,
+    login_with_a_wrong_pin_is_refused,
+);

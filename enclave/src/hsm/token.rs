@@ -1,7 +1,10 @@
-//! The token: one module load, one login held by an anchor session, a session pool, and the
-//! service keys found by label; randomness, certificate MACs, sealing and the signer keys.
+//! The token: one module load, one login held by an anchor session, a bounded session pool, the
+//! module's profile, and the service keys found by label (in the HSM, or sealed where the profile
+//! says the module cannot hold them); randomness, certificate MACs, sealing and the signer keys.
 
-use std::sync::{Mutex, OnceLock};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
 use cryptoki::error::{Error as CkError, RvError};
@@ -13,21 +16,35 @@ use cryptoki::types::AuthPin;
 use zeroize::Zeroizing;
 
 use super::error::HsmError;
+use super::kek::{self, GcmFault};
 use super::key_labels::{
     LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL,
     TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
+use super::pool::{Lease, SessionPool};
+#[cfg(test)]
+use super::profile::IvSource;
+use super::profile::{KeyHome, ModuleProfile};
 use super::seal::{self, BlobBinding, OpenedBlob};
+use super::software_keys::{self, SealedBlobCache, SealedKeyShelf};
 
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 const OID_ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
 
-/// Where the token is and how to log in. The PIN is a `secrecy` string, wiped on drop.
+/// Where the token is, how to log in, and what the module may be assumed to do. The PIN is a
+/// `secrecy` string, wiped on drop.
 pub struct HsmSettings {
-    pub module: std::path::PathBuf,
+    pub module: PathBuf,
     pub token_label: String,
     pub pin: AuthPin,
+    /// Most sessions open for operations at once (the profile's limit, less the anchor, caps it).
     pub pool_size: usize,
+    /// What the module may be assumed to do ([`ModuleProfile::named`]); `None` detects it from
+    /// `C_GetInfo` (`hsm_profile = "auto"`).
+    pub profile: Option<ModuleProfile>,
+    /// Where sealed service keys are kept (the authority store); needed where the profile says
+    /// a service key cannot live in the module.
+    pub shelf: Option<Arc<dyn SealedKeyShelf>>,
 }
 
 impl std::fmt::Debug for HsmSettings {
@@ -37,6 +54,8 @@ impl std::fmt::Debug for HsmSettings {
             .field("token_label", &self.token_label)
             .field("pin", &"<redacted>")
             .field("pool_size", &self.pool_size)
+            .field("profile", &self.profile.as_ref().map(|p| p.name))
+            .field("shelf", &self.shelf.is_some())
             .finish()
     }
 }
@@ -46,7 +65,9 @@ impl std::fmt::Debug for HsmSettings {
 pub(super) struct ServiceKeys {
     kek: ObjectHandle,
     signer: ObjectHandle,
-    cert_mac: ObjectHandle,
+    /// Absent where the profile keeps the key sealed in the authority store (also for the
+    /// webhook signer and the TLS-fetcher key).
+    cert_mac: Option<ObjectHandle>,
     /// Absent on a token initialised before webhooks existed, until `init` runs again.
     webhook: Option<ObjectHandle>,
     /// Absent on a token initialised before sessions and OAuth existed, until `init` runs again.
@@ -68,20 +89,25 @@ pub struct Hsm {
     ctx: Pkcs11,
     slot: Slot,
     pin: AuthPin,
+    profile: ModuleProfile,
     anchor: Mutex<Anchor>,
-    pool: Mutex<Vec<Session>>,
-    pool_size: usize,
+    pool: SessionPool,
+    pub(super) shelf: Option<Arc<dyn SealedKeyShelf>>,
+    pub(super) sealed_blobs: SealedBlobCache,
     signer_public: OnceLock<[u8; 65]>,
     webhook_public: OnceLock<[u8; 32]>,
     pub(super) login_public: OnceLock<LoginPublicKeys>,
     pub(super) proof_public: OnceLock<[u8; 65]>,
 }
 
-/// The PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once.
-static MODULE: OnceLock<Pkcs11> = OnceLock::new();
+/// A PKCS#11 module is a process-wide singleton: `C_Initialize` may run only once per module
+/// (a process may load several, as the HSM tests do).
+static MODULES: Mutex<Option<HashMap<PathBuf, Pkcs11>>> = Mutex::new(None);
 
-fn load_module(path: &std::path::Path) -> Result<Pkcs11, HsmError> {
-    if let Some(ctx) = MODULE.get() {
+fn load_module(path: &Path) -> Result<Pkcs11, HsmError> {
+    let mut modules = MODULES.lock().map_err(|_| HsmError::Poisoned)?;
+    let modules = modules.get_or_insert_with(HashMap::new);
+    if let Some(ctx) = modules.get(path) {
         return Ok(ctx.clone());
     }
     let ctx = Pkcs11::new(path).map_err(|e| HsmError::call("load module", e))?;
@@ -92,7 +118,8 @@ fn load_module(path: &std::path::Path) -> Result<Pkcs11, HsmError> {
         Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
         Err(e) => return Err(HsmError::call("C_Initialize", e)),
     }
-    Ok(MODULE.get_or_init(|| ctx).clone())
+    modules.insert(path.to_path_buf(), ctx.clone());
+    Ok(ctx)
 }
 
 fn login(session: &Session, pin: &AuthPin) -> Result<(), HsmError> {
@@ -158,9 +185,14 @@ pub fn init_token(
 }
 
 impl Hsm {
-    /// Loads the module, finds the token by label and logs in once.
+    /// Loads the module, chooses its profile, checks that the module offers every mechanism the
+    /// profile needs (refusing with what is missing), finds the token by label and logs in once.
     pub fn open(settings: HsmSettings) -> Result<Self, HsmError> {
         let ctx = load_module(&settings.module)?;
+        let profile = match settings.profile {
+            Some(profile) => profile,
+            None => ModuleProfile::detect(&ctx)?,
+        };
         let slot = ctx
             .get_slots_with_initialized_token()
             .map_err(|e| HsmError::call("C_GetSlotList", e))?
@@ -169,13 +201,32 @@ impl Hsm {
             .ok_or_else(|| HsmError::TokenNotFound(settings.token_label.clone()))?;
         let session = ctx.open_rw_session(slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &settings.pin)?;
+        let profile = profile.check(&ctx, slot, |mechanism, public, private| {
+            let (public, private) = session.generate_key_pair(mechanism, public, private)?;
+            session.destroy_object(private)?;
+            session.destroy_object(public)
+        })?;
+        // The anchor holds one of the module's sessions.
+        let limit =
+            profile.max_sessions.map_or(settings.pool_size, |max| settings.pool_size.min(max.saturating_sub(1)));
+        tracing::info!(
+            profile = profile.name,
+            iv = ?profile.iv_source,
+            webhook_signer = ?profile.webhook_signer,
+            tls_fetcher = ?profile.tls_fetcher,
+            certificate_mac = ?profile.cert_mac,
+            sessions = limit.max(1),
+            "PKCS#11 module profile"
+        );
         Ok(Self {
             ctx,
             slot,
             pin: settings.pin,
+            profile,
             anchor: Mutex::new(Anchor { _session: session, keys: None }),
-            pool: Mutex::new(Vec::new()),
-            pool_size: settings.pool_size.max(1),
+            pool: SessionPool::new(limit),
+            shelf: settings.shelf,
+            sealed_blobs: SealedBlobCache::default(),
             signer_public: OnceLock::new(),
             webhook_public: OnceLock::new(),
             login_public: OnceLock::new(),
@@ -183,9 +234,10 @@ impl Hsm {
         })
     }
 
-    /// Creates the service keys if they are missing (idempotent). Returns what it created.
+    /// Creates the service keys if they are missing (idempotent), each where the profile says:
+    /// in the HSM, or sealed in the authority store. Returns what it created.
     pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
-        let session = self.new_session()?;
+        let session = self.session()?;
         let mut created = Vec::new();
         if find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
             session
@@ -206,39 +258,52 @@ impl Hsm {
                 )
                 .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
             created.push(KEK_LABEL);
+            // Sealed service keys are sealed under the KEK: it must be found from now on.
+            self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         }
         if find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
             generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
             created.push(SIGNER_LABEL);
         }
-        if find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.is_none() {
-            session
-                .generate_key(
-                    &Mechanism::GenericSecretKeyGen,
-                    &[
-                        Attribute::Class(ObjectClass::SECRET_KEY),
-                        Attribute::KeyType(KeyType::GENERIC_SECRET),
-                        Attribute::ValueLen(32.into()),
-                        Attribute::Token(true),
-                        Attribute::Private(true),
-                        Attribute::Sensitive(true),
-                        Attribute::Extractable(false),
-                        Attribute::Sign(true),
-                        Attribute::Verify(true),
-                        Attribute::Label(CERT_MAC_LABEL.as_bytes().to_vec()),
-                    ],
-                )
-                .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
+        let sealed_or_missing = |class, label| -> Result<bool, HsmError> {
+            Ok(find_key(&session, class, label)?.is_none() && !self.has_sealed_key(label)?)
+        };
+        if sealed_or_missing(ObjectClass::SECRET_KEY, CERT_MAC_LABEL)? {
+            if self.profile.cert_mac == KeyHome::Sealed {
+                self.create_sealed_key(CERT_MAC_LABEL, |_| true)?;
+            } else {
+                session
+                    .generate_key(
+                        &Mechanism::GenericSecretKeyGen,
+                        &[
+                            Attribute::Class(ObjectClass::SECRET_KEY),
+                            Attribute::KeyType(self.profile.cert_mac_key_type),
+                            Attribute::ValueLen(32.into()),
+                            Attribute::Token(true),
+                            Attribute::Private(true),
+                            Attribute::Sensitive(true),
+                            Attribute::Extractable(false),
+                            Attribute::Sign(true),
+                            Attribute::Verify(true),
+                            Attribute::Label(CERT_MAC_LABEL.as_bytes().to_vec()),
+                        ],
+                    )
+                    .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
+            }
             created.push(CERT_MAC_LABEL);
         }
-        if find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?.is_none() {
-            generate_pair(
-                &session,
-                Mechanism::EccEdwardsKeyPairGen,
-                OID_ED25519,
-                WEBHOOK_SIGNER_LABEL,
-                Attribute::Sign(true),
-            )?;
+        if sealed_or_missing(ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)? {
+            if self.profile.webhook_signer == KeyHome::Sealed {
+                self.create_sealed_key(WEBHOOK_SIGNER_LABEL, |_| true)?;
+            } else {
+                generate_pair(
+                    &session,
+                    Mechanism::EccEdwardsKeyPairGen,
+                    OID_ED25519,
+                    WEBHOOK_SIGNER_LABEL,
+                    Attribute::Sign(true),
+                )?;
+            }
             created.push(WEBHOOK_SIGNER_LABEL);
         }
         for (label, usage) in [
@@ -247,36 +312,55 @@ impl Hsm {
             (PROOF_LABEL, Attribute::Sign(true)),
             (TLS_FETCHER_LABEL, Attribute::Derive(true)),
         ] {
-            if find_key(&session, ObjectClass::PRIVATE_KEY, label)?.is_none() {
-                generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
-                created.push(label);
+            if !sealed_or_missing(ObjectClass::PRIVATE_KEY, label)? {
+                continue;
             }
+            if label == TLS_FETCHER_LABEL && self.profile.tls_fetcher == KeyHome::Sealed {
+                self.create_sealed_key(label, software_keys::is_p256_scalar)?;
+            } else {
+                generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
+            }
+            created.push(label);
         }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         Ok(created)
     }
 
-    pub(super) fn new_session(&self) -> Result<Session, HsmError> {
-        self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))
+    /// The profile the enclave runs under, its `HsmIfOffered` homes settled at start.
+    pub fn profile(&self) -> &ModuleProfile {
+        &self.profile
     }
 
-    fn keys(&self) -> Result<ServiceKeys, HsmError> {
+    /// A session from the pool (waits while all are leased); returns to it when dropped.
+    pub(crate) fn session(&self) -> Result<Lease<'_>, HsmError> {
+        self.pool.take(|| {
+            let session = self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
+            if !self.profile.shared_login {
+                login(&session, &self.pin)?;
+            }
+            Ok(session)
+        })
+    }
+
+    /// The most sessions the pool lets be open at once, and the most it ever had open.
+    pub fn session_bound_and_peak(&self) -> (usize, usize) {
+        (self.pool.limit(), self.pool.peak())
+    }
+
+    pub(super) fn keys(&self) -> Result<ServiceKeys, HsmError> {
         let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
         if let Some(keys) = anchor.keys {
             return Ok(keys);
         }
-        let session = self.new_session()?;
+        let session = self.session()?;
         let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.ok_or(HsmError::KeyMissing(KEK_LABEL))?;
         let signer =
             find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
-        let cert_mac =
-            find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?.ok_or(HsmError::KeyMissing(CERT_MAC_LABEL))?;
-        let webhook = find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?;
         let keys = ServiceKeys {
             kek,
             signer,
-            cert_mac,
-            webhook,
+            cert_mac: find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?,
+            webhook: find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?,
             notarizer: find_key(&session, ObjectClass::PRIVATE_KEY, NOTARIZER_LABEL)?,
             oidc_issuer: find_key(&session, ObjectClass::PRIVATE_KEY, OIDC_ISSUER_LABEL)?,
             tls_fetcher: find_key(&session, ObjectClass::PRIVATE_KEY, TLS_FETCHER_LABEL)?,
@@ -289,15 +373,15 @@ impl Hsm {
     /// Re-opens the anchor, logs in again and forgets handles (after the token dropped us).
     fn recover(&self) -> Result<(), HsmError> {
         tracing::warn!("PKCS#11 session or login lost; re-opening and logging in again");
-        self.pool.lock().map_err(|_| HsmError::Poisoned)?.clear();
-        let session = self.new_session()?;
+        self.pool.clear()?;
+        let session = self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &self.pin)?;
         let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
         *anchor = Anchor { _session: session, keys: None };
         Ok(())
     }
 
-    /// Runs `op` on a pooled session. A session that saw an error is dropped, never reused
+    /// Runs `op` on a pooled session. A session that saw an error is closed, never reused
     /// (an abandoned operation would wedge it); a lost session or login is recovered once.
     pub(super) fn with_session<T>(
         &self,
@@ -307,25 +391,18 @@ impl Hsm {
         let mut recovered = false;
         loop {
             let keys = self.keys()?;
-            let pooled = self.pool.lock().map_err(|_| HsmError::Poisoned)?.pop();
-            let session = match pooled {
-                Some(s) => s,
-                None => self.new_session()?,
-            };
+            let session = self.session()?;
             match op(&session, keys) {
-                Ok(v) => {
-                    let mut pool = self.pool.lock().map_err(|_| HsmError::Poisoned)?;
-                    if pool.len() < self.pool_size {
-                        pool.push(session);
-                    }
-                    return Ok(v);
-                }
+                Ok(v) => return Ok(v),
                 Err(e) if needs_recovery(&e) && !recovered => {
-                    drop(session);
+                    session.discard();
                     self.recover()?;
                     recovered = true;
                 }
-                Err(e) => return Err(HsmError::call(call, e)),
+                Err(e) => {
+                    session.discard();
+                    return Err(HsmError::call(call, e));
+                }
             }
         }
     }
@@ -350,59 +427,78 @@ impl Hsm {
         Ok(seed.into())
     }
 
-    /// HMAC-SHA256 of `data` under the certificate key, computed in the HSM.
+    /// HMAC-SHA256 of `data` under the certificate key: in the HSM, or with the sealed key
+    /// opened in the enclave where the profile keeps it sealed.
     pub fn certificate_mac(&self, data: &[u8]) -> Result<Vec<u8>, HsmError> {
-        self.with_session(|s, keys| s.sign(&Mechanism::Sha256Hmac, keys.cert_mac, data), "C_Sign (certificate MAC)")
+        use hmac::Mac;
+        let in_hsm = self.with_session(
+            |s, keys| keys.cert_mac.map(|key| s.sign(&Mechanism::Sha256Hmac, key, data)).transpose(),
+            "C_Sign (certificate MAC)",
+        )?;
+        if let Some(mac) = in_hsm {
+            return Ok(mac);
+        }
+        let mut mac = software_keys::hmac_sha256(&self.open_sealed_key(CERT_MAC_LABEL)?)?;
+        mac.update(data);
+        Ok(mac.finalize().into_bytes().to_vec())
     }
 
-    /// Whether `mac` is the certificate key's HMAC-SHA256 of `data` (checked in the HSM).
+    /// Whether `mac` is the certificate key's HMAC-SHA256 of `data` (checked in the HSM, or in
+    /// constant time with the sealed key).
     pub fn certificate_mac_valid(&self, data: &[u8], mac: &[u8]) -> Result<bool, HsmError> {
+        use hmac::Mac;
         if mac.len() != 32 {
             return Ok(false);
         }
         let result = self.with_session(
-            |s, keys| s.verify(&Mechanism::Sha256Hmac, keys.cert_mac, data, mac),
+            |s, keys| keys.cert_mac.map(|key| s.verify(&Mechanism::Sha256Hmac, key, data, mac)).transpose(),
             "C_Verify (certificate MAC)",
         );
         match result {
-            Ok(()) => Ok(true),
+            Ok(Some(())) => Ok(true),
+            Ok(None) => {
+                let mut expected = software_keys::hmac_sha256(&self.open_sealed_key(CERT_MAC_LABEL)?)?;
+                expected.update(data);
+                Ok(expected.verify_slice(mac).is_ok())
+            }
             Err(HsmError::Pkcs11 { rv: RvError::SignatureInvalid | RvError::SignatureLenRange, .. }) => Ok(false),
             Err(e) => Err(e),
         }
     }
 
-    /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM), bound to `binding`.
+    /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM, the IV produced as the profile
+    /// says and recorded in the blob), bound to `binding`.
     pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
-        self.seal_version(binding, plaintext, seal::VERSION)
+        let aad = binding.aad(seal::VERSION, KEK_LABEL);
+        let output = self
+            .with_session(|s, keys| kek::encrypt(s, keys.kek, &self.profile, &aad, plaintext), "C_Encrypt (seal)")?
+            .map_err(|fault| match fault {
+                GcmFault::NoIvWrittenBack => HsmError::Malformed("the module wrote no GCM IV back (check hsm_profile)"),
+                GcmFault::ShortOutput => HsmError::Malformed("the module's GCM output has no room for its IV"),
+            })?;
+        Ok(seal::encode(seal::VERSION, KEK_LABEL, self.profile.iv_source.code(), &output.iv, &output.ciphertext))
     }
 
-    /// A blob in the legacy format, as enclaves before binding version 2 sealed them (tests only).
+    /// A blob in an earlier format (version 1 or 2, caller IVs), as earlier enclaves sealed
+    /// them (tests only).
     #[cfg(test)]
-    pub(crate) fn seal_legacy(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
-        self.seal_version(binding, plaintext, seal::LEGACY_VERSION)
-    }
-
-    fn seal_version(&self, binding: &BlobBinding<'_>, plaintext: &[u8], version: u8) -> Result<Vec<u8>, HsmError> {
+    pub(crate) fn seal_as_version(
+        &self,
+        binding: &BlobBinding<'_>,
+        plaintext: &[u8],
+        version: u8,
+    ) -> Result<Vec<u8>, HsmError> {
         let aad = binding.aad(version, KEK_LABEL);
-        let iv = self.random(seal::IV_LEN)?;
-        let ct = self.with_session(
-            |s, keys| {
-                let mut iv_buf = [0u8; seal::IV_LEN];
-                iv_buf.copy_from_slice(&iv);
-                let params = cryptoki::mechanism::aead::GcmParams::new(
-                    &mut iv_buf,
-                    &aad,
-                    cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
-                )?;
-                s.encrypt(&Mechanism::AesGcm(params), keys.kek, plaintext)
-            },
-            "C_Encrypt (seal)",
-        )?;
-        Ok(seal::encode(version, KEK_LABEL, &iv, &ct))
+        let caller = ModuleProfile { iv_source: IvSource::Caller, iv_len: 12, ..self.profile.clone() };
+        let output = self
+            .with_session(|s, keys| kek::encrypt(s, keys.kek, &caller, &aad, plaintext), "C_Encrypt (seal)")?
+            .expect("caller IVs");
+        Ok(seal::encode(version, KEK_LABEL, 0, &output.iv, &output.ciphertext))
     }
 
     /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or
-    /// altered. Version 1 blobs open under their legacy binding.
+    /// altered. Whatever produced its IV, the recorded IV opens it; version 1 blobs open under
+    /// their legacy binding.
     pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<OpenedBlob, HsmError> {
         let parsed = seal::decode(blob)?;
         if parsed.kek_label != KEK_LABEL {
@@ -410,15 +506,7 @@ impl Hsm {
         }
         let aad = binding.aad(parsed.version, parsed.kek_label);
         let result = self.with_session(
-            |s, keys| {
-                let mut iv_buf = parsed.iv;
-                let params = cryptoki::mechanism::aead::GcmParams::new(
-                    &mut iv_buf,
-                    &aad,
-                    cryptoki::types::Ulong::from(seal::TAG_BITS as u64),
-                )?;
-                s.decrypt(&Mechanism::AesGcm(params), keys.kek, parsed.ciphertext).map(OpenedBlob::new)
-            },
+            |s, keys| kek::decrypt(s, keys.kek, &self.profile, parsed.iv, &aad, parsed.ciphertext).map(OpenedBlob::new),
             "C_Decrypt (open)",
         );
         match result {
@@ -469,25 +557,31 @@ impl Hsm {
         })
     }
 
-    /// The webhook signer's Ed25519 public key, read once from the token.
+    /// The webhook signer's Ed25519 public key, read once from the token (or from the sealed
+    /// seed, where the profile keeps it sealed).
     pub fn webhook_public_key(&self) -> Result<[u8; 32], HsmError> {
         if let Some(pk) = self.webhook_public.get() {
             return Ok(*pk);
         }
-        let pk: [u8; 32] = self
-            .public_point(WEBHOOK_SIGNER_LABEL, 32)?
-            .try_into()
-            .map_err(|_| HsmError::Malformed("webhook signer public key is not 32 bytes"))?;
+        let pk: [u8; 32] = if self.keys()?.webhook.is_some() {
+            self.public_point(WEBHOOK_SIGNER_LABEL, 32)?
+                .try_into()
+                .map_err(|_| HsmError::Malformed("webhook signer public key is not 32 bytes"))?
+        } else {
+            let seed = self.open_sealed_key(WEBHOOK_SIGNER_LABEL)?;
+            software_keys::ed25519_key(&seed).verifying_key().to_bytes()
+        };
         Ok(*self.webhook_public.get_or_init(|| pk))
     }
 
-    /// Pure Ed25519 over each of `messages` with the webhook signer, in one session; every
-    /// signature is checked against the public key before it leaves (a faulty signature is never
-    /// handed out).
+    /// Pure Ed25519 over each of `messages` with the webhook signer, in one session (or with the
+    /// sealed seed, opened once); every signature is checked against the public key before it
+    /// leaves (a faulty signature is never handed out).
     pub fn sign_webhooks(&self, messages: &[Vec<u8>]) -> Result<Vec<[u8; 64]>, HsmError> {
         use cryptoki::mechanism::eddsa::{EddsaParams, EddsaSignatureScheme};
+        use ed25519_dalek::Signer;
         let public = self.webhook_public_key()?;
-        let raw = self.with_session(
+        let in_hsm = self.with_session(
             |s, keys| {
                 let Some(key) = keys.webhook else { return Ok(None) };
                 let mechanism = Mechanism::Eddsa(EddsaParams::new(EddsaSignatureScheme::Pure));
@@ -495,7 +589,14 @@ impl Hsm {
             },
             "C_Sign (webhook signer)",
         )?;
-        let raw = raw.ok_or(HsmError::KeyMissing(WEBHOOK_SIGNER_LABEL))?;
+        let raw: Vec<Vec<u8>> = match in_hsm {
+            Some(raw) => raw,
+            None if messages.is_empty() => Vec::new(),
+            None => {
+                let key = software_keys::ed25519_key(&self.open_sealed_key(WEBHOOK_SIGNER_LABEL)?);
+                messages.iter().map(|m| key.sign(m).to_bytes().to_vec()).collect()
+            }
+        };
         let key = ed25519_dalek::VerifyingKey::from_bytes(&public)
             .map_err(|_| HsmError::Malformed("webhook signer public key is not a curve point"))?;
         raw.iter()
@@ -504,7 +605,7 @@ impl Hsm {
                 let signature: [u8; 64] =
                     raw.as_slice().try_into().map_err(|_| HsmError::Malformed("Ed25519 signature is not 64 bytes"))?;
                 key.verify_strict(message, &ed25519_dalek::Signature::from_bytes(&signature))
-                    .map_err(|_| HsmError::Malformed("the HSM's webhook signature does not verify"))?;
+                    .map_err(|_| HsmError::Malformed("the webhook signature does not verify"))?;
                 Ok(signature)
             })
             .collect()

@@ -95,7 +95,7 @@ mod tests {
         let hsm = crate::hsm::tests::hsm();
         let secret = [7u8; 32];
         let public_key = keys::public_key(Curve::Secp256k1, &secret).unwrap();
-        let legacy = |kind| hsm.seal_legacy(&BlobBinding::plain(kind, "o", "r"), &secret).unwrap();
+        let legacy = |kind| hsm.seal_as_version(&BlobBinding::plain(kind, "o", "r"), &secret, 1).unwrap();
 
         let mut k = key_ref(pb::BlobKind::PrivateKey, legacy(BlobKind::PrivateKey), "CURVE_SECP256K1");
         k.public_key = hex::encode(&public_key);

@@ -47,8 +47,14 @@ fn service() -> Arc<EnclaveService> {
             let pin = || AuthPin::new("gateway-test-pin".to_string().into());
             let so_pin = AuthPin::new("gateway-test-so-pin".to_string().into());
             init_token(MODULE.as_ref(), "gateway-test", &so_pin, &pin()).expect("SoftHSM token");
-            let settings =
-                HsmSettings { module: MODULE.into(), token_label: "gateway-test".into(), pin: pin(), pool_size: 4 };
+            let settings = HsmSettings {
+                module: MODULE.into(),
+                token_label: "gateway-test".into(),
+                pin: pin(),
+                pool_size: 4,
+                profile: None,
+                shelf: None,
+            };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");
             let authority =

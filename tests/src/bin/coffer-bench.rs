@@ -381,6 +381,8 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
                     token_label: label.into(),
                     pin: cryptoki::types::AuthPin::new(pin.to_string().into()),
                     pool_size: 16,
+                    profile: None,
+                    shelf: None,
                 })
                 .expect("open token"),
             )
