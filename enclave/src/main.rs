@@ -129,6 +129,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Init => {
             let hsm = open_hsm(&cfg, &open_store(&cfg)?)?;
             let created = hsm.init_service_keys()?;
+            if !created.is_empty() && !hsm.profile().sees_other_processes_objects {
+                eprintln!(
+                    "hsm_profile {:?}: this module shows a running enclave the keys another process made only after it restarts: restart every running enclave on this token",
+                    hsm.profile().name
+                );
+            }
             let signer = hex::encode(hsm.signer_public_key()?);
             println!("{}", serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer }));
             Ok(())

@@ -30,7 +30,7 @@ pub fn bin_dir() -> PathBuf {
 
 /// A port free now and never handed out before in this process (the OS may offer a released
 /// port again, and two stacks starting at once would then collide).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

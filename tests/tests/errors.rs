@@ -416,7 +416,7 @@ async fn whoami_with_retry_after(
 /// its rate; the operations listener answers health, readiness and metrics on its own port.
 #[tokio::test]
 async fn rate_limits_are_per_credential_and_health_has_its_own_listener() {
-    let ops_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ops_port = coffer_tests::free_port();
     let ops = format!("127.0.0.1:{ops_port}");
     let stack = Stack::start_with(&[("COFFER_RATE_LIMIT_PER_CREDENTIAL", "5"), ("COFFER_OPS_LISTEN", &ops)]).await;
     let key = stack.api_key();

@@ -999,7 +999,7 @@ async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() 
         let org = stack.organization_id.clone();
         let address = create_eth_wallet(&stack, &key).await;
         let pki = coffer_tests::tls::Pki::generate(&stack.dir.join("pki"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = coffer_tests::free_port();
         let p = |name: &str| pki.path(name).display().to_string();
         // The enclave's TCP listener (the variables are the enclave's; the gateway reads others).
         stack.set_env("COFFER_ENCLAVE_TCP_LISTEN", &format!("127.0.0.1:{port}"));

@@ -394,7 +394,7 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     let mut stack = Stack::start_with(&[("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true")]).await;
     let key = stack.api_key();
     // The receiver is down at first: nothing listens on this port yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = coffer_tests::free_port();
     let policies_only = json!({"eventType": "ACTIVITY_UPDATES", "filtersJson": "{\"activityTypes\":[\"ACTIVITY_TYPE_CREATE_POLICY_V3\"]}"});
     let r = create(
         &stack,
