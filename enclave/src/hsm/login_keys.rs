@@ -126,33 +126,3 @@ impl Hsm {
         Ok(out)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn login_keys_sign_verifiably_and_ecdh_matches_software() {
-        let hsm = crate::hsm::tests::hsm();
-        let keys = hsm.login_public_keys().unwrap();
-        assert_ne!(keys.notarizer, keys.oidc_issuer);
-        assert_ne!(keys.oidc_issuer, keys.tls_fetcher);
-        let digest = [7u8; 32];
-        for (key, point) in [(LoginKey::Notarizer, keys.notarizer), (LoginKey::OidcIssuer, keys.oidc_issuer)] {
-            let sig = hsm.sign_digest_with(key, &digest).unwrap();
-            let vk = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point).unwrap();
-            let sig = p256::ecdsa::Signature::from_slice(&sig).unwrap();
-            vk.verify_prehash(&digest, &sig).unwrap();
-            assert!(sig.normalize_s().is_none(), "low-S");
-        }
-        // ECDH in the HSM equals ECDH in software with the peer's secret.
-        let peer = p256::SecretKey::from_slice(&[9u8; 32]).unwrap();
-        let peer_point: [u8; 65] = peer.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
-        let shared = hsm.tls_fetcher_ecdh(&peer_point).unwrap();
-        let fetcher = p256::PublicKey::from_sec1_bytes(&keys.tls_fetcher).unwrap();
-        let expected = p256::ecdh::diffie_hellman(peer.to_nonzero_scalar(), fetcher.as_affine());
-        assert_eq!(shared.as_slice(), expected.raw_secret_bytes().as_slice());
-        // Not a point: refused before the HSM sees it.
-        assert!(hsm.tls_fetcher_ecdh(&[4u8; 65]).is_err());
-    }
-}

@@ -440,7 +440,8 @@ fn service_keys_are_sealed_where_the_module_cannot_hold_them(_hsm: &Arc<Hsm>, mo
         cert_mac: KeyHome::Sealed,
         ..detected(module)
     };
-    let first = open(module, "sealed", Some(all_sealed.clone()), 2).unwrap();
+    // A pool of one session: sealing while initialising must not wait for itself.
+    let first = open(module, "sealed", Some(all_sealed.clone()), 1).unwrap();
     first.init_service_keys().unwrap();
     let session = first.session().unwrap();
     for (class, label) in [
@@ -497,7 +498,32 @@ fn login_with_a_wrong_pin_is_refused(_hsm: &Arc<Hsm>, module: Module) {
     assert!(try_open(module, label, None, 2, pin()).unwrap().is_ok());
 }
 
+fn login_keys_sign_verifiably_and_ecdh_matches_software(hsm: &Arc<Hsm>, _module: Module) {
+    use p256::ecdsa::signature::hazmat::PrehashVerifier;
+    let keys = hsm.login_public_keys().unwrap();
+    assert_ne!(keys.notarizer, keys.oidc_issuer);
+    assert_ne!(keys.oidc_issuer, keys.tls_fetcher);
+    let digest = [7u8; 32];
+    for (key, point) in [(LoginKey::Notarizer, keys.notarizer), (LoginKey::OidcIssuer, keys.oidc_issuer)] {
+        let sig = hsm.sign_digest_with(key, &digest).unwrap();
+        let vk = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point).unwrap();
+        let sig = p256::ecdsa::Signature::from_slice(&sig).unwrap();
+        vk.verify_prehash(&digest, &sig).unwrap();
+        assert!(sig.normalize_s().is_none(), "low-S");
+    }
+    // ECDH in the HSM equals ECDH in software with the peer's secret.
+    let peer = p256::SecretKey::from_slice(&[9u8; 32]).unwrap();
+    let peer_point: [u8; 65] = peer.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
+    let shared = hsm.tls_fetcher_ecdh(&peer_point).unwrap();
+    let fetcher = p256::PublicKey::from_sec1_bytes(&keys.tls_fetcher).unwrap();
+    let expected = p256::ecdh::diffie_hellman(peer.to_nonzero_scalar(), fetcher.as_affine());
+    assert_eq!(shared.as_slice(), expected.raw_secret_bytes().as_slice());
+    // Not a point: refused before the HSM sees it.
+    assert!(hsm.tls_fetcher_ecdh(&[4u8; 65]).is_err());
+}
+
 on_both_modules!(
+    login_keys_sign_verifiably_and_ecdh_matches_software,
     account_blob_under_another_curve_or_address_fails_to_open,
     legacy_blobs_open_under_their_version_1_binding,
     certificate_mac_is_computed_and_checked_in_the_hsm,

@@ -30,6 +30,8 @@ use super::software_keys::{self, SealedBlobCache, SealedKeyShelf};
 
 const OID_P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 const OID_ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
+/// PKCS#11 3.0's return value for a failed AEAD tag check.
+const CKR_AEAD_DECRYPT_FAILED: cryptoki_sys::CK_RV = 0x35;
 
 /// Where the token is, how to log in, and what the module may be assumed to do. The PIN is a
 /// `secrecy` string, wiped on drop.
@@ -237,10 +239,11 @@ impl Hsm {
     /// Creates the service keys if they are missing (idempotent), each where the profile says:
     /// in the HSM, or sealed in the authority store. Returns what it created.
     pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
-        let session = self.session()?;
+        // Each step leases a session of its own and returns it before sealing (which leases
+        // again): a pool bounded at one session must not wait for itself.
         let mut created = Vec::new();
-        if find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
-            session
+        if find_key(&*self.session()?, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
+            self.session()?
                 .generate_key(
                     &Mechanism::AesKeyGen,
                     &[
@@ -261,18 +264,18 @@ impl Hsm {
             // Sealed service keys are sealed under the KEK: it must be found from now on.
             self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         }
-        if find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
-            generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
+        if find_key(&*self.session()?, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
+            generate_pair(&*self.session()?, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
             created.push(SIGNER_LABEL);
         }
         let sealed_or_missing = |class, label| -> Result<bool, HsmError> {
-            Ok(find_key(&session, class, label)?.is_none() && !self.has_sealed_key(label)?)
+            Ok(find_key(&*self.session()?, class, label)?.is_none() && !self.has_sealed_key(label)?)
         };
         if sealed_or_missing(ObjectClass::SECRET_KEY, CERT_MAC_LABEL)? {
             if self.profile.cert_mac == KeyHome::Sealed {
                 self.create_sealed_key(CERT_MAC_LABEL, |_| true)?;
             } else {
-                session
+                self.session()?
                     .generate_key(
                         &Mechanism::GenericSecretKeyGen,
                         &[
@@ -297,7 +300,7 @@ impl Hsm {
                 self.create_sealed_key(WEBHOOK_SIGNER_LABEL, |_| true)?;
             } else {
                 generate_pair(
-                    &session,
+                    &*self.session()?,
                     Mechanism::EccEdwardsKeyPairGen,
                     OID_ED25519,
                     WEBHOOK_SIGNER_LABEL,
@@ -318,7 +321,7 @@ impl Hsm {
             if label == TLS_FETCHER_LABEL && self.profile.tls_fetcher == KeyHome::Sealed {
                 self.create_sealed_key(label, software_keys::is_p256_scalar)?;
             } else {
-                generate_pair(&session, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
+                generate_pair(&*self.session()?, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
             }
             created.push(label);
         }
@@ -511,9 +514,14 @@ impl Hsm {
         );
         match result {
             Ok(pt) => Ok(pt),
-            // SoftHSM reports a failed GCM tag check as CKR_GENERAL_ERROR (notes 4.9).
+            // SoftHSM reports a failed GCM tag check as CKR_GENERAL_ERROR (notes 4.9); PKCS#11 3.0
+            // modules as CKR_AEAD_DECRYPT_FAILED, which cryptoki 0.12 does not name.
             Err(HsmError::Pkcs11 {
-                rv: RvError::GeneralError | RvError::EncryptedDataInvalid | RvError::EncryptedDataLenRange,
+                rv:
+                    RvError::GeneralError
+                    | RvError::EncryptedDataInvalid
+                    | RvError::EncryptedDataLenRange
+                    | RvError::UnknownErrorCode(CKR_AEAD_DECRYPT_FAILED),
                 ..
             }) => Err(HsmError::SealAuthentication),
             Err(e) => Err(e),
