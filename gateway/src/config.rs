@@ -64,6 +64,9 @@ pub struct GatewayConfig {
     /// Largest request head (request line plus headers) in bytes, at least 8,192; past it (or
     /// past 100 headers) a JSON 431. Default 65,536.
     pub max_header_bytes: usize,
+    /// Longest a write to a client may make no progress (a client that sends requests and never
+    /// reads the answers) before its connection is closed. Default 30,000 ms.
+    pub write_timeout_ms: u64,
     /// Connections the kernel queues for each listener before the gateway accepts them (capped by
     /// `net.core.somaxconn`). Default 4,096, so a burst of new clients is accepted and answered
     /// (or shed with a JSON 503) instead of dropped and retried by the client's TCP a second
@@ -147,6 +150,7 @@ impl Default for GatewayConfig {
             max_connections: 10_000,
             max_connections_per_ip: 5_000,
             header_read_timeout_ms: 10_000,
+            write_timeout_ms: 30_000,
             max_header_bytes: 64 * 1024,
             listen_backlog: 4096,
             rate_limit_per_ip: 0,
@@ -264,6 +268,7 @@ impl GatewayConfig {
             ("COFFER_MAX_CONNECTIONS", &mut cfg.max_connections),
             ("COFFER_MAX_CONNECTIONS_PER_IP", &mut cfg.max_connections_per_ip),
             ("COFFER_HEADER_READ_TIMEOUT_MS", &mut cfg.header_read_timeout_ms),
+            ("COFFER_WRITE_TIMEOUT_MS", &mut cfg.write_timeout_ms),
             ("COFFER_MAX_HEADER_BYTES", &mut cfg.max_header_bytes),
             ("COFFER_LISTEN_BACKLOG", &mut cfg.listen_backlog),
             ("COFFER_RATE_LIMIT_PER_IP", &mut cfg.rate_limit_per_ip),

@@ -328,6 +328,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         max_connections_per_ip: cfg.max_connections_per_ip,
         header_read_timeout: std::time::Duration::from_millis(cfg.header_read_timeout_ms),
         max_header_bytes: cfg.max_header_bytes,
+        write_timeout: std::time::Duration::from_millis(cfg.write_timeout_ms),
     };
     tracing::info!(max_connections = limits.max_connections, open_file_limit = files, "connection limits");
     // The auth proxy and the operations listener get small caps of their own.

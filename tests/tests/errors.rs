@@ -389,6 +389,72 @@ async fn raw_http(port: u16, request: &[u8]) -> RawResponse {
     RawResponse { status, content_type, json: serde_json::from_str(text).unwrap_or(Value::Null), text: text.into() }
 }
 
+/// Sends `head` and then `padding` bytes, as a simple client does, and only then reads the answer.
+/// The server answers long before the client is done sending; without a lingering close it
+/// would close with the client's bytes unread, and the reset would destroy the answer.
+async fn answer_after_sending(port: u16, head: Vec<u8>, padding: usize) -> Result<String, std::io::Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let sent = async {
+        conn.write_all(&head).await?;
+        let chunk = vec![b'a'; 64 * 1024];
+        for _ in 0..padding.div_ceil(chunk.len()) {
+            conn.write_all(&chunk).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    }
+    .await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), conn.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection");
+    match (sent, read) {
+        (Ok(()), Ok(_)) => Ok(String::from_utf8_lossy(&answer).into_owned()),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// A 32 MiB body and a 1 MiB header get their JSON 413 and 431 although the client is still
+/// sending when they are answered; a client that pipelines requests and never reads the answers
+/// is closed after the write timeout instead of holding its connection and send queue.
+#[tokio::test]
+async fn oversized_requests_get_their_answer_and_a_client_that_never_reads_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start_with(&[("COFFER_WRITE_TIMEOUT_MS", "1000")]).await;
+    let port: u16 = stack.base_url.rsplit(':').next().unwrap().parse().unwrap();
+
+    let body = 32usize << 20;
+    let head = format!(
+        "POST /public/v1/query/list_wallets HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {body}\r\n\r\n"
+    );
+    let answer = answer_after_sending(port, head.into_bytes(), body).await.expect("an answer, not a reset");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{}", &answer[..answer.len().min(300)]);
+    assert!(answer.contains("too large"), "{answer}");
+
+    let head = b"POST /public/v1/query/list_wallets HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
+    let answer = answer_after_sending(port, head, 1 << 20).await.expect("an answer, not a reset");
+    assert!(answer.starts_with("HTTP/1.1 431"), "{}", &answer[..answer.len().min(300)]);
+    assert!(answer.contains("request header fields too large"), "{answer}");
+
+    // 50,000 pipelined requests whose answers (about 7 MB) fill every buffer on the way back.
+    const PIPELINED: usize = 50_000;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let requests = b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(PIPELINED);
+    let _ = conn.write_all(&requests).await;
+    // Not reading for three write timeouts.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let mut answers = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(8), conn.read_to_end(&mut answers)).await;
+    let answered = answers.windows(12).filter(|w| w == b"HTTP/1.1 200").count();
+    assert!(read.is_ok(), "the connection was closed (it answered {answered} before)");
+    assert!(answered < PIPELINED, "closed before every answer was written: {answered} of {PIPELINED}");
+    // The gateway goes on serving.
+    let r = send(&stack, reqwest::Method::GET, "/readyz", vec![], &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
 /// A stamped `whoami` and the answer's `Retry-After` header, if any.
 async fn whoami_with_retry_after(
     stack: &Stack,

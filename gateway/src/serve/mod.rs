@@ -1,8 +1,10 @@
 //! The API listener: a global and a per-IP connection cap (past them, a JSON 503 and close), a
-//! header read timeout that also closes connections that stay idle, and a header size limit, in
-//! front of the router; hyper's own error answers get the JSON body (`json_errors`).
+//! header read timeout that also closes connections that stay idle, a header size limit, a write
+//! timeout and a lingering close (`socket`), in front of the router; hyper's own error answers get
+//! the JSON body (`json_errors`).
 
 mod json_errors;
+mod socket;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +34,9 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers); past it, a JSON 431. At least 8 KiB.
     pub max_header_bytes: usize,
+    /// Longest a write to the client may make no progress (it sends and never reads) before the
+    /// connection is closed.
+    pub write_timeout: Duration,
 }
 
 /// Open connections per client address.
@@ -156,7 +161,8 @@ pub async fn serve(
             let max_header_bytes = limits.max_header_bytes.max(8192);
             let mut builder = Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(timeout).max_buf_size(max_header_bytes);
-            let io = TokioIo::new(json_errors::JsonErrors::new(stream, max_header_bytes));
+            let socket = socket::GuardedSocket::new(stream, limits.write_timeout);
+            let io = TokioIo::new(json_errors::JsonErrors::new(socket, max_header_bytes));
             let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
             tokio::pin!(conn);
             let mut closing = false;
