@@ -8,7 +8,7 @@
 //! stands in both halves of `publicKey` (there is no ephemeral encryption key).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 /// The only scheme the official verifiers accept.
@@ -117,59 +117,77 @@ pub fn payload(kind: &str, timestamp_ms: i64, member: &str, body: Value) -> Stri
 
 /// JSON with object members sorted by key and no whitespace: what digests are taken over.
 pub fn canonical_json(v: &Value) -> String {
-    fn write(v: &Value, out: &mut String) {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::from(k.as_str()).to_string());
-                    out.push(':');
-                    write(&m[k], out);
+    let mut out = Vec::with_capacity(256);
+    write_canonical(v, &[], &mut out);
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Writes the canonical JSON of `v` into `out`, leaving out the top-level members named in
+/// `skip`; keys and scalars are serialized straight into `out` (no string per member: this runs
+/// for every recorded activity).
+fn write_canonical(v: &Value, skip: &[&str], out: &mut impl std::io::Write) {
+    // Writes into a Vec or a hash cannot fail.
+    match v {
+        Value::Object(m) => {
+            let mut members: Vec<(&String, &Value)> = m.iter().filter(|(k, _)| !skip.contains(&k.as_str())).collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            let _ = out.write_all(b"{");
+            for (i, (k, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    let _ = out.write_all(b",");
                 }
-                out.push('}');
+                let _ = serde_json::to_writer(&mut *out, k);
+                let _ = out.write_all(b":");
+                write_canonical(value, &[], out);
             }
-            Value::Array(a) => {
-                out.push('[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(x, out);
+            let _ = out.write_all(b"}");
+        }
+        Value::Array(a) => {
+            let _ = out.write_all(b"[");
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    let _ = out.write_all(b",");
                 }
-                out.push(']');
+                write_canonical(x, &[], out);
             }
-            other => out.push_str(&other.to_string()),
+            let _ = out.write_all(b"]");
+        }
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
         }
     }
-    let mut out = String::new();
-    write(v, &mut out);
-    out
+}
+
+/// SHA-256 fed as bytes are written (the canonical JSON is hashed without being kept).
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn digest_skipping(v: &Value, skip: &[&str]) -> String {
+    let mut hashing = Hashing(Sha256::new());
+    write_canonical(v, skip, &mut hashing);
+    hex::encode(hashing.0.finalize())
 }
 
 /// SHA-256 of the canonical JSON of `v`, lowercase hex.
 pub fn json_digest(v: &Value) -> String {
-    hex::encode(Sha256::digest(canonical_json(v).as_bytes()))
+    digest_skipping(v, &[])
 }
 
 /// The digest the log chains for a recorded activity (the API's `Activity` object): every member
 /// but those that depend on the reader.
 pub fn activity_digest(activity: &Value) -> String {
-    match activity {
-        Value::Object(m) => {
-            let kept: Map<String, Value> = m
-                .iter()
-                .filter(|(k, _)| !VIEWER_MEMBERS.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            json_digest(&Value::Object(kept))
-        }
-        other => json_digest(other),
-    }
+    digest_skipping(activity, &VIEWER_MEMBERS)
 }
 
 /// The head of an organization's log before its first link.
@@ -371,6 +389,45 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
 mod tests {
     use super::*;
     use p256::ecdsa::signature::Signer;
+
+    /// The canonical JSON as first written (a string per key and scalar), to hold the streaming
+    /// writer to the same bytes: digests already in activity logs must not change.
+    fn canonical_reference(v: &Value) -> String {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                let members: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("{}:{}", Value::from(k.as_str()), canonical_reference(&m[*k])))
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+            Value::Array(a) => format!("[{}]", a.iter().map(canonical_reference).collect::<Vec<_>>().join(",")),
+            other => other.to_string(),
+        }
+    }
+
+    #[test]
+    fn canonical_json_is_byte_for_byte_what_it_was() {
+        let v = json!({
+            "z": [1, -2.5, 1e300, null, true, "a\"b\\c\u{1}\n", {"b": 1, "a": [{}], "é": "ü😀"}],
+            "a": {"y": {"x": []}, "canApprove": true},
+            "canApprove": false, "canReject": true, "": "", "m": u64::MAX, "n": i64::MIN
+        });
+        assert_eq!(canonical_json(&v), canonical_reference(&v));
+        assert!(canonical_json(&v).starts_with(r#"{"":"","a":{"canApprove":true,"y""#));
+        assert_eq!(json_digest(&v), hex::encode(Sha256::digest(canonical_reference(&v).as_bytes())));
+        // The activity digest leaves out the reader's members at the top level only.
+        let mut kept = v.as_object().unwrap().clone();
+        kept.remove("canApprove");
+        kept.remove("canReject");
+        assert_eq!(
+            activity_digest(&v),
+            hex::encode(Sha256::digest(canonical_reference(&Value::Object(kept)).as_bytes()))
+        );
+        assert_ne!(activity_digest(&v), json_digest(&v));
+    }
 
     fn key() -> (p256::ecdsa::SigningKey, [u8; 65]) {
         let sk = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
