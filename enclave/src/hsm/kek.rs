@@ -76,11 +76,9 @@ pub(super) fn encrypt(
     let mut output = s.encrypt(&mechanism, kek, plaintext)?;
     let iv_len = profile.iv_len;
     Ok(match profile.iv_source {
-        IvSource::Caller | IvSource::MessageApi => Ok(GcmOutput { iv, ciphertext: output }),
         // A module that ignores a zeroed buffer and writes nothing would seal under IV 0 forever.
         IvSource::WrittenBack if iv.iter().all(|b| *b == 0) => Err(GcmFault::NoIvWrittenBack),
-        IvSource::WrittenBack => Ok(GcmOutput { iv, ciphertext: output }),
-        _ if output.len() < iv_len + TAG_LEN => Err(GcmFault::ShortOutput),
+        IvSource::Appended | IvSource::Prepended if output.len() < iv_len + TAG_LEN => Err(GcmFault::ShortOutput),
         IvSource::Appended => {
             let iv = output.split_off(output.len() - iv_len);
             Ok(GcmOutput { iv, ciphertext: output })
@@ -89,6 +87,8 @@ pub(super) fn encrypt(
             let ciphertext = output.split_off(iv_len);
             Ok(GcmOutput { iv: output, ciphertext })
         }
+        // Caller IVs, and IVs written back (the message API returned above).
+        _ => Ok(GcmOutput { iv, ciphertext: output }),
     })
 }
 

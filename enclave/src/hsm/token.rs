@@ -243,22 +243,8 @@ impl Hsm {
         // again): a pool bounded at one session must not wait for itself.
         let mut created = Vec::new();
         if find_key(&*self.session()?, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
-            self.session()?
-                .generate_key(
-                    &Mechanism::AesKeyGen,
-                    &[
-                        Attribute::Class(ObjectClass::SECRET_KEY),
-                        Attribute::KeyType(KeyType::AES),
-                        Attribute::ValueLen(32.into()),
-                        Attribute::Token(true),
-                        Attribute::Private(true),
-                        Attribute::Sensitive(true),
-                        Attribute::Extractable(false),
-                        Attribute::Encrypt(true),
-                        Attribute::Decrypt(true),
-                        Attribute::Label(KEK_LABEL.as_bytes().to_vec()),
-                    ],
-                )
+            let usage = [Attribute::Encrypt(true), Attribute::Decrypt(true)];
+            generate_secret(&*self.session()?, Mechanism::AesKeyGen, KeyType::AES, KEK_LABEL, usage)
                 .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
             created.push(KEK_LABEL);
             // Sealed service keys are sealed under the KEK: it must be found from now on.
@@ -275,22 +261,9 @@ impl Hsm {
             if self.profile.cert_mac == KeyHome::Sealed {
                 self.create_sealed_key(CERT_MAC_LABEL, |_| true)?;
             } else {
-                self.session()?
-                    .generate_key(
-                        &Mechanism::GenericSecretKeyGen,
-                        &[
-                            Attribute::Class(ObjectClass::SECRET_KEY),
-                            Attribute::KeyType(self.profile.cert_mac_key_type),
-                            Attribute::ValueLen(32.into()),
-                            Attribute::Token(true),
-                            Attribute::Private(true),
-                            Attribute::Sensitive(true),
-                            Attribute::Extractable(false),
-                            Attribute::Sign(true),
-                            Attribute::Verify(true),
-                            Attribute::Label(CERT_MAC_LABEL.as_bytes().to_vec()),
-                        ],
-                    )
+                let (key_type, usage) =
+                    (self.profile.cert_mac_key_type, [Attribute::Sign(true), Attribute::Verify(true)]);
+                generate_secret(&*self.session()?, Mechanism::GenericSecretKeyGen, key_type, CERT_MAC_LABEL, usage)
                     .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
             }
             created.push(CERT_MAC_LABEL);
@@ -629,6 +602,29 @@ impl Hsm {
             .map_err(|_| HsmError::Malformed("HSM returned a malformed ECDSA signature"))?;
         Ok(sig.to_der().as_bytes().to_vec())
     }
+}
+
+/// Generates a 32-byte token secret key of `key_type` under `label` for two `usage`s: sensitive
+/// and never extractable.
+fn generate_secret(
+    session: &Session,
+    mechanism: Mechanism,
+    key_type: KeyType,
+    label: &'static str,
+    usage: [Attribute; 2],
+) -> Result<(), CkError> {
+    let mut template = vec![
+        Attribute::Class(ObjectClass::SECRET_KEY),
+        Attribute::KeyType(key_type),
+        Attribute::ValueLen(32.into()),
+        Attribute::Token(true),
+        Attribute::Private(true),
+        Attribute::Sensitive(true),
+        Attribute::Extractable(false),
+        Attribute::Label(label.as_bytes().to_vec()),
+    ];
+    template.extend(usage);
+    session.generate_key(&mechanism, &template).map(|_| ())
 }
 
 /// Generates a token key pair under `label` for one `usage` (`Sign` or `Derive`): the private

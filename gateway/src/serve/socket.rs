@@ -36,6 +36,15 @@ impl<S> GuardedSocket<S> {
         Self { inner, write_timeout, write_deadline: None, closing: None }
     }
 
+    /// A write's outcome: progress disarms the deadline, `Pending` is [`Self::stalled`].
+    fn progress<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if poll.is_pending() {
+            return self.stalled(cx);
+        }
+        self.write_deadline = None;
+        poll
+    }
+
     /// `Pending` from a write: arms the deadline, and fails once it has passed without progress.
     fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         let timeout = self.write_timeout;
@@ -58,13 +67,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedSocket<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for GuardedSocket<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Pending => self.stalled(cx),
-            done => {
-                self.write_deadline = None;
-                done
-            }
-        }
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progress(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -72,13 +76,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for GuardedSocket<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Pending => self.stalled(cx),
-            done => {
-                self.write_deadline = None;
-                done
-            }
-        }
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progress(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -86,13 +85,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for GuardedSocket<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Pending => self.stalled(cx),
-            done => {
-                self.write_deadline = None;
-                done
-            }
-        }
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progress(cx, poll)
     }
 
     /// Shuts the write side (the answer is out), then drains the client's bytes until it closes
