@@ -145,6 +145,26 @@ pub struct CompiledPolicy {
     consensus: Result<crate::expr::Expr, String>,
     /// The activities the condition can hold for (all when it does not parse).
     pub scope: crate::scope::Scope,
+    /// Digests of the time, condition and consensus texts: the keys under which one decision
+    /// shares a clause's value among the policies that have the same text ([`ClauseMemo`]).
+    digests: [u64; 3],
+}
+
+/// A clause's place in a policy (its text is parsed by the matching grammar).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ClauseKind {
+    Time,
+    Condition,
+    Consensus,
+}
+
+/// The digest of a clause's text, its key in a [`ClauseMemo`] (a collision costs nothing: the
+/// memo also compares the texts).
+fn text_digest(kind: ClauseKind, text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (kind, text).hash(&mut h);
+    h.finish()
 }
 
 impl CompiledPolicy {
@@ -158,8 +178,47 @@ impl CompiledPolicy {
             scope: condition.as_ref().map(crate::scope::Scope::of).unwrap_or_default(),
             condition,
             consensus: parsed(&source.consensus, parse_consensus),
+            digests: [
+                text_digest(ClauseKind::Time, &source.time),
+                text_digest(ClauseKind::Condition, &source.condition),
+                text_digest(ClauseKind::Consensus, &source.consensus),
+            ],
             source,
         }
+    }
+}
+
+/// The values of the clauses one decision has evaluated, by clause text: policies that test the
+/// same things (the same condition, the same consensus, no time window) share one evaluation, so
+/// 1,000 policies made from one template cost a few evaluations, not 3,000. Sound because a
+/// clause's value depends only on its text, how it is read (a DENY's reading differs from an
+/// ALLOW's) and the context, which is the same for every policy of one decision. An evaluation
+/// that ran out of steps or time is shared too: each policy would have run out the same way.
+#[derive(Default)]
+pub struct ClauseMemo<'p> {
+    values: std::collections::HashMap<(u64, bool), Vec<(&'p str, Result<bool, EvalError>)>>,
+}
+
+impl<'p> ClauseMemo<'p> {
+    fn value(
+        &mut self,
+        c: &'p CompiledPolicy,
+        kind: ClauseKind,
+        roots: &BTreeMap<String, Val>,
+        deny: bool,
+    ) -> Result<bool, EvalError> {
+        let (expr, text, digest) = match kind {
+            ClauseKind::Time => (&c.time, c.source.time.as_str(), c.digests[0]),
+            ClauseKind::Condition => (&c.condition, c.source.condition.as_str(), c.digests[1]),
+            ClauseKind::Consensus => (&c.consensus, c.source.consensus.as_str(), c.digests[2]),
+        };
+        let same_digest = self.values.entry((digest, deny)).or_default();
+        if let Some((_, value)) = same_digest.iter().find(|(t, _)| *t == text) {
+            return value.clone();
+        }
+        let value = clause(expr, roots, deny);
+        same_digest.push((text, value.clone()));
+        value
     }
 }
 
@@ -198,11 +257,20 @@ fn activity_fields(roots: &BTreeMap<String, Val>) -> Option<(&str, &str, &str)> 
 /// the outcome; for a DENY a definitely false clause comes first, then an error (which denies:
 /// see the module documentation).
 pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
+    evaluate_policy_in(c, roots, &mut ClauseMemo::default())
+}
+
+/// [`evaluate_policy`], with the clause values `memo` holds from the decision's other policies.
+fn evaluate_policy_in<'p>(
+    c: &'p CompiledPolicy,
+    roots: &BTreeMap<String, Val>,
+    memo: &mut ClauseMemo<'p>,
+) -> PolicyOutcome {
     let p = &c.source;
     let deny = p.effect == "EFFECT_DENY";
-    let time = clause(&c.time, roots, deny);
-    let condition = clause(&c.condition, roots, deny);
-    let consensus = clause(&c.consensus, roots, deny);
+    let time = memo.value(c, ClauseKind::Time, roots, deny);
+    let condition = memo.value(c, ClauseKind::Condition, roots, deny);
+    let consensus = memo.value(c, ClauseKind::Consensus, roots, deny);
     let out = |outcome, clause, detail| PolicyOutcome {
         policy_id: p.id.clone(),
         policy_name: p.name.clone(),
@@ -248,7 +316,8 @@ pub fn decide(
     root_quorum_met: bool,
     implicit: bool,
 ) -> Evaluation {
-    let outcomes: Vec<PolicyOutcome> = policies.iter().map(|p| evaluate_policy(p, roots)).collect();
+    let mut memo = ClauseMemo::default();
+    let outcomes: Vec<PolicyOutcome> = policies.iter().map(|p| evaluate_policy_in(p, roots, &mut memo)).collect();
     let any = |o: &str| outcomes.iter().any(|x| x.outcome == o);
     let (decision, reason) = if root_quorum_met {
         (Decision::Allow, "ROOT_QUORUM")
@@ -519,5 +588,48 @@ mod tests {
         assert_eq!(decide(&[&allow, &over], &legacy, false, false).decision, Decision::Deny);
         let consensus_false = policy("d", "EFFECT_DENY", "eth.tx.chain_id != 1", "approvers.count() > 5");
         assert_eq!(decide(&[&allow, &consensus_false], &legacy, false, false).decision, Decision::Allow);
+    }
+
+    #[test]
+    fn policies_with_the_same_clauses_share_their_evaluation_and_decide_as_alone() {
+        // 1,000 policies from one template: a tenth name the approver.
+        let template: Vec<CompiledPolicy> = (0..1000)
+            .map(|i| {
+                let approver = if i % 10 == 0 { "u" } else { "someone-else" };
+                policy(
+                    &format!("p{i:04}"),
+                    "EFFECT_ALLOW",
+                    "wallet.id == 'w1'",
+                    &format!("approvers.any(a, a.id == '{approver}')"),
+                )
+            })
+            .collect();
+        let refs: Vec<&CompiledPolicy> = template.iter().collect();
+        let ctx = roots(&["u"], "w1");
+        let e = decide(&refs, &ctx, false, false);
+        let alone: Vec<PolicyOutcome> = template.iter().map(|p| evaluate_policy(p, &ctx)).collect();
+        assert_eq!(e.outcomes, alone);
+        assert_eq!(e.outcomes.iter().filter(|o| o.outcome == OUTCOME_ALLOW).count(), 100);
+        assert_eq!(e.outcomes.iter().filter(|o| o.outcome == OUTCOME_REQUIRES_CONSENSUS).count(), 900);
+        let mut memo = ClauseMemo::default();
+        for p in &refs {
+            evaluate_policy_in(p, &ctx, &mut memo);
+        }
+        // Time (empty), the condition, and two consensus texts: four evaluations in all.
+        assert_eq!(memo.values.values().map(Vec::len).sum::<usize>(), 4);
+
+        // A DENY reads the same text otherwise (a true disjunct decides, the error aside): the
+        // memo keeps the two readings apart.
+        let text = "wallet.id == 'w1' || private_key.id == 'k'";
+        let allow = policy("a", "EFFECT_ALLOW", text, "");
+        let deny = policy("d", "EFFECT_DENY", text, "");
+        let e = decide(&[&allow, &deny], &ctx, false, false);
+        assert_eq!(e.outcomes[0].outcome, OUTCOME_ERROR);
+        assert_eq!(e.outcomes[1].outcome, OUTCOME_DENY_EXPLICIT);
+        // The same text in another clause is another expression.
+        let as_time = policy("t", "EFFECT_ALLOW", "", "");
+        let mut memo = ClauseMemo::default();
+        evaluate_policy_in(&as_time, &ctx, &mut memo);
+        assert_eq!(memo.values.len(), 3, "the empty time, condition and consensus are three keys");
     }
 }

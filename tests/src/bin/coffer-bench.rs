@@ -1408,6 +1408,151 @@ async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Va
     Ok((report, vec![(ONE_APPLICABLE, one), (MANY_APPLICABLE, many)]))
 }
 
+/// The policy-cost section's name (for `--only`), and its targets (issue 26): a non-root user's
+/// latency does not grow with policies that cannot apply, and many applicable ALLOW policies
+/// that test the same things cost little more than one.
+const POLICY_COST: &str = "policy cost";
+const POLICY_COST_ROOT: &str = "policy cost: root signing";
+const POLICY_COST_OWN_ONLY: &str = "policy cost: non-root, its own policy only";
+const POLICY_COST_INAPPLICABLE: &str = "policy cost: non-root, 10,000 policies that cannot apply";
+const POLICY_COST_APPLICABLE: &str = "policy cost: non-root, 1,000 applicable ALLOW policies";
+const INAPPLICABLE_POLICIES: usize = 10_000;
+const APPLICABLE_POLICIES: usize = 1_000;
+/// The p50 with policies that cannot apply may exceed the p50 without by at most this (ms).
+const INAPPLICABLE_P50_MARGIN_MS: f64 = 1.0;
+/// Non-root signing with the applicable policies: at least this share of root's throughput.
+const APPLICABLE_RATIO_TARGET: f64 = 0.5;
+
+/// Policy cost, on a fresh stack: root's raw signing (32 clients), then a non-root user's (1
+/// client) allowed by one policy, again with [`INAPPLICABLE_POLICIES`] policies that name another
+/// activity type, and then (32 clients) with [`APPLICABLE_POLICIES`] more ALLOW policies that all
+/// apply: the same condition, and a consensus naming one of ten users (the signer in a tenth).
+async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, Vec<(&'static str, usize, Sample)>)> {
+    let stack = Stack::start().await;
+    let root = Arc::new(stack.api_key());
+    let org = stack.organization_id.clone();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        &org,
+        json!({"walletName": "policy-cost", "accounts": [
+            {"curve":"CURVE_SECP256K1","pathFormat":"PATH_FORMAT_BIP32","path":"m/44'/60'/0'/0/0","addressFormat":"ADDRESS_FORMAT_ETHEREUM"}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&root)).await;
+    let eth = r.json["activity"]["result"]["createWalletResult"]["addresses"][0]
+        .as_str()
+        .context("policy-cost wallet")?
+        .to_string();
+    let signer = Arc::new(TurnkeyP256ApiKey::generate());
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        &org,
+        json!({"users": [{"userName": "policy-cost-signer", "apiKeys": [{"apiKeyName": "policy-cost-signer",
+            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
+            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(&root)).await;
+    let user = r.json["activity"]["result"]["createUsersResult"]["userIds"][0]
+        .as_str()
+        .context("policy-cost user")?
+        .to_string();
+    let raw_payloads = "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'";
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        json!({"policyName": "policy cost: the signer's raw payloads", "effect": "EFFECT_ALLOW",
+            "condition": raw_payloads, "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&root)).await;
+    anyhow::ensure!(r.status == 200, "the signer's policy: {}", r.text);
+    let batches = |first: usize, count: usize, policy: &dyn Fn(usize) -> Value| -> Vec<String> {
+        (first..first + count)
+            .step_by(POLICIES_PER_ACTIVITY)
+            .map(|from| {
+                let batch: Vec<Value> = (from..(from + POLICIES_PER_ACTIVITY).min(first + count)).map(policy).collect();
+                envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org, json!({"policies": batch}))
+            })
+            .collect()
+    };
+    let sign = |name: &'static str| Scenario {
+        name,
+        path: "/public/v1/submit/sign_raw_payload",
+        make: {
+            let (org, eth) = (org.clone(), eth.clone());
+            Arc::new(move |n| {
+                envelope(
+                    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+                    &org,
+                    json!({"signWith": eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+                        "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+                )
+            })
+        },
+        check: check_k1(eth.clone()),
+    };
+    let clients = args.clients;
+    eprintln!("running: {POLICY_COST_ROOT} with {clients} clients");
+    let root_sample =
+        run(&sign(POLICY_COST_ROOT), &stack, root.clone(), clients, args.warmup, args.duration, seq.clone()).await;
+    eprintln!("running: {POLICY_COST_OWN_ONLY} with 1 client");
+    let own =
+        run(&sign(POLICY_COST_OWN_ONLY), &stack, signer.clone(), 1, args.warmup, args.duration, seq.clone()).await;
+    eprintln!("running: {POLICY_COST}: creating {INAPPLICABLE_POLICIES} policies for another activity type...");
+    let consensus = format!("approvers.any(user, user.id == '{user}')");
+    let other = batches(0, INAPPLICABLE_POLICIES, &|i| {
+        json!({"policyName": format!("other-{i}"), "effect": "EFFECT_ALLOW",
+            "condition": "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'", "consensus": consensus, "notes": ""})
+    });
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), other, 4).await?;
+    eprintln!("running: {POLICY_COST_INAPPLICABLE} with 1 client");
+    let inapplicable =
+        run(&sign(POLICY_COST_INAPPLICABLE), &stack, signer.clone(), 1, args.warmup, args.duration, seq.clone()).await;
+    eprintln!("running: {POLICY_COST}: creating {APPLICABLE_POLICIES} applicable ALLOW policies...");
+    let applicable = batches(0, APPLICABLE_POLICIES, &|i| {
+        let approver = if i % 10 == 0 { user.clone() } else { format!("someone-else-{}", i % 10) };
+        json!({"policyName": format!("applicable-{i}"), "effect": "EFFECT_ALLOW",
+            "condition": format!("{raw_payloads} && activity.resource == 'PRIVATE_KEY'"),
+            "consensus": format!("approvers.any(user, user.id == '{approver}')"), "notes": ""})
+    });
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), applicable, 4).await?;
+    eprintln!("running: {POLICY_COST_APPLICABLE} with {clients} clients");
+    let many = run(&sign(POLICY_COST_APPLICABLE), &stack, signer, clients, args.warmup, args.duration, seq).await;
+    let (p50_own, p50_inapplicable) = (own.pct(0.5), inapplicable.pct(0.5));
+    let ratio = many.rps() / root_sample.rps();
+    let peaks = (peak_rss_mib(stack.pids().0), peak_rss_mib(stack.pids().1));
+    println!(
+        "\n{POLICY_COST}: non-root p50 {p50_own:.2} ms with its own policy only, {p50_inapplicable:.2} ms with {INAPPLICABLE_POLICIES} that cannot apply (target ≤ +{INAPPLICABLE_P50_MARGIN_MS} ms: {})",
+        if p50_inapplicable - p50_own <= INAPPLICABLE_P50_MARGIN_MS { "PASS" } else { "MISSED" }
+    );
+    println!(
+        "{POLICY_COST}: non-root signing with {APPLICABLE_POLICIES} applicable ALLOW policies {:.0} req/s = {:.1}% of root's {:.0} req/s (target ≥ {:.0}%: {}); peak RSS enclave {} MiB, gateway {} MiB",
+        many.rps(),
+        ratio * 100.0,
+        root_sample.rps(),
+        APPLICABLE_RATIO_TARGET * 100.0,
+        if ratio >= APPLICABLE_RATIO_TARGET { "PASS" } else { "MISSED" },
+        peaks.0.map_or("n/a".into(), |v| format!("{v:.1}")),
+        peaks.1.map_or("n/a".into(), |v| format!("{v:.1}")),
+    );
+    let report = json!({
+        "ownPolicyOnlyP50Ms": p50_own, "inapplicablePolicies": INAPPLICABLE_POLICIES,
+        "inapplicableP50Ms": p50_inapplicable, "inapplicableP50MarginMs": INAPPLICABLE_P50_MARGIN_MS,
+        "inapplicablePass": p50_inapplicable - p50_own <= INAPPLICABLE_P50_MARGIN_MS,
+        "applicablePolicies": APPLICABLE_POLICIES, "applicableRequestsPerSecond": many.rps(),
+        "rootRequestsPerSecond": root_sample.rps(), "applicableRatioToRoot": ratio,
+        "applicableRatioTarget": APPLICABLE_RATIO_TARGET, "applicablePass": ratio >= APPLICABLE_RATIO_TARGET,
+        "peakRssMiB": {"enclave": peaks.0, "gateway": peaks.1},
+    });
+    Ok((
+        report,
+        vec![
+            (POLICY_COST_ROOT, clients, root_sample),
+            (POLICY_COST_OWN_ONLY, 1, own),
+            (POLICY_COST_INAPPLICABLE, 1, inapplicable),
+            (POLICY_COST_APPLICABLE, clients, many),
+        ],
+    ))
+}
+
 /// The burst scenario's name (for `--only`).
 const BURST: &str = "burst: signing clients released at once";
 /// Targets the burst is held to (reported, not enforced).
@@ -1520,7 +1665,7 @@ fn create_policy_scenario(org: String, prefix: String) -> Scenario {
             envelope(
                 "ACTIVITY_TYPE_CREATE_POLICY_V3",
                 &org,
-                json!({"policyName": format!("{prefix}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", "notes": ""}),
+                json!({"policyName": format!("{prefix}-{n}"), "effect": "EFFECT_ALLOW", "condition": "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'", "notes": ""}),
             )
         }),
         check: Arc::new(|_, v| {
@@ -1855,6 +2000,13 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let policy_report = if wanted(POLICY_COST) {
+        let (report, samples) = policy_cost(&args, seq.clone()).await?;
+        results.extend(samples);
+        Some(report)
+    } else {
+        None
+    };
     let scale_report = if wanted(AUTHORITY_SCALE) {
         let (report, samples) = authority_scale(&args, seq.clone()).await?;
         results.extend(samples.into_iter().map(|(name, s)| (name, args.clients, s)));
@@ -2016,6 +2168,7 @@ async fn main() -> anyhow::Result<()> {
         "burst": burst_json,
         "webhook": webhook_report,
         "authorityScale": scale_report,
+        "policyCost": policy_report,
         "transactionSigning": transaction_report,
         "appProofs": proofs_report,
         "activityLog": log_report,
