@@ -81,7 +81,7 @@ pub(super) fn apply_activity(
                 }
                 return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
             }
-            let evaluation = d.evaluation.outcomes_json().to_string();
+            let evaluation = d.evaluation.outcomes_json_text();
             let mut changes = proposal.clone();
             changes.extend(issued.iter().cloned());
             if changes.is_empty() {

@@ -137,7 +137,7 @@ async fn execute(
     op: &'static Operation,
     ctx: Ctx,
     params: Value,
-) -> Result<(super::registry::Outcome, Option<Value>), ApiError> {
+) -> Result<(super::registry::Outcome, Option<String>), ApiError> {
     let state = ctx.state.clone();
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
@@ -171,7 +171,7 @@ async fn apply_in_enclave(
     proposal: &[coffer_authority_state::Change],
     issued_certificates: Vec<Vec<u8>>,
     proofs: &crate::custody::AppProofs,
-) -> Result<Option<Value>, ApiError> {
+) -> Result<Option<String>, ApiError> {
     if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
         return Ok(None);
     }
@@ -179,7 +179,8 @@ async fn apply_in_enclave(
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
     let applied = state.custody.authorized(&auth).collecting(proofs).apply_activity(request).await?;
     // Empty in shadow mode (the enclave applied nothing); otherwise the outcomes it decided with.
-    Ok(serde_json::from_str::<Value>(&applied.evaluation).ok().filter(Value::is_array))
+    let is_list = serde_json::from_str::<Vec<serde::de::IgnoredAny>>(&applied.evaluation).is_ok();
+    Ok(is_list.then_some(applied.evaluation))
 }
 
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
@@ -216,7 +217,7 @@ async fn log_link(
 }
 
 /// `evaluation_write` with the enclave's outcomes in place of the gateway's, when it sent them.
-fn recorded_by_enclave(mut write: Write, enclave: Option<Value>) -> Write {
+fn recorded_by_enclave(mut write: Write, enclave: Option<String>) -> Write {
     if let (Write::InsertPolicyEvaluation(record), Some(outcomes)) = (&mut write, enclave) {
         record.evaluations = outcomes;
     }
@@ -308,7 +309,7 @@ fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, 
         activity_id: activity_id.to_string(),
         organization_id: org.to_string(),
         vote_id: vote["id"].as_str().unwrap_or_default().to_string(),
-        evaluations: e.outcomes_json(),
+        evaluations: e.outcomes_json_text(),
         created_at: now,
     })
 }

@@ -286,14 +286,15 @@ pub struct WebhookAttempt {
     pub next_attempt_at: Nanos,
 }
 
-/// One policy evaluation: the per-policy outcomes (`[{policyId, outcome}]`) of one vote.
+/// One policy evaluation: the per-policy outcomes of one vote, kept as the JSON text
+/// (`[{policyId, outcome}]`) it is written and served as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyEvaluationRecord {
     pub id: String,
     pub activity_id: String,
     pub organization_id: String,
     pub vote_id: String,
-    pub evaluations: serde_json::Value,
+    pub evaluations: String,
     pub created_at: Nanos,
 }
 

@@ -1,6 +1,6 @@
 //! Votes on activities awaiting consensus, and the policy evaluations each vote records.
 
-use super::db::{args, json_text, parse_json, Db};
+use super::db::{args, json_text, Db};
 use crate::store::error::{Conflict, ConflictKind, StoreError};
 use crate::store::model::{Nanos, PolicyEvaluationRecord};
 use crate::store::write::CONSENSUS_MOVED;
@@ -60,7 +60,7 @@ pub fn insert_policy_evaluation<D: Db>(db: &mut D, e: &PolicyEvaluationRecord) -
     db.execute(
         "INSERT INTO policy_evaluations (id, activity_id, organization_id, vote_id, evaluations, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        args![e.id, e.activity_id, e.organization_id, e.vote_id, json_text(&e.evaluations), e.created_at],
+        args![e.id, e.activity_id, e.organization_id, e.vote_id, e.evaluations, e.created_at],
     )?;
     Ok(())
 }
@@ -81,7 +81,7 @@ pub fn policy_evaluations<D: Db>(
             activity_id: r.text(1)?,
             organization_id: r.text(2)?,
             vote_id: r.text(3)?,
-            evaluations: parse_json::<serde_json::Value>(r.text(4)?),
+            evaluations: r.text(4)?,
             created_at: r.int(5)?,
         })
     })
