@@ -28,9 +28,9 @@ pub struct PolicyIndex {
 
 fn compile(p: &Policy) -> Arc<CompiledPolicy> {
     Arc::new(CompiledPolicy::compile(PolicySource {
-        id: p.id.clone(),
-        name: p.name.clone(),
-        effect: p.effect.clone(),
+        id: p.id.as_str().into(),
+        name: p.name.as_str().into(),
+        effect: p.effect.as_str().into(),
         condition: p.condition.clone(),
         consensus: p.consensus.clone(),
         time: p.time.clone(),
@@ -40,9 +40,9 @@ fn compile(p: &Policy) -> Arc<CompiledPolicy> {
 /// Whether `c` was compiled from exactly `p`.
 fn compiled_from(c: &CompiledPolicy, p: &Policy) -> bool {
     let s = &c.source;
-    s.id == p.id
-        && s.name == p.name
-        && s.effect == p.effect
+    *s.id == *p.id
+        && *s.name == *p.name
+        && *s.effect == *p.effect
         && s.condition == p.condition
         && s.consensus == p.consensus
         && s.time == p.time
@@ -78,7 +78,7 @@ impl PolicyIndex {
     }
 
     fn insert(&mut self, compiled: Arc<CompiledPolicy>) {
-        let id = compiled.source.id.clone();
+        let id = compiled.source.id.to_string();
         match &compiled.scope.types {
             Some(types) => types.iter().for_each(|t| {
                 self.by_type.entry(t.clone()).or_default().insert(id.clone(), Arc::clone(&compiled));
@@ -324,7 +324,7 @@ mod tests {
         }
         let before = PolicyIndex::of(&s);
         let ids = |i: &PolicyIndex, ty: &str| -> Vec<String> {
-            i.applicable(subject(ty).unwrap()).iter().map(|p| p.source.id.clone()).collect()
+            i.applicable(subject(ty).unwrap()).iter().map(|p| p.source.id.to_string()).collect()
         };
         assert_eq!(ids(&before, SIGN), ["a", "b"]);
         // "a" now names another type, "b" is deleted, "0" is new and applies to everything.

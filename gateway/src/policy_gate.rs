@@ -345,8 +345,9 @@ pub fn denied(e: &Evaluation) -> ApiError {
 /// One policy of a set: its id and name, and the compiled form of its source, shared with every
 /// policy whose effect and expressions are the same (its `source.id` and `source.name` are empty).
 pub struct PolicyEntry {
-    pub id: String,
-    pub name: String,
+    /// Shared with the outcomes that name the policy.
+    pub id: Arc<str>,
+    pub name: Arc<str>,
     pub compiled: Arc<CompiledPolicy>,
 }
 
@@ -434,7 +435,7 @@ pub fn compiled_bytes(s: &PolicySource) -> usize {
 fn source_key(s: &PolicySource) -> [u8; 32] {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    for part in [&s.effect, &s.condition, &s.consensus, &s.time] {
+    for part in [&*s.effect, &s.condition, &s.consensus, &s.time] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -532,8 +533,8 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
             Some(c) => c,
             None => {
                 let c = Arc::new(CompiledPolicy::compile(PolicySource {
-                    id: String::new(),
-                    name: String::new(),
+                    id: "".into(),
+                    name: "".into(),
                     ..source.clone()
                 }));
                 let mut cache = cache().lock().map_err(|_| poisoned())?;
@@ -740,8 +741,8 @@ mod tests {
         let a = policy_set_within(&store, "bytes-a", usize::MAX).unwrap();
         assert!(Arc::ptr_eq(&a.policies[0].compiled, &a.policies[1].compiled), "one source, one compilation");
         let source = |c: &str| PolicySource {
-            id: String::new(),
-            name: String::new(),
+            id: "".into(),
+            name: "".into(),
             effect: "EFFECT_ALLOW".into(),
             condition: c.into(),
             consensus: String::new(),
@@ -759,8 +760,7 @@ mod tests {
         let compiled: Vec<&CompiledPolicy> = entries.iter().map(|e| e.compiled.as_ref()).collect();
         let mut e = decision::decide(&compiled, &Default::default(), false, false);
         name_outcomes(&mut e, &entries).unwrap();
-        let named: Vec<(&str, &str)> =
-            e.outcomes.iter().map(|o| (o.policy_id.as_str(), o.policy_name.as_str())).collect();
+        let named: Vec<(&str, &str)> = e.outcomes.iter().map(|o| (&*o.policy_id, &*o.policy_name)).collect();
         assert_eq!(named, [("bytes-a-p0", "policy 0"), ("bytes-a-p1", "policy 1"), ("bytes-a-p2", "policy 2")]);
         assert!(name_outcomes(&mut e, &entries[..2]).is_err(), "outcomes that do not match the policies fail closed");
 
@@ -824,8 +824,8 @@ mod tests {
             id: id.into(),
             name: id.into(),
             compiled: Arc::new(CompiledPolicy::compile(PolicySource {
-                id: String::new(),
-                name: String::new(),
+                id: "".into(),
+                name: "".into(),
                 effect: effect.into(),
                 condition: condition.into(),
                 consensus: String::new(),
@@ -842,7 +842,7 @@ mod tests {
                 compile("broken", "EFFECT_ALLOW", "activity.type == "),
             ],
         );
-        let ids = |ps: Vec<&PolicyEntry>| ps.iter().map(|p| p.id.clone()).collect::<Vec<_>>();
+        let ids = |ps: Vec<&PolicyEntry>| ps.iter().map(|p| p.id.to_string()).collect::<Vec<_>>();
         assert_eq!(ids(set.applicable(sign, "PRIVATE_KEY", "SIGN")), ["deny-sign", "allow-all", "broken"]);
         assert_eq!(
             ids(set.applicable("ACTIVITY_TYPE_CREATE_WALLET", "WALLET", "CREATE")),

@@ -78,9 +78,10 @@ impl Decision {
 /// A policy as the engine reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySource {
-    pub id: String,
-    pub name: String,
-    pub effect: String,
+    /// Shared with every outcome of the policy (an outcome per policy per decision).
+    pub id: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+    pub effect: std::sync::Arc<str>,
     pub condition: String,
     pub consensus: String,
     pub time: String,
@@ -91,9 +92,9 @@ impl PolicySource {
     pub fn from_json(id: &str, name: &str, data: &Value) -> Self {
         let text = |k: &str| data.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         Self {
-            id: id.to_string(),
-            name: name.to_string(),
-            effect: text("effect"),
+            id: id.into(),
+            name: name.into(),
+            effect: text("effect").into(),
             condition: text("condition"),
             consensus: text("consensus"),
             time: text("time"),
@@ -105,9 +106,9 @@ impl PolicySource {
 /// the evaluation error when there was one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyOutcome {
-    pub policy_id: String,
-    pub policy_name: String,
-    pub effect: String,
+    pub policy_id: std::sync::Arc<str>,
+    pub policy_name: std::sync::Arc<str>,
+    pub effect: std::sync::Arc<str>,
     pub outcome: &'static str,
     pub clause: &'static str,
     pub detail: Option<String>,
@@ -140,7 +141,7 @@ impl Evaluation {
             }
             out.extend_from_slice(b"{\"policyId\":");
             // Writing a string into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut out, &o.policy_id);
+            let _ = serde_json::to_writer(&mut out, &*o.policy_id);
             out.extend_from_slice(b",\"outcome\":\"");
             out.extend_from_slice(o.outcome.as_bytes());
             out.extend_from_slice(b"\"}");
@@ -216,8 +217,11 @@ impl CompiledPolicy {
 /// that ran out of steps or time is shared too: each policy would have run out the same way.
 #[derive(Default)]
 pub struct ClauseMemo<'p> {
-    values: std::collections::HashMap<(u64, bool), Vec<(&'p str, Result<bool, EvalError>)>>,
+    values: std::collections::HashMap<(u64, bool), Vec<Remembered<'p>>>,
 }
+
+/// A clause's text and its value.
+type Remembered<'p> = (&'p str, Result<bool, EvalError>);
 
 impl<'p> ClauseMemo<'p> {
     fn value(
@@ -259,7 +263,7 @@ impl PolicyOutcome {
     /// Whether this outcome makes the decision a deny: an explicit deny, or a DENY policy whose
     /// evaluation erred (denies fail closed, see the module documentation).
     pub fn denies(&self) -> bool {
-        self.outcome == OUTCOME_DENY_EXPLICIT || (self.outcome == OUTCOME_ERROR && self.effect == "EFFECT_DENY")
+        self.outcome == OUTCOME_DENY_EXPLICIT || (self.outcome == OUTCOME_ERROR && &*self.effect == "EFFECT_DENY")
     }
 }
 
@@ -287,7 +291,7 @@ fn evaluate_policy_in<'p>(
     memo: &mut ClauseMemo<'p>,
 ) -> PolicyOutcome {
     let p = &c.source;
-    let deny = p.effect == "EFFECT_DENY";
+    let deny = &*p.effect == "EFFECT_DENY";
     let time = memo.value(c, ClauseKind::Time, roots, deny);
     let condition = memo.value(c, ClauseKind::Condition, roots, deny);
     let consensus = memo.value(c, ClauseKind::Consensus, roots, deny);

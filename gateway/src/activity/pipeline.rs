@@ -749,9 +749,9 @@ async fn vote(
                     .read_store(|s| s.records(&org.id, crate::record_kinds::POLICY))?
                     .iter()
                     .map(|r| PolicyOutcome {
-                        policy_id: r.id.clone(),
-                        policy_name: r.name.clone(),
-                        effect: String::new(),
+                        policy_id: r.id.as_str().into(),
+                        policy_name: r.name.as_str().into(),
+                        effect: "".into(),
                         outcome: decision::OUTCOME_REJECTED,
                         clause: "",
                         detail: None,
