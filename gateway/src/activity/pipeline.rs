@@ -309,7 +309,7 @@ fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, 
         activity_id: activity_id.to_string(),
         organization_id: org.to_string(),
         vote_id: vote["id"].as_str().unwrap_or_default().to_string(),
-        evaluations: e.outcomes_json_text(),
+        evaluations: crate::store::outcomes::stored(e),
         created_at: now,
     })
 }

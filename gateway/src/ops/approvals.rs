@@ -35,7 +35,7 @@ pub async fn get_policy_evaluations(ctx: QueryCtx, req: GetPolicyEvaluationsRequ
                 "activityId": r.activity_id,
                 "organizationId": r.organization_id,
                 "voteId": r.vote_id,
-                "policyEvaluations": serde_json::from_str::<Value>(&r.evaluations).unwrap_or_else(|_| json!([])),
+                "policyEvaluations": crate::store::outcomes::served(&r.evaluations),
                 "createdAt": render::timestamp(r.created_at),
             })
         })

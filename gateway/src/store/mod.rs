@@ -16,6 +16,7 @@ mod interface;
 mod model;
 pub mod nowait;
 mod open;
+pub mod outcomes;
 mod postgres;
 mod sign_with;
 pub(crate) mod sql;

@@ -286,8 +286,8 @@ pub struct WebhookAttempt {
     pub next_attempt_at: Nanos,
 }
 
-/// One policy evaluation: the per-policy outcomes of one vote, kept as the JSON text
-/// (`[{policyId, outcome}]`) it is written and served as.
+/// One policy evaluation: the per-policy outcomes of one vote, as stored
+/// ([`crate::store::outcomes`]: compact, or the `[{policyId, outcome}]` JSON text).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyEvaluationRecord {
     pub id: String,
