@@ -21,9 +21,11 @@ const CACHE_MIB: usize = 48;
 
 /// An expensive policy that stays within the evaluator's step budget (20,000), so it costs time
 /// whatever the budget charges: a list of `n` zeros quantified, a few steps per element. It
-/// applies to every activity type.
-fn expensive(n: usize) -> String {
-    format!("[{}0].all(x, x == 0)", "0,".repeat(n - 1))
+/// applies to every activity type. `i` makes each text its own: one decision evaluates a text
+/// once and shares its value with every policy that has it (`coffer_policy::decision`), so copies
+/// of one text would cost one evaluation.
+fn expensive(n: usize, i: usize) -> String {
+    format!("[{}0].all(x, x == 0) && {i} == {i}", "0,".repeat(n - 1))
 }
 
 /// Creates `conditions` as ALLOW policies in one `create_policies`; the raw answer.
@@ -105,7 +107,7 @@ async fn evaluation_cost_stays_with_its_organization() {
     let (root, org_a) = (stack.api_key(), stack.organization_id.clone());
 
     // (a), (b): organization A's expensive policies; B's cheap one.
-    let costly: Vec<String> = (0..750).map(|_| expensive(3_000)).collect();
+    let costly: Vec<String> = (0..750).map(|i| expensive(3_000, i)).collect();
     for (i, chunk) in costly.chunks(50).enumerate() {
         completed(&create_policies(&stack, &root, &org_a, &format!("costly-{i}"), chunk).await);
     }

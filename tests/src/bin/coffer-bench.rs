@@ -1864,6 +1864,14 @@ async fn main() -> anyhow::Result<()> {
         .to_string();
     eprintln!("seeding {HISTORY} activities into a second organization's log...");
     seed_history(&stack, &history_org, HISTORY)?;
+    // The main stack's peak resident memory after each phase (the bound is per process,
+    // over the whole bench): which phase raises it.
+    let mut peaks_by_phase: Vec<(&'static str, Option<f64>, Option<f64>)> = Vec::new();
+    let mut phase_peak = |phase: &'static str| {
+        let (e, g) = stack.pids();
+        peaks_by_phase.push((phase, peak_rss_mib(e), peak_rss_mib(g)));
+    };
+    phase_peak("seeding the history");
 
     let sign_body = |org: String, sign_with: String, hash: &'static str| -> MakeBody {
         Arc::new(move |n| {
@@ -1972,6 +1980,7 @@ async fn main() -> anyhow::Result<()> {
         results.push((sc.name, args.clients, s));
         rss_growth.push((sc.name, peak_rss_mib(gateway).zip(before).map(|(a, b)| a - b)));
     }
+    phase_peak("the main scenarios");
     // Transaction signing as a user whose policy is evaluated, against raw signing by root.
     let transaction_report = if wanted(TRANSACTION) {
         let (signer, raw_scenario, scenario) = transaction_setup(&stack, &key, &org, &eth).await?;
@@ -1993,6 +2002,7 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    phase_peak("transaction signing");
     let webhook_report = if wanted(WEBHOOK) {
         let plain = results.iter().find(|r| r.0.starts_with("activity write")).map(|r| r.2.rps());
         eprintln!("running: {WEBHOOK} with {} clients", args.clients);
@@ -2023,12 +2033,14 @@ async fn main() -> anyhow::Result<()> {
             })
         })
     };
+    phase_peak("webhooks");
     let log_report = if wanted(ACTIVITY_LOG) {
         eprintln!("running: {ACTIVITY_LOG} ({LOG_LINKS} links)");
         Some(activity_log_export(&stack, &key, &org, &eth, &seq).await?)
     } else {
         None
     };
+    phase_peak("the activity log export");
     // Last, as it is the most disruptive: thousands of signing clients at once.
     let burst_report = if wanted(BURST) {
         let clients = burst_fits(args.burst_clients);
@@ -2038,6 +2050,7 @@ async fn main() -> anyhow::Result<()> {
         None
     };
 
+    phase_peak("the burst");
     let (enclave_pid, gateway_pid) = stack.pids();
     let machine = format!(
         "{} cores, {}",
@@ -2149,6 +2162,10 @@ async fn main() -> anyhow::Result<()> {
             println!("gateway peak RSS growth during {name}: {g:.1} MiB");
         }
     }
+    let mib = |v: &Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+    for (phase, e, g) in &peaks_by_phase {
+        println!("peak RSS after {phase}: enclave {} MiB, gateway {} MiB", mib(e), mib(g));
+    }
     let store_report = if args.store.is_some() || args.only.as_deref().is_some_and(|o| STORE.contains(o)) {
         Some(store_comparison(&args, seq.clone()).await?)
     } else {
@@ -2173,6 +2190,7 @@ async fn main() -> anyhow::Result<()> {
         "appProofs": proofs_report,
         "activityLog": log_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
+        "peakRssMiBByPhase": peaks_by_phase.iter().map(|(p, e, g)| json!({"after": p, "enclave": e, "gateway": g})).collect::<Vec<_>>(),
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
     });
