@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use zeroize::Zeroizing;
 
 /// Links asked for per page (the gateway's most).
-const PAGE: u64 = 5_000;
+const PAGE: u64 = 1_000;
 
 /// An API key's P-256 private key, read from a file (hex on its first line, as `keygen` prints
 /// `apiPrivateKey`), never from argv. Zeroized on drop; printed as its public key only.
