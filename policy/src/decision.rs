@@ -43,7 +43,8 @@
 //! its detail in `get_policy_evaluations` and the dry run) and fixable by the policy's author,
 //! whereas a signed transaction cannot be taken back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
 
 use serde_json::{json, Value};
 
@@ -127,7 +128,7 @@ pub struct Evaluation {
 impl Evaluation {
     /// The `[{policyId, outcome}]` list `get_policy_evaluations` serves.
     pub fn outcomes_json(&self) -> Value {
-        Value::Array(self.outcomes.iter().map(|o| json!({ "policyId": o.policy_id, "outcome": o.outcome })).collect())
+        Value::Array(self.outcomes.iter().map(|o| json!({ "policyId": &*o.policy_id, "outcome": o.outcome })).collect())
     }
 
     /// [`Evaluation::outcomes_json`] as JSON text, written straight from the outcomes (an
@@ -161,87 +162,100 @@ impl Evaluation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompiledPolicy {
     pub source: PolicySource,
-    time: Result<crate::expr::Expr, String>,
-    condition: Result<crate::expr::Expr, String>,
-    consensus: Result<crate::expr::Expr, String>,
+    time: Parsed,
+    condition: Parsed,
+    consensus: Parsed,
     /// The activities the condition can hold for (all when it does not parse).
     pub scope: crate::scope::Scope,
-    /// Digests of the time, condition and consensus texts: the keys under which one decision
-    /// shares a clause's value among the policies that have the same text ([`ClauseMemo`]).
-    digests: [u64; 3],
 }
 
+/// A parsed clause (or why it does not parse), shared by the compiled policies that have the same
+/// text in the same place ([`parsed`]).
+type Parsed = Arc<Result<crate::expr::Expr, String>>;
+
 /// A clause's place in a policy (its text is parsed by the matching grammar).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ClauseKind {
     Time,
     Condition,
     Consensus,
 }
 
-/// The digest of a clause's text, its key in a [`ClauseMemo`] (a collision costs nothing: the
-/// memo also compares the texts).
-fn text_digest(kind: ClauseKind, text: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (kind, text).hash(&mut h);
-    h.finish()
+/// The clauses parsed in this process, by text and place, while some compiled policy holds them:
+/// 50,000 policies made from one template hold one parsed condition, not 50,000.
+static PARSED: Mutex<Option<ParsedClauses>> = Mutex::new(None);
+
+#[derive(Default)]
+struct ParsedClauses {
+    by_text: HashMap<Box<str>, [Weak<Result<crate::expr::Expr, String>>; 3]>,
+    /// Entries past which the dead ones are dropped (twice the live ones at the last sweep).
+    sweep_at: usize,
+}
+
+/// `text` parsed as the clause `kind`, shared with the compiled policies that already hold it.
+/// Sharing is best effort (two threads parsing one text at once may each keep their own); what
+/// relies on it, [`ClauseMemo`], is only faster for it, never wrong without it.
+fn parsed(kind: ClauseKind, text: &str) -> Parsed {
+    let place = kind as usize;
+    let held = PARSED.lock().ok().and_then(|g| g.as_ref()?.by_text.get(text)?[place].upgrade());
+    if let Some(p) = held {
+        return p;
+    }
+    let parse = match kind {
+        ClauseKind::Time => parse_time,
+        ClauseKind::Condition => parse_condition,
+        ClauseKind::Consensus => parse_consensus,
+    };
+    let fresh: Parsed = Arc::new(parse(text).map_err(|e| format!("invalid expression: {e}")));
+    if let Ok(mut guard) = PARSED.lock() {
+        let clauses = guard.get_or_insert_with(ParsedClauses::default);
+        if clauses.by_text.len() >= clauses.sweep_at {
+            clauses.by_text.retain(|_, slots| slots.iter().any(|w| w.strong_count() > 0));
+            clauses.sweep_at = (clauses.by_text.len() * 2).max(1024);
+        }
+        let slots = clauses.by_text.entry(text.into()).or_default();
+        match slots[place].upgrade() {
+            Some(p) => return p,
+            None => slots[place] = Arc::downgrade(&fresh),
+        }
+    }
+    fresh
 }
 
 impl CompiledPolicy {
     pub fn compile(source: PolicySource) -> Self {
-        let parsed = |src: &str, parse: fn(&str) -> Result<crate::expr::Expr, crate::error::PolicyError>| {
-            parse(src).map_err(|e| format!("invalid expression: {e}"))
-        };
-        let condition = parsed(&source.condition, parse_condition);
+        let condition = parsed(ClauseKind::Condition, &source.condition);
         Self {
-            time: parsed(&source.time, parse_time),
-            scope: condition.as_ref().map(crate::scope::Scope::of).unwrap_or_default(),
+            time: parsed(ClauseKind::Time, &source.time),
+            scope: condition.as_ref().as_ref().map(crate::scope::Scope::of).unwrap_or_default(),
             condition,
-            consensus: parsed(&source.consensus, parse_consensus),
-            digests: [
-                text_digest(ClauseKind::Time, &source.time),
-                text_digest(ClauseKind::Condition, &source.condition),
-                text_digest(ClauseKind::Consensus, &source.consensus),
-            ],
+            consensus: parsed(ClauseKind::Consensus, &source.consensus),
             source,
         }
     }
 }
 
-/// The values of the clauses one decision has evaluated, by clause text: policies that test the
-/// same things (the same condition, the same consensus, no time window) share one evaluation, so
-/// 1,000 policies made from one template cost a few evaluations, not 3,000. Sound because a
-/// clause's value depends only on its text, how it is read (a DENY's reading differs from an
-/// ALLOW's) and the context, which is the same for every policy of one decision. An evaluation
-/// that ran out of steps or time is shared too: each policy would have run out the same way.
+/// The values of the clauses one decision has evaluated, by parsed clause: policies that test
+/// the same things (the same condition, the same consensus, no time window) hold the same parsed
+/// clause ([`parsed`]) and share one evaluation, so 1,000 policies made from one template cost a
+/// few evaluations, not 3,000. Sound because a clause's value depends only on the clause, how it
+/// is read (a DENY's reading differs from an ALLOW's) and the context, which is the same for
+/// every policy of one decision; the key is the parsed clause's address, which no other clause
+/// has while the policies are borrowed. An evaluation that ran out of steps or time is shared
+/// too: each policy would have run out the same way.
 #[derive(Default)]
-pub struct ClauseMemo<'p> {
-    values: std::collections::HashMap<(u64, bool), Vec<Remembered<'p>>>,
+pub struct ClauseMemo {
+    values: HashMap<(usize, bool), Result<bool, EvalError>>,
 }
 
-/// A clause's text and its value.
-type Remembered<'p> = (&'p str, Result<bool, EvalError>);
-
-impl<'p> ClauseMemo<'p> {
-    fn value(
-        &mut self,
-        c: &'p CompiledPolicy,
-        kind: ClauseKind,
-        roots: &BTreeMap<String, Val>,
-        deny: bool,
-    ) -> Result<bool, EvalError> {
-        let (expr, text, digest) = match kind {
-            ClauseKind::Time => (&c.time, c.source.time.as_str(), c.digests[0]),
-            ClauseKind::Condition => (&c.condition, c.source.condition.as_str(), c.digests[1]),
-            ClauseKind::Consensus => (&c.consensus, c.source.consensus.as_str(), c.digests[2]),
-        };
-        let same_digest = self.values.entry((digest, deny)).or_default();
-        if let Some((_, value)) = same_digest.iter().find(|(t, _)| *t == text) {
+impl ClauseMemo {
+    fn value(&mut self, clause_of: &Parsed, roots: &BTreeMap<String, Val>, deny: bool) -> Result<bool, EvalError> {
+        let key = (Arc::as_ptr(clause_of) as usize, deny);
+        if let Some(value) = self.values.get(&key) {
             return value.clone();
         }
-        let value = clause(expr, roots, deny);
-        same_digest.push((text, value.clone()));
+        let value = clause(clause_of, roots, deny);
+        self.values.insert(key, value.clone());
         value
     }
 }
@@ -285,16 +299,12 @@ pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> Pol
 }
 
 /// [`evaluate_policy`], with the clause values `memo` holds from the decision's other policies.
-fn evaluate_policy_in<'p>(
-    c: &'p CompiledPolicy,
-    roots: &BTreeMap<String, Val>,
-    memo: &mut ClauseMemo<'p>,
-) -> PolicyOutcome {
+fn evaluate_policy_in(c: &CompiledPolicy, roots: &BTreeMap<String, Val>, memo: &mut ClauseMemo) -> PolicyOutcome {
     let p = &c.source;
     let deny = &*p.effect == "EFFECT_DENY";
-    let time = memo.value(c, ClauseKind::Time, roots, deny);
-    let condition = memo.value(c, ClauseKind::Condition, roots, deny);
-    let consensus = memo.value(c, ClauseKind::Consensus, roots, deny);
+    let time = memo.value(&c.time, roots, deny);
+    let condition = memo.value(&c.condition, roots, deny);
+    let consensus = memo.value(&c.consensus, roots, deny);
     let out = |outcome, clause, detail| PolicyOutcome {
         policy_id: p.id.clone(),
         policy_name: p.name.clone(),
@@ -452,7 +462,7 @@ mod tests {
         };
         let mut p = policy(id, effect, "", "");
         p.source.condition = condition.into();
-        p.condition = Ok(crate::parser::parse_with(condition, crate::CONDITION_ROOTS, &unbounded).unwrap());
+        p.condition = Arc::new(Ok(crate::parser::parse_with(condition, crate::CONDITION_ROOTS, &unbounded).unwrap()));
         p
     }
 
@@ -599,7 +609,8 @@ mod tests {
         assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Allow, OUTCOME_DENY_IMPLICIT));
         assert_eq!(decide(&[&allow, &scoped], &legacy, false, false).decision, Decision::Deny);
         let mut over = policy("d", "EFFECT_DENY", "eth.tx.chain_id != 1", "");
-        over.time = crate::parse_time("time.now < Timestamp('2025-01-01T00:00:00Z')").map_err(|e| e.to_string());
+        over.time =
+            Arc::new(crate::parse_time("time.now < Timestamp('2025-01-01T00:00:00Z')").map_err(|e| e.to_string()));
         let mut late = legacy.clone();
         late.insert(
             "time".into(),
@@ -644,7 +655,11 @@ mod tests {
             evaluate_policy_in(p, &ctx, &mut memo);
         }
         // Time (empty), the condition, and two consensus texts: four evaluations in all.
-        assert_eq!(memo.values.values().map(Vec::len).sum::<usize>(), 4);
+        assert_eq!(memo.values.len(), 4);
+        // One parsed condition for the thousand, and two parsed consensus clauses.
+        assert!(template.iter().all(|p| Arc::ptr_eq(&p.condition, &template[0].condition)));
+        assert!(Arc::ptr_eq(&template[0].consensus, &template[10].consensus));
+        assert!(!Arc::ptr_eq(&template[0].consensus, &template[1].consensus));
 
         // A DENY reads the same text otherwise (a true disjunct decides, the error aside): the
         // memo keeps the two readings apart.
@@ -654,10 +669,11 @@ mod tests {
         let e = decide(&[&allow, &deny], &ctx, false, false);
         assert_eq!(e.outcomes[0].outcome, OUTCOME_ERROR);
         assert_eq!(e.outcomes[1].outcome, OUTCOME_DENY_EXPLICIT);
-        // The same text in another clause is another expression.
-        let as_time = policy("t", "EFFECT_ALLOW", "", "");
+        // The same text in another place is parsed by another grammar: another clause.
+        let empty = policy("t", "EFFECT_ALLOW", "", "");
+        assert!(!Arc::ptr_eq(&empty.time, &empty.condition) && !Arc::ptr_eq(&empty.condition, &empty.consensus));
         let mut memo = ClauseMemo::default();
-        evaluate_policy_in(&as_time, &ctx, &mut memo);
+        evaluate_policy_in(&empty, &ctx, &mut memo);
         assert_eq!(memo.values.len(), 3, "the empty time, condition and consensus are three keys");
     }
 }
