@@ -310,6 +310,25 @@ fn payload(n: u64) -> String {
     hex::encode(sha2::Sha256::digest(n.to_be_bytes()))
 }
 
+/// Raw signing by the account `eth` of `org` (a distinct payload per request, keccak256), each
+/// 16th signature recovered to the address.
+fn raw_signing(name: &'static str, org: &str, eth: &str) -> Scenario {
+    let (org, sign_with) = (org.to_string(), eth.to_string());
+    Scenario {
+        name,
+        path: "/public/v1/submit/sign_raw_payload",
+        make: Arc::new(move |n| {
+            envelope(
+                "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+                &org,
+                json!({"signWith": sign_with, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+                    "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+            )
+        }),
+        check: check_k1(eth.to_string()),
+    }
+}
+
 fn check_k1(address: String) -> CheckResponse {
     Arc::new(move |n, v| {
         let r = &completed(v)?["signRawPayloadResult"];
@@ -1176,22 +1195,7 @@ async fn transaction_setup(
     );
     let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(root)).await;
     r.json["activity"]["result"]["createPolicyResult"]["policyId"].as_str().context("bench policy")?;
-    let raw = Scenario {
-        name: RAW_NON_ROOT,
-        path: "/public/v1/submit/sign_raw_payload",
-        make: {
-            let (org, sign_with) = (org.to_string(), eth.to_string());
-            Arc::new(move |n| {
-                envelope(
-                    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-                    &org,
-                    json!({"signWith": sign_with, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
-                        "hashFunction": "HASH_FUNCTION_KECCAK256"}),
-                )
-            })
-        },
-        check: check_k1(eth.to_string()),
-    };
+    let raw = raw_signing(RAW_NON_ROOT, org, eth);
     let (org, sign_with, address) = (org.to_string(), eth.to_string(), eth.to_lowercase());
     let scenario = Scenario {
         name: TRANSACTION,
@@ -1359,22 +1363,7 @@ async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Va
     eprintln!("running: {AUTHORITY_SCALE}: creating {MANY_POLICIES} policies for another activity type...");
     let other = policies(1_000_000, "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'", user.clone());
     submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), other, 4).await?;
-    let sign = Scenario {
-        name: ONE_APPLICABLE,
-        path: "/public/v1/submit/sign_raw_payload",
-        make: {
-            let (org, eth) = (org.clone(), eth.clone());
-            Arc::new(move |n| {
-                envelope(
-                    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-                    &org,
-                    json!({"signWith": eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
-                        "hashFunction": "HASH_FUNCTION_KECCAK256"}),
-                )
-            })
-        },
-        check: check_k1(eth.clone()),
-    };
+    let sign = raw_signing(ONE_APPLICABLE, &org, &eth);
     eprintln!("running: {ONE_APPLICABLE} with {} clients", args.clients);
     let one = run(&sign, &stack, signer.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
     eprintln!("running: {AUTHORITY_SCALE}: creating {MANY_POLICIES} policies that apply to it...");
@@ -1473,22 +1462,7 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
             })
             .collect()
     };
-    let sign = |name: &'static str| Scenario {
-        name,
-        path: "/public/v1/submit/sign_raw_payload",
-        make: {
-            let (org, eth) = (org.clone(), eth.clone());
-            Arc::new(move |n| {
-                envelope(
-                    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-                    &org,
-                    json!({"signWith": eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
-                        "hashFunction": "HASH_FUNCTION_KECCAK256"}),
-                )
-            })
-        },
-        check: check_k1(eth.clone()),
-    };
+    let sign = |name: &'static str| raw_signing(name, &org, &eth);
     let clients = args.clients;
     eprintln!("running: {POLICY_COST_ROOT} with {clients} clients");
     let root_sample =
