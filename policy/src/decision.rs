@@ -80,9 +80,9 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySource {
     /// Shared with every outcome of the policy (an outcome per policy per decision).
-    pub id: std::sync::Arc<str>,
-    pub name: std::sync::Arc<str>,
-    pub effect: std::sync::Arc<str>,
+    pub id: Arc<str>,
+    pub name: Arc<str>,
+    pub effect: Arc<str>,
     pub condition: String,
     pub consensus: String,
     pub time: String,
@@ -107,9 +107,9 @@ impl PolicySource {
 /// the evaluation error when there was one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyOutcome {
-    pub policy_id: std::sync::Arc<str>,
-    pub policy_name: std::sync::Arc<str>,
-    pub effect: std::sync::Arc<str>,
+    pub policy_id: Arc<str>,
+    pub policy_name: Arc<str>,
+    pub effect: Arc<str>,
     pub outcome: &'static str,
     pub clause: &'static str,
     pub detail: Option<String>,
@@ -244,7 +244,7 @@ impl CompiledPolicy {
 /// has while the policies are borrowed. An evaluation that ran out of steps or time is shared
 /// too: each policy would have run out the same way.
 #[derive(Default)]
-pub struct ClauseMemo {
+struct ClauseMemo {
     values: HashMap<(usize, bool), Result<bool, EvalError>>,
 }
 

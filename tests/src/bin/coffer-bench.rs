@@ -310,6 +310,57 @@ fn payload(n: u64) -> String {
     hex::encode(sha2::Sha256::digest(n.to_be_bytes()))
 }
 
+/// A non-root user `name` of `org` with a fresh P-256 API key, created by `root`: its key and id.
+async fn member(
+    stack: &Stack,
+    root: &TurnkeyP256ApiKey,
+    org: &str,
+    name: &str,
+) -> anyhow::Result<(Arc<TurnkeyP256ApiKey>, String)> {
+    let key = TurnkeyP256ApiKey::generate();
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        org,
+        json!({"users": [{"userName": name, "apiKeys": [{"apiKeyName": name,
+            "publicKey": hex::encode(key.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
+            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(root)).await;
+    let user = r.json["activity"]["result"]["createUsersResult"]["userIds"][0]
+        .as_str()
+        .with_context(|| format!("user {name}: {}", r.text))?
+        .to_string();
+    Ok((Arc::new(key), user))
+}
+
+/// A wallet `name` of `org` with one secp256k1 Ethereum account, created by `root`: its address.
+async fn ethereum_account(stack: &Stack, root: &TurnkeyP256ApiKey, org: &str, name: &str) -> anyhow::Result<String> {
+    let body = envelope(
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        org,
+        json!({"walletName": name, "accounts": [
+            {"curve":"CURVE_SECP256K1","pathFormat":"PATH_FORMAT_BIP32","path":"m/44'/60'/0'/0/0","addressFormat":"ADDRESS_FORMAT_ETHEREUM"}]}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(root)).await;
+    Ok(r.json["activity"]["result"]["createWalletResult"]["addresses"][0]
+        .as_str()
+        .with_context(|| format!("wallet {name}: {}", r.text))?
+        .to_string())
+}
+
+/// `create_policies` bodies for `org` making `policy(i)` for each `i` of `range`,
+/// [`POLICIES_PER_ACTIVITY`] a body.
+fn policy_batches(org: &str, range: std::ops::Range<usize>, policy: &dyn Fn(usize) -> Value) -> Vec<String> {
+    range
+        .clone()
+        .step_by(POLICIES_PER_ACTIVITY)
+        .map(|from| {
+            let batch: Vec<Value> = (from..(from + POLICIES_PER_ACTIVITY).min(range.end)).map(policy).collect();
+            envelope("ACTIVITY_TYPE_CREATE_POLICIES", org, json!({"policies": batch}))
+        })
+        .collect()
+}
+
 /// Raw signing by the account `eth` of `org` (a distinct payload per request, keccak256), each
 /// 16th signature recovered to the address.
 fn raw_signing(name: &'static str, org: &str, eth: &str) -> Scenario {
@@ -1166,17 +1217,7 @@ async fn transaction_setup(
     org: &str,
     eth: &str,
 ) -> anyhow::Result<(Arc<TurnkeyP256ApiKey>, Scenario, Scenario)> {
-    let signer = TurnkeyP256ApiKey::generate();
-    let body = envelope(
-        "ACTIVITY_TYPE_CREATE_USERS_V4",
-        org,
-        json!({"users": [{"userName": "bench-signer", "apiKeys": [{"apiKeyName": "bench-signer",
-            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
-            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
-    );
-    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(root)).await;
-    let user =
-        r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().context("bench user")?.to_string();
+    let (signer, user) = member(stack, root, org, "bench-signer").await?;
     let body = envelope(
         "ACTIVITY_TYPE_CREATE_POLICY_V3",
         org,
@@ -1237,7 +1278,7 @@ async fn transaction_setup(
             Ok(true)
         }),
     };
-    Ok((Arc::new(signer), raw, scenario))
+    Ok((signer, raw, scenario))
 }
 
 /// The authority-scale section's name (for `--only`).
@@ -1293,17 +1334,7 @@ async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Va
     let root = Arc::new(stack.api_key());
     let org = stack.organization_id.clone();
     let (enclave, _) = stack.pids();
-    let body = envelope(
-        "ACTIVITY_TYPE_CREATE_WALLET",
-        &org,
-        json!({"walletName": "scale", "accounts": [
-            {"curve":"CURVE_SECP256K1","pathFormat":"PATH_FORMAT_BIP32","path":"m/44'/60'/0'/0/0","addressFormat":"ADDRESS_FORMAT_ETHEREUM"}]}),
-    );
-    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&root)).await;
-    let eth = r.json["activity"]["result"]["createWalletResult"]["addresses"][0]
-        .as_str()
-        .context("scale wallet")?
-        .to_string();
+    let eth = ethereum_account(&stack, &root, &org, "scale").await?;
 
     // Resident memory with many organizations' state loaded (each sub-organization's state is
     // cached by the enclave from the commit that created it).
@@ -1328,28 +1359,12 @@ async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Va
     let rss_after = rss_mib(enclave);
 
     // A non-root user allowed to sign raw payloads by one policy.
-    let signer = Arc::new(TurnkeyP256ApiKey::generate());
-    let body = envelope(
-        "ACTIVITY_TYPE_CREATE_USERS_V4",
-        &org,
-        json!({"users": [{"userName": "scale-signer", "apiKeys": [{"apiKeyName": "scale-signer",
-            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
-            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
-    );
-    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(&root)).await;
-    let user =
-        r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().context("scale user")?.to_string();
+    let (signer, user) = member(&stack, &root, &org, "scale-signer").await?;
     let policies = |from: usize, condition: &'static str, user: String| -> Vec<String> {
-        (from..from + MANY_POLICIES)
-            .step_by(POLICIES_PER_ACTIVITY)
-            .map(|first| {
-                let batch: Vec<Value> = (first..first + POLICIES_PER_ACTIVITY)
-                    .map(|i| json!({"policyName": format!("scale-{i}"), "effect": "EFFECT_ALLOW",
-                        "condition": condition, "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""}))
-                    .collect();
-                envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org, json!({"policies": batch}))
-            })
-            .collect()
+        policy_batches(&org, from..from + MANY_POLICIES, &|i| {
+            json!({"policyName": format!("scale-{i}"), "effect": "EFFECT_ALLOW",
+                "condition": condition, "consensus": format!("approvers.any(user, user.id == '{user}')"), "notes": ""})
+        })
     };
     let body = envelope(
         "ACTIVITY_TYPE_CREATE_POLICY_V3",
@@ -1420,30 +1435,8 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
     let stack = Stack::start().await;
     let root = Arc::new(stack.api_key());
     let org = stack.organization_id.clone();
-    let body = envelope(
-        "ACTIVITY_TYPE_CREATE_WALLET",
-        &org,
-        json!({"walletName": "policy-cost", "accounts": [
-            {"curve":"CURVE_SECP256K1","pathFormat":"PATH_FORMAT_BIP32","path":"m/44'/60'/0'/0/0","addressFormat":"ADDRESS_FORMAT_ETHEREUM"}]}),
-    );
-    let r = stack.post_raw("/public/v1/submit/create_wallet", body.as_bytes(), Some(&root)).await;
-    let eth = r.json["activity"]["result"]["createWalletResult"]["addresses"][0]
-        .as_str()
-        .context("policy-cost wallet")?
-        .to_string();
-    let signer = Arc::new(TurnkeyP256ApiKey::generate());
-    let body = envelope(
-        "ACTIVITY_TYPE_CREATE_USERS_V4",
-        &org,
-        json!({"users": [{"userName": "policy-cost-signer", "apiKeys": [{"apiKeyName": "policy-cost-signer",
-            "publicKey": hex::encode(signer.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}],
-            "authenticators": [], "oauthProviders": [], "userTags": []}]}),
-    );
-    let r = stack.post_raw("/public/v1/submit/create_users", body.as_bytes(), Some(&root)).await;
-    let user = r.json["activity"]["result"]["createUsersResult"]["userIds"][0]
-        .as_str()
-        .context("policy-cost user")?
-        .to_string();
+    let eth = ethereum_account(&stack, &root, &org, "policy-cost").await?;
+    let (signer, user) = member(&stack, &root, &org, "policy-cost-signer").await?;
     let raw_payloads = "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'";
     let body = envelope(
         "ACTIVITY_TYPE_CREATE_POLICY_V3",
@@ -1453,15 +1446,6 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
     );
     let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&root)).await;
     anyhow::ensure!(r.status == 200, "the signer's policy: {}", r.text);
-    let batches = |first: usize, count: usize, policy: &dyn Fn(usize) -> Value| -> Vec<String> {
-        (first..first + count)
-            .step_by(POLICIES_PER_ACTIVITY)
-            .map(|from| {
-                let batch: Vec<Value> = (from..(from + POLICIES_PER_ACTIVITY).min(first + count)).map(policy).collect();
-                envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org, json!({"policies": batch}))
-            })
-            .collect()
-    };
     let sign = |name: &'static str| raw_signing(name, &org, &eth);
     let clients = args.clients;
     eprintln!("running: {POLICY_COST_ROOT} with {clients} clients");
@@ -1472,7 +1456,7 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
         run(&sign(POLICY_COST_OWN_ONLY), &stack, signer.clone(), 1, args.warmup, args.duration, seq.clone()).await;
     eprintln!("running: {POLICY_COST}: creating {INAPPLICABLE_POLICIES} policies for another activity type...");
     let consensus = format!("approvers.any(user, user.id == '{user}')");
-    let other = batches(0, INAPPLICABLE_POLICIES, &|i| {
+    let other = policy_batches(&org, 0..INAPPLICABLE_POLICIES, &|i| {
         json!({"policyName": format!("other-{i}"), "effect": "EFFECT_ALLOW",
             "condition": "activity.type == 'ACTIVITY_TYPE_CREATE_USERS_V4'", "consensus": consensus, "notes": ""})
     });
@@ -1481,7 +1465,7 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
     let inapplicable =
         run(&sign(POLICY_COST_INAPPLICABLE), &stack, signer.clone(), 1, args.warmup, args.duration, seq.clone()).await;
     eprintln!("running: {POLICY_COST}: creating {APPLICABLE_POLICIES} applicable ALLOW policies...");
-    let applicable = batches(0, APPLICABLE_POLICIES, &|i| {
+    let applicable = policy_batches(&org, 0..APPLICABLE_POLICIES, &|i| {
         let approver = if i % 10 == 0 { user.clone() } else { format!("someone-else-{}", i % 10) };
         json!({"policyName": format!("applicable-{i}"), "effect": "EFFECT_ALLOW",
             "condition": format!("{raw_payloads} && activity.resource == 'PRIVATE_KEY'"),
