@@ -280,6 +280,12 @@ impl Authority {
         (&self.log, self.store.as_ref())
     }
 
+    /// The authority store every enclave on it shares (one-time codes count their sends,
+    /// attempts and spent tokens there).
+    pub fn store(&self) -> &dyn AuthorityStore {
+        self.store.as_ref()
+    }
+
     /// The same authority with `auth_proxy_signups_per_hour` = `per_hour`.
     pub fn signup_quota(mut self, per_hour: u64) -> Self {
         self.signups_per_hour = per_hour;

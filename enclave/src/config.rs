@@ -73,6 +73,8 @@ pub struct EnclaveConfig {
     pub tls: Option<TlsFiles>,
     /// `[login]`: the OIDC issuer URL and the OAuth 2.0 providers' endpoints.
     pub login: LoginSettings,
+    /// `[otp]`: how the enclave sends one-time codes, and their limits.
+    pub otp: OtpSettings,
     /// The operators' P-256 public keys (compressed, hex): `BootstrapOrganization` runs only for
     /// a body one of them stamped (see `operator.rs`). Default: none, so no organization can be
     /// bootstrapped until one is configured. Environment: `COFFER_OPERATOR_PUBLIC_KEYS`
@@ -137,6 +139,115 @@ impl Default for LoginSettings {
     }
 }
 
+/// `[otp]` of `coffer-enclave.toml`: where one-time codes go and how often. The transport and the
+/// sender come from here and never from a request, so a taken-over gateway can neither read a
+/// code nor send mail in a name the deployment did not allow.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtpSettings {
+    /// The SMTP server codes are sent through: `smtp://HOST[:PORT]` (plain, for a relay on
+    /// loopback), `smtp://HOST[:PORT]?tls=required` (STARTTLS) or `smtps://HOST[:PORT]` (implicit
+    /// TLS), with `USER@` before the host to authenticate. Default: none. Environment:
+    /// `COFFER_SMTP_URL`.
+    pub smtp_url: Option<String>,
+    /// A file whose first line is the SMTP password (never in the URL, argv or a log). Default:
+    /// none. Environment: `COFFER_SMTP_PASSWORD_FILE`.
+    pub smtp_password_file: Option<PathBuf>,
+    /// Without `smtp_url`: each message is written as an `.eml` file in this directory instead
+    /// (development; `make run` sets `$COFFER_HOME/mail`). Default: none, and with neither, email
+    /// codes are refused. Environment: `COFFER_MAIL_DIR`.
+    pub mail_dir: Option<PathBuf>,
+    /// The sender when the body names none. Default `no-reply@localhost`. Environment:
+    /// `COFFER_OTP_SENDER`.
+    pub sender: String,
+    /// The sender's display name when the body names none. Default `Coffer`.
+    pub sender_name: String,
+    /// Domains a body's `sendFromEmailAddress` may use (exact, case-insensitive); the default
+    /// sender's is always allowed. Default: none. Environment: `COFFER_OTP_SENDER_DOMAINS`
+    /// (comma-separated).
+    pub sender_domains: Vec<String>,
+    /// Wrong codes after which a code is dead. Default 3.
+    pub max_attempts: u64,
+    /// Codes sent to one contact (and for one `userIdentifier`) in an hour. Default 10.
+    /// Environment: `COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR`.
+    pub sends_per_contact_per_hour: u64,
+    /// Codes one organization sends in an hour. Default 1,000. Environment:
+    /// `COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR`.
+    pub sends_per_organization_per_hour: u64,
+}
+
+impl Default for OtpSettings {
+    fn default() -> Self {
+        Self {
+            smtp_url: None,
+            smtp_password_file: None,
+            mail_dir: None,
+            sender: "no-reply@localhost".into(),
+            sender_name: "Coffer".into(),
+            sender_domains: Vec::new(),
+            max_attempts: 3,
+            sends_per_contact_per_hour: 10,
+            sends_per_organization_per_hour: 1_000,
+        }
+    }
+}
+
+impl OtpSettings {
+    /// Applies the `COFFER_SMTP_*`, `COFFER_MAIL_DIR` and `COFFER_OTP_*` overrides and checks the
+    /// result.
+    fn load_env(&mut self) -> anyhow::Result<()> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        if let Some(v) = var("COFFER_SMTP_URL") {
+            self.smtp_url = Some(v);
+        }
+        if let Some(v) = var("COFFER_SMTP_PASSWORD_FILE") {
+            self.smtp_password_file = Some(v.into());
+        }
+        if let Some(v) = var("COFFER_MAIL_DIR") {
+            self.mail_dir = Some(v.into());
+        }
+        if let Some(v) = var("COFFER_OTP_SENDER") {
+            self.sender = v.trim().to_string();
+        }
+        if let Some(v) = var("COFFER_OTP_SENDER_DOMAINS") {
+            self.sender_domains = comma_list(&v);
+        }
+        for (k, field) in [
+            ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", &mut self.sends_per_contact_per_hour),
+            ("COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR", &mut self.sends_per_organization_per_hour),
+        ] {
+            if let Some(v) = var(k) {
+                *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{k}: {e}"))?;
+            }
+        }
+        if let Some(url) = &self.smtp_url {
+            let u = url::Url::parse(url).map_err(|_| anyhow::anyhow!("[otp] smtp_url is not a URL"))?;
+            if !matches!(u.scheme(), "smtp" | "smtps") || u.password().is_some() {
+                anyhow::bail!("[otp] smtp_url must be smtp:// or smtps://, without a password (smtp_password_file)");
+            }
+        }
+        if self.sender.parse::<lettre::Address>().is_err() {
+            anyhow::bail!("[otp] sender {:?} is not an email address", self.sender);
+        }
+        if self.max_attempts == 0 {
+            anyhow::bail!("[otp] max_attempts must be at least 1");
+        }
+        for d in &mut self.sender_domains {
+            *d = d.trim().trim_start_matches('@').to_ascii_lowercase();
+        }
+        Ok(())
+    }
+
+    /// The SMTP password, from `smtp_password_file` (first line).
+    pub fn smtp_password(&self) -> anyhow::Result<Option<zeroize::Zeroizing<String>>> {
+        let Some(p) = &self.smtp_password_file else { return Ok(None) };
+        let text = zeroize::Zeroizing::new(
+            std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading smtp_password_file {}: {e}", p.display()))?,
+        );
+        Ok(Some(zeroize::Zeroizing::new(text.lines().next().unwrap_or("").to_string())))
+    }
+}
+
 /// A provider URL: `https`, or `http` to a loopback host (`coffer_auth::oidc::https_or_loopback`).
 pub fn provider_url(url: &str) -> Result<url::Url, String> {
     coffer_auth::oidc::https_or_loopback(url)
@@ -174,6 +285,7 @@ impl Default for EnclaveConfig {
             tcp_listen: None,
             tls: None,
             login: LoginSettings::default(),
+            otp: OtpSettings::default(),
             operator_public_keys: Vec::new(),
             operator_public_keys_file: None,
         }
@@ -268,6 +380,7 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_OPERATOR_PUBLIC_KEYS_FILE") {
             cfg.operator_public_keys_file = Some(v.into()).filter(|p: &PathBuf| !p.as_os_str().is_empty());
         }
+        cfg.otp.load_env()?;
         if cfg.tcp_listen.is_some() && cfg.tls.is_none() {
             anyhow::bail!(
                 "tcp_listen needs [tls] cert, key and client_ca: the enclave serves TCP with mutual TLS only"

@@ -10,6 +10,7 @@ pub mod egress;
 pub mod error;
 pub mod group_commit;
 pub mod hsm;
+pub mod mail;
 pub mod oauth2_exchange;
 pub mod operator;
 pub mod proofs;

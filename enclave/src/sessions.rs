@@ -21,7 +21,9 @@ use crate::hsm::{Hsm, LoginKey};
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2";
-pub const LOGIN_TYPES: &[&str] = &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION];
+pub const LOGIN_TYPES: &[&str] = &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION, OTP_LOGIN];
+/// `otp_login`: decided in `service::otp` (the verification token and the user it names).
+pub const OTP_LOGIN: &str = "ACTIVITY_TYPE_OTP_LOGIN_V2";
 
 /// Default session length when the body gives none.
 pub const DEFAULT_SESSION_SECONDS: u64 = 900;

@@ -68,6 +68,9 @@ pub enum BlobKind {
     AuthProxyKey,
     /// A service key the module cannot hold (its label is the resource).
     ServiceKey,
+    /// A one-time code's record (a salted hash of the code, its expiry and its encryption
+    /// target's secret); the resource is the otp id.
+    OtpRecord,
 }
 
 impl BlobKind {
@@ -79,6 +82,7 @@ impl BlobKind {
             Self::ImportTarget => "import-target",
             Self::AuthProxyKey => "auth-proxy-key",
             Self::ServiceKey => "service-key",
+            Self::OtpRecord => "otp-record",
         }
     }
 
@@ -90,6 +94,7 @@ impl BlobKind {
             Self::ImportTarget => "hpke-decrypt-import",
             Self::AuthProxyKey => "stamp-login-activities",
             Self::ServiceKey => "enclave-service",
+            Self::OtpRecord => "verify-one-time-code",
         }
     }
 }

@@ -275,7 +275,11 @@ async fn verify_and_open(
         None
     };
     run_blocking(move || {
-        let g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
+        let g = if a.activity.activity_type == sessions::OTP_LOGIN {
+            super::otp::login_grant(&hsm, &authority, &a)?
+        } else {
+            sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?
+        };
         sessions::open_session(&hsm, &authority, &a, g, seconds)
     })
     .await

@@ -7,6 +7,7 @@ mod changes;
 mod key_facts;
 mod keys;
 mod login;
+mod otp;
 mod sealed_refs;
 mod signing;
 mod transfer;
@@ -32,6 +33,7 @@ pub struct EnclaveService {
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
     login: Arc<LoginSettings>,
+    otp: Arc<otp::OtpService>,
     operators: Arc<Operators>,
     /// What the boot proof states of this process (`with_boot_proof`), and the proof, signed on
     /// first request (hashing the binary is not start-up work).
@@ -46,7 +48,16 @@ impl EnclaveService {
     /// The service with no operator key (no organization can be bootstrapped): see
     /// [`EnclaveService::with_operators`].
     pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
-        Self { hsm, authority, login, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
+        let otp = Arc::new(otp::OtpService {
+            settings: crate::config::OtpSettings::default(),
+            mailer: crate::mail::Mailer::None,
+        });
+        Self { hsm, authority, login, otp, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
+    }
+
+    /// One-time codes under `settings`, sent through `mailer`.
+    pub fn with_otp(self, settings: crate::config::OtpSettings, mailer: crate::mail::Mailer) -> Self {
+        Self { otp: Arc::new(otp::OtpService { settings, mailer }), ..self }
     }
 
     /// The boot proof states `facts` of this process; it is signed when first asked for. A
@@ -213,6 +224,16 @@ impl Enclave for EnclaveService {
 
     async fn get_log_head(&self, req: Request<pb::GetLogHeadRequest>) -> Answer<pb::GetLogHeadResponse> {
         self.run(req, |hsm, authority, req| crate::proofs::log_head(hsm, authority, &req.organization_id)).await
+    }
+
+    async fn init_otp(&self, req: Request<pb::InitOtpRequest>) -> Answer<pb::InitOtpResponse> {
+        otp::init_otp(self.hsm.clone(), self.authority.clone(), self.otp.clone(), req.into_inner()).await
+    }
+
+    async fn verify_otp(&self, req: Request<pb::VerifyOtpRequest>) -> Answer<pb::VerifyOtpResponse> {
+        let (hsm, authority, otp) = (self.hsm.clone(), self.authority.clone(), self.otp.clone());
+        let req = req.into_inner();
+        blocking(move || otp::verify_otp(&hsm, &authority, &otp, req)).await
     }
 
     async fn stamp_auth_proxy_request(

@@ -164,13 +164,13 @@ pub(super) fn import_private_key(
 }
 
 /// The HSM bundle signer seen through the crypto crate's envelope interface.
-struct HsmSigner<'a> {
+pub(super) struct HsmSigner<'a> {
     hsm: &'a Hsm,
     public: [u8; 65],
 }
 
 impl<'a> HsmSigner<'a> {
-    fn new(hsm: &'a Hsm) -> Result<Self, EnclaveError> {
+    pub(super) fn new(hsm: &'a Hsm) -> Result<Self, EnclaveError> {
         Ok(Self { hsm, public: hsm.signer_public_key()? })
     }
 }

@@ -1,0 +1,660 @@
+//! One-time codes: drawn from the HSM, sent by the enclave itself, kept only as a salted hash in a
+//! record sealed to the organization, verified once within a bounded number of attempts, and
+//! traded for a verification token the HSM signs; `otp_login` spends that token once.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use coffer_auth::envelope::{derived_id, text};
+use coffer_proto::v1 as pb;
+use lettre::message::{header::ContentType, Mailbox, MultiPart, SinglePart};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tonic::{Response, Status};
+use zeroize::{Zeroize, Zeroizing};
+
+use super::worker::{run_blocking, status};
+use crate::audit;
+use crate::authority::{now_ms, refuse, Authority, Authorized};
+use crate::authority_store::Remembered;
+use crate::config::OtpSettings;
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{BlobBinding, BlobKind, Hsm, LoginKey};
+use crate::mail::Mailer;
+use crate::sessions::SessionGrant;
+
+pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
+pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
+
+/// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
+/// used, out of attempts): a caller learns nothing more by trying.
+pub const OTP_INVALID: &str = "the one-time code or verification token is invalid, expired or already used";
+
+/// Code lengths the interface allows, and its default (`otpLength`).
+const LENGTHS: std::ops::RangeInclusive<usize> = 6..=9;
+const DEFAULT_LENGTH: usize = 9;
+/// `expirationSeconds` of a code: default and most.
+const DEFAULT_CODE_SECONDS: u64 = 300;
+const MAX_CODE_SECONDS: u64 = 600;
+/// `expirationSeconds` of a verification token: default and most.
+const DEFAULT_TOKEN_SECONDS: u64 = 3600;
+const MAX_TOKEN_SECONDS: u64 = 86_400;
+/// Crockford's base32 alphabet (no I, L, O, U): what alphanumeric codes are drawn from.
+const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+/// The verification token's JWT `kid`, so that no other token the notarizer signs (a session)
+/// is ever read as one.
+const TOKEN_KID: &str = "coffer-otp-verification-v1";
+const HOUR_MS: i64 = 3_600_000;
+
+/// The services one-time codes need besides the HSM and the authority.
+pub struct OtpService {
+    pub settings: OtpSettings,
+    pub mailer: Mailer,
+}
+
+/// A code's record, sealed to (organization, otp id): everything `verify_otp` needs, and of the
+/// code only a salted hash. Zeroized when dropped (it holds the encryption target's secret).
+#[derive(Serialize, Deserialize)]
+struct OtpRecord {
+    v: u8,
+    otp_id: String,
+    organization_id: String,
+    contact: String,
+    otp_type: String,
+    salt: String,
+    code_hash: String,
+    expires_ms: i64,
+    /// The P-256 secret the client encrypts the code to (hex).
+    target_secret: String,
+}
+
+impl Drop for OtpRecord {
+    fn drop(&mut self) {
+        self.target_secret.zeroize();
+        self.code_hash.zeroize();
+    }
+}
+
+/// `init_otp`: authorize, charge the send limits, draw the code, seal its record, send it.
+pub(super) async fn init_otp(
+    hsm: Arc<Hsm>,
+    authority: Arc<Authority>,
+    otp: Arc<OtpService>,
+    req: pb::InitOtpRequest,
+) -> Result<Response<pb::InitOtpResponse>, Status> {
+    let o = otp.clone();
+    let prepared = run_blocking(move || {
+        let a = authority.authorize("init_otp", req.auth.as_ref(), &[INIT_OTP])?;
+        let prepared = prepare(&hsm, &authority, &o, &a)?;
+        Ok((prepared, audit::carry()))
+    })
+    .await;
+    let ((response, message), outcome) = match prepared {
+        Ok(v) => v,
+        Err(e) => return Err(status(e)),
+    };
+    let sent = otp.mailer.send(message).await;
+    outcome.close(sent.as_ref().map(|_| ()));
+    sent.map(|_| Response::new(response)).map_err(status)
+}
+
+/// What a well-formed `initOtpIntentV3` asks for.
+struct InitParams {
+    contact: String,
+    length: usize,
+    alphanumeric: bool,
+    expires_secs: u64,
+    app_name: String,
+    from: Mailbox,
+    reply_to: Option<Mailbox>,
+    user_identifier: String,
+    logo_url: String,
+    magic_link_template: String,
+}
+
+fn read_init(p: &Value, s: &OtpSettings) -> Result<InitParams, EnclaveError> {
+    match text(p, "otpType") {
+        "OTP_TYPE_EMAIL" => {}
+        "OTP_TYPE_SMS" | "OTP_TYPE_WHATSAPP" => {
+            return Err(EnclaveError::invalid(
+                "otpType: this enclave sends one-time codes by email only (OTP_TYPE_EMAIL)",
+            ))
+        }
+        _ => return Err(EnclaveError::invalid("otpType must be OTP_TYPE_EMAIL, OTP_TYPE_SMS or OTP_TYPE_WHATSAPP")),
+    }
+    let contact = text(p, "contact").trim();
+    let address: lettre::Address =
+        contact.parse().map_err(|_| EnclaveError::invalid("contact: not an email address"))?;
+    let length = match p.get("otpLength") {
+        None => DEFAULT_LENGTH,
+        Some(v) => v
+            .as_u64()
+            .map(|n| n as usize)
+            .filter(|n| LENGTHS.contains(n))
+            .ok_or_else(|| EnclaveError::invalid("otpLength: a whole number from 6 to 9"))?,
+    };
+    let alphanumeric = match p.get("alphanumeric") {
+        None => true,
+        Some(v) => v.as_bool().ok_or_else(|| EnclaveError::invalid("alphanumeric: true or false"))?,
+    };
+    let expires_secs = seconds(p, DEFAULT_CODE_SECONDS, MAX_CODE_SECONDS)?;
+    let app_name = text(p, "appName").trim().to_string();
+    if app_name.is_empty() || app_name.len() > 256 || app_name.chars().any(char::is_control) {
+        return Err(EnclaveError::invalid("appName is required (at most 256 characters, no control characters)"));
+    }
+    let sender = match text(p, "sendFromEmailAddress").trim() {
+        "" => s.sender.as_str(),
+        a => a,
+    };
+    let sender: lettre::Address =
+        sender.parse().map_err(|_| EnclaveError::invalid("sendFromEmailAddress: not an email address"))?;
+    let default_domain = s.sender.rsplit('@').next().unwrap_or_default().to_ascii_lowercase();
+    let domain = sender.domain().to_ascii_lowercase();
+    if domain != default_domain && !s.sender_domains.contains(&domain) {
+        return Err(EnclaveError::invalid(
+            "sendFromEmailAddress: its domain is not one the enclave may send from ([otp] sender_domains)",
+        ));
+    }
+    let name = match text(p, "sendFromEmailSenderName").trim() {
+        "" => s.sender_name.clone(),
+        n if n.len() <= 256 && !n.chars().any(char::is_control) => n.to_string(),
+        _ => return Err(EnclaveError::invalid("sendFromEmailSenderName: at most 256 characters, no control characters")),
+    };
+    let reply_to = match text(p, "replyToEmailAddress").trim() {
+        "" => None,
+        r => Some(Mailbox::new(
+            None,
+            r.parse().map_err(|_| EnclaveError::invalid("replyToEmailAddress: not an email address"))?,
+        )),
+    };
+    let custom = p.get("emailCustomization").cloned().unwrap_or(Value::Null);
+    let logo_url = text(&custom, "logoUrl").trim().to_string();
+    if !logo_url.is_empty() && (!logo_url.starts_with("https://") || logo_url.contains(['"', '<', '>', ' '])) {
+        return Err(EnclaveError::invalid("emailCustomization.logoUrl: an https URL"));
+    }
+    let magic_link_template = text(&custom, "magicLinkTemplate").trim().to_string();
+    if !magic_link_template.is_empty()
+        && (!magic_link_template.starts_with("https://")
+            || magic_link_template.matches("%s").count() != 1
+            || magic_link_template.contains(['"', '<', '>', ' ']))
+    {
+        return Err(EnclaveError::invalid(
+            "emailCustomization.magicLinkTemplate: an https URL with exactly one %s where the code goes",
+        ));
+    }
+    Ok(InitParams {
+        contact: address.to_string(),
+        length,
+        alphanumeric,
+        expires_secs,
+        app_name,
+        from: Mailbox::new(Some(name), sender),
+        reply_to,
+        user_identifier: text(p, "userIdentifier").trim().to_string(),
+        logo_url,
+        magic_link_template,
+    })
+}
+
+/// `expirationSeconds` (a decimal string, or a number): absent → `default`, else 1 ..= `max`.
+fn seconds(p: &Value, default: u64, max: u64) -> Result<u64, EnclaveError> {
+    let invalid = || EnclaveError::invalid(format!("expirationSeconds: a whole number of seconds from 1 to {max}"));
+    let n = match p.get("expirationSeconds") {
+        None => return Ok(default),
+        Some(Value::String(s)) if s.trim().is_empty() => return Ok(default),
+        Some(Value::String(s)) => s.trim().parse::<u64>().map_err(|_| invalid())?,
+        Some(v) => v.as_u64().ok_or_else(invalid)?,
+    };
+    if n == 0 || n > max {
+        return Err(invalid());
+    }
+    Ok(n)
+}
+
+/// The blocking part of `init_otp`: limits, code, record, bundle and message (sent by the caller).
+fn prepare(
+    hsm: &Hsm,
+    authority: &Authority,
+    otp: &OtpService,
+    a: &Authorized,
+) -> Result<(pb::InitOtpResponse, lettre::Message), EnclaveError> {
+    if !otp.mailer.configured() {
+        return Err(EnclaveError::invalid(
+            "email one-time codes need the enclave's mail transport ([otp] smtp_url or mail_dir)",
+        ));
+    }
+    let org = a.activity.organization_id.as_str();
+    let params = read_init(&a.activity.parameters, &otp.settings)?;
+    // Counted before anything is sent, in the store every enclave shares: per contact, per user
+    // identifier, per organization. The same stamped body is never counted twice.
+    let contact_key = hex::encode(Sha256::digest(params.contact.to_ascii_lowercase().as_bytes()));
+    let mut scopes = vec![
+        (format!("otp-sends/contact/{contact_key}"), otp.settings.sends_per_contact_per_hour),
+        (format!("otp-sends/organization/{org}"), otp.settings.sends_per_organization_per_hour),
+    ];
+    if !params.user_identifier.is_empty() {
+        let id = hex::encode(Sha256::digest(params.user_identifier.as_bytes()));
+        scopes.push((format!("otp-sends/user-identifier/{id}"), otp.settings.sends_per_contact_per_hour));
+    }
+    let body_key: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
+    let now = now_ms();
+    for (scope, quota) in scopes {
+        match authority.store().remember_within(&scope, body_key, now.saturating_add(HOUR_MS), now, quota)? {
+            Remembered::Fresh | Remembered::Replayed => {}
+            Remembered::OrganizationQuotaFull => {
+                return Err(EnclaveError::Busy {
+                    reason: RefusalReason::OtpRateLimited,
+                    message: "too many one-time codes were sent to this contact or by this organization in the last hour: retry later".into(),
+                })
+            }
+            Remembered::WindowFull => {
+                return Err(EnclaveError::Busy {
+                    reason: RefusalReason::ReplayWindowFull,
+                    message: "replay window is full: retry shortly".into(),
+                })
+            }
+        }
+    }
+    let code = draw_code(hsm, params.length, params.alphanumeric)?;
+    let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
+    let salt = hex::encode(hsm.random(16)?.as_slice());
+    let target = coffer_crypto::bundle::new_import_target(&hsm.random_seed()?)?;
+    let record = OtpRecord {
+        v: 1,
+        otp_id: otp_id.clone(),
+        organization_id: org.to_string(),
+        contact: params.contact.clone(),
+        otp_type: "OTP_TYPE_EMAIL".into(),
+        code_hash: code_hash(&salt, &otp_id, &code),
+        salt,
+        expires_ms: now.saturating_add(params.expires_secs as i64 * 1000),
+        target_secret: hex::encode(target.secret.as_slice()),
+    };
+    let plain = Zeroizing::new(serde_json::to_vec(&record).map_err(|_| EnclaveError::Internal("otp record".into()))?);
+    let sealed_otp = hsm.seal(&BlobBinding::plain(BlobKind::OtpRecord, org, &otp_id), &plain)?;
+    let signer = super::transfer::HsmSigner::new(hsm)?;
+    let otp_encryption_target_bundle = coffer_crypto::bundle::import_bundle(&signer, &target.public, org, "")?;
+    let message = message(&params, &code)?;
+    drop(code);
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "init_otp",
+        organization = %org,
+        otp_id = %otp_id,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    let result = json!({ "otpId": otp_id });
+    let app_proofs = crate::proofs::of_call(hsm, a, result)?;
+    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, message))
+}
+
+/// A code of `length` characters from the HSM's generator: decimal digits, or Crockford base32
+/// when `alphanumeric`; each character uniform (bytes past the last whole multiple are redrawn).
+fn draw_code(hsm: &Hsm, length: usize, alphanumeric: bool) -> Result<Zeroizing<String>, EnclaveError> {
+    let radix: u8 = if alphanumeric { 32 } else { 10 };
+    let limit = 256 - (256 % radix as u16);
+    let mut code = Zeroizing::new(String::with_capacity(length));
+    while code.len() < length {
+        for b in hsm.random(length * 2)?.iter() {
+            if (*b as u16) < limit && code.len() < length {
+                let i = (b % radix) as usize;
+                code.push(if alphanumeric { CROCKFORD[i] as char } else { (b'0' + i as u8) as char });
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// The salted hash of a code as the record keeps it: SHA-256 over a domain, the salt, the otp id
+/// and the code as typed (uppercased: Crockford codes are read without case).
+fn code_hash(salt: &str, otp_id: &str, code: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"coffer-otp-code-v1\0");
+    h.update(salt.as_bytes());
+    h.update(b"\0");
+    h.update(otp_id.as_bytes());
+    h.update(b"\0");
+    let upper = Zeroizing::new(code.trim().to_ascii_uppercase());
+    h.update(upper.as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// The email: plain text and HTML, the code in both and nowhere else.
+fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> {
+    let minutes = p.expires_secs.div_ceil(60);
+    let link = (!p.magic_link_template.is_empty()).then(|| p.magic_link_template.replacen("%s", code, 1));
+    let mut plain = Zeroizing::new(format!(
+        "Your {} code is: {code}\n\nIt expires in {minutes} minute{}. If you did not ask for it, ignore this email.\n",
+        p.app_name,
+        if minutes == 1 { "" } else { "s" }
+    ));
+    if let Some(l) = &link {
+        plain.push_str(&format!("\nOr open: {l}\n"));
+    }
+    let app = html_escape(&p.app_name);
+    let logo = if p.logo_url.is_empty() {
+        String::new()
+    } else {
+        format!("<p><img src=\"{}\" alt=\"{app}\" height=\"48\"></p>", html_escape(&p.logo_url))
+    };
+    let button = link
+        .as_ref()
+        .map(|l| format!("<p><a href=\"{}\">Continue to {app}</a></p>", html_escape(l)))
+        .unwrap_or_default();
+    let html = Zeroizing::new(format!(
+        "<!doctype html><html><body style=\"font-family:sans-serif\">{logo}<p>Your {app} code is:</p>\
+         <p style=\"font-size:28px;letter-spacing:4px;font-family:monospace\"><strong>{code}</strong></p>{button}\
+         <p>It expires in {minutes} minute{}. If you did not ask for it, ignore this email.</p></body></html>",
+        if minutes == 1 { "" } else { "s" }
+    ));
+    let to: lettre::Address = p.contact.parse().map_err(|_| EnclaveError::invalid("contact: not an email address"))?;
+    let mut builder = lettre::Message::builder()
+        .from(p.from.clone())
+        .to(Mailbox::new(None, to))
+        .subject(format!("Your {} code", p.app_name));
+    if let Some(r) = &p.reply_to {
+        builder = builder.reply_to(r.clone());
+    }
+    builder
+        .multipart(
+            MultiPart::alternative()
+                .singlepart(SinglePart::builder().header(ContentType::TEXT_PLAIN).body(plain.to_string()))
+                .singlepart(SinglePart::builder().header(ContentType::TEXT_HTML).body(html.to_string())),
+        )
+        .map_err(|_| EnclaveError::invalid("the email could not be built from the body's addresses"))
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+}
+
+/// `verify_otp`: the record opened, the attempt counted, the code compared, the token signed.
+pub(super) fn verify_otp(
+    hsm: &Hsm,
+    authority: &Authority,
+    otp: &OtpService,
+    req: pb::VerifyOtpRequest,
+) -> Result<pb::VerifyOtpResponse, EnclaveError> {
+    let a = authority.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
+    let p = &a.activity.parameters;
+    let (org, otp_id) = (a.activity.organization_id.as_str(), text(p, "otpId").trim());
+    if otp_id.is_empty() {
+        return Err(EnclaveError::invalid("otpId is required"));
+    }
+    let token_seconds = seconds(p, DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS)?;
+    // A record that does not open under (organization, otp id) is another code's, or forged.
+    let opened = hsm
+        .unseal(&BlobBinding::plain(BlobKind::OtpRecord, org, otp_id), &req.sealed_otp)
+        .map_err(|_| refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))?;
+    let record: OtpRecord = serde_json::from_slice(opened.as_slice())
+        .map_err(|_| EnclaveError::Internal("an otp record that opened does not parse".into()))?;
+    if record.otp_id != otp_id || record.organization_id != org {
+        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let now = now_ms();
+    if now >= record.expires_ms {
+        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    // The attempt is counted before the code is looked at, in the shared store: past
+    // `max_attempts` the code is dead whatever is sent.
+    let attempt: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
+    let scope = format!("otp-attempts/{otp_id}");
+    match authority.store().remember_within(&scope, attempt, record.expires_ms, now, otp.settings.max_attempts)? {
+        Remembered::Fresh | Remembered::Replayed => {}
+        Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
+            return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))
+        }
+    }
+    let mut secret = Zeroizing::new([0u8; 32]);
+    let decoded = Zeroizing::new(hex::decode(&record.target_secret).unwrap_or_default());
+    if decoded.len() != 32 {
+        return Err(EnclaveError::Internal("an otp record's target key is malformed".into()));
+    }
+    secret.copy_from_slice(&decoded);
+    let plain = coffer_crypto::bundle::open_encrypted_bundle(&secret, text(p, "encryptedOtpBundle"))
+        .map_err(|_| EnclaveError::invalid("encryptedOtpBundle: not the code encrypted to this otp's target"))?;
+    #[derive(Deserialize)]
+    struct Sent {
+        otp_code: String,
+        #[serde(default)]
+        public_key: String,
+    }
+    impl Drop for Sent {
+        fn drop(&mut self) {
+            self.otp_code.zeroize();
+        }
+    }
+    let sent: Sent = serde_json::from_slice(&plain)
+        .map_err(|_| EnclaveError::invalid("encryptedOtpBundle: not {\"otp_code\", \"public_key\"}"))?;
+    let given = code_hash(&record.salt, otp_id, &sent.otp_code);
+    // Compared without an early exit.
+    let differ = given.len() != record.code_hash.len()
+        || given.bytes().zip(record.code_hash.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) != 0;
+    if differ {
+        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let public_key = match sent.public_key.trim() {
+        "" => String::new(),
+        k => coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", k).map(|(k, _)| k).map_err(|_| {
+            EnclaveError::invalid("encryptedOtpBundle: public_key is not a compressed P-256 key (66 hex characters)")
+        })?,
+    };
+    // A code verifies once.
+    let used: [u8; 32] = Sha256::digest(format!("otp-verified\0{otp_id}").as_bytes()).into();
+    if authority.store().remember_within("otp-verified", used, record.expires_ms, now, u64::MAX)? != Remembered::Fresh {
+        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let token_id = derived_id(&a.activity.fingerprint, "otp-verification-token", 0);
+    let expires_ms = now.saturating_add(token_seconds as i64 * 1000);
+    let claims = json!({
+        "id": token_id,
+        "verification_type": record.otp_type,
+        "contact": record.contact,
+        "organization_id": org,
+        "public_key": public_key,
+        "exp": expires_ms.to_string(),
+        "token_type": "COFFER_OTP_VERIFICATION",
+    });
+    let verification_token = crate::oauth2_exchange::es256_jwt(TOKEN_KID, &claims, |digest| {
+        Ok(hsm.sign_digest_with(LoginKey::Notarizer, digest)?)
+    })?;
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "verify_otp",
+        organization = %org,
+        otp_id = %otp_id,
+        token = %token_id,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    let result = json!({ "verificationTokenSha256": hex::encode(Sha256::digest(verification_token.as_bytes())) });
+    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    Ok(pb::VerifyOtpResponse { verification_token, app_proofs })
+}
+
+/// A verification token's claims, once its signature and expiry are checked.
+pub struct VerifiedToken {
+    pub id: String,
+    pub contact: String,
+    pub verification_type: String,
+    pub public_key: String,
+    pub expires_ms: i64,
+}
+
+/// Checks a verification token: this enclave's notarizer signed it as one (its `kid`), and it has
+/// not expired. Every failure is [`OTP_INVALID`].
+pub fn read_token(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, EnclaveError> {
+    let invalid = || EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID);
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = token.trim().split('.');
+    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(invalid());
+    };
+    let header: Value = b64.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
+    if header.get("alg").and_then(Value::as_str) != Some("ES256") || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
+    {
+        return Err(invalid());
+    }
+    let notarizer = hsm.login_public_keys()?.notarizer;
+    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
+        .map_err(|_| EnclaveError::Internal("the notarizer key is not a P-256 point".into()))?;
+    let signature =
+        b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
+    let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
+    use p256::ecdsa::signature::hazmat::PrehashVerifier;
+    key.verify_prehash(&digest, &signature).map_err(|_| invalid())?;
+    let claims: Value = b64.decode(c).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
+    if claims.get("token_type").and_then(Value::as_str) != Some("COFFER_OTP_VERIFICATION") {
+        return Err(invalid());
+    }
+    let expires_ms = text(&claims, "exp").parse::<i64>().map_err(|_| invalid())?;
+    if now_ms >= expires_ms {
+        return Err(invalid());
+    }
+    Ok(VerifiedToken {
+        id: text(&claims, "id").to_string(),
+        contact: text(&claims, "contact").to_string(),
+        verification_type: text(&claims, "verification_type").to_string(),
+        public_key: text(&claims, "public_key").to_string(),
+        expires_ms,
+    })
+}
+
+/// `otp_login`: the session for the organization's user whose email the token verified. The
+/// token is spent (once, in the shared store); when it names a key, the body's `clientSignature`
+/// must be that key's signature of this login (`{"login":{"publicKey"},"tokenId","type"}`).
+pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<SessionGrant, EnclaveError> {
+    let p = &a.activity.parameters;
+    let now = now_ms();
+    let token = match read_token(hsm, text(p, "verificationToken"), now) {
+        Ok(t) => t,
+        Err(e) => {
+            refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
+            return Err(e);
+        }
+    };
+    let session_key = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", text(p, "publicKey"))
+        .map(|(k, _)| k)
+        .map_err(|_| EnclaveError::invalid("invalid publicKey: a compressed P-256 public key (66 hex characters)"))?;
+    if !token.public_key.is_empty() {
+        client_signature(p, &token).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
+    }
+    if token.verification_type != "OTP_TYPE_EMAIL" {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let loaded = authority
+        .rules()
+        .load(&a.activity.organization_id)?
+        .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
+    let contact = token.contact.to_ascii_lowercase();
+    let user_id = loaded
+        .state
+        .users
+        .values()
+        .find(|u| !u.email.is_empty() && u.email.to_ascii_lowercase() == contact)
+        .map(|u| u.id.clone())
+        .ok_or_else(|| {
+            refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email")
+        })?;
+    let spent: [u8; 32] = Sha256::digest(format!("otp-token\0{}", token.id).as_bytes()).into();
+    if authority.store().remember_within("otp-tokens-spent", spent, token.expires_ms, now, u64::MAX)?
+        != Remembered::Fresh
+    {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    Ok(SessionGrant {
+        user_id,
+        public_key: session_key,
+        credential_type: "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256",
+        secret: None,
+    })
+}
+
+/// The body's `clientSignature` by the token's key over this login (P-256, SHA-256, `r ‖ s` hex).
+fn client_signature(p: &Value, token: &VerifiedToken) -> Result<(), &'static str> {
+    let sig = p.get("clientSignature").ok_or("clientSignature is required: the verification token names a key")?;
+    let key_hex = text(sig, "publicKey").trim().to_ascii_lowercase();
+    if key_hex != token.public_key {
+        return Err("clientSignature.publicKey is not the key the verification token names");
+    }
+    let expected = json!({ "login": { "publicKey": text(p, "publicKey") }, "tokenId": token.id, "type": "USAGE_TYPE_LOGIN" });
+    if text(sig, "message") != expected.to_string() {
+        return Err("clientSignature.message is not this login (publicKey, tokenId, USAGE_TYPE_LOGIN)");
+    }
+    let key = hex::decode(&key_hex)
+        .ok()
+        .and_then(|b| p256::ecdsa::VerifyingKey::from_sec1_bytes(&b).ok())
+        .ok_or("clientSignature.publicKey is not a P-256 key")?;
+    let signature = hex::decode(text(sig, "signature").trim().trim_start_matches("0x"))
+        .ok()
+        .and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok())
+        .ok_or("clientSignature.signature is not r ‖ s hex")?;
+    use p256::ecdsa::signature::Verifier;
+    key.verify(text(sig, "message").as_bytes(), &signature)
+        .map_err(|_| "clientSignature does not verify with the verification token's key")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiration_seconds_are_bounded_and_default() {
+        assert_eq!(seconds(&json!({}), 300, 600).unwrap(), 300);
+        assert_eq!(seconds(&json!({ "expirationSeconds": "120" }), 300, 600).unwrap(), 120);
+        assert_eq!(seconds(&json!({ "expirationSeconds": 600 }), 300, 600).unwrap(), 600);
+        for bad in [json!("0"), json!("601"), json!("-1"), json!("ten"), json!(true)] {
+            assert!(seconds(&json!({ "expirationSeconds": bad }), 300, 600).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_hash_reads_codes_without_case_and_binds_salt_and_id() {
+        let h = code_hash("aa", "id", "ABC123");
+        assert_eq!(h, code_hash("aa", "id", "abc123 "));
+        assert_ne!(h, code_hash("ab", "id", "ABC123"));
+        assert_ne!(h, code_hash("aa", "id2", "ABC123"));
+        assert_ne!(h, code_hash("aa", "id", "ABC124"));
+    }
+
+    #[test]
+    fn init_parameters_are_checked() {
+        let s = OtpSettings { sender_domains: vec!["example.com".into()], ..OtpSettings::default() };
+        let ok = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "a@b.test", "appName": "App" });
+        let p = read_init(&ok, &s).unwrap();
+        assert_eq!((p.length, p.alphanumeric, p.expires_secs), (9, true, 300));
+        let with = |k: &str, v: Value| {
+            let mut b = ok.clone();
+            b[k] = v;
+            read_init(&b, &s).err().map(|e| e.to_string())
+        };
+        assert!(with("otpLength", json!(5)).unwrap().contains("otpLength"));
+        assert!(with("otpLength", json!(10)).unwrap().contains("otpLength"));
+        assert!(with("contact", json!("not-an-email")).unwrap().contains("contact"));
+        assert!(with("otpType", json!("OTP_TYPE_SMS")).unwrap().contains("email only"));
+        assert!(with("sendFromEmailAddress", json!("x@evil.test")).unwrap().contains("sender_domains"));
+        assert!(with("sendFromEmailAddress", json!("x@Example.com")).is_none());
+        assert!(with("expirationSeconds", json!("601")).unwrap().contains("expirationSeconds"));
+        assert!(with("appName", json!("")).unwrap().contains("appName"));
+        let magic = |t: &str| with("emailCustomization", json!({ "magicLinkTemplate": t }));
+        assert!(magic("https://app.test/login?code=%s").is_none());
+        assert!(magic("http://app.test/%s").is_some());
+        assert!(magic("https://app.test/").is_some());
+    }
+
+    #[test]
+    fn the_message_holds_the_code_and_escapes_the_app_name() {
+        let s = OtpSettings::default();
+        let b = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "a@b.test", "appName": "<App>" });
+        let m = message(&read_init(&b, &s).unwrap(), "7K3Q9ZX2M").unwrap();
+        let text = String::from_utf8(m.formatted()).unwrap();
+        assert!(text.contains("7K3Q9ZX2M"), "{text}");
+        assert!(text.contains("&lt;App&gt;"), "{text}");
+        assert!(text.contains("multipart/alternative"), "{text}");
+        assert!(text.contains("To: a@b.test"), "{text}");
+    }
+}
