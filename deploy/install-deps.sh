@@ -2,7 +2,8 @@
 # Installs what Coffer needs to build and test on Debian/Ubuntu when it is missing:
 # SoftHSM 2 (the PKCS#11 module used in development and CI), what kryoptic (the second module
 # in CI) builds with, protoc (for the gRPC contract), and
-# PyYAML for deploy/lint.sh (python3-yaml pulls in python3), and PostgreSQL's server binaries (the
+# PyYAML for deploy/lint.sh (python3-yaml pulls in python3), aiosmtpd (a real SMTP server the
+# one-time code tests send to), and PostgreSQL's server binaries (the
 # PostgreSQL store's tests and `COFFER_STORE=postgres make run` start a private server with them).
 set -euo pipefail
 
@@ -12,6 +13,8 @@ command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the e2e tests make throwaway certificates for enclaves over TCP
 { python3 -c 'import yaml' || /usr/bin/python3 -c 'import yaml'; } >/dev/null 2>&1 || need+=(python3-yaml)
+# The one-time code tests' SMTP server (aiosmtpd, run as the system python's module).
+/usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 || need+=(python3-aiosmtpd)
 command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
 # kryoptic, the second PKCS#11 module the HSM tests run on (deploy/build-kryoptic.sh): bindgen
 # needs clang and libclang; it links the system's libcrypto and libsqlite3.

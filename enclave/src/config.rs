@@ -242,7 +242,8 @@ impl OtpSettings {
     pub fn smtp_password(&self) -> anyhow::Result<Option<zeroize::Zeroizing<String>>> {
         let Some(p) = &self.smtp_password_file else { return Ok(None) };
         let text = zeroize::Zeroizing::new(
-            std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading smtp_password_file {}: {e}", p.display()))?,
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("reading smtp_password_file {}: {e}", p.display()))?,
         );
         Ok(Some(zeroize::Zeroizing::new(text.lines().next().unwrap_or("").to_string())))
     }

@@ -19,6 +19,9 @@ pub const AUTH_PROXY: &str = "auth_proxy";
 /// A sub-organization's parent certificate: the enclave's proof that the parent's credentials may
 /// submit its login activities.
 pub const PARENT_CERTIFICATE: &str = "parent_certificate";
+/// A one-time code's record, sealed by the enclave (`data.sealed`, hex): the gateway keeps it for
+/// `verify_otp` and cannot read the code from it.
+pub const OTP: &str = "otp";
 /// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
 pub const TVC_APP: &str = "tvc_app";
 pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
@@ -36,6 +39,7 @@ pub const ALL: &[&str] = &[
     OAUTH2_CREDENTIAL,
     AUTH_PROXY,
     PARENT_CERTIFICATE,
+    OTP,
     TVC_APP,
     TVC_DEPLOYMENT,
     TVC_OPERATOR_SET,

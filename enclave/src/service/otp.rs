@@ -159,7 +159,9 @@ fn read_init(p: &Value, s: &OtpSettings) -> Result<InitParams, EnclaveError> {
     let name = match text(p, "sendFromEmailSenderName").trim() {
         "" => s.sender_name.clone(),
         n if n.len() <= 256 && !n.chars().any(char::is_control) => n.to_string(),
-        _ => return Err(EnclaveError::invalid("sendFromEmailSenderName: at most 256 characters, no control characters")),
+        _ => {
+            return Err(EnclaveError::invalid("sendFromEmailSenderName: at most 256 characters, no control characters"))
+        }
     };
     let reply_to = match text(p, "replyToEmailAddress").trim() {
         "" => None,
@@ -495,15 +497,15 @@ pub fn read_token(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, 
         return Err(invalid());
     };
     let header: Value = b64.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
-    if header.get("alg").and_then(Value::as_str) != Some("ES256") || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
+    if header.get("alg").and_then(Value::as_str) != Some("ES256")
+        || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
     {
         return Err(invalid());
     }
     let notarizer = hsm.login_public_keys()?.notarizer;
     let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
         .map_err(|_| EnclaveError::Internal("the notarizer key is not a P-256 point".into()))?;
-    let signature =
-        b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
+    let signature = b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
     let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
     use p256::ecdsa::signature::hazmat::PrehashVerifier;
     key.verify_prehash(&digest, &signature).map_err(|_| invalid())?;
@@ -537,9 +539,10 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
             return Err(e);
         }
     };
-    let session_key = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", text(p, "publicKey"))
-        .map(|(k, _)| k)
-        .map_err(|_| EnclaveError::invalid("invalid publicKey: a compressed P-256 public key (66 hex characters)"))?;
+    let session_key =
+        coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", text(p, "publicKey")).map(|(k, _)| k).map_err(
+            |_| EnclaveError::invalid("invalid publicKey: a compressed P-256 public key (66 hex characters)"),
+        )?;
     if !token.public_key.is_empty() {
         client_signature(p, &token).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     }
@@ -581,8 +584,12 @@ fn client_signature(p: &Value, token: &VerifiedToken) -> Result<(), &'static str
     if key_hex != token.public_key {
         return Err("clientSignature.publicKey is not the key the verification token names");
     }
-    let expected = json!({ "login": { "publicKey": text(p, "publicKey") }, "tokenId": token.id, "type": "USAGE_TYPE_LOGIN" });
-    if text(sig, "message") != expected.to_string() {
+    if !matches!(text(sig, "scheme"), "" | "CLIENT_SIGNATURE_SCHEME_API_P256") {
+        return Err("clientSignature.scheme must be CLIENT_SIGNATURE_SCHEME_API_P256");
+    }
+    let expected =
+        json!({ "login": { "publicKey": text(p, "publicKey") }, "tokenId": token.id, "type": "USAGE_TYPE_LOGIN" });
+    if serde_json::from_str::<Value>(text(sig, "message")).ok() != Some(expected) {
         return Err("clientSignature.message is not this login (publicKey, tokenId, USAGE_TYPE_LOGIN)");
     }
     let key = hex::decode(&key_hex)

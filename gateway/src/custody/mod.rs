@@ -58,7 +58,7 @@ macro_rules! carries_proofs {
 carries_proofs!(
     with: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
         pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial,
-        pb::CreateSessionResponse, pb::ApplyActivityResponse;
+        pb::CreateSessionResponse, pb::ApplyActivityResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
     without: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
         pb::EnableAuthProxyResponse,
 );
@@ -102,6 +102,8 @@ needs_authorization!(
     pb::CreateSessionRequest,
     pb::EnableAuthProxyRequest,
     pb::ApplyActivityRequest,
+    pb::InitOtpRequest,
+    pb::VerifyOtpRequest,
 );
 
 /// Each authorized call: its method on [`Authorized`] (the RPC's name), the request, the answer.
@@ -141,6 +143,8 @@ authorized_calls! {
     certify_oauth2_credential(pb::CertifyOauth2CredentialRequest) -> pb::Oauth2Credential;
     oauth2_authenticate(pb::Oauth2AuthenticateRequest) -> pb::Oauth2AuthenticateResponse;
     create_session(pb::CreateSessionRequest) -> pb::CreateSessionResponse;
+    init_otp(pb::InitOtpRequest) -> pb::InitOtpResponse;
+    verify_otp(pb::VerifyOtpRequest) -> pb::VerifyOtpResponse;
     enable_auth_proxy(pb::EnableAuthProxyRequest) -> pb::EnableAuthProxyResponse;
     /// Decides an activity that uses no key over the organization's authority state and applies
     /// the changes the gateway's records get.
@@ -237,6 +241,11 @@ fn api_error(s: tonic::Status) -> ApiError {
             tracing::warn!(error = %s.message(), reason = ?refusal, "enclave refused a request");
             ApiError::forbidden(s.message().to_string())
         }
+        // A limit the enclave counts per contact or organization: 429, retry within the hour.
+        tonic::Code::ResourceExhausted if refusal == Some(pb::RefusalReason::OtpRateLimited) => ApiError {
+            retry_after: Some(60),
+            ..ApiError::new(Code::ResourceExhausted, "RATE_LIMIT_EXCEEDED", s.message().to_string())
+        },
         tonic::Code::ResourceExhausted => ApiError::unavailable(s.message().to_string()),
         // Something the enclave does not have (a boot proof on a token without a proof key).
         tonic::Code::NotFound => ApiError::not_found(s.message().to_string()),

@@ -11,6 +11,7 @@ pub mod lookup;
 pub mod oauth;
 pub mod oauth2;
 pub mod organization;
+pub mod otp;
 pub mod params;
 pub mod policies;
 pub mod proofs;
@@ -353,6 +354,30 @@ pub static ACTIVITIES: &[Operation] = &[
         "createReadWriteSessionResultV2",
         "AUTH" / "CREATE",
         sessions::create_read_write_session
+    ),
+    op!(
+        "init_otp",
+        "ACTIVITY_TYPE_INIT_OTP_V3",
+        "initOtpIntentV3",
+        "initOtpResultV2",
+        "AUTH" / "CREATE",
+        otp::init_otp
+    ),
+    op!(
+        "verify_otp",
+        "ACTIVITY_TYPE_VERIFY_OTP_V2",
+        "verifyOtpIntentV2",
+        "verifyOtpResult",
+        "AUTH" / "CREATE",
+        otp::verify_otp
+    ),
+    op!(login
+        "otp_login",
+        "ACTIVITY_TYPE_OTP_LOGIN_V2",
+        "otpLoginIntentV2",
+        "otpLoginResult",
+        "AUTH" / "CREATE",
+        sessions::otp_login
     ),
     op!(root_quorum
         "enable_auth_proxy",

@@ -1,4 +1,4 @@
-//! Sessions: `oauth_login`, `stamp_login` and `create_read_write_session`. The enclave decides
+//! Sessions: `oauth_login`, `stamp_login`, `otp_login` and `create_read_write_session`. The enclave decides
 //! whose session it is and certifies its key; the gateway finds what the enclave needs (the OAuth
 //! identity's certificate, a sub-organization's parent certificate) and stores the session key
 //! as an expiring credential of the user.
@@ -149,6 +149,29 @@ pub struct StampLoginIntent {
 }
 
 pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
+    required(&intent.public_key, "publicKey")?;
+    let (session, _, _, writes) =
+        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))
+            .await?;
+    Ok(Outcome { result: json!({ "session": session.session }), writes })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OtpLoginIntent {
+    verification_token: String,
+    public_key: String,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
+    #[allow(dead_code)]
+    client_signature: Option<Value>,
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+/// `otp_login`: the enclave verifies the token, spends it, and picks the user with its email.
+pub async fn otp_login(ctx: Ctx, intent: OtpLoginIntent) -> Result<Outcome, ApiError> {
+    required(&intent.verification_token, "verificationToken")?;
     required(&intent.public_key, "publicKey")?;
     let (session, _, _, writes) =
         open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))

@@ -1,0 +1,64 @@
+//! One-time codes: `init_otp` and `verify_otp`. The enclave makes, sends and checks the code; the
+//! gateway keeps only the record the enclave sealed, and never sees a code.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::params::required;
+use crate::activity::registry::{Ctx, Outcome};
+use crate::error::ApiError;
+use crate::record_kinds::OTP;
+use crate::store::{Record, StoreError, Write};
+use coffer_proto::v1 as pb;
+
+/// `initOtpIntentV3`: read and checked by the enclave from the stamped body.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitOtpIntent {
+    otp_type: String,
+    contact: String,
+}
+
+pub async fn init_otp(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, ApiError> {
+    required(&intent.otp_type, "otpType")?;
+    required(&intent.contact, "contact")?;
+    let resp = ctx.enclave().init_otp(pb::InitOtpRequest::default()).await?;
+    // Record names are unique per kind: the id is the name.
+    Ok(Outcome {
+        result: json!({ "otpId": resp.otp_id, "otpEncryptionTargetBundle": resp.otp_encryption_target_bundle }),
+        writes: vec![Write::PutRecord(Record {
+            organization_id: ctx.org.id.clone(),
+            kind: OTP.to_string(),
+            name: resp.otp_id.clone(),
+            id: resp.otp_id,
+            data: json!({ "sealed": hex::encode(&resp.sealed_otp) }),
+            created_at: ctx.now,
+            updated_at: ctx.now,
+        })],
+    })
+}
+
+/// `verifyOtpIntentV2`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyOtpIntent {
+    otp_id: String,
+    encrypted_otp_bundle: String,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+}
+
+pub async fn verify_otp(ctx: Ctx, intent: VerifyOtpIntent) -> Result<Outcome, ApiError> {
+    required(&intent.otp_id, "otpId")?;
+    required(&intent.encrypted_otp_bundle, "encryptedOtpBundle")?;
+    let (org, id) = (ctx.org.id.clone(), intent.otp_id.clone());
+    // An unknown id is answered as a wrong code is (by the enclave, which counts nothing for it).
+    let sealed = match ctx.state.db(move |s| s.record(&org, OTP, &id)).await? {
+        Ok(r) => hex::decode(r.data.get("sealed").and_then(Value::as_str).unwrap_or_default()).unwrap_or_default(),
+        Err(StoreError::NotFound) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let resp = ctx.enclave().verify_otp(pb::VerifyOtpRequest { sealed_otp: sealed, ..Default::default() }).await?;
+    Ok(Outcome { result: json!({ "verificationToken": resp.verification_token }), writes: vec![] })
+}

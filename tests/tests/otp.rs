@@ -1,0 +1,342 @@
+//! One-time codes end to end, through a real SMTP server (aiosmtpd, started here) and the official
+//! Rust client: the code arrives by mail, is encrypted to the enclave's target with the official
+//! encryption crate, verifies once, and its token logs the user in once; a wrong code, an expired
+//! code, the attempt limit, a reused token and the send limit are refused; the code is in no log
+//! and not in the gateway's database.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use coffer_tests::{free_port, refused, Stack};
+use p256::ecdsa::signature::hazmat::PrehashVerifier;
+use p256::ecdsa::signature::Signer;
+use serde_json::{json, Value};
+use sha2::Digest;
+use turnkey_client::generated::immutable::common::v1::{ApiKeyCurve, ClientSignatureScheme};
+use turnkey_client::generated::{
+    ApiKeyParamsV2, ClientSignature, CreateUsersIntentV4, GetWhoamiRequest, InitOtpIntentV3, OtpLoginIntentV2,
+    UserParamsV4, VerifyOtpIntentV2,
+};
+use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
+
+type Client = TurnkeyClient<TurnkeyP256ApiKey>;
+
+/// aiosmtpd (Debian's python3-aiosmtpd, `make deps`) on a free port, storing what it receives in
+/// a maildir. Killed when dropped.
+struct SmtpServer {
+    child: Child,
+    port: u16,
+    maildir: PathBuf,
+}
+
+impl SmtpServer {
+    async fn start(dir: &Path) -> SmtpServer {
+        let port = free_port();
+        let maildir = dir.join("maildir");
+        let child = Command::new("/usr/bin/python3")
+            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}"), "-c", "aiosmtpd.handlers.Mailbox"])
+            .arg(&maildir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("aiosmtpd (apt install python3-aiosmtpd, or `make deps`)");
+        let t = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(t.elapsed() < Duration::from_secs(20), "aiosmtpd did not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        SmtpServer { child, port, maildir }
+    }
+
+    /// Every message received so far: its file and its raw text.
+    fn messages(&self) -> Vec<(PathBuf, String)> {
+        let files: Vec<PathBuf> = std::fs::read_dir(self.maildir.join("new"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.into_iter().map(|f| (f.clone(), std::fs::read_to_string(&f).unwrap())).collect()
+    }
+
+    /// The files received so far (to tell the next message from them).
+    fn seen(&self) -> HashSet<PathBuf> {
+        self.messages().into_iter().map(|(f, _)| f).collect()
+    }
+
+    /// The code of the one message to `to` among those not in `seen`, and the message.
+    fn code_for(&self, seen: &HashSet<PathBuf>, to: &str) -> (String, String) {
+        let new: Vec<String> = self
+            .messages()
+            .into_iter()
+            .filter(|(f, m)| !seen.contains(f) && m.contains(&format!("To: {to}")))
+            .map(|(_, m)| m)
+            .collect();
+        assert_eq!(new.len(), 1, "one message to {to} expected, got {}", new.len());
+        let m = new[0].clone();
+        (code_in(&m).unwrap_or_else(|| panic!("no code in {m}")), m)
+    }
+}
+
+/// The code a message's text says.
+fn code_in(m: &str) -> Option<String> {
+    m.lines().find(|l| l.contains("code is: ")).map(|l| l.split("code is: ").nth(1).unwrap().trim().to_string())
+}
+
+impl Drop for SmtpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn init(contact: &str, length: Option<i32>, alphanumeric: Option<bool>, seconds: Option<&str>) -> InitOtpIntentV3 {
+    InitOtpIntentV3 {
+        otp_type: "OTP_TYPE_EMAIL".into(),
+        contact: contact.into(),
+        app_name: "Coffer Test".into(),
+        otp_length: length,
+        email_customization: None,
+        sms_customization: None,
+        user_identifier: None,
+        send_from_email_address: None,
+        alphanumeric,
+        send_from_email_sender_name: None,
+        expiration_seconds: seconds.map(str::to_string),
+        reply_to_email_address: None,
+    }
+}
+
+/// The official client's import encryption (signature of the bundle checked against the stack's
+/// signer key) of `{"otp_code", "public_key"}`: what `encryptOtpCodeToBundle` sends.
+fn encrypted(stack: &Stack, bundle: &str, org: &str, code: &str, public_key: &str) -> String {
+    let mut c = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
+    c.encrypt_secret_bundle(json!({ "otp_code": code, "public_key": public_key }).to_string(), bundle, org).unwrap()
+}
+
+fn verify(otp_id: &str, bundle: String) -> VerifyOtpIntentV2 {
+    VerifyOtpIntentV2 { otp_id: otp_id.into(), encrypted_otp_bundle: bundle, expiration_seconds: None }
+}
+
+fn claims(jwt: &str) -> Value {
+    let part = jwt.split('.').nth(1).unwrap();
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(part).unwrap()).unwrap()
+}
+
+/// The login the token's key signs (`{"login":{"publicKey"},"tokenId","type":"USAGE_TYPE_LOGIN"}`).
+fn login(token: &str, session: &TurnkeyP256ApiKey) -> OtpLoginIntentV2 {
+    let public_key = hex::encode(session.compressed_public_key());
+    let message =
+        json!({ "login": { "publicKey": public_key }, "tokenId": claims(token)["id"], "type": "USAGE_TYPE_LOGIN" })
+            .to_string();
+    let signer = p256::ecdsa::SigningKey::from_slice(&session.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signer.sign(message.as_bytes());
+    OtpLoginIntentV2 {
+        verification_token: token.into(),
+        public_key: public_key.clone(),
+        client_signature: Some(ClientSignature {
+            public_key,
+            scheme: ClientSignatureScheme::ApiP256,
+            message,
+            signature: hex::encode(signature.to_bytes()),
+        }),
+        expiration_seconds: None,
+        invalidate_existing: None,
+        session_profile_id: None,
+    }
+}
+
+async fn add_user(root: &Client, org: &str, email: &str) -> String {
+    let params = UserParamsV4 {
+        user_name: email.split('@').next().unwrap().into(),
+        user_email: Some(email.into()),
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "k".into(),
+            public_key: hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    root.create_users(org.into(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn email_codes_log_in_once_and_nothing_else_gets_through() {
+    let dir = std::env::temp_dir().join(format!("coffer-otp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let smtp = SmtpServer::start(&dir).await;
+    let stack = Stack::start_on(
+        "sqlite",
+        &[
+            ("COFFER_SMTP_URL", &format!("smtp://127.0.0.1:{}", smtp.port)),
+            ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"),
+            ("COFFER_LOG", "info"),
+        ],
+    )
+    .await;
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    let alice = add_user(&root, &org, "alice@example.test").await;
+    let ts = || Stack::now_ms();
+
+    // The code arrives by mail (a MIME message, plain text and HTML, from the enclave's sender),
+    // 9 Crockford base32 characters by default.
+    let before = smtp.seen();
+    let sent = root.init_otp(org.clone(), ts(), init("alice@example.test", None, None, None)).await.unwrap().result;
+    let (code, mail) = smtp.code_for(&before, "alice@example.test");
+    assert_eq!(code.len(), 9, "{code}");
+    assert!(code.bytes().all(|b| b"0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(&b)), "{code}");
+    assert!(mail.contains("multipart/alternative") && mail.contains("text/html"), "{mail}");
+    assert!(mail.contains("From: Coffer <no-reply@localhost>"), "{mail}");
+    assert!(mail.contains("Subject: Your Coffer Test code"), "{mail}");
+
+    // Verified once: the token is signed by the published notarizer key (checked with p256 here)
+    // and names the contact and the key the code was sent with.
+    let session = TurnkeyP256ApiKey::generate();
+    let session_hex = hex::encode(session.compressed_public_key());
+    let bundle = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code.to_lowercase(), &session_hex);
+    let token = root
+        .verify_otp(org.clone(), ts(), verify(&sent.otp_id, bundle.clone()))
+        .await
+        .unwrap()
+        .result
+        .verification_token;
+    let c = claims(&token);
+    assert_eq!(
+        (c["contact"].as_str(), c["verification_type"].as_str()),
+        (Some("alice@example.test"), Some("OTP_TYPE_EMAIL"))
+    );
+    assert_eq!(c["public_key"], session_hex);
+    let exp: i64 = c["exp"].as_str().unwrap().parse().unwrap();
+    assert!((exp - Stack::now_ms() as i64 - 3_600_000).abs() < 60_000, "a token lives an hour by default: {exp}");
+    let keys: Value =
+        reqwest::get(format!("{}/public/v1/discovery/keys", stack.base_url)).await.unwrap().json().await.unwrap();
+    let notarizer = hex::decode(keys["notarizerPublicKey"].as_str().unwrap()).unwrap();
+    let (signing_input, signature) = token.rsplit_once('.').unwrap();
+    let signature = p256::ecdsa::Signature::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(signature).unwrap(),
+    )
+    .unwrap();
+    p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
+        .unwrap()
+        .verify_prehash(&sha2::Sha256::digest(signing_input.as_bytes()), &signature)
+        .expect("the verification token verifies with the notarizer key");
+    // The same code again (a new stamped body) is refused: a code verifies once.
+    let again = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
+    refused(
+        root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, again)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "invalid, expired or already used",
+    );
+
+    // The token logs Alice in, and the session key stamps as her.
+    let result = root.otp_login(org.clone(), ts(), login(&token, &session)).await.unwrap().result;
+    assert_eq!(claims(&result.session)["user_id"], alice);
+    let as_alice =
+        stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(session.private_key()), None).unwrap());
+    let who = as_alice.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(who.user_id, alice);
+    // Once: the same token with another key is refused.
+    let other = TurnkeyP256ApiKey::generate();
+    refused(root.otp_login(org.clone(), ts(), login(&token, &other)).await, 403, "REQUEST_NOT_AUTHORIZED", "");
+
+    // A wrong code is refused, and after three attempts (wrong or not) the code is dead.
+    let before = smtp.seen();
+    let sent =
+        root.init_otp(org.clone(), ts(), init("alice@example.test", Some(6), Some(false), None)).await.unwrap().result;
+    let (code, _) = smtp.code_for(&before, "alice@example.test");
+    assert!(code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()), "{code}");
+    let wrong = if code == "000000" { "000001" } else { "000000" };
+    for _ in 0..3 {
+        let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, wrong, &session_hex);
+        refused(
+            root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, b)).await,
+            403,
+            "REQUEST_NOT_AUTHORIZED",
+            "invalid",
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let right = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
+    refused(
+        root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, right)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "invalid",
+    );
+
+    // An expired code is refused.
+    let before = smtp.seen();
+    let sent =
+        root.init_otp(org.clone(), ts(), init("alice@example.test", None, None, Some("1"))).await.unwrap().result;
+    let (code, _) = smtp.code_for(&before, "alice@example.test");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
+    refused(
+        root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, b)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "invalid",
+    );
+
+    // A record the enclave did not seal for this id does not open: the first otp's sealed record
+    // is asked for under another id.
+    let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
+    refused(
+        root.verify_otp(org.clone(), ts(), verify("00000000-0000-4000-8000-000000000000", b)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "invalid",
+    );
+
+    // No account enumeration: an unknown contact gets the same answer. Sends per contact are
+    // limited (4 an hour here): the fifth is refused, and nothing is sent for it.
+    for i in 0..4 {
+        let r = root.init_otp(org.clone(), ts(), init("nobody@example.test", None, None, None)).await.unwrap();
+        assert!(!r.result.otp_id.is_empty(), "send {i}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let before = smtp.seen();
+    refused(
+        root.init_otp(org.clone(), ts(), init("nobody@example.test", None, None, None)).await,
+        429,
+        "RATE_LIMIT_EXCEEDED",
+        "too many one-time codes",
+    );
+    assert_eq!(smtp.seen(), before, "nothing is sent past the limit");
+    // Alice already had three codes this hour: one more is allowed, the next is not.
+    root.init_otp(org.clone(), ts(), init("alice@example.test", None, None, None)).await.unwrap();
+
+    // Bad input changes nothing: a contact that is not an address, an SMS without a transport,
+    // a sender domain the enclave does not allow.
+    let mut bad = init("not-an-address", None, None, None);
+    refused(root.init_otp(org.clone(), ts(), bad.clone()).await, 400, "REQUEST_INVALID", "contact");
+    bad.contact = "carol@example.test".into();
+    bad.send_from_email_address = Some("ceo@elsewhere.test".into());
+    refused(root.init_otp(org.clone(), ts(), bad).await, 400, "REQUEST_INVALID", "sender_domains");
+
+    // No code reached a log or the gateway's database (codes are 6 to 9 characters; every code
+    // sent in this test is checked).
+    let codes: Vec<String> = smtp.messages().iter().filter_map(|(_, m)| code_in(m)).collect();
+    assert!(codes.len() >= 8, "{codes:?}");
+    let log = stack.enclave_log();
+    let db = stack.database_path();
+    let mut stored = std::fs::read(&db).unwrap_or_default();
+    stored.extend(std::fs::read(db.with_extension("db-wal")).unwrap_or_default());
+    let stored = String::from_utf8_lossy(&stored);
+    for code in &codes {
+        assert!(!log.contains(code.as_str()), "the code {code} is in the enclave's log");
+        assert!(!stored.contains(code.as_str()), "the code {code} is in the gateway's database");
+    }
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&dir);
+}
