@@ -70,6 +70,13 @@ export COFFER_OIDC_ISSUER="${COFFER_OIDC_ISSUER:-http://127.0.0.1:$COFFER_PORT}"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
 # default refuses them). Said at start; see README "Webhooks".
 export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
+# One-time codes: the enclave sends them through COFFER_SMTP_URL when set (its password, if any, in
+# the file COFFER_SMTP_PASSWORD_FILE); without one, each message is written as an .eml file under
+# $COFFER_HOME/mail/, so a developer can log in by email with nothing else installed.
+if [ -z "${COFFER_SMTP_URL:-}" ]; then
+  export COFFER_MAIL_DIR="${COFFER_MAIL_DIR:-$COFFER_HOME/mail}"
+  echo "one-time codes are written as .eml files to $COFFER_MAIL_DIR (set COFFER_SMTP_URL to send them)" >&2
+fi
 
 # The operator's key: the enclave bootstraps an organization (init-dev, init-org) only for a body
 # this key stamped. Its private half stays in $COFFER_HOME/operator.key (0600, made once) and

@@ -15,6 +15,7 @@ use crate::hsm::{BlobBinding, BlobKind, Hsm};
 pub const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
 const OAUTH2_AUTHENTICATE: &str = "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE";
 const CREATE_SUB_ORGANIZATION: &str = coffer_auth::grants::CREATE_SUB_ORGANIZATION;
+use crate::sessions::{INIT_OTP, VERIFY_OTP};
 
 fn binding<'a>(organization_id: &'a str, user_id: &'a str, public_key: &'a str) -> BlobBinding<'a> {
     BlobBinding {
@@ -53,7 +54,7 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
     Ok(pb::EnableAuthProxyResponse { user_id, public_key, sealed_key, certificate })
 }
 
-/// The `X-Stamp` of `req.body` by the proxy key, for the two login activities only.
+/// The `X-Stamp` of `req.body` by the proxy key, for the login activities and sign-ups only.
 pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
     let activity = StampedActivity::parse(&req.body)?;
     // The audit line of a refusal.
@@ -74,20 +75,27 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         EnclaveError::refused(code, reason)
     };
     match activity.activity_type.as_str() {
-        OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION if activity.organization_id != req.organization_id => {
+        OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION | INIT_OTP | VERIFY_OTP
+            if activity.organization_id != req.organization_id =>
+        {
             return Err(refuse(
                 RefusalReason::OrganizationMismatch,
-                "the auth proxy exchanges codes and signs users up only in its own organization",
+                "the auth proxy exchanges codes, sends and verifies one-time codes and signs users up only in its own organization",
             ))
         }
         // Another organization's oauth_login (a sub-organization's user) runs only with that
         // organization's parent certificate naming the proxy's organization. A signup makes a new
         // sub-organization (what the proxy does for anyone, by design), never touches another.
-        OAUTH2_AUTHENTICATE | CREATE_SUB_ORGANIZATION | crate::sessions::OAUTH_LOGIN => {}
+        OAUTH2_AUTHENTICATE
+        | CREATE_SUB_ORGANIZATION
+        | INIT_OTP
+        | VERIFY_OTP
+        | crate::sessions::OAUTH_LOGIN
+        | crate::sessions::OTP_LOGIN => {}
         _ => {
             return Err(refuse(
                 RefusalReason::OperationMismatch,
-                "the auth proxy key stamps only oauth2_authenticate, oauth_login and create_sub_organization",
+                "the auth proxy key stamps only oauth2_authenticate, oauth_login, init_otp, verify_otp, otp_login and create_sub_organization",
             ))
         }
     }

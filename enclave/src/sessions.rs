@@ -24,6 +24,9 @@ pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SES
 pub const LOGIN_TYPES: &[&str] = &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION, OTP_LOGIN];
 /// `otp_login`: decided in `service::otp` (the verification token and the user it names).
 pub const OTP_LOGIN: &str = "ACTIVITY_TYPE_OTP_LOGIN_V2";
+/// The one-time code activities before a login (`service::otp`).
+pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
+pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
 
 /// Default session length when the body gives none.
 pub const DEFAULT_SESSION_SECONDS: u64 = 900;

@@ -33,8 +33,9 @@ const MAX_BODY: usize = 64 * 1024;
 /// How long the set of allowed origins (for preflights, which carry no config id) is reused.
 const ORIGINS_TTL: Duration = Duration::from_secs(5);
 
-/// Endpoints of the hosted auth proxy that need message delivery (OTP by email or SMS).
-const NOT_SUPPORTED: &[&str] = &["otp_init", "otp_init_v2", "otp_login", "otp_login_v2", "otp_verify", "otp_verify_v2"];
+/// `otp_verify` (the first form) sends the code in plaintext, which the gateway must never see:
+/// clients use `otp_verify_v2`, whose code is encrypted to the enclave.
+const PLAINTEXT_CODE: &str = "otp_verify";
 
 /// The listener's state: the gateway's, its limits, and the cached preflight origins.
 pub struct AuthProxy {
@@ -214,11 +215,15 @@ async fn dispatch(
         "oauth_login" => oauth_login(state, config, &params, settings).await,
         "account" => account(state, config, &params).await,
         "signup" | "signup_v2" => signup(state, config, &params).await,
-        n if NOT_SUPPORTED.contains(&n) => Err(ApiError {
+        "otp_init" | "otp_init_v2" => otp_init(state, config, &params).await,
+        "otp_verify_v2" => otp_verify(state, config, &params).await,
+        "otp_login" | "otp_login_v2" => otp_login(state, config, &params, settings).await,
+        PLAINTEXT_CODE => Err(ApiError {
             status: Some(StatusCode::NOT_IMPLEMENTED),
-            ..ApiError::invalid(format!(
-                "{n} is not supported yet: OTP, email and SMS login need message delivery, which Coffer does not have"
-            ))
+            ..ApiError::invalid(
+                "otp_verify sends the code in plaintext, which Coffer's gateway never sees: use otp_verify_v2 \
+                 (the code encrypted to the otpEncryptionTargetBundle)",
+            )
         }),
         _ => Err(ApiError::not_found("no such auth proxy endpoint")),
     }
@@ -345,17 +350,7 @@ async fn oauth_login(
     crate::ops::params::required(text(p, "publicKey"), "publicKey")?;
     let organization_id = match text(p, "organizationId") {
         "" => organization_of_identity(state, config, token).await?,
-        id if id == config.organization_id => id.to_string(),
-        id => {
-            let sub = id.to_string();
-            let parent = state.db(move |s| s.organization(&sub)).await?.ok().and_then(|o| o.parent_id);
-            if parent.as_deref() != Some(config.organization_id.as_str()) {
-                return Err(ApiError::invalid(
-                    "organizationId must be the auth proxy's organization or one of its sub-organizations",
-                ));
-            }
-            id.to_string()
-        }
+        id => sub_organization_of(state, config, id).await?,
     };
     let mut parameters = json!({
         "oidcToken": token,
@@ -366,6 +361,120 @@ async fn oauth_login(
         parameters["invalidateExisting"] = json!(b);
     }
     submit_as_proxy(state, config, "oauth_login", &organization_id, parameters).await
+}
+
+/// Whether the configuration allows a login method (`allowedAuthMethods`, as `wallet_kit_config`
+/// lists them): `email` for email codes.
+fn method_enabled(config: &Record, method: &str) -> bool {
+    config.data["config"]["allowedAuthMethods"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|v| v.as_str().is_some_and(|v| v.eq_ignore_ascii_case(method))))
+}
+
+/// `POST /v1/otp_init_v2 {otpType, contact}` (and `otp_init`) → `{otpId, otpEncryptionTargetBundle}`:
+/// `init_otp` in the configuration's organization, with its `otpLength` and `otpAlphanumeric`.
+async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+    let otp_type = text(p, "otpType");
+    crate::ops::params::required(otp_type, "otpType")?;
+    crate::ops::params::required(text(p, "contact"), "contact")?;
+    let method = if otp_type == "OTP_TYPE_SMS" { "sms" } else { "email" };
+    if !method_enabled(config, method) {
+        return Err(ApiError::forbidden(format!("{method} login is not enabled in this auth proxy configuration")));
+    }
+    let c = &config.data["config"];
+    let mut parameters = json!({
+        "otpType": otp_type,
+        "contact": text(p, "contact"),
+        "appName": c["appName"].as_str().filter(|n| !n.is_empty()).unwrap_or("Coffer"),
+        "otpLength": c["otpLength"].as_i64().unwrap_or(6),
+        "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(false),
+    });
+    if let Some(e) = p.get("emailCustomization").filter(|e| e.is_object()) {
+        parameters["emailCustomization"] = e.clone();
+    }
+    if !text(p, "userIdentifier").is_empty() {
+        parameters["userIdentifier"] = json!(text(p, "userIdentifier"));
+    }
+    let result = submit_as_proxy(state, config, "init_otp", &config.organization_id, parameters).await?;
+    Ok(json!({ "otpId": result["otpId"], "otpEncryptionTargetBundle": result["otpEncryptionTargetBundle"] }))
+}
+
+/// `POST /v1/otp_verify_v2 {otpId, encryptedOtpBundle}` → `{verificationToken}`.
+async fn otp_verify(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+    crate::ops::params::required(text(p, "otpId"), "otpId")?;
+    crate::ops::params::required(text(p, "encryptedOtpBundle"), "encryptedOtpBundle")?;
+    let parameters = json!({ "otpId": text(p, "otpId"), "encryptedOtpBundle": text(p, "encryptedOtpBundle") });
+    let result = submit_as_proxy(state, config, "verify_otp", &config.organization_id, parameters).await?;
+    Ok(json!({ "verificationToken": result["verificationToken"] }))
+}
+
+/// `POST /v1/otp_login_v2 {verificationToken, publicKey, clientSignature, organizationId?}` (and
+/// `otp_login`) → `{session}`: `otp_login` in the organization given, or the one (the
+/// configuration's or a sub-organization) whose user has the token's contact. The token is read
+/// here only to find that organization; the enclave verifies and spends it.
+async fn otp_login(
+    state: &Arc<AppState>,
+    config: &Record,
+    p: &Map<String, Value>,
+    settings: &Value,
+) -> Result<Value, ApiError> {
+    let token = text(p, "verificationToken");
+    crate::ops::params::required(token, "verificationToken")?;
+    crate::ops::params::required(text(p, "publicKey"), "publicKey")?;
+    let organization_id = match text(p, "organizationId") {
+        "" => {
+            let contact = token_contact(token)?;
+            let org = config.organization_id.clone();
+            let filter = SubOrgFilter::Email(contact.clone());
+            let page = Page { limit: 1, before: None, after: None };
+            let found = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
+            match found.into_iter().next() {
+                Some(id) => id,
+                None => config.organization_id.clone(),
+            }
+        }
+        id => sub_organization_of(state, config, id).await?,
+    };
+    let mut parameters = json!({
+        "verificationToken": token,
+        "publicKey": text(p, "publicKey"),
+        "expirationSeconds": settings["sessionExpirationSeconds"].as_i64().unwrap_or(900).to_string(),
+    });
+    for k in ["invalidateExisting", "clientSignature"] {
+        if let Some(v) = p.get(k).filter(|v| !v.is_null()) {
+            parameters[k] = v.clone();
+        }
+    }
+    submit_as_proxy(state, config, "otp_login", &organization_id, parameters).await
+}
+
+/// The `contact` claim of a verification token, read without checking it (only to find where its
+/// user is; the enclave checks the token).
+fn token_contact(token: &str) -> Result<String, ApiError> {
+    use base64::Engine;
+    let invalid = || ApiError::invalid("verificationToken is not a verification token");
+    let claims = token.split('.').nth(1).ok_or_else(invalid)?;
+    let claims: Value = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(claims)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(invalid)?;
+    claims["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string).ok_or_else(invalid)
+}
+
+/// `id` when it is the configuration's organization or one of its sub-organizations.
+async fn sub_organization_of(state: &Arc<AppState>, config: &Record, id: &str) -> Result<String, ApiError> {
+    if id == config.organization_id {
+        return Ok(id.to_string());
+    }
+    let sub = id.to_string();
+    let parent = state.db(move |s| s.organization(&sub)).await?.ok().and_then(|o| o.parent_id);
+    if parent.as_deref() != Some(config.organization_id.as_str()) {
+        return Err(ApiError::invalid(
+            "organizationId must be the auth proxy's organization or one of its sub-organizations",
+        ));
+    }
+    Ok(id.to_string())
 }
 
 /// `POST /v1/signup_v2` (and `signup`): a sub-organization of the configuration's organization

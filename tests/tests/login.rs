@@ -735,9 +735,13 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
     let r = preflight("https://evil.example").await.unwrap();
     assert_eq!(r.status(), 403);
     assert!(r.headers().get("access-control-allow-origin").is_none());
-    let r = proxy_post(&stack, "/v1/otp_init", Some(&config_id), Some(APP), "{}").await;
+    // The first otp_verify sends the code in plaintext, which the gateway never takes.
+    let r =
+        proxy_post(&stack, "/v1/otp_verify", Some(&config_id), Some(APP), r#"{"otpId":"x","otpCode":"123456"}"#).await;
     assert_eq!(r.status(), 501);
-    assert!(r.json::<Value>().await.unwrap()["message"].as_str().unwrap().contains("not supported"));
+    assert!(r.json::<Value>().await.unwrap()["message"].as_str().unwrap().contains("otp_verify_v2"));
+    let r = proxy_post(&stack, "/v1/otp_init_v2", Some(&config_id), Some(APP), "{}").await;
+    assert_eq!(r.status(), 400);
 
     // The proxied OAuth flow: an X credential, a player sub-organization with that identity.
     let create = CreateOauth2CredentialIntent {

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use coffer_tests::{free_port, refused, Stack};
+use coffer_tests::{free_port, refused, submit, Stack};
 use p256::ecdsa::signature::hazmat::PrehashVerifier;
 use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
@@ -337,6 +337,80 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         assert!(!log.contains(code.as_str()), "the code {code} is in the enclave's log");
         assert!(!stored.contains(code.as_str()), "the code {code} is in the gateway's database");
     }
+    proxy_flow(&stack, &smtp).await;
     drop(stack);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One auth proxy call as a browser makes it (no stamp, the configuration's id, an origin).
+async fn proxy_post(stack: &Stack, config_id: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/v1/{path}", stack.auth_proxy_port))
+        .header("x-auth-proxy-config-id", config_id)
+        .header("origin", APP)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+const APP: &str = "https://app.example";
+
+/// The auth proxy's email login, as `@turnkey/core` drives it: otp_init_v2, the code encrypted to
+/// the target bundle, otp_verify_v2, then otp_login_v2 with the token's client signature, which
+/// finds the sub-organization whose user has the email and logs that user in.
+async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let r = submit(stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config = json!({ "allowedOrigins": [APP], "allowedAuthMethods": ["email"], "otpLength": 6 });
+    let r =
+        submit(stack, &root, &org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", config).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config_id =
+        r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
+    let sub = json!({ "subOrganizationName": "dave", "rootQuorumThreshold": 1, "rootUsers": [{ "userName": "dave",
+        "userEmail": "dave@example.test", "apiKeys": [], "authenticators": [], "oauthProviders": [] }] });
+    let r =
+        submit(stack, &root, &org, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", sub).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let created = &r.json["activity"]["result"]["createSubOrganizationResultV8"];
+    let (sub_org, dave) = (created["subOrganizationId"].as_str().unwrap(), created["rootUserIds"][0].as_str().unwrap());
+
+    let before = smtp.seen();
+    let (status, init) = proxy_post(
+        stack,
+        &config_id,
+        "otp_init_v2",
+        json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "dave@example.test" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{init}");
+    let (code, _) = smtp.code_for(&before, "dave@example.test");
+    assert!(code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()), "the configuration's otpLength: {code}");
+    let session = TurnkeyP256ApiKey::generate();
+    let session_hex = hex::encode(session.compressed_public_key());
+    let bundle = encrypted(stack, init["otpEncryptionTargetBundle"].as_str().unwrap(), &org, &code, &session_hex);
+    let (status, verified) =
+        proxy_post(stack, &config_id, "otp_verify_v2", json!({ "otpId": init["otpId"], "encryptedOtpBundle": bundle }))
+            .await;
+    assert_eq!(status, 200, "{verified}");
+    let token = verified["verificationToken"].as_str().unwrap();
+    let intent = login(token, &session);
+    let body = json!({ "verificationToken": token, "publicKey": intent.public_key,
+        "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
+    let (status, logged_in) = proxy_post(stack, &config_id, "otp_login_v2", body.clone()).await;
+    assert_eq!(status, 200, "{logged_in}");
+    let c = claims(logged_in["session"].as_str().unwrap());
+    assert_eq!((c["user_id"].as_str(), c["organization_id"].as_str()), (Some(dave), Some(sub_org)));
+    let as_dave = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(session.private_key()), None).unwrap());
+    assert_eq!(as_dave.get_whoami(GetWhoamiRequest { organization_id: sub_org.into() }).await.unwrap().user_id, dave);
+    // The token is spent: the same login again (replacing the session, so that the gateway lets
+    // the key through) is refused by the enclave.
+    let mut body = body;
+    body["invalidateExisting"] = json!(true);
+    let (status, again) = proxy_post(stack, &config_id, "otp_login_v2", body).await;
+    assert_eq!(status, 403, "{again}");
+    assert!(again["message"].as_str().unwrap().contains("already used"), "{again}");
 }

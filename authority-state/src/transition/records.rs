@@ -203,7 +203,8 @@ pub(crate) fn remove_organization_feature(i: &Input<'_>) -> Changes {
 pub const AUTH_PROXY_FEATURE: &str = "FEATURE_NAME_AUTH_PROXY";
 /// The policy `enable_auth_proxy` makes for the proxy's user (gateway/src/ops/proxy_config.rs).
 pub const AUTH_PROXY_POLICY_NAME: &str = "Coffer auth proxy: login activities";
-pub const AUTH_PROXY_POLICY_CONDITION: &str = "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN' || activity.type == 'ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8'";
+/// What it lets the proxy's user submit: code exchanges, OAuth and one-time code logins, sign-ups.
+pub const AUTH_PROXY_POLICY_CONDITION: &str = "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN' || activity.type == 'ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8' || activity.type == 'ACTIVITY_TYPE_INIT_OTP_V3' || activity.type == 'ACTIVITY_TYPE_VERIFY_OTP_V2' || activity.type == 'ACTIVITY_TYPE_OTP_LOGIN_V2'";
 /// The user `enable_auth_proxy` makes.
 pub const AUTH_PROXY_USER_NAME: &str = "Auth Proxy";
 

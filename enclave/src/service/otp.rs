@@ -22,10 +22,7 @@ use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm, LoginKey};
 use crate::mail::Mailer;
-use crate::sessions::SessionGrant;
-
-pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
-pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
+use crate::sessions::{SessionGrant, INIT_OTP, VERIFY_OTP};
 
 /// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
 /// used, out of attempts): a caller learns nothing more by trying.
@@ -324,17 +321,18 @@ fn code_hash(salt: &str, otp_id: &str, code: &str) -> String {
     hex::encode(h.finalize())
 }
 
-/// The email: plain text and HTML, the code in both and nowhere else.
-fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> {
+/// The email's two bodies, plain text and HTML: the code in both and nowhere else.
+fn bodies(p: &InitParams, code: &str) -> (Zeroizing<String>, Zeroizing<String>) {
     let minutes = p.expires_secs.div_ceil(60);
-    let link = (!p.magic_link_template.is_empty()).then(|| p.magic_link_template.replacen("%s", code, 1));
+    let plural = if minutes == 1 { "" } else { "s" };
+    let link =
+        (!p.magic_link_template.is_empty()).then(|| Zeroizing::new(p.magic_link_template.replacen("%s", code, 1)));
     let mut plain = Zeroizing::new(format!(
-        "Your {} code is: {code}\n\nIt expires in {minutes} minute{}. If you did not ask for it, ignore this email.\n",
-        p.app_name,
-        if minutes == 1 { "" } else { "s" }
+        "Your {} code is: {code}\n\nIt expires in {minutes} minute{plural}. If you did not ask for it, ignore this email.\n",
+        p.app_name
     ));
     if let Some(l) = &link {
-        plain.push_str(&format!("\nOr open: {l}\n"));
+        plain.push_str(&format!("\nOr open: {}\n", l.as_str()));
     }
     let app = html_escape(&p.app_name);
     let logo = if p.logo_url.is_empty() {
@@ -342,16 +340,23 @@ fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> 
     } else {
         format!("<p><img src=\"{}\" alt=\"{app}\" height=\"48\"></p>", html_escape(&p.logo_url))
     };
-    let button = link
-        .as_ref()
-        .map(|l| format!("<p><a href=\"{}\">Continue to {app}</a></p>", html_escape(l)))
-        .unwrap_or_default();
+    let button = Zeroizing::new(
+        link.as_ref()
+            .map(|l| format!("<p><a href=\"{}\">Continue to {app}</a></p>", html_escape(l)))
+            .unwrap_or_default(),
+    );
     let html = Zeroizing::new(format!(
         "<!doctype html><html><body style=\"font-family:sans-serif\">{logo}<p>Your {app} code is:</p>\
-         <p style=\"font-size:28px;letter-spacing:4px;font-family:monospace\"><strong>{code}</strong></p>{button}\
-         <p>It expires in {minutes} minute{}. If you did not ask for it, ignore this email.</p></body></html>",
-        if minutes == 1 { "" } else { "s" }
+         <p style=\"font-size:28px;letter-spacing:4px;font-family:monospace\"><strong>{code}</strong></p>{}\
+         <p>It expires in {minutes} minute{plural}. If you did not ask for it, ignore this email.</p></body></html>",
+        button.as_str()
     ));
+    (plain, html)
+}
+
+/// The email: a MIME message (multipart/alternative) from the sender the body may use.
+fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> {
+    let (plain, html) = bodies(p, code);
     let to: lettre::Address = p.contact.parse().map_err(|_| EnclaveError::invalid("contact: not an email address"))?;
     let mut builder = lettre::Message::builder()
         .from(p.from.clone())
@@ -656,12 +661,21 @@ mod tests {
     #[test]
     fn the_message_holds_the_code_and_escapes_the_app_name() {
         let s = OtpSettings::default();
-        let b = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "a@b.test", "appName": "<App>" });
-        let m = message(&read_init(&b, &s).unwrap(), "7K3Q9ZX2M").unwrap();
-        let text = String::from_utf8(m.formatted()).unwrap();
-        assert!(text.contains("7K3Q9ZX2M"), "{text}");
-        assert!(text.contains("&lt;App&gt;"), "{text}");
-        assert!(text.contains("multipart/alternative"), "{text}");
-        assert!(text.contains("To: a@b.test"), "{text}");
+        let b = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "a@b.test", "appName": "<App>",
+            "emailCustomization": { "magicLinkTemplate": "https://app.test/login?code=%s" } });
+        let p = read_init(&b, &s).unwrap();
+        let (plain, html) = bodies(&p, "7K3Q9ZX2M");
+        assert!(plain.contains("Your <App> code is: 7K3Q9ZX2M"), "{}", plain.as_str());
+        assert!(plain.contains("https://app.test/login?code=7K3Q9ZX2M"), "{}", plain.as_str());
+        assert!(
+            html.contains("<strong>7K3Q9ZX2M</strong>") && html.contains("Your &lt;App&gt; code"),
+            "{}",
+            html.as_str()
+        );
+        assert!(!html.contains("<App>"), "{}", html.as_str());
+        let text = String::from_utf8(message(&p, "7K3Q9ZX2M").unwrap().formatted()).unwrap();
+        assert!(text.contains("multipart/alternative") && text.contains("text/html"), "{text}");
+        assert!(text.contains("To: a@b.test") && text.contains("From: Coffer <no-reply@localhost>"), "{text}");
+        assert!(text.contains("code is: 7K3Q9ZX2M"), "{text}");
     }
 }

@@ -18,7 +18,7 @@ pub const FEATURE_AUTH_PROXY: &str = "FEATURE_NAME_AUTH_PROXY";
 /// Values of `allowedAuthMethods`.
 pub const AUTH_METHODS: &[&str] = &["passkey", "wallet", "email", "sms"];
 /// Name of the policy that lets the proxy user submit login activities.
-pub const PROXY_POLICY_NAME: &str = "Coffer auth proxy: login activities";
+pub const PROXY_POLICY_NAME: &str = coffer_authority_state::transition::AUTH_PROXY_POLICY_NAME;
 
 /// The organization's auth proxy record, if it ever enabled one.
 pub async fn config_of(state: &std::sync::Arc<crate::state::AppState>, org: &str) -> Result<Option<Record>, ApiError> {
@@ -58,11 +58,10 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
         &org,
         ctx.now,
         PROXY_POLICY_NAME,
-        &format!("approvers.any(user, user.id == '{}')", key.user_id),
-        "activity.type == 'ACTIVITY_TYPE_OAUTH2_AUTHENTICATE' || activity.type == 'ACTIVITY_TYPE_OAUTH_LOGIN' \
-         || activity.type == 'ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8'",
-        "Lets the auth proxy's user exchange OAuth 2.0 codes, log users in and sign them up (a sub-organization \
-         each); made by enable_auth_proxy.",
+        &coffer_authority_state::transition::auth_proxy_policy_consensus(&key.user_id),
+        coffer_authority_state::transition::AUTH_PROXY_POLICY_CONDITION,
+        "Lets the auth proxy's user exchange OAuth 2.0 codes, send and verify one-time codes, log users in and \
+         sign them up (a sub-organization each); made by enable_auth_proxy.",
     )?;
     let config = Record {
         organization_id: org.clone(),
