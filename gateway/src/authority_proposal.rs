@@ -149,7 +149,8 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::DeletePrivateKeys { ids, .. } => out.push(change(org, Effect::DeletePrivateKeys { ids: ids.clone() })),
         Write::PutRecord(record) | Write::PutRecordChecked { record, .. } => out.extend(put_record(record)),
         Write::DeleteRecords { organization_id, kind, ids } => out.extend(delete_records(organization_id, kind, ids)),
-        Write::PutImportTarget(_) | Write::TakeImportTarget { .. } => {}
+        // One-time code records are not authority state: the enclave keeps what decides.
+        Write::PutImportTarget(_) | Write::TakeImportTarget { .. } | Write::PruneRecords { .. } => {}
         Write::UpdateUser { organization_id, id, name, email, tag_ids, .. } => out.push(change(
             organization_id,
             Effect::UpdateUser { id: id.clone(), name: name.clone(), email: email.clone(), tag_ids: tag_ids.clone() },

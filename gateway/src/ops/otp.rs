@@ -11,6 +11,9 @@ use crate::record_kinds::OTP;
 use crate::store::{Record, StoreError, Write};
 use coffer_proto::v1 as pb;
 
+/// How long a code's record is kept: past the longest code (600 s), with a margin for clocks.
+const RECORD_LIFETIME_NANOS: i64 = 15 * 60 * 1_000_000_000;
+
 /// `initOtpIntentV3`: read and checked by the enclave from the stamped body.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -23,18 +26,27 @@ pub async fn init_otp(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, ApiErr
     required(&intent.otp_type, "otpType")?;
     required(&intent.contact, "contact")?;
     let resp = ctx.enclave().init_otp(pb::InitOtpRequest::default()).await?;
+    // Records of codes that expired (10 minutes at most) go with each new one.
+    let expired = Write::PruneRecords {
+        organization_id: ctx.org.id.clone(),
+        kind: OTP.to_string(),
+        created_before: ctx.now - RECORD_LIFETIME_NANOS,
+    };
     // Record names are unique per kind: the id is the name.
     Ok(Outcome {
         result: json!({ "otpId": resp.otp_id, "otpEncryptionTargetBundle": resp.otp_encryption_target_bundle }),
-        writes: vec![Write::PutRecord(Record {
-            organization_id: ctx.org.id.clone(),
-            kind: OTP.to_string(),
-            name: resp.otp_id.clone(),
-            id: resp.otp_id,
-            data: json!({ "sealed": hex::encode(&resp.sealed_otp) }),
-            created_at: ctx.now,
-            updated_at: ctx.now,
-        })],
+        writes: vec![
+            Write::PutRecord(Record {
+                organization_id: ctx.org.id.clone(),
+                kind: OTP.to_string(),
+                name: resp.otp_id.clone(),
+                id: resp.otp_id,
+                data: json!({ "sealed": hex::encode(&resp.sealed_otp) }),
+                created_at: ctx.now,
+                updated_at: ctx.now,
+            }),
+            expired,
+        ],
     })
 }
 
@@ -60,5 +72,13 @@ pub async fn verify_otp(ctx: Ctx, intent: VerifyOtpIntent) -> Result<Outcome, Ap
         Err(e) => return Err(e.into()),
     };
     let resp = ctx.enclave().verify_otp(pb::VerifyOtpRequest { sealed_otp: sealed, ..Default::default() }).await?;
-    Ok(Outcome { result: json!({ "verificationToken": resp.verification_token }), writes: vec![] })
+    // Verified once: the record has done its work (the enclave also remembers it was verified).
+    Ok(Outcome {
+        result: json!({ "verificationToken": resp.verification_token }),
+        writes: vec![Write::DeleteRecords {
+            organization_id: ctx.org.id.clone(),
+            kind: OTP.to_string(),
+            ids: vec![intent.otp_id],
+        }],
+    })
 }

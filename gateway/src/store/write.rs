@@ -40,6 +40,13 @@ pub enum Write {
         kind: String,
         ids: Vec<String>,
     },
+    /// Deletes the records of a kind made before `created_before` (nanoseconds), however many
+    /// there are, none included: for records that expire (one-time codes).
+    PruneRecords {
+        organization_id: String,
+        kind: String,
+        created_before: Nanos,
+    },
     PutImportTarget(ImportTarget),
     /// Consumes the target: it must still be the same blob (used once).
     TakeImportTarget {

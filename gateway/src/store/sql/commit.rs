@@ -119,6 +119,9 @@ pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
         }
         Write::PutRecord(r) => records::put(db, r),
         Write::DeleteRecords { organization_id, kind, ids } => records::delete(db, organization_id, kind, ids),
+        Write::PruneRecords { organization_id, kind, created_before } => {
+            records::prune(db, organization_id, kind, *created_before)
+        }
         Write::PutRecordChecked { record, unique_message, must_exist } => {
             records::put_checked(db, record, unique_message, *must_exist)
         }

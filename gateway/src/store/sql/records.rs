@@ -65,6 +65,18 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[Strin
     counted(db, organization_id, kind, -(ids.len() as i64))
 }
 
+/// See `Write::PruneRecords`.
+pub fn prune<D: Db>(db: &mut D, organization_id: &str, kind: &str, created_before: i64) -> Result<(), StoreError> {
+    let n = db.execute(
+        "DELETE FROM records WHERE organization_id = ?1 AND kind = ?2 AND created_at < ?3",
+        args![organization_id, kind, created_before],
+    )?;
+    if n > 0 {
+        counted(db, organization_id, kind, -(n as i64))?;
+    }
+    Ok(())
+}
+
 /// See `Write::PutRecordChecked`.
 pub fn put_checked<D: Db>(db: &mut D, r: &Record, unique_message: &str, must_exist: bool) -> Result<(), StoreError> {
     // Update-then-insert rather than ON CONFLICT: scoped to the organization whatever the
