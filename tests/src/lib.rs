@@ -5,6 +5,7 @@ pub mod cbor;
 pub mod oidc;
 pub mod postgres;
 pub mod rlp;
+pub mod smtp;
 pub mod tls;
 
 use std::path::{Path, PathBuf};

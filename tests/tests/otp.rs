@@ -4,13 +4,11 @@
 //! code, the attempt limit, a reused token and the send limit are refused; the code is in no log
 //! and not in the gateway's database.
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
-use coffer_tests::{free_port, refused, submit, Stack};
+use coffer_tests::smtp::{code_in, SmtpServer};
+use coffer_tests::{refused, submit, Stack};
 use p256::ecdsa::signature::hazmat::PrehashVerifier;
 use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
@@ -23,72 +21,6 @@ use turnkey_client::generated::{
 use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
 
 type Client = TurnkeyClient<TurnkeyP256ApiKey>;
-
-/// aiosmtpd (Debian's python3-aiosmtpd, `make deps`) on a free port, storing what it receives in
-/// a maildir. Killed when dropped.
-struct SmtpServer {
-    child: Child,
-    port: u16,
-    maildir: PathBuf,
-}
-
-impl SmtpServer {
-    async fn start(dir: &Path) -> SmtpServer {
-        let port = free_port();
-        let maildir = dir.join("maildir");
-        let child = Command::new("/usr/bin/python3")
-            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}"), "-c", "aiosmtpd.handlers.Mailbox"])
-            .arg(&maildir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("aiosmtpd (apt install python3-aiosmtpd, or `make deps`)");
-        let t = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(t.elapsed() < Duration::from_secs(20), "aiosmtpd did not listen");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        SmtpServer { child, port, maildir }
-    }
-
-    /// Every message received so far: its file and its raw text.
-    fn messages(&self) -> Vec<(PathBuf, String)> {
-        let files: Vec<PathBuf> = std::fs::read_dir(self.maildir.join("new"))
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        files.into_iter().map(|f| (f.clone(), std::fs::read_to_string(&f).unwrap())).collect()
-    }
-
-    /// The files received so far (to tell the next message from them).
-    fn seen(&self) -> HashSet<PathBuf> {
-        self.messages().into_iter().map(|(f, _)| f).collect()
-    }
-
-    /// The code of the one message to `to` among those not in `seen`, and the message.
-    fn code_for(&self, seen: &HashSet<PathBuf>, to: &str) -> (String, String) {
-        let new: Vec<String> = self
-            .messages()
-            .into_iter()
-            .filter(|(f, m)| !seen.contains(f) && m.contains(&format!("To: {to}")))
-            .map(|(_, m)| m)
-            .collect();
-        assert_eq!(new.len(), 1, "one message to {to} expected, got {}", new.len());
-        let m = new[0].clone();
-        (code_in(&m).unwrap_or_else(|| panic!("no code in {m}")), m)
-    }
-}
-
-/// The code a message's text says.
-fn code_in(m: &str) -> Option<String> {
-    m.lines().find(|l| l.contains("code is: ")).map(|l| l.split("code is: ").nth(1).unwrap().trim().to_string())
-}
-
-impl Drop for SmtpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn init(contact: &str, length: Option<i32>, alphanumeric: Option<bool>, seconds: Option<&str>) -> InitOtpIntentV3 {
     InitOtpIntentV3 {
@@ -176,11 +108,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let smtp = SmtpServer::start(&dir).await;
     let stack = Stack::start_on(
         "sqlite",
-        &[
-            ("COFFER_SMTP_URL", &format!("smtp://127.0.0.1:{}", smtp.port)),
-            ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"),
-            ("COFFER_LOG", "info"),
-        ],
+        &[("COFFER_SMTP_URL", &smtp.url()), ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"), ("COFFER_LOG", "info")],
     )
     .await;
     let (root, org) = (stack.client(), stack.organization_id.clone());
