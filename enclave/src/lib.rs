@@ -19,5 +19,6 @@ pub mod rules;
 pub mod service;
 pub mod service_key_shelf;
 pub mod sessions;
+pub mod verification_token;
 
 pub use error::EnclaveError;

@@ -2,7 +2,7 @@
 //! used only to stamp what the proxy submits for browsers — oauth2_authenticate and signups
 //! (create_sub_organization) of its own organization, oauth_login — timestamped now.
 
-use coffer_auth::envelope::{derived_id, StampedActivity, USER_ID};
+use coffer_auth::envelope::{derived_id, text, StampedActivity, USER_ID};
 use coffer_proto::v1 as pb;
 use p256::ecdsa::signature::Signer;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
@@ -119,6 +119,18 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         return Err(refuse(
             RefusalReason::CredentialRevoked,
             "the auth proxy is disabled, or this is not its key, in the organization's authority state",
+        ));
+    }
+    // A sign-up the proxy stamps for anyone names an email or phone number only with the
+    // verification token of it (checked and spent where the sign-up is applied): else anyone could
+    // take someone else's address, and its owner's one-time code login would find their account.
+    if activity.activity_type == CREATE_SUB_ORGANIZATION
+        && !crate::verification_token::signup_contacts(&activity.parameters).is_empty()
+        && text(&activity.parameters, "verificationToken").is_empty()
+    {
+        return Err(refuse(
+            RefusalReason::BindingMismatch,
+            "an auth proxy sign-up with an email or phone number needs the verificationToken of it (one-time code)",
         ));
     }
     // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.

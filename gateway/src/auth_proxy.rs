@@ -480,16 +480,9 @@ async fn sub_organization_of(state: &Arc<AppState>, config: &Record, id: &str) -
 /// `POST /v1/signup_v2` (and `signup`): a sub-organization of the configuration's organization
 /// with one root user holding the given API keys, passkeys and OAuth providers (and a wallet if
 /// asked), as `create_sub_organization` by the proxy user. What `@turnkey/core`'s
-/// `signUpWithOauth` and `signUpWithPasskey` send; a `verificationToken` (OTP) is not supported.
+/// `signUpWithOauth`, `signUpWithPasskey` and `signUpWithOtp` send (an email or phone number only
+/// with its `verificationToken`, which the enclave checks).
 async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
-    if !text(p, "verificationToken").is_empty() {
-        return Err(ApiError {
-            status: Some(StatusCode::NOT_IMPLEMENTED),
-            ..ApiError::invalid(
-                "signup with a verificationToken is not supported yet: OTP login needs message delivery",
-            )
-        });
-    }
     let list = |k: &str| p.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
     let now_ms = crate::store::now_nanos() / 1_000_000;
     let mut user = json!({
@@ -510,6 +503,14 @@ async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) 
     });
     if let Some(w) = p.get("wallet").filter(|w| w.is_object()) {
         parameters["wallet"] = w.clone();
+    }
+    // An email or phone number comes with the verification token of it (one-time code) and the
+    // token key's signature of the sign-up: the enclave checks both and spends the token.
+    if !text(p, "verificationToken").is_empty() {
+        parameters["verificationToken"] = json!(text(p, "verificationToken"));
+    }
+    if let Some(sig) = p.get("clientSignature").filter(|s| s.is_object()) {
+        parameters["clientSignature"] = sig.clone();
     }
     let result = submit_as_proxy(state, config, "create_sub_organization", &config.organization_id, parameters).await?;
     let mut answer = json!({

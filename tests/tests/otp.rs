@@ -341,4 +341,63 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let (status, again) = proxy_post(stack, &config_id, "otp_login_v2", body).await;
     assert_eq!(status, 403, "{again}");
     assert!(again["message"].as_str().unwrap().contains("already used"), "{again}");
+
+    // Sign-up: an email only with its verification token (else anyone could take an address and
+    // catch its owner's later logins), signed over by the token's key, once.
+    let erin_key = TurnkeyP256ApiKey::generate();
+    let erin_hex = hex::encode(erin_key.compressed_public_key());
+    let api_keys = json!([{ "apiKeyName": "erin", "publicKey": erin_hex, "curveType": "API_KEY_CURVE_P256" }]);
+    let signup = |token: Option<&str>, email: &str| {
+        let mut body = json!({ "userEmail": email, "apiKeys": api_keys, "authenticators": [], "oauthProviders": [] });
+        if let Some(t) = token {
+            let usage = json!({ "signupV2": { "apiKeys": api_keys, "authenticators": [], "oauthProviders": [], "email": email },
+                "tokenId": claims(t)["id"], "type": "USAGE_TYPE_SIGNUP" })
+            .to_string();
+            let signer = p256::ecdsa::SigningKey::from_slice(&erin_key.private_key()).unwrap();
+            let signature: p256::ecdsa::Signature = signer.sign(usage.as_bytes());
+            body["verificationToken"] = json!(t);
+            body["clientSignature"] = json!({ "publicKey": erin_hex, "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256",
+                "message": usage, "signature": hex::encode(signature.to_bytes()) });
+        }
+        body
+    };
+    let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(None, "erin@example.test")).await;
+    assert_eq!(status, 403, "{r}");
+    assert!(r["message"].as_str().unwrap().contains("verificationToken"), "{r}");
+    // Erin's token does not sign Frank up.
+    let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
+    let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "frank@example.test")).await;
+    assert_eq!(status, 403, "{r}");
+    let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
+    let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "erin@example.test")).await;
+    assert_eq!(status, 200, "{r}");
+    let (erin_org, erin) = (r["organizationId"].as_str().unwrap(), r["userId"].as_str().unwrap());
+    let as_erin =
+        stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(erin_key.private_key()), None).unwrap());
+    assert_eq!(as_erin.get_whoami(GetWhoamiRequest { organization_id: erin_org.into() }).await.unwrap().user_id, erin);
+    // Once.
+    let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "erin@example.test")).await;
+    assert_eq!(status, 403, "{r}");
+}
+
+/// A verification token for `contact` through the proxy, the code encrypted with `key_hex` bound.
+async fn token_for(
+    stack: &Stack,
+    smtp: &SmtpServer,
+    config_id: &str,
+    org: &str,
+    key_hex: &str,
+    contact: &str,
+) -> String {
+    let before = smtp.seen();
+    let (status, init) =
+        proxy_post(stack, config_id, "otp_init_v2", json!({ "otpType": "OTP_TYPE_EMAIL", "contact": contact })).await;
+    assert_eq!(status, 200, "{init}");
+    let (code, _) = smtp.code_for(&before, contact);
+    let bundle = encrypted(stack, init["otpEncryptionTargetBundle"].as_str().unwrap(), org, &code, key_hex);
+    let (status, v) =
+        proxy_post(stack, config_id, "otp_verify_v2", json!({ "otpId": init["otpId"], "encryptedOtpBundle": bundle }))
+            .await;
+    assert_eq!(status, 200, "{v}");
+    v["verificationToken"].as_str().unwrap().to_string()
 }

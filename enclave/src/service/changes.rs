@@ -32,6 +32,13 @@ pub(super) fn apply_activity(
             "a parent organization's credential may not change a sub-organization",
         ));
     }
+    // A sign-up with a verification token: the contact it verified, once (the token is spent
+    // before the state changes; a sign-up that then fails needs a new code).
+    if a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION
+        && !coffer_auth::envelope::text(&a.activity.parameters, "verificationToken").is_empty()
+    {
+        crate::verification_token::check_signup(hsm, authority, &a)?;
+    }
     let proposal: Vec<Change> = serde_json::from_slice(&req.proposal)
         .map_err(|e| EnclaveError::invalid(format!("the proposal is not a list of changes: {e}")))?;
     if proposal.len() > MAX_CHANGES {

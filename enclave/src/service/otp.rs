@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use base64::Engine;
 use coffer_auth::envelope::{derived_id, text};
 use coffer_proto::v1 as pb;
 use lettre::message::{header::ContentType, Mailbox, MultiPart, SinglePart};
@@ -20,13 +19,10 @@ use crate::authority::{now_ms, refuse, Authority, Authorized};
 use crate::authority_store::Remembered;
 use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
-use crate::hsm::{BlobBinding, BlobKind, Hsm, LoginKey};
+use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::mail::Mailer;
 use crate::sessions::{SessionGrant, INIT_OTP, VERIFY_OTP};
-
-/// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
-/// used, out of attempts): a caller learns nothing more by trying.
-pub const OTP_INVALID: &str = "the one-time code or verification token is invalid, expired or already used";
+use crate::verification_token::{self, OTP_INVALID};
 
 /// Code lengths the interface allows, and its default (`otpLength`).
 const LENGTHS: std::ops::RangeInclusive<usize> = 6..=9;
@@ -39,9 +35,6 @@ const DEFAULT_TOKEN_SECONDS: u64 = 3600;
 const MAX_TOKEN_SECONDS: u64 = 86_400;
 /// Crockford's base32 alphabet (no I, L, O, U): what alphanumeric codes are drawn from.
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-/// The verification token's JWT `kid`, so that no other token the notarizer signs (a session)
-/// is ever read as one.
-const TOKEN_KID: &str = "coffer-otp-verification-v1";
 const HOUR_MS: i64 = 3_600_000;
 
 /// The services one-time codes need besides the HSM and the authority.
@@ -463,11 +456,8 @@ pub(super) fn verify_otp(
         "organization_id": org,
         "public_key": public_key,
         "exp": expires_ms.to_string(),
-        "token_type": "COFFER_OTP_VERIFICATION",
     });
-    let verification_token = crate::oauth2_exchange::es256_jwt(TOKEN_KID, &claims, |digest| {
-        Ok(hsm.sign_digest_with(LoginKey::Notarizer, digest)?)
-    })?;
+    let verification_token = verification_token::sign(hsm, &claims)?;
     tracing::info!(
         target: "coffer_audit",
         decision = "allow",
@@ -483,61 +473,13 @@ pub(super) fn verify_otp(
     Ok(pb::VerifyOtpResponse { verification_token, app_proofs })
 }
 
-/// A verification token's claims, once its signature and expiry are checked.
-pub struct VerifiedToken {
-    pub id: String,
-    pub contact: String,
-    pub verification_type: String,
-    pub public_key: String,
-    pub expires_ms: i64,
-}
-
-/// Checks a verification token: this enclave's notarizer signed it as one (its `kid`), and it has
-/// not expired. Every failure is [`OTP_INVALID`].
-pub fn read_token(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, EnclaveError> {
-    let invalid = || EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID);
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let mut parts = token.trim().split('.');
-    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(invalid());
-    };
-    let header: Value = b64.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
-    if header.get("alg").and_then(Value::as_str) != Some("ES256")
-        || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
-    {
-        return Err(invalid());
-    }
-    let notarizer = hsm.login_public_keys()?.notarizer;
-    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
-        .map_err(|_| EnclaveError::Internal("the notarizer key is not a P-256 point".into()))?;
-    let signature = b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
-    let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
-    use p256::ecdsa::signature::hazmat::PrehashVerifier;
-    key.verify_prehash(&digest, &signature).map_err(|_| invalid())?;
-    let claims: Value = b64.decode(c).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
-    if claims.get("token_type").and_then(Value::as_str) != Some("COFFER_OTP_VERIFICATION") {
-        return Err(invalid());
-    }
-    let expires_ms = text(&claims, "exp").parse::<i64>().map_err(|_| invalid())?;
-    if now_ms >= expires_ms {
-        return Err(invalid());
-    }
-    Ok(VerifiedToken {
-        id: text(&claims, "id").to_string(),
-        contact: text(&claims, "contact").to_string(),
-        verification_type: text(&claims, "verification_type").to_string(),
-        public_key: text(&claims, "public_key").to_string(),
-        expires_ms,
-    })
-}
-
 /// `otp_login`: the session for the organization's user whose email the token verified. The
 /// token is spent (once, in the shared store); when it names a key, the body's `clientSignature`
 /// must be that key's signature of this login (`{"login":{"publicKey"},"tokenId","type"}`).
 pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<SessionGrant, EnclaveError> {
     let p = &a.activity.parameters;
     let now = now_ms();
-    let token = match read_token(hsm, text(p, "verificationToken"), now) {
+    let token = match verification_token::read(hsm, text(p, "verificationToken"), now) {
         Ok(t) => t,
         Err(e) => {
             refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
@@ -549,7 +491,10 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
             |_| EnclaveError::invalid("invalid publicKey: a compressed P-256 public key (66 hex characters)"),
         )?;
     if !token.public_key.is_empty() {
-        client_signature(p, &token).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
+        let usage =
+            json!({ "login": { "publicKey": text(p, "publicKey") }, "tokenId": token.id, "type": "USAGE_TYPE_LOGIN" });
+        verification_token::check_client_signature(p, &token, &usage)
+            .map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     }
     if token.verification_type != "OTP_TYPE_EMAIL" {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
@@ -568,10 +513,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         .ok_or_else(|| {
             refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email")
         })?;
-    let spent: [u8; 32] = Sha256::digest(format!("otp-token\0{}", token.id).as_bytes()).into();
-    if authority.store().remember_within("otp-tokens-spent", spent, token.expires_ms, now, u64::MAX)?
-        != Remembered::Fresh
-    {
+    if !verification_token::spend(authority, &token, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(SessionGrant {
@@ -580,34 +522,6 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         credential_type: "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256",
         secret: None,
     })
-}
-
-/// The body's `clientSignature` by the token's key over this login (P-256, SHA-256, `r ‖ s` hex).
-fn client_signature(p: &Value, token: &VerifiedToken) -> Result<(), &'static str> {
-    let sig = p.get("clientSignature").ok_or("clientSignature is required: the verification token names a key")?;
-    let key_hex = text(sig, "publicKey").trim().to_ascii_lowercase();
-    if key_hex != token.public_key {
-        return Err("clientSignature.publicKey is not the key the verification token names");
-    }
-    if !matches!(text(sig, "scheme"), "" | "CLIENT_SIGNATURE_SCHEME_API_P256") {
-        return Err("clientSignature.scheme must be CLIENT_SIGNATURE_SCHEME_API_P256");
-    }
-    let expected =
-        json!({ "login": { "publicKey": text(p, "publicKey") }, "tokenId": token.id, "type": "USAGE_TYPE_LOGIN" });
-    if serde_json::from_str::<Value>(text(sig, "message")).ok() != Some(expected) {
-        return Err("clientSignature.message is not this login (publicKey, tokenId, USAGE_TYPE_LOGIN)");
-    }
-    let key = hex::decode(&key_hex)
-        .ok()
-        .and_then(|b| p256::ecdsa::VerifyingKey::from_sec1_bytes(&b).ok())
-        .ok_or("clientSignature.publicKey is not a P-256 key")?;
-    let signature = hex::decode(text(sig, "signature").trim().trim_start_matches("0x"))
-        .ok()
-        .and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok())
-        .ok_or("clientSignature.signature is not r ‖ s hex")?;
-    use p256::ecdsa::signature::Verifier;
-    key.verify(text(sig, "message").as_bytes(), &signature)
-        .map_err(|_| "clientSignature does not verify with the verification token's key")
 }
 
 #[cfg(test)]

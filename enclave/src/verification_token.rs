@@ -1,0 +1,171 @@
+//! Verification tokens: what `verify_otp` gives for a right code (an ES256 JWT the HSM's notarizer
+//! signs, with its own `kid` and `token_type` so that no session JWT is ever read as one), how
+//! one is checked, spent once in the shared store, and how a client signature by the key it names
+//! is checked; and what a sign-up with one must show.
+
+use base64::Engine;
+use coffer_auth::envelope::text;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::authority::{refuse, Authority, Authorized};
+use crate::authority_store::Remembered;
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{Hsm, LoginKey};
+
+/// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
+/// used, out of attempts): a caller learns nothing more by trying.
+pub const OTP_INVALID: &str = "the one-time code or verification token is invalid, expired or already used";
+/// The token's JWT `kid`.
+const TOKEN_KID: &str = "coffer-otp-verification-v1";
+/// The token's `token_type` claim.
+const TOKEN_TYPE: &str = "COFFER_OTP_VERIFICATION";
+
+/// A verification token's claims, once its signature and expiry are checked.
+pub struct VerifiedToken {
+    pub id: String,
+    pub contact: String,
+    pub verification_type: String,
+    pub public_key: String,
+    pub expires_ms: i64,
+}
+
+/// Signs `claims` (the interface's six, all strings) as a verification token.
+pub fn sign(hsm: &Hsm, claims: &Value) -> Result<String, EnclaveError> {
+    let mut claims = claims.clone();
+    claims["token_type"] = json!(TOKEN_TYPE);
+    crate::oauth2_exchange::es256_jwt(TOKEN_KID, &claims, |digest| {
+        Ok(hsm.sign_digest_with(LoginKey::Notarizer, digest)?)
+    })
+}
+
+/// Checks a verification token: this enclave's notarizer signed it as one, and it has not
+/// expired. Every failure is [`OTP_INVALID`].
+pub fn read(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, EnclaveError> {
+    let invalid = || EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID);
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = token.trim().split('.');
+    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return Err(invalid());
+    };
+    let header: Value = b64.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
+    if header.get("alg").and_then(Value::as_str) != Some("ES256")
+        || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
+    {
+        return Err(invalid());
+    }
+    let notarizer = hsm.login_public_keys()?.notarizer;
+    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
+        .map_err(|_| EnclaveError::Internal("the notarizer key is not a P-256 point".into()))?;
+    let signature = b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
+    let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
+    use p256::ecdsa::signature::hazmat::PrehashVerifier;
+    key.verify_prehash(&digest, &signature).map_err(|_| invalid())?;
+    let claims: Value = b64.decode(c).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
+    if claims.get("token_type").and_then(Value::as_str) != Some(TOKEN_TYPE) {
+        return Err(invalid());
+    }
+    let expires_ms = text(&claims, "exp").parse::<i64>().map_err(|_| invalid())?;
+    if now_ms >= expires_ms {
+        return Err(invalid());
+    }
+    Ok(VerifiedToken {
+        id: text(&claims, "id").to_string(),
+        contact: text(&claims, "contact").to_string(),
+        verification_type: text(&claims, "verification_type").to_string(),
+        public_key: text(&claims, "public_key").to_string(),
+        expires_ms,
+    })
+}
+
+/// Spends `token` in the store every enclave shares: `true` the first time, `false` after.
+pub fn spend(authority: &Authority, token: &VerifiedToken, now_ms: i64) -> Result<bool, EnclaveError> {
+    let key: [u8; 32] = Sha256::digest(format!("otp-token\0{}", token.id).as_bytes()).into();
+    Ok(authority.store().remember_within("otp-tokens-spent", key, token.expires_ms, now_ms, u64::MAX)?
+        == Remembered::Fresh)
+}
+
+/// The body's `clientSignature` (in `p`) by the token's key over `usage` (the message, parsed,
+/// must be exactly it; P-256 over SHA-256 of its bytes, `r ‖ s` hex).
+pub fn check_client_signature(p: &Value, token: &VerifiedToken, usage: &Value) -> Result<(), &'static str> {
+    let sig = p.get("clientSignature").ok_or("clientSignature is required: the verification token names a key")?;
+    let key_hex = text(sig, "publicKey").trim().to_ascii_lowercase();
+    if key_hex != token.public_key {
+        return Err("clientSignature.publicKey is not the key the verification token names");
+    }
+    if !matches!(text(sig, "scheme"), "" | "CLIENT_SIGNATURE_SCHEME_API_P256") {
+        return Err("clientSignature.scheme must be CLIENT_SIGNATURE_SCHEME_API_P256");
+    }
+    if serde_json::from_str::<Value>(text(sig, "message")).ok().as_ref() != Some(usage) {
+        return Err("clientSignature.message is not this use of the token (its parameters, tokenId and type)");
+    }
+    let key = hex::decode(&key_hex)
+        .ok()
+        .and_then(|b| p256::ecdsa::VerifyingKey::from_sec1_bytes(&b).ok())
+        .ok_or("clientSignature.publicKey is not a P-256 key")?;
+    let signature = hex::decode(text(sig, "signature").trim().trim_start_matches("0x"))
+        .ok()
+        .and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok())
+        .ok_or("clientSignature.signature is not r ‖ s hex")?;
+    use p256::ecdsa::signature::Verifier;
+    key.verify(text(sig, "message").as_bytes(), &signature)
+        .map_err(|_| "clientSignature does not verify with the verification token's key")
+}
+
+/// The contacts (email, phone number) a sub-organization's root users are created with.
+pub fn signup_contacts(p: &Value) -> Vec<(&'static str, String)> {
+    let users = p.get("rootUsers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut out = Vec::new();
+    for u in users {
+        for (k, ty) in [("userEmail", "OTP_TYPE_EMAIL"), ("userPhoneNumber", "OTP_TYPE_SMS")] {
+            let v = text(u, k).trim();
+            if !v.is_empty() {
+                out.push((ty, v.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// A `create_sub_organization` with a `verificationToken`: the token is this enclave's and
+/// unexpired, every contact of the root users is the one it verified, the body's
+/// `clientSignature` by the token's key covers this sign-up (`{"signupV2": {apiKeys,
+/// authenticators, oauthProviders, email?, phoneNumber?}, "tokenId", "type": "USAGE_TYPE_SIGNUP"}`)
+/// when the token names a key, and the token is spent.
+pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<(), EnclaveError> {
+    let p = &a.activity.parameters;
+    let now = crate::authority::now_ms();
+    let token = match read(hsm, text(p, "verificationToken"), now) {
+        Ok(t) => t,
+        Err(e) => {
+            refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
+            return Err(e);
+        }
+    };
+    let contacts = signup_contacts(p);
+    let verified = |(ty, c): &(&str, String)| *ty == token.verification_type && c.eq_ignore_ascii_case(&token.contact);
+    if contacts.is_empty() || !contacts.iter().all(verified) {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the root users' email or phone number is not the contact the verification token verified",
+        ));
+    }
+    if !token.public_key.is_empty() {
+        let user = p.get("rootUsers").and_then(|u| u.get(0)).cloned().unwrap_or(Value::Null);
+        let list = |k: &str| user.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
+        let mut signup = json!({ "apiKeys": list("apiKeys"), "authenticators": list("authenticators"),
+            "oauthProviders": list("oauthProviders") });
+        for (k, to) in [("userEmail", "email"), ("userPhoneNumber", "phoneNumber")] {
+            if !text(&user, k).is_empty() {
+                signup[to] = json!(text(&user, k));
+            }
+        }
+        let usage = json!({ "signupV2": signup, "tokenId": token.id, "type": "USAGE_TYPE_SIGNUP" });
+        check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
+    }
+    if !spend(authority, &token, now)? {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    Ok(())
+}
