@@ -8,6 +8,7 @@ pub mod oidc;
 pub mod operator;
 pub mod proof;
 pub mod stamp;
+pub mod verification_token;
 pub mod webauthn;
 
 /// How a refused authentication maps onto the HTTP and gRPC boundaries.

@@ -1,9 +1,7 @@
-//! Verification tokens: what `verify_otp` gives for a right code (an ES256 JWT the HSM's notarizer
-//! signs, with its own `kid` and `token_type` so that no session JWT is ever read as one), how
-//! one is checked, spent once in the shared store, and how a client signature by the key it names
-//! is checked; and what a sign-up with one must show.
+//! Verification tokens in the enclave (their format is `coffer_auth::verification_token`): signed
+//! by the HSM's notarizer for a right code, checked, spent once in the shared store; a client
+//! signature by the key one names; and what a sign-up with one must show.
 
-use base64::Engine;
 use coffer_auth::envelope::text;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -16,66 +14,21 @@ use crate::hsm::{Hsm, LoginKey};
 /// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
 /// used, out of attempts): a caller learns nothing more by trying.
 pub const OTP_INVALID: &str = "the one-time code or verification token is invalid, expired or already used";
-/// The token's JWT `kid`.
-const TOKEN_KID: &str = "coffer-otp-verification-v1";
-/// The token's `token_type` claim.
-const TOKEN_TYPE: &str = "COFFER_OTP_VERIFICATION";
-
-/// A verification token's claims, once its signature and expiry are checked.
-pub struct VerifiedToken {
-    pub id: String,
-    pub contact: String,
-    pub verification_type: String,
-    pub public_key: String,
-    pub expires_ms: i64,
-}
+pub use coffer_auth::verification_token::VerifiedToken;
 
 /// Signs `claims` (the interface's six, all strings) as a verification token.
 pub fn sign(hsm: &Hsm, claims: &Value) -> Result<String, EnclaveError> {
-    let mut claims = claims.clone();
-    claims["token_type"] = json!(TOKEN_TYPE);
-    crate::oauth2_exchange::es256_jwt(TOKEN_KID, &claims, |digest| {
-        Ok(hsm.sign_digest_with(LoginKey::Notarizer, digest)?)
-    })
+    let (input, digest) = coffer_auth::verification_token::signing_input(claims);
+    let signature = hsm.sign_digest_with(LoginKey::Notarizer, &digest)?;
+    Ok(coffer_auth::verification_token::assemble(&input, &signature))
 }
 
-/// Checks a verification token: this enclave's notarizer signed it as one, and it has not
-/// expired. Every failure is [`OTP_INVALID`].
+/// Checks a verification token against this enclave's notarizer key: signed as one, and
+/// unexpired. Every failure is [`OTP_INVALID`].
 pub fn read(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, EnclaveError> {
-    let invalid = || EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID);
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let mut parts = token.trim().split('.');
-    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(invalid());
-    };
-    let header: Value = b64.decode(h).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
-    if header.get("alg").and_then(Value::as_str) != Some("ES256")
-        || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
-    {
-        return Err(invalid());
-    }
     let notarizer = hsm.login_public_keys()?.notarizer;
-    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&notarizer)
-        .map_err(|_| EnclaveError::Internal("the notarizer key is not a P-256 point".into()))?;
-    let signature = b64.decode(s).ok().and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok()).ok_or_else(invalid)?;
-    let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
-    use p256::ecdsa::signature::hazmat::PrehashVerifier;
-    key.verify_prehash(&digest, &signature).map_err(|_| invalid())?;
-    let claims: Value = b64.decode(c).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(invalid)?;
-    if claims.get("token_type").and_then(Value::as_str) != Some(TOKEN_TYPE) {
-        return Err(invalid());
-    }
-    let expires_ms = text(&claims, "exp").parse::<i64>().map_err(|_| invalid())?;
-    if now_ms >= expires_ms {
-        return Err(invalid());
-    }
-    Ok(VerifiedToken {
-        id: text(&claims, "id").to_string(),
-        contact: text(&claims, "contact").to_string(),
-        verification_type: text(&claims, "verification_type").to_string(),
-        public_key: text(&claims, "public_key").to_string(),
-        expires_ms,
-    })
+    coffer_auth::verification_token::verify(token, &notarizer, now_ms)
+        .ok_or_else(|| EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID))
 }
 
 /// Spends `token` in the store every enclave shares: `true` the first time, `false` after.

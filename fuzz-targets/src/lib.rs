@@ -45,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("oidc_token", oidc_token),
     ("qos_envelope", qos_envelope),
     ("activity_log", activity_log),
+    ("verification_token", verification_token),
 ];
 
 /// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
@@ -129,6 +130,32 @@ pub fn oidc_token(data: &[u8]) -> Outcome {
                 Outcome::Rejected
             }
         }
+    }
+}
+
+/// The notarizer key verification token seeds are signed with (P-256 secret `[6; 32]`), and the
+/// "now" they are checked at.
+pub const VERIFICATION_TOKEN_FUZZ_KEY: [u8; 32] = [6; 32];
+pub const VERIFICATION_TOKEN_FUZZ_NOW: i64 = 1_700_000_000_000;
+
+/// A verification token (`coffer_auth::verification_token`), checked against
+/// [`VERIFICATION_TOKEN_FUZZ_KEY`]: what verifies reads the same claims unverified, and is unexpired.
+pub fn verification_token(data: &[u8]) -> Outcome {
+    use coffer_auth::verification_token as vt;
+    let Ok(token) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let unverified = vt::unverified_claims(token);
+    let key = p256::SecretKey::from_slice(&VERIFICATION_TOKEN_FUZZ_KEY).expect("a scalar");
+    let point = p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&key.public_key(), false);
+    match vt::verify(token, point.as_bytes(), VERIFICATION_TOKEN_FUZZ_NOW) {
+        Some(t) => {
+            let c = unverified.expect("a verified token's claims read without verifying");
+            assert_eq!(c["contact"].as_str(), Some(t.contact.as_str()));
+            assert_eq!(c["id"].as_str(), Some(t.id.as_str()));
+            assert!(t.expires_ms > VERIFICATION_TOKEN_FUZZ_NOW);
+            Outcome::Accepted
+        }
+        None if unverified.is_some() => Outcome::Parsed,
+        None => Outcome::Rejected,
     }
 }
 

@@ -484,7 +484,15 @@ fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let receiver = p256::SecretKey::from_slice(&coffer_fuzz_targets::QOS_FUZZ_RECEIVER).unwrap();
     let point: [u8; 65] = receiver.public_key().to_sec1_bytes().as_ref().try_into().unwrap();
     let envelope = coffer_crypto::qos::seal_quorum_envelope(b"client-secret", &point, &[9; 32]).unwrap();
+    let notarizer = p256::ecdsa::SigningKey::from_slice(&coffer_fuzz_targets::VERIFICATION_TOKEN_FUZZ_KEY).unwrap();
+    let claims = serde_json::json!({"id": "t1", "verification_type": "OTP_TYPE_EMAIL", "contact": "a@b.test",
+        "organization_id": "o", "public_key": "", "exp": (coffer_fuzz_targets::VERIFICATION_TOKEN_FUZZ_NOW + 600_000).to_string()});
+    let (input, digest) = coffer_auth::verification_token::signing_input(&claims);
+    let signature: p256::ecdsa::Signature =
+        p256::ecdsa::signature::hazmat::PrehashSigner::sign_prehash(&notarizer, &digest).unwrap();
+    let verification_token = coffer_auth::verification_token::assemble(&input, &signature.to_bytes().into());
     vec![
+        ("verification_token", "es256".into(), verification_token.into_bytes()),
         ("oidc_token", "es256".into(), token.into_bytes()),
         ("qos_envelope", "hex".into(), hex::encode(&envelope).into_bytes()),
         ("qos_envelope", "raw".into(), envelope),

@@ -451,15 +451,9 @@ async fn otp_login(
 /// The `contact` claim of a verification token, read without checking it (only to find where its
 /// user is; the enclave checks the token).
 fn token_contact(token: &str) -> Result<String, ApiError> {
-    use base64::Engine;
-    let invalid = || ApiError::invalid("verificationToken is not a verification token");
-    let claims = token.split('.').nth(1).ok_or_else(invalid)?;
-    let claims: Value = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(claims)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(invalid)?;
-    claims["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string).ok_or_else(invalid)
+    coffer_auth::verification_token::unverified_claims(token)
+        .and_then(|c| c["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string))
+        .ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))
 }
 
 /// `id` when it is the configuration's organization or one of its sub-organizations.
@@ -523,15 +517,42 @@ async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) 
     Ok(answer)
 }
 
-/// `POST /v1/account {filterType, filterValue, oidcToken?}` → `{organizationId?}`: the
-/// sub-organization of the configuration's organization that the filter finds.
+/// `POST /v1/account {filterType, filterValue, verificationToken?, oidcToken?}` → `{organizationId?}`:
+/// the sub-organization of the configuration's organization that the filter finds. An anonymous
+/// caller learns which address has an account only by proving it holds the address: `EMAIL` and
+/// `PHONE_NUMBER` need a verification token of that contact (checked against the enclave's
+/// notarizer key; not spent, the login or sign-up after it spends it). The filters the hosted
+/// proxy documents are served; `WALLET_ACCOUNT_ADDRESS` is not one of them.
 async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
     let (filter_type, mut value) = (text(p, "filterType"), text(p, "filterValue"));
     if filter_type == "OIDC_TOKEN" && value.is_empty() {
         value = text(p, "oidcToken");
     }
     crate::ops::params::required(filter_type, "filterType")?;
-    let filter = crate::ops::suborgs::filter(oidc_tokens::own_keys(state).await, filter_type, value).await?;
+    let keys = oidc_tokens::own_keys(state).await;
+    match filter_type {
+        "EMAIL" | "PHONE_NUMBER" => {
+            let notarizer = keys.map(|k| k.notarizer.as_slice()).ok_or_else(|| {
+                ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
+            })?;
+            let now_ms = crate::store::now_nanos() / 1_000_000;
+            let want = if filter_type == "EMAIL" { "OTP_TYPE_EMAIL" } else { "OTP_TYPE_SMS" };
+            let proven = coffer_auth::verification_token::verify(text(p, "verificationToken"), notarizer, now_ms)
+                .is_some_and(|t| t.verification_type == want && t.contact.eq_ignore_ascii_case(value.trim()));
+            if !proven {
+                return Err(ApiError::forbidden(format!(
+                    "an {filter_type} lookup needs the verificationToken of that contact (a one-time code verified)"
+                )));
+            }
+        }
+        "NAME" | "USERNAME" | "CREDENTIAL_ID" | "PUBLIC_KEY" | "OIDC_TOKEN" => {}
+        other => {
+            return Err(ApiError::invalid(format!(
+                "invalid filter type: {other:?} (EMAIL, PHONE_NUMBER, NAME, USERNAME, CREDENTIAL_ID, PUBLIC_KEY or OIDC_TOKEN)"
+            )))
+        }
+    }
+    let filter = crate::ops::suborgs::filter(keys, filter_type, value).await?;
     let org = config.organization_id.clone();
     let page = Page { limit: 1, before: None, after: None };
     let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;

@@ -792,6 +792,16 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
         &json!({"filterType": "EMAIL", "filterValue": "nobody@example.com"}).to_string(),
     )
     .await;
+    // An email lookup needs the verification token of the address (tests/tests/otp.rs).
+    assert_eq!(r.status(), 403);
+    let r = proxy_post(
+        &stack,
+        "/v1/account",
+        Some(&config_id),
+        None,
+        &json!({"filterType": "USERNAME", "filterValue": "nobody"}).to_string(),
+    )
+    .await;
     assert_eq!(r.json::<Value>().await.unwrap(), json!({}));
 
     let r = proxy_post(

@@ -364,6 +364,30 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(None, "erin@example.test")).await;
     assert_eq!(status, 403, "{r}");
     assert!(r["message"].as_str().unwrap().contains("verificationToken"), "{r}");
+    // An email lookup needs the token of that email: without it, or with another address's, it
+    // is refused; with it, it answers (nothing yet for Erin, Dave's sub-organization for Dave).
+    let lookup = |email: &str, token: Option<&str>| {
+        let mut b = json!({ "filterType": "EMAIL", "filterValue": email });
+        if let Some(t) = token {
+            b["verificationToken"] = json!(t);
+        }
+        b
+    };
+    let (status, r) = proxy_post(stack, &config_id, "account", lookup("dave@example.test", None)).await;
+    assert_eq!(status, 403, "{r}");
+    let erin_token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
+    let (status, r) = proxy_post(stack, &config_id, "account", lookup("dave@example.test", Some(&erin_token))).await;
+    assert_eq!(status, 403, "{r}");
+    let (status, r) = proxy_post(stack, &config_id, "account", lookup("erin@example.test", Some(&erin_token))).await;
+    assert_eq!((status, r), (200, json!({})));
+    let (status, r) = proxy_post(
+        stack,
+        &config_id,
+        "account",
+        json!({ "filterType": "WALLET_ACCOUNT_ADDRESS", "filterValue": "0x00" }),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
     // Erin's token does not sign Frank up.
     let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "frank@example.test")).await;

@@ -1,0 +1,130 @@
+//! The verification token's format, one place for both processes: an ES256 JWT the enclave's
+//! notarizer signs for a right one-time code, with its own `kid` and `token_type` so that no
+//! other token the notarizer signs (a session) is ever read as one; its claims are the
+//! interface's six strings (`id`, `verification_type`, `contact`, `organization_id`, `public_key`,
+//! `exp` in milliseconds). The gateway checks one against the published notarizer key for
+//! lookups; the enclave checks and spends it for what it grants.
+
+use base64::Engine;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// The token's JWT `kid`.
+pub const TOKEN_KID: &str = "coffer-otp-verification-v1";
+/// The token's `token_type` claim.
+pub const TOKEN_TYPE: &str = "COFFER_OTP_VERIFICATION";
+
+/// A verification token's claims, once its signature and expiry are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedToken {
+    pub id: String,
+    pub contact: String,
+    pub verification_type: String,
+    pub public_key: String,
+    pub expires_ms: i64,
+}
+
+/// The signing input (`header.claims`, base64url) of a token with `claims` (`token_type` added)
+/// and the SHA-256 digest the notarizer signs; the token is the input, `.`, and the signature
+/// `r ‖ s` base64url ([`assemble`]).
+pub fn signing_input(claims: &Value) -> (String, [u8; 32]) {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims = claims.clone();
+    claims["token_type"] = json!(TOKEN_TYPE);
+    let header = json!({ "alg": "ES256", "typ": "JWT", "kid": TOKEN_KID });
+    let input = format!("{}.{}", b64.encode(header.to_string()), b64.encode(claims.to_string()));
+    let digest = Sha256::digest(input.as_bytes()).into();
+    (input, digest)
+}
+
+/// The token from its signing input and the notarizer's `r ‖ s` signature.
+pub fn assemble(input: &str, signature: &[u8; 64]) -> String {
+    format!("{input}.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// The claims of `token` read without checking anything (only to find where its user is).
+pub fn unverified_claims(token: &str) -> Option<Value> {
+    let part = token.trim().split('.').nth(1)?;
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(part).ok()?).ok()
+}
+
+/// Checks `token` against the notarizer's public key (SEC1): signed as a verification token, and
+/// unexpired at `now_ms`. `None` for anything else, whatever the reason.
+pub fn verify(token: &str, notarizer_public: &[u8], now_ms: i64) -> Option<VerifiedToken> {
+    use p256::ecdsa::signature::hazmat::PrehashVerifier;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = token.trim().split('.');
+    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    let header: Value = serde_json::from_slice(&b64.decode(h).ok()?).ok()?;
+    if header.get("alg").and_then(Value::as_str) != Some("ES256")
+        || header.get("kid").and_then(Value::as_str) != Some(TOKEN_KID)
+    {
+        return None;
+    }
+    let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(notarizer_public).ok()?;
+    let signature = p256::ecdsa::Signature::from_slice(&b64.decode(s).ok()?).ok()?;
+    let digest: [u8; 32] = Sha256::digest(format!("{h}.{c}").as_bytes()).into();
+    key.verify_prehash(&digest, &signature).ok()?;
+    let claims: Value = serde_json::from_slice(&b64.decode(c).ok()?).ok()?;
+    if claims.get("token_type").and_then(Value::as_str) != Some(TOKEN_TYPE) {
+        return None;
+    }
+    let text = |k: &str| claims.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let expires_ms = text("exp").parse::<i64>().ok()?;
+    if now_ms >= expires_ms {
+        return None;
+    }
+    Some(VerifiedToken {
+        id: text("id"),
+        contact: text("contact"),
+        verification_type: text("verification_type"),
+        public_key: text("public_key"),
+        expires_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p256::ecdsa::signature::hazmat::PrehashSigner;
+
+    fn token(key: &p256::ecdsa::SigningKey, claims: Value) -> String {
+        let (input, digest) = signing_input(&claims);
+        let sig: p256::ecdsa::Signature = key.sign_prehash(&digest).unwrap();
+        assemble(&input, &sig.to_bytes().into())
+    }
+
+    #[test]
+    fn a_token_verifies_only_with_its_key_kid_type_and_time() {
+        let key = p256::ecdsa::SigningKey::from_slice(&[7; 32]).unwrap();
+        let public = key.verifying_key().to_encoded_point(false);
+        let claims = json!({ "id": "t1", "contact": "a@b.test", "verification_type": "OTP_TYPE_EMAIL",
+            "public_key": "", "organization_id": "o", "exp": "2000" });
+        let t = token(&key, claims.clone());
+        let v = verify(&t, public.as_bytes(), 1999).unwrap();
+        assert_eq!((v.id.as_str(), v.contact.as_str(), v.expires_ms), ("t1", "a@b.test", 2000));
+        assert!(verify(&t, public.as_bytes(), 2000).is_none(), "expired");
+        let other = p256::ecdsa::SigningKey::from_slice(&[8; 32]).unwrap();
+        assert!(verify(&t, other.verifying_key().to_encoded_point(false).as_bytes(), 0).is_none());
+        // The same claims signed as a session JWT would be (another kid, no token_type): refused.
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let input = format!(
+            "{}.{}",
+            b64.encode(json!({"alg":"ES256","typ":"JWT"}).to_string()),
+            b64.encode(claims.to_string())
+        );
+        let sig: p256::ecdsa::Signature = key.sign_prehash(&Sha256::digest(input.as_bytes())).unwrap();
+        assert!(verify(&assemble(&input, &sig.to_bytes().into()), public.as_bytes(), 0).is_none());
+        // One changed claim: refused.
+        let mut parts: Vec<String> = t.split('.').map(str::to_string).collect();
+        parts[1] = b64.encode(
+            json!({ "id": "t1", "contact": "x@b.test", "verification_type": "OTP_TYPE_EMAIL",
+            "public_key": "", "exp": "2000", "token_type": TOKEN_TYPE })
+            .to_string(),
+        );
+        assert!(verify(&parts.join("."), public.as_bytes(), 0).is_none());
+        assert_eq!(unverified_claims(&t).unwrap()["contact"], "a@b.test");
+    }
+}
