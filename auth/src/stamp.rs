@@ -54,13 +54,15 @@ impl Scheme {
     }
 }
 
-/// The credential types of session keys (all P-256), which stamp like P-256 API keys until they
-/// expire.
+/// The credential types of session keys and of the credentials one-time codes and email give
+/// (all P-256), which stamp like P-256 API keys until they expire.
 pub const SESSION_CREDENTIAL_TYPES: &[&str] = &[
     "CREDENTIAL_TYPE_OAUTH_KEY_P256",
     "CREDENTIAL_TYPE_LOGIN",
     "CREDENTIAL_TYPE_READ_WRITE_SESSION_KEY_P256",
     "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256",
+    "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256",
+    "CREDENTIAL_TYPE_RECOVER_USER_KEY_P256",
 ];
 
 /// A decoded `X-Stamp`: who claims to have signed, and how.

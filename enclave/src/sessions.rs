@@ -21,7 +21,12 @@ use crate::hsm::{Hsm, LoginKey};
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2";
-pub const LOGIN_TYPES: &[&str] = &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION, OTP_LOGIN];
+pub const LOGIN_TYPES: &[&str] =
+    &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION, OTP_LOGIN, EMAIL_AUTH, INIT_USER_EMAIL_RECOVERY];
+/// `email_auth` and `init_user_email_recovery`: a credential for the user with the body's email,
+/// sent only by email (`service::otp`).
+pub const EMAIL_AUTH: &str = "ACTIVITY_TYPE_EMAIL_AUTH_V3";
+pub const INIT_USER_EMAIL_RECOVERY: &str = "ACTIVITY_TYPE_INIT_USER_EMAIL_RECOVERY_V2";
 /// `otp_login`: decided in `service::otp` (the verification token and the user it names).
 pub const OTP_LOGIN: &str = "ACTIVITY_TYPE_OTP_LOGIN_V2";
 /// The one-time code activities before a login (`service::otp`).

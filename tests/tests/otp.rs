@@ -265,6 +265,8 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         assert!(!log.contains(code.as_str()), "the code {code} is in the enclave's log");
         assert!(!stored.contains(code.as_str()), "the code {code} is in the gateway's database");
     }
+    let grace = add_user(&root, &org, "grace@example.test").await;
+    email_credentials(&stack, &smtp, &grace).await;
     proxy_flow(&stack, &smtp).await;
     drop(stack);
     let _ = std::fs::remove_dir_all(&dir);
@@ -424,4 +426,55 @@ async fn token_for(
             .await;
     assert_eq!(status, 200, "{v}");
     v["verificationToken"].as_str().unwrap().to_string()
+}
+
+/// The text between `start` and the next blank line of a message's (7-bit or quoted-printable)
+/// text: the bundle an email carries.
+fn bundle_in(message: &str, start: &str) -> String {
+    let unfolded = message.replace("=\r\n", "").replace("=\n", "");
+    let after = unfolded.split(start).nth(1).unwrap_or_else(|| panic!("no {start:?} in {message}"));
+    after.trim_start().lines().next().unwrap().trim().to_string()
+}
+
+/// email_auth and init_user_email_recovery: the credential goes only to Grace's inbox,
+/// encrypted to the target key (opened here with the official client's decryption), and stamps
+/// as the user; the activity's answer holds no bundle.
+async fn email_credentials(stack: &Stack, smtp: &SmtpServer, grace: &str) {
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    for (path, ty) in [
+        ("email_auth", "ACTIVITY_TYPE_EMAIL_AUTH_V3"),
+        ("init_user_email_recovery", "ACTIVITY_TYPE_INIT_USER_EMAIL_RECOVERY_V2"),
+    ] {
+        let mut target = turnkey_enclave_encrypt::AuthenticationClient::new();
+        let before = smtp.seen();
+        let body = json!({ "email": "grace@example.test", "targetPublicKey": target.target_public_key().unwrap(),
+            "emailCustomization": { "appName": "Coffer Test" }, "expirationSeconds": "600" });
+        let r = submit(stack, &stack.api_key(), &org, path, ty, body).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let result = &r.json["activity"]["result"];
+        assert!(!r.text.contains("credentialBundle") && !r.text.contains("session\""), "{}", r.text);
+        let user_id = result.as_object().unwrap().values().next().unwrap()["userId"].as_str().unwrap();
+        assert_eq!(user_id, grace);
+        let mails: Vec<String> = smtp
+            .messages()
+            .into_iter()
+            .filter(|(f, m)| !before.contains(f) && m.contains("To: grace@example.test"))
+            .map(|(_, m)| m)
+            .collect();
+        assert_eq!(mails.len(), 1, "{path}: one email");
+        let bundle = bundle_in(&mails[0], "(paste it into the app that asked for it):");
+        let secret = target.decrypt(&bundle).unwrap_or_else(|e| panic!("{path}: {e:?} {bundle}"));
+        let key = TurnkeyP256ApiKey::from_strings(hex::encode(secret), None).unwrap();
+        let who = stack.client_with(key).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+        assert_eq!(who.user_id, grace, "{path}");
+    }
+    // An address no user has: refused, nothing sent.
+    let before = smtp.seen();
+    let target = turnkey_enclave_encrypt::AuthenticationClient::new();
+    let body = json!({ "email": "nobody@example.test", "targetPublicKey": target.target_public_key().unwrap(),
+        "emailCustomization": { "appName": "Coffer Test" } });
+    let r = submit(stack, &stack.api_key(), &org, "email_auth", "ACTIVITY_TYPE_EMAIL_AUTH_V3", body).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert_eq!(smtp.seen(), before);
+    let _ = root;
 }

@@ -208,6 +208,7 @@ pub(super) async fn create_session(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
     settings: Arc<LoginSettings>,
+    otp: Arc<super::otp::OtpService>,
     req: pb::CreateSessionRequest,
 ) -> Result<Response<pb::CreateSessionResponse>, Status> {
     let req = Arc::new(req);
@@ -240,7 +241,7 @@ pub(super) async fn create_session(
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let result = verify_and_open(hsm, authority, &settings, req, a, tokens).await;
+    let result = verify_and_open(hsm, authority, &settings, otp, req, a, tokens).await;
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
@@ -251,6 +252,7 @@ async fn verify_and_open(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
     settings: &LoginSettings,
+    otp: Arc<super::otp::OtpService>,
     req: Arc<pb::CreateSessionRequest>,
     a: Authorized,
     tokens: Vec<sessions::PendingToken>,
@@ -274,15 +276,33 @@ async fn verify_and_open(
     } else {
         None
     };
-    run_blocking(move || {
-        let g = if a.activity.activity_type == sessions::OTP_LOGIN {
-            super::otp::login_grant(&hsm, &authority, &a)?
-        } else {
-            sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?
+    let by_email =
+        [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&a.activity.activity_type.as_str());
+    let o = otp.clone();
+    let (mut session, message) = run_blocking(move || {
+        let g = match a.activity.activity_type.as_str() {
+            sessions::OTP_LOGIN => super::otp::login_grant(&hsm, &authority, &a)?,
+            t if [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&t) => {
+                super::otp::email_grant(&hsm, &authority, &o, &a)?
+            }
+            _ => sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?,
         };
-        sessions::open_session(&hsm, &authority, &a, g, seconds)
+        let session = sessions::open_session(&hsm, &authority, &a, g, seconds)?;
+        let message = match by_email {
+            true => Some(super::otp::email_bundle(&o, &a, &session.credential_bundle)?),
+            false => None,
+        };
+        Ok((session, message))
     })
-    .await
+    .await?;
+    // The credential of email_auth and recovery reaches only the inbox: nothing of it is answered
+    // but its public half and certificate.
+    if let Some(m) = message {
+        session.credential_bundle.clear();
+        session.session.clear();
+        otp.mailer.send(m).await?;
+    }
+    Ok(session)
 }
 /// The auth proxy's key, made and sealed for the stamped `enable_auth_proxy`.
 pub(super) fn enable_auth_proxy(

@@ -188,7 +188,9 @@ impl Enclave for EnclaveService {
     }
 
     async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Answer<pb::CreateSessionResponse> {
-        login::create_session(self.hsm.clone(), self.authority.clone(), self.login.clone(), req.into_inner()).await
+        let (hsm, authority, login, otp) =
+            (self.hsm.clone(), self.authority.clone(), self.login.clone(), self.otp.clone());
+        login::create_session(hsm, authority, login, otp, req.into_inner()).await
     }
 
     async fn enable_auth_proxy(&self, req: Request<pb::EnableAuthProxyRequest>) -> Answer<pb::EnableAuthProxyResponse> {

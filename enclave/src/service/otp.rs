@@ -218,36 +218,8 @@ fn prepare(
     }
     let org = a.activity.organization_id.as_str();
     let params = read_init(&a.activity.parameters, &otp.settings)?;
-    // Counted before anything is sent, in the store every enclave shares: per contact, per user
-    // identifier, per organization. The same stamped body is never counted twice.
-    let contact_key = hex::encode(Sha256::digest(params.contact.to_ascii_lowercase().as_bytes()));
-    let mut scopes = vec![
-        (format!("otp-sends/contact/{contact_key}"), otp.settings.sends_per_contact_per_hour),
-        (format!("otp-sends/organization/{org}"), otp.settings.sends_per_organization_per_hour),
-    ];
-    if !params.user_identifier.is_empty() {
-        let id = hex::encode(Sha256::digest(params.user_identifier.as_bytes()));
-        scopes.push((format!("otp-sends/user-identifier/{id}"), otp.settings.sends_per_contact_per_hour));
-    }
-    let body_key: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
+    charge_send(authority, &otp.settings, a, &params.contact, &params.user_identifier)?;
     let now = now_ms();
-    for (scope, quota) in scopes {
-        match authority.store().remember_within(&scope, body_key, now.saturating_add(HOUR_MS), now, quota)? {
-            Remembered::Fresh | Remembered::Replayed => {}
-            Remembered::OrganizationQuotaFull => {
-                return Err(EnclaveError::Busy {
-                    reason: RefusalReason::OtpRateLimited,
-                    message: "too many one-time codes were sent to this contact or by this organization in the last hour: retry later".into(),
-                })
-            }
-            Remembered::WindowFull => {
-                return Err(EnclaveError::Busy {
-                    reason: RefusalReason::ReplayWindowFull,
-                    message: "replay window is full: retry shortly".into(),
-                })
-            }
-        }
-    }
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
     let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
     let salt = hex::encode(hsm.random(16)?.as_slice());
@@ -281,6 +253,142 @@ fn prepare(
     let result = json!({ "otpId": otp_id });
     let app_proofs = crate::proofs::of_call(hsm, a, result)?;
     Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, message))
+}
+
+/// Counts one message to `contact` before anything is sent, in the store every enclave shares:
+/// per contact, per user identifier, per organization (an hour each). The same stamped body is
+/// never counted twice.
+fn charge_send(
+    authority: &Authority,
+    s: &OtpSettings,
+    a: &Authorized,
+    contact: &str,
+    user_identifier: &str,
+) -> Result<(), EnclaveError> {
+    let org = a.activity.organization_id.as_str();
+    let contact_key = hex::encode(Sha256::digest(contact.to_ascii_lowercase().as_bytes()));
+    let mut scopes = vec![
+        (format!("otp-sends/contact/{contact_key}"), s.sends_per_contact_per_hour),
+        (format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour),
+    ];
+    if !user_identifier.is_empty() {
+        let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
+        scopes.push((format!("otp-sends/user-identifier/{id}"), s.sends_per_contact_per_hour));
+    }
+    let body_key: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
+    let now = now_ms();
+    for (scope, quota) in scopes {
+        match authority.store().remember_within(&scope, body_key, now.saturating_add(HOUR_MS), now, quota)? {
+            Remembered::Fresh | Remembered::Replayed => {}
+            Remembered::OrganizationQuotaFull => {
+                return Err(EnclaveError::Busy {
+                    reason: RefusalReason::OtpRateLimited,
+                    message: "too many one-time codes were sent to this contact or by this organization in the last hour: retry later".into(),
+                })
+            }
+            Remembered::WindowFull => {
+                return Err(EnclaveError::Busy {
+                    reason: RefusalReason::ReplayWindowFull,
+                    message: "replay window is full: retry shortly".into(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `email_auth` and `init_user_email_recovery`: a P-256 key from the HSM for the organization's
+/// user with the body's `email`, certified until `expirationSeconds` (default 900), whose private
+/// half goes encrypted to the body's `targetPublicKey` and only by email (see [`email_bundle`]).
+/// The send is counted as a code's is.
+pub fn email_grant(
+    hsm: &Hsm,
+    authority: &Authority,
+    otp: &OtpService,
+    a: &Authorized,
+) -> Result<SessionGrant, EnclaveError> {
+    let p = &a.activity.parameters;
+    if !otp.mailer.configured() {
+        return Err(EnclaveError::invalid(
+            "email_auth and recovery need the enclave's mail transport ([otp] smtp_url or mail_dir)",
+        ));
+    }
+    let email: lettre::Address =
+        text(p, "email").trim().parse().map_err(|_| EnclaveError::invalid("email: not an email address"))?;
+    if text(p, "targetPublicKey").is_empty() {
+        return Err(EnclaveError::invalid("targetPublicKey is required"));
+    }
+    let loaded = authority
+        .rules()
+        .load(&a.activity.organization_id)?
+        .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
+    let wanted = email.to_string().to_ascii_lowercase();
+    let user_id = loaded
+        .state
+        .users
+        .values()
+        .find(|u| !u.email.is_empty() && u.email.to_ascii_lowercase() == wanted)
+        .map(|u| u.id.clone())
+        .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
+    charge_send(authority, &otp.settings, a, &wanted, "")?;
+    let secret = loop {
+        let bytes = hsm.random(32)?;
+        if p256::SecretKey::from_slice(&bytes).is_ok() {
+            let mut s = Zeroizing::new([0u8; 32]);
+            s.copy_from_slice(&bytes);
+            break s;
+        }
+    };
+    let public_key = {
+        use p256::elliptic_curve::sec1::ToEncodedPoint;
+        let sk = p256::SecretKey::from_slice(secret.as_slice())
+            .map_err(|_| EnclaveError::Internal("the key is not a scalar".into()))?;
+        hex::encode(sk.public_key().to_encoded_point(true).as_bytes())
+    };
+    let credential_type = if a.activity.activity_type == crate::sessions::EMAIL_AUTH {
+        "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256"
+    } else {
+        "CREDENTIAL_TYPE_RECOVER_USER_KEY_P256"
+    };
+    Ok(SessionGrant { user_id, public_key, credential_type, secret: Some(secret) })
+}
+
+/// The email that carries an `email_auth` or recovery credential bundle to the body's `email`
+/// (the bundle in the text, and in `magicLinkTemplate`'s link when the body gives one).
+pub fn email_bundle(otp: &OtpService, a: &Authorized, bundle: &str) -> Result<lettre::Message, EnclaveError> {
+    let p = &a.activity.parameters;
+    let custom = p.get("emailCustomization").cloned().unwrap_or(Value::Null);
+    let mut init = p.clone();
+    init["otpType"] = json!("OTP_TYPE_EMAIL");
+    init["contact"] = json!(text(p, "email"));
+    init["appName"] = json!(match text(&custom, "appName").trim() {
+        "" => "Coffer",
+        n => n,
+    });
+    init.as_object_mut().map(|o| o.remove("expirationSeconds"));
+    let params = read_init(&init, &otp.settings)?;
+    let recovery = a.activity.activity_type != crate::sessions::EMAIL_AUTH;
+    let what = if recovery { "recovery" } else { "login" };
+    let link = (!params.magic_link_template.is_empty()).then(|| params.magic_link_template.replacen("%s", bundle, 1));
+    let mut plain = format!(
+        "Your {} {what} credential (paste it into the app that asked for it):\n\n{bundle}\n\nIf you did not ask for it, ignore this email.\n",
+        params.app_name
+    );
+    if let Some(l) = &link {
+        plain.push_str(&format!("\nOr open: {l}\n"));
+    }
+    let to: lettre::Address =
+        params.contact.parse().map_err(|_| EnclaveError::invalid("email: not an email address"))?;
+    let mut builder = lettre::Message::builder()
+        .from(params.from.clone())
+        .to(Mailbox::new(None, to))
+        .subject(format!("Your {} {what} credential", params.app_name));
+    if let Some(r) = &params.reply_to {
+        builder = builder.reply_to(r.clone());
+    }
+    builder
+        .singlepart(SinglePart::builder().header(ContentType::TEXT_PLAIN).body(plain))
+        .map_err(|_| EnclaveError::invalid("the email could not be built from the body's addresses"))
 }
 
 /// A code of `length` characters from the HSM's generator: decimal digits, or Crockford base32

@@ -355,20 +355,13 @@ pub static ACTIVITIES: &[Operation] = &[
         "AUTH" / "CREATE",
         sessions::create_read_write_session
     ),
-    op!(
-        "init_otp",
-        "ACTIVITY_TYPE_INIT_OTP_V3",
-        "initOtpIntentV3",
-        "initOtpResultV2",
-        "AUTH" / "CREATE",
-        otp::init_otp
-    ),
+    op!("init_otp", "ACTIVITY_TYPE_INIT_OTP_V3", "initOtpIntentV3", "initOtpResultV2", "OTP" / "CREATE", otp::init_otp),
     op!(
         "verify_otp",
         "ACTIVITY_TYPE_VERIFY_OTP_V2",
         "verifyOtpIntentV2",
         "verifyOtpResult",
-        "AUTH" / "CREATE",
+        "OTP" / "VERIFY",
         otp::verify_otp
     ),
     op!(login
@@ -378,6 +371,22 @@ pub static ACTIVITIES: &[Operation] = &[
         "otpLoginResult",
         "AUTH" / "CREATE",
         sessions::otp_login
+    ),
+    op!(login
+        "email_auth",
+        "ACTIVITY_TYPE_EMAIL_AUTH_V3",
+        "emailAuthIntentV3",
+        "emailAuthResult",
+        "AUTH" / "CREATE",
+        sessions::email_auth
+    ),
+    op!(login
+        "init_user_email_recovery",
+        "ACTIVITY_TYPE_INIT_USER_EMAIL_RECOVERY_V2",
+        "initUserEmailRecoveryIntentV2",
+        "initUserEmailRecoveryResult",
+        "RECOVERY" / "CREATE",
+        sessions::init_user_email_recovery
     ),
     op!(root_quorum
         "enable_auth_proxy",

@@ -1,4 +1,5 @@
-//! Sessions: `oauth_login`, `stamp_login`, `otp_login` and `create_read_write_session`. The enclave decides
+//! Sessions: `oauth_login`, `stamp_login`, `otp_login`, `create_read_write_session`, and the
+//! credentials `email_auth` and `init_user_email_recovery` send by email. The enclave decides
 //! whose session it is and certifies its key; the gateway finds what the enclave needs (the OAuth
 //! identity's certificate, a sub-organization's parent certificate) and stores the session key
 //! as an expiring credential of the user.
@@ -177,6 +178,40 @@ pub async fn otp_login(ctx: Ctx, intent: OtpLoginIntent) -> Result<Outcome, ApiE
         open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))
             .await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
+}
+
+/// `emailAuthIntentV3` and `initUserEmailRecoveryIntentV2`: read by the enclave from the stamped
+/// body, which finds the user by `email` and sends the credential itself.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EmailCredentialIntent {
+    email: String,
+    target_public_key: String,
+    api_key_name: Option<String>,
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+/// A credential for the user with the body's email, which the enclave sends to that address only
+/// (encrypted to `targetPublicKey`); the gateway stores its public half.
+async fn email_credential(ctx: &Ctx, intent: EmailCredentialIntent) -> Result<(User, String, Vec<Write>), ApiError> {
+    required(&intent.email, "email")?;
+    required(&intent.target_public_key, "targetPublicKey")?;
+    let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    let (_, user, api_key_id, writes) =
+        open_session(ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name, None).await?;
+    Ok((user, api_key_id, writes))
+}
+
+pub async fn email_auth(ctx: Ctx, intent: EmailCredentialIntent) -> Result<Outcome, ApiError> {
+    let (user, api_key_id, writes) = email_credential(&ctx, intent).await?;
+    Ok(Outcome { result: json!({ "userId": user.id, "apiKeyId": api_key_id }), writes })
+}
+
+pub async fn init_user_email_recovery(ctx: Ctx, intent: EmailCredentialIntent) -> Result<Outcome, ApiError> {
+    let (user, _, writes) = email_credential(&ctx, intent).await?;
+    Ok(Outcome { result: json!({ "userId": user.id }), writes })
 }
 
 #[derive(Deserialize)]
