@@ -49,11 +49,13 @@ pub enum Effect {
     DeletePolicies {
         ids: Vec<String>,
     },
-    /// Changes a user's name, email or tags (`None` leaves a field as it is).
+    /// Changes a user's name, email, phone number or tags (`None` leaves a field as it is).
     UpdateUser {
         id: String,
         name: Option<String>,
         email: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phone_number: Option<String>,
         tag_ids: Option<Vec<String>>,
     },
     /// Creates a tag (its members are added with [`Effect::UpdateTag`]).
@@ -299,7 +301,7 @@ impl AuthorityState {
                 t.push((POLICY, policy.id.clone()));
             }
             Effect::DeletePolicies { ids } => remove_all(&mut self.policies, POLICY, ids, &mut t)?,
-            Effect::UpdateUser { id, name, email, tag_ids } => {
+            Effect::UpdateUser { id, name, email, phone_number, tag_ids } => {
                 if let Some(tag) = tag_ids.iter().flatten().find(|t| !self.user_tags.contains_key(*t)) {
                     return Err(ApplyError::Missing { kind: USER_TAG, id: tag.clone() });
                 }
@@ -309,6 +311,9 @@ impl AuthorityState {
                 }
                 if let Some(e) = email {
                     user.email = e.clone();
+                }
+                if let Some(p) = phone_number {
+                    user.phone_number = p.clone();
                 }
                 if let Some(t) = tag_ids {
                     user.tag_ids = t.clone();

@@ -32,6 +32,10 @@ pub struct User {
     pub name: String,
     #[serde(default)]
     pub email: String,
+    /// E.164, as the user was created or updated with; empty: none. Left out of the serialized
+    /// form when empty, so a state written before the field existed reads and writes the same.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phone_number: String,
     /// The user tags the user carries (ids).
     #[serde(default)]
     pub tag_ids: Vec<String>,

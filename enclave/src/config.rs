@@ -166,6 +166,20 @@ pub struct OtpSettings {
     /// sender's is always allowed. Default: none. Environment: `COFFER_OTP_SENDER_DOMAINS`
     /// (comma-separated).
     pub sender_domains: Vec<String>,
+    /// The SMS provider codes are posted to (`https`, or `http` to a loopback host), e.g.
+    /// Twilio's `https://api.twilio.com/2010-04-01/Accounts/SID/Messages.json`. Default: none, and
+    /// SMS codes are refused. Environment: `COFFER_SMS_URL`.
+    pub sms_url: Option<String>,
+    /// A file whose first line is the `Authorization` header the provider wants (e.g. `Basic
+    /// base64(SID:TOKEN)`). Default: none. Environment: `COFFER_SMS_AUTHORIZATION_FILE`.
+    pub sms_authorization_file: Option<PathBuf>,
+    /// The request's content type. Default `application/x-www-form-urlencoded`; with
+    /// `application/json` the values are JSON-escaped. Environment: `COFFER_SMS_CONTENT_TYPE`.
+    pub sms_content_type: String,
+    /// The request body, with `{to}` and `{message}` replaced (encoded for the content type).
+    /// Default `To={to}&Body={message}` (add Twilio's `&From=%2B1…`). Environment:
+    /// `COFFER_SMS_BODY_TEMPLATE`.
+    pub sms_body_template: String,
     /// Wrong codes after which a code is dead. Default 3.
     pub max_attempts: u64,
     /// Codes sent to one contact (and for one `userIdentifier`) in an hour. Default 10.
@@ -185,6 +199,10 @@ impl Default for OtpSettings {
             sender: "no-reply@localhost".into(),
             sender_name: "Coffer".into(),
             sender_domains: Vec::new(),
+            sms_url: None,
+            sms_authorization_file: None,
+            sms_content_type: "application/x-www-form-urlencoded".into(),
+            sms_body_template: "To={to}&Body={message}".into(),
             max_attempts: 3,
             sends_per_contact_per_hour: 10,
             sends_per_organization_per_hour: 1_000,
@@ -211,6 +229,18 @@ impl OtpSettings {
         }
         if let Some(v) = var("COFFER_OTP_SENDER_DOMAINS") {
             self.sender_domains = comma_list(&v);
+        }
+        if let Some(v) = var("COFFER_SMS_URL") {
+            self.sms_url = Some(v);
+        }
+        if let Some(v) = var("COFFER_SMS_AUTHORIZATION_FILE") {
+            self.sms_authorization_file = Some(v.into());
+        }
+        if let Some(v) = var("COFFER_SMS_CONTENT_TYPE") {
+            self.sms_content_type = v.trim().to_string();
+        }
+        if let Some(v) = var("COFFER_SMS_BODY_TEMPLATE") {
+            self.sms_body_template = v;
         }
         for (k, field) in [
             ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", &mut self.sends_per_contact_per_hour),

@@ -19,6 +19,7 @@ pub mod rules;
 pub mod service;
 pub mod service_key_shelf;
 pub mod sessions;
+pub mod sms;
 pub mod verification_token;
 
 pub use error::EnclaveError;

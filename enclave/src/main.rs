@@ -357,13 +357,15 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     };
     let mailer = coffer_enclave::mail::Mailer::from_settings(&cfg.otp)?;
     tracing::info!("{}", mailer.describe());
+    let sms = coffer_enclave::sms::SmsSender::from_settings(&cfg.otp)?;
+    tracing::info!("{}", sms.describe());
     let operators = cfg.operator_keys()?;
     if operators.is_empty() {
         tracing::warn!("no operator_public_keys configured: BootstrapOrganization refuses every call");
     }
     let service = Arc::new(
         EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone()))
-            .with_otp(cfg.otp.clone(), mailer)
+            .with_otp(cfg.otp.clone(), mailer, sms)
             .with_operators(coffer_enclave::operator::Operators::new(operators))
             .with_boot_proof(coffer_enclave::proofs::BootFacts {
                 configuration_digest: {

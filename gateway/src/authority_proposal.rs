@@ -77,6 +77,7 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
                     id: u.id.clone(),
                     name: u.name.clone(),
                     email: u.email.clone().unwrap_or_default(),
+                    phone_number: u.phone_number.clone().unwrap_or_default(),
                     tag_ids: Vec::new(),
                 },
             },
@@ -151,9 +152,15 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::DeleteRecords { organization_id, kind, ids } => out.extend(delete_records(organization_id, kind, ids)),
         // One-time code records are not authority state: the enclave keeps what decides.
         Write::PutImportTarget(_) | Write::TakeImportTarget { .. } | Write::PruneRecords { .. } => {}
-        Write::UpdateUser { organization_id, id, name, email, tag_ids, .. } => out.push(change(
+        Write::UpdateUser { organization_id, id, name, email, phone_number, tag_ids, .. } => out.push(change(
             organization_id,
-            Effect::UpdateUser { id: id.clone(), name: name.clone(), email: email.clone(), tag_ids: tag_ids.clone() },
+            Effect::UpdateUser {
+                id: id.clone(),
+                name: name.clone(),
+                email: email.clone(),
+                phone_number: phone_number.clone(),
+                tag_ids: tag_ids.clone(),
+            },
         )),
         Write::DeleteUsers { organization_id, ids } => {
             out.push(change(organization_id, Effect::DeleteUsers { ids: ids.clone() }))

@@ -106,9 +106,18 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let dir = std::env::temp_dir().join(format!("coffer-otp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let smtp = SmtpServer::start(&dir).await;
+    let (sms_url, texts) = sms_receiver().await;
+    let authorization = dir.join("sms-authorization");
+    std::fs::write(&authorization, format!("{SMS_AUTHORIZATION}\n")).unwrap();
     let stack = Stack::start_on(
         "sqlite",
-        &[("COFFER_SMTP_URL", &smtp.url()), ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"), ("COFFER_LOG", "info")],
+        &[
+            ("COFFER_SMS_URL", &sms_url),
+            ("COFFER_SMS_AUTHORIZATION_FILE", authorization.to_str().unwrap()),
+            ("COFFER_SMTP_URL", &smtp.url()),
+            ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"),
+            ("COFFER_LOG", "info"),
+        ],
     )
     .await;
     let (root, org) = (stack.client(), stack.organization_id.clone());
@@ -267,6 +276,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     }
     let grace = add_user(&root, &org, "grace@example.test").await;
     email_credentials(&stack, &smtp, &grace).await;
+    sms_login(&stack, &texts).await;
     proxy_flow(&stack, &smtp).await;
     drop(stack);
     let _ = std::fs::remove_dir_all(&dir);
@@ -477,4 +487,79 @@ async fn email_credentials(stack: &Stack, smtp: &SmtpServer, grace: &str) {
     assert_eq!(r.status, 403, "{}", r.text);
     assert_eq!(smtp.seen(), before);
     let _ = root;
+}
+
+/// The `Authorization` header the SMS provider expects (kept in a file the enclave reads).
+const SMS_AUTHORIZATION: &str = "Basic Y29mZmVyOnNtcy10b2tlbg==";
+
+/// What the SMS receiver got: each request's `Authorization` header and form body.
+type Texts = std::sync::Arc<std::sync::Mutex<Vec<(String, std::collections::HashMap<String, String>)>>>;
+
+/// A local HTTP SMS provider (Twilio-style form posts): records each request, answers 201.
+async fn sms_receiver() -> (String, Texts) {
+    use axum::http::HeaderMap;
+    let texts: Texts = Default::default();
+    let t = texts.clone();
+    let app = axum::Router::new().route(
+        "/sms",
+        axum::routing::post(move |headers: HeaderMap, body: String| {
+            let t = t.clone();
+            async move {
+                let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                let form = reqwest::Url::parse(&format!("http://x/?{body}"))
+                    .unwrap()
+                    .query_pairs()
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect();
+                t.lock().unwrap().push((auth, form));
+                (axum::http::StatusCode::CREATED, "{}")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/sms"), texts)
+}
+
+/// An SMS code logs in the user with that phone number (the provider got the enclave's
+/// authorization and the code; the gateway never saw it).
+async fn sms_login(stack: &Stack, texts: &Texts) {
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    let phone = "+15550001234";
+    let params = UserParamsV4 {
+        user_name: "henry".into(),
+        user_email: None,
+        user_phone_number: Some(phone.into()),
+        api_keys: vec![],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let henry = root
+        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    let mut intent = init(phone, Some(6), Some(false), None);
+    intent.otp_type = "OTP_TYPE_SMS".into();
+    let sent = root.init_otp(org.clone(), Stack::now_ms(), intent).await.unwrap().result;
+    let (auth, form) = texts.lock().unwrap().last().cloned().expect("one text");
+    assert_eq!((auth.as_str(), form["To"].as_str()), (SMS_AUTHORIZATION, phone));
+    let code = code_in(&form["Body"]).unwrap();
+    assert!(code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()), "{form:?}");
+    let session = TurnkeyP256ApiKey::generate();
+    let session_hex = hex::encode(session.compressed_public_key());
+    let bundle = encrypted(stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
+    let token = root
+        .verify_otp(org.clone(), Stack::now_ms(), verify(&sent.otp_id, bundle))
+        .await
+        .unwrap()
+        .result
+        .verification_token;
+    assert_eq!(claims(&token)["verification_type"], "OTP_TYPE_SMS");
+    let result = root.otp_login(org.clone(), Stack::now_ms(), login(&token, &session)).await.unwrap().result;
+    assert_eq!(claims(&result.session)["user_id"], henry);
 }

@@ -372,12 +372,20 @@ fn create_users_makes_the_derived_users_with_the_bodys_credentials() {
         granted("o", &u0, WEBAUTHN_CREDENTIAL_TYPE, "03aa"),
     ];
     let user = |id: &str, name: &str, email: &str| {
-        c(Effect::PutUser { user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![] } })
+        c(Effect::PutUser {
+            user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![], ..User::default() },
+        })
     };
     let good = vec![
         user(&u0, "alice", "a@x.io"),
         c(key("k1", &u0, "02ab")),
-        c(Effect::UpdateUser { id: u0.clone(), name: None, email: None, tag_ids: Some(vec!["t1".into()]) }),
+        c(Effect::UpdateUser {
+            id: u0.clone(),
+            name: None,
+            email: None,
+            phone_number: None,
+            tag_ids: Some(vec!["t1".into()]),
+        }),
         c(passkey("a1", &u0, "03aa")),
         c(identity("o1", &u0, "hash")),
         user(&u1, "bob", ""),
@@ -410,8 +418,13 @@ fn create_users_makes_the_derived_users_with_the_bodys_credentials() {
             (
                 "a root tag",
                 with(&good, 2, |ch| {
-                    ch.effect =
-                        Effect::UpdateUser { id: u0.clone(), name: None, email: None, tag_ids: Some(vec!["t2".into()]) }
+                    ch.effect = Effect::UpdateUser {
+                        id: u0.clone(),
+                        name: None,
+                        email: None,
+                        phone_number: None,
+                        tag_ids: Some(vec!["t2".into()]),
+                    }
                 }),
             ),
         ],
@@ -427,15 +440,23 @@ fn update_user_is_the_bodys() {
         id: "u".into(),
         name: Some("n".into()),
         email: Some(String::new()),
+        phone_number: None,
         tag_ids: None,
     })];
     let other = vec![c(Effect::UpdateUser {
         id: "r".into(),
         name: Some("n".into()),
         email: Some(String::new()),
+        phone_number: None,
         tag_ids: None,
     })];
-    let email_kept = vec![c(Effect::UpdateUser { id: "u".into(), name: Some("n".into()), email: None, tag_ids: None })];
+    let email_kept = vec![c(Effect::UpdateUser {
+        id: "u".into(),
+        name: Some("n".into()),
+        email: None,
+        phone_number: None,
+        tag_ids: None,
+    })];
     case(&s, ty, body, &[], good, vec![("another user", other), ("the email kept", email_kept)]);
     let ty = "ACTIVITY_TYPE_DELETE_USERS";
     let good = vec![c(Effect::DeleteUsers { ids: vec!["u".into()] })];
@@ -803,7 +824,9 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
     ];
     let sc = |effect: Effect| Change { organization_id: sub.clone(), effect };
     let user = |id: &str, name: &str, email: &str| {
-        sc(Effect::PutUser { user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![] } })
+        sc(Effect::PutUser {
+            user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![], ..User::default() },
+        })
     };
     let organization = Organization {
         id: sub.clone(),

@@ -201,13 +201,15 @@ pub(crate) fn remove_credentials(i: &Input<'_>, kind: CredentialKind, key: &str)
     Ok(vec![i.change(Effect::RemoveCredentials { user_id: i.text("userId")?, kind, ids: i.texts(key) })])
 }
 
-/// A new user as the gateway inserts it: name and email (empty: none) from the body, no tags yet.
+/// A new user as the gateway inserts it: name, email and phone number (empty: none) from the body,
+/// no tags yet.
 fn new_user(i: &Input<'_>, id: &str, entry: &Value) -> Result<User, TransitionError> {
     let name = text_of(entry, "userName").filter(|n| !n.trim().is_empty());
     Ok(User {
         id: id.to_string(),
         name: name.ok_or_else(|| i.invalid("userName is missing"))?,
         email: text_of(entry, "userEmail").unwrap_or_default(),
+        phone_number: text_of(entry, "userPhoneNumber").unwrap_or_default(),
         tag_ids: Vec::new(),
     })
 }
@@ -231,6 +233,7 @@ pub(crate) fn create_users(i: &Input<'_>) -> Changes {
             id: id.clone(),
             name: None,
             email: None,
+            phone_number: None,
             tag_ids: Some(tags),
         });
         user_credentials(i, &t, &id, entry, tags, &mut out)?;
@@ -245,6 +248,7 @@ pub(crate) fn update_user(i: &Input<'_>) -> Changes {
         id,
         name: i.opt_text("userName"),
         email: i.opt_text("userEmail"),
+        phone_number: i.opt_text("userPhoneNumber"),
         tag_ids: (!tags.is_empty()).then_some(tags),
     })])
 }

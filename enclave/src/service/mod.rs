@@ -51,13 +51,19 @@ impl EnclaveService {
         let otp = Arc::new(otp::OtpService {
             settings: crate::config::OtpSettings::default(),
             mailer: crate::mail::Mailer::None,
+            sms: crate::sms::SmsSender::None,
         });
         Self { hsm, authority, login, otp, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
     }
 
-    /// One-time codes under `settings`, sent through `mailer`.
-    pub fn with_otp(self, settings: crate::config::OtpSettings, mailer: crate::mail::Mailer) -> Self {
-        Self { otp: Arc::new(otp::OtpService { settings, mailer }), ..self }
+    /// One-time codes under `settings`, sent through `mailer` and `sms`.
+    pub fn with_otp(
+        self,
+        settings: crate::config::OtpSettings,
+        mailer: crate::mail::Mailer,
+        sms: crate::sms::SmsSender,
+    ) -> Self {
+        Self { otp: Arc::new(otp::OtpService { settings, mailer, sms }), ..self }
     }
 
     /// The boot proof states `facts` of this process; it is signed when first asked for. A

@@ -41,6 +41,7 @@ const HOUR_MS: i64 = 3_600_000;
 pub struct OtpService {
     pub settings: OtpSettings,
     pub mailer: Mailer,
+    pub sms: crate::sms::SmsSender,
 }
 
 /// A code's record, sealed to (organization, otp id): everything `verify_otp` needs, and of the
@@ -80,18 +81,52 @@ pub(super) async fn init_otp(
         Ok((prepared, audit::carry()))
     })
     .await;
-    let ((response, message), outcome) = match prepared {
+    let ((response, outgoing), outcome) = match prepared {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let sent = otp.mailer.send(message).await;
+    let sent = match outgoing {
+        Outgoing::Email(message) => otp.mailer.send(message).await,
+        Outgoing::Sms { to, text } => otp.sms.send(&to, &text).await,
+    };
     outcome.close(sent.as_ref().map(|_| ()));
     sent.map(|_| Response::new(response)).map_err(status)
 }
 
+/// What carries a code: email, or SMS through the configured provider.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Channel {
+    Email,
+    Sms,
+}
+
+impl Channel {
+    /// The `otpType` (and a verification token's `verification_type`) of the channel.
+    fn otp_type(self) -> &'static str {
+        match self {
+            Self::Email => "OTP_TYPE_EMAIL",
+            Self::Sms => "OTP_TYPE_SMS",
+        }
+    }
+}
+
+/// A message ready to send.
+enum Outgoing {
+    Email(lettre::Message),
+    Sms { to: String, text: Zeroizing<String> },
+}
+
+/// Whether `v` is an E.164 phone number (`+` and 4 to 15 digits, as users are created with).
+fn is_e164(v: &str) -> bool {
+    v.strip_prefix('+').is_some_and(|d| (4..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// What a well-formed `initOtpIntentV3` asks for.
 struct InitParams {
+    channel: Channel,
     contact: String,
+    /// `smsCustomization.template` (with `{{.OtpCode}}`), or empty for the default text.
+    sms_template: String,
     length: usize,
     alphanumeric: bool,
     expires_secs: u64,
@@ -104,18 +139,35 @@ struct InitParams {
 }
 
 fn read_init(p: &Value, s: &OtpSettings) -> Result<InitParams, EnclaveError> {
-    match text(p, "otpType") {
-        "OTP_TYPE_EMAIL" => {}
-        "OTP_TYPE_SMS" | "OTP_TYPE_WHATSAPP" => {
+    let channel = match text(p, "otpType") {
+        "OTP_TYPE_EMAIL" => Channel::Email,
+        "OTP_TYPE_SMS" => Channel::Sms,
+        "OTP_TYPE_WHATSAPP" => {
             return Err(EnclaveError::invalid(
-                "otpType: this enclave sends one-time codes by email only (OTP_TYPE_EMAIL)",
+                "otpType: OTP_TYPE_WHATSAPP is not supported (OTP_TYPE_EMAIL or OTP_TYPE_SMS)",
             ))
         }
         _ => return Err(EnclaveError::invalid("otpType must be OTP_TYPE_EMAIL, OTP_TYPE_SMS or OTP_TYPE_WHATSAPP")),
+    };
+    let raw_contact = text(p, "contact").trim();
+    let contact = match channel {
+        Channel::Email => raw_contact
+            .parse::<lettre::Address>()
+            .map_err(|_| EnclaveError::invalid("contact: not an email address"))?
+            .to_string(),
+        Channel::Sms if is_e164(raw_contact) => raw_contact.to_string(),
+        Channel::Sms => return Err(EnclaveError::invalid("contact: not an E.164 phone number (e.g. +13214567890)")),
+    };
+    let sms_template = text(p.get("smsCustomization").unwrap_or(&Value::Null), "template").trim().to_string();
+    if !sms_template.is_empty()
+        && (sms_template.matches("{{.OtpCode}}").count() != 1
+            || sms_template.len() > 320
+            || sms_template.chars().any(|c| c.is_control() && c != '\n'))
+    {
+        return Err(EnclaveError::invalid(
+            "smsCustomization.template: at most 320 characters with exactly one {{.OtpCode}}",
+        ));
     }
-    let contact = text(p, "contact").trim();
-    let address: lettre::Address =
-        contact.parse().map_err(|_| EnclaveError::invalid("contact: not an email address"))?;
     let length = match p.get("otpLength") {
         None => DEFAULT_LENGTH,
         Some(v) => v
@@ -176,7 +228,9 @@ fn read_init(p: &Value, s: &OtpSettings) -> Result<InitParams, EnclaveError> {
         ));
     }
     Ok(InitParams {
-        contact: address.to_string(),
+        channel,
+        contact,
+        sms_template,
         length,
         alphanumeric,
         expires_secs,
@@ -210,14 +264,20 @@ fn prepare(
     authority: &Authority,
     otp: &OtpService,
     a: &Authorized,
-) -> Result<(pb::InitOtpResponse, lettre::Message), EnclaveError> {
-    if !otp.mailer.configured() {
-        return Err(EnclaveError::invalid(
-            "email one-time codes need the enclave's mail transport ([otp] smtp_url or mail_dir)",
-        ));
-    }
+) -> Result<(pb::InitOtpResponse, Outgoing), EnclaveError> {
     let org = a.activity.organization_id.as_str();
     let params = read_init(&a.activity.parameters, &otp.settings)?;
+    match params.channel {
+        Channel::Email if !otp.mailer.configured() => {
+            return Err(EnclaveError::invalid(
+                "email one-time codes need the enclave's mail transport ([otp] smtp_url or mail_dir)",
+            ))
+        }
+        Channel::Sms if !otp.sms.configured() => {
+            return Err(EnclaveError::invalid("SMS one-time codes need the enclave's SMS provider ([otp] sms_url)"))
+        }
+        _ => {}
+    }
     charge_send(authority, &otp.settings, a, &params.contact, &params.user_identifier)?;
     let now = now_ms();
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
@@ -229,7 +289,7 @@ fn prepare(
         otp_id: otp_id.clone(),
         organization_id: org.to_string(),
         contact: params.contact.clone(),
-        otp_type: "OTP_TYPE_EMAIL".into(),
+        otp_type: params.channel.otp_type().into(),
         code_hash: code_hash(&salt, &otp_id, &code),
         salt,
         expires_ms: now.saturating_add(params.expires_secs as i64 * 1000),
@@ -239,7 +299,10 @@ fn prepare(
     let sealed_otp = hsm.seal(&BlobBinding::plain(BlobKind::OtpRecord, org, &otp_id), &plain)?;
     let signer = super::transfer::HsmSigner::new(hsm)?;
     let otp_encryption_target_bundle = coffer_crypto::bundle::import_bundle(&signer, &target.public, org, "")?;
-    let message = message(&params, &code)?;
+    let outgoing = match params.channel {
+        Channel::Email => Outgoing::Email(message(&params, &code)?),
+        Channel::Sms => Outgoing::Sms { to: params.contact.clone(), text: sms_text(&params, &code) },
+    };
     drop(code);
     tracing::info!(
         target: "coffer_audit",
@@ -252,7 +315,7 @@ fn prepare(
     );
     let result = json!({ "otpId": otp_id });
     let app_proofs = crate::proofs::of_call(hsm, a, result)?;
-    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, message))
+    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, outgoing))
 }
 
 /// Counts one message to `contact` before anything is sent, in the store every enclave shares:
@@ -455,6 +518,15 @@ fn bodies(p: &InitParams, code: &str) -> (Zeroizing<String>, Zeroizing<String>) 
     (plain, html)
 }
 
+/// The text message: the body's template with the code, or the default.
+fn sms_text(p: &InitParams, code: &str) -> Zeroizing<String> {
+    if p.sms_template.is_empty() {
+        Zeroizing::new(format!("Your {} code is: {code}", p.app_name))
+    } else {
+        Zeroizing::new(p.sms_template.replacen("{{.OtpCode}}", code, 1))
+    }
+}
+
 /// The email: a MIME message (multipart/alternative) from the sender the body may use.
 fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> {
     let (plain, html) = bodies(p, code);
@@ -604,23 +676,19 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         verification_token::check_client_signature(p, &token, &usage)
             .map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     }
-    if token.verification_type != "OTP_TYPE_EMAIL" {
-        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
-    }
     let loaded = authority
         .rules()
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
     let contact = token.contact.to_ascii_lowercase();
-    let user_id = loaded
-        .state
-        .users
-        .values()
-        .find(|u| !u.email.is_empty() && u.email.to_ascii_lowercase() == contact)
-        .map(|u| u.id.clone())
-        .ok_or_else(|| {
-            refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email")
-        })?;
+    let has_contact = |u: &&coffer_authority_state::model::User| match token.verification_type.as_str() {
+        "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.to_ascii_lowercase() == contact,
+        "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == token.contact,
+        _ => false,
+    };
+    let user_id = loaded.state.users.values().find(has_contact).map(|u| u.id.clone()).ok_or_else(|| {
+        refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
+    })?;
     if !verification_token::spend(authority, &token, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
@@ -669,7 +737,16 @@ mod tests {
         assert!(with("otpLength", json!(5)).unwrap().contains("otpLength"));
         assert!(with("otpLength", json!(10)).unwrap().contains("otpLength"));
         assert!(with("contact", json!("not-an-email")).unwrap().contains("contact"));
-        assert!(with("otpType", json!("OTP_TYPE_SMS")).unwrap().contains("email only"));
+        assert!(with("otpType", json!("OTP_TYPE_SMS")).unwrap().contains("E.164"));
+        assert!(with("otpType", json!("OTP_TYPE_WHATSAPP")).unwrap().contains("not supported"));
+        let mut sms = ok.clone();
+        sms["otpType"] = json!("OTP_TYPE_SMS");
+        sms["contact"] = json!("+13214567890");
+        sms["smsCustomization"] = json!({ "template": "{{.OtpCode}} is your code" });
+        let p = read_init(&sms, &s).unwrap();
+        assert_eq!(sms_text(&p, "123456").as_str(), "123456 is your code");
+        sms["smsCustomization"] = json!({ "template": "no placeholder" });
+        assert!(read_init(&sms, &s).err().unwrap().to_string().contains("smsCustomization"));
         assert!(with("sendFromEmailAddress", json!("x@evil.test")).unwrap().contains("sender_domains"));
         assert!(with("sendFromEmailAddress", json!("x@Example.com")).is_none());
         assert!(with("expirationSeconds", json!("601")).unwrap().contains("expirationSeconds"));
