@@ -11,6 +11,17 @@ pub const CREATE_API_KEYS: &str = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
 pub const CREATE_AUTHENTICATORS: &str = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
 pub const CREATE_SUB_ORGANIZATION: &str = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8";
 pub const CREATE_OAUTH_PROVIDERS: &str = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2";
+/// `recover_user`: one passkey for the user, stamped by the recovery credential email sent.
+pub const RECOVER_USER: &str = "ACTIVITY_TYPE_RECOVER_USER";
+/// The credential `init_user_email_recovery` sends by email: it may submit `recover_user` only.
+pub const RECOVERY_CREDENTIAL_TYPE: &str = "CREDENTIAL_TYPE_RECOVER_USER_KEY_P256";
+
+/// Whether a credential of `credential_type` may submit an activity of `activity_type`: every
+/// credential may submit anything its policies allow, except a recovery credential, which may
+/// only recover its user. Checked by the gateway and the enclave alike.
+pub fn credential_may_submit(credential_type: &str, activity_type: &str) -> bool {
+    credential_type != RECOVERY_CREDENTIAL_TYPE || activity_type == RECOVER_USER
+}
 
 /// The credential type of an OAuth provider's certificate: its `public_key` is the identity hash
 /// ([`crate::oidc::identity_hash`]) of (issuer, subject, audience).
@@ -140,6 +151,10 @@ pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, Aut
         CREATE_API_KEYS | CREATE_AUTHENTICATORS | CREATE_OAUTH_PROVIDERS => {
             user_grants(org, text(p, "userId"), p, &mut out)?
         }
+        RECOVER_USER => {
+            let one = serde_json::json!({ "authenticators": [p.get("authenticator").cloned().unwrap_or(Value::Null)] });
+            user_grants(org, text(p, "userId"), &one, &mut out)?
+        }
         CREATE_USERS => {
             for (i, u) in items(p, "users").iter().enumerate() {
                 user_grants(org, &derived_id(fp, USER_ID, i), u, &mut out)?;
@@ -172,6 +187,15 @@ mod tests {
     fn activity(ty: &str, params: Value) -> StampedActivity {
         let body = serde_json::json!({"type": ty, "timestampMs": "1", "organizationId": "org", "parameters": params});
         StampedActivity::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_recovery_credential_only_recovers() {
+        assert!(credential_may_submit(RECOVERY_CREDENTIAL_TYPE, RECOVER_USER));
+        assert!(!credential_may_submit(RECOVERY_CREDENTIAL_TYPE, CREATE_API_KEYS));
+        assert!(credential_may_submit("CREDENTIAL_TYPE_API_KEY_P256", CREATE_API_KEYS));
+        let a = activity(RECOVER_USER, serde_json::json!({"userId": "u", "authenticator": {"attestation": {}}}));
+        assert!(granted_credentials(&a).is_err(), "the one authenticator is verified like any other");
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_API_KEYS_V2",
     "ACTIVITY_TYPE_DELETE_API_KEYS",
     "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2",
+    "ACTIVITY_TYPE_RECOVER_USER",
     "ACTIVITY_TYPE_DELETE_AUTHENTICATORS",
     "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2",
     "ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS",
@@ -78,6 +79,7 @@ fn transition(activity_type: &str) -> Option<Transition> {
         "ACTIVITY_TYPE_CREATE_API_KEYS_V2" => u::create_api_keys,
         "ACTIVITY_TYPE_DELETE_API_KEYS" => |i| u::remove_credentials(i, CredentialKind::ApiKey, "apiKeyIds"),
         "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2" => u::create_authenticators,
+        "ACTIVITY_TYPE_RECOVER_USER" => u::recover_user,
         "ACTIVITY_TYPE_DELETE_AUTHENTICATORS" => {
             |i| u::remove_credentials(i, CredentialKind::Passkey, "authenticatorIds")
         }

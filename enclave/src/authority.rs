@@ -797,6 +797,9 @@ impl Authority {
                     ));
                 }
                 stamp::verify(&s, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;
+                if !coffer_auth::grants::credential_may_submit(&cert.credential_type, &activity.activity_type) {
+                    return Err(refuse(OperationMismatch, "a recovery credential may only submit recover_user"));
+                }
             }
             "x-stamp-webauthn" => {
                 let s = webauthn::parse_stamp(&req.stamp, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;

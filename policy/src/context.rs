@@ -280,7 +280,8 @@ pub fn build(f: &ActivityFacts<'_>, org: &OrganizationFacts) -> BTreeMap<String,
 }
 
 /// Managing one's own credentials is implicitly allowed (spec 12.2): API keys, passkeys and
-/// OAuth providers of the submitter, and the submitter's own user.
+/// OAuth providers of the submitter, the submitter's own user, and recovering it (`recover_user`
+/// with the recovery credential email sent).
 pub fn own_credentials(activity_type: &str, params: &Value, submitter: &str) -> bool {
     let k = kind(activity_type);
     matches!(
@@ -295,6 +296,7 @@ pub fn own_credentials(activity_type: &str, params: &Value, submitter: &str) -> 
             | "UPDATE_USER_NAME"
             | "UPDATE_USER_EMAIL"
             | "UPDATE_USER_PHONE_NUMBER"
+            | "RECOVER_USER"
     ) && params.get("userId").and_then(Value::as_str) == Some(submitter)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod cbor;
 pub mod oidc;
+pub mod passkey;
 pub mod postgres;
 pub mod rlp;
 pub mod smtp;

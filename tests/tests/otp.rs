@@ -474,9 +474,44 @@ async fn email_credentials(stack: &Stack, smtp: &SmtpServer, grace: &str) {
         assert_eq!(mails.len(), 1, "{path}: one email");
         let bundle = bundle_in(&mails[0], "(paste it into the app that asked for it):");
         let secret = target.decrypt(&bundle).unwrap_or_else(|e| panic!("{path}: {e:?} {bundle}"));
-        let key = TurnkeyP256ApiKey::from_strings(hex::encode(secret), None).unwrap();
+        let key = TurnkeyP256ApiKey::from_strings(hex::encode(&secret), None).unwrap();
         let who = stack.client_with(key).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
         assert_eq!(who.user_id, grace, "{path}");
+        if path == "init_user_email_recovery" {
+            // The recovery credential adds a passkey (recover_user), and does nothing else.
+            let key = TurnkeyP256ApiKey::from_strings(hex::encode(&secret), None).unwrap();
+            let passkey = coffer_tests::passkey::Passkey::new();
+            let authenticator = serde_json::to_value(passkey.register(
+                "recovered",
+                &coffer_tests::passkey::b64url(b"recovery-challenge"),
+                "none",
+            ))
+            .unwrap();
+            let r = submit(
+                stack,
+                &key,
+                &org,
+                "recover_user",
+                "ACTIVITY_TYPE_RECOVER_USER",
+                json!({ "userId": grace, "authenticator": authenticator }),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            let ids = &r.json["activity"]["result"]["recoverUserResult"]["authenticatorId"];
+            assert_eq!(ids.as_array().map(Vec::len), Some(1), "{}", r.text);
+            let r = submit(
+                stack,
+                &key,
+                &org,
+                "create_api_keys",
+                "ACTIVITY_TYPE_CREATE_API_KEYS_V2",
+                json!({ "userId": grace, "apiKeys": [{ "apiKeyName": "k", "curveType": "API_KEY_CURVE_P256",
+                    "publicKey": hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()) }] }),
+            )
+            .await;
+            assert_eq!(r.status, 403, "{}", r.text);
+            assert!(r.text.contains("recovery credential"), "{}", r.text);
+        }
     }
     // An address no user has: refused, nothing sent.
     let before = smtp.seen();

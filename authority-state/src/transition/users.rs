@@ -188,6 +188,15 @@ pub(crate) fn create_authenticators(i: &Input<'_>) -> Changes {
     Ok(out)
 }
 
+/// `recover_user`: the one passkey (`authenticator`) the body grants its user.
+pub(crate) fn recover_user(i: &Input<'_>) -> Changes {
+    let user_id = existing_user(i)?;
+    let taken = |id: &str| i.state.credentials.contains_key(id);
+    let mut out = Vec::new();
+    passkeys(i, &here(i, &taken), &user_id, 1, &mut out)?;
+    Ok(out)
+}
+
 pub(crate) fn create_oauth_providers(i: &Input<'_>) -> Changes {
     let user_id = existing_user(i)?;
     let taken = |id: &str| i.state.credentials.contains_key(id);

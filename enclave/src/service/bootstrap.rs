@@ -109,6 +109,7 @@ pub(super) fn issue_certificates(
             grants::CREATE_API_KEYS,
             grants::CREATE_AUTHENTICATORS,
             grants::CREATE_SUB_ORGANIZATION,
+            grants::RECOVER_USER,
             grants::CREATE_OAUTH_PROVIDERS,
         ],
     )?;

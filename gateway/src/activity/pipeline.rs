@@ -399,6 +399,13 @@ pub async fn submit(
             "request not authorized: an attested stamp (X-Stamp-Attested) may only submit stamp_login",
         ));
     }
+    if let Credential::ApiKey(k) = &caller.credential {
+        if !coffer_auth::grants::credential_may_submit(&k.credential_type, op.activity_type) {
+            return Err(ApiError::forbidden(
+                "request not authorized: a recovery credential may only submit recover_user",
+            ));
+        }
+    }
     if caller.via_parent && !op.parent_may_act {
         return Err(ApiError::forbidden(
             "request not authorized: a parent organization's credentials may read a sub-organization but not act in it",

@@ -118,6 +118,26 @@ pub struct CreateAuthenticatorsIntent {
     user_id: String,
 }
 
+/// `recoverUserIntent`: one passkey for the user, stamped by the recovery credential.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverUserIntent {
+    authenticator: AuthenticatorParams,
+    user_id: String,
+}
+
+pub async fn recover_user(ctx: Ctx, intent: RecoverUserIntent) -> Result<Outcome, ApiError> {
+    super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
+    let rows =
+        authenticator_rows(&ctx.state, &ctx.org, &intent.user_id, std::slice::from_ref(&intent.authenticator), ctx.now)
+            .await?;
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    Ok(Outcome {
+        result: json!({ "authenticatorId": ids }),
+        writes: vec![crate::store::Write::InsertAuthenticators(rows)],
+    })
+}
+
 pub async fn create_authenticators(ctx: Ctx, intent: CreateAuthenticatorsIntent) -> Result<Outcome, ApiError> {
     if intent.authenticators.is_empty() {
         return Err(ApiError::invalid("authenticators must not be empty"));

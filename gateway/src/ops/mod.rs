@@ -388,6 +388,14 @@ pub static ACTIVITIES: &[Operation] = &[
         "RECOVERY" / "CREATE",
         sessions::init_user_email_recovery
     ),
+    op!(
+        "recover_user",
+        "ACTIVITY_TYPE_RECOVER_USER",
+        "recoverUserIntent",
+        "recoverUserResult",
+        "RECOVERY" / "UPDATE",
+        authenticators::recover_user
+    ),
     op!(root_quorum
         "enable_auth_proxy",
         "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
