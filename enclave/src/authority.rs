@@ -155,8 +155,9 @@ pub struct Authority {
     freshness_ms: i64,
     /// The replay window (shared by every enclave on the same store) and the decision log.
     store: Arc<dyn AuthorityStore>,
-    /// `auth_proxy_signups_per_hour`.
+    /// `auth_proxy_signups_per_hour` and `auth_proxy_signups_per_day`.
     signups_per_hour: u64,
+    signups_per_day: u64,
     /// Each organization's activity log head, as this enclave last appended it.
     log: crate::activity_log::ActivityLog,
     /// Submissions this enclave authorized lately, by fingerprint: (organization, activity type).
@@ -250,6 +251,7 @@ impl Authority {
             rules: Arc::new(Rules::new(store.clone())),
             store,
             signups_per_hour: 10_000,
+            signups_per_day: 100_000,
             log: crate::activity_log::ActivityLog::default(),
             authorized_lately: Mutex::default(),
         }
@@ -286,36 +288,51 @@ impl Authority {
         self.store.as_ref()
     }
 
-    /// The same authority with `auth_proxy_signups_per_hour` = `per_hour`.
-    pub fn signup_quota(mut self, per_hour: u64) -> Self {
+    /// The same authority with `auth_proxy_signups_per_hour` = `per_hour` and
+    /// `auth_proxy_signups_per_day` = `per_day`.
+    pub fn signup_quota(mut self, per_hour: u64, per_day: u64) -> Self {
         self.signups_per_hour = per_hour;
+        self.signups_per_day = per_day;
         self
     }
 
     /// Counts one sign-up (the stamped body's `fingerprint`) of `organization`'s auth proxy in
-    /// the store, an hour long: busy (`SIGNUP_QUOTA`) past `auth_proxy_signups_per_hour`. The
-    /// same body stamped again is not counted twice.
+    /// the store, for an hour and for a day: busy (`SIGNUP_QUOTA`) past
+    /// `auth_proxy_signups_per_hour` or `auth_proxy_signups_per_day`. The same body stamped again
+    /// is not counted twice.
     pub fn charge_signup(&self, organization: &str, fingerprint: &str) -> Result<(), EnclaveError> {
         const HOUR_MS: i64 = 3_600_000;
-        let mut key = sha2::Sha256::new();
-        key.update(b"auth-proxy-signup\0");
-        key.update(fingerprint.as_bytes());
-        let key: [u8; 32] = key.finalize().into();
         let now = now_ms();
-        let scope = format!("auth-proxy-signups/{organization}");
-        match self.store.remember_within(&scope, key, now.saturating_add(HOUR_MS), now, self.signups_per_hour)? {
-            Remembered::Fresh | Remembered::Replayed => Ok(()),
-            Remembered::OrganizationQuotaFull => Err(EnclaveError::Busy {
-                reason: RefusalReason::SignupQuota,
-                message: format!(
-                    "the auth proxy made {} sign-ups in the last hour (auth_proxy_signups_per_hour): retry later",
-                    self.signups_per_hour
-                ),
-            }),
-            Remembered::WindowFull => {
-                Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
+        let windows = [
+            ("auth-proxy-signups", HOUR_MS, self.signups_per_hour, "hour", "auth_proxy_signups_per_hour"),
+            ("auth-proxy-signups-day", 24 * HOUR_MS, self.signups_per_day, "day", "auth_proxy_signups_per_day"),
+        ];
+        for (prefix, length, quota, period, setting) in windows {
+            let scope = format!("{prefix}/{organization}");
+            // The store's replay keys are one set for every scope: each window has its own key
+            // for the body, or only the first would count it.
+            let mut key = sha2::Sha256::new();
+            key.update(b"auth-proxy-signup\0");
+            key.update(prefix.as_bytes());
+            key.update(b"\0");
+            key.update(fingerprint.as_bytes());
+            let key: [u8; 32] = key.finalize().into();
+            match self.store.remember_within(&scope, key, now.saturating_add(length), now, quota)? {
+                Remembered::Fresh | Remembered::Replayed => {}
+                Remembered::OrganizationQuotaFull => {
+                    return Err(EnclaveError::Busy {
+                        reason: RefusalReason::SignupQuota,
+                        message: format!(
+                            "the auth proxy made {quota} sign-ups in the last {period} ({setting}): retry later"
+                        ),
+                    })
+                }
+                Remembered::WindowFull => {
+                    return Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
+                }
             }
         }
+        Ok(())
     }
 
     /// An authority on a store in this process's memory alone (tests, operator commands that

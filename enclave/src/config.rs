@@ -46,6 +46,9 @@ pub struct EnclaveConfig {
     /// (`REFUSAL_REASON_SIGNUP_QUOTA`). Default 10,000. Environment:
     /// `COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR`.
     pub auth_proxy_signups_per_hour: u64,
+    /// The same over a day (so that the hourly quota cannot be taken every hour of it). Default
+    /// 100,000. Environment: `COFFER_AUTH_PROXY_SIGNUPS_PER_DAY`.
+    pub auth_proxy_signups_per_day: u64,
     /// The enclave tier's authority store (replay window, decision log, authority state):
     /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
     /// directory as a percent-encoded host), with credentials the gateway never has. Default:
@@ -309,6 +312,7 @@ impl Default for EnclaveConfig {
             replay_capacity: 2_000_000,
             replay_quota_per_organization: 100_000,
             auth_proxy_signups_per_hour: 10_000,
+            auth_proxy_signups_per_day: 100_000,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -359,6 +363,10 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR") {
             cfg.auth_proxy_signups_per_hour =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR: {e}"))?;
+        }
+        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY") {
+            cfg.auth_proxy_signups_per_day =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY: {e}"))?;
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);

@@ -325,7 +325,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             store,
         )
         .enforcing(cfg.enforce_rules)
-        .signup_quota(cfg.auth_proxy_signups_per_hour),
+        .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day),
     );
     tracing::info!(enforce_rules = cfg.enforce_rules, "organization rules");
     match std::fs::remove_file(&cfg.socket) {

@@ -904,7 +904,13 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
 /// only with its own certificate; and the auth proxy's key stamps only login activities, now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp_says() {
-    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG, ("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR", "2")]).await;
+    // Sign-ups are bounded per hour and per day; the day's bound (2) is the tighter one here.
+    let stack = Stack::start_with(&[
+        coffer_tests::AUDIT_LOG,
+        ("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR", "3"),
+        ("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY", "2"),
+    ])
+    .await;
     let enclave = connect(stack.enclave_socket());
     let root = stack.api_key();
     let org = stack.organization_id.clone();
@@ -1100,7 +1106,7 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &refused_body).is_empty());
     }
 
-    // Sign-ups through the proxy are counted by the enclave, per proxy: two an hour here. The
+    // Sign-ups through the proxy are counted by the enclave, per proxy: two a day here. The
     // same body stamped again is not a second sign-up; a third one is refused, its body unsigned.
     let signup = |n: u128| {
         let params = json!({"subOrganizationName": format!("signup-{n}"), "rootQuorumThreshold": 1,
@@ -1112,7 +1118,7 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         let stamp = proxy_stamp(b.clone()).await.unwrap().stamp;
         verify_api_stamp(&stamp, config["publicKey"].as_str().unwrap(), b.as_bytes());
     }
-    refused(proxy_stamp(third.clone()).await, tonic::Code::ResourceExhausted, "sign-ups in the last hour");
+    refused(proxy_stamp(third.clone()).await, tonic::Code::ResourceExhausted, "sign-ups in the last day");
     let lines = audit_of(&stack, "refuse", "stamp_auth_proxy_request", &third);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["reason_code"], "REFUSAL_REASON_SIGNUP_QUOTA", "{}", lines[0]);

@@ -250,6 +250,18 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         "too many one-time codes",
     );
     assert_eq!(smtp.seen(), before, "nothing is sent past the limit");
+    // Sends are counted per userIdentifier too (4 here), whatever the contact.
+    for i in 0..5 {
+        let mut intent = init(&format!("device-{i}@example.test"), None, None, None);
+        intent.user_identifier = Some("device-1".into());
+        let r = root.init_otp(org.clone(), ts(), intent).await;
+        if i < 4 {
+            r.unwrap();
+        } else {
+            refused(r, 429, "RATE_LIMIT_EXCEEDED", "too many one-time codes");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     // Alice already had three codes this hour: one more is allowed, the next is not.
     root.init_otp(org.clone(), ts(), init("alice@example.test", None, None, None)).await.unwrap();
 

@@ -338,9 +338,11 @@ fn charge_send(
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
         scopes.push((format!("otp-sends/user-identifier/{id}"), s.sends_per_contact_per_hour));
     }
-    let body_key: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
     let now = now_ms();
     for (scope, quota) in scopes {
+        // The store's replay keys are one set for every scope: each scope gets its own key for
+        // the body, or only the first scope would count it.
+        let body_key: [u8; 32] = Sha256::digest(format!("{scope}\0{}", a.activity.fingerprint).as_bytes()).into();
         match authority.store().remember_within(&scope, body_key, now.saturating_add(HOUR_MS), now, quota)? {
             Remembered::Fresh | Remembered::Replayed => {}
             Remembered::OrganizationQuotaFull => {
