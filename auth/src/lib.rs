@@ -7,6 +7,7 @@ pub mod grants;
 pub mod oidc;
 pub mod operator;
 pub mod proof;
+pub mod session_jwt;
 pub mod stamp;
 pub mod verification_token;
 pub mod webauthn;

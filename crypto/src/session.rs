@@ -18,10 +18,8 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use p256::ecdsa::signature::hazmat::PrehashVerifier as _;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::bundle::{hpke_open, hpke_seal, parse_target_public_key};
@@ -35,12 +33,11 @@ pub const SESSION_JWT_HEADER: &str = r#"{"alg":"ES256","typ":"JWT"}"#;
 /// order the hosted service writes them.
 const REQUIRED_CLAIMS: [&str; 5] = ["exp", "public_key", "session_type", "user_id", "organization_id"];
 
-/// The digest the session-JWT signature is over: SHA-256(SHA-256(`signing_input`)), where
-/// `signing_input` is `base64url(header) "." base64url(payload)`. Sign it as a prehashed digest
-/// (PKCS#11 `CKM_ECDSA`), or equivalently sign SHA-256(`signing_input`) with `CKM_ECDSA_SHA256`.
-pub fn session_jwt_signing_digest(signing_input: &str) -> [u8; 32] {
-    Sha256::digest(Sha256::digest(signing_input.as_bytes())).into()
-}
+// The signature's digest and its check are `coffer_auth::session_jwt`'s: the gateway checks
+// read-only sessions with them, without this crate.
+pub use coffer_auth::session_jwt::{
+    signing_digest as session_jwt_signing_digest, verify_signature as verify_session_jwt_signature,
+};
 
 /// JSON text of `value` in pure ASCII without `>`, `?`, `~` or DEL: those are written as
 /// `\uXXXX`. `@turnkey/core` decodes the payload with a plain-base64 `atob` that drops `-` and
@@ -104,26 +101,6 @@ pub fn assemble_session_jwt(
     }
     let signature = sign_digest(&session_jwt_signing_digest(&signing_input))?;
     Ok(format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature)))
-}
-
-/// The check of `verifySessionJwtSignature`: `notarizer_public` is a SEC1 P-256 key (the SDK
-/// takes it as uncompressed hex). `false` for any malformed token or bad signature.
-pub fn verify_session_jwt_signature(jwt: &str, notarizer_public: &[u8]) -> bool {
-    let mut parts = jwt.split('.');
-    let (Some(header), Some(payload), Some(signature), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return false;
-    };
-    let Ok(key) = p256::ecdsa::VerifyingKey::from_sec1_bytes(notarizer_public) else {
-        return false;
-    };
-    let Some(signature) =
-        URL_SAFE_NO_PAD.decode(signature).ok().and_then(|bytes| p256::ecdsa::Signature::from_slice(&bytes).ok())
-    else {
-        return false;
-    };
-    let digest = session_jwt_signing_digest(&format!("{header}.{payload}"));
-    key.verify_prehash(&digest, &signature).is_ok()
 }
 
 /// The `credentialBundle` of a session result: `private_key` (the new session's P-256 secret)

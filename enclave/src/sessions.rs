@@ -21,8 +21,18 @@ use crate::hsm::{Hsm, LoginKey};
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2";
-pub const LOGIN_TYPES: &[&str] =
-    &[OAUTH_LOGIN, STAMP_LOGIN, CREATE_READ_WRITE_SESSION, OTP_LOGIN, EMAIL_AUTH, INIT_USER_EMAIL_RECOVERY];
+pub const LOGIN_TYPES: &[&str] = &[
+    OAUTH_LOGIN,
+    STAMP_LOGIN,
+    CREATE_READ_WRITE_SESSION,
+    OTP_LOGIN,
+    EMAIL_AUTH,
+    INIT_USER_EMAIL_RECOVERY,
+    CREATE_READ_ONLY_SESSION,
+];
+/// `create_read_only_session`: a session JWT that reads as the stamping user (the gateway
+/// accepts it as `X-Session` on queries only); no key, no credential.
+pub const CREATE_READ_ONLY_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_ONLY_SESSION";
 /// `email_auth` and `init_user_email_recovery`: a credential for the user with the body's email,
 /// sent only by email (`service::otp`).
 pub const EMAIL_AUTH: &str = "ACTIVITY_TYPE_EMAIL_AUTH_V3";
@@ -268,6 +278,59 @@ fn provider_user(
         ));
     }
     Ok(cert.user_id)
+}
+
+/// A read-only session for the stamping user: the notarizer's JWT (`SESSION_TYPE_READ_ONLY`,
+/// naming the stamping key), `seconds` long and no longer than a session that stamped it. It
+/// certifies and records nothing: it can only read, which the gateway serves.
+pub fn read_only_session(
+    hsm: &Hsm,
+    authority: &Authority,
+    a: &Authorized,
+    seconds: u64,
+) -> Result<pb::CreateSessionResponse, EnclaveError> {
+    if a.via_parent {
+        return Err(EnclaveError::invalid(
+            "create_read_only_session reads as the stamping user: stamp it with a credential of the organization itself",
+        ));
+    }
+    let mut expires_at_ms = authority.expiry(Some(seconds));
+    if a.credential.expires_at_ms != 0 {
+        expires_at_ms = expires_at_ms.min(a.credential.expires_at_ms);
+    }
+    let claims = json!({
+        "exp": expires_at_ms / 1000,
+        "public_key": a.credential.public_key,
+        "session_type": "SESSION_TYPE_READ_ONLY",
+        "user_id": a.credential.user_id,
+        "organization_id": a.activity.organization_id,
+    });
+    let session = coffer_crypto::session::assemble_session_jwt(&claims, |digest| {
+        hsm.sign_digest_with(LoginKey::Notarizer, digest)
+            .map_err(|e| coffer_crypto::CryptoError::Internal(e.to_string()))
+    })?;
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "create_read_only_session",
+        organization = %a.activity.organization_id,
+        user = %a.credential.user_id,
+        fingerprint = %a.activity.fingerprint,
+        "enclave decision"
+    );
+    let result = json!({
+        "userId": a.credential.user_id,
+        "sessionExpiry": (expires_at_ms / 1000).to_string(),
+        "sessionSha256": hex::encode(sha2::Sha256::digest(session.as_bytes())),
+    });
+    Ok(pb::CreateSessionResponse {
+        app_proofs: crate::proofs::of_call(hsm, a, result)?,
+        session,
+        user_id: a.credential.user_id.clone(),
+        public_key: a.credential.public_key.clone(),
+        expires_at_ms,
+        ..Default::default()
+    })
 }
 
 /// Certifies the session key and signs its JWT; for a read-write session also encrypts the key

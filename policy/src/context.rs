@@ -281,7 +281,7 @@ pub fn build(f: &ActivityFacts<'_>, org: &OrganizationFacts) -> BTreeMap<String,
 
 /// Managing one's own credentials is implicitly allowed (spec 12.2): API keys, passkeys and
 /// OAuth providers of the submitter, the submitter's own user, and recovering it (`recover_user`
-/// with the recovery credential email sent).
+/// with the recovery credential email sent); and a read-only session of one's own.
 pub fn own_credentials(activity_type: &str, params: &Value, submitter: &str) -> bool {
     let k = kind(activity_type);
     matches!(
@@ -298,6 +298,8 @@ pub fn own_credentials(activity_type: &str, params: &Value, submitter: &str) -> 
             | "UPDATE_USER_PHONE_NUMBER"
             | "RECOVER_USER"
     ) && params.get("userId").and_then(Value::as_str) == Some(submitter)
+        // A read-only session reads as its submitter, which the submitter's credential can do.
+        || k == "CREATE_READ_ONLY_SESSION"
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::{ApiKeyCurve, ClientSignatureScheme};
 use turnkey_client::generated::{
-    ApiKeyParamsV2, ClientSignature, CreateUsersIntentV4, GetWhoamiRequest, InitOtpIntentV3, OtpLoginIntentV2,
-    UserParamsV4, VerifyOtpIntentV2,
+    ApiKeyParamsV2, ClientSignature, CreateReadOnlySessionIntent, CreateUsersIntentV4, GetWhoamiRequest,
+    InitOtpIntentV3, OtpLoginIntentV2, UserParamsV4, VerifyOtpIntentV2,
 };
 use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
 
@@ -182,6 +182,29 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(session.private_key()), None).unwrap());
     let who = as_alice.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
     assert_eq!(who.user_id, alice);
+    // A read-only session of Alice's (the official client's create_read_only_session): queries
+    // accept it as X-Session, as Alice; a submit does not, and neither does a forged one.
+    let ro = as_alice.create_read_only_session(org.clone(), ts(), CreateReadOnlySessionIntent {}).await.unwrap().result;
+    assert_eq!((ro.user_id.as_str(), ro.organization_id.as_str()), (alice.as_str(), org.as_str()));
+    assert!(ro.session_expiry > (Stack::now_ms() / 1000) as u64, "{}", ro.session_expiry);
+    assert_eq!(claims(&ro.session)["session_type"], "SESSION_TYPE_READ_ONLY");
+    let with_session = |path: &str, session: &str| {
+        let body = json!({ "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_WALLET", "timestampMs": ts().to_string(),
+            "parameters": { "walletName": "w", "accounts": [] } });
+        reqwest::Client::new()
+            .post(format!("{}{path}", stack.base_url))
+            .header("X-Session", session)
+            .body(body.to_string())
+            .send()
+    };
+    let r = with_session("/public/v1/query/whoami", &ro.session).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["userId"], alice);
+    let r = with_session("/public/v1/submit/create_wallet", &ro.session).await.unwrap();
+    assert_eq!(r.status(), 401, "a read-only session submits nothing");
+    let forged = format!("{}x", &ro.session[..ro.session.len() - 1]);
+    let r = with_session("/public/v1/query/whoami", &forged).await.unwrap();
+    assert_eq!(r.status(), 401);
     // Once: the same token with another key is refused.
     let other = TurnkeyP256ApiKey::generate();
     refused(root.otp_login(org.clone(), ts(), login(&token, &other)).await, 403, "REQUEST_NOT_AUTHORIZED", "");

@@ -2,6 +2,7 @@ use super::*;
 use p256::ecdsa::signature::hazmat::PrehashSigner as _;
 use p256::ecdsa::{Signature, SigningKey};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 /// The RNG seed of a test: 32 copies of `byte`.
 fn rng(byte: u8) -> RngSeed {

@@ -278,6 +278,9 @@ async fn verify_and_open(
     };
     let by_email =
         [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&a.activity.activity_type.as_str());
+    if a.activity.activity_type == sessions::CREATE_READ_ONLY_SESSION {
+        return run_blocking(move || sessions::read_only_session(&hsm, &authority, &a, seconds)).await;
+    }
     let o = otp.clone();
     let (mut session, message) = run_blocking(move || {
         let g = match a.activity.activity_type.as_str() {

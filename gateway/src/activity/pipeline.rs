@@ -866,10 +866,16 @@ pub async fn query(
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let q = registry.query(path).ok_or_else(|| ApiError::not_found(format!("unknown query endpoint: query/{path}")))?;
-    let stamp = stamps::verified_stamp(headers, body)?;
     let mut request = submission::parse_body(body)?;
     let id = submission::organization_id(&request)?;
-    let (org, caller, _) = authenticate(&state, id, stamp, None, HISTORY_READS.contains(&path)).await?;
+    let (org, caller) = match headers.get("x-session").filter(|_| !stamps::has_stamp(headers)) {
+        Some(session) => stamps::read_only_session(&state, session, organization(&state, id).await?).await?,
+        None => {
+            let stamp = stamps::verified_stamp(headers, body)?;
+            let (org, caller, _) = authenticate(&state, id, stamp, None, HISTORY_READS.contains(&path)).await?;
+            (org, caller)
+        }
+    };
     if matches!(caller.credential, Credential::Attested(_)) {
         return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
     }

@@ -389,6 +389,14 @@ pub static ACTIVITIES: &[Operation] = &[
         sessions::init_user_email_recovery
     ),
     op!(
+        "create_read_only_session",
+        "ACTIVITY_TYPE_CREATE_READ_ONLY_SESSION",
+        "createReadOnlySessionIntent",
+        "createReadOnlySessionResult",
+        "AUTH" / "CREATE",
+        sessions::create_read_only_session
+    ),
+    op!(
         "recover_user",
         "ACTIVITY_TYPE_RECOVER_USER",
         "recoverUserIntent",

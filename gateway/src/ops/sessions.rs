@@ -214,6 +214,26 @@ pub async fn init_user_email_recovery(ctx: Ctx, intent: EmailCredentialIntent) -
     Ok(Outcome { result: json!({ "userId": user.id }), writes })
 }
 
+/// `create_read_only_session` (`{}`): a session JWT the enclave signs for the stamping user,
+/// which queries accept as `X-Session` (and nothing else does); nothing is stored.
+pub async fn create_read_only_session(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiError> {
+    let session = ctx.enclave().create_session(pb::CreateSessionRequest::default()).await?;
+    if session.user_id != ctx.caller.user.id {
+        return Err(ApiError::internal());
+    }
+    Ok(Outcome {
+        result: json!({
+            "organizationId": ctx.org.id,
+            "organizationName": ctx.org.name,
+            "userId": ctx.caller.user.id,
+            "username": ctx.caller.user.name,
+            "session": session.session,
+            "sessionExpiry": (session.expires_at_ms / 1000).to_string(),
+        }),
+        writes: vec![],
+    })
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateReadWriteSessionIntent {

@@ -121,6 +121,78 @@ impl Caller {
     }
 }
 
+/// Whether the request carries a stamp of any kind (a stamp wins over `X-Session`).
+pub fn has_stamp(headers: &HeaderMap) -> bool {
+    ["x-stamp", "x-stamp-webauthn", "x-stamp-attested"].iter().any(|h| headers.contains_key(*h))
+}
+
+/// The header a read-only session travels in (queries only).
+pub const X_SESSION: &str = "X-Session";
+/// What a read-only session's caller is, as a credential.
+pub const READ_ONLY_SESSION_TYPE: &str = "CREDENTIAL_TYPE_READ_ONLY_SESSION";
+
+/// A read-only session (`X-Session`, from `create_read_only_session`): a JWT the enclave's
+/// notarizer signed (checked against its published key), `SESSION_TYPE_READ_ONLY`, unexpired,
+/// for `org` (or its parent, which reads its sub-organizations), of a user who still exists.
+/// Anything else is a 401.
+pub async fn read_only_session(
+    state: &Arc<AppState>,
+    header: &axum::http::HeaderValue,
+    org: Organization,
+) -> Result<(Organization, Caller), ApiError> {
+    let invalid = || ApiError::unauthenticated("SESSION_INVALID", "invalid or expired read-only session (X-Session)");
+    let token = header.to_str().map_err(|_| invalid())?.trim().to_string();
+    let keys = crate::login_public_keys::login_keys(state).await?;
+    if !coffer_auth::session_jwt::verify_signature(&token, &keys.notarizer) {
+        return Err(invalid());
+    }
+    let claims: serde_json::Value = token
+        .split('.')
+        .nth(1)
+        .and_then(|c| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok()
+        })
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(invalid)?;
+    let text = |k: &str| claims[k].as_str().unwrap_or_default().to_string();
+    let exp = claims["exp"].as_i64().unwrap_or(0);
+    if text("session_type") != "SESSION_TYPE_READ_ONLY" || now_nanos() / 1_000_000_000 >= exp {
+        return Err(invalid());
+    }
+    let (session_org, user_id) = (text("organization_id"), text("user_id"));
+    let via_parent = session_org != org.id;
+    if via_parent && org.parent_id.as_deref() != Some(session_org.as_str()) {
+        return Err(invalid());
+    }
+    let (o, u) = (session_org.clone(), user_id.clone());
+    let user = state.db(move |s| s.user(&o, &u)).await?.map_err(|_| invalid())?;
+    use sha2::Digest;
+    let id = format!("read-only-session:{}", hex::encode(&sha2::Sha256::digest(token.as_bytes())[..8]));
+    let credential = Credential::ApiKey(ApiKey {
+        id,
+        organization_id: session_org,
+        user_id,
+        name: "read-only session".into(),
+        public_key: text("public_key"),
+        credential_type: READ_ONLY_SESSION_TYPE.into(),
+        expiration_seconds: None,
+        created_at: 0,
+        updated_at: 0,
+        certificate: Vec::new(),
+    });
+    let caller = Caller {
+        user,
+        public_key: text("public_key"),
+        scheme: "SESSION_READ_ONLY",
+        signature: String::new(),
+        via_parent,
+        raw_stamp: RawStamp { header: X_SESSION, value: token },
+        credential,
+    };
+    Ok((org, caller))
+}
+
 /// Reads the stamp and checks it against the raw body: `X-Stamp` is verified outright;
 /// `X-Stamp-Webauthn` must be a `webauthn.get` whose challenge is this body's hash. Missing
 /// stamp: 401 `SIGNATURE_MISSING`.
