@@ -231,18 +231,7 @@ pub fn grant(
             if text(p, "targetPublicKey").is_empty() {
                 return Err(EnclaveError::invalid("targetPublicKey is required"));
             }
-            // Rejection-sample a valid scalar from HSM randomness.
-            let secret = loop {
-                let bytes = hsm.random(32)?;
-                if p256::SecretKey::from_slice(&bytes).is_ok() {
-                    let mut s = Zeroizing::new([0u8; 32]);
-                    s.copy_from_slice(&bytes);
-                    break s;
-                }
-            };
-            let sk = p256::SecretKey::from_slice(secret.as_slice())
-                .map_err(|_| EnclaveError::Internal("session key is not a scalar".into()))?;
-            let public_key = hex::encode(sk.public_key().to_encoded_point(true).as_bytes());
+            let (secret, public_key) = new_session_key(hsm)?;
             Ok(SessionGrant {
                 user_id,
                 public_key,
@@ -252,6 +241,22 @@ pub fn grant(
         }
         other => Err(EnclaveError::invalid(format!("{other} opens no session"))),
     }
+}
+
+/// A P-256 key pair drawn from the HSM's generator (a valid scalar by rejection sampling): the
+/// secret, and the public key as stored (compressed, lowercase hex).
+pub fn new_session_key(hsm: &Hsm) -> Result<(Zeroizing<[u8; 32]>, String), EnclaveError> {
+    let secret = loop {
+        let bytes = hsm.random(32)?;
+        if p256::SecretKey::from_slice(&bytes).is_ok() {
+            let mut s = Zeroizing::new([0u8; 32]);
+            s.copy_from_slice(&bytes);
+            break s;
+        }
+    };
+    let sk = p256::SecretKey::from_slice(secret.as_slice())
+        .map_err(|_| EnclaveError::Internal("session key is not a scalar".into()))?;
+    Ok((secret, hex::encode(sk.public_key().to_encoded_point(true).as_bytes())))
 }
 
 /// The user whose certified OAuth provider (`provider_certificate`, of the body's organization)

@@ -396,20 +396,7 @@ pub fn email_grant(
         .map(|u| u.id.clone())
         .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
     charge_send(authority, &otp.settings, a, &wanted, "")?;
-    let secret = loop {
-        let bytes = hsm.random(32)?;
-        if p256::SecretKey::from_slice(&bytes).is_ok() {
-            let mut s = Zeroizing::new([0u8; 32]);
-            s.copy_from_slice(&bytes);
-            break s;
-        }
-    };
-    let public_key = {
-        use p256::elliptic_curve::sec1::ToEncodedPoint;
-        let sk = p256::SecretKey::from_slice(secret.as_slice())
-            .map_err(|_| EnclaveError::Internal("the key is not a scalar".into()))?;
-        hex::encode(sk.public_key().to_encoded_point(true).as_bytes())
-    };
+    let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
     let credential_type = if a.activity.activity_type == crate::sessions::EMAIL_AUTH {
         "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256"
     } else {

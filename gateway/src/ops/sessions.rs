@@ -150,10 +150,15 @@ pub struct StampLoginIntent {
 }
 
 pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
-    required(&intent.public_key, "publicKey")?;
+    login_with_key(&ctx, &intent.public_key, intent.invalidate_existing).await
+}
+
+/// A login whose body names the session key (`publicKey`): the enclave decides the user (from
+/// the stamp, or the verification token); the answer is `{session}`.
+async fn login_with_key(ctx: &Ctx, public_key: &str, invalidate_existing: Option<bool>) -> Result<Outcome, ApiError> {
+    required(public_key, "publicKey")?;
     let (session, _, _, writes) =
-        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))
-            .await?;
+        open_session(ctx, Vec::new(), invalidate_existing.unwrap_or(false), None, Some(public_key)).await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
 
@@ -173,11 +178,7 @@ pub struct OtpLoginIntent {
 /// `otp_login`: the enclave verifies the token, spends it, and picks the user with its email.
 pub async fn otp_login(ctx: Ctx, intent: OtpLoginIntent) -> Result<Outcome, ApiError> {
     required(&intent.verification_token, "verificationToken")?;
-    required(&intent.public_key, "publicKey")?;
-    let (session, _, _, writes) =
-        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), None, Some(&intent.public_key))
-            .await?;
-    Ok(Outcome { result: json!({ "session": session.session }), writes })
+    login_with_key(&ctx, &intent.public_key, intent.invalidate_existing).await
 }
 
 /// `emailAuthIntentV3` and `initUserEmailRecoveryIntentV2`: read by the enclave from the stamped
