@@ -85,3 +85,53 @@ impl Mailer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_development_transport_writes_one_eml_file_per_message() {
+        let dir = std::env::temp_dir().join(format!("coffer-mail-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = OtpSettings { mail_dir: Some(dir.clone()), ..OtpSettings::default() };
+        let mailer = Mailer::from_settings(&settings).unwrap();
+        assert!(mailer.configured() && mailer.describe().contains(".eml"));
+        let message = Message::builder()
+            .from("Coffer <no-reply@localhost>".parse().unwrap())
+            .to("a@b.test".parse().unwrap())
+            .subject("Your code")
+            .body("Your code is: 123456".to_string())
+            .unwrap();
+        mailer.send(message).await.unwrap();
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!(files[0].extension().and_then(|e| e.to_str()), Some("eml"));
+        let text = std::fs::read_to_string(&files[0]).unwrap();
+        assert!(text.contains("To: a@b.test") && text.contains("123456"), "{text}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_a_transport_email_is_refused_and_a_password_needs_a_user() {
+        let none = Mailer::from_settings(&OtpSettings::default()).unwrap();
+        assert!(!none.configured());
+        let message =
+            Message::builder().from("a@b.test".parse().unwrap()).to("c@d.test".parse().unwrap()).body(String::new());
+        assert!(matches!(none.send(message.unwrap()).await, Err(EnclaveError::InvalidArgument(_))));
+        let file = std::env::temp_dir().join(format!("coffer-smtp-password-{}", std::process::id()));
+        std::fs::write(&file, "secret\n").unwrap();
+        let settings = OtpSettings {
+            smtp_url: Some("smtp://127.0.0.1:2525".into()),
+            smtp_password_file: Some(file.clone()),
+            ..OtpSettings::default()
+        };
+        assert!(Mailer::from_settings(&settings).is_err(), "a password without a user is refused");
+        std::fs::remove_file(&file).unwrap();
+    }
+}
