@@ -21,6 +21,8 @@ pub struct VerifiedToken {
     pub contact: String,
     pub verification_type: String,
     pub public_key: String,
+    /// The organization whose `verify_otp` issued it.
+    pub organization_id: String,
     pub expires_ms: i64,
 }
 
@@ -81,6 +83,7 @@ pub fn verify(token: &str, notarizer_public: &[u8], now_ms: i64) -> Option<Verif
         contact: text("contact"),
         verification_type: text("verification_type"),
         public_key: text("public_key"),
+        organization_id: text("organization_id"),
         expires_ms,
     })
 }

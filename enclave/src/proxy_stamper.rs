@@ -121,6 +121,32 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             "the auth proxy is disabled, or this is not its key, in the organization's authority state",
         ));
     }
+    // A code the proxy sends for anyone carries nothing the visitor chose but the contact: no
+    // link, logo, sender or template, which would make the enclave's mail a phishing relay.
+    if activity.activity_type == INIT_OTP {
+        let p = &activity.parameters;
+        let email = p.get("emailCustomization").cloned().unwrap_or(serde_json::Value::Null);
+        let sms = p.get("smsCustomization").cloned().unwrap_or(serde_json::Value::Null);
+        let chosen = ["magicLinkTemplate", "logoUrl", "templateVariables"].iter().any(|k| !text(&email, k).is_empty())
+            || !text(&sms, "template").is_empty()
+            || ["sendFromEmailAddress", "sendFromEmailSenderName", "replyToEmailAddress"]
+                .iter()
+                .any(|k| !text(p, k).is_empty());
+        if chosen {
+            return Err(refuse(
+                RefusalReason::BindingMismatch,
+                "the auth proxy sends codes without a link, logo, sender or template of the visitor's",
+            ));
+        }
+    }
+    // The proxy logs users of its sub-organizations in by one-time code, never its own
+    // organization's (whose members an email alone must not reach).
+    if activity.activity_type == crate::sessions::OTP_LOGIN && activity.organization_id == req.organization_id {
+        return Err(refuse(
+            RefusalReason::OrganizationMismatch,
+            "the auth proxy logs in by one-time code only users of its sub-organizations",
+        ));
+    }
     // A sign-up the proxy stamps for anyone names an email or phone number only with the
     // verification token of it (checked and spent where the sign-up is applied): else anyone could
     // take someone else's address, and its owner's one-time code login would find their account.

@@ -95,6 +95,22 @@ pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<
             return Err(e);
         }
     };
+    // The token's organization signs its users up (into a new sub-organization of it).
+    if token.organization_id != a.activity.organization_id {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    // The client's signature covers one root user: a sign-up with a token has that one user, alone
+    // in the root quorum, so that nobody else's user or key can be added beside it.
+    let one_user = p.get("rootUsers").and_then(Value::as_array).is_some_and(|u| u.len() == 1);
+    let threshold = p.get("rootQuorumThreshold");
+    let threshold_one = threshold.and_then(Value::as_i64) == Some(1) || threshold.and_then(Value::as_str) == Some("1");
+    if !one_user || !threshold_one {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "a sign-up with a verification token has one root user and a root quorum threshold of 1",
+        ));
+    }
     let contacts = signup_contacts(p);
     let verified = |(ty, c): &(&str, String)| *ty == token.verification_type && c.eq_ignore_ascii_case(&token.contact);
     if contacts.is_empty() || !contacts.iter().all(verified) {
@@ -104,7 +120,7 @@ pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<
             "the root users' email or phone number is not the contact the verification token verified",
         ));
     }
-    if !token.public_key.is_empty() {
+    {
         let user = p.get("rootUsers").and_then(|u| u.get(0)).cloned().unwrap_or(Value::Null);
         let list = |k: &str| user.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
         let mut signup = json!({ "apiKeys": list("apiKeys"), "authenticators": list("authenticators"),

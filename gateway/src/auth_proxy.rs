@@ -389,9 +389,6 @@ async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>
         "otpLength": c["otpLength"].as_i64().unwrap_or(6),
         "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(false),
     });
-    if let Some(e) = p.get("emailCustomization").filter(|e| e.is_object()) {
-        parameters["emailCustomization"] = e.clone();
-    }
     if !text(p, "userIdentifier").is_empty() {
         parameters["userIdentifier"] = json!(text(p, "userIdentifier"));
     }
@@ -423,15 +420,14 @@ async fn otp_login(
     crate::ops::params::required(text(p, "publicKey"), "publicKey")?;
     let organization_id = match text(p, "organizationId") {
         "" => {
-            let contact = token_contact(token)?;
+            let (contact, sms) = token_contact(token)?;
             let org = config.organization_id.clone();
-            let filter = SubOrgFilter::Email(contact.clone());
+            let filter = if sms { SubOrgFilter::PhoneNumber(contact) } else { SubOrgFilter::Email(contact) };
             let page = Page { limit: 1, before: None, after: None };
             let found = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
-            match found.into_iter().next() {
-                Some(id) => id,
-                None => config.organization_id.clone(),
-            }
+            found.into_iter().next().ok_or_else(|| {
+                ApiError::not_found("no sub-organization of this auth proxy has a user with the verified contact")
+            })?
         }
         id => sub_organization_of(state, config, id).await?,
     };
@@ -448,12 +444,14 @@ async fn otp_login(
     submit_as_proxy(state, config, "otp_login", &organization_id, parameters).await
 }
 
-/// The `contact` claim of a verification token, read without checking it (only to find where its
-/// user is; the enclave checks the token).
-fn token_contact(token: &str) -> Result<String, ApiError> {
-    coffer_auth::verification_token::unverified_claims(token)
-        .and_then(|c| c["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string))
-        .ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))
+/// The `contact` claim of a verification token and whether it is a phone number (SMS), read
+/// without checking them (only to find where its user is; the enclave checks the token).
+fn token_contact(token: &str) -> Result<(String, bool), ApiError> {
+    let claims = coffer_auth::verification_token::unverified_claims(token)
+        .ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))?;
+    let contact = claims["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
+    let sms = claims["verification_type"] == "OTP_TYPE_SMS";
+    contact.map(|c| (c, sms)).ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))
 }
 
 /// `id` when it is the configuration's organization or one of its sub-organizations.

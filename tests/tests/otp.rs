@@ -215,8 +215,17 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         root.init_otp(org.clone(), ts(), init("alice@example.test", Some(6), Some(false), None)).await.unwrap().result;
     let (code, _) = smtp.code_for(&before, "alice@example.test");
     assert!(code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()), "{code}");
+    // A code sent without the key its token will name is refused (such a token would be a bearer
+    // token the gateway carries); this counts as one of the three attempts.
+    let keyless = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, "");
+    refused(
+        root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, keyless)).await,
+        400,
+        "REQUEST_INVALID",
+        "public_key is required",
+    );
     let wrong = if code == "000000" { "000001" } else { "000000" };
-    for _ in 0..3 {
+    for _ in 0..2 {
         let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, wrong, &session_hex);
         refused(
             root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, b)).await,
@@ -375,6 +384,11 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let intent = login(token, &session);
     let body = json!({ "verificationToken": token, "publicKey": intent.public_key,
         "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
+    // Never into the proxy's own organization, whose members an email alone must not reach.
+    let mut own = body.clone();
+    own["organizationId"] = json!(org);
+    let (status, r) = proxy_post(stack, &config_id, "otp_login_v2", own).await;
+    assert_eq!(status, 403, "{r}");
     let (status, logged_in) = proxy_post(stack, &config_id, "otp_login_v2", body.clone()).await;
     assert_eq!(status, 200, "{logged_in}");
     let c = claims(logged_in["session"].as_str().unwrap());
@@ -435,6 +449,18 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     )
     .await;
     assert_eq!(status, 400, "{r}");
+    // A sign-up with a token has one root user: nobody can be added beside the verified one.
+    let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
+    let mut two = json!({ "subOrganizationName": "two", "rootQuorumThreshold": 1, "verificationToken": token,
+        "rootUsers": [
+            { "userName": "erin", "userEmail": "erin@example.test", "apiKeys": api_keys, "authenticators": [], "oauthProviders": [] },
+            { "userName": "mallory", "apiKeys": [{ "apiKeyName": "m", "curveType": "API_KEY_CURVE_P256",
+                "publicKey": hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()) }], "authenticators": [], "oauthProviders": [] }] });
+    two["clientSignature"] = signup(Some(&token), "erin@example.test")["clientSignature"].clone();
+    let r =
+        submit(stack, &root, &org, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", two).await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.text.contains("one root user"), "{}", r.text);
     // Erin's token does not sign Frank up.
     let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "frank@example.test")).await;

@@ -598,6 +598,16 @@ pub(super) fn verify_otp(
     }
     let sent: Sent = serde_json::from_slice(&plain)
         .map_err(|_| EnclaveError::invalid("encryptedOtpBundle: not {\"otp_code\", \"public_key\"}"))?;
+    // The key the token will name, checked before the code so that no answer depends on the
+    // code being right. Required: a token without a key would be a bearer token the gateway
+    // carries, and could redeem itself.
+    let public_key = coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", sent.public_key.trim())
+        .map(|(k, _)| k)
+        .map_err(|_| {
+            EnclaveError::invalid(
+                "encryptedOtpBundle: public_key is required, a compressed P-256 key (66 hex characters)",
+            )
+        })?;
     let given = code_hash(&record.salt, otp_id, &sent.otp_code);
     // Compared without an early exit.
     let differ = given.len() != record.code_hash.len()
@@ -605,12 +615,6 @@ pub(super) fn verify_otp(
     if differ {
         return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
-    let public_key = match sent.public_key.trim() {
-        "" => String::new(),
-        k => coffer_auth::grants::api_public_key("API_KEY_CURVE_P256", k).map(|(k, _)| k).map_err(|_| {
-            EnclaveError::invalid("encryptedOtpBundle: public_key is not a compressed P-256 key (66 hex characters)")
-        })?,
-    };
     // A code verifies once.
     let used: [u8; 32] = Sha256::digest(format!("otp-verified\0{otp_id}").as_bytes()).into();
     if authority.store().remember_within("otp-verified", used, record.expires_ms, now, u64::MAX)? != Remembered::Fresh {
@@ -669,6 +673,11 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         .rules()
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
+    // A token verified in an organization serves it and its sub-organizations only.
+    let body_org = &loaded.state.organization;
+    if token.organization_id != body_org.id && body_org.parent_id.as_deref() != Some(token.organization_id.as_str()) {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
     let contact = token.contact.to_ascii_lowercase();
     let has_contact = |u: &&coffer_authority_state::model::User| match token.verification_type.as_str() {
         "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.to_ascii_lowercase() == contact,
