@@ -11,6 +11,11 @@ use crate::authority_store::Remembered;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
 
+/// How long past a code's or token's expiry the store keeps what was counted and spent of it:
+/// another enclave whose clock is behind still sees it as counted or spent while it thinks the
+/// code or token is alive.
+pub const MARKER_MARGIN_MS: i64 = 10 * 60 * 1000;
+
 /// The one answer for a code or token that cannot be used, whatever the reason (wrong, expired,
 /// used, out of attempts): a caller learns nothing more by trying.
 pub const OTP_INVALID: &str = "the one-time code or verification token is invalid, expired or already used";
@@ -34,8 +39,13 @@ pub fn read(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, Enclav
 /// Spends `token` in the store every enclave shares: `true` the first time, `false` after.
 pub fn spend(authority: &Authority, token: &VerifiedToken, now_ms: i64) -> Result<bool, EnclaveError> {
     let key: [u8; 32] = Sha256::digest(format!("otp-token\0{}", token.id).as_bytes()).into();
-    Ok(authority.store().remember_within("otp-tokens-spent", key, token.expires_ms, now_ms, u64::MAX)?
-        == Remembered::Fresh)
+    Ok(authority.store().remember_within(
+        "otp-tokens-spent",
+        key,
+        token.expires_ms.saturating_add(MARKER_MARGIN_MS),
+        now_ms,
+        u64::MAX,
+    )? == Remembered::Fresh)
 }
 
 /// The body's `clientSignature` (in `p`) by the token's key over `usage` (the message, parsed,

@@ -571,7 +571,8 @@ pub(super) fn verify_otp(
     // `max_attempts` the code is dead whatever is sent.
     let attempt: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
     let scope = format!("otp-attempts/{otp_id}");
-    match authority.store().remember_within(&scope, attempt, record.expires_ms, now, otp.settings.max_attempts)? {
+    let kept_until = record.expires_ms.saturating_add(verification_token::MARKER_MARGIN_MS);
+    match authority.store().remember_within(&scope, attempt, kept_until, now, otp.settings.max_attempts)? {
         Remembered::Fresh | Remembered::Replayed => {}
         Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
             return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))
@@ -617,7 +618,7 @@ pub(super) fn verify_otp(
     }
     // A code verifies once.
     let used: [u8; 32] = Sha256::digest(format!("otp-verified\0{otp_id}").as_bytes()).into();
-    if authority.store().remember_within("otp-verified", used, record.expires_ms, now, u64::MAX)? != Remembered::Fresh {
+    if authority.store().remember_within("otp-verified", used, kept_until, now, u64::MAX)? != Remembered::Fresh {
         return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     let token_id = derived_id(&a.activity.fingerprint, "otp-verification-token", 0);
