@@ -205,6 +205,33 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let forged = format!("{}x", &ro.session[..ro.session.len() - 1]);
     let r = with_session("/public/v1/query/whoami", &forged).await.unwrap();
     assert_eq!(r.status(), 401);
+    // Deleting the key that made the read-only session ends it.
+    let keys = stack
+        .post_raw(
+            "/public/v1/query/get_api_keys",
+            json!({ "organizationId": org, "userId": alice }).to_string().as_bytes(),
+            Some(&stack.api_key()),
+        )
+        .await;
+    let session_key_id = keys.json["apiKeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["credential"]["publicKey"] == session_hex)
+        .unwrap_or_else(|| panic!("the session key: {}", keys.text))["apiKeyId"]
+        .clone();
+    let r = submit(
+        &stack,
+        &stack.api_key(),
+        &org,
+        "delete_api_keys",
+        "ACTIVITY_TYPE_DELETE_API_KEYS",
+        json!({ "userId": alice, "apiKeyIds": [session_key_id] }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = with_session("/public/v1/query/whoami", &ro.session).await.unwrap();
+    assert_eq!(r.status(), 401, "the read-only session of a deleted key");
     // Once: the same token with another key is refused.
     let other = TurnkeyP256ApiKey::generate();
     refused(root.otp_login(org.clone(), ts(), login(&token, &other)).await, 403, "REQUEST_NOT_AUTHORIZED", "");

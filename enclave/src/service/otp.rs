@@ -383,6 +383,9 @@ pub fn email_grant(
     if text(p, "targetPublicKey").is_empty() {
         return Err(EnclaveError::invalid("targetPublicKey is required"));
     }
+    // The email is built once without the bundle first: a body whose addresses or customization
+    // cannot make one is refused before any credential exists.
+    email_bundle(otp, a, "")?;
     let loaded = authority
         .rules()
         .load(&a.activity.organization_id)?

@@ -167,6 +167,26 @@ pub async fn read_only_session(
     }
     let (o, u) = (session_org.clone(), user_id.clone());
     let user = state.db(move |s| s.user(&o, &u)).await?.map_err(|_| invalid())?;
+    // The key that made the session must still be one of the user's: deleting a credential (or
+    // its expiry) ends the read-only sessions it made.
+    let (o, u, pk) = (session_org.clone(), user_id.clone(), text("public_key"));
+    let live = state
+        .db(move |s| -> Result<bool, StoreError> {
+            match s.api_key_by_public_key(&o, &pk) {
+                Ok(k) => {
+                    let expired = k.expiration_seconds.is_some_and(|exp| {
+                        now_nanos() >= k.created_at.saturating_add((exp as i64).saturating_mul(1_000_000_000))
+                    });
+                    Ok(k.user_id == u && !expired)
+                }
+                Err(StoreError::NotFound) => Ok(s.authenticators_of_user(&o, &u)?.iter().any(|a| a.public_key == pk)),
+                Err(e) => Err(e),
+            }
+        })
+        .await??;
+    if !live {
+        return Err(invalid());
+    }
     use sha2::Digest;
     let id = format!("read-only-session:{}", hex::encode(&sha2::Sha256::digest(token.as_bytes())[..8]));
     let credential = Credential::ApiKey(ApiKey {
