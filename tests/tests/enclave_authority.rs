@@ -2510,3 +2510,109 @@ async fn an_organization_from_before_the_authority_state_is_imported_once_by_the
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// One-time codes on the enclave socket, called as a gateway that owns its database would call
+/// them: `InitOtp` sends a code, and `VerifyOtp` signs a token, only for a fresh stamp of a live
+/// credential that the organization's rules (in the enclave's state) allow. Unstamped, replayed,
+/// stale, a deleted key's, a member's that no policy allows (even with an ALLOW row inserted in
+/// the gateway's database): refused, and nothing is sent. A sealed record opens only for its own
+/// otp id, and a code verifies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
+    let mail = std::env::temp_dir().join(format!("coffer-otp-mail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&mail);
+    let stack = Stack::start_with(&[
+        ("COFFER_ENFORCE_RULES", "1"),
+        coffer_tests::AUDIT_LOG,
+        ("COFFER_MAIL_DIR", mail.to_str().unwrap()),
+    ])
+    .await;
+    let client = stack.client();
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let (_, bob) = member(&client, &org, "bob").await;
+    let c = db(&stack);
+    let (root_cert, bob_cert) = (certificate(&c, &public_key(&root)), certificate(&c, &public_key(&bob)));
+    let enclave = connect(stack.enclave_socket());
+    let mails = || std::fs::read_dir(&mail).map(|d| d.flatten().count()).unwrap_or(0);
+    let init_body = |ts: u128| {
+        body(
+            "ACTIVITY_TYPE_INIT_OTP_V3",
+            &org,
+            ts,
+            json!({"otpType": "OTP_TYPE_EMAIL", "contact": "a@example.test", "appName": "App", "otpLength": 6,
+                "alphanumeric": false}),
+        )
+    };
+    let init = |auth: Option<pb::Authorization>| {
+        let e = enclave.clone();
+        async move { e.clone().init_otp(pb::InitOtpRequest { auth }).await.map(|r| r.into_inner()) }
+    };
+
+    // Unstamped: refused, nothing sent.
+    assert_eq!(refusal(init(None).await).0, pb::RefusalReason::NoAuthorization);
+    // Root's fresh stamp: one code sent.
+    let first = init_body(Stack::now_ms());
+    let sent = init(auth(stamped(&root, &first, &root_cert))).await.unwrap();
+    assert_eq!(mails(), 1);
+    // The same stamp again, and a stale one: refused, nothing more sent.
+    assert_eq!(refusal(init(auth(stamped(&root, &first, &root_cert))).await).0, pb::RefusalReason::Replayed);
+    let stale = init_body(Stack::now_ms() - 10 * 60 * 1000);
+    assert_eq!(refusal(init(auth(stamped(&root, &stale, &root_cert))).await).0, pb::RefusalReason::Stale);
+    // Bob, whom no policy allows: refused, also with an ALLOW row inserted under the gateway.
+    let bobs = init_body(Stack::now_ms());
+    refused_for(&stack, init(auth(stamped(&bob, &bobs, &bob_cert))).await, "init_otp", pb::RefusalReason::PolicyDenied);
+    c.execute(
+        "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at)
+            VALUES (?1, 'policy', 'inserted-otp', 'anyone sends codes', ?2, 1, 1)",
+        rusqlite::params![
+            org,
+            json!({"effect": "EFFECT_ALLOW", "condition": "true", "consensus": "true", "notes": ""}).to_string()
+        ],
+    )
+    .unwrap();
+    let bobs = init_body(Stack::now_ms() + 1);
+    assert_eq!(refusal(init(auth(stamped(&bob, &bobs, &bob_cert))).await).0, pb::RefusalReason::PolicyDenied);
+    // Bob's key deleted: his saved certificate no longer speaks for him.
+    let bob_key_id: String =
+        c.query_row("SELECT id FROM api_keys WHERE public_key = ?1", [public_key(&bob)], |r| r.get(0)).unwrap();
+    let bob_id: String =
+        c.query_row("SELECT user_id FROM api_keys WHERE public_key = ?1", [public_key(&bob)], |r| r.get(0)).unwrap();
+    let intent = turnkey_client::generated::DeleteApiKeysIntent { user_id: bob_id, api_key_ids: vec![bob_key_id] };
+    client.delete_api_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    let bobs = init_body(Stack::now_ms() + 2);
+    assert_eq!(refusal(init(auth(stamped(&bob, &bobs, &bob_cert))).await).0, pb::RefusalReason::CredentialRevoked);
+    assert_eq!(mails(), 1, "nothing is sent for a refused call");
+
+    // VerifyOtp: the code, encrypted to the record's key with the official client's encryption.
+    let file = std::fs::read_dir(&mail).unwrap().flatten().next().unwrap().path();
+    let code = coffer_tests::smtp::code_in(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let session = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+    let encrypted = || {
+        let mut c = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
+        let secret = json!({ "otp_code": code, "public_key": session }).to_string();
+        c.encrypt_secret_bundle(secret, &sent.otp_encryption_target_bundle, &org).unwrap()
+    };
+    let verify_body = |otp_id: &str, ts: u128| {
+        body("ACTIVITY_TYPE_VERIFY_OTP_V2", &org, ts, json!({"otpId": otp_id, "encryptedOtpBundle": encrypted()}))
+    };
+    let verify = |auth: Option<pb::Authorization>, sealed: &[u8]| {
+        let (e, sealed_otp) = (enclave.clone(), sealed.to_vec());
+        async move { e.clone().verify_otp(pb::VerifyOtpRequest { auth, sealed_otp }).await.map(|r| r.into_inner()) }
+    };
+    assert_eq!(refusal(verify(None, &sent.sealed_otp).await).0, pb::RefusalReason::NoAuthorization);
+    // The record under another otp id (a gateway swapping records): it does not open.
+    let other = verify_body("00000000-0000-4000-8000-000000000000", Stack::now_ms());
+    let r = verify(auth(stamped(&root, &other, &root_cert)), &sent.sealed_otp).await;
+    assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+    let right = verify_body(&sent.otp_id, Stack::now_ms());
+    let token = verify(auth(stamped(&root, &right, &root_cert)), &sent.sealed_otp).await.unwrap();
+    assert!(!token.verification_token.is_empty());
+    // The same stamp again is a replay; a new stamp with the right code finds it verified.
+    let r = verify(auth(stamped(&root, &right, &root_cert)), &sent.sealed_otp).await;
+    assert_eq!(refusal(r).0, pb::RefusalReason::Replayed);
+    let again = verify_body(&sent.otp_id, Stack::now_ms() + 1);
+    let r = verify(auth(stamped(&root, &again, &root_cert)), &sent.sealed_otp).await;
+    assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&mail);
+}
