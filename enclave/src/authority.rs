@@ -296,6 +296,26 @@ impl Authority {
         self
     }
 
+    /// Records `what` (a body's fingerprint, an otp id, a token id) in `scope` of the store every
+    /// enclave shares until `expires_ms`, with at most `quota` live entries in the scope. The
+    /// store's replay keys are one set across scopes, so the key is derived from the scope and
+    /// `what` together: the same thing counted in two scopes counts in each. Every counter of the
+    /// enclave other than the replay window goes through here.
+    pub fn count_within(
+        &self,
+        scope: &str,
+        what: &str,
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, EnclaveError> {
+        let mut key = sha2::Sha256::new();
+        key.update(scope.as_bytes());
+        key.update([0u8]);
+        key.update(what.as_bytes());
+        Ok(self.store.remember_within(scope, key.finalize().into(), expires_ms, now_ms, quota)?)
+    }
+
     /// Counts one sign-up (the stamped body's `fingerprint`) of `organization`'s auth proxy in
     /// the store, for an hour and for a day: busy (`SIGNUP_QUOTA`) past
     /// `auth_proxy_signups_per_hour` or `auth_proxy_signups_per_day`. The same body stamped again
@@ -309,15 +329,7 @@ impl Authority {
         ];
         for (prefix, length, quota, period, setting) in windows {
             let scope = format!("{prefix}/{organization}");
-            // The store's replay keys are one set for every scope: each window has its own key
-            // for the body, or only the first would count it.
-            let mut key = sha2::Sha256::new();
-            key.update(b"auth-proxy-signup\0");
-            key.update(prefix.as_bytes());
-            key.update(b"\0");
-            key.update(fingerprint.as_bytes());
-            let key: [u8; 32] = key.finalize().into();
-            match self.store.remember_within(&scope, key, now.saturating_add(length), now, quota)? {
+            match self.count_within(&scope, fingerprint, now.saturating_add(length), now, quota)? {
                 Remembered::Fresh | Remembered::Replayed => {}
                 Remembered::OrganizationQuotaFull => {
                     return Err(EnclaveError::Busy {

@@ -4,7 +4,6 @@
 
 use coffer_auth::envelope::text;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::authority::{refuse, Authority, Authorized};
 use crate::authority_store::Remembered;
@@ -38,14 +37,8 @@ pub fn read(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, Enclav
 
 /// Spends `token` in the store every enclave shares: `true` the first time, `false` after.
 pub fn spend(authority: &Authority, token: &VerifiedToken, now_ms: i64) -> Result<bool, EnclaveError> {
-    let key: [u8; 32] = Sha256::digest(format!("otp-token\0{}", token.id).as_bytes()).into();
-    Ok(authority.store().remember_within(
-        "otp-tokens-spent",
-        key,
-        token.expires_ms.saturating_add(MARKER_MARGIN_MS),
-        now_ms,
-        u64::MAX,
-    )? == Remembered::Fresh)
+    let kept_until = token.expires_ms.saturating_add(MARKER_MARGIN_MS);
+    Ok(authority.count_within("otp-tokens-spent", &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
 
 /// The body's `clientSignature` (in `p`) by the token's key over `usage` (the message, parsed,

@@ -340,10 +340,7 @@ fn charge_send(
     }
     let now = now_ms();
     for (scope, quota) in scopes {
-        // The store's replay keys are one set for every scope: each scope gets its own key for
-        // the body, or only the first scope would count it.
-        let body_key: [u8; 32] = Sha256::digest(format!("{scope}\0{}", a.activity.fingerprint).as_bytes()).into();
-        match authority.store().remember_within(&scope, body_key, now.saturating_add(HOUR_MS), now, quota)? {
+        match authority.count_within(&scope, &a.activity.fingerprint, now.saturating_add(HOUR_MS), now, quota)? {
             Remembered::Fresh | Remembered::Replayed => {}
             Remembered::OrganizationQuotaFull => {
                 return Err(EnclaveError::Busy {
@@ -572,10 +569,9 @@ pub(super) fn verify_otp(
     }
     // The attempt is counted before the code is looked at, in the shared store: past
     // `max_attempts` the code is dead whatever is sent.
-    let attempt: [u8; 32] = Sha256::digest(a.activity.fingerprint.as_bytes()).into();
     let scope = format!("otp-attempts/{otp_id}");
     let kept_until = record.expires_ms.saturating_add(verification_token::MARKER_MARGIN_MS);
-    match authority.store().remember_within(&scope, attempt, kept_until, now, otp.settings.max_attempts)? {
+    match authority.count_within(&scope, &a.activity.fingerprint, kept_until, now, otp.settings.max_attempts)? {
         Remembered::Fresh | Remembered::Replayed => {}
         Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
             return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))
@@ -620,8 +616,7 @@ pub(super) fn verify_otp(
         return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     // A code verifies once.
-    let used: [u8; 32] = Sha256::digest(format!("otp-verified\0{otp_id}").as_bytes()).into();
-    if authority.store().remember_within("otp-verified", used, kept_until, now, u64::MAX)? != Remembered::Fresh {
+    if authority.count_within("otp-verified", otp_id, kept_until, now, u64::MAX)? != Remembered::Fresh {
         return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     let token_id = derived_id(&a.activity.fingerprint, "otp-verification-token", 0);
