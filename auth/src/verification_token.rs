@@ -26,6 +26,12 @@ pub struct VerifiedToken {
     pub expires_ms: i64,
 }
 
+/// Whether `v` is a phone number as users are created with and codes are sent to: E.164, `+`
+/// and 4 to 15 digits.
+pub fn is_e164(v: &str) -> bool {
+    v.strip_prefix('+').is_some_and(|d| (4..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The signing input (`header.claims`, base64url) of a token with `claims` (`token_type` added)
 /// and the SHA-256 digest the notarizer signs; the token is the input, `.`, and the signature
 /// `r ‖ s` base64url ([`assemble`]).

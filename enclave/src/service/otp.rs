@@ -116,11 +116,6 @@ enum Outgoing {
     Sms { to: String, text: Zeroizing<String> },
 }
 
-/// Whether `v` is an E.164 phone number (`+` and 4 to 15 digits, as users are created with).
-fn is_e164(v: &str) -> bool {
-    v.strip_prefix('+').is_some_and(|d| (4..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// What a well-formed `initOtpIntentV3` asks for.
 struct InitParams {
     channel: Channel,
@@ -155,7 +150,7 @@ fn read_init(p: &Value, s: &OtpSettings) -> Result<InitParams, EnclaveError> {
             .parse::<lettre::Address>()
             .map_err(|_| EnclaveError::invalid("contact: not an email address"))?
             .to_string(),
-        Channel::Sms if is_e164(raw_contact) => raw_contact.to_string(),
+        Channel::Sms if coffer_auth::verification_token::is_e164(raw_contact) => raw_contact.to_string(),
         Channel::Sms => return Err(EnclaveError::invalid("contact: not an E.164 phone number (e.g. +13214567890)")),
     };
     let sms_template = text(p.get("smsCustomization").unwrap_or(&Value::Null), "template").trim().to_string();

@@ -61,8 +61,7 @@ pub fn valid_email(email: &str) -> Result<String, ApiError> {
 
 /// `userPhoneNumber`: E.164, e.g. `+13214567890`.
 pub fn valid_phone(phone: &str) -> Result<String, ApiError> {
-    let digits = phone.strip_prefix('+').unwrap_or("");
-    if !(4..=15).contains(&digits.len()) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if !coffer_auth::verification_token::is_e164(phone) {
         return Err(ApiError::invalid(format!("invalid phone number: {phone:?} (expected E.164, e.g. +13214567890)")));
     }
     Ok(phone.to_string())
