@@ -26,6 +26,7 @@ pub const LOGIN_TYPES: &[&str] = &[
     STAMP_LOGIN,
     CREATE_READ_WRITE_SESSION,
     OTP_LOGIN,
+    OTP_AUTH,
     EMAIL_AUTH,
     INIT_USER_EMAIL_RECOVERY,
     CREATE_READ_ONLY_SESSION,
@@ -39,8 +40,13 @@ pub const EMAIL_AUTH: &str = "ACTIVITY_TYPE_EMAIL_AUTH_V3";
 pub const INIT_USER_EMAIL_RECOVERY: &str = "ACTIVITY_TYPE_INIT_USER_EMAIL_RECOVERY_V2";
 /// `otp_login`: decided in `service::otp` (the verification token and the user it names).
 pub const OTP_LOGIN: &str = "ACTIVITY_TYPE_OTP_LOGIN_V2";
+/// `otp_auth`: the code of an `init_otp_auth` (typed, in the stamped body) traded for a
+/// credential of the user with the code's contact, encrypted to `targetPublicKey`
+/// (`service::otp`).
+pub const OTP_AUTH: &str = "ACTIVITY_TYPE_OTP_AUTH";
 /// The one-time code activities before a login (`service::otp`).
 pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
+pub const INIT_OTP_AUTH: &str = "ACTIVITY_TYPE_INIT_OTP_AUTH_V3";
 pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
 
 /// Default session length when the body gives none.

@@ -924,6 +924,7 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
                     auth,
                     provider_certificate: provider,
                     parent_certificate: parent,
+                    ..Default::default()
                 })
                 .await
                 .map(|r| r.into_inner())
@@ -1185,6 +1186,7 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
                     auth: auth(request),
                     provider_certificate: vec![],
                     parent_certificate: vec![],
+                    ..Default::default()
                 })
                 .await
                 .map(|r| r.into_inner())
@@ -1346,6 +1348,7 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
                         auth,
                         provider_certificate: vec![],
                         parent_certificate: vec![],
+                        ..Default::default()
                     })
                     .await
                     .map(|r| format!("{:?}", r.into_inner())),
@@ -1435,6 +1438,7 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
             auth: a(2),
             provider_certificate: vec![],
             parent_certificate: vec![],
+            ..Default::default()
         })
         .await
         .expect("a fresh certified stamp_login opens a session")
@@ -1747,6 +1751,7 @@ async fn create_session_makes_no_request_before_authorization_nor_to_an_issuer_n
                     auth,
                     provider_certificate: provider,
                     parent_certificate: vec![],
+                    ..Default::default()
                 })
                 .await
                 .map(|r| r.into_inner())
@@ -2545,7 +2550,7 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
     };
     let init = |auth: Option<pb::Authorization>| {
         let e = enclave.clone();
-        async move { e.clone().init_otp(pb::InitOtpRequest { auth }).await.map(|r| r.into_inner()) }
+        async move { e.clone().init_otp(pb::InitOtpRequest { auth, ..Default::default() }).await.map(|r| r.into_inner()) }
     };
 
     // Unstamped: refused, nothing sent.
@@ -2612,6 +2617,36 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
     assert_eq!(refusal(r).0, pb::RefusalReason::Replayed);
     let again = verify_body(&sent.otp_id, Stack::now_ms() + 1);
     let r = verify(auth(stamped(&root, &again, &root_cert)), &sent.sealed_otp).await;
+    assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+
+    // otp_auth takes a code typed in the body, so it redeems only codes made for it
+    // (init_otp_auth): init_otp's record with its right code, typed, is refused.
+    let before = mails();
+    let fresh = init_body(Stack::now_ms() + 3);
+    let sent = init(auth(stamped(&root, &fresh, &root_cert))).await.unwrap();
+    assert_eq!(mails(), before + 1);
+    let newest = std::fs::read_dir(&mail)
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .unwrap()
+        .path();
+    let code = coffer_tests::smtp::code_in(&std::fs::read_to_string(newest).unwrap()).unwrap();
+    let target = turnkey_enclave_encrypt::AuthenticationClient::new().target_public_key().unwrap();
+    let typed = body(
+        "ACTIVITY_TYPE_OTP_AUTH",
+        &org,
+        Stack::now_ms(),
+        json!({"otpId": sent.otp_id, "otpCode": code, "targetPublicKey": target}),
+    );
+    let r = enclave
+        .clone()
+        .create_session(pb::CreateSessionRequest {
+            auth: auth(stamped(&root, &typed, &root_cert)),
+            sealed_otp: sent.sealed_otp.clone(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
     drop(stack);
     let _ = std::fs::remove_dir_all(&mail);

@@ -285,6 +285,7 @@ async fn verify_and_open(
     let (mut session, message) = run_blocking(move || {
         let g = match a.activity.activity_type.as_str() {
             sessions::OTP_LOGIN => super::otp::login_grant(&hsm, &authority, &a)?,
+            sessions::OTP_AUTH => super::otp::otp_auth_grant(&hsm, &authority, &o, &a, &req.sealed_otp)?,
             t if [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&t) => {
                 super::otp::email_grant(&hsm, &authority, &o, &a)?
             }

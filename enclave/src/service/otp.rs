@@ -21,7 +21,7 @@ use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::mail::Mailer;
-use crate::sessions::{SessionGrant, INIT_OTP, VERIFY_OTP};
+use crate::sessions::{SessionGrant, INIT_OTP, INIT_OTP_AUTH, VERIFY_OTP};
 use crate::verification_token::{self, OTP_INVALID};
 
 /// Code lengths the interface allows, and its default (`otpLength`).
@@ -56,8 +56,23 @@ struct OtpRecord {
     salt: String,
     code_hash: String,
     expires_ms: i64,
-    /// The P-256 secret the client encrypts the code to (hex).
+    /// The P-256 secret the client encrypts the code to (hex); empty for an `init_otp_auth` code.
     target_secret: String,
+    /// What the code is for: [`Purpose::Verify`] (`init_otp`, absent in records written before
+    /// `init_otp_auth`) or [`Purpose::Auth`]. A code serves only the call it was made for.
+    #[serde(default)]
+    purpose: Purpose,
+}
+
+/// The call a code was made for, and the only one it serves.
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+enum Purpose {
+    /// `init_otp` → `verify_otp` (the code encrypted to the record's key) → a verification token.
+    #[default]
+    Verify,
+    /// `init_otp_auth` → `otp_auth` (the code as typed, in the stamped body) → a credential.
+    Auth,
 }
 
 impl Drop for OtpRecord {
@@ -76,7 +91,11 @@ pub(super) async fn init_otp(
 ) -> Result<Response<pb::InitOtpResponse>, Status> {
     let o = otp.clone();
     let prepared = run_blocking(move || {
-        let a = authority.authorize("init_otp", req.auth.as_ref(), &[INIT_OTP])?;
+        // A parent organization's credential may ask for init_otp_auth (as for a login), and only
+        // for it: init_otp's token is the sub-organization's own business.
+        let parent = (!req.parent_certificate.is_empty()).then_some(req.parent_certificate.as_slice());
+        let types: &[&str] = if parent.is_some() { &[INIT_OTP_AUTH] } else { &[INIT_OTP, INIT_OTP_AUTH] };
+        let a = authority.authorize_for("init_otp", req.auth.as_ref(), types, parent, None)?;
         let prepared = prepare(&hsm, &authority, &o, &a)?;
         Ok((prepared, audit::carry()))
     })
@@ -278,7 +297,12 @@ fn prepare(
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
     let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
     let salt = hex::encode(hsm.random(16)?.as_slice());
-    let target = coffer_crypto::bundle::new_import_target(&hsm.random_seed()?)?;
+    let purpose = if a.activity.activity_type == INIT_OTP_AUTH { Purpose::Auth } else { Purpose::Verify };
+    // Only a code verify_otp checks is sent back encrypted, to a key of its own.
+    let target = match purpose {
+        Purpose::Verify => Some(coffer_crypto::bundle::new_import_target(&hsm.random_seed()?)?),
+        Purpose::Auth => None,
+    };
     let record = OtpRecord {
         v: 1,
         otp_id: otp_id.clone(),
@@ -288,12 +312,15 @@ fn prepare(
         code_hash: code_hash(&salt, &otp_id, &code),
         salt,
         expires_ms: now.saturating_add(params.expires_secs as i64 * 1000),
-        target_secret: hex::encode(target.secret.as_slice()),
+        target_secret: target.as_ref().map(|t| hex::encode(t.secret.as_slice())).unwrap_or_default(),
+        purpose,
     };
     let plain = Zeroizing::new(serde_json::to_vec(&record).map_err(|_| EnclaveError::Internal("otp record".into()))?);
     let sealed_otp = hsm.seal(&BlobBinding::plain(BlobKind::OtpRecord, org, &otp_id), &plain)?;
-    let signer = super::transfer::HsmSigner::new(hsm)?;
-    let otp_encryption_target_bundle = coffer_crypto::bundle::import_bundle(&signer, &target.public, org, "")?;
+    let otp_encryption_target_bundle = match &target {
+        Some(t) => coffer_crypto::bundle::import_bundle(&super::transfer::HsmSigner::new(hsm)?, &t.public, org, "")?,
+        None => String::new(),
+    };
     let outgoing = match params.channel {
         Channel::Email => Outgoing::Email(message(&params, &code)?),
         Channel::Sms => Outgoing::Sms { to: params.contact.clone(), text: sms_text(&params, &code) },
@@ -302,7 +329,7 @@ fn prepare(
     tracing::info!(
         target: "coffer_audit",
         decision = "allow",
-        operation = "init_otp",
+        operation = %a.activity.activity_type,
         organization = %org,
         otp_id = %otp_id,
         fingerprint = %a.activity.fingerprint,
@@ -535,6 +562,71 @@ fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
 }
 
+/// Opens the record the gateway kept for the body's `otpId`: made for `purpose`, for this
+/// organization and id, unexpired. The attempt is counted here, before the code is looked at, in
+/// the shared store: past `max_attempts` the code is dead whatever is sent.
+fn open_record(
+    hsm: &Hsm,
+    authority: &Authority,
+    otp: &OtpService,
+    a: &Authorized,
+    sealed: &[u8],
+    purpose: Purpose,
+) -> Result<OtpRecord, EnclaveError> {
+    let (org, otp_id) = (a.activity.organization_id.as_str(), text(&a.activity.parameters, "otpId").trim());
+    if otp_id.is_empty() {
+        return Err(EnclaveError::invalid("otpId is required"));
+    }
+    // A record that does not open under (organization, otp id) is another code's, or forged.
+    let opened = hsm
+        .unseal(&BlobBinding::plain(BlobKind::OtpRecord, org, otp_id), sealed)
+        .map_err(|_| refuse(a, RefusalReason::OtpInvalid, OTP_INVALID))?;
+    let record: OtpRecord = serde_json::from_slice(opened.as_slice())
+        .map_err(|_| EnclaveError::Internal("an otp record that opened does not parse".into()))?;
+    if record.otp_id != otp_id || record.organization_id != org || record.purpose != purpose {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let now = now_ms();
+    if now >= record.expires_ms {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    let scope = format!("otp-attempts/{otp_id}");
+    match authority.count_within(
+        &scope,
+        &a.activity.fingerprint,
+        kept_until(&record),
+        now,
+        otp.settings.max_attempts,
+    )? {
+        Remembered::Fresh | Remembered::Replayed => Ok(record),
+        Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
+            Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID))
+        }
+    }
+}
+
+/// How long the markers of a code (attempts, verified) are kept: past its expiry, with a margin.
+fn kept_until(record: &OtpRecord) -> i64 {
+    record.expires_ms.saturating_add(verification_token::MARKER_MARGIN_MS)
+}
+
+/// Accepts `code` for `record`, once: the hashes compared without an early exit, then the code
+/// remembered as verified in the shared store (a second verification is refused).
+fn accept_code(authority: &Authority, a: &Authorized, record: &OtpRecord, code: &str) -> Result<(), EnclaveError> {
+    let given = code_hash(&record.salt, &record.otp_id, code);
+    let differ = given.len() != record.code_hash.len()
+        || given.bytes().zip(record.code_hash.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) != 0;
+    if differ {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    if authority.count_within("otp-verified", &record.otp_id, kept_until(record), now_ms(), u64::MAX)?
+        != Remembered::Fresh
+    {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    Ok(())
+}
+
 /// `verify_otp`: the record opened, the attempt counted, the code compared, the token signed.
 pub(super) fn verify_otp(
     hsm: &Hsm,
@@ -544,34 +636,11 @@ pub(super) fn verify_otp(
 ) -> Result<pb::VerifyOtpResponse, EnclaveError> {
     let a = authority.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
     let p = &a.activity.parameters;
-    let (org, otp_id) = (a.activity.organization_id.as_str(), text(p, "otpId").trim());
-    if otp_id.is_empty() {
-        return Err(EnclaveError::invalid("otpId is required"));
-    }
+    let org = a.activity.organization_id.as_str();
     let token_seconds = seconds(p, DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS)?;
-    // A record that does not open under (organization, otp id) is another code's, or forged.
-    let opened = hsm
-        .unseal(&BlobBinding::plain(BlobKind::OtpRecord, org, otp_id), &req.sealed_otp)
-        .map_err(|_| refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))?;
-    let record: OtpRecord = serde_json::from_slice(opened.as_slice())
-        .map_err(|_| EnclaveError::Internal("an otp record that opened does not parse".into()))?;
-    if record.otp_id != otp_id || record.organization_id != org {
-        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
-    }
+    let record = open_record(hsm, authority, otp, &a, &req.sealed_otp, Purpose::Verify)?;
+    let otp_id = record.otp_id.as_str();
     let now = now_ms();
-    if now >= record.expires_ms {
-        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
-    }
-    // The attempt is counted before the code is looked at, in the shared store: past
-    // `max_attempts` the code is dead whatever is sent.
-    let scope = format!("otp-attempts/{otp_id}");
-    let kept_until = record.expires_ms.saturating_add(verification_token::MARKER_MARGIN_MS);
-    match authority.count_within(&scope, &a.activity.fingerprint, kept_until, now, otp.settings.max_attempts)? {
-        Remembered::Fresh | Remembered::Replayed => {}
-        Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
-            return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID))
-        }
-    }
     let mut secret = Zeroizing::new([0u8; 32]);
     let decoded = Zeroizing::new(hex::decode(&record.target_secret).unwrap_or_default());
     if decoded.len() != 32 {
@@ -603,17 +672,7 @@ pub(super) fn verify_otp(
                 "encryptedOtpBundle: public_key is required, a compressed P-256 key (66 hex characters)",
             )
         })?;
-    let given = code_hash(&record.salt, otp_id, &sent.otp_code);
-    // Compared without an early exit.
-    let differ = given.len() != record.code_hash.len()
-        || given.bytes().zip(record.code_hash.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) != 0;
-    if differ {
-        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
-    }
-    // A code verifies once.
-    if authority.count_within("otp-verified", otp_id, kept_until, now, u64::MAX)? != Remembered::Fresh {
-        return Err(refuse(&a, RefusalReason::OtpInvalid, OTP_INVALID));
-    }
+    accept_code(authority, &a, &record, &sent.otp_code)?;
     let token_id = derived_id(&a.activity.fingerprint, "otp-verification-token", 0);
     let expires_ms = now.saturating_add(token_seconds as i64 * 1000);
     let claims = json!({
@@ -672,13 +731,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
     if token.organization_id != body_org.id && body_org.parent_id.as_deref() != Some(token.organization_id.as_str()) {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
-    let contact = token.contact.to_ascii_lowercase();
-    let has_contact = |u: &&coffer_authority_state::model::User| match token.verification_type.as_str() {
-        "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.to_ascii_lowercase() == contact,
-        "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == token.contact,
-        _ => false,
-    };
-    let user_id = loaded.state.users.values().find(has_contact).map(|u| u.id.clone()).ok_or_else(|| {
+    let user_id = user_with_contact(&loaded.state, &token.verification_type, &token.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
     if !verification_token::spend(authority, &token, now)? {
@@ -690,6 +743,57 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         credential_type: "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256",
         secret: None,
     })
+}
+
+/// The user of `state` whose email (`OTP_TYPE_EMAIL`, without case) or phone number
+/// (`OTP_TYPE_SMS`) is `contact`.
+fn user_with_contact(
+    state: &coffer_authority_state::model::AuthorityState,
+    verification_type: &str,
+    contact: &str,
+) -> Option<String> {
+    let has_contact = |u: &&coffer_authority_state::model::User| match verification_type {
+        "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.eq_ignore_ascii_case(contact),
+        "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == contact,
+        _ => false,
+    };
+    state.users.values().find(has_contact).map(|u| u.id.clone())
+}
+
+/// `otp_auth`: the code of an `init_otp_auth`, typed in the stamped body, checked as
+/// `verify_otp` checks one (record, purpose, expiry, attempts, once), and traded for a P-256 key
+/// from the HSM certified (`CREDENTIAL_TYPE_OTP_AUTH_KEY_P256`, expiring) for the organization's
+/// user with the code's contact; its private half leaves only encrypted to `targetPublicKey`.
+/// The gateway sees the code in the body, but cannot use it: only this stamped body redeems it.
+pub fn otp_auth_grant(
+    hsm: &Hsm,
+    authority: &Authority,
+    otp: &OtpService,
+    a: &Authorized,
+    sealed: &[u8],
+) -> Result<SessionGrant, EnclaveError> {
+    let p = &a.activity.parameters;
+    if text(p, "otpCode").trim().is_empty() {
+        return Err(EnclaveError::invalid("otpCode is required"));
+    }
+    // The target is checked before the code is spent on it.
+    let target = text(p, "targetPublicKey").trim();
+    let target_ok = hex::decode(target).ok().is_some_and(|b| p256::PublicKey::from_sec1_bytes(&b).is_ok());
+    if !target_ok {
+        return Err(EnclaveError::invalid("targetPublicKey: a P-256 public key (hex, compressed or uncompressed)"));
+    }
+    let loaded = authority
+        .rules()
+        .load(&a.activity.organization_id)?
+        .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
+    let record = open_record(hsm, authority, otp, a, sealed, Purpose::Auth)?;
+    let code = Zeroizing::new(text(p, "otpCode").to_string());
+    accept_code(authority, a, &record, &code)?;
+    let user_id = user_with_contact(&loaded.state, &record.otp_type, &record.contact).ok_or_else(|| {
+        refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
+    })?;
+    let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
+    Ok(SessionGrant { user_id, public_key, credential_type: "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256", secret: Some(secret) })
 }
 
 #[cfg(test)]

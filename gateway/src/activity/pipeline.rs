@@ -492,9 +492,17 @@ pub async fn submit(
         activity_type: op.activity_type.to_string(),
         status: status.to_string(),
         fingerprint,
-        intent: json!({ op.intent_key: env.parameters }),
+        // A waiting activity keeps what it will run with; a decided one keeps no secret, in its
+        // intent or in the body its submitter's vote carries.
+        intent: match status {
+            STATUS_CONSENSUS_NEEDED => json!({ op.intent_key: env.parameters }),
+            _ => json!({ op.intent_key: op.recorded_parameters(&env.parameters) }),
+        },
         result,
-        votes,
+        votes: match status {
+            STATUS_CONSENSUS_NEEDED => votes,
+            _ => op.recorded_votes(votes),
+        },
         failure: None,
         created_at: now,
         updated_at: now_nanos(),

@@ -85,6 +85,9 @@ pub struct Operation {
     /// organization's credentials may submit it for a sub-organization, under the parent's
     /// policies — the one exception to "parents read, not act".
     pub parent_may_act: bool,
+    /// Parameters the activity record keeps only as `"<redacted>"` (otp_auth's typed code): they
+    /// reach the enclave in the stamped body, and no stored or served copy of the activity.
+    pub secret_parameters: &'static [&'static str],
     pub handler: ActivityHandler,
 }
 
@@ -97,6 +100,43 @@ impl Operation {
             action: self.action,
             root_quorum: self.root_quorum,
         }
+    }
+
+    /// The intent's parameters as the activity record keeps them: each of
+    /// [`Operation::secret_parameters`] present is `"<redacted>"`.
+    pub fn recorded_parameters(&self, parameters: &serde_json::Value) -> serde_json::Value {
+        let mut kept = parameters.clone();
+        if let Some(m) = kept.as_object_mut() {
+            for k in self.secret_parameters {
+                if let Some(v) = m.get_mut(*k) {
+                    *v = serde_json::Value::String("<redacted>".into());
+                }
+            }
+        }
+        kept
+    }
+
+    /// `votes` as the activity record keeps them: the stamped body each carries as `message`
+    /// with [`Operation::secret_parameters`] redacted. Such a vote's signature then no longer
+    /// verifies over its message; the enclave's log link still attests the stamp it verified.
+    pub fn recorded_votes(&self, mut votes: serde_json::Value) -> serde_json::Value {
+        if self.secret_parameters.is_empty() {
+            return votes;
+        }
+        for vote in votes.as_array_mut().into_iter().flatten() {
+            let Some(message) = vote.get("message").and_then(serde_json::Value::as_str) else { continue };
+            let redacted = match serde_json::from_str::<serde_json::Value>(message) {
+                Ok(mut body) => {
+                    if let Some(p) = body.get_mut("parameters") {
+                        *p = self.recorded_parameters(p);
+                    }
+                    body.to_string()
+                }
+                Err(_) => "<redacted>".to_string(),
+            };
+            vote["message"] = serde_json::Value::String(redacted);
+        }
+        votes
     }
 }
 
@@ -171,4 +211,25 @@ macro_rules! query_handler {
             })
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn secret_parameters_are_kept_redacted_in_the_intent_and_the_votes_body() {
+        let op = crate::ops::ACTIVITIES.iter().find(|o| o.path == "otp_auth").unwrap();
+        let params = json!({ "otpId": "o", "otpCode": "123456", "targetPublicKey": "04ab" });
+        let kept = op.recorded_parameters(&params);
+        assert_eq!(kept, json!({ "otpId": "o", "otpCode": "<redacted>", "targetPublicKey": "04ab" }));
+        let body = json!({ "type": "ACTIVITY_TYPE_OTP_AUTH", "parameters": params }).to_string();
+        let votes = op.recorded_votes(json!([{ "message": body, "signature": "s" }]));
+        let message = votes[0]["message"].as_str().unwrap();
+        assert!(!message.contains("123456") && message.contains("<redacted>"), "{message}");
+        // Other operations keep their bodies as signed.
+        let other = crate::ops::ACTIVITIES.iter().find(|o| o.path == "init_otp").unwrap();
+        let votes = json!([{ "message": "{\"parameters\":{\"otpCode\":\"1\"}}" }]);
+        assert_eq!(other.recorded_votes(votes.clone()), votes);
+    }
 }

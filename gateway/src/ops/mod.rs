@@ -42,6 +42,7 @@ macro_rules! op {
             root_quorum: false,
             precheck: None,
             parent_may_act: false,
+            secret_parameters: &[],
             handler: activity_handler!($h),
         }
     };
@@ -372,6 +373,25 @@ pub static ACTIVITIES: &[Operation] = &[
         "AUTH" / "CREATE",
         sessions::otp_login
     ),
+    op!(login
+        "init_otp_auth",
+        "ACTIVITY_TYPE_INIT_OTP_AUTH_V3",
+        "initOtpAuthIntentV3",
+        "initOtpAuthResultV2",
+        "OTP" / "CREATE",
+        otp::init_otp_auth
+    ),
+    Operation {
+        secret_parameters: &["otpCode"],
+        ..op!(login
+            "otp_auth",
+            "ACTIVITY_TYPE_OTP_AUTH",
+            "otpAuthIntent",
+            "otpAuthResult",
+            "AUTH" / "CREATE",
+            sessions::otp_auth
+        )
+    },
     op!(login
         "email_auth",
         "ACTIVITY_TYPE_EMAIL_AUTH_V3",

@@ -1,5 +1,6 @@
-//! One-time codes: `init_otp` and `verify_otp`. The enclave makes, sends and checks the code; the
-//! gateway keeps only the record the enclave sealed, and never sees a code.
+//! One-time codes: `init_otp`, `verify_otp` and `init_otp_auth`. The enclave makes, sends and
+//! checks the code; the gateway keeps only the record the enclave sealed, and sees no code (but
+//! the one `otp_auth` carries typed in a stamped body only it redeems).
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -23,9 +24,29 @@ pub struct InitOtpIntent {
 }
 
 pub async fn init_otp(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, ApiError> {
+    let (resp, writes) = new_code(&ctx, intent).await?;
+    Ok(Outcome {
+        result: json!({ "otpId": resp.otp_id, "otpEncryptionTargetBundle": resp.otp_encryption_target_bundle }),
+        writes,
+    })
+}
+
+/// `initOtpAuthIntentV3` (the fields of `init_otp`): a code `otp_auth` takes as typed.
+pub async fn init_otp_auth(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, ApiError> {
+    let (resp, writes) = new_code(&ctx, intent).await?;
+    Ok(Outcome { result: json!({ "otpId": resp.otp_id }), writes })
+}
+
+/// Has the enclave make and send a code for the stamped body; the writes keep its sealed record
+/// (and drop the records of codes that expired).
+async fn new_code(ctx: &Ctx, intent: InitOtpIntent) -> Result<(pb::InitOtpResponse, Vec<Write>), ApiError> {
     required(&intent.otp_type, "otpType")?;
     required(&intent.contact, "contact")?;
-    let resp = ctx.enclave().init_otp(pb::InitOtpRequest::default()).await?;
+    let request = pb::InitOtpRequest {
+        parent_certificate: super::sessions::parent_certificate(ctx).await?,
+        ..Default::default()
+    };
+    let resp = ctx.enclave().init_otp(request).await?;
     // Records of codes that expired (10 minutes at most) go with each new one.
     let expired = Write::PruneRecords {
         organization_id: ctx.org.id.clone(),
@@ -33,21 +54,32 @@ pub async fn init_otp(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, ApiErr
         created_before: ctx.now - RECORD_LIFETIME_NANOS,
     };
     // Record names are unique per kind: the id is the name.
-    Ok(Outcome {
-        result: json!({ "otpId": resp.otp_id, "otpEncryptionTargetBundle": resp.otp_encryption_target_bundle }),
-        writes: vec![
-            Write::PutRecord(Record {
-                organization_id: ctx.org.id.clone(),
-                kind: OTP.to_string(),
-                name: resp.otp_id.clone(),
-                id: resp.otp_id,
-                data: json!({ "sealed": hex::encode(&resp.sealed_otp) }),
-                created_at: ctx.now,
-                updated_at: ctx.now,
-            }),
-            expired,
-        ],
+    let record = Write::PutRecord(Record {
+        organization_id: ctx.org.id.clone(),
+        kind: OTP.to_string(),
+        name: resp.otp_id.clone(),
+        id: resp.otp_id.clone(),
+        data: json!({ "sealed": hex::encode(&resp.sealed_otp) }),
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    });
+    Ok((resp, vec![record, expired]))
+}
+
+/// The sealed record of code `otp_id` of `ctx`'s organization; empty when there is none (the
+/// enclave answers an unknown id as it answers a wrong code, and counts nothing for it).
+pub async fn sealed_record(ctx: &Ctx, otp_id: &str) -> Result<Vec<u8>, ApiError> {
+    let (org, id) = (ctx.org.id.clone(), otp_id.to_string());
+    Ok(match ctx.state.db(move |s| s.record(&org, OTP, &id)).await? {
+        Ok(r) => hex::decode(r.data.get("sealed").and_then(Value::as_str).unwrap_or_default()).unwrap_or_default(),
+        Err(StoreError::NotFound) => Vec::new(),
+        Err(e) => return Err(e.into()),
     })
+}
+
+/// The write that drops code `otp_id`'s record once it has done its work.
+pub fn spent(ctx: &Ctx, otp_id: String) -> Write {
+    Write::DeleteRecords { organization_id: ctx.org.id.clone(), kind: OTP.to_string(), ids: vec![otp_id] }
 }
 
 /// `verifyOtpIntentV2`.
@@ -64,21 +96,11 @@ pub struct VerifyOtpIntent {
 pub async fn verify_otp(ctx: Ctx, intent: VerifyOtpIntent) -> Result<Outcome, ApiError> {
     required(&intent.otp_id, "otpId")?;
     required(&intent.encrypted_otp_bundle, "encryptedOtpBundle")?;
-    let (org, id) = (ctx.org.id.clone(), intent.otp_id.clone());
-    // An unknown id is answered as a wrong code is (by the enclave, which counts nothing for it).
-    let sealed = match ctx.state.db(move |s| s.record(&org, OTP, &id)).await? {
-        Ok(r) => hex::decode(r.data.get("sealed").and_then(Value::as_str).unwrap_or_default()).unwrap_or_default(),
-        Err(StoreError::NotFound) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
+    let sealed = sealed_record(&ctx, &intent.otp_id).await?;
     let resp = ctx.enclave().verify_otp(pb::VerifyOtpRequest { sealed_otp: sealed, ..Default::default() }).await?;
     // Verified once: the record has done its work (the enclave also remembers it was verified).
     Ok(Outcome {
         result: json!({ "verificationToken": resp.verification_token }),
-        writes: vec![Write::DeleteRecords {
-            organization_id: ctx.org.id.clone(),
-            kind: OTP.to_string(),
-            ids: vec![intent.otp_id],
-        }],
+        writes: vec![spent(&ctx, intent.otp_id)],
     })
 }

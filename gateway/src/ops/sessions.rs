@@ -1,5 +1,5 @@
-//! Sessions: `oauth_login`, `stamp_login`, `otp_login`, `create_read_write_session`, and the
-//! credentials `email_auth` and `init_user_email_recovery` send by email. The enclave decides
+//! Sessions: `oauth_login`, `stamp_login`, `otp_login`, `create_read_write_session`, `otp_auth`,
+//! and the credentials `email_auth` and `init_user_email_recovery` send by email. The enclave decides
 //! whose session it is and certifies its key; the gateway finds what the enclave needs (the OAuth
 //! identity's certificate, a sub-organization's parent certificate) and stores the session key
 //! as an expiring credential of the user.
@@ -17,7 +17,7 @@ use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
 
 /// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
-async fn parent_certificate(ctx: &Ctx) -> Result<Vec<u8>, ApiError> {
+pub(super) async fn parent_certificate(ctx: &Ctx) -> Result<Vec<u8>, ApiError> {
     if !ctx.caller.via_parent {
         return Ok(Vec::new());
     }
@@ -36,7 +36,7 @@ async fn parent_certificate(ctx: &Ctx) -> Result<Vec<u8>, ApiError> {
 /// the user's earlier session keys when `invalidate_existing`).
 async fn open_session(
     ctx: &Ctx,
-    provider_certificate: Vec<u8>,
+    request: pb::CreateSessionRequest,
     invalidate_existing: bool,
     key_name: Option<String>,
     public_key: Option<&str>,
@@ -61,11 +61,7 @@ async fn open_session(
             }
         }
     }
-    let request = pb::CreateSessionRequest {
-        provider_certificate,
-        parent_certificate: parent_certificate(ctx).await?,
-        ..Default::default()
-    };
+    let request = pb::CreateSessionRequest { parent_certificate: parent_certificate(ctx).await?, ..request };
     let session = ctx.enclave().create_session(request).await?;
     // The enclave chose the user; it must be one of this organization.
     let user = super::lookup::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
@@ -131,7 +127,7 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
     })?;
     let (session, _, _, writes) = open_session(
         &ctx,
-        provider.certificate,
+        pb::CreateSessionRequest { provider_certificate: provider.certificate, ..Default::default() },
         intent.invalidate_existing.unwrap_or(false),
         None,
         Some(&intent.public_key),
@@ -157,8 +153,14 @@ pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, 
 /// the stamp, or the verification token); the answer is `{session}`.
 async fn login_with_key(ctx: &Ctx, public_key: &str, invalidate_existing: Option<bool>) -> Result<Outcome, ApiError> {
     required(public_key, "publicKey")?;
-    let (session, _, _, writes) =
-        open_session(ctx, Vec::new(), invalidate_existing.unwrap_or(false), None, Some(public_key)).await?;
+    let (session, _, _, writes) = open_session(
+        ctx,
+        pb::CreateSessionRequest::default(),
+        invalidate_existing.unwrap_or(false),
+        None,
+        Some(public_key),
+    )
+    .await?;
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
 
@@ -201,7 +203,8 @@ async fn email_credential(ctx: &Ctx, intent: EmailCredentialIntent) -> Result<(U
     required(&intent.target_public_key, "targetPublicKey")?;
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
     let (_, user, api_key_id, writes) =
-        open_session(ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name, None).await?;
+        open_session(ctx, pb::CreateSessionRequest::default(), intent.invalidate_existing.unwrap_or(false), name, None)
+            .await?;
     Ok((user, api_key_id, writes))
 }
 
@@ -213,6 +216,40 @@ pub async fn email_auth(ctx: Ctx, intent: EmailCredentialIntent) -> Result<Outco
 pub async fn init_user_email_recovery(ctx: Ctx, intent: EmailCredentialIntent) -> Result<Outcome, ApiError> {
     let (user, _, writes) = email_credential(&ctx, intent).await?;
     Ok(Outcome { result: json!({ "userId": user.id }), writes })
+}
+
+/// `otpAuthIntent`: read and checked by the enclave from the stamped body.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OtpAuthIntent {
+    otp_id: String,
+    otp_code: String,
+    target_public_key: String,
+    api_key_name: Option<String>,
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+/// `otp_auth`: the enclave checks the code of an `init_otp_auth` against the record kept here and
+/// answers a credential of the user with the code's contact, encrypted to `targetPublicKey`.
+pub async fn otp_auth(ctx: Ctx, intent: OtpAuthIntent) -> Result<Outcome, ApiError> {
+    required(&intent.otp_id, "otpId")?;
+    required(&intent.otp_code, "otpCode")?;
+    required(&intent.target_public_key, "targetPublicKey")?;
+    let sealed_otp = super::otp::sealed_record(&ctx, &intent.otp_id).await?;
+    let name = intent
+        .api_key_name
+        .filter(|n| !n.trim().is_empty())
+        .unwrap_or_else(|| format!("OTP Auth - {}", ctx.now / 1_000_000));
+    let request = pb::CreateSessionRequest { sealed_otp, ..Default::default() };
+    let (session, user, api_key_id, mut writes) =
+        open_session(&ctx, request, intent.invalidate_existing.unwrap_or(false), Some(name), None).await?;
+    writes.push(super::otp::spent(&ctx, intent.otp_id));
+    Ok(Outcome {
+        result: json!({ "userId": user.id, "apiKeyId": api_key_id, "credentialBundle": session.credential_bundle }),
+        writes,
+    })
 }
 
 /// `create_read_only_session` (`{}`): a session JWT the enclave signs for the stamping user,
@@ -252,8 +289,14 @@ pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionI
         super::lookup::load_user(&ctx.state, &ctx.org.id, u).await?;
     }
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
-    let (session, user, api_key_id, writes) =
-        open_session(&ctx, Vec::new(), intent.invalidate_existing.unwrap_or(false), name, None).await?;
+    let (session, user, api_key_id, writes) = open_session(
+        &ctx,
+        pb::CreateSessionRequest::default(),
+        intent.invalidate_existing.unwrap_or(false),
+        name,
+        None,
+    )
+    .await?;
     Ok(Outcome {
         result: json!({
             "organizationId": ctx.org.id,
