@@ -574,6 +574,7 @@ async fn otp_auth_flow(stack: &Stack, smtp: &SmtpServer) {
         expiration_seconds: None,
         reply_to_email_address: None,
     };
+    let intent_for_heidi = intent.clone();
     let sent = root.init_otp_auth(org.clone(), ts(), intent).await.unwrap().result;
     let (code, _) = smtp.code_for(&before, "heidi@example.test");
     assert!(code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()), "{code}");
@@ -634,6 +635,40 @@ async fn otp_auth_flow(stack: &Stack, smtp: &SmtpServer) {
         .await;
     assert_eq!(activity.json["activity"]["intent"]["otpAuthIntent"]["otpCode"], "<redacted>", "{}", activity.text);
     assert!(!activity.text.contains(&format!("\"{code}\"")), "{}", activity.text);
+    // The parent's credential runs both for a sub-organization (how the server SDK uses them).
+    let r = submit(
+        stack,
+        &stack.api_key(),
+        &org,
+        "create_sub_organization",
+        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+        json!({ "subOrganizationName": "ivan's", "rootQuorumThreshold": 1, "rootUsers": [{ "userName": "ivan",
+            "userEmail": "ivan@example.test", "apiKeys": [], "authenticators": [], "oauthProviders": [] }] }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let result = &r.json["activity"]["result"]["createSubOrganizationResultV8"];
+    let (sub, ivan) = (result["subOrganizationId"].as_str().unwrap(), result["rootUserIds"][0].as_str().unwrap());
+    let mut intent = InitOtpAuthIntentV3 { contact: "ivan@example.test".into(), ..intent_for_heidi };
+    intent.alphanumeric = None;
+    intent.otp_length = None;
+    let before = smtp.seen();
+    let sent = root.init_otp_auth(sub.into(), ts(), intent).await.unwrap().result;
+    let (code, _) = smtp.code_for(&before, "ivan@example.test");
+    // Crockford codes are read without case.
+    let mut target = turnkey_enclave_encrypt::AuthenticationClient::new();
+    let intent = OtpAuthIntent {
+        otp_code: code.to_ascii_lowercase(),
+        target_public_key: target.target_public_key().unwrap(),
+        ..auth(&sent.otp_id, "")
+    };
+    let r = root.otp_auth(sub.into(), ts(), intent).await.unwrap();
+    assert_eq!(r.result.user_id, ivan);
+    let secret = target.decrypt(&r.result.credential_bundle).unwrap();
+    let key = TurnkeyP256ApiKey::from_strings(hex::encode(&secret), None).unwrap();
+    let who = stack.client_with(key).get_whoami(GetWhoamiRequest { organization_id: sub.into() }).await.unwrap();
+    assert_eq!(who.user_id, ivan);
+
     // A code of init_otp does not serve otp_auth.
     let before = smtp.seen();
     let other =
