@@ -2,6 +2,7 @@
 //! verification, envelope parsing and credential grants, the enclave's use being the one that counts.
 
 pub mod attested;
+pub mod client_signature;
 pub mod envelope;
 pub mod grants;
 pub mod oidc;

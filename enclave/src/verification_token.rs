@@ -3,7 +3,7 @@
 //! signature by the key one names; and what a sign-up with one must show.
 
 use coffer_auth::envelope::text;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::authority::{refuse, Authority, Authorized};
 use crate::authority_store::Remembered;
@@ -41,31 +41,10 @@ pub fn spend(authority: &Authority, token: &VerifiedToken, now_ms: i64) -> Resul
     Ok(authority.count_within("otp-tokens-spent", &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
 
-/// The body's `clientSignature` (in `p`) by the token's key over `usage` (the message, parsed,
-/// must be exactly it; P-256 over SHA-256 of its bytes, `r ‖ s` hex).
+/// The body's `clientSignature` (in `p`) by the token's key over `usage`
+/// (`coffer_auth::client_signature::check`).
 pub fn check_client_signature(p: &Value, token: &VerifiedToken, usage: &Value) -> Result<(), &'static str> {
-    let sig = p.get("clientSignature").ok_or("clientSignature is required: the verification token names a key")?;
-    let key_hex = text(sig, "publicKey").trim().to_ascii_lowercase();
-    if key_hex != token.public_key {
-        return Err("clientSignature.publicKey is not the key the verification token names");
-    }
-    if !matches!(text(sig, "scheme"), "" | "CLIENT_SIGNATURE_SCHEME_API_P256") {
-        return Err("clientSignature.scheme must be CLIENT_SIGNATURE_SCHEME_API_P256");
-    }
-    if serde_json::from_str::<Value>(text(sig, "message")).ok().as_ref() != Some(usage) {
-        return Err("clientSignature.message is not this use of the token (its parameters, tokenId and type)");
-    }
-    let key = hex::decode(&key_hex)
-        .ok()
-        .and_then(|b| p256::ecdsa::VerifyingKey::from_sec1_bytes(&b).ok())
-        .ok_or("clientSignature.publicKey is not a P-256 key")?;
-    let signature = hex::decode(text(sig, "signature").trim().trim_start_matches("0x"))
-        .ok()
-        .and_then(|b| p256::ecdsa::Signature::from_slice(&b).ok())
-        .ok_or("clientSignature.signature is not r ‖ s hex")?;
-    use p256::ecdsa::signature::Verifier;
-    key.verify(text(sig, "message").as_bytes(), &signature)
-        .map_err(|_| "clientSignature does not verify with the verification token's key")
+    coffer_auth::client_signature::check(p, &token.public_key, usage)
 }
 
 /// The contacts (email, phone number) a sub-organization's root users are created with.
@@ -123,19 +102,8 @@ pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<
             "the root users' email or phone number is not the contact the verification token verified",
         ));
     }
-    {
-        let user = p.get("rootUsers").and_then(|u| u.get(0)).cloned().unwrap_or(Value::Null);
-        let list = |k: &str| user.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
-        let mut signup = json!({ "apiKeys": list("apiKeys"), "authenticators": list("authenticators"),
-            "oauthProviders": list("oauthProviders") });
-        for (k, to) in [("userEmail", "email"), ("userPhoneNumber", "phoneNumber")] {
-            if !text(&user, k).is_empty() {
-                signup[to] = json!(text(&user, k));
-            }
-        }
-        let usage = json!({ "signupV2": signup, "tokenId": token.id, "type": "USAGE_TYPE_SIGNUP" });
-        check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
-    }
+    let usage = coffer_auth::client_signature::signup_usage(p, Some(&token.id));
+    check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     if !spend(authority, &token, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }

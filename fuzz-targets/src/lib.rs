@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("qos_envelope", qos_envelope),
     ("activity_log", activity_log),
     ("verification_token", verification_token),
+    ("client_signature", client_signature),
 ];
 
 /// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
@@ -156,6 +157,25 @@ pub fn verification_token(data: &[u8]) -> Outcome {
         }
         None if unverified.is_some() => Outcome::Parsed,
         None => Outcome::Rejected,
+    }
+}
+
+/// A sign-up body (JSON) whose `clientSignature` may prove the API key it registers
+/// (`coffer_auth::client_signature`): a key proven is one of the body's, and the signature checks
+/// again against it.
+pub fn client_signature(data: &[u8]) -> Outcome {
+    use coffer_auth::client_signature as cs;
+    let Ok(body) = serde_json::from_slice::<Value>(data) else { return Outcome::Rejected };
+    match cs::proven_signup_key(&body) {
+        Some(key) => {
+            let keys = body["rootUsers"][0]["apiKeys"].as_array().expect("a proven key is listed");
+            assert!(keys
+                .iter()
+                .any(|k| k["publicKey"].as_str().is_some_and(|p| p.eq_ignore_ascii_case(&key)
+                    || p.strip_prefix("0x").is_some_and(|p| p.eq_ignore_ascii_case(&key)))));
+            Outcome::Accepted
+        }
+        None => Outcome::Parsed,
     }
 }
 

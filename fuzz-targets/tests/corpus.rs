@@ -491,7 +491,18 @@ fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let signature: p256::ecdsa::Signature =
         p256::ecdsa::signature::hazmat::PrehashSigner::sign_prehash(&notarizer, &digest).unwrap();
     let verification_token = coffer_auth::verification_token::assemble(&input, &signature.to_bytes().into());
+    // A sign-up whose client signature (P-256 secret `[8; 32]`) proves the API key it registers.
+    let owner = p256::ecdsa::SigningKey::from_slice(&[8; 32]).unwrap();
+    let owner_hex = hex::encode(owner.verifying_key().to_encoded_point(true).as_bytes());
+    let mut signup = serde_json::json!({ "subOrganizationName": "s", "rootQuorumThreshold": 1, "rootUsers": [{
+        "userName": "u", "apiKeys": [{ "apiKeyName": "w", "publicKey": owner_hex, "curveType": "API_KEY_CURVE_P256" }],
+        "authenticators": [], "oauthProviders": [] }] });
+    let message = coffer_auth::client_signature::signup_usage(&signup, None).to_string();
+    let signature: p256::ecdsa::Signature = owner.sign(message.as_bytes());
+    signup["clientSignature"] = serde_json::json!({ "publicKey": owner_hex, "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256",
+        "message": message, "signature": hex::encode(signature.to_bytes()) });
     vec![
+        ("client_signature", "signup".into(), signup.to_string().into_bytes()),
         ("verification_token", "es256".into(), verification_token.into_bytes()),
         ("oidc_token", "es256".into(), token.into_bytes()),
         ("qos_envelope", "hex".into(), hex::encode(&envelope).into_bytes()),

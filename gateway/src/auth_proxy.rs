@@ -550,7 +550,12 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
             )))
         }
     }
-    let filter = crate::ops::suborgs::filter(keys, filter_type, value).await?;
+    let filter = match crate::ops::suborgs::filter(keys, filter_type, value).await? {
+        // A key is found only where it proved possession: registering someone else's key (with
+        // one's own passkey beside it) must not route its owner's later login there.
+        SubOrgFilter::PublicKey(k) => SubOrgFilter::ProvenPublicKey(k),
+        other => other,
+    };
     let org = config.organization_id.clone();
     let page = Page { limit: 1, before: None, after: None };
     let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;

@@ -22,6 +22,11 @@ pub const PARENT_CERTIFICATE: &str = "parent_certificate";
 /// A one-time code's record, sealed by the enclave (`data.sealed`, hex): the gateway keeps it for
 /// `verify_otp` and cannot read the code from it.
 pub const OTP: &str = "otp";
+/// A public key (API key or passkey) that proved in this organization that its holder signs
+/// with it: it stamped a `stamp_login` here, or its `clientSignature` covered the sign-up that
+/// registered it. id = name = the key (lowercase hex), as stored. The auth proxy's anonymous
+/// `PUBLIC_KEY` lookups find only these.
+pub const PROVEN_KEY: &str = "proven_key";
 /// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
 pub const TVC_APP: &str = "tvc_app";
 pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
@@ -40,6 +45,7 @@ pub const ALL: &[&str] = &[
     AUTH_PROXY,
     PARENT_CERTIFICATE,
     OTP,
+    PROVEN_KEY,
     TVC_APP,
     TVC_DEPLOYMENT,
     TVC_OPERATOR_SET,

@@ -16,7 +16,8 @@ use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::{ApiKeyCurve, ClientSignatureScheme};
 use turnkey_client::generated::{
     ApiKeyParamsV2, ClientSignature, CreateReadOnlySessionIntent, CreateUsersIntentV4, GetWhoamiRequest,
-    InitOtpAuthIntentV3, InitOtpIntentV3, OtpAuthIntent, OtpLoginIntentV2, UserParamsV4, VerifyOtpIntentV2,
+    InitOtpAuthIntentV3, InitOtpIntentV3, OtpAuthIntent, OtpLoginIntentV2, StampLoginIntent, UserParamsV4,
+    VerifyOtpIntentV2,
 };
 use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
 
@@ -511,6 +512,67 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     // Once.
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "erin@example.test")).await;
     assert_eq!(status, 403, "{r}");
+    // Erin's key signed her sign-up: a PUBLIC_KEY lookup finds her organization by it.
+    let by_key = |k: &str| json!({ "filterType": "PUBLIC_KEY", "filterValue": k });
+    let (status, r) = proxy_post(stack, &config_id, "account", by_key(&erin_hex)).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": erin_org })));
+    public_key_lookups(stack, &config_id).await;
+}
+
+/// Anonymous PUBLIC_KEY lookups find a key only where it proved that its holder signs with it.
+/// A visitor who signs up with someone's wallet key (and their own key beside it) is not where
+/// the key's owner is sent; the owner's sign-up that the key signs is, and so is an unsigned one
+/// once the key has stamped a stamp_login there.
+async fn public_key_lookups(stack: &Stack, config_id: &str) {
+    let by_key = |k: &str| json!({ "filterType": "PUBLIC_KEY", "filterValue": k });
+    let key_entry =
+        |name: &str, k: &str| json!({ "apiKeyName": name, "publicKey": k, "curveType": "API_KEY_CURVE_P256" });
+    let owner = TurnkeyP256ApiKey::generate();
+    let owner_hex = hex::encode(owner.compressed_public_key());
+    let squatter_hex = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+    let squat = json!({ "userName": "squatter", "apiKeys": [key_entry("wallet", &owner_hex), key_entry("mine", &squatter_hex)],
+        "authenticators": [], "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", squat).await;
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&owner_hex)).await;
+    assert_eq!((status, r), (200, json!({})), "the squatter's organization is not found by the owner's key");
+    // The owner's sign-up, signed by the key it registers.
+    let mut signup = json!({ "userName": "owner", "apiKeys": [key_entry("wallet", &owner_hex)], "authenticators": [],
+        "oauthProviders": [] });
+    let usage = json!({ "signupV2": { "apiKeys": signup["apiKeys"], "authenticators": [], "oauthProviders": [] },
+        "type": "USAGE_TYPE_SIGNUP" })
+    .to_string();
+    let signer = p256::ecdsa::SigningKey::from_slice(&owner.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signer.sign(usage.as_bytes());
+    signup["clientSignature"] = json!({ "publicKey": owner_hex, "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256",
+        "message": usage, "signature": hex::encode(signature.to_bytes()) });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signup).await;
+    assert_eq!(status, 200, "{r}");
+    let owners = r["organizationId"].as_str().unwrap().to_string();
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&owner_hex)).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": owners })));
+    // An unsigned sign-up (what @turnkey/core's wallet sign-up sends): found once its key logs in.
+    let wallet = TurnkeyP256ApiKey::generate();
+    let wallet_hex = hex::encode(wallet.compressed_public_key());
+    let plain = json!({ "userName": "wallet", "apiKeys": [key_entry("wallet", &wallet_hex)], "authenticators": [],
+        "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", plain).await;
+    assert_eq!(status, 200, "{r}");
+    let wallets = r["organizationId"].as_str().unwrap().to_string();
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&wallet_hex)).await;
+    assert_eq!((status, r), (200, json!({})));
+    let as_wallet =
+        stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(wallet.private_key()), None).unwrap());
+    let session = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+    let login = StampLoginIntent {
+        public_key: session,
+        expiration_seconds: None,
+        invalidate_existing: None,
+        session_profile_id: None,
+    };
+    as_wallet.stamp_login(wallets.clone(), Stack::now_ms(), login).await.unwrap();
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&wallet_hex)).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": wallets })));
 }
 
 /// A verification token for `contact` through the proxy, the code encrypted with `key_hex` bound.

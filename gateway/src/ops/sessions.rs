@@ -146,7 +146,29 @@ pub struct StampLoginIntent {
 }
 
 pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, ApiError> {
-    login_with_key(&ctx, &intent.public_key, intent.invalidate_existing).await
+    let mut outcome = login_with_key(&ctx, &intent.public_key, intent.invalidate_existing).await?;
+    // The stamping key has shown it signs for its holder here: anonymous PUBLIC_KEY lookups may
+    // find this organization by it from now on.
+    if !ctx.caller.via_parent {
+        outcome.writes.push(proven_key(&ctx, &ctx.org.id, &ctx.caller.public_key));
+    }
+    Ok(outcome)
+}
+
+/// The record that `public_key` proved possession in `organization_id`
+/// (`record_kinds::PROVEN_KEY`).
+pub fn proven_key(ctx: &Ctx, organization_id: &str, public_key: &str) -> Write {
+    let key = public_key.trim();
+    let key = key.strip_prefix("0x").unwrap_or(key).to_ascii_lowercase();
+    Write::PutRecord(crate::store::Record {
+        organization_id: organization_id.to_string(),
+        kind: crate::record_kinds::PROVEN_KEY.to_string(),
+        id: key.clone(),
+        name: key,
+        data: json!({}),
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    })
 }
 
 /// A login whose body names the session key (`publicKey`): the enclave decides the user (from

@@ -190,6 +190,14 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
             }));
         }
     }
+    // An API key the sign-up's clientSignature shows its holder signed with is found by
+    // anonymous PUBLIC_KEY lookups from the start (others once they stamp a stamp_login here).
+    let body = ctx.auth.request.as_ref().and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok());
+    let proven =
+        body.as_ref().and_then(|b| b.get("parameters")).and_then(coffer_auth::client_signature::proven_signup_key);
+    if let Some(key) = proven {
+        writes.push(super::sessions::proven_key(&ctx, &sub.id, &key));
+    }
     let mut result = json!({ "subOrganizationId": sub.id, "rootUserIds": sub.root_user_ids });
 
     // Last, once everything else is known to be acceptable: the wallet, sealed by the enclave

@@ -222,6 +222,9 @@ pub enum SubOrgFilter {
     CredentialId(String),
     /// An API key's or a passkey's public key (lowercase hex).
     PublicKey(String),
+    /// [`SubOrgFilter::PublicKey`], of a key that proved possession there
+    /// (`record_kinds::PROVEN_KEY`).
+    ProvenPublicKey(String),
     /// Compared case-insensitively for `0x` hex addresses, exactly otherwise.
     WalletAccountAddress(String),
     /// The (issuer, subject, audience) of an OAuth provider.

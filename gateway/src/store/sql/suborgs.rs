@@ -116,6 +116,12 @@ pub fn sub_organization_ids<D: Db>(
                   OR o.id IN (SELECT organization_id FROM authenticators WHERE public_key = ?2))",
             [v, "", ""],
         ),
+        SubOrgFilter::ProvenPublicKey(v) => (
+            "AND (o.id IN (SELECT organization_id FROM api_keys WHERE public_key = ?2)
+                  OR o.id IN (SELECT organization_id FROM authenticators WHERE public_key = ?2))
+             AND o.id IN (SELECT organization_id FROM records WHERE kind = ?3 AND id = ?2)",
+            [v, crate::record_kinds::PROVEN_KEY, ""],
+        ),
         SubOrgFilter::WalletAccountAddress(v) => {
             let hex = v.len() > 2
                 && (v.starts_with("0x") || v.starts_with("0X"))
