@@ -240,8 +240,8 @@ pub fn wallet_kit_config(config: &Record) -> Value {
         "organizationId": config.organization_id,
         "oauthClientIds": c["walletKitSettings"]["oauthClientIds"].as_object().cloned().unwrap_or_default(),
         "oauthRedirectUrl": c["walletKitSettings"]["oauthRedirectUrl"].as_str().unwrap_or_default(),
-        "otpAlphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(false),
-        "otpLength": c["otpLength"].as_i64().unwrap_or(6).to_string(),
+        "otpAlphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(DEFAULT_OTP_ALPHANUMERIC),
+        "otpLength": c["otpLength"].as_i64().unwrap_or(DEFAULT_OTP_LENGTH).to_string(),
     })
 }
 
@@ -371,6 +371,12 @@ fn method_enabled(config: &Record, method: &str) -> bool {
         .is_some_and(|m| m.iter().any(|v| v.as_str().is_some_and(|v| v.eq_ignore_ascii_case(method))))
 }
 
+/// The code a configuration that does not set `otpLength` / `otpAlphanumeric` sends: the
+/// interface's own default (9 Crockford base32 characters, 45 bits), not the dashboard's 6 digits
+/// (20 bits), since anonymous visitors can spread guesses over many contacts.
+const DEFAULT_OTP_LENGTH: i64 = 9;
+const DEFAULT_OTP_ALPHANUMERIC: bool = true;
+
 /// `POST /v1/otp_init_v2 {otpType, contact}` (and `otp_init`) → `{otpId, otpEncryptionTargetBundle}`:
 /// `init_otp` in the configuration's organization, with its `otpLength` and `otpAlphanumeric`.
 async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
@@ -386,8 +392,8 @@ async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>
         "otpType": otp_type,
         "contact": text(p, "contact"),
         "appName": c["appName"].as_str().filter(|n| !n.is_empty()).unwrap_or("Coffer"),
-        "otpLength": c["otpLength"].as_i64().unwrap_or(6),
-        "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(false),
+        "otpLength": c["otpLength"].as_i64().unwrap_or(DEFAULT_OTP_LENGTH),
+        "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(DEFAULT_OTP_ALPHANUMERIC),
     });
     if !text(p, "userIdentifier").is_empty() {
         parameters["userIdentifier"] = json!(text(p, "userIdentifier"));

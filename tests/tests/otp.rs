@@ -385,7 +385,8 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let (root, org) = (stack.api_key(), stack.organization_id.clone());
     let r = submit(stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let config = json!({ "allowedOrigins": [APP], "allowedAuthMethods": ["email"], "otpLength": 6 });
+    let config = json!({ "allowedOrigins": [APP], "allowedAuthMethods": ["email"], "otpLength": 6,
+        "otpAlphanumeric": false });
     let r =
         submit(stack, &root, &org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", config).await;
     assert_eq!(r.status, 200, "{}", r.text);
