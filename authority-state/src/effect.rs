@@ -309,11 +309,14 @@ impl AuthorityState {
                 if let Some(n) = name {
                     user.name = n.clone();
                 }
-                if let Some(e) = email {
+                // A contact set after the sign-up is the user's word, not a verified one.
+                if let Some(e) = email.as_ref().filter(|e| **e != user.email) {
                     user.email = e.clone();
+                    user.contacts_verified = false;
                 }
-                if let Some(p) = phone_number {
+                if let Some(p) = phone_number.as_ref().filter(|p| **p != user.phone_number) {
                     user.phone_number = p.clone();
+                    user.contacts_verified = false;
                 }
                 if let Some(t) = tag_ids {
                     user.tag_ids = t.clone();
@@ -529,6 +532,37 @@ mod tests {
         assert!(s.live_credential("u", "02aa", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_none());
         assert!(s.credentials_by_public_key("02aa").next().is_none());
         assert!(s.live_credential("root", "02bb", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_some());
+    }
+
+    #[test]
+    fn a_contact_set_after_the_sign_up_is_no_longer_verified() {
+        let mut s = state();
+        let user = User {
+            id: "u".into(),
+            name: "u".into(),
+            email: "a@x.test".into(),
+            phone_number: "+15550001".into(),
+            contacts_verified: true,
+            ..Default::default()
+        };
+        s.apply(&Effect::PutUser { user }).unwrap();
+        let update = |email: Option<&str>, phone: Option<&str>, name: Option<&str>| Effect::UpdateUser {
+            id: "u".into(),
+            name: name.map(str::to_string),
+            email: email.map(str::to_string),
+            phone_number: phone.map(str::to_string),
+            tag_ids: None,
+        };
+        // A new name, or the same contacts again: still verified.
+        s.apply(&update(Some("a@x.test"), Some("+15550001"), Some("v"))).unwrap();
+        assert!(s.users["u"].contacts_verified);
+        s.apply(&update(None, Some("+15550002"), None)).unwrap();
+        assert!(!s.users["u"].contacts_verified);
+        // Not verified again by setting the old address back.
+        s.apply(&update(Some("a@x.test"), Some("+15550001"), None)).unwrap();
+        assert!(!s.users["u"].contacts_verified);
+        // Left out of the serialized form when false, so older states read and write the same.
+        assert!(!serde_json::to_string(&s.users["u"]).unwrap().contains("contacts_verified"));
     }
 
     #[test]

@@ -39,6 +39,12 @@ pub struct User {
     /// The user tags the user carries (ids).
     #[serde(default)]
     pub tag_ids: Vec<String>,
+    /// The email and phone number are those the sub-organization's sign-up gave (its parent's
+    /// word, or a verification token's), unchanged since. A login its parent submits for it (the
+    /// auth proxy's, a backend's `otp_login`) finds only such a user by contact: a contact the
+    /// sub-organization's own users set is theirs to claim, not a proof. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contacts_verified: bool,
 }
 
 /// What a credential is, for revocation: which activity removes it.

@@ -428,7 +428,8 @@ async fn otp_login(
         "" => {
             let (contact, sms) = token_contact(token)?;
             let org = config.organization_id.clone();
-            let filter = if sms { SubOrgFilter::PhoneNumber(contact) } else { SubOrgFilter::Email(contact) };
+            let filter =
+                for_visitors(if sms { SubOrgFilter::PhoneNumber(contact) } else { SubOrgFilter::Email(contact) });
             let page = Page { limit: 1, before: None, after: None };
             let found = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
             found.into_iter().next().ok_or_else(|| {
@@ -448,6 +449,19 @@ async fn otp_login(
         }
     }
     submit_as_proxy(state, config, "otp_login", &organization_id, parameters).await
+}
+
+/// What a visitor's lookup may find. A contact is found only through a user whose contacts the
+/// sign-up gave (a sub-organization's users may set any address on themselves); a key only where
+/// it proved possession (registering someone else's key, with one's own passkey beside it, must
+/// not route its owner's later login there).
+fn for_visitors(filter: SubOrgFilter) -> SubOrgFilter {
+    match filter {
+        SubOrgFilter::Email(v) => SubOrgFilter::VerifiedEmail(v),
+        SubOrgFilter::PhoneNumber(v) => SubOrgFilter::VerifiedPhoneNumber(v),
+        SubOrgFilter::PublicKey(k) => SubOrgFilter::ProvenPublicKey(k),
+        other => other,
+    }
 }
 
 /// The `contact` claim of a verification token and whether it is a phone number (SMS), read
@@ -556,12 +570,7 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
             )))
         }
     }
-    let filter = match crate::ops::suborgs::filter(keys, filter_type, value).await? {
-        // A key is found only where it proved possession: registering someone else's key (with
-        // one's own passkey beside it) must not route its owner's later login there.
-        SubOrgFilter::PublicKey(k) => SubOrgFilter::ProvenPublicKey(k),
-        other => other,
-    };
+    let filter = for_visitors(crate::ops::suborgs::filter(keys, filter_type, value).await?);
     let org = config.organization_id.clone();
     let page = Page { limit: 1, before: None, after: None };
     let ids = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;

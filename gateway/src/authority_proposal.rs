@@ -79,6 +79,7 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
                     email: u.email.clone().unwrap_or_default(),
                     phone_number: u.phone_number.clone().unwrap_or_default(),
                     tag_ids: Vec::new(),
+                    contacts_verified: u.contacts_verified,
                 },
             },
         )),

@@ -80,6 +80,7 @@ pub async fn create_root_org(
             name: user_name.into(),
             email: None,
             phone_number: None,
+            contacts_verified: false,
             created_at: now,
             updated_at: now,
         }),

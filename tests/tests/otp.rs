@@ -115,6 +115,8 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         ("COFFER_SMS_AUTHORIZATION_FILE", authorization.to_str().unwrap()),
         ("COFFER_SMTP_URL", &smtp.url()),
         ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"),
+        // Every proxy call here comes from one address, faster than a visitor's 20 a second.
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "1000"),
         ("COFFER_LOG", "info"),
     ])
     .await;
@@ -518,6 +520,64 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let (status, r) = proxy_post(stack, &config_id, "account", by_key(&erin_hex)).await;
     assert_eq!((status, r), (200, json!({ "organizationId": erin_org })));
     public_key_lookups(stack, &config_id).await;
+    contact_squatting(stack, smtp, &config_id, &org).await;
+}
+
+/// A visitor signs up with a key only, then sets someone else's address on their own user: the
+/// address's owner, once verified by a code, is neither sent to nor logged into that
+/// sub-organization (a contact is found, and logs in through the parent, only as the sign-up
+/// gave it); the owner's own sign-up with the token is.
+async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, org: &str) {
+    let squatter = TurnkeyP256ApiKey::generate();
+    let squatter_hex = hex::encode(squatter.compressed_public_key());
+    let signup = json!({ "userName": "squatter", "apiKeys": [{ "apiKeyName": "k", "publicKey": squatter_hex,
+        "curveType": "API_KEY_CURVE_P256" }], "authenticators": [], "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signup).await;
+    assert_eq!(status, 200, "{r}");
+    let (squat_org, squat_user) = (r["organizationId"].as_str().unwrap(), r["userId"].as_str().unwrap());
+    let squatter = TurnkeyP256ApiKey::from_strings(hex::encode(squatter.private_key()), None).unwrap();
+    let r = submit(
+        stack,
+        &squatter,
+        squat_org,
+        "update_user",
+        "ACTIVITY_TYPE_UPDATE_USER",
+        json!({ "userId": squat_user, "userEmail": "gina@example.test" }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let gina = TurnkeyP256ApiKey::generate();
+    let gina_hex = hex::encode(gina.compressed_public_key());
+    let token = token_for(stack, smtp, config_id, org, &gina_hex, "gina@example.test").await;
+    let lookup = json!({ "filterType": "EMAIL", "filterValue": "gina@example.test", "verificationToken": token });
+    let (status, r) = proxy_post(stack, config_id, "account", lookup.clone()).await;
+    assert_eq!((status, r), (200, json!({})), "the squatter's sub-organization is not Gina's account");
+    let intent = login(&token, &gina);
+    let body = json!({ "verificationToken": token, "publicKey": intent.public_key,
+        "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
+    let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body.clone()).await;
+    assert_eq!(status, 404, "{r}");
+    let mut into_squat = body;
+    into_squat["organizationId"] = json!(squat_org);
+    let (status, r) = proxy_post(stack, config_id, "otp_login_v2", into_squat).await;
+    assert_eq!(status, 403, "the enclave logs nobody into the squatter's user with Gina's token: {r}");
+    // Gina's own sign-up, with her token: her address is found there.
+    let api_keys = json!([{ "apiKeyName": "gina", "publicKey": gina_hex, "curveType": "API_KEY_CURVE_P256" }]);
+    let token = token_for(stack, smtp, config_id, org, &gina_hex, "gina@example.test").await;
+    let usage = json!({ "signupV2": { "apiKeys": api_keys, "authenticators": [], "oauthProviders": [],
+        "email": "gina@example.test" }, "tokenId": claims(&token)["id"], "type": "USAGE_TYPE_SIGNUP" })
+    .to_string();
+    let signer = p256::ecdsa::SigningKey::from_slice(&gina.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signer.sign(usage.as_bytes());
+    let signup = json!({ "userEmail": "gina@example.test", "apiKeys": api_keys, "authenticators": [],
+        "oauthProviders": [], "verificationToken": token, "clientSignature": { "publicKey": gina_hex,
+        "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256", "message": usage, "signature": hex::encode(signature.to_bytes()) } });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signup).await;
+    assert_eq!(status, 200, "{r}");
+    let ginas = r["organizationId"].clone();
+    let lookup = json!({ "filterType": "EMAIL", "filterValue": "gina@example.test", "verificationToken": token });
+    let (status, r) = proxy_post(stack, config_id, "account", lookup).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": ginas })));
 }
 
 /// Anonymous PUBLIC_KEY lookups find a key only where it proved that its holder signs with it.

@@ -588,6 +588,7 @@ fn user_in(org: &str, id: &str) -> User {
         name: id.into(),
         email: None,
         phone_number: None,
+        contacts_verified: false,
         created_at: 1,
         updated_at: 1,
     }

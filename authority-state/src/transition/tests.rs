@@ -825,7 +825,14 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
     let sc = |effect: Effect| Change { organization_id: sub.clone(), effect };
     let user = |id: &str, name: &str, email: &str| {
         sc(Effect::PutUser {
-            user: User { id: id.into(), name: name.into(), email: email.into(), tag_ids: vec![], ..User::default() },
+            user: User {
+                id: id.into(),
+                name: name.into(),
+                email: email.into(),
+                tag_ids: vec![],
+                contacts_verified: true,
+                ..User::default()
+            },
         })
     };
     let organization = Organization {

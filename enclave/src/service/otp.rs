@@ -410,12 +410,7 @@ pub fn email_grant(
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
     let wanted = email.to_string().to_ascii_lowercase();
-    let user_id = loaded
-        .state
-        .users
-        .values()
-        .find(|u| !u.email.is_empty() && u.email.to_ascii_lowercase() == wanted)
-        .map(|u| u.id.clone())
+    let user_id = user_with_contact(a, &loaded.state, "OTP_TYPE_EMAIL", &wanted)
         .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
     charge_send(authority, &otp.settings, a, &wanted, "")?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
@@ -731,7 +726,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
     if token.organization_id != body_org.id && body_org.parent_id.as_deref() != Some(token.organization_id.as_str()) {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
-    let user_id = user_with_contact(&loaded.state, &token.verification_type, &token.contact).ok_or_else(|| {
+    let user_id = user_with_contact(a, &loaded.state, &token.verification_type, &token.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
     if !verification_token::spend(authority, &token, now)? {
@@ -745,9 +740,12 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
     })
 }
 
-/// The user of `state` whose email (`OTP_TYPE_EMAIL`, without case) or phone number
-/// (`OTP_TYPE_SMS`) is `contact`.
+/// The user of the activity's organization (`state`) whose email (`OTP_TYPE_EMAIL`, without
+/// case) or phone number (`OTP_TYPE_SMS`) is `contact`. When the parent organization submits it
+/// (the auth proxy, a backend), only a user whose contacts are the sign-up's, unchanged: an
+/// address a sub-organization's user set on itself is no proof that the address is theirs.
 fn user_with_contact(
+    a: &Authorized,
     state: &coffer_authority_state::model::AuthorityState,
     verification_type: &str,
     contact: &str,
@@ -757,7 +755,8 @@ fn user_with_contact(
         "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == contact,
         _ => false,
     };
-    state.users.values().find(has_contact).map(|u| u.id.clone())
+    let vouched = |u: &&coffer_authority_state::model::User| !a.via_parent || u.contacts_verified;
+    state.users.values().filter(has_contact).find(vouched).map(|u| u.id.clone())
 }
 
 /// `otp_auth`: the code of an `init_otp_auth`, typed in the stamped body, checked as
@@ -789,7 +788,7 @@ pub fn otp_auth_grant(
     let record = open_record(hsm, authority, otp, a, sealed, Purpose::Auth)?;
     let code = Zeroizing::new(text(p, "otpCode").to_string());
     accept_code(authority, a, &record, &code)?;
-    let user_id = user_with_contact(&loaded.state, &record.otp_type, &record.contact).ok_or_else(|| {
+    let user_id = user_with_contact(a, &loaded.state, &record.otp_type, &record.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;

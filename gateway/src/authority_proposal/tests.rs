@@ -210,6 +210,7 @@ impl Harness {
                 name: id.into(),
                 email: None,
                 phone_number: None,
+                contacts_verified: false,
                 created_at: 1,
                 updated_at: 1,
             })

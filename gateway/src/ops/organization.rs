@@ -274,6 +274,7 @@ mod tests {
                 name: user.to_string(),
                 email: None,
                 phone_number: None,
+                contacts_verified: false,
                 created_at: now,
                 updated_at: now,
             }));

@@ -86,6 +86,7 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
             name: "Auth Proxy".into(),
             email: None,
             phone_number: None,
+            contacts_verified: false,
             created_at: ctx.now,
             updated_at: ctx.now,
         }),

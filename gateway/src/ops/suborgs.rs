@@ -171,6 +171,7 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
             name: p.user_name.clone(),
             email,
             phone_number: phone,
+            contacts_verified: true,
             created_at: ctx.now,
             updated_at: ctx.now,
         }));
@@ -438,6 +439,7 @@ mod tests {
                 organization_id: o.clone(),
                 name: format!("{name}-alice"),
                 email: Some(format!("Alice@{name}.example")),
+                contacts_verified: false,
                 phone_number: Some(format!("+1555{created_at:07}")),
                 created_at,
                 updated_at: created_at,

@@ -313,6 +313,7 @@ mod tests {
                 name: id.into(),
                 email: None,
                 phone_number: None,
+                contacts_verified: false,
                 created_at: 1,
                 updated_at: 1,
             })

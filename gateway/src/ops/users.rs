@@ -201,6 +201,7 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
             email,
             phone_number: phone,
             // A nanosecond apart, so lists keep the request's order.
+            contacts_verified: false,
             created_at: ctx.now + user_ids.len() as i64,
             updated_at: ctx.now + user_ids.len() as i64,
         }));

@@ -28,6 +28,9 @@ pub struct User {
     pub name: String,
     pub email: Option<String>,
     pub phone_number: Option<String>,
+    /// The contacts are the sub-organization sign-up's, unchanged since
+    /// (`coffer_authority_state::model::User::contacts_verified`).
+    pub contacts_verified: bool,
     pub created_at: Nanos,
     pub updated_at: Nanos,
 }
@@ -222,6 +225,10 @@ pub enum SubOrgFilter {
     CredentialId(String),
     /// An API key's or a passkey's public key (lowercase hex).
     PublicKey(String),
+    /// [`SubOrgFilter::Email`] and [`SubOrgFilter::PhoneNumber`] through a user whose contacts
+    /// are verified (`User::contacts_verified`).
+    VerifiedEmail(String),
+    VerifiedPhoneNumber(String),
     /// [`SubOrgFilter::PublicKey`], of a key that proved possession there
     /// (`record_kinds::PROVEN_KEY`).
     ProvenPublicKey(String),

@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0014_redundant_indexes.sql"),
     include_str!("../migrations/0015_record_counts.sql"),
     include_str!("../migrations/0016_proofs.sql"),
+    include_str!("../migrations/0017_verified_contacts.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at

@@ -108,6 +108,14 @@ pub fn sub_organization_ids<D: Db>(
         SubOrgFilter::PhoneNumber(v) => {
             ("AND o.id IN (SELECT organization_id FROM users WHERE phone_number = ?2)", [v, "", ""])
         }
+        SubOrgFilter::VerifiedEmail(v) => (
+            "AND o.id IN (SELECT organization_id FROM users WHERE lower(email) = lower(?2) AND contacts_verified <> 0)",
+            [v, "", ""],
+        ),
+        SubOrgFilter::VerifiedPhoneNumber(v) => (
+            "AND o.id IN (SELECT organization_id FROM users WHERE phone_number = ?2 AND contacts_verified <> 0)",
+            [v, "", ""],
+        ),
         SubOrgFilter::CredentialId(v) => {
             ("AND o.id IN (SELECT organization_id FROM authenticators WHERE credential_id = ?2)", [v, "", ""])
         }

@@ -5,7 +5,7 @@ use super::page::{by_organization, keyset_page};
 use crate::store::error::StoreError;
 use crate::store::model::{Nanos, Page, User};
 
-pub const USER_COLS: &str = "id, organization_id, name, email, phone_number, created_at, updated_at";
+pub const USER_COLS: &str = "id, organization_id, name, email, phone_number, created_at, updated_at, contacts_verified";
 pub fn user_row(r: &dyn SqlRow) -> Result<User, StoreError> {
     Ok(User {
         id: r.text(0)?,
@@ -15,13 +15,23 @@ pub fn user_row(r: &dyn SqlRow) -> Result<User, StoreError> {
         phone_number: r.opt_text(4)?,
         created_at: r.int(5)?,
         updated_at: r.int(6)?,
+        contacts_verified: r.int(7)? != 0,
     })
 }
 
 pub fn insert<D: Db>(db: &mut D, u: &User) -> Result<(), StoreError> {
     db.execute(
-        &format!("INSERT INTO users ({USER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
-        args![u.id, u.organization_id, u.name, u.email, u.phone_number, u.created_at, u.updated_at],
+        &format!("INSERT INTO users ({USER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+        args![
+            u.id,
+            u.organization_id,
+            u.name,
+            u.email,
+            u.phone_number,
+            u.created_at,
+            u.updated_at,
+            u.contacts_verified as i64
+        ],
     )?;
     Ok(())
 }
@@ -40,7 +50,12 @@ pub fn update<D: Db>(
 ) -> Result<(), StoreError> {
     // `?4`/`?5` absent: unchanged; empty: cleared.
     let n = db.execute(
+        // A contact that changes is no longer the sign-up's (as the authority state's update).
         "UPDATE users SET name = COALESCE(CAST(?3 AS TEXT), name),
+                    contacts_verified = CASE
+                        WHEN CAST(?4 AS TEXT) IS NOT NULL AND COALESCE(email, '') <> CAST(?4 AS TEXT) THEN 0
+                        WHEN CAST(?5 AS TEXT) IS NOT NULL AND COALESCE(phone_number, '') <> CAST(?5 AS TEXT) THEN 0
+                        ELSE contacts_verified END,
                     email = CASE WHEN CAST(?4 AS TEXT) IS NULL THEN email WHEN CAST(?4 AS TEXT) = '' THEN NULL ELSE CAST(?4 AS TEXT) END,
                     phone_number = CASE WHEN CAST(?5 AS TEXT) IS NULL THEN phone_number WHEN CAST(?5 AS TEXT) = '' THEN NULL ELSE CAST(?5 AS TEXT) END,
                     updated_at = ?6
