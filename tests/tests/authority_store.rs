@@ -163,6 +163,30 @@ fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
     );
 }
 
+/// A scoped quota holds exactly under concurrency: 16 threads of two enclaves each try to count
+/// 4 entries at once in a scope of quota 3 (a code's attempts); exactly 3 are fresh.
+fn scoped_quotas_hold_under_concurrency(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let now = 7_000_000;
+    let start = Arc::new(std::sync::Barrier::new(16));
+    let threads: Vec<_> = (0..16u8)
+        .map(|t| {
+            let (store, start) = (if t % 2 == 0 { a.clone() } else { b.clone() }, start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                (0..4u8)
+                    .filter(|i| {
+                        let key = [t * 4 + i + 1; 32];
+                        store.remember_within("otp-attempts/x", key, now + 60_000, now, 3).unwrap() == Remembered::Fresh
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let fresh: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(fresh, 3, "a quota of 3 let {fresh} through");
+}
+
 fn the_window_has_a_capacity(backend: Backend) {
     let (_db, a, _b) = two_stores(backend, limits(3, 10));
     let now = 5_000;
@@ -246,6 +270,7 @@ conformance!(
     versions_compare_and_set,
     concurrent_changes_apply_once,
     the_replay_window_is_shared_with_a_quota_per_organization,
+    scoped_quotas_hold_under_concurrency,
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,
     unsupported_urls_are_refused_without_their_password,

@@ -692,7 +692,8 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
         stack.post_raw("/public/v1/query/get_organization_configs", body.to_string().as_bytes(), Some(&root)).await;
     assert!(configs.text.contains("FEATURE_NAME_AUTH_PROXY"), "{}", configs.text);
 
-    // wallet_kit_config: no body at all, as @turnkey/core sends it, from an allowed origin.
+    // wallet_kit_config: no body at all, as @turnkey/core sends it, from an allowed origin. The
+    // configuration sets no otpAlphanumeric: the interface's default (alphanumeric) is served.
     let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), Some(APP), "").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["access-control-allow-origin"], APP);
@@ -700,7 +701,7 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
         r.json::<Value>().await.unwrap(),
         json!({"enabledProviders": ["passkey", "email", "x", "discord"], "sessionExpirationSeconds": "1200",
                "organizationId": org, "oauthClientIds": {"x": CLIENT_ID}, "oauthRedirectUrl": REDIRECT,
-               "otpAlphanumeric": false, "otpLength": "8"})
+               "otpAlphanumeric": true, "otpLength": "8"})
     );
     let r = proxy_post(&stack, "/v1/wallet_kit_client_params", Some(&config_id), None, "{}").await;
     assert_eq!(r.json::<Value>().await.unwrap(), json!({}));

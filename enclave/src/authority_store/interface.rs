@@ -168,7 +168,9 @@ pub trait AuthorityStore: Send + Sync {
     /// [`AuthorityStore::remember`] under a quota of its own for `scope` instead of the window's
     /// per-organization one: how the enclave counts what it bounds per configuration (the auth
     /// proxy's sign-ups, one entry each until `expires_ms`). `scope` never names an organization
-    /// (the caller prefixes it), so these entries count against no organization's quota.
+    /// (the caller prefixes it), so these entries count against no organization's quota. The
+    /// count is exact: callers of one scope are serialized, so `quota` is never passed even by
+    /// enclaves counting at the same moment (three attempts at a code are three).
     fn remember_within(
         &self,
         scope: &str,

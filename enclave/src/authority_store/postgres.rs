@@ -10,7 +10,10 @@
 //! entries are counted in 16 rows (slot = the key's first byte mod 16), so concurrent inserts of
 //! one organization rarely wait for each other's commit; the quota check reads their sum without a
 //! lock, so enclaves inserting for one organization at the same moment may pass its quota by at
-//! most their number. The total for the window's global capacity is read at most once a second.
+//! most their number. Scoped counts (`remember_within`: code attempts, sends, sign-ups) are exact:
+//! `coffer_remember_exact` first takes a transaction lock on the scope, so callers of one scope
+//! count one after another. The total for the window's global capacity is read at most once a
+//! second.
 
 use std::str::FromStr as _;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -125,6 +128,17 @@ CREATE TABLE sealed_service_keys (
     label TEXT PRIMARY KEY,
     blob BYTEA NOT NULL
 );
+",
+    r"
+-- coffer_remember for a scope whose quota must hold exactly: one caller of the scope at a time
+-- (the lock is held until the calling statement's transaction commits, after its insert).
+CREATE FUNCTION coffer_remember_exact(p_scope TEXT, p_key BYTEA, p_expires BIGINT, p_now BIGINT, p_quota BIGINT)
+RETURNS INTEGER LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('coffer-scope:' || p_scope, 0));
+    RETURN coffer_remember(p_scope, p_key, p_expires, p_now, p_quota);
+END
+$fn$;
 ",
 ];
 
@@ -329,6 +343,53 @@ impl PostgresAuthorityStore {
 
 /// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
 /// worker: the idle connections are closed on a thread of their own.
+impl PostgresAuthorityStore {
+    /// One entry in the replay window through `function` (`coffer_remember`, or
+    /// `coffer_remember_exact` for a scope counted exactly).
+    fn remember_in(
+        &self,
+        function: &str,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, StoreError> {
+        let quota = as_count(quota);
+        let capacity = as_count(self.limits.replay_capacity);
+        self.with_conn(|client| {
+            let total = self.housekeeping(client, now_ms)?;
+            if total >= capacity {
+                client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
+                let total = self.read_total(client)?;
+                *self.total.lock().map_err(poisoned)? = (now_ms, total);
+                if total >= capacity {
+                    return Ok(Remembered::WindowFull);
+                }
+            }
+            let answer: i32 = client
+                .query_one(
+                    &format!("SELECT {function}($1, $2, $3, $4, $5)"),
+                    &[&organization, &&key[..], &expires_ms, &now_ms, &quota],
+                )
+                .map_err(pg)?
+                .try_get(0)
+                .map_err(pg)?;
+            match answer {
+                0 => {
+                    if let Ok(mut t) = self.total.lock() {
+                        t.1 += 1;
+                    }
+                    Ok(Remembered::Fresh)
+                }
+                1 => Ok(Remembered::Replayed),
+                2 => Ok(Remembered::OrganizationQuotaFull),
+                other => Err(StoreError::Corrupt(format!("coffer_remember answered {other}"))),
+            }
+        })
+    }
+}
+
 impl Drop for PostgresAuthorityStore {
     fn drop(&mut self) {
         let idle = match self.pool.get_mut() {
@@ -511,49 +572,18 @@ impl AuthorityStore for PostgresAuthorityStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
-        self.remember_within(organization, key, expires_ms, now_ms, self.limits.replay_per_organization)
+        self.remember_in("coffer_remember", organization, key, expires_ms, now_ms, self.limits.replay_per_organization)
     }
 
     fn remember_within(
         &self,
-        organization: &str,
+        scope: &str,
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
         quota: u64,
     ) -> Result<Remembered, StoreError> {
-        let quota = as_count(quota);
-        let capacity = as_count(self.limits.replay_capacity);
-        self.with_conn(|client| {
-            let total = self.housekeeping(client, now_ms)?;
-            if total >= capacity {
-                client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
-                let total = self.read_total(client)?;
-                *self.total.lock().map_err(poisoned)? = (now_ms, total);
-                if total >= capacity {
-                    return Ok(Remembered::WindowFull);
-                }
-            }
-            let answer: i32 = client
-                .query_one(
-                    "SELECT coffer_remember($1, $2, $3, $4, $5)",
-                    &[&organization, &&key[..], &expires_ms, &now_ms, &quota],
-                )
-                .map_err(pg)?
-                .try_get(0)
-                .map_err(pg)?;
-            match answer {
-                0 => {
-                    if let Ok(mut t) = self.total.lock() {
-                        t.1 += 1;
-                    }
-                    Ok(Remembered::Fresh)
-                }
-                1 => Ok(Remembered::Replayed),
-                2 => Ok(Remembered::OrganizationQuotaFull),
-                other => Err(StoreError::Corrupt(format!("coffer_remember answered {other}"))),
-            }
-        })
+        self.remember_in("coffer_remember_exact", scope, key, expires_ms, now_ms, quota)
     }
 
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
