@@ -75,6 +75,34 @@ pub fn proven_signup_key(p: &Value) -> Option<String> {
     Some(key)
 }
 
+/// How long an API key a sign-up registers without proving it holds it may live: the temporary
+/// key `@turnkey/core`'s passkey sign-up logs in with once (60 s). Such a key is never found by
+/// an anonymous lookup (it proves nothing), and is gone before anyone could be sent to it.
+pub const UNPROVEN_KEY_MOST_SECONDS: u64 = 300;
+
+/// The first API key of a sign-up's root users that lasts (no `expirationSeconds`, or more than
+/// [`UNPROVEN_KEY_MOST_SECONDS`]) without the sign-up proving its holder signed it
+/// ([`proven_signup_key`]): what an anonymous sign-up may not register, since a visitor could
+/// register someone else's key beside a passkey of their own.
+pub fn unproven_lasting_key(p: &Value) -> Option<String> {
+    let proven = proven_signup_key(p);
+    let users = p.get("rootUsers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    users
+        .iter()
+        .flat_map(|u| u.get("apiKeys").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default())
+        .find_map(|k| {
+            let pk = text(k, "publicKey").trim();
+            let pk = pk.strip_prefix("0x").unwrap_or(pk).to_ascii_lowercase();
+            let seconds = match k.get("expirationSeconds") {
+                Some(Value::String(s)) => s.trim().parse::<u64>().ok(),
+                Some(v) => v.as_u64(),
+                None => None,
+            };
+            let short = seconds.is_some_and(|s| s <= UNPROVEN_KEY_MOST_SECONDS);
+            (!short && proven.as_deref() != Some(pk.as_str())).then_some(pk)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,8 +134,15 @@ mod tests {
         replayed["rootUsers"][0]["authenticators"] = json!([{ "authenticatorName": "squatter's" }]);
         assert_eq!(proven_signup_key(&replayed), None);
         // No signature, no proof.
-        let mut bare = p;
+        let mut bare = p.clone();
         bare.as_object_mut().unwrap().remove("clientSignature");
         assert_eq!(proven_signup_key(&bare), None);
+        // What an anonymous sign-up may register: a proven key, or one that expires soon.
+        assert_eq!(unproven_lasting_key(&p), None);
+        assert_eq!(unproven_lasting_key(&bare), Some(owner_key.clone()));
+        bare["rootUsers"][0]["apiKeys"][0]["expirationSeconds"] = json!("60");
+        assert_eq!(unproven_lasting_key(&bare), None);
+        bare["rootUsers"][0]["apiKeys"][0]["expirationSeconds"] = json!("301");
+        assert_eq!(unproven_lasting_key(&bare), Some(owner_key));
     }
 }

@@ -159,6 +159,20 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             "an auth proxy sign-up with an email or phone number needs the verificationToken of it (one-time code)",
         ));
     }
+    // Nor may it register a lasting API key its holder did not sign the sign-up with: else anyone
+    // could register someone else's (wallet) key beside a passkey of their own.
+    if activity.activity_type == CREATE_SUB_ORGANIZATION {
+        if let Some(key) = coffer_auth::client_signature::unproven_lasting_key(&activity.parameters) {
+            return Err(refuse(
+                RefusalReason::BindingMismatch,
+                &format!(
+                    "an auth proxy sign-up registers API key {key} only with its clientSignature over the sign-up, \
+                     or expiring within {} seconds",
+                    coffer_auth::client_signature::UNPROVEN_KEY_MOST_SECONDS
+                ),
+            ));
+        }
+    }
     // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.
     if activity.activity_type == CREATE_SUB_ORGANIZATION {
         if let Err(e) = authority.charge_signup(&req.organization_id, &activity.fingerprint) {

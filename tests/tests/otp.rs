@@ -532,7 +532,7 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     let squatter_hex = hex::encode(squatter.compressed_public_key());
     let signup = json!({ "userName": "squatter", "apiKeys": [{ "apiKeyName": "k", "publicKey": squatter_hex,
         "curveType": "API_KEY_CURVE_P256" }], "authenticators": [], "oauthProviders": [] });
-    let (status, r) = proxy_post(stack, config_id, "signup_v2", signup).await;
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&squatter, signup)).await;
     assert_eq!(status, 200, "{r}");
     let (squat_org, squat_user) = (r["organizationId"].as_str().unwrap(), r["userId"].as_str().unwrap());
     let squatter = TurnkeyP256ApiKey::from_strings(hex::encode(squatter.private_key()), None).unwrap();
@@ -580,50 +580,81 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     assert_eq!((status, r), (200, json!({ "organizationId": ginas })));
 }
 
-/// Anonymous PUBLIC_KEY lookups find a key only where it proved that its holder signs with it.
-/// A visitor who signs up with someone's wallet key (and their own key beside it) is not where
-/// the key's owner is sent; the owner's sign-up that the key signs is, and so is an unsigned one
-/// once the key has stamped a stamp_login there.
+/// A proxy sign-up body (`apiKeys`, `authenticators`, `oauthProviders`, `userEmail`?) with the
+/// clientSignature of `key` over it, as a client that proves it holds its key sends it.
+fn signed_by(key: &TurnkeyP256ApiKey, mut body: Value) -> Value {
+    let mut signup = json!({ "apiKeys": body["apiKeys"], "authenticators": body["authenticators"],
+        "oauthProviders": body["oauthProviders"] });
+    if let Some(email) = body.get("userEmail") {
+        signup["email"] = email.clone();
+    }
+    let mut usage = json!({ "signupV2": signup, "type": "USAGE_TYPE_SIGNUP" });
+    if let Some(t) = body.get("verificationToken").and_then(Value::as_str) {
+        usage["tokenId"] = claims(t)["id"].clone();
+    }
+    let message = usage.to_string();
+    let signer = p256::ecdsa::SigningKey::from_slice(&key.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signer.sign(message.as_bytes());
+    body["clientSignature"] = json!({ "publicKey": hex::encode(key.compressed_public_key()),
+        "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256", "message": message, "signature": hex::encode(signature.to_bytes()) });
+    body
+}
+
+/// A key must prove possession before it is registered or found. An anonymous sign-up registers
+/// a lasting API key only with that key's signature over it (the enclave's proxy stamper refuses
+/// one without), and a PUBLIC_KEY lookup finds a key only where it proved possession: a signed
+/// sign-up, or a stamp_login it stamped there. A visitor may register someone's key as a
+/// temporary one (what the passkey sign-up's login key is), but is never where it is found.
 async fn public_key_lookups(stack: &Stack, config_id: &str) {
     let by_key = |k: &str| json!({ "filterType": "PUBLIC_KEY", "filterValue": k });
     let key_entry =
         |name: &str, k: &str| json!({ "apiKeyName": name, "publicKey": k, "curveType": "API_KEY_CURVE_P256" });
     let owner = TurnkeyP256ApiKey::generate();
     let owner_hex = hex::encode(owner.compressed_public_key());
-    let squatter_hex = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+    let squatter = TurnkeyP256ApiKey::generate();
+    let squatter_hex = hex::encode(squatter.compressed_public_key());
+    // The owner's key beside the squatter's, signed by the squatter only: refused.
     let squat = json!({ "userName": "squatter", "apiKeys": [key_entry("wallet", &owner_hex), key_entry("mine", &squatter_hex)],
         "authenticators": [], "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&squatter, squat.clone())).await;
+    assert_eq!(status, 403, "{r}");
+    assert!(r["message"].as_str().unwrap().contains("clientSignature"), "{r}");
+    // Unsigned: refused too.
     let (status, r) = proxy_post(stack, config_id, "signup_v2", squat).await;
+    assert_eq!(status, 403, "{r}");
+    // As a temporary key (60 s): registered, but not found by it.
+    let mut temporary = key_entry("wallet", &owner_hex);
+    temporary["expirationSeconds"] = json!("60");
+    let squat = json!({ "userName": "squatter", "apiKeys": [temporary, key_entry("mine", &squatter_hex)],
+        "authenticators": [], "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&squatter, squat)).await;
     assert_eq!(status, 200, "{r}");
+    let squatters = r["organizationId"].clone();
     let (status, r) = proxy_post(stack, config_id, "account", by_key(&owner_hex)).await;
     assert_eq!((status, r), (200, json!({})), "the squatter's organization is not found by the owner's key");
-    // The owner's sign-up, signed by the key it registers.
-    let mut signup = json!({ "userName": "owner", "apiKeys": [key_entry("wallet", &owner_hex)], "authenticators": [],
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&squatter_hex)).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": squatters })), "the squatter's own signed key is");
+    // The owner's sign-up, signed by the key it registers: found by it.
+    let signup = json!({ "userName": "owner", "apiKeys": [key_entry("wallet", &owner_hex)], "authenticators": [],
         "oauthProviders": [] });
-    let usage = json!({ "signupV2": { "apiKeys": signup["apiKeys"], "authenticators": [], "oauthProviders": [] },
-        "type": "USAGE_TYPE_SIGNUP" })
-    .to_string();
-    let signer = p256::ecdsa::SigningKey::from_slice(&owner.private_key()).unwrap();
-    let signature: p256::ecdsa::Signature = signer.sign(usage.as_bytes());
-    signup["clientSignature"] = json!({ "publicKey": owner_hex, "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256",
-        "message": usage, "signature": hex::encode(signature.to_bytes()) });
-    let (status, r) = proxy_post(stack, config_id, "signup_v2", signup).await;
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&owner, signup)).await;
     assert_eq!(status, 200, "{r}");
     let owners = r["organizationId"].as_str().unwrap().to_string();
     let (status, r) = proxy_post(stack, config_id, "account", by_key(&owner_hex)).await;
     assert_eq!((status, r), (200, json!({ "organizationId": owners })));
-    // An unsigned sign-up (what @turnkey/core's wallet sign-up sends): found once its key logs in.
-    let wallet = TurnkeyP256ApiKey::generate();
-    let wallet_hex = hex::encode(wallet.compressed_public_key());
-    let plain = json!({ "userName": "wallet", "apiKeys": [key_entry("wallet", &wallet_hex)], "authenticators": [],
-        "oauthProviders": [] });
+    // The passkey sign-up's shape: an unsigned temporary key, found once it logs in there.
+    let temporary = TurnkeyP256ApiKey::generate();
+    let temporary_hex = hex::encode(temporary.compressed_public_key());
+    let mut entry = key_entry("passkey-auth", &temporary_hex);
+    entry["expirationSeconds"] = json!("60");
+    let plain = json!({ "userName": "passkey", "apiKeys": [entry], "authenticators": [], "oauthProviders": [] });
     let (status, r) = proxy_post(stack, config_id, "signup_v2", plain).await;
     assert_eq!(status, 200, "{r}");
-    let wallets = r["organizationId"].as_str().unwrap().to_string();
-    let (status, r) = proxy_post(stack, config_id, "account", by_key(&wallet_hex)).await;
+    let theirs = r["organizationId"].as_str().unwrap().to_string();
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&temporary_hex)).await;
     assert_eq!((status, r), (200, json!({})));
-    let as_wallet =
-        stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(wallet.private_key()), None).unwrap());
+    let as_temporary =
+        stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(temporary.private_key()), None).unwrap());
     let session = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
     let login = StampLoginIntent {
         public_key: session,
@@ -631,9 +662,9 @@ async fn public_key_lookups(stack: &Stack, config_id: &str) {
         invalidate_existing: None,
         session_profile_id: None,
     };
-    as_wallet.stamp_login(wallets.clone(), Stack::now_ms(), login).await.unwrap();
-    let (status, r) = proxy_post(stack, config_id, "account", by_key(&wallet_hex)).await;
-    assert_eq!((status, r), (200, json!({ "organizationId": wallets })));
+    as_temporary.stamp_login(theirs.clone(), Stack::now_ms(), login).await.unwrap();
+    let (status, r) = proxy_post(stack, config_id, "account", by_key(&temporary_hex)).await;
+    assert_eq!((status, r), (200, json!({ "organizationId": theirs })));
 }
 
 /// A verification token for `contact` through the proxy, the code encrypted with `key_hex` bound.
