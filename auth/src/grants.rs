@@ -26,6 +26,10 @@ pub fn credential_may_submit(credential_type: &str, activity_type: &str) -> bool
 /// The credential type of an OAuth provider's certificate: its `public_key` is the identity hash
 /// ([`crate::oidc::identity_hash`]) of (issuer, subject, audience).
 pub const OAUTH_PROVIDER: &str = "COFFER_OAUTH_PROVIDER";
+/// The credential type of a key a verification token attests (`X-Stamp-Attested`,
+/// `STAMP_ATTESTED_SCHEME_P256_VERIFICATION_TOKEN`): never certified, never stored; it stands for
+/// the token while the enclave decides the `stamp_login` it stamped.
+pub const VERIFICATION_TOKEN: &str = "COFFER_VERIFICATION_TOKEN";
 /// The credential type of a sub-organization's parent certificate: `organization_id` is the
 /// sub-organization, `public_key` its parent's id, `user_id` empty. It lets the parent's
 /// credentials submit login activities for the sub-organization.

@@ -534,17 +534,17 @@ impl Authority {
     /// [`Authority::authorize`] for a login activity, which a credential of the sub-organization's
     /// parent may also stamp when `parent_certificate` (a `COFFER_PARENT_ORGANIZATION` certificate
     /// of the body's organization) names the credential's organization as its parent, and which
-    /// an attested session key may stamp (`X-Stamp-Attested`, `stamp_login` only) when
-    /// `attested_claims` are its token's claims, verified by the caller.
+    /// an attested key may stamp (`X-Stamp-Attested`, `stamp_login` only) when `attested` is
+    /// what the caller verified of its token.
     pub fn authorize_for(
         &self,
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
         parent_certificate: Option<&[u8]>,
-        attested_claims: Option<&Claims>,
+        attested: Option<&AttestedIdentity>,
     ) -> Result<Authorized, EnclaveError> {
-        match self.check(operation, auth, types, parent_certificate, attested_claims) {
+        match self.check(operation, auth, types, parent_certificate, attested) {
             Ok(a) => {
                 let approved = auth.is_some_and(|a| a.approval.is_some());
                 tracing::info!(
@@ -581,13 +581,13 @@ impl Authority {
         auth: Option<&pb::Authorization>,
         types: &[&str],
         parent_certificate: Option<&[u8]>,
-        attested_claims: Option<&Claims>,
+        attested: Option<&AttestedIdentity>,
     ) -> Result<Authorized, Refusal> {
         let now = now_ms();
         let request = auth
             .and_then(|a| a.request.as_ref())
             .ok_or_else(|| Refusal::new(RefusalReason::NoAuthorization, "no stamped request"))?;
-        let (activity, credential) = self.verify_stamped(request, now, attested_claims)?;
+        let (activity, credential) = self.verify_stamped(request, now, attested)?;
         let via_parent = activity.organization_id != credential.organization_id;
         if via_parent {
             let parent = parent_certificate.and_then(|c| pb::CredentialCertificate::decode(c).ok()).filter(|p| {
@@ -796,23 +796,46 @@ impl Authority {
         &self,
         req: &pb::StampedRequest,
         now: i64,
-        attested_claims: Option<&Claims>,
+        attested: Option<&AttestedIdentity>,
     ) -> Result<(StampedActivity, pb::CredentialCertificate), Refusal> {
         let activity =
             StampedActivity::parse(&req.body).map_err(|e| Refusal::new(RefusalReason::StampInvalid, e.message))?;
-        let cert = pb::CredentialCertificate::decode(req.certificate.as_slice())
-            .ok()
-            .filter(|c| !c.mac.is_empty())
-            .ok_or_else(|| {
-                Refusal::new(RefusalReason::CertificateInvalid, "the credential has no enclave certificate")
-            })?;
-        let refuse = |reason: RefusalReason, message: &str| Refusal::new(reason, message).about(&activity, &cert);
         use RefusalReason::{CertificateExpired, CertificateInvalid, IdentityInvalid, OperationMismatch, StampInvalid};
-        match self.hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac) {
-            Ok(true) => {}
-            Ok(false) => return Err(refuse(CertificateInvalid, "the credential's certificate is not genuine")),
-            Err(e) => return Err(refuse(CertificateInvalid, &format!("certificate check failed: {e}"))),
-        }
+        // A verification token's attested stamp has no certificate: the credential stands for
+        // the token, which the caller verified with the notarizer key, and names the user the
+        // caller found by the token's verified contact in the body's organization.
+        let token_login = match attested {
+            Some(AttestedIdentity::VerificationToken { credential, .. })
+                if req.stamp_header.eq_ignore_ascii_case(attested::HEADER) =>
+            {
+                Some(credential.clone())
+            }
+            _ => None,
+        };
+        let cert = match token_login {
+            Some(c) => c,
+            None => {
+                let cert = pb::CredentialCertificate::decode(req.certificate.as_slice())
+                    .ok()
+                    .filter(|c| !c.mac.is_empty())
+                    .ok_or_else(|| {
+                        Refusal::new(RefusalReason::CertificateInvalid, "the credential has no enclave certificate")
+                    })?;
+                match self.hsm.certificate_mac_valid(&certificate_mac_input(&cert), &cert.mac) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(Refusal::new(CertificateInvalid, "the credential's certificate is not genuine")
+                            .about(&activity, &cert))
+                    }
+                    Err(e) => {
+                        return Err(Refusal::new(CertificateInvalid, format!("certificate check failed: {e}"))
+                            .about(&activity, &cert))
+                    }
+                }
+                cert
+            }
+        };
+        let refuse = |reason: RefusalReason, message: &str| Refusal::new(reason, message).about(&activity, &cert);
         if cert.expires_at_ms != 0 && now >= cert.expires_at_ms as i64 {
             return Err(refuse(CertificateExpired, "the credential has expired"));
         }
@@ -838,31 +861,65 @@ impl Authority {
                 webauthn::verify_assertion(&s, &cert.public_key).map_err(|e| refuse(StampInvalid, &e.message))?;
             }
             "x-stamp-attested" => {
-                // A session key attested by an OIDC token: only to log in, as the user whose
-                // certified OAuth identity the token (verified by the caller) names.
+                // A key attested by a token: only to log in, as the user whose certified OAuth
+                // identity the OIDC token names, or whose verified contact the verification token
+                // does (both tokens verified by the caller).
                 let s = attested::parse(&req.stamp).map_err(|e| refuse(StampInvalid, &e.message))?;
-                let claims = attested_claims
-                    .ok_or_else(|| refuse(OperationMismatch, "an attested stamp authorizes only a login"))?;
                 if activity.activity_type != ATTESTED_LOGIN {
                     return Err(refuse(OperationMismatch, "an attested stamp authorizes only stamp_login"));
                 }
-                if cert.credential_type != coffer_auth::grants::OAUTH_PROVIDER
-                    || cert.public_key != coffer_auth::oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
-                {
-                    return Err(refuse(IdentityInvalid, "the attested token is not the certified OAuth identity"));
+                match (s.attestation, attested) {
+                    (attested::Attestation::Oidc, Some(AttestedIdentity::Oidc(claims))) => {
+                        if cert.credential_type != coffer_auth::grants::OAUTH_PROVIDER
+                            || cert.public_key
+                                != coffer_auth::oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud)
+                        {
+                            return Err(refuse(
+                                IdentityInvalid,
+                                "the attested token is not the certified OAuth identity",
+                            ));
+                        }
+                        attested::check_binding(&s, claims).map_err(|e| refuse(StampInvalid, &e.message))?;
+                    }
+                    (
+                        attested::Attestation::VerificationToken,
+                        Some(AttestedIdentity::VerificationToken { token, .. }),
+                    ) => {
+                        if cert.credential_type != coffer_auth::grants::VERIFICATION_TOKEN
+                            || cert.public_key != token.public_key
+                            || cert.organization_id != activity.organization_id
+                        {
+                            return Err(refuse(IdentityInvalid, "the attested token is not the verified one"));
+                        }
+                        attested::check_token_binding(&s, &token.public_key)
+                            .map_err(|e| refuse(StampInvalid, &e.message))?;
+                    }
+                    _ => return Err(refuse(OperationMismatch, "an attested stamp authorizes only a login")),
                 }
-                attested::check_binding(&s, claims).map_err(|e| refuse(StampInvalid, &e.message))?;
                 attested::verify_signature(&s, &req.body).map_err(|e| refuse(StampInvalid, &e.message))?;
             }
             _ => return Err(refuse(StampInvalid, "no stamp")),
         }
-        if cert.credential_type == coffer_auth::grants::OAUTH_PROVIDER
-            && !req.stamp_header.eq_ignore_ascii_case(attested::HEADER)
-        {
-            return Err(refuse(StampInvalid, "an OAuth identity's certificate authorizes only an attested stamp"));
+        let attested_type = [coffer_auth::grants::OAUTH_PROVIDER, coffer_auth::grants::VERIFICATION_TOKEN]
+            .contains(&cert.credential_type.as_str());
+        if attested_type && !req.stamp_header.eq_ignore_ascii_case(attested::HEADER) {
+            return Err(refuse(
+                StampInvalid,
+                "an OAuth identity or a verification token authorizes only an attested stamp",
+            ));
         }
         Ok((activity, cert))
     }
+}
+
+/// What the caller verified of an attested stamp's token, for [`Authority::authorize_for`].
+pub enum AttestedIdentity {
+    /// An OIDC token's claims (its signature is verified after authorization: `sessions`).
+    Oidc(Claims),
+    /// A verification token, verified with the notarizer key, and the credential that stands for
+    /// it: the user of the body's organization with the token's verified contact, of type
+    /// `coffer_auth::grants::VERIFICATION_TOKEN`, never certified.
+    VerificationToken { token: coffer_auth::verification_token::VerifiedToken, credential: pb::CredentialCertificate },
 }
 
 const BUSY: &str = "replay window is full: retry shortly";

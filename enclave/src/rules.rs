@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{mpsc, Arc, Mutex};
 
 use coffer_authority_state::decide::{self, PolicyIndex, Proposal, Vote};
-use coffer_authority_state::model::{kinds, Millis};
+use coffer_authority_state::model::{kinds, CredentialKind, Millis};
 use coffer_authority_state::{subjects, AuthorityState, Change, Credential, Effect};
 use coffer_policy::decision::{Decision, Evaluation};
 
@@ -511,7 +511,21 @@ impl Rules {
         };
         let state = &loaded.state;
         let live = |v: &VerifiedVote| -> Option<Credential> {
-            state.live_credential(&v.user_id, &v.public_key, &v.credential_type, now_ms).cloned()
+            let stored = state.live_credential(&v.user_id, &v.public_key, &v.credential_type, now_ms).cloned();
+            // A verification token is no stored credential: it stands for the user it names (the
+            // caller verified the token, unspent and unexpired) for the one login it stamps.
+            let token = v.credential_type == coffer_auth::grants::VERIFICATION_TOKEN
+                && state.users.get(&v.user_id).is_some_and(|u| u.contacts_verified);
+            stored.or_else(|| {
+                token.then(|| Credential {
+                    id: format!("verification-token:{}", v.public_key),
+                    user_id: v.user_id.clone(),
+                    kind: CredentialKind::Session,
+                    credential_type: v.credential_type.clone(),
+                    public_key: v.public_key.clone(),
+                    expires_at_ms: 0,
+                })
+            })
         };
         let Some(own) = live(submitter) else {
             return Err((

@@ -2591,7 +2591,8 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
     // VerifyOtp: the code, encrypted to the record's key with the official client's encryption.
     let file = std::fs::read_dir(&mail).unwrap().flatten().next().unwrap().path();
     let code = coffer_tests::smtp::code_in(&std::fs::read_to_string(file).unwrap()).unwrap();
-    let session = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+    let session_key = TurnkeyP256ApiKey::generate();
+    let session = hex::encode(session_key.compressed_public_key());
     let encrypted = || {
         let mut c = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
         let secret = json!({ "otp_code": code, "public_key": session }).to_string();
@@ -2618,6 +2619,28 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
     let again = verify_body(&sent.otp_id, Stack::now_ms() + 1);
     let r = verify(auth(stamped(&root, &again, &root_cert)), &sent.sealed_otp).await;
     assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+
+    // The token attests its key's stamp_login (what @turnkey/core 2.7 sends), but not into the
+    // organization that verified it, a top-level one whose members a code alone must not reach:
+    // refused by the enclave whatever the gateway sends, with or without a certificate.
+    let login = body("ACTIVITY_TYPE_STAMP_LOGIN", &org, Stack::now_ms(), json!({"publicKey": session}));
+    let signer = p256::ecdsa::SigningKey::from_slice(&session_key.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&signer, login.as_bytes());
+    let header = json!({"publicKeyAttestation": token.verification_token, "publicKey": session,
+        "scheme": "STAMP_ATTESTED_SCHEME_P256_VERIFICATION_TOKEN", "signature": hex::encode(signature.to_der().as_bytes())});
+    for certificate in [Vec::new(), root_cert.clone()] {
+        let request = pb::StampedRequest {
+            body: login.as_bytes().to_vec(),
+            stamp_header: "X-Stamp-Attested".into(),
+            stamp: coffer_tests::passkey::b64url(header.to_string().as_bytes()),
+            certificate,
+        };
+        let r = enclave
+            .clone()
+            .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
+            .await;
+        assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+    }
 
     // otp_auth takes a code typed in the body, so it redeems only codes made for it
     // (init_otp_auth): init_otp's record with its right code, typed, is refused.

@@ -521,6 +521,69 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     assert_eq!((status, r), (200, json!({ "organizationId": erin_org })));
     public_key_lookups(stack, &config_id).await;
     contact_squatting(stack, smtp, &config_id, &org).await;
+    attested_token_login(stack, smtp, &config_id, &org, sub_org, dave).await;
+}
+
+/// `stamp_login` stamped by a verification token's key (`X-Stamp-Attested`,
+/// `STAMP_ATTESTED_SCHEME_P256_VERIFICATION_TOKEN`, what `@turnkey/core` 2.7's `loginWithOtp`
+/// sends), signed by `key` over the body, for `organization_id`.
+async fn attested_login(stack: &Stack, token: &str, key: &TurnkeyP256ApiKey, organization_id: &str) -> (u16, Value) {
+    attested_login_with(stack, token, key, organization_id, false).await
+}
+
+/// [`attested_login`], replacing the user's earlier sessions when `invalidate_existing`.
+async fn attested_login_with(
+    stack: &Stack,
+    token: &str,
+    key: &TurnkeyP256ApiKey,
+    organization_id: &str,
+    invalidate_existing: bool,
+) -> (u16, Value) {
+    let key_hex = hex::encode(key.compressed_public_key());
+    let body = json!({ "type": "ACTIVITY_TYPE_STAMP_LOGIN", "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": organization_id, "parameters": { "publicKey": key_hex, "expirationSeconds": "900",
+        "invalidateExisting": invalidate_existing } })
+    .to_string();
+    let signer = p256::ecdsa::SigningKey::from_slice(&key.private_key()).unwrap();
+    let signature: p256::ecdsa::Signature = signer.sign(body.as_bytes());
+    let stamp = json!({ "publicKeyAttestation": token, "scheme": "STAMP_ATTESTED_SCHEME_P256_VERIFICATION_TOKEN",
+        "publicKey": key_hex, "signature": hex::encode(signature.to_der().as_bytes()) });
+    let r = reqwest::Client::new()
+        .post(format!("{}/public/v1/submit/stamp_login", stack.base_url))
+        .header("X-Stamp-Attested", coffer_tests::passkey::b64url(stamp.to_string().as_bytes()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The OTP login of `@turnkey/core` 2.7 and later: the verification token attests the key that
+/// stamps a stamp_login of the sub-organization, which opens a session for the user with the
+/// token's verified contact, once. Not into the organization that verified the token (a
+/// top-level one), not with a key the token does not name.
+async fn attested_token_login(stack: &Stack, smtp: &SmtpServer, config_id: &str, org: &str, sub_org: &str, dave: &str) {
+    let key = TurnkeyP256ApiKey::generate();
+    let token =
+        token_for(stack, smtp, config_id, org, &hex::encode(key.compressed_public_key()), "dave@example.test").await;
+    let (status, r) = attested_login(stack, &token, &key, org).await;
+    assert_eq!(status, 401, "not into the organization that verified the token: {r}");
+    assert!(r["message"].as_str().unwrap().contains("sub-organization"), "{r}");
+    let (status, r) = attested_login(stack, &token, &TurnkeyP256ApiKey::generate(), sub_org).await;
+    assert_eq!(status, 401, "a key the token does not name: {r}");
+    let (status, r) = attested_login(stack, &token, &key, sub_org).await;
+    assert_eq!(status, 200, "{r}");
+    let session = r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap();
+    let c = claims(session);
+    assert_eq!((c["user_id"].as_str(), c["organization_id"].as_str()), (Some(dave), Some(sub_org)));
+    let as_dave = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap());
+    assert_eq!(as_dave.get_whoami(GetWhoamiRequest { organization_id: sub_org.into() }).await.unwrap().user_id, dave);
+    // Once: the token is spent. (The same login again, replacing the session, so that the gateway
+    // lets the key through: the enclave refuses the token.)
+    let (status, r) = attested_login_with(stack, &token, &key, sub_org, true).await;
+    assert_eq!(status, 403, "{r}");
+    assert!(r["message"].as_str().unwrap().contains("already used"), "{r}");
 }
 
 /// A visitor signs up with a key only, then sets someone else's address on their own user: the
@@ -561,6 +624,8 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     into_squat["organizationId"] = json!(squat_org);
     let (status, r) = proxy_post(stack, config_id, "otp_login_v2", into_squat).await;
     assert_eq!(status, 403, "the enclave logs nobody into the squatter's user with Gina's token: {r}");
+    let (status, r) = attested_login(stack, &token, &gina, squat_org).await;
+    assert_eq!(status, 401, "nor does an attested stamp of her token: {r}");
     // Gina's own sign-up, with her token: her address is found there.
     let api_keys = json!([{ "apiKeyName": "gina", "publicKey": gina_hex, "curveType": "API_KEY_CURVE_P256" }]);
     let token = token_for(stack, smtp, config_id, org, &gina_hex, "gina@example.test").await;

@@ -11,7 +11,7 @@ use zeroize::Zeroizing;
 
 use super::worker::{run_blocking, status};
 use crate::audit;
-use crate::authority::{refuse, Authority, Authorized};
+use crate::authority::{refuse, AttestedIdentity, Authority, Authorized};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
@@ -221,8 +221,11 @@ pub(super) async fn create_session(
     let attested = match attested {
         None => None,
         Some(Err(e)) => return Err(EnclaveError::refused(RefusalReason::StampInvalid, e.message).into()),
+        Some(Ok(stamp)) if stamp.attestation == coffer_auth::attested::Attestation::VerificationToken => {
+            Some(Attested::Token(stamp))
+        }
         Some(Ok(stamp)) => match sessions::read_token(&stamp.token) {
-            Ok(claims) => Some(sessions::PendingToken { token: stamp.token, claims }),
+            Ok(claims) => Some(Attested::Oidc(sessions::PendingToken { token: stamp.token, claims })),
             Err(e) => {
                 return Err(EnclaveError::refused(RefusalReason::IdentityInvalid, format!("attested stamp: {e}")).into())
             }
@@ -231,23 +234,40 @@ pub(super) async fn create_session(
     let (h, au, st, r) = (hsm.clone(), authority.clone(), settings.clone(), req.clone());
     let authorized = run_blocking(move || {
         let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
-        let claims = attested.as_ref().map(|t| &t.claims);
-        let a = au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, claims)?;
-        let tokens = sessions::before_fetch(&h, &st, &a, attested, &r.provider_certificate)?;
-        Ok((a, tokens, audit::carry()))
+        let (identity, pending) = match attested {
+            None => (None, None),
+            Some(Attested::Oidc(p)) => (Some(AttestedIdentity::Oidc(p.claims.clone())), Some(p)),
+            Some(Attested::Token(stamp)) => (Some(super::otp::token_login_identity(&h, &au, &r, &stamp)?), None),
+        };
+        let a =
+            au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, identity.as_ref())?;
+        let tokens = sessions::before_fetch(&h, &st, &a, pending, &r.provider_certificate)?;
+        let verification = match identity {
+            Some(AttestedIdentity::VerificationToken { token, .. }) => Some(token),
+            _ => None,
+        };
+        Ok((a, tokens, verification, audit::carry()))
     })
     .await;
-    let (a, tokens, outcome) = match authorized {
+    let (a, tokens, verification, outcome) = match authorized {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let result = verify_and_open(hsm, authority, &settings, otp, req, a, tokens).await;
+    let result = verify_and_open(hsm, authority, &settings, otp, req, a, tokens, verification).await;
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
 
+/// What attests an attested stamp's key.
+enum Attested {
+    Oidc(sessions::PendingToken),
+    Token(coffer_auth::attested::AttestedStamp),
+}
+
 /// The authorized part of [`create_session`]: the tokens verified (fetching an allowlisted
-/// issuer's keys if need be), then the session opened.
+/// issuer's keys if need be), then the session opened; a verification token that attested the
+/// stamp is spent first.
+#[allow(clippy::too_many_arguments)]
 async fn verify_and_open(
     hsm: Arc<Hsm>,
     authority: Arc<Authority>,
@@ -256,6 +276,7 @@ async fn verify_and_open(
     req: Arc<pb::CreateSessionRequest>,
     a: Authorized,
     tokens: Vec<sessions::PendingToken>,
+    verification: Option<coffer_auth::verification_token::VerifiedToken>,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
     let seconds = sessions::session_seconds(&a.activity.parameters, settings.max_session_seconds)?;
     let mut verified = Vec::with_capacity(tokens.len());
@@ -289,7 +310,17 @@ async fn verify_and_open(
             t if [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&t) => {
                 super::otp::email_grant(&hsm, &authority, &o, &a)?
             }
-            _ => sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?,
+            _ => {
+                let mut g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
+                // A verification token's login: once, and a session of the code's kind.
+                if let Some(token) = &verification {
+                    if !crate::verification_token::spend(&authority, token, crate::authority::now_ms())? {
+                        return Err(refuse(&a, RefusalReason::OtpInvalid, crate::verification_token::OTP_INVALID));
+                    }
+                    g.credential_type = "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256";
+                }
+                g
+            }
         };
         let session = sessions::open_session(&hsm, &authority, &a, g, seconds)?;
         let message = match by_email {

@@ -750,12 +750,23 @@ fn user_with_contact(
     verification_type: &str,
     contact: &str,
 ) -> Option<String> {
+    user_by_contact(state, verification_type, contact, a.via_parent)
+}
+
+/// The user of `state` with `contact`, only among those whose contacts are verified when
+/// `verified_only`.
+fn user_by_contact(
+    state: &coffer_authority_state::model::AuthorityState,
+    verification_type: &str,
+    contact: &str,
+    verified_only: bool,
+) -> Option<String> {
     let has_contact = |u: &&coffer_authority_state::model::User| match verification_type {
         "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.eq_ignore_ascii_case(contact),
         "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == contact,
         _ => false,
     };
-    let vouched = |u: &&coffer_authority_state::model::User| !a.via_parent || u.contacts_verified;
+    let vouched = |u: &&coffer_authority_state::model::User| !verified_only || u.contacts_verified;
     state.users.values().filter(has_contact).find(vouched).map(|u| u.id.clone())
 }
 
@@ -793,6 +804,55 @@ pub fn otp_auth_grant(
     })?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
     Ok(SessionGrant { user_id, public_key, credential_type: "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256", secret: Some(secret) })
+}
+
+/// Who a verification token's attested stamp (the `stamp_login` of `@turnkey/core` 2.7's
+/// `loginWithOtp`) logs in as, decided before the stamp is authorized: the token verified with
+/// the notarizer key and unexpired, naming the stamp's key; the body's organization a
+/// sub-organization of the one that verified the token (or that sub-organization itself, for its
+/// own codes), never a top-level organization, whose members a code alone must not reach; the
+/// user there whose verified contact the token names. The token is spent when the session opens.
+pub(super) fn token_login_identity(
+    hsm: &Hsm,
+    authority: &Authority,
+    req: &pb::CreateSessionRequest,
+    stamp: &coffer_auth::attested::AttestedStamp,
+) -> Result<crate::authority::AttestedIdentity, EnclaveError> {
+    let token = verification_token::read(hsm, &stamp.token, now_ms())?;
+    coffer_auth::attested::check_token_binding(stamp, &token.public_key)
+        .map_err(|e| EnclaveError::refused(RefusalReason::StampInvalid, e.message))?;
+    let body = req.auth.as_ref().and_then(|a| a.request.as_ref()).map(|r| r.body.as_slice()).unwrap_or_default();
+    let org = serde_json::from_slice::<Value>(body)
+        .ok()
+        .map(|b| text(&b, "organizationId").to_string())
+        .filter(|o| !o.is_empty())
+        .ok_or_else(|| EnclaveError::refused(RefusalReason::StampInvalid, "the stamped body names no organization"))?;
+    let loaded = authority.rules().load(&org)?.ok_or_else(|| {
+        EnclaveError::refused(RefusalReason::OrganizationUnknown, "the organization has no authority state")
+    })?;
+    let parent = loaded.state.organization.parent_id.as_deref();
+    if parent.is_none() || !(token.organization_id == org || parent == Some(token.organization_id.as_str())) {
+        return Err(EnclaveError::refused(
+            RefusalReason::OtpInvalid,
+            "a verification token logs in only to a sub-organization of the organization that verified it",
+        ));
+    }
+    let user_id = user_by_contact(&loaded.state, &token.verification_type, &token.contact, true).ok_or_else(|| {
+        EnclaveError::refused(
+            RefusalReason::IdentityInvalid,
+            "no user of this organization has the verified email or phone number of the token",
+        )
+    })?;
+    let credential = pb::CredentialCertificate {
+        organization_id: org,
+        user_id,
+        credential_type: coffer_auth::grants::VERIFICATION_TOKEN.into(),
+        public_key: token.public_key.clone(),
+        expires_at_ms: token.expires_ms.max(0) as u64,
+        issuing_fingerprint: String::new(),
+        mac: Vec::new(),
+    };
+    Ok(crate::authority::AttestedIdentity::VerificationToken { token, credential })
 }
 
 #[cfg(test)]

@@ -394,7 +394,9 @@ pub async fn submit(
         Err(StoreError::NotFound) => {}
         Err(e) => return Err(e.into()),
     }
-    if matches!(caller.credential, Credential::Attested(_)) && op.path != "stamp_login" {
+    if matches!(caller.credential, Credential::Attested(_) | Credential::VerificationToken(_))
+        && op.path != "stamp_login"
+    {
         return Err(ApiError::forbidden(
             "request not authorized: an attested stamp (X-Stamp-Attested) may only submit stamp_login",
         ));
@@ -884,7 +886,7 @@ pub async fn query(
             (org, caller)
         }
     };
-    if matches!(caller.credential, Credential::Attested(_)) {
+    if matches!(caller.credential, Credential::Attested(_) | Credential::VerificationToken(_)) {
         return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
     }
     state.limits.charge_credential(caller.credential.id())?;

@@ -13,6 +13,7 @@ use crate::error::{ApiError, Code};
 use crate::oidc_tokens;
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::stamps::stamp::SESSION_CREDENTIAL_TYPES;
+use crate::stamps::Credential;
 use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
 
@@ -149,7 +150,8 @@ pub async fn stamp_login(ctx: Ctx, intent: StampLoginIntent) -> Result<Outcome, 
     let mut outcome = login_with_key(&ctx, &intent.public_key, intent.invalidate_existing).await?;
     // The stamping key has shown it signs for its holder here: anonymous PUBLIC_KEY lookups may
     // find this organization by it from now on.
-    if !ctx.caller.via_parent {
+    let stored_key = matches!(ctx.caller.credential, Credential::ApiKey(_) | Credential::Authenticator(_));
+    if stored_key && !ctx.caller.via_parent {
         outcome.writes.push(proven_key(&ctx, &ctx.org.id, &ctx.caller.public_key));
     }
     Ok(outcome)

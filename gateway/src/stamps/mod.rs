@@ -43,6 +43,19 @@ pub enum Credential {
     /// A session key attested by an OIDC token, acting as the user of this OAuth identity (it
     /// may only log in).
     Attested(OauthProviderRecord),
+    /// A key attested by a verification token, acting as the user with the token's contact (it
+    /// may only log in).
+    VerificationToken(TokenLogin),
+}
+
+/// Who a verification token's attested stamp logs in: the user of a sub-organization whose
+/// verified contact the token names.
+#[derive(Debug, Clone)]
+pub struct TokenLogin {
+    pub organization_id: String,
+    pub user_id: String,
+    /// The token's `id`.
+    pub token_id: String,
 }
 
 impl Credential {
@@ -52,6 +65,7 @@ impl Credential {
             Credential::ApiKey(k) => &k.organization_id,
             Credential::Authenticator(a) => &a.organization_id,
             Credential::Attested(p) => &p.organization_id,
+            Credential::VerificationToken(t) => &t.organization_id,
         }
     }
     pub fn id(&self) -> &str {
@@ -59,6 +73,7 @@ impl Credential {
             Credential::ApiKey(k) => &k.id,
             Credential::Authenticator(a) => &a.id,
             Credential::Attested(p) => &p.id,
+            Credential::VerificationToken(t) => &t.token_id,
         }
     }
     /// The `CREDENTIAL_TYPE_*` of the credential.
@@ -67,17 +82,18 @@ impl Credential {
             Credential::ApiKey(k) => &k.credential_type,
             Credential::Authenticator(_) => webauthn::CREDENTIAL_TYPE,
             Credential::Attested(_) => "CREDENTIAL_TYPE_OAUTH_KEY_P256",
+            Credential::VerificationToken(_) => coffer_auth::grants::VERIFICATION_TOKEN,
         }
     }
     pub fn api_key(&self) -> Option<&ApiKey> {
         match self {
             Credential::ApiKey(k) => Some(k),
-            Credential::Authenticator(_) | Credential::Attested(_) => None,
+            Credential::Authenticator(_) | Credential::Attested(_) | Credential::VerificationToken(_) => None,
         }
     }
     pub fn authenticator(&self) -> Option<&AuthenticatorRecord> {
         match self {
-            Credential::ApiKey(_) | Credential::Attested(_) => None,
+            Credential::ApiKey(_) | Credential::Attested(_) | Credential::VerificationToken(_) => None,
             Credential::Authenticator(a) => Some(a),
         }
     }
@@ -88,6 +104,8 @@ impl Credential {
             Credential::Authenticator(a) => &a.certificate,
             // The OAuth identity's certificate: the enclave checks the token against it.
             Credential::Attested(p) => &p.certificate,
+            // None: the enclave checks the token itself.
+            Credential::VerificationToken(_) => &[],
         }
     }
 }
@@ -287,15 +305,13 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
             (Credential::Authenticator(authenticator), public_key, webauthn::SCHEME, signature, via_parent, raw)
         }
         Stamp::Attested(stamp, raw) => {
-            let provider = resolve_attested(state, org, &stamp).await?;
-            (
-                Credential::Attested(provider),
-                stamp.public_key,
-                "SIGNATURE_SCHEME_TK_API_P256",
-                stamp.signature,
-                false,
-                raw,
-            )
+            let credential = match stamp.attestation {
+                attested::Attestation::Oidc => Credential::Attested(resolve_attested(state, org, &stamp).await?),
+                attested::Attestation::VerificationToken => {
+                    Credential::VerificationToken(resolve_token_login(state, org, &stamp).await?)
+                }
+            };
+            (credential, stamp.public_key, "SIGNATURE_SCHEME_TK_API_P256", stamp.signature, false, raw)
         }
     };
     let key_org = credential.organization_id().to_string();
@@ -303,6 +319,7 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
         Credential::ApiKey(k) => k.user_id.clone(),
         Credential::Authenticator(a) => a.user_id.clone(),
         Credential::Attested(p) => p.user_id.clone(),
+        Credential::VerificationToken(t) => t.user_id.clone(),
     };
     let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
         StoreError::NotFound => {
@@ -330,6 +347,54 @@ async fn resolve_attested(
             "attested stamp: no user of this organization has an oauth provider matching the OIDC token",
         )
     })
+}
+
+/// The user a verification token's attested stamp logs in to `org`: the token verified against
+/// the published notarizer key, unexpired (spent or not is the enclave's to decide), naming the
+/// stamp's key; `org` a sub-organization of the organization that verified it (or that
+/// sub-organization itself), never a top-level organization, whose members a code alone must not
+/// reach; the user one whose contacts its sign-up gave (`contacts_verified`). The enclave decides
+/// all of it again.
+async fn resolve_token_login(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: &attested::AttestedStamp,
+) -> Result<TokenLogin, ApiError> {
+    let keys = crate::oidc_tokens::own_keys(state).await.ok_or_else(|| {
+        ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
+    })?;
+    let now_ms = now_nanos() / 1_000_000;
+    let token = coffer_auth::verification_token::verify(&stamp.token, &keys.notarizer, now_ms).ok_or_else(|| {
+        ApiError::unauthenticated(
+            "SIGNATURE_INVALID",
+            "attested stamp: publicKeyAttestation is not an unexpired verification token of this deployment",
+        )
+    })?;
+    attested::check_token_binding(stamp, &token.public_key)?;
+    let serves = org.parent_id.is_some()
+        && (token.organization_id == org.id || org.parent_id.as_deref() == Some(token.organization_id.as_str()));
+    if !serves {
+        return Err(ApiError::unauthenticated(
+            "PUBLIC_KEY_NOT_FOUND",
+            "attested stamp: a verification token logs in only to a sub-organization of the organization that \
+             verified it: set organizationId to that sub-organization (the auth proxy's account lookup gives it)",
+        ));
+    }
+    let org_id = org.id.clone();
+    let users = state.db(move |s| s.users(&org_id)).await??;
+    let email = token.verification_type == "OTP_TYPE_EMAIL";
+    let user = users.into_iter().find(|u| {
+        let contact = if email { u.email.as_deref() } else { u.phone_number.as_deref() };
+        u.contacts_verified
+            && contact.is_some_and(|c| if email { c.eq_ignore_ascii_case(&token.contact) } else { c == token.contact })
+    });
+    let user = user.ok_or_else(|| {
+        ApiError::unauthenticated(
+            "PUBLIC_KEY_NOT_FOUND",
+            "attested stamp: no user of this organization has the verified email or phone number of the token",
+        )
+    })?;
+    Ok(TokenLogin { organization_id: org.id.clone(), user_id: user.id, token_id: token.id })
 }
 
 /// The OAuth provider of `org` whose identity (issuer, subject, audience) a verified token's
