@@ -798,7 +798,7 @@ impl Authority {
         now: i64,
         attested: Option<&AttestedIdentity>,
     ) -> Result<(StampedActivity, pb::CredentialCertificate), Refusal> {
-        let activity =
+        let mut activity =
             StampedActivity::parse(&req.body).map_err(|e| Refusal::new(RefusalReason::StampInvalid, e.message))?;
         use RefusalReason::{CertificateExpired, CertificateInvalid, IdentityInvalid, OperationMismatch, StampInvalid};
         // A verification token's attested stamp has no certificate: the credential stands for
@@ -836,6 +836,7 @@ impl Authority {
             }
         };
         let refuse = |reason: RefusalReason, message: &str| Refusal::new(reason, message).about(&activity, &cert);
+        let mut routed_to = None;
         if cert.expires_at_ms != 0 && now >= cert.expires_at_ms as i64 {
             return Err(refuse(CertificateExpired, "the credential has expired"));
         }
@@ -887,12 +888,15 @@ impl Authority {
                     ) => {
                         if cert.credential_type != coffer_auth::grants::VERIFICATION_TOKEN
                             || cert.public_key != token.public_key
-                            || cert.organization_id != activity.organization_id
                         {
                             return Err(refuse(IdentityInvalid, "the attested token is not the verified one"));
                         }
                         attested::check_token_binding(&s, &token.public_key)
                             .map_err(|e| refuse(StampInvalid, &e.message))?;
+                        // Stamped for the token's organization, routed to the sub-organization of
+                        // the user (`otp::token_login_identity` checked it): the login is that
+                        // organization's from here on.
+                        routed_to = Some(cert.organization_id.clone());
                     }
                     _ => return Err(refuse(OperationMismatch, "an attested stamp authorizes only a login")),
                 }
@@ -907,6 +911,9 @@ impl Authority {
                 StampInvalid,
                 "an OAuth identity or a verification token authorizes only an attested stamp",
             ));
+        }
+        if let Some(organization_id) = routed_to {
+            activity.organization_id = organization_id;
         }
         Ok((activity, cert))
     }

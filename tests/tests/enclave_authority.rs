@@ -2622,7 +2622,7 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
 
     // The token attests its key's stamp_login (what @turnkey/core 2.7 sends), but not into the
     // organization that verified it, a top-level one whose members a code alone must not reach:
-    // refused by the enclave whatever the gateway sends, with or without a certificate.
+    // refused by the enclave whatever the gateway sends, with or without a certificate or route.
     let login = body("ACTIVITY_TYPE_STAMP_LOGIN", &org, Stack::now_ms(), json!({"publicKey": session}));
     let signer = p256::ecdsa::SigningKey::from_slice(&session_key.private_key()).unwrap();
     let signature: p256::ecdsa::Signature = p256::ecdsa::signature::Signer::sign(&signer, login.as_bytes());
@@ -2635,11 +2635,12 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
             stamp: coffer_tests::passkey::b64url(header.to_string().as_bytes()),
             certificate,
         };
-        let r = enclave
-            .clone()
-            .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
-            .await;
-        assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+        // Nor routed to an organization that is not a sub-organization of it (itself, here).
+        for routed_organization_id in [String::new(), org.clone()] {
+            let request =
+                pb::CreateSessionRequest { auth: auth(request.clone()), routed_organization_id, ..Default::default() };
+            assert_eq!(refusal(enclave.clone().create_session(request).await).0, pb::RefusalReason::OtpInvalid);
+        }
     }
 
     // otp_auth takes a code typed in the body, so it redeems only codes made for it

@@ -811,7 +811,9 @@ pub fn otp_auth_grant(
 /// the notarizer key and unexpired, naming the stamp's key; the body's organization a
 /// sub-organization of the one that verified the token (or that sub-organization itself, for its
 /// own codes), never a top-level organization, whose members a code alone must not reach; the
-/// user there whose verified contact the token names. The token is spent when the session opens.
+/// user there whose verified contact the token names. A login stamped for the token's own
+/// organization goes to the sub-organization the gateway routes it to (`routed_organization_id`),
+/// checked the same way. The token is spent when the session opens.
 pub(super) fn token_login_identity(
     hsm: &Hsm,
     authority: &Authority,
@@ -827,11 +829,20 @@ pub(super) fn token_login_identity(
         .map(|b| text(&b, "organizationId").to_string())
         .filter(|o| !o.is_empty())
         .ok_or_else(|| EnclaveError::refused(RefusalReason::StampInvalid, "the stamped body names no organization"))?;
+    // Stamped for the token's own (top-level) organization, the login goes to the sub-organization
+    // the gateway names, if it is one of that organization's.
+    let routed = !req.routed_organization_id.is_empty();
+    let body_org = org;
+    let org = if routed { req.routed_organization_id.clone() } else { body_org.clone() };
     let loaded = authority.rules().load(&org)?.ok_or_else(|| {
         EnclaveError::refused(RefusalReason::OrganizationUnknown, "the organization has no authority state")
     })?;
     let parent = loaded.state.organization.parent_id.as_deref();
-    if parent.is_none() || !(token.organization_id == org || parent == Some(token.organization_id.as_str())) {
+    let serves = match routed {
+        true => parent == Some(body_org.as_str()) && token.organization_id == body_org,
+        false => parent.is_some() && (token.organization_id == org || parent == Some(token.organization_id.as_str())),
+    };
+    if !serves {
         return Err(EnclaveError::refused(
             RefusalReason::OtpInvalid,
             "a verification token logs in only to a sub-organization of the organization that verified it",

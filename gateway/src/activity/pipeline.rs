@@ -98,7 +98,22 @@ async fn authenticate(
         }
         other => other?,
     };
-    let caller = stamps::resolve(state, &org, stamp).await?;
+    // A verification token's stamp_login stamped for the token's own (top-level) organization
+    // goes to the sub-organization of its verified contact, as the hosted service routes it.
+    let routed = match &stamp {
+        stamps::Stamp::Attested(s, _) if s.attestation == coffer_auth::attested::Attestation::VerificationToken => {
+            stamps::token_login_route(state, &org, s).await?
+        }
+        _ => None,
+    };
+    let (org, routed) = match routed {
+        Some(sub) => (sub, true),
+        None => (org, false),
+    };
+    let mut caller = stamps::resolve(state, &org, stamp).await?;
+    if let Credential::VerificationToken(t) = &mut caller.credential {
+        t.routed = routed;
+    }
     Ok((org, caller, Prefetched::default()))
 }
 

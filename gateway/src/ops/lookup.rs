@@ -39,3 +39,22 @@ pub async fn load_private_key(
         other => other.into(),
     })
 }
+
+/// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
+pub async fn parent_certificate(ctx: &crate::activity::registry::Ctx) -> Result<Vec<u8>, ApiError> {
+    if !ctx.caller.via_parent {
+        return Ok(Vec::new());
+    }
+    let org = ctx.org.id.clone();
+    match ctx
+        .state
+        .db(move |s| s.record(&org, crate::record_kinds::PARENT_CERTIFICATE, crate::record_kinds::PARENT_CERTIFICATE))
+        .await?
+    {
+        Ok(r) => Ok(hex::decode(r.data.get("certificate").and_then(serde_json::Value::as_str).unwrap_or_default())
+            .unwrap_or_default()),
+        // Created before parent certificates: the enclave refuses, with its reason.
+        Err(StoreError::NotFound) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -42,10 +42,8 @@ pub async fn init_otp_auth(ctx: Ctx, intent: InitOtpIntent) -> Result<Outcome, A
 async fn new_code(ctx: &Ctx, intent: InitOtpIntent) -> Result<(pb::InitOtpResponse, Vec<Write>), ApiError> {
     required(&intent.otp_type, "otpType")?;
     required(&intent.contact, "contact")?;
-    let request = pb::InitOtpRequest {
-        parent_certificate: super::sessions::parent_certificate(ctx).await?,
-        ..Default::default()
-    };
+    let request =
+        pb::InitOtpRequest { parent_certificate: super::lookup::parent_certificate(ctx).await?, ..Default::default() };
     let resp = ctx.enclave().init_otp(request).await?;
     // Records of codes that expired (10 minutes at most) go with each new one.
     let expired = Write::PruneRecords {

@@ -11,27 +11,10 @@ use super::params::required;
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::{ApiError, Code};
 use crate::oidc_tokens;
-use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::stamps::stamp::SESSION_CREDENTIAL_TYPES;
 use crate::stamps::Credential;
 use crate::store::{ApiKey, StoreError, User, Write};
 use coffer_proto::v1 as pb;
-
-/// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
-pub(super) async fn parent_certificate(ctx: &Ctx) -> Result<Vec<u8>, ApiError> {
-    if !ctx.caller.via_parent {
-        return Ok(Vec::new());
-    }
-    let org = ctx.org.id.clone();
-    match ctx.state.db(move |s| s.record(&org, PARENT_CERTIFICATE, PARENT_CERTIFICATE)).await? {
-        Ok(r) => {
-            Ok(hex::decode(r.data.get("certificate").and_then(Value::as_str).unwrap_or_default()).unwrap_or_default())
-        }
-        // Created before parent certificates: the enclave refuses, with its reason.
-        Err(StoreError::NotFound) => Ok(Vec::new()),
-        Err(e) => Err(e.into()),
-    }
-}
 
 /// Asks the enclave for the session, then stores its key as a credential of the user (removing
 /// the user's earlier session keys when `invalidate_existing`).
@@ -62,7 +45,17 @@ async fn open_session(
             }
         }
     }
-    let request = pb::CreateSessionRequest { parent_certificate: parent_certificate(ctx).await?, ..request };
+    // A verification token's login the gateway routed from the token's organization: the enclave
+    // checks the route itself.
+    let routed_organization_id = match &ctx.caller.credential {
+        Credential::VerificationToken(t) if t.routed => ctx.org.id.clone(),
+        _ => String::new(),
+    };
+    let request = pb::CreateSessionRequest {
+        parent_certificate: super::lookup::parent_certificate(ctx).await?,
+        routed_organization_id,
+        ..request
+    };
     let session = ctx.enclave().create_session(request).await?;
     // The enclave chose the user; it must be one of this organization.
     let user = super::lookup::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;

@@ -56,6 +56,8 @@ pub struct TokenLogin {
     pub user_id: String,
     /// The token's `id`.
     pub token_id: String,
+    /// Stamped for the token's own organization, routed here ([`token_login_route`]).
+    pub routed: bool,
 }
 
 impl Credential {
@@ -374,11 +376,15 @@ async fn resolve_token_login(
     let serves = org.parent_id.is_some()
         && (token.organization_id == org.id || org.parent_id.as_deref() == Some(token.organization_id.as_str()));
     if !serves {
-        return Err(ApiError::unauthenticated(
-            "PUBLIC_KEY_NOT_FOUND",
-            "attested stamp: a verification token logs in only to a sub-organization of the organization that \
-             verified it: set organizationId to that sub-organization (the auth proxy's account lookup gives it)",
-        ));
+        let message = match org.parent_id {
+            // The token's own organization, with no sub-organization to route to.
+            None if token.organization_id == org.id => {
+                "attested stamp: no sub-organization of this organization has a user with the verified email or \
+                 phone number of the verification token"
+            }
+            _ => "attested stamp: a verification token logs in only to a sub-organization of the organization that verified it",
+        };
+        return Err(ApiError::unauthenticated("PUBLIC_KEY_NOT_FOUND", message));
     }
     let org_id = org.id.clone();
     let users = state.db(move |s| s.users(&org_id)).await??;
@@ -394,7 +400,41 @@ async fn resolve_token_login(
             "attested stamp: no user of this organization has the verified email or phone number of the token",
         )
     })?;
-    Ok(TokenLogin { organization_id: org.id.clone(), user_id: user.id, token_id: token.id })
+    Ok(TokenLogin { organization_id: org.id.clone(), user_id: user.id, token_id: token.id, routed: false })
+}
+
+/// Where a verification token's attested stamp for `org` logs in when `org` is the token's own
+/// top-level organization: its sub-organization with a user whose verified contact the token
+/// names (the oldest, if several). `None`: not such a stamp, or no such sub-organization (then
+/// [`resolve`] answers why).
+pub async fn token_login_route(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: &attested::AttestedStamp,
+) -> Result<Option<Organization>, ApiError> {
+    if org.parent_id.is_some() {
+        return Ok(None);
+    }
+    let Some(keys) = crate::oidc_tokens::own_keys(state).await else { return Ok(None) };
+    let now_ms = now_nanos() / 1_000_000;
+    let Some(token) = coffer_auth::verification_token::verify(&stamp.token, &keys.notarizer, now_ms) else {
+        return Ok(None);
+    };
+    if token.organization_id != org.id {
+        return Ok(None);
+    }
+    let filter = match token.verification_type.as_str() {
+        "OTP_TYPE_SMS" => crate::store::SubOrgFilter::VerifiedPhoneNumber(token.contact),
+        _ => crate::store::SubOrgFilter::VerifiedEmail(token.contact),
+    };
+    let (parent, page) = (org.id.clone(), crate::store::Page { limit: 1, before: None, after: None });
+    let ids = state.db(move |s| s.sub_organization_ids(&parent, &filter, &page)).await??;
+    let Some(id) = ids.into_iter().next() else { return Ok(None) };
+    match state.db(move |s| s.organization(&id)).await? {
+        Ok(sub) => Ok(Some(sub)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The OAuth provider of `org` whose identity (issuer, subject, audience) a verified token's
