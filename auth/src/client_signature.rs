@@ -53,10 +53,18 @@ pub fn check(p: &Value, key_hex: &str, usage: &Value) -> Result<(), &'static str
 }
 
 /// The API key a sign-up (a `create_sub_organization` body) proves it holds, if any: one of
-/// the first root user's P-256 `apiKeys` whose `clientSignature` covers this sign-up
-/// ([`signup_usage`]). With a `verificationToken` the use names the token's id, read here
+/// its one root user's P-256 `apiKeys` (a quorum of 1) whose `clientSignature` covers this
+/// sign-up ([`signup_usage`]). With a `verificationToken` the use names the token's id, read here
 /// unverified: whoever grants the token verifies and spends it.
 pub fn proven_signup_key(p: &Value) -> Option<String> {
+    // The signature covers one root user's lists: with anyone else beside that user, or a
+    // quorum of more, a replay of it could put the key where its holder is not alone.
+    let users = p.get("rootUsers")?.as_array()?;
+    let threshold = p.get("rootQuorumThreshold");
+    let threshold_one = threshold.and_then(Value::as_i64) == Some(1) || threshold.and_then(Value::as_str) == Some("1");
+    if users.len() != 1 || !threshold_one {
+        return None;
+    }
     let signer = text(p.get("clientSignature")?, "publicKey").trim();
     let key = signer.strip_prefix("0x").unwrap_or(signer).to_ascii_lowercase();
     let keys = p.get("rootUsers")?.get(0)?.get("apiKeys")?.as_array()?;
@@ -133,6 +141,10 @@ mod tests {
         let mut replayed = p.clone();
         replayed["rootUsers"][0]["authenticators"] = json!([{ "authenticatorName": "squatter's" }]);
         assert_eq!(proven_signup_key(&replayed), None);
+        // Not with a second root user beside the one the signature covers.
+        let mut crowded = p.clone();
+        crowded["rootUsers"].as_array_mut().unwrap().push(json!({ "userName": "mallory", "apiKeys": [] }));
+        assert_eq!(proven_signup_key(&crowded), None);
         // No signature, no proof.
         let mut bare = p.clone();
         bare.as_object_mut().unwrap().remove("clientSignature");

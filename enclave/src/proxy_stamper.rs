@@ -173,6 +173,21 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             ));
         }
     }
+    // Nor an OAuth identity the visitor did not show a token of: with bare `oidcClaims` anyone
+    // could register someone's identity (its subject is no secret) beside a passkey of their own.
+    if activity.activity_type == CREATE_SUB_ORGANIZATION {
+        let users = activity.parameters.get("rootUsers").and_then(serde_json::Value::as_array);
+        let bare = users.into_iter().flatten().any(|u| {
+            let providers = u.get("oauthProviders").and_then(serde_json::Value::as_array);
+            providers.into_iter().flatten().any(|p| text(p, "oidcToken").trim().is_empty())
+        });
+        if bare {
+            return Err(refuse(
+                RefusalReason::BindingMismatch,
+                "an auth proxy sign-up names an OAuth identity only with its oidcToken, not oidcClaims",
+            ));
+        }
+    }
     // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.
     if activity.activity_type == CREATE_SUB_ORGANIZATION {
         if let Err(e) = authority.charge_signup(&req.organization_id, &activity.fingerprint) {

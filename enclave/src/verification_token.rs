@@ -35,10 +35,26 @@ pub fn read(hsm: &Hsm, token: &str, now_ms: i64) -> Result<VerifiedToken, Enclav
         .ok_or_else(|| EnclaveError::refused(RefusalReason::OtpInvalid, OTP_INVALID))
 }
 
-/// Spends `token` in the store every enclave shares: `true` the first time, `false` after.
-pub fn spend(authority: &Authority, token: &VerifiedToken, now_ms: i64) -> Result<bool, EnclaveError> {
+/// What a token is spent on: once for each. `@turnkey/core`'s `signUpWithOtp` signs up and then
+/// logs in with the same token, as the hosted service allows (the usage types of its client
+/// signatures).
+#[derive(Clone, Copy)]
+pub enum Usage {
+    /// A sign-up (`create_sub_organization` with the token).
+    Signup,
+    /// A login (`otp_login`, or a `stamp_login` the token attests).
+    Login,
+}
+
+/// Spends `token` for `usage` in the store every enclave shares: `true` the first time, `false`
+/// after.
+pub fn spend(authority: &Authority, token: &VerifiedToken, usage: Usage, now_ms: i64) -> Result<bool, EnclaveError> {
     let kept_until = token.expires_ms.saturating_add(MARKER_MARGIN_MS);
-    Ok(authority.count_within("otp-tokens-spent", &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
+    let scope = match usage {
+        Usage::Signup => "otp-tokens-spent/signup",
+        Usage::Login => "otp-tokens-spent/login",
+    };
+    Ok(authority.count_within(scope, &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
 
 /// The body's `clientSignature` (in `p`) by the token's key over `usage`
@@ -104,7 +120,7 @@ pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<
     }
     let usage = coffer_auth::client_signature::signup_usage(p, Some(&token.id));
     check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
-    if !spend(authority, &token, now)? {
+    if !spend(authority, &token, Usage::Signup, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(())

@@ -42,14 +42,17 @@ pub struct AuthProxy {
     state: Arc<AppState>,
     per_config: Option<RateLimiter<String>>,
     per_ip: Option<RateLimiter<std::net::IpAddr>>,
+    /// `otp_init` sends per client address and hour.
+    otp_sends_per_ip: Option<RateLimiter<std::net::IpAddr>>,
     origins: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
 }
 
-pub fn router(state: Arc<AppState>, per_config: u32, per_ip: u32) -> Router {
+pub fn router(state: Arc<AppState>, per_config: u32, per_ip: u32, otp_sends_per_ip_per_hour: u32) -> Router {
     let proxy = Arc::new(AuthProxy {
         state,
         per_config: RateLimiter::per_second(per_config),
         per_ip: RateLimiter::per_second(per_ip),
+        otp_sends_per_ip: RateLimiter::per_hour(otp_sends_per_ip_per_hour),
         origins: Mutex::new(None),
     });
     Router::new()
@@ -139,9 +142,18 @@ async fn call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.per_ip, client) {
-        if let Err(wait) = limiter.take(ip, Instant::now()) {
+    if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.per_ip, &client) {
+        if let Err(wait) = limiter.take(*ip, Instant::now()) {
             return ApiError::rate_limited("address", wait).into_response();
+        }
+    }
+    // Each code is a message someone receives: one address sends a few an hour, not the
+    // organization's whole hourly allowance.
+    if matches!(name.as_str(), "otp_init" | "otp_init_v2") {
+        if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.otp_sends_per_ip, &client) {
+            if let Err(wait) = limiter.take(*ip, Instant::now()) {
+                return ApiError::rate_limited("address's one-time codes", wait).into_response();
+            }
         }
     }
     let Some(config_id) = headers.get(CONFIG_HEADER).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string()) else {

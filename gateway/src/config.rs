@@ -20,6 +20,11 @@ pub struct GatewayConfig {
     /// `COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG`, `COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP`.
     pub auth_proxy_rate_limit_per_config: u32,
     pub auth_proxy_rate_limit_per_ip: u32,
+    /// One-time codes the auth proxy sends (`otp_init`) for one client address an hour, all of
+    /// which may go at once (`COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR`; 0: off). The
+    /// enclave's own limits per contact and per organization still apply: this keeps one address
+    /// from spending the organization's.
+    pub auth_proxy_otp_sends_per_ip_per_hour: u32,
     /// Store URL: `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket
     /// directory as a percent-encoded host, e.g. `postgres://coffer@%2Frun%2Fpostgresql/coffer`).
     /// Default `sqlite://./.coffer/coffer.db`. Environment: `COFFER_STORE_URL`.
@@ -136,6 +141,7 @@ impl Default for GatewayConfig {
             auth_proxy_listen: "127.0.0.1:8081".parse().expect("valid default"),
             auth_proxy_rate_limit_per_config: 100,
             auth_proxy_rate_limit_per_ip: 20,
+            auth_proxy_otp_sends_per_ip_per_hour: 30,
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             enclave_sockets: Vec::new(),
@@ -204,6 +210,7 @@ impl GatewayConfig {
         for (var, field) in [
             ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG", &mut cfg.auth_proxy_rate_limit_per_config),
             ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", &mut cfg.auth_proxy_rate_limit_per_ip),
+            ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_otp_sends_per_ip_per_hour),
         ] {
             if let Ok(v) = std::env::var(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;

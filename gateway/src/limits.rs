@@ -97,7 +97,9 @@ const SHARD_CAP: usize = 4 * PRUNE_AT;
 
 /// Token buckets by key: `rate` requests per second, bursts of up to one second's worth.
 pub struct RateLimiter<K> {
+    /// Tokens a second, and how many a bucket holds at most.
     rate: f64,
+    capacity: f64,
     shards: Vec<Mutex<Shard<K>>>,
 }
 
@@ -117,8 +119,17 @@ struct Bucket {
 impl<K: std::hash::Hash + Eq> RateLimiter<K> {
     /// `None` when `rate` is 0 (the limit is off).
     pub fn per_second(rate: u32) -> Option<Self> {
+        Self::with(rate as f64, rate as f64)
+    }
+
+    /// `count` an hour, all of which may be spent at once; `None` when `count` is 0.
+    pub fn per_hour(count: u32) -> Option<Self> {
+        Self::with(count as f64 / 3600.0, count as f64)
+    }
+
+    fn with(rate: f64, capacity: f64) -> Option<Self> {
         let shard = || Mutex::new(Shard { buckets: HashMap::new(), prune_at: PRUNE_AT });
-        (rate > 0).then(|| Self { rate: rate as f64, shards: (0..SHARDS).map(|_| shard()).collect() })
+        (rate > 0.0).then(|| Self { rate, capacity, shards: (0..SHARDS).map(|_| shard()).collect() })
     }
 
     /// Takes one token for `key` at `now`, or says how long until one is there. The clock is the
@@ -128,15 +139,15 @@ impl<K: std::hash::Hash + Eq> RateLimiter<K> {
         let shard = &self.shards[shard_of(&key)];
         let Ok(mut shard) = shard.lock() else { return Ok(()) };
         if shard.buckets.len() >= shard.prune_at {
-            let rate = self.rate;
-            shard.buckets.retain(|_, b| b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * rate < rate);
+            let (rate, capacity) = (self.rate, self.capacity);
+            shard.buckets.retain(|_, b| b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * rate < capacity);
             if shard.buckets.len() * 2 > SHARD_CAP {
                 shard.buckets.clear();
             }
             shard.prune_at = (shard.buckets.len() * 2).max(PRUNE_AT);
         }
-        let b = shard.buckets.entry(key).or_insert(Bucket { tokens: self.rate, at: now });
-        b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.rate);
+        let b = shard.buckets.entry(key).or_insert(Bucket { tokens: self.capacity, at: now });
+        b.tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate).min(self.capacity);
         // A caller that read the clock before another but took the lock after it must not move the
         // bucket's time back (the gap would be refilled twice).
         b.at = b.at.max(now);
@@ -197,6 +208,19 @@ mod tests {
             );
         }
         assert!(RateLimiter::<&str>::per_second(0).is_none(), "0 turns the limit off");
+    }
+
+    #[test]
+    fn an_hourly_budget_is_spent_at_once_and_comes_back_over_the_hour() {
+        let limiter = RateLimiter::per_hour(30).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(drain(&limiter, "a", t0), 30);
+        // One comes back every 120 s; the wait says so.
+        let wait = limiter.take("a", t0 + Duration::from_secs(60)).unwrap_err();
+        assert_eq!(wait.as_secs(), 60);
+        assert_eq!(drain(&limiter, "a", t0 + Duration::from_secs(240)), 2);
+        assert_eq!(drain(&limiter, "a", t0 + Duration::from_secs(240 + 7200)), 30, "never more than the budget");
+        assert!(RateLimiter::<&str>::per_hour(0).is_none());
     }
 
     #[test]

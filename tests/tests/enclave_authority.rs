@@ -1107,6 +1107,19 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &refused_body).is_empty());
     }
 
+    // What a visitor may not register through the proxy, whatever the gateway sends: a lasting API
+    // key that did not sign the sign-up, an OAuth identity without its token.
+    let squat = |user: Value| {
+        let params = json!({"subOrganizationName": "squat", "rootQuorumThreshold": 1, "rootUsers": [user]});
+        body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params)
+    };
+    let someones_key = json!({"userName": "u", "authenticators": [], "oauthProviders": [], "apiKeys": [{"apiKeyName": "w",
+        "publicKey": hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}]});
+    refused(proxy_stamp(squat(someones_key)).await, tonic::Code::PermissionDenied, "clientSignature");
+    let someones_identity = json!({"userName": "u", "authenticators": [], "apiKeys": [], "oauthProviders": [{
+        "providerName": "google", "oidcClaims": {"iss": "https://accounts.google.com", "sub": "1", "aud": "app"}}]});
+    refused(proxy_stamp(squat(someones_identity)).await, tonic::Code::PermissionDenied, "oidcToken");
+
     // Sign-ups through the proxy are counted by the enclave, per proxy: two a day here. The
     // same body stamped again is not a second sign-up; a third one is refused, its body unsigned.
     let signup = |n: u128| {

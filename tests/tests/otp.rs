@@ -117,6 +117,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "4"),
         // Every proxy call here comes from one address, faster than a visitor's 20 a second.
         ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "1000"),
+        ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", "40"),
         ("COFFER_LOG", "info"),
     ])
     .await;
@@ -522,6 +523,21 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     public_key_lookups(stack, &config_id).await;
     contact_squatting(stack, smtp, &config_id, &org).await;
     attested_token_login(stack, smtp, &config_id, &org, sub_org, dave).await;
+    otp_sign_up_then_log_in(stack, smtp, &config_id, &org).await;
+    // One address sends at most 40 codes an hour through the proxy (this stack's setting), to
+    // any contacts: the organization's allowance is not one visitor's.
+    let mut refused_at = None;
+    for i in 0..41 {
+        let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": format!("many-{i}@example.test") });
+        let (status, r) = proxy_post(stack, &config_id, "otp_init_v2", body).await;
+        if status == 429 {
+            assert!(r["message"].as_str().unwrap().contains("one-time codes"), "{r}");
+            refused_at = Some(i);
+            break;
+        }
+        assert_eq!(status, 200, "{r}");
+    }
+    assert!(refused_at.is_some_and(|i| i > 0), "the address's hourly sends end: {refused_at:?}");
 }
 
 /// `stamp_login` stamped by a verification token's key (`X-Stamp-Attested`,
@@ -592,6 +608,25 @@ async fn attested_token_login(stack: &Stack, smtp: &SmtpServer, config_id: &str,
     let (status, r) = attested_login_with(stack, &token, &key, sub_org, true).await;
     assert_eq!(status, 403, "{r}");
     assert!(r["message"].as_str().unwrap().contains("already used"), "{r}");
+}
+
+/// `@turnkey/core`'s `signUpWithOtp`: a sign-up with the token (an address, no key), then a login
+/// with the same token, routed from the proxy's organization; each use once.
+async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &str, org: &str) {
+    let key = TurnkeyP256ApiKey::generate();
+    let token =
+        token_for(stack, smtp, config_id, org, &hex::encode(key.compressed_public_key()), "henry@example.test").await;
+    let signup = json!({ "userName": "henry@example.test", "userEmail": "henry@example.test", "apiKeys": [],
+        "authenticators": [], "oauthProviders": [], "verificationToken": token });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&key, signup)).await;
+    assert_eq!(status, 200, "{r}");
+    let (henrys, henry) = (r["organizationId"].as_str().unwrap().to_string(), r["userId"].clone());
+    let (status, r) = attested_login(stack, &token, &key, org).await;
+    assert_eq!(status, 200, "{r}");
+    let c = claims(r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap());
+    assert_eq!((&c["user_id"], c["organization_id"].as_str()), (&henry, Some(henrys.as_str())));
+    let (status, r) = attested_login_with(stack, &token, &key, org, true).await;
+    assert_eq!(status, 403, "a login once: {r}");
 }
 
 /// A visitor signs up with a key only, then sets someone else's address on their own user: the

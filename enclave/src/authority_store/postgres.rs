@@ -583,7 +583,9 @@ impl AuthorityStore for PostgresAuthorityStore {
         now_ms: i64,
         quota: u64,
     ) -> Result<Remembered, StoreError> {
-        self.remember_in("coffer_remember_exact", scope, key, expires_ms, now_ms, quota)
+        // An unbounded scope (a token spent, a code verified) needs no order: its keys are unique.
+        let function = if quota == u64::MAX { "coffer_remember" } else { "coffer_remember_exact" };
+        self.remember_in(function, scope, key, expires_ms, now_ms, quota)
     }
 
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {

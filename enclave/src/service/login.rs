@@ -314,7 +314,8 @@ async fn verify_and_open(
                 let mut g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
                 // A verification token's login: once, and a session of the code's kind.
                 if let Some(token) = &verification {
-                    if !crate::verification_token::spend(&authority, token, crate::authority::now_ms())? {
+                    let usage = crate::verification_token::Usage::Login;
+                    if !crate::verification_token::spend(&authority, token, usage, crate::authority::now_ms())? {
                         return Err(refuse(&a, RefusalReason::OtpInvalid, crate::verification_token::OTP_INVALID));
                     }
                     g.credential_type = "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256";

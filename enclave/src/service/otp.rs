@@ -341,7 +341,7 @@ fn prepare(
 }
 
 /// Counts one message to `contact` before anything is sent, in the store every enclave shares:
-/// per contact, per user identifier, per organization (an hour each). The same stamped body is
+/// per contact, per user identifier, then per organization (an hour each). The same stamped body is
 /// never counted twice.
 fn charge_send(
     authority: &Authority,
@@ -352,14 +352,13 @@ fn charge_send(
 ) -> Result<(), EnclaveError> {
     let org = a.activity.organization_id.as_str();
     let contact_key = hex::encode(Sha256::digest(contact.to_ascii_lowercase().as_bytes()));
-    let mut scopes = vec![
-        (format!("otp-sends/contact/{contact_key}"), s.sends_per_contact_per_hour),
-        (format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour),
-    ];
+    let mut scopes = vec![(format!("otp-sends/contact/{contact_key}"), s.sends_per_contact_per_hour)];
     if !user_identifier.is_empty() {
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
         scopes.push((format!("otp-sends/user-identifier/{id}"), s.sends_per_contact_per_hour));
     }
+    // The organization's last: a send refused for its contact or identifier spends none of it.
+    scopes.push((format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour));
     let now = now_ms();
     for (scope, quota) in scopes {
         match authority.count_within(&scope, &a.activity.fingerprint, now.saturating_add(HOUR_MS), now, quota)? {
@@ -729,7 +728,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
     let user_id = user_with_contact(a, &loaded.state, &token.verification_type, &token.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
-    if !verification_token::spend(authority, &token, now)? {
+    if !verification_token::spend(authority, &token, verification_token::Usage::Login, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(SessionGrant {

@@ -434,7 +434,8 @@ pub async fn submit(
     if let Some(check) = op.precheck {
         check(&env.parameters)?;
     }
-    let hash = intent_hash(&env);
+    // Hashed without its secrets (otp_auth's typed code), which a stored hash would give away.
+    let hash = intent_hash(&Envelope { parameters: op.recorded_parameters(&env.parameters), ..env.clone() });
     if let Some(key) = &idem {
         if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
             return Ok(json!({ "activity": render::activity(&a, registry.can_vote(&org, &a, &caller)) }));
@@ -472,6 +473,14 @@ pub async fn submit(
     let mut submission = None;
     let (status, result) = match evaluation.decision {
         Decision::Deny => return Err(denied(&evaluation)),
+        // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
+        Decision::ConsensusNeeded if !op.secret_parameters.is_empty() => {
+            return Err(ApiError::forbidden(format!(
+                "request not authorized: {} needs approvals, and it carries a secret that must not wait in the \
+                 activity record: allow it by policy without consensus",
+                op.activity_type
+            )))
+        }
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
