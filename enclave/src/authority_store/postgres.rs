@@ -339,11 +339,7 @@ impl PostgresAuthorityStore {
             client.query_one("SELECT sum(live)::BIGINT FROM replay_live", &[]).map_err(pg)?.try_get(0).map_err(pg)?;
         Ok(total.unwrap_or(0))
     }
-}
 
-/// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
-/// worker: the idle connections are closed on a thread of their own.
-impl PostgresAuthorityStore {
     /// One entry in the replay window through `function` (`coffer_remember`, or
     /// `coffer_remember_exact` for a scope counted exactly).
     fn remember_in(
@@ -390,6 +386,8 @@ impl PostgresAuthorityStore {
     }
 }
 
+/// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
+/// worker: the idle connections are closed on a thread of their own.
 impl Drop for PostgresAuthorityStore {
     fn drop(&mut self) {
         let idle = match self.pool.get_mut() {
