@@ -439,12 +439,9 @@ async fn otp_login(
     let organization_id = match text(p, "organizationId") {
         "" => {
             let (contact, sms) = token_contact(token)?;
-            let org = config.organization_id.clone();
-            let filter =
-                for_visitors(if sms { SubOrgFilter::PhoneNumber(contact) } else { SubOrgFilter::Email(contact) });
-            let page = Page { limit: 1, before: None, after: None };
-            let found = state.db(move |s| s.sub_organization_ids(&org, &filter, &page)).await??;
-            found.into_iter().next().ok_or_else(|| {
+            crate::stamps::sub_organization_with_verified_contact(state, &config.organization_id, sms, contact)
+                .await?
+                .ok_or_else(|| {
                 ApiError::not_found("no sub-organization of this auth proxy has a user with the verified contact")
             })?
         }

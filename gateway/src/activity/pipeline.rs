@@ -435,7 +435,10 @@ pub async fn submit(
         check(&env.parameters)?;
     }
     // Hashed without its secrets (otp_auth's typed code), which a stored hash would give away.
-    let hash = intent_hash(&Envelope { parameters: op.recorded_parameters(&env.parameters), ..env.clone() });
+    let hash = match op.secret_parameters.is_empty() {
+        true => intent_hash(&env),
+        false => intent_hash(&Envelope { parameters: op.recorded_parameters(env.parameters.clone()), ..env.clone() }),
+    };
     if let Some(key) = &idem {
         if let Some(a) = idempotent_replay(&state, &org.id, key, &hash).await? {
             return Ok(json!({ "activity": render::activity(&a, registry.can_vote(&org, &a, &caller)) }));
@@ -518,17 +521,11 @@ pub async fn submit(
         activity_type: op.activity_type.to_string(),
         status: status.to_string(),
         fingerprint,
-        // A waiting activity keeps what it will run with; a decided one keeps no secret, in its
-        // intent or in the body its submitter's vote carries.
-        intent: match status {
-            STATUS_CONSENSUS_NEEDED => json!({ op.intent_key: env.parameters }),
-            _ => json!({ op.intent_key: op.recorded_parameters(&env.parameters) }),
-        },
+        // No secret is kept, in the intent or in the body its submitter's vote carries (an
+        // activity with one never waits for votes: see `ConsensusNeeded` above).
+        intent: json!({ op.intent_key: op.recorded_parameters(env.parameters) }),
         result,
-        votes: match status {
-            STATUS_CONSENSUS_NEEDED => votes,
-            _ => op.recorded_votes(votes),
-        },
+        votes: op.recorded_votes(votes),
         failure: None,
         created_at: now,
         updated_at: now_nanos(),

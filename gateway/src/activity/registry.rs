@@ -104,9 +104,8 @@ impl Operation {
 
     /// The intent's parameters as the activity record keeps them: each of
     /// [`Operation::secret_parameters`] present is `"<redacted>"`.
-    pub fn recorded_parameters(&self, parameters: &serde_json::Value) -> serde_json::Value {
-        let mut kept = parameters.clone();
-        if let Some(m) = kept.as_object_mut() {
+    pub fn recorded_parameters(&self, mut kept: serde_json::Value) -> serde_json::Value {
+        if let Some(m) = kept.as_object_mut().filter(|_| !self.secret_parameters.is_empty()) {
             for k in self.secret_parameters {
                 if let Some(v) = m.get_mut(*k) {
                     *v = serde_json::Value::String("<redacted>".into());
@@ -128,7 +127,7 @@ impl Operation {
             let redacted = match serde_json::from_str::<serde_json::Value>(message) {
                 Ok(mut body) => {
                     if let Some(p) = body.get_mut("parameters") {
-                        *p = self.recorded_parameters(p);
+                        *p = self.recorded_parameters(p.take());
                     }
                     body.to_string()
                 }
@@ -221,7 +220,7 @@ mod tests {
     fn secret_parameters_are_kept_redacted_in_the_intent_and_the_votes_body() {
         let op = crate::ops::ACTIVITIES.iter().find(|o| o.path == "otp_auth").unwrap();
         let params = json!({ "otpId": "o", "otpCode": "123456", "targetPublicKey": "04ab" });
-        let kept = op.recorded_parameters(&params);
+        let kept = op.recorded_parameters(params.clone());
         assert_eq!(kept, json!({ "otpId": "o", "otpCode": "<redacted>", "targetPublicKey": "04ab" }));
         let body = json!({ "type": "ACTIVITY_TYPE_OTP_AUTH", "parameters": params }).to_string();
         let votes = op.recorded_votes(json!([{ "message": body, "signature": "s" }]));

@@ -423,18 +423,31 @@ pub async fn token_login_route(
     if token.organization_id != org.id {
         return Ok(None);
     }
-    let filter = match token.verification_type.as_str() {
-        "OTP_TYPE_SMS" => crate::store::SubOrgFilter::VerifiedPhoneNumber(token.contact),
-        _ => crate::store::SubOrgFilter::VerifiedEmail(token.contact),
+    let sms = token.verification_type == "OTP_TYPE_SMS";
+    let Some(id) = sub_organization_with_verified_contact(state, &org.id, sms, token.contact).await? else {
+        return Ok(None);
     };
-    let (parent, page) = (org.id.clone(), crate::store::Page { limit: 1, before: None, after: None });
-    let ids = state.db(move |s| s.sub_organization_ids(&parent, &filter, &page)).await??;
-    let Some(id) = ids.into_iter().next() else { return Ok(None) };
     match state.db(move |s| s.organization(&id)).await? {
         Ok(sub) => Ok(Some(sub)),
         Err(StoreError::NotFound) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The (oldest) sub-organization of `parent` with a user whose verified phone number (`sms`) or
+/// email is `contact`: where a code login for that contact goes.
+pub async fn sub_organization_with_verified_contact(
+    state: &Arc<AppState>,
+    parent: &str,
+    sms: bool,
+    contact: String,
+) -> Result<Option<String>, ApiError> {
+    let filter = match sms {
+        true => crate::store::SubOrgFilter::VerifiedPhoneNumber(contact),
+        false => crate::store::SubOrgFilter::VerifiedEmail(contact),
+    };
+    let (parent, page) = (parent.to_string(), crate::store::Page { limit: 1, before: None, after: None });
+    Ok(state.db(move |s| s.sub_organization_ids(&parent, &filter, &page)).await??.into_iter().next())
 }
 
 /// The OAuth provider of `org` whose identity (issuer, subject, audience) a verified token's
