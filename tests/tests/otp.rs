@@ -655,6 +655,7 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     let gina = TurnkeyP256ApiKey::generate();
     let gina_hex = hex::encode(gina.compressed_public_key());
     let token = token_for(stack, smtp, config_id, org, &gina_hex, "gina@example.test").await;
+    let first_token = token.clone();
     let lookup = json!({ "filterType": "EMAIL", "filterValue": "gina@example.test", "verificationToken": token });
     let (status, r) = proxy_post(stack, config_id, "account", lookup.clone()).await;
     assert_eq!((status, r), (200, json!({})), "the squatter's sub-organization is not Gina's account");
@@ -663,7 +664,7 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
         "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
     let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body.clone()).await;
     assert_eq!(status, 404, "{r}");
-    let mut into_squat = body;
+    let mut into_squat = body.clone();
     into_squat["organizationId"] = json!(squat_org);
     let (status, r) = proxy_post(stack, config_id, "otp_login_v2", into_squat).await;
     assert_eq!(status, 403, "the enclave logs nobody into the squatter's user with Gina's token: {r}");
@@ -686,6 +687,19 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     let lookup = json!({ "filterType": "EMAIL", "filterValue": "gina@example.test", "verificationToken": token });
     let (status, r) = proxy_post(stack, config_id, "account", lookup).await;
     assert_eq!((status, r), (200, json!({ "organizationId": ginas })));
+
+    // An attacker who holds the gateway's database marks the squatter's address verified there:
+    // the gateway now routes Gina's unspent first token to the squatter, and the enclave, whose
+    // own state says otherwise, logs nobody in. (SQLite run; the PostgreSQL run checks the flows.)
+    if stack.store_url().starts_with("sqlite://") {
+        let db = rusqlite::Connection::open(stack.database_path()).unwrap();
+        let n = db.execute("UPDATE users SET contacts_verified = 1 WHERE id = ?1", [squat_user]).unwrap();
+        assert_eq!(n, 1);
+        let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body).await;
+        assert_eq!(status, 403, "the enclave refuses the squatter's user: {r}");
+        let (status, r) = attested_login(stack, &first_token, &gina, squat_org).await;
+        assert_eq!(status, 403, "and the attested login into it: {r}");
+    }
 }
 
 /// A proxy sign-up body (`apiKeys`, `authenticators`, `oauthProviders`, `userEmail`?) with the
