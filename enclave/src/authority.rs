@@ -951,6 +951,16 @@ fn verified_vote(c: &pb::CredentialCertificate, at_ms: i64) -> VerifiedVote {
 
 /// Refuses an authorized request whose sealed material does not match its stamped body (the
 /// wrong wallet, key or account), with the same audit line as every other refusal.
+/// Writes the `refuse` audit line of a refusal made before any decision (the identity an
+/// attested stamp claims does not hold), as [`refuse`] does for one made after: every refusal of
+/// the enclave is audited with its typed reason. Other errors pass through unlogged.
+pub fn audit_early_refusal(operation: &str, e: EnclaveError) -> EnclaveError {
+    if let EnclaveError::Refused { reason, message } = &e {
+        Refusal::new(*reason, message.clone()).audit(operation);
+    }
+    e
+}
+
 pub fn refuse(a: &Authorized, reason: RefusalReason, message: &str) -> EnclaveError {
     let refusal = Refusal::new(reason, message).about(&a.activity, &a.credential);
     refusal.audit(a.operation);

@@ -44,6 +44,17 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Waits until a process accepts connections on the Unix socket `socket` (an enclave): the file
+/// appears at bind, a moment before the listener accepts, so its existence is no readiness signal.
+/// Fails the test after 30 s.
+pub async fn wait_accepting(socket: &Path) {
+    let t = Instant::now();
+    while tokio::net::UnixStream::connect(socket).await.is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "nothing accepts on {} after 30 s", socket.display());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The setting ([`Stack::start_with`]) under which the enclave logs its `coffer_audit` allow lines
 /// too (info level; the stacks log warnings only by default), for [`Stack::audit`].
 pub const AUDIT_LOG: (&str, &str) = ("COFFER_LOG", "warn,coffer_audit=info");
@@ -74,6 +85,15 @@ pub struct Stack {
     /// `sqlite://…` in the stack's directory, or a fresh PostgreSQL database when the run's
     /// `COFFER_TEST_STORE` is `postgres` (see [`postgres::store_under_test`]).
     store_url: String,
+    /// The enclave tier's authority store when the stack is on PostgreSQL: a fresh database of
+    /// its own, shared by every enclave the stack starts ([`Stack::spawn_enclave`] too). `None`:
+    /// the enclave's default, `authority.sqlite` beside its socket, in the stack's directory.
+    authority_store_url: Option<String>,
+    /// How many of the enclaves' `coffer_audit` refusal lines [`Stack::refused_for`] has already
+    /// accounted for.
+    refusals_seen: std::sync::Mutex<usize>,
+    /// Whether [`Stack::assert_secret_absent`] planted its marker yet.
+    planted: tokio::sync::Mutex<bool>,
 }
 
 /// The kryoptic module when the run's end-to-end stacks use it (`COFFER_TEST_HSM=kryoptic`,
@@ -101,6 +121,9 @@ impl Stack {
             .env("COFFER_OIDC_ISSUER", format!("http://127.0.0.1:{}", self.port))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", self.auth_proxy_port))
             .env("COFFER_LOG", "warn");
+        if let Some(url) = &self.authority_store_url {
+            cmd.env("COFFER_AUTHORITY_STORE_URL", url);
+        }
         if !self.operator_public_key.is_empty() {
             // The enclave knows the operator's public key; the gateway's operator commands
             // (init-org) read its private key from the file. Both processes get both here.
@@ -149,9 +172,12 @@ impl Stack {
             ),
         )
         .unwrap();
-        let store_url = match store {
-            "postgres" => postgres::server().fresh_database(),
-            _ => format!("sqlite://{}", dir.join("coffer.db").display()),
+        // On PostgreSQL both tiers are: the gateway's store and the enclaves' authority store,
+        // each a fresh database (as a deployment of several enclaves runs them).
+        let (store_url, authority_store_url) = match store {
+            "postgres" => (postgres::server().fresh_database(), Some(postgres::server().fresh_database())),
+            "sqlite" => (format!("sqlite://{}", dir.join("coffer.db").display()), None),
+            other => panic!("a stack on {other:?}: expected sqlite or postgres"),
         };
         let mut extra_env: Vec<(String, String)> = Vec::new();
         if let Some(module) = kryoptic_under_test() {
@@ -167,6 +193,9 @@ impl Stack {
         extra_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut stack = Stack {
             store_url,
+            authority_store_url,
+            refusals_seen: std::sync::Mutex::new(0),
+            planted: tokio::sync::Mutex::new(false),
             dir,
             base_url: String::new(),
             organization_id: String::new(),
@@ -199,11 +228,7 @@ impl Stack {
         stack.operator_public_key = operator["operatorPublicKey"].as_str().unwrap().to_string();
         let t = Instant::now();
         stack.start_enclave();
-        let socket = stack.dir.join("enclave.sock");
-        while !socket.exists() {
-            assert!(t.elapsed() < Duration::from_secs(30), "enclave socket did not appear");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        wait_accepting(&stack.enclave_socket()).await;
         stack.enclave_startup = t.elapsed();
         // The enclave bootstraps the organization: it chooses the ids and certifies the root key.
         let org: serde_json::Value =
@@ -276,14 +301,250 @@ impl Stack {
     }
 
     /// How many activities `org` has, exactly: [`Stack::activities`] counted (every page, no
-    /// cap), read with `key`.
+    /// cap), read with `key`, and checked against the gateway's store read directly (its
+    /// `activities` table), so that a listing that drops or repeats records fails.
     pub async fn activity_count(&self, key: &TurnkeyP256ApiKey, org: &str) -> usize {
-        self.activities(key, org).await.len()
+        let listed = self.activities(key, org).await.len();
+        let stored = self.stored_activity_count(org);
+        assert_eq!(listed, stored, "list_activities lists {listed} activities of {org}, the store holds {stored}");
+        listed
+    }
+
+    /// How many rows of the gateway store's `activities` table are `org`'s, read with SQL (not
+    /// through the gateway).
+    pub fn stored_activity_count(&self, org: &str) -> usize {
+        let (url, org) = (self.store_url.clone(), org.to_string());
+        let n: i64 = if let Some(path) = url.strip_prefix("sqlite://") {
+            let c = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            c.busy_timeout(Duration::from_secs(10)).unwrap();
+            c.query_row("SELECT count(*) FROM activities WHERE organization_id = ?1", [&org], |r| r.get(0))
+                .expect("counting activities")
+        } else {
+            // Off any async runtime: the blocking client runs one of its own.
+            std::thread::spawn(move || {
+                let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
+                c.query_one("SELECT count(*) FROM activities WHERE organization_id = $1", &[&org])
+                    .expect("counting activities")
+                    .get(0)
+            })
+            .join()
+            .unwrap()
+        };
+        usize::try_from(n).unwrap()
+    }
+
+    /// Runs `sql` (one statement, `$1` its one text parameter) on the gateway's store directly,
+    /// SQLite or PostgreSQL, as an attacker who holds the gateway's database would: the rows
+    /// changed.
+    pub fn tamper_store(&self, sql: &str, param: &str) -> u64 {
+        let (url, sql, param) = (self.store_url.clone(), sql.to_string(), param.to_string());
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            let c = rusqlite::Connection::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            c.busy_timeout(Duration::from_secs(10)).unwrap();
+            return c.execute(&sql, [&param]).unwrap_or_else(|e| panic!("{sql}: {e}")) as u64;
+        }
+        std::thread::spawn(move || {
+            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
+            c.execute(&sql, &[&param]).unwrap_or_else(|e| panic!("{sql}: {e}"))
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Asserts that `secret` is nowhere the stack keeps or prints anything: not in either tier's
+    /// store (the gateway's and the enclaves' authority store: SQLite files with their WAL and
+    /// journal, or every table of each PostgreSQL database, as text), and not in any process's
+    /// captured output (every enclave's and gateway's stdout and stderr, the `*.log` files of
+    /// the stack's directory). Searched as given and as lowercase hex. Before it looks, it proves
+    /// it can see: a marker it plants through the API (a user tag, which both tiers record) is
+    /// found in each tier, and every output file starts with the stack's capture line. A store it
+    /// does not know (another SQLite file in the stack's directory, a URL of another kind) fails.
+    pub async fn assert_secret_absent(&self, secret: &str) {
+        assert!(secret.len() >= 4, "a secret of {} characters would match by chance", secret.len());
+        let marker = self.planted_marker().await;
+        let tiers = self.stores();
+        for (tier, places) in &tiers {
+            assert!(
+                places.iter().any(|(_, bytes)| found(bytes, &marker).is_some()),
+                "the planted marker is not in the {tier}'s store ({:?}): this search cannot see it",
+                places.iter().map(|(p, _)| p).collect::<Vec<_>>()
+            );
+        }
+        let outputs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .expect("the stack's directory")
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        assert!(outputs.iter().any(|p| p.ends_with("gateway.log")), "no gateway output captured");
+        assert!(outputs.iter().any(|p| p.ends_with("enclave.log")), "no enclave output captured");
+        let capture = self.capture_marker();
+        for (tier, places) in &tiers {
+            for (place, bytes) in places {
+                if let Some(i) = found(bytes, secret) {
+                    panic!("the secret is in the {tier}'s store, {place}: …{}…", around(bytes, i));
+                }
+            }
+        }
+        for path in outputs {
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                bytes.starts_with(capture.as_bytes()),
+                "{} is not an output this stack captures (no capture line)",
+                path.display()
+            );
+            if let Some(i) = found(&bytes, secret) {
+                panic!("the secret is in {}: …{}…", path.display(), around(&bytes, i));
+            }
+        }
+    }
+
+    /// A user tag named with a marker unique to this stack, created once through the API.
+    async fn planted_marker(&self) -> String {
+        let marker = format!("coffer-e2e-planted-{}", self.port);
+        let mut planted = self.planted.lock().await;
+        if !*planted {
+            let r = submit(
+                self,
+                &self.api_key(),
+                &self.organization_id,
+                "create_user_tag",
+                "ACTIVITY_TYPE_CREATE_USER_TAG",
+                serde_json::json!({"userTagName": marker, "userIds": []}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "planting the marker: {}", r.text);
+            *planted = true;
+        }
+        marker
+    }
+
+    /// Everything each tier's store holds, by place: ("gateway", …) and ("authority", …).
+    fn stores(&self) -> Vec<(&'static str, Vec<(String, Vec<u8>)>)> {
+        let authority = self
+            .extra_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "COFFER_AUTHORITY_STORE_URL")
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| self.authority_store_url.clone())
+            .unwrap_or_else(|| format!("sqlite://{}", self.dir.join("authority.sqlite").display()));
+        let known: Vec<PathBuf> = [&self.store_url, &authority]
+            .iter()
+            .filter_map(|u| u.strip_prefix("sqlite://").map(PathBuf::from))
+            .collect();
+        for file in sqlite_files(&self.dir) {
+            assert!(known.contains(&file), "{}: a store this search does not know", file.display());
+        }
+        vec![("gateway", store_contents(&self.store_url)), ("authority", store_contents(&authority))]
     }
 
     /// Everything the enclave has logged so far (JSON lines; refusals are `coffer_audit` warnings).
     pub fn enclave_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("enclave.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.join("enclave.log")).expect("the enclave's log (the stack starts it)")
+    }
+
+    /// Every enclave's output files: `enclave.log` and those of [`Stack::spawn_enclave`] in the
+    /// stack's directory, in name order.
+    fn enclave_logs(&self) -> Vec<PathBuf> {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .expect("the stack's directory")
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy();
+                name.starts_with("enclave") && name.ends_with(".log")
+            })
+            .collect();
+        logs.sort();
+        assert!(logs.contains(&self.dir.join("enclave.log")), "no enclave.log in {}", self.dir.display());
+        logs
+    }
+
+    /// The `fields` of every enclave's `coffer_audit` refusal lines (`decision` `refuse`, or an
+    /// `outcome` `failed` with a `reason_code`), oldest first per enclave.
+    fn refusal_lines(&self) -> Vec<serde_json::Value> {
+        self.enclave_logs()
+            .iter()
+            .flat_map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+            .filter(|l| l["target"] == "coffer_audit")
+            .map(|l| l["fields"].clone())
+            // A refusal before any decision, or one that came out of carrying an allowed one out
+            // (an outcome line that failed for a typed reason: a spent code, a busy quota).
+            .filter(|f| {
+                f["decision"] == "refuse"
+                    || (f["outcome"] == "failed" && f["reason_code"].as_str().is_some_and(|r| !r.is_empty()))
+            })
+            .collect()
+    }
+
+    /// Asserts that `answer` (a raw HTTP answer or an official-client result) is a refusal with
+    /// HTTP `status` and `turnkey_error_code` in Coffer's error shape (as [`refused`]), and that
+    /// the enclave refused it for `reason`: since the previous call, the enclaves logged at least
+    /// one `coffer_audit` refusal, and every one of them names `reason` (`reason_code`). A refusal
+    /// by the gateway alone, for another reason, or for several, fails. Refusals logged by other
+    /// requests between two calls would fail it too: use it on a stack no other task drives.
+    #[track_caller]
+    pub fn refused_for(
+        &self,
+        answer: impl Refusal,
+        status: u16,
+        turnkey_error_code: &str,
+        reason: coffer_proto::v1::RefusalReason,
+    ) {
+        let (got, body) = answer.status_and_body();
+        assert_eq!(got, status, "expected HTTP {status} ({turnkey_error_code}, {reason:?}): {body}");
+        assert_error_body(status, &body, turnkey_error_code, "");
+        // The enclave logs its refusal before it answers; the file is read as it grows.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = self.refusals_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let new = loop {
+            let lines = self.refusal_lines();
+            assert!(lines.len() >= *seen, "the enclaves' refusal lines shrank: {} < {}", lines.len(), *seen);
+            if lines.len() > *seen || Instant::now() > deadline {
+                let new = lines[*seen..].to_vec();
+                *seen = lines.len();
+                break new;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            !new.is_empty(),
+            "HTTP {status} ({body}), but no enclave logged a refusal: the gateway refused it alone"
+        );
+        let name = reason.as_str_name();
+        assert!(
+            new.iter().all(|f| f["reason_code"] == name),
+            "expected the enclave's refusal {name}, its new refusal lines are: {new:?}"
+        );
+    }
+
+    /// Asserts that `answer` is a refusal with HTTP `status`, `turnkey_error_code` and a message
+    /// containing `needle`, in Coffer's error shape, made by the gateway alone: no enclave logged
+    /// a refusal since the previous [`Stack::refused_for`] or [`Stack::refused_by_gateway`].
+    #[track_caller]
+    pub fn refused_by_gateway(&self, answer: impl Refusal, status: u16, turnkey_error_code: &str, needle: &str) {
+        let (got, body) = answer.status_and_body();
+        assert_eq!(got, status, "expected HTTP {status} ({turnkey_error_code}, {needle:?}): {body}");
+        assert_error_body(status, &body, turnkey_error_code, needle);
+        let mut seen = self.refusals_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.refusal_lines();
+        let new = &lines[(*seen).min(lines.len())..];
+        assert!(new.is_empty(), "HTTP {status} ({body}), and the enclave refused too: {new:?}");
+        *seen = lines.len();
+    }
+
+    /// Marks every enclave refusal logged so far as seen by [`Stack::refused_for`] (after steps
+    /// whose refusals a test does not check one by one).
+    pub fn refusals_accounted(&self) {
+        *self.refusals_seen.lock().unwrap_or_else(|e| e.into_inner()) = self.refusal_lines().len();
     }
 
     /// The `fields` of the enclave's `coffer_audit` lines (JSON) with this `decision` (`allow`,
@@ -339,22 +600,39 @@ impl Stack {
         let mut cmd = Command::new(bin_dir().join("coffer-enclave"));
         self.env(&mut cmd);
         // The enclave's log (its audit lines among them) goes to a file the tests can read.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("enclave.log"))
-            .expect("enclave log file");
-        self.enclave = Some(cmd.arg("serve").stdin(Stdio::null()).stderr(log).spawn().expect("start enclave"));
+        let (out, err) = self.output_file("enclave.log");
+        self.enclave =
+            Some(cmd.arg("serve").stdin(Stdio::null()).stdout(out).stderr(err).spawn().expect("start enclave"));
     }
 
-    /// Starts another enclave on the same token (the same service keys), listening on `socket`;
-    /// its log goes to `<socket>.log`. The caller owns (and kills) the process.
+    /// Starts another enclave on the same token (the same service keys) and the same authority
+    /// store, listening on `socket`; its output goes to `<socket>.log` (a file name starting with
+    /// `enclave` when `socket` is in the stack's directory: [`Stack::refused_for`] and
+    /// [`Stack::assert_secret_absent`] read it). The caller owns (and kills) the process.
     pub fn spawn_enclave(&self, socket: &Path) -> Child {
         let mut cmd = Command::new(bin_dir().join("coffer-enclave"));
         self.env(&mut cmd);
         cmd.env("COFFER_ENCLAVE_SOCKET", socket);
-        let log = std::fs::File::create(socket.with_extension("log")).expect("enclave log file");
-        cmd.arg("serve").stdin(Stdio::null()).stderr(log).spawn().expect("start enclave")
+        let (out, err) = self.output_file(socket.with_extension("log").file_name().unwrap().to_str().unwrap());
+        cmd.arg("serve").stdin(Stdio::null()).stdout(out).stderr(err).spawn().expect("start enclave")
+    }
+
+    /// A process's output file in the stack's directory (appended to, for stdout and stderr), its
+    /// first line the stack's capture marker: [`Stack::assert_secret_absent`] reads every `*.log`
+    /// of the directory and refuses one without it, so a file it reads is one a process writes.
+    fn output_file(&self, name: &str) -> (std::fs::File, std::fs::File) {
+        use std::io::Write;
+        let path = self.dir.join(name);
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("an output file");
+        if file.metadata().unwrap().len() == 0 {
+            writeln!(file, "{}", self.capture_marker()).unwrap();
+        }
+        (file.try_clone().unwrap(), file)
+    }
+
+    /// The line the harness writes first in every output file it captures (unique per stack).
+    fn capture_marker(&self) -> String {
+        format!("coffer-e2e-capture {}", self.dir.display())
     }
 
     /// Sets an environment variable for the processes this stack starts from now on.
@@ -376,7 +654,10 @@ impl Stack {
     pub fn start_gateway(&mut self) {
         let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
         self.env(&mut cmd);
-        self.gateway = Some(cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway"));
+        // Both its streams: what it prints is searched for secrets too (assert_secret_absent).
+        let (out, err) = self.output_file("gateway.log");
+        self.gateway =
+            Some(cmd.arg("serve").stdin(Stdio::null()).stdout(out).stderr(err).spawn().expect("start gateway"));
     }
 
     /// Starts another gateway on the same store and enclaves, on a port of its own, and waits
@@ -387,7 +668,8 @@ impl Stack {
         self.env(&mut cmd);
         cmd.env("COFFER_LISTEN", format!("127.0.0.1:{port}"))
             .env("COFFER_AUTH_PROXY_LISTEN", format!("127.0.0.1:{}", free_port()));
-        let child = cmd.arg("serve").stdin(Stdio::null()).spawn().expect("start gateway");
+        let (out, err) = self.output_file(&format!("gateway-{port}.log"));
+        let child = cmd.arg("serve").stdin(Stdio::null()).stdout(out).stderr(err).spawn().expect("start gateway");
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while !reqwest::get(format!("{url}/healthz")).await.is_ok_and(|r| r.status() == 200) {
@@ -492,6 +774,119 @@ impl Drop for Stack {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Where `haystack` holds `needle` standing alone (not inside a longer run of letters and
+/// digits, so that a 6-digit code is not "found" inside a timestamp or a hex id), or, for a needle
+/// of 12 characters or more, its lowercase hex anywhere: the offset of the first such match.
+fn found(haystack: &[u8], needle: &str) -> Option<usize> {
+    let n = needle.as_bytes();
+    let alone = haystack.windows(n.len()).enumerate().find(|(i, w)| {
+        let before = i.checked_sub(1).is_some_and(|j| haystack[j].is_ascii_alphanumeric());
+        let after = haystack.get(i + n.len()).is_some_and(u8::is_ascii_alphanumeric);
+        *w == n && !before && !after
+    });
+    if let Some((i, _)) = alone {
+        return Some(i);
+    }
+    let hexed = hex::encode(needle);
+    (n.len() >= 12).then(|| haystack.windows(hexed.len()).position(|w| w == hexed.as_bytes())).flatten()
+}
+
+/// A little of `bytes` around offset `i`, for a failure message.
+fn around(bytes: &[u8], i: usize) -> String {
+    String::from_utf8_lossy(&bytes[i.saturating_sub(120)..(i + 60).min(bytes.len())]).into_owned()
+}
+
+/// The SQLite databases under `dir` (by their header), the HSM's token directory aside.
+fn sqlite_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("a directory") {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if !path.ends_with("tokens") {
+                out.extend(sqlite_files(&path));
+            }
+        } else if std::fs::read(&path).is_ok_and(|b| b.starts_with(b"SQLite format 3\0")) {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// A store's contents by place: a SQLite file with its WAL and journal as bytes, or every table
+/// of a PostgreSQL database as text (`row::text`; `bytea` as `\x` hex). Any other URL fails.
+fn store_contents(url: &str) -> Vec<(String, Vec<u8>)> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        let main = std::fs::read(path).unwrap_or_else(|e| panic!("the store {path}: {e}"));
+        let mut places = vec![(path.to_string(), main)];
+        for suffix in ["-wal", "-journal"] {
+            let side = format!("{path}{suffix}");
+            if let Ok(bytes) = std::fs::read(&side) {
+                places.push((side, bytes));
+            }
+        }
+        return places;
+    }
+    assert!(url.starts_with("postgres://"), "{url}: a store this search does not know");
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
+        let tables: Vec<String> = c
+            .query(
+                "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) FROM information_schema.tables \
+                 WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')",
+                &[],
+            )
+            .expect("listing tables")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(!tables.is_empty(), "{url}: no tables");
+        tables
+            .into_iter()
+            .map(|t| {
+                let mut text = Vec::new();
+                for row in c.query(&format!("SELECT t::text FROM {t} t"), &[]).expect("reading a table") {
+                    text.extend_from_slice(row.get::<_, String>(0).as_bytes());
+                    text.push(b'\n');
+                }
+                (t, text)
+            })
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+/// What [`Stack::refused_for`] checks: a raw HTTP answer, or the official client's result.
+pub trait Refusal {
+    /// The HTTP status and body; a success fails the test.
+    fn status_and_body(self) -> (u16, String);
+}
+
+impl Refusal for &RawResponse {
+    fn status_and_body(self) -> (u16, String) {
+        assert_eq!(self.content_type.as_deref(), Some("application/json"), "{}", self.text);
+        (self.status, self.text.clone())
+    }
+}
+
+/// A status and a parsed JSON body (what a test's own HTTP helper returns).
+impl Refusal for (u16, serde_json::Value) {
+    fn status_and_body(self) -> (u16, String) {
+        (self.0, self.1.to_string())
+    }
+}
+
+impl<T: std::fmt::Debug> Refusal for Result<T, TurnkeyClientError> {
+    #[track_caller]
+    fn status_and_body(self) -> (u16, String) {
+        match self {
+            Err(TurnkeyClientError::UnexpectedHttpStatus(status, body)) => (status, body),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }
 
@@ -724,6 +1119,37 @@ mod tests {
         let high = k256::ecdsa::Signature::from_scalars(sig.r(), -*sig.s()).unwrap();
         let (r, s) = high.split_bytes();
         recover_eth_address(&digest, &hex::encode(r), &hex::encode(s), &format!("{:02x}", v ^ 1));
+    }
+
+    #[test]
+    fn a_secret_is_found_standing_alone_or_hex_encoded() {
+        assert_eq!(found(b"{\"code\":\"123456\"}", "123456"), Some(9));
+        assert_eq!(found(b"at 1712345678 ms", "123456"), None, "inside a longer number: chance");
+        assert_eq!(found(b"x-123456-y", "123456"), Some(2));
+        let long = "0123456789abcdef-secret";
+        assert!(found(hex::encode(long).as_bytes(), long).is_some(), "a long secret hex-encoded");
+        assert_eq!(found(hex::encode("123456").as_bytes(), "123456"), None, "short ones only standing alone");
+    }
+
+    #[test]
+    fn every_sqlite_file_but_the_tokens_is_a_store() {
+        let dir = std::env::temp_dir().join(format!("coffer-sqlite-files-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("tokens")).unwrap();
+        std::fs::create_dir_all(dir.join("nested")).unwrap();
+        for p in ["a.db", "nested/b.anything", "tokens/kryoptic.sql"] {
+            rusqlite::Connection::open(dir.join(p)).unwrap().execute_batch("CREATE TABLE t (x)").unwrap();
+        }
+        std::fs::write(dir.join("notes.txt"), "SQLite but not a database").unwrap();
+        let mut files = sqlite_files(&dir);
+        files.sort();
+        assert_eq!(files, vec![dir.join("a.db"), dir.join("nested/b.anything")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "a store this search does not know")]
+    fn a_store_of_another_kind_fails_the_search() {
+        store_contents("mysql://localhost/coffer");
     }
 
     #[tokio::test]

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use base64::Engine;
+use coffer_proto::v1::RefusalReason as Reason;
 use coffer_tests::smtp::{code_in, SmtpServer};
-use coffer_tests::{refused, submit, Stack};
+use coffer_tests::{submit, Stack};
 use p256::ecdsa::signature::hazmat::PrehashVerifier;
 use p256::ecdsa::signature::Signer;
 use serde_json::{json, Value};
@@ -169,11 +170,11 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         .expect("the verification token verifies with the notarizer key");
     // The same code again (a new stamped body) is refused: a code verifies once.
     let again = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
-    refused(
+    stack.refused_for(
         root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, again)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid, expired or already used",
+        Reason::OtpInvalid,
     );
 
     // The token logs Alice in, and the session key stamps as her.
@@ -201,11 +202,12 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let r = with_session("/public/v1/query/whoami", &ro.session).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["userId"], alice);
-    let r = with_session("/public/v1/submit/create_wallet", &ro.session).await.unwrap();
-    assert_eq!(r.status(), 401, "a read-only session submits nothing");
-    let forged = format!("{}x", &ro.session[..ro.session.len() - 1]);
-    let r = with_session("/public/v1/query/whoami", &forged).await.unwrap();
-    assert_eq!(r.status(), 401);
+    let answer =
+        |r: reqwest::Response| async move { (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null)) };
+    let r = answer(with_session("/public/v1/submit/create_wallet", &ro.session).await.unwrap()).await;
+    // A read-only session submits nothing (a submit needs a stamp).
+    stack.refused_by_gateway(r, 401, "SIGNATURE_MISSING", "without a stamp");
+    // (Forgeries, other organizations, expiry and deleted users: tests/tests/login.rs.)
     // Deleting the key that made the read-only session ends it.
     let keys = stack
         .post_raw(
@@ -231,11 +233,16 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let r = with_session("/public/v1/query/whoami", &ro.session).await.unwrap();
-    assert_eq!(r.status(), 401, "the read-only session of a deleted key");
+    let r = answer(with_session("/public/v1/query/whoami", &ro.session).await.unwrap()).await;
+    stack.refused_by_gateway(r, 401, "SESSION_INVALID", "the credential that made it is gone or expired");
     // Once: the same token with another key is refused.
     let other = TurnkeyP256ApiKey::generate();
-    refused(root.otp_login(org.clone(), ts(), login(&token, &other)).await, 403, "REQUEST_NOT_AUTHORIZED", "");
+    stack.refused_for(
+        root.otp_login(org.clone(), ts(), login(&token, &other)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        Reason::BindingMismatch,
+    );
 
     // A wrong code is refused, and after three attempts (wrong or not) the code is dead.
     let before = smtp.seen();
@@ -246,7 +253,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     // A code sent without the key its token will name is refused (such a token would be a bearer
     // token the gateway carries); this counts as one of the three attempts.
     let keyless = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, "");
-    refused(
+    stack.refused_by_gateway(
         root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, keyless)).await,
         400,
         "REQUEST_INVALID",
@@ -255,20 +262,20 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let wrong = if code == "000000" { "000001" } else { "000000" };
     for _ in 0..2 {
         let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, wrong, &session_hex);
-        refused(
+        stack.refused_for(
             root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, b)).await,
             403,
             "REQUEST_NOT_AUTHORIZED",
-            "invalid",
+            Reason::OtpInvalid,
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let right = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
-    refused(
+    stack.refused_for(
         root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, right)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
 
     // An expired code is refused.
@@ -278,21 +285,21 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let (code, _) = smtp.code_for(&before, "alice@example.test");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
-    refused(
+    stack.refused_for(
         root.verify_otp(org.clone(), ts(), verify(&sent.otp_id, b)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
 
     // A record the enclave did not seal for this id does not open: the first otp's sealed record
     // is asked for under another id.
     let b = encrypted(&stack, &sent.otp_encryption_target_bundle, &org, &code, &session_hex);
-    refused(
+    stack.refused_for(
         root.verify_otp(org.clone(), ts(), verify("00000000-0000-4000-8000-000000000000", b)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
 
     // No account enumeration: an unknown contact gets the same answer. Sends per contact are
@@ -303,11 +310,11 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let before = smtp.seen();
-    refused(
+    stack.refused_for(
         root.init_otp(org.clone(), ts(), init("nobody@example.test", None, None, None)).await,
         429,
         "RATE_LIMIT_EXCEEDED",
-        "too many one-time codes",
+        Reason::OtpRateLimited,
     );
     assert_eq!(smtp.seen(), before, "nothing is sent past the limit");
     // Sends are counted per userIdentifier too (4 here), whatever the contact.
@@ -318,7 +325,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         if i < 4 {
             r.unwrap();
         } else {
-            refused(r, 429, "RATE_LIMIT_EXCEEDED", "too many one-time codes");
+            stack.refused_for(r, 429, "RATE_LIMIT_EXCEEDED", Reason::OtpRateLimited);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -328,35 +335,25 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     // Bad input changes nothing: a contact that is not an address, an SMS without a transport,
     // a sender domain the enclave does not allow.
     let mut bad = init("not-an-address", None, None, None);
-    refused(root.init_otp(org.clone(), ts(), bad.clone()).await, 400, "REQUEST_INVALID", "contact");
+    stack.refused_by_gateway(
+        root.init_otp(org.clone(), ts(), bad.clone()).await,
+        400,
+        "REQUEST_INVALID",
+        "contact: not an email address",
+    );
     bad.contact = "carol@example.test".into();
     bad.send_from_email_address = Some("ceo@elsewhere.test".into());
-    refused(root.init_otp(org.clone(), ts(), bad).await, 400, "REQUEST_INVALID", "sender_domains");
+    stack.refused_by_gateway(root.init_otp(org.clone(), ts(), bad).await, 400, "REQUEST_INVALID", "sender_domains");
 
     otp_auth_flow(&stack, &smtp).await;
 
-    // No code reached a log or the gateway's database (codes are 6 to 9 characters; every code
-    // sent in this test is checked).
+    // No code reached a store or a process's output (codes are 6 to 9 characters; every code
+    // sent so far is checked).
     let codes: Vec<String> = smtp.messages().iter().filter_map(|(_, m)| code_in(m)).collect();
     assert!(codes.len() >= 8, "{codes:?}");
-    let log = stack.enclave_log();
-    // The gateway's database as bytes: its SQLite file and WAL (the run on SQLite; the PostgreSQL
-    // run checks the flows).
-    let stored = if stack.store_url().starts_with("sqlite://") {
-        let db = stack.database_path();
-        let mut bytes = std::fs::read(&db).unwrap_or_default();
-        bytes.extend(std::fs::read(db.with_extension("db-wal")).unwrap_or_default());
-        String::from_utf8_lossy(&bytes).into_owned()
-    } else {
-        String::new()
-    };
+    // Both tiers' stores, every enclave's and gateway's output (on SQLite and on PostgreSQL).
     for code in &codes {
-        if let Some(i) = find_code(&log, code) {
-            panic!("the code {code} is in the enclave's log: …{}…", around(&log, i));
-        }
-        if let Some(i) = find_code(&stored, code) {
-            panic!("the code {code} is in the gateway's database: …{}…", around(&stored, i));
-        }
+        stack.assert_secret_absent(code).await;
     }
     let grace = add_user(&root, &org, "grace@example.test").await;
     email_credentials(&stack, &smtp, &grace).await;
@@ -429,7 +426,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let mut own = body.clone();
     own["organizationId"] = json!(org);
     let (status, r) = proxy_post(stack, &config_id, "otp_login_v2", own).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OrganizationMismatch);
     let (status, logged_in) = proxy_post(stack, &config_id, "otp_login_v2", body.clone()).await;
     assert_eq!(status, 200, "{logged_in}");
     let c = claims(logged_in["session"].as_str().unwrap());
@@ -441,7 +438,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     let mut body = body;
     body["invalidateExisting"] = json!(true);
     let (status, again) = proxy_post(stack, &config_id, "otp_login_v2", body).await;
-    assert_eq!(status, 403, "{again}");
+    stack.refused_for((status, again.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
     assert!(again["message"].as_str().unwrap().contains("already used"), "{again}");
 
     // Sign-up: an email only with its verification token (else anyone could take an address and
@@ -464,7 +461,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
         body
     };
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(None, "erin@example.test")).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
     assert!(r["message"].as_str().unwrap().contains("verificationToken"), "{r}");
     // An email lookup needs the token of that email: without it, or with another address's, it
     // is refused; with it, it answers (nothing yet for Erin, Dave's sub-organization for Dave).
@@ -476,10 +473,20 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
         b
     };
     let (status, r) = proxy_post(stack, &config_id, "account", lookup("dave@example.test", None)).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_by_gateway(
+        (status, r.clone()),
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "needs the verificationToken of that contact",
+    );
     let erin_token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let (status, r) = proxy_post(stack, &config_id, "account", lookup("dave@example.test", Some(&erin_token))).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_by_gateway(
+        (status, r.clone()),
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        "needs the verificationToken of that contact",
+    );
     let (status, r) = proxy_post(stack, &config_id, "account", lookup("erin@example.test", Some(&erin_token))).await;
     assert_eq!((status, r), (200, json!({})));
     let (status, r) = proxy_post(
@@ -489,7 +496,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
         json!({ "filterType": "WALLET_ACCOUNT_ADDRESS", "filterValue": "0x00" }),
     )
     .await;
-    assert_eq!(status, 400, "{r}");
+    stack.refused_by_gateway((status, r.clone()), 400, "REQUEST_INVALID", "invalid filter type");
     // A sign-up with a token has one root user: nobody can be added beside the verified one.
     let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let mut two = json!({ "subOrganizationName": "two", "rootQuorumThreshold": 1, "verificationToken": token,
@@ -500,12 +507,12 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     two["clientSignature"] = signup(Some(&token), "erin@example.test")["clientSignature"].clone();
     let r =
         submit(stack, &root, &org, "create_sub_organization", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", two).await;
-    assert_eq!(r.status, 403, "{}", r.text);
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
     assert!(r.text.contains("one root user"), "{}", r.text);
     // Erin's token does not sign Frank up.
     let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "frank@example.test")).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
     let token = token_for(stack, smtp, &config_id, &org, &erin_hex, "erin@example.test").await;
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "erin@example.test")).await;
     assert_eq!(status, 200, "{r}");
@@ -515,7 +522,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     assert_eq!(as_erin.get_whoami(GetWhoamiRequest { organization_id: erin_org.into() }).await.unwrap().user_id, erin);
     // Once.
     let (status, r) = proxy_post(stack, &config_id, "signup_v2", signup(Some(&token), "erin@example.test")).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
     // Erin's key signed her sign-up: a PUBLIC_KEY lookup finds her organization by it.
     let by_key = |k: &str| json!({ "filterType": "PUBLIC_KEY", "filterValue": k });
     let (status, r) = proxy_post(stack, &config_id, "account", by_key(&erin_hex)).await;
@@ -595,7 +602,7 @@ async fn attested_token_login(stack: &Stack, smtp: &SmtpServer, config_id: &str,
     let token =
         token_for(stack, smtp, config_id, org, &hex::encode(key.compressed_public_key()), "dave@example.test").await;
     let (status, r) = attested_login(stack, &token, &TurnkeyP256ApiKey::generate(), sub_org).await;
-    assert_eq!(status, 401, "a key the token does not name: {r}");
+    stack.refused_by_gateway((status, r.clone()), 401, "SIGNATURE_INVALID", "does not name the stamp's public key"); // a key the token does not name
     let (status, r) = attested_login(stack, &token, &key, sub_org).await;
     assert_eq!(status, 200, "{r}");
     let session = r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap();
@@ -606,7 +613,7 @@ async fn attested_token_login(stack: &Stack, smtp: &SmtpServer, config_id: &str,
     // Once: the token is spent. (The same login again, replacing the session, so that the gateway
     // lets the key through: the enclave refuses the token.)
     let (status, r) = attested_login_with(stack, &token, &key, sub_org, true).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
     assert!(r["message"].as_str().unwrap().contains("already used"), "{r}");
 }
 
@@ -626,7 +633,8 @@ async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &s
     let c = claims(r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap());
     assert_eq!((&c["user_id"], c["organization_id"].as_str()), (&henry, Some(henrys.as_str())));
     let (status, r) = attested_login_with(stack, &token, &key, org, true).await;
-    assert_eq!(status, 403, "a login once: {r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
+    // a login once
 }
 
 /// A visitor signs up with a key only, then sets someone else's address on their own user: the
@@ -663,14 +671,24 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
     let body = json!({ "verificationToken": token, "publicKey": intent.public_key,
         "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
     let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body.clone()).await;
-    assert_eq!(status, 404, "{r}");
+    stack.refused_by_gateway(
+        (status, r.clone()),
+        404,
+        "REQUEST_INVALID",
+        "no sub-organization of this auth proxy has a user with the verified contact",
+    );
     let mut into_squat = body.clone();
     into_squat["organizationId"] = json!(squat_org);
     let (status, r) = proxy_post(stack, config_id, "otp_login_v2", into_squat).await;
-    assert_eq!(status, 403, "the enclave logs nobody into the squatter's user with Gina's token: {r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::IdentityInvalid); // the enclave logs nobody into the squatter's user with Gina's token
     let (status, r) = attested_login(stack, &token, &gina, squat_org).await;
-    assert_eq!(status, 401, "nor does an attested stamp of her token: {r}");
-    // Gina's own sign-up, with her token: her address is found there.
+    stack.refused_by_gateway(
+        (status, r.clone()),
+        401,
+        "PUBLIC_KEY_NOT_FOUND",
+        "no user of this organization has the verified email or phone number",
+    ); // nor does an attested stamp of her token
+       // Gina's own sign-up, with her token: her address is found there.
     let api_keys = json!([{ "apiKeyName": "gina", "publicKey": gina_hex, "curveType": "API_KEY_CURVE_P256" }]);
     let token = token_for(stack, smtp, config_id, org, &gina_hex, "gina@example.test").await;
     let usage = json!({ "signupV2": { "apiKeys": api_keys, "authenticators": [], "oauthProviders": [],
@@ -690,16 +708,14 @@ async fn contact_squatting(stack: &Stack, smtp: &SmtpServer, config_id: &str, or
 
     // An attacker who holds the gateway's database marks the squatter's address verified there:
     // the gateway now routes Gina's unspent first token to the squatter, and the enclave, whose
-    // own state says otherwise, logs nobody in. (SQLite run; the PostgreSQL run checks the flows.)
-    if stack.store_url().starts_with("sqlite://") {
-        let db = rusqlite::Connection::open(stack.database_path()).unwrap();
-        let n = db.execute("UPDATE users SET contacts_verified = 1 WHERE id = ?1", [squat_user]).unwrap();
-        assert_eq!(n, 1);
-        let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body).await;
-        assert_eq!(status, 403, "the enclave refuses the squatter's user: {r}");
-        let (status, r) = attested_login(stack, &first_token, &gina, squat_org).await;
-        assert_eq!(status, 403, "and the attested login into it: {r}");
-    }
+    // own state says otherwise, logs nobody in (on SQLite and on PostgreSQL alike).
+    let n = stack.tamper_store("UPDATE users SET contacts_verified = 1 WHERE id = $1", squat_user);
+    assert_eq!(n, 1);
+    let (status, r) = proxy_post(stack, config_id, "otp_login_v2", body).await;
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::IdentityInvalid); // the enclave refuses the squatter's user
+    let (status, r) = attested_login(stack, &first_token, &gina, squat_org).await;
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::IdentityInvalid);
+    // and the attested login into it
 }
 
 /// A proxy sign-up body (`apiKeys`, `authenticators`, `oauthProviders`, `userEmail`?) with the
@@ -739,11 +755,11 @@ async fn public_key_lookups(stack: &Stack, config_id: &str) {
     let squat = json!({ "userName": "squatter", "apiKeys": [key_entry("wallet", &owner_hex), key_entry("mine", &squatter_hex)],
         "authenticators": [], "oauthProviders": [] });
     let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&squatter, squat.clone())).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
     assert!(r["message"].as_str().unwrap().contains("clientSignature"), "{r}");
     // Unsigned: refused too.
     let (status, r) = proxy_post(stack, config_id, "signup_v2", squat).await;
-    assert_eq!(status, 403, "{r}");
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
     // As a temporary key (60 s): registered, but not found by it.
     let mut temporary = key_entry("wallet", &owner_hex);
     temporary["expirationSeconds"] = json!("60");
@@ -811,22 +827,6 @@ async fn token_for(
     v["verificationToken"].as_str().unwrap().to_string()
 }
 
-/// Where `code` stands alone in `text` (not inside a longer run of letters and digits, as a
-/// numeric code can inside a timestamp).
-fn find_code(text: &str, code: &str) -> Option<usize> {
-    let b = text.as_bytes();
-    text.match_indices(code).map(|(i, _)| i).find(|&i| {
-        let before = i.checked_sub(1).map(|j| b[j].is_ascii_alphanumeric()).unwrap_or(false);
-        let after = b.get(i + code.len()).is_some_and(u8::is_ascii_alphanumeric);
-        !before && !after
-    })
-}
-
-/// A little of `text` around byte `i`, for a failure message.
-fn around(text: &str, i: usize) -> String {
-    String::from_utf8_lossy(&text.as_bytes()[i.saturating_sub(200)..(i + 60).min(text.len())]).into_owned()
-}
-
 /// init_otp_auth and otp_auth with the official client: the code arrives by mail, otp_auth takes
 /// it typed and answers a credential of Heidi's encrypted to the target key (opened with the
 /// official decryption), which stamps as her. The code serves once and only otp_auth, and the
@@ -865,11 +865,11 @@ async fn otp_auth_flow(stack: &Stack, smtp: &SmtpServer) {
         invalidate_existing: None,
     };
     let wrong = if code == "000000" { "000001" } else { "000000" };
-    refused(
+    stack.refused_for(
         root.otp_auth(org.clone(), ts(), auth(&sent.otp_id, wrong)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
     let r = root.otp_auth(org.clone(), ts(), auth(&sent.otp_id, &code)).await.unwrap();
     assert_eq!(r.result.user_id, heidi);
@@ -895,11 +895,11 @@ async fn otp_auth_flow(stack: &Stack, smtp: &SmtpServer) {
     assert_eq!(stored["credential"]["type"], "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256", "{stored}");
     assert!(stored["apiKeyName"].as_str().unwrap().starts_with("OTP Auth - "), "{stored}");
     // Once.
-    refused(
+    stack.refused_for(
         root.otp_auth(org.clone(), ts(), auth(&sent.otp_id, &code)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
     // The activity as served keeps the code redacted.
     let activity = stack
@@ -950,11 +950,11 @@ async fn otp_auth_flow(stack: &Stack, smtp: &SmtpServer) {
     let other =
         root.init_otp(org.clone(), ts(), init("heidi@example.test", Some(6), Some(false), None)).await.unwrap().result;
     let (other_code, _) = smtp.code_for(&before, "heidi@example.test");
-    refused(
+    stack.refused_for(
         root.otp_auth(org.clone(), ts(), auth(&other.otp_id, &other_code)).await,
         403,
         "REQUEST_NOT_AUTHORIZED",
-        "invalid",
+        Reason::OtpInvalid,
     );
 }
 
@@ -1029,7 +1029,12 @@ async fn email_credentials(stack: &Stack, smtp: &SmtpServer, grace: &str) {
                     "publicKey": hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()) }] }),
             )
             .await;
-            assert_eq!(r.status, 403, "{}", r.text);
+            stack.refused_by_gateway(
+                &r,
+                403,
+                "REQUEST_NOT_AUTHORIZED",
+                "a recovery credential may only submit recover_user",
+            );
             assert!(r.text.contains("recovery credential"), "{}", r.text);
         }
     }
@@ -1039,7 +1044,7 @@ async fn email_credentials(stack: &Stack, smtp: &SmtpServer, grace: &str) {
     let body = json!({ "email": "nobody@example.test", "targetPublicKey": target.target_public_key().unwrap(),
         "emailCustomization": { "appName": "Coffer Test" } });
     let r = submit(stack, &stack.api_key(), &org, "email_auth", "ACTIVITY_TYPE_EMAIL_AUTH_V3", body).await;
-    assert_eq!(r.status, 403, "{}", r.text);
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::IdentityInvalid);
     assert_eq!(smtp.seen(), before);
     let _ = root;
 }

@@ -11,7 +11,7 @@ use zeroize::Zeroizing;
 
 use super::worker::{run_blocking, status};
 use crate::audit;
-use crate::authority::{refuse, AttestedIdentity, Authority, Authorized};
+use crate::authority::{audit_early_refusal, refuse, AttestedIdentity, Authority, Authorized};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
@@ -218,16 +218,20 @@ pub(super) async fn create_session(
         .and_then(|a| a.request.as_ref())
         .filter(|r| r.stamp_header.eq_ignore_ascii_case(coffer_auth::attested::HEADER))
         .map(|r| coffer_auth::attested::parse(&r.stamp));
+    let early = |e: EnclaveError| status(audit_early_refusal("create_session", e));
     let attested = match attested {
         None => None,
-        Some(Err(e)) => return Err(EnclaveError::refused(RefusalReason::StampInvalid, e.message).into()),
+        Some(Err(e)) => return Err(early(EnclaveError::refused(RefusalReason::StampInvalid, e.message))),
         Some(Ok(stamp)) if stamp.attestation == coffer_auth::attested::Attestation::VerificationToken => {
             Some(Attested::Token(stamp))
         }
         Some(Ok(stamp)) => match sessions::read_token(&stamp.token) {
             Ok(claims) => Some(Attested::Oidc(sessions::PendingToken { token: stamp.token, claims })),
             Err(e) => {
-                return Err(EnclaveError::refused(RefusalReason::IdentityInvalid, format!("attested stamp: {e}")).into())
+                return Err(early(EnclaveError::refused(
+                    RefusalReason::IdentityInvalid,
+                    format!("attested stamp: {e}"),
+                )))
             }
         },
     };
@@ -237,7 +241,13 @@ pub(super) async fn create_session(
         let (identity, pending) = match attested {
             None => (None, None),
             Some(Attested::Oidc(p)) => (Some(AttestedIdentity::Oidc(p.claims.clone())), Some(p)),
-            Some(Attested::Token(stamp)) => (Some(super::otp::token_login_identity(&h, &au, &r, &stamp)?), None),
+            Some(Attested::Token(stamp)) => (
+                Some(
+                    super::otp::token_login_identity(&h, &au, &r, &stamp)
+                        .map_err(|e| audit_early_refusal("create_session", e))?,
+                ),
+                None,
+            ),
         };
         let a =
             au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, identity.as_ref())?;
