@@ -127,16 +127,147 @@ async fn sign(
     enclave.clone().sign(req).await.map(|r| r.into_inner())
 }
 
-/// The enclave refused: the gRPC code and a message naming the failed check.
+/// The enclave refused with the gRPC `code` and the typed `reason` its status details carry
+/// ([`coffer_proto::refusal_reason`]); the message's wording is never looked at.
 #[track_caller]
-fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code, needle: &str) {
+fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: tonic::Code, reason: pb::RefusalReason) {
     match r {
+        Err(s) => assert_eq!((s.code(), coffer_proto::refusal_reason(&s)), (code, Some(reason)), "{s:?}"),
+        Ok(v) => panic!("expected a refusal ({code:?}, {reason:?}), got {v:?}"),
+    }
+}
+
+/// A call's result with the enclave's `coffer_audit` lines for its `operation` that appeared
+/// while it ran ([`audited`]): refusal lines (`decision = "refuse"`) and failed outcome lines
+/// (`outcome = "failed"`, the end of an allowed operation that did not complete).
+struct Audited<T> {
+    result: T,
+    refusals: Vec<Value>,
+    failures: Vec<Value>,
+}
+
+/// The `fields` of the enclave's `coffer_audit` lines for `operation`: refusals, failed outcomes.
+fn audit_lines(stack: &Stack, operation: &str) -> (Vec<Value>, Vec<Value>) {
+    let failed = stack
+        .enclave_log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["target"] == "coffer_audit")
+        .map(|l| l["fields"].clone())
+        .filter(|f| f["outcome"] == "failed" && f["operation"] == operation)
+        .collect();
+    (stack.audit("refuse", operation), failed)
+}
+
+/// Runs `call` and collects the audit lines for `operation` it made. The stack's enclave logs
+/// before it answers; the file is read again for a while if nothing new is in it yet. Only for a
+/// stack no other task drives while `call` runs.
+async fn audited<T>(stack: &Stack, operation: &str, call: impl std::future::Future<Output = T>) -> Audited<T> {
+    let (refusals, failures) = audit_lines(stack, operation);
+    let before = (refusals.len(), failures.len());
+    let result = call.await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let (mut refusals, mut failures) = audit_lines(stack, operation);
+        let (refusals, failures) = (refusals.split_off(before.0), failures.split_off(before.1));
+        if !refusals.is_empty() || !failures.is_empty() || std::time::Instant::now() > deadline {
+            return Audited { result, refusals, failures };
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// As [`refused`], and the enclave wrote that refusal's audit line: while the call ran, it logged
+/// refusal lines for the operation, every one with `reason_code` = `reason`. A check made after
+/// the authority allowed the stamp (the sealed key is not the one the body names) also closes
+/// that allowed decision: its failed outcome line names the same refusal, and nothing else.
+#[track_caller]
+fn refused_audited<T: std::fmt::Debug>(
+    a: Audited<Result<T, tonic::Status>>,
+    code: tonic::Code,
+    reason: pb::RefusalReason,
+) {
+    refused(a.result, code, reason);
+    audited_as(&a.refusals, reason);
+    assert!(
+        a.failures.iter().all(|f| f["error_kind"] == "refused" && f["reason_code"] == reason.as_str_name()),
+        "a refusal whose outcome failed otherwise: {:?}",
+        a.failures
+    );
+}
+
+/// KNOWN PRODUCT GAP (reported, not fixed here): an OIDC token that does not verify in the
+/// authorized part of `create_session` (no JWKS key matches, the discovery document cannot be
+/// fetched) is audited as a refusal with `reason` (IDENTITY_INVALID), but answered with
+/// INVALID_ARGUMENT and no `RefusalReason` in the status, where the proto documents
+/// IDENTITY_INVALID for "an OIDC token that does not verify". Asserted as it is: the `code`, no
+/// details, and the audit line's typed reason (never the message's words). When the enclave
+/// answers the typed refusal, this fails: switch the call to [`refused_audited`].
+#[track_caller]
+fn untyped_but_audited<T: std::fmt::Debug>(
+    a: Audited<Result<T, tonic::Status>>,
+    code: tonic::Code,
+    reason: pb::RefusalReason,
+) {
+    match a.result {
         Err(s) => {
             assert_eq!(s.code(), code, "{s:?}");
-            assert!(s.message().contains(needle), "expected {needle:?} in {:?}", s.message());
+            assert!(s.details().is_empty(), "details attached (the gap is fixed?): {s:?}");
         }
-        Ok(v) => panic!("expected a refusal ({needle}), got {v:?}"),
+        Ok(v) => panic!("expected {code:?} ({reason:?}), got {v:?}"),
     }
+    audited_as(&a.refusals, reason);
+}
+
+/// A failure that is no refusal (malformed input, sealed material that does not open): the gRPC
+/// `code`, no `RefusalReason` attached (the status carries no details at all), no refusal line,
+/// and the structured property that tells what happened: the operation was allowed and its
+/// outcome line says it failed with `error_kind` (and `tampering`), never the message's words.
+#[track_caller]
+fn failed_after_authorization<T: std::fmt::Debug>(
+    a: Audited<Result<T, tonic::Status>>,
+    code: tonic::Code,
+    error_kind: &str,
+    tampering: bool,
+) {
+    match a.result {
+        Err(s) => {
+            assert_eq!(s.code(), code, "{s:?}");
+            assert!(s.details().is_empty(), "a refusal reason (or other details) attached: {s:?}");
+            assert_eq!(coffer_proto::refusal_reason(&s), None, "{s:?}");
+        }
+        Ok(v) => panic!("expected {code:?} ({error_kind}), got {v:?}"),
+    }
+    assert!(a.refusals.is_empty(), "refused, not failed: {:?}", a.refusals);
+    assert_eq!(a.failures.len(), 1, "one failed outcome line: {:?}", a.failures);
+    let f = &a.failures[0];
+    assert_eq!((f["error_kind"].as_str(), f["tampering"].as_bool()), (Some(error_kind), Some(tampering)), "{f}");
+    assert_eq!(f["reason_code"].as_str().unwrap_or_default(), "", "a failure carries no refusal reason: {f}");
+}
+
+/// A refusal through the gateway: HTTP `status`, and while the request ran the enclave logged
+/// refusal lines for the operation, every one with `reason_code` = `reason` (the gateway did not
+/// refuse it alone, nor the enclave for another reason).
+#[track_caller]
+fn http_refused_audited(a: Audited<coffer_tests::RawResponse>, status: u16, reason: pb::RefusalReason) {
+    assert_eq!(a.result.status, status, "{}", a.result.text);
+    audited_as(&a.refusals, reason);
+}
+
+/// `lines` (the refusal lines a call made) are the enclave's refusal for `reason`: at least one,
+/// every one with `reason_code` = `reason`.
+#[track_caller]
+fn audited_as(lines: &[Value], reason: pb::RefusalReason) {
+    let name = reason.as_str_name();
+    assert!(
+        !lines.is_empty() && lines.iter().all(|f| f["reason_code"] == name),
+        "expected the enclave's refusal {name}, its new refusal lines are {lines:?}"
+    );
+}
+
+/// The `reason_code` of each audit line, in order.
+fn reason_codes(lines: &[Value]) -> Vec<&str> {
+    lines.iter().map(|f| f["reason_code"].as_str().unwrap_or_default()).collect()
 }
 
 /// Verifies an `X-Stamp` value independently: base64url JSON naming `publicKey` (== `public_key`,
@@ -192,20 +323,6 @@ fn operator_bootstrap(stack: &Stack, api_public_key: &str) -> pb::BootstrapOrgan
     coffer_gateway::orgs::bootstrap_request(&operator, "booted", "root", api_public_key, "CREDENTIAL_TYPE_API_KEY_P256")
 }
 
-/// Counts the refusal audit lines the enclave wrote with `reason` in them.
-fn audit_refusals(stack: &Stack, reason: &str) -> usize {
-    stack
-        .enclave_log()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| {
-            v["target"] == "coffer_audit"
-                && v["fields"]["decision"] == "refuse"
-                && v["fields"]["reason"].as_str().is_some_and(|r| r.contains(reason))
-        })
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let stack = Stack::start().await;
@@ -221,38 +338,58 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let enclave = connect(stack.enclave_socket());
 
     // (1) No stamp at all, or a stamp header that is not one.
-    refused(sign(&enclave, None, &ref1).await, tonic::Code::PermissionDenied, "no stamped request");
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, None, &ref1)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::NoAuthorization,
+    );
     let mut no_stamp = stamped(&root, &sign_body(&org, &a1[0], "x", Stack::now_ms()), &cert);
     no_stamp.stamp_header = String::new();
-    refused(sign(&enclave, auth(no_stamp), &ref1).await, tonic::Code::PermissionDenied, "no stamp");
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(no_stamp), &ref1)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::StampInvalid,
+    );
 
     // (2) A genuine stamp whose body names another payload, or another signWith than the key given.
     let genuine = stamped(&root, &sign_body(&org, &a1[0], "pay alice 1", Stack::now_ms()), &cert);
     let mut forged = genuine.clone();
     forged.body = sign_body(&org, &a1[0], "pay mallory 1000", Stack::now_ms()).into_bytes();
-    refused(
-        sign(&enclave, auth(forged), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(forged), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "could not verify api key signature",
+        pb::RefusalReason::StampInvalid,
     );
-    refused(sign(&enclave, auth(genuine), &ref1b).await, tonic::Code::PermissionDenied, "not the one signWith names");
-    let other_op = stamped(&root, &body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms(), json!({})), &cert);
-    refused(
-        sign(&enclave, auth(other_op), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(genuine), &ref1b)).await,
         tonic::Code::PermissionDenied,
-        "does not ask for this operation",
+        pb::RefusalReason::BindingMismatch,
+    );
+    let other_op = stamped(&root, &body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, Stack::now_ms(), json!({})), &cert);
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(other_op), &ref1)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::OperationMismatch,
     );
 
     // (3) A stamped body signs once; the same body again is a replay.
     let once = stamped(&root, &sign_body(&org, &a1[0], "once", Stack::now_ms()), &cert);
     let sig = sign(&enclave, auth(once.clone()), &ref1).await.unwrap().signatures.remove(0);
     assert_eq!(recover(b"once", &sig.r, &sig.s, &sig.v), a1[0].to_lowercase(), "signed by the named account");
-    refused(sign(&enclave, auth(once), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(once), &ref1)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
 
     // (4) Stale and future timestamps (the window is five minutes).
     for ts in [Stack::now_ms() - 6 * 60 * 1000, Stack::now_ms() + 6 * 60 * 1000] {
         let stale = stamped(&root, &sign_body(&org, &a1[0], "stale", ts), &cert);
-        refused(sign(&enclave, auth(stale), &ref1).await, tonic::Code::PermissionDenied, "stale or future timestampMs");
+        refused_audited(
+            audited(&stack, "sign", sign(&enclave, auth(stale), &ref1)).await,
+            tonic::Code::PermissionDenied,
+            pb::RefusalReason::Stale,
+        );
     }
 
     // (5) Credentials the enclave never certified: none, another key's certificate, a forged one,
@@ -260,35 +397,37 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let mallory = TurnkeyP256ApiKey::generate();
     let by_mallory =
         |certificate: &[u8]| stamped(&mallory, &sign_body(&org, &a1[0], "m", Stack::now_ms()), certificate);
-    refused(
-        sign(&enclave, auth(by_mallory(&[])), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(by_mallory(&[])), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "no enclave certificate",
+        pb::RefusalReason::CertificateInvalid,
     );
-    refused(
-        sign(&enclave, auth(by_mallory(&cert)), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(by_mallory(&cert)), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "another key than the certified credential",
+        pb::RefusalReason::StampInvalid,
     );
     let mut fake = pb::CredentialCertificate::decode(cert.as_slice()).unwrap();
     fake.public_key = public_key(&mallory);
-    refused(
-        sign(&enclave, auth(by_mallory(&fake.encode_to_vec())), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(by_mallory(&fake.encode_to_vec())), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "certificate is not genuine",
+        pb::RefusalReason::CertificateInvalid,
     );
     // An unstamped bootstrap is refused; the operator's stamped one makes a new organization.
-    refused(
-        enclave
-            .clone()
-            .bootstrap_organization(pb::BootstrapOrganizationRequest {
+    refused_audited(
+        audited(
+            &stack,
+            "bootstrap_organization",
+            enclave.clone().bootstrap_organization(pb::BootstrapOrganizationRequest {
                 credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
                 public_key: public_key(&mallory),
                 operator: None,
-            })
-            .await,
+            }),
+        )
+        .await,
         tonic::Code::PermissionDenied,
-        "no operator stamp",
+        pb::RefusalReason::NoAuthorization,
     );
     let boot = enclave
         .clone()
@@ -297,10 +436,10 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         .unwrap()
         .into_inner();
     assert_ne!(boot.organization_id, org, "a bootstrap only ever makes a new organization");
-    refused(
-        sign(&enclave, auth(by_mallory(&boot.certificate)), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(by_mallory(&boot.certificate)), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "belongs to another organization",
+        pb::RefusalReason::OrganizationMismatch,
     );
     // A genuine create_api_keys body certifies the key it names, not the attacker's.
     let new_key = TurnkeyP256ApiKey::generate();
@@ -321,10 +460,10 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         auth: auth(stamped(&root, &add_key, &cert)),
         credentials: vec![spec(public_key(&mallory))],
     };
-    refused(
-        enclave.clone().issue_certificates(issue).await,
+    refused_audited(
+        audited(&stack, "issue_certificates", enclave.clone().issue_certificates(issue)).await,
         tonic::Code::PermissionDenied,
-        "not one the stamped body adds",
+        pb::RefusalReason::BindingMismatch,
     );
 
     // (6) Export: the target key is the stamped body's; the wallet must be the one it names.
@@ -335,20 +474,25 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
     let mut retargeted = stamped(&root, &export, &cert);
     retargeted.body = export.replace(&target, &attacker_target).into_bytes();
     let req = |a, seed| pb::ExportWalletRequest { auth: a, seed: Some(seed) };
-    refused(
-        enclave.clone().export_wallet(req(auth(retargeted), seed_ref(&c, &w1))).await,
+    refused_audited(
+        audited(&stack, "export_wallet", enclave.clone().export_wallet(req(auth(retargeted), seed_ref(&c, &w1)))).await,
         tonic::Code::PermissionDenied,
-        "could not verify api key signature",
+        pb::RefusalReason::StampInvalid,
     );
-    refused(
-        enclave.clone().export_wallet(req(auth(stamped(&root, &export, &cert)), seed_ref(&c, &w2))).await,
+    refused_audited(
+        audited(
+            &stack,
+            "export_wallet",
+            enclave.clone().export_wallet(req(auth(stamped(&root, &export, &cert)), seed_ref(&c, &w2))),
+        )
+        .await,
         tonic::Code::PermissionDenied,
-        "not the wallet the stamped body names",
+        pb::RefusalReason::BindingMismatch,
     );
-    refused(
-        enclave.clone().export_wallet(req(None, seed_ref(&c, &w1))).await,
+    refused_audited(
+        audited(&stack, "export_wallet", enclave.clone().export_wallet(req(None, seed_ref(&c, &w1)))).await,
         tonic::Code::PermissionDenied,
-        "no stamped request",
+        pb::RefusalReason::NoAuthorization,
     );
     let export_account = body(
         "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
@@ -356,44 +500,41 @@ async fn an_attacker_on_the_enclave_socket_gets_nothing_unstamped() {
         Stack::now_ms(),
         json!({"address": a1[0], "targetPublicKey": target}),
     );
-    refused(
-        enclave
-            .clone()
-            .export_key(pb::ExportKeyRequest {
+    refused_audited(
+        audited(
+            &stack,
+            "export_key",
+            enclave.clone().export_key(pb::ExportKeyRequest {
                 auth: auth(stamped(&root, &export_account, &cert)),
                 key: Some(ref1b.clone()),
-            })
-            .await,
+            }),
+        )
+        .await,
         tonic::Code::PermissionDenied,
-        "not the account the stamped body names",
+        pb::RefusalReason::BindingMismatch,
     );
 
     // (7) A blob presented under another account's address, or under another curve, does not open.
     let mut swapped = account_ref(&c, &a2[0]);
     (swapped.resource_id, swapped.address) = (ref1.resource_id.clone(), ref1.address.clone());
     let fresh = || stamped(&root, &sign_body(&org, &a1[0], "swap", Stack::now_ms()), &cert);
-    refused(sign(&enclave, auth(fresh()), &swapped).await, tonic::Code::FailedPrecondition, "failed authentication");
+    failed_after_authorization(
+        audited(&stack, "sign", sign(&enclave, auth(fresh()), &swapped)).await,
+        tonic::Code::FailedPrecondition,
+        "seal_authentication",
+        true,
+    );
     let mut recurved = ref1.clone();
     recurved.curve = "CURVE_P256".into();
-    refused(sign(&enclave, auth(fresh()), &recurved).await, tonic::Code::FailedPrecondition, "failed authentication");
+    failed_after_authorization(
+        audited(&stack, "sign", sign(&enclave, auth(fresh()), &recurved)).await,
+        tonic::Code::FailedPrecondition,
+        "seal_authentication",
+        true,
+    );
 
-    // Every refusal above left an audit line naming its reason (and no payload or secret).
-    for reason in [
-        "no stamped request",
-        "could not verify api key signature",
-        "not the one signWith names",
-        "replayed request",
-        "stale or future timestampMs",
-        "no enclave certificate",
-        "another key than the certified credential",
-        "certificate is not genuine",
-        "belongs to another organization",
-        "not one the stamped body adds",
-        "not the wallet the stamped body names",
-        "not the account the stamped body names",
-    ] {
-        assert!(audit_refusals(&stack, reason) >= 1, "no audit line for {reason:?}:\n{}", stack.enclave_log());
-    }
+    // Every refusal above left its audit line with its reason (checked at each call), and no
+    // payload or secret is in the log.
     let log = stack.enclave_log();
     assert!(!log.contains("pay mallory") && !log.contains("pay alice"), "payloads never reach the log");
 }
@@ -423,17 +564,31 @@ async fn rewriting_the_database_under_the_gateway_signs_nothing() {
         rusqlite::params![org, stack.user_id, public_key(&mallory)],
     )
     .unwrap();
-    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "m1", Stack::now_ms()).as_bytes(), Some(&mallory)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("no enclave certificate"), "{}", r.text);
+    http_refused_audited(
+        audited(
+            &stack,
+            "sign",
+            stack.post_raw(sign_path, sign_body(&org, &a1[0], "m1", Stack::now_ms()).as_bytes(), Some(&mallory)),
+        )
+        .await,
+        403,
+        pb::RefusalReason::CertificateInvalid,
+    );
     c.execute(
         "UPDATE api_keys SET certificate = (SELECT certificate FROM api_keys WHERE public_key = ?1) WHERE id = 'mallory'",
         [public_key(&root)],
     )
     .unwrap();
-    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "m2", Stack::now_ms()).as_bytes(), Some(&mallory)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("another key than the certified credential"), "{}", r.text);
+    http_refused_audited(
+        audited(
+            &stack,
+            "sign",
+            stack.post_raw(sign_path, sign_body(&org, &a1[0], "m2", Stack::now_ms()).as_bytes(), Some(&mallory)),
+        )
+        .await,
+        403,
+        pb::RefusalReason::StampInvalid,
+    );
 
     // (8) An expired key whose expiry was erased from the database: the enclave's certificate
     // still carries it.
@@ -452,9 +607,16 @@ async fn rewriting_the_database_under_the_gateway_signs_nothing() {
     let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "e1", Stack::now_ms()).as_bytes(), Some(&short)).await;
     assert_eq!((r.status, r.json["message"].as_str()), (401, Some("expired api key")), "{}", r.text);
     c.execute("UPDATE api_keys SET expiration_seconds = NULL WHERE public_key = ?1", [public_key(&short)]).unwrap();
-    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "e2", Stack::now_ms()).as_bytes(), Some(&short)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap().contains("the credential has expired"), "{}", r.text);
+    http_refused_audited(
+        audited(
+            &stack,
+            "sign",
+            stack.post_raw(sign_path, sign_body(&org, &a1[0], "e2", Stack::now_ms()).as_bytes(), Some(&short)),
+        )
+        .await,
+        403,
+        pb::RefusalReason::CertificateExpired,
+    );
 
     // (7) An account row pointed at another account's sealed key: it does not open.
     c.execute(
@@ -462,14 +624,19 @@ async fn rewriting_the_database_under_the_gateway_signs_nothing() {
         [&a2[0], &a1[0]],
     )
     .unwrap();
-    let r = stack.post_raw(sign_path, sign_body(&org, &a1[0], "s1", Stack::now_ms()).as_bytes(), Some(&root)).await;
-    assert_eq!(r.status, 500, "{}", r.text);
-    assert_eq!(r.json["message"], "stored key material failed to open", "{}", r.text);
+    let s1 = sign_body(&org, &a1[0], "s1", Stack::now_ms());
+    let a = audited(&stack, "sign", stack.post_raw(sign_path, s1.as_bytes(), Some(&root))).await;
+    assert_eq!(a.result.status, 500, "{}", a.result.text);
+    assert_eq!(a.result.json["message"], "stored key material failed to open", "{}", a.result.text);
+    assert!(a.refusals.is_empty(), "not a refusal: {:?}", a.refusals);
+    assert_eq!(a.failures.len(), 1, "{:?}", a.failures);
+    assert_eq!(
+        (a.failures[0]["error_kind"].as_str(), a.failures[0]["tampering"].as_bool()),
+        (Some("seal_authentication"), Some(true))
+    );
 
     // Nothing above was signed or recorded (one create_api_keys activity is the only addition).
     assert_eq!(activities(&c), before + 1);
-    assert!(audit_refusals(&stack, "no enclave certificate") >= 1);
-    assert!(audit_refusals(&stack, "the credential has expired") >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -538,10 +705,14 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         ],
     )
     .unwrap();
-    let r = stack.post_raw("/public/v1/submit/approve_activity", approve(&fingerprint).as_bytes(), Some(&bob)).await;
+    let approval = approve(&fingerprint);
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approval.as_bytes(), Some(&bob));
+    let a = audited(&stack, "sign", r).await;
+    let r = a.result;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_FAILED", "{}", r.text);
-    assert!(r.json["activity"]["failure"]["message"].as_str().unwrap().contains("enclave refused"), "{}", r.text);
+    // The activity failed because the enclave refused the forged body: its stamp does not verify.
+    audited_as(&a.refusals, pb::RefusalReason::StampInvalid);
     assert_eq!(r.json["activity"]["result"], json!({}));
 
     // Rewriting only the stored intent changes nothing: the enclave signs what alice stamped.
@@ -571,10 +742,10 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let with_approval = |approval: pb::StampedRequest| {
         Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), votes: Vec::new() })
     };
-    refused(
-        sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key)).await,
         tonic::Code::PermissionDenied,
-        "replayed request",
+        pb::RefusalReason::Replayed,
     );
     let stale = body(
         "ACTIVITY_TYPE_APPROVE_ACTIVITY",
@@ -582,17 +753,17 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
         Stack::now_ms() - 6 * 60 * 1000,
         json!({"fingerprint": fingerprint}),
     );
-    refused(
-        sign(&enclave, with_approval(stamped(&bob, &stale, &bob_cert)), &key).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &stale, &bob_cert)), &key)).await,
         tonic::Code::PermissionDenied,
-        "stale or future timestampMs",
+        pb::RefusalReason::Stale,
     );
     // An approval of another activity does not run this one.
     let elsewhere = approve("sha256:0000");
-    refused(
-        sign(&enclave, with_approval(stamped(&bob, &elsewhere, &bob_cert)), &key).await,
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &elsewhere, &bob_cert)), &key)).await,
         tonic::Code::PermissionDenied,
-        "does not approve this activity",
+        pb::RefusalReason::NotApproved,
     );
 }
 
@@ -731,33 +902,32 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
         delivery(now, "evt-5", br#"["a1","o1"]"#),
         delivery(now, "evt-6", b"sign this for me"),
     ];
-    let signed = enclave
-        .clone()
-        .sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries })
-        .await
-        .unwrap()
-        .into_inner();
+    let signed = audited(
+        &stack,
+        "sign_webhook_delivery",
+        enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries }),
+    )
+    .await;
+    let (signed, audited_reasons) = (signed.result.unwrap().into_inner(), reason_codes(&signed.refusals));
     assert_eq!(signed.key_id, key.key_id);
     assert_eq!(signed.deliveries.len(), 6, "one answer per delivery, in order");
 
     // The fresh one is signed over the message the enclave built, checked with ed25519-dalek.
     let verifying = ed25519_dalek::VerifyingKey::from_bytes(&key.public_key.try_into().unwrap()).unwrap();
     let first = &signed.deliveries[0];
-    assert!(first.refusal.is_empty(), "{first:?}");
+    assert_eq!(first.refusal_reason(), pb::RefusalReason::Unspecified, "{first:?}");
     let message = [format!("v1.ed25519.{}.{now}.evt-1.", key.key_id).as_bytes(), &activity].concat();
     let signature = ed25519_dalek::Signature::from_bytes(&first.signature.clone().try_into().unwrap());
     verifying.verify_strict(&message, &signature).expect("a genuine webhook signature");
 
-    let refusals: Vec<&str> = signed.deliveries[1..].iter().map(|d| d.refusal.as_str()).collect();
-    for (d, needle) in
-        signed.deliveries[1..].iter().zip(["timestamp", "timestamp", "event id", "not an activity", "not an activity"])
-    {
-        assert!(d.signature.is_empty(), "nothing signed for a refused delivery: {refusals:?}");
-        assert!(d.refusal.contains(needle), "expected {needle:?} in {:?}", d.refusal);
-    }
-    assert!(audit_refusals(&stack, "delivery timestamp is not the enclave's now") >= 2, "{}", stack.enclave_log());
-    assert!(audit_refusals(&stack, "event id must be") >= 1);
-    assert!(audit_refusals(&stack, "delivery body is not an activity") >= 2);
+    // Stale, from the future, a header-injecting event id, an array, not JSON: each refused with
+    // its typed reason, unsigned, and audited with that reason, in order.
+    use pb::RefusalReason::{DeliveryInvalid, Stale};
+    let expected = [Stale, Stale, DeliveryInvalid, DeliveryInvalid, DeliveryInvalid];
+    let reasons: Vec<_> = signed.deliveries[1..].iter().map(|d| d.refusal_reason()).collect();
+    assert_eq!(reasons, expected, "{:?}", signed.deliveries);
+    assert!(signed.deliveries[1..].iter().all(|d| d.signature.is_empty()), "nothing signed for a refused delivery");
+    assert_eq!(audited_reasons, expected.map(|r| r.as_str_name()), "the audited refusals");
 
     // (6) A forged "COMPLETED" activity of an organization that does not exist is not signed; a
     // completed activity the enclave authorized is.
@@ -770,27 +940,32 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
     let real = serde_json::to_vec(&real).unwrap();
     let deliveries = vec![delivery(now, "evt-7", forged), delivery(now, "evt-8", &real)];
-    let signed = enclave
-        .clone()
-        .sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries })
-        .await
-        .unwrap()
-        .into_inner();
+    let signed = audited(
+        &stack,
+        "sign_webhook_delivery",
+        enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries }),
+    )
+    .await;
+    let refusals = signed.refusals;
+    let signed = signed.result.unwrap().into_inner();
     assert!(signed.deliveries[0].signature.is_empty(), "{:?}", signed.deliveries[0]);
-    assert!(signed.deliveries[0].refusal.contains("did not authorize"), "{:?}", signed.deliveries[0]);
+    assert_eq!(signed.deliveries[0].refusal_reason(), DeliveryInvalid, "{:?}", signed.deliveries[0]);
     assert!(
-        signed.deliveries[1].refusal.is_empty() && !signed.deliveries[1].signature.is_empty(),
+        signed.deliveries[1].refusal_reason() == pb::RefusalReason::Unspecified
+            && !signed.deliveries[1].signature.is_empty(),
         "{:?}",
         signed.deliveries[1]
     );
-    assert!(audit_refusals(&stack, "a completed activity the enclave did not authorize") >= 1);
+    // One refusal, of the forged activity's (made up) organization, and none of the real one.
+    assert_eq!(reason_codes(&refusals), [DeliveryInvalid.as_str_name()], "{refusals:?}");
+    assert_eq!(refusals[0]["organization"], "nobody", "{refusals:?}");
 
     // More than a batch's worth is refused whole.
     let too_many = (0..257).map(|n| delivery(now, &format!("evt-{n}"), &activity)).collect();
     refused(
         enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries: too_many }).await,
         tonic::Code::PermissionDenied,
-        "at most 256",
+        pb::RefusalReason::BatchTooLarge,
     );
 }
 
@@ -849,22 +1024,22 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
     let genuine = stamped(&root, &sign_transaction_body(&org, &a[0], &alice_tx, Stack::now_ms()), &cert);
     let mut forged = genuine.clone();
     forged.body = sign_transaction_body(&org, &a[0], &mallory_tx, Stack::now_ms()).into_bytes();
-    refused(
-        sign_transaction(&enclave, auth(forged), &ref0).await,
+    refused_audited(
+        audited(&stack, "sign_transaction", sign_transaction(&enclave, auth(forged), &ref0)).await,
         tonic::Code::PermissionDenied,
-        "could not verify api key signature",
+        pb::RefusalReason::StampInvalid,
     );
     // Another account's key under the genuine body, and a raw-payload stamp on this call.
-    refused(
-        sign_transaction(&enclave, auth(genuine.clone()), &ref1).await,
+    refused_audited(
+        audited(&stack, "sign_transaction", sign_transaction(&enclave, auth(genuine.clone()), &ref1)).await,
         tonic::Code::PermissionDenied,
-        "not the one signWith names",
+        pb::RefusalReason::BindingMismatch,
     );
     let raw = stamped(&root, &sign_body(&org, &a[0], "x", Stack::now_ms()), &cert);
-    refused(
-        sign_transaction(&enclave, auth(raw), &ref0).await,
+    refused_audited(
+        audited(&stack, "sign_transaction", sign_transaction(&enclave, auth(raw), &ref0)).await,
         tonic::Code::PermissionDenied,
-        "does not ask for this operation",
+        pb::RefusalReason::OperationMismatch,
     );
 
     // A genuine request (a body the enclave saw refused is spent) signs exactly the stamped
@@ -887,15 +1062,23 @@ async fn transaction_signing_on_the_enclave_socket_signs_only_the_stamped_transa
     let point = vk.to_encoded_point(false);
     let signer = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
     assert_eq!(signer, a[0].to_lowercase());
-    refused(sign_transaction(&enclave, auth(genuine), &ref0).await, tonic::Code::PermissionDenied, "replayed request");
+    refused_audited(
+        audited(&stack, "sign_transaction", sign_transaction(&enclave, auth(genuine), &ref0)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
 
     // A stamped transaction the enclave cannot parse completely is not signed, whatever the
     // gateway checked: a trailing byte.
     let mut trailing = alice_tx.clone();
     trailing.push(0);
     let bad = stamped(&root, &sign_transaction_body(&org, &a[0], &trailing, Stack::now_ms()), &cert);
-    refused(sign_transaction(&enclave, auth(bad), &ref0).await, tonic::Code::InvalidArgument, "trailing bytes");
-    assert!(audit_refusals(&stack, "signWith names") >= 1);
+    failed_after_authorization(
+        audited(&stack, "sign_transaction", sign_transaction(&enclave, auth(bad), &ref0)).await,
+        tonic::Code::InvalidArgument,
+        "invalid_argument",
+        false,
+    );
 }
 
 /// Login calls on the enclave socket, as an attacker who owns the gateway would make them: a
@@ -943,10 +1126,10 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         (claims["user_id"].as_str(), claims["organization_id"].as_str(), claims["public_key"].as_str()),
         (Some(stack.user_id.as_str()), Some(org.as_str()), Some(session_key.as_str()))
     );
-    refused(
-        session(auth(stamped(&root, &login, &root_cert)), vec![], vec![]).await,
+    refused_audited(
+        audited(&stack, "create_session", session(auth(stamped(&root, &login, &root_cert)), vec![], vec![])).await,
         tonic::Code::PermissionDenied,
-        "replayed",
+        pb::RefusalReason::Replayed,
     );
 
     // Another organization's body (a sub-organization of ours): refused without its parent
@@ -973,15 +1156,25 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
             json!({"targetPublicKey": hex::encode(p256::SecretKey::from_slice(&[8; 32]).unwrap().public_key().to_sec1_bytes()), "userId": victim}),
         )
     };
-    refused(
-        session(auth(stamped(&root, &rw(Stack::now_ms()), &root_cert)), vec![], vec![]).await,
+    refused_audited(
+        audited(
+            &stack,
+            "create_session",
+            session(auth(stamped(&root, &rw(Stack::now_ms()), &root_cert)), vec![], vec![]),
+        )
+        .await,
         tonic::Code::PermissionDenied,
-        "another organization",
+        pb::RefusalReason::OrganizationMismatch,
     );
-    refused(
-        session(auth(stamped(&root, &rw(Stack::now_ms() + 1), &root_cert)), vec![], root_cert.clone()).await,
+    refused_audited(
+        audited(
+            &stack,
+            "create_session",
+            session(auth(stamped(&root, &rw(Stack::now_ms() + 1), &root_cert)), vec![], root_cert.clone()),
+        )
+        .await,
         tonic::Code::PermissionDenied,
-        "another organization",
+        pb::RefusalReason::OrganizationMismatch,
     );
     // With the genuine parent certificate (as the gateway stores it) the parent's login works.
     let parent_cert: String = db(&stack)
@@ -1023,10 +1216,11 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     let token = format!("{input}.{}", b64(&forged.to_bytes()));
     let oauth =
         body("ACTIVITY_TYPE_OAUTH_LOGIN", &org, Stack::now_ms(), json!({"oidcToken": token, "publicKey": session_key}));
-    refused(
-        session(auth(stamped(&root, &oauth, &root_cert)), root_cert.clone(), vec![]).await,
+    untyped_but_audited(
+        audited(&stack, "create_session", session(auth(stamped(&root, &oauth, &root_cert)), root_cert.clone(), vec![]))
+            .await,
         tonic::Code::InvalidArgument,
-        "invalid OIDC token",
+        pb::RefusalReason::IdentityInvalid,
     );
 
     // An OAuth 2.0 credential whose certificate is made up does not reach the provider.
@@ -1044,14 +1238,16 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         encrypted_client_secret: "00".into(),
         mac: vec![1; 32],
     };
-    let r = enclave
-        .clone()
-        .oauth2_authenticate(pb::Oauth2AuthenticateRequest {
-            auth: auth(stamped(&root, &exchange, &root_cert)),
-            credential: Some(credential),
-        })
-        .await;
-    refused(r, tonic::Code::PermissionDenied, "certificate does not verify");
+    let mut e = enclave.clone();
+    let r = e.oauth2_authenticate(pb::Oauth2AuthenticateRequest {
+        auth: auth(stamped(&root, &exchange, &root_cert)),
+        credential: Some(credential),
+    });
+    refused_audited(
+        audited(&stack, "oauth2_authenticate", r).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::CertificateInvalid,
+    );
 
     // The auth proxy key: enabled through the gateway, then asked to stamp what it must not.
     let r = stack
@@ -1079,11 +1275,23 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     };
     let exchange = |o: &str, ts| body("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE", o, ts, json!({"oauth2CredentialId": "c1"}));
     let signing = sign_body(&org, "0x0000000000000000000000000000000000000000", "hello", Stack::now_ms());
-    refused(proxy_stamp(signing.clone()).await, tonic::Code::PermissionDenied, "stamps only");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(signing.clone())).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::OperationMismatch,
+    );
     let to_sub = exchange(&sub_org, Stack::now_ms());
-    refused(proxy_stamp(to_sub.clone()).await, tonic::Code::PermissionDenied, "own organization");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(to_sub.clone())).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::OrganizationMismatch,
+    );
     let stale = exchange(&org, Stack::now_ms() - 10 * 60 * 1000);
-    refused(proxy_stamp(stale.clone()).await, tonic::Code::PermissionDenied, "timestampMs");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(stale.clone())).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Stale,
+    );
     let allowed = exchange(&org, Stack::now_ms());
     let ok = proxy_stamp(allowed.clone()).await.unwrap();
     // The stamp is the proxy key's signature over exactly that body (p256), not over another.
@@ -1098,12 +1306,14 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     let allow = audit_of(&stack, "allow", "stamp_auth_proxy_request", &allowed);
     assert_eq!(allow.len(), 1, "{allow:?}");
     assert_eq!(allow[0]["organization"], org.as_str());
-    for (refused_body, reason_code) in
-        [(signing, "OPERATION_MISMATCH"), (to_sub, "ORGANIZATION_MISMATCH"), (stale, "STALE")]
-    {
+    for (refused_body, reason) in [
+        (signing, pb::RefusalReason::OperationMismatch),
+        (to_sub, pb::RefusalReason::OrganizationMismatch),
+        (stale, pb::RefusalReason::Stale),
+    ] {
         let lines = audit_of(&stack, "refuse", "stamp_auth_proxy_request", &refused_body);
-        assert_eq!(lines.len(), 1, "{reason_code}: {lines:?}");
-        assert!(lines[0]["reason_code"].as_str().unwrap().contains(reason_code), "{}", lines[0]);
+        assert_eq!(lines.len(), 1, "{reason:?}: {lines:?}");
+        assert_eq!(lines[0]["reason_code"], reason.as_str_name(), "{}", lines[0]);
         assert!(audit_of(&stack, "allow", "stamp_auth_proxy_request", &refused_body).is_empty());
     }
 
@@ -1115,10 +1325,18 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     };
     let someones_key = json!({"userName": "u", "authenticators": [], "oauthProviders": [], "apiKeys": [{"apiKeyName": "w",
         "publicKey": hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}]});
-    refused(proxy_stamp(squat(someones_key)).await, tonic::Code::PermissionDenied, "clientSignature");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(squat(someones_key))).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
     let someones_identity = json!({"userName": "u", "authenticators": [], "apiKeys": [], "oauthProviders": [{
         "providerName": "google", "oidcClaims": {"iss": "https://accounts.google.com", "sub": "1", "aud": "app"}}]});
-    refused(proxy_stamp(squat(someones_identity)).await, tonic::Code::PermissionDenied, "oidcToken");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(squat(someones_identity))).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
 
     // Sign-ups through the proxy are counted by the enclave, per proxy: two a day here. The
     // same body stamped again is not a second sign-up; a third one is refused, its body unsigned.
@@ -1132,7 +1350,11 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         let stamp = proxy_stamp(b.clone()).await.unwrap().stamp;
         verify_api_stamp(&stamp, config["publicKey"].as_str().unwrap(), b.as_bytes());
     }
-    refused(proxy_stamp(third.clone()).await, tonic::Code::ResourceExhausted, "sign-ups in the last day");
+    refused_audited(
+        audited(&stack, "stamp_auth_proxy_request", proxy_stamp(third.clone())).await,
+        tonic::Code::ResourceExhausted,
+        pb::RefusalReason::SignupQuota,
+    );
     let lines = audit_of(&stack, "refuse", "stamp_auth_proxy_request", &third);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["reason_code"], "REFUSAL_REASON_SIGNUP_QUOTA", "{}", lines[0]);
@@ -1210,16 +1432,16 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
 
     // An API key's certificate does not make an attested stamp count, nor does a token bound to
     // another key, nor another activity than stamp_login.
-    refused(
-        create(attested(&login(Stack::now_ms()), &token, &root_cert)).await,
+    refused_audited(
+        audited(&stack, "create_session", create(attested(&login(Stack::now_ms()), &token, &root_cert))).await,
         tonic::Code::PermissionDenied,
-        "certified OAuth identity",
+        pb::RefusalReason::IdentityInvalid,
     );
     let other = token_for(&public_key(&TurnkeyP256ApiKey::generate()));
-    refused(
-        create(attested(&login(Stack::now_ms() + 1), &other, &provider_cert)).await,
+    refused_audited(
+        audited(&stack, "create_session", create(attested(&login(Stack::now_ms() + 1), &other, &provider_cert))).await,
         tonic::Code::PermissionDenied,
-        "nonce",
+        pb::RefusalReason::StampInvalid,
     );
     let oauth = body(
         "ACTIVITY_TYPE_OAUTH_LOGIN",
@@ -1227,12 +1449,16 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
         Stack::now_ms(),
         json!({"oidcToken": token, "publicKey": session_public}),
     );
-    refused(create(attested(&oauth, &token, &provider_cert)).await, tonic::Code::PermissionDenied, "only stamp_login");
-    // The provider's certificate behind an ordinary X-Stamp of the session key: refused.
-    refused(
-        create(stamped(&session, &login(Stack::now_ms() + 2), &provider_cert)).await,
+    refused_audited(
+        audited(&stack, "create_session", create(attested(&oauth, &token, &provider_cert))).await,
         tonic::Code::PermissionDenied,
-        "another key",
+        pb::RefusalReason::OperationMismatch,
+    );
+    // The provider's certificate behind an ordinary X-Stamp of the session key: refused.
+    refused_audited(
+        audited(&stack, "create_session", create(stamped(&session, &login(Stack::now_ms() + 2), &provider_cert))).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::StampInvalid,
     );
 
     // The genuine combination: a session for the root user, once.
@@ -1242,7 +1468,11 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
         (opened.user_id.as_str(), opened.public_key.as_str()),
         (stack.user_id.as_str(), session_public.as_str())
     );
-    refused(create(request).await, tonic::Code::PermissionDenied, "replayed");
+    refused_audited(
+        audited(&stack, "create_session", create(request)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
 }
 
 /// A fake X (OAuth 2.0 provider) for the code exchange: `POST /token` answers a bearer token to
@@ -1375,20 +1605,32 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
     };
     let now = Stack::now_ms();
     for (i, fresh) in bodies(now).into_iter().enumerate() {
-        refused(call(i, None, None).await, tonic::Code::PermissionDenied, "no stamped request");
+        refused_audited(
+            audited(&stack, OPERATIONS[i], call(i, None, None)).await,
+            tonic::Code::PermissionDenied,
+            pb::RefusalReason::NoAuthorization,
+        );
         let unstamped = pb::StampedRequest {
             body: fresh.as_bytes().to_vec(),
             certificate: root_cert.clone(),
             ..Default::default()
         };
-        refused(call(i, auth(unstamped), None).await, tonic::Code::PermissionDenied, "no stamp");
-        refused(
-            call(i, auth(stamped(&root, &fresh, &[])), None).await,
+        refused_audited(
+            audited(&stack, OPERATIONS[i], call(i, auth(unstamped), None)).await,
             tonic::Code::PermissionDenied,
-            "no enclave certificate",
+            pb::RefusalReason::StampInvalid,
+        );
+        refused_audited(
+            audited(&stack, OPERATIONS[i], call(i, auth(stamped(&root, &fresh, &[])), None)).await,
+            tonic::Code::PermissionDenied,
+            pb::RefusalReason::CertificateInvalid,
         );
         let stale = &bodies(now - 10 * 60 * 1000)[i];
-        refused(call(i, auth(stamped(&root, stale, &root_cert)), None).await, tonic::Code::PermissionDenied, "stale");
+        refused_audited(
+            audited(&stack, OPERATIONS[i], call(i, auth(stamped(&root, stale, &root_cert)), None)).await,
+            tonic::Code::PermissionDenied,
+            pb::RefusalReason::Stale,
+        );
         assert!(
             audit_of(&stack, "allow", OPERATIONS[i], &fresh).is_empty(),
             "{} allowed a refused body",
@@ -1501,10 +1743,11 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
         assert_eq!(by_root.len(), 1, "{}: {allowed:?}", OPERATIONS[i]);
         assert_eq!(by_root[0]["organization"], org.as_str(), "{}", by_root[0]);
         assert_eq!(by_root[0]["user"], stack.user_id.as_str(), "{}", by_root[0]);
-        refused(
-            call(i, auth(stamped(&root, fresh, &root_cert)), Some(credential.clone())).await,
+        refused_audited(
+            audited(&stack, OPERATIONS[i], call(i, auth(stamped(&root, fresh, &root_cert)), Some(credential.clone())))
+                .await,
             tonic::Code::PermissionDenied,
-            "replayed",
+            pb::RefusalReason::Replayed,
         );
         let refusals = audit_of(&stack, "refuse", OPERATIONS[i], fresh);
         assert!(
@@ -1565,8 +1808,12 @@ async fn two_enclaves_share_one_replay_window_with_a_quota_per_organization() {
     let once = stamped(&root1, &sign_body(&org1, &a1[0], "once", Stack::now_ms()), &cert1);
     let sig = sign(&a, auth(once.clone()), &ref1).await.unwrap().signatures.remove(0);
     assert_eq!(recover(b"once", &sig.r, &sig.s, &sig.v), a1[0].to_lowercase());
-    refused(sign(&b, auth(once.clone()), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
-    refused(sign(&a, auth(once), &ref1).await, tonic::Code::PermissionDenied, "replayed request");
+    refused(sign(&b, auth(once.clone()), &ref1).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
+    refused_audited(
+        audited(&stack, "sign", sign(&a, auth(once), &ref1)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
 
     // org1 fills its share through both enclaves (entries 3..=QUOTA), then is refused, typed.
     for n in 3..=QUOTA {
@@ -1841,8 +2088,12 @@ async fn create_session_makes_no_request_before_authorization_nor_to_an_issuer_n
     // (d) The allowlisted issuer: a genuine stamp and its certified identity get the token's keys
     // fetched (the listener answers 404, so the token is refused), with the enclave's User-Agent.
     let b = oauth_login(&allowed.url, Stack::now_ms());
-    let r = create(auth(stamped(&root, &b, &root_cert)), provider_cert(&allowed.url)).await;
-    refused(r, tonic::Code::InvalidArgument, "invalid OIDC token");
+    let r = create(auth(stamped(&root, &b, &root_cert)), provider_cert(&allowed.url));
+    untyped_but_audited(
+        audited(&stack, "create_session", r).await,
+        tonic::Code::InvalidArgument,
+        pb::RefusalReason::IdentityInvalid,
+    );
     assert_eq!(allowed.accepted.load(Ordering::SeqCst), 1, "one request: the discovery document");
     let head = allowed.heads.lock().unwrap()[0].to_ascii_lowercase();
     assert!(head.starts_with("get /.well-known/openid-configuration "), "{head}");
@@ -1936,7 +2187,11 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
     let enclave = connect(stack.enclave_socket());
     let c = db(&stack);
     let (cert, key) = (certificate(&c, &stack.api_public_key), account_ref(&c, &a1[0]));
-    refused(sign(&enclave, auth(stamped(&root, &ok, &cert)), &key).await, tonic::Code::PermissionDenied, "replayed");
+    refused_audited(
+        audited(&stack, "sign", sign(&enclave, auth(stamped(&root, &ok, &cert)), &key)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
     assert_eq!(outcomes(&stack, "sign", &fingerprint(&ok)).len(), 1, "still the one outcome of the allowed signing");
 }
 
@@ -2269,15 +2524,19 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     assert_eq!(bump(), 1);
     let path = "/public/v1/submit/sign_raw_payload";
     let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
-    let r = stack.post_raw(path, bobs.as_bytes(), Some(&bob)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap_or_default().contains("consensus"), "{}", r.text);
+    http_refused_audited(
+        audited(&stack, "sign", stack.post_raw(path, bobs.as_bytes(), Some(&bob))).await,
+        403,
+        pb::RefusalReason::ConsensusNeeded,
+    );
     c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
     assert_eq!(bump(), 1);
     let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
-    let r = stack.post_raw(path, digest.as_bytes(), Some(&alice)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap_or_default().contains("EXPLICIT_DENY"), "{}", r.text);
+    http_refused_audited(
+        audited(&stack, "sign", stack.post_raw(path, digest.as_bytes(), Some(&alice))).await,
+        403,
+        pb::RefusalReason::PolicyDenied,
+    );
 
     // The recorded policy evaluation of a state change is the enclave's: alice's user tag, allowed
     // by her policy, is recorded with that policy's outcome and without the forged row's, which
@@ -2401,9 +2660,12 @@ async fn revoked_credentials_and_sessions_stay_revoked_even_from_an_old_database
     stack.start_gateway();
     stack.wait_healthy().await;
     let body2 = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
-    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body2.as_bytes(), Some(&k1)).await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert!(r.json["message"].as_str().unwrap_or_default().contains("not live"), "{}", r.text);
+    http_refused_audited(
+        audited(&stack, "sign", stack.post_raw("/public/v1/submit/sign_raw_payload", body2.as_bytes(), Some(&k1)))
+            .await,
+        403,
+        pb::RefusalReason::CredentialRevoked,
+    );
     assert!(
         stack
             .audit("refuse", "sign")
@@ -2501,8 +2763,10 @@ async fn an_organization_from_before_the_authority_state_is_imported_once_by_the
     let old = stack.client_with(TurnkeyP256ApiKey::from_strings(&hex::encode(legacy.private_key()), None).unwrap());
     let intent =
         CreateWalletIntent { wallet_name: "old".into(), accounts: vec![eth_account(0)], mnemonic_length: None };
-    let refused = old.create_wallet("old-org".into(), old.current_timestamp(), intent).await;
-    assert!(format!("{refused:?}").contains("no authority state"), "{refused:?}");
+    let refused =
+        audited(&stack, "create_wallet", old.create_wallet("old-org".into(), old.current_timestamp(), intent)).await;
+    assert!(refused.result.is_err(), "{:?}", refused.result);
+    audited_as(&refused.refusals, pb::RefusalReason::OrganizationUnknown);
 
     // The operator builds the state from the records, once.
     let lines = out(stack.run_with_stdin("coffer-gateway", &["authority-state", "old-org"], ""));
