@@ -154,17 +154,20 @@ pub const READ_ONLY_SESSION_TYPE: &str = "CREDENTIAL_TYPE_READ_ONLY_SESSION";
 /// A read-only session (`X-Session`, from `create_read_only_session`): a JWT the enclave's
 /// notarizer signed (checked against its published key), `SESSION_TYPE_READ_ONLY`, unexpired,
 /// for `org` (or its parent, which reads its sub-organizations), of a user who still exists.
-/// Anything else is a 401.
+/// Anything else is a 401 `SESSION_INVALID` whose message names the reason (the holder of the
+/// token learns only why it no longer reads).
 pub async fn read_only_session(
     state: &Arc<AppState>,
     header: &axum::http::HeaderValue,
     org: Organization,
 ) -> Result<(Organization, Caller), ApiError> {
-    let invalid = || ApiError::unauthenticated("SESSION_INVALID", "invalid or expired read-only session (X-Session)");
-    let token = header.to_str().map_err(|_| invalid())?.trim().to_string();
+    let refuse = |why: &str| {
+        ApiError::unauthenticated("SESSION_INVALID", format!("invalid or expired read-only session (X-Session): {why}"))
+    };
+    let token = header.to_str().map_err(|_| refuse("not a JWT"))?.trim().to_string();
     let keys = crate::login_public_keys::login_keys(state).await?;
     if !coffer_auth::session_jwt::verify_signature(&token, &keys.notarizer) {
-        return Err(invalid());
+        return Err(refuse("not signed by the notarizer"));
     }
     let claims: serde_json::Value = token
         .split('.')
@@ -174,19 +177,22 @@ pub async fn read_only_session(
             base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(c).ok()
         })
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(invalid)?;
+        .ok_or_else(|| refuse("unreadable claims"))?;
     let text = |k: &str| claims[k].as_str().unwrap_or_default().to_string();
     let exp = claims["exp"].as_i64().unwrap_or(0);
-    if text("session_type") != "SESSION_TYPE_READ_ONLY" || now_nanos() / 1_000_000_000 >= exp {
-        return Err(invalid());
+    if text("session_type") != "SESSION_TYPE_READ_ONLY" {
+        return Err(refuse("not a read-only session"));
+    }
+    if now_nanos() / 1_000_000_000 >= exp {
+        return Err(refuse("expired"));
     }
     let (session_org, user_id) = (text("organization_id"), text("user_id"));
     let via_parent = session_org != org.id;
     if via_parent && org.parent_id.as_deref() != Some(session_org.as_str()) {
-        return Err(invalid());
+        return Err(refuse("a session of another organization"));
     }
     let (o, u) = (session_org.clone(), user_id.clone());
-    let user = state.db(move |s| s.user(&o, &u)).await?.map_err(|_| invalid())?;
+    let user = state.db(move |s| s.user(&o, &u)).await?.map_err(|_| refuse("its user no longer exists"))?;
     // The key that made the session must still be one of the user's: deleting a credential (or
     // its expiry) ends the read-only sessions it made.
     let (o, u, pk) = (session_org.clone(), user_id.clone(), text("public_key"));
@@ -205,7 +211,7 @@ pub async fn read_only_session(
         })
         .await??;
     if !live {
-        return Err(invalid());
+        return Err(refuse("the credential that made it is gone or expired"));
     }
     use sha2::Digest;
     let id = format!("read-only-session:{}", hex::encode(&sha2::Sha256::digest(token.as_bytes())[..8]));
