@@ -420,7 +420,7 @@ impl Stack {
     }
 
     /// Everything each tier's store holds, by place: ("gateway", …) and ("authority", …).
-    fn stores(&self) -> Vec<(&'static str, Vec<(String, Vec<u8>)>)> {
+    fn stores(&self) -> Vec<(&'static str, Vec<StorePlace>)> {
         let authority = self
             .extra_env
             .iter()
@@ -799,6 +799,9 @@ fn around(bytes: &[u8], i: usize) -> String {
     String::from_utf8_lossy(&bytes[i.saturating_sub(120)..(i + 60).min(bytes.len())]).into_owned()
 }
 
+/// A place of a store (a file, or a table) and what it holds.
+type StorePlace = (String, Vec<u8>);
+
 /// The SQLite databases under `dir` (by their header), the HSM's token directory aside.
 fn sqlite_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -817,7 +820,7 @@ fn sqlite_files(dir: &Path) -> Vec<PathBuf> {
 
 /// A store's contents by place: a SQLite file with its WAL and journal as bytes, or every table
 /// of a PostgreSQL database as text (`row::text`; `bytea` as `\x` hex). Any other URL fails.
-fn store_contents(url: &str) -> Vec<(String, Vec<u8>)> {
+fn store_contents(url: &str) -> Vec<StorePlace> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         let main = std::fs::read(path).unwrap_or_else(|e| panic!("the store {path}: {e}"));
         let mut places = vec![(path.to_string(), main)];
