@@ -318,6 +318,13 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
         // A link without a signature was appended in a group whose last link (or a later head)
         // is signed: the chain recomputed through it must reach that signature.
         let payload = if proof.signature.is_empty() {
+            // Nor is it exempt from naming the scheme and the proof key that cover it.
+            if proof.scheme != SCHEME {
+                return Err(fault(expected_seq, "", ProofError::Scheme.to_string()));
+            }
+            if proof.public_key != proof_public_key_hex(key) {
+                return Err(fault(expected_seq, "", ProofError::OtherKey.to_string()));
+            }
             serde_json::from_str(&proof.proof_payload)
                 .map_err(|_| fault(expected_seq, "", "an unsigned link is not JSON".into()))?
         } else {
@@ -348,8 +355,16 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
             return Err(fault(expected_seq, &id, "the activity is missing from the export".into()));
         };
         let field = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default();
-        if field("fingerprint") != link.fingerprint || field("type") != link.activity_type {
-            return Err(fault(expected_seq, &id, "the activity's fingerprint or type is not the one recorded".into()));
+        // The status too: an unsigned link's is covered by nothing else.
+        if field("fingerprint") != link.fingerprint
+            || field("type") != link.activity_type
+            || field("status") != link.status
+        {
+            return Err(fault(
+                expected_seq,
+                &id,
+                "the activity's fingerprint, type or status is not the one recorded".into(),
+            ));
         }
         if activity_digest(activity) != link.activity_digest {
             return Err(fault(expected_seq, &id, "the activity is not what was recorded (its digest differs)".into()));

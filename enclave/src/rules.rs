@@ -688,19 +688,43 @@ mod tests {
     fn staged_changes_commit_in_groups_and_a_moved_state_fails_the_group() {
         let r = Arc::new(rules());
         bootstrap(&r, "o");
+        let base = r.load("o").unwrap().unwrap().state.version;
+        // 8 threads, 10 rounds. In each round every thread stages its change, and only when all 8
+        // are staged (the barrier) does each wait for its commit: the first to stage leads, and
+        // its group takes every change staged. So each round is one group of 8, one version: no
+        // timing is assumed, and a change committed alone would give a round more versions.
+        let staged_all = Arc::new(std::sync::Barrier::new(8));
         let threads: Vec<_> = (0..8)
             .map(|t| {
-                let r = r.clone();
+                let (r, staged_all) = (r.clone(), staged_all.clone());
                 std::thread::spawn(move || {
-                    (0..10).map(|n| stage_and_commit(&r, &[put_user("o", &format!("u{t}-{n}"))])[0].1).max()
+                    (0..10)
+                        .map(|n| {
+                            let pending = {
+                                let mut staged = r.changing().unwrap();
+                                r.stage(&mut staged, &[put_user("o", &format!("u{t}-{n}"))]).unwrap()
+                            };
+                            staged_all.wait();
+                            // Checked once all are joined: a thread that stopped here would
+                            // leave the others at the barrier.
+                            r.committed(pending).map_err(|e| e.to_string())
+                        })
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
-        let last: u64 = threads.into_iter().filter_map(|t| t.join().unwrap()).max().unwrap();
+        let rounds: Vec<_> = (base + 1..=base + 10).map(|v| Ok(vec![("o".to_string(), v)])).collect();
+        for (t, thread) in threads.into_iter().enumerate() {
+            assert_eq!(
+                thread.join().unwrap(),
+                rounds,
+                "thread {t}: round n of every thread commits as version {base} + n"
+            );
+        }
         let cached = r.load("o").unwrap().unwrap();
         assert_eq!(cached.state.users.len(), 81, "every staged user is committed");
-        assert_eq!(cached.state.version, last);
-        assert!(last <= 81, "one version per group at most: {last}");
+        // 80 changes, 10 versions: one per group of 8.
+        assert_eq!(cached.state.version, base + 10, "one version per group of 8 changes");
         // What the cache holds is what the store has (another enclave reads the same).
         let other = Rules::new(r.store().clone());
         assert_eq!(other.load("o").unwrap().unwrap().state, cached.state);

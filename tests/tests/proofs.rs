@@ -219,11 +219,9 @@ fn sql(stack: &Stack, statement: &str, params: &[&str]) -> u64 {
     .unwrap()
 }
 
-/// Exports the stack's log with `coffer-gateway export-log` and checks it with `verify-log`
-/// against the proof key discovery publishes: the verdict as the command printed it.
-async fn export_and_verify(stack: &Stack, round: &str) -> Value {
-    let dir = std::env::temp_dir().join(format!("coffer-log-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Exports the stack's log with `coffer-gateway export-log` into `dir` and returns the file and
+/// the proof key discovery publishes (hex).
+async fn export_log(stack: &Stack, dir: &std::path::Path, round: &str) -> (std::path::PathBuf, String) {
     let key_file = dir.join("api.key");
     std::fs::write(&key_file, format!("{}\n", stack.api_private_key)).unwrap();
     let out = dir.join(format!("log-{round}.json"));
@@ -241,14 +239,29 @@ async fn export_and_verify(stack: &Stack, round: &str) -> Value {
     assert!(exported["links"].as_u64().is_some(), "{exported}");
     let discovery: Value =
         reqwest::get(format!("{}/public/v1/discovery/keys", stack.base_url)).await.unwrap().json().await.unwrap();
-    let key = discovery["proofPublicKey"].as_str().unwrap().to_string();
+    (out, discovery["proofPublicKey"].as_str().unwrap().to_string())
+}
+
+/// `coffer-gateway verify-log` on the file `log` with the proof key `key`: its exit status and
+/// the verdict it printed.
+fn verify_log_cli(log: &std::path::Path, key: &str) -> (Option<i32>, Value) {
     let output = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
-        .args(["verify-log", "--log", out.to_str().unwrap(), "--proof-key", &key])
+        .args(["verify-log", "--log", log.to_str().unwrap(), "--proof-key", key])
         .output()
         .unwrap();
     let verdict: Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|_| panic!("verify-log printed no JSON: {}", String::from_utf8_lossy(&output.stderr)));
     assert_eq!(output.status.success(), verdict["verified"] == true, "{verdict}");
+    (output.status.code(), verdict)
+}
+
+/// Exports the stack's log with `coffer-gateway export-log` and checks it with `verify-log`
+/// against the proof key discovery publishes: the verdict as the command printed it.
+async fn export_and_verify(stack: &Stack, round: &str) -> Value {
+    let dir = std::env::temp_dir().join(format!("coffer-log-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out, key) = export_log(stack, &dir, round).await;
+    let (_, verdict) = verify_log_cli(&out, &key);
     let _ = std::fs::remove_dir_all(&dir);
     verdict
 }
@@ -457,4 +470,547 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
+}
+
+/// An exported activity log checked without `coffer_auth` (whose `verify_log` is the code under
+/// test): the hash chain recomputed here, signatures checked with the `p256` crate (the verifier
+/// uses `ring`), and every field of every link compared with what it must say.
+///
+/// The format, as the enclave writes it (`coffer_auth::proof`; README "The activity log"): a
+/// proof is `{scheme, publicKey, proofPayload, signature}`, `publicKey` the proof key's point
+/// twice, `signature` r ‖ s over SHA-256 of the payload, or empty for a link inside a group (the
+/// chain carries it to the group's signed last link or to the signed head). A link's payload is
+/// `{"type": "COFFER_PROOF_TYPE_ACTIVITY_LOG_LINK", "timestampMs", "activityLogLink": {
+/// organizationId, seq, activityId, fingerprint, activityType, status, activityDigest, previous,
+/// head}}`; the head's is `{"type": "COFFER_PROOF_TYPE_ACTIVITY_LOG_HEAD", "timestampMs",
+/// "activityLogHead": {organizationId, seq, head}}`. With hashes as lowercase hex:
+/// genesis = SHA-256("coffer-activity-log-v1" 0 ‖ organizationId), and link n's head =
+/// SHA-256("coffer-activity-log-link-v1" 0 ‖ previous ‖ 0 ‖ n as 8 bytes big-endian ‖
+/// activityId ‖ 0 ‖ activityDigest), where activityDigest = SHA-256 of the activity's canonical
+/// JSON (members sorted, no whitespace) without its top-level `canApprove` and `canReject`.
+mod chain {
+    use serde_json::Value;
+    use sha2::{Digest, Sha256};
+
+    pub const SCHEME: &str = "SIGNATURE_SCHEME_EPHEMERAL_KEY_P256";
+    pub const LINK: &str = "COFFER_PROOF_TYPE_ACTIVITY_LOG_LINK";
+    pub const HEAD: &str = "COFFER_PROOF_TYPE_ACTIVITY_LOG_HEAD";
+    const LINK_FIELDS: [&str; 9] = [
+        "organizationId",
+        "seq",
+        "activityId",
+        "fingerprint",
+        "activityType",
+        "status",
+        "activityDigest",
+        "previous",
+        "head",
+    ];
+
+    /// A log that checks out: its links, how many of them carry their own signature, its head.
+    #[derive(Debug, PartialEq)]
+    pub struct Checked {
+        pub links: u64,
+        pub signed: u64,
+        pub head: String,
+    }
+
+    /// Where a log fails: the position (0: the signed head) and what is wrong there.
+    pub type Fault = (u64, &'static str);
+
+    fn sha256_hex(parts: &[&[u8]]) -> String {
+        let mut h = Sha256::new();
+        for p in parts {
+            h.update(p);
+        }
+        hex::encode(h.finalize())
+    }
+
+    pub fn genesis(organization_id: &str) -> String {
+        sha256_hex(&[b"coffer-activity-log-v1\0", organization_id.as_bytes()])
+    }
+
+    pub fn link_head(previous: &str, n: u64, activity_id: &str, digest: &str) -> String {
+        sha256_hex(&[
+            b"coffer-activity-log-link-v1\0",
+            previous.as_bytes(),
+            b"\0",
+            &n.to_be_bytes(),
+            activity_id.as_bytes(),
+            b"\0",
+            digest.as_bytes(),
+        ])
+    }
+
+    fn canonical(v: &Value, top: bool, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> =
+                    m.keys().filter(|k| !(top && (*k == "canApprove" || *k == "canReject"))).collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    canonical(&m[k], false, out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(x, false, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+
+    pub fn activity_digest(activity: &Value) -> String {
+        let mut text = String::new();
+        canonical(activity, true, &mut text);
+        sha256_hex(&[text.as_bytes()])
+    }
+
+    /// One proof: exactly its four string members, the scheme, the proof key twice, and its
+    /// signature (checked with `p256`) unless it has none. Returns the payload's statement (the
+    /// member `member` of a payload of type `kind`) and whether the proof is signed.
+    fn statement(proof: &Value, key: &[u8; 65], kind: &str, member: &str) -> Result<(Value, bool), &'static str> {
+        use p256::ecdsa::signature::Verifier;
+        let fields = proof.as_object().ok_or("proof")?;
+        if fields.len() != 4 || fields.values().any(|v| !v.is_string()) {
+            return Err("proof");
+        }
+        let text = |k: &str| proof[k].as_str().ok_or("proof");
+        if text("scheme")? != SCHEME {
+            return Err("scheme");
+        }
+        let point = hex::encode(key);
+        if text("publicKey")? != format!("{point}{point}") {
+            return Err("publicKey");
+        }
+        let payload = text("proofPayload")?;
+        let signed = !text("signature")?.is_empty();
+        if signed {
+            let signature = hex::decode(text("signature")?).map_err(|_| "signature")?;
+            let signature = p256::ecdsa::Signature::from_slice(&signature).map_err(|_| "signature")?;
+            let verifying = p256::ecdsa::VerifyingKey::from_sec1_bytes(key).map_err(|_| "publicKey")?;
+            verifying.verify(payload.as_bytes(), &signature).map_err(|_| "signature")?;
+        }
+        let payload: Value = serde_json::from_str(payload).map_err(|_| "proofPayload")?;
+        let members = payload.as_object().ok_or("proofPayload")?;
+        if members.len() != 3 || !members.contains_key(member) {
+            return Err("proofPayload");
+        }
+        if payload["type"] != kind {
+            return Err("type");
+        }
+        let ms = payload["timestampMs"].as_str().ok_or("timestampMs")?;
+        if ms.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
+            return Err("timestampMs");
+        }
+        Ok((payload[member].clone(), signed))
+    }
+
+    /// Checks an exported log (`{organizationId, head, links, activities}`) against the proof key.
+    pub fn check(log: &Value, key: &[u8; 65]) -> Result<Checked, Fault> {
+        let org = log["organizationId"].as_str().ok_or((0, "organizationId"))?;
+        let (head, signed) = statement(&log["head"], key, HEAD, "activityLogHead").map_err(|what| (0, what))?;
+        if !signed {
+            return Err((0, "signature"));
+        }
+        if head["organizationId"] != org {
+            return Err((0, "organizationId"));
+        }
+        let head_seq: u64 = head["seq"].as_str().and_then(|s| s.parse().ok()).ok_or((0, "seq"))?;
+        let activities: std::collections::HashMap<&str, &Value> = log["activities"]
+            .as_array()
+            .ok_or((0, "activities"))?
+            .iter()
+            .filter_map(|a| Some((a["id"].as_str()?, a)))
+            .collect();
+        let links = log["links"].as_array().ok_or((0, "links"))?;
+        let (mut previous, mut signed_links) = (genesis(org), 0);
+        for (i, proof) in links.iter().enumerate() {
+            let n = i as u64 + 1;
+            if n > head_seq {
+                return Err((n, "beyond the signed head"));
+            }
+            let (link, signed) = statement(proof, key, LINK, "activityLogLink").map_err(|what| (n, what))?;
+            let body = link.as_object().ok_or((n, "activityLogLink"))?;
+            if body.len() != LINK_FIELDS.len()
+                || LINK_FIELDS.iter().any(|f| !body.get(*f).is_some_and(Value::is_string))
+            {
+                return Err((n, "activityLogLink"));
+            }
+            let field = |f: &str| body[f].as_str().unwrap_or_default();
+            if field("organizationId") != org {
+                return Err((n, "organizationId"));
+            }
+            if field("seq") != n.to_string() {
+                return Err((n, "seq"));
+            }
+            if field("previous") != previous {
+                return Err((n, "previous"));
+            }
+            let activity = activities.get(field("activityId")).ok_or((n, "activityId"))?;
+            for (ours, theirs) in [("fingerprint", "fingerprint"), ("activityType", "type"), ("status", "status")] {
+                if activity[theirs].as_str() != Some(field(ours)) {
+                    return Err((n, ours));
+                }
+            }
+            if activity_digest(activity) != field("activityDigest") {
+                return Err((n, "activityDigest"));
+            }
+            let head = link_head(&previous, n, field("activityId"), field("activityDigest"));
+            if field("head") != head {
+                return Err((n, "head"));
+            }
+            previous = head;
+            signed_links += u64::from(signed);
+        }
+        let count = links.len() as u64;
+        if count < head_seq {
+            return Err((count + 1, "the log ends before the signed head"));
+        }
+        if head["head"].as_str() != Some(previous.as_str()) {
+            return Err((0, "head"));
+        }
+        Ok(Checked { links: count, signed: signed_links, head: previous })
+    }
+
+    /// `payload` with the string value of its member `key` (which it has once) replaced by
+    /// `value`: every other byte stays as the enclave wrote it.
+    pub fn set(payload: &str, key: &str, value: &str) -> String {
+        let pattern = format!("\"{key}\":\"");
+        assert_eq!(payload.matches(&pattern).count(), 1, "{key} in {payload}");
+        let start = payload.find(&pattern).unwrap() + pattern.len();
+        let end = start + payload[start..].find('"').unwrap();
+        assert_ne!(&payload[start..end], value, "{key} already is {value}");
+        format!("{}{value}{}", &payload[..start], &payload[end..])
+    }
+}
+
+/// The genuine export checks out in an implementation of the chain written here (the number of
+/// links, their order, the head the enclave signed); then every field of a link is changed, one at
+/// a time (with the link's signature kept, and with it removed, as a link inside a group has
+/// none), links are dropped, swapped and inserted, and both `verify-log` and the implementation
+/// here must refuse each, naming the link and what is wrong with it. Only a link's timestamp,
+/// when the link has no signature of its own, is not covered (the chain does not hash it).
+#[tokio::test]
+async fn every_changed_field_or_moved_link_of_an_exported_log_fails_both_verifiers() {
+    use p256::ecdsa::signature::Signer;
+    let stack = Stack::start_on("sqlite", &[]).await;
+    let org = stack.organization_id.clone();
+    let client = stack.client();
+    let wallet = client
+        .create_wallet(
+            org.clone(),
+            client.current_timestamp(),
+            CreateWalletIntent {
+                wallet_name: "logged".into(),
+                accounts: vec![eth_account("m/44'/60'/0'/0/0")],
+                mnemonic_length: None,
+            },
+        )
+        .await
+        .unwrap();
+    let address = wallet.result.addresses[0].clone();
+    let mut ids = vec![wallet.activity_id.clone()];
+    for i in 0..4 {
+        let signed = client
+            .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&address, &format!("m{i}")))
+            .await
+            .unwrap();
+        ids.push(signed.activity_id);
+    }
+    let tag = client
+        .create_user_tag(
+            org.clone(),
+            client.current_timestamp(),
+            CreateUserTagIntent { user_tag_name: "t".into(), user_ids: vec![] },
+        )
+        .await
+        .unwrap();
+    ids.push(tag.activity_id);
+
+    let dir = std::env::temp_dir().join(format!("coffer-log-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, key_hex) = export_log(&stack, &dir, "genuine").await;
+    let key: [u8; 65] = hex::decode(&key_hex).unwrap().try_into().unwrap();
+    let genuine: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+
+    // The genuine export: 6 links, in the order the activities ran, each a group of one (they ran
+    // one after another), so each signed; their chain ends at the head the enclave signed.
+    let checked = chain::check(&genuine, &key).unwrap_or_else(|f| panic!("the genuine export fails at {f:?}"));
+    let signed_head: Value =
+        serde_json::from_str(genuine["head"]["proofPayload"].as_str().unwrap()).expect("the head's payload");
+    assert_eq!(signed_head["activityLogHead"]["seq"], "6");
+    assert_eq!(
+        checked,
+        chain::Checked {
+            links: 6,
+            signed: 6,
+            head: signed_head["activityLogHead"]["head"].as_str().unwrap().to_string()
+        }
+    );
+    let link = |log: &Value, i: usize| -> Value {
+        serde_json::from_str::<Value>(log["links"][i]["proofPayload"].as_str().unwrap()).unwrap()["activityLogLink"]
+            .clone()
+    };
+    let named: Vec<String> = (0..6).map(|i| link(&genuine, i)["activityId"].as_str().unwrap().to_string()).collect();
+    assert_eq!(named, ids);
+    assert_eq!(link(&genuine, 0)["previous"], chain::genesis(&org).as_str());
+    assert_eq!(verify_log_cli(&file, &key_hex), (Some(0), json!({ "verified": true, "links": 6, "unlogged": [] })));
+
+    let round = std::cell::Cell::new(0);
+    let write = |log: &Value| {
+        round.set(round.get() + 1);
+        let path = dir.join(format!("changed-{}.json", round.get()));
+        std::fs::write(&path, serde_json::to_vec(log).unwrap()).unwrap();
+        path
+    };
+    // Both verifiers accept `log`, with the genuine log's links and head.
+    let accepted = |what: &str, log: &Value| {
+        assert_eq!(chain::check(log, &key).map(|c| (c.links, c.head)), Ok((6, checked.head.clone())), "{what}");
+        let (status, verdict) = verify_log_cli(&write(log), &key_hex);
+        assert_eq!((status, &verdict), (Some(0), &json!({ "verified": true, "links": 6, "unlogged": [] })), "{what}");
+    };
+    // Both refuse `log`: verify-log exits 1 naming link `seq` (and `activity`, when given) with a
+    // reason holding `reason`; the check here names position `at` and the field `field`.
+    let refused = |what: &str, log: &Value, seq: u64, activity: Option<&str>, reason: &str, at: u64, field: &str| {
+        assert_eq!(chain::check(log, &key).map(|c| c.links), Err((at, field)), "{what}");
+        let (status, verdict) = verify_log_cli(&write(log), &key_hex);
+        assert_eq!(
+            (status, verdict["verified"].as_bool(), verdict["seq"].as_u64()),
+            (Some(1), Some(false), Some(seq)),
+            "{what}: {verdict}"
+        );
+        assert!(verdict["reason"].as_str().unwrap().contains(reason), "{what}: {verdict}");
+        if let Some(id) = activity {
+            assert_eq!(verdict["activityId"], id, "{what}: {verdict}");
+        }
+    };
+    let payload_of = |log: &Value, i: usize| log["links"][i]["proofPayload"].as_str().unwrap().to_string();
+    let with_link = |i: usize, change: &dyn Fn(&mut Value)| {
+        let mut log = genuine.clone();
+        change(&mut log["links"][i]);
+        log
+    };
+
+    // An attacker's key, and a link it signs.
+    let attacker = p256::ecdsa::SigningKey::from_slice(&[9; 32]).unwrap();
+    let attacker_point = hex::encode(attacker.verifying_key().to_encoded_point(false).as_bytes());
+    let sign_as_attacker = |proof: &mut Value, payload: String| {
+        let signature: p256::ecdsa::Signature = attacker.sign(payload.as_bytes());
+        proof["publicKey"] = json!(format!("{attacker_point}{attacker_point}"));
+        proof["signature"] = json!(hex::encode(signature.to_bytes()));
+        proof["proofPayload"] = json!(payload);
+    };
+
+    // Link 3 (index 2), and what each of its payload's fields is changed to.
+    let third = link(&genuine, 2);
+    let fourth = link(&genuine, 3);
+    let other_org = uuid::Uuid::new_v4().to_string();
+    let zeros = "0".repeat(64);
+    let changes: Vec<(&str, String)> = vec![
+        ("type", chain::HEAD.to_string()),
+        ("timestampMs", "1".to_string()),
+        ("organizationId", other_org.clone()),
+        ("seq", "4".to_string()),
+        ("activityId", ids[3].clone()),
+        ("fingerprint", format!("sha256:{zeros}")),
+        ("activityType", "ACTIVITY_TYPE_CREATE_WALLET".to_string()),
+        ("status", "ACTIVITY_STATUS_FAILED".to_string()),
+        ("activityDigest", fourth["activityDigest"].as_str().unwrap().to_string()),
+        ("previous", third["head"].as_str().unwrap().to_string()),
+        ("head", zeros.clone()),
+    ];
+    let bad_signature = "the signature does not verify over the payload";
+
+    // Signed link 3, its proof's own fields changed.
+    refused(
+        "scheme",
+        &with_link(2, &|p| p["scheme"] = json!("SIGNATURE_SCHEME_TK_API_P256")),
+        3,
+        Some(""),
+        "unsupported signature scheme",
+        3,
+        "scheme",
+    );
+    refused(
+        "publicKey",
+        &with_link(2, &|p| p["publicKey"] = json!(format!("{attacker_point}{attacker_point}"))),
+        3,
+        Some(""),
+        "signed by another key",
+        3,
+        "publicKey",
+    );
+    let flipped = |p: &mut Value| {
+        let mut s = p["signature"].as_str().unwrap().to_string();
+        let last = s.pop().unwrap();
+        s.push(if last == '0' { '1' } else { '0' });
+        p["signature"] = json!(s);
+    };
+    refused("signature", &with_link(2, &flipped), 3, Some(""), bad_signature, 3, "signature");
+    // Each field of its payload, the signature kept; and signed again by the attacker.
+    for (field, value) in &changes {
+        let changed = chain::set(&payload_of(&genuine, 2), field, value);
+        let log = with_link(2, &|p| p["proofPayload"] = json!(changed.clone()));
+        refused(&format!("signed {field}"), &log, 3, Some(""), bad_signature, 3, "signature");
+        let log = with_link(2, &|p| sign_as_attacker(p, changed.clone()));
+        refused(&format!("re-signed {field}"), &log, 3, Some(""), "signed by another key", 3, "publicKey");
+    }
+
+    // Link 3 without its signature is a link inside a group: accepted, the chain covers it.
+    let unsigned = |p: &mut Value| p["signature"] = json!("");
+    accepted("link 3 unsigned", &with_link(2, &unsigned));
+    let mut all_unsigned = genuine.clone();
+    for p in all_unsigned["links"].as_array_mut().unwrap() {
+        p["signature"] = json!("");
+    }
+    accepted("every link unsigned (the signed head covers them)", &all_unsigned);
+    // Unsigned, each of its fields changed: the chain, the activity or the proof key refuses it.
+    let unsigned_with = |change: &dyn Fn(&mut Value)| {
+        with_link(2, &|p| {
+            unsigned(p);
+            change(p)
+        })
+    };
+    let id3 = Some(ids[2].as_str());
+    refused(
+        "unsigned scheme",
+        &unsigned_with(&|p| p["scheme"] = json!("SIGNATURE_SCHEME_TK_API_P256")),
+        3,
+        None,
+        "unsupported signature scheme",
+        3,
+        "scheme",
+    );
+    refused(
+        "unsigned publicKey",
+        &unsigned_with(&|p| p["publicKey"] = json!(format!("{attacker_point}{attacker_point}"))),
+        3,
+        None,
+        "another key",
+        3,
+        "publicKey",
+    );
+    let recorded = "is not the one recorded";
+    let expected: Vec<(&str, Option<&str>, &str, &str)> = vec![
+        ("type", None, "not an activity log link", "type"),
+        ("organizationId", id3, "another organization's", "organizationId"),
+        ("seq", id3, "link 3 is missing or moved", "seq"),
+        ("activityId", Some(ids[3].as_str()), recorded, "fingerprint"),
+        ("fingerprint", id3, recorded, "fingerprint"),
+        ("activityType", id3, recorded, "activityType"),
+        ("status", id3, recorded, "status"),
+        ("activityDigest", id3, "its digest differs", "activityDigest"),
+        ("previous", id3, "does not follow the link before it", "previous"),
+        ("head", id3, "the link's head is not the hash of its contents", "head"),
+    ];
+    for (field, value) in &changes {
+        let changed = chain::set(&payload_of(&genuine, 2), field, value);
+        let log = unsigned_with(&|p| p["proofPayload"] = json!(changed.clone()));
+        if *field == "timestampMs" {
+            // Not hashed into the chain: without the link's own signature, nothing covers it.
+            accepted("unsigned timestampMs", &log);
+            continue;
+        }
+        let (_, activity, reason, named) = expected.iter().find(|(f, ..)| f == field).unwrap();
+        refused(&format!("unsigned {field}"), &log, 3, *activity, reason, 3, named);
+    }
+    assert_eq!(expected.len() + 1, changes.len(), "every field changed is checked");
+
+    // Links dropped, swapped, copied and forged.
+    let links_changed = |change: &dyn Fn(&mut Vec<Value>)| {
+        let mut log = genuine.clone();
+        change(log["links"].as_array_mut().unwrap());
+        log
+    };
+    refused(
+        "link 3 dropped",
+        &links_changed(&|l| drop(l.remove(2))),
+        3,
+        Some(ids[3].as_str()),
+        "link 3 is missing or moved",
+        3,
+        "seq",
+    );
+    refused(
+        "links 2 and 4 swapped",
+        &links_changed(&|l| l.swap(1, 3)),
+        2,
+        Some(ids[3].as_str()),
+        "missing or moved",
+        2,
+        "seq",
+    );
+    refused(
+        "link 3 copied after itself",
+        &links_changed(&|l| l.insert(3, l[2].clone())),
+        4,
+        Some(ids[2].as_str()),
+        "out of place (it says 3)",
+        4,
+        "seq",
+    );
+    refused(
+        "the last link dropped",
+        &links_changed(&|l| drop(l.pop())),
+        6,
+        Some(""),
+        "the log ends at 5",
+        6,
+        "the log ends before the signed head",
+    );
+    // A forged seventh link, chained on the sixth, recording the first activity again: without a
+    // signature, and signed by the attacker.
+    let first = link(&genuine, 0);
+    let forged = {
+        let digest = first["activityDigest"].as_str().unwrap();
+        let head = chain::link_head(&checked.head, 7, &ids[0], digest);
+        let mut body = first.clone();
+        body["seq"] = json!("7");
+        body["previous"] = json!(checked.head);
+        body["head"] = json!(head);
+        let payload = json!({"type": chain::LINK, "timestampMs": Stack::now_ms().to_string(), "activityLogLink": body});
+        let mut p = genuine["links"][0].clone();
+        p["proofPayload"] = json!(payload.to_string());
+        p["signature"] = json!("");
+        p
+    };
+    refused(
+        "a forged unsigned link appended",
+        &links_changed(&|l| l.push(forged.clone())),
+        6,
+        Some(ids[0].as_str()),
+        "do not end at the enclave's signed head",
+        7,
+        "beyond the signed head",
+    );
+    let mut signed_forgery = forged.clone();
+    sign_as_attacker(&mut signed_forgery, forged["proofPayload"].as_str().unwrap().to_string());
+    refused(
+        "a forged signed link appended",
+        &links_changed(&|l| l.push(signed_forgery.clone())),
+        7,
+        Some(""),
+        "signed by another key",
+        7,
+        "beyond the signed head",
+    );
+    // The signed head itself, changed.
+    let mut log = genuine.clone();
+    flipped(&mut log["head"]);
+    refused("the head's signature", &log, 0, Some(""), "the signed head", 0, "signature");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -229,26 +229,68 @@ fn records_unique_names_replace_and_delete(backend: Backend) {
     assert!(matches!(s.record("o1", "policy", "p1"), Err(StoreError::NotFound)));
 }
 
+/// Group commit, forced rather than hoped for. The committer answers a group's commits (on its own
+/// thread) only after the group's one transaction has committed, so a commit's callback that
+/// blocks holds the committer. A first commit's callback is held while 64 threads, released
+/// together by a barrier, queue their commits (`commit_then` returns once queued) and meet at a
+/// second barrier; then it is let go, and the committer takes all 64 waiting into one group. Each
+/// of the 64 callbacks counts the activities the store holds: 58 (the first, and the 57 of the
+/// group that commit) in every one of them, which holds only if all were committed together
+/// before any was answered. Committed one by one, the first answered would see 2. Every 8th
+/// reuses a wallet name: those 7 fail alone, inside the group, and the others still land.
 fn concurrent_commits_share_batches_and_fail_alone(backend: Backend) {
+    use std::sync::{mpsc, Barrier};
     let (_db, s) = store(backend);
-    // 64 threads commit at once; every 8th reuses a wallet name, so exactly those fail.
-    let handles: Vec<_> = (0..64)
+    let filter = ActivityFilter { limit: 100, ..Default::default() };
+    let (entered_tx, entered) = mpsc::channel();
+    let (release_tx, release) = mpsc::channel::<()>();
+    s.commit_then(
+        activity("sha256:first"),
+        Vec::new(),
+        Box::new(move |r| {
+            entered_tx.send(matches!(r, Ok(Committed::New(_)))).unwrap();
+            release.recv().unwrap();
+        }),
+    );
+    assert!(entered.recv().unwrap(), "the first commit lands, and its callback now holds the committer");
+    let (start, queued) = (Arc::new(Barrier::new(64)), Arc::new(Barrier::new(65)));
+    let (done_tx, done) = mpsc::channel();
+    let threads: Vec<_> = (0..64)
         .map(|i| {
-            let s = s.clone();
+            let (s, start, queued, done_tx, filter) =
+                (s.clone(), start.clone(), queued.clone(), done_tx.clone(), filter.clone());
             std::thread::spawn(move || {
+                start.wait();
                 let name = if i % 8 == 0 { "dup".to_string() } else { format!("w{i}") };
-                s.commit(&activity(&format!("sha256:{i}")), &[Write::InsertWallet(wallet(&format!("id{i}"), &name))])
+                let reader = s.clone();
+                s.commit_then(
+                    activity(&format!("sha256:{i}")),
+                    vec![Write::InsertWallet(wallet(&format!("id{i}"), &name))],
+                    Box::new(move |r| {
+                        let seen = reader.activities("o1", &filter).map(|a| a.len());
+                        drop(reader);
+                        done_tx.send((i, r, seen)).unwrap();
+                    }),
+                );
+                queued.wait();
             })
         })
         .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let ok = results.iter().filter(|r| matches!(r, Ok(Committed::New(_)))).count();
-    let unique = results.iter().filter(|r| matches!(r, Err(StoreError::Unique(_)))).count();
+    drop(done_tx);
+    queued.wait();
+    release_tx.send(()).unwrap();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let results: Vec<_> = done.iter().collect();
+    assert_eq!(results.len(), 64);
+    let ok = results.iter().filter(|(_, r, _)| matches!(r, Ok(Committed::New(_)))).count();
+    let unique = results.iter().filter(|(_, r, _)| matches!(r, Err(StoreError::Unique(_)))).count();
     // One "dup" wins, seven lose; every other commit lands.
     assert_eq!((ok, unique), (57, 7));
+    for (i, _, seen) in &results {
+        assert_eq!(seen.as_ref().ok(), Some(&58), "commit {i} was answered before its group had all committed");
+    }
     assert_eq!(s.wallets("o1").unwrap().len(), 57);
-    let filter = ActivityFilter { limit: 100, ..Default::default() };
-    assert_eq!(s.activities("o1", &filter).unwrap().len(), 57);
+    assert_eq!(s.activities("o1", &filter).unwrap().len(), 58);
 }
 
 fn activity_pages_are_keyset_pages_in_sql(backend: Backend) {
