@@ -487,14 +487,21 @@ pub fn policy_big_context() -> &'static BTreeMap<String, Val> {
 
 /// The evaluator's cost: policy text, then optionally a NUL byte and a JSON object for the
 /// context's roots (`time.now` added when missing). Each clause kind that parses is evaluated
-/// against that context (or [`policy_context`]) and [`policy_big_context`]; every evaluation
-/// must end within 4× the wall-clock backstop ([`coffer_policy::EVAL_DEADLINE`]), and one that
-/// succeeds within the step budget.
+/// against that context (or [`policy_context`]) and [`policy_big_context`] under the step budget
+/// ([`coffer_policy::MAX_EVAL_STEPS`]) with the wall-clock backstop out of reach, so the outcome
+/// depends on the input alone (whatever the machine, debug or release): an evaluation ends in
+/// its own budget's terms, Ok or failed within it, or out of steps past it; and the budget binds
+/// exactly, every step counted: given just the steps it took, it ends the same way with the same
+/// count, and given one fewer, a success runs out of steps (and a failure stays one). (How long a clause near the budget takes, in
+/// time, is the bench's: `make bench`, section "policy cost".)
 pub fn policy_cost(data: &[u8]) -> Outcome {
-    use coffer_policy::eval::{eval_bool_in, Env};
-    use coffer_policy::{parse_condition, parse_consensus, parse_time, EVAL_DEADLINE, MAX_EVAL_STEPS};
-    use std::time::Instant;
+    use coffer_policy::eval::{eval_bool_in, Env, EvalErrorKind};
+    use coffer_policy::{parse_condition, parse_consensus, parse_time, EvalLimits, MAX_EVAL_STEPS};
 
+    // A deadline no evaluation reaches: steps alone end one. (A hang would be the fuzzer's
+    // timeout.)
+    const NO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+    let limits = |max_steps: u32| EvalLimits { max_steps, deadline: NO_DEADLINE };
     let (text, ctx) = match data.iter().position(|b| *b == 0) {
         Some(i) => (&data[..i], Some(&data[i + 1..])),
         None => (data, None),
@@ -513,22 +520,37 @@ pub fn policy_cost(data: &[u8]) -> Outcome {
         let Ok(e) = parse(src) else { continue };
         outcome = outcome.max(Outcome::Parsed);
         for roots in contexts {
-            let started = Instant::now();
-            let mut env = Env::new(roots);
+            let mut env = Env::with_limits(roots, limits(MAX_EVAL_STEPS));
             let result = eval_bool_in(&e, &mut env);
-            let took = started.elapsed();
-            assert!(took < 4 * EVAL_DEADLINE, "evaluation took {took:?} ({} steps): {result:?}", env.steps());
-            match result {
-                Ok(_) => {
-                    assert!(
-                        env.steps() <= u64::from(MAX_EVAL_STEPS),
-                        "succeeded past the budget: {} steps",
-                        env.steps()
-                    );
-                    outcome = Outcome::Accepted;
+            let steps = env.steps();
+            match &result {
+                Err(err) if err.is_cost() => {
+                    assert_eq!(err.kind, EvalErrorKind::OutOfSteps, "only steps end it: {err:?}");
+                    assert!(steps > u64::from(MAX_EVAL_STEPS), "out of steps at {steps}: {err:?}");
+                    continue;
                 }
-                Err(err) if err.is_cost() => {}
+                Ok(_) => outcome = Outcome::Accepted,
                 Err(_) => {}
+            }
+            assert!(steps <= u64::from(MAX_EVAL_STEPS), "ended past the budget: {steps} steps: {result:?}");
+            // The budget binds exactly: the steps it took suffice, and one fewer does not.
+            let exact = u32::try_from(steps).expect("within the budget");
+            let mut again = Env::with_limits(roots, limits(exact));
+            assert_eq!(eval_bool_in(&e, &mut again), result, "with exactly its {steps} steps");
+            assert_eq!(again.steps(), steps, "the same steps again");
+            if let Some(fewer) = exact.checked_sub(1) {
+                let mut short = Env::with_limits(roots, limits(fewer));
+                let r = eval_bool_in(&e, &mut short);
+                // A success runs out of steps. A failure stays one: the operands of a comparison,
+                // an index or a slice are all evaluated and the first one's failure is reported,
+                // even when a later one ran out of steps.
+                match &result {
+                    Ok(_) => assert!(
+                        matches!(&r, Err(err) if err.kind == EvalErrorKind::OutOfSteps),
+                        "with {fewer} steps of its {steps}: {r:?}"
+                    ),
+                    Err(_) => assert!(r.is_err(), "with {fewer} steps of its {steps}: {r:?}"),
+                }
             }
         }
     }

@@ -17,6 +17,32 @@ fn assert_unavailable(r: &RawResponse) {
     refused_raw(r, 503, "RPC_CALL_ERROR", "enclave unavailable");
 }
 
+/// A count the test's clients raise and the test waits on: phases end on what happened (so many
+/// requests signed), not after a guessed while.
+#[derive(Clone)]
+struct Count(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Count {
+    fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+
+    fn add(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+
+    fn get(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Waits until the count reaches `n`; fails the test, saying `what`, after 30 s.
+    async fn reach(&self, n: usize, what: &str) {
+        let mut changes = self.0.subscribe();
+        let reached = tokio::time::timeout(Duration::from_secs(30), changes.wait_for(|c| *c >= n)).await;
+        assert!(matches!(reached, Ok(Ok(_))), "{what}: {} of {n} after 30 s", self.get());
+    }
+}
+
 /// The ids of `activities` (as [`Stack::activities`] lists them).
 fn ids(activities: &[Value]) -> std::collections::BTreeSet<String> {
     activities.iter().map(|a| a["id"].as_str().unwrap().to_string()).collect()
@@ -208,7 +234,7 @@ async fn concurrent_signing_during_enclave_kill() {
 
         // Twenty requests, one every 5 ms; the enclave is killed once a few have completed, so
         // some finish before the kill, some are in flight during it and the rest start after it.
-        let done = Arc::new(AtomicUsize::new(0));
+        let done = Count::new();
         let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
         let tasks: Vec<_> = (0..20)
             .map(|i| {
@@ -222,14 +248,12 @@ async fn concurrent_signing_during_enclave_kill() {
                     let path = "/public/v1/submit/sign_raw_payload";
                     let r = post(&base, path, sign_body(&org, &address, &message), &key).await;
                     let finished = Instant::now();
-                    done.fetch_add(1, Ordering::SeqCst);
+                    done.add();
                     (message, r, started, finished)
                 })
             })
             .collect();
-        while done.load(Ordering::SeqCst) < 3 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        done.reach(3, "requests answered before the kill").await;
         let kill_started = Instant::now();
         stack.kill_enclave();
         let kill_done = Instant::now();
@@ -307,30 +331,49 @@ async fn overload_is_shed_at_once_and_slow_bodies_time_out() {
     let query = json!({"organizationId": org}).to_string();
     let addr = stack.base_url.trim_start_matches("http://").to_string();
 
-    // A client that sends its headers and one byte of a 100-byte body, then stalls.
+    // A client that sends its headers and one byte of a 100-byte body, then stalls. (`started`
+    // precedes the connection, so the gateway's body timer cannot start before it.)
+    let started = Instant::now();
     let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let head = format!(
         "POST /public/v1/query/list_wallets HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
     );
     slow.write_all(head.as_bytes()).await.unwrap();
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let shed_at = Instant::now();
-    let stamp = key.stamp(query.as_bytes()).unwrap();
-    let r = reqwest::Client::new()
-        .post(format!("{}/public/v1/query/list_wallets", stack.base_url))
-        .header(stamp.name, stamp.value)
-        .body(query.clone())
-        .send()
-        .await
-        .unwrap();
-    assert!(shed_at.elapsed() < Duration::from_millis(1000), "shed at once, not queued behind the slow body");
-    assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-    let (status, content_type) =
-        (r.status().as_u16(), r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()));
-    let text = r.text().await.unwrap();
-    let shed = RawResponse { status, content_type, json: serde_json::from_str(&text).unwrap_or(Value::Null), text };
+    // Once the gateway holds the read slot for it, the next read is shed: reads are sent until
+    // one is (the event that the slot is held), each answered at once, served or shed, never
+    // queued behind the slow body (a queued one would be served once it times out, not shed).
+    let http = reqwest::Client::new();
+    let (shed, retry_after) = loop {
+        let stamp = key.stamp(query.as_bytes()).unwrap();
+        let r = http
+            .post(format!("{}/public/v1/query/list_wallets", stack.base_url))
+            .header(stamp.name, stamp.value)
+            .body(query.clone())
+            .send()
+            .await
+            .unwrap();
+        let (status, content_type, retry_after) = (
+            r.status().as_u16(),
+            r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()),
+            r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string()),
+        );
+        let text = r.text().await.unwrap();
+        let r = RawResponse { status, content_type, json: serde_json::from_str(&text).unwrap_or(Value::Null), text };
+        if r.status != 200 {
+            break (r, retry_after);
+        }
+        // Served: the slow request has not reached its slot yet (or has already timed out,
+        // which ends the test: its slot was never seen held).
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(slow.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the slow request was answered before any read was shed"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "no read was shed in 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(retry_after.as_deref(), Some("1"));
     refused_raw(&shed, 503, "RPC_CALL_ERROR", "overloaded: too many");
     assert!(shed.json["message"].as_str().unwrap().starts_with("overloaded"), "{}", shed.text);
 
@@ -359,7 +402,7 @@ async fn overload_is_shed_at_once_and_slow_bodies_time_out() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request body not received within 1500 ms"), "{answer}");
-    assert!(started.elapsed() >= Duration::from_millis(1400), "not before the timeout");
+    assert!(started.elapsed() >= Duration::from_millis(1500), "not before the timeout");
     let ok = post(&stack.base_url, "/public/v1/query/list_wallets", query, &key).await;
     assert_eq!(ok.status, 200, "{}", ok.text);
 }
@@ -428,12 +471,13 @@ async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
             stack.activities(&key, &org).await.iter().map(|a| a["id"].as_str().unwrap().to_string()).collect();
 
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let acked_count = Arc::new(AtomicUsize::new(0));
+        // Activities acknowledged, and clients with two acknowledged (each is then in its loop).
+        let (acked_count, going) = (Count::new(), Count::new());
         let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
         let tasks: Vec<_> = (0..CLIENTS)
             .map(|c| {
                 let (base, org, address, sk, pk) = (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone());
-                let (stop, acked_count) = (stop.clone(), acked_count.clone());
+                let (stop, acked_count, going) = (stop.clone(), acked_count.clone(), going.clone());
                 tokio::spawn(async move {
                     let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
                     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
@@ -465,7 +509,10 @@ async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
                                 let a = &v["activity"];
                                 assert_eq!(a["status"], "ACTIVITY_STATUS_COMPLETED", "{text}");
                                 acked.push((a["id"].as_str().unwrap().to_string(), a["type"].clone()));
-                                acked_count.fetch_add(1, Ordering::SeqCst);
+                                acked_count.add();
+                                if acked.len() == 2 {
+                                    going.add();
+                                }
                             }
                             Ok((status, text)) => panic!("{path}: unexpected {status}: {text}"),
                             // Cut off by the kill: it may or may not have been recorded.
@@ -476,12 +523,10 @@ async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
                 })
             })
             .collect();
-        // Let the load run, then crash the gateway with requests in flight on every client.
-        let load_started = Instant::now();
-        while acked_count.load(Ordering::SeqCst) < 40 || load_started.elapsed() < Duration::from_millis(500) {
-            assert!(load_started.elapsed() < Duration::from_secs(20), "the load made no progress");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // Once every client has two activities acknowledged (each sends back to back, so each has
+        // one in flight) and forty are, crash the gateway.
+        going.reach(CLIENTS, "clients with two activities acknowledged").await;
+        acked_count.reach(40, "activities acknowledged").await;
         stop.store(true, Ordering::SeqCst);
         stack.kill_gateway();
         let mut acked = Vec::new();
@@ -617,11 +662,7 @@ async fn signing_burst_is_signed_or_shed_promptly() {
 async fn second_enclave(stack: &mut Stack) -> (std::path::PathBuf, std::process::Child) {
     let socket = stack.dir.join("enclave2.sock");
     let child = stack.spawn_enclave(&socket);
-    let t = Instant::now();
-    while !socket.exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "second enclave socket did not appear");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    coffer_tests::wait_accepting(&socket).await;
     stack.kill_gateway();
     let sockets = format!("{},{}", stack.enclave_socket().display(), socket.display());
     stack.set_env("COFFER_ENCLAVE_SOCKETS", &sockets);
@@ -645,13 +686,24 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
         let before = ids(&stack.activities(&key, &org).await);
         assert_eq!(before.len(), 1, "the wallet's activity: {before:?}");
 
-        // Eight clients sign back to back while the enclaves are killed and restarted in turn.
+        // Eight clients sign back to back while the enclaves are killed and restarted in turn. The
+        // phase says which enclaves are up, as the test sets it: 0 both, 1 only the second (the
+        // first killed), 2 both again (set before the first restarts), 3 only the first (set once
+        // the second is dead). A request sent and answered in one phase was signed in it; each
+        // phase ends once some were.
+        const BOTH: usize = 0;
+        const ONLY_SECOND: usize = 1;
+        const BOTH_AGAIN: usize = 2;
+        const ONLY_FIRST: usize = 3;
+        let phase = Arc::new(AtomicUsize::new(BOTH));
+        let signed_in: [Count; 4] = std::array::from_fn(|_| Count::new());
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (base, sk, pk) = (stack.base_url.clone(), stack.api_private_key.clone(), stack.api_public_key.clone());
         let clients: Vec<_> = (0..8)
             .map(|c| {
                 let (base, org, address, sk, pk, stop) =
                     (base.clone(), org.clone(), address.clone(), sk.clone(), pk.clone(), stop.clone());
+                let (phase, signed_in) = (phase.clone(), signed_in.clone());
                 tokio::spawn(async move {
                     let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
                     let mut results = Vec::new();
@@ -659,6 +711,7 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
                     while !stop.load(Ordering::SeqCst) {
                         let message = format!("failover-{c}-{n}");
                         n += 1;
+                        let sent_in = phase.load(Ordering::SeqCst);
                         let r = post(
                             &base,
                             "/public/v1/submit/sign_raw_payload",
@@ -666,24 +719,29 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
                             &key,
                         )
                         .await;
-                        results.push((message, r, Instant::now()));
+                        let answered_in = phase.load(Ordering::SeqCst);
+                        if r.status == 200 && sent_in == answered_in {
+                            signed_in[sent_in].add();
+                        }
+                        results.push((message, r, sent_in, answered_in));
                     }
                     results
                 })
             })
             .collect();
-        let phase = Duration::from_millis(700);
-        tokio::time::sleep(phase).await;
+        const SOME: usize = 8;
+        signed_in[BOTH].reach(SOME, "signed with both enclaves up").await;
         stack.kill_enclave();
-        let first_down = Instant::now();
-        tokio::time::sleep(phase).await;
+        phase.store(ONLY_SECOND, Ordering::SeqCst);
+        signed_in[ONLY_SECOND].reach(SOME, "signed with only the second enclave up").await;
+        phase.store(BOTH_AGAIN, Ordering::SeqCst);
         stack.start_enclave();
-        let first_back = Instant::now();
-        tokio::time::sleep(phase).await;
+        coffer_tests::wait_accepting(&stack.enclave_socket()).await;
+        signed_in[BOTH_AGAIN].reach(SOME, "signed with both enclaves up again").await;
         let _ = second.kill();
         let _ = second.wait();
-        let second_down = Instant::now();
-        tokio::time::sleep(phase).await;
+        phase.store(ONLY_FIRST, Ordering::SeqCst);
+        signed_in[ONLY_FIRST].reach(SOME, "signed with only the first enclave up").await;
         stop.store(true, Ordering::SeqCst);
 
         // Every request was signed (none failed), and some were answered while only the second
@@ -691,7 +749,7 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
         let (mut ok, mut by_second, mut by_first, mut unknown) = (0, 0, 0, 0);
         let mut expected = before.clone();
         for c in clients {
-            for (message, r, at) in c.await.unwrap() {
+            for (message, r, sent_in, answered_in) in c.await.unwrap() {
                 // A request in flight on an enclave when it was killed: the enclaves share one
                 // replay window, so the other refuses to run it again, and the client is told to
                 // send it anew (nothing was recorded).
@@ -702,8 +760,8 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
                 assert_signed_by(&r, &message, &address);
                 assert!(expected.insert(r.json["activity"]["id"].as_str().unwrap().to_string()), "{}", r.text);
                 ok += 1;
-                by_second += usize::from(at > first_down + Duration::from_millis(50) && at < first_back);
-                by_first += usize::from(at > second_down + Duration::from_millis(50));
+                by_second += usize::from(sent_in == ONLY_SECOND && answered_in == ONLY_SECOND);
+                by_first += usize::from(sent_in == ONLY_FIRST && answered_in == ONLY_FIRST);
             }
         }
         eprintln!(
@@ -711,7 +769,7 @@ async fn two_enclaves_one_killed_under_load_the_other_signs() {
              {unknown} in flight at a kill"
         );
         assert!(unknown <= 16, "at most the 8 clients' requests in flight at each of the two kills: {unknown}");
-        assert!(by_second > 0 && by_first > 0, "{by_second} / {by_first}");
+        assert!(by_second >= SOME && by_first >= SOME, "{by_second} / {by_first}");
         // Each signature recorded exactly once: every page, once settled, holds the wallet's
         // activity and one per signature, nothing else.
         assert_eq!(settled_count(&stack, &key, &org).await, before.len() + ok);
@@ -895,6 +953,16 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
         let (_, mut second_enclave) = second_enclave(&mut stack).await;
         let (second, second_gateway) = stack.spawn_gateway().await;
 
+        // The phase, as the test sets it: 0 all up, 1 the first enclave killed, 2 the first
+        // gateway killed too. Signatures sent and answered in one phase are counted in it, and a
+        // client's first in phase 2 (necessarily through the second gateway) once; each phase
+        // ends on those counts.
+        const ALL_UP: usize = 0;
+        const ENCLAVE_DOWN: usize = 1;
+        const GATEWAY_DOWN: usize = 2;
+        let phase = Arc::new(AtomicUsize::new(ALL_UP));
+        let signed_in: [Count; 3] = std::array::from_fn(|_| Count::new());
+        let moved = Count::new();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (sk, pk) = (stack.api_private_key.clone(), stack.api_public_key.clone());
         let gateways = [stack.base_url.clone(), second.clone()];
@@ -902,6 +970,7 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
             .map(|c| {
                 let (gateways, org, address, sk, pk, stop) =
                     (gateways.clone(), org.clone(), address.clone(), sk.clone(), pk.clone(), stop.clone());
+                let (phase, signed_in, moved) = (phase.clone(), signed_in.clone(), moved.clone());
                 tokio::spawn(async move {
                     let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
                     let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
@@ -912,6 +981,7 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
                         let message = format!("scale-{c}-{n}");
                         let body = sign_body(&org, &address, &message);
                         let stamp = key.stamp(body.as_bytes()).unwrap();
+                        let sent_in = phase.load(Ordering::SeqCst);
                         let sent = http
                             .post(format!("{}/public/v1/submit/sign_raw_payload", gateways[on]))
                             .header(stamp.name, stamp.value)
@@ -932,7 +1002,15 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
                                     continue;
                                 }
                                 assert_signed_by(&r, &message, &address);
-                                signed.push((r.json["activity"]["id"].as_str().unwrap().to_string(), on));
+                                let answered_in = phase.load(Ordering::SeqCst);
+                                if sent_in == answered_in {
+                                    signed_in[sent_in].add();
+                                    if sent_in == GATEWAY_DOWN && !signed.iter().any(|(_, _, p)| *p == GATEWAY_DOWN) {
+                                        moved.add();
+                                    }
+                                }
+                                let id = r.json["activity"]["id"].as_str().unwrap().to_string();
+                                signed.push((id, on, if sent_in == answered_in { sent_in } else { usize::MAX }));
                             }
                             // The gateway died: what was in flight may or may not be on record; the
                             // client goes to the other gateway, as behind a load balancer.
@@ -946,13 +1024,15 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
                 })
             })
             .collect();
-        let phase = Duration::from_millis(700);
-        tokio::time::sleep(phase).await;
+        const SOME: usize = 8;
+        signed_in[ALL_UP].reach(SOME, "signed with everything up").await;
         stack.kill_enclave();
-        tokio::time::sleep(phase).await;
+        phase.store(ENCLAVE_DOWN, Ordering::SeqCst);
+        signed_in[ENCLAVE_DOWN].reach(SOME, "signed after the first enclave's kill").await;
         stack.kill_gateway();
+        phase.store(GATEWAY_DOWN, Ordering::SeqCst);
         let gateway_down = Instant::now();
-        tokio::time::sleep(phase).await;
+        moved.reach(CLIENTS, "clients that signed after the first gateway's kill").await;
         stop.store(true, Ordering::SeqCst);
 
         let (mut signed, mut cut_off) = (Vec::new(), 0);
@@ -961,9 +1041,10 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
             signed.extend(s);
             cut_off += u;
         }
-        let on_second = signed.iter().filter(|(_, g)| *g == 1).count();
+        let on_second = signed.iter().filter(|(_, g, _)| *g == 1).count();
+        let after_the_kill = signed.iter().filter(|(_, _, p)| *p == GATEWAY_DOWN).count();
         eprintln!(
-            "two gateways, two enclaves on PostgreSQL: {} signed ({on_second} by the second gateway), {cut_off} cut off, {:?} after the kill",
+            "two gateways, two enclaves on PostgreSQL: {} signed ({on_second} by the second gateway, {after_the_kill} after the first's kill), {cut_off} cut off, {:?} after the kill",
             signed.len(),
             gateway_down.elapsed()
         );
@@ -971,9 +1052,15 @@ async fn on_postgres_an_enclave_and_a_gateway_die_under_load_and_nothing_acknowl
             cut_off <= 2 * CLIENTS,
             "only requests in flight at the enclave's or the gateway's kill fail: {cut_off}"
         );
-        assert!(on_second > signed.len() / 2, "the surviving gateway took the load: {on_second} of {}", signed.len());
+        // Every client, those of the dead gateway too, signed through the surviving one after the
+        // kill (the phase ended on it), and nothing was signed through the dead one after it.
+        assert_eq!(moved.get(), CLIENTS);
+        assert!(
+            signed.iter().all(|(_, g, p)| *p != GATEWAY_DOWN || *g == 1),
+            "signed through the dead gateway after its kill"
+        );
         // Everything acknowledged is on record, completed, as the other gateway reads it.
-        for (id, _) in &signed {
+        for (id, _, _) in &signed {
             let q = json!({"organizationId": org, "activityId": id}).to_string();
             let r = post(&second, "/public/v1/query/get_activity", q, &key).await;
             assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{id}: {}", r.text);
@@ -1008,7 +1095,7 @@ async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() 
         stack.set_env("COFFER_ENCLAVE_TLS_CLIENT_CA", &p("ca.pem"));
         let mut tcp_enclave = stack.spawn_enclave(&stack.dir.join("enclave-tcp.sock"));
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             assert!(t.elapsed() < Duration::from_secs(30), "the enclave's TCP listener did not open");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

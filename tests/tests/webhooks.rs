@@ -35,20 +35,13 @@ fn refused(r: &RawResponse, status: u16, needle: &str) {
     refused_raw(r, status, "REQUEST_INVALID", needle);
 }
 
-/// What the receiver saw, once it has seen at least `at_least` requests (waiting up to
-/// `within`) and then nothing new for 2 s: a late duplicate or a stray delivery would be in
-/// it. The caller asserts the exact contents.
-async fn settled_seen(
-    seen: &Seen,
-    at_least: usize,
-    within: Duration,
-) -> Vec<(String, std::collections::HashMap<String, String>, String)> {
-    let deadline = std::time::Instant::now() + within;
-    while seen.lock().unwrap().len() < at_least && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    settled("the receiver's requests", || async { seen.lock().unwrap().len() }, Duration::from_secs(2)).await;
-    seen.lock().unwrap().clone()
+/// What the receiver saw, once it has seen at least `at_least` requests (the receiver's count
+/// is awaited, up to `within`) and then nothing new for 2 s: a late duplicate or a stray delivery
+/// would be in it. The caller asserts the exact contents.
+async fn settled_seen(seen: &Seen, at_least: usize, within: Duration) -> Vec<Request> {
+    seen.reach(at_least, within).await;
+    settled("the receiver's requests", || async { seen.all().len() }, Duration::from_secs(2)).await;
+    seen.all()
 }
 
 #[tokio::test]
@@ -213,8 +206,37 @@ async fn the_webhook_key_is_published_as_a_jwks() {
     assert!(k["kid"].as_str().unwrap().starts_with("coffer-webhook-"));
 }
 
-/// What a local receiver saw: per path, each request's headers (lowercase names) and body.
-type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, std::collections::HashMap<String, String>, String)>>>;
+/// A request a local receiver saw: its path, headers (lowercase names) and body.
+type Request = (String, std::collections::HashMap<String, String>, String);
+
+/// What a local receiver saw, and a count of it the test waits on.
+#[derive(Clone)]
+struct Seen {
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Request>>>,
+    count: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Seen {
+    fn new() -> Self {
+        Self { requests: Default::default(), count: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)) }
+    }
+
+    fn push(&self, r: Request) {
+        self.requests.lock().unwrap().push(r);
+        self.count.send_modify(|n| *n += 1);
+    }
+
+    fn all(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` requests have arrived or `within` has passed (the caller then
+    /// asserts what did arrive).
+    async fn reach(&self, n: usize, within: Duration) {
+        let mut changes = self.count.subscribe();
+        let _ = tokio::time::timeout(within, changes.wait_for(|c| *c >= n)).await;
+    }
+}
 
 /// A receiver on 127.0.0.1 answering each path with the statuses given in turn (the last one
 /// repeats).
@@ -225,7 +247,7 @@ async fn receiver(plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
 /// [`receiver`] on a listener of the caller's.
 fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16>)]) -> (String, Seen) {
     use axum::http::StatusCode;
-    let seen: Seen = Default::default();
+    let seen = Seen::new();
     let plan: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u16>>>> =
         std::sync::Arc::new(std::sync::Mutex::new(plan.iter().map(|(p, s)| (p.to_string(), s.clone())).collect()));
     let (seen2, plan2) = (seen.clone(), plan.clone());
@@ -238,7 +260,7 @@ fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16
                     .iter()
                     .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or_default().to_string()))
                     .collect();
-                seen.lock().unwrap().push((path.clone(), headers, body));
+                seen.push((path.clone(), headers, body));
                 let status = {
                     let mut plan = plan.lock().unwrap();
                     let statuses = plan.get_mut(&path).expect("a planned path");
@@ -260,22 +282,38 @@ fn receiver_on(listener: tokio::net::TcpListener, plan: &[(&'static str, Vec<u16
     (base, seen)
 }
 
-/// An endpoint's deliveries as `coffer_list_webhook_deliveries` shows them once none is pending
-/// (attempts are recorded shortly after they end), or after 10 s.
-async fn settled_deliveries(stack: &Stack, key: &TurnkeyP256ApiKey, endpoint: String) -> Vec<Value> {
+/// An endpoint's deliveries as `coffer_list_webhook_deliveries` shows them once `done` holds for
+/// them, or as they are after `within` (the caller's assertions then say what is missing). The
+/// outbox is seen only through the API, so it is read until then.
+async fn deliveries_once(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    endpoint: &str,
+    within: Duration,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
     let body = json!({"organizationId": stack.organization_id, "endpointId": endpoint});
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + within;
     loop {
         let r = stack
             .post_raw("/public/v1/query/coffer_list_webhook_deliveries", body.to_string().as_bytes(), Some(key))
             .await;
         assert_eq!(r.status, 200, "{}", r.text);
         let list = r.json["deliveries"].as_array().unwrap().clone();
-        if list.iter().all(|d| d["status"] != "PENDING") || std::time::Instant::now() > deadline {
+        if done(&list) || std::time::Instant::now() > deadline {
             return list;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// An endpoint's deliveries once none is pending (attempts are recorded shortly after they
+/// end), or after 10 s.
+async fn settled_deliveries(stack: &Stack, key: &TurnkeyP256ApiKey, endpoint: String) -> Vec<Value> {
+    deliveries_once(stack, key, &endpoint, Duration::from_secs(10), |list| {
+        list.iter().all(|d| d["status"] != "PENDING")
+    })
+    .await
 }
 
 /// Deliveries: signed with the published key (checked here with ed25519-dalek), retried with
@@ -438,13 +476,17 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     let activity_id = r.json["activity"]["id"].as_str().unwrap().to_string();
 
     // The first attempt to the parent's endpoint fails (connection refused) and a retry is
-    // scheduled; the held receiver has the event and has not answered; then the gateway dies.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while held_seen.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert_eq!(held_seen.lock().unwrap().len(), 1, "the held receiver got the event before the crash");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // scheduled, recorded in the outbox; the held receiver has the event and has not answered;
+    // then the gateway dies.
+    held_seen.reach(1, Duration::from_secs(10)).await;
+    assert_eq!(held_seen.all().len(), 1, "the held receiver got the event before the crash");
+    let refused = deliveries_once(&stack, &key, &endpoint, Duration::from_secs(10), |list| {
+        list.iter().any(|d| d["attempts"].as_i64() >= Some(1))
+    })
+    .await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["status"], "PENDING", "the refused attempt is recorded, a retry pending: {refused:?}");
+    assert!(refused[0]["attempts"].as_i64() >= Some(1), "the refused attempt is recorded: {refused:?}");
     stack.kill_gateway();
     stack.start_gateway();
     stack.wait_healthy().await;
@@ -459,7 +501,7 @@ async fn sub_organization_events_reach_the_parent_and_survive_a_gateway_crash() 
     assert_eq!(activity["id"], activity_id.as_str());
     assert_eq!(activity["organizationId"], child.as_str());
 
-    let d = &settled_deliveries(&stack, &key, endpoint).await[0];
+    let d = &settled_deliveries(&stack, &key, endpoint.clone()).await[0];
     assert_eq!(d["status"], "DELIVERED", "{d}");
     assert!(d["attempts"].as_i64().unwrap() >= 2, "at least the refused attempt and the delivery: {d}");
 
@@ -576,15 +618,10 @@ async fn on_postgres_two_gateways_deliver_each_event_once() {
         activity_ids.push(r.json["activity"]["id"].as_str().unwrap().to_string());
     }
     // The refused attempts come due again about a second later (then two, four...).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut settled = Vec::new();
-    while std::time::Instant::now() < deadline {
-        settled = settled_deliveries(&stack, &key, endpoint.clone()).await;
-        if settled.len() == EVENTS && settled.iter().all(|d| d["status"] == "DELIVERED") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let settled = deliveries_once(&stack, &key, &endpoint, Duration::from_secs(30), |list| {
+        list.len() == EVENTS && list.iter().all(|d| d["status"] == "DELIVERED")
+    })
+    .await;
     assert_eq!(settled.len(), EVENTS, "{settled:?}");
     assert!(settled.iter().all(|d| d["status"] == "DELIVERED"), "{settled:?}");
     // Settled: a duplicate (a retry sent by both gateways) would arrive within the quiet time.

@@ -1514,12 +1514,21 @@ const APPLICABLE_POLICIES: usize = 1_000;
 const INAPPLICABLE_P50_MARGIN_MS: f64 = 1.0;
 /// Non-root signing with the applicable policies: at least this share of root's throughput.
 const APPLICABLE_RATIO_TARGET: f64 = 0.5;
+/// The isolation part of the section ([`policy_isolation`]): organization A's expensive
+/// policies, and how many of its dry runs at once.
+const POLICY_COST_ISOLATION: &str = "policy cost: isolation";
+const ISOLATION_POLICIES: usize = 750;
+const ISOLATION_RUNS: usize = 4;
+/// `coffer_policy::EVAL_DEADLINE` (the evaluator's wall-clock backstop), in ms.
+const EVAL_DEADLINE_MS: f64 = 50.0;
 
 /// Policy cost, on a fresh stack: root's raw signing (32 clients), then a non-root user's (1
 /// client) allowed by one policy, again with [`INAPPLICABLE_POLICIES`] policies that name another
 /// activity type, and then (32 clients) with [`APPLICABLE_POLICIES`] more ALLOW policies that all
 /// apply: the same condition, and a consensus naming one of ten users (the signer in a tenth).
 async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, Vec<(&'static str, usize, Sample)>)> {
+    // On its own stack, gone before this section's.
+    let isolation = policy_isolation().await?;
     let stack = Stack::start().await;
     let root = Arc::new(stack.api_key());
     let org = stack.organization_id.clone();
@@ -1580,6 +1589,7 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
         peaks.1.map_or("n/a".into(), |v| format!("{v:.1}")),
     );
     let report = json!({
+        "isolation": isolation,
         "ownPolicyOnlyP50Ms": p50_own, "inapplicablePolicies": INAPPLICABLE_POLICIES,
         "inapplicableP50Ms": p50_inapplicable, "inapplicableP50MarginMs": INAPPLICABLE_P50_MARGIN_MS,
         "inapplicablePass": p50_inapplicable - p50_own <= INAPPLICABLE_P50_MARGIN_MS,
@@ -1597,6 +1607,124 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
             (POLICY_COST_APPLICABLE, clients, many),
         ],
     ))
+}
+
+/// Policy cost, isolation (issue 23): the timings behind tests/tests/policy_cost.rs, which
+/// checks the pool's share with its counters only. On a fresh stack with that test's pool (2
+/// threads, 1 per organization), organization A has [`ISOLATION_POLICIES`] expensive ALLOW
+/// policies (a quantifier over a 3,000-item literal list each, within the step budget) and B one
+/// cheap one. Measured: one dry run of A alone, then `/healthz` and B's dry run while
+/// [`ISOLATION_RUNS`] of A's run at once. Targets (reported): B and `/healthz` answer before any
+/// of A's runs ends (they do not wait for A's evaluation), and one clause of A's, near the step
+/// budget, takes well within the evaluator's wall-clock backstop (`coffer_policy::EVAL_DEADLINE`,
+/// [`EVAL_DEADLINE_MS`]: the step budget, not the clock, ends costly evaluations).
+async fn policy_isolation() -> anyhow::Result<Value> {
+    let stack = Stack::start_with(&[
+        ("COFFER_POLICY_THREADS", "2"),
+        ("COFFER_POLICY_THREADS_PER_ORGANIZATION", "1"),
+        ("COFFER_POLICY_QUEUE_TIMEOUT_MS", "120000"),
+    ])
+    .await;
+    let (root, org_a) = (Arc::new(stack.api_key()), stack.organization_id.clone());
+    eprintln!("running: {POLICY_COST_ISOLATION}: creating {ISOLATION_POLICIES} expensive policies...");
+    let costly: Vec<Value> = (0..ISOLATION_POLICIES)
+        .map(|i| {
+            json!({"policyName": format!("costly-{i}"), "effect": "EFFECT_ALLOW", "notes": "",
+                "condition": format!("[{}0].all(x, x == 0) && {i} == {i}", "0,".repeat(2_999))})
+        })
+        .collect();
+    let bodies =
+        costly.chunks(50).map(|c| envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org_a, json!({"policies": c}))).collect();
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), bodies, 2).await?;
+    let (alice, _) = member(&stack, &root, &org_a, "alice").await?;
+    let root_b = TurnkeyP256ApiKey::generate();
+    let created = stack.gateway_cli(&[
+        "init-org",
+        "--name",
+        "org-b",
+        "--api-public-key",
+        &hex::encode(root_b.compressed_public_key()),
+    ]);
+    let org_b = created["organizationId"].as_str().context("organization B")?.to_string();
+    let cheap =
+        json!({"policies": [{"policyName": "cheap", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}]});
+    let body = envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org_b, cheap);
+    let r = stack.post_raw("/public/v1/submit/create_policies", body.as_bytes(), Some(&root_b)).await;
+    anyhow::ensure!(r.status == 200, "B's policy: {}", r.text);
+    let (bob, _) = member(&stack, &root_b, &org_b, "bob").await?;
+    let dry_run = |org: &str| {
+        json!({"organizationId": org, "activity": {"type": "ACTIVITY_TYPE_CREATE_WALLET", "organizationId": org,
+            "parameters": {"walletName": "dry", "accounts": []}}})
+        .to_string()
+    };
+    let path = "/public/v1/query/coffer_policy_dry_run";
+
+    eprintln!("running: {POLICY_COST_ISOLATION}: one dry run of A alone, then {ISOLATION_RUNS} at once");
+    let t = Instant::now();
+    let r = stack.post_raw(path, dry_run(&org_a).as_bytes(), Some(&alice)).await;
+    let alone = t.elapsed();
+    anyhow::ensure!(r.status == 200, "A's dry run: {}", r.text);
+    let started = Instant::now();
+    let runs: Vec<_> = (0..ISOLATION_RUNS)
+        .map(|_| {
+            let (url, body) = (stack.base_url.clone(), dry_run(&org_a));
+            let key = TurnkeyP256ApiKey::from_bytes(alice.private_key(), None).expect("alice's key");
+            tokio::spawn(async move {
+                let r = coffer_tests::post_to(&url, path, body.as_bytes(), Some(&key)).await;
+                (r.status, started.elapsed())
+            })
+        })
+        .collect();
+    // Once one of A's is being evaluated (the pool's wait count moved), B and /healthz.
+    let waits = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("coffer_policy_evaluation_wait_seconds_count "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let metrics = || async { reqwest::get(format!("{}/metrics", stack.base_url)).await?.text().await };
+    let before = waits(&metrics().await?);
+    while waits(&metrics().await?) <= before {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "none of A's dry runs started in 60 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let t = Instant::now();
+    let health = reqwest::get(format!("{}/healthz", stack.base_url)).await?.status();
+    let health_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let health_at = started.elapsed();
+    let t = Instant::now();
+    let b = stack.post_raw(path, dry_run(&org_b).as_bytes(), Some(&bob)).await;
+    let b_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let b_at = started.elapsed();
+    anyhow::ensure!(health == 200 && b.status == 200, "/healthz {health}, B's dry run: {}", b.text);
+    let mut first_end = Duration::MAX;
+    let (mut served, mut shed) = (0, 0);
+    for run in runs {
+        let (status, at) = run.await?;
+        first_end = first_end.min(at);
+        match status {
+            200 => served += 1,
+            503 => shed += 1,
+            other => bail!("A's dry run: {other}"),
+        }
+    }
+    let alone_ms = alone.as_secs_f64() * 1000.0;
+    let clause_ms = alone_ms / ISOLATION_POLICIES as f64;
+    let pass_isolation = health_at < first_end && b_at < first_end;
+    let pass_clause = clause_ms <= EVAL_DEADLINE_MS;
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISSED" };
+    println!(
+        "\n{POLICY_COST_ISOLATION}: A's dry run alone {alone_ms:.0} ms ({clause_ms:.2} ms a clause near the step budget, target ≤ {EVAL_DEADLINE_MS} ms: {}); with {ISOLATION_RUNS} of A's at once ({served} served, {shed} shed), /healthz {health_ms:.1} ms and B's dry run {b_ms:.1} ms, first of A's ended after {:.0} ms (target: both before it: {})",
+        verdict(pass_clause),
+        first_end.as_secs_f64() * 1000.0,
+        verdict(pass_isolation),
+    );
+    Ok(json!({
+        "policies": ISOLATION_POLICIES, "aloneMs": alone_ms, "clauseMs": clause_ms, "clauseTargetMs": EVAL_DEADLINE_MS,
+        "clausePass": pass_clause, "runs": ISOLATION_RUNS, "served": served, "shed": shed,
+        "healthzMs": health_ms, "otherOrganizationDryRunMs": b_ms,
+        "firstOfAEndedMs": first_end.as_secs_f64() * 1000.0, "isolationPass": pass_isolation,
+    }))
 }
 
 /// The burst scenario's name (for `--only`).
