@@ -99,8 +99,17 @@ pub fn assemble_session_jwt(
     if signing_input.contains(['-', '_']) {
         return Err(CryptoError::Internal("session JWT payload not decodable by the SDK".into()));
     }
-    let signature = sign_digest(&session_jwt_signing_digest(&signing_input))?;
+    let signature = low_s(sign_digest(&session_jwt_signing_digest(&signing_input))?)?;
     Ok(format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature)))
+}
+
+/// A P-256 `r ‖ s` signature with `s` in the lower half of the group order: an HSM's ECDSA gives
+/// either of the two valid signatures, and a session token is one string, so it is always this
+/// one (`coffer_auth::session_jwt::verify_issued` refuses the other).
+fn low_s(signature: [u8; 64]) -> Result<[u8; 64], CryptoError> {
+    let sig = p256::ecdsa::Signature::from_slice(&signature)
+        .map_err(|_| CryptoError::Internal("the HSM's signature is not a P-256 r ‖ s".into()))?;
+    Ok(sig.normalize_s().unwrap_or(sig).to_bytes().into())
 }
 
 /// The `credentialBundle` of a session result: `private_key` (the new session's P-256 secret)

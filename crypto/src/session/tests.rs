@@ -212,3 +212,33 @@ fn bad_credential_bundles_and_keys_are_refused() {
     }
     assert!(credential_bundle(&rng(9), EMBEDDED_PUBLIC_HEX, &[0; 32]).is_err());
 }
+
+/// Whatever of the two valid signatures the HSM returns, the token carries the low-S one.
+#[test]
+fn a_session_token_always_carries_the_low_s_signature() {
+    let key = SigningKey::from_slice(&[9u8; 32]).unwrap();
+    for high in [false, true] {
+        let jwt = assemble_session_jwt(&claims(), |digest| {
+            let sig: Signature = key.sign_prehash(digest).unwrap();
+            let low = sig.normalize_s().unwrap_or(sig);
+            let out = if high { Signature::from_scalars(low.r(), -*low.s()).unwrap() } else { low };
+            Ok(out.to_bytes().into())
+        })
+        .unwrap();
+        let sig = URL_SAFE_NO_PAD.decode(jwt.rsplit('.').next().unwrap()).unwrap();
+        let sig = Signature::from_slice(&sig).unwrap();
+        assert!(sig.normalize_s().is_none(), "high = {high}: the token's signature is high-S");
+        let public = key.verifying_key().to_encoded_point(false);
+        assert!(coffer_auth_verify(&jwt, public.as_bytes()), "high = {high}");
+    }
+}
+
+/// A plain ECDSA check of the token's signature over its double-SHA-256 digest, independent of
+/// the code under test.
+fn coffer_auth_verify(jwt: &str, public: &[u8]) -> bool {
+    use p256::ecdsa::signature::hazmat::PrehashVerifier as _;
+    let (input, sig) = jwt.rsplit_once('.').unwrap();
+    let sig = Signature::from_slice(&URL_SAFE_NO_PAD.decode(sig).unwrap()).unwrap();
+    let digest: [u8; 32] = Sha256::digest(Sha256::digest(input.as_bytes())).into();
+    p256::ecdsa::VerifyingKey::from_sec1_bytes(public).unwrap().verify_prehash(&digest, &sig).is_ok()
+}

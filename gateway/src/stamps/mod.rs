@@ -166,7 +166,7 @@ pub async fn read_only_session(
     };
     let token = header.to_str().map_err(|_| refuse("not a JWT"))?.trim().to_string();
     let keys = crate::login_public_keys::login_keys(state).await?;
-    if !coffer_auth::session_jwt::verify_signature(&token, &keys.notarizer) {
+    if !coffer_auth::session_jwt::verify_issued(&token, &keys.notarizer) {
         return Err(refuse("not signed by the notarizer"));
     }
     let claims: serde_json::Value = token
