@@ -962,11 +962,13 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
 
     // More than a batch's worth is refused whole.
     let too_many = (0..257).map(|n| delivery(now, &format!("evt-{n}"), &activity)).collect();
-    refused(
-        enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries: too_many }).await,
-        tonic::Code::PermissionDenied,
-        pb::RefusalReason::BatchTooLarge,
-    );
+    let over = audited(
+        &stack,
+        "sign_webhook_delivery",
+        enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries: too_many }),
+    )
+    .await;
+    refused_audited(over, tonic::Code::PermissionDenied, pb::RefusalReason::BatchTooLarge);
 }
 
 /// An unsigned EIP-1559 transfer on chain 1 (the tests' own RLP encoder).

@@ -30,9 +30,12 @@ pub(super) fn sign_deliveries(
     req: pb::SignWebhookDeliveriesRequest,
 ) -> Result<pb::SignWebhookDeliveriesResponse, EnclaveError> {
     if req.deliveries.len() > MAX_WEBHOOK_BATCH {
-        return Err(EnclaveError::refused(
-            RefusalReason::BatchTooLarge,
-            format!("at most {MAX_WEBHOOK_BATCH} webhook deliveries per call"),
+        return Err(crate::authority::audit_early_refusal(
+            "sign_webhook_delivery",
+            EnclaveError::refused(
+                RefusalReason::BatchTooLarge,
+                format!("at most {MAX_WEBHOOK_BATCH} webhook deliveries per call"),
+            ),
         ));
     }
     let key_id = webhook_key_id(&hsm.webhook_public_key()?);
