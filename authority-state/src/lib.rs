@@ -4,9 +4,11 @@
 pub mod decide;
 pub mod effect;
 pub mod facts;
+pub mod limits;
 pub mod model;
 pub mod subjects;
 pub mod transition;
 
 pub use effect::{Change, Effect};
+pub use limits::{Limit, LimitExceeded, Limits};
 pub use model::{AuthorityState, Credential, CredentialKind, Organization, User};

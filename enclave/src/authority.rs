@@ -361,7 +361,13 @@ impl Authority {
 
     /// The same authority, its rules enforcing or in shadow mode ([`Rules::enforcing`]).
     pub fn enforcing(self, enforce: bool) -> Self {
-        let rules = Arc::new(Rules::new(self.store.clone()).enforcing(enforce));
+        let rules = Arc::new(Rules::new(self.store.clone()).enforcing(enforce).limited(self.rules.limits()));
+        Self { rules, ..self }
+    }
+
+    /// The same authority, its rules with these per-organization caps ([`Rules::limited`]).
+    pub fn limited(self, limits: coffer_authority_state::Limits) -> Self {
+        let rules = Arc::new(Rules::new(self.store.clone()).enforcing(self.rules.enforces()).limited(limits));
         Self { rules, ..self }
     }
 

@@ -49,6 +49,16 @@ pub struct EnclaveConfig {
     /// The same over a day (so that the hourly quota cannot be taken every hour of it). Default
     /// 100,000. Environment: `COFFER_AUTH_PROXY_SIGNUPS_PER_DAY`.
     pub auth_proxy_signups_per_day: u64,
+    /// Webhook endpoints one organization may have. The enclave decides it on the organization's
+    /// authority state as each change commits (so concurrent creations, on any gateways and
+    /// enclaves, cannot pass it): a creation past it is refused (`REFUSAL_REASON_LIMIT_EXCEEDED`,
+    /// a 400 at the gateway). Updates and deletes are never refused by it. Default 10.
+    /// Environment: `COFFER_MAX_WEBHOOK_ENDPOINTS_PER_ORGANIZATION`.
+    pub max_webhook_endpoints_per_organization: usize,
+    /// Policies one organization may have, decided the same way (`create_policy`,
+    /// `create_policies`, and the policy `enable_auth_proxy` adds). Default 100,000. Environment:
+    /// `COFFER_MAX_POLICIES_PER_ORGANIZATION`.
+    pub max_policies_per_organization: usize,
     /// The enclave tier's authority store (replay window, decision log, authority state):
     /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
     /// directory as a percent-encoded host), with credentials the gateway never has. Default:
@@ -313,6 +323,8 @@ impl Default for EnclaveConfig {
             replay_quota_per_organization: 100_000,
             auth_proxy_signups_per_hour: 10_000,
             auth_proxy_signups_per_day: 100_000,
+            max_webhook_endpoints_per_organization: coffer_authority_state::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
+            max_policies_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICIES,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -367,6 +379,14 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY") {
             cfg.auth_proxy_signups_per_day =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY: {e}"))?;
+        }
+        for (var, field) in [
+            ("COFFER_MAX_WEBHOOK_ENDPOINTS_PER_ORGANIZATION", &mut cfg.max_webhook_endpoints_per_organization),
+            ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &mut cfg.max_policies_per_organization),
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
+            }
         }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
@@ -426,6 +446,14 @@ impl EnclaveConfig {
             );
         }
         Ok(cfg)
+    }
+
+    /// The per-organization caps the rules check every state change against.
+    pub fn limits(&self) -> coffer_authority_state::Limits {
+        coffer_authority_state::Limits {
+            webhook_endpoints: self.max_webhook_endpoints_per_organization,
+            policies: self.max_policies_per_organization,
+        }
     }
 
     /// Where the authority store is (`authority_store`, or its default beside the socket) and
@@ -496,6 +524,11 @@ mod tests {
         assert_eq!(cfg.session_pool, 16);
         assert_eq!(cfg.replay_quota_per_organization, 100_000);
         assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
+        assert_eq!(cfg.limits(), coffer_authority_state::Limits { webhook_endpoints: 10, policies: 100_000 });
+        let capped: EnclaveConfig = toml::from_str("max_webhook_endpoints_per_organization = 3").unwrap();
+        assert_eq!(capped.limits().webhook_endpoints, 3);
+        assert!(toml::from_str::<EnclaveConfig>("max_webhook_endpoints_per_organization = -1").is_err());
+        assert!(toml::from_str::<EnclaveConfig>("max_webhook_endpoints_per_organisation = 3").is_err());
         let store = cfg.store_settings();
         assert_eq!(store.url, "sqlite://./.coffer/authority.sqlite", "beside the socket by default");
         assert_eq!(store.limits.decision_retention_ms, 30 * 24 * 3600 * 1000);

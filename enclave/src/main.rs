@@ -143,7 +143,9 @@ async fn main() -> anyhow::Result<()> {
         Command::ImportAuthorityState => {
             use std::io::BufRead;
             let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
-            let rules = coffer_enclave::rules::Rules::new(store);
+            // An organization's records are taken as they are, above a cap too (made before the
+            // enclave decided the caps): such an organization may then shrink, not grow.
+            let rules = coffer_enclave::rules::Rules::new(store).limited(coffer_authority_state::Limits::UNBOUNDED);
             let (mut built, mut kept) = (0usize, 0usize);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
@@ -325,9 +327,15 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             store,
         )
         .enforcing(cfg.enforce_rules)
+        .limited(cfg.limits())
         .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day),
     );
-    tracing::info!(enforce_rules = cfg.enforce_rules, "organization rules");
+    tracing::info!(
+        enforce_rules = cfg.enforce_rules,
+        max_webhook_endpoints_per_organization = cfg.max_webhook_endpoints_per_organization,
+        max_policies_per_organization = cfg.max_policies_per_organization,
+        "organization rules"
+    );
     match std::fs::remove_file(&cfg.socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

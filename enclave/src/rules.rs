@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use coffer_authority_state::decide::{self, PolicyIndex, Proposal, Vote};
 use coffer_authority_state::model::{kinds, CredentialKind, Millis};
-use coffer_authority_state::{subjects, AuthorityState, Change, Credential, Effect};
+use coffer_authority_state::{subjects, AuthorityState, Change, Credential, Effect, Limits};
 use coffer_policy::decision::{Decision, Evaluation};
 
 use crate::authority_store::{AuthorityStore, Entry, OrgChanges};
@@ -48,6 +48,8 @@ pub struct Rules {
     /// Whether a refusal of the rules refuses the call (`enforce_rules`), or is only logged while
     /// the state is being filled (shadow mode, see README "What the enclave does not decide yet").
     enforce: bool,
+    /// The per-organization caps every staged change is checked against ([`Rules::stage`]).
+    limits: Limits,
     cache: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
     writing: Mutex<()>,
@@ -135,6 +137,7 @@ impl Rules {
         Self {
             store,
             enforce: true,
+            limits: Limits::default(),
             cache: Mutex::new(HashMap::new()),
             writing: Mutex::new(()),
             changing: Mutex::new(Staged::default()),
@@ -149,6 +152,16 @@ impl Rules {
 
     pub fn enforces(&self) -> bool {
         self.enforce
+    }
+
+    /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`).
+    pub fn limited(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Builds an organization's first state from `changes` (`coffer-enclave
@@ -267,6 +280,15 @@ impl Rules {
             let changed = state
                 .apply_all_unchecked(effects.iter().copied())
                 .map_err(|e| EnclaveError::refused(RefusalReason::TransitionMismatch, e.to_string()))?;
+            // The caps, on the state this change leaves: the heads serialize this enclave's
+            // changes, and the group commit's compare-and-set makes a change that raced another
+            // enclave's be staged again on the state it left, so concurrent changes cannot pass
+            // a cap between them.
+            if !deleted {
+                self.limits
+                    .check(&head.loaded.state, &state)
+                    .map_err(|e| EnclaveError::refused(RefusalReason::LimitExceeded, e.to_string()))?;
+            }
             if let Some(Effect::CreateOrganization { organization }) = effects.first() {
                 if &organization.id != org {
                     return Err(EnclaveError::refused(
@@ -681,6 +703,41 @@ mod tests {
                 Err(e) if is_moved(&e) => continue,
                 Err(e) => panic!("{e}"),
             }
+        }
+    }
+
+    /// Two enclaves (two rules over one store) creating webhook endpoints at once from many
+    /// threads: the cap holds, each creation past it is refused as `LimitExceeded`, never
+    /// committed; a moved state is decided again on the state the other enclave left.
+    #[test]
+    fn concurrent_changes_on_two_enclaves_never_pass_a_cap() {
+        use coffer_authority_state::model::Named;
+        let store: Arc<dyn AuthorityStore> =
+            Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap());
+        let limits = Limits { webhook_endpoints: 3, ..Limits::default() };
+        let enclaves = [Rules::new(store.clone()).limited(limits), Rules::new(store.clone()).limited(limits)];
+        bootstrap(&enclaves[0], "o");
+        let enclaves = Arc::new(enclaves);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let enclaves = enclaves.clone();
+                std::thread::spawn(move || {
+                    let endpoint = Named { id: format!("e{t}"), value: "https://x.test/".into() };
+                    enclaves[t % 2].commit(&[change("o", Effect::PutWebhookEndpoint { endpoint })])
+                })
+            })
+            .collect();
+        let (mut created, mut refused) = (0, 0);
+        for t in threads {
+            match t.join().unwrap() {
+                Ok(_) => created += 1,
+                Err(EnclaveError::Refused { reason: RefusalReason::LimitExceeded, .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((created, refused), (3, 5));
+        for r in enclaves.iter() {
+            assert_eq!(r.load("o").unwrap().unwrap().state.webhook_endpoints.len(), 3);
         }
     }
 

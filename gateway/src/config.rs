@@ -101,8 +101,10 @@ pub struct GatewayConfig {
     /// expressions plus fixed costs); least recently used organizations go first. Default
     /// 268,435,456 (256 MiB). Env `COFFER_POLICY_CACHE_BYTES`.
     pub policy_cache_bytes: usize,
-    /// Policies one organization may have; `create_policy` / `create_policies` past it are
-    /// refused with a 400. Default 100,000. Env `COFFER_MAX_POLICIES_PER_ORGANIZATION`.
+    /// Policies one organization may have, as the gateway's early check (a 400 before any work;
+    /// concurrent creations can all pass it): the cap is the enclave's own
+    /// `max_policies_per_organization`, decided as each change commits. Keep the two equal.
+    /// Default 100,000. Env `COFFER_MAX_POLICIES_PER_ORGANIZATION`.
     pub max_policies_per_organization: usize,
     /// `[webhooks]`: delivery targets and limits.
     pub webhooks: WebhookSettings,
@@ -124,7 +126,9 @@ pub struct WebhookSettings {
     /// Allow `http://` and loopback/private targets (development only; `make run` turns it on).
     /// Env `COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=true`. Default false.
     pub allow_private_targets: bool,
-    /// Endpoints one organization may have. Default 10.
+    /// Endpoints one organization may have, as the gateway's early check (a 400 before any work;
+    /// concurrent creations can all pass it): the cap is the enclave's own
+    /// `max_webhook_endpoints_per_organization`, decided as each change commits. Default 10.
     pub max_endpoints_per_organization: usize,
 }
 

@@ -559,8 +559,9 @@ fn policy_set_within(store: &dyn Store, org: &str, budget: usize) -> Result<Arc<
 }
 
 /// Refuses (400) `adding` more policies when the organization would then have more than
-/// `max_policies_per_organization`. Checked before the write, so concurrent creations can pass
-/// the cap by what they add between them.
+/// `max_policies_per_organization`: an early answer from the gateway's records, before any work.
+/// It is not the cap: concurrent creations can all pass it. The enclave decides the cap (its own
+/// `max_policies_per_organization`) on the state each change commits on.
 pub fn check_policy_count(store: &dyn Store, org: &str, adding: usize) -> Result<(), ApiError> {
     let max = settings().max_policies_per_organization;
     let (count, _) = store.records_version(org, POLICY)?;

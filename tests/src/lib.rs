@@ -419,17 +419,35 @@ impl Stack {
         marker
     }
 
-    /// Everything each tier's store holds, by place: ("gateway", …) and ("authority", …).
-    fn stores(&self) -> Vec<(&'static str, Vec<StorePlace>)> {
-        let authority = self
-            .extra_env
+    /// How many records of `kind` the gateway's store holds for `org` (its `records` table, read
+    /// with SQL, not through the gateway).
+    pub fn stored_record_count(&self, org: &str, kind: &str) -> usize {
+        let sql = "SELECT count(*) FROM records WHERE organization_id = $1 AND kind = $2";
+        count_rows(&self.store_url, sql, org, kind)
+    }
+
+    /// How many entries of `kind` the enclaves' authority store holds in `org`'s state (its
+    /// `entries` table, read with SQL).
+    pub fn authority_entry_count(&self, org: &str, kind: &str) -> usize {
+        let sql = "SELECT count(*) FROM entries WHERE organization_id = $1 AND kind = $2";
+        count_rows(&self.authority_store(), sql, org, kind)
+    }
+
+    /// The enclaves' authority store URL.
+    fn authority_store(&self) -> String {
+        self.extra_env
             .iter()
             .rev()
             .find(|(k, _)| k == "COFFER_AUTHORITY_STORE_URL")
             .map(|(_, v)| v.clone())
             .filter(|v| !v.trim().is_empty())
             .or_else(|| self.authority_store_url.clone())
-            .unwrap_or_else(|| format!("sqlite://{}", self.dir.join("authority.sqlite").display()));
+            .unwrap_or_else(|| format!("sqlite://{}", self.dir.join("authority.sqlite").display()))
+    }
+
+    /// Everything each tier's store holds, by place: ("gateway", …) and ("authority", …).
+    fn stores(&self) -> Vec<(&'static str, Vec<StorePlace>)> {
+        let authority = self.authority_store();
         let known: Vec<PathBuf> = [&self.store_url, &authority]
             .iter()
             .filter_map(|u| u.strip_prefix("sqlite://").map(PathBuf::from))
@@ -1174,4 +1192,24 @@ mod tests {
         assert_eq!(v, 4);
         assert!(t.elapsed() >= Duration::from_millis(800));
     }
+}
+
+/// `SELECT count(*) …` with two text parameters (`$1`, `$2`) on a store, SQLite or PostgreSQL.
+fn count_rows(url: &str, sql: &str, a: &str, b: &str) -> usize {
+    let (url, sql, a, b) = (url.to_string(), sql.to_string(), a.to_string(), b.to_string());
+    let n: i64 = if let Some(path) = url.strip_prefix("sqlite://") {
+        let c = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        c.busy_timeout(Duration::from_secs(10)).unwrap();
+        c.query_row(&sql.replace('$', "?"), [&a, &b], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    } else {
+        // Off any async runtime: the blocking client runs one of its own.
+        std::thread::spawn(move || {
+            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
+            c.query_one(&sql, &[&a, &b]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+        })
+        .join()
+        .unwrap()
+    };
+    usize::try_from(n).unwrap()
 }

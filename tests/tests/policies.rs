@@ -497,3 +497,60 @@ async fn smart_contract_interfaces_end_to_end() {
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].smart_contract_interface_id, sol_id);
 }
+
+/// Concurrent creations cannot pass the per-organization policy cap: with the cap at 5 (the
+/// enclave's and the gateway's early check alike), 20 `create_policy` at once (on PostgreSQL
+/// through two gateways) and batches of two leave exactly 5 policies, in the gateway's store, in
+/// the enclave's authority state and through the API; the rest are JSON 400s naming the limit.
+#[tokio::test]
+async fn concurrent_creations_never_pass_the_policy_cap() {
+    const CAP: usize = 5;
+    const TRIES: usize = 20;
+    let stack = std::sync::Arc::new(Stack::start_with(&[("COFFER_MAX_POLICIES_PER_ORGANIZATION", "5")]).await);
+    let second = match coffer_tests::postgres::store_under_test() {
+        "postgres" => Some(stack.spawn_gateway().await),
+        _ => None,
+    };
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..TRIES {
+        let stack = stack.clone();
+        let base = match (&second, i % 2) {
+            (Some((url, _)), 1) => url.clone(),
+            _ => stack.base_url.clone(),
+        };
+        burst.spawn(async move {
+            let policy =
+                |n: &str| json!({"policyName": n, "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""});
+            // Every fourth a batch of two.
+            let (path, ty, parameters) = if i % 4 == 3 {
+                let batch = [policy(&format!("p{i}a")), policy(&format!("p{i}b"))];
+                ("create_policies", "ACTIVITY_TYPE_CREATE_POLICIES", json!({ "policies": batch }))
+            } else {
+                ("create_policy", "ACTIVITY_TYPE_CREATE_POLICY_V3", policy(&format!("p{i}")))
+            };
+            let body = json!({
+                "type": ty,
+                "timestampMs": Stack::now_ms().to_string(),
+                "organizationId": stack.organization_id,
+                "parameters": parameters,
+            });
+            let path = format!("/public/v1/submit/{path}");
+            coffer_tests::post_to(&base, &path, body.to_string().as_bytes(), Some(&stack.api_key())).await
+        });
+    }
+    while let Some(r) = burst.join_next().await {
+        let r = r.unwrap();
+        if r.status != 200 {
+            refused_raw(&r, 400, "REQUEST_INVALID", "an organization may have at most 5");
+        }
+    }
+    let org = stack.organization_id.clone();
+    let stored = stack.stored_record_count(&org, "policy");
+    let in_state = stack.authority_entry_count(&org, "policy");
+    let listed = policies(&stack.client(), &org).await.len();
+    assert_eq!(
+        (stored, in_state, listed),
+        (CAP, CAP, CAP),
+        "{TRIES} concurrent creations at a cap of {CAP}: (gateway store, authority state, listed)"
+    );
+}

@@ -644,3 +644,93 @@ async fn on_postgres_two_gateways_deliver_each_event_once() {
         .collect();
     assert_eq!(delivered, activity_ids.iter().cloned().collect(), "the events are the activities");
 }
+
+/// Concurrent creations cannot pass the per-organization cap: 40 at once against the default
+/// cap of 10 (on PostgreSQL through two gateways) leave exactly 10 endpoints, in the gateway's
+/// store, in the enclave's authority state and through the API. The enclave decides, on the
+/// state version it commits on; the others are refused with a JSON 400 naming the limit.
+#[tokio::test]
+async fn concurrent_creations_never_pass_the_endpoint_cap() {
+    const CAP: usize = 10;
+    const TRIES: usize = 40;
+    let stack = std::sync::Arc::new(Stack::start().await);
+    let key = stack.api_key();
+    let second = match coffer_tests::postgres::store_under_test() {
+        "postgres" => Some(stack.spawn_gateway().await),
+        _ => None,
+    };
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..TRIES {
+        let stack = stack.clone();
+        let base = match (&second, i % 2) {
+            (Some((url, _)), 1) => url.clone(),
+            _ => stack.base_url.clone(),
+        };
+        burst.spawn(async move {
+            let body = json!({
+                "type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
+                "timestampMs": Stack::now_ms().to_string(),
+                "organizationId": stack.organization_id,
+                "parameters": {"url": format!("https://hooks.example.com/{i}"), "name": format!("n{i}")},
+            });
+            let key = stack.api_key();
+            let path = "/public/v1/submit/create_webhook_endpoint";
+            coffer_tests::post_to(&base, path, body.to_string().as_bytes(), Some(&key)).await
+        });
+    }
+    let mut created = 0;
+    while let Some(r) = burst.join_next().await {
+        let r = r.unwrap();
+        match r.status {
+            200 => created += 1,
+            _ => refused(&r, 400, "at most 10 webhook endpoints"),
+        }
+    }
+    let org = stack.organization_id.clone();
+    let stored = stack.stored_record_count(&org, "webhook_endpoint");
+    let in_state = stack.authority_entry_count(&org, "webhook_endpoint");
+    let listed = endpoints(&stack, &key).await.len();
+    assert_eq!(
+        (created, stored, in_state, listed),
+        (CAP, CAP, CAP, CAP),
+        "{TRIES} concurrent creations at a cap of {CAP}: (created, gateway store, authority state, listed)"
+    );
+    stack.refusals_accounted();
+    // Full: the next one is refused too.
+    let r = create(&stack, &key, json!({"url": "https://hooks.example.com/late", "name": "late"})).await;
+    refused(&r, 400, "at most 10 webhook endpoints");
+}
+
+/// The cap is the enclave's own setting: with the enclave's at 3 and the gateway's at its
+/// default 10, the fourth creation passes the gateway and the enclave refuses it
+/// (`REFUSAL_REASON_LIMIT_EXCEEDED`), a JSON 400 naming the limit; nothing is recorded.
+#[tokio::test]
+async fn the_enclave_decides_the_endpoint_cap() {
+    let stack = Stack::start_with(&[("COFFER_MAX_WEBHOOK_ENDPOINTS_PER_ORGANIZATION", "3")]).await;
+    let key = stack.api_key();
+    for i in 0..3 {
+        let r = create(&stack, &key, json!({"url": format!("https://hooks.example.com/{i}"), "name": "n"})).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let activities = stack.activity_count(&key, &stack.organization_id).await;
+    stack.refusals_accounted();
+    let r = create(&stack, &key, json!({"url": "https://hooks.example.com/3", "name": "n"})).await;
+    refused(&r, 400, "max_webhook_endpoints_per_organization");
+    stack.refused_for(&r, 400, "REQUEST_INVALID", coffer_proto::v1::RefusalReason::LimitExceeded);
+    let org = stack.organization_id.clone();
+    assert_eq!(stack.stored_record_count(&org, "webhook_endpoint"), 3);
+    assert_eq!(stack.authority_entry_count(&org, "webhook_endpoint"), 3);
+    assert_eq!(endpoints(&stack, &key).await.len(), 3);
+    assert_eq!(stack.activity_count(&key, &stack.organization_id).await, activities, "the refusal records nothing");
+    // An update of an endpoint at the cap changes no count: allowed.
+    let id = endpoints(&stack, &key).await[0]["endpointId"].as_str().unwrap().to_string();
+    let r = submit(
+        &stack,
+        &key,
+        "update_webhook_endpoint",
+        "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT",
+        json!({"endpointId": id, "name": "renamed"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}

@@ -236,6 +236,11 @@ fn api_error(s: tonic::Status) -> ApiError {
     let refusal = coffer_proto::refusal_reason(&s).filter(|r| *r != pb::RefusalReason::Unspecified);
     let error = match s.code() {
         tonic::Code::InvalidArgument => ApiError::invalid(s.message().to_string()),
+        // A per-organization cap the enclave decides (webhook endpoints, policies): the request
+        // asks for more than the organization may have, a 400 naming the limit.
+        tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::LimitExceeded) => {
+            ApiError::invalid(s.message().to_string())
+        }
         // The enclave's own authorization refused the request (see its audit log).
         tonic::Code::PermissionDenied => {
             tracing::warn!(error = %s.message(), reason = ?refusal, "enclave refused a request");
@@ -313,6 +318,9 @@ mod tests {
         );
         let e = api_error(busy);
         assert_eq!((e.code, e.refusal), (Code::Unavailable, Some(pb::RefusalReason::ReplayWindowFull)));
+        // A cap the enclave decides is the request's fault: 400, its reason kept.
+        let e = api_error(refused(pb::RefusalReason::LimitExceeded));
+        assert_eq!((e.code, e.refusal), (Code::InvalidArgument, Some(pb::RefusalReason::LimitExceeded)));
     }
 
     #[test]

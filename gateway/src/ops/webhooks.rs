@@ -71,6 +71,8 @@ pub async fn create_webhook_endpoint(ctx: Ctx, intent: CreateWebhookEndpointInte
     required(&intent.url, "url")?;
     let subscriptions = intent.subscriptions.iter().map(subscription).collect::<Result<Vec<_>, _>>()?;
     let url = checked_target(&ctx, &intent.url).await?;
+    // An early answer from the gateway's records; concurrent creations can all pass it. The
+    // enclave decides the cap (its `max_webhook_endpoints_per_organization`) as the change commits.
     let org = ctx.org.id.clone();
     let (count, _) = ctx.state.db(|s| s.records_version(&org, WEBHOOK_ENDPOINT)).await??;
     let max = ctx.state.webhooks.max_endpoints_per_organization;

@@ -1,0 +1,165 @@
+//! Per-organization caps on what an organization's state may hold, checked on the state a change
+//! leaves ([`Limits::check`]). The enclave checks them where it stages a change, on the state
+//! version it then commits on (compare-and-set): concurrent changes cannot pass a cap between
+//! them, since the one that commits second is decided again on the state the first left.
+
+use crate::model::AuthorityState;
+
+/// The caps (the enclave's settings, see its `max_*_per_organization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Webhook endpoints one organization may have.
+    pub webhook_endpoints: usize,
+    /// Policies one organization may have.
+    pub policies: usize,
+}
+
+/// The default webhook endpoint cap.
+pub const DEFAULT_MAX_WEBHOOK_ENDPOINTS: usize = 10;
+/// The default policy cap.
+pub const DEFAULT_MAX_POLICIES: usize = 100_000;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { webhook_endpoints: DEFAULT_MAX_WEBHOOK_ENDPOINTS, policies: DEFAULT_MAX_POLICIES }
+    }
+}
+
+/// Which cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    WebhookEndpoints,
+    Policies,
+}
+
+impl Limit {
+    /// What it counts, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Limit::WebhookEndpoints => "webhook endpoints",
+            Limit::Policies => "policies",
+        }
+    }
+
+    /// The enclave setting that sets it.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Limit::WebhookEndpoints => "max_webhook_endpoints_per_organization",
+            Limit::Policies => "max_policies_per_organization",
+        }
+    }
+}
+
+/// A change would leave an organization with more than a cap allows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "an organization may have at most {max} {} (it would have {count}; the enclave's {})",
+    limit.what(),
+    limit.setting()
+)]
+pub struct LimitExceeded {
+    pub limit: Limit,
+    pub max: usize,
+    pub count: usize,
+}
+
+impl Limits {
+    /// No cap (the import of states as the gateway's records have them).
+    pub const UNBOUNDED: Limits = Limits { webhook_endpoints: usize::MAX, policies: usize::MAX };
+
+    /// Refuses the state `after` a change of `before` when the change added to something and
+    /// leaves more of it than its cap. A change that adds nothing (an update, a delete) passes,
+    /// so an organization above a lowered cap can still shrink and edit what it has.
+    pub fn check(&self, before: &AuthorityState, after: &AuthorityState) -> Result<(), LimitExceeded> {
+        let counts = [
+            (
+                Limit::WebhookEndpoints,
+                self.webhook_endpoints,
+                before.webhook_endpoints.len(),
+                after.webhook_endpoints.len(),
+            ),
+            (Limit::Policies, self.policies, before.policies.len(), after.policies.len()),
+        ];
+        for (limit, max, was, count) in counts {
+            if count > was && count > max {
+                return Err(LimitExceeded { limit, max, count });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::effect::Effect;
+    use crate::model::{Named, Organization, Policy};
+
+    fn endpoint(id: &str) -> Effect {
+        Effect::PutWebhookEndpoint { endpoint: Named { id: id.into(), value: format!("https://x.test/{id}") } }
+    }
+
+    fn policy(id: &str) -> Effect {
+        Effect::PutPolicy {
+            policy: Policy {
+                id: id.into(),
+                name: id.into(),
+                effect: "EFFECT_ALLOW".into(),
+                condition: String::new(),
+                consensus: String::new(),
+                time: String::new(),
+            },
+        }
+    }
+
+    /// Applies `effects` to `s` as the enclave stages them: on a copy, kept only within limits.
+    fn stage(s: &mut AuthorityState, limits: &Limits, effects: &[Effect]) -> Result<(), LimitExceeded> {
+        let mut next = s.clone();
+        next.apply_all(effects).unwrap();
+        limits.check(s, &next)?;
+        *s = next;
+        Ok(())
+    }
+
+    #[test]
+    fn a_change_past_a_cap_is_refused_and_changes_nothing() {
+        let limits = Limits { webhook_endpoints: 2, policies: 3 };
+        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        stage(&mut s, &limits, &[endpoint("a")]).unwrap();
+        stage(&mut s, &limits, &[endpoint("b")]).unwrap();
+        let full = s.clone();
+        let e = stage(&mut s, &limits, &[endpoint("c")]).unwrap_err();
+        assert_eq!(e, LimitExceeded { limit: Limit::WebhookEndpoints, max: 2, count: 3 });
+        assert!(e.to_string().contains("at most 2 webhook endpoints"), "{e}");
+        assert!(e.to_string().contains("max_webhook_endpoints_per_organization"), "{e}");
+        assert_eq!(s, full);
+        // Replacing one (an update) adds nothing: allowed at the cap.
+        stage(&mut s, &limits, &[endpoint("a")]).unwrap();
+        // A delete and a create in one change stay at the cap.
+        stage(&mut s, &limits, &[Effect::DeleteWebhookEndpoints { ids: vec!["a".into()] }, endpoint("c")]).unwrap();
+        assert_eq!(s.webhook_endpoints.len(), 2);
+
+        // Several at once count together: two policies fit, then two more do not.
+        stage(&mut s, &limits, &[policy("1"), policy("2")]).unwrap();
+        let e = stage(&mut s, &limits, &[policy("3"), policy("4")]).unwrap_err();
+        assert_eq!(e, LimitExceeded { limit: Limit::Policies, max: 3, count: 4 });
+        stage(&mut s, &limits, &[policy("3")]).unwrap();
+    }
+
+    #[test]
+    fn above_a_lowered_cap_an_organization_may_shrink_and_edit_but_not_grow() {
+        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let wide = Limits { webhook_endpoints: 5, ..Limits::default() };
+        stage(&mut s, &wide, &[endpoint("a"), endpoint("b"), endpoint("c")]).unwrap();
+        let narrow = Limits { webhook_endpoints: 1, ..Limits::default() };
+        stage(&mut s, &narrow, &[endpoint("b")]).unwrap();
+        stage(&mut s, &narrow, &[Effect::DeleteWebhookEndpoints { ids: vec!["c".into()] }]).unwrap();
+        assert!(stage(&mut s, &narrow, &[endpoint("d")]).is_err());
+        assert_eq!(s.webhook_endpoints.len(), 2);
+    }
+
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        assert_eq!(Limits::default(), Limits { webhook_endpoints: 10, policies: 100_000 });
+    }
+}
