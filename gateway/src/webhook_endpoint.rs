@@ -20,9 +20,16 @@ pub const ACTIVITY_UPDATES: &str = "ACTIVITY_UPDATES";
 pub struct TargetRefused(pub String);
 
 /// Whether an address is one a webhook may not reach: loopback, private, link-local,
-/// unique-local, unspecified, multicast, broadcast, shared (CGNAT), documentation, or an IPv4
-/// address mapped or embedded in IPv6 that is one of those. The cloud metadata address
-/// (169.254.169.254) is link-local.
+/// unique-local, unspecified, multicast, broadcast, shared (CGNAT), documentation, discard-only,
+/// or an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, dialled as that IPv4 address) that is one of
+/// those. The cloud metadata address (169.254.169.254) is link-local. IPv6 prefixes that reach an
+/// IPv4 host through a translator or a relay are refused whole, whatever IPv4 address they embed:
+/// where they lead is the translator's decision, not the address's (a NAT64 gateway in the
+/// deployment's own network reaches its private IPv4 hosts), and no public webhook receiver needs
+/// one. They are IPv4-compatible (`::/96`), SIIT / IPv4-translated (`::ffff:0:0:0/96`), NAT64
+/// (`64:ff9b::/96` and the local-use `64:ff9b:1::/48`: all of `64:ff9b::/32`), 6to4
+/// (`2002::/16`) and Teredo (`2001::/32`). The delivery path dials only what this allows: literal
+/// hosts are checked again at each delivery, names through a resolver that applies it.
 pub fn is_forbidden_address(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
@@ -43,16 +50,20 @@ pub fn is_forbidden_address(ip: IpAddr) -> bool {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_forbidden_address(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let s = v6.segments();
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link local
-                || (first & 0xffc0) == 0xfec0 // site local (deprecated)
-                || first == 0x2001 && v6.segments()[1] == 0x0db8 // documentation
-                || (first == 0x0064 && v6.segments()[1] == 0xff9b) // NAT64 of an IPv4 address
-                || v6.segments()[..6] == [0, 0, 0, 0, 0, 0] // IPv4-compatible
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link local
+                || (s[0] & 0xffc0) == 0xfec0 // site local (deprecated)
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+                || s[..4] == [0x0100, 0, 0, 0] // discard-only (100::/64)
+                || s[..6] == [0, 0, 0, 0, 0, 0] // IPv4-compatible
+                || s[..6] == [0, 0, 0, 0, 0xffff, 0] // SIIT, IPv4-translated
+                || (s[0] == 0x0064 && s[1] == 0xff9b) // NAT64, well-known and local-use
+                || s[0] == 0x2002 // 6to4
+                || (s[0] == 0x2001 && s[1] == 0) // Teredo
         }
     }
 }
@@ -189,4 +200,53 @@ pub fn delivery_json(d: &WebhookDelivery) -> Value {
         "createdAt": timestamp(d.created_at),
         "updatedAt": timestamp(d.updated_at),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forbidden(ip: &str) -> bool {
+        is_forbidden_address(ip.parse().unwrap())
+    }
+
+    /// IPv6 prefixes whose address names an IPv4 host through a translator or relay (6to4, SIIT,
+    /// NAT64, Teredo): refused whole, whatever IPv4 address they embed, since where they lead is
+    /// the translator's decision; and the IPv4-mapped form, dialled as the IPv4 address it maps,
+    /// judged as that address.
+    #[test]
+    fn ipv6_forms_of_ipv4_addresses_are_refused() {
+        for bad in [
+            // 6to4 (2002::/16), embedding 127.0.0.1, 10.0.0.1, 192.168.1.1, 169.254.169.254, and a public one.
+            "2002:7f00:1::",
+            "2002:a00:1::1",
+            "2002:c0a8:101::",
+            "2002:a9fe:a9fe::1",
+            "2002:808:808::",
+            // SIIT / IPv4-translated (::ffff:0:0:0/96).
+            "::ffff:0:7f00:1",
+            "::ffff:0:a00:1",
+            "::ffff:0:a9fe:a9fe",
+            "::ffff:0:808:808",
+            // NAT64, well-known (64:ff9b::/96) and local-use (64:ff9b:1::/48).
+            "64:ff9b::7f00:1",
+            "64:ff9b::808:808",
+            "64:ff9b:1::a00:1",
+            // Teredo (2001::/32).
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            // IPv4-mapped and IPv4-compatible private or loopback addresses.
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            // Discard-only (100::/64).
+            "100::1",
+        ] {
+            assert!(forbidden(bad), "{bad}");
+        }
+        // Ordinary public addresses stay allowed, IPv4-mapped ones too (dialled as IPv4).
+        for good in ["2606:4700::1111", "2a00:1450:4001:82a::200e", "::ffff:8.8.8.8", "8.8.8.8", "2003::1"] {
+            assert!(!forbidden(good), "{good}");
+        }
+    }
 }
