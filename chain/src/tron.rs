@@ -136,11 +136,44 @@ pub fn parse(bytes: &[u8]) -> Result<TronTx, TxError> {
     let contract = &decoded.contract[0];
     let parameter = contract.parameter.as_ref().map(|p| p.value.clone()).unwrap_or_default();
     let tx = TronTx { raw_data: raw_bytes, transaction, contract_type: contract.r#type, parameter };
-    if tx.contract_type == TRANSFER_CONTRACT {
-        TransferContract::decode(tx.parameter.as_slice())
-            .map_err(|e| invalid(format_args!("TransferContract parameter: {e}")))?;
-    }
+    amounts(&decoded, tx.contract_type, &tx.parameter)?;
     Ok(tx)
+}
+
+/// Refuses amounts Tron does not accept, before anything is signed: protobuf `int64` carries
+/// negative values, which the policies would read as such (`tron.tx.amount < 1000000` holds for
+/// `-5`). A transfer moves a positive amount of sun (Tron's `TransferActuator` refuses 0 too); a
+/// contract call's `call_value` and the transaction's `fee_limit` are never negative. The
+/// parameters the policy facts read must decode: a transfer or a contract call whose parameter
+/// does not is refused rather than signed without facts.
+fn amounts(raw: &Raw, contract_type: i32, parameter: &[u8]) -> Result<(), TxError> {
+    if raw.fee_limit < 0 {
+        return Err(invalid(format_args!("fee_limit must not be negative (it is {})", raw.fee_limit)));
+    }
+    match contract_type {
+        TRANSFER_CONTRACT => {
+            let t = TransferContract::decode(parameter)
+                .map_err(|e| invalid(format_args!("TransferContract parameter: {e}")))?;
+            if t.amount <= 0 {
+                return Err(invalid(format_args!(
+                    "TransferContract amount must be a positive number of sun (it is {})",
+                    t.amount
+                )));
+            }
+        }
+        TRIGGER_SMART_CONTRACT => {
+            let t = TriggerSmartContract::decode(parameter)
+                .map_err(|e| invalid(format_args!("TriggerSmartContract parameter: {e}")))?;
+            if t.call_value < 0 {
+                return Err(invalid(format_args!(
+                    "TriggerSmartContract call_value must not be negative (it is {})",
+                    t.call_value
+                )));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// A Tron address (0x41 ‖ 20 bytes) in base58check, as wallets show it.
@@ -258,5 +291,61 @@ mod tests {
         assert!(parse(&bad).unwrap_err().0.contains("TransferContract parameter"));
         bad_param.push(0xff);
         assert!(parse(&bad_param).is_err(), "a trailing byte is not a valid protobuf field");
+    }
+
+    fn trigger_raw(call_value: i64, fee_limit: i64) -> Vec<u8> {
+        let param = TriggerSmartContract {
+            owner_address: [&[0x41][..], &[0x11; 20]].concat(),
+            contract_address: [&[0x41][..], &[0x33; 20]].concat(),
+            call_value,
+            data: vec![0xa9, 0x05, 0x9c, 0xbb],
+        }
+        .encode_to_vec();
+        Raw {
+            ref_block_bytes: vec![0xab, 0xcd],
+            contract: vec![Contract {
+                r#type: TRIGGER_SMART_CONTRACT,
+                parameter: Some(Any { type_url: String::new(), value: param }),
+            }],
+            fee_limit,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn negative_and_zero_amounts_are_refused_before_signing() {
+        for amount in [-1, -1_000_000, i64::MIN, 0] {
+            let raw = transfer_raw(amount);
+            let e = parse(&raw).unwrap_err().0;
+            assert_eq!(
+                e,
+                format!(
+                    "unsignedTransaction: TransferContract amount must be a positive number of sun (it is {amount})"
+                )
+            );
+            // The Transaction form too.
+            let framed = Transaction { raw_data: raw, signature: vec![] }.encode_to_vec();
+            assert!(parse(&framed).is_err(), "{amount}");
+        }
+        for amount in [1, i64::MAX] {
+            assert!(parse(&transfer_raw(amount)).is_ok(), "{amount}");
+        }
+        assert!(parse(&trigger_raw(0, 100_000_000)).is_ok(), "a call without value");
+        assert!(parse(&trigger_raw(5, 0)).is_ok());
+        let e = parse(&trigger_raw(-5, 100_000_000)).unwrap_err().0;
+        assert!(e.contains("call_value must not be negative (it is -5)"), "{e}");
+        let e = parse(&trigger_raw(0, -1)).unwrap_err().0;
+        assert!(e.contains("fee_limit must not be negative (it is -1)"), "{e}");
+        // A contract call whose parameter does not decode is refused, not signed without facts.
+        let bad = Raw {
+            contract: vec![Contract {
+                r#type: TRIGGER_SMART_CONTRACT,
+                parameter: Some(Any { type_url: String::new(), value: vec![0x0a, 0x20, 0x41] }),
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(parse(&bad).unwrap_err().0.contains("TriggerSmartContract parameter"));
     }
 }

@@ -399,8 +399,9 @@ fn eip712_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-// chain/src/ethereum/viem-vectors.json, chain/src/solana/web3js-vectors.json, and a Tron
-// TransferContract raw_data encoded by hand (owner 0x41‖0x11…, to 0x41‖0x22…, 1000 sun).
+// chain/src/ethereum/viem-vectors.json, chain/src/solana/web3js-vectors.json, and Tron
+// TransferContract raw_data encoded by hand (owner 0x41‖0x11…, to 0x41‖0x22…, 1000 sun; and the
+// same of -1000 sun, which coffer_chain::tron refuses before signing).
 fn transaction_seeds() -> Vec<(String, Vec<u8>)> {
     let prefixed = |chain: u8, hex_text: &str| {
         let mut out = vec![chain];
@@ -420,18 +421,29 @@ fn transaction_seeds() -> Vec<(String, Vec<u8>)> {
     for name in ["legacy1_unsigned", "legacy2_unsigned", "v0_1_unsigned", "v0_2_unsigned"] {
         out.push((format!("sol-{name}"), prefixed(1, sol[name].as_str().unwrap())));
     }
-    let mut transfer = vec![0x0a, 0x15, 0x41];
-    transfer.extend([0x11; 20]);
-    transfer.extend([0x12, 0x15, 0x41]);
-    transfer.extend([0x22; 20]);
-    transfer.extend([0x18, 0xe8, 0x07]);
-    let mut any = vec![0x12, transfer.len() as u8];
-    any.extend(transfer);
-    let mut contract = vec![0x08, 0x01, 0x12, any.len() as u8];
-    contract.extend(any);
-    let mut raw = vec![2u8, 0x0a, 0x02, 0xab, 0xcd, 0x5a, contract.len() as u8];
-    raw.extend(contract);
-    out.push(("tron-transfer".into(), raw));
+    let tron_transfer = |amount: i64| {
+        let mut transfer = vec![0x0a, 0x15, 0x41];
+        transfer.extend([0x11; 20]);
+        transfer.extend([0x12, 0x15, 0x41]);
+        transfer.extend([0x22; 20]);
+        // Field 3, int64 as a varint (a negative one takes ten bytes).
+        transfer.push(0x18);
+        let mut v = amount as u64;
+        while v >= 0x80 {
+            transfer.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        transfer.push(v as u8);
+        let mut any = vec![0x12, transfer.len() as u8];
+        any.extend(transfer);
+        let mut contract = vec![0x08, 0x01, 0x12, any.len() as u8];
+        contract.extend(any);
+        let mut raw = vec![2u8, 0x0a, 0x02, 0xab, 0xcd, 0x5a, contract.len() as u8];
+        raw.extend(contract);
+        raw
+    };
+    out.push(("tron-transfer".into(), tron_transfer(1000)));
+    out.push(("tron-transfer-negative".into(), tron_transfer(-1000)));
     out
 }
 
@@ -531,7 +543,9 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.into_iter()
         .map(|(target, name, bytes)| {
             let expect = match (target, name.as_str()) {
-                ("api_stamp", "truncated-json") | ("webauthn_stamp", "other-body") => Outcome::Rejected,
+                ("api_stamp", "truncated-json")
+                | ("webauthn_stamp", "other-body")
+                | ("transaction", "tron-transfer-negative") => Outcome::Rejected,
                 ("policy", i) => POLICIES[i.parse::<usize>().unwrap()].1,
                 ("policy_cost", n) => policy_cost_seeds().into_iter().find(|s| s.0 == n).unwrap().2,
                 _ => Outcome::Accepted,
