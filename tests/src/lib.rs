@@ -836,6 +836,9 @@ fn sqlite_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// What [`store_contents`] reads: (place, bytes).
+type StoreContents = Vec<(String, Vec<u8>)>;
+
 /// A store's contents by place: a SQLite file with its WAL and journal as bytes, or every table
 /// of a PostgreSQL database as text (`row::text`; `bytea` as `\x` hex). Any other URL fails.
 fn store_contents(url: &str) -> Vec<StorePlace> {
@@ -1056,6 +1059,26 @@ where
     }
 }
 
+/// `SELECT count(*) …` with two text parameters (`$1`, `$2`) on a store, SQLite or PostgreSQL.
+fn count_rows(url: &str, sql: &str, a: &str, b: &str) -> usize {
+    let (url, sql, a, b) = (url.to_string(), sql.to_string(), a.to_string(), b.to_string());
+    let n: i64 = if let Some(path) = url.strip_prefix("sqlite://") {
+        let c = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        c.busy_timeout(Duration::from_secs(10)).unwrap();
+        c.query_row(&sql.replace('$', "?"), [&a, &b], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    } else {
+        // Off any async runtime: the blocking client runs one of its own.
+        std::thread::spawn(move || {
+            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
+            c.query_one(&sql, &[&a, &b]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+        })
+        .join()
+        .unwrap()
+    };
+    usize::try_from(n).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1192,24 +1215,4 @@ mod tests {
         assert_eq!(v, 4);
         assert!(t.elapsed() >= Duration::from_millis(800));
     }
-}
-
-/// `SELECT count(*) …` with two text parameters (`$1`, `$2`) on a store, SQLite or PostgreSQL.
-fn count_rows(url: &str, sql: &str, a: &str, b: &str) -> usize {
-    let (url, sql, a, b) = (url.to_string(), sql.to_string(), a.to_string(), b.to_string());
-    let n: i64 = if let Some(path) = url.strip_prefix("sqlite://") {
-        let c = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
-        c.busy_timeout(Duration::from_secs(10)).unwrap();
-        c.query_row(&sql.replace('$', "?"), [&a, &b], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
-    } else {
-        // Off any async runtime: the blocking client runs one of its own.
-        std::thread::spawn(move || {
-            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("connecting to the store");
-            c.query_one(&sql, &[&a, &b]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
-        })
-        .join()
-        .unwrap()
-    };
-    usize::try_from(n).unwrap()
 }
