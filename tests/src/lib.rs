@@ -836,9 +836,6 @@ fn sqlite_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// What [`store_contents`] reads: (place, bytes).
-type StoreContents = Vec<(String, Vec<u8>)>;
-
 /// A store's contents by place: a SQLite file with its WAL and journal as bytes, or every table
 /// of a PostgreSQL database as text (`row::text`; `bytea` as `\x` hex). Any other URL fails.
 fn store_contents(url: &str) -> Vec<StorePlace> {
