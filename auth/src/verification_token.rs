@@ -32,6 +32,44 @@ pub fn is_e164(v: &str) -> bool {
     v.strip_prefix('+').is_some_and(|d| (4..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The mailbox or phone number one-time code limits count, one rule for both processes: an email
+/// address unquoted (`"victim"@example.com`), without its `+tag` (`victim+1@…`), in lower case,
+/// its domain without a final dot; a phone number in E.164 with the spaces, dashes, dots and
+/// brackets people type removed. `None` for anything else (an address with no `@`, an empty
+/// part, whitespace or control characters). The code still goes to the contact as given: only
+/// its spellings share one allowance.
+pub fn canonical_contact(contact: &str) -> Option<String> {
+    let contact = contact.trim();
+    let Some((local, domain)) = contact.rsplit_once('@') else {
+        let phone: String = contact.chars().filter(|c| !matches!(c, ' ' | '-' | '.' | '(' | ')')).collect();
+        return is_e164(&phone).then_some(phone);
+    };
+    let local = match local.strip_prefix('"').and_then(|l| l.strip_suffix('"')) {
+        // A quoted local part: its backslash escapes read as the characters they escape.
+        Some(quoted) => {
+            let mut out = String::with_capacity(quoted.len());
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => out.push(chars.next()?),
+                    '"' => return None,
+                    c => out.push(c),
+                }
+            }
+            out
+        }
+        None if local.contains(['"', '@']) => return None,
+        None => local.to_string(),
+    };
+    let local = local.split('+').next().unwrap_or_default().to_lowercase();
+    let domain = domain.strip_suffix('.').unwrap_or(domain).to_lowercase();
+    let bad = |s: &str| s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control());
+    if bad(&local) || bad(&domain) {
+        return None;
+    }
+    Some(format!("{local}@{domain}"))
+}
+
 /// The signing input (`header.claims`, base64url) of a token with `claims` (`token_type` added)
 /// and the SHA-256 digest the notarizer signs; the token is the input, `.`, and the signature
 /// `r ‖ s` base64url ([`assemble`]).
@@ -97,6 +135,39 @@ pub fn verify(token: &str, notarizer_public: &[u8], now_ms: i64) -> Option<Verif
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mailbox_counts_once_whatever_its_spelling() {
+        for spelling in [
+            "victim@example.com",
+            "\"victim\"@example.com",
+            "VICTIM@Example.COM",
+            "victim+1@example.com",
+            "victim+promo+2@example.com.",
+            "  victim@example.com ",
+            "\"vic\\tim\"@example.com",
+            "\"Victim+x\"@EXAMPLE.com",
+        ] {
+            assert_eq!(canonical_contact(spelling).as_deref(), Some("victim@example.com"), "{spelling}");
+        }
+        assert_eq!(canonical_contact("other@example.com").as_deref(), Some("other@example.com"));
+        assert_eq!(canonical_contact("victim@example.org").as_deref(), Some("victim@example.org"));
+        for bad in ["", "@example.com", "victim@", "+tag@example.com", "a b@example.com", "\"a\"b\"@x.test",
+            "a\"b@x.test", "\"a\\\"@x.test", "victim", "v\u{0}@x.test"]
+        {
+            assert_eq!(canonical_contact(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_phone_number_counts_in_e164() {
+        for spelling in ["+13214567890", "+1 321 456 7890", "+1 (321) 456-7890", "+1.321.456.7890"] {
+            assert_eq!(canonical_contact(spelling).as_deref(), Some("+13214567890"), "{spelling}");
+        }
+        for bad in ["13214567890", "+1 321 456 789a", "+", "++13214567890", "+1234567890123456"] {
+            assert_eq!(canonical_contact(bad), None, "{bad:?}");
+        }
+    }
     use p256::ecdsa::signature::hazmat::PrehashSigner;
 
     fn token(key: &p256::ecdsa::SigningKey, claims: Value) -> String {

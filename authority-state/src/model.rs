@@ -24,6 +24,13 @@ pub struct Organization {
     /// Whether the auth proxy's key may stamp for this organization.
     #[serde(default)]
     pub auth_proxy_enabled: bool,
+    /// A sub-organization the auth proxy signed up (or whose parent marked it so when it created
+    /// it: `authProxySignup` in the body, [`crate::transition::AUTH_PROXY_SIGNUP`]). What Coffer
+    /// sends for it carries nothing of its own (no app name, sender, reply-to, logo, link or
+    /// template) and counts against its parent's allowance. Set only when it is created; left out
+    /// when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auth_proxy_signup: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -159,6 +159,20 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             "an auth proxy sign-up with an email or phone number needs the verificationToken of it (one-time code)",
         ));
     }
+    // Every sign-up the proxy stamps marks its sub-organization as the proxy's (the authority
+    // state keeps the mark): what Coffer sends for it then carries its parent's name only and
+    // counts against its parent's allowance, so fresh sign-ups are no phishing relay.
+    if activity.activity_type == CREATE_SUB_ORGANIZATION
+        && !coffer_authority_state::transition::marks_auth_proxy_signup(&activity.parameters)
+    {
+        return Err(refuse(
+            RefusalReason::BindingMismatch,
+            &format!(
+                "an auth proxy sign-up carries {}: true (its sub-organization sends under its parent's name)",
+                coffer_authority_state::transition::AUTH_PROXY_SIGNUP
+            ),
+        ));
+    }
     // Nor may it register a lasting API key its holder did not sign the sign-up with: else anyone
     // could register someone else's (wallet) key beside a passkey of their own.
     if activity.activity_type == CREATE_SUB_ORGANIZATION {

@@ -47,6 +47,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("activity_log", activity_log),
     ("verification_token", verification_token),
     ("client_signature", client_signature),
+    ("canonical_contact", canonical_contact),
 ];
 
 /// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
@@ -177,6 +178,24 @@ pub fn client_signature(data: &[u8]) -> Outcome {
         }
         None => Outcome::Parsed,
     }
+}
+
+/// A one-time code's contact as a visitor types it (`coffer_auth::verification_token::
+/// canonical_contact`, the mailbox limits count): a canonical form is its own canonical form, in
+/// lower case, an email address without a `+tag` or quotes, a phone number in E.164.
+pub fn canonical_contact(data: &[u8]) -> Outcome {
+    use coffer_auth::verification_token::{canonical_contact, is_e164};
+    let Ok(text) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let Some(c) = canonical_contact(text) else { return Outcome::Rejected };
+    assert_eq!(canonical_contact(&c).as_deref(), Some(c.as_str()), "canonical twice: {text:?}");
+    assert_eq!(c.to_lowercase(), c, "{text:?}");
+    match c.rsplit_once('@') {
+        Some((local, domain)) => {
+            assert!(!local.is_empty() && !domain.is_empty() && !local.contains(['+', '"']), "{text:?} → {c:?}")
+        }
+        None => assert!(is_e164(&c), "{text:?} → {c:?}"),
+    }
+    Outcome::Accepted
 }
 
 /// An OAuth 2.0 client secret envelope (`coffer_crypto::qos`): the hex text the SDK sends and,

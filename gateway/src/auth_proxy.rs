@@ -147,15 +147,6 @@ async fn call(
             return ApiError::rate_limited("address", wait).into_response();
         }
     }
-    // Each code is a message someone receives: one address sends a few an hour, not the
-    // organization's whole hourly allowance.
-    if matches!(name.as_str(), "otp_init" | "otp_init_v2") {
-        if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.otp_sends_per_ip, &client) {
-            if let Err(wait) = limiter.take(*ip, Instant::now()) {
-                return ApiError::rate_limited("address's one-time codes", wait).into_response();
-            }
-        }
-    }
     let Some(config_id) = headers.get(CONFIG_HEADER).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string()) else {
         return unauthorized().into_response();
     };
@@ -187,8 +178,15 @@ async fn call(
         Ok(Err(_)) => return with_cors(ApiError::too_large(MAX_BODY).into_response(), origin.as_deref()),
         Err(_) => return with_cors(ApiError::body_timeout(Duration::from_secs(10)).into_response(), origin.as_deref()),
     };
+    // Each code is a message someone receives: one address sends a few an hour, not the
+    // organization's whole hourly allowance. Charged by otp_init once the request is otherwise
+    // accepted, so that refused calls (an unknown config id, a method not enabled) spend none.
+    let sends = match (&p.otp_sends_per_ip, &client) {
+        (Some(limiter), Some(Extension(ClientAddr(ip)))) => Some(OtpAllowance { limiter, ip: *ip }),
+        _ => None,
+    };
     let result = match parse_body(&body) {
-        Ok(params) => dispatch(&p.state, &config, &name, params).await,
+        Ok(params) => dispatch(&p.state, &config, &name, params, sends).await,
         Err(e) => Err(e),
     };
     let response = match result {
@@ -213,11 +211,24 @@ fn text<'a>(m: &'a Map<String, Value>, k: &str) -> &'a str {
     m.get(k).and_then(Value::as_str).unwrap_or_default()
 }
 
+/// The one-time code sends of one client address, charged by `otp_init` when it is about to send.
+struct OtpAllowance<'a> {
+    limiter: &'a RateLimiter<std::net::IpAddr>,
+    ip: std::net::IpAddr,
+}
+
+impl OtpAllowance<'_> {
+    fn charge(&self) -> Result<(), ApiError> {
+        self.limiter.take(self.ip, Instant::now()).map_err(|wait| ApiError::rate_limited("address's one-time codes", wait))
+    }
+}
+
 async fn dispatch(
     state: &Arc<AppState>,
     config: &Record,
     name: &str,
     params: Map<String, Value>,
+    sends: Option<OtpAllowance<'_>>,
 ) -> Result<Value, ApiError> {
     let settings = &config.data["config"];
     match name {
@@ -227,7 +238,7 @@ async fn dispatch(
         "oauth_login" => oauth_login(state, config, &params, settings).await,
         "account" => account(state, config, &params).await,
         "signup" | "signup_v2" => signup(state, config, &params).await,
-        "otp_init" | "otp_init_v2" => otp_init(state, config, &params).await,
+        "otp_init" | "otp_init_v2" => otp_init(state, config, &params, sends).await,
         "otp_verify_v2" => otp_verify(state, config, &params).await,
         "otp_login" | "otp_login_v2" => otp_login(state, config, &params, settings).await,
         PLAINTEXT_CODE => Err(ApiError {
@@ -391,7 +402,12 @@ const DEFAULT_OTP_ALPHANUMERIC: bool = true;
 
 /// `POST /v1/otp_init_v2 {otpType, contact}` (and `otp_init`) → `{otpId, otpEncryptionTargetBundle}`:
 /// `init_otp` in the configuration's organization, with its `otpLength` and `otpAlphanumeric`.
-async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+async fn otp_init(
+    state: &Arc<AppState>,
+    config: &Record,
+    p: &Map<String, Value>,
+    sends: Option<OtpAllowance<'_>>,
+) -> Result<Value, ApiError> {
     let otp_type = text(p, "otpType");
     crate::ops::params::required(otp_type, "otpType")?;
     crate::ops::params::required(text(p, "contact"), "contact")?;
@@ -409,6 +425,9 @@ async fn otp_init(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>
     });
     if !text(p, "userIdentifier").is_empty() {
         parameters["userIdentifier"] = json!(text(p, "userIdentifier"));
+    }
+    if let Some(sends) = sends {
+        sends.charge()?;
     }
     let result = submit_as_proxy(state, config, "init_otp", &config.organization_id, parameters).await?;
     Ok(json!({ "otpId": result["otpId"], "otpEncryptionTargetBundle": result["otpEncryptionTargetBundle"] }))
@@ -517,11 +536,15 @@ async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) 
             user[to] = json!(text(p, from));
         }
     }
+    // Marked as the proxy's sign-up (the enclave's stamper refuses one without): what Coffer
+    // sends for the sub-organization carries this organization's name and counts against its
+    // allowance.
     let mut parameters = json!({
         "subOrganizationName": match text(p, "organizationName") { "" => format!("sub-org-{now_ms}"), n => n.to_string() },
         "rootQuorumThreshold": 1,
         "rootUsers": [user],
     });
+    parameters[coffer_authority_state::transition::AUTH_PROXY_SIGNUP] = json!(true);
     if let Some(w) = p.get("wallet").filter(|w| w.is_object()) {
         parameters["wallet"] = w.clone();
     }

@@ -26,6 +26,21 @@ pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
     out
 }
 
+/// The sub-organization of a `create_sub_organization` whose body marks it as the auth proxy's
+/// sign-up (`marked`: `coffer_authority_state::transition::marks_auth_proxy_signup` of the body,
+/// the rule the enclave checks the proposal with) is proposed marked: the mark lives in the
+/// authority state only, not in the gateway's database.
+pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut [Change]) {
+    if activity_type != coffer_auth::grants::CREATE_SUB_ORGANIZATION || !marked {
+        return;
+    }
+    for c in proposal {
+        if let Effect::CreateOrganization { organization } = &mut c.effect {
+            organization.auth_proxy_signup = true;
+        }
+    }
+}
+
 fn change(organization_id: &str, effect: Effect) -> Change {
     Change { organization_id: organization_id.to_string(), effect }
 }

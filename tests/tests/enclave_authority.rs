@@ -1322,7 +1322,8 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
     // What a visitor may not register through the proxy, whatever the gateway sends: a lasting API
     // key that did not sign the sign-up, an OAuth identity without its token.
     let squat = |user: Value| {
-        let params = json!({"subOrganizationName": "squat", "rootQuorumThreshold": 1, "rootUsers": [user]});
+        let params = json!({"subOrganizationName": "squat", "rootQuorumThreshold": 1, "rootUsers": [user],
+            "authProxySignup": true});
         body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params)
     };
     let someones_key = json!({"userName": "u", "authenticators": [], "oauthProviders": [], "apiKeys": [{"apiKeyName": "w",
@@ -1340,11 +1341,27 @@ async fn login_calls_on_the_enclave_socket_open_sessions_only_for_whom_the_stamp
         pb::RefusalReason::BindingMismatch,
     );
 
+    // Every sign-up the proxy stamps marks its sub-organization as the proxy's (authProxySignup):
+    // one without the mark, which would make a sub-organization free to brand its mail, is refused.
+    let unmarked = json!({"subOrganizationName": "unmarked", "rootQuorumThreshold": 1,
+        "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}]});
+    refused_audited(
+        audited(
+            &stack,
+            "stamp_auth_proxy_request",
+            proxy_stamp(body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), unmarked)),
+        )
+        .await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+
     // Sign-ups through the proxy are counted by the enclave, per proxy: two a day here. The
     // same body stamped again is not a second sign-up; a third one is refused, its body unsigned.
     let signup = |n: u128| {
         let params = json!({"subOrganizationName": format!("signup-{n}"), "rootQuorumThreshold": 1,
-            "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}]});
+            "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}],
+            "authProxySignup": true});
         body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms() + n, params)
     };
     let (first, second, third) = (signup(1), signup(2), signup(3));
@@ -2951,6 +2968,77 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
         })
         .await;
     assert_eq!(refusal(r).0, pb::RefusalReason::OtpInvalid);
+    proxy_sign_ups_brand_nothing(&stack, &enclave, &c, &mails).await;
     drop(stack);
     let _ = std::fs::remove_dir_all(&mail);
+}
+
+/// A visitor signs up through the auth proxy; as its sub-organization's root it stamps an
+/// `init_otp` with a bank's name and sends it straight to the enclave (as a gateway that lets
+/// anything through would): the enclave, from its own state, refuses the customisation and sends
+/// nothing; the same body without it is sent.
+async fn proxy_sign_ups_brand_nothing(
+    stack: &Stack,
+    enclave: &Enclave,
+    c: &rusqlite::Connection,
+    mails: &dyn Fn() -> usize,
+) {
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let r = coffer_tests::submit(stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config = json!({ "allowedOrigins": ["https://app.example"], "allowedAuthMethods": ["email"] });
+    let r = coffer_tests::submit(
+        stack,
+        &root,
+        &org,
+        "update_auth_proxy_config",
+        "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG",
+        config,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config_id = r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
+    // A key that expires within 300 s needs no client signature (the passkey sign-up's login key).
+    let visitor = TurnkeyP256ApiKey::generate();
+    let signup = json!({ "userName": "mallory", "apiKeys": [{ "apiKeyName": "k", "publicKey": public_key(&visitor),
+        "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "300" }], "authenticators": [], "oauthProviders": [] });
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/v1/signup_v2", stack.auth_proxy_port))
+        .header("x-auth-proxy-config-id", &config_id)
+        .header("origin", "https://app.example")
+        .body(signup.to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, r) = (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null));
+    assert_eq!(status, 200, "{r}");
+    let sub = r["organizationId"].as_str().unwrap().to_string();
+    let cert = certificate(c, &public_key(&visitor));
+    let init_body = |ts: u128, extra: Value| {
+        let mut p = json!({"otpType": "OTP_TYPE_EMAIL", "contact": "victim@example.test", "appName": ""});
+        p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body("ACTIVITY_TYPE_INIT_OTP_V3", &sub, ts, p)
+    };
+    let init = |body: String| {
+        let e = enclave.clone();
+        let request = pb::InitOtpRequest { auth: auth(stamped(&visitor, &body, &cert)), ..Default::default() };
+        async move { e.clone().init_otp(request).await.map(|r| r.into_inner()) }
+    };
+    let before = mails();
+    let mut ts = Stack::now_ms();
+    for extra in [
+        json!({ "appName": "Evil Bank Security" }),
+        json!({ "replyToEmailAddress": "mallory@evil.test" }),
+        json!({ "sendFromEmailSenderName": "Evil Bank" }),
+        json!({ "emailCustomization": { "magicLinkTemplate": "https://evil.test/login?code=%s" } }),
+        json!({ "smsCustomization": { "template": "Evil Bank: {{.OtpCode}}" } }),
+    ] {
+        ts += 1;
+        let (reason, message) = refusal(init(init_body(ts, extra.clone())).await);
+        assert_eq!(reason, pb::RefusalReason::CustomizationNotAllowed, "{extra}: {message}");
+    }
+    assert_eq!(mails(), before, "nothing is sent for a refused customisation");
+    init(init_body(ts + 1, json!({}))).await.unwrap();
+    assert_eq!(mails(), before + 1);
 }

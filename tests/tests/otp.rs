@@ -234,7 +234,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let r = answer(with_session("/public/v1/query/whoami", &ro.session).await.unwrap()).await;
-    stack.refused_by_gateway(r, 401, "SESSION_INVALID", "the credential that made it is gone or expired");
+    stack.refused_by_gateway(r, 401, "SESSION_INVALID", "invalid or expired read-only session");
     // Once: the same token with another key is refused.
     let other = TurnkeyP256ApiKey::generate();
     stack.refused_for(
@@ -331,6 +331,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     }
     // Alice already had three codes this hour: one more is allowed, the next is not.
     root.init_otp(org.clone(), ts(), init("alice@example.test", None, None, None)).await.unwrap();
+    canonical_mailboxes(&stack, &root, &org).await;
 
     // Bad input changes nothing: a contact that is not an address, an SMS without a transport,
     // a sender domain the enclave does not allow.
@@ -531,6 +532,8 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     contact_squatting(stack, smtp, &config_id, &org).await;
     attested_token_login(stack, smtp, &config_id, &org, sub_org, dave).await;
     otp_sign_up_then_log_in(stack, smtp, &config_id, &org).await;
+    phishing_relay(stack, smtp, &config_id).await;
+    limits_charge_accepted_requests_only(stack, &config_id).await;
     // One address sends at most 40 codes an hour through the proxy (this stack's setting), to
     // any contacts: the organization's allowance is not one visitor's.
     let mut refused_at = None;
@@ -1122,4 +1125,106 @@ async fn sms_login(stack: &Stack, texts: &Texts) {
     assert_eq!(claims(&token)["verification_type"], "OTP_TYPE_SMS");
     let result = root.otp_login(org.clone(), Stack::now_ms(), login(&token, &session)).await.unwrap().result;
     assert_eq!(claims(&result.session)["user_id"], henry);
+}
+
+/// One-time code limits count a mailbox, not its spellings: quoted, in capitals or with a `+tag`,
+/// it is the same mailbox and shares its 4 codes an hour (this stack's setting).
+async fn canonical_mailboxes(stack: &Stack, root: &Client, org: &str) {
+    let ts = Stack::now_ms;
+    for (i, spelling) in ["ivy@example.test", "IVY@Example.test", "ivy+1@example.test", "\"ivy\"@example.test"]
+        .iter()
+        .enumerate()
+    {
+        let r = root.init_otp(org.into(), ts(), init(spelling, None, None, None)).await;
+        assert!(r.is_ok(), "send {i} to {spelling}: {:?}", r.err());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stack.refused_for(
+        root.init_otp(org.into(), ts(), init("Ivy+2@example.test", None, None, None)).await,
+        429,
+        "RATE_LIMIT_EXCEEDED",
+        Reason::OtpRateLimited,
+    );
+}
+
+/// A visitor signs up through the auth proxy and, as its sub-organization's root, asks for codes
+/// that look like someone else's (a bank's name, logo, link, sender, reply-to) to any address:
+/// the enclave refuses each customisation, naming the field; a plain code is sent under the
+/// parent's name and counted against the parent's allowance.
+async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
+    let evil = TurnkeyP256ApiKey::generate();
+    let evil_hex = hex::encode(evil.compressed_public_key());
+    let signup = json!({ "userName": "mallory", "apiKeys": [{ "apiKeyName": "k", "publicKey": evil_hex,
+        "curveType": "API_KEY_CURVE_P256" }], "authenticators": [], "oauthProviders": [] });
+    let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&evil, signup)).await;
+    assert_eq!(status, 200, "{r}");
+    let evil_org = r["organizationId"].as_str().unwrap().to_string();
+    let as_evil = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(evil.private_key()), None).unwrap());
+    let ts = Stack::now_ms;
+    let plain = || {
+        let mut i = init("victim@example.test", None, None, None);
+        i.app_name = String::new();
+        i
+    };
+    let before = smtp.seen();
+    let mut bank = plain();
+    bank.app_name = "Evil Bank Security".into();
+    let mut reply = plain();
+    reply.reply_to_email_address = Some("mallory@evil.test".into());
+    let mut sender = plain();
+    sender.send_from_email_sender_name = Some("Evil Bank".into());
+    let mut from = plain();
+    from.send_from_email_address = Some("security@localhost".into());
+    let mut logo = plain();
+    logo.email_customization = Some(turnkey_client::generated::EmailCustomizationParamsV2 {
+        logo_url: Some("https://evil.test/logo.png".into()),
+        magic_link_template: Some("https://evil.test/login?code=%s".into()),
+        template_variables: None,
+        template_id: None,
+    });
+    for (intent, field) in [
+        (bank, "appName"),
+        (reply, "replyToEmailAddress"),
+        (sender, "sendFromEmailSenderName"),
+        (from, "sendFromEmailAddress"),
+        (logo, "emailCustomization"),
+    ] {
+        let r = as_evil.init_otp(evil_org.clone(), ts(), intent).await;
+        let message = format!("{r:?}");
+        stack.refused_for(r, 403, "REQUEST_NOT_AUTHORIZED", Reason::CustomizationNotAllowed);
+        assert!(message.contains(field), "the refusal names {field}: {message}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(smtp.seen(), before, "nothing was sent for a refused customisation");
+    // A plain code goes out under the parent's brand, not anything the visitor chose.
+    as_evil.init_otp(evil_org.clone(), ts(), plain()).await.unwrap();
+    let (_, mail) = smtp.code_for(&before, "victim@example.test");
+    assert!(!mail.contains("Evil"), "{mail}");
+    assert!(mail.contains("From: Coffer <no-reply@localhost>"), "{mail}");
+    // Through the proxy, the visitor's appName is not used either: the configuration's is.
+    let before = smtp.seen();
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "victim2@example.test", "appName": "Evil Bank Security" });
+    let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
+    assert_eq!(status, 200, "{r}");
+    let (_, mail) = smtp.code_for(&before, "victim2@example.test");
+    assert!(!mail.contains("Evil"), "{mail}");
+}
+
+/// Limits are charged only for requests that were otherwise accepted: calls with an unknown
+/// configuration id spend none of the address's one-time code allowance (40 an hour here).
+async fn limits_charge_accepted_requests_only(stack: &Stack, config_id: &str) {
+    for i in 0..45 {
+        let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": format!("nobody-{i}@example.test") });
+        let (status, r) = proxy_post(stack, "00000000-0000-4000-8000-00000000dead", "otp_init_v2", body).await;
+        stack.refused_by_gateway((status, r), 401, "UNAUTHENTICATED", "unknown or disabled auth proxy config id");
+    }
+    // Nor do codes of a method the configuration does not allow.
+    for _ in 0..45 {
+        let body = json!({ "otpType": "OTP_TYPE_SMS", "contact": "+13214567890" });
+        let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
+        stack.refused_by_gateway((status, r), 403, "REQUEST_NOT_AUTHORIZED", "sms login is not enabled");
+    }
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "somebody@example.test" });
+    let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
+    assert_eq!(status, 200, "the address's allowance is whole: {r}");
 }

@@ -880,6 +880,7 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
             ("another parent", org_with(&|o| o.parent_id = None)),
             ("another quorum", org_with(&|o| o.root_user_ids = vec![u0.clone()])),
             ("another threshold", org_with(&|o| o.root_quorum_threshold = 2)),
+            ("marked as the auth proxy's sign-up, unasked", org_with(&|o| o.auth_proxy_signup = true)),
             ("a root user elsewhere", with(&good, 1, |ch| ch.organization_id = "o".into())),
             ("another API key", with(&good, 2, |ch| cred(ch).public_key = "02cd".into())),
             ("another passkey", with(&good, 3, |ch| cred(ch).public_key = "03cc".into())),
@@ -926,6 +927,14 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
             ("no accounts", good[..10].to_vec()),
         ],
     );
+    // A body that marks the sub-organization as the auth proxy's sign-up: the flag, and only then.
+    let mut marked_body = body.clone();
+    marked_body[crate::transition::AUTH_PROXY_SIGNUP] = json!(true);
+    let marked = org_with(&|o| o.auth_proxy_signup = true);
+    assert_eq!(run(&s, ty, &marked_body, &marked, &grants), Ok(()));
+    assert!(run(&s, ty, &marked_body, &good, &grants).is_err(), "an unmarked proposal of a marked sign-up");
+    marked_body[crate::transition::AUTH_PROXY_SIGNUP] = json!("true");
+    assert!(run(&s, ty, &marked_body, &marked, &grants).is_err(), "only true marks");
     // A sub-organization cannot have sub-organizations.
     let mut child = s.clone();
     child.organization.parent_id = Some("p".into());

@@ -305,6 +305,7 @@ pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
         parent_id: Some(i.org()),
         root_quorum_threshold: threshold(i, root_users.len())?,
         root_user_ids: user_ids.clone(),
+        auth_proxy_signup: super::marks_auth_proxy_signup(i.params),
         ..Default::default()
     };
     let mut out = vec![t.change(Effect::CreateOrganization { organization })];

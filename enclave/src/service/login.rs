@@ -335,7 +335,7 @@ async fn verify_and_open(
         };
         let session = sessions::open_session(&hsm, &authority, &a, g, seconds)?;
         let message = match by_email {
-            true => Some(super::otp::email_bundle(&o, &a, &session.credential_bundle)?),
+            true => Some(super::otp::email_bundle(&authority, &o, &a, &session.credential_bundle)?),
             false => None,
         };
         Ok((session, message))

@@ -280,7 +280,8 @@ fn prepare(
     a: &Authorized,
 ) -> Result<(pb::InitOtpResponse, Outgoing), EnclaveError> {
     let org = a.activity.organization_id.as_str();
-    let params = read_init(&a.activity.parameters, &otp.settings)?;
+    let sender = sender_of(authority, a)?;
+    let params = read_init(&sender.parameters(a, "appName")?, &otp.settings)?;
     match params.channel {
         Channel::Email if !otp.mailer.configured() => {
             return Err(EnclaveError::invalid(
@@ -292,7 +293,7 @@ fn prepare(
         }
         _ => {}
     }
-    charge_send(authority, &otp.settings, a, &params.contact, &params.user_identifier)?;
+    charge_send(authority, &otp.settings, a, &sender.allowance, &params.contact, &params.user_identifier)?;
     let now = now_ms();
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
     let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
@@ -340,6 +341,100 @@ fn prepare(
     Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, outgoing))
 }
 
+/// Who what an organization sends goes out as, and whose allowance it counts against: the
+/// organization itself, or, for a sub-organization the auth proxy signed up
+/// (`Organization::auth_proxy_signup`, from the enclave's own state), its parent, whose name it
+/// carries and nothing the sub-organization chose.
+struct Sender {
+    /// The organization whose hourly allowance (`sends_per_organization_per_hour`) is charged.
+    allowance: String,
+    /// For a marked sub-organization, the only app name its messages carry (the parent's name).
+    brand: Option<String>,
+}
+
+/// The fields of a body that choose how a message looks or who it seems to come from.
+const CUSTOMISATION: &[&str] = &[
+    "appName",
+    "emailCustomization",
+    "smsCustomization",
+    "sendFromEmailAddress",
+    "sendFromEmailSenderName",
+    "replyToEmailAddress",
+];
+
+/// The [`Sender`] of the activity's organization, from its authority state (and its parent's).
+/// A parent's own credential acting for its sub-organization brands as it likes, as the parent.
+fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveError> {
+    let org = a.activity.organization_id.as_str();
+    let own = Sender { allowance: org.to_string(), brand: None };
+    let Some(loaded) = authority.rules().load(org)? else { return Ok(own) };
+    let o = &loaded.state.organization;
+    let Some(parent) = o.parent_id.as_deref().filter(|_| o.auth_proxy_signup) else { return Ok(own) };
+    if a.via_parent {
+        return Ok(Sender { allowance: parent.to_string(), brand: None });
+    }
+    let name = authority.rules().load(parent)?.map(|l| l.state.organization.name.trim().to_string()).unwrap_or_default();
+    let brand = if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) { "Coffer".into() } else { name };
+    Ok(Sender { allowance: parent.to_string(), brand: Some(brand) })
+}
+
+/// Whether a body's customisation field is set: a non-empty text, or an object with any such value.
+fn chosen(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::String(s)) => !s.trim().is_empty(),
+        Some(Value::Object(m)) => m.values().any(|v| chosen(Some(v))),
+        Some(Value::Array(a)) => a.iter().any(|v| chosen(Some(v))),
+        Some(_) => true,
+    }
+}
+
+/// The first customisation field a marked sub-organization's body sets, if any (its app name
+/// may be the brand itself, which some clients always send).
+fn customised(p: &Value, brand: &str) -> Option<&'static str> {
+    CUSTOMISATION.iter().copied().find(|k| match *k {
+        "appName" => chosen(p.get(*k)) && text(p, k).trim() != brand,
+        "emailCustomization" => {
+            let app = p.get(*k).and_then(|c| c.get("appName")).and_then(Value::as_str).map(str::trim);
+            let mut rest = p.get(*k).cloned().unwrap_or(Value::Null);
+            if let Some(m) = rest.as_object_mut() {
+                m.remove("appName");
+            }
+            chosen(Some(&rest)) || app.is_some_and(|n| !n.is_empty() && n != brand)
+        }
+        _ => chosen(p.get(*k)),
+    })
+}
+
+impl Sender {
+    /// The activity's parameters as the message is made from them: as stamped, or for a marked
+    /// sub-organization, refused if they choose anything ([`CUSTOMISATION`]) and with the
+    /// parent's name at `app_name_at` (`appName`, or `emailCustomization.appName`).
+    fn parameters(&self, a: &Authorized, app_name_at: &str) -> Result<Value, EnclaveError> {
+        let mut p = a.activity.parameters.clone();
+        let Some(brand) = &self.brand else { return Ok(p) };
+        if let Some(field) = customised(&p, brand) {
+            return Err(refuse(
+                a,
+                RefusalReason::CustomizationNotAllowed,
+                &format!(
+                    "{field} is not allowed: this sub-organization was signed up through the auth proxy, and what \
+                     Coffer sends for it carries its parent's name and nothing it chooses"
+                ),
+            ));
+        }
+        match app_name_at.split_once('.') {
+            Some((outer, inner)) => {
+                let mut m = serde_json::Map::new();
+                m.insert(inner.to_string(), json!(brand));
+                p[outer] = Value::Object(m);
+            }
+            None => p[app_name_at] = json!(brand),
+        }
+        Ok(p)
+    }
+}
+
 /// Counts one message to `contact` before anything is sent, in the store every enclave shares:
 /// per contact, per user identifier, then per organization (an hour each). The same stamped body is
 /// never counted twice.
@@ -347,11 +442,15 @@ fn charge_send(
     authority: &Authority,
     s: &OtpSettings,
     a: &Authorized,
+    allowance: &str,
     contact: &str,
     user_identifier: &str,
 ) -> Result<(), EnclaveError> {
-    let org = a.activity.organization_id.as_str();
-    let contact_key = hex::encode(Sha256::digest(contact.to_ascii_lowercase().as_bytes()));
+    let org = allowance;
+    // Every spelling of one mailbox (quoted, capitals, +tag) or phone number shares its allowance.
+    let canonical = coffer_auth::verification_token::canonical_contact(contact)
+        .ok_or_else(|| EnclaveError::invalid("contact: not an email address or an E.164 phone number"))?;
+    let contact_key = hex::encode(Sha256::digest(canonical.as_bytes()));
     let mut scopes = vec![(format!("otp-sends/contact/{contact_key}"), s.sends_per_contact_per_hour)];
     if !user_identifier.is_empty() {
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
@@ -402,8 +501,9 @@ pub fn email_grant(
         return Err(EnclaveError::invalid("targetPublicKey is required"));
     }
     // The email is built once without the bundle first: a body whose addresses or customization
-    // cannot make one is refused before any credential exists.
-    email_bundle(otp, a, "")?;
+    // cannot make one (or may not choose them) is refused before any credential exists.
+    let sender = sender_of(authority, a)?;
+    email_bundle(authority, otp, a, "")?;
     let loaded = authority
         .rules()
         .load(&a.activity.organization_id)?
@@ -411,7 +511,7 @@ pub fn email_grant(
     let wanted = email.to_string().to_ascii_lowercase();
     let user_id = user_with_contact(a, &loaded.state, "OTP_TYPE_EMAIL", &wanted)
         .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
-    charge_send(authority, &otp.settings, a, &wanted, "")?;
+    charge_send(authority, &otp.settings, a, &sender.allowance, &wanted, "")?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
     let credential_type = if a.activity.activity_type == crate::sessions::EMAIL_AUTH {
         "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256"
@@ -423,8 +523,13 @@ pub fn email_grant(
 
 /// The email that carries an `email_auth` or recovery credential bundle to the body's `email`
 /// (the bundle in the text, and in `magicLinkTemplate`'s link when the body gives one).
-pub fn email_bundle(otp: &OtpService, a: &Authorized, bundle: &str) -> Result<lettre::Message, EnclaveError> {
-    let p = &a.activity.parameters;
+pub fn email_bundle(
+    authority: &Authority,
+    otp: &OtpService,
+    a: &Authorized,
+    bundle: &str,
+) -> Result<lettre::Message, EnclaveError> {
+    let p = &sender_of(authority, a)?.parameters(a, "emailCustomization.appName")?;
     let custom = p.get("emailCustomization").cloned().unwrap_or(Value::Null);
     let mut init = p.clone();
     init["otpType"] = json!("OTP_TYPE_EMAIL");
@@ -877,6 +982,30 @@ mod tests {
         for bad in [json!("0"), json!("601"), json!("-1"), json!("ten"), json!(true)] {
             assert!(seconds(&json!({ "expirationSeconds": bad }), 300, 600).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_marked_sub_organization_chooses_nothing() {
+        let base = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "a@b.test" });
+        assert_eq!(customised(&base, "Parent"), None);
+        let with = |k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            customised(&b, "Parent")
+        };
+        assert_eq!(with("appName", json!("")), None);
+        assert_eq!(with("appName", json!("Parent")), None, "the brand itself");
+        assert_eq!(with("appName", json!("Evil Bank Security")), Some("appName"));
+        assert_eq!(with("replyToEmailAddress", json!("m@evil.test")), Some("replyToEmailAddress"));
+        assert_eq!(with("sendFromEmailAddress", json!("x@localhost")), Some("sendFromEmailAddress"));
+        assert_eq!(with("sendFromEmailSenderName", json!("Bank")), Some("sendFromEmailSenderName"));
+        assert_eq!(with("smsCustomization", json!({ "template": "{{.OtpCode}}" })), Some("smsCustomization"));
+        assert_eq!(with("smsCustomization", json!({ "template": "" })), None);
+        assert_eq!(with("emailCustomization", json!({ "logoUrl": "https://e.test/l.png" })), Some("emailCustomization"));
+        assert_eq!(with("emailCustomization", json!({ "templateVariables": "{}" })), Some("emailCustomization"));
+        assert_eq!(with("emailCustomization", json!({ "appName": "Parent" })), None);
+        assert_eq!(with("emailCustomization", json!({ "appName": "Evil" })), Some("emailCustomization"));
+        assert_eq!(with("emailCustomization", json!({})), None);
     }
 
     #[test]

@@ -157,10 +157,12 @@ async fn execute(
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
     let proofs = ctx.proofs.clone();
+    let signup_mark = coffer_authority_state::transition::marks_auth_proxy_signup(&params);
     let mut outcome = (op.handler)(ctx, params).await?;
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
-    let proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
+    let mut proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
+    crate::authority_proposal::mark_auth_proxy_signup(op.activity_type, signup_mark, &mut proposal);
     let issued: Vec<Vec<u8>> = outcome
         .writes
         .iter()
