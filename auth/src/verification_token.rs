@@ -152,9 +152,18 @@ mod tests {
         }
         assert_eq!(canonical_contact("other@example.com").as_deref(), Some("other@example.com"));
         assert_eq!(canonical_contact("victim@example.org").as_deref(), Some("victim@example.org"));
-        for bad in ["", "@example.com", "victim@", "+tag@example.com", "a b@example.com", "\"a\"b\"@x.test",
-            "a\"b@x.test", "\"a\\\"@x.test", "victim", "v\u{0}@x.test"]
-        {
+        for bad in [
+            "",
+            "@example.com",
+            "victim@",
+            "+tag@example.com",
+            "a b@example.com",
+            "\"a\"b\"@x.test",
+            "a\"b@x.test",
+            "\"a\\\"@x.test",
+            "victim",
+            "v\u{0}@x.test",
+        ] {
             assert_eq!(canonical_contact(bad), None, "{bad:?}");
         }
     }

@@ -219,7 +219,9 @@ struct OtpAllowance<'a> {
 
 impl OtpAllowance<'_> {
     fn charge(&self) -> Result<(), ApiError> {
-        self.limiter.take(self.ip, Instant::now()).map_err(|wait| ApiError::rate_limited("address's one-time codes", wait))
+        self.limiter
+            .take(self.ip, Instant::now())
+            .map_err(|wait| ApiError::rate_limited("address's one-time codes", wait))
     }
 }
 

@@ -2998,7 +2998,8 @@ async fn proxy_sign_ups_brand_nothing(
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let config_id = r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
+    let config_id =
+        r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
     // A key that expires within 300 s needs no client signature (the passkey sign-up's login key).
     let visitor = TurnkeyP256ApiKey::generate();
     let signup = json!({ "userName": "mallory", "apiKeys": [{ "apiKeyName": "k", "publicKey": public_key(&visitor),

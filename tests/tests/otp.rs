@@ -1131,9 +1131,8 @@ async fn sms_login(stack: &Stack, texts: &Texts) {
 /// it is the same mailbox and shares its 4 codes an hour (this stack's setting).
 async fn canonical_mailboxes(stack: &Stack, root: &Client, org: &str) {
     let ts = Stack::now_ms;
-    for (i, spelling) in ["ivy@example.test", "IVY@Example.test", "ivy+1@example.test", "\"ivy\"@example.test"]
-        .iter()
-        .enumerate()
+    for (i, spelling) in
+        ["ivy@example.test", "IVY@Example.test", "ivy+1@example.test", "\"ivy\"@example.test"].iter().enumerate()
     {
         let r = root.init_otp(org.into(), ts(), init(spelling, None, None, None)).await;
         assert!(r.is_ok(), "send {i} to {spelling}: {:?}", r.err());
@@ -1203,7 +1202,8 @@ async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
     assert!(mail.contains("From: Coffer <no-reply@localhost>"), "{mail}");
     // Through the proxy, the visitor's appName is not used either: the configuration's is.
     let before = smtp.seen();
-    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "victim2@example.test", "appName": "Evil Bank Security" });
+    let body =
+        json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "victim2@example.test", "appName": "Evil Bank Security" });
     let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
     assert_eq!(status, 200, "{r}");
     let (_, mail) = smtp.code_for(&before, "victim2@example.test");

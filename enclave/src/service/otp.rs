@@ -373,8 +373,10 @@ fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveErr
     if a.via_parent {
         return Ok(Sender { allowance: parent.to_string(), brand: None });
     }
-    let name = authority.rules().load(parent)?.map(|l| l.state.organization.name.trim().to_string()).unwrap_or_default();
-    let brand = if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) { "Coffer".into() } else { name };
+    let name =
+        authority.rules().load(parent)?.map(|l| l.state.organization.name.trim().to_string()).unwrap_or_default();
+    let brand =
+        if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) { "Coffer".into() } else { name };
     Ok(Sender { allowance: parent.to_string(), brand: Some(brand) })
 }
 
@@ -1001,7 +1003,10 @@ mod tests {
         assert_eq!(with("sendFromEmailSenderName", json!("Bank")), Some("sendFromEmailSenderName"));
         assert_eq!(with("smsCustomization", json!({ "template": "{{.OtpCode}}" })), Some("smsCustomization"));
         assert_eq!(with("smsCustomization", json!({ "template": "" })), None);
-        assert_eq!(with("emailCustomization", json!({ "logoUrl": "https://e.test/l.png" })), Some("emailCustomization"));
+        assert_eq!(
+            with("emailCustomization", json!({ "logoUrl": "https://e.test/l.png" })),
+            Some("emailCustomization")
+        );
         assert_eq!(with("emailCustomization", json!({ "templateVariables": "{}" })), Some("emailCustomization"));
         assert_eq!(with("emailCustomization", json!({ "appName": "Parent" })), None);
         assert_eq!(with("emailCustomization", json!({ "appName": "Evil" })), Some("emailCustomization"));
