@@ -2826,6 +2826,8 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
         ("COFFER_ENFORCE_RULES", "1"),
         coffer_tests::AUDIT_LOG,
         ("COFFER_MAIL_DIR", mail.to_str().unwrap()),
+        // The organization's hourly codes: its proxy sign-ups' count against it.
+        ("COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR", "6"),
     ])
     .await;
     let client = stack.client();
@@ -3001,31 +3003,34 @@ async fn proxy_sign_ups_brand_nothing(
     let config_id =
         r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
     // A key that expires within 300 s needs no client signature (the passkey sign-up's login key).
-    let visitor = TurnkeyP256ApiKey::generate();
-    let signup = json!({ "userName": "mallory", "apiKeys": [{ "apiKeyName": "k", "publicKey": public_key(&visitor),
-        "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "300" }], "authenticators": [], "oauthProviders": [] });
-    let r = reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{}/v1/signup_v2", stack.auth_proxy_port))
-        .header("x-auth-proxy-config-id", &config_id)
-        .header("origin", "https://app.example")
-        .body(signup.to_string())
-        .send()
-        .await
-        .unwrap();
-    let (status, r) = (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null));
-    assert_eq!(status, 200, "{r}");
-    let sub = r["organizationId"].as_str().unwrap().to_string();
-    let cert = certificate(c, &public_key(&visitor));
-    let init_body = |ts: u128, extra: Value| {
+    let sign_up = || async {
+        let visitor = TurnkeyP256ApiKey::generate();
+        let signup = json!({ "userName": "mallory", "apiKeys": [{ "apiKeyName": "k", "publicKey": public_key(&visitor),
+            "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "300" }], "authenticators": [], "oauthProviders": [] });
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/v1/signup_v2", stack.auth_proxy_port))
+            .header("x-auth-proxy-config-id", &config_id)
+            .header("origin", "https://app.example")
+            .body(signup.to_string())
+            .send()
+            .await
+            .unwrap();
+        let (status, r) = (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null));
+        assert_eq!(status, 200, "{r}");
+        let cert = certificate(c, &public_key(&visitor));
+        (r["organizationId"].as_str().unwrap().to_string(), visitor, cert)
+    };
+    let init_body = |sub: &str, ts: u128, extra: Value| {
         let mut p = json!({"otpType": "OTP_TYPE_EMAIL", "contact": "victim@example.test", "appName": ""});
         p.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        body("ACTIVITY_TYPE_INIT_OTP_V3", &sub, ts, p)
+        body("ACTIVITY_TYPE_INIT_OTP_V3", sub, ts, p)
     };
-    let init = |body: String| {
+    let init = |key: &TurnkeyP256ApiKey, cert: &[u8], body: String| {
         let e = enclave.clone();
-        let request = pb::InitOtpRequest { auth: auth(stamped(&visitor, &body, &cert)), ..Default::default() };
+        let request = pb::InitOtpRequest { auth: auth(stamped(key, &body, cert)), ..Default::default() };
         async move { e.clone().init_otp(request).await.map(|r| r.into_inner()) }
     };
+    let (sub, visitor, cert) = sign_up().await;
     let before = mails();
     let mut ts = Stack::now_ms();
     for extra in [
@@ -3036,10 +3041,27 @@ async fn proxy_sign_ups_brand_nothing(
         json!({ "smsCustomization": { "template": "Evil Bank: {{.OtpCode}}" } }),
     ] {
         ts += 1;
-        let (reason, message) = refusal(init(init_body(ts, extra.clone())).await);
+        let (reason, message) = refusal(init(&visitor, &cert, init_body(&sub, ts, extra.clone())).await);
         assert_eq!(reason, pb::RefusalReason::CustomizationNotAllowed, "{extra}: {message}");
     }
     assert_eq!(mails(), before, "nothing is sent for a refused customisation");
-    init(init_body(ts + 1, json!({}))).await.unwrap();
+    init(&visitor, &cert, init_body(&sub, ts + 1, json!({}))).await.unwrap();
     assert_eq!(mails(), before + 1);
+
+    // Its sends count against the parent's allowance (6 an hour on this stack): once it is spent,
+    // a fresh sign-up has none of its own.
+    let mut n = 0;
+    let spent = loop {
+        n += 1;
+        let extra = json!({ "contact": format!("victim-{n}@example.test") });
+        match init(&visitor, &cert, init_body(&sub, ts + 1 + n, extra)).await {
+            Ok(_) => assert!(n < 6, "the parent's allowance ends"),
+            Err(e) => break Err::<(), _>(e),
+        }
+    };
+    refused(spent, tonic::Code::ResourceExhausted, pb::RefusalReason::OtpRateLimited);
+    let (fresh, fresh_key, fresh_cert) = sign_up().await;
+    let r =
+        init(&fresh_key, &fresh_cert, init_body(&fresh, Stack::now_ms(), json!({ "contact": "other@example.test" })));
+    refused(r.await, tonic::Code::ResourceExhausted, pb::RefusalReason::OtpRateLimited);
 }
