@@ -234,7 +234,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let r = answer(with_session("/public/v1/query/whoami", &ro.session).await.unwrap()).await;
-    stack.refused_by_gateway(r, 401, "SESSION_INVALID", "invalid or expired read-only session");
+    stack.refused_by_gateway(r, 401, "SESSION_INVALID", "the credential that made it is gone or expired");
     // Once: the same token with another key is refused.
     let other = TurnkeyP256ApiKey::generate();
     stack.refused_for(
