@@ -13,6 +13,7 @@ use turnkey_client::generated::{
     CreateUserTagIntent, CreateWalletIntent, GetAppProofsRequest, GetBootProofRequest, GetLatestBootProofRequest,
     SignRawPayloadIntentV2, WalletAccountParams,
 };
+use turnkey_client::{TurnkeyClient, TurnkeyP256ApiKey};
 
 /// `verifyAppProofSignature`, written against `ring` rather than the `p256` crate Coffer uses:
 /// the scheme, a 130-byte key whose second half signs, r ‖ s over SHA-256 of the payload.
@@ -266,13 +267,12 @@ async fn export_and_verify(stack: &Stack, round: &str) -> Value {
     verdict
 }
 
-async fn the_log_verifies_until_a_row_is_changed(store: &str) {
-    let stack = Stack::start_on(store, &[]).await;
-    let org = stack.organization_id.clone();
-    let client = stack.client();
+/// A wallet, four signatures by its account and a user tag in `org`, through the official client:
+/// the six activities' ids, in the order they ran.
+async fn six_logged_activities(client: &TurnkeyClient<TurnkeyP256ApiKey>, org: &str) -> Vec<String> {
     let wallet = client
         .create_wallet(
-            org.clone(),
+            org.to_string(),
             client.current_timestamp(),
             CreateWalletIntent {
                 wallet_name: "logged".into(),
@@ -286,20 +286,28 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     let mut ids = vec![wallet.activity_id.clone()];
     for i in 0..4 {
         let signed = client
-            .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&address, &format!("m{i}")))
+            .sign_raw_payload(org.to_string(), client.current_timestamp(), sign_intent(&address, &format!("m{i}")))
             .await
             .unwrap();
         ids.push(signed.activity_id);
     }
     let tag = client
         .create_user_tag(
-            org.clone(),
+            org.to_string(),
             client.current_timestamp(),
             CreateUserTagIntent { user_tag_name: "t".into(), user_ids: vec![] },
         )
         .await
         .unwrap();
     ids.push(tag.activity_id);
+    ids
+}
+
+async fn the_log_verifies_until_a_row_is_changed(store: &str) {
+    let stack = Stack::start_on(store, &[]).await;
+    let org = stack.organization_id.clone();
+    let client = stack.client();
+    let ids = six_logged_activities(&client, &org).await;
     let links = ids.len() as u64;
 
     let honest = export_and_verify(&stack, "honest").await;
@@ -710,36 +718,7 @@ async fn every_changed_field_or_moved_link_of_an_exported_log_fails_both_verifie
     let stack = Stack::start_on("sqlite", &[]).await;
     let org = stack.organization_id.clone();
     let client = stack.client();
-    let wallet = client
-        .create_wallet(
-            org.clone(),
-            client.current_timestamp(),
-            CreateWalletIntent {
-                wallet_name: "logged".into(),
-                accounts: vec![eth_account("m/44'/60'/0'/0/0")],
-                mnemonic_length: None,
-            },
-        )
-        .await
-        .unwrap();
-    let address = wallet.result.addresses[0].clone();
-    let mut ids = vec![wallet.activity_id.clone()];
-    for i in 0..4 {
-        let signed = client
-            .sign_raw_payload(org.clone(), client.current_timestamp(), sign_intent(&address, &format!("m{i}")))
-            .await
-            .unwrap();
-        ids.push(signed.activity_id);
-    }
-    let tag = client
-        .create_user_tag(
-            org.clone(),
-            client.current_timestamp(),
-            CreateUserTagIntent { user_tag_name: "t".into(), user_ids: vec![] },
-        )
-        .await
-        .unwrap();
-    ids.push(tag.activity_id);
+    let ids = six_logged_activities(&client, &org).await;
 
     let dir = std::env::temp_dir().join(format!("coffer-log-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
