@@ -158,6 +158,8 @@ impl From<StoreError> for ApiError {
                 tracing::error!("store busy past its retries");
                 ApiError::internal()
             }
+            // Inside a no-wait attempt whose result is dropped and rerun: not an error.
+            StoreError::WouldWait => ApiError::internal(),
         }
     }
 }

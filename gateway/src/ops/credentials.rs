@@ -39,6 +39,8 @@ pub async fn inline_credentials(
 pub fn authenticators_json(store: &dyn Store, org: &str, user_id: &str) -> Vec<Value> {
     match store.authenticators_of_user(org, user_id) {
         Ok(list) => list.iter().map(authenticator_json).collect(),
+        // A no-wait attempt that gave up: it is rerun, and this answer dropped.
+        Err(crate::store::StoreError::WouldWait) => Vec::new(),
         Err(e) => {
             tracing::error!(error = %e, "reading a user's authenticators");
             Vec::new()
@@ -50,6 +52,8 @@ pub fn authenticators_json(store: &dyn Store, org: &str, user_id: &str) -> Vec<V
 pub fn oauth_providers_json(store: &dyn Store, org: &str, user_id: &str) -> Vec<Value> {
     match store.oauth_providers(org, Some(user_id)) {
         Ok(list) => list.iter().map(oauth_provider_json).collect(),
+        // A no-wait attempt that gave up: it is rerun, and this answer dropped.
+        Err(crate::store::StoreError::WouldWait) => Vec::new(),
         Err(e) => {
             tracing::error!(error = %e, "reading a user's oauth providers");
             Vec::new()

@@ -16,6 +16,10 @@ pub enum StoreError {
     /// A transient lock conflict (SQLite's SQLITE_BUSY); reads are retried.
     #[error("database busy")]
     Busy,
+    /// A store call in no-wait mode gave up rather than wait ([`crate::store::nowait`]): the
+    /// caller reruns it where waiting is allowed. An expected retry, never a failure to log.
+    #[error("the store call would wait (retried off the executor)")]
+    WouldWait,
 }
 
 /// Which precondition failed, where a caller answers one differently from the rest.

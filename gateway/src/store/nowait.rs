@@ -30,5 +30,5 @@ pub(crate) fn active() -> bool {
 /// Records that a store call would have waited; the error only unwinds the attempt.
 pub(crate) fn give_up() -> StoreError {
     GAVE_UP.set(true);
-    StoreError::Backend("the store call would wait (retried off the executor)".into())
+    StoreError::WouldWait
 }

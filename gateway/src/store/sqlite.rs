@@ -309,6 +309,13 @@ mod tests {
         // Every reader connection held elsewhere: the read gives up at once, and says so.
         let held: Vec<_> = s.readers.iter().map(|r| r.lock().unwrap()).collect();
         assert!(nowait::run(|| s.organization("nowait-org")).is_none());
+        // Typed as the expected retry it is (never logged as a store failure).
+        let mut gave_up = None;
+        nowait::run(|| gave_up = s.organization("nowait-org").err());
+        assert!(matches!(gave_up, Some(StoreError::WouldWait)), "{gave_up:?}");
+        let mut listed = None;
+        nowait::run(|| listed = Some(crate::ops::credentials::authenticators_json(&s, "nowait-org", "u")));
+        assert_eq!(listed, Some(Vec::new()), "an attempt that gave up answers nothing, and is rerun");
         assert!(nowait::run(|| s.apply(&[])).is_none(), "the writer's lock is not waited for either");
         drop(held);
         // Outside no-wait mode nothing changed, and the flag does not leak into the next run.
