@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use crate::activity::pipeline;
 use crate::error::{ApiError, Code};
-use crate::limits::{ClientAddr, RateLimiter};
+use crate::limits::{address_group, ClientAddr, RateLimiter};
 use crate::oidc_tokens;
 use crate::record_kinds::{AUTH_PROXY, OAUTH2_CREDENTIAL};
 use crate::state::AppState;
@@ -42,17 +42,26 @@ pub struct AuthProxy {
     state: Arc<AppState>,
     per_config: Option<RateLimiter<String>>,
     per_ip: Option<RateLimiter<std::net::IpAddr>>,
-    /// `otp_init` sends per client address and hour.
+    /// `otp_init` sends per client address group and hour.
     otp_sends_per_ip: Option<RateLimiter<std::net::IpAddr>>,
+    /// Sign-ups per client address group and hour.
+    signups_per_ip: Option<RateLimiter<std::net::IpAddr>>,
     origins: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
 }
 
-pub fn router(state: Arc<AppState>, per_config: u32, per_ip: u32, otp_sends_per_ip_per_hour: u32) -> Router {
+pub fn router(
+    state: Arc<AppState>,
+    per_config: u32,
+    per_ip: u32,
+    otp_sends_per_ip_per_hour: u32,
+    signups_per_ip_per_hour: u32,
+) -> Router {
     let proxy = Arc::new(AuthProxy {
         state,
         per_config: RateLimiter::per_second(per_config),
         per_ip: RateLimiter::per_second(per_ip),
         otp_sends_per_ip: RateLimiter::per_hour(otp_sends_per_ip_per_hour),
+        signups_per_ip: RateLimiter::per_hour(signups_per_ip_per_hour),
         origins: Mutex::new(None),
     });
     Router::new()
@@ -181,12 +190,16 @@ async fn call(
     // Each code is a message someone receives: one address sends a few an hour, not the
     // organization's whole hourly allowance. Charged by otp_init once the request is otherwise
     // accepted, so that refused calls (an unknown config id, a method not enabled) spend none.
-    let sends = match (&p.otp_sends_per_ip, &client) {
-        (Some(limiter), Some(Extension(ClientAddr(ip)))) => Some(OtpAllowance { limiter, ip: *ip }),
-        _ => None,
+    // Likewise each sign-up is a new sub-organization: one address group creates a few an hour,
+    // not the organization's whole allowance. Both are keyed by the address's group (an IPv4 /24,
+    // an IPv6 /64), which one client routinely holds whole.
+    let client = client.map(|Extension(ClientAddr(ip))| ip);
+    let allowances = Allowances {
+        sends: Allowance::of(&p.otp_sends_per_ip, client, "address's one-time codes"),
+        signups: Allowance::of(&p.signups_per_ip, client, "address's sign-ups"),
     };
     let result = match parse_body(&body) {
-        Ok(params) => dispatch(&p.state, &config, &name, params, sends).await,
+        Ok(params) => dispatch(&p.state, &config, &name, params, allowances).await,
         Err(e) => Err(e),
     };
     let response = match result {
@@ -211,17 +224,37 @@ fn text<'a>(m: &'a Map<String, Value>, k: &str) -> &'a str {
     m.get(k).and_then(Value::as_str).unwrap_or_default()
 }
 
-/// The one-time code sends of one client address, charged by `otp_init` when it is about to send.
-struct OtpAllowance<'a> {
-    limiter: &'a RateLimiter<std::net::IpAddr>,
-    ip: std::net::IpAddr,
+/// What one client address group may still do this hour, charged by the route once the request
+/// is otherwise accepted: `otp_init` when it is about to send a code, `signup` when it is about to
+/// create a sub-organization.
+struct Allowances<'a> {
+    sends: Option<Allowance<'a>>,
+    signups: Option<Allowance<'a>>,
 }
 
-impl OtpAllowance<'_> {
-    fn charge(&self) -> Result<(), ApiError> {
-        self.limiter
-            .take(self.ip, Instant::now())
-            .map_err(|wait| ApiError::rate_limited("address's one-time codes", wait))
+/// One hourly allowance of one client address group (`None` when the limit is off or the
+/// client's address is not known).
+struct Allowance<'a> {
+    limiter: &'a RateLimiter<std::net::IpAddr>,
+    group: std::net::IpAddr,
+    what: &'static str,
+}
+
+impl<'a> Allowance<'a> {
+    fn of(
+        limiter: &'a Option<RateLimiter<std::net::IpAddr>>,
+        client: Option<std::net::IpAddr>,
+        what: &'static str,
+    ) -> Option<Self> {
+        Some(Self { limiter: limiter.as_ref()?, group: address_group(client?), what })
+    }
+
+    /// Spends one, or a 429 with `Retry-After` (the time until one is back).
+    fn charge(allowance: Option<&Self>) -> Result<(), ApiError> {
+        match allowance {
+            Some(a) => a.limiter.take(a.group, Instant::now()).map_err(|wait| ApiError::rate_limited(a.what, wait)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -230,7 +263,7 @@ async fn dispatch(
     config: &Record,
     name: &str,
     params: Map<String, Value>,
-    sends: Option<OtpAllowance<'_>>,
+    allowances: Allowances<'_>,
 ) -> Result<Value, ApiError> {
     let settings = &config.data["config"];
     match name {
@@ -239,8 +272,8 @@ async fn dispatch(
         "oauth2_authenticate" => oauth2_authenticate(state, config, &params).await,
         "oauth_login" => oauth_login(state, config, &params, settings).await,
         "account" => account(state, config, &params).await,
-        "signup" | "signup_v2" => signup(state, config, &params).await,
-        "otp_init" | "otp_init_v2" => otp_init(state, config, &params, sends).await,
+        "signup" | "signup_v2" => signup(state, config, &params, allowances.signups.as_ref()).await,
+        "otp_init" | "otp_init_v2" => otp_init(state, config, &params, allowances.sends.as_ref()).await,
         "otp_verify_v2" => otp_verify(state, config, &params).await,
         "otp_login" | "otp_login_v2" => otp_login(state, config, &params, settings).await,
         PLAINTEXT_CODE => Err(ApiError {
@@ -408,7 +441,7 @@ async fn otp_init(
     state: &Arc<AppState>,
     config: &Record,
     p: &Map<String, Value>,
-    sends: Option<OtpAllowance<'_>>,
+    sends: Option<&Allowance<'_>>,
 ) -> Result<Value, ApiError> {
     let otp_type = text(p, "otpType");
     crate::ops::params::required(otp_type, "otpType")?;
@@ -428,9 +461,7 @@ async fn otp_init(
     if !text(p, "userIdentifier").is_empty() {
         parameters["userIdentifier"] = json!(text(p, "userIdentifier"));
     }
-    if let Some(sends) = sends {
-        sends.charge()?;
-    }
+    Allowance::charge(sends)?;
     let result = submit_as_proxy(state, config, "init_otp", &config.organization_id, parameters).await?;
     Ok(json!({ "otpId": result["otpId"], "otpEncryptionTargetBundle": result["otpEncryptionTargetBundle"] }))
 }
@@ -524,7 +555,12 @@ async fn sub_organization_of(state: &Arc<AppState>, config: &Record, id: &str) -
 /// asked), as `create_sub_organization` by the proxy user. What `@turnkey/core`'s
 /// `signUpWithOauth`, `signUpWithPasskey` and `signUpWithOtp` send (an email or phone number only
 /// with its `verificationToken`, which the enclave checks).
-async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
+async fn signup(
+    state: &Arc<AppState>,
+    config: &Record,
+    p: &Map<String, Value>,
+    signups: Option<&Allowance<'_>>,
+) -> Result<Value, ApiError> {
     let list = |k: &str| p.get(k).cloned().filter(Value::is_array).unwrap_or_else(|| json!([]));
     let now_ms = crate::store::now_nanos() / 1_000_000;
     let mut user = json!({
@@ -558,6 +594,9 @@ async fn signup(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) 
     if let Some(sig) = p.get("clientSignature").filter(|s| s.is_object()) {
         parameters["clientSignature"] = sig.clone();
     }
+    // Charged once the request is otherwise accepted (a known, enabled configuration, an allowed
+    // origin, a JSON body): a sub-organization is about to be created.
+    Allowance::charge(signups)?;
     let result = submit_as_proxy(state, config, "create_sub_organization", &config.organization_id, parameters).await?;
     let mut answer = json!({
         "organizationId": result["subOrganizationId"],

@@ -20,11 +20,18 @@ pub struct GatewayConfig {
     /// `COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG`, `COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP`.
     pub auth_proxy_rate_limit_per_config: u32,
     pub auth_proxy_rate_limit_per_ip: u32,
-    /// One-time codes the auth proxy sends (`otp_init`) for one client address an hour, all of
+    /// One-time codes the auth proxy sends (`otp_init`) for one client address group (an IPv4 /24,
+    /// an IPv6 /64: `limits::address_group`) an hour, all of
     /// which may go at once (`COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR`; 0: off). The
     /// enclave's own limits per contact and per organization still apply: this keeps one address
     /// from spending the organization's.
     pub auth_proxy_otp_sends_per_ip_per_hour: u32,
+    /// Sign-ups (`signup_v2`, each a new sub-organization) the auth proxy accepts from one client
+    /// address group an hour — an IPv4 /24 or an IPv6 /64 (`limits::address_group`) — all of
+    /// which may go at once (`COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR`; 0: off). Default 20:
+    /// far below what the organization may create in an hour, so that one address cannot spend
+    /// it for every other visitor.
+    pub auth_proxy_signups_per_ip_per_hour: u32,
     /// Store URL: `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket
     /// directory as a percent-encoded host, e.g. `postgres://coffer@%2Frun%2Fpostgresql/coffer`).
     /// Default `sqlite://./.coffer/coffer.db`. Environment: `COFFER_STORE_URL`.
@@ -146,6 +153,7 @@ impl Default for GatewayConfig {
             auth_proxy_rate_limit_per_config: 100,
             auth_proxy_rate_limit_per_ip: 20,
             auth_proxy_otp_sends_per_ip_per_hour: 30,
+            auth_proxy_signups_per_ip_per_hour: 20,
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             enclave_sockets: Vec::new(),
@@ -215,6 +223,7 @@ impl GatewayConfig {
             ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG", &mut cfg.auth_proxy_rate_limit_per_config),
             ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", &mut cfg.auth_proxy_rate_limit_per_ip),
             ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_otp_sends_per_ip_per_hour),
+            ("COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_signups_per_ip_per_hour),
         ] {
             if let Ok(v) = std::env::var(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;

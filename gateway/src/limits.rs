@@ -95,6 +95,23 @@ const PRUNE_AT: usize = 4096;
 /// shard starts afresh, which refills its buckets (memory stays bounded; the limit fails open).
 const SHARD_CAP: usize = 4 * PRUNE_AT;
 
+/// The group of client addresses that share a per-address allowance: an IPv4 address's /24, an
+/// IPv6 address's /64 (what one customer is routinely given), an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`) as the IPv4 address it is. The one rule for every limit keyed by group.
+pub fn address_group(ip: IpAddr) -> IpAddr {
+    let v4 = |a: std::net::Ipv4Addr| {
+        let [a, b, c, _] = a.octets();
+        IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, 0))
+    };
+    match ip {
+        IpAddr::V4(a) => v4(a),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(mapped) => v4(mapped),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 /// Token buckets by key: `rate` requests per second, bursts of up to one second's worth.
 pub struct RateLimiter<K> {
     /// Tokens a second, and how many a bucket holds at most.
@@ -193,6 +210,23 @@ mod tests {
             assert!(taken <= 1_000_000, "never refused");
         }
         taken
+    }
+
+    #[test]
+    fn addresses_are_grouped_by_ipv4_slash_24_and_ipv6_slash_64() {
+        let group = |s: &str| address_group(s.parse().unwrap()).to_string();
+        assert_eq!(group("192.0.2.77"), "192.0.2.0");
+        assert_eq!(group("192.0.2.0"), "192.0.2.0");
+        assert_eq!(group("192.0.2.255"), group("192.0.2.1"), "one /24");
+        assert_ne!(group("192.0.3.1"), group("192.0.2.1"), "the next /24 is another group");
+        assert_eq!(group("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(group("2001:db8:1:2::1"), group("2001:db8:1:2:ffff:ffff:ffff:ffff"), "one /64");
+        assert_ne!(group("2001:db8:1:3::1"), group("2001:db8:1:2::1"), "the next /64 is another group");
+        // An IPv4-mapped IPv6 address is the IPv4 address (a dual-stack socket's view of it).
+        assert_eq!(group("::ffff:192.0.2.77"), "192.0.2.0");
+        assert_eq!(address_group("::ffff:192.0.2.9".parse().unwrap()), address_group("192.0.2.200".parse().unwrap()));
+        assert_eq!(group("::1"), "::", "loopback is its /64");
+        assert_eq!(group("127.0.0.1"), "127.0.0.0");
     }
 
     #[test]

@@ -338,6 +338,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         cfg.auth_proxy_rate_limit_per_config,
         cfg.auth_proxy_rate_limit_per_ip,
         cfg.auth_proxy_otp_sends_per_ip_per_hour,
+        cfg.auth_proxy_signups_per_ip_per_hour,
     );
     // Browsers reach the auth proxy directly: more connections than the operations listener.
     let proxy_limits = ConnectionLimits { max_connections: 2048, max_connections_per_ip: 256, ..limits };

@@ -119,6 +119,8 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
         // Every proxy call here comes from one address, faster than a visitor's 20 a second.
         ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "1000"),
         ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", "40"),
+        // 13 sign-ups come before `signups_per_address`, which spends the rest.
+        ("COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR", "16"),
         ("COFFER_LOG", "info"),
     ])
     .await;
@@ -534,6 +536,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     otp_sign_up_then_log_in(stack, smtp, &config_id, &org).await;
     phishing_relay(stack, smtp, &config_id).await;
     limits_charge_accepted_requests_only(stack, &config_id).await;
+    signups_per_address(stack, &config_id).await;
     // One address sends at most 40 codes an hour through the proxy (this stack's setting), to
     // any contacts: the organization's allowance is not one visitor's.
     let mut refused_at = None;
@@ -1208,6 +1211,46 @@ async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
     assert_eq!(status, 200, "{r}");
     let (_, mail) = smtp.code_for(&before, "victim2@example.test");
     assert!(!mail.contains("Evil"), "{mail}");
+}
+
+/// One address (its IPv4 /24, its IPv6 /64) signs up at most 16 times an hour through the proxy
+/// (this stack's setting; the sign-ups above count): then a JSON 429 with `Retry-After`, so that
+/// one visitor cannot spend the organization's sub-organizations for everyone. Calls with an
+/// unknown configuration id spend none of it.
+async fn signups_per_address(stack: &Stack, config_id: &str) {
+    let signup = || {
+        let key = TurnkeyP256ApiKey::generate();
+        let body = json!({ "userName": "visitor", "apiKeys": [{ "apiKeyName": "k", "curveType": "API_KEY_CURVE_P256",
+            "publicKey": hex::encode(key.compressed_public_key()) }], "authenticators": [], "oauthProviders": [] });
+        signed_by(&key, body)
+    };
+    for _ in 0..20 {
+        let (status, r) = proxy_post(stack, "00000000-0000-4000-8000-00000000dead", "signup_v2", signup()).await;
+        stack.refused_by_gateway((status, r), 401, "UNAUTHENTICATED", "unknown or disabled auth proxy config id");
+    }
+    let mut refused_at = None;
+    for i in 0..17 {
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/v1/signup_v2", stack.auth_proxy_port))
+            .header("x-auth-proxy-config-id", config_id)
+            .header("origin", APP)
+            .body(signup().to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let retry_after = r.headers().get("retry-after").map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        if status == 429 {
+            stack.refused_by_gateway((status, body), 429, "RATE_LIMIT_EXCEEDED", "address's sign-ups");
+            // One comes back every 225 s (16 an hour).
+            assert!(retry_after.is_some_and(|s| (1..=225).contains(&s)), "Retry-After: {retry_after:?}");
+            refused_at = Some(i);
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(refused_at.is_some_and(|i| i > 0), "the address's hourly sign-ups end: {refused_at:?}");
 }
 
 /// Limits are charged only for requests that were otherwise accepted: calls with an unknown
