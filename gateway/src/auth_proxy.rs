@@ -612,8 +612,9 @@ async fn signup(
 /// the sub-organization of the configuration's organization that the filter finds. An anonymous
 /// caller learns which address has an account only by proving it holds the address: `EMAIL` and
 /// `PHONE_NUMBER` need a verification token of that contact (checked against the enclave's
-/// notarizer key; not spent, the login or sign-up after it spends it). The filters the hosted
-/// proxy documents are served; `WALLET_ACCOUNT_ADDRESS` is not one of them.
+/// notarizer key; not spent, the login or sign-up after it spends it). `NAME` and `USERNAME` are
+/// refused (403): a user name is often the email. The other filters the hosted proxy documents
+/// are served; `WALLET_ACCOUNT_ADDRESS` is not one of them.
 async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>) -> Result<Value, ApiError> {
     let (filter_type, mut value) = (text(p, "filterType"), text(p, "filterValue"));
     if filter_type == "OIDC_TOKEN" && value.is_empty() {
@@ -636,10 +637,19 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
                 )));
             }
         }
-        "NAME" | "USERNAME" | "CREDENTIAL_ID" | "PUBLIC_KEY" | "OIDC_TOKEN" => {}
+        // `@turnkey/core` sets the user name to the email: a lookup by name would tell anyone
+        // which addresses have accounts, without the token the EMAIL lookup asks for.
+        "NAME" | "USERNAME" => {
+            return Err(ApiError::forbidden(format!(
+                "an anonymous lookup by {filter_type} is not served: a name may be an email address, which is \
+                 found only with its verificationToken (use EMAIL or PHONE_NUMBER with it, or PUBLIC_KEY, \
+                 CREDENTIAL_ID or OIDC_TOKEN)"
+            )))
+        }
+        "CREDENTIAL_ID" | "PUBLIC_KEY" | "OIDC_TOKEN" => {}
         other => {
             return Err(ApiError::invalid(format!(
-                "invalid filter type: {other:?} (EMAIL, PHONE_NUMBER, NAME, USERNAME, CREDENTIAL_ID, PUBLIC_KEY or OIDC_TOKEN)"
+                "invalid filter type: {other:?} (EMAIL, PHONE_NUMBER, CREDENTIAL_ID, PUBLIC_KEY or OIDC_TOKEN)"
             )))
         }
     }

@@ -817,7 +817,8 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
         &json!({"filterType": "USERNAME", "filterValue": "nobody"}).to_string(),
     )
     .await;
-    assert_eq!(r.json::<Value>().await.unwrap(), json!({}));
+    // Nor a lookup by user name, which `@turnkey/core` sets to the email (tests/tests/otp.rs).
+    refused_raw(&raw(r).await, 403, "REQUEST_NOT_AUTHORIZED", "an anonymous lookup by USERNAME is not served");
 
     let r = proxy_post(
         &stack,

@@ -537,6 +537,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     phishing_relay(stack, smtp, &config_id).await;
     limits_charge_accepted_requests_only(stack, &config_id).await;
     signups_per_address(stack, &config_id).await;
+    no_lookups_by_name(stack, &config_id).await;
     // One address sends at most 40 codes an hour through the proxy (this stack's setting), to
     // any contacts: the organization's allowance is not one visitor's.
     let mut refused_at = None;
@@ -1211,6 +1212,19 @@ async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
     assert_eq!(status, 200, "{r}");
     let (_, mail) = smtp.code_for(&before, "victim2@example.test");
     assert!(!mail.contains("Evil"), "{mail}");
+}
+
+/// An anonymous visitor finds no account by `USERNAME` or `NAME`: `@turnkey/core` sets the user
+/// name to the email, so a user-name lookup would tell anyone which addresses have accounts (the
+/// EMAIL lookup needs that contact's verification token). Henry signed up with his email as his
+/// user name, Dave's sub-organization is named "dave": neither lookup answers.
+async fn no_lookups_by_name(stack: &Stack, config_id: &str) {
+    for (filter, value) in [("USERNAME", "henry@example.test"), ("NAME", "dave"), ("USERNAME", "nobody@example.test")] {
+        let body = json!({ "filterType": filter, "filterValue": value });
+        let (status, r) = proxy_post(stack, config_id, "account", body).await;
+        let needle = format!("an anonymous lookup by {filter} is not served");
+        stack.refused_by_gateway((status, r), 403, "REQUEST_NOT_AUTHORIZED", &needle);
+    }
 }
 
 /// One address (its IPv4 /24, its IPv6 /64) signs up at most 16 times an hour through the proxy
