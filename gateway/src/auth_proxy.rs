@@ -477,8 +477,11 @@ async fn otp_verify(state: &Arc<AppState>, config: &Record, p: &Map<String, Valu
 
 /// `POST /v1/otp_login_v2 {verificationToken, publicKey, clientSignature, organizationId?}` (and
 /// `otp_login`) → `{session}`: `otp_login` in the organization given, or the one (the
-/// configuration's or a sub-organization) whose user has the token's contact. The token is read
-/// here only to find that organization; the enclave verifies and spends it.
+/// configuration's or a sub-organization) whose user has the token's contact. The token is
+/// checked first (the notarizer's signature, unexpired, verified in this configuration's
+/// organization), before anything is looked up by it: a forged token is refused alike whatever
+/// its contact, so the answer never tells a registered contact from an unknown one. The enclave
+/// checks it again and spends it.
 async fn otp_login(
     state: &Arc<AppState>,
     config: &Record,
@@ -488,14 +491,15 @@ async fn otp_login(
     let token = text(p, "verificationToken");
     crate::ops::params::required(token, "verificationToken")?;
     crate::ops::params::required(text(p, "publicKey"), "publicKey")?;
+    let verified = verified_token(state, config, token).await?;
     let organization_id = match text(p, "organizationId") {
         "" => {
-            let (contact, sms) = token_contact(token)?;
-            crate::stamps::sub_organization_with_verified_contact(state, &config.organization_id, sms, contact)
+            let sms = verified.verification_type == "OTP_TYPE_SMS";
+            crate::stamps::sub_organization_with_verified_contact(state, &config.organization_id, sms, verified.contact)
                 .await?
                 .ok_or_else(|| {
-                ApiError::not_found("no sub-organization of this auth proxy has a user with the verified contact")
-            })?
+                    ApiError::not_found("no sub-organization of this auth proxy has a user with the verified contact")
+                })?
         }
         id => sub_organization_of(state, config, id).await?,
     };
@@ -512,6 +516,28 @@ async fn otp_login(
     submit_as_proxy(state, config, "otp_login", &organization_id, parameters).await
 }
 
+/// `token` when it is a verification token signed by this deployment's notarizer, unexpired, and
+/// verified in the configuration's organization; one refusal for anything else, whatever the
+/// reason and whatever contact it names (nothing is looked up by an unchecked token).
+async fn verified_token(
+    state: &Arc<AppState>,
+    config: &Record,
+    token: &str,
+) -> Result<coffer_auth::verification_token::VerifiedToken, ApiError> {
+    let keys = oidc_tokens::own_keys(state).await.ok_or_else(|| {
+        ApiError::unavailable("enclave unavailable: key operations are temporarily not possible, retry shortly")
+    })?;
+    let now_ms = crate::store::now_nanos() / 1_000_000;
+    coffer_auth::verification_token::verify(token, &keys.notarizer, now_ms)
+        .filter(|t| t.organization_id == config.organization_id && !t.contact.is_empty())
+        .ok_or_else(|| {
+            ApiError::forbidden(
+                "verificationToken is not a valid verification token of this auth proxy (signed by this \
+                 deployment, unexpired, from its one-time codes)",
+            )
+        })
+}
+
 /// What a visitor's lookup may find. A contact is found only through a user whose contacts the
 /// sign-up gave (a sub-organization's users may set any address on themselves); a key only where
 /// it proved possession (registering someone else's key, with one's own passkey beside it, must
@@ -523,16 +549,6 @@ fn for_visitors(filter: SubOrgFilter) -> SubOrgFilter {
         SubOrgFilter::PublicKey(k) => SubOrgFilter::ProvenPublicKey(k),
         other => other,
     }
-}
-
-/// The `contact` claim of a verification token and whether it is a phone number (SMS), read
-/// without checking them (only to find where its user is; the enclave checks the token).
-fn token_contact(token: &str) -> Result<(String, bool), ApiError> {
-    let claims = coffer_auth::verification_token::unverified_claims(token)
-        .ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))?;
-    let contact = claims["contact"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
-    let sms = claims["verification_type"] == "OTP_TYPE_SMS";
-    contact.map(|c| (c, sms)).ok_or_else(|| ApiError::invalid("verificationToken is not a verification token"))
 }
 
 /// `id` when it is the configuration's organization or one of its sub-organizations.

@@ -538,6 +538,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     limits_charge_accepted_requests_only(stack, &config_id).await;
     signups_per_address(stack, &config_id).await;
     no_lookups_by_name(stack, &config_id).await;
+    forged_tokens_answer_alike(stack, smtp, &config_id, &org).await;
     // One address sends at most 40 codes an hour through the proxy (this stack's setting), to
     // any contacts: the organization's allowance is not one visitor's.
     let mut refused_at = None;
@@ -1212,6 +1213,41 @@ async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
     assert_eq!(status, 200, "{r}");
     let (_, mail) = smtp.code_for(&before, "victim2@example.test");
     assert!(!mail.contains("Evil"), "{mail}");
+}
+
+/// `otp_login_v2` checks a verification token's signature before it looks its contact up, so a
+/// forged token (a real one's claims with another contact, or no signature at all) is refused
+/// alike whether its contact has an account (Henry) or not: the answers used to tell them apart
+/// (the enclave's 403 for Henry, the gateway's 404 for nobody).
+async fn forged_tokens_answer_alike(stack: &Stack, smtp: &SmtpServer, config_id: &str, org: &str) {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let key = TurnkeyP256ApiKey::generate();
+    let genuine =
+        token_for(stack, smtp, config_id, org, &hex::encode(key.compressed_public_key()), "forger@example.test").await;
+    let parts: Vec<&str> = genuine.split('.').collect();
+    let forge = |contact: &str, signature: &str| {
+        let mut c = claims(&genuine);
+        c["contact"] = json!(contact);
+        format!("{}.{}.{signature}", parts[0], b64.encode(c.to_string()))
+    };
+    let attempt = |token: String, organization_id: Option<&str>| {
+        let intent = login(&token, &key);
+        let mut body = json!({ "verificationToken": token, "publicKey": intent.public_key,
+            "clientSignature": serde_json::to_value(intent.client_signature.as_ref().unwrap()).unwrap() });
+        if let Some(id) = organization_id {
+            body["organizationId"] = json!(id);
+        }
+        proxy_post(stack, config_id, "otp_login_v2", body)
+    };
+    for signature in [parts[2], "", "AAAA"] {
+        let known = attempt(forge("henry@example.test", signature), None).await;
+        let unknown = attempt(forge("nobody-at-all@example.test", signature), None).await;
+        assert_eq!(known, unknown, "a registered and an unknown contact are answered alike");
+        stack.refused_by_gateway(known, 403, "REQUEST_NOT_AUTHORIZED", "not a valid verification token");
+        // Checked first whatever the route: with an organization id too.
+        let into = attempt(forge("henry@example.test", signature), Some(org)).await;
+        stack.refused_by_gateway(into, 403, "REQUEST_NOT_AUTHORIZED", "not a valid verification token");
+    }
 }
 
 /// An anonymous visitor finds no account by `USERNAME` or `NAME`: `@turnkey/core` sets the user
