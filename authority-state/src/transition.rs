@@ -121,19 +121,9 @@ fn transition(activity_type: &str) -> Option<Transition> {
     })
 }
 
+pub use users::{marks_auth_proxy_signup, AUTH_PROXY_SIGNUP};
+
 /// Whether [`check`] knows what `activity_type` does to authority state.
-/// The parameter of `create_sub_organization` that marks the new sub-organization as one the
-/// auth proxy signed up ([`crate::model::Organization::auth_proxy_signup`]): every sign-up the
-/// proxy's key stamps carries it (the enclave's stamper refuses one without), and a parent may
-/// set it on a sub-organization it creates itself.
-pub const AUTH_PROXY_SIGNUP: &str = "authProxySignup";
-
-/// Whether a `create_sub_organization` body marks its sub-organization ([`AUTH_PROXY_SIGNUP`]:
-/// `true`, nothing else).
-pub fn marks_auth_proxy_signup(params: &serde_json::Value) -> bool {
-    params.get(AUTH_PROXY_SIGNUP).and_then(serde_json::Value::as_bool) == Some(true)
-}
-
 pub fn known(activity_type: &str) -> bool {
     transition(activity_type).is_some()
 }

@@ -305,7 +305,7 @@ pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
         parent_id: Some(i.org()),
         root_quorum_threshold: threshold(i, root_users.len())?,
         root_user_ids: user_ids.clone(),
-        auth_proxy_signup: super::marks_auth_proxy_signup(i.params),
+        auth_proxy_signup: marks_auth_proxy_signup(i.params),
         ..Default::default()
     };
     let mut out = vec![t.change(Effect::CreateOrganization { organization })];
@@ -424,4 +424,16 @@ pub(crate) fn delete_private_keys(i: &Input<'_>) -> Changes {
         }
     }
     Ok(vec![i.change(Effect::DeletePrivateKeys { ids })])
+}
+
+/// The parameter of `create_sub_organization` that marks the new sub-organization as one the
+/// auth proxy signed up ([`crate::model::Organization::auth_proxy_signup`]): every sign-up the
+/// proxy's key stamps carries it (the enclave's stamper refuses one without), and a parent may
+/// set it on a sub-organization it creates itself.
+pub const AUTH_PROXY_SIGNUP: &str = "authProxySignup";
+
+/// Whether a `create_sub_organization` body marks its sub-organization ([`AUTH_PROXY_SIGNUP`]:
+/// `true`, nothing else).
+pub fn marks_auth_proxy_signup(params: &serde_json::Value) -> bool {
+    params.get(AUTH_PROXY_SIGNUP).and_then(serde_json::Value::as_bool) == Some(true)
 }
