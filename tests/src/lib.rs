@@ -697,6 +697,15 @@ impl Stack {
         (url, GatewayProcess(child))
     }
 
+    /// On a PostgreSQL run, a second gateway on the same store ([`Stack::spawn_gateway`]), so
+    /// that concurrent requests race across gateways; `None` on SQLite (one gateway per file).
+    pub async fn second_gateway_on_postgres(&self) -> Option<(String, GatewayProcess)> {
+        match postgres::store_under_test() {
+            "postgres" => Some(self.spawn_gateway().await),
+            _ => None,
+        }
+    }
+
     /// Kills the gateway (SIGKILL: an abrupt crash, not a clean stop).
     pub fn kill_gateway(&mut self) {
         if let Some(mut c) = self.gateway.take() {

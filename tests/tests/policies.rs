@@ -507,10 +507,7 @@ async fn concurrent_creations_never_pass_the_policy_cap() {
     const CAP: usize = 5;
     const TRIES: usize = 20;
     let stack = std::sync::Arc::new(Stack::start_with(&[("COFFER_MAX_POLICIES_PER_ORGANIZATION", "5")]).await);
-    let second = match coffer_tests::postgres::store_under_test() {
-        "postgres" => Some(stack.spawn_gateway().await),
-        _ => None,
-    };
+    let second = stack.second_gateway_on_postgres().await;
     let mut burst = tokio::task::JoinSet::new();
     for i in 0..TRIES {
         let stack = stack.clone();

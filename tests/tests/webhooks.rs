@@ -655,10 +655,7 @@ async fn concurrent_creations_never_pass_the_endpoint_cap() {
     const TRIES: usize = 40;
     let stack = std::sync::Arc::new(Stack::start().await);
     let key = stack.api_key();
-    let second = match coffer_tests::postgres::store_under_test() {
-        "postgres" => Some(stack.spawn_gateway().await),
-        _ => None,
-    };
+    let second = stack.second_gateway_on_postgres().await;
     let mut burst = tokio::task::JoinSet::new();
     for i in 0..TRIES {
         let stack = stack.clone();
