@@ -14,6 +14,21 @@ use crate::facts::{hex0x, text, uint, Facts};
 
 type Typed = EthereumTypedTransaction<TxEip4844>;
 
+/// The most bytes an unsigned transaction may have: geth's `txMaxSize` (128 KiB, the largest
+/// transaction its pool accepts). Refused before anything is decoded.
+pub const MAX_TRANSACTION_BYTES: usize = 128 * 1024;
+
+/// The most authorizations an EIP-7702 transaction may carry (wallets send one; 64 leaves room
+/// for batching). Counted on the RLP list before it is decoded, so the facts never hold more.
+pub const MAX_AUTHORIZATIONS: usize = 64;
+
+/// A transaction over [`MAX_TRANSACTION_BYTES`], naming the limit.
+pub(crate) fn too_large(bytes: usize) -> TxError {
+    invalid(format_args!(
+        "an Ethereum transaction is at most {MAX_TRANSACTION_BYTES} bytes (geth's txMaxSize, 128 KiB), this one is {bytes}"
+    ))
+}
+
 /// An unsigned Ethereum transaction that is exactly the canonical encoding it was parsed from.
 #[derive(Debug, Clone)]
 pub struct EthereumTx {
@@ -99,6 +114,9 @@ fn invalid(reason: impl std::fmt::Display) -> TxError {
 /// same bytes (non-canonical integers, EIP-155 `r`/`s` that are not zero, a type-0 prefix) and
 /// any trailing byte: the signature then covers exactly what the caller sent.
 pub fn parse(bytes: &[u8]) -> Result<EthereumTx, TxError> {
+    if bytes.len() > MAX_TRANSACTION_BYTES {
+        return Err(too_large(bytes.len()));
+    }
     let (&first, _) = bytes.split_first().ok_or_else(|| invalid("empty"))?;
     let fields = match first {
         0xc0..=0xff => LEGACY,
@@ -173,6 +191,16 @@ fn check_field(field: Field, list: bool, payload: &[u8]) -> Result<(), TxError> 
     };
     match field {
         Field::List(_) if !list => Err(invalid(format_args!("{name} must be a list"))),
+        Field::List("authorizationList") => {
+            let n = rlp_items(payload, name)?;
+            if n > MAX_AUTHORIZATIONS {
+                Err(invalid(format_args!(
+                    "authorizationList: at most {MAX_AUTHORIZATIONS} authorizations, this one has {n}"
+                )))
+            } else {
+                Ok(())
+            }
+        }
         Field::List(_) => Ok(()),
         _ if list => Err(invalid(format_args!("{name} must not be a list"))),
         Field::Int(_, max) => {
@@ -195,6 +223,20 @@ fn check_field(field: Field, list: bool, payload: &[u8]) -> Result<(), TxError> 
         },
         Field::Zero(_) | Field::Bytes(_) => Ok(()),
     }
+}
+
+/// How many items an RLP list's payload holds (headers only, nothing decoded).
+fn rlp_items(payload: &[u8], name: &str) -> Result<usize, TxError> {
+    let (mut buf, mut n) = (payload, 0usize);
+    while !buf.is_empty() {
+        let h = Header::decode(&mut buf).map_err(|e| invalid(format_args!("{name}[{n}]: {e}")))?;
+        if h.payload_length > buf.len() {
+            return Err(invalid(format_args!("{name}[{n}] is truncated")));
+        }
+        buf = &buf[h.payload_length..];
+        n += 1;
+    }
+    Ok(n)
 }
 
 impl EthereumTx {
@@ -259,7 +301,7 @@ impl EthereumTx {
         if let Some(blob) = t.max_fee_per_blob_gas() {
             f.insert("max_fee_per_blob_gas".into(), uint(blob));
         }
-        // Every authorization, however many (nothing is capped or truncated here).
+        // Every authorization (`parse` refused more than MAX_AUTHORIZATIONS; none is dropped).
         if let Some(list) = t.authorization_list() {
             let auths = list
                 .iter()

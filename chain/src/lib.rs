@@ -45,6 +45,19 @@ pub fn parse(transaction_type: &str, unsigned_hex: &str) -> Result<Unsigned, TxE
     if hex_text.is_empty() {
         return Err(TxError::new("unsignedTransaction is required"));
     }
+    // Bounded before the hex is decoded: two hex digits a byte.
+    let too_large = match transaction_type {
+        TRANSACTION_TYPE_ETHEREUM => {
+            Some((ethereum::MAX_TRANSACTION_BYTES, ethereum::too_large as fn(usize) -> TxError))
+        }
+        TRANSACTION_TYPE_SOLANA => Some((solana::MAX_TRANSACTION_BYTES, solana::too_large as fn(usize) -> TxError)),
+        _ => None,
+    };
+    if let Some((max, refuse)) = too_large {
+        if hex_text.len() > 2 * max {
+            return Err(refuse(hex_text.len().div_ceil(2)));
+        }
+    }
     let bytes = hex::decode(hex_text).map_err(|_| TxError::new("unsignedTransaction: not valid hexadecimal"))?;
     Ok(match transaction_type {
         TRANSACTION_TYPE_ETHEREUM => Unsigned::Ethereum(ethereum::parse(&bytes)?),

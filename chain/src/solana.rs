@@ -12,6 +12,12 @@ pub const SYSTEM_PROGRAM: &str = "11111111111111111111111111111111";
 pub const TOKEN_PROGRAM: &str = "TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA";
 pub const TOKEN_2022_PROGRAM: &str = "TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb";
 
+/// The most bytes a serialized transaction (signature slots and message) may have: the network's
+/// packet size (`PACKET_DATA_SIZE`, 1,280-byte IPv6 MTU less 48 bytes of headers), which no
+/// validator accepts a transaction over. Refused before anything is decoded, so the facts of a
+/// transaction never describe more than 1,232 bytes (at most ~1,200 account references).
+pub const MAX_TRANSACTION_BYTES: usize = 1232;
+
 /// One instruction: its program (an index into the static keys), account indexes (into the
 /// static keys, then the lookup tables' writable and read-only entries) and data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +52,13 @@ pub struct SolanaTx {
 
 fn invalid(reason: impl std::fmt::Display) -> TxError {
     TxError(format!("unsignedTransaction: {reason}"))
+}
+
+/// A transaction over [`MAX_TRANSACTION_BYTES`], naming the limit.
+pub(crate) fn too_large(bytes: usize) -> TxError {
+    invalid(format_args!(
+        "a Solana transaction is at most {MAX_TRANSACTION_BYTES} bytes (the network's packet size), this one is {bytes}"
+    ))
 }
 
 struct Reader<'a> {
@@ -104,6 +117,9 @@ impl<'a> Reader<'a> {
 /// must equal the message's required signatures, every index must point at an account, and
 /// nothing may follow the message.
 pub fn parse(bytes: &[u8]) -> Result<SolanaTx, TxError> {
+    if bytes.len() > MAX_TRANSACTION_BYTES {
+        return Err(too_large(bytes.len()));
+    }
     let mut r = Reader { buf: bytes, pos: 0 };
     let slots = r.compact_u16("signatures")?;
     let mut signatures = Vec::with_capacity(slots.min(256));

@@ -634,3 +634,162 @@ async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: 
     // The enclave signed exactly her four allowed transactions, none of the refused ones.
     assert_eq!(signed_transactions(stack).await, signed_before + 4);
 }
+
+/// A user who is not root, allowed by nothing but the policies a test adds.
+async fn non_root(stack: &Stack, root: &Client, org: &str, name: &str) -> (Client, String) {
+    let key = TurnkeyP256ApiKey::generate();
+    let user = UserParamsV4 {
+        user_name: name.into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: name.into(),
+            public_key: hex::encode(key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let id = root
+        .create_users(org.into(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![user] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    (stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap()), id)
+}
+
+/// Compact-u16 of any length.
+fn compact_u16(n: usize) -> Vec<u8> {
+    let (mut n, mut out) = (n, Vec::new());
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+#[tokio::test]
+async fn oversized_transactions_are_refused_before_they_are_parsed() {
+    // Issue 39: a 467 KB Solana transaction (7 instructions × 65,535 accounts) under a one-line
+    // ALLOW took 2.7 s a request and grew the enclave from 52 to 1,468 MiB; an Ethereum
+    // transaction or authorization list had no bound either. Each is now a 400 naming the limit,
+    // from the parser the gateway and the enclave share, before any fact is built.
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    let a = wallet(&root, &org).await;
+    let (alice, alice_id) = non_root(&stack, &root, &org, "alice").await;
+    add_policy(&root, &org, "anything", Effect::Allow, "true", &format!("approvers.any(u, u.id == '{alice_id}')"))
+        .await;
+    let payer: [u8; 32] = bs58::decode(&a.sol).into_vec().unwrap().try_into().unwrap();
+
+    let mut attack = vec![1u8];
+    attack.extend([0u8; 64]);
+    attack.extend([1, 0, 1]);
+    attack.extend(compact_u16(2));
+    attack.extend(payer);
+    attack.extend([9u8; 32]);
+    attack.extend([5u8; 32]);
+    attack.extend(compact_u16(7));
+    for _ in 0..7 {
+        attack.push(1);
+        attack.extend(compact_u16(65_535));
+        attack.extend(std::iter::repeat_n(0u8, 65_535));
+        attack.extend(compact_u16(0));
+    }
+    let signed_before = signed_transactions(&stack).await;
+    for c in [&alice, &root] {
+        let started = std::time::Instant::now();
+        stack.refused_by_gateway(
+            sign(c, &org, &a.sol, &attack, TransactionType::Solana).await,
+            400,
+            "REQUEST_INVALID",
+            &format!(
+                "a Solana transaction is at most 1232 bytes (the network's packet size), this one is {}",
+                attack.len()
+            ),
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+    // One byte over the packet size: the same refusal; at it, alice signs under her ALLOW.
+    let call = |data_len: usize| {
+        let mut message = vec![1, 0, 1];
+        message.extend(compact_u16(2));
+        message.extend(payer);
+        message.extend([9u8; 32]);
+        message.extend([5u8; 32]);
+        message.extend(compact_u16(1));
+        message.push(1);
+        message.extend(compact_u16(0));
+        message.extend(compact_u16(data_len));
+        message.extend(vec![0xee; data_len]);
+        let mut tx = compact_u16(1);
+        tx.extend([0u8; 64]);
+        tx.extend(message);
+        tx
+    };
+    let fits = (0..1232).rev().find(|n| call(*n).len() == 1232).unwrap();
+    let signed = sign(&alice, &org, &a.sol, &call(fits), TransactionType::Solana).await.unwrap();
+    assert_eq!(signed.len(), 1232);
+    assert_eq!(call(fits + 1).len(), 1233);
+    stack.refused_by_gateway(
+        sign(&alice, &org, &a.sol, &call(fits + 1), TransactionType::Solana).await,
+        400,
+        "REQUEST_INVALID",
+        "at most 1232 bytes (the network's packet size), this one is 1233",
+    );
+
+    // Ethereum: geth's 128 KiB, and 64 EIP-7702 authorizations.
+    let big = eip1559(0, "0x1111111111111111111111111111111111111111", 1, &vec![0xab; 128 * 1024]);
+    stack.refused_by_gateway(
+        sign(&alice, &org, &a.eth, &big, TransactionType::Ethereum).await,
+        400,
+        "REQUEST_INVALID",
+        &format!(
+            "an Ethereum transaction is at most 131072 bytes (geth's txMaxSize, 128 KiB), this one is {}",
+            big.len()
+        ),
+    );
+    let authorizations = |n: usize| {
+        let auth = |i: usize| {
+            rlp_list(&[
+                rlp_uint(1),
+                rlp_bytes(&[0x10 + (i % 200) as u8; 20]),
+                rlp_uint(i as u128),
+                rlp_uint(0),
+                rlp_bytes(&[0x44; 32]),
+                rlp_bytes(&[0x55; 32]),
+            ])
+        };
+        let mut tx = vec![0x04];
+        tx.extend(rlp_list(&[
+            rlp_uint(1),
+            rlp_uint(0),
+            rlp_uint(1),
+            rlp_uint(30_000_000_000),
+            rlp_uint(100_000),
+            rlp_bytes(&[0x70; 20]),
+            rlp_uint(0),
+            rlp_bytes(&[]),
+            rlp_list(&[]),
+            rlp_list(&(0..n).map(auth).collect::<Vec<_>>()),
+        ]));
+        tx
+    };
+    stack.refused_by_gateway(
+        sign(&alice, &org, &a.eth, &authorizations(65), TransactionType::Ethereum).await,
+        400,
+        "REQUEST_INVALID",
+        "authorizationList: at most 64 authorizations, this one has 65",
+    );
+    sign(&alice, &org, &a.eth, &authorizations(64), TransactionType::Ethereum).await.unwrap();
+    assert_eq!(signed_transactions(&stack).await, signed_before + 2);
+}

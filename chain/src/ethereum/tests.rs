@@ -327,9 +327,10 @@ fn a_pre_eip155_transaction_has_no_chain_id_and_a_deny_on_it_cannot_pass() {
 fn every_eip7702_authorization_is_in_the_facts() {
     // Issue 23: with 1,000 authorizations a 5-address deny list passed, with 500 it was refused.
     // The facts were complete; the deny list ran past the evaluator's step budget and a DENY
-    // that errs was taken as not denying. The facts stay complete at any count (no cap, nothing
-    // truncated), so the last authorization is seen.
-    for n in [1, 500, 1000, 3000] {
+    // that errs was taken as not denying. Issue 39 caps the list at MAX_AUTHORIZATIONS before it
+    // is decoded; up to the cap the facts are complete (nothing truncated), so the last
+    // authorization is seen.
+    for n in [1, 2, MAX_AUTHORIZATIONS] {
         let f = parse(&eip7702_with(n)).unwrap().facts();
         let Val::List(list) = &f["authorization_list"] else { panic!("a list") };
         assert_eq!(list.len(), n);
@@ -347,12 +348,59 @@ fn every_eip7702_authorization_is_in_the_facts() {
             "03".repeat(20),
             "04".repeat(20)
         );
-        // Denied, or (past the step budget) an evaluation error, which a DENY treats as a
-        // denial: never a pass.
-        let verdict = crate::policy_over("eth", &f, &deny);
-        assert_ne!(verdict, Ok(false), "{n} authorizations");
-        if n <= 500 {
-            assert_eq!(verdict, Ok(true), "{n} authorizations");
+        assert_eq!(crate::policy_over("eth", &f, &deny), Ok(true), "{n} authorizations");
+    }
+}
+
+#[test]
+fn an_authorization_list_over_the_cap_is_refused_before_it_is_decoded() {
+    // Issue 39: 1,000 and 3,000 authorizations parsed and became facts. Now the list is counted
+    // on its RLP headers and refused past MAX_AUTHORIZATIONS (64), naming the limit.
+    for n in [MAX_AUTHORIZATIONS + 1, 1000, 3000] {
+        let tx = eip7702_with(n);
+        let expected = format!("unsignedTransaction: authorizationList: at most 64 authorizations, this one has {n}");
+        let err = parse(&tx).unwrap_err().0;
+        if tx.len() <= MAX_TRANSACTION_BYTES {
+            assert_eq!(err, expected);
+        } else {
+            assert!(err.contains("at most 131072 bytes"), "{err}");
         }
     }
+}
+
+#[test]
+fn a_transaction_over_geths_size_limit_is_refused_before_it_is_decoded() {
+    // Issue 39: no size cap before parsing. geth's txMaxSize (128 KiB) bounds the unsigned
+    // encoding, as bytes and as hex (checked before the hex is decoded).
+    let with_data = |n: usize| {
+        let body = rlp_list(&[
+            rlp_uint(1),
+            rlp_uint(0),
+            rlp_uint(1),
+            rlp_uint(30_000_000_000),
+            rlp_uint(100_000),
+            rlp_str(&[0x70; 20]),
+            rlp_uint(0),
+            rlp_str(&vec![0xab; n]),
+            rlp_list(&[]),
+        ]);
+        [&[0x02][..], &body].concat()
+    };
+    // Data headers and the list header grow with the data: find the length that lands exactly.
+    let n = (MAX_TRANSACTION_BYTES - 64..MAX_TRANSACTION_BYTES).find(|n| with_data(*n).len() == MAX_TRANSACTION_BYTES);
+    let n = n.expect("a data length that lands on the limit");
+    let at_limit = with_data(n);
+    assert_eq!(at_limit.len(), MAX_TRANSACTION_BYTES);
+    assert!(parse(&at_limit).is_ok());
+    assert!(crate::parse(crate::TRANSACTION_TYPE_ETHEREUM, &hex::encode(&at_limit)).is_ok());
+    let over = with_data(n + 1);
+    let expected = format!(
+        "unsignedTransaction: an Ethereum transaction is at most 131072 bytes (geth's txMaxSize, 128 KiB), this one is {}",
+        over.len()
+    );
+    assert_eq!(parse(&over).unwrap_err().0, expected);
+    assert_eq!(crate::parse(crate::TRANSACTION_TYPE_ETHEREUM, &hex::encode(&over)).unwrap_err().0, expected);
+    // A megabyte of hex is refused without being decoded.
+    let huge = "ab".repeat(1 << 20);
+    assert!(crate::parse(crate::TRANSACTION_TYPE_ETHEREUM, &huge).unwrap_err().0.contains("at most 131072 bytes"));
 }

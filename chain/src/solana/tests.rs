@@ -564,3 +564,77 @@ fn transfers_inside_a_p_token_batch_are_reported() {
     assert!(tx(batch.clone(), vec![1, 2, 0, 1, 4, 3]).unwrap_err().0.contains("token Batch"));
     assert!(tx(batch[..batch.len() - 1].to_vec(), vec![1, 2, 0, 1, 4, 3, 0]).unwrap_err().0.contains("token Batch"));
 }
+
+/// Compact-u16, any length (the tests' `short` covers one byte).
+fn compact(out: &mut Vec<u8>, mut n: usize) {
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// A legacy transaction of exactly `size` bytes: the payer, one unknown program, instructions of
+/// padding data.
+fn of_size(size: usize) -> Vec<u8> {
+    let base = legacy(&[], &[key(9)], vec![]).len();
+    let mut ixs = Vec::new();
+    let mut total = base;
+    while total + 3 + 127 < size {
+        ixs.push((1u8, vec![], vec![0xee; 100]));
+        total += 3 + 100;
+    }
+    ixs.push((1, vec![], vec![0xee; size - total - 3]));
+    let tx = legacy(&[], &[key(9)], ixs);
+    assert_eq!(tx.len(), size);
+    tx
+}
+
+#[test]
+fn a_transaction_over_the_packet_size_is_refused_before_it_is_decoded() {
+    // Issue 39: a 467 KB transaction (7 instructions × 65,535 accounts) under a one-line ALLOW
+    // took 2.7 s a request and grew the enclave from 52 to 1,468 MiB: every account became a
+    // fact. Now anything over the network's packet size is refused before it is decoded, in the
+    // parser both the gateway and the enclave call.
+    let mut attack = vec![1u8];
+    attack.extend([0u8; 64]);
+    attack.extend([1, 0, 1]);
+    compact(&mut attack, 2);
+    attack.extend(key(1));
+    attack.extend(key(9));
+    attack.extend([0xbb; 32]);
+    compact(&mut attack, 7);
+    for _ in 0..7 {
+        attack.push(1);
+        compact(&mut attack, 65_535);
+        attack.extend(std::iter::repeat_n(0u8, 65_535));
+        compact(&mut attack, 0);
+    }
+    assert!(attack.len() > 458_000);
+    let started = std::time::Instant::now();
+    let err = crate::parse(crate::TRANSACTION_TYPE_SOLANA, &hex::encode(&attack)).unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_millis(50), "{:?}", started.elapsed());
+    assert_eq!(
+        err.0,
+        format!(
+            "unsignedTransaction: a Solana transaction is at most 1232 bytes (the network's packet size), this one is {}",
+            attack.len()
+        )
+    );
+    assert_eq!(parse(&attack).unwrap_err(), err);
+
+    // The limit itself parses; one byte more does not, as bytes or as hex (with or without 0x).
+    let at_limit = of_size(MAX_TRANSACTION_BYTES);
+    assert!(parse(&at_limit).is_ok());
+    assert!(crate::parse(crate::TRANSACTION_TYPE_SOLANA, &hex::encode(&at_limit)).is_ok());
+    let over = of_size(MAX_TRANSACTION_BYTES + 1);
+    assert!(parse(&over).unwrap_err().0.contains("at most 1232 bytes"), "{:?}", parse(&over));
+    for hex_text in [hex::encode(&over), format!("0x{}", hex::encode(&over))] {
+        let err = crate::parse(crate::TRANSACTION_TYPE_SOLANA, &hex_text).unwrap_err().0;
+        assert!(err.ends_with("packet size), this one is 1233"), "{err}");
+    }
+}
