@@ -309,12 +309,16 @@ pub fn read_only_session(
     if a.credential.expires_at_ms != 0 {
         expires_at_ms = expires_at_ms.min(a.credential.expires_at_ms);
     }
+    let credential_id = stamping_credential_id(authority, a)?;
+    // `credential_id` names the credential by id (a key deleted and added back under a new id
+    // does not revive the session); `public_key` stays for the SDKs that decode it.
     let claims = json!({
         "exp": expires_at_ms / 1000,
         "public_key": a.credential.public_key,
         "session_type": "SESSION_TYPE_READ_ONLY",
         "user_id": a.credential.user_id,
         "organization_id": a.activity.organization_id,
+        "credential_id": credential_id,
     });
     let session = coffer_crypto::session::assemble_session_jwt(&claims, |digest| {
         hsm.sign_digest_with(LoginKey::Notarizer, digest)
@@ -342,6 +346,28 @@ pub fn read_only_session(
         expires_at_ms,
         ..Default::default()
     })
+}
+
+/// The id, in the organization's authority state, of the live credential that stamped `a` (the
+/// state the decision read, or the organization's own in shadow mode): what a read-only session
+/// names, so that only that credential keeps it alive.
+fn stamping_credential_id(authority: &Authority, a: &Authorized) -> Result<String, EnclaveError> {
+    let loaded = match &a.decided {
+        Some(d) => Some(d.loaded.clone()),
+        None => authority.rules().load(&a.activity.organization_id)?,
+    };
+    let c = &a.credential;
+    loaded
+        .and_then(|l| {
+            l.state.live_credential(&c.user_id, &c.public_key, &c.credential_type, crate::authority::now_ms()).map(|c| c.id.clone())
+        })
+        .ok_or_else(|| {
+            refuse(
+                a,
+                RefusalReason::CredentialRevoked,
+                "the stamping credential is not live in the organization's authority state: no read-only session names it",
+            )
+        })
 }
 
 /// Certifies the session key and signs its JWT; for a read-write session also encrypts the key

@@ -1196,3 +1196,88 @@ async fn x_session_reads_as_its_user_and_is_refused_for_each_reason() {
     // The others still read: what was refused was each token, not the reader.
     reads_as(&x_session_query(&stack, "whoami", &org, &ro.session).await, &stack.user_id, &org);
 }
+
+/// A read-only session names the credential that made it by id (`credential_id`), not by public
+/// key: deleting the API key and adding the same public key back (a new API key id) does not
+/// revive it (401 `SESSION_INVALID`, refused by the gateway alone), while a session the re-added
+/// key makes reads as usual.
+#[tokio::test]
+async fn x_session_is_not_revived_by_adding_its_public_key_back() {
+    let stack = Stack::start().await;
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let ts = Stack::now_ms;
+    let notarizer = get_json(&stack, "/public/v1/discovery/keys").await["notarizerPublicKey"]
+        .as_str()
+        .expect("a notarizerPublicKey")
+        .to_string();
+    let key = TurnkeyP256ApiKey::generate();
+    let public = hex::encode(key.compressed_public_key());
+    let api_key = json!({"apiKeyName": "k", "curveType": "API_KEY_CURVE_P256", "publicKey": public});
+    let p = json!({"users": [{"userName": "reader", "apiKeys": [api_key.clone()], "authenticators": [],
+        "oauthProviders": [], "userTags": []}]});
+    let r = submit(&stack, &root, &org, "create_users", "ACTIVITY_TYPE_CREATE_USERS_V4", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let reader = r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().unwrap().to_string();
+    let key_id = |keys: &RawResponse| -> String {
+        keys.json["apiKeys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["credential"]["publicKey"] == public)
+            .unwrap_or_else(|| panic!("the key: {}", keys.text))["apiKeyId"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let api_keys = || async {
+        let body = json!({"organizationId": org, "userId": reader}).to_string();
+        stack.post_raw("/public/v1/query/get_api_keys", body.as_bytes(), Some(&root)).await
+    };
+    let first_id = key_id(&api_keys().await);
+
+    // The key's read-only session reads.
+    let client = stack.client_with(key);
+    let old = client.create_read_only_session(org.clone(), ts(), CreateReadOnlySessionIntent {}).await.unwrap();
+    let old = old.result.session;
+    reads_as(&x_session_query(&stack, "whoami", &org, &old).await, &reader, &org);
+
+    // Delete the key, add the same public key back: a new API key id.
+    let p = json!({"userId": reader, "apiKeyIds": [first_id]});
+    let r = submit(&stack, &root, &org, "delete_api_keys", "ACTIVITY_TYPE_DELETE_API_KEYS", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    stack.refused_by_gateway(
+        &x_session_query(&stack, "whoami", &org, &old).await,
+        401,
+        "SESSION_INVALID",
+        "the credential that made it is gone or expired",
+    );
+    let p = json!({"userId": reader, "apiKeys": [api_key]});
+    let r = submit(&stack, &root, &org, "create_api_keys", "ACTIVITY_TYPE_CREATE_API_KEYS_V2", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let second_id = key_id(&api_keys().await);
+    assert_ne!(second_id, first_id);
+
+    // The old session stays dead, for every query; the re-added key's own session reads.
+    for path in ["whoami", "list_users", "list_wallets"] {
+        stack.refused_by_gateway(
+            &x_session_query(&stack, path, &org, &old).await,
+            401,
+            "SESSION_INVALID",
+            "read-only session (X-Session): the credential that made it is gone or expired",
+        );
+    }
+    let new = client.create_read_only_session(org.clone(), ts(), CreateReadOnlySessionIntent {}).await.unwrap();
+    let new = new.result.session;
+    reads_as(&x_session_query(&stack, "whoami", &org, &new).await, &reader, &org);
+
+    // Each session names its credential by id, and keeps public_key (what the SDKs decode).
+    for (session, id) in [(&old, &first_id), (&new, &second_id)] {
+        let claims = independent::verify_session_jwt(session, &notarizer);
+        assert_eq!(
+            (claims["credential_id"].as_str(), claims["public_key"].as_str()),
+            (Some(id.as_str()), Some(public.as_str())),
+            "{claims}"
+        );
+    }
+}

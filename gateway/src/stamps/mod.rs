@@ -153,7 +153,8 @@ pub const READ_ONLY_SESSION_TYPE: &str = "CREDENTIAL_TYPE_READ_ONLY_SESSION";
 
 /// A read-only session (`X-Session`, from `create_read_only_session`): a JWT the enclave's
 /// notarizer signed (checked against its published key), `SESSION_TYPE_READ_ONLY`, unexpired,
-/// for `org` (or its parent, which reads its sub-organizations), of a user who still exists.
+/// for `org` (or its parent, which reads its sub-organizations), of a user who still exists,
+/// made by a credential (named by id) that still exists with the session's key.
 /// Anything else is a 401 `SESSION_INVALID` whose message names the reason (the holder of the
 /// token learns only why it no longer reads).
 pub async fn read_only_session(
@@ -193,19 +194,28 @@ pub async fn read_only_session(
     }
     let (o, u) = (session_org.clone(), user_id.clone());
     let user = state.db(move |s| s.user(&o, &u)).await?.map_err(|_| refuse("its user no longer exists"))?;
-    // The key that made the session must still be one of the user's: deleting a credential (or
-    // its expiry) ends the read-only sessions it made.
-    let (o, u, pk) = (session_org.clone(), user_id.clone(), text("public_key"));
+    // The credential that made the session, by id, must still be one of the user's, unexpired,
+    // with the session's key: deleting it (or its expiry) ends the read-only sessions it made,
+    // and adding the same public key back (a new id) does not revive them.
+    let credential_id = text("credential_id");
+    if credential_id.is_empty() {
+        return Err(refuse("it names no credential id (credential_id): create a new session"));
+    }
+    let (o, u, pk, cid) = (session_org.clone(), user_id.clone(), text("public_key"), credential_id);
     let live = state
         .db(move |s| -> Result<bool, StoreError> {
-            match s.api_key_by_public_key(&o, &pk) {
+            match s.api_key(&o, &cid) {
                 Ok(k) => {
                     let expired = k.expiration_seconds.is_some_and(|exp| {
                         now_nanos() >= k.created_at.saturating_add((exp as i64).saturating_mul(1_000_000_000))
                     });
-                    Ok(k.user_id == u && !expired)
+                    Ok(k.user_id == u && k.public_key == pk && !expired)
                 }
-                Err(StoreError::NotFound) => Ok(s.authenticators_of_user(&o, &u)?.iter().any(|a| a.public_key == pk)),
+                Err(StoreError::NotFound) => match s.authenticator(&o, &cid) {
+                    Ok(a) => Ok(a.user_id == u && a.public_key == pk),
+                    Err(StoreError::NotFound) => Ok(false),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             }
         })
