@@ -12,17 +12,34 @@ pub struct Limits {
     pub webhook_endpoints: usize,
     /// Policies one organization may have.
     pub policies: usize,
+    /// Bytes of policy text one organization may have: every policy's condition, consensus and
+    /// time window together ([`policy_text_bytes`]). It bounds what a decision compiles and
+    /// what a compiled set holds, so each organization's set fits the evaluator's cache.
+    pub policy_text_bytes: usize,
 }
 
 /// The default webhook endpoint cap.
 pub const DEFAULT_MAX_WEBHOOK_ENDPOINTS: usize = 10;
 /// The default policy cap.
 pub const DEFAULT_MAX_POLICIES: usize = 100_000;
+/// The default cap on an organization's policy text: 256 KiB, four clauses at their own cap
+/// (`coffer_policy::MAX_CLAUSE_BYTES`), or deny lists of about 5,000 addresses. Compiled, the
+/// densest text (literal lists of numbers) takes about 90 times its size: 23 MiB.
+pub const DEFAULT_MAX_POLICY_TEXT_BYTES: usize = 256 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { webhook_endpoints: DEFAULT_MAX_WEBHOOK_ENDPOINTS, policies: DEFAULT_MAX_POLICIES }
+        Self {
+            webhook_endpoints: DEFAULT_MAX_WEBHOOK_ENDPOINTS,
+            policies: DEFAULT_MAX_POLICIES,
+            policy_text_bytes: DEFAULT_MAX_POLICY_TEXT_BYTES,
+        }
     }
+}
+
+/// The bytes of policy text `state` holds: every policy's condition, consensus and time window.
+pub fn policy_text_bytes(state: &AuthorityState) -> usize {
+    state.policies.values().map(|p| p.condition.len() + p.consensus.len() + p.time.len()).sum()
 }
 
 /// Which cap.
@@ -30,6 +47,7 @@ impl Default for Limits {
 pub enum Limit {
     WebhookEndpoints,
     Policies,
+    PolicyTextBytes,
 }
 
 impl Limit {
@@ -38,6 +56,7 @@ impl Limit {
         match self {
             Limit::WebhookEndpoints => "webhook endpoints",
             Limit::Policies => "policies",
+            Limit::PolicyTextBytes => "bytes of policy text (conditions, consensus and time windows together)",
         }
     }
 
@@ -46,6 +65,7 @@ impl Limit {
         match self {
             Limit::WebhookEndpoints => "max_webhook_endpoints_per_organization",
             Limit::Policies => "max_policies_per_organization",
+            Limit::PolicyTextBytes => "max_policy_text_bytes_per_organization",
         }
     }
 }
@@ -65,7 +85,8 @@ pub struct LimitExceeded {
 
 impl Limits {
     /// No cap (the import of states as the gateway's records have them).
-    pub const UNBOUNDED: Limits = Limits { webhook_endpoints: usize::MAX, policies: usize::MAX };
+    pub const UNBOUNDED: Limits =
+        Limits { webhook_endpoints: usize::MAX, policies: usize::MAX, policy_text_bytes: usize::MAX };
 
     /// Refuses the state `after` a change of `before` when the change added to something and
     /// leaves more of it than its cap. A change that adds nothing (an update, a delete) passes,
@@ -79,6 +100,7 @@ impl Limits {
                 after.webhook_endpoints.len(),
             ),
             (Limit::Policies, self.policies, before.policies.len(), after.policies.len()),
+            (Limit::PolicyTextBytes, self.policy_text_bytes, policy_text_bytes(before), policy_text_bytes(after)),
         ];
         for (limit, max, was, count) in counts {
             if count > was && count > max {
@@ -123,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_change_past_a_cap_is_refused_and_changes_nothing() {
-        let limits = Limits { webhook_endpoints: 2, policies: 3 };
+        let limits = Limits { webhook_endpoints: 2, policies: 3, ..Limits::default() };
         let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
         stage(&mut s, &limits, &[endpoint("a")]).unwrap();
         stage(&mut s, &limits, &[endpoint("b")]).unwrap();
@@ -158,8 +180,39 @@ mod tests {
         assert_eq!(s.webhook_endpoints.len(), 2);
     }
 
+    fn policy_of(id: &str, condition: &str) -> Effect {
+        match policy(id) {
+            Effect::PutPolicy { mut policy } => {
+                policy.condition = condition.into();
+                policy.consensus = "approvers.count() > 0".into();
+                Effect::PutPolicy { policy }
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn an_organization_s_policy_text_is_capped_in_total() {
+        // Issue 39: 96 policies of 9 MB of text grew the gateway to 1.43 GB.
+        let limits = Limits { policy_text_bytes: 100, ..Limits::default() };
+        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let forty = "x".repeat(40 - "approvers.count() > 0".len());
+        stage(&mut s, &limits, &[policy_of("1", &forty), policy_of("2", &forty)]).unwrap();
+        assert_eq!(policy_text_bytes(&s), 80);
+        let e = stage(&mut s, &limits, &[policy_of("3", &forty)]).unwrap_err();
+        assert_eq!(e, LimitExceeded { limit: Limit::PolicyTextBytes, max: 100, count: 120 });
+        assert!(e.to_string().contains("at most 100 bytes of policy text"), "{e}");
+        assert!(e.to_string().contains("max_policy_text_bytes_per_organization"), "{e}");
+        // Rewriting a policy shorter passes; longer past the cap does not.
+        stage(&mut s, &limits, &[policy_of("1", "")]).unwrap();
+        assert!(stage(&mut s, &limits, &[policy_of("2", &"y".repeat(200))]).is_err());
+    }
+
     #[test]
     fn the_defaults_are_the_documented_ones() {
-        assert_eq!(Limits::default(), Limits { webhook_endpoints: 10, policies: 100_000 });
+        assert_eq!(
+            Limits::default(),
+            Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
+        );
     }
 }

@@ -59,6 +59,11 @@ pub struct EnclaveConfig {
     /// `create_policies`, and the policy `enable_auth_proxy` adds). Default 100,000. Environment:
     /// `COFFER_MAX_POLICIES_PER_ORGANIZATION`.
     pub max_policies_per_organization: usize,
+    /// Bytes of policy text (conditions, consensus and time windows together) one organization
+    /// may have, decided the same way: a change that adds text past it is refused. It bounds
+    /// what every decision of the organization compiles and holds. Default 262,144 (256 KiB).
+    /// Environment: `COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION`.
+    pub max_policy_text_bytes_per_organization: usize,
     /// The enclave tier's authority store (replay window, decision log, authority state):
     /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
     /// directory as a percent-encoded host), with credentials the gateway never has. Default:
@@ -325,6 +330,7 @@ impl Default for EnclaveConfig {
             auth_proxy_signups_per_day: 100_000,
             max_webhook_endpoints_per_organization: coffer_authority_state::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
             max_policies_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICIES,
+            max_policy_text_bytes_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -383,6 +389,7 @@ impl EnclaveConfig {
         for (var, field) in [
             ("COFFER_MAX_WEBHOOK_ENDPOINTS_PER_ORGANIZATION", &mut cfg.max_webhook_endpoints_per_organization),
             ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &mut cfg.max_policies_per_organization),
+            ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", &mut cfg.max_policy_text_bytes_per_organization),
         ] {
             if let Ok(v) = std::env::var(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
@@ -453,6 +460,7 @@ impl EnclaveConfig {
         coffer_authority_state::Limits {
             webhook_endpoints: self.max_webhook_endpoints_per_organization,
             policies: self.max_policies_per_organization,
+            policy_text_bytes: self.max_policy_text_bytes_per_organization,
         }
     }
 

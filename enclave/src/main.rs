@@ -334,6 +334,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         enforce_rules = cfg.enforce_rules,
         max_webhook_endpoints_per_organization = cfg.max_webhook_endpoints_per_organization,
         max_policies_per_organization = cfg.max_policies_per_organization,
+        max_policy_text_bytes_per_organization = cfg.max_policy_text_bytes_per_organization,
         "organization rules"
     );
     match std::fs::remove_file(&cfg.socket) {

@@ -43,12 +43,23 @@
 //! its detail in `get_policy_evaluations` and the dry run) and fixable by the policy's author,
 //! whereas a signed transaction cannot be taken back.
 
+//!
+//! # One budget per decision
+//!
+//! A decision evaluates every clause of every applicable policy within one [`DecisionBudget`]
+//! (steps and a deadline for the whole set, the facts it reads charged first): DENY policies
+//! first, then the others. A clause evaluated once the budget has run out errs at its first
+//! step. A decision that ran out did not read every policy, so it allows through no ALLOW and
+//! waits for no consensus: it denies ([`BUDGET_EXHAUSTED`]) unless a DENY denied first, a root
+//! quorum or an implicit permission allows. An organization cannot make one of its decisions
+//! cost more than the budget, whatever its policies and the activity's input.
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde_json::{json, Value};
 
-use crate::eval::{eval_bool, eval_bool_in, Env, EvalError, EvalErrorKind, Val};
+use crate::eval::{eval_bool_in, DecisionBudget, Env, EvalError, EvalErrorKind, Val};
 use crate::{parse_condition, parse_consensus, parse_time};
 
 pub const OUTCOME_ALLOW: &str = "OUTCOME_ALLOW";
@@ -57,6 +68,10 @@ pub const OUTCOME_DENY_IMPLICIT: &str = "OUTCOME_DENY_IMPLICIT";
 pub const OUTCOME_REQUIRES_CONSENSUS: &str = "OUTCOME_REQUIRES_CONSENSUS";
 pub const OUTCOME_REJECTED: &str = "OUTCOME_REJECTED";
 pub const OUTCOME_ERROR: &str = "OUTCOME_ERROR";
+
+/// The reason of a decision that ran out of its budget ([`DecisionBudget`]) before reading every
+/// applicable policy: it denies (unless a root quorum or an implicit permission allows).
+pub const BUDGET_EXHAUSTED: &str = "BUDGET_EXHAUSTED";
 
 /// What happens to the activity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +134,8 @@ pub struct PolicyOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
     pub decision: Decision,
-    /// `ROOT_QUORUM`, `EXPLICIT_DENY` (also a DENY whose evaluation erred), `POLICY_ALLOW`,
-    /// `IMPLICIT_PERMISSION`, `CONSENSUS_NEEDED`, `IMPLICIT_DENY`.
+    /// `ROOT_QUORUM`, `EXPLICIT_DENY` (also a DENY whose evaluation erred), [`BUDGET_EXHAUSTED`],
+    /// `POLICY_ALLOW`, `IMPLICIT_PERMISSION`, `CONSENSUS_NEEDED`, `IMPLICIT_DENY`.
     pub reason: &'static str,
     pub outcomes: Vec<PolicyOutcome>,
 }
@@ -243,33 +258,38 @@ impl CompiledPolicy {
 /// every policy of one decision; the key is the parsed clause's address, which no other clause
 /// has while the policies are borrowed. An evaluation that ran out of steps or time is shared
 /// too: each policy would have run out the same way.
-#[derive(Default)]
-struct ClauseMemo {
+///
+/// The memo also holds the decision's budget ([`DecisionBudget`]): every clause it evaluates
+/// draws on it.
+struct ClauseMemo<'b> {
     values: HashMap<(usize, bool), Result<bool, EvalError>>,
+    budget: &'b mut DecisionBudget,
 }
 
-impl ClauseMemo {
+impl<'b> ClauseMemo<'b> {
+    fn new(budget: &'b mut DecisionBudget) -> Self {
+        Self { values: HashMap::new(), budget }
+    }
+
     fn value(&mut self, clause_of: &Parsed, roots: &BTreeMap<String, Val>, deny: bool) -> Result<bool, EvalError> {
         let key = (Arc::as_ptr(clause_of) as usize, deny);
         if let Some(value) = self.values.get(&key) {
             return value.clone();
         }
-        let value = clause(clause_of, roots, deny);
+        let value = match clause_of.as_ref() {
+            Ok(expr) => {
+                let mut env = Env::within(roots, self.budget);
+                if deny {
+                    env = env.deciding_operands();
+                }
+                let value = eval_bool_in(expr, &mut env);
+                self.budget.settle(&env, &value);
+                value
+            }
+            Err(message) => Err(EvalError { kind: EvalErrorKind::Failed, message: message.clone() }),
+        };
         self.values.insert(key, value.clone());
         value
-    }
-}
-
-/// `Ok(b)`, or the error text, for one clause.
-fn clause(
-    expr: &Result<crate::expr::Expr, String>,
-    roots: &BTreeMap<String, Val>,
-    deny: bool,
-) -> Result<bool, EvalError> {
-    match expr {
-        Ok(expr) if deny => eval_bool_in(expr, &mut Env::new(roots).deciding_operands()),
-        Ok(expr) => eval_bool(expr, roots),
-        Err(message) => Err(EvalError { kind: EvalErrorKind::Failed, message: message.clone() }),
     }
 }
 
@@ -295,11 +315,11 @@ fn activity_fields(roots: &BTreeMap<String, Val>) -> Option<(&str, &str, &str)> 
 /// the outcome; for a DENY a definitely false clause comes first, then an error (which denies:
 /// see the module documentation).
 pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> PolicyOutcome {
-    evaluate_policy_in(c, roots, &mut ClauseMemo::default())
+    evaluate_policy_in(c, roots, &mut ClauseMemo::new(&mut DecisionBudget::start()))
 }
 
 /// [`evaluate_policy`], with the clause values `memo` holds from the decision's other policies.
-fn evaluate_policy_in(c: &CompiledPolicy, roots: &BTreeMap<String, Val>, memo: &mut ClauseMemo) -> PolicyOutcome {
+fn evaluate_policy_in(c: &CompiledPolicy, roots: &BTreeMap<String, Val>, memo: &mut ClauseMemo<'_>) -> PolicyOutcome {
     let p = &c.source;
     let deny = &*p.effect == "EFFECT_DENY";
     let time = memo.value(&c.time, roots, deny);
@@ -344,14 +364,40 @@ fn evaluate_policy_in(c: &CompiledPolicy, roots: &BTreeMap<String, Val>, memo: &
 
 /// Spec 12.2 over the organization's policies. `root_quorum_met`: the approvers include a
 /// quorum of root users; `implicit`: an implicit permission covers the activity.
+///
+/// Within one [`DecisionBudget`] ([`DecisionBudget::start`]): see [`decide_within`].
 pub fn decide(
     policies: &[&CompiledPolicy],
     roots: &BTreeMap<String, Val>,
     root_quorum_met: bool,
     implicit: bool,
 ) -> Evaluation {
-    let mut memo = ClauseMemo::default();
-    let outcomes: Vec<PolicyOutcome> = policies.iter().map(|p| evaluate_policy_in(p, roots, &mut memo)).collect();
+    decide_within(&mut DecisionBudget::start(), policies, roots, root_quorum_met, implicit)
+}
+
+/// [`decide`] within `budget`: the facts (`roots`) are charged to it first, then every clause
+/// evaluated draws on what is left. DENY policies are evaluated before the others, so that a
+/// policy set whose ALLOWs spend the budget still reads its DENYs; once the budget has run out a
+/// clause errs at once, so an ALLOW allows nothing and a DENY that could apply denies (the module
+/// documentation). The outcomes stay in the order of `policies`; `budget` tells afterwards what
+/// the decision spent.
+pub fn decide_within(
+    budget: &mut DecisionBudget,
+    policies: &[&CompiledPolicy],
+    roots: &BTreeMap<String, Val>,
+    root_quorum_met: bool,
+    implicit: bool,
+) -> Evaluation {
+    budget.charge_facts(roots);
+    let mut memo = ClauseMemo::new(budget);
+    let mut outcomes: Vec<Option<PolicyOutcome>> = vec![None; policies.len()];
+    let denies_first = (0..policies.len())
+        .filter(|&i| &*policies[i].source.effect == "EFFECT_DENY")
+        .chain((0..policies.len()).filter(|&i| &*policies[i].source.effect != "EFFECT_DENY"));
+    for i in denies_first {
+        outcomes[i] = Some(evaluate_policy_in(policies[i], roots, &mut memo));
+    }
+    let outcomes: Vec<PolicyOutcome> = outcomes.into_iter().flatten().collect();
     let any = |o: &str| outcomes.iter().any(|x| x.outcome == o);
     let (decision, reason) = if root_quorum_met {
         (Decision::Allow, "ROOT_QUORUM")
@@ -359,6 +405,13 @@ pub fn decide(
         // An explicit deny, or a DENY that erred (fails closed; `EXPLICIT_DENY` is the closest
         // of the hosted service's reasons).
         (Decision::Deny, "EXPLICIT_DENY")
+    } else if budget.ran_out() {
+        // Not every policy was read: no ALLOW allows, and none asks for consensus (the
+        // outcomes that erred say why, in their detail). An implicit permission is no policy's.
+        match implicit {
+            true => (Decision::Allow, "IMPLICIT_PERMISSION"),
+            false => (Decision::Deny, BUDGET_EXHAUSTED),
+        }
     } else if any(OUTCOME_ALLOW) {
         (Decision::Allow, "POLICY_ALLOW")
     } else if implicit {
@@ -508,6 +561,114 @@ mod tests {
         assert_eq!(decide(&[&allow, &deny], &r, true, false).decision, Decision::Allow);
     }
 
+    /// An ALLOW of `i`, its own text, that costs about 15,000 steps (within a clause's 20,000).
+    fn costly_allow(i: usize) -> CompiledPolicy {
+        policy(&format!("a{i}"), "EFFECT_ALLOW", &format!("[{}0].all(x, x == 0) && {i} == {i}", "0,".repeat(2_999)), "")
+    }
+
+    #[test]
+    fn one_budget_bounds_the_whole_decision() {
+        // Issue 39: 70 such policies cost 11 s a dry run, every clause with a budget of its own.
+        let costly: Vec<CompiledPolicy> = (0..100).map(costly_allow).collect();
+        let mut refs: Vec<&CompiledPolicy> = costly.iter().collect();
+        let r = roots(&["u"], "w1");
+        let alone = evaluate_policy(&costly[99], &r);
+        assert_eq!(alone.outcome, OUTCOME_ALLOW, "each policy alone is within a clause's budget: {alone:?}");
+
+        let mut budget = steps_only();
+        let e = decide_within(&mut budget, &refs, &r, false, false);
+        // 100 × 15,000 steps were asked for; the decision spent its budget, a clause's overshoot
+        // and a step for each clause tried after it ran out.
+        assert!(budget.ran_out());
+        let spent = budget.spent();
+        assert!(
+            (crate::MAX_DECISION_STEPS..=crate::MAX_DECISION_STEPS + 400).contains(&spent),
+            "the decision spent {spent} steps"
+        );
+        // Those read before it ran out allowed; it still denies, since it did not read them all.
+        assert_eq!((e.decision, e.reason), (Decision::Deny, BUDGET_EXHAUSTED));
+        assert_eq!(e.outcomes[0].outcome, OUTCOME_ALLOW);
+        let last = &e.outcomes[99];
+        assert_eq!((last.outcome, last.clause), (OUTCOME_ERROR, "condition"));
+        assert!(last.detail.as_deref().unwrap().contains("the decision's budget"), "{last:?}");
+        // An implicit permission (one's own credentials) is not a policy: it still allows.
+        assert_eq!(decide_within(&mut steps_only(), &refs, &r, false, true).reason, "IMPLICIT_PERMISSION");
+
+        // A DENY listed last is read first: it matches, an explicit deny, with the budget
+        // intact for it.
+        let deny = policy("d", "EFFECT_DENY", "wallet.id == 'w1'", "");
+        refs.push(&deny);
+        let e = decide_within(&mut steps_only(), &refs, &r, false, false);
+        assert_eq!(
+            (e.decision, e.reason, e.outcomes[100].outcome),
+            (Decision::Deny, "EXPLICIT_DENY", OUTCOME_DENY_EXPLICIT)
+        );
+        assert_eq!(e.outcomes.len(), 101);
+        assert_eq!(&*e.outcomes[100].policy_id, "d");
+
+        // DENYs that spend the budget themselves: those left err, and deny.
+        let costly_denies: Vec<CompiledPolicy> = (0..40)
+            .map(|i| {
+                policy(
+                    &format!("d{i}"),
+                    "EFFECT_DENY",
+                    &format!("[{}0].all(x, x == 0) && wallet.id == 'w9' && {i} == {i}", "0,".repeat(2_999)),
+                    "",
+                )
+            })
+            .collect();
+        let allow = policy("a", "EFFECT_ALLOW", "true", "");
+        let mut refs: Vec<&CompiledPolicy> = vec![&allow];
+        refs.extend(costly_denies.iter());
+        let e = decide_within(&mut steps_only(), &refs, &r, false, false);
+        assert_eq!(e.outcomes[1].outcome, OUTCOME_DENY_IMPLICIT, "read in full, it does not match");
+        assert_eq!((e.outcomes[40].outcome, e.decision, e.reason), (OUTCOME_ERROR, Decision::Deny, "EXPLICIT_DENY"));
+
+        // Within the budget nothing changes: 20 of them allow.
+        let e = decide_within(&mut steps_only(), &refs_of(&costly[..20]), &r, false, false);
+        assert_eq!((e.decision, e.reason), (Decision::Allow, "POLICY_ALLOW"));
+        assert!(e.outcomes.iter().all(|o| o.outcome == OUTCOME_ALLOW));
+    }
+
+    /// The decision's step budget, with a deadline no test machine reaches: what these tests
+    /// check is the steps, which are the same on every machine.
+    fn steps_only() -> DecisionBudget {
+        DecisionBudget::with(crate::MAX_DECISION_STEPS, std::time::Duration::from_secs(3_600))
+    }
+
+    fn refs_of(p: &[CompiledPolicy]) -> Vec<&CompiledPolicy> {
+        p.iter().collect()
+    }
+
+    #[test]
+    fn the_facts_are_charged_to_the_decision() {
+        // A context of 500,000 values costs the decision its whole budget before any clause.
+        let many: Vec<Value> = (0..100_000).map(|i| json!({"id": format!("w{i}"), "label": ""})).collect();
+        let r = with(roots(&["u"], "w1"), "wallets", json!(many));
+        let allow = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1'", "");
+        let mut budget = steps_only();
+        let e = decide_within(&mut budget, &[&allow], &r, false, false);
+        assert!(budget.ran_out());
+        assert_eq!((e.decision, e.reason, e.outcomes[0].outcome), (Decision::Deny, BUDGET_EXHAUSTED, OUTCOME_ERROR));
+        // A few wallets cost a few steps.
+        let mut budget = DecisionBudget::start();
+        assert_eq!(decide_within(&mut budget, &[&allow], &roots(&["u"], "w1"), false, false).decision, Decision::Allow);
+        assert!(budget.spent() < 100, "{}", budget.spent());
+    }
+
+    #[test]
+    fn the_decision_deadline_stops_every_clause() {
+        let allow = policy("a", "EFFECT_ALLOW", "wallet.id == 'w1'", "");
+        let deny = policy("d", "EFFECT_DENY", "wallet.id == 'w9'", "");
+        let r = roots(&["u"], "w1");
+        let mut spent = DecisionBudget::with(crate::MAX_DECISION_STEPS, std::time::Duration::ZERO);
+        let e = decide_within(&mut spent, &[&allow, &deny], &r, false, false);
+        assert!(spent.ran_out());
+        // The DENY could not be read: it denies.
+        assert_eq!((e.decision, e.outcomes[1].outcome), (Decision::Deny, OUTCOME_ERROR));
+        assert!(e.outcomes[1].detail.as_deref().unwrap().contains("time limit"), "{:?}", e.outcomes[1]);
+    }
+
     #[test]
     fn an_allow_that_errs_allows_nothing() {
         let many: Vec<Value> = (0..6_000).map(|i| json!({"id": format!("w{i}"), "label": ""})).collect();
@@ -650,7 +811,8 @@ mod tests {
         assert_eq!(e.outcomes, alone);
         assert_eq!(e.outcomes.iter().filter(|o| o.outcome == OUTCOME_ALLOW).count(), 100);
         assert_eq!(e.outcomes.iter().filter(|o| o.outcome == OUTCOME_REQUIRES_CONSENSUS).count(), 900);
-        let mut memo = ClauseMemo::default();
+        let mut budget = DecisionBudget::start();
+        let mut memo = ClauseMemo::new(&mut budget);
         for p in &refs {
             evaluate_policy_in(p, &ctx, &mut memo);
         }
@@ -672,7 +834,8 @@ mod tests {
         // The same text in another place is parsed by another grammar: another clause.
         let empty = policy("t", "EFFECT_ALLOW", "", "");
         assert!(!Arc::ptr_eq(&empty.time, &empty.condition) && !Arc::ptr_eq(&empty.condition, &empty.consensus));
-        let mut memo = ClauseMemo::default();
+        let mut budget = DecisionBudget::start();
+        let mut memo = ClauseMemo::new(&mut budget);
         evaluate_policy_in(&empty, &ctx, &mut memo);
         assert_eq!(memo.values.len(), 3, "the empty time, condition and consensus are three keys");
     }

@@ -8,6 +8,13 @@
 //! ([`EVAL_DEADLINE`], checked every [`DEADLINE_CHECK_STEPS`] steps) backs the budget up. Running
 //! out of either is an [`EvalError`] of kind [`EvalErrorKind::OutOfSteps`] /
 //! [`EvalErrorKind::OutOfTime`], which fails the clause like any other evaluation error.
+//!
+//! **A budget per decision.** The clause budget bounds one clause; a decision evaluates every
+//! clause of every applicable policy, so it also has a [`DecisionBudget`] ([`MAX_DECISION_STEPS`]
+//! and [`DECISION_DEADLINE`]) that the facts it reads and all of its clauses draw on
+//! ([`Env::within`]): each clause gets the smaller of its own budget and what the decision has
+//! left, so no set of policies and no input makes one decision cost more than the decision's
+//! budget, however many policies there are.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -152,6 +159,89 @@ pub const DEADLINE_CHECK_STEPS: u64 = 1024;
 /// rides on the step of the node that handles it).
 pub const STR_BYTES_PER_STEP: usize = 64;
 
+/// The step budget of one decision: the facts it evaluates over ([`weight`] of the context) and
+/// every clause of every applicable policy together. About twenty clauses at their own budget;
+/// real policy sets take a few thousand steps a decision.
+pub const MAX_DECISION_STEPS: u64 = 400_000;
+
+/// The wall-clock backstop of one decision (see [`EVAL_DEADLINE`] for a clause's).
+pub const DECISION_DEADLINE: Duration = Duration::from_millis(100);
+
+/// What one decision may still spend: steps and a deadline shared by all of its clauses. Once it
+/// has run out, every clause evaluated within it errs at its first step (an
+/// [`EvalErrorKind::OutOfSteps`] or [`EvalErrorKind::OutOfTime`] error), so an ALLOW allows
+/// nothing and a DENY that could apply denies (`crate::decision`).
+#[derive(Debug, Clone)]
+pub struct DecisionBudget {
+    spent: u64,
+    max_steps: u64,
+    deadline: Instant,
+    ran_out: bool,
+}
+
+impl DecisionBudget {
+    /// [`MAX_DECISION_STEPS`] and [`DECISION_DEADLINE`], from now.
+    pub fn start() -> Self {
+        Self::with(MAX_DECISION_STEPS, DECISION_DEADLINE)
+    }
+
+    /// `max_steps` and `deadline` from now.
+    pub fn with(max_steps: u64, deadline: Duration) -> Self {
+        let now = Instant::now();
+        Self { spent: 0, max_steps, deadline: now.checked_add(deadline).unwrap_or(now), ran_out: false }
+    }
+
+    /// Steps spent so far (past the budget once it ran out).
+    pub fn spent(&self) -> u64 {
+        self.spent
+    }
+
+    /// Steps left.
+    pub fn remaining(&self) -> u64 {
+        self.max_steps.saturating_sub(self.spent)
+    }
+
+    /// Whether the budget has run out (of steps, or of time).
+    pub fn exhausted(&self) -> bool {
+        self.remaining() == 0 || Instant::now() >= self.deadline
+    }
+
+    /// Whether some clause could not be evaluated because the decision's budget had run out
+    /// (not its own): the decision did not read all of its policies.
+    pub fn ran_out(&self) -> bool {
+        self.ran_out
+    }
+
+    /// Charges the cost of the facts the decision reads: what copying `roots` would cost
+    /// ([`weight`]), counted up to what is left.
+    pub fn charge_facts(&mut self, roots: &BTreeMap<String, Val>) {
+        let cap = self.remaining();
+        let mut total = 0u64;
+        for (k, v) in roots {
+            total = total.saturating_add(1 + bytes_cost(k.len())).saturating_add(weight(v, cap.saturating_sub(total)));
+            if total > cap {
+                break;
+            }
+        }
+        self.spent = self.spent.saturating_add(total);
+    }
+
+    /// Charges what a clause's evaluation in `env` ([`Env::within`]) spent; `result` is what it
+    /// answered (a cost error there, with the decision's budget spent, is the decision running
+    /// out: [`DecisionBudget::ran_out`]).
+    pub fn settle<T>(&mut self, env: &Env<'_>, result: &R<T>) {
+        self.spent = self.spent.saturating_add(env.steps);
+        let decisions = |e: &EvalError| match e.kind {
+            EvalErrorKind::OutOfSteps => env.decision_bound,
+            EvalErrorKind::OutOfTime => Instant::now() >= self.deadline,
+            EvalErrorKind::Failed => false,
+        };
+        if matches!(result, Err(e) if decisions(e)) {
+            self.ran_out = true;
+        }
+    }
+}
+
 /// What one clause's evaluation may spend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvalLimits {
@@ -178,6 +268,10 @@ pub struct Env<'a> {
     steps: u64,
     max_steps: u64,
     deadline: Instant,
+    /// The step limit is what the decision had left, not the clause's own.
+    decision_bound: bool,
+    /// The decision's deadline, when the environment is one of a decision's ([`Env::within`]).
+    decision_deadline: Option<Instant>,
     /// `&&` and `||` decided by a deciding operand whatever the others did, errors included
     /// ([`Env::deciding_operands`]); otherwise an operand's error is the result.
     absorb_errors: bool,
@@ -198,8 +292,24 @@ impl<'a> Env<'a> {
             steps: 0,
             max_steps: u64::from(limits.max_steps),
             deadline,
+            decision_bound: false,
+            decision_deadline: None,
             absorb_errors: false,
         }
+    }
+
+    /// An environment for one clause of a decision: the clause's own limits
+    /// ([`EvalLimits::DEFAULT`]) or what `budget` has left, whichever is smaller. Charge what it
+    /// spent back with [`DecisionBudget::settle`].
+    pub fn within(roots: &'a BTreeMap<String, Val>, budget: &DecisionBudget) -> Self {
+        let mut env = Self::with_limits(roots, EvalLimits::DEFAULT);
+        if budget.remaining() < env.max_steps {
+            env.max_steps = budget.remaining();
+            env.decision_bound = true;
+        }
+        env.deadline = env.deadline.min(budget.deadline);
+        env.decision_deadline = Some(budget.deadline);
+        env
     }
 
     /// Logical operators as a DENY policy is read: an operand that decides (`false` for `&&`,
@@ -229,13 +339,28 @@ impl<'a> Env<'a> {
         if self.steps > self.max_steps {
             return Err(EvalError {
                 kind: EvalErrorKind::OutOfSteps,
-                message: format!("evaluation too costly: more than {} steps", self.max_steps),
+                message: match self.decision_bound {
+                    true => format!(
+                        "evaluation too costly: the decision's budget ({MAX_DECISION_STEPS} steps for the facts and every applicable policy) ran out"
+                    ),
+                    false => format!("evaluation too costly: more than {} steps", self.max_steps),
+                },
             });
         }
-        if before / DEADLINE_CHECK_STEPS != self.steps / DEADLINE_CHECK_STEPS && Instant::now() >= self.deadline {
+        // The first step checks the time too, so a clause of a decision past its deadline
+        // stops at once.
+        let check = before == 0 || before / DEADLINE_CHECK_STEPS != self.steps / DEADLINE_CHECK_STEPS;
+        let now = if check { Some(Instant::now()) } else { None };
+        if let Some(now) = now.filter(|now| *now >= self.deadline) {
             return Err(EvalError {
                 kind: EvalErrorKind::OutOfTime,
-                message: "evaluation too costly: past its time limit".into(),
+                message: match self.decision_deadline.is_some_and(|d| now >= d) {
+                    true => format!(
+                        "evaluation too costly: past the decision's time limit ({} ms for every applicable policy)",
+                        DECISION_DEADLINE.as_millis()
+                    ),
+                    false => "evaluation too costly: past its time limit".into(),
+                },
             });
         }
         Ok(())
@@ -335,11 +460,17 @@ fn weight(v: &Val, cap: u64) -> u64 {
     total
 }
 
-/// What comparing `a` and `b` for equality costs beyond the comparison's own step.
+/// What comparing `a` and `b` for equality costs beyond the comparison's own step. For lists
+/// and maps it is what measuring them costs: both weights, each counted up to `cap`. (Charging
+/// only the smaller of the two let a comparison of a large value with a small one walk up to
+/// `cap` values for a step or two: a clause of 20,000 such steps took seconds.)
 fn eq_cost(a: &Val, b: &Val, cap: u64) -> u64 {
     match (a, b) {
         (Val::Str(x), Val::Str(y)) | (Val::Uint(x), Val::Uint(y)) => bytes_cost(x.len().min(y.len())),
-        (Val::List(_), Val::List(_)) | (Val::Map(_), Val::Map(_)) => weight(a, cap).min(weight(b, cap)),
+        (Val::List(_), Val::List(_)) | (Val::Map(_), Val::Map(_)) => {
+            let first = weight(a, cap);
+            first.saturating_add(weight(b, cap.saturating_sub(first)))
+        }
         _ => 0,
     }
 }
@@ -1023,11 +1154,37 @@ mod tests {
     }
 
     #[test]
+    fn a_comparison_is_charged_for_both_values_it_measures() {
+        // A 5,000-value list compared with each of 1,000 one-value lists: measuring it costs
+        // 5,000 steps a comparison, and was charged 2 (the smaller side). A clause of such
+        // comparisons took seconds within its 20,000 steps (issue 39).
+        let big: Vec<i64> = vec![0; 5_000];
+        let roots = roots(json!({ "activity": { "params": { "big": big } } }));
+        let small = format!("[{}[0]]", "[0],".repeat(999));
+        let expr = parse_condition(&format!("activity.params.big in {small}")).unwrap();
+        let mut env = Env::new(&roots);
+        let e = eval_bool_in(&expr, &mut env).map(|b| format!("{b} in {} steps", env.steps())).unwrap_err();
+        assert_eq!(e.kind, EvalErrorKind::OutOfSteps, "{e}");
+        // Two small lists: two steps and their values.
+        let mut env = Env::new(&roots);
+        assert!(eval_bool_in(&parse_condition("[1] in [[0], [1]]").unwrap(), &mut env).unwrap());
+        assert!(env.steps() < 40, "{}", env.steps());
+    }
+
+    #[test]
     fn the_deadline_is_a_typed_error() {
         let roots = at(0);
         let ten = format!("[{}]", ["1"; 10].join(", "));
         let expr = parse_condition(&format!("{ten}.all(a, {ten}.all(b, {ten}.all(c, true)))")).unwrap();
         let mut env = Env::with_limits(&roots, EvalLimits { max_steps: u32::MAX, deadline: Duration::ZERO });
+        let e = eval_bool_in(&expr, &mut env).unwrap_err();
+        assert_eq!(e.kind, EvalErrorKind::OutOfTime, "{e}");
+        // Past its deadline already: the first step stops it.
+        assert_eq!(env.steps(), 1);
+        // Otherwise the deadline is read every DEADLINE_CHECK_STEPS steps.
+        let mut env = Env::with_limits(&roots, EvalLimits { max_steps: u32::MAX, deadline: Duration::from_secs(60) });
+        env.charge(1).unwrap();
+        env.deadline = Instant::now();
         let e = eval_bool_in(&expr, &mut env).unwrap_err();
         assert_eq!(e.kind, EvalErrorKind::OutOfTime, "{e}");
         assert!(env.steps() >= DEADLINE_CHECK_STEPS && env.steps() < 2 * DEADLINE_CHECK_STEPS, "{}", env.steps());

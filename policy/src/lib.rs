@@ -15,7 +15,10 @@ pub mod parser;
 pub mod scope;
 
 pub use error::PolicyError;
-pub use eval::{EvalLimits, DEADLINE_CHECK_STEPS, EVAL_DEADLINE, MAX_EVAL_STEPS, STR_BYTES_PER_STEP};
+pub use eval::{
+    DecisionBudget, EvalLimits, DEADLINE_CHECK_STEPS, DECISION_DEADLINE, EVAL_DEADLINE, MAX_DECISION_STEPS,
+    MAX_EVAL_STEPS, STR_BYTES_PER_STEP,
+};
 pub use expr::{CmpOp, Cron, CronRange, Expr, Quantifier};
 pub use limits::{Limits, MAX_CLAUSE_BYTES, MAX_LIST_LEN};
 pub use parser::MAX_DEPTH;
