@@ -116,6 +116,8 @@ async fn evaluation_cost_stays_with_its_organization() {
         // shed, whatever the machine's speed.
         ("COFFER_POLICY_QUEUE_TIMEOUT_MS", "120000"),
         ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &MAX_POLICIES.to_string()),
+        // 750 policies of 6 KB: far past the default text cap, which the other test checks.
+        ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", "100000000"),
         ("COFFER_POLICY_CACHE_BYTES", &(CACHE_MIB << 20).to_string()),
     ])
     .await;
@@ -235,4 +237,71 @@ async fn evaluation_cost_stays_with_its_organization() {
     let growth = peak_rss_mib(gateway) - base;
     eprintln!("gateway peak RSS growth over 20 organizations of large policies: {growth:.0} MiB (cache bound {CACHE_MIB} MiB)");
     assert!(growth < 200.0, "the gateway's peak RSS grew by {growth:.0} MiB over 20 organizations of large policies");
+}
+
+/// An ALLOW that costs about 15,000 steps, within a clause's budget (20,000): `i` makes its
+/// text its own. About 6 KB of text.
+fn within_a_clause(i: usize) -> String {
+    expensive(3_000, i)
+}
+
+/// Issue 39: one budget for the whole decision, the same in both processes, and a cap on an
+/// organization's policy text. Before, 40 policies each within a clause's budget cost 40 clause
+/// budgets a decision (70 of them 11 s a dry run), and allowed; and an organization could hold
+/// any amount of policy text (96 policies of 9 MB grew the gateway to 1.43 GB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_decision_has_one_budget_and_the_policy_text_a_cap() {
+    let stack = Stack::start().await;
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    // 40 policies × 6 KB: 240 KB of text, within the default 256 KiB.
+    let costly: Vec<String> = (0..40).map(within_a_clause).collect();
+    for (i, chunk) in costly.chunks(20).enumerate() {
+        completed(&create_policies(&stack, &root, &org, &format!("costly-{i}"), chunk).await);
+    }
+    let alice = member(&stack, &root, &org, "alice").await;
+
+    // Each would allow; together they cost 600,000 steps, past the decision's 400,000: the
+    // decision denies, naming why, and the policies it could not read say so.
+    let r = stack.post_raw("/public/v1/query/coffer_policy_dry_run", dry_run_body(&org).as_bytes(), Some(&alice)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        (r.json["decision"].as_str(), r.json["reason"].as_str()),
+        (Some("DECISION_DENY"), Some("BUDGET_EXHAUSTED")),
+        "{}",
+        r.text
+    );
+    let outcomes = r.json["policies"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 40);
+    assert!(outcomes.iter().any(|o| o["outcome"] == "OUTCOME_ALLOW"), "{}", r.text);
+    let unread: Vec<&Value> = outcomes.iter().filter(|o| o["outcome"] == "OUTCOME_ERROR").collect();
+    assert!(!unread.is_empty(), "{}", r.text);
+    assert!(
+        unread.iter().all(|o| o["detail"].as_str().unwrap_or_default().contains("the decision's budget")),
+        "{}",
+        r.text
+    );
+
+    // Submitted, it is refused and records nothing.
+    let before = stack.activity_count(&root, &org).await;
+    let r = submit(
+        &stack,
+        &alice,
+        &org,
+        "create_wallet",
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        json!({"walletName": "w", "accounts": []}),
+    )
+    .await;
+    refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    assert_eq!(stack.activity_count(&root, &org).await, before);
+
+    // The text cap: 240 KB held, 4 more policies of 6 KB pass 256 KiB, refused by the enclave
+    // whole; 2 fit.
+    let more: Vec<String> = (40..44).map(within_a_clause).collect();
+    let r = create_policies(&stack, &root, &org, "more", &more).await;
+    stack.refused_for(&r, 400, "REQUEST_INVALID", coffer_proto::v1::RefusalReason::LimitExceeded);
+    assert!(r.text.contains("at most 262144 bytes of policy text"), "{}", r.text);
+    assert!(r.text.contains("max_policy_text_bytes_per_organization"), "{}", r.text);
+    assert_eq!(stack.activity_count(&root, &org).await, before);
+    completed(&create_policies(&stack, &root, &org, "fit", &more[..2]).await);
 }
