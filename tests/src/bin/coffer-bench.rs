@@ -1519,7 +1519,8 @@ const APPLICABLE_RATIO_TARGET: f64 = 0.5;
 const POLICY_COST_ISOLATION: &str = "policy cost: isolation";
 const ISOLATION_POLICIES: usize = 750;
 const ISOLATION_RUNS: usize = 4;
-/// `coffer_policy::EVAL_DEADLINE` (the evaluator's wall-clock backstop), in ms.
+/// `coffer_policy::EVAL_DEADLINE` (one clause's wall-clock backstop; a decision's, over all of
+/// its clauses, is `coffer_policy::DECISION_DEADLINE`, 100 ms), in ms.
 const EVAL_DEADLINE_MS: f64 = 50.0;
 
 /// Policy cost, on a fresh stack: root's raw signing (32 clients), then a non-root user's (1
@@ -1613,16 +1614,20 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
 /// checks the pool's share with its counters only. On a fresh stack with that test's pool (2
 /// threads, 1 per organization), organization A has [`ISOLATION_POLICIES`] expensive ALLOW
 /// policies (a quantifier over a 3,000-item literal list each, within the step budget) and B one
-/// cheap one. Measured: one dry run of A alone, then `/healthz` and B's dry run while
+/// cheap one (A's text is past the default cap on an organization's, raised here). Measured: one
+/// dry run of A alone (the decision's budget ends it after some twenty of A's policies), then `/healthz` and B's dry run while
 /// [`ISOLATION_RUNS`] of A's run at once. Targets (reported): B and `/healthz` answer before any
 /// of A's runs ends (they do not wait for A's evaluation), and one clause of A's, near the step
 /// budget, takes well within the evaluator's wall-clock backstop (`coffer_policy::EVAL_DEADLINE`,
 /// [`EVAL_DEADLINE_MS`]: the step budget, not the clock, ends costly evaluations).
 async fn policy_isolation() -> anyhow::Result<Value> {
+    // A's policies hold 4.5 MB of text, past the default cap on an organization's (256 KiB), as
+    // tests/tests/policy_cost.rs's stack allows.
     let stack = Stack::start_with(&[
         ("COFFER_POLICY_THREADS", "2"),
         ("COFFER_POLICY_THREADS_PER_ORGANIZATION", "1"),
         ("COFFER_POLICY_QUEUE_TIMEOUT_MS", "120000"),
+        ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", "100000000"),
     ])
     .await;
     let (root, org_a) = (Arc::new(stack.api_key()), stack.organization_id.clone());
@@ -1664,6 +1669,12 @@ async fn policy_isolation() -> anyhow::Result<Value> {
     let r = stack.post_raw(path, dry_run(&org_a).as_bytes(), Some(&alice)).await;
     let alone = t.elapsed();
     anyhow::ensure!(r.status == 200, "A's dry run: {}", r.text);
+    // The decision's budget (issue 39) ends it after some of A's policies: the others err at
+    // once, and the time per clause is over the ones evaluated.
+    let evaluated = r.json["policies"]
+        .as_array()
+        .map_or(0, |o| o.iter().filter(|o| o["outcome"] != "OUTCOME_ERROR").count())
+        .max(1);
     let started = Instant::now();
     let runs: Vec<_> = (0..ISOLATION_RUNS)
         .map(|_| {
@@ -1709,22 +1720,459 @@ async fn policy_isolation() -> anyhow::Result<Value> {
         }
     }
     let alone_ms = alone.as_secs_f64() * 1000.0;
-    let clause_ms = alone_ms / ISOLATION_POLICIES as f64;
+    let clause_ms = alone_ms / evaluated as f64;
     let pass_isolation = health_at < first_end && b_at < first_end;
     let pass_clause = clause_ms <= EVAL_DEADLINE_MS;
     let verdict = |pass: bool| if pass { "PASS" } else { "MISSED" };
     println!(
-        "\n{POLICY_COST_ISOLATION}: A's dry run alone {alone_ms:.0} ms ({clause_ms:.2} ms a clause near the step budget, target ≤ {EVAL_DEADLINE_MS} ms: {}); with {ISOLATION_RUNS} of A's at once ({served} served, {shed} shed), /healthz {health_ms:.1} ms and B's dry run {b_ms:.1} ms, first of A's ended after {:.0} ms (target: both before it: {})",
+        "\n{POLICY_COST_ISOLATION}: A's dry run alone {alone_ms:.0} ms ({evaluated} of its {ISOLATION_POLICIES} policies evaluated before the decision's budget ran out: {clause_ms:.2} ms a clause near the step budget, target ≤ {EVAL_DEADLINE_MS} ms: {}); with {ISOLATION_RUNS} of A's at once ({served} served, {shed} shed), /healthz {health_ms:.1} ms and B's dry run {b_ms:.1} ms, first of A's ended after {:.0} ms (target: both before it: {})",
         verdict(pass_clause),
         first_end.as_secs_f64() * 1000.0,
         verdict(pass_isolation),
     );
     Ok(json!({
-        "policies": ISOLATION_POLICIES, "aloneMs": alone_ms, "clauseMs": clause_ms, "clauseTargetMs": EVAL_DEADLINE_MS,
+        "policies": ISOLATION_POLICIES, "evaluatedPolicies": evaluated, "aloneMs": alone_ms, "clauseMs": clause_ms, "clauseTargetMs": EVAL_DEADLINE_MS,
         "clausePass": pass_clause, "runs": ISOLATION_RUNS, "served": served, "shed": shed,
         "healthzMs": health_ms, "otherOrganizationDryRunMs": b_ms,
         "firstOfAEndedMs": first_end.as_secs_f64() * 1000.0, "isolationPass": pass_isolation,
     }))
+}
+
+/// The tenant-isolation section's name (for `--only`), its scenarios and its targets (issue 39):
+/// organizations A and B at their policy text cap with the costliest policies allowed, C with one
+/// cheap policy; each signs as a non-root member, whose activities the policies decide.
+const TENANT_ISOLATION: &str = "tenant isolation";
+const TENANT_QUIET: &str = "tenant isolation: C's signing, quiet";
+const TENANT_ATTACKED: &str = "tenant isolation: C's signing, A and B attacking";
+/// `coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES`: the default cap on an
+/// organization's policy text (enclave `max_policy_text_bytes_per_organization`).
+const POLICY_TEXT_CAP: usize = 256 * 1024;
+/// Items of each costly policy's literal list: 5 steps an item (the item, the iteration, the
+/// comparison and its two operands), so a clause takes about 19,500 steps, just within
+/// `coffer_policy::MAX_EVAL_STEPS` (20,000).
+const COSTLY_LIST_LEN: usize = 3_900;
+/// Costly policies per `create_policies` activity (about 8 KB each).
+const COSTLY_PER_ACTIVITY: usize = 8;
+/// No decision may take more CPU than this, in either process (`coffer_policy::DECISION_DEADLINE`).
+const DECISION_CPU_TARGET_MS: f64 = 100.0;
+/// C's signing p99 while A and B attack, at most this many times its quiet p99.
+const ATTACK_P99_RATIO_TARGET: f64 = 2.0;
+/// No request may grow either process's peak RSS by more than this (MiB).
+const RSS_GROWTH_TARGET_MIB: f64 = 64.0;
+/// Clients of each attacking organization at once (half dry runs, half signing).
+const ATTACK_CLIENTS: usize = 16;
+
+/// CPU time of a process in nanoseconds: the sum of its live threads' time on a CPU
+/// (`/proc/<pid>/task/*/schedstat`, nanosecond resolution, where `stat` counts 10 ms ticks).
+fn process_cpu_ns(pid: Option<u32>) -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{}/task", pid?)).ok()?.flatten() {
+        let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Some(total)
+}
+
+/// A costly policy: a quantifier over a literal list of `len` zeros (about 5 steps an item),
+/// ALLOW for even `i`, DENY for odd `i`. Every one applies to every activity; a DENY's condition
+/// ends false, so it is evaluated whole and denies nothing (the decision goes on to the ALLOWs).
+/// `i` (unique across organizations) makes each text its own, so no two policies of a decision
+/// share one evaluation (`coffer_policy::decision`'s clause memo).
+fn costly_policy(i: usize, len: usize) -> Value {
+    let (effect, tail) = match i % 2 {
+        0 => ("EFFECT_ALLOW", format!("{i} == {i}")),
+        _ => ("EFFECT_DENY", format!("{i} != {i}")),
+    };
+    json!({"policyName": format!("costly-{i}"), "effect": effect, "notes": "",
+        "condition": format!("[{}0].all(x, x == 0) && {tail}", "0,".repeat(len.max(1) - 1))})
+}
+
+/// One organization of the section: its root's key, a non-root member's, and an Ethereum account.
+struct Tenant {
+    org: String,
+    root: Arc<TurnkeyP256ApiKey>,
+    member: Arc<TurnkeyP256ApiKey>,
+    eth: String,
+}
+
+/// A tenant: the stack's own organization (`None`) or a new one, with a wallet and a member.
+async fn tenant(stack: &Stack, name: &str, own: Option<(String, Arc<TurnkeyP256ApiKey>)>) -> anyhow::Result<Tenant> {
+    let (org, root) = match own {
+        Some(o) => o,
+        None => {
+            let root = TurnkeyP256ApiKey::generate();
+            let created = stack.gateway_cli(&[
+                "init-org",
+                "--name",
+                name,
+                "--api-public-key",
+                &hex::encode(root.compressed_public_key()),
+            ]);
+            (created["organizationId"].as_str().context("organization")?.to_string(), Arc::new(root))
+        }
+    };
+    let eth = ethereum_account(stack, &root, &org, name).await?;
+    let (member, _) = member(stack, &root, &org, &format!("{name}-member")).await?;
+    Ok(Tenant { org, root, member, eth })
+}
+
+/// Fills `t`'s organization up to [`POLICY_TEXT_CAP`] with [`costly_policy`]s numbered from
+/// `first`: full ones, then one shorter to take what is left. Answers (policies, bytes of text,
+/// whether one more small policy was refused: the organization is at its cap).
+async fn fill_to_cap(stack: &Stack, t: &Tenant, first: usize) -> anyhow::Result<(usize, usize, bool)> {
+    let text_len = |p: &Value| p["condition"].as_str().map_or(0, str::len);
+    let mut policies = Vec::new();
+    let mut bytes = 0;
+    loop {
+        let p = costly_policy(first + policies.len(), COSTLY_LIST_LEN);
+        if bytes + text_len(&p) > POLICY_TEXT_CAP {
+            break;
+        }
+        bytes += text_len(&p);
+        policies.push(p);
+    }
+    let bodies = policies
+        .chunks(COSTLY_PER_ACTIVITY)
+        .map(|c| envelope("ACTIVITY_TYPE_CREATE_POLICIES", &t.org, json!({"policies": c})))
+        .collect();
+    submit_all(&stack.base_url, "/public/v1/submit/create_policies", t.root.clone(), bodies, 2).await?;
+    // The rest: a shorter list (2 bytes an item), shorter again if the enclave counts otherwise.
+    let i = first + policies.len();
+    let overhead = text_len(&costly_policy(i, 1));
+    let mut len = POLICY_TEXT_CAP.saturating_sub(bytes + overhead) / 2 + 1;
+    let mut count = policies.len();
+    while len > 1 {
+        let p = costly_policy(i, len);
+        let body = envelope("ACTIVITY_TYPE_CREATE_POLICY_V3", &t.org, p.clone());
+        let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&t.root)).await;
+        if r.status == 200 {
+            bytes += text_len(&p);
+            count += 1;
+            break;
+        }
+        len /= 2;
+    }
+    // At the cap: one more policy of 64 bytes is refused.
+    let small = json!({"policyName": "one more", "effect": "EFFECT_ALLOW", "notes": "",
+        "condition": format!("activity.type == 'ACTIVITY_TYPE_CREATE_WALLET' && {i} == {i}")});
+    let body = envelope("ACTIVITY_TYPE_CREATE_POLICY_V3", &t.org, small);
+    let r = stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&t.root)).await;
+    let at_cap = r.status == 400 && r.text.contains("policy text");
+    Ok((count, bytes, at_cap))
+}
+
+/// A dry run (`coffer_policy_dry_run`) of a wallet's creation in `org`.
+fn dry_run_body(org: &str) -> String {
+    json!({"organizationId": org, "activity": {"type": "ACTIVITY_TYPE_CREATE_WALLET", "organizationId": org,
+        "parameters": {"walletName": "dry", "accounts": []}}})
+    .to_string()
+}
+const DRY_RUN_PATH: &str = "/public/v1/query/coffer_policy_dry_run";
+const SIGN_PATH: &str = "/public/v1/submit/sign_raw_payload";
+
+/// A raw signing body for `t`'s account.
+fn sign_raw_body(t: &Tenant, n: u64) -> String {
+    envelope(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        &t.org,
+        json!({"signWith": t.eth, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+            "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+    )
+}
+
+/// Requests made one at a time, each timed and with the CPU each process spent on it.
+#[derive(Default)]
+struct Probe {
+    latencies_us: Vec<u64>,
+    /// (gateway, enclave) CPU per request, in ms.
+    cpu_ms: Vec<(f64, f64)>,
+    statuses: std::collections::BTreeMap<u16, u64>,
+    /// The first answer's body (shortened): what the decision was.
+    first: String,
+}
+
+impl Probe {
+    fn cpu_mean_ms(&self) -> (f64, f64) {
+        let n = self.cpu_ms.len().max(1) as f64;
+        (self.cpu_ms.iter().map(|c| c.0).sum::<f64>() / n, self.cpu_ms.iter().map(|c| c.1).sum::<f64>() / n)
+    }
+    fn cpu_max_ms(&self) -> (f64, f64) {
+        self.cpu_ms.iter().fold((0.0, 0.0), |m, c| (f64::max(m.0, c.0), f64::max(m.1, c.1)))
+    }
+    fn report(&self) -> Value {
+        let (mean, max) = (self.cpu_mean_ms(), self.cpu_max_ms());
+        json!({
+            "requests": self.latencies_us.len(), "p50Ms": pct_ms(&self.latencies_us, 0.5),
+            "p99Ms": pct_ms(&self.latencies_us, 0.99), "maxMs": pct_ms(&self.latencies_us, 1.0),
+            "statuses": self.statuses.iter().map(|(s, n)| (s.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "cpuMsPerRequest": {"gateway": mean.0, "enclave": mean.1, "total": mean.0 + mean.1},
+            "maxCpuMsPerRequest": {"gateway": max.0, "enclave": max.1},
+            "firstAnswer": self.first,
+        })
+    }
+}
+
+/// One client, back to back for `duration`: `make(n)` posted to `path`, stamped by `key`.
+async fn probe(
+    stack: &Stack,
+    key: &TurnkeyP256ApiKey,
+    path: &str,
+    make: &dyn Fn(u64) -> String,
+    duration: Duration,
+    seq: &AtomicU64,
+) -> anyhow::Result<Probe> {
+    let (enclave, gateway) = stack.pids();
+    let http = reqwest::Client::new();
+    let url = format!("{}{path}", stack.base_url);
+    let mut p = Probe::default();
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        let body = make(seq.fetch_add(1, Ordering::Relaxed));
+        let before = (process_cpu_ns(gateway), process_cpu_ns(enclave));
+        let t = Instant::now();
+        let stamp = key.stamp(body.as_bytes())?;
+        let (status, text) = match http.post(&url).header(stamp.name, stamp.value).body(body).send().await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        };
+        p.latencies_us.push(t.elapsed().as_micros() as u64);
+        let ms = |a: Option<u64>, b: Option<u64>| a.zip(b).map_or(0.0, |(a, b)| a.saturating_sub(b) as f64 / 1e6);
+        p.cpu_ms.push((ms(process_cpu_ns(gateway), before.0), ms(process_cpu_ns(enclave), before.1)));
+        *p.statuses.entry(status).or_default() += 1;
+        if p.first.is_empty() {
+            p.first = format!("{status} {}", text.chars().take(300).collect::<String>());
+        }
+    }
+    p.latencies_us.sort_unstable();
+    Ok(p)
+}
+
+/// One attacking client: `make(n)` posted to `path` back to back until `stop`; the answers'
+/// statuses counted.
+async fn attack_client(
+    http: reqwest::Client,
+    url: String,
+    key: Arc<TurnkeyP256ApiKey>,
+    make: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    stop: Arc<AtomicBool>,
+    seq: Arc<AtomicU64>,
+) -> std::collections::BTreeMap<u16, u64> {
+    let mut statuses = std::collections::BTreeMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let body = make(seq.fetch_add(1, Ordering::Relaxed));
+        let Ok(stamp) = key.stamp(body.as_bytes()) else { break };
+        let status = match http.post(&url).header(stamp.name, stamp.value).body(body).send().await {
+            Ok(r) => {
+                let s = r.status().as_u16();
+                let _ = r.bytes().await;
+                s
+            }
+            Err(_) => 0,
+        };
+        *statuses.entry(status).or_insert(0u64) += 1;
+    }
+    statuses
+}
+
+/// Tenant isolation (issue 39), on a fresh stack with the default settings: organizations A and
+/// B each at the policy text cap ([`POLICY_TEXT_CAP`]) with the costliest policies allowed (each
+/// near a clause's step budget, all applying, each text its own), C with one cheap policy.
+/// Measured: (1) A's non-root member's dry run and signing, one at a time, with the CPU each
+/// process spent per request (target: none over [`DECISION_CPU_TARGET_MS`]); (2) C's member's
+/// signing (1 client) quiet, then while [`ATTACK_CLIENTS`] clients each of A and B send dry runs
+/// and signing requests (target: p99 ≤ [`ATTACK_P99_RATIO_TARGET`] × quiet); (3) each process's
+/// peak RSS at the end against its RSS before the first measured request (target: ≤
+/// [`RSS_GROWTH_TARGET_MIB`], which bounds any one request's growth).
+async fn tenant_isolation(
+    args: &Args,
+    seq: Arc<AtomicU64>,
+) -> anyhow::Result<(Value, Vec<(&'static str, usize, Sample)>)> {
+    let stack = Stack::start().await;
+    let (enclave_pid, gateway_pid) = stack.pids();
+    let fresh = (rss_mib(gateway_pid), rss_mib(enclave_pid));
+    let a = tenant(&stack, "tenant-a", Some((stack.organization_id.clone(), Arc::new(stack.api_key())))).await?;
+    let b = tenant(&stack, "tenant-b", None).await?;
+    let c = tenant(&stack, "tenant-c", None).await?;
+    eprintln!("running: {TENANT_ISOLATION}: filling A's and B's policy text to the cap...");
+    let filled_a = fill_to_cap(&stack, &a, 0).await?;
+    let filled_b = fill_to_cap(&stack, &b, 10_000).await?;
+    let cheap = envelope(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &c.org,
+        json!({"policyName": "raw payloads", "effect": "EFFECT_ALLOW", "notes": "",
+            "condition": "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'"}),
+    );
+    let r = stack.post_raw("/public/v1/submit/create_policy", cheap.as_bytes(), Some(&c.root)).await;
+    anyhow::ensure!(r.status == 200, "C's policy: {}", r.text);
+    eprintln!(
+        "{TENANT_ISOLATION}: A holds {} policies ({} bytes of text, at the cap: {}), B {} ({} bytes, at the cap: {})",
+        filled_a.0, filled_a.1, filled_a.2, filled_b.0, filled_b.1, filled_b.2
+    );
+    // Before the first measured request.
+    let before = (rss_mib(gateway_pid), rss_mib(enclave_pid));
+
+    // (1) A's member, one request at a time. The first dry run tells what the decision reads.
+    let r = stack.post_raw(DRY_RUN_PATH, dry_run_body(&a.org).as_bytes(), Some(&a.member)).await;
+    anyhow::ensure!(r.status == 200, "A's dry run: {}", r.text);
+    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+    for o in r.json["policies"].as_array().into_iter().flatten() {
+        let detail = o["detail"].as_str().unwrap_or_default();
+        let label = match o["outcome"].as_str().unwrap_or_default() {
+            "OUTCOME_ERROR" if detail.contains("the decision's") => "OUTCOME_ERROR (the decision's budget)".to_string(),
+            "OUTCOME_ERROR" => format!("OUTCOME_ERROR ({})", detail.chars().take(60).collect::<String>()),
+            other => other.to_string(),
+        };
+        *outcomes.entry(label).or_default() += 1;
+    }
+    let (decision, reason) = (r.json["decision"].clone(), r.json["reason"].clone());
+    eprintln!("{TENANT_ISOLATION}: A's dry run: {decision} {reason}, outcomes {outcomes:?}");
+    eprintln!("running: {TENANT_ISOLATION}: A's dry runs, 1 client");
+    let dry = probe(&stack, &a.member, DRY_RUN_PATH, &|_| dry_run_body(&a.org), args.duration, &seq).await?;
+    eprintln!("running: {TENANT_ISOLATION}: A's signing, 1 client");
+    let signing = probe(&stack, &a.member, SIGN_PATH, &|n| sign_raw_body(&a, n), args.duration, &seq).await?;
+
+    // (2) C's signing, quiet, then under attack.
+    let c_signing = raw_signing(TENANT_QUIET, &c.org, &c.eth);
+    eprintln!("running: {TENANT_QUIET} with 1 client");
+    let quiet = run(&c_signing, &stack, c.member.clone(), 1, args.warmup, args.duration, seq.clone()).await;
+    eprintln!("running: {TENANT_ATTACKED} with 1 client ({ATTACK_CLIENTS} clients each of A and B)");
+    let stop = Arc::new(AtomicBool::new(false));
+    let http = reqwest::Client::builder().pool_max_idle_per_host(4 * ATTACK_CLIENTS).build()?;
+    let mut attackers = Vec::new();
+    let cpu_before = ServerCpu::read(stack.pids());
+    let attack_started = Instant::now();
+    for t in [&a, &b] {
+        for i in 0..ATTACK_CLIENTS {
+            let (path, make): (&str, Arc<dyn Fn(u64) -> String + Send + Sync>) = if i % 2 == 0 {
+                let org = t.org.clone();
+                (DRY_RUN_PATH, Arc::new(move |_| dry_run_body(&org)))
+            } else {
+                let (org, eth) = (t.org.clone(), t.eth.clone());
+                let t = Tenant { org, root: t.root.clone(), member: t.member.clone(), eth };
+                (SIGN_PATH, Arc::new(move |n| sign_raw_body(&t, n)))
+            };
+            attackers.push(tokio::spawn(attack_client(
+                http.clone(),
+                format!("{}{path}", stack.base_url),
+                t.member.clone(),
+                make,
+                stop.clone(),
+                seq.clone(),
+            )));
+        }
+    }
+    let attacked = run(
+        &raw_signing(TENANT_ATTACKED, &c.org, &c.eth),
+        &stack,
+        c.member.clone(),
+        1,
+        args.warmup,
+        args.duration,
+        seq.clone(),
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let attack_cpu = ServerCpu::read(stack.pids()).and_then(|c| c.since(cpu_before));
+    let attack_seconds = attack_started.elapsed().as_secs_f64();
+    let mut attack_statuses = std::collections::BTreeMap::<u16, u64>::new();
+    for t in attackers {
+        for (s, n) in t.await? {
+            *attack_statuses.entry(s).or_default() += n;
+        }
+    }
+    // Answers that were decisions: dry runs answered and signing refused or signed (not shed).
+    let decisions: u64 = attack_statuses.iter().filter(|(s, _)| matches!(s, 200 | 403)).map(|(_, n)| n).sum();
+    let attack_cpu_ms =
+        attack_cpu.and_then(|c| c.per_request_us(decisions as usize)).map(|(g, e, t)| (g / 1e3, e / 1e3, t / 1e3));
+
+    // (3) Memory.
+    let peak = (peak_rss_mib(gateway_pid), peak_rss_mib(enclave_pid));
+    let growth = (peak.0.zip(before.0).map(|(p, b)| p - b), peak.1.zip(before.1).map(|(p, b)| p - b));
+
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISSED" };
+    let (dry_max, sign_max) = (dry.cpu_max_ms(), signing.cpu_max_ms());
+    let max_cpu = [dry_max.0, dry_max.1, sign_max.0, sign_max.1].into_iter().fold(0.0, f64::max);
+    let cpu_pass = max_cpu <= DECISION_CPU_TARGET_MS && !dry.cpu_ms.is_empty();
+    let (quiet_p99, attacked_p99) = (quiet.pct(0.99), attacked.pct(0.99));
+    let ratio = attacked_p99 / quiet_p99;
+    let p99_pass = ratio <= ATTACK_P99_RATIO_TARGET && attacked.errors == 0 && !attacked.latencies_us.is_empty();
+    let rss_pass =
+        growth.0.zip(growth.1).is_some_and(|(g, e)| g <= RSS_GROWTH_TARGET_MIB && e <= RSS_GROWTH_TARGET_MIB);
+    let mib = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+    let statuses = |s: &std::collections::BTreeMap<u16, u64>| {
+        s.iter().map(|(s, n)| format!("{n}× {s}")).collect::<Vec<_>>().join(", ")
+    };
+    println!(
+        "\n{TENANT_ISOLATION}: A and B each at the policy text cap ({} and {} bytes of {POLICY_TEXT_CAP}; one more refused: {}, {}), {} and {} policies of about {COSTLY_LIST_LEN} list items (ALLOW and DENY, all applicable); A's dry run: {decision} {reason}, outcomes {outcomes:?}",
+        filled_a.1, filled_b.1, filled_a.2, filled_b.2, filled_a.0, filled_b.0,
+    );
+    for (what, p) in [("A's member's dry run", &dry), ("A's member's signing", &signing)] {
+        let (mean, max) = (p.cpu_mean_ms(), p.cpu_max_ms());
+        println!(
+            "{TENANT_ISOLATION}: {what}, 1 client: {} requests ({}), p50 {:.1} ms, p99 {:.1} ms; CPU per request gateway {:.1} ms (max {:.1}), enclave {:.1} ms (max {:.1})",
+            p.latencies_us.len(),
+            statuses(&p.statuses),
+            pct_ms(&p.latencies_us, 0.5),
+            pct_ms(&p.latencies_us, 0.99),
+            mean.0,
+            max.0,
+            mean.1,
+            max.1,
+        );
+    }
+    println!(
+        "{TENANT_ISOLATION}: most CPU one request took in one process {max_cpu:.1} ms (target: no decision over {DECISION_CPU_TARGET_MS} ms: {})",
+        verdict(cpu_pass)
+    );
+    println!(
+        "{TENANT_ISOLATION}: C's signing p50 {:.2} ms / p99 {quiet_p99:.2} ms quiet, p50 {:.2} ms / p99 {attacked_p99:.2} ms ({} errors) with A and B attacking = {ratio:.2}× (target ≤ {ATTACK_P99_RATIO_TARGET}×: {})",
+        quiet.pct(0.5),
+        attacked.pct(0.5),
+        attacked.errors,
+        verdict(p99_pass),
+    );
+    println!(
+        "{TENANT_ISOLATION}: the attack ({} clients, {attack_seconds:.1} s): {}; server CPU per decision gateway {} ms, enclave {} ms",
+        2 * ATTACK_CLIENTS,
+        statuses(&attack_statuses),
+        attack_cpu_ms.map_or("n/a".into(), |c| format!("{:.1}", c.0)),
+        attack_cpu_ms.map_or("n/a".into(), |c| format!("{:.1}", c.1)),
+    );
+    println!(
+        "{TENANT_ISOLATION}: RSS gateway {} MiB fresh, {} MiB before the first measured request, peak {} MiB after (growth {} MiB); enclave {} → {} → peak {} MiB (growth {} MiB) (target: growth ≤ {RSS_GROWTH_TARGET_MIB} MiB: {})",
+        mib(fresh.0),
+        mib(before.0),
+        mib(peak.0),
+        mib(growth.0),
+        mib(fresh.1),
+        mib(before.1),
+        mib(peak.1),
+        mib(growth.1),
+        verdict(rss_pass),
+    );
+    let report = json!({
+        "policyTextCapBytes": POLICY_TEXT_CAP, "listItemsPerPolicy": COSTLY_LIST_LEN,
+        "organizationA": {"policies": filled_a.0, "policyTextBytes": filled_a.1, "atCap": filled_a.2},
+        "organizationB": {"policies": filled_b.0, "policyTextBytes": filled_b.1, "atCap": filled_b.2},
+        "dryRunDecision": decision, "dryRunReason": reason, "dryRunOutcomes": outcomes,
+        "dryRun": dry.report(), "signing": signing.report(),
+        "maxCpuMsPerRequest": max_cpu, "decisionCpuTargetMs": DECISION_CPU_TARGET_MS, "decisionCpuPass": cpu_pass,
+        "quiet": {"clients": 1, "requests": quiet.latencies_us.len(), "p50Ms": quiet.pct(0.5), "p99Ms": quiet_p99, "errors": quiet.errors},
+        "underAttack": {"clients": 1, "requests": attacked.latencies_us.len(), "p50Ms": attacked.pct(0.5), "p99Ms": attacked_p99, "errors": attacked.errors},
+        "attack": {
+            "clientsPerOrganization": ATTACK_CLIENTS, "seconds": attack_seconds,
+            "statuses": attack_statuses.iter().map(|(s, n)| (s.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "decisions": decisions,
+            "cpuMsPerDecision": attack_cpu_ms.map(|(g, e, t)| json!({"gateway": g, "enclave": e, "total": t})),
+        },
+        "p99Ratio": ratio, "p99RatioTarget": ATTACK_P99_RATIO_TARGET, "p99Pass": p99_pass,
+        "rssMiB": {
+            "gateway": {"fresh": fresh.0, "beforeRequests": before.0, "peakAfter": peak.0, "growth": growth.0},
+            "enclave": {"fresh": fresh.1, "beforeRequests": before.1, "peakAfter": peak.1, "growth": growth.1},
+        },
+        "rssGrowthTargetMiB": RSS_GROWTH_TARGET_MIB, "rssPass": rss_pass,
+    });
+    Ok((report, vec![(TENANT_QUIET, 1, quiet), (TENANT_ATTACKED, 1, attacked)]))
 }
 
 /// The burst scenario's name (for `--only`).
@@ -2197,6 +2645,13 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let tenant_report = if wanted(TENANT_ISOLATION) {
+        let (report, samples) = tenant_isolation(&args, seq.clone()).await?;
+        results.extend(samples);
+        Some(report)
+    } else {
+        None
+    };
     let otp_report = if wanted(OTP_DELIVERY) {
         eprintln!("running: {OTP_DELIVERY} ({OTP_PER_SECOND} init_otp a second)");
         Some(otp_delivery(&args).await?)
@@ -2372,6 +2827,7 @@ async fn main() -> anyhow::Result<()> {
         "webhook": webhook_report,
         "authorityScale": scale_report,
         "policyCost": policy_report,
+        "tenantIsolation": tenant_report,
         "otpDelivery": otp_report,
         "transactionSigning": transaction_report,
         "appProofs": proofs_report,
