@@ -80,6 +80,7 @@ pub fn organization_facts(state: &AuthorityState, params: &Value, voters: &[Stri
         facts.private_key = Some(private_key_facts(k));
     }
     facts.transaction = transaction_facts(state, params, signer.as_deref());
+    facts.payload = coffer_chain::payload_facts(params);
     if let Some(ids) = params.get("walletIds").and_then(Value::as_array) {
         let ws = ids.iter().filter_map(Value::as_str).filter_map(|id| state.wallets.get(id)).map(wallet_facts);
         facts.wallets = Some(ws.collect());

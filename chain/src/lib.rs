@@ -1,9 +1,12 @@
-//! Transaction formats Coffer signs: parse an unsigned transaction strictly, say what the key
-//! signs, assemble the signed encoding, and describe the transaction to policies. No keys here:
-//! the enclave parses the stamped body with this crate and signs, the gateway parses it for
-//! clear errors and for the policy context (`eth.tx`, `solana.tx`, `tron.tx`).
+//! Transaction formats Coffer signs: parse an unsigned transaction (or an EIP-712 / EIP-7702
+//! payload) strictly and within documented bounds, say what the key signs, assemble the signed
+//! encoding, and describe it to policies. No keys here: the enclave parses the stamped body with
+//! this crate and signs, the gateway parses it for clear errors and for the policy context
+//! (`eth.tx`, `solana.tx`, `tron.tx`, `eth.eip_712`, `eth.eip_7702_authorization`).
 
 pub mod abi;
+pub mod eip712;
+pub mod eip7702;
 mod error;
 pub mod ethereum;
 mod facts;
@@ -75,6 +78,38 @@ impl Unsigned {
             Unsigned::Solana(_) => "solana",
             Unsigned::Tron(_) => "tron",
         }
+    }
+}
+
+/// A raw payload of `encoding` that the signer would refuse to parse (EIP-712 typed data, an
+/// EIP-7702 authorization: over their bounds, or malformed), by the parser it signs with; other
+/// encodings are the signer's to check.
+pub fn check_payload(encoding: &str, payload: &str) -> Result<(), TxError> {
+    let named = |what: &str, e: TxError| TxError(format!("invalid payload: invalid {what}: {e}"));
+    match encoding {
+        eip712::PAYLOAD_ENCODING => eip712::parse(payload).map(drop).map_err(|e| named("EIP-712 typed data", e)),
+        eip7702::PAYLOAD_ENCODING => {
+            eip7702::Authorization::parse(payload).map(drop).map_err(|e| named("EIP-7702 authorization", e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What policies see of the Ethereum payload a `sign_raw_payload` intent (`payload`,
+/// `encoding`) signs: `eth.eip_712` or `eth.eip_7702_authorization`, typed, from the parser the
+/// signer encodes it with. `None` when it carries none or it does not parse (signing refuses it).
+pub fn payload_facts(params: &serde_json::Value) -> Option<coffer_policy::context::PayloadFacts> {
+    let text = |k: &str| params.get(k).and_then(serde_json::Value::as_str);
+    let payload = text("payload")?;
+    match text("encoding")? {
+        eip712::PAYLOAD_ENCODING => {
+            Some(coffer_policy::context::PayloadFacts { name: "eip_712", facts: eip712::parse(payload).ok()?.facts })
+        }
+        eip7702::PAYLOAD_ENCODING => Some(coffer_policy::context::PayloadFacts {
+            name: "eip_7702_authorization",
+            facts: eip7702::Authorization::parse(payload).ok()?.facts(),
+        }),
+        _ => None,
     }
 }
 

@@ -645,6 +645,7 @@ pub fn organization_facts(
         }
     }
     facts.transaction = crate::tx_facts::transaction_facts(store, org, params, signer.as_deref())?;
+    facts.payload = coffer_chain::payload_facts(params);
     if let Some(ids) = params.get("walletIds").and_then(Value::as_array) {
         let mut ws = Vec::new();
         for id in ids.iter().filter_map(Value::as_str) {

@@ -134,6 +134,17 @@ pub struct OrganizationFacts {
     pub private_key: Option<PrivateKeyFacts>,
     /// The transaction a `sign_transaction` signs, when it parsed.
     pub transaction: Option<TransactionFacts>,
+    /// The EIP-712 or EIP-7702 payload a `sign_raw_payload` signs, when it parsed.
+    pub payload: Option<PayloadFacts>,
+}
+
+/// An Ethereum payload being signed as policies see it: `eth.<name>` with `name` `eip_712` or
+/// `eip_7702_authorization` (spec 12.4), typed (addresses lowercase, numbers numbers). Built by
+/// `coffer-chain` from the parser the signer encodes it with, never from the raw JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PayloadFacts {
+    pub name: &'static str,
+    pub facts: Val,
 }
 
 /// A transaction being signed as policies see it: `<root>.tx` with `root` one of `eth`,
@@ -167,39 +178,6 @@ fn vote_credential(v: &Value) -> Option<Value> {
             "public_key": a["credential"]["publicKey"], "credential_id": a["credentialId"],
         })
     })
-}
-
-/// EIP-712 typed data as `eth.eip_712` (the payload is the JSON, or its hex encoding).
-fn eip712(payload: &str) -> Option<Value> {
-    let typed: Value = serde_json::from_str(payload).ok().or_else(|| {
-        let bytes = hex::decode(payload.trim_start_matches("0x")).ok()?;
-        serde_json::from_slice(&bytes).ok()
-    })?;
-    let d = &typed["domain"];
-    let mut domain = Map::new();
-    for (from, to) in
-        [("name", "name"), ("version", "version"), ("chainId", "chain_id"), ("verifyingContract", "verifying_contract")]
-    {
-        if let Some(v) = d.get(from) {
-            domain.insert(to.into(), int_like(v));
-        }
-    }
-    Some(json!({ "primary_type": typed["primaryType"], "domain": domain, "message": typed["message"] }))
-}
-
-/// A decimal string (`"1"`) as a number, so `chain_id == 1` works either way.
-fn int_like(v: &Value) -> Value {
-    match v.as_str().and_then(|s| s.parse::<u64>().ok()) {
-        Some(n) => json!(n),
-        None => v.clone(),
-    }
-}
-
-/// An EIP-7702 authorization payload (JSON `{address|contractAddress, chainId, nonce}`).
-fn eip7702(payload: &str) -> Option<Value> {
-    let a: Value = serde_json::from_str(payload).ok()?;
-    let address = a.get("address").or_else(|| a.get("contractAddress"))?.clone();
-    Some(json!({ "address": address, "chain_id": int_like(&a["chainId"]), "nonce": int_like(&a["nonce"]) }))
 }
 
 /// Builds the roots of a policy evaluation (everything but what is missing: a missing root or
@@ -242,31 +220,16 @@ pub fn build(f: &ActivityFacts<'_>, org: &OrganizationFacts) -> BTreeMap<String,
         (None, None) => {}
     }
 
-    // Ethereum payloads
-    let text = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
-    let encoding = text("encoding").unwrap_or_default();
-    let payload = text("payload");
-    let mut eth = Map::new();
-    if let Some(payload) = &payload {
-        if encoding == "PAYLOAD_ENCODING_EIP712" {
-            if let Some(v) = eip712(payload) {
-                eth.insert("eip_712".into(), v);
-            }
-        }
-        if encoding == "PAYLOAD_ENCODING_EIP7702_AUTHORIZATION" {
-            if let Some(v) = eip7702(payload) {
-                eth.insert("eip_7702_authorization".into(), v);
-            }
-        }
-    }
-    if !eth.is_empty() {
-        ctx.insert("eth".into(), Value::Object(eth));
-    }
-
     let mut roots = match Val::from_json(&Value::Object(ctx)) {
         Val::Map(m) => m,
         _ => BTreeMap::new(),
     };
+    if let Some(p) = &org.payload {
+        let root = roots.entry("eth".to_string()).or_insert_with(|| Val::Map(BTreeMap::new()));
+        if let Val::Map(m) = root {
+            m.insert(p.name.into(), p.facts.clone());
+        }
+    }
     if let Some(t) = &org.transaction {
         let root = roots.entry(t.root.to_string()).or_insert_with(|| Val::Map(BTreeMap::new()));
         if let Val::Map(m) = root {
@@ -324,16 +287,24 @@ mod tests {
     }
 
     #[test]
-    fn eip712_context() {
-        let td = r#"{"types":{},"primaryType":"Permit","domain":{"name":"USD Coin","version":"2","chainId":"1","verifyingContract":"0xA0"},"message":{"value":"5"}}"#;
-        let v = eip712(td).unwrap();
-        assert_eq!(v["primary_type"], "Permit");
-        assert_eq!(v["domain"]["chain_id"], 1);
-        assert_eq!(v["domain"]["verifying_contract"], "0xA0");
-        assert_eq!(eip712(&hex::encode(td)).unwrap(), v);
-        assert!(eip712("not json").is_none());
-        let a = eip7702(r#"{"address":"0xab","chainId":"1","nonce":"7"}"#).unwrap();
-        assert_eq!(a, json!({"address": "0xab", "chain_id": 1, "nonce": 7}));
+    fn payload_facts_are_under_eth() {
+        let f = ActivityFacts {
+            activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+            resource: "PRIVATE_KEY",
+            action: "SIGN",
+            params: &json!({"payload": "{}", "encoding": "PAYLOAD_ENCODING_EIP712"}),
+            approvals: vec![],
+            now: 0,
+        };
+        // The raw JSON is never a fact: only what the caller's parser built.
+        assert!(!build(&f, &OrganizationFacts::default()).contains_key("eth"));
+        let facts = Val::Map(BTreeMap::from([("chain_id".to_string(), Val::Int(0))]));
+        let org = OrganizationFacts {
+            payload: Some(PayloadFacts { name: "eip_7702_authorization", facts: facts.clone() }),
+            ..Default::default()
+        };
+        let Some(Val::Map(eth)) = build(&f, &org).remove("eth") else { panic!("eth is a map") };
+        assert_eq!(eth["eip_7702_authorization"], facts);
     }
 
     #[test]

@@ -9,11 +9,12 @@ use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::{
-    AddressFormat, ApiKeyCurve, Curve, Effect, PathFormat, SmartContractInterfaceType, TransactionType,
+    AddressFormat, ApiKeyCurve, Curve, Effect, HashFunction, PathFormat, PayloadEncoding, SmartContractInterfaceType,
+    TransactionType,
 };
 use turnkey_client::generated::{
     ApiKeyParamsV2, CreatePolicyIntentV3, CreateSmartContractInterfaceIntent, CreateUsersIntentV4, CreateWalletIntent,
-    SignTransactionIntentV2, UserParamsV4, WalletAccountParams,
+    SignRawPayloadIntentV2, SignTransactionIntentV2, UserParamsV4, WalletAccountParams,
 };
 use turnkey_client::{TurnkeyClient, TurnkeyClientError, TurnkeyP256ApiKey};
 
@@ -792,4 +793,101 @@ async fn oversized_transactions_are_refused_before_they_are_parsed() {
     );
     sign(&alice, &org, &a.eth, &authorizations(64), TransactionType::Ethereum).await.unwrap();
     assert_eq!(signed_transactions(&stack).await, signed_before + 2);
+}
+
+async fn sign_payload(
+    c: &Client,
+    org: &str,
+    sign_with: &str,
+    payload: &str,
+    encoding: PayloadEncoding,
+) -> Result<String, TurnkeyClientError> {
+    let intent = SignRawPayloadIntentV2 {
+        sign_with: sign_with.into(),
+        payload: payload.into(),
+        encoding,
+        hash_function: HashFunction::NoOp,
+        external_signer_pubkey: None,
+    };
+    Ok(c.sign_raw_payload(org.into(), c.current_timestamp(), intent).await?.result.r)
+}
+
+#[tokio::test]
+async fn eip712_and_eip7702_facts_are_the_values_signed() {
+    // Issue 39: the facts were the payload's raw JSON. An authorization to a denied delegate in
+    // uppercase hex was signed despite a DENY on the lowercase address, `chainId: "0x0"` passed
+    // a decimal rule, and EIP-712 `verifyingContract` and `spender` in uppercase passed a deny
+    // list. Now the facts are what coffer-chain's parser encodes, in the gateway and the enclave.
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    let a = wallet(&root, &org).await;
+    let (alice, alice_id) = non_root(&stack, &root, &org, "alice").await;
+    let is_alice = format!("approvers.any(u, u.id == '{alice_id}')");
+    let signing = "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'";
+    add_policy(&root, &org, "alice signs", Effect::Allow, signing, &is_alice).await;
+    let delegate = "0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1";
+    let (usdc, drainer) = ("0xa0b86991c6218b36c1d19d4a2e9eb0ce3606eb48", "0xdeadbeefdeadbeefdeadbeefdeadbeefdeadbeef");
+    let e7702 = "activity.params.encoding == 'PAYLOAD_ENCODING_EIP7702_AUTHORIZATION'";
+    let e712 = "activity.params.encoding == 'PAYLOAD_ENCODING_EIP712'";
+    let deny = [
+        format!("{signing} && {e7702} && eth.eip_7702_authorization.address == '{delegate}'"),
+        format!("{signing} && {e7702} && eth.eip_7702_authorization.chain_id == 0"),
+        format!("{signing} && {e712} && eth.eip_712.domain.verifying_contract in ['{usdc}']"),
+        format!("{signing} && {e712} && eth.eip_712.message.spender in ['{drainer}']"),
+    ];
+    for (i, condition) in deny.iter().enumerate() {
+        add_policy(&root, &org, &format!("deny {i}"), Effect::Deny, condition, "true").await;
+    }
+    let upper = |x: &str| format!("0x{}", x[2..].to_uppercase());
+    let auth = |address: &str, chain: &str| format!(r#"{{"address":"{address}","chainId":{chain},"nonce":"0"}}"#);
+    let permit = |contract: &str, spender: &str| {
+        serde_json::json!({
+            "types": {"Permit": [{"name": "spender", "type": "address"}, {"name": "value", "type": "uint256"}]},
+            "primaryType": "Permit",
+            "domain": {"name": "Token", "chainId": 1, "verifyingContract": contract},
+            "message": {"spender": spender, "value": "1000"}
+        })
+        .to_string()
+    };
+    let friend = "0x1111111111111111111111111111111111111111";
+    // What the policies allow signs.
+    sign_payload(&alice, &org, &a.eth, &auth(friend, "1"), PayloadEncoding::Eip7702Authorization).await.unwrap();
+    sign_payload(&alice, &org, &a.eth, &permit(friend, friend), PayloadEncoding::Eip712).await.unwrap();
+    // The attacks: each refused.
+    for (payload, encoding) in [
+        (auth(&upper(delegate), "1"), PayloadEncoding::Eip7702Authorization),
+        (auth(friend, "\"0x0\""), PayloadEncoding::Eip7702Authorization),
+        (permit(&upper(usdc), friend), PayloadEncoding::Eip712),
+        (permit(friend, &upper(drainer)), PayloadEncoding::Eip712),
+    ] {
+        refused(
+            sign_payload(&alice, &org, &a.eth, &payload, encoding).await,
+            403,
+            "REQUEST_NOT_AUTHORIZED",
+            "request not authorized",
+        );
+    }
+    stack.refusals_accounted();
+    // Bounded before they are read: a 400 naming the limit, from the gateway.
+    let big = permit(friend, friend).replacen('{', &format!("{{{}", " ".repeat(64 * 1024)), 1);
+    stack.refused_by_gateway(
+        sign_payload(&alice, &org, &a.eth, &big, PayloadEncoding::Eip712).await,
+        400,
+        "REQUEST_INVALID",
+        &format!(
+            "invalid EIP-712 typed data: typed data is at most 65536 bytes of JSON, this document is {}",
+            big.len()
+        ),
+    );
+    let items = vec![1; 1025];
+    let long = serde_json::json!({"types": {"M": [{"name": "a", "type": "uint8[]"}]}, "primaryType": "M",
+        "domain": {}, "message": {"a": items}})
+    .to_string();
+    stack.refused_by_gateway(
+        sign_payload(&alice, &org, &a.eth, &long, PayloadEncoding::Eip712).await,
+        400,
+        "REQUEST_INVALID",
+        "at most 1024 items an array, this one has 1025",
+    );
 }

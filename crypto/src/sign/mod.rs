@@ -4,19 +4,20 @@
 //! ECDSA (secp256k1, P-256) is RFC 6979 deterministic and always returns low-S with the recovery
 //! id of the returned signature; Ed25519 signs the raw payload bytes.
 
-mod eip712;
+// The typed payloads are parsed by coffer-chain, which also describes them to policies: what a
+// policy reads is what was encoded.
+use coffer_chain::{eip712, eip7702};
 
 /// The EIP-712 hasher alone, for the fuzz targets (`fuzz-targets/`). Not part of the API.
 #[doc(hidden)]
 pub mod fuzzing {
     /// The digest [`super::sign_payload`] signs for a `PAYLOAD_ENCODING_EIP712` payload.
     pub fn eip712_digest(typed_data_json: &str) -> Result<[u8; 32], String> {
-        super::eip712::hash_typed_data(typed_data_json).map(|h| h.digest())
+        super::eip712::hash_typed_data(typed_data_json).map(|h| h.digest()).map_err(|e| e.0)
     }
 }
 
 use ed25519_dalek::Signer as _;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 // The `ecdsa` crate's generic signing trait (implemented by k256's and p256's scalars).
@@ -28,8 +29,8 @@ use crate::keys::Curve;
 
 pub const PAYLOAD_ENCODING_HEXADECIMAL: &str = "PAYLOAD_ENCODING_HEXADECIMAL";
 pub const PAYLOAD_ENCODING_TEXT_UTF8: &str = "PAYLOAD_ENCODING_TEXT_UTF8";
-pub const PAYLOAD_ENCODING_EIP712: &str = "PAYLOAD_ENCODING_EIP712";
-pub const PAYLOAD_ENCODING_EIP7702_AUTHORIZATION: &str = "PAYLOAD_ENCODING_EIP7702_AUTHORIZATION";
+pub const PAYLOAD_ENCODING_EIP712: &str = eip712::PAYLOAD_ENCODING;
+pub const PAYLOAD_ENCODING_EIP7702_AUTHORIZATION: &str = eip7702::PAYLOAD_ENCODING;
 
 pub const HASH_FUNCTION_NO_OP: &str = "HASH_FUNCTION_NO_OP";
 pub const HASH_FUNCTION_SHA256: &str = "HASH_FUNCTION_SHA256";
@@ -272,17 +273,10 @@ fn eip7702_digest(payload: &str) -> Result<[u8; 32], String> {
     eip7702_preimage(payload).map(|pre| eip712::keccak256(&pre))
 }
 
-/// `0x05 ‖ rlp([chainId, address, nonce])`.
+/// `0x05 ‖ rlp([chainId, address, nonce])`, of the authorization coffer-chain parsed.
 fn eip7702_preimage(payload: &str) -> Result<Vec<u8>, String> {
-    let doc: Value = serde_json::from_str(payload).map_err(|e| format!("not valid JSON: {e}"))?;
-    let obj = doc.as_object().ok_or("expected a JSON object")?;
-    let field = |name: &str| obj.get(name).filter(|v| !v.is_null());
-    let address = field("address").or_else(|| field("contractAddress")).ok_or("missing \"address\"")?;
-    let address = eip712::parse_address(address).map_err(|e| format!("address: {e}"))?;
-    let chain_id = field("chainId").ok_or("missing \"chainId\"")?;
-    let chain_id = eip712::encode_int(chain_id, 256, false).map_err(|e| format!("chainId: {e}"))?;
-    let nonce = field("nonce").ok_or("missing \"nonce\"")?;
-    let nonce = eip712::encode_int(nonce, 64, false).map_err(|e| format!("nonce: {e}"))?;
+    let eip7702::Authorization { address, chain_id, nonce, .. } =
+        eip7702::Authorization::parse(payload).map_err(|e| e.0)?;
 
     let mut items = Vec::with_capacity(64);
     rlp_bytes(&mut items, trim_leading_zeros(&chain_id));

@@ -2,6 +2,7 @@ use super::*;
 use hmac::{Hmac, Mac};
 use k256::ecdsa::signature::hazmat::PrehashVerifier;
 use k256::ecdsa::RecoveryId;
+use serde_json::Value;
 use sha2::Sha512;
 
 /// Spec §10.1 key: `abandon ×11 about`, m/44'/60'/0'/0/0.
@@ -182,14 +183,14 @@ fn low_s_and_recovery_id_over_many_payloads() {
 fn eip712_mail_signed_by_cow() {
     // EIP-712 Example.sol: cow = keccak256("cow"), v = 28 → recovery id 1.
     let cow = keccak(b"cow");
-    let p = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
+    let p = sign(Curve::Secp256k1, &cow, eip712::examples::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
     assert_eq!(p.r, "4355c47d63924e8a72e509b65029052eb6c299d53a04e167c5775fd466751c9d");
     assert_eq!(p.s, "07299936d304c153f6443dfa05f40ff007d72911b6f72307f996231605b91562");
     assert_eq!(p.v, "01");
     let digest = key("be609aee343fb3c4b28e1df9e632fca64fcfaede20f02e86244efddf30957bd2");
     check_k256(&cow, &digest, &p);
     // KECCAK256 is tolerated and yields the same digest.
-    let k = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_KECCAK256);
+    let k = sign(Curve::Secp256k1, &cow, eip712::examples::MAIL, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_KECCAK256);
     assert_eq!(k, p);
 }
 
@@ -197,7 +198,7 @@ fn eip712_mail_signed_by_cow() {
 fn eip712_v4_arrays_signed_by_cow() {
     // eth-sig-util signedTypeData_v4: 0x65cbd9…4906 ‖ 1b (v = 27 → recovery id 0).
     let cow = keccak(b"cow");
-    let p = sign(Curve::Secp256k1, &cow, eip712::tests::MAIL_V4, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
+    let p = sign(Curve::Secp256k1, &cow, eip712::examples::MAIL_V4, PAYLOAD_ENCODING_EIP712, HASH_FUNCTION_NO_OP);
     assert_eq!(p.r, "65cbd956f2fae28a601bebc9b906cea0191744bd4c4247bcd27cd08f8eb6b71c");
     assert_eq!(p.s, "78efdf7a31dc9abee78f492292721f362d296cf86b4538e07b51303b67f74906");
     assert_eq!(p.v, "00");
@@ -288,7 +289,7 @@ fn refusals_by_message() {
     assert!(m.starts_with("invalid payload: invalid EIP-712 typed data: not valid JSON"), "{m}");
     let m = refusal(k1, r#"{"types":{},"primaryType":"Mail","message":{}}"#, e712, noop);
     assert_eq!(m, "invalid payload: invalid EIP-712 typed data: primaryType \"Mail\" is not in types");
-    let mut mail: Value = serde_json::from_str(eip712::tests::MAIL).unwrap();
+    let mut mail: Value = serde_json::from_str(eip712::examples::MAIL).unwrap();
     mail["message"]["from"]["wallet"] = Value::String("0x1234".into());
     let m = refusal(k1, &mail.to_string(), e712, noop);
     assert_eq!(

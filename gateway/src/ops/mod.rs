@@ -100,6 +100,7 @@ pub static ACTIVITIES: &[Operation] = &[
         keys::delete_private_keys
     ),
     op!(
+        checked_by signing::check_payloads,
         "sign_raw_payload",
         "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
         "signRawPayloadIntentV2",
@@ -108,6 +109,7 @@ pub static ACTIVITIES: &[Operation] = &[
         signing::sign_raw_payload
     ),
     op!(
+        checked_by signing::check_payloads,
         "sign_raw_payloads",
         "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS",
         "signRawPayloadsIntent",

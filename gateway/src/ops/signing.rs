@@ -52,6 +52,18 @@ pub struct SignRawPayloadIntent {
     hash_function: String,
 }
 
+/// An EIP-712 or EIP-7702 payload that does not parse (past its bounds included) is a 400
+/// naming why, before policies see it: coffer-chain's parser, which the enclave signs with.
+pub fn check_payloads(params: &Value) -> Result<(), ApiError> {
+    let encoding = params.get("encoding").and_then(Value::as_str).unwrap_or_default();
+    let payloads = params.get("payloads").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let payloads = params.get("payload").into_iter().chain(payloads).filter_map(Value::as_str);
+    for payload in payloads {
+        coffer_chain::check_payload(encoding, payload).map_err(|e| ApiError::invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
 pub async fn sign_raw_payload(ctx: Ctx, i: SignRawPayloadIntent) -> Result<Outcome, ApiError> {
     let mut sigs = sign(&ctx, &i.sign_with).await?;
     let sig = sigs.pop().ok_or_else(ApiError::internal)?;
