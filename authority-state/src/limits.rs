@@ -12,8 +12,8 @@ pub struct Limits {
     pub webhook_endpoints: usize,
     /// Policies one organization may have.
     pub policies: usize,
-    /// Bytes of policy text one organization may have: every policy's condition, consensus and
-    /// time window together ([`policy_text_bytes`]). It bounds what a decision compiles and
+    /// Bytes of policy text one organization may have: every policy's name, condition,
+    /// consensus and time window together ([`policy_text_bytes`]). It bounds what a decision compiles and
     /// what a compiled set holds, so each organization's set fits the evaluator's cache.
     pub policy_text_bytes: usize,
 }
@@ -37,9 +37,10 @@ impl Default for Limits {
     }
 }
 
-/// The bytes of policy text `state` holds: every policy's condition, consensus and time window.
+/// The bytes of policy text `state` holds: every policy's name, condition, consensus and time
+/// window (the name too: every decision's outcomes carry it).
 pub fn policy_text_bytes(state: &AuthorityState) -> usize {
-    state.policies.values().map(|p| p.condition.len() + p.consensus.len() + p.time.len()).sum()
+    state.policies.values().map(|p| p.name.len() + p.condition.len() + p.consensus.len() + p.time.len()).sum()
 }
 
 /// Which cap.
@@ -56,7 +57,7 @@ impl Limit {
         match self {
             Limit::WebhookEndpoints => "webhook endpoints",
             Limit::Policies => "policies",
-            Limit::PolicyTextBytes => "bytes of policy text (conditions, consensus and time windows together)",
+            Limit::PolicyTextBytes => "bytes of policy text (names, conditions, consensus and time windows together)",
         }
     }
 
@@ -196,7 +197,8 @@ mod tests {
         // Issue 39: 96 policies of 9 MB of text grew the gateway to 1.43 GB.
         let limits = Limits { policy_text_bytes: 100, ..Limits::default() };
         let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
-        let forty = "x".repeat(40 - "approvers.count() > 0".len());
+        // Each policy: its name (1 byte), its consensus (21) and a condition of 18: 40 bytes.
+        let forty = "x".repeat(40 - 1 - "approvers.count() > 0".len());
         stage(&mut s, &limits, &[policy_of("1", &forty), policy_of("2", &forty)]).unwrap();
         assert_eq!(policy_text_bytes(&s), 80);
         let e = stage(&mut s, &limits, &[policy_of("3", &forty)]).unwrap_err();

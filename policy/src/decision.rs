@@ -69,6 +69,11 @@ pub const OUTCOME_REQUIRES_CONSENSUS: &str = "OUTCOME_REQUIRES_CONSENSUS";
 pub const OUTCOME_REJECTED: &str = "OUTCOME_REJECTED";
 pub const OUTCOME_ERROR: &str = "OUTCOME_ERROR";
 
+/// What reading one policy costs a decision beyond its clauses (looking its clauses up, its
+/// outcome), in evaluator steps: 100,000 policies whose clauses all share one evaluation are
+/// still 800,000 steps, past the decision's budget.
+pub const POLICY_STEPS: u64 = 8;
+
 /// The reason of a decision that ran out of its budget ([`DecisionBudget`]) before reading every
 /// applicable policy: it denies (unless a root quorum or an implicit permission allows).
 pub const BUDGET_EXHAUSTED: &str = "BUDGET_EXHAUSTED";
@@ -322,9 +327,16 @@ pub fn evaluate_policy(c: &CompiledPolicy, roots: &BTreeMap<String, Val>) -> Pol
 fn evaluate_policy_in(c: &CompiledPolicy, roots: &BTreeMap<String, Val>, memo: &mut ClauseMemo<'_>) -> PolicyOutcome {
     let p = &c.source;
     let deny = &*p.effect == "EFFECT_DENY";
-    let time = memo.value(&c.time, roots, deny);
-    let condition = memo.value(&c.condition, roots, deny);
-    let consensus = memo.value(&c.consensus, roots, deny);
+    let (time, condition, consensus) = match memo.budget.admit(POLICY_STEPS) {
+        Ok(()) => (
+            memo.value(&c.time, roots, deny),
+            memo.value(&c.condition, roots, deny),
+            memo.value(&c.consensus, roots, deny),
+        ),
+        // Past the budget, a policy is not read, even where the memo holds its clauses: the
+        // error is reported on its condition (its time window is not read either).
+        Err(e) => (Ok(true), Err(e.clone()), Err(e)),
+    };
     let out = |outcome, clause, detail| PolicyOutcome {
         policy_id: p.id.clone(),
         policy_name: p.name.clone(),
@@ -578,11 +590,11 @@ mod tests {
         let mut budget = steps_only();
         let e = decide_within(&mut budget, &refs, &r, false, false);
         // 100 × 15,000 steps were asked for; the decision spent its budget, a clause's overshoot
-        // and a step for each clause tried after it ran out.
+        // and a policy's own steps for each policy tried after it ran out.
         assert!(budget.ran_out());
         let spent = budget.spent();
         assert!(
-            (crate::MAX_DECISION_STEPS..=crate::MAX_DECISION_STEPS + 400).contains(&spent),
+            (crate::MAX_DECISION_STEPS..=crate::MAX_DECISION_STEPS + 400 + 100 * POLICY_STEPS).contains(&spent),
             "the decision spent {spent} steps"
         );
         // Those read before it ran out allowed; it still denies, since it did not read them all.
@@ -638,6 +650,26 @@ mod tests {
 
     fn refs_of(p: &[CompiledPolicy]) -> Vec<&CompiledPolicy> {
         p.iter().collect()
+    }
+
+    #[test]
+    fn every_policy_read_is_charged_even_when_its_clauses_are_shared() {
+        // Issue 39 attack: 100,000 policies with empty clauses cost 65-76 ms a decision for 26
+        // steps (one shared evaluation of each empty clause).
+        let many: Vec<CompiledPolicy> =
+            (0..100_000).map(|i| policy(&format!("p{i}"), "EFFECT_ALLOW", "", "")).collect();
+        let r = roots(&["u"], "w1");
+        let mut budget = steps_only();
+        let e = decide_within(&mut budget, &refs_of(&many), &r, false, false);
+        assert!(budget.ran_out());
+        assert_eq!((e.decision, e.reason), (Decision::Deny, BUDGET_EXHAUSTED));
+        assert_eq!(e.outcomes.len(), 100_000);
+        assert_eq!(e.outcomes[0].outcome, OUTCOME_ALLOW);
+        assert_eq!(e.outcomes[99_999].outcome, OUTCOME_ERROR);
+        assert!(budget.spent() <= crate::MAX_DECISION_STEPS + 100_000 * POLICY_STEPS);
+        // A thousand of them fit.
+        let e = decide_within(&mut steps_only(), &refs_of(&many[..1_000]), &r, false, false);
+        assert_eq!((e.decision, e.reason), (Decision::Allow, "POLICY_ALLOW"));
     }
 
     #[test]

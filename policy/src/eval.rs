@@ -226,6 +226,21 @@ impl DecisionBudget {
         self.spent = self.spent.saturating_add(total);
     }
 
+    /// Charges `steps` for work outside any clause (a policy's own bookkeeping in a decision):
+    /// an error once that passes the budget, which is then [`DecisionBudget::ran_out`].
+    pub fn admit(&mut self, steps: u64) -> R<()> {
+        self.spent = self.spent.saturating_add(steps);
+        let kind = if self.spent > self.max_steps {
+            EvalErrorKind::OutOfSteps
+        } else if Instant::now() >= self.deadline {
+            EvalErrorKind::OutOfTime
+        } else {
+            return Ok(());
+        };
+        self.ran_out = true;
+        Err(EvalError { kind, message: decision_cost_message(kind) })
+    }
+
     /// Charges what a clause's evaluation in `env` ([`Env::within`]) spent; `result` is what it
     /// answered (a cost error there, with the decision's budget spent, is the decision running
     /// out: [`DecisionBudget::ran_out`]).
@@ -239,6 +254,20 @@ impl DecisionBudget {
         if matches!(result, Err(e) if decisions(e)) {
             self.ran_out = true;
         }
+    }
+}
+
+/// The error text of a clause (or a policy) a decision could not read because its budget ran
+/// out of steps or of time.
+fn decision_cost_message(kind: EvalErrorKind) -> String {
+    match kind {
+        EvalErrorKind::OutOfTime => format!(
+            "evaluation too costly: past the decision's time limit ({} ms for every applicable policy)",
+            DECISION_DEADLINE.as_millis()
+        ),
+        _ => format!(
+            "evaluation too costly: the decision's budget ({MAX_DECISION_STEPS} steps for the facts and every applicable policy) ran out"
+        ),
     }
 }
 
@@ -340,9 +369,7 @@ impl<'a> Env<'a> {
             return Err(EvalError {
                 kind: EvalErrorKind::OutOfSteps,
                 message: match self.decision_bound {
-                    true => format!(
-                        "evaluation too costly: the decision's budget ({MAX_DECISION_STEPS} steps for the facts and every applicable policy) ran out"
-                    ),
+                    true => decision_cost_message(EvalErrorKind::OutOfSteps),
                     false => format!("evaluation too costly: more than {} steps", self.max_steps),
                 },
             });
@@ -355,10 +382,7 @@ impl<'a> Env<'a> {
             return Err(EvalError {
                 kind: EvalErrorKind::OutOfTime,
                 message: match self.decision_deadline.is_some_and(|d| now >= d) {
-                    true => format!(
-                        "evaluation too costly: past the decision's time limit ({} ms for every applicable policy)",
-                        DECISION_DEADLINE.as_millis()
-                    ),
+                    true => decision_cost_message(EvalErrorKind::OutOfTime),
                     false => "evaluation too costly: past its time limit".into(),
                 },
             });
@@ -834,9 +858,13 @@ fn cron_span_active(c: &Cron, minutes: u32, zone: &str, now_nanos: i128, env: &m
     })?;
     let now_minute = now_nanos.div_euclid(60_000_000_000) as i64 + offset;
     let oldest = now_minute - i64::from(minutes) + 1;
+    // An iteration matches a minute against the fields' ranges (merged by the parser: at most
+    // 68 in all): a step, and one more per 16 ranges.
+    let ranges = [&c.minute, &c.hour, &c.day_of_month, &c.month, &c.day_of_week].iter().map(|r| r.len()).sum::<usize>();
+    let per_iteration = 1 + (ranges / 16) as u64;
     let mut m = now_minute;
     while m >= oldest {
-        env.charge(1)?;
+        env.charge(per_iteration)?;
         let day = m.div_euclid(1440);
         if !day_matches(c, day) {
             m = day * 1440 - 1; // the previous day's last minute
@@ -1169,6 +1197,30 @@ mod tests {
         let mut env = Env::new(&roots);
         assert!(eval_bool_in(&parse_condition("[1] in [[0], [1]]").unwrap(), &mut env).unwrap());
         assert!(env.steps() < 40, "{}", env.steps());
+    }
+
+    #[test]
+    fn a_cron_field_written_long_is_matched_short() {
+        // Issue 39 attack: a minute field of 19,000 entries was matched entry by entry at each of
+        // up to 10,080 iterations, a step each: 2,070 steps took 60-85 ms.
+        let long = vec!["59"; 19_000].join(",");
+        let src = format!("CronSpan('{long} * * * *', '7d', 'UTC')");
+        let Expr::CronSpan { cron, .. } = parse_condition(&src).unwrap() else { panic!("a CronSpan") };
+        assert_eq!(cron.minute, vec![(59, 59)]);
+        // Overlapping and adjacent ranges merge; the values matched are the same.
+        let Expr::CronSpan { cron, .. } =
+            parse_condition("CronSpan('5,1-3,4,10-20,15-25,40 9,8 * 1-2,3 0,7', '1h', 'UTC')").unwrap()
+        else {
+            panic!("a CronSpan")
+        };
+        assert_eq!(cron.minute, vec![(1, 5), (10, 25), (40, 40)]);
+        assert_eq!((cron.hour, cron.month, cron.day_of_week), (vec![(8, 9)], vec![(1, 3)], vec![(0, 0), (7, 7)]));
+        // At minute :58 it walks 7 days (skipping hours that cannot match: at most a few
+        // hundred iterations), charged per iteration.
+        let roots = at(58 * 60 * 1_000_000_000);
+        let mut env = Env::new(&roots);
+        assert!(eval_bool_in(&parse_condition(&src).unwrap(), &mut env).unwrap());
+        assert!(env.steps() < 400, "{}", env.steps());
     }
 
     #[test]

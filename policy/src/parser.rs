@@ -777,7 +777,8 @@ fn cron_field(f: &str, name: &str, lo: u32, hi: u32) -> Result<Vec<CronRange>, S
         }
         Ok(v)
     };
-    f.split(',')
+    let mut ranges = f
+        .split(',')
         .map(|part| match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b) = (n(a)?, n(b)?);
@@ -788,7 +789,23 @@ fn cron_field(f: &str, name: &str, lo: u32, hi: u32) -> Result<Vec<CronRange>, S
             }
             None => n(part).map(|v| (v, v)),
         })
-        .collect()
+        .collect::<Result<Vec<CronRange>, String>>()?;
+    Ok(merge_ranges(&mut ranges))
+}
+
+/// `ranges` sorted, with overlapping and adjacent ones merged: the same values, in at most half
+/// as many ranges as the field has values (30 for minutes), whatever was written (`59,59,…`
+/// 19,000 times is one range), so matching a minute against a field costs a few comparisons.
+fn merge_ranges(ranges: &mut [CronRange]) -> Vec<CronRange> {
+    ranges.sort_unstable();
+    let mut merged: Vec<CronRange> = Vec::with_capacity(ranges.len().min(32));
+    for &(a, b) in ranges.iter() {
+        match merged.last_mut() {
+            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
 }
 
 /// Whole days, hours and minutes (`'8h'`, `'1d'`, `'1h30m'`), more than 0 and at most 7 days.
