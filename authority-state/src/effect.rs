@@ -119,6 +119,10 @@ pub enum Effect {
     SetAuthProxy {
         enabled: bool,
     },
+    /// `appName` of `update_auth_proxy_config` (empty: none): what the proxy's codes carry.
+    SetAuthProxyAppName {
+        app_name: String,
+    },
     PutWebhookEndpoint {
         endpoint: Named,
     },
@@ -461,6 +465,10 @@ impl AuthorityState {
             }
             Effect::SetAuthProxy { enabled } => {
                 self.organization.auth_proxy_enabled = *enabled;
+                t.push(org);
+            }
+            Effect::SetAuthProxyAppName { app_name } => {
+                self.organization.auth_proxy_app_name = app_name.clone();
                 t.push(org);
             }
             Effect::PutWebhookEndpoint { endpoint } => {

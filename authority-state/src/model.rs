@@ -31,6 +31,12 @@ pub struct Organization {
     /// when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auth_proxy_signup: bool,
+    /// The app name the auth proxy's one-time codes carry, in this organization and in the
+    /// sub-organizations it signed up: `appName` of `update_auth_proxy_config`, as the enclave
+    /// recorded it ([`crate::transition::auth_proxy_app_name`]); empty: none set. Left out when
+    /// empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auth_proxy_app_name: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -8,8 +8,9 @@ mod users;
 
 pub use input::{Grant, Input, TransitionError, SUB_ORGANIZATION_ID, USER_ID};
 pub use records::{
-    auth_proxy_policy_consensus, oauth2_credential_value, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION,
-    AUTH_PROXY_POLICY_NAME, AUTH_PROXY_USER_NAME,
+    auth_proxy_app_name, auth_proxy_policy_consensus, oauth2_credential_value, proxy_app_name,
+    AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION, AUTH_PROXY_POLICY_NAME,
+    AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME,
 };
 pub use users::{api_key_type, OAUTH_CREDENTIAL_TYPE, WEBAUTHN_CREDENTIAL_TYPE};
 

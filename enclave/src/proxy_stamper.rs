@@ -104,7 +104,8 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
     }
     // The proxy stops with disable_auth_proxy: its organization's state must still have it
     // enabled, with this key a live credential of the proxy user.
-    let live = authority.rules().load(&req.organization_id)?.is_some_and(|l| {
+    let loaded = authority.rules().load(&req.organization_id)?;
+    let live = loaded.as_ref().is_some_and(|l| {
         l.state.organization.auth_proxy_enabled
             && l.state
                 .live_credential(
@@ -136,6 +137,20 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             return Err(refuse(
                 RefusalReason::BindingMismatch,
                 "the auth proxy sends codes without a link, logo, sender or template of the visitor's",
+            ));
+        }
+        // Under its configuration's app name as this enclave recorded it (update_auth_proxy_config),
+        // never one the gateway's record or the visitor holds.
+        let recorded = loaded.as_ref().map_or(coffer_authority_state::transition::DEFAULT_AUTH_PROXY_APP_NAME, |l| {
+            coffer_authority_state::transition::proxy_app_name(&l.state.organization)
+        });
+        if text(p, "appName").trim() != recorded {
+            return Err(refuse(
+                RefusalReason::BindingMismatch,
+                &format!(
+                    "the auth proxy sends codes under its configuration's appName as the enclave recorded it \
+                     ({recorded:?}, from update_auth_proxy_config), not another"
+                ),
             ));
         }
     }

@@ -451,10 +451,13 @@ async fn otp_init(
         return Err(ApiError::forbidden(format!("{method} login is not enabled in this auth proxy configuration")));
     }
     let c = &config.data["config"];
+    // The configuration's, never the visitor's; the enclave stamps the send only with the name
+    // it recorded from update_auth_proxy_config.
+    let app_name = c["appName"].as_str().map(str::trim).filter(|n| !n.is_empty());
     let mut parameters = json!({
         "otpType": otp_type,
         "contact": text(p, "contact"),
-        "appName": c["appName"].as_str().filter(|n| !n.is_empty()).unwrap_or("Coffer"),
+        "appName": app_name.unwrap_or(coffer_authority_state::transition::DEFAULT_AUTH_PROXY_APP_NAME),
         "otpLength": c["otpLength"].as_i64().unwrap_or(DEFAULT_OTP_LENGTH),
         "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(DEFAULT_OTP_ALPHANUMERIC),
     });

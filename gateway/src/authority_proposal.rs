@@ -41,6 +41,26 @@ pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut 
     }
 }
 
+/// An `update_auth_proxy_config` whose body sets `appName` (`app_name`:
+/// `coffer_authority_state::transition::auth_proxy_app_name` of the body, the rule the enclave
+/// checks the proposal with) is proposed with the name after its record's change: the enclave
+/// holds the proxy's sends to the name in its authority state, not to the gateway's record.
+pub fn set_auth_proxy_app_name(
+    activity_type: &str,
+    organization_id: &str,
+    app_name: Option<String>,
+    proposal: &mut Vec<Change>,
+) {
+    if activity_type != UPDATE_AUTH_PROXY_CONFIG {
+        return;
+    }
+    if let Some(app_name) = app_name {
+        proposal.push(change(organization_id, Effect::SetAuthProxyAppName { app_name }));
+    }
+}
+
+const UPDATE_AUTH_PROXY_CONFIG: &str = "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG";
+
 fn change(organization_id: &str, effect: Effect) -> Change {
     Change { organization_id: organization_id.to_string(), effect }
 }

@@ -534,6 +534,7 @@ async fn proxy_flow(stack: &Stack, smtp: &SmtpServer) {
     contact_squatting(stack, smtp, &config_id, &org).await;
     attested_token_login(stack, smtp, &config_id, &org, sub_org, dave).await;
     otp_sign_up_then_log_in(stack, smtp, &config_id, &org).await;
+    proxy_app_name(stack, smtp, &config_id).await;
     phishing_relay(stack, smtp, &config_id).await;
     limits_charge_accepted_requests_only(stack, &config_id).await;
     signups_per_address(stack, &config_id).await;
@@ -1151,6 +1152,59 @@ async fn canonical_mailboxes(stack: &Stack, root: &Client, org: &str) {
     );
 }
 
+/// The name the auth proxy's codes carry is its configuration's `appName` as the enclave recorded
+/// it from `update_auth_proxy_config` (checked there: a brand of at most 64 characters): a
+/// visitor's `appName` is not used, and a gateway whose database was taken over and names another
+/// app in its record of the configuration (a subject "Your ACCOUNT LOCKED - call …") gets no
+/// send stamped. Leaves the configuration's appName "Acme Wallet" (which `phishing_relay` checks
+/// the proxy's sign-ups are branded with).
+async fn proxy_app_name(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let update = |app_name: Value| {
+        let (root, org) = (&root, &org);
+        async move {
+            let p = json!({ "appName": app_name });
+            submit(stack, root, org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", p).await
+        }
+    };
+    let r = update(json!("  Acme Wallet ")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let before = smtp.seen();
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "brand-1@example.test", "appName": "Evil Bank" });
+    let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
+    assert_eq!(status, 200, "{r}");
+    let (_, mail) = smtp.code_for(&before, "brand-1@example.test");
+    assert!(mail.contains("Subject: Your Acme Wallet code"), "{mail}");
+    assert!(!mail.contains("Evil"), "{mail}");
+
+    // The gateway's database, taken over, names another app in the configuration's record.
+    let phishing = "Your ACCOUNT LOCKED - call +1 555 0100";
+    let swap = |from: &str, to: &str| {
+        format!(
+            "UPDATE records SET data = replace(data, '\"appName\":\"{from}\"', '\"appName\":\"{to}\"') \
+             WHERE kind = 'auth_proxy' AND id = $1"
+        )
+    };
+    assert_eq!(stack.tamper_store(&swap("Acme Wallet", phishing), config_id), 1);
+    let before = smtp.seen();
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "brand-2@example.test" });
+    let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body.clone()).await;
+    stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
+    assert!(r["message"].as_str().unwrap().contains("\"Acme Wallet\""), "the refusal names the recorded name: {r}");
+    assert_eq!(smtp.seen(), before, "nothing was sent under the gateway's name");
+    // Put back, the record agrees with the enclave again and the proxy sends.
+    assert_eq!(stack.tamper_store(&swap(phishing, "Acme Wallet"), config_id), 1);
+    let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
+    assert_eq!(status, 200, "{r}");
+    let (_, mail) = smtp.code_for(&before, "brand-2@example.test");
+    assert!(mail.contains("Subject: Your Acme Wallet code"), "{mail}");
+    // What is not a brand is refused where it is set, and the name stays.
+    for bad in [json!("x".repeat(65)), json!("Acme\nWallet"), json!(7)] {
+        let r = update(bad).await;
+        stack.refused_by_gateway(&r, 400, "REQUEST_INVALID", "appName");
+    }
+}
+
 /// A visitor signs up through the auth proxy and, as its sub-organization's root, asks for codes
 /// that look like someone else's (a bank's name, logo, link, sender, reply-to) to any address:
 /// the enclave refuses each customisation, naming the field; a plain code is sent under the
@@ -1205,6 +1259,8 @@ async fn phishing_relay(stack: &Stack, smtp: &SmtpServer, config_id: &str) {
     let (_, mail) = smtp.code_for(&before, "victim@example.test");
     assert!(!mail.contains("Evil"), "{mail}");
     assert!(mail.contains("From: Coffer <no-reply@localhost>"), "{mail}");
+    // The parent's brand is its auth proxy's appName as the enclave recorded it (proxy_app_name).
+    assert!(mail.contains("Subject: Your Acme Wallet code"), "{mail}");
     // Through the proxy, the visitor's appName is not used either: the configuration's is.
     let before = smtp.seen();
     let body =

@@ -253,8 +253,42 @@ pub(crate) fn disable_auth_proxy(i: &Input<'_>) -> Changes {
     Ok(out)
 }
 
-/// `update_auth_proxy_config` changes nothing the enclave decides with: its record is written
-/// back with the flag as it is.
+/// `update_auth_proxy_config`: its record is written back with the flag as it is, and an
+/// `appName` in the body (checked by [`auth_proxy_app_name`]) becomes the app name the proxy's
+/// codes carry, which the enclave holds the proxy's sends to.
 pub(crate) fn update_auth_proxy_config(i: &Input<'_>) -> Changes {
-    Ok(vec![i.change(Effect::SetAuthProxy { enabled: i.state.organization.auth_proxy_enabled })])
+    let mut out = vec![i.change(Effect::SetAuthProxy { enabled: i.state.organization.auth_proxy_enabled })];
+    if let Some(app_name) = auth_proxy_app_name(i.params).map_err(|reason| i.invalid(reason))? {
+        out.push(i.change(Effect::SetAuthProxyAppName { app_name }));
+    }
+    Ok(out)
+}
+
+/// The longest auth proxy `appName` (characters): a brand, which a subject line carries.
+pub const AUTH_PROXY_APP_NAME_MAX_CHARS: usize = 64;
+/// The app name of the auth proxy's codes when its configuration sets none.
+pub const DEFAULT_AUTH_PROXY_APP_NAME: &str = "Coffer";
+
+/// `appName` of an `update_auth_proxy_config` body: `None` when absent (or null), else the
+/// trimmed name (empty: back to none), at most [`AUTH_PROXY_APP_NAME_MAX_CHARS`] characters and
+/// no control characters; a reason otherwise.
+pub fn auth_proxy_app_name(params: &Value) -> Result<Option<String>, String> {
+    let name = match params.get("appName") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s.trim(),
+        Some(_) => return Err("appName: a string".into()),
+    };
+    if name.chars().count() > AUTH_PROXY_APP_NAME_MAX_CHARS || name.chars().any(char::is_control) {
+        return Err(format!("appName: at most {AUTH_PROXY_APP_NAME_MAX_CHARS} characters, no control characters"));
+    }
+    Ok(Some(name.to_string()))
+}
+
+/// The app name the auth proxy of `organization` sends its codes under: its configuration's, as
+/// the authority state holds it, else [`DEFAULT_AUTH_PROXY_APP_NAME`].
+pub fn proxy_app_name(organization: &crate::model::Organization) -> &str {
+    match organization.auth_proxy_app_name.as_str() {
+        "" => DEFAULT_AUTH_PROXY_APP_NAME,
+        name => name,
+    }
 }

@@ -751,6 +751,27 @@ fn features_and_the_auth_proxy() {
         vec![c(Effect::SetAuthProxy { enabled: true })],
         vec![("disabling", vec![c(Effect::SetAuthProxy { enabled: false })])],
     );
+    // Its appName, trimmed, is the name the proxy's codes carry: the body's, not another.
+    let named = |n: &str| c(Effect::SetAuthProxyAppName { app_name: n.into() });
+    case(
+        &s,
+        ty,
+        json!({"appName": " Acme Wallet "}),
+        &[],
+        vec![c(Effect::SetAuthProxy { enabled: true }), named("Acme Wallet")],
+        vec![
+            ("another name", vec![c(Effect::SetAuthProxy { enabled: true }), named("Your ACCOUNT LOCKED")]),
+            ("no name", vec![c(Effect::SetAuthProxy { enabled: true })]),
+        ],
+    );
+    for bad in [json!("x".repeat(65)), json!("Acme\u{7}Wallet"), json!(["Acme"])] {
+        let p = json!({ "appName": bad });
+        assert!(run(&s, ty, &p, &[c(Effect::SetAuthProxy { enabled: true })], &[]).is_err(), "{p}");
+    }
+    let mut named_state = s.clone();
+    named_state.apply(&named("Acme Wallet").effect).unwrap();
+    assert_eq!(crate::transition::proxy_app_name(&named_state.organization), "Acme Wallet");
+    assert_eq!(crate::transition::proxy_app_name(&s.organization), crate::transition::DEFAULT_AUTH_PROXY_APP_NAME);
     for ch in &disable {
         s.apply(&ch.effect).unwrap();
     }

@@ -343,8 +343,8 @@ fn prepare(
 
 /// Who what an organization sends goes out as, and whose allowance it counts against: the
 /// organization itself, or, for a sub-organization the auth proxy signed up
-/// (`Organization::auth_proxy_signup`, from the enclave's own state), its parent, whose name it
-/// carries and nothing the sub-organization chose.
+/// (`Organization::auth_proxy_signup`, from the enclave's own state), its parent, whose auth
+/// proxy app name (else its name) it carries and nothing the sub-organization chose.
 struct Sender {
     /// The organization whose hourly allowance (`sends_per_organization_per_hour`) is charged.
     allowance: String,
@@ -373,8 +373,19 @@ fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveErr
     if a.via_parent {
         return Ok(Sender { allowance: parent.to_string(), brand: None });
     }
-    let name =
-        authority.rules().load(parent)?.map(|l| l.state.organization.name.trim().to_string()).unwrap_or_default();
+    // The parent's auth proxy app name as the enclave recorded it (update_auth_proxy_config),
+    // else the parent's name.
+    let name = authority
+        .rules()
+        .load(parent)?
+        .map(|l| {
+            let o = &l.state.organization;
+            match o.auth_proxy_app_name.trim() {
+                "" => o.name.trim().to_string(),
+                app => app.to_string(),
+            }
+        })
+        .unwrap_or_default();
     let brand =
         if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) { "Coffer".into() } else { name };
     Ok(Sender { allowance: parent.to_string(), brand: Some(brand) })

@@ -158,11 +158,13 @@ async fn execute(
     let org = ctx.org.id.clone();
     let proofs = ctx.proofs.clone();
     let signup_mark = coffer_authority_state::transition::marks_auth_proxy_signup(&params);
+    let app_name = coffer_authority_state::transition::auth_proxy_app_name(&params).ok().flatten();
     let mut outcome = (op.handler)(ctx, params).await?;
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
     let mut proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
     crate::authority_proposal::mark_auth_proxy_signup(op.activity_type, signup_mark, &mut proposal);
+    crate::authority_proposal::set_auth_proxy_app_name(op.activity_type, &org, app_name, &mut proposal);
     let issued: Vec<Vec<u8>> = outcome
         .writes
         .iter()

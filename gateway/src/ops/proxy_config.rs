@@ -213,10 +213,17 @@ pub async fn update_auth_proxy_config(ctx: Ctx, intent: UpdateAuthProxyConfigInt
         }
         config.insert("otpLength".into(), json!(n));
     }
+    // The app name the proxy's codes carry: checked as the enclave checks it, kept as the enclave
+    // records it (trimmed), since the enclave stamps a proxy send only with that name.
+    let app_name = coffer_authority_state::transition::auth_proxy_app_name(&Value::Object(intent.rest.clone()))
+        .map_err(ApiError::invalid)?;
     for (k, v) in intent.rest {
         if !v.is_null() {
             config.insert(k, v);
         }
+    }
+    if let Some(name) = app_name {
+        config.insert("appName".into(), json!(name));
     }
     r.data["config"] = Value::Object(config);
     r.updated_at = ctx.now;
