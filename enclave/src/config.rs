@@ -532,7 +532,12 @@ mod tests {
         assert_eq!(cfg.session_pool, 16);
         assert_eq!(cfg.replay_quota_per_organization, 100_000);
         assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
-        assert_eq!(cfg.limits(), coffer_authority_state::Limits { webhook_endpoints: 10, policies: 100_000 });
+        assert_eq!(
+            cfg.limits(),
+            coffer_authority_state::Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
+        );
+        let text: EnclaveConfig = toml::from_str("max_policy_text_bytes_per_organization = 4096").unwrap();
+        assert_eq!(text.limits().policy_text_bytes, 4096);
         let capped: EnclaveConfig = toml::from_str("max_webhook_endpoints_per_organization = 3").unwrap();
         assert_eq!(capped.limits().webhook_endpoints, 3);
         assert!(toml::from_str::<EnclaveConfig>("max_webhook_endpoints_per_organization = -1").is_err());
