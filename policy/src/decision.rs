@@ -636,8 +636,8 @@ mod tests {
         assert_eq!(e.outcomes[1].outcome, OUTCOME_DENY_IMPLICIT, "read in full, it does not match");
         assert_eq!((e.outcomes[40].outcome, e.decision, e.reason), (OUTCOME_ERROR, Decision::Deny, "EXPLICIT_DENY"));
 
-        // Within the budget nothing changes: 20 of them allow.
-        let e = decide_within(&mut steps_only(), &refs_of(&costly[..20]), &r, false, false);
+        // Within the budget nothing changes: 10 of them allow.
+        let e = decide_within(&mut steps_only(), &refs_of(&costly[..10]), &r, false, false);
         assert_eq!((e.decision, e.reason), (Decision::Allow, "POLICY_ALLOW"));
         assert!(e.outcomes.iter().all(|o| o.outcome == OUTCOME_ALLOW));
     }

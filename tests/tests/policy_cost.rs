@@ -260,7 +260,7 @@ async fn one_decision_has_one_budget_and_the_policy_text_a_cap() {
     }
     let alice = member(&stack, &root, &org, "alice").await;
 
-    // Each would allow; together they cost 600,000 steps, past the decision's 400,000: the
+    // Each would allow; together they cost 600,000 steps, past the decision's 200,000: the
     // decision denies, naming why, and the policies it could not read say so.
     let r = stack.post_raw("/public/v1/query/coffer_policy_dry_run", dry_run_body(&org).as_bytes(), Some(&alice)).await;
     assert_eq!(r.status, 200, "{}", r.text);
