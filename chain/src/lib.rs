@@ -54,6 +54,7 @@ pub fn parse(transaction_type: &str, unsigned_hex: &str) -> Result<Unsigned, TxE
             Some((ethereum::MAX_TRANSACTION_BYTES, ethereum::too_large as fn(usize) -> TxError))
         }
         TRANSACTION_TYPE_SOLANA => Some((solana::MAX_TRANSACTION_BYTES, solana::too_large as fn(usize) -> TxError)),
+        TRANSACTION_TYPE_TRON => Some((tron::MAX_TRANSACTION_BYTES, tron::too_large as fn(usize) -> TxError)),
         _ => None,
     };
     if let Some((max, refuse)) = too_large {

@@ -101,24 +101,77 @@ pub struct TronTx {
     parameter: Vec<u8>,
 }
 
+/// The most bytes a Tron transaction (a `Transaction` or a bare `raw_data`, as given) may have:
+/// java-tron's `Constant.TRANSACTION_MAX_BYTE_SIZE` (500 KiB), over which a node refuses a
+/// transaction as "too big" (`Manager.validateCommon`, `BigTransactionValidator`). Refused
+/// before anything is decoded: protobuf repeats a field as often as the bytes allow (an empty
+/// `contract` is 2 bytes of input, about 64 in memory), and before this only the 1 MiB body
+/// limit bounded it.
+pub const MAX_TRANSACTION_BYTES: usize = 500 * 1024;
+
 fn invalid(reason: impl std::fmt::Display) -> TxError {
     TxError(format!("unsignedTransaction: {reason}"))
 }
 
+/// A transaction over [`MAX_TRANSACTION_BYTES`], naming the limit.
+pub(crate) fn too_large(bytes: usize) -> TxError {
+    invalid(format_args!(
+        "a Tron transaction is at most {MAX_TRANSACTION_BYTES} bytes (java-tron's TRANSACTION_MAX_BYTE_SIZE, 500 KiB), this one is {bytes}"
+    ))
+}
+
+/// How often length-delimited field `number` occurs at the top level of a protobuf message,
+/// read from the keys and lengths alone (nothing is decoded or allocated). `None` when the bytes
+/// are not a run of fields this walk reads (a group, a truncated field, `number` with another
+/// wire type): prost then says what is wrong.
+fn occurrences(mut bytes: &[u8], number: u64) -> Option<usize> {
+    use prost::encoding::decode_varint;
+    let mut n = 0usize;
+    while !bytes.is_empty() {
+        let key = decode_varint(&mut bytes).ok()?;
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => drop(decode_varint(&mut bytes).ok()?),
+            1 => bytes = bytes.get(8..)?,
+            2 => {
+                let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
+                bytes = bytes.get(len..)?;
+            }
+            5 => bytes = bytes.get(4..)?,
+            _ => return None,
+        }
+        if field == number {
+            if wire != 2 {
+                return None;
+            }
+            n += 1;
+        }
+    }
+    Some(n)
+}
+
 /// A `raw_data` that decodes and carries exactly one contract (Tron executes one per
-/// transaction).
+/// transaction). More than one is refused on the field count, before prost decodes any.
 fn raw(bytes: &[u8]) -> Result<Raw, TxError> {
+    let many = |n: usize| invalid(format_args!("raw_data has {n} contracts; Tron executes exactly one"));
+    if let Some(n) = occurrences(bytes, 11).filter(|n| *n > 1) {
+        return Err(many(n));
+    }
     let raw = Raw::decode(bytes).map_err(|e| invalid(format_args!("raw_data is not a Tron protobuf: {e}")))?;
     match raw.contract.len() {
         1 => Ok(raw),
         0 => Err(invalid("raw_data has no contract")),
-        n => Err(invalid(format_args!("raw_data has {n} contracts; Tron executes exactly one"))),
+        n => Err(many(n)),
     }
 }
 
-/// Parses a `Transaction` or a bare `raw_data`. A `Transaction` is recognized by a `raw_data`
-/// field that is itself a raw with a contract; anything else is read as `raw_data`.
+/// Parses a `Transaction` or a bare `raw_data`, at most [`MAX_TRANSACTION_BYTES`]. A
+/// `Transaction` is recognized by a `raw_data` field that is itself a raw with a contract;
+/// anything else is read as `raw_data`.
 pub fn parse(bytes: &[u8]) -> Result<TronTx, TxError> {
+    if bytes.len() > MAX_TRANSACTION_BYTES {
+        return Err(too_large(bytes.len()));
+    }
     let as_transaction = Transaction::decode(bytes).ok().filter(|t| !t.raw_data.is_empty());
     let (raw_bytes, decoded, transaction) = match as_transaction.and_then(|t| raw(&t.raw_data).ok().map(|r| (t, r))) {
         Some((t, r)) => {
@@ -291,6 +344,69 @@ mod tests {
         assert!(parse(&bad).unwrap_err().0.contains("TransferContract parameter"));
         bad_param.push(0xff);
         assert!(parse(&bad_param).is_err(), "a trailing byte is not a valid protobuf field");
+    }
+
+    /// `raw` with a `data` memo (field 10, which the parser skips) making it exactly `total` bytes.
+    fn padded(raw: &[u8], total: usize) -> Vec<u8> {
+        let memo = |len: usize| {
+            let mut field = vec![0x52];
+            prost::encoding::encode_varint(len as u64, &mut field);
+            field.extend(std::iter::repeat_n(0x6d, len));
+            field
+        };
+        let len = (0..total).rev().find(|len| raw.len() + memo(*len).len() == total).expect("a memo length fits");
+        [raw, &memo(len)[..]].concat()
+    }
+
+    #[test]
+    fn a_transaction_over_javatrons_size_limit_is_refused_before_it_is_decoded() {
+        // Issue 39 follow-up: no bound but the 1 MiB body; 500 KiB is what a Tron node accepts.
+        let at = padded(&transfer_raw(1_000), MAX_TRANSACTION_BYTES);
+        assert_eq!(at.len(), 512_000);
+        assert_eq!(parse(&at).unwrap().facts()["amount"], Val::Int(1_000));
+        let over = padded(&transfer_raw(1_000), MAX_TRANSACTION_BYTES + 1);
+        let e = parse(&over).unwrap_err().0;
+        assert_eq!(
+            e,
+            "unsignedTransaction: a Tron transaction is at most 512000 bytes (java-tron's \
+             TRANSACTION_MAX_BYTE_SIZE, 500 KiB), this one is 512001"
+        );
+        // The Transaction form counts its framing and signatures too.
+        let framed = Transaction { raw_data: at.clone(), signature: vec![] }.encode_to_vec();
+        assert!(parse(&framed).unwrap_err().0.contains("this one is 512004"), "{framed:?}");
+        let fits = padded(&transfer_raw(1_000), MAX_TRANSACTION_BYTES - 4 - 65 - 2);
+        let framed = Transaction { raw_data: fits, signature: vec![vec![1; 65]] }.encode_to_vec();
+        assert_eq!(framed.len(), MAX_TRANSACTION_BYTES);
+        assert!(parse(&framed).is_ok());
+        // Through coffer_chain::parse the hex length is checked before the hex is decoded.
+        let e = crate::parse(crate::TRANSACTION_TYPE_TRON, &"zz".repeat(MAX_TRANSACTION_BYTES + 1)).unwrap_err().0;
+        assert!(e.ends_with("500 KiB), this one is 512001"), "{e}");
+        let e = crate::parse(crate::TRANSACTION_TYPE_TRON, &format!("0x{}", hex::encode(&over))).unwrap_err().0;
+        assert!(e.ends_with("this one is 512001"), "{e}");
+        assert!(crate::parse(crate::TRANSACTION_TYPE_TRON, &hex::encode(&at)).is_ok());
+    }
+
+    #[test]
+    fn contracts_past_the_first_are_counted_not_decoded() {
+        // 250,000 empty contracts (2 bytes each, within the size limit): refused on the field
+        // count, before prost would build 250,000 of them.
+        let mut many = transfer_raw(1_000);
+        for _ in 0..250_000 {
+            many.extend([0x5a, 0x00]);
+        }
+        assert!(many.len() <= MAX_TRANSACTION_BYTES);
+        assert_eq!(
+            parse(&many).unwrap_err().0,
+            "unsignedTransaction: raw_data has 250001 contracts; Tron executes exactly one"
+        );
+        assert_eq!(occurrences(&transfer_raw(1_000), 11), Some(1));
+        assert_eq!(occurrences(&[0x5a, 0x05, 0x00], 11), None, "truncated: prost says why");
+        assert_eq!(occurrences(&[0x58, 0x01], 11), None, "field 11 as a varint: prost says why");
+        // Two contracts, one of them inside a memo's bytes: one at the top level.
+        let mut memo = vec![0x52, 0x02, 0x5a, 0x00];
+        memo.extend(transfer_raw(1_000));
+        assert_eq!(occurrences(&memo, 11), Some(1));
+        assert!(parse(&memo).is_ok());
     }
 
     fn trigger_raw(call_value: i64, fee_limit: i64) -> Vec<u8> {

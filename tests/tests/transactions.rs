@@ -792,7 +792,58 @@ async fn oversized_transactions_are_refused_before_they_are_parsed() {
         "authorizationList: at most 64 authorizations, this one has 65",
     );
     sign(&alice, &org, &a.eth, &authorizations(64), TransactionType::Ethereum).await.unwrap();
-    assert_eq!(signed_transactions(&stack).await, signed_before + 2);
+
+    // Tron: java-tron's 500 KiB (a transfer padded with a `data` memo, field 10), and 250,000
+    // empty contracts within it refused on the field count.
+    let mut to = vec![0x41];
+    to.extend([0x22u8; 20]);
+    let transfer = TronTransferContract { owner_address: tron_address_bytes(&a.tron), to_address: to, amount: 1 };
+    let transfer = TronContract {
+        r#type: 1,
+        parameter: Some(TronAny {
+            type_url: "type.googleapis.com/protocol.TransferContract".into(),
+            value: transfer.encode_to_vec(),
+        }),
+    };
+    let raw = TronRaw {
+        ref_block_bytes: vec![0x12, 0x34],
+        ref_block_hash: vec![7; 8],
+        expiration: 1_900_000_060_000,
+        contract: vec![transfer],
+        timestamp: 1_900_000_000_000,
+    }
+    .encode_to_vec();
+    let padded = |total: usize| {
+        let memo = |len: usize| {
+            let mut field = vec![0x52];
+            prost::encoding::encode_varint(len as u64, &mut field);
+            field.extend(std::iter::repeat_n(0x6d, len));
+            field
+        };
+        let len = (0..total).rev().find(|len| raw.len() + memo(*len).len() == total).unwrap();
+        [&raw[..], &memo(len)[..]].concat()
+    };
+    let signed = sign(&alice, &org, &a.tron, &padded(512_000), TransactionType::Tron).await.unwrap();
+    assert_eq!(TronTransaction::decode(signed.as_slice()).unwrap().raw_data, padded(512_000));
+    stack.refused_by_gateway(
+        sign(&alice, &org, &a.tron, &padded(512_001), TransactionType::Tron).await,
+        400,
+        "REQUEST_INVALID",
+        "a Tron transaction is at most 512000 bytes (java-tron's TRANSACTION_MAX_BYTE_SIZE, 500 KiB), this one is 512001",
+    );
+    let mut many = raw.clone();
+    for _ in 0..250_000 {
+        many.extend([0x5a, 0x00]);
+    }
+    let started = std::time::Instant::now();
+    stack.refused_by_gateway(
+        sign(&alice, &org, &a.tron, &many, TransactionType::Tron).await,
+        400,
+        "REQUEST_INVALID",
+        "raw_data has 250001 contracts; Tron executes exactly one",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(signed_transactions(&stack).await, signed_before + 3);
 }
 
 async fn sign_payload(
