@@ -32,10 +32,17 @@ pub fn is_e164(v: &str) -> bool {
     v.strip_prefix('+').is_some_and(|d| (4..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The domains of Gmail, whose mailboxes ignore the dots of their local part: `v.ictim@gmail.com`
+/// and `victim@googlemail.com` are `victim@gmail.com`'s inbox.
+const GMAIL_DOMAINS: [&str; 2] = ["gmail.com", "googlemail.com"];
+
 /// The mailbox or phone number one-time code limits count, one rule for both processes: an email
 /// address unquoted (`"victim"@example.com`), without its `+tag` (`victim+1@…`), in lower case,
-/// its domain without a final dot; a phone number in E.164 with the spaces, dashes, dots and
-/// brackets people type removed. `None` for anything else (an address with no `@`, an empty
+/// its domain without a final dot and in its ASCII form (an internationalized domain is the
+/// punycode its mail is delivered to, `exämple.com` is `xn--exmple-cua.com`; one that is not a
+/// valid IDNA domain is refused), a Gmail address without the dots of its local part and with
+/// `googlemail.com` read as `gmail.com`; a phone number in E.164 with the spaces, dashes, dots
+/// and brackets people type removed. `None` for anything else (an address with no `@`, an empty
 /// part, whitespace or control characters). The code still goes to the contact as given: only
 /// its spellings share one allowance.
 pub fn canonical_contact(contact: &str) -> Option<String> {
@@ -56,14 +63,29 @@ pub fn canonical_contact(contact: &str) -> Option<String> {
                     c => out.push(c),
                 }
             }
+            // An `@` or `"` inside quotes (legal, but no provider's mailbox) would make a
+            // canonical form that is not its own: refused like an unquoted one.
+            if out.contains(['"', '@']) {
+                return None;
+            }
             out
         }
         None if local.contains(['"', '@']) => return None,
         None => local.to_string(),
     };
-    let local = local.split('+').next().unwrap_or_default().to_lowercase();
-    let domain = domain.strip_suffix('.').unwrap_or(domain).to_lowercase();
+    let mut local = local.split('+').next().unwrap_or_default().to_lowercase();
     let bad = |s: &str| s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control());
+    if bad(domain) {
+        return None;
+    }
+    // UTS 46 (what mail software resolves a Unicode domain with): mapped (case, width, the
+    // ideographic full stop), then punycode. An ASCII domain is only lowercased.
+    let domain = if domain.is_ascii() { domain.to_ascii_lowercase() } else { idna::domain_to_ascii(domain).ok()? };
+    let mut domain = domain.strip_suffix('.').unwrap_or(&domain).to_string();
+    if GMAIL_DOMAINS.contains(&domain.as_str()) {
+        local.retain(|c| c != '.');
+        domain = GMAIL_DOMAINS[0].to_string();
+    }
     if bad(&local) || bad(&domain) {
         return None;
     }
@@ -151,6 +173,8 @@ mod tests {
             assert_eq!(canonical_contact(spelling).as_deref(), Some("victim@example.com"), "{spelling}");
         }
         assert_eq!(canonical_contact("other@example.com").as_deref(), Some("other@example.com"));
+        // Dots count outside Gmail.
+        assert_eq!(canonical_contact("vic.tim@example.com").as_deref(), Some("vic.tim@example.com"));
         assert_eq!(canonical_contact("victim@example.org").as_deref(), Some("victim@example.org"));
         for bad in [
             "",
@@ -161,9 +185,57 @@ mod tests {
             "\"a\"b\"@x.test",
             "a\"b@x.test",
             "\"a\\\"@x.test",
+            "\"vic@tim\"@example.com",
+            "\"vic\\@tim\"@example.com",
+            "\"vic\\\"tim\"@example.com",
             "victim",
             "v\u{0}@x.test",
         ] {
+            assert_eq!(canonical_contact(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_gmail_inbox_counts_once_with_or_without_dots() {
+        // Issue 39 follow-up: Gmail delivers `v.i.c.t.i.m@gmail.com` and `victim@googlemail.com`
+        // to `victim@gmail.com`, and each had its own allowance.
+        for spelling in [
+            "victim@gmail.com",
+            "v.i.c.t.i.m@gmail.com",
+            "Vic.Tim+promo@GMail.com.",
+            "victim@googlemail.com",
+            "vic.tim@GoogleMail.COM",
+            "\"v.ictim+x\"@gmail.com",
+            "victim@ｇｍａｉｌ.com",
+        ] {
+            assert_eq!(canonical_contact(spelling).as_deref(), Some("victim@gmail.com"), "{spelling}");
+        }
+        assert_eq!(canonical_contact("...@gmail.com"), None, "nothing but dots is no mailbox");
+        assert_eq!(canonical_contact("victim@gmail.co").as_deref(), Some("victim@gmail.co"));
+        assert_eq!(canonical_contact("vic.tim@mail.gmail.com").as_deref(), Some("vic.tim@mail.gmail.com"));
+    }
+
+    #[test]
+    fn an_internationalized_domain_counts_in_its_ascii_form() {
+        // Issue 39 follow-up: `victim@exämple.com` and `victim@xn--exmple-cua.com` are one inbox
+        // (mail to the first is delivered to the second) and had two allowances.
+        for spelling in [
+            "victim@xn--exmple-cua.com",
+            "victim@XN--EXMPLE-CUA.COM",
+            "victim@exämple.com",
+            "Victim+1@EXÄMPLE.com",
+            "victim@exämple.com.",
+            "victim@exämple。com",
+            "victim@ｅｘäｍｐｌｅ.com",
+            "victim@exa\u{308}mple.com",
+            "victim@ex\u{200b}ämple.com",
+        ] {
+            assert_eq!(canonical_contact(spelling).as_deref(), Some("victim@xn--exmple-cua.com"), "{spelling}");
+        }
+        // The local part keeps its Unicode (SMTPUTF8 mailboxes), in lower case.
+        assert_eq!(canonical_contact("JÖRG@bücher.de").as_deref(), Some("jörg@xn--bcher-kva.de"));
+        // Not a domain IDNA can deliver to: refused, not counted under a spelling of its own.
+        for bad in ["victim@xn--a.com\u{e9}", "victim@\u{e9}\u{fffd}.com"] {
             assert_eq!(canonical_contact(bad), None, "{bad:?}");
         }
     }

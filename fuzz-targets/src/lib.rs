@@ -182,7 +182,8 @@ pub fn client_signature(data: &[u8]) -> Outcome {
 
 /// A one-time code's contact as a visitor types it (`coffer_auth::verification_token::
 /// canonical_contact`, the mailbox limits count): a canonical form is its own canonical form, in
-/// lower case, an email address without a `+tag` or quotes, a phone number in E.164.
+/// lower case, an email address without a `+tag` or quotes and with an ASCII domain (a Gmail one
+/// `gmail.com`, its local part without dots), a phone number in E.164.
 pub fn canonical_contact(data: &[u8]) -> Outcome {
     use coffer_auth::verification_token::{canonical_contact, is_e164};
     let Ok(text) = std::str::from_utf8(data) else { return Outcome::Rejected };
@@ -191,7 +192,9 @@ pub fn canonical_contact(data: &[u8]) -> Outcome {
     assert_eq!(c.to_lowercase(), c, "{text:?}");
     match c.rsplit_once('@') {
         Some((local, domain)) => {
-            assert!(!local.is_empty() && !domain.is_empty() && !local.contains(['+', '"']), "{text:?} → {c:?}")
+            assert!(!local.is_empty() && !domain.is_empty() && !local.contains(['+', '"']), "{text:?} → {c:?}");
+            assert!(domain.is_ascii() && domain != "googlemail.com", "{text:?} → {c:?}");
+            assert!(domain != "gmail.com" || !local.contains('.'), "{text:?} → {c:?}");
         }
         None => assert!(is_e164(&c), "{text:?} → {c:?}"),
     }

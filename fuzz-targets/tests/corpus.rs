@@ -517,6 +517,8 @@ fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         ("client_signature", "signup".into(), signup.to_string().into_bytes()),
         ("canonical_contact", "quoted-tagged".into(), b"\"Victim+1\"@Example.COM".to_vec()),
         ("canonical_contact", "phone".into(), b"+1 (321) 456-7890".to_vec()),
+        ("canonical_contact", "gmail-dots".into(), b"V.ic.tim+x@GoogleMail.com".to_vec()),
+        ("canonical_contact", "idn".into(), "Victim@EX\u{c4}MPLE.com".as_bytes().to_vec()),
         ("verification_token", "es256".into(), verification_token.into_bytes()),
         ("oidc_token", "es256".into(), token.into_bytes()),
         ("qos_envelope", "hex".into(), hex::encode(&envelope).into_bytes()),
