@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("policy", policy),
     ("policy_cost", policy_cost),
     ("eip712", eip712),
+    ("eip7702", eip7702),
     ("sealed_blob", sealed_blob),
     ("transaction", transaction),
     ("oidc_token", oidc_token),
@@ -600,6 +601,57 @@ pub fn eip712(data: &[u8]) -> Outcome {
     } else {
         Outcome::Parsed
     }
+}
+
+/// An EIP-7702 authorization payload (`coffer_chain::eip7702::Authorization::parse`, which
+/// `sign_raw_payload` encodes and `eth.eip_7702_authorization` describes): bounded before it is
+/// read; what parses has facts that are the values encoded (the address lowercase hex, the chain
+/// id and nonce numbers), is the same authorization with the same digest however its JSON spells
+/// them, and the gateway's check and facts agree with the signer's parse.
+pub fn eip7702(data: &[u8]) -> Outcome {
+    use coffer_chain::eip712::{int_val, Int};
+    use coffer_chain::eip7702::{Authorization, MAX_AUTHORIZATION_BYTES, PAYLOAD_ENCODING};
+    use coffer_crypto::sign::fuzzing::eip7702_digest;
+
+    let Ok(text) = std::str::from_utf8(data) else { return Outcome::Rejected };
+    let parsed = Authorization::parse(text);
+    let digest = eip7702_digest(text);
+    assert_eq!(digest.is_ok(), parsed.is_ok(), "the signer and the parser disagree: {text}");
+    assert_eq!(coffer_chain::check_payload(PAYLOAD_ENCODING, text).is_ok(), parsed.is_ok(), "{text}");
+    let params = serde_json::json!({"payload": text, "encoding": PAYLOAD_ENCODING});
+    assert_eq!(
+        coffer_chain::payload_facts(&params).map(|p| (p.name, p.facts)),
+        parsed.as_ref().ok().map(|a| ("eip_7702_authorization", a.facts())),
+        "{text}"
+    );
+    let a = match parsed {
+        Ok(a) => a,
+        Err(e) => {
+            if text.len() > MAX_AUTHORIZATION_BYTES {
+                assert!(e.0.starts_with("an authorization is at most 4096 bytes"), "{e:?}");
+            }
+            return Outcome::Rejected;
+        }
+    };
+    assert!(text.len() <= MAX_AUTHORIZATION_BYTES, "{} bytes parsed", text.len());
+    assert!(a.nonce[..24].iter().all(|b| *b == 0), "a nonce is a uint64: {text}");
+    let nonce = u64::from_be_bytes(a.nonce[24..].try_into().expect("8 bytes"));
+    let Val::Map(facts) = a.facts() else { panic!("facts are a map: {text}") };
+    assert_eq!(facts.len(), 3, "{facts:?}");
+    assert_eq!(facts["address"], Val::Str(format!("0x{}", hex::encode(a.address))), "{text}");
+    assert_eq!(facts["chain_id"], int_val(Int { negative: false, magnitude: a.chain_id }), "{text}");
+    assert_eq!(facts["nonce"], Val::Int(i128::from(nonce)), "{text}");
+    // The values alone decide the authorization and what is signed: a canonical spelling of
+    // them (hex chain id, decimal nonce, lowercase address) parses to the same.
+    let canonical = serde_json::json!({
+        "address": format!("0x{}", hex::encode(a.address)),
+        "chainId": format!("0x{}", hex::encode(a.chain_id)),
+        "nonce": nonce,
+    })
+    .to_string();
+    assert_eq!(Authorization::parse(&canonical).as_ref(), Ok(&a), "{text} → {canonical}");
+    assert_eq!(eip7702_digest(&canonical), digest, "{text} → {canonical}");
+    Outcome::Accepted
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -399,6 +399,31 @@ fn eip712_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+// crypto/src/sign/tests.rs (trustwallet/wallet-core's vector, "verified with viem") and
+// chain/src/eip7702/tests.rs: the spellings of issue 39 (uppercase delegate, `chainId: "0x0"`).
+fn eip7702_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use coffer_crypto::sign::fuzzing::eip7702_digest;
+    let vector = r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":1,"nonce":1}"#;
+    let strings = r#"{"address":"0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1","chainId":"0x1","nonce":"1"}"#;
+    let digest = "3ae543b2fa103a39a6985d964a67caed05f6b9bb2430ad6d498cda743fe911d9";
+    assert_eq!(hex::encode(eip7702_digest(vector).unwrap()), digest);
+    assert_eq!(hex::encode(eip7702_digest(strings).unwrap()), digest);
+    let uppercase = r#"{"contractAddress":"0XB91AAA96B138A1B1D94C9DF4628187132C5F2BF1","chainId":"0x0","nonce":"0x7"}"#;
+    let max = json!({"address": "0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1", "chainId": format!("0x{}", "f".repeat(64)),
+        "nonce": "18446744073709551615"});
+    let over = format!(
+        r#"{{"address":"0xb91aaa96b138a1b1d94c9df4628187132c5f2bf1","chainId":1,"nonce":0{}}}"#,
+        " ".repeat(4096)
+    );
+    vec![
+        ("trust-wallet", vector.as_bytes().to_vec()),
+        ("strings", strings.as_bytes().to_vec()),
+        ("uppercase-contract-address", uppercase.as_bytes().to_vec()),
+        ("max", max.to_string().into_bytes()),
+        ("over-the-bound", over.into_bytes()),
+    ]
+}
+
 // chain/src/ethereum/viem-vectors.json, chain/src/solana/web3js-vectors.json, and Tron
 // TransferContract raw_data encoded by hand (owner 0x41‖0x11…, to 0x41‖0x22…, 1000 sun; and the
 // same of -1000 sun, which coffer_chain::tron refuses before signing).
@@ -535,6 +560,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
     out.extend(POLICIES.iter().enumerate().map(|(i, (p, _))| ("policy", format!("{i:02}"), p.as_bytes().to_vec())));
     out.extend(policy_cost_seeds().into_iter().map(|(n, b, _)| ("policy_cost", n.to_string(), b)));
     out.extend(eip712_seeds().into_iter().map(|(n, b)| ("eip712", n.to_string(), b)));
+    out.extend(eip7702_seeds().into_iter().map(|(n, b)| ("eip7702", n.to_string(), b)));
     // No HSM here, so the sealed blobs are synthetic: well formed, with a made-up ciphertext ‖ tag.
     out.push(("sealed_blob", "v3-caller-iv".into(), encode(3, "coffer-kek-v1", 1, &[7; 12], &[1; 48])));
     out.push(("sealed_blob", "v3-appended-16-byte-iv".into(), encode(3, "coffer-kek-v1", 3, &[6; 16], &[1; 48])));
@@ -549,7 +575,8 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>, Outcome)> {
             let expect = match (target, name.as_str()) {
                 ("api_stamp", "truncated-json")
                 | ("webauthn_stamp", "other-body")
-                | ("transaction", "tron-transfer-negative") => Outcome::Rejected,
+                | ("transaction", "tron-transfer-negative")
+                | ("eip7702", "over-the-bound") => Outcome::Rejected,
                 ("policy", i) => POLICIES[i.parse::<usize>().unwrap()].1,
                 ("policy_cost", n) => policy_cost_seeds().into_iter().find(|s| s.0 == n).unwrap().2,
                 _ => Outcome::Accepted,

@@ -15,6 +15,12 @@ pub mod fuzzing {
     pub fn eip712_digest(typed_data_json: &str) -> Result<[u8; 32], String> {
         super::eip712::hash_typed_data(typed_data_json).map(|h| h.digest()).map_err(|e| e.0)
     }
+
+    /// The digest [`super::sign_payload`] signs for a `PAYLOAD_ENCODING_EIP7702_AUTHORIZATION`
+    /// payload.
+    pub fn eip7702_digest(authorization_json: &str) -> Result<[u8; 32], String> {
+        super::eip7702_digest(authorization_json)
+    }
 }
 
 use ed25519_dalek::Signer as _;
