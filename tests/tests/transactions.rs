@@ -431,29 +431,7 @@ async fn add_policy(root: &Client, org: &str, name: &str, effect: Effect, condit
 async fn policies_over_transactions(stack: &Stack, root: &Client, org: &str, a: &Accounts) {
     let signed_before = signed_transactions(stack).await;
     // Alice is not root: only policies let her sign.
-    let key = TurnkeyP256ApiKey::generate();
-    let user = UserParamsV4 {
-        user_name: "alice".into(),
-        user_email: None,
-        user_phone_number: None,
-        api_keys: vec![ApiKeyParamsV2 {
-            api_key_name: "alice".into(),
-            public_key: hex::encode(key.compressed_public_key()),
-            curve_type: ApiKeyCurve::P256,
-            expiration_seconds: None,
-        }],
-        authenticators: vec![],
-        oauth_providers: vec![],
-        user_tags: vec![],
-    };
-    let alice_id = root
-        .create_users(org.into(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![user] })
-        .await
-        .unwrap()
-        .result
-        .user_ids[0]
-        .clone();
-    let alice = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap());
+    let (alice, alice_id) = non_root(stack, root, org, "alice").await;
     let is_alice = format!("approvers.any(user, user.id == '{alice_id}')");
     let signing = "activity.type == 'ACTIVITY_TYPE_SIGN_TRANSACTION_V2'";
 
