@@ -1747,10 +1747,10 @@ const TENANT_ATTACKED: &str = "tenant isolation: C's signing, A and B attacking"
 /// `coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES`: the default cap on an
 /// organization's policy text (enclave `max_policy_text_bytes_per_organization`).
 const POLICY_TEXT_CAP: usize = 256 * 1024;
-/// Items of each costly policy's literal list: 5 steps an item (the item, the iteration, the
-/// comparison and its two operands), so a clause takes about 19,500 steps, just within
-/// `coffer_policy::MAX_EVAL_STEPS` (20,000).
-const COSTLY_LIST_LEN: usize = 3_900;
+/// Items of each costly policy's literal list: 6 steps an item (the item, the iteration, the
+/// comparison, the variable and its copy, the literal), so a clause takes about 19,800 steps,
+/// just within `coffer_policy::MAX_EVAL_STEPS` (20,000).
+const COSTLY_LIST_LEN: usize = 3_300;
 /// Costly policies per `create_policies` activity (about 8 KB each).
 const COSTLY_PER_ACTIVITY: usize = 8;
 /// No decision may take more CPU than this, in either process (`coffer_policy::DECISION_DEADLINE`).
@@ -1773,7 +1773,7 @@ fn process_cpu_ns(pid: Option<u32>) -> Option<u64> {
     Some(total)
 }
 
-/// A costly policy: a quantifier over a literal list of `len` zeros (about 5 steps an item),
+/// A costly policy: a quantifier over a literal list of `len` zeros (6 steps an item),
 /// ALLOW for even `i`, DENY for odd `i`. Every one applies to every activity; a DENY's condition
 /// ends false, so it is evaluated whole and denies nothing (the decision goes on to the ALLOWs).
 /// `i` (unique across organizations) makes each text its own, so no two policies of a decision
@@ -1836,7 +1836,8 @@ async fn fill_to_cap(stack: &Stack, t: &Tenant, first: usize) -> anyhow::Result<
         .map(|c| envelope("ACTIVITY_TYPE_CREATE_POLICIES", &t.org, json!({"policies": c})))
         .collect();
     submit_all(&stack.base_url, "/public/v1/submit/create_policies", t.root.clone(), bodies, 2).await?;
-    // The rest: a shorter list (2 bytes an item), shorter again if the enclave counts otherwise.
+    // The rest: a shorter list (2 bytes an item), 16 bytes shorter after each refusal (the
+    // enclave may count a few bytes this does not), until one fits.
     let i = first + policies.len();
     let overhead = text_len(&costly_policy(i, 1));
     let mut len = POLICY_TEXT_CAP.saturating_sub(bytes + overhead) / 2 + 1;
@@ -1850,9 +1851,10 @@ async fn fill_to_cap(stack: &Stack, t: &Tenant, first: usize) -> anyhow::Result<
             count += 1;
             break;
         }
-        len /= 2;
+        anyhow::ensure!(r.status == 400 && r.text.contains("policy text"), "the last policy: {}", r.text);
+        len = len.saturating_sub(8);
     }
-    // At the cap: one more policy of 64 bytes is refused.
+    // At the cap: one more policy of about 64 bytes is refused.
     let small = json!({"policyName": "one more", "effect": "EFFECT_ALLOW", "notes": "",
         "condition": format!("activity.type == 'ACTIVITY_TYPE_CREATE_WALLET' && {i} == {i}")});
     let body = envelope("ACTIVITY_TYPE_CREATE_POLICY_V3", &t.org, small);
