@@ -206,6 +206,15 @@ pub struct OtpSettings {
     /// Codes one organization sends in an hour. Default 1,000. Environment:
     /// `COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR`.
     pub sends_per_organization_per_hour: u64,
+    /// Codes and email credentials one marked sub-organization (`auth_proxy_signup`: anyone can
+    /// get one by signing up) sends of its own in an hour, charged before its parent's allowance.
+    /// Default 10. Environment: `COFFER_OTP_SENDS_PER_SUB_ORGANIZATION_PER_HOUR`.
+    pub sends_per_sub_organization_per_hour: u64,
+    /// The share of a parent's `sends_per_organization_per_hour`, in percent, that all its marked
+    /// sub-organizations' own sends may spend together; the rest is for the parent's own sends
+    /// (its auth proxy's login codes). 0 to 100, default 25. Environment:
+    /// `COFFER_OTP_SUB_ORGANIZATIONS_SHARE_PERCENT`.
+    pub sub_organizations_share_percent: u64,
 }
 
 impl Default for OtpSettings {
@@ -224,6 +233,8 @@ impl Default for OtpSettings {
             max_attempts: 3,
             sends_per_contact_per_hour: 10,
             sends_per_organization_per_hour: 1_000,
+            sends_per_sub_organization_per_hour: 10,
+            sub_organizations_share_percent: 25,
         }
     }
 }
@@ -263,6 +274,8 @@ impl OtpSettings {
         for (k, field) in [
             ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", &mut self.sends_per_contact_per_hour),
             ("COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR", &mut self.sends_per_organization_per_hour),
+            ("COFFER_OTP_SENDS_PER_SUB_ORGANIZATION_PER_HOUR", &mut self.sends_per_sub_organization_per_hour),
+            ("COFFER_OTP_SUB_ORGANIZATIONS_SHARE_PERCENT", &mut self.sub_organizations_share_percent),
         ] {
             if let Some(v) = var(k) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{k}: {e}"))?;
@@ -280,10 +293,20 @@ impl OtpSettings {
         if self.max_attempts == 0 {
             anyhow::bail!("[otp] max_attempts must be at least 1");
         }
+        if self.sub_organizations_share_percent > 100 {
+            anyhow::bail!("[otp] sub_organizations_share_percent must be 0 to 100");
+        }
         for d in &mut self.sender_domains {
             *d = d.trim().trim_start_matches('@').to_ascii_lowercase();
         }
         Ok(())
+    }
+
+    /// How many of a parent's hourly sends its marked sub-organizations may spend together:
+    /// `sub_organizations_share_percent` of `sends_per_organization_per_hour`, rounded down.
+    pub fn sub_organizations_share(&self) -> u64 {
+        (u128::from(self.sends_per_organization_per_hour) * u128::from(self.sub_organizations_share_percent.min(100))
+            / 100) as u64
     }
 
     /// The SMTP password, from `smtp_password_file` (first line).
@@ -524,6 +547,28 @@ fn comma_list(v: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_sub_organizations_get_a_share_of_their_parents_sends() {
+        let cfg: EnclaveConfig = toml::from_str("token_label = \"t\"").unwrap();
+        assert_eq!((cfg.otp.sends_per_sub_organization_per_hour, cfg.otp.sub_organizations_share_percent), (10, 25));
+        assert_eq!(cfg.otp.sub_organizations_share(), 250, "25% of 1,000");
+        let set: EnclaveConfig = toml::from_str(
+            "[otp]\nsends_per_organization_per_hour = 40\nsub_organizations_share_percent = 30\nsends_per_sub_organization_per_hour = 2",
+        )
+        .unwrap();
+        assert_eq!((set.otp.sub_organizations_share(), set.otp.sends_per_sub_organization_per_hour), (12, 2));
+        let none = OtpSettings { sub_organizations_share_percent: 0, ..OtpSettings::default() };
+        assert_eq!(none.sub_organizations_share(), 0, "0: marked sub-organizations send nothing of their own");
+        let huge = OtpSettings {
+            sends_per_organization_per_hour: u64::MAX,
+            sub_organizations_share_percent: 100,
+            ..OtpSettings::default()
+        };
+        assert_eq!(huge.sub_organizations_share(), u64::MAX, "no overflow");
+        let mut over = OtpSettings { sub_organizations_share_percent: 101, ..OtpSettings::default() };
+        assert!(over.load_env().is_err(), "a share over 100% is refused at start");
+    }
 
     #[test]
     fn defaults_and_unknown_keys() {

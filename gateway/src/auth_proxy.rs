@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use crate::activity::pipeline;
 use crate::error::{ApiError, Code};
-use crate::limits::{address_group, ClientAddr, RateLimiter};
+use crate::limits::{ClientAddr, GroupLimiter, Over, RateLimiter};
 use crate::oidc_tokens;
 use crate::record_kinds::{AUTH_PROXY, OAUTH2_CREDENTIAL};
 use crate::state::AppState;
@@ -40,28 +40,37 @@ const PLAINTEXT_CODE: &str = "otp_verify";
 /// The listener's state: the gateway's, its limits, and the cached preflight origins.
 pub struct AuthProxy {
     state: Arc<AppState>,
+    /// Requests a second per configuration, charged only for a request otherwise accepted that
+    /// is more than a public read ([`charged_per_config`]).
     per_config: Option<RateLimiter<String>>,
-    per_ip: Option<RateLimiter<std::net::IpAddr>>,
-    /// `otp_init` sends per client address group and hour.
-    otp_sends_per_ip: Option<RateLimiter<std::net::IpAddr>>,
-    /// Sign-ups per client address group and hour.
-    signups_per_ip: Option<RateLimiter<std::net::IpAddr>>,
+    /// Requests a second per client address group (and its range).
+    per_ip: Option<GroupLimiter>,
+    /// `otp_init` sends per client address group (and its range) and hour.
+    otp_sends_per_ip: Option<GroupLimiter>,
+    /// Sign-ups per client address group (and its range) and hour.
+    signups_per_ip: Option<GroupLimiter>,
     origins: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
 }
 
-pub fn router(
-    state: Arc<AppState>,
-    per_config: u32,
-    per_ip: u32,
-    otp_sends_per_ip_per_hour: u32,
-    signups_per_ip_per_hour: u32,
-) -> Router {
+/// The auth proxy's limits (gateway settings `auth_proxy_*`; see README "Operating limits").
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyLimits {
+    pub per_config: u32,
+    pub per_ip: u32,
+    pub otp_sends_per_ip_per_hour: u32,
+    pub signups_per_ip_per_hour: u32,
+    /// How many times a group's limit its range (IPv4 /16, IPv6 /48) has; 0: no range limit.
+    pub range_factor: u32,
+}
+
+pub fn router(state: Arc<AppState>, limits: ProxyLimits) -> Router {
+    let f = limits.range_factor;
     let proxy = Arc::new(AuthProxy {
         state,
-        per_config: RateLimiter::per_second(per_config),
-        per_ip: RateLimiter::per_second(per_ip),
-        otp_sends_per_ip: RateLimiter::per_hour(otp_sends_per_ip_per_hour),
-        signups_per_ip: RateLimiter::per_hour(signups_per_ip_per_hour),
+        per_config: RateLimiter::per_second(limits.per_config),
+        per_ip: GroupLimiter::per_second(limits.per_ip, f),
+        otp_sends_per_ip: GroupLimiter::per_hour(limits.otp_sends_per_ip_per_hour, f),
+        signups_per_ip: GroupLimiter::per_hour(limits.signups_per_ip_per_hour, f),
         origins: Mutex::new(None),
     });
     Router::new()
@@ -151,9 +160,15 @@ async fn call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    // Per address group (IPv4 /24, IPv6 /64) and range (/16, /48), not per address: one client
+    // holds a whole group, and a free tunnel a whole /48.
     if let (Some(limiter), Some(Extension(ClientAddr(ip)))) = (&p.per_ip, &client) {
-        if let Err(wait) = limiter.take(*ip, Instant::now()) {
-            return ApiError::rate_limited("address", wait).into_response();
+        if let Err((wait, over)) = limiter.take(*ip, Instant::now()) {
+            let what = match over {
+                Over::Group => "address",
+                Over::Range => "address range",
+            };
+            return ApiError::rate_limited(what, wait).into_response();
         }
     }
     let Some(config_id) = headers.get(CONFIG_HEADER).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string()) else {
@@ -174,14 +189,6 @@ async fn call(
                 .into_response();
         }
     }
-    if let Some(limiter) = &p.per_config {
-        if let Err(wait) = limiter.take(config_id, Instant::now()) {
-            return with_cors(
-                ApiError::rate_limited("auth proxy configuration", wait).into_response(),
-                origin.as_deref(),
-            );
-        }
-    }
     let body = match tokio::time::timeout(Duration::from_secs(10), axum::body::to_bytes(body, MAX_BODY)).await {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(_)) => return with_cors(ApiError::too_large(MAX_BODY).into_response(), origin.as_deref()),
@@ -195,11 +202,18 @@ async fn call(
     // an IPv6 /64), which one client routinely holds whole.
     let client = client.map(|Extension(ClientAddr(ip))| ip);
     let allowances = Allowances {
-        sends: Allowance::of(&p.otp_sends_per_ip, client, "address's one-time codes"),
-        signups: Allowance::of(&p.signups_per_ip, client, "address's sign-ups"),
+        sends: Allowance::of(
+            &p.otp_sends_per_ip,
+            client,
+            ["address's one-time codes", "address range's one-time codes"],
+        ),
+        signups: Allowance::of(&p.signups_per_ip, client, ["address's sign-ups", "address range's sign-ups"]),
     };
     let result = match parse_body(&body) {
-        Ok(params) => dispatch(&p.state, &config, &name, params, allowances).await,
+        Ok(params) => match charge_config(&p.per_config, &config_id, &name) {
+            Ok(()) => dispatch(&p.state, &config, &name, params, allowances).await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     let response = match result {
@@ -207,6 +221,38 @@ async fn call(
         Err(e) => e.into_response(),
     };
     with_cors(response, origin.as_deref())
+}
+
+/// The routes charged to the configuration's per-second limit: every route that does work for a
+/// visitor (a store lookup by what it sent, an activity). Not the public reads every page load
+/// makes (`wallet_kit_config`, `wallet_kit_client_params`: the configuration's own settings),
+/// nor what is refused before any work (an unknown route, `otp_verify`), so that requests nobody
+/// serves cannot use up the configuration's rate for its visitors.
+fn charged_per_config(name: &str) -> bool {
+    matches!(
+        name,
+        "oauth2_authenticate"
+            | "oauth_login"
+            | "account"
+            | "signup"
+            | "signup_v2"
+            | "otp_init"
+            | "otp_init_v2"
+            | "otp_verify_v2"
+            | "otp_login"
+            | "otp_login_v2"
+    )
+}
+
+/// Charges one request of route `name` to the configuration (a known, enabled config id, an
+/// allowed origin, a body read whole and a JSON object): a 429 past its rate.
+fn charge_config(limiter: &Option<RateLimiter<String>>, config_id: &str, name: &str) -> Result<(), ApiError> {
+    match limiter {
+        Some(l) if charged_per_config(name) => l
+            .take(config_id.to_string(), Instant::now())
+            .map_err(|wait| ApiError::rate_limited("auth proxy configuration", wait)),
+        _ => Ok(()),
+    }
 }
 
 /// The request body: a JSON object; an empty body counts as `{}` (`@turnkey/core` sends none).
@@ -232,27 +278,30 @@ struct Allowances<'a> {
     signups: Option<Allowance<'a>>,
 }
 
-/// One hourly allowance of one client address group (`None` when the limit is off or the
-/// client's address is not known).
+/// One hourly allowance of one client address group and its range (`None` when the limit is off
+/// or the client's address is not known).
 struct Allowance<'a> {
-    limiter: &'a RateLimiter<std::net::IpAddr>,
-    group: std::net::IpAddr,
-    what: &'static str,
+    limiter: &'a GroupLimiter,
+    client: std::net::IpAddr,
+    /// What a refusal names: the group's allowance, the range's.
+    what: [&'static str; 2],
 }
 
 impl<'a> Allowance<'a> {
     fn of(
-        limiter: &'a Option<RateLimiter<std::net::IpAddr>>,
+        limiter: &'a Option<GroupLimiter>,
         client: Option<std::net::IpAddr>,
-        what: &'static str,
+        what: [&'static str; 2],
     ) -> Option<Self> {
-        Some(Self { limiter: limiter.as_ref()?, group: address_group(client?), what })
+        Some(Self { limiter: limiter.as_ref()?, client: client?, what })
     }
 
     /// Spends one, or a 429 with `Retry-After` (the time until one is back).
     fn charge(allowance: Option<&Self>) -> Result<(), ApiError> {
         match allowance {
-            Some(a) => a.limiter.take(a.group, Instant::now()).map_err(|wait| ApiError::rate_limited(a.what, wait)),
+            Some(a) => a.limiter.take(a.client, Instant::now()).map_err(|(wait, over)| {
+                ApiError::rate_limited(if over == Over::Group { a.what[0] } else { a.what[1] }, wait)
+            }),
             None => Ok(()),
         }
     }
@@ -680,4 +729,26 @@ async fn account(state: &Arc<AppState>, config: &Record, p: &Map<String, Value>)
         Some(id) => json!({ "organizationId": id }),
         None => json!({}),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_pays_only_for_work_done_for_a_visitor() {
+        let limiter = RateLimiter::per_second(2);
+        // Public reads, unknown routes and the plaintext-code route are never charged.
+        for _ in 0..100 {
+            for name in ["wallet_kit_config", "wallet_kit_client_params", "nope", PLAINTEXT_CODE] {
+                assert!(charge_config(&limiter, "cfg", name).is_ok(), "{name}");
+            }
+        }
+        assert!(charge_config(&limiter, "cfg", "account").is_ok());
+        assert!(charge_config(&limiter, "cfg", "otp_init_v2").is_ok());
+        let e = charge_config(&limiter, "cfg", "signup_v2").unwrap_err();
+        assert_eq!(e.message, "rate limit exceeded for this auth proxy configuration, retry shortly");
+        assert!(charge_config(&limiter, "other", "signup_v2").is_ok(), "per configuration");
+        assert!(charge_config(&None, "cfg", "signup_v2").is_ok(), "off");
+    }
 }

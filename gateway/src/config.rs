@@ -15,8 +15,11 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// HTTP listen address of the auth proxy. Default `127.0.0.1:8081`.
     pub auth_proxy_listen: SocketAddr,
-    /// Auth proxy calls per second per config id and per client address (bursts of one second's
-    /// worth); past them a JSON 429. 0 turns a limit off. Defaults 100 and 20. Environment:
+    /// Auth proxy calls per second per config id and per client address group (an IPv4 /24, an
+    /// IPv6 /64: `limits::address_group`; bursts of one second's worth); past them a JSON 429. 0
+    /// turns a limit off. Defaults 100 and 20. The per-config limit counts only calls otherwise
+    /// accepted (a known config, an allowed origin, a JSON body, a known route) that do work for
+    /// the visitor: not `wallet_kit_config` / `wallet_kit_client_params`. Environment:
     /// `COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG`, `COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP`.
     pub auth_proxy_rate_limit_per_config: u32,
     pub auth_proxy_rate_limit_per_ip: u32,
@@ -32,6 +35,12 @@ pub struct GatewayConfig {
     /// far below what the organization may create in an hour, so that one address cannot spend
     /// it for every other visitor.
     pub auth_proxy_signups_per_ip_per_hour: u32,
+    /// How many times a group's allowance the range it is in has, for each of the three per-group
+    /// limits above: an IPv4 /16, an IPv6 /48 (`limits::address_range`; a free tunnel broker
+    /// hands out a /48, 65,536 /64 groups). Default 10: a /48 or /16 signs up 200 times an hour,
+    /// sends 300 codes an hour and makes 200 calls a second. 0: no range limit. Environment:
+    /// `COFFER_AUTH_PROXY_RANGE_FACTOR`.
+    pub auth_proxy_range_factor: u32,
     /// Store URL: `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket
     /// directory as a percent-encoded host, e.g. `postgres://coffer@%2Frun%2Fpostgresql/coffer`).
     /// Default `sqlite://./.coffer/coffer.db`. Environment: `COFFER_STORE_URL`.
@@ -154,6 +163,7 @@ impl Default for GatewayConfig {
             auth_proxy_rate_limit_per_ip: 20,
             auth_proxy_otp_sends_per_ip_per_hour: 30,
             auth_proxy_signups_per_ip_per_hour: 20,
+            auth_proxy_range_factor: 10,
             store_url: "sqlite://./.coffer/coffer.db".into(),
             enclave_socket: PathBuf::from("./.coffer/enclave.sock"),
             enclave_sockets: Vec::new(),
@@ -224,6 +234,7 @@ impl GatewayConfig {
             ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", &mut cfg.auth_proxy_rate_limit_per_ip),
             ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_otp_sends_per_ip_per_hour),
             ("COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_signups_per_ip_per_hour),
+            ("COFFER_AUTH_PROXY_RANGE_FACTOR", &mut cfg.auth_proxy_range_factor),
         ] {
             if let Ok(v) = std::env::var(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;

@@ -91,8 +91,10 @@ impl Limits {
 const SHARDS: usize = 16;
 /// Buckets kept per shard before idle (full) ones are dropped.
 const PRUNE_AT: usize = 4096;
-/// Buckets a shard may hold at most: past it (keys spread over more addresses than this), the
-/// shard starts afresh, which refills its buckets (memory stays bounded; the limit fails open).
+/// Buckets a shard may hold at most: past it (keys spread over more addresses than this, none of
+/// them idle), the least recently used half is forgotten, so memory stays bounded and the buckets
+/// just spent are kept (the limit holds for whoever is spending now; a forgotten bucket is one
+/// that had the longest to refill).
 const SHARD_CAP: usize = 4 * PRUNE_AT;
 
 /// The group of client addresses that share a per-address allowance: an IPv4 address's /24, an
@@ -109,6 +111,67 @@ pub fn address_group(ip: IpAddr) -> IpAddr {
             Some(mapped) => v4(mapped),
             None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & !((1u128 << 64) - 1))),
         },
+    }
+}
+
+/// The coarser range an address group belongs to, limited as a whole at a multiple of a group's
+/// allowance: an IPv4 address's /16, an IPv6 address's /48 (what a site, or a free tunnel
+/// broker's account, is given: 65,536 /64 groups), an IPv4-mapped IPv6 address as its IPv4
+/// address. Without it, one /48 would be 65,536 groups' allowances.
+pub fn address_range(ip: IpAddr) -> IpAddr {
+    let v4 = |a: std::net::Ipv4Addr| {
+        let [a, b, _, _] = a.octets();
+        IpAddr::V4(std::net::Ipv4Addr::new(a, b, 0, 0))
+    };
+    match ip {
+        IpAddr::V4(a) => v4(a),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(mapped) => v4(mapped),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & !((1u128 << 80) - 1))),
+        },
+    }
+}
+
+/// Which of a [`GroupLimiter`]'s limits refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Over {
+    /// The address's group ([`address_group`]).
+    Group,
+    /// The group's range ([`address_range`]).
+    Range,
+}
+
+/// A limit per client address group ([`address_group`]) and, at `factor` times it, per range
+/// ([`address_range`]). A request is charged to its group first: one refused there spends none
+/// of its range's, so a group over its own limit cannot use up its neighbours'.
+pub struct GroupLimiter {
+    group: RateLimiter<IpAddr>,
+    range: Option<RateLimiter<IpAddr>>,
+}
+
+impl GroupLimiter {
+    /// `rate` a second per group, `rate × factor` per range (`factor` 0: no range limit); `None`
+    /// when `rate` is 0.
+    pub fn per_second(rate: u32, factor: u32) -> Option<Self> {
+        Some(Self {
+            group: RateLimiter::per_second(rate)?,
+            range: RateLimiter::per_second(rate.saturating_mul(factor)),
+        })
+    }
+
+    /// `count` an hour per group, `count × factor` per range; `None` when `count` is 0.
+    pub fn per_hour(count: u32, factor: u32) -> Option<Self> {
+        Some(Self { group: RateLimiter::per_hour(count)?, range: RateLimiter::per_hour(count.saturating_mul(factor)) })
+    }
+
+    /// Takes one for `ip`'s group, then its range; or how long until one is back, and which
+    /// limit refused.
+    pub fn take(&self, ip: IpAddr, now: Instant) -> Result<(), (Duration, Over)> {
+        self.group.take(address_group(ip), now).map_err(|wait| (wait, Over::Group))?;
+        match &self.range {
+            Some(range) => range.take(address_range(ip), now).map_err(|wait| (wait, Over::Range)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -133,7 +196,7 @@ struct Bucket {
     at: Instant,
 }
 
-impl<K: std::hash::Hash + Eq> RateLimiter<K> {
+impl<K: std::hash::Hash + Eq + Clone> RateLimiter<K> {
     /// `None` when `rate` is 0 (the limit is off).
     pub fn per_second(rate: u32) -> Option<Self> {
         Self::with(rate as f64, rate as f64)
@@ -159,7 +222,7 @@ impl<K: std::hash::Hash + Eq> RateLimiter<K> {
             let (rate, capacity) = (self.rate, self.capacity);
             shard.buckets.retain(|_, b| b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * rate < capacity);
             if shard.buckets.len() * 2 > SHARD_CAP {
-                shard.buckets.clear();
+                evict_oldest(&mut shard.buckets, SHARD_CAP / 2);
             }
             shard.prune_at = (shard.buckets.len() * 2).max(PRUNE_AT);
         }
@@ -174,6 +237,17 @@ impl<K: std::hash::Hash + Eq> RateLimiter<K> {
         } else {
             Err(Duration::from_secs_f64((1.0 - b.tokens) / self.rate))
         }
+    }
+}
+
+/// Forgets the least recently used buckets until `keep` are left (exactly: ties are broken by
+/// the selection, never by dropping more).
+fn evict_oldest<K: std::hash::Hash + Eq + Clone>(buckets: &mut HashMap<K, Bucket>, keep: usize) {
+    let Some(drop) = buckets.len().checked_sub(keep).filter(|&n| n > 0) else { return };
+    let mut by_age: Vec<(Instant, K)> = buckets.iter().map(|(k, b)| (b.at, k.clone())).collect();
+    by_age.select_nth_unstable_by_key(drop - 1, |(at, _)| *at);
+    for (_, k) in &by_age[..drop] {
+        buckets.remove(k);
     }
 }
 
@@ -465,24 +539,98 @@ mod tests {
     }
 
     #[test]
-    fn a_shard_of_busy_buckets_never_holds_more_than_its_cap() {
-        let limiter = RateLimiter::per_second(2).unwrap();
+    fn a_full_shard_forgets_its_oldest_buckets_and_the_limit_holds() {
+        // An hourly budget: nothing of note refills during the test, so no bucket is ever idle.
+        let limiter = RateLimiter::per_hour(2).unwrap();
         let t0 = Instant::now();
-        let keys = keys_in_shard_0(SHARD_CAP);
-        let spent = keys[0];
-        assert_eq!(drain(&limiter, spent, t0), 2);
-        // None of these is ever full, so none can be pruned.
-        for &k in &keys[1..SHARD_CAP - 1] {
-            limiter.take(k, t0).unwrap();
+        let at = |i: usize| t0 + Duration::from_micros(i as u64);
+        let keys = keys_in_shard_0(SHARD_CAP + 1);
+        // SHARD_CAP - 2 keys with a token spent, oldest first; then the attacker's key, spent
+        // whole, and one more key.
+        for (i, &k) in keys[..SHARD_CAP - 2].iter().enumerate() {
+            limiter.take(k, at(i)).unwrap();
         }
-        assert!(limiter.take(spent, t0).is_err(), "still limited below the cap");
-        limiter.take(keys[SHARD_CAP - 1], t0).unwrap();
+        let spent = keys[SHARD_CAP - 2];
+        assert_eq!(drain(&limiter, spent, at(SHARD_CAP)), 2);
+        limiter.take(keys[SHARD_CAP - 1], at(SHARD_CAP)).unwrap();
         assert_eq!(shard_0(&limiter).buckets.len(), SHARD_CAP);
-        // The next request to the shard starts it afresh: memory stays bounded, the limit fails
-        // open (the spent key has its burst again).
-        assert!(limiter.take(spent, t0).is_ok());
-        assert_eq!(shard_0(&limiter).buckets.len(), 1);
-        assert_eq!(shard_0(&limiter).prune_at, PRUNE_AT);
+        // One more key: the shard is at its cap with no idle bucket, so its least recently used
+        // half is forgotten (it used to be emptied, which gave every key its budget back).
+        limiter.take(keys[SHARD_CAP], at(SHARD_CAP + 1)).unwrap();
+        {
+            let shard = shard_0(&limiter);
+            assert_eq!(shard.buckets.len(), SHARD_CAP / 2 + 1, "half kept, and the new key");
+            assert!(keys[..SHARD_CAP / 2].iter().all(|k| !shard.buckets.contains_key(k)), "the oldest forgotten");
+            assert!(keys[SHARD_CAP / 2..].iter().all(|k| shard.buckets.contains_key(k)), "the newest kept");
+        }
+        assert!(limiter.take(spent, at(SHARD_CAP + 2)).is_err(), "the spent key is still limited: it fails closed");
+        assert_eq!(drain(&limiter, keys[SHARD_CAP - 3], at(SHARD_CAP + 2)), 1, "a kept key keeps its state");
+        // Keys that never go idle cannot grow it past its cap, and the spent key stays spent
+        // while it keeps being used.
+        for (i, &k) in keys_in_shard_0(3 * SHARD_CAP)[SHARD_CAP + 1..].iter().enumerate() {
+            limiter.take(k, at(SHARD_CAP + 3 + 2 * i)).unwrap();
+            assert!(shard_0(&limiter).buckets.len() <= SHARD_CAP);
+            if i % 1000 == 0 {
+                assert!(limiter.take(spent, at(SHARD_CAP + 4 + 2 * i)).is_err(), "after {i} new keys");
+            }
+        }
+    }
+
+    #[test]
+    fn eviction_drops_exactly_the_oldest_even_when_times_tie() {
+        let t0 = Instant::now();
+        let mut buckets: HashMap<usize, Bucket> =
+            (0..10).map(|k| (k, Bucket { tokens: 0.0, at: t0 + ms(if k < 6 { 0 } else { k as u64 }) })).collect();
+        evict_oldest(&mut buckets, 7);
+        assert_eq!(buckets.len(), 7);
+        assert!((6..10).all(|k| buckets.contains_key(&k)), "the newer ones kept");
+        evict_oldest(&mut buckets, 9);
+        assert_eq!(buckets.len(), 7, "nothing to drop below the mark");
+    }
+
+    #[test]
+    fn ranges_are_ipv4_slash_16_and_ipv6_slash_48() {
+        let range = |s: &str| address_range(s.parse().unwrap()).to_string();
+        assert_eq!(range("192.0.2.77"), "192.0.0.0");
+        assert_eq!(range("192.0.255.1"), range("192.0.2.1"), "one /16");
+        assert_ne!(range("192.1.2.1"), range("192.0.2.1"));
+        assert_eq!(range("2001:db8:1:2:aaaa::1"), "2001:db8:1::");
+        assert_eq!(range("2001:db8:1:ffff::1"), range("2001:db8:1:2::1"), "one /48: 65,536 /64 groups");
+        assert_ne!(range("2001:db8:2::1"), range("2001:db8:1::1"));
+        assert_eq!(range("::ffff:192.0.2.77"), "192.0.0.0");
+    }
+
+    #[test]
+    fn a_range_of_many_groups_is_limited_as_a_whole_and_a_group_first() {
+        // 20 sign-ups an hour per /64, 10 times that per /48: a tunnel's 65,536 /64s give 200.
+        let limiter = GroupLimiter::per_hour(20, 10).unwrap();
+        let t0 = Instant::now();
+        let group = |n: u32| -> IpAddr { format!("2001:db8:7:{n:x}::1").parse().unwrap() };
+        let mut granted = 0;
+        for n in 0..1000 {
+            for _ in 0..20 {
+                if limiter.take(group(n), t0).is_ok() {
+                    granted += 1;
+                }
+            }
+        }
+        assert_eq!(granted, 200, "the /48's allowance, not 1,000 /64s' worth");
+        assert_eq!(limiter.take(group(5000), t0).unwrap_err().1, Over::Range);
+        // Another /48, and an IPv4 /24 of its own, are not affected.
+        assert!(limiter.take("2001:db8:8::1".parse().unwrap(), t0).is_ok());
+        // A group over its own limit spends none of its range's.
+        let limiter = GroupLimiter::per_hour(2, 2).unwrap();
+        let (a, b, c) = ("10.1.1.1".parse().unwrap(), "10.1.2.1".parse().unwrap(), "10.1.3.1".parse().unwrap());
+        assert!(limiter.take(a, t0).is_ok() && limiter.take(a, t0).is_ok());
+        for _ in 0..10 {
+            assert_eq!(limiter.take(a, t0).unwrap_err().1, Over::Group);
+        }
+        assert!(limiter.take(b, t0).is_ok() && limiter.take(b, t0).is_ok(), "the /16's other 2");
+        assert_eq!(limiter.take(c, t0).unwrap_err().1, Over::Range);
+        // Factor 0: groups only.
+        let limiter = GroupLimiter::per_second(1, 0).unwrap();
+        assert!((0..100u32).all(|n| limiter.take(IpAddr::from([10, 9, n as u8, 1]), t0).is_ok()));
+        assert!(GroupLimiter::per_hour(0, 10).is_none());
     }
 
     #[test]

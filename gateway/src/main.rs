@@ -335,10 +335,13 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let side_limits = ConnectionLimits { max_connections: 128, max_connections_per_ip: 128, ..limits };
     let proxy_router = coffer_gateway::auth_proxy::router(
         state.clone(),
-        cfg.auth_proxy_rate_limit_per_config,
-        cfg.auth_proxy_rate_limit_per_ip,
-        cfg.auth_proxy_otp_sends_per_ip_per_hour,
-        cfg.auth_proxy_signups_per_ip_per_hour,
+        coffer_gateway::auth_proxy::ProxyLimits {
+            per_config: cfg.auth_proxy_rate_limit_per_config,
+            per_ip: cfg.auth_proxy_rate_limit_per_ip,
+            otp_sends_per_ip_per_hour: cfg.auth_proxy_otp_sends_per_ip_per_hour,
+            signups_per_ip_per_hour: cfg.auth_proxy_signups_per_ip_per_hour,
+            range_factor: cfg.auth_proxy_range_factor,
+        },
     );
     // Browsers reach the auth proxy directly: more connections than the operations listener.
     let proxy_limits = ConnectionLimits { max_connections: 2048, max_connections_per_ip: 256, ..limits };

@@ -855,13 +855,21 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
     // A burst past the config's rate (15 per second), all 40 calls at once: some are refused
     // with a JSON 429 (RATE_LIMIT_EXCEEDED) and a Retry-After, and after waiting that long the
     // call passes again. Existence, not a count: how many pass depends on the machine's speed.
-    let url = format!("http://127.0.0.1:{}/v1/wallet_kit_config", stack.auth_proxy_port);
+    // Calls that do work for a visitor (a lookup), not the public wallet_kit_config, which is
+    // never charged to the configuration.
+    let url = format!("http://127.0.0.1:{}/v1/account", stack.auth_proxy_port);
+    let lookup = json!({"filterType": "PUBLIC_KEY", "filterValue": "02".to_string() + &"ab".repeat(32)}).to_string();
     let mut burst = tokio::task::JoinSet::new();
     for _ in 0..40 {
-        let (url, id) = (url.clone(), config_id.clone());
+        let (url, id, lookup) = (url.clone(), config_id.clone(), lookup.clone());
         burst.spawn(async move {
-            let r =
-                reqwest::Client::new().post(url).header("x-auth-proxy-config-id", id).body("{}").send().await.unwrap();
+            let r = reqwest::Client::new()
+                .post(url)
+                .header("x-auth-proxy-config-id", id)
+                .body(lookup)
+                .send()
+                .await
+                .unwrap();
             let header = |name: &str| r.headers().get(name).map(|v| v.to_str().unwrap().to_string());
             let (retry_after, content_type) = (header("retry-after"), header("content-type"));
             let status = r.status().as_u16();
@@ -883,8 +891,13 @@ async fn the_auth_proxy_serves_login_settings_cors_and_the_proxied_oauth_flow() 
         limited += 1;
     }
     assert!(limited > 0, "40 calls at once must pass a limit of 15 per second");
+    // The public settings are served meanwhile: they spend nothing of the configuration's rate.
+    for _ in 0..40 {
+        let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "{}").await;
+        assert_eq!(r.status(), 200, "wallet_kit_config: {:?}", r.text().await);
+    }
     tokio::time::sleep(Duration::from_secs(wait)).await;
-    let r = proxy_post(&stack, "/v1/wallet_kit_config", Some(&config_id), None, "{}").await;
+    let r = proxy_post(&stack, "/v1/account", Some(&config_id), None, &lookup).await;
     assert_eq!(r.status(), 200, "after Retry-After: {:?}", r.text().await);
 
     // Disabled: the config id no longer opens anything.

@@ -1377,3 +1377,186 @@ async fn limits_charge_accepted_requests_only(stack: &Stack, config_id: &str) {
     let (status, r) = proxy_post(stack, config_id, "otp_init_v2", body).await;
     assert_eq!(status, 200, "the address's allowance is whole: {r}");
 }
+
+/// Enables the auth proxy of the stack's organization for email logins from [`APP`]: its config id.
+async fn email_proxy(stack: &Stack) -> String {
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let r = submit(stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config = json!({ "allowedOrigins": [APP], "allowedAuthMethods": ["email"] });
+    let r =
+        submit(stack, &root, &org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", config).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string()
+}
+
+/// A signed proxy sign-up body of a fresh key, and that key.
+fn visitor_signup() -> (TurnkeyP256ApiKey, Value) {
+    let key = TurnkeyP256ApiKey::generate();
+    let body = json!({ "userName": "visitor", "apiKeys": [{ "apiKeyName": "k", "curveType": "API_KEY_CURVE_P256",
+        "publicKey": hex::encode(key.compressed_public_key()) }], "authenticators": [], "oauthProviders": [] });
+    let signed = signed_by(&key, body);
+    (key, signed)
+}
+
+/// The attack of issue 39's review: an anonymous visitor signs up and, with its sub-organization's
+/// root key, calls `init_otp` directly on the API to a1@…, a2@… — before, every send was charged
+/// only per contact and to the parent, so one sub-organization spent the parent's whole hourly
+/// allowance (40 here) in seconds and the proxy's own `otp_init` answered 429 to real users for
+/// the hour. Now a marked sub-organization sends 3 of its own (`sends_per_sub_organization_per_hour`,
+/// this stack), and all of them together at most 25% of the parent's (10 of 40); the proxy keeps
+/// the other 30. Decided by the enclave (typed refusal `OTP_RATE_LIMITED`).
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_sign_ups_cannot_spend_the_proxys_codes() {
+    let mail = std::env::temp_dir().join(format!("coffer-otp-share-{}", std::process::id()));
+    std::fs::create_dir_all(&mail).unwrap();
+    let stack = Stack::start_with(&[
+        ("COFFER_MAIL_DIR", mail.to_str().unwrap()),
+        ("COFFER_OTP_SENDS_PER_ORGANIZATION_PER_HOUR", "40"),
+        ("COFFER_OTP_SENDS_PER_SUB_ORGANIZATION_PER_HOUR", "3"),
+        ("COFFER_AUTH_PROXY_OTP_SENDS_PER_IP_PER_HOUR", "100"),
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "1000"),
+        coffer_tests::AUDIT_LOG,
+    ])
+    .await;
+    let config_id = email_proxy(&stack).await;
+    let mut n = 0;
+    let mut sent_by_subs = 0;
+    let mut subs = 0;
+    loop {
+        let (key, body) = visitor_signup();
+        let (status, r) = proxy_post(&stack, &config_id, "signup_v2", body).await;
+        assert_eq!(status, 200, "{r}");
+        subs += 1;
+        let sub = r["organizationId"].as_str().unwrap().to_string();
+        let as_sub = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap());
+        let mut own = 0;
+        let refused = loop {
+            n += 1;
+            let mut intent = init(&format!("a{n}@catchall.test"), None, None, None);
+            intent.app_name = String::new();
+            match as_sub.init_otp(sub.clone(), Stack::now_ms(), intent).await {
+                Ok(_) => {
+                    own += 1;
+                    assert!(own <= 3, "a sub-organization sends 3 of its own an hour, not the parent's 40");
+                }
+                Err(e) => break Err::<(), _>(e),
+            }
+        };
+        stack.refused_for(refused, 429, "RATE_LIMIT_EXCEEDED", Reason::OtpRateLimited);
+        sent_by_subs += own;
+        if own == 0 {
+            break;
+        }
+        assert!(subs < 10, "the sub-organizations' share ends");
+    }
+    assert_eq!(sent_by_subs, 10, "every sub-organization together: 25% of the parent's 40");
+    assert_eq!(subs, 5, "3 + 3 + 3 + 1, then a fresh sign-up has none");
+    // The proxy's own login codes keep the other 30.
+    for i in 0..30 {
+        let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": format!("real-user-{i}@example.test") });
+        let (status, r) = proxy_post(&stack, &config_id, "otp_init_v2", body).await;
+        assert_eq!(status, 200, "the proxy's send {i}: {r}");
+    }
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": "one-too-many@example.test" });
+    let answer = proxy_post(&stack, &config_id, "otp_init_v2", body).await;
+    stack.refused_for(answer, 429, "RATE_LIMIT_EXCEEDED", Reason::OtpRateLimited);
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&mail);
+}
+
+/// One auth proxy call from the source address `from` (any 127/8 address reaches the loopback
+/// listener): how clients of one /24 or /16 are told apart from others on one machine.
+async fn proxy_post_from(stack: &Stack, from: &str, config_id: &str, path: &str, body: String) -> (u16, Value) {
+    let client = reqwest::Client::builder().local_address(from.parse::<std::net::IpAddr>().ok()).build().unwrap();
+    let r = client
+        .post(format!("http://127.0.0.1:{}/v1/{path}", stack.auth_proxy_port))
+        .header("x-auth-proxy-config-id", config_id)
+        .header("origin", APP)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// The proxy's per-second limits: five addresses of one /24 (127.0.0.2–6; an IPv6 /64 alike, see
+/// `limits::address_group`) share one address group's 20 a second, and their public reads
+/// (`wallet_kit_config`) and refused calls spend nothing of the configuration's 10 a second
+/// (this stack), so a visitor elsewhere is served right after. Before, each address had its own
+/// 20 and every request was charged to the configuration before its body was read: 100 reads a
+/// second emptied the configuration's rate and every visitor got 429. Then sign-ups per range: 2 an
+/// hour per /24 here, and 3 times that per /16 (`auth_proxy_range_factor`), so four /24s of one
+/// /16 (as 65,536 /64s of one tunnel's /48) get 6, not 8.
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_limits_count_address_groups_and_ranges_and_only_work_for_the_configuration() {
+    let stack = Stack::start_with(&[
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_CONFIG", "10"),
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "20"),
+        ("COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR", "2"),
+        ("COFFER_AUTH_PROXY_RANGE_FACTOR", "3"),
+        coffer_tests::AUDIT_LOG,
+    ])
+    .await;
+    let config_id = email_proxy(&stack).await;
+    let stack = std::sync::Arc::new(stack);
+    let started = std::time::Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for a in 2..=6 {
+        for i in 0..40 {
+            let (stack, config_id) = (stack.clone(), config_id.clone());
+            flood.spawn(async move {
+                let from = format!("127.0.0.{a}");
+                // Public reads, and calls refused before any work (a body that is no object).
+                let (path, body) = if i % 2 == 0 { ("wallet_kit_config", "{}") } else { ("account", "[1]") };
+                proxy_post_from(&stack, &from, &config_id, path, body.into()).await
+            });
+        }
+    }
+    let (mut served, mut limited) = (0, 0);
+    while let Some(r) = flood.join_next().await {
+        let (status, body) = r.unwrap();
+        match status {
+            200 | 400 => served += 1,
+            _ => {
+                stack.refused_by_gateway((status, body), 429, "RATE_LIMIT_EXCEEDED", "for this address,");
+                limited += 1;
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(served + limited, 200);
+    assert!(
+        served as f64 <= 20.0 + 20.0 * elapsed + 1.0,
+        "one /24 shares one group's 20 a second: {served} served in {elapsed:.2}s"
+    );
+    // A visitor elsewhere: the configuration's whole burst of work is there.
+    for i in 0..10 {
+        let key = hex::encode(TurnkeyP256ApiKey::generate().compressed_public_key());
+        let body = json!({ "filterType": "PUBLIC_KEY", "filterValue": key }).to_string();
+        let (status, r) = proxy_post_from(&stack, "127.1.0.1", &config_id, "account", body).await;
+        assert_eq!(status, 200, "the visitor's lookup {i} after the flood: {r}");
+    }
+
+    // Sign-ups: 2 per /24, 6 per /16 (once the configuration's second, spent above, is back).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut accepted = 0;
+    for c in 1..=4 {
+        for _ in 0..2 {
+            let from = format!("127.2.{c}.1");
+            let (_, body) = visitor_signup();
+            let (status, r) = proxy_post_from(&stack, &from, &config_id, "signup_v2", body.to_string()).await;
+            if accepted < 6 {
+                assert_eq!(status, 200, "sign-up {accepted} from {from}: {r}");
+                accepted += 1;
+            } else {
+                stack.refused_by_gateway((status, r), 429, "RATE_LIMIT_EXCEEDED", "address range's sign-ups");
+            }
+        }
+    }
+    assert_eq!(accepted, 6);
+    // Another /16 signs up as before.
+    let (_, body) = visitor_signup();
+    let (status, r) = proxy_post_from(&stack, "127.3.0.1", &config_id, "signup_v2", body.to_string()).await;
+    assert_eq!(status, 200, "{r}");
+}

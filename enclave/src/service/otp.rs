@@ -293,7 +293,7 @@ fn prepare(
         }
         _ => {}
     }
-    charge_send(authority, &otp.settings, a, &sender.allowance, &params.contact, &params.user_identifier)?;
+    charge_send(authority, &otp.settings, a, &sender, &params.contact, &params.user_identifier)?;
     let now = now_ms();
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
     let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
@@ -348,6 +348,12 @@ fn prepare(
 struct Sender {
     /// The organization whose hourly allowance (`sends_per_organization_per_hour`) is charged.
     allowance: String,
+    /// For a marked sub-organization's own send (not its parent's credential acting for it), the
+    /// sub-organization: charged first its own small allowance
+    /// (`sends_per_sub_organization_per_hour`), then its share of the parent's that every marked
+    /// sub-organization of that parent spends together (`sub_organizations_share_percent`), so
+    /// that the rest of the parent's allowance (its auth proxy's login codes) is beyond their reach.
+    marked: Option<String>,
     /// For a marked sub-organization, the only app name its messages carry (the parent's name).
     brand: Option<String>,
 }
@@ -366,12 +372,12 @@ const CUSTOMISATION: &[&str] = &[
 /// A parent's own credential acting for its sub-organization brands as it likes, as the parent.
 fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveError> {
     let org = a.activity.organization_id.as_str();
-    let own = Sender { allowance: org.to_string(), brand: None };
+    let own = Sender { allowance: org.to_string(), marked: None, brand: None };
     let Some(loaded) = authority.rules().load(org)? else { return Ok(own) };
     let o = &loaded.state.organization;
     let Some(parent) = o.parent_id.as_deref().filter(|_| o.auth_proxy_signup) else { return Ok(own) };
     if a.via_parent {
-        return Ok(Sender { allowance: parent.to_string(), brand: None });
+        return Ok(Sender { allowance: parent.to_string(), marked: None, brand: None });
     }
     // The parent's auth proxy app name as the enclave recorded it (update_auth_proxy_config),
     // else the parent's name.
@@ -388,7 +394,7 @@ fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveErr
         .unwrap_or_default();
     let brand =
         if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) { "Coffer".into() } else { name };
-    Ok(Sender { allowance: parent.to_string(), brand: Some(brand) })
+    Ok(Sender { allowance: parent.to_string(), marked: Some(org.to_string()), brand: Some(brand) })
 }
 
 /// Whether a body's customisation field is set: a non-empty text, or an object with any such value.
@@ -449,17 +455,18 @@ impl Sender {
 }
 
 /// Counts one message to `contact` before anything is sent, in the store every enclave shares:
-/// per contact, per user identifier, then per organization (an hour each). The same stamped body is
-/// never counted twice.
+/// per contact, per user identifier, for a marked sub-organization's own send its allowance and
+/// then its parent's sub-organizations' share, then per organization (an hour each). The same
+/// stamped body is never counted twice.
 fn charge_send(
     authority: &Authority,
     s: &OtpSettings,
     a: &Authorized,
-    allowance: &str,
+    sender: &Sender,
     contact: &str,
     user_identifier: &str,
 ) -> Result<(), EnclaveError> {
-    let org = allowance;
+    let org = sender.allowance.as_str();
     // Every spelling of one mailbox (quoted, capitals, +tag) or phone number shares its allowance.
     let canonical = coffer_auth::verification_token::canonical_contact(contact)
         .ok_or_else(|| EnclaveError::invalid("contact: not an email address or an E.164 phone number"))?;
@@ -468,6 +475,13 @@ fn charge_send(
     if !user_identifier.is_empty() {
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
         scopes.push((format!("otp-sends/user-identifier/{id}"), s.sends_per_contact_per_hour));
+    }
+    // A sub-organization anyone can get by signing up spends a few of its own, then at most its
+    // share of the parent's together with every other such sub-organization: the parent's auth
+    // proxy (its own otp_init) keeps the rest whatever visitors do with the keys they were given.
+    if let Some(sub) = &sender.marked {
+        scopes.push((format!("otp-sends/marked-sub-organization/{sub}"), s.sends_per_sub_organization_per_hour));
+        scopes.push((format!("otp-sends/marked-sub-organizations-of/{org}"), s.sub_organizations_share()));
     }
     // The organization's last: a send refused for its contact or identifier spends none of it.
     scopes.push((format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour));
@@ -524,7 +538,7 @@ pub fn email_grant(
     let wanted = email.to_string().to_ascii_lowercase();
     let user_id = user_with_contact(a, &loaded.state, "OTP_TYPE_EMAIL", &wanted)
         .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
-    charge_send(authority, &otp.settings, a, &sender.allowance, &wanted, "")?;
+    charge_send(authority, &otp.settings, a, &sender, &wanted, "")?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
     let credential_type = if a.activity.activity_type == crate::sessions::EMAIL_AUTH {
         "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256"
