@@ -3048,8 +3048,9 @@ async fn proxy_sign_ups_brand_nothing(
     init(&visitor, &cert, init_body(&sub, ts + 1, json!({}))).await.unwrap();
     assert_eq!(mails(), before + 1);
 
-    // Its sends count against the parent's allowance (6 an hour on this stack): once it is spent,
-    // a fresh sign-up has none of its own.
+    // Its sends count against the parent's allowance (6 an hour on this stack), of which all the
+    // parent's proxy sign-ups together may spend 25% (one code): once that is spent, a fresh
+    // sign-up has none of its own.
     let mut n = 0;
     let spent = loop {
         n += 1;
