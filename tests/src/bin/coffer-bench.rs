@@ -1615,8 +1615,8 @@ async fn policy_cost(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value,
 /// threads, 1 per organization), organization A has [`ISOLATION_POLICIES`] expensive ALLOW
 /// policies (a quantifier over a 3,000-item literal list each, within the step budget) and B one
 /// cheap one (A's text is past the default cap on an organization's, raised here). Measured: one
-/// dry run of A alone (the decision's budget ends it after some twenty of A's policies), then `/healthz` and B's dry run while
-/// [`ISOLATION_RUNS`] of A's run at once. Targets (reported): B and `/healthz` answer before any
+/// dry run of A alone (the decision's budget ends it after about ten of A's policies), then
+/// `/healthz` and B's dry run while [`ISOLATION_RUNS`] of A's run at once. Targets (reported): B and `/healthz` answer before any
 /// of A's runs ends (they do not wait for A's evaluation), and one clause of A's, near the step
 /// budget, takes well within the evaluator's wall-clock backstop (`coffer_policy::EVAL_DEADLINE`,
 /// [`EVAL_DEADLINE_MS`]: the step budget, not the clock, ends costly evaluations).
