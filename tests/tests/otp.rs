@@ -1465,6 +1465,49 @@ async fn proxy_sign_ups_cannot_spend_the_proxys_codes() {
     let _ = std::fs::remove_dir_all(&mail);
 }
 
+/// A contact's own logins through the proxy keep their allowance whatever signed-up
+/// sub-organizations send it: their direct `init_otp` counts per contact in a lane of its own.
+/// Before, a visitor's sub-organization spent the contact's 3 (this stack) and the victim's next
+/// proxy login was a 429 for the hour.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_contact_keeps_its_proxy_logins_whatever_sub_organizations_send_it() {
+    let mail = std::env::temp_dir().join(format!("coffer-otp-lane-{}", std::process::id()));
+    std::fs::create_dir_all(&mail).unwrap();
+    let stack = Stack::start_with(&[
+        ("COFFER_MAIL_DIR", mail.to_str().unwrap()),
+        ("COFFER_OTP_SENDS_PER_CONTACT_PER_HOUR", "3"),
+        coffer_tests::AUDIT_LOG,
+    ])
+    .await;
+    let config_id = email_proxy(&stack).await;
+    let (key, body) = visitor_signup();
+    let (status, r) = proxy_post(&stack, &config_id, "signup_v2", body).await;
+    assert_eq!(status, 200, "{r}");
+    let sub = r["organizationId"].as_str().unwrap().to_string();
+    let as_sub = stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap());
+    let victim = "victim@example.test";
+    for i in 0..3 {
+        let mut intent = init(victim, None, None, None);
+        intent.app_name = String::new();
+        as_sub.init_otp(sub.clone(), Stack::now_ms(), intent).await.unwrap_or_else(|e| panic!("send {i}: {e:?}"));
+    }
+    let mut intent = init(victim, None, None, None);
+    intent.app_name = String::new();
+    let refused = as_sub.init_otp(sub.clone(), Stack::now_ms(), intent).await;
+    stack.refused_for(refused, 429, "RATE_LIMIT_EXCEEDED", Reason::OtpRateLimited);
+    // The victim's own logins: their 3 are untouched.
+    for i in 0..3 {
+        let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": victim });
+        let (status, r) = proxy_post(&stack, &config_id, "otp_init_v2", body).await;
+        assert_eq!(status, 200, "the victim's login code {i}: {r}");
+    }
+    let body = json!({ "otpType": "OTP_TYPE_EMAIL", "contact": victim });
+    let answer = proxy_post(&stack, &config_id, "otp_init_v2", body).await;
+    stack.refused_for(answer, 429, "RATE_LIMIT_EXCEEDED", Reason::OtpRateLimited);
+    drop(stack);
+    let _ = std::fs::remove_dir_all(&mail);
+}
+
 /// One auth proxy call from the source address `from` (any 127/8 address reaches the loopback
 /// listener): how clients of one /24 or /16 are told apart from others on one machine.
 async fn proxy_post_from(stack: &Stack, from: &str, config_id: &str, path: &str, body: String) -> (u16, Value) {

@@ -455,7 +455,8 @@ impl Sender {
 }
 
 /// Counts one message to `contact` before anything is sent, in the store every enclave shares:
-/// per contact, per user identifier, for a marked sub-organization's own send its allowance and
+/// per contact, per user identifier (a marked sub-organization's own sends in a lane of their
+/// own), for a marked sub-organization's own send its allowance and
 /// then its parent's sub-organizations' share, then per organization (an hour each). The same
 /// stamped body is never counted twice.
 fn charge_send(
@@ -471,10 +472,14 @@ fn charge_send(
     let canonical = coffer_auth::verification_token::canonical_contact(contact)
         .ok_or_else(|| EnclaveError::invalid("contact: not an email address or an E.164 phone number"))?;
     let contact_key = hex::encode(Sha256::digest(canonical.as_bytes()));
-    let mut scopes = vec![(format!("otp-sends/contact/{contact_key}"), s.sends_per_contact_per_hour)];
+    // A marked sub-organization's own sends count per contact in a lane of their own: however
+    // many sign-ups a visitor makes, a contact's codes through the parent's proxy (its logins)
+    // keep their allowance, and its inbox gets at most one allowance from each lane.
+    let lane = if sender.marked.is_some() { "marked-sub-organizations/" } else { "" };
+    let mut scopes = vec![(format!("otp-sends/contact/{lane}{contact_key}"), s.sends_per_contact_per_hour)];
     if !user_identifier.is_empty() {
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
-        scopes.push((format!("otp-sends/user-identifier/{id}"), s.sends_per_contact_per_hour));
+        scopes.push((format!("otp-sends/user-identifier/{lane}{id}"), s.sends_per_contact_per_hour));
     }
     // A sub-organization anyone can get by signing up spends a few of its own, then at most its
     // share of the parent's together with every other such sub-organization: the parent's auth
