@@ -202,11 +202,6 @@ impl DecisionBudget {
         self.max_steps.saturating_sub(self.spent)
     }
 
-    /// Whether the budget has run out (of steps, or of time).
-    pub fn exhausted(&self) -> bool {
-        self.remaining() == 0 || Instant::now() >= self.deadline
-    }
-
     /// Whether some clause could not be evaluated because the decision's budget had run out
     /// (not its own): the decision did not read all of its policies.
     pub fn ran_out(&self) -> bool {
