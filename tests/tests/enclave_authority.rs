@@ -3066,3 +3066,11 @@ async fn proxy_sign_ups_brand_nothing(
         init(&fresh_key, &fresh_cert, init_body(&fresh, Stack::now_ms(), json!({ "contact": "other@example.test" })));
     refused(r.await, tonic::Code::ResourceExhausted, pb::RefusalReason::OtpRateLimited);
 }
+
+// ---- Seam exploits of issue 40 (docs/one-decider.md §5), one section per family. ----
+
+// -- E1–E3: ids the gateway chose cannot overwrite what a key is. --
+
+// -- E8: a key is used only while the enclave's state holds it. --
+
+// -- E9–E11: sessions follow the credential that opened them; sub-organizations share their parent's replay quota. --
