@@ -250,14 +250,19 @@ impl LogLink {
     }
 }
 
-/// The log's head as the enclave read it from its own store: `{organizationId, seq, head}`.
-pub fn log_head_payload(timestamp_ms: i64, organization_id: &str, seq: u64, head: &str) -> String {
-    payload(
-        LOG_HEAD,
-        timestamp_ms,
-        "activityLogHead",
-        json!({ "organizationId": organization_id, "seq": seq.to_string(), "head": head }),
-    )
+/// The log's head as the enclave read it from its own store: `{organizationId, seq, head}`, and
+/// the `nonce` its verifier chose, when one did (so that this head answers that request only).
+pub fn log_head_payload(timestamp_ms: i64, organization_id: &str, seq: u64, head: &str, nonce: Option<&str>) -> String {
+    let mut body = json!({ "organizationId": organization_id, "seq": seq.to_string(), "head": head });
+    if let Some(nonce) = nonce {
+        body["nonce"] = Value::from(nonce);
+    }
+    payload(LOG_HEAD, timestamp_ms, "activityLogHead", body)
+}
+
+/// Whether `nonce` is one a verifier may ask a head for: 16 to 128 hex digits (64 bits or more).
+pub fn is_log_nonce(nonce: &str) -> bool {
+    (16..=128).contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// An exported log: the signed head, the links in order, and the activities as the API serves them.
@@ -265,6 +270,10 @@ pub fn log_head_payload(timestamp_ms: i64, organization_id: &str, seq: u64, head
 #[serde(rename_all = "camelCase")]
 pub struct ExportedLog {
     pub organization_id: String,
+    /// The nonce the exporter asked the head for (absent in exports made without one): the head
+    /// must carry it, or it answered an earlier request and may hide newer links.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
     pub head: AppProof,
     pub links: Vec<AppProof>,
     pub activities: Vec<Value>,
@@ -277,6 +286,12 @@ pub struct LogVerified {
     /// Completed, failed or rejected activities the log has no link for (recorded before the log
     /// existed, or while the enclave could not be reached): listed, not a break of the chain.
     pub unlogged: Vec<String>,
+    /// When the enclave signed the head (its clock, ms since the epoch).
+    pub head_timestamp_ms: i64,
+    /// The head carries the export's nonce: it was signed for this export, so no link the
+    /// enclave had made by then is missing. `false`: an export without a nonce, whose head may be
+    /// any earlier one (never `false` for an export with one: a head without it does not verify).
+    pub fresh: bool,
 }
 
 /// Where an exported log stops verifying: the first link (by position) that does not, and why.
@@ -308,6 +323,18 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
     if head_body.get("organizationId").and_then(Value::as_str) != Some(log.organization_id.as_str()) {
         return Err(fault(0, "", "the signed head is another organization's".into()));
     }
+    if let Some(nonce) = &log.nonce {
+        if head_body.get("nonce").and_then(Value::as_str) != Some(nonce.as_str()) {
+            return Err(fault(
+                0,
+                "",
+                "the signed head does not carry the export's nonce: it answered another request and may hide newer links"
+                    .into(),
+            ));
+        }
+    }
+    let head_timestamp_ms =
+        head.get("timestampMs").and_then(Value::as_str).and_then(|t| t.parse().ok()).unwrap_or_default();
     let activities: std::collections::HashMap<&str, &Value> =
         log.activities.iter().filter_map(|a| Some((a.get("id")?.as_str()?, a))).collect();
     let mut previous = genesis(&log.organization_id);
@@ -397,7 +424,7 @@ pub fn verify_log(log: &ExportedLog, key: &[u8; 65]) -> Result<LogVerified, LogF
         .filter(|id| !seen.contains(*id))
         .map(str::to_string)
         .collect();
-    Ok(LogVerified { links: count, unlogged })
+    Ok(LogVerified { links: count, unlogged, head_timestamp_ms, fresh: log.nonce.is_some() })
 }
 
 #[cfg(test)]
@@ -515,6 +542,34 @@ mod tests {
         assert_ne!(json_digest(&viewer), json_digest(&v));
     }
 
+    const NONCE: &str = "00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn a_head_answers_only_the_nonce_it_was_signed_for() {
+        let (log, point, sk) = log_of(3);
+        let head_of = |nonce: Option<&str>| {
+            let body: Value = serde_json::from_str(&log.head.proof_payload).unwrap();
+            let head = body["activityLogHead"]["head"].as_str().unwrap().to_string();
+            sign(&sk, &point, log_head_payload(6, &log.organization_id, 3, &head, nonce))
+        };
+        // An old head (signed for another request, or for none) refused for an export that asked
+        // for its own nonce.
+        for old in [None, Some("ffeeddccbbaa99887766554433221100")] {
+            let replayed = ExportedLog { head: head_of(old), ..log.clone() };
+            let fault = verify_log(&replayed, &point).unwrap_err();
+            assert_eq!(fault.seq, 0, "{fault}");
+            assert!(fault.reason.contains("does not carry the export's nonce"), "{fault}");
+        }
+        // An export made without one verifies, but says it cannot tell how fresh its head is.
+        let unasked = ExportedLog { nonce: None, head: head_of(None), ..log.clone() };
+        assert_eq!(
+            verify_log(&unasked, &point).unwrap(),
+            LogVerified { links: 3, unlogged: vec![], head_timestamp_ms: 6, fresh: false }
+        );
+        assert!(is_log_nonce(NONCE) && !is_log_nonce("0011") && !is_log_nonce(&"0".repeat(129)));
+        assert!(!is_log_nonce("00112233445566778899aabbccddeefg"));
+    }
+
     fn log_of(n: usize) -> (ExportedLog, [u8; 65], p256::ecdsa::SigningKey) {
         let (sk, point) = key();
         let org = "org-1";
@@ -542,8 +597,8 @@ mod tests {
             activities.push(activity);
             previous = head;
         }
-        let head = sign(&sk, &point, log_head_payload(6, org, n as u64, &previous));
-        (ExportedLog { organization_id: org.into(), head, links, activities }, point, sk)
+        let head = sign(&sk, &point, log_head_payload(6, org, n as u64, &previous, Some(NONCE)));
+        (ExportedLog { organization_id: org.into(), nonce: Some(NONCE.into()), head, links, activities }, point, sk)
     }
 
     #[test]
@@ -580,7 +635,10 @@ mod tests {
     #[test]
     fn an_honest_log_verifies_and_each_kind_of_tampering_names_the_activity() {
         let (log, point, sk) = log_of(5);
-        assert_eq!(verify_log(&log, &point).unwrap(), LogVerified { links: 5, unlogged: vec![] });
+        assert_eq!(
+            verify_log(&log, &point).unwrap(),
+            LogVerified { links: 5, unlogged: vec![], head_timestamp_ms: 6, fresh: true }
+        );
 
         let mut edited = log.clone();
         edited.activities[2]["result"]["n"] = json!(99);

@@ -221,12 +221,17 @@ pub fn log_head(
     hsm: &Hsm,
     authority: &Authority,
     organization_id: &str,
+    nonce: &str,
 ) -> Result<pb::GetLogHeadResponse, EnclaveError> {
     if organization_id.is_empty() {
         return Err(EnclaveError::invalid("organization_id is required"));
     }
+    if !nonce.is_empty() && !proof::is_log_nonce(nonce) {
+        return Err(EnclaveError::invalid("a log head's nonce is 16 to 128 hex digits"));
+    }
     let (_, store) = authority.activity_log();
     let (links, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
-    let proof = signed(hsm, proof::log_head_payload(now_ms(), organization_id, links, &head))?;
+    let nonce = Some(nonce).filter(|n| !n.is_empty());
+    let proof = signed(hsm, proof::log_head_payload(now_ms(), organization_id, links, &head, nonce))?;
     Ok(pb::GetLogHeadResponse { head: Some(proof), seq: links })
 }

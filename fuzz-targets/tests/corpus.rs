@@ -503,8 +503,15 @@ fn activity_log_seed() -> Vec<u8> {
         activities.push(activity);
         previous = head;
     }
-    let head = sign(proof::log_head_payload(2, "o", 3, &previous));
-    serde_json::to_vec(&proof::ExportedLog { organization_id: "o".into(), head, links, activities }).unwrap()
+    let head = sign(proof::log_head_payload(2, "o", 3, &previous, Some("00112233445566778899aabbccddeeff")));
+    serde_json::to_vec(&proof::ExportedLog {
+        organization_id: "o".into(),
+        nonce: Some("00112233445566778899aabbccddeeff".into()),
+        head,
+        links,
+        activities,
+    })
+    .unwrap()
 }
 
 /// Every seed: (target, name, bytes, how far it gets).

@@ -35,17 +35,19 @@ impl ApiKeyFile {
 }
 
 /// Reads the whole log of `organization_id` from the gateway at `base_url`: the head the enclave
-/// signs first, then every link up to it, with the activities as the API serves them (and the
-/// finished activities no link names).
+/// signs first (for a nonce chosen here, so that the gateway cannot answer with an older head),
+/// then every link up to it, with the activities as the API serves them (and the finished
+/// activities no link names).
 pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> anyhow::Result<ExportedLog> {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
     let client = reqwest::Client::new();
     let url = format!("{}/public/v1/query/coffer_list_activity_log", base_url.trim_end_matches('/'));
     let (mut head, mut head_seq, mut after) = (None, 0u64, 0u64);
     let (mut links, mut activities) = (Vec::new(), Vec::new());
     loop {
-        let body =
-            json!({ "organizationId": organization_id, "afterSeq": after.to_string(), "limit": PAGE.to_string() })
-                .to_string();
+        let body = json!({ "organizationId": organization_id, "afterSeq": after.to_string(), "limit": PAGE.to_string(),
+                "nonce": nonce })
+        .to_string();
         let response = client
             .post(&url)
             .header("X-Stamp", coffer_auth::operator::stamp(&key.0, body.as_bytes()))
@@ -86,7 +88,7 @@ pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> 
         }
     }
     let head = head.context("no head")?;
-    Ok(ExportedLog { organization_id: organization_id.to_string(), head, links, activities })
+    Ok(ExportedLog { organization_id: organization_id.to_string(), nonce: Some(nonce), head, links, activities })
 }
 
 /// The proof key's point from `hex`: 65 bytes, or the 130 of an app proof's `publicKey`.

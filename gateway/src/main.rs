@@ -86,13 +86,18 @@ enum Command {
         out: PathBuf,
     },
     /// Check an exported activity log offline against the enclave's proof key (hex, from
-    /// `/public/v1/discovery/keys` `proofPublicKey`): prints what verified, or the first activity
-    /// that does not and why (exit status 1).
+    /// `/public/v1/discovery/keys` `proofPublicKey`): prints what verified, how old the signed
+    /// head is and whether it was signed for this export (`fresh`), or the first activity that
+    /// does not verify and why (exit status 1). An export whose head carries no nonce of its own
+    /// (made by other means than `export-log`) may end at an old head: `fresh` is "unknown" and
+    /// the exit status 2, unless `--allow-stale`.
     VerifyLog {
         #[arg(long)]
         log: PathBuf,
         #[arg(long)]
         proof_key: String,
+        #[arg(long)]
+        allow_stale: bool,
     },
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
@@ -129,11 +134,24 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::VerifyLog { log, proof_key } => {
+        Command::VerifyLog { log, proof_key, allow_stale } => {
             let key = coffer_gateway::activity_log::proof_key(&proof_key)?;
             match coffer_gateway::activity_log::verify_file(&log, &key)? {
                 Ok(v) => {
-                    println!("{}", serde_json::json!({ "verified": true, "links": v.links, "unlogged": v.unlogged }));
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                    let fresh = if v.fresh { serde_json::json!(true) } else { serde_json::json!("unknown") };
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "verified": true, "links": v.links, "unlogged": v.unlogged, "fresh": fresh,
+                            "headAgeMs": now_ms.saturating_sub(v.head_timestamp_ms),
+                        })
+                    );
+                    if !v.fresh && !allow_stale {
+                        std::process::exit(2);
+                    }
                     Ok(())
                 }
                 Err(f) => {

@@ -243,17 +243,28 @@ async fn export_log(stack: &Stack, dir: &std::path::Path, round: &str) -> (std::
     (out, discovery["proofPublicKey"].as_str().unwrap().to_string())
 }
 
-/// `coffer-gateway verify-log` on the file `log` with the proof key `key`: its exit status and
-/// the verdict it printed.
-fn verify_log_cli(log: &std::path::Path, key: &str) -> (Option<i32>, Value) {
+/// `coffer-gateway verify-log` on the file `log` with the proof key `key` (and `extra`
+/// arguments): its exit status and the verdict it printed, whose `headAgeMs` (checked to be the
+/// age of a head signed in the last ten minutes) is left out.
+fn verify_log_cli_with(log: &std::path::Path, key: &str, extra: &[&str]) -> (Option<i32>, Value) {
     let output = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
         .args(["verify-log", "--log", log.to_str().unwrap(), "--proof-key", key])
+        .args(extra)
         .output()
         .unwrap();
-    let verdict: Value = serde_json::from_slice(&output.stdout)
+    let mut verdict: Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|_| panic!("verify-log printed no JSON: {}", String::from_utf8_lossy(&output.stderr)));
-    assert_eq!(output.status.success(), verdict["verified"] == true, "{verdict}");
+    if verdict["verified"] == true {
+        let age = verdict.as_object_mut().unwrap().remove("headAgeMs");
+        assert!(age.as_ref().and_then(Value::as_i64).is_some_and(|a| (0..600_000).contains(&a)), "{age:?}");
+    }
+    let accepted = verdict["verified"] == true && (verdict["fresh"] == true || extra.contains(&"--allow-stale"));
+    assert_eq!(output.status.success(), accepted, "{verdict}");
     (output.status.code(), verdict)
+}
+
+fn verify_log_cli(log: &std::path::Path, key: &str) -> (Option<i32>, Value) {
+    verify_log_cli_with(log, key, &[])
 }
 
 /// Exports the stack's log with `coffer-gateway export-log` and checks it with `verify-log`
@@ -311,7 +322,55 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     let links = ids.len() as u64;
 
     let honest = export_and_verify(&stack, "honest").await;
-    assert_eq!(honest, json!({ "verified": true, "links": links, "unlogged": [] }));
+    assert_eq!(honest, json!({ "verified": true, "links": links, "unlogged": [], "fresh": true }));
+
+    // An old head cannot stand for the log now (issue 40, E6): a gateway answering a new export
+    // with an earlier export's head and links (hiding what came after) is caught by the nonce the
+    // exporter chose; an export made without a nonce verifies only as `fresh: "unknown"`.
+    let dir = std::env::temp_dir().join(format!("coffer-log-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (old_file, key) = export_log(&stack, &dir, "old").await;
+    client
+        .create_user_tag(
+            org.clone(),
+            client.current_timestamp(),
+            CreateUserTagIntent { user_tag_name: "later".into(), user_ids: vec![] },
+        )
+        .await
+        .unwrap();
+    let (new_file, _) = export_log(&stack, &dir, "new").await;
+    let read = |path: &std::path::Path| serde_json::from_slice::<Value>(&std::fs::read(path).unwrap()).unwrap();
+    let (old, new) = (read(&old_file), read(&new_file));
+    assert_eq!(new["links"].as_array().unwrap().len() as u64, links + 1);
+    assert!(new["nonce"].as_str().is_some_and(|n| n.len() == 32 && n != old["nonce"]), "{}", new["nonce"]);
+    let write = |name: &str, log: &Value| {
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::to_vec(log).unwrap()).unwrap();
+        path
+    };
+    let mut stale = old.clone();
+    stale["nonce"] = new["nonce"].clone();
+    let (status, verdict) = verify_log_cli(&write("stale.json", &stale), &key);
+    assert_eq!((status, verdict["verified"].as_bool(), verdict["seq"].as_u64()), (Some(1), Some(false), Some(0)));
+    assert!(verdict["reason"].as_str().unwrap().contains("does not carry the export's nonce"), "{verdict}");
+    let mut unasked = old.clone();
+    unasked.as_object_mut().unwrap().remove("nonce");
+    let unasked = write("unasked.json", &unasked);
+    let verdict = json!({ "verified": true, "links": links, "unlogged": [], "fresh": "unknown" });
+    assert_eq!(verify_log_cli(&unasked, &key), (Some(2), verdict.clone()));
+    assert_eq!(verify_log_cli_with(&unasked, &key, &["--allow-stale"]), (Some(0), verdict));
+    let _ = std::fs::remove_dir_all(&dir);
+    for nonce in ["0011", "zz112233445566778899aabbccddeeff"] {
+        let body = json!({ "organizationId": org, "nonce": nonce }).to_string();
+        let r =
+            stack.post_raw("/public/v1/query/coffer_list_activity_log", body.as_bytes(), Some(&stack.api_key())).await;
+        assert_eq!(
+            (r.status, r.json["message"].as_str()),
+            (400, Some("nonce must be 16 to 128 hex digits")),
+            "{}",
+            r.text
+        );
+    }
 
     // Edited: a signature replaced in the third activity's result.
     let edited = &ids[2];
@@ -440,7 +499,14 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     let head = || {
         let mut enclave = enclave.clone();
         let org = org.clone();
-        async move { enclave.get_log_head(pb::GetLogHeadRequest { organization_id: org }).await.unwrap().into_inner().seq }
+        async move {
+            enclave
+                .get_log_head(pb::GetLogHeadRequest { organization_id: org, nonce: String::new() })
+                .await
+                .unwrap()
+                .into_inner()
+                .seq
+        }
     };
     let before = head().await;
 
@@ -747,7 +813,10 @@ async fn every_changed_field_or_moved_link_of_an_exported_log_fails_both_verifie
     let named: Vec<String> = (0..6).map(|i| link(&genuine, i)["activityId"].as_str().unwrap().to_string()).collect();
     assert_eq!(named, ids);
     assert_eq!(link(&genuine, 0)["previous"], chain::genesis(&org).as_str());
-    assert_eq!(verify_log_cli(&file, &key_hex), (Some(0), json!({ "verified": true, "links": 6, "unlogged": [] })));
+    assert_eq!(
+        verify_log_cli(&file, &key_hex),
+        (Some(0), json!({ "verified": true, "links": 6, "unlogged": [], "fresh": true }))
+    );
 
     let round = std::cell::Cell::new(0);
     let write = |log: &Value| {
@@ -760,7 +829,11 @@ async fn every_changed_field_or_moved_link_of_an_exported_log_fails_both_verifie
     let accepted = |what: &str, log: &Value| {
         assert_eq!(chain::check(log, &key).map(|c| (c.links, c.head)), Ok((6, checked.head.clone())), "{what}");
         let (status, verdict) = verify_log_cli(&write(log), &key_hex);
-        assert_eq!((status, &verdict), (Some(0), &json!({ "verified": true, "links": 6, "unlogged": [] })), "{what}");
+        assert_eq!(
+            (status, &verdict),
+            (Some(0), &json!({ "verified": true, "links": 6, "unlogged": [], "fresh": true })),
+            "{what}"
+        );
     };
     // Both refuse `log`: verify-log exits 1 naming link `seq` (and `activity`, when given) with a
     // reason holding `reason`; the check here names position `at` and the field `field`.

@@ -231,7 +231,8 @@ impl Enclave for EnclaveService {
     }
 
     async fn get_log_head(&self, req: Request<pb::GetLogHeadRequest>) -> Answer<pb::GetLogHeadResponse> {
-        self.run(req, |hsm, authority, req| crate::proofs::log_head(hsm, authority, &req.organization_id)).await
+        self.run(req, |hsm, authority, req| crate::proofs::log_head(hsm, authority, &req.organization_id, &req.nonce))
+            .await
     }
 
     async fn init_otp(&self, req: Request<pb::InitOtpRequest>) -> Answer<pb::InitOtpResponse> {

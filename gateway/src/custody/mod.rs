@@ -180,9 +180,9 @@ impl Custody {
         answer(self.client.clone().record_activity(request).await)
     }
 
-    /// The organization's activity log head, signed now.
-    pub async fn log_head(&self, organization_id: &str) -> Result<pb::GetLogHeadResponse, ApiError> {
-        let request = pb::GetLogHeadRequest { organization_id: organization_id.to_string() };
+    /// The organization's activity log head, signed now, for the verifier's `nonce` (empty: none).
+    pub async fn log_head(&self, organization_id: &str, nonce: &str) -> Result<pb::GetLogHeadResponse, ApiError> {
+        let request = pb::GetLogHeadRequest { organization_id: organization_id.to_string(), nonce: nonce.to_string() };
         answer(self.client.clone().get_log_head(request).await)
     }
 

@@ -93,11 +93,16 @@ pub struct ListActivityLogRequest {
     after_seq: Option<String>,
     #[serde(default)]
     limit: Option<String>,
+    /// The verifier's nonce (16 to 128 hex digits), signed into the head so that an old head
+    /// cannot answer for the log now.
+    #[serde(default)]
+    nonce: Option<String>,
 }
 
-/// `query/coffer_list_activity_log` (Coffer's own): the enclave's signed head now, then one page
-/// of links in order, each with its activity as `get_activity` serves it (`null` when the row is
-/// gone); the first page also lists finished activities that no link names.
+/// `query/coffer_list_activity_log` (Coffer's own): the enclave's signed head now (with the
+/// verifier's `nonce`, when given), then one page of links in order, each with its activity as
+/// `get_activity` serves it (`null` when the row is gone); the first page also lists finished
+/// activities that no link names.
 pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Result<Value, ApiError> {
     let number = |v: &Option<String>, name: &str| -> Result<Option<u64>, ApiError> {
         v.as_deref()
@@ -106,7 +111,11 @@ pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Re
     };
     let after = number(&req.after_seq, "afterSeq")?.unwrap_or(0);
     let limit = number(&req.limit, "limit")?.unwrap_or(1_000).clamp(1, MAX_LOG_PAGE as u64) as usize;
-    let head = ctx.state.custody.log_head(&ctx.org.id).await?;
+    let nonce = req.nonce.unwrap_or_default();
+    if !nonce.is_empty() && !coffer_auth::proof::is_log_nonce(&nonce) {
+        return Err(ApiError::invalid("nonce must be 16 to 128 hex digits"));
+    }
+    let head = ctx.state.custody.log_head(&ctx.org.id, &nonce).await?;
     let org = ctx.org.id.clone();
     let (entries, unlogged) = ctx
         .state
