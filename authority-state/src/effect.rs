@@ -76,15 +76,20 @@ pub enum Effect {
         kind: TagKind,
         ids: Vec<String>,
     },
+    /// A new wallet: its id must be no wallet's, account's or private key's yet
+    /// ([`ApplyError::Exists`]); a wallet is never replaced (see [`Effect::MarkWalletExported`]).
     PutWallet {
         wallet: Wallet,
     },
+    /// New accounts of existing wallets, each with an id no key record has (nor an account
+    /// before it in the list).
     PutAccounts {
         accounts: Vec<Account>,
     },
     DeleteWallets {
         ids: Vec<String>,
     },
+    /// A new private key, with an id no key record has; never a replacement.
     PutPrivateKey {
         private_key: PrivateKey,
     },
@@ -196,6 +201,29 @@ impl AuthorityState {
         match kind {
             TagKind::User => (&mut self.user_tags, kinds::USER_TAG),
             TagKind::PrivateKey => (&mut self.private_key_tags, kinds::PRIVATE_KEY_TAG),
+        }
+    }
+
+    /// The kind of the wallet, account or private key `id` names, if any: the three share one
+    /// namespace of key ids, so an id names one key record only.
+    pub fn key_id_kind(&self, id: &str) -> Option<&'static str> {
+        if self.wallets.contains_key(id) {
+            Some(kinds::WALLET)
+        } else if self.accounts.contains_key(id) {
+            Some(kinds::ACCOUNT)
+        } else if self.private_keys.contains_key(id) {
+            Some(kinds::PRIVATE_KEY)
+        } else {
+            None
+        }
+    }
+
+    /// A new wallet, account or private key must have an id no key record has: the effects that
+    /// create them never replace one (what a key is, and `exported`, change by their own effects).
+    fn ensure_new_key_id(&self, id: &str) -> Result<(), ApplyError> {
+        match self.key_id_kind(id) {
+            Some(kind) => Err(ApplyError::Exists { kind, id: id.to_string() }),
+            None => Ok(()),
         }
     }
 
@@ -398,6 +426,7 @@ impl AuthorityState {
                 }
             }
             Effect::PutWallet { wallet } => {
+                self.ensure_new_key_id(&wallet.id)?;
                 self.wallets.insert(wallet.id.clone(), wallet.clone());
                 t.push((WALLET, wallet.id.clone()));
             }
@@ -406,9 +435,9 @@ impl AuthorityState {
                     if !self.wallets.contains_key(&a.wallet_id) {
                         return Err(ApplyError::Missing { kind: WALLET, id: a.wallet_id.clone() });
                     }
-                    if let Some(old) = self.accounts.get(&a.id).cloned() {
-                        self.unindex_account(&old);
-                    }
+                    // Checked against the accounts inserted just before too: an id twice in the
+                    // list is refused.
+                    self.ensure_new_key_id(&a.id)?;
                     self.index_account(a);
                     self.accounts.insert(a.id.clone(), a.clone());
                     t.push((ACCOUNT, a.id.clone()));
@@ -425,6 +454,7 @@ impl AuthorityState {
                 }
             }
             Effect::PutPrivateKey { private_key } => {
+                self.ensure_new_key_id(&private_key.id)?;
                 self.private_keys.insert(private_key.id.clone(), private_key.clone());
                 t.push((PRIVATE_KEY, private_key.id.clone()));
             }
@@ -493,6 +523,7 @@ impl AuthorityState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::AddressEntry;
 
     fn state() -> AuthorityState {
         let mut s = AuthorityState::new(Organization {
@@ -612,5 +643,78 @@ mod tests {
             }),
             Err(ApplyError::NotOwned { .. })
         ));
+    }
+
+    fn account(id: &str, wallet_id: &str, address: &str) -> Account {
+        Account {
+            id: id.into(),
+            wallet_id: wallet_id.into(),
+            address: address.into(),
+            address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
+            exported: false,
+        }
+    }
+
+    fn cold_key(id: &str, label: &str, address: &str) -> Effect {
+        Effect::PutPrivateKey {
+            private_key: PrivateKey {
+                id: id.into(),
+                label: label.into(),
+                tags: vec!["cold".into()],
+                addresses: vec![AddressEntry { format: "ADDRESS_FORMAT_ETHEREUM".into(), address: address.into() }],
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn an_existing_private_key_is_never_replaced() {
+        let mut s = state();
+        s.apply(&cold_key("cold", "cold", "0xc01d")).unwrap();
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&cold_key("cold", "warm", "0x3a3a")),
+            Err(ApplyError::Exists { kind: kinds::PRIVATE_KEY, id: "cold".into() })
+        );
+        assert_eq!(s, before);
+        assert_eq!(s.private_keys["cold"].addresses[0].address, "0xc01d");
+        // Twice in one change list: the second is refused and the list changes nothing.
+        assert_eq!(
+            s.apply_all(&[cold_key("k", "k", "0x01"), cold_key("k", "k2", "0x02")]),
+            Err(ApplyError::Exists { kind: kinds::PRIVATE_KEY, id: "k".into() })
+        );
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn an_existing_wallet_or_account_is_never_replaced_and_keeps_exported() {
+        let mut s = state();
+        let wallet = |id: &str, label: &str| Effect::PutWallet {
+            wallet: Wallet { id: id.into(), label: label.into(), imported: false, exported: false },
+        };
+        s.apply_all(&[wallet("w", "w"), Effect::PutAccounts { accounts: vec![account("a", "w", "0xaa")] }]).unwrap();
+        s.apply(&Effect::MarkWalletExported { id: "w".into() }).unwrap();
+        let before = s.clone();
+        // The same wallet id again would reset `exported`: refused.
+        assert_eq!(s.apply(&wallet("w", "fresh")), Err(ApplyError::Exists { kind: kinds::WALLET, id: "w".into() }));
+        assert!(s.wallets["w"].exported);
+        // An existing account id, in another wallet or its own; or one id twice in one list.
+        let again = [wallet("w2", "w2"), Effect::PutAccounts { accounts: vec![account("a", "w2", "0xbb")] }];
+        assert_eq!(s.apply_all(&again), Err(ApplyError::Exists { kind: kinds::ACCOUNT, id: "a".into() }));
+        let twice = Effect::PutAccounts { accounts: vec![account("b", "w", "0xbb"), account("b", "w", "0xcc")] };
+        assert_eq!(s.apply(&twice), Err(ApplyError::Exists { kind: kinds::ACCOUNT, id: "b".into() }));
+        // Wallets, accounts and private keys share one namespace of ids.
+        assert_eq!(
+            s.apply(&cold_key("a", "k", "0x01")),
+            Err(ApplyError::Exists { kind: kinds::ACCOUNT, id: "a".into() })
+        );
+        assert_eq!(s.apply(&wallet("a", "x")), Err(ApplyError::Exists { kind: kinds::ACCOUNT, id: "a".into() }));
+        let named_as_wallet = Effect::PutAccounts { accounts: vec![account("w", "w", "0xdd")] };
+        assert_eq!(s.apply(&named_as_wallet), Err(ApplyError::Exists { kind: kinds::WALLET, id: "w".into() }));
+        assert_eq!(s, before);
+        assert_eq!(s.account_by_address("0xaa").map(|a| a.wallet_id.as_str()), Some("w"));
+        // New ids still apply.
+        s.apply(&Effect::PutAccounts { accounts: vec![account("b", "w", "0xbb")] }).unwrap();
+        assert_eq!(s.accounts["b"].wallet_id, "w");
     }
 }

@@ -3070,6 +3070,255 @@ async fn proxy_sign_ups_brand_nothing(
 // ---- Seam exploits of issue 40 (docs/one-decider.md §5), one section per family. ----
 
 // -- E1–E3: ids the gateway chose cannot overwrite what a key is. --
+/// The sealed blob of the private key `id`, exactly as the gateway would pass it.
+fn sealed_private_key(c: &rusqlite::Connection, id: &str) -> pb::SealedRef {
+    c.query_row("SELECT organization_id, curve, public_key, sealed_key FROM private_keys WHERE id = ?1", [id], |r| {
+        Ok(pb::SealedRef {
+            kind: pb::BlobKind::PrivateKey as i32,
+            organization_id: r.get(0)?,
+            resource_id: id.to_string(),
+            curve: r.get(1)?,
+            public_key: r.get(2)?,
+            blob: r.get(3)?,
+            ..Default::default()
+        })
+    })
+    .unwrap()
+}
+
+/// What the enclave's authority state holds of `(kind, id)` (its store's entry, read with SQL):
+/// the facts its policies decide on. `None`: no such entry.
+fn enclave_entry(stack: &Stack, kind: &str, id: &str) -> Option<Value> {
+    let c = rusqlite::Connection::open(stack.database_path().with_file_name("authority.sqlite")).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    let sql = "SELECT data FROM entries WHERE kind = ?1 AND id = ?2";
+    let data: Option<Vec<u8>> = c.query_row(sql, [kind, id], |r| r.get(0)).ok();
+    data.map(|d| serde_json::from_slice(&d).unwrap())
+}
+
+/// A `privateKeyParams` entry: a secp256k1 key named `name` with an Ethereum address.
+fn eth_key(name: &str) -> Value {
+    json!({"privateKeyName": name, "curve": "CURVE_SECP256K1", "privateKeyTags": [],
+        "addressFormats": ["ADDRESS_FORMAT_ETHEREUM"]})
+}
+
+/// A `WalletAccountParams` entry: the Ethereum account at index `n`.
+fn eth_account_params(n: u32) -> Value {
+    json!({"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32", "path": format!("m/44'/60'/0'/0/{n}"),
+        "addressFormat": "ADDRESS_FORMAT_ETHEREUM"})
+}
+
+/// E1 and E3: root makes COLD; a trader's stamp to sign with COLD is refused by policy. The
+/// gateway then sends root's next legitimate `create_private_keys` (with app proofs) to the
+/// enclave with `private_key_ids` = [COLD's id], hoping to replace COLD's facts (its label, so
+/// that the trader's policy lets the old stamp through): refused with BINDING_MISMATCH, audited,
+/// no key and no proof returned; the same id twice in one call is refused too. The trader's old
+/// stamp still signs nothing and the enclave's record of COLD is unchanged. Before, the call
+/// answered the new key and a proof that COLD has a new address, and the old stamp then signed
+/// with COLD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_chosen_private_key_id_cannot_overwrite_cold() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let intent = turnkey_client::generated::CreatePrivateKeysIntentV2 {
+        private_keys: vec![turnkey_client::generated::PrivateKeyParams {
+            private_key_name: "cold".into(),
+            curve: Curve::Secp256k1,
+            private_key_tags: vec![],
+            address_formats: vec![AddressFormat::Ethereum],
+        }],
+        external_signer_pubkey: None,
+        external_signer_wrapping_key_id: None,
+    };
+    let made = client.create_private_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    let cold = made.result.private_keys[0].clone();
+    let (cold_id, cold_address) = (cold.private_key_id.clone(), cold.addresses[0].address.clone());
+    let (trader_id, trader) = member(&client, &org, "trader").await;
+    policy(
+        &client,
+        &org,
+        "the trader signs with any key but cold",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2' && private_key.label != 'cold'",
+        Some(format!("approvers.any(user, user.id == '{trader_id}')")),
+    )
+    .await;
+    let c = db(&stack);
+    let (root_cert, trader_cert) = (certificate(&c, &public_key(&root)), certificate(&c, &public_key(&trader)));
+    let cold_ref = sealed_private_key(&c, &cold_id);
+    let enclave = connect(stack.enclave_socket());
+
+    // The trader's stamp to sign with COLD is refused; the gateway keeps it.
+    let theft = stamped(&trader, &sign_body(&org, &cold_id, "drain cold", Stack::now_ms()), &trader_cert);
+    refused_for(&stack, sign(&enclave, auth(theft.clone()), &cold_ref).await, "sign", pb::RefusalReason::PolicyDenied);
+    let cold_facts = enclave_entry(&stack, "private_key", &cold_id).expect("the enclave records COLD");
+    assert_eq!(cold_facts["label"], "cold", "{cold_facts}");
+    assert_eq!(cold_facts["addresses"][0]["address"], cold_address.as_str(), "{cold_facts}");
+
+    // Root's legitimate create_private_keys, with app proofs, sent with COLD's id.
+    let create = |names: &[&str]| {
+        let keys: Vec<Value> = names.iter().map(|n| eth_key(n)).collect();
+        let body = body(
+            "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+            &org,
+            Stack::now_ms(),
+            json!({"privateKeys": keys, "generateAppProofs": true}),
+        );
+        auth(stamped(&root, &body, &root_cert))
+    };
+    let req = pb::CreatePrivateKeysRequest { auth: create(&["warm"]), private_key_ids: vec![cold_id.clone()] };
+    refused_audited(
+        audited(&stack, "create_private_keys", enclave.clone().create_private_keys(req)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    // One new id named twice in one call: refused, and neither key is recorded.
+    let twin = "e1e1e1e1-0000-4000-8000-000000000001".to_string();
+    let req =
+        pb::CreatePrivateKeysRequest { auth: create(&["warm a", "warm b"]), private_key_ids: vec![twin.clone(); 2] };
+    refused_audited(
+        audited(&stack, "create_private_keys", enclave.clone().create_private_keys(req)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    assert_eq!(enclave_entry(&stack, "private_key", &twin), None);
+
+    // The trader's old stamp still signs nothing with COLD, and COLD is what it was.
+    refused_for(&stack, sign(&enclave, auth(theft), &cold_ref).await, "sign", pb::RefusalReason::PolicyDenied);
+    assert_eq!(enclave_entry(&stack, "private_key", &cold_id), Some(cold_facts));
+
+    // A new id still makes a key, with its proofs.
+    let fresh = "e1e1e1e1-0000-4000-8000-000000000002".to_string();
+    let req = pb::CreatePrivateKeysRequest { auth: create(&["warm c"]), private_key_ids: vec![fresh.clone()] };
+    let made = enclave.clone().create_private_keys(req).await.unwrap().into_inner();
+    assert_eq!(made.keys.len(), 1);
+    assert!(!made.app_proofs.is_empty(), "the body asks for app proofs");
+    assert_eq!(enclave_entry(&stack, "private_key", &fresh).unwrap()["label"], "warm c");
+}
+
+/// E2 and E3: a wallet root exported is under a DENY on `wallet.exported`, so a trader's stamp to
+/// sign with its account is refused. The gateway sends root's next legitimate `create_wallet`
+/// (with app proofs) with the exported wallet's id, hoping to reset `exported`: refused with
+/// BINDING_MISMATCH, no seed, account or proof returned; so are an existing account id (in a new
+/// wallet, or derived into the wallet itself) and one account id twice in a call, also for the
+/// wallet of a sub-organization. The DENY still holds for the trader's old stamp. Before, the
+/// call answered a new wallet under the old id with its proofs, and the old stamp then signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_chosen_wallet_id_cannot_reset_exported() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (w, addresses) = wallet(&client, &org, "vault").await;
+    let (trader_id, trader) = member(&client, &org, "trader").await;
+    let trader_only = Some(format!("approvers.any(user, user.id == '{trader_id}')"));
+    policy(
+        &client,
+        &org,
+        "the trader signs",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'",
+        trader_only,
+    )
+    .await;
+    policy(
+        &client,
+        &org,
+        "no signing with exported wallets",
+        Effect::Deny,
+        "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2' && wallet.exported == true",
+        None,
+    )
+    .await;
+    let c = db(&stack);
+    let (root_cert, trader_cert) = (certificate(&c, &public_key(&root)), certificate(&c, &public_key(&trader)));
+    let account = account_ref(&c, &addresses[0]);
+    let enclave = connect(stack.enclave_socket());
+    let before = stamped(&trader, &sign_body(&org, &addresses[0], "before", Stack::now_ms()), &trader_cert);
+    assert_eq!(sign(&enclave, auth(before), &account).await.unwrap().signatures.len(), 1);
+
+    let target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
+    let export = turnkey_client::generated::ExportWalletIntent {
+        wallet_id: w.clone(),
+        target_public_key: target.target_public_key().unwrap(),
+        language: None,
+    };
+    client.export_wallet(org.clone(), client.current_timestamp(), export).await.unwrap();
+    let theft = stamped(&trader, &sign_body(&org, &addresses[0], "after export", Stack::now_ms()), &trader_cert);
+    refused_for(&stack, sign(&enclave, auth(theft.clone()), &account).await, "sign", pb::RefusalReason::PolicyDenied);
+    let wallet_facts = enclave_entry(&stack, "wallet", &w).expect("the enclave records the wallet");
+    assert_eq!(wallet_facts["exported"], true, "{wallet_facts}");
+
+    let stamp = |ty: &str, params: Value| auth(stamped(&root, &body(ty, &org, Stack::now_ms(), params), &root_cert));
+    let new_wallet = |accounts: Vec<Value>| {
+        stamp(
+            "ACTIVITY_TYPE_CREATE_WALLET",
+            json!({"walletName": "fresh", "accounts": accounts, "generateAppProofs": true}),
+        )
+    };
+    #[track_caller]
+    fn id_refused<T: std::fmt::Debug>(a: Audited<Result<T, tonic::Status>>) {
+        refused_audited(a, tonic::Code::PermissionDenied, pb::RefusalReason::BindingMismatch);
+    }
+    let new_id = |n: u32| format!("e2e2e2e2-0000-4000-8000-00000000000{n}");
+    // The exported wallet's id.
+    let req = pb::CreateWalletRequest {
+        auth: new_wallet(vec![eth_account_params(5)]),
+        wallet_id: w.clone(),
+        account_ids: vec![new_id(1)],
+    };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    // An existing account's id, in a new wallet.
+    let req = pb::CreateWalletRequest {
+        auth: new_wallet(vec![eth_account_params(5)]),
+        wallet_id: new_id(2),
+        account_ids: vec![account.resource_id.clone()],
+    };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    // One account id twice.
+    let req = pb::CreateWalletRequest {
+        auth: new_wallet(vec![eth_account_params(5), eth_account_params(6)]),
+        wallet_id: new_id(3),
+        account_ids: vec![new_id(4), new_id(4)],
+    };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    // An existing account's id, derived into the wallet itself.
+    let derive = stamp(
+        "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
+        json!({"walletId": w, "accounts": [eth_account_params(7)], "generateAppProofs": true}),
+    );
+    let req = pb::DeriveAccountsRequest {
+        auth: derive,
+        seed: Some(seed_ref(&c, &w)),
+        account_ids: vec![account.resource_id.clone()],
+    };
+    id_refused(audited(&stack, "derive_accounts", enclave.clone().derive_accounts(req)).await);
+    // A sub-organization's wallet with one account id twice.
+    let sub = stamp(
+        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+        json!({"subOrganizationName": "sub", "rootQuorumThreshold": 1,
+            "rootUsers": [{"userName": "s", "apiKeys": [], "authenticators": [], "oauthProviders": []}],
+            "wallet": {"walletName": "w", "accounts": [eth_account_params(0), eth_account_params(1)]},
+            "generateAppProofs": true}),
+    );
+    let req = pb::CreateWalletRequest { auth: sub, wallet_id: new_id(5), account_ids: vec![new_id(6), new_id(6)] };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    for n in 1..=6 {
+        assert_eq!(enclave_entry(&stack, "wallet", &new_id(n)), None, "{}", new_id(n));
+        assert_eq!(enclave_entry(&stack, "account", &new_id(n)), None, "{}", new_id(n));
+    }
+
+    // The DENY still holds for the trader's old stamp; the wallet and its account are as they were.
+    refused_for(&stack, sign(&enclave, auth(theft), &account).await, "sign", pb::RefusalReason::PolicyDenied);
+    assert_eq!(enclave_entry(&stack, "wallet", &w), Some(wallet_facts));
+    let account_facts = enclave_entry(&stack, "account", &account.resource_id).unwrap();
+    assert_eq!(
+        (account_facts["wallet_id"].as_str(), account_facts["address"].as_str()),
+        (Some(w.as_str()), Some(addresses[0].as_str()))
+    );
+}
 
 // -- E8: a key is used only while the enclave's state holds it. --
 

@@ -7,8 +7,8 @@ use coffer_authority_state::model::{Account, AddressEntry, PrivateKey, Wallet};
 use coffer_authority_state::{Change, Effect};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{Authority, Authorized};
-use crate::error::EnclaveError;
+use crate::authority::{refuse, Authority, Authorized};
+use crate::error::{EnclaveError, RefusalReason};
 
 /// Applies `effects` to the stamped body's organization.
 fn record(authority: &Authority, a: &Authorized, effects: Vec<Effect>) -> Result<(), EnclaveError> {
@@ -16,6 +16,35 @@ fn record(authority: &Authority, a: &Authorized, effects: Vec<Effect>) -> Result
     let changes: Vec<Change> =
         effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
     authority.rules().record(&changes)?;
+    Ok(())
+}
+
+/// Refuses the ids the gateway chose for new wallets, accounts and private keys unless each is
+/// new: named once in the call and no wallet's, account's or private key's of
+/// `organization_id` yet (the state the facts go to). Checked before anything is sealed, proved
+/// or recorded; recording checks again ([`coffer_authority_state::Effect::PutWallet`] and the
+/// others never replace a key), so a call that raced another with the same id is refused there.
+pub(super) fn ensure_new_ids(
+    authority: &Authority,
+    a: &Authorized,
+    organization_id: &str,
+    ids: &[&str],
+) -> Result<(), EnclaveError> {
+    if ids.iter().any(|id| id.is_empty() || id.len() > 128) {
+        return Err(EnclaveError::invalid("a new key id must be 1 to 128 characters"));
+    }
+    if ids.iter().enumerate().any(|(n, id)| ids[..n].contains(id)) {
+        return Err(refuse(a, RefusalReason::BindingMismatch, "the call names one new key id twice"));
+    }
+    if let Some(loaded) = authority.rules().load(organization_id)? {
+        if ids.iter().any(|id| loaded.state.key_id_kind(id).is_some()) {
+            return Err(refuse(
+                a,
+                RefusalReason::BindingMismatch,
+                "an id the call names for a new key is already a wallet's, an account's or a private key's",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -58,28 +87,32 @@ fn accounts(wallet_id: &str, params: &[serde_json::Value], made: &[pb::Account])
         .collect()
 }
 
-/// A private key created (`params`: its entry of the body) or imported (the body itself).
-pub(super) fn private_key_made(
+/// Private keys created or imported, recorded together (all or none): each its id, its entry
+/// of the body (`privateKeys[n]`, or the body itself for an import) and what the enclave made.
+pub(super) fn private_keys_made(
     authority: &Authority,
     a: &Authorized,
-    id: &str,
-    params: &serde_json::Value,
+    keys: &[(&str, &serde_json::Value, &pb::KeyMaterial)],
     imported: bool,
-    made: &pb::KeyMaterial,
 ) -> Result<(), EnclaveError> {
-    let private_key = PrivateKey {
-        id: id.into(),
-        label: text(params, "privateKeyName").into(),
-        tags: items(params, "privateKeyTags").iter().filter_map(|t| t.as_str().map(str::to_string)).collect(),
-        imported,
-        exported: false,
-        addresses: made
-            .addresses
-            .iter()
-            .map(|x| AddressEntry { format: x.format.clone(), address: x.address.clone() })
-            .collect(),
-    };
-    record(authority, a, vec![Effect::PutPrivateKey { private_key }])
+    let effects = keys
+        .iter()
+        .map(|(id, params, made)| Effect::PutPrivateKey {
+            private_key: PrivateKey {
+                id: id.to_string(),
+                label: text(params, "privateKeyName").into(),
+                tags: items(params, "privateKeyTags").iter().filter_map(|t| t.as_str().map(str::to_string)).collect(),
+                imported,
+                exported: false,
+                addresses: made
+                    .addresses
+                    .iter()
+                    .map(|x| AddressEntry { format: x.format.clone(), address: x.address.clone() })
+                    .collect(),
+            },
+        })
+        .collect();
+    record(authority, a, effects)
 }
 
 /// A wallet's mnemonic or a key left the enclave: policies see `exported` from now on.
@@ -91,11 +124,11 @@ pub(super) fn exported(
 ) -> Result<(), EnclaveError> {
     let Some(loaded) = authority.rules().load(&a.activity.organization_id)? else { return Ok(()) };
     let mut effects = Vec::new();
-    if let Some(w) = wallet_id.and_then(|id| loaded.state.wallets.get(id)) {
-        effects.push(Effect::PutWallet { wallet: Wallet { exported: true, ..w.clone() } });
+    if let Some(id) = wallet_id.filter(|id| loaded.state.wallets.contains_key(*id)) {
+        effects.push(Effect::MarkWalletExported { id: id.to_string() });
     }
-    if let Some(k) = private_key_id.and_then(|id| loaded.state.private_keys.get(id)) {
-        effects.push(Effect::PutPrivateKey { private_key: PrivateKey { exported: true, ..k.clone() } });
+    if let Some(id) = private_key_id.filter(|id| loaded.state.private_keys.contains_key(*id)) {
+        effects.push(Effect::MarkPrivateKeyExported { id: id.to_string() });
     }
     if effects.is_empty() {
         return Ok(());

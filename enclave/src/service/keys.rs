@@ -46,16 +46,28 @@ pub(super) fn create_wallet(
         (derived_id(&a.activity.fingerprint, SUB_ORGANIZATION_ID, 0), wallet)
     };
     let specs = account_specs(items(wallet, "accounts"), &req.account_ids)?;
+    let own = organization_id == a.activity.organization_id;
+    // The sub-organization's wallet is made before the sub-organization (its apply_activity
+    // records both): once it exists, or existed, its stamp makes no wallet for it.
+    if !own && authority.rules().store().version(&organization_id)?.is_some() {
+        return Err(refuse(&a, RefusalReason::BindingMismatch, "the stamped body's sub-organization exists already"));
+    }
+    key_facts::ensure_new_ids(authority, &a, &organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
     let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
     let mut made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
-    made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &req.wallet_id, &specs, &made.accounts)?;
-    // A sub-organization's wallet is recorded with the sub-organization (apply_activity).
-    if organization_id == a.activity.organization_id {
+    // The facts first: a proof is made only of a wallet the state took.
+    if own {
         key_facts::wallet_created(authority, &a, &req.wallet_id, false, &made)?;
     }
+    made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &req.wallet_id, &specs, &made.accounts)?;
     Ok(made)
+}
+
+/// The ids a call gives new key records: the wallet's (if any), then each account's.
+pub(super) fn new_ids<'a>(wallet_id: Option<&'a str>, specs: &[(&'a str, &Value)]) -> Vec<&'a str> {
+    wallet_id.into_iter().chain(specs.iter().map(|(id, _)| *id)).collect()
 }
 
 /// More accounts of the wallet the stamped body names, derived from its sealed seed.
@@ -74,6 +86,7 @@ pub(super) fn derive_accounts(
         ));
     }
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &new_ids(None, &specs))?;
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
@@ -93,6 +106,8 @@ pub(super) fn create_private_keys(
     if params.len() != req.private_key_ids.len() {
         return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
     }
+    let ids: Vec<&str> = req.private_key_ids.iter().map(String::as_str).collect();
+    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &ids)?;
     let keys = params
         .iter()
         .zip(&req.private_key_ids)
@@ -108,9 +123,8 @@ pub(super) fn create_private_keys(
             seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
-    for ((p, id), made) in params.iter().zip(&req.private_key_ids).zip(&keys) {
-        key_facts::private_key_made(authority, &a, id, p, false, made)?;
-    }
+    let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
+    key_facts::private_keys_made(authority, &a, &made, false)?;
     let result = json!({ "privateKeys": req.private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     Ok(pb::CreatePrivateKeysResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, keys })
 }

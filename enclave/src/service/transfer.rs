@@ -9,7 +9,7 @@ use coffer_proto::v1 as pb;
 use zeroize::Zeroizing;
 
 use super::key_facts;
-use super::keys::{account_specs, checked_phrase, key_json, seal_private_key, seal_wallet, wallet_proofs};
+use super::keys::{account_specs, checked_phrase, key_json, new_ids, seal_private_key, seal_wallet, wallet_proofs};
 use super::sealed_refs::{open, open_key, sealed};
 use crate::authority::{refuse, Authority, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
@@ -132,9 +132,10 @@ pub(super) fn import_wallet(
     req: pb::ImportWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
     let a = authority.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
-    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
     key_facts::wallet_created(authority, &a, &req.wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &req.wallet_id, &specs, &made.accounts)?;
@@ -149,6 +150,7 @@ pub(super) fn import_private_key(
 ) -> Result<pb::KeyMaterial, EnclaveError> {
     let a = authority.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
     let p = &a.activity.parameters;
+    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &[&req.private_key_id])?;
     let curve = Curve::parse(text(p, "curve"))?;
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     if plain.len() != 32 {
@@ -157,7 +159,7 @@ pub(super) fn import_private_key(
     let key = SecretKey::from_slice(curve, &plain)?;
     let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
-    key_facts::private_key_made(authority, &a, &req.private_key_id, p, true, &made)?;
+    key_facts::private_keys_made(authority, &a, &[(&req.private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&req.private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     Ok(made)
