@@ -4,7 +4,7 @@
 use coffer_auth::envelope::{derived_id, text};
 use coffer_auth::grants::{self, OAUTH_PROVIDER};
 use coffer_auth::oidc;
-use coffer_authority_state::model::CredentialKind;
+use coffer_authority_state::model::{AuthorityState, CredentialKind};
 use coffer_authority_state::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
@@ -234,6 +234,13 @@ pub fn grant(
                 "" => a.credential.user_id.clone(),
                 u => u.to_string(),
             };
+            if !may_open_for(a, &user_id) {
+                return Err(refuse(
+                    a,
+                    RefusalReason::ConsensusNeeded,
+                    "a session for another user than the stamping one opens only by the root quorum or the parent organization",
+                ));
+            }
             if text(p, "targetPublicKey").is_empty() {
                 return Err(EnclaveError::invalid("targetPublicKey is required"));
             }
@@ -247,6 +254,51 @@ pub fn grant(
         }
         other => Err(EnclaveError::invalid(format!("{other} opens no session"))),
     }
+}
+
+/// The evaluation reason of a decision the root quorum made alone (`coffer_authority_state::decide`).
+const ROOT_QUORUM: &str = "ROOT_QUORUM";
+
+/// Whether `a` may open a session for `user_id`: always for the stamping credential's own user;
+/// for another user only when the sub-organization's parent asks (its credential, through the
+/// parent certificate) or the organization's root quorum approved it. A policy that lets a
+/// member open sessions lets it open its own.
+fn may_open_for(a: &Authorized, user_id: &str) -> bool {
+    user_id == a.credential.user_id
+        || a.via_parent
+        || a.decided.as_ref().is_some_and(|d| {
+            d.evaluation.decision == coffer_policy::decision::Decision::Allow && d.evaluation.reason == ROOT_QUORUM
+        })
+}
+
+/// The expiry of a session asked to end at `requested_ms`, opened by a stamp of `credential`: no
+/// later than that credential's own, as its certificate says and as `state` (the authority state
+/// the decision read, when there is one) records it, the lower of the two; a session opened by a
+/// session is such a credential too. A credential without expiry bounds nothing; the identity an
+/// attested stamp stands for (an OAuth identity, a verification token this login spends) is no
+/// credential the session descends from.
+pub fn bounded_expiry(
+    requested_ms: u64,
+    credential: &pb::CredentialCertificate,
+    state: Option<&AuthorityState>,
+) -> u64 {
+    let c = credential;
+    if [grants::OAUTH_PROVIDER, grants::VERIFICATION_TOKEN].contains(&c.credential_type.as_str()) {
+        return requested_ms;
+    }
+    let stored = state.and_then(|s| {
+        s.credentials_by_public_key(&c.public_key)
+            .filter(|s| s.user_id == c.user_id && s.credential_type == c.credential_type)
+            .map(|s| s.expires_at_ms)
+            .filter(|e| *e != 0)
+            .min()
+    });
+    [Some(c.expires_at_ms).filter(|e| *e != 0), stored].into_iter().flatten().fold(requested_ms, u64::min)
+}
+
+/// [`bounded_expiry`] of the session `a` opens, asked for `seconds` from now.
+fn session_expiry(authority: &Authority, a: &Authorized, seconds: u64) -> u64 {
+    bounded_expiry(authority.expiry(Some(seconds)), &a.credential, a.decided.as_ref().map(|d| &d.loaded.state))
 }
 
 /// A P-256 key pair drawn from the HSM's generator (a valid scalar by rejection sampling): the
@@ -305,10 +357,7 @@ pub fn read_only_session(
             "create_read_only_session reads as the stamping user: stamp it with a credential of the organization itself",
         ));
     }
-    let mut expires_at_ms = authority.expiry(Some(seconds));
-    if a.credential.expires_at_ms != 0 {
-        expires_at_ms = expires_at_ms.min(a.credential.expires_at_ms);
-    }
+    let expires_at_ms = session_expiry(authority, a, seconds);
     let credential_id = stamping_credential_id(authority, a)?;
     // `credential_id` names the credential by id (a key deleted and added back under a new id
     // does not revive the session); `public_key` stays for the SDKs that decode it.
@@ -379,17 +428,8 @@ pub fn open_session(
     g: SessionGrant,
     seconds: u64,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
-    let mut expires_at_ms = authority.expiry(Some(seconds));
-    // A session cannot outlive the session that opened it.
-    let stamped_by_session = a.decided.as_ref().is_some_and(|d| {
-        d.loaded
-            .state
-            .credentials_by_public_key(&a.credential.public_key)
-            .any(|c| c.kind == CredentialKind::Session && c.user_id == a.credential.user_id)
-    });
-    if stamped_by_session && a.credential.expires_at_ms != 0 {
-        expires_at_ms = expires_at_ms.min(a.credential.expires_at_ms);
-    }
+    // A session cannot outlive the credential (API key, session) that opened it.
+    let expires_at_ms = session_expiry(authority, a, seconds);
     let organization_id = a.activity.organization_id.clone();
     let certificate = authority.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
@@ -487,3 +527,59 @@ pub fn open_session(
 
 /// `derived_id` purpose of a session key's credential id (the gateway's API key id of it).
 const SESSION_CREDENTIAL_ID: &str = "session-credential";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coffer_authority_state::model::{Organization, User};
+
+    fn certificate(credential_type: &str, expires_at_ms: u64) -> pb::CredentialCertificate {
+        pb::CredentialCertificate {
+            organization_id: "o".into(),
+            user_id: "u".into(),
+            credential_type: credential_type.into(),
+            public_key: "02aa".into(),
+            expires_at_ms,
+            ..Default::default()
+        }
+    }
+
+    fn state_with(expires_at_ms: u64) -> AuthorityState {
+        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        s.apply(&Effect::PutUser { user: User { id: "u".into(), name: "u".into(), ..Default::default() } }).unwrap();
+        let credential = Credential {
+            id: "k".into(),
+            user_id: "u".into(),
+            kind: CredentialKind::ApiKey,
+            credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            public_key: "02aa".into(),
+            expires_at_ms,
+        };
+        s.apply(&Effect::AddCredential { credential }).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_session_ends_no_later_than_the_credential_that_opened_it() {
+        const API_KEY: &str = "CREDENTIAL_TYPE_API_KEY_P256";
+        let week = 7 * 24 * 3_600_000;
+        // A 60 s key asking for a week: the key's end.
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 60_000), None), 60_000);
+        // Asking for less than the key has left: what was asked.
+        assert_eq!(bounded_expiry(30_000, &certificate(API_KEY, 60_000), None), 30_000);
+        // No expiry: unaffected.
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 0), None), week);
+        // The state's record bounds it too, the lower of the two (an expiry the certificate
+        // does not carry, or a later one it does).
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 0), Some(&state_with(50_000))), 50_000);
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 90_000), Some(&state_with(50_000))), 50_000);
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 40_000), Some(&state_with(50_000))), 40_000);
+        assert_eq!(bounded_expiry(week, &certificate(API_KEY, 0), Some(&state_with(0))), week);
+        // A session opened by a session: the opening session's end.
+        assert_eq!(bounded_expiry(week, &certificate("CREDENTIAL_TYPE_LOGIN", 900_000), None), 900_000);
+        // What an attested stamp stands for is no credential the session descends from.
+        for t in [grants::VERIFICATION_TOKEN, grants::OAUTH_PROVIDER] {
+            assert_eq!(bounded_expiry(week, &certificate(t, 60_000), None), week, "{t}");
+        }
+    }
+}

@@ -3323,3 +3323,161 @@ async fn gateway_chosen_wallet_id_cannot_reset_exported() {
 // -- E8: a key is used only while the enclave's state holds it. --
 
 // -- E9–E11: sessions follow the credential that opened them; sub-organizations share their parent's replay quota. --
+
+/// `create_session` on the enclave socket with `auth` (and a parent certificate when the
+/// parent's credential acts for a sub-organization).
+async fn open_session(
+    enclave: &Enclave,
+    auth: Option<pb::Authorization>,
+    parent: Vec<u8>,
+) -> Result<pb::CreateSessionResponse, tonic::Status> {
+    let req = pb::CreateSessionRequest { auth, parent_certificate: parent, ..Default::default() };
+    enclave.clone().create_session(req).await.map(|r| r.into_inner())
+}
+
+/// A P-256 target key's uncompressed public half, as `targetPublicKey` names it.
+fn target_public_key(seed: u8) -> String {
+    hex::encode(p256::SecretKey::from_slice(&[seed; 32]).unwrap().public_key().to_sec1_bytes())
+}
+
+/// E9: a session never outlives the credential that stamped its opening. An API key that expires
+/// in 60 s asks for the deployment's longest session (7 days), by `stamp_login` and by
+/// `create_read_write_session`: both end when the key does. A session it opened opens no longer
+/// one either. A key without an expiry still gets what it asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lived_key_opens_no_longer_session() {
+    const WEEK: u64 = 7 * 24 * 3600;
+    let stack = Stack::start_with(&[coffer_tests::AUDIT_LOG]).await;
+    let enclave = connect(stack.enclave_socket());
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let short = TurnkeyP256ApiKey::generate();
+    let params = ApiKeyParamsV2 {
+        api_key_name: "sixty seconds".into(),
+        public_key: public_key(&short),
+        curve_type: ApiKeyCurve::P256,
+        expiration_seconds: Some("60".into()),
+    };
+    let intent = CreateApiKeysIntentV2 { api_keys: vec![params], user_id: stack.user_id.clone() };
+    client.create_api_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    let short_cert = certificate(&db(&stack), &public_key(&short));
+    let key_expiry = pb::CredentialCertificate::decode(short_cert.as_slice()).unwrap().expires_at_ms;
+    let now = Stack::now_ms() as u64;
+    assert!((now..=now + 61_000).contains(&key_expiry), "the key is certified for 60 s: {key_expiry}, now {now}");
+    let notarizer = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
+    let notarizer = hex::encode(&notarizer.notarizer_public_key);
+
+    // stamp_login for a week: the session, its certificate and its JWT end with the key.
+    let session = TurnkeyP256ApiKey::generate();
+    let login = |for_key: &TurnkeyP256ApiKey, ts| {
+        body(
+            "ACTIVITY_TYPE_STAMP_LOGIN",
+            &org,
+            ts,
+            json!({"publicKey": public_key(for_key), "expirationSeconds": WEEK.to_string()}),
+        )
+    };
+    let opened = open_session(&enclave, auth(stamped(&short, &login(&session, Stack::now_ms()), &short_cert)), vec![])
+        .await
+        .unwrap();
+    assert!(
+        opened.expires_at_ms > now && opened.expires_at_ms <= key_expiry,
+        "a 60 s key opened a session until {} (the key ends at {key_expiry})",
+        opened.expires_at_ms
+    );
+    let certified = pb::CredentialCertificate::decode(opened.certificate.as_slice()).unwrap();
+    assert_eq!(certified.expires_at_ms, opened.expires_at_ms);
+    let claims = independent::verify_session_jwt(&opened.session, &notarizer);
+    assert_eq!(claims["exp"].as_u64(), Some(opened.expires_at_ms / 1000), "{claims}");
+
+    // The session it opened asks for a week in turn: still no longer than the key.
+    let next = TurnkeyP256ApiKey::generate();
+    let chained =
+        open_session(&enclave, auth(stamped(&session, &login(&next, Stack::now_ms()), &opened.certificate)), vec![])
+            .await
+            .unwrap();
+    assert!(chained.expires_at_ms <= opened.expires_at_ms, "{} > {}", chained.expires_at_ms, opened.expires_at_ms);
+
+    // create_read_write_session for a week: the same bound.
+    let rw = body(
+        "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
+        &org,
+        Stack::now_ms(),
+        json!({"targetPublicKey": target_public_key(9), "expirationSeconds": WEEK.to_string()}),
+    );
+    let opened = open_session(&enclave, auth(stamped(&short, &rw, &short_cert)), vec![]).await.unwrap();
+    assert!(
+        opened.expires_at_ms > now && opened.expires_at_ms <= key_expiry,
+        "a 60 s key opened a read-write session until {} (the key ends at {key_expiry})",
+        opened.expires_at_ms
+    );
+    assert_eq!(opened.user_id, stack.user_id);
+
+    // The root's key has no expiry: its week is a week.
+    let before = Stack::now_ms() as u64;
+    let long = TurnkeyP256ApiKey::generate();
+    let opened =
+        open_session(&enclave, auth(stamped(&root, &login(&long, Stack::now_ms()), &root_cert)), vec![]).await.unwrap();
+    assert!(opened.expires_at_ms >= before + WEEK * 1000, "{} < a week from {before}", opened.expires_at_ms);
+}
+
+/// E10: the session's user is the stamping credential's. A member whose policy lets it open
+/// read-write sessions asks for one of the root user: refused (typed: only the root quorum, or
+/// the parent organization, opens a session for another user), nothing issued. Its own session
+/// still opens; the root quorum (one root here) opens one for the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_allowed_to_open_sessions_gets_only_its_own() {
+    let stack = enforcing_stack().await;
+    let enclave = connect(stack.enclave_socket());
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let (alice, alice_key) = member(&client, &org, "alice").await;
+    policy(
+        &client,
+        &org,
+        "alice opens sessions",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2'",
+        Some(format!("approvers.any(user, user.id == '{alice}')")),
+    )
+    .await;
+    let c = db(&stack);
+    let (alice_cert, root_cert) = (certificate(&c, &public_key(&alice_key)), certificate(&c, &stack.api_public_key));
+    let rw = |user: Option<&str>, ts| {
+        let mut p = json!({"targetPublicKey": target_public_key(10)});
+        if let Some(u) = user {
+            p["userId"] = json!(u);
+        }
+        body("ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2", &org, ts, p)
+    };
+
+    // Alice asks for root's session.
+    let for_root = rw(Some(&stack.user_id), Stack::now_ms());
+    refused_audited(
+        audited(
+            &stack,
+            "create_session",
+            open_session(&enclave, auth(stamped(&alice_key, &for_root, &alice_cert)), vec![]),
+        )
+        .await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::ConsensusNeeded,
+    );
+
+    // Her own, named or not.
+    for (n, user) in [Some(alice.as_str()), None].into_iter().enumerate() {
+        let own = rw(user, Stack::now_ms() + n as u128 + 1);
+        let opened = open_session(&enclave, auth(stamped(&alice_key, &own, &alice_cert)), vec![]).await.unwrap();
+        assert_eq!(opened.user_id, alice);
+        let certified = pb::CredentialCertificate::decode(opened.certificate.as_slice()).unwrap();
+        assert_eq!(certified.user_id, alice);
+    }
+
+    // The root quorum (the one root user) opens one for alice.
+    let by_root = rw(Some(&alice), Stack::now_ms() + 10);
+    let opened = open_session(&enclave, auth(stamped(&root, &by_root, &root_cert)), vec![]).await.unwrap();
+    assert_eq!(opened.user_id, alice);
+}
