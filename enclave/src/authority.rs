@@ -705,9 +705,14 @@ impl Authority {
         key.update([0u8]);
         key.update(replay_key.0.as_bytes());
         let key: [u8; 32] = key.finalize().into();
-        // Charged to the body's organization: each has its share of the window. A fresh entry
-        // and the allow it stands for are committed together: every allow is in the decision log
-        // before anything is done, and if the store takes neither, nothing is done.
+        // Charged to the body's top-level organization, as the enclave's state says: each
+        // top-level organization has its share of the window, and its sub-organizations (sign-ups
+        // anyone can make) spend that share, not a share each. A fresh entry and the allow it
+        // stands for are committed together: every allow is in the decision log before anything
+        // is done, and if the store takes neither, nothing is done.
+        let share = self
+            .top_level_id(policy_org, decided.as_ref().map(|d| d.loaded.clone()))
+            .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
         let approved = auth.is_some_and(|a| a.approval.is_some());
         let allowed = decision_of(
             operation,
@@ -719,7 +724,7 @@ impl Authority {
         let expires = replay_key.1.saturating_add(self.freshness_ms);
         let remembered = self
             .store
-            .remember_allowed(&activity.organization_id, key, expires, now, &allowed)
+            .remember_allowed(&share, key, expires, now, &allowed)
             .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
         let refusal = match remembered {
             Remembered::Fresh => None,
@@ -746,6 +751,33 @@ impl Authority {
             submitter,
             voters,
         })
+    }
+
+    /// The top-level organization of `organization` in the enclave's authority state: itself when
+    /// it has no parent (or no state), else its parent's, walked up `parent_id`. `loaded` is
+    /// `organization`'s state when the caller has it (the decision's). Never the gateway's word:
+    /// the parent ids are those the enclave recorded when each sub-organization was created.
+    pub fn top_level_id(&self, organization: &str, loaded: Option<Arc<Loaded>>) -> Result<String, StoreError> {
+        let load = |id: &str| {
+            self.rules.load(id).map_err(|e| match e {
+                EnclaveError::AuthorityStore(e) => e,
+                other => StoreError::Corrupt(other.to_string()),
+            })
+        };
+        let mut id = organization.to_string();
+        let mut state = match loaded {
+            Some(l) => Some(l),
+            None => load(&id)?,
+        };
+        for _ in 0..MAX_ORGANIZATION_DEPTH {
+            let parent = match state.as_ref().and_then(|l| l.state.organization.parent_id.clone()) {
+                Some(p) if !p.is_empty() && p != id => p,
+                _ => break,
+            };
+            state = load(&parent)?;
+            id = parent;
+        }
+        Ok(id)
     }
 
     /// Records that the body with `fingerprint`, timestamped `timestamp_ms`, was used for
@@ -936,6 +968,9 @@ pub enum AttestedIdentity {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+/// Most parents [`Authority::top_level_id`] walks up (a sub-organization's own sub-organizations,
+/// and a bound should a state ever name a cycle).
+const MAX_ORGANIZATION_DEPTH: usize = 16;
 /// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
 const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
@@ -993,6 +1028,34 @@ mod tests {
         let refused = Refusal::new(RefusalReason::Replayed, BUSY).into_error();
         assert!(matches!(refused, EnclaveError::Refused { reason: RefusalReason::Replayed, .. }), "{refused:?}");
         assert_eq!(refused.to_string(), format!("enclave refused: {BUSY}"));
+    }
+
+    #[test]
+    fn sub_organizations_are_charged_to_their_top_level_organization() {
+        use coffer_authority_state::model::Organization;
+        use coffer_authority_state::{Change, Effect};
+        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
+        for (id, parent) in [("top", None), ("sub", Some("top")), ("subsub", Some("sub")), ("orphan", Some("gone"))] {
+            let organization = Organization {
+                id: id.into(),
+                name: id.into(),
+                parent_id: parent.map(Into::into),
+                ..Default::default()
+            };
+            let create = Change { organization_id: id.into(), effect: Effect::CreateOrganization { organization } };
+            assert!(authority.rules().import(id, &[create]).unwrap(), "{id}");
+        }
+        let top = |id: &str| authority.top_level_id(id, None).unwrap();
+        assert_eq!(top("top"), "top");
+        assert_eq!(top("sub"), "top");
+        assert_eq!(top("subsub"), "top", "walked up every parent");
+        // A parent the enclave has no state of is the top it knows; an organization it has no
+        // state of is its own.
+        assert_eq!(top("orphan"), "gone");
+        assert_eq!(top("unknown"), "unknown");
+        // The state the caller already read is where the walk starts.
+        let sub = authority.rules().load("sub").unwrap();
+        assert_eq!(authority.top_level_id("sub", sub).unwrap(), "top");
     }
 
     #[test]

@@ -34,11 +34,11 @@ pub struct EnclaveConfig {
     /// bytes each in the authority store); when full of live entries, new key operations are
     /// refused as busy (`REFUSAL_REASON_REPLAY_WINDOW_FULL`). Default 2,000,000.
     pub replay_capacity: usize,
-    /// Most live replay entries one organization may hold (its requests of the last freshness
-    /// window); past it that organization's key operations are refused as busy
-    /// (`REFUSAL_REASON_ORGANIZATION_REPLAY_QUOTA`) while the others go on. Default 100,000
-    /// (over 300 requests a second for the default 300 s window). Environment:
-    /// `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
+    /// Most live replay entries one top-level organization may hold (its requests and its
+    /// sub-organizations' of the last freshness window); past it that organization's key
+    /// operations are refused as busy (`REFUSAL_REASON_ORGANIZATION_REPLAY_QUOTA`) while the
+    /// others go on. Default 100,000 (over 300 requests a second for the default 300 s window).
+    /// Environment: `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
     pub replay_quota_per_organization: u64,
     /// Most sign-ups (`create_sub_organization`) the auth proxy's key stamps for one
     /// organization's auth proxy in an hour, counted by the enclave in the authority store (so by

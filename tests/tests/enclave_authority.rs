@@ -3481,3 +3481,84 @@ async fn a_member_allowed_to_open_sessions_gets_only_its_own() {
     let opened = open_session(&enclave, auth(stamped(&root, &by_root, &root_cert)), vec![]).await.unwrap();
     assert_eq!(opened.user_id, alice);
 }
+
+/// E11: a sub-organization's stamps are charged to its top-level organization's share of the
+/// replay window, as the enclave's state says (never the gateway): stamps of two sub-organizations
+/// of one parent, together with the parent's own, reach the parent's quota and are refused
+/// (busy, typed), the parent's too; another top-level organization is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_organizations_are_charged_to_their_top_level_replay_share() {
+    const QUOTA: usize = 16;
+    let quota = QUOTA.to_string();
+    let stack =
+        Stack::start_with(&[coffer_tests::AUDIT_LOG, ("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", quota.as_str())]).await;
+    let enclave = connect(stack.enclave_socket());
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    // Two sub-organizations, each with a root user holding an API key of ours.
+    let mut subs = Vec::new();
+    for n in 0..2 {
+        let key = TurnkeyP256ApiKey::generate();
+        let params = json!({"subOrganizationName": format!("sub-{n}"), "rootQuorumThreshold": 1,
+            "rootUsers": [{"userName": "u", "authenticators": [], "oauthProviders": [], "apiKeys": [{
+            "apiKeyName": "k", "publicKey": public_key(&key), "curveType": "API_KEY_CURVE_P256"}]}]});
+        let r = stack
+            .post_raw(
+                "/public/v1/submit/create_sub_organization",
+                body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params).as_bytes(),
+                Some(&root),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let id = r.json["activity"]["result"]["createSubOrganizationResultV8"]["subOrganizationId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let cert = certificate(&db(&stack), &public_key(&key));
+        subs.push((id, key, cert));
+    }
+    let kp = stack.gateway_cli(&["keygen"]);
+    let (pub2, priv2) = (kp["apiPublicKey"].as_str().unwrap(), kp["apiPrivateKey"].as_str().unwrap());
+    let key2 = TurnkeyP256ApiKey::from_strings(priv2, Some(pub2)).unwrap();
+    let org2 = stack.gateway_cli(&["init-org", "--name", "org-2", "--api-public-key", pub2])["organizationId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (root_cert, cert2) = (certificate(&db(&stack), &stack.api_public_key), certificate(&db(&stack), pub2));
+    let login = |org: &str, ts| {
+        let session = public_key(&TurnkeyP256ApiKey::generate());
+        body("ACTIVITY_TYPE_STAMP_LOGIN", org, ts, json!({"publicKey": session}))
+    };
+
+    // The sub-organizations log in by turns, on top of the parent's own entries (the sign-ups):
+    // refused, typed, before either has used a whole quota of its own.
+    let mut refusal = None;
+    for n in 0..QUOTA {
+        let (sub, key, cert) = &subs[n % 2];
+        match open_session(&enclave, auth(stamped(key, &login(sub, Stack::now_ms() + n as u128), cert)), vec![]).await {
+            Ok(_) => {}
+            Err(s) => {
+                refusal = Some((n, s));
+                break;
+            }
+        }
+    }
+    let (n, status) =
+        refusal.unwrap_or_else(|| panic!("{QUOTA} logins of two sub-organizations, none charged to their parent"));
+    assert_eq!(
+        (status.code(), coffer_proto::refusal_reason(&status)),
+        (tonic::Code::ResourceExhausted, Some(pb::RefusalReason::OrganizationReplayQuota)),
+        "login {n}: {status:?}"
+    );
+    assert!(n + 2 <= QUOTA, "the parent's sign-ups counted: refused at login {n}");
+    // The other sub-organization and the parent itself share that quota.
+    for (who, key, cert) in
+        [(&subs[(n + 1) % 2].0, &subs[(n + 1) % 2].1, &subs[(n + 1) % 2].2), (&org, &root, &root_cert)]
+    {
+        let r = open_session(&enclave, auth(stamped(key, &login(who, Stack::now_ms() + 100), cert)), vec![]).await;
+        refused(r, tonic::Code::ResourceExhausted, pb::RefusalReason::OrganizationReplayQuota);
+    }
+    // Another top-level organization logs in.
+    let opened = open_session(&enclave, auth(stamped(&key2, &login(&org2, Stack::now_ms()), &cert2)), vec![]).await;
+    assert!(opened.is_ok(), "another top-level organization is not affected: {opened:?}");
+}
