@@ -3,13 +3,13 @@
 //! the head in the authority store and one signature, on the group's last link), in front of the
 //! store's compare-and-set that orders appends across enclaves.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use coffer_auth::proof::{self, LogLink};
 use coffer_proto::v1 as pb;
 
 use crate::authority_store::{AuthorityStore, StoreError};
+use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
 
@@ -37,18 +37,26 @@ struct Job {
 }
 
 /// The appends waiting for a group, and each organization's head as this enclave last wrote it.
-#[derive(Default)]
 pub struct ActivityLog {
     waiting: Mutex<group_commit::Queue<Job>>,
-    heads: Mutex<HashMap<String, (u64, String)>>,
+    /// Each organization's head as this enclave last moved it, least recently used out.
+    heads: BoundedCache<(u64, String)>,
+}
+
+impl Default for ActivityLog {
+    fn default() -> Self {
+        Self { waiting: Mutex::default(), heads: BoundedCache::new(HEADS_BYTES) }
+    }
 }
 
 /// How many times a group recomputes an organization's links after another enclave appended first.
 const APPEND_TRIES: usize = 8;
 /// Most appends one group takes.
 const MAX_GROUP: usize = 512;
-/// Most organizations whose head is kept in memory; past it the map starts over.
-const CACHED_HEADS: usize = 20_000;
+/// What the heads kept in memory may weigh together: about 40,000 of [`HEAD_BYTES`].
+const HEADS_BYTES: usize = 8 << 20;
+/// Estimated bytes of one kept head: the organization's id, the 64-digit head, the map's links.
+const HEAD_BYTES: usize = 200;
 
 fn poisoned<T>(_: T) -> EnclaveError {
     EnclaveError::Internal("activity log poisoned".into())
@@ -120,7 +128,7 @@ impl ActivityLog {
         sign: Signer<'_>,
     ) -> Result<Vec<Appended>, EnclaveError> {
         for _ in 0..APPEND_TRIES {
-            let cached = self.heads.lock().map_err(poisoned)?.get(organization_id).cloned();
+            let cached = self.heads.get(organization_id);
             let (start, mut head) = match cached {
                 Some(h) => h,
                 None => store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id))),
@@ -147,18 +155,12 @@ impl ActivityLog {
             let links = start + entries.len() as u64;
             match store.advance_log(organization_id, start, links, &head) {
                 Ok(()) => {
-                    let mut heads = self.heads.lock().map_err(poisoned)?;
-                    if heads.len() >= CACHED_HEADS {
-                        heads.clear();
-                    }
-                    heads.insert(organization_id.to_string(), (links, head));
+                    self.heads.insert(organization_id, (links, head), HEAD_BYTES);
                     return Ok(appended);
                 }
-                Err(StoreError::VersionMoved { .. }) => {
-                    self.heads.lock().map_err(poisoned)?.remove(organization_id);
-                }
+                Err(StoreError::VersionMoved { .. }) => self.heads.remove(organization_id),
                 Err(e) => {
-                    self.heads.lock().map_err(poisoned)?.remove(organization_id);
+                    self.heads.remove(organization_id);
                     return Err(e.into());
                 }
             }

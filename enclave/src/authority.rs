@@ -361,14 +361,26 @@ impl Authority {
 
     /// The same authority, its rules enforcing or in shadow mode ([`Rules::enforcing`]).
     pub fn enforcing(self, enforce: bool) -> Self {
-        let rules = Arc::new(Rules::new(self.store.clone()).enforcing(enforce).limited(self.rules.limits()));
-        Self { rules, ..self }
+        let (limits, cache_bytes) = (self.rules.limits(), self.rules.cache_budget_bytes());
+        self.with_rules(enforce, limits, cache_bytes)
     }
 
     /// The same authority, its rules with these per-organization caps ([`Rules::limited`]).
     pub fn limited(self, limits: coffer_authority_state::Limits) -> Self {
-        let rules = Arc::new(Rules::new(self.store.clone()).enforcing(self.rules.enforces()).limited(limits));
-        Self { rules, ..self }
+        let (enforce, cache_bytes) = (self.rules.enforces(), self.rules.cache_budget_bytes());
+        self.with_rules(enforce, limits, cache_bytes)
+    }
+
+    /// The same authority, keeping at most `bytes` of organizations' states in memory
+    /// ([`Rules::cache_budget`]).
+    pub fn state_cache(self, bytes: usize) -> Self {
+        let (enforce, limits) = (self.rules.enforces(), self.rules.limits());
+        self.with_rules(enforce, limits, bytes)
+    }
+
+    fn with_rules(self, enforce: bool, limits: coffer_authority_state::Limits, cache_bytes: usize) -> Self {
+        let rules = Rules::new(self.store.clone()).enforcing(enforce).limited(limits).cache_budget(cache_bytes);
+        Self { rules: Arc::new(rules), ..self }
     }
 
     /// Decides `a` again, with the same stamps, over `loaded`: the state a state change is decided

@@ -64,6 +64,10 @@ pub struct EnclaveConfig {
     /// what every decision of the organization compiles and holds. Default 262,144 (256 KiB).
     /// Environment: `COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION`.
     pub max_policy_text_bytes_per_organization: usize,
+    /// MiB of organizations' authority states kept in memory (estimated per state from its items
+    /// and policy text), the least recently used dropped first: a state not kept is read from the
+    /// authority store when it is needed. Default 64. Environment: `COFFER_STATE_CACHE_MIB`.
+    pub state_cache_mib: usize,
     /// The enclave tier's authority store (replay window, decision log, authority state):
     /// `sqlite://PATH`, or `postgres://USER@HOST[:PORT]/DB` for several enclaves (a Unix socket
     /// directory as a percent-encoded host), with credentials the gateway never has. Default:
@@ -354,6 +358,7 @@ impl Default for EnclaveConfig {
             max_webhook_endpoints_per_organization: coffer_authority_state::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
             max_policies_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICIES,
             max_policy_text_bytes_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES,
+            state_cache_mib: crate::rules::DEFAULT_STATE_CACHE_BYTES >> 20,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -413,6 +418,7 @@ impl EnclaveConfig {
             ("COFFER_MAX_WEBHOOK_ENDPOINTS_PER_ORGANIZATION", &mut cfg.max_webhook_endpoints_per_organization),
             ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &mut cfg.max_policies_per_organization),
             ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", &mut cfg.max_policy_text_bytes_per_organization),
+            ("COFFER_STATE_CACHE_MIB", &mut cfg.state_cache_mib),
         ] {
             if let Ok(v) = std::env::var(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;

@@ -5,6 +5,7 @@ pub mod activity_log;
 pub mod audit;
 pub mod authority;
 pub mod authority_store;
+pub mod bounded_cache;
 pub mod config;
 pub mod egress;
 pub mod error;

@@ -328,6 +328,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         )
         .enforcing(cfg.enforce_rules)
         .limited(cfg.limits())
+        .state_cache(cfg.state_cache_mib.saturating_mul(1 << 20))
         .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day),
     );
     tracing::info!(
@@ -335,6 +336,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         max_webhook_endpoints_per_organization = cfg.max_webhook_endpoints_per_organization,
         max_policies_per_organization = cfg.max_policies_per_organization,
         max_policy_text_bytes_per_organization = cfg.max_policy_text_bytes_per_organization,
+        state_cache_mib = cfg.state_cache_mib,
         "organization rules"
     );
     match std::fs::remove_file(&cfg.socket) {

@@ -11,6 +11,7 @@ use coffer_authority_state::{subjects, AuthorityState, Change, Credential, Effec
 use coffer_policy::decision::{Decision, Evaluation};
 
 use crate::authority_store::{AuthorityStore, Entry, OrgChanges};
+use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
 
@@ -22,8 +23,36 @@ pub struct Loaded {
     pub index: Arc<PolicyIndex>,
 }
 
-/// Most organizations whose state is kept in memory; past it the cache starts over.
-const CACHE_ORGANIZATIONS: usize = 20_000;
+/// What the states kept in memory may weigh together ([`footprint`]), by default.
+pub const DEFAULT_STATE_CACHE_BYTES: usize = 64 << 20;
+
+/// Estimated bytes of a loaded state apart from its items: the maps' roots and derived indexes
+/// (an organization with one user, API key, wallet and account measured about 15 KiB in all).
+const STATE_BYTES: usize = 12 * 1024;
+/// Estimated bytes of one item of a state (a user, credential, policy, wallet, account, ...).
+const ITEM_BYTES: usize = 768;
+/// Estimated bytes of a compiled policy per byte of its text (the densest source measured 86).
+const COMPILED_BYTES_PER_TEXT_BYTE: usize = 96;
+
+/// What `loaded` is charged in the cache of states, in estimated bytes: grows with its items and
+/// its policies' text, so that the cache's bound holds for large organizations as for small.
+pub fn footprint(loaded: &Loaded) -> usize {
+    let s = &loaded.state;
+    let items = s.users.len()
+        + s.credentials.len()
+        + s.policies.len()
+        + s.user_tags.len()
+        + s.private_key_tags.len()
+        + s.wallets.len()
+        + s.accounts.len()
+        + s.private_keys.len()
+        + s.contract_interfaces.len()
+        + s.webhook_endpoints.len()
+        + s.oauth2_credentials.len();
+    STATE_BYTES
+        + ITEM_BYTES * items
+        + COMPILED_BYTES_PER_TEXT_BYTE * coffer_authority_state::limits::policy_text_bytes(s)
+}
 
 /// A voter the enclave verified: the user, the certified credential, when the vote was stamped.
 #[derive(Debug, Clone)]
@@ -50,7 +79,8 @@ pub struct Rules {
     enforce: bool,
     /// The per-organization caps every staged change is checked against ([`Rules::stage`]).
     limits: Limits,
-    cache: Mutex<HashMap<String, Arc<Loaded>>>,
+    /// Committed states, bounded by [`footprint`] on every insert, least recently used out.
+    cache: BoundedCache<Arc<Loaded>>,
     /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
     writing: Mutex<()>,
     /// Held by a state change from its decision to its staging (see [`Rules::stage`]), so that
@@ -138,7 +168,7 @@ impl Rules {
             store,
             enforce: true,
             limits: Limits::default(),
-            cache: Mutex::new(HashMap::new()),
+            cache: BoundedCache::new(DEFAULT_STATE_CACHE_BYTES),
             writing: Mutex::new(()),
             changing: Mutex::new(Staged::default()),
         }
@@ -162,6 +192,22 @@ impl Rules {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The same rules, keeping at most `bytes` of states in memory ([`footprint`]).
+    pub fn cache_budget(mut self, bytes: usize) -> Self {
+        self.cache = BoundedCache::new(bytes);
+        self
+    }
+
+    /// What the states kept in memory may weigh together ([`Rules::cache_budget`]).
+    pub fn cache_budget_bytes(&self) -> usize {
+        self.cache.budget()
+    }
+
+    /// States kept in memory, and what they are charged.
+    pub fn cache_usage(&self) -> (usize, usize) {
+        self.cache.usage()
     }
 
     /// Builds an organization's first state from `changes` (`coffer-enclave
@@ -420,14 +466,15 @@ impl Rules {
             });
         }
         let versions = self.store.apply(&writes)?;
-        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
         for ((org, head), version) in snapshot.iter().zip(&versions) {
             if head.deleted {
-                cache.remove(org);
+                self.cache.remove(org);
             } else {
                 let mut state = head.loaded.state.clone();
                 state.version = *version;
-                cache.insert(org.clone(), Arc::new(Loaded { state, index: head.loaded.index.clone() }));
+                let loaded = Arc::new(Loaded { state, index: head.loaded.index.clone() });
+                let bytes = footprint(&loaded);
+                self.cache.insert(org, loaded, bytes);
             }
         }
         Ok(snapshot.iter().map(|(org, _)| org.clone()).zip(versions).collect())
@@ -466,10 +513,9 @@ impl Rules {
     /// `None` when the store must be read.
     fn cached(&self, organization_id: &str) -> Result<Option<Option<Arc<Loaded>>>, EnclaveError> {
         let Some(version) = self.store.version(organization_id)? else { return Ok(Some(None)) };
-        let cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
         // Versions only grow and the cache holds only committed states: a cached version newer
         // than the one just read was committed after that read, and is as good.
-        Ok(cache.get(organization_id).filter(|l| l.state.version >= version).map(|l| Some(l.clone())))
+        Ok(self.cache.get(organization_id).filter(|l| l.state.version >= version).map(Some))
     }
 
     /// [`Rules::load`] with the write lock held: no commit of this enclave runs meanwhile.
@@ -488,11 +534,7 @@ impl Rules {
             return Ok(None);
         }
         let loaded = Arc::new(Loaded { index: Arc::new(PolicyIndex::of(&state)), state });
-        let mut cache = self.cache.lock().map_err(|_| internal("cache poisoned"))?;
-        if cache.len() >= CACHE_ORGANIZATIONS {
-            cache.clear();
-        }
-        cache.insert(organization_id.to_string(), loaded.clone());
+        self.cache.insert(organization_id, loaded.clone(), footprint(&loaded));
         Ok(Some(loaded))
     }
 
@@ -684,6 +726,23 @@ mod tests {
             other.decide("nope", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().0,
             RefusalReason::OrganizationUnknown
         );
+    }
+
+    #[test]
+    fn states_committed_or_loaded_stay_within_the_cache_budget_and_evicted_ones_load_again() {
+        let budget = 16 * 64 * 1024;
+        let r = rules().cache_budget(budget);
+        for i in 0..400 {
+            bootstrap(&r, &format!("o{i}"));
+        }
+        let (kept, bytes) = r.cache_usage();
+        assert!(bytes <= budget && kept > 16 && kept < 400, "{kept} states, {bytes} bytes");
+        // The first ones were committed long ago and are gone from memory, not from the store.
+        let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+        for i in 0..400 {
+            assert!(r.decide(&format!("o{i}"), sign, &serde_json::json!({}), &root_vote(), &[], 2).is_ok());
+        }
+        assert!(r.cache_usage().1 <= budget);
     }
 
     fn put_user(org: &str, id: &str) -> Change {
