@@ -29,6 +29,8 @@ struct Args {
     /// `--store postgres`: also measure writes and reads on PostgreSQL, with one and with two
     /// gateways, beside SQLite's (fresh stacks each).
     store: Option<String>,
+    /// The scale section: how many sub-organizations it creates (`--scale-suborgs`).
+    scale_suborgs: usize,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -41,6 +43,7 @@ fn args() -> anyhow::Result<Args> {
         out: std::path::PathBuf::from("target/bench/latest.json"),
         only: None,
         store: None,
+        scale_suborgs: SCALE_SUBORGS,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -53,6 +56,7 @@ fn args() -> anyhow::Result<Args> {
             "--warmup" => a.warmup = Duration::from_secs_f64(val()?.parse()?),
             "--out" => a.out = val()?.into(),
             "--only" => a.only = Some(val()?),
+            "--scale-suborgs" => a.scale_suborgs = val()?.parse::<usize>()?.max(1),
             "--store" => match val()?.as_str() {
                 "postgres" => a.store = Some("postgres".into()),
                 other => bail!("--store {other}: expected postgres (SQLite is always measured)"),
@@ -60,7 +64,7 @@ fn args() -> anyhow::Result<Args> {
             "--help" | "-h" => {
                 println!(
                     "coffer-bench [--clients N] [--duration SECONDS] [--warmup SECONDS] [--out FILE] [--only TEXT] \
-                     [--burst-clients N] [--burst-rounds N] [--store postgres]"
+                     [--burst-clients N] [--burst-rounds N] [--store postgres] [--scale-suborgs N]"
                 );
                 std::process::exit(0);
             }
@@ -381,24 +385,28 @@ fn raw_signing(name: &'static str, org: &str, eth: &str) -> Scenario {
 }
 
 fn check_k1(address: String) -> CheckResponse {
-    Arc::new(move |n, v| {
-        let r = &completed(v)?["signRawPayloadResult"];
-        if n % 16 != 0 {
-            return Ok(false);
-        }
-        let sig = hex::decode(format!("{}{}", r["r"].as_str().unwrap_or(""), r["s"].as_str().unwrap_or("")))
-            .map_err(|e| e.to_string())?;
-        let sig = k256::ecdsa::Signature::from_slice(&sig).map_err(|e| e.to_string())?;
-        let recid = k256::ecdsa::RecoveryId::from_byte(if r["v"] == "01" { 1 } else { 0 }).unwrap();
-        let digest = sha3::Keccak256::digest(hex::decode(payload(n)).unwrap());
-        let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).map_err(|e| e.to_string())?;
-        let point = vk.to_encoded_point(false);
-        let got = format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]));
-        if got != address.to_lowercase() {
-            return Err(format!("signature recovers to {got}, expected {address}"));
-        }
-        Ok(true)
+    Arc::new(move |n, v| match recovered_k1(n, v)? {
+        None => Ok(false),
+        Some(got) if got == address.to_lowercase() => Ok(true),
+        Some(got) => Err(format!("signature recovers to {got}, expected {address}")),
     })
+}
+
+/// A completed raw signing of [`payload`]`(n)` (keccak256): for each 16th request the Ethereum
+/// address its signature recovers to (lowercase), for the others `None` (the shape is checked).
+fn recovered_k1(n: u64, v: &Value) -> Result<Option<String>, String> {
+    let r = &completed(v)?["signRawPayloadResult"];
+    if !n.is_multiple_of(16) {
+        return Ok(None);
+    }
+    let sig = hex::decode(format!("{}{}", r["r"].as_str().unwrap_or(""), r["s"].as_str().unwrap_or("")))
+        .map_err(|e| e.to_string())?;
+    let sig = k256::ecdsa::Signature::from_slice(&sig).map_err(|e| e.to_string())?;
+    let recid = k256::ecdsa::RecoveryId::from_byte(if r["v"] == "01" { 1 } else { 0 }).unwrap();
+    let digest = sha3::Keccak256::digest(hex::decode(payload(n)).unwrap());
+    let vk = k256::ecdsa::VerifyingKey::recover_from_prehash(&digest, &sig, recid).map_err(|e| e.to_string())?;
+    let point = vk.to_encoded_point(false);
+    Ok(Some(format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))))
 }
 
 fn check_ed(address: String) -> CheckResponse {
@@ -1410,6 +1418,310 @@ async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Va
         "policies": MANY_POLICIES, "peakRssMiB": {"enclave": peaks.0, "gateway": peaks.1},
     });
     Ok((report, vec![(ONE_APPLICABLE, one), (MANY_APPLICABLE, many)]))
+}
+
+/// The scale section's name (for `--only`; a term that is a whole section's name selects that
+/// section alone, so `--only scale` does not run [`AUTHORITY_SCALE`] too).
+const SCALE: &str = "scale";
+/// Its scenarios: raw signing in one sub-organization, then in a uniformly random one a request
+/// (named `sign…`, so the table counts them as signing: server CPU against the floor's).
+const SCALE_ONE_ORG: &str = "sign_raw_payload, scale: one sub-organization";
+const SCALE_RANDOM: &str = "sign_raw_payload, scale: a random sub-organization";
+/// How many sub-organizations it creates unless `--scale-suborgs` says otherwise (issue 40).
+const SCALE_SUBORGS: usize = 250_000;
+/// Its targets (issue 40): signing in a random sub-organization at least this share of signing in
+/// one; the enclave's peak RSS with them all; an enclave killed and started again signing within.
+const SCALE_RANDOM_RATIO_TARGET: f64 = 0.5;
+const SCALE_ENCLAVE_RSS_TARGET_MIB: f64 = 256.0;
+const SCALE_RESTART_TARGET_MS: f64 = 2000.0;
+/// The main stack's gateway and enclave: peak RSS of each over the whole bench (issue 40).
+const MAIN_RSS_TARGET_MIB: f64 = 128.0;
+
+/// Request `n`'s sub-organization of `len` in the random scenario (splitmix64 of `n`: uniform,
+/// and the same for the request's body and for its check).
+fn scale_pick(n: u64, len: usize) -> usize {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % len as u64) as usize
+}
+
+/// One sub-organization of the scale section: its id and its Ethereum account's address.
+struct SubOrganization {
+    id: String,
+    eth: String,
+}
+
+/// A raw signing body (keccak256 of [`payload`]`(n)`) for the account `sign_with` of `org`.
+fn sign_raw_payload_body(org: &str, sign_with: &str, n: u64) -> String {
+    envelope(
+        "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        org,
+        json!({"signWith": sign_with, "payload": payload(n), "encoding": "PAYLOAD_ENCODING_HEXADECIMAL",
+            "hashFunction": "HASH_FUNCTION_KECCAK256"}),
+    )
+}
+
+/// Creates `count` sub-organizations of `parent` through the API (`create_sub_organization` V8,
+/// `clients` at a time on kept-alive connections, stamped by the parent's `root`), each with a
+/// root user holding the API key `sub_root_public` and a wallet with one Ethereum account. A
+/// request shed (503 or 429) is sent again (a fresh body, after 50 ms, up to 20 times); any other
+/// answer but a completed activity fails the section. Answers the sub-organizations and how many
+/// requests were sent again.
+async fn create_sub_organizations(
+    base_url: &str,
+    parent: &str,
+    root: Arc<TurnkeyP256ApiKey>,
+    sub_root_public: &str,
+    count: usize,
+    clients: usize,
+) -> anyhow::Result<(Vec<SubOrganization>, u64)> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
+    let url = format!("{base_url}/public/v1/submit/create_sub_organization");
+    let (next, done, resent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients.max(1) {
+        let (http, url, root, parent, public) =
+            (http.clone(), url.clone(), root.clone(), parent.to_string(), sub_root_public.to_string());
+        let (next, done, resent) = (next.clone(), done.clone(), resent.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut made = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= count {
+                    return anyhow::Ok(made);
+                }
+                let mut tries = 0;
+                let sub = loop {
+                    let body = envelope(
+                        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+                        &parent,
+                        json!({"subOrganizationName": format!("scale-{i}"), "rootQuorumThreshold": 1,
+                            "rootUsers": [{"userName": "root", "apiKeys": [{"apiKeyName": "root", "publicKey": public,
+                                "curveType": "API_KEY_CURVE_P256"}], "authenticators": [], "oauthProviders": []}],
+                            "wallet": {"walletName": "scale", "accounts": [{"curve": "CURVE_SECP256K1",
+                                "pathFormat": "PATH_FORMAT_BIP32", "path": "m/44'/60'/0'/0/0",
+                                "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]}}),
+                    );
+                    let stamp = root.stamp(body.as_bytes())?;
+                    let r = http.post(&url).header(stamp.name, stamp.value).body(body).send().await?;
+                    let status = r.status().as_u16();
+                    let text = r.text().await?;
+                    if matches!(status, 503 | 429) && tries < 20 {
+                        tries += 1;
+                        resent.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    anyhow::ensure!(status == 200, "sub-organization {i}: HTTP {status}: {text}");
+                    let v: Value = serde_json::from_str(&text)?;
+                    let result = &completed(&v).map_err(|e| anyhow::anyhow!("sub-organization {i}: {e}: {text}"))?
+                        ["createSubOrganizationResultV8"];
+                    let (id, eth) = (result["subOrganizationId"].as_str(), result["wallet"]["addresses"][0].as_str());
+                    let (Some(id), Some(eth)) = (id, eth) else {
+                        bail!("sub-organization {i}: no id or address: {text}");
+                    };
+                    break SubOrganization { id: id.to_string(), eth: eth.to_string() };
+                };
+                made.push(sub);
+                let done = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if done % (count as u64 / 10).max(1) == 0 {
+                    eprintln!(
+                        "  {done} of {count} sub-organizations, {:.0}/s so far",
+                        done as f64 / started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }));
+    }
+    let mut subs = Vec::with_capacity(count);
+    for t in tasks {
+        subs.extend(t.await??);
+    }
+    Ok((subs, resent.load(Ordering::Relaxed)))
+}
+
+/// The scale section (issue 40), on a fresh stack: `args.scale_suborgs` sub-organizations
+/// created through the API (the rate); raw signing at `args.clients` clients in one of them, then
+/// in a uniformly random one a request, every 16th signature recovered to that one's address (the
+/// ratio); the enclave's and the gateway's peak RSS after that; then the enclave killed (SIGKILL)
+/// and started again on the same token and stores, timed to its first signature (in a random
+/// sub-organization) through the gateway, beside the times to its socket accepting and to the
+/// gateway's `/healthz` answering 200.
+async fn scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, Vec<(&'static str, Sample)>)> {
+    // The parent organization makes every creation request: past the default per-organization
+    // replay quota (100,000 in 300 s, a fairness limit between organizations) above 333 a second.
+    let mut stack = Stack::start_with(&[("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", "10000000")]).await;
+    let root = Arc::new(stack.api_key());
+    let parent = stack.organization_id.clone();
+    // One API key is every sub-organization root's (an organization's credentials are its own:
+    // the same public key may be in many), so the bench keeps one private key, not 250,000.
+    let sub_root = Arc::new(TurnkeyP256ApiKey::generate());
+    let sub_root_public = hex::encode(sub_root.compressed_public_key());
+    let count = args.scale_suborgs;
+    eprintln!("running: {SCALE}: creating {count} sub-organizations with {} clients...", args.clients);
+    let started = Instant::now();
+    let (subs, resent) =
+        create_sub_organizations(&stack.base_url, &parent, root, &sub_root_public, count, args.clients).await?;
+    let create_seconds = started.elapsed().as_secs_f64();
+    let create_rate = count as f64 / create_seconds;
+    let (enclave, gateway) = stack.pids();
+    let after_create = (rss_mib(enclave), rss_mib(gateway));
+
+    let subs = Arc::new(subs);
+    let one = &subs[scale_pick(0, subs.len())];
+    let one_org = raw_signing(SCALE_ONE_ORG, &one.id, &one.eth);
+    eprintln!("running: {SCALE_ONE_ORG} with {} clients", args.clients);
+    let one_sample =
+        run(&one_org, &stack, sub_root.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
+    let random = Scenario {
+        name: SCALE_RANDOM,
+        path: SIGN_PATH,
+        make: Arc::new({
+            let subs = subs.clone();
+            move |n| {
+                let s = &subs[scale_pick(n, subs.len())];
+                sign_raw_payload_body(&s.id, &s.eth, n)
+            }
+        }),
+        check: Arc::new({
+            let subs = subs.clone();
+            move |n, v| match recovered_k1(n, v)? {
+                None => Ok(false),
+                Some(got) => {
+                    let s = &subs[scale_pick(n, subs.len())];
+                    if got == s.eth.to_lowercase() {
+                        Ok(true)
+                    } else {
+                        Err(format!("signature in {} recovers to {got}, expected {}", s.id, s.eth))
+                    }
+                }
+            }
+        }),
+    };
+    eprintln!("running: {SCALE_RANDOM} (of {count}) with {} clients", args.clients);
+    let random_sample =
+        run(&random, &stack, sub_root.clone(), args.clients, args.warmup, args.duration, seq.clone()).await;
+    let ratio = random_sample.rps() / one_sample.rps();
+    let peaks = (peak_rss_mib(enclave), peak_rss_mib(gateway));
+
+    // Restart to ready: killed, started again, and timed (from the start) to the enclave's socket
+    // accepting, the gateway's /healthz answering 200, and the first signature through the gateway.
+    eprintln!("running: {SCALE}: the enclave killed (SIGKILL) and started again...");
+    stack.kill_enclave();
+    let restarted = Instant::now();
+    stack.start_enclave();
+    let deadline = Duration::from_secs(60);
+    let socket = stack.enclave_socket();
+    let accepting = async {
+        while restarted.elapsed() < deadline {
+            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                return Some(restarted.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        None
+    };
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let healthy = async {
+        while restarted.elapsed() < deadline {
+            if http.get(format!("{}/healthz", stack.base_url)).send().await.is_ok_and(|r| r.status() == 200) {
+                return Some(restarted.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    };
+    let signing = async {
+        let (mut tries, mut last) = (0u64, String::new());
+        while restarted.elapsed() < deadline {
+            // A multiple of 16, so that its signature is recovered and checked.
+            let n = seq.fetch_add(16, Ordering::Relaxed).next_multiple_of(16);
+            let body = (random.make)(n);
+            let stamp = sub_root.stamp(body.as_bytes()).expect("stamp");
+            let url = format!("{}{SIGN_PATH}", stack.base_url);
+            tries += 1;
+            match http.post(&url).header(stamp.name, stamp.value).body(body).send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let text = r.text().await.unwrap_or_default();
+                    let v: Value = serde_json::from_str(&text).unwrap_or_default();
+                    match (status, (random.check)(n, &v)) {
+                        (200, Ok(true)) => return (Some(restarted.elapsed()), tries, last),
+                        (200, Ok(false)) => last = "HTTP 200, signature not checked".into(),
+                        (200, Err(e)) => last = format!("HTTP 200: {e}"),
+                        (s, _) => last = format!("HTTP {s}: {}", text.chars().take(200).collect::<String>()),
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (None, tries, last)
+    };
+    let (accepting, healthy, (ready, tries, last)) = tokio::join!(accepting, healthy, signing);
+    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+    let (accepting_ms, healthy_ms, ready_ms) = (ms(accepting), ms(healthy), ms(ready));
+    let restarted_rss = rss_mib(stack.pids().0);
+    drop(stack);
+
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISSED" };
+    let mib = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+    let ratio_pass = ratio >= SCALE_RANDOM_RATIO_TARGET && random_sample.errors == 0;
+    let rss_pass = peaks.0.is_some_and(|p| p <= SCALE_ENCLAVE_RSS_TARGET_MIB);
+    let restart_pass = ready_ms.is_some_and(|r| r <= SCALE_RESTART_TARGET_MS);
+    println!(
+        "\n{SCALE}: {count} sub-organizations (each a root user with an API key and a wallet with an Ethereum account) created through the API with {} clients in {create_seconds:.1} s = {create_rate:.0}/s ({resent} requests shed and sent again)",
+        args.clients,
+    );
+    println!(
+        "{SCALE}: signing, {} clients: in one sub-organization {:.0} req/s (p50 {:.1} ms, p99 {:.1} ms), in a uniformly random one {:.0} req/s (p50 {:.1} ms, p99 {:.1} ms, {} errors, {} signatures verified) = {:.1}% (target ≥ {:.0}%: {})",
+        args.clients,
+        one_sample.rps(),
+        one_sample.pct(0.5),
+        one_sample.pct(0.99),
+        random_sample.rps(),
+        random_sample.pct(0.5),
+        random_sample.pct(0.99),
+        random_sample.errors,
+        random_sample.verified,
+        ratio * 100.0,
+        SCALE_RANDOM_RATIO_TARGET * 100.0,
+        verdict(ratio_pass),
+    );
+    println!(
+        "{SCALE}: peak RSS enclave {} MiB (target ≤ {SCALE_ENCLAVE_RSS_TARGET_MIB:.0} MiB: {}), gateway {} MiB; RSS after creating them: enclave {} MiB, gateway {} MiB",
+        mib(peaks.0),
+        verdict(rss_pass),
+        mib(peaks.1),
+        mib(after_create.0),
+        mib(after_create.1),
+    );
+    println!(
+        "{SCALE}: enclave restart (SIGKILL, started again) to its first signature in a random sub-organization: {} (target ≤ {SCALE_RESTART_TARGET_MS:.0} ms: {}); its socket accepting after {}, the gateway's /healthz 200 after {}; {tries} signing requests{}; enclave RSS then {} MiB",
+        ready_ms.map_or("not within 60 s".into(), |v| format!("{v:.0} ms")),
+        verdict(restart_pass),
+        accepting_ms.map_or("n/a".into(), |v| format!("{v:.0} ms")),
+        healthy_ms.map_or("n/a".into(), |v| format!("{v:.0} ms")),
+        if last.is_empty() { String::new() } else { format!(" (the last refused: {last})") },
+        mib(restarted_rss),
+    );
+    let report = json!({
+        "subOrganizations": count, "createPerSecond": create_rate, "randomSigningRatio": ratio,
+        "enclavePeakRssMiB": peaks.0, "enclaveRestartToReadyMs": ready_ms,
+        "clients": args.clients, "createSeconds": create_seconds, "createResent": resent,
+        "oneOrgSignsPerSecond": one_sample.rps(), "randomSignsPerSecond": random_sample.rps(),
+        "oneOrgP99Ms": one_sample.pct(0.99), "randomP99Ms": random_sample.pct(0.99),
+        "randomSigningErrors": random_sample.errors, "randomSignaturesVerified": random_sample.verified,
+        "gatewayPeakRssMiB": peaks.1, "rssAfterCreateMiB": {"enclave": after_create.0, "gateway": after_create.1},
+        "enclaveRestartAcceptingMs": accepting_ms, "enclaveRestartHealthzMs": healthy_ms,
+        "enclaveRestartSigningRequests": tries, "enclaveRssAfterRestartMiB": restarted_rss,
+        "targets": {"randomSigningRatio": SCALE_RANDOM_RATIO_TARGET, "enclavePeakRssMiB": SCALE_ENCLAVE_RSS_TARGET_MIB,
+            "enclaveRestartToReadyMs": SCALE_RESTART_TARGET_MS},
+        "pass": {"randomSigningRatio": ratio_pass, "enclavePeakRssMiB": rss_pass, "enclaveRestartToReadyMs": restart_pass},
+    });
+    Ok((report, vec![(SCALE_ONE_ORG, one_sample), (SCALE_RANDOM, random_sample)]))
 }
 
 /// The one-time code section's name (for `--only`), its rate and its target (issue 27): codes
@@ -2594,7 +2906,14 @@ async fn main() -> anyhow::Result<()> {
 
     let seq = Arc::new(AtomicU64::new(1));
     let mut results = Vec::new();
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| o.split('|').any(|o| name.contains(o)));
+    // A term of `--only` that is a whole section's name selects that section alone (`scale` is
+    // part of `authority scale`); any other term, every scenario whose name contains it.
+    let sections = [SCALE, AUTHORITY_SCALE, POLICY_COST, TENANT_ISOLATION, OTP_DELIVERY, WEBHOOK, ACTIVITY_LOG, BURST];
+    let wanted = |name: &str| {
+        args.only
+            .as_deref()
+            .is_none_or(|o| o.split('|').any(|o| if sections.contains(&o) { name == o } else { name.contains(o) }))
+    };
     // One client back to back: the latency figure.
     if wanted("1 client") {
         eprintln!("running: {} with 1 client", scenarios[0].name);
@@ -2662,6 +2981,13 @@ async fn main() -> anyhow::Result<()> {
     };
     let scale_report = if wanted(AUTHORITY_SCALE) {
         let (report, samples) = authority_scale(&args, seq.clone()).await?;
+        results.extend(samples.into_iter().map(|(name, s)| (name, args.clients, s)));
+        Some(report)
+    } else {
+        None
+    };
+    let big_scale_report = if wanted(SCALE) {
+        let (report, samples) = scale(&args, seq.clone()).await?;
         results.extend(samples.into_iter().map(|(name, s)| (name, args.clients, s)));
         Some(report)
     } else {
@@ -2800,6 +3126,11 @@ async fn main() -> anyhow::Result<()> {
         stack.enclave_startup.as_secs_f64() * 1000.0,
         stack.gateway_startup.as_secs_f64() * 1000.0
     );
+    let main_rss_pass = rss.0.zip(rss.1).is_some_and(|(e, g)| e <= MAIN_RSS_TARGET_MIB && g <= MAIN_RSS_TARGET_MIB);
+    println!(
+        "peak RSS of the main stack's enclave and gateway, target ≤ {MAIN_RSS_TARGET_MIB:.0} MiB each: {}",
+        if main_rss_pass { "PASS" } else { "MISSED" }
+    );
     for (name, growth) in &rss_growth {
         if let Some(g) = growth {
             println!("gateway peak RSS growth during {name}: {g:.1} MiB");
@@ -2828,13 +3159,14 @@ async fn main() -> anyhow::Result<()> {
         "burst": burst_json,
         "webhook": webhook_report,
         "authorityScale": scale_report,
+        "scale": big_scale_report,
         "policyCost": policy_report,
         "tenantIsolation": tenant_report,
         "otpDelivery": otp_report,
         "transactionSigning": transaction_report,
         "appProofs": proofs_report,
         "activityLog": log_report,
-        "peakRssMiB": {"enclave": rss.0, "gateway": rss.1},
+        "peakRssMiB": {"enclave": rss.0, "gateway": rss.1, "targetMiB": MAIN_RSS_TARGET_MIB, "pass": main_rss_pass},
         "peakRssMiBByPhase": peaks_by_phase.iter().map(|(p, e, g)| json!({"after": p, "enclave": e, "gateway": g})).collect::<Vec<_>>(),
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
         "startupMs": {"enclave": stack.enclave_startup.as_secs_f64() * 1000.0, "gateway": stack.gateway_startup.as_secs_f64() * 1000.0},
