@@ -204,8 +204,9 @@ impl AuthorityState {
         }
     }
 
-    /// The kind of the wallet, account or private key `id` names, if any: the three share one
-    /// namespace of key ids, so an id names one key record only.
+    /// The kind of the wallet, account or private key `id` names, if any, or
+    /// [`kinds::RETIRED_KEY_ID`] when it named one that was deleted: the three share one
+    /// namespace of key ids, and an id names one key only, ever.
     pub fn key_id_kind(&self, id: &str) -> Option<&'static str> {
         if self.wallets.contains_key(id) {
             Some(kinds::WALLET)
@@ -213,8 +214,18 @@ impl AuthorityState {
             Some(kinds::ACCOUNT)
         } else if self.private_keys.contains_key(id) {
             Some(kinds::PRIVATE_KEY)
+        } else if self.retired_key_ids.contains_key(id) {
+            Some(kinds::RETIRED_KEY_ID)
         } else {
             None
+        }
+    }
+
+    /// Keeps the ids of deleted keys (`kind` each), so that no new key gets one of them.
+    fn retire(&mut self, kind: &'static str, ids: impl IntoIterator<Item = String>, touched: &mut Touched) {
+        for id in ids {
+            self.retired_key_ids.insert(id.clone(), kind.to_string());
+            touched.push((kinds::RETIRED_KEY_ID, id));
         }
     }
 
@@ -445,12 +456,14 @@ impl AuthorityState {
             }
             Effect::DeleteWallets { ids } => {
                 remove_all(&mut self.wallets, WALLET, ids, &mut t)?;
+                self.retire(WALLET, ids.iter().cloned(), &mut t);
                 let gone: Vec<Account> =
                     self.accounts.values().filter(|a| ids.contains(&a.wallet_id)).cloned().collect();
                 for a in gone {
                     self.unindex_account(&a);
                     self.accounts.remove(&a.id);
-                    t.push((ACCOUNT, a.id));
+                    t.push((ACCOUNT, a.id.clone()));
+                    self.retire(ACCOUNT, [a.id], &mut t);
                 }
             }
             Effect::PutPrivateKey { private_key } => {
@@ -458,7 +471,10 @@ impl AuthorityState {
                 self.private_keys.insert(private_key.id.clone(), private_key.clone());
                 t.push((PRIVATE_KEY, private_key.id.clone()));
             }
-            Effect::DeletePrivateKeys { ids } => remove_all(&mut self.private_keys, PRIVATE_KEY, ids, &mut t)?,
+            Effect::DeletePrivateKeys { ids } => {
+                remove_all(&mut self.private_keys, PRIVATE_KEY, ids, &mut t)?;
+                self.retire(PRIVATE_KEY, ids.iter().cloned(), &mut t);
+            }
             Effect::MarkWalletExported { id } => {
                 let w = self.wallets.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: WALLET, id: id.clone() })?;
                 w.exported = true;
@@ -716,5 +732,23 @@ mod tests {
         // New ids still apply.
         s.apply(&Effect::PutAccounts { accounts: vec![account("b", "w", "0xbb")] }).unwrap();
         assert_eq!(s.accounts["b"].wallet_id, "w");
+        // A deleted wallet's ids, and a deleted key's, are never given again; they read back.
+        s.apply(&cold_key("k", "k", "0x01")).unwrap();
+        s.apply(&Effect::DeleteWallets { ids: vec!["w".into()] }).unwrap();
+        s.apply(&Effect::DeletePrivateKeys { ids: vec!["k".into()] }).unwrap();
+        let retired = |id: &str| Err(ApplyError::Exists { kind: kinds::RETIRED_KEY_ID, id: id.into() });
+        assert_eq!(s.apply(&wallet("w", "again")), retired("w"));
+        s.apply(&wallet("w3", "w3")).unwrap();
+        let reused = Effect::PutAccounts { accounts: vec![account("b", "w3", "0xbb")] };
+        assert_eq!(s.apply(&reused), retired("b"));
+        assert_eq!(s.apply(&cold_key("k", "k", "0x01")), retired("k"));
+        assert_eq!(s.apply(&wallet("a", "x")), retired("a"));
+        let back = AuthorityState::from_entries(
+            s.version,
+            s.entries().iter().map(|e| (e.kind, e.id.as_str(), e.data.as_slice())).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.key_id_kind("k"), Some(kinds::RETIRED_KEY_ID));
     }
 }

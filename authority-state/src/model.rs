@@ -193,6 +193,9 @@ pub struct AuthorityState {
     pub contract_interfaces: OrdMap<String, ContractInterface>,
     pub webhook_endpoints: OrdMap<String, Named>,
     pub oauth2_credentials: OrdMap<String, Named>,
+    /// Ids of deleted wallets, accounts and private keys, with the kind each was: never given
+    /// to a new key again (a blob the gateway kept from before would bind to it).
+    pub retired_key_ids: OrdMap<String, String>,
     /// Credential ids by public key (derived; rebuilt on load).
     by_public_key: HashMap<String, Vec<String>>,
     /// Account ids by address (derived; rebuilt on load).
@@ -221,6 +224,8 @@ pub mod kinds {
     pub const CONTRACT_INTERFACE: &str = "contract_interface";
     pub const WEBHOOK_ENDPOINT: &str = "webhook_endpoint";
     pub const OAUTH2_CREDENTIAL: &str = "oauth2_credential";
+    /// The id of a deleted wallet, account or private key (data: the kind it was).
+    pub const RETIRED_KEY_ID: &str = "retired_key_id";
     pub const ALL: &[&str] = &[
         ORGANIZATION,
         USER,
@@ -234,6 +239,7 @@ pub mod kinds {
         CONTRACT_INTERFACE,
         WEBHOOK_ENDPOINT,
         OAUTH2_CREDENTIAL,
+        RETIRED_KEY_ID,
     ];
 }
 
@@ -328,6 +334,7 @@ impl AuthorityState {
             CONTRACT_INTERFACE => self.contract_interfaces.get(id).map(|v| encode(CONTRACT_INTERFACE, id, v)),
             WEBHOOK_ENDPOINT => self.webhook_endpoints.get(id).map(|v| encode(WEBHOOK_ENDPOINT, id, v)),
             OAUTH2_CREDENTIAL => self.oauth2_credentials.get(id).map(|v| encode(OAUTH2_CREDENTIAL, id, v)),
+            RETIRED_KEY_ID => self.retired_key_ids.get(id).map(|v| encode(RETIRED_KEY_ID, id, v)),
             _ => None,
         }
     }
@@ -359,6 +366,7 @@ impl AuthorityState {
             CONTRACT_INTERFACE => keys(&|| self.contract_interfaces.keys().cloned().collect()),
             WEBHOOK_ENDPOINT => keys(&|| self.webhook_endpoints.keys().cloned().collect()),
             OAUTH2_CREDENTIAL => keys(&|| self.oauth2_credentials.keys().cloned().collect()),
+            RETIRED_KEY_ID => keys(&|| self.retired_key_ids.keys().cloned().collect()),
             _ => Vec::new(),
         }
     }
@@ -417,6 +425,9 @@ impl AuthorityState {
                 }
                 OAUTH2_CREDENTIAL => {
                     s.oauth2_credentials.insert(key, parse(kind, id, data)?);
+                }
+                RETIRED_KEY_ID => {
+                    s.retired_key_ids.insert(key, parse(kind, id, data)?);
                 }
                 other => return Err(CorruptEntry { kind: other.to_string(), id: key, reason: "unknown kind".into() }),
             }

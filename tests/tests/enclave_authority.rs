@@ -3203,8 +3203,9 @@ async fn gateway_chosen_private_key_id_cannot_overwrite_cold() {
 /// (with app proofs) with the exported wallet's id, hoping to reset `exported`: refused with
 /// BINDING_MISMATCH, no seed, account or proof returned; so are an existing account id (in a new
 /// wallet, or derived into the wallet itself) and one account id twice in a call, also for the
-/// wallet of a sub-organization. The DENY still holds for the trader's old stamp. Before, the
-/// call answered a new wallet under the old id with its proofs, and the old stamp then signed.
+/// wallet of a sub-organization, and, once the wallet is deleted, its ids again. The DENY still
+/// holds for the trader's old stamp. Before, the call answered a new wallet under the old id
+/// with its proofs, and the old stamp then signed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_chosen_wallet_id_cannot_reset_exported() {
     let stack = enforcing_stack().await;
@@ -3318,6 +3319,27 @@ async fn gateway_chosen_wallet_id_cannot_reset_exported() {
         (account_facts["wallet_id"].as_str(), account_facts["address"].as_str()),
         (Some(w.as_str()), Some(addresses[0].as_str()))
     );
+
+    // Once root deleted the wallet, its id and its accounts' ids are still not new: a wallet
+    // made under them would bind the deleted wallet's kept seed and keys to a live record.
+    let delete =
+        turnkey_client::generated::DeleteWalletsIntent { wallet_ids: vec![w.clone()], delete_without_export: None };
+    client.delete_wallets(org.clone(), client.current_timestamp(), delete).await.unwrap();
+    assert_eq!(enclave_entry(&stack, "wallet", &w), None);
+    let req = pb::CreateWalletRequest {
+        auth: new_wallet(vec![eth_account_params(5)]),
+        wallet_id: w.clone(),
+        account_ids: vec![new_id(7)],
+    };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    let req = pb::CreateWalletRequest {
+        auth: new_wallet(vec![eth_account_params(5)]),
+        wallet_id: new_id(8),
+        account_ids: vec![account.resource_id.clone()],
+    };
+    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
+    assert_eq!(enclave_entry(&stack, "wallet", &w), None);
+    assert_eq!(enclave_entry(&stack, "wallet", &new_id(8)), None);
 }
 
 // -- E8: a key is used only while the enclave's state holds it. --

@@ -20,10 +20,11 @@ fn record(authority: &Authority, a: &Authorized, effects: Vec<Effect>) -> Result
 }
 
 /// Refuses the ids the gateway chose for new wallets, accounts and private keys unless each is
-/// new: named once in the call and no wallet's, account's or private key's of
-/// `organization_id` yet (the state the facts go to). Checked before anything is sealed, proved
-/// or recorded; recording checks again ([`coffer_authority_state::Effect::PutWallet`] and the
-/// others never replace a key), so a call that raced another with the same id is refused there.
+/// new: named once in the call and never a wallet's, account's or private key's of
+/// `organization_id` (the state the facts go to, which remembers deleted ones). Checked before
+/// anything is sealed, proved or recorded; recording checks again
+/// ([`coffer_authority_state::Effect::PutWallet`] and the others never replace a key), so a call
+/// that raced another with the same id is refused there.
 pub(super) fn ensure_new_ids(
     authority: &Authority,
     a: &Authorized,
@@ -41,7 +42,7 @@ pub(super) fn ensure_new_ids(
             return Err(refuse(
                 a,
                 RefusalReason::BindingMismatch,
-                "an id the call names for a new key is already a wallet's, an account's or a private key's",
+                "an id the call names for a new key is, or was, a wallet's, an account's or a private key's",
             ));
         }
     }
