@@ -3343,6 +3343,125 @@ async fn gateway_chosen_wallet_id_cannot_reset_exported() {
 }
 
 // -- E8: a key is used only while the enclave's state holds it. --
+/// The sealed key of the private key `id`, exactly as the gateway would pass it.
+fn private_key_ref(c: &rusqlite::Connection, id: &str) -> pb::SealedRef {
+    c.query_row("SELECT organization_id, curve, public_key, sealed_key FROM private_keys WHERE id = ?1", [id], |r| {
+        Ok(pb::SealedRef {
+            kind: pb::BlobKind::PrivateKey as i32,
+            organization_id: r.get(0)?,
+            resource_id: id.to_string(),
+            curve: r.get(1)?,
+            public_key: r.get(2)?,
+            blob: r.get(3)?,
+            ..Default::default()
+        })
+    })
+    .unwrap()
+}
+
+/// E8: the gateway keeps the sealed blobs of a wallet and a private key root deleted, then, as
+/// the gateway, presents them with fresh root stamps. Every use (sign, sign a transaction,
+/// export the wallet, an account or the key, derive more accounts) is refused with
+/// BINDING_MISMATCH and audited: the enclave's state no longer holds them, so nothing is signed
+/// or exported. Before, each was signed or exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_wallet_whose_blobs_the_gateway_kept_neither_signs_nor_exports() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let (w, addresses) = wallet(&client, &org, "doomed").await;
+    let intent = turnkey_client::generated::CreatePrivateKeysIntentV2 {
+        private_keys: vec![turnkey_client::generated::PrivateKeyParams {
+            private_key_name: "doomed key".into(),
+            curve: Curve::Secp256k1,
+            private_key_tags: vec![],
+            address_formats: vec![AddressFormat::Ethereum],
+        }],
+        external_signer_pubkey: None,
+        external_signer_wrapping_key_id: None,
+    };
+    let made = client.create_private_keys(org.clone(), client.current_timestamp(), intent).await.unwrap();
+    let key = made.result.private_keys[0].clone();
+    let key_address = key.addresses[0].address.clone();
+
+    // What the gateway keeps: the blobs as it would pass them, read before the rows go.
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let (seed, account, private_key) =
+        (seed_ref(&c, &w), account_ref(&c, &addresses[0]), private_key_ref(&c, &key.private_key_id));
+    let enclave = connect(stack.enclave_socket());
+    // While they are live, the kept blobs sign: they are the genuine ones.
+    let live = stamped(&root, &sign_body(&org, &addresses[0], "live", Stack::now_ms()), &cert);
+    let sig = sign(&enclave, auth(live), &account).await.unwrap().signatures.remove(0);
+    assert_eq!(recover(b"live", &sig.r, &sig.s, &sig.v), addresses[0].to_lowercase());
+    let live = stamped(&root, &sign_body(&org, &key.private_key_id, "live key", Stack::now_ms()), &cert);
+    let sig = sign(&enclave, auth(live), &private_key).await.unwrap().signatures.remove(0);
+    assert_eq!(recover(b"live key", &sig.r, &sig.s, &sig.v), key_address.to_lowercase());
+
+    let delete_wallets = turnkey_client::generated::DeleteWalletsIntent {
+        wallet_ids: vec![w.clone()],
+        delete_without_export: Some(true),
+    };
+    client.delete_wallets(org.clone(), client.current_timestamp(), delete_wallets).await.unwrap();
+    let delete_keys = turnkey_client::generated::DeletePrivateKeysIntent {
+        private_key_ids: vec![key.private_key_id.clone()],
+        delete_without_export: Some(true),
+    };
+    client.delete_private_keys(org.clone(), client.current_timestamp(), delete_keys).await.unwrap();
+
+    // Root stamps each use afresh; the gateway sends the kept blobs.
+    let fresh = |body: String| auth(stamped(&root, &body, &cert));
+    #[track_caller]
+    fn denied<T: std::fmt::Debug>(a: Audited<Result<T, tonic::Status>>) {
+        refused_audited(a, tonic::Code::PermissionDenied, pb::RefusalReason::BindingMismatch);
+    }
+    for (sign_with, key_ref) in [(&addresses[0], &account), (&key.private_key_id, &private_key)] {
+        let body = sign_body(&org, sign_with, "after deletion", Stack::now_ms());
+        denied(audited(&stack, "sign", sign(&enclave, fresh(body), key_ref)).await);
+        let unsigned = "ec098504a817c800825208943535353535353535353535353535353535353535880de0b6b3a764000080018080";
+        let body = body_of_sign_transaction(&org, sign_with, unsigned);
+        let req = pb::SignRequest { auth: fresh(body), key: Some(key_ref.clone()), address_format: String::new() };
+        denied(audited(&stack, "sign_transaction", enclave.clone().sign_transaction(req)).await);
+    }
+    let target = hex::encode(p256::SecretKey::from_slice(&[7u8; 32]).unwrap().public_key().to_sec1_bytes());
+    let export =
+        body("ACTIVITY_TYPE_EXPORT_WALLET", &org, Stack::now_ms(), json!({"walletId": w, "targetPublicKey": target}));
+    let req = pb::ExportWalletRequest { auth: fresh(export), seed: Some(seed.clone()) };
+    denied(audited(&stack, "export_wallet", enclave.clone().export_wallet(req)).await);
+    let exports = [
+        ("ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT", json!({"address": addresses[0], "targetPublicKey": target}), &account),
+        (
+            "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY",
+            json!({"privateKeyId": key.private_key_id, "targetPublicKey": target}),
+            &private_key,
+        ),
+    ];
+    for (ty, params, key_ref) in exports {
+        let req =
+            pb::ExportKeyRequest { auth: fresh(body(ty, &org, Stack::now_ms(), params)), key: Some(key_ref.clone()) };
+        denied(audited(&stack, "export_key", enclave.clone().export_key(req)).await);
+    }
+    let derive = body(
+        "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
+        &org,
+        Stack::now_ms(),
+        json!({"walletId": w, "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
+            "path": "m/44'/60'/0'/0/7", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]}),
+    );
+    let req = pb::DeriveAccountsRequest { auth: fresh(derive), seed: Some(seed), ..Default::default() };
+    denied(audited(&stack, "derive_accounts", enclave.clone().derive_accounts(req)).await);
+}
+
+/// A root-stampable `sign_transaction` body: `unsigned` (hex) as an Ethereum transaction.
+fn body_of_sign_transaction(org: &str, sign_with: &str, unsigned: &str) -> String {
+    body(
+        "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+        org,
+        Stack::now_ms(),
+        json!({"signWith": sign_with, "unsignedTransaction": unsigned, "type": "TRANSACTION_TYPE_ETHEREUM"}),
+    )
+}
 
 // -- E9–E11: sessions follow the credential that opened them; sub-organizations share their parent's replay quota. --
 

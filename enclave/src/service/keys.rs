@@ -77,7 +77,7 @@ pub(super) fn derive_accounts(
     req: pb::DeriveAccountsRequest,
 ) -> Result<pb::DeriveAccountsResponse, EnclaveError> {
     let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
-    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let (seed_ref, kind) = sealed(authority, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,

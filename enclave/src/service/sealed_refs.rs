@@ -1,11 +1,13 @@
 //! The sealed references a call carries: which kinds a stamped body may use, in its organization,
-//! and opening them (a signing key, or the plain bytes) through the HSM.
+//! while its authority state holds them, and opening them (a signing key, or the plain bytes)
+//! through the HSM.
 
+use coffer_authority_state::AuthorityState;
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, Curve};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authorized};
+use crate::authority::{refuse, Authority, Authorized};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm, OpenedBlob};
 
@@ -19,9 +21,13 @@ fn kind_of(kind: i32) -> Result<BlobKind, EnclaveError> {
     }
 }
 
-/// A sealed blob the stamped body may use: of an expected kind and in the body's organization.
-/// What it is bound to (resource, curve, address) is authenticated when it opens.
+/// A sealed blob the stamped body may use: of an expected kind, in the body's organization, and
+/// (a wallet seed, an account key, a private key) bound to a wallet, account or key the
+/// organization's authority state holds now ([`held`]): a blob the gateway kept of a deleted
+/// wallet or key opens no more. What it is bound to (resource, curve, address, public key) is
+/// authenticated when it opens.
 pub(super) fn sealed<'a>(
+    authority: &Authority,
     sealed: Option<&'a pb::SealedRef>,
     expect: &[BlobKind],
     a: &Authorized,
@@ -38,7 +44,78 @@ pub(super) fn sealed<'a>(
             "the sealed key belongs to another organization than the stamped body",
         ));
     }
+    // The state the decision read: the body's own organization's, as key operations take no
+    // parent's credential. `None` only in shadow mode (`enforce_rules = false`) when the rules
+    // would have refused: that refusal is logged already.
+    if let Some(decided) = &a.decided {
+        if let Err(why) = held(&decided.loaded.state, sealed, kind) {
+            if authority.rules().enforces() {
+                return Err(refuse(a, RefusalReason::BindingMismatch, why));
+            }
+            // Shadow mode: logged as a refusal would be, and the call goes on.
+            tracing::warn!(
+                target: "coffer_audit",
+                decision = "shadow_refuse",
+                operation = a.operation,
+                reason = why,
+                reason_code = RefusalReason::BindingMismatch.as_str_name(),
+                organization = %a.activity.organization_id,
+                fingerprint = %a.activity.fingerprint,
+                "enclave decision"
+            );
+        }
+    }
     Ok((sealed, kind))
+}
+
+/// Whether `state` (of the blob's organization) holds what `sealed` is bound to now: the wallet
+/// of a seed; the account of an account key, in a live wallet, at the address (and in the
+/// format) the reference names; the private key of a key blob, each of its recorded addresses
+/// the one the reference's curve and public key give. Import targets are a user's, not keys of
+/// the state: always held. `Err` says what is missing.
+fn held(state: &AuthorityState, sealed: &pb::SealedRef, kind: BlobKind) -> Result<(), &'static str> {
+    if state.organization.id != sealed.organization_id {
+        return Err("the sealed key's organization has no authority state here");
+    }
+    match kind {
+        BlobKind::WalletSeed if !state.wallets.contains_key(&sealed.resource_id) => {
+            Err("the sealed seed's wallet is not in the organization's authority state (deleted, or never recorded)")
+        }
+        BlobKind::WalletAccountKey => {
+            let account = state.accounts.get(&sealed.resource_id).filter(|a| state.wallets.contains_key(&a.wallet_id));
+            match account {
+                None => Err("the sealed key's account is not in the organization's authority state (its wallet deleted, or never recorded)"),
+                Some(a) if a.address != sealed.address => {
+                    Err("the sealed key's account has another address in the organization's authority state")
+                }
+                Some(a) if !sealed.address_format.is_empty() && a.address_format != sealed.address_format => {
+                    Err("the sealed key's account has another address format in the organization's authority state")
+                }
+                Some(_) => Ok(()),
+            }
+        }
+        BlobKind::PrivateKey => {
+            let Some(key) = state.private_keys.get(&sealed.resource_id) else {
+                return Err(
+                    "the sealed private key is not in the organization's authority state (deleted, or never recorded)",
+                );
+            };
+            let public_key = hex::decode(&sealed.public_key).ok();
+            let curve = Curve::parse(&sealed.curve).ok();
+            let same_key = key.addresses.iter().all(|entry| match (curve, &public_key) {
+                (Some(curve), Some(public_key)) => {
+                    address::address(&entry.format, curve, public_key).is_ok_and(|a| a == entry.address)
+                }
+                _ => false,
+            });
+            if same_key {
+                Ok(())
+            } else {
+                Err("the sealed private key's public key does not give the addresses the organization's authority state records for it")
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Opens a sealed blob under the binding its reference names.
@@ -88,6 +165,97 @@ mod tests {
             curve: curve.into(),
             ..Default::default()
         }
+    }
+
+    /// Organization `o` with wallet `w` (account `acc` at `address`, Ethereum) and private key
+    /// `k` (`key_public` on secp256k1, with its Ethereum address).
+    fn state_with_keys(address: &str, key_public: &[u8]) -> AuthorityState {
+        use coffer_authority_state::model::{Account, AddressEntry, PrivateKey, Wallet};
+        use coffer_authority_state::{Effect, Organization};
+        let mut state = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let eth = "ADDRESS_FORMAT_ETHEREUM";
+        let key_address = address::address(eth, Curve::Secp256k1, key_public).unwrap();
+        let account = Account {
+            id: "acc".into(),
+            wallet_id: "w".into(),
+            address: address.into(),
+            address_format: eth.into(),
+            exported: false,
+        };
+        let key = PrivateKey {
+            id: "k".into(),
+            addresses: vec![AddressEntry { format: eth.into(), address: key_address }],
+            ..Default::default()
+        };
+        state
+            .apply_all(&[
+                Effect::PutWallet { wallet: Wallet { id: "w".into(), ..Default::default() } },
+                Effect::PutAccounts { accounts: vec![account] },
+                Effect::PutPrivateKey { private_key: key },
+            ])
+            .unwrap();
+        state
+    }
+
+    #[test]
+    fn only_what_the_state_holds_now_is_held() {
+        use coffer_authority_state::Effect;
+        let account_public = keys::public_key(Curve::Secp256k1, &[3u8; 32]).unwrap();
+        let address = address::address("ADDRESS_FORMAT_ETHEREUM", Curve::Secp256k1, &account_public).unwrap();
+        let key_public = keys::public_key(Curve::Secp256k1, &[4u8; 32]).unwrap();
+        let state = state_with_keys(&address, &key_public);
+
+        let seed = pb::SealedRef { resource_id: "w".into(), ..key_ref(pb::BlobKind::WalletSeed, vec![], "") };
+        let mut account = key_ref(pb::BlobKind::WalletAccountKey, vec![], "CURVE_SECP256K1");
+        (account.resource_id, account.address, account.address_format) =
+            ("acc".into(), address.clone(), "ADDRESS_FORMAT_ETHEREUM".into());
+        let mut key = key_ref(pb::BlobKind::PrivateKey, vec![], "CURVE_SECP256K1");
+        (key.resource_id, key.public_key) = ("k".into(), hex::encode(&key_public));
+        let target = key_ref(pb::BlobKind::ImportTarget, vec![], "");
+        let all = [
+            (&seed, BlobKind::WalletSeed),
+            (&account, BlobKind::WalletAccountKey),
+            (&key, BlobKind::PrivateKey),
+            (&target, BlobKind::ImportTarget),
+        ];
+        for (r, kind) in all {
+            assert_eq!(held(&state, r, kind), Ok(()), "{kind:?}");
+        }
+
+        // Another organization's state holds none of them.
+        let mut elsewhere = state.clone();
+        elsewhere.organization.id = "p".into();
+        assert!(held(&elsewhere, &seed, BlobKind::WalletSeed).is_err());
+
+        // An unknown id, the account at another address or in another format, a key whose
+        // public key gives other addresses (or none: no curve, not hex).
+        let unknown = |r: &pb::SealedRef| pb::SealedRef { resource_id: "other".into(), ..r.clone() };
+        assert!(held(&state, &unknown(&seed), BlobKind::WalletSeed).is_err());
+        assert!(held(&state, &unknown(&account), BlobKind::WalletAccountKey).is_err());
+        assert!(held(&state, &unknown(&key), BlobKind::PrivateKey).is_err());
+        let moved = pb::SealedRef { address: "0x0000000000000000000000000000000000000001".into(), ..account.clone() };
+        assert!(held(&state, &moved, BlobKind::WalletAccountKey).is_err());
+        let reformatted = pb::SealedRef { address_format: "ADDRESS_FORMAT_TRON".into(), ..account.clone() };
+        assert!(held(&state, &reformatted, BlobKind::WalletAccountKey).is_err());
+        let rekeyed = pb::SealedRef { public_key: hex::encode(&account_public), ..key.clone() };
+        assert!(held(&state, &rekeyed, BlobKind::PrivateKey).is_err());
+        for (curve, public_key) in [("", hex::encode(&key_public)), ("CURVE_SECP256K1", "zz".into())] {
+            let bad = pb::SealedRef { curve: curve.into(), public_key, ..key.clone() };
+            assert!(held(&state, &bad, BlobKind::PrivateKey).is_err(), "{bad:?}");
+        }
+
+        // Deleting the wallet takes its seed and accounts; deleting the key takes it.
+        let mut deleted = state.clone();
+        deleted.apply(&Effect::DeleteWallets { ids: vec!["w".into()] }).unwrap();
+        deleted.apply(&Effect::DeletePrivateKeys { ids: vec!["k".into()] }).unwrap();
+        for (r, kind) in &all[..3] {
+            assert!(held(&deleted, r, *kind).is_err(), "{kind:?} held after its deletion");
+        }
+        assert_eq!(held(&deleted, &target, BlobKind::ImportTarget), Ok(()));
+        // An account left behind without its wallet (a state written otherwise) is not held.
+        let mut orphan = state.clone();
+        orphan.wallets.remove("w");
+        assert!(held(&orphan, &account, BlobKind::WalletAccountKey).is_err());
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod types {
 /// Signs the stamped body's raw payloads with the key its `signWith` names.
 pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
     let a = authority.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
-    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    let (key_ref, kind) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     let p = &a.activity.parameters;
     let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
@@ -62,7 +62,7 @@ pub(super) fn sign_transaction(
     req: pb::SignRequest,
 ) -> Result<pb::SignTransactionResponse, EnclaveError> {
     let a = authority.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
-    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    let (key_ref, kind) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     // The transaction is the stamped body's, parsed here: the gateway's parse decides
     // nothing the enclave signs.

@@ -38,7 +38,7 @@ pub(super) fn export_wallet(
     req: pb::ExportWalletRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
     let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
-    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let (seed_ref, kind) = sealed(authority, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,
@@ -72,7 +72,7 @@ pub(super) fn export_key(
     )?;
     let p = &a.activity.parameters;
     let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
-        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
+        let (r, k) = sealed(authority, req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
         if r.resource_id != text(p, "privateKeyId") {
             return Err(refuse(
                 &a,
@@ -82,7 +82,7 @@ pub(super) fn export_key(
         }
         (r, k)
     } else {
-        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
+        let (r, k) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
         if r.address != text(p, "address") {
             return Err(refuse(
                 &a,
@@ -134,7 +134,7 @@ pub(super) fn import_wallet(
     let a = authority.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
     key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
-    let plain = open_import(hsm, &a, req.target.as_ref())?;
+    let plain = open_import(hsm, authority, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
     key_facts::wallet_created(authority, &a, &req.wallet_id, true, &made)?;
@@ -152,7 +152,7 @@ pub(super) fn import_private_key(
     let p = &a.activity.parameters;
     key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &[&req.private_key_id])?;
     let curve = Curve::parse(text(p, "curve"))?;
-    let plain = open_import(hsm, &a, req.target.as_ref())?;
+    let plain = open_import(hsm, authority, &a, req.target.as_ref())?;
     if plain.len() != 32 {
         return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
     }
@@ -202,8 +202,13 @@ fn sha256_hex(bundle: &str) -> String {
 }
 
 /// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
-fn open_import(hsm: &Hsm, a: &Authorized, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
-    let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
+fn open_import(
+    hsm: &Hsm,
+    authority: &Authority,
+    a: &Authorized,
+    target: Option<&pb::SealedRef>,
+) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+    let (target_ref, kind) = sealed(authority, target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
         return Err(refuse(
             a,
