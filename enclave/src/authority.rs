@@ -481,7 +481,8 @@ impl Authority {
         // A completed activity is one the enclave authorized: its decision log has it.
         let completed_undecided = match &ids {
             Some(a) if a.status == ACTIVITY_COMPLETED => {
-                !self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
+                self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
+                    != crate::authority_store::Decided::Authorized
             }
             _ => false,
         };
@@ -984,7 +985,7 @@ const BUSY: &str = "replay window is full: retry shortly";
 /// and a bound should a state ever name a cycle).
 const MAX_ORGANIZATION_DEPTH: usize = 16;
 /// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
-const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
+pub(crate) const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
 const OPERATOR_REPLAY_SHARE: &str = "coffer:operator";
 const ORGANIZATION_BUSY: &str =

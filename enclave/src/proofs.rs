@@ -10,7 +10,8 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
-use crate::authority::{now_ms, Authority, Authorized};
+use crate::authority::{now_ms, Authority, Authorized, ACTIVITY_COMPLETED};
+use crate::authority_store::Decided;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 
@@ -161,11 +162,20 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let (organization_id, activity_type) = match authority.authorized_lately(&fingerprint) {
-        Some(known) => known,
+    let (organization_id, activity_type, decided) = match authority.authorized_lately(&fingerprint) {
+        Some((organization_id, activity_type)) => (organization_id, activity_type, Decided::Authorized),
         None => {
             let (stamped, _) = authority.verify_submission(request)?;
-            (stamped.organization_id, stamped.activity_type)
+            let decided = authority.store().decided(&stamped.organization_id, &fingerprint)?;
+            // One the enclave never decided (the gateway refused or failed it first) is linked
+            // only while its stamp is fresh: not a stamp kept for a day and reported later.
+            if decided == Decided::Nothing && !authority.is_fresh(stamped.timestamp_ms) {
+                return Err(EnclaveError::refused(
+                    RefusalReason::Stale,
+                    "the enclave never decided this activity and its stamp is no longer fresh",
+                ));
+            }
+            (stamped.organization_id, stamped.activity_type, decided)
         }
     };
     let activity: Value =
@@ -193,6 +203,13 @@ pub fn record_activity(
                 "an app proof of the activity is not this enclave's",
             ));
         }
+    }
+    // The log says an activity completed only if the enclave authorized it.
+    if status == ACTIVITY_COMPLETED && decided != Decided::Authorized {
+        return Err(EnclaveError::refused(
+            RefusalReason::NotDecided,
+            "the activity is reported completed but the enclave never authorized it",
+        ));
     }
     let entry = Entry {
         organization_id,

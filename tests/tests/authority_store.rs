@@ -214,10 +214,10 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
     b.record_decision(&d(11, "f2", OUTCOME_REFUSE)).unwrap();
     a.record_decision(&d(12, "f3", OUTCOME_FAILED)).unwrap();
-    assert!(b.decided("o", "f1").unwrap());
-    assert!(!a.decided("o", "f2").unwrap(), "a refusal authorizes nothing");
-    assert!(!a.decided("o", "f3").unwrap(), "nor does a failure alone");
-    assert!(!a.decided("p", "f1").unwrap(), "another organization's");
+    assert_eq!(b.decided("o", "f1").unwrap(), Decided::Authorized);
+    assert_eq!(a.decided("o", "f2").unwrap(), Decided::Refused, "a refusal authorizes nothing");
+    assert_eq!(a.decided("o", "f3").unwrap(), Decided::Refused, "nor does a failure alone");
+    assert_eq!(a.decided("p", "f1").unwrap(), Decided::Nothing, "another organization's");
     let all = a.decisions(0, 100).unwrap();
     assert_eq!(all.len(), 4);
     assert_eq!(all[0], d(10, "f1", OUTCOME_ALLOW));

@@ -3703,3 +3703,39 @@ async fn sub_organizations_are_charged_to_their_top_level_replay_share() {
     let opened = open_session(&enclave, auth(stamped(&key2, &login(&org2, Stack::now_ms()), &cert2)), vec![]).await;
     assert!(opened.is_ok(), "another top-level organization is not affected: {opened:?}");
 }
+
+// -- E4/E5: the log links only what the enclave decided. --
+
+/// A transaction the enclave refused cannot be logged as completed (issue 40, E4): the taken-over
+/// gateway reports the trader's refused 5,000 ETH transfer completed, with a made-up signed
+/// transaction, and `RecordActivity` refuses it as not decided; the head does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transaction_is_not_logged_as_completed() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (_, a) = wallet(&client, &org, "treasury").await;
+    let (_, trader) = member(&client, &org, "trader").await;
+    let c = db(&stack);
+    let (cert, key) = (certificate(&c, &public_key(&trader)), account_ref(&c, &a[0]));
+    let enclave = connect(stack.enclave_socket());
+    let theft =
+        sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0x3a; 20], 5_000 * 10u128.pow(18)), Stack::now_ms());
+    let request = stamped(&trader, &theft, &cert);
+    let r = sign_transaction(&enclave, auth(request.clone()), &key).await;
+    refused(r, tonic::Code::PermissionDenied, pb::RefusalReason::PolicyDenied);
+
+    let head = || {
+        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
+        let mut enclave = enclave.clone();
+        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
+    };
+    let before = head().await;
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(theft.as_bytes())));
+    let activity = json!({"id": "made-up", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
+        "result": {"signTransactionResult": {"signedTransaction": format!("02f8{}", "00".repeat(100))}}, "appProofs": []});
+    let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
+    refused(enclave.clone().record_activity(req).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotDecided);
+    assert_eq!(head().await, before, "nothing was linked");
+}

@@ -450,8 +450,9 @@ async fn the_log_verifies_until_a_row_is_changed_on_postgres() {
 
 /// A taken-over gateway on the enclave socket: `RecordActivity` takes only a finished activity of
 /// a submission a certified credential stamped, named as that submission names itself, with no
-/// app proof but the enclave's own; everything else is refused with a typed reason and moves no
-/// head.
+/// app proof but the enclave's own, completed only if the enclave authorized it, and one the
+/// enclave never decided only while its stamp is fresh; everything else is refused with a typed
+/// reason and moves no head.
 #[tokio::test]
 async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissions() {
     use coffer_proto::v1 as pb;
@@ -534,7 +535,16 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert_eq!(reason(record(stamped(&key), &foreign).await), "REFUSAL_REASON_BINDING_MISMATCH");
     assert_eq!(head().await, before, "no refusal moved the head");
 
-    // The genuine stamp over the body, the activity as it names itself: one more link.
+    // Reported completed, but never submitted to the enclave (issue 40, E4/E5): the log says an
+    // activity completed only when the enclave's decision log authorized it.
+    assert_eq!(reason(record(stamped(&key), &activity).await), "REFUSAL_REASON_NOT_DECIDED");
+    assert_eq!(head().await, before, "no refusal moved the head");
+
+    // The genuine stamp over the body, the activity as it names itself, failed before it reached
+    // the enclave (as the gateway reports what it refused itself): one more link, while the stamp
+    // is fresh.
+    let mut activity = activity.clone();
+    activity["status"] = json!("ACTIVITY_STATUS_FAILED");
     let recorded = record(stamped(&key), &activity).await.unwrap().into_inner();
     assert_eq!(recorded.seq, before + 1);
     let link = recorded.link.unwrap();
@@ -544,6 +554,31 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
+
+    // A stamp kept for a day and reported now, failed or completed: the enclave never decided it.
+    let old_body = json!({"type": "ACTIVITY_TYPE_CREATE_USER_TAG",
+        "timestampMs": (Stack::now_ms() - 86_400_000).to_string(), "organizationId": org,
+        "parameters": {"userTagName": "kept", "userIds": []}})
+    .to_string();
+    let old_stamp = {
+        use turnkey_api_key_stamper::Stamp;
+        let stamp = key.stamp(old_body.as_bytes()).unwrap();
+        pb::StampedRequest {
+            body: old_body.as_bytes().to_vec(),
+            stamp_header: stamp.name,
+            stamp: stamp.value,
+            certificate: certificate.clone(),
+        }
+    };
+    let old_fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(old_body.as_bytes())));
+    for status in ["ACTIVITY_STATUS_FAILED", "ACTIVITY_STATUS_COMPLETED"] {
+        let mut kept = activity.clone();
+        kept["id"] = json!("a-2");
+        kept["fingerprint"] = json!(old_fingerprint);
+        kept["status"] = json!(status);
+        assert_eq!(reason(record(old_stamp.clone(), &kept).await), "REFUSAL_REASON_STALE", "{status}");
+    }
+    assert_eq!(head().await, before + 1, "no refusal moved the head");
 }
 
 /// An exported activity log checked without `coffer_auth` (whose `verify_log` is the code under

@@ -77,6 +77,28 @@ pub struct DecisionRecord {
     pub reason: String,
 }
 
+/// What the decision log holds for one activity ([`AuthorityStore::decided`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// No decision: the enclave never saw the activity (or forgot it past the retention).
+    Nothing,
+    /// Refusals (or failures) only.
+    Refused,
+    /// An `allow` or `done`: the enclave authorized it.
+    Authorized,
+}
+
+impl Decided {
+    /// From the highest rank among the activity's decisions (SQL: 0 none, 1 refused, 2 authorized).
+    pub fn from_rank(rank: i64) -> Self {
+        match rank {
+            0 => Self::Nothing,
+            1 => Self::Refused,
+            _ => Self::Authorized,
+        }
+    }
+}
+
 /// The bounds of the replay window and of the decision log, given to a backend when it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {
@@ -201,9 +223,9 @@ pub trait AuthorityStore: Send + Sync {
     /// Appends one decision to the decision log (same durability as [`AuthorityStore::remember`]).
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;
 
-    /// Whether the enclave authorized an activity of `organization` with this fingerprint: a
-    /// decision with outcome `allow` or `done` is in the log.
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
+    /// What the enclave decided for an activity of `organization` with this fingerprint, as its
+    /// decision log has it: authorized (an `allow` or `done`), only refused, or nothing.
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

@@ -18,8 +18,8 @@ mod postgres;
 mod sqlite;
 
 pub use interface::{
-    AuthorityStore, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_ALLOW,
-    OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
+    AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
+    OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
 };
 pub use open::{default_url, open, redact, StoreSettings};
 pub use postgres::PostgresAuthorityStore;

@@ -23,8 +23,8 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, AuthorityStore, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError,
-    StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
+    check_changes, version_of, AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered,
+    StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
 };
 
 /// Connections one store opens at most.
@@ -608,15 +608,16 @@ impl AuthorityStore for PostgresAuthorityStore {
         })
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError> {
         self.with_conn(|client| {
             let row = client
-                .query_opt(
-                    "SELECT 1 FROM decisions WHERE organization_id = $1 AND fingerprint = $2 AND outcome IN ($3, $4) LIMIT 1",
+                .query_one(
+                    "SELECT COALESCE(MAX(CASE WHEN outcome IN ($3, $4) THEN 2 ELSE 1 END), 0)::BIGINT FROM decisions
+                     WHERE organization_id = $1 AND fingerprint = $2",
                     &[&organization, &fingerprint, &OUTCOME_ALLOW, &OUTCOME_DONE],
                 )
                 .map_err(pg)?;
-            Ok(row.is_some())
+            Ok(Decided::from_rank(row.get(0)))
         })
     }
 

@@ -27,8 +27,8 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, AuthorityStore, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError,
-    StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
+    check_changes, version_of, AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered,
+    StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -763,12 +763,16 @@ impl AuthorityStore for SqliteAuthorityStore {
         insert_decision(&conn, d)
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError> {
         self.read(|conn| {
             conn.prepare_cached(
-                "SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2 AND outcome IN (?3, ?4) LIMIT 1",
+                "SELECT COALESCE(MAX(CASE WHEN outcome IN (?3, ?4) THEN 2 ELSE 1 END), 0) FROM decisions
+                 WHERE organization_id = ?1 AND fingerprint = ?2",
             )
-            .and_then(|mut st| st.exists(params![organization, fingerprint, OUTCOME_ALLOW, OUTCOME_DONE]))
+            .and_then(|mut st| {
+                st.query_row(params![organization, fingerprint, OUTCOME_ALLOW, OUTCOME_DONE], |r| r.get::<_, i64>(0))
+            })
+            .map(Decided::from_rank)
             .map_err(sq)
         })
     }
@@ -939,10 +943,10 @@ mod tests {
         s.record_decision(&d(1, "f1", OUTCOME_ALLOW)).unwrap();
         s.record_decision(&d(2, "f2", "refuse")).unwrap();
         s.record_decision(&d(2, "f3", OUTCOME_DONE)).unwrap();
-        assert!(s.decided("o", "f1").unwrap());
-        assert!(!s.decided("o", "f2").unwrap(), "a refusal is no authorization");
-        assert!(s.decided("o", "f3").unwrap());
-        assert!(!s.decided("other", "f1").unwrap());
+        assert_eq!(s.decided("o", "f1").unwrap(), Decided::Authorized);
+        assert_eq!(s.decided("o", "f2").unwrap(), Decided::Refused, "a refusal is no authorization");
+        assert_eq!(s.decided("o", "f3").unwrap(), Decided::Authorized);
+        assert_eq!(s.decided("other", "f1").unwrap(), Decided::Nothing);
         let all = s.decisions(0, 10).unwrap();
         assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);
         assert_eq!(all[0], d(1, "f1", OUTCOME_ALLOW));
