@@ -88,6 +88,18 @@ pub struct Authorized {
     decisions: DecisionLog,
 }
 
+/// An authorization's stamp, not spent yet ([`Authority::authorize_unspent`]): its replay entry
+/// (the window's share it is charged to, its key and expiry) and the allow it stands for.
+#[derive(Debug)]
+pub struct Unspent {
+    share: String,
+    key: [u8; 32],
+    expires: i64,
+    allowed: DecisionRecord,
+    /// Authorized by a vote (an approval) rather than by its own stamp.
+    approved: bool,
+}
+
 /// The authority store's decision log, as an [`Authorized`] carries it.
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn AuthorityStore>);
@@ -563,34 +575,88 @@ impl Authority {
         parent_certificate: Option<&[u8]>,
         attested: Option<&AttestedIdentity>,
     ) -> Result<Authorized, EnclaveError> {
-        match self.check(operation, auth, types, parent_certificate, attested) {
-            Ok(a) => {
-                let approved = auth.is_some_and(|a| a.approval.is_some());
-                tracing::info!(
-                    target: "coffer_audit",
-                    decision = "allow",
-                    operation,
-                    organization = %a.activity.organization_id,
-                    credential = %a.credential.public_key,
-                    user = %a.credential.user_id,
-                    fingerprint = %a.activity.fingerprint,
-                    approved,
-                    "enclave decision"
-                );
-                crate::audit::record(a.decision());
-                if let Ok(mut lately) = self.authorized_lately.lock() {
-                    if lately.len() >= AUTHORIZED_LATELY {
-                        lately.clear();
-                    }
-                    let known = (a.activity.organization_id.clone(), a.activity.activity_type.clone());
-                    lately.insert(a.activity.fingerprint.clone(), known);
-                }
+        let checked = self.check(operation, auth, types, parent_certificate, attested);
+        match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
+            Ok((a, approved)) => {
+                self.allowed(&a, approved);
                 Ok(a)
             }
             Err(r) => {
                 r.audit(operation);
                 Err(r.into_error())
             }
+        }
+    }
+
+    /// [`Authority::authorize`] for a state change, whose stamp is spent only once the change is
+    /// decided, checked and ready to stage ([`Authority::spend`]): a refused change spends
+    /// nothing and leaves no allow in the decision log. Refusals are audited here as there.
+    pub fn authorize_unspent(
+        &self,
+        operation: &'static str,
+        auth: Option<&pb::Authorization>,
+        types: &[&str],
+    ) -> Result<(Authorized, Unspent), EnclaveError> {
+        self.check(operation, auth, types, None, None).map_err(|r| {
+            r.audit(operation);
+            r.into_error()
+        })
+    }
+
+    /// Spends the stamp of an authorization [`Authority::authorize_unspent`] made: its replay
+    /// entry and its allow, committed together (refused if the stamp was spent meanwhile).
+    pub fn spend(&self, a: &Authorized, unspent: Unspent) -> Result<(), EnclaveError> {
+        match self.remember(a, &unspent) {
+            Ok(()) => {
+                self.allowed(a, unspent.approved);
+                Ok(())
+            }
+            Err(r) => {
+                r.audit(a.operation);
+                Err(r.into_error())
+            }
+        }
+    }
+
+    /// The replay entry and the allow of `unspent`, in one store call: refused as a replay when
+    /// the window has the entry, busy when the organization's share or the window is full.
+    fn remember(&self, a: &Authorized, unspent: &Unspent) -> Result<(), Refusal> {
+        let about = |r: Refusal| r.about(&a.activity, &a.credential);
+        let remembered = self
+            .store
+            .remember_allowed(&unspent.share, unspent.key, unspent.expires, now_ms(), &unspent.allowed)
+            .map_err(|e| about(Refusal::store_failed(e)))?;
+        let refusal = match remembered {
+            Remembered::Fresh => return Ok(()),
+            Remembered::Replayed => {
+                (RefusalReason::Replayed, "replayed request: this stamped body was already used for this operation")
+            }
+            Remembered::OrganizationQuotaFull => (RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY),
+            Remembered::WindowFull => (RefusalReason::ReplayWindowFull, BUSY),
+        };
+        Err(about(Refusal::new(refusal.0, refusal.1)))
+    }
+
+    /// The allow line of an authorization whose stamp was spent.
+    fn allowed(&self, a: &Authorized, approved: bool) {
+        tracing::info!(
+            target: "coffer_audit",
+            decision = "allow",
+            operation = a.operation,
+            organization = %a.activity.organization_id,
+            credential = %a.credential.public_key,
+            user = %a.credential.user_id,
+            fingerprint = %a.activity.fingerprint,
+            approved,
+            "enclave decision"
+        );
+        crate::audit::record(a.decision());
+        if let Ok(mut lately) = self.authorized_lately.lock() {
+            if lately.len() >= AUTHORIZED_LATELY {
+                lately.clear();
+            }
+            let known = (a.activity.organization_id.clone(), a.activity.activity_type.clone());
+            lately.insert(a.activity.fingerprint.clone(), known);
         }
     }
 
@@ -601,7 +667,7 @@ impl Authority {
         types: &[&str],
         parent_certificate: Option<&[u8]>,
         attested: Option<&AttestedIdentity>,
-    ) -> Result<Authorized, Refusal> {
+    ) -> Result<(Authorized, Unspent), Refusal> {
         let now = now_ms();
         let request = auth
             .and_then(|a| a.request.as_ref())
@@ -735,25 +801,10 @@ impl Authority {
             if approved { "approved" } else { "" },
         );
         let expires = replay_key.1.saturating_add(self.freshness_ms);
-        let remembered = self
-            .store
-            .remember_allowed(&share, key, expires, now, &allowed)
-            .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
-        let refusal = match remembered {
-            Remembered::Fresh => None,
-            Remembered::Replayed => Some((
-                RefusalReason::Replayed,
-                "replayed request: this stamped body was already used for this operation",
-            )),
-            Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
-            Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
-        };
-        if let Some((reason, message)) = refusal {
-            return Err(Refusal::new(reason, message).about(&activity, &credential));
-        }
+        let unspent = Unspent { share, key, expires, allowed, approved };
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();
-        Ok(Authorized {
+        let a = Authorized {
             operation,
             activity,
             credential,
@@ -763,7 +814,8 @@ impl Authority {
             policy_org,
             submitter,
             voters,
-        })
+        };
+        Ok((a, unspent))
     }
 
     /// The top-level organization of `organization` in the enclave's authority state: itself when

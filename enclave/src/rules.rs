@@ -81,12 +81,28 @@ pub struct Rules {
     limits: Limits,
     /// Committed states, bounded by [`footprint`] on every insert, least recently used out.
     cache: BoundedCache<Arc<Loaded>>,
-    /// Serializes this enclave's changes (the store's compare-and-set orders them across enclaves).
+    /// Serializes this enclave's group commits (the store's compare-and-set orders them across
+    /// enclaves).
     writing: Mutex<()>,
-    /// Held by a state change from its decision to its staging (see [`Rules::stage`]), so that
-    /// each change of this enclave is decided and checked on the state the changes staged before
-    /// it leave; and by a group commit's leader while it takes and settles a group.
+    /// Held by a state change from its decision to its staging, for each organization it names
+    /// (see [`Rules::lock_organizations`]): each change of an organization is decided and checked
+    /// on the state the changes staged before it leave, while changes of other organizations are
+    /// decided at the same time.
+    organization_locks: Vec<Mutex<()>>,
+    /// The staged heads and the commit queue: held only to read a head, to stage a decided
+    /// change, and by a group commit's leader while it takes and settles a group; never across a
+    /// decision or a store call of a commit.
     changing: Mutex<Staged>,
+}
+
+/// How many locks the organizations' changes are spread over (by a hash of the organization id):
+/// two organizations share one with a chance of 1 in this.
+const ORGANIZATION_LOCKS: usize = 256;
+
+/// The locks of the organizations a change names, held from its decision to its staging
+/// ([`Rules::lock_organizations`]).
+pub struct OrganizationsLocked<'a> {
+    _held: Vec<std::sync::MutexGuard<'a, ()>>,
 }
 
 /// State changes of this enclave that are decided and checked but not yet committed: the state
@@ -123,7 +139,22 @@ struct StagedChange {
     reply: Reply<Committed>,
 }
 
+/// A change applied to the heads of its organizations, not staged yet
+/// ([`Rules::prepare_decided`]).
+pub struct Prepared {
+    order: Vec<String>,
+    next: Vec<(String, PreparedHead)>,
+}
+
+/// The head a prepared change leaves in one organization, and the staged head it was built on
+/// (`None`: the committed state).
+struct PreparedHead {
+    head: Head,
+    built_on: Option<Arc<Loaded>>,
+}
+
 /// The receiving end of a staged change (see [`Rules::committed`]).
+#[derive(Debug)]
 pub struct Pending {
     answer: mpsc::Receiver<Turn<Committed>>,
     lead: bool,
@@ -170,6 +201,7 @@ impl Rules {
             limits: Limits::default(),
             cache: BoundedCache::new(DEFAULT_STATE_CACHE_BYTES),
             writing: Mutex::new(()),
+            organization_locks: (0..ORGANIZATION_LOCKS).map(|_| Mutex::new(())).collect(),
             changing: Mutex::new(Staged::default()),
         }
     }
@@ -242,26 +274,116 @@ impl Rules {
         Ok(true)
     }
 
-    /// Serializes this enclave's state changes from decision to staging (the compare-and-set of
-    /// each group commit checks what other enclaves did meanwhile).
-    pub fn changing(&self) -> Result<std::sync::MutexGuard<'_, Staged>, EnclaveError> {
+    fn changing(&self) -> Result<std::sync::MutexGuard<'_, Staged>, EnclaveError> {
         self.changing.lock().map_err(|_| internal("change lock poisoned"))
     }
 
+    /// Serializes this enclave's changes of `organizations` from decision to staging: a change
+    /// takes this, reads its [`Rules::head`], decides, [`Rules::stage`]s and lets it go before
+    /// waiting for its commit. Changes of other organizations are decided meanwhile (an
+    /// expensive decision of one organization holds no other's), and the compare-and-set of each
+    /// group commit checks what other enclaves did. Locks are taken in one order: no deadlock.
+    pub fn lock_organizations<'a>(
+        &'a self,
+        organizations: impl IntoIterator<Item = &'a str>,
+    ) -> Result<OrganizationsLocked<'a>, EnclaveError> {
+        let mut slots: Vec<usize> = organizations.into_iter().map(|o| self.lock_slot(o)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let held = slots
+            .into_iter()
+            .map(|i| self.organization_locks[i].lock().map_err(|_| internal("organization lock poisoned")))
+            .collect::<Result<_, _>>()?;
+        Ok(OrganizationsLocked { _held: held })
+    }
+
+    fn lock_slot(&self, organization_id: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        organization_id.hash(&mut h);
+        (h.finish() % self.organization_locks.len() as u64) as usize
+    }
+
     /// The state the next change of `organization_id` is decided and checked on: what the changes
-    /// staged before it leave, or the committed state.
-    pub fn head(&self, staged: &Staged, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
-        match staged.heads.get(organization_id) {
-            Some(h) if h.deleted => Ok(None),
-            Some(h) => Ok(Some(h.loaded.clone())),
+    /// staged before it leave, or the committed state. Read with the organization's lock held
+    /// ([`Rules::lock_organizations`]), so that nothing is staged on it before the change is.
+    pub fn head(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
+        let staged = match self.changing()?.heads.get(organization_id) {
+            Some(h) if h.deleted => return Ok(None),
+            Some(h) => Some(h.loaded.clone()),
+            None => None,
+        };
+        match staged {
+            Some(loaded) => Ok(Some(loaded)),
             None => self.load(organization_id),
         }
     }
 
-    /// Stages `changes` (already decided and checked on the heads): applies them to each
+    /// Stages `changes`, decided and checked on `decided_on` (what [`Rules::head`] gave for
+    /// `organization_id`), with the organizations' locks held: applies them to each
     /// organization's head, all or nothing, and queues them for a group commit. The caller then
-    /// waits with [`Rules::committed`], after letting `staged` go.
-    pub fn stage(&self, staged: &mut Staged, changes: &[Change]) -> Result<Pending, EnclaveError> {
+    /// lets the locks go and waits with [`Rules::committed`]. Should another change of this
+    /// enclave have been staged on the organization since its head was read (a caller without
+    /// the lock), the state moved ([`is_moved`]): decide again.
+    pub fn stage_decided(
+        &self,
+        organization_id: &str,
+        decided_on: Option<&Arc<Loaded>>,
+        changes: &[Change],
+    ) -> Result<Pending, EnclaveError> {
+        let mut staged = self.changing()?;
+        let prepared =
+            Self::unmoved(&staged, organization_id, decided_on).and_then(|()| self.prepare(&staged, changes))?;
+        Ok(self.queue(&mut staged, prepared))
+    }
+
+    /// [`Rules::stage_decided`] in two steps, with the organizations' locks held across both:
+    /// the changes applied to the heads and checked (a refusal here stages and spends nothing),
+    /// then, after whatever must precede staging (spending the stamp), [`Rules::stage_prepared`].
+    pub fn prepare_decided(
+        &self,
+        organization_id: &str,
+        decided_on: Option<&Arc<Loaded>>,
+        changes: &[Change],
+    ) -> Result<Prepared, EnclaveError> {
+        let staged = self.changing()?;
+        Self::unmoved(&staged, organization_id, decided_on)?;
+        self.prepare(&staged, changes)
+    }
+
+    /// Queues what [`Rules::prepare_decided`] applied, unless a change was staged meanwhile on
+    /// one of its organizations (then the state moved: decide again).
+    pub fn stage_prepared(&self, prepared: Prepared) -> Result<Pending, EnclaveError> {
+        let mut staged = self.changing()?;
+        for (org, head) in &prepared.next {
+            if let Some(now) = staged.heads.get(org) {
+                if !head.built_on.as_ref().is_some_and(|b| Arc::ptr_eq(b, &now.loaded)) {
+                    return Err(moved());
+                }
+            }
+        }
+        Ok(self.queue(&mut staged, prepared))
+    }
+
+    /// Refuses as moved a decision on `decided_on` when another change of this enclave was staged
+    /// on the organization since.
+    fn unmoved(staged: &Staged, organization_id: &str, decided_on: Option<&Arc<Loaded>>) -> Result<(), EnclaveError> {
+        match staged.heads.get(organization_id) {
+            Some(h) if !decided_on.is_some_and(|d| Arc::ptr_eq(d, &h.loaded)) => Err(moved()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies `changes` to each organization's head, all or nothing, and queues them for a group
+    /// commit.
+    fn stage(&self, staged: &mut Staged, changes: &[Change]) -> Result<Pending, EnclaveError> {
+        let prepared = self.prepare(staged, changes)?;
+        Ok(self.queue(staged, prepared))
+    }
+
+    /// The heads `changes` leave, each organization's effects applied and its caps checked;
+    /// nothing is staged yet.
+    fn prepare(&self, staged: &Staged, changes: &[Change]) -> Result<Prepared, EnclaveError> {
         let mut order: Vec<String> = Vec::new();
         let mut by_org: HashMap<String, Vec<&Effect>> = HashMap::new();
         for c in changes {
@@ -352,17 +474,23 @@ impl Rules {
             };
             touched.extend(changed.into_iter().map(|(k, id)| (k.to_string(), id)));
             state.version = head.base_version;
+            let built_on = staged.heads.get(org).map(|h| h.loaded.clone());
             let loaded = Arc::new(Loaded { state, index });
-            next.push((org.clone(), Head { loaded, base_version: head.base_version, touched, deleted }));
+            let head = Head { loaded, base_version: head.base_version, touched, deleted };
+            next.push((org.clone(), PreparedHead { head, built_on }));
         }
-        // Every organization's effects applied: the heads move, and the change waits in the queue.
-        for (org, head) in next {
-            staged.heads.insert(org, head);
+        Ok(Prepared { order, next })
+    }
+
+    /// Every organization's effects applied: the heads move, and the change waits in the queue.
+    fn queue(&self, staged: &mut Staged, prepared: Prepared) -> Pending {
+        for (org, p) in prepared.next {
+            staged.heads.insert(org, p.head);
         }
         let (reply, answer) = group_commit::channel();
-        staged.queue.push(StagedChange { organizations: order, reply });
+        staged.queue.push(StagedChange { organizations: prepared.order, reply });
         let lead = !std::mem::replace(&mut staged.leading, true);
-        Ok(Pending { answer, lead })
+        Pending { answer, lead }
     }
 
     /// Waits until the staged change is committed (with the others of its group, in one
@@ -499,29 +627,14 @@ impl Rules {
 
     /// The organization's current state (`None`: the enclave has none), read again from the
     /// store whenever its version moved (another enclave, or this one, changed it).
+    /// A miss waits for no commit: a commit of this enclave settling meanwhile puts a newer
+    /// state in the cache, which the state read here never replaces.
     pub fn load(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
-        if let Some(hit) = self.cached(organization_id)? {
-            return Ok(hit);
-        }
-        // A commit of this enclave may be between the store and the cache: once it is done, the
-        // cache has its state and nothing needs reading again.
-        let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
-        self.load_writing(organization_id)
-    }
-
-    /// The cached state when it is current (`Some(None)`: the store has no such organization),
-    /// `None` when the store must be read.
-    fn cached(&self, organization_id: &str) -> Result<Option<Option<Arc<Loaded>>>, EnclaveError> {
-        let Some(version) = self.store.version(organization_id)? else { return Ok(Some(None)) };
+        let Some(version) = self.store.version(organization_id)? else { return Ok(None) };
         // Versions only grow and the cache holds only committed states: a cached version newer
         // than the one just read was committed after that read, and is as good.
-        Ok(self.cache.get(organization_id).filter(|l| l.state.version >= version).map(Some))
-    }
-
-    /// [`Rules::load`] with the write lock held: no commit of this enclave runs meanwhile.
-    fn load_writing(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
-        if let Some(hit) = self.cached(organization_id)? {
-            return Ok(hit);
+        if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
+            return Ok(Some(hit));
         }
         let Some(head) = self.store.load(organization_id)? else { return Ok(None) };
         let state = AuthorityState::from_entries(
@@ -534,7 +647,10 @@ impl Rules {
             return Ok(None);
         }
         let loaded = Arc::new(Loaded { index: Arc::new(PolicyIndex::of(&state)), state });
-        self.cache.insert(organization_id, loaded.clone(), footprint(&loaded));
+        match self.cache.get(organization_id) {
+            Some(newer) if newer.state.version >= loaded.state.version => return Ok(Some(newer)),
+            _ => self.cache.insert(organization_id, loaded.clone(), footprint(&loaded)),
+        }
         Ok(Some(loaded))
     }
 
@@ -627,6 +743,7 @@ impl Rules {
     pub fn commit(&self, changes: &[Change]) -> Result<Vec<(String, u64)>, EnclaveError> {
         for _attempt in 0..8 {
             let pending = {
+                let _locked = self.lock_organizations(changes.iter().map(|c| c.organization_id.as_str()))?;
                 let mut staged = self.changing()?;
                 self.stage(&mut staged, changes)?
             };
@@ -855,10 +972,8 @@ mod tests {
         other.commit_all(&[put_user("o", "there")]).unwrap();
         let failed = r.committed(pending).unwrap_err();
         assert!(is_moved(&failed), "{failed}");
-        let staged = r.changing().unwrap();
-        let head = r.head(&staged, "o").unwrap().unwrap();
+        let head = r.head("o").unwrap().unwrap();
         assert!(head.state.users.contains_key("there") && !head.state.users.contains_key("here"));
-        drop(staged);
         stage_and_commit(&r, &[put_user("o", "here")]);
         let after = other.load("o").unwrap().unwrap();
         assert!(after.state.users.contains_key("there") && after.state.users.contains_key("here"));
@@ -870,6 +985,60 @@ mod tests {
             r.stage(&mut staged, &[put_user("o", "late")]),
             Err(EnclaveError::Refused { reason: RefusalReason::OrganizationUnknown, .. })
         ));
+    }
+
+    /// A change of organization A being decided (its lock held from its head to its staging, as
+    /// `apply_activity` holds it across a policy evaluation) holds no change of organization B:
+    /// B's change stages and commits while A's decision is still running, and A's then commits
+    /// on the head it read. With one lock for every organization (what the enclave had before),
+    /// B waits for A and this fails.
+    #[test]
+    fn a_slow_decision_of_one_organization_holds_no_change_of_another() {
+        let r = Arc::new(rules());
+        bootstrap(&r, "a");
+        // An organization whose lock is not A's (two ids share one with a chance of 1 in 256).
+        let b = (0..).map(|i| format!("b{i}")).find(|b| r.lock_slot(b) != r.lock_slot("a")).unwrap();
+        bootstrap(&r, &b);
+        let (deciding, b_done) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<Vec<(String, u64)>>());
+        let (deciding_tx, deciding_rx) = deciding;
+        let (b_done_tx, b_done_rx) = b_done;
+        let slow = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let _locked = r.lock_organizations(["a"]).unwrap();
+                let head = r.head("a").unwrap();
+                deciding_tx.send(()).unwrap();
+                // The decision runs until B's change is committed (or gives up: B was held).
+                let b_committed = b_done_rx.recv_timeout(std::time::Duration::from_secs(30));
+                let pending = r.stage_decided("a", head.as_ref(), &[put_user("a", "slow")]).unwrap();
+                drop(_locked);
+                (b_committed.is_ok(), r.committed(pending).unwrap())
+            })
+        };
+        deciding_rx.recv().unwrap();
+        let versions = r.commit(&[put_user(&b, "quick")]).unwrap();
+        b_done_tx.send(versions.clone()).unwrap();
+        let (b_committed_meanwhile, a_versions) = slow.join().unwrap();
+        assert!(b_committed_meanwhile, "B's change waited for A's decision");
+        assert_eq!(versions, vec![(b.clone(), 2)]);
+        assert_eq!(a_versions, vec![("a".to_string(), 2)]);
+        assert!(r.load("a").unwrap().unwrap().state.users.contains_key("slow"));
+        assert!(r.load(&b).unwrap().unwrap().state.users.contains_key("quick"));
+    }
+
+    /// A change staged on an organization by a caller that did not hold its lock, between a
+    /// decision's head and its staging, makes that decision's state moved: it is decided again.
+    #[test]
+    fn a_change_staged_after_the_head_was_read_moves_the_decision() {
+        let r = rules();
+        bootstrap(&r, "o");
+        let head = r.head("o").unwrap();
+        let first = r.stage_decided("o", head.as_ref(), &[put_user("o", "first")]).unwrap();
+        let late = r.stage_decided("o", head.as_ref(), &[put_user("o", "late")]).unwrap_err();
+        assert!(is_moved(&late), "{late}");
+        assert_eq!(r.committed(first).unwrap(), vec![("o".to_string(), 2)]);
+        let now = r.head("o").unwrap().unwrap();
+        assert!(now.state.users.contains_key("first") && !now.state.users.contains_key("late"));
     }
 
     #[test]

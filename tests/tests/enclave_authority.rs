@@ -3739,3 +3739,72 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
     refused(enclave.clone().record_activity(req).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotDecided);
     assert_eq!(head().await, before, "nothing was linked");
 }
+
+// -- E12: a refused change spends nothing. --
+
+/// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
+/// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
+/// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
+/// the same stamped body with the exact proposal is then applied, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_change_spends_nothing() {
+    let stack = enforcing_stack().await;
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        Stack::now_ms(),
+        json!({"policyName": "e12", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}),
+    );
+    let proposal = |id: &str, effect: &str| {
+        let p = json!([{ "organization_id": org, "effect": "put_policy",
+            "policy": {"id": id, "name": "e12", "effect": effect, "condition": "true", "consensus": "", "time": ""} }]);
+        p.to_string().into_bytes()
+    };
+    let apply = |proposal: Vec<u8>| pb::ApplyActivityRequest {
+        auth: auth(stamped(&root, &create, &cert)),
+        proposal,
+        parent_certificate: vec![],
+        issued_certificates: vec![],
+    };
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_DENY"))).await,
+        "apply_activity",
+        pb::RefusalReason::TransitionMismatch,
+    );
+    // No allow was logged for it: reported completed, it is not linked.
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(create.as_bytes())));
+    let activity = json!({"id": "e12", "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
+        "result": {"createPolicyResult": {"policyId": "e12-policy"}}, "appProofs": []});
+    let record = pb::RecordActivityRequest {
+        request: Some(stamped(&root, &create, &cert)),
+        activity: activity.to_string().into_bytes(),
+    };
+    refused(
+        enclave.clone().record_activity(record).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::NotDecided,
+    );
+    // The stamp was not spent: the exact proposal is applied, and only once.
+    let applied = enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await;
+    assert!(applied.is_ok(), "the refused attempt spent the stamp: {applied:?}");
+    // Again: the policy it names exists now, so the proposal is refused before the stamp is
+    // looked up; with a new id it is decided and checked, and then refused as a replay.
+    refused(
+        enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::TransitionMismatch,
+    );
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(apply(proposal("e12-again", "EFFECT_ALLOW"))).await,
+        "apply_activity",
+        pb::RefusalReason::Replayed,
+    );
+}

@@ -24,7 +24,17 @@ pub(super) fn apply_activity(
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
         subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !KEY_OPERATIONS.contains(t)).collect();
-    let a = authority.authorize("apply_activity", req.auth.as_ref(), &types)?;
+    // The stamp is spent once the change is decided, checked and ready to stage: a refused change
+    // spends nothing and leaves no allow in the decision log (in shadow mode, where the gateway
+    // decides, at once).
+    let (a, unspent) = authority.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
+    let rules = authority.rules();
+    let mut unspent = Some(unspent);
+    if !rules.enforces() {
+        if let Some(unspent) = unspent.take() {
+            authority.spend(&a, unspent)?;
+        }
+    }
     if a.via_parent {
         return Err(refuse(
             &a,
@@ -60,15 +70,18 @@ pub(super) fn apply_activity(
     // The credentials this enclave issued for the activity itself (checked once).
     let issued = issued_credentials(authority, &a, &proposal, &req.issued_certificates)?;
     let organization = a.activity.organization_id.clone();
-    let rules = authority.rules();
+    // The organizations the change names: its own and those its proposal changes.
+    let mut named: Vec<&str> = proposal.iter().chain(&issued).map(|c| c.organization_id.as_str()).collect();
+    named.push(&organization);
     // Each attempt decides and checks the change on the state the changes staged before it leave
-    // (one at a time, under the change lock), stages it, and waits for its group commit; when
-    // the group fails (another enclave moved the state), the change is decided again.
+    // (one at a time per organization, under its lock; other organizations' changes are decided
+    // meanwhile), stages it, and waits for its group commit; when the group fails (another
+    // enclave moved the state), the change is decided again.
     for _attempt in 0..8 {
         let (pending, evaluation) = {
-            let mut staged = rules.changing()?;
-            let head = rules.head(&staged, &organization)?;
-            let Some(d) = authority.decide_over(&a, head)? else {
+            let _locked = rules.lock_organizations(named.iter().copied())?;
+            let head = rules.head(&organization)?;
+            let Some(d) = authority.decide_over(&a, head.clone())? else {
                 // Shadow mode, and the rules would have refused (logged): nothing is applied.
                 return Ok(pb::ApplyActivityResponse::default());
             };
@@ -92,18 +105,32 @@ pub(super) fn apply_activity(
             let mut changes = proposal.clone();
             changes.extend(issued.iter().cloned());
             if changes.is_empty() {
+                if let Some(unspent) = unspent.take() {
+                    authority.spend(&a, unspent)?;
+                }
                 let version = d.loaded.state.version;
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
                 return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
             }
-            match rules.stage(&mut staged, &changes) {
-                Ok(pending) => (pending, evaluation),
+            let prepared = match rules.prepare_decided(&organization, head.as_ref(), &changes) {
+                Ok(prepared) => prepared,
+                Err(e) if is_moved(&e) => continue,
                 // Shadow mode: the state does not have everything yet; logged, the gateway decides.
                 Err(e) if !rules.enforces() => {
                     shadow(&a, &e.to_string());
                     return Ok(pb::ApplyActivityResponse::default());
                 }
                 Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
+                Err(other) => return Err(other),
+            };
+            // Decided, checked and applied to the heads: the stamp is spent now (a replay or a
+            // full replay share is refused here, audited by `spend`, and nothing is staged).
+            if let Some(unspent) = unspent.take() {
+                authority.spend(&a, unspent)?;
+            }
+            match rules.stage_prepared(prepared) {
+                Ok(pending) => (pending, evaluation),
+                Err(e) if is_moved(&e) => continue,
                 Err(other) => return Err(other),
             }
         };
