@@ -458,31 +458,23 @@ impl AuthorityStore for PostgresAuthorityStore {
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
         self.with_conn(|client| {
-            let mut tx = client
-                .build_transaction()
-                .read_only(true)
-                .isolation_level(::postgres::IsolationLevel::RepeatableRead)
-                .start()
+            // One statement, one snapshot: the version and every entry (none: one row of NULLs).
+            let rows = client
+                .query(
+                    "SELECT h.version, e.kind, e.id, e.data FROM org_heads h \
+                     LEFT JOIN entries e ON e.organization_id = h.organization_id \
+                     WHERE h.organization_id = $1 ORDER BY e.kind, e.id",
+                    &[&org],
+                )
                 .map_err(pg)?;
-            let Some(row) =
-                tx.query_opt("SELECT version FROM org_heads WHERE organization_id = $1", &[&org]).map_err(pg)?
-            else {
-                return Ok(None);
-            };
-            let version = version_of(row.try_get(0).map_err(pg)?)?;
-            let entries = tx
-                .query("SELECT kind, id, data FROM entries WHERE organization_id = $1 ORDER BY kind, id", &[&org])
-                .map_err(pg)?
-                .iter()
-                .map(|r| {
-                    Ok(Entry {
-                        kind: r.try_get(0).map_err(pg)?,
-                        id: r.try_get(1).map_err(pg)?,
-                        data: r.try_get(2).map_err(pg)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            tx.commit().map_err(pg)?;
+            let Some(first) = rows.first() else { return Ok(None) };
+            let version = version_of(first.try_get(0).map_err(pg)?)?;
+            let mut entries = Vec::with_capacity(rows.len());
+            for r in &rows {
+                if let Some(kind) = r.try_get::<_, Option<String>>(1).map_err(pg)? {
+                    entries.push(Entry { kind, id: r.try_get(2).map_err(pg)?, data: r.try_get(3).map_err(pg)? });
+                }
+            }
             Ok(Some(OrgHead { version, entries }))
         })
     }

@@ -679,19 +679,22 @@ impl AuthorityStore for SqliteAuthorityStore {
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
         self.read(|conn| {
-            let tx = conn.transaction().map_err(sq)?;
-            let version: Option<i64> = tx
-                .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
-                .and_then(|mut st| st.query_row([org], |r| r.get(0)).optional())
-                .map_err(sq)?;
-            let Some(version) = version else { return Ok(None) };
-            let entries = tx
-                .prepare_cached("SELECT kind, id, data FROM entries WHERE organization_id = ?1 ORDER BY kind, id")
+            // One statement, one snapshot: the version and every entry (none: one row of NULLs).
+            let rows = conn
+                .prepare_cached(LOAD_ORGANIZATION)
                 .and_then(|mut st| {
-                    st.query_map([org], |r| Ok(Entry { kind: r.get(0)?, id: r.get(1)?, data: r.get(2)? }))?
-                        .collect::<rusqlite::Result<Vec<_>>>()
+                    st.query_map([org], |r| {
+                        let entry = match r.get::<_, Option<String>>(1)? {
+                            Some(kind) => Some(Entry { kind, id: r.get(2)?, data: r.get(3)? }),
+                            None => None,
+                        };
+                        Ok((r.get::<_, i64>(0)?, entry))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()
                 })
                 .map_err(sq)?;
+            let Some(version) = rows.first().map(|(v, _)| *v) else { return Ok(None) };
+            let entries = rows.into_iter().filter_map(|(_, e)| e).collect();
             Ok(Some(OrgHead { version: version_of(version)?, entries }))
         })
     }
@@ -789,6 +792,11 @@ impl AuthorityStore for SqliteAuthorityStore {
         })
     }
 }
+
+/// An organization's version and entries in one statement ([`AuthorityStore::load`]).
+const LOAD_ORGANIZATION: &str = "SELECT h.version, e.kind, e.id, e.data FROM org_heads h \
+     LEFT JOIN entries e ON e.organization_id = h.organization_id \
+     WHERE h.organization_id = ?1 ORDER BY e.kind, e.id";
 
 #[cfg(test)]
 mod tests {
