@@ -351,15 +351,19 @@ impl Rules {
         self.prepare(&staged, changes)
     }
 
-    /// Queues what [`Rules::prepare_decided`] applied, unless a change was staged meanwhile on
-    /// one of its organizations (then the state moved: decide again).
+    /// Queues what [`Rules::prepare_decided`] applied, unless one of its organizations' heads
+    /// moved meanwhile: a change staged on it, or the staged head it was built on committed (then
+    /// decide again: this change alone, not the group it would have failed).
     pub fn stage_prepared(&self, prepared: Prepared) -> Result<Pending, EnclaveError> {
         let mut staged = self.changing()?;
-        for (org, head) in &prepared.next {
-            if let Some(now) = staged.heads.get(org) {
-                if !head.built_on.as_ref().is_some_and(|b| Arc::ptr_eq(b, &now.loaded)) {
-                    return Err(moved());
-                }
+        for (org, p) in &prepared.next {
+            let unmoved = match (staged.heads.get(org), &p.built_on) {
+                (Some(now), Some(on)) => Arc::ptr_eq(on, &now.loaded),
+                (None, None) => self.cache.get(org).is_none_or(|c| c.state.version == p.head.base_version),
+                _ => false,
+            };
+            if !unmoved {
+                return Err(moved());
             }
         }
         Ok(self.queue(&mut staged, prepared))
@@ -1039,6 +1043,32 @@ mod tests {
         assert_eq!(r.committed(first).unwrap(), vec![("o".to_string(), 2)]);
         let now = r.head("o").unwrap().unwrap();
         assert!(now.state.users.contains_key("first") && !now.state.users.contains_key("late"));
+    }
+
+    /// A change prepared, then staged after the head it was built on was committed (its stamp
+    /// was being spent meanwhile), is moved on its own: it never reaches a group that its stale
+    /// base version would fail for every member.
+    #[test]
+    fn a_prepared_change_whose_head_was_committed_meanwhile_is_moved_alone() {
+        let r = rules();
+        bootstrap(&r, "o");
+        // Built on a staged head that is committed before it is staged.
+        let first = r.stage_decided("o", r.head("o").unwrap().as_ref(), &[put_user("o", "first")]).unwrap();
+        let head = r.head("o").unwrap();
+        let on_staged = r.prepare_decided("o", head.as_ref(), &[put_user("o", "second")]).unwrap();
+        assert_eq!(r.committed(first).unwrap(), vec![("o".to_string(), 2)]);
+        assert!(is_moved(&r.stage_prepared(on_staged).unwrap_err()));
+        // Built on the committed state, which another change of this enclave moves before it is
+        // staged.
+        let head = r.head("o").unwrap();
+        let on_committed = r.prepare_decided("o", head.as_ref(), &[put_user("o", "third")]).unwrap();
+        r.commit(&[put_user("o", "between")]).unwrap();
+        assert!(is_moved(&r.stage_prepared(on_committed).unwrap_err()));
+        // Prepared and staged with nothing in between, it commits.
+        let head = r.head("o").unwrap();
+        let prepared = r.prepare_decided("o", head.as_ref(), &[put_user("o", "second")]).unwrap();
+        let pending = r.stage_prepared(prepared).unwrap();
+        assert_eq!(r.committed(pending).unwrap(), vec![("o".to_string(), 4)]);
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub(super) fn apply_activity(
     // enclave moved the state), the change is decided again.
     for _attempt in 0..8 {
         let (pending, evaluation) = {
-            let _locked = rules.lock_organizations(named.iter().copied())?;
+            let mut locked = rules.lock_organizations(named.iter().copied())?;
             let head = rules.head(&organization)?;
             let Some(d) = authority.decide_over(&a, head.clone())? else {
                 // Shadow mode, and the rules would have refused (logged): nothing is applied.
@@ -124,11 +124,18 @@ pub(super) fn apply_activity(
                 Err(other) => return Err(other),
             };
             // Decided, checked and applied to the heads: the stamp is spent now (a replay or a
-            // full replay share is refused here, audited by `spend`, and nothing is staged).
+            // full replay share is refused here, audited by `spend`, and nothing is staged). Its
+            // commit is grouped with other requests', so the organizations' locks are let go
+            // meanwhile; a change staged on them in between makes this one decided again, under
+            // the locks throughout, its stamp spent.
             if let Some(unspent) = unspent.take() {
+                drop(locked);
                 authority.spend(&a, unspent)?;
+                locked = rules.lock_organizations(named.iter().copied())?;
             }
-            match rules.stage_prepared(prepared) {
+            let staged = rules.stage_prepared(prepared);
+            drop(locked);
+            match staged {
                 Ok(pending) => (pending, evaluation),
                 Err(e) if is_moved(&e) => continue,
                 Err(other) => return Err(other),
