@@ -8,10 +8,10 @@ use std::sync::Mutex;
 use coffer_auth::proof::{self, LogLink};
 use coffer_proto::v1 as pb;
 
-use crate::authority_store::{AuthorityStore, StoreError};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
+use crate::store::{EnclaveStore, StoreError};
 
 /// What one append records: the activity, as the enclave checked it.
 #[derive(Debug, Clone)]
@@ -65,7 +65,7 @@ fn poisoned<T>(_: T) -> EnclaveError {
 impl ActivityLog {
     /// Appends `entry` to its organization's log and returns its link: waits for the group it
     /// joins, or leads one. `sign` makes the links' proofs (whoever leads signs the group's).
-    pub fn append(&self, store: &dyn AuthorityStore, entry: Entry, sign: Signer<'_>) -> Result<Appended, EnclaveError> {
+    pub fn append(&self, store: &dyn EnclaveStore, entry: Entry, sign: Signer<'_>) -> Result<Appended, EnclaveError> {
         let (reply, answer) = group_commit::channel();
         let lead = group_commit::join(&self.waiting, Job { entry, reply }).map_err(poisoned)?;
         group_commit::wait(
@@ -79,7 +79,7 @@ impl ActivityLog {
 
     /// Appends the first group waiting, then hands the lead to the owner of the first append
     /// still waiting, or gives it up.
-    fn lead_one_group(&self, store: &dyn AuthorityStore, sign: Signer<'_>) -> Result<(), String> {
+    fn lead_one_group(&self, store: &dyn EnclaveStore, sign: Signer<'_>) -> Result<(), String> {
         group_commit::lead_one(
             &self.waiting,
             MAX_GROUP,
@@ -92,7 +92,7 @@ impl ActivityLog {
     }
 
     /// Appends a batch, per organization in the order the appends came, and answers each.
-    fn append_batch(&self, store: &dyn AuthorityStore, batch: Vec<Job>, sign: Signer<'_>) {
+    fn append_batch(&self, store: &dyn EnclaveStore, batch: Vec<Job>, sign: Signer<'_>) {
         let mut groups: Vec<(String, Vec<Job>)> = Vec::new();
         for job in batch {
             match groups.iter_mut().find(|(org, _)| *org == job.entry.organization_id) {
@@ -122,7 +122,7 @@ impl ActivityLog {
     /// and the head moved past them all in one compare-and-set.
     fn append_group(
         &self,
-        store: &dyn AuthorityStore,
+        store: &dyn EnclaveStore,
         organization_id: &str,
         entries: &[&Entry],
         sign: Signer<'_>,
@@ -177,7 +177,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::authority_store::{SqliteAuthorityStore, StoreLimits};
+    use crate::store::{SqliteEnclaveStore, StoreLimits};
 
     /// 8 threads append 400 links to two organizations at once: every link gets its own place,
     /// each organization's links chain from its genesis to the head the store keeps, and every
@@ -185,8 +185,8 @@ mod tests {
     #[test]
     fn concurrent_appends_chain_once_each_and_sign_each_groups_last_link() {
         use p256::ecdsa::signature::Signer as _;
-        let store: Arc<dyn AuthorityStore> =
-            Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap());
+        let store: Arc<dyn EnclaveStore> =
+            Arc::new(SqliteEnclaveStore::open_in_memory(StoreLimits::default()).unwrap());
         let log = Arc::new(ActivityLog::default());
         let key = p256::ecdsa::SigningKey::from_slice(&[7; 32]).unwrap();
         let point: [u8; 65] = key.verifying_key().to_encoded_point(false).as_bytes().try_into().unwrap();

@@ -355,10 +355,10 @@ impl Default for EnclaveConfig {
             replay_quota_per_organization: 100_000,
             auth_proxy_signups_per_hour: 10_000,
             auth_proxy_signups_per_day: 100_000,
-            max_webhook_endpoints_per_organization: coffer_authority_state::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
-            max_policies_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICIES,
-            max_policy_text_bytes_per_organization: coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES,
-            state_cache_mib: crate::rules::DEFAULT_STATE_CACHE_BYTES >> 20,
+            max_webhook_endpoints_per_organization: coffer_org_rules::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
+            max_policies_per_organization: coffer_org_rules::limits::DEFAULT_MAX_POLICIES,
+            max_policy_text_bytes_per_organization: coffer_org_rules::limits::DEFAULT_MAX_POLICY_TEXT_BYTES,
+            state_cache_mib: crate::decider::DEFAULT_STATE_CACHE_BYTES >> 20,
             authority_store: None,
             authority_store_password_file: None,
             decision_retention_days: 30,
@@ -485,8 +485,8 @@ impl EnclaveConfig {
     }
 
     /// The per-organization caps the rules check every state change against.
-    pub fn limits(&self) -> coffer_authority_state::Limits {
-        coffer_authority_state::Limits {
+    pub fn limits(&self) -> coffer_org_rules::Limits {
+        coffer_org_rules::Limits {
             webhook_endpoints: self.max_webhook_endpoints_per_organization,
             policies: self.max_policies_per_organization,
             policy_text_bytes: self.max_policy_text_bytes_per_organization,
@@ -495,11 +495,11 @@ impl EnclaveConfig {
 
     /// Where the authority store is (`authority_store`, or its default beside the socket) and
     /// its bounds.
-    pub fn store_settings(&self) -> crate::authority_store::StoreSettings {
-        crate::authority_store::StoreSettings {
-            url: self.authority_store.clone().unwrap_or_else(|| crate::authority_store::default_url(&self.socket)),
+    pub fn store_settings(&self) -> crate::store::StoreSettings {
+        crate::store::StoreSettings {
+            url: self.authority_store.clone().unwrap_or_else(|| crate::store::default_url(&self.socket)),
             password_file: self.authority_store_password_file.clone(),
-            limits: crate::authority_store::StoreLimits {
+            limits: crate::store::StoreLimits {
                 replay_capacity: self.replay_capacity as u64,
                 replay_per_organization: self.replay_quota_per_organization,
                 decision_retention_ms: (self.decision_retention_days.min(100_000) as i64) * 24 * 3600 * 1000,
@@ -585,7 +585,7 @@ mod tests {
         assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
         assert_eq!(
             cfg.limits(),
-            coffer_authority_state::Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
+            coffer_org_rules::Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
         );
         let text: EnclaveConfig = toml::from_str("max_policy_text_bytes_per_organization = 4096").unwrap();
         assert_eq!(text.limits().policy_text_bytes, 4096);

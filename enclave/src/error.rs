@@ -2,7 +2,7 @@
 
 pub use coffer_proto::v1::RefusalReason;
 
-use crate::authority_store::StoreError;
+use crate::store::StoreError;
 
 /// Everything that can go wrong inside the enclave. Messages never carry key material.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub enum EnclaveError {
     /// The enclave tier's authority store failed: unreachable (retry), corrupt, or a state change
     /// that lost a race with another enclave (`VersionMoved`, when its caller did not retry).
     #[error("{0}")]
-    AuthorityStore(#[from] crate::authority_store::StoreError),
+    EnclaveStore(#[from] crate::store::StoreError),
 }
 
 impl EnclaveError {
@@ -58,7 +58,7 @@ impl EnclaveError {
             Self::Upstream(_) => "upstream",
             Self::Hsm(_) => "hsm",
             Self::Internal(_) => "internal",
-            Self::AuthorityStore(_) => "authority_store",
+            Self::EnclaveStore(_) => "authority_store",
         }
     }
 
@@ -99,7 +99,7 @@ impl From<EnclaveError> for tonic::Status {
             EnclaveError::Internal(_) => tonic::Status::internal(e.to_string()),
             // The one mapping of the authority store's errors: what can pass by retrying is
             // UNAVAILABLE (the gateway's "retry shortly"), the rest INTERNAL.
-            EnclaveError::AuthorityStore(s) => match s {
+            EnclaveError::EnclaveStore(s) => match s {
                 StoreError::Unavailable(_) | StoreError::VersionMoved { .. } => {
                     tonic::Status::unavailable(e.to_string())
                 }

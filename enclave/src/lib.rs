@@ -2,11 +2,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod activity_log;
+pub mod admission;
 pub mod audit;
-pub mod authority;
-pub mod authority_store;
 pub mod bounded_cache;
 pub mod config;
+pub mod decider;
 pub mod egress;
 pub mod error;
 pub mod group_commit;
@@ -16,11 +16,11 @@ pub mod oauth2_exchange;
 pub mod operator;
 pub mod proofs;
 pub mod proxy_stamper;
-pub mod rules;
 pub mod service;
 pub mod service_key_shelf;
 pub mod sessions;
 pub mod sms;
+pub mod store;
 pub mod verification_token;
 
 pub use error::EnclaveError;

@@ -63,23 +63,20 @@ enum Command {
 }
 
 /// The authority store, after the socket's directory exists (the default store file is in it).
-fn open_store(cfg: &EnclaveConfig) -> anyhow::Result<Arc<dyn coffer_enclave::authority_store::AuthorityStore>> {
+fn open_store(cfg: &EnclaveConfig) -> anyhow::Result<Arc<dyn coffer_enclave::store::EnclaveStore>> {
     if let Some(dir) = cfg.socket.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
         }
     }
     let settings = cfg.store_settings();
-    let store = coffer_enclave::authority_store::open(&settings)?;
-    tracing::info!(store = %coffer_enclave::authority_store::redact(&settings.url), "authority store open");
+    let store = coffer_enclave::store::open(&settings)?;
+    tracing::info!(store = %coffer_enclave::store::redact(&settings.url), "authority store open");
     Ok(store)
 }
 
 /// The HSM under its profile, with `store` keeping the service keys the module cannot hold.
-fn open_hsm(
-    cfg: &EnclaveConfig,
-    store: &Arc<dyn coffer_enclave::authority_store::AuthorityStore>,
-) -> anyhow::Result<Hsm> {
+fn open_hsm(cfg: &EnclaveConfig, store: &Arc<dyn coffer_enclave::store::EnclaveStore>) -> anyhow::Result<Hsm> {
     Ok(Hsm::open(HsmSettings {
         module: cfg.pkcs11_module.clone(),
         token_label: cfg.token_label.clone(),
@@ -142,10 +139,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve => serve(cfg).await,
         Command::ImportAuthorityState => {
             use std::io::BufRead;
-            let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+            let store = coffer_enclave::store::open(&cfg.store_settings())?;
             // An organization's records are taken as they are, above a cap too (made before the
             // enclave decided the caps): such an organization may then shrink, not grow.
-            let rules = coffer_enclave::rules::Rules::new(store).limited(coffer_authority_state::Limits::UNBOUNDED);
+            let rules = coffer_enclave::decider::Decider::new(store).limited(coffer_org_rules::Limits::UNBOUNDED);
             let (mut built, mut kept) = (0usize, 0usize);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
@@ -154,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 let v: serde_json::Value = serde_json::from_str(&line)?;
                 let org = v["organizationId"].as_str().ok_or_else(|| anyhow::anyhow!("missing organizationId"))?;
-                let changes: Vec<coffer_authority_state::Change> = serde_json::from_value(v["changes"].clone())?;
+                let changes: Vec<coffer_org_rules::Change> = serde_json::from_value(v["changes"].clone())?;
                 if rules.import(org, &changes)? {
                     built += 1;
                 } else {
@@ -168,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
             use std::io::BufRead;
             let store = open_store(&cfg)?;
             let hsm = Arc::new(open_hsm(&cfg, &store)?);
-            let authority = coffer_enclave::authority::Authority::new(hsm, 0, store);
+            let admission = coffer_enclave::admission::Admission::new(hsm, 0, store);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
                 if line.trim().is_empty() {
@@ -194,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
                     "enclave decision"
                 );
                 // The credential enters its organization's authority state too (the same trust).
-                use coffer_authority_state::model::CredentialKind;
+                use coffer_org_rules::model::CredentialKind;
                 let kind = match v["kind"].as_str() {
                     Some("apiKey") => Some(CredentialKind::ApiKey),
                     Some("authenticator") => Some(CredentialKind::Passkey),
@@ -202,7 +199,7 @@ async fn main() -> anyhow::Result<()> {
                     _ => None,
                 };
                 if let Some(kind) = kind {
-                    let credential = coffer_authority_state::Credential {
+                    let credential = coffer_org_rules::Credential {
                         id: field("id")?,
                         user_id: cert.user_id.clone(),
                         kind,
@@ -210,14 +207,14 @@ async fn main() -> anyhow::Result<()> {
                         public_key: cert.public_key.clone(),
                         expires_at_ms: cert.expires_at_ms,
                     };
-                    if !authority.rules().adopt_credential(&cert.organization_id, credential)? {
+                    if !admission.rules().adopt_credential(&cert.organization_id, credential)? {
                         eprintln!(
                             "{}: not added to the authority state (no state for its organization or user, or already there)",
                             field("id")?
                         );
                     }
                 }
-                v["certificate"] = hex::encode(authority.certify(cert)?).into();
+                v["certificate"] = hex::encode(admission.certify(cert)?).into();
                 println!("{v}");
             }
             Ok(())
@@ -235,7 +232,7 @@ async fn main() -> anyhow::Result<()> {
 /// `reconcile`: prints the `allow` decisions since `since_ms` whose fingerprint the gateway's
 /// records (`activities`, one fingerprint a line) lack; returns how many.
 fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -> anyhow::Result<usize> {
-    use coffer_enclave::authority_store::{DecisionRecord, OUTCOME_ALLOW};
+    use coffer_enclave::store::{DecisionRecord, OUTCOME_ALLOW};
     use std::collections::{HashMap, HashSet};
     use std::io::{BufRead, Write};
     let input: Box<dyn BufRead> = if activities.as_os_str() == "-" {
@@ -253,7 +250,7 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
             known.insert(fingerprint.to_string());
         }
     }
-    let store = coffer_enclave::authority_store::open(&cfg.store_settings())?;
+    let store = coffer_enclave::store::open(&cfg.store_settings())?;
     // (organization, operation, fingerprint) of each unmatched allow → the decision and the
     // outcomes logged after it for the same activity and operation.
     let mut unmatched: Vec<(DecisionRecord, Vec<String>)> = Vec::new();
@@ -316,12 +313,12 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
 }
 
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
-    let started_at_ms = coffer_enclave::authority::now_ms();
+    let started_at_ms = coffer_enclave::admission::now_ms();
     let store = open_store(&cfg)?;
     let hsm = Arc::new(open_hsm(&cfg, &store)?);
     let signer = hsm.signer_public_key()?;
-    let authority = Arc::new(
-        coffer_enclave::authority::Authority::new(
+    let admission = Arc::new(
+        coffer_enclave::admission::Admission::new(
             hsm.clone(),
             (cfg.freshness_window_secs as i64).saturating_mul(1000),
             store,
@@ -375,7 +372,7 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         tracing::warn!("no operator_public_keys configured: BootstrapOrganization refuses every call");
     }
     let service = Arc::new(
-        EnclaveService::new(hsm, authority, Arc::new(cfg.login.clone()))
+        EnclaveService::new(hsm, admission, Arc::new(cfg.login.clone()))
             .with_otp(cfg.otp.clone(), mailer, sms)
             .with_operators(coffer_enclave::operator::Operators::new(operators))
             .with_boot_proof(coffer_enclave::proofs::BootFacts {

@@ -6,7 +6,7 @@ use coffer_auth::operator::{self, BootstrapBody};
 use coffer_auth::stamp;
 use coffer_proto::v1 as pb;
 
-use crate::authority::Authority;
+use crate::admission::Admission;
 use crate::error::{EnclaveError, RefusalReason};
 
 /// The operation name of a bootstrap in audit lines and the replay window.
@@ -36,7 +36,7 @@ impl Operators {
     /// configured operator key, a bootstrap body, fresh, and not used before.
     pub fn authorize_bootstrap(
         &self,
-        authority: &Authority,
+        admission: &Admission,
         request: Option<&pb::StampedRequest>,
     ) -> Result<OperatorBootstrap, EnclaveError> {
         let refusal = |reason: RefusalReason, message: &str, fingerprint: &str, operator: &str| {
@@ -77,14 +77,14 @@ impl Operators {
         stamp::verify(&s, &request.body).map_err(|e| refuse(RefusalReason::NotOperator, &e.message, &s.public_key))?;
         let body = operator::parse_bootstrap(&request.body)
             .map_err(|e| refuse(RefusalReason::OperationMismatch, &e.message, &s.public_key))?;
-        if !authority.is_fresh(body.timestamp_ms) {
+        if !admission.is_fresh(body.timestamp_ms) {
             return Err(refuse(
                 RefusalReason::Stale,
                 "stale or future timestampMs: outside the enclave's freshness window",
                 &s.public_key,
             ));
         }
-        match authority.first_use(BOOTSTRAP_ORGANIZATION, &body.fingerprint, body.timestamp_ms) {
+        match admission.first_use(BOOTSTRAP_ORGANIZATION, &body.fingerprint, body.timestamp_ms) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(refuse(
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn only_a_fresh_unused_body_stamped_by_a_configured_operator_key() {
-        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
+        let admission = Admission::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
         let operator_key = p256::ecdsa::SigningKey::from_slice(&[5; 32]).unwrap();
         let other = p256::ecdsa::SigningKey::from_slice(&[6; 32]).unwrap();
         let ops = Operators::new(vec![operator::public_key_hex(&operator_key)]);
@@ -127,28 +127,28 @@ mod tests {
         };
         let reason = |r: Result<OperatorBootstrap, EnclaveError>| r.unwrap_err().refusal_reason();
         let body = bootstrap_body(&params, now_ms());
-        assert_eq!(reason(ops.authorize_bootstrap(&authority, None)), Some(RefusalReason::NoAuthorization));
+        assert_eq!(reason(ops.authorize_bootstrap(&admission, None)), Some(RefusalReason::NoAuthorization));
         assert_eq!(
-            reason(ops.authorize_bootstrap(&authority, Some(&request(&other, &body)))),
+            reason(ops.authorize_bootstrap(&admission, Some(&request(&other, &body)))),
             Some(RefusalReason::NotOperator)
         );
         let mut forged = request(&operator_key, &body);
         forged.body = bootstrap_body(&params, now_ms() + 1);
-        assert_eq!(reason(ops.authorize_bootstrap(&authority, Some(&forged))), Some(RefusalReason::NotOperator));
+        assert_eq!(reason(ops.authorize_bootstrap(&admission, Some(&forged))), Some(RefusalReason::NotOperator));
         let stale = bootstrap_body(&params, now_ms() - 301_000);
         assert_eq!(
-            reason(ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &stale)))),
+            reason(ops.authorize_bootstrap(&admission, Some(&request(&operator_key, &stale)))),
             Some(RefusalReason::Stale)
         );
         assert_eq!(
-            reason(Operators::default().authorize_bootstrap(&authority, Some(&request(&operator_key, &body)))),
+            reason(Operators::default().authorize_bootstrap(&admission, Some(&request(&operator_key, &body)))),
             Some(RefusalReason::NotOperator),
             "no operator configured: nothing is bootstrapped"
         );
-        let ok = ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &body))).unwrap();
+        let ok = ops.authorize_bootstrap(&admission, Some(&request(&operator_key, &body))).unwrap();
         assert_eq!(ok.body.parameters, params);
         assert_eq!(
-            reason(ops.authorize_bootstrap(&authority, Some(&request(&operator_key, &body)))),
+            reason(ops.authorize_bootstrap(&admission, Some(&request(&operator_key, &body)))),
             Some(RefusalReason::Replayed)
         );
     }

@@ -10,10 +10,10 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
-use crate::authority::{now_ms, Authority, Authorized, ACTIVITY_COMPLETED};
-use crate::authority_store::Decided;
+use crate::admission::{now_ms, Admission, Admitted, ACTIVITY_COMPLETED};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
+use crate::store::Decided;
 
 /// `payload`, signed by the proof key.
 fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
@@ -29,7 +29,7 @@ fn wire(p: proof::AppProof) -> pb::AppProof {
 /// When the stamped body asks for proofs: one `APP_PROOF_TYPE_POLICY_OUTCOME` proof of the
 /// enclave's decision on this call (what decided, over which state version, with which verified
 /// approvals) and of `result`, what the call produced as the enclave computed it.
-pub fn of_call(hsm: &Hsm, a: &Authorized, result: Value) -> Result<Vec<pb::AppProof>, EnclaveError> {
+pub fn of_call(hsm: &Hsm, a: &Admitted, result: Value) -> Result<Vec<pb::AppProof>, EnclaveError> {
     if !a.activity.generate_app_proofs {
         return Ok(Vec::new());
     }
@@ -83,7 +83,7 @@ pub fn of_call(hsm: &Hsm, a: &Authorized, result: Value) -> Result<Vec<pb::AppPr
 /// derived account, `(path, address)`, of the wallet `wallet_id` of `organization_id`.
 pub fn of_addresses(
     hsm: &Hsm,
-    a: &Authorized,
+    a: &Admitted,
     organization_id: &str,
     wallet_id: &str,
     accounts: &[(&str, &str)],
@@ -153,7 +153,7 @@ pub fn boot_proof(hsm: &Hsm, facts: &BootFacts) -> Result<pb::BootProof, Enclave
 /// Appends a finished activity to its organization's log (see `RecordActivity` in the proto).
 pub fn record_activity(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::RecordActivityRequest,
 ) -> Result<pb::RecordActivityResponse, EnclaveError> {
     let request = req
@@ -162,14 +162,14 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let (organization_id, activity_type, decided) = match authority.authorized_lately(&fingerprint) {
-        Some((organization_id, activity_type)) => (organization_id, activity_type, Decided::Authorized),
+    let (organization_id, activity_type, decided) = match admission.authorized_lately(&fingerprint) {
+        Some((organization_id, activity_type)) => (organization_id, activity_type, Decided::Admitted),
         None => {
-            let (stamped, _) = authority.verify_submission(request)?;
-            let decided = authority.store().decided(&stamped.organization_id, &fingerprint)?;
+            let (stamped, _) = admission.verify_submission(request)?;
+            let decided = admission.store().decided(&stamped.organization_id, &fingerprint)?;
             // One the enclave never decided (the gateway refused or failed it first) is linked
             // only while its stamp is fresh: not a stamp kept for a day and reported later.
-            if decided == Decided::Nothing && !authority.is_fresh(stamped.timestamp_ms) {
+            if decided == Decided::Nothing && !admission.is_fresh(stamped.timestamp_ms) {
                 return Err(EnclaveError::refused(
                     RefusalReason::Stale,
                     "the enclave never decided this activity and its stamp is no longer fresh",
@@ -205,7 +205,7 @@ pub fn record_activity(
         }
     }
     // The log says an activity completed only if the enclave authorized it.
-    if status == ACTIVITY_COMPLETED && decided != Decided::Authorized {
+    if status == ACTIVITY_COMPLETED && decided != Decided::Admitted {
         return Err(EnclaveError::refused(
             RefusalReason::NotDecided,
             "the activity is reported completed but the enclave never authorized it",
@@ -219,7 +219,7 @@ pub fn record_activity(
         status,
         activity_digest: proof::activity_digest(&activity),
     };
-    let (log, store) = authority.activity_log();
+    let (log, store) = admission.activity_log();
     let sign = |link: &proof::LogLink, sign: bool| {
         let payload = link.payload(now_ms());
         if sign {
@@ -236,7 +236,7 @@ pub fn record_activity(
 /// The organization's log head as the store holds it now, signed.
 pub fn log_head(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     organization_id: &str,
     nonce: &str,
 ) -> Result<pb::GetLogHeadResponse, EnclaveError> {
@@ -246,7 +246,7 @@ pub fn log_head(
     if !nonce.is_empty() && !proof::is_log_nonce(nonce) {
         return Err(EnclaveError::invalid("a log head's nonce is 16 to 128 hex digits"));
     }
-    let (_, store) = authority.activity_log();
+    let (_, store) = admission.activity_log();
     let (links, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
     let nonce = Some(nonce).filter(|n| !n.is_empty());
     let proof = signed(hsm, proof::log_head_payload(now_ms(), organization_id, links, &head, nonce))?;

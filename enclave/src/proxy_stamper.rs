@@ -8,7 +8,7 @@ use p256::ecdsa::signature::Signer;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use serde_json::json;
 
-use crate::authority::{Authority, Authorized};
+use crate::admission::{Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 
@@ -26,7 +26,7 @@ fn binding<'a>(organization_id: &'a str, user_id: &'a str, public_key: &'a str) 
 }
 
 /// A fresh P-256 key for the proxy user the stamped `enable_auth_proxy` creates.
-pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
+pub fn enable(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
     if a.via_parent {
         return Err(EnclaveError::invalid("enable_auth_proxy is the organization's own activity"));
     }
@@ -40,7 +40,7 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
     };
     let public_key = hex::encode(secret.public_key().to_encoded_point(true).as_bytes());
     let sealed_key = hsm.seal(&binding(&organization_id, &user_id, &public_key), secret.to_bytes().as_slice())?;
-    let certificate = authority.certify(pb::CredentialCertificate {
+    let certificate = admission.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
         user_id: user_id.clone(),
         credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
@@ -55,7 +55,7 @@ pub fn enable(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<pb::En
 }
 
 /// The `X-Stamp` of `req.body` by the proxy key, for the login activities and sign-ups only.
-pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
+pub fn stamp(hsm: &Hsm, admission: &Admission, req: &pb::StampAuthProxyRequestRequest) -> Result<String, EnclaveError> {
     let activity = StampedActivity::parse(&req.body)?;
     // The audit line of a refusal.
     let audit = |code: RefusalReason, reason: &str| {
@@ -99,12 +99,12 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
             ))
         }
     }
-    if !authority.is_fresh(activity.timestamp_ms) {
+    if !admission.is_fresh(activity.timestamp_ms) {
         return Err(refuse(RefusalReason::Stale, "the body's timestampMs is not the enclave's now"));
     }
     // The proxy stops with disable_auth_proxy: its organization's state must still have it
     // enabled, with this key a live credential of the proxy user.
-    let loaded = authority.rules().load(&req.organization_id)?;
+    let loaded = admission.rules().load(&req.organization_id)?;
     let live = loaded.as_ref().is_some_and(|l| {
         l.state.organization.auth_proxy_enabled
             && l.state
@@ -112,11 +112,11 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
                     &req.user_id,
                     &req.public_key,
                     "CREDENTIAL_TYPE_API_KEY_P256",
-                    crate::authority::now_ms(),
+                    crate::admission::now_ms(),
                 )
                 .is_some()
     });
-    if !live && authority.rules().enforces() {
+    if !live && admission.rules().enforces() {
         return Err(refuse(
             RefusalReason::CredentialRevoked,
             "the auth proxy is disabled, or this is not its key, in the organization's authority state",
@@ -141,8 +141,8 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
         }
         // Under its configuration's app name as this enclave recorded it (update_auth_proxy_config),
         // never one the gateway's record or the visitor holds.
-        let recorded = loaded.as_ref().map_or(coffer_authority_state::transition::DEFAULT_AUTH_PROXY_APP_NAME, |l| {
-            coffer_authority_state::transition::proxy_app_name(&l.state.organization)
+        let recorded = loaded.as_ref().map_or(coffer_org_rules::transition::DEFAULT_AUTH_PROXY_APP_NAME, |l| {
+            coffer_org_rules::transition::proxy_app_name(&l.state.organization)
         });
         if text(p, "appName").trim() != recorded {
             return Err(refuse(
@@ -178,13 +178,13 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
     // state keeps the mark): what Coffer sends for it then carries its parent's name only and
     // counts against its parent's allowance, so fresh sign-ups are no phishing relay.
     if activity.activity_type == CREATE_SUB_ORGANIZATION
-        && !coffer_authority_state::transition::marks_auth_proxy_signup(&activity.parameters)
+        && !coffer_org_rules::transition::marks_auth_proxy_signup(&activity.parameters)
     {
         return Err(refuse(
             RefusalReason::BindingMismatch,
             &format!(
                 "an auth proxy sign-up carries {}: true (its sub-organization sends under its parent's name)",
-                coffer_authority_state::transition::AUTH_PROXY_SIGNUP
+                coffer_org_rules::transition::AUTH_PROXY_SIGNUP
             ),
         ));
     }
@@ -219,7 +219,7 @@ pub fn stamp(hsm: &Hsm, authority: &Authority, req: &pb::StampAuthProxyRequestRe
     }
     // Sign-ups, which the proxy stamps for anyone, are counted per proxy and bounded.
     if activity.activity_type == CREATE_SUB_ORGANIZATION {
-        if let Err(e) = authority.charge_signup(&req.organization_id, &activity.fingerprint) {
+        if let Err(e) = admission.charge_signup(&req.organization_id, &activity.fingerprint) {
             let code = match &e {
                 EnclaveError::Busy { reason, .. } => *reason,
                 _ => RefusalReason::Unspecified,

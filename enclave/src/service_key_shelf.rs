@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::authority_store::AuthorityStore;
 use crate::hsm::{HsmError, SealedKeyShelf};
+use crate::store::EnclaveStore;
 
 /// Keeps sealed service keys in the enclave tier's authority store (`sealed_service_keys`).
-pub struct ServiceKeyShelf(pub Arc<dyn AuthorityStore>);
+pub struct ServiceKeyShelf(pub Arc<dyn EnclaveStore>);
 
 impl SealedKeyShelf for ServiceKeyShelf {
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, HsmError> {

@@ -4,8 +4,8 @@
 use coffer_auth::envelope::{derived_id, text};
 use coffer_auth::grants::{self, OAUTH_PROVIDER};
 use coffer_auth::oidc;
-use coffer_authority_state::model::{AuthorityState, CredentialKind};
-use coffer_authority_state::{Change, Credential, Effect};
+use coffer_org_rules::model::{CredentialKind, OrgState};
+use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
 use prost::Message;
@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sha2::Digest;
 use zeroize::Zeroizing;
 
-use crate::authority::{certificate_mac_input, refuse, Authority, Authorized};
+use crate::admission::{certificate_mac_input, refuse, Admission, Admitted};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
@@ -89,7 +89,7 @@ pub struct PendingToken {
 pub fn before_fetch(
     hsm: &Hsm,
     settings: &LoginSettings,
-    a: &Authorized,
+    a: &Admitted,
     attested: Option<PendingToken>,
     provider_certificate: &[u8],
 ) -> Result<Vec<PendingToken>, EnclaveError> {
@@ -130,7 +130,7 @@ pub fn before_fetch(
 pub async fn verify_pending(
     hsm: &Hsm,
     settings: &LoginSettings,
-    a: &Authorized,
+    a: &Admitted,
     t: &PendingToken,
 ) -> Result<oidc::Claims, EnclaveError> {
     let claims = match verify_token(hsm, settings, &t.token).await {
@@ -196,7 +196,7 @@ pub struct SessionGrant {
 /// verified OIDC claims of an `oauth_login`.
 pub fn grant(
     hsm: &Hsm,
-    a: &Authorized,
+    a: &Admitted,
     identity: Option<&oidc::Claims>,
     provider_certificate: &[u8],
 ) -> Result<SessionGrant, EnclaveError> {
@@ -256,14 +256,14 @@ pub fn grant(
     }
 }
 
-/// The evaluation reason of a decision the root quorum made alone (`coffer_authority_state::decide`).
+/// The evaluation reason of a decision the root quorum made alone (`coffer_org_rules::decide`).
 const ROOT_QUORUM: &str = "ROOT_QUORUM";
 
 /// Whether `a` may open a session for `user_id`: always for the stamping credential's own user;
 /// for another user only when the sub-organization's parent asks (its credential, through the
 /// parent certificate) or the organization's root quorum approved it. A policy that lets a
 /// member open sessions lets it open its own.
-fn may_open_for(a: &Authorized, user_id: &str) -> bool {
+fn may_open_for(a: &Admitted, user_id: &str) -> bool {
     user_id == a.credential.user_id
         || a.via_parent
         || a.decided.as_ref().is_some_and(|d| {
@@ -277,11 +277,7 @@ fn may_open_for(a: &Authorized, user_id: &str) -> bool {
 /// session is such a credential too. A credential without expiry bounds nothing; the identity an
 /// attested stamp stands for (an OAuth identity, a verification token this login spends) is no
 /// credential the session descends from.
-pub fn bounded_expiry(
-    requested_ms: u64,
-    credential: &pb::CredentialCertificate,
-    state: Option<&AuthorityState>,
-) -> u64 {
+pub fn bounded_expiry(requested_ms: u64, credential: &pb::CredentialCertificate, state: Option<&OrgState>) -> u64 {
     let c = credential;
     if [grants::OAUTH_PROVIDER, grants::VERIFICATION_TOKEN].contains(&c.credential_type.as_str()) {
         return requested_ms;
@@ -297,8 +293,8 @@ pub fn bounded_expiry(
 }
 
 /// [`bounded_expiry`] of the session `a` opens, asked for `seconds` from now.
-fn session_expiry(authority: &Authority, a: &Authorized, seconds: u64) -> u64 {
-    bounded_expiry(authority.expiry(Some(seconds)), &a.credential, a.decided.as_ref().map(|d| &d.loaded.state))
+fn session_expiry(admission: &Admission, a: &Admitted, seconds: u64) -> u64 {
+    bounded_expiry(admission.expiry(Some(seconds)), &a.credential, a.decided.as_ref().map(|d| &d.loaded.state))
 }
 
 /// A P-256 key pair drawn from the HSM's generator (a valid scalar by rejection sampling): the
@@ -321,7 +317,7 @@ pub fn new_session_key(hsm: &Hsm) -> Result<(Zeroizing<[u8; 32]>, String), Encla
 /// is the identity `claims` name.
 fn provider_user(
     hsm: &Hsm,
-    a: &Authorized,
+    a: &Admitted,
     claims: &oidc::Claims,
     provider_certificate: &[u8],
 ) -> Result<String, EnclaveError> {
@@ -348,8 +344,8 @@ fn provider_user(
 /// certifies and records nothing: it can only read, which the gateway serves.
 pub fn read_only_session(
     hsm: &Hsm,
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     seconds: u64,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
     if a.via_parent {
@@ -357,8 +353,8 @@ pub fn read_only_session(
             "create_read_only_session reads as the stamping user: stamp it with a credential of the organization itself",
         ));
     }
-    let expires_at_ms = session_expiry(authority, a, seconds);
-    let credential_id = stamping_credential_id(authority, a)?;
+    let expires_at_ms = session_expiry(admission, a, seconds);
+    let credential_id = stamping_credential_id(admission, a)?;
     // `credential_id` names the credential by id (a key deleted and added back under a new id
     // does not revive the session); `public_key` stays for the SDKs that decode it.
     let claims = json!({
@@ -400,15 +396,15 @@ pub fn read_only_session(
 /// The id, in the organization's authority state, of the live credential that stamped `a` (the
 /// state the decision read, or the organization's own in shadow mode): what a read-only session
 /// names, so that only that credential keeps it alive.
-fn stamping_credential_id(authority: &Authority, a: &Authorized) -> Result<String, EnclaveError> {
+fn stamping_credential_id(admission: &Admission, a: &Admitted) -> Result<String, EnclaveError> {
     let loaded = match &a.decided {
         Some(d) => Some(d.loaded.clone()),
-        None => authority.rules().load(&a.activity.organization_id)?,
+        None => admission.rules().load(&a.activity.organization_id)?,
     };
     let c = &a.credential;
     loaded
         .and_then(|l| {
-            l.state.live_credential(&c.user_id, &c.public_key, &c.credential_type, crate::authority::now_ms()).map(|c| c.id.clone())
+            l.state.live_credential(&c.user_id, &c.public_key, &c.credential_type, crate::admission::now_ms()).map(|c| c.id.clone())
         })
         .ok_or_else(|| {
             refuse(
@@ -423,15 +419,15 @@ fn stamping_credential_id(authority: &Authority, a: &Authorized) -> Result<Strin
 /// to the body's `targetPublicKey`.
 pub fn open_session(
     hsm: &Hsm,
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     g: SessionGrant,
     seconds: u64,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
     // A session cannot outlive the credential (API key, session) that opened it.
-    let expires_at_ms = session_expiry(authority, a, seconds);
+    let expires_at_ms = session_expiry(admission, a, seconds);
     let organization_id = a.activity.organization_id.clone();
-    let certificate = authority.certify(pb::CredentialCertificate {
+    let certificate = admission.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
         user_id: g.user_id.clone(),
         credential_type: g.credential_type.to_string(),
@@ -463,7 +459,7 @@ pub fn open_session(
     let credential_id = derived_id(&a.activity.fingerprint, SESSION_CREDENTIAL_ID, 0);
     let mut effects = Vec::new();
     if a.activity.parameters.get("invalidateExisting").and_then(serde_json::Value::as_bool) == Some(true) {
-        if let Some(l) = authority.rules().load(&organization_id)? {
+        if let Some(l) = admission.rules().load(&organization_id)? {
             let earlier: Vec<String> = l
                 .state
                 .credentials
@@ -492,7 +488,7 @@ pub fn open_session(
     });
     let changes: Vec<Change> =
         effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
-    authority.rules().record(&changes)?;
+    admission.rules().record(&changes)?;
     tracing::info!(
         target: "coffer_audit",
         decision = "allow",
@@ -531,7 +527,7 @@ const SESSION_CREDENTIAL_ID: &str = "session-credential";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coffer_authority_state::model::{Organization, User};
+    use coffer_org_rules::model::{Organization, User};
 
     fn certificate(credential_type: &str, expires_at_ms: u64) -> pb::CredentialCertificate {
         pb::CredentialCertificate {
@@ -544,8 +540,8 @@ mod tests {
         }
     }
 
-    fn state_with(expires_at_ms: u64) -> AuthorityState {
-        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+    fn state_with(expires_at_ms: u64) -> OrgState {
+        let mut s = OrgState::new(Organization { id: "o".into(), ..Default::default() });
         s.apply(&Effect::PutUser { user: User { id: "u".into(), name: "u".into(), ..Default::default() } }).unwrap();
         let credential = Credential {
             id: "k".into(),

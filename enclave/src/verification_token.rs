@@ -5,10 +5,10 @@
 use coffer_auth::envelope::text;
 use serde_json::Value;
 
-use crate::authority::{refuse, Authority, Authorized};
-use crate::authority_store::Remembered;
+use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
+use crate::store::Remembered;
 
 /// How long past a code's or token's expiry the store keeps what was counted and spent of it:
 /// another enclave whose clock is behind still sees it as counted or spent while it thinks the
@@ -48,13 +48,13 @@ pub enum Usage {
 
 /// Spends `token` for `usage` in the store every enclave shares: `true` the first time, `false`
 /// after.
-pub fn spend(authority: &Authority, token: &VerifiedToken, usage: Usage, now_ms: i64) -> Result<bool, EnclaveError> {
+pub fn spend(admission: &Admission, token: &VerifiedToken, usage: Usage, now_ms: i64) -> Result<bool, EnclaveError> {
     let kept_until = token.expires_ms.saturating_add(MARKER_MARGIN_MS);
     let scope = match usage {
         Usage::Signup => "otp-tokens-spent/signup",
         Usage::Login => "otp-tokens-spent/login",
     };
-    Ok(authority.count_within(scope, &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
+    Ok(admission.count_within(scope, &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
 
 /// The body's `clientSignature` (in `p`) by the token's key over `usage`
@@ -83,9 +83,9 @@ pub fn signup_contacts(p: &Value) -> Vec<(&'static str, String)> {
 /// `clientSignature` by the token's key covers this sign-up (`{"signupV2": {apiKeys,
 /// authenticators, oauthProviders, email?, phoneNumber?}, "tokenId", "type": "USAGE_TYPE_SIGNUP"}`)
 /// when the token names a key, and the token is spent.
-pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<(), EnclaveError> {
+pub fn check_signup(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(), EnclaveError> {
     let p = &a.activity.parameters;
-    let now = crate::authority::now_ms();
+    let now = crate::admission::now_ms();
     let token = match read(hsm, text(p, "verificationToken"), now) {
         Ok(t) => t,
         Err(e) => {
@@ -120,7 +120,7 @@ pub fn check_signup(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<
     }
     let usage = coffer_auth::client_signature::signup_usage(p, Some(&token.id));
     check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
-    if !spend(authority, &token, Usage::Signup, now)? {
+    if !spend(admission, &token, Usage::Signup, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(())

@@ -506,7 +506,7 @@ async fn otp_init(
     let mut parameters = json!({
         "otpType": otp_type,
         "contact": text(p, "contact"),
-        "appName": app_name.unwrap_or(coffer_authority_state::transition::DEFAULT_AUTH_PROXY_APP_NAME),
+        "appName": app_name.unwrap_or(coffer_org_rules::transition::DEFAULT_AUTH_PROXY_APP_NAME),
         "otpLength": c["otpLength"].as_i64().unwrap_or(DEFAULT_OTP_LENGTH),
         "alphanumeric": c["otpAlphanumeric"].as_bool().unwrap_or(DEFAULT_OTP_ALPHANUMERIC),
     });
@@ -650,7 +650,7 @@ async fn signup(
         "rootQuorumThreshold": 1,
         "rootUsers": [user],
     });
-    parameters[coffer_authority_state::transition::AUTH_PROXY_SIGNUP] = json!(true);
+    parameters[coffer_org_rules::transition::AUTH_PROXY_SIGNUP] = json!(true);
     if let Some(w) = p.get("wallet").filter(|w| w.is_object()) {
         parameters["wallet"] = w.clone();
     }

@@ -6,11 +6,11 @@
 //! that already carries one is a key the enclave issued itself (a session key, the auth proxy's
 //! key), which the enclave records on its own and the proposal leaves out.
 
-use coffer_authority_state::effect::{Change, Effect, TagKind};
-use coffer_authority_state::model::{
+use coffer_org_rules::effect::{Change, Effect, TagKind};
+use coffer_org_rules::model::{
     self as authority, AddressEntry, ContractInterface, Credential, CredentialKind, Named, Policy, Tag,
 };
-use coffer_authority_state::transition::oauth2_credential_value;
+use coffer_org_rules::transition::oauth2_credential_value;
 use serde_json::Value;
 
 use crate::record_kinds as kinds;
@@ -27,7 +27,7 @@ pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
 }
 
 /// The sub-organization of a `create_sub_organization` whose body marks it as the auth proxy's
-/// sign-up (`marked`: `coffer_authority_state::transition::marks_auth_proxy_signup` of the body,
+/// sign-up (`marked`: `coffer_org_rules::transition::marks_auth_proxy_signup` of the body,
 /// the rule the enclave checks the proposal with) is proposed marked: the mark lives in the
 /// authority state only, not in the gateway's database.
 pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut [Change]) {
@@ -42,7 +42,7 @@ pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut 
 }
 
 /// An `update_auth_proxy_config` whose body sets `appName` (`app_name`:
-/// `coffer_authority_state::transition::auth_proxy_app_name` of the body, the rule the enclave
+/// `coffer_org_rules::transition::auth_proxy_app_name` of the body, the rule the enclave
 /// checks the proposal with) is proposed with the name after its record's change: the enclave
 /// holds the proxy's sends to the name in its authority state, not to the gateway's record.
 pub fn set_auth_proxy_app_name(

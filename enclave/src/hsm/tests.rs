@@ -106,9 +106,7 @@ fn try_open(
     let so_pin = AuthPin::new("unit-so-pin".to_string().into());
     init_token(&prepared.path, label, &so_pin, &pin()).unwrap();
     let store_url = format!("sqlite://{}", prepared.dir.join(format!("{label}.authority.sqlite")).display());
-    let store =
-        crate::authority_store::open(&crate::authority_store::StoreSettings { url: store_url, ..Default::default() })
-            .unwrap();
+    let store = crate::store::open(&crate::store::StoreSettings { url: store_url, ..Default::default() }).unwrap();
     Some(Hsm::open(HsmSettings {
         module: prepared.path.clone(),
         token_label: label.into(),

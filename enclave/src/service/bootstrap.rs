@@ -2,11 +2,11 @@
 //! certificates of the credentials a stamped body adds.
 
 use coffer_auth::grants::{self, granted_credentials};
-use coffer_authority_state::model::{CredentialKind, Organization, User};
-use coffer_authority_state::{Change, Credential, Effect};
+use coffer_org_rules::model::{CredentialKind, Organization, User};
+use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authority, BOOTSTRAP};
+use crate::admission::{refuse, Admission, BOOTSTRAP};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::operator::{Operators, BOOTSTRAP_ORGANIZATION};
@@ -15,11 +15,11 @@ use crate::operator::{Operators, BOOTSTRAP_ORGANIZATION};
 /// enclave's configuration stamped (ids from the HSM): the key certified is the body's.
 pub(super) fn bootstrap_organization(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     operators: &Operators,
     req: pb::BootstrapOrganizationRequest,
 ) -> Result<pb::BootstrapOrganizationResponse, EnclaveError> {
-    let boot = operators.authorize_bootstrap(authority, req.operator.as_ref())?;
+    let boot = operators.authorize_bootstrap(admission, req.operator.as_ref())?;
     let p = &boot.body.parameters;
     let (public_key, credential_type) = grants::api_public_key("API_KEY_CURVE_P256", &p.root_api_public_key)?;
     // The request's own fields, if the gateway sets them, must say the same as the stamped body.
@@ -41,7 +41,7 @@ pub(super) fn bootstrap_organization(
     let (organization_id, user_id, api_key_id) = (uuid(&random[..16]), uuid(&random[16..32]), uuid(&random[32..]));
     // The organization's first authority state: its root user alone, with this key.
     let org = |effect| Change { organization_id: organization_id.clone(), effect };
-    authority.rules().commit(&[
+    admission.rules().commit(&[
         org(Effect::CreateOrganization {
             organization: Organization {
                 id: organization_id.clone(),
@@ -84,7 +84,7 @@ pub(super) fn bootstrap_organization(
         credential: public_key.clone(),
         fingerprint: boot.body.fingerprint.clone(),
     });
-    let certificate = authority.certify(pb::CredentialCertificate {
+    let certificate = admission.certify(pb::CredentialCertificate {
         organization_id: organization_id.clone(),
         user_id: user_id.clone(),
         credential_type: credential_type.to_string(),
@@ -98,10 +98,10 @@ pub(super) fn bootstrap_organization(
 
 /// Certificates for exactly the credentials the stamped body adds.
 pub(super) fn issue_certificates(
-    authority: &Authority,
+    admission: &Admission,
     req: pb::IssueCertificatesRequest,
 ) -> Result<pb::IssueCertificatesResponse, EnclaveError> {
-    let a = authority.authorize(
+    let a = admission.authorize(
         "issue_certificates",
         req.auth.as_ref(),
         &[
@@ -133,12 +133,12 @@ pub(super) fn issue_certificates(
                         "a credential to certify is not one the stamped body adds",
                     )
                 })?;
-            authority.certify(pb::CredentialCertificate {
+            admission.certify(pb::CredentialCertificate {
                 organization_id: grant.organization_id.clone(),
                 user_id: grant.user_id.clone(),
                 credential_type: grant.credential_type.clone(),
                 public_key: grant.public_key.clone(),
-                expires_at_ms: authority.expiry(grant.expiration_seconds),
+                expires_at_ms: admission.expiry(grant.expiration_seconds),
                 issuing_fingerprint: a.activity.fingerprint.clone(),
                 mac: vec![],
             })

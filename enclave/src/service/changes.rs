@@ -3,15 +3,15 @@
 
 use coffer_auth::envelope::derived_id;
 use coffer_auth::grants::granted_credentials;
-use coffer_authority_state::model::CredentialKind;
-use coffer_authority_state::subjects::{self, KEY_OPERATIONS};
-use coffer_authority_state::transition::{self, Grant, Input};
-use coffer_authority_state::{Change, Credential, Effect};
+use coffer_org_rules::model::CredentialKind;
+use coffer_org_rules::subjects::{self, KEY_OPERATIONS};
+use coffer_org_rules::transition::{self, Grant, Input};
+use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authority, Authorized};
+use crate::admission::{refuse, Admission, Admitted};
+use crate::decider::is_moved;
 use crate::error::{EnclaveError, RefusalReason};
-use crate::rules::is_moved;
 
 /// Most changes one activity may propose.
 const MAX_CHANGES: usize = 10_000;
@@ -19,7 +19,7 @@ const MAX_CHANGES: usize = 10_000;
 /// Decides the stamped activity over its organization's state and applies the proposal.
 pub(super) fn apply_activity(
     hsm: &crate::hsm::Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::ApplyActivityRequest,
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
@@ -27,12 +27,12 @@ pub(super) fn apply_activity(
     // The stamp is spent once the change is decided, checked and ready to stage: a refused change
     // spends nothing and leaves no allow in the decision log (in shadow mode, where the gateway
     // decides, at once).
-    let (a, unspent) = authority.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
-    let rules = authority.rules();
+    let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
+    let rules = admission.rules();
     let mut unspent = Some(unspent);
     if !rules.enforces() {
         if let Some(unspent) = unspent.take() {
-            authority.spend(&a, unspent)?;
+            admission.spend(&a, unspent)?;
         }
     }
     if a.via_parent {
@@ -47,7 +47,7 @@ pub(super) fn apply_activity(
     if a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION
         && !coffer_auth::envelope::text(&a.activity.parameters, "verificationToken").is_empty()
     {
-        crate::verification_token::check_signup(hsm, authority, &a)?;
+        crate::verification_token::check_signup(hsm, admission, &a)?;
     }
     let proposal: Vec<Change> = serde_json::from_slice(&req.proposal)
         .map_err(|e| EnclaveError::invalid(format!("the proposal is not a list of changes: {e}")))?;
@@ -68,7 +68,7 @@ pub(super) fn apply_activity(
         })
         .collect();
     // The credentials this enclave issued for the activity itself (checked once).
-    let issued = issued_credentials(authority, &a, &proposal, &req.issued_certificates)?;
+    let issued = issued_credentials(admission, &a, &proposal, &req.issued_certificates)?;
     let organization = a.activity.organization_id.clone();
     // The organizations the change names: its own and those its proposal changes.
     let mut named: Vec<&str> = proposal.iter().chain(&issued).map(|c| c.organization_id.as_str()).collect();
@@ -81,7 +81,7 @@ pub(super) fn apply_activity(
         let (pending, evaluation) = {
             let mut locked = rules.lock_organizations(named.iter().copied())?;
             let head = rules.head(&organization)?;
-            let Some(d) = authority.decide_over(&a, head.clone())? else {
+            let Some(d) = admission.decide_over(&a, head.clone())? else {
                 // Shadow mode, and the rules would have refused (logged): nothing is applied.
                 return Ok(pb::ApplyActivityResponse::default());
             };
@@ -90,7 +90,7 @@ pub(super) fn apply_activity(
                 activity_type: &a.activity.activity_type,
                 params: &a.activity.parameters,
                 proposal: &proposal,
-                now_ms: crate::authority::now_ms(),
+                now_ms: crate::admission::now_ms(),
                 derive_id: &derive_id,
                 grants: &grants,
             };
@@ -106,7 +106,7 @@ pub(super) fn apply_activity(
             changes.extend(issued.iter().cloned());
             if changes.is_empty() {
                 if let Some(unspent) = unspent.take() {
-                    authority.spend(&a, unspent)?;
+                    admission.spend(&a, unspent)?;
                 }
                 let version = d.loaded.state.version;
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
@@ -130,7 +130,7 @@ pub(super) fn apply_activity(
             // the locks throughout, its stamp spent.
             if let Some(unspent) = unspent.take() {
                 drop(locked);
-                authority.spend(&a, unspent)?;
+                admission.spend(&a, unspent)?;
                 locked = rules.lock_organizations(named.iter().copied())?;
             }
             let staged = rules.stage_prepared(prepared);
@@ -165,7 +165,7 @@ pub(super) fn apply_activity(
 /// organization's state version after them.
 fn applied_proofs(
     hsm: &crate::hsm::Hsm,
-    a: &Authorized,
+    a: &Admitted,
     proposal: &[Change],
     version: u64,
 ) -> Result<Vec<pb::AppProof>, EnclaveError> {
@@ -182,7 +182,7 @@ fn applied_proofs(
 }
 
 /// The audit line of what the rules would have refused in shadow mode.
-fn shadow(a: &Authorized, reason: &str) {
+fn shadow(a: &Admitted, reason: &str) {
     tracing::warn!(
         target: "coffer_audit",
         decision = "shadow_refuse",
@@ -198,14 +198,14 @@ fn shadow(a: &Authorized, reason: &str) {
 /// `EnableAuthProxy` before the activity's changes): each certificate must be genuine, issued for
 /// this activity's fingerprint in its organization, to the auth proxy user the proposal creates.
 fn issued_credentials(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     proposal: &[Change],
     certificates: &[Vec<u8>],
 ) -> Result<Vec<Change>, EnclaveError> {
     let mut out = Vec::new();
     for (n, bytes) in certificates.iter().enumerate() {
-        let cert = authority.genuine_certificate(bytes).ok_or_else(|| {
+        let cert = admission.genuine_certificate(bytes).ok_or_else(|| {
             refuse(a, RefusalReason::CertificateInvalid, "an issued certificate is not one this enclave issued")
         })?;
         let new_user = proposal.iter().any(|c| {

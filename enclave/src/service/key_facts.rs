@@ -3,19 +3,19 @@
 //! from the stamped body and its own results, never from the gateway's word.
 
 use coffer_auth::envelope::{items, text};
-use coffer_authority_state::model::{Account, AddressEntry, PrivateKey, Wallet};
-use coffer_authority_state::{Change, Effect};
+use coffer_org_rules::model::{Account, AddressEntry, PrivateKey, Wallet};
+use coffer_org_rules::{Change, Effect};
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authority, Authorized};
+use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 
 /// Applies `effects` to the stamped body's organization.
-fn record(authority: &Authority, a: &Authorized, effects: Vec<Effect>) -> Result<(), EnclaveError> {
+fn record(admission: &Admission, a: &Admitted, effects: Vec<Effect>) -> Result<(), EnclaveError> {
     let organization_id = &a.activity.organization_id;
     let changes: Vec<Change> =
         effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
-    authority.rules().record(&changes)?;
+    admission.rules().record(&changes)?;
     Ok(())
 }
 
@@ -23,11 +23,11 @@ fn record(authority: &Authority, a: &Authorized, effects: Vec<Effect>) -> Result
 /// new: named once in the call and never a wallet's, account's or private key's of
 /// `organization_id` (the state the facts go to, which remembers deleted ones). Checked before
 /// anything is sealed, proved or recorded; recording checks again
-/// ([`coffer_authority_state::Effect::PutWallet`] and the others never replace a key), so a call
+/// ([`coffer_org_rules::Effect::PutWallet`] and the others never replace a key), so a call
 /// that raced another with the same id is refused there.
 pub(super) fn ensure_new_ids(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     organization_id: &str,
     ids: &[&str],
 ) -> Result<(), EnclaveError> {
@@ -37,7 +37,7 @@ pub(super) fn ensure_new_ids(
     if ids.iter().enumerate().any(|(n, id)| ids[..n].contains(id)) {
         return Err(refuse(a, RefusalReason::BindingMismatch, "the call names one new key id twice"));
     }
-    if let Some(loaded) = authority.rules().load(organization_id)? {
+    if let Some(loaded) = admission.rules().load(organization_id)? {
         if ids.iter().any(|id| loaded.state.key_id_kind(id).is_some()) {
             return Err(refuse(
                 a,
@@ -52,8 +52,8 @@ pub(super) fn ensure_new_ids(
 /// A wallet created or imported in the body's organization, with its accounts (the body's
 /// `accounts`, in order, with the addresses the enclave derived).
 pub(super) fn wallet_created(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     wallet_id: &str,
     imported: bool,
     made: &pb::CreateWalletResponse,
@@ -61,18 +61,18 @@ pub(super) fn wallet_created(
     let p = &a.activity.parameters;
     let wallet = Wallet { id: wallet_id.into(), label: text(p, "walletName").into(), imported, exported: false };
     let accounts = accounts(wallet_id, items(p, "accounts"), &made.accounts);
-    record(authority, a, vec![Effect::PutWallet { wallet }, Effect::PutAccounts { accounts }])
+    record(admission, a, vec![Effect::PutWallet { wallet }, Effect::PutAccounts { accounts }])
 }
 
 /// Accounts derived for a wallet of the body's organization.
 pub(super) fn accounts_derived(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     wallet_id: &str,
     made: &[pb::Account],
 ) -> Result<(), EnclaveError> {
     let accounts = accounts(wallet_id, items(&a.activity.parameters, "accounts"), made);
-    record(authority, a, vec![Effect::PutAccounts { accounts }])
+    record(admission, a, vec![Effect::PutAccounts { accounts }])
 }
 
 fn accounts(wallet_id: &str, params: &[serde_json::Value], made: &[pb::Account]) -> Vec<Account> {
@@ -91,8 +91,8 @@ fn accounts(wallet_id: &str, params: &[serde_json::Value], made: &[pb::Account])
 /// Private keys created or imported, recorded together (all or none): each its id, its entry
 /// of the body (`privateKeys[n]`, or the body itself for an import) and what the enclave made.
 pub(super) fn private_keys_made(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     keys: &[(&str, &serde_json::Value, &pb::KeyMaterial)],
     imported: bool,
 ) -> Result<(), EnclaveError> {
@@ -113,17 +113,17 @@ pub(super) fn private_keys_made(
             },
         })
         .collect();
-    record(authority, a, effects)
+    record(admission, a, effects)
 }
 
 /// A wallet's mnemonic or a key left the enclave: policies see `exported` from now on.
 pub(super) fn exported(
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     wallet_id: Option<&str>,
     private_key_id: Option<&str>,
 ) -> Result<(), EnclaveError> {
-    let Some(loaded) = authority.rules().load(&a.activity.organization_id)? else { return Ok(()) };
+    let Some(loaded) = admission.rules().load(&a.activity.organization_id)? else { return Ok(()) };
     let mut effects = Vec::new();
     if let Some(id) = wallet_id.filter(|id| loaded.state.wallets.contains_key(*id)) {
         effects.push(Effect::MarkWalletExported { id: id.to_string() });
@@ -134,5 +134,5 @@ pub(super) fn exported(
     if effects.is_empty() {
         return Ok(());
     }
-    record(authority, a, effects)
+    record(admission, a, effects)
 }

@@ -11,7 +11,7 @@ use zeroize::Zeroizing;
 
 use super::key_facts;
 use super::sealed_refs::{open, sealed};
-use crate::authority::{refuse, Authority};
+use crate::admission::{refuse, Admission};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 
@@ -26,10 +26,10 @@ mod types {
 /// mnemonic from HSM randomness, its accounts, all sealed.
 pub(super) fn create_wallet(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::CreateWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let a = authority.authorize(
+    let a = admission.authorize(
         "create_wallet",
         req.auth.as_ref(),
         &[types::CREATE_WALLET, grants::CREATE_SUB_ORGANIZATION],
@@ -49,17 +49,17 @@ pub(super) fn create_wallet(
     let own = organization_id == a.activity.organization_id;
     // The sub-organization's wallet is made before the sub-organization (its apply_activity
     // records both): once it exists, or existed, its stamp makes no wallet for it.
-    if !own && authority.rules().store().version(&organization_id)?.is_some() {
+    if !own && admission.rules().store().version(&organization_id)?.is_some() {
         return Err(refuse(&a, RefusalReason::BindingMismatch, "the stamped body's sub-organization exists already"));
     }
-    key_facts::ensure_new_ids(authority, &a, &organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
+    key_facts::ensure_new_ids(admission, &a, &organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
     let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
     let mut made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
     // The facts first: a proof is made only of a wallet the state took.
     if own {
-        key_facts::wallet_created(authority, &a, &req.wallet_id, false, &made)?;
+        key_facts::wallet_created(admission, &a, &req.wallet_id, false, &made)?;
     }
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &req.wallet_id, &specs, &made.accounts)?;
     Ok(made)
@@ -73,11 +73,11 @@ pub(super) fn new_ids<'a>(wallet_id: Option<&'a str>, specs: &[(&'a str, &Value)
 /// More accounts of the wallet the stamped body names, derived from its sealed seed.
 pub(super) fn derive_accounts(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::DeriveAccountsRequest,
 ) -> Result<pb::DeriveAccountsResponse, EnclaveError> {
-    let a = authority.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
-    let (seed_ref, kind) = sealed(authority, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let a = admission.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
+    let (seed_ref, kind) = sealed(admission, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,
@@ -86,11 +86,11 @@ pub(super) fn derive_accounts(
         ));
     }
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
-    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &new_ids(None, &specs))?;
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(None, &specs))?;
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
-    key_facts::accounts_derived(authority, &a, &seed_ref.resource_id, &accounts)?;
+    key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
     Ok(pb::DeriveAccountsResponse { accounts, app_proofs })
 }
@@ -98,16 +98,16 @@ pub(super) fn derive_accounts(
 /// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
 pub(super) fn create_private_keys(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::CreatePrivateKeysRequest,
 ) -> Result<pb::CreatePrivateKeysResponse, EnclaveError> {
-    let a = authority.authorize("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
+    let a = admission.authorize("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
     let params = items(&a.activity.parameters, "privateKeys");
     if params.len() != req.private_key_ids.len() {
         return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
     }
     let ids: Vec<&str> = req.private_key_ids.iter().map(String::as_str).collect();
-    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &ids)?;
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &ids)?;
     let keys = params
         .iter()
         .zip(&req.private_key_ids)
@@ -124,7 +124,7 @@ pub(super) fn create_private_keys(
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
-    key_facts::private_keys_made(authority, &a, &made, false)?;
+    key_facts::private_keys_made(admission, &a, &made, false)?;
     let result = json!({ "privateKeys": req.private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     Ok(pb::CreatePrivateKeysResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, keys })
 }
@@ -142,7 +142,7 @@ pub(super) fn key_json(private_key_id: &str, k: &pb::KeyMaterial) -> Value {
 /// proof of the call's decision and accounts.
 pub(super) fn wallet_proofs(
     hsm: &Hsm,
-    a: &crate::authority::Authorized,
+    a: &crate::admission::Admitted,
     organization_id: &str,
     wallet_id: &str,
     specs: &[(&str, &Value)],

@@ -10,8 +10,8 @@ use tonic::{Response, Status};
 use zeroize::Zeroizing;
 
 use super::worker::{run_blocking, status};
+use crate::admission::{audit_early_refusal, refuse, Admission, Admitted, AttestedIdentity};
 use crate::audit;
-use crate::authority::{audit_early_refusal, refuse, AttestedIdentity, Authority, Authorized};
 use crate::config::LoginSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
@@ -40,10 +40,10 @@ pub(super) fn login_keys(hsm: &Hsm, settings: &LoginSettings) -> Result<pb::GetL
 /// open now.
 pub(super) fn certify_oauth2_credential(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::CertifyOauth2CredentialRequest,
 ) -> Result<pb::Oauth2Credential, EnclaveError> {
-    let a = authority.authorize(
+    let a = admission.authorize(
         "certify_oauth2_credential",
         req.auth.as_ref(),
         &[types::CREATE_OAUTH2_CREDENTIAL, types::UPDATE_OAUTH2_CREDENTIAL],
@@ -65,7 +65,7 @@ pub(super) fn certify_oauth2_credential(
     // fields the body leaves out.
     let current = match &req.current {
         Some(c) if a.activity.activity_type == types::UPDATE_OAUTH2_CREDENTIAL => {
-            authority.check_oauth2(&a, c, &credential_id)?;
+            admission.check_oauth2(&a, c, &credential_id)?;
             Some(c)
         }
         _ => None,
@@ -91,7 +91,7 @@ pub(super) fn certify_oauth2_credential(
         fingerprint = %a.activity.fingerprint,
         "enclave decision"
     );
-    authority.certify_oauth2(pb::Oauth2Credential {
+    admission.certify_oauth2(pb::Oauth2Credential {
         organization_id: a.activity.organization_id.clone(),
         credential_id,
         provider,
@@ -104,7 +104,7 @@ pub(super) fn certify_oauth2_credential(
 /// The OAuth 2.0 code exchange the stamped body asks for, answered with an OIDC token Coffer signs.
 pub(super) async fn oauth2_authenticate(
     hsm: Arc<Hsm>,
-    authority: Arc<Authority>,
+    admission: Arc<Admission>,
     settings: Arc<LoginSettings>,
     req: pb::Oauth2AuthenticateRequest,
 ) -> Result<Response<pb::Oauth2AuthenticateResponse>, Status> {
@@ -118,9 +118,9 @@ pub(super) async fn oauth2_authenticate(
     // outcome is written when the whole call ends.
     let h = hsm.clone();
     let authorized = run_blocking(move || {
-        let a = authority.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
+        let a = admission.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
         let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
-        authority.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
+        admission.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
         let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
         Ok((a, credential, secret, audit::carry()))
     })
@@ -139,7 +139,7 @@ async fn exchange_and_sign(
     hsm: Arc<Hsm>,
     settings: &LoginSettings,
     issuer: String,
-    a: Authorized,
+    a: Admitted,
     credential: pb::Oauth2Credential,
     secret: Zeroizing<String>,
 ) -> Result<pb::Oauth2AuthenticateResponse, EnclaveError> {
@@ -206,7 +206,7 @@ async fn exchange_and_sign(
 /// Coffer's own or allowlisted before its keys are fetched (`sessions::before_fetch`).
 pub(super) async fn create_session(
     hsm: Arc<Hsm>,
-    authority: Arc<Authority>,
+    admission: Arc<Admission>,
     settings: Arc<LoginSettings>,
     otp: Arc<super::otp::OtpService>,
     req: pb::CreateSessionRequest,
@@ -235,7 +235,7 @@ pub(super) async fn create_session(
             }
         },
     };
-    let (h, au, st, r) = (hsm.clone(), authority.clone(), settings.clone(), req.clone());
+    let (h, au, st, r) = (hsm.clone(), admission.clone(), settings.clone(), req.clone());
     let authorized = run_blocking(move || {
         let parent = (!r.parent_certificate.is_empty()).then_some(r.parent_certificate.as_slice());
         let (identity, pending) = match attested {
@@ -263,7 +263,7 @@ pub(super) async fn create_session(
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let result = verify_and_open(hsm, authority, &settings, otp, req, a, tokens, verification).await;
+    let result = verify_and_open(hsm, admission, &settings, otp, req, a, tokens, verification).await;
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
@@ -280,11 +280,11 @@ enum Attested {
 #[allow(clippy::too_many_arguments)]
 async fn verify_and_open(
     hsm: Arc<Hsm>,
-    authority: Arc<Authority>,
+    admission: Arc<Admission>,
     settings: &LoginSettings,
     otp: Arc<super::otp::OtpService>,
     req: Arc<pb::CreateSessionRequest>,
-    a: Authorized,
+    a: Admitted,
     tokens: Vec<sessions::PendingToken>,
     verification: Option<coffer_auth::verification_token::VerifiedToken>,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
@@ -310,22 +310,22 @@ async fn verify_and_open(
     let by_email =
         [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&a.activity.activity_type.as_str());
     if a.activity.activity_type == sessions::CREATE_READ_ONLY_SESSION {
-        return run_blocking(move || sessions::read_only_session(&hsm, &authority, &a, seconds)).await;
+        return run_blocking(move || sessions::read_only_session(&hsm, &admission, &a, seconds)).await;
     }
     let o = otp.clone();
     let (mut session, message) = run_blocking(move || {
         let g = match a.activity.activity_type.as_str() {
-            sessions::OTP_LOGIN => super::otp::login_grant(&hsm, &authority, &a)?,
-            sessions::OTP_AUTH => super::otp::otp_auth_grant(&hsm, &authority, &o, &a, &req.sealed_otp)?,
+            sessions::OTP_LOGIN => super::otp::login_grant(&hsm, &admission, &a)?,
+            sessions::OTP_AUTH => super::otp::otp_auth_grant(&hsm, &admission, &o, &a, &req.sealed_otp)?,
             t if [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&t) => {
-                super::otp::email_grant(&hsm, &authority, &o, &a)?
+                super::otp::email_grant(&hsm, &admission, &o, &a)?
             }
             _ => {
                 let mut g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
                 // A verification token's login: once, and a session of the code's kind.
                 if let Some(token) = &verification {
                     let usage = crate::verification_token::Usage::Login;
-                    if !crate::verification_token::spend(&authority, token, usage, crate::authority::now_ms())? {
+                    if !crate::verification_token::spend(&admission, token, usage, crate::admission::now_ms())? {
                         return Err(refuse(&a, RefusalReason::OtpInvalid, crate::verification_token::OTP_INVALID));
                     }
                     g.credential_type = "CREDENTIAL_TYPE_OTP_AUTH_KEY_P256";
@@ -333,9 +333,9 @@ async fn verify_and_open(
                 g
             }
         };
-        let session = sessions::open_session(&hsm, &authority, &a, g, seconds)?;
+        let session = sessions::open_session(&hsm, &admission, &a, g, seconds)?;
         let message = match by_email {
-            true => Some(super::otp::email_bundle(&authority, &o, &a, &session.credential_bundle)?),
+            true => Some(super::otp::email_bundle(&admission, &o, &a, &session.credential_bundle)?),
             false => None,
         };
         Ok((session, message))
@@ -353,20 +353,20 @@ async fn verify_and_open(
 /// The auth proxy's key, made and sealed for the stamped `enable_auth_proxy`.
 pub(super) fn enable_auth_proxy(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::EnableAuthProxyRequest,
 ) -> Result<pb::EnableAuthProxyResponse, EnclaveError> {
-    let a = authority.authorize("enable_auth_proxy", req.auth.as_ref(), &[proxy_stamper::ENABLE_AUTH_PROXY])?;
-    proxy_stamper::enable(hsm, authority, &a)
+    let a = admission.authorize("enable_auth_proxy", req.auth.as_ref(), &[proxy_stamper::ENABLE_AUTH_PROXY])?;
+    proxy_stamper::enable(hsm, admission, &a)
 }
 
 /// The auth proxy key's stamp of a login activity it submits.
 pub(super) fn stamp_auth_proxy_request(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::StampAuthProxyRequestRequest,
 ) -> Result<pb::StampAuthProxyRequestResponse, EnclaveError> {
-    let stamp = proxy_stamper::stamp(hsm, authority, &req)?;
+    let stamp = proxy_stamper::stamp(hsm, admission, &req)?;
     Ok(pb::StampAuthProxyRequestResponse { stamp })
 }
 

@@ -21,7 +21,7 @@ use coffer_proto::v1::enclave_server::Enclave;
 use tonic::{Request, Response, Status};
 
 use self::worker::blocking;
-use crate::authority::Authority;
+use crate::admission::Admission;
 use crate::config::LoginSettings;
 use crate::error::EnclaveError;
 use crate::hsm::Hsm;
@@ -31,7 +31,7 @@ use crate::operator::Operators;
 #[derive(Clone)]
 pub struct EnclaveService {
     hsm: Arc<Hsm>,
-    authority: Arc<Authority>,
+    admission: Arc<Admission>,
     login: Arc<LoginSettings>,
     otp: Arc<otp::OtpService>,
     operators: Arc<Operators>,
@@ -42,18 +42,18 @@ pub struct EnclaveService {
 }
 
 /// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
-type BlockingCall<Q, T> = fn(&Hsm, &Authority, Q) -> Result<T, EnclaveError>;
+type BlockingCall<Q, T> = fn(&Hsm, &Admission, Q) -> Result<T, EnclaveError>;
 
 impl EnclaveService {
     /// The service with no operator key (no organization can be bootstrapped): see
     /// [`EnclaveService::with_operators`].
-    pub fn new(hsm: Arc<Hsm>, authority: Arc<Authority>, login: Arc<LoginSettings>) -> Self {
+    pub fn new(hsm: Arc<Hsm>, admission: Arc<Admission>, login: Arc<LoginSettings>) -> Self {
         let otp = Arc::new(otp::OtpService {
             settings: crate::config::OtpSettings::default(),
             mailer: crate::mail::Mailer::None,
             sms: crate::sms::SmsSender::None,
         });
-        Self { hsm, authority, login, otp, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
+        Self { hsm, admission, login, otp, operators: Arc::default(), boot_facts: None, boot: Arc::default() }
     }
 
     /// One-time codes under `settings`, sent through `mailer` and `sms`.
@@ -84,9 +84,9 @@ impl EnclaveService {
         req: Request<Q>,
         call: BlockingCall<Q, T>,
     ) -> Result<Response<T>, Status> {
-        let (hsm, authority) = (self.hsm.clone(), self.authority.clone());
+        let (hsm, admission) = (self.hsm.clone(), self.admission.clone());
         let req = req.into_inner();
-        blocking(move || call(&hsm, &authority, req)).await
+        blocking(move || call(&hsm, &admission, req)).await
     }
 }
 
@@ -98,16 +98,16 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::BootstrapOrganizationRequest>,
     ) -> Answer<pb::BootstrapOrganizationResponse> {
-        let (hsm, authority, operators) = (self.hsm.clone(), self.authority.clone(), self.operators.clone());
+        let (hsm, admission, operators) = (self.hsm.clone(), self.admission.clone(), self.operators.clone());
         let req = req.into_inner();
-        blocking(move || bootstrap::bootstrap_organization(&hsm, &authority, &operators, req)).await
+        blocking(move || bootstrap::bootstrap_organization(&hsm, &admission, &operators, req)).await
     }
 
     async fn issue_certificates(
         &self,
         req: Request<pb::IssueCertificatesRequest>,
     ) -> Answer<pb::IssueCertificatesResponse> {
-        self.run(req, |_, authority, req| bootstrap::issue_certificates(authority, req)).await
+        self.run(req, |_, admission, req| bootstrap::issue_certificates(admission, req)).await
     }
 
     async fn create_wallet(&self, req: Request<pb::CreateWalletRequest>) -> Answer<pb::CreateWalletResponse> {
@@ -190,13 +190,13 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::Oauth2AuthenticateRequest>,
     ) -> Answer<pb::Oauth2AuthenticateResponse> {
-        login::oauth2_authenticate(self.hsm.clone(), self.authority.clone(), self.login.clone(), req.into_inner()).await
+        login::oauth2_authenticate(self.hsm.clone(), self.admission.clone(), self.login.clone(), req.into_inner()).await
     }
 
     async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Answer<pb::CreateSessionResponse> {
-        let (hsm, authority, login, otp) =
-            (self.hsm.clone(), self.authority.clone(), self.login.clone(), self.otp.clone());
-        login::create_session(hsm, authority, login, otp, req.into_inner()).await
+        let (hsm, admission, login, otp) =
+            (self.hsm.clone(), self.admission.clone(), self.login.clone(), self.otp.clone());
+        login::create_session(hsm, admission, login, otp, req.into_inner()).await
     }
 
     async fn enable_auth_proxy(&self, req: Request<pb::EnableAuthProxyRequest>) -> Answer<pb::EnableAuthProxyResponse> {
@@ -231,18 +231,18 @@ impl Enclave for EnclaveService {
     }
 
     async fn get_log_head(&self, req: Request<pb::GetLogHeadRequest>) -> Answer<pb::GetLogHeadResponse> {
-        self.run(req, |hsm, authority, req| crate::proofs::log_head(hsm, authority, &req.organization_id, &req.nonce))
+        self.run(req, |hsm, admission, req| crate::proofs::log_head(hsm, admission, &req.organization_id, &req.nonce))
             .await
     }
 
     async fn init_otp(&self, req: Request<pb::InitOtpRequest>) -> Answer<pb::InitOtpResponse> {
-        otp::init_otp(self.hsm.clone(), self.authority.clone(), self.otp.clone(), req.into_inner()).await
+        otp::init_otp(self.hsm.clone(), self.admission.clone(), self.otp.clone(), req.into_inner()).await
     }
 
     async fn verify_otp(&self, req: Request<pb::VerifyOtpRequest>) -> Answer<pb::VerifyOtpResponse> {
-        let (hsm, authority, otp) = (self.hsm.clone(), self.authority.clone(), self.otp.clone());
+        let (hsm, admission, otp) = (self.hsm.clone(), self.admission.clone(), self.otp.clone());
         let req = req.into_inner();
-        blocking(move || otp::verify_otp(&hsm, &authority, &otp, req)).await
+        blocking(move || otp::verify_otp(&hsm, &admission, &otp, req)).await
     }
 
     async fn stamp_auth_proxy_request(

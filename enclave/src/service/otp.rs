@@ -14,14 +14,14 @@ use tonic::{Response, Status};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::worker::{run_blocking, status};
+use crate::admission::{now_ms, refuse, Admission, Admitted};
 use crate::audit;
-use crate::authority::{now_ms, refuse, Authority, Authorized};
-use crate::authority_store::Remembered;
 use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 use crate::mail::Mailer;
 use crate::sessions::{SessionGrant, INIT_OTP, INIT_OTP_AUTH, VERIFY_OTP};
+use crate::store::Remembered;
 use crate::verification_token::{self, OTP_INVALID};
 
 /// Code lengths the interface allows, and its default (`otpLength`).
@@ -37,7 +37,7 @@ const MAX_TOKEN_SECONDS: u64 = 86_400;
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const HOUR_MS: i64 = 3_600_000;
 
-/// The services one-time codes need besides the HSM and the authority.
+/// The services one-time codes need besides the HSM and the admission.
 pub struct OtpService {
     pub settings: OtpSettings,
     pub mailer: Mailer,
@@ -85,7 +85,7 @@ impl Drop for OtpRecord {
 /// `init_otp`: authorize, charge the send limits, draw the code, seal its record, send it.
 pub(super) async fn init_otp(
     hsm: Arc<Hsm>,
-    authority: Arc<Authority>,
+    admission: Arc<Admission>,
     otp: Arc<OtpService>,
     req: pb::InitOtpRequest,
 ) -> Result<Response<pb::InitOtpResponse>, Status> {
@@ -95,8 +95,8 @@ pub(super) async fn init_otp(
         // for it: init_otp's token is the sub-organization's own business.
         let parent = (!req.parent_certificate.is_empty()).then_some(req.parent_certificate.as_slice());
         let types: &[&str] = if parent.is_some() { &[INIT_OTP_AUTH] } else { &[INIT_OTP, INIT_OTP_AUTH] };
-        let a = authority.authorize_for("init_otp", req.auth.as_ref(), types, parent, None)?;
-        let prepared = prepare(&hsm, &authority, &o, &a)?;
+        let a = admission.authorize_for("init_otp", req.auth.as_ref(), types, parent, None)?;
+        let prepared = prepare(&hsm, &admission, &o, &a)?;
         Ok((prepared, audit::carry()))
     })
     .await;
@@ -275,12 +275,12 @@ fn seconds(p: &Value, default: u64, max: u64) -> Result<u64, EnclaveError> {
 /// The blocking part of `init_otp`: limits, code, record, bundle and message (sent by the caller).
 fn prepare(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
-    a: &Authorized,
+    a: &Admitted,
 ) -> Result<(pb::InitOtpResponse, Outgoing), EnclaveError> {
     let org = a.activity.organization_id.as_str();
-    let sender = sender_of(authority, a)?;
+    let sender = sender_of(admission, a)?;
     let params = read_init(&sender.parameters(a, "appName")?, &otp.settings)?;
     match params.channel {
         Channel::Email if !otp.mailer.configured() => {
@@ -293,7 +293,7 @@ fn prepare(
         }
         _ => {}
     }
-    charge_send(authority, &otp.settings, a, &sender, &params.contact, &params.user_identifier)?;
+    charge_send(admission, &otp.settings, a, &sender, &params.contact, &params.user_identifier)?;
     let now = now_ms();
     let code = draw_code(hsm, params.length, params.alphanumeric)?;
     let otp_id = derived_id(&a.activity.fingerprint, "otp", 0);
@@ -370,10 +370,10 @@ const CUSTOMISATION: &[&str] = &[
 
 /// The [`Sender`] of the activity's organization, from its authority state (and its parent's).
 /// A parent's own credential acting for its sub-organization brands as it likes, as the parent.
-fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveError> {
+fn sender_of(admission: &Admission, a: &Admitted) -> Result<Sender, EnclaveError> {
     let org = a.activity.organization_id.as_str();
     let own = Sender { allowance: org.to_string(), marked: None, brand: None };
-    let Some(loaded) = authority.rules().load(org)? else { return Ok(own) };
+    let Some(loaded) = admission.rules().load(org)? else { return Ok(own) };
     let o = &loaded.state.organization;
     let Some(parent) = o.parent_id.as_deref().filter(|_| o.auth_proxy_signup) else { return Ok(own) };
     if a.via_parent {
@@ -381,7 +381,7 @@ fn sender_of(authority: &Authority, a: &Authorized) -> Result<Sender, EnclaveErr
     }
     // The parent's auth proxy app name as the enclave recorded it (update_auth_proxy_config),
     // else the parent's name.
-    let name = authority
+    let name = admission
         .rules()
         .load(parent)?
         .map(|l| {
@@ -429,7 +429,7 @@ impl Sender {
     /// The activity's parameters as the message is made from them: as stamped, or for a marked
     /// sub-organization, refused if they choose anything ([`CUSTOMISATION`]) and with the
     /// parent's name at `app_name_at` (`appName`, or `emailCustomization.appName`).
-    fn parameters(&self, a: &Authorized, app_name_at: &str) -> Result<Value, EnclaveError> {
+    fn parameters(&self, a: &Admitted, app_name_at: &str) -> Result<Value, EnclaveError> {
         let mut p = a.activity.parameters.clone();
         let Some(brand) = &self.brand else { return Ok(p) };
         if let Some(field) = customised(&p, brand) {
@@ -460,9 +460,9 @@ impl Sender {
 /// then its parent's sub-organizations' share, then per organization (an hour each). The same
 /// stamped body is never counted twice.
 fn charge_send(
-    authority: &Authority,
+    admission: &Admission,
     s: &OtpSettings,
-    a: &Authorized,
+    a: &Admitted,
     sender: &Sender,
     contact: &str,
     user_identifier: &str,
@@ -492,7 +492,7 @@ fn charge_send(
     scopes.push((format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour));
     let now = now_ms();
     for (scope, quota) in scopes {
-        match authority.count_within(&scope, &a.activity.fingerprint, now.saturating_add(HOUR_MS), now, quota)? {
+        match admission.count_within(&scope, &a.activity.fingerprint, now.saturating_add(HOUR_MS), now, quota)? {
             Remembered::Fresh | Remembered::Replayed => {}
             Remembered::OrganizationQuotaFull => {
                 return Err(EnclaveError::Busy {
@@ -517,9 +517,9 @@ fn charge_send(
 /// The send is counted as a code's is.
 pub fn email_grant(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
-    a: &Authorized,
+    a: &Admitted,
 ) -> Result<SessionGrant, EnclaveError> {
     let p = &a.activity.parameters;
     if !otp.mailer.configured() {
@@ -534,16 +534,16 @@ pub fn email_grant(
     }
     // The email is built once without the bundle first: a body whose addresses or customization
     // cannot make one (or may not choose them) is refused before any credential exists.
-    let sender = sender_of(authority, a)?;
-    email_bundle(authority, otp, a, "")?;
-    let loaded = authority
+    let sender = sender_of(admission, a)?;
+    email_bundle(admission, otp, a, "")?;
+    let loaded = admission
         .rules()
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
     let wanted = email.to_string().to_ascii_lowercase();
     let user_id = user_with_contact(a, &loaded.state, "OTP_TYPE_EMAIL", &wanted)
         .ok_or_else(|| refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has this email"))?;
-    charge_send(authority, &otp.settings, a, &sender, &wanted, "")?;
+    charge_send(admission, &otp.settings, a, &sender, &wanted, "")?;
     let (secret, public_key) = crate::sessions::new_session_key(hsm)?;
     let credential_type = if a.activity.activity_type == crate::sessions::EMAIL_AUTH {
         "CREDENTIAL_TYPE_EMAIL_AUTH_KEY_P256"
@@ -556,12 +556,12 @@ pub fn email_grant(
 /// The email that carries an `email_auth` or recovery credential bundle to the body's `email`
 /// (the bundle in the text, and in `magicLinkTemplate`'s link when the body gives one).
 pub fn email_bundle(
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
-    a: &Authorized,
+    a: &Admitted,
     bundle: &str,
 ) -> Result<lettre::Message, EnclaveError> {
-    let p = &sender_of(authority, a)?.parameters(a, "emailCustomization.appName")?;
+    let p = &sender_of(admission, a)?.parameters(a, "emailCustomization.appName")?;
     let custom = p.get("emailCustomization").cloned().unwrap_or(Value::Null);
     let mut init = p.clone();
     init["otpType"] = json!("OTP_TYPE_EMAIL");
@@ -698,9 +698,9 @@ fn html_escape(s: &str) -> String {
 /// the shared store: past `max_attempts` the code is dead whatever is sent.
 fn open_record(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
-    a: &Authorized,
+    a: &Admitted,
     sealed: &[u8],
     purpose: Purpose,
 ) -> Result<OtpRecord, EnclaveError> {
@@ -722,7 +722,7 @@ fn open_record(
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     let scope = format!("otp-attempts/{otp_id}");
-    match authority.count_within(
+    match admission.count_within(
         &scope,
         &a.activity.fingerprint,
         kept_until(&record),
@@ -743,14 +743,14 @@ fn kept_until(record: &OtpRecord) -> i64 {
 
 /// Accepts `code` for `record`, once: the hashes compared without an early exit, then the code
 /// remembered as verified in the shared store (a second verification is refused).
-fn accept_code(authority: &Authority, a: &Authorized, record: &OtpRecord, code: &str) -> Result<(), EnclaveError> {
+fn accept_code(admission: &Admission, a: &Admitted, record: &OtpRecord, code: &str) -> Result<(), EnclaveError> {
     let given = code_hash(&record.salt, &record.otp_id, code);
     let differ = given.len() != record.code_hash.len()
         || given.bytes().zip(record.code_hash.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) != 0;
     if differ {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
-    if authority.count_within("otp-verified", &record.otp_id, kept_until(record), now_ms(), u64::MAX)?
+    if admission.count_within("otp-verified", &record.otp_id, kept_until(record), now_ms(), u64::MAX)?
         != Remembered::Fresh
     {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
@@ -761,15 +761,15 @@ fn accept_code(authority: &Authority, a: &Authorized, record: &OtpRecord, code: 
 /// `verify_otp`: the record opened, the attempt counted, the code compared, the token signed.
 pub(super) fn verify_otp(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
     req: pb::VerifyOtpRequest,
 ) -> Result<pb::VerifyOtpResponse, EnclaveError> {
-    let a = authority.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
+    let a = admission.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
     let p = &a.activity.parameters;
     let org = a.activity.organization_id.as_str();
     let token_seconds = seconds(p, DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS)?;
-    let record = open_record(hsm, authority, otp, &a, &req.sealed_otp, Purpose::Verify)?;
+    let record = open_record(hsm, admission, otp, &a, &req.sealed_otp, Purpose::Verify)?;
     let otp_id = record.otp_id.as_str();
     let now = now_ms();
     let mut secret = Zeroizing::new([0u8; 32]);
@@ -803,7 +803,7 @@ pub(super) fn verify_otp(
                 "encryptedOtpBundle: public_key is required, a compressed P-256 key (66 hex characters)",
             )
         })?;
-    accept_code(authority, &a, &record, &sent.otp_code)?;
+    accept_code(admission, &a, &record, &sent.otp_code)?;
     let token_id = derived_id(&a.activity.fingerprint, "otp-verification-token", 0);
     let expires_ms = now.saturating_add(token_seconds as i64 * 1000);
     let claims = json!({
@@ -833,7 +833,7 @@ pub(super) fn verify_otp(
 /// `otp_login`: the session for the organization's user whose email the token verified. The
 /// token is spent (once, in the shared store); when it names a key, the body's `clientSignature`
 /// must be that key's signature of this login (`{"login":{"publicKey"},"tokenId","type"}`).
-pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<SessionGrant, EnclaveError> {
+pub fn login_grant(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<SessionGrant, EnclaveError> {
     let p = &a.activity.parameters;
     let now = now_ms();
     let token = match verification_token::read(hsm, text(p, "verificationToken"), now) {
@@ -853,7 +853,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
         verification_token::check_client_signature(p, &token, &usage)
             .map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     }
-    let loaded = authority
+    let loaded = admission
         .rules()
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
@@ -865,7 +865,7 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
     let user_id = user_with_contact(a, &loaded.state, &token.verification_type, &token.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
-    if !verification_token::spend(authority, &token, verification_token::Usage::Login, now)? {
+    if !verification_token::spend(admission, &token, verification_token::Usage::Login, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(SessionGrant {
@@ -881,8 +881,8 @@ pub fn login_grant(hsm: &Hsm, authority: &Authority, a: &Authorized) -> Result<S
 /// (the auth proxy, a backend), only a user whose contacts are the sign-up's, unchanged: an
 /// address a sub-organization's user set on itself is no proof that the address is theirs.
 fn user_with_contact(
-    a: &Authorized,
-    state: &coffer_authority_state::model::AuthorityState,
+    a: &Admitted,
+    state: &coffer_org_rules::model::OrgState,
     verification_type: &str,
     contact: &str,
 ) -> Option<String> {
@@ -892,17 +892,17 @@ fn user_with_contact(
 /// The user of `state` with `contact`, only among those whose contacts are verified when
 /// `verified_only`.
 fn user_by_contact(
-    state: &coffer_authority_state::model::AuthorityState,
+    state: &coffer_org_rules::model::OrgState,
     verification_type: &str,
     contact: &str,
     verified_only: bool,
 ) -> Option<String> {
-    let has_contact = |u: &&coffer_authority_state::model::User| match verification_type {
+    let has_contact = |u: &&coffer_org_rules::model::User| match verification_type {
         "OTP_TYPE_EMAIL" => !u.email.is_empty() && u.email.eq_ignore_ascii_case(contact),
         "OTP_TYPE_SMS" => !u.phone_number.is_empty() && u.phone_number == contact,
         _ => false,
     };
-    let vouched = |u: &&coffer_authority_state::model::User| !verified_only || u.contacts_verified;
+    let vouched = |u: &&coffer_org_rules::model::User| !verified_only || u.contacts_verified;
     state.users.values().filter(has_contact).find(vouched).map(|u| u.id.clone())
 }
 
@@ -913,9 +913,9 @@ fn user_by_contact(
 /// The gateway sees the code in the body, but cannot use it: only this stamped body redeems it.
 pub fn otp_auth_grant(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     otp: &OtpService,
-    a: &Authorized,
+    a: &Admitted,
     sealed: &[u8],
 ) -> Result<SessionGrant, EnclaveError> {
     let p = &a.activity.parameters;
@@ -928,13 +928,13 @@ pub fn otp_auth_grant(
     if !target_ok {
         return Err(EnclaveError::invalid("targetPublicKey: a P-256 public key (hex, compressed or uncompressed)"));
     }
-    let loaded = authority
+    let loaded = admission
         .rules()
         .load(&a.activity.organization_id)?
         .ok_or_else(|| refuse(a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
-    let record = open_record(hsm, authority, otp, a, sealed, Purpose::Auth)?;
+    let record = open_record(hsm, admission, otp, a, sealed, Purpose::Auth)?;
     let code = Zeroizing::new(text(p, "otpCode").to_string());
-    accept_code(authority, a, &record, &code)?;
+    accept_code(admission, a, &record, &code)?;
     let user_id = user_with_contact(a, &loaded.state, &record.otp_type, &record.contact).ok_or_else(|| {
         refuse(a, RefusalReason::IdentityInvalid, "no user of this organization has the verified email or phone number")
     })?;
@@ -952,10 +952,10 @@ pub fn otp_auth_grant(
 /// checked the same way. The token is spent when the session opens.
 pub(super) fn token_login_identity(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: &pb::CreateSessionRequest,
     stamp: &coffer_auth::attested::AttestedStamp,
-) -> Result<crate::authority::AttestedIdentity, EnclaveError> {
+) -> Result<crate::admission::AttestedIdentity, EnclaveError> {
     let token = verification_token::read(hsm, &stamp.token, now_ms())?;
     coffer_auth::attested::check_token_binding(stamp, &token.public_key)
         .map_err(|e| EnclaveError::refused(RefusalReason::StampInvalid, e.message))?;
@@ -970,7 +970,7 @@ pub(super) fn token_login_identity(
     let routed = !req.routed_organization_id.is_empty();
     let body_org = org;
     let org = if routed { req.routed_organization_id.clone() } else { body_org.clone() };
-    let loaded = authority.rules().load(&org)?.ok_or_else(|| {
+    let loaded = admission.rules().load(&org)?.ok_or_else(|| {
         EnclaveError::refused(RefusalReason::OrganizationUnknown, "the organization has no authority state")
     })?;
     let parent = loaded.state.organization.parent_id.as_deref();
@@ -999,7 +999,7 @@ pub(super) fn token_login_identity(
         issuing_fingerprint: String::new(),
         mac: Vec::new(),
     };
-    Ok(crate::authority::AttestedIdentity::VerificationToken { token, credential })
+    Ok(crate::admission::AttestedIdentity::VerificationToken { token, credential })
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! while its authority state holds them, and opening them (a signing key, or the plain bytes)
 //! through the HSM.
 
-use coffer_authority_state::AuthorityState;
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, Curve};
+use coffer_org_rules::OrgState;
 use coffer_proto::v1 as pb;
 
-use crate::authority::{refuse, Authority, Authorized};
+use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm, OpenedBlob};
 
@@ -27,10 +27,10 @@ fn kind_of(kind: i32) -> Result<BlobKind, EnclaveError> {
 /// wallet or key opens no more. What it is bound to (resource, curve, address, public key) is
 /// authenticated when it opens.
 pub(super) fn sealed<'a>(
-    authority: &Authority,
+    admission: &Admission,
     sealed: Option<&'a pb::SealedRef>,
     expect: &[BlobKind],
-    a: &Authorized,
+    a: &Admitted,
 ) -> Result<(&'a pb::SealedRef, BlobKind), EnclaveError> {
     let sealed = sealed.ok_or_else(|| EnclaveError::invalid("missing sealed reference"))?;
     let kind = kind_of(sealed.kind)?;
@@ -49,7 +49,7 @@ pub(super) fn sealed<'a>(
     // would have refused: that refusal is logged already.
     if let Some(decided) = &a.decided {
         if let Err(why) = held(&decided.loaded.state, sealed, kind) {
-            if authority.rules().enforces() {
+            if admission.rules().enforces() {
                 return Err(refuse(a, RefusalReason::BindingMismatch, why));
             }
             // Shadow mode: logged as a refusal would be, and the call goes on.
@@ -73,7 +73,7 @@ pub(super) fn sealed<'a>(
 /// format) the reference names; the private key of a key blob, each of its recorded addresses
 /// the one the reference's curve and public key give. Import targets are a user's, not keys of
 /// the state: always held. `Err` says what is missing.
-fn held(state: &AuthorityState, sealed: &pb::SealedRef, kind: BlobKind) -> Result<(), &'static str> {
+fn held(state: &OrgState, sealed: &pb::SealedRef, kind: BlobKind) -> Result<(), &'static str> {
     if state.organization.id != sealed.organization_id {
         return Err("the sealed key's organization has no authority state here");
     }
@@ -169,10 +169,10 @@ mod tests {
 
     /// Organization `o` with wallet `w` (account `acc` at `address`, Ethereum) and private key
     /// `k` (`key_public` on secp256k1, with its Ethereum address).
-    fn state_with_keys(address: &str, key_public: &[u8]) -> AuthorityState {
-        use coffer_authority_state::model::{Account, AddressEntry, PrivateKey, Wallet};
-        use coffer_authority_state::{Effect, Organization};
-        let mut state = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+    fn state_with_keys(address: &str, key_public: &[u8]) -> OrgState {
+        use coffer_org_rules::model::{Account, AddressEntry, PrivateKey, Wallet};
+        use coffer_org_rules::{Effect, Organization};
+        let mut state = OrgState::new(Organization { id: "o".into(), ..Default::default() });
         let eth = "ADDRESS_FORMAT_ETHEREUM";
         let key_address = address::address(eth, Curve::Secp256k1, key_public).unwrap();
         let account = Account {
@@ -199,7 +199,7 @@ mod tests {
 
     #[test]
     fn only_what_the_state_holds_now_is_held() {
-        use coffer_authority_state::Effect;
+        use coffer_org_rules::Effect;
         let account_public = keys::public_key(Curve::Secp256k1, &[3u8; 32]).unwrap();
         let address = address::address("ADDRESS_FORMAT_ETHEREUM", Curve::Secp256k1, &account_public).unwrap();
         let key_public = keys::public_key(Curve::Secp256k1, &[4u8; 32]).unwrap();

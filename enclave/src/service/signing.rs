@@ -6,7 +6,7 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use super::sealed_refs::{open_key, sealed};
-use crate::authority::{refuse, Authority, Authorized};
+use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobKind, Hsm};
 
@@ -18,9 +18,9 @@ mod types {
 }
 
 /// Signs the stamped body's raw payloads with the key its `signWith` names.
-pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
-    let a = authority.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
-    let (key_ref, kind) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
+    let a = admission.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
+    let (key_ref, kind) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     let p = &a.activity.parameters;
     let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
@@ -58,11 +58,11 @@ pub(super) fn sign(hsm: &Hsm, authority: &Authority, req: pb::SignRequest) -> Re
 /// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
 pub(super) fn sign_transaction(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::SignRequest,
 ) -> Result<pb::SignTransactionResponse, EnclaveError> {
-    let a = authority.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
-    let (key_ref, kind) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    let a = admission.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
+    let (key_ref, kind) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     // The transaction is the stamped body's, parsed here: the gateway's parse decides
     // nothing the enclave signs.
@@ -106,7 +106,7 @@ pub(super) fn sign_transaction(
 
 /// `signWith` of the body names this key: an account by its address, a private key by its id or
 /// by one of its addresses (recomputed here from the bound public key).
-fn names_key(a: &Authorized, sealed: &pb::SealedRef, kind: BlobKind, address_format: &str) -> Result<(), EnclaveError> {
+fn names_key(a: &Admitted, sealed: &pb::SealedRef, kind: BlobKind, address_format: &str) -> Result<(), EnclaveError> {
     let sign_with = text(&a.activity.parameters, "signWith");
     let named = match kind {
         BlobKind::WalletAccountKey => !sign_with.is_empty() && sign_with == sealed.address,

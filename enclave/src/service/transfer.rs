@@ -11,7 +11,7 @@ use zeroize::Zeroizing;
 use super::key_facts;
 use super::keys::{account_specs, checked_phrase, key_json, new_ids, seal_private_key, seal_wallet, wallet_proofs};
 use super::sealed_refs::{open, open_key, sealed};
-use crate::authority::{refuse, Authority, Authorized};
+use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 
@@ -34,11 +34,11 @@ pub(super) fn signer_public_key(hsm: &Hsm) -> Result<pb::GetSignerPublicKeyRespo
 /// Exports the mnemonic of the wallet the stamped body names (in its language).
 pub(super) fn export_wallet(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::ExportWalletRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let a = authority.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
-    let (seed_ref, kind) = sealed(authority, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let a = admission.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
+    let (seed_ref, kind) = sealed(admission, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,
@@ -55,24 +55,24 @@ pub(super) fn export_wallet(
         keys::mnemonic_phrase(&entropy, language)?
     };
     let bundle = export(hsm, &a, phrase.as_bytes())?;
-    key_facts::exported(authority, &a, Some(&seed_ref.resource_id), None)?;
+    key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
     Ok(bundle)
 }
 
 /// Exports the private key or wallet account the stamped body names.
 pub(super) fn export_key(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::ExportKeyRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let a = authority.authorize(
+    let a = admission.authorize(
         "export_key",
         req.auth.as_ref(),
         &[types::EXPORT_PRIVATE_KEY, types::EXPORT_WALLET_ACCOUNT],
     )?;
     let p = &a.activity.parameters;
     let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
-        let (r, k) = sealed(authority, req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
+        let (r, k) = sealed(admission, req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
         if r.resource_id != text(p, "privateKeyId") {
             return Err(refuse(
                 &a,
@@ -82,7 +82,7 @@ pub(super) fn export_key(
         }
         (r, k)
     } else {
-        let (r, k) = sealed(authority, req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
+        let (r, k) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
         if r.address != text(p, "address") {
             return Err(refuse(
                 &a,
@@ -95,17 +95,17 @@ pub(super) fn export_key(
     let private_key_id = (kind == BlobKind::PrivateKey).then(|| key_ref.resource_id.clone());
     let key = open_key(hsm, key_ref, kind)?;
     let bundle = export(hsm, &a, key.secret_bytes())?;
-    key_facts::exported(authority, &a, None, private_key_id.as_deref())?;
+    key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
     Ok(bundle)
 }
 
 /// A new import target for the body's user: sealed here, its public half in a signed bundle.
 pub(super) fn init_import(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::InitImportRequest,
 ) -> Result<pb::InitImportResponse, EnclaveError> {
-    let a = authority.authorize(
+    let a = admission.authorize(
         "init_import",
         req.auth.as_ref(),
         &[types::INIT_IMPORT_WALLET, types::INIT_IMPORT_PRIVATE_KEY],
@@ -128,16 +128,16 @@ pub(super) fn init_import(
 /// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
 pub(super) fn import_wallet(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::ImportWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let a = authority.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+    let a = admission.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
-    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
-    let plain = open_import(hsm, authority, &a, req.target.as_ref())?;
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
+    let plain = open_import(hsm, admission, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
-    key_facts::wallet_created(authority, &a, &req.wallet_id, true, &made)?;
+    key_facts::wallet_created(admission, &a, &req.wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &req.wallet_id, &specs, &made.accounts)?;
     Ok(made)
 }
@@ -145,21 +145,21 @@ pub(super) fn import_wallet(
 /// A private key from the stamped body's bundle, sealed with its addresses.
 pub(super) fn import_private_key(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::ImportPrivateKeyRequest,
 ) -> Result<pb::KeyMaterial, EnclaveError> {
-    let a = authority.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
+    let a = admission.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
     let p = &a.activity.parameters;
-    key_facts::ensure_new_ids(authority, &a, &a.activity.organization_id, &[&req.private_key_id])?;
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &[&req.private_key_id])?;
     let curve = Curve::parse(text(p, "curve"))?;
-    let plain = open_import(hsm, authority, &a, req.target.as_ref())?;
+    let plain = open_import(hsm, admission, &a, req.target.as_ref())?;
     if plain.len() != 32 {
         return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
     }
     let key = SecretKey::from_slice(curve, &plain)?;
     let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
-    key_facts::private_keys_made(authority, &a, &[(&req.private_key_id, p, &made)], true)?;
+    key_facts::private_keys_made(admission, &a, &[(&req.private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&req.private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     Ok(made)
@@ -187,7 +187,7 @@ impl EnvelopeSigner for HsmSigner<'_> {
 }
 
 /// Exports `secret` to the target key the stamped body names.
-fn export(hsm: &Hsm, a: &Authorized, secret: &[u8]) -> Result<pb::ExportResponse, EnclaveError> {
+fn export(hsm: &Hsm, a: &Admitted, secret: &[u8]) -> Result<pb::ExportResponse, EnclaveError> {
     let signer = HsmSigner::new(hsm)?;
     let seed = hsm.random_seed()?;
     let target = text(&a.activity.parameters, "targetPublicKey");
@@ -204,11 +204,11 @@ fn sha256_hex(bundle: &str) -> String {
 /// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
 fn open_import(
     hsm: &Hsm,
-    authority: &Authority,
-    a: &Authorized,
+    admission: &Admission,
+    a: &Admitted,
     target: Option<&pb::SealedRef>,
 ) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
-    let (target_ref, kind) = sealed(authority, target, &[BlobKind::ImportTarget], a)?;
+    let (target_ref, kind) = sealed(admission, target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
         return Err(refuse(
             a,

@@ -3,7 +3,7 @@
 
 use coffer_proto::v1 as pb;
 
-use crate::authority::Authority;
+use crate::admission::Admission;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 
@@ -26,11 +26,11 @@ pub(super) fn signing_key(hsm: &Hsm) -> Result<pb::GetWebhookSigningKeyResponse,
 /// refusal instead of a signature.
 pub(super) fn sign_deliveries(
     hsm: &Hsm,
-    authority: &Authority,
+    admission: &Admission,
     req: pb::SignWebhookDeliveriesRequest,
 ) -> Result<pb::SignWebhookDeliveriesResponse, EnclaveError> {
     if req.deliveries.len() > MAX_WEBHOOK_BATCH {
-        return Err(crate::authority::audit_early_refusal(
+        return Err(crate::admission::audit_early_refusal(
             "sign_webhook_delivery",
             EnclaveError::refused(
                 RefusalReason::BatchTooLarge,
@@ -44,7 +44,7 @@ pub(super) fn sign_deliveries(
     let refusals: Vec<Option<(String, RefusalReason)>> = req
         .deliveries
         .iter()
-        .map(|d| match authority.webhook_message(&key_id, d.timestamp_ms, &d.event_id, &d.body) {
+        .map(|d| match admission.webhook_message(&key_id, d.timestamp_ms, &d.event_id, &d.body) {
             Ok(message) => {
                 messages.push(message);
                 None

@@ -157,8 +157,8 @@ async fn execute(
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
     let proofs = ctx.proofs.clone();
-    let signup_mark = coffer_authority_state::transition::marks_auth_proxy_signup(&params);
-    let app_name = coffer_authority_state::transition::auth_proxy_app_name(&params).ok().flatten();
+    let signup_mark = coffer_org_rules::transition::marks_auth_proxy_signup(&params);
+    let app_name = coffer_org_rules::transition::auth_proxy_app_name(&params).ok().flatten();
     let mut outcome = (op.handler)(ctx, params).await?;
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
@@ -187,11 +187,11 @@ async fn apply_in_enclave(
     state: &Arc<AppState>,
     op: &'static Operation,
     auth: coffer_proto::v1::Authorization,
-    proposal: &[coffer_authority_state::Change],
+    proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
     proofs: &crate::custody::AppProofs,
 ) -> Result<Option<String>, ApiError> {
-    if coffer_authority_state::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
+    if coffer_org_rules::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
         return Ok(None);
     }
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;

@@ -43,7 +43,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// The enclaves, on behalf of this activity (every call carries [`Ctx::auth`]).
-    pub fn enclave(&self) -> crate::custody::Authorized<'_> {
+    pub fn enclave(&self) -> crate::custody::Admitted<'_> {
         self.state.custody.authorized(&self.auth).collecting(&self.proofs)
     }
 }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use coffer_auth::envelope::{derived_id, StampedActivity};
-use coffer_authority_state::transition::{self, Grant, Input};
-use coffer_authority_state::AuthorityState;
+use coffer_org_rules::transition::{self, Grant, Input};
+use coffer_org_rules::OrgState;
 use serde_json::{json, Value};
 
 use super::*;
@@ -188,7 +188,7 @@ const KEYS: [&str; 3] = [
 struct Harness {
     _dir: TempDir,
     state: Arc<AppState>,
-    states: BTreeMap<String, AuthorityState>,
+    states: BTreeMap<String, OrgState>,
 }
 
 impl Harness {

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::http::{HeaderMap, HeaderValue};
 use base64::Engine;
-use coffer_enclave::authority::Authority;
+use coffer_enclave::admission::Admission;
 use coffer_enclave::hsm::{init_token, Hsm, HsmSettings};
 use coffer_enclave::operator::Operators;
 use coffer_enclave::service::EnclaveService;
@@ -58,7 +58,7 @@ fn service() -> Arc<EnclaveService> {
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");
             let authority =
-                Arc::new(Authority::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store").enforcing(false));
+                Arc::new(Admission::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store").enforcing(false));
             let operators = Operators::new(vec![operator().public_key()]);
             Arc::new(EnclaveService::new(hsm, authority, Default::default()).with_operators(operators))
         })

@@ -25,7 +25,7 @@ pub struct Custody {
 /// The enclaves on behalf of one activity: every call carries the activity's [`pb::Authorization`]
 /// (its stamped submission, and after consensus the approving vote), from which the enclave
 /// derives what it may do.
-pub struct Authorized<'a> {
+pub struct Admitted<'a> {
     client: &'a EnclaveClient<Transport>,
     auth: &'a pb::Authorization,
     /// Where the app proofs the enclave returns go (those of one activity).
@@ -63,7 +63,7 @@ carries_proofs!(
         pb::EnableAuthProxyResponse,
 );
 
-impl<'a> Authorized<'a> {
+impl<'a> Admitted<'a> {
     /// The same calls, keeping the app proofs of their answers in `proofs`.
     pub fn collecting(self, proofs: &'a AppProofs) -> Self {
         Self { proofs: Some(proofs), ..self }
@@ -106,10 +106,10 @@ needs_authorization!(
     pb::VerifyOtpRequest,
 );
 
-/// Each authorized call: its method on [`Authorized`] (the RPC's name), the request, the answer.
+/// Each authorized call: its method on [`Admitted`] (the RPC's name), the request, the answer.
 macro_rules! authorized_calls {
     ($($(#[$doc:meta])* $method:ident($request:ty) -> $answer:ty;)*) => {
-        impl Authorized<'_> {
+        impl Admitted<'_> {
             $($(#[$doc])*
             pub async fn $method(&self, mut request: $request) -> Result<$answer, ApiError> {
                 request.authorize(self.auth.clone());
@@ -163,8 +163,8 @@ impl Custody {
     }
 
     /// The calls of the activity `auth` authorizes.
-    pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Authorized<'a> {
-        Authorized { client: &self.client, auth, proofs: None }
+    pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Admitted<'a> {
+        Admitted { client: &self.client, auth, proofs: None }
     }
 
     /// The enclave's boot proof.

@@ -18,7 +18,7 @@ pub const FEATURE_AUTH_PROXY: &str = "FEATURE_NAME_AUTH_PROXY";
 /// Values of `allowedAuthMethods`.
 pub const AUTH_METHODS: &[&str] = &["passkey", "wallet", "email", "sms"];
 /// Name of the policy that lets the proxy user submit login activities.
-pub const PROXY_POLICY_NAME: &str = coffer_authority_state::transition::AUTH_PROXY_POLICY_NAME;
+pub const PROXY_POLICY_NAME: &str = coffer_org_rules::transition::AUTH_PROXY_POLICY_NAME;
 
 /// The organization's auth proxy record, if it ever enabled one.
 pub async fn config_of(state: &std::sync::Arc<crate::state::AppState>, org: &str) -> Result<Option<Record>, ApiError> {
@@ -58,8 +58,8 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
         &org,
         ctx.now,
         PROXY_POLICY_NAME,
-        &coffer_authority_state::transition::auth_proxy_policy_consensus(&key.user_id),
-        coffer_authority_state::transition::AUTH_PROXY_POLICY_CONDITION,
+        &coffer_org_rules::transition::auth_proxy_policy_consensus(&key.user_id),
+        coffer_org_rules::transition::AUTH_PROXY_POLICY_CONDITION,
         "Lets the auth proxy's user exchange OAuth 2.0 codes, send and verify one-time codes, log users in and \
          sign them up (a sub-organization each); made by enable_auth_proxy.",
     )?;
@@ -215,7 +215,7 @@ pub async fn update_auth_proxy_config(ctx: Ctx, intent: UpdateAuthProxyConfigInt
     }
     // The app name the proxy's codes carry: checked as the enclave checks it, kept as the enclave
     // records it (trimmed), since the enclave stamps a proxy send only with that name.
-    let app_name = coffer_authority_state::transition::auth_proxy_app_name(&Value::Object(intent.rest.clone()))
+    let app_name = coffer_org_rules::transition::auth_proxy_app_name(&Value::Object(intent.rest.clone()))
         .map_err(ApiError::invalid)?;
     for (k, v) in intent.rest {
         if !v.is_null() {

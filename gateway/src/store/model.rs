@@ -29,7 +29,7 @@ pub struct User {
     pub email: Option<String>,
     pub phone_number: Option<String>,
     /// The contacts are the sub-organization sign-up's, unchanged since
-    /// (`coffer_authority_state::model::User::contacts_verified`).
+    /// (`coffer_org_rules::model::User::contacts_verified`).
     pub contacts_verified: bool,
     pub created_at: Nanos,
     pub updated_at: Nanos,

@@ -2056,7 +2056,7 @@ async fn policy_isolation() -> anyhow::Result<Value> {
 const TENANT_ISOLATION: &str = "tenant isolation";
 const TENANT_QUIET: &str = "tenant isolation: C's signing, quiet";
 const TENANT_ATTACKED: &str = "tenant isolation: C's signing, A and B attacking";
-/// `coffer_authority_state::limits::DEFAULT_MAX_POLICY_TEXT_BYTES`: the default cap on an
+/// `coffer_org_rules::limits::DEFAULT_MAX_POLICY_TEXT_BYTES`: the default cap on an
 /// organization's policy text (enclave `max_policy_text_bytes_per_organization`).
 const POLICY_TEXT_CAP: usize = 256 * 1024;
 /// Items of each costly policy's literal list: 6 steps an item (the item, the iteration, the

@@ -11,4 +11,4 @@ pub mod transition;
 
 pub use effect::{Change, Effect};
 pub use limits::{Limit, LimitExceeded, Limits};
-pub use model::{AuthorityState, Credential, CredentialKind, Organization, User};
+pub use model::{Credential, CredentialKind, OrgState, Organization, User};

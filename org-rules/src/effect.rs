@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    kinds, Account, AuthorityState, ContractInterface, Credential, CredentialKind, Named, Organization, Policy,
-    PrivateKey, Tag, User, Wallet,
+    kinds, Account, ContractInterface, Credential, CredentialKind, Named, OrgState, Organization, Policy, PrivateKey,
+    Tag, User, Wallet,
 };
 
 /// One change to one organization's authority state. Deletes name what must exist: applying a
@@ -196,7 +196,7 @@ fn remove_all<T: Clone>(
     Ok(())
 }
 
-impl AuthorityState {
+impl OrgState {
     fn tags_mut(&mut self, kind: TagKind) -> (&mut imbl::OrdMap<String, Tag>, &'static str) {
         match kind {
             TagKind::User => (&mut self.user_tags, kinds::USER_TAG),
@@ -281,7 +281,7 @@ impl AuthorityState {
             }
             Effect::DeleteOrganization => {
                 let id = self.organization.id.clone();
-                *self = AuthorityState::new(Organization { id, ..Default::default() });
+                *self = OrgState::new(Organization { id, ..Default::default() });
             }
             Effect::PutUser { user } => {
                 if let Some(tag) = user.tag_ids.iter().find(|t| !self.user_tags.contains_key(*t)) {
@@ -541,8 +541,8 @@ mod tests {
     use super::*;
     use crate::model::AddressEntry;
 
-    fn state() -> AuthorityState {
-        let mut s = AuthorityState::new(Organization {
+    fn state() -> OrgState {
+        let mut s = OrgState::new(Organization {
             id: "o".into(),
             name: "o".into(),
             root_quorum_threshold: 1,
@@ -574,7 +574,7 @@ mod tests {
         s.apply(&key("k1", "u", "02aa")).unwrap();
         s.apply(&key("k2", "root", "02bb")).unwrap();
         assert!(s.live_credential("u", "02aa", "CREDENTIAL_TYPE_API_KEY_P256", 0).is_some());
-        let back = AuthorityState::from_entries(
+        let back = OrgState::from_entries(
             3,
             s.entries().iter().map(|e| (e.kind, e.id.as_str(), e.data.as_slice())).collect::<Vec<_>>(),
         )
@@ -743,7 +743,7 @@ mod tests {
         assert_eq!(s.apply(&reused), retired("b"));
         assert_eq!(s.apply(&cold_key("k", "k", "0x01")), retired("k"));
         assert_eq!(s.apply(&wallet("a", "x")), retired("a"));
-        let back = AuthorityState::from_entries(
+        let back = OrgState::from_entries(
             s.version,
             s.entries().iter().map(|e| (e.kind, e.id.as_str(), e.data.as_slice())).collect::<Vec<_>>(),
         )

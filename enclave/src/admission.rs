@@ -1,4 +1,4 @@
-//! Enclave authority: key material is used only for what a certified credential of the
+//! Enclave admission: key material is used only for what a certified credential of the
 //! organization stamped, just now, for exactly that operation — verified here, never taken
 //! from the gateway's word.
 
@@ -13,10 +13,10 @@ use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
 
-use crate::authority_store::{AuthorityStore, DecisionRecord, Remembered, StoreError};
+use crate::decider::{Decided, Decider, Loaded, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::rules::{Decided, Loaded, Rules, VerifiedVote};
+use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
@@ -66,7 +66,7 @@ pub fn oauth2_mac_input(c: &pb::Oauth2Credential) -> Vec<u8> {
 
 /// What the enclave established about a request before touching key material.
 #[derive(Debug)]
-pub struct Authorized {
+pub struct Admitted {
     /// The enclave operation it was authorized for (audit lines name it).
     pub operation: &'static str,
     /// The stamped body of the activity: the only source of the operation's parameters.
@@ -80,7 +80,7 @@ pub struct Authorized {
     /// only in shadow mode, when they would have refused.
     pub decided: Option<Decided>,
     /// The organization whose rules decide (the parent's for a parent's login), the submitter and
-    /// the verified voters: what [`Authority::decide_over`] reads.
+    /// the verified voters: what [`Admission::decide_over`] reads.
     policy_org: String,
     submitter: VerifiedVote,
     voters: Vec<VerifiedVote>,
@@ -88,7 +88,7 @@ pub struct Authorized {
     decisions: DecisionLog,
 }
 
-/// An authorization's stamp, not spent yet ([`Authority::authorize_unspent`]): its replay entry
+/// An authorization's stamp, not spent yet ([`Admission::authorize_unspent`]): its replay entry
 /// (the window's share it is charged to, its key and expiry) and the allow it stands for.
 #[derive(Debug)]
 pub struct Unspent {
@@ -96,14 +96,14 @@ pub struct Unspent {
     key: [u8; 32],
     expires: i64,
     allowed: DecisionRecord,
-    /// Authorized by a vote (an approval) rather than by its own stamp.
+    /// Admitted by a vote (an approval) rather than by its own stamp.
     approved: bool,
 }
 
-/// The authority store's decision log, as an [`Authorized`] carries it.
+/// The authority store's decision log, as an [`Admitted`] carries it.
 #[derive(Clone)]
-struct DecisionLog(Arc<dyn AuthorityStore>);
-impl Authorized {
+struct DecisionLog(Arc<dyn EnclaveStore>);
+impl Admitted {
     /// The verified approvals the decision counted: the submitter's, then every vote's.
     pub fn approvals(&self) -> impl Iterator<Item = &VerifiedVote> {
         std::iter::once(&self.submitter).chain(&self.voters)
@@ -128,8 +128,8 @@ impl std::fmt::Debug for DecisionLog {
 
 impl DecisionLog {
     /// Records a refusal of an authorized request; a failure to record is logged, the refusal stands.
-    fn refused(&self, a: &Authorized, reason: RefusalReason) {
-        let record = decision(a, crate::authority_store::OUTCOME_REFUSE, reason.as_str_name());
+    fn refused(&self, a: &Admitted, reason: RefusalReason) {
+        let record = decision(a, crate::store::OUTCOME_REFUSE, reason.as_str_name());
         if let Err(e) = self.0.record_decision(&record) {
             tracing::error!(error = %e, operation = a.operation, "the decision log did not take a refusal");
         }
@@ -137,7 +137,7 @@ impl DecisionLog {
 }
 
 /// The decision log's record of `outcome` for an authorized request.
-fn decision(a: &Authorized, outcome: &str, reason: &str) -> DecisionRecord {
+fn decision(a: &Admitted, outcome: &str, reason: &str) -> DecisionRecord {
     decision_of(a.operation, &a.activity, &a.credential, outcome, reason)
 }
 
@@ -161,12 +161,12 @@ fn decision_of(
 }
 
 /// Verifies stamps, certificates, freshness and replay for every key-using call.
-pub struct Authority {
+pub struct Admission {
     hsm: Arc<Hsm>,
-    rules: Arc<Rules>,
+    rules: Arc<Decider>,
     freshness_ms: i64,
     /// The replay window (shared by every enclave on the same store) and the decision log.
-    store: Arc<dyn AuthorityStore>,
+    store: Arc<dyn EnclaveStore>,
     /// `auth_proxy_signups_per_hour` and `auth_proxy_signups_per_day`.
     signups_per_hour: u64,
     signups_per_day: u64,
@@ -177,7 +177,7 @@ pub struct Authority {
     authorized_lately: Mutex<HashMap<String, (String, String)>>,
 }
 
-/// Most fingerprints [`Authority::authorized_lately`] keeps; past it the map starts over (a
+/// Most fingerprints [`Admission::authorized_lately`] keeps; past it the map starts over (a
 /// submission it forgot is verified again when recorded).
 const AUTHORIZED_LATELY: usize = 65_536;
 
@@ -253,14 +253,14 @@ impl Refusal {
     }
 }
 
-impl Authority {
+impl Admission {
     /// An authority whose replay window and decision log are `store`'s (shared by every enclave
     /// that opens the same store).
-    pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, store: Arc<dyn AuthorityStore>) -> Self {
+    pub fn new(hsm: Arc<Hsm>, freshness_ms: i64, store: Arc<dyn EnclaveStore>) -> Self {
         Self {
             hsm,
             freshness_ms,
-            rules: Arc::new(Rules::new(store.clone())),
+            rules: Arc::new(Decider::new(store.clone())),
             store,
             signups_per_hour: 10_000,
             signups_per_day: 100_000,
@@ -290,13 +290,13 @@ impl Authority {
     }
 
     /// The activity log: each organization's head, appended through the authority store.
-    pub fn activity_log(&self) -> (&crate::activity_log::ActivityLog, &dyn AuthorityStore) {
+    pub fn activity_log(&self) -> (&crate::activity_log::ActivityLog, &dyn EnclaveStore) {
         (&self.log, self.store.as_ref())
     }
 
     /// The authority store every enclave on it shares (one-time codes count their sends,
     /// attempts and spent tokens there).
-    pub fn store(&self) -> &dyn AuthorityStore {
+    pub fn store(&self) -> &dyn EnclaveStore {
         self.store.as_ref()
     }
 
@@ -362,44 +362,44 @@ impl Authority {
     /// An authority on a store in this process's memory alone (tests, operator commands that
     /// only certify): a replay window of `replay_capacity` entries, as much for one organization.
     pub fn in_memory(hsm: Arc<Hsm>, freshness_ms: i64, replay_capacity: u64) -> Result<Self, EnclaveError> {
-        let limits = crate::authority_store::StoreLimits {
+        let limits = crate::store::StoreLimits {
             replay_capacity,
             replay_per_organization: replay_capacity,
             decision_retention_ms: 0,
         };
-        let store = crate::authority_store::SqliteAuthorityStore::open_in_memory(limits)?;
+        let store = crate::store::SqliteEnclaveStore::open_in_memory(limits)?;
         Ok(Self::new(hsm, freshness_ms, Arc::new(store)))
     }
 
-    /// The same authority, its rules enforcing or in shadow mode ([`Rules::enforcing`]).
+    /// The same admission, its rules enforcing or in shadow mode ([`Decider::enforcing`]).
     pub fn enforcing(self, enforce: bool) -> Self {
         let (limits, cache_bytes) = (self.rules.limits(), self.rules.cache_budget_bytes());
         self.with_rules(enforce, limits, cache_bytes)
     }
 
-    /// The same authority, its rules with these per-organization caps ([`Rules::limited`]).
-    pub fn limited(self, limits: coffer_authority_state::Limits) -> Self {
+    /// The same admission, its rules with these per-organization caps ([`Decider::limited`]).
+    pub fn limited(self, limits: coffer_org_rules::Limits) -> Self {
         let (enforce, cache_bytes) = (self.rules.enforces(), self.rules.cache_budget_bytes());
         self.with_rules(enforce, limits, cache_bytes)
     }
 
-    /// The same authority, keeping at most `bytes` of organizations' states in memory
-    /// ([`Rules::cache_budget`]).
+    /// The same admission, keeping at most `bytes` of organizations' states in memory
+    /// ([`Decider::cache_budget`]).
     pub fn state_cache(self, bytes: usize) -> Self {
         let (enforce, limits) = (self.rules.enforces(), self.rules.limits());
         self.with_rules(enforce, limits, bytes)
     }
 
-    fn with_rules(self, enforce: bool, limits: coffer_authority_state::Limits, cache_bytes: usize) -> Self {
-        let rules = Rules::new(self.store.clone()).enforcing(enforce).limited(limits).cache_budget(cache_bytes);
+    fn with_rules(self, enforce: bool, limits: coffer_org_rules::Limits, cache_bytes: usize) -> Self {
+        let rules = Decider::new(self.store.clone()).enforcing(enforce).limited(limits).cache_budget(cache_bytes);
         Self { rules: Arc::new(rules), ..self }
     }
 
     /// Decides `a` again, with the same stamps, over `loaded`: the state a state change is decided
-    /// on (the head its organization's staged changes leave, see [`Rules::stage`]). The decision
+    /// on (the head its organization's staged changes leave, see [`Decider::stage`]). The decision
     /// its authorization made is kept when it read that very state. A refusal is returned as the
     /// caller's error (and audited).
-    pub fn decide_over(&self, a: &Authorized, loaded: Option<Arc<Loaded>>) -> Result<Option<Decided>, EnclaveError> {
+    pub fn decide_over(&self, a: &Admitted, loaded: Option<Arc<Loaded>>) -> Result<Option<Decided>, EnclaveError> {
         if let (Some(d), Some(l)) = (&a.decided, &loaded) {
             if Arc::ptr_eq(&d.loaded, l) {
                 return Ok(Some(d.clone()));
@@ -407,7 +407,8 @@ impl Authority {
         }
         let p = &a.activity;
         let now = now_ms();
-        match Rules::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now) {
+        match Decider::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now)
+        {
             Ok(d) => Ok(Some(d)),
             Err(_) if !self.rules.enforces() => Ok(None),
             Err((reason, message)) => Err(refuse(a, reason, &message)),
@@ -415,7 +416,7 @@ impl Authority {
     }
 
     /// The organizations' rules this authority decides with.
-    pub fn rules(&self) -> &Arc<Rules> {
+    pub fn rules(&self) -> &Arc<Decider> {
         &self.rules
     }
 
@@ -439,7 +440,7 @@ impl Authority {
 
     /// Checks that `c` is a credential this enclave certified, of the stamped body's organization
     /// and the one the body names.
-    pub fn check_oauth2(&self, a: &Authorized, c: &pb::Oauth2Credential, named_id: &str) -> Result<(), EnclaveError> {
+    pub fn check_oauth2(&self, a: &Admitted, c: &pb::Oauth2Credential, named_id: &str) -> Result<(), EnclaveError> {
         if !self.hsm.certificate_mac_valid(&oauth2_mac_input(c), &c.mac)? {
             return Err(refuse(
                 a,
@@ -494,7 +495,7 @@ impl Authority {
         let completed_undecided = match &ids {
             Some(a) if a.status == ACTIVITY_COMPLETED => {
                 self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
-                    != crate::authority_store::Decided::Authorized
+                    != crate::store::Decided::Admitted
             }
             _ => false,
         };
@@ -558,11 +559,11 @@ impl Authority {
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
-    ) -> Result<Authorized, EnclaveError> {
+    ) -> Result<Admitted, EnclaveError> {
         self.authorize_for(operation, auth, types, None, None)
     }
 
-    /// [`Authority::authorize`] for a login activity, which a credential of the sub-organization's
+    /// [`Admission::authorize`] for a login activity, which a credential of the sub-organization's
     /// parent may also stamp when `parent_certificate` (a `COFFER_PARENT_ORGANIZATION` certificate
     /// of the body's organization) names the credential's organization as its parent, and which
     /// an attested key may stamp (`X-Stamp-Attested`, `stamp_login` only) when `attested` is
@@ -574,7 +575,7 @@ impl Authority {
         types: &[&str],
         parent_certificate: Option<&[u8]>,
         attested: Option<&AttestedIdentity>,
-    ) -> Result<Authorized, EnclaveError> {
+    ) -> Result<Admitted, EnclaveError> {
         let checked = self.check(operation, auth, types, parent_certificate, attested);
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
             Ok((a, approved)) => {
@@ -588,24 +589,24 @@ impl Authority {
         }
     }
 
-    /// [`Authority::authorize`] for a state change, whose stamp is spent only once the change is
-    /// decided, checked and ready to stage ([`Authority::spend`]): a refused change spends
+    /// [`Admission::authorize`] for a state change, whose stamp is spent only once the change is
+    /// decided, checked and ready to stage ([`Admission::spend`]): a refused change spends
     /// nothing and leaves no allow in the decision log. Refusals are audited here as there.
     pub fn authorize_unspent(
         &self,
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
-    ) -> Result<(Authorized, Unspent), EnclaveError> {
+    ) -> Result<(Admitted, Unspent), EnclaveError> {
         self.check(operation, auth, types, None, None).map_err(|r| {
             r.audit(operation);
             r.into_error()
         })
     }
 
-    /// Spends the stamp of an authorization [`Authority::authorize_unspent`] made: its replay
+    /// Spends the stamp of an authorization [`Admission::authorize_unspent`] made: its replay
     /// entry and its allow, committed together (refused if the stamp was spent meanwhile).
-    pub fn spend(&self, a: &Authorized, unspent: Unspent) -> Result<(), EnclaveError> {
+    pub fn spend(&self, a: &Admitted, unspent: Unspent) -> Result<(), EnclaveError> {
         match self.remember(a, &unspent) {
             Ok(()) => {
                 self.allowed(a, unspent.approved);
@@ -620,7 +621,7 @@ impl Authority {
 
     /// The replay entry and the allow of `unspent`, in one store call: refused as a replay when
     /// the window has the entry, busy when the organization's share or the window is full.
-    fn remember(&self, a: &Authorized, unspent: &Unspent) -> Result<(), Refusal> {
+    fn remember(&self, a: &Admitted, unspent: &Unspent) -> Result<(), Refusal> {
         let about = |r: Refusal| r.about(&a.activity, &a.credential);
         let remembered = self
             .store
@@ -638,7 +639,7 @@ impl Authority {
     }
 
     /// The allow line of an authorization whose stamp was spent.
-    fn allowed(&self, a: &Authorized, approved: bool) {
+    fn allowed(&self, a: &Admitted, approved: bool) {
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
@@ -667,7 +668,7 @@ impl Authority {
         types: &[&str],
         parent_certificate: Option<&[u8]>,
         attested: Option<&AttestedIdentity>,
-    ) -> Result<(Authorized, Unspent), Refusal> {
+    ) -> Result<(Admitted, Unspent), Refusal> {
         let now = now_ms();
         let request = auth
             .and_then(|a| a.request.as_ref())
@@ -797,24 +798,15 @@ impl Authority {
             operation,
             &activity,
             &credential,
-            crate::authority_store::OUTCOME_ALLOW,
+            crate::store::OUTCOME_ALLOW,
             if approved { "approved" } else { "" },
         );
         let expires = replay_key.1.saturating_add(self.freshness_ms);
         let unspent = Unspent { share, key, expires, allowed, approved };
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();
-        let a = Authorized {
-            operation,
-            activity,
-            credential,
-            via_parent,
-            decided,
-            decisions,
-            policy_org,
-            submitter,
-            voters,
-        };
+        let a =
+            Admitted { operation, activity, credential, via_parent, decided, decisions, policy_org, submitter, voters };
         Ok((a, unspent))
     }
 
@@ -825,7 +817,7 @@ impl Authority {
     pub fn top_level_id(&self, organization: &str, loaded: Option<Arc<Loaded>>) -> Result<String, StoreError> {
         let load = |id: &str| {
             self.rules.load(id).map_err(|e| match e {
-                EnclaveError::AuthorityStore(e) => e,
+                EnclaveError::EnclaveStore(e) => e,
                 other => StoreError::Corrupt(other.to_string()),
             })
         };
@@ -1022,7 +1014,7 @@ impl Authority {
     }
 }
 
-/// What the caller verified of an attested stamp's token, for [`Authority::authorize_for`].
+/// What the caller verified of an attested stamp's token, for [`Admission::authorize_for`].
 pub enum AttestedIdentity {
     /// An OIDC token's claims (its signature is verified after authorization: `sessions`).
     Oidc(Claims),
@@ -1033,7 +1025,7 @@ pub enum AttestedIdentity {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
-/// Most parents [`Authority::top_level_id`] walks up (a sub-organization's own sub-organizations,
+/// Most parents [`Admission::top_level_id`] walks up (a sub-organization's own sub-organizations,
 /// and a bound should a state ever name a cycle).
 const MAX_ORGANIZATION_DEPTH: usize = 16;
 /// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
@@ -1067,7 +1059,7 @@ pub fn audit_early_refusal(operation: &str, e: EnclaveError) -> EnclaveError {
     e
 }
 
-pub fn refuse(a: &Authorized, reason: RefusalReason, message: &str) -> EnclaveError {
+pub fn refuse(a: &Admitted, reason: RefusalReason, message: &str) -> EnclaveError {
     let refusal = Refusal::new(reason, message).about(&a.activity, &a.credential);
     refusal.audit(a.operation);
     a.decisions.refused(a, reason);
@@ -1088,7 +1080,7 @@ mod tests {
             "{quota:?}"
         );
         let failed = Refusal::store_failed(StoreError::Unavailable("down".into())).into_error();
-        assert!(matches!(failed, EnclaveError::AuthorityStore(StoreError::Unavailable(_))), "{failed:?}");
+        assert!(matches!(failed, EnclaveError::EnclaveStore(StoreError::Unavailable(_))), "{failed:?}");
         // The busy wording alone no longer decides anything.
         let refused = Refusal::new(RefusalReason::Replayed, BUSY).into_error();
         assert!(matches!(refused, EnclaveError::Refused { reason: RefusalReason::Replayed, .. }), "{refused:?}");
@@ -1097,9 +1089,9 @@ mod tests {
 
     #[test]
     fn sub_organizations_are_charged_to_their_top_level_organization() {
-        use coffer_authority_state::model::Organization;
-        use coffer_authority_state::{Change, Effect};
-        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
+        use coffer_org_rules::model::Organization;
+        use coffer_org_rules::{Change, Effect};
+        let admission = Admission::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
         for (id, parent) in [("top", None), ("sub", Some("top")), ("subsub", Some("sub")), ("orphan", Some("gone"))] {
             let organization = Organization {
                 id: id.into(),
@@ -1108,9 +1100,9 @@ mod tests {
                 ..Default::default()
             };
             let create = Change { organization_id: id.into(), effect: Effect::CreateOrganization { organization } };
-            assert!(authority.rules().import(id, &[create]).unwrap(), "{id}");
+            assert!(admission.rules().import(id, &[create]).unwrap(), "{id}");
         }
-        let top = |id: &str| authority.top_level_id(id, None).unwrap();
+        let top = |id: &str| admission.top_level_id(id, None).unwrap();
         assert_eq!(top("top"), "top");
         assert_eq!(top("sub"), "top");
         assert_eq!(top("subsub"), "top", "walked up every parent");
@@ -1119,8 +1111,8 @@ mod tests {
         assert_eq!(top("orphan"), "gone");
         assert_eq!(top("unknown"), "unknown");
         // The state the caller already read is where the walk starts.
-        let sub = authority.rules().load("sub").unwrap();
-        assert_eq!(authority.top_level_id("sub", sub).unwrap(), "top");
+        let sub = admission.rules().load("sub").unwrap();
+        assert_eq!(admission.top_level_id("sub", sub).unwrap(), "top");
     }
 
     #[test]
@@ -1151,30 +1143,30 @@ mod tests {
 
     #[test]
     fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity() {
-        let authority = Authority::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
+        let admission = Admission::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
         let body =
             br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:f1"}"#;
         let now = now_ms() as u64;
         // A completed activity the enclave never authorized (a forged event) is not signed...
-        match authority.webhook_message("kid", now, "evt-1:a1", body) {
+        match admission.webhook_message("kid", now, "evt-1:a1", body) {
             Err(EnclaveError::Refused { reason: RefusalReason::DeliveryInvalid, message }) => {
                 assert!(message.contains("did not authorize"), "{message}")
             }
             other => panic!("{other:?}"),
         }
         // ...one it did is.
-        let allowed = crate::authority_store::DecisionRecord {
+        let allowed = crate::store::DecisionRecord {
             at_ms: now as i64,
             organization_id: "o1".into(),
             operation: "sign".into(),
             fingerprint: "sha256:f1".into(),
-            outcome: crate::authority_store::OUTCOME_ALLOW.into(),
+            outcome: crate::store::OUTCOME_ALLOW.into(),
             ..Default::default()
         };
-        authority.store.record_decision(&allowed).unwrap();
-        let message = authority.webhook_message("kid", now, "evt-1:a1", body).unwrap();
+        admission.store.record_decision(&allowed).unwrap();
+        let message = admission.webhook_message("kid", now, "evt-1:a1", body).unwrap();
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
-        let refused = |ts: u64, event: &str, body: &[u8]| match authority.webhook_message("kid", ts, event, body) {
+        let refused = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
             Err(EnclaveError::Refused { reason, message }) => (reason, message),
             other => panic!("{other:?}"),
         };

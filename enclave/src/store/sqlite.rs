@@ -27,7 +27,7 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered,
+    check_changes, version_of, Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered,
     StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
 };
 
@@ -112,13 +112,13 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 100_000;
 /// (and the pages they all touch: the counts, the indexes' last pages), and a request that finds
 /// the store idle commits on its own thread, without a hand-off to another. Each caller still
 /// waits for its own commit.
-pub struct SqliteAuthorityStore {
+pub struct SqliteEnclaveStore {
     shared: Arc<Shared>,
     /// Replay entries waiting for a group commit, and whether one is being led.
     waiting: Mutex<group_commit::Queue<Job>>,
 }
 
-impl std::ops::Deref for SqliteAuthorityStore {
+impl std::ops::Deref for SqliteEnclaveStore {
     type Target = Shared;
     fn deref(&self) -> &Shared {
         &self.shared
@@ -399,14 +399,14 @@ fn decision_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRecord> {
     })
 }
 
-impl SqliteAuthorityStore {
+impl SqliteEnclaveStore {
     /// Opens (creating it 0600 if missing) the store file at `path` and applies pending migrations.
     pub fn open(path: &Path, limits: StoreLimits) -> Result<Self, StoreError> {
         create_private(path)?;
         Self::with_connection(Some(path.to_path_buf()), limits)
     }
 
-    /// A store in memory, for one process (tests, and an `Authority` built without a store).
+    /// A store in memory, for one process (tests, and an `Admission` built without a store).
     pub fn open_in_memory(limits: StoreLimits) -> Result<Self, StoreError> {
         Self::with_connection(None, limits)
     }
@@ -431,7 +431,7 @@ impl SqliteAuthorityStore {
         Ok(Self { shared, waiting: Mutex::default() })
     }
 
-    /// A replay insert, group committed with the others waiting (see [`SqliteAuthorityStore`]).
+    /// A replay insert, group committed with the others waiting (see [`SqliteEnclaveStore`]).
     fn remember_through(
         &self,
         organization: &str,
@@ -623,7 +623,7 @@ fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreErr
     Ok(())
 }
 
-impl AuthorityStore for SqliteAuthorityStore {
+impl EnclaveStore for SqliteEnclaveStore {
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read(|conn| {
             conn.prepare_cached("SELECT blob FROM sealed_service_keys WHERE label = ?1")
@@ -793,7 +793,7 @@ impl AuthorityStore for SqliteAuthorityStore {
     }
 }
 
-/// An organization's version and entries in one statement ([`AuthorityStore::load`]).
+/// An organization's version and entries in one statement ([`EnclaveStore::load`]).
 const LOAD_ORGANIZATION: &str = "SELECT h.version, e.kind, e.id, e.data FROM org_heads h \
      LEFT JOIN entries e ON e.organization_id = h.organization_id \
      WHERE h.organization_id = ?1 ORDER BY e.kind, e.id";
@@ -819,13 +819,13 @@ mod tests {
     fn the_file_is_private_and_versions_compare_and_set_across_processes() {
         use std::os::unix::fs::PermissionsExt;
         let path = scratch();
-        let a = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let a = SqliteEnclaveStore::open(&path, limits(100, 10)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777;
         assert_eq!(dir_mode, 0o700);
         // A second store on the same file: another enclave process.
-        let b = SqliteAuthorityStore::open(&path, limits(100, 10)).unwrap();
+        let b = SqliteEnclaveStore::open(&path, limits(100, 10)).unwrap();
         let create = OrgChanges {
             organization_id: "o1".into(),
             expected_version: 0,
@@ -855,7 +855,7 @@ mod tests {
 
     #[test]
     fn apply_is_one_transaction() {
-        let s = SqliteAuthorityStore::open_in_memory(limits(100, 10)).unwrap();
+        let s = SqliteEnclaveStore::open_in_memory(limits(100, 10)).unwrap();
         let new =
             |org: &str, v: u64| OrgChanges { organization_id: org.into(), expected_version: v, ..Default::default() };
         assert_eq!(s.apply(&[new("a", 0), new("b", 0)]).unwrap(), vec![1, 1]);
@@ -876,7 +876,7 @@ mod tests {
     #[test]
     fn concurrent_callers_share_group_commits_and_each_gets_its_own_answer() {
         let path = scratch();
-        let s = Arc::new(SqliteAuthorityStore::open(&path, limits(10_000, 300)).unwrap());
+        let s = Arc::new(SqliteEnclaveStore::open(&path, limits(10_000, 300)).unwrap());
         // 8 threads × 50 keys; every key is sent twice (by two threads), so exactly one of the
         // two is fresh; organization "q" (every 4th key) has a quota of 300 but takes 100.
         let threads: Vec<_> = (0..8u8)
@@ -917,7 +917,7 @@ mod tests {
 
     #[test]
     fn the_replay_window_has_a_quota_per_organization_and_a_capacity() {
-        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let s = SqliteEnclaveStore::open_in_memory(limits(5, 2)).unwrap();
         let key = |n: u8| [n; 32];
         assert_eq!(s.remember("a", key(1), 100, 0).unwrap(), Remembered::Fresh);
         assert_eq!(s.remember("a", key(1), 100, 50).unwrap(), Remembered::Replayed);
@@ -937,7 +937,7 @@ mod tests {
 
     #[test]
     fn decisions_are_logged_and_found_by_fingerprint() {
-        let s = SqliteAuthorityStore::open_in_memory(limits(5, 2)).unwrap();
+        let s = SqliteEnclaveStore::open_in_memory(limits(5, 2)).unwrap();
         let d = |at: i64, fp: &str, outcome: &str| DecisionRecord {
             at_ms: at,
             organization_id: "o".into(),
@@ -951,9 +951,9 @@ mod tests {
         s.record_decision(&d(1, "f1", OUTCOME_ALLOW)).unwrap();
         s.record_decision(&d(2, "f2", "refuse")).unwrap();
         s.record_decision(&d(2, "f3", OUTCOME_DONE)).unwrap();
-        assert_eq!(s.decided("o", "f1").unwrap(), Decided::Authorized);
+        assert_eq!(s.decided("o", "f1").unwrap(), Decided::Admitted);
         assert_eq!(s.decided("o", "f2").unwrap(), Decided::Refused, "a refusal is no authorization");
-        assert_eq!(s.decided("o", "f3").unwrap(), Decided::Authorized);
+        assert_eq!(s.decided("o", "f3").unwrap(), Decided::Admitted);
         assert_eq!(s.decided("other", "f1").unwrap(), Decided::Nothing);
         let all = s.decisions(0, 10).unwrap();
         assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);

@@ -1,4 +1,4 @@
-//! The authority store's interface: its types, the [`AuthorityStore`] trait both backends
+//! The authority store's interface: its types, the [`EnclaveStore`] trait both backends
 //! implement, and [`StoreError`], the one error type of this boundary.
 
 /// One record of an organization's authority state: what it is (`kind`, e.g. `user`, `policy`),
@@ -34,7 +34,7 @@ pub struct OrgChanges {
     pub deletes: Vec<(String, String)>,
 }
 
-/// What [`AuthorityStore::remember`] found.
+/// What [`EnclaveStore::remember`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Remembered {
     /// The key was not in the window; it is now, until its expiry.
@@ -77,7 +77,7 @@ pub struct DecisionRecord {
     pub reason: String,
 }
 
-/// What the decision log holds for one activity ([`AuthorityStore::decided`]).
+/// What the decision log holds for one activity ([`EnclaveStore::decided`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decided {
     /// No decision: the enclave never saw the activity (or forgot it past the retention).
@@ -85,7 +85,7 @@ pub enum Decided {
     /// Refusals (or failures) only.
     Refused,
     /// An `allow` or `done`: the enclave authorized it.
-    Authorized,
+    Admitted,
 }
 
 impl Decided {
@@ -94,7 +94,7 @@ impl Decided {
         match rank {
             0 => Self::Nothing,
             1 => Self::Refused,
-            _ => Self::Authorized,
+            _ => Self::Admitted,
         }
     }
 }
@@ -144,7 +144,7 @@ pub enum StoreError {
 /// The enclave tier's durable store. Every method is a blocking call (on the tokio runtime,
 /// PostgreSQL calls step off the executor themselves); every write is committed before the call
 /// returns. Shared by every enclave that opens the same file or database.
-pub trait AuthorityStore: Send + Sync {
+pub trait EnclaveStore: Send + Sync {
     /// Every entry of `org` and its version; `None` if no change was ever applied to it.
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError>;
 
@@ -187,7 +187,7 @@ pub trait AuthorityStore: Send + Sync {
         now_ms: i64,
     ) -> Result<Remembered, StoreError>;
 
-    /// [`AuthorityStore::remember`] under a quota of its own for `scope` instead of the window's
+    /// [`EnclaveStore::remember`] under a quota of its own for `scope` instead of the window's
     /// per-organization one: how the enclave counts what it bounds per configuration (the auth
     /// proxy's sign-ups, one entry each until `expires_ms`). `scope` never names an organization
     /// (the caller prefixes it), so these entries count against no organization's quota. The
@@ -202,7 +202,7 @@ pub trait AuthorityStore: Send + Sync {
         quota: u64,
     ) -> Result<Remembered, StoreError>;
 
-    /// [`AuthorityStore::remember`] and, only if the key was fresh, [`AuthorityStore::record_decision`]
+    /// [`EnclaveStore::remember`] and, only if the key was fresh, [`EnclaveStore::record_decision`]
     /// of `allowed` (the authorization that entry stands for), in one transaction where the
     /// backend can: the hot path of every authorized request (one commit instead of two).
     fn remember_allowed(
@@ -220,7 +220,7 @@ pub trait AuthorityStore: Send + Sync {
         Ok(remembered)
     }
 
-    /// Appends one decision to the decision log (same durability as [`AuthorityStore::remember`]).
+    /// Appends one decision to the decision log (same durability as [`EnclaveStore::remember`]).
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;
 
     /// What the enclave decided for an activity of `organization` with this fingerprint, as its

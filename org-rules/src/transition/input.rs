@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::effect::{Change, Effect};
-use crate::model::{AuthorityState, Millis};
+use crate::model::{Millis, OrgState};
 
 /// Why a proposal is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +39,7 @@ pub const SUB_ORGANIZATION_ID: &str = "sub-organization";
 
 /// What a transition reads.
 pub struct Input<'a> {
-    pub state: &'a AuthorityState,
+    pub state: &'a OrgState,
     pub activity_type: &'a str,
     /// The stamped body's parameters.
     pub params: &'a Value,

@@ -176,7 +176,7 @@ pub struct Named {
 /// Everything the enclave's decisions read about one organization. Its maps are persistent
 /// (`imbl`): a clone is cheap, and the next version shares every entry a change did not touch.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct AuthorityState {
+pub struct OrgState {
     /// The store's version of this state (0: not stored yet).
     pub version: u64,
     pub organization: Organization,
@@ -210,7 +210,7 @@ pub struct Entry {
     pub data: Vec<u8>,
 }
 
-/// Entry kinds, one per map of [`AuthorityState`].
+/// Entry kinds, one per map of [`OrgState`].
 pub mod kinds {
     pub const ORGANIZATION: &str = "organization";
     pub const USER: &str = "user";
@@ -258,7 +258,7 @@ fn encode<T: Serialize>(kind: &'static str, id: &str, item: &T) -> Entry {
     Entry { kind, id: id.to_string(), data }
 }
 
-impl AuthorityState {
+impl OrgState {
     /// A new organization's state (version 0: not stored yet).
     pub fn new(organization: Organization) -> Self {
         Self { organization, ..Default::default() }

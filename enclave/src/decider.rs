@@ -5,20 +5,20 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{mpsc, Arc, Mutex};
 
-use coffer_authority_state::decide::{self, PolicyIndex, Proposal, Vote};
-use coffer_authority_state::model::{kinds, CredentialKind, Millis};
-use coffer_authority_state::{subjects, AuthorityState, Change, Credential, Effect, Limits};
+use coffer_org_rules::decide::{self, PolicyIndex, Proposal, Vote};
+use coffer_org_rules::model::{kinds, CredentialKind, Millis};
+use coffer_org_rules::{subjects, Change, Credential, Effect, Limits, OrgState};
 use coffer_policy::decision::{Decision, Evaluation};
 
-use crate::authority_store::{AuthorityStore, Entry, OrgChanges};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
+use crate::store::{EnclaveStore, Entry, OrgChanges};
 
 /// One organization's state as loaded, with its policies compiled.
 #[derive(Debug)]
 pub struct Loaded {
-    pub state: AuthorityState,
+    pub state: OrgState,
     /// Shared with the next version when a change touched no policy.
     pub index: Arc<PolicyIndex>,
 }
@@ -49,9 +49,7 @@ pub fn footprint(loaded: &Loaded) -> usize {
         + s.contract_interfaces.len()
         + s.webhook_endpoints.len()
         + s.oauth2_credentials.len();
-    STATE_BYTES
-        + ITEM_BYTES * items
-        + COMPILED_BYTES_PER_TEXT_BYTE * coffer_authority_state::limits::policy_text_bytes(s)
+    STATE_BYTES + ITEM_BYTES * items + COMPILED_BYTES_PER_TEXT_BYTE * coffer_org_rules::limits::policy_text_bytes(s)
 }
 
 /// A voter the enclave verified: the user, the certified credential, when the vote was stamped.
@@ -72,12 +70,12 @@ pub struct Decided {
 }
 
 /// The enclave's view of every organization's authority state.
-pub struct Rules {
-    store: Arc<dyn AuthorityStore>,
+pub struct Decider {
+    store: Arc<dyn EnclaveStore>,
     /// Whether a refusal of the rules refuses the call (`enforce_rules`), or is only logged while
     /// the state is being filled (shadow mode, see README "What the enclave does not decide yet").
     enforce: bool,
-    /// The per-organization caps every staged change is checked against ([`Rules::stage`]).
+    /// The per-organization caps every staged change is checked against ([`Decider::stage`]).
     limits: Limits,
     /// Committed states, bounded by [`footprint`] on every insert, least recently used out.
     cache: BoundedCache<Arc<Loaded>>,
@@ -85,7 +83,7 @@ pub struct Rules {
     /// enclaves).
     writing: Mutex<()>,
     /// Held by a state change from its decision to its staging, for each organization it names
-    /// (see [`Rules::lock_organizations`]): each change of an organization is decided and checked
+    /// (see [`Decider::lock_organizations`]): each change of an organization is decided and checked
     /// on the state the changes staged before it leave, while changes of other organizations are
     /// decided at the same time.
     organization_locks: Vec<Mutex<()>>,
@@ -100,7 +98,7 @@ pub struct Rules {
 const ORGANIZATION_LOCKS: usize = 256;
 
 /// The locks of the organizations a change names, held from its decision to its staging
-/// ([`Rules::lock_organizations`]).
+/// ([`Decider::lock_organizations`]).
 pub struct OrganizationsLocked<'a> {
     _held: Vec<std::sync::MutexGuard<'a, ()>>,
 }
@@ -140,7 +138,7 @@ struct StagedChange {
 }
 
 /// A change applied to the heads of its organizations, not staged yet
-/// ([`Rules::prepare_decided`]).
+/// ([`Decider::prepare_decided`]).
 pub struct Prepared {
     order: Vec<String>,
     next: Vec<(String, PreparedHead)>,
@@ -153,7 +151,7 @@ struct PreparedHead {
     built_on: Option<Arc<Loaded>>,
 }
 
-/// The receiving end of a staged change (see [`Rules::committed`]).
+/// The receiving end of a staged change (see [`Decider::committed`]).
 #[derive(Debug)]
 pub struct Pending {
     answer: mpsc::Receiver<Turn<Committed>>,
@@ -164,7 +162,7 @@ pub struct Pending {
 /// one; the store's errors are copied.
 fn each(e: &EnclaveError) -> EnclaveError {
     match e {
-        EnclaveError::AuthorityStore(se) => EnclaveError::AuthorityStore(se.clone()),
+        EnclaveError::EnclaveStore(se) => EnclaveError::EnclaveStore(se.clone()),
         e if is_moved(e) => moved(),
         other => EnclaveError::Internal(other.to_string()),
     }
@@ -181,20 +179,20 @@ fn moved() -> EnclaveError {
 /// Whether `e` says the state moved under a decision (decide again on the new state).
 pub fn is_moved(e: &EnclaveError) -> bool {
     matches!(e, EnclaveError::Busy { reason: RefusalReason::Unspecified, .. })
-        || matches!(e, EnclaveError::AuthorityStore(crate::authority_store::StoreError::VersionMoved { .. }))
+        || matches!(e, EnclaveError::EnclaveStore(crate::store::StoreError::VersionMoved { .. }))
 }
 
 fn internal(what: &str) -> EnclaveError {
     EnclaveError::Internal(format!("authority state {what}"))
 }
 
-impl Rules {
+impl Decider {
     #[cfg(test)]
     fn commit_all(&self, changes: &[Change]) -> Result<Vec<(String, u64)>, EnclaveError> {
         self.commit(changes)
     }
 
-    pub fn new(store: Arc<dyn AuthorityStore>) -> Self {
+    pub fn new(store: Arc<dyn EnclaveStore>) -> Self {
         Self {
             store,
             enforce: true,
@@ -232,7 +230,7 @@ impl Rules {
         self
     }
 
-    /// What the states kept in memory may weigh together ([`Rules::cache_budget`]).
+    /// What the states kept in memory may weigh together ([`Decider::cache_budget`]).
     pub fn cache_budget_bytes(&self) -> usize {
         self.cache.budget()
     }
@@ -279,7 +277,7 @@ impl Rules {
     }
 
     /// Serializes this enclave's changes of `organizations` from decision to staging: a change
-    /// takes this, reads its [`Rules::head`], decides, [`Rules::stage`]s and lets it go before
+    /// takes this, reads its [`Decider::head`], decides, [`Decider::stage`]s and lets it go before
     /// waiting for its commit. Changes of other organizations are decided meanwhile (an
     /// expensive decision of one organization holds no other's), and the compare-and-set of each
     /// group commit checks what other enclaves did. Locks are taken in one order: no deadlock.
@@ -306,7 +304,7 @@ impl Rules {
 
     /// The state the next change of `organization_id` is decided and checked on: what the changes
     /// staged before it leave, or the committed state. Read with the organization's lock held
-    /// ([`Rules::lock_organizations`]), so that nothing is staged on it before the change is.
+    /// ([`Decider::lock_organizations`]), so that nothing is staged on it before the change is.
     pub fn head(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
         let staged = match self.changing()?.heads.get(organization_id) {
             Some(h) if h.deleted => return Ok(None),
@@ -319,10 +317,10 @@ impl Rules {
         }
     }
 
-    /// Stages `changes`, decided and checked on `decided_on` (what [`Rules::head`] gave for
+    /// Stages `changes`, decided and checked on `decided_on` (what [`Decider::head`] gave for
     /// `organization_id`), with the organizations' locks held: applies them to each
     /// organization's head, all or nothing, and queues them for a group commit. The caller then
-    /// lets the locks go and waits with [`Rules::committed`]. Should another change of this
+    /// lets the locks go and waits with [`Decider::committed`]. Should another change of this
     /// enclave have been staged on the organization since its head was read (a caller without
     /// the lock), the state moved ([`is_moved`]): decide again.
     pub fn stage_decided(
@@ -337,9 +335,9 @@ impl Rules {
         Ok(self.queue(&mut staged, prepared))
     }
 
-    /// [`Rules::stage_decided`] in two steps, with the organizations' locks held across both:
+    /// [`Decider::stage_decided`] in two steps, with the organizations' locks held across both:
     /// the changes applied to the heads and checked (a refusal here stages and spends nothing),
-    /// then, after whatever must precede staging (spending the stamp), [`Rules::stage_prepared`].
+    /// then, after whatever must precede staging (spending the stamp), [`Decider::stage_prepared`].
     pub fn prepare_decided(
         &self,
         organization_id: &str,
@@ -351,7 +349,7 @@ impl Rules {
         self.prepare(&staged, changes)
     }
 
-    /// Queues what [`Rules::prepare_decided`] applied, unless one of its organizations' heads
+    /// Queues what [`Decider::prepare_decided`] applied, unless one of its organizations' heads
     /// moved meanwhile: a change staged on it, or the staged head it was built on committed (then
     /// decide again: this change alone, not the group it would have failed).
     pub fn stage_prepared(&self, prepared: Prepared) -> Result<Pending, EnclaveError> {
@@ -426,7 +424,7 @@ impl Rules {
                             format!("organization {org} existed before"),
                         ));
                     }
-                    let fresh = AuthorityState::default();
+                    let fresh = OrgState::default();
                     let index = Arc::new(PolicyIndex::of(&fresh));
                     Head {
                         loaded: Arc::new(Loaded { state: fresh, index }),
@@ -625,7 +623,7 @@ impl Rules {
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn AuthorityStore> {
+    pub fn store(&self) -> &Arc<dyn EnclaveStore> {
         &self.store
     }
 
@@ -641,7 +639,7 @@ impl Rules {
             return Ok(Some(hit));
         }
         let Some(head) = self.store.load(organization_id)? else { return Ok(None) };
-        let state = AuthorityState::from_entries(
+        let state = OrgState::from_entries(
             head.version,
             head.entries.iter().map(|e| (e.kind.as_str(), e.id.as_str(), e.data.as_slice())),
         )
@@ -675,8 +673,8 @@ impl Rules {
         Self::decide_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)
     }
 
-    /// [`Rules::decide`] over `loaded`, the state of `policy_org` (`None`: it has none), which may
-    /// be a staged head (see [`Rules::stage`]).
+    /// [`Decider::decide`] over `loaded`, the state of `policy_org` (`None`: it has none), which may
+    /// be a staged head (see [`Decider::stage`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decide_over(
         loaded: Option<Arc<Loaded>>,
@@ -763,18 +761,18 @@ impl Rules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::authority_store::{SqliteAuthorityStore, StoreLimits};
-    use coffer_authority_state::model::{CredentialKind, Organization, User};
+    use crate::store::{SqliteEnclaveStore, StoreLimits};
+    use coffer_org_rules::model::{CredentialKind, Organization, User};
 
-    fn rules() -> Rules {
-        Rules::new(Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap()))
+    fn rules() -> Decider {
+        Decider::new(Arc::new(SqliteEnclaveStore::open_in_memory(StoreLimits::default()).unwrap()))
     }
 
     fn change(org: &str, effect: Effect) -> Change {
         Change { organization_id: org.into(), effect }
     }
 
-    fn bootstrap(r: &Rules, org: &str) {
+    fn bootstrap(r: &Decider, org: &str) {
         r.commit_all(&[
             change(
                 org,
@@ -838,7 +836,7 @@ mod tests {
         .unwrap();
         let refused = r.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err();
         assert_eq!(refused.0, RefusalReason::CredentialRevoked);
-        let other = Rules::new(r.store().clone());
+        let other = Decider::new(r.store().clone());
         assert_eq!(
             other.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().0,
             RefusalReason::CredentialRevoked
@@ -872,7 +870,7 @@ mod tests {
 
     /// Stages `changes` and waits for its group commit, deciding again (here: staging again)
     /// whenever the group failed on a moved state.
-    fn stage_and_commit(r: &Rules, changes: &[Change]) -> Vec<(String, u64)> {
+    fn stage_and_commit(r: &Decider, changes: &[Change]) -> Vec<(String, u64)> {
         loop {
             let pending = {
                 let mut staged = r.changing().unwrap();
@@ -891,11 +889,11 @@ mod tests {
     /// committed; a moved state is decided again on the state the other enclave left.
     #[test]
     fn concurrent_changes_on_two_enclaves_never_pass_a_cap() {
-        use coffer_authority_state::model::Named;
-        let store: Arc<dyn AuthorityStore> =
-            Arc::new(SqliteAuthorityStore::open_in_memory(StoreLimits::default()).unwrap());
+        use coffer_org_rules::model::Named;
+        let store: Arc<dyn EnclaveStore> =
+            Arc::new(SqliteEnclaveStore::open_in_memory(StoreLimits::default()).unwrap());
         let limits = Limits { webhook_endpoints: 3, ..Limits::default() };
-        let enclaves = [Rules::new(store.clone()).limited(limits), Rules::new(store.clone()).limited(limits)];
+        let enclaves = [Decider::new(store.clone()).limited(limits), Decider::new(store.clone()).limited(limits)];
         bootstrap(&enclaves[0], "o");
         let enclaves = Arc::new(enclaves);
         let threads: Vec<_> = (0..8)
@@ -963,7 +961,7 @@ mod tests {
         // 80 changes, 10 versions: one per group of 8.
         assert_eq!(cached.state.version, base + 10, "one version per group of 8 changes");
         // What the cache holds is what the store has (another enclave reads the same).
-        let other = Rules::new(r.store().clone());
+        let other = Decider::new(r.store().clone());
         assert_eq!(other.load("o").unwrap().unwrap().state, cached.state);
 
         // Another enclave commits while a change is staged here: the group fails as moved, the

@@ -1,10 +1,10 @@
-//! The enclave's authority store (`coffer_enclave::authority_store`) on both backends: every test
+//! The enclave's authority store (`coffer_enclave::store`) on both backends: every test
 //! runs on an SQLite file and on PostgreSQL (the private server of `deploy/postgres-private.sh`),
 //! each with two stores on one database, which is what two enclaves sharing a store see.
 
 use std::sync::Arc;
 
-use coffer_enclave::authority_store::*;
+use coffer_enclave::store::*;
 use coffer_tests::postgres as pg_server;
 
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +42,7 @@ fn limits(capacity: u64, per_organization: u64) -> StoreLimits {
 }
 
 /// Two stores (two enclaves) on one fresh database.
-fn two_stores(backend: Backend, l: StoreLimits) -> (Database, Arc<dyn AuthorityStore>, Arc<dyn AuthorityStore>) {
+fn two_stores(backend: Backend, l: StoreLimits) -> (Database, Arc<dyn EnclaveStore>, Arc<dyn EnclaveStore>) {
     let db = database(backend);
     let settings = StoreSettings { url: db.url.clone(), password_file: None, limits: l };
     let a = open(&settings).unwrap();
@@ -103,7 +103,7 @@ fn concurrent_changes_apply_once(backend: Backend) {
     a.apply(&[change("o", 0, vec![], &[])]).unwrap();
     // Each enclave bumps o from the version it read, 20 times, in two threads: every success is
     // a distinct version, and the final version counts them all.
-    let run = |s: Arc<dyn AuthorityStore>, who: &'static str| {
+    let run = |s: Arc<dyn EnclaveStore>, who: &'static str| {
         std::thread::spawn(move || {
             let mut won = Vec::new();
             for i in 0..20 {
@@ -214,7 +214,7 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
     b.record_decision(&d(11, "f2", OUTCOME_REFUSE)).unwrap();
     a.record_decision(&d(12, "f3", OUTCOME_FAILED)).unwrap();
-    assert_eq!(b.decided("o", "f1").unwrap(), Decided::Authorized);
+    assert_eq!(b.decided("o", "f1").unwrap(), Decided::Admitted);
     assert_eq!(a.decided("o", "f2").unwrap(), Decided::Refused, "a refusal authorizes nothing");
     assert_eq!(a.decided("o", "f3").unwrap(), Decided::Refused, "nor does a failure alone");
     assert_eq!(a.decided("p", "f1").unwrap(), Decided::Nothing, "another organization's");

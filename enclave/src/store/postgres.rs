@@ -23,7 +23,7 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered,
+    check_changes, version_of, Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered,
     StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
 };
 
@@ -143,7 +143,7 @@ $fn$;
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).
-pub struct PostgresAuthorityStore {
+pub struct PostgresEnclaveStore {
     config: ::postgres::Config,
     pool: Mutex<Pool>,
     freed: Condvar,
@@ -242,8 +242,8 @@ fn decision_of(r: &::postgres::Row) -> Result<DecisionRecord, StoreError> {
     })
 }
 
-impl PostgresAuthorityStore {
-    /// Connects with `config` (its password set by [`PostgresAuthorityStore::config`] from a file)
+impl PostgresEnclaveStore {
+    /// Connects with `config` (its password set by [`PostgresEnclaveStore::config`] from a file)
     /// and applies pending migrations.
     pub fn open(config: ::postgres::Config, limits: StoreLimits) -> Result<Self, StoreError> {
         let first = off_executor(|| {
@@ -388,7 +388,7 @@ impl PostgresAuthorityStore {
 
 /// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
 /// worker: the idle connections are closed on a thread of their own.
-impl Drop for PostgresAuthorityStore {
+impl Drop for PostgresEnclaveStore {
     fn drop(&mut self) {
         let idle = match self.pool.get_mut() {
             Ok(pool) => std::mem::take(&mut pool.idle),
@@ -398,7 +398,7 @@ impl Drop for PostgresAuthorityStore {
     }
 }
 
-impl AuthorityStore for PostgresAuthorityStore {
+impl EnclaveStore for PostgresEnclaveStore {
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.with_conn(|client| {
             let row =

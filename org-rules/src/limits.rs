@@ -3,7 +3,7 @@
 //! version it then commits on (compare-and-set): concurrent changes cannot pass a cap between
 //! them, since the one that commits second is decided again on the state the first left.
 
-use crate::model::AuthorityState;
+use crate::model::OrgState;
 
 /// The caps (the enclave's settings, see its `max_*_per_organization`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,7 @@ impl Default for Limits {
 
 /// The bytes of policy text `state` holds: every policy's name, condition, consensus and time
 /// window (the name too: every decision's outcomes carry it).
-pub fn policy_text_bytes(state: &AuthorityState) -> usize {
+pub fn policy_text_bytes(state: &OrgState) -> usize {
     state.policies.values().map(|p| p.name.len() + p.condition.len() + p.consensus.len() + p.time.len()).sum()
 }
 
@@ -92,7 +92,7 @@ impl Limits {
     /// Refuses the state `after` a change of `before` when the change added to something and
     /// leaves more of it than its cap. A change that adds nothing (an update, a delete) passes,
     /// so an organization above a lowered cap can still shrink and edit what it has.
-    pub fn check(&self, before: &AuthorityState, after: &AuthorityState) -> Result<(), LimitExceeded> {
+    pub fn check(&self, before: &OrgState, after: &OrgState) -> Result<(), LimitExceeded> {
         let counts = [
             (
                 Limit::WebhookEndpoints,
@@ -136,7 +136,7 @@ mod tests {
     }
 
     /// Applies `effects` to `s` as the enclave stages them: on a copy, kept only within limits.
-    fn stage(s: &mut AuthorityState, limits: &Limits, effects: &[Effect]) -> Result<(), LimitExceeded> {
+    fn stage(s: &mut OrgState, limits: &Limits, effects: &[Effect]) -> Result<(), LimitExceeded> {
         let mut next = s.clone();
         next.apply_all(effects).unwrap();
         limits.check(s, &next)?;
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn a_change_past_a_cap_is_refused_and_changes_nothing() {
         let limits = Limits { webhook_endpoints: 2, policies: 3, ..Limits::default() };
-        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let mut s = OrgState::new(Organization { id: "o".into(), ..Default::default() });
         stage(&mut s, &limits, &[endpoint("a")]).unwrap();
         stage(&mut s, &limits, &[endpoint("b")]).unwrap();
         let full = s.clone();
@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn above_a_lowered_cap_an_organization_may_shrink_and_edit_but_not_grow() {
-        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let mut s = OrgState::new(Organization { id: "o".into(), ..Default::default() });
         let wide = Limits { webhook_endpoints: 5, ..Limits::default() };
         stage(&mut s, &wide, &[endpoint("a"), endpoint("b"), endpoint("c")]).unwrap();
         let narrow = Limits { webhook_endpoints: 1, ..Limits::default() };
@@ -196,7 +196,7 @@ mod tests {
     fn an_organization_s_policy_text_is_capped_in_total() {
         // Issue 39: 96 policies of 9 MB of text grew the gateway to 1.43 GB.
         let limits = Limits { policy_text_bytes: 100, ..Limits::default() };
-        let mut s = AuthorityState::new(Organization { id: "o".into(), ..Default::default() });
+        let mut s = OrgState::new(Organization { id: "o".into(), ..Default::default() });
         // Each policy: its name (1 byte), its consensus (21) and a condition of 18: 40 bytes.
         let forty = "x".repeat(40 - 1 - "approvers.count() > 0".len());
         stage(&mut s, &limits, &[policy_of("1", &forty), policy_of("2", &forty)]).unwrap();

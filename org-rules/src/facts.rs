@@ -7,7 +7,7 @@ use coffer_policy::context::{ApproverFacts, OrganizationFacts, PrivateKeyFacts, 
 use coffer_policy::eval::Val;
 use serde_json::Value;
 
-use crate::model::{Account, AuthorityState, PrivateKey, Wallet};
+use crate::model::{Account, OrgState, PrivateKey, Wallet};
 
 fn wallet_facts(w: &Wallet) -> WalletFacts {
     WalletFacts { id: w.id.clone(), label: w.label.clone(), imported: w.imported, exported: w.exported }
@@ -31,7 +31,7 @@ pub enum SignWith<'a> {
 
 /// Resolves `signWith` as the gateway does: an account address, a private key's address, or a
 /// private key id.
-pub fn sign_with<'a>(state: &'a AuthorityState, sign_with: &str) -> Option<SignWith<'a>> {
+pub fn sign_with<'a>(state: &'a OrgState, sign_with: &str) -> Option<SignWith<'a>> {
     if sign_with.is_empty() {
         return None;
     }
@@ -42,7 +42,7 @@ pub fn sign_with<'a>(state: &'a AuthorityState, sign_with: &str) -> Option<SignW
 }
 
 /// The facts of one activity's policies over `state`.
-pub fn organization_facts(state: &AuthorityState, params: &Value, voters: &[String]) -> OrganizationFacts {
+pub fn organization_facts(state: &OrgState, params: &Value, voters: &[String]) -> OrganizationFacts {
     let mut facts = OrganizationFacts::default();
     for id in voters {
         let Some(u) = state.users.get(id) else { continue };
@@ -92,7 +92,7 @@ const ETHEREUM_INTERFACE: &str = "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM";
 const SOLANA_INTERFACE: &str = "SMART_CONTRACT_INTERFACE_TYPE_SOLANA";
 
 /// The interface of `interface_type` at `address` (Ethereum addresses compare lowercase).
-fn interface<'a>(state: &'a AuthorityState, interface_type: &str, address: &str) -> Option<&'a str> {
+fn interface<'a>(state: &'a OrgState, interface_type: &str, address: &str) -> Option<&'a str> {
     state
         .contract_interfaces
         .values()
@@ -109,7 +109,7 @@ fn interface<'a>(state: &'a AuthorityState, interface_type: &str, address: &str)
 
 /// The facts of the transaction a `sign_transaction` intent carries (`None`: none, or it does
 /// not parse). `signer`: the Ethereum address `signWith` resolved to.
-pub fn transaction_facts(state: &AuthorityState, params: &Value, signer: Option<&str>) -> Option<TransactionFacts> {
+pub fn transaction_facts(state: &OrgState, params: &Value, signer: Option<&str>) -> Option<TransactionFacts> {
     let text = |k: &str| params.get(k).and_then(Value::as_str);
     let (ty, unsigned) = (text("type")?, text("unsignedTransaction")?);
     let tx = coffer_chain::parse(ty, unsigned).ok()?;

@@ -2,7 +2,7 @@
 //! versioned opaque entries, the replay window every enclave of a deployment shares (with a quota
 //! per organization), and the log of the enclave's decisions. See DESIGN.md "Authority state".
 //!
-//! Two backends behind one trait ([`AuthorityStore`]): an SQLite file owned by the enclave's user
+//! Two backends behind one trait ([`EnclaveStore`]): an SQLite file owned by the enclave's user
 //! (the default, `sqlite://PATH`), and a PostgreSQL database of the enclave tier for several
 //! enclaves (`postgres://…`, with credentials the gateway is never given). [`open`] picks one from
 //! the configured URL.
@@ -18,9 +18,9 @@ mod postgres;
 mod sqlite;
 
 pub use interface::{
-    AuthorityStore, Decided, DecisionRecord, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
+    Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
     OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
 };
 pub use open::{default_url, open, redact, StoreSettings};
-pub use postgres::PostgresAuthorityStore;
-pub use sqlite::SqliteAuthorityStore;
+pub use postgres::PostgresEnclaveStore;
+pub use sqlite::SqliteEnclaveStore;

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::interface::{AuthorityStore, StoreError, StoreLimits};
-use super::postgres::PostgresAuthorityStore;
-use super::sqlite::SqliteAuthorityStore;
+use super::interface::{EnclaveStore, StoreError, StoreLimits};
+use super::postgres::PostgresEnclaveStore;
+use super::sqlite::SqliteEnclaveStore;
 
 pub use super::postgres::redact;
 
@@ -29,13 +29,13 @@ pub fn default_url(socket: &Path) -> String {
 }
 
 /// Opens (and migrates) the store `settings.url` names.
-pub fn open(settings: &StoreSettings) -> Result<Arc<dyn AuthorityStore>, StoreError> {
+pub fn open(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreError> {
     let url = settings.url.trim();
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
             return Err(StoreError::Invalid("sqlite:// needs a path".into()));
         }
-        return Ok(Arc::new(SqliteAuthorityStore::open(Path::new(path), settings.limits)?));
+        return Ok(Arc::new(SqliteEnclaveStore::open(Path::new(path), settings.limits)?));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let password = match &settings.password_file {
@@ -51,8 +51,8 @@ pub fn open(settings: &StoreSettings) -> Result<Arc<dyn AuthorityStore>, StoreEr
             }
             None => None,
         };
-        let config = PostgresAuthorityStore::config(url, password.as_deref().map(String::as_str))?;
-        return Ok(Arc::new(PostgresAuthorityStore::open(config, settings.limits)?));
+        let config = PostgresEnclaveStore::config(url, password.as_deref().map(String::as_str))?;
+        return Ok(Arc::new(PostgresEnclaveStore::open(config, settings.limits)?));
     }
     Err(StoreError::Invalid(format!(
         "unsupported authority store URL {}: expected sqlite://PATH or postgres://…",

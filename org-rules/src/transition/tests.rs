@@ -8,13 +8,13 @@ use serde_json::{json, Value};
 use super::*;
 use crate::effect::Effect;
 use crate::model::{
-    Account, AuthorityState, ContractInterface, Credential, Named, Organization, Policy, PrivateKey, Tag, User, Wallet,
+    Account, ContractInterface, Credential, Named, OrgState, Organization, Policy, PrivateKey, Tag, User, Wallet,
 };
 
 const NOW: i64 = 1_000_000;
 
-fn state() -> AuthorityState {
-    let mut s = AuthorityState::new(Organization {
+fn state() -> OrgState {
+    let mut s = OrgState::new(Organization {
         id: "o".into(),
         root_quorum_threshold: 1,
         root_user_ids: vec!["r".into()],
@@ -34,19 +34,13 @@ fn c(effect: Effect) -> Change {
     Change { organization_id: "o".into(), effect }
 }
 
-fn run(
-    s: &AuthorityState,
-    ty: &str,
-    params: &Value,
-    proposal: &[Change],
-    grants: &[Grant],
-) -> Result<(), TransitionError> {
+fn run(s: &OrgState, ty: &str, params: &Value, proposal: &[Change], grants: &[Grant]) -> Result<(), TransitionError> {
     check(&Input { state: s, activity_type: ty, params, proposal, now_ms: NOW, derive_id: &derive, grants })
 }
 
 /// Applies a proposal: this organization's changes to `s`, a new organization's to a new state.
-fn apply(s: &AuthorityState, proposal: &[Change]) {
-    let mut states: BTreeMap<String, AuthorityState> = BTreeMap::new();
+fn apply(s: &OrgState, proposal: &[Change]) {
+    let mut states: BTreeMap<String, OrgState> = BTreeMap::new();
     states.insert(s.organization.id.clone(), s.clone());
     for ch in proposal {
         let st = states.entry(ch.organization_id.clone()).or_default();
@@ -55,14 +49,7 @@ fn apply(s: &AuthorityState, proposal: &[Change]) {
 }
 
 /// `good` passes and applies; every `(why, bad)` is refused.
-fn case(
-    s: &AuthorityState,
-    ty: &str,
-    params: Value,
-    grants: &[Grant],
-    good: Vec<Change>,
-    bad: Vec<(&str, Vec<Change>)>,
-) {
+fn case(s: &OrgState, ty: &str, params: Value, grants: &[Grant], good: Vec<Change>, bad: Vec<(&str, Vec<Change>)>) {
     assert_eq!(run(s, ty, &params, &good, grants), Ok(()), "{ty}");
     apply(s, &good);
     for (why, proposal) in bad {

@@ -10,7 +10,7 @@ use coffer_policy::decision::{self, CompiledPolicy, Decision, Evaluation, Policy
 use serde_json::{json, Value};
 
 use crate::facts;
-use crate::model::{AuthorityState, Credential, CredentialKind, Millis, Policy};
+use crate::model::{Credential, CredentialKind, Millis, OrgState, Policy};
 use crate::subjects::Subject;
 
 /// An organization's policies compiled once, indexed by the activity types their conditions
@@ -50,7 +50,7 @@ fn compiled_from(c: &CompiledPolicy, p: &Policy) -> bool {
 
 impl PolicyIndex {
     /// Compiles every policy of `state`.
-    pub fn of(state: &AuthorityState) -> Self {
+    pub fn of(state: &OrgState) -> Self {
         let mut index = Self::default();
         for p in state.policies.values() {
             index.insert(compile(p));
@@ -60,7 +60,7 @@ impl PolicyIndex {
 
     /// This index after a change of `state` that wrote or deleted the policies `changed` (ids):
     /// only those are compiled again (a cheap copy otherwise shared with this version).
-    pub fn updated<'a>(&self, state: &AuthorityState, changed: impl IntoIterator<Item = &'a str>) -> Self {
+    pub fn updated<'a>(&self, state: &OrgState, changed: impl IntoIterator<Item = &'a str>) -> Self {
         let mut next = self.clone();
         for id in changed {
             let now = state.policies.get(id);
@@ -186,7 +186,7 @@ pub struct Proposal<'a> {
 /// activities; others need an allowing policy (or an implicit permission) and no deny, and a
 /// policy's consensus is met only by the votes presented. A root user's activity the root quorum
 /// could still approve is `ConsensusNeeded`, not `Deny`.
-pub fn decide(state: &AuthorityState, index: &PolicyIndex, p: &Proposal<'_>) -> Evaluation {
+pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evaluation {
     let org = &state.organization;
     let now = p.now_ms.saturating_mul(1_000_000);
     let votes = Value::Array(p.votes.iter().map(vote_json).collect());
@@ -230,8 +230,8 @@ mod tests {
     use crate::model::{Organization, Policy, User};
     use crate::subjects::subject;
 
-    fn org(threshold: i64, roots: &[&str]) -> AuthorityState {
-        let mut s = AuthorityState::new(Organization {
+    fn org(threshold: i64, roots: &[&str]) -> OrgState {
+        let mut s = OrgState::new(Organization {
             id: "o".into(),
             name: "o".into(),
             root_quorum_threshold: threshold,
@@ -255,7 +255,7 @@ mod tests {
         }
     }
 
-    fn run(s: &AuthorityState, ty: &str, voters: &[&str]) -> Decision {
+    fn run(s: &OrgState, ty: &str, voters: &[&str]) -> Decision {
         let creds: Vec<Credential> = voters.iter().map(|v| cred(v)).collect();
         let p = Proposal {
             subject: subject(ty).unwrap(),
