@@ -63,7 +63,7 @@ enum Command {
     /// One-time upgrade to the enclave's authority state: print, as JSON lines, the changes that
     /// build each given organization's state (and its sub-organizations') from this database, for
     /// `coffer-enclave import-authority-state` on the enclave host. It trusts the database now.
-    OrgState {
+    AuthorityState {
         /// Root organization ids (their sub-organizations follow).
         #[arg(required = true)]
         organization_ids: Vec<String>,
@@ -194,7 +194,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::OrgState { organization_ids } => {
+        Command::AuthorityState { organization_ids } => {
             let store = cfg.open_store()?;
             for id in organization_ids {
                 for line in coffer_gateway::orgs::authority_state_lines(store.as_ref(), &id)? {
