@@ -495,7 +495,7 @@ impl Admission {
         let completed_undecided = match &ids {
             Some(a) if a.status == ACTIVITY_COMPLETED => {
                 self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
-                    != crate::store::Decided::Admitted
+                    != crate::store::LoggedDecision::Authorized
             }
             _ => false,
         };
@@ -598,10 +598,19 @@ impl Admission {
         auth: Option<&pb::Authorization>,
         types: &[&str],
     ) -> Result<(Admitted, Unspent), EnclaveError> {
-        self.check(operation, auth, types, None, None).map_err(|r| {
+        let (a, unspent) = self.check(operation, auth, types, None, None).map_err(|r| {
             r.audit(operation);
             r.into_error()
-        })
+        })?;
+        // A body whose stamp is spent already is refused before anything is decided for it
+        // again (and before a refusal of it enters the decision log); `spend` stays the gate.
+        let spent = self.store.spent(unspent.key, now_ms()).map_err(EnclaveError::from)?;
+        if spent {
+            let r = Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential);
+            r.audit(operation);
+            return Err(r.into_error());
+        }
+        Ok((a, unspent))
     }
 
     /// Spends the stamp of an authorization [`Admission::authorize_unspent`] made: its replay
@@ -629,9 +638,7 @@ impl Admission {
             .map_err(|e| about(Refusal::store_failed(e)))?;
         let refusal = match remembered {
             Remembered::Fresh => return Ok(()),
-            Remembered::Replayed => {
-                (RefusalReason::Replayed, "replayed request: this stamped body was already used for this operation")
-            }
+            Remembered::Replayed => (RefusalReason::Replayed, REPLAYED),
             Remembered::OrganizationQuotaFull => (RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY),
             Remembered::WindowFull => (RefusalReason::ReplayWindowFull, BUSY),
         };
@@ -1025,6 +1032,7 @@ pub enum AttestedIdentity {
 }
 
 const BUSY: &str = "replay window is full: retry shortly";
+const REPLAYED: &str = "replayed request: this stamped body was already used for this operation";
 /// Most parents [`Admission::top_level_id`] walks up (a sub-organization's own sub-organizations,
 /// and a bound should a state ever name a cycle).
 const MAX_ORGANIZATION_DEPTH: usize = 16;

@@ -87,6 +87,13 @@ pub struct Decider {
     /// on the state the changes staged before it leave, while changes of other organizations are
     /// decided at the same time.
     organization_locks: Vec<Mutex<()>>,
+    /// The hash that spreads organizations over the locks, keyed per process: which ids share a
+    /// lock cannot be chosen from outside (sub-organization ids follow from stamped bodies).
+    lock_keys: std::collections::hash_map::RandomState,
+    /// Held by the one load of an organization's state on a cache miss (by the same hash).
+    loading: Vec<Mutex<()>>,
+    /// States read from the store on a miss, since start.
+    loads: std::sync::atomic::AtomicU64,
     /// The staged heads and the commit queue: held only to read a head, to stage a decided
     /// change, and by a group commit's leader while it takes and settles a group; never across a
     /// decision or a store call of a commit.
@@ -135,6 +142,13 @@ type Committed = Result<Vec<(String, u64)>, EnclaveError>;
 struct StagedChange {
     organizations: Vec<String>,
     reply: Reply<Committed>,
+}
+
+/// The state a change of an organization is decided on ([`Decider::head`]): its staged head, or
+/// its committed state (`staged: None`); `loaded` is `None` when it has none (unknown, deleted).
+pub struct DecidedOn {
+    pub loaded: Option<Arc<Loaded>>,
+    staged: Option<Head>,
 }
 
 /// A change applied to the heads of its organizations, not staged yet
@@ -200,6 +214,9 @@ impl Decider {
             cache: BoundedCache::new(DEFAULT_STATE_CACHE_BYTES),
             writing: Mutex::new(()),
             organization_locks: (0..ORGANIZATION_LOCKS).map(|_| Mutex::new(())).collect(),
+            lock_keys: std::collections::hash_map::RandomState::new(),
+            loading: (0..ORGANIZATION_LOCKS).map(|_| Mutex::new(())).collect(),
+            loads: std::sync::atomic::AtomicU64::new(0),
             changing: Mutex::new(Staged::default()),
         }
     }
@@ -233,6 +250,11 @@ impl Decider {
     /// What the states kept in memory may weigh together ([`Decider::cache_budget`]).
     pub fn cache_budget_bytes(&self) -> usize {
         self.cache.budget()
+    }
+
+    /// States read from the store on a cache miss since start.
+    pub fn loads(&self) -> u64 {
+        self.loads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// States kept in memory, and what they are charged.
@@ -296,68 +318,72 @@ impl Decider {
     }
 
     fn lock_slot(&self, organization_id: &str) -> usize {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        organization_id.hash(&mut h);
-        (h.finish() % self.organization_locks.len() as u64) as usize
+        use std::hash::BuildHasher;
+        (self.lock_keys.hash_one(organization_id) % self.organization_locks.len() as u64) as usize
     }
 
     /// The state the next change of `organization_id` is decided and checked on: what the changes
     /// staged before it leave, or the committed state. Read with the organization's lock held
     /// ([`Decider::lock_organizations`]), so that nothing is staged on it before the change is.
-    pub fn head(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
-        let staged = match self.changing()?.heads.get(organization_id) {
-            Some(h) if h.deleted => return Ok(None),
-            Some(h) => Some(h.loaded.clone()),
-            None => None,
-        };
+    pub fn head(&self, organization_id: &str) -> Result<DecidedOn, EnclaveError> {
+        let staged = self.changing()?.heads.get(organization_id).cloned();
         match staged {
-            Some(loaded) => Ok(Some(loaded)),
-            None => self.load(organization_id),
+            Some(h) => Ok(DecidedOn { loaded: (!h.deleted).then(|| h.loaded.clone()), staged: Some(h) }),
+            None => Ok(DecidedOn { loaded: self.load(organization_id)?, staged: None }),
         }
     }
 
     /// Stages `changes`, decided and checked on `decided_on` (what [`Decider::head`] gave for
-    /// `organization_id`), with the organizations' locks held: applies them to each
-    /// organization's head, all or nothing, and queues them for a group commit. The caller then
-    /// lets the locks go and waits with [`Decider::committed`]. Should another change of this
-    /// enclave have been staged on the organization since its head was read (a caller without
-    /// the lock), the state moved ([`is_moved`]): decide again.
+    /// `organization_id`), with the organizations' locks held: applies them to that very state
+    /// (and to the other organizations' heads), all or nothing, and queues them for a group
+    /// commit. The caller then lets the locks go and waits with [`Decider::committed`]. Should
+    /// that state no longer be the organization's head (a change staged since, or the staged
+    /// head it was committed or failed), the state moved ([`is_moved`]): decide again.
     pub fn stage_decided(
         &self,
         organization_id: &str,
-        decided_on: Option<&Arc<Loaded>>,
+        decided_on: &DecidedOn,
         changes: &[Change],
     ) -> Result<Pending, EnclaveError> {
-        let mut staged = self.changing()?;
-        let prepared =
-            Self::unmoved(&staged, organization_id, decided_on).and_then(|()| self.prepare(&staged, changes))?;
-        Ok(self.queue(&mut staged, prepared))
+        let prepared = self.prepare(changes, Some((organization_id, decided_on)))?;
+        self.stage_prepared(prepared)
     }
 
     /// [`Decider::stage_decided`] in two steps, with the organizations' locks held across both:
-    /// the changes applied to the heads and checked (a refusal here stages and spends nothing),
-    /// then, after whatever must precede staging (spending the stamp), [`Decider::stage_prepared`].
+    /// the changes applied to the state decided on and checked (a refusal here stages and spends
+    /// nothing), then, after whatever must precede staging (spending the stamp),
+    /// [`Decider::stage_prepared`].
     pub fn prepare_decided(
         &self,
         organization_id: &str,
-        decided_on: Option<&Arc<Loaded>>,
+        decided_on: &DecidedOn,
         changes: &[Change],
     ) -> Result<Prepared, EnclaveError> {
-        let staged = self.changing()?;
-        Self::unmoved(&staged, organization_id, decided_on)?;
-        self.prepare(&staged, changes)
+        self.prepare(changes, Some((organization_id, decided_on)))
     }
 
     /// Queues what [`Decider::prepare_decided`] applied, unless one of its organizations' heads
-    /// moved meanwhile: a change staged on it, or the staged head it was built on committed (then
-    /// decide again: this change alone, not the group it would have failed).
+    /// moved meanwhile: a change staged on it, the staged head it was built on committed or
+    /// failed, or the committed state it was built on replaced (then decide again: this change
+    /// alone, not the group its stale base would fail).
     pub fn stage_prepared(&self, prepared: Prepared) -> Result<Pending, EnclaveError> {
+        // The committed version of each organization built on a committed state, read before the
+        // heads are locked when the cache does not have it (no store call under that lock).
+        let mut committed: HashMap<&str, Option<u64>> = HashMap::new();
+        for (org, p) in &prepared.next {
+            if p.built_on.is_none() && p.head.base_version > 0 {
+                let version = match self.cache.get(org) {
+                    Some(c) => Some(c.state.version),
+                    None => self.store.version(org)?,
+                };
+                committed.insert(org, version);
+            }
+        }
         let mut staged = self.changing()?;
         for (org, p) in &prepared.next {
             let unmoved = match (staged.heads.get(org), &p.built_on) {
                 (Some(now), Some(on)) => Arc::ptr_eq(on, &now.loaded),
-                (None, None) => self.cache.get(org).is_none_or(|c| c.state.version == p.head.base_version),
+                (None, None) => committed.get(org.as_str()).is_none_or(|v| *v == Some(p.head.base_version)),
                 _ => false,
             };
             if !unmoved {
@@ -367,25 +393,17 @@ impl Decider {
         Ok(self.queue(&mut staged, prepared))
     }
 
-    /// Refuses as moved a decision on `decided_on` when another change of this enclave was staged
-    /// on the organization since.
-    fn unmoved(staged: &Staged, organization_id: &str, decided_on: Option<&Arc<Loaded>>) -> Result<(), EnclaveError> {
-        match staged.heads.get(organization_id) {
-            Some(h) if !decided_on.is_some_and(|d| Arc::ptr_eq(d, &h.loaded)) => Err(moved()),
-            _ => Ok(()),
-        }
-    }
-
     /// Applies `changes` to each organization's head, all or nothing, and queues them for a group
     /// commit.
-    fn stage(&self, staged: &mut Staged, changes: &[Change]) -> Result<Pending, EnclaveError> {
-        let prepared = self.prepare(staged, changes)?;
-        Ok(self.queue(staged, prepared))
+    fn stage(&self, changes: &[Change]) -> Result<Pending, EnclaveError> {
+        let prepared = self.prepare(changes, None)?;
+        self.stage_prepared(prepared)
     }
 
     /// The heads `changes` leave, each organization's effects applied and its caps checked;
-    /// nothing is staged yet.
-    fn prepare(&self, staged: &Staged, changes: &[Change]) -> Result<Prepared, EnclaveError> {
+    /// nothing is staged yet, and the heads are locked only to be read. The organization a
+    /// decision was made for (`decided`) is built on the state decided on, never read again.
+    fn prepare(&self, changes: &[Change], decided: Option<(&str, &DecidedOn)>) -> Result<Prepared, EnclaveError> {
         let mut order: Vec<String> = Vec::new();
         let mut by_org: HashMap<String, Vec<&Effect>> = HashMap::new();
         for c in changes {
@@ -394,19 +412,35 @@ impl Decider {
             }
             by_org.entry(c.organization_id.clone()).or_default().push(&c.effect);
         }
+        let heads: HashMap<String, Head> = {
+            let staged = self.changing()?;
+            order.iter().filter_map(|o| staged.heads.get(o).map(|h| (o.clone(), h.clone()))).collect()
+        };
+        if let Some((org, on)) = decided {
+            let same = match (&on.staged, heads.get(org)) {
+                (Some(was), Some(now)) => Arc::ptr_eq(&was.loaded, &now.loaded),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                return Err(moved());
+            }
+        }
         let mut next = Vec::new();
         for org in &order {
             let effects = &by_org[org];
             let creating = matches!(effects.first(), Some(Effect::CreateOrganization { .. }));
-            let current: Option<Head> = match staged.heads.get(org) {
-                Some(h) if h.deleted => None,
-                Some(h) => Some(h.clone()),
-                None => self.load(org)?.map(|l| Head {
-                    base_version: l.state.version,
-                    loaded: l,
-                    touched: BTreeSet::new(),
-                    deleted: false,
-                }),
+            let committed = |l: Arc<Loaded>| Head {
+                base_version: l.state.version,
+                loaded: l,
+                touched: BTreeSet::new(),
+                deleted: false,
+            };
+            let current: Option<Head> = match (heads.get(org), decided) {
+                (Some(h), _) if h.deleted => None,
+                (Some(h), _) => Some(h.clone()),
+                (None, Some((d, on))) if d == org => on.loaded.clone().map(committed),
+                (None, _) => self.load(org)?.map(committed),
             };
             let head = match (current, creating) {
                 (Some(_), true) => {
@@ -417,7 +451,7 @@ impl Decider {
                 }
                 (Some(h), false) => h,
                 (None, true) => {
-                    if staged.heads.contains_key(org) || self.store.version(org)?.is_some() {
+                    if heads.contains_key(org) || self.store.version(org)?.is_some() {
                         // Ids are never reused: a deleted organization does not come back.
                         return Err(EnclaveError::refused(
                             RefusalReason::TransitionMismatch,
@@ -476,7 +510,7 @@ impl Decider {
             };
             touched.extend(changed.into_iter().map(|(k, id)| (k.to_string(), id)));
             state.version = head.base_version;
-            let built_on = staged.heads.get(org).map(|h| h.loaded.clone());
+            let built_on = heads.get(org).map(|h| h.loaded.clone());
             let loaded = Arc::new(Loaded { state, index });
             let head = Head { loaded, base_version: head.base_version, touched, deleted };
             next.push((org.clone(), PreparedHead { head, built_on }));
@@ -638,6 +672,14 @@ impl Decider {
         if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
             return Ok(Some(hit));
         }
+        // One load per organization at a time: the others missing it meanwhile wait and find it
+        // in the cache, instead of each reading it and compiling its policies again.
+        let slot = self.lock_slot(organization_id);
+        let _loading = self.loading[slot].lock().map_err(|_| internal("load lock poisoned"))?;
+        if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
+            return Ok(Some(hit));
+        }
+        self.loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some(head) = self.store.load(organization_id)? else { return Ok(None) };
         let state = OrgState::from_entries(
             head.version,
@@ -746,8 +788,10 @@ impl Decider {
         for _attempt in 0..8 {
             let pending = {
                 let _locked = self.lock_organizations(changes.iter().map(|c| c.organization_id.as_str()))?;
-                let mut staged = self.changing()?;
-                self.stage(&mut staged, changes)?
+                match self.stage(changes) {
+                    Err(e) if is_moved(&e) => continue,
+                    other => other?,
+                }
             };
             match self.committed(pending) {
                 Err(e) if is_moved(&e) => continue,
@@ -868,14 +912,17 @@ mod tests {
         change(org, Effect::PutUser { user: User { id: id.into(), name: id.into(), ..Default::default() } })
     }
 
+    /// Stages `changes` with their organizations' locks held, as every caller does.
+    fn staged(r: &Decider, changes: &[Change]) -> Result<Pending, EnclaveError> {
+        let _locked = r.lock_organizations(changes.iter().map(|c| c.organization_id.as_str()))?;
+        r.stage(changes)
+    }
+
     /// Stages `changes` and waits for its group commit, deciding again (here: staging again)
     /// whenever the group failed on a moved state.
     fn stage_and_commit(r: &Decider, changes: &[Change]) -> Vec<(String, u64)> {
         loop {
-            let pending = {
-                let mut staged = r.changing().unwrap();
-                r.stage(&mut staged, changes).unwrap()
-            };
+            let pending = { staged(r, changes).unwrap() };
             match r.committed(pending) {
                 Ok(versions) => return versions,
                 Err(e) if is_moved(&e) => continue,
@@ -935,10 +982,7 @@ mod tests {
                 std::thread::spawn(move || {
                     (0..10)
                         .map(|n| {
-                            let pending = {
-                                let mut staged = r.changing().unwrap();
-                                r.stage(&mut staged, &[put_user("o", &format!("u{t}-{n}"))]).unwrap()
-                            };
+                            let pending = { staged(&r, &[put_user("o", &format!("u{t}-{n}"))]).unwrap() };
                             staged_all.wait();
                             // Checked once all are joined: a thread that stopped here would
                             // leave the others at the barrier.
@@ -967,14 +1011,11 @@ mod tests {
         // Another enclave commits while a change is staged here: the group fails as moved, the
         // head goes, and the next decision reads the committed state (the other's change, not
         // this one's).
-        let pending = {
-            let mut staged = r.changing().unwrap();
-            r.stage(&mut staged, &[put_user("o", "here")]).unwrap()
-        };
+        let pending = { staged(&r, &[put_user("o", "here")]).unwrap() };
         other.commit_all(&[put_user("o", "there")]).unwrap();
         let failed = r.committed(pending).unwrap_err();
         assert!(is_moved(&failed), "{failed}");
-        let head = r.head("o").unwrap().unwrap();
+        let head = r.head("o").unwrap().loaded.unwrap();
         assert!(head.state.users.contains_key("there") && !head.state.users.contains_key("here"));
         stage_and_commit(&r, &[put_user("o", "here")]);
         let after = other.load("o").unwrap().unwrap();
@@ -982,9 +1023,8 @@ mod tests {
         // A change staged on a deleted organization's head is refused, and it cannot come back.
         stage_and_commit(&r, &[change("o", Effect::DeleteOrganization)]);
         assert!(r.load("o").unwrap().is_none());
-        let mut staged = r.changing().unwrap();
         assert!(matches!(
-            r.stage(&mut staged, &[put_user("o", "late")]),
+            staged(&r, &[put_user("o", "late")]),
             Err(EnclaveError::Refused { reason: RefusalReason::OrganizationUnknown, .. })
         ));
     }
@@ -1012,7 +1052,7 @@ mod tests {
                 deciding_tx.send(()).unwrap();
                 // The decision runs until B's change is committed (or gives up: B was held).
                 let b_committed = b_done_rx.recv_timeout(std::time::Duration::from_secs(30));
-                let pending = r.stage_decided("a", head.as_ref(), &[put_user("a", "slow")]).unwrap();
+                let pending = r.stage_decided("a", &head, &[put_user("a", "slow")]).unwrap();
                 drop(_locked);
                 (b_committed.is_ok(), r.committed(pending).unwrap())
             })
@@ -1028,6 +1068,33 @@ mod tests {
         assert!(r.load(&b).unwrap().unwrap().state.users.contains_key("quick"));
     }
 
+    /// Requests that miss one organization's state at once read it from the store once: the
+    /// others wait for that load and take it from the cache. Without the load lock each of the 8
+    /// reads and compiles it.
+    #[test]
+    fn a_state_missed_by_many_at_once_is_loaded_once() {
+        let r = rules();
+        bootstrap(&r, "o");
+        for round in 0..5 {
+            // Another enclave over the same store: its cache is empty.
+            let other = Arc::new(Decider::new(r.store().clone()));
+            let all = Arc::new(std::sync::Barrier::new(8));
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    let (other, all) = (other.clone(), all.clone());
+                    std::thread::spawn(move || {
+                        all.wait();
+                        other.load("o").unwrap().unwrap().state.version
+                    })
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap(), 1);
+            }
+            assert_eq!(other.loads(), 1, "round {round}: one load for 8 requests");
+        }
+    }
+
     /// A change staged on an organization by a caller that did not hold its lock, between a
     /// decision's head and its staging, makes that decision's state moved: it is decided again.
     #[test]
@@ -1035,11 +1102,11 @@ mod tests {
         let r = rules();
         bootstrap(&r, "o");
         let head = r.head("o").unwrap();
-        let first = r.stage_decided("o", head.as_ref(), &[put_user("o", "first")]).unwrap();
-        let late = r.stage_decided("o", head.as_ref(), &[put_user("o", "late")]).unwrap_err();
+        let first = r.stage_decided("o", &head, &[put_user("o", "first")]).unwrap();
+        let late = r.stage_decided("o", &head, &[put_user("o", "late")]).unwrap_err();
         assert!(is_moved(&late), "{late}");
         assert_eq!(r.committed(first).unwrap(), vec![("o".to_string(), 2)]);
-        let now = r.head("o").unwrap().unwrap();
+        let now = r.head("o").unwrap().loaded.unwrap();
         assert!(now.state.users.contains_key("first") && !now.state.users.contains_key("late"));
     }
 
@@ -1051,22 +1118,53 @@ mod tests {
         let r = rules();
         bootstrap(&r, "o");
         // Built on a staged head that is committed before it is staged.
-        let first = r.stage_decided("o", r.head("o").unwrap().as_ref(), &[put_user("o", "first")]).unwrap();
+        let first = r.stage_decided("o", &r.head("o").unwrap(), &[put_user("o", "first")]).unwrap();
         let head = r.head("o").unwrap();
-        let on_staged = r.prepare_decided("o", head.as_ref(), &[put_user("o", "second")]).unwrap();
+        let on_staged = r.prepare_decided("o", &head, &[put_user("o", "second")]).unwrap();
         assert_eq!(r.committed(first).unwrap(), vec![("o".to_string(), 2)]);
         assert!(is_moved(&r.stage_prepared(on_staged).unwrap_err()));
         // Built on the committed state, which another change of this enclave moves before it is
         // staged.
         let head = r.head("o").unwrap();
-        let on_committed = r.prepare_decided("o", head.as_ref(), &[put_user("o", "third")]).unwrap();
+        let on_committed = r.prepare_decided("o", &head, &[put_user("o", "third")]).unwrap();
         r.commit(&[put_user("o", "between")]).unwrap();
         assert!(is_moved(&r.stage_prepared(on_committed).unwrap_err()));
         // Prepared and staged with nothing in between, it commits.
         let head = r.head("o").unwrap();
-        let prepared = r.prepare_decided("o", head.as_ref(), &[put_user("o", "second")]).unwrap();
+        let prepared = r.prepare_decided("o", &head, &[put_user("o", "second")]).unwrap();
         let pending = r.stage_prepared(prepared).unwrap();
         assert_eq!(r.committed(pending).unwrap(), vec![("o".to_string(), 4)]);
+    }
+
+    /// A change is written only onto the state it was decided on: when the staged head it was
+    /// decided on is gone (its group failed) or the committed state it was decided on was replaced
+    /// by another enclave, the change is decided again; it is never applied to a state whose
+    /// credentials, policies or facts its decision did not read.
+    #[test]
+    fn a_change_is_never_staged_on_another_state_than_its_decision_read() {
+        let r = rules();
+        bootstrap(&r, "o");
+        let other = Decider::new(r.store().clone());
+        // Decided on a staged head whose group then fails (another enclave moved the state).
+        let first = staged(&r, &[put_user("o", "staged-first")]).unwrap();
+        let on_staged = r.head("o").unwrap();
+        assert!(on_staged.loaded.as_ref().unwrap().state.users.contains_key("staged-first"));
+        other.commit_all(&[put_user("o", "elsewhere")]).unwrap();
+        assert!(is_moved(&r.committed(first).unwrap_err()));
+        let late = r.stage_decided("o", &on_staged, &[put_user("o", "decided-on-staged")]).unwrap_err();
+        assert!(is_moved(&late), "{late}");
+        // Decided on the committed state, which another enclave then replaces: the commit's
+        // compare-and-set on the version decided on refuses it, instead of the change being
+        // applied to the newer state.
+        let on_committed = r.head("o").unwrap();
+        other.commit_all(&[put_user("o", "revoked-meanwhile")]).unwrap();
+        let pending = r.stage_decided("o", &on_committed, &[put_user("o", "decided-on-old")]).unwrap();
+        assert!(is_moved(&r.committed(pending).unwrap_err()));
+        let now = r.head("o").unwrap().loaded.unwrap();
+        assert!(now.state.users.contains_key("revoked-meanwhile"));
+        for never in ["staged-first", "decided-on-staged", "decided-on-old"] {
+            assert!(!now.state.users.contains_key(never), "{never} was applied");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::activity_log::Entry;
 use crate::admission::{now_ms, Admission, Admitted, ACTIVITY_COMPLETED};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::store::Decided;
+use crate::store::LoggedDecision;
 
 /// `payload`, signed by the proof key.
 fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
@@ -163,13 +163,13 @@ pub fn record_activity(
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
     let (organization_id, activity_type, decided) = match admission.authorized_lately(&fingerprint) {
-        Some((organization_id, activity_type)) => (organization_id, activity_type, Decided::Admitted),
+        Some((organization_id, activity_type)) => (organization_id, activity_type, LoggedDecision::Authorized),
         None => {
             let (stamped, _) = admission.verify_submission(request)?;
             let decided = admission.store().decided(&stamped.organization_id, &fingerprint)?;
             // One the enclave never decided (the gateway refused or failed it first) is linked
             // only while its stamp is fresh: not a stamp kept for a day and reported later.
-            if decided == Decided::Nothing && !admission.is_fresh(stamped.timestamp_ms) {
+            if decided == LoggedDecision::Nothing && !admission.is_fresh(stamped.timestamp_ms) {
                 return Err(EnclaveError::refused(
                     RefusalReason::Stale,
                     "the enclave never decided this activity and its stamp is no longer fresh",
@@ -205,7 +205,7 @@ pub fn record_activity(
         }
     }
     // The log says an activity completed only if the enclave authorized it.
-    if status == ACTIVITY_COMPLETED && decided != Decided::Admitted {
+    if status == ACTIVITY_COMPLETED && decided != LoggedDecision::Authorized {
         return Err(EnclaveError::refused(
             RefusalReason::NotDecided,
             "the activity is reported completed but the enclave never authorized it",

@@ -3794,12 +3794,11 @@ async fn a_refused_change_spends_nothing() {
     // The stamp was not spent: the exact proposal is applied, and only once.
     let applied = enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await;
     assert!(applied.is_ok(), "the refused attempt spent the stamp: {applied:?}");
-    // Again: the policy it names exists now, so the proposal is refused before the stamp is
-    // looked up; with a new id it is decided and checked, and then refused as a replay.
+    // Again, with the same proposal or another: a replay, refused before it is decided again.
     refused(
         enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await,
         tonic::Code::PermissionDenied,
-        pb::RefusalReason::TransitionMismatch,
+        pb::RefusalReason::Replayed,
     );
     refused_for(
         &stack,

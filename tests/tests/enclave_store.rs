@@ -140,6 +140,10 @@ fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
         "seen by the other enclave"
     );
     assert_eq!(b.remember("o1", key(2), now + 300_000, now).unwrap(), Remembered::Fresh);
+    // Either enclave reads a key as spent until it expires; an unknown key is not.
+    assert!(a.spent(key(2), now).unwrap() && b.spent(key(1), now).unwrap());
+    assert!(!a.spent(key(9), now).unwrap());
+    assert!(!b.spent(key(1), now + 300_000).unwrap(), "expired");
     assert_eq!(a.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
     assert_eq!(b.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
     // Another organization is not affected.
@@ -214,14 +218,20 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
     b.record_decision(&d(11, "f2", OUTCOME_REFUSE)).unwrap();
     a.record_decision(&d(12, "f3", OUTCOME_FAILED)).unwrap();
-    assert_eq!(b.decided("o", "f1").unwrap(), Decided::Admitted);
-    assert_eq!(a.decided("o", "f2").unwrap(), Decided::Refused, "a refusal authorizes nothing");
-    assert_eq!(a.decided("o", "f3").unwrap(), Decided::Refused, "nor does a failure alone");
-    assert_eq!(a.decided("p", "f1").unwrap(), Decided::Nothing, "another organization's");
+    assert_eq!(b.decided("o", "f1").unwrap(), LoggedDecision::Authorized);
+    assert_eq!(a.decided("o", "f2").unwrap(), LoggedDecision::Refused, "a refusal authorizes nothing");
+    assert_eq!(a.decided("o", "f3").unwrap(), LoggedDecision::Refused, "nor does a failure alone");
+    assert_eq!(a.decided("p", "f1").unwrap(), LoggedDecision::Nothing, "another organization's");
+    // The latest decision counts: allowed, then refused (a state change refused after its stamp
+    // was spent) is no authorization; refused, then allowed (approved after waiting) is one.
+    b.record_decision(&d(13, "f1", OUTCOME_REFUSE)).unwrap();
+    assert_eq!(a.decided("o", "f1").unwrap(), LoggedDecision::Refused, "refused after its allow");
+    a.record_decision(&d(14, "f2", OUTCOME_ALLOW)).unwrap();
+    assert_eq!(b.decided("o", "f2").unwrap(), LoggedDecision::Authorized, "allowed after a refusal");
     let all = a.decisions(0, 100).unwrap();
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 6);
     assert_eq!(all[0], d(10, "f1", OUTCOME_ALLOW));
-    assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12]);
+    assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12, 13, 14]);
     assert_eq!(b.decisions(11, 1).unwrap().len(), 1);
     assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
 }

@@ -81,7 +81,7 @@ pub(super) fn apply_activity(
         let (pending, evaluation) = {
             let mut locked = rules.lock_organizations(named.iter().copied())?;
             let head = rules.head(&organization)?;
-            let Some(d) = admission.decide_over(&a, head.clone())? else {
+            let Some(d) = admission.decide_over(&a, head.loaded.clone())? else {
                 // Shadow mode, and the rules would have refused (logged): nothing is applied.
                 return Ok(pb::ApplyActivityResponse::default());
             };
@@ -112,7 +112,7 @@ pub(super) fn apply_activity(
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
                 return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
             }
-            let prepared = match rules.prepare_decided(&organization, head.as_ref(), &changes) {
+            let prepared = match rules.prepare_decided(&organization, &head, &changes) {
                 Ok(prepared) => prepared,
                 Err(e) if is_moved(&e) => continue,
                 // Shadow mode: the state does not have everything yet; logged, the gateway decides.

@@ -77,24 +77,25 @@ pub struct DecisionRecord {
     pub reason: String,
 }
 
-/// What the decision log holds for one activity ([`EnclaveStore::decided`]).
+/// What the decision log says of one activity ([`EnclaveStore::decided`]): its latest decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decided {
+pub enum LoggedDecision {
     /// No decision: the enclave never saw the activity (or forgot it past the retention).
     Nothing,
-    /// Refusals (or failures) only.
+    /// The latest is a refusal or a failure: whatever was allowed before did not happen (a state
+    /// change refused after its stamp was spent, an operation that failed after its allow).
     Refused,
-    /// An `allow` or `done`: the enclave authorized it.
-    Admitted,
+    /// The latest is an `allow` or `done`: the enclave authorized it.
+    Authorized,
 }
 
-impl Decided {
-    /// From the highest rank among the activity's decisions (SQL: 0 none, 1 refused, 2 authorized).
-    pub fn from_rank(rank: i64) -> Self {
-        match rank {
-            0 => Self::Nothing,
-            1 => Self::Refused,
-            _ => Self::Admitted,
+impl LoggedDecision {
+    /// From the outcome of the activity's latest decision (`None`: it has none).
+    pub fn from_latest(outcome: Option<&str>) -> Self {
+        match outcome {
+            None => Self::Nothing,
+            Some(OUTCOME_ALLOW | OUTCOME_DONE) => Self::Authorized,
+            Some(_) => Self::Refused,
         }
     }
 }
@@ -220,12 +221,17 @@ pub trait EnclaveStore: Send + Sync {
         Ok(remembered)
     }
 
+    /// Whether `key` is in the replay window and not expired at `now_ms`: a read only, for an
+    /// early refusal of a replay before any decision is spent on it ([`EnclaveStore::remember`]
+    /// stays what decides).
+    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError>;
+
     /// Appends one decision to the decision log (same durability as [`EnclaveStore::remember`]).
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;
 
     /// What the enclave decided for an activity of `organization` with this fingerprint, as its
     /// decision log has it: authorized (an `allow` or `done`), only refused, or nothing.
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError>;
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

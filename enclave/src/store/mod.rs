@@ -18,7 +18,7 @@ mod postgres;
 mod sqlite;
 
 pub use interface::{
-    Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
+    DecisionRecord, EnclaveStore, Entry, LoggedDecision, OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
     OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
 };
 pub use open::{default_url, open, redact, StoreSettings};

@@ -23,8 +23,8 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered,
-    StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
+    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LoggedDecision, OrgChanges, OrgHead, Remembered,
+    StoreError, StoreLimits,
 };
 
 /// Connections one store opens at most.
@@ -578,6 +578,18 @@ impl EnclaveStore for PostgresEnclaveStore {
         self.remember_in(function, scope, key, expires_ms, now_ms, quota)
     }
 
+    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+        self.with_conn(|client| {
+            let row = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM replay WHERE key = $1 AND expires_ms > $2)",
+                    &[&key.as_slice(), &now_ms],
+                )
+                .map_err(pg)?;
+            row.try_get(0).map_err(pg)
+        })
+    }
+
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
         self.with_conn(|client| {
             client
@@ -600,16 +612,17 @@ impl EnclaveStore for PostgresEnclaveStore {
         })
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError> {
         self.with_conn(|client| {
             let row = client
-                .query_one(
-                    "SELECT COALESCE(MAX(CASE WHEN outcome IN ($3, $4) THEN 2 ELSE 1 END), 0)::BIGINT FROM decisions
-                     WHERE organization_id = $1 AND fingerprint = $2",
-                    &[&organization, &fingerprint, &OUTCOME_ALLOW, &OUTCOME_DONE],
+                .query_opt(
+                    "SELECT outcome FROM decisions WHERE organization_id = $1 AND fingerprint = $2
+                     ORDER BY seq DESC LIMIT 1",
+                    &[&organization, &fingerprint],
                 )
                 .map_err(pg)?;
-            Ok(Decided::from_rank(row.get(0)))
+            let latest: Option<String> = row.map(|r| r.try_get(0)).transpose().map_err(pg)?;
+            Ok(LoggedDecision::from_latest(latest.as_deref()))
         })
     }
 

@@ -27,8 +27,8 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, Decided, DecisionRecord, EnclaveStore, Entry, OrgChanges, OrgHead, Remembered,
-    StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
+    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LoggedDecision, OrgChanges, OrgHead, Remembered,
+    StoreError, StoreLimits,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -761,22 +761,29 @@ impl EnclaveStore for SqliteEnclaveStore {
         self.remember_through(organization, key, expires_ms, now_ms, None, Some(allowed))
     }
 
+    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM replay WHERE key = ?1 AND expires_ms > ?2)")
+                .and_then(|mut st| st.query_row(params![key.as_slice(), now_ms], |r| r.get::<_, bool>(0)))
+                .map_err(sq)
+        })
+    }
+
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
         let conn = self.writer.lock().map_err(poisoned)?;
         insert_decision(&conn, d)
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<Decided, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError> {
         self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT COALESCE(MAX(CASE WHEN outcome IN (?3, ?4) THEN 2 ELSE 1 END), 0) FROM decisions
-                 WHERE organization_id = ?1 AND fingerprint = ?2",
-            )
-            .and_then(|mut st| {
-                st.query_row(params![organization, fingerprint, OUTCOME_ALLOW, OUTCOME_DONE], |r| r.get::<_, i64>(0))
-            })
-            .map(Decided::from_rank)
-            .map_err(sq)
+            let latest: Option<String> = conn
+                .prepare_cached(
+                    "SELECT outcome FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                     ORDER BY seq DESC LIMIT 1",
+                )
+                .and_then(|mut st| st.query_row(params![organization, fingerprint], |r| r.get(0)).optional())
+                .map_err(sq)?;
+            Ok(LoggedDecision::from_latest(latest.as_deref()))
         })
     }
 
@@ -948,16 +955,16 @@ mod tests {
             outcome: outcome.into(),
             reason: String::new(),
         };
-        s.record_decision(&d(1, "f1", OUTCOME_ALLOW)).unwrap();
+        s.record_decision(&d(1, "f1", crate::store::OUTCOME_ALLOW)).unwrap();
         s.record_decision(&d(2, "f2", "refuse")).unwrap();
-        s.record_decision(&d(2, "f3", OUTCOME_DONE)).unwrap();
-        assert_eq!(s.decided("o", "f1").unwrap(), Decided::Admitted);
-        assert_eq!(s.decided("o", "f2").unwrap(), Decided::Refused, "a refusal is no authorization");
-        assert_eq!(s.decided("o", "f3").unwrap(), Decided::Admitted);
-        assert_eq!(s.decided("other", "f1").unwrap(), Decided::Nothing);
+        s.record_decision(&d(2, "f3", crate::store::OUTCOME_DONE)).unwrap();
+        assert_eq!(s.decided("o", "f1").unwrap(), LoggedDecision::Authorized);
+        assert_eq!(s.decided("o", "f2").unwrap(), LoggedDecision::Refused, "a refusal is no authorization");
+        assert_eq!(s.decided("o", "f3").unwrap(), LoggedDecision::Authorized);
+        assert_eq!(s.decided("other", "f1").unwrap(), LoggedDecision::Nothing);
         let all = s.decisions(0, 10).unwrap();
         assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);
-        assert_eq!(all[0], d(1, "f1", OUTCOME_ALLOW));
+        assert_eq!(all[0], d(1, "f1", crate::store::OUTCOME_ALLOW));
         assert_eq!(s.decisions(2, 1).unwrap()[0].fingerprint, "f2");
     }
 }
