@@ -13,7 +13,7 @@ use prost::Message;
 use serde_json::Value;
 use sha2::Digest;
 
-use crate::decider::{Decided, Decider, Loaded, VerifiedVote};
+use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
@@ -98,12 +98,20 @@ pub struct Unspent {
     allowed: DecisionRecord,
     /// Admitted by a vote (an approval) rather than by its own stamp.
     approved: bool,
+    /// Its outcome is audited already ([`Admission::authorize_key_use`]).
+    audited: bool,
 }
 
 /// The authority store's decision log, as an [`Admitted`] carries it.
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn EnclaveStore>);
 impl Admitted {
+    /// The policy outcomes the decision read, as recorded (JSON text); empty when it decided
+    /// nothing (shadow mode).
+    pub fn evaluation(&self) -> String {
+        self.decided.as_ref().map(|d| d.evaluation.outcomes_json_text()).unwrap_or_default()
+    }
+
     /// The verified approvals the decision counted: the submitter's, then every vote's.
     pub fn approvals(&self) -> impl Iterator<Item = &VerifiedVote> {
         std::iter::once(&self.submitter).chain(&self.voters)
@@ -193,8 +201,17 @@ struct Refusal {
     organization: String,
     credential: String,
     fingerprint: String,
-    /// Set when the authority store failed: the caller gets that error, not a refusal.
-    failure: Option<Box<StoreError>>,
+    /// What it carries beyond its words, when anything (rare: boxed).
+    attached: Option<Box<Attached>>,
+}
+
+/// What a [`Refusal`] can carry beyond its words.
+#[derive(Debug)]
+enum Attached {
+    /// The authority store failed: the caller gets that error, not a refusal.
+    StoreFailed(StoreError),
+    /// A refusal of the organization's policies: the outcomes the decision read.
+    Evaluation(String),
 }
 
 impl Refusal {
@@ -220,28 +237,36 @@ impl Refusal {
             organization: String::new(),
             credential: String::new(),
             fingerprint: String::new(),
-            failure: None,
+            attached: None,
         }
+    }
+
+    /// The refusal of the organization's rules, with the outcomes their decision read.
+    fn of_rules(refused: RulesRefusal) -> Self {
+        let attached = Some(Box::new(Attached::Evaluation(refused.evaluation)));
+        Self { attached, ..Self::new(refused.reason, refused.message) }
     }
 
     /// The authority store failed while deciding: no decision could be made.
     fn store_failed(e: StoreError) -> Self {
         let mut r = Self::new(RefusalReason::Unspecified, format!("no decision: {e}"));
-        r.failure = Some(Box::new(e));
+        r.attached = Some(Box::new(Attached::StoreFailed(e)));
         r
     }
 
     /// The error the caller sees: the store's failure if there was one, busy when the replay
     /// window (or the organization's share of it) is full, else a refusal.
     fn into_error(self) -> EnclaveError {
-        if let Some(e) = self.failure {
-            return (*e).into();
-        }
+        let evaluation = match self.attached.map(|a| *a) {
+            Some(Attached::StoreFailed(e)) => return e.into(),
+            Some(Attached::Evaluation(e)) => e,
+            None => String::new(),
+        };
         match self.reason {
             RefusalReason::ReplayWindowFull | RefusalReason::OrganizationReplayQuota => {
                 EnclaveError::Busy { reason: self.reason, message: self.message }
             }
-            reason => EnclaveError::Refused { reason, message: self.message },
+            reason => EnclaveError::Refused { reason, message: self.message, evaluation },
         }
     }
 
@@ -411,7 +436,7 @@ impl Admission {
         {
             Ok(d) => Ok(Some(d)),
             Err(_) if !self.rules.enforces() => Ok(None),
-            Err((reason, message)) => Err(refuse(a, reason, &message)),
+            Err(refused) => Err(refused_by(a, Refusal::of_rules(refused))),
         }
     }
 
@@ -579,7 +604,7 @@ impl Admission {
         let checked = self.check(operation, auth, types, parent_certificate, attested);
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
             Ok((a, approved)) => {
-                self.allowed(&a, approved);
+                self.allowed(&a, approved, false);
                 Ok(a)
             }
             Err(r) => {
@@ -602,8 +627,8 @@ impl Admission {
             r.audit(operation);
             r.into_error()
         })?;
-        // A body whose stamp is spent already is refused before anything is decided for it
-        // again (and before a refusal of it enters the decision log); `spend` stays the gate.
+        // A body whose stamp is spent already is refused before any work is done for it again
+        // (and before a refusal of it enters the decision log); `spend` stays the gate.
         let spent = self.store.spent(unspent.key, now_ms()).map_err(EnclaveError::from)?;
         if spent {
             let r = Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential);
@@ -613,12 +638,27 @@ impl Admission {
         Ok((a, unspent))
     }
 
+    /// [`Admission::authorize_unspent`] for a key operation, whose stamp is spent once its work
+    /// is done: the call's outcome is audited from here on, so a failure before the spend (a
+    /// sealed key that does not open, evidence of tampering) has its outcome line as well.
+    pub fn authorize_key_use(
+        &self,
+        operation: &'static str,
+        auth: Option<&pb::Authorization>,
+        types: &[&str],
+    ) -> Result<(Admitted, Unspent), EnclaveError> {
+        let (a, mut unspent) = self.authorize_unspent(operation, auth, types)?;
+        crate::audit::record(a.decision());
+        unspent.audited = true;
+        Ok((a, unspent))
+    }
+
     /// Spends the stamp of an authorization [`Admission::authorize_unspent`] made: its replay
     /// entry and its allow, committed together (refused if the stamp was spent meanwhile).
     pub fn spend(&self, a: &Admitted, unspent: Unspent) -> Result<(), EnclaveError> {
         match self.remember(a, &unspent) {
             Ok(()) => {
-                self.allowed(a, unspent.approved);
+                self.allowed(a, unspent.approved, unspent.audited);
                 Ok(())
             }
             Err(r) => {
@@ -646,7 +686,7 @@ impl Admission {
     }
 
     /// The allow line of an authorization whose stamp was spent.
-    fn allowed(&self, a: &Admitted, approved: bool) {
+    fn allowed(&self, a: &Admitted, approved: bool, audited: bool) {
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
@@ -658,7 +698,9 @@ impl Admission {
             approved,
             "enclave decision"
         );
-        crate::audit::record(a.decision());
+        if !audited {
+            crate::audit::record(a.decision());
+        }
         if let Ok(mut lately) = self.authorized_lately.lock() {
             if lately.len() >= AUTHORIZED_LATELY {
                 lately.clear();
@@ -772,20 +814,25 @@ impl Admission {
             now,
         ) {
             Ok(d) => Some(d),
-            Err((reason, message)) if !self.rules.enforces() => {
+            // Shadow mode covers state changes only: the gateway decides no key operation, so the
+            // enclave's refusal of one always stands.
+            Err(refused)
+                if !self.rules.enforces()
+                    && !coffer_org_rules::subjects::KEY_USES.contains(&activity.activity_type.as_str()) =>
+            {
                 tracing::warn!(
                     target: "coffer_audit",
                     decision = "shadow_refuse",
                     operation,
-                    reason = %message,
-                    reason_code = reason.as_str_name(),
+                    reason = %refused.message,
+                    reason_code = refused.reason.as_str_name(),
                     organization = %activity.organization_id,
                     fingerprint = %activity.fingerprint,
                     "enclave decision"
                 );
                 None
             }
-            Err((reason, message)) => return Err(Refusal::new(reason, message).about(&activity, &credential)),
+            Err(refused) => return Err(Refusal::of_rules(refused).about(&activity, &credential)),
         };
         let mut key = sha2::Sha256::new();
         key.update(operation.as_bytes());
@@ -809,7 +856,7 @@ impl Admission {
             if approved { "approved" } else { "" },
         );
         let expires = replay_key.1.saturating_add(self.freshness_ms);
-        let unspent = Unspent { share, key, expires, allowed, approved };
+        let unspent = Unspent { share, key, expires, allowed, approved, audited: false };
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();
         let a =
@@ -1061,16 +1108,21 @@ fn verified_vote(c: &pb::CredentialCertificate, at_ms: i64) -> VerifiedVote {
 /// attested stamp claims does not hold), as [`refuse`] does for one made after: every refusal of
 /// the enclave is audited with its typed reason. Other errors pass through unlogged.
 pub fn audit_early_refusal(operation: &str, e: EnclaveError) -> EnclaveError {
-    if let EnclaveError::Refused { reason, message } = &e {
+    if let EnclaveError::Refused { reason, message, .. } = &e {
         Refusal::new(*reason, message.clone()).audit(operation);
     }
     e
 }
 
 pub fn refuse(a: &Admitted, reason: RefusalReason, message: &str) -> EnclaveError {
-    let refusal = Refusal::new(reason, message).about(&a.activity, &a.credential);
+    refused_by(a, Refusal::new(reason, message))
+}
+
+/// [`refuse`] with the refusal made already (one of the rules, carrying its outcomes).
+fn refused_by(a: &Admitted, refusal: Refusal) -> EnclaveError {
+    let refusal = refusal.about(&a.activity, &a.credential);
     refusal.audit(a.operation);
-    a.decisions.refused(a, reason);
+    a.decisions.refused(a, refusal.reason);
     refusal.into_error()
 }
 
@@ -1157,7 +1209,7 @@ mod tests {
         let now = now_ms() as u64;
         // A completed activity the enclave never authorized (a forged event) is not signed...
         match admission.webhook_message("kid", now, "evt-1:a1", body) {
-            Err(EnclaveError::Refused { reason: RefusalReason::DeliveryInvalid, message }) => {
+            Err(EnclaveError::Refused { reason: RefusalReason::DeliveryInvalid, message, .. }) => {
                 assert!(message.contains("did not authorize"), "{message}")
             }
             other => panic!("{other:?}"),
@@ -1175,7 +1227,7 @@ mod tests {
         let message = admission.webhook_message("kid", now, "evt-1:a1", body).unwrap();
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
         let refused = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
-            Err(EnclaveError::Refused { reason, message }) => (reason, message),
+            Err(EnclaveError::Refused { reason, message, .. }) => (reason, message),
             other => panic!("{other:?}"),
         };
         use RefusalReason::{DeliveryInvalid, Stale};

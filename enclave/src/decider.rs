@@ -61,6 +61,22 @@ pub struct VerifiedVote {
     pub at_ms: Millis,
 }
 
+/// Why the organization's rules refused a request: its typed reason, its words for people, and
+/// for a decision the policies made (consensus needed, denied) the outcomes it read (JSON text,
+/// as recorded; empty otherwise).
+#[derive(Debug)]
+pub struct RulesRefusal {
+    pub reason: RefusalReason,
+    pub message: String,
+    pub evaluation: String,
+}
+
+impl RulesRefusal {
+    fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
+        Self { reason, message: message.into(), evaluation: String::new() }
+    }
+}
+
 /// What the rules decided for an authorized request.
 #[derive(Debug, Clone)]
 pub struct Decided {
@@ -710,8 +726,8 @@ impl Decider {
         submitter: &VerifiedVote,
         voters: &[VerifiedVote],
         now_ms: Millis,
-    ) -> Result<Decided, (RefusalReason, String)> {
-        let loaded = self.load(policy_org).map_err(|e| (RefusalReason::Unspecified, e.to_string()))?;
+    ) -> Result<Decided, RulesRefusal> {
+        let loaded = self.load(policy_org).map_err(|e| RulesRefusal::new(RefusalReason::Unspecified, e.to_string()))?;
         Self::decide_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)
     }
 
@@ -726,9 +742,9 @@ impl Decider {
         submitter: &VerifiedVote,
         voters: &[VerifiedVote],
         now_ms: Millis,
-    ) -> Result<Decided, (RefusalReason, String)> {
+    ) -> Result<Decided, RulesRefusal> {
         let Some(loaded) = loaded else {
-            return Err((
+            return Err(RulesRefusal::new(
                 RefusalReason::OrganizationUnknown,
                 format!("the enclave has no authority state for organization {policy_org}"),
             ));
@@ -752,14 +768,16 @@ impl Decider {
             })
         };
         let Some(own) = live(submitter) else {
-            return Err((
+            return Err(RulesRefusal::new(
                 RefusalReason::CredentialRevoked,
-                "the stamping credential is not live in the organization's authority state (deleted, expired or invalidated)"
-                    .into(),
+                "the stamping credential is not live in the organization's authority state (deleted, expired or invalidated)",
             ));
         };
         let subject = subjects::subject(activity_type).ok_or_else(|| {
-            (RefusalReason::OperationMismatch, format!("{activity_type} is not an activity the enclave decides"))
+            RulesRefusal::new(
+                RefusalReason::OperationMismatch,
+                format!("{activity_type} is not an activity the enclave decides"),
+            )
         })?;
         // Votes whose credential is no longer live do not count.
         let counted: Vec<(Credential, Millis)> = voters.iter().filter_map(|v| live(v).map(|c| (c, v.at_ms))).collect();
@@ -769,14 +787,16 @@ impl Decider {
         let evaluation = decide::decide(state, &loaded.index, &proposal);
         match evaluation.decision {
             Decision::Allow => Ok(Decided { loaded: loaded.clone(), evaluation }),
-            Decision::ConsensusNeeded => Err((
-                RefusalReason::ConsensusNeeded,
-                format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
-            )),
-            Decision::Deny => Err((
-                RefusalReason::PolicyDenied,
-                format!("{}: the organization's policies do not allow this activity", evaluation.reason),
-            )),
+            Decision::ConsensusNeeded => Err(RulesRefusal {
+                reason: RefusalReason::ConsensusNeeded,
+                message: format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
+            Decision::Deny => Err(RulesRefusal {
+                reason: RefusalReason::PolicyDenied,
+                message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
         }
     }
 
@@ -879,14 +899,14 @@ mod tests {
         )])
         .unwrap();
         let refused = r.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err();
-        assert_eq!(refused.0, RefusalReason::CredentialRevoked);
+        assert_eq!(refused.reason, RefusalReason::CredentialRevoked);
         let other = Decider::new(r.store().clone());
         assert_eq!(
-            other.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().0,
+            other.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().reason,
             RefusalReason::CredentialRevoked
         );
         assert_eq!(
-            other.decide("nope", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().0,
+            other.decide("nope", sign, &serde_json::json!({}), &root_vote(), &[], 2).unwrap_err().reason,
             RefusalReason::OrganizationUnknown
         );
     }

@@ -16,8 +16,10 @@ pub enum EnclaveError {
     /// The request is not authorized by a fresh stamp of a certified credential for exactly this
     /// operation (see `authority`). The reason is the failed check's type (what callers decide
     /// on); the message names it for humans, never a secret.
+    /// `evaluation`: for a refusal of the organization's rules (consensus needed, denied), the
+    /// policy outcomes the decision read; empty otherwise.
     #[error("enclave refused: {message}")]
-    Refused { reason: RefusalReason, message: String },
+    Refused { reason: RefusalReason, message: String, evaluation: String },
     /// A bounded resource is full (the replay window); retrying later can succeed.
     #[error("enclave busy: {message}")]
     Busy { reason: RefusalReason, message: String },
@@ -45,7 +47,7 @@ impl EnclaveError {
 
     /// Shorthand for [`EnclaveError::Refused`].
     pub fn refused(reason: RefusalReason, message: impl Into<String>) -> Self {
-        Self::Refused { reason, message: message.into() }
+        Self::Refused { reason, message: message.into(), evaluation: String::new() }
     }
 
     /// The error's type as audit lines name it (`coffer_audit` outcome lines): never its message.
@@ -84,15 +86,15 @@ impl From<EnclaveError> for tonic::Status {
             EnclaveError::InvalidArgument(_) => tonic::Status::invalid_argument(e.to_string()),
             EnclaveError::SealAuthentication => tonic::Status::failed_precondition(e.to_string()),
             // A refusal carries its typed reason as the status details (`coffer_proto::refusal_reason`).
-            EnclaveError::Refused { reason, .. } => tonic::Status::with_details(
+            EnclaveError::Refused { reason, evaluation, .. } => tonic::Status::with_details(
                 tonic::Code::PermissionDenied,
                 e.to_string(),
-                coffer_proto::refusal_details(*reason).into(),
+                coffer_proto::refusal_details(*reason, evaluation).into(),
             ),
             EnclaveError::Busy { reason, .. } => tonic::Status::with_details(
                 tonic::Code::ResourceExhausted,
                 e.to_string(),
-                coffer_proto::refusal_details(*reason).into(),
+                coffer_proto::refusal_details(*reason, "").into(),
             ),
             EnclaveError::Upstream(_) => tonic::Status::aborted(e.to_string()),
             EnclaveError::Hsm(_) => tonic::Status::unavailable(e.to_string()),

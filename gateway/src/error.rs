@@ -50,11 +50,22 @@ pub struct ApiError {
     /// Why the enclave refused, when it did: the typed reason decisions are made on (never the
     /// message's wording). Not rendered.
     pub refusal: Option<coffer_proto::v1::RefusalReason>,
+    /// For a refusal of the organization's rules by the enclave (consensus needed, denied): the
+    /// policy outcomes its decision read (JSON text, as recorded). Not rendered.
+    pub evaluation: Option<String>,
 }
 
 impl ApiError {
     pub fn new(code: Code, turnkey_code: &'static str, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), turnkey_code, status: None, retry_after: None, refusal: None }
+        Self {
+            code,
+            message: message.into(),
+            turnkey_code,
+            status: None,
+            retry_after: None,
+            refusal: None,
+            evaluation: None,
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, "REQUEST_INVALID", message)

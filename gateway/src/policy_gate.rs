@@ -16,7 +16,8 @@ use crate::error::ApiError;
 use crate::record_kinds::POLICY;
 use crate::store::{found, Nanos, Organization, PrivateKey, SignWithKey, Store, StoreError, Wallet, WalletAccount};
 
-const NOT_AUTHORIZED: &str = "request not authorized";
+/// The words of every refusal by the organization's policies (the reason is in the audit logs).
+pub const NOT_AUTHORIZED: &str = "request not authorized";
 const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
 
 /// What the root-quorum rule decides for a root-quorum-only activity with only its submitter's

@@ -93,6 +93,25 @@ pub fn subject(activity_type: &str) -> Option<&'static Subject> {
     SUBJECTS.iter().find(|s| s.activity_type == activity_type)
 }
 
+/// The activities the enclave alone decides: each uses or makes a key in the one enclave call
+/// that does its work (signing, exports, wallet, account and key creation, imports), which
+/// decides it and answers with the outcomes it read (the gateway evaluates no policy for them).
+pub const KEY_USES: &[&str] = &[
+    "ACTIVITY_TYPE_CREATE_WALLET",
+    "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
+    "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+    "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS",
+    "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+    "ACTIVITY_TYPE_EXPORT_WALLET",
+    "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY",
+    "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
+    "ACTIVITY_TYPE_INIT_IMPORT_WALLET",
+    "ACTIVITY_TYPE_IMPORT_WALLET",
+    "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY",
+    "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY",
+];
+
 /// The activity types whose enclave call is a key operation (they record their own facts):
 /// the gateway never sends them to the enclave's `ApplyActivity`, which refuses them.
 /// (enable_auth_proxy makes its key with `EnableAuthProxy`, then goes through `ApplyActivity`.)
@@ -125,3 +144,17 @@ pub const KEY_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_APPROVE_ACTIVITY",
     "ACTIVITY_TYPE_REJECT_ACTIVITY",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_use_is_a_key_operation_with_a_subject() {
+        for t in KEY_USES {
+            assert!(KEY_OPERATIONS.contains(t), "{t} is sent to ApplyActivity");
+            assert!(subject(t).is_some(), "{t} has no subject");
+        }
+        assert!(!KEY_USES.contains(&"ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2"), "sessions are decided twice yet");
+    }
+}

@@ -174,9 +174,16 @@ async fn evaluations(c: &Client, org: &str, activity_id: &str) -> Vec<Vec<(Strin
         .map(|e| {
             assert_eq!((e.activity_id.as_str(), e.organization_id.as_str()), (activity_id, org));
             assert!(!e.vote_id.is_empty() && e.created_at.is_some());
-            e.policy_evaluations.iter().map(|p| (p.policy_id.clone(), p.outcome)).collect()
+            by_policy_id(e.policy_evaluations.iter().map(|p| (p.policy_id.clone(), p.outcome)).collect())
         })
         .collect()
+}
+
+/// `outcomes` in policy id order: the enclave records them in its state's order (by id), the
+/// gateway's rejection in its records' order.
+fn by_policy_id(mut outcomes: Vec<(String, Outcome)>) -> Vec<(String, Outcome)> {
+    outcomes.sort_by(|a, b| a.0.cmp(&b.0));
+    outcomes
 }
 
 #[tokio::test]
@@ -376,8 +383,8 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     assert_eq!(
         evaluations(&root, &org, &id).await,
         vec![
-            vec![(two.clone(), Outcome::RequiresConsensus), (three.clone(), Outcome::DenyImplicit)],
-            vec![(two.clone(), Outcome::Allow), (three.clone(), Outcome::DenyImplicit)]
+            by_policy_id(vec![(two.clone(), Outcome::RequiresConsensus), (three.clone(), Outcome::DenyImplicit)]),
+            by_policy_id(vec![(two.clone(), Outcome::Allow), (three.clone(), Outcome::DenyImplicit)])
         ]
     );
     // Voting on it again: bob counted once; carol sees the completed activity, unchanged.
@@ -422,7 +429,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     assert_eq!(r.json["activity"]["result"], json!({}));
     let evals = evaluations(&root, &org, &id3).await;
     assert_eq!(evals.len(), 3);
-    assert_eq!(evals[2], vec![(two.clone(), Outcome::Rejected), (three.clone(), Outcome::Rejected)]);
+    assert_eq!(evals[2], by_policy_id(vec![(two.clone(), Outcome::Rejected), (three.clone(), Outcome::Rejected)]));
     assert_eq!(signings(&stack, &fp3).await, 0, "a rejected activity is never signed");
 
     // Two approvals at the same moment, either of which completes it: it runs once.

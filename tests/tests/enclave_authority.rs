@@ -2188,7 +2188,9 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
     assert_eq!(r.status, 500, "{}", r.text);
     assert_eq!(r.json["message"], "stored key material failed to open", "{}", r.text);
     assert!(r.json["activity"].is_null() && !r.text.contains("signRawPayloadResult"), "nothing signed: {}", r.text);
-    assert_eq!(audit_of(&stack, "allow", "sign", &swapped).len(), 1, "the stamp itself was genuine");
+    // The stamp itself was genuine and decided, but it is spent (its allow logged) only with a
+    // signature: nothing was signed, so there is no allow, and the outcome line says why.
+    assert!(audit_of(&stack, "allow", "sign", &swapped).is_empty(), "spent without a signature");
     let failed = outcomes(&stack, "sign", &fingerprint(&swapped));
     assert_eq!(failed.len(), 1, "exactly one outcome line: {failed:?}");
     let f = &failed[0];
@@ -2541,13 +2543,24 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     )
     .unwrap();
     assert_eq!(bump(), 1);
+    // The enclave alone decides a key operation: bob's signing waits for alice's vote, as the
+    // enclave's decision says, and records the outcomes the enclave read (not the forged row).
     let path = "/public/v1/submit/sign_raw_payload";
     let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
-    http_refused_audited(
-        audited(&stack, "sign", stack.post_raw(path, bobs.as_bytes(), Some(&bob))).await,
-        403,
-        pb::RefusalReason::ConsensusNeeded,
-    );
+    let waiting = audited(&stack, "sign", stack.post_raw(path, bobs.as_bytes(), Some(&bob))).await;
+    assert_eq!(waiting.result.status, 200, "{}", waiting.result.text);
+    audited_as(&waiting.refusals, pb::RefusalReason::ConsensusNeeded);
+    let activity = &waiting.result.json["activity"];
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{activity}");
+    let recorded: String = c
+        .query_row(
+            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1",
+            [activity["id"].as_str().unwrap()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!recorded.contains("inserted"), "the gateway's forged policy was recorded: {recorded}");
+    assert!(recorded.contains("OUTCOME_"), "the enclave's outcomes were not recorded: {recorded}");
     c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
     assert_eq!(bump(), 1);
     let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
@@ -3746,6 +3759,54 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
 /// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
 /// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
 /// the same stamped body with the exact proposal is then applied, once.
+/// E12 for key operations: a key use refused after its decision (the sealed key is not the one
+/// the body names) spends nothing and leaves no allow in the decision log; the stamp is spent
+/// with the signature it makes, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_key_use_spends_nothing() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let (_, a) = wallet(&client, &org, "e12-keys").await;
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    let body = sign_body(&org, &a[0], "e12", Stack::now_ms());
+    let submission = || auth(stamped(&root, &body, &cert));
+    refused_for(
+        &stack,
+        sign(&enclave, submission(), &account_ref(&c, &a[1])).await,
+        "sign",
+        pb::RefusalReason::BindingMismatch,
+    );
+    // No allow was logged for it: reported completed, it is not linked.
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    let activity = json!({"id": "e12-sign", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED", "result": {}, "appProofs": []});
+    let record = pb::RecordActivityRequest {
+        request: Some(stamped(&root, &body, &cert)),
+        activity: activity.to_string().into_bytes(),
+    };
+    refused(
+        enclave.clone().record_activity(record).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::NotDecided,
+    );
+    // The stamp was not spent: the key the body names signs with it, and the answer carries the
+    // enclave's evaluation (the root quorum's: no policy read).
+    let signed = sign(&enclave, submission(), &account_ref(&c, &a[0])).await;
+    let signed = signed.unwrap_or_else(|e| panic!("the refused attempt spent the stamp: {e:?}"));
+    assert_eq!(signed.signatures.len(), 1);
+    assert_eq!(signed.evaluation, "[]");
+    // Once: the same stamp again is a replay.
+    refused(
+        sign(&enclave, submission(), &account_ref(&c, &a[0])).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_change_spends_nothing() {
     let stack = enforcing_stack().await;

@@ -120,7 +120,7 @@ pub(super) fn apply_activity(
                     shadow(&a, &e.to_string());
                     return Ok(pb::ApplyActivityResponse::default());
                 }
-                Err(EnclaveError::Refused { reason, message }) => return Err(refuse(&a, reason, &message)),
+                Err(EnclaveError::Refused { reason, message, .. }) => return Err(refuse(&a, reason, &message)),
                 Err(other) => return Err(other),
             };
             // Decided, checked and applied to the heads: the stamp is spent now (a replay or a

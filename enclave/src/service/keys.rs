@@ -29,7 +29,7 @@ pub(super) fn create_wallet(
     admission: &Admission,
     req: pb::CreateWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let a = admission.authorize(
+    let (a, unspent) = admission.authorize_key_use(
         "create_wallet",
         req.auth.as_ref(),
         &[types::CREATE_WALLET, grants::CREATE_SUB_ORGANIZATION],
@@ -57,6 +57,10 @@ pub(super) fn create_wallet(
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
     let mut made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
+    // Spent once the work is done and before anything is recorded: a refused or failed call
+    // spends nothing and records nothing.
+    admission.spend(&a, unspent)?;
+    made.evaluation = a.evaluation();
     // The facts first: a proof is made only of a wallet the state took.
     if own {
         key_facts::wallet_created(admission, &a, &req.wallet_id, false, &made)?;
@@ -76,8 +80,9 @@ pub(super) fn derive_accounts(
     admission: &Admission,
     req: pb::DeriveAccountsRequest,
 ) -> Result<pb::DeriveAccountsResponse, EnclaveError> {
-    let a = admission.authorize("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
-    let (seed_ref, kind) = sealed(admission, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let (a, unspent) =
+        admission.authorize_key_use("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
+    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,
@@ -90,9 +95,10 @@ pub(super) fn derive_accounts(
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
+    admission.spend(&a, unspent)?;
     key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
-    Ok(pb::DeriveAccountsResponse { accounts, app_proofs })
+    Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation: a.evaluation() })
 }
 
 /// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
@@ -101,7 +107,8 @@ pub(super) fn create_private_keys(
     admission: &Admission,
     req: pb::CreatePrivateKeysRequest,
 ) -> Result<pb::CreatePrivateKeysResponse, EnclaveError> {
-    let a = admission.authorize("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
+    let (a, unspent) =
+        admission.authorize_key_use("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
     let params = items(&a.activity.parameters, "privateKeys");
     if params.len() != req.private_key_ids.len() {
         return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
@@ -123,10 +130,12 @@ pub(super) fn create_private_keys(
             seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
+    admission.spend(&a, unspent)?;
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
     key_facts::private_keys_made(admission, &a, &made, false)?;
     let result = json!({ "privateKeys": req.private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
-    Ok(pb::CreatePrivateKeysResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, keys })
+    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation: a.evaluation() })
 }
 
 /// A private key the enclave made, as a proof states it: id, public key and addresses.
@@ -230,7 +239,7 @@ pub(super) fn seal_private_key(
         ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
     };
     let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
-    Ok(pb::KeyMaterial { public_key, addresses, sealed_key, app_proofs: Vec::new() })
+    Ok(pb::KeyMaterial { public_key, addresses, sealed_key, app_proofs: Vec::new(), evaluation: String::new() })
 }
 
 /// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
@@ -245,7 +254,7 @@ pub(super) fn seal_wallet(
     let accounts = seal_accounts(hsm, organization_id, &seed, specs)?;
     let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
-    Ok(pb::CreateWalletResponse { sealed_seed, accounts, app_proofs: Vec::new() })
+    Ok(pb::CreateWalletResponse { sealed_seed, accounts, app_proofs: Vec::new(), evaluation: String::new() })
 }
 
 /// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.

@@ -7,7 +7,7 @@ use coffer_crypto::{address, Curve};
 use coffer_org_rules::OrgState;
 use coffer_proto::v1 as pb;
 
-use crate::admission::{refuse, Admission, Admitted};
+use crate::admission::{refuse, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm, OpenedBlob};
 
@@ -27,7 +27,6 @@ fn kind_of(kind: i32) -> Result<BlobKind, EnclaveError> {
 /// wallet or key opens no more. What it is bound to (resource, curve, address, public key) is
 /// authenticated when it opens.
 pub(super) fn sealed<'a>(
-    admission: &Admission,
     sealed: Option<&'a pb::SealedRef>,
     expect: &[BlobKind],
     a: &Admitted,
@@ -45,25 +44,12 @@ pub(super) fn sealed<'a>(
         ));
     }
     // The state the decision read: the body's own organization's, as key operations take no
-    // parent's credential. `None` only in shadow mode (`enforce_rules = false`) when the rules
-    // would have refused: that refusal is logged already.
-    if let Some(decided) = &a.decided {
-        if let Err(why) = held(&decided.loaded.state, sealed, kind) {
-            if admission.rules().enforces() {
-                return Err(refuse(a, RefusalReason::BindingMismatch, why));
-            }
-            // Shadow mode: logged as a refusal would be, and the call goes on.
-            tracing::warn!(
-                target: "coffer_audit",
-                decision = "shadow_refuse",
-                operation = a.operation,
-                reason = why,
-                reason_code = RefusalReason::BindingMismatch.as_str_name(),
-                organization = %a.activity.organization_id,
-                fingerprint = %a.activity.fingerprint,
-                "enclave decision"
-            );
-        }
+    // parent's credential (always decided: shadow mode does not cover key operations).
+    let Some(decided) = &a.decided else {
+        return Err(refuse(a, RefusalReason::BindingMismatch, "the enclave decided no key use for this call"));
+    };
+    if let Err(why) = held(&decided.loaded.state, sealed, kind) {
+        return Err(refuse(a, RefusalReason::BindingMismatch, why));
     }
     Ok((sealed, kind))
 }

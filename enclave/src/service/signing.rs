@@ -19,8 +19,9 @@ mod types {
 
 /// Signs the stamped body's raw payloads with the key its `signWith` names.
 pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
-    let a = admission.authorize("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
-    let (key_ref, kind) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    let (a, unspent) =
+        admission.authorize_key_use("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
+    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     let p = &a.activity.parameters;
     let payloads: Vec<&str> = if a.activity.activity_type == types::SIGN_RAW_PAYLOAD {
@@ -48,11 +49,15 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
             Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
+    // Spent once the work is done: a refused or failed call spends nothing, and no signature
+    // leaves without its stamp spent and its allow in the decision log.
+    admission.spend(&a, unspent)?;
     let result = json!({
         "signWith": text(p, "signWith"),
         "signatures": signatures.iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect::<Vec<_>>(),
     });
-    Ok(pb::SignResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signatures })
+    let evaluation = a.evaluation();
+    Ok(pb::SignResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signatures, evaluation })
 }
 
 /// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
@@ -61,8 +66,9 @@ pub(super) fn sign_transaction(
     admission: &Admission,
     req: pb::SignRequest,
 ) -> Result<pb::SignTransactionResponse, EnclaveError> {
-    let a = admission.authorize("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
-    let (key_ref, kind) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
+    let (a, unspent) =
+        admission.authorize_key_use("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
+    let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
     // The transaction is the stamped body's, parsed here: the gateway's parse decides
     // nothing the enclave signs.
@@ -97,11 +103,13 @@ pub(super) fn sign_transaction(
             t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
         }
     };
+    admission.spend(&a, unspent)?;
     let result = json!({
         "signWith": text(p, "signWith"),
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
-    Ok(pb::SignTransactionResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signed_transaction })
+    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation: a.evaluation() })
 }
 
 /// `signWith` of the body names this key: an account by its address, a private key by its id or

@@ -37,8 +37,8 @@ pub(super) fn export_wallet(
     admission: &Admission,
     req: pb::ExportWalletRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let a = admission.authorize("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
-    let (seed_ref, kind) = sealed(admission, req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
+    let (a, unspent) = admission.authorize_key_use("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
+    let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
             &a,
@@ -55,6 +55,7 @@ pub(super) fn export_wallet(
         keys::mnemonic_phrase(&entropy, language)?
     };
     let bundle = export(hsm, &a, phrase.as_bytes())?;
+    admission.spend(&a, unspent)?;
     key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
     Ok(bundle)
 }
@@ -65,14 +66,14 @@ pub(super) fn export_key(
     admission: &Admission,
     req: pb::ExportKeyRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let a = admission.authorize(
+    let (a, unspent) = admission.authorize_key_use(
         "export_key",
         req.auth.as_ref(),
         &[types::EXPORT_PRIVATE_KEY, types::EXPORT_WALLET_ACCOUNT],
     )?;
     let p = &a.activity.parameters;
     let (key_ref, kind) = if a.activity.activity_type == types::EXPORT_PRIVATE_KEY {
-        let (r, k) = sealed(admission, req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
+        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::PrivateKey], &a)?;
         if r.resource_id != text(p, "privateKeyId") {
             return Err(refuse(
                 &a,
@@ -82,7 +83,7 @@ pub(super) fn export_key(
         }
         (r, k)
     } else {
-        let (r, k) = sealed(admission, req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
+        let (r, k) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey], &a)?;
         if r.address != text(p, "address") {
             return Err(refuse(
                 &a,
@@ -95,6 +96,7 @@ pub(super) fn export_key(
     let private_key_id = (kind == BlobKind::PrivateKey).then(|| key_ref.resource_id.clone());
     let key = open_key(hsm, key_ref, kind)?;
     let bundle = export(hsm, &a, key.secret_bytes())?;
+    admission.spend(&a, unspent)?;
     key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
     Ok(bundle)
 }
@@ -105,7 +107,7 @@ pub(super) fn init_import(
     admission: &Admission,
     req: pb::InitImportRequest,
 ) -> Result<pb::InitImportResponse, EnclaveError> {
-    let a = admission.authorize(
+    let (a, unspent) = admission.authorize_key_use(
         "init_import",
         req.auth.as_ref(),
         &[types::INIT_IMPORT_WALLET, types::INIT_IMPORT_PRIVATE_KEY],
@@ -120,9 +122,10 @@ pub(super) fn init_import(
     let sealed_target_key = hsm.seal(&binding, target.secret.as_slice())?;
     let signer = HsmSigner::new(hsm)?;
     let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
+    admission.spend(&a, unspent)?;
     let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs })
+    Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation: a.evaluation() })
 }
 
 /// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
@@ -131,12 +134,14 @@ pub(super) fn import_wallet(
     admission: &Admission,
     req: pb::ImportWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let a = admission.authorize("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+    let (a, unspent) = admission.authorize_key_use("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
     let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
     key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
-    let plain = open_import(hsm, admission, &a, req.target.as_ref())?;
+    let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
+    admission.spend(&a, unspent)?;
+    made.evaluation = a.evaluation();
     key_facts::wallet_created(admission, &a, &req.wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &req.wallet_id, &specs, &made.accounts)?;
     Ok(made)
@@ -148,17 +153,20 @@ pub(super) fn import_private_key(
     admission: &Admission,
     req: pb::ImportPrivateKeyRequest,
 ) -> Result<pb::KeyMaterial, EnclaveError> {
-    let a = admission.authorize("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
+    let (a, unspent) =
+        admission.authorize_key_use("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
     let p = &a.activity.parameters;
     key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &[&req.private_key_id])?;
     let curve = Curve::parse(text(p, "curve"))?;
-    let plain = open_import(hsm, admission, &a, req.target.as_ref())?;
+    let plain = open_import(hsm, &a, req.target.as_ref())?;
     if plain.len() != 32 {
         return Err(EnclaveError::invalid("imported private key must be 32 bytes"));
     }
     let key = SecretKey::from_slice(curve, &plain)?;
     let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
+    admission.spend(&a, unspent)?;
+    made.evaluation = a.evaluation();
     key_facts::private_keys_made(admission, &a, &[(&req.private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&req.private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
@@ -193,7 +201,8 @@ fn export(hsm: &Hsm, a: &Admitted, secret: &[u8]) -> Result<pb::ExportResponse, 
     let target = text(&a.activity.parameters, "targetPublicKey");
     let export_bundle = bundle::export_bundle(&signer, &seed, target, &a.activity.organization_id, secret)?;
     let result = serde_json::json!({ "targetPublicKey": target, "exportBundleSha256": sha256_hex(&export_bundle) });
-    Ok(pb::ExportResponse { app_proofs: crate::proofs::of_call(hsm, a, result)?, export_bundle })
+    let app_proofs = crate::proofs::of_call(hsm, a, result)?;
+    Ok(pb::ExportResponse { app_proofs, export_bundle, evaluation: a.evaluation() })
 }
 
 /// SHA-256 of a bundle, lowercase hex: what a proof states of it.
@@ -202,13 +211,8 @@ fn sha256_hex(bundle: &str) -> String {
 }
 
 /// Decrypts the stamped body's `encryptedBundle` with the import target of the body's user.
-fn open_import(
-    hsm: &Hsm,
-    admission: &Admission,
-    a: &Admitted,
-    target: Option<&pb::SealedRef>,
-) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
-    let (target_ref, kind) = sealed(admission, target, &[BlobKind::ImportTarget], a)?;
+fn open_import(hsm: &Hsm, a: &Admitted, target: Option<&pb::SealedRef>) -> Result<Zeroizing<Vec<u8>>, EnclaveError> {
+    let (target_ref, kind) = sealed(target, &[BlobKind::ImportTarget], a)?;
     if target_ref.resource_id != text(&a.activity.parameters, "userId") {
         return Err(refuse(
             a,

@@ -25,6 +25,7 @@ use crate::store::{
 use crate::webhook_delivery::Outbox;
 use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
 use coffer_policy::decision::{self, Decision, Evaluation, PolicyOutcome};
+use coffer_proto::v1::RefusalReason;
 
 const NO_SUCH_FINGERPRINT: &str =
     "No activity found with fingerprint. Consensus activities must target an existing activity by fingerprint";
@@ -143,11 +144,10 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
     })
 }
 
-/// Runs an allowed activity's handler, then has the enclave certify the credentials it adds
-/// (one call; the enclave checks each against the stamped body).
-/// Runs the operation's handler and has the enclave decide and apply its changes: the outcome,
-/// and the enclave's policy evaluation when it made one (every activity that is not a key
-/// operation, outside shadow mode), which is what the activity records.
+/// Runs the operation's handler and has the enclave decide and apply its changes (after it
+/// certified the credentials they add): the outcome, and the enclave's policy evaluation when it
+/// made one (every key operation; every other activity outside shadow mode), which is what the
+/// activity records.
 async fn execute(
     op: &'static Operation,
     ctx: Ctx,
@@ -156,7 +156,7 @@ async fn execute(
     let state = ctx.state.clone();
     let auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
-    let proofs = ctx.proofs.clone();
+    let returned = ctx.returned.clone();
     let signup_mark = coffer_org_rules::transition::marks_auth_proxy_signup(&params);
     let app_name = coffer_org_rules::transition::auth_proxy_app_name(&params).ok().flatten();
     let mut outcome = (op.handler)(ctx, params).await?;
@@ -174,8 +174,26 @@ async fn execute(
         })
         .collect();
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    let evaluation = apply_in_enclave(&state, op, auth, &proposal, issued, &proofs).await?;
+    let evaluation = match is_key_use(op) {
+        // Fails closed: an enclave that decided no key use (an older one in shadow mode, with
+        // the gateway no longer deciding it) has its work dropped.
+        true => Some(returned.take_evaluation().ok_or_else(|| {
+            tracing::error!(activity = %op.activity_type, "the enclave answered a key use without deciding it");
+            ApiError::internal()
+        })?),
+        // Other enclave calls of their own (sessions, logins, one-time codes): the gateway's
+        // evaluation is recorded.
+        false if coffer_org_rules::subjects::KEY_OPERATIONS.contains(&op.activity_type) => None,
+        false => apply_in_enclave(&state, auth, &proposal, issued, &returned).await?,
+    };
     Ok((outcome, evaluation))
+}
+
+/// Whether the enclave alone decides `op` (a key use: the enclave call that does the work
+/// decides, and its answer or refusal says how); the gateway decides every other activity first
+/// (until the enclave decides those alone too, issue 40).
+fn is_key_use(op: &Operation) -> bool {
+    coffer_org_rules::subjects::KEY_USES.contains(&op.activity_type)
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
@@ -185,27 +203,22 @@ async fn execute(
 /// (enable_auth_proxy's key), which the projection leaves out.
 async fn apply_in_enclave(
     state: &Arc<AppState>,
-    op: &'static Operation,
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
-    proofs: &crate::custody::AppProofs,
+    returned: &crate::custody::Returned,
 ) -> Result<Option<String>, ApiError> {
-    if coffer_org_rules::subjects::KEY_OPERATIONS.contains(&op.activity_type) {
-        return Ok(None);
-    }
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
-    let applied = state.custody.authorized(&auth).collecting(proofs).apply_activity(request).await?;
+    let applied = state.custody.authorized(&auth).collecting(returned).apply_activity(request).await?;
     // Empty in shadow mode (the enclave applied nothing); otherwise the outcomes it decided with.
     let is_list = serde_json::from_str::<Vec<serde::de::IgnoredAny>>(&applied.evaluation).is_ok();
     Ok(is_list.then_some(applied.evaluation))
 }
 
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
-fn taken_proofs(proofs: &crate::custody::AppProofs) -> Vec<Value> {
-    let taken = proofs.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
-    taken.iter().map(render::app_proof).collect()
+fn taken_proofs(returned: &crate::custody::Returned) -> Vec<Value> {
+    returned.take_proofs().iter().map(render::app_proof).collect()
 }
 
 /// Has the enclave append a finished activity, as the API renders it, to its organization's log:
@@ -233,14 +246,6 @@ async fn log_link(
             None
         }
     }
-}
-
-/// `evaluation_write` with the enclave's outcomes in place of the gateway's, when it sent them.
-fn recorded_by_enclave(mut write: Write, enclave: Option<String>) -> Write {
-    if let (Write::InsertPolicyEvaluation(record), Some(outcomes)) = (&mut write, enclave) {
-        record.evaluations = outcomes;
-    }
-    write
 }
 
 /// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
@@ -322,15 +327,22 @@ async fn certify_credentials(
     Ok(())
 }
 
-fn evaluation_write(org: &str, activity_id: &str, vote: &Value, e: &Evaluation, now: Nanos) -> Write {
+/// The record of the policy outcomes `evaluations` (JSON text, as stored) of `vote`.
+fn evaluation_write(org: &str, activity_id: &str, vote: &Value, evaluations: String, now: Nanos) -> Write {
     Write::InsertPolicyEvaluation(PolicyEvaluationRecord {
         id: uuid::Uuid::new_v4().to_string(),
         activity_id: activity_id.to_string(),
         organization_id: org.to_string(),
         vote_id: vote["id"].as_str().unwrap_or_default().to_string(),
-        evaluations: crate::store::outcomes::stored(e),
+        evaluations,
         created_at: now,
     })
+}
+
+/// What an activity records of a decision: the enclave's outcomes when it sent them, else the
+/// gateway's evaluation's (a state change in shadow mode), else none.
+fn recorded_outcomes(enclave: Option<String>, gateway: Option<&Evaluation>) -> String {
+    enclave.or_else(|| gateway.map(crate::store::outcomes::stored)).unwrap_or_else(|| "[]".into())
 }
 
 /// `{organizationId, type, parameters}` with sorted keys, hashed: what an Idempotency-Key
@@ -465,8 +477,12 @@ pub async fn submit(
         (Some(parent), true) => organization(&state, parent.clone()).await?,
         _ => org.clone(),
     };
-    let evaluation = crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?;
-    let mut writes = vec![evaluation_write(&org.id, &activity_id, &vote, &evaluation, now)];
+    // Key operations are decided by the enclave alone; every other activity by the gateway first.
+    let evaluation = match is_key_use(op) {
+        true => None,
+        false => Some(crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?),
+    };
+    let mut writes = Vec::new();
     if let Some(key) = &idem {
         writes.push(Write::InsertIdempotencyKey {
             organization_id: org.id.clone(),
@@ -476,10 +492,12 @@ pub async fn submit(
             created_at: now,
         });
     }
-    let proofs: Arc<crate::custody::AppProofs> = Default::default();
+    let returned: Arc<crate::custody::Returned> = Default::default();
     let mut submission = None;
-    let (status, result) = match evaluation.decision {
-        Decision::Deny => return Err(denied(&evaluation)),
+    let decision = evaluation.as_ref().map_or(Decision::Allow, |e| e.decision);
+    let mut outcomes = None;
+    let (status, result) = match decision {
+        Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
         // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
         Decision::ConsensusNeeded if !op.secret_parameters.is_empty() => {
             return Err(ApiError::forbidden(format!(
@@ -503,21 +521,30 @@ pub async fn submit(
                 now,
                 auth,
                 fingerprint: fingerprint.clone(),
-                proofs: proofs.clone(),
+                returned: returned.clone(),
             };
-            let outcome = match execute(op, ctx, env.parameters.clone()).await {
+            match execute(op, ctx, env.parameters.clone()).await {
                 Ok((outcome, enclave_evaluation)) => {
                     // The recorded evaluation is the enclave's, when it made one.
-                    let first = writes.remove(0);
-                    writes.insert(0, recorded_by_enclave(first, enclave_evaluation));
-                    outcome
+                    outcomes = enclave_evaluation;
+                    writes.extend(outcome.writes);
+                    (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
+                }
+                // The enclave's decision of a key operation: it waits for votes. Recorded with the
+                // submitter's vote and the outcomes the enclave read; nothing ran.
+                Err(e) if is_key_use(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                    submission = None;
+                    outcomes = e.evaluation;
+                    (STATUS_CONSENSUS_NEEDED, json!({}))
                 }
                 Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
-            };
-            writes.extend(outcome.writes);
-            (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
+            }
         }
     };
+    writes.insert(
+        0,
+        evaluation_write(&org.id, &activity_id, &vote, recorded_outcomes(outcomes, evaluation.as_ref()), now),
+    );
     let record_fingerprint = fingerprint.clone();
     let record = ActivityRecord {
         id: activity_id,
@@ -533,7 +560,7 @@ pub async fn submit(
         failure: None,
         created_at: now,
         updated_at: now_nanos(),
-        app_proofs: taken_proofs(&proofs),
+        app_proofs: taken_proofs(&returned),
     };
     // A finished activity's link in its organization's log is committed with it.
     if let Some(submission) = submission {
@@ -725,17 +752,31 @@ async fn vote(
         let mut writes;
         let mut fallback = None;
         if approve {
-            let proposal =
-                Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &submitter, now };
-            let evaluation = crate::policy_gate::decide(&state.store, &org, &proposal).await?;
-            let eval_write = evaluation_write(&org.id, &target.id, &vote, &evaluation, now);
-            match evaluation.decision {
-                Decision::Deny => return Err(denied(&evaluation)),
+            let key_use = is_key_use(op);
+            // A key operation is decided by the enclave alone, with this vote and the earlier ones.
+            let evaluation = match key_use {
+                true => None,
+                false => {
+                    let proposal = Proposal {
+                        subject: op.policy_subject(),
+                        params: &params,
+                        votes: &votes,
+                        submitter: &submitter,
+                        now,
+                    };
+                    Some(crate::policy_gate::decide(&state.store, &org, &proposal).await?)
+                }
+            };
+            let eval_write = |enclave: Option<String>| {
+                evaluation_write(&org.id, &target.id, &vote, recorded_outcomes(enclave, evaluation.as_ref()), now)
+            };
+            match evaluation.as_ref().map_or(Decision::Allow, |e| e.decision) {
+                Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
                 Decision::ConsensusNeeded => {
-                    writes = vec![eval_write, update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+                    writes = vec![eval_write(None), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                 }
                 Decision::Allow => {
-                    let proofs: Arc<crate::custody::AppProofs> = Default::default();
+                    let returned: Arc<crate::custody::Returned> = Default::default();
                     let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                         Ok(submitter) => {
                             // The enclave runs it on the original stamp, the earlier approvals'
@@ -757,7 +798,7 @@ async fn vote(
                                 now,
                                 auth,
                                 fingerprint: target.fingerprint.clone(),
-                                proofs: proofs.clone(),
+                                returned: returned.clone(),
                             };
                             execute(op, ctx, params.clone()).await
                         }
@@ -770,16 +811,26 @@ async fn vote(
                         Ok((outcome, enclave_evaluation)) => {
                             // The evaluation first: completing may delete the organization.
                             writes = outcome.writes;
-                            writes.push(recorded_by_enclave(eval_write.clone(), enclave_evaluation));
+                            writes.push(eval_write(enclave_evaluation.clone()));
                             let mut completed =
                                 update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None);
                             if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
-                                *app_proofs = taken_proofs(&proofs);
+                                *app_proofs = taken_proofs(&returned);
                             }
                             writes.push(completed);
-                            fallback = Some(eval_write);
+                            fallback = Some(eval_write(enclave_evaluation));
                         }
-                        Err(e) => writes = vec![eval_write, failed(&e)],
+                        // The enclave's decision of a key operation: still waiting for votes.
+                        Err(e) if key_use && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                            writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+                        }
+                        // ... or denied: the vote is not recorded, as a denial by the gateway's
+                        // decision of any other activity.
+                        Err(e) if key_use && e.refusal == Some(RefusalReason::PolicyDenied) => return Err(e),
+                        // ... or not reached, or not answering: the vote is not recorded (send it
+                        // again), and the activity still waits.
+                        Err(e) if key_use && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
+                        Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
                     }
                 }
             }
@@ -801,7 +852,7 @@ async fn vote(
                     .collect(),
             };
             writes = vec![
-                evaluation_write(&org.id, &target.id, &vote, &rejected, now),
+                evaluation_write(&org.id, &target.id, &vote, crate::store::outcomes::stored(&rejected), now),
                 update(STATUS_REJECTED, json!({}), None),
             ];
         }

@@ -37,14 +37,15 @@ pub struct Ctx {
     pub auth: pb::Authorization,
     /// The activity's fingerprint (of the stamped submission).
     pub fingerprint: String,
-    /// The app proofs the enclave returned for this activity so far.
-    pub proofs: Arc<crate::custody::AppProofs>,
+    /// What the enclave returned for this activity so far beside its answers (app proofs, the
+    /// evaluation of a key operation).
+    pub returned: Arc<crate::custody::Returned>,
 }
 
 impl Ctx {
     /// The enclaves, on behalf of this activity (every call carries [`Ctx::auth`]).
     pub fn enclave(&self) -> crate::custody::Admitted<'_> {
-        self.state.custody.authorized(&self.auth).collecting(&self.proofs)
+        self.state.custody.authorized(&self.auth).collecting(&self.returned)
     }
 }
 

@@ -287,7 +287,7 @@ impl Harness {
             now: now_nanos(),
             auth: Default::default(),
             fingerprint: stamped.fingerprint.clone(),
-            proofs: Default::default(),
+            returned: Default::default(),
         };
         let outcome = (op.handler)(ctx, stamped.parameters.clone()).await.unwrap_or_else(|e| panic!("{path}: {e:?}"));
         let proposed = proposal(org, &outcome.writes);

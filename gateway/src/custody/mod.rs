@@ -28,45 +28,89 @@ pub struct Custody {
 pub struct Admitted<'a> {
     client: &'a EnclaveClient<Transport>,
     auth: &'a pb::Authorization,
-    /// Where the app proofs the enclave returns go (those of one activity).
-    proofs: Option<&'a AppProofs>,
+    /// Where what the enclave returns beside each answer goes (for one activity).
+    returned: Option<&'a Returned>,
 }
 
-/// The app proofs the enclave returned during one activity, in the order it made them.
-pub type AppProofs = std::sync::Mutex<Vec<pb::AppProof>>;
+/// What the enclave returned during one activity beside each call's answer: its app proofs, in
+/// the order it made them, and the policy outcomes it decided a key operation with.
+#[derive(Default)]
+pub struct Returned {
+    proofs: std::sync::Mutex<Vec<pb::AppProof>>,
+    evaluation: std::sync::Mutex<Option<String>>,
+}
 
-/// An answer that may carry the enclave's app proofs.
-trait CarriesProofs {
+impl Returned {
+    /// The app proofs returned so far, taken.
+    pub fn take_proofs(&self) -> Vec<pb::AppProof> {
+        self.proofs.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default()
+    }
+
+    /// The policy outcomes (JSON text) of the last key operation the enclave decided, taken.
+    pub fn take_evaluation(&self) -> Option<String> {
+        self.evaluation.lock().ok().and_then(|mut e| e.take())
+    }
+
+    /// Keeps what `answer` carries beside itself.
+    fn keep(&self, answer: &mut impl CarriesReturns) -> Result<(), ApiError> {
+        let taken = answer.take_proofs();
+        if !taken.is_empty() {
+            self.proofs.lock().map_err(|_| ApiError::internal())?.extend(taken);
+        }
+        if let Some(evaluation) = answer.take_evaluation() {
+            *self.evaluation.lock().map_err(|_| ApiError::internal())? = Some(evaluation);
+        }
+        Ok(())
+    }
+}
+
+/// An answer that may carry the enclave's app proofs and, for a key operation, its evaluation.
+trait CarriesReturns {
     fn take_proofs(&mut self) -> Vec<pb::AppProof>;
+    fn take_evaluation(&mut self) -> Option<String>;
 }
 
-macro_rules! carries_proofs {
-    (with: $($with:ty),*; without: $($without:ty),* $(,)?) => {
-        $(impl CarriesProofs for $with {
+macro_rules! carries_returns {
+    (decided: $($decided:ty),*; proofs: $($with:ty),*; nothing: $($without:ty),* $(,)?) => {
+        $(impl CarriesReturns for $decided {
             fn take_proofs(&mut self) -> Vec<pb::AppProof> {
                 std::mem::take(&mut self.app_proofs)
             }
+            fn take_evaluation(&mut self) -> Option<String> {
+                Some(std::mem::take(&mut self.evaluation)).filter(|e| !e.is_empty())
+            }
         })*
-        $(impl CarriesProofs for $without {
+        $(impl CarriesReturns for $with {
+            fn take_proofs(&mut self) -> Vec<pb::AppProof> {
+                std::mem::take(&mut self.app_proofs)
+            }
+            fn take_evaluation(&mut self) -> Option<String> {
+                None
+            }
+        })*
+        $(impl CarriesReturns for $without {
             fn take_proofs(&mut self) -> Vec<pb::AppProof> {
                 Vec::new()
+            }
+            fn take_evaluation(&mut self) -> Option<String> {
+                None
             }
         })*
     };
 }
 
-carries_proofs!(
-    with: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
-        pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial,
-        pb::CreateSessionResponse, pb::ApplyActivityResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
-    without: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
+carries_returns!(
+    decided: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
+        pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial;
+    proofs: pb::CreateSessionResponse, pb::ApplyActivityResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
+    nothing: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
         pb::EnableAuthProxyResponse,
 );
 
 impl<'a> Admitted<'a> {
-    /// The same calls, keeping the app proofs of their answers in `proofs`.
-    pub fn collecting(self, proofs: &'a AppProofs) -> Self {
-        Self { proofs: Some(proofs), ..self }
+    /// The same calls, keeping what their answers carry beside themselves in `returned`.
+    pub fn collecting(self, returned: &'a Returned) -> Self {
+        Self { returned: Some(returned), ..self }
     }
 }
 
@@ -114,11 +158,8 @@ macro_rules! authorized_calls {
             pub async fn $method(&self, mut request: $request) -> Result<$answer, ApiError> {
                 request.authorize(self.auth.clone());
                 let mut answer = answer(self.client.clone().$method(request).await)?;
-                if let Some(proofs) = self.proofs {
-                    let taken = answer.take_proofs();
-                    if !taken.is_empty() {
-                        proofs.lock().map_err(|_| ApiError::internal())?.extend(taken);
-                    }
+                if let Some(returned) = self.returned {
+                    returned.keep(&mut answer)?;
                 }
                 Ok(answer)
             })*
@@ -164,7 +205,7 @@ impl Custody {
 
     /// The calls of the activity `auth` authorizes.
     pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Admitted<'a> {
-        Admitted { client: &self.client, auth, proofs: None }
+        Admitted { client: &self.client, auth, returned: None }
     }
 
     /// The enclave's boot proof.
@@ -241,6 +282,12 @@ fn api_error(s: tonic::Status) -> ApiError {
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::LimitExceeded) => {
             ApiError::invalid(s.message().to_string())
         }
+        // The organization's policies do not allow it: the words the API uses for every such
+        // refusal (the enclave's reason is in its audit log and here).
+        tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::PolicyDenied) => {
+            tracing::info!(error = %s.message(), "the enclave's decision denied a request");
+            ApiError::forbidden(crate::policy_gate::NOT_AUTHORIZED)
+        }
         // The enclave's own authorization refused the request (see its audit log).
         tonic::Code::PermissionDenied => {
             tracing::warn!(error = %s.message(), reason = ?refusal, "enclave refused a request");
@@ -273,7 +320,7 @@ fn api_error(s: tonic::Status) -> ApiError {
             ApiError::internal()
         }
     };
-    ApiError { refusal, ..error }
+    ApiError { refusal, evaluation: coffer_proto::refusal_evaluation(&s), ..error }
 }
 
 /// Logs "enclave unavailable" at most once a second, with how many were left out: during an
@@ -296,7 +343,7 @@ mod tests {
     use super::*;
 
     fn refused(reason: pb::RefusalReason) -> tonic::Status {
-        let details = coffer_proto::refusal_details(reason);
+        let details = coffer_proto::refusal_details(reason, "");
         tonic::Status::with_details(tonic::Code::PermissionDenied, "enclave refused: whatever it says", details.into())
     }
 
@@ -314,7 +361,7 @@ mod tests {
         let busy = tonic::Status::with_details(
             tonic::Code::ResourceExhausted,
             "enclave busy",
-            coffer_proto::refusal_details(pb::RefusalReason::ReplayWindowFull).into(),
+            coffer_proto::refusal_details(pb::RefusalReason::ReplayWindowFull, "").into(),
         );
         let e = api_error(busy);
         assert_eq!((e.code, e.refusal), (Code::Unavailable, Some(pb::RefusalReason::ReplayWindowFull)));

@@ -144,7 +144,7 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
         now: ctx.now,
         auth: ctx.auth.clone(),
         fingerprint: ctx.fingerprint.clone(),
-        proofs: ctx.proofs.clone(),
+        returned: ctx.returned.clone(),
     };
     let mut writes = vec![Write::InsertOrganization(sub.clone())];
     let mut taken = HashSet::new();
