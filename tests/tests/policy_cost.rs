@@ -281,7 +281,8 @@ async fn one_decision_has_one_budget_and_the_policy_text_a_cap() {
         r.text
     );
 
-    // Submitted, it is refused and records nothing.
+    // Submitted, it is refused (by the enclave, which alone decides a key use) and records
+    // nothing.
     let before = stack.activity_count(&root, &org).await;
     let r = submit(
         &stack,
@@ -293,6 +294,7 @@ async fn one_decision_has_one_budget_and_the_policy_text_a_cap() {
     )
     .await;
     refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::PolicyDenied);
     assert_eq!(stack.activity_count(&root, &org).await, before);
 
     // The text cap: 240 KB held, 4 more policies of 6 KB pass 256 KiB, refused by the enclave
