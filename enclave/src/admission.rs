@@ -747,6 +747,9 @@ impl Admission {
             .about(&activity, &credential));
         }
         let mut voters: Vec<VerifiedVote> = Vec::new();
+        // What the replay window keeps, and from when it counts: the body's own fingerprint; for
+        // a run after consensus, until the waiting activity's votes can no longer run it. An
+        // approved activity runs once, whichever approval (or gateway) runs it.
         let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
             None => {
                 self.fresh(&activity, now).map_err(|r| r.about(&activity, &credential))?;
@@ -781,7 +784,7 @@ impl Admission {
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
                 voters.push(verified_vote(&voter, vote.timestamp_ms));
-                (vote.fingerprint.clone(), vote.timestamp_ms)
+                (activity.fingerprint.clone(), activity.timestamp_ms.saturating_add(VOTE_LIFETIME_MS))
             }
         };
         // The organization's rules decide before the replay window and the decision log take the

@@ -3759,6 +3759,50 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
 /// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
 /// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
 /// the same stamped body with the exact proposal is then applied, once.
+/// An activity that waited for votes runs once, whichever approval runs it: a second approval
+/// that would also meet the consensus, sent straight to the enclave by a gateway holding both,
+/// is a replay: one signature, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (alice_id, alice) = member(&client, &org, "alice").await;
+    let (bob_id, bob) = member(&client, &org, "bob").await;
+    let (_, carol) = member(&client, &org, "carol").await;
+    let (_, a) = wallet(&client, &org, "once").await;
+    let either = Some(format!("approvers.any(user, user.id == '{alice_id}' || user.id == '{bob_id}')"));
+    policy(&client, &org, "carol signs", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", either)
+        .await;
+    let c = db(&stack);
+    let cert = |k: &TurnkeyP256ApiKey| certificate(&c, &public_key(k));
+    let enclave = connect(stack.enclave_socket());
+    let key = account_ref(&c, &a[0]);
+    let signing = sign_body(&org, &a[0], "once", Stack::now_ms());
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(signing.as_bytes())));
+    let submission = stamped(&carol, &signing, &cert(&carol));
+    refused_for(
+        &stack,
+        sign(&enclave, auth(submission.clone()), &key).await,
+        "sign",
+        pb::RefusalReason::ConsensusNeeded,
+    );
+    // Two approvals: different voters, different bodies (a body's fingerprint is of its bytes).
+    let approval = |voter: &TurnkeyP256ApiKey, at_ms: u128| {
+        let vote = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, at_ms, json!({ "fingerprint": fingerprint }));
+        Some(pb::Authorization {
+            request: Some(submission.clone()),
+            approval: Some(stamped(voter, &vote, &cert(voter))),
+            votes: Vec::new(),
+        })
+    };
+    let now = Stack::now_ms();
+    let (by_alice, by_bob) = (approval(&alice, now), approval(&bob, now + 1));
+    let signed = sign(&enclave, by_alice, &key).await;
+    assert_eq!(signed.unwrap_or_else(|e| panic!("alice's approval runs it: {e:?}")).signatures.len(), 1);
+    refused(sign(&enclave, by_bob, &key).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
+}
+
 /// E12 for key operations: a key use refused after its decision (the sealed key is not the one
 /// the body names) spends nothing and leaves no allow in the decision log; the stamp is spent
 /// with the signature it makes, once.
