@@ -11,7 +11,7 @@ use coffer_proto::v1 as pb;
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
-use crate::store::{EnclaveStore, StoreError};
+use crate::store::{EnclaveStore, LinkedActivity, StoreError};
 
 /// What one append records: the activity, as the enclave checked it.
 #[derive(Debug, Clone)]
@@ -33,7 +33,16 @@ pub type Appended = (pb::AppProof, u64);
 
 struct Job {
     entry: Entry,
-    reply: Reply<Result<Appended, String>>,
+    reply: Reply<Result<Appended, AppendFailure>>,
+}
+
+/// Why an append was not made.
+#[derive(Debug, Clone)]
+enum AppendFailure {
+    /// The log has a link of this activity in this status already.
+    AlreadyLinked,
+    /// The group failed (the message says how).
+    Failed(String),
 }
 
 /// The appends waiting for a group, and each organization's head as this enclave last wrote it.
@@ -71,10 +80,16 @@ impl ActivityLog {
         group_commit::wait(
             &answer,
             lead,
-            || self.lead_one_group(store, sign),
-            || "the activity log's group was abandoned".to_string(),
+            || self.lead_one_group(store, sign).map_err(AppendFailure::Failed),
+            || AppendFailure::Failed("the activity log's group was abandoned".to_string()),
         )
-        .map_err(|message| EnclaveError::Busy { reason: RefusalReason::Unspecified, message })
+        .map_err(|failure| match failure {
+            AppendFailure::AlreadyLinked => EnclaveError::refused(
+                RefusalReason::Replayed,
+                "the activity log has a link of this activity in this status already",
+            ),
+            AppendFailure::Failed(message) => EnclaveError::Busy { reason: RefusalReason::Unspecified, message },
+        })
     }
 
     /// Appends the first group waiting, then hands the lead to the owner of the first append
@@ -105,13 +120,13 @@ impl ActivityLog {
             match self.append_group(store, &organization_id, &entries, sign) {
                 Ok(appended) => {
                     for (job, a) in jobs.into_iter().zip(appended) {
-                        let _ = job.reply.send(Turn::Answer(Ok(a)));
+                        let _ = job.reply.send(Turn::Answer(a.ok_or(AppendFailure::AlreadyLinked)));
                     }
                 }
                 Err(e) => {
                     let message = e.to_string();
                     for job in jobs {
-                        let _ = job.reply.send(Turn::Answer(Err(message.clone())));
+                        let _ = job.reply.send(Turn::Answer(Err(AppendFailure::Failed(message.clone()))));
                     }
                 }
             }
@@ -119,15 +134,25 @@ impl ActivityLog {
     }
 
     /// One organization's part of a group: its links chained onto the head, the last one signed,
-    /// and the head moved past them all in one compare-and-set.
+    /// and the head moved past them all in one compare-and-set. An activity is linked once in
+    /// each status: an entry the log has already (or that comes twice) gets `None`.
     fn append_group(
         &self,
         store: &dyn EnclaveStore,
         organization_id: &str,
-        entries: &[&Entry],
+        all: &[&Entry],
         sign: Signer<'_>,
-    ) -> Result<Vec<Appended>, EnclaveError> {
+    ) -> Result<Vec<Option<Appended>>, EnclaveError> {
         for _ in 0..APPEND_TRIES {
+            let mut fresh = Vec::with_capacity(all.len());
+            for (i, e) in all.iter().enumerate() {
+                let twice = all[..i].iter().any(|o| o.fingerprint == e.fingerprint && o.status == e.status);
+                fresh.push(!twice && !store.linked(organization_id, &e.fingerprint, &e.status)?);
+            }
+            let entries: Vec<&Entry> = all.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
+            if entries.is_empty() {
+                return Ok(vec![None; all.len()]);
+            }
             let cached = self.heads.get(organization_id);
             let (start, mut head) = match cached {
                 Some(h) => h,
@@ -153,10 +178,21 @@ impl ActivityLog {
                 appended.push((sign(&link, i + 1 == entries.len())?, seq));
             }
             let links = start + entries.len() as u64;
-            match store.advance_log(organization_id, start, links, &head) {
+            let linked: Vec<LinkedActivity<'_>> = entries
+                .iter()
+                .zip(&appended)
+                .map(|(e, (_, seq))| LinkedActivity {
+                    fingerprint: &e.fingerprint,
+                    status: &e.status,
+                    activity_id: &e.activity_id,
+                    seq: *seq,
+                })
+                .collect();
+            match store.advance_log(organization_id, start, links, &head, &linked) {
                 Ok(()) => {
                     self.heads.insert(organization_id, (links, head), HEAD_BYTES);
-                    return Ok(appended);
+                    let mut appended = appended.into_iter();
+                    return Ok(fresh.iter().map(|f| if *f { appended.next() } else { None }).collect());
                 }
                 Err(StoreError::VersionMoved { .. }) => self.heads.remove(organization_id),
                 Err(e) => {

@@ -250,6 +250,33 @@ fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
     assert_eq!(a.sealed_service_key("coffer-tls-fetcher-v1").unwrap(), None);
 }
 
+/// The activity log's head moves by compare-and-set, and an activity is linked at most once in
+/// each status, whichever enclave links it: a move with one already linked is not made at all.
+fn an_activity_is_linked_once_in_each_status(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let link = |fingerprint: &'static str, status: &'static str, seq: u64| LinkedActivity {
+        fingerprint,
+        status,
+        activity_id: "id",
+        seq,
+    };
+    let (done, waiting) = ("ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_CONSENSUS_NEEDED");
+    a.advance_log("o", 0, 2, "h2", &[link("f1", waiting, 1), link("f1", done, 2)]).unwrap();
+    assert!(b.linked("o", "f1", done).unwrap() && b.linked("o", "f1", waiting).unwrap());
+    assert!(!b.linked("o", "f2", done).unwrap() && !b.linked("other", "f1", done).unwrap());
+    // f1 completed again, beside a new one: nothing moves, nothing of f2 is kept.
+    let again = b.advance_log("o", 2, 4, "h4", &[link("f2", done, 3), link("f1", done, 4)]);
+    assert!(matches!(again, Err(StoreError::VersionMoved { found: Some(2), .. })), "{again:?}");
+    assert!(!a.linked("o", "f2", done).unwrap());
+    assert_eq!(a.log_head("o").unwrap(), Some((2, "h2".to_string())));
+    // A stale expected head is refused the same way; the right one moves.
+    assert!(matches!(b.advance_log("o", 1, 3, "h3", &[link("f2", done, 3)]), Err(StoreError::VersionMoved { .. })));
+    b.advance_log("o", 2, 3, "h3", &[link("f2", done, 3)]).unwrap();
+    assert!(a.linked("o", "f2", done).unwrap());
+    // The same fingerprint in another organization is another activity.
+    a.advance_log("other", 0, 1, "x1", &[link("f1", done, 1)]).unwrap();
+}
+
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
     let settings = StoreSettings { url: "mysql://enclave:hunter2@db/x".into(), ..Default::default() };
     let err = open(&settings).err().expect("refused").to_string();
@@ -283,5 +310,6 @@ conformance!(
     scoped_quotas_hold_under_concurrency,
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,
+    an_activity_is_linked_once_in_each_status,
     unsupported_urls_are_refused_without_their_password,
 );

@@ -554,6 +554,14 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
+    // Linked once (issue 40, E5): the same activity failed again, under another id or the same,
+    // is a replay; the head does not move.
+    for id in ["a-1", "a-2"] {
+        let mut again = activity.clone();
+        again["id"] = json!(id);
+        assert_eq!(reason(record(stamped(&key), &again).await), "REFUSAL_REASON_REPLAYED", "{id}");
+    }
+    assert_eq!(head().await, before + 1);
 
     // A stamp kept for a day and reported now, failed or completed: the enclave never decided it.
     let old_body = json!({"type": "ACTIVITY_TYPE_CREATE_USER_TAG",

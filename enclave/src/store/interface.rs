@@ -100,6 +100,16 @@ impl LoggedDecision {
     }
 }
 
+/// What one link of an activity log is of ([`EnclaveStore::advance_log`]): the activity (its
+/// stamped body's fingerprint and its id), its status, its position.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkedActivity<'a> {
+    pub fingerprint: &'a str,
+    pub status: &'a str,
+    pub activity_id: &'a str,
+    pub seq: u64,
+}
+
 /// The bounds of the replay window and of the decision log, given to a backend when it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {
@@ -166,9 +176,21 @@ pub trait EnclaveStore: Send + Sync {
     /// The head of `org`'s activity log: (links appended, head hash); `None` before its first.
     fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError>;
     /// Moves `org`'s activity log from `expected` links to `links` (more) with `head`, only if it
-    /// is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise). Committed
-    /// before it returns.
-    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError>;
+    /// is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise), and
+    /// records what each new link is of (`linked`, one per link), in one transaction. An activity
+    /// is linked at most once in each status: a link of one already linked in that status fails
+    /// the whole move as `VersionMoved` (the caller, checking [`EnclaveStore::linked`] again,
+    /// leaves it out). Committed before it returns.
+    fn advance_log(
+        &self,
+        org: &str,
+        expected: u64,
+        links: u64,
+        head: &str,
+        linked: &[LinkedActivity<'_>],
+    ) -> Result<(), StoreError>;
+    /// Whether `org`'s activity log has a link of the activity with `fingerprint` in `status`.
+    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError>;
     /// The sealed service key labelled `label` (kept for modules that cannot hold it, see
     /// `hsm::SealedKeyShelf`).
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError>;

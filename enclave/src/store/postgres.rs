@@ -23,8 +23,8 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LoggedDecision, OrgChanges, OrgHead, Remembered,
-    StoreError, StoreLimits,
+    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision, OrgChanges,
+    OrgHead, Remembered, StoreError, StoreLimits,
 };
 
 /// Connections one store opens at most.
@@ -139,6 +139,16 @@ BEGIN
     RETURN coffer_remember(p_scope, p_key, p_expires, p_now, p_quota);
 END
 $fn$;
+",
+    r"
+CREATE TABLE log_links (
+    organization_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    activity_id TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    PRIMARY KEY (organization_id, fingerprint, status)
+);
 ",
 ];
 
@@ -430,30 +440,71 @@ impl EnclaveStore for PostgresEnclaveStore {
         })
     }
 
-    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError> {
+    fn advance_log(
+        &self,
+        org: &str,
+        expected: u64,
+        links: u64,
+        head: &str,
+        linked: &[LinkedActivity<'_>],
+    ) -> Result<(), StoreError> {
         if links <= expected {
             return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
         }
         let (from, to) = (expected as i64, links as i64);
-        let changed = self.with_conn(|client| {
-            if expected == 0 {
-                client.execute(
+        let advanced = self.with_conn(|client| {
+            let mut tx = client.transaction().map_err(pg)?;
+            let changed = if expected == 0 {
+                tx.execute(
                     "INSERT INTO log_heads (organization_id, links, head) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                     &[&org, &to, &head],
                 )
             } else {
-                client.execute(
+                tx.execute(
                     "UPDATE log_heads SET links = $3, head = $4 WHERE organization_id = $1 AND links = $2",
                     &[&org, &from, &to, &head],
                 )
             }
-            .map_err(pg)
+            .map_err(pg)?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            let insert = tx
+                .prepare(
+                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                )
+                .map_err(pg)?;
+            let mut taken = 0;
+            for l in linked {
+                taken += tx
+                    .execute(&insert, &[&org, &l.fingerprint, &l.status, &l.activity_id, &(l.seq as i64)])
+                    .map_err(pg)?;
+            }
+            // An activity already linked in that status: nothing of the move is kept.
+            if taken != linked.len() as u64 {
+                return Ok(false);
+            }
+            tx.commit().map_err(pg)?;
+            Ok(true)
         })?;
-        if changed == 0 {
+        if !advanced {
             let found = self.log_head(org)?.map(|(n, _)| n);
             return Err(StoreError::VersionMoved { organization_id: org.to_string(), expected, found });
         }
         Ok(())
+    }
+
+    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError> {
+        self.with_conn(|client| {
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM log_links WHERE organization_id = $1 AND fingerprint = $2 AND status = $3",
+                    &[&org, &fingerprint, &status],
+                )
+                .map_err(pg)?;
+            Ok(row.is_some())
+        })
     }
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {

@@ -27,8 +27,8 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LoggedDecision, OrgChanges, OrgHead, Remembered,
-    StoreError, StoreLimits,
+    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision, OrgChanges,
+    OrgHead, Remembered, StoreError, StoreLimits,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -86,6 +86,16 @@ CREATE TABLE log_heads (
 CREATE TABLE sealed_service_keys (
     label TEXT PRIMARY KEY,
     blob BLOB NOT NULL
+) WITHOUT ROWID;
+",
+    r"
+CREATE TABLE log_links (
+    organization_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    activity_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (organization_id, fingerprint, status)
 ) WITHOUT ROWID;
 ",
 ];
@@ -652,29 +662,64 @@ impl EnclaveStore for SqliteEnclaveStore {
         })
     }
 
-    fn advance_log(&self, org: &str, expected: u64, links: u64, head: &str) -> Result<(), StoreError> {
+    fn advance_log(
+        &self,
+        org: &str,
+        expected: u64,
+        links: u64,
+        head: &str,
+        linked: &[LinkedActivity<'_>],
+    ) -> Result<(), StoreError> {
         if links <= expected {
             return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
         }
         let (from, to) = (expected as i64, links as i64);
         let conn = self.writer.lock().map_err(poisoned)?;
+        let tx = conn.unchecked_transaction().map_err(sq)?;
         let moved = if expected == 0 {
-            conn.prepare_cached(
+            tx.prepare_cached(
                 "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
             )
             .and_then(|mut st| st.execute(rusqlite::params![org, to, head]))
         } else {
-            conn.prepare_cached("UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2")
+            tx.prepare_cached("UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2")
                 .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))
         }
         .map_err(sq)?
             == 0;
-        drop(conn);
-        if moved {
+        let mut taken = 0;
+        if !moved {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                )
+                .map_err(sq)?;
+            for l in linked {
+                taken += st
+                    .execute(rusqlite::params![org, l.fingerprint, l.status, l.activity_id, l.seq as i64])
+                    .map_err(sq)?;
+            }
+        }
+        // Moved, or an activity already linked in that status: nothing of it is kept.
+        if moved || taken != linked.len() {
+            drop(tx);
+            drop(conn);
             let found = self.log_head(org)?.map(|(n, _)| n);
             return Err(StoreError::VersionMoved { organization_id: org.to_string(), expected, found });
         }
+        tx.commit().map_err(sq)?;
         Ok(())
+    }
+
+    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3)",
+            )
+            .and_then(|mut st| st.query_row(rusqlite::params![org, fingerprint, status], |r| r.get(0)))
+            .map_err(sq)
+        })
     }
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
