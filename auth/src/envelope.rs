@@ -104,6 +104,14 @@ pub fn derived_id(fingerprint: &str, label: &str, index: usize) -> String {
 /// Labels of [`derived_id`].
 pub const USER_ID: &str = "user";
 pub const SUB_ORGANIZATION_ID: &str = "sub-organization";
+pub const WALLET_ID: &str = "wallet";
+pub const WALLET_ACCOUNT_ID: &str = "wallet-account";
+pub const PRIVATE_KEY_ID: &str = "private-key";
+
+/// The first `n` ids of `label` [`derived_id`] gives for `fingerprint`, in order.
+pub fn derived_ids(fingerprint: &str, label: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| derived_id(fingerprint, label, i)).collect()
+}
 
 #[cfg(test)]
 mod tests {

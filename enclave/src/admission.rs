@@ -747,10 +747,17 @@ impl Admission {
             .about(&activity, &credential));
         }
         let mut voters: Vec<VerifiedVote> = Vec::new();
-        // What the replay window keeps, and from when it counts: the body's own fingerprint; for
-        // a run after consensus, until the waiting activity's votes can no longer run it. An
-        // approved activity runs once, whichever approval (or gateway) runs it.
+        // What the replay window keeps, and from when it counts: the body's own fingerprint (per
+        // operation), from its timestamp; for a run after consensus, from the approval's. Two
+        // approvals that each meet the consensus run it once while the first one's entry lives
+        // (the freshness window): not a vote lifetime, which would let a tenant hold its share
+        // of the shared window for a day with approved runs.
         let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
+            // Earlier votes count only beside a fresh approval (the run after consensus).
+            None if auth.is_some_and(|a| !a.votes.is_empty()) => {
+                return Err(Refusal::new(RefusalReason::NotApproved, "votes are counted only with an approval")
+                    .about(&activity, &credential));
+            }
             None => {
                 self.fresh(&activity, now).map_err(|r| r.about(&activity, &credential))?;
                 (activity.fingerprint.clone(), activity.timestamp_ms)
@@ -784,7 +791,7 @@ impl Admission {
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
                 voters.push(verified_vote(&voter, vote.timestamp_ms));
-                (activity.fingerprint.clone(), activity.timestamp_ms.saturating_add(VOTE_LIFETIME_MS))
+                (activity.fingerprint.clone(), vote.timestamp_ms)
             }
         };
         // The organization's rules decide before the replay window and the decision log take the

@@ -2489,11 +2489,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         json!({"walletName": "bob's", "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
             "path": "m/44'/60'/0'/0/0", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]}),
     );
-    let req = pb::CreateWalletRequest {
-        auth: auth(stamped(&bob, &make, &bob_cert)),
-        wallet_id: "bobs-wallet".into(),
-        account_ids: vec!["bobs-account".into()],
-    };
+    let req = pb::CreateWalletRequest { auth: auth(stamped(&bob, &make, &bob_cert)) };
     refused_for(&stack, enclave.clone().create_wallet(req).await, "create_wallet", pb::RefusalReason::PolicyDenied);
 
     // A state change: bob's create_policy sent straight to ApplyActivity, with the exact
@@ -3082,7 +3078,7 @@ async fn proxy_sign_ups_brand_nothing(
 
 // ---- Seam exploits of issue 40 (docs/one-decider.md §5), one section per family. ----
 
-// -- E1–E3: ids the gateway chose cannot overwrite what a key is. --
+// -- E1–E3: the gateway chooses no id, so none overwrites what a key is. --
 /// The sealed blob of the private key `id`, exactly as the gateway would pass it.
 fn sealed_private_key(c: &rusqlite::Connection, id: &str) -> pb::SealedRef {
     c.query_row("SELECT organization_id, curve, public_key, sealed_key FROM private_keys WHERE id = ?1", [id], |r| {
@@ -3122,13 +3118,12 @@ fn eth_account_params(n: u32) -> Value {
 }
 
 /// E1 and E3: root makes COLD; a trader's stamp to sign with COLD is refused by policy. The
-/// gateway then sends root's next legitimate `create_private_keys` (with app proofs) to the
-/// enclave with `private_key_ids` = [COLD's id], hoping to replace COLD's facts (its label, so
-/// that the trader's policy lets the old stamp through): refused with BINDING_MISMATCH, audited,
-/// no key and no proof returned; the same id twice in one call is refused too. The trader's old
-/// stamp still signs nothing and the enclave's record of COLD is unchanged. Before, the call
-/// answered the new key and a proof that COLD has a new address, and the old stamp then signed
-/// with COLD.
+/// gateway then sends root's next legitimate `create_private_keys` (with app proofs), hoping to
+/// replace COLD's facts (its label, so that the trader's policy lets the old stamp through): it
+/// has no way to name an id, the new keys' ids are derived by the enclave from the stamped body
+/// (and are the ids the proofs name), and COLD is unchanged. The trader's old stamp still signs
+/// nothing. Before issue 40, the gateway sent COLD's id and got a proof that COLD has a new
+/// address, and the old stamp then signed with COLD; later, a named id that existed was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_chosen_private_key_id_cannot_overwrite_cold() {
     let stack = enforcing_stack().await;
@@ -3170,55 +3165,41 @@ async fn gateway_chosen_private_key_id_cannot_overwrite_cold() {
     assert_eq!(cold_facts["label"], "cold", "{cold_facts}");
     assert_eq!(cold_facts["addresses"][0]["address"], cold_address.as_str(), "{cold_facts}");
 
-    // Root's legitimate create_private_keys, with app proofs, sent with COLD's id.
-    let create = |names: &[&str]| {
-        let keys: Vec<Value> = names.iter().map(|n| eth_key(n)).collect();
-        let body = body(
-            "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
-            &org,
-            Stack::now_ms(),
-            json!({"privateKeys": keys, "generateAppProofs": true}),
-        );
-        auth(stamped(&root, &body, &root_cert))
-    };
-    let req = pb::CreatePrivateKeysRequest { auth: create(&["warm"]), private_key_ids: vec![cold_id.clone()] };
-    refused_audited(
-        audited(&stack, "create_private_keys", enclave.clone().create_private_keys(req)).await,
-        tonic::Code::PermissionDenied,
-        pb::RefusalReason::BindingMismatch,
+    // Root's legitimate create_private_keys, with app proofs: the ids are the enclave's.
+    let keys: Vec<Value> = ["warm a", "warm b"].iter().map(|n| eth_key(n)).collect();
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+        &org,
+        Stack::now_ms(),
+        json!({"privateKeys": keys, "generateAppProofs": true}),
     );
-    // One new id named twice in one call: refused, and neither key is recorded.
-    let twin = "e1e1e1e1-0000-4000-8000-000000000001".to_string();
-    let req =
-        pb::CreatePrivateKeysRequest { auth: create(&["warm a", "warm b"]), private_key_ids: vec![twin.clone(); 2] };
-    refused_audited(
-        audited(&stack, "create_private_keys", enclave.clone().create_private_keys(req)).await,
-        tonic::Code::PermissionDenied,
-        pb::RefusalReason::BindingMismatch,
-    );
-    assert_eq!(enclave_entry(&stack, "private_key", &twin), None);
+    let fingerprint = coffer_auth::envelope::fingerprint(create.as_bytes());
+    let req = pb::CreatePrivateKeysRequest { auth: auth(stamped(&root, &create, &root_cert)) };
+    let made = enclave.clone().create_private_keys(req).await.unwrap().into_inner();
+    let ids: Vec<String> = made.keys.iter().map(|k| k.private_key_id.clone()).collect();
+    let derived = coffer_auth::envelope::derived_ids(&fingerprint, coffer_auth::envelope::PRIVATE_KEY_ID, 2);
+    assert_eq!(ids, derived);
+    assert!(!ids.contains(&cold_id));
+    assert!(!made.app_proofs.is_empty(), "the body asks for app proofs");
+    let proofs = made.app_proofs.iter().map(|p| p.proof_payload.as_str()).collect::<String>();
+    assert!(ids.iter().all(|id| proofs.contains(id.as_str())) && !proofs.contains(&cold_id), "{proofs}");
+    for (id, name) in ids.iter().zip(["warm a", "warm b"]) {
+        assert_eq!(enclave_entry(&stack, "private_key", id).unwrap()["label"], name);
+    }
 
     // The trader's old stamp still signs nothing with COLD, and COLD is what it was.
     refused_for(&stack, sign(&enclave, auth(theft), &cold_ref).await, "sign", pb::RefusalReason::PolicyDenied);
     assert_eq!(enclave_entry(&stack, "private_key", &cold_id), Some(cold_facts));
-
-    // A new id still makes a key, with its proofs.
-    let fresh = "e1e1e1e1-0000-4000-8000-000000000002".to_string();
-    let req = pb::CreatePrivateKeysRequest { auth: create(&["warm c"]), private_key_ids: vec![fresh.clone()] };
-    let made = enclave.clone().create_private_keys(req).await.unwrap().into_inner();
-    assert_eq!(made.keys.len(), 1);
-    assert!(!made.app_proofs.is_empty(), "the body asks for app proofs");
-    assert_eq!(enclave_entry(&stack, "private_key", &fresh).unwrap()["label"], "warm c");
 }
 
 /// E2 and E3: a wallet root exported is under a DENY on `wallet.exported`, so a trader's stamp to
 /// sign with its account is refused. The gateway sends root's next legitimate `create_wallet`
-/// (with app proofs) with the exported wallet's id, hoping to reset `exported`: refused with
-/// BINDING_MISMATCH, no seed, account or proof returned; so are an existing account id (in a new
-/// wallet, or derived into the wallet itself) and one account id twice in a call, also for the
-/// wallet of a sub-organization, and, once the wallet is deleted, its ids again. The DENY still
-/// holds for the trader's old stamp. Before, the call answered a new wallet under the old id
-/// with its proofs, and the old stamp then signed.
+/// (with app proofs), and a `create_wallet_accounts` into the exported wallet, hoping to reset
+/// `exported` or to rebind an account: it has no way to name an id; the enclave derives the new
+/// wallet's and accounts' ids from each stamped body, and the exported wallet and its account are
+/// as they were, also once it is deleted. The DENY still holds for the trader's old stamp. Before
+/// issue 40, the call answered a new wallet under the old id with its proofs, and the old stamp
+/// then signed; later, a named id that existed was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_chosen_wallet_id_cannot_reset_exported() {
     let stack = enforcing_stack().await;
@@ -3265,64 +3246,31 @@ async fn gateway_chosen_wallet_id_cannot_reset_exported() {
     let wallet_facts = enclave_entry(&stack, "wallet", &w).expect("the enclave records the wallet");
     assert_eq!(wallet_facts["exported"], true, "{wallet_facts}");
 
-    let stamp = |ty: &str, params: Value| auth(stamped(&root, &body(ty, &org, Stack::now_ms(), params), &root_cert));
-    let new_wallet = |accounts: Vec<Value>| {
-        stamp(
-            "ACTIVITY_TYPE_CREATE_WALLET",
-            json!({"walletName": "fresh", "accounts": accounts, "generateAppProofs": true}),
-        )
+    let stamped_body = |ty: &str, params: Value| {
+        let text = body(ty, &org, Stack::now_ms(), params);
+        (coffer_auth::envelope::fingerprint(text.as_bytes()), auth(stamped(&root, &text, &root_cert)))
     };
-    #[track_caller]
-    fn id_refused<T: std::fmt::Debug>(a: Audited<Result<T, tonic::Status>>) {
-        refused_audited(a, tonic::Code::PermissionDenied, pb::RefusalReason::BindingMismatch);
-    }
-    let new_id = |n: u32| format!("e2e2e2e2-0000-4000-8000-00000000000{n}");
-    // The exported wallet's id.
-    let req = pb::CreateWalletRequest {
-        auth: new_wallet(vec![eth_account_params(5)]),
-        wallet_id: w.clone(),
-        account_ids: vec![new_id(1)],
-    };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    // An existing account's id, in a new wallet.
-    let req = pb::CreateWalletRequest {
-        auth: new_wallet(vec![eth_account_params(5)]),
-        wallet_id: new_id(2),
-        account_ids: vec![account.resource_id.clone()],
-    };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    // One account id twice.
-    let req = pb::CreateWalletRequest {
-        auth: new_wallet(vec![eth_account_params(5), eth_account_params(6)]),
-        wallet_id: new_id(3),
-        account_ids: vec![new_id(4), new_id(4)],
-    };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    // An existing account's id, derived into the wallet itself.
-    let derive = stamp(
+    use coffer_auth::envelope::{derived_id, derived_ids, WALLET_ACCOUNT_ID, WALLET_ID};
+    // A new wallet: its id and its accounts' are derived from its body, never the exported one's.
+    let (fingerprint, new_wallet) = stamped_body(
+        "ACTIVITY_TYPE_CREATE_WALLET",
+        json!({"walletName": "fresh", "accounts": [eth_account_params(5)], "generateAppProofs": true}),
+    );
+    let made = enclave.clone().create_wallet(pb::CreateWalletRequest { auth: new_wallet }).await.unwrap().into_inner();
+    assert_eq!(made.wallet_id, derived_id(&fingerprint, WALLET_ID, 0));
+    assert_ne!(made.wallet_id, w);
+    let account_ids: Vec<String> = made.accounts.iter().map(|a| a.account_id.clone()).collect();
+    assert_eq!(account_ids, derived_ids(&fingerprint, WALLET_ACCOUNT_ID, 1));
+    assert_eq!(enclave_entry(&stack, "wallet", &made.wallet_id).unwrap()["exported"], false);
+    // More accounts of the exported wallet: new ids, the existing account untouched.
+    let (fingerprint, derive) = stamped_body(
         "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
         json!({"walletId": w, "accounts": [eth_account_params(7)], "generateAppProofs": true}),
     );
-    let req = pb::DeriveAccountsRequest {
-        auth: derive,
-        seed: Some(seed_ref(&c, &w)),
-        account_ids: vec![account.resource_id.clone()],
-    };
-    id_refused(audited(&stack, "derive_accounts", enclave.clone().derive_accounts(req)).await);
-    // A sub-organization's wallet with one account id twice.
-    let sub = stamp(
-        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
-        json!({"subOrganizationName": "sub", "rootQuorumThreshold": 1,
-            "rootUsers": [{"userName": "s", "apiKeys": [], "authenticators": [], "oauthProviders": []}],
-            "wallet": {"walletName": "w", "accounts": [eth_account_params(0), eth_account_params(1)]},
-            "generateAppProofs": true}),
-    );
-    let req = pb::CreateWalletRequest { auth: sub, wallet_id: new_id(5), account_ids: vec![new_id(6), new_id(6)] };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    for n in 1..=6 {
-        assert_eq!(enclave_entry(&stack, "wallet", &new_id(n)), None, "{}", new_id(n));
-        assert_eq!(enclave_entry(&stack, "account", &new_id(n)), None, "{}", new_id(n));
-    }
+    let req = pb::DeriveAccountsRequest { auth: derive, seed: Some(seed_ref(&c, &w)) };
+    let derived = enclave.clone().derive_accounts(req).await.unwrap().into_inner();
+    assert_eq!(derived.accounts[0].account_id, derived_id(&fingerprint, WALLET_ACCOUNT_ID, 0));
+    assert_ne!(derived.accounts[0].account_id, account.resource_id);
 
     // The DENY still holds for the trader's old stamp; the wallet and its account are as they were.
     refused_for(&stack, sign(&enclave, auth(theft), &account).await, "sign", pb::RefusalReason::PolicyDenied);
@@ -3332,27 +3280,6 @@ async fn gateway_chosen_wallet_id_cannot_reset_exported() {
         (account_facts["wallet_id"].as_str(), account_facts["address"].as_str()),
         (Some(w.as_str()), Some(addresses[0].as_str()))
     );
-
-    // Once root deleted the wallet, its id and its accounts' ids are still not new: a wallet
-    // made under them would bind the deleted wallet's kept seed and keys to a live record.
-    let delete =
-        turnkey_client::generated::DeleteWalletsIntent { wallet_ids: vec![w.clone()], delete_without_export: None };
-    client.delete_wallets(org.clone(), client.current_timestamp(), delete).await.unwrap();
-    assert_eq!(enclave_entry(&stack, "wallet", &w), None);
-    let req = pb::CreateWalletRequest {
-        auth: new_wallet(vec![eth_account_params(5)]),
-        wallet_id: w.clone(),
-        account_ids: vec![new_id(7)],
-    };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    let req = pb::CreateWalletRequest {
-        auth: new_wallet(vec![eth_account_params(5)]),
-        wallet_id: new_id(8),
-        account_ids: vec![account.resource_id.clone()],
-    };
-    id_refused(audited(&stack, "create_wallet", enclave.clone().create_wallet(req)).await);
-    assert_eq!(enclave_entry(&stack, "wallet", &w), None);
-    assert_eq!(enclave_entry(&stack, "wallet", &new_id(8)), None);
 }
 
 // -- E8: a key is used only while the enclave's state holds it. --
@@ -3462,7 +3389,7 @@ async fn a_deleted_wallet_whose_blobs_the_gateway_kept_neither_signs_nor_exports
         json!({"walletId": w, "accounts": [{"curve": "CURVE_SECP256K1", "pathFormat": "PATH_FORMAT_BIP32",
             "path": "m/44'/60'/0'/0/7", "addressFormat": "ADDRESS_FORMAT_ETHEREUM"}]}),
     );
-    let req = pb::DeriveAccountsRequest { auth: fresh(derive), seed: Some(seed), ..Default::default() };
+    let req = pb::DeriveAccountsRequest { auth: fresh(derive), seed: Some(seed) };
     denied(audited(&stack, "derive_accounts", enclave.clone().derive_accounts(req)).await);
 }
 
@@ -3755,13 +3682,10 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
 
 // -- E12: a refused change spends nothing. --
 
-/// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
-/// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
-/// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
-/// the same stamped body with the exact proposal is then applied, once.
 /// An activity that waited for votes runs once, whichever approval runs it: a second approval
-/// that would also meet the consensus, sent straight to the enclave by a gateway holding both,
-/// is a replay: one signature, not two.
+/// that would also meet the consensus, sent straight to the enclave by a gateway holding both
+/// within the freshness window, is a replay: one signature, not two. Earlier votes without an
+/// approval count for nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     let stack = enforcing_stack().await;
@@ -3798,6 +3722,10 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     };
     let now = Stack::now_ms();
     let (by_alice, by_bob) = (approval(&alice, now), approval(&bob, now + 1));
+    // alice's approval presented as an earlier vote, with no approval: not counted, refused.
+    let votes_only =
+        by_alice.clone().map(|a| pb::Authorization { approval: None, votes: a.approval.into_iter().collect(), ..a });
+    refused(sign(&enclave, votes_only, &key).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotApproved);
     let signed = sign(&enclave, by_alice, &key).await;
     assert_eq!(signed.unwrap_or_else(|e| panic!("alice's approval runs it: {e:?}")).signatures.len(), 1);
     refused(sign(&enclave, by_bob, &key).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
@@ -3851,6 +3779,10 @@ async fn a_refused_key_use_spends_nothing() {
     );
 }
 
+/// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
+/// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
+/// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
+/// the same stamped body with the exact proposal is then applied, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_change_spends_nothing() {
     let stack = enforcing_stack().await;

@@ -1,7 +1,9 @@
 //! Key creation: wallets (a fresh mnemonic, its accounts), more accounts of a wallet, and
 //! standalone private keys, each sealed to what it is bound to.
 
-use coffer_auth::envelope::{derived_id, items, text, SUB_ORGANIZATION_ID};
+use coffer_auth::envelope::{
+    derived_id, derived_ids, items, text, PRIVATE_KEY_ID, SUB_ORGANIZATION_ID, WALLET_ACCOUNT_ID, WALLET_ID,
+};
 use coffer_auth::grants;
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, keys, Curve};
@@ -45,27 +47,31 @@ pub(super) fn create_wallet(
             .ok_or_else(|| EnclaveError::invalid("the stamped body creates no wallet"))?;
         (derived_id(&a.activity.fingerprint, SUB_ORGANIZATION_ID, 0), wallet)
     };
-    let specs = account_specs(items(wallet, "accounts"), &req.account_ids)?;
+    // Every id is derived from the stamped body: the caller names none.
+    let fingerprint = &a.activity.fingerprint;
+    let wallet_id = derived_id(fingerprint, WALLET_ID, 0);
+    let account_ids = derived_ids(fingerprint, WALLET_ACCOUNT_ID, items(wallet, "accounts").len());
+    let specs = account_specs(items(wallet, "accounts"), &account_ids)?;
     let own = organization_id == a.activity.organization_id;
     // The sub-organization's wallet is made before the sub-organization (its apply_activity
     // records both): once it exists, or existed, its stamp makes no wallet for it.
     if !own && admission.rules().store().version(&organization_id)?.is_some() {
         return Err(refuse(&a, RefusalReason::BindingMismatch, "the stamped body's sub-organization exists already"));
     }
-    key_facts::ensure_new_ids(admission, &a, &organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
+    key_facts::ensure_new_ids(admission, &a, &organization_id, &new_ids(Some(&wallet_id), &specs))?;
     let words = count(wallet.get("mnemonicLength")).unwrap_or(12);
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
-    let mut made = seal_wallet(hsm, &organization_id, &req.wallet_id, &phrase, &specs)?;
+    let mut made = seal_wallet(hsm, &organization_id, &wallet_id, &phrase, &specs)?;
     // Spent once the work is done and before anything is recorded: a refused or failed call
     // spends nothing and records nothing.
     admission.spend(&a, unspent)?;
     made.evaluation = a.evaluation();
     // The facts first: a proof is made only of a wallet the state took.
     if own {
-        key_facts::wallet_created(admission, &a, &req.wallet_id, false, &made)?;
+        key_facts::wallet_created(admission, &a, &wallet_id, false, &made)?;
     }
-    made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &req.wallet_id, &specs, &made.accounts)?;
+    made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
     Ok(made)
 }
 
@@ -90,7 +96,9 @@ pub(super) fn derive_accounts(
             "the sealed seed is not the wallet the stamped body names",
         ));
     }
-    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
+    let accounts = items(&a.activity.parameters, "accounts");
+    let account_ids = derived_ids(&a.activity.fingerprint, WALLET_ACCOUNT_ID, accounts.len());
+    let specs = account_specs(accounts, &account_ids)?;
     key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(None, &specs))?;
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
@@ -110,14 +118,12 @@ pub(super) fn create_private_keys(
     let (a, unspent) =
         admission.authorize_key_use("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
     let params = items(&a.activity.parameters, "privateKeys");
-    if params.len() != req.private_key_ids.len() {
-        return Err(EnclaveError::invalid("one private key id is needed per key of the stamped body"));
-    }
-    let ids: Vec<&str> = req.private_key_ids.iter().map(String::as_str).collect();
+    let private_key_ids = derived_ids(&a.activity.fingerprint, PRIVATE_KEY_ID, params.len());
+    let ids: Vec<&str> = private_key_ids.iter().map(String::as_str).collect();
     key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &ids)?;
     let keys = params
         .iter()
-        .zip(&req.private_key_ids)
+        .zip(&private_key_ids)
         .map(|(p, id)| {
             let curve = Curve::parse(text(p, "curve"))?;
             // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
@@ -133,7 +139,8 @@ pub(super) fn create_private_keys(
     admission.spend(&a, unspent)?;
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
     key_facts::private_keys_made(admission, &a, &made, false)?;
-    let result = json!({ "privateKeys": req.private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
+    let result =
+        json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation: a.evaluation() })
 }
@@ -239,7 +246,14 @@ pub(super) fn seal_private_key(
         ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
     };
     let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
-    Ok(pb::KeyMaterial { public_key, addresses, sealed_key, app_proofs: Vec::new(), evaluation: String::new() })
+    Ok(pb::KeyMaterial {
+        public_key,
+        addresses,
+        sealed_key,
+        private_key_id: private_key_id.to_string(),
+        app_proofs: Vec::new(),
+        evaluation: String::new(),
+    })
 }
 
 /// A wallet from its mnemonic: the requested accounts, and the phrase sealed to the wallet.
@@ -254,7 +268,13 @@ pub(super) fn seal_wallet(
     let accounts = seal_accounts(hsm, organization_id, &seed, specs)?;
     let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
-    Ok(pb::CreateWalletResponse { sealed_seed, accounts, app_proofs: Vec::new(), evaluation: String::new() })
+    Ok(pb::CreateWalletResponse {
+        sealed_seed,
+        accounts,
+        wallet_id: wallet_id.to_string(),
+        app_proofs: Vec::new(),
+        evaluation: String::new(),
+    })
 }
 
 /// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.

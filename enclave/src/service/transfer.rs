@@ -1,7 +1,7 @@
 //! Moving key material in and out: exports encrypted to the stamped body's target key, and
 //! imports decrypted with the user's import target, both under the HSM bundle signer.
 
-use coffer_auth::envelope::{items, text};
+use coffer_auth::envelope::{derived_id, derived_ids, items, text, PRIVATE_KEY_ID, WALLET_ACCOUNT_ID, WALLET_ID};
 use coffer_crypto::bundle::{self, EnvelopeSigner};
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{keys, CryptoError, Curve};
@@ -135,15 +135,19 @@ pub(super) fn import_wallet(
     req: pb::ImportWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
     let (a, unspent) = admission.authorize_key_use("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
-    let specs = account_specs(items(&a.activity.parameters, "accounts"), &req.account_ids)?;
-    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(Some(&req.wallet_id), &specs))?;
+    // Every id is derived from the stamped body: the caller names none.
+    let accounts = items(&a.activity.parameters, "accounts");
+    let wallet_id = derived_id(&a.activity.fingerprint, WALLET_ID, 0);
+    let account_ids = derived_ids(&a.activity.fingerprint, WALLET_ACCOUNT_ID, accounts.len());
+    let specs = account_specs(accounts, &account_ids)?;
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &new_ids(Some(&wallet_id), &specs))?;
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
-    let mut made = seal_wallet(hsm, &a.activity.organization_id, &req.wallet_id, &phrase, &specs)?;
+    let mut made = seal_wallet(hsm, &a.activity.organization_id, &wallet_id, &phrase, &specs)?;
     admission.spend(&a, unspent)?;
     made.evaluation = a.evaluation();
-    key_facts::wallet_created(admission, &a, &req.wallet_id, true, &made)?;
-    made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &req.wallet_id, &specs, &made.accounts)?;
+    key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
+    made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
     Ok(made)
 }
 
@@ -156,7 +160,8 @@ pub(super) fn import_private_key(
     let (a, unspent) =
         admission.authorize_key_use("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
     let p = &a.activity.parameters;
-    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &[&req.private_key_id])?;
+    let private_key_id = derived_id(&a.activity.fingerprint, PRIVATE_KEY_ID, 0);
+    key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &[&private_key_id])?;
     let curve = Curve::parse(text(p, "curve"))?;
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     if plain.len() != 32 {
@@ -164,11 +169,11 @@ pub(super) fn import_private_key(
     }
     let key = SecretKey::from_slice(curve, &plain)?;
     let mut made =
-        seal_private_key(hsm, &a.activity.organization_id, &req.private_key_id, &key, items(p, "addressFormats"))?;
+        seal_private_key(hsm, &a.activity.organization_id, &private_key_id, &key, items(p, "addressFormats"))?;
     admission.spend(&a, unspent)?;
     made.evaluation = a.evaluation();
-    key_facts::private_keys_made(admission, &a, &[(&req.private_key_id, p, &made)], true)?;
-    let result = serde_json::json!({ "privateKeys": [key_json(&req.private_key_id, &made)] });
+    key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
+    let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     Ok(made)
 }

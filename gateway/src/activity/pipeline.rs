@@ -597,13 +597,32 @@ pub async fn submit(
 /// failed on what the twin did (a name just taken, the enclave refusing the replayed stamp).
 /// When the enclave saw the stamp first, the twin's commit is moments away: wait for it.
 async fn twin_or(state: &Arc<AppState>, org: &str, fingerprint: &str, err: ApiError) -> Result<Value, ApiError> {
+    twin_where(state, org, fingerprint, err, |_| true).await
+}
+
+/// [`twin_or`] for a vote whose run the enclave refused as a replay: another approval ran the
+/// activity a moment ago (through another gateway); its outcome is that run's, not a failure of
+/// this one. Answers the activity once it is no longer waiting.
+async fn settled_or(state: &Arc<AppState>, org: &str, fingerprint: &str, err: ApiError) -> Result<Value, ApiError> {
+    twin_where(state, org, fingerprint, err, |a| a.status != STATUS_CONSENSUS_NEEDED).await
+}
+
+/// The activity with `fingerprint` once `found` holds of it (waiting up to 3 s when the enclave
+/// saw the stamp first), else `err`.
+async fn twin_where(
+    state: &Arc<AppState>,
+    org: &str,
+    fingerprint: &str,
+    err: ApiError,
+    found: impl Fn(&ActivityRecord) -> bool,
+) -> Result<Value, ApiError> {
     let replayed = err.refusal == Some(coffer_proto::v1::RefusalReason::Replayed);
     let wait = if replayed { Duration::from_secs(3) } else { Duration::ZERO };
     let deadline = std::time::Instant::now() + wait;
     loop {
         let fp = fingerprint.to_string();
         if let Ok(Ok(twin)) = state.db(move |s| s.activity_by_fingerprint(&fp)).await {
-            if twin.organization_id == org {
+            if twin.organization_id == org && found(&twin) {
                 return Ok(json!({ "activity": render::activity(&twin, false) }));
             }
         }
@@ -830,6 +849,10 @@ async fn vote(
                         // ... or not reached, or not answering: the vote is not recorded (send it
                         // again), and the activity still waits.
                         Err(e) if key_use && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
+                        // Another approval ran it a moment ago (through another gateway).
+                        Err(e) if e.refusal == Some(RefusalReason::Replayed) => {
+                            return settled_or(&state, &org.id, &intent.fingerprint, e).await
+                        }
                         Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
                     }
                 }

@@ -63,15 +63,14 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
         }
         names.push(&p.private_key_name);
     }
-    let ids: Vec<String> = intent.private_keys.iter().map(|_| uuid::Uuid::new_v4().to_string()).collect();
-    let created = ctx
-        .enclave()
-        .create_private_keys(pb::CreatePrivateKeysRequest { private_key_ids: ids.clone(), ..Default::default() })
-        .await?
-        .keys;
-    if created.len() != ids.len() {
+    let created = ctx.enclave().create_private_keys(pb::CreatePrivateKeysRequest::default()).await?.keys;
+    if created.len() != intent.private_keys.len() {
         return Err(ApiError::internal());
     }
+    let ids = created
+        .iter()
+        .map(|km| super::wallets::enclave_id(km.private_key_id.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
     let rows: Vec<PrivateKey> = intent
         .private_keys
         .iter()

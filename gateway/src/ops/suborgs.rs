@@ -12,7 +12,7 @@ use super::credentials::inline_credentials;
 use super::organization::BAD_THRESHOLD;
 use super::params::{required, Pagination};
 use super::users::{api_key_rows, valid_email, valid_phone, ApiKeyParams};
-use super::wallets::{account_ids, new_wallet, AccountParams};
+use super::wallets::{check_accounts, new_wallet, AccountParams};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::{ApiError, Code};
 use crate::oidc_tokens;
@@ -114,13 +114,10 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
     ];
     let email_login = on(intent.disable_email_auth) || on(intent.disable_otp_email_auth);
     let sms_login = on(intent.disable_sms_auth);
-    let wallet_specs = match &intent.wallet {
-        Some(w) => {
-            required(&w.wallet_name, "wallet.walletName")?;
-            Some(account_ids(&w.accounts)?)
-        }
-        None => None,
-    };
+    if let Some(w) = &intent.wallet {
+        required(&w.wallet_name, "wallet.walletName")?;
+        check_accounts(&w.accounts)?;
+    }
 
     // The new organization's and root users' ids derive from the activity's fingerprint, so the
     // enclave can recompute which credentials the stamped body adds where.
@@ -203,8 +200,8 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
 
     // Last, once everything else is known to be acceptable: the wallet, sealed by the enclave
     // under the new organization's id (the sealed blobs' AAD binds it).
-    if let (Some(w), Some(account_ids)) = (intent.wallet, wallet_specs) {
-        let (wallet, wallet_writes) = new_wallet(&ctx, &sub_ctx, w.wallet_name, &w.accounts, account_ids).await?;
+    if let Some(w) = intent.wallet {
+        let (wallet, wallet_writes) = new_wallet(&ctx, &sub_ctx, w.wallet_name, &w.accounts).await?;
         writes.extend(wallet_writes);
         result["wallet"] = wallet;
     }

@@ -8,7 +8,7 @@ use super::keys::address_entries;
 use super::lookup::{load_private_key, load_wallet};
 use super::params::required;
 use super::sealed;
-use super::wallets::{account_ids, account_rows, AccountParams};
+use super::wallets::{account_rows, check_accounts, enclave_id, AccountParams};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::{ImportTarget, Named, PrivateKey, StoreError, Wallet, Write};
@@ -148,19 +148,14 @@ pub struct ImportWalletIntent {
 pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, ApiError> {
     required(&i.wallet_name, "walletName")?;
     required(&i.encrypted_bundle, "encryptedBundle")?;
-    let account_ids = account_ids(&i.accounts)?;
+    check_accounts(&i.accounts)?;
     super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&i.wallet_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
-    let wallet_id = uuid::Uuid::new_v4().to_string();
     let resp = ctx
         .enclave()
-        .import_wallet(pb::ImportWalletRequest {
-            target: Some(sealed::import_target(&target)),
-            wallet_id: wallet_id.clone(),
-            account_ids,
-            ..Default::default()
-        })
+        .import_wallet(pb::ImportWalletRequest { target: Some(sealed::import_target(&target)), ..Default::default() })
         .await?;
+    let wallet_id = enclave_id(resp.wallet_id)?;
     let rows = account_rows(&ctx, &wallet_id, &i.accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
@@ -197,15 +192,14 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
     required(&i.encrypted_bundle, "encryptedBundle")?;
     super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::PrivateKey, &[&i.private_key_name]).await?;
     let target = pending_target(&ctx, &i.user_id).await?;
-    let id = uuid::Uuid::new_v4().to_string();
     let km = ctx
         .enclave()
         .import_private_key(pb::ImportPrivateKeyRequest {
             target: Some(sealed::import_target(&target)),
-            private_key_id: id.clone(),
             ..Default::default()
         })
         .await?;
+    let id = enclave_id(km.private_key_id)?;
     let addresses = address_entries(km.addresses);
     let key = PrivateKey {
         id: id.clone(),

@@ -21,23 +21,29 @@ pub struct AccountParams {
     pub address_format: String,
 }
 
-/// Validates what the gateway can check and assigns the account ids (the enclave reads the
-/// accounts themselves from the stamped body).
-pub fn account_ids(accounts: &[AccountParams]) -> Result<Vec<String>, ApiError> {
-    accounts
-        .iter()
-        .map(|a| {
-            if a.path_format != "PATH_FORMAT_BIP32" {
-                return Err(ApiError::invalid(format!(
-                    "invalid path format: {:?} (only PATH_FORMAT_BIP32)",
-                    a.path_format
-                )));
-            }
-            required(&a.path, "path")?;
-            required(&a.curve, "curve")?;
-            Ok(uuid::Uuid::new_v4().to_string())
-        })
-        .collect()
+/// Validates what the gateway can check of the accounts, for a clear 400 (the enclave reads the
+/// accounts themselves from the stamped body, and derives their ids).
+pub fn check_accounts(accounts: &[AccountParams]) -> Result<(), ApiError> {
+    for a in accounts {
+        if a.path_format != "PATH_FORMAT_BIP32" {
+            return Err(ApiError::invalid(format!(
+                "invalid path format: {:?} (only PATH_FORMAT_BIP32)",
+                a.path_format
+            )));
+        }
+        required(&a.path, "path")?;
+        required(&a.curve, "curve")?;
+    }
+    Ok(())
+}
+
+/// An id the enclave returned for a new record: never empty.
+pub fn enclave_id(id: String) -> Result<String, ApiError> {
+    if id.is_empty() {
+        tracing::error!("the enclave returned a new record without its id");
+        return Err(ApiError::internal());
+    }
+    Ok(id)
 }
 
 /// Turns the enclave's accounts into rows, in request order.
@@ -111,26 +117,24 @@ pub struct CreateWalletIntent {
 
 pub async fn create_wallet(ctx: Ctx, intent: CreateWalletIntent) -> Result<Outcome, ApiError> {
     required(&intent.wallet_name, "walletName")?;
-    let account_ids = account_ids(&intent.accounts)?;
+    check_accounts(&intent.accounts)?;
     super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
-    let (result, writes) = new_wallet(&ctx, &ctx, intent.wallet_name, &intent.accounts, account_ids).await?;
+    let (result, writes) = new_wallet(&ctx, &ctx, intent.wallet_name, &intent.accounts).await?;
     Ok(Outcome { result, writes })
 }
 
-/// Has the enclave make a wallet named `name` with `accounts` (ids `account_ids`), its seed and
-/// keys sealed under `owner`'s organization: the result clients read (`walletId`, `addresses`)
-/// and the writes that store it. `ctx` is the activity the enclave authorizes; `owner` is its
+/// Has the enclave make a wallet named `name` with `accounts` (its ids the enclave's), its seed
+/// and keys sealed under `owner`'s organization: the result clients read (`walletId`,
+/// `addresses`) and the writes that store it. `ctx` is the activity the enclave authorizes; `owner` is its
 /// organization, or the sub-organization it creates.
 pub async fn new_wallet(
     ctx: &Ctx,
     owner: &Ctx,
     name: String,
     accounts: &[AccountParams],
-    account_ids: Vec<String>,
 ) -> Result<(Value, Vec<Write>), ApiError> {
-    let wallet_id = uuid::Uuid::new_v4().to_string();
-    let request = pb::CreateWalletRequest { wallet_id: wallet_id.clone(), account_ids, ..Default::default() };
-    let resp = ctx.enclave().create_wallet(request).await?;
+    let resp = ctx.enclave().create_wallet(pb::CreateWalletRequest::default()).await?;
+    let wallet_id = enclave_id(resp.wallet_id)?;
     let rows = account_rows(owner, &wallet_id, accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
@@ -160,14 +164,10 @@ pub async fn create_wallet_accounts(ctx: Ctx, intent: CreateWalletAccountsIntent
         return Err(ApiError::invalid("accounts must not be empty"));
     }
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
-    let account_ids = account_ids(&intent.accounts)?;
+    check_accounts(&intent.accounts)?;
     let resp = ctx
         .enclave()
-        .derive_accounts(pb::DeriveAccountsRequest {
-            seed: Some(super::sealed::seed(&wallet)),
-            account_ids,
-            ..Default::default()
-        })
+        .derive_accounts(pb::DeriveAccountsRequest { seed: Some(super::sealed::seed(&wallet)), ..Default::default() })
         .await?;
     let rows = account_rows(&ctx, &wallet.id, &intent.accounts, resp.accounts);
     let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
