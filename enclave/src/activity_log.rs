@@ -144,11 +144,10 @@ impl ActivityLog {
         sign: Signer<'_>,
     ) -> Result<Vec<Option<Appended>>, EnclaveError> {
         for _ in 0..APPEND_TRIES {
-            let mut fresh = Vec::with_capacity(all.len());
-            for (i, e) in all.iter().enumerate() {
-                let twice = all[..i].iter().any(|o| o.fingerprint == e.fingerprint && o.status == e.status);
-                fresh.push(!twice && !store.linked(organization_id, &e.fingerprint, &e.status)?);
-            }
+            let asked: Vec<(&str, &str)> = all.iter().map(|e| (e.fingerprint.as_str(), e.status.as_str())).collect();
+            let linked_before = store.linked(organization_id, &asked)?;
+            let fresh: Vec<bool> =
+                asked.iter().enumerate().map(|(i, a)| !linked_before[i] && !asked[..i].contains(a)).collect();
             let entries: Vec<&Entry> = all.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
             if entries.is_empty() {
                 return Ok(vec![None; all.len()]);

@@ -189,8 +189,9 @@ pub trait EnclaveStore: Send + Sync {
         head: &str,
         linked: &[LinkedActivity<'_>],
     ) -> Result<(), StoreError>;
-    /// Whether `org`'s activity log has a link of the activity with `fingerprint` in `status`.
-    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError>;
+    /// For each `(fingerprint, status)` of `activities`, whether `org`'s activity log has a link
+    /// of that activity in that status (one round trip on PostgreSQL).
+    fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError>;
     /// The sealed service key labelled `label` (kept for modules that cannot hold it, see
     /// `hsm::SealedKeyShelf`).
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError>;

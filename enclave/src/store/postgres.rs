@@ -469,18 +469,19 @@ impl EnclaveStore for PostgresEnclaveStore {
             if changed == 0 {
                 return Ok(false);
             }
-            let insert = tx
-                .prepare(
+            // All the links in one statement.
+            let fingerprints: Vec<&str> = linked.iter().map(|l| l.fingerprint).collect();
+            let statuses: Vec<&str> = linked.iter().map(|l| l.status).collect();
+            let ids: Vec<&str> = linked.iter().map(|l| l.activity_id).collect();
+            let seqs: Vec<i64> = linked.iter().map(|l| l.seq as i64).collect();
+            let taken = tx
+                .execute(
                     "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                     SELECT $1, f, s, a, q FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[]) AS t(f, s, a, q)
+                     ON CONFLICT DO NOTHING",
+                    &[&org, &fingerprints, &statuses, &ids, &seqs],
                 )
                 .map_err(pg)?;
-            let mut taken = 0;
-            for l in linked {
-                taken += tx
-                    .execute(&insert, &[&org, &l.fingerprint, &l.status, &l.activity_id, &(l.seq as i64)])
-                    .map_err(pg)?;
-            }
             // An activity already linked in that status: nothing of the move is kept.
             if taken != linked.len() as u64 {
                 return Ok(false);
@@ -495,16 +496,20 @@ impl EnclaveStore for PostgresEnclaveStore {
         Ok(())
     }
 
-    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError> {
-        self.with_conn(|client| {
-            let row = client
-                .query_opt(
-                    "SELECT 1 FROM log_links WHERE organization_id = $1 AND fingerprint = $2 AND status = $3",
-                    &[&org, &fingerprint, &status],
+    fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+        let fingerprints: Vec<&str> = activities.iter().map(|(f, _)| *f).collect();
+        let found: Vec<(String, String)> = self.with_conn(|client| {
+            client
+                .query(
+                    "SELECT fingerprint, status FROM log_links WHERE organization_id = $1 AND fingerprint = ANY($2)",
+                    &[&org, &fingerprints],
                 )
-                .map_err(pg)?;
-            Ok(row.is_some())
-        })
+                .map_err(pg)?
+                .iter()
+                .map(|r| Ok((r.try_get(0).map_err(pg)?, r.try_get(1).map_err(pg)?)))
+                .collect()
+        })?;
+        Ok(activities.iter().map(|(f, s)| found.iter().any(|(ff, ss)| ff == f && ss == s)).collect())
     }
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {

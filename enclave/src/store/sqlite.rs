@@ -712,13 +712,19 @@ impl EnclaveStore for SqliteEnclaveStore {
         Ok(())
     }
 
-    fn linked(&self, org: &str, fingerprint: &str, status: &str) -> Result<bool, StoreError> {
+    fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
         self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3)",
-            )
-            .and_then(|mut st| st.query_row(rusqlite::params![org, fingerprint, status], |r| r.get(0)))
-            .map_err(sq)
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3)",
+                )
+                .map_err(sq)?;
+            activities
+                .iter()
+                .map(|(fingerprint, status)| {
+                    st.query_row(rusqlite::params![org, fingerprint, status], |r| r.get(0)).map_err(sq)
+                })
+                .collect()
         })
     }
 
