@@ -112,23 +112,9 @@ pub const KEY_USES: &[&str] = &[
     "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY",
 ];
 
-/// The activity types whose enclave call is a key operation (they record their own facts):
-/// the gateway never sends them to the enclave's `ApplyActivity`, which refuses them.
-/// (enable_auth_proxy makes its key with `EnableAuthProxy`, then goes through `ApplyActivity`.)
-pub const KEY_OPERATIONS: &[&str] = &[
-    "ACTIVITY_TYPE_CREATE_WALLET",
-    "ACTIVITY_TYPE_CREATE_WALLET_ACCOUNTS",
-    "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
-    "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-    "ACTIVITY_TYPE_SIGN_RAW_PAYLOADS",
-    "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
-    "ACTIVITY_TYPE_EXPORT_WALLET",
-    "ACTIVITY_TYPE_EXPORT_PRIVATE_KEY",
-    "ACTIVITY_TYPE_EXPORT_WALLET_ACCOUNT",
-    "ACTIVITY_TYPE_INIT_IMPORT_WALLET",
-    "ACTIVITY_TYPE_IMPORT_WALLET",
-    "ACTIVITY_TYPE_INIT_IMPORT_PRIVATE_KEY",
-    "ACTIVITY_TYPE_IMPORT_PRIVATE_KEY",
+/// The other activities with an enclave call of their own (sessions, logins, one-time codes,
+/// votes): they record their own facts, and the gateway still decides them first.
+pub const OWN_CALL_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
     "ACTIVITY_TYPE_OAUTH_LOGIN",
     "ACTIVITY_TYPE_STAMP_LOGIN",
@@ -145,16 +131,24 @@ pub const KEY_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_REJECT_ACTIVITY",
 ];
 
+/// Whether `activity_type`'s enclave call is its own ([`KEY_USES`], [`OWN_CALL_OPERATIONS`]):
+/// the gateway never sends it to the enclave's `ApplyActivity`, which refuses it.
+/// (enable_auth_proxy makes its key with `EnableAuthProxy`, then goes through `ApplyActivity`.)
+pub fn has_own_call(activity_type: &str) -> bool {
+    KEY_USES.contains(&activity_type) || OWN_CALL_OPERATIONS.contains(&activity_type)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn every_key_use_is_a_key_operation_with_a_subject() {
+    fn every_key_use_has_its_own_call_and_a_subject() {
         for t in KEY_USES {
-            assert!(KEY_OPERATIONS.contains(t), "{t} is sent to ApplyActivity");
+            assert!(has_own_call(t), "{t} is sent to ApplyActivity");
             assert!(subject(t).is_some(), "{t} has no subject");
         }
+        assert!(KEY_USES.iter().all(|t| !OWN_CALL_OPERATIONS.contains(t)));
         assert!(!KEY_USES.contains(&"ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2"), "sessions are decided twice yet");
     }
 }

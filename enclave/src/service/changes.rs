@@ -4,7 +4,7 @@
 use coffer_auth::envelope::derived_id;
 use coffer_auth::grants::granted_credentials;
 use coffer_org_rules::model::CredentialKind;
-use coffer_org_rules::subjects::{self, KEY_OPERATIONS};
+use coffer_org_rules::subjects;
 use coffer_org_rules::transition::{self, Grant, Input};
 use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
@@ -23,7 +23,7 @@ pub(super) fn apply_activity(
     req: pb::ApplyActivityRequest,
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
-        subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !KEY_OPERATIONS.contains(t)).collect();
+        subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !subjects::has_own_call(t)).collect();
     // The stamp is spent once the change is decided, checked and ready to stage: a refused change
     // spends nothing and leaves no allow in the decision log (in shadow mode, where the gateway
     // decides, at once).

@@ -183,7 +183,7 @@ async fn execute(
         })?),
         // Other enclave calls of their own (sessions, logins, one-time codes): the gateway's
         // evaluation is recorded.
-        false if coffer_org_rules::subjects::KEY_OPERATIONS.contains(&op.activity_type) => None,
+        false if coffer_org_rules::subjects::has_own_call(op.activity_type) => None,
         false => apply_in_enclave(&state, auth, &proposal, issued, &returned).await?,
     };
     Ok((outcome, evaluation))
