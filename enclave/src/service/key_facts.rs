@@ -39,10 +39,12 @@ pub(super) fn ensure_new_ids(
     }
     if let Some(loaded) = admission.rules().load(organization_id)? {
         if ids.iter().any(|id| loaded.state.key_id_kind(id).is_some()) {
+            // The ids are derived from the stamped body: taken, they were made by this very body
+            // (a twin that ran first), so it is a replay.
             return Err(refuse(
                 a,
-                RefusalReason::BindingMismatch,
-                "an id the call names for a new key is, or was, a wallet's, an account's or a private key's",
+                RefusalReason::Replayed,
+                "the new keys' ids, derived from the stamped body, are taken: the body ran already",
             ));
         }
     }
