@@ -40,7 +40,7 @@ impl Default for Limits {
 /// The bytes of policy text `state` holds: every policy's name, condition, consensus and time
 /// window (the name too: every decision's outcomes carry it).
 pub fn policy_text_bytes(state: &OrgState) -> usize {
-    state.policies.values().map(|p| p.name.len() + p.condition.len() + p.consensus.len() + p.time.len()).sum()
+    state.policies.values().map(text_bytes).sum()
 }
 
 /// Which cap.
@@ -89,19 +89,15 @@ impl Limits {
     pub const UNBOUNDED: Limits =
         Limits { webhook_endpoints: usize::MAX, policies: usize::MAX, policy_text_bytes: usize::MAX };
 
-    /// Refuses the state `after` a change of `before` when the change added to something and
-    /// leaves more of it than its cap. A change that adds nothing (an update, a delete) passes,
-    /// so an organization above a lowered cap can still shrink and edit what it has.
-    pub fn check(&self, before: &OrgState, after: &OrgState) -> Result<(), LimitExceeded> {
+    /// Refuses the state a change leaves (counted `after`) when the change added to something
+    /// (the state before it counted `before`) and leaves more of it than its cap. A change that
+    /// adds nothing (an update, a delete) passes, so an organization above a lowered cap can
+    /// still shrink and edit what it has.
+    pub fn check(&self, before: &CapCounts, after: &CapCounts) -> Result<(), LimitExceeded> {
         let counts = [
-            (
-                Limit::WebhookEndpoints,
-                self.webhook_endpoints,
-                before.webhook_endpoints.len(),
-                after.webhook_endpoints.len(),
-            ),
-            (Limit::Policies, self.policies, before.policies.len(), after.policies.len()),
-            (Limit::PolicyTextBytes, self.policy_text_bytes, policy_text_bytes(before), policy_text_bytes(after)),
+            (Limit::WebhookEndpoints, self.webhook_endpoints, before.webhook_endpoints, after.webhook_endpoints),
+            (Limit::Policies, self.policies, before.policies, after.policies),
+            (Limit::PolicyTextBytes, self.policy_text_bytes, before.policy_text_bytes, after.policy_text_bytes),
         ];
         for (limit, max, was, count) in counts {
             if count > was && count > max {
@@ -109,6 +105,49 @@ impl Limits {
             }
         }
         Ok(())
+    }
+}
+
+/// What the caps count in one state, kept beside it so that a change is counted by what it
+/// touched ([`CapCounts::after`]), not by reading the whole state again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapCounts {
+    pub webhook_endpoints: usize,
+    pub policies: usize,
+    pub policy_text_bytes: usize,
+}
+
+fn text_bytes(p: &crate::model::Policy) -> usize {
+    p.name.len() + p.condition.len() + p.consensus.len() + p.time.len()
+}
+
+impl CapCounts {
+    /// CapCounts `state` whole (on a load).
+    pub fn of(state: &OrgState) -> Self {
+        Self {
+            webhook_endpoints: state.webhook_endpoints.len(),
+            policies: state.policies.len(),
+            policy_text_bytes: policy_text_bytes(state),
+        }
+    }
+
+    /// The counts of `after`, which a change of `before` (counted `self`) left, given the ids of
+    /// the policies the change touched (put or deleted; repeats count once): the text of those
+    /// alone is read.
+    pub fn after<'a>(
+        &self,
+        before: &OrgState,
+        after: &OrgState,
+        touched_policies: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let touched: std::collections::BTreeSet<&str> = touched_policies.into_iter().collect();
+        let weigh =
+            |s: &OrgState| -> usize { touched.iter().filter_map(|id| s.policies.get(*id)).map(text_bytes).sum() };
+        Self {
+            webhook_endpoints: after.webhook_endpoints.len(),
+            policies: after.policies.len(),
+            policy_text_bytes: self.policy_text_bytes - weigh(before) + weigh(after),
+        }
     }
 }
 
@@ -139,7 +178,20 @@ mod tests {
     fn stage(s: &mut OrgState, limits: &Limits, effects: &[Effect]) -> Result<(), LimitExceeded> {
         let mut next = s.clone();
         next.apply_all(effects).unwrap();
-        limits.check(s, &next)?;
+        let touched: Vec<String> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::PutPolicy { policy } => Some(vec![policy.id.clone()]),
+                Effect::DeletePolicies { ids } => Some(ids.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let before = CapCounts::of(s);
+        let after = before.after(s, &next, touched.iter().map(String::as_str));
+        // Counted by what the change touched, as counted whole.
+        assert_eq!(after, CapCounts::of(&next));
+        limits.check(&before, &after)?;
         *s = next;
         Ok(())
     }
