@@ -184,6 +184,7 @@ impl ActivityLog {
                     fingerprint: &e.fingerprint,
                     status: &e.status,
                     activity_id: &e.activity_id,
+                    activity_digest: &e.activity_digest,
                     seq: *seq,
                 })
                 .collect();

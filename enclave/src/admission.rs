@@ -502,7 +502,7 @@ impl Admission {
         body: &[u8],
     ) -> Result<Vec<u8>, EnclaveError> {
         const OPERATION: &str = "sign_webhook_delivery";
-        /// The two fields of an activity the enclave checks (the rest is parsed, not kept).
+        /// The fields of an activity the enclave checks (the rest is parsed, not kept).
         #[derive(serde::Deserialize)]
         struct ActivityIds {
             id: String,
@@ -516,34 +516,30 @@ impl Admission {
         // An object only: serde would also read a struct from an array.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         let ids = is_object.then(|| serde_json::from_slice::<ActivityIds>(body).ok()).flatten();
-        // A completed activity is one the enclave authorized: its decision log has it.
-        let completed_undecided = match &ids {
-            Some(a) if a.status == ACTIVITY_COMPLETED => {
-                self.store.decided(&a.organization_id, &a.fingerprint).map_err(EnclaveError::from)?
-                    != crate::store::LoggedDecision::Authorized
-            }
-            _ => false,
-        };
-        let (organization, activity_id) = match ids {
-            Some(a) => (Some(a.organization_id), Some(a.id)),
-            None => (None, None),
-        };
-        let refusal = if (timestamp_ms as i64 - now_ms()).abs() > self.freshness_ms {
+        let fresh = (timestamp_ms as i64 - now_ms()).abs() <= self.freshness_ms;
+        let plain_event = !event_id.is_empty()
+            && event_id.len() <= 128
+            && event_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_:.".contains(&b));
+        let refusal = if !fresh {
             Some((RefusalReason::Stale, "delivery timestamp is not the enclave's now"))
-        } else if event_id.is_empty()
-            || event_id.len() > 128
-            || !event_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_:.".contains(&b))
-        {
+        } else if !plain_event {
             Some((RefusalReason::DeliveryInvalid, "event id must be 1-128 characters of [A-Za-z0-9-_:.]"))
-        } else if body.len() > 4 * 1024 * 1024 || organization.is_none() || activity_id.is_none() {
+        } else if body.len() > 4 * 1024 * 1024 || ids.is_none() {
             Some((
                 RefusalReason::DeliveryInvalid,
                 "delivery body is not an activity (an object with id and organizationId, at most 4 MiB)",
             ))
-        } else if completed_undecided {
-            Some((RefusalReason::DeliveryInvalid, "a completed activity the enclave did not authorize"))
         } else {
-            None
+            ids.as_ref()
+                .and_then(|a| {
+                    self.unwitnessed_event(a.organization_id.as_str(), &a.id, &a.status, &a.fingerprint, body)
+                        .transpose()
+                })
+                .transpose()?
+        };
+        let (organization, activity_id) = match ids {
+            Some(a) => (Some(a.organization_id), Some(a.id)),
+            None => (None, None),
         };
         let organization = organization.unwrap_or_default();
         if let Some((reason, message)) = refusal {
@@ -569,6 +565,45 @@ impl Admission {
         let mut message = format!("v1.ed25519.{key_id}.{timestamp_ms}.{event_id}.").into_bytes();
         message.extend_from_slice(body);
         Ok(message)
+    }
+
+    /// Why the enclave would not sign a webhook event of activity `activity_id` (`body`) in
+    /// `status`, or `None` when its own state witnesses it: the organization is one it has, and a
+    /// finished activity (completed, failed, rejected) is exactly the one its organization's log
+    /// linked in that status: the same id and the same activity digest (so a delivery cannot
+    /// relabel a status, alter a result, or borrow another activity's fingerprint). An activity
+    /// waiting for votes is not in the log: for it, the organization is checked (issue 40, E7).
+    fn unwitnessed_event(
+        &self,
+        organization_id: &str,
+        activity_id: &str,
+        status: &str,
+        fingerprint: &str,
+        body: &[u8],
+    ) -> Result<Option<(RefusalReason, &'static str)>, EnclaveError> {
+        const INVALID: RefusalReason = RefusalReason::DeliveryInvalid;
+        if self.rules.load(organization_id)?.is_none() {
+            return Ok(Some((INVALID, "an activity of an organization the enclave does not have")));
+        }
+        if status == ACTIVITY_CONSENSUS_NEEDED {
+            return Ok(None);
+        }
+        if !coffer_auth::proof::FINAL_STATUSES.contains(&status) {
+            return Ok(Some((
+                INVALID,
+                "an activity event has a status: completed, failed, rejected or waiting for votes",
+            )));
+        }
+        let Some(link) = self.store.link_of(organization_id, fingerprint, status)? else {
+            return Ok(Some((INVALID, "a finished activity the enclave's log does not have in that status")));
+        };
+        // Parsed above as an object: a Value too.
+        let activity: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| EnclaveError::Internal("a delivery body parsed twice".into()))?;
+        if link.activity_id != activity_id || link.activity_digest != coffer_auth::proof::activity_digest(&activity) {
+            return Ok(Some((INVALID, "the activity is not the one the enclave's log linked in that status")));
+        }
+        Ok(None)
     }
 
     /// Expiry of a new credential valid for `seconds` from now (0 = none).
@@ -1095,6 +1130,8 @@ const REPLAYED: &str = "replayed request: this stamped body was already used for
 const MAX_ORGANIZATION_DEPTH: usize = 16;
 /// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
 pub(crate) const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
+/// An activity waiting for votes.
+const ACTIVITY_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
 const OPERATOR_REPLAY_SHARE: &str = "coffer:operator";
 const ORGANIZATION_BUSY: &str =
@@ -1212,30 +1249,66 @@ mod tests {
     }
 
     #[test]
-    fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity() {
+    fn webhook_messages_need_the_enclaves_now_a_plain_event_id_and_an_activity_it_witnessed() {
+        use coffer_org_rules::model::Organization;
+        use coffer_org_rules::{Change, Effect};
         let admission = Admission::in_memory(crate::hsm::tests::hsm(), 300_000, 16).unwrap();
-        let body =
-            br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:f1"}"#;
-        let now = now_ms() as u64;
-        // A completed activity the enclave never authorized (a forged event) is not signed...
-        match admission.webhook_message("kid", now, "evt-1:a1", body) {
-            Err(EnclaveError::Refused { reason: RefusalReason::DeliveryInvalid, message, .. }) => {
-                assert!(message.contains("did not authorize"), "{message}")
-            }
-            other => panic!("{other:?}"),
-        }
-        // ...one it did is.
-        let allowed = crate::store::DecisionRecord {
-            at_ms: now as i64,
-            organization_id: "o1".into(),
-            operation: "sign".into(),
-            fingerprint: "sha256:f1".into(),
-            outcome: crate::store::OUTCOME_ALLOW.into(),
-            ..Default::default()
+        let organization = Organization { id: "o1".into(), name: "o1".into(), ..Default::default() };
+        let create = Change { organization_id: "o1".into(), effect: Effect::CreateOrganization { organization } };
+        assert!(admission.rules().import("o1", &[create]).unwrap());
+        let completed = |result: &str| {
+            format!(
+                r#"{{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:f1","result":"{result}"}}"#
+            )
+            .into_bytes()
         };
-        admission.store.record_decision(&allowed).unwrap();
-        let message = admission.webhook_message("kid", now, "evt-1:a1", body).unwrap();
+        let body = completed("0xreal");
+        let now = now_ms() as u64;
+        let refusal = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
+            Err(EnclaveError::Refused { reason, message, .. }) => (reason, message),
+            other => panic!("{other:?}"),
+        };
+        // A completed activity the log never linked (a forged event) is not signed...
+        let (reason, message) = refusal(now, "evt-1:a1", &body);
+        assert!(reason == RefusalReason::DeliveryInvalid && message.contains("log does not have"), "{message}");
+        // ...one it linked is, as linked.
+        let activity: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let entry = crate::activity_log::Entry {
+            organization_id: "o1".into(),
+            activity_id: "a1".into(),
+            fingerprint: "sha256:f1".into(),
+            activity_type: "ACTIVITY_TYPE_SIGN_TRANSACTION_V2".into(),
+            status: ACTIVITY_COMPLETED.into(),
+            activity_digest: coffer_auth::proof::activity_digest(&activity),
+        };
+        let (log, store) = admission.activity_log();
+        let unsigned = |_: &coffer_auth::proof::LogLink, _: bool| Ok(pb::AppProof::default());
+        log.append(store, entry, &unsigned).unwrap();
+        let message = admission.webhook_message("kid", now, "evt-1:a1", &body).unwrap();
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
+        // Issue 40, E7: the linked activity with another result, relabelled failed, or under
+        // another id; a status-less one; one of an organization the enclave does not have.
+        let forgeries: [(Vec<u8>, &str); 5] = [
+            (completed("0xmadeup"), "is not the one"),
+            (String::from_utf8(body.clone()).unwrap().replace("COMPLETED", "FAILED").into_bytes(), "does not have"),
+            (
+                String::from_utf8(body.clone()).unwrap().replace(r#""id":"a1""#, r#""id":"a2""#).into_bytes(),
+                "is not the one",
+            ),
+            (br#"{"id":"a1","organizationId":"o1","fingerprint":"sha256:f1"}"#.to_vec(), "has a status"),
+            (
+                br#"{"id":"a1","organizationId":"o9","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#.to_vec(),
+                "does not have",
+            ),
+        ];
+        for (forged, why) in forgeries {
+            let (reason, message) = refusal(now, "evt-2:a1", &forged);
+            assert!(reason == RefusalReason::DeliveryInvalid && message.contains(why), "{why}: {message}");
+        }
+        // Waiting for votes: not in the log; its organization is checked.
+        let waiting = br#"{"id":"a3","organizationId":"o1","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#;
+        assert!(admission.webhook_message("kid", now, "evt-3:a3", waiting).is_ok());
+        let body = waiting.as_slice();
         let refused = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
             Err(EnclaveError::Refused { reason, message, .. }) => (reason, message),
             other => panic!("{other:?}"),

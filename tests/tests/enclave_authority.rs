@@ -881,14 +881,17 @@ async fn credentials_from_before_certificates_are_certified_by_the_operator() {
 /// delivery (README, threat model). What the enclave still decides, called directly on its socket
 /// as an attacker who owns the gateway would: a timestamp that is its own now (no delivery signed
 /// ahead of time or backdated), a plain event id (no header injection), a body that is an
-/// activity object, and a bounded batch — each refusal for its own delivery, with an audit line.
+/// activity object of an organization it has, a finished activity exactly as its log linked it
+/// (issue 40, E7), and a bounded batch — each refusal for its own delivery, with an audit line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let stack = Stack::start().await;
     let enclave = connect(stack.enclave_socket());
     let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
     let now = Stack::now_ms() as u64;
-    let activity = br#"{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#.to_vec();
+    let org = stack.organization_id.clone();
+    let activity = json!({"id": "a1", "organizationId": org, "status": "ACTIVITY_STATUS_CONSENSUS_NEEDED"}).to_string();
+    let activity = activity.into_bytes();
     let delivery = |timestamp_ms: u64, event_id: &str, body: &[u8]| pb::SignWebhookDeliveryRequest {
         timestamp_ms,
         event_id: event_id.into(),
@@ -930,14 +933,14 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     assert_eq!(audited_reasons, expected.map(|r| r.as_str_name()), "the audited refusals");
 
     // (6) A forged "COMPLETED" activity of an organization that does not exist is not signed; a
-    // completed activity the enclave authorized is.
+    // completed activity the enclave authorized and linked is, as the API serves it.
     let forged =
         br#"{"id":"a9","organizationId":"nobody","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:00"}"#;
     let client = stack.client();
-    let org = stack.organization_id.clone();
     wallet(&client, &org, "webhooked").await;
     let real = stack.activities(&stack.api_key(), &org).await.into_iter().next().expect("the wallet's activity");
     assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
+    let real_json = real.clone();
     let real = serde_json::to_vec(&real).unwrap();
     let deliveries = vec![delivery(now, "evt-7", forged), delivery(now, "evt-8", &real)];
     let signed = audited(
@@ -959,6 +962,30 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     // One refusal, of the forged activity's (made up) organization, and none of the real one.
     assert_eq!(reason_codes(&refusals), [DeliveryInvalid.as_str_name()], "{refusals:?}");
     assert_eq!(refusals[0]["organization"], "nobody", "{refusals:?}");
+
+    // (7) Issue 40, E7: the real activity as an attacker who owns the gateway would reshape it:
+    // relabelled FAILED, with a made-up result, under another activity's id, without a status.
+    let reshaped = |f: &dyn Fn(&mut Value)| {
+        let mut a = real_json.clone();
+        f(&mut a);
+        serde_json::to_vec(&a).unwrap()
+    };
+    let forgeries = [
+        reshaped(&|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
+        reshaped(&|a| {
+            a["result"]["createWalletResult"]["addresses"] = json!(["0x000000000000000000000000000000000000dead"])
+        }),
+        reshaped(&|a| a["id"] = json!("another-activity")),
+        reshaped(&|a| {
+            a.as_object_mut().unwrap().remove("status");
+        }),
+    ];
+    let deliveries = forgeries.iter().enumerate().map(|(i, b)| delivery(now, &format!("evt-f{i}"), b)).collect();
+    let signed = enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries }).await;
+    let signed = signed.unwrap().into_inner();
+    for (i, d) in signed.deliveries.iter().enumerate() {
+        assert!(d.signature.is_empty() && d.refusal_reason() == DeliveryInvalid, "forgery {i}: {d:?}");
+    }
 
     // More than a batch's worth is refused whole.
     let too_many = (0..257).map(|n| delivery(now, &format!("evt-{n}"), &activity)).collect();

@@ -258,6 +258,7 @@ fn an_activity_is_linked_once_in_each_status(backend: Backend) {
         fingerprint,
         status,
         activity_id: "id",
+        activity_digest: fingerprint,
         seq,
     };
     let (done, waiting) = ("ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_CONSENSUS_NEEDED");
@@ -275,6 +276,12 @@ fn an_activity_is_linked_once_in_each_status(backend: Backend) {
     assert_eq!(a.linked("o", &[("f2", done), ("f1", done)]).unwrap(), [true, true]);
     // The same fingerprint in another organization is another activity.
     a.advance_log("other", 0, 1, "x1", &[link("f1", done, 1)]).unwrap();
+    // What each link is of, as the webhook check reads it (issue 40, E7).
+    let of = |org: &str, f: &str, status: &str| b.link_of(org, f, status).unwrap();
+    let f2 = ActivityLink { activity_id: "id".into(), activity_digest: "f2".into() };
+    assert_eq!(of("o", "f2", done), Some(f2));
+    assert_eq!(of("o", "f2", waiting), None);
+    assert_eq!(of("nobody", "f2", done), None);
 }
 
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {

@@ -101,13 +101,23 @@ impl LoggedDecision {
 }
 
 /// What one link of an activity log is of ([`EnclaveStore::advance_log`]): the activity (its
-/// stamped body's fingerprint and its id), its status, its position.
+/// stamped body's fingerprint and its id), its status, the digest of the activity as linked, its
+/// position.
 #[derive(Debug, Clone, Copy)]
 pub struct LinkedActivity<'a> {
     pub fingerprint: &'a str,
     pub status: &'a str,
     pub activity_id: &'a str,
+    pub activity_digest: &'a str,
     pub seq: u64,
+}
+
+/// The link of an activity in one status ([`EnclaveStore::link_of`]): the activity's id and the
+/// digest of the activity as linked (empty for links recorded before the digest was).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivityLink {
+    pub activity_id: String,
+    pub activity_digest: String,
 }
 
 /// The bounds of the replay window and of the decision log, given to a backend when it opens.
@@ -192,6 +202,8 @@ pub trait EnclaveStore: Send + Sync {
     /// For each `(fingerprint, status)` of `activities`, whether `org`'s activity log has a link
     /// of that activity in that status (one round trip on PostgreSQL).
     fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError>;
+    /// The link of the activity `fingerprint` in `status` in `org`'s log, if it has one.
+    fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError>;
     /// The sealed service key labelled `label` (kept for modules that cannot hold it, see
     /// `hsm::SealedKeyShelf`).
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError>;

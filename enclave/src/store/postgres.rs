@@ -23,8 +23,8 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision, OrgChanges,
-    OrgHead, Remembered, StoreError, StoreLimits,
+    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision,
+    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
 };
 
 /// Connections one store opens at most.
@@ -149,6 +149,9 @@ CREATE TABLE log_links (
     seq BIGINT NOT NULL,
     PRIMARY KEY (organization_id, fingerprint, status)
 );
+",
+    r"
+ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
 ",
 ];
 
@@ -474,12 +477,14 @@ impl EnclaveStore for PostgresEnclaveStore {
             let statuses: Vec<&str> = linked.iter().map(|l| l.status).collect();
             let ids: Vec<&str> = linked.iter().map(|l| l.activity_id).collect();
             let seqs: Vec<i64> = linked.iter().map(|l| l.seq as i64).collect();
+            let digests: Vec<&str> = linked.iter().map(|l| l.activity_digest).collect();
             let taken = tx
                 .execute(
-                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq)
-                     SELECT $1, f, s, a, q FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[]) AS t(f, s, a, q)
+                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
+                     SELECT $1, f, s, a, q, d
+                     FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS t(f, s, a, q, d)
                      ON CONFLICT DO NOTHING",
-                    &[&org, &fingerprints, &statuses, &ids, &seqs],
+                    &[&org, &fingerprints, &statuses, &ids, &seqs, &digests],
                 )
                 .map_err(pg)?;
             // An activity already linked in that status: nothing of the move is kept.
@@ -510,6 +515,22 @@ impl EnclaveStore for PostgresEnclaveStore {
                 .collect()
         })?;
         Ok(activities.iter().map(|(f, s)| found.iter().any(|(ff, ss)| ff == f && ss == s)).collect())
+    }
+
+    fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError> {
+        self.with_conn(|client| {
+            let row = client
+                .query_opt(
+                    "SELECT activity_id, activity_digest FROM log_links
+                     WHERE organization_id = $1 AND fingerprint = $2 AND status = $3",
+                    &[&org, &fingerprint, &status],
+                )
+                .map_err(pg)?;
+            row.map(|r| {
+                Ok(ActivityLink { activity_id: r.try_get(0).map_err(pg)?, activity_digest: r.try_get(1).map_err(pg)? })
+            })
+            .transpose()
+        })
     }
 
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {

@@ -27,8 +27,8 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision, OrgChanges,
-    OrgHead, Remembered, StoreError, StoreLimits,
+    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision,
+    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -97,6 +97,9 @@ CREATE TABLE log_links (
     seq INTEGER NOT NULL,
     PRIMARY KEY (organization_id, fingerprint, status)
 ) WITHOUT ROWID;
+",
+    r"
+ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
 ",
 ];
 
@@ -691,13 +694,20 @@ impl EnclaveStore for SqliteEnclaveStore {
         if !moved {
             let mut st = tx
                 .prepare_cached(
-                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq)
-                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
                 )
                 .map_err(sq)?;
             for l in linked {
                 taken += st
-                    .execute(rusqlite::params![org, l.fingerprint, l.status, l.activity_id, l.seq as i64])
+                    .execute(rusqlite::params![
+                        org,
+                        l.fingerprint,
+                        l.status,
+                        l.activity_id,
+                        l.seq as i64,
+                        l.activity_digest
+                    ])
                     .map_err(sq)?;
             }
         }
@@ -725,6 +735,22 @@ impl EnclaveStore for SqliteEnclaveStore {
                     st.query_row(rusqlite::params![org, fingerprint, status], |r| r.get(0)).map_err(sq)
                 })
                 .collect()
+        })
+    }
+
+    fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT activity_id, activity_digest FROM log_links
+                 WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3",
+            )
+            .and_then(|mut st| {
+                st.query_row(rusqlite::params![org, fingerprint, status], |r| {
+                    Ok(ActivityLink { activity_id: r.get(0)?, activity_digest: r.get(1)? })
+                })
+                .optional()
+            })
+            .map_err(sq)
         })
     }
 
