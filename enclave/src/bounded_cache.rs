@@ -14,8 +14,8 @@ const SHARDS: usize = 16;
 /// Values by key, at most `budget` bytes in all (as the caller weighs each value). The budget is
 /// the whole map's, not a shard's: a large organization's state is kept as long as it weighs at
 /// most half the budget (one tenant cannot take it all). Over budget, the least recently used
-/// value of the inserting shard goes first, then those of the other shards in turn (each shard
-/// is least recently used first, so the order is approximately LRU across shards).
+/// values of the inserting shard go first, then those of the other shards, a shard at a time
+/// from a rotating start: least recently used within a shard, not across shards.
 pub struct BoundedCache<V> {
     shards: Vec<Mutex<Shard<V>>>,
     budget: usize,
@@ -64,17 +64,29 @@ impl<V: Clone> BoundedCache<V> {
     /// recently used values until the map is within its budget again. A value heavier than half
     /// the budget is not kept (nor what `key` had).
     pub fn insert(&self, key: &str, value: V, bytes: usize) {
+        self.insert_unless(key, value, bytes, |_, _| false);
+    }
+
+    /// [`BoundedCache::insert`] unless what `key` has is to be kept (`keep(&value, &kept)`),
+    /// decided and done under the shard's lock; returns what `key` then has (or `value`, when it
+    /// is too heavy to keep).
+    pub fn insert_unless(&self, key: &str, value: V, bytes: usize, keep: impl Fn(&V, &V) -> bool) -> V {
         let home = self.shard_of(key);
         {
             let mut shard = self.lock(home);
+            if let Some((kept, _)) = shard.entries.to_back(key) {
+                if keep(&value, kept) {
+                    return kept.clone();
+                }
+            }
             if let Some((_, old)) = shard.entries.remove(key) {
                 self.bytes.fetch_sub(old, Ordering::AcqRel);
             }
             if bytes > self.budget / 2 {
-                return;
+                return value;
             }
             self.bytes.fetch_add(bytes, Ordering::AcqRel);
-            shard.entries.insert(key.to_string(), (value, bytes));
+            shard.entries.insert(key.to_string(), (value.clone(), bytes));
             // The inserting shard's least recently used first, never the value just kept.
             while self.over() && shard.entries.len() > 1 {
                 let Some((_, (_, dropped))) = shard.entries.pop_front() else { break };
@@ -97,6 +109,7 @@ impl<V: Clone> BoundedCache<V> {
                 self.bytes.fetch_sub(dropped, Ordering::AcqRel);
             }
         }
+        value
     }
 
     pub fn remove(&self, key: &str) {
@@ -168,6 +181,16 @@ mod tests {
         let (n, bytes) = cache.usage();
         assert!(bytes <= SHARDS * 100, "{bytes} bytes");
         assert_eq!(n, 1 + SHARDS * 2, "small ones dropped from any shard to make room");
+    }
+
+    #[test]
+    fn a_value_is_not_replaced_by_one_it_is_to_be_kept_against() {
+        let cache = BoundedCache::new(1000);
+        let newer = |new: &u64, kept: &u64| kept >= new;
+        assert_eq!(cache.insert_unless("o", 5, 10, newer), 5);
+        assert_eq!(cache.insert_unless("o", 4, 10, newer), 5, "an older version does not replace a newer one");
+        assert_eq!(cache.insert_unless("o", 6, 20, newer), 6);
+        assert_eq!((cache.get("o"), cache.usage()), (Some(6), (1, 20)));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! read from the authority store (cached by version), stamping credentials checked live, the root
 //! quorum and policies decided over it, and changes written only as the stamped body asks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{mpsc, Arc, Mutex};
 
 use coffer_org_rules::decide::{self, PolicyIndex, Proposal, Vote};
@@ -147,6 +147,9 @@ pub struct Staged {
     queue: Vec<StagedChange>,
     /// Whether a group commit is being led (its leader hands the lead on when it is done).
     leading: bool,
+    /// The organizations of the group being committed: a load that misses one of them waits
+    /// for the commit to put its new state in the cache ([`Decider::load`]).
+    committing: HashSet<String>,
 }
 
 /// The state an organization's staged changes leave.
@@ -515,7 +518,11 @@ impl Decider {
             // a cap between them.
             let policies: Vec<&str> =
                 changed.iter().filter(|(k, _)| *k == kinds::POLICY).map(|(_, id)| id.as_str()).collect();
-            let counts = head.loaded.counts.after(&head.loaded.state, &state, policies.iter().copied());
+            // A deleted organization's state is empty, and its deletion names no entry it removed.
+            let counts = match deleted {
+                true => CapCounts::of(&state),
+                false => head.loaded.counts.after(&head.loaded.state, &state, policies.iter().copied()),
+            };
             if !deleted {
                 self.limits
                     .check(&head.loaded.counts, &counts)
@@ -579,10 +586,12 @@ impl Decider {
                     snapshot.push((org.clone(), taken));
                 }
             }
+            staged.committing = snapshot.iter().map(|(org, _)| org.clone()).collect();
             (group, snapshot)
         };
         let result = self.commit_group(&snapshot);
         let mut staged = self.changing()?;
+        staged.committing.clear();
         let mut failed_later = Vec::new();
         match &result {
             Ok(versions) => {
@@ -689,8 +698,10 @@ impl Decider {
 
     /// The organization's current state (`None`: the enclave has none), read again from the
     /// store whenever its version moved (another enclave, or this one, changed it).
-    /// A miss waits for no commit: a commit of this enclave settling meanwhile puts a newer
-    /// state in the cache, which the state read here never replaces.
+    /// A miss of an organization this enclave is committing waits for that commit, which puts the
+    /// new state in the cache; otherwise it waits for no commit, and a commit of this enclave
+    /// settling meanwhile puts a newer state in the cache, which the state read here never
+    /// replaces.
     pub fn load(&self, organization_id: &str) -> Result<Option<Arc<Loaded>>, EnclaveError> {
         let Some(version) = self.store.version(organization_id)? else { return Ok(None) };
         // Versions only grow and the cache holds only committed states: a cached version newer
@@ -698,18 +709,21 @@ impl Decider {
         if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
             return Ok(Some(hit));
         }
+        // A group commit of this enclave of this organization, which the store may have and the
+        // cache not yet (the version read above may be its): it puts its states in the cache
+        // before letting the write lock go. Without this wait, each decision racing a commit of
+        // its organization read the whole state again (issue 40: 12% of a write's enclave time).
+        // The lock is only a barrier here: one poisoned by a failed commit still is one.
+        if self.changing()?.committing.contains(organization_id) {
+            drop(self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
+                return Ok(Some(hit));
+            }
+        }
         // One load per organization at a time: the others missing it meanwhile wait and find it
         // in the cache, instead of each reading it and compiling its policies again.
         let slot = self.lock_slot(organization_id);
         let _loading = self.loading[slot].lock().map_err(|_| internal("load lock poisoned"))?;
-        if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
-            return Ok(Some(hit));
-        }
-        // A group commit of this enclave that the store has but the cache not yet (the version
-        // read above may be its): it puts its states in the cache before letting this lock go.
-        // Without this wait, each decision racing a commit of its organization read the whole
-        // state again (issue 40: 12% of a write's enclave time).
-        drop(self.writing.lock().map_err(|_| internal("write lock poisoned"))?);
         if let Some(hit) = self.cache.get(organization_id).filter(|l| l.state.version >= version) {
             return Ok(Some(hit));
         }
@@ -725,11 +739,12 @@ impl Decider {
             return Ok(None);
         }
         let loaded = Arc::new(Loaded::of(state));
-        match self.cache.get(organization_id) {
-            Some(newer) if newer.state.version >= loaded.state.version => return Ok(Some(newer)),
-            _ => self.cache.insert(organization_id, loaded.clone(), footprint(&loaded)),
-        }
-        Ok(Some(loaded))
+        // Checked and kept in one step: a commit of this enclave may have put a newer state in
+        // the cache since.
+        let bytes = footprint(&loaded);
+        Ok(Some(
+            self.cache.insert_unless(organization_id, loaded, bytes, |l, kept| kept.state.version >= l.state.version),
+        ))
     }
 
     /// Decides a request stamped by `credential` for `activity_type` with `params`: the

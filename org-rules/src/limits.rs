@@ -146,7 +146,7 @@ impl CapCounts {
         Self {
             webhook_endpoints: after.webhook_endpoints.len(),
             policies: after.policies.len(),
-            policy_text_bytes: self.policy_text_bytes - weigh(before) + weigh(after),
+            policy_text_bytes: (self.policy_text_bytes + weigh(after)).saturating_sub(weigh(before)),
         }
     }
 }
