@@ -134,8 +134,10 @@ impl ActivityLog {
     }
 
     /// One organization's part of a group: its links chained onto the head, the last one signed,
-    /// and the head moved past them all in one compare-and-set. An activity is linked once in
-    /// each status: an entry the log has already (or that comes twice) gets `None`.
+    /// and the head moved past them all in one compare-and-set. An activity is linked once, in
+    /// one status (so a finished activity cannot be linked again as failed, nor another one under
+    /// its id): an entry of a fingerprint or id the log has already (or that comes twice) gets
+    /// `None`.
     fn append_group(
         &self,
         store: &dyn EnclaveStore,
@@ -144,10 +146,15 @@ impl ActivityLog {
         sign: Signer<'_>,
     ) -> Result<Vec<Option<Appended>>, EnclaveError> {
         for _ in 0..APPEND_TRIES {
-            let asked: Vec<(&str, &str)> = all.iter().map(|e| (e.fingerprint.as_str(), e.status.as_str())).collect();
+            let asked: Vec<(&str, &str)> =
+                all.iter().map(|e| (e.fingerprint.as_str(), e.activity_id.as_str())).collect();
             let linked_before = store.linked(organization_id, &asked)?;
-            let fresh: Vec<bool> =
-                asked.iter().enumerate().map(|(i, a)| !linked_before[i] && !asked[..i].contains(a)).collect();
+            // Nor twice in one group: an earlier entry of the same fingerprint or id is the one.
+            let fresh: Vec<bool> = asked
+                .iter()
+                .enumerate()
+                .map(|(i, (f, a))| !linked_before[i] && !asked[..i].iter().any(|(ff, aa)| ff == f || aa == a))
+                .collect();
             let entries: Vec<&Entry> = all.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
             if entries.is_empty() {
                 return Ok(vec![None; all.len()]);

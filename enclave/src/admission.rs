@@ -492,8 +492,9 @@ impl Admission {
 
     /// Checks one webhook delivery attempt before the webhook key signs it: the timestamp is the
     /// enclave's now (within the freshness window, so no delivery can be signed ahead of time),
-    /// the event id is short and plain, and the body is an activity. Returns the message to sign
-    /// (`v1.ed25519.<key_id>.<timestamp>.<event_id>.` + body) and writes one audit line.
+    /// the event id is short and plain, the body is an activity in its one canonical spelling, and
+    /// the enclave's state witnesses it ([`Admission::unwitnessed_event`]). Returns the message to
+    /// sign (`v1.ed25519.<key_id>.<timestamp>.<event_id>.` + body) and writes one audit line.
     pub fn webhook_message(
         &self,
         key_id: &str,
@@ -502,24 +503,26 @@ impl Admission {
         body: &[u8],
     ) -> Result<Vec<u8>, EnclaveError> {
         const OPERATION: &str = "sign_webhook_delivery";
-        /// The fields of an activity the enclave checks (the rest is parsed, not kept).
-        #[derive(serde::Deserialize)]
-        struct ActivityIds {
-            id: String,
-            #[serde(rename = "organizationId")]
-            organization_id: String,
-            #[serde(default)]
-            status: String,
-            #[serde(default)]
-            fingerprint: String,
-        }
-        // An object only: serde would also read a struct from an array.
+        // An object only, in the spelling the gateway renders (serde_json's compact form, keys
+        // sorted): a repeated member, another spelling of a number or string, or whitespace would
+        // let a consumer's parser read other than what the enclave checked.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-        let ids = is_object.then(|| serde_json::from_slice::<ActivityIds>(body).ok()).flatten();
+        let activity = is_object
+            .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
+            .flatten()
+            .filter(|v| serde_json::to_vec(v).is_ok_and(|canonical| canonical == body));
+        let text = |k: &str| activity.as_ref().and_then(|v| v.get(k)).and_then(serde_json::Value::as_str);
+        let ids = text("id").zip(text("organizationId"));
         let fresh = (timestamp_ms as i64 - now_ms()).abs() <= self.freshness_ms;
         let plain_event = !event_id.is_empty()
             && event_id.len() <= 128
             && event_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_:.".contains(&b));
+        let organization = ids.map(|(_, o)| o.to_string()).unwrap_or_default();
+        let refused = |reason: RefusalReason, message: &str| {
+            let refusal = Refusal { organization: organization.clone(), ..Refusal::new(reason, message) };
+            refusal.audit(OPERATION);
+            refusal.into_error()
+        };
         let refusal = if !fresh {
             Some((RefusalReason::Stale, "delivery timestamp is not the enclave's now"))
         } else if !plain_event {
@@ -527,32 +530,40 @@ impl Admission {
         } else if body.len() > 4 * 1024 * 1024 || ids.is_none() {
             Some((
                 RefusalReason::DeliveryInvalid,
-                "delivery body is not an activity (an object with id and organizationId, at most 4 MiB)",
+                "delivery body is not an activity (an object with id and organizationId as the gateway renders it, at \
+                 most 4 MiB)",
             ))
         } else {
-            ids.as_ref()
-                .and_then(|a| {
-                    self.unwitnessed_event(a.organization_id.as_str(), &a.id, &a.status, &a.fingerprint, body)
-                        .transpose()
-                })
-                .transpose()?
+            let (status, fingerprint) = (text("status").unwrap_or_default(), text("fingerprint").unwrap_or_default());
+            let viewer_members_plain = ["canApprove", "canReject"]
+                .iter()
+                .all(|k| activity.as_ref().and_then(|v| v.get(k)).is_none_or(serde_json::Value::is_boolean));
+            match (viewer_members_plain, ids) {
+                (false, _) => Some((RefusalReason::DeliveryInvalid, "canApprove and canReject are true or false")),
+                (true, Some((id, org))) => {
+                    match self.unwitnessed_event(org, id, status, fingerprint, activity.as_ref()) {
+                        Ok(refusal) => refusal,
+                        // Audited as every refusal (a store that does not answer included).
+                        Err(e) => {
+                            return Err(refused(
+                                e.refusal_reason().unwrap_or(RefusalReason::Unspecified),
+                                &e.to_string(),
+                            ))
+                        }
+                    }
+                }
+                (true, None) => None,
+            }
         };
-        let (organization, activity_id) = match ids {
-            Some(a) => (Some(a.organization_id), Some(a.id)),
-            None => (None, None),
-        };
-        let organization = organization.unwrap_or_default();
         if let Some((reason, message)) = refusal {
-            let refusal = Refusal { organization, ..Refusal::new(reason, message) };
-            refusal.audit(OPERATION);
-            return Err(refusal.into_error());
+            return Err(refused(reason, message));
         }
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
             operation = OPERATION,
             organization = %organization,
-            activity = %activity_id.unwrap_or_default(),
+            activity = %ids.map(|(id, _)| id).unwrap_or_default(),
             event = %event_id,
             "enclave decision"
         );
@@ -567,19 +578,20 @@ impl Admission {
         Ok(message)
     }
 
-    /// Why the enclave would not sign a webhook event of activity `activity_id` (`body`) in
+    /// Why the enclave would not sign a webhook event of activity `activity_id` (`activity`) in
     /// `status`, or `None` when its own state witnesses it: the organization is one it has, and a
     /// finished activity (completed, failed, rejected) is exactly the one its organization's log
-    /// linked in that status: the same id and the same activity digest (so a delivery cannot
-    /// relabel a status, alter a result, or borrow another activity's fingerprint). An activity
-    /// waiting for votes is not in the log: for it, the organization is checked (issue 40, E7).
+    /// linked, once, in that status: the same id and the same activity digest (so a delivery
+    /// cannot relabel a status, alter a result, or borrow another activity's fingerprint). An
+    /// activity waiting for votes is not in the log: for it, only the organization is checked
+    /// (issue 40, E7; step 7's waiting rows close the rest).
     fn unwitnessed_event(
         &self,
         organization_id: &str,
         activity_id: &str,
         status: &str,
         fingerprint: &str,
-        body: &[u8],
+        activity: Option<&serde_json::Value>,
     ) -> Result<Option<(RefusalReason, &'static str)>, EnclaveError> {
         const INVALID: RefusalReason = RefusalReason::DeliveryInvalid;
         if self.rules.load(organization_id)?.is_none() {
@@ -597,10 +609,8 @@ impl Admission {
         let Some(link) = self.store.link_of(organization_id, fingerprint, status)? else {
             return Ok(Some((INVALID, "a finished activity the enclave's log does not have in that status")));
         };
-        // Parsed above as an object: a Value too.
-        let activity: serde_json::Value =
-            serde_json::from_slice(body).map_err(|_| EnclaveError::Internal("a delivery body parsed twice".into()))?;
-        if link.activity_id != activity_id || link.activity_digest != coffer_auth::proof::activity_digest(&activity) {
+        let digest = activity.map(coffer_auth::proof::activity_digest).unwrap_or_default();
+        if link.activity_id != activity_id || link.activity_digest != digest {
             return Ok(Some((INVALID, "the activity is not the one the enclave's log linked in that status")));
         }
         Ok(None)
@@ -1257,10 +1267,11 @@ mod tests {
         let create = Change { organization_id: "o1".into(), effect: Effect::CreateOrganization { organization } };
         assert!(admission.rules().import("o1", &[create]).unwrap());
         let completed = |result: &str| {
-            format!(
-                r#"{{"id":"a1","organizationId":"o1","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:f1","result":"{result}"}}"#
-            )
-            .into_bytes()
+            let a = serde_json::json!({
+                "id": "a1", "organizationId": "o1", "status": ACTIVITY_COMPLETED, "fingerprint": "sha256:f1",
+                "result": result,
+            });
+            serde_json::to_vec(&a).unwrap()
         };
         let body = completed("0xreal");
         let now = now_ms() as u64;
@@ -1288,18 +1299,26 @@ mod tests {
         assert_eq!(message, [format!("v1.ed25519.kid.{now}.evt-1:a1.").as_bytes(), body.as_slice()].concat());
         // Issue 40, E7: the linked activity with another result, relabelled failed, or under
         // another id; a status-less one; one of an organization the enclave does not have.
-        let forgeries: [(Vec<u8>, &str); 5] = [
+        // And the linked activity spelled otherwise (what a consumer's parser reads may then not be
+        // what was checked): a repeated member first, whitespace, keys out of order; viewer
+        // members that are no booleans.
+        let text = String::from_utf8(body.clone()).unwrap();
+        let forgeries: [(Vec<u8>, &str); 9] = [
             (completed("0xmadeup"), "is not the one"),
-            (String::from_utf8(body.clone()).unwrap().replace("COMPLETED", "FAILED").into_bytes(), "does not have"),
-            (
-                String::from_utf8(body.clone()).unwrap().replace(r#""id":"a1""#, r#""id":"a2""#).into_bytes(),
-                "is not the one",
-            ),
-            (br#"{"id":"a1","organizationId":"o1","fingerprint":"sha256:f1"}"#.to_vec(), "has a status"),
+            (text.replace("COMPLETED", "FAILED").into_bytes(), "does not have"),
+            (text.replace(r#""id":"a1""#, r#""id":"a2""#).into_bytes(), "is not the one"),
+            (br#"{"fingerprint":"sha256:f1","id":"a1","organizationId":"o1"}"#.to_vec(), "has a status"),
             (
                 br#"{"id":"a1","organizationId":"o9","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#.to_vec(),
                 "does not have",
             ),
+            (text.replacen('{', r#"{"result":"0xmadeup","#, 1).into_bytes(), "not an activity"),
+            (text.replace(',', ", ").into_bytes(), "not an activity"),
+            (
+                br#"{"organizationId":"o1","id":"a3","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#.to_vec(),
+                "not an activity",
+            ),
+            (text.replacen('{', r#"{"canApprove":{"say":"approved"},"#, 1).into_bytes(), "true or false"),
         ];
         for (forged, why) in forgeries {
             let (reason, message) = refusal(now, "evt-2:a1", &forged);

@@ -934,15 +934,15 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
 
     // (6) A forged "COMPLETED" activity of an organization that does not exist is not signed; a
     // completed activity the enclave authorized and linked is, as the API serves it.
-    let forged =
-        br#"{"id":"a9","organizationId":"nobody","status":"ACTIVITY_STATUS_COMPLETED","fingerprint":"sha256:00"}"#;
+    let forged = json!({"id": "a9", "organizationId": "nobody", "status": "ACTIVITY_STATUS_COMPLETED", "fingerprint": "sha256:00"});
+    let forged = forged.to_string().into_bytes();
     let client = stack.client();
     wallet(&client, &org, "webhooked").await;
     let real = stack.activities(&stack.api_key(), &org).await.into_iter().next().expect("the wallet's activity");
     assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
     let real_json = real.clone();
     let real = serde_json::to_vec(&real).unwrap();
-    let deliveries = vec![delivery(now, "evt-7", forged), delivery(now, "evt-8", &real)];
+    let deliveries = vec![delivery(now, "evt-7", &forged), delivery(now, "evt-8", &real)];
     let signed = audited(
         &stack,
         "sign_webhook_delivery",

@@ -252,36 +252,43 @@ fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
 
 /// The activity log's head moves by compare-and-set, and an activity is linked at most once in
 /// each status, whichever enclave links it: a move with one already linked is not made at all.
-fn an_activity_is_linked_once_in_each_status(backend: Backend) {
+fn an_activity_is_linked_once(backend: Backend) {
     let (_db, a, b) = two_stores(backend, StoreLimits::default());
-    let link = |fingerprint: &'static str, status: &'static str, seq: u64| LinkedActivity {
+    let link = |fingerprint: &'static str, activity_id: &'static str, status: &'static str, seq: u64| LinkedActivity {
         fingerprint,
         status,
-        activity_id: "id",
+        activity_id,
         activity_digest: fingerprint,
         seq,
     };
-    let (done, waiting) = ("ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_CONSENSUS_NEEDED");
-    a.advance_log("o", 0, 2, "h2", &[link("f1", waiting, 1), link("f1", done, 2)]).unwrap();
-    assert_eq!(b.linked("o", &[("f1", done), ("f1", waiting), ("f2", done)]).unwrap(), [true, true, false]);
-    assert_eq!(b.linked("other", &[("f1", done)]).unwrap(), [false]);
-    // f1 completed again, beside a new one: nothing moves, nothing of f2 is kept.
-    let again = b.advance_log("o", 2, 4, "h4", &[link("f2", done, 3), link("f1", done, 4)]);
-    assert!(matches!(again, Err(StoreError::VersionMoved { found: Some(2), .. })), "{again:?}");
-    assert_eq!(a.linked("o", &[("f2", done)]).unwrap(), [false]);
+    let (done, failed) = ("ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_FAILED");
+    a.advance_log("o", 0, 2, "h2", &[link("f1", "a1", done, 1), link("f2", "a2", failed, 2)]).unwrap();
+    let asked = [("f1", "x"), ("x", "a2"), ("f3", "a3")];
+    assert_eq!(b.linked("o", &asked).unwrap(), [true, true, false], "by fingerprint or by id");
+    assert_eq!(b.linked("other", &[("f1", "a1")]).unwrap(), [false]);
+    // f1 again in another status, or a3 under a2's id, beside a new one: nothing moves, nothing
+    // of f4 is kept (issue 40, E7: a completed activity relinked as failed, another one's id).
+    for again in [link("f1", "a1", failed, 4), link("f3", "a2", done, 4)] {
+        let moved = b.advance_log("o", 2, 4, "h4", &[link("f4", "a4", done, 3), again]);
+        assert!(matches!(moved, Err(StoreError::VersionMoved { found: Some(2), .. })), "{moved:?}");
+    }
+    assert_eq!(a.linked("o", &[("f4", "a4")]).unwrap(), [false]);
     assert_eq!(a.log_head("o").unwrap(), Some((2, "h2".to_string())));
     // A stale expected head is refused the same way; the right one moves.
-    assert!(matches!(b.advance_log("o", 1, 3, "h3", &[link("f2", done, 3)]), Err(StoreError::VersionMoved { .. })));
-    b.advance_log("o", 2, 3, "h3", &[link("f2", done, 3)]).unwrap();
-    assert_eq!(a.linked("o", &[("f2", done), ("f1", done)]).unwrap(), [true, true]);
-    // The same fingerprint in another organization is another activity.
-    a.advance_log("other", 0, 1, "x1", &[link("f1", done, 1)]).unwrap();
+    assert!(matches!(
+        b.advance_log("o", 1, 3, "h3", &[link("f4", "a4", done, 3)]),
+        Err(StoreError::VersionMoved { .. })
+    ));
+    b.advance_log("o", 2, 3, "h3", &[link("f4", "a4", done, 3)]).unwrap();
+    assert_eq!(a.linked("o", &[("f4", "a4"), ("f1", "a1")]).unwrap(), [true, true]);
+    // The same fingerprint and id in another organization are another activity.
+    a.advance_log("other", 0, 1, "x1", &[link("f1", "a1", done, 1)]).unwrap();
     // What each link is of, as the webhook check reads it (issue 40, E7).
     let of = |org: &str, f: &str, status: &str| b.link_of(org, f, status).unwrap();
-    let f2 = ActivityLink { activity_id: "id".into(), activity_digest: "f2".into() };
-    assert_eq!(of("o", "f2", done), Some(f2));
-    assert_eq!(of("o", "f2", waiting), None);
-    assert_eq!(of("nobody", "f2", done), None);
+    let f4 = ActivityLink { activity_id: "a4".into(), activity_digest: "f4".into() };
+    assert_eq!(of("o", "f4", done), Some(f4));
+    assert_eq!(of("o", "f4", failed), None);
+    assert_eq!(of("nobody", "f4", done), None);
 }
 
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
@@ -317,6 +324,6 @@ conformance!(
     scoped_quotas_hold_under_concurrency,
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,
-    an_activity_is_linked_once_in_each_status,
+    an_activity_is_linked_once,
     unsupported_urls_are_refused_without_their_password,
 );

@@ -554,12 +554,13 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
-    // Linked once (issue 40, E5): the same activity failed again, under another id or the same,
-    // is a replay; the head does not move.
-    for id in ["a-1", "a-2"] {
+    // Linked once (issue 40, E5, E7): the same activity failed again, under another id or the
+    // same, or rejected now, is a replay; the head does not move.
+    for (id, status) in [("a-1", "FAILED"), ("a-2", "FAILED"), ("a-1", "REJECTED")] {
         let mut again = activity.clone();
         again["id"] = json!(id);
-        assert_eq!(reason(record(stamped(&key), &again).await), "REFUSAL_REASON_REPLAYED", "{id}");
+        again["status"] = json!(format!("ACTIVITY_STATUS_{status}"));
+        assert_eq!(reason(record(stamped(&key), &again).await), "REFUSAL_REASON_REPLAYED", "{id} {status}");
     }
     assert_eq!(head().await, before + 1);
 

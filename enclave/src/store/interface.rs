@@ -188,9 +188,9 @@ pub trait EnclaveStore: Send + Sync {
     /// Moves `org`'s activity log from `expected` links to `links` (more) with `head`, only if it
     /// is still at `expected` (compare-and-set: [`StoreError::VersionMoved`] otherwise), and
     /// records what each new link is of (`linked`, one per link), in one transaction. An activity
-    /// is linked at most once in each status: a link of one already linked in that status fails
-    /// the whole move as `VersionMoved` (the caller, checking [`EnclaveStore::linked`] again,
-    /// leaves it out). Committed before it returns.
+    /// is linked at most once, in one status: a link of a fingerprint or an activity id the log
+    /// has already fails the whole move as `VersionMoved` (the caller, checking
+    /// [`EnclaveStore::linked`] again, leaves it out). Committed before it returns.
     fn advance_log(
         &self,
         org: &str,
@@ -199,8 +199,9 @@ pub trait EnclaveStore: Send + Sync {
         head: &str,
         linked: &[LinkedActivity<'_>],
     ) -> Result<(), StoreError>;
-    /// For each `(fingerprint, status)` of `activities`, whether `org`'s activity log has a link
-    /// of that activity in that status (one round trip on PostgreSQL).
+    /// For each `(fingerprint, activity_id)` of `activities`, whether `org`'s activity log has a
+    /// link of that fingerprint or of that activity id, in any status (one round trip on
+    /// PostgreSQL).
     fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError>;
     /// The link of the activity `fingerprint` in `status` in `org`'s log, if it has one.
     fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError>;

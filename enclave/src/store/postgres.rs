@@ -152,6 +152,7 @@ CREATE TABLE log_links (
 ",
     r"
 ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
+CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
 ",
 ];
 
@@ -483,6 +484,8 @@ impl EnclaveStore for PostgresEnclaveStore {
                     "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
                      SELECT $1, f, s, a, q, d
                      FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS t(f, s, a, q, d)
+                     WHERE NOT EXISTS (SELECT 1 FROM log_links l
+                                       WHERE l.organization_id = $1 AND (l.fingerprint = t.f OR l.activity_id = t.a))
                      ON CONFLICT DO NOTHING",
                     &[&org, &fingerprints, &statuses, &ids, &seqs, &digests],
                 )
@@ -503,18 +506,20 @@ impl EnclaveStore for PostgresEnclaveStore {
 
     fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
         let fingerprints: Vec<&str> = activities.iter().map(|(f, _)| *f).collect();
+        let ids: Vec<&str> = activities.iter().map(|(_, a)| *a).collect();
         let found: Vec<(String, String)> = self.with_conn(|client| {
             client
                 .query(
-                    "SELECT fingerprint, status FROM log_links WHERE organization_id = $1 AND fingerprint = ANY($2)",
-                    &[&org, &fingerprints],
+                    "SELECT fingerprint, activity_id FROM log_links
+                     WHERE organization_id = $1 AND (fingerprint = ANY($2) OR activity_id = ANY($3))",
+                    &[&org, &fingerprints, &ids],
                 )
                 .map_err(pg)?
                 .iter()
                 .map(|r| Ok((r.try_get(0).map_err(pg)?, r.try_get(1).map_err(pg)?)))
                 .collect()
         })?;
-        Ok(activities.iter().map(|(f, s)| found.iter().any(|(ff, ss)| ff == f && ss == s)).collect())
+        Ok(activities.iter().map(|(f, a)| found.iter().any(|(ff, aa)| ff == f || aa == a)).collect())
     }
 
     fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError> {

@@ -100,6 +100,7 @@ CREATE TABLE log_links (
 ",
     r"
 ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
+CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
 ",
 ];
 
@@ -695,7 +696,8 @@ impl EnclaveStore for SqliteEnclaveStore {
             let mut st = tx
                 .prepare_cached(
                     "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                     SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS (
+                         SELECT 1 FROM log_links WHERE organization_id = ?1 AND (fingerprint = ?2 OR activity_id = ?4))",
                 )
                 .map_err(sq)?;
             for l in linked {
@@ -726,13 +728,14 @@ impl EnclaveStore for SqliteEnclaveStore {
         self.read(|conn| {
             let mut st = conn
                 .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3)",
+                    "SELECT EXISTS (SELECT 1 FROM log_links
+                     WHERE organization_id = ?1 AND (fingerprint = ?2 OR activity_id = ?3))",
                 )
                 .map_err(sq)?;
             activities
                 .iter()
-                .map(|(fingerprint, status)| {
-                    st.query_row(rusqlite::params![org, fingerprint, status], |r| r.get(0)).map_err(sq)
+                .map(|(fingerprint, activity_id)| {
+                    st.query_row(rusqlite::params![org, fingerprint, activity_id], |r| r.get(0)).map_err(sq)
                 })
                 .collect()
         })
