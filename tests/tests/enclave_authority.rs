@@ -2622,6 +2622,27 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         })
         .collect();
     assert_eq!(names, ["alice tags"], "{recorded}");
+    // A state change is decided by the enclave alone too: bob's user tag, which the forged row
+    // allows in the gateway's database, waits for alice's approval as the enclave's decision
+    // says, recorded with the outcomes the enclave read. (Decided by the gateway first, it ran and
+    // failed on the enclave's refusal.)
+    let bobs_tag =
+        body("ACTIVITY_TYPE_CREATE_USER_TAG", &org, Stack::now_ms(), json!({"userTagName": "b", "userIds": []}));
+    let tag_path = "/public/v1/submit/create_user_tag";
+    let waiting = audited(&stack, "apply_activity", stack.post_raw(tag_path, bobs_tag.as_bytes(), Some(&bob))).await;
+    assert_eq!(waiting.result.status, 200, "{}", waiting.result.text);
+    audited_as(&waiting.refusals, pb::RefusalReason::ConsensusNeeded);
+    let activity = &waiting.result.json["activity"];
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{activity}");
+    let recorded: String = c
+        .query_row(
+            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1",
+            [activity["id"].as_str().unwrap()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!recorded.contains("inserted"), "the gateway's forged policy was recorded: {recorded}");
+    assert!(recorded.contains("OUTCOME_"), "the enclave's outcomes were not recorded: {recorded}");
 
     // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
     // approval it does.

@@ -184,16 +184,30 @@ async fn execute(
         // Other enclave calls of their own (sessions, logins, one-time codes): the gateway's
         // evaluation is recorded.
         false if coffer_org_rules::subjects::has_own_call(op.activity_type) => None,
-        false => apply_in_enclave(&state, auth, &proposal, issued, &returned).await?,
+        false => match apply_in_enclave(&state, auth, &proposal, issued, &returned).await? {
+            // Fails closed as for a key use: a state change the gateway no longer decides that
+            // the enclave applied without deciding (shadow mode).
+            None if decided_alone(op) => {
+                tracing::error!(activity = %op.activity_type, "the enclave applied a state change without deciding it");
+                return Err(ApiError::internal());
+            }
+            evaluation => evaluation,
+        },
     };
     Ok((outcome, evaluation))
 }
 
-/// Whether the enclave alone decides `op` (a key use: the enclave call that does the work
-/// decides, and its answer or refusal says how); the gateway decides every other activity first
-/// (until the enclave decides those alone too, issue 40).
+/// Whether `op` is a key use (the enclave call that does the work decides it and answers with
+/// the outcomes it read).
 fn is_key_use(op: &Operation) -> bool {
     coffer_org_rules::subjects::KEY_USES.contains(&op.activity_type)
+}
+
+/// Whether the enclave alone decides `op`: the gateway evaluates no policy for it, and the
+/// enclave call's answer or typed refusal says how it was decided (issue 40; see
+/// `subjects::decided_by_enclave_alone` for the activities the gateway still decides first).
+fn decided_alone(op: &Operation) -> bool {
+    coffer_org_rules::subjects::decided_by_enclave_alone(op.activity_type)
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
@@ -477,8 +491,9 @@ pub async fn submit(
         (Some(parent), true) => organization(&state, parent.clone()).await?,
         _ => org.clone(),
     };
-    // Key operations are decided by the enclave alone; every other activity by the gateway first.
-    let evaluation = match is_key_use(op) {
+    // Key uses and most state changes are decided by the enclave alone; the others by the
+    // gateway first.
+    let evaluation = match decided_alone(op) {
         true => None,
         false => Some(crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?),
     };
@@ -530,9 +545,9 @@ pub async fn submit(
                     writes.extend(outcome.writes);
                     (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
                 }
-                // The enclave's decision of a key operation: it waits for votes. Recorded with the
-                // submitter's vote and the outcomes the enclave read; nothing ran.
-                Err(e) if is_key_use(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                // The enclave's decision: it waits for votes. Recorded with the submitter's vote
+                // and the outcomes the enclave read; nothing ran.
+                Err(e) if decided_alone(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
                     submission = None;
                     outcomes = e.evaluation;
                     (STATUS_CONSENSUS_NEEDED, json!({}))
@@ -771,9 +786,9 @@ async fn vote(
         let mut writes;
         let mut fallback = None;
         if approve {
-            let key_use = is_key_use(op);
-            // A key operation is decided by the enclave alone, with this vote and the earlier ones.
-            let evaluation = match key_use {
+            let alone = decided_alone(op);
+            // Decided by the enclave alone, with this vote and the earlier ones.
+            let evaluation = match alone {
                 true => None,
                 false => {
                     let proposal = Proposal {
@@ -839,16 +854,16 @@ async fn vote(
                             writes.push(completed);
                             fallback = Some(eval_write(enclave_evaluation));
                         }
-                        // The enclave's decision of a key operation: still waiting for votes.
-                        Err(e) if key_use && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                        // The enclave's decision: still waiting for votes.
+                        Err(e) if alone && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
                             writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                         }
                         // ... or denied: the vote is not recorded, as a denial by the gateway's
                         // decision of any other activity.
-                        Err(e) if key_use && e.refusal == Some(RefusalReason::PolicyDenied) => return Err(e),
+                        Err(e) if alone && e.refusal == Some(RefusalReason::PolicyDenied) => return Err(e),
                         // ... or not reached, or not answering: the vote is not recorded (send it
                         // again), and the activity still waits.
-                        Err(e) if key_use && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
+                        Err(e) if alone && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
                         // Another approval ran it a moment ago (through another gateway).
                         Err(e) if e.refusal == Some(RefusalReason::Replayed) => {
                             return settled_or(&state, &org.id, &intent.fingerprint, e).await
