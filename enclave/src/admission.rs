@@ -435,7 +435,12 @@ impl Admission {
         match Decider::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now)
         {
             Ok(d) => Ok(Some(d)),
-            Err(_) if !self.rules.enforces() => Ok(None),
+            Err(_)
+                if !self.rules.enforces()
+                    && !coffer_org_rules::subjects::decided_by_enclave_alone(&p.activity_type) =>
+            {
+                Ok(None)
+            }
             Err(refused) => Err(refused_by(a, Refusal::of_rules(refused))),
         }
     }
@@ -869,11 +874,11 @@ impl Admission {
             now,
         ) {
             Ok(d) => Some(d),
-            // Shadow mode covers state changes only: the gateway decides no key operation, so the
-            // enclave's refusal of one always stands.
+            // Shadow mode covers only what the gateway decides first: its refusal of an activity
+            // the enclave decides alone (key uses, most state changes) always stands.
             Err(refused)
                 if !self.rules.enforces()
-                    && !coffer_org_rules::subjects::KEY_USES.contains(&activity.activity_type.as_str()) =>
+                    && !coffer_org_rules::subjects::decided_by_enclave_alone(&activity.activity_type) =>
             {
                 tracing::warn!(
                     target: "coffer_audit",

@@ -826,7 +826,10 @@ impl Decider {
                 evaluation: evaluation.outcomes_json_text(),
             }),
             Decision::Deny => Err(RulesRefusal {
-                reason: RefusalReason::PolicyDenied,
+                reason: match evaluation.reason {
+                    decide::ROOT_QUORUM_ONLY => RefusalReason::RootQuorumOnly,
+                    _ => RefusalReason::PolicyDenied,
+                },
                 message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
                 evaluation: evaluation.outcomes_json_text(),
             }),

@@ -18,7 +18,7 @@ use crate::store::{found, Nanos, Organization, PrivateKey, SignWithKey, Store, S
 
 /// The words of every refusal by the organization's policies (the reason is in the audit logs).
 pub const NOT_AUTHORIZED: &str = "request not authorized";
-const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
+pub const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
 
 /// What the root-quorum rule decides for a root-quorum-only activity with only its submitter's
 /// vote: it runs when the threshold is 1 and waits above 1 ([`evaluate`] is the general rule).

@@ -13,6 +13,10 @@ use crate::facts;
 use crate::model::{Credential, CredentialKind, Millis, OrgState, Policy};
 use crate::subjects::Subject;
 
+/// The reason of the denial of a root-quorum-only activity whose submitter and approvers include
+/// no root user (the enclave refuses it with its own typed reason).
+pub const ROOT_QUORUM_ONLY: &str = "ROOT_QUORUM_ONLY";
+
 /// An organization's policies compiled once, indexed by the activity types their conditions
 /// require, so a decision costs what the applicable policies cost. Persistent maps: the next
 /// version's index is this one with only the changed policies compiled again.
@@ -200,7 +204,7 @@ pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evalua
         return if roots > 0 {
             Evaluation::root(Decision::ConsensusNeeded, "ROOT_QUORUM_PENDING")
         } else {
-            Evaluation::root(Decision::Deny, "ROOT_QUORUM_ONLY")
+            Evaluation::root(Decision::Deny, ROOT_QUORUM_ONLY)
         };
     }
     let policies = index.applicable(p.subject);

@@ -138,28 +138,28 @@ pub fn has_own_call(activity_type: &str) -> bool {
     KEY_USES.contains(&activity_type) || OWN_CALL_OPERATIONS.contains(&activity_type)
 }
 
-/// State changes whose handler calls the enclave before `ApplyActivity` decides them (a
-/// sub-organization's wallet, an OAuth 2.0 credential's certification, the auth proxy's key): the
-/// gateway decides them first, so that nothing is made for a change the rules refuse.
-pub const CALLS_BEFORE_APPLY: &[&str] = &[
+/// State changes whose handler reaches out before `ApplyActivity` decides them: it calls the
+/// enclave (a sub-organization's wallet, an OAuth 2.0 credential's certification, the auth
+/// proxy's key) or the network (a webhook target's name resolved). The gateway decides them
+/// first, so that nothing is made, and nothing probed, for a change the rules refuse.
+pub const GATEWAY_DECIDES_FIRST: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
     "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
     "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL",
     "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
+    "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
+    "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT",
 ];
 
 /// Whether the enclave alone decides `activity_type` (the gateway evaluates no policy for it, on
 /// submission or on a vote): a key use, decided by the call that does its work, or a state change
-/// decided by `ApplyActivity` with nothing made before it. Root-quorum-only changes are decided by
-/// the gateway first too, until the enclave's refusal says "root quorum only" in a typed reason
-/// (the API answers them with their own message).
+/// decided by `ApplyActivity` with nothing made before it (root-quorum-only ones included: the
+/// enclave refuses a submitter outside the root quorum with its own typed reason).
 pub fn decided_by_enclave_alone(activity_type: &str) -> bool {
     KEY_USES.contains(&activity_type)
-        || subject(activity_type).is_some_and(|s| {
-            !s.root_quorum
-                && !OWN_CALL_OPERATIONS.contains(&activity_type)
-                && !CALLS_BEFORE_APPLY.contains(&activity_type)
-        })
+        || (subject(activity_type).is_some()
+            && !OWN_CALL_OPERATIONS.contains(&activity_type)
+            && !GATEWAY_DECIDES_FIRST.contains(&activity_type))
 }
 
 #[cfg(test)]
@@ -183,10 +183,10 @@ mod tests {
         {
             assert!(decided_by_enclave_alone(t), "{t}");
         }
-        for t in CALLS_BEFORE_APPLY.iter().chain(OWN_CALL_OPERATIONS) {
+        for t in GATEWAY_DECIDES_FIRST.iter().chain(OWN_CALL_OPERATIONS) {
             assert!(subject(t).is_some() && !decided_by_enclave_alone(t), "{t}");
         }
-        assert!(!decided_by_enclave_alone("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM"), "root quorum only");
+        assert!(decided_by_enclave_alone("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM"), "root quorum only");
         assert!(!decided_by_enclave_alone("ACTIVITY_TYPE_NOT_ONE"));
     }
 }

@@ -3892,3 +3892,56 @@ async fn a_refused_change_spends_nothing() {
         pb::RefusalReason::Replayed,
     );
 }
+
+/// Shadow mode (`enforce_rules = false`) covers only what the gateway still decides first: a state
+/// change the enclave decides alone is refused, or waits, as the enclave decides, and runs when
+/// allowed (the gateway fails closed on an undecided answer, so shadow mode must not make one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_leaves_what_the_enclave_decides_alone_decided() {
+    let stack = Stack::start_with(&[("COFFER_ENFORCE_RULES", "0"), coffer_tests::AUDIT_LOG]).await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (alice_id, alice) = member(&client, &org, "alice").await;
+    let (_, bob) = member(&client, &org, "bob").await;
+    let path = "/public/v1/submit/create_user_tag";
+    let tag = |name: &str| {
+        body("ACTIVITY_TYPE_CREATE_USER_TAG", &org, Stack::now_ms(), json!({"userTagName": name, "userIds": []}))
+    };
+    // No policy lets bob tag: the enclave's denial stands.
+    http_refused_audited(
+        audited(&stack, "apply_activity", stack.post_raw(path, tag("b1").as_bytes(), Some(&bob))).await,
+        403,
+        pb::RefusalReason::PolicyDenied,
+    );
+    // With alice's approval required, bob's tag waits; the root's runs.
+    policy(
+        &client,
+        &org,
+        "tags with alice",
+        Effect::Allow,
+        "activity.type == 'ACTIVITY_TYPE_CREATE_USER_TAG'",
+        Some(format!("approvers.any(user, user.id == '{alice_id}')")),
+    )
+    .await;
+    let r = stack.post_raw(path, tag("b2").as_bytes(), Some(&bob)).await;
+    assert_eq!(
+        (r.status, r.json["activity"]["status"].as_str()),
+        (200, Some("ACTIVITY_STATUS_CONSENSUS_NEEDED")),
+        "{}",
+        r.text
+    );
+    let r = stack.post_raw(path, tag("r1").as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(
+        (r.status, r.json["activity"]["status"].as_str()),
+        (200, Some("ACTIVITY_STATUS_COMPLETED")),
+        "{}",
+        r.text
+    );
+    let r = stack.post_raw(path, tag("a1").as_bytes(), Some(&alice)).await;
+    assert_eq!(
+        (r.status, r.json["activity"]["status"].as_str()),
+        (200, Some("ACTIVITY_STATUS_COMPLETED")),
+        "{}",
+        r.text
+    );
+}

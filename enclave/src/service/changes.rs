@@ -29,8 +29,11 @@ pub(super) fn apply_activity(
     // decides, at once).
     let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
     let rules = admission.rules();
+    // Shadow mode covers only what the gateway decides first: a change the enclave decides
+    // alone is enforced whatever the setting (the gateway would fail it closed otherwise).
+    let shadow_mode = !rules.enforces() && !subjects::decided_by_enclave_alone(&a.activity.activity_type);
     let mut unspent = Some(unspent);
-    if !rules.enforces() {
+    if shadow_mode {
         if let Some(unspent) = unspent.take() {
             admission.spend(&a, unspent)?;
         }
@@ -95,7 +98,7 @@ pub(super) fn apply_activity(
                 grants: &grants,
             };
             if let Err(e) = transition::check(&input) {
-                if !rules.enforces() {
+                if shadow_mode {
                     shadow(&a, &e.to_string());
                     return Ok(pb::ApplyActivityResponse::default());
                 }
@@ -116,7 +119,7 @@ pub(super) fn apply_activity(
                 Ok(prepared) => prepared,
                 Err(e) if is_moved(&e) => continue,
                 // Shadow mode: the state does not have everything yet; logged, the gateway decides.
-                Err(e) if !rules.enforces() => {
+                Err(e) if shadow_mode => {
                     shadow(&a, &e.to_string());
                     return Ok(pb::ApplyActivityResponse::default());
                 }
@@ -148,7 +151,7 @@ pub(super) fn apply_activity(
                 return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
             }
             Err(e) if is_moved(&e) => continue,
-            Err(e) if !rules.enforces() => {
+            Err(e) if shadow_mode => {
                 shadow(&a, &e.to_string());
                 return Ok(pb::ApplyActivityResponse::default());
             }

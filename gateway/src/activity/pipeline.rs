@@ -197,6 +197,23 @@ async fn execute(
     Ok((outcome, evaluation))
 }
 
+/// The refusal of an activity with a secret (otp_auth's code) that would wait for votes: it would
+/// be stored, live.
+fn waits_with_a_secret(op: &Operation) -> ApiError {
+    ApiError::forbidden(format!(
+        "request not authorized: {} needs approvals, and it carries a secret that must not wait in the activity \
+         record: allow it by policy without consensus",
+        op.activity_type
+    ))
+}
+
+/// Whether `e` is the handler's finding about the request (not an enclave's answer, nor a failure
+/// to reach one).
+fn from_handler(e: &ApiError) -> bool {
+    e.refusal.is_none()
+        && matches!(e.code, Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition)
+}
+
 /// Whether `op` is a key use (the enclave call that does the work decides it and answers with
 /// the outcomes it read).
 fn is_key_use(op: &Operation) -> bool {
@@ -478,11 +495,12 @@ pub async fn submit(
     let activity_id = uuid::Uuid::new_v4().to_string();
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
+    let submitter_id = caller.user.id.clone();
     let proposal = Proposal {
         subject: op.policy_subject(),
         params: &env.parameters,
         votes: &votes,
-        submitter: &caller.user.id,
+        submitter: &submitter_id,
         now,
     };
     // A parent's credential acting for its sub-organization (login activities) answers to the
@@ -514,13 +532,7 @@ pub async fn submit(
     let (status, result) = match decision {
         Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
         // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
-        Decision::ConsensusNeeded if !op.secret_parameters.is_empty() => {
-            return Err(ApiError::forbidden(format!(
-                "request not authorized: {} needs approvals, and it carries a secret that must not wait in the \
-                 activity record: allow it by policy without consensus",
-                op.activity_type
-            )))
-        }
+        Decision::ConsensusNeeded if !op.secret_parameters.is_empty() => return Err(waits_with_a_secret(op)),
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
@@ -548,9 +560,29 @@ pub async fn submit(
                 // The enclave's decision: it waits for votes. Recorded with the submitter's vote
                 // and the outcomes the enclave read; nothing ran.
                 Err(e) if decided_alone(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                    if !op.secret_parameters.is_empty() {
+                        return Err(waits_with_a_secret(op));
+                    }
                     submission = None;
                     outcomes = e.evaluation;
                     (STATUS_CONSENSUS_NEEDED, json!({}))
+                }
+                // The handler found the request wrong before the enclave decided it (a name taken,
+                // a feature not set): what the submitter learns is what it would have learnt
+                // with the decision first. The gateway's evaluation chooses it and lets nothing
+                // run: a refusal for one the rules deny (not the handler's finding), a waiting
+                // activity for one that needs approvals (run, and decided, when approved).
+                Err(e) if decided_alone(op) && from_handler(&e) => {
+                    let evaluation = crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?;
+                    match evaluation.decision {
+                        Decision::Deny => return Err(denied(&evaluation)),
+                        Decision::ConsensusNeeded => {
+                            submission = None;
+                            outcomes = Some(crate::store::outcomes::stored(&evaluation));
+                            (STATUS_CONSENSUS_NEEDED, json!({}))
+                        }
+                        Decision::Allow => return twin_or(&state, &org.id, &fingerprint, e).await,
+                    }
                 }
                 Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
             }
@@ -860,13 +892,43 @@ async fn vote(
                         }
                         // ... or denied: the vote is not recorded, as a denial by the gateway's
                         // decision of any other activity.
-                        Err(e) if alone && e.refusal == Some(RefusalReason::PolicyDenied) => return Err(e),
+                        Err(e)
+                            if alone
+                                && matches!(
+                                    e.refusal,
+                                    Some(RefusalReason::PolicyDenied | RefusalReason::RootQuorumOnly)
+                                ) =>
+                        {
+                            return Err(e)
+                        }
                         // ... or not reached, or not answering: the vote is not recorded (send it
                         // again), and the activity still waits.
                         Err(e) if alone && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
                         // Another approval ran it a moment ago (through another gateway).
                         Err(e) if e.refusal == Some(RefusalReason::Replayed) => {
                             return settled_or(&state, &org.id, &intent.fingerprint, e).await
+                        }
+                        // The handler found the approved request wrong before the enclave decided
+                        // it: it fails if the rules let it run now, still waits if they want more
+                        // approvals, and a denial is answered as one (the gateway's evaluation
+                        // chooses, letting nothing run, as on submission).
+                        Err(e) if alone && from_handler(&e) => {
+                            let proposal = Proposal {
+                                subject: op.policy_subject(),
+                                params: &params,
+                                votes: &votes,
+                                submitter: &submitter,
+                                now,
+                            };
+                            let gateway = crate::policy_gate::decide(&state.store, &org, &proposal).await?;
+                            let stored = Some(crate::store::outcomes::stored(&gateway));
+                            writes = match gateway.decision {
+                                Decision::Deny => return Err(denied(&gateway)),
+                                Decision::ConsensusNeeded => {
+                                    vec![eval_write(stored), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+                                }
+                                Decision::Allow => vec![eval_write(stored), failed(&e)],
+                            }
                         }
                         Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
                     }

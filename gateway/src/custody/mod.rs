@@ -288,6 +288,9 @@ fn api_error(s: tonic::Status) -> ApiError {
             tracing::info!(error = %s.message(), "the enclave's decision denied a request");
             ApiError::forbidden(crate::policy_gate::NOT_AUTHORIZED)
         }
+        tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::RootQuorumOnly) => {
+            ApiError::forbidden(crate::policy_gate::ROOT_ONLY)
+        }
         // The enclave's own authorization refused the request (see its audit log).
         tonic::Code::PermissionDenied => {
             tracing::warn!(error = %s.message(), reason = ?refusal, "enclave refused a request");
