@@ -484,8 +484,8 @@ impl EnclaveStore for PostgresEnclaveStore {
                     "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
                      SELECT $1, f, s, a, q, d
                      FROM UNNEST($2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS t(f, s, a, q, d)
-                     WHERE NOT EXISTS (SELECT 1 FROM log_links l
-                                       WHERE l.organization_id = $1 AND (l.fingerprint = t.f OR l.activity_id = t.a))
+                     WHERE NOT EXISTS (SELECT 1 FROM log_links l WHERE l.organization_id = $1 AND l.fingerprint = t.f)
+                       AND NOT EXISTS (SELECT 1 FROM log_links l WHERE l.organization_id = $1 AND l.activity_id = t.a)
                      ON CONFLICT DO NOTHING",
                     &[&org, &fingerprints, &statuses, &ids, &seqs, &digests],
                 )
@@ -510,8 +510,10 @@ impl EnclaveStore for PostgresEnclaveStore {
         let found: Vec<(String, String)> = self.with_conn(|client| {
             client
                 .query(
-                    "SELECT fingerprint, activity_id FROM log_links
-                     WHERE organization_id = $1 AND (fingerprint = ANY($2) OR activity_id = ANY($3))",
+                    // Two lookups, each on its index.
+                    "SELECT fingerprint, activity_id FROM log_links WHERE organization_id = $1 AND fingerprint = ANY($2)
+                     UNION ALL
+                     SELECT fingerprint, activity_id FROM log_links WHERE organization_id = $1 AND activity_id = ANY($3)",
                     &[&org, &fingerprints, &ids],
                 )
                 .map_err(pg)?

@@ -696,8 +696,9 @@ impl EnclaveStore for SqliteEnclaveStore {
             let mut st = tx
                 .prepare_cached(
                     "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
-                     SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE NOT EXISTS (
-                         SELECT 1 FROM log_links WHERE organization_id = ?1 AND (fingerprint = ?2 OR activity_id = ?4))",
+                     SELECT ?1, ?2, ?3, ?4, ?5, ?6
+                     WHERE NOT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2)
+                       AND NOT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND activity_id = ?4)",
                 )
                 .map_err(sq)?;
             for l in linked {
@@ -728,8 +729,9 @@ impl EnclaveStore for SqliteEnclaveStore {
         self.read(|conn| {
             let mut st = conn
                 .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM log_links
-                     WHERE organization_id = ?1 AND (fingerprint = ?2 OR activity_id = ?3))",
+                    // Two lookups, each on its index (one OR would scan the organization's links).
+                    "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2)
+                         OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND activity_id = ?3)",
                 )
                 .map_err(sq)?;
             activities
