@@ -323,87 +323,25 @@ mod tests {
         }
     }
 
+    /// Root-quorum-only activities are decided by the enclave alone (issue 40): the gateway no
+    /// longer refuses, or records as waiting, what its own records say. With no enclave to
+    /// decide, a root user's and another user's submissions are unavailable and change nothing.
+    /// (What the enclave decides, end to end: organization.rs `root_quorum_end_to_end`.)
     #[tokio::test]
-    async fn above_threshold_one_root_quorum_activities_wait_and_change_nothing() {
+    async fn root_quorum_activities_are_decided_by_the_enclave_alone() {
         let h = harness().await;
         let set = json!({ "name": "FEATURE_NAME_EMAIL_AUTH", "value": "on" });
         let ty = "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE";
-
-        // A non-root user is refused outright; nothing is recorded.
-        let err = h.submit(2, "set_organization_feature", ty, set.clone()).await.unwrap_err();
-        assert_eq!(err.code.http_status(), 403);
-        assert!(err.message.starts_with("request not authorized"), "{}", err.message);
-
-        // A root user's vote alone does not meet threshold 2: recorded as CONSENSUS_NEEDED with
-        // an empty result and the submitter's vote, and the handler did not run.
-        let body = json!({
-            "type": ty,
-            "timestampMs": (now_nanos() / 1_000_000).to_string(),
-            "organizationId": "org",
-            "parameters": set,
-        })
-        .to_string();
-        let r = h.submit_body(0, "set_organization_feature", body.as_bytes()).await.unwrap();
-        let a = &r["activity"];
-        assert_eq!(a["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED");
-        assert_eq!(a["type"], ty);
-        assert_eq!(a["result"], json!({}));
-        assert_eq!(a["intent"]["setOrganizationFeatureIntent"]["name"], "FEATURE_NAME_EMAIL_AUTH");
-        assert_eq!(a["votes"].as_array().unwrap().len(), 1);
-        assert_eq!(a["votes"][0]["userId"], "root-1");
-        assert_eq!(a["votes"][0]["selection"], "VOTE_SELECTION_APPROVED");
-        assert_eq!(h.features(), 0);
-        let stored = h.state.store.activity("org", a["id"].as_str().unwrap()).unwrap();
-        assert_eq!(stored.status, "ACTIVITY_STATUS_CONSENSUS_NEEDED");
-
-        // The same bytes again are the same activity.
-        let again = h.submit_body(0, "set_organization_feature", body.as_bytes()).await.unwrap();
-        assert_eq!(again["activity"]["id"], a["id"]);
-        assert_eq!(h.features(), 0);
-
-        // update_root_quorum waits the same way: the quorum is unchanged.
-        let r = h
-            .submit(
-                1,
-                "update_root_quorum",
-                "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM",
-                json!({ "threshold": 1, "userIds": ["root-1"] }),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED");
-        let o = h.state.store.organization("org").unwrap();
-        assert_eq!((o.root_quorum_threshold, o.root_user_ids.len()), (2, 2));
-
-        // Other activities go through the policies: a non-root user is denied by default.
-        let err = h
-            .submit(
-                2,
-                "create_policy",
-                "ACTIVITY_TYPE_CREATE_POLICY_V3",
-                json!({ "policyName": "p", "effect": "EFFECT_ALLOW", "notes": "" }),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.code.http_status(), 403);
-
-        // With threshold 1 the root user's own vote passes the gateway's rules, and the activity
-        // goes to the enclave, which decides it (this harness has none: nothing is applied).
-        h.state
-            .store
-            .apply(&[Write::SetRootQuorum {
-                organization_id: "org".into(),
-                threshold: 1,
-                user_ids: vec!["root-1".into(), "root-2".into()],
-                updated_at: now_nanos(),
-            }])
-            .unwrap();
-        let err = h
-            .submit(1, "set_organization_feature", ty, json!({ "name": "FEATURE_NAME_EMAIL_AUTH", "value": "on" }))
-            .await
-            .unwrap_err();
+        for user in [0, 2] {
+            let err = h.submit(user, "set_organization_feature", ty, set.clone()).await.unwrap_err();
+            assert_eq!(err.code, crate::error::Code::Unavailable, "user {user}: {err:?}");
+        }
+        let quorum = json!({ "threshold": 1, "userIds": ["root-1"] });
+        let err = h.submit(1, "update_root_quorum", "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM", quorum).await.unwrap_err();
         assert_eq!(err.code, crate::error::Code::Unavailable, "{err:?}");
         assert_eq!(h.features(), 0);
+        let o = h.state.store.organization("org").unwrap();
+        assert_eq!((o.root_quorum_threshold, o.root_user_ids.len()), (2, 2));
     }
 
     #[tokio::test]
