@@ -2411,6 +2411,25 @@ fn hex_sign_body(org: &str, sign_with: &str, hash_function: &str, timestamp_ms: 
     )
 }
 
+/// An answer (and its audit lines) of a submission the enclave left waiting for votes: recorded as
+/// waiting with the outcomes the enclave read, not the policy row forged in the gateway's
+/// database ("inserted").
+fn waits_with_the_enclaves_outcomes(c: &rusqlite::Connection, waiting: &Audited<coffer_tests::RawResponse>) {
+    assert_eq!(waiting.result.status, 200, "{}", waiting.result.text);
+    audited_as(&waiting.refusals, pb::RefusalReason::ConsensusNeeded);
+    let activity = &waiting.result.json["activity"];
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{activity}");
+    let recorded: String = c
+        .query_row(
+            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1",
+            [activity["id"].as_str().unwrap()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!recorded.contains("inserted"), "the gateway's forged policy was recorded: {recorded}");
+    assert!(recorded.contains("OUTCOME_"), "the enclave's outcomes were not recorded: {recorded}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let stack = enforcing_stack().await;
@@ -2571,19 +2590,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let path = "/public/v1/submit/sign_raw_payload";
     let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
     let waiting = audited(&stack, "sign", stack.post_raw(path, bobs.as_bytes(), Some(&bob))).await;
-    assert_eq!(waiting.result.status, 200, "{}", waiting.result.text);
-    audited_as(&waiting.refusals, pb::RefusalReason::ConsensusNeeded);
-    let activity = &waiting.result.json["activity"];
-    assert_eq!(activity["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{activity}");
-    let recorded: String = c
-        .query_row(
-            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1",
-            [activity["id"].as_str().unwrap()],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(!recorded.contains("inserted"), "the gateway's forged policy was recorded: {recorded}");
-    assert!(recorded.contains("OUTCOME_"), "the enclave's outcomes were not recorded: {recorded}");
+    waits_with_the_enclaves_outcomes(&c, &waiting);
     c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
     assert_eq!(bump(), 1);
     let digest = hex_sign_body(&org, &a[0], "HASH_FUNCTION_NO_OP", Stack::now_ms());
@@ -2630,19 +2637,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         body("ACTIVITY_TYPE_CREATE_USER_TAG", &org, Stack::now_ms(), json!({"userTagName": "b", "userIds": []}));
     let tag_path = "/public/v1/submit/create_user_tag";
     let waiting = audited(&stack, "apply_activity", stack.post_raw(tag_path, bobs_tag.as_bytes(), Some(&bob))).await;
-    assert_eq!(waiting.result.status, 200, "{}", waiting.result.text);
-    audited_as(&waiting.refusals, pb::RefusalReason::ConsensusNeeded);
-    let activity = &waiting.result.json["activity"];
-    assert_eq!(activity["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{activity}");
-    let recorded: String = c
-        .query_row(
-            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1",
-            [activity["id"].as_str().unwrap()],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(!recorded.contains("inserted"), "the gateway's forged policy was recorded: {recorded}");
-    assert!(recorded.contains("OUTCOME_"), "the enclave's outcomes were not recorded: {recorded}");
+    waits_with_the_enclaves_outcomes(&c, &waiting);
 
     // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
     // approval it does.

@@ -819,19 +819,12 @@ async fn vote(
         let mut fallback = None;
         if approve {
             let alone = decided_alone(op);
+            let proposal =
+                Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &submitter, now };
             // Decided by the enclave alone, with this vote and the earlier ones.
             let evaluation = match alone {
                 true => None,
-                false => {
-                    let proposal = Proposal {
-                        subject: op.policy_subject(),
-                        params: &params,
-                        votes: &votes,
-                        submitter: &submitter,
-                        now,
-                    };
-                    Some(crate::policy_gate::decide(&state.store, &org, &proposal).await?)
-                }
+                false => Some(crate::policy_gate::decide(&state.store, &org, &proposal).await?),
             };
             let eval_write = |enclave: Option<String>| {
                 evaluation_write(&org.id, &target.id, &vote, recorded_outcomes(enclave, evaluation.as_ref()), now)
@@ -913,13 +906,6 @@ async fn vote(
                         // approvals, and a denial is answered as one (the gateway's evaluation
                         // chooses, letting nothing run, as on submission).
                         Err(e) if alone && from_handler(&e) => {
-                            let proposal = Proposal {
-                                subject: op.policy_subject(),
-                                params: &params,
-                                votes: &votes,
-                                submitter: &submitter,
-                                now,
-                            };
                             let gateway = crate::policy_gate::decide(&state.store, &org, &proposal).await?;
                             let stored = Some(crate::store::outcomes::stored(&gateway));
                             writes = match gateway.decision {
