@@ -1085,6 +1085,17 @@ fn count_rows(url: &str, sql: &str, a: &str, b: &str) -> usize {
     usize::try_from(n).unwrap()
 }
 
+/// A process's memory high-water mark, in MiB (`VmHWM` of `/proc/<pid>/status`).
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb / 1024.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use coffer_tests::{post_to, refused_raw, submit, RawResponse, Stack};
+use coffer_tests::{peak_rss_mib, post_to, refused_raw, submit, RawResponse, Stack};
 use serde_json::{json, Value};
 use turnkey_client::TurnkeyP256ApiKey;
 
@@ -94,17 +94,6 @@ async fn pool(base_url: &str) -> Pool {
         taken: metric("coffer_policy_evaluation_wait_seconds_count"),
         ended: metric("coffer_policy_evaluation_seconds_count"),
     }
-}
-
-/// A gateway process's memory high-water mark, in MiB (`VmHWM`).
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM");
-    kb / 1024.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
