@@ -102,6 +102,15 @@ pub struct Unspent {
     audited: bool,
 }
 
+impl Unspent {
+    /// The same, with `result` (the activity's result as the enclave made it, in the API's shape)
+    /// recorded with its allow: the log links the activity only as completed, with that result.
+    pub fn with_result(mut self, result: &serde_json::Value) -> Self {
+        self.allowed.result_digest = coffer_auth::proof::json_digest(result);
+        self
+    }
+}
+
 /// The authority store's decision log, as an [`Admitted`] carries it.
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn EnclaveStore>);
@@ -165,6 +174,7 @@ fn decision_of(
         user_id: credential.user_id.clone(),
         outcome: outcome.to_string(),
         reason: reason.to_string(),
+        result_digest: String::new(),
     }
 }
 
@@ -180,9 +190,17 @@ pub struct Admission {
     signups_per_day: u64,
     /// Each organization's activity log head, as this enclave last appended it.
     log: crate::activity_log::ActivityLog,
-    /// Submissions this enclave authorized lately, by fingerprint: (organization, activity type).
-    /// Recording one in the log need not verify its stamp again.
-    authorized_lately: Mutex<HashMap<String, (String, String)>>,
+    /// Submissions this enclave authorized lately, by fingerprint. Recording one in the log need
+    /// not verify its stamp again.
+    authorized_lately: Mutex<HashMap<String, AuthorizedLately>>,
+}
+
+/// A submission this enclave authorized lately ([`Admission::authorized_lately`]).
+pub struct AuthorizedLately {
+    pub organization_id: String,
+    pub activity_type: String,
+    /// The digest of its result as the enclave made it (a key use's), or empty.
+    pub result_digest: String,
 }
 
 /// Most fingerprints [`Admission::authorized_lately`] keeps; past it the map starts over (a
@@ -308,9 +326,9 @@ impl Admission {
         })
     }
 
-    /// The organization and activity type of the submission with `fingerprint`, if this enclave
-    /// authorized it lately (its stamp and certificate verified then): forgotten once asked.
-    pub fn authorized_lately(&self, fingerprint: &str) -> Option<(String, String)> {
+    /// What this enclave authorized lately of the submission with `fingerprint` (its stamp and
+    /// certificate verified then): forgotten once asked.
+    pub fn authorized_lately(&self, fingerprint: &str) -> Option<AuthorizedLately> {
         self.authorized_lately.lock().ok()?.remove(fingerprint)
     }
 
@@ -654,7 +672,7 @@ impl Admission {
         let checked = self.check(operation, auth, types, parent_certificate, attested);
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
             Ok((a, approved)) => {
-                self.allowed(&a, approved, false);
+                self.allowed(&a, approved, false, "");
                 Ok(a)
             }
             Err(r) => {
@@ -708,7 +726,7 @@ impl Admission {
     pub fn spend(&self, a: &Admitted, unspent: Unspent) -> Result<(), EnclaveError> {
         match self.remember(a, &unspent) {
             Ok(()) => {
-                self.allowed(a, unspent.approved, unspent.audited);
+                self.allowed(a, unspent.approved, unspent.audited, &unspent.allowed.result_digest);
                 Ok(())
             }
             Err(r) => {
@@ -736,7 +754,7 @@ impl Admission {
     }
 
     /// The allow line of an authorization whose stamp was spent.
-    fn allowed(&self, a: &Admitted, approved: bool, audited: bool) {
+    fn allowed(&self, a: &Admitted, approved: bool, audited: bool, result_digest: &str) {
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
@@ -755,7 +773,11 @@ impl Admission {
             if lately.len() >= AUTHORIZED_LATELY {
                 lately.clear();
             }
-            let known = (a.activity.organization_id.clone(), a.activity.activity_type.clone());
+            let known = AuthorizedLately {
+                organization_id: a.activity.organization_id.clone(),
+                activity_type: a.activity.activity_type.clone(),
+                result_digest: result_digest.to_string(),
+            };
             lately.insert(a.activity.fingerprint.clone(), known);
         }
     }

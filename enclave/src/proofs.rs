@@ -162,20 +162,20 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let (organization_id, activity_type, decided) = match admission.authorized_lately(&fingerprint) {
-        Some((organization_id, activity_type)) => (organization_id, activity_type, LoggedDecision::Authorized),
+    let (organization_id, activity_type, decided, result_digest) = match admission.authorized_lately(&fingerprint) {
+        Some(a) => (a.organization_id, a.activity_type, LoggedDecision::Authorized, a.result_digest),
         None => {
             let (stamped, _) = admission.verify_submission(request)?;
-            let decided = admission.store().decided(&stamped.organization_id, &fingerprint)?;
+            let latest = admission.store().decided(&stamped.organization_id, &fingerprint)?;
             // One the enclave never decided (the gateway refused or failed it first) is linked
             // only while its stamp is fresh: not a stamp kept for a day and reported later.
-            if decided == LoggedDecision::Nothing && !admission.is_fresh(stamped.timestamp_ms) {
+            if latest.logged == LoggedDecision::Nothing && !admission.is_fresh(stamped.timestamp_ms) {
                 return Err(EnclaveError::refused(
                     RefusalReason::Stale,
                     "the enclave never decided this activity and its stamp is no longer fresh",
                 ));
             }
-            (stamped.organization_id, stamped.activity_type, decided)
+            (stamped.organization_id, stamped.activity_type, latest.logged, latest.result_digest)
         }
     };
     let activity: Value =
@@ -210,6 +210,18 @@ pub fn record_activity(
             RefusalReason::NotDecided,
             "the activity is reported completed but the enclave never authorized it",
         ));
+    }
+    // A key use the enclave did is linked as it was done: completed, with the result the enclave
+    // made (the activity's one `result` member), not one the gateway wrote.
+    if !result_digest.is_empty() {
+        let result = activity.get("result").and_then(Value::as_object).filter(|r| r.len() == 1);
+        let made = result.and_then(|r| r.values().next()).map(proof::json_digest);
+        if status != ACTIVITY_COMPLETED || made.as_deref() != Some(result_digest.as_str()) {
+            return Err(EnclaveError::refused(
+                RefusalReason::BindingMismatch,
+                "the enclave did this activity: it is linked only as completed, with the result the enclave made",
+            ));
+        }
     }
     let entry = Entry {
         organization_id,

@@ -3723,6 +3723,61 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
     assert_eq!(head().await, before, "nothing was linked");
 }
 
+/// A transaction the enclave signed is logged only as it signed it (issue 40, E4): the taken-over
+/// gateway, holding root's stamped 5 ETH transfer, has the enclave sign it, then reports it
+/// completed with a made-up signed transaction (a 5,000 ETH one), or failed to hide it: each is
+/// refused and the head does not move. Completed with the enclave's own result, it is linked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let (_, a) = wallet(&client, &org, "e4-signed").await;
+    let c = db(&stack);
+    let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
+    let enclave = connect(stack.enclave_socket());
+    let transfer =
+        sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0x3a; 20], 5 * 10u128.pow(18)), Stack::now_ms());
+    let signed = sign_transaction(&enclave, auth(stamped(&root, &transfer, &cert)), &key).await.unwrap();
+
+    let head = || {
+        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
+        let mut enclave = enclave.clone();
+        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
+    };
+    let before = head().await;
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(transfer.as_bytes())));
+    let record = |status: &str, signed_transaction: String| {
+        let activity = json!({"id": "e4-signed", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
+            "fingerprint": fingerprint, "status": status,
+            "result": {"signTransactionResult": {"signedTransaction": signed_transaction}}, "appProofs": []});
+        let request = Some(stamped(&root, &transfer, &cert));
+        let req = pb::RecordActivityRequest { request, activity: activity.to_string().into_bytes() };
+        let mut enclave = enclave.clone();
+        async move { enclave.record_activity(req).await }
+    };
+    let theft = eip1559_transfer(&[0x3a; 20], 5_000 * 10u128.pow(18));
+    let made_up = format!("{}{}", hex::encode(&theft), "00".repeat(65));
+    refused(
+        record("ACTIVITY_STATUS_COMPLETED", made_up).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    refused(
+        record("ACTIVITY_STATUS_FAILED", String::new()).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    assert_eq!(head().await, before, "nothing was linked");
+    let linked = record("ACTIVITY_STATUS_COMPLETED", hex::encode(&signed)).await;
+    assert_eq!(
+        linked.unwrap_or_else(|e| panic!("the enclave's own result is linked: {e:?}")).into_inner().seq,
+        before + 1
+    );
+    assert_eq!(head().await, before + 1);
+}
+
 // -- E12: a refused change spends nothing. --
 
 /// An activity that waited for votes runs once, whichever approval runs it: a second approval

@@ -213,21 +213,25 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
         user_id: "u".into(),
         outcome: outcome.into(),
         reason: if outcome == OUTCOME_REFUSE { "REFUSAL_REASON_BINDING_MISMATCH".into() } else { String::new() },
+        result_digest: if outcome == OUTCOME_ALLOW { format!("digest-of-{fp}") } else { String::new() },
     };
     a.record_decision(&d(10, "f1", OUTCOME_ALLOW)).unwrap();
     b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
     b.record_decision(&d(11, "f2", OUTCOME_REFUSE)).unwrap();
     a.record_decision(&d(12, "f3", OUTCOME_FAILED)).unwrap();
-    assert_eq!(b.decided("o", "f1").unwrap(), LoggedDecision::Authorized);
-    assert_eq!(a.decided("o", "f2").unwrap(), LoggedDecision::Refused, "a refusal authorizes nothing");
-    assert_eq!(a.decided("o", "f3").unwrap(), LoggedDecision::Refused, "nor does a failure alone");
-    assert_eq!(a.decided("p", "f1").unwrap(), LoggedDecision::Nothing, "another organization's");
+    assert_eq!(b.decided("o", "f1").unwrap().logged, LoggedDecision::Authorized);
+    assert_eq!(a.decided("o", "f2").unwrap().logged, LoggedDecision::Refused, "a refusal authorizes nothing");
+    assert_eq!(a.decided("o", "f3").unwrap().logged, LoggedDecision::Refused, "nor does a failure alone");
+    assert_eq!(a.decided("p", "f1").unwrap().logged, LoggedDecision::Nothing, "another organization's");
     // The latest decision counts: allowed, then refused (a state change refused after its stamp
     // was spent) is no authorization; refused, then allowed (approved after waiting) is one.
     b.record_decision(&d(13, "f1", OUTCOME_REFUSE)).unwrap();
-    assert_eq!(a.decided("o", "f1").unwrap(), LoggedDecision::Refused, "refused after its allow");
+    assert_eq!(a.decided("o", "f1").unwrap().logged, LoggedDecision::Refused, "refused after its allow");
     a.record_decision(&d(14, "f2", OUTCOME_ALLOW)).unwrap();
-    assert_eq!(b.decided("o", "f2").unwrap(), LoggedDecision::Authorized, "allowed after a refusal");
+    assert_eq!(b.decided("o", "f2").unwrap().logged, LoggedDecision::Authorized, "allowed after a refusal");
+    // The latest allow's result digest comes with it, for any enclave on the store.
+    assert_eq!(b.decided("o", "f2").unwrap().result_digest, "digest-of-f2");
+    assert_eq!(b.decided("o", "f1").unwrap().result_digest, "", "the refusal has none");
     let all = a.decisions(0, 100).unwrap();
     assert_eq!(all.len(), 6);
     assert_eq!(all[0], d(10, "f1", OUTCOME_ALLOW));

@@ -49,15 +49,23 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
             Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
+    let rendered: Vec<Value> = signatures.iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect();
+    // The API's result: one signature's `{r, s, v}`, or `{signatures}`.
+    let api_result = match &rendered[..] {
+        [one] if a.activity.activity_type == types::SIGN_RAW_PAYLOAD => one.clone(),
+        _ => json!({ "signatures": rendered }),
+    };
     // Spent once the work is done: a refused or failed call spends nothing, and no signature
-    // leaves without its stamp spent and its allow in the decision log.
-    admission.spend(&a, unspent)?;
-    let result = json!({
-        "signWith": text(p, "signWith"),
-        "signatures": signatures.iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect::<Vec<_>>(),
-    });
+    // leaves without its stamp spent and its allow (with the result made) in the decision log.
+    admission.spend(&a, unspent.with_result(&api_result))?;
+    let result = json!({ "signWith": text(p, "signWith"), "signatures": rendered });
     let evaluation = a.evaluation();
-    Ok(pb::SignResponse { app_proofs: crate::proofs::of_call(hsm, &a, result)?, signatures, evaluation })
+    Ok(pb::SignResponse {
+        app_proofs: crate::proofs::of_call(hsm, &a, result)?,
+        signatures,
+        evaluation,
+        result: api_result.to_string().into_bytes(),
+    })
 }
 
 /// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
@@ -103,13 +111,19 @@ pub(super) fn sign_transaction(
             t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
         }
     };
-    admission.spend(&a, unspent)?;
+    let api_result = json!({ "signedTransaction": hex::encode(&signed_transaction) });
+    admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({
         "signWith": text(p, "signWith"),
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation: a.evaluation() })
+    Ok(pb::SignTransactionResponse {
+        app_proofs,
+        signed_transaction,
+        evaluation: a.evaluation(),
+        result: api_result.to_string().into_bytes(),
+    })
 }
 
 /// `signWith` of the body names this key: an account by its address, a private key by its id or

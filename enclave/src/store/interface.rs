@@ -75,6 +75,10 @@ pub struct DecisionRecord {
     /// For a refusal, the typed reason's name (`REFUSAL_REASON_…`); for a failure, what failed.
     /// Never a decision input (nothing reads it but people).
     pub reason: String,
+    /// For the allow of a key use: the digest (`proof::json_digest`) of the activity's result as
+    /// the enclave made it; the log links that activity only as completed with that result.
+    /// Empty otherwise.
+    pub result_digest: String,
 }
 
 /// What the decision log says of one activity ([`EnclaveStore::decided`]): its latest decision.
@@ -96,6 +100,25 @@ impl LoggedDecision {
             None => Self::Nothing,
             Some(OUTCOME_ALLOW | OUTCOME_DONE) => Self::Authorized,
             Some(_) => Self::Refused,
+        }
+    }
+}
+
+/// The latest decision of one activity ([`EnclaveStore::decided`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatestDecision {
+    pub logged: LoggedDecision,
+    /// Its [`DecisionRecord::result_digest`] (empty when it has none).
+    pub result_digest: String,
+}
+
+impl LatestDecision {
+    /// From the activity's latest decision's outcome and result digest (`None`: it has none).
+    pub fn of(latest: Option<(String, String)>) -> Self {
+        let (outcome, result_digest) = latest.unzip();
+        Self {
+            logged: LoggedDecision::from_latest(outcome.as_deref()),
+            result_digest: result_digest.unwrap_or_default(),
         }
     }
 }
@@ -267,7 +290,7 @@ pub trait EnclaveStore: Send + Sync {
 
     /// What the enclave decided for an activity of `organization` with this fingerprint, as its
     /// decision log has it: authorized (an `allow` or `done`), only refused, or nothing.
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError>;
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

@@ -18,8 +18,8 @@ mod postgres;
 mod sqlite;
 
 pub use interface::{
-    ActivityLink, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision, OrgChanges, OrgHead, Remembered,
-    StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
+    ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity, LoggedDecision, OrgChanges,
+    OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
 };
 pub use open::{default_url, open, redact, StoreSettings};
 pub use postgres::PostgresEnclaveStore;

@@ -23,7 +23,7 @@ use ::postgres::error::SqlState;
 use ::postgres::{Client, NoTls};
 
 use super::interface::{
-    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision,
+    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
     OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
 };
 
@@ -154,6 +154,9 @@ CREATE TABLE log_links (
 ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
 CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
 ",
+    r"
+ALTER TABLE decisions ADD COLUMN result_digest TEXT NOT NULL DEFAULT '';
+",
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).
@@ -253,6 +256,7 @@ fn decision_of(r: &::postgres::Row) -> Result<DecisionRecord, StoreError> {
         user_id: r.try_get(5).map_err(pg)?,
         outcome: r.try_get(6).map_err(pg)?,
         reason: r.try_get(7).map_err(pg)?,
+        result_digest: r.try_get(8).map_err(pg)?,
     })
 }
 
@@ -678,8 +682,9 @@ impl EnclaveStore for PostgresEnclaveStore {
         self.with_conn(|client| {
             client
                 .execute(
-                    "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome,
+                                            reason, result_digest)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     &[
                         &d.at_ms,
                         &d.organization_id,
@@ -689,6 +694,7 @@ impl EnclaveStore for PostgresEnclaveStore {
                         &d.user_id,
                         &d.outcome,
                         &d.reason,
+                        &d.result_digest,
                     ],
                 )
                 .map_err(pg)?;
@@ -696,17 +702,18 @@ impl EnclaveStore for PostgresEnclaveStore {
         })
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
         self.with_conn(|client| {
             let row = client
                 .query_opt(
-                    "SELECT outcome FROM decisions WHERE organization_id = $1 AND fingerprint = $2
+                    "SELECT outcome, result_digest FROM decisions WHERE organization_id = $1 AND fingerprint = $2
                      ORDER BY seq DESC LIMIT 1",
                     &[&organization, &fingerprint],
                 )
                 .map_err(pg)?;
-            let latest: Option<String> = row.map(|r| r.try_get(0)).transpose().map_err(pg)?;
-            Ok(LoggedDecision::from_latest(latest.as_deref()))
+            let latest: Option<(String, String)> =
+                row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose().map_err(pg)?;
+            Ok(LatestDecision::of(latest))
         })
     }
 
@@ -715,7 +722,8 @@ impl EnclaveStore for PostgresEnclaveStore {
         self.with_conn(|client| {
             client
                 .query(
-                    "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason
+                    "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
+                            result_digest
                      FROM decisions WHERE at_ms >= $1 ORDER BY at_ms, seq LIMIT $2",
                     &[&since_ms, &limit],
                 )

@@ -27,7 +27,7 @@ use crate::group_commit::{self, Reply, Turn};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::interface::{
-    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LinkedActivity, LoggedDecision,
+    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
     OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
 };
 
@@ -101,6 +101,9 @@ CREATE TABLE log_links (
     r"
 ALTER TABLE log_links ADD COLUMN activity_digest TEXT NOT NULL DEFAULT '';
 CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
+",
+    r"
+ALTER TABLE decisions ADD COLUMN result_digest TEXT NOT NULL DEFAULT '';
 ",
 ];
 
@@ -410,6 +413,7 @@ fn decision_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRecord> {
         user_id: r.get(5)?,
         outcome: r.get(6)?,
         reason: r.get(7)?,
+        result_digest: r.get(8)?,
     })
 }
 
@@ -618,8 +622,9 @@ fn apply_in(tx: &Transaction<'_>, changes: &[OrgChanges]) -> Result<Vec<u64>, St
 /// Appends one decision (in the caller's transaction, or on its own).
 fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
+                                result_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -630,7 +635,8 @@ fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreErr
             d.activity_type,
             d.user_id,
             d.outcome,
-            d.reason
+            d.reason,
+            d.result_digest
         ])
     })
     .map_err(sq)?;
@@ -856,16 +862,18 @@ impl EnclaveStore for SqliteEnclaveStore {
         insert_decision(&conn, d)
     }
 
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LoggedDecision, StoreError> {
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
         self.read(|conn| {
-            let latest: Option<String> = conn
+            let latest: Option<(String, String)> = conn
                 .prepare_cached(
-                    "SELECT outcome FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                    "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
                      ORDER BY seq DESC LIMIT 1",
                 )
-                .and_then(|mut st| st.query_row(params![organization, fingerprint], |r| r.get(0)).optional())
+                .and_then(|mut st| {
+                    st.query_row(params![organization, fingerprint], |r| Ok((r.get(0)?, r.get(1)?))).optional()
+                })
                 .map_err(sq)?;
-            Ok(LoggedDecision::from_latest(latest.as_deref()))
+            Ok(LatestDecision::of(latest))
         })
     }
 
@@ -873,7 +881,8 @@ impl EnclaveStore for SqliteEnclaveStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(|conn| {
             conn.prepare_cached(
-                "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason
+                "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
+                        result_digest
                  FROM decisions WHERE at_ms >= ?1 ORDER BY at_ms, seq LIMIT ?2",
             )
             .and_then(|mut st| st.query_map(params![since_ms, limit], decision_of)?.collect())
@@ -1036,14 +1045,23 @@ mod tests {
             user_id: "u".into(),
             outcome: outcome.into(),
             reason: String::new(),
+            result_digest: if outcome == crate::store::OUTCOME_ALLOW {
+                format!("digest-of-{fp}")
+            } else {
+                String::new()
+            },
         };
         s.record_decision(&d(1, "f1", crate::store::OUTCOME_ALLOW)).unwrap();
         s.record_decision(&d(2, "f2", "refuse")).unwrap();
         s.record_decision(&d(2, "f3", crate::store::OUTCOME_DONE)).unwrap();
-        assert_eq!(s.decided("o", "f1").unwrap(), LoggedDecision::Authorized);
-        assert_eq!(s.decided("o", "f2").unwrap(), LoggedDecision::Refused, "a refusal is no authorization");
-        assert_eq!(s.decided("o", "f3").unwrap(), LoggedDecision::Authorized);
-        assert_eq!(s.decided("other", "f1").unwrap(), LoggedDecision::Nothing);
+        assert_eq!(s.decided("o", "f1").unwrap().logged, crate::store::LoggedDecision::Authorized);
+        assert_eq!(
+            s.decided("o", "f2").unwrap().logged,
+            crate::store::LoggedDecision::Refused,
+            "a refusal is no authorization"
+        );
+        assert_eq!(s.decided("o", "f3").unwrap().logged, crate::store::LoggedDecision::Authorized);
+        assert_eq!(s.decided("other", "f1").unwrap().logged, crate::store::LoggedDecision::Nothing);
         let all = s.decisions(0, 10).unwrap();
         assert_eq!(all.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>(), ["f1", "f2", "f3"]);
         assert_eq!(all[0], d(1, "f1", crate::store::OUTCOME_ALLOW));

@@ -3,7 +3,7 @@
 
 use coffer_proto::v1 as pb;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::sealed;
 use crate::activity::registry::{Ctx, Outcome};
@@ -32,10 +32,15 @@ async fn signing_key(ctx: &Ctx, sign_with: &str) -> Result<(pb::SealedRef, Strin
     Ok((key, address_format))
 }
 
-async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Vec<Value>, ApiError> {
+/// The activity's result as the enclave made it (what the log links it with).
+fn made_by_enclave(result: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(result).map_err(|_| ApiError::internal())
+}
+
+async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Value, ApiError> {
     let (key, address_format) = signing_key(ctx, sign_with).await?;
     let resp = ctx.enclave().sign(pb::SignRequest { key: Some(key), address_format, ..Default::default() }).await?;
-    Ok(resp.signatures.into_iter().map(|s| json!({ "r": s.r, "s": s.s, "v": s.v })).collect())
+    made_by_enclave(&resp.result)
 }
 
 /// Validated here for clear errors; the enclave reads payload, encoding and hash function from
@@ -65,9 +70,7 @@ pub fn check_payloads(params: &Value) -> Result<(), ApiError> {
 }
 
 pub async fn sign_raw_payload(ctx: Ctx, i: SignRawPayloadIntent) -> Result<Outcome, ApiError> {
-    let mut sigs = sign(&ctx, &i.sign_with).await?;
-    let sig = sigs.pop().ok_or_else(ApiError::internal)?;
-    Ok(Outcome { result: sig, writes: vec![] })
+    Ok(Outcome { result: sign(&ctx, &i.sign_with).await?, writes: vec![] })
 }
 
 #[derive(Deserialize)]
@@ -85,8 +88,7 @@ pub async fn sign_raw_payloads(ctx: Ctx, i: SignRawPayloadsIntent) -> Result<Out
     if i.payloads.is_empty() {
         return Err(ApiError::invalid("payloads must not be empty"));
     }
-    let sigs = sign(&ctx, &i.sign_with).await?;
-    Ok(Outcome { result: json!({ "signatures": sigs }), writes: vec![] })
+    Ok(Outcome { result: sign(&ctx, &i.sign_with).await?, writes: vec![] })
 }
 
 #[derive(Deserialize)]
@@ -113,9 +115,8 @@ pub async fn sign_transaction(ctx: Ctx, i: SignTransactionIntent) -> Result<Outc
     let signed = ctx
         .enclave()
         .sign_transaction(pb::SignRequest { key: Some(key), address_format, ..Default::default() })
-        .await?
-        .signed_transaction;
-    Ok(Outcome { result: json!({ "signedTransaction": hex::encode(signed) }), writes: vec![] })
+        .await?;
+    Ok(Outcome { result: made_by_enclave(&signed.result)?, writes: vec![] })
 }
 
 #[cfg(test)]
