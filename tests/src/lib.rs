@@ -268,6 +268,20 @@ impl Stack {
         serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
     }
 
+    /// The finished activities of the stack's organization that its activity log does not link,
+    /// as `type id` (`coffer_list_activity_log`'s `unlogged`, as root reads it).
+    pub async fn unlogged_activities(&self) -> Vec<String> {
+        let body = serde_json::json!({ "organizationId": self.organization_id }).to_string();
+        let r =
+            self.post_raw("/public/v1/query/coffer_list_activity_log", body.as_bytes(), Some(&self.api_key())).await;
+        assert_eq!(r.status, 200, "coffer_list_activity_log: {}", r.text);
+        let unlogged = r.json["unlogged"].as_array().unwrap_or_else(|| panic!("no unlogged list: {}", r.text));
+        unlogged
+            .iter()
+            .map(|a| format!("{} {}", a["type"].as_str().unwrap_or("?"), a["id"].as_str().unwrap_or("?")))
+            .collect()
+    }
+
     /// Every activity of `org`, newest first, read with `key` through `list_activities` pages of
     /// 100 (`paginationOptions.after` = the last id of the previous page) until a short page: the
     /// exact oracle for "recorded once" / "nothing recorded" (no cap). Fails the test if a page

@@ -4,11 +4,13 @@
 use coffer_tests::{recover_eth_address, refused, Stack};
 use sha2::Digest;
 use turnkey_client::generated::immutable::common::v1::{
-    AddressFormat, Curve, HashFunction, PathFormat, PayloadEncoding,
+    AddressFormat, Curve, HashFunction, PathFormat, PayloadEncoding, TransactionType,
 };
 use turnkey_client::generated::{
-    CreatePrivateKeysIntentV2, CreateWalletIntent, DeleteWalletsIntent, ExportPrivateKeyIntent, ExportWalletIntent,
-    ImportWalletIntent, InitImportWalletIntent, PrivateKeyParams, SignRawPayloadIntentV2, WalletAccountParams,
+    CreatePrivateKeysIntentV2, CreateWalletAccountsIntent, CreateWalletIntent, DeleteWalletsIntent,
+    ExportPrivateKeyIntent, ExportWalletAccountIntent, ExportWalletIntent, ImportPrivateKeyIntent, ImportWalletIntent,
+    InitImportPrivateKeyIntent, InitImportWalletIntent, PrivateKeyParams, SignRawPayloadIntentV2,
+    SignRawPayloadsIntent, SignTransactionIntentV2, WalletAccountParams,
 };
 use turnkey_client::generated::{GetWalletAccountsRequest, GetWalletsRequest};
 
@@ -249,6 +251,8 @@ async fn wallet_sign_export_import_end_to_end() {
         .unwrap();
     assert_eq!(accounts.accounts.len(), 2);
     assert!(accounts.accounts[0].wallet_details.as_ref().unwrap().imported);
+    // Every key use is in the log, linked with the result the enclave made (issue 40, E4).
+    assert_eq!(stack.unlogged_activities().await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -409,6 +413,140 @@ async fn private_keys_sign_export_and_deletion_rules() {
         .await
         .unwrap();
     assert!(left.private_keys.is_empty());
+    assert_eq!(stack.unlogged_activities().await, Vec::<String>::new());
+}
+
+/// The key uses the two tests above do not make, each linked in the log with the result the
+/// enclave made and answered with it (issue 40, E4): more accounts, several payloads, a
+/// transaction, an account's export, a private key's import.
+#[tokio::test]
+async fn every_key_use_is_logged_with_the_result_the_enclave_made() {
+    use coffer_tests::rlp::{rlp_bytes, rlp_list, rlp_uint};
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let now = || client.current_timestamp();
+    let eth = || account(Curve::Secp256k1, "m/44'/60'/0'/0/0", AddressFormat::Ethereum);
+    let wallet = client
+        .create_wallet(
+            org.clone(),
+            now(),
+            CreateWalletIntent { wallet_name: "w".into(), accounts: vec![eth()], mnemonic_length: None },
+        )
+        .await
+        .unwrap()
+        .result;
+    let more = client
+        .create_wallet_accounts(
+            org.clone(),
+            now(),
+            CreateWalletAccountsIntent {
+                wallet_id: wallet.wallet_id.clone(),
+                accounts: vec![account(Curve::Secp256k1, "m/44'/60'/0'/0/1", AddressFormat::Ethereum)],
+                persist: None,
+            },
+        )
+        .await
+        .unwrap()
+        .result
+        .addresses;
+    assert_eq!(more.len(), 1);
+    let address = wallet.addresses[0].clone();
+    let payloads = client
+        .sign_raw_payloads(
+            org.clone(),
+            now(),
+            SignRawPayloadsIntent {
+                sign_with: more[0].clone(),
+                payloads: vec!["0x01".into(), "0x02".into()],
+                encoding: PayloadEncoding::Hexadecimal,
+                hash_function: HashFunction::Keccak256,
+                external_signer_pubkey: None,
+            },
+        )
+        .await
+        .unwrap()
+        .result
+        .signatures;
+    assert_eq!(payloads.len(), 2);
+    for (payload, sig) in [[1u8], [2u8]].iter().zip(&payloads) {
+        let digest: [u8; 32] = sha3::Keccak256::digest(payload).into();
+        assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v).to_lowercase(), more[0].to_lowercase());
+    }
+    let mut unsigned = vec![0x02];
+    unsigned.extend(rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(0),
+        rlp_uint(1),
+        rlp_uint(30_000_000_000),
+        rlp_uint(21_000),
+        rlp_bytes(&[0x3a; 20]),
+        rlp_uint(10u128.pow(18)),
+        rlp_bytes(&[]),
+        rlp_list(&[]),
+    ]));
+    let signed = client
+        .sign_transaction(
+            org.clone(),
+            now(),
+            SignTransactionIntentV2 {
+                sign_with: address.clone(),
+                unsigned_transaction: hex::encode(&unsigned),
+                r#type: TransactionType::Ethereum,
+                external_signer_pubkey: None,
+            },
+        )
+        .await
+        .unwrap()
+        .result
+        .signed_transaction;
+    assert!(signed.starts_with("02"), "{signed}");
+    let mut target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
+    let exported = client
+        .export_wallet_account(
+            org.clone(),
+            now(),
+            ExportWalletAccountIntent {
+                address: address.clone(),
+                target_public_key: target.target_public_key().unwrap(),
+            },
+        )
+        .await
+        .unwrap()
+        .result;
+    assert_eq!(exported.address, address);
+    let key = target.decrypt_private_key(&exported.export_bundle, &org).unwrap();
+    let eth_address = |secret: &[u8]| {
+        use k256::elliptic_curve::sec1::ToEncodedPoint;
+        let point = k256::SecretKey::from_slice(secret).unwrap().public_key().to_encoded_point(false);
+        format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
+    };
+    assert_eq!(eth_address(&key), address.to_lowercase(), "the exported key is the account's");
+
+    let init = client
+        .init_import_private_key(org.clone(), now(), InitImportPrivateKeyIntent { user_id: stack.user_id.clone() })
+        .await
+        .unwrap();
+    let mut importer = turnkey_enclave_encrypt::ImportClient::new(&stack.quorum_public_key());
+    let encrypted =
+        importer.encrypt_private_key_with_bundle([7u8; 32], &init.result.import_bundle, &org, &stack.user_id).unwrap();
+    let imported = client
+        .import_private_key(
+            org.clone(),
+            now(),
+            ImportPrivateKeyIntent {
+                user_id: stack.user_id.clone(),
+                private_key_name: "imported".into(),
+                encrypted_bundle: encrypted,
+                curve: Curve::Secp256k1,
+                address_formats: vec![AddressFormat::Ethereum],
+            },
+        )
+        .await
+        .unwrap()
+        .result;
+    assert_eq!(imported.addresses[0].address.to_lowercase(), eth_address(&[7u8; 32]));
+    assert_eq!(stack.unlogged_activities().await, Vec::<String>::new());
 }
 
 #[tokio::test]

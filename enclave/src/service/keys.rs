@@ -63,9 +63,12 @@ pub(super) fn create_wallet(
     let entropy = keys::Entropy::from(hsm.random(keys::entropy_len_for_words(words)?)?);
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
     let mut made = seal_wallet(hsm, &organization_id, &wallet_id, &phrase, &specs)?;
+    let result = wallet_result(&wallet_id, &made.accounts);
     // Spent once the work is done and before anything is recorded: a refused or failed call
-    // spends nothing and records nothing.
-    admission.spend(&a, unspent)?;
+    // spends nothing and records nothing. A sub-organization's wallet is part of that activity's
+    // result, which the gateway renders.
+    admission.spend(&a, if own { unspent.with_result(&result) } else { unspent })?;
+    made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
     // The facts first: a proof is made only of a wallet the state took.
     if own {
@@ -73,6 +76,18 @@ pub(super) fn create_wallet(
     }
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
     Ok(made)
+}
+
+/// A new wallet as the API's result states it: its id and its accounts' addresses.
+pub(super) fn wallet_result(wallet_id: &str, accounts: &[pb::Account]) -> Value {
+    json!({ "walletId": wallet_id, "addresses": accounts.iter().map(|a| a.address.as_str()).collect::<Vec<_>>() })
+}
+
+/// Private keys as the API's result states them: each id and its addresses.
+pub(super) fn private_key_result(private_key_id: &str, k: &pb::KeyMaterial) -> Value {
+    let addresses: Vec<Value> =
+        k.addresses.iter().map(|a| json!({ "format": a.format, "address": a.address })).collect();
+    json!({ "privateKeyId": private_key_id, "addresses": addresses })
 }
 
 /// The ids a call gives new key records: the wallet's (if any), then each account's.
@@ -103,10 +118,12 @@ pub(super) fn derive_accounts(
     let phrase = checked_phrase(&open(hsm, seed_ref, kind)?)?;
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
-    admission.spend(&a, unspent)?;
+    let result = json!({ "addresses": accounts.iter().map(|a| a.address.as_str()).collect::<Vec<_>>() });
+    admission.spend(&a, unspent.with_result(&result))?;
     key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
-    Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation: a.evaluation() })
+    let result = result.to_string().into_bytes();
+    Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation: a.evaluation(), result })
 }
 
 /// Standalone private keys from HSM randomness, each sealed to its id, curve and public key.
@@ -136,13 +153,16 @@ pub(super) fn create_private_keys(
             seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
-    admission.spend(&a, unspent)?;
+    let made: Vec<Value> = ids.iter().zip(&keys).map(|(id, k)| private_key_result(id, k)).collect();
+    let api_result = json!({ "privateKeys": made });
+    admission.spend(&a, unspent.with_result(&api_result))?;
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
     key_facts::private_keys_made(admission, &a, &made, false)?;
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation: a.evaluation() })
+    let result = api_result.to_string().into_bytes();
+    Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation: a.evaluation(), result })
 }
 
 /// A private key the enclave made, as a proof states it: id, public key and addresses.
@@ -251,8 +271,7 @@ pub(super) fn seal_private_key(
         addresses,
         sealed_key,
         private_key_id: private_key_id.to_string(),
-        app_proofs: Vec::new(),
-        evaluation: String::new(),
+        ..Default::default()
     })
 }
 
@@ -268,13 +287,7 @@ pub(super) fn seal_wallet(
     let accounts = seal_accounts(hsm, organization_id, &seed, specs)?;
     let binding = BlobBinding::plain(BlobKind::WalletSeed, organization_id, wallet_id);
     let sealed_seed = hsm.seal(&binding, phrase.as_bytes())?;
-    Ok(pb::CreateWalletResponse {
-        sealed_seed,
-        accounts,
-        wallet_id: wallet_id.to_string(),
-        app_proofs: Vec::new(),
-        evaluation: String::new(),
-    })
+    Ok(pb::CreateWalletResponse { sealed_seed, accounts, wallet_id: wallet_id.to_string(), ..Default::default() })
 }
 
 /// Checks a mnemonic and returns the phrase to keep: normalized whitespace, as given.

@@ -9,7 +9,10 @@ use coffer_proto::v1 as pb;
 use zeroize::Zeroizing;
 
 use super::key_facts;
-use super::keys::{account_specs, checked_phrase, key_json, new_ids, seal_private_key, seal_wallet, wallet_proofs};
+use super::keys::{
+    account_specs, checked_phrase, key_json, new_ids, private_key_result, seal_private_key, seal_wallet, wallet_proofs,
+    wallet_result,
+};
 use super::sealed_refs::{open, open_key, sealed};
 use crate::admission::{refuse, Admission, Admitted};
 use crate::error::{EnclaveError, RefusalReason};
@@ -54,9 +57,11 @@ pub(super) fn export_wallet(
         let entropy = keys::entropy_from_phrase(&phrase)?;
         keys::mnemonic_phrase(&entropy, language)?
     };
-    let bundle = export(hsm, &a, phrase.as_bytes())?;
-    admission.spend(&a, unspent)?;
+    let mut bundle = export(hsm, &a, phrase.as_bytes())?;
+    let result = serde_json::json!({ "walletId": seed_ref.resource_id, "exportBundle": bundle.export_bundle });
+    admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
+    bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
 
@@ -95,9 +100,14 @@ pub(super) fn export_key(
     };
     let private_key_id = (kind == BlobKind::PrivateKey).then(|| key_ref.resource_id.clone());
     let key = open_key(hsm, key_ref, kind)?;
-    let bundle = export(hsm, &a, key.secret_bytes())?;
-    admission.spend(&a, unspent)?;
+    let mut bundle = export(hsm, &a, key.secret_bytes())?;
+    let result = match &private_key_id {
+        Some(id) => serde_json::json!({ "privateKeyId": id, "exportBundle": bundle.export_bundle }),
+        None => serde_json::json!({ "address": key_ref.address, "exportBundle": bundle.export_bundle }),
+    };
+    admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
+    bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
 
@@ -122,10 +132,12 @@ pub(super) fn init_import(
     let sealed_target_key = hsm.seal(&binding, target.secret.as_slice())?;
     let signer = HsmSigner::new(hsm)?;
     let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
-    admission.spend(&a, unspent)?;
+    let api_result = serde_json::json!({ "importBundle": import_bundle });
+    admission.spend(&a, unspent.with_result(&api_result))?;
     let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation: a.evaluation() })
+    let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
+    Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation, result })
 }
 
 /// A wallet from the mnemonic the stamped body's bundle holds, sealed with its accounts.
@@ -144,7 +156,9 @@ pub(super) fn import_wallet(
     let plain = open_import(hsm, &a, req.target.as_ref())?;
     let phrase = checked_phrase(&plain)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &wallet_id, &phrase, &specs)?;
-    admission.spend(&a, unspent)?;
+    let result = wallet_result(&wallet_id, &made.accounts);
+    admission.spend(&a, unspent.with_result(&result))?;
+    made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
     key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
@@ -170,7 +184,9 @@ pub(super) fn import_private_key(
     let key = SecretKey::from_slice(curve, &plain)?;
     let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &private_key_id, &key, items(p, "addressFormats"))?;
-    admission.spend(&a, unspent)?;
+    let api_result = private_key_result(&private_key_id, &made);
+    admission.spend(&a, unspent.with_result(&api_result))?;
+    made.result = api_result.to_string().into_bytes();
     made.evaluation = a.evaluation();
     key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
@@ -207,7 +223,7 @@ fn export(hsm: &Hsm, a: &Admitted, secret: &[u8]) -> Result<pb::ExportResponse, 
     let export_bundle = bundle::export_bundle(&signer, &seed, target, &a.activity.organization_id, secret)?;
     let result = serde_json::json!({ "targetPublicKey": target, "exportBundleSha256": sha256_hex(&export_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, a, result)?;
-    Ok(pb::ExportResponse { app_proofs, export_bundle, evaluation: a.evaluation() })
+    Ok(pb::ExportResponse { app_proofs, export_bundle, evaluation: a.evaluation(), result: Vec::new() })
 }
 
 /// SHA-256 of a bundle, lowercase hex: what a proof states of it.

@@ -63,7 +63,8 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
         }
         names.push(&p.private_key_name);
     }
-    let created = ctx.enclave().create_private_keys(pb::CreatePrivateKeysRequest::default()).await?.keys;
+    let answer = ctx.enclave().create_private_keys(pb::CreatePrivateKeysRequest::default()).await?;
+    let (result, created) = (super::made_by_enclave(&answer.result)?, answer.keys);
     if created.len() != intent.private_keys.len() {
         return Err(ApiError::internal());
     }
@@ -93,16 +94,7 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
             updated_at: ctx.now + i as i64,
         })
         .collect();
-    let result: Vec<Value> = rows
-        .iter()
-        .map(|k| {
-            json!({
-                "privateKeyId": k.id,
-                "addresses": k.addresses.iter().map(|a| json!({"format": a.format, "address": a.address})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    Ok(Outcome { result: json!({ "privateKeys": result }), writes: vec![Write::InsertPrivateKeys(rows)] })
+    Ok(Outcome { result, writes: vec![Write::InsertPrivateKeys(rows)] })
 }
 
 #[derive(Deserialize)]

@@ -5,7 +5,7 @@ use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::sealed;
+use super::{made_by_enclave, sealed};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::SignWithKey;
@@ -30,11 +30,6 @@ async fn signing_key(ctx: &Ctx, sign_with: &str) -> Result<(pb::SealedRef, Strin
         }
     };
     Ok((key, address_format))
-}
-
-/// The activity's result as the enclave made it (what the log links it with).
-fn made_by_enclave(result: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(result).map_err(|_| ApiError::internal())
 }
 
 async fn sign(ctx: &Ctx, sign_with: &str) -> Result<Value, ApiError> {

@@ -2,13 +2,13 @@
 
 use coffer_proto::v1 as pb;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::Value;
 
 use super::keys::address_entries;
 use super::lookup::{load_private_key, load_wallet};
 use super::params::required;
-use super::sealed;
 use super::wallets::{account_rows, check_accounts, enclave_id, AccountParams};
+use super::{made_by_enclave, sealed};
 use crate::activity::registry::{Ctx, Outcome};
 use crate::error::ApiError;
 use crate::store::{ImportTarget, Named, PrivateKey, StoreError, Wallet, Write};
@@ -40,16 +40,14 @@ pub async fn export_wallet(ctx: Ctx, i: ExportWalletIntent) -> Result<Outcome, A
         .enclave()
         .export_wallet(pb::ExportWalletRequest { seed: Some(sealed::seed(&wallet)), ..Default::default() })
         .await?;
-    Ok(Outcome {
-        result: json!({ "walletId": wallet.id, "exportBundle": resp.export_bundle }),
-        writes: vec![Write::MarkWalletExported(wallet.id)],
-    })
+    Ok(Outcome { result: made_by_enclave(&resp.result)?, writes: vec![Write::MarkWalletExported(wallet.id)] })
 }
 
-/// Has the enclave export one sealed key (standalone or wallet account) to the stamped target.
-async fn export_key(ctx: &Ctx, key: pb::SealedRef) -> Result<String, ApiError> {
+/// Has the enclave export one sealed key (standalone or wallet account) to the stamped target:
+/// the activity's result.
+async fn export_key(ctx: &Ctx, key: pb::SealedRef) -> Result<Value, ApiError> {
     let req = pb::ExportKeyRequest { key: Some(key), ..Default::default() };
-    Ok(ctx.enclave().export_key(req).await?.export_bundle)
+    made_by_enclave(&ctx.enclave().export_key(req).await?.result)
 }
 
 #[derive(Deserialize)]
@@ -62,11 +60,8 @@ pub struct ExportPrivateKeyIntent {
 pub async fn export_private_key(ctx: Ctx, i: ExportPrivateKeyIntent) -> Result<Outcome, ApiError> {
     target_key(&i.target_public_key)?;
     let key = load_private_key(&ctx.state, &ctx.org.id, &i.private_key_id).await?;
-    let bundle = export_key(&ctx, sealed::private_key(&key)).await?;
-    Ok(Outcome {
-        result: json!({ "privateKeyId": key.id, "exportBundle": bundle }),
-        writes: vec![Write::MarkPrivateKeyExported(key.id)],
-    })
+    let result = export_key(&ctx, sealed::private_key(&key)).await?;
+    Ok(Outcome { result, writes: vec![Write::MarkPrivateKeyExported(key.id)] })
 }
 
 #[derive(Deserialize)]
@@ -83,11 +78,8 @@ pub async fn export_wallet_account(ctx: Ctx, i: ExportWalletAccountIntent) -> Re
         StoreError::NotFound => ApiError::not_found(format!("wallet account not found: {}", i.address)),
         other => other.into(),
     })?;
-    let bundle = export_key(&ctx, sealed::account(&account)).await?;
-    Ok(Outcome {
-        result: json!({ "address": account.address, "exportBundle": bundle }),
-        writes: vec![Write::MarkAccountExported(account.id)],
-    })
+    let result = export_key(&ctx, sealed::account(&account)).await?;
+    Ok(Outcome { result, writes: vec![Write::MarkAccountExported(account.id)] })
 }
 
 #[derive(Deserialize)]
@@ -105,7 +97,7 @@ async fn init_import(ctx: Ctx, i: InitImportIntent) -> Result<Outcome, ApiError>
     })?;
     let resp = ctx.enclave().init_import(pb::InitImportRequest::default()).await?;
     Ok(Outcome {
-        result: json!({ "importBundle": resp.import_bundle }),
+        result: made_by_enclave(&resp.result)?,
         writes: vec![Write::PutImportTarget(ImportTarget {
             organization_id: ctx.org.id.clone(),
             user_id: i.user_id,
@@ -156,8 +148,8 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
         .import_wallet(pb::ImportWalletRequest { target: Some(sealed::import_target(&target)), ..Default::default() })
         .await?;
     let wallet_id = enclave_id(resp.wallet_id)?;
+    let result = made_by_enclave(&resp.result)?;
     let rows = account_rows(&ctx, &wallet_id, &i.accounts, resp.accounts);
-    let addresses: Vec<String> = rows.iter().map(|a| a.address.clone()).collect();
     let wallet = Wallet {
         id: wallet_id.clone(),
         organization_id: ctx.org.id.clone(),
@@ -168,10 +160,7 @@ pub async fn import_wallet(ctx: Ctx, i: ImportWalletIntent) -> Result<Outcome, A
         created_at: ctx.now,
         updated_at: ctx.now,
     };
-    Ok(Outcome {
-        result: json!({ "walletId": wallet_id, "addresses": addresses }),
-        writes: vec![take(target), Write::InsertWallet(wallet), Write::InsertAccounts(rows)],
-    })
+    Ok(Outcome { result, writes: vec![take(target), Write::InsertWallet(wallet), Write::InsertAccounts(rows)] })
 }
 
 #[derive(Deserialize)]
@@ -200,6 +189,7 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
         })
         .await?;
     let id = enclave_id(km.private_key_id)?;
+    let result = made_by_enclave(&km.result)?;
     let addresses = address_entries(km.addresses);
     let key = PrivateKey {
         id: id.clone(),
@@ -215,13 +205,7 @@ pub async fn import_private_key(ctx: Ctx, i: ImportPrivateKeyIntent) -> Result<O
         created_at: ctx.now,
         updated_at: ctx.now,
     };
-    Ok(Outcome {
-        result: json!({
-            "privateKeyId": id,
-            "addresses": addresses.iter().map(|a| json!({"format": a.format, "address": a.address})).collect::<Vec<_>>(),
-        }),
-        writes: vec![take(target), Write::InsertPrivateKeys(vec![key])],
-    })
+    Ok(Outcome { result, writes: vec![take(target), Write::InsertPrivateKeys(vec![key])] })
 }
 
 #[cfg(test)]
