@@ -162,8 +162,14 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let (organization_id, activity_type, decided, result_digest) = match admission.authorized_lately(&fingerprint) {
-        Some(a) => (a.organization_id, a.activity_type, LoggedDecision::Authorized, a.result_digest),
+    let decided = match admission.authorized_lately(&fingerprint) {
+        Some(a) => Decided {
+            organization_id: a.organization_id,
+            fingerprint,
+            activity_type: a.activity_type,
+            logged: LoggedDecision::Authorized,
+            result_digest: a.result_digest,
+        },
         None => {
             let (stamped, _) = admission.verify_submission(request)?;
             let latest = admission.store().decided(&stamped.organization_id, &fingerprint)?;
@@ -175,11 +181,89 @@ pub fn record_activity(
                     "the enclave never decided this activity and its stamp is no longer fresh",
                 ));
             }
-            (stamped.organization_id, stamped.activity_type, latest.logged, latest.result_digest)
+            Decided {
+                organization_id: stamped.organization_id,
+                fingerprint,
+                activity_type: stamped.activity_type,
+                logged: latest.logged,
+                result_digest: latest.result_digest,
+            }
         }
     };
     let activity: Value =
         serde_json::from_slice(&req.activity).map_err(|_| EnclaveError::invalid("the activity is not JSON"))?;
+    let (link, seq) = link_activity(hsm, admission, decided, &activity)?;
+    Ok(pb::RecordActivityResponse { link: Some(link), seq })
+}
+
+/// For a key use whose authorization asks (`Authorization.log`): links the activity the gateway
+/// will record, completed with `result` (the enclave's, as the allow recorded it) under the
+/// request's result key and with `app_proofs`, in this call. `None` when not asked, or when the
+/// link could not be made (a warning: the work is done, and the gateway may still record it).
+pub fn link_key_use(
+    hsm: &Hsm,
+    admission: &Admission,
+    a: &Admitted,
+    auth: Option<&pb::Authorization>,
+    result: &Value,
+    app_proofs: &[pb::AppProof],
+) -> Option<pb::LogLink> {
+    let asked = auth.and_then(|auth| auth.log.as_ref())?;
+    let linked = serde_json::from_slice::<Value>(&asked.activity)
+        .map_err(|_| EnclaveError::invalid("the activity is not JSON"))
+        .and_then(|mut activity| {
+            let object =
+                activity.as_object_mut().ok_or_else(|| EnclaveError::invalid("the activity is not a JSON object"))?;
+            if object.contains_key("result") || object.contains_key("appProofs") || asked.result_key.is_empty() {
+                return Err(EnclaveError::invalid("the enclave makes the activity's result and app proofs"));
+            }
+            object.insert("result".into(), json!({ asked.result_key.as_str(): result }));
+            let proofs: Vec<Value> = app_proofs
+                .iter()
+                .map(|p| {
+                    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
+                            "signature": p.signature })
+                })
+                .collect();
+            object.insert("appProofs".into(), Value::Array(proofs));
+            let decided = Decided {
+                organization_id: a.activity.organization_id.clone(),
+                fingerprint: a.activity.fingerprint.clone(),
+                activity_type: a.activity.activity_type.clone(),
+                logged: LoggedDecision::Authorized,
+                result_digest: proof::json_digest(result),
+            };
+            link_activity(hsm, admission, decided, &activity)
+        });
+    match linked {
+        Ok((link, seq)) => Some(pb::LogLink { link: Some(link), seq }),
+        Err(e) => {
+            tracing::warn!(error = %e, fingerprint = %a.activity.fingerprint, "a key use was not linked in its call");
+            None
+        }
+    }
+}
+
+/// What the enclave knows of an activity it is asked to link: the stamped submission's
+/// organization, fingerprint and type, and its latest decision with the result it recorded.
+struct Decided {
+    organization_id: String,
+    fingerprint: String,
+    activity_type: String,
+    logged: LoggedDecision,
+    result_digest: String,
+}
+
+/// Appends `activity` (as the API serves it) to its organization's log, if it is the decided
+/// submission's, finished, with this enclave's app proofs only, completed only if authorized,
+/// and as the enclave did it when it made the result.
+fn link_activity(
+    hsm: &Hsm,
+    admission: &Admission,
+    decided: Decided,
+    activity: &Value,
+) -> Result<(pb::AppProof, u64), EnclaveError> {
+    let Decided { organization_id, fingerprint, activity_type, logged, result_digest } = decided;
     let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     if text("organizationId") != organization_id || text("fingerprint") != fingerprint || text("type") != activity_type
     {
@@ -205,7 +289,7 @@ pub fn record_activity(
         }
     }
     // The log says an activity completed only if the enclave authorized it.
-    if status == ACTIVITY_COMPLETED && decided != LoggedDecision::Authorized {
+    if status == ACTIVITY_COMPLETED && logged != LoggedDecision::Authorized {
         return Err(EnclaveError::refused(
             RefusalReason::NotDecided,
             "the activity is reported completed but the enclave never authorized it",
@@ -229,7 +313,7 @@ pub fn record_activity(
         fingerprint,
         activity_type,
         status,
-        activity_digest: proof::activity_digest(&activity),
+        activity_digest: proof::activity_digest(activity),
     };
     let (log, store) = admission.activity_log();
     let sign = |link: &proof::LogLink, sign: bool| {
@@ -241,8 +325,7 @@ pub fn record_activity(
             Ok(pb::AppProof { signature: String::new(), ..wire(proof::app_proof(&key, payload, &[0; 64])) })
         }
     };
-    let (link, seq) = log.append(store, entry, &sign)?;
-    Ok(pb::RecordActivityResponse { link: Some(link), seq })
+    log.append(store, entry, &sign)
 }
 
 /// The organization's log head as the store holds it now, signed.

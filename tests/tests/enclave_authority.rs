@@ -115,7 +115,7 @@ fn stamped(key: &TurnkeyP256ApiKey, body: &str, certificate: &[u8]) -> pb::Stamp
 }
 
 fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
-    Some(pb::Authorization { request: Some(request), approval: None, votes: Vec::new() })
+    Some(pb::Authorization { request: Some(request), ..Default::default() })
 }
 
 async fn sign(
@@ -740,7 +740,7 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a1[0]);
     let with_approval = |approval: pb::StampedRequest| {
-        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), votes: Vec::new() })
+        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), ..Default::default() })
     };
     refused_audited(
         audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key)).await,
@@ -2659,7 +2659,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let both = Some(pb::Authorization {
         request: Some(stamped(&root, &waiting, &root_cert)),
         approval: Some(stamped(&alice, &vote, &alice_cert)),
-        votes: Vec::new(),
+        ..Default::default()
     });
     assert_eq!(sign(&enclave, both, &key).await.unwrap().signatures.len(), 1);
 }
@@ -3815,7 +3815,7 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
         Some(pb::Authorization {
             request: Some(submission.clone()),
             approval: Some(stamped(voter, &vote, &cert(voter))),
-            votes: Vec::new(),
+            ..Default::default()
         })
     };
     let now = Stack::now_ms();

@@ -59,13 +59,10 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
     // leaves without its stamp spent and its allow (with the result made) in the decision log.
     admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({ "signWith": text(p, "signWith"), "signatures": rendered });
-    let evaluation = a.evaluation();
-    Ok(pb::SignResponse {
-        app_proofs: crate::proofs::of_call(hsm, &a, result)?,
-        signatures,
-        evaluation,
-        result: api_result.to_string().into_bytes(),
-    })
+    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
+    Ok(pb::SignResponse { app_proofs, signatures, evaluation, result, log_link })
 }
 
 /// Signs the stamped body's transaction, parsed here, with the key its `signWith` names.
@@ -118,12 +115,9 @@ pub(super) fn sign_transaction(
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::SignTransactionResponse {
-        app_proofs,
-        signed_transaction,
-        evaluation: a.evaluation(),
-        result: api_result.to_string().into_bytes(),
-    })
+    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
+    Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation, result, log_link })
 }
 
 /// `signWith` of the body names this key: an account by its address, a private key by its id or

@@ -279,6 +279,36 @@ async fn log_link(
     }
 }
 
+/// What a key use's enclave call links (`Authorization.log`): `record` as it will be recorded
+/// once completed, less its result and app proofs, which the enclave makes.
+fn log_request(op: &Operation, record: &ActivityRecord) -> coffer_proto::v1::LogRequest {
+    let mut activity = render::activity(record, false);
+    if let Some(members) = activity.as_object_mut() {
+        members.remove("result");
+        members.remove("appProofs");
+    }
+    coffer_proto::v1::LogRequest { activity: activity.to_string().into_bytes(), result_key: op.result_key.to_string() }
+}
+
+/// The write of the link a key use's enclave call made, if it links `record` as recorded (its
+/// digest); otherwise none, and an error line: the log cannot link the activity again.
+fn linked_in_call(record: &ActivityRecord, linked: coffer_proto::v1::LogLink) -> Option<Write> {
+    let link = linked.link?;
+    let payload = serde_json::from_str::<Value>(&link.proof_payload).ok()?;
+    let stated = coffer_auth::proof::LogLink::from_payload(&payload).ok()?;
+    let digest = coffer_auth::proof::activity_digest(&render::activity(record, false));
+    if stated.activity_id != record.id || stated.activity_digest != digest {
+        tracing::error!(activity = %record.id, "the enclave linked the activity otherwise than it is recorded");
+        return None;
+    }
+    Some(Write::InsertLogLink {
+        organization_id: record.organization_id.clone(),
+        seq: linked.seq,
+        activity_id: record.id.clone(),
+        link: render::app_proof(&link).to_string(),
+    })
+}
+
 /// Fills in the enclave-issued certificate of every API key, passkey and OAuth identity in
 /// `writes`, and adds the parent certificate of a sub-organization they create.
 async fn certify_credentials(
@@ -525,6 +555,23 @@ pub async fn submit(
             created_at: now,
         });
     }
+    // The activity as it is recorded, its status, result and app proofs set once known.
+    let mut record = ActivityRecord {
+        id: activity_id.clone(),
+        organization_id: org.id.clone(),
+        activity_type: op.activity_type.to_string(),
+        status: STATUS_COMPLETED.to_string(),
+        fingerprint: fingerprint.clone(),
+        // No secret is kept, in the intent or in the body its submitter's vote carries (an
+        // activity with one never waits for votes: see `ConsensusNeeded` below).
+        intent: json!({ op.intent_key: op.recorded_parameters(env.parameters.clone()) }),
+        result: Value::Null,
+        votes: op.recorded_votes(votes.clone()),
+        failure: None,
+        created_at: now,
+        updated_at: now_nanos(),
+        app_proofs: Vec::new(),
+    };
     let returned: Arc<crate::custody::Returned> = Default::default();
     let mut submission = None;
     let decision = evaluation.as_ref().map_or(Decision::Allow, |e| e.decision);
@@ -537,8 +584,10 @@ pub async fn submit(
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
             submission = Some(caller.stamped(body));
+            // A key use is linked in the log by its own enclave call (one round trip).
+            let log = is_key_use(op).then(|| log_request(op, &record));
             let auth =
-                coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new() };
+                coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new(), log };
             let ctx = Ctx {
                 state: state.clone(),
                 registry,
@@ -592,26 +641,19 @@ pub async fn submit(
         0,
         evaluation_write(&org.id, &activity_id, &vote, recorded_outcomes(outcomes, evaluation.as_ref()), now),
     );
-    let record_fingerprint = fingerprint.clone();
-    let record = ActivityRecord {
-        id: activity_id,
-        organization_id: org.id.clone(),
-        activity_type: op.activity_type.to_string(),
-        status: status.to_string(),
-        fingerprint,
-        // No secret is kept, in the intent or in the body its submitter's vote carries (an
-        // activity with one never waits for votes: see `ConsensusNeeded` above).
-        intent: json!({ op.intent_key: op.recorded_parameters(env.parameters) }),
-        result,
-        votes: op.recorded_votes(votes),
-        failure: None,
-        created_at: now,
-        updated_at: now_nanos(),
-        app_proofs: taken_proofs(&returned),
-    };
-    // A finished activity's link in its organization's log is committed with it.
-    if let Some(submission) = submission {
-        writes.extend(log_link(&state, submission, &record).await);
+    let record_fingerprint = fingerprint;
+    record.status = status.to_string();
+    record.result = result;
+    record.app_proofs = taken_proofs(&returned);
+    // A finished activity's link in its organization's log is committed with it: the one its
+    // enclave call made (a key use), or one asked for now.
+    match (submission, returned.take_log_link()) {
+        (Some(_), Some(linked)) => writes.extend(linked_in_call(&record, linked)),
+        (Some(submission), None) => {
+            record.updated_at = now_nanos();
+            writes.extend(log_link(&state, submission, &record).await);
+        }
+        (None, _) => record.updated_at = now_nanos(),
     }
     // The webhook events of this activity are outbox rows in its own transaction.
     let outbox = match known.webhook_endpoints {
@@ -847,6 +889,7 @@ async fn vote(
                                 request: Some(submitter.stamped(original)),
                                 approval: Some(caller.stamped(body)),
                                 votes: earlier,
+                                log: None,
                             };
                             let ctx = Ctx {
                                 state: state.clone(),

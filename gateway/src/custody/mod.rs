@@ -33,11 +33,13 @@ pub struct Admitted<'a> {
 }
 
 /// What the enclave returned during one activity beside each call's answer: its app proofs, in
-/// the order it made them, and the policy outcomes it decided a key operation with.
+/// the order it made them, the policy outcomes it decided a key operation with, and the log link
+/// a key operation made.
 #[derive(Default)]
 pub struct Returned {
     proofs: std::sync::Mutex<Vec<pb::AppProof>>,
     evaluation: std::sync::Mutex<Option<String>>,
+    log_link: std::sync::Mutex<Option<pb::LogLink>>,
 }
 
 impl Returned {
@@ -51,6 +53,11 @@ impl Returned {
         self.evaluation.lock().ok().and_then(|mut e| e.take())
     }
 
+    /// The log link a key operation made in its call (see `Authorization.log`), taken.
+    pub fn take_log_link(&self) -> Option<pb::LogLink> {
+        self.log_link.lock().ok().and_then(|mut l| l.take())
+    }
+
     /// Keeps what `answer` carries beside itself.
     fn keep(&self, answer: &mut impl CarriesReturns) -> Result<(), ApiError> {
         let taken = answer.take_proofs();
@@ -60,14 +67,21 @@ impl Returned {
         if let Some(evaluation) = answer.take_evaluation() {
             *self.evaluation.lock().map_err(|_| ApiError::internal())? = Some(evaluation);
         }
+        if let Some(link) = answer.take_log_link() {
+            *self.log_link.lock().map_err(|_| ApiError::internal())? = Some(link);
+        }
         Ok(())
     }
 }
 
-/// An answer that may carry the enclave's app proofs and, for a key operation, its evaluation.
+/// An answer that may carry the enclave's app proofs and, for a key operation, its evaluation
+/// and log link.
 trait CarriesReturns {
     fn take_proofs(&mut self) -> Vec<pb::AppProof>;
     fn take_evaluation(&mut self) -> Option<String>;
+    fn take_log_link(&mut self) -> Option<pb::LogLink> {
+        None
+    }
 }
 
 macro_rules! carries_returns {
@@ -78,6 +92,9 @@ macro_rules! carries_returns {
             }
             fn take_evaluation(&mut self) -> Option<String> {
                 Some(std::mem::take(&mut self.evaluation)).filter(|e| !e.is_empty())
+            }
+            fn take_log_link(&mut self) -> Option<pb::LogLink> {
+                self.log_link.take()
             }
         })*
         $(impl CarriesReturns for $with {
@@ -190,6 +207,12 @@ authorized_calls! {
     /// Decides an activity that uses no key over the organization's authority state and applies
     /// the changes the gateway's records get.
     apply_activity(pb::ApplyActivityRequest) -> pb::ApplyActivityResponse;
+}
+
+/// A key use's result as the enclave made it (its answer's `result`): recorded as is, since the
+/// enclave's log links the activity only with it.
+pub fn made_by_enclave(result: &[u8]) -> Result<serde_json::Value, ApiError> {
+    serde_json::from_slice(result).map_err(|_| ApiError::internal())
 }
 
 impl Custody {

@@ -64,7 +64,7 @@ pub async fn create_private_keys(ctx: Ctx, intent: CreatePrivateKeysIntent) -> R
         names.push(&p.private_key_name);
     }
     let answer = ctx.enclave().create_private_keys(pb::CreatePrivateKeysRequest::default()).await?;
-    let (result, created) = (super::made_by_enclave(&answer.result)?, answer.keys);
+    let (result, created) = (crate::custody::made_by_enclave(&answer.result)?, answer.keys);
     if created.len() != intent.private_keys.len() {
         return Err(ApiError::internal());
     }

@@ -28,14 +28,7 @@ pub mod wallets;
 pub mod webhooks;
 
 use crate::activity::registry::{Operation, Query, Registry};
-use crate::error::ApiError;
 use crate::{activity_handler, query_handler};
-
-/// A key use's result as the enclave made it (its answer's `result`): recorded as is, since the
-/// enclave's log links the activity only with it.
-pub(crate) fn made_by_enclave(result: &[u8]) -> Result<serde_json::Value, ApiError> {
-    serde_json::from_slice(result).map_err(|_| ApiError::internal())
-}
 
 macro_rules! op {
     ($path:literal, $ty:literal, $intent:literal, $result:literal, $res:literal / $act:literal, $h:path) => {

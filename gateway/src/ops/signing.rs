@@ -5,8 +5,9 @@ use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{made_by_enclave, sealed};
+use super::sealed;
 use crate::activity::registry::{Ctx, Outcome};
+use crate::custody::made_by_enclave;
 use crate::error::ApiError;
 use crate::store::SignWithKey;
 

@@ -7,9 +7,10 @@ use serde_json::Value;
 use super::keys::address_entries;
 use super::lookup::{load_private_key, load_wallet};
 use super::params::required;
+use super::sealed;
 use super::wallets::{account_rows, check_accounts, enclave_id, AccountParams};
-use super::{made_by_enclave, sealed};
 use crate::activity::registry::{Ctx, Outcome};
+use crate::custody::made_by_enclave;
 use crate::error::ApiError;
 use crate::store::{ImportTarget, Named, PrivateKey, StoreError, Wallet, Write};
 

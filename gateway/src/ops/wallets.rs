@@ -136,7 +136,7 @@ pub async fn new_wallet(
     let resp = ctx.enclave().create_wallet(pb::CreateWalletRequest::default()).await?;
     let wallet_id = enclave_id(resp.wallet_id)?;
     let rows = account_rows(owner, &wallet_id, accounts, resp.accounts);
-    let result = super::made_by_enclave(&resp.result)?;
+    let result = crate::custody::made_by_enclave(&resp.result)?;
     let wallet = Wallet {
         id: wallet_id.clone(),
         organization_id: owner.org.id.clone(),
@@ -168,7 +168,7 @@ pub async fn create_wallet_accounts(ctx: Ctx, intent: CreateWalletAccountsIntent
         .enclave()
         .derive_accounts(pb::DeriveAccountsRequest { seed: Some(super::sealed::seed(&wallet)), ..Default::default() })
         .await?;
-    let result = super::made_by_enclave(&resp.result)?;
+    let result = crate::custody::made_by_enclave(&resp.result)?;
     let rows = account_rows(&ctx, &wallet.id, &intent.accounts, resp.accounts);
     let writes = if intent.persist.unwrap_or(true) { vec![Write::InsertAccounts(rows)] } else { vec![] };
     Ok(Outcome { result, writes })
