@@ -3778,6 +3778,71 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     assert_eq!(head().await, before + 1);
 }
 
+/// A key use links itself only as the enclave did it (issue 40, one round trip): the taken-over
+/// gateway's `Authorization.log` naming another activity type, bringing its own result, or
+/// reporting the signing failed gets a signature and no link; the honest shell is linked, once,
+/// with the enclave's result filled in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let (_, a) = wallet(&client, &org, "in-call").await;
+    let c = db(&stack);
+    let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
+    let enclave = connect(stack.enclave_socket());
+    let head = || {
+        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
+        let mut enclave = enclave.clone();
+        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
+    };
+    let shell = |body: &str, change: &dyn Fn(&mut Value)| {
+        let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+        let mut activity = json!({"id": format!("in-call-{fingerprint}"), "organizationId": org,
+            "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "fingerprint": fingerprint,
+            "status": "ACTIVITY_STATUS_COMPLETED", "intent": {}, "votes": [], "createdAt": {}, "updatedAt": {}});
+        change(&mut activity);
+        pb::LogRequest { activity: activity.to_string().into_bytes(), result_key: "signRawPayloadResult".into() }
+    };
+    let signed_with = |body: &str, log: pb::LogRequest| {
+        let auth = Some(pb::Authorization {
+            request: Some(stamped(&root, body, &cert)),
+            log: Some(log),
+            ..Default::default()
+        });
+        let (enclave, key) = (enclave.clone(), key.clone());
+        async move { sign(&enclave, auth, &key).await.unwrap() }
+    };
+    let before = head().await;
+    let lies: [(&str, &dyn Fn(&mut Value)); 3] = [
+        ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
+        ("its own result", &|a| a["result"] = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}})),
+        ("failed", &|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
+    ];
+    for (i, (lie, change)) in lies.iter().enumerate() {
+        let body = sign_body(&org, &a[0], &format!("lie {i}"), Stack::now_ms());
+        let answer = signed_with(&body, shell(&body, change)).await;
+        assert_eq!(answer.signatures.len(), 1, "{lie}: the work is done");
+        assert!(answer.log_link.is_none(), "{lie}: linked");
+    }
+    assert_eq!(head().await, before, "nothing was linked");
+    let body = sign_body(&org, &a[0], "honest", Stack::now_ms());
+    let answer = signed_with(&body, shell(&body, &|_| {})).await;
+    let linked = answer.log_link.expect("the honest shell is linked in the call");
+    assert_eq!(linked.seq, before + 1);
+    let payload: Value = serde_json::from_str(&linked.link.unwrap().proof_payload).unwrap();
+    let stated = coffer_auth::proof::LogLink::from_payload(&payload).unwrap();
+    let result: Value = serde_json::from_slice(&answer.result).unwrap();
+    let s = &answer.signatures[0];
+    assert_eq!(result, json!({"r": s.r, "s": s.s, "v": s.v}));
+    let mut expected = serde_json::from_slice::<Value>(&shell(&body, &|_| {}).activity).unwrap();
+    expected["result"] = json!({ "signRawPayloadResult": result });
+    expected["appProofs"] = json!([]);
+    assert_eq!(stated.activity_digest, coffer_auth::proof::activity_digest(&expected), "the enclave's result, linked");
+    assert_eq!(head().await, before + 1);
+}
+
 // -- E12: a refused change spends nothing. --
 
 /// An activity that waited for votes runs once, whichever approval runs it: a second approval
