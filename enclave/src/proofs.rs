@@ -196,16 +196,17 @@ pub fn record_activity(
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
 
-/// For a key use whose authorization asks (`Authorization.log`): links the activity the gateway
-/// will record, completed with `result` (the enclave's, as the allow recorded it) under the
-/// request's result key and with `app_proofs`, in this call. `None` when not asked, or when the
-/// link could not be made (a warning: the work is done, and the gateway may still record it).
-pub fn link_key_use(
+/// When the call's authorization asks (`Authorization.log`): links the activity the gateway will
+/// record, with this call's `app_proofs` after those of earlier calls, in this call. A key use's
+/// `result` (the enclave's, as its allow recorded it) is filled in under the request's result
+/// key; a state change brings its own (`None`). `None` when not asked, or when the link could
+/// not be made (a warning: the work is done, and the gateway may still record it).
+pub fn link_in_call(
     hsm: &Hsm,
     admission: &Admission,
     a: &Admitted,
     auth: Option<&pb::Authorization>,
-    result: &Value,
+    result: Option<&Value>,
     app_proofs: &[pb::AppProof],
 ) -> Option<pb::LogLink> {
     let asked = auth.and_then(|auth| auth.log.as_ref())?;
@@ -214,31 +215,33 @@ pub fn link_key_use(
         .and_then(|mut activity| {
             let object =
                 activity.as_object_mut().ok_or_else(|| EnclaveError::invalid("the activity is not a JSON object"))?;
-            if object.contains_key("result") || object.contains_key("appProofs") || asked.result_key.is_empty() {
-                return Err(EnclaveError::invalid("the enclave makes the activity's result and app proofs"));
-            }
-            object.insert("result".into(), json!({ asked.result_key.as_str(): result }));
-            let proofs: Vec<Value> = app_proofs
-                .iter()
-                .map(|p| {
-                    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
-                            "signature": p.signature })
-                })
-                .collect();
-            object.insert("appProofs".into(), Value::Array(proofs));
+            let result_digest = match result {
+                Some(result) if !object.contains_key("result") && !asked.result_key.is_empty() => {
+                    object.insert("result".into(), json!({ asked.result_key.as_str(): result }));
+                    proof::json_digest(result)
+                }
+                None if object.contains_key("result") && asked.result_key.is_empty() => String::new(),
+                _ => return Err(EnclaveError::invalid("the enclave makes a key use's result, not the caller")),
+            };
+            let proofs = object.entry("appProofs").or_insert_with(|| Value::Array(Vec::new()));
+            let proofs = proofs.as_array_mut().ok_or_else(|| EnclaveError::invalid("appProofs is not a list"))?;
+            proofs.extend(app_proofs.iter().map(|p| {
+                json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
+                        "signature": p.signature })
+            }));
             let decided = Decided {
                 organization_id: a.activity.organization_id.clone(),
                 fingerprint: a.activity.fingerprint.clone(),
                 activity_type: a.activity.activity_type.clone(),
                 logged: LoggedDecision::Authorized,
-                result_digest: proof::json_digest(result),
+                result_digest,
             };
             link_activity(hsm, admission, decided, &activity)
         });
     match linked {
         Ok((link, seq)) => Some(pb::LogLink { link: Some(link), seq }),
         Err(e) => {
-            tracing::warn!(error = %e, fingerprint = %a.activity.fingerprint, "a key use was not linked in its call");
+            tracing::warn!(error = %e, fingerprint = %a.activity.fingerprint, "an activity was not linked in its call");
             None
         }
     }

@@ -268,6 +268,18 @@ impl Stack {
         serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
     }
 
+    /// How many calls of the enclave's `method` the gateway made, whatever their outcome (its
+    /// `coffer_enclave_calls_total` metric).
+    pub async fn enclave_calls(&self, method: &str) -> u64 {
+        let metrics = reqwest::get(format!("{}/metrics", self.base_url)).await.unwrap().text().await.unwrap();
+        let series = format!("coffer_enclave_calls_total{{method=\"{method}\",");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// The finished activities of the stack's organization that its activity log does not link,
     /// as `type id` (`coffer_list_activity_log`'s `unlogged`, as root reads it).
     pub async fn unlogged_activities(&self) -> Vec<String> {

@@ -548,17 +548,8 @@ async fn every_key_use_is_logged_with_the_result_the_enclave_made() {
     assert_eq!(imported.addresses[0].address.to_lowercase(), eth_address(&[7u8; 32]));
     assert_eq!(stack.unlogged_activities().await, Vec::<String>::new());
     // One round trip each: every key use was linked by its own enclave call, none afterwards.
-    let metrics = reqwest::get(format!("{}/metrics", stack.base_url)).await.unwrap().text().await.unwrap();
-    let calls = |method: &str| -> u64 {
-        let series = format!("coffer_enclave_calls_total{{method=\"{method}\",");
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(&series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
-    assert_eq!((calls("Sign"), calls("SignTransaction")), (1, 1), "{metrics}");
-    assert_eq!(calls("RecordActivity"), 0, "{metrics}");
+    assert_eq!((stack.enclave_calls("Sign").await, stack.enclave_calls("SignTransaction").await), (1, 1));
+    assert_eq!(stack.enclave_calls("RecordActivity").await, 0);
 }
 
 #[tokio::test]

@@ -3815,7 +3815,8 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
         async move { sign(&enclave, auth, &key).await.unwrap() }
     };
     let before = head().await;
-    let lies: [(&str, &dyn Fn(&mut Value)); 3] = [
+    type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
+    let lies: [Lie<'_>; 3] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
         ("its own result", &|a| a["result"] = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}})),
         ("failed", &|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),

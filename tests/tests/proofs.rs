@@ -320,6 +320,10 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     let client = stack.client();
     let ids = six_logged_activities(&client, &org).await;
     let links = ids.len() as u64;
+    // Each linked by the enclave call that did it (key uses, and the tag, a state change the
+    // enclave decides alone): no second round trip.
+    assert_eq!(stack.enclave_calls("RecordActivity").await, 0);
+    assert_eq!(stack.enclave_calls("ApplyActivity").await, 1);
 
     let honest = export_and_verify(&stack, "honest").await;
     assert_eq!(honest, json!({ "verified": true, "links": links, "unlogged": [], "fresh": true }));

@@ -113,7 +113,8 @@ pub(super) fn apply_activity(
                 }
                 let version = d.loaded.state.version;
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
+                let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), None, &app_proofs);
+                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
             }
             let prepared = match rules.prepare_decided(&organization, &head, &changes) {
                 Ok(prepared) => prepared,
@@ -148,7 +149,8 @@ pub(super) fn apply_activity(
             Ok(versions) => {
                 let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs });
+                let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), None, &app_proofs);
+                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
             }
             Err(e) if is_moved(&e) => continue,
             Err(e) if shadow_mode => {

@@ -76,7 +76,8 @@ pub(super) fn create_wallet(
     }
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
     if own {
-        made.log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &result, &made.app_proofs);
+        made.log_link =
+            crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &made.app_proofs);
     }
     Ok(made)
 }
@@ -125,7 +126,7 @@ pub(super) fn derive_accounts(
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
-    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &result, &app_proofs);
+    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &app_proofs);
     let (evaluation, result) = (a.evaluation(), result.to_string().into_bytes());
     Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation, result, log_link })
 }
@@ -165,7 +166,7 @@ pub(super) fn create_private_keys(
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation, result, log_link })
 }

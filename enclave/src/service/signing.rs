@@ -60,7 +60,7 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
     admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({ "signWith": text(p, "signWith"), "signatures": rendered });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignResponse { app_proofs, signatures, evaluation, result, log_link })
 }
@@ -115,7 +115,7 @@ pub(super) fn sign_transaction(
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation, result, log_link })
 }

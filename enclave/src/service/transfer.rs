@@ -61,7 +61,8 @@ pub(super) fn export_wallet(
     let result = serde_json::json!({ "walletId": seed_ref.resource_id, "exportBundle": bundle.export_bundle });
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
-    bundle.log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &result, &bundle.app_proofs);
+    bundle.log_link =
+        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &bundle.app_proofs);
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -108,7 +109,8 @@ pub(super) fn export_key(
     };
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
-    bundle.log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &result, &bundle.app_proofs);
+    bundle.log_link =
+        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &bundle.app_proofs);
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -138,7 +140,7 @@ pub(super) fn init_import(
     admission.spend(&a, unspent.with_result(&api_result))?;
     let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &app_proofs);
+    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation, result, log_link })
 }
@@ -165,7 +167,7 @@ pub(super) fn import_wallet(
     made.evaluation = a.evaluation();
     key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
-    made.log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &result, &made.app_proofs);
+    made.log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &made.app_proofs);
     Ok(made)
 }
 
@@ -195,7 +197,8 @@ pub(super) fn import_private_key(
     key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    made.log_link = crate::proofs::link_key_use(hsm, admission, &a, req.auth.as_ref(), &api_result, &made.app_proofs);
+    made.log_link =
+        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &made.app_proofs);
     Ok(made)
 }
 

@@ -147,14 +147,16 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
 /// Runs the operation's handler and has the enclave decide and apply its changes (after it
 /// certified the credentials they add): the outcome, and the enclave's policy evaluation when it
 /// made one (every key operation; every other activity outside shadow mode), which is what the
-/// activity records.
+/// activity records. `recorded`: the activity as it will be recorded once completed, when its
+/// state change, decided by the enclave alone, is to be linked in the enclave's call.
 async fn execute(
     op: &'static Operation,
     ctx: Ctx,
     params: Value,
+    recorded: Option<&ActivityRecord>,
 ) -> Result<(super::registry::Outcome, Option<String>), ApiError> {
     let state = ctx.state.clone();
-    let auth = ctx.auth.clone();
+    let mut auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
     let returned = ctx.returned.clone();
     let signup_mark = coffer_org_rules::transition::marks_auth_proxy_signup(&params);
@@ -184,15 +186,28 @@ async fn execute(
         // Other enclave calls of their own (sessions, logins, one-time codes): the gateway's
         // evaluation is recorded.
         false if coffer_org_rules::subjects::has_own_call(op.activity_type) => None,
-        false => match apply_in_enclave(&state, auth, &proposal, issued, &returned).await? {
-            // Fails closed as for a key use: a state change the gateway no longer decides that
-            // the enclave applied without deciding (shadow mode).
-            None if decided_alone(op) => {
-                tracing::error!(activity = %op.activity_type, "the enclave applied a state change without deciding it");
-                return Err(ApiError::internal());
+        false => {
+            // Linked in the call that applies it (one round trip), with the result the gateway
+            // rendered and the app proofs so far: the enclave adds its own.
+            if let Some(record) = recorded.filter(|_| decided_alone(op)) {
+                let record = ActivityRecord {
+                    result: json!({ op.result_key: outcome.result }),
+                    app_proofs: rendered_proofs_so_far(&returned),
+                    ..record.clone()
+                };
+                let activity = render::activity(&record, false).to_string().into_bytes();
+                auth.log = Some(coffer_proto::v1::LogRequest { activity, result_key: String::new() });
             }
-            evaluation => evaluation,
-        },
+            match apply_in_enclave(&state, auth, &proposal, issued, &returned).await? {
+                // Fails closed as for a key use: a state change the gateway no longer decides
+                // that the enclave applied without deciding (shadow mode).
+                None if decided_alone(op) => {
+                    tracing::error!(activity = %op.activity_type, "the enclave applied a state change without deciding it");
+                    return Err(ApiError::internal());
+                }
+                evaluation => evaluation,
+            }
+        }
     };
     Ok((outcome, evaluation))
 }
@@ -250,6 +265,11 @@ async fn apply_in_enclave(
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
 fn taken_proofs(returned: &crate::custody::Returned) -> Vec<Value> {
     returned.take_proofs().iter().map(render::app_proof).collect()
+}
+
+/// The app proofs an activity collected so far, as the API renders them, left for the record.
+fn rendered_proofs_so_far(returned: &crate::custody::Returned) -> Vec<Value> {
+    returned.proofs_so_far().iter().map(render::app_proof).collect()
 }
 
 /// Has the enclave append a finished activity, as the API renders it, to its organization's log:
@@ -599,7 +619,7 @@ pub async fn submit(
                 fingerprint: fingerprint.clone(),
                 returned: returned.clone(),
             };
-            match execute(op, ctx, env.parameters.clone()).await {
+            match execute(op, ctx, env.parameters.clone(), Some(&record)).await {
                 Ok((outcome, enclave_evaluation)) => {
                     // The recorded evaluation is the enclave's, when it made one.
                     outcomes = enclave_evaluation;
@@ -902,7 +922,7 @@ async fn vote(
                                 fingerprint: target.fingerprint.clone(),
                                 returned: returned.clone(),
                             };
-                            execute(op, ctx, params.clone()).await
+                            execute(op, ctx, params.clone(), None).await
                         }
                         Err(e) => Err(e),
                     };

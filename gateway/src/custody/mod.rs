@@ -43,6 +43,11 @@ pub struct Returned {
 }
 
 impl Returned {
+    /// The app proofs returned so far, kept.
+    pub fn proofs_so_far(&self) -> Vec<pb::AppProof> {
+        self.proofs.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
     /// The app proofs returned so far, taken.
     pub fn take_proofs(&self) -> Vec<pb::AppProof> {
         self.proofs.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default()
@@ -85,13 +90,24 @@ trait CarriesReturns {
 }
 
 macro_rules! carries_returns {
-    (decided: $($decided:ty),*; proofs: $($with:ty),*; nothing: $($without:ty),* $(,)?) => {
+    (decided: $($decided:ty),*; linked: $($linked:ty),*; proofs: $($with:ty),*; nothing: $($without:ty),* $(,)?) => {
         $(impl CarriesReturns for $decided {
             fn take_proofs(&mut self) -> Vec<pb::AppProof> {
                 std::mem::take(&mut self.app_proofs)
             }
             fn take_evaluation(&mut self) -> Option<String> {
                 Some(std::mem::take(&mut self.evaluation)).filter(|e| !e.is_empty())
+            }
+            fn take_log_link(&mut self) -> Option<pb::LogLink> {
+                self.log_link.take()
+            }
+        })*
+        $(impl CarriesReturns for $linked {
+            fn take_proofs(&mut self) -> Vec<pb::AppProof> {
+                std::mem::take(&mut self.app_proofs)
+            }
+            fn take_evaluation(&mut self) -> Option<String> {
+                None
             }
             fn take_log_link(&mut self) -> Option<pb::LogLink> {
                 self.log_link.take()
@@ -119,7 +135,8 @@ macro_rules! carries_returns {
 carries_returns!(
     decided: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
         pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial;
-    proofs: pb::CreateSessionResponse, pb::ApplyActivityResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
+    linked: pb::ApplyActivityResponse;
+    proofs: pb::CreateSessionResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
     nothing: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
         pb::EnableAuthProxyResponse,
 );
