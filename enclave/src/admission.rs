@@ -698,7 +698,13 @@ impl Admission {
         // A body whose stamp is spent already is refused before any work is done for it again
         // (and before a refusal of it enters the decision log); `spend` stays the gate.
         let spent = self.store.spent(unspent.key, now_ms()).map_err(EnclaveError::from)?;
-        if spent {
+        // Nor one the activity log has already (linked failed before it ran, say): it is
+        // finished, and what it does now could never be linked.
+        let linked = || {
+            let activity = [(a.activity.fingerprint.as_str(), "")];
+            self.store.linked(&a.activity.organization_id, &activity).map(|l| l.first() == Some(&true))
+        };
+        if spent || linked().map_err(EnclaveError::from)? {
             let r = Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential);
             r.audit(operation);
             return Err(r.into_error());
@@ -768,6 +774,11 @@ impl Admission {
         );
         if !audited {
             crate::audit::record(a.decision());
+        }
+        // Only a key use's (an allow with its result): nothing refuses one after its allow, while
+        // a state change may still be refused on a retry after its stamp was spent.
+        if result_digest.is_empty() {
+            return;
         }
         if let Ok(mut lately) = self.authorized_lately.lock() {
             if lately.len() >= AUTHORIZED_LATELY {

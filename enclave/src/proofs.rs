@@ -197,7 +197,8 @@ pub fn record_activity(
 }
 
 /// When the call's authorization asks (`Authorization.log`): links the activity the gateway will
-/// record, with this call's `app_proofs` after those of earlier calls, in this call. A key use's
+/// record, completed, with the stamped parameters as its intent and this call's `app_proofs`, in
+/// this call. A key use's
 /// `result` (the enclave's, as its allow recorded it) is filled in under the request's result
 /// key; a state change brings its own (`None`). `None` when not asked, or when the link could
 /// not be made (a warning: the work is done, and the gateway may still record it).
@@ -223,12 +224,26 @@ pub fn link_in_call(
                 None if object.contains_key("result") && asked.result_key.is_empty() => String::new(),
                 _ => return Err(EnclaveError::invalid("the enclave makes a key use's result, not the caller")),
             };
-            let proofs = object.entry("appProofs").or_insert_with(|| Value::Array(Vec::new()));
-            let proofs = proofs.as_array_mut().ok_or_else(|| EnclaveError::invalid("appProofs is not a list"))?;
-            proofs.extend(app_proofs.iter().map(|p| {
-                json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
-                        "signature": p.signature })
-            }));
+            // Linked as it is now: completed, with its stamped parameters as its intent and this
+            // call's proofs only.
+            let intent = object.get("intent").and_then(Value::as_object).filter(|i| i.len() == 1);
+            if object.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
+                || intent.and_then(|i| i.values().next()) != Some(&a.activity.parameters)
+                || object.get("appProofs").is_some_and(|p| p.as_array().is_none_or(|p| !p.is_empty()))
+            {
+                return Err(EnclaveError::refused(
+                    RefusalReason::BindingMismatch,
+                    "an activity linked in its call is completed, with its stamped parameters and this call's proofs",
+                ));
+            }
+            let proofs: Vec<Value> = app_proofs
+                .iter()
+                .map(|p| {
+                    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
+                            "signature": p.signature })
+                })
+                .collect();
+            object.insert("appProofs".into(), Value::Array(proofs));
             let decided = Decided {
                 organization_id: a.activity.organization_id.clone(),
                 fingerprint: a.activity.fingerprint.clone(),

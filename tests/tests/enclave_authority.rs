@@ -3779,9 +3779,9 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
 }
 
 /// A key use links itself only as the enclave did it (issue 40, one round trip): the taken-over
-/// gateway's `Authorization.log` naming another activity type, bringing its own result, or
-/// reporting the signing failed gets a signature and no link; the honest shell is linked, once,
-/// with the enclave's result filled in.
+/// gateway's `Authorization.log` naming another activity type, bringing its own result,
+/// reporting the signing failed, naming another payload or bringing a proof gets a signature and
+/// no link; the honest shell is linked, once, with the enclave's result filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
     let stack = enforcing_stack().await;
@@ -3801,7 +3801,8 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
         let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
         let mut activity = json!({"id": format!("in-call-{fingerprint}"), "organizationId": org,
             "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "fingerprint": fingerprint,
-            "status": "ACTIVITY_STATUS_COMPLETED", "intent": {}, "votes": [], "createdAt": {}, "updatedAt": {}});
+            "status": "ACTIVITY_STATUS_COMPLETED", "votes": [], "createdAt": {}, "updatedAt": {},
+            "intent": {"signRawPayloadIntentV2": serde_json::from_str::<Value>(body).unwrap()["parameters"]}});
         change(&mut activity);
         pb::LogRequest { activity: activity.to_string().into_bytes(), result_key: "signRawPayloadResult".into() }
     };
@@ -3816,10 +3817,14 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
     };
     let before = head().await;
     type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
-    let lies: [Lie<'_>; 3] = [
+    let lies: [Lie<'_>; 5] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
         ("its own result", &|a| a["result"] = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}})),
         ("failed", &|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
+        ("another payload", &|a| a["intent"]["signRawPayloadIntentV2"]["payload"] = json!("not signed")),
+        ("another call's proof", &|a| {
+            a["appProofs"] = json!([{"scheme": "x", "publicKey": "", "proofPayload": "{}", "signature": ""}])
+        }),
     ];
     for (i, (lie, change)) in lies.iter().enumerate() {
         let body = sign_body(&org, &a[0], &format!("lie {i}"), Stack::now_ms());
@@ -3842,6 +3847,36 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
     expected["appProofs"] = json!([]);
     assert_eq!(stated.activity_digest, coffer_auth::proof::activity_digest(&expected), "the enclave's result, linked");
     assert_eq!(head().await, before + 1);
+}
+
+/// A stamp the log has linked already does no work (issue 40, E4): the taken-over gateway links
+/// root's fresh signing stamp as failed before it runs, then has the enclave sign it; the enclave
+/// refuses it as a replay, before any work (no signature the log would never show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamp_linked_as_failed_signs_nothing() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let (_, a) = wallet(&client, &org, "linked-first").await;
+    let c = db(&stack);
+    let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
+    let enclave = connect(stack.enclave_socket());
+    let signing = sign_body(&org, &a[0], "hidden", Stack::now_ms());
+    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(signing.as_bytes())));
+    let activity = json!({"id": "linked-first", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_FAILED", "result": {}, "appProofs": []});
+    let record = pb::RecordActivityRequest {
+        request: Some(stamped(&root, &signing, &cert)),
+        activity: activity.to_string().into_bytes(),
+    };
+    enclave.clone().record_activity(record).await.expect("a fresh, undecided stamp is linked as failed");
+    refused_for(
+        &stack,
+        sign(&enclave, auth(stamped(&root, &signing, &cert)), &key).await,
+        "sign",
+        pb::RefusalReason::Replayed,
+    );
 }
 
 // -- E12: a refused change spends nothing. --

@@ -213,7 +213,12 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
         user_id: "u".into(),
         outcome: outcome.into(),
         reason: if outcome == OUTCOME_REFUSE { "REFUSAL_REASON_BINDING_MISMATCH".into() } else { String::new() },
-        result_digest: if outcome == OUTCOME_ALLOW { format!("digest-of-{fp}") } else { String::new() },
+        // A key use's allow records its result ("k…" here); a state change's none.
+        result_digest: if outcome == OUTCOME_ALLOW && fp.starts_with('k') {
+            format!("digest-of-{fp}")
+        } else {
+            String::new()
+        },
     };
     a.record_decision(&d(10, "f1", OUTCOME_ALLOW)).unwrap();
     b.record_decision(&d(11, "f1", OUTCOME_DONE)).unwrap();
@@ -229,13 +234,17 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     assert_eq!(a.decided("o", "f1").unwrap().logged, LoggedDecision::Refused, "refused after its allow");
     a.record_decision(&d(14, "f2", OUTCOME_ALLOW)).unwrap();
     assert_eq!(b.decided("o", "f2").unwrap().logged, LoggedDecision::Authorized, "allowed after a refusal");
-    // The latest allow's result digest comes with it, for any enclave on the store.
-    assert_eq!(b.decided("o", "f2").unwrap().result_digest, "digest-of-f2");
     assert_eq!(b.decided("o", "f1").unwrap().result_digest, "", "the refusal has none");
+    // A key use's allow, with its result, decides over a refusal of the same stamp that raced
+    // in after it (the work was done), for any enclave on the store.
+    a.record_decision(&d(15, "k1", OUTCOME_ALLOW)).unwrap();
+    b.record_decision(&d(16, "k1", OUTCOME_REFUSE)).unwrap();
+    let latest = b.decided("o", "k1").unwrap();
+    assert_eq!((latest.logged, latest.result_digest.as_str()), (LoggedDecision::Authorized, "digest-of-k1"));
     let all = a.decisions(0, 100).unwrap();
-    assert_eq!(all.len(), 6);
+    assert_eq!(all.len(), 8);
     assert_eq!(all[0], d(10, "f1", OUTCOME_ALLOW));
-    assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12, 13, 14]);
+    assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12, 13, 14, 15, 16]);
     assert_eq!(b.decisions(11, 1).unwrap().len(), 1);
     assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
 }

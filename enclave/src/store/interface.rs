@@ -290,6 +290,8 @@ pub trait EnclaveStore: Send + Sync {
 
     /// What the enclave decided for an activity of `organization` with this fingerprint, as its
     /// decision log has it: authorized (an `allow` or `done`), only refused, or nothing.
+    /// (An allow that recorded a key use's result decides over any later decision: the work was
+    /// done, whatever a late refusal of the same stamp says.)
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last

@@ -707,7 +707,7 @@ impl EnclaveStore for PostgresEnclaveStore {
             let row = client
                 .query_opt(
                     "SELECT outcome, result_digest FROM decisions WHERE organization_id = $1 AND fingerprint = $2
-                     ORDER BY seq DESC LIMIT 1",
+                     ORDER BY result_digest <> '' DESC, seq DESC LIMIT 1",
                     &[&organization, &fingerprint],
                 )
                 .map_err(pg)?;

@@ -867,7 +867,7 @@ impl EnclaveStore for SqliteEnclaveStore {
             let latest: Option<(String, String)> = conn
                 .prepare_cached(
                     "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-                     ORDER BY seq DESC LIMIT 1",
+                     ORDER BY result_digest <> '' DESC, seq DESC LIMIT 1",
                 )
                 .and_then(|mut st| {
                     st.query_row(params![organization, fingerprint], |r| Ok((r.get(0)?, r.get(1)?))).optional()

@@ -188,13 +188,10 @@ async fn execute(
         false if coffer_org_rules::subjects::has_own_call(op.activity_type) => None,
         false => {
             // Linked in the call that applies it (one round trip), with the result the gateway
-            // rendered and the app proofs so far: the enclave adds its own.
-            if let Some(record) = recorded.filter(|_| decided_alone(op)) {
-                let record = ActivityRecord {
-                    result: json!({ op.result_key: outcome.result }),
-                    app_proofs: rendered_proofs_so_far(&returned),
-                    ..record.clone()
-                };
+            // rendered; the enclave adds its app proofs (the only ones: an activity whose earlier
+            // calls returned proofs is linked after it finishes).
+            if let Some(record) = recorded.filter(|_| decided_alone(op) && returned.proofs_so_far().is_empty()) {
+                let record = ActivityRecord { result: json!({ op.result_key: outcome.result }), ..record.clone() };
                 let activity = render::activity(&record, false).to_string().into_bytes();
                 auth.log = Some(coffer_proto::v1::LogRequest { activity, result_key: String::new() });
             }
@@ -265,11 +262,6 @@ async fn apply_in_enclave(
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
 fn taken_proofs(returned: &crate::custody::Returned) -> Vec<Value> {
     returned.take_proofs().iter().map(render::app_proof).collect()
-}
-
-/// The app proofs an activity collected so far, as the API renders them, left for the record.
-fn rendered_proofs_so_far(returned: &crate::custody::Returned) -> Vec<Value> {
-    returned.proofs_so_far().iter().map(render::app_proof).collect()
 }
 
 /// Has the enclave append a finished activity, as the API renders it, to its organization's log:
