@@ -672,7 +672,7 @@ impl Admission {
         let checked = self.check(operation, auth, types, parent_certificate, attested);
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
             Ok((a, approved)) => {
-                self.allowed(&a, approved, false, "");
+                self.allowed(&a, approved, false, "", true);
                 Ok(a)
             }
             Err(r) => {
@@ -732,7 +732,10 @@ impl Admission {
     pub fn spend(&self, a: &Admitted, unspent: Unspent) -> Result<(), EnclaveError> {
         match self.remember(a, &unspent) {
             Ok(()) => {
-                self.allowed(a, unspent.approved, unspent.audited, &unspent.allowed.result_digest);
+                // Not a state change's: it may still be refused on a retry after its stamp was
+                // spent (a key use's work is done by now, as is an own call's at authorization).
+                let digest = &unspent.allowed.result_digest;
+                self.allowed(a, unspent.approved, unspent.audited, digest, !digest.is_empty());
                 Ok(())
             }
             Err(r) => {
@@ -760,7 +763,9 @@ impl Admission {
     }
 
     /// The allow line of an authorization whose stamp was spent.
-    fn allowed(&self, a: &Admitted, approved: bool, audited: bool, result_digest: &str) {
+    /// `result_digest`: a key use's result. `lately`: whether `RecordActivity` may link it
+    /// without reading the decision log ([`Admission::authorized_lately`]).
+    fn allowed(&self, a: &Admitted, approved: bool, audited: bool, result_digest: &str, lately: bool) {
         tracing::info!(
             target: "coffer_audit",
             decision = "allow",
@@ -775,9 +780,7 @@ impl Admission {
         if !audited {
             crate::audit::record(a.decision());
         }
-        // Only a key use's (an allow with its result): nothing refuses one after its allow, while
-        // a state change may still be refused on a retry after its stamp was spent.
-        if result_digest.is_empty() {
+        if !lately {
             return;
         }
         if let Ok(mut lately) = self.authorized_lately.lock() {
