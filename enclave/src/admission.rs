@@ -192,11 +192,12 @@ pub struct Admission {
     log: crate::activity_log::ActivityLog,
     /// Submissions this enclave authorized lately, by fingerprint. Recording one in the log need
     /// not verify its stamp again.
-    authorized_lately: Mutex<HashMap<String, AuthorizedLately>>,
+    authorized_lately: Mutex<HashMap<String, DecidedSubmission>>,
 }
 
-/// A submission this enclave authorized lately ([`Admission::authorized_lately`]).
-pub struct AuthorizedLately {
+/// What the enclave decided of a stamped submission, as the log links it: its organization and
+/// type, and the result it made (kept by [`Admission::authorized_lately`]).
+pub struct DecidedSubmission {
     pub organization_id: String,
     pub activity_type: String,
     /// The digest of its result as the enclave made it (a key use's), or empty.
@@ -328,7 +329,7 @@ impl Admission {
 
     /// What this enclave authorized lately of the submission with `fingerprint` (its stamp and
     /// certificate verified then): forgotten once asked.
-    pub fn authorized_lately(&self, fingerprint: &str) -> Option<AuthorizedLately> {
+    pub fn authorized_lately(&self, fingerprint: &str) -> Option<DecidedSubmission> {
         self.authorized_lately.lock().ok()?.remove(fingerprint)
     }
 
@@ -697,14 +698,10 @@ impl Admission {
         })?;
         // A body whose stamp is spent already is refused before any work is done for it again
         // (and before a refusal of it enters the decision log); `spend` stays the gate.
-        let spent = self.store.spent(unspent.key, now_ms()).map_err(EnclaveError::from)?;
         // Nor one the activity log has already (linked failed before it ran, say): it is
         // finished, and what it does now could never be linked.
-        let linked = || {
-            let activity = [(a.activity.fingerprint.as_str(), "")];
-            self.store.linked(&a.activity.organization_id, &activity).map(|l| l.first() == Some(&true))
-        };
-        if spent || linked().map_err(EnclaveError::from)? {
+        let (org, fingerprint) = (&a.activity.organization_id, &a.activity.fingerprint);
+        if self.store.spent(unspent.key, now_ms(), org, fingerprint).map_err(EnclaveError::from)? {
             let r = Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential);
             r.audit(operation);
             return Err(r.into_error());
@@ -787,7 +784,7 @@ impl Admission {
             if lately.len() >= AUTHORIZED_LATELY {
                 lately.clear();
             }
-            let known = AuthorizedLately {
+            let known = DecidedSubmission {
                 organization_id: a.activity.organization_id.clone(),
                 activity_type: a.activity.activity_type.clone(),
                 result_digest: result_digest.to_string(),

@@ -10,7 +10,7 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
-use crate::admission::{now_ms, Admission, Admitted, ACTIVITY_COMPLETED};
+use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission, ACTIVITY_COMPLETED};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::store::LoggedDecision;
@@ -24,6 +24,16 @@ fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
 /// A proof as the gRPC contract carries it.
 fn wire(p: proof::AppProof) -> pb::AppProof {
     pb::AppProof { scheme: p.scheme, public_key: p.public_key, proof_payload: p.proof_payload, signature: p.signature }
+}
+
+/// A proof as the API renders it (the inverse of [`wire`]).
+fn unwired(p: &pb::AppProof) -> proof::AppProof {
+    proof::AppProof {
+        scheme: p.scheme.clone(),
+        public_key: p.public_key.clone(),
+        proof_payload: p.proof_payload.clone(),
+        signature: p.signature.clone(),
+    }
 }
 
 /// When the stamped body asks for proofs: one `APP_PROOF_TYPE_POLICY_OUTCOME` proof of the
@@ -162,14 +172,8 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let decided = match admission.authorized_lately(&fingerprint) {
-        Some(a) => Decided {
-            organization_id: a.organization_id,
-            fingerprint,
-            activity_type: a.activity_type,
-            logged: LoggedDecision::Authorized,
-            result_digest: a.result_digest,
-        },
+    let to_link = match admission.authorized_lately(&fingerprint) {
+        Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission },
         None => {
             let (stamped, _) = admission.verify_submission(request)?;
             let latest = admission.store().decided(&stamped.organization_id, &fingerprint)?;
@@ -181,18 +185,17 @@ pub fn record_activity(
                     "the enclave never decided this activity and its stamp is no longer fresh",
                 ));
             }
-            Decided {
+            let submission = DecidedSubmission {
                 organization_id: stamped.organization_id,
-                fingerprint,
                 activity_type: stamped.activity_type,
-                logged: latest.logged,
                 result_digest: latest.result_digest,
-            }
+            };
+            ToLink { fingerprint, logged: latest.logged, submission }
         }
     };
     let activity: Value =
         serde_json::from_slice(&req.activity).map_err(|_| EnclaveError::invalid("the activity is not JSON"))?;
-    let (link, seq) = link_activity(hsm, admission, decided, &activity)?;
+    let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
 
@@ -236,22 +239,17 @@ pub fn link_in_call(
                     "an activity linked in its call is completed, with its stamped parameters and this call's proofs",
                 ));
             }
-            let proofs: Vec<Value> = app_proofs
-                .iter()
-                .map(|p| {
-                    json!({ "scheme": p.scheme, "publicKey": p.public_key, "proofPayload": p.proof_payload,
-                            "signature": p.signature })
-                })
-                .collect();
-            object.insert("appProofs".into(), Value::Array(proofs));
-            let decided = Decided {
+            let proofs = app_proofs.iter().map(unwired).collect::<Vec<_>>();
+            let proofs = serde_json::to_value(proofs).map_err(|e| EnclaveError::Internal(e.to_string()))?;
+            object.insert("appProofs".into(), proofs);
+            let submission = DecidedSubmission {
                 organization_id: a.activity.organization_id.clone(),
-                fingerprint: a.activity.fingerprint.clone(),
                 activity_type: a.activity.activity_type.clone(),
-                logged: LoggedDecision::Authorized,
                 result_digest,
             };
-            link_activity(hsm, admission, decided, &activity)
+            let to_link =
+                ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission };
+            link_activity(hsm, admission, to_link, &activity)
         });
     match linked {
         Ok((link, seq)) => Some(pb::LogLink { link: Some(link), seq }),
@@ -263,13 +261,11 @@ pub fn link_in_call(
 }
 
 /// What the enclave knows of an activity it is asked to link: the stamped submission's
-/// organization, fingerprint and type, and its latest decision with the result it recorded.
-struct Decided {
-    organization_id: String,
+/// fingerprint, its latest decision, and what that decided.
+struct ToLink {
     fingerprint: String,
-    activity_type: String,
     logged: LoggedDecision,
-    result_digest: String,
+    submission: DecidedSubmission,
 }
 
 /// Appends `activity` (as the API serves it) to its organization's log, if it is the decided
@@ -278,10 +274,11 @@ struct Decided {
 fn link_activity(
     hsm: &Hsm,
     admission: &Admission,
-    decided: Decided,
+    to_link: ToLink,
     activity: &Value,
 ) -> Result<(pb::AppProof, u64), EnclaveError> {
-    let Decided { organization_id, fingerprint, activity_type, logged, result_digest } = decided;
+    let ToLink { fingerprint, logged, submission } = to_link;
+    let DecidedSubmission { organization_id, activity_type, result_digest } = submission;
     let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     if text("organizationId") != organization_id || text("fingerprint") != fingerprint || text("type") != activity_type
     {

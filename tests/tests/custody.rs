@@ -516,11 +516,8 @@ async fn every_key_use_is_logged_with_the_result_the_enclave_made() {
         .result;
     assert_eq!(exported.address, address);
     let key = target.decrypt_private_key(&exported.export_bundle, &org).unwrap();
-    let eth_address = |secret: &[u8]| {
-        use k256::elliptic_curve::sec1::ToEncodedPoint;
-        let point = k256::SecretKey::from_slice(secret).unwrap().public_key().to_encoded_point(false);
-        format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))
-    };
+    let eth_address =
+        |secret: &[u8]| coffer_tests::eth_address(k256::ecdsa::SigningKey::from_slice(secret).unwrap().verifying_key());
     assert_eq!(eth_address(&key), address.to_lowercase(), "the exported key is the account's");
 
     let init = client

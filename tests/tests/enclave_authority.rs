@@ -88,6 +88,17 @@ fn public_key(key: &TurnkeyP256ApiKey) -> String {
     hex::encode(key.compressed_public_key())
 }
 
+/// A stamped body's fingerprint, as the enclave and the gateway compute it.
+fn fingerprint_of(body: &str) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())))
+}
+
+/// How many links `org`'s activity log has, as the enclave's head says.
+async fn log_seq(enclave: &Enclave, org: &str) -> u64 {
+    let req = pb::GetLogHeadRequest { organization_id: org.to_string(), nonce: String::new() };
+    enclave.clone().get_log_head(req).await.unwrap().into_inner().seq
+}
+
 fn body(ty: &str, org: &str, timestamp_ms: u128, parameters: Value) -> String {
     json!({"type": ty, "timestampMs": timestamp_ms.to_string(), "organizationId": org, "parameters": parameters})
         .to_string()
@@ -1561,7 +1572,7 @@ const X_USER: &str = "x-user-77";
 /// The `coffer_audit` lines with `decision` and `operation` (parsed fields, see [`Stack::audit`])
 /// for the body with this `fingerprint` (`sha256:` + hex of SHA-256 of the body).
 fn audit_of(stack: &Stack, decision: &str, operation: &str, body: &str) -> Vec<Value> {
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    let fingerprint = fingerprint_of(body);
     stack.audit(decision, operation).into_iter().filter(|f| f["fingerprint"] == fingerprint).collect()
 }
 
@@ -2185,7 +2196,6 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
     let (_, a1) = wallet(&client, &org, "w1").await;
     let (_, a2) = wallet(&client, &org, "w2").await;
     let sign_path = "/public/v1/submit/sign_raw_payload";
-    let fingerprint = |b: &str| format!("sha256:{}", hex::encode(sha2::Sha256::digest(b.as_bytes())));
 
     // A normal signing: allow, then done.
     let ok = sign_body(&org, &a1[0], "fine", Stack::now_ms());
@@ -2197,7 +2207,7 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
         a1[0].to_lowercase()
     );
     assert_eq!(audit_of(&stack, "allow", "sign", &ok).len(), 1);
-    let done = outcomes(&stack, "sign", &fingerprint(&ok));
+    let done = outcomes(&stack, "sign", &fingerprint_of(&ok));
     assert_eq!(done.len(), 1, "{done:?}");
     assert_eq!(done[0]["fields"]["outcome"], "done", "{}", done[0]);
     assert_eq!(done[0]["fields"]["organization"], org.as_str(), "{}", done[0]);
@@ -2218,7 +2228,7 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
     // The stamp itself was genuine and decided, but it is spent (its allow logged) only with a
     // signature: nothing was signed, so there is no allow, and the outcome line says why.
     assert!(audit_of(&stack, "allow", "sign", &swapped).is_empty(), "spent without a signature");
-    let failed = outcomes(&stack, "sign", &fingerprint(&swapped));
+    let failed = outcomes(&stack, "sign", &fingerprint_of(&swapped));
     assert_eq!(failed.len(), 1, "exactly one outcome line: {failed:?}");
     let f = &failed[0];
     assert_eq!(f["level"], "ERROR", "{f}");
@@ -2240,7 +2250,7 @@ async fn audit_lines_record_each_allowed_operations_outcome_and_tampering() {
         tonic::Code::PermissionDenied,
         pb::RefusalReason::Replayed,
     );
-    assert_eq!(outcomes(&stack, "sign", &fingerprint(&ok)).len(), 1, "still the one outcome of the allowed signing");
+    assert_eq!(outcomes(&stack, "sign", &fingerprint_of(&ok)).len(), 1, "still the one outcome of the allowed signing");
 }
 
 // ---- Bootstrap needs the operator (issue 24, item 6, bootstrap) -----------------------------
@@ -2654,7 +2664,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         pb::RefusalReason::ConsensusNeeded,
     );
     let waiting = hex_sign_body(&org, &a[0], "HASH_FUNCTION_SHA256", Stack::now_ms());
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(waiting.as_bytes())));
+    let fingerprint = fingerprint_of(&waiting);
     let vote = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms(), json!({"fingerprint": fingerprint}));
     let both = Some(pb::Authorization {
         request: Some(stamped(&root, &waiting, &root_cert)),
@@ -3708,19 +3718,14 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
     let r = sign_transaction(&enclave, auth(request.clone()), &key).await;
     refused(r, tonic::Code::PermissionDenied, pb::RefusalReason::PolicyDenied);
 
-    let head = || {
-        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
-        let mut enclave = enclave.clone();
-        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
-    };
-    let before = head().await;
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(theft.as_bytes())));
+    let before = log_seq(&enclave, &org).await;
+    let fingerprint = fingerprint_of(&theft);
     let activity = json!({"id": "made-up", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
         "result": {"signTransactionResult": {"signedTransaction": format!("02f8{}", "00".repeat(100))}}, "appProofs": []});
     let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
     refused(enclave.clone().record_activity(req).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotDecided);
-    assert_eq!(head().await, before, "nothing was linked");
+    assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
 }
 
 /// A transaction the enclave signed is logged only as it signed it (issue 40, E4): the taken-over
@@ -3741,13 +3746,8 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
         sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0x3a; 20], 5 * 10u128.pow(18)), Stack::now_ms());
     let signed = sign_transaction(&enclave, auth(stamped(&root, &transfer, &cert)), &key).await.unwrap();
 
-    let head = || {
-        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
-        let mut enclave = enclave.clone();
-        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
-    };
-    let before = head().await;
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(transfer.as_bytes())));
+    let before = log_seq(&enclave, &org).await;
+    let fingerprint = fingerprint_of(&transfer);
     let record = |status: &str, signed_transaction: String| {
         let activity = json!({"id": "e4-signed", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
             "fingerprint": fingerprint, "status": status,
@@ -3769,13 +3769,13 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
         tonic::Code::PermissionDenied,
         pb::RefusalReason::BindingMismatch,
     );
-    assert_eq!(head().await, before, "nothing was linked");
+    assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
     let linked = record("ACTIVITY_STATUS_COMPLETED", hex::encode(&signed)).await;
     assert_eq!(
         linked.unwrap_or_else(|e| panic!("the enclave's own result is linked: {e:?}")).into_inner().seq,
         before + 1
     );
-    assert_eq!(head().await, before + 1);
+    assert_eq!(log_seq(&enclave, &org).await, before + 1);
 }
 
 /// A key use links itself only as the enclave did it (issue 40, one round trip): the taken-over
@@ -3792,13 +3792,8 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
     let c = db(&stack);
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
-    let head = || {
-        let req = pb::GetLogHeadRequest { organization_id: org.clone(), nonce: String::new() };
-        let mut enclave = enclave.clone();
-        async move { enclave.get_log_head(req).await.unwrap().into_inner().seq }
-    };
     let shell = |body: &str, change: &dyn Fn(&mut Value)| {
-        let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+        let fingerprint = fingerprint_of(body);
         let mut activity = json!({"id": format!("in-call-{fingerprint}"), "organizationId": org,
             "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "fingerprint": fingerprint,
             "status": "ACTIVITY_STATUS_COMPLETED", "votes": [], "createdAt": {}, "updatedAt": {},
@@ -3815,7 +3810,7 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
         let (enclave, key) = (enclave.clone(), key.clone());
         async move { sign(&enclave, auth, &key).await.unwrap() }
     };
-    let before = head().await;
+    let before = log_seq(&enclave, &org).await;
     type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
     let lies: [Lie<'_>; 5] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
@@ -3832,7 +3827,7 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
         assert_eq!(answer.signatures.len(), 1, "{lie}: the work is done");
         assert!(answer.log_link.is_none(), "{lie}: linked");
     }
-    assert_eq!(head().await, before, "nothing was linked");
+    assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
     let body = sign_body(&org, &a[0], "honest", Stack::now_ms());
     let answer = signed_with(&body, shell(&body, &|_| {})).await;
     let linked = answer.log_link.expect("the honest shell is linked in the call");
@@ -3846,7 +3841,7 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
     expected["result"] = json!({ "signRawPayloadResult": result });
     expected["appProofs"] = json!([]);
     assert_eq!(stated.activity_digest, coffer_auth::proof::activity_digest(&expected), "the enclave's result, linked");
-    assert_eq!(head().await, before + 1);
+    assert_eq!(log_seq(&enclave, &org).await, before + 1);
 }
 
 /// A stamp the log has linked already does no work (issue 40, E4): the taken-over gateway links
@@ -3863,7 +3858,7 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
     let signing = sign_body(&org, &a[0], "hidden", Stack::now_ms());
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(signing.as_bytes())));
+    let fingerprint = fingerprint_of(&signing);
     let activity = json!({"id": "linked-first", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_FAILED", "result": {}, "appProofs": []});
     let record = pb::RecordActivityRequest {
@@ -3902,7 +3897,7 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a[0]);
     let signing = sign_body(&org, &a[0], "once", Stack::now_ms());
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(signing.as_bytes())));
+    let fingerprint = fingerprint_of(&signing);
     let submission = stamped(&carol, &signing, &cert(&carol));
     refused_for(
         &stack,
@@ -3952,7 +3947,7 @@ async fn a_refused_key_use_spends_nothing() {
         pb::RefusalReason::BindingMismatch,
     );
     // No allow was logged for it: reported completed, it is not linked.
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    let fingerprint = fingerprint_of(&body);
     let activity = json!({"id": "e12-sign", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED", "result": {}, "appProofs": []});
     let record = pb::RecordActivityRequest {
@@ -4014,7 +4009,7 @@ async fn a_refused_change_spends_nothing() {
         pb::RefusalReason::TransitionMismatch,
     );
     // No allow was logged for it: reported completed, it is not linked.
-    let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(create.as_bytes())));
+    let fingerprint = fingerprint_of(&create);
     let activity = json!({"id": "e12", "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
         "result": {"createPolicyResult": {"policyId": "e12-policy"}}, "appProofs": []});

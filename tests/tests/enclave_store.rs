@@ -141,9 +141,9 @@ fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
     );
     assert_eq!(b.remember("o1", key(2), now + 300_000, now).unwrap(), Remembered::Fresh);
     // Either enclave reads a key as spent until it expires; an unknown key is not.
-    assert!(a.spent(key(2), now).unwrap() && b.spent(key(1), now).unwrap());
-    assert!(!a.spent(key(9), now).unwrap());
-    assert!(!b.spent(key(1), now + 300_000).unwrap(), "expired");
+    assert!(a.spent(key(2), now, "o1", "none").unwrap() && b.spent(key(1), now, "o1", "none").unwrap());
+    assert!(!a.spent(key(9), now, "o1", "none").unwrap());
+    assert!(!b.spent(key(1), now + 300_000, "o1", "none").unwrap(), "expired");
     assert_eq!(a.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
     assert_eq!(b.remember("o1", key(3), now + 300_000, now).unwrap(), Remembered::OrganizationQuotaFull);
     // Another organization is not affected.

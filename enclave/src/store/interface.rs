@@ -280,10 +280,11 @@ pub trait EnclaveStore: Send + Sync {
         Ok(remembered)
     }
 
-    /// Whether `key` is in the replay window and not expired at `now_ms`: a read only, for an
-    /// early refusal of a replay before any decision is spent on it ([`EnclaveStore::remember`]
-    /// stays what decides).
-    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError>;
+    /// Whether `key` is in the replay window and not expired at `now_ms`, or `org`'s log has
+    /// linked the activity `fingerprint` already: one read, for an early refusal of a replay (or
+    /// of an activity that is finished) before any decision is spent on it
+    /// ([`EnclaveStore::remember`] stays what decides).
+    fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError>;
 
     /// Appends one decision to the decision log (same durability as [`EnclaveStore::remember`]).
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError>;

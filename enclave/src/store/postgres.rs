@@ -666,12 +666,13 @@ impl EnclaveStore for PostgresEnclaveStore {
         self.remember_in(function, scope, key, expires_ms, now_ms, quota)
     }
 
-    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+    fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
         self.with_conn(|client| {
             let row = client
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM replay WHERE key = $1 AND expires_ms > $2)",
-                    &[&key.as_slice(), &now_ms],
+                    "SELECT EXISTS (SELECT 1 FROM replay WHERE key = $1 AND expires_ms > $2)
+                         OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = $3 AND fingerprint = $4)",
+                    &[&key.as_slice(), &now_ms, &org, &fingerprint],
                 )
                 .map_err(pg)?;
             row.try_get(0).map_err(pg)

@@ -849,11 +849,14 @@ impl EnclaveStore for SqliteEnclaveStore {
         self.remember_through(organization, key, expires_ms, now_ms, None, Some(allowed))
     }
 
-    fn spent(&self, key: [u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+    fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
         self.read(|conn| {
-            conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM replay WHERE key = ?1 AND expires_ms > ?2)")
-                .and_then(|mut st| st.query_row(params![key.as_slice(), now_ms], |r| r.get::<_, bool>(0)))
-                .map_err(sq)
+            conn.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM replay WHERE key = ?1 AND expires_ms > ?2)
+                     OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?3 AND fingerprint = ?4)",
+            )
+            .and_then(|mut st| st.query_row(params![key.as_slice(), now_ms, org, fingerprint], |r| r.get::<_, bool>(0)))
+            .map_err(sq)
         })
     }
 
