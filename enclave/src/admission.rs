@@ -16,6 +16,7 @@ use sha2::Digest;
 use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
+use crate::link_request::LinkRequest;
 use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
@@ -124,6 +125,15 @@ impl Admitted {
     /// The verified approvals the decision counted: the submitter's, then every vote's.
     pub fn approvals(&self) -> impl Iterator<Item = &VerifiedVote> {
         std::iter::once(&self.submitter).chain(&self.voters)
+    }
+
+    /// The activity this call is asked to link ([`LinkRequest::checked`]); a refusal of it is
+    /// recorded as this authorization's.
+    pub fn link_request(&self, log: &pb::LogRequest, makes_result: bool) -> Result<LinkRequest, EnclaveError> {
+        LinkRequest::checked(&self.activity, log, makes_result).map_err(|e| match e {
+            EnclaveError::Refused { reason, message, .. } => refuse(self, reason, &message),
+            other => other,
+        })
     }
 
     /// What this authorization's allow line named, for its outcome line (`crate::audit`).
@@ -712,16 +722,40 @@ impl Admission {
     /// [`Admission::authorize_unspent`] for a key operation, whose stamp is spent once its work
     /// is done: the call's outcome is audited from here on, so a failure before the spend (a
     /// sealed key that does not open, evidence of tampering) has its outcome line as well.
+    ///
+    /// A key use's own activity is linked in its call, and its result leaves only with that link:
+    /// the activity to link (`Authorization.log`) is required and checked here, before any work.
+    /// Key work for another activity (a new sub-organization's wallet) is linked with that
+    /// activity, and asks for no link.
     pub fn authorize_key_use(
         &self,
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
-    ) -> Result<(Admitted, Unspent), EnclaveError> {
+    ) -> Result<(Admitted, Unspent, Option<LinkRequest>), EnclaveError> {
         let (a, mut unspent) = self.authorize_unspent(operation, auth, types)?;
+        let log = auth.and_then(|auth| auth.log.as_ref());
+        let link = match (coffer_org_rules::subjects::KEY_USES.contains(&a.activity.activity_type.as_str()), log) {
+            (true, Some(log)) => Some(a.link_request(log, true)?),
+            (true, None) => {
+                return Err(refuse(
+                    &a,
+                    RefusalReason::BindingMismatch,
+                    "a key use is linked in its own call: the authorization names no activity to link",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(refuse(
+                    &a,
+                    RefusalReason::BindingMismatch,
+                    "only a key use's own activity is linked in its call",
+                ))
+            }
+            (false, None) => None,
+        };
         crate::audit::record(a.decision());
         unspent.audited = true;
-        Ok((a, unspent))
+        Ok((a, unspent, link))
     }
 
     /// Spends the stamp of an authorization [`Admission::authorize_unspent`] made: its replay
@@ -1176,8 +1210,6 @@ const REPLAYED: &str = "replayed request: this stamped body was already used for
 /// Most parents [`Admission::top_level_id`] walks up (a sub-organization's own sub-organizations,
 /// and a bound should a state ever name a cycle).
 const MAX_ORGANIZATION_DEPTH: usize = 16;
-/// The status of an activity that ran: its webhook events are signed only if the enclave decided it.
-pub(crate) const ACTIVITY_COMPLETED: &str = "ACTIVITY_STATUS_COMPLETED";
 /// An activity waiting for votes.
 const ACTIVITY_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
@@ -1224,6 +1256,7 @@ fn refused_by(a: &Admitted, refusal: Refusal) -> EnclaveError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link_request::ACTIVITY_COMPLETED;
 
     #[test]
     fn busy_or_refused_is_decided_on_the_reason_type() {

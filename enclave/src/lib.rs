@@ -11,6 +11,7 @@ pub mod egress;
 pub mod error;
 pub mod group_commit;
 pub mod hsm;
+pub mod link_request;
 pub mod mail;
 pub mod oauth2_exchange;
 pub mod operator;

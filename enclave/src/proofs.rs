@@ -10,9 +10,10 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
-use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission, ACTIVITY_COMPLETED};
+use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
+use crate::link_request::{LinkRequest, ACTIVITY_COMPLETED};
 use crate::store::LoggedDecision;
 
 /// `payload`, signed by the proof key.
@@ -199,60 +200,41 @@ pub fn record_activity(
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
 
-/// When the call's authorization asks (`Authorization.log`): links the activity the gateway will
-/// record, completed, with the stamped parameters as its intent and this call's `app_proofs`, in
-/// this call. A key use's
-/// `result` (the enclave's, as its allow recorded it) is filled in under the request's result
-/// key; a state change brings its own (`None`). `None` when not asked, or when the link could
-/// not be made (a warning: the work is done, and the gateway may still record it).
+/// Links the activity `asked` (checked when the call was authorized) in this call: completed,
+/// with `result` when the call made it (a key use's, as its allow recorded it) and this call's
+/// `app_proofs`.
 pub fn link_in_call(
     hsm: &Hsm,
     admission: &Admission,
     a: &Admitted,
-    auth: Option<&pb::Authorization>,
+    asked: LinkRequest,
     result: Option<&Value>,
     app_proofs: &[pb::AppProof],
+) -> Result<pb::LogLink, EnclaveError> {
+    let proofs = app_proofs.iter().map(|p| serde_json::to_value(unwired(p))).collect::<Result<Vec<_>, _>>();
+    let activity = asked.completed(result, proofs.map_err(|e| EnclaveError::Internal(e.to_string()))?);
+    let submission = DecidedSubmission {
+        organization_id: a.activity.organization_id.clone(),
+        activity_type: a.activity.activity_type.clone(),
+        result_digest: result.map(proof::json_digest).unwrap_or_default(),
+    };
+    let to_link =
+        ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission };
+    let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
+    Ok(pb::LogLink { link: Some(link), seq })
+}
+
+/// [`link_in_call`] for a state change applied already: one that is not linked is left to the
+/// gateway's `RecordActivity` (a warning here), as the change stands.
+pub fn link_applied(
+    hsm: &Hsm,
+    admission: &Admission,
+    a: &Admitted,
+    asked: Option<LinkRequest>,
+    app_proofs: &[pb::AppProof],
 ) -> Option<pb::LogLink> {
-    let asked = auth.and_then(|auth| auth.log.as_ref())?;
-    let linked = serde_json::from_slice::<Value>(&asked.activity)
-        .map_err(|_| EnclaveError::invalid("the activity is not JSON"))
-        .and_then(|mut activity| {
-            let object =
-                activity.as_object_mut().ok_or_else(|| EnclaveError::invalid("the activity is not a JSON object"))?;
-            let result_digest = match result {
-                Some(result) if !object.contains_key("result") && !asked.result_key.is_empty() => {
-                    object.insert("result".into(), json!({ asked.result_key.as_str(): result }));
-                    proof::json_digest(result)
-                }
-                None if object.contains_key("result") && asked.result_key.is_empty() => String::new(),
-                _ => return Err(EnclaveError::invalid("the enclave makes a key use's result, not the caller")),
-            };
-            // Linked as it is now: completed, with its stamped parameters as its intent and this
-            // call's proofs only.
-            let intent = object.get("intent").and_then(Value::as_object).filter(|i| i.len() == 1);
-            if object.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
-                || intent.and_then(|i| i.values().next()) != Some(&a.activity.parameters)
-                || object.get("appProofs").is_some_and(|p| p.as_array().is_none_or(|p| !p.is_empty()))
-            {
-                return Err(EnclaveError::refused(
-                    RefusalReason::BindingMismatch,
-                    "an activity linked in its call is completed, with its stamped parameters and this call's proofs",
-                ));
-            }
-            let proofs = app_proofs.iter().map(unwired).collect::<Vec<_>>();
-            let proofs = serde_json::to_value(proofs).map_err(|e| EnclaveError::Internal(e.to_string()))?;
-            object.insert("appProofs".into(), proofs);
-            let submission = DecidedSubmission {
-                organization_id: a.activity.organization_id.clone(),
-                activity_type: a.activity.activity_type.clone(),
-                result_digest,
-            };
-            let to_link =
-                ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission };
-            link_activity(hsm, admission, to_link, &activity)
-        });
-    match linked {
-        Ok((link, seq)) => Some(pb::LogLink { link: Some(link), seq }),
+    match link_in_call(hsm, admission, a, asked?, None, app_proofs) {
+        Ok(linked) => Some(linked),
         Err(e) => {
             tracing::warn!(error = %e, fingerprint = %a.activity.fingerprint, "an activity was not linked in its call");
             None

@@ -358,7 +358,9 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
     assert!(r.json["message"].as_str().unwrap().starts_with("No activity found with fingerprint"), "{}", r.text);
     assert_eq!(signings(&stack, &fingerprint).await, 0, "nothing signed by a refused vote");
 
-    // bob approves through the official client: the target activity comes back, completed.
+    // bob approves through the official client: the target activity comes back, completed, and
+    // linked in the log by the enclave call that ran it (no `RecordActivity` after the vote).
+    let record_calls = stack.enclave_calls("RecordActivity").await;
     let done = bob
         .client
         .approve_activity(
@@ -380,6 +382,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
         a1.to_lowercase()
     );
     assert_eq!(signings(&stack, &fingerprint).await, 1, "signed once, on the second approval");
+    assert_eq!(stack.enclave_calls("RecordActivity").await, record_calls, "linked in the call that ran it");
     assert_eq!(
         evaluations(&root, &org, &id).await,
         vec![
@@ -465,6 +468,7 @@ async fn two_of_n_consensus_approve_reject_double_and_concurrent_votes() {
             a1.to_lowercase()
         );
     }
+    assert_eq!(stack.unlogged_activities().await, Vec::<String>::new(), "every finished activity is logged");
 }
 
 fn root_key(stack: &Stack) -> TurnkeyP256ApiKey {

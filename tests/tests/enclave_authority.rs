@@ -125,8 +125,25 @@ fn stamped(key: &TurnkeyP256ApiKey, body: &str, certificate: &[u8]) -> pb::Stamp
     }
 }
 
+/// `request`'s authorization, as the gateway sends it: a key use's asks for its own activity to
+/// be linked in its call ([`log_shell`]); any other activity's asks for nothing.
 fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
-    Some(pb::Authorization { request: Some(request), ..Default::default() })
+    let log = log_shell(&request.body);
+    Some(pb::Authorization { request: Some(request), log, ..Default::default() })
+}
+
+/// The activity a key use's call links (`Authorization.log`): the stamped body's, completed,
+/// with its parameters as its intent, less the result and proofs the enclave adds. `None` for an
+/// activity that is not a key use.
+fn log_shell(body: &[u8]) -> Option<pb::LogRequest> {
+    let stamped = coffer_auth::envelope::StampedActivity::parse(body).ok()?;
+    let ty = stamped.activity_type.as_str();
+    let subject =
+        coffer_org_rules::subjects::subject(ty).filter(|_| coffer_org_rules::subjects::KEY_USES.contains(&ty))?;
+    let activity = json!({"id": format!("shell-{}", stamped.fingerprint), "organizationId": stamped.organization_id,
+        "type": ty, "fingerprint": stamped.fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
+        "intent": { subject.intent_key: stamped.parameters }});
+    Some(pb::LogRequest { activity: activity.to_string().into_bytes() })
 }
 
 async fn sign(
@@ -726,16 +743,26 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     audited_as(&a.refusals, pb::RefusalReason::StampInvalid);
     assert_eq!(r.json["activity"]["result"], json!({}));
 
-    // Rewriting only the stored intent changes nothing: the enclave signs what alice stamped.
+    // Rewriting only the stored intent signs nothing either: the enclave signs only to link the
+    // activity with what alice stamped as its intent, and the gateway's record names another.
     let (id, fingerprint) = submit("pay alice 2").await;
     c.execute("UPDATE activities SET intent = replace(intent, 'pay alice 2', 'pay mallory 2') WHERE id = ?1", [&id])
         .unwrap();
+    let approval = approve(&fingerprint);
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approval.as_bytes(), Some(&bob));
+    let a = audited(&stack, "sign", r).await;
+    assert_eq!(a.result.json["activity"]["status"], "ACTIVITY_STATUS_FAILED", "{}", a.result.text);
+    audited_as(&a.refusals, pb::RefusalReason::BindingMismatch);
+    assert_eq!(a.result.json["activity"]["result"], json!({}));
+
+    // Untouched, it runs: the enclave signs what alice stamped.
+    let (id, fingerprint) = submit("pay alice 3").await;
     let approval = approve(&fingerprint);
     let r = stack.post_raw("/public/v1/submit/approve_activity", approval.as_bytes(), Some(&bob)).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
     let sig = &r.json["activity"]["result"]["signRawPayloadResult"];
     let signer =
-        recover(b"pay alice 2", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
+        recover(b"pay alice 3", sig["r"].as_str().unwrap(), sig["s"].as_str().unwrap(), sig["v"].as_str().unwrap());
     assert_eq!(signer, a1[0].to_lowercase(), "the signature is over the stamped payload");
 
     // The same approval presented to the enclave again is a replay; a stale one is refused.
@@ -751,7 +778,8 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a1[0]);
     let with_approval = |approval: pb::StampedRequest| {
-        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), ..Default::default() })
+        let log = log_shell(&original.body);
+        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), log, ..Default::default() })
     };
     refused_audited(
         audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key)).await,
@@ -2669,6 +2697,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let both = Some(pb::Authorization {
         request: Some(stamped(&root, &waiting, &root_cert)),
         approval: Some(stamped(&alice, &vote, &alice_cert)),
+        log: log_shell(waiting.as_bytes()),
         ..Default::default()
     });
     assert_eq!(sign(&enclave, both, &key).await.unwrap().signatures.len(), 1);
@@ -3729,9 +3758,10 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
 }
 
 /// A transaction the enclave signed is logged only as it signed it (issue 40, E4): the taken-over
-/// gateway, holding root's stamped 5 ETH transfer, has the enclave sign it, then reports it
-/// completed with a made-up signed transaction (a 5,000 ETH one), or failed to hide it: each is
-/// refused and the head does not move. Completed with the enclave's own result, it is linked.
+/// gateway, holding root's stamped 5 ETH transfer, has the enclave sign it (linked in that call),
+/// then reports it completed with a made-up signed transaction (a 5,000 ETH one), or failed to
+/// hide it: each is refused and the head does not move. Completed with the enclave's own result,
+/// it is linked already, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     let stack = enforcing_stack().await;
@@ -3744,9 +3774,9 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     let enclave = connect(stack.enclave_socket());
     let transfer =
         sign_transaction_body(&org, &a[0], &eip1559_transfer(&[0x3a; 20], 5 * 10u128.pow(18)), Stack::now_ms());
-    let signed = sign_transaction(&enclave, auth(stamped(&root, &transfer, &cert)), &key).await.unwrap();
-
     let before = log_seq(&enclave, &org).await;
+    let signed = sign_transaction(&enclave, auth(stamped(&root, &transfer, &cert)), &key).await.unwrap();
+    assert_eq!(log_seq(&enclave, &org).await, before + 1, "linked in its call");
     let fingerprint = fingerprint_of(&transfer);
     let record = |status: &str, signed_transaction: String| {
         let activity = json!({"id": "e4-signed", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
@@ -3769,21 +3799,23 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
         tonic::Code::PermissionDenied,
         pb::RefusalReason::BindingMismatch,
     );
-    assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
-    let linked = record("ACTIVITY_STATUS_COMPLETED", hex::encode(&signed)).await;
-    assert_eq!(
-        linked.unwrap_or_else(|e| panic!("the enclave's own result is linked: {e:?}")).into_inner().seq,
-        before + 1
+    assert_eq!(log_seq(&enclave, &org).await, before + 1, "nothing more was linked");
+    refused(
+        record("ACTIVITY_STATUS_COMPLETED", hex::encode(&signed)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::Replayed,
     );
     assert_eq!(log_seq(&enclave, &org).await, before + 1);
 }
 
-/// A key use links itself only as the enclave did it (issue 40, one round trip): the taken-over
-/// gateway's `Authorization.log` naming another activity type, bringing its own result,
-/// reporting the signing failed, naming another payload or bringing a proof gets a signature and
-/// no link; the honest shell is linked, once, with the enclave's result filled in.
+/// A key use does its work only to be linked as the enclave did it (issue 40, one round trip):
+/// the taken-over gateway's `Authorization.log` naming another activity type, bringing its own
+/// result, reporting the signing failed, naming another payload or bringing a proof is refused
+/// before any work, as is a signing that asks for no link at all (a signature the log would never
+/// show); none spends the stamp. The honest shell signs and is linked, once, with the enclave's
+/// result filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
+async fn a_key_use_signs_only_to_be_linked_as_the_enclave_did_it() {
     let stack = enforcing_stack().await;
     let client = stack.client();
     let org = stack.organization_id.clone();
@@ -3799,18 +3831,17 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
             "status": "ACTIVITY_STATUS_COMPLETED", "votes": [], "createdAt": {}, "updatedAt": {},
             "intent": {"signRawPayloadIntentV2": serde_json::from_str::<Value>(body).unwrap()["parameters"]}});
         change(&mut activity);
-        pb::LogRequest { activity: activity.to_string().into_bytes(), result_key: "signRawPayloadResult".into() }
+        pb::LogRequest { activity: activity.to_string().into_bytes() }
     };
-    let signed_with = |body: &str, log: pb::LogRequest| {
-        let auth = Some(pb::Authorization {
-            request: Some(stamped(&root, body, &cert)),
-            log: Some(log),
-            ..Default::default()
-        });
+    let signed_with = |body: &str, log: Option<pb::LogRequest>| {
+        let auth = Some(pb::Authorization { request: Some(stamped(&root, body, &cert)), log, ..Default::default() });
         let (enclave, key) = (enclave.clone(), key.clone());
-        async move { sign(&enclave, auth, &key).await.unwrap() }
+        async move { sign(&enclave, auth, &key).await }
     };
     let before = log_seq(&enclave, &org).await;
+    let body = sign_body(&org, &a[0], "honest", Stack::now_ms());
+    refused_for(&stack, signed_with(&body, None).await, "sign", pb::RefusalReason::BindingMismatch);
+    const BINDING: pb::RefusalReason = pb::RefusalReason::BindingMismatch;
     type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
     let lies: [Lie<'_>; 5] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
@@ -3821,15 +3852,16 @@ async fn a_key_use_links_itself_only_as_the_enclave_did_it() {
             a["appProofs"] = json!([{"scheme": "x", "publicKey": "", "proofPayload": "{}", "signature": ""}])
         }),
     ];
-    for (i, (lie, change)) in lies.iter().enumerate() {
-        let body = sign_body(&org, &a[0], &format!("lie {i}"), Stack::now_ms());
-        let answer = signed_with(&body, shell(&body, change)).await;
-        assert_eq!(answer.signatures.len(), 1, "{lie}: the work is done");
-        assert!(answer.log_link.is_none(), "{lie}: linked");
+    for (lie, change) in lies {
+        let answer = signed_with(&body, Some(shell(&body, change))).await;
+        let refusal = answer.err().unwrap_or_else(|| panic!("{lie}: signed"));
+        let reason = coffer_proto::refusal_reason(&refusal);
+        assert_eq!((refusal.code(), reason), (tonic::Code::PermissionDenied, Some(BINDING)), "{lie}: {refusal:?}");
     }
     assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
-    let body = sign_body(&org, &a[0], "honest", Stack::now_ms());
-    let answer = signed_with(&body, shell(&body, &|_| {})).await;
+    // None of them spent the stamp: the honest shell signs with it.
+    let answer = signed_with(&body, Some(shell(&body, &|_| {}))).await;
+    let answer = answer.unwrap_or_else(|e| panic!("a refused shell spent the stamp: {e:?}"));
     let linked = answer.log_link.expect("the honest shell is linked in the call");
     assert_eq!(linked.seq, before + 1);
     let payload: Value = serde_json::from_str(&linked.link.unwrap().proof_payload).unwrap();
@@ -3911,6 +3943,7 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
         Some(pb::Authorization {
             request: Some(submission.clone()),
             approval: Some(stamped(voter, &vote, &cert(voter))),
+            log: log_shell(&submission.body),
             ..Default::default()
         })
     };

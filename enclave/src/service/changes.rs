@@ -28,6 +28,9 @@ pub(super) fn apply_activity(
     // spends nothing and leaves no allow in the decision log (in shadow mode, where the gateway
     // decides, at once).
     let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
+    // The activity to link in this call, when asked: checked before anything is applied.
+    let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
+    let mut link = log.map(|log| a.link_request(log, false)).transpose()?;
     let rules = admission.rules();
     // Shadow mode covers only what the gateway decides first: a change the enclave decides
     // alone is enforced whatever the setting (the gateway would fail it closed otherwise).
@@ -113,7 +116,7 @@ pub(super) fn apply_activity(
                 }
                 let version = d.loaded.state.version;
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), None, &app_proofs);
+                let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
                 return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
             }
             let prepared = match rules.prepare_decided(&organization, &head, &changes) {
@@ -149,7 +152,7 @@ pub(super) fn apply_activity(
             Ok(versions) => {
                 let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                 let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), None, &app_proofs);
+                let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
                 return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
             }
             Err(e) if is_moved(&e) => continue,

@@ -31,7 +31,7 @@ pub(super) fn create_wallet(
     admission: &Admission,
     req: pb::CreateWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let (a, unspent) = admission.authorize_key_use(
+    let (a, unspent, link) = admission.authorize_key_use(
         "create_wallet",
         req.auth.as_ref(),
         &[types::CREATE_WALLET, grants::CREATE_SUB_ORGANIZATION],
@@ -76,8 +76,9 @@ pub(super) fn create_wallet(
     }
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
     if own {
-        made.log_link =
-            crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &made.app_proofs);
+        made.log_link = link
+            .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
+            .transpose()?;
     }
     Ok(made)
 }
@@ -105,7 +106,7 @@ pub(super) fn derive_accounts(
     admission: &Admission,
     req: pb::DeriveAccountsRequest,
 ) -> Result<pb::DeriveAccountsResponse, EnclaveError> {
-    let (a, unspent) =
+    let (a, unspent, link) =
         admission.authorize_key_use("derive_accounts", req.auth.as_ref(), &[types::CREATE_WALLET_ACCOUNTS])?;
     let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
@@ -126,7 +127,9 @@ pub(super) fn derive_accounts(
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
-    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &app_proofs);
+    let log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &app_proofs))
+        .transpose()?;
     let (evaluation, result) = (a.evaluation(), result.to_string().into_bytes());
     Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation, result, log_link })
 }
@@ -137,7 +140,7 @@ pub(super) fn create_private_keys(
     admission: &Admission,
     req: pb::CreatePrivateKeysRequest,
 ) -> Result<pb::CreatePrivateKeysResponse, EnclaveError> {
-    let (a, unspent) =
+    let (a, unspent, link) =
         admission.authorize_key_use("create_private_keys", req.auth.as_ref(), &[types::CREATE_PRIVATE_KEYS])?;
     let params = items(&a.activity.parameters, "privateKeys");
     let private_key_ids = derived_ids(&a.activity.fingerprint, PRIVATE_KEY_ID, params.len());
@@ -166,7 +169,9 @@ pub(super) fn create_private_keys(
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
+    let log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
+        .transpose()?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation, result, log_link })
 }

@@ -19,7 +19,7 @@ mod types {
 
 /// Signs the stamped body's raw payloads with the key its `signWith` names.
 pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Result<pb::SignResponse, EnclaveError> {
-    let (a, unspent) =
+    let (a, unspent, link) =
         admission.authorize_key_use("sign", req.auth.as_ref(), &[types::SIGN_RAW_PAYLOAD, types::SIGN_RAW_PAYLOADS])?;
     let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
@@ -60,7 +60,9 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
     admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({ "signWith": text(p, "signWith"), "signatures": rendered });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
+    let log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
+        .transpose()?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignResponse { app_proofs, signatures, evaluation, result, log_link })
 }
@@ -71,7 +73,7 @@ pub(super) fn sign_transaction(
     admission: &Admission,
     req: pb::SignRequest,
 ) -> Result<pb::SignTransactionResponse, EnclaveError> {
-    let (a, unspent) =
+    let (a, unspent, link) =
         admission.authorize_key_use("sign_transaction", req.auth.as_ref(), &[types::SIGN_TRANSACTION])?;
     let (key_ref, kind) = sealed(req.key.as_ref(), &[BlobKind::WalletAccountKey, BlobKind::PrivateKey], &a)?;
     names_key(&a, key_ref, kind, &req.address_format)?;
@@ -115,7 +117,9 @@ pub(super) fn sign_transaction(
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
+    let log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
+        .transpose()?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation, result, log_link })
 }

@@ -40,7 +40,8 @@ pub(super) fn export_wallet(
     admission: &Admission,
     req: pb::ExportWalletRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let (a, unspent) = admission.authorize_key_use("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
+    let (a, unspent, link) =
+        admission.authorize_key_use("export_wallet", req.auth.as_ref(), &[types::EXPORT_WALLET])?;
     let (seed_ref, kind) = sealed(req.seed.as_ref(), &[BlobKind::WalletSeed], &a)?;
     if seed_ref.resource_id != text(&a.activity.parameters, "walletId") {
         return Err(refuse(
@@ -61,8 +62,9 @@ pub(super) fn export_wallet(
     let result = serde_json::json!({ "walletId": seed_ref.resource_id, "exportBundle": bundle.export_bundle });
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
-    bundle.log_link =
-        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &bundle.app_proofs);
+    bundle.log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
+        .transpose()?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -73,7 +75,7 @@ pub(super) fn export_key(
     admission: &Admission,
     req: pb::ExportKeyRequest,
 ) -> Result<pb::ExportResponse, EnclaveError> {
-    let (a, unspent) = admission.authorize_key_use(
+    let (a, unspent, link) = admission.authorize_key_use(
         "export_key",
         req.auth.as_ref(),
         &[types::EXPORT_PRIVATE_KEY, types::EXPORT_WALLET_ACCOUNT],
@@ -109,8 +111,9 @@ pub(super) fn export_key(
     };
     admission.spend(&a, unspent.with_result(&result))?;
     key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
-    bundle.log_link =
-        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &bundle.app_proofs);
+    bundle.log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
+        .transpose()?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -121,7 +124,7 @@ pub(super) fn init_import(
     admission: &Admission,
     req: pb::InitImportRequest,
 ) -> Result<pb::InitImportResponse, EnclaveError> {
-    let (a, unspent) = admission.authorize_key_use(
+    let (a, unspent, link) = admission.authorize_key_use(
         "init_import",
         req.auth.as_ref(),
         &[types::INIT_IMPORT_WALLET, types::INIT_IMPORT_PRIVATE_KEY],
@@ -140,7 +143,9 @@ pub(super) fn init_import(
     admission.spend(&a, unspent.with_result(&api_result))?;
     let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &app_proofs);
+    let log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
+        .transpose()?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation, result, log_link })
 }
@@ -151,7 +156,8 @@ pub(super) fn import_wallet(
     admission: &Admission,
     req: pb::ImportWalletRequest,
 ) -> Result<pb::CreateWalletResponse, EnclaveError> {
-    let (a, unspent) = admission.authorize_key_use("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
+    let (a, unspent, link) =
+        admission.authorize_key_use("import_wallet", req.auth.as_ref(), &[types::IMPORT_WALLET])?;
     // Every id is derived from the stamped body: the caller names none.
     let accounts = items(&a.activity.parameters, "accounts");
     let wallet_id = derived_id(&a.activity.fingerprint, WALLET_ID, 0);
@@ -167,7 +173,9 @@ pub(super) fn import_wallet(
     made.evaluation = a.evaluation();
     key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
-    made.log_link = crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&result), &made.app_proofs);
+    made.log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
+        .transpose()?;
     Ok(made)
 }
 
@@ -177,7 +185,7 @@ pub(super) fn import_private_key(
     admission: &Admission,
     req: pb::ImportPrivateKeyRequest,
 ) -> Result<pb::KeyMaterial, EnclaveError> {
-    let (a, unspent) =
+    let (a, unspent, link) =
         admission.authorize_key_use("import_private_key", req.auth.as_ref(), &[types::IMPORT_PRIVATE_KEY])?;
     let p = &a.activity.parameters;
     let private_key_id = derived_id(&a.activity.fingerprint, PRIVATE_KEY_ID, 0);
@@ -197,8 +205,9 @@ pub(super) fn import_private_key(
     key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    made.log_link =
-        crate::proofs::link_in_call(hsm, admission, &a, req.auth.as_ref(), Some(&api_result), &made.app_proofs);
+    made.log_link = link
+        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &made.app_proofs))
+        .transpose()?;
     Ok(made)
 }
 

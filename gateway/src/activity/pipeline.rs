@@ -193,7 +193,7 @@ async fn execute(
             if let Some(record) = recorded.filter(|_| decided_alone(op) && returned.proofs_so_far().is_empty()) {
                 let record = ActivityRecord { result: json!({ op.result_key: outcome.result }), ..record.clone() };
                 let activity = render::activity(&record, false).to_string().into_bytes();
-                auth.log = Some(coffer_proto::v1::LogRequest { activity, result_key: String::new() });
+                auth.log = Some(coffer_proto::v1::LogRequest { activity });
             }
             match apply_in_enclave(&state, auth, &proposal, issued, &returned).await? {
                 // Fails closed as for a key use: a state change the gateway no longer decides
@@ -293,13 +293,13 @@ async fn log_link(
 
 /// What a key use's enclave call links (`Authorization.log`): `record` as it will be recorded
 /// once completed, less its result and app proofs, which the enclave makes.
-fn log_request(op: &Operation, record: &ActivityRecord) -> coffer_proto::v1::LogRequest {
+fn log_request(record: &ActivityRecord) -> coffer_proto::v1::LogRequest {
     let mut activity = render::activity(record, false);
     if let Some(members) = activity.as_object_mut() {
         members.remove("result");
         members.remove("appProofs");
     }
-    coffer_proto::v1::LogRequest { activity: activity.to_string().into_bytes(), result_key: op.result_key.to_string() }
+    coffer_proto::v1::LogRequest { activity: activity.to_string().into_bytes() }
 }
 
 /// The write of the link a key use's enclave call made, if it links `record` as recorded (its
@@ -597,7 +597,7 @@ pub async fn submit(
         Decision::Allow => {
             submission = Some(caller.stamped(body));
             // A key use is linked in the log by its own enclave call (one round trip).
-            let log = is_key_use(op).then(|| log_request(op, &record));
+            let log = is_key_use(op).then(|| log_request(&record));
             let auth =
                 coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new(), log };
             let ctx = Ctx {
@@ -890,6 +890,18 @@ async fn vote(
                 }
                 Decision::Allow => {
                     let returned: Arc<crate::custody::Returned> = Default::default();
+                    // The activity as it is recorded once completed: what its enclave call links
+                    // (a key use's always, a change's decided alone when nothing before it
+                    // returned proofs), less the result and the proofs, set once known.
+                    let mut completed_record = ActivityRecord {
+                        status: STATUS_COMPLETED.to_string(),
+                        result: Value::Null,
+                        votes: votes.clone(),
+                        failure: None,
+                        updated_at: now,
+                        app_proofs: Vec::new(),
+                        ..target.clone()
+                    };
                     let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                         Ok(submitter) => {
                             // The enclave runs it on the original stamp, the earlier approvals'
@@ -901,7 +913,7 @@ async fn vote(
                                 request: Some(submitter.stamped(original)),
                                 approval: Some(caller.stamped(body)),
                                 votes: earlier,
-                                log: None,
+                                log: is_key_use(op).then(|| log_request(&completed_record)),
                             };
                             let ctx = Ctx {
                                 state: state.clone(),
@@ -914,7 +926,7 @@ async fn vote(
                                 fingerprint: target.fingerprint.clone(),
                                 returned: returned.clone(),
                             };
-                            execute(op, ctx, params.clone(), None).await
+                            execute(op, ctx, params.clone(), Some(&completed_record)).await
                         }
                         Err(e) => Err(e),
                     };
@@ -926,12 +938,17 @@ async fn vote(
                             // The evaluation first: completing may delete the organization.
                             writes = outcome.writes;
                             writes.push(eval_write(enclave_evaluation.clone()));
-                            let mut completed =
-                                update(STATUS_COMPLETED, json!({ op.result_key: outcome.result }), None);
+                            completed_record.result = json!({ op.result_key: outcome.result });
+                            completed_record.app_proofs = taken_proofs(&returned);
+                            let mut completed = update(STATUS_COMPLETED, completed_record.result.clone(), None);
                             if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
-                                *app_proofs = taken_proofs(&returned);
+                                app_proofs.clone_from(&completed_record.app_proofs);
                             }
                             writes.push(completed);
+                            // Its link, when its enclave call made it (committed with it).
+                            if let Some(linked) = returned.take_log_link() {
+                                writes.extend(linked_in_call(&completed_record, linked));
+                            }
                             fallback = Some(eval_write(enclave_evaluation));
                         }
                         // The enclave's decision: still waiting for votes.
@@ -1051,6 +1068,7 @@ async fn apply(
         }
         _ => None,
     });
+    let linked = writes.iter().any(|w| matches!(w, Write::InsertLogLink { .. }));
     let outbox = match &updated {
         Some(activity) => Some(state.read_store(|s| Outbox::for_activity(s, org, activity, &writes))?),
         None => None,
@@ -1065,9 +1083,10 @@ async fn apply(
     }
     if let Some(activity) = updated {
         crate::metrics::observe_activity(&activity.activity_type, &activity.status);
-        // Finished by this vote: its link goes in after the change committed (a vote that lost
-        // the race, or whose effects failed, must not leave a link of what never was).
-        if activity.status != STATUS_CONSENSUS_NEEDED {
+        // Finished by this vote and not linked in its enclave call: its link goes in after the
+        // change committed (a vote that lost the race, or whose effects failed, must not leave a
+        // link of what never was).
+        if activity.status != STATUS_CONSENSUS_NEEDED && !linked {
             let original = activity.votes[0]["message"].as_str().unwrap_or_default().as_bytes().to_vec();
             let submission = state.read_store(|s| submitter_caller(s, &org.id, &activity.votes[0]));
             if let Ok(submitter) = submission {

@@ -684,6 +684,23 @@ mod tests {
         }
     }
 
+    /// The registry states each activity as the table the enclave reads does
+    /// (`coffer_org_rules::subjects`): the same types, policy subjects, intent and result names.
+    #[test]
+    fn registry_matches_the_subjects_the_enclave_reads() {
+        for op in ACTIVITIES {
+            let s = coffer_org_rules::subjects::subject(op.activity_type)
+                .unwrap_or_else(|| panic!("{} has no subject", op.activity_type));
+            assert_eq!(
+                (op.resource, op.action, op.root_quorum, op.intent_key, op.result_key),
+                (s.resource, s.action, s.root_quorum, s.intent_key, s.result_key),
+                "{}",
+                op.activity_type
+            );
+        }
+        assert_eq!(ACTIVITIES.len(), coffer_org_rules::subjects::SUBJECTS.len());
+    }
+
     #[test]
     fn pagination_limit() {
         assert_eq!(Pagination::default().limit().unwrap(), 10);
