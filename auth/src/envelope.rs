@@ -107,6 +107,9 @@ pub const SUB_ORGANIZATION_ID: &str = "sub-organization";
 pub const WALLET_ID: &str = "wallet";
 pub const WALLET_ACCOUNT_ID: &str = "wallet-account";
 pub const PRIVATE_KEY_ID: &str = "private-key";
+/// An activity's own id: one per stamped body, so the log cannot be made to refuse its link as
+/// another activity's.
+pub const ACTIVITY_ID: &str = "activity";
 
 /// The first `n` ids of `label` [`derived_id`] gives for `fingerprint`, in order.
 pub fn derived_ids(fingerprint: &str, label: &str, n: usize) -> Vec<String> {

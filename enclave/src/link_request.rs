@@ -1,7 +1,7 @@
 //! The activity a call is asked to link in its organization's log (`Authorization.log`), checked
 //! before the call does any work.
 
-use coffer_auth::envelope::StampedActivity;
+use coffer_auth::envelope::{derived_id, StampedActivity, ACTIVITY_ID};
 use coffer_org_rules::subjects;
 use coffer_proto::v1 as pb;
 use serde_json::{json, Map, Value};
@@ -22,44 +22,96 @@ pub struct LinkRequest {
     result_key: &'static str,
 }
 
+/// Most bytes of an activity the enclave is asked to link (a webhook delivery's bound too): its
+/// intent is bounded by the stamped body, its votes by the approvals.
+pub const MAX_ACTIVITY_BYTES: usize = 4 << 20;
+
+/// A refusal of an activity that does not state what was stamped.
+fn misstated(why: &str) -> EnclaveError {
+    EnclaveError::refused(RefusalReason::BindingMismatch, format!("the activity to link {why}"))
+}
+
+/// `bytes` as an activity to link: a JSON object of at most [`MAX_ACTIVITY_BYTES`].
+fn parsed(bytes: &[u8]) -> Result<Map<String, Value>, EnclaveError> {
+    if bytes.len() > MAX_ACTIVITY_BYTES {
+        return Err(EnclaveError::invalid(format!("an activity to link has at most {MAX_ACTIVITY_BYTES} bytes")));
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(activity)) => Ok(activity),
+        _ => Err(EnclaveError::invalid("the activity to link is not a JSON object")),
+    }
+}
+
+/// Checks that `activity` states the stamped submission: its organization, fingerprint and type,
+/// the id derived from it (so no other activity's link can stand in its way), and its intent:
+/// the stamped parameters as the record keeps them, under the API's name for the type. Answers
+/// the type's subject.
+fn states_the_submission(
+    stamped: &StampedActivity,
+    activity: &Map<String, Value>,
+) -> Result<&'static subjects::Subject, EnclaveError> {
+    let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default();
+    if text("organizationId") != stamped.organization_id
+        || text("fingerprint") != stamped.fingerprint
+        || text("type") != stamped.activity_type
+    {
+        return Err(misstated("is not the stamped submission's (organization, fingerprint or type)"));
+    }
+    if text("id") != derived_id(&stamped.fingerprint, ACTIVITY_ID, 0) {
+        return Err(misstated("has another id than the one derived from its stamped body"));
+    }
+    let Some(subject) = subjects::subject(&stamped.activity_type) else {
+        return Err(misstated("is of a type the enclave does not know"));
+    };
+    let recorded = subjects::recorded_parameters(&stamped.activity_type, stamped.parameters.clone());
+    if single(activity, "intent", subject.intent_key) != Some(&recorded) {
+        return Err(misstated("does not state the stamped parameters as its intent, and nothing else"));
+    }
+    Ok(subject)
+}
+
+/// The one member `key` of the object `member` of `activity`, if that is all it has.
+fn single<'a>(activity: &'a Map<String, Value>, member: &str, key: &str) -> Option<&'a Value> {
+    activity.get(member).and_then(Value::as_object).filter(|o| o.len() == 1).and_then(|o| o.get(key))
+}
+
+/// Checks an activity `RecordActivity` is asked to link (a finished one, its result and proofs as
+/// the gateway records them): it states the stamped submission; a completed one has its result
+/// under the API's name, and is not a key use (a key use is linked only in the call that does
+/// it, with the result the enclave made); another has no result.
+pub fn check_recorded(stamped: &StampedActivity, activity: &[u8]) -> Result<Value, EnclaveError> {
+    let activity = parsed(activity)?;
+    let subject = states_the_submission(stamped, &activity)?;
+    if activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_COMPLETED) {
+        if subjects::KEY_USES.contains(&subject.activity_type) {
+            return Err(misstated("is a key use: it is linked completed only in the call that does it"));
+        }
+        if single(&activity, "result", subject.result_key).is_none() {
+            return Err(misstated("does not state its result under its type's name, and nothing else"));
+        }
+    } else if activity.get("result").is_some_and(|r| r.as_object().is_none_or(|r| !r.is_empty())) {
+        return Err(misstated("did not complete, and states a result"));
+    }
+    Ok(Value::Object(activity))
+}
+
 impl LinkRequest {
     /// `log`, checked against the stamped submission it is to link. `makes_result`: the call
     /// makes the activity's result (a key use), rather than the caller bringing it.
     pub fn checked(stamped: &StampedActivity, log: &pb::LogRequest, makes_result: bool) -> Result<Self, EnclaveError> {
-        let refused = |why: &str| {
-            EnclaveError::refused(RefusalReason::BindingMismatch, format!("the activity to link in this call {why}"))
-        };
-        let Ok(Value::Object(activity)) = serde_json::from_slice::<Value>(&log.activity) else {
-            return Err(EnclaveError::invalid("the activity to link is not a JSON object"));
-        };
-        let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default();
-        if text("organizationId") != stamped.organization_id
-            || text("fingerprint") != stamped.fingerprint
-            || text("type") != stamped.activity_type
-        {
-            return Err(refused("is not the stamped submission's (organization, fingerprint or type)"));
-        }
-        if text("id").is_empty() || text("status") != ACTIVITY_COMPLETED {
-            return Err(refused("is linked completed, with an id"));
-        }
-        let Some(subject) = subjects::subject(&stamped.activity_type) else {
-            return Err(refused("is of a type the enclave does not know"));
-        };
-        let single = |member: &str, key: &str| {
-            let object = activity.get(member).and_then(Value::as_object).filter(|o| o.len() == 1);
-            object.and_then(|o| o.get(key)).cloned()
-        };
-        if single("intent", subject.intent_key).as_ref() != Some(&stamped.parameters) {
-            return Err(refused("states the stamped parameters as its intent, and nothing else"));
+        let activity = parsed(&log.activity)?;
+        let subject = states_the_submission(stamped, &activity)?;
+        if activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED) {
+            return Err(misstated("is linked in its call as completed"));
         }
         if activity.get("appProofs").is_some_and(|p| p.as_array().is_none_or(|p| !p.is_empty())) {
-            return Err(refused("brings no app proofs: the enclave adds this call's"));
+            return Err(misstated("brings no app proofs: the enclave adds this call's"));
         }
         if makes_result && activity.contains_key("result") {
-            return Err(refused("brings no result: the enclave makes a key use's result"));
+            return Err(misstated("brings no result: the enclave makes a key use's result"));
         }
-        if !makes_result && single("result", subject.result_key).is_none() {
-            return Err(refused("brings its result, and nothing else"));
+        if !makes_result && single(&activity, "result", subject.result_key).is_none() {
+            return Err(misstated("brings its result under its type's name, and nothing else"));
         }
         Ok(Self { activity, result_key: subject.result_key })
     }
@@ -91,8 +143,12 @@ mod tests {
         }
     }
 
+    fn id() -> String {
+        derived_id("sha256:f1", ACTIVITY_ID, 0)
+    }
+
     fn shell() -> Value {
-        json!({"id": "a1", "organizationId": "o1", "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
+        json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
             "intent": {"signRawPayloadIntentV2": {"signWith": "0xabc", "payload": "hi"}}})
     }
@@ -107,17 +163,18 @@ mod tests {
         let linked = asked.completed(Some(&json!({"r": "01"})), vec![json!({"scheme": "s"})]);
         assert_eq!(linked["result"], json!({"signRawPayloadResult": {"r": "01"}}));
         assert_eq!(linked["appProofs"], json!([{"scheme": "s"}]));
-        assert_eq!(linked["id"], "a1");
+        assert_eq!(linked["id"], id());
     }
 
     #[test]
     fn every_other_shell_is_refused() {
         type Lie = (&'static str, fn(&mut Value));
-        let lies: [Lie; 10] = [
+        let lies: [Lie; 11] = [
             ("another organization", |a| a["organizationId"] = json!("o2")),
             ("another type", |a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
             ("another fingerprint", |a| a["fingerprint"] = json!("sha256:f2")),
             ("no id", |a| a["id"] = json!("")),
+            ("an id of its choosing", |a| a["id"] = json!("a1")),
             ("failed", |a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
             ("another payload", |a| a["intent"]["signRawPayloadIntentV2"]["payload"] = json!("bye")),
             ("two intents", |a| a["intent"]["other"] = json!({})),
@@ -147,7 +204,7 @@ mod tests {
             parameters: json!({"policyName": "p"}),
             ..stamped()
         };
-        let mut activity = json!({"id": "a1", "organizationId": "o1", "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        let mut activity = json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
             "intent": {"createPolicyIntentV3": {"policyName": "p"}}});
         assert!(LinkRequest::checked(&stamped, &log(&activity), false).is_err(), "no result");
@@ -157,5 +214,37 @@ mod tests {
         let linked = LinkRequest::checked(&stamped, &log(&activity), false).unwrap().completed(None, vec![]);
         assert_eq!(linked["result"], json!({"createPolicyResult": {"policyId": "p1"}}));
         assert_eq!(linked["appProofs"], json!([]));
+    }
+
+    #[test]
+    fn a_recorded_activity_states_its_submission_and_a_key_use_is_not_recorded_completed() {
+        let recorded = |stamped: &StampedActivity, a: &Value| check_recorded(stamped, a.to_string().as_bytes());
+        let mut signing = shell();
+        signing["result"] = json!({"signRawPayloadResult": {"r": "01"}});
+        let refused = recorded(&stamped(), &signing);
+        assert!(matches!(refused, Err(EnclaveError::Refused { .. })), "a completed key use: {refused:?}");
+        signing["status"] = json!("ACTIVITY_STATUS_FAILED");
+        assert!(recorded(&stamped(), &signing).is_err(), "failed, with a result");
+        signing["result"] = json!({});
+        assert!(recorded(&stamped(), &signing).is_ok(), "failed, without one");
+
+        // otp_auth's code is recorded redacted, and only so.
+        let otp = StampedActivity {
+            activity_type: "ACTIVITY_TYPE_OTP_AUTH".into(),
+            parameters: json!({"otpId": "o", "otpCode": "123456"}),
+            ..stamped()
+        };
+        let mut activity = json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_OTP_AUTH",
+            "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED, "result": {"otpAuthResult": {}},
+            "intent": {"otpAuthIntent": {"otpId": "o", "otpCode": "<redacted>"}}});
+        assert!(recorded(&otp, &activity).is_ok());
+        activity["intent"]["otpAuthIntent"]["otpCode"] = json!("123456");
+        assert!(recorded(&otp, &activity).is_err(), "the code itself, in the log");
+        activity["intent"]["otpAuthIntent"]["otpCode"] = json!("<redacted>");
+        activity["result"] = json!({"otpAuthResult": {}, "more": 1});
+        assert!(recorded(&otp, &activity).is_err(), "a result beside the type's");
+
+        let big = vec![b' '; MAX_ACTIVITY_BYTES + 1];
+        assert!(matches!(check_recorded(&stamped(), &big), Err(EnclaveError::InvalidArgument(_))));
     }
 }

@@ -194,8 +194,10 @@ pub fn record_activity(
             ToLink { fingerprint, logged: latest.logged, submission }
         }
     };
-    let activity: Value =
-        serde_json::from_slice(&req.activity).map_err(|_| EnclaveError::invalid("the activity is not JSON"))?;
+    // The body is the one authorized (its fingerprint named it): what the activity must state.
+    let stamped = coffer_auth::envelope::StampedActivity::parse(&request.body)
+        .map_err(|e| EnclaveError::invalid(e.to_string()))?;
+    let activity = crate::link_request::check_recorded(&stamped, &req.activity)?;
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }

@@ -387,6 +387,31 @@ pub static SUBJECTS: &[Subject] = &[
     s("ACTIVITY_TYPE_REJECT_ACTIVITY", "ACTIVITY", "REJECT", false, "rejectActivityIntent", "rejectActivityResult"),
 ];
 
+/// Parameters an activity record keeps only as [`REDACTED`] (otp_auth's typed code): they reach
+/// the enclave in the stamped body, and no stored, served or logged copy of the activity.
+const SECRET_PARAMETERS: &[(&str, &[&str])] = &[("ACTIVITY_TYPE_OTP_AUTH", &["otpCode"])];
+
+/// What a secret parameter is recorded as.
+pub const REDACTED: &str = "<redacted>";
+
+/// The parameters of `activity_type` its record keeps only as [`REDACTED`].
+pub fn secret_parameters(activity_type: &str) -> &'static [&'static str] {
+    SECRET_PARAMETERS.iter().find(|(t, _)| *t == activity_type).map_or(&[], |(_, p)| p)
+}
+
+/// An activity's stamped parameters as its record keeps them (its intent): each of its
+/// [`secret_parameters`] present is [`REDACTED`].
+pub fn recorded_parameters(activity_type: &str, mut parameters: serde_json::Value) -> serde_json::Value {
+    if let Some(m) = parameters.as_object_mut() {
+        for k in secret_parameters(activity_type) {
+            if let Some(v) = m.get_mut(*k) {
+                *v = serde_json::Value::String(REDACTED.into());
+            }
+        }
+    }
+    parameters
+}
+
 /// The subject of `activity_type`, if it is one Coffer runs.
 pub fn subject(activity_type: &str) -> Option<&'static Subject> {
     SUBJECTS.iter().find(|s| s.activity_type == activity_type)

@@ -1,12 +1,16 @@
 //! What each activity does to authority state, from its stamped parameters: the gateway
 //! proposes the changes its records will get, and [`check`] requires them to be exactly the
-//! ones the stamped body asks for (the gateway chooses only the new records' ids).
+//! ones the stamped body asks for. New records' ids are derived from the stamped body (the
+//! gateway chooses only new credentials' ids, which no decision reads).
 
 mod input;
 mod records;
 mod users;
 
-pub use input::{Grant, Input, TransitionError, SUB_ORGANIZATION_ID, USER_ID};
+pub use input::{
+    Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, OAUTH2_CREDENTIAL_ID, POLICY_ID, SUB_ORGANIZATION_ID, TAG_ID,
+    USER_ID, WALLET_ACCOUNT_ID, WALLET_ID, WEBHOOK_ENDPOINT_ID,
+};
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, oauth2_credential_value, proxy_app_name,
     AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION, AUTH_PROXY_POLICY_NAME,
@@ -129,9 +133,9 @@ pub fn known(activity_type: &str) -> bool {
     transition(activity_type).is_some()
 }
 
-/// The changes the stamped activity asks of its organization's state (taking only new records'
-/// ids, an API key's expiry within a minute, and a new sub-organization's wallet facts from the
-/// proposal). An activity type without a transition asks for none.
+/// The changes the stamped activity asks of its organization's state (taking only new
+/// credentials' ids, an API key's expiry within a minute, and a new sub-organization's wallet
+/// addresses from the proposal). An activity type without a transition asks for none.
 pub fn expected(input: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
     match transition(input.activity_type) {
         Some(t) => t(input),

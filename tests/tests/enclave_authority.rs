@@ -137,13 +137,25 @@ fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
 /// activity that is not a key use.
 fn log_shell(body: &[u8]) -> Option<pb::LogRequest> {
     let stamped = coffer_auth::envelope::StampedActivity::parse(body).ok()?;
-    let ty = stamped.activity_type.as_str();
-    let subject =
-        coffer_org_rules::subjects::subject(ty).filter(|_| coffer_org_rules::subjects::KEY_USES.contains(&ty))?;
-    let activity = json!({"id": format!("shell-{}", stamped.fingerprint), "organizationId": stamped.organization_id,
-        "type": ty, "fingerprint": stamped.fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
-        "intent": { subject.intent_key: stamped.parameters }});
+    if !coffer_org_rules::subjects::KEY_USES.contains(&stamped.activity_type.as_str()) {
+        return None;
+    }
+    let mut activity = recorded_activity(body, "ACTIVITY_STATUS_COMPLETED", Value::Null);
+    let members = activity.as_object_mut()?;
+    members.remove("result");
+    members.remove("appProofs");
     Some(pb::LogRequest { activity: activity.to_string().into_bytes() })
+}
+
+/// The activity of the stamped `body` as the gateway records it, in `status` with `result`: the
+/// id derived from the body, its parameters as its intent under the API's name for its type.
+fn recorded_activity(body: &[u8], status: &str, result: Value) -> Value {
+    let stamped = coffer_auth::envelope::StampedActivity::parse(body).unwrap();
+    let subject = coffer_org_rules::subjects::subject(&stamped.activity_type).unwrap();
+    let id = coffer_auth::envelope::derived_id(&stamped.fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
+    json!({"id": id, "organizationId": stamped.organization_id, "type": stamped.activity_type,
+        "fingerprint": stamped.fingerprint, "status": status, "intent": { subject.intent_key: stamped.parameters },
+        "result": result, "appProofs": []})
 }
 
 async fn sign(
@@ -3730,7 +3742,8 @@ async fn sub_organizations_are_charged_to_their_top_level_replay_share() {
 
 /// A transaction the enclave refused cannot be logged as completed (issue 40, E4): the taken-over
 /// gateway reports the trader's refused 5,000 ETH transfer completed, with a made-up signed
-/// transaction, and `RecordActivity` refuses it as not decided; the head does not move.
+/// transaction, and `RecordActivity` refuses it (a key use is linked completed only in the call
+/// that does it); the head does not move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_transaction_is_not_logged_as_completed() {
     let stack = enforcing_stack().await;
@@ -3748,12 +3761,11 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
     refused(r, tonic::Code::PermissionDenied, pb::RefusalReason::PolicyDenied);
 
     let before = log_seq(&enclave, &org).await;
-    let fingerprint = fingerprint_of(&theft);
-    let activity = json!({"id": "made-up", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
-        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
-        "result": {"signTransactionResult": {"signedTransaction": format!("02f8{}", "00".repeat(100))}}, "appProofs": []});
+    let made_up = json!({"signTransactionResult": {"signedTransaction": format!("02f8{}", "00".repeat(100))}});
+    let activity = recorded_activity(theft.as_bytes(), "ACTIVITY_STATUS_COMPLETED", made_up);
     let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
-    refused(enclave.clone().record_activity(req).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotDecided);
+    let recorded = enclave.clone().record_activity(req).await;
+    refused(recorded, tonic::Code::PermissionDenied, pb::RefusalReason::BindingMismatch);
     assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
 }
 
@@ -3761,7 +3773,7 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
 /// gateway, holding root's stamped 5 ETH transfer, has the enclave sign it (linked in that call),
 /// then reports it completed with a made-up signed transaction (a 5,000 ETH one), or failed to
 /// hide it: each is refused and the head does not move. Completed with the enclave's own result,
-/// it is linked already, once.
+/// it is refused too: a key use is linked completed only in its call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     let stack = enforcing_stack().await;
@@ -3777,11 +3789,9 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     let before = log_seq(&enclave, &org).await;
     let signed = sign_transaction(&enclave, auth(stamped(&root, &transfer, &cert)), &key).await.unwrap();
     assert_eq!(log_seq(&enclave, &org).await, before + 1, "linked in its call");
-    let fingerprint = fingerprint_of(&transfer);
     let record = |status: &str, signed_transaction: String| {
-        let activity = json!({"id": "e4-signed", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_TRANSACTION_V2",
-            "fingerprint": fingerprint, "status": status,
-            "result": {"signTransactionResult": {"signedTransaction": signed_transaction}}, "appProofs": []});
+        let result = json!({"signTransactionResult": {"signedTransaction": signed_transaction}});
+        let activity = recorded_activity(transfer.as_bytes(), status, result);
         let request = Some(stamped(&root, &transfer, &cert));
         let req = pb::RecordActivityRequest { request, activity: activity.to_string().into_bytes() };
         let mut enclave = enclave.clone();
@@ -3803,15 +3813,16 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
     refused(
         record("ACTIVITY_STATUS_COMPLETED", hex::encode(&signed)).await,
         tonic::Code::PermissionDenied,
-        pb::RefusalReason::Replayed,
+        pb::RefusalReason::BindingMismatch,
     );
     assert_eq!(log_seq(&enclave, &org).await, before + 1);
 }
 
 /// A key use does its work only to be linked as the enclave did it (issue 40, one round trip):
 /// the taken-over gateway's `Authorization.log` naming another activity type, bringing its own
-/// result, reporting the signing failed, naming another payload or bringing a proof is refused
-/// before any work, as is a signing that asks for no link at all (a signature the log would never
+/// result, reporting the signing failed, naming another payload, bringing a proof or naming an
+/// activity id the log has already (which would fail the link after the work) is refused before
+/// any work, as is a signing that asks for no link at all (a signature the log would never
 /// show); none spends the stamp. The honest shell signs and is linked, once, with the enclave's
 /// result filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3824,12 +3835,13 @@ async fn a_key_use_signs_only_to_be_linked_as_the_enclave_did_it() {
     let c = db(&stack);
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
+    let wallet_activity_id: String = c
+        .query_row("SELECT id FROM activities WHERE activity_type = 'ACTIVITY_TYPE_CREATE_WALLET'", [], |r| r.get(0))
+        .unwrap();
     let shell = |body: &str, change: &dyn Fn(&mut Value)| {
-        let fingerprint = fingerprint_of(body);
-        let mut activity = json!({"id": format!("in-call-{fingerprint}"), "organizationId": org,
-            "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2", "fingerprint": fingerprint,
-            "status": "ACTIVITY_STATUS_COMPLETED", "votes": [], "createdAt": {}, "updatedAt": {},
-            "intent": {"signRawPayloadIntentV2": serde_json::from_str::<Value>(body).unwrap()["parameters"]}});
+        let honest = log_shell(body.as_bytes()).unwrap();
+        let mut activity: Value = serde_json::from_slice(&honest.activity).unwrap();
+        activity["votes"] = json!([]);
         change(&mut activity);
         pb::LogRequest { activity: activity.to_string().into_bytes() }
     };
@@ -3843,8 +3855,9 @@ async fn a_key_use_signs_only_to_be_linked_as_the_enclave_did_it() {
     refused_for(&stack, signed_with(&body, None).await, "sign", pb::RefusalReason::BindingMismatch);
     const BINDING: pb::RefusalReason = pb::RefusalReason::BindingMismatch;
     type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
-    let lies: [Lie<'_>; 5] = [
+    let lies: [Lie<'_>; 6] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
+        ("an id already in the log", &|a| a["id"] = json!(wallet_activity_id.as_str())),
         ("its own result", &|a| a["result"] = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}})),
         ("failed", &|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
         ("another payload", &|a| a["intent"]["signRawPayloadIntentV2"]["payload"] = json!("not signed")),
@@ -3890,9 +3903,7 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
     let signing = sign_body(&org, &a[0], "hidden", Stack::now_ms());
-    let fingerprint = fingerprint_of(&signing);
-    let activity = json!({"id": "linked-first", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_FAILED", "result": {}, "appProofs": []});
+    let activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &signing, &cert)),
         activity: activity.to_string().into_bytes(),
@@ -3979,10 +3990,10 @@ async fn a_refused_key_use_spends_nothing() {
         "sign",
         pb::RefusalReason::BindingMismatch,
     );
-    // No allow was logged for it: reported completed, it is not linked.
-    let fingerprint = fingerprint_of(&body);
-    let activity = json!({"id": "e12-sign", "organizationId": org, "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
-        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED", "result": {}, "appProofs": []});
+    // Nothing links it: reported completed, it is refused (a key use is linked completed only
+    // in the call that does it).
+    let made_up = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}});
+    let activity = recorded_activity(body.as_bytes(), "ACTIVITY_STATUS_COMPLETED", made_up);
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &body, &cert)),
         activity: activity.to_string().into_bytes(),
@@ -3990,7 +4001,7 @@ async fn a_refused_key_use_spends_nothing() {
     refused(
         enclave.clone().record_activity(record).await,
         tonic::Code::PermissionDenied,
-        pb::RefusalReason::NotDecided,
+        pb::RefusalReason::BindingMismatch,
     );
     // The stamp was not spent: the key the body names signs with it, and the answer carries the
     // enclave's evaluation (the root quorum's: no policy read).
@@ -4009,7 +4020,9 @@ async fn a_refused_key_use_spends_nothing() {
 /// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
 /// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
 /// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
-/// the same stamped body with the exact proposal is then applied, once.
+/// the same stamped body with the exact proposal is then applied, once. The exact proposal names
+/// the new policy as the body's fingerprint derives it: one the gateway named (say, the id of a
+/// deleted record a policy still names) is not what the body asks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_change_spends_nothing() {
     let stack = enforcing_stack().await;
@@ -4035,17 +4048,19 @@ async fn a_refused_change_spends_nothing() {
         parent_certificate: vec![],
         issued_certificates: vec![],
     };
-    refused_for(
-        &stack,
-        enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_DENY"))).await,
-        "apply_activity",
-        pb::RefusalReason::TransitionMismatch,
-    );
-    // No allow was logged for it: reported completed, it is not linked.
     let fingerprint = fingerprint_of(&create);
-    let activity = json!({"id": "e12", "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
-        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
-        "result": {"createPolicyResult": {"policyId": "e12-policy"}}, "appProofs": []});
+    let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
+    for (id, effect) in [(derived.as_str(), "EFFECT_DENY"), ("e12-policy", "EFFECT_ALLOW")] {
+        refused_for(
+            &stack,
+            enclave.clone().apply_activity(apply(proposal(id, effect))).await,
+            "apply_activity",
+            pb::RefusalReason::TransitionMismatch,
+        );
+    }
+    // No allow was logged for it: reported completed, it is not linked.
+    let result = json!({"createPolicyResult": {"policyId": derived}});
+    let activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &create, &cert)),
         activity: activity.to_string().into_bytes(),
@@ -4056,11 +4071,11 @@ async fn a_refused_change_spends_nothing() {
         pb::RefusalReason::NotDecided,
     );
     // The stamp was not spent: the exact proposal is applied, and only once.
-    let applied = enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await;
+    let applied = enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await;
     assert!(applied.is_ok(), "the refused attempt spent the stamp: {applied:?}");
     // Again, with the same proposal or another: a replay, refused before it is decided again.
     refused(
-        enclave.clone().apply_activity(apply(proposal("e12-policy", "EFFECT_ALLOW"))).await,
+        enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await,
         tonic::Code::PermissionDenied,
         pb::RefusalReason::Replayed,
     );

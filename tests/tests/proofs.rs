@@ -488,8 +488,12 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
             certificate: certificate.clone(),
         }
     };
-    let activity = json!({"id": "a-1", "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_USER_TAG",
-        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED", "result": {}, "appProofs": []});
+    // As the gateway records it: the id derived from the body, the body's parameters as intent.
+    let id = coffer_auth::envelope::derived_id(&fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
+    let activity = json!({"id": id, "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_USER_TAG",
+        "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
+        "intent": {"createUserTagIntent": {"userTagName": "never-run", "userIds": []}},
+        "result": {"createUserTagResult": {"userTagId": "t"}}, "appProofs": []});
     let record = |request: pb::StampedRequest, activity: &Value| {
         let mut enclave = enclave.clone();
         let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
@@ -518,11 +522,15 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     // Another key's stamp over the body, under the root key's certificate.
     let stranger = turnkey_api_key_stamper::TurnkeyP256ApiKey::generate();
     assert_eq!(reason(record(stamped(&stranger), &activity).await), "REFUSAL_REASON_STAMP_INVALID");
-    // The activity names another fingerprint, organization or type than the stamped body.
+    // The activity names another fingerprint, organization, type, id or intent than the stamped
+    // body, or states its result under another name.
     for (field, value) in [
         ("fingerprint", json!("sha256:00")),
         ("organizationId", json!("another")),
         ("type", json!("ACTIVITY_TYPE_CREATE_WALLET")),
+        ("id", json!("a-1")),
+        ("intent", json!({"createUserTagIntent": {"userTagName": "another", "userIds": []}})),
+        ("result", json!({"createPolicyResult": {}})),
     ] {
         let mut other = activity.clone();
         other[field] = value;
@@ -531,6 +539,7 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     // Not finished.
     let mut waiting = activity.clone();
     waiting["status"] = json!("ACTIVITY_STATUS_CONSENSUS_NEEDED");
+    waiting["result"] = json!({});
     assert_eq!(reason(record(stamped(&key), &waiting).await), "InvalidArgument");
     // An app proof the enclave did not make.
     let mut foreign = activity.clone();
@@ -549,6 +558,9 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     // is fresh.
     let mut activity = activity.clone();
     activity["status"] = json!("ACTIVITY_STATUS_FAILED");
+    let with_result = record(stamped(&key), &activity).await;
+    assert_eq!(reason(with_result), "REFUSAL_REASON_BINDING_MISMATCH", "failed, with a result");
+    activity["result"] = json!({});
     let recorded = record(stamped(&key), &activity).await.unwrap().into_inner();
     assert_eq!(recorded.seq, before + 1);
     let link = recorded.link.unwrap();
@@ -558,13 +570,17 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
-    // Linked once (issue 40, E5, E7): the same activity failed again, under another id or the
-    // same, or rejected now, is a replay; the head does not move.
-    for (id, status) in [("a-1", "FAILED"), ("a-2", "FAILED"), ("a-1", "REJECTED")] {
+    // Linked once (issue 40, E5, E7): the same activity failed again, or rejected now, is a
+    // replay; under another id, it is not the stamped body's. The head does not move.
+    for (other_id, status, refusal) in [
+        (id.as_str(), "FAILED", "REFUSAL_REASON_REPLAYED"),
+        (id.as_str(), "REJECTED", "REFUSAL_REASON_REPLAYED"),
+        ("a-2", "FAILED", "REFUSAL_REASON_BINDING_MISMATCH"),
+    ] {
         let mut again = activity.clone();
-        again["id"] = json!(id);
+        again["id"] = json!(other_id);
         again["status"] = json!(format!("ACTIVITY_STATUS_{status}"));
-        assert_eq!(reason(record(stamped(&key), &again).await), "REFUSAL_REASON_REPLAYED", "{id} {status}");
+        assert_eq!(reason(record(stamped(&key), &again).await), refusal, "{other_id} {status}");
     }
     assert_eq!(head().await, before + 1);
 

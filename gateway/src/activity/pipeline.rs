@@ -524,7 +524,7 @@ pub async fn submit(
         check(&env.parameters)?;
     }
     // Hashed without its secrets (otp_auth's typed code), which a stored hash would give away.
-    let hash = match op.secret_parameters.is_empty() {
+    let hash = match op.secret_parameters().is_empty() {
         true => intent_hash(&env),
         false => intent_hash(&Envelope { parameters: op.recorded_parameters(env.parameters.clone()), ..env.clone() }),
     };
@@ -534,7 +534,8 @@ pub async fn submit(
         }
     }
 
-    let activity_id = uuid::Uuid::new_v4().to_string();
+    // Derived from the stamped body, as the enclave derives it: the id its log link names.
+    let activity_id = coffer_auth::envelope::derived_id(&fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
     let submitter_id = caller.user.id.clone();
@@ -591,7 +592,7 @@ pub async fn submit(
     let (status, result) = match decision {
         Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
         // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
-        Decision::ConsensusNeeded if !op.secret_parameters.is_empty() => return Err(waits_with_a_secret(op)),
+        Decision::ConsensusNeeded if !op.secret_parameters().is_empty() => return Err(waits_with_a_secret(op)),
         // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
         Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
         Decision::Allow => {
@@ -621,7 +622,7 @@ pub async fn submit(
                 // The enclave's decision: it waits for votes. Recorded with the submitter's vote
                 // and the outcomes the enclave read; nothing ran.
                 Err(e) if decided_alone(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
-                    if !op.secret_parameters.is_empty() {
+                    if !op.secret_parameters().is_empty() {
                         return Err(waits_with_a_secret(op));
                     }
                     submission = None;

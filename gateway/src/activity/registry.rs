@@ -47,6 +47,13 @@ impl Ctx {
     pub fn enclave(&self) -> crate::custody::Admitted<'_> {
         self.state.custody.authorized(&self.auth).collecting(&self.returned)
     }
+
+    /// The id of the `index`th new record labelled `label` (`coffer_org_rules::transition`'s
+    /// `*_ID` labels) this activity makes: derived from its stamped body, as the enclave's
+    /// transition derives it (the gateway names no record a decision may read).
+    pub fn derived_id(&self, label: &str, index: usize) -> String {
+        coffer_auth::envelope::derived_id(&self.fingerprint, label, index)
+    }
 }
 
 /// Context of one query.
@@ -86,9 +93,6 @@ pub struct Operation {
     /// organization's credentials may submit it for a sub-organization, under the parent's
     /// policies — the one exception to "parents read, not act".
     pub parent_may_act: bool,
-    /// Parameters the activity record keeps only as `"<redacted>"` (otp_auth's typed code): they
-    /// reach the enclave in the stamped body, and no stored or served copy of the activity.
-    pub secret_parameters: &'static [&'static str],
     pub handler: ActivityHandler,
 }
 
@@ -103,24 +107,24 @@ impl Operation {
         }
     }
 
+    /// Parameters the activity record keeps only as `"<redacted>"` (otp_auth's typed code): they
+    /// reach the enclave in the stamped body, and no stored or served copy of the activity
+    /// (`coffer_org_rules::subjects::secret_parameters`, which the enclave reads too).
+    pub fn secret_parameters(&self) -> &'static [&'static str] {
+        coffer_org_rules::subjects::secret_parameters(self.activity_type)
+    }
+
     /// The intent's parameters as the activity record keeps them: each of
     /// [`Operation::secret_parameters`] present is `"<redacted>"`.
-    pub fn recorded_parameters(&self, mut kept: serde_json::Value) -> serde_json::Value {
-        if let Some(m) = kept.as_object_mut().filter(|_| !self.secret_parameters.is_empty()) {
-            for k in self.secret_parameters {
-                if let Some(v) = m.get_mut(*k) {
-                    *v = serde_json::Value::String("<redacted>".into());
-                }
-            }
-        }
-        kept
+    pub fn recorded_parameters(&self, kept: serde_json::Value) -> serde_json::Value {
+        coffer_org_rules::subjects::recorded_parameters(self.activity_type, kept)
     }
 
     /// `votes` as the activity record keeps them: the stamped body each carries as `message`
     /// with [`Operation::secret_parameters`] redacted. Such a vote's signature then no longer
     /// verifies over its message; the enclave's log link still attests the stamp it verified.
     pub fn recorded_votes(&self, mut votes: serde_json::Value) -> serde_json::Value {
-        if self.secret_parameters.is_empty() {
+        if self.secret_parameters().is_empty() {
             return votes;
         }
         for vote in votes.as_array_mut().into_iter().flatten() {
@@ -132,7 +136,7 @@ impl Operation {
                     }
                     body.to_string()
                 }
-                Err(_) => "<redacted>".to_string(),
+                Err(_) => coffer_org_rules::subjects::REDACTED.to_string(),
             };
             vote["message"] = serde_json::Value::String(redacted);
         }

@@ -22,6 +22,8 @@ fn constants_agree_with_coffer_auth_and_the_handlers() {
     assert_eq!(transition::OAUTH_CREDENTIAL_TYPE, coffer_auth::grants::OAUTH_PROVIDER);
     assert_eq!(transition::USER_ID, coffer_auth::envelope::USER_ID);
     assert_eq!(transition::SUB_ORGANIZATION_ID, coffer_auth::envelope::SUB_ORGANIZATION_ID);
+    assert_eq!(transition::WALLET_ID, coffer_auth::envelope::WALLET_ID);
+    assert_eq!(transition::WALLET_ACCOUNT_ID, coffer_auth::envelope::WALLET_ACCOUNT_ID);
     assert_eq!(transition::AUTH_PROXY_POLICY_NAME, crate::ops::proxy_config::PROXY_POLICY_NAME);
     assert_eq!(transition::AUTH_PROXY_FEATURE, crate::ops::proxy_config::FEATURE_AUTH_PROXY);
     for (curve, ty) in [

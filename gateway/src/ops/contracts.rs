@@ -88,7 +88,7 @@ pub async fn create_smart_contract_interface(
             TYPES.join(" or ")
         )));
     }
-    let id = uuid::Uuid::new_v4().to_string();
+    let id = ctx.derived_id(coffer_org_rules::transition::CONTRACT_INTERFACE_ID, 0);
     let digest = hex::encode(sha2::Sha256::digest(intent.smart_contract_interface.as_bytes()));
     let record = Record {
         organization_id: ctx.org.id.clone(),

@@ -42,7 +42,6 @@ macro_rules! op {
             root_quorum: false,
             precheck: None,
             parent_may_act: false,
-            secret_parameters: &[],
             handler: activity_handler!($h),
         }
     };
@@ -383,17 +382,14 @@ pub static ACTIVITIES: &[Operation] = &[
         "OTP" / "CREATE",
         otp::init_otp_auth
     ),
-    Operation {
-        secret_parameters: &["otpCode"],
-        ..op!(login
-            "otp_auth",
-            "ACTIVITY_TYPE_OTP_AUTH",
-            "otpAuthIntent",
-            "otpAuthResult",
-            "AUTH" / "CREATE",
-            sessions::otp_auth
-        )
-    },
+    op!(login
+        "otp_auth",
+        "ACTIVITY_TYPE_OTP_AUTH",
+        "otpAuthIntent",
+        "otpAuthResult",
+        "AUTH" / "CREATE",
+        sessions::otp_auth
+    ),
     op!(login
         "email_auth",
         "ACTIVITY_TYPE_EMAIL_AUTH_V3",

@@ -106,7 +106,7 @@ pub async fn create_oauth2_credential(ctx: Ctx, intent: CreateOauth2CredentialIn
     required(&intent.client_id, "clientId")?;
     required(&intent.encrypted_client_secret, "encryptedClientSecret")?;
     ensure_unique(&ctx, &intent.provider, &intent.client_id, None).await?;
-    let id = uuid::Uuid::new_v4().to_string();
+    let id = ctx.derived_id(coffer_org_rules::transition::OAUTH2_CREDENTIAL_ID, 0);
     let request = pb::CertifyOauth2CredentialRequest { credential_id: id.clone(), current: None, ..Default::default() };
     let credential = ctx.enclave().certify_oauth2_credential(request).await?;
     Ok(Outcome {

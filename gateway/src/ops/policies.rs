@@ -12,6 +12,7 @@ use crate::activity::render::timestamp;
 use crate::error::ApiError;
 use crate::record_kinds::POLICY;
 use crate::store::{Nanos, Record, StoreError, Write};
+use coffer_org_rules::transition::POLICY_ID;
 use coffer_policy as policy;
 
 /// Spec 5: the message for a policy name already in use.
@@ -88,8 +89,8 @@ pub struct CreatePolicyIntent {
     time: Option<String>,
 }
 
-/// Validates one policy and makes its record; `suffix` locates it in a batch.
-fn new_policy(org: &str, now: Nanos, p: CreatePolicyIntent, suffix: &str) -> Result<Record, ApiError> {
+/// Validates one policy and makes its record, named `id`; `suffix` locates it in a batch.
+fn new_policy(org: &str, id: String, now: Nanos, p: CreatePolicyIntent, suffix: &str) -> Result<Record, ApiError> {
     required(&p.policy_name, "policyName")?;
     let effect = effect(&p.effect)?;
     check_expressions(p.condition.as_deref(), p.consensus.as_deref(), p.time.as_deref(), suffix)?;
@@ -100,7 +101,7 @@ fn new_policy(org: &str, now: Nanos, p: CreatePolicyIntent, suffix: &str) -> Res
     Ok(Record {
         organization_id: org.to_string(),
         kind: POLICY.into(),
-        id: uuid::Uuid::new_v4().to_string(),
+        id,
         name: p.policy_name,
         data,
         created_at: now,
@@ -108,15 +109,9 @@ fn new_policy(org: &str, now: Nanos, p: CreatePolicyIntent, suffix: &str) -> Res
     })
 }
 
-/// A policy Coffer itself makes (the auth proxy's), validated like any other.
-pub fn system_policy(
-    org: &str,
-    now: Nanos,
-    name: &str,
-    consensus: &str,
-    condition: &str,
-    notes: &str,
-) -> Result<Record, ApiError> {
+/// A policy Coffer itself makes (the auth proxy's) for the activity `ctx`, validated like any
+/// other: the first policy it makes.
+pub fn system_policy(ctx: &Ctx, name: &str, consensus: &str, condition: &str, notes: &str) -> Result<Record, ApiError> {
     let p = CreatePolicyIntent {
         policy_name: name.into(),
         effect: "EFFECT_ALLOW".into(),
@@ -125,11 +120,11 @@ pub fn system_policy(
         notes: notes.into(),
         time: None,
     };
-    new_policy(org, now, p, "")
+    new_policy(&ctx.org.id, ctx.derived_id(POLICY_ID, 0), ctx.now, p, "")
 }
 
 pub async fn create_policy(ctx: Ctx, intent: CreatePolicyIntent) -> Result<Outcome, ApiError> {
-    let record = new_policy(&ctx.org.id, ctx.now, intent, "")?;
+    let record = new_policy(&ctx.org.id, ctx.derived_id(POLICY_ID, 0), ctx.now, intent, "")?;
     ctx.state.read_store(|s| crate::policy_gate::check_policy_count(s, &ctx.org.id, 1))?;
     Ok(Outcome { result: json!({ "policyId": record.id }), writes: vec![put(record, false)] })
 }
@@ -151,7 +146,10 @@ pub async fn create_policies(ctx: Ctx, intent: CreatePoliciesIntent) -> Result<O
         .into_iter()
         .enumerate()
         // A nanosecond apart, so lists keep the batch's order.
-        .map(|(i, p)| new_policy(&ctx.org.id, ctx.now + i as Nanos, p, &format!(" (policies[{i}])")))
+        .map(|(i, p)| {
+            let id = ctx.derived_id(POLICY_ID, i);
+            new_policy(&ctx.org.id, id, ctx.now + i as Nanos, p, &format!(" (policies[{i}])"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     ctx.state.read_store(|s| crate::policy_gate::check_policy_count(s, &ctx.org.id, records.len()))?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();

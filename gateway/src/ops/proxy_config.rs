@@ -55,8 +55,7 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
     let key = ctx.enclave().enable_auth_proxy(request).await?;
     let org = ctx.org.id.clone();
     let policy = super::policies::system_policy(
-        &org,
-        ctx.now,
+        &ctx,
         PROXY_POLICY_NAME,
         &coffer_org_rules::transition::auth_proxy_policy_consensus(&key.user_id),
         coffer_org_rules::transition::AUTH_PROXY_POLICY_CONDITION,

@@ -70,7 +70,7 @@ async fn create_tag(ctx: Ctx, kind: &'static str, name: String, member_ids: &[St
     check_name_free(&existing, kind, &name, None)?;
     let members = dedup(member_ids);
     check_members(&ctx.state, &ctx.org.id, kind, &members).await?;
-    let id = uuid::Uuid::new_v4().to_string();
+    let id = ctx.derived_id(coffer_org_rules::transition::TAG_ID, 0);
     let record = Record {
         organization_id: ctx.org.id.clone(),
         kind: kind.to_string(),

@@ -79,7 +79,7 @@ pub async fn create_webhook_endpoint(ctx: Ctx, intent: CreateWebhookEndpointInte
     if count as usize >= max {
         return Err(ApiError::invalid(format!("an organization may have at most {max} webhook endpoints")));
     }
-    let id = uuid::Uuid::new_v4().to_string();
+    let id = ctx.derived_id(coffer_org_rules::transition::WEBHOOK_ENDPOINT_ID, 0);
     let record = Record {
         organization_id: ctx.org.id.clone(),
         kind: WEBHOOK_ENDPOINT.into(),

@@ -33,9 +33,18 @@ pub struct Grant {
 }
 
 /// Labels of [`Input::derive_id`], the same as `coffer_auth::envelope::{USER_ID,
-/// SUB_ORGANIZATION_ID}`.
+/// SUB_ORGANIZATION_ID, WALLET_ID, WALLET_ACCOUNT_ID}`.
 pub const USER_ID: &str = "user";
 pub const SUB_ORGANIZATION_ID: &str = "sub-organization";
+pub const WALLET_ID: &str = "wallet";
+pub const WALLET_ACCOUNT_ID: &str = "wallet-account";
+/// Labels of [`Input::derive_id`] for the other records a state change makes (the gateway's
+/// handlers name them so too: `coffer_auth::envelope::derived_id` of the stamped body).
+pub const POLICY_ID: &str = "policy";
+pub const TAG_ID: &str = "tag";
+pub const CONTRACT_INTERFACE_ID: &str = "smart-contract-interface";
+pub const WEBHOOK_ENDPOINT_ID: &str = "webhook-endpoint";
+pub const OAUTH2_CREDENTIAL_ID: &str = "oauth2-credential";
 
 /// What a transition reads.
 pub struct Input<'a> {
@@ -87,12 +96,27 @@ impl Input<'_> {
         self.proposal.get(n).map(|c| &c.effect)
     }
 
-    /// The id the proposal gives the record made by its `n`th change: the gateway names new
-    /// records; an id already in use is refused.
+    /// The id the proposal gives the credential made by its `n`th change: the gateway names new
+    /// credentials (nothing decides on a credential's id); an id already in use is refused.
     pub(crate) fn new_id(&self, n: usize, taken: impl Fn(&str) -> bool) -> Result<String, TransitionError> {
         let id = self.proposed(n).and_then(proposed_id).unwrap_or_default();
         if id.is_empty() || id.len() > 128 || taken(&id) {
             return Err(TransitionError::Mismatch(format!("change {n} does not name a new record")));
+        }
+        Ok(id)
+    }
+
+    /// The id of the `index`th record labelled `label` (one of the `*_ID` labels) the stamped
+    /// body makes, derived from it (no one names it); refused when the organization has it.
+    pub(crate) fn derived_new_id(
+        &self,
+        label: &str,
+        index: usize,
+        taken: impl Fn(&str) -> bool,
+    ) -> Result<String, TransitionError> {
+        let id = (self.derive_id)(label, index);
+        if id.is_empty() || taken(&id) {
+            return Err(self.invalid(format!("the {label} the body makes exists already")));
         }
         Ok(id)
     }

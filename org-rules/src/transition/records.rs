@@ -5,7 +5,10 @@
 
 use serde_json::Value;
 
-use super::input::{integer, raw_texts, Input, TransitionError};
+use super::input::{
+    integer, raw_texts, Input, TransitionError, CONTRACT_INTERFACE_ID, OAUTH2_CREDENTIAL_ID, POLICY_ID, TAG_ID,
+    USER_ID, WEBHOOK_ENDPOINT_ID,
+};
 use crate::effect::{Change, Effect, TagKind};
 use crate::model::{ContractInterface, Named, Policy, Tag, User};
 
@@ -28,15 +31,15 @@ fn policy_from(i: &Input<'_>, id: String, p: &Value) -> Result<Policy, Transitio
 }
 
 pub(crate) fn create_policy(i: &Input<'_>) -> Changes {
-    let id = i.new_id(0, |id| i.state.policies.contains_key(id))?;
+    let id = i.derived_new_id(POLICY_ID, 0, |id| i.state.policies.contains_key(id))?;
     Ok(vec![i.change(Effect::PutPolicy { policy: policy_from(i, id, i.params)? })])
 }
 
 pub(crate) fn create_policies(i: &Input<'_>) -> Changes {
     let list = i.params.get("policies").and_then(Value::as_array).ok_or_else(|| i.invalid("policies is missing"))?;
     let mut out = Vec::new();
-    for p in list {
-        let id = i.fresh(&out, |id| i.state.policies.contains_key(id))?;
+    for (n, p) in list.iter().enumerate() {
+        let id = i.derived_new_id(POLICY_ID, n, |id| i.state.policies.contains_key(id))?;
         out.push(i.change(Effect::PutPolicy { policy: policy_from(i, id, p)? }));
     }
     Ok(out)
@@ -96,7 +99,7 @@ fn tag_exists(i: &Input<'_>, kind: TagKind, id: &str) -> bool {
 /// `create_user_tag` / `create_private_key_tag`: the tag, then its members (the gateway writes
 /// the membership update even when the body lists none).
 pub(crate) fn create_tag(i: &Input<'_>, kind: TagKind, name_key: &str, members_key: &str) -> Changes {
-    let id = i.new_id(0, |id| tag_exists(i, kind, id))?;
+    let id = i.derived_new_id(TAG_ID, 0, |id| tag_exists(i, kind, id))?;
     let name = i.text(name_key)?;
     Ok(vec![
         i.change(Effect::PutTag { kind, tag: Tag { id: id.clone(), name } }),
@@ -128,7 +131,7 @@ pub(crate) fn delete_tags(i: &Input<'_>, kind: TagKind, key: &str) -> Changes {
 }
 
 pub(crate) fn create_smart_contract_interface(i: &Input<'_>) -> Changes {
-    let id = i.new_id(0, |id| i.state.contract_interfaces.contains_key(id))?;
+    let id = i.derived_new_id(CONTRACT_INTERFACE_ID, 0, |id| i.state.contract_interfaces.contains_key(id))?;
     let interface = ContractInterface {
         id,
         address: i.text("smartContractAddress")?,
@@ -143,7 +146,7 @@ pub(crate) fn delete_smart_contract_interface(i: &Input<'_>) -> Changes {
 }
 
 pub(crate) fn create_webhook_endpoint(i: &Input<'_>) -> Changes {
-    let id = i.new_id(0, |id| i.state.webhook_endpoints.contains_key(id))?;
+    let id = i.derived_new_id(WEBHOOK_ENDPOINT_ID, 0, |id| i.state.webhook_endpoints.contains_key(id))?;
     Ok(vec![i.change(Effect::PutWebhookEndpoint { endpoint: Named { id, value: i.text("url")? } })])
 }
 
@@ -166,7 +169,7 @@ pub fn oauth2_credential_value(provider: &str, client_id: &str) -> String {
 }
 
 pub(crate) fn create_oauth2_credential(i: &Input<'_>) -> Changes {
-    let id = i.new_id(0, |id| i.state.oauth2_credentials.contains_key(id))?;
+    let id = i.derived_new_id(OAUTH2_CREDENTIAL_ID, 0, |id| i.state.oauth2_credentials.contains_key(id))?;
     let value = oauth2_credential_value(&i.text("provider")?, &i.text("clientId")?);
     Ok(vec![i.change(Effect::PutOauth2Credential { credential: Named { id, value } })])
 }
@@ -223,12 +226,12 @@ pub(crate) fn enable_auth_proxy(i: &Input<'_>) -> Changes {
     let mut out = Vec::new();
     let first = !i.state.policies.values().any(|p| p.name == AUTH_PROXY_POLICY_NAME);
     if first && matches!(i.proposed(0), Some(Effect::PutUser { .. })) {
-        let user_id = i.new_id(0, |id| i.state.users.contains_key(id))?;
+        let user_id = i.derived_new_id(USER_ID, 0, |id| i.state.users.contains_key(id))?;
         out.push(i.change(Effect::PutUser {
             user: User { id: user_id.clone(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() },
         }));
         let policy = Policy {
-            id: i.fresh(&out, |id| i.state.policies.contains_key(id))?,
+            id: i.derived_new_id(POLICY_ID, 0, |id| i.state.policies.contains_key(id))?,
             name: AUTH_PROXY_POLICY_NAME.into(),
             effect: "EFFECT_ALLOW".into(),
             condition: AUTH_PROXY_POLICY_CONDITION.into(),

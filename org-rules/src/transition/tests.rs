@@ -147,8 +147,10 @@ fn a_proposal_must_be_what_the_body_asks() {
     let s = state();
     let body = json!({"policyName": "n", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""});
     let ty = "ACTIVITY_TYPE_CREATE_POLICY_V3";
-    let good = vec![c(policy("p1", "EFFECT_ALLOW"))];
-    case(&s, ty, body, &[], good, vec![("another effect", vec![c(policy("p1", "EFFECT_DENY"))])]);
+    let good = vec![c(policy("policy-0", "EFFECT_ALLOW"))];
+    let named = vec![c(policy("p1", "EFFECT_ALLOW"))];
+    let bad = vec![("another effect", vec![c(policy("policy-0", "EFFECT_DENY"))]), ("an id the gateway named", named)];
+    case(&s, ty, body, &[], good, bad);
     // A type with no transition proposes nothing.
     let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
     assert_eq!(run(&s, sign, &json!({}), &[], &[]), Ok(()));
@@ -163,10 +165,10 @@ fn policies_are_the_bodys() {
         {"policyName": "n", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""},
         {"policyName": "n", "effect": "EFFECT_DENY", "condition": "true", "notes": ""},
     ]});
-    let good = vec![c(policy("p1", "EFFECT_ALLOW")), c(policy("p2", "EFFECT_DENY"))];
+    let good = vec![c(policy("policy-0", "EFFECT_ALLOW")), c(policy("policy-1", "EFFECT_DENY"))];
     let same_id = with(&good, 1, |ch| {
         if let Effect::PutPolicy { policy } = &mut ch.effect {
-            policy.id = "p1".into();
+            policy.id = "policy-0".into();
         }
     });
     case(
@@ -178,10 +180,10 @@ fn policies_are_the_bodys() {
         vec![("one id twice", same_id), ("swapped", vec![good[1].clone(), good[0].clone()])],
     );
 
-    s.apply(&policy("p1", "EFFECT_ALLOW")).unwrap();
+    s.apply(&policy("policy-0", "EFFECT_ALLOW")).unwrap();
     let ty = "ACTIVITY_TYPE_UPDATE_POLICY_V2";
-    let body = json!({"policyId": "p1", "policyEffect": "EFFECT_DENY", "policyCondition": ""});
-    let mut p = s.policies["p1"].clone();
+    let body = json!({"policyId": "policy-0", "policyEffect": "EFFECT_DENY", "policyCondition": ""});
+    let mut p = s.policies["policy-0"].clone();
     p.effect = "EFFECT_DENY".into();
     p.condition = String::new();
     let good = vec![c(Effect::PutPolicy { policy: p.clone() })];
@@ -190,10 +192,10 @@ fn policies_are_the_bodys() {
     case(&s, ty, body, &[], good, vec![("condition kept", vec![c(Effect::PutPolicy { policy: kept })])]);
 
     let ty = "ACTIVITY_TYPE_DELETE_POLICIES";
-    let good = vec![c(Effect::DeletePolicies { ids: vec!["p1".into()] })];
-    let other = vec![c(Effect::DeletePolicies { ids: vec!["p2".into()] })];
-    case(&s, ty, json!({"policyIds": ["p1"]}), &[], good.clone(), vec![("another policy", other)]);
-    case(&s, "ACTIVITY_TYPE_DELETE_POLICY", json!({"policyId": "p1"}), &[], good, vec![]);
+    let good = vec![c(Effect::DeletePolicies { ids: vec!["policy-0".into()] })];
+    let other = vec![c(Effect::DeletePolicies { ids: vec!["policy-1".into()] })];
+    case(&s, ty, json!({"policyIds": ["policy-0"]}), &[], good.clone(), vec![("another policy", other)]);
+    case(&s, "ACTIVITY_TYPE_DELETE_POLICY", json!({"policyId": "policy-0"}), &[], good, vec![]);
 }
 
 #[test]
@@ -478,26 +480,29 @@ fn tags_are_the_bodys() {
         ty,
         json!({"userTagName": "t"}),
         &[],
-        vec![tag("t1", "t"), members("t1", &[])],
-        vec![("without members", vec![tag("t1", "t")])],
+        vec![tag("tag-0", "t"), members("tag-0", &[])],
+        vec![
+            ("without members", vec![tag("tag-0", "t")]),
+            ("an id the gateway named", vec![tag("t1", "t"), members("t1", &[])]),
+        ],
     );
     case(
         &s,
         ty,
         json!({"userTagName": "t", "userIds": ["u"]}),
         &[],
-        vec![tag("t1", "t"), members("t1", &["u"])],
+        vec![tag("tag-0", "t"), members("tag-0", &["u"])],
         vec![
-            ("another member", vec![tag("t1", "t"), members("t1", &["r"])]),
-            ("another tag", vec![tag("t1", "t"), members("t0", &["u"])]),
+            ("another member", vec![tag("tag-0", "t"), members("tag-0", &["r"])]),
+            ("another tag", vec![tag("tag-0", "t"), members("t0", &["u"])]),
         ],
     );
-    s.apply(&tag("t1", "t").effect).unwrap();
+    s.apply(&tag("tag-0", "t").effect).unwrap();
     let ty = "ACTIVITY_TYPE_UPDATE_USER_TAG";
     let update = |name: Option<&str>, add: &[&str], remove: &[&str]| {
         vec![c(Effect::UpdateTag {
             kind: TagKind::User,
-            id: "t1".into(),
+            id: "tag-0".into(),
             new_name: name.map(str::to_string),
             add: add.iter().map(|s| s.to_string()).collect(),
             remove: remove.iter().map(|s| s.to_string()).collect(),
@@ -506,32 +511,32 @@ fn tags_are_the_bodys() {
     case(
         &s,
         ty,
-        json!({"userTagId": "t1", "newUserTagName": "t2", "addUserIds": ["u", "u"], "removeUserIds": []}),
+        json!({"userTagId": "tag-0", "newUserTagName": "t2", "addUserIds": ["u", "u"], "removeUserIds": []}),
         &[],
         update(Some("t2"), &["u"], &[]),
         vec![("another member", update(Some("t2"), &["r"], &[])), ("another name", update(Some("x"), &["u"], &[]))],
     );
-    let both = json!({"userTagId": "t1", "addUserIds": ["u"], "removeUserIds": ["u"]});
+    let both = json!({"userTagId": "tag-0", "addUserIds": ["u"], "removeUserIds": ["u"]});
     assert!(matches!(run(&s, ty, &both, &[], &[]), Err(TransitionError::Invalid { .. })));
     let ty = "ACTIVITY_TYPE_DELETE_USER_TAGS";
     let del = |id: &str| vec![c(Effect::DeleteTags { kind: TagKind::User, ids: vec![id.into()] })];
-    case(&s, ty, json!({"userTagIds": ["t1"]}), &[], del("t1"), vec![("another tag", del("t2"))]);
+    case(&s, ty, json!({"userTagIds": ["tag-0"]}), &[], del("tag-0"), vec![("another tag", del("t2"))]);
 
     // Private-key tags name private keys.
     s.apply(&Effect::PutPrivateKey { private_key: PrivateKey { id: "k".into(), ..Default::default() } }).unwrap();
     let ty = "ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG";
     let good = vec![
-        c(Effect::PutTag { kind: TagKind::PrivateKey, tag: Tag { id: "pt".into(), name: "p".into() } }),
+        c(Effect::PutTag { kind: TagKind::PrivateKey, tag: Tag { id: "tag-0".into(), name: "p".into() } }),
         c(Effect::UpdateTag {
             kind: TagKind::PrivateKey,
-            id: "pt".into(),
+            id: "tag-0".into(),
             new_name: None,
             add: vec!["k".into()],
             remove: vec![],
         }),
     ];
     let as_user_tag = with(&good, 0, |ch| {
-        ch.effect = Effect::PutTag { kind: TagKind::User, tag: Tag { id: "pt".into(), name: "p".into() } }
+        ch.effect = Effect::PutTag { kind: TagKind::User, tag: Tag { id: "tag-0".into(), name: "p".into() } }
     });
     case(
         &s,
@@ -548,7 +553,7 @@ fn records_name_what_the_body_names() {
     let mut s = state();
     let ty = "ACTIVITY_TYPE_CREATE_SMART_CONTRACT_INTERFACE";
     let interface = |address: &str| ContractInterface {
-        id: "i1".into(),
+        id: "smart-contract-interface-0".into(),
         address: address.into(),
         interface_type: "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM".into(),
         body: "[]".into(),
@@ -561,9 +566,9 @@ fn records_name_what_the_body_names() {
     case(
         &s,
         "ACTIVITY_TYPE_DELETE_SMART_CONTRACT_INTERFACE",
-        json!({"smartContractInterfaceId": "i1"}),
+        json!({"smartContractInterfaceId": "smart-contract-interface-0"}),
         &[],
-        del("i1"),
+        del("smart-contract-interface-0"),
         vec![("another", del("i2"))],
     );
 
@@ -576,34 +581,34 @@ fn records_name_what_the_body_names() {
         ty,
         json!({"url": "https://a.example/h", "name": "n"}),
         &[],
-        hook("w1", "https://a.example/h"),
-        vec![("another URL", hook("w1", "https://evil.example/h"))],
+        hook("webhook-endpoint-0", "https://a.example/h"),
+        vec![("another URL", hook("webhook-endpoint-0", "https://evil.example/h"))],
     );
-    s.apply(&hook("w1", "https://a.example/h")[0].effect).unwrap();
+    s.apply(&hook("webhook-endpoint-0", "https://a.example/h")[0].effect).unwrap();
     let ty = "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT";
     case(
         &s,
         ty,
-        json!({"endpointId": "w1", "name": "m"}),
+        json!({"endpointId": "webhook-endpoint-0", "name": "m"}),
         &[],
-        hook("w1", "https://a.example/h"),
-        vec![("another URL", hook("w1", "https://evil.example/h"))],
+        hook("webhook-endpoint-0", "https://a.example/h"),
+        vec![("another URL", hook("webhook-endpoint-0", "https://evil.example/h"))],
     );
     case(
         &s,
         ty,
-        json!({"endpointId": "w1", "url": "https://b.example/h"}),
+        json!({"endpointId": "webhook-endpoint-0", "url": "https://b.example/h"}),
         &[],
-        hook("w1", "https://b.example/h"),
-        vec![("the old URL", hook("w1", "https://a.example/h"))],
+        hook("webhook-endpoint-0", "https://b.example/h"),
+        vec![("the old URL", hook("webhook-endpoint-0", "https://a.example/h"))],
     );
     let del = |id: &str| vec![c(Effect::DeleteWebhookEndpoints { ids: vec![id.into()] })];
     case(
         &s,
         "ACTIVITY_TYPE_DELETE_WEBHOOK_ENDPOINT",
-        json!({"endpointId": "w1"}),
+        json!({"endpointId": "webhook-endpoint-0"}),
         &[],
-        del("w1"),
+        del("webhook-endpoint-0"),
         vec![("another", del("w2"))],
     );
 
@@ -617,27 +622,27 @@ fn records_name_what_the_body_names() {
         ty,
         body,
         &[],
-        cred2("c1", "OAUTH2_PROVIDER_X/c/1"),
-        vec![("another client", cred2("c1", "OAUTH2_PROVIDER_X/c2"))],
+        cred2("oauth2-credential-0", "OAUTH2_PROVIDER_X/c/1"),
+        vec![("another client", cred2("oauth2-credential-0", "OAUTH2_PROVIDER_X/c2"))],
     );
-    s.apply(&cred2("c1", "OAUTH2_PROVIDER_X/c/1")[0].effect).unwrap();
+    s.apply(&cred2("oauth2-credential-0", "OAUTH2_PROVIDER_X/c/1")[0].effect).unwrap();
     let ty = "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL";
-    let body = json!({"oauth2CredentialId": "c1", "provider": "OAUTH2_PROVIDER_DISCORD", "clientId": "", "encryptedClientSecret": ""});
+    let body = json!({"oauth2CredentialId": "oauth2-credential-0", "provider": "OAUTH2_PROVIDER_DISCORD", "clientId": "", "encryptedClientSecret": ""});
     case(
         &s,
         ty,
         body,
         &[],
-        cred2("c1", "OAUTH2_PROVIDER_DISCORD/c/1"),
-        vec![("unchanged", cred2("c1", "OAUTH2_PROVIDER_X/c/1"))],
+        cred2("oauth2-credential-0", "OAUTH2_PROVIDER_DISCORD/c/1"),
+        vec![("unchanged", cred2("oauth2-credential-0", "OAUTH2_PROVIDER_X/c/1"))],
     );
     let del = |id: &str| vec![c(Effect::DeleteOauth2Credentials { ids: vec![id.into()] })];
     case(
         &s,
         "ACTIVITY_TYPE_DELETE_OAUTH2_CREDENTIAL",
-        json!({"oauth2CredentialId": "c1"}),
+        json!({"oauth2CredentialId": "oauth2-credential-0"}),
         &[],
-        del("c1"),
+        del("oauth2-credential-0"),
         vec![("another", del("c2"))],
     );
 }
@@ -677,7 +682,7 @@ fn features_and_the_auth_proxy() {
     // Enabling the first time: the proxy's user, its policy, the flag and the feature.
     let ty = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
     let proxy_policy = |user: &str| Policy {
-        id: "pp".into(),
+        id: "policy-0".into(),
         name: AUTH_PROXY_POLICY_NAME.into(),
         effect: "EFFECT_ALLOW".into(),
         condition: AUTH_PROXY_POLICY_CONDITION.into(),
@@ -686,11 +691,13 @@ fn features_and_the_auth_proxy() {
     };
     let enable = vec![c(Effect::SetAuthProxy { enabled: true }), set(AUTH_PROXY_FEATURE, "")];
     let mut first = vec![
-        c(Effect::PutUser { user: User { id: "px".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() } }),
-        c(Effect::PutPolicy { policy: proxy_policy("px") }),
+        c(Effect::PutUser {
+            user: User { id: "user-0".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() },
+        }),
+        c(Effect::PutPolicy { policy: proxy_policy("user-0") }),
     ];
     first.extend(enable.clone());
-    let mut any = proxy_policy("px");
+    let mut any = proxy_policy("user-0");
     any.consensus = "true".into();
     case(
         &s,
@@ -853,8 +860,8 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
     };
     let feature = |name: &str| sc(Effect::SetFeature { name: name.into(), value: String::new() });
     let account = Account {
-        id: "acc1".into(),
-        wallet_id: "w1".into(),
+        id: "wallet-account-0".into(),
+        wallet_id: "wallet-0".into(),
         address: "0xabc".into(),
         address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
         exported: false,
@@ -869,7 +876,7 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
         feature("FEATURE_NAME_EMAIL_RECOVERY"),
         feature("FEATURE_NAME_EMAIL_AUTH"),
         feature("FEATURE_NAME_OTP_EMAIL_AUTH"),
-        sc(Effect::PutWallet { wallet: Wallet { id: "w1".into(), label: "w".into(), ..Default::default() } }),
+        sc(Effect::PutWallet { wallet: Wallet { id: "wallet-0".into(), label: "w".into(), ..Default::default() } }),
         sc(Effect::PutAccounts { accounts: vec![account.clone()] }),
     ];
     let org_with = |f: &dyn Fn(&mut Organization)| {
@@ -902,7 +909,7 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
                 "another wallet name",
                 with(&good, 9, |ch| {
                     ch.effect = Effect::PutWallet {
-                        wallet: Wallet { id: "w1".into(), label: "x".into(), ..Default::default() },
+                        wallet: Wallet { id: "wallet-0".into(), label: "x".into(), ..Default::default() },
                     }
                 }),
             ),
@@ -910,7 +917,7 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
                 "an imported wallet",
                 with(&good, 9, |ch| {
                     ch.effect = Effect::PutWallet {
-                        wallet: Wallet { id: "w1".into(), label: "w".into(), imported: true, exported: false },
+                        wallet: Wallet { id: "wallet-0".into(), label: "w".into(), imported: true, exported: false },
                     }
                 }),
             ),

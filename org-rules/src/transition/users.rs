@@ -5,7 +5,9 @@
 
 use serde_json::Value;
 
-use super::input::{dedup, integer, items, text_of, Input, TransitionError, SUB_ORGANIZATION_ID, USER_ID};
+use super::input::{
+    dedup, integer, items, text_of, Input, TransitionError, SUB_ORGANIZATION_ID, USER_ID, WALLET_ACCOUNT_ID, WALLET_ID,
+};
 use crate::effect::{Change, Effect};
 use crate::model::{Account, Credential, CredentialKind, Organization, User, Wallet};
 
@@ -281,9 +283,10 @@ const SUB_ORGANIZATION_FEATURES: &[(&str, &str)] = &[
 
 /// `create_sub_organization` (V8): the new organization (its id and its root users' derived
 /// from the body, its parent this organization), each root user with the credentials the body
-/// lists, its login features, and its wallet if the body asks for one. The wallet's facts
-/// (ids, addresses) are the enclave's: they are taken as proposed, for the new organization
-/// only, with the name and the account formats the body gives.
+/// lists, its login features, and its wallet if the body asks for one. The wallet's ids are
+/// derived from the body, as the enclave's `create_wallet` derived them; its addresses are taken
+/// as proposed, for the new organization only, with the name and the account formats the body
+/// gives.
 pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
     if let Some(parent) = &i.state.organization.parent_id {
         return Err(i.invalid(format!("organization {} is a sub-organization of {parent}", i.org())));
@@ -336,7 +339,7 @@ fn sub_organization_wallet(
     out: &mut Vec<Change>,
 ) -> Result<(), TransitionError> {
     let mismatch = |what: &str| TransitionError::Mismatch(format!("the sub-organization's wallet: {what}"));
-    let wallet_id = i.fresh(out, |_| false)?;
+    let wallet_id = (i.derive_id)(WALLET_ID, 0);
     let label = text_of(body, "walletName").filter(|n| !n.trim().is_empty());
     let wallet = Wallet {
         id: wallet_id.clone(),
@@ -356,10 +359,8 @@ fn sub_organization_wallet(
         return Err(mismatch("not the accounts the body asks for"));
     }
     let mut checked: Vec<Account> = Vec::with_capacity(accounts.len());
-    for (a, w) in accounts.iter().zip(wanted) {
-        let ok = !a.id.is_empty()
-            && a.id.len() <= 128
-            && !checked.iter().any(|c| c.id == a.id)
+    for (n, (a, w)) in accounts.iter().zip(wanted).enumerate() {
+        let ok = a.id == (i.derive_id)(WALLET_ACCOUNT_ID, n)
             && !a.address.is_empty()
             && text_of(w, "addressFormat").as_deref() == Some(a.address_format.as_str());
         if !ok {
