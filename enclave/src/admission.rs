@@ -130,10 +130,18 @@ impl Admitted {
     /// The activity this call is asked to link ([`LinkRequest::checked`]); a refusal of it is
     /// recorded as this authorization's.
     pub fn link_request(&self, log: &pb::LogRequest, makes_result: bool) -> Result<LinkRequest, EnclaveError> {
-        LinkRequest::checked(&self.activity, log, makes_result).map_err(|e| match e {
+        let approvers: Vec<&str> = self.approvals().map(|v| v.user_id.as_str()).collect();
+        LinkRequest::checked(&self.activity, log, &approvers, makes_result).map_err(|e| match e {
             EnclaveError::Refused { reason, message, .. } => refuse(self, reason, &message),
             other => other,
         })
+    }
+
+    /// Records that what this authorization allowed failed after its stamp was spent (a state
+    /// change not applied): its latest decision is no longer an allow, so nothing links it
+    /// completed.
+    pub fn failed_after_spend(&self, e: &EnclaveError) {
+        self.decisions.failed(self, e.kind());
     }
 
     /// What this authorization's allow line named, for its outcome line (`crate::audit`).
@@ -159,6 +167,13 @@ impl DecisionLog {
         let record = decision(a, crate::store::OUTCOME_REFUSE, reason.as_str_name());
         if let Err(e) = self.0.record_decision(&record) {
             tracing::error!(error = %e, operation = a.operation, "the decision log did not take a refusal");
+        }
+    }
+
+    /// Records the failure (`what`: its kind) of an authorized request after its allow.
+    fn failed(&self, a: &Admitted, what: &str) {
+        if let Err(e) = self.0.record_decision(&decision(a, crate::store::OUTCOME_FAILED, what)) {
+            tracing::error!(error = %e, operation = a.operation, "the decision log did not take a failure");
         }
     }
 }

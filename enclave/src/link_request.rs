@@ -26,6 +26,27 @@ pub struct LinkRequest {
 /// intent is bounded by the stamped body, its votes by the approvals.
 pub const MAX_ACTIVITY_BYTES: usize = 4 << 20;
 
+/// The members of an activity as the API renders it (`v1Activity`), the only ones it may have.
+const MEMBERS: [&str; 14] = [
+    "id",
+    "organizationId",
+    "status",
+    "type",
+    "intent",
+    "result",
+    "votes",
+    "fingerprint",
+    "canApprove",
+    "canReject",
+    "createdAt",
+    "updatedAt",
+    "appProofs",
+    "failure",
+];
+
+/// A vote's selection when it approves.
+const APPROVED: &str = "VOTE_SELECTION_APPROVED";
+
 /// A refusal of an activity that does not state what was stamped.
 fn misstated(why: &str) -> EnclaveError {
     EnclaveError::refused(RefusalReason::BindingMismatch, format!("the activity to link {why}"))
@@ -50,6 +71,9 @@ fn states_the_submission(
     stamped: &StampedActivity,
     activity: &Map<String, Value>,
 ) -> Result<&'static subjects::Subject, EnclaveError> {
+    if let Some(other) = activity.keys().find(|k| !MEMBERS.contains(&k.as_str())) {
+        return Err(misstated(&format!("has a member an activity does not have: {other:?}")));
+    }
     let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default();
     if text("organizationId") != stamped.organization_id
         || text("fingerprint") != stamped.fingerprint
@@ -96,13 +120,37 @@ pub fn check_recorded(stamped: &StampedActivity, activity: &[u8]) -> Result<Valu
 }
 
 impl LinkRequest {
-    /// `log`, checked against the stamped submission it is to link. `makes_result`: the call
-    /// makes the activity's result (a key use), rather than the caller bringing it.
-    pub fn checked(stamped: &StampedActivity, log: &pb::LogRequest, makes_result: bool) -> Result<Self, EnclaveError> {
+    /// `log`, checked against the stamped submission it is to link, which `approvers` (the users
+    /// whose stamps the enclave verified: the submitter's and every approval's) approved.
+    /// `makes_result`: the call makes the activity's result (a key use), rather than the caller
+    /// bringing it.
+    pub fn checked(
+        stamped: &StampedActivity,
+        log: &pb::LogRequest,
+        approvers: &[&str],
+        makes_result: bool,
+    ) -> Result<Self, EnclaveError> {
         let activity = parsed(&log.activity)?;
         let subject = states_the_submission(stamped, &activity)?;
-        if activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED) {
-            return Err(misstated("is linked in its call as completed"));
+        if activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
+            || activity.get("failure").is_some_and(|f| !f.is_null())
+        {
+            return Err(misstated("is linked in its call as completed, without a failure"));
+        }
+        // Its votes are the approvals the enclave verified: none made up, none left out.
+        let votes = activity.get("votes").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let mut voted: Vec<&str> = Vec::with_capacity(votes.len());
+        for vote in votes {
+            match (vote.get("selection").and_then(Value::as_str), vote.get("userId").and_then(Value::as_str)) {
+                (Some(APPROVED), Some(user)) => voted.push(user),
+                _ => return Err(misstated("has a vote that is not an approval by a user")),
+            }
+        }
+        let mut verified = approvers.to_vec();
+        voted.sort_unstable();
+        verified.sort_unstable();
+        if voted != verified {
+            return Err(misstated("states other votes than the approvals the enclave verified"));
         }
         if activity.get("appProofs").is_some_and(|p| p.as_array().is_none_or(|p| !p.is_empty())) {
             return Err(misstated("brings no app proofs: the enclave adds this call's"));
@@ -150,7 +198,8 @@ mod tests {
     fn shell() -> Value {
         json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
-            "intent": {"signRawPayloadIntentV2": {"signWith": "0xabc", "payload": "hi"}}})
+            "intent": {"signRawPayloadIntentV2": {"signWith": "0xabc", "payload": "hi"}},
+            "votes": [{"userId": "u1", "selection": APPROVED, "message": "{}"}]})
     }
 
     fn log(activity: &Value) -> pb::LogRequest {
@@ -159,7 +208,7 @@ mod tests {
 
     #[test]
     fn a_key_use_s_shell_is_linked_with_the_enclave_s_result_and_proofs() {
-        let asked = LinkRequest::checked(&stamped(), &log(&shell()), true).unwrap();
+        let asked = LinkRequest::checked(&stamped(), &log(&shell()), &["u1"], true).unwrap();
         let linked = asked.completed(Some(&json!({"r": "01"})), vec![json!({"scheme": "s"})]);
         assert_eq!(linked["result"], json!({"signRawPayloadResult": {"r": "01"}}));
         assert_eq!(linked["appProofs"], json!([{"scheme": "s"}]));
@@ -169,7 +218,7 @@ mod tests {
     #[test]
     fn every_other_shell_is_refused() {
         type Lie = (&'static str, fn(&mut Value));
-        let lies: [Lie; 11] = [
+        let lies: [Lie; 16] = [
             ("another organization", |a| a["organizationId"] = json!("o2")),
             ("another type", |a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
             ("another fingerprint", |a| a["fingerprint"] = json!("sha256:f2")),
@@ -183,18 +232,26 @@ mod tests {
             }),
             ("its own result", |a| a["result"] = json!({"signRawPayloadResult": {}})),
             ("its own proofs", |a| a["appProofs"] = json!([{"scheme": "s"}])),
+            ("a failure", |a| a["failure"] = json!({"code": 13, "message": "no"})),
+            ("a member of its own", |a| a["note"] = json!("trust me")),
+            ("an approval made up", |a| {
+                a["votes"].as_array_mut().unwrap().push(json!({"userId": "u2", "selection": APPROVED}))
+            }),
+            ("its approval left out", |a| a["votes"] = json!([])),
+            ("a rejection", |a| a["votes"][0]["selection"] = json!("VOTE_SELECTION_REJECTED")),
         ];
         for (lie, change) in lies {
             let mut activity = shell();
             change(&mut activity);
-            let refused = LinkRequest::checked(&stamped(), &log(&activity), true);
+            let refused = LinkRequest::checked(&stamped(), &log(&activity), &["u1"], true);
             assert!(
                 matches!(refused, Err(EnclaveError::Refused { reason: RefusalReason::BindingMismatch, .. })),
                 "{lie}: {refused:?}"
             );
         }
         let not_json = pb::LogRequest { activity: b"[1]".to_vec() };
-        assert!(matches!(LinkRequest::checked(&stamped(), &not_json, true), Err(EnclaveError::InvalidArgument(_))));
+        let refused = LinkRequest::checked(&stamped(), &not_json, &["u1"], true);
+        assert!(matches!(refused, Err(EnclaveError::InvalidArgument(_))), "{refused:?}");
     }
 
     #[test]
@@ -207,11 +264,12 @@ mod tests {
         let mut activity = json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
             "intent": {"createPolicyIntentV3": {"policyName": "p"}}});
-        assert!(LinkRequest::checked(&stamped, &log(&activity), false).is_err(), "no result");
+        let checked = |a: &Value| LinkRequest::checked(&stamped, &log(a), &[], false);
+        assert!(checked(&activity).is_err(), "no result");
         activity["result"] = json!({"createPolicyResultV3": {"policyId": "p1"}});
-        assert!(LinkRequest::checked(&stamped, &log(&activity), false).is_err(), "another result's name");
+        assert!(checked(&activity).is_err(), "another result's name");
         activity["result"] = json!({"createPolicyResult": {"policyId": "p1"}});
-        let linked = LinkRequest::checked(&stamped, &log(&activity), false).unwrap().completed(None, vec![]);
+        let linked = checked(&activity).unwrap().completed(None, vec![]);
         assert_eq!(linked["result"], json!({"createPolicyResult": {"policyId": "p1"}}));
         assert_eq!(linked["appProofs"], json!([]));
     }

@@ -125,25 +125,41 @@ fn stamped(key: &TurnkeyP256ApiKey, body: &str, certificate: &[u8]) -> pb::Stamp
     }
 }
 
-/// `request`'s authorization, as the gateway sends it: a key use's asks for its own activity to
-/// be linked in its call ([`log_shell`]); any other activity's asks for nothing.
+/// `request`'s authorization, as the gateway sends it ([`logged`]).
 fn auth(request: pb::StampedRequest) -> Option<pb::Authorization> {
-    let log = log_shell(&request.body);
-    Some(pb::Authorization { request: Some(request), log, ..Default::default() })
+    logged(pb::Authorization { request: Some(request), ..Default::default() })
+}
+
+/// `auth` as the gateway sends it: a key use's asks for its own activity to be linked in its call
+/// ([`log_shell`]); any other activity's asks for nothing.
+fn logged(mut auth: pb::Authorization) -> Option<pb::Authorization> {
+    auth.log = log_shell(&auth);
+    Some(auth)
 }
 
 /// The activity a key use's call links (`Authorization.log`): the stamped body's, completed,
-/// with its parameters as its intent, less the result and proofs the enclave adds. `None` for an
-/// activity that is not a key use.
-fn log_shell(body: &[u8]) -> Option<pb::LogRequest> {
-    let stamped = coffer_auth::envelope::StampedActivity::parse(body).ok()?;
+/// with its parameters as its intent and the approvals `auth` carries as its votes, less the
+/// result and proofs the enclave adds. `None` for an activity that is not a key use.
+fn log_shell(auth: &pb::Authorization) -> Option<pb::LogRequest> {
+    use prost::Message;
+    let request = auth.request.as_ref()?;
+    let stamped = coffer_auth::envelope::StampedActivity::parse(&request.body).ok()?;
     if !coffer_org_rules::subjects::KEY_USES.contains(&stamped.activity_type.as_str()) {
         return None;
     }
-    let mut activity = recorded_activity(body, "ACTIVITY_STATUS_COMPLETED", Value::Null);
+    let mut activity = recorded_activity(&request.body, "ACTIVITY_STATUS_COMPLETED", Value::Null);
+    let approvals = std::iter::once(request).chain(&auth.approval).chain(&auth.votes);
+    let votes: Vec<Value> = approvals
+        .map(|a| {
+            let user =
+                pb::CredentialCertificate::decode(a.certificate.as_slice()).map(|c| c.user_id).unwrap_or_default();
+            json!({"userId": user, "selection": "VOTE_SELECTION_APPROVED"})
+        })
+        .collect();
     let members = activity.as_object_mut()?;
     members.remove("result");
     members.remove("appProofs");
+    members.insert("votes".into(), Value::Array(votes));
     Some(pb::LogRequest { activity: activity.to_string().into_bytes() })
 }
 
@@ -790,8 +806,7 @@ async fn a_waiting_activity_runs_only_what_its_submitter_stamped() {
     let enclave = connect(stack.enclave_socket());
     let key = account_ref(&c, &a1[0]);
     let with_approval = |approval: pb::StampedRequest| {
-        let log = log_shell(&original.body);
-        Some(pb::Authorization { request: Some(original.clone()), approval: Some(approval), log, ..Default::default() })
+        logged(pb::Authorization { request: Some(original.clone()), approval: Some(approval), ..Default::default() })
     };
     refused_audited(
         audited(&stack, "sign", sign(&enclave, with_approval(stamped(&bob, &approval, &bob_cert)), &key)).await,
@@ -2706,10 +2721,9 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let waiting = hex_sign_body(&org, &a[0], "HASH_FUNCTION_SHA256", Stack::now_ms());
     let fingerprint = fingerprint_of(&waiting);
     let vote = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms(), json!({"fingerprint": fingerprint}));
-    let both = Some(pb::Authorization {
+    let both = logged(pb::Authorization {
         request: Some(stamped(&root, &waiting, &root_cert)),
         approval: Some(stamped(&alice, &vote, &alice_cert)),
-        log: log_shell(waiting.as_bytes()),
         ..Default::default()
     });
     assert_eq!(sign(&enclave, both, &key).await.unwrap().signatures.len(), 1);
@@ -3819,10 +3833,10 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
 }
 
 /// A key use does its work only to be linked as the enclave did it (issue 40, one round trip):
-/// the taken-over gateway's `Authorization.log` naming another activity type, bringing its own
-/// result, reporting the signing failed, naming another payload, bringing a proof or naming an
-/// activity id the log has already (which would fail the link after the work) is refused before
-/// any work, as is a signing that asks for no link at all (a signature the log would never
+/// the taken-over gateway's `Authorization.log` naming another activity type, stating an approval
+/// that never was or none, bringing its own result, reporting the signing failed, naming another
+/// payload, bringing a proof or naming an activity id the log has already (which would fail the
+/// link after the work) is refused before any work, as is a signing that asks for no link at all (a signature the log would never
 /// show); none spends the stamp. The honest shell signs and is linked, once, with the enclave's
 /// result filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3839,9 +3853,8 @@ async fn a_key_use_signs_only_to_be_linked_as_the_enclave_did_it() {
         .query_row("SELECT id FROM activities WHERE activity_type = 'ACTIVITY_TYPE_CREATE_WALLET'", [], |r| r.get(0))
         .unwrap();
     let shell = |body: &str, change: &dyn Fn(&mut Value)| {
-        let honest = log_shell(body.as_bytes()).unwrap();
+        let honest = auth(stamped(&root, body, &cert)).and_then(|a| a.log).unwrap();
         let mut activity: Value = serde_json::from_slice(&honest.activity).unwrap();
-        activity["votes"] = json!([]);
         change(&mut activity);
         pb::LogRequest { activity: activity.to_string().into_bytes() }
     };
@@ -3855,8 +3868,13 @@ async fn a_key_use_signs_only_to_be_linked_as_the_enclave_did_it() {
     refused_for(&stack, signed_with(&body, None).await, "sign", pb::RefusalReason::BindingMismatch);
     const BINDING: pb::RefusalReason = pb::RefusalReason::BindingMismatch;
     type Lie<'a> = (&'a str, &'a dyn Fn(&mut Value));
-    let lies: [Lie<'_>; 6] = [
+    let lies: [Lie<'_>; 8] = [
         ("another type", &|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
+        ("an approval that never was", &|a| {
+            let made_up = json!({"userId": "someone", "selection": "VOTE_SELECTION_APPROVED"});
+            a["votes"].as_array_mut().unwrap().push(made_up)
+        }),
+        ("no votes", &|a| a["votes"] = json!([])),
         ("an id already in the log", &|a| a["id"] = json!(wallet_activity_id.as_str())),
         ("its own result", &|a| a["result"] = json!({"signRawPayloadResult": {"r": "00", "s": "00", "v": "00"}})),
         ("failed", &|a| a["status"] = json!("ACTIVITY_STATUS_FAILED")),
@@ -3951,10 +3969,9 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     // Two approvals: different voters, different bodies (a body's fingerprint is of its bytes).
     let approval = |voter: &TurnkeyP256ApiKey, at_ms: u128| {
         let vote = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, at_ms, json!({ "fingerprint": fingerprint }));
-        Some(pb::Authorization {
+        logged(pb::Authorization {
             request: Some(submission.clone()),
             approval: Some(stamped(voter, &vote, &cert(voter))),
-            log: log_shell(&submission.body),
             ..Default::default()
         })
     };

@@ -83,90 +83,103 @@ pub(super) fn apply_activity(
     // (one at a time per organization, under its lock; other organizations' changes are decided
     // meanwhile), stages it, and waits for its group commit; when the group fails (another
     // enclave moved the state), the change is decided again.
-    for _attempt in 0..8 {
-        let (pending, evaluation) = {
-            let mut locked = rules.lock_organizations(named.iter().copied())?;
-            let head = rules.head(&organization)?;
-            let Some(d) = admission.decide_over(&a, head.loaded.clone())? else {
-                // Shadow mode, and the rules would have refused (logged): nothing is applied.
-                return Ok(pb::ApplyActivityResponse::default());
-            };
-            let input = Input {
-                state: &d.loaded.state,
-                activity_type: &a.activity.activity_type,
-                params: &a.activity.parameters,
-                proposal: &proposal,
-                now_ms: crate::admission::now_ms(),
-                derive_id: &derive_id,
-                grants: &grants,
-            };
-            if let Err(e) = transition::check(&input) {
-                if shadow_mode {
-                    shadow(&a, &e.to_string());
+    let mut committed = false;
+    let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
+        for _attempt in 0..8 {
+            let (pending, evaluation) = {
+                let mut locked = rules.lock_organizations(named.iter().copied())?;
+                let head = rules.head(&organization)?;
+                let Some(d) = admission.decide_over(&a, head.loaded.clone())? else {
+                    // Shadow mode, and the rules would have refused (logged): nothing is applied.
                     return Ok(pb::ApplyActivityResponse::default());
+                };
+                let input = Input {
+                    state: &d.loaded.state,
+                    activity_type: &a.activity.activity_type,
+                    params: &a.activity.parameters,
+                    proposal: &proposal,
+                    now_ms: crate::admission::now_ms(),
+                    derive_id: &derive_id,
+                    grants: &grants,
+                };
+                if let Err(e) = transition::check(&input) {
+                    if shadow_mode {
+                        shadow(&a, &e.to_string());
+                        return Ok(pb::ApplyActivityResponse::default());
+                    }
+                    return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
                 }
-                return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
-            }
-            let evaluation = d.evaluation.outcomes_json_text();
-            let mut changes = proposal.clone();
-            changes.extend(issued.iter().cloned());
-            if changes.is_empty() {
+                let evaluation = d.evaluation.outcomes_json_text();
+                let mut changes = proposal.clone();
+                changes.extend(issued.iter().cloned());
+                if changes.is_empty() {
+                    if let Some(unspent) = unspent.take() {
+                        admission.spend(&a, unspent)?;
+                    }
+                    let version = d.loaded.state.version;
+                    let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                    let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
+                    return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
+                }
+                let prepared = match rules.prepare_decided(&organization, &head, &changes) {
+                    Ok(prepared) => prepared,
+                    Err(e) if is_moved(&e) => continue,
+                    // Shadow mode: the state does not have everything yet; logged, the gateway decides.
+                    Err(e) if shadow_mode => {
+                        shadow(&a, &e.to_string());
+                        return Ok(pb::ApplyActivityResponse::default());
+                    }
+                    Err(EnclaveError::Refused { reason, message, .. }) => return Err(refuse(&a, reason, &message)),
+                    Err(other) => return Err(other),
+                };
+                // Decided, checked and applied to the heads: the stamp is spent now (a replay or a
+                // full replay share is refused here, audited by `spend`, and nothing is staged). Its
+                // commit is grouped with other requests', so the organizations' locks are let go
+                // meanwhile; a change staged on them in between makes this one decided again, under
+                // the locks throughout, its stamp spent.
                 if let Some(unspent) = unspent.take() {
+                    drop(locked);
                     admission.spend(&a, unspent)?;
+                    locked = rules.lock_organizations(named.iter().copied())?;
                 }
-                let version = d.loaded.state.version;
-                let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
-                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
-            }
-            let prepared = match rules.prepare_decided(&organization, &head, &changes) {
-                Ok(prepared) => prepared,
+                let staged = rules.stage_prepared(prepared);
+                drop(locked);
+                match staged {
+                    Ok(pending) => (pending, evaluation),
+                    Err(e) if is_moved(&e) => continue,
+                    Err(other) => return Err(other),
+                }
+            };
+            match rules.committed(pending) {
+                Ok(versions) => {
+                    committed = true;
+                    let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
+                    let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                    let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
+                    return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
+                }
                 Err(e) if is_moved(&e) => continue,
-                // Shadow mode: the state does not have everything yet; logged, the gateway decides.
                 Err(e) if shadow_mode => {
                     shadow(&a, &e.to_string());
                     return Ok(pb::ApplyActivityResponse::default());
                 }
-                Err(EnclaveError::Refused { reason, message, .. }) => return Err(refuse(&a, reason, &message)),
-                Err(other) => return Err(other),
-            };
-            // Decided, checked and applied to the heads: the stamp is spent now (a replay or a
-            // full replay share is refused here, audited by `spend`, and nothing is staged). Its
-            // commit is grouped with other requests', so the organizations' locks are let go
-            // meanwhile; a change staged on them in between makes this one decided again, under
-            // the locks throughout, its stamp spent.
-            if let Some(unspent) = unspent.take() {
-                drop(locked);
-                admission.spend(&a, unspent)?;
-                locked = rules.lock_organizations(named.iter().copied())?;
-            }
-            let staged = rules.stage_prepared(prepared);
-            drop(locked);
-            match staged {
-                Ok(pending) => (pending, evaluation),
-                Err(e) if is_moved(&e) => continue,
                 Err(other) => return Err(other),
             }
-        };
-        match rules.committed(pending) {
-            Ok(versions) => {
-                let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
-                let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
-                let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
-                return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
-            }
-            Err(e) if is_moved(&e) => continue,
-            Err(e) if shadow_mode => {
-                shadow(&a, &e.to_string());
-                return Ok(pb::ApplyActivityResponse::default());
-            }
-            Err(other) => return Err(other),
+        }
+        Err(EnclaveError::Busy {
+            reason: RefusalReason::Unspecified,
+            message: "the organization's authority state keeps changing: retry".into(),
+        })
+    };
+    let answer = apply();
+    // A change whose stamp was spent and that was not applied (the state kept moving, the store
+    // failed): its allow no longer stands, so nothing can link it completed.
+    if let Err(e) = &answer {
+        if unspent.is_none() && !committed {
+            a.failed_after_spend(e);
         }
     }
-    Err(EnclaveError::Busy {
-        reason: RefusalReason::Unspecified,
-        message: "the organization's authority state keeps changing: retry".into(),
-    })
+    answer
 }
 
 /// When the stamped body asks: the proof of the decision and of the changes applied, with the
