@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use coffer_auth::envelope::StampedActivity;
+use coffer_auth::envelope::{derived_id, StampedActivity, ACTIVITY_ID};
 use coffer_auth::oidc::Claims;
 use coffer_auth::{attested, stamp, webauthn};
 use coffer_proto::v1 as pb;
@@ -632,8 +632,11 @@ impl Admission {
     /// finished activity (completed, failed, rejected) is exactly the one its organization's log
     /// linked, once, in that status: the same id and the same activity digest (so a delivery
     /// cannot relabel a status, alter a result, or borrow another activity's fingerprint). An
-    /// activity waiting for votes is not in the log: for it, only the organization is checked
-    /// (issue 40, E7; step 7's waiting rows close the rest).
+    /// activity waiting for votes is not in the log: its id must be the one derived from its
+    /// fingerprint, and one the enclave decides alone must be one it found waiting (it refused it
+    /// for want of approvals, at some point: the event may be delivered after it completed). For an activity the gateway decides first, the
+    /// enclave never saw it wait: only its organization and id are checked (issue 40, E7; step 7's
+    /// waiting rows close the rest).
     fn unwitnessed_event(
         &self,
         organization_id: &str,
@@ -647,6 +650,16 @@ impl Admission {
             return Ok(Some((INVALID, "an activity of an organization the enclave does not have")));
         }
         if status == ACTIVITY_CONSENSUS_NEEDED {
+            if activity_id != derived_id(fingerprint, ACTIVITY_ID, 0) {
+                return Ok(Some((INVALID, "a waiting activity's id is not the one its fingerprint derives")));
+            }
+            let activity_type =
+                activity.and_then(|a| a.get("type")).and_then(serde_json::Value::as_str).unwrap_or_default();
+            if coffer_org_rules::subjects::decided_by_enclave_alone(activity_type)
+                && !self.store.waited_for_votes(organization_id, fingerprint)?
+            {
+                return Ok(Some((INVALID, "an activity the enclave did not find waiting for votes")));
+            }
             return Ok(None);
         }
         if !coffer_auth::proof::FINAL_STATUSES.contains(&status) {
@@ -974,7 +987,24 @@ impl Admission {
                 );
                 None
             }
-            Err(refused) => return Err(Refusal::of_rules(refused).about(&activity, &credential)),
+            Err(refused) => {
+                // One that waits for votes is in the decision log: the enclave found it waiting
+                // (what its webhook event needs; one row per waiting activity or vote, as the
+                // gateway's own records).
+                if refused.reason == RefusalReason::ConsensusNeeded {
+                    let waits = decision_of(
+                        operation,
+                        &activity,
+                        &credential,
+                        crate::store::OUTCOME_REFUSE,
+                        refused.reason.as_str_name(),
+                    );
+                    if let Err(e) = self.store.record_decision(&waits) {
+                        tracing::error!(error = %e, operation, "the decision log did not take a refusal");
+                    }
+                }
+                return Err(Refusal::of_rules(refused).about(&activity, &credential));
+            }
         };
         let mut key = sha2::Sha256::new();
         key.update(operation.as_bytes());
@@ -1410,9 +1440,34 @@ mod tests {
             let (reason, message) = refusal(now, "evt-2:a1", &forged);
             assert!(reason == RefusalReason::DeliveryInvalid && message.contains(why), "{why}: {message}");
         }
-        // Waiting for votes: not in the log; its organization is checked.
-        let waiting = br#"{"id":"a3","organizationId":"o1","status":"ACTIVITY_STATUS_CONSENSUS_NEEDED"}"#;
-        assert!(admission.webhook_message("kid", now, "evt-3:a3", waiting).is_ok());
+        // Waiting for votes: not in the log. Its organization is checked, and its id is the one its
+        // fingerprint derives; one of a type the enclave decides alone, only once the enclave
+        // found it waiting.
+        let waiting_activity = |fingerprint: &str, id: &str, ty: &str| {
+            serde_json::to_vec(&serde_json::json!({"id": id, "organizationId": "o1", "fingerprint": fingerprint,
+                "type": ty, "status": ACTIVITY_CONSENSUS_NEEDED}))
+            .unwrap()
+        };
+        let derived = |fingerprint: &str| derived_id(fingerprint, ACTIVITY_ID, 0);
+        let waiting = waiting_activity("sha256:w", &derived("sha256:w"), "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8");
+        assert!(admission.webhook_message("kid", now, "evt-3:a3", &waiting).is_ok());
+        let (reason, message) =
+            refusal(now, "evt-3:a4", &waiting_activity("sha256:w", "a4", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8"));
+        assert!(reason == RefusalReason::DeliveryInvalid && message.contains("derives"), "{message}");
+        let signing = waiting_activity("sha256:w2", &derived("sha256:w2"), "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2");
+        let (reason, message) = refusal(now, "evt-3:a5", &signing);
+        assert!(reason == RefusalReason::DeliveryInvalid && message.contains("waiting"), "{message}");
+        use crate::store::REASON_CONSENSUS_NEEDED;
+        assert_eq!(REASON_CONSENSUS_NEEDED, RefusalReason::ConsensusNeeded.as_str_name());
+        let waited = DecisionRecord {
+            organization_id: "o1".into(),
+            fingerprint: "sha256:w2".into(),
+            outcome: crate::store::OUTCOME_REFUSE.into(),
+            reason: REASON_CONSENSUS_NEEDED.into(),
+            ..Default::default()
+        };
+        store.record_decision(&waited).unwrap();
+        assert!(admission.webhook_message("kid", now, "evt-3:a5", &signing).is_ok(), "found waiting");
         let body = waiting.as_slice();
         let refused = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
             Err(EnclaveError::Refused { reason, message, .. }) => (reason, message),

@@ -956,8 +956,12 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
     let now = Stack::now_ms() as u64;
     let org = stack.organization_id.clone();
-    let activity = json!({"id": "a1", "organizationId": org, "status": "ACTIVITY_STATUS_CONSENSUS_NEEDED"}).to_string();
-    let activity = activity.into_bytes();
+    // Waiting for votes, of no type the enclave decides (nothing to find in its decision log), its
+    // id the one its fingerprint derives.
+    let waiting_id = coffer_auth::envelope::derived_id("sha256:f1", coffer_auth::envelope::ACTIVITY_ID, 0);
+    let activity = json!({"id": waiting_id, "organizationId": org, "fingerprint": "sha256:f1",
+        "status": "ACTIVITY_STATUS_CONSENSUS_NEEDED"});
+    let activity = activity.to_string().into_bytes();
     let delivery = |timestamp_ms: u64, event_id: &str, body: &[u8]| pb::SignWebhookDeliveryRequest {
         timestamp_ms,
         event_id: event_id.into(),
@@ -1051,6 +1055,40 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let signed = signed.unwrap().into_inner();
     for (i, d) in signed.deliveries.iter().enumerate() {
         assert!(d.signature.is_empty() && d.refusal_reason() == DeliveryInvalid, "forgery {i}: {d:?}");
+    }
+
+    // (8) Waiting for votes (issue 40, E7): a signing the enclave found waiting is signed as the
+    // API serves it; under another id, or a signing the enclave never saw waiting (a made-up
+    // fingerprint, its id derived from it), it is not.
+    let (_, alice) = member(&client, &org, "alice").await;
+    let two = Some("approvers.count() >= 2".to_string());
+    policy(&client, &org, "two sign", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", two).await;
+    let (_, a) = wallet(&client, &org, "waiting").await;
+    let body = sign_body(&org, &a[0], "wait", Stack::now_ms());
+    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body.as_bytes(), Some(&alice)).await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+    let waiting = r.json["activity"].clone();
+    let made_up_fingerprint = "sha256:".to_string() + &"ab".repeat(32);
+    let never_waited = |a: &mut Value| {
+        a["fingerprint"] = json!(made_up_fingerprint);
+        a["id"] = json!(coffer_auth::envelope::derived_id(&made_up_fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0));
+    };
+    let reshaped = |f: &dyn Fn(&mut Value)| {
+        let mut a = waiting.clone();
+        f(&mut a);
+        serde_json::to_vec(&a).unwrap()
+    };
+    let deliveries = vec![
+        delivery(now, "evt-w0", &serde_json::to_vec(&waiting).unwrap()),
+        delivery(now, "evt-w1", &reshaped(&|a| a["id"] = json!("another-activity"))),
+        delivery(now, "evt-w2", &reshaped(&never_waited)),
+    ];
+    let signed = enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries }).await;
+    let signed = signed.unwrap().into_inner();
+    let d = &signed.deliveries;
+    assert!(!d[0].signature.is_empty() && d[0].refusal_reason() == pb::RefusalReason::Unspecified, "{:?}", d[0]);
+    for d in &d[1..] {
+        assert!(d.signature.is_empty() && d.refusal_reason() == DeliveryInvalid, "{d:?}");
     }
 
     // More than a batch's worth is refused whole.

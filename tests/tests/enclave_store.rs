@@ -247,6 +247,14 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     assert_eq!(all.iter().map(|d| d.at_ms).collect::<Vec<_>>(), [10, 11, 11, 12, 13, 14, 15, 16]);
     assert_eq!(b.decisions(11, 1).unwrap().len(), 1);
     assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
+    // Waited for votes: a refusal for want of approvals, at any time, for any enclave; not
+    // another refusal, nor another organization's.
+    assert!(!a.waited_for_votes("o", "f2").unwrap(), "refused for another reason");
+    let waiting = DecisionRecord { reason: REASON_CONSENSUS_NEEDED.into(), ..d(17, "w1", OUTCOME_REFUSE) };
+    a.record_decision(&waiting).unwrap();
+    b.record_decision(&d(18, "w1", OUTCOME_ALLOW)).unwrap();
+    assert!(b.waited_for_votes("o", "w1").unwrap(), "it waited, then ran");
+    assert!(!b.waited_for_votes("p", "w1").unwrap());
 }
 
 fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {

@@ -54,6 +54,9 @@ pub const OUTCOME_REFUSE: &str = "refuse";
 pub const OUTCOME_DONE: &str = "done";
 pub const OUTCOME_FAILED: &str = "failed";
 
+/// [`DecisionRecord::reason`] of a refusal for want of approvals (the activity waits for votes).
+pub const REASON_CONSENSUS_NEEDED: &str = "REFUSAL_REASON_CONSENSUS_NEEDED";
+
 /// One decision of the enclave (or the outcome of an execution it authorized), as the decision
 /// log keeps it: no secret, no payload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -294,6 +297,10 @@ pub trait EnclaveStore: Send + Sync {
     /// (An allow that recorded a key use's result decides over any later decision: the work was
     /// done, whatever a late refusal of the same stamp says.)
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError>;
+
+    /// Whether the enclave ever refused the activity of `organization` with this fingerprint for
+    /// want of approvals ([`REASON_CONSENSUS_NEEDED`]): it waited for votes.
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

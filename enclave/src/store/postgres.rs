@@ -24,7 +24,7 @@ use ::postgres::{Client, NoTls};
 
 use super::interface::{
     check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
+    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
 
 /// Connections one store opens at most.
@@ -715,6 +715,19 @@ impl EnclaveStore for PostgresEnclaveStore {
             let latest: Option<(String, String)> =
                 row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose().map_err(pg)?;
             Ok(LatestDecision::of(latest))
+        })
+    }
+
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+        self.with_conn(|client| {
+            let row = client
+                .query_one(
+                    "SELECT EXISTS(SELECT 1 FROM decisions WHERE organization_id = $1 AND fingerprint = $2
+                     AND outcome = $3 AND reason = $4)",
+                    &[&organization, &fingerprint, &OUTCOME_REFUSE, &REASON_CONSENSUS_NEEDED],
+                )
+                .map_err(pg)?;
+            row.try_get(0).map_err(pg)
         })
     }
 

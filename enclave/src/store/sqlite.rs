@@ -28,7 +28,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, Tr
 
 use super::interface::{
     check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits,
+    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -877,6 +877,19 @@ impl EnclaveStore for SqliteEnclaveStore {
                 })
                 .map_err(sq)?;
             Ok(LatestDecision::of(latest))
+        })
+    }
+
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT EXISTS(SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                 AND outcome = ?3 AND reason = ?4)",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![organization, fingerprint, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED], |r| r.get(0))
+            })
+            .map_err(sq)
         })
     }
 
