@@ -36,9 +36,12 @@ pub(super) fn apply_activity(
     // alone is enforced whatever the setting (the gateway would fail it closed otherwise).
     let shadow_mode = !rules.enforces() && !subjects::decided_by_enclave_alone(&a.activity.activity_type);
     let mut unspent = Some(unspent);
+    // Whether this call spent the stamp (not a twin's spend refused as a replay).
+    let mut spent = false;
     if shadow_mode {
         if let Some(unspent) = unspent.take() {
             admission.spend(&a, unspent)?;
+            spent = true;
         }
     }
     if a.via_parent {
@@ -115,6 +118,7 @@ pub(super) fn apply_activity(
                 if changes.is_empty() {
                     if let Some(unspent) = unspent.take() {
                         admission.spend(&a, unspent)?;
+                        spent = true;
                     }
                     let version = d.loaded.state.version;
                     let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
@@ -140,6 +144,7 @@ pub(super) fn apply_activity(
                 if let Some(unspent) = unspent.take() {
                     drop(locked);
                     admission.spend(&a, unspent)?;
+                    spent = true;
                     locked = rules.lock_organizations(named.iter().copied())?;
                 }
                 let staged = rules.stage_prepared(prepared);
@@ -175,7 +180,7 @@ pub(super) fn apply_activity(
     // A change whose stamp was spent and that was not applied (the state kept moving, the store
     // failed): its allow no longer stands, so nothing can link it completed.
     if let Err(e) = &answer {
-        if unspent.is_none() && !committed {
+        if spent && !committed {
             a.failed_after_spend(e);
         }
     }

@@ -70,15 +70,15 @@ pub(super) fn create_wallet(
     admission.spend(&a, if own { unspent.with_result(&result) } else { unspent })?;
     made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
-    // The facts first: a proof is made only of a wallet the state took.
-    if own {
-        key_facts::wallet_created(admission, &a, &wallet_id, false, &made)?;
-    }
+    // Proofs of the ids checked new above; then the link, and only then the facts: a link the
+    // log refuses (the activity linked already, as failed, say) leaves nothing recorded, and no
+    // result leaves.
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
     if own {
         made.log_link = link
             .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
             .transpose()?;
+        key_facts::wallet_created(admission, &a, &wallet_id, false, &made)?;
     }
     Ok(made)
 }
@@ -125,11 +125,12 @@ pub(super) fn derive_accounts(
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
     let result = json!({ "addresses": accounts.iter().map(|a| a.address.as_str()).collect::<Vec<_>>() });
     admission.spend(&a, unspent.with_result(&result))?;
-    key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
     let log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &app_proofs))
         .transpose()?;
+    // Recorded once linked: a link the log refuses records nothing.
+    key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let (evaluation, result) = (a.evaluation(), result.to_string().into_bytes());
     Ok(pb::DeriveAccountsResponse { accounts, app_proofs, evaluation, result, log_link })
 }
@@ -164,14 +165,15 @@ pub(super) fn create_private_keys(
     let made: Vec<Value> = ids.iter().zip(&keys).map(|(id, k)| private_key_result(id, k)).collect();
     let api_result = json!({ "privateKeys": made });
     admission.spend(&a, unspent.with_result(&api_result))?;
-    let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
-    key_facts::private_keys_made(admission, &a, &made, false)?;
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     let log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
         .transpose()?;
+    // Recorded once linked: a link the log refuses records nothing.
+    let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
+    key_facts::private_keys_made(admission, &a, &made, false)?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation, result, log_link })
 }

@@ -61,10 +61,12 @@ pub(super) fn export_wallet(
     let mut bundle = export(hsm, &a, phrase.as_bytes())?;
     let result = serde_json::json!({ "walletId": seed_ref.resource_id, "exportBundle": bundle.export_bundle });
     admission.spend(&a, unspent.with_result(&result))?;
-    key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
     bundle.log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
         .transpose()?;
+    // Exported once linked: a link the log refuses (the activity linked already, as failed, say)
+    // marks nothing exported, and no bundle leaves.
+    key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -110,10 +112,11 @@ pub(super) fn export_key(
         None => serde_json::json!({ "address": key_ref.address, "exportBundle": bundle.export_bundle }),
     };
     admission.spend(&a, unspent.with_result(&result))?;
-    key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
     bundle.log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
         .transpose()?;
+    // Exported once linked (as above).
+    key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -171,11 +174,12 @@ pub(super) fn import_wallet(
     admission.spend(&a, unspent.with_result(&result))?;
     made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
-    key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
     made.log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
         .transpose()?;
+    // Recorded once linked: a link the log refuses records nothing.
+    key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     Ok(made)
 }
 
@@ -202,12 +206,13 @@ pub(super) fn import_private_key(
     admission.spend(&a, unspent.with_result(&api_result))?;
     made.result = api_result.to_string().into_bytes();
     made.evaluation = a.evaluation();
-    key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
     made.log_link = link
         .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &made.app_proofs))
         .transpose()?;
+    // Recorded once linked: a link the log refuses records nothing.
+    key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     Ok(made)
 }
 
