@@ -459,6 +459,13 @@ impl Stack {
         count_rows(&self.authority_store(), sql, org, kind)
     }
 
+    /// How many decisions with `outcome` (`allow`, `refuse`, ...) the enclaves' decision log holds
+    /// for the activity of `org` with `fingerprint` (its `decisions` table, read with SQL).
+    pub fn decision_count(&self, org: &str, fingerprint: &str, outcome: &str) -> usize {
+        let sql = "SELECT count(*) FROM decisions WHERE organization_id = $1 AND fingerprint || ' ' || outcome = $2";
+        count_rows(&self.authority_store(), sql, org, &format!("{fingerprint} {outcome}"))
+    }
+
     /// The enclaves' authority store URL.
     fn authority_store(&self) -> String {
         self.extra_env

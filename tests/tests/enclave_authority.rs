@@ -4074,7 +4074,7 @@ async fn a_refused_key_use_spends_nothing() {
 
 /// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
 /// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
-/// the decision log (so `RecordActivity` cannot log it completed) and does not spend the stamp:
+/// the decision log (read from the enclaves' store) and does not spend the stamp:
 /// the same stamped body with the exact proposal is then applied, once. The exact proposal names
 /// the new policy as the body's fingerprint derives it: one the gateway named (say, the id of a
 /// deleted record a policy still names) is not what the body asks.
@@ -4113,7 +4113,9 @@ async fn a_refused_change_spends_nothing() {
             pb::RefusalReason::TransitionMismatch,
         );
     }
-    // No allow was logged for it: reported completed, it is not linked.
+    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for a refused change");
+    // Reported completed, it is not linked (a change the enclave decides alone is linked completed
+    // only in the call that applies it).
     let result = json!({"createPolicyResult": {"policyId": derived}});
     let activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
     let record = pb::RecordActivityRequest {
@@ -4123,11 +4125,12 @@ async fn a_refused_change_spends_nothing() {
     refused(
         enclave.clone().record_activity(record).await,
         tonic::Code::PermissionDenied,
-        pb::RefusalReason::NotDecided,
+        pb::RefusalReason::BindingMismatch,
     );
     // The stamp was not spent: the exact proposal is applied, and only once.
     let applied = enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await;
     assert!(applied.is_ok(), "the refused attempt spent the stamp: {applied:?}");
+    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 1, "the applied change's allow");
     // Again, with the same proposal or another: a replay, refused before it is decided again.
     refused(
         enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await,

@@ -474,8 +474,10 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
         .unwrap()
         .query_row("SELECT certificate FROM api_keys WHERE public_key = ?1", [&stack.api_public_key], |r| r.get(0))
         .unwrap();
-    let body = json!({"type": "ACTIVITY_TYPE_CREATE_USER_TAG", "timestampMs": Stack::now_ms().to_string(),
-        "organizationId": org, "parameters": {"userTagName": "never-run", "userIds": []}})
+    // A change the gateway still decides first (one the enclave decides alone is linked completed
+    // only in its own call).
+    let body = json!({"type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT", "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org, "parameters": {"url": "https://hooks.example/never-run", "name": "never-run"}})
     .to_string();
     let fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
     let stamped = |key: &turnkey_api_key_stamper::TurnkeyP256ApiKey| {
@@ -490,10 +492,10 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     };
     // As the gateway records it: the id derived from the body, the body's parameters as intent.
     let id = coffer_auth::envelope::derived_id(&fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
-    let activity = json!({"id": id, "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_USER_TAG",
+    let activity = json!({"id": id, "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
-        "intent": {"createUserTagIntent": {"userTagName": "never-run", "userIds": []}},
-        "result": {"createUserTagResult": {"userTagId": "t"}}, "appProofs": []});
+        "intent": {"createWebhookEndpointIntent": {"url": "https://hooks.example/never-run", "name": "never-run"}},
+        "result": {"createWebhookEndpointResult": {"webhookEndpointId": "w"}}, "appProofs": []});
     let record = |request: pb::StampedRequest, activity: &Value| {
         let mut enclave = enclave.clone();
         let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
@@ -529,7 +531,7 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
         ("organizationId", json!("another")),
         ("type", json!("ACTIVITY_TYPE_CREATE_WALLET")),
         ("id", json!("a-1")),
-        ("intent", json!({"createUserTagIntent": {"userTagName": "another", "userIds": []}})),
+        ("intent", json!({"createWebhookEndpointIntent": {"url": "https://hooks.example/x", "name": "never-run"}})),
         ("result", json!({"createPolicyResult": {}})),
     ] {
         let mut other = activity.clone();
@@ -585,9 +587,9 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert_eq!(head().await, before + 1);
 
     // A stamp kept for a day and reported now, failed or completed: the enclave never decided it.
-    let old_body = json!({"type": "ACTIVITY_TYPE_CREATE_USER_TAG",
+    let old_body = json!({"type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
         "timestampMs": (Stack::now_ms() - 86_400_000).to_string(), "organizationId": org,
-        "parameters": {"userTagName": "kept", "userIds": []}})
+        "parameters": {"url": "https://hooks.example/kept", "name": "kept"}})
     .to_string();
     let old_stamp = {
         use turnkey_api_key_stamper::Stamp;
