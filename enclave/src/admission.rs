@@ -988,10 +988,10 @@ impl Admission {
                 None
             }
             Err(refused) => {
-                // One that waits for votes is in the decision log: the enclave found it waiting
-                // (what its webhook event needs; one row per waiting activity or vote, as the
-                // gateway's own records).
-                if refused.reason == RefusalReason::ConsensusNeeded {
+                // One that waits for votes is in the decision log, once: the enclave found it
+                // waiting (what its webhook event needs). Votes that leave it waiting add nothing.
+                let waited = || self.store.waited_for_votes(&activity.organization_id, &activity.fingerprint);
+                if refused.reason == RefusalReason::ConsensusNeeded && !waited().unwrap_or(false) {
                     let waits = decision_of(
                         operation,
                         &activity,

@@ -1061,12 +1061,20 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     // API serves it; under another id, or a signing the enclave never saw waiting (a made-up
     // fingerprint, its id derived from it), it is not.
     let (_, alice) = member(&client, &org, "alice").await;
-    let two = Some("approvers.count() >= 2".to_string());
-    policy(&client, &org, "two sign", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", two).await;
+    let (_, bob) = member(&client, &org, "bob").await;
+    let three = Some("approvers.count() >= 3".to_string());
+    policy(&client, &org, "three sign", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", three)
+        .await;
     let (_, a) = wallet(&client, &org, "waiting").await;
-    let body = sign_body(&org, &a[0], "wait", Stack::now_ms());
-    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", body.as_bytes(), Some(&alice)).await;
+    let signing = sign_body(&org, &a[0], "wait", Stack::now_ms());
+    let r = stack.post_raw("/public/v1/submit/sign_raw_payload", signing.as_bytes(), Some(&alice)).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+    // bob's approval leaves it waiting; the decision log says it waited once.
+    let fingerprint = r.json["activity"]["fingerprint"].as_str().unwrap().to_string();
+    let approve = body("ACTIVITY_TYPE_APPROVE_ACTIVITY", &org, Stack::now_ms(), json!({ "fingerprint": fingerprint }));
+    let r = stack.post_raw("/public/v1/submit/approve_activity", approve.as_bytes(), Some(&bob)).await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+    assert_eq!(stack.decision_count(&org, &fingerprint, "refuse"), 1, "one waiting row, whatever the votes");
     let waiting = r.json["activity"].clone();
     let made_up_fingerprint = "sha256:".to_string() + &"ab".repeat(32);
     let never_waited = |a: &mut Value| {

@@ -754,11 +754,20 @@ struct VoteIntent {
     fingerprint: String,
 }
 
-/// Serializes vote processing in this process, so a handler runs once even when approvals
-/// arrive together (the store's compare-and-set is what guarantees it across processes).
-fn vote_lock() -> &'static tokio::sync::Mutex<()> {
-    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
-    LOCK.get_or_init(|| tokio::sync::Mutex::new(()))
+/// How many locks votes are spread over ([`vote_lock`]).
+const VOTE_LOCKS: usize = 64;
+
+/// Serializes the votes on one activity (`fingerprint`) in this process, so a handler runs once
+/// even when approvals arrive together (the store's compare-and-set is what guarantees it across
+/// processes). One of [`VOTE_LOCKS`] locks by the fingerprint's hash: a tenant's flood of votes
+/// holds up the votes that share its lock, not every organization's.
+fn vote_lock(fingerprint: &str) -> &'static tokio::sync::Mutex<()> {
+    use std::hash::BuildHasher;
+    static LOCKS: OnceLock<(std::collections::hash_map::RandomState, Vec<tokio::sync::Mutex<()>>)> = OnceLock::new();
+    let (hasher, locks) = LOCKS.get_or_init(|| {
+        (std::collections::hash_map::RandomState::new(), (0..VOTE_LOCKS).map(|_| tokio::sync::Mutex::new(())).collect())
+    });
+    &locks[hasher.hash_one(fingerprint) as usize % VOTE_LOCKS]
 }
 
 /// The submitter as the caller of a deferred handler, from the first vote's credential.
@@ -829,7 +838,7 @@ async fn vote(
     approve: bool,
 ) -> Result<Value, ApiError> {
     let intent: VoteIntent = super::registry::decode(env.parameters)?;
-    let _serial = vote_lock().lock().await;
+    let _serial = vote_lock(&intent.fingerprint).lock().await;
     let not_found = || ApiError::not_found(NO_SUCH_FINGERPRINT);
     for _attempt in 0..8 {
         let fp = intent.fingerprint.clone();
