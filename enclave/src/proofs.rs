@@ -226,8 +226,8 @@ pub fn link_in_call(
     Ok(pb::LogLink { link: Some(link), seq })
 }
 
-/// [`link_in_call`] for a state change applied already: one that is not linked is left to the
-/// gateway's `RecordActivity` (a warning here), as the change stands.
+/// [`link_in_call`] for a state change applied already: one that is not linked stays unlogged (a
+/// warning here; `verify-log` lists it), as the change stands.
 pub fn link_applied(
     hsm: &Hsm,
     admission: &Admission,

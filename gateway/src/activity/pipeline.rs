@@ -659,9 +659,13 @@ pub async fn submit(
     record.result = result;
     record.app_proofs = taken_proofs(&returned);
     // A finished activity's link in its organization's log is committed with it: the one its
-    // enclave call made (a key use), or one asked for now.
+    // enclave call made, or one asked for now. One the enclave decides alone is linked only in
+    // its own call (`RecordActivity` refuses it completed): without that link it stays unlogged.
     match (submission, returned.take_log_link()) {
         (Some(_), Some(linked)) => writes.extend(linked_in_call(&record, linked)),
+        (Some(_), None) if decided_alone(op) => {
+            tracing::warn!(activity = %record.id, "the enclave linked no activity in its call: it stays unlogged");
+        }
         (Some(submission), None) => {
             record.updated_at = now_nanos();
             writes.extend(log_link(&state, submission, &record).await);
@@ -1095,8 +1099,11 @@ async fn apply(
         crate::metrics::observe_activity(&activity.activity_type, &activity.status);
         // Finished by this vote and not linked in its enclave call: its link goes in after the
         // change committed (a vote that lost the race, or whose effects failed, must not leave a
-        // link of what never was).
-        if activity.status != STATUS_CONSENSUS_NEEDED && !linked {
+        // link of what never was). One the enclave decides alone, completed, is linked only in
+        // its own call.
+        let in_call_only = activity.status == STATUS_COMPLETED
+            && coffer_org_rules::subjects::decided_by_enclave_alone(&activity.activity_type);
+        if activity.status != STATUS_CONSENSUS_NEEDED && !linked && !in_call_only {
             let original = activity.votes[0]["message"].as_str().unwrap_or_default().as_bytes().to_vec();
             let submission = state.read_store(|s| submitter_caller(s, &org.id, &activity.votes[0]));
             if let Ok(submitter) = submission {
