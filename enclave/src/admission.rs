@@ -21,6 +21,7 @@ use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
+const REJECT_ACTIVITY: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
 /// How long a waiting activity's original stamp stays usable (the vote lifetime).
 pub const VOTE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
 /// `issuing_fingerprint` prefix of certificates made by operator bootstrap.
@@ -77,9 +78,8 @@ pub struct Admitted {
     /// The credential is the parent organization's, acting for its sub-organization (login
     /// activities only, with the sub-organization's parent certificate).
     pub via_parent: bool,
-    /// What the organization's rules decided (the state read and the policy evaluation); `None`
-    /// only in shadow mode, when they would have refused.
-    pub decided: Option<Decided>,
+    /// What the organization's rules decided (the state read and the policy evaluation).
+    pub decided: Decided,
     /// The organization whose rules decide (the parent's for a parent's login), the submitter and
     /// the verified voters: what [`Admission::decide_over`] reads.
     policy_org: String,
@@ -116,10 +116,9 @@ impl Unspent {
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn EnclaveStore>);
 impl Admitted {
-    /// The policy outcomes the decision read, as recorded (JSON text); empty when it decided
-    /// nothing (shadow mode).
+    /// The policy outcomes the decision read, as recorded (JSON text).
     pub fn evaluation(&self) -> String {
-        self.decided.as_ref().map(|d| d.evaluation.outcomes_json_text()).unwrap_or_default()
+        self.decided.evaluation.outcomes_json_text()
     }
 
     /// The verified approvals the decision counted: the submitter's, then every vote's.
@@ -440,27 +439,21 @@ impl Admission {
         Ok(Self::new(hsm, freshness_ms, Arc::new(store)))
     }
 
-    /// The same admission, its rules enforcing or in shadow mode ([`Decider::enforcing`]).
-    pub fn enforcing(self, enforce: bool) -> Self {
-        let (limits, cache_bytes) = (self.rules.limits(), self.rules.cache_budget_bytes());
-        self.with_rules(enforce, limits, cache_bytes)
-    }
-
     /// The same admission, its rules with these per-organization caps ([`Decider::limited`]).
     pub fn limited(self, limits: coffer_org_rules::Limits) -> Self {
-        let (enforce, cache_bytes) = (self.rules.enforces(), self.rules.cache_budget_bytes());
-        self.with_rules(enforce, limits, cache_bytes)
+        let cache_bytes = self.rules.cache_budget_bytes();
+        self.with_rules(limits, cache_bytes)
     }
 
     /// The same admission, keeping at most `bytes` of organizations' states in memory
     /// ([`Decider::cache_budget`]).
     pub fn state_cache(self, bytes: usize) -> Self {
-        let (enforce, limits) = (self.rules.enforces(), self.rules.limits());
-        self.with_rules(enforce, limits, bytes)
+        let limits = self.rules.limits();
+        self.with_rules(limits, bytes)
     }
 
-    fn with_rules(self, enforce: bool, limits: coffer_org_rules::Limits, cache_bytes: usize) -> Self {
-        let rules = Decider::new(self.store.clone()).enforcing(enforce).limited(limits).cache_budget(cache_bytes);
+    fn with_rules(self, limits: coffer_org_rules::Limits, cache_bytes: usize) -> Self {
+        let rules = Decider::new(self.store.clone()).limited(limits).cache_budget(cache_bytes);
         Self { rules: Arc::new(rules), ..self }
     }
 
@@ -468,23 +461,17 @@ impl Admission {
     /// on (the head its organization's staged changes leave, see [`Decider::stage`]). The decision
     /// its authorization made is kept when it read that very state. A refusal is returned as the
     /// caller's error (and audited).
-    pub fn decide_over(&self, a: &Admitted, loaded: Option<Arc<Loaded>>) -> Result<Option<Decided>, EnclaveError> {
-        if let (Some(d), Some(l)) = (&a.decided, &loaded) {
-            if Arc::ptr_eq(&d.loaded, l) {
-                return Ok(Some(d.clone()));
+    pub fn decide_over(&self, a: &Admitted, loaded: Option<Arc<Loaded>>) -> Result<Decided, EnclaveError> {
+        if let Some(l) = &loaded {
+            if Arc::ptr_eq(&a.decided.loaded, l) {
+                return Ok(a.decided.clone());
             }
         }
         let p = &a.activity;
         let now = now_ms();
         match Decider::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now)
         {
-            Ok(d) => Ok(Some(d)),
-            Err(_)
-                if !self.rules.enforces()
-                    && !coffer_org_rules::subjects::decided_by_enclave_alone(&p.activity_type) =>
-            {
-                Ok(None)
-            }
+            Ok(d) => Ok(d),
             Err(refused) => Err(refused_by(a, Refusal::of_rules(refused))),
         }
     }
@@ -633,10 +620,8 @@ impl Admission {
     /// linked, once, in that status: the same id and the same activity digest (so a delivery
     /// cannot relabel a status, alter a result, or borrow another activity's fingerprint). An
     /// activity waiting for votes is not in the log: its id must be the one derived from its
-    /// fingerprint, and one the enclave decides alone must be one it found waiting (it refused it
-    /// for want of approvals, at some point: the event may be delivered after it completed). For an activity the gateway decides first, the
-    /// enclave never saw it wait: only its organization and id are checked (issue 40, E7; step 7's
-    /// waiting rows close the rest).
+    /// fingerprint, and the enclave must have found it waiting, as that type (it refused it for
+    /// want of approvals, at some point: the event may be delivered after it completed).
     fn unwitnessed_event(
         &self,
         organization_id: &str,
@@ -655,9 +640,10 @@ impl Admission {
             }
             let activity_type =
                 activity.and_then(|a| a.get("type")).and_then(serde_json::Value::as_str).unwrap_or_default();
-            if coffer_org_rules::subjects::decided_by_enclave_alone(activity_type)
-                && !self.store.waited_for_votes(organization_id, fingerprint)?
-            {
+            // Every activity is decided by the enclave, which records the one it finds waiting
+            // (an event of no type, or of a type the policies do not decide, was never found
+            // waiting).
+            if !self.store.waited_for_votes(organization_id, fingerprint, activity_type)? {
                 return Ok(Some((INVALID, "an activity the enclave did not find waiting for votes")));
             }
             return Ok(None);
@@ -745,6 +731,59 @@ impl Admission {
             return Err(r.into_error());
         }
         Ok((a, unspent))
+    }
+
+    /// Decides `auth` as the enclave call that does its activity's work would, and does nothing
+    /// else: no stamp spent, no allow logged, nothing applied. The outcomes the policies read
+    /// when they allow it; the call's own typed refusal otherwise (audited), an activity waiting
+    /// for votes recorded in the decision log as that call records it. The gateway asks before a
+    /// handler reaches the network for an activity (a webhook target's name), and to choose how to
+    /// answer an activity its handler found wrong before the enclave decided it
+    /// (`DecideActivity`). The call that does the work decides again.
+    pub fn decide_ahead(
+        &self,
+        auth: Option<&pb::Authorization>,
+        parent_certificate: Option<&[u8]>,
+    ) -> Result<String, EnclaveError> {
+        const OPERATION: &str = "decide_activity";
+        // What the calls it stands in for take: no vote (a vote is no activity the policies
+        // decide), and a parent organization's credential only for an activity a parent may
+        // submit for its sub-organization (logins, one-time codes for a login).
+        let parent_types = crate::sessions::PARENT_MAY_SUBMIT;
+        let types: Vec<&str> = match parent_certificate {
+            Some(_) => parent_types.to_vec(),
+            None => coffer_org_rules::subjects::SUBJECTS
+                .iter()
+                .map(|s| s.activity_type)
+                .filter(|t| ![APPROVE_ACTIVITY, REJECT_ACTIVITY].contains(t))
+                .collect(),
+        };
+        match self.check(OPERATION, auth, &types, parent_certificate, None) {
+            Ok((a, _unspent)) => Ok(a.evaluation()),
+            Err(r) => {
+                r.audit(OPERATION);
+                Err(r.into_error())
+            }
+        }
+    }
+
+    /// The policy dry run: how the rules of `organization_id` (its authority state) would decide
+    /// `activity_type` with `params` submitted now by the live credential named, whatever they
+    /// decide. Refused only when nothing can be evaluated (no such organization or live
+    /// credential, an activity type the rules do not know). Decides nothing, records nothing.
+    pub fn dry_run(
+        &self,
+        organization_id: &str,
+        credential: VerifiedVote,
+        activity_type: &str,
+        params: &Value,
+    ) -> Result<coffer_policy::decision::Evaluation, EnclaveError> {
+        let now = now_ms();
+        let loaded = self.rules.load(organization_id)?;
+        let credential = VerifiedVote { at_ms: now, ..credential };
+        Decider::evaluate_over(loaded, organization_id, activity_type, params, &credential, &[], now)
+            .map(|d| d.evaluation)
+            .map_err(|r| EnclaveError::Refused { reason: r.reason, message: r.message, evaluation: String::new() })
     }
 
     /// [`Admission::authorize_unspent`] for a key operation, whose stamp is spent once its work
@@ -968,29 +1007,17 @@ impl Admission {
             &voters,
             now,
         ) {
-            Ok(d) => Some(d),
-            // Shadow mode covers only what the gateway decides first: its refusal of an activity
-            // the enclave decides alone (key uses, most state changes) always stands.
-            Err(refused)
-                if !self.rules.enforces()
-                    && !coffer_org_rules::subjects::decided_by_enclave_alone(&activity.activity_type) =>
-            {
-                tracing::warn!(
-                    target: "coffer_audit",
-                    decision = "shadow_refuse",
-                    operation,
-                    reason = %refused.message,
-                    reason_code = refused.reason.as_str_name(),
-                    organization = %activity.organization_id,
-                    fingerprint = %activity.fingerprint,
-                    "enclave decision"
-                );
-                None
-            }
+            Ok(d) => d,
             Err(refused) => {
                 // One that waits for votes is in the decision log, once: the enclave found it
                 // waiting (what its webhook event needs). Votes that leave it waiting add nothing.
-                let waited = || self.store.waited_for_votes(&activity.organization_id, &activity.fingerprint);
+                let waited = || {
+                    self.store.waited_for_votes(
+                        &activity.organization_id,
+                        &activity.fingerprint,
+                        &activity.activity_type,
+                    )
+                };
                 if refused.reason == RefusalReason::ConsensusNeeded && !waited().unwrap_or(false) {
                     let waits = decision_of(
                         operation,
@@ -1017,7 +1044,7 @@ impl Admission {
         // stands for are committed together: every allow is in the decision log before anything
         // is done, and if the store takes neither, nothing is done.
         let share = self
-            .top_level_id(policy_org, decided.as_ref().map(|d| d.loaded.clone()))
+            .top_level_id(policy_org, Some(decided.loaded.clone()))
             .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
         let approved = auth.is_some_and(|a| a.approval.is_some());
         let allowed = decision_of(
@@ -1441,8 +1468,8 @@ mod tests {
             assert!(reason == RefusalReason::DeliveryInvalid && message.contains(why), "{why}: {message}");
         }
         // Waiting for votes: not in the log. Its organization is checked, and its id is the one its
-        // fingerprint derives; one of a type the enclave decides alone, only once the enclave
-        // found it waiting.
+        // fingerprint derives; and it is signed only once the enclave found it waiting (every
+        // activity the policies decide, a sub-organization's creation as a signature).
         let waiting_activity = |fingerprint: &str, id: &str, ty: &str| {
             serde_json::to_vec(&serde_json::json!({"id": id, "organizationId": "o1", "fingerprint": fingerprint,
                 "type": ty, "status": ACTIVITY_CONSENSUS_NEEDED}))
@@ -1450,7 +1477,8 @@ mod tests {
         };
         let derived = |fingerprint: &str| derived_id(fingerprint, ACTIVITY_ID, 0);
         let waiting = waiting_activity("sha256:w", &derived("sha256:w"), "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8");
-        assert!(admission.webhook_message("kid", now, "evt-3:a3", &waiting).is_ok());
+        let (reason, message) = refusal(now, "evt-3:a3", &waiting);
+        assert!(reason == RefusalReason::DeliveryInvalid && message.contains("waiting"), "{message}");
         let (reason, message) =
             refusal(now, "evt-3:a4", &waiting_activity("sha256:w", "a4", "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8"));
         assert!(reason == RefusalReason::DeliveryInvalid && message.contains("derives"), "{message}");
@@ -1464,10 +1492,18 @@ mod tests {
             fingerprint: "sha256:w2".into(),
             outcome: crate::store::OUTCOME_REFUSE.into(),
             reason: REASON_CONSENSUS_NEEDED.into(),
+            activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2".into(),
             ..Default::default()
         };
         store.record_decision(&waited).unwrap();
         assert!(admission.webhook_message("kid", now, "evt-3:a5", &signing).is_ok(), "found waiting");
+        let as_another_type = waiting_activity("sha256:w2", &derived("sha256:w2"), "ACTIVITY_TYPE_CREATE_POLICY_V3");
+        let (reason, message) = refusal(now, "evt-3:a6", &as_another_type);
+        assert!(reason == RefusalReason::DeliveryInvalid && message.contains("waiting"), "{message}");
+        let sub_organization = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8".to_string();
+        let waited_too = DecisionRecord { fingerprint: "sha256:w".into(), activity_type: sub_organization, ..waited };
+        store.record_decision(&waited_too).unwrap();
+        assert!(admission.webhook_message("kid", now, "evt-3:a3", &waiting).is_ok(), "found waiting");
         let body = waiting.as_slice();
         let refused = |ts: u64, event: &str, body: &[u8]| match admission.webhook_message("kid", ts, event, body) {
             Err(EnclaveError::Refused { reason, message, .. }) => (reason, message),

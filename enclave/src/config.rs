@@ -81,12 +81,10 @@ pub struct EnclaveConfig {
     /// Days the decision log keeps a decision (`coffer-enclave reconcile` reads it); 0 keeps them
     /// forever. Default 30.
     pub decision_retention_days: u64,
-    /// Whether the organization's rules kept in the authority state (live credentials, root
-    /// quorum, policies, the changes activities may make) refuse what they do not allow. Default
-    /// true. False is shadow mode, for an upgrade in progress: the enclave keeps the state,
-    /// decides, and logs `decision="shadow_refuse"` audit lines without refusing (README
-    /// "Upgrading to the authority state"). Environment: `COFFER_ENFORCE_RULES` (`0`/`false` to
-    /// turn it off).
+    /// Kept so that a configuration that names it is understood: the enclave is the only decider
+    /// and always enforces the organization's rules. `false` (shadow mode, for the upgrade to the
+    /// authority state) is refused at start: with the gateway no longer deciding, it would leave
+    /// nothing enforced. Environment: `COFFER_ENFORCE_RULES`.
     pub enforce_rules: bool,
     /// Also serve over TCP at this address, with mutual TLS only (`tls`). Default: none (the Unix
     /// socket alone). Environment: `COFFER_ENCLAVE_TCP_LISTEN`.
@@ -396,6 +394,12 @@ impl EnclaveConfig {
         if let Ok(v) = std::env::var("COFFER_ENFORCE_RULES") {
             cfg.enforce_rules = !matches!(v.trim(), "0" | "false");
         }
+        if !cfg.enforce_rules {
+            anyhow::bail!(
+                "enforce_rules = false (shadow mode) is retired: the enclave is the only decider of every activity \
+                 (README \"Upgrading to the authority state\")"
+            );
+        }
         if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_URL") {
             cfg.authority_store = Some(v).filter(|v| !v.trim().is_empty());
         }
@@ -574,6 +578,19 @@ mod tests {
         assert_eq!(huge.sub_organizations_share(), u64::MAX, "no overflow");
         let mut over = OtpSettings { sub_organizations_share_percent: 101, ..OtpSettings::default() };
         assert!(over.load_env().is_err(), "a share over 100% is refused at start");
+    }
+
+    #[test]
+    fn shadow_mode_is_refused_at_start() {
+        let dir = std::env::temp_dir().join(format!("coffer-shadow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (on, off) = (dir.join("on.toml"), dir.join("off.toml"));
+        std::fs::write(&on, "enforce_rules = true\n").unwrap();
+        std::fs::write(&off, "enforce_rules = false\n").unwrap();
+        assert!(EnclaveConfig::load(Some(&on)).is_ok_and(|c| c.enforce_rules));
+        let e = EnclaveConfig::load(Some(&off)).unwrap_err().to_string();
+        assert!(e.contains("shadow mode") && e.contains("retired"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -99,9 +99,6 @@ pub struct Decided {
 /// The enclave's view of every organization's authority state.
 pub struct Decider {
     store: Arc<dyn EnclaveStore>,
-    /// Whether a refusal of the rules refuses the call (`enforce_rules`), or is only logged while
-    /// the state is being filled (shadow mode, see README "What the enclave does not decide yet").
-    enforce: bool,
     /// The per-organization caps every staged change is checked against ([`Decider::stage`]).
     limits: Limits,
     /// Committed states, bounded by [`footprint`] on every insert, least recently used out.
@@ -239,7 +236,6 @@ impl Decider {
     pub fn new(store: Arc<dyn EnclaveStore>) -> Self {
         Self {
             store,
-            enforce: true,
             limits: Limits::default(),
             cache: BoundedCache::new(DEFAULT_STATE_CACHE_BYTES),
             writing: Mutex::new(()),
@@ -249,16 +245,6 @@ impl Decider {
             loads: std::sync::atomic::AtomicU64::new(0),
             changing: Mutex::new(Staged::default()),
         }
-    }
-
-    /// The same rules, enforcing (`true`, the default) or in shadow mode (`false`).
-    pub fn enforcing(mut self, enforce: bool) -> Self {
-        self.enforce = enforce;
-        self
-    }
-
-    pub fn enforces(&self) -> bool {
-        self.enforce
     }
 
     /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`).
@@ -679,17 +665,9 @@ impl Decider {
         Ok(snapshot.iter().map(|(org, _)| org.clone()).zip(versions).collect())
     }
 
-    /// Records what the enclave itself did (keys made, sessions opened): committed, or in
-    /// shadow mode, when the state cannot take it (an organization it does not have yet), logged.
+    /// Records what the enclave itself did (keys made, sessions opened): committed.
     pub fn record(&self, changes: &[Change]) -> Result<(), EnclaveError> {
-        match self.commit(changes) {
-            Ok(_) => Ok(()),
-            Err(e) if !self.enforce => {
-                tracing::warn!(target: "coffer_audit", shadow = true, error = %e, "authority state not recorded");
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        self.commit(changes).map(|_| ())
     }
 
     pub fn store(&self) -> &Arc<dyn EnclaveStore> {
@@ -776,6 +754,39 @@ impl Decider {
         voters: &[VerifiedVote],
         now_ms: Millis,
     ) -> Result<Decided, RulesRefusal> {
+        let decided = Self::evaluate_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)?;
+        let evaluation = &decided.evaluation;
+        match evaluation.decision {
+            Decision::Allow => Ok(decided),
+            Decision::ConsensusNeeded => Err(RulesRefusal {
+                reason: RefusalReason::ConsensusNeeded,
+                message: format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
+            Decision::Deny => Err(RulesRefusal {
+                reason: match evaluation.reason {
+                    decide::ROOT_QUORUM_ONLY => RefusalReason::RootQuorumOnly,
+                    _ => RefusalReason::PolicyDenied,
+                },
+                message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
+        }
+    }
+
+    /// The evaluation [`Decider::decide_over`] decides with, whatever it decides (the policy dry
+    /// run's): refused only when no policy can be evaluated (no state for the organization, a
+    /// credential not live in it, an activity type the rules do not know).
+    #[allow(clippy::too_many_arguments)]
+    pub fn evaluate_over(
+        loaded: Option<Arc<Loaded>>,
+        policy_org: &str,
+        activity_type: &str,
+        params: &serde_json::Value,
+        submitter: &VerifiedVote,
+        voters: &[VerifiedVote],
+        now_ms: Millis,
+    ) -> Result<Decided, RulesRefusal> {
         let Some(loaded) = loaded else {
             return Err(RulesRefusal::new(
                 RefusalReason::OrganizationUnknown,
@@ -818,22 +829,7 @@ impl Decider {
         votes.extend(counted.iter().map(|(c, at)| Vote { user_id: &c.user_id, credential: c, at_ms: *at }));
         let proposal = Proposal { subject, params, submitter: &own.user_id, votes, now_ms };
         let evaluation = decide::decide(state, &loaded.index, &proposal);
-        match evaluation.decision {
-            Decision::Allow => Ok(Decided { loaded: loaded.clone(), evaluation }),
-            Decision::ConsensusNeeded => Err(RulesRefusal {
-                reason: RefusalReason::ConsensusNeeded,
-                message: format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
-                evaluation: evaluation.outcomes_json_text(),
-            }),
-            Decision::Deny => Err(RulesRefusal {
-                reason: match evaluation.reason {
-                    decide::ROOT_QUORUM_ONLY => RefusalReason::RootQuorumOnly,
-                    _ => RefusalReason::PolicyDenied,
-                },
-                message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
-                evaluation: evaluation.outcomes_json_text(),
-            }),
-        }
+        Ok(Decided { loaded: loaded.clone(), evaluation })
     }
 
     /// Applies `changes` (already checked, or facts the enclave itself made) through the staged

@@ -101,7 +101,7 @@ fn single<'a>(activity: &'a Map<String, Value>, member: &str, key: &str) -> Opti
 
 /// Checks an activity `RecordActivity` is asked to link (a finished one, its result and proofs as
 /// the gateway records them): it states the stamped submission; a completed one has its result
-/// under the API's name, and is not one the enclave decides alone (a key use, or a state change
+/// under the API's name, and is not one linked in its own call (a key use, or a state change
 /// `ApplyActivity` decides: such an activity is linked completed only in the call that does it,
 /// with the votes the enclave verified and, for a key use, the result it made); another has no
 /// result.
@@ -109,10 +109,8 @@ pub fn check_recorded(stamped: &StampedActivity, activity: &[u8]) -> Result<Valu
     let activity = parsed(activity)?;
     let subject = states_the_submission(stamped, &activity)?;
     if activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_COMPLETED) {
-        if subjects::decided_by_enclave_alone(subject.activity_type) {
-            return Err(misstated(
-                "is decided by the enclave alone: it is linked completed only in the call that does it",
-            ));
+        if subjects::linked_in_its_call(subject.activity_type) {
+            return Err(misstated("is linked completed only in the enclave call that does it"));
         }
         if single(&activity, "result", subject.result_key).is_none() {
             return Err(misstated("does not state its result under its type's name, and nothing else"));
@@ -290,7 +288,7 @@ mod tests {
         signing["result"] = json!({});
         assert!(recorded(&stamped(), &signing).is_ok(), "failed, without one");
 
-        // A state change the enclave decides alone, like a key use, is linked completed only in
+        // A state change linked in its call, like a key use, is linked completed only in
         // its call.
         let policy = StampedActivity {
             activity_type: "ACTIVITY_TYPE_CREATE_POLICY_V3".into(),
@@ -300,7 +298,7 @@ mod tests {
         let created = json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED, "result": {"createPolicyResult": {}},
             "intent": {"createPolicyIntentV3": {"policyName": "p"}}});
-        assert!(recorded(&policy, &created).is_err(), "a change the enclave decides alone, completed");
+        assert!(recorded(&policy, &created).is_err(), "a change linked in its call, completed");
 
         // otp_auth's code is recorded redacted, and only so.
         let otp = StampedActivity {

@@ -323,13 +323,11 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
             (cfg.freshness_window_secs as i64).saturating_mul(1000),
             store,
         )
-        .enforcing(cfg.enforce_rules)
         .limited(cfg.limits())
         .state_cache(cfg.state_cache_mib.saturating_mul(1 << 20))
         .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day),
     );
     tracing::info!(
-        enforce_rules = cfg.enforce_rules,
         max_webhook_endpoints_per_organization = cfg.max_webhook_endpoints_per_organization,
         max_policies_per_organization = cfg.max_policies_per_organization,
         max_policy_text_bytes_per_organization = cfg.max_policy_text_bytes_per_organization,

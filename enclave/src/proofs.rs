@@ -55,11 +55,8 @@ pub fn of_call(hsm: &Hsm, a: &Admitted, result: Value) -> Result<Vec<pb::AppProo
             })
         })
         .collect();
-    let (decided_by, policies, version) = match &a.decided {
-        Some(d) => (d.evaluation.reason, d.evaluation.outcomes_json(), d.loaded.state.version),
-        // Shadow mode: the rules would have refused, and were not enforced.
-        None => ("RULES_NOT_ENFORCED", json!([]), 0),
-    };
+    let d = &a.decided;
+    let (decided_by, policies, version) = (d.evaluation.reason, d.evaluation.outcomes_json(), d.loaded.state.version);
     let context = json!({
         "organizationId": a.activity.organization_id,
         "operation": a.operation,

@@ -48,6 +48,19 @@ pub const OTP_AUTH: &str = "ACTIVITY_TYPE_OTP_AUTH";
 pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
 pub const INIT_OTP_AUTH: &str = "ACTIVITY_TYPE_INIT_OTP_AUTH_V3";
 pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
+/// What a parent organization's credential may submit for its sub-organization (with the
+/// sub-organization's parent certificate): the logins, and the one-time code before a login.
+pub const PARENT_MAY_SUBMIT: &[&str] = &[
+    OAUTH_LOGIN,
+    STAMP_LOGIN,
+    CREATE_READ_WRITE_SESSION,
+    OTP_LOGIN,
+    OTP_AUTH,
+    EMAIL_AUTH,
+    INIT_USER_EMAIL_RECOVERY,
+    CREATE_READ_ONLY_SESSION,
+    INIT_OTP_AUTH,
+];
 
 /// Default session length when the body gives none.
 pub const DEFAULT_SESSION_SECONDS: u64 = 900;
@@ -266,9 +279,8 @@ const ROOT_QUORUM: &str = "ROOT_QUORUM";
 fn may_open_for(a: &Admitted, user_id: &str) -> bool {
     user_id == a.credential.user_id
         || a.via_parent
-        || a.decided.as_ref().is_some_and(|d| {
-            d.evaluation.decision == coffer_policy::decision::Decision::Allow && d.evaluation.reason == ROOT_QUORUM
-        })
+        || (a.decided.evaluation.decision == coffer_policy::decision::Decision::Allow
+            && a.decided.evaluation.reason == ROOT_QUORUM)
 }
 
 /// The expiry of a session asked to end at `requested_ms`, opened by a stamp of `credential`: no
@@ -294,7 +306,7 @@ pub fn bounded_expiry(requested_ms: u64, credential: &pb::CredentialCertificate,
 
 /// [`bounded_expiry`] of the session `a` opens, asked for `seconds` from now.
 fn session_expiry(admission: &Admission, a: &Admitted, seconds: u64) -> u64 {
-    bounded_expiry(admission.expiry(Some(seconds)), &a.credential, a.decided.as_ref().map(|d| &d.loaded.state))
+    bounded_expiry(admission.expiry(Some(seconds)), &a.credential, Some(&a.decided.loaded.state))
 }
 
 /// A P-256 key pair drawn from the HSM's generator (a valid scalar by rejection sampling): the
@@ -354,7 +366,7 @@ pub fn read_only_session(
         ));
     }
     let expires_at_ms = session_expiry(admission, a, seconds);
-    let credential_id = stamping_credential_id(admission, a)?;
+    let credential_id = stamping_credential_id(a)?;
     // `credential_id` names the credential by id (a key deleted and added back under a new id
     // does not revive the session); `public_key` stays for the SDKs that decode it.
     let claims = json!({
@@ -389,20 +401,17 @@ pub fn read_only_session(
         user_id: a.credential.user_id.clone(),
         public_key: a.credential.public_key.clone(),
         expires_at_ms,
+        evaluation: a.evaluation(),
         ..Default::default()
     })
 }
 
 /// The id, in the organization's authority state, of the live credential that stamped `a` (the
-/// state the decision read, or the organization's own in shadow mode): what a read-only session
-/// names, so that only that credential keeps it alive.
-fn stamping_credential_id(admission: &Admission, a: &Admitted) -> Result<String, EnclaveError> {
-    let loaded = match &a.decided {
-        Some(d) => Some(d.loaded.clone()),
-        None => admission.rules().load(&a.activity.organization_id)?,
-    };
+/// state the decision read): what a read-only session names, so that only that credential keeps
+/// it alive.
+fn stamping_credential_id(a: &Admitted) -> Result<String, EnclaveError> {
     let c = &a.credential;
-    loaded
+    Some(&a.decided.loaded)
         .and_then(|l| {
             l.state.live_credential(&c.user_id, &c.public_key, &c.credential_type, crate::admission::now_ms()).map(|c| c.id.clone())
         })
@@ -518,6 +527,7 @@ pub fn open_session(
         certificate,
         credential_bundle,
         credential_id,
+        evaluation: a.evaluation(),
     })
 }
 

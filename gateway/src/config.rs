@@ -103,19 +103,20 @@ pub struct GatewayConfig {
     /// connections, so a flood of API traffic can never crowd out a health check. Default: none
     /// (the API listener serves them too, outside the in-flight limits).
     pub ops_listen: Option<SocketAddr>,
-    /// Policy evaluation runs on a pool of its own threads, off the request executor: this many
-    /// evaluations at once. 0 (the default) is the machine's cores. Env `COFFER_POLICY_THREADS`.
+    /// Policy dry runs asked of the enclave at once. 0 (the default) is the machine's cores. Env
+    /// `COFFER_POLICY_THREADS`.
     pub policy_threads: usize,
-    /// Evaluations of one organization at once, so one organization cannot take the whole pool.
-    /// 0 (the default) is half the pool, at least 1; at most the pool. A single-tenant
-    /// deployment may set it to the pool. Env `COFFER_POLICY_THREADS_PER_ORGANIZATION`.
+    /// Dry runs of one top-level organization (with its sub-organizations) at once, so one
+    /// organization cannot take them all.
+    /// 0 (the default) is half of `policy_threads`, at least 1; at most `policy_threads`. Env
+    /// `COFFER_POLICY_THREADS_PER_ORGANIZATION`.
     pub policy_threads_per_organization: usize,
-    /// Longest wait for an evaluation slot (the organization's share, then a thread); past it a
+    /// Longest wait for an evaluation slot (the organization's share, then a slot); past it a
     /// JSON 503 with `Retry-After: 1`. Default 10,000 ms. Env `COFFER_POLICY_QUEUE_TIMEOUT_MS`.
     pub policy_queue_timeout_ms: u64,
-    /// Bound of the compiled-policy cache in estimated bytes (96 per byte of a policy's
-    /// expressions plus fixed costs); least recently used organizations go first. Default
-    /// 268,435,456 (256 MiB). Env `COFFER_POLICY_CACHE_BYTES`.
+    /// No longer used: the gateway compiles no policy (the enclave evaluates them, its state
+    /// cache bounded by `state_cache_mib`). Accepted so that a configuration naming it still
+    /// starts; the gateway warns. Env `COFFER_POLICY_CACHE_BYTES`.
     pub policy_cache_bytes: usize,
     /// Policies one organization may have, as the gateway's early check (a 400 before any work;
     /// concurrent creations can all pass it): the cap is the enclave's own
@@ -186,9 +187,9 @@ impl Default for GatewayConfig {
             ops_listen: None,
             policy_threads: 0,
             policy_threads_per_organization: 0,
-            policy_queue_timeout_ms: crate::policy_gate::DEFAULT_QUEUE_TIMEOUT_MS,
-            policy_cache_bytes: crate::policy_gate::DEFAULT_CACHE_BYTES,
-            max_policies_per_organization: crate::policy_gate::DEFAULT_MAX_POLICIES,
+            policy_queue_timeout_ms: crate::evaluation_share::DEFAULT_QUEUE_TIMEOUT_MS,
+            policy_cache_bytes: 0,
+            max_policies_per_organization: crate::evaluation_share::DEFAULT_MAX_POLICIES,
             webhooks: WebhookSettings::default(),
             instance_id: None,
             operator_key_file: None,
@@ -331,13 +332,12 @@ impl GatewayConfig {
         out
     }
 
-    /// The policy evaluation settings (pool, per-organization share, cache, policy cap).
-    pub fn policy_settings(&self) -> crate::policy_gate::PolicySettings {
-        crate::policy_gate::PolicySettings::new(
+    /// The policy evaluation settings (slots, per-organization share, policy cap).
+    pub fn policy_settings(&self) -> crate::evaluation_share::PolicySettings {
+        crate::evaluation_share::PolicySettings::new(
             self.policy_threads,
             self.policy_threads_per_organization,
             self.policy_queue_timeout_ms,
-            self.policy_cache_bytes,
             self.max_policies_per_organization,
         )
     }

@@ -314,13 +314,13 @@ async fn init_dev(
 async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     use coffer_gateway::serve::{serve, ConnectionLimits};
     let policy = cfg.policy_settings();
-    tracing::info!(
-        threads = policy.threads,
-        per_organization = policy.per_organization,
-        cache_bytes = policy.cache_bytes,
-        "policy evaluation pool"
-    );
-    coffer_gateway::policy_gate::configure(policy);
+    tracing::info!(slots = policy.slots, per_organization = policy.per_organization, "policy evaluation share");
+    if cfg.policy_cache_bytes != 0 {
+        tracing::warn!(
+            "policy_cache_bytes is no longer used: the enclave evaluates every policy (its state_cache_mib)"
+        );
+    }
+    coffer_gateway::evaluation_share::configure(policy);
     let store = cfg.open_store()?;
     let custody = Custody::connect_all(cfg.enclave_endpoints())?;
     let limits = coffer_gateway::limits::Limits::new(&cfg);

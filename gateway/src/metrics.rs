@@ -78,7 +78,6 @@ pub struct Metrics {
     pub policy_wait_seconds: Histogram,
     pub policy_evaluation_seconds: Histogram,
     pub policy_shed: Counter,
-    pub policy_cache_bytes: Gauge,
 }
 
 impl Metrics {
@@ -90,7 +89,7 @@ impl Metrics {
         let (commit_seconds, commit_batch) = (latency(), Histogram::new(exponential_buckets(1.0, 2.0, 10)));
         let (webhook_held, webhook_attempts) = (Gauge::default(), Family::default());
         let (policy_wait_seconds, policy_evaluation_seconds) = (latency(), latency());
-        let (policy_shed, policy_cache_bytes) = (Counter::default(), Gauge::default());
+        let policy_shed = Counter::default();
         let mut registry = Registry::with_prefix("coffer");
         registry.register("http_requests", "HTTP requests by operation and status", requests.clone());
         registry.register("http_request_seconds", "HTTP request latency by operation", request_seconds.clone());
@@ -112,23 +111,18 @@ impl Metrics {
         registry.register("webhook_attempts", "Webhook delivery attempts by outcome", webhook_attempts.clone());
         registry.register(
             "policy_evaluation_wait_seconds",
-            "Wait for a slot of the policy evaluation pool",
+            "Wait for a slot of the policy evaluations asked of the enclave",
             policy_wait_seconds.clone(),
         );
         registry.register(
             "policy_evaluation_seconds",
-            "Policy evaluations on the pool (store reads included)",
+            "Policy evaluations asked of the enclave (dry runs, decisions ahead of a handler)",
             policy_evaluation_seconds.clone(),
         );
         registry.register(
             "policy_evaluations_shed",
             "Requests answered 503 because no policy evaluation slot came within the wait",
             policy_shed.clone(),
-        );
-        registry.register(
-            "policy_cache_bytes",
-            "Estimated bytes of the compiled-policy cache",
-            policy_cache_bytes.clone(),
         );
         Metrics {
             registry,
@@ -145,7 +139,6 @@ impl Metrics {
             policy_wait_seconds,
             policy_evaluation_seconds,
             policy_shed,
-            policy_cache_bytes,
         }
     }
 
@@ -204,11 +197,6 @@ pub fn observe_policy_evaluation(took: Duration) {
 /// A request shed for want of a policy evaluation slot.
 pub fn observe_policy_evaluation_shed() {
     metrics().policy_shed.inc();
-}
-
-/// The compiled-policy cache's estimated bytes.
-pub fn observe_policy_cache_bytes(bytes: usize) {
-    metrics().policy_cache_bytes.set(bytes as i64);
 }
 
 #[cfg(test)]

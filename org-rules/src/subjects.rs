@@ -437,7 +437,8 @@ pub const KEY_USES: &[&str] = &[
 ];
 
 /// The other activities with an enclave call of their own (sessions, logins, one-time codes,
-/// votes): they record their own facts, and the gateway still decides them first.
+/// votes): they record their own facts, and their call decides them (votes excepted, which no
+/// policy decides).
 pub const OWN_CALL_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
     "ACTIVITY_TYPE_OAUTH_LOGIN",
@@ -462,11 +463,12 @@ pub fn has_own_call(activity_type: &str) -> bool {
     KEY_USES.contains(&activity_type) || OWN_CALL_OPERATIONS.contains(&activity_type)
 }
 
-/// State changes whose handler reaches out before `ApplyActivity` decides them: it calls the
-/// enclave (a sub-organization's wallet, an OAuth 2.0 credential's certification, the auth
-/// proxy's key) or the network (a webhook target's name resolved). The gateway decides them
-/// first, so that nothing is made, and nothing probed, for a change the rules refuse.
-pub const GATEWAY_DECIDES_FIRST: &[&str] = &[
+/// State changes whose handler calls the enclave before `ApplyActivity` (a sub-organization's
+/// wallet, an OAuth 2.0 credential's certification, the auth proxy's key) or reaches the network
+/// (a webhook target's name resolved, after the enclave's `DecideActivity` allowed it). The first
+/// enclave call decides them, as every activity; they are linked in the log after they finish
+/// (`RecordActivity`), since the calls before `ApplyActivity` may have made app proofs.
+pub const CALLS_BEFORE_APPLY: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
     "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
     "ACTIVITY_TYPE_UPDATE_OAUTH2_CREDENTIAL",
@@ -475,15 +477,14 @@ pub const GATEWAY_DECIDES_FIRST: &[&str] = &[
     "ACTIVITY_TYPE_UPDATE_WEBHOOK_ENDPOINT",
 ];
 
-/// Whether the enclave alone decides `activity_type` (the gateway evaluates no policy for it, on
-/// submission or on a vote): a key use, decided by the call that does its work, or a state change
-/// decided by `ApplyActivity` with nothing made before it (root-quorum-only ones included: the
-/// enclave refuses a submitter outside the root quorum with its own typed reason).
-pub fn decided_by_enclave_alone(activity_type: &str) -> bool {
+/// Whether `activity_type` is linked completed in the log only by the enclave call that does it
+/// (`RecordActivity` refuses it completed): a key use, or a state change `ApplyActivity` does
+/// with nothing made before it.
+pub fn linked_in_its_call(activity_type: &str) -> bool {
     KEY_USES.contains(&activity_type)
         || (subject(activity_type).is_some()
             && !OWN_CALL_OPERATIONS.contains(&activity_type)
-            && !GATEWAY_DECIDES_FIRST.contains(&activity_type))
+            && !CALLS_BEFORE_APPLY.contains(&activity_type))
 }
 
 #[cfg(test)]
@@ -501,16 +502,19 @@ mod tests {
     }
 
     #[test]
-    fn state_changes_with_nothing_made_before_apply_are_decided_by_the_enclave_alone() {
+    fn state_changes_with_nothing_made_before_apply_are_linked_in_their_call() {
         for t in
             ["ACTIVITY_TYPE_CREATE_POLICY_V3", "ACTIVITY_TYPE_CREATE_USERS_V4", "ACTIVITY_TYPE_SIGN_TRANSACTION_V2"]
         {
-            assert!(decided_by_enclave_alone(t), "{t}");
+            assert!(linked_in_its_call(t), "{t}");
         }
-        for t in GATEWAY_DECIDES_FIRST.iter().chain(OWN_CALL_OPERATIONS) {
-            assert!(subject(t).is_some() && !decided_by_enclave_alone(t), "{t}");
+        for t in CALLS_BEFORE_APPLY.iter().chain(OWN_CALL_OPERATIONS) {
+            assert!(!linked_in_its_call(t), "{t}");
         }
-        assert!(decided_by_enclave_alone("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM"), "root quorum only");
-        assert!(!decided_by_enclave_alone("ACTIVITY_TYPE_NOT_ONE"));
+        for t in CALLS_BEFORE_APPLY {
+            assert!(subject(t).is_some(), "{t}");
+        }
+        assert!(linked_in_its_call("ACTIVITY_TYPE_UPDATE_ROOT_QUORUM"), "root quorum only");
+        assert!(!linked_in_its_call("ACTIVITY_TYPE_NOT_ONE"));
     }
 }

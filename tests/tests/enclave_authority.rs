@@ -956,12 +956,12 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     let key = enclave.clone().get_webhook_signing_key(pb::GetWebhookSigningKeyRequest {}).await.unwrap().into_inner();
     let now = Stack::now_ms() as u64;
     let org = stack.organization_id.clone();
-    // Waiting for votes, of no type the enclave decides (nothing to find in its decision log), its
-    // id the one its fingerprint derives.
-    let waiting_id = coffer_auth::envelope::derived_id("sha256:f1", coffer_auth::envelope::ACTIVITY_ID, 0);
-    let activity = json!({"id": waiting_id, "organizationId": org, "fingerprint": "sha256:f1",
-        "status": "ACTIVITY_STATUS_CONSENSUS_NEEDED"});
-    let activity = activity.to_string().into_bytes();
+    // A completed activity the enclave authorized and linked, as the API serves it.
+    let client = stack.client();
+    wallet(&client, &org, "webhooked").await;
+    let real = stack.activities(&stack.api_key(), &org).await.into_iter().next().expect("the wallet's activity");
+    assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
+    let activity = serde_json::to_vec(&real).unwrap();
     let delivery = |timestamp_ms: u64, event_id: &str, body: &[u8]| pb::SignWebhookDeliveryRequest {
         timestamp_ms,
         event_id: event_id.into(),
@@ -1006,10 +1006,6 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
     // completed activity the enclave authorized and linked is, as the API serves it.
     let forged = json!({"id": "a9", "organizationId": "nobody", "status": "ACTIVITY_STATUS_COMPLETED", "fingerprint": "sha256:00"});
     let forged = forged.to_string().into_bytes();
-    let client = stack.client();
-    wallet(&client, &org, "webhooked").await;
-    let real = stack.activities(&stack.api_key(), &org).await.into_iter().next().expect("the wallet's activity");
-    assert_eq!(real["status"], "ACTIVITY_STATUS_COMPLETED");
     let real_json = real.clone();
     let real = serde_json::to_vec(&real).unwrap();
     let deliveries = vec![delivery(now, "evt-7", &forged), delivery(now, "evt-8", &real)];
@@ -1086,10 +1082,37 @@ async fn webhook_signing_on_the_enclave_socket_signs_only_fresh_activities() {
         f(&mut a);
         serde_json::to_vec(&a).unwrap()
     };
+    // An approval is no activity the policies decide: `DecideActivity` refuses it, and finds
+    // nothing waiting (before, it let the root quorum's rule find a root's approval "waiting",
+    // and a forged event under the approval's fingerprint was then signed).
+    let approval_fingerprint = format!("sha256:{}", hex::encode(sha2::Sha256::digest(approve.as_bytes())));
+    let bob_cert = certificate(&db(&stack), &public_key(&bob));
+    let ahead =
+        pb::DecideActivityRequest { auth: auth(stamped(&bob, &approve, &bob_cert)), parent_certificate: vec![] };
+    refused_for(
+        &stack,
+        enclave.clone().decide_activity(ahead).await,
+        "decide_activity",
+        pb::RefusalReason::OperationMismatch,
+    );
+    let an_approval_waiting = |a: &mut Value| {
+        a["fingerprint"] = json!(approval_fingerprint);
+        a["id"] =
+            json!(coffer_auth::envelope::derived_id(&approval_fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0));
+        a["type"] = json!("ACTIVITY_TYPE_APPROVE_ACTIVITY");
+    };
+    // The signing as another type (a fingerprint the enclave found waiting as a signing), and
+    // without a type: neither was ever found waiting.
+    let untyped = |a: &mut Value| {
+        a.as_object_mut().unwrap().remove("type");
+    };
     let deliveries = vec![
         delivery(now, "evt-w0", &serde_json::to_vec(&waiting).unwrap()),
         delivery(now, "evt-w1", &reshaped(&|a| a["id"] = json!("another-activity"))),
         delivery(now, "evt-w2", &reshaped(&never_waited)),
+        delivery(now, "evt-w3", &reshaped(&an_approval_waiting)),
+        delivery(now, "evt-w4", &reshaped(&|a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3"))),
+        delivery(now, "evt-w5", &reshaped(&untyped)),
     ];
     let signed = enclave.clone().sign_webhook_deliveries(pb::SignWebhookDeliveriesRequest { deliveries }).await;
     let signed = signed.unwrap().into_inner();
@@ -2445,9 +2468,9 @@ fn operator_body(pk: &str, timestamp_ms: i64) -> Vec<u8> {
 
 // ---- The organization's rules, decided where the keys are (issue 24, items 1–5) -------------
 
-/// A stack whose enclave enforces the organization's rules (`enforce_rules`), with allow lines.
+/// A stack with the enclave's allow lines (it always enforces the organization's rules).
 async fn enforcing_stack() -> Stack {
-    Stack::start_with(&[("COFFER_ENFORCE_RULES", "1"), coffer_tests::AUDIT_LOG]).await
+    Stack::start_with(&[coffer_tests::AUDIT_LOG]).await
 }
 
 /// A new user of `org` with one P-256 API key, made by the stack's root: its id and key.
@@ -2696,10 +2719,18 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     )
     .unwrap();
     assert_eq!(bump(), 1);
+    // The policy dry run is the enclave's decision too (issue 40, step 8): bob's signing waits
+    // for alice, and the forged row is none of the policies it read.
+    let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
+    let dry = json!({"organizationId": org, "activity": serde_json::from_str::<Value>(&bobs).unwrap()});
+    let r = stack.post_raw("/public/v1/query/coffer_policy_dry_run", dry.to_string().as_bytes(), Some(&bob)).await;
+    assert_eq!((r.status, r.json["decision"].as_str()), (200, Some("DECISION_CONSENSUS_NEEDED")), "{}", r.text);
+    let read: Vec<&str> =
+        r.json["policies"].as_array().unwrap().iter().filter_map(|p| p["policyId"].as_str()).collect();
+    assert!(!read.is_empty() && !read.contains(&"inserted"), "{}", r.text);
     // The enclave alone decides a key operation: bob's signing waits for alice's vote, as the
     // enclave's decision says, and records the outcomes the enclave read (not the forged row).
     let path = "/public/v1/submit/sign_raw_payload";
-    let bobs = hex_sign_body(&org, &a[0], "HASH_FUNCTION_KECCAK256", Stack::now_ms());
     let waiting = audited(&stack, "sign", stack.post_raw(path, bobs.as_bytes(), Some(&bob))).await;
     waits_with_the_enclaves_outcomes(&c, &waiting);
     c.execute("DELETE FROM records WHERE kind = 'policy' AND name = 'no raw digests'", []).unwrap();
@@ -2986,7 +3017,6 @@ async fn one_time_codes_on_the_enclave_socket_follow_the_stamp_and_the_rules() {
     let mail = std::env::temp_dir().join(format!("coffer-otp-mail-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&mail);
     let stack = Stack::start_with(&[
-        ("COFFER_ENFORCE_RULES", "1"),
         coffer_tests::AUDIT_LOG,
         ("COFFER_MAIL_DIR", mail.to_str().unwrap()),
         // The organization's hourly codes: its proxy sign-ups' count against it.
@@ -4150,58 +4180,5 @@ async fn a_refused_change_spends_nothing() {
         enclave.clone().apply_activity(apply(proposal("e12-again", "EFFECT_ALLOW"))).await,
         "apply_activity",
         pb::RefusalReason::Replayed,
-    );
-}
-
-/// Shadow mode (`enforce_rules = false`) covers only what the gateway still decides first: a state
-/// change the enclave decides alone is refused, or waits, as the enclave decides, and runs when
-/// allowed (the gateway fails closed on an undecided answer, so shadow mode must not make one).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shadow_mode_leaves_what_the_enclave_decides_alone_decided() {
-    let stack = Stack::start_with(&[("COFFER_ENFORCE_RULES", "0"), coffer_tests::AUDIT_LOG]).await;
-    let client = stack.client();
-    let org = stack.organization_id.clone();
-    let (alice_id, alice) = member(&client, &org, "alice").await;
-    let (_, bob) = member(&client, &org, "bob").await;
-    let path = "/public/v1/submit/create_user_tag";
-    let tag = |name: &str| {
-        body("ACTIVITY_TYPE_CREATE_USER_TAG", &org, Stack::now_ms(), json!({"userTagName": name, "userIds": []}))
-    };
-    // No policy lets bob tag: the enclave's denial stands.
-    http_refused_audited(
-        audited(&stack, "apply_activity", stack.post_raw(path, tag("b1").as_bytes(), Some(&bob))).await,
-        403,
-        pb::RefusalReason::PolicyDenied,
-    );
-    // With alice's approval required, bob's tag waits; the root's runs.
-    policy(
-        &client,
-        &org,
-        "tags with alice",
-        Effect::Allow,
-        "activity.type == 'ACTIVITY_TYPE_CREATE_USER_TAG'",
-        Some(format!("approvers.any(user, user.id == '{alice_id}')")),
-    )
-    .await;
-    let r = stack.post_raw(path, tag("b2").as_bytes(), Some(&bob)).await;
-    assert_eq!(
-        (r.status, r.json["activity"]["status"].as_str()),
-        (200, Some("ACTIVITY_STATUS_CONSENSUS_NEEDED")),
-        "{}",
-        r.text
-    );
-    let r = stack.post_raw(path, tag("r1").as_bytes(), Some(&stack.api_key())).await;
-    assert_eq!(
-        (r.status, r.json["activity"]["status"].as_str()),
-        (200, Some("ACTIVITY_STATUS_COMPLETED")),
-        "{}",
-        r.text
-    );
-    let r = stack.post_raw(path, tag("a1").as_bytes(), Some(&alice)).await;
-    assert_eq!(
-        (r.status, r.json["activity"]["status"].as_str()),
-        (200, Some("ACTIVITY_STATUS_COMPLETED")),
-        "{}",
-        r.text
     );
 }

@@ -249,12 +249,14 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     assert_eq!(b.decisions(12, 10).unwrap()[0].fingerprint, "f3");
     // Waited for votes: a refusal for want of approvals, at any time, for any enclave; not
     // another refusal, nor another organization's.
-    assert!(!a.waited_for_votes("o", "f2").unwrap(), "refused for another reason");
+    const SIGN: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+    assert!(!a.waited_for_votes("o", "f2", SIGN).unwrap(), "refused for another reason");
     let waiting = DecisionRecord { reason: REASON_CONSENSUS_NEEDED.into(), ..d(17, "w1", OUTCOME_REFUSE) };
     a.record_decision(&waiting).unwrap();
     b.record_decision(&d(18, "w1", OUTCOME_ALLOW)).unwrap();
-    assert!(b.waited_for_votes("o", "w1").unwrap(), "it waited, then ran");
-    assert!(!b.waited_for_votes("p", "w1").unwrap());
+    assert!(b.waited_for_votes("o", "w1", SIGN).unwrap(), "it waited, then ran");
+    assert!(!b.waited_for_votes("p", "w1", SIGN).unwrap());
+    assert!(!b.waited_for_votes("o", "w1", "ACTIVITY_TYPE_CREATE_POLICY_V3").unwrap(), "as another type");
 }
 
 fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {

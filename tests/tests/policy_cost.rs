@@ -1,11 +1,12 @@
-//! End to end: what policies cost the gateway (issue 23). Evaluation runs on a pool of its own,
-//! so expensive dry runs leave `/healthz` answering and another organization's evaluations
-//! served (one organization gets at most its share of the pool); an organization's policy count
-//! is capped; the compiled-policy cache is bounded by bytes, so many large policies do not grow
-//! the gateway's memory without bound.
+//! End to end: what policies cost (issues 23 and 40). The enclave evaluates every policy; the
+//! dry runs the gateway asks of it take slots of their own, so expensive dry runs leave
+//! `/healthz` answering and another organization's served (one organization gets at most its
+//! share of the slots); an organization's policy count is capped; the enclave's state cache,
+//! compiled policies included, is bounded by bytes, so many large policies do not grow the
+//! enclave's memory without bound.
 //!
-//! One stack for the file: a pool of 2 threads, 1 per organization (the defaults on 2 cores,
-//! set explicitly so the test means the same on any machine), a 1,000-policy cap and a 48 MiB
+//! One stack for the file: 2 evaluation slots, 1 per organization (the defaults on 2 cores, set
+//! explicitly so the test means the same on any machine), a 1,000-policy cap and a 48 MiB state
 //! cache.
 
 use std::time::{Duration, Instant};
@@ -74,7 +75,7 @@ fn dry_run_body(org: &str) -> String {
     .to_string()
 }
 
-/// The policy evaluation pool's counters, from one reading of the gateway's `/metrics`: slots
+/// The gateway's evaluation slots' counters, from one reading of the gateway's `/metrics`: slots
 /// taken (the wait ends once an evaluation has its slot) and evaluations ended (counted before
 /// the slot is given back).
 struct Pool {
@@ -107,7 +108,7 @@ async fn evaluation_cost_stays_with_its_organization() {
         ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &MAX_POLICIES.to_string()),
         // 750 policies of 6 KB: far past the default text cap, which the other test checks.
         ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", "100000000"),
-        ("COFFER_POLICY_CACHE_BYTES", &(CACHE_MIB << 20).to_string()),
+        ("COFFER_STATE_CACHE_MIB", &CACHE_MIB.to_string()),
     ])
     .await;
     let (root, org_a) = (stack.api_key(), stack.organization_id.clone());
@@ -205,11 +206,10 @@ async fn evaluation_cost_stays_with_its_organization() {
 
     // (d) Memory: 20 organizations with 30 policies each at the literal-list cap (4,096 items,
     // the densest source: about 0.7 MB compiled each, 21 MB an organization), each organization
-    // evaluated once. Cached whole they would hold over 400 MiB; the cache keeps at most 48 MiB,
-    // so the peak grows by about that plus the set being evaluated.
-    let (_, gateway) = stack.pids();
-    let gateway = gateway.expect("gateway pid");
-    let base = peak_rss_mib(gateway);
+    // evaluated once. Cached whole they would hold over 400 MiB; the enclave's state cache keeps
+    // at most 48 MiB, so its peak grows by about that plus the state being evaluated.
+    let enclave = stack.pids().0.expect("enclave pid");
+    let base = peak_rss_mib(enclave);
     let items = 4_096; // coffer_policy::MAX_LIST_LEN, the literal-list cap
     for i in 0..20 {
         let (org, key) = organization(&stack, &format!("large-{i}"));
@@ -223,9 +223,9 @@ async fn evaluation_cost_stays_with_its_organization() {
         assert_eq!(r.status, 200, "{}", r.text);
         assert_eq!(r.json["policies"].as_array().map(Vec::len), Some(30), "{}", r.text);
     }
-    let growth = peak_rss_mib(gateway) - base;
-    eprintln!("gateway peak RSS growth over 20 organizations of large policies: {growth:.0} MiB (cache bound {CACHE_MIB} MiB)");
-    assert!(growth < 200.0, "the gateway's peak RSS grew by {growth:.0} MiB over 20 organizations of large policies");
+    let growth = peak_rss_mib(enclave) - base;
+    eprintln!("enclave peak RSS growth over 20 organizations of large policies: {growth:.0} MiB (cache bound {CACHE_MIB} MiB)");
+    assert!(growth < 200.0, "the enclave's peak RSS grew by {growth:.0} MiB over 20 organizations of large policies");
 }
 
 /// An ALLOW that costs about 15,000 steps, within a clause's budget (20,000): `i` makes its

@@ -320,8 +320,8 @@ async fn the_log_verifies_until_a_row_is_changed(store: &str) {
     let client = stack.client();
     let ids = six_logged_activities(&client, &org).await;
     let links = ids.len() as u64;
-    // Each linked by the enclave call that did it (key uses, and the tag, a state change the
-    // enclave decides alone): no second round trip.
+    // Each linked by the enclave call that did it (key uses, and the tag, a state change linked
+    // in its call): no second round trip.
     assert_eq!(stack.enclave_calls("RecordActivity").await, 0);
     assert_eq!(stack.enclave_calls("ApplyActivity").await, 1);
 
@@ -474,8 +474,8 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
         .unwrap()
         .query_row("SELECT certificate FROM api_keys WHERE public_key = ?1", [&stack.api_public_key], |r| r.get(0))
         .unwrap();
-    // A change the gateway still decides first (one the enclave decides alone is linked completed
-    // only in its own call).
+    // A change whose handler calls the enclave before `ApplyActivity`, linked after it finishes
+    // (one linked in its call is linked completed only there).
     let body = json!({"type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT", "timestampMs": Stack::now_ms().to_string(),
         "organizationId": org, "parameters": {"url": "https://hooks.example/never-run", "name": "never-run"}})
     .to_string();

@@ -25,25 +25,15 @@ pub(super) fn apply_activity(
     let types: Vec<&str> =
         subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !subjects::has_own_call(t)).collect();
     // The stamp is spent once the change is decided, checked and ready to stage: a refused change
-    // spends nothing and leaves no allow in the decision log (in shadow mode, where the gateway
-    // decides, at once).
+    // spends nothing and leaves no allow in the decision log.
     let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
     // The activity to link in this call, when asked: checked before anything is applied.
     let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
     let mut link = log.map(|log| a.link_request(log, false)).transpose()?;
     let rules = admission.rules();
-    // Shadow mode covers only what the gateway decides first: a change the enclave decides
-    // alone is enforced whatever the setting (the gateway would fail it closed otherwise).
-    let shadow_mode = !rules.enforces() && !subjects::decided_by_enclave_alone(&a.activity.activity_type);
     let mut unspent = Some(unspent);
     // Whether this call spent the stamp (not a twin's spend refused as a replay).
     let mut spent = false;
-    if shadow_mode {
-        if let Some(unspent) = unspent.take() {
-            admission.spend(&a, unspent)?;
-            spent = true;
-        }
-    }
     if a.via_parent {
         return Err(refuse(
             &a,
@@ -92,10 +82,7 @@ pub(super) fn apply_activity(
             let (pending, evaluation) = {
                 let mut locked = rules.lock_organizations(named.iter().copied())?;
                 let head = rules.head(&organization)?;
-                let Some(d) = admission.decide_over(&a, head.loaded.clone())? else {
-                    // Shadow mode, and the rules would have refused (logged): nothing is applied.
-                    return Ok(pb::ApplyActivityResponse::default());
-                };
+                let d = admission.decide_over(&a, head.loaded.clone())?;
                 let input = Input {
                     state: &d.loaded.state,
                     activity_type: &a.activity.activity_type,
@@ -106,10 +93,6 @@ pub(super) fn apply_activity(
                     grants: &grants,
                 };
                 if let Err(e) = transition::check(&input) {
-                    if shadow_mode {
-                        shadow(&a, &e.to_string());
-                        return Ok(pb::ApplyActivityResponse::default());
-                    }
                     return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
                 }
                 let evaluation = d.evaluation.outcomes_json_text();
@@ -128,11 +111,6 @@ pub(super) fn apply_activity(
                 let prepared = match rules.prepare_decided(&organization, &head, &changes) {
                     Ok(prepared) => prepared,
                     Err(e) if is_moved(&e) => continue,
-                    // Shadow mode: the state does not have everything yet; logged, the gateway decides.
-                    Err(e) if shadow_mode => {
-                        shadow(&a, &e.to_string());
-                        return Ok(pb::ApplyActivityResponse::default());
-                    }
                     Err(EnclaveError::Refused { reason, message, .. }) => return Err(refuse(&a, reason, &message)),
                     Err(other) => return Err(other),
                 };
@@ -164,10 +142,6 @@ pub(super) fn apply_activity(
                     return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
                 }
                 Err(e) if is_moved(&e) => continue,
-                Err(e) if shadow_mode => {
-                    shadow(&a, &e.to_string());
-                    return Ok(pb::ApplyActivityResponse::default());
-                }
                 Err(other) => return Err(other),
             }
         }
@@ -205,19 +179,6 @@ fn applied_proofs(
         "stateVersionAfter": version.to_string(),
     });
     crate::proofs::of_call(hsm, a, result)
-}
-
-/// The audit line of what the rules would have refused in shadow mode.
-fn shadow(a: &Admitted, reason: &str) {
-    tracing::warn!(
-        target: "coffer_audit",
-        decision = "shadow_refuse",
-        operation = a.operation,
-        reason,
-        organization = %a.activity.organization_id,
-        fingerprint = %a.activity.fingerprint,
-        "enclave decision"
-    );
 }
 
 /// The credentials this enclave issued for the activity itself (enable_auth_proxy's key, made by

@@ -193,7 +193,7 @@ async fn exchange_and_sign(
             fingerprint = %a.activity.fingerprint,
             "enclave decision"
         );
-        Ok(pb::Oauth2AuthenticateResponse { oidc_token })
+        Ok(pb::Oauth2AuthenticateResponse { oidc_token, evaluation: a.evaluation() })
     })
     .await
 }

@@ -4,6 +4,7 @@
 
 mod bootstrap;
 mod changes;
+mod decisions;
 mod key_facts;
 mod keys;
 mod login;
@@ -243,6 +244,14 @@ impl Enclave for EnclaveService {
         let (hsm, admission, otp) = (self.hsm.clone(), self.admission.clone(), self.otp.clone());
         let req = req.into_inner();
         blocking(move || otp::verify_otp(&hsm, &admission, &otp, req)).await
+    }
+
+    async fn decide_activity(&self, req: Request<pb::DecideActivityRequest>) -> Answer<pb::DecideActivityResponse> {
+        self.run(req, decisions::decide_activity).await
+    }
+
+    async fn dry_run_activity(&self, req: Request<pb::DryRunActivityRequest>) -> Answer<pb::DryRunActivityResponse> {
+        self.run(req, decisions::dry_run_activity).await
     }
 
     async fn stamp_auth_proxy_request(

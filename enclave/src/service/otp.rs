@@ -338,7 +338,8 @@ fn prepare(
     );
     let result = json!({ "otpId": otp_id });
     let app_proofs = crate::proofs::of_call(hsm, a, result)?;
-    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, app_proofs }, outgoing))
+    let evaluation = a.evaluation();
+    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, evaluation, app_proofs }, outgoing))
 }
 
 /// Who what an organization sends goes out as, and whose allowance it counts against: the
@@ -827,7 +828,7 @@ pub(super) fn verify_otp(
     );
     let result = json!({ "verificationTokenSha256": hex::encode(Sha256::digest(verification_token.as_bytes())) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    Ok(pb::VerifyOtpResponse { verification_token, app_proofs })
+    Ok(pb::VerifyOtpResponse { verification_token, evaluation: a.evaluation(), app_proofs })
 }
 
 /// `otp_login`: the session for the organization's user whose email the token verified. The

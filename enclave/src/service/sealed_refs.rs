@@ -44,11 +44,8 @@ pub(super) fn sealed<'a>(
         ));
     }
     // The state the decision read: the body's own organization's, as key operations take no
-    // parent's credential (always decided: shadow mode does not cover key operations).
-    let Some(decided) = &a.decided else {
-        return Err(refuse(a, RefusalReason::BindingMismatch, "the enclave decided no key use for this call"));
-    };
-    if let Err(why) = held(&decided.loaded.state, sealed, kind) {
+    // parent's credential.
+    if let Err(why) = held(&a.decided.loaded.state, sealed, kind) {
         return Err(refuse(a, RefusalReason::BindingMismatch, why));
     }
     Ok((sealed, kind))

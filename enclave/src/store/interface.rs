@@ -298,9 +298,9 @@ pub trait EnclaveStore: Send + Sync {
     /// done, whatever a late refusal of the same stamp says.)
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError>;
 
-    /// Whether the enclave ever refused the activity of `organization` with this fingerprint for
-    /// want of approvals ([`REASON_CONSENSUS_NEEDED`]): it waited for votes.
-    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
+    /// Whether the enclave ever refused the activity of `organization` with this fingerprint and
+    /// type for want of approvals ([`REASON_CONSENSUS_NEEDED`]): it waited for votes.
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

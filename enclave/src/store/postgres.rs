@@ -718,13 +718,13 @@ impl EnclaveStore for PostgresEnclaveStore {
         })
     }
 
-    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError> {
         self.with_conn(|client| {
             let row = client
                 .query_one(
                     "SELECT EXISTS(SELECT 1 FROM decisions WHERE organization_id = $1 AND fingerprint = $2
-                     AND outcome = $3 AND reason = $4)",
-                    &[&organization, &fingerprint, &OUTCOME_REFUSE, &REASON_CONSENSUS_NEEDED],
+                     AND outcome = $3 AND reason = $4 AND activity_type = $5)",
+                    &[&organization, &fingerprint, &OUTCOME_REFUSE, &REASON_CONSENSUS_NEEDED, &activity_type],
                 )
                 .map_err(pg)?;
             row.try_get(0).map_err(pg)

@@ -880,14 +880,15 @@ impl EnclaveStore for SqliteEnclaveStore {
         })
     }
 
-    fn waited_for_votes(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError> {
         self.read(|conn| {
             conn.prepare_cached(
                 "SELECT EXISTS(SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-                 AND outcome = ?3 AND reason = ?4)",
+                 AND outcome = ?3 AND reason = ?4 AND activity_type = ?5)",
             )
             .and_then(|mut st| {
-                st.query_row(params![organization, fingerprint, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED], |r| r.get(0))
+                let p = params![organization, fingerprint, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED, activity_type];
+                st.query_row(p, |r| r.get(0))
             })
             .map_err(sq)
         })

@@ -14,7 +14,6 @@ use super::render;
 use super::submission::{self, Envelope};
 use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
 use crate::error::{ApiError, Code};
-use crate::policy_gate::{denied, Proposal};
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::stamps::{self, Caller, Credential};
 use crate::state::AppState;
@@ -145,23 +144,40 @@ fn submitter_vote(caller: &Caller, activity_id: &str, body: &[u8], selection: &s
 }
 
 /// Runs the operation's handler and has the enclave decide and apply its changes (after it
-/// certified the credentials they add): the outcome, and the enclave's policy evaluation when it
-/// made one (every key operation; every other activity outside shadow mode), which is what the
-/// activity records. `recorded`: the activity as it will be recorded once completed, when its
-/// state change, decided by the enclave alone, is to be linked in the enclave's call.
+/// certified the credentials they add): the outcome, and the enclave's policy evaluation, which
+/// is what the activity records. `recorded`: the activity as it will be recorded once completed,
+/// for a state change linked in the enclave call that applies it.
 async fn execute(
     op: &'static Operation,
     ctx: Ctx,
     params: Value,
     recorded: Option<&ActivityRecord>,
-) -> Result<(super::registry::Outcome, Option<String>), ApiError> {
+) -> Result<(super::registry::Outcome, String), ApiError> {
     let state = ctx.state.clone();
     let mut auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
     let returned = ctx.returned.clone();
     let signup_mark = coffer_org_rules::transition::marks_auth_proxy_signup(&params);
     let app_name = coffer_org_rules::transition::auth_proxy_app_name(&params).ok().flatten();
-    let mut outcome = (op.handler)(ctx, params).await?;
+    // An activity whose handler calls the enclave before `ApplyActivity`, or resolves a webhook
+    // target's name, is decided first, so that nothing is made or probed for one the rules
+    // refuse or want approvals for: its typed refusal (waiting included) is the answer. Should a
+    // later call find it waiting after all (the rules changed meanwhile), it is not recorded as
+    // waiting with what its first calls made: it fails, to be submitted again.
+    let decided_first = coffer_org_rules::subjects::CALLS_BEFORE_APPLY.contains(&op.activity_type);
+    if decided_first {
+        let ahead = coffer_proto::v1::DecideActivityRequest::default();
+        state.custody.authorized(&auth).decide_activity(ahead).await?;
+    }
+    let moved = |e: ApiError| match e.refusal {
+        Some(RefusalReason::ConsensusNeeded) if decided_first => ApiError::new(
+            Code::Aborted,
+            "REQUEST_INVALID",
+            "the organization's rules changed while the activity ran: submit it again",
+        ),
+        _ => e,
+    };
+    let mut outcome = (op.handler)(ctx, params).await.map_err(moved)?;
     // Projected before certification: an API key already certified is one the enclave issued
     // (a session or the auth proxy's key), which it recorded itself.
     let mut proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
@@ -175,35 +191,25 @@ async fn execute(
             _ => None,
         })
         .collect();
-    certify_credentials(&state, auth.clone(), &mut outcome.writes).await?;
-    let evaluation = match is_key_use(op) {
-        // Fails closed: an enclave that decided no key use (an older one in shadow mode, with
-        // the gateway no longer deciding it) has its work dropped.
-        true => Some(returned.take_evaluation().ok_or_else(|| {
-            tracing::error!(activity = %op.activity_type, "the enclave answered a key use without deciding it");
+    certify_credentials(&state, auth.clone(), &mut outcome.writes).await.map_err(moved)?;
+    let evaluation = match coffer_org_rules::subjects::has_own_call(op.activity_type) {
+        // Key uses, sessions, logins, one-time codes: their own call decided. Fails closed: an
+        // enclave that answered without deciding (an older one in shadow mode, with the gateway
+        // no longer deciding) has its work dropped.
+        true => returned.take_evaluation().ok_or_else(|| {
+            tracing::error!(activity = %op.activity_type, "the enclave answered an activity without deciding it");
             ApiError::internal()
-        })?),
-        // Other enclave calls of their own (sessions, logins, one-time codes): the gateway's
-        // evaluation is recorded.
-        false if coffer_org_rules::subjects::has_own_call(op.activity_type) => None,
+        })?,
         false => {
             // Linked in the call that applies it (one round trip), with the result the gateway
             // rendered; the enclave adds its app proofs (the only ones: an activity whose earlier
             // calls returned proofs is linked after it finishes).
-            if let Some(record) = recorded.filter(|_| decided_alone(op) && returned.proofs_so_far().is_empty()) {
+            if let Some(record) = recorded.filter(|_| linked_in_its_call(op) && returned.proofs_so_far().is_empty()) {
                 let record = ActivityRecord { result: json!({ op.result_key: outcome.result }), ..record.clone() };
                 let activity = render::activity(&record, false).to_string().into_bytes();
                 auth.log = Some(coffer_proto::v1::LogRequest { activity });
             }
-            match apply_in_enclave(&state, auth, &proposal, issued, &returned).await? {
-                // Fails closed as for a key use: a state change the gateway no longer decides
-                // that the enclave applied without deciding (shadow mode).
-                None if decided_alone(op) => {
-                    tracing::error!(activity = %op.activity_type, "the enclave applied a state change without deciding it");
-                    return Err(ApiError::internal());
-                }
-                evaluation => evaluation,
-            }
+            apply_in_enclave(&state, auth, &proposal, issued, &returned).await.map_err(moved)?
         }
     };
     Ok((outcome, evaluation))
@@ -232,11 +238,40 @@ fn is_key_use(op: &Operation) -> bool {
     coffer_org_rules::subjects::KEY_USES.contains(&op.activity_type)
 }
 
-/// Whether the enclave alone decides `op`: the gateway evaluates no policy for it, and the
-/// enclave call's answer or typed refusal says how it was decided (issue 40; see
-/// `subjects::decided_by_enclave_alone` for the activities the gateway still decides first).
-fn decided_alone(op: &Operation) -> bool {
-    coffer_org_rules::subjects::decided_by_enclave_alone(op.activity_type)
+/// Whether `op`, completed, is linked in the log only by the enclave call that does it
+/// (`subjects::linked_in_its_call`).
+fn linked_in_its_call(op: &Operation) -> bool {
+    coffer_org_rules::subjects::linked_in_its_call(op.activity_type)
+}
+
+/// Whether `e` is the enclave's refusal by the organization's policies or root quorum.
+fn is_policy_refusal(e: &ApiError) -> bool {
+    matches!(e.refusal, Some(RefusalReason::PolicyDenied | RefusalReason::RootQuorumOnly))
+}
+
+/// What the enclave's decision of an activity, made without doing it, says ([`decide_ahead`]).
+enum Ahead {
+    /// The rules let it run now: the outcomes the enclave read.
+    Runs(String),
+    /// It waits for votes: the outcomes the enclave read.
+    Waits(Option<String>),
+}
+
+/// The enclave's decision of the activity `auth` authorizes, as its own call would decide it,
+/// doing nothing (`DecideActivity`): for an activity whose handler found it wrong before any
+/// enclave call decided it, and before a handler reaches the network. A refusal is the
+/// enclave's, typed.
+async fn decide_ahead(
+    state: &Arc<AppState>,
+    auth: coffer_proto::v1::Authorization,
+    parent_certificate: Vec<u8>,
+) -> Result<Ahead, ApiError> {
+    let request = coffer_proto::v1::DecideActivityRequest { auth: None, parent_certificate };
+    match state.custody.authorized(&auth).decide_activity(request).await {
+        Ok(decided) => Ok(Ahead::Runs(decided.evaluation)),
+        Err(e) if e.refusal == Some(RefusalReason::ConsensusNeeded) => Ok(Ahead::Waits(e.evaluation)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
@@ -250,13 +285,17 @@ async fn apply_in_enclave(
     proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
     returned: &crate::custody::Returned,
-) -> Result<Option<String>, ApiError> {
+) -> Result<String, ApiError> {
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
     let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
     let applied = state.custody.authorized(&auth).collecting(returned).apply_activity(request).await?;
-    // Empty in shadow mode (the enclave applied nothing); otherwise the outcomes it decided with.
-    let is_list = serde_json::from_str::<Vec<serde::de::IgnoredAny>>(&applied.evaluation).is_ok();
-    Ok(is_list.then_some(applied.evaluation))
+    // The outcomes it decided with. Fails closed on an enclave that applied without deciding (an
+    // older one in shadow mode, with the gateway no longer deciding).
+    if serde_json::from_str::<Vec<serde::de::IgnoredAny>>(&applied.evaluation).is_err() {
+        tracing::error!("the enclave applied a state change without deciding it");
+        return Err(ApiError::internal());
+    }
+    Ok(applied.evaluation)
 }
 
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).
@@ -412,10 +451,9 @@ fn evaluation_write(org: &str, activity_id: &str, vote: &Value, evaluations: Str
     })
 }
 
-/// What an activity records of a decision: the enclave's outcomes when it sent them, else the
-/// gateway's evaluation's (a state change in shadow mode), else none.
-fn recorded_outcomes(enclave: Option<String>, gateway: Option<&Evaluation>) -> String {
-    enclave.or_else(|| gateway.map(crate::store::outcomes::stored)).unwrap_or_else(|| "[]".into())
+/// What an activity records of a decision: the enclave's outcomes when it sent them, else none.
+fn recorded_outcomes(enclave: Option<String>) -> String {
+    enclave.unwrap_or_else(|| "[]".into())
 }
 
 /// `{organizationId, type, parameters}` with sorted keys, hashed: what an Idempotency-Key
@@ -538,26 +576,6 @@ pub async fn submit(
     let activity_id = coffer_auth::envelope::derived_id(&fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
     let vote = submitter_vote(&caller, &activity_id, body, VOTE_APPROVED, now);
     let votes = json!([vote]);
-    let submitter_id = caller.user.id.clone();
-    let proposal = Proposal {
-        subject: op.policy_subject(),
-        params: &env.parameters,
-        votes: &votes,
-        submitter: &submitter_id,
-        now,
-    };
-    // A parent's credential acting for its sub-organization (login activities) answers to the
-    // parent's policies.
-    let policy_org = match (&org.parent_id, caller.via_parent) {
-        (Some(parent), true) => organization(&state, parent.clone()).await?,
-        _ => org.clone(),
-    };
-    // Key uses and most state changes are decided by the enclave alone; the others by the
-    // gateway first.
-    let evaluation = match decided_alone(op) {
-        true => None,
-        false => Some(crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?),
-    };
     let mut writes = Vec::new();
     if let Some(key) = &idem {
         writes.push(Write::InsertIdempotencyKey {
@@ -586,84 +604,73 @@ pub async fn submit(
         app_proofs: Vec::new(),
     };
     let returned: Arc<crate::custody::Returned> = Default::default();
-    let mut submission = None;
-    let decision = evaluation.as_ref().map_or(Decision::Allow, |e| e.decision);
-    let mut outcomes = None;
-    let (status, result) = match decision {
-        Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
-        // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
-        Decision::ConsensusNeeded if !op.secret_parameters().is_empty() => return Err(waits_with_a_secret(op)),
-        // Recorded with the submitter's vote and no effects; it runs once enough votes approve.
-        Decision::ConsensusNeeded => (STATUS_CONSENSUS_NEEDED, json!({})),
-        Decision::Allow => {
-            submission = Some(caller.stamped(body));
-            // A key use is linked in the log by its own enclave call (one round trip).
-            let log = is_key_use(op).then(|| log_request(&record));
-            let auth =
-                coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new(), log };
-            let ctx = Ctx {
-                state: state.clone(),
-                registry,
-                org: org.clone(),
-                caller,
-                activity_id: activity_id.clone(),
-                now,
-                auth,
-                fingerprint: fingerprint.clone(),
-                returned: returned.clone(),
-            };
-            match execute(op, ctx, env.parameters.clone(), Some(&record)).await {
-                Ok((outcome, enclave_evaluation)) => {
-                    // The recorded evaluation is the enclave's, when it made one.
-                    outcomes = enclave_evaluation;
-                    writes.extend(outcome.writes);
-                    (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
-                }
-                // The enclave's decision: it waits for votes. Recorded with the submitter's vote
-                // and the outcomes the enclave read; nothing ran.
-                Err(e) if decided_alone(op) && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
-                    if !op.secret_parameters().is_empty() {
-                        return Err(waits_with_a_secret(op));
-                    }
-                    submission = None;
-                    outcomes = e.evaluation;
-                    (STATUS_CONSENSUS_NEEDED, json!({}))
-                }
-                // The handler found the request wrong before the enclave decided it (a name taken,
-                // a feature not set): what the submitter learns is what it would have learnt
-                // with the decision first. The gateway's evaluation chooses it and lets nothing
-                // run: a refusal for one the rules deny (not the handler's finding), a waiting
-                // activity for one that needs approvals (run, and decided, when approved).
-                Err(e) if decided_alone(op) && from_handler(&e) => {
-                    let evaluation = crate::policy_gate::decide(&state.store, &policy_org, &proposal).await?;
-                    match evaluation.decision {
-                        Decision::Deny => return Err(denied(&evaluation)),
-                        Decision::ConsensusNeeded => {
-                            submission = None;
-                            outcomes = Some(crate::store::outcomes::stored(&evaluation));
-                            (STATUS_CONSENSUS_NEEDED, json!({}))
-                        }
-                        Decision::Allow => return twin_or(&state, &org.id, &fingerprint, e).await,
-                    }
-                }
-                Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
-            }
-        }
+    // The enclave call that does the work decides it: it runs, waits for votes, or is refused.
+    let mut submission = Some(caller.stamped(body));
+    // A key use is linked in the log by its own enclave call (one round trip).
+    let log = is_key_use(op).then(|| log_request(&record));
+    let auth = coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new(), log };
+    // A parent's credential acting for its sub-organization (a login) is decided with the
+    // sub-organization's parent certificate.
+    let parent_certificate = crate::ops::lookup::parent_certificate_of(&state, &org.id, caller.via_parent).await?;
+    let ctx = Ctx {
+        state: state.clone(),
+        registry,
+        org: org.clone(),
+        caller,
+        activity_id: activity_id.clone(),
+        now,
+        auth: auth.clone(),
+        fingerprint: fingerprint.clone(),
+        returned: returned.clone(),
     };
-    writes.insert(
-        0,
-        evaluation_write(&org.id, &activity_id, &vote, recorded_outcomes(outcomes, evaluation.as_ref()), now),
-    );
+    let mut outcomes = None;
+    let mut waits = |evaluation: Option<String>| {
+        // An activity with a secret (otp_auth's code) does not wait: it would be stored, live.
+        if !op.secret_parameters().is_empty() {
+            return Err(waits_with_a_secret(op));
+        }
+        // Recorded with the submitter's vote and the outcomes the enclave read; nothing ran. It
+        // runs once enough votes approve.
+        outcomes = evaluation;
+        Ok((STATUS_CONSENSUS_NEEDED, json!({})))
+    };
+    let (status, result) = match execute(op, ctx, env.parameters.clone(), Some(&record)).await {
+        Ok((outcome, enclave_evaluation)) => {
+            writes.extend(outcome.writes);
+            outcomes = Some(enclave_evaluation);
+            (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
+        }
+        Err(e) if e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+            submission = None;
+            waits(e.evaluation)?
+        }
+        // The handler found the request wrong before an enclave call decided it (a name taken, a
+        // feature not set): what the submitter learns is what it would have learnt with the
+        // decision first, the enclave's, which lets nothing run.
+        Err(e) if from_handler(&e) => match decide_ahead(&state, auth, parent_certificate).await {
+            Ok(Ahead::Waits(evaluation)) => {
+                submission = None;
+                waits(evaluation)?
+            }
+            Ok(Ahead::Runs(_)) => return twin_or(&state, &org.id, &fingerprint, e).await,
+            Err(refused) if is_policy_refusal(&refused) => return Err(refused),
+            // Not decided (the enclave unreachable, the stamp refused, an attested stamp the
+            // call verifies itself): the handler's finding.
+            Err(_) => return twin_or(&state, &org.id, &fingerprint, e).await,
+        },
+        Err(e) => return twin_or(&state, &org.id, &fingerprint, e).await,
+    };
+    writes.insert(0, evaluation_write(&org.id, &activity_id, &vote, recorded_outcomes(outcomes), now));
     let record_fingerprint = fingerprint;
     record.status = status.to_string();
     record.result = result;
     record.app_proofs = taken_proofs(&returned);
     // A finished activity's link in its organization's log is committed with it: the one its
-    // enclave call made, or one asked for now. One the enclave decides alone is linked only in
+    // enclave call made, or one asked for now. One linked in its call is linked only in
     // its own call (`RecordActivity` refuses it completed): without that link it stays unlogged.
     match (submission, returned.take_log_link()) {
         (Some(_), Some(linked)) => writes.extend(linked_in_call(&record, linked)),
-        (Some(_), None) if decided_alone(op) => {
+        (Some(_), None) if linked_in_its_call(op) => {
             tracing::warn!(activity = %record.id, "the enclave linked no activity in its call: it stays unlogged");
         }
         (Some(submission), None) => {
@@ -870,7 +877,6 @@ async fn vote(
         votes.push(vote.clone());
         let votes = Value::Array(votes);
         let params = target.intent.get(op.intent_key).cloned().unwrap_or_else(|| json!({}));
-        let submitter = old_votes.first().and_then(|v| v["userId"].as_str()).unwrap_or_default().to_string();
         let update = |status: &str, result: Value, failure: Option<Value>| Write::UpdateConsensusActivity {
             organization_id: org.id.clone(),
             id: target.id.clone(),
@@ -886,125 +892,103 @@ async fn vote(
         let mut writes;
         let mut fallback = None;
         if approve {
-            let alone = decided_alone(op);
-            let proposal =
-                Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &submitter, now };
             // Decided by the enclave alone, with this vote and the earlier ones.
-            let evaluation = match alone {
-                true => None,
-                false => Some(crate::policy_gate::decide(&state.store, &org, &proposal).await?),
+            let eval_write =
+                |enclave: Option<String>| evaluation_write(&org.id, &target.id, &vote, recorded_outcomes(enclave), now);
+            let returned: Arc<crate::custody::Returned> = Default::default();
+            // The activity as it is recorded once completed: what its enclave call links (a key
+            // use's always, a change's linked in its call when nothing before it returned
+            // proofs), less the result and the proofs, set once known.
+            let mut completed_record = ActivityRecord {
+                status: STATUS_COMPLETED.to_string(),
+                result: Value::Null,
+                votes: votes.clone(),
+                failure: None,
+                updated_at: now,
+                app_proofs: Vec::new(),
+                ..target.clone()
             };
-            let eval_write = |enclave: Option<String>| {
-                evaluation_write(&org.id, &target.id, &vote, recorded_outcomes(enclave, evaluation.as_ref()), now)
-            };
-            match evaluation.as_ref().map_or(Decision::Allow, |e| e.decision) {
-                Decision::Deny => return Err(evaluation.as_ref().map_or_else(ApiError::internal, denied)),
-                Decision::ConsensusNeeded => {
-                    writes = vec![eval_write(None), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+            let (ran, decision) = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
+                Ok(submitter) => {
+                    // The enclave runs it on the original stamp, the earlier approvals' stamps
+                    // (it counts them itself) and this fresh approval.
+                    let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
+                    let earlier =
+                        state.read_store(|s| Ok::<_, ApiError>(approval_stamps(s, &org.id, &old_votes[1..])))?;
+                    let auth = coffer_proto::v1::Authorization {
+                        request: Some(submitter.stamped(original)),
+                        approval: Some(caller.stamped(body)),
+                        votes: earlier,
+                        log: is_key_use(op).then(|| log_request(&completed_record)),
+                    };
+                    let decision = coffer_proto::v1::Authorization { log: None, ..auth.clone() };
+                    let ctx = Ctx {
+                        state: state.clone(),
+                        registry,
+                        org: org.clone(),
+                        caller: submitter,
+                        activity_id: target.id.clone(),
+                        now,
+                        auth,
+                        fingerprint: target.fingerprint.clone(),
+                        returned: returned.clone(),
+                    };
+                    (execute(op, ctx, params.clone(), Some(&completed_record)).await, decision)
                 }
-                Decision::Allow => {
-                    let returned: Arc<crate::custody::Returned> = Default::default();
-                    // The activity as it is recorded once completed: what its enclave call links
-                    // (a key use's always, a change's decided alone when nothing before it
-                    // returned proofs), less the result and the proofs, set once known.
-                    let mut completed_record = ActivityRecord {
-                        status: STATUS_COMPLETED.to_string(),
-                        result: Value::Null,
-                        votes: votes.clone(),
-                        failure: None,
-                        updated_at: now,
-                        app_proofs: Vec::new(),
-                        ..target.clone()
-                    };
-                    let ran = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
-                        Ok(submitter) => {
-                            // The enclave runs it on the original stamp, the earlier approvals'
-                            // stamps (it counts them itself) and this fresh approval.
-                            let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
-                            let earlier = state
-                                .read_store(|s| Ok::<_, ApiError>(approval_stamps(s, &org.id, &old_votes[1..])))?;
-                            let auth = coffer_proto::v1::Authorization {
-                                request: Some(submitter.stamped(original)),
-                                approval: Some(caller.stamped(body)),
-                                votes: earlier,
-                                log: is_key_use(op).then(|| log_request(&completed_record)),
-                            };
-                            let ctx = Ctx {
-                                state: state.clone(),
-                                registry,
-                                org: org.clone(),
-                                caller: submitter,
-                                activity_id: target.id.clone(),
-                                now,
-                                auth,
-                                fingerprint: target.fingerprint.clone(),
-                                returned: returned.clone(),
-                            };
-                            execute(op, ctx, params.clone(), Some(&completed_record)).await
+                // The submitter's credential is gone from the gateway's records: nothing can run
+                // it (the vote is not recorded; a rejection still ends it).
+                Err(e) => return Err(e),
+            };
+            let failed = |e: &ApiError| {
+                update(STATUS_FAILED, json!({}), Some(json!({ "code": e.code as i32, "message": e.message })))
+            };
+            match ran {
+                Ok((outcome, enclave_evaluation)) => {
+                    // The evaluation first: completing may delete the organization.
+                    writes = outcome.writes;
+                    writes.push(eval_write(Some(enclave_evaluation.clone())));
+                    completed_record.result = json!({ op.result_key: outcome.result });
+                    completed_record.app_proofs = taken_proofs(&returned);
+                    let mut completed = update(STATUS_COMPLETED, completed_record.result.clone(), None);
+                    if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
+                        app_proofs.clone_from(&completed_record.app_proofs);
+                    }
+                    writes.push(completed);
+                    // Its link, when its enclave call made it (committed with it).
+                    if let Some(linked) = returned.take_log_link() {
+                        writes.extend(linked_in_call(&completed_record, linked));
+                    }
+                    fallback = Some(eval_write(Some(enclave_evaluation)));
+                }
+                // The enclave's decision: still waiting for votes.
+                Err(e) if e.refusal == Some(RefusalReason::ConsensusNeeded) => {
+                    writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
+                }
+                // ... or denied: the vote is not recorded.
+                Err(e) if is_policy_refusal(&e) => return Err(e),
+                // ... or not reached, or not answering: the vote is not recorded (send it again),
+                // and the activity still waits.
+                Err(e) if e.refusal.is_none() && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
+                // Another approval ran it a moment ago (through another gateway).
+                Err(e) if e.refusal == Some(RefusalReason::Replayed) => {
+                    return settled_or(&state, &org.id, &intent.fingerprint, e).await
+                }
+                // The handler found the approved request wrong before an enclave call decided it:
+                // it fails if the rules let it run now, still waits if they want more approvals,
+                // and a denial is answered as one (the enclave's decision, which runs nothing).
+                Err(e) if from_handler(&e) => {
+                    writes = match decide_ahead(&state, decision, Vec::new()).await {
+                        Ok(Ahead::Runs(evaluation)) => vec![eval_write(Some(evaluation)), failed(&e)],
+                        Ok(Ahead::Waits(evaluation)) => {
+                            vec![eval_write(evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                         }
-                        Err(e) => Err(e),
-                    };
-                    let failed = |e: &ApiError| {
-                        update(STATUS_FAILED, json!({}), Some(json!({ "code": e.code as i32, "message": e.message })))
-                    };
-                    match ran {
-                        Ok((outcome, enclave_evaluation)) => {
-                            // The evaluation first: completing may delete the organization.
-                            writes = outcome.writes;
-                            writes.push(eval_write(enclave_evaluation.clone()));
-                            completed_record.result = json!({ op.result_key: outcome.result });
-                            completed_record.app_proofs = taken_proofs(&returned);
-                            let mut completed = update(STATUS_COMPLETED, completed_record.result.clone(), None);
-                            if let Write::UpdateConsensusActivity { app_proofs, .. } = &mut completed {
-                                app_proofs.clone_from(&completed_record.app_proofs);
-                            }
-                            writes.push(completed);
-                            // Its link, when its enclave call made it (committed with it).
-                            if let Some(linked) = returned.take_log_link() {
-                                writes.extend(linked_in_call(&completed_record, linked));
-                            }
-                            fallback = Some(eval_write(enclave_evaluation));
-                        }
-                        // The enclave's decision: still waiting for votes.
-                        Err(e) if alone && e.refusal == Some(RefusalReason::ConsensusNeeded) => {
-                            writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
-                        }
-                        // ... or denied: the vote is not recorded, as a denial by the gateway's
-                        // decision of any other activity.
-                        Err(e)
-                            if alone
-                                && matches!(
-                                    e.refusal,
-                                    Some(RefusalReason::PolicyDenied | RefusalReason::RootQuorumOnly)
-                                ) =>
-                        {
-                            return Err(e)
-                        }
-                        // ... or not reached, or not answering: the vote is not recorded (send it
-                        // again), and the activity still waits.
-                        Err(e) if alone && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
-                        // Another approval ran it a moment ago (through another gateway).
-                        Err(e) if e.refusal == Some(RefusalReason::Replayed) => {
-                            return settled_or(&state, &org.id, &intent.fingerprint, e).await
-                        }
-                        // The handler found the approved request wrong before the enclave decided
-                        // it: it fails if the rules let it run now, still waits if they want more
-                        // approvals, and a denial is answered as one (the gateway's evaluation
-                        // chooses, letting nothing run, as on submission).
-                        Err(e) if alone && from_handler(&e) => {
-                            let gateway = crate::policy_gate::decide(&state.store, &org, &proposal).await?;
-                            let stored = Some(crate::store::outcomes::stored(&gateway));
-                            writes = match gateway.decision {
-                                Decision::Deny => return Err(denied(&gateway)),
-                                Decision::ConsensusNeeded => {
-                                    vec![eval_write(stored), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
-                                }
-                                Decision::Allow => vec![eval_write(stored), failed(&e)],
-                            }
-                        }
-                        Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
+                        Err(refused) if is_policy_refusal(&refused) => return Err(refused),
+                        // Not decided now (the enclave unreachable): the vote is not recorded.
+                        Err(other) if other.refusal.is_none() => return Err(other),
+                        Err(refused) => vec![eval_write(None), failed(&refused)],
                     }
                 }
+                Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
             }
         } else {
             let rejected = Evaluation {
@@ -1099,10 +1083,9 @@ async fn apply(
         crate::metrics::observe_activity(&activity.activity_type, &activity.status);
         // Finished by this vote and not linked in its enclave call: its link goes in after the
         // change committed (a vote that lost the race, or whose effects failed, must not leave a
-        // link of what never was). One the enclave decides alone, completed, is linked only in
-        // its own call.
+        // link of what never was). One linked in its call, completed, is linked only there.
         let in_call_only = activity.status == STATUS_COMPLETED
-            && coffer_org_rules::subjects::decided_by_enclave_alone(&activity.activity_type);
+            && coffer_org_rules::subjects::linked_in_its_call(&activity.activity_type);
         if activity.status != STATUS_CONSENSUS_NEEDED && !linked && !in_call_only {
             let original = activity.votes[0]["message"].as_str().unwrap_or_default().as_bytes().to_vec();
             let submission = state.read_store(|s| submitter_caller(s, &org.id, &activity.votes[0]));

@@ -97,16 +97,6 @@ pub struct Operation {
 }
 
 impl Operation {
-    /// What this activity type is to the policy engine.
-    pub fn policy_subject(&self) -> crate::policy_gate::Subject {
-        crate::policy_gate::Subject {
-            activity_type: self.activity_type,
-            resource: self.resource,
-            action: self.action,
-            root_quorum: self.root_quorum,
-        }
-    }
-
     /// Parameters the activity record keeps only as `"<redacted>"` (otp_auth's typed code): they
     /// reach the enclave in the stamped body, and no stored or served copy of the activity
     /// (`coffer_org_rules::subjects::secret_parameters`, which the enclave reads too).

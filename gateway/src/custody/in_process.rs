@@ -57,8 +57,7 @@ fn service() -> Arc<EnclaveService> {
             };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");
-            let authority =
-                Arc::new(Admission::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store").enforcing(false));
+            let authority = Arc::new(Admission::in_memory(hsm.clone(), 60_000, 100_000).expect("authority store"));
             let operators = Operators::new(vec![operator().public_key()]);
             Arc::new(EnclaveService::new(hsm, authority, Default::default()).with_operators(operators))
         })

@@ -90,7 +90,8 @@ trait CarriesReturns {
 }
 
 macro_rules! carries_returns {
-    (decided: $($decided:ty),*; linked: $($linked:ty),*; proofs: $($with:ty),*; nothing: $($without:ty),* $(,)?) => {
+    (decided: $($decided:ty),*; linked: $($linked:ty),*; own call: $($own:ty),*; evaluated: $($evaluated:ty),*;
+     nothing: $($without:ty),* $(,)?) => {
         $(impl CarriesReturns for $decided {
             fn take_proofs(&mut self) -> Vec<pb::AppProof> {
                 std::mem::take(&mut self.app_proofs)
@@ -113,12 +114,20 @@ macro_rules! carries_returns {
                 self.log_link.take()
             }
         })*
-        $(impl CarriesReturns for $with {
+        $(impl CarriesReturns for $own {
             fn take_proofs(&mut self) -> Vec<pb::AppProof> {
                 std::mem::take(&mut self.app_proofs)
             }
             fn take_evaluation(&mut self) -> Option<String> {
-                None
+                Some(std::mem::take(&mut self.evaluation)).filter(|e| !e.is_empty())
+            }
+        })*
+        $(impl CarriesReturns for $evaluated {
+            fn take_proofs(&mut self) -> Vec<pb::AppProof> {
+                Vec::new()
+            }
+            fn take_evaluation(&mut self) -> Option<String> {
+                Some(std::mem::take(&mut self.evaluation)).filter(|e| !e.is_empty())
             }
         })*
         $(impl CarriesReturns for $without {
@@ -136,9 +145,9 @@ carries_returns!(
     decided: pb::CreateWalletResponse, pb::DeriveAccountsResponse, pb::CreatePrivateKeysResponse, pb::SignResponse,
         pb::SignTransactionResponse, pb::ExportResponse, pb::InitImportResponse, pb::KeyMaterial;
     linked: pb::ApplyActivityResponse;
-    proofs: pb::CreateSessionResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
-    nothing: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::Oauth2AuthenticateResponse,
-        pb::EnableAuthProxyResponse,
+    own call: pb::CreateSessionResponse, pb::InitOtpResponse, pb::VerifyOtpResponse;
+    evaluated: pb::Oauth2AuthenticateResponse, pb::DecideActivityResponse;
+    nothing: pb::IssueCertificatesResponse, pb::Oauth2Credential, pb::EnableAuthProxyResponse,
 );
 
 impl<'a> Admitted<'a> {
@@ -182,6 +191,7 @@ needs_authorization!(
     pb::ApplyActivityRequest,
     pb::InitOtpRequest,
     pb::VerifyOtpRequest,
+    pb::DecideActivityRequest,
 );
 
 /// Each authorized call: its method on [`Admitted`] (the RPC's name), the request, the answer.
@@ -224,6 +234,8 @@ authorized_calls! {
     /// Decides an activity that uses no key over the organization's authority state and applies
     /// the changes the gateway's records get.
     apply_activity(pb::ApplyActivityRequest) -> pb::ApplyActivityResponse;
+    /// Decides the activity as its own call would, doing nothing (see `DecideActivity`).
+    decide_activity(pb::DecideActivityRequest) -> pb::DecideActivityResponse;
 }
 
 /// A key use's result as the enclave made it (its answer's `result`): recorded as is, since the
@@ -246,6 +258,14 @@ impl Custody {
     /// The calls of the activity `auth` authorizes.
     pub fn authorized<'a>(&'a self, auth: &'a pb::Authorization) -> Admitted<'a> {
         Admitted { client: &self.client, auth, returned: None }
+    }
+
+    /// The policy dry run, decided by the enclave over its authority state.
+    pub async fn dry_run_activity(
+        &self,
+        request: pb::DryRunActivityRequest,
+    ) -> Result<pb::DryRunActivityResponse, ApiError> {
+        answer(self.client.clone().dry_run_activity(request).await)
     }
 
     /// The enclave's boot proof.
@@ -326,10 +346,10 @@ fn api_error(s: tonic::Status) -> ApiError {
         // refusal (the enclave's reason is in its audit log and here).
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::PolicyDenied) => {
             tracing::info!(error = %s.message(), "the enclave's decision denied a request");
-            ApiError::forbidden(crate::policy_gate::NOT_AUTHORIZED)
+            ApiError::forbidden(crate::evaluation_share::NOT_AUTHORIZED)
         }
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::RootQuorumOnly) => {
-            ApiError::forbidden(crate::policy_gate::ROOT_ONLY)
+            ApiError::forbidden(crate::evaluation_share::ROOT_ONLY)
         }
         // The enclave's own authorization refused the request (see its audit log).
         tonic::Code::PermissionDenied => {

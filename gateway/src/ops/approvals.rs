@@ -9,7 +9,6 @@ use crate::activity::render;
 use crate::activity::submission::{self, Envelope};
 use crate::activity::{TYPE_APPROVE, TYPE_REJECT};
 use crate::error::ApiError;
-use crate::policy_gate::{self, Proposal};
 use crate::store::now_nanos;
 
 /// `approve_activity` / `reject_activity` never reach a handler: the pipeline records the vote.
@@ -72,34 +71,24 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
     }
     let caller = &ctx.caller;
     let (decision, reason, policies) = if caller.via_parent {
-        ("DECISION_DENY", "PARENT_ORGANIZATION_CREDENTIAL", vec![])
+        ("DECISION_DENY".to_string(), "PARENT_ORGANIZATION_CREDENTIAL".to_string(), json!([]))
     } else {
-        let votes = json!([{
-            "userId": caller.user.id,
-            "selection": coffer_policy::context::VOTE_APPROVED,
-            "createdAt": render::timestamp(now),
-            "user": { "apiKeys": caller.credential.api_key().map(|k| vec![crate::activity::render::api_key_json(k)]).unwrap_or_default(),
-                      "authenticators": caller.credential.authenticator().map(|a| vec![crate::activity::render::authenticator_json(a)]).unwrap_or_default() },
-        }]);
-        let params = submission::strip_nulls(env.parameters.clone());
-        let proposal =
-            Proposal { subject: op.policy_subject(), params: &params, votes: &votes, submitter: &caller.user.id, now };
-        let e = policy_gate::decide(&ctx.state.store, &ctx.org, &proposal).await?;
-        let policies = e
-            .outcomes
-            .iter()
-            .map(|o| {
-                json!({
-                    "policyId": o.policy_id,
-                    "policyName": o.policy_name,
-                    "effect": o.effect,
-                    "outcome": o.outcome,
-                    "decidingClause": o.clause,
-                    "detail": o.detail,
-                })
-            })
-            .collect();
-        (e.decision.as_str(), e.reason, policies)
+        // The enclave's decision over its authority state, within the organization's share of
+        // the evaluations the gateway asks for.
+        let request = coffer_proto::v1::DryRunActivityRequest {
+            organization_id: ctx.org.id.clone(),
+            certificate: caller.credential.certificate().to_vec(),
+            activity_type: op.activity_type.to_string(),
+            parameters: serde_json::to_vec(&submission::strip_nulls(env.parameters.clone()))
+                .map_err(|_| ApiError::internal())?,
+        };
+        // Charged to the top-level organization: its sub-organizations (sign-ups anyone can make)
+        // share its slots, not a share each.
+        let top_level = ctx.org.parent_id.as_deref().unwrap_or(&ctx.org.id);
+        let custody = &ctx.state.custody;
+        let answer = crate::evaluation_share::share().run(top_level, custody.dry_run_activity(request)).await??;
+        let policies: Value = serde_json::from_slice(&answer.policies).map_err(|_| ApiError::internal())?;
+        (answer.decision, answer.reason, policies)
     };
     Ok(json!({
         "decision": decision,

@@ -42,12 +42,21 @@ pub async fn load_private_key(
 
 /// The sub-organization's parent certificate when a parent's credential asks; empty otherwise.
 pub async fn parent_certificate(ctx: &crate::activity::registry::Ctx) -> Result<Vec<u8>, ApiError> {
-    if !ctx.caller.via_parent {
+    parent_certificate_of(&ctx.state, &ctx.org.id, ctx.caller.via_parent).await
+}
+
+/// [`parent_certificate`] of organization `org`, for a caller that is (`via_parent`) or is not a
+/// parent's credential.
+pub async fn parent_certificate_of(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    via_parent: bool,
+) -> Result<Vec<u8>, ApiError> {
+    if !via_parent {
         return Ok(Vec::new());
     }
-    let org = ctx.org.id.clone();
-    match ctx
-        .state
+    let org = org.to_string();
+    match state
         .db(move |s| s.record(&org, crate::record_kinds::PARENT_CERTIFICATE, crate::record_kinds::PARENT_CERTIFICATE))
         .await?
     {

@@ -125,7 +125,7 @@ pub fn system_policy(ctx: &Ctx, name: &str, consensus: &str, condition: &str, no
 
 pub async fn create_policy(ctx: Ctx, intent: CreatePolicyIntent) -> Result<Outcome, ApiError> {
     let record = new_policy(&ctx.org.id, ctx.derived_id(POLICY_ID, 0), ctx.now, intent, "")?;
-    ctx.state.read_store(|s| crate::policy_gate::check_policy_count(s, &ctx.org.id, 1))?;
+    ctx.state.read_store(|s| crate::evaluation_share::check_policy_count(s, &ctx.org.id, 1))?;
     Ok(Outcome { result: json!({ "policyId": record.id }), writes: vec![put(record, false)] })
 }
 
@@ -151,7 +151,7 @@ pub async fn create_policies(ctx: Ctx, intent: CreatePoliciesIntent) -> Result<O
             new_policy(&ctx.org.id, id, ctx.now + i as Nanos, p, &format!(" (policies[{i}])"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    ctx.state.read_store(|s| crate::policy_gate::check_policy_count(s, &ctx.org.id, records.len()))?;
+    ctx.state.read_store(|s| crate::evaluation_share::check_policy_count(s, &ctx.org.id, records.len()))?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
     let result = json!({ "policyIds": ids });
     Ok(Outcome { result, writes: records.into_iter().map(|r| put(r, false)).collect() })

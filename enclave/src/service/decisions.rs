@@ -1,0 +1,72 @@
+//! Decisions asked without work: `DecideActivity` (a stamped activity, decided as its call would
+//! decide it) and `DryRunActivity` (the policy dry run).
+
+use coffer_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::admission::Admission;
+use crate::decider::VerifiedVote;
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::Hsm;
+
+/// The largest parameters a dry run evaluates (an activity's bound).
+const MAX_DRY_RUN_PARAMETERS: usize = crate::link_request::MAX_ACTIVITY_BYTES;
+
+pub(super) fn decide_activity(
+    _hsm: &Hsm,
+    admission: &Admission,
+    req: pb::DecideActivityRequest,
+) -> Result<pb::DecideActivityResponse, EnclaveError> {
+    let parent = Some(req.parent_certificate.as_slice()).filter(|c| !c.is_empty());
+    let evaluation = admission.decide_ahead(req.auth.as_ref(), parent)?;
+    Ok(pb::DecideActivityResponse { evaluation })
+}
+
+pub(super) fn dry_run_activity(
+    _hsm: &Hsm,
+    admission: &Admission,
+    req: pb::DryRunActivityRequest,
+) -> Result<pb::DryRunActivityResponse, EnclaveError> {
+    if req.parameters.len() > MAX_DRY_RUN_PARAMETERS {
+        return Err(EnclaveError::invalid(format!("parameters: at most {MAX_DRY_RUN_PARAMETERS} bytes")));
+    }
+    let params: Value = serde_json::from_slice(&req.parameters)
+        .ok()
+        .filter(Value::is_object)
+        .ok_or_else(|| EnclaveError::invalid("parameters must be a JSON object"))?;
+    let certificate = admission
+        .genuine_certificate(&req.certificate)
+        .filter(|c| c.organization_id == req.organization_id)
+        .ok_or_else(|| {
+            EnclaveError::refused(
+                RefusalReason::CertificateInvalid,
+                "the credential's certificate is not one this enclave issued to the organization",
+            )
+        })?;
+    let credential = VerifiedVote {
+        user_id: certificate.user_id,
+        public_key: certificate.public_key,
+        credential_type: certificate.credential_type,
+        at_ms: 0,
+    };
+    let e = admission.dry_run(&req.organization_id, credential, &req.activity_type, &params)?;
+    let policies: Vec<Value> = e
+        .outcomes
+        .iter()
+        .map(|o| {
+            json!({
+                "policyId": &*o.policy_id,
+                "policyName": &*o.policy_name,
+                "effect": &*o.effect,
+                "outcome": o.outcome,
+                "decidingClause": o.clause,
+                "detail": o.detail,
+            })
+        })
+        .collect();
+    Ok(pb::DryRunActivityResponse {
+        decision: e.decision.as_str().to_string(),
+        reason: e.reason.to_string(),
+        policies: serde_json::to_vec(&policies).map_err(|e| EnclaveError::Internal(e.to_string()))?,
+    })
+}
