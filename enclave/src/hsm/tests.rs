@@ -203,6 +203,9 @@ fn certificate_mac_is_computed_and_checked_in_the_hsm(hsm: &Arc<Hsm>, _module: M
     assert_eq!(mac.len(), 32);
     assert_eq!(hsm.certificate_mac(b"fields").unwrap(), mac, "deterministic");
     assert!(hsm.certificate_mac_valid(b"fields", &mac).unwrap());
+    // Remembered as valid, it is the exact fields and MAC that are: other fields, another MAC or
+    // a truncated one are checked in the HSM, and refused.
+    assert!(hsm.certificate_mac_valid(b"fields", &mac).unwrap());
     assert!(!hsm.certificate_mac_valid(b"fieldz", &mac).unwrap());
     let mut forged = mac.clone();
     forged[0] ^= 1;
