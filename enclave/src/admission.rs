@@ -21,7 +21,7 @@ use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
-const REJECT_ACTIVITY: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
+pub const REJECT_ACTIVITY: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
 /// How long a waiting activity's original stamp stays usable (the vote lifetime).
 pub const VOTE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
 /// `issuing_fingerprint` prefix of certificates made by operator bootstrap.
@@ -740,25 +740,15 @@ impl Admission {
     /// handler reaches the network for an activity (a webhook target's name), and to choose how to
     /// answer an activity its handler found wrong before the enclave decided it
     /// (`DecideActivity`). The call that does the work decides again.
+    /// `types`: what the calls it stands in for take.
     pub fn decide_ahead(
         &self,
         auth: Option<&pb::Authorization>,
+        types: &[&str],
         parent_certificate: Option<&[u8]>,
     ) -> Result<String, EnclaveError> {
         const OPERATION: &str = "decide_activity";
-        // What the calls it stands in for take: no vote (a vote is no activity the policies
-        // decide), and a parent organization's credential only for an activity a parent may
-        // submit for its sub-organization (logins, one-time codes for a login).
-        let parent_types = crate::sessions::PARENT_MAY_SUBMIT;
-        let types: Vec<&str> = match parent_certificate {
-            Some(_) => parent_types.to_vec(),
-            None => coffer_org_rules::subjects::SUBJECTS
-                .iter()
-                .map(|s| s.activity_type)
-                .filter(|t| ![APPROVE_ACTIVITY, REJECT_ACTIVITY].contains(t))
-                .collect(),
-        };
-        match self.check(OPERATION, auth, &types, parent_certificate, None) {
+        match self.check(OPERATION, auth, types, parent_certificate, None) {
             Ok((a, _unspent)) => Ok(a.evaluation()),
             Err(r) => {
                 r.audit(OPERATION);

@@ -18,7 +18,19 @@ pub(super) fn decide_activity(
     req: pb::DecideActivityRequest,
 ) -> Result<pb::DecideActivityResponse, EnclaveError> {
     let parent = Some(req.parent_certificate.as_slice()).filter(|c| !c.is_empty());
-    let evaluation = admission.decide_ahead(req.auth.as_ref(), parent)?;
+    // What the calls it stands in for take: no vote (a vote is no activity the policies decide),
+    // and a parent organization's credential only for an activity a parent may submit for its
+    // sub-organization (logins, the one-time code before a login).
+    use crate::admission::{APPROVE_ACTIVITY, REJECT_ACTIVITY};
+    let types: Vec<&str> = match parent {
+        Some(_) => crate::sessions::PARENT_MAY_SUBMIT.to_vec(),
+        None => coffer_org_rules::subjects::SUBJECTS
+            .iter()
+            .map(|s| s.activity_type)
+            .filter(|t| ![APPROVE_ACTIVITY, REJECT_ACTIVITY].contains(t))
+            .collect(),
+    };
+    let evaluation = admission.decide_ahead(req.auth.as_ref(), &types, parent)?;
     Ok(pb::DecideActivityResponse { evaluation })
 }
 
