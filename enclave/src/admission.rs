@@ -469,11 +469,9 @@ impl Admission {
         }
         let p = &a.activity;
         let now = now_ms();
-        match Decider::decide_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now)
-        {
-            Ok(d) => Ok(d),
-            Err(refused) => Err(refused_by(a, Refusal::of_rules(refused))),
-        }
+        Decider::evaluate_over(loaded, &a.policy_org, &p.activity_type, &p.parameters, &a.submitter, &a.voters, now)
+            .and_then(Decided::allowed)
+            .map_err(|refused| refused_by(a, Refusal::of_rules(refused)))
     }
 
     /// The organizations' rules this authority decides with.

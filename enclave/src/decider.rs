@@ -96,6 +96,30 @@ pub struct Decided {
     pub evaluation: Evaluation,
 }
 
+impl Decided {
+    /// This evaluation as a decision: itself when it allows, else the typed refusal (waiting for
+    /// votes, root quorum only, denied) with the outcomes it read.
+    pub fn allowed(self) -> Result<Decided, RulesRefusal> {
+        let evaluation = &self.evaluation;
+        match evaluation.decision {
+            Decision::Allow => Ok(self),
+            Decision::ConsensusNeeded => Err(RulesRefusal {
+                reason: RefusalReason::ConsensusNeeded,
+                message: format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
+            Decision::Deny => Err(RulesRefusal {
+                reason: match evaluation.reason {
+                    decide::ROOT_QUORUM_ONLY => RefusalReason::RootQuorumOnly,
+                    _ => RefusalReason::PolicyDenied,
+                },
+                message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
+                evaluation: evaluation.outcomes_json_text(),
+            }),
+        }
+    }
+}
+
 /// The enclave's view of every organization's authority state.
 pub struct Decider {
     store: Arc<dyn EnclaveStore>,
@@ -739,44 +763,15 @@ impl Decider {
         now_ms: Millis,
     ) -> Result<Decided, RulesRefusal> {
         let loaded = self.load(policy_org).map_err(|e| RulesRefusal::new(RefusalReason::Unspecified, e.to_string()))?;
-        Self::decide_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)
+        Self::evaluate_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)
+            .and_then(Decided::allowed)
     }
 
-    /// [`Decider::decide`] over `loaded`, the state of `policy_org` (`None`: it has none), which may
-    /// be a staged head (see [`Decider::stage`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn decide_over(
-        loaded: Option<Arc<Loaded>>,
-        policy_org: &str,
-        activity_type: &str,
-        params: &serde_json::Value,
-        submitter: &VerifiedVote,
-        voters: &[VerifiedVote],
-        now_ms: Millis,
-    ) -> Result<Decided, RulesRefusal> {
-        let decided = Self::evaluate_over(loaded, policy_org, activity_type, params, submitter, voters, now_ms)?;
-        let evaluation = &decided.evaluation;
-        match evaluation.decision {
-            Decision::Allow => Ok(decided),
-            Decision::ConsensusNeeded => Err(RulesRefusal {
-                reason: RefusalReason::ConsensusNeeded,
-                message: format!("{}: the approvals presented do not meet the required consensus", evaluation.reason),
-                evaluation: evaluation.outcomes_json_text(),
-            }),
-            Decision::Deny => Err(RulesRefusal {
-                reason: match evaluation.reason {
-                    decide::ROOT_QUORUM_ONLY => RefusalReason::RootQuorumOnly,
-                    _ => RefusalReason::PolicyDenied,
-                },
-                message: format!("{}: the organization's policies do not allow this activity", evaluation.reason),
-                evaluation: evaluation.outcomes_json_text(),
-            }),
-        }
-    }
-
-    /// The evaluation [`Decider::decide_over`] decides with, whatever it decides (the policy dry
-    /// run's): refused only when no policy can be evaluated (no state for the organization, a
-    /// credential not live in it, an activity type the rules do not know).
+    /// How the rules of `policy_org`, over `loaded` (its state, `None`: it has none; possibly a
+    /// staged head, see [`Decider::stage`]), evaluate the request, whatever they decide (the
+    /// policy dry run's; [`Decided::allowed`] is the decision): refused only when no policy can be
+    /// evaluated (no state for the organization, a credential not live in it, an activity type
+    /// the rules do not know).
     #[allow(clippy::too_many_arguments)]
     pub fn evaluate_over(
         loaded: Option<Arc<Loaded>>,

@@ -49,18 +49,11 @@ pub const INIT_OTP: &str = "ACTIVITY_TYPE_INIT_OTP_V3";
 pub const INIT_OTP_AUTH: &str = "ACTIVITY_TYPE_INIT_OTP_AUTH_V3";
 pub const VERIFY_OTP: &str = "ACTIVITY_TYPE_VERIFY_OTP_V2";
 /// What a parent organization's credential may submit for its sub-organization (with the
-/// sub-organization's parent certificate): the logins, and the one-time code before a login.
-pub const PARENT_MAY_SUBMIT: &[&str] = &[
-    OAUTH_LOGIN,
-    STAMP_LOGIN,
-    CREATE_READ_WRITE_SESSION,
-    OTP_LOGIN,
-    OTP_AUTH,
-    EMAIL_AUTH,
-    INIT_USER_EMAIL_RECOVERY,
-    CREATE_READ_ONLY_SESSION,
-    INIT_OTP_AUTH,
-];
+/// sub-organization's parent certificate): the logins ([`LOGIN_TYPES`]), and the one-time code
+/// before a login.
+pub fn parent_may_submit() -> impl Iterator<Item = &'static str> {
+    LOGIN_TYPES.iter().copied().chain([INIT_OTP_AUTH])
+}
 
 /// Default session length when the body gives none.
 pub const DEFAULT_SESSION_SECONDS: u64 = 900;

@@ -23,7 +23,7 @@ pub(super) fn decide_activity(
     // sub-organization (logins, the one-time code before a login).
     use crate::admission::{APPROVE_ACTIVITY, REJECT_ACTIVITY};
     let types: Vec<&str> = match parent {
-        Some(_) => crate::sessions::PARENT_MAY_SUBMIT.to_vec(),
+        Some(_) => crate::sessions::parent_may_submit().collect(),
         None => coffer_org_rules::subjects::SUBJECTS
             .iter()
             .map(|s| s.activity_type)
