@@ -34,9 +34,6 @@ pub const LEASE: Duration = Duration::from_secs(60);
 struct Job {
     delivery: WebhookDelivery,
     url: Option<(String, u64)>,
-    /// The top-level organization the endpoint's deliveries are charged to (its own, or its
-    /// parent's for a sub-organization's endpoint): [`PER_ORGANIZATION`] bounds its workers.
-    charged_to: String,
 }
 
 /// Bumped after every commit that changes a webhook endpoint: a URL read before is stale.
@@ -102,7 +99,6 @@ impl Outbox {
                 })
             })
             .map(|e| Job {
-                charged_to: org.parent_id.clone().unwrap_or_else(|| org.id.clone()),
                 delivery: WebhookDelivery {
                     id: uuid::Uuid::new_v4().to_string(),
                     organization_id: e["organizationId"].as_str().unwrap_or_default().to_string(),
@@ -232,15 +228,8 @@ impl reqwest::dns::Resolve for GuardedResolver {
 /// Deliveries in flight at once, and per endpoint (one slow endpoint cannot take every worker).
 const WORKERS: usize = 256;
 const PER_ENDPOINT: usize = 64;
-/// Deliveries in flight at once to the endpoints of one top-level organization and its
-/// sub-organizations together: one tenant's stalling endpoints (ten of them, or a few in each of
-/// many sign-ups) cannot take every worker.
-const PER_ORGANIZATION: usize = 64;
 /// Events waiting for a worker, per endpoint; beyond this they wait out their lease.
 const WAITING_PER_ENDPOINT: usize = 4096;
-/// Endpoint organizations whose top-level organization the worker keeps (forgotten all at once
-/// past it, and looked up again).
-const TOP_LEVEL_KEPT: usize = 65_536;
 /// Fresh events in the hand-off queue at most.
 const HANDOFF_CAPACITY: usize = 16_384;
 /// How often the outbox is read for retries come due and lapsed leases.
@@ -263,38 +252,16 @@ static FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 #[derive(Default)]
 struct Held {
     ids: HashSet<String>,
-    /// Attempts in flight per endpoint, and the organization each endpoint's are charged to.
-    active: HashMap<String, (usize, String)>,
-    /// Attempts in flight per top-level organization.
-    active_orgs: HashMap<String, usize>,
-    /// The top-level organization of each endpoint organization the worker has looked up.
-    top_level: HashMap<String, String>,
+    active: HashMap<String, usize>,
 }
 
 impl Held {
-    /// Attempts in flight to `endpoint`.
-    fn active_at(&self, endpoint: &str) -> usize {
-        self.active.get(endpoint).map_or(0, |(n, _)| *n)
-    }
-
-    /// An attempt to `endpoint` starts, charged to `organization`.
-    fn started(&mut self, endpoint: &str, organization: &str) {
-        self.active.entry(endpoint.to_string()).or_insert_with(|| (0, organization.to_string())).0 += 1;
-        *self.active_orgs.entry(organization.to_string()).or_default() += 1;
-    }
-
     /// An attempt to `endpoint` is over (its record may still be on the way): its worker is free.
     fn finished(&mut self, endpoint: &str) {
-        let Some((n, organization)) = self.active.get_mut(endpoint) else { return };
-        *n -= 1;
-        let organization = organization.clone();
-        if *n == 0 {
-            self.active.remove(endpoint);
-        }
-        if let Some(m) = self.active_orgs.get_mut(&organization) {
-            *m -= 1;
-            if *m == 0 {
-                self.active_orgs.remove(&organization);
+        if let Some(n) = self.active.get_mut(endpoint) {
+            *n -= 1;
+            if *n == 0 {
+                self.active.remove(endpoint);
             }
         }
     }
@@ -414,9 +381,7 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
         Ok(h) => h
             .active
             .iter()
-            .filter(|(_, (n, organization))| {
-                *n >= PER_ENDPOINT || h.active_orgs.get(organization).is_some_and(|m| *m >= PER_ORGANIZATION)
-            })
+            .filter(|(_, n)| **n >= PER_ENDPOINT)
             .map(|(e, _)| e.clone())
             .chain(waiting.iter().filter(|(_, q)| !q.is_empty()).map(|(e, _)| e.clone()))
             .collect(),
@@ -426,38 +391,8 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
     let lease = (now + LEASE.as_nanos() as Nanos, instance());
     match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
         Ok(Ok(due)) => {
-            // The top-level organization of each endpoint organization not looked up yet (a
-            // parent never changes); one that cannot be read is charged to itself.
-            let unknown: HashSet<String> = match held.lock() {
-                Ok(h) => {
-                    due.iter().map(|d| &d.organization_id).filter(|o| !h.top_level.contains_key(*o)).cloned().collect()
-                }
-                Err(_) => return Vec::new(),
-            };
-            let mut found = Vec::with_capacity(unknown.len());
-            for org in unknown {
-                let id = org.clone();
-                let parent = match state.db(move |s| s.organization(&id)).await {
-                    Ok(Ok(o)) => o.parent_id,
-                    _ => None,
-                };
-                found.push((parent.unwrap_or_else(|| org.clone()), org));
-            }
-            let Ok(mut h) = held.lock() else { return Vec::new() };
-            for (top, org) in found {
-                if h.top_level.len() >= TOP_LEVEL_KEPT {
-                    h.top_level.clear();
-                }
-                h.top_level.insert(org, top);
-            }
-            due.into_iter()
-                .filter(|d| !h.ids.contains(&d.id))
-                .map(|delivery| {
-                    let charged_to =
-                        h.top_level.get(&delivery.organization_id).cloned().unwrap_or(delivery.organization_id.clone());
-                    Job { delivery, url: None, charged_to }
-                })
-                .collect()
+            let Ok(h) = held.lock() else { return Vec::new() };
+            due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "reading due webhook deliveries failed");
@@ -472,16 +407,12 @@ async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String
 fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Option<Vec<Vec<Job>>> {
     let mut h = held.lock().ok()?;
     crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
-    let mut total: usize = h.active.values().map(|(n, _)| n).sum();
+    let mut total: usize = h.active.values().sum();
     let mut batches = vec![Vec::new()];
     for (endpoint, queue) in waiting.iter_mut() {
-        while total < WORKERS && h.active_at(endpoint) < PER_ENDPOINT {
-            let Some(job) = queue.front() else { break };
-            if h.active_orgs.get(&job.charged_to).is_some_and(|m| *m >= PER_ORGANIZATION) {
-                break;
-            }
+        while total < WORKERS && h.active.get(endpoint).copied().unwrap_or(0) < PER_ENDPOINT {
             let Some(job) = queue.pop_front() else { break };
-            h.started(endpoint, &job.charged_to);
+            *h.active.entry(endpoint.clone()).or_default() += 1;
             total += 1;
             if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
                 batches.push(Vec::new());
@@ -731,57 +662,6 @@ fn error_text(e: reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn job(n: usize, endpoint: &str, organization: &str, charged_to: &str) -> Job {
-        Job {
-            delivery: WebhookDelivery {
-                id: format!("{endpoint}-{n}"),
-                organization_id: organization.into(),
-                endpoint_id: endpoint.into(),
-                activity_organization_id: organization.into(),
-                activity_id: "a".into(),
-                event_type: ACTIVITY_UPDATES.into(),
-                body: "{}".into(),
-                status: DELIVERY_PENDING.into(),
-                attempts: 0,
-                next_attempt_at: 0,
-                last_status_code: None,
-                last_error: None,
-                created_at: 0,
-                updated_at: 0,
-                leased_by: None,
-            },
-            url: None,
-            charged_to: charged_to.into(),
-        }
-    }
-
-    /// One tenant's endpoints, its own and its sign-ups', together get at most
-    /// `PER_ORGANIZATION` workers; another organization's delivery still gets one, and a
-    /// finished attempt frees the tenant's share.
-    #[test]
-    fn one_organization_gets_its_share_of_the_workers_and_no_more() {
-        let held = Mutex::new(Held::default());
-        let mut waiting: HashMap<String, VecDeque<Job>> = HashMap::new();
-        for e in 0..10 {
-            let (endpoint, organization) = (format!("tenant-{e}"), format!("signup-{}", e % 3));
-            let queue = (0..100).map(|n| job(n, &endpoint, &organization, "tenant")).collect();
-            waiting.insert(endpoint, queue);
-        }
-        waiting.insert("other".into(), VecDeque::from([job(0, "other", "other-org", "other-org")]));
-        let taken: Vec<Job> = take_ready(&held, &mut waiting).unwrap().into_iter().flatten().collect();
-        let tenant = taken.iter().filter(|j| j.charged_to == "tenant").count();
-        assert_eq!(tenant, PER_ORGANIZATION, "the tenant's share, across its endpoints");
-        assert!(taken.iter().any(|j| j.delivery.endpoint_id == "other"), "the other organization's delivery runs");
-        assert!(take_ready(&held, &mut waiting).unwrap().is_empty(), "nothing more for the tenant");
-        let one = taken.iter().find(|j| j.charged_to == "tenant").unwrap();
-        held.lock().unwrap().finished(&one.delivery.endpoint_id);
-        let next: Vec<Job> = take_ready(&held, &mut waiting).unwrap().into_iter().flatten().collect();
-        assert_eq!(next.len(), 1, "one attempt over, one more of the tenant's");
-        let h = held.lock().unwrap();
-        assert_eq!(h.active_orgs.get("tenant"), Some(&PER_ORGANIZATION));
-        assert_eq!(h.active_orgs.get("other-org"), Some(&1));
-    }
 
     #[test]
     fn backoff_doubles_from_a_second_caps_and_gives_up() {
