@@ -10,6 +10,7 @@ pub mod operator;
 pub mod proof;
 pub mod session_jwt;
 pub mod stamp;
+pub mod state_proof;
 pub mod verification_token;
 pub mod webauthn;
 

@@ -6,6 +6,7 @@
 //! enclave's own decision and output, and a log link a submission whose stamp it verified.
 
 use coffer_auth::proof;
+use coffer_auth::state_proof::StateItem;
 use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -239,6 +240,41 @@ pub fn link_applied(
             None
         }
     }
+}
+
+/// Most bytes of one signed state: a larger organization's state is refused whole rather than
+/// built in memory for one answer (the gateway takes answers up to 64 MiB).
+const MAX_STATE_PROOF_BYTES: usize = 16 * 1024 * 1024;
+
+/// The organization's state as this enclave decides on it now (read again from the store if
+/// another enclave moved it), signed for the verifier's `nonce`: version 0 and no entries when
+/// the enclave has no state for it.
+pub fn organization_state(
+    hsm: &Hsm,
+    admission: &Admission,
+    organization_id: &str,
+    nonce: &str,
+) -> Result<pb::GetOrganizationStateResponse, EnclaveError> {
+    if organization_id.is_empty() {
+        return Err(EnclaveError::invalid("organization_id is required"));
+    }
+    if !proof::is_log_nonce(nonce) {
+        return Err(EnclaveError::invalid("a state's nonce is 16 to 128 hex digits"));
+    }
+    let loaded = admission.rules().load(organization_id)?;
+    let (version, entries) = match &loaded {
+        Some(l) => (l.state.version, l.state.entries()),
+        None => (0, Vec::new()),
+    };
+    let size: usize = entries.iter().map(|e| e.data.len() + e.id.len() + e.kind.len() + 8).sum();
+    if size > MAX_STATE_PROOF_BYTES {
+        return Err(EnclaveError::invalid(format!(
+            "the organization's state is {size} bytes: more than the {MAX_STATE_PROOF_BYTES} one answer may carry"
+        )));
+    }
+    let items = entries.iter().map(|e| StateItem { kind: e.kind, id: &e.id, data: &e.data });
+    let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, items);
+    Ok(pb::GetOrganizationStateResponse { state: Some(signed(hsm, payload)?), version })
 }
 
 /// What the enclave knows of an activity it is asked to link: the stamped submission's

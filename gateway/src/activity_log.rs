@@ -34,6 +34,34 @@ impl ApiKeyFile {
     }
 }
 
+/// `POST /public/v1/query/<path>` of the gateway at `base_url` with `body`, stamped with `key`:
+/// the answer's JSON, or an error naming the gateway's answer when it is not a success.
+pub async fn query(
+    client: &reqwest::Client,
+    base_url: &str,
+    path: &str,
+    body: &Value,
+    key: &ApiKeyFile,
+) -> anyhow::Result<Value> {
+    let url = format!("{}/public/v1/query/{path}", base_url.trim_end_matches('/'));
+    let body = body.to_string();
+    let response = client
+        .post(&url)
+        .header("X-Stamp", coffer_auth::operator::stamp(&key.0, body.as_bytes()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = response.status();
+    let answer: Value = serde_json::from_slice(&response.bytes().await.with_context(|| format!("reading {path}"))?)
+        .with_context(|| format!("the answer of {path} is not JSON"))?;
+    if !status.is_success() {
+        anyhow::bail!("the gateway answered {path} with {status}: {answer}");
+    }
+    Ok(answer)
+}
+
 /// Reads the whole log of `organization_id` from the gateway at `base_url`: the head the enclave
 /// signs first (for a nonce chosen here, so that the gateway cannot answer with an older head),
 /// then every link up to it, with the activities as the API serves them (and the finished
@@ -41,27 +69,12 @@ impl ApiKeyFile {
 pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> anyhow::Result<ExportedLog> {
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let client = reqwest::Client::new();
-    let url = format!("{}/public/v1/query/coffer_list_activity_log", base_url.trim_end_matches('/'));
     let (mut head, mut head_seq, mut after) = (None, 0u64, 0u64);
     let (mut links, mut activities) = (Vec::new(), Vec::new());
     loop {
         let body = json!({ "organizationId": organization_id, "afterSeq": after.to_string(), "limit": PAGE.to_string(),
-                "nonce": nonce })
-        .to_string();
-        let response = client
-            .post(&url)
-            .header("X-Stamp", coffer_auth::operator::stamp(&key.0, body.as_bytes()))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .with_context(|| format!("POST {url}"))?;
-        let status = response.status();
-        let mut page: Value = serde_json::from_slice(&response.bytes().await.context("reading the log page")?)
-            .context("the log page is not JSON")?;
-        if !status.is_success() {
-            anyhow::bail!("the gateway answered {status}: {page}");
-        }
+                "nonce": nonce });
+        let mut page = query(&client, base_url, "coffer_list_activity_log", &body, key).await?;
         if head.is_none() {
             let h: AppProof = serde_json::from_value(page["head"].take()).context("the page has no signed head")?;
             head = Some(h);

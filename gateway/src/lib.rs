@@ -20,6 +20,7 @@ pub mod record_kinds;
 pub mod serve;
 pub mod stamps;
 pub mod state;
+pub mod state_diff;
 pub mod store;
 pub mod webhook_delivery;
 pub mod webhook_endpoint;

@@ -99,6 +99,22 @@ enum Command {
         #[arg(long)]
         allow_stale: bool,
     },
+    /// Compare what the gateway's queries say of an organization (its users, credentials,
+    /// policies, tags, root quorum, features, wallets, accounts, private keys, contract
+    /// interfaces, webhook endpoints and OAuth 2.0 credentials) with the organization's state as
+    /// the enclave enforces it, signed by its proof key (hex, from `/public/v1/discovery/keys`
+    /// `proofPublicKey`) for a nonce chosen here. Prints every difference as JSON; exit status 1
+    /// when there is one. Stamped with an API key of the organization read from a file.
+    DiffState {
+        #[arg(long)]
+        base_url: String,
+        #[arg(long)]
+        organization_id: String,
+        #[arg(long)]
+        api_key_file: PathBuf,
+        #[arg(long)]
+        proof_key: String,
+    },
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
     InitDev {
@@ -164,6 +180,16 @@ async fn main() -> anyhow::Result<()> {
                     std::process::exit(1);
                 }
             }
+        }
+        Command::DiffState { base_url, organization_id, api_key_file, proof_key } => {
+            let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
+            let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
+            let diff = coffer_gateway::state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
+            println!("{}", serde_json::to_string(&diff)?);
+            if !diff.differences.is_empty() {
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Keygen => {
             let (public, private) = keygen();

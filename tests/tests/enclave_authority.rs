@@ -4182,3 +4182,105 @@ async fn a_refused_change_spends_nothing() {
         pb::RefusalReason::Replayed,
     );
 }
+
+/// `coffer-gateway diff-state`, with the stack's root key: its exit status and what it printed.
+fn diff_state(stack: &Stack, proof_key: &str) -> (Option<i32>, Value) {
+    let dir = std::env::temp_dir().join(format!("coffer-diff-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("api.key");
+    std::fs::write(&key_file, format!("{}\n", stack.api_private_key)).unwrap();
+    let output = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
+        .args(["diff-state", "--base-url", &stack.base_url, "--organization-id", &stack.organization_id])
+        .args(["--api-key-file", key_file.to_str().unwrap(), "--proof-key", proof_key])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let printed = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|_| panic!("diff-state printed no JSON: {}", String::from_utf8_lossy(&output.stderr)));
+    (output.status.code(), printed)
+}
+
+/// The differences `diff-state` printed, as `kind id enclave|gateway|both` (which side has it).
+fn differences(printed: &Value) -> Vec<String> {
+    let sides = |d: &Value| match (d["enclave"].is_null(), d["gateway"].is_null()) {
+        (false, false) => "both",
+        (false, true) => "enclave",
+        _ => "gateway",
+    };
+    let list = printed["differences"].as_array().unwrap_or_else(|| panic!("no differences list: {printed}"));
+    list.iter().map(|d| format!("{} {} {}", d["kind"].as_str().unwrap(), d["id"].as_str().unwrap(), sides(d))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (_, addresses) = wallet(&client, &org, "w1").await;
+    policy(&client, &org, "only-root", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", None)
+        .await;
+    let discovery: Value =
+        reqwest::get(format!("{}/public/v1/discovery/keys", stack.base_url)).await.unwrap().json().await.unwrap();
+    let proof_key = discovery["proofPublicKey"].as_str().unwrap().to_string();
+
+    // The gateway's answers and the enclave's state agree on every item.
+    let (status, printed) = diff_state(&stack, &proof_key);
+    assert_eq!((status, differences(&printed)), (Some(0), Vec::<String>::new()), "{printed}");
+    // The organization, root, its key, the policy, the wallet and its two accounts.
+    assert_eq!(printed["compared"], 7, "{printed}");
+    assert!(printed["enclaveVersion"].as_u64() > Some(1), "{printed}");
+
+    // The state the gateway carries is the enclave's, signed for the asker's nonce only: the
+    // official key checks it, and an answer to another nonce does not pass.
+    let nonce = "00112233445566778899aabbccddeeff";
+    let body = json!({ "organizationId": org, "nonce": nonce }).to_string();
+    let r =
+        stack.post_raw("/public/v1/query/coffer_get_organization_state", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let proof: coffer_auth::proof::AppProof = serde_json::from_value(r.json["state"].clone()).unwrap();
+    let key = coffer_gateway::activity_log::proof_key(&proof_key).unwrap();
+    let signed = coffer_auth::state_proof::verify(&proof, &key, &org, nonce).unwrap();
+    assert_eq!(signed.kind("policy").values().next().unwrap()["name"], "only-root");
+    assert!(coffer_auth::state_proof::verify(&proof, &key, &org, "ffeeddccbbaa99887766").is_err());
+    let short = json!({ "organizationId": org, "nonce": "abc" }).to_string();
+    let r = stack
+        .post_raw("/public/v1/query/coffer_get_organization_state", short.as_bytes(), Some(&stack.api_key()))
+        .await;
+    assert_eq!((r.status, r.json["message"].as_str()), (400, Some("nonce must be 16 to 128 hex digits")), "{}", r.text);
+
+    // The database rewritten: the policy hidden, an API key added for root, the account's
+    // address swapped for an attacker's, root renamed. Every one is a difference, and nothing else.
+    let c = db(&stack);
+    let policy_id: String = c
+        .query_row("SELECT id FROM records WHERE organization_id = ?1 AND kind = 'policy'", [&org], |r| r.get(0))
+        .unwrap();
+    c.execute("DELETE FROM records WHERE organization_id = ?1 AND kind = 'policy'", [&org]).unwrap();
+    let mallory = TurnkeyP256ApiKey::generate();
+    c.execute(
+        "INSERT INTO api_keys (id, organization_id, user_id, name, public_key, credential_type, expiration_seconds,
+            created_at, updated_at, certificate) VALUES ('mallory', ?1, ?2, 'm', ?3, 'CREDENTIAL_TYPE_API_KEY_P256',
+            NULL, 0, 0, x'')",
+        rusqlite::params![org, stack.user_id, public_key(&mallory)],
+    )
+    .unwrap();
+    let account_id: String =
+        c.query_row("SELECT id FROM wallet_accounts WHERE address = ?1", [&addresses[0]], |r| r.get(0)).unwrap();
+    c.execute(
+        "UPDATE wallet_accounts SET address = '0x000000000000000000000000000000000000dEaD' WHERE id = ?1",
+        [&account_id],
+    )
+    .unwrap();
+    c.execute("UPDATE users SET name = 'not root' WHERE id = ?1", [&stack.user_id]).unwrap();
+    let (status, printed) = diff_state(&stack, &proof_key);
+    let mut expected = vec![
+        format!("account {account_id} both"),
+        "credential mallory gateway".to_string(),
+        format!("policy {policy_id} enclave"),
+        format!("user {} both", stack.user_id),
+    ];
+    expected.sort();
+    assert_eq!((status, differences(&printed)), (Some(1), expected), "{printed}");
+    let account = printed["differences"].as_array().unwrap().iter().find(|d| d["kind"] == "account").unwrap();
+    assert_eq!(account["enclave"]["address"], addresses[0].as_str(), "{printed}");
+    assert_eq!(account["gateway"]["address"], "0x000000000000000000000000000000000000dEaD", "{printed}");
+}

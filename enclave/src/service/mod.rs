@@ -236,6 +236,16 @@ impl Enclave for EnclaveService {
             .await
     }
 
+    async fn get_organization_state(
+        &self,
+        req: Request<pb::GetOrganizationStateRequest>,
+    ) -> Answer<pb::GetOrganizationStateResponse> {
+        self.run(req, |hsm, admission, req| {
+            crate::proofs::organization_state(hsm, admission, &req.organization_id, &req.nonce)
+        })
+        .await
+    }
+
     async fn init_otp(&self, req: Request<pb::InitOtpRequest>) -> Answer<pb::InitOtpResponse> {
         otp::init_otp(self.hsm.clone(), self.admission.clone(), self.otp.clone(), req.into_inner()).await
     }

@@ -287,6 +287,17 @@ impl Custody {
         answer(self.client.clone().get_log_head(request).await)
     }
 
+    /// The organization's state as the enclave holds it, signed now for the verifier's `nonce`.
+    pub async fn organization_state(
+        &self,
+        organization_id: &str,
+        nonce: &str,
+    ) -> Result<pb::GetOrganizationStateResponse, ApiError> {
+        let request =
+            pb::GetOrganizationStateRequest { organization_id: organization_id.to_string(), nonce: nonce.to_string() };
+        answer(self.client.clone().get_organization_state(request).await)
+    }
+
     /// The bundle signer's public key (65-byte uncompressed SEC1).
     pub async fn signer_public_key(&self) -> Result<Vec<u8>, ApiError> {
         answer(self.client.clone().get_signer_public_key(pb::GetSignerPublicKeyRequest {}).await).map(|r| r.public_key)

@@ -619,6 +619,7 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_boot_proof", handler: query_handler!(proofs::get_boot_proof) },
     Query { path: "get_latest_boot_proof", handler: query_handler!(proofs::get_latest_boot_proof) },
     Query { path: "coffer_list_activity_log", handler: query_handler!(proofs::list_activity_log) },
+    Query { path: "coffer_get_organization_state", handler: query_handler!(proofs::get_organization_state) },
     Query { path: "list_wallets", handler: query_handler!(wallets::list_wallets) },
     Query { path: "get_wallet", handler: query_handler!(wallets::get_wallet) },
     Query { path: "list_wallet_accounts", handler: query_handler!(wallets::list_wallet_accounts) },

@@ -1,5 +1,6 @@
-//! Proofs: an activity's app proofs, the enclave's boot proof, and the organization's activity log
-//! with the head the enclave signs (what `coffer-gateway verify-log` checks).
+//! Proofs: an activity's app proofs, the enclave's boot proof, the organization's activity log
+//! with the head the enclave signs (what `coffer-gateway verify-log` checks), and the
+//! organization's state as the enclave signs it (what `coffer-gateway diff-state` checks).
 
 use base64::Engine;
 use coffer_proto::v1 as pb;
@@ -144,4 +145,33 @@ pub async fn list_activity_log(ctx: QueryCtx, req: ListActivityLogRequest) -> Re
     out.insert("links".into(), Value::Array(links));
     out.insert("unlogged".into(), Value::Array(unlogged.iter().map(|a| render::activity(a, false)).collect()));
     Ok(Value::Object(out))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetOrganizationStateRequest {
+    /// The verifier's nonce (16 to 128 hex digits), signed into the state so that an answer to
+    /// an earlier request cannot stand for the state now.
+    nonce: String,
+}
+
+/// `query/coffer_get_organization_state` (Coffer's own): the organization's state as the enclave
+/// decides on it, signed by its proof key for the verifier's `nonce`. The gateway only carries
+/// it: what its other queries say can be compared with what the enclave enforces.
+pub async fn get_organization_state(ctx: QueryCtx, req: GetOrganizationStateRequest) -> Result<Value, ApiError> {
+    if !coffer_auth::proof::is_log_nonce(&req.nonce) {
+        return Err(ApiError::invalid("nonce must be 16 to 128 hex digits"));
+    }
+    // Charged to the top-level organization's share, as its dry runs are: a whole state signed
+    // is work in the enclave that sign-ups must not multiply.
+    let top_level = ctx.org.parent_id.as_deref().unwrap_or(&ctx.org.id);
+    let custody = &ctx.state.custody;
+    let answer =
+        crate::evaluation_share::share().run(top_level, custody.organization_state(&ctx.org.id, &req.nonce)).await??;
+    let state = answer.state.as_ref().ok_or_else(ApiError::internal)?;
+    Ok(json!({
+        "organizationId": ctx.org.id,
+        "version": answer.version.to_string(),
+        "state": render::app_proof(state),
+    }))
 }

@@ -1,0 +1,147 @@
+//! The enclave's signed statement of one organization's state, what its decisions read now (for
+//! a verifier's nonce), and its check: what `coffer-gateway diff-state` compares the gateway's
+//! answers with.
+//!
+//! The payload is a [`proof::payload`] of type [`ORG_STATE`] whose `organizationState` member is
+//! `{organizationId, version, nonce, entries}`: `entries` maps each kind of the state
+//! (`user`, `credential`, `policy`, ...) to its items by id, each as the enclave stores it.
+
+use serde_json::{json, Map, Value};
+
+use crate::proof::{self, AppProof, ProofError};
+
+/// Coffer's payload type of an organization's state as the enclave holds it when asked.
+pub const ORG_STATE: &str = "COFFER_PROOF_TYPE_ORGANIZATION_STATE";
+const MEMBER: &str = "organizationState";
+
+/// One item of the state: its kind, its id and its JSON as the enclave stores it.
+#[derive(Debug, Clone, Copy)]
+pub struct StateItem<'a> {
+    pub kind: &'a str,
+    pub id: &'a str,
+    pub data: &'a [u8],
+}
+
+/// The payload the enclave signs for `organization_id` at `version`, with `items` (whose data
+/// must be JSON: an item that is not is stated as a string, never dropped) and the verifier's
+/// `nonce`.
+pub fn payload<'a>(
+    timestamp_ms: i64,
+    organization_id: &str,
+    version: u64,
+    nonce: &str,
+    items: impl IntoIterator<Item = StateItem<'a>>,
+) -> String {
+    let mut entries: Map<String, Value> = Map::new();
+    for item in items {
+        let value = serde_json::from_slice(item.data)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(item.data).into_owned()));
+        let by_id = entries.entry(item.kind.to_string()).or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(by_id) = by_id {
+            by_id.insert(item.id.to_string(), value);
+        }
+    }
+    let body = json!({
+        "organizationId": organization_id,
+        "version": version.to_string(),
+        "nonce": nonce,
+        "entries": entries,
+    });
+    proof::payload(ORG_STATE, timestamp_ms, MEMBER, body)
+}
+
+/// What a state proof that verifies states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignedState {
+    pub organization_id: String,
+    /// The state's version in the enclave's store (0: the enclave has no state for it).
+    pub version: u64,
+    /// When the enclave signed it (its clock, ms since the epoch).
+    pub timestamp_ms: i64,
+    /// Kind → id → item, as the enclave stores it.
+    pub entries: Map<String, Value>,
+}
+
+impl SignedState {
+    /// The items of one kind, by id (none: an empty map).
+    pub fn kind(&self, kind: &str) -> Map<String, Value> {
+        self.entries.get(kind).and_then(Value::as_object).cloned().unwrap_or_default()
+    }
+}
+
+/// Checks `state` as signed by the proof key `key` for `organization_id` and the verifier's
+/// `nonce` (so an answer given to an earlier request, which may predate changes since, does not
+/// pass), and returns what it states.
+pub fn verify(state: &AppProof, key: &[u8; 65], organization_id: &str, nonce: &str) -> Result<SignedState, ProofError> {
+    let payload = proof::verify(state, Some(key))?;
+    if payload.get("type").and_then(Value::as_str) != Some(ORG_STATE) {
+        return Err(ProofError::Payload("not an organization state"));
+    }
+    let timestamp_ms = payload
+        .get("timestampMs")
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse().ok())
+        .ok_or(ProofError::Payload("no timestampMs"))?;
+    let body = payload.get(MEMBER).and_then(Value::as_object).ok_or(ProofError::Payload("no organizationState"))?;
+    if body.get("organizationId").and_then(Value::as_str) != Some(organization_id) {
+        return Err(ProofError::Payload("the state is another organization's"));
+    }
+    if body.get("nonce").and_then(Value::as_str) != Some(nonce) {
+        return Err(ProofError::Payload("the state does not carry this request's nonce: it answered another request"));
+    }
+    let version = body
+        .get("version")
+        .and_then(Value::as_str)
+        .and_then(|v| v.parse().ok())
+        .ok_or(ProofError::Payload("no version"))?;
+    let entries = body.get("entries").and_then(Value::as_object).cloned().ok_or(ProofError::Payload("no entries"))?;
+    Ok(SignedState { organization_id: organization_id.to_string(), version, timestamp_ms, entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p256::ecdsa::signature::Signer;
+
+    fn signed(key: &p256::ecdsa::SigningKey, payload: String) -> AppProof {
+        let point: [u8; 65] = key.verifying_key().to_encoded_point(false).as_bytes().try_into().unwrap();
+        let signature: p256::ecdsa::Signature = key.sign(payload.as_bytes());
+        proof::app_proof(&point, payload, &signature.to_bytes().into())
+    }
+
+    fn point(key: &p256::ecdsa::SigningKey) -> [u8; 65] {
+        key.verifying_key().to_encoded_point(false).as_bytes().try_into().unwrap()
+    }
+
+    #[test]
+    fn a_state_verifies_for_its_organization_and_nonce_only() {
+        let key = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
+        let items = [
+            StateItem { kind: "policy", id: "p1", data: br#"{"id":"p1","effect":"EFFECT_ALLOW"}"# },
+            StateItem { kind: "policy", id: "p2", data: br#"{"id":"p2","effect":"EFFECT_DENY"}"# },
+            StateItem { kind: "user", id: "u1", data: b"not json" },
+        ];
+        let proof = signed(&key, payload(1_700_000_000_000, "org", 7, "00112233445566778899", items));
+        let state = verify(&proof, &point(&key), "org", "00112233445566778899").unwrap();
+        assert_eq!((state.version, state.timestamp_ms), (7, 1_700_000_000_000));
+        assert_eq!(state.kind("policy")["p2"]["effect"], "EFFECT_DENY");
+        assert_eq!(state.kind("user")["u1"], "not json");
+        assert!(state.kind("wallet").is_empty());
+
+        let refused = |r: Result<SignedState, ProofError>| r.unwrap_err();
+        assert!(matches!(
+            refused(verify(&proof, &point(&key), "other", "00112233445566778899")),
+            ProofError::Payload(_)
+        ));
+        assert!(matches!(refused(verify(&proof, &point(&key), "org", "ffffffffffffffff")), ProofError::Payload(_)));
+        let other = p256::ecdsa::SigningKey::from_slice(&[8u8; 32]).unwrap();
+        assert_eq!(refused(verify(&proof, &point(&other), "org", "00112233445566778899")), ProofError::OtherKey);
+        // One changed byte of the statement breaks the signature.
+        let mut forged = proof.clone();
+        forged.proof_payload = forged.proof_payload.replace("EFFECT_DENY", "EFFECT_ALLW");
+        assert_eq!(refused(verify(&forged, &point(&key), "org", "00112233445566778899")), ProofError::Signature);
+        // A log head is no state.
+        let head = signed(&key, proof::log_head_payload(1, "org", 0, "h", Some("00112233445566778899")));
+        assert!(matches!(refused(verify(&head, &point(&key), "org", "00112233445566778899")), ProofError::Payload(_)));
+    }
+}

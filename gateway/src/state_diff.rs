@@ -1,0 +1,435 @@
+//! `coffer-gateway diff-state`: the organization's state as the enclave signs it, compared item
+//! by item with what the gateway's queries answer, so a gateway (or its database) that shows
+//! other policies, keys, users or addresses than the enclave enforces is caught.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use coffer_auth::proof::AppProof;
+use coffer_auth::state_proof::{self, SignedState};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::activity_log::{query, ApiKeyFile};
+
+/// Items asked for per page of a list (the gateway's most).
+const PAGE: usize = 1_000;
+/// Accounts asked for per page (`list_wallet_accounts` pages by at most 100).
+const ACCOUNT_PAGE: usize = 100;
+
+/// An item as one side states it: kind (the enclave's names: `user`, `credential`, `policy`,
+/// ...) and id, then the members both sides can state, normalized.
+type View = BTreeMap<(String, String), Value>;
+
+/// One item the two sides state differently (`None`: that side has no such item).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Difference {
+    pub kind: String,
+    pub id: String,
+    pub enclave: Option<Value>,
+    pub gateway: Option<Value>,
+}
+
+/// The comparison: the enclave's signed state (its version and when it was signed), how many
+/// items were compared, and every difference.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateDiff {
+    pub organization_id: String,
+    pub enclave_version: u64,
+    pub signed_at_ms: i64,
+    pub compared: usize,
+    pub differences: Vec<Difference>,
+}
+
+/// Asks the gateway at `base_url` for the organization's state as the enclave signs it (for a
+/// nonce chosen here), checks it against the proof key `proof_key`, then reads the same items
+/// through the gateway's own queries and compares them.
+pub async fn diff(
+    base_url: &str,
+    organization_id: &str,
+    key: &ApiKeyFile,
+    proof_key: &[u8; 65],
+) -> anyhow::Result<StateDiff> {
+    let client = reqwest::Client::new();
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let body = json!({ "organizationId": organization_id, "nonce": nonce });
+    let mut answer = query(&client, base_url, "coffer_get_organization_state", &body, key).await?;
+    let proof: AppProof = serde_json::from_value(answer["state"].take()).context("the answer has no signed state")?;
+    let signed = state_proof::verify(&proof, proof_key, organization_id, &nonce)
+        .map_err(|e| anyhow::anyhow!("the organization's state does not verify: {e}"))?;
+    let answers = GatewayAnswers::read(&client, base_url, organization_id, key).await?;
+    Ok(compare(&signed, &answers))
+}
+
+/// What the gateway's queries answered, each list whole.
+#[derive(Debug, Default)]
+pub struct GatewayAnswers {
+    pub configs: Value,
+    pub users: Vec<Value>,
+    pub policies: Vec<Value>,
+    pub user_tags: Vec<Value>,
+    pub private_key_tags: Vec<Value>,
+    pub wallets: Vec<Value>,
+    pub accounts: Vec<Value>,
+    pub private_keys: Vec<Value>,
+    pub contract_interfaces: Vec<Value>,
+    pub webhook_endpoints: Vec<Value>,
+    pub oauth2_credentials: Vec<Value>,
+}
+
+impl GatewayAnswers {
+    async fn read(client: &reqwest::Client, base: &str, org: &str, key: &ApiKeyFile) -> anyhow::Result<Self> {
+        let reader = Reader { client, base, org, key };
+        let configs = query(client, base, "get_organization_configs", &json!({ "organizationId": org }), key).await?;
+        let oauth2 = query(client, base, "list_oauth2_credentials", &json!({ "organizationId": org }), key).await?;
+        Ok(Self {
+            configs: configs["configs"].clone(),
+            users: reader.list_all("list_users", "users", "userId", PAGE).await?,
+            policies: reader.list_all("list_policies", "policies", "policyId", PAGE).await?,
+            user_tags: reader.list_all("list_user_tags", "userTags", "tagId", PAGE).await?,
+            private_key_tags: reader.list_all("list_private_key_tags", "privateKeyTags", "tagId", PAGE).await?,
+            wallets: reader.list_all("list_wallets", "wallets", "walletId", PAGE).await?,
+            accounts: reader.list_all("list_wallet_accounts", "accounts", "walletAccountId", ACCOUNT_PAGE).await?,
+            private_keys: reader.list_all("list_private_keys", "privateKeys", "privateKeyId", PAGE).await?,
+            contract_interfaces: reader
+                .list_all("list_smart_contract_interfaces", "smartContractInterfaces", "smartContractInterfaceId", PAGE)
+                .await?,
+            webhook_endpoints: reader
+                .list_all("list_webhook_endpoints", "webhookEndpoints", "endpointId", PAGE)
+                .await?,
+            oauth2_credentials: oauth2["oauth2Credentials"].as_array().cloned().unwrap_or_default(),
+        })
+    }
+}
+
+/// Where the gateway's lists are read from, and as whom.
+struct Reader<'a> {
+    client: &'a reqwest::Client,
+    base: &'a str,
+    org: &'a str,
+    key: &'a ApiKeyFile,
+}
+
+impl Reader<'_> {
+    /// Every item of a paged list, page after page (`after` the last id) until a short page.
+    async fn list_all(&self, path: &str, member: &str, id: &str, page: usize) -> anyhow::Result<Vec<Value>> {
+        let mut all: Vec<Value> = Vec::new();
+        loop {
+            let mut options = json!({ "limit": page.to_string() });
+            if let Some(last) = all.last().and_then(|v| v[id].as_str()) {
+                options["after"] = json!(last);
+            }
+            let body = json!({ "organizationId": self.org, "paginationOptions": options });
+            let mut answer = query(self.client, self.base, path, &body, self.key).await?;
+            let Value::Array(items) = answer[member].take() else { anyhow::bail!("{path} answered no {member} list") };
+            let count = items.len();
+            all.extend(items);
+            if count < page {
+                return Ok(all);
+            }
+        }
+    }
+}
+
+/// Compares the enclave's signed state with the gateway's answers.
+pub fn compare(signed: &SignedState, answers: &GatewayAnswers) -> StateDiff {
+    let (enclave, gateway) = (enclave_view(signed), gateway_view(&signed.organization_id, answers));
+    let mut differences = Vec::new();
+    let keys: std::collections::BTreeSet<&(String, String)> = enclave.keys().chain(gateway.keys()).collect();
+    for k in &keys {
+        let (e, g) = (enclave.get(*k), gateway.get(*k));
+        if e != g {
+            differences.push(Difference {
+                kind: k.0.clone(),
+                id: k.1.clone(),
+                enclave: e.cloned(),
+                gateway: g.cloned(),
+            });
+        }
+    }
+    StateDiff {
+        organization_id: signed.organization_id.clone(),
+        enclave_version: signed.version,
+        signed_at_ms: signed.timestamp_ms,
+        compared: keys.len(),
+        differences,
+    }
+}
+
+fn text(v: &Value, member: &str) -> Value {
+    Value::String(v.get(member).and_then(Value::as_str).unwrap_or_default().to_string())
+}
+
+fn flag(v: &Value, member: &str) -> Value {
+    Value::Bool(v.get(member).and_then(Value::as_bool).unwrap_or(false))
+}
+
+/// The strings of an array, sorted (order carries no meaning in these sets).
+fn sorted(v: &Value) -> Value {
+    let mut items: Vec<String> =
+        v.as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from).collect();
+    items.sort();
+    json!(items)
+}
+
+/// Addresses `[{format, address}]`, sorted.
+fn addresses(v: &Value) -> Value {
+    let mut items: Vec<(String, String)> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| (a["format"].as_str().unwrap_or_default().into(), a["address"].as_str().unwrap_or_default().into()))
+        .collect();
+    items.sort();
+    Value::Array(items.into_iter().map(|(format, address)| json!({ "format": format, "address": address })).collect())
+}
+
+/// A credential's kind as both sides can state it: an API key (a session key is one), a passkey
+/// or an OAuth identity.
+fn credential_class(kind: &str) -> &'static str {
+    match kind {
+        "passkey" => "authenticator",
+        "oauth_identity" => "oauthProvider",
+        _ => "apiKey",
+    }
+}
+
+fn put(view: &mut View, kind: &str, id: &str, value: Value) {
+    view.insert((kind.to_string(), id.to_string()), value);
+}
+
+/// The enclave's items, as both sides can state them.
+fn enclave_view(signed: &SignedState) -> View {
+    let mut view = View::new();
+    // The organization's one entry (its id is the kind's name, not the organization's).
+    for o in signed.kind("organization").values() {
+        let features: Map<String, Value> = o["features"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(name, value)| (name.clone(), json!(value.as_str().unwrap_or_default())))
+            .collect();
+        let quorum = json!({ "threshold": o["root_quorum_threshold"].as_i64().unwrap_or_default(),
+            "userIds": sorted(&o["root_user_ids"]) });
+        put(&mut view, "organization", &signed.organization_id, json!({ "rootQuorum": quorum, "features": features }));
+    }
+    for (id, u) in signed.kind("user") {
+        let user = json!({ "name": text(&u, "name"), "email": text(&u, "email"),
+            "phoneNumber": text(&u, "phone_number"), "tags": sorted(&u["tag_ids"]) });
+        put(&mut view, "user", &id, user);
+    }
+    for (id, c) in signed.kind("credential") {
+        let class = credential_class(c["kind"].as_str().unwrap_or_default());
+        let credential = json!({ "userId": text(&c, "user_id"), "class": class, "publicKey": text(&c, "public_key") });
+        put(&mut view, "credential", &id, credential);
+    }
+    for (id, p) in signed.kind("policy") {
+        let policy = json!({ "name": text(&p, "name"), "effect": text(&p, "effect"), "condition": text(&p, "condition"),
+            "consensus": text(&p, "consensus"), "time": text(&p, "time") });
+        put(&mut view, "policy", &id, policy);
+    }
+    for kind in ["user_tag", "private_key_tag"] {
+        for (id, t) in signed.kind(kind) {
+            put(&mut view, kind, &id, json!({ "name": text(&t, "name") }));
+        }
+    }
+    for (id, w) in signed.kind("wallet") {
+        let wallet =
+            json!({ "name": text(&w, "label"), "imported": flag(&w, "imported"), "exported": flag(&w, "exported") });
+        put(&mut view, "wallet", &id, wallet);
+    }
+    for (id, a) in signed.kind("account") {
+        let account = json!({ "walletId": text(&a, "wallet_id"), "address": text(&a, "address"),
+            "addressFormat": text(&a, "address_format") });
+        put(&mut view, "account", &id, account);
+    }
+    for (id, k) in signed.kind("private_key") {
+        let key = json!({ "name": text(&k, "label"), "tags": sorted(&k["tags"]), "imported": flag(&k, "imported"),
+            "exported": flag(&k, "exported"), "addresses": addresses(&k["addresses"]) });
+        put(&mut view, "private_key", &id, key);
+    }
+    for (id, i) in signed.kind("contract_interface") {
+        put(
+            &mut view,
+            "contract_interface",
+            &id,
+            json!({ "address": text(&i, "address"), "type": text(&i, "interface_type") }),
+        );
+    }
+    for (id, e) in signed.kind("webhook_endpoint") {
+        put(&mut view, "webhook_endpoint", &id, json!({ "url": text(&e, "value") }));
+    }
+    for (id, c) in signed.kind("oauth2_credential") {
+        put(&mut view, "oauth2_credential", &id, json!({ "value": text(&c, "value") }));
+    }
+    view
+}
+
+/// The gateway's answers, as both sides can state them.
+fn gateway_view(organization_id: &str, a: &GatewayAnswers) -> View {
+    let mut view = View::new();
+    let features: Map<String, Value> = a.configs["features"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| (f["name"].as_str().unwrap_or_default().to_string(), text(f, "value")))
+        .collect();
+    let quorum = &a.configs["quorum"];
+    let quorum = json!({ "threshold": quorum["threshold"].as_i64().unwrap_or_default(),
+        "userIds": sorted(&quorum["userIds"]) });
+    put(&mut view, "organization", organization_id, json!({ "rootQuorum": quorum, "features": features }));
+    for u in &a.users {
+        let user_id = u["userId"].as_str().unwrap_or_default();
+        let user = json!({ "name": text(u, "userName"), "email": text(u, "userEmail"),
+            "phoneNumber": text(u, "userPhoneNumber"), "tags": sorted(&u["userTags"]) });
+        put(&mut view, "user", user_id, user);
+        let credential =
+            |class: &str, public_key: Value| json!({ "userId": user_id, "class": class, "publicKey": public_key });
+        for k in u["apiKeys"].as_array().into_iter().flatten() {
+            let id = k["apiKeyId"].as_str().unwrap_or_default();
+            put(&mut view, "credential", id, credential("apiKey", text(&k["credential"], "publicKey")));
+        }
+        for k in u["authenticators"].as_array().into_iter().flatten() {
+            let id = k["authenticatorId"].as_str().unwrap_or_default();
+            put(&mut view, "credential", id, credential("authenticator", text(&k["credential"], "publicKey")));
+        }
+        for p in u["oauthProviders"].as_array().into_iter().flatten() {
+            let id = p["providerId"].as_str().unwrap_or_default();
+            let s = |m: &str| p[m].as_str().unwrap_or_default().to_string();
+            let identity = coffer_auth::oidc::identity_hash(&s("issuer"), &s("subject"), &s("audience"));
+            put(&mut view, "credential", id, credential("oauthProvider", json!(identity)));
+        }
+    }
+    for p in &a.policies {
+        let policy = json!({ "name": text(p, "policyName"), "effect": text(p, "effect"),
+            "condition": text(p, "condition"), "consensus": text(p, "consensus"), "time": text(p, "time") });
+        put(&mut view, "policy", p["policyId"].as_str().unwrap_or_default(), policy);
+    }
+    for (kind, tags) in [("user_tag", &a.user_tags), ("private_key_tag", &a.private_key_tags)] {
+        for t in tags {
+            put(&mut view, kind, t["tagId"].as_str().unwrap_or_default(), json!({ "name": text(t, "tagName") }));
+        }
+    }
+    for w in &a.wallets {
+        let wallet = json!({ "name": text(w, "walletName"), "imported": flag(w, "imported"),
+            "exported": flag(w, "exported") });
+        put(&mut view, "wallet", w["walletId"].as_str().unwrap_or_default(), wallet);
+    }
+    for x in &a.accounts {
+        let account = json!({ "walletId": text(x, "walletId"), "address": text(x, "address"),
+            "addressFormat": text(x, "addressFormat") });
+        put(&mut view, "account", x["walletAccountId"].as_str().unwrap_or_default(), account);
+    }
+    for k in &a.private_keys {
+        let key = json!({ "name": text(k, "privateKeyName"), "tags": sorted(&k["privateKeyTags"]),
+            "imported": flag(k, "imported"), "exported": flag(k, "exported"), "addresses": addresses(&k["addresses"]) });
+        put(&mut view, "private_key", k["privateKeyId"].as_str().unwrap_or_default(), key);
+    }
+    for i in &a.contract_interfaces {
+        let interface = json!({ "address": text(i, "smartContractAddress"), "type": text(i, "type") });
+        put(&mut view, "contract_interface", i["smartContractInterfaceId"].as_str().unwrap_or_default(), interface);
+    }
+    for e in &a.webhook_endpoints {
+        put(
+            &mut view,
+            "webhook_endpoint",
+            e["endpointId"].as_str().unwrap_or_default(),
+            json!({ "url": text(e, "url") }),
+        );
+    }
+    for c in &a.oauth2_credentials {
+        let provider = c["provider"].as_str().unwrap_or_default();
+        let client_id = c["clientId"].as_str().unwrap_or_default();
+        let value = coffer_org_rules::transition::oauth2_credential_value(provider, client_id);
+        put(
+            &mut view,
+            "oauth2_credential",
+            c["oauth2CredentialId"].as_str().unwrap_or_default(),
+            json!({ "value": value }),
+        );
+    }
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed(entries: Value) -> SignedState {
+        SignedState {
+            organization_id: "org".into(),
+            version: 3,
+            timestamp_ms: 1,
+            entries: entries.as_object().cloned().unwrap(),
+        }
+    }
+
+    fn agreeing() -> (SignedState, GatewayAnswers) {
+        let state = signed(json!({
+            "organization": { "organization": { "id": "org", "name": "o", "root_quorum_threshold": 1,
+                "root_user_ids": ["u1"], "features": { "FEATURE_NAME_WEBHOOK": "https://x" } } },
+            "user": { "u1": { "id": "u1", "name": "root", "email": "r@x.io", "tag_ids": ["t2", "t1"] } },
+            "credential": { "k1": { "id": "k1", "user_id": "u1", "kind": "api_key",
+                "credential_type": "CREDENTIAL_TYPE_API_KEY_P256", "public_key": "02aa", "expires_at_ms": 0 } },
+            "policy": { "p1": { "id": "p1", "name": "allow", "effect": "EFFECT_ALLOW", "condition": "true",
+                "consensus": "", "time": "" } },
+            "wallet": { "w1": { "id": "w1", "label": "main", "exported": true } },
+            "account": { "a1": { "id": "a1", "wallet_id": "w1", "address": "0xabc",
+                "address_format": "ADDRESS_FORMAT_ETHEREUM" } },
+        }));
+        let answers = GatewayAnswers {
+            configs: json!({ "features": [{ "name": "FEATURE_NAME_WEBHOOK", "value": "https://x" }],
+                "quorum": { "threshold": 1, "userIds": ["u1"] } }),
+            users: vec![json!({ "userId": "u1", "userName": "root", "userEmail": "r@x.io", "userTags": ["t1", "t2"],
+                "apiKeys": [{ "apiKeyId": "k1", "credential": { "publicKey": "02aa" } }],
+                "authenticators": [], "oauthProviders": [] })],
+            policies: vec![json!({ "policyId": "p1", "policyName": "allow", "effect": "EFFECT_ALLOW",
+                "condition": "true", "consensus": "", "notes": "" })],
+            wallets: vec![json!({ "walletId": "w1", "walletName": "main", "exported": true, "imported": false })],
+            accounts: vec![json!({ "walletAccountId": "a1", "walletId": "w1", "address": "0xabc",
+                "addressFormat": "ADDRESS_FORMAT_ETHEREUM" })],
+            ..Default::default()
+        };
+        (state, answers)
+    }
+
+    #[test]
+    fn agreeing_sides_have_no_difference() {
+        let (state, answers) = agreeing();
+        let diff = compare(&state, &answers);
+        assert_eq!(diff.differences, vec![], "{diff:?}");
+        assert_eq!((diff.compared, diff.enclave_version), (6, 3));
+    }
+
+    #[test]
+    fn every_kind_of_lie_is_a_difference() {
+        let (state, answers) = agreeing();
+        // A policy hidden, a policy the enclave never had, a credential's key swapped, an account's
+        // address swapped, the quorum raised.
+        let mut lying = answers;
+        lying.policies = vec![json!({ "policyId": "p9", "policyName": "deny", "effect": "EFFECT_DENY" })];
+        lying.users[0]["apiKeys"][0]["credential"]["publicKey"] = json!("02bb");
+        lying.accounts[0]["address"] = json!("0xdef");
+        lying.configs["quorum"]["threshold"] = json!(2);
+        let diff = compare(&state, &lying);
+        let found: Vec<(&str, &str, bool, bool)> = diff
+            .differences
+            .iter()
+            .map(|d| (d.kind.as_str(), d.id.as_str(), d.enclave.is_some(), d.gateway.is_some()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                ("account", "a1", true, true),
+                ("credential", "k1", true, true),
+                ("organization", "org", true, true),
+                ("policy", "p1", true, false),
+                ("policy", "p9", false, true),
+            ]
+        );
+        assert_eq!(diff.differences[0].enclave.as_ref().unwrap()["address"], "0xabc");
+        assert_eq!(diff.differences[0].gateway.as_ref().unwrap()["address"], "0xdef");
+    }
+}
