@@ -224,9 +224,15 @@ pub struct Admission {
 pub struct DecidedSubmission {
     pub organization_id: String,
     pub activity_type: String,
+    /// The user whose certified credential stamped it (the activity's first vote is theirs).
+    pub user_id: String,
     /// The digest of its result as the enclave made it (a key use's), or empty.
     pub result_digest: String,
 }
+
+/// Most votes one activity is linked with ([`Admission::verify_votes`]): each costs a signature
+/// check.
+pub const MAX_VOTES_LINKED: usize = 100;
 
 /// Most fingerprints [`Admission::authorized_lately`] keeps; past it the map starts over (a
 /// submission it forgot is verified again when recorded).
@@ -349,6 +355,46 @@ impl Admission {
             r.audit("record_activity");
             r.into_error()
         })
+    }
+
+    /// The votes `votes` cast on `activity` (stamped approvals and rejections): each verified as
+    /// genuine by a certified credential of the activity's organization when it was stamped,
+    /// naming this activity, and cast within the vote lifetime after it. Answers each vote's user
+    /// and selection (`VOTE_SELECTION_APPROVED` / `_REJECTED`), in order.
+    pub fn verify_votes(
+        &self,
+        activity: &StampedActivity,
+        votes: &[pb::StampedRequest],
+    ) -> Result<Vec<(String, &'static str)>, EnclaveError> {
+        if votes.len() > MAX_VOTES_LINKED {
+            return Err(EnclaveError::invalid(format!("an activity is linked with at most {MAX_VOTES_LINKED} votes")));
+        }
+        let mut verified = Vec::with_capacity(votes.len());
+        for stamped in votes {
+            let stamped_at = StampedActivity::parse(&stamped.body).map(|a| a.timestamp_ms).unwrap_or(0);
+            let (vote, voter) = self.verify_stamped(stamped, stamped_at, None).map_err(|r| {
+                r.audit("record_activity");
+                r.into_error()
+            })?;
+            let selection = match vote.activity_type.as_str() {
+                APPROVE_ACTIVITY => "VOTE_SELECTION_APPROVED",
+                REJECT_ACTIVITY => "VOTE_SELECTION_REJECTED",
+                _ => return Err(EnclaveError::refused(RefusalReason::NotApproved, "a vote presented is no vote")),
+            };
+            if vote.organization_id != activity.organization_id
+                || voter.organization_id != activity.organization_id
+                || vote.parameters.get("fingerprint").and_then(Value::as_str) != Some(activity.fingerprint.as_str())
+                || vote.timestamp_ms - activity.timestamp_ms > VOTE_LIFETIME_MS
+                || activity.timestamp_ms - vote.timestamp_ms > self.freshness_ms
+            {
+                return Err(EnclaveError::refused(
+                    RefusalReason::NotApproved,
+                    "a vote presented is not a vote on this activity, cast while it could be voted on",
+                ));
+            }
+            verified.push((voter.user_id, selection));
+        }
+        Ok(verified)
     }
 
     /// What this enclave authorized lately of the submission with `fingerprint` (its stamp and
@@ -876,6 +922,7 @@ impl Admission {
             let known = DecidedSubmission {
                 organization_id: a.activity.organization_id.clone(),
                 activity_type: a.activity.activity_type.clone(),
+                user_id: a.credential.user_id.clone(),
                 result_digest: result_digest.to_string(),
             };
             lately.insert(a.activity.fingerprint.clone(), known);

@@ -121,6 +121,56 @@ pub fn check_recorded(stamped: &StampedActivity, activity: &[u8]) -> Result<Valu
     Ok(Value::Object(activity))
 }
 
+/// A vote's selection when it rejects.
+const REJECTED: &str = "VOTE_SELECTION_REJECTED";
+/// The status of an activity a vote rejected.
+const ACTIVITY_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
+
+/// Checks the votes an activity `RecordActivity` links states: its submitter's approval first
+/// (when it states any), then exactly the votes the enclave verified (`verified`: user and
+/// selection), each user once. It is rejected if and only if one of them rejected it.
+pub fn check_recorded_votes(
+    activity: &Value,
+    submitter: &str,
+    verified: &[(String, &'static str)],
+) -> Result<(), EnclaveError> {
+    let votes = activity.get("votes").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let mut stated: Vec<(&str, &str)> = Vec::with_capacity(votes.len());
+    for vote in votes {
+        match (vote.get("userId").and_then(Value::as_str), vote.get("selection").and_then(Value::as_str)) {
+            (Some(user), Some(selection @ (APPROVED | REJECTED))) => stated.push((user, selection)),
+            _ => return Err(misstated("has a vote that is not an approval or a rejection by a user")),
+        }
+    }
+    let Some((first, later)) = stated.split_first() else {
+        return match verified.is_empty() {
+            true => Ok(()),
+            false => Err(misstated("states other votes than the ones the enclave verified")),
+        };
+    };
+    if *first != (submitter, APPROVED) {
+        return Err(misstated("does not state its submitter's approval as its first vote"));
+    }
+    let mut later = later.to_vec();
+    let mut verified: Vec<(&str, &str)> = verified.iter().map(|(u, s)| (u.as_str(), *s)).collect();
+    later.sort_unstable();
+    verified.sort_unstable();
+    if later != verified {
+        return Err(misstated("states other votes than the ones the enclave verified"));
+    }
+    let mut users: Vec<&str> = stated.iter().map(|(u, _)| *u).collect();
+    users.sort_unstable();
+    users.dedup();
+    if users.len() != stated.len() {
+        return Err(misstated("states two votes of one user"));
+    }
+    let rejected = activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_REJECTED);
+    if rejected != stated.iter().any(|(_, s)| *s == REJECTED) {
+        return Err(misstated("is rejected without a rejection, or has a rejection and was not rejected"));
+    }
+    Ok(())
+}
+
 impl LinkRequest {
     /// `log`, checked against the stamped submission it is to link, which `approvers` (the users
     /// whose stamps the enclave verified: the submitter's and every approval's) approved.
@@ -318,5 +368,59 @@ mod tests {
 
         let big = vec![b' '; MAX_ACTIVITY_BYTES + 1];
         assert!(matches!(check_recorded(&stamped(), &big), Err(EnclaveError::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn recorded_votes_are_the_submitter_s_then_the_verified_ones() {
+        let vote = |user: &str, selection: &str| json!({"userId": user, "selection": selection});
+        let activity = |status: &str, votes: Vec<Value>| json!({"status": status, "votes": votes});
+        let verified = |v: &[(&str, &'static str)]| v.iter().map(|(u, s)| (u.to_string(), *s)).collect::<Vec<_>>();
+        let check = |a: &Value, v: &[(&str, &'static str)]| check_recorded_votes(a, "alice", &verified(v));
+        let done = "ACTIVITY_STATUS_COMPLETED";
+        let rejected = ACTIVITY_REJECTED;
+
+        // Honest: the submitter alone, or with the votes verified (in any order).
+        assert!(check(&activity(done, vec![vote("alice", APPROVED)]), &[]).is_ok());
+        assert!(check(&activity(done, vec![]), &[]).is_ok(), "states no vote at all");
+        let two = activity(done, vec![vote("alice", APPROVED), vote("bob", APPROVED), vote("carol", APPROVED)]);
+        assert!(check(&two, &[("carol", APPROVED), ("bob", APPROVED)]).is_ok());
+        let no = activity(rejected, vec![vote("alice", APPROVED), vote("bob", APPROVED), vote("carol", REJECTED)]);
+        assert!(check(&no, &[("bob", APPROVED), ("carol", REJECTED)]).is_ok());
+
+        // Lies.
+        type Votes<'a> = Vec<(&'a str, &'static str)>;
+        let lies: Vec<(&str, Value, Votes)> = vec![
+            ("a rejection never stamped", no.clone(), vec![("bob", APPROVED)]),
+            ("an approval never stamped", two.clone(), vec![("bob", APPROVED)]),
+            ("a rejection stated as an approval", two.clone(), vec![("bob", APPROVED), ("carol", REJECTED)]),
+            ("a vote verified, left out", activity(done, vec![vote("alice", APPROVED)]), vec![("bob", REJECTED)]),
+            ("no vote, one verified", activity(done, vec![]), vec![("bob", APPROVED)]),
+            ("another submitter", activity(done, vec![vote("mallory", APPROVED)]), vec![]),
+            ("the submitter rejecting", activity(rejected, vec![vote("alice", REJECTED)]), vec![]),
+            (
+                "rejected without a rejection",
+                activity(rejected, vec![vote("alice", APPROVED), vote("bob", APPROVED)]),
+                vec![("bob", APPROVED)],
+            ),
+            (
+                "a rejection, and it completed",
+                activity(done, vec![vote("alice", APPROVED), vote("bob", REJECTED)]),
+                vec![("bob", REJECTED)],
+            ),
+            (
+                "one user twice",
+                activity(done, vec![vote("alice", APPROVED), vote("alice", APPROVED)]),
+                vec![("alice", APPROVED)],
+            ),
+            ("a vote without a user", activity(done, vec![json!({"selection": APPROVED})]), vec![]),
+            ("another selection", activity(done, vec![vote("alice", "VOTE_SELECTION_MAYBE")]), vec![]),
+        ];
+        for (lie, a, v) in lies {
+            let refused = check(&a, &v);
+            assert!(
+                matches!(refused, Err(EnclaveError::Refused { reason: RefusalReason::BindingMismatch, .. })),
+                "{lie}: {refused:?}"
+            );
+        }
     }
 }

@@ -174,7 +174,7 @@ pub fn record_activity(
     let to_link = match admission.authorized_lately(&fingerprint) {
         Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission },
         None => {
-            let (stamped, _) = admission.verify_submission(request)?;
+            let (stamped, credential) = admission.verify_submission(request)?;
             let latest = admission.store().decided(&stamped.organization_id, &fingerprint)?;
             // One the enclave never decided (the gateway refused or failed it first) is linked
             // only while its stamp is fresh: not a stamp kept for a day and reported later.
@@ -187,6 +187,7 @@ pub fn record_activity(
             let submission = DecidedSubmission {
                 organization_id: stamped.organization_id,
                 activity_type: stamped.activity_type,
+                user_id: credential.user_id,
                 result_digest: latest.result_digest,
             };
             ToLink { fingerprint, logged: latest.logged, submission }
@@ -196,6 +197,9 @@ pub fn record_activity(
     let stamped = coffer_auth::envelope::StampedActivity::parse(&request.body)
         .map_err(|e| EnclaveError::invalid(e.to_string()))?;
     let activity = crate::link_request::check_recorded(&stamped, &req.activity)?;
+    // The votes it states are the ones their voters stamped, verified here: none made up.
+    let votes = admission.verify_votes(&stamped, &req.votes)?;
+    crate::link_request::check_recorded_votes(&activity, &to_link.submission.user_id, &votes)?;
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
@@ -216,6 +220,7 @@ pub fn link_in_call(
     let submission = DecidedSubmission {
         organization_id: a.activity.organization_id.clone(),
         activity_type: a.activity.activity_type.clone(),
+        user_id: a.credential.user_id.clone(),
         result_digest: result.map(proof::json_digest).unwrap_or_default(),
     };
     let to_link =
@@ -295,7 +300,7 @@ fn link_activity(
     activity: &Value,
 ) -> Result<(pb::AppProof, u64), EnclaveError> {
     let ToLink { fingerprint, logged, submission } = to_link;
-    let DecidedSubmission { organization_id, activity_type, result_digest } = submission;
+    let DecidedSubmission { organization_id, activity_type, result_digest, .. } = submission;
     let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     if text("organizationId") != organization_id || text("fingerprint") != fingerprint || text("type") != activity_type
     {

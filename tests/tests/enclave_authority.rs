@@ -3853,7 +3853,11 @@ async fn a_refused_transaction_is_not_logged_as_completed() {
     let before = log_seq(&enclave, &org).await;
     let made_up = json!({"signTransactionResult": {"signedTransaction": format!("02f8{}", "00".repeat(100))}});
     let activity = recorded_activity(theft.as_bytes(), "ACTIVITY_STATUS_COMPLETED", made_up);
-    let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
+    let req = pb::RecordActivityRequest {
+        request: Some(request),
+        activity: activity.to_string().into_bytes(),
+        votes: vec![],
+    };
     let recorded = enclave.clone().record_activity(req).await;
     refused(recorded, tonic::Code::PermissionDenied, pb::RefusalReason::BindingMismatch);
     assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
@@ -3883,7 +3887,7 @@ async fn a_signed_transaction_is_logged_only_with_the_enclave_s_signature() {
         let result = json!({"signTransactionResult": {"signedTransaction": signed_transaction}});
         let activity = recorded_activity(transfer.as_bytes(), status, result);
         let request = Some(stamped(&root, &transfer, &cert));
-        let req = pb::RecordActivityRequest { request, activity: activity.to_string().into_bytes() };
+        let req = pb::RecordActivityRequest { request, activity: activity.to_string().into_bytes(), votes: vec![] };
         let mut enclave = enclave.clone();
         async move { enclave.record_activity(req).await }
     };
@@ -4001,6 +4005,7 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &signing, &cert)),
         activity: activity.to_string().into_bytes(),
+        votes: vec![],
     };
     enclave.clone().record_activity(record).await.expect("a fresh, undecided stamp is linked as failed");
     refused_for(
@@ -4090,6 +4095,7 @@ async fn a_refused_key_use_spends_nothing() {
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &body, &cert)),
         activity: activity.to_string().into_bytes(),
+        votes: vec![],
     };
     refused(
         enclave.clone().record_activity(record).await,
@@ -4159,6 +4165,7 @@ async fn a_refused_change_spends_nothing() {
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &create, &cert)),
         activity: activity.to_string().into_bytes(),
+        votes: vec![],
     };
     refused(
         enclave.clone().record_activity(record).await,
@@ -4283,4 +4290,66 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     let account = printed["differences"].as_array().unwrap().iter().find(|d| d["kind"] == "account").unwrap();
     assert_eq!(account["enclave"]["address"], addresses[0].as_str(), "{printed}");
     assert_eq!(account["gateway"]["address"], "0x000000000000000000000000000000000000dEaD", "{printed}");
+}
+
+/// The log states only votes their voters stamped (issue 40, step 7 in part): a taken-over
+/// gateway that links a waiting activity as rejected, stating a rejection bob never made (no
+/// stamp, his approval's stamp, a stamp of another activity), is refused and nothing is linked;
+/// bob's own rejection is linked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_links_only_votes_their_voters_stamped() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (alice_id, alice) = member(&client, &org, "alice").await;
+    let (bob_id, bob) = member(&client, &org, "bob").await;
+    let (_, a) = wallet(&client, &org, "votes").await;
+    let both = Some(format!("approvers.any(user, user.id == '{bob_id}')"));
+    policy(&client, &org, "bob approves", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", both)
+        .await;
+    let c = db(&stack);
+    let cert = |k: &TurnkeyP256ApiKey| certificate(&c, &public_key(k));
+    let enclave = connect(stack.enclave_socket());
+    let signing = sign_body(&org, &a[0], "rejected?", Stack::now_ms());
+    let fingerprint = fingerprint_of(&signing);
+    let submission = stamped(&alice, &signing, &cert(&alice));
+    refused_for(
+        &stack,
+        sign(&enclave, auth(submission.clone()), &account_ref(&c, &a[0])).await,
+        "sign",
+        pb::RefusalReason::ConsensusNeeded,
+    );
+    let vote = |ty: &str, on: &str, at: u128| body(ty, &org, at, json!({ "fingerprint": on }));
+    let now = Stack::now_ms();
+    let rejection = stamped(&bob, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now), &cert(&bob));
+    let approval = stamped(&bob, &vote("ACTIVITY_TYPE_APPROVE_ACTIVITY", &fingerprint, now + 1), &cert(&bob));
+    let elsewhere = stamped(&bob, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", "sha256:other", now + 2), &cert(&bob));
+    let mut activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_REJECTED", json!({}));
+    activity["votes"] = json!([
+        {"userId": alice_id, "selection": "VOTE_SELECTION_APPROVED"},
+        {"userId": bob_id, "selection": "VOTE_SELECTION_REJECTED"},
+    ]);
+    let record = |votes: Vec<pb::StampedRequest>| pb::RecordActivityRequest {
+        request: Some(submission.clone()),
+        activity: activity.to_string().into_bytes(),
+        votes,
+    };
+    let before = log_seq(&enclave, &org).await;
+    for (lie, votes, reason) in [
+        ("no stamp", vec![], pb::RefusalReason::BindingMismatch),
+        ("his approval's stamp", vec![approval.clone()], pb::RefusalReason::BindingMismatch),
+        ("a rejection of another activity", vec![elsewhere], pb::RefusalReason::NotApproved),
+        (
+            "a stamp that is not his",
+            vec![stamped(&alice, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now + 3), &cert(&alice))],
+            pb::RefusalReason::BindingMismatch,
+        ),
+    ] {
+        let answer = enclave.clone().record_activity(record(votes)).await;
+        let refusal = answer.err().unwrap_or_else(|| panic!("{lie}: linked"));
+        assert_eq!(coffer_proto::refusal_reason(&refusal), Some(reason), "{lie}: {refusal:?}");
+    }
+    assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
+    let linked = enclave.clone().record_activity(record(vec![rejection])).await;
+    assert_eq!(linked.unwrap_or_else(|e| panic!("bob's own rejection: {e:?}")).into_inner().seq, before + 1);
 }

@@ -498,7 +498,11 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
         "result": {"createWebhookEndpointResult": {"webhookEndpointId": "w"}}, "appProofs": []});
     let record = |request: pb::StampedRequest, activity: &Value| {
         let mut enclave = enclave.clone();
-        let req = pb::RecordActivityRequest { request: Some(request), activity: activity.to_string().into_bytes() };
+        let req = pb::RecordActivityRequest {
+            request: Some(request),
+            activity: activity.to_string().into_bytes(),
+            votes: vec![],
+        };
         async move { enclave.record_activity(req).await }
     };
     let reason = |r: Result<tonic::Response<pb::RecordActivityResponse>, tonic::Status>| match r {
