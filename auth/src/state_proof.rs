@@ -2,11 +2,14 @@
 //! a verifier's nonce), and its check: what `coffer-gateway diff-state` compares the gateway's
 //! answers with.
 //!
-//! The payload is a [`proof::payload`] of type [`ORG_STATE`] whose `organizationState` member is
-//! `{organizationId, version, nonce, entries}`: `entries` maps each kind of the state
-//! (`user`, `credential`, `policy`, ...) to its items by id, each as the enclave stores it.
+//! The state travels as JSON bytes beside the proof (`{kind: {id: item}}`, each item as the
+//! enclave stores it: `user`, `credential`, `policy`, ...); the proof, a [`proof::payload`] of
+//! type [`ORG_STATE`], signs `{organizationId, version, nonce, stateDigest}`, the digest being
+//! SHA-256 of those bytes. So the enclave encodes a state once per version and signs a few
+//! hundred bytes per request.
 
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 
 use crate::proof::{self, AppProof, ProofError};
 
@@ -22,16 +25,9 @@ pub struct StateItem<'a> {
     pub data: &'a [u8],
 }
 
-/// The payload the enclave signs for `organization_id` at `version`, with `items` (whose data
-/// must be JSON: an item that is not is stated as a string, never dropped) and the verifier's
-/// `nonce`.
-pub fn payload<'a>(
-    timestamp_ms: i64,
-    organization_id: &str,
-    version: u64,
-    nonce: &str,
-    items: impl IntoIterator<Item = StateItem<'a>>,
-) -> String {
+/// The state's bytes for `items` (whose data must be JSON: an item that is not is stated as a
+/// string, never dropped).
+pub fn encode<'a>(items: impl IntoIterator<Item = StateItem<'a>>) -> Vec<u8> {
     let mut entries: Map<String, Value> = Map::new();
     for item in items {
         let value = serde_json::from_slice(item.data)
@@ -41,11 +37,23 @@ pub fn payload<'a>(
             by_id.insert(item.id.to_string(), value);
         }
     }
+    // A map of strings and parsed JSON always serializes.
+    serde_json::to_vec(&entries).unwrap_or_default()
+}
+
+/// SHA-256 of the state's bytes, lowercase hex.
+pub fn digest(state: &[u8]) -> String {
+    hex::encode(Sha256::digest(state))
+}
+
+/// The payload the enclave signs for `organization_id` at `version`, whose state's bytes have
+/// `state_digest`, for the verifier's `nonce`.
+pub fn payload(timestamp_ms: i64, organization_id: &str, version: u64, nonce: &str, state_digest: &str) -> String {
     let body = json!({
         "organizationId": organization_id,
         "version": version.to_string(),
         "nonce": nonce,
-        "entries": entries,
+        "stateDigest": state_digest,
     });
     proof::payload(ORG_STATE, timestamp_ms, MEMBER, body)
 }
@@ -69,11 +77,17 @@ impl SignedState {
     }
 }
 
-/// Checks `state` as signed by the proof key `key` for `organization_id` and the verifier's
+/// Checks `proof` as signed by the proof key `key` for `organization_id` and the verifier's
 /// `nonce` (so an answer given to an earlier request, which may predate changes since, does not
-/// pass), and returns what it states.
-pub fn verify(state: &AppProof, key: &[u8; 65], organization_id: &str, nonce: &str) -> Result<SignedState, ProofError> {
-    let payload = proof::verify(state, Some(key))?;
+/// pass), and `state` as the bytes it signed, and returns what they state.
+pub fn verify(
+    proof: &AppProof,
+    state: &[u8],
+    key: &[u8; 65],
+    organization_id: &str,
+    nonce: &str,
+) -> Result<SignedState, ProofError> {
+    let payload = proof::verify(proof, Some(key))?;
     if payload.get("type").and_then(Value::as_str) != Some(ORG_STATE) {
         return Err(ProofError::Payload("not an organization state"));
     }
@@ -89,12 +103,18 @@ pub fn verify(state: &AppProof, key: &[u8; 65], organization_id: &str, nonce: &s
     if body.get("nonce").and_then(Value::as_str) != Some(nonce) {
         return Err(ProofError::Payload("the state does not carry this request's nonce: it answered another request"));
     }
+    if body.get("stateDigest").and_then(Value::as_str) != Some(digest(state).as_str()) {
+        return Err(ProofError::Payload("the state is not the one signed (its digest differs)"));
+    }
     let version = body
         .get("version")
         .and_then(Value::as_str)
         .and_then(|v| v.parse().ok())
         .ok_or(ProofError::Payload("no version"))?;
-    let entries = body.get("entries").and_then(Value::as_object).cloned().ok_or(ProofError::Payload("no entries"))?;
+    let entries = match serde_json::from_slice(state) {
+        Ok(Value::Object(entries)) => entries,
+        _ => return Err(ProofError::Payload("the state is not a JSON object")),
+    };
     Ok(SignedState { organization_id: organization_id.to_string(), version, timestamp_ms, entries })
 }
 
@@ -114,34 +134,42 @@ mod tests {
     }
 
     #[test]
-    fn a_state_verifies_for_its_organization_and_nonce_only() {
+    fn a_state_verifies_for_its_organization_nonce_and_bytes_only() {
         let key = p256::ecdsa::SigningKey::from_slice(&[7u8; 32]).unwrap();
         let items = [
             StateItem { kind: "policy", id: "p1", data: br#"{"id":"p1","effect":"EFFECT_ALLOW"}"# },
             StateItem { kind: "policy", id: "p2", data: br#"{"id":"p2","effect":"EFFECT_DENY"}"# },
             StateItem { kind: "user", id: "u1", data: b"not json" },
         ];
-        let proof = signed(&key, payload(1_700_000_000_000, "org", 7, "00112233445566778899", items));
-        let state = verify(&proof, &point(&key), "org", "00112233445566778899").unwrap();
-        assert_eq!((state.version, state.timestamp_ms), (7, 1_700_000_000_000));
-        assert_eq!(state.kind("policy")["p2"]["effect"], "EFFECT_DENY");
-        assert_eq!(state.kind("user")["u1"], "not json");
-        assert!(state.kind("wallet").is_empty());
+        let state = encode(items);
+        let nonce = "00112233445566778899";
+        let proof = signed(&key, payload(1_700_000_000_000, "org", 7, nonce, &digest(&state)));
+        let verified = verify(&proof, &state, &point(&key), "org", nonce).unwrap();
+        assert_eq!((verified.version, verified.timestamp_ms), (7, 1_700_000_000_000));
+        assert_eq!(verified.kind("policy")["p2"]["effect"], "EFFECT_DENY");
+        assert_eq!(verified.kind("user")["u1"], "not json");
+        assert!(verified.kind("wallet").is_empty());
 
         let refused = |r: Result<SignedState, ProofError>| r.unwrap_err();
+        assert!(matches!(refused(verify(&proof, &state, &point(&key), "other", nonce)), ProofError::Payload(_)));
         assert!(matches!(
-            refused(verify(&proof, &point(&key), "other", "00112233445566778899")),
+            refused(verify(&proof, &state, &point(&key), "org", "ffffffffffffffff")),
             ProofError::Payload(_)
         ));
-        assert!(matches!(refused(verify(&proof, &point(&key), "org", "ffffffffffffffff")), ProofError::Payload(_)));
         let other = p256::ecdsa::SigningKey::from_slice(&[8u8; 32]).unwrap();
-        assert_eq!(refused(verify(&proof, &point(&other), "org", "00112233445566778899")), ProofError::OtherKey);
-        // One changed byte of the statement breaks the signature.
-        let mut forged = proof.clone();
-        forged.proof_payload = forged.proof_payload.replace("EFFECT_DENY", "EFFECT_ALLW");
-        assert_eq!(refused(verify(&forged, &point(&key), "org", "00112233445566778899")), ProofError::Signature);
+        assert_eq!(refused(verify(&proof, &state, &point(&other), "org", nonce)), ProofError::OtherKey);
+        // The state's bytes changed (a policy's effect): not the one signed.
+        let forged = String::from_utf8(state.clone()).unwrap().replace("EFFECT_DENY", "EFFECT_ALLW");
+        assert!(matches!(
+            refused(verify(&proof, forged.as_bytes(), &point(&key), "org", nonce)),
+            ProofError::Payload(_)
+        ));
+        // The statement changed: the signature breaks.
+        let mut edited = proof.clone();
+        edited.proof_payload = edited.proof_payload.replace("\"7\"", "\"8\"");
+        assert_eq!(refused(verify(&edited, &state, &point(&key), "org", nonce)), ProofError::Signature);
         // A log head is no state.
-        let head = signed(&key, proof::log_head_payload(1, "org", 0, "h", Some("00112233445566778899")));
-        assert!(matches!(refused(verify(&head, &point(&key), "org", "00112233445566778899")), ProofError::Payload(_)));
+        let head = signed(&key, proof::log_head_payload(1, "org", 0, "h", Some(nonce)));
+        assert!(matches!(refused(verify(&head, &state, &point(&key), "org", nonce)), ProofError::Payload(_)));
     }
 }

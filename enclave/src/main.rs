@@ -133,7 +133,13 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
             let signer = hex::encode(hsm.signer_public_key()?);
-            println!("{}", serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer }));
+            // The keys clients and auditors pin, printed where they are made: not taken from a
+            // gateway that may be lying.
+            let proof = hex::encode(hsm.proof_public_key()?);
+            println!(
+                "{}",
+                serde_json::json!({ "created": created, "enclaveSignerPublicKey": signer, "proofPublicKey": proof })
+            );
             Ok(())
         }
         Command::Serve => serve(cfg).await,

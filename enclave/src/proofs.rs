@@ -1,9 +1,12 @@
 //! The enclave's signed statements: app proofs of what an authorized call decided and did (when
-//! its stamped body asks), its boot proof, and each organization's activity log.
+//! its stamped body asks), its boot proof, each organization's activity log, and its state.
 //!
 //! Formats are `coffer_auth::proof`'s (the verifiers run the same code); the proof key never
 //! leaves the HSM, and nothing here signs what the gateway says alone: a call's proof states the
 //! enclave's own decision and output, and a log link a submission whose stamp it verified.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use coffer_auth::proof;
 use coffer_auth::state_proof::StateItem;
@@ -12,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
 use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission};
+use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::link_request::{LinkRequest, ACTIVITY_COMPLETED};
@@ -247,9 +251,54 @@ pub fn link_applied(
     }
 }
 
-/// Most bytes of one signed state: a larger organization's state is refused whole rather than
-/// built in memory for one answer (the gateway takes answers up to 64 MiB).
-const MAX_STATE_PROOF_BYTES: usize = 16 * 1024 * 1024;
+/// Most items one signed state may hold, checked before it is encoded: a larger organization's
+/// state is refused whole rather than built in memory for one answer.
+const MAX_STATE_ITEMS: usize = 100_000;
+/// Most bytes of one encoded state (the gateway takes answers up to 64 MiB).
+const MAX_STATE_BYTES: usize = 16 * 1024 * 1024;
+/// Most state requests this enclave works on at once, whoever asks: the gateway's share per
+/// organization bounds each tenant, this bounds them all (and calls whose asker went away).
+const STATE_REQUESTS_AT_ONCE: usize = 2;
+/// What the encoded states kept between requests may weigh together.
+const ENCODED_STATES_BYTES: usize = 16 * 1024 * 1024;
+
+/// An organization's state as encoded once for its version.
+struct EncodedState {
+    version: u64,
+    bytes: Vec<u8>,
+    digest: String,
+}
+
+/// Encoded states, by organization: a state is encoded once per version, then only signed.
+fn encoded_states() -> &'static BoundedCache<Arc<EncodedState>> {
+    static STATES: OnceLock<BoundedCache<Arc<EncodedState>>> = OnceLock::new();
+    STATES.get_or_init(|| BoundedCache::new(ENCODED_STATES_BYTES))
+}
+
+/// Holds one of the [`STATE_REQUESTS_AT_ONCE`] places while it lives.
+struct StatePlace;
+
+static STATE_REQUESTS: AtomicUsize = AtomicUsize::new(0);
+
+impl StatePlace {
+    fn take() -> Result<Self, EnclaveError> {
+        let taken = STATE_REQUESTS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < STATE_REQUESTS_AT_ONCE).then_some(n + 1));
+        match taken {
+            Ok(_) => Ok(Self),
+            Err(_) => Err(EnclaveError::Busy {
+                reason: RefusalReason::Unspecified,
+                message: "the enclave is busy with other state requests: retry".into(),
+            }),
+        }
+    }
+}
+
+impl Drop for StatePlace {
+    fn drop(&mut self) {
+        STATE_REQUESTS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// The organization's state as this enclave decides on it now (read again from the store if
 /// another enclave moved it), signed for the verifier's `nonce`: version 0 and no entries when
@@ -266,20 +315,52 @@ pub fn organization_state(
     if !proof::is_log_nonce(nonce) {
         return Err(EnclaveError::invalid("a state's nonce is 16 to 128 hex digits"));
     }
+    let _place = StatePlace::take()?;
     let loaded = admission.rules().load(organization_id)?;
-    let (version, entries) = match &loaded {
-        Some(l) => (l.state.version, l.state.entries()),
-        None => (0, Vec::new()),
+    let version = loaded.as_ref().map_or(0, |l| l.state.version);
+    let encoded = match encoded_states().get(organization_id).filter(|e| e.version == version) {
+        Some(kept) => kept,
+        None => {
+            let state = loaded.as_ref().map(|l| &l.state);
+            let items = state.map_or(0, |s| {
+                s.users.len()
+                    + s.credentials.len()
+                    + s.policies.len()
+                    + s.user_tags.len()
+                    + s.private_key_tags.len()
+                    + s.wallets.len()
+                    + s.accounts.len()
+                    + s.private_keys.len()
+                    + s.contract_interfaces.len()
+                    + s.webhook_endpoints.len()
+                    + s.oauth2_credentials.len()
+                    + s.retired_key_ids.len()
+            });
+            if items > MAX_STATE_ITEMS {
+                return Err(EnclaveError::invalid(format!(
+                    "the organization's state has {items} items: more than the {MAX_STATE_ITEMS} one answer may carry"
+                )));
+            }
+            let entries = state.map(|s| s.entries()).unwrap_or_default();
+            let bytes = coffer_auth::state_proof::encode(entries.iter().map(|e| StateItem {
+                kind: e.kind,
+                id: &e.id,
+                data: &e.data,
+            }));
+            if bytes.len() > MAX_STATE_BYTES {
+                return Err(EnclaveError::invalid(format!(
+                    "the organization's state is {} bytes: more than the {MAX_STATE_BYTES} one answer may carry",
+                    bytes.len()
+                )));
+            }
+            let digest = coffer_auth::state_proof::digest(&bytes);
+            let encoded = Arc::new(EncodedState { version, digest, bytes });
+            encoded_states().insert(organization_id, encoded.clone(), encoded.bytes.len());
+            encoded
+        }
     };
-    let size: usize = entries.iter().map(|e| e.data.len() + e.id.len() + e.kind.len() + 8).sum();
-    if size > MAX_STATE_PROOF_BYTES {
-        return Err(EnclaveError::invalid(format!(
-            "the organization's state is {size} bytes: more than the {MAX_STATE_PROOF_BYTES} one answer may carry"
-        )));
-    }
-    let items = entries.iter().map(|e| StateItem { kind: e.kind, id: &e.id, data: &e.data });
-    let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, items);
-    Ok(pb::GetOrganizationStateResponse { state: Some(signed(hsm, payload)?), version })
+    let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, &encoded.digest);
+    Ok(pb::GetOrganizationStateResponse { state: Some(signed(hsm, payload)?), version, entries: encoded.bytes.clone() })
 }
 
 /// What the enclave knows of an activity it is asked to link: the stamped submission's

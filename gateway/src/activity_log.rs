@@ -34,15 +34,23 @@ impl ApiKeyFile {
     }
 }
 
+/// How long one query to the gateway may take, answer included.
+const QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A client for the gateway's queries: every request bounded by [`QUERY_TIMEOUT`].
+pub fn client() -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder().timeout(QUERY_TIMEOUT).build().context("building the HTTP client")
+}
+
 /// `POST /public/v1/query/<path>` of the gateway at `base_url` with `body`, stamped with `key`:
-/// the answer's JSON, or an error naming the gateway's answer when it is not a success.
-pub async fn query(
+/// the answer's status and JSON.
+pub async fn query_answer(
     client: &reqwest::Client,
     base_url: &str,
     path: &str,
     body: &Value,
     key: &ApiKeyFile,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<(reqwest::StatusCode, Value)> {
     let url = format!("{}/public/v1/query/{path}", base_url.trim_end_matches('/'));
     let body = body.to_string();
     let response = client
@@ -56,6 +64,18 @@ pub async fn query(
     let status = response.status();
     let answer: Value = serde_json::from_slice(&response.bytes().await.with_context(|| format!("reading {path}"))?)
         .with_context(|| format!("the answer of {path} is not JSON"))?;
+    Ok((status, answer))
+}
+
+/// [`query_answer`], an error naming the gateway's answer when it is not a success.
+pub async fn query(
+    client: &reqwest::Client,
+    base_url: &str,
+    path: &str,
+    body: &Value,
+    key: &ApiKeyFile,
+) -> anyhow::Result<Value> {
+    let (status, answer) = query_answer(client, base_url, path, body, key).await?;
     if !status.is_success() {
         anyhow::bail!("the gateway answered {path} with {status}: {answer}");
     }
@@ -68,7 +88,7 @@ pub async fn query(
 /// activities no link names).
 pub async fn export(base_url: &str, organization_id: &str, key: &ApiKeyFile) -> anyhow::Result<ExportedLog> {
     let nonce = uuid::Uuid::new_v4().simple().to_string();
-    let client = reqwest::Client::new();
+    let client = client()?;
     let (mut head, mut head_seq, mut after) = (None, 0u64, 0u64);
     let (mut links, mut activities) = (Vec::new(), Vec::new());
     loop {

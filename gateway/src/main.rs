@@ -102,9 +102,13 @@ enum Command {
     /// Compare what the gateway's queries say of an organization (its users, credentials,
     /// policies, tags, root quorum, features, wallets, accounts, private keys, contract
     /// interfaces, webhook endpoints and OAuth 2.0 credentials) with the organization's state as
-    /// the enclave enforces it, signed by its proof key (hex, from `/public/v1/discovery/keys`
-    /// `proofPublicKey`) for a nonce chosen here. Prints every difference as JSON; exit status 1
-    /// when there is one. Stamped with an API key of the organization read from a file.
+    /// the enclave enforces it, signed by its proof key for a nonce chosen here. The proof key
+    /// (hex) must come from the enclave host, not from the gateway being checked. Prints every
+    /// difference as JSON; exit status 1 when there is one (or when an item was shown twice, or
+    /// the state has a kind this command does not know). Stamped with an API key of the
+    /// organization read from a file. Catches a database edited under the gateway; a taken-over
+    /// gateway process can answer this command's own queries consistently, so keep the signed
+    /// state (`--state-out`) as the view to trust.
     DiffState {
         #[arg(long)]
         base_url: String,
@@ -114,6 +118,9 @@ enum Command {
         api_key_file: PathBuf,
         #[arg(long)]
         proof_key: String,
+        /// Where to write the verified state (`{organizationId, version, signedAtMs, entries}`).
+        #[arg(long)]
+        state_out: Option<PathBuf>,
     },
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
@@ -181,12 +188,19 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::DiffState { base_url, organization_id, api_key_file, proof_key } => {
+        Command::DiffState { base_url, organization_id, api_key_file, proof_key, state_out } => {
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
-            let diff = coffer_gateway::state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
+            let (diff, signed) =
+                coffer_gateway::state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
+            if let Some(out) = state_out {
+                let state = serde_json::json!({ "organizationId": signed.organization_id, "version": signed.version,
+                    "signedAtMs": signed.timestamp_ms, "entries": signed.entries });
+                std::fs::write(&out, serde_json::to_vec_pretty(&state)?)
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            }
             println!("{}", serde_json::to_string(&diff)?);
-            if !diff.differences.is_empty() {
+            if !diff.agrees() {
                 std::process::exit(1);
             }
             Ok(())

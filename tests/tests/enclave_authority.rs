@@ -4245,10 +4245,11 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
         stack.post_raw("/public/v1/query/coffer_get_organization_state", body.as_bytes(), Some(&stack.api_key())).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let proof: coffer_auth::proof::AppProof = serde_json::from_value(r.json["state"].clone()).unwrap();
+    let state = r.json["stateJson"].as_str().unwrap().as_bytes();
     let key = coffer_gateway::activity_log::proof_key(&proof_key).unwrap();
-    let signed = coffer_auth::state_proof::verify(&proof, &key, &org, nonce).unwrap();
+    let signed = coffer_auth::state_proof::verify(&proof, state, &key, &org, nonce).unwrap();
     assert_eq!(signed.kind("policy").values().next().unwrap()["name"], "only-root");
-    assert!(coffer_auth::state_proof::verify(&proof, &key, &org, "ffeeddccbbaa99887766").is_err());
+    assert!(coffer_auth::state_proof::verify(&proof, state, &key, &org, "ffeeddccbbaa99887766").is_err());
     let short = json!({ "organizationId": org, "nonce": "abc" }).to_string();
     let r = stack
         .post_raw("/public/v1/query/coffer_get_organization_state", short.as_bytes(), Some(&stack.api_key()))
@@ -4256,7 +4257,8 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     assert_eq!((r.status, r.json["message"].as_str()), (400, Some("nonce must be 16 to 128 hex digits")), "{}", r.text);
 
     // The database rewritten: the policy hidden, an API key added for root, the account's
-    // address swapped for an attacker's, root renamed. Every one is a difference, and nothing else.
+    // address swapped for an attacker's, root renamed, root's key shown expiring. Every one is a
+    // difference, and nothing else.
     let c = db(&stack);
     let policy_id: String = c
         .query_row("SELECT id FROM records WHERE organization_id = ?1 AND kind = 'policy'", [&org], |r| r.get(0))
@@ -4278,9 +4280,16 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     )
     .unwrap();
     c.execute("UPDATE users SET name = 'not root' WHERE id = ?1", [&stack.user_id]).unwrap();
+    // Root's key, which never expires, shown as one that lasts 15 minutes.
+    c.execute("UPDATE api_keys SET expiration_seconds = 900 WHERE public_key = ?1", [public_key(&stack.api_key())])
+        .unwrap();
+    let root_key_id: String = c
+        .query_row("SELECT id FROM api_keys WHERE public_key = ?1", [public_key(&stack.api_key())], |r| r.get(0))
+        .unwrap();
     let (status, printed) = diff_state(&stack, &proof_key);
     let mut expected = vec![
         format!("account {account_id} both"),
+        format!("credential {root_key_id} both"),
         "credential mallory gateway".to_string(),
         format!("policy {policy_id} enclave"),
         format!("user {} both", stack.user_id),

@@ -156,8 +156,8 @@ pub struct GetOrganizationStateRequest {
 }
 
 /// `query/coffer_get_organization_state` (Coffer's own): the organization's state as the enclave
-/// decides on it, signed by its proof key for the verifier's `nonce`. The gateway only carries
-/// it: what its other queries say can be compared with what the enclave enforces.
+/// decides on it (`stateJson`: `{kind: {id: item}}`) and the proof (`state`) its proof key signed
+/// over the state's digest for the verifier's `nonce`. The gateway only carries them.
 pub async fn get_organization_state(ctx: QueryCtx, req: GetOrganizationStateRequest) -> Result<Value, ApiError> {
     if !coffer_auth::proof::is_log_nonce(&req.nonce) {
         return Err(ApiError::invalid("nonce must be 16 to 128 hex digits"));
@@ -169,9 +169,13 @@ pub async fn get_organization_state(ctx: QueryCtx, req: GetOrganizationStateRequ
     let answer =
         crate::evaluation_share::share().run(top_level, custody.organization_state(&ctx.org.id, &req.nonce)).await??;
     let state = answer.state.as_ref().ok_or_else(ApiError::internal)?;
+    // The state's exact bytes, as a string: what the proof's digest covers (parsed and written
+    // again, they could differ).
+    let state_json = String::from_utf8(answer.entries).map_err(|_| ApiError::internal())?;
     Ok(json!({
         "organizationId": ctx.org.id,
         "version": answer.version.to_string(),
         "state": render::app_proof(state),
+        "stateJson": state_json,
     }))
 }
