@@ -34,6 +34,9 @@ pub const LEASE: Duration = Duration::from_secs(60);
 struct Job {
     delivery: WebhookDelivery,
     url: Option<(String, u64)>,
+    /// The top-level organization of the endpoint's organization (itself, or its parent for a
+    /// sub-organization's endpoint): whose share of the workers the attempt takes.
+    top_level: String,
 }
 
 /// Bumped after every commit that changes a webhook endpoint: a URL read before is stale.
@@ -99,6 +102,12 @@ impl Outbox {
                 })
             })
             .map(|e| Job {
+                // The endpoint is the activity's organization's (charged to its top level) or
+                // its parent's (a top-level organization).
+                top_level: match e["organizationId"].as_str() {
+                    Some(owner) if owner == org.id => org.parent_id.clone().unwrap_or_else(|| org.id.clone()),
+                    owner => owner.unwrap_or_default().to_string(),
+                },
                 delivery: WebhookDelivery {
                     id: uuid::Uuid::new_v4().to_string(),
                     organization_id: e["organizationId"].as_str().unwrap_or_default().to_string(),
@@ -228,6 +237,13 @@ impl reqwest::dns::Resolve for GuardedResolver {
 /// Deliveries in flight at once, and per endpoint (one slow endpoint cannot take every worker).
 const WORKERS: usize = 256;
 const PER_ENDPOINT: usize = 64;
+/// Deliveries in flight at once to the endpoints of one top-level organization and its
+/// sub-organizations together: half the workers stay for the others at every moment. Within
+/// what is free, workers go to whoever has fewest in flight ([`take_ready`]).
+const PER_TOP_LEVEL: usize = WORKERS / 2;
+/// Endpoint organizations whose top-level organization the worker remembers (forgotten all at
+/// once past it, and looked up again).
+const TOP_LEVELS_KEPT: usize = 65_536;
 /// Events waiting for a worker, per endpoint; beyond this they wait out their lease.
 const WAITING_PER_ENDPOINT: usize = 4096;
 /// Fresh events in the hand-off queue at most.
@@ -247,23 +263,93 @@ const RECORD_GATHER: Duration = Duration::from_millis(20);
 /// Wakes the worker: an attempt is over, so a worker is free.
 static FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
-/// Deliveries the worker holds (waiting or in flight, until their attempt is recorded), and how
-/// many attempts are in flight per endpoint.
+/// Whom an attempt in flight is charged to: its endpoint's top-level organization, the
+/// endpoint's organization, the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Charge {
+    top_level: String,
+    organization: String,
+    endpoint: String,
+}
+
+impl Charge {
+    fn of(job: &Job) -> Self {
+        Self {
+            top_level: job.top_level.clone(),
+            organization: job.delivery.organization_id.clone(),
+            endpoint: job.delivery.endpoint_id.clone(),
+        }
+    }
+}
+
+/// Deliveries the worker holds (waiting or in flight, until their attempt is recorded), and the
+/// attempts in flight: each with its charge, and how many each top-level organization,
+/// organization and endpoint has.
 #[derive(Default)]
 struct Held {
     ids: HashSet<String>,
-    active: HashMap<String, usize>,
+    /// In flight: delivery id → its charge (kept per attempt, so what an attempt took is what
+    /// its end gives back).
+    charged: HashMap<String, Charge>,
+    by_top_level: HashMap<String, usize>,
+    by_organization: HashMap<String, usize>,
+    by_endpoint: HashMap<String, usize>,
+    /// The top-level organization of endpoint organizations looked up (a parent never changes).
+    top_level: HashMap<String, String>,
+}
+
+fn count(map: &HashMap<String, usize>, key: &str) -> usize {
+    map.get(key).copied().unwrap_or(0)
+}
+
+fn add(map: &mut HashMap<String, usize>, key: &str) {
+    *map.entry(key.to_string()).or_default() += 1;
+}
+
+fn sub(map: &mut HashMap<String, usize>, key: &str) {
+    if let Some(n) = map.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
 }
 
 impl Held {
-    /// An attempt to `endpoint` is over (its record may still be on the way): its worker is free.
-    fn finished(&mut self, endpoint: &str) {
-        if let Some(n) = self.active.get_mut(endpoint) {
-            *n -= 1;
-            if *n == 0 {
-                self.active.remove(endpoint);
-            }
+    /// Attempts in flight.
+    fn in_flight(&self) -> usize {
+        self.charged.len()
+    }
+
+    /// Whether an attempt charged to `c` may start now (below its endpoint's and top-level
+    /// organization's caps).
+    fn may_start(&self, c: &Charge) -> bool {
+        count(&self.by_endpoint, &c.endpoint) < PER_ENDPOINT && count(&self.by_top_level, &c.top_level) < PER_TOP_LEVEL
+    }
+
+    /// The attempt of delivery `id` starts, charged to `c`.
+    fn started(&mut self, id: &str, c: Charge) {
+        add(&mut self.by_top_level, &c.top_level);
+        add(&mut self.by_organization, &c.organization);
+        add(&mut self.by_endpoint, &c.endpoint);
+        if let Some(old) = self.charged.insert(id.to_string(), c) {
+            // Cannot happen (a delivery is held once); give back what the old charge took.
+            self.give_back(&old);
         }
+    }
+
+    /// The attempt of delivery `id` is over (its record may still be on the way): its worker is
+    /// free, and its charge given back.
+    fn finished(&mut self, id: &str) {
+        if let Some(c) = self.charged.remove(id) {
+            self.give_back(&c);
+        }
+    }
+
+    fn give_back(&mut self, c: &Charge) {
+        sub(&mut self.by_top_level, &c.top_level);
+        sub(&mut self.by_organization, &c.organization);
+        sub(&mut self.by_endpoint, &c.endpoint);
     }
 }
 
@@ -286,7 +372,7 @@ impl Finish {
         };
         crate::metrics::metrics().webhook_attempts.get_or_create(&crate::metrics::OutcomeLabel { outcome }).inc();
         if let Ok(mut h) = self.held.lock() {
-            h.finished(&d.endpoint_id);
+            h.finished(&d.id);
         }
         FREED.notify_one();
         let _ = self.done.send((d.id, attempt));
@@ -296,7 +382,7 @@ impl Finish {
     /// have claimed it): its worker is free and nothing is recorded.
     fn released(&self, d: WebhookDelivery) {
         if let Ok(mut h) = self.held.lock() {
-            h.finished(&d.endpoint_id);
+            h.finished(&d.id);
             h.ids.remove(&d.id);
         }
         FREED.notify_one();
@@ -344,8 +430,9 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
                 },
                 _ = FREED.notified() => {}
                 _ = poll.tick() => {
-                    let waiting_now: usize = waiting.values().map(VecDeque::len).sum();
-                    if waiting_now < WORKERS {
+                    // Jobs parked behind a cap do not stop the read: they are not what the
+                    // workers would take next.
+                    if runnable(&held, &waiting) < WORKERS {
                         arrived.extend(due(&state, &held, &waiting).await);
                     }
                 }
@@ -373,52 +460,101 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
     }))
 }
 
+/// Waiting jobs that could start once workers are free (their endpoint and top-level
+/// organization below their caps).
+fn runnable(held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> usize {
+    let Ok(h) = held.lock() else { return 0 };
+    waiting.values().filter(|q| q.front().is_some_and(|j| h.may_start(&Charge::of(j)))).map(VecDeque::len).sum()
+}
+
 /// Due deliveries from the outbox that the worker does not hold, leaving out endpoints that have
-/// work waiting or all their workers busy (so one endpoint's backlog does not fill the read),
-/// claimed for [`LEASE`]: another gateway's worker polling the same outbox does not get them.
+/// work waiting or are at a cap (their own or their top-level organization's), so one
+/// endpoint's or tenant's backlog does not fill the read; claimed for [`LEASE`]: another
+/// gateway's worker polling the same outbox does not get them. Each is charged to its endpoint
+/// organization's top-level organization (looked up once per organization; one that cannot be
+/// read is charged to itself this time and looked up again next time).
 async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> Vec<Job> {
     let busy: Vec<String> = match held.lock() {
         Ok(h) => h
-            .active
-            .iter()
-            .filter(|(_, n)| **n >= PER_ENDPOINT)
-            .map(|(e, _)| e.clone())
+            .charged
+            .values()
+            .filter(|c| !h.may_start(c))
+            .map(|c| c.endpoint.clone())
             .chain(waiting.iter().filter(|(_, q)| !q.is_empty()).map(|(e, _)| e.clone()))
+            .collect::<HashSet<String>>()
+            .into_iter()
             .collect(),
         Err(_) => return Vec::new(),
     };
     let now = now_nanos();
     let lease = (now + LEASE.as_nanos() as Nanos, instance());
-    match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
-        Ok(Ok(due)) => {
-            let Ok(h) = held.lock() else { return Vec::new() };
-            due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()
-        }
+    let due = match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
+        Ok(Ok(due)) => due,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "reading due webhook deliveries failed");
-            Vec::new()
+            return Vec::new();
         }
-        Err(_) => Vec::new(),
+        Err(_) => return Vec::new(),
+    };
+    let unknown: HashSet<String> = match held.lock() {
+        Ok(h) => due.iter().map(|d| &d.organization_id).filter(|o| !h.top_level.contains_key(*o)).cloned().collect(),
+        Err(_) => return Vec::new(),
+    };
+    let mut found = Vec::with_capacity(unknown.len());
+    for organization in unknown {
+        let id = organization.clone();
+        if let Ok(Ok(o)) = state.db(move |s| s.organization(&id)).await {
+            found.push((organization, o.parent_id.unwrap_or(o.id)));
+        }
     }
+    let Ok(mut h) = held.lock() else { return Vec::new() };
+    for (organization, top_level) in found {
+        if h.top_level.len() >= TOP_LEVELS_KEPT {
+            h.top_level.clear();
+        }
+        h.top_level.insert(organization, top_level);
+    }
+    due.into_iter()
+        .filter(|d| !h.ids.contains(&d.id))
+        .map(|delivery| {
+            let top_level = h.top_level.get(&delivery.organization_id).cloned();
+            Job { top_level: top_level.unwrap_or_else(|| delivery.organization_id.clone()), delivery, url: None }
+        })
+        .collect()
 }
 
-/// Takes waiting jobs while workers are free (overall and per endpoint), in batches for the
-/// enclave; `None` if the bookkeeping lock is poisoned.
+/// Takes waiting jobs while workers are free, one at a time, each to whoever has fewest in
+/// flight: the top-level organization first, then the endpoint's organization, then the
+/// endpoint, among those below their caps. So a tenant's stalling endpoints, however many
+/// organizations it spreads them over, only ever hold workers no one else is asking for, and a
+/// newcomer's delivery takes the next worker that frees. In batches for the enclave; `None` if
+/// the bookkeeping lock is poisoned.
 fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Option<Vec<Vec<Job>>> {
     let mut h = held.lock().ok()?;
     crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
-    let mut total: usize = h.active.values().sum();
     let mut batches = vec![Vec::new()];
-    for (endpoint, queue) in waiting.iter_mut() {
-        while total < WORKERS && h.active.get(endpoint).copied().unwrap_or(0) < PER_ENDPOINT {
-            let Some(job) = queue.pop_front() else { break };
-            *h.active.entry(endpoint.clone()).or_default() += 1;
-            total += 1;
-            if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
-                batches.push(Vec::new());
-            }
-            batches.last_mut()?.push(job);
+    while h.in_flight() < WORKERS {
+        let next = waiting
+            .iter()
+            .filter_map(|(endpoint, queue)| {
+                let c = Charge::of(queue.front()?);
+                h.may_start(&c).then(|| {
+                    let load = (
+                        count(&h.by_top_level, &c.top_level),
+                        count(&h.by_organization, &c.organization),
+                        count(&h.by_endpoint, &c.endpoint),
+                    );
+                    (load, endpoint.clone())
+                })
+            })
+            .min();
+        let Some((_, endpoint)) = next else { break };
+        let job = waiting.get_mut(&endpoint)?.pop_front()?;
+        h.started(&job.delivery.id, Charge::of(&job));
+        if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
+            batches.push(Vec::new());
         }
+        batches.last_mut()?.push(job);
     }
     waiting.retain(|_, q| !q.is_empty());
     batches.retain(|b| !b.is_empty());
@@ -662,6 +798,108 @@ fn error_text(e: reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(n: usize, endpoint: &str, organization: &str, top_level: &str) -> Job {
+        Job {
+            delivery: WebhookDelivery {
+                id: format!("{endpoint}-{n}"),
+                organization_id: organization.into(),
+                endpoint_id: endpoint.into(),
+                activity_organization_id: organization.into(),
+                activity_id: "a".into(),
+                event_type: ACTIVITY_UPDATES.into(),
+                body: "{}".into(),
+                status: DELIVERY_PENDING.into(),
+                attempts: 0,
+                next_attempt_at: 0,
+                last_status_code: None,
+                last_error: None,
+                created_at: 0,
+                updated_at: 0,
+                leased_by: None,
+            },
+            url: None,
+            top_level: top_level.into(),
+        }
+    }
+
+    /// `n` jobs of `endpoint` (of `organization`, under `top_level`) waiting.
+    fn wait(waiting: &mut HashMap<String, VecDeque<Job>>, endpoint: &str, organization: &str, top: &str, n: usize) {
+        let queue = waiting.entry(endpoint.into()).or_default();
+        let start = queue.len();
+        queue.extend((start..start + n).map(|i| job(i, endpoint, organization, top)));
+    }
+
+    fn take(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Vec<Job> {
+        take_ready(held, waiting).unwrap().into_iter().flatten().collect()
+    }
+
+    /// One tenant's endpoints, its own and its sign-ups' (ten endpoints over three
+    /// organizations), hold at most half the workers, spread evenly over its organizations;
+    /// another organization's delivery runs at once.
+    #[test]
+    fn a_tenant_holds_at_most_half_the_workers_spread_over_its_organizations() {
+        let held = Mutex::new(Held::default());
+        let mut waiting = HashMap::new();
+        for e in 0..10 {
+            wait(&mut waiting, &format!("tenant-{e}"), &format!("signup-{}", e % 3), "tenant", 100);
+        }
+        wait(&mut waiting, "other", "other-org", "other-org", 1);
+        let taken = take(&held, &mut waiting);
+        assert_eq!(taken.iter().filter(|j| j.top_level == "tenant").count(), PER_TOP_LEVEL);
+        assert!(taken.iter().any(|j| j.delivery.endpoint_id == "other"), "the other organization's delivery runs");
+        let h = held.lock().unwrap();
+        let per_signup: Vec<usize> = (0..3).map(|i| count(&h.by_organization, &format!("signup-{i}"))).collect();
+        assert!(per_signup.iter().max().unwrap() - per_signup.iter().min().unwrap() <= 1, "{per_signup:?}");
+    }
+
+    /// With every worker busy (two tenants at their cap), a newcomer's delivery takes the next
+    /// worker that frees, whoever freed it; and every charge is given back once its attempt ends.
+    #[test]
+    fn a_newcomer_takes_the_next_free_worker_and_charges_are_given_back() {
+        let held = Mutex::new(Held::default());
+        let mut waiting = HashMap::new();
+        for (top, endpoints) in [("a", 4), ("b", 4)] {
+            for e in 0..endpoints {
+                wait(&mut waiting, &format!("{top}-{e}"), top, top, 100);
+            }
+        }
+        let mut in_flight = take(&held, &mut waiting);
+        assert_eq!(in_flight.len(), WORKERS);
+        wait(&mut waiting, "c-0", "c", "c", 1);
+        assert!(take(&held, &mut waiting).is_empty(), "no worker free");
+        let freed = in_flight.pop().unwrap();
+        held.lock().unwrap().finished(&freed.delivery.id);
+        let next = take(&held, &mut waiting);
+        assert_eq!(next.iter().map(|j| j.delivery.endpoint_id.as_str()).collect::<Vec<_>>(), vec!["c-0"]);
+        in_flight.extend(next);
+        for j in &in_flight {
+            held.lock().unwrap().finished(&j.delivery.id);
+        }
+        let h = held.lock().unwrap();
+        assert!(h.charged.is_empty() && h.by_top_level.is_empty(), "every charge given back");
+        assert!(h.by_organization.is_empty() && h.by_endpoint.is_empty(), "every charge given back");
+    }
+
+    /// Within one top-level organization (the auth proxy's, say), a sign-up whose endpoint
+    /// stalls holds the organization's share only while no other sign-up asks: another's delivery
+    /// takes the next worker the organization frees.
+    #[test]
+    fn one_sign_up_does_not_keep_its_parent_s_share_from_the_others() {
+        let held = Mutex::new(Held::default());
+        let mut waiting = HashMap::new();
+        for e in 0..2 {
+            wait(&mut waiting, &format!("stalls-{e}"), "signup-1", "proxy", 1000);
+        }
+        let mut in_flight = take(&held, &mut waiting);
+        assert_eq!(in_flight.len(), PER_TOP_LEVEL, "alone, it may use its parent's share");
+        wait(&mut waiting, "honest", "signup-2", "proxy", 1);
+        assert!(take(&held, &mut waiting).is_empty(), "the parent's share is in use");
+        let freed = in_flight.pop().unwrap();
+        held.lock().unwrap().finished(&freed.delivery.id);
+        let next = take(&held, &mut waiting);
+        assert_eq!(next.iter().map(|j| j.delivery.endpoint_id.as_str()).collect::<Vec<_>>(), vec!["honest"]);
+    }
 
     #[test]
     fn backoff_doubles_from_a_second_caps_and_gives_up() {
