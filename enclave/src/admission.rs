@@ -16,7 +16,7 @@ use sha2::Digest;
 use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::link_request::LinkRequest;
+use crate::link_request::{Ballot, LinkRequest};
 use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
@@ -224,8 +224,10 @@ pub struct Admission {
 pub struct DecidedSubmission {
     pub organization_id: String,
     pub activity_type: String,
-    /// The user whose certified credential stamped it (the activity's first vote is theirs).
+    /// The user and key whose certified credential stamped it (the activity's first vote is
+    /// theirs).
     pub user_id: String,
+    pub public_key: String,
     /// The digest of its result as the enclave made it (a key use's), or empty.
     pub result_digest: String,
 }
@@ -358,41 +360,60 @@ impl Admission {
     }
 
     /// The votes `votes` cast on `activity` (stamped approvals and rejections): each verified as
-    /// genuine by a certified credential of the activity's organization when it was stamped,
-    /// naming this activity, and cast within the vote lifetime after it. Answers each vote's user
-    /// and selection (`VOTE_SELECTION_APPROVED` / `_REJECTED`), in order.
+    /// genuine by a certified credential of the activity's organization, naming this activity,
+    /// cast within the vote lifetime after it, and by a credential the organization's state
+    /// holds live now (a revoked or expired key's vote is not linked, whatever time it states).
+    /// The cheap checks come first, and a user votes once.
     pub fn verify_votes(
         &self,
         activity: &StampedActivity,
         votes: &[pb::StampedRequest],
-    ) -> Result<Vec<(String, &'static str)>, EnclaveError> {
+    ) -> Result<Vec<Ballot>, EnclaveError> {
         if votes.len() > MAX_VOTES_LINKED {
             return Err(EnclaveError::invalid(format!("an activity is linked with at most {MAX_VOTES_LINKED} votes")));
         }
-        let mut verified = Vec::with_capacity(votes.len());
+        let not_a_vote = |why: &str| EnclaveError::refused(RefusalReason::NotApproved, why.to_string());
+        let now = now_ms();
+        let state = match votes.is_empty() {
+            true => None,
+            false => self.rules.load(&activity.organization_id)?,
+        };
+        let mut verified: Vec<Ballot> = Vec::with_capacity(votes.len());
         for stamped in votes {
-            let stamped_at = StampedActivity::parse(&stamped.body).map(|a| a.timestamp_ms).unwrap_or(0);
-            let (vote, voter) = self.verify_stamped(stamped, stamped_at, None).map_err(|r| {
-                r.audit("record_activity");
-                r.into_error()
-            })?;
+            let vote = StampedActivity::parse(&stamped.body).map_err(|_| not_a_vote("a vote presented is no vote"))?;
             let selection = match vote.activity_type.as_str() {
                 APPROVE_ACTIVITY => "VOTE_SELECTION_APPROVED",
                 REJECT_ACTIVITY => "VOTE_SELECTION_REJECTED",
-                _ => return Err(EnclaveError::refused(RefusalReason::NotApproved, "a vote presented is no vote")),
+                _ => return Err(not_a_vote("a vote presented is no vote")),
             };
             if vote.organization_id != activity.organization_id
-                || voter.organization_id != activity.organization_id
                 || vote.parameters.get("fingerprint").and_then(Value::as_str) != Some(activity.fingerprint.as_str())
-                || vote.timestamp_ms - activity.timestamp_ms > VOTE_LIFETIME_MS
-                || activity.timestamp_ms - vote.timestamp_ms > self.freshness_ms
+                || vote.timestamp_ms.saturating_sub(activity.timestamp_ms) > VOTE_LIFETIME_MS
+                || activity.timestamp_ms.saturating_sub(vote.timestamp_ms) > self.freshness_ms
             {
-                return Err(EnclaveError::refused(
-                    RefusalReason::NotApproved,
+                return Err(not_a_vote(
                     "a vote presented is not a vote on this activity, cast while it could be voted on",
                 ));
             }
-            verified.push((voter.user_id, selection));
+            let (_, voter) = self.verify_stamped(stamped, vote.timestamp_ms, None).map_err(|r| {
+                r.audit("record_activity");
+                r.into_error()
+            })?;
+            let live = state
+                .as_ref()
+                .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
+            if voter.organization_id != activity.organization_id || live.is_none() {
+                return Err(not_a_vote("a vote presented is not by a credential the organization holds live"));
+            }
+            if verified.iter().any(|b| b.user_id == voter.user_id) {
+                return Err(not_a_vote("two votes presented are one user's"));
+            }
+            verified.push(Ballot {
+                user_id: voter.user_id,
+                selection,
+                public_key: voter.public_key,
+                message: String::from_utf8_lossy(&stamped.body).into_owned(),
+            });
         }
         Ok(verified)
     }
@@ -923,6 +944,7 @@ impl Admission {
                 organization_id: a.activity.organization_id.clone(),
                 activity_type: a.activity.activity_type.clone(),
                 user_id: a.credential.user_id.clone(),
+                public_key: a.credential.public_key.clone(),
                 result_digest: result_digest.to_string(),
             };
             lately.insert(a.activity.fingerprint.clone(), known);

@@ -45,7 +45,8 @@ const MEMBERS: [&str; 14] = [
 ];
 
 /// A vote's selection when it approves.
-const APPROVED: &str = "VOTE_SELECTION_APPROVED";
+pub(crate) const VOTE_APPROVED: &str = "VOTE_SELECTION_APPROVED";
+const APPROVED: &str = VOTE_APPROVED;
 
 /// A refusal of an activity that does not state what was stamped.
 fn misstated(why: &str) -> EnclaveError {
@@ -126,47 +127,79 @@ const REJECTED: &str = "VOTE_SELECTION_REJECTED";
 /// The status of an activity a vote rejected.
 const ACTIVITY_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
 
-/// Checks the votes an activity `RecordActivity` links states: its submitter's approval first
-/// (when it states any), then exactly the votes the enclave verified (`verified`: user and
-/// selection), each user once. It is rejected if and only if one of them rejected it.
+/// A vote the enclave verified, as an activity states it: the voter's user, the selection, the
+/// key that stamped it and the stamped body (`message`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ballot {
+    pub user_id: String,
+    pub selection: &'static str,
+    pub public_key: String,
+    pub message: String,
+}
+
+/// The members of a vote as the API renders it (`v1Vote`), the only ones it may have.
+const VOTE_MEMBERS: [&str; 10] =
+    ["id", "userId", "user", "activityId", "selection", "message", "publicKey", "signature", "scheme", "createdAt"];
+
+/// Checks the votes an activity `RecordActivity` links states: its submitter's approval first,
+/// then exactly the votes the enclave verified (`verified`), each user once, each stating the
+/// user, selection, key and stamped body (`message`) that was verified, and this activity's id.
+/// It is rejected if and only if one of them rejected it, and only when `may_be_rejected` (the
+/// enclave found it waiting for votes and never allowed it).
 pub fn check_recorded_votes(
     activity: &Value,
-    submitter: &str,
-    verified: &[(String, &'static str)],
+    submitter: &Ballot,
+    verified: &[Ballot],
+    may_be_rejected: bool,
 ) -> Result<(), EnclaveError> {
     let votes = activity.get("votes").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let mut stated: Vec<(&str, &str)> = Vec::with_capacity(votes.len());
+    let activity_id = activity.get("id").and_then(Value::as_str).unwrap_or_default();
+    let mut stated: Vec<Ballot> = Vec::with_capacity(votes.len());
     for vote in votes {
-        match (vote.get("userId").and_then(Value::as_str), vote.get("selection").and_then(Value::as_str)) {
-            (Some(user), Some(selection @ (APPROVED | REJECTED))) => stated.push((user, selection)),
-            _ => return Err(misstated("has a vote that is not an approval or a rejection by a user")),
+        let Some(members) = vote.as_object() else { return Err(misstated("has a vote that is not an object")) };
+        if let Some(other) = members.keys().find(|k| !VOTE_MEMBERS.contains(&k.as_str())) {
+            return Err(misstated(&format!("has a vote with a member a vote does not have: {other:?}")));
         }
+        let text = |k: &str| vote.get(k).and_then(Value::as_str);
+        let (Some(user), Some(selection @ (APPROVED | REJECTED))) = (text("userId"), text("selection")) else {
+            return Err(misstated("has a vote that is not an approval or a rejection by a user"));
+        };
+        let named_user = vote.get("user").and_then(|u| u.get("userId")).and_then(Value::as_str);
+        if text("activityId").is_some_and(|a| a != activity_id) || named_user.is_some_and(|u| u != user) {
+            return Err(misstated("has a vote of another activity or user than it names"));
+        }
+        stated.push(Ballot {
+            user_id: user.to_string(),
+            selection: if selection == APPROVED { APPROVED } else { REJECTED },
+            public_key: text("publicKey").unwrap_or_default().to_string(),
+            message: text("message").unwrap_or_default().to_string(),
+        });
     }
     let Some((first, later)) = stated.split_first() else {
-        return match verified.is_empty() {
-            true => Ok(()),
-            false => Err(misstated("states other votes than the ones the enclave verified")),
-        };
+        return Err(misstated("states no vote: its submitter's approval is its first"));
     };
-    if *first != (submitter, APPROVED) {
-        return Err(misstated("does not state its submitter's approval as its first vote"));
+    if first != submitter {
+        return Err(misstated("does not state its submitter's approval, as stamped, as its first vote"));
     }
     let mut later = later.to_vec();
-    let mut verified: Vec<(&str, &str)> = verified.iter().map(|(u, s)| (u.as_str(), *s)).collect();
+    let mut verified = verified.to_vec();
     later.sort_unstable();
     verified.sort_unstable();
     if later != verified {
         return Err(misstated("states other votes than the ones the enclave verified"));
     }
-    let mut users: Vec<&str> = stated.iter().map(|(u, _)| *u).collect();
+    let mut users: Vec<&str> = stated.iter().map(|b| b.user_id.as_str()).collect();
     users.sort_unstable();
     users.dedup();
     if users.len() != stated.len() {
         return Err(misstated("states two votes of one user"));
     }
     let rejected = activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_REJECTED);
-    if rejected != stated.iter().any(|(_, s)| *s == REJECTED) {
+    if rejected != stated.iter().any(|b| b.selection == REJECTED) {
         return Err(misstated("is rejected without a rejection, or has a rejection and was not rejected"));
+    }
+    if rejected && !may_be_rejected {
+        return Err(misstated("is rejected, but the enclave never found it waiting for votes, or allowed it"));
     }
     Ok(())
 }
@@ -372,48 +405,62 @@ mod tests {
 
     #[test]
     fn recorded_votes_are_the_submitter_s_then_the_verified_ones() {
-        let vote = |user: &str, selection: &str| json!({"userId": user, "selection": selection});
-        let activity = |status: &str, votes: Vec<Value>| json!({"status": status, "votes": votes});
-        let verified = |v: &[(&str, &'static str)]| v.iter().map(|(u, s)| (u.to_string(), *s)).collect::<Vec<_>>();
-        let check = |a: &Value, v: &[(&str, &'static str)]| check_recorded_votes(a, "alice", &verified(v));
+        let ballot = |user: &str, selection: &'static str| Ballot {
+            user_id: user.into(),
+            selection,
+            public_key: format!("{user}-key"),
+            message: format!("{user}-body"),
+        };
+        let vote = |b: &Ballot| {
+            json!({"id": "v", "userId": b.user_id, "selection": b.selection, "publicKey": b.public_key,
+                "message": b.message, "activityId": "a1", "user": {"userId": b.user_id}})
+        };
+        let activity = |status: &str, votes: Vec<Value>| json!({"id": "a1", "status": status, "votes": votes});
+        let alice = ballot("alice", APPROVED);
+        let check = |a: &Value, v: &[Ballot]| check_recorded_votes(a, &alice, v, true);
         let done = "ACTIVITY_STATUS_COMPLETED";
         let rejected = ACTIVITY_REJECTED;
+        let (bob, carol, carol_no) = (ballot("bob", APPROVED), ballot("carol", APPROVED), ballot("carol", REJECTED));
 
         // Honest: the submitter alone, or with the votes verified (in any order).
-        assert!(check(&activity(done, vec![vote("alice", APPROVED)]), &[]).is_ok());
-        assert!(check(&activity(done, vec![]), &[]).is_ok(), "states no vote at all");
-        let two = activity(done, vec![vote("alice", APPROVED), vote("bob", APPROVED), vote("carol", APPROVED)]);
-        assert!(check(&two, &[("carol", APPROVED), ("bob", APPROVED)]).is_ok());
-        let no = activity(rejected, vec![vote("alice", APPROVED), vote("bob", APPROVED), vote("carol", REJECTED)]);
-        assert!(check(&no, &[("bob", APPROVED), ("carol", REJECTED)]).is_ok());
+        assert!(check(&activity(done, vec![vote(&alice)]), &[]).is_ok());
+        let two = activity(done, vec![vote(&alice), vote(&bob), vote(&carol)]);
+        assert!(check(&two, &[carol.clone(), bob.clone()]).is_ok());
+        let no = activity(rejected, vec![vote(&alice), vote(&bob), vote(&carol_no)]);
+        assert!(check(&no, &[bob.clone(), carol_no.clone()]).is_ok());
+        let refused = check_recorded_votes(&no, &alice, &[bob.clone(), carol_no.clone()], false);
+        assert!(refused.is_err(), "rejected, though the enclave never found it waiting (or allowed it)");
 
-        // Lies.
-        type Votes<'a> = Vec<(&'a str, &'static str)>;
-        let lies: Vec<(&str, Value, Votes)> = vec![
-            ("a rejection never stamped", no.clone(), vec![("bob", APPROVED)]),
-            ("an approval never stamped", two.clone(), vec![("bob", APPROVED)]),
-            ("a rejection stated as an approval", two.clone(), vec![("bob", APPROVED), ("carol", REJECTED)]),
-            ("a vote verified, left out", activity(done, vec![vote("alice", APPROVED)]), vec![("bob", REJECTED)]),
-            ("no vote, one verified", activity(done, vec![]), vec![("bob", APPROVED)]),
-            ("another submitter", activity(done, vec![vote("mallory", APPROVED)]), vec![]),
-            ("the submitter rejecting", activity(rejected, vec![vote("alice", REJECTED)]), vec![]),
-            (
-                "rejected without a rejection",
-                activity(rejected, vec![vote("alice", APPROVED), vote("bob", APPROVED)]),
-                vec![("bob", APPROVED)],
-            ),
-            (
-                "a rejection, and it completed",
-                activity(done, vec![vote("alice", APPROVED), vote("bob", REJECTED)]),
-                vec![("bob", REJECTED)],
-            ),
-            (
-                "one user twice",
-                activity(done, vec![vote("alice", APPROVED), vote("alice", APPROVED)]),
-                vec![("alice", APPROVED)],
-            ),
+        let mut other_key = vote(&bob);
+        other_key["publicKey"] = json!("mallory-key");
+        let mut other_body = vote(&bob);
+        other_body["message"] = json!("bob's vote on something else");
+        let mut other_user = vote(&bob);
+        other_user["user"] = json!({"userId": "carol"});
+        let mut other_activity = vote(&bob);
+        other_activity["activityId"] = json!("a2");
+        let mut extra = vote(&bob);
+        extra["weight"] = json!(10);
+        let with_bob = |v: Value| activity(done, vec![vote(&alice), v]);
+        let lies: Vec<(&str, Value, Vec<Ballot>)> = vec![
+            ("a rejection never stamped", no.clone(), vec![bob.clone()]),
+            ("an approval never stamped", two.clone(), vec![bob.clone()]),
+            ("a rejection stated as an approval", two.clone(), vec![bob.clone(), carol_no.clone()]),
+            ("a vote verified, left out", activity(done, vec![vote(&alice)]), vec![ballot("bob", REJECTED)]),
+            ("no vote at all", activity(done, vec![]), vec![]),
+            ("no vote at all, rejected", activity(rejected, vec![]), vec![]),
+            ("another submitter", activity(done, vec![vote(&ballot("mallory", APPROVED))]), vec![]),
+            ("the submitter rejecting", activity(rejected, vec![vote(&ballot("alice", REJECTED))]), vec![]),
+            ("rejected without a rejection", activity(rejected, vec![vote(&alice), vote(&bob)]), vec![bob.clone()]),
+            ("a rejection, and it completed", with_bob(vote(&ballot("bob", REJECTED))), vec![ballot("bob", REJECTED)]),
+            ("one user twice", activity(done, vec![vote(&alice), vote(&alice)]), vec![alice.clone()]),
+            ("another key", with_bob(other_key), vec![bob.clone()]),
+            ("another stamped body", with_bob(other_body), vec![bob.clone()]),
+            ("another user object", with_bob(other_user), vec![bob.clone()]),
+            ("another activity's vote", with_bob(other_activity), vec![bob.clone()]),
+            ("a member a vote does not have", with_bob(extra), vec![bob.clone()]),
             ("a vote without a user", activity(done, vec![json!({"selection": APPROVED})]), vec![]),
-            ("another selection", activity(done, vec![vote("alice", "VOTE_SELECTION_MAYBE")]), vec![]),
+            ("another selection", activity(done, vec![json!({"userId": "alice", "selection": "MAYBE"})]), vec![]),
         ];
         for (lie, a, v) in lies {
             let refused = check(&a, &v);

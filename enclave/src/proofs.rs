@@ -18,7 +18,7 @@ use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::link_request::{LinkRequest, ACTIVITY_COMPLETED};
+use crate::link_request::{Ballot, LinkRequest, ACTIVITY_COMPLETED, VOTE_APPROVED};
 use crate::store::LoggedDecision;
 
 /// `payload`, signed by the proof key.
@@ -179,6 +179,15 @@ pub fn record_activity(
         Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission },
         None => {
             let (stamped, credential) = admission.verify_submission(request)?;
+            // Its submitter is of its organization: a credential of another (a sign-up's, say)
+            // does not stand as the first vote of this organization's activity. (A parent's
+            // login is linked when the enclave that decided it still knows it, above.)
+            if credential.organization_id != stamped.organization_id {
+                return Err(EnclaveError::refused(
+                    RefusalReason::OrganizationMismatch,
+                    "the credential belongs to another organization than the stamped body",
+                ));
+            }
             let latest = admission.store().decided(&stamped.organization_id, &fingerprint)?;
             // One the enclave never decided (the gateway refused or failed it first) is linked
             // only while its stamp is fresh: not a stamp kept for a day and reported later.
@@ -192,6 +201,7 @@ pub fn record_activity(
                 organization_id: stamped.organization_id,
                 activity_type: stamped.activity_type,
                 user_id: credential.user_id,
+                public_key: credential.public_key,
                 result_digest: latest.result_digest,
             };
             ToLink { fingerprint, logged: latest.logged, submission }
@@ -201,9 +211,22 @@ pub fn record_activity(
     let stamped = coffer_auth::envelope::StampedActivity::parse(&request.body)
         .map_err(|e| EnclaveError::invalid(e.to_string()))?;
     let activity = crate::link_request::check_recorded(&stamped, &req.activity)?;
-    // The votes it states are the ones their voters stamped, verified here: none made up.
+    // The votes it states are the ones their voters stamped, verified here: none made up. A
+    // rejection only of an activity the enclave found waiting for votes and never allowed.
     let votes = admission.verify_votes(&stamped, &req.votes)?;
-    crate::link_request::check_recorded_votes(&activity, &to_link.submission.user_id, &votes)?;
+    let submitter = Ballot {
+        user_id: to_link.submission.user_id.clone(),
+        selection: VOTE_APPROVED,
+        public_key: to_link.submission.public_key.clone(),
+        message: String::from_utf8_lossy(&request.body).into_owned(),
+    };
+    let may_be_rejected = to_link.logged != LoggedDecision::Authorized
+        && admission.store().waited_for_votes(
+            &stamped.organization_id,
+            &stamped.fingerprint,
+            &stamped.activity_type,
+        )?;
+    crate::link_request::check_recorded_votes(&activity, &submitter, &votes, may_be_rejected)?;
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
@@ -225,6 +248,7 @@ pub fn link_in_call(
         organization_id: a.activity.organization_id.clone(),
         activity_type: a.activity.activity_type.clone(),
         user_id: a.credential.user_id.clone(),
+        public_key: a.credential.public_key.clone(),
         result_digest: result.map(proof::json_digest).unwrap_or_default(),
     };
     let to_link =

@@ -4001,7 +4001,9 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
     let signing = sign_body(&org, &a[0], "hidden", Stack::now_ms());
-    let activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    let mut activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    activity["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": public_key(&root), "message": signing}]);
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &signing, &cert)),
         activity: activity.to_string().into_bytes(),
@@ -4303,8 +4305,9 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
 
 /// The log states only votes their voters stamped (issue 40, step 7 in part): a taken-over
 /// gateway that links a waiting activity as rejected, stating a rejection bob never made (no
-/// stamp, his approval's stamp, a stamp of another activity), is refused and nothing is linked;
-/// bob's own rejection is linked.
+/// stamp, his approval's stamp, a stamp of another activity, alice's stamp, his stamp under
+/// another key or body, no vote at all), is refused and nothing is linked; nor is an activity
+/// the enclave never found waiting linked as rejected; bob's own rejection is linked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_links_only_votes_their_voters_stamped() {
     let stack = enforcing_stack().await;
@@ -4330,35 +4333,64 @@ async fn the_log_links_only_votes_their_voters_stamped() {
     );
     let vote = |ty: &str, on: &str, at: u128| body(ty, &org, at, json!({ "fingerprint": on }));
     let now = Stack::now_ms();
-    let rejection = stamped(&bob, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now), &cert(&bob));
+    let no = vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now);
+    let rejection = stamped(&bob, &no, &cert(&bob));
     let approval = stamped(&bob, &vote("ACTIVITY_TYPE_APPROVE_ACTIVITY", &fingerprint, now + 1), &cert(&bob));
     let elsewhere = stamped(&bob, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", "sha256:other", now + 2), &cert(&bob));
-    let mut activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_REJECTED", json!({}));
-    activity["votes"] = json!([
-        {"userId": alice_id, "selection": "VOTE_SELECTION_APPROVED"},
-        {"userId": bob_id, "selection": "VOTE_SELECTION_REJECTED"},
-    ]);
-    let record = |votes: Vec<pb::StampedRequest>| pb::RecordActivityRequest {
+    let by_alice = stamped(&alice, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now + 3), &cert(&alice));
+    // The activity as the gateway records it: the submitter's approval, then bob's rejection.
+    let rejected = |body: &str, votes: Value| {
+        let mut activity = recorded_activity(body.as_bytes(), "ACTIVITY_STATUS_REJECTED", json!({}));
+        activity["votes"] = votes;
+        activity
+    };
+    let alice_vote = json!({"userId": alice_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": public_key(&alice), "message": signing});
+    let bob_no = json!({"userId": bob_id, "selection": "VOTE_SELECTION_REJECTED", "publicKey": public_key(&bob),
+        "message": no});
+    let honest = rejected(&signing, json!([alice_vote, bob_no]));
+    let record = |activity: &Value, votes: Vec<pb::StampedRequest>| pb::RecordActivityRequest {
         request: Some(submission.clone()),
         activity: activity.to_string().into_bytes(),
         votes,
     };
+    let mut other_key = honest.clone();
+    other_key["votes"][1]["publicKey"] = json!(public_key(&alice));
+    let mut other_body = honest.clone();
+    other_body["votes"][1]["message"] = json!("{}");
     let before = log_seq(&enclave, &org).await;
-    for (lie, votes, reason) in [
-        ("no stamp", vec![], pb::RefusalReason::BindingMismatch),
-        ("his approval's stamp", vec![approval.clone()], pb::RefusalReason::BindingMismatch),
-        ("a rejection of another activity", vec![elsewhere], pb::RefusalReason::NotApproved),
-        (
-            "a stamp that is not his",
-            vec![stamped(&alice, &vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &fingerprint, now + 3), &cert(&alice))],
-            pb::RefusalReason::BindingMismatch,
-        ),
-    ] {
-        let answer = enclave.clone().record_activity(record(votes)).await;
+    use pb::RefusalReason::{BindingMismatch, NotApproved};
+    let lies: Vec<(&str, pb::RecordActivityRequest, pb::RefusalReason)> = vec![
+        ("no stamp", record(&honest, vec![]), BindingMismatch),
+        ("his approval's stamp", record(&honest, vec![approval.clone()]), BindingMismatch),
+        ("a rejection of another activity", record(&honest, vec![elsewhere]), NotApproved),
+        ("alice's stamp", record(&honest, vec![by_alice]), BindingMismatch),
+        ("his vote under another key", record(&other_key, vec![rejection.clone()]), BindingMismatch),
+        ("his vote with another body", record(&other_body, vec![rejection.clone()]), BindingMismatch),
+        ("no vote at all", record(&rejected(&signing, json!([])), vec![]), BindingMismatch),
+    ];
+    for (lie, request, reason) in lies {
+        let answer = enclave.clone().record_activity(request).await;
         let refusal = answer.err().unwrap_or_else(|| panic!("{lie}: linked"));
         assert_eq!(coffer_proto::refusal_reason(&refusal), Some(reason), "{lie}: {refusal:?}");
     }
+    // An activity the enclave never found waiting (root's own signing, which runs at once) is
+    // not linked as rejected, even with a genuine rejection of it.
+    let root = stack.api_key();
+    let by_root = sign_body(&org, &a[0], "runs at once", Stack::now_ms());
+    let root_fingerprint = fingerprint_of(&by_root);
+    let root_no = vote("ACTIVITY_TYPE_REJECT_ACTIVITY", &root_fingerprint, Stack::now_ms());
+    let root_votes = json!([
+        {"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": public_key(&root), "message": by_root},
+        {"userId": bob_id, "selection": "VOTE_SELECTION_REJECTED", "publicKey": public_key(&bob), "message": root_no},
+    ]);
+    let request = pb::RecordActivityRequest {
+        request: Some(stamped(&root, &by_root, &cert(&root))),
+        activity: rejected(&by_root, root_votes).to_string().into_bytes(),
+        votes: vec![stamped(&bob, &root_no, &cert(&bob))],
+    };
+    refused(enclave.clone().record_activity(request).await, tonic::Code::PermissionDenied, BindingMismatch);
     assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
-    let linked = enclave.clone().record_activity(record(vec![rejection])).await;
+    let linked = enclave.clone().record_activity(record(&honest, vec![rejection])).await;
     assert_eq!(linked.unwrap_or_else(|e| panic!("bob's own rejection: {e:?}")).into_inner().seq, before + 1);
 }
