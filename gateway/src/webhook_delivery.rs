@@ -21,7 +21,7 @@ use crate::activity::render;
 use crate::record_kinds::WEBHOOK_ENDPOINT;
 use crate::state::AppState;
 use crate::store::{
-    now_nanos, ActivityRecord, Nanos, Organization, Store, StoreError, WebhookAttempt, WebhookDelivery, Write,
+    now_nanos, ActivityRecord, DueSkip, Nanos, Organization, Store, StoreError, WebhookAttempt, WebhookDelivery, Write,
     DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
 use crate::webhook_endpoint::{check_target, endpoint_json, is_forbidden_address, EventFilter, ACTIVITY_UPDATES};
@@ -34,9 +34,6 @@ pub const LEASE: Duration = Duration::from_secs(60);
 struct Job {
     delivery: WebhookDelivery,
     url: Option<(String, u64)>,
-    /// The top-level organization of the endpoint's organization (itself, or its parent for a
-    /// sub-organization's endpoint): whose share of the workers the attempt takes.
-    top_level: String,
 }
 
 /// Bumped after every commit that changes a webhook endpoint: a URL read before is stale.
@@ -102,13 +99,13 @@ impl Outbox {
                 })
             })
             .map(|e| Job {
-                // The endpoint is the activity's organization's (charged to its top level) or
-                // its parent's (a top-level organization).
-                top_level: match e["organizationId"].as_str() {
-                    Some(owner) if owner == org.id => org.parent_id.clone().unwrap_or_else(|| org.id.clone()),
-                    owner => owner.unwrap_or_default().to_string(),
-                },
                 delivery: WebhookDelivery {
+                    // The endpoint is the activity's organization's (charged to its top level)
+                    // or its parent's (a top-level organization: sub-organizations have none).
+                    top_level_id: match e["organizationId"].as_str() {
+                        Some(owner) if owner == org.id => org.parent_id.clone().unwrap_or_else(|| org.id.clone()),
+                        owner => owner.unwrap_or_default().to_string(),
+                    },
                     id: uuid::Uuid::new_v4().to_string(),
                     organization_id: e["organizationId"].as_str().unwrap_or_default().to_string(),
                     endpoint_id: e["endpointId"].as_str().unwrap_or_default().to_string(),
@@ -238,12 +235,13 @@ impl reqwest::dns::Resolve for GuardedResolver {
 const WORKERS: usize = 256;
 const PER_ENDPOINT: usize = 64;
 /// Deliveries in flight at once to the endpoints of one top-level organization and its
-/// sub-organizations together: half the workers stay for the others at every moment. Within
-/// what is free, workers go to whoever has fewest in flight ([`take_ready`]).
+/// sub-organizations together. Within what is free, workers go to whoever has fewest in flight
+/// ([`Waiting::pop_fairest`]).
 const PER_TOP_LEVEL: usize = WORKERS / 2;
-/// Endpoint organizations whose top-level organization the worker remembers (forgotten all at
-/// once past it, and looked up again).
-const TOP_LEVELS_KEPT: usize = 65_536;
+/// Events waiting for a worker, all endpoints together; beyond this they wait out their lease.
+const MAX_WAITING: usize = 65_536;
+/// Top-level organizations the outbox read leaves out for their crowded waiting queues, at most.
+const CROWDED_LEFT_OUT: usize = 64;
 /// Events waiting for a worker, per endpoint; beyond this they wait out their lease.
 const WAITING_PER_ENDPOINT: usize = 4096;
 /// Fresh events in the hand-off queue at most.
@@ -274,11 +272,10 @@ struct Charge {
 
 impl Charge {
     fn of(job: &Job) -> Self {
-        Self {
-            top_level: job.top_level.clone(),
-            organization: job.delivery.organization_id.clone(),
-            endpoint: job.delivery.endpoint_id.clone(),
-        }
+        let d = &job.delivery;
+        // A delivery enqueued before its top level was recorded: charged to its organization.
+        let top_level = if d.top_level_id.is_empty() { &d.organization_id } else { &d.top_level_id };
+        Self { top_level: top_level.clone(), organization: d.organization_id.clone(), endpoint: d.endpoint_id.clone() }
     }
 }
 
@@ -294,8 +291,6 @@ struct Held {
     by_top_level: HashMap<String, usize>,
     by_organization: HashMap<String, usize>,
     by_endpoint: HashMap<String, usize>,
-    /// The top-level organization of endpoint organizations looked up (a parent never changes).
-    top_level: HashMap<String, String>,
 }
 
 fn count(map: &HashMap<String, usize>, key: &str) -> usize {
@@ -319,12 +314,6 @@ impl Held {
     /// Attempts in flight.
     fn in_flight(&self) -> usize {
         self.charged.len()
-    }
-
-    /// Whether an attempt charged to `c` may start now (below its endpoint's and top-level
-    /// organization's caps).
-    fn may_start(&self, c: &Charge) -> bool {
-        count(&self.by_endpoint, &c.endpoint) < PER_ENDPOINT && count(&self.by_top_level, &c.top_level) < PER_TOP_LEVEL
     }
 
     /// The attempt of delivery `id` starts, charged to `c`.
@@ -418,7 +407,7 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
     tokio::spawn(record_attempts(state.clone(), done_rx, held.clone()));
     let finish = Finish { held: held.clone(), done: done_tx };
     Ok(tokio::spawn(async move {
-        let mut waiting: HashMap<String, VecDeque<Job>> = HashMap::new();
+        let mut waiting = Waiting::default();
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -432,7 +421,8 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
                 _ = poll.tick() => {
                     // Jobs parked behind a cap do not stop the read: they are not what the
                     // workers would take next.
-                    if runnable(&held, &waiting) < WORKERS {
+                    let runnable = held.lock().map_or(WORKERS, |h| waiting.runnable(&h));
+                    if runnable < WORKERS {
                         arrived.extend(due(&state, &held, &waiting).await);
                     }
                 }
@@ -446,9 +436,9 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
             {
                 let Ok(mut h) = held.lock() else { return };
                 for job in arrived {
-                    let queue = waiting.entry(job.delivery.endpoint_id.clone()).or_default();
-                    if queue.len() < WAITING_PER_ENDPOINT && h.ids.insert(job.delivery.id.clone()) {
-                        queue.push_back(job);
+                    let id = job.delivery.id.clone();
+                    if h.ids.insert(id.clone()) && !waiting.push(job) {
+                        h.ids.remove(&id);
                     }
                 }
             }
@@ -460,103 +450,142 @@ pub fn spawn(state: Arc<AppState>, name: String) -> anyhow::Result<tokio::task::
     }))
 }
 
-/// Waiting jobs that could start once workers are free (their endpoint and top-level
-/// organization below their caps).
-fn runnable(held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> usize {
-    let Ok(h) = held.lock() else { return 0 };
-    waiting.values().filter(|q| q.front().is_some_and(|j| h.may_start(&Charge::of(j)))).map(VecDeque::len).sum()
+/// Jobs waiting for a worker, by the top-level organization they are charged to, then endpoint.
+#[derive(Default)]
+struct Waiting {
+    by_top_level: HashMap<String, HashMap<String, VecDeque<Job>>>,
+    len: usize,
 }
 
-/// Due deliveries from the outbox that the worker does not hold, leaving out endpoints that have
-/// work waiting or are at a cap (their own or their top-level organization's), so one
-/// endpoint's or tenant's backlog does not fill the read; claimed for [`LEASE`]: another
-/// gateway's worker polling the same outbox does not get them. Each is charged to its endpoint
-/// organization's top-level organization (looked up once per organization; one that cannot be
-/// read is charged to itself this time and looked up again next time).
-async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &HashMap<String, VecDeque<Job>>) -> Vec<Job> {
-    let busy: Vec<String> = match held.lock() {
-        Ok(h) => h
-            .charged
-            .values()
-            .filter(|c| !h.may_start(c))
-            .map(|c| c.endpoint.clone())
-            .chain(waiting.iter().filter(|(_, q)| !q.is_empty()).map(|(e, _)| e.clone()))
-            .collect::<HashSet<String>>()
-            .into_iter()
-            .collect(),
+impl Waiting {
+    /// Queues `job`, unless its endpoint has [`WAITING_PER_ENDPOINT`] waiting or all endpoints
+    /// [`MAX_WAITING`] together (then it waits out its lease in the outbox).
+    fn push(&mut self, job: Job) -> bool {
+        if self.len >= MAX_WAITING {
+            return false;
+        }
+        let c = Charge::of(&job);
+        let queue = self.by_top_level.entry(c.top_level).or_default().entry(c.endpoint).or_default();
+        if queue.len() >= WAITING_PER_ENDPOINT {
+            return false;
+        }
+        queue.push_back(job);
+        self.len += 1;
+        true
+    }
+
+    /// Waiting jobs that could start once workers are free (their top-level organization and
+    /// endpoint below their caps): what gates the outbox read, so jobs parked behind a cap do not
+    /// stop it.
+    fn runnable(&self, h: &Held) -> usize {
+        self.by_top_level
+            .iter()
+            .filter(|(top, _)| count(&h.by_top_level, top) < PER_TOP_LEVEL)
+            .flat_map(|(_, endpoints)| endpoints.iter())
+            .filter(|(endpoint, _)| count(&h.by_endpoint, endpoint) < PER_ENDPOINT)
+            .map(|(_, queue)| queue.len())
+            .sum()
+    }
+
+    /// Top-level organizations with a worker's worth of jobs waiting (or more), most first, at
+    /// most [`CROWDED_LEFT_OUT`]: the outbox read leaves their deliveries out until they drain.
+    fn crowded(&self) -> Vec<String> {
+        let mut crowded: Vec<(usize, &String)> = self
+            .by_top_level
+            .iter()
+            .map(|(top, endpoints)| (endpoints.values().map(VecDeque::len).sum::<usize>(), top))
+            .filter(|(n, _)| *n >= WORKERS)
+            .collect();
+        crowded.sort_unstable_by(|a, b| b.cmp(a));
+        crowded.into_iter().take(CROWDED_LEFT_OUT).map(|(_, top)| top.clone()).collect()
+    }
+
+    /// The next job to start: of the top-level organization with fewest attempts in flight
+    /// (below its cap), then of its organization with fewest, then its endpoint with fewest
+    /// (below its cap). A capped top-level organization costs nothing to pass over, however many
+    /// endpoints it has waiting.
+    fn pop_fairest(&mut self, h: &Held) -> Option<Job> {
+        let mut tops: Vec<(usize, &String)> = self
+            .by_top_level
+            .keys()
+            .map(|top| (count(&h.by_top_level, top), top))
+            .filter(|(n, _)| *n < PER_TOP_LEVEL)
+            .collect();
+        tops.sort_unstable();
+        let (top, endpoint) = tops.into_iter().find_map(|(_, top)| {
+            let best = self.by_top_level[top]
+                .iter()
+                .filter(|(endpoint, _)| count(&h.by_endpoint, endpoint) < PER_ENDPOINT)
+                .filter_map(|(endpoint, queue)| {
+                    let organization = &queue.front()?.delivery.organization_id;
+                    Some(((count(&h.by_organization, organization), count(&h.by_endpoint, endpoint)), endpoint))
+                })
+                .min()?;
+            Some((top.clone(), best.1.clone()))
+        })?;
+        let endpoints = self.by_top_level.get_mut(&top)?;
+        let queue = endpoints.get_mut(&endpoint)?;
+        let job = queue.pop_front()?;
+        if queue.is_empty() {
+            endpoints.remove(&endpoint);
+        }
+        if endpoints.is_empty() {
+            self.by_top_level.remove(&top);
+        }
+        self.len -= 1;
+        Some(job)
+    }
+}
+
+/// Due deliveries from the outbox that the worker does not hold, leaving out endpoints and
+/// top-level organizations at their cap and top-level organizations with crowded waiting
+/// queues (bounded lists, whatever a tenant spreads its backlog over), so one endpoint's or one
+/// tenant's backlog does not fill the read; claimed for [`LEASE`]: another gateway's worker
+/// polling the same outbox does not get them.
+async fn due(state: &Arc<AppState>, held: &Mutex<Held>, waiting: &Waiting) -> Vec<Job> {
+    let skip = match held.lock() {
+        Ok(h) => {
+            let full = |m: &HashMap<String, usize>, cap: usize| -> Vec<String> {
+                m.iter().filter(|(_, n)| **n >= cap).map(|(k, _)| k.clone()).collect()
+            };
+            let mut top_levels = full(&h.by_top_level, PER_TOP_LEVEL);
+            top_levels.extend(waiting.crowded().into_iter().filter(|t| count(&h.by_top_level, t) < PER_TOP_LEVEL));
+            DueSkip { endpoints: full(&h.by_endpoint, PER_ENDPOINT), top_levels }
+        }
         Err(_) => return Vec::new(),
     };
     let now = now_nanos();
     let lease = (now + LEASE.as_nanos() as Nanos, instance());
-    let due = match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &busy)).await {
-        Ok(Ok(due)) => due,
+    match state.db(|s| s.claim_due_webhook_deliveries(now, lease, 2 * WORKERS, &skip)).await {
+        Ok(Ok(due)) => {
+            let Ok(h) = held.lock() else { return Vec::new() };
+            due.into_iter().filter(|d| !h.ids.contains(&d.id)).map(|delivery| Job { delivery, url: None }).collect()
+        }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "reading due webhook deliveries failed");
-            return Vec::new();
+            Vec::new()
         }
-        Err(_) => return Vec::new(),
-    };
-    let unknown: HashSet<String> = match held.lock() {
-        Ok(h) => due.iter().map(|d| &d.organization_id).filter(|o| !h.top_level.contains_key(*o)).cloned().collect(),
-        Err(_) => return Vec::new(),
-    };
-    let mut found = Vec::with_capacity(unknown.len());
-    for organization in unknown {
-        let id = organization.clone();
-        if let Ok(Ok(o)) = state.db(move |s| s.organization(&id)).await {
-            found.push((organization, o.parent_id.unwrap_or(o.id)));
-        }
+        Err(_) => Vec::new(),
     }
-    let Ok(mut h) = held.lock() else { return Vec::new() };
-    for (organization, top_level) in found {
-        if h.top_level.len() >= TOP_LEVELS_KEPT {
-            h.top_level.clear();
-        }
-        h.top_level.insert(organization, top_level);
-    }
-    due.into_iter()
-        .filter(|d| !h.ids.contains(&d.id))
-        .map(|delivery| {
-            let top_level = h.top_level.get(&delivery.organization_id).cloned();
-            Job { top_level: top_level.unwrap_or_else(|| delivery.organization_id.clone()), delivery, url: None }
-        })
-        .collect()
 }
 
 /// Takes waiting jobs while workers are free, one at a time, each to whoever has fewest in
-/// flight: the top-level organization first, then the endpoint's organization, then the
-/// endpoint, among those below their caps. So a tenant's stalling endpoints, however many
-/// organizations it spreads them over, only ever hold workers no one else is asking for, and a
-/// newcomer's delivery takes the next worker that frees. In batches for the enclave; `None` if
-/// the bookkeeping lock is poisoned.
-fn take_ready(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Option<Vec<Vec<Job>>> {
+/// flight ([`Waiting::pop_fairest`]). So a tenant's stalling endpoints, however many
+/// organizations it spreads them over, hold at most its top-level share, and within it only the
+/// workers its siblings are not asking for; a newcomer's delivery takes the next worker that
+/// frees. In batches for the enclave; `None` if the bookkeeping lock is poisoned.
+fn take_ready(held: &Mutex<Held>, waiting: &mut Waiting) -> Option<Vec<Vec<Job>>> {
     let mut h = held.lock().ok()?;
     crate::metrics::metrics().webhook_held.set(h.ids.len() as i64);
     let mut batches = vec![Vec::new()];
     while h.in_flight() < WORKERS {
-        let next = waiting
-            .iter()
-            .filter_map(|(endpoint, queue)| {
-                let c = Charge::of(queue.front()?);
-                h.may_start(&c).then(|| {
-                    let load = (
-                        count(&h.by_top_level, &c.top_level),
-                        count(&h.by_organization, &c.organization),
-                        count(&h.by_endpoint, &c.endpoint),
-                    );
-                    (load, endpoint.clone())
-                })
-            })
-            .min();
-        let Some((_, endpoint)) = next else { break };
-        let job = waiting.get_mut(&endpoint)?.pop_front()?;
+        let Some(job) = waiting.pop_fairest(&h) else { break };
         h.started(&job.delivery.id, Charge::of(&job));
         if batches.last().is_some_and(|b| b.len() >= SIGN_BATCH) {
             batches.push(Vec::new());
         }
         batches.last_mut()?.push(job);
     }
-    waiting.retain(|_, q| !q.is_empty());
     batches.retain(|b| !b.is_empty());
     Some(batches)
 }
@@ -817,40 +846,44 @@ mod tests {
                 created_at: 0,
                 updated_at: 0,
                 leased_by: None,
+                top_level_id: top_level.into(),
             },
             url: None,
-            top_level: top_level.into(),
         }
     }
 
     /// `n` jobs of `endpoint` (of `organization`, under `top_level`) waiting.
-    fn wait(waiting: &mut HashMap<String, VecDeque<Job>>, endpoint: &str, organization: &str, top: &str, n: usize) {
-        let queue = waiting.entry(endpoint.into()).or_default();
-        let start = queue.len();
-        queue.extend((start..start + n).map(|i| job(i, endpoint, organization, top)));
+    fn wait(waiting: &mut Waiting, endpoint: &str, organization: &str, top: &str, n: usize) {
+        let start = waiting.by_top_level.get(top).and_then(|e| e.get(endpoint)).map_or(0, VecDeque::len);
+        for i in start..start + n {
+            assert!(waiting.push(job(i, endpoint, organization, top)));
+        }
     }
 
-    fn take(held: &Mutex<Held>, waiting: &mut HashMap<String, VecDeque<Job>>) -> Vec<Job> {
+    fn take(held: &Mutex<Held>, waiting: &mut Waiting) -> Vec<Job> {
         take_ready(held, waiting).unwrap().into_iter().flatten().collect()
     }
 
     /// One tenant's endpoints, its own and its sign-ups' (ten endpoints over three
-    /// organizations), hold at most half the workers, spread evenly over its organizations;
-    /// another organization's delivery runs at once.
+    /// organizations), hold at most its top-level share, spread evenly over its organizations;
+    /// another organization's delivery runs at once; the tenant's parked jobs do not count as
+    /// work the outbox read waits for, and the read leaves the tenant out.
     #[test]
-    fn a_tenant_holds_at_most_half_the_workers_spread_over_its_organizations() {
+    fn a_tenant_holds_at_most_its_share_spread_over_its_organizations() {
         let held = Mutex::new(Held::default());
-        let mut waiting = HashMap::new();
+        let mut waiting = Waiting::default();
         for e in 0..10 {
             wait(&mut waiting, &format!("tenant-{e}"), &format!("signup-{}", e % 3), "tenant", 100);
         }
         wait(&mut waiting, "other", "other-org", "other-org", 1);
         let taken = take(&held, &mut waiting);
-        assert_eq!(taken.iter().filter(|j| j.top_level == "tenant").count(), PER_TOP_LEVEL);
+        assert_eq!(taken.iter().filter(|j| j.delivery.top_level_id == "tenant").count(), PER_TOP_LEVEL);
         assert!(taken.iter().any(|j| j.delivery.endpoint_id == "other"), "the other organization's delivery runs");
         let h = held.lock().unwrap();
         let per_signup: Vec<usize> = (0..3).map(|i| count(&h.by_organization, &format!("signup-{i}"))).collect();
         assert!(per_signup.iter().max().unwrap() - per_signup.iter().min().unwrap() <= 1, "{per_signup:?}");
+        assert_eq!((waiting.len, waiting.runnable(&h)), (1000 - PER_TOP_LEVEL, 0), "parked, not runnable");
+        assert_eq!(waiting.crowded(), vec!["tenant".to_string()]);
     }
 
     /// With every worker busy (two tenants at their cap), a newcomer's delivery takes the next
@@ -858,9 +891,9 @@ mod tests {
     #[test]
     fn a_newcomer_takes_the_next_free_worker_and_charges_are_given_back() {
         let held = Mutex::new(Held::default());
-        let mut waiting = HashMap::new();
-        for (top, endpoints) in [("a", 4), ("b", 4)] {
-            for e in 0..endpoints {
+        let mut waiting = Waiting::default();
+        for top in ["a", "b"] {
+            for e in 0..4 {
                 wait(&mut waiting, &format!("{top}-{e}"), top, top, 100);
             }
         }
@@ -881,13 +914,13 @@ mod tests {
         assert!(h.by_organization.is_empty() && h.by_endpoint.is_empty(), "every charge given back");
     }
 
-    /// Within one top-level organization (the auth proxy's, say), a sign-up whose endpoint
-    /// stalls holds the organization's share only while no other sign-up asks: another's delivery
-    /// takes the next worker the organization frees.
+    /// Within one top-level organization (the auth proxy's, say), a sign-up whose endpoints stall
+    /// holds the organization's share only while no other sign-up asks: another's delivery takes
+    /// the next worker the organization frees.
     #[test]
     fn one_sign_up_does_not_keep_its_parent_s_share_from_the_others() {
         let held = Mutex::new(Held::default());
-        let mut waiting = HashMap::new();
+        let mut waiting = Waiting::default();
         for e in 0..2 {
             wait(&mut waiting, &format!("stalls-{e}"), "signup-1", "proxy", 1000);
         }
@@ -899,6 +932,16 @@ mod tests {
         held.lock().unwrap().finished(&freed.delivery.id);
         let next = take(&held, &mut waiting);
         assert_eq!(next.iter().map(|j| j.delivery.endpoint_id.as_str()).collect::<Vec<_>>(), vec!["honest"]);
+    }
+
+    /// The waiting queues are bounded per endpoint and in all; a delivery enqueued before its
+    /// top level was recorded is charged to its own organization.
+    #[test]
+    fn waiting_is_bounded_and_old_deliveries_are_charged_to_their_organization() {
+        let mut waiting = Waiting::default();
+        wait(&mut waiting, "e", "o", "t", WAITING_PER_ENDPOINT);
+        assert!(!waiting.push(job(WAITING_PER_ENDPOINT, "e", "o", "t")), "the endpoint's queue is full");
+        assert_eq!(Charge::of(&job(0, "e", "o", "")).top_level, "o");
     }
 
     #[test]

@@ -495,7 +495,9 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     let activity = json!({"id": id, "organizationId": org, "type": "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
         "fingerprint": fingerprint, "status": "ACTIVITY_STATUS_COMPLETED",
         "intent": {"createWebhookEndpointIntent": {"url": "https://hooks.example/never-run", "name": "never-run"}},
-        "result": {"createWebhookEndpointResult": {"webhookEndpointId": "w"}}, "appProofs": []});
+        "result": {"createWebhookEndpointResult": {"webhookEndpointId": "w"}}, "appProofs": [],
+        "votes": [{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": stack.api_public_key,
+            "message": body}]});
     let record = |request: pb::StampedRequest, activity: &Value| {
         let mut enclave = enclave.clone();
         let req = pb::RecordActivityRequest {
@@ -576,11 +578,12 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
     assert!(verifies(&link), "a link appended alone is signed");
     assert_eq!(payload(&link)["activityLogLink"]["fingerprint"], fingerprint.as_str());
     assert_eq!(head().await, before + 1);
-    // Linked once (issue 40, E5, E7): the same activity failed again, or rejected now, is a
-    // replay; under another id, it is not the stamped body's. The head does not move.
+    // Linked once (issue 40, E5, E7): the same activity failed again is a replay; rejected now
+    // (with no rejection among its votes) it states what no voter stamped; under another id, it
+    // is not the stamped body's. The head does not move.
     for (other_id, status, refusal) in [
         (id.as_str(), "FAILED", "REFUSAL_REASON_REPLAYED"),
-        (id.as_str(), "REJECTED", "REFUSAL_REASON_REPLAYED"),
+        (id.as_str(), "REJECTED", "REFUSAL_REASON_BINDING_MISMATCH"),
         ("a-2", "FAILED", "REFUSAL_REASON_BINDING_MISMATCH"),
     ] {
         let mut again = activity.clone();

@@ -381,6 +381,7 @@ fn pending(id: &str, endpoint: &str, due: Nanos) -> WebhookDelivery {
         created_at: due,
         updated_at: 1,
         leased_by: None,
+        top_level_id: "t1".into(),
     }
 }
 
@@ -396,12 +397,17 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
     .unwrap();
     let ids = |v: Vec<WebhookDelivery>| v.into_iter().map(|d| d.id).collect::<Vec<_>>();
     let lease = 1_000;
-    let claim = |now: Nanos, limit: usize, skip: &[String]| {
+    let claim_skipping = |now: Nanos, limit: usize, skip: &DueSkip| {
         ids(s.claim_due_webhook_deliveries(now, (lease, "gw-a"), limit, skip).unwrap())
     };
+    let claim = |now: Nanos, limit: usize, endpoints: &[String]| {
+        claim_skipping(now, limit, &DueSkip { endpoints: endpoints.to_vec(), top_levels: vec![] })
+    };
     assert_eq!(claim(50, 1, &[]), ["d1"], "oldest due first, the limit");
+    let busy_top_level = DueSkip { endpoints: vec![], top_levels: vec!["t1".into()] };
+    assert!(claim_skipping(50, 10, &busy_top_level).is_empty(), "a busy top-level organization is skipped");
     assert_eq!(claim(50, 10, &["slow".into()]), ["d3"], "a busy endpoint is skipped");
-    let claimed = s.claim_due_webhook_deliveries(50, (lease, "gw-a"), 10, &[]).unwrap();
+    let claimed = s.claim_due_webhook_deliveries(50, (lease, "gw-a"), 10, &DueSkip::default()).unwrap();
     assert_eq!(
         claimed.iter().map(|d| (d.id.as_str(), d.body.as_str(), d.leased_by.as_deref())).collect::<Vec<_>>(),
         [("d2", "{}", Some("gw-a"))]
@@ -427,7 +433,10 @@ fn webhook_outbox_rows_are_due_skipped_attempted_and_dropped(backend: Backend) {
     assert_eq!(s.release_webhook_leases(50, "gw-b").unwrap(), 0, "gw-a's leases are not gw-b's");
     // A restart under the same name releases what it held (d2, d3, d4), not a waiting retry (d1).
     assert_eq!(s.release_webhook_leases(50, "gw-a").unwrap(), 3);
-    assert_eq!(ids(s.claim_due_webhook_deliveries(50, (lease, "gw-b"), 10, &[]).unwrap()), ["d2", "d3", "d4"]);
+    assert_eq!(
+        ids(s.claim_due_webhook_deliveries(50, (lease, "gw-b"), 10, &DueSkip::default()).unwrap()),
+        ["d2", "d3", "d4"]
+    );
     assert_eq!(s.release_webhook_leases(50, "gw-a").unwrap(), 0, "now gw-b's");
     assert_eq!(claim(80, 10, &[]), ["d1"], "retried when due");
     s.record_webhook_attempt("d2", &attempt(DELIVERY_FAILED, 20)).unwrap();
@@ -766,7 +775,7 @@ fn two_gateways_claim_each_due_webhook_delivery_once(backend: Backend) {
     let claims = race(&a, &b, 8, |_, s| {
         let mut mine = Vec::new();
         loop {
-            let got = s.claim_due_webhook_deliveries(100, (1_000, "gw"), 3, &[]).unwrap();
+            let got = s.claim_due_webhook_deliveries(100, (1_000, "gw"), 3, &DueSkip::default()).unwrap();
             if got.is_empty() {
                 return mine;
             }

@@ -6,9 +6,9 @@ use std::sync::{mpsc, Mutex};
 use super::error::StoreError;
 use super::interface::{CommitCallback, Store};
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, LogEntry, Named, Nanos,
-    OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext, SubOrgFilter,
-    UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
+    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext,
+    SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
 };
 use super::nowait;
 use super::sql::{self, Db};
@@ -251,7 +251,7 @@ impl<B: Backend> Store for B {
         now: Nanos,
         lease: (Nanos, &str),
         limit: usize,
-        skip: &[String],
+        skip: &DueSkip,
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
         if !self.read(|db| sql::any_due_webhook_delivery(db, now, skip))? {
             return Ok(Vec::new());

@@ -2,9 +2,9 @@
 
 use super::error::StoreError;
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, ImportTarget, LogEntry, Named, Nanos,
-    OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext, SubOrgFilter,
-    UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
+    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext,
+    SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
 };
 use super::write::Write;
 
@@ -162,15 +162,16 @@ pub trait Store: Send + Sync + 'static {
     fn idempotency_key(&self, organization_id: &str, key: &str) -> Result<(String, String), StoreError>;
 
     /// Claims pending deliveries due at `now`, oldest due first, at most `limit`, none of the
-    /// endpoints in `skip` (those already busy: so one slow endpoint's backlog cannot hide the
-    /// others'): each is leased until `lease.0` to `lease.1` by a conditional update, so of several
-    /// gateways polling at once exactly one gets it.
+    /// endpoints or top-level organizations in `skip` (those whose share of the workers is in
+    /// use: so one slow endpoint's, or one tenant's, backlog cannot hide the others'): each is
+    /// leased until `lease.0` to `lease.1` by a conditional update, so of several gateways polling
+    /// at once exactly one gets it.
     fn claim_due_webhook_deliveries(
         &self,
         now: Nanos,
         lease: (Nanos, &str),
         limit: usize,
-        skip: &[String],
+        skip: &DueSkip,
     ) -> Result<Vec<WebhookDelivery>, StoreError>;
     /// Extends the leases `lease.1` holds on `ids` to `lease.0`; the ids it still held (one whose
     /// lease lapsed may be another gateway's by now, and is not to be sent).

@@ -27,8 +27,8 @@ pub use error::{found, Conflict, ConflictKind, Constraint, StoreError, Unique};
 pub use interface::{CommitCallback, Store};
 pub use model::{
     now_nanos, ActivityFilter, ActivityRecord, AddressEntry, ApiKey, AuthenticatorRecord, Committed, CredentialKind,
-    ImportTarget, LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey,
-    Record, StampContext, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
+    DueSkip, ImportTarget, LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord,
+    PrivateKey, Record, StampContext, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
     WebhookDelivery, DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
 pub use open::open;

@@ -282,6 +282,18 @@ pub struct WebhookDelivery {
     /// The gateway (its instance id) holding the delivery until `next_attempt_at`; `None` while
     /// it only waits to be due.
     pub leased_by: Option<String>,
+    /// The top-level organization whose share of the delivery workers its attempts take (the
+    /// endpoint's organization, or its parent for a sub-organization's endpoint); empty for a
+    /// delivery enqueued before it was recorded.
+    pub top_level_id: String,
+}
+
+/// What a read of due webhook deliveries leaves out: endpoints, and top-level organizations
+/// (their endpoints' deliveries), whose share of the delivery workers is in use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueSkip {
+    pub endpoints: Vec<String>,
+    pub top_levels: Vec<String>,
 }
 
 /// One delivery attempt and what follows it.

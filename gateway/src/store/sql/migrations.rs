@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0015_record_counts.sql"),
     include_str!("../migrations/0016_proofs.sql"),
     include_str!("../migrations/0017_verified_contacts.sql"),
+    include_str!("../migrations/0018_webhook_top_level.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at

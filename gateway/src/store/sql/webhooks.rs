@@ -3,9 +3,9 @@
 
 use super::db::{args, Arg, Db, SqlRow};
 use crate::store::error::StoreError;
-use crate::store::model::{Nanos, WebhookAttempt, WebhookDelivery};
+use crate::store::model::{DueSkip, Nanos, WebhookAttempt, WebhookDelivery};
 
-const DELIVERY_COLS: &str = "id, organization_id, endpoint_id, activity_organization_id, activity_id, event_type, body, status, attempts, next_attempt_at, last_status_code, last_error, created_at, updated_at, leased_by";
+const DELIVERY_COLS: &str = "id, organization_id, endpoint_id, activity_organization_id, activity_id, event_type, body, status, attempts, next_attempt_at, last_status_code, last_error, created_at, updated_at, leased_by, top_level_id";
 fn delivery_row(r: &dyn SqlRow) -> Result<WebhookDelivery, StoreError> {
     Ok(WebhookDelivery {
         id: r.text(0)?,
@@ -23,12 +23,13 @@ fn delivery_row(r: &dyn SqlRow) -> Result<WebhookDelivery, StoreError> {
         created_at: r.int(12)?,
         updated_at: r.int(13)?,
         leased_by: r.opt_text(14)?,
+        top_level_id: r.text(15)?,
     })
 }
 
 pub fn enqueue<D: Db>(db: &mut D, d: &WebhookDelivery) -> Result<(), StoreError> {
     db.execute(
-        &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
+        &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
         args![
             d.id,
             d.organization_id,
@@ -44,7 +45,8 @@ pub fn enqueue<D: Db>(db: &mut D, d: &WebhookDelivery) -> Result<(), StoreError>
             d.last_error,
             d.created_at,
             d.updated_at,
-            d.leased_by
+            d.leased_by,
+            d.top_level_id
         ],
     )?;
     Ok(())
@@ -64,16 +66,32 @@ fn marks(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
 }
 
-/// Whether a pending delivery is due at `now`, of an endpoint not in `skip` (a read: most polls
-/// find nothing, and need not take the writer).
-pub fn any_due_webhook_delivery<D: Db>(db: &mut D, now: Nanos, skip: &[String]) -> Result<bool, StoreError> {
-    let mut sql = "SELECT 1 FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1".to_string();
-    if !skip.is_empty() {
-        sql.push_str(&format!(" AND endpoint_id NOT IN ({})", marks(2, skip.len())));
+/// ` AND endpoint_id NOT IN (…) AND top_level_id NOT IN (…)` for `skip`, its placeholders
+/// numbered on after the `bound` ones already bound (its values: [`skipped`]).
+fn skipping(skip: &DueSkip, bound: usize) -> String {
+    let (mut sql, mut next) = (String::new(), bound + 1);
+    for (column, values) in [("endpoint_id", &skip.endpoints), ("top_level_id", &skip.top_levels)] {
+        if !values.is_empty() {
+            sql.push_str(&format!(" AND {column} NOT IN ({})", marks(next, values.len())));
+            next += values.len();
+        }
     }
-    sql.push_str(" LIMIT 1");
+    sql
+}
+
+/// `skip`'s values in the order [`skipping`] numbers them.
+fn skipped(skip: &DueSkip) -> impl Iterator<Item = Arg<'_>> {
+    skip.endpoints.iter().chain(&skip.top_levels).map(|v| Arg::Text(v))
+}
+
+/// Whether a pending delivery is due at `now`, not left out by `skip` (a read: most polls find
+/// nothing, and need not take the writer).
+pub fn any_due_webhook_delivery<D: Db>(db: &mut D, now: Nanos, skip: &DueSkip) -> Result<bool, StoreError> {
     let mut bound = vec![Arg::Int(now)];
-    bound.extend(skip.iter().map(|e| Arg::Text(e)));
+    let mut sql = "SELECT 1 FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1".to_string();
+    sql.push_str(&skipping(skip, bound.len()));
+    bound.extend(skipped(skip));
+    sql.push_str(" LIMIT 1");
     db.exists(&sql, &bound)
 }
 
@@ -85,15 +103,12 @@ pub fn claim_due_webhook_deliveries<D: Db>(
     now: Nanos,
     (lease_until, owner): (Nanos, &str),
     limit: usize,
-    skip: &[String],
+    skip: &DueSkip,
 ) -> Result<Vec<WebhookDelivery>, StoreError> {
     let due = "status = 'PENDING' AND next_attempt_at <= ?2";
     let mut bound = vec![Arg::Int(lease_until), Arg::Int(now), Arg::Text(owner)];
-    let mut busy = String::new();
-    if !skip.is_empty() {
-        busy = format!(" AND endpoint_id NOT IN ({})", marks(bound.len() + 1, skip.len()));
-        bound.extend(skip.iter().map(|e| Arg::Text(e)));
-    }
+    let busy = skipping(skip, bound.len());
+    bound.extend(skipped(skip));
     bound.push(Arg::Int(limit.min(i64::MAX as usize) as i64));
     let sql = format!(
         "UPDATE webhook_deliveries SET next_attempt_at = ?1, leased_by = ?3
