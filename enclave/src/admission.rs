@@ -85,6 +85,9 @@ pub struct Admitted {
     policy_org: String,
     submitter: VerifiedVote,
     voters: Vec<VerifiedVote>,
+    /// The same votes as an activity states them (the submitter's first): what its in-call link
+    /// must state, key and stamped body included.
+    ballots: Vec<Ballot>,
     /// Where [`refuse`] records a refusal after this authorization.
     decisions: DecisionLog,
 }
@@ -129,8 +132,7 @@ impl Admitted {
     /// The activity this call is asked to link ([`LinkRequest::checked`]); a refusal of it is
     /// recorded as this authorization's.
     pub fn link_request(&self, log: &pb::LogRequest, makes_result: bool) -> Result<LinkRequest, EnclaveError> {
-        let approvers: Vec<&str> = self.approvals().map(|v| v.user_id.as_str()).collect();
-        LinkRequest::checked(&self.activity, log, &approvers, makes_result).map_err(|e| match e {
+        LinkRequest::checked(&self.activity, log, &self.ballots, makes_result).map_err(|e| match e {
             EnclaveError::Refused { reason, message, .. } => refuse(self, reason, &message),
             other => other,
         })
@@ -362,8 +364,9 @@ impl Admission {
     /// The votes `votes` cast on `activity` (stamped approvals and rejections): each verified as
     /// genuine by a certified credential of the activity's organization, naming this activity,
     /// cast within the vote lifetime after it, and by a credential the organization's state
-    /// holds live now (a revoked or expired key's vote is not linked, whatever time it states).
-    /// The cheap checks come first, and a user votes once.
+    /// holds live now (a revoked or expired key's vote is not linked, whatever time it states),
+    /// of a root user for an activity only the root quorum decides. The cheap checks come first,
+    /// and a user votes once.
     pub fn verify_votes(
         &self,
         activity: &StampedActivity,
@@ -404,6 +407,12 @@ impl Admission {
                 .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
             if voter.organization_id != activity.organization_id || live.is_none() {
                 return Err(not_a_vote("a vote presented is not by a credential the organization holds live"));
+            }
+            // Only root users vote on what only the root quorum decides (as the gateway lets vote).
+            let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
+            let root = state.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));
+            if root_only && !root {
+                return Err(not_a_vote("a vote presented is by a user who may not vote on a root quorum's activity"));
             }
             if verified.iter().any(|b| b.user_id == voter.user_id) {
                 return Err(not_a_vote("two votes presented are one user's"));
@@ -988,6 +997,13 @@ impl Admission {
             .about(&activity, &credential));
         }
         let mut voters: Vec<VerifiedVote> = Vec::new();
+        let ballot = |voter: &pb::CredentialCertificate, body: &[u8]| Ballot {
+            user_id: voter.user_id.clone(),
+            selection: crate::link_request::VOTE_APPROVED,
+            public_key: voter.public_key.clone(),
+            message: String::from_utf8_lossy(body).into_owned(),
+        };
+        let mut ballots = vec![ballot(&credential, &request.body)];
         // What the replay window keeps, and from when it counts: the body's own fingerprint (per
         // operation), from its timestamp; for a run after consensus, from the approval's. Two
         // approvals that each meet the consensus run it once while the first one's entry lives
@@ -1032,6 +1048,7 @@ impl Admission {
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
                 voters.push(verified_vote(&voter, vote.timestamp_ms));
+                ballots.push(ballot(&voter, &approval.body));
                 (activity.fingerprint.clone(), vote.timestamp_ms)
             }
         };
@@ -1053,6 +1070,7 @@ impl Admission {
                 .about(&vote, &voter));
             }
             voters.push(verified_vote(&voter, vote.timestamp_ms));
+            ballots.push(ballot(&voter, &stamped.body));
         }
         let policy_org = if via_parent { &credential.organization_id } else { &activity.organization_id };
         let submitter = verified_vote(&credential, activity.timestamp_ms);
@@ -1115,8 +1133,18 @@ impl Admission {
         let unspent = Unspent { share, key, expires, allowed, approved, audited: false };
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();
-        let a =
-            Admitted { operation, activity, credential, via_parent, decided, decisions, policy_org, submitter, voters };
+        let a = Admitted {
+            operation,
+            activity,
+            credential,
+            via_parent,
+            decided,
+            decisions,
+            policy_org,
+            submitter,
+            voters,
+            ballots,
+        };
         Ok((a, unspent))
     }
 

@@ -141,17 +141,9 @@ pub struct Ballot {
 const VOTE_MEMBERS: [&str; 10] =
     ["id", "userId", "user", "activityId", "selection", "message", "publicKey", "signature", "scheme", "createdAt"];
 
-/// Checks the votes an activity `RecordActivity` links states: its submitter's approval first,
-/// then exactly the votes the enclave verified (`verified`), each user once, each stating the
-/// user, selection, key and stamped body (`message`) that was verified, and this activity's id.
-/// It is rejected if and only if one of them rejected it, and only when `may_be_rejected` (the
-/// enclave found it waiting for votes and never allowed it).
-pub fn check_recorded_votes(
-    activity: &Value,
-    submitter: &Ballot,
-    verified: &[Ballot],
-    may_be_rejected: bool,
-) -> Result<(), EnclaveError> {
+/// The votes `activity` states, as ballots: each an object with only a vote's members, an
+/// approval or a rejection by a user, naming this activity and (in its `user`) that user.
+fn stated_votes(activity: &Value) -> Result<Vec<Ballot>, EnclaveError> {
     let votes = activity.get("votes").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     let activity_id = activity.get("id").and_then(Value::as_str).unwrap_or_default();
     let mut stated: Vec<Ballot> = Vec::with_capacity(votes.len());
@@ -175,6 +167,12 @@ pub fn check_recorded_votes(
             message: text("message").unwrap_or_default().to_string(),
         });
     }
+    Ok(stated)
+}
+
+/// Checks that `stated` is `submitter`'s vote, as stamped, then exactly `verified` (in any
+/// order), each user once.
+fn same_votes(stated: &[Ballot], submitter: &Ballot, verified: &[Ballot]) -> Result<(), EnclaveError> {
     let Some((first, later)) = stated.split_first() else {
         return Err(misstated("states no vote: its submitter's approval is its first"));
     };
@@ -194,6 +192,22 @@ pub fn check_recorded_votes(
     if users.len() != stated.len() {
         return Err(misstated("states two votes of one user"));
     }
+    Ok(())
+}
+
+/// Checks the votes an activity `RecordActivity` links states: its submitter's approval first,
+/// then exactly the votes the enclave verified (`verified`), each user once, each stating the
+/// user, selection, key and stamped body (`message`) that was verified, and this activity's id.
+/// It is rejected if and only if one of them rejected it, and only when `may_be_rejected` (the
+/// enclave found it waiting for votes and never allowed it).
+pub fn check_recorded_votes(
+    activity: &Value,
+    submitter: &Ballot,
+    verified: &[Ballot],
+    may_be_rejected: bool,
+) -> Result<(), EnclaveError> {
+    let stated = stated_votes(activity)?;
+    same_votes(&stated, submitter, verified)?;
     let rejected = activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_REJECTED);
     if rejected != stated.iter().any(|b| b.selection == REJECTED) {
         return Err(misstated("is rejected without a rejection, or has a rejection and was not rejected"));
@@ -205,14 +219,14 @@ pub fn check_recorded_votes(
 }
 
 impl LinkRequest {
-    /// `log`, checked against the stamped submission it is to link, which `approvers` (the users
-    /// whose stamps the enclave verified: the submitter's and every approval's) approved.
+    /// `log`, checked against the stamped submission it is to link, which `approvals` (the votes
+    /// whose stamps the enclave verified: the submitter's, then every approval's) approved.
     /// `makes_result`: the call makes the activity's result (a key use), rather than the caller
     /// bringing it.
     pub fn checked(
         stamped: &StampedActivity,
         log: &pb::LogRequest,
-        approvers: &[&str],
+        approvals: &[Ballot],
         makes_result: bool,
     ) -> Result<Self, EnclaveError> {
         let activity = parsed(&log.activity)?;
@@ -222,21 +236,12 @@ impl LinkRequest {
         {
             return Err(misstated("is linked in its call as completed, without a failure"));
         }
-        // Its votes are the approvals the enclave verified: none made up, none left out.
-        let votes = activity.get("votes").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-        let mut voted: Vec<&str> = Vec::with_capacity(votes.len());
-        for vote in votes {
-            match (vote.get("selection").and_then(Value::as_str), vote.get("userId").and_then(Value::as_str)) {
-                (Some(APPROVED), Some(user)) => voted.push(user),
-                _ => return Err(misstated("has a vote that is not an approval by a user")),
-            }
-        }
-        let mut verified = approvers.to_vec();
-        voted.sort_unstable();
-        verified.sort_unstable();
-        if voted != verified {
-            return Err(misstated("states other votes than the approvals the enclave verified"));
-        }
+        // Its votes are the approvals the enclave verified, as stamped: none made up, none left
+        // out (`approvals`: the submitter's first).
+        let Some((submitter, verified)) = approvals.split_first() else {
+            return Err(EnclaveError::Internal("an authorization without its submitter".into()));
+        };
+        same_votes(&stated_votes(&Value::Object(activity.clone()))?, submitter, verified)?;
         if activity.get("appProofs").is_some_and(|p| p.as_array().is_none_or(|p| !p.is_empty())) {
             return Err(misstated("brings no app proofs: the enclave adds this call's"));
         }
@@ -284,7 +289,12 @@ mod tests {
         json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2",
             "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
             "intent": {"signRawPayloadIntentV2": {"signWith": "0xabc", "payload": "hi"}},
-            "votes": [{"userId": "u1", "selection": APPROVED, "message": "{}"}]})
+            "votes": [{"userId": "u1", "selection": APPROVED, "message": "{}", "publicKey": "02u1"}]})
+    }
+
+    /// The submitter's vote as the enclave verified it (what `shell` states).
+    fn submitted() -> Vec<Ballot> {
+        vec![Ballot { user_id: "u1".into(), selection: APPROVED, public_key: "02u1".into(), message: "{}".into() }]
     }
 
     fn log(activity: &Value) -> pb::LogRequest {
@@ -293,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_key_use_s_shell_is_linked_with_the_enclave_s_result_and_proofs() {
-        let asked = LinkRequest::checked(&stamped(), &log(&shell()), &["u1"], true).unwrap();
+        let asked = LinkRequest::checked(&stamped(), &log(&shell()), &submitted(), true).unwrap();
         let linked = asked.completed(Some(&json!({"r": "01"})), vec![json!({"scheme": "s"})]);
         assert_eq!(linked["result"], json!({"signRawPayloadResult": {"r": "01"}}));
         assert_eq!(linked["appProofs"], json!([{"scheme": "s"}]));
@@ -303,7 +313,7 @@ mod tests {
     #[test]
     fn every_other_shell_is_refused() {
         type Lie = (&'static str, fn(&mut Value));
-        let lies: [Lie; 16] = [
+        let lies: [Lie; 18] = [
             ("another organization", |a| a["organizationId"] = json!("o2")),
             ("another type", |a| a["type"] = json!("ACTIVITY_TYPE_CREATE_POLICY_V3")),
             ("another fingerprint", |a| a["fingerprint"] = json!("sha256:f2")),
@@ -324,18 +334,20 @@ mod tests {
             }),
             ("its approval left out", |a| a["votes"] = json!([])),
             ("a rejection", |a| a["votes"][0]["selection"] = json!("VOTE_SELECTION_REJECTED")),
+            ("its approval under another key", |a| a["votes"][0]["publicKey"] = json!("02u2")),
+            ("its approval of another body", |a| a["votes"][0]["message"] = json!("{\"x\":1}")),
         ];
         for (lie, change) in lies {
             let mut activity = shell();
             change(&mut activity);
-            let refused = LinkRequest::checked(&stamped(), &log(&activity), &["u1"], true);
+            let refused = LinkRequest::checked(&stamped(), &log(&activity), &submitted(), true);
             assert!(
                 matches!(refused, Err(EnclaveError::Refused { reason: RefusalReason::BindingMismatch, .. })),
                 "{lie}: {refused:?}"
             );
         }
         let not_json = pb::LogRequest { activity: b"[1]".to_vec() };
-        let refused = LinkRequest::checked(&stamped(), &not_json, &["u1"], true);
+        let refused = LinkRequest::checked(&stamped(), &not_json, &submitted(), true);
         assert!(matches!(refused, Err(EnclaveError::InvalidArgument(_))), "{refused:?}");
     }
 
@@ -347,9 +359,9 @@ mod tests {
             ..stamped()
         };
         let mut activity = json!({"id": id(), "organizationId": "o1", "type": "ACTIVITY_TYPE_CREATE_POLICY_V3",
-            "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED,
+            "fingerprint": "sha256:f1", "status": ACTIVITY_COMPLETED, "votes": shell()["votes"],
             "intent": {"createPolicyIntentV3": {"policyName": "p"}}});
-        let checked = |a: &Value| LinkRequest::checked(&stamped, &log(a), &[], false);
+        let checked = |a: &Value| LinkRequest::checked(&stamped, &log(a), &submitted(), false);
         assert!(checked(&activity).is_err(), "no result");
         activity["result"] = json!({"createPolicyResultV3": {"policyId": "p1"}});
         assert!(checked(&activity).is_err(), "another result's name");

@@ -151,9 +151,9 @@ fn log_shell(auth: &pb::Authorization) -> Option<pb::LogRequest> {
     let approvals = std::iter::once(request).chain(&auth.approval).chain(&auth.votes);
     let votes: Vec<Value> = approvals
         .map(|a| {
-            let user =
-                pb::CredentialCertificate::decode(a.certificate.as_slice()).map(|c| c.user_id).unwrap_or_default();
-            json!({"userId": user, "selection": "VOTE_SELECTION_APPROVED"})
+            let c = pb::CredentialCertificate::decode(a.certificate.as_slice()).unwrap_or_default();
+            json!({"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": c.public_key,
+                "message": String::from_utf8_lossy(&a.body)})
         })
         .collect();
     let members = activity.as_object_mut()?;
