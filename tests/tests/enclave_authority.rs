@@ -2687,6 +2687,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         proposal: proposal.to_string().into_bytes(),
         parent_certificate: vec![],
         issued_certificates: vec![],
+        sub_organization_account_keys: vec![],
     };
     refused_for(&stack, enclave.clone().apply_activity(req).await, "apply_activity", pb::RefusalReason::PolicyDenied);
     // bob's signing is one alice must approve ("alice signs" applies, its consensus is hers).
@@ -4148,6 +4149,7 @@ async fn a_refused_change_spends_nothing() {
         proposal,
         parent_certificate: vec![],
         issued_certificates: vec![],
+        sub_organization_account_keys: vec![],
     };
     let fingerprint = fingerprint_of(&create);
     let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
@@ -4393,4 +4395,79 @@ async fn the_log_links_only_votes_their_voters_stamped() {
     assert_eq!(log_seq(&enclave, &org).await, before, "nothing was linked");
     let linked = enclave.clone().record_activity(record(&honest, vec![rejection])).await;
     assert_eq!(linked.unwrap_or_else(|e| panic!("bob's own rejection: {e:?}")).into_inner().seq, before + 1);
+}
+
+/// A new sub-organization's state records only the addresses the enclave sealed keys for (issue
+/// 40: nothing the enclave attests rests on the gateway's word): the taken-over gateway runs
+/// `CreateWallet` for a sign-up body, then proposes the sub-organization with its own address for
+/// the account. The enclave opens the account's sealed key under the address proposed: it does
+/// not open, and the change is refused before anything is decided further; without the key, or
+/// with another account's, likewise. The genuine address passes that check (and the proposal,
+/// which lacks the rest of the sub-organization, is then refused as not what the body asks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
+    let stack = enforcing_stack().await;
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    let params = json!({"subOrganizationName": "addresses", "rootQuorumThreshold": 1,
+        "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}],
+        "wallet": {"walletName": "w", "accounts": [eth_account_params(0), eth_account_params(1)]}});
+    let signup = body("ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8", &org, Stack::now_ms(), params);
+    let fingerprint = fingerprint_of(&signup);
+    let made = enclave
+        .clone()
+        .create_wallet(pb::CreateWalletRequest { auth: auth(stamped(&root, &signup, &cert)), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("the sign-up's wallet: {e:?}"))
+        .into_inner();
+    assert_eq!(made.accounts.len(), 2);
+    let derived = |label: &str, n: usize| coffer_auth::envelope::derived_id(&fingerprint, label, n);
+    let sub = derived(coffer_org_rules::transition::SUB_ORGANIZATION_ID, 0);
+    let wallet_id = derived(coffer_org_rules::transition::WALLET_ID, 0);
+    let proposal = |addresses: [&str; 2]| {
+        let accounts: Vec<Value> = (0..2)
+            .map(|n| {
+                json!({"id": derived(coffer_org_rules::transition::WALLET_ACCOUNT_ID, n), "wallet_id": wallet_id,
+                    "address": addresses[n], "address_format": "ADDRESS_FORMAT_ETHEREUM"})
+            })
+            .collect();
+        json!([{"organization_id": sub, "effect": "put_accounts", "accounts": accounts}]).to_string().into_bytes()
+    };
+    let apply = |proposal: Vec<u8>, keys: Vec<Vec<u8>>| pb::ApplyActivityRequest {
+        auth: auth(stamped(&root, &signup, &cert)),
+        proposal,
+        parent_certificate: vec![],
+        issued_certificates: vec![],
+        sub_organization_account_keys: keys,
+    };
+    let (genuine, other) = (made.accounts[0].address.as_str(), made.accounts[1].address.as_str());
+    let attacker = "0x000000000000000000000000000000000000dEaD";
+    let keys = || made.accounts.iter().map(|a| a.sealed_key.clone()).collect::<Vec<_>>();
+    let swapped = || made.accounts.iter().rev().map(|a| a.sealed_key.clone()).collect::<Vec<_>>();
+    for (_lie, request) in [
+        ("the attacker's address", apply(proposal([attacker, other]), keys())),
+        ("the two addresses swapped", apply(proposal([other, genuine]), keys())),
+        ("the keys swapped", apply(proposal([genuine, other]), swapped())),
+        ("no keys", apply(proposal([genuine, other]), vec![])),
+    ] {
+        refused_for(
+            &stack,
+            enclave.clone().apply_activity(request).await,
+            "apply_activity",
+            pb::RefusalReason::BindingMismatch,
+        );
+    }
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(apply(proposal([genuine, other]), keys())).await,
+        "apply_activity",
+        pb::RefusalReason::TransitionMismatch,
+    );
+    assert!(c
+        .query_row("SELECT COUNT(*) FROM organizations WHERE id = ?1", [&sub], |r| r.get::<_, i64>(0))
+        .map(|n| n == 0)
+        .unwrap());
 }

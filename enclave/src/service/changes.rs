@@ -68,6 +68,8 @@ pub(super) fn apply_activity(
         .collect();
     // The credentials this enclave issued for the activity itself (checked once).
     let issued = issued_credentials(admission, &a, &proposal, &req.issued_certificates)?;
+    // A new sub-organization's accounts: addresses the enclave sealed a key for (checked once).
+    sub_organization_accounts(hsm, &a, &proposal, &req.sub_organization_account_keys)?;
     let organization = a.activity.organization_id.clone();
     // The organizations the change names: its own and those its proposal changes.
     let mut named: Vec<&str> = proposal.iter().chain(&issued).map(|c| c.organization_id.as_str()).collect();
@@ -179,6 +181,57 @@ fn applied_proofs(
         "stateVersionAfter": version.to_string(),
     });
     crate::proofs::of_call(hsm, a, result)
+}
+
+/// The accounts a `create_sub_organization` proposes for the sub-organization's wallet, each
+/// checked against the key `CreateWallet` sealed for it (`keys`, in the body's order): the blob
+/// must open under the sub-organization's id (derived from the body), the account's id and the
+/// address the proposal states, so the sub-organization's state (and what the enclave signs of
+/// it) records only addresses the enclave derived. Other activities bring no keys.
+fn sub_organization_accounts(
+    hsm: &crate::hsm::Hsm,
+    a: &Admitted,
+    proposal: &[Change],
+    keys: &[Vec<u8>],
+) -> Result<(), EnclaveError> {
+    let sub_organization = derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0);
+    let accounts: Vec<&coffer_org_rules::model::Account> = proposal
+        .iter()
+        .filter_map(|c| match &c.effect {
+            Effect::PutAccounts { accounts } => Some(accounts),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let creates = a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION;
+    if accounts.is_empty() && keys.is_empty() {
+        return Ok(());
+    }
+    let unproven = |why: &str| refuse(a, RefusalReason::BindingMismatch, why);
+    if !creates || accounts.len() != keys.len() {
+        return Err(unproven("the accounts proposed are not the sealed keys presented for them"));
+    }
+    let specs = coffer_auth::envelope::items(
+        a.activity.parameters.get("wallet").unwrap_or(&serde_json::Value::Null),
+        "accounts",
+    );
+    for (n, (account, blob)) in accounts.iter().zip(keys).enumerate() {
+        let curve = specs.get(n).map(|spec| coffer_auth::envelope::text(spec, "curve")).unwrap_or_default();
+        let sealed = pb::SealedRef {
+            kind: pb::BlobKind::WalletAccountKey as i32,
+            organization_id: sub_organization.clone(),
+            resource_id: account.id.clone(),
+            blob: blob.clone(),
+            curve: curve.to_string(),
+            address: account.address.clone(),
+            address_format: account.address_format.clone(),
+            ..Default::default()
+        };
+        if super::sealed_refs::open_key(hsm, &sealed, crate::hsm::BlobKind::WalletAccountKey).is_err() {
+            return Err(unproven("a proposed account's address is not the one its sealed key was made for"));
+        }
+    }
+    Ok(())
 }
 
 /// The credentials this enclave issued for the activity itself (enable_auth_proxy's key, made by

@@ -209,7 +209,17 @@ async fn execute(
                 let activity = render::activity(&record, false).to_string().into_bytes();
                 auth.log = Some(coffer_proto::v1::LogRequest { activity });
             }
-            apply_in_enclave(&state, auth, &proposal, issued, &returned).await.map_err(moved)?
+            let sealed_keys: std::collections::HashMap<&str, Vec<u8>> = outcome
+                .writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::InsertAccounts(accounts) => Some(accounts),
+                    _ => None,
+                })
+                .flatten()
+                .map(|a| (a.id.as_str(), a.sealed_key.clone()))
+                .collect();
+            apply_in_enclave(&state, auth, &proposal, issued, &sealed_keys, &returned).await.map_err(moved)?
         }
     };
     Ok((outcome, evaluation))
@@ -284,10 +294,27 @@ async fn apply_in_enclave(
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
+    sealed_keys: &std::collections::HashMap<&str, Vec<u8>>,
     returned: &crate::custody::Returned,
 ) -> Result<String, ApiError> {
+    // A new sub-organization's accounts: their sealed keys, which the enclave opens to check
+    // the addresses proposed for its state.
+    let sub_organization_account_keys = proposal
+        .iter()
+        .filter_map(|c| match &c.effect {
+            coffer_org_rules::Effect::PutAccounts { accounts } => Some(accounts),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|a| sealed_keys.get(a.id.as_str()).cloned())
+        .collect();
     let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
-    let request = coffer_proto::v1::ApplyActivityRequest { proposal, issued_certificates, ..Default::default() };
+    let request = coffer_proto::v1::ApplyActivityRequest {
+        proposal,
+        issued_certificates,
+        sub_organization_account_keys,
+        ..Default::default()
+    };
     let applied = state.custody.authorized(&auth).collecting(returned).apply_activity(request).await?;
     // The outcomes it decided with. Fails closed on an enclave that applied without deciding (an
     // older one in shadow mode, with the gateway no longer deciding).
