@@ -4419,7 +4419,7 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
     let fingerprint = fingerprint_of(&signup);
     let made = enclave
         .clone()
-        .create_wallet(pb::CreateWalletRequest { auth: auth(stamped(&root, &signup, &cert)), ..Default::default() })
+        .create_wallet(pb::CreateWalletRequest { auth: auth(stamped(&root, &signup, &cert)) })
         .await
         .unwrap_or_else(|e| panic!("the sign-up's wallet: {e:?}"))
         .into_inner();
