@@ -259,6 +259,41 @@ fn decisions_are_logged_for_every_enclave(backend: Backend) {
     assert!(!b.waited_for_votes("o", "w1", "ACTIVITY_TYPE_CREATE_POLICY_V3").unwrap(), "as another type");
 }
 
+/// Decisions older than the retention are pruned by the next request that comes after the
+/// prune is due, newer ones kept; a backlog goes in batches (more than one batch: every old one
+/// is gone after a few requests).
+fn old_decisions_are_pruned_in_batches(backend: Backend) {
+    let l = StoreLimits { decision_retention_ms: 1_000, ..StoreLimits::default() };
+    let (_db, a, _b) = two_stores(backend, l);
+    let d = |at: i64, fp: String| DecisionRecord {
+        at_ms: at,
+        organization_id: "o".into(),
+        operation: "sign".into(),
+        fingerprint: fp,
+        activity_type: "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2".into(),
+        user_id: "u".into(),
+        outcome: OUTCOME_REFUSE.into(),
+        reason: "REFUSAL_REASON_POLICY_DENIED".into(),
+        result_digest: String::new(),
+    };
+    // The first remember prunes at once (the prune is due from the start) and schedules the next.
+    assert_eq!(a.remember("o", [0; 32], 10, 0).unwrap(), Remembered::Fresh);
+    let old = 12_345;
+    for n in 0..old {
+        a.record_decision(&d(1, format!("old-{n}"))).unwrap();
+    }
+    // Ten minutes on (the prune's period): the old ones go, a batch per request.
+    let later = 600_000 + 1_000_000;
+    a.record_decision(&d(later, "new".into())).unwrap();
+    let logged = |a: &Arc<dyn EnclaveStore>| a.decisions(0, 100_000).unwrap().len();
+    assert_eq!(logged(&a), old + 1);
+    for (n, key) in (1u8..=3).enumerate() {
+        assert_eq!(a.remember("o", [key; 32], later + 10, later + n as i64).unwrap(), Remembered::Fresh);
+    }
+    assert_eq!(logged(&a), 1, "every decision past the retention is pruned, the recent one kept");
+    assert_eq!(a.decided("o", "new").unwrap().logged, LoggedDecision::Refused);
+}
+
 fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
     use coffer_enclave::hsm::SealedKeyShelf;
     let (_db, a, b) = two_stores(backend, StoreLimits::default());
@@ -348,5 +383,6 @@ conformance!(
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,
     an_activity_is_linked_once,
+    old_decisions_are_pruned_in_batches,
     unsupported_urls_are_refused_without_their_password,
 );

@@ -33,6 +33,8 @@ const MAX_CONNECTIONS: usize = 16;
 const PRUNE_EVERY_MS: i64 = 10_000;
 const TOTAL_EVERY_MS: i64 = 1_000;
 const PRUNE_DECISIONS_EVERY_MS: i64 = 600_000;
+/// Most old decisions one prune deletes.
+const PRUNE_DECISIONS_BATCH: i64 = 10_000;
 
 /// The schema, one migration per entry; `authority_schema.version` is how many were applied.
 const MIGRATIONS: &[&str] = &[
@@ -338,10 +340,15 @@ impl PostgresEnclaveStore {
             self.total.lock().map_err(poisoned)?.0 = i64::MIN;
         }
         if self.limits.decision_retention_ms > 0 && now_ms >= self.next_decision_prune_ms.load(Ordering::Relaxed) {
-            self.next_decision_prune_ms.store(now_ms + PRUNE_DECISIONS_EVERY_MS, Ordering::Relaxed);
-            client
-                .execute("DELETE FROM decisions WHERE at_ms < $1", &[&(now_ms - self.limits.decision_retention_ms)])
+            // At most a batch at a time; a full batch has the next request go on.
+            let pruned = client
+                .execute(
+                    "DELETE FROM decisions WHERE seq IN (SELECT seq FROM decisions WHERE at_ms < $1 ORDER BY at_ms LIMIT $2)",
+                    &[&(now_ms - self.limits.decision_retention_ms), &PRUNE_DECISIONS_BATCH],
+                )
                 .map_err(pg)?;
+            let next = if pruned as i64 >= PRUNE_DECISIONS_BATCH { now_ms } else { now_ms + PRUNE_DECISIONS_EVERY_MS };
+            self.next_decision_prune_ms.store(next, Ordering::Relaxed);
         }
         let (at, total) = *self.total.lock().map_err(poisoned)?;
         if now_ms.saturating_sub(at) < TOTAL_EVERY_MS {

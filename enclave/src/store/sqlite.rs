@@ -112,6 +112,8 @@ ALTER TABLE decisions ADD COLUMN result_digest TEXT NOT NULL DEFAULT '';
 const PRUNE_EVERY_MS: i64 = 10_000;
 /// How often (ms) decisions past their retention are pruned.
 const PRUNE_DECISIONS_EVERY_MS: i64 = 600_000;
+/// Most old decisions one prune deletes (one commit's worth).
+const PRUNE_DECISIONS_BATCH: i64 = 10_000;
 /// How long a write waits for another process's write lock.
 const BUSY_TIMEOUT_MS: u64 = 5_000;
 /// Reader connections kept open for reuse.
@@ -510,9 +512,16 @@ impl Shared {
         if self.limits.decision_retention_ms <= 0 || now_ms < self.next_decision_prune_ms.load(Ordering::Relaxed) {
             return Ok(());
         }
-        self.next_decision_prune_ms.store(now_ms + PRUNE_DECISIONS_EVERY_MS, Ordering::Relaxed);
-        tx.execute("DELETE FROM decisions WHERE at_ms < ?1", [now_ms - self.limits.decision_retention_ms])
+        // At most a batch per commit it rides in (a backlog of old decisions would otherwise be
+        // one long delete inside some request's commit); a full batch has the next commit go on.
+        let pruned = tx
+            .execute(
+                "DELETE FROM decisions WHERE seq IN (SELECT seq FROM decisions WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
+                [now_ms - self.limits.decision_retention_ms, PRUNE_DECISIONS_BATCH],
+            )
             .map_err(sq)?;
+        let next = if pruned as i64 >= PRUNE_DECISIONS_BATCH { now_ms } else { now_ms + PRUNE_DECISIONS_EVERY_MS };
+        self.next_decision_prune_ms.store(next, Ordering::Relaxed);
         Ok(())
     }
 
@@ -523,8 +532,8 @@ impl Shared {
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
             prune_all(tx, counts, now_ms)?;
-            self.prune_decisions(tx, now_ms)?;
         }
+        self.prune_decisions(tx, now_ms)?;
         let existing: Option<(String, i64)> = tx
             .prepare_cached("SELECT organization_id, expires_ms FROM replay WHERE key = ?1")
             .and_then(|mut st| st.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())

@@ -874,6 +874,10 @@ fn vote_stamps(store: &dyn Store, org: &str, votes: &[Value]) -> Vec<coffer_prot
         .collect()
 }
 
+/// Most votes one activity takes, its submitter's included: each later vote has the earlier ones'
+/// stamps verified again, and the enclave links an activity with at most this many.
+const MAX_VOTES: usize = 100;
+
 /// `approve_activity` / `reject_activity`: adds the caller's vote to the activity the
 /// fingerprint names, re-evaluates it, runs it once allowed, and answers with that activity.
 async fn vote(
@@ -898,6 +902,9 @@ async fn vote(
         let old_votes = target.votes.as_array().cloned().unwrap_or_default();
         if old_votes.iter().any(|v| v["userId"] == caller.user.id.as_str()) {
             return Err(ApiError::invalid("user has already voted on this activity"));
+        }
+        if old_votes.len() >= MAX_VOTES {
+            return Err(ApiError::invalid(format!("an activity has at most {MAX_VOTES} votes")));
         }
         if target.status != STATUS_CONSENSUS_NEEDED {
             // Decided already (e.g. by a concurrent vote): answer with what it became.
