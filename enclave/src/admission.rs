@@ -131,8 +131,27 @@ impl Admitted {
 
     /// The activity this call is asked to link ([`LinkRequest::checked`]); a refusal of it is
     /// recorded as this authorization's.
+    /// Its votes are the ones the rules could count: the submitter's, then each approval by a
+    /// credential the decision's state holds live, of a root user on what only the root quorum
+    /// decides (a vote stamped by a revoked key, or by a user who may not vote, is not stated).
     pub fn link_request(&self, log: &pb::LogRequest, makes_result: bool) -> Result<LinkRequest, EnclaveError> {
-        LinkRequest::checked(&self.activity, log, &self.ballots, makes_result).map_err(|e| match e {
+        let state = &self.decided.loaded.state;
+        let now = now_ms();
+        let root_only =
+            coffer_org_rules::subjects::subject(&self.activity.activity_type).is_some_and(|s| s.root_quorum);
+        let counted: Vec<Ballot> = self
+            .ballots
+            .iter()
+            .zip(self.approvals())
+            .enumerate()
+            .filter(|(n, (_, v))| {
+                *n == 0
+                    || (state.live_credential(&v.user_id, &v.public_key, &v.credential_type, now).is_some()
+                        && (!root_only || state.organization.root_user_ids.contains(&v.user_id)))
+            })
+            .map(|(_, (b, _))| b.clone())
+            .collect();
+        LinkRequest::checked(&self.activity, log, &counted, makes_result).map_err(|e| match e {
             EnclaveError::Refused { reason, message, .. } => refuse(self, reason, &message),
             other => other,
         })

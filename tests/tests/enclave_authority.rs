@@ -2688,6 +2688,7 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: vec![],
+        sub_organization_wallet_seed: vec![],
     };
     refused_for(&stack, enclave.clone().apply_activity(req).await, "apply_activity", pb::RefusalReason::PolicyDenied);
     // bob's signing is one alice must approve ("alice signs" applies, its consensus is hers).
@@ -4150,6 +4151,7 @@ async fn a_refused_change_spends_nothing() {
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: vec![],
+        sub_organization_wallet_seed: vec![],
     };
     let fingerprint = fingerprint_of(&create);
     let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
@@ -4400,9 +4402,10 @@ async fn the_log_links_only_votes_their_voters_stamped() {
 /// A new sub-organization's state records only the addresses the enclave sealed keys for (issue
 /// 40: nothing the enclave attests rests on the gateway's word): the taken-over gateway runs
 /// `CreateWallet` for a sign-up body, then proposes the sub-organization with its own address for
-/// the account. The enclave opens the account's sealed key under the address proposed: it does
-/// not open, and the change is refused before anything is decided further; without the key, or
-/// with another account's, likewise. The genuine address passes that check (and the proposal,
+/// the account. The enclave derives each account from the wallet's sealed seed and opens its
+/// sealed key under the address proposed: neither matches, and the change is refused before
+/// anything is decided further; without the keys or the seed, with another account's key or
+/// another sign-up's seed, likewise. The genuine address passes that check (and the proposal,
 /// which lacks the rest of the sub-organization, is then refused as not what the body asks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
@@ -4436,13 +4439,30 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
             .collect();
         json!([{"organization_id": sub, "effect": "put_accounts", "accounts": accounts}]).to_string().into_bytes()
     };
-    let apply = |proposal: Vec<u8>, keys: Vec<Vec<u8>>| pb::ApplyActivityRequest {
+    // Another sign-up's wallet (its seed is sealed to another sub-organization).
+    let other_signup = body(
+        "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
+        &org,
+        Stack::now_ms() + 1,
+        json!({"subOrganizationName": "other", "rootQuorumThreshold": 1,
+            "rootUsers": [{"userName": "u", "apiKeys": [], "authenticators": [], "oauthProviders": []}],
+            "wallet": {"walletName": "w", "accounts": [eth_account_params(0), eth_account_params(1)]}}),
+    );
+    let elsewhere = enclave
+        .clone()
+        .create_wallet(pb::CreateWalletRequest { auth: auth(stamped(&root, &other_signup, &cert)) })
+        .await
+        .unwrap_or_else(|e| panic!("another sign-up's wallet: {e:?}"))
+        .into_inner();
+    let apply_with = |proposal: Vec<u8>, keys: Vec<Vec<u8>>, seed: Vec<u8>| pb::ApplyActivityRequest {
         auth: auth(stamped(&root, &signup, &cert)),
         proposal,
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: keys,
+        sub_organization_wallet_seed: seed,
     };
+    let apply = |proposal: Vec<u8>, keys: Vec<Vec<u8>>| apply_with(proposal, keys, made.sealed_seed.clone());
     let (genuine, other) = (made.accounts[0].address.as_str(), made.accounts[1].address.as_str());
     let attacker = "0x000000000000000000000000000000000000dEaD";
     let keys = || made.accounts.iter().map(|a| a.sealed_key.clone()).collect::<Vec<_>>();
@@ -4452,6 +4472,8 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
         ("the two addresses swapped", apply(proposal([other, genuine]), keys())),
         ("the keys swapped", apply(proposal([genuine, other]), swapped())),
         ("no keys", apply(proposal([genuine, other]), vec![])),
+        ("no seed", apply_with(proposal([genuine, other]), keys(), vec![])),
+        ("another sign-up's seed", apply_with(proposal([genuine, other]), keys(), elsewhere.sealed_seed.clone())),
     ] {
         refused_for(
             &stack,

@@ -69,7 +69,8 @@ pub(super) fn apply_activity(
     // The credentials this enclave issued for the activity itself (checked once).
     let issued = issued_credentials(admission, &a, &proposal, &req.issued_certificates)?;
     // A new sub-organization's accounts: addresses the enclave sealed a key for (checked once).
-    sub_organization_accounts(hsm, &a, &proposal, &req.sub_organization_account_keys)?;
+    let (account_keys, wallet_seed) = (&req.sub_organization_account_keys, &req.sub_organization_wallet_seed);
+    sub_organization_accounts(hsm, &a, &proposal, account_keys, wallet_seed)?;
     let organization = a.activity.organization_id.clone();
     // The organizations the change names: its own and those its proposal changes.
     let mut named: Vec<&str> = proposal.iter().chain(&issued).map(|c| c.organization_id.as_str()).collect();
@@ -184,15 +185,19 @@ fn applied_proofs(
 }
 
 /// The accounts a `create_sub_organization` proposes for the sub-organization's wallet, each
-/// checked against the key `CreateWallet` sealed for it (`keys`, in the body's order): the blob
-/// must open under the sub-organization's id (derived from the body), the account's id and the
-/// address the proposal states, so the sub-organization's state (and what the enclave signs of
-/// it) records only addresses the enclave derived. Other activities bring no keys.
+/// checked against the wallet `CreateWallet` made for it: the address the proposal states must
+/// be the one the wallet's sealed seed (`seed`) derives for that account of the body, and the
+/// account's sealed key (`keys`, in the body's order) must open under the sub-organization's id
+/// (derived from the body), the account's id and that address. So the sub-organization's state
+/// (and what the enclave signs of it) records only addresses the enclave derived, of one wallet
+/// whose seed and keys agree. Other activities bring no keys. (Which accounts and in what order
+/// the transition then checks exactly: one `PutAccounts` of the sub-organization, the body's.)
 fn sub_organization_accounts(
     hsm: &crate::hsm::Hsm,
     a: &Admitted,
     proposal: &[Change],
     keys: &[Vec<u8>],
+    seed: &[u8],
 ) -> Result<(), EnclaveError> {
     let sub_organization = derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0);
     let accounts: Vec<&coffer_org_rules::model::Account> = proposal
@@ -203,26 +208,31 @@ fn sub_organization_accounts(
         })
         .flatten()
         .collect();
-    let creates = a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION;
-    if accounts.is_empty() && keys.is_empty() {
+    if accounts.is_empty() && keys.is_empty() && seed.is_empty() {
         return Ok(());
     }
     let unproven = |why: &str| refuse(a, RefusalReason::BindingMismatch, why);
-    if !creates || accounts.len() != keys.len() {
+    let wallet = a.activity.parameters.get("wallet").unwrap_or(&serde_json::Value::Null);
+    let specs = coffer_auth::envelope::items(wallet, "accounts");
+    if a.activity.activity_type != coffer_auth::grants::CREATE_SUB_ORGANIZATION
+        || accounts.len() != keys.len()
+        || accounts.len() != specs.len()
+    {
         return Err(unproven("the accounts proposed are not the sealed keys presented for them"));
     }
-    let specs = coffer_auth::envelope::items(
-        a.activity.parameters.get("wallet").unwrap_or(&serde_json::Value::Null),
-        "accounts",
-    );
+    let derived =
+        super::keys::sub_organization_addresses(hsm, &sub_organization, &a.activity.fingerprint, wallet, seed)
+            .map_err(|_| unproven("the sub-organization's wallet seed is not one the enclave sealed for it"))?;
     for (n, (account, blob)) in accounts.iter().zip(keys).enumerate() {
-        let curve = specs.get(n).map(|spec| coffer_auth::envelope::text(spec, "curve")).unwrap_or_default();
+        if derived.get(n) != Some(&account.address) {
+            return Err(unproven("a proposed account's address is not the one the wallet's seed derives"));
+        }
         let sealed = pb::SealedRef {
             kind: pb::BlobKind::WalletAccountKey as i32,
             organization_id: sub_organization.clone(),
             resource_id: account.id.clone(),
             blob: blob.clone(),
-            curve: curve.to_string(),
+            curve: coffer_auth::envelope::text(&specs[n], "curve").to_string(),
             address: account.address.clone(),
             address_format: account.address_format.clone(),
             ..Default::default()

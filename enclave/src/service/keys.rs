@@ -234,13 +234,7 @@ fn seal_accounts(
     specs
         .iter()
         .map(|(account_id, spec)| {
-            if text(spec, "pathFormat") != "PATH_FORMAT_BIP32" {
-                return Err(EnclaveError::invalid("invalid path format (only PATH_FORMAT_BIP32)"));
-            }
-            let curve = Curve::parse(text(spec, "curve"))?;
-            let secret = keys::derive(seed, curve, text(spec, "path"))?;
-            let public_key = secret.public_key()?;
-            let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
+            let (curve, secret, public_key, address) = derive_account(seed, spec)?;
             let binding = BlobBinding {
                 curve: curve.wire_name(),
                 address: &address,
@@ -250,6 +244,37 @@ fn seal_accounts(
             Ok(pb::Account { account_id: account_id.to_string(), public_key, address, sealed_key })
         })
         .collect()
+}
+
+/// One account of a BIP-39 seed as the body's `spec` asks: its curve, key, public key and
+/// address.
+fn derive_account(seed: &keys::Seed, spec: &Value) -> Result<(Curve, SecretKey, Vec<u8>, String), EnclaveError> {
+    if text(spec, "pathFormat") != "PATH_FORMAT_BIP32" {
+        return Err(EnclaveError::invalid("invalid path format (only PATH_FORMAT_BIP32)"));
+    }
+    let curve = Curve::parse(text(spec, "curve"))?;
+    let secret = keys::derive(seed, curve, text(spec, "path"))?;
+    let public_key = secret.public_key()?;
+    let address = address::address(text(spec, "addressFormat"), curve, &public_key)?;
+    Ok((curve, secret, public_key, address))
+}
+
+/// The addresses a new sub-organization's wallet gives the accounts its stamped body asks for
+/// (`wallet`: the body's `wallet`), derived from the wallet's sealed seed, opened under the
+/// sub-organization's id and the wallet's id, both derived from the body: what the
+/// sub-organization's state may record, whatever the gateway proposes.
+pub(super) fn sub_organization_addresses(
+    hsm: &Hsm,
+    sub_organization: &str,
+    fingerprint: &str,
+    wallet: &Value,
+    sealed_seed: &[u8],
+) -> Result<Vec<String>, EnclaveError> {
+    let wallet_id = derived_id(fingerprint, WALLET_ID, 0);
+    let binding = BlobBinding::plain(BlobKind::WalletSeed, sub_organization, &wallet_id);
+    let phrase = checked_phrase(hsm.unseal(&binding, sealed_seed)?.as_slice())?;
+    let seed = keys::seed_from_phrase(&phrase)?;
+    items(wallet, "accounts").iter().map(|spec| derive_account(&seed, spec).map(|(.., address)| address)).collect()
 }
 
 fn addresses_for(curve: Curve, public_key: &[u8], formats: &[Value]) -> Result<Vec<pb::Address>, EnclaveError> {

@@ -209,6 +209,16 @@ async fn execute(
                 let activity = render::activity(&record, false).to_string().into_bytes();
                 auth.log = Some(coffer_proto::v1::LogRequest { activity });
             }
+            // A new sub-organization's wallet: its sealed seed and account keys, which the enclave
+            // checks the proposed addresses with.
+            let wallet_seed = outcome
+                .writes
+                .iter()
+                .find_map(|w| match w {
+                    Write::InsertWallet(wallet) if wallet.organization_id != org => Some(wallet.sealed_seed.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
             let sealed_keys: std::collections::HashMap<&str, Vec<u8>> = outcome
                 .writes
                 .iter()
@@ -219,7 +229,8 @@ async fn execute(
                 .flatten()
                 .map(|a| (a.id.as_str(), a.sealed_key.clone()))
                 .collect();
-            apply_in_enclave(&state, auth, &proposal, issued, &sealed_keys, &returned).await.map_err(moved)?
+            let wallet = (wallet_seed, &sealed_keys);
+            apply_in_enclave(&state, auth, &proposal, issued, wallet, &returned).await.map_err(moved)?
         }
     };
     Ok((outcome, evaluation))
@@ -294,7 +305,7 @@ async fn apply_in_enclave(
     auth: coffer_proto::v1::Authorization,
     proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
-    sealed_keys: &std::collections::HashMap<&str, Vec<u8>>,
+    (sub_organization_wallet_seed, sealed_keys): (Vec<u8>, &std::collections::HashMap<&str, Vec<u8>>),
     returned: &crate::custody::Returned,
 ) -> Result<String, ApiError> {
     // A new sub-organization's accounts: their sealed keys, which the enclave opens to check
@@ -313,6 +324,7 @@ async fn apply_in_enclave(
         proposal,
         issued_certificates,
         sub_organization_account_keys,
+        sub_organization_wallet_seed,
         ..Default::default()
     };
     let applied = state.custody.authorized(&auth).collecting(returned).apply_activity(request).await?;
