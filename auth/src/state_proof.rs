@@ -46,14 +46,31 @@ pub fn digest(state: &[u8]) -> String {
     hex::encode(Sha256::digest(state))
 }
 
+/// Where the organization's activity log stood when its state was read: links appended, head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPosition {
+    pub seq: u64,
+    pub head: String,
+}
+
 /// The payload the enclave signs for `organization_id` at `version`, whose state's bytes have
-/// `state_digest`, for the verifier's `nonce`.
-pub fn payload(timestamp_ms: i64, organization_id: &str, version: u64, nonce: &str, state_digest: &str) -> String {
+/// `state_digest`, for the verifier's `nonce`, with its activity log's position then (so an
+/// auditor can tie the state to an exported log).
+pub fn payload(
+    timestamp_ms: i64,
+    organization_id: &str,
+    version: u64,
+    nonce: &str,
+    state_digest: &str,
+    log: &LogPosition,
+) -> String {
     let body = json!({
         "organizationId": organization_id,
         "version": version.to_string(),
         "nonce": nonce,
         "stateDigest": state_digest,
+        "logSeq": log.seq.to_string(),
+        "logHead": log.head,
     });
     proof::payload(ORG_STATE, timestamp_ms, MEMBER, body)
 }
@@ -66,6 +83,8 @@ pub struct SignedState {
     pub version: u64,
     /// When the enclave signed it (its clock, ms since the epoch).
     pub timestamp_ms: i64,
+    /// The organization's activity log then.
+    pub log: LogPosition,
     /// Kind → id → item, as the enclave stores it.
     pub entries: Map<String, Value>,
 }
@@ -111,11 +130,19 @@ pub fn verify(
         .and_then(Value::as_str)
         .and_then(|v| v.parse().ok())
         .ok_or(ProofError::Payload("no version"))?;
+    let log = LogPosition {
+        seq: body
+            .get("logSeq")
+            .and_then(Value::as_str)
+            .and_then(|v| v.parse().ok())
+            .ok_or(ProofError::Payload("no logSeq"))?,
+        head: body.get("logHead").and_then(Value::as_str).ok_or(ProofError::Payload("no logHead"))?.to_string(),
+    };
     let entries = match serde_json::from_slice(state) {
         Ok(Value::Object(entries)) => entries,
         _ => return Err(ProofError::Payload("the state is not a JSON object")),
     };
-    Ok(SignedState { organization_id: organization_id.to_string(), version, timestamp_ms, entries })
+    Ok(SignedState { organization_id: organization_id.to_string(), version, timestamp_ms, log, entries })
 }
 
 #[cfg(test)]
@@ -143,9 +170,10 @@ mod tests {
         ];
         let state = encode(items);
         let nonce = "00112233445566778899";
-        let proof = signed(&key, payload(1_700_000_000_000, "org", 7, nonce, &digest(&state)));
+        let log = LogPosition { seq: 42, head: "ab".repeat(32) };
+        let proof = signed(&key, payload(1_700_000_000_000, "org", 7, nonce, &digest(&state), &log));
         let verified = verify(&proof, &state, &point(&key), "org", nonce).unwrap();
-        assert_eq!((verified.version, verified.timestamp_ms), (7, 1_700_000_000_000));
+        assert_eq!((verified.version, verified.timestamp_ms, &verified.log), (7, 1_700_000_000_000, &log));
         assert_eq!(verified.kind("policy")["p2"]["effect"], "EFFECT_DENY");
         assert_eq!(verified.kind("user")["u1"], "not json");
         assert!(verified.kind("wallet").is_empty());

@@ -383,7 +383,11 @@ pub fn organization_state(
             encoded
         }
     };
-    let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, &encoded.digest);
+    // The log's position now (read after the state: a link made meanwhile is of a state no older).
+    let (_, store) = admission.activity_log();
+    let (seq, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
+    let log = coffer_auth::state_proof::LogPosition { seq, head };
+    let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, &encoded.digest, &log);
     Ok(pb::GetOrganizationStateResponse { state: Some(signed(hsm, payload)?), version, entries: encoded.bytes.clone() })
 }
 

@@ -118,7 +118,8 @@ enum Command {
         api_key_file: PathBuf,
         #[arg(long)]
         proof_key: String,
-        /// Where to write the verified state (`{organizationId, version, signedAtMs, entries}`).
+        /// Where to write the verified state (`{organizationId, version, signedAtMs, logSeq,
+        /// logHead, entries}`).
         #[arg(long)]
         state_out: Option<PathBuf>,
     },
@@ -195,7 +196,8 @@ async fn main() -> anyhow::Result<()> {
                 coffer_gateway::state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
             if let Some(out) = state_out {
                 let state = serde_json::json!({ "organizationId": signed.organization_id, "version": signed.version,
-                    "signedAtMs": signed.timestamp_ms, "entries": signed.entries });
+                    "signedAtMs": signed.timestamp_ms, "logSeq": signed.log.seq, "logHead": signed.log.head,
+                    "entries": signed.entries });
                 std::fs::write(&out, serde_json::to_vec_pretty(&state)?)
                     .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
             }

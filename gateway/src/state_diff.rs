@@ -52,6 +52,10 @@ pub struct StateDiff {
     pub organization_id: String,
     pub enclave_version: u64,
     pub signed_at_ms: i64,
+    /// The organization's activity log when the state was signed (links, head): what an export
+    /// of the log up to then ends at.
+    pub log_seq: u64,
+    pub log_head: String,
     pub compared: usize,
     pub differences: Vec<Difference>,
     pub shown_twice: Vec<String>,
@@ -198,6 +202,8 @@ pub fn compare(signed: &SignedState, answers: &GatewayAnswers) -> StateDiff {
         organization_id: signed.organization_id.clone(),
         enclave_version: signed.version,
         signed_at_ms: signed.timestamp_ms,
+        log_seq: signed.log.seq,
+        log_head: signed.log.head.clone(),
         compared: keys.len(),
         differences,
         shown_twice,
@@ -466,6 +472,7 @@ mod tests {
             organization_id: "org".into(),
             version: 3,
             timestamp_ms: 1,
+            log: coffer_auth::state_proof::LogPosition { seq: 0, head: String::new() },
             entries: entries.as_object().cloned().unwrap(),
         }
     }

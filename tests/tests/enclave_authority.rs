@@ -4242,6 +4242,13 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     // The organization, root, its key, the policy, the wallet and its two accounts.
     assert_eq!(printed["compared"], 7, "{printed}");
     assert!(printed["enclaveVersion"].as_u64() > Some(1), "{printed}");
+    // Tied to the activity log as it stood: the head an export of the log ends at now.
+    let log_body = json!({ "organizationId": org }).to_string();
+    let log =
+        stack.post_raw("/public/v1/query/coffer_list_activity_log", log_body.as_bytes(), Some(&stack.api_key())).await;
+    let head_seq: u64 = log.json["headSeq"].as_str().and_then(|s| s.parse().ok()).unwrap();
+    assert!(head_seq > 0, "{}", log.text);
+    assert_eq!(printed["logSeq"].as_u64(), Some(head_seq), "{printed}");
 
     // The state the gateway carries is the enclave's, signed for the asker's nonce only: the
     // official key checks it, and an answer to another nonce does not pass.
