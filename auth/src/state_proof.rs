@@ -110,11 +110,7 @@ pub fn verify(
     if payload.get("type").and_then(Value::as_str) != Some(ORG_STATE) {
         return Err(ProofError::Payload("not an organization state"));
     }
-    let timestamp_ms = payload
-        .get("timestampMs")
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse().ok())
-        .ok_or(ProofError::Payload("no timestampMs"))?;
+    let timestamp_ms = decimal(payload.get("timestampMs")).ok_or(ProofError::Payload("no timestampMs"))?;
     let body = payload.get(MEMBER).and_then(Value::as_object).ok_or(ProofError::Payload("no organizationState"))?;
     if body.get("organizationId").and_then(Value::as_str) != Some(organization_id) {
         return Err(ProofError::Payload("the state is another organization's"));
@@ -125,17 +121,9 @@ pub fn verify(
     if body.get("stateDigest").and_then(Value::as_str) != Some(digest(state).as_str()) {
         return Err(ProofError::Payload("the state is not the one signed (its digest differs)"));
     }
-    let version = body
-        .get("version")
-        .and_then(Value::as_str)
-        .and_then(|v| v.parse().ok())
-        .ok_or(ProofError::Payload("no version"))?;
+    let version = decimal(body.get("version")).ok_or(ProofError::Payload("no version"))?;
     let log = LogPosition {
-        seq: body
-            .get("logSeq")
-            .and_then(Value::as_str)
-            .and_then(|v| v.parse().ok())
-            .ok_or(ProofError::Payload("no logSeq"))?,
+        seq: decimal(body.get("logSeq")).ok_or(ProofError::Payload("no logSeq"))?,
         head: body.get("logHead").and_then(Value::as_str).ok_or(ProofError::Payload("no logHead"))?.to_string(),
     };
     let entries = match serde_json::from_slice(state) {
@@ -143,6 +131,11 @@ pub fn verify(
         _ => return Err(ProofError::Payload("the state is not a JSON object")),
     };
     Ok(SignedState { organization_id: organization_id.to_string(), version, timestamp_ms, log, entries })
+}
+
+/// The number `member` states as a decimal string (JSON numbers lose precision in JavaScript).
+fn decimal<T: std::str::FromStr>(member: Option<&Value>) -> Option<T> {
+    member?.as_str()?.parse().ok()
 }
 
 #[cfg(test)]

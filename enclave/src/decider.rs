@@ -48,18 +48,7 @@ const COMPILED_BYTES_PER_TEXT_BYTE: usize = 96;
 /// What `loaded` is charged in the cache of states, in estimated bytes: grows with its items and
 /// its policies' text, so that the cache's bound holds for large organizations as for small.
 pub fn footprint(loaded: &Loaded) -> usize {
-    let s = &loaded.state;
-    let items = s.users.len()
-        + s.credentials.len()
-        + s.policies.len()
-        + s.user_tags.len()
-        + s.private_key_tags.len()
-        + s.wallets.len()
-        + s.accounts.len()
-        + s.private_keys.len()
-        + s.contract_interfaces.len()
-        + s.webhook_endpoints.len()
-        + s.oauth2_credentials.len();
+    let items = loaded.state.record_count();
     STATE_BYTES + ITEM_BYTES * items + COMPILED_BYTES_PER_TEXT_BYTE * loaded.counts.policy_text_bytes
 }
 

@@ -346,20 +346,7 @@ pub fn organization_state(
         Some(kept) => kept,
         None => {
             let state = loaded.as_ref().map(|l| &l.state);
-            let items = state.map_or(0, |s| {
-                s.users.len()
-                    + s.credentials.len()
-                    + s.policies.len()
-                    + s.user_tags.len()
-                    + s.private_key_tags.len()
-                    + s.wallets.len()
-                    + s.accounts.len()
-                    + s.private_keys.len()
-                    + s.contract_interfaces.len()
-                    + s.webhook_endpoints.len()
-                    + s.oauth2_credentials.len()
-                    + s.retired_key_ids.len()
-            });
+            let items = state.map_or(0, |s| s.record_count() + s.retired_key_ids.len());
             if items > MAX_STATE_ITEMS {
                 return Err(EnclaveError::invalid(format!(
                     "the organization's state has {items} items: more than the {MAX_STATE_ITEMS} one answer may carry"
@@ -384,8 +371,7 @@ pub fn organization_state(
         }
     };
     // The log's position now (read after the state: a link made meanwhile is of a state no older).
-    let (_, store) = admission.activity_log();
-    let (seq, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
+    let (seq, head) = log_position(admission, organization_id)?;
     let log = coffer_auth::state_proof::LogPosition { seq, head };
     let payload = coffer_auth::state_proof::payload(now_ms(), organization_id, version, nonce, &encoded.digest, &log);
     Ok(pb::GetOrganizationStateResponse { state: Some(signed(hsm, payload)?), version, entries: encoded.bytes.clone() })
@@ -474,6 +460,13 @@ fn link_activity(
     log.append(store, entry, &sign)
 }
 
+/// The organization's log as the store holds it now: (links appended, head; the genesis before
+/// the first link).
+fn log_position(admission: &Admission, organization_id: &str) -> Result<(u64, String), EnclaveError> {
+    let (_, store) = admission.activity_log();
+    Ok(store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id))))
+}
+
 /// The organization's log head as the store holds it now, signed.
 pub fn log_head(
     hsm: &Hsm,
@@ -487,8 +480,7 @@ pub fn log_head(
     if !nonce.is_empty() && !proof::is_log_nonce(nonce) {
         return Err(EnclaveError::invalid("a log head's nonce is 16 to 128 hex digits"));
     }
-    let (_, store) = admission.activity_log();
-    let (links, head) = store.log_head(organization_id)?.unwrap_or_else(|| (0, proof::genesis(organization_id)));
+    let (links, head) = log_position(admission, organization_id)?;
     let nonce = Some(nonce).filter(|n| !n.is_empty());
     let proof = signed(hsm, proof::log_head_payload(now_ms(), organization_id, links, &head, nonce))?;
     Ok(pb::GetLogHeadResponse { head: Some(proof), seq: links })

@@ -259,6 +259,22 @@ fn encode<T: Serialize>(kind: &'static str, id: &str, item: &T) -> Entry {
 }
 
 impl OrgState {
+    /// How many records it holds (users, credentials, policies, tags, wallets, accounts, keys,
+    /// contract interfaces, webhook endpoints, OAuth 2.0 credentials), the retired ids aside.
+    pub fn record_count(&self) -> usize {
+        self.users.len()
+            + self.credentials.len()
+            + self.policies.len()
+            + self.user_tags.len()
+            + self.private_key_tags.len()
+            + self.wallets.len()
+            + self.accounts.len()
+            + self.private_keys.len()
+            + self.contract_interfaces.len()
+            + self.webhook_endpoints.len()
+            + self.oauth2_credentials.len()
+    }
+
     /// A new organization's state (version 0: not stored yet).
     pub fn new(organization: Organization) -> Self {
         Self { organization, ..Default::default() }

@@ -353,8 +353,8 @@ async fn log_link(
     let activity = serde_json::to_vec(&render::activity(record, false)).ok()?;
     // Every vote after the submitter's, stamped: the enclave links only votes it verified (one
     // whose credential is gone cannot be shown, and the activity stays unlogged).
-    let later = record.votes.as_array().map(|v| v.get(1..).unwrap_or_default().to_vec()).unwrap_or_default();
-    let votes = state.read_store(|s| Ok::<_, ApiError>(vote_stamps(s, &record.organization_id, &later))).ok()?;
+    let later = record.votes.as_array().and_then(|v| v.get(1..)).unwrap_or_default();
+    let votes = state.read_store(|s| Ok::<_, ApiError>(vote_stamps(s, &record.organization_id, later))).ok()?;
     let request = coffer_proto::v1::RecordActivityRequest { request: Some(submission), activity, votes };
     match state.custody.record_activity(request).await {
         Ok(recorded) => {
@@ -870,15 +870,18 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
 /// The stamped approvals among `votes` whose credential the store still has (the enclave
 /// verifies each and counts those still live in its state).
 fn approval_stamps(store: &dyn Store, org: &str, votes: &[Value]) -> Vec<coffer_proto::v1::StampedRequest> {
-    let approvals: Vec<Value> = votes.iter().filter(|v| v["selection"] == VOTE_APPROVED).cloned().collect();
-    vote_stamps(store, org, &approvals)
+    vote_stamps(store, org, votes.iter().filter(|v| v["selection"] == VOTE_APPROVED))
 }
 
 /// The stamped votes among `votes` whose credential the store still has: what the enclave
 /// verifies before it links an activity stating them.
-fn vote_stamps(store: &dyn Store, org: &str, votes: &[Value]) -> Vec<coffer_proto::v1::StampedRequest> {
+fn vote_stamps<'a>(
+    store: &dyn Store,
+    org: &str,
+    votes: impl IntoIterator<Item = &'a Value>,
+) -> Vec<coffer_proto::v1::StampedRequest> {
     votes
-        .iter()
+        .into_iter()
         .filter_map(|v| {
             let voter = submitter_caller(store, org, v).ok()?;
             Some(voter.stamped(v["message"].as_str().unwrap_or_default().as_bytes()))
