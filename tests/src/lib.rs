@@ -833,7 +833,30 @@ impl Drop for Stack {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if std::thread::panicking() {
+            self.print_warnings();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Stack {
+    /// On a failing test: the last warnings and errors each process of the stack printed, so
+    /// that CI's output says what the enclaves and gateways saw (the directory is removed next).
+    fn print_warnings(&self) {
+        const LAST: usize = 30;
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        let mut logs: Vec<PathBuf> =
+            entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+        logs.sort();
+        for path in logs {
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            eprintln!("--- {} (last {} of {} warnings and errors)", path.display(), LAST.min(lines.len()), lines.len());
+            for line in &lines[lines.len().saturating_sub(LAST)..] {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 

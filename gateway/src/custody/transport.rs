@@ -130,10 +130,22 @@ impl tower::Service<axum::http::Request<BoxBody>> for Failover {
                 *request.uri_mut() = parts.uri.clone();
                 *request.version_mut() = parts.version;
                 *request.headers_mut() = parts.headers.clone();
-                match member.channel.clone().oneshot(request).await {
+                // A unary answer is read whole here: a connection lost after the answer's
+                // headers (the enclave killed while writing it) is a call that got no answer.
+                let answered = match member.channel.clone().oneshot(request).await {
                     Ok(response) => {
+                        let (head, body) = response.into_parts();
+                        body.collect().await.map(|whole| (head, whole)).map_err(Self::Error::from)
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                match answered {
+                    Ok((head, whole)) => {
                         member.down_until.store(0, Ordering::Relaxed);
-                        return Ok(response);
+                        let trailers = whole.trailers().cloned();
+                        let body = http_body_util::Full::new(whole.to_bytes())
+                            .with_trailers(std::future::ready(trailers.map(Ok)));
+                        return Ok(axum::http::Response::from_parts(head, tonic::body::boxed(body)));
                     }
                     Err(e) => {
                         if this.members.len() > 1 {
@@ -141,7 +153,7 @@ impl tower::Service<axum::http::Request<BoxBody>> for Failover {
                         }
                         member.down_until.store(since_start() + DOWN_FOR.as_millis() as u64, Ordering::Relaxed);
                         crate::metrics::observe_enclave_unreachable(&member.name);
-                        last = Some(e.into());
+                        last = Some(e);
                     }
                 }
             }
