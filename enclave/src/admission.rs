@@ -17,7 +17,7 @@ use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::link_request::{Ballot, LinkRequest};
-use crate::store::{DecisionRecord, EnclaveStore, Remembered, StoreError};
+use crate::store::{DecisionRecord, EnclaveStore, Remembered, ReplayLane, ReplayShare, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
@@ -96,7 +96,7 @@ pub struct Admitted {
 /// (the window's share it is charged to, its key and expiry) and the allow it stands for.
 #[derive(Debug)]
 pub struct Unspent {
-    share: String,
+    share: ReplayShare,
     key: [u8; 32],
     expires: i64,
     allowed: DecisionRecord,
@@ -233,6 +233,10 @@ pub struct Admission {
     /// `auth_proxy_signups_per_hour` and `auth_proxy_signups_per_day`.
     signups_per_hour: u64,
     signups_per_day: u64,
+    /// The replay lanes of sign-ups ([`ReplayShare`]): live entries of one sign-up's requests
+    /// (`replay_quota_per_signup`), and of all sign-ups of one top-level organization together.
+    replay_per_signup: u64,
+    replay_all_signups: u64,
     /// Each organization's activity log head, as this enclave last appended it.
     log: crate::activity_log::ActivityLog,
     /// Submissions this enclave authorized lately, by fingerprint. Recording one in the log need
@@ -361,6 +365,8 @@ impl Admission {
             store,
             signups_per_hour: 10_000,
             signups_per_day: 100_000,
+            replay_per_signup: 10_000,
+            replay_all_signups: 50_000,
             log: crate::activity_log::ActivityLog::default(),
             authorized_lately: Mutex::default(),
         }
@@ -468,6 +474,14 @@ impl Admission {
     pub fn signup_quota(mut self, per_hour: u64, per_day: u64) -> Self {
         self.signups_per_hour = per_hour;
         self.signups_per_day = per_day;
+        self
+    }
+
+    /// The same authority with `replay_quota_per_signup` = `per_signup`, and all sign-ups of
+    /// one top-level organization together held to `all_signups` live replay entries.
+    pub fn signup_replay_quota(mut self, per_signup: u64, all_signups: u64) -> Self {
+        self.replay_per_signup = per_signup;
+        self.replay_all_signups = all_signups;
         self
     }
 
@@ -1133,13 +1147,25 @@ impl Admission {
         key.update(replay_key.0.as_bytes());
         let key: [u8; 32] = key.finalize().into();
         // Charged to the body's top-level organization, as the enclave's state says: each
-        // top-level organization has its share of the window, and its sub-organizations (sign-ups
-        // anyone can make) spend that share, not a share each. A fresh entry and the allow it
-        // stands for are committed together: every allow is in the decision log before anything
-        // is done, and if the store takes neither, nothing is done.
-        let share = self
+        // top-level organization has its share of the window, and its sub-organizations spend
+        // that share, not a share each. A sign-up's own request (anyone can get one) is charged to
+        // its lane and to the lane of all its top-level organization's sign-ups as well, so that
+        // neither one visitor nor all of them together hold the whole share. A fresh entry and
+        // the allow it stands for are committed together: every allow is in the decision log
+        // before anything is done, and if the store takes neither, nothing is done.
+        let top_level = self
             .top_level_id(policy_org, Some(decided.loaded.clone()))
             .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
+        let signup = &decided.loaded.state.organization;
+        let lanes = if !via_parent && signup.auth_proxy_signup && signup.parent_id.is_some() {
+            vec![
+                ReplayLane { scope: format!("replay/signup/{policy_org}"), quota: self.replay_per_signup },
+                ReplayLane { scope: format!("replay/signups-of/{top_level}"), quota: self.replay_all_signups },
+            ]
+        } else {
+            Vec::new()
+        };
+        let share = ReplayShare { organization: top_level, lanes };
         let approved = auth.is_some_and(|a| a.approval.is_some());
         let allowed = decision_of(
             operation,

@@ -40,6 +40,15 @@ pub struct EnclaveConfig {
     /// others go on. Default 100,000 (over 300 requests a second for the default 300 s window).
     /// Environment: `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
     pub replay_quota_per_organization: u64,
+    /// Most live replay entries of one sign-up's own requests (a sub-organization the auth proxy
+    /// made: anyone can get one), inside its top-level organization's share. Default 10,000.
+    /// Environment: `COFFER_REPLAY_QUOTA_PER_SIGNUP`.
+    pub replay_quota_per_signup: u64,
+    /// The part of a top-level organization's `replay_quota_per_organization`, in percent, that
+    /// all its sign-ups' own requests may hold together; the rest is for the organization, its
+    /// auth proxy and its other sub-organizations. 0 to 100, default 50. Environment:
+    /// `COFFER_REPLAY_SIGNUPS_SHARE_PERCENT`.
+    pub replay_signups_share_percent: u64,
     /// Most sign-ups (`create_sub_organization`) the auth proxy's key stamps for one
     /// organization's auth proxy in an hour, counted by the enclave in the authority store (so by
     /// every enclave on it together); past it the proxy's sign-ups are refused as busy
@@ -351,6 +360,8 @@ impl Default for EnclaveConfig {
             freshness_window_secs: 300,
             replay_capacity: 2_000_000,
             replay_quota_per_organization: 100_000,
+            replay_quota_per_signup: 10_000,
+            replay_signups_share_percent: 50,
             auth_proxy_signups_per_hour: 10_000,
             auth_proxy_signups_per_day: 100_000,
             max_webhook_endpoints_per_organization: coffer_org_rules::limits::DEFAULT_MAX_WEBHOOK_ENDPOINTS,
@@ -428,6 +439,17 @@ impl EnclaveConfig {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
             }
         }
+        for (var, field) in [
+            ("COFFER_REPLAY_QUOTA_PER_SIGNUP", &mut cfg.replay_quota_per_signup),
+            ("COFFER_REPLAY_SIGNUPS_SHARE_PERCENT", &mut cfg.replay_signups_share_percent),
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
+            }
+        }
+        if cfg.replay_signups_share_percent > 100 {
+            anyhow::bail!("replay_signups_share_percent must be 0 to 100");
+        }
         if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
         }
@@ -495,6 +517,13 @@ impl EnclaveConfig {
             policies: self.max_policies_per_organization,
             policy_text_bytes: self.max_policy_text_bytes_per_organization,
         }
+    }
+
+    /// The live replay entries all sign-ups of one top-level organization may hold together:
+    /// `replay_signups_share_percent` of `replay_quota_per_organization`, rounded down.
+    pub fn replay_all_signups(&self) -> u64 {
+        (u128::from(self.replay_quota_per_organization) * u128::from(self.replay_signups_share_percent.min(100)) / 100)
+            as u64
     }
 
     /// Where the authority store is (`authority_store`, or its default beside the socket) and
@@ -590,6 +619,10 @@ mod tests {
         assert!(EnclaveConfig::load(Some(&on)).is_ok_and(|c| c.enforce_rules));
         let e = EnclaveConfig::load(Some(&off)).unwrap_err().to_string();
         assert!(e.contains("shadow mode") && e.contains("retired"), "{e}");
+        let over = dir.join("over.toml");
+        std::fs::write(&over, "replay_signups_share_percent = 101\n").unwrap();
+        let e = EnclaveConfig::load(Some(&over)).unwrap_err().to_string();
+        assert!(e.contains("replay_signups_share_percent"), "a sign-ups' share over 100% is refused at start: {e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -599,6 +632,10 @@ mod tests {
         assert_eq!(cfg.token_label, "t");
         assert_eq!(cfg.session_pool, 16);
         assert_eq!(cfg.replay_quota_per_organization, 100_000);
+        assert_eq!((cfg.replay_quota_per_signup, cfg.replay_all_signups()), (10_000, 50_000));
+        let share: EnclaveConfig =
+            toml::from_str("replay_quota_per_organization = 999\nreplay_signups_share_percent = 10").unwrap();
+        assert_eq!(share.replay_all_signups(), 99, "rounded down");
         assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
         assert_eq!(
             cfg.limits(),

@@ -331,7 +331,8 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
         )
         .limited(cfg.limits())
         .state_cache(cfg.state_cache_mib.saturating_mul(1 << 20))
-        .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day),
+        .signup_quota(cfg.auth_proxy_signups_per_hour, cfg.auth_proxy_signups_per_day)
+        .signup_replay_quota(cfg.replay_quota_per_signup, cfg.replay_all_signups()),
     );
     tracing::info!(
         max_webhook_endpoints_per_organization = cfg.max_webhook_endpoints_per_organization,

@@ -167,6 +167,61 @@ fn the_replay_window_is_shared_with_a_quota_per_organization(backend: Backend) {
     );
 }
 
+/// A sign-up's request is charged to its top-level organization's share and to each lane of
+/// its share (its own, all sign-ups'), in one transaction with its allow: a full lane refuses it
+/// and records nothing of it (no entry, no allow), whoever's share has room; expired entries
+/// free the lanes.
+fn lanes_of_a_share_are_charged_together_or_not_at_all(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, limits(100, 10));
+    let now = 2_000_000;
+    let expires = now + 300_000;
+    let key = |n: u8| [n; 32];
+    let lane = |scope: &str, quota: u64| ReplayLane { scope: scope.into(), quota };
+    let share = |sub: &str| ReplayShare {
+        organization: "top".into(),
+        lanes: vec![lane(&format!("replay/signup/{sub}"), 2), lane("replay/signups-of/top", 3)],
+    };
+    let allow = |fp: &str| DecisionRecord {
+        at_ms: now,
+        organization_id: "o".into(),
+        operation: "sign".into(),
+        fingerprint: fp.into(),
+        activity_type: "ACTIVITY_TYPE_CREATE_USER_TAG".into(),
+        user_id: "u".into(),
+        outcome: OUTCOME_ALLOW.into(),
+        reason: String::new(),
+        result_digest: String::new(),
+    };
+    let remember = |store: &Arc<dyn EnclaveStore>, sub: &str, n: u8, at: i64| {
+        store.remember_allowed(&share(sub), key(n), at + 300_000, at, &allow(&format!("f{n}"))).unwrap()
+    };
+    assert_eq!(remember(&a, "s1", 1, now), Remembered::Fresh);
+    assert_eq!(remember(&b, "s1", 1, now), Remembered::Replayed, "the same stamp, at the other enclave");
+    assert_eq!(remember(&b, "s1", 2, now), Remembered::Fresh);
+    // s1's lane (2) is full: refused, and nothing of it is kept.
+    assert_eq!(remember(&a, "s1", 3, now), Remembered::OrganizationQuotaFull);
+    assert!(!b.spent(key(3), now, "o", "none").unwrap(), "no entry of a refused request");
+    assert_eq!(b.decided("o", "f3").unwrap().logged, LoggedDecision::Nothing, "no allow of a refused request");
+    assert_eq!(a.decided("o", "f2").unwrap().logged, LoggedDecision::Authorized);
+    // s2 has a lane of its own, but all sign-ups' (3) fills with its first.
+    assert_eq!(remember(&b, "s2", 4, now), Remembered::Fresh);
+    assert_eq!(remember(&a, "s2", 5, now), Remembered::OrganizationQuotaFull);
+    // The top-level organization's own requests are charged to its share (10) alone: 3 spent.
+    for n in 6..13 {
+        let own = a.remember_allowed(&ReplayShare::of("top"), key(n), expires, now, &allow(&format!("f{n}")));
+        assert_eq!(own.unwrap(), Remembered::Fresh, "{n}");
+    }
+    assert_eq!(
+        b.remember_allowed(&ReplayShare::of("top"), key(13), expires, now, &allow("f13")).unwrap(),
+        Remembered::OrganizationQuotaFull,
+        "the share holds the lanes' entries too"
+    );
+    // Once they expire, every lane is free again.
+    let later = expires + 1;
+    assert_eq!(remember(&b, "s1", 3, later), Remembered::Fresh);
+    assert_eq!(remember(&a, "s2", 5, later), Remembered::Fresh);
+}
+
 /// A scoped quota holds exactly under concurrency: 16 threads of two enclaves each try to count
 /// 4 entries at once in a scope of quota 3 (a code's attempts); exactly 3 are fresh.
 fn scoped_quotas_hold_under_concurrency(backend: Backend) {
@@ -379,6 +434,7 @@ conformance!(
     versions_compare_and_set,
     concurrent_changes_apply_once,
     the_replay_window_is_shared_with_a_quota_per_organization,
+    lanes_of_a_share_are_charged_together_or_not_at_all,
     scoped_quotas_hold_under_concurrency,
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,

@@ -1603,3 +1603,60 @@ async fn proxy_limits_count_address_groups_and_ranges_and_only_work_for_the_conf
     let (status, r) = proxy_post_from(&stack, "127.3.0.1", &config_id, "signup_v2", body.to_string()).await;
     assert_eq!(status, 200, "{r}");
 }
+
+/// A sign-up (a sub-organization anyone gets from the auth proxy) spends its own lane of its
+/// top-level organization's replay share, and all sign-ups together spend only their part of it:
+/// one visitor's fourth request is refused at a lane of 3 while another's go on; once the
+/// sign-ups' 6 are spent a third visitor is refused before its first; the parent still works.
+#[tokio::test(flavor = "multi_thread")]
+async fn sign_ups_spend_their_own_lanes_of_the_replay_window_not_their_parents_share() {
+    let stack = Stack::start_with(&[
+        coffer_tests::AUDIT_LOG,
+        ("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", "40"),
+        ("COFFER_REPLAY_QUOTA_PER_SIGNUP", "3"),
+        ("COFFER_REPLAY_SIGNUPS_SHARE_PERCENT", "15"),
+        ("COFFER_AUTH_PROXY_RATE_LIMIT_PER_IP", "1000"),
+    ])
+    .await;
+    let (root, org) = (stack.api_key(), stack.organization_id.clone());
+    let r = submit(&stack, &root, &org, "enable_auth_proxy", "ACTIVITY_TYPE_ENABLE_AUTH_PROXY", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config = json!({ "allowedOrigins": [APP], "allowedAuthMethods": ["email"], "otpLength": 6,
+        "otpAlphanumeric": false });
+    let r =
+        submit(&stack, &root, &org, "update_auth_proxy_config", "ACTIVITY_TYPE_UPDATE_AUTH_PROXY_CONFIG", config).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let config_id =
+        r.json["activity"]["result"]["updateAuthProxyConfigResult"]["configId"].as_str().unwrap().to_string();
+    let mut visitors = Vec::new();
+    for name in ["ann", "bob", "cat"] {
+        let key = TurnkeyP256ApiKey::generate();
+        let signup = json!({ "userName": name, "apiKeys": [{ "apiKeyName": "k",
+            "publicKey": hex::encode(key.compressed_public_key()), "curveType": "API_KEY_CURVE_P256" }],
+            "authenticators": [], "oauthProviders": [] });
+        let (status, r) = proxy_post(&stack, &config_id, "signup_v2", signed_by(&key, signup)).await;
+        assert_eq!(status, 200, "{r}");
+        visitors.push((key, r["organizationId"].as_str().unwrap().to_string()));
+    }
+    async fn tag(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str, n: usize) -> coffer_tests::RawResponse {
+        let params = json!({ "userTagName": format!("tag-{n}"), "userIds": [] });
+        submit(stack, key, org, "create_user_tag", "ACTIVITY_TYPE_CREATE_USER_TAG", params).await
+    }
+    let [(ann, ann_org), (bob, bob_org), (cat, cat_org)] = &visitors[..] else { unreachable!() };
+    for n in 0..3 {
+        let r = tag(&stack, ann, ann_org, n).await;
+        assert_eq!(r.status, 200, "ann's {n}: {}", r.text);
+    }
+    let r = tag(&stack, ann, ann_org, 3).await;
+    stack.refused_for(&r, 503, "RPC_CALL_ERROR", Reason::OrganizationReplayQuota);
+    for n in 0..3 {
+        let r = tag(&stack, bob, bob_org, n).await;
+        assert_eq!(r.status, 200, "bob's {n}: {}", r.text);
+    }
+    // 6 of the sign-ups' 6: a visitor with an empty lane of its own is refused too.
+    let r = tag(&stack, cat, cat_org, 0).await;
+    stack.refused_for(&r, 503, "RPC_CALL_ERROR", Reason::OrganizationReplayQuota);
+    // The parent's share (40) is far from spent: its own requests go on.
+    let r = tag(&stack, &root, &org, 0).await;
+    assert_eq!(r.status, 200, "the parent's: {}", r.text);
+}

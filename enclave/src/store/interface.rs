@@ -34,6 +34,47 @@ pub struct OrgChanges {
     pub deletes: Vec<(String, String)>,
 }
 
+/// The share of the replay window an authorized request is charged to: its top-level
+/// organization's (`replay_per_organization` live entries), and lanes inside it, each with a
+/// quota of its own. A request of a sign-up (a sub-organization the auth proxy made for anyone
+/// who asked) is charged to its own lane and to the lane all its parent's sign-ups share, so that
+/// no visitor holds its top-level organization's share, and all of them together only a part of
+/// it. An entry is in every lane of its share or in none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayShare {
+    pub organization: String,
+    pub lanes: Vec<ReplayLane>,
+}
+
+impl ReplayShare {
+    /// The share of `organization` alone, with no lanes.
+    pub fn of(organization: impl Into<String>) -> Self {
+        Self { organization: organization.into(), lanes: Vec::new() }
+    }
+}
+
+/// A lane of a [`ReplayShare`]: a scope counted like an organization (a name no organization
+/// has: the caller prefixes it) and the most live entries it may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayLane {
+    pub scope: String,
+    pub quota: u64,
+}
+
+impl ReplayLane {
+    /// The key of the lane's entry for a request's replay `key` (the window's keys are one set
+    /// across scopes).
+    pub fn key(&self, key: &[u8; 32]) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        h.update(b"coffer-replay-lane\0");
+        h.update(self.scope.as_bytes());
+        h.update([0u8]);
+        h.update(key);
+        h.finalize().into()
+    }
+}
+
 /// What [`EnclaveStore::remember`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Remembered {
@@ -265,23 +306,18 @@ pub trait EnclaveStore: Send + Sync {
         quota: u64,
     ) -> Result<Remembered, StoreError>;
 
-    /// [`EnclaveStore::remember`] and, only if the key was fresh, [`EnclaveStore::record_decision`]
-    /// of `allowed` (the authorization that entry stands for), in one transaction where the
-    /// backend can: the hot path of every authorized request (one commit instead of two).
+    /// [`EnclaveStore::remember`] charged to `share` (its organization's quota, then each of its
+    /// lanes': [`Remembered::OrganizationQuotaFull`] if any is full) and, only if the key was
+    /// fresh, [`EnclaveStore::record_decision`] of `allowed` (the authorization that entry stands
+    /// for), all in one transaction: the hot path of every authorized request.
     fn remember_allowed(
         &self,
-        organization: &str,
+        share: &ReplayShare,
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
         allowed: &DecisionRecord,
-    ) -> Result<Remembered, StoreError> {
-        let remembered = self.remember(organization, key, expires_ms, now_ms)?;
-        if remembered == Remembered::Fresh {
-            self.record_decision(allowed)?;
-        }
-        Ok(remembered)
-    }
+    ) -> Result<Remembered, StoreError>;
 
     /// Whether `key` is in the replay window and not expired at `now_ms`, or `org`'s log has
     /// linked the activity `fingerprint` already: one read, for an early refusal of a replay (or

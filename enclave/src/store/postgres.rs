@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use ::postgres::error::SqlState;
-use ::postgres::{Client, NoTls};
+use ::postgres::{Client, GenericClient, NoTls};
 
 use super::interface::{
     check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+    OrgChanges, OrgHead, Remembered, ReplayShare, StoreError, StoreLimits, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
 
 /// Connections one store opens at most.
@@ -388,27 +388,114 @@ impl PostgresEnclaveStore {
                     return Ok(Remembered::WindowFull);
                 }
             }
-            let answer: i32 = client
-                .query_one(
-                    &format!("SELECT {function}($1, $2, $3, $4, $5)"),
-                    &[&organization, &&key[..], &expires_ms, &now_ms, &quota],
-                )
-                .map_err(pg)?
-                .try_get(0)
-                .map_err(pg)?;
-            match answer {
-                0 => {
-                    if let Ok(mut t) = self.total.lock() {
-                        t.1 += 1;
-                    }
-                    Ok(Remembered::Fresh)
-                }
-                1 => Ok(Remembered::Replayed),
-                2 => Ok(Remembered::OrganizationQuotaFull),
-                other => Err(StoreError::Corrupt(format!("coffer_remember answered {other}"))),
+            let answered = remembered(client, function, organization, &key, expires_ms, now_ms, quota)?;
+            if answered == Remembered::Fresh {
+                self.counted(1);
             }
+            Ok(answered)
         })
     }
+
+    /// Adds `n` fresh entries to the remembered total.
+    fn counted(&self, n: i64) {
+        if let Ok(mut t) = self.total.lock() {
+            t.1 += n;
+        }
+    }
+
+    /// [`EnclaveStore::remember_allowed`]: the entry under its organization's quota, one under
+    /// each lane's, and the allow, in one transaction (rolled back unless all are fresh).
+    fn remember_share(
+        &self,
+        share: &ReplayShare,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<Remembered, StoreError> {
+        let quota = as_count(self.limits.replay_per_organization);
+        let capacity = as_count(self.limits.replay_capacity);
+        self.with_conn(|client| {
+            let total = self.housekeeping(client, now_ms)?;
+            if total >= capacity {
+                client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
+                let total = self.read_total(client)?;
+                *self.total.lock().map_err(poisoned)? = (now_ms, total);
+                if total >= capacity {
+                    return Ok(Remembered::WindowFull);
+                }
+            }
+            let mut tx = client.transaction().map_err(pg)?;
+            let first = remembered(&mut tx, "coffer_remember", &share.organization, &key, expires_ms, now_ms, quota)?;
+            if first != Remembered::Fresh {
+                return Ok(first);
+            }
+            let mut fresh = 1;
+            for lane in &share.lanes {
+                let lane_key = lane.key(&key);
+                let quota = as_count(lane.quota);
+                match remembered(&mut tx, "coffer_remember", &lane.scope, &lane_key, expires_ms, now_ms, quota)? {
+                    Remembered::Fresh => fresh += 1,
+                    // Its request's entry was pruned before it: counted already.
+                    Remembered::Replayed => {}
+                    full => return Ok(full),
+                }
+            }
+            insert_decision(&mut tx, allowed)?;
+            tx.commit().map_err(pg)?;
+            self.counted(fresh);
+            Ok(Remembered::Fresh)
+        })
+    }
+}
+
+/// One call of a replay function (`coffer_remember`, `coffer_remember_exact`).
+fn remembered(
+    client: &mut impl GenericClient,
+    function: &str,
+    scope: &str,
+    key: &[u8; 32],
+    expires_ms: i64,
+    now_ms: i64,
+    quota: i64,
+) -> Result<Remembered, StoreError> {
+    let answer: i32 = client
+        .query_one(
+            &format!("SELECT {function}($1, $2, $3, $4, $5)"),
+            &[&scope, &&key[..], &expires_ms, &now_ms, &quota],
+        )
+        .map_err(pg)?
+        .try_get(0)
+        .map_err(pg)?;
+    match answer {
+        0 => Ok(Remembered::Fresh),
+        1 => Ok(Remembered::Replayed),
+        2 => Ok(Remembered::OrganizationQuotaFull),
+        other => Err(StoreError::Corrupt(format!("{function} answered {other}"))),
+    }
+}
+
+/// Appends one decision to the decision log through `client` (a connection or a transaction).
+fn insert_decision(client: &mut impl GenericClient, d: &DecisionRecord) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome,
+                                    reason, result_digest)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &d.at_ms,
+                &d.organization_id,
+                &d.operation,
+                &d.fingerprint,
+                &d.activity_type,
+                &d.user_id,
+                &d.outcome,
+                &d.reason,
+                &d.result_digest,
+            ],
+        )
+        .map_err(pg)?;
+    Ok(())
 }
 
 /// Closing a `postgres` client blocks on its own runtime, which must not happen on an async
@@ -687,27 +774,18 @@ impl EnclaveStore for PostgresEnclaveStore {
     }
 
     fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
-        self.with_conn(|client| {
-            client
-                .execute(
-                    "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome,
-                                            reason, result_digest)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                    &[
-                        &d.at_ms,
-                        &d.organization_id,
-                        &d.operation,
-                        &d.fingerprint,
-                        &d.activity_type,
-                        &d.user_id,
-                        &d.outcome,
-                        &d.reason,
-                        &d.result_digest,
-                    ],
-                )
-                .map_err(pg)?;
-            Ok(())
-        })
+        self.with_conn(|client| insert_decision(client, d))
+    }
+
+    fn remember_allowed(
+        &self,
+        share: &ReplayShare,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_share(share, key, expires_ms, now_ms, allowed)
     }
 
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {

@@ -28,7 +28,8 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, Tr
 
 use super::interface::{
     check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, StoreError, StoreLimits, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+    OrgChanges, OrgHead, Remembered, ReplayLane, ReplayShare, StoreError, StoreLimits, OUTCOME_REFUSE,
+    REASON_CONSENSUS_NEEDED,
 };
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -152,6 +153,8 @@ struct Job {
     now_ms: i64,
     /// The scope's quota (the window's per-organization one when `None`).
     quota: Option<u64>,
+    /// Lanes the entry is charged to as well (`ReplayShare::lanes`).
+    lanes: Vec<ReplayLane>,
     allowed: Option<DecisionRecord>,
     reply: Reply<Result<Remembered, StoreError>>,
 }
@@ -387,6 +390,22 @@ fn prune_all(tx: &Transaction<'_>, counts: &mut Counts, now_ms: i64) -> Result<(
     Ok(())
 }
 
+/// Whether `key` may be entered: no live entry has it (an expired one is removed). `false`: a
+/// live entry has it.
+fn make_way(tx: &Transaction<'_>, counts: &mut Counts, key: &[u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+    let existing: Option<(String, i64)> = tx
+        .prepare_cached("SELECT organization_id, expires_ms FROM replay WHERE key = ?1")
+        .and_then(|mut st| st.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .map_err(sq)?;
+    let Some((owner, expiry)) = existing else { return Ok(true) };
+    if expiry >= now_ms {
+        return Ok(false);
+    }
+    tx.prepare_cached("DELETE FROM replay WHERE key = ?1").and_then(|mut st| st.execute([&key[..]])).map_err(sq)?;
+    counts.add(tx, &owner, -1)?;
+    Ok(true)
+}
+
 /// Removes the expired replay entries of one organization.
 fn prune_organization(
     tx: &Transaction<'_>,
@@ -454,7 +473,7 @@ impl SqliteEnclaveStore {
     /// A replay insert, group committed with the others waiting (see [`SqliteEnclaveStore`]).
     fn remember_through(
         &self,
-        organization: &str,
+        share: ReplayShare,
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
@@ -462,8 +481,8 @@ impl SqliteEnclaveStore {
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
         let (reply, answer) = group_commit::channel();
-        let organization = organization.to_string();
-        let job = Job { organization, key, expires_ms, now_ms, quota, allowed: allowed.cloned(), reply };
+        let ReplayShare { organization, lanes } = share;
+        let job = Job { organization, key, expires_ms, now_ms, quota, lanes, allowed: allowed.cloned(), reply };
         let lead = group_commit::join(&self.waiting, job).map_err(poisoned)?;
         group_commit::wait(
             &answer,
@@ -527,45 +546,49 @@ impl Shared {
 
     /// One job's replay insert, in the group commit's transaction.
     fn remember_in(&self, tx: &Transaction<'_>, counts: &mut Counts, job: &Job) -> Result<Remembered, StoreError> {
-        let Job { organization, key, expires_ms, now_ms, quota, .. } = job;
+        let Job { organization, key, expires_ms, now_ms, quota, lanes, .. } = job;
         let (organization, key, expires_ms, now_ms) = (organization.as_str(), *key, *expires_ms, *now_ms);
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
             prune_all(tx, counts, now_ms)?;
         }
         self.prune_decisions(tx, now_ms)?;
-        let existing: Option<(String, i64)> = tx
-            .prepare_cached("SELECT organization_id, expires_ms FROM replay WHERE key = ?1")
-            .and_then(|mut st| st.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())
-            .map_err(sq)?;
-        if let Some((owner, expiry)) = existing {
-            if expiry >= now_ms {
-                return Ok(Remembered::Replayed);
-            }
-            tx.prepare_cached("DELETE FROM replay WHERE key = ?1")
-                .and_then(|mut st| st.execute([&key[..]]))
-                .map_err(sq)?;
-            counts.add(tx, &owner, -1)?;
+        if !make_way(tx, counts, &key, now_ms)? {
+            return Ok(Remembered::Replayed);
         }
-        let quota = as_count(quota.unwrap_or(self.limits.replay_per_organization));
-        if counts.live_of(tx, organization)? >= quota {
-            prune_organization(tx, counts, organization, now_ms)?;
-            if counts.live_of(tx, organization)? >= quota {
-                return Ok(Remembered::OrganizationQuotaFull);
+        // The entry, then one per lane (a lane's entry live already counts it: its request's
+        // entry was pruned before it, so it is not counted twice).
+        let mut entries = vec![(organization, key, quota.unwrap_or(self.limits.replay_per_organization))];
+        for lane in lanes {
+            let lane_key = lane.key(&key);
+            if make_way(tx, counts, &lane_key, now_ms)? {
+                entries.push((lane.scope.as_str(), lane_key, lane.quota));
+            }
+        }
+        for (scope, _, quota) in &entries {
+            let quota = as_count(*quota);
+            if counts.live_of(tx, scope)? >= quota {
+                prune_organization(tx, counts, scope, now_ms)?;
+                if counts.live_of(tx, scope)? >= quota {
+                    return Ok(Remembered::OrganizationQuotaFull);
+                }
             }
         }
         let capacity = as_count(self.limits.replay_capacity);
-        if counts.total_live(tx)? >= capacity {
+        let room = capacity.saturating_sub(entries.len() as i64 - 1);
+        if counts.total_live(tx)? >= room {
             prune_all(tx, counts, now_ms)?;
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
-            if counts.total_live(tx)? >= capacity {
+            if counts.total_live(tx)? >= room {
                 return Ok(Remembered::WindowFull);
             }
         }
-        tx.prepare_cached("INSERT INTO replay (key, organization_id, expires_ms) VALUES (?1, ?2, ?3)")
-            .and_then(|mut st| st.execute(params![&key[..], organization, expires_ms]))
-            .map_err(sq)?;
-        counts.add(tx, organization, 1)?;
+        for (scope, key, _) in entries {
+            tx.prepare_cached("INSERT INTO replay (key, organization_id, expires_ms) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(params![&key[..], scope, expires_ms]))
+                .map_err(sq)?;
+            counts.add(tx, scope, 1)?;
+        }
         Ok(Remembered::Fresh)
     }
 }
@@ -833,7 +856,7 @@ impl EnclaveStore for SqliteEnclaveStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(organization, key, expires_ms, now_ms, None, None)
+        self.remember_through(ReplayShare::of(organization), key, expires_ms, now_ms, None, None)
     }
 
     fn remember_within(
@@ -844,18 +867,18 @@ impl EnclaveStore for SqliteEnclaveStore {
         now_ms: i64,
         quota: u64,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(scope, key, expires_ms, now_ms, Some(quota), None)
+        self.remember_through(ReplayShare::of(scope), key, expires_ms, now_ms, Some(quota), None)
     }
 
     fn remember_allowed(
         &self,
-        organization: &str,
+        share: &ReplayShare,
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
         allowed: &DecisionRecord,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(organization, key, expires_ms, now_ms, None, Some(allowed))
+        self.remember_through(share.clone(), key, expires_ms, now_ms, None, Some(allowed))
     }
 
     fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
