@@ -895,6 +895,45 @@ const MAX_VOTES: usize = 100;
 
 /// `approve_activity` / `reject_activity`: adds the caller's vote to the activity the
 /// fingerprint names, re-evaluates it, runs it once allowed, and answers with that activity.
+/// The activity a vote is for, as the gateway's records have it now.
+enum VoteTarget {
+    /// Waiting for votes, and the caller may vote on it.
+    Open(Box<ActivityRecord>),
+    /// Decided already (e.g. by a concurrent vote): the answer is what it became.
+    Decided(Value),
+}
+
+/// The activity of `org` with `fingerprint` that `caller` votes on, or why the vote is refused:
+/// no such activity, a vote of this user already, [`MAX_VOTES`] votes, a user who may not vote.
+async fn vote_target(
+    state: &Arc<AppState>,
+    registry: &Registry,
+    org: &Organization,
+    caller: &Caller,
+    fingerprint: &str,
+) -> Result<VoteTarget, ApiError> {
+    let fp = fingerprint.to_string();
+    let target = match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
+        Ok(a) if a.organization_id == org.id => a,
+        Ok(_) | Err(StoreError::NotFound) => return Err(ApiError::not_found(NO_SUCH_FINGERPRINT)),
+        Err(e) => return Err(e.into()),
+    };
+    let votes = target.votes.as_array().map(Vec::as_slice).unwrap_or_default();
+    if votes.iter().any(|v| v["userId"] == caller.user.id.as_str()) {
+        return Err(ApiError::invalid("user has already voted on this activity"));
+    }
+    if votes.len() >= MAX_VOTES {
+        return Err(ApiError::invalid(format!("an activity has at most {MAX_VOTES} votes")));
+    }
+    if target.status != STATUS_CONSENSUS_NEEDED {
+        return Ok(VoteTarget::Decided(json!({ "activity": render::activity(&target, false) })));
+    }
+    if !registry.can_vote(org, &target, caller) {
+        return Err(ApiError::forbidden("request not authorized: this user may not vote on this activity"));
+    }
+    Ok(VoteTarget::Open(Box::new(target)))
+}
+
 async fn vote(
     state: Arc<AppState>,
     registry: &'static Registry,
@@ -905,30 +944,19 @@ async fn vote(
     approve: bool,
 ) -> Result<Value, ApiError> {
     let intent: VoteIntent = super::registry::decode(env.parameters)?;
+    // Refused or answered before the lock too: a flood of votes that count for nothing (no such
+    // activity, voted already, decided) holds up no one's votes that share its lock.
+    if let VoteTarget::Decided(answer) = vote_target(&state, registry, &org, &caller, &intent.fingerprint).await? {
+        return Ok(answer);
+    }
     let _serial = vote_lock(&intent.fingerprint).lock().await;
-    let not_found = || ApiError::not_found(NO_SUCH_FINGERPRINT);
     for _attempt in 0..8 {
-        let fp = intent.fingerprint.clone();
-        let target = match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
-            Ok(a) if a.organization_id == org.id => a,
-            Ok(_) | Err(StoreError::NotFound) => return Err(not_found()),
-            Err(e) => return Err(e.into()),
+        let target = match vote_target(&state, registry, &org, &caller, &intent.fingerprint).await? {
+            VoteTarget::Open(target) => *target,
+            VoteTarget::Decided(answer) => return Ok(answer),
         };
         let old_votes = target.votes.as_array().cloned().unwrap_or_default();
-        if old_votes.iter().any(|v| v["userId"] == caller.user.id.as_str()) {
-            return Err(ApiError::invalid("user has already voted on this activity"));
-        }
-        if old_votes.len() >= MAX_VOTES {
-            return Err(ApiError::invalid(format!("an activity has at most {MAX_VOTES} votes")));
-        }
-        if target.status != STATUS_CONSENSUS_NEEDED {
-            // Decided already (e.g. by a concurrent vote): answer with what it became.
-            return Ok(json!({ "activity": render::activity(&target, false) }));
-        }
         let op = registry.activity_by_type(&target.activity_type).ok_or_else(ApiError::internal)?;
-        if !registry.can_vote(&org, &target, &caller) {
-            return Err(ApiError::forbidden("request not authorized: this user may not vote on this activity"));
-        }
         let now = now_nanos();
         let selection = if approve { VOTE_APPROVED } else { VOTE_REJECTED };
         let vote = submitter_vote(&caller, &target.id, body, selection, now);
