@@ -21,6 +21,7 @@ pub mod serve;
 pub mod stamps;
 pub mod state;
 pub mod state_diff;
+pub mod state_rebuild;
 pub mod store;
 pub mod webhook_delivery;
 pub mod webhook_endpoint;

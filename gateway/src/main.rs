@@ -123,6 +123,28 @@ enum Command {
         #[arg(long)]
         state_out: Option<PathBuf>,
     },
+    /// Repair the gateway's records of an organization from its state as the enclave signs it:
+    /// what `diff-state` finds, in one transaction of the gateway's store (read from this
+    /// process's configuration). Policies, tags, users' names, contacts and tags, and the root
+    /// quorum are made the enclave's; users, credentials, contract interfaces, webhook endpoints
+    /// and OAuth 2.0 credentials the enclave does not have are deleted. Wallets, accounts, private
+    /// keys (sealed material only the gateway keeps) and what only the enclave has are listed,
+    /// never rewritten. Then compares again. Prints `{before, repaired, left, after}` as JSON;
+    /// exit status 1 when a difference remains. Run it with the organization quiet: it repairs
+    /// what it finds at that moment. Arguments as `diff-state`'s.
+    Rebuild {
+        #[arg(long)]
+        base_url: String,
+        #[arg(long)]
+        organization_id: String,
+        #[arg(long)]
+        api_key_file: PathBuf,
+        #[arg(long)]
+        proof_key: String,
+        /// Print what would be repaired, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Development bootstrap (idempotent): an organization with a root user and a fresh API
     /// key, written with the enclave signer key to `dev-org.json` (mode 0600).
     InitDev {
@@ -203,6 +225,28 @@ async fn main() -> anyhow::Result<()> {
             }
             println!("{}", serde_json::to_string(&diff)?);
             if !diff.agrees() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Rebuild { base_url, organization_id, api_key_file, proof_key, dry_run } => {
+            use coffer_gateway::{state_diff, state_rebuild};
+            let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
+            let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
+            let (before, _) = state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
+            let store = cfg.open_store()?;
+            let plan = state_rebuild::plan(store.as_ref(), &before, coffer_gateway::store::now_nanos())?;
+            let after = if dry_run || plan.writes.is_empty() {
+                None
+            } else {
+                store.apply(&plan.writes)?;
+                Some(state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?.0)
+            };
+            let remains = !after.as_ref().unwrap_or(&before).agrees();
+            let report = serde_json::json!({ "organizationId": organization_id, "dryRun": dry_run,
+                "before": before, "repaired": plan.repaired, "left": plan.left, "after": after });
+            println!("{}", serde_json::to_string(&report)?);
+            if remains {
                 std::process::exit(1);
             }
             Ok(())

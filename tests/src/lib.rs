@@ -268,6 +268,18 @@ impl Stack {
         serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
     }
 
+    /// `coffer-gateway` with `args` in the stack's environment, whatever its exit status: the
+    /// status and the JSON it printed.
+    pub fn gateway_cli_status(&self, args: &[&str]) -> (Option<i32>, serde_json::Value) {
+        let mut cmd = Command::new(bin_dir().join("coffer-gateway"));
+        self.env(&mut cmd);
+        let out = cmd.args(args).output().expect("running coffer-gateway");
+        let printed = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!("coffer-gateway {args:?} printed no JSON: {}", String::from_utf8_lossy(&out.stderr))
+        });
+        (out.status.code(), printed)
+    }
+
     /// How many calls of the enclave's `method` the gateway made, whatever their outcome (its
     /// `coffer_enclave_calls_total` metric).
     pub async fn enclave_calls(&self, method: &str) -> u64 {

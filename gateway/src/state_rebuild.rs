@@ -1,0 +1,306 @@
+//! `coffer-gateway rebuild`: repairs the gateway's records of an organization from the state the
+//! enclave signs (the differences `diff-state` finds), in one transaction of the gateway's store,
+//! and lists what it leaves for an operator: key material and what only the gateway keeps.
+//!
+//! The enclave's state is the truth for every item it holds; a repair never adds power (the
+//! enclave decides every activity over its own state, whatever these records say), it makes the
+//! gateway show what the enclave enforces. Wallets, accounts and private keys are never rewritten
+//! or deleted here: their sealed material lives only in the gateway's store.
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::record_kinds::{
+    OAUTH2_CREDENTIAL, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG, WEBHOOK_ENDPOINT,
+};
+use crate::state_diff::{Difference, StateDiff};
+use crate::store::{Nanos, Record, Store, StoreError, Write};
+
+/// One repair, as the report lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Repair {
+    pub kind: String,
+    pub id: String,
+    /// `inserted`, `updated` or `deleted` (the gateway's record).
+    pub action: &'static str,
+}
+
+/// A difference left as it is, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Left {
+    pub kind: String,
+    pub id: String,
+    pub reason: &'static str,
+}
+
+/// What a rebuild plans: the writes, in the order they must apply, what they repair, and what
+/// is left.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub writes: Vec<Write>,
+    pub repaired: Vec<Repair>,
+    pub left: Vec<Left>,
+}
+
+const KEY_MATERIAL: &str =
+    "key material and its metadata are the gateway's sealed records: compare with the signed state and restore the gateway's store from a backup";
+const ONLY_IN_ENCLAVE: &str =
+    "the enclave has it and the gateway does not: the gateway's record (its certificate or details) cannot be made from the signed state";
+const NOT_REPAIRED: &str = "this difference is not repaired by rebuild: correct it through the API";
+
+/// The writes that make the gateway's records of `diff`'s organization state what the enclave
+/// signed, reading the records they keep details of (a policy's notes and times) from `store`.
+pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> Result<Plan, StoreError> {
+    let org = diff.organization_id.as_str();
+    let mut plan = Plan::default();
+    // Each step's writes, in this order: the root quorum first (a user leaving it can then be
+    // deleted), tags before the users that carry them, deletions of users and tags last.
+    let (mut quorum, mut tags, mut records, mut users, mut credentials, mut gone_users, mut gone_tags) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for d in &diff.differences {
+        let Difference { kind, id, enclave, gateway } = d;
+        let mut repaired = |action: &'static str| {
+            plan.repaired.push(Repair { kind: kind.clone(), id: id.clone(), action });
+        };
+        match (kind.as_str(), enclave, gateway) {
+            ("organization", Some(e), Some(g)) => {
+                if e["rootQuorum"] != g["rootQuorum"] {
+                    let user_ids = strings(&e["rootQuorum"]["userIds"]);
+                    let threshold = e["rootQuorum"]["threshold"].as_i64().unwrap_or_default();
+                    quorum.push(Write::SetRootQuorum {
+                        organization_id: org.into(),
+                        threshold,
+                        user_ids,
+                        updated_at: now,
+                    });
+                    repaired("updated");
+                }
+                if e["features"] != g["features"] || e["authProxyEnabled"] != g["authProxyEnabled"] {
+                    plan.left.push(Left { kind: kind.clone(), id: id.clone(), reason: NOT_REPAIRED });
+                }
+            }
+            ("policy", Some(e), gateway) => {
+                let kept = match gateway {
+                    Some(_) => Some(store.record(org, POLICY, id)?),
+                    None => None,
+                };
+                records.push(Write::PutRecord(policy_record(org, id, e, kept, now)));
+                repaired(if gateway.is_some() { "updated" } else { "inserted" });
+            }
+            ("user_tag" | "private_key_tag", Some(e), None) => {
+                let name = e["name"].as_str().unwrap_or_default().to_string();
+                let record = Record {
+                    organization_id: org.into(),
+                    kind: tag_kind(kind).into(),
+                    id: id.clone(),
+                    name,
+                    data: json!({}),
+                    created_at: now,
+                    updated_at: now,
+                };
+                tags.push(Write::PutRecord(record));
+                repaired("inserted");
+            }
+            ("user_tag" | "private_key_tag", Some(e), Some(_)) => {
+                let new_name = e["name"].as_str().map(str::to_string);
+                tags.push(Write::UpdateTag {
+                    organization_id: org.into(),
+                    kind: tag_kind(kind).into(),
+                    id: id.clone(),
+                    new_name,
+                    add: vec![],
+                    remove: vec![],
+                    updated_at: now,
+                });
+                repaired("updated");
+            }
+            ("user_tag" | "private_key_tag", None, Some(_)) => {
+                gone_tags.push(Write::DeleteTags {
+                    organization_id: org.into(),
+                    kind: tag_kind(kind).into(),
+                    ids: vec![id.clone()],
+                });
+                repaired("deleted");
+            }
+            ("user", Some(e), Some(_)) => {
+                let text = |m: &str| Some(e[m].as_str().unwrap_or_default().to_string());
+                users.push(Write::UpdateUser {
+                    organization_id: org.into(),
+                    id: id.clone(),
+                    name: text("name"),
+                    email: text("email"),
+                    phone_number: text("phoneNumber"),
+                    tag_ids: Some(strings(&e["tags"])),
+                    updated_at: now,
+                });
+                repaired("updated");
+            }
+            ("user", None, Some(_)) => {
+                gone_users.push(Write::DeleteUsers { organization_id: org.into(), ids: vec![id.clone()] });
+                repaired("deleted");
+            }
+            ("credential", None, Some(g)) => {
+                let user_id = g["userId"].as_str().unwrap_or_default().to_string();
+                let (organization_id, ids) = (org.to_string(), vec![id.clone()]);
+                credentials.push(match g["class"].as_str() {
+                    Some("authenticator") => Write::DeleteAuthenticators { organization_id, user_id, ids },
+                    Some("oauthProvider") => Write::DeleteOauthProviders { organization_id, user_id, ids },
+                    _ => Write::DeleteApiKeys { organization_id, user_id, ids },
+                });
+                repaired("deleted");
+            }
+            ("contract_interface" | "webhook_endpoint" | "oauth2_credential", None, Some(_)) => {
+                let kind = match kind.as_str() {
+                    "contract_interface" => SMART_CONTRACT_INTERFACE,
+                    "webhook_endpoint" => WEBHOOK_ENDPOINT,
+                    _ => OAUTH2_CREDENTIAL,
+                };
+                records.push(Write::DeleteRecords {
+                    organization_id: org.into(),
+                    kind: kind.into(),
+                    ids: vec![id.clone()],
+                });
+                repaired("deleted");
+            }
+            ("wallet" | "account" | "private_key", _, _) => {
+                plan.left.push(Left { kind: kind.clone(), id: id.clone(), reason: KEY_MATERIAL })
+            }
+            (_, Some(_), None) => plan.left.push(Left { kind: kind.clone(), id: id.clone(), reason: ONLY_IN_ENCLAVE }),
+            _ => plan.left.push(Left { kind: kind.clone(), id: id.clone(), reason: NOT_REPAIRED }),
+        }
+    }
+    for step in [quorum, tags, records, users, credentials, gone_users, gone_tags] {
+        plan.writes.extend(step);
+    }
+    Ok(plan)
+}
+
+/// The gateway's record of a policy as the enclave states it (`e`: name, effect, condition,
+/// consensus, time), keeping the notes and creation time of the record it replaces.
+fn policy_record(org: &str, id: &str, e: &Value, kept: Option<Record>, now: Nanos) -> Record {
+    // Absent expressions as the API's handlers store them (null), present ones as text.
+    let expression = |m: &str| match e[m].as_str().unwrap_or_default() {
+        "" => Value::Null,
+        text => json!(text),
+    };
+    let notes = kept.as_ref().map(|r| r.data["notes"].clone()).filter(Value::is_string).unwrap_or_else(|| json!(""));
+    let mut data = json!({ "effect": e["effect"], "notes": notes, "condition": expression("condition"),
+        "consensus": expression("consensus") });
+    if let Some(time) = e["time"].as_str().filter(|t| !t.is_empty()) {
+        data["time"] = json!(time);
+    }
+    Record {
+        organization_id: org.into(),
+        kind: POLICY.into(),
+        id: id.into(),
+        name: e["name"].as_str().unwrap_or_default().into(),
+        data,
+        created_at: kept.map_or(now, |r| r.created_at),
+        updated_at: now,
+    }
+}
+
+fn tag_kind(kind: &str) -> &'static str {
+    if kind == "user_tag" {
+        USER_TAG
+    } else {
+        PRIVATE_KEY_TAG
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn diff(differences: Vec<Difference>) -> StateDiff {
+        StateDiff {
+            organization_id: "o".into(),
+            enclave_version: 1,
+            signed_at_ms: 0,
+            log_seq: 0,
+            log_head: String::new(),
+            compared: 0,
+            differences,
+            shown_twice: vec![],
+            unknown_kinds: vec![],
+        }
+    }
+
+    /// An empty store in a directory of its own (removed by the caller).
+    fn store() -> (std::path::PathBuf, crate::store::SqliteStore) {
+        let dir = std::env::temp_dir().join(format!("coffer-rebuild-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = crate::store::SqliteStore::open(&dir.join("coffer.db")).unwrap();
+        (dir, store)
+    }
+
+    fn d(kind: &str, id: &str, enclave: Option<Value>, gateway: Option<Value>) -> Difference {
+        Difference { kind: kind.into(), id: id.into(), enclave, gateway }
+    }
+
+    #[test]
+    fn key_material_is_never_rewritten_and_what_only_the_enclave_has_is_left() {
+        let (dir, store) = store();
+        let differences = vec![
+            d("wallet", "w", None, Some(json!({}))),
+            d("account", "a", Some(json!({"address": "0x1"})), Some(json!({"address": "0x2"}))),
+            d("private_key", "k", Some(json!({})), None),
+            d("credential", "c", Some(json!({"class": "apiKey"})), None),
+            d("user", "u", Some(json!({"name": "n"})), None),
+        ];
+        let plan = plan(&store, &diff(differences), 1).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+        assert!(plan.writes.is_empty() && plan.repaired.is_empty(), "{:?}", plan.writes);
+        let reasons: Vec<(&str, &str)> = plan.left.iter().map(|l| (l.id.as_str(), l.reason)).collect();
+        assert_eq!(
+            reasons,
+            [
+                ("w", KEY_MATERIAL),
+                ("a", KEY_MATERIAL),
+                ("k", KEY_MATERIAL),
+                ("c", ONLY_IN_ENCLAVE),
+                ("u", ONLY_IN_ENCLAVE)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_quorum_goes_first_and_deletions_of_users_and_tags_last() {
+        let (dir, store) = store();
+        let quorum = |ids: &[&str]| json!({ "rootQuorum": { "threshold": 1, "userIds": ids }, "features": {} });
+        let differences = vec![
+            d("user_tag", "gone-tag", None, Some(json!({"name": "x"}))),
+            d("user", "gone-user", None, Some(json!({}))),
+            d("user_tag", "new-tag", Some(json!({"name": "t"})), None),
+            d("policy", "p", Some(json!({"name": "p", "effect": "EFFECT_ALLOW", "condition": "true"})), None),
+            d("organization", "o", Some(quorum(&["r"])), Some(quorum(&["r", "gone-user"]))),
+        ];
+        let plan = plan(&store, &diff(differences), 7).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+        let order: Vec<&str> = plan
+            .writes
+            .iter()
+            .map(|w| match w {
+                Write::SetRootQuorum { .. } => "quorum",
+                Write::PutRecord(r) if r.kind == USER_TAG => "tag",
+                Write::PutRecord(r) if r.kind == POLICY => "policy",
+                Write::DeleteUsers { .. } => "delete user",
+                Write::DeleteTags { .. } => "delete tag",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(order, ["quorum", "tag", "policy", "delete user", "delete tag"]);
+        let Write::PutRecord(policy) = &plan.writes[2] else { unreachable!() };
+        assert_eq!(
+            (policy.name.as_str(), &policy.data),
+            ("p", &json!({"effect": "EFFECT_ALLOW", "notes": "", "condition": "true", "consensus": null}))
+        );
+        assert!(plan.left.is_empty());
+    }
+}
