@@ -365,7 +365,7 @@ impl Admission {
             store,
             signups_per_hour: 10_000,
             signups_per_day: 100_000,
-            replay_per_signup: 10_000,
+            replay_per_signup: 1_000,
             replay_all_signups: 50_000,
             log: crate::activity_log::ActivityLog::default(),
             authorized_lately: Mutex::default(),

@@ -41,12 +41,14 @@ pub struct EnclaveConfig {
     /// Environment: `COFFER_REPLAY_QUOTA_PER_ORGANIZATION`.
     pub replay_quota_per_organization: u64,
     /// Most live replay entries of one sign-up's own requests (a sub-organization the auth proxy
-    /// made: anyone can get one), inside its top-level organization's share. Default 10,000.
-    /// Environment: `COFFER_REPLAY_QUOTA_PER_SIGNUP`.
+    /// made: anyone can get one), inside its top-level organization's share. Default 1,000 (over
+    /// 3 requests a second for the default 300 s window): a small part of the sign-ups' lane, so
+    /// that it takes many sign-ups to fill it. Environment: `COFFER_REPLAY_QUOTA_PER_SIGNUP`.
     pub replay_quota_per_signup: u64,
     /// The part of a top-level organization's `replay_quota_per_organization`, in percent, that
     /// all its sign-ups' own requests may hold together; the rest is for the organization, its
-    /// auth proxy and its other sub-organizations. 0 to 100, default 50. Environment:
+    /// auth proxy and its other sub-organizations. 0 to 100 (0 leaves them one entry), default
+    /// 50. Environment:
     /// `COFFER_REPLAY_SIGNUPS_SHARE_PERCENT`.
     pub replay_signups_share_percent: u64,
     /// Most sign-ups (`create_sub_organization`) the auth proxy's key stamps for one
@@ -360,7 +362,7 @@ impl Default for EnclaveConfig {
             freshness_window_secs: 300,
             replay_capacity: 2_000_000,
             replay_quota_per_organization: 100_000,
-            replay_quota_per_signup: 10_000,
+            replay_quota_per_signup: 1_000,
             replay_signups_share_percent: 50,
             auth_proxy_signups_per_hour: 10_000,
             auth_proxy_signups_per_day: 100_000,
@@ -632,7 +634,7 @@ mod tests {
         assert_eq!(cfg.token_label, "t");
         assert_eq!(cfg.session_pool, 16);
         assert_eq!(cfg.replay_quota_per_organization, 100_000);
-        assert_eq!((cfg.replay_quota_per_signup, cfg.replay_all_signups()), (10_000, 50_000));
+        assert_eq!((cfg.replay_quota_per_signup, cfg.replay_all_signups()), (1_000, 50_000));
         let share: EnclaveConfig =
             toml::from_str("replay_quota_per_organization = 999\nreplay_signups_share_percent = 10").unwrap();
         assert_eq!(share.replay_all_signups(), 99, "rounded down");

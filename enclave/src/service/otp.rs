@@ -477,7 +477,14 @@ fn charge_send(
     // many sign-ups a visitor makes, a contact's codes through the parent's proxy (its logins)
     // keep their allowance, and its inbox gets at most one allowance from each lane.
     let lane = if sender.marked.is_some() { "marked-sub-organizations/" } else { "" };
-    let mut scopes = vec![(format!("otp-sends/contact/{lane}{contact_key}"), s.sends_per_contact_per_hour)];
+    let mut scopes = Vec::new();
+    // A marked sub-organization's own allowance first: past it a send is refused before it
+    // spends an entry of any other scope (a visitor cycling through made-up contacts would
+    // otherwise leave two hour-long entries per refused send in the shared window).
+    if let Some(sub) = &sender.marked {
+        scopes.push((format!("otp-sends/marked-sub-organization/{sub}"), s.sends_per_sub_organization_per_hour));
+    }
+    scopes.push((format!("otp-sends/contact/{lane}{contact_key}"), s.sends_per_contact_per_hour));
     if !user_identifier.is_empty() {
         let id = hex::encode(Sha256::digest(user_identifier.as_bytes()));
         scopes.push((format!("otp-sends/user-identifier/{lane}{id}"), s.sends_per_contact_per_hour));
@@ -485,8 +492,7 @@ fn charge_send(
     // A sub-organization anyone can get by signing up spends a few of its own, then at most its
     // share of the parent's together with every other such sub-organization: the parent's auth
     // proxy (its own otp_init) keeps the rest whatever visitors do with the keys they were given.
-    if let Some(sub) = &sender.marked {
-        scopes.push((format!("otp-sends/marked-sub-organization/{sub}"), s.sends_per_sub_organization_per_hour));
+    if sender.marked.is_some() {
         scopes.push((format!("otp-sends/marked-sub-organizations-of/{org}"), s.sub_organizations_share()));
     }
     // The organization's last: a send refused for its contact or identifier spends none of it.

@@ -413,39 +413,77 @@ impl PostgresEnclaveStore {
         now_ms: i64,
         allowed: &DecisionRecord,
     ) -> Result<Remembered, StoreError> {
-        let quota = as_count(self.limits.replay_per_organization);
         let capacity = as_count(self.limits.replay_capacity);
+        let rows = 1 + share.lanes.len() as i64;
         self.with_conn(|client| {
             let total = self.housekeeping(client, now_ms)?;
-            if total >= capacity {
+            if total + rows > capacity {
                 client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
                 let total = self.read_total(client)?;
                 *self.total.lock().map_err(poisoned)? = (now_ms, total);
-                if total >= capacity {
+                if total + rows > capacity {
                     return Ok(Remembered::WindowFull);
                 }
             }
-            let mut tx = client.transaction().map_err(pg)?;
-            let first = remembered(&mut tx, "coffer_remember", &share.organization, &key, expires_ms, now_ms, quota)?;
-            if first != Remembered::Fresh {
-                return Ok(first);
-            }
-            let mut fresh = 1;
-            for lane in &share.lanes {
-                let lane_key = lane.key(&key);
-                let quota = as_count(lane.quota);
-                match remembered(&mut tx, "coffer_remember", &lane.scope, &lane_key, expires_ms, now_ms, quota)? {
-                    Remembered::Fresh => fresh += 1,
-                    // Its request's entry was pruned before it: counted already.
-                    Remembered::Replayed => {}
-                    full => return Ok(full),
+            // A deadlock (with another enclave's prune, which counts rows down in its own order)
+            // rolled the whole transaction back: it is tried again.
+            let mut tries = 0;
+            let (answer, fresh) = loop {
+                tries += 1;
+                match self.share_once(client, share, &key, expires_ms, now_ms, allowed) {
+                    Err(e) if tries < 4 && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => continue,
+                    other => break other.map_err(pg)?,
                 }
+            };
+            let answered = answer_of(answer)?;
+            if answered == Remembered::Fresh {
+                self.counted(fresh);
             }
-            insert_decision(&mut tx, allowed)?;
-            tx.commit().map_err(pg)?;
-            self.counted(fresh);
-            Ok(Remembered::Fresh)
+            Ok(answered)
         })
+    }
+
+    /// One try of [`PostgresEnclaveStore::remember_share`]: the lanes first (a full one refuses
+    /// before the organization's share is touched, and every transaction takes the rows of a
+    /// share in the same order), then the share, then the allow; committed only if all are fresh.
+    /// Answers `coffer_remember`'s code and the entries made.
+    fn share_once(
+        &self,
+        client: &mut Client,
+        share: &ReplayShare,
+        key: &[u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<(i32, i64), ::postgres::Error> {
+        let mut tx = client.transaction()?;
+        let mut fresh = 0;
+        for lane in &share.lanes {
+            let lane_key = lane.key(key);
+            match remember_code(
+                &mut tx,
+                "coffer_remember",
+                &lane.scope,
+                &lane_key,
+                expires_ms,
+                now_ms,
+                as_count(lane.quota),
+            )? {
+                0 => fresh += 1,
+                // Live already: its request's entry is (a replay, refused below) or was pruned
+                // before it (counted already).
+                1 => {}
+                full => return Ok((full, 0)),
+            }
+        }
+        let quota = as_count(self.limits.replay_per_organization);
+        let first = remember_code(&mut tx, "coffer_remember", &share.organization, key, expires_ms, now_ms, quota)?;
+        if first != 0 {
+            return Ok((first, 0));
+        }
+        insert_decision_row(&mut tx, allowed)?;
+        tx.commit()?;
+        Ok((0, fresh + 1))
     }
 }
 
@@ -459,42 +497,58 @@ fn remembered(
     now_ms: i64,
     quota: i64,
 ) -> Result<Remembered, StoreError> {
-    let answer: i32 = client
+    answer_of(remember_code(client, function, scope, key, expires_ms, now_ms, quota).map_err(pg)?)
+}
+
+/// A replay function's answer as it returns it: 0 fresh, 1 replayed, 2 the scope's quota full.
+fn remember_code(
+    client: &mut impl GenericClient,
+    function: &str,
+    scope: &str,
+    key: &[u8; 32],
+    expires_ms: i64,
+    now_ms: i64,
+    quota: i64,
+) -> Result<i32, ::postgres::Error> {
+    client
         .query_one(
             &format!("SELECT {function}($1, $2, $3, $4, $5)"),
             &[&scope, &&key[..], &expires_ms, &now_ms, &quota],
-        )
-        .map_err(pg)?
+        )?
         .try_get(0)
-        .map_err(pg)?;
-    match answer {
+}
+
+fn answer_of(code: i32) -> Result<Remembered, StoreError> {
+    match code {
         0 => Ok(Remembered::Fresh),
         1 => Ok(Remembered::Replayed),
         2 => Ok(Remembered::OrganizationQuotaFull),
-        other => Err(StoreError::Corrupt(format!("{function} answered {other}"))),
+        other => Err(StoreError::Corrupt(format!("the replay function answered {other}"))),
     }
 }
 
 /// Appends one decision to the decision log through `client` (a connection or a transaction).
 fn insert_decision(client: &mut impl GenericClient, d: &DecisionRecord) -> Result<(), StoreError> {
-    client
-        .execute(
-            "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome,
-                                    reason, result_digest)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            &[
-                &d.at_ms,
-                &d.organization_id,
-                &d.operation,
-                &d.fingerprint,
-                &d.activity_type,
-                &d.user_id,
-                &d.outcome,
-                &d.reason,
-                &d.result_digest,
-            ],
-        )
-        .map_err(pg)?;
+    insert_decision_row(client, d).map_err(pg)
+}
+
+fn insert_decision_row(client: &mut impl GenericClient, d: &DecisionRecord) -> Result<(), ::postgres::Error> {
+    client.execute(
+        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome,
+                                reason, result_digest)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        &[
+            &d.at_ms,
+            &d.organization_id,
+            &d.operation,
+            &d.fingerprint,
+            &d.activity_type,
+            &d.user_id,
+            &d.outcome,
+            &d.reason,
+            &d.result_digest,
+        ],
+    )?;
     Ok(())
 }
 
