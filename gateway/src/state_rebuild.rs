@@ -14,7 +14,7 @@ use crate::record_kinds::{
     OAUTH2_CREDENTIAL, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG, WEBHOOK_ENDPOINT,
 };
 use crate::state_diff::{Difference, StateDiff};
-use crate::store::{Nanos, Record, Store, StoreError, Write};
+use crate::store::{Nanos, Record, Store, Write};
 
 /// One repair, as the report lists it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,8 +52,21 @@ const NOT_REPAIRED: &str = "this difference is not repaired by rebuild: correct 
 
 /// The writes that make the gateway's records of `diff`'s organization state what the enclave
 /// signed, reading the records they keep details of (a policy's notes and times) from `store`.
-pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> Result<Plan, StoreError> {
+/// Refused when the gateway's store has a link of the organization's activity log past the one
+/// the state was signed at: the enclave's state is older than the gateway's records (its store
+/// restored from a backup, or activities since the state was read), and repairing from it would
+/// delete what came after.
+pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<Plan> {
     let org = diff.organization_id.as_str();
+    if let Some(newer) = store.activity_log(org, diff.log_seq, 1)?.first() {
+        anyhow::bail!(
+            "the enclave's state was signed at link {} of the organization's activity log and the gateway's store has \
+             link {}: the enclave's state is older than the gateway's records (restored from a backup, or activities \
+             ran since): nothing repaired; run it again with the organization quiet, or restore both tiers together",
+            diff.log_seq,
+            newer.seq
+        );
+    }
     let mut plan = Plan::default();
     // Each step's writes, in this order: the root quorum first (a user leaving it can then be
     // deleted), tags before the users that carry them, deletions of users and tags last.
@@ -88,6 +101,14 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> Result<Plan, Sto
                 };
                 records.push(Write::PutRecord(policy_record(org, id, e, kept, now)));
                 repaired(if gateway.is_some() { "updated" } else { "inserted" });
+            }
+            ("policy", None, Some(_)) => {
+                records.push(Write::DeleteRecords {
+                    organization_id: org.into(),
+                    kind: POLICY.into(),
+                    ids: vec![id.clone()],
+                });
+                repaired("deleted");
             }
             ("user_tag" | "private_key_tag", Some(e), None) => {
                 let name = e["name"].as_str().unwrap_or_default().to_string();
@@ -268,6 +289,25 @@ mod tests {
                 ("u", ONLY_IN_ENCLAVE)
             ]
         );
+    }
+
+    #[test]
+    fn a_state_older_than_the_gateways_log_repairs_nothing() {
+        let (dir, store) = store();
+        let link = |seq: u64| Write::InsertLogLink {
+            organization_id: "o".into(),
+            seq,
+            activity_id: format!("a{seq}"),
+            link: "{}".into(),
+        };
+        crate::store::Store::apply(&store, &[link(1), link(2)]).unwrap();
+        let mut older = diff(vec![d("policy", "p", None, Some(json!({})))]);
+        older.log_seq = 1;
+        let e = plan(&store, &older, 1).unwrap_err().to_string();
+        assert!(e.contains("signed at link 1") && e.contains("has link 2"), "{e}");
+        older.log_seq = 2;
+        assert_eq!(plan(&store, &older, 1).unwrap().repaired.len(), 1, "as new as the gateway's log: repaired");
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

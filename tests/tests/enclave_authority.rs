@@ -4293,6 +4293,13 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     )
     .unwrap();
     c.execute("UPDATE users SET name = 'not root' WHERE id = ?1", [&stack.user_id]).unwrap();
+    // A policy the enclave never had, shown as the organization's.
+    c.execute(
+        "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at)
+         VALUES (?1, 'policy', 'forged', 'allow-all', '{\"effect\":\"EFFECT_ALLOW\",\"notes\":\"\",\"condition\":null,\"consensus\":null}', 0, 0)",
+        [&org],
+    )
+    .unwrap();
     // Root's key, which never expires, shown as one that lasts 15 minutes.
     c.execute("UPDATE api_keys SET expiration_seconds = 900 WHERE public_key = ?1", [public_key(&stack.api_key())])
         .unwrap();
@@ -4305,6 +4312,7 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
         format!("credential {root_key_id} both"),
         "credential mallory gateway".to_string(),
         format!("policy {policy_id} enclave"),
+        "policy forged gateway".to_string(),
         format!("user {} both", stack.user_id),
     ];
     expected.sort();
@@ -4348,6 +4356,7 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     let mut repaired = vec![
         "credential mallory deleted".to_string(),
         format!("policy {policy_id} inserted"),
+        "policy forged deleted".to_string(),
         format!("user {} updated", stack.user_id),
     ];
     repaired.sort();
