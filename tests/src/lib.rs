@@ -268,6 +268,27 @@ impl Stack {
         serde_json::from_str(&self.run("coffer-gateway", args)).expect("coffer-gateway printed JSON")
     }
 
+    /// The enclave's proof key, as the gateway's discovery endpoint publishes it (hex).
+    pub async fn proof_key(&self) -> String {
+        let url = format!("{}/public/v1/discovery/keys", self.base_url);
+        let discovery: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        discovery["proofPublicKey"].as_str().expect("a proof key").to_string()
+    }
+
+    /// `coffer-gateway diff-state` (`command` = `diff-state`) or `rebuild` for the stack's
+    /// organization, stamped with its root API key and checked against `proof_key`, with `extra`
+    /// arguments: the exit status and the JSON printed.
+    pub fn state_command(&self, command: &str, proof_key: &str, extra: &[&str]) -> (Option<i32>, serde_json::Value) {
+        let key_file = self.dir.join(format!("state-command-{}.key", uuid::Uuid::new_v4()));
+        std::fs::write(&key_file, format!("{}\n", self.api_private_key)).unwrap();
+        let mut args = vec![command, "--base-url", &self.base_url, "--organization-id", &self.organization_id];
+        args.extend(["--api-key-file", key_file.to_str().unwrap(), "--proof-key", proof_key]);
+        args.extend(extra);
+        let answer = self.gateway_cli_status(&args);
+        let _ = std::fs::remove_file(&key_file);
+        answer
+    }
+
     /// `coffer-gateway` with `args` in the stack's environment, whatever its exit status: the
     /// status and the JSON it printed.
     pub fn gateway_cli_status(&self, args: &[&str]) -> (Option<i32>, serde_json::Value) {

@@ -4198,19 +4198,7 @@ async fn a_refused_change_spends_nothing() {
 
 /// `coffer-gateway diff-state`, with the stack's root key: its exit status and what it printed.
 fn diff_state(stack: &Stack, proof_key: &str) -> (Option<i32>, Value) {
-    let dir = std::env::temp_dir().join(format!("coffer-diff-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key_file = dir.join("api.key");
-    std::fs::write(&key_file, format!("{}\n", stack.api_private_key)).unwrap();
-    let output = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
-        .args(["diff-state", "--base-url", &stack.base_url, "--organization-id", &stack.organization_id])
-        .args(["--api-key-file", key_file.to_str().unwrap(), "--proof-key", proof_key])
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let printed = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|_| panic!("diff-state printed no JSON: {}", String::from_utf8_lossy(&output.stderr)));
-    (output.status.code(), printed)
+    stack.state_command("diff-state", proof_key, &[])
 }
 
 /// The differences `diff-state` printed, as `kind id enclave|gateway|both` (which side has it).
@@ -4232,9 +4220,7 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     let (_, addresses) = wallet(&client, &org, "w1").await;
     policy(&client, &org, "only-root", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", None)
         .await;
-    let discovery: Value =
-        reqwest::get(format!("{}/public/v1/discovery/keys", stack.base_url)).await.unwrap().json().await.unwrap();
-    let proof_key = discovery["proofPublicKey"].as_str().unwrap().to_string();
+    let proof_key = stack.proof_key().await;
 
     // The gateway's answers and the enclave's state agree on every item.
     let (status, printed) = diff_state(&stack, &proof_key);
@@ -4323,18 +4309,8 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
 
     // `rebuild` repairs the policy, the user and the inserted key from the signed state, and
     // leaves the account (key material: the gateway's sealed records) and the key's expiry.
-    let dir = std::env::temp_dir().join(format!("coffer-rebuild-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key_file = dir.join("api.key");
-    std::fs::write(&key_file, format!("{}\n", stack.api_private_key)).unwrap();
-    let rebuild = |dry_run: bool| {
-        let mut args = vec!["rebuild", "--base-url", &stack.base_url, "--organization-id", &org];
-        args.extend(["--api-key-file", key_file.to_str().unwrap(), "--proof-key", &proof_key]);
-        if dry_run {
-            args.push("--dry-run");
-        }
-        stack.gateway_cli_status(&args)
-    };
+    let rebuild =
+        |dry_run: bool| stack.state_command("rebuild", &proof_key, if dry_run { &["--dry-run"] } else { &[] });
     let listed = |printed: &Value, member: &str, field: &str| -> Vec<String> {
         let mut items: Vec<String> = printed[member]
             .as_array()
@@ -4385,7 +4361,6 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
     assert_ne!(name, "not root");
     let mallorys: i64 = c.query_row("SELECT count(*) FROM api_keys WHERE id = 'mallory'", [], |r| r.get(0)).unwrap();
     assert_eq!(mallorys, 0);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The log states only votes their voters stamped (issue 40, step 7 in part): a taken-over

@@ -318,6 +318,89 @@ async fn concurrent_signing_during_enclave_kill() {
     .expect("test took longer than 60 s (a request hung)");
 }
 
+/// An enclave killed under policy writes, on both stores: every 200 is a policy both sides
+/// hold, the gateway shows nothing the enclave did not commit, and after `rebuild` (for what the
+/// enclave committed while its answer was lost) the gateway's records and the enclave's signed
+/// state agree.
+#[tokio::test]
+async fn an_enclave_killed_under_writes_leaves_the_gateway_showing_only_what_it_committed() {
+    for store in ["sqlite", "postgres"] {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut stack = Stack::start_on(store, &[]).await;
+            let (org, base) = (stack.organization_id.clone(), stack.base_url.clone());
+            let (sk, pk) = (stack.api_private_key.clone(), stack.api_public_key.clone());
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let done = Count::new();
+            let tasks: Vec<_> = (0..6)
+                .map(|c| {
+                    let (org, base, stop, done) = (org.clone(), base.clone(), stop.clone(), done.clone());
+                    let key = TurnkeyP256ApiKey::from_strings(&sk, Some(&pk)).unwrap();
+                    tokio::spawn(async move {
+                        let mut acknowledged = Vec::new();
+                        let mut n = 0;
+                        while !stop.load(Ordering::SeqCst) {
+                            n += 1;
+                            let params = json!({"policyName": format!("crash-{c}-{n}"), "effect": "EFFECT_ALLOW",
+                                "condition": "activity.type == 'ACTIVITY_TYPE_NONE'", "consensus": "true", "notes": ""});
+                            let body = submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, params);
+                            let r = post(&base, "/public/v1/submit/create_policy", body, &key).await;
+                            match r.status {
+                                200 => {
+                                    let id = r.json["activity"]["result"]["createPolicyResult"]["policyId"].as_str();
+                                    acknowledged.push(id.unwrap_or_else(|| panic!("{}", r.text)).to_string());
+                                    done.add();
+                                }
+                                // The enclave is down (or was, when the request reached it).
+                                503 => tokio::time::sleep(Duration::from_millis(5)).await,
+                                other => panic!("unexpected {other}: {}", r.text),
+                            }
+                        }
+                        acknowledged
+                    })
+                })
+                .collect();
+            done.reach(20, "policies written before the kill").await;
+            stack.kill_enclave();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stack.start_enclave();
+            stack.wait_healthy().await;
+            let after = done.get();
+            done.reach(after + 10, "policies written after the restart").await;
+            stop.store(true, Ordering::SeqCst);
+            let mut acknowledged = Vec::new();
+            for t in tasks {
+                acknowledged.extend(t.await.unwrap());
+            }
+            let proof_key = stack.proof_key().await;
+            let (_, diff) = stack.state_command("diff-state", &proof_key, &[]);
+            let differences = diff["differences"].as_array().unwrap_or_else(|| panic!("{diff}"));
+            for d in differences {
+                assert!(d["gateway"].is_null() && d["kind"] == "policy", "{store}: not what the enclave committed: {d}");
+                assert!(!acknowledged.iter().any(|id| d["id"] == id.as_str()), "{store}: an acknowledged policy: {d}");
+            }
+            let (status, rebuilt) = stack.state_command("rebuild", &proof_key, &[]);
+            assert_eq!(status, Some(0), "{store}: {rebuilt}");
+            let (status, diff) = stack.state_command("diff-state", &proof_key, &[]);
+            assert_eq!(status, Some(0), "{store}: {diff}");
+            // Every acknowledged policy is the gateway's, so the enclave's (the two agree).
+            let list = json!({"organizationId": org}).to_string();
+            let r = stack.post_raw("/public/v1/query/list_policies", list.as_bytes(), Some(&stack.api_key())).await;
+            let listed: Vec<&str> =
+                r.json["policies"].as_array().unwrap().iter().filter_map(|p| p["policyId"].as_str()).collect();
+            for id in &acknowledged {
+                assert!(listed.contains(&id.as_str()), "{store}: acknowledged policy {id} is not listed");
+            }
+            eprintln!(
+                "{store}: enclave kill under writes: {} acknowledged, {} committed by the enclave alone",
+                acknowledged.len(),
+                differences.len()
+            );
+        })
+        .await
+        .expect("test took longer than 60 s (a request hung)");
+    }
+}
+
 /// Overload is answered at once, not queued: with one read slot held by a client that sends its
 /// body slowly, the next read gets a JSON 503 with `Retry-After`, other classes and `/healthz`
 /// are unaffected, and the slow client gets a JSON 408 once the body read timeout passes.
@@ -588,6 +671,23 @@ async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
             )
             .await;
         assert_signed_by(&r, "after-restart", &address);
+
+        // The gateway's records converge to the enclave's state: it shows nothing the enclave
+        // did not commit, and a policy the enclave applied while the gateway died (its answer
+        // lost) is made the gateway's by `rebuild`, after which the two agree.
+        let proof_key = stack.proof_key().await;
+        let (_, diff) = stack.state_command("diff-state", &proof_key, &[]);
+        let differences = diff["differences"].as_array().unwrap_or_else(|| panic!("{diff}"));
+        for d in differences {
+            assert!(d["gateway"].is_null() && d["kind"] == "policy", "not what the enclave committed: {d}");
+        }
+        assert!(differences.len() <= unanswered, "{diff}");
+        let (status, rebuilt) = stack.state_command("rebuild", &proof_key, &[]);
+        assert_eq!(status, Some(0), "{rebuilt}");
+        assert_eq!(rebuilt["repaired"].as_array().map(Vec::len), Some(differences.len()), "{rebuilt}");
+        let (status, diff) = stack.state_command("diff-state", &proof_key, &[]);
+        assert_eq!((status, diff["differences"].as_array().map(Vec::len)), (Some(0), Some(0)), "{diff}");
+        eprintln!("gateway kill: {} committed by the enclave alone, repaired by rebuild", differences.len());
     })
     .await
     .expect("test took longer than 60 s (a request hung)");
