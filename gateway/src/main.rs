@@ -236,13 +236,33 @@ async fn main() -> anyhow::Result<()> {
             let (before, _) = state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
             let store = cfg.open_store()?;
             let plan = state_rebuild::plan(store.as_ref(), &before, coffer_gateway::store::now_nanos())?;
-            let after = if dry_run || plan.writes.is_empty() {
-                None
-            } else {
+            let mut after = None;
+            if !dry_run && !plan.writes.is_empty() {
+                // The organization as the enclave signs it again, after the gateway's answers were
+                // read: an activity that ran in between (the enclave's version or log moved) could
+                // be undone by the plan, which is then not applied.
+                let (again, _) = state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
+                if (again.enclave_version, again.log_seq) != (before.enclave_version, before.log_seq) {
+                    anyhow::bail!(
+                        "the organization changed while rebuild read it (the enclave's state went from version {} to \
+                         {}): nothing repaired; run it again with the organization quiet",
+                        before.enclave_version,
+                        again.enclave_version
+                    );
+                }
                 store.apply(&plan.writes)?;
-                Some(state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?.0)
+                // Applied: the report is printed whatever the comparison after it answers.
+                after = Some(match state_diff::diff(&base_url, &organization_id, &key, &proof_key).await {
+                    Ok((diff, _)) => serde_json::to_value(&diff)?,
+                    Err(e) => serde_json::json!({ "error": e.to_string() }),
+                });
+            }
+            let remains = match &after {
+                Some(diff) => ["differences", "shownTwice", "unknownKinds"]
+                    .iter()
+                    .any(|member| diff[member].as_array().is_none_or(|d| !d.is_empty())),
+                None => !before.agrees(),
             };
-            let remains = !after.as_ref().unwrap_or(&before).agrees();
             let report = serde_json::json!({ "organizationId": organization_id, "dryRun": dry_run,
                 "before": before, "repaired": plan.repaired, "left": plan.left, "after": after });
             println!("{}", serde_json::to_string(&report)?);

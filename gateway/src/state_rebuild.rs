@@ -58,6 +58,31 @@ const NOT_REPAIRED: &str = "this difference is not repaired by rebuild: correct 
 /// delete what came after.
 pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<Plan> {
     let org = diff.organization_id.as_str();
+    if !diff.shown_twice.is_empty() || !diff.unknown_kinds.is_empty() {
+        anyhow::bail!(
+            "the comparison is not one to act on (items shown twice: {:?}; kinds not known: {:?}): nothing repaired",
+            diff.shown_twice,
+            diff.unknown_kinds
+        );
+    }
+    // The gateway's link at the signed position, if it has one, is the enclave's: else the two
+    // logs forked (the enclave tier restored from a backup, then written to).
+    if let Some(at) = diff.log_seq.checked_sub(1).map(|before| store.activity_log(org, before, 1)).transpose()? {
+        if let Some(link) = at.first().filter(|l| l.seq == diff.log_seq) {
+            let head = serde_json::from_str::<coffer_auth::proof::AppProof>(&link.link)
+                .ok()
+                .and_then(|p| serde_json::from_str::<Value>(&p.proof_payload).ok())
+                .and_then(|payload| coffer_auth::proof::LogLink::from_payload(&payload).ok())
+                .map(|l| l.head);
+            if head.as_deref() != Some(diff.log_head.as_str()) {
+                anyhow::bail!(
+                    "the gateway's link {} of the organization's activity log is not the one the enclave's state was \
+                     signed at: the two logs forked (the enclave tier restored from a backup?): nothing repaired",
+                    diff.log_seq
+                );
+            }
+        }
+    }
     if let Some(newer) = store.activity_log(org, diff.log_seq, 1)?.first() {
         anyhow::bail!(
             "the enclave's state was signed at link {} of the organization's activity log and the gateway's store has \
@@ -69,9 +94,10 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<P
     }
     let mut plan = Plan::default();
     // Each step's writes, in this order: the root quorum first (a user leaving it can then be
-    // deleted), tags before the users that carry them, deletions of users and tags last.
-    let (mut quorum, mut tags, mut records, mut users, mut credentials, mut gone_users, mut gone_tags) =
-        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    // deleted), then every deletion (a name an inserted record takes may be a deleted one's),
+    // then tags before the users that carry them.
+    let (mut quorum, mut tags, mut records, mut users) = (vec![], vec![], vec![], vec![]);
+    let (mut credentials, mut gone_users, mut gone_tags, mut gone_records) = (vec![], vec![], vec![], vec![]);
     for d in &diff.differences {
         let Difference { kind, id, enclave, gateway } = d;
         let mut repaired = |action: &'static str| {
@@ -103,7 +129,7 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<P
                 repaired(if gateway.is_some() { "updated" } else { "inserted" });
             }
             ("policy", None, Some(_)) => {
-                records.push(Write::DeleteRecords {
+                gone_records.push(Write::DeleteRecords {
                     organization_id: org.into(),
                     kind: POLICY.into(),
                     ids: vec![id.clone()],
@@ -145,15 +171,16 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<P
                 });
                 repaired("deleted");
             }
-            ("user", Some(e), Some(_)) => {
-                let text = |m: &str| Some(e[m].as_str().unwrap_or_default().to_string());
+            ("user", Some(e), Some(g)) => {
+                // Only what differs: a contact set again as it was would unverify it.
+                let text = |m: &str| (e[m] != g[m]).then(|| e[m].as_str().unwrap_or_default().to_string());
                 users.push(Write::UpdateUser {
                     organization_id: org.into(),
                     id: id.clone(),
                     name: text("name"),
                     email: text("email"),
                     phone_number: text("phoneNumber"),
-                    tag_ids: Some(strings(&e["tags"])),
+                    tag_ids: (e["tags"] != g["tags"]).then(|| strings(&e["tags"])),
                     updated_at: now,
                 });
                 repaired("updated");
@@ -178,7 +205,7 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<P
                     "webhook_endpoint" => WEBHOOK_ENDPOINT,
                     _ => OAUTH2_CREDENTIAL,
                 };
-                records.push(Write::DeleteRecords {
+                gone_records.push(Write::DeleteRecords {
                     organization_id: org.into(),
                     kind: kind.into(),
                     ids: vec![id.clone()],
@@ -192,7 +219,7 @@ pub fn plan(store: &dyn Store, diff: &StateDiff, now: Nanos) -> anyhow::Result<P
             _ => plan.left.push(Left { kind: kind.clone(), id: id.clone(), reason: NOT_REPAIRED }),
         }
     }
-    for step in [quorum, tags, records, users, credentials, gone_users, gone_tags] {
+    for step in [quorum, gone_records, credentials, gone_users, gone_tags, tags, records, users] {
         plan.writes.extend(step);
     }
     Ok(plan)
@@ -294,24 +321,48 @@ mod tests {
     #[test]
     fn a_state_older_than_the_gateways_log_repairs_nothing() {
         let (dir, store) = store();
-        let link = |seq: u64| Write::InsertLogLink {
-            organization_id: "o".into(),
-            seq,
-            activity_id: format!("a{seq}"),
-            link: "{}".into(),
+        let link = |seq: u64| {
+            let link = coffer_auth::proof::LogLink {
+                organization_id: "o".into(),
+                seq: seq.to_string(),
+                activity_id: format!("a{seq}"),
+                fingerprint: format!("f{seq}"),
+                activity_type: "ACTIVITY_TYPE_CREATE_POLICY_V3".into(),
+                status: "ACTIVITY_STATUS_COMPLETED".into(),
+                activity_digest: "d".into(),
+                previous: format!("h{}", seq - 1),
+                head: format!("h{seq}"),
+            };
+            let proof = json!({ "scheme": "s", "publicKey": "k", "proofPayload": link.payload(0), "signature": "" });
+            Write::InsertLogLink {
+                organization_id: "o".into(),
+                seq,
+                activity_id: format!("a{seq}"),
+                link: proof.to_string(),
+            }
         };
         crate::store::Store::apply(&store, &[link(1), link(2)]).unwrap();
         let mut older = diff(vec![d("policy", "p", None, Some(json!({})))]);
-        older.log_seq = 1;
+        (older.log_seq, older.log_head) = (1, "h1".into());
         let e = plan(&store, &older, 1).unwrap_err().to_string();
         assert!(e.contains("signed at link 1") && e.contains("has link 2"), "{e}");
-        older.log_seq = 2;
+        (older.log_seq, older.log_head) = (2, "h2".into());
         assert_eq!(plan(&store, &older, 1).unwrap().repaired.len(), 1, "as new as the gateway's log: repaired");
+        // The same position on another chain: forked.
+        older.log_head = "another".into();
+        let e = plan(&store, &older, 1).unwrap_err().to_string();
+        assert!(e.contains("forked"), "{e}");
+        // Ahead of the gateway's log (links the gateway never recorded): repaired.
+        (older.log_seq, older.log_head) = (5, "h5".into());
+        assert_eq!(plan(&store, &older, 1).unwrap().repaired.len(), 1);
+        // Not a comparison to act on.
+        older.shown_twice = vec!["policy p".into()];
+        assert!(plan(&store, &older, 1).unwrap_err().to_string().contains("shown twice"));
         let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
-    fn the_quorum_goes_first_and_deletions_of_users_and_tags_last() {
+    fn the_quorum_goes_first_then_deletions_then_inserts() {
         let (dir, store) = store();
         let quorum = |ids: &[&str]| json!({ "rootQuorum": { "threshold": 1, "userIds": ids }, "features": {} });
         let differences = vec![
@@ -335,8 +386,8 @@ mod tests {
                 _ => "other",
             })
             .collect();
-        assert_eq!(order, ["quorum", "tag", "policy", "delete user", "delete tag"]);
-        let Write::PutRecord(policy) = &plan.writes[2] else { unreachable!() };
+        assert_eq!(order, ["quorum", "delete user", "delete tag", "tag", "policy"]);
+        let Write::PutRecord(policy) = &plan.writes[4] else { unreachable!() };
         assert_eq!(
             (policy.name.as_str(), &policy.data),
             ("p", &json!({"effect": "EFFECT_ALLOW", "notes": "", "condition": "true", "consensus": null}))
