@@ -123,9 +123,10 @@ enum Command {
         #[arg(long)]
         state_out: Option<PathBuf>,
     },
-    /// Repair the gateway's records of an organization from its state as the enclave signs it:
-    /// what `diff-state` finds, in one transaction of the gateway's store (read from this
-    /// process's configuration). Policies, tags, users' names, contacts and tags, and the root
+    /// Repair the gateway's records of an organization from its state as the enclave signs it
+    /// (asked through `--base-url`, checked against the proof key): compared with the gateway's
+    /// store of this process's configuration, read directly, and repaired in one transaction of
+    /// it. Policies, tags, users' names, contacts and tags, and the root
     /// quorum are made the enclave's; users, credentials, contract interfaces, webhook endpoints
     /// and OAuth 2.0 credentials the enclave does not have are deleted. Wallets, accounts, private
     /// keys (sealed material only the gateway keeps) and what only the enclave has are listed,
@@ -233,27 +234,33 @@ async fn main() -> anyhow::Result<()> {
             use coffer_gateway::{state_diff, state_rebuild};
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
-            let (before, _) = state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
             let store = cfg.open_store()?;
+            // The gateway's side read from the store rebuild writes, not from a gateway's answers.
+            let compare = |signed: &coffer_auth::state_proof::SignedState| -> anyhow::Result<state_diff::StateDiff> {
+                let answers = state_diff::GatewayAnswers::from_store(store.as_ref(), &organization_id)?;
+                Ok(state_diff::compare(signed, &answers))
+            };
+            let signed = state_diff::signed_state(&base_url, &organization_id, &key, &proof_key).await?;
+            let before = compare(&signed)?;
             let plan = state_rebuild::plan(store.as_ref(), &before, coffer_gateway::store::now_nanos())?;
             let mut after = None;
             if !dry_run && !plan.writes.is_empty() {
-                // The organization as the enclave signs it again, after the gateway's answers were
-                // read: an activity that ran in between (the enclave's version or log moved) could
-                // be undone by the plan, which is then not applied.
-                let (again, _) = state_diff::diff(&base_url, &organization_id, &key, &proof_key).await?;
-                if (again.enclave_version, again.log_seq) != (before.enclave_version, before.log_seq) {
+                // The organization as the enclave signs it again, after the store was read: an
+                // activity that ran in between (the enclave's version or log moved) could be undone
+                // by the plan, which is then not applied.
+                let again = state_diff::signed_state(&base_url, &organization_id, &key, &proof_key).await?;
+                if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
                     anyhow::bail!(
                         "the organization changed while rebuild read it (the enclave's state went from version {} to \
                          {}): nothing repaired; run it again with the organization quiet",
-                        before.enclave_version,
-                        again.enclave_version
+                        signed.version,
+                        again.version
                     );
                 }
                 store.apply(&plan.writes)?;
                 // Applied: the report is printed whatever the comparison after it answers.
-                after = Some(match state_diff::diff(&base_url, &organization_id, &key, &proof_key).await {
-                    Ok((diff, _)) => serde_json::to_value(&diff)?,
+                after = Some(match compare(&again) {
+                    Ok(diff) => serde_json::to_value(&diff)?,
                     Err(e) => serde_json::json!({ "error": e.to_string() }),
                 });
             }

@@ -78,16 +78,27 @@ pub async fn diff(
     key: &ApiKeyFile,
     proof_key: &[u8; 65],
 ) -> anyhow::Result<(StateDiff, SignedState)> {
+    let signed = signed_state(base_url, organization_id, key, proof_key).await?;
+    let answers = GatewayAnswers::read(&client()?, base_url, organization_id, key).await?;
+    Ok((compare(&signed, &answers), signed))
+}
+
+/// The organization's state as the enclave signs it for a nonce chosen here, asked of the
+/// gateway at `base_url` and checked against the proof key `proof_key`.
+pub async fn signed_state(
+    base_url: &str,
+    organization_id: &str,
+    key: &ApiKeyFile,
+    proof_key: &[u8; 65],
+) -> anyhow::Result<SignedState> {
     let client = client()?;
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let body = json!({ "organizationId": organization_id, "nonce": nonce });
     let mut answer = query(&client, base_url, "coffer_get_organization_state", &body, key).await?;
     let proof: AppProof = serde_json::from_value(answer["state"].take()).context("the answer has no signed state")?;
     let state = answer["stateJson"].as_str().context("the answer has no stateJson")?;
-    let signed = state_proof::verify(&proof, state.as_bytes(), proof_key, organization_id, &nonce)
-        .map_err(|e| anyhow::anyhow!("the organization's state does not verify: {e}"))?;
-    let answers = GatewayAnswers::read(&client, base_url, organization_id, key).await?;
-    Ok((compare(&signed, &answers), signed))
+    state_proof::verify(&proof, state.as_bytes(), proof_key, organization_id, &nonce)
+        .map_err(|e| anyhow::anyhow!("the organization's state does not verify: {e}"))
 }
 
 /// What the gateway's queries answered, each list whole.
@@ -138,6 +149,42 @@ impl GatewayAnswers {
                 .list_all("list_webhook_endpoints", "webhookEndpoints", "endpointId", PAGE)
                 .await?,
             oauth2_credentials: oauth2["oauth2Credentials"].as_array().cloned().unwrap_or_default(),
+        })
+    }
+}
+
+impl GatewayAnswers {
+    /// The same answers read from the gateway's store itself, rendered as its queries render
+    /// them: what `rebuild` compares with, so that what it repairs is what the store it writes
+    /// holds (not what a gateway process answers).
+    pub fn from_store(s: &dyn crate::store::Store, org: &str) -> Result<Self, crate::store::StoreError> {
+        use crate::ops;
+        use crate::record_kinds::{
+            AUTH_PROXY, OAUTH2_CREDENTIAL, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG,
+            WEBHOOK_ENDPOINT,
+        };
+        use crate::store::Page;
+        let organization = s.organization(org)?;
+        let records = |kind: &str, render: fn(&crate::store::Record) -> Value| {
+            s.records_page(org, kind, &Page::ALL).map(|all| all.iter().map(render).collect::<Vec<_>>())
+        };
+        Ok(Self {
+            configs: ops::organization::configs_json(s, &organization)?,
+            auth_proxy: s.records(org, AUTH_PROXY)?.first().map(ops::proxy_config::config_json).unwrap_or(Value::Null),
+            users: ops::users::users_json(s, org, &s.users_page(org, &Page::ALL)?)?,
+            policies: records(POLICY, ops::policies::policy_json)?,
+            user_tags: records(USER_TAG, ops::tags::tag_json)?,
+            private_key_tags: records(PRIVATE_KEY_TAG, ops::tags::tag_json)?,
+            wallets: s.wallets_page(org, &Page::ALL)?.iter().map(ops::wallets::wallet_json).collect(),
+            accounts: s
+                .accounts_page(org, None, &Page::ALL)?
+                .iter()
+                .map(|a| ops::wallets::account_json(a, None))
+                .collect(),
+            private_keys: s.private_keys_page(org, &Page::ALL)?.iter().map(ops::keys::private_key_json).collect(),
+            contract_interfaces: records(SMART_CONTRACT_INTERFACE, ops::contracts::interface_json)?,
+            webhook_endpoints: records(WEBHOOK_ENDPOINT, crate::webhook_endpoint::endpoint_json)?,
+            oauth2_credentials: s.records(org, OAUTH2_CREDENTIAL)?.iter().map(ops::oauth2::credential_json).collect(),
         })
     }
 }

@@ -1,5 +1,5 @@
 //! `coffer-gateway rebuild`: repairs the gateway's records of an organization from the state the
-//! enclave signs (the differences `diff-state` finds), in one transaction of the gateway's store,
+//! enclave signs (compared with the gateway's store itself), in one transaction of that store,
 //! and lists what it leaves for an operator: key material and what only the gateway keeps.
 //!
 //! The enclave's state is the truth for every item it holds; a repair never adds power (the

@@ -200,10 +200,14 @@ pub async fn get_organization(ctx: QueryCtx, _req: super::params::Empty) -> Resu
 
 /// `get_organization_configs`: features and root quorum.
 pub async fn get_organization_configs(ctx: QueryCtx, _req: super::params::Empty) -> Result<Value, ApiError> {
-    let org = ctx.org.id.clone();
-    let features: Vec<(String, String)> =
-        ctx.state.db(move |s| s.records(&org, FEATURE)).await??.iter().map(feature_of).collect();
-    Ok(json!({ "configs": { "features": features_json(&features), "quorum": quorum_json(&ctx.org) } }))
+    let org = ctx.org.clone();
+    Ok(json!({ "configs": ctx.state.db(move |s| configs_json(s, &org)).await?? }))
+}
+
+/// An organization's `configs` (features and root quorum) as `get_organization_configs` answers.
+pub fn configs_json(s: &dyn crate::store::Store, org: &Organization) -> Result<Value, StoreError> {
+    let features: Vec<(String, String)> = s.records(&org.id, FEATURE)?.iter().map(feature_of).collect();
+    Ok(json!({ "features": features_json(&features), "quorum": quorum_json(org) }))
 }
 
 #[cfg(test)]
