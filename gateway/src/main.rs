@@ -440,6 +440,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let state =
         Arc::new(AppState { store, custody, body_limit: cfg.body_limit, limits, webhooks: cfg.webhooks.clone() });
     let _webhooks = coffer_gateway::webhook_delivery::spawn(state.clone(), cfg.instance())?;
+    coffer_gateway::catch_up::spawn(state.clone());
     let bind = |addr| coffer_gateway::serve::bind(addr, cfg.listen_backlog);
     let listener = bind(cfg.listen)?;
     let proxy_listener = bind(cfg.auth_proxy_listen)?;

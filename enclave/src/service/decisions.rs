@@ -1,5 +1,5 @@
 //! Decisions asked without work: `DecideActivity` (a stamped activity, decided as its call would
-//! decide it) and `DryRunActivity` (the policy dry run).
+//! decide it), `DryRunActivity` (the policy dry run) and `ListAllowed` (the decision log's allows).
 
 use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -81,4 +81,27 @@ pub(super) fn dry_run_activity(
         reason: e.reason.to_string(),
         policies: serde_json::to_vec(&policies).map_err(|e| EnclaveError::Internal(e.to_string()))?,
     })
+}
+
+/// Most decisions one `ListAllowed` call reads.
+const MAX_ALLOWED_LISTED: usize = 10_000;
+
+/// `ListAllowed`: the allows of the decision log at or after `since_ms`, oldest first.
+pub(super) fn list_allowed(
+    admission: &Admission,
+    req: &pb::ListAllowedRequest,
+) -> Result<pb::ListAllowedResponse, EnclaveError> {
+    let limit = (req.limit as usize).clamp(1, MAX_ALLOWED_LISTED);
+    let decisions = admission.store().decisions(req.since_ms, limit)?;
+    let allowed = decisions
+        .into_iter()
+        .filter(|d| d.outcome == crate::store::OUTCOME_ALLOW && !d.fingerprint.is_empty())
+        .map(|d| pb::AllowedActivity {
+            at_ms: d.at_ms,
+            organization_id: d.organization_id,
+            fingerprint: d.fingerprint,
+            activity_type: d.activity_type,
+        })
+        .collect();
+    Ok(pb::ListAllowedResponse { allowed })
 }

@@ -246,6 +246,10 @@ impl Enclave for EnclaveService {
         .await
     }
 
+    async fn list_allowed(&self, req: Request<pb::ListAllowedRequest>) -> Answer<pb::ListAllowedResponse> {
+        self.run(req, |_hsm, admission, req| decisions::list_allowed(admission, &req)).await
+    }
+
     async fn init_otp(&self, req: Request<pb::InitOtpRequest>) -> Answer<pb::InitOtpResponse> {
         otp::init_otp(self.hsm.clone(), self.admission.clone(), self.otp.clone(), req.into_inner()).await
     }

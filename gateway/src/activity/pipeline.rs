@@ -230,7 +230,15 @@ async fn execute(
                 .map(|a| (a.id.as_str(), a.sealed_key.clone()))
                 .collect();
             let wallet = (wallet_seed, &sealed_keys);
-            apply_in_enclave(&state, auth, &proposal, issued, wallet, &returned).await.map_err(moved)?
+            apply_in_enclave(&state, auth, &proposal, issued, wallet, &returned)
+                .await
+                .inspect_err(|e| {
+                    // No answer, and no refusal: the enclave may have applied it (caught up later).
+                    if e.code == Code::Unavailable && e.refusal.is_none() {
+                        crate::uncertain_outcomes::note(&org);
+                    }
+                })
+                .map_err(moved)?
         }
     };
     Ok((outcome, evaluation))

@@ -287,6 +287,11 @@ impl Custody {
         answer(self.client.clone().get_log_head(request).await)
     }
 
+    /// The activities the enclave allowed at or after `since_ms`, oldest first, at most `limit`.
+    pub async fn list_allowed(&self, since_ms: i64, limit: u32) -> Result<pb::ListAllowedResponse, ApiError> {
+        answer(self.client.clone().list_allowed(pb::ListAllowedRequest { since_ms, limit }).await)
+    }
+
     /// The organization's state as the enclave holds it, signed now for the verifier's `nonce`.
     pub async fn organization_state(
         &self,

@@ -1,0 +1,196 @@
+//! The gateway catching up with the enclave: when it starts, every organization with an activity
+//! the enclave allowed lately that the gateway's store has no record of (its answer lost with a
+//! gateway that died), and while it runs, every organization with a change whose enclave call got
+//! no answer (an enclave that died), is compared with the enclave's signed state and repaired as
+//! `rebuild` does.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::state::AppState;
+use crate::state_diff::{compare, GatewayAnswers};
+use crate::store::StoreError;
+
+/// How far back a starting gateway looks in the enclave's decision log.
+pub const WINDOW_MS: i64 = 10 * 60 * 1000;
+/// Decisions read per `ListAllowed` call, and calls at most: what one start reads.
+const PAGE: u32 = 10_000;
+const MAX_PAGES: usize = 20;
+/// Organizations caught up at most per start (the rest are logged: `rebuild` them).
+const MAX_ORGANIZATIONS: usize = 1_000;
+
+/// What one catch-up did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CaughtUp {
+    /// Allowed activities the gateway's store has no record of.
+    pub unrecorded: usize,
+    /// Organizations compared, and those repaired.
+    pub compared: usize,
+    pub repaired: usize,
+    /// Repairs made, and differences left (key material, what only the enclave has).
+    pub repairs: usize,
+    pub left: usize,
+}
+
+/// Catches the store up with what the enclave allowed in the last [`WINDOW_MS`] and the store has
+/// no record of, in the background, retrying while the enclave cannot be reached yet (a minute).
+/// Then, every [`UNCERTAIN_EVERY`], repairs the organizations whose change got no answer from
+/// the enclave (`uncertain_outcomes`), once the enclave answers again.
+pub fn spawn(state: Arc<AppState>) {
+    let since = crate::store::now_nanos() / 1_000_000 - WINDOW_MS;
+    tokio::spawn(async move {
+        for attempt in 1..=60 {
+            match catch_up(&state, since).await {
+                Ok(done) => {
+                    tracing::info!(
+                        unrecorded = done.unrecorded,
+                        compared = done.compared,
+                        repaired = done.repaired,
+                        repairs = done.repairs,
+                        left = done.left,
+                        "caught up with the enclave"
+                    );
+                    break;
+                }
+                Err(e) if attempt == 60 => tracing::warn!(
+                    error = %e.message,
+                    "not caught up with the enclave: run coffer-gateway rebuild for the organizations coffer-enclave reconcile names"
+                ),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+            }
+        }
+        loop {
+            tokio::time::sleep(UNCERTAIN_EVERY).await;
+            let organizations = crate::uncertain_outcomes::take();
+            if organizations.is_empty() {
+                continue;
+            }
+            let Ok(proof_key) = proof_key(&state).await else {
+                organizations.iter().for_each(|o| crate::uncertain_outcomes::note(o));
+                continue;
+            };
+            for org in organizations {
+                match repair(&state, &org, &proof_key).await {
+                    Ok((repairs, left)) => {
+                        tracing::info!(organization = %org, repairs, left, "caught up with the enclave after a change it did not answer")
+                    }
+                    // The enclave cannot be reached yet (or the state moved): tried again later.
+                    Err(e) => {
+                        tracing::debug!(organization = %org, error = %e, "not caught up yet");
+                        crate::uncertain_outcomes::note(&org);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// How often the organizations of unanswered changes are caught up.
+const UNCERTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The enclave's proof key (the point), as its boot proof names it.
+async fn proof_key(state: &Arc<AppState>) -> Result<[u8; 65], crate::error::ApiError> {
+    let keys = crate::oidc_tokens::own_keys(state)
+        .await
+        .and_then(|k| k.proof_key.clone())
+        .ok_or_else(|| crate::error::ApiError::unavailable("the enclave's proof key is not known"))?;
+    hex::decode(&keys[keys.len() / 2..])
+        .ok()
+        .and_then(|k| k.try_into().ok())
+        .ok_or_else(crate::error::ApiError::internal)
+}
+
+/// Catches the gateway's store up with the enclave for the activities allowed since `since_ms`.
+/// Errors of one organization are logged and the others go on.
+pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, crate::error::ApiError> {
+    let mut done = CaughtUp::default();
+    let mut organizations = BTreeSet::new();
+    let mut since = since_ms;
+    for _ in 0..MAX_PAGES {
+        let page = state.custody.list_allowed(since, PAGE).await?.allowed;
+        let full = page.len() as u32 >= PAGE;
+        for a in &page {
+            let fingerprint = a.fingerprint.clone();
+            match state.db(move |s| s.activity_by_fingerprint(&fingerprint)).await? {
+                Err(StoreError::NotFound) => {
+                    done.unrecorded += 1;
+                    organizations.insert(a.organization_id.clone());
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match page.last() {
+            // Decisions of the last millisecond may come again on the next page: read again.
+            Some(last) if full && last.at_ms > since => since = last.at_ms,
+            _ => break,
+        }
+    }
+    if organizations.len() > MAX_ORGANIZATIONS {
+        tracing::warn!(
+            organizations = organizations.len(),
+            caught_up = MAX_ORGANIZATIONS,
+            "more organizations to catch up with the enclave than one start does: run coffer-gateway rebuild for the rest (coffer-enclave reconcile names them)"
+        );
+    }
+    if organizations.is_empty() {
+        return Ok(done);
+    }
+    let proof_key = proof_key(state).await?;
+    for org in organizations.iter().take(MAX_ORGANIZATIONS) {
+        done.compared += 1;
+        match repair(state, org, &proof_key).await {
+            Ok((repairs, left)) => {
+                done.repairs += repairs;
+                done.left += left;
+                done.repaired += usize::from(repairs > 0);
+            }
+            Err(e) => tracing::warn!(organization = %org, error = %e, "not caught up with the enclave"),
+        }
+    }
+    Ok(done)
+}
+
+/// Compares one organization's records with its signed state and applies the repairs, unless the
+/// state moved meanwhile. Answers the repairs made and the differences left.
+async fn repair(state: &Arc<AppState>, org: &str, proof_key: &[u8; 65]) -> anyhow::Result<(usize, usize)> {
+    let signed = signed_state(state, org, proof_key).await?;
+    let org_id = org.to_string();
+    let answers = state.read_store(move |s| GatewayAnswers::from_store(s, &org_id))?;
+    let diff = compare(&signed, &answers);
+    let plan = crate::state_rebuild::plan(state.store.as_ref(), &diff, crate::store::now_nanos())?;
+    for left in &plan.left {
+        tracing::warn!(organization = %org, kind = %left.kind, id = %left.id, reason = left.reason, "left as it is by the catch-up");
+    }
+    if plan.writes.is_empty() {
+        return Ok((0, plan.left.len()));
+    }
+    let again = signed_state(state, org, proof_key).await?;
+    if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
+        anyhow::bail!("the organization changed while it was read: not caught up (coffer-gateway rebuild repairs it)");
+    }
+    state.store.apply(&plan.writes)?;
+    for r in &plan.repaired {
+        tracing::info!(organization = %org, kind = %r.kind, id = %r.id, action = r.action, "repaired from the enclave's state");
+    }
+    Ok((plan.repaired.len(), plan.left.len()))
+}
+
+/// The organization's state as the enclave signs it for a fresh nonce, verified.
+async fn signed_state(
+    state: &Arc<AppState>,
+    org: &str,
+    proof_key: &[u8; 65],
+) -> anyhow::Result<coffer_auth::state_proof::SignedState> {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let answer = state.custody.organization_state(org, &nonce).await.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let proof = answer.state.as_ref().ok_or_else(|| anyhow::anyhow!("the enclave's answer has no proof"))?;
+    let proof = coffer_auth::proof::AppProof {
+        scheme: proof.scheme.clone(),
+        public_key: proof.public_key.clone(),
+        proof_payload: proof.proof_payload.clone(),
+        signature: proof.signature.clone(),
+    };
+    coffer_auth::state_proof::verify(&proof, &answer.entries, proof_key, org, &nonce)
+        .map_err(|e| anyhow::anyhow!("the organization's state does not verify: {e}"))
+}
