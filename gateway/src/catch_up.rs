@@ -66,18 +66,19 @@ pub fn spawn(state: Arc<AppState>) {
                 continue;
             }
             let Ok(proof_key) = proof_key(&state).await else {
-                organizations.iter().for_each(|o| crate::uncertain_outcomes::note(o));
+                organizations.iter().for_each(|(o, tries)| crate::uncertain_outcomes::retry(o, *tries));
                 continue;
             };
-            for org in organizations {
+            for (org, tries) in organizations {
                 match repair(&state, &org, &proof_key).await {
                     Ok((repairs, left)) => {
                         tracing::info!(organization = %org, repairs, left, "caught up with the enclave after a change it did not answer")
                     }
-                    // The enclave cannot be reached yet (or the state moved): tried again later.
+                    // The enclave cannot be reached yet (or the state moved): tried again later,
+                    // a limited number of times.
                     Err(e) => {
                         tracing::debug!(organization = %org, error = %e, "not caught up yet");
-                        crate::uncertain_outcomes::note(&org);
+                        crate::uncertain_outcomes::retry(&org, tries);
                     }
                 }
             }
@@ -88,16 +89,15 @@ pub fn spawn(state: Arc<AppState>) {
 /// How often the organizations of unanswered changes are caught up.
 const UNCERTAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The enclave's proof key (the point), as its boot proof names it.
+/// The enclave's proof key (the point), as its boot proof names it: asked each time (a catch-up
+/// is rare), so that a failed call is not kept.
 async fn proof_key(state: &Arc<AppState>) -> Result<[u8; 65], crate::error::ApiError> {
-    let keys = crate::oidc_tokens::own_keys(state)
-        .await
-        .and_then(|k| k.proof_key.clone())
-        .ok_or_else(|| crate::error::ApiError::unavailable("the enclave's proof key is not known"))?;
-    hex::decode(&keys[keys.len() / 2..])
+    let boot = state.custody.boot_proof().await?;
+    let key = boot.proof.map(|p| p.public_key).unwrap_or_default();
+    hex::decode(key.get(key.len() / 2..).unwrap_or_default())
         .ok()
         .and_then(|k| k.try_into().ok())
-        .ok_or_else(crate::error::ApiError::internal)
+        .ok_or_else(|| crate::error::ApiError::unavailable("the enclave has no proof key: nothing is caught up"))
 }
 
 /// Catches the gateway's store up with the enclave for the activities allowed since `since_ms`.
@@ -106,32 +106,37 @@ pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, 
     let mut done = CaughtUp::default();
     let mut organizations = BTreeSet::new();
     let mut since = since_ms;
+    let mut cut_short = true;
     for _ in 0..MAX_PAGES {
-        let page = state.custody.list_allowed(since, PAGE).await?.allowed;
-        let full = page.len() as u32 >= PAGE;
-        for a in &page {
+        let page = state.custody.list_allowed(since, PAGE).await?;
+        for a in &page.allowed {
             let fingerprint = a.fingerprint.clone();
             match state.db(move |s| s.activity_by_fingerprint(&fingerprint)).await? {
-                Err(StoreError::NotFound) => {
-                    done.unrecorded += 1;
-                    organizations.insert(a.organization_id.clone());
-                }
-                Ok(_) => {}
+                // None, or one still waiting for the votes whose approved run the enclave allowed.
+                Err(StoreError::NotFound) => {}
+                Ok(recorded) if recorded.status == crate::activity::STATUS_CONSENSUS_NEEDED => {}
+                Ok(_) => continue,
                 Err(e) => return Err(e.into()),
             }
+            done.unrecorded += 1;
+            organizations.insert(a.organization_id.clone());
         }
-        match page.last() {
-            // Decisions of the last millisecond may come again on the next page: read again.
-            Some(last) if full && last.at_ms > since => since = last.at_ms,
-            _ => break,
+        // Paged on the decisions read, not on the allows answered; decisions of the last
+        // millisecond may come again on the next page (read again, harmlessly).
+        if page.scanned < PAGE || page.last_at_ms <= since {
+            cut_short = false;
+            break;
         }
+        since = page.last_at_ms;
     }
-    if organizations.len() > MAX_ORGANIZATIONS {
+    if cut_short {
         tracing::warn!(
-            organizations = organizations.len(),
-            caught_up = MAX_ORGANIZATIONS,
-            "more organizations to catch up with the enclave than one start does: run coffer-gateway rebuild for the rest (coffer-enclave reconcile names them)"
+            "more decisions in the window than one start reads: run coffer-gateway rebuild for the organizations coffer-enclave reconcile names"
         );
+    }
+    // Past the first MAX_ORGANIZATIONS, the rest are caught up while the gateway runs.
+    for org in organizations.iter().skip(MAX_ORGANIZATIONS) {
+        crate::uncertain_outcomes::note(org);
     }
     if organizations.is_empty() {
         return Ok(done);
@@ -145,7 +150,11 @@ pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, 
                 done.left += left;
                 done.repaired += usize::from(repairs > 0);
             }
-            Err(e) => tracing::warn!(organization = %org, error = %e, "not caught up with the enclave"),
+            // Tried again while the gateway runs.
+            Err(e) => {
+                tracing::warn!(organization = %org, error = %e, "not caught up with the enclave yet");
+                crate::uncertain_outcomes::note(org);
+            }
         }
     }
     Ok(done)

@@ -48,13 +48,7 @@ pub async fn login_keys(state: &AppState) -> Result<&'static LoginKeys, ApiError
     KEYS.get_or_try_init(|| async {
         let signer = state.custody.signer_public_key().await?;
         let r = state.custody.login_keys().await?;
-        // A token without a proof key has no boot proof (not found); any other failure is not
-        // kept: the keys are asked again on the next use, rather than kept without a proof key.
-        let boot = match state.custody.boot_proof().await {
-            Ok(boot) => Some(boot),
-            Err(e) if e.code == crate::error::Code::NotFound => None,
-            Err(e) => return Err(e),
-        };
+        let boot = state.custody.boot_proof().await.ok();
         Ok::<_, ApiError>(LoginKeys {
             enclave_signer: signer,
             notarizer: r.notarizer_public_key,

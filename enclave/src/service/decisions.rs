@@ -92,16 +92,23 @@ pub(super) fn list_allowed(
     req: &pb::ListAllowedRequest,
 ) -> Result<pb::ListAllowedResponse, EnclaveError> {
     let limit = (req.limit as usize).clamp(1, MAX_ALLOWED_LISTED);
-    let decisions = admission.store().decisions(req.since_ms, limit)?;
-    let allowed = decisions
-        .into_iter()
-        .filter(|d| d.outcome == crate::store::OUTCOME_ALLOW && !d.fingerprint.is_empty())
-        .map(|d| pb::AllowedActivity {
+    let store = admission.store();
+    let decisions = store.decisions(req.since_ms, limit)?;
+    let (scanned, last_at_ms) = (decisions.len() as u32, decisions.last().map_or(req.since_ms, |d| d.at_ms));
+    let mut allowed = Vec::new();
+    for d in decisions {
+        if d.outcome != crate::store::OUTCOME_ALLOW || d.fingerprint.is_empty() {
+            continue;
+        }
+        if store.decided(&d.organization_id, &d.fingerprint)?.logged != crate::store::LoggedDecision::Authorized {
+            continue;
+        }
+        allowed.push(pb::AllowedActivity {
             at_ms: d.at_ms,
             organization_id: d.organization_id,
             fingerprint: d.fingerprint,
             activity_type: d.activity_type,
-        })
-        .collect();
-    Ok(pb::ListAllowedResponse { allowed })
+        });
+    }
+    Ok(pb::ListAllowedResponse { allowed, scanned, last_at_ms })
 }
