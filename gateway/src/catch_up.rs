@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::state::AppState;
-use crate::state_diff::{compare, GatewayAnswers};
 use crate::store::StoreError;
 
 /// How far back a starting gateway looks in the enclave's decision log.
@@ -161,24 +160,18 @@ pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, 
 }
 
 /// Compares one organization's records with its signed state and applies the repairs, unless the
-/// state moved meanwhile. Answers the repairs made and the differences left.
+/// state moved meanwhile (`state_rebuild::rebuild`). Answers the repairs made and the differences
+/// left.
 async fn repair(state: &Arc<AppState>, org: &str, proof_key: &[u8; 65]) -> anyhow::Result<(usize, usize)> {
-    let signed = signed_state(state, org, proof_key).await?;
-    let org_id = org.to_string();
-    let answers = state.read_store(move |s| GatewayAnswers::from_store(s, &org_id))?;
-    let diff = compare(&signed, &answers);
-    let plan = crate::state_rebuild::plan(state.store.as_ref(), &diff, crate::store::now_nanos())?;
+    let sign = || signed_state(state, org, proof_key);
+    let rebuilt = crate::state_rebuild::rebuild(state.store.as_ref(), org, sign, true).await?;
+    let plan = rebuilt.plan;
     for left in &plan.left {
         tracing::warn!(organization = %org, kind = %left.kind, id = %left.id, reason = left.reason, "left as it is by the catch-up");
     }
-    if plan.writes.is_empty() {
+    if rebuilt.after.is_none() {
         return Ok((0, plan.left.len()));
     }
-    let again = signed_state(state, org, proof_key).await?;
-    if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
-        anyhow::bail!("the organization changed while it was read: not caught up (coffer-gateway rebuild repairs it)");
-    }
-    state.store.apply(&plan.writes)?;
     for r in &plan.repaired {
         tracing::info!(organization = %org, kind = %r.kind, id = %r.id, action = r.action, "repaired from the enclave's state");
     }

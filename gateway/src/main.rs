@@ -22,6 +22,20 @@ struct Cli {
     command: Command,
 }
 
+/// What `diff-state` and `rebuild` ask the organization's signed state with: the gateway, the
+/// organization, an API key of it (a file) and the enclave's proof key (hex).
+#[derive(clap::Args)]
+struct StateArgs {
+    #[arg(long)]
+    base_url: String,
+    #[arg(long)]
+    organization_id: String,
+    #[arg(long)]
+    api_key_file: PathBuf,
+    #[arg(long)]
+    proof_key: String,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API.
@@ -110,14 +124,8 @@ enum Command {
     /// gateway process can answer this command's own queries consistently, so keep the signed
     /// state (`--state-out`) as the view to trust.
     DiffState {
-        #[arg(long)]
-        base_url: String,
-        #[arg(long)]
-        organization_id: String,
-        #[arg(long)]
-        api_key_file: PathBuf,
-        #[arg(long)]
-        proof_key: String,
+        #[command(flatten)]
+        state: StateArgs,
         /// Where to write the verified state (`{organizationId, version, signedAtMs, logSeq,
         /// logHead, entries}`).
         #[arg(long)]
@@ -134,14 +142,8 @@ enum Command {
     /// exit status 1 when a difference remains. Run it with the organization quiet: it repairs
     /// what it finds at that moment. Arguments as `diff-state`'s.
     Rebuild {
-        #[arg(long)]
-        base_url: String,
-        #[arg(long)]
-        organization_id: String,
-        #[arg(long)]
-        api_key_file: PathBuf,
-        #[arg(long)]
-        proof_key: String,
+        #[command(flatten)]
+        state: StateArgs,
         /// Print what would be repaired, and change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -212,7 +214,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::DiffState { base_url, organization_id, api_key_file, proof_key, state_out } => {
+        Command::DiffState { state: StateArgs { base_url, organization_id, api_key_file, proof_key }, state_out } => {
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
             let (diff, signed) =
@@ -230,48 +232,22 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Rebuild { base_url, organization_id, api_key_file, proof_key, dry_run } => {
+        Command::Rebuild { state: StateArgs { base_url, organization_id, api_key_file, proof_key }, dry_run } => {
             use coffer_gateway::{state_diff, state_rebuild};
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
             let store = cfg.open_store()?;
             // The gateway's side read from the store rebuild writes, not from a gateway's answers.
-            let compare = |signed: &coffer_auth::state_proof::SignedState| -> anyhow::Result<state_diff::StateDiff> {
-                let answers = state_diff::GatewayAnswers::from_store(store.as_ref(), &organization_id)?;
-                Ok(state_diff::compare(signed, &answers))
-            };
-            let signed = state_diff::signed_state(&base_url, &organization_id, &key, &proof_key).await?;
-            let before = compare(&signed)?;
-            let plan = state_rebuild::plan(store.as_ref(), &before, coffer_gateway::store::now_nanos())?;
-            let mut after = None;
-            if !dry_run && !plan.writes.is_empty() {
-                // The organization as the enclave signs it again, after the store was read: an
-                // activity that ran in between (the enclave's version or log moved) could be undone
-                // by the plan, which is then not applied.
-                let again = state_diff::signed_state(&base_url, &organization_id, &key, &proof_key).await?;
-                if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
-                    anyhow::bail!(
-                        "the organization changed while rebuild read it (the enclave's state went from version {} to \
-                         {}): nothing repaired; run it again with the organization quiet",
-                        signed.version,
-                        again.version
-                    );
-                }
-                store.apply(&plan.writes)?;
-                // Applied: the report is printed whatever the comparison after it answers.
-                after = Some(match compare(&again) {
-                    Ok(diff) => serde_json::to_value(&diff)?,
-                    Err(e) => serde_json::json!({ "error": e.to_string() }),
-                });
-            }
-            let remains = match &after {
-                Some(diff) => ["differences", "shownTwice", "unknownKinds"]
-                    .iter()
-                    .any(|member| diff[member].as_array().is_none_or(|d| !d.is_empty())),
-                None => !before.agrees(),
+            let sign = || state_diff::signed_state(&base_url, &organization_id, &key, &proof_key);
+            let rebuilt = state_rebuild::rebuild(store.as_ref(), &organization_id, sign, !dry_run).await?;
+            // Applied: the report is printed whatever the comparison after it answers.
+            let (remains, after) = match &rebuilt.after {
+                None => (!rebuilt.before.agrees(), None),
+                Some(Ok(diff)) => (!diff.agrees(), Some(serde_json::to_value(diff)?)),
+                Some(Err(e)) => (true, Some(serde_json::json!({ "error": e.to_string() }))),
             };
             let report = serde_json::json!({ "organizationId": organization_id, "dryRun": dry_run,
-                "before": before, "repaired": plan.repaired, "left": plan.left, "after": after });
+                "before": rebuilt.before, "repaired": rebuilt.plan.repaired, "left": rebuilt.plan.left, "after": after });
             println!("{}", serde_json::to_string(&report)?);
             if remains {
                 std::process::exit(1);

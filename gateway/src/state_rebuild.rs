@@ -13,7 +13,9 @@ use serde_json::{json, Value};
 use crate::record_kinds::{
     OAUTH2_CREDENTIAL, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG, WEBHOOK_ENDPOINT,
 };
-use crate::state_diff::{Difference, StateDiff};
+use coffer_auth::state_proof::SignedState;
+
+use crate::state_diff::{Difference, GatewayAnswers, StateDiff};
 use crate::store::{Nanos, Record, Store, Write};
 
 /// One repair, as the report lists it.
@@ -49,6 +51,46 @@ const KEY_MATERIAL: &str =
 const ONLY_IN_ENCLAVE: &str =
     "the enclave has it and the gateway does not: the gateway's record (its certificate or details) cannot be made from the signed state";
 const NOT_REPAIRED: &str = "this difference is not repaired by rebuild: correct it through the API";
+
+/// One rebuild of an organization: the comparison it planned from, the plan, and, when it was
+/// applied, the comparison after it.
+pub struct Rebuilt {
+    pub before: StateDiff,
+    pub plan: Plan,
+    pub after: Option<anyhow::Result<StateDiff>>,
+}
+
+/// Compares `organization_id`'s signed state (`sign` asks for it, verified, for a fresh nonce)
+/// with `store` itself, plans the repairs and, with `apply`, applies them in one transaction
+/// unless the state moved meanwhile (signed again just before), then compares again. What
+/// `coffer-gateway rebuild` and the gateway's catch-up both do.
+pub async fn rebuild<F, Fut>(store: &dyn Store, organization_id: &str, sign: F, apply: bool) -> anyhow::Result<Rebuilt>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<SignedState>>,
+{
+    let compare = |signed: &SignedState| -> anyhow::Result<StateDiff> {
+        Ok(crate::state_diff::compare(signed, &GatewayAnswers::from_store(store, organization_id)?))
+    };
+    let signed = sign().await?;
+    let before = compare(&signed)?;
+    let plan = plan(store, &before, crate::store::now_nanos())?;
+    if !apply || plan.writes.is_empty() {
+        return Ok(Rebuilt { before, plan, after: None });
+    }
+    let again = sign().await?;
+    if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
+        anyhow::bail!(
+            "the organization changed while it was read (the enclave's state went from version {} to {}): nothing \
+             repaired; run it again with the organization quiet",
+            signed.version,
+            again.version
+        );
+    }
+    store.apply(&plan.writes)?;
+    let after = Some(compare(&again));
+    Ok(Rebuilt { before, plan, after })
+}
 
 /// The writes that make the gateway's records of `diff`'s organization state what the enclave
 /// signed, reading the records they keep details of (a policy's notes and times) from `store`.

@@ -403,47 +403,7 @@ impl PostgresEnclaveStore {
         }
     }
 
-    /// [`EnclaveStore::remember_allowed`]: the entry under its organization's quota, one under
-    /// each lane's, and the allow, in one transaction (rolled back unless all are fresh).
-    fn remember_share(
-        &self,
-        share: &ReplayShare,
-        key: [u8; 32],
-        expires_ms: i64,
-        now_ms: i64,
-        allowed: &DecisionRecord,
-    ) -> Result<Remembered, StoreError> {
-        let capacity = as_count(self.limits.replay_capacity);
-        let rows = 1 + share.lanes.len() as i64;
-        self.with_conn(|client| {
-            let total = self.housekeeping(client, now_ms)?;
-            if total + rows > capacity {
-                client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
-                let total = self.read_total(client)?;
-                *self.total.lock().map_err(poisoned)? = (now_ms, total);
-                if total + rows > capacity {
-                    return Ok(Remembered::WindowFull);
-                }
-            }
-            // A deadlock (with another enclave's prune, which counts rows down in its own order)
-            // rolled the whole transaction back: it is tried again.
-            let mut tries = 0;
-            let (answer, fresh) = loop {
-                tries += 1;
-                match self.share_once(client, share, &key, expires_ms, now_ms, allowed) {
-                    Err(e) if tries < 4 && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => continue,
-                    other => break other.map_err(pg)?,
-                }
-            };
-            let answered = answer_of(answer)?;
-            if answered == Remembered::Fresh {
-                self.counted(fresh);
-            }
-            Ok(answered)
-        })
-    }
-
-    /// One try of [`PostgresEnclaveStore::remember_share`]: the lanes first (a full one refuses
+    /// One try of [`EnclaveStore::remember_allowed`]: the lanes first (a full one refuses
     /// before the organization's share is touched, and every transaction takes the rows of a
     /// share in the same order), then the share, then the allow; committed only if all are fresh.
     /// Answers `coffer_remember`'s code and the entries made.
@@ -831,6 +791,8 @@ impl EnclaveStore for PostgresEnclaveStore {
         self.with_conn(|client| insert_decision(client, d))
     }
 
+    /// The entry under its organization's quota, one under each lane's, and the allow, in one
+    /// transaction (rolled back unless all are fresh).
     fn remember_allowed(
         &self,
         share: &ReplayShare,
@@ -839,7 +801,34 @@ impl EnclaveStore for PostgresEnclaveStore {
         now_ms: i64,
         allowed: &DecisionRecord,
     ) -> Result<Remembered, StoreError> {
-        self.remember_share(share, key, expires_ms, now_ms, allowed)
+        let capacity = as_count(self.limits.replay_capacity);
+        let rows = 1 + share.lanes.len() as i64;
+        self.with_conn(|client| {
+            let total = self.housekeeping(client, now_ms)?;
+            if total + rows > capacity {
+                client.execute(PRUNE_ALL, &[&now_ms]).map_err(pg)?;
+                let total = self.read_total(client)?;
+                *self.total.lock().map_err(poisoned)? = (now_ms, total);
+                if total + rows > capacity {
+                    return Ok(Remembered::WindowFull);
+                }
+            }
+            // A deadlock (with another enclave's prune, which counts rows down in its own order)
+            // rolled the whole transaction back: it is tried again.
+            let mut tries = 0;
+            let (answer, fresh) = loop {
+                tries += 1;
+                match self.share_once(client, share, &key, expires_ms, now_ms, allowed) {
+                    Err(e) if tries < 4 && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => continue,
+                    other => break other.map_err(pg)?,
+                }
+            };
+            let answered = answer_of(answer)?;
+            if answered == Remembered::Fresh {
+                self.counted(fresh);
+            }
+            Ok(answered)
+        })
     }
 
     fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
