@@ -474,7 +474,7 @@ impl Decider {
             let head = match (current, creating) {
                 (Some(_), true) => {
                     return Err(EnclaveError::refused(
-                        RefusalReason::TransitionMismatch,
+                        RefusalReason::TransitionRefused,
                         format!("organization {org} already exists"),
                     ))
                 }
@@ -483,7 +483,7 @@ impl Decider {
                     if heads.contains_key(org) || self.store.version(org)?.is_some() {
                         // Ids are never reused: a deleted organization does not come back.
                         return Err(EnclaveError::refused(
-                            RefusalReason::TransitionMismatch,
+                            RefusalReason::TransitionRefused,
                             format!("organization {org} existed before"),
                         ));
                     }
@@ -510,7 +510,7 @@ impl Decider {
             }
             let changed = state
                 .apply_all_unchecked(effects.iter().copied())
-                .map_err(|e| EnclaveError::refused(RefusalReason::TransitionMismatch, e.to_string()))?;
+                .map_err(|e| EnclaveError::refused(RefusalReason::TransitionRefused, e.to_string()))?;
             // The caps, on the state this change leaves: the heads serialize this enclave's
             // changes, and the group commit's compare-and-set makes a change that raced another
             // enclave's be staged again on the state it left, so concurrent changes cannot pass
@@ -530,7 +530,7 @@ impl Decider {
             if let Some(Effect::CreateOrganization { organization }) = effects.first() {
                 if &organization.id != org {
                     return Err(EnclaveError::refused(
-                        RefusalReason::TransitionMismatch,
+                        RefusalReason::TransitionRefused,
                         "a new organization's changes name another organization",
                     ));
                 }
@@ -907,7 +907,7 @@ mod tests {
                 "o",
                 Effect::CreateOrganization { organization: Organization { id: "o".into(), ..Default::default() } }
             )]),
-            Err(EnclaveError::Refused { reason: RefusalReason::TransitionMismatch, .. })
+            Err(EnclaveError::Refused { reason: RefusalReason::TransitionRefused, .. })
         ));
         r.commit_all(&[change(
             "o",
@@ -1260,7 +1260,7 @@ mod tests {
         let again = Effect::CreateOrganization { organization: Organization { id: "o".into(), ..Default::default() } };
         assert!(matches!(
             r.commit_all(&[change("o", again)]),
-            Err(EnclaveError::Refused { reason: RefusalReason::TransitionMismatch, .. })
+            Err(EnclaveError::Refused { reason: RefusalReason::TransitionRefused, .. })
         ));
     }
 }

@@ -3,7 +3,6 @@
 pub mod activity;
 pub mod activity_log;
 pub mod auth_proxy;
-pub mod authority_proposal;
 pub mod catch_up;
 pub mod config;
 pub mod custody;
@@ -17,6 +16,7 @@ pub mod oidc_tokens;
 pub mod operator_key;
 pub mod ops;
 pub mod orgs;
+pub mod record_changes;
 pub mod record_kinds;
 pub mod serve;
 pub mod stamps;

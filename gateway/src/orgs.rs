@@ -196,7 +196,7 @@ pub fn authority_state_lines(store: &dyn Store, organization_id: &str) -> anyhow
     for kind in [POLICY, SMART_CONTRACT_INTERFACE, FEATURE, WEBHOOK_ENDPOINT, OAUTH2_CREDENTIAL, AUTH_PROXY] {
         writes.extend(store.records(&org.id, kind)?.into_iter().map(Write::PutRecord));
     }
-    let changes = crate::authority_proposal::proposal(&org.id, &writes);
+    let changes = crate::record_changes::of_writes(&org.id, &writes);
     let mut out = vec![serde_json::json!({ "organizationId": org.id, "changes": changes })];
     for sub in store.sub_organization_ids(&org.id, &SubOrgFilter::All, &Page::ALL)? {
         out.extend(authority_state_lines(store, &sub)?);

@@ -1,15 +1,16 @@
-//! What each activity does to authority state, from its stamped parameters: the gateway
-//! proposes the changes its records will get, and [`check`] requires them to be exactly the
-//! ones the stamped body asks for. New records' ids are derived from the stamped body (the
-//! gateway chooses only new credentials' ids, which no decision reads).
+//! What each activity does to authority state, computed from its stamped parameters alone
+//! ([`expected`]): the enclave applies these changes and returns them, and the gateway's records
+//! follow them. Every new record's id is derived from the stamped body; a new sub-organization's
+//! addresses and the auth proxy's key come from the enclave's own work.
 
 mod input;
 mod records;
 mod users;
 
 pub use input::{
-    Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, OAUTH2_CREDENTIAL_ID, POLICY_ID, SUB_ORGANIZATION_ID, TAG_ID,
-    USER_ID, WALLET_ACCOUNT_ID, WALLET_ID, WEBHOOK_ENDPOINT_ID,
+    credential_id_label, Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, ISSUED_CREDENTIAL_ID,
+    OAUTH2_CREDENTIAL_ID, POLICY_ID, SUB_ORGANIZATION_ID, TAG_ID, USER_ID, WALLET_ACCOUNT_ID, WALLET_ID,
+    WEBHOOK_ENDPOINT_ID,
 };
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, oauth2_credential_value, proxy_app_name,
@@ -25,7 +26,7 @@ type Transition = fn(&Input<'_>) -> Result<Vec<Change>, TransitionError>;
 
 /// The activity types with a transition: the ones whose handlers change authority state. Key
 /// operations (wallets, private keys, exports, imports) and logins record their own facts in
-/// the enclave; any other type may propose nothing.
+/// the enclave; any other type changes nothing here.
 pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_POLICY_V3",
     "ACTIVITY_TYPE_CREATE_POLICIES",
@@ -128,39 +129,18 @@ fn transition(activity_type: &str) -> Option<Transition> {
 
 pub use users::{marks_auth_proxy_signup, AUTH_PROXY_SIGNUP};
 
-/// Whether [`check`] knows what `activity_type` does to authority state.
+/// Whether [`expected`] knows what `activity_type` does to authority state.
 pub fn known(activity_type: &str) -> bool {
     transition(activity_type).is_some()
 }
 
-/// The changes the stamped activity asks of its organization's state (taking only new
-/// credentials' ids, an API key's expiry within a minute, and a new sub-organization's wallet
-/// addresses from the proposal). An activity type without a transition asks for none.
+/// The changes the stamped activity asks of its organization's state, in order. An activity
+/// type without a transition asks for none.
 pub fn expected(input: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
     match transition(input.activity_type) {
         Some(t) => t(input),
         None => Ok(Vec::new()),
     }
-}
-
-/// Checks that `proposal` is exactly what the stamped activity asks of its organization's
-/// state. An activity type without a transition here may propose nothing.
-pub fn check(input: &Input<'_>) -> Result<(), TransitionError> {
-    let expected = expected(input)?;
-    if expected != input.proposal {
-        let first = expected
-            .iter()
-            .zip(input.proposal)
-            .position(|(e, p)| e != p)
-            .unwrap_or(expected.len().min(input.proposal.len()));
-        return Err(TransitionError::Mismatch(format!(
-            "{} asks for {} change(s), {} proposed; they differ from change {first}",
-            input.activity_type,
-            expected.len(),
-            input.proposal.len()
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -2672,19 +2672,16 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let req = pb::CreateWalletRequest { auth: auth(stamped(&bob, &make, &bob_cert)) };
     refused_for(&stack, enclave.clone().create_wallet(req).await, "create_wallet", pb::RefusalReason::PolicyDenied);
 
-    // A state change: bob's create_policy sent straight to ApplyActivity, with the exact
-    // proposal its body asks for, is refused; nothing is added to the enclave's state.
+    // A state change: bob's create_policy sent straight to ApplyActivity is refused; nothing is
+    // added to the enclave's state.
     let create = body(
         "ACTIVITY_TYPE_CREATE_POLICY_V3",
         &org,
         Stack::now_ms(),
         json!({"policyName": "bob may", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}),
     );
-    let proposal = json!([{ "organization_id": org, "effect": "put_policy",
-        "policy": {"id": "bobs", "name": "bob may", "effect": "EFFECT_ALLOW", "condition": "true", "consensus": "", "time": ""} }]);
     let req = pb::ApplyActivityRequest {
         auth: auth(stamped(&bob, &create, &bob_cert)),
-        proposal: proposal.to_string().into_bytes(),
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: vec![],
@@ -4120,12 +4117,12 @@ async fn a_refused_key_use_spends_nothing() {
     );
 }
 
-/// A state change the enclave refuses spends nothing (issue 40, E12): root's `create_policy` sent
-/// to `ApplyActivity` with a proposal that is not what the body asks is refused, leaves no allow in
-/// the decision log (read from the enclaves' store) and does not spend the stamp:
-/// the same stamped body with the exact proposal is then applied, once. The exact proposal names
-/// the new policy as the body's fingerprint derives it: one the gateway named (say, the id of a
-/// deleted record a policy still names) is not what the body asks.
+/// A state change the enclave refuses spends nothing (issue 40, E12), and its changes are the
+/// ones the enclave computes from the stamped body (no gateway names them): root's `update_user`
+/// for a user that does not exist yet, sent to `ApplyActivity`, is refused as a transition the
+/// state refuses, leaves no allow in the decision log (read from the enclaves' store) and does not
+/// spend the stamp: once a `create_users` made that user (its id derived from that body), the same
+/// stamped body is applied, once, and answers exactly the change it asks for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_change_spends_nothing() {
     let stack = enforcing_stack().await;
@@ -4134,42 +4131,37 @@ async fn a_refused_change_spends_nothing() {
     let c = db(&stack);
     let cert = certificate(&c, &public_key(&root));
     let enclave = connect(stack.enclave_socket());
-    let create = body(
-        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+    let create_users = body(
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
         &org,
         Stack::now_ms(),
-        json!({"policyName": "e12", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}),
+        json!({"users": [{"userName": "later", "apiKeys": [], "authenticators": [], "oauthProviders": []}]}),
     );
-    let proposal = |id: &str, effect: &str| {
-        let p = json!([{ "organization_id": org, "effect": "put_policy",
-            "policy": {"id": id, "name": "e12", "effect": effect, "condition": "true", "consensus": "", "time": ""} }]);
-        p.to_string().into_bytes()
-    };
-    let apply = |proposal: Vec<u8>| pb::ApplyActivityRequest {
-        auth: auth(stamped(&root, &create, &cert)),
-        proposal,
+    let user_id =
+        coffer_auth::envelope::derived_id(&fingerprint_of(&create_users), coffer_org_rules::transition::USER_ID, 0);
+    let update =
+        body("ACTIVITY_TYPE_UPDATE_USER", &org, Stack::now_ms() + 1, json!({"userId": user_id, "userName": "renamed"}));
+    let apply = |stamped_body: &str| pb::ApplyActivityRequest {
+        auth: auth(stamped(&root, stamped_body, &cert)),
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: vec![],
         sub_organization_wallet_seed: vec![],
     };
-    let fingerprint = fingerprint_of(&create);
-    let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
-    for (id, effect) in [(derived.as_str(), "EFFECT_DENY"), ("e12-policy", "EFFECT_ALLOW")] {
-        refused_for(
-            &stack,
-            enclave.clone().apply_activity(apply(proposal(id, effect))).await,
-            "apply_activity",
-            pb::RefusalReason::TransitionMismatch,
-        );
-    }
+    let fingerprint = fingerprint_of(&update);
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(apply(&update)).await,
+        "apply_activity",
+        pb::RefusalReason::TransitionRefused,
+    );
     assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for a refused change");
     // Reported completed, it is not linked (a change the enclave decides alone is linked completed
     // only in the call that applies it).
-    let result = json!({"createPolicyResult": {"policyId": derived}});
-    let activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
+    let result = json!({"updateUserResult": {"userId": user_id}});
+    let activity = recorded_activity(update.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
     let record = pb::RecordActivityRequest {
-        request: Some(stamped(&root, &create, &cert)),
+        request: Some(stamped(&root, &update, &cert)),
         activity: activity.to_string().into_bytes(),
         votes: vec![],
     };
@@ -4178,20 +4170,30 @@ async fn a_refused_change_spends_nothing() {
         tonic::Code::PermissionDenied,
         pb::RefusalReason::BindingMismatch,
     );
-    // The stamp was not spent: the exact proposal is applied, and only once.
-    let applied = enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await;
-    assert!(applied.is_ok(), "the refused attempt spent the stamp: {applied:?}");
-    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 1, "the applied change's allow");
-    // Again, with the same proposal or another: a replay, refused before it is decided again.
-    refused(
-        enclave.clone().apply_activity(apply(proposal(&derived, "EFFECT_ALLOW"))).await,
-        tonic::Code::PermissionDenied,
-        pb::RefusalReason::Replayed,
+    // The user, made by its own activity: the enclave names it as that body derives it.
+    let made = enclave.clone().apply_activity(apply(&create_users)).await.expect("create_users").into_inner();
+    let made: Value = serde_json::from_slice(&made.changes).unwrap();
+    assert_eq!(made.as_array().map(Vec::len), Some(1), "{made}");
+    assert_eq!(
+        (made[0]["effect"].as_str(), made[0]["user"]["id"].as_str()),
+        (Some("put_user"), Some(user_id.as_str()))
     );
-    refused_for(
-        &stack,
-        enclave.clone().apply_activity(apply(proposal("e12-again", "EFFECT_ALLOW"))).await,
-        "apply_activity",
+    // The stamp was not spent: the update is applied, and only once.
+    let applied = enclave.clone().apply_activity(apply(&update)).await;
+    let applied = applied.unwrap_or_else(|e| panic!("the refused attempt spent the stamp: {e:?}")).into_inner();
+    let changes: Vec<coffer_org_rules::Change> = serde_json::from_slice(&applied.changes).unwrap();
+    let renamed = coffer_org_rules::Effect::UpdateUser {
+        id: user_id.clone(),
+        name: Some("renamed".into()),
+        email: None,
+        phone_number: None,
+        tag_ids: None,
+    };
+    assert_eq!(changes, vec![coffer_org_rules::Change { organization_id: org.clone(), effect: renamed }]);
+    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 1, "the applied change's allow");
+    refused(
+        enclave.clone().apply_activity(apply(&update)).await,
+        tonic::Code::PermissionDenied,
         pb::RefusalReason::Replayed,
     );
 }
@@ -4455,14 +4457,12 @@ async fn the_log_links_only_votes_their_voters_stamped() {
     assert_eq!(linked.unwrap_or_else(|e| panic!("bob's own rejection: {e:?}")).into_inner().seq, before + 1);
 }
 
-/// A new sub-organization's state records only the addresses the enclave sealed keys for (issue
-/// 40: nothing the enclave attests rests on the gateway's word): the taken-over gateway runs
-/// `CreateWallet` for a sign-up body, then proposes the sub-organization with its own address for
-/// the account. The enclave derives each account from the wallet's sealed seed and opens its
-/// sealed key under the address proposed: neither matches, and the change is refused before
-/// anything is decided further; without the keys or the seed, with another account's key or
-/// another sign-up's seed, likewise. The genuine address passes that check (and the proposal,
-/// which lacks the rest of the sub-organization, is then refused as not what the body asks).
+/// A new sub-organization's state records only the addresses the enclave derived, of keys it
+/// sealed (issue 40: nothing the enclave attests rests on the gateway's word): the taken-over
+/// gateway runs `CreateWallet` for a sign-up body, then applies the sub-organization with the
+/// wallet's keys swapped, without keys or seed, or with another sign-up's seed: each is refused
+/// before anything is decided further. With the genuine wallet, the changes the enclave answers
+/// hold the addresses the wallet's seed derives, at the ids the body derives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
     let stack = enforcing_stack().await;
@@ -4486,15 +4486,6 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
     let derived = |label: &str, n: usize| coffer_auth::envelope::derived_id(&fingerprint, label, n);
     let sub = derived(coffer_org_rules::transition::SUB_ORGANIZATION_ID, 0);
     let wallet_id = derived(coffer_org_rules::transition::WALLET_ID, 0);
-    let proposal = |addresses: [&str; 2]| {
-        let accounts: Vec<Value> = (0..2)
-            .map(|n| {
-                json!({"id": derived(coffer_org_rules::transition::WALLET_ACCOUNT_ID, n), "wallet_id": wallet_id,
-                    "address": addresses[n], "address_format": "ADDRESS_FORMAT_ETHEREUM"})
-            })
-            .collect();
-        json!([{"organization_id": sub, "effect": "put_accounts", "accounts": accounts}]).to_string().into_bytes()
-    };
     // Another sign-up's wallet (its seed is sealed to another sub-organization).
     let other_signup = body(
         "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8",
@@ -4510,26 +4501,23 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
         .await
         .unwrap_or_else(|e| panic!("another sign-up's wallet: {e:?}"))
         .into_inner();
-    let apply_with = |proposal: Vec<u8>, keys: Vec<Vec<u8>>, seed: Vec<u8>| pb::ApplyActivityRequest {
+    let apply_with = |keys: Vec<Vec<u8>>, seed: Vec<u8>| pb::ApplyActivityRequest {
         auth: auth(stamped(&root, &signup, &cert)),
-        proposal,
         parent_certificate: vec![],
         issued_certificates: vec![],
         sub_organization_account_keys: keys,
         sub_organization_wallet_seed: seed,
     };
-    let apply = |proposal: Vec<u8>, keys: Vec<Vec<u8>>| apply_with(proposal, keys, made.sealed_seed.clone());
-    let (genuine, other) = (made.accounts[0].address.as_str(), made.accounts[1].address.as_str());
-    let attacker = "0x000000000000000000000000000000000000dEaD";
+    let apply = |keys: Vec<Vec<u8>>| apply_with(keys, made.sealed_seed.clone());
     let keys = || made.accounts.iter().map(|a| a.sealed_key.clone()).collect::<Vec<_>>();
     let swapped = || made.accounts.iter().rev().map(|a| a.sealed_key.clone()).collect::<Vec<_>>();
     for (_lie, request) in [
-        ("the attacker's address", apply(proposal([attacker, other]), keys())),
-        ("the two addresses swapped", apply(proposal([other, genuine]), keys())),
-        ("the keys swapped", apply(proposal([genuine, other]), swapped())),
-        ("no keys", apply(proposal([genuine, other]), vec![])),
-        ("no seed", apply_with(proposal([genuine, other]), keys(), vec![])),
-        ("another sign-up's seed", apply_with(proposal([genuine, other]), keys(), elsewhere.sealed_seed.clone())),
+        ("the keys swapped", apply(swapped())),
+        ("no keys", apply(vec![])),
+        ("one key", apply(keys()[..1].to_vec())),
+        ("no seed", apply_with(keys(), vec![])),
+        ("another sign-up's seed", apply_with(keys(), elsewhere.sealed_seed.clone())),
+        ("another sign-up's keys", apply(elsewhere.accounts.iter().map(|a| a.sealed_key.clone()).collect())),
     ] {
         refused_for(
             &stack,
@@ -4538,14 +4526,84 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
             pb::RefusalReason::BindingMismatch,
         );
     }
-    refused_for(
+    let applied = enclave.clone().apply_activity(apply(keys())).await.expect("the genuine sub-organization");
+    let changes: Value = serde_json::from_slice(&applied.into_inner().changes).unwrap();
+    let accounts: Vec<&Value> = changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["effect"] == "put_accounts")
+        .flat_map(|c| c["accounts"].as_array().unwrap())
+        .collect();
+    let found: Vec<(&str, &str, &str)> = accounts
+        .iter()
+        .map(|a| (a["id"].as_str().unwrap(), a["wallet_id"].as_str().unwrap(), a["address"].as_str().unwrap()))
+        .collect();
+    let account_ids: Vec<String> =
+        (0..2).map(|n| derived(coffer_org_rules::transition::WALLET_ACCOUNT_ID, n)).collect();
+    let want: Vec<(&str, &str, &str)> =
+        (0..2).map(|n| (account_ids[n].as_str(), wallet_id.as_str(), made.accounts[n].address.as_str())).collect();
+    assert_eq!(found, want);
+    assert!(changes.as_array().unwrap().iter().all(|c| c["organization_id"] == sub.as_str()));
+}
+
+/// The enclave computes a state change from the stamped body and its own state, whatever the
+/// gateway's records say, and the gateway's records follow what it applied (issue 40: one
+/// decider): a policy's condition rewritten in the gateway's database (`true` for the
+/// enclave's `false`), then an `update_policy` that renames it only. The enclave renames its own
+/// policy (condition still `false`: no difference reaches what it enforces), the activity
+/// completes, and the gateway, whose handler wrote the forged condition back, finds that its
+/// records do not follow the enclave's answer and repairs the organization from the enclave's
+/// signed state by itself: the policy reads renamed with the enclave's condition, and
+/// `diff-state` finds nothing. (Before, the enclave refused the change as not what the gateway
+/// proposed, and the forged row stayed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_records_follow_the_changes_the_enclave_computed() {
+    let stack = Stack::start().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    policy(&client, &org, "deny-nothing", Effect::Allow, "false", None).await;
+    let proof_key = stack.proof_key().await;
+    let c = db(&stack);
+    let policy_id: String = c
+        .query_row("SELECT id FROM records WHERE organization_id = ?1 AND kind = 'policy'", [&org], |r| r.get(0))
+        .unwrap();
+    c.execute(
+        "UPDATE records SET data = json_set(data, '$.condition', 'true') WHERE organization_id = ?1 AND id = ?2",
+        [&org, &policy_id],
+    )
+    .unwrap();
+    c.execute("UPDATE record_counts SET version = version + 1 WHERE organization_id = ?1 AND kind = 'policy'", [&org])
+        .unwrap();
+    let read = || async {
+        let body = json!({ "organizationId": org, "policyId": policy_id }).to_string();
+        let r = stack.post_raw("/public/v1/query/get_policy", body.as_bytes(), Some(&stack.api_key())).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        (r.json["policy"]["policyName"].as_str().unwrap().to_string(), r.json["policy"]["condition"].clone())
+    };
+    assert_eq!(read().await, ("deny-nothing".to_string(), json!("true")), "the forged row is read");
+
+    let r = coffer_tests::submit(
         &stack,
-        enclave.clone().apply_activity(apply(proposal([genuine, other]), keys())).await,
-        "apply_activity",
-        pb::RefusalReason::TransitionMismatch,
-    );
-    assert!(c
-        .query_row("SELECT COUNT(*) FROM organizations WHERE id = ?1", [&sub], |r| r.get::<_, i64>(0))
-        .map(|n| n == 0)
-        .unwrap());
+        &stack.api_key(),
+        &org,
+        "update_policy",
+        "ACTIVITY_TYPE_UPDATE_POLICY_V2",
+        json!({"policyId": policy_id, "policyName": "renamed"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
+    // Repaired by the gateway itself, within the catch-up's rounds.
+    let mut repaired = false;
+    for _ in 0..100 {
+        if read().await == ("renamed".to_string(), json!("false")) {
+            repaired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(repaired, "the gateway still shows {:?}", read().await);
+    let (status, printed) = diff_state(&stack, &proof_key);
+    assert_eq!((status, differences(&printed)), (Some(0), Vec::<String>::new()), "{printed}");
 }

@@ -1,11 +1,11 @@
-//! Activities that change no key material: decided over the organization's authority state and,
-//! when their proposed changes are exactly what the stamped body asks for, applied to it.
+//! Activities that change no key material: decided over the organization's authority state, their
+//! changes computed from the stamped body alone, applied to it and answered.
 
 use coffer_auth::envelope::derived_id;
 use coffer_auth::grants::granted_credentials;
 use coffer_org_rules::model::CredentialKind;
 use coffer_org_rules::subjects;
-use coffer_org_rules::transition::{self, Grant, Input};
+use coffer_org_rules::transition::{self, Grant, Input, ISSUED_CREDENTIAL_ID};
 use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
@@ -13,10 +13,8 @@ use crate::admission::{refuse, Admission, Admitted};
 use crate::decider::is_moved;
 use crate::error::{EnclaveError, RefusalReason};
 
-/// Most changes one activity may propose.
-const MAX_CHANGES: usize = 10_000;
-
-/// Decides the stamped activity over its organization's state and applies the proposal.
+/// Decides the stamped activity over its organization's state, computes its changes from the
+/// stamped body and applies them.
 pub(super) fn apply_activity(
     hsm: &crate::hsm::Hsm,
     admission: &Admission,
@@ -48,11 +46,6 @@ pub(super) fn apply_activity(
     {
         crate::verification_token::check_signup(hsm, admission, &a)?;
     }
-    let proposal: Vec<Change> = serde_json::from_slice(&req.proposal)
-        .map_err(|e| EnclaveError::invalid(format!("the proposal is not a list of changes: {e}")))?;
-    if proposal.len() > MAX_CHANGES {
-        return Err(EnclaveError::invalid(format!("at most {MAX_CHANGES} changes per activity")));
-    }
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
     let fingerprint = a.activity.fingerprint.clone();
@@ -67,14 +60,16 @@ pub(super) fn apply_activity(
         })
         .collect();
     // The credentials this enclave issued for the activity itself (checked once).
-    let issued = issued_credentials(admission, &a, &proposal, &req.issued_certificates)?;
-    // A new sub-organization's accounts: addresses the enclave sealed a key for (checked once).
+    let issued = issued_credentials(admission, &a, &req.issued_certificates)?;
+    // A new sub-organization's accounts: the addresses the enclave derives from the wallet's
+    // sealed seed, each the address its sealed key was made for (checked once).
     let (account_keys, wallet_seed) = (&req.sub_organization_account_keys, &req.sub_organization_wallet_seed);
-    sub_organization_accounts(hsm, &a, &proposal, account_keys, wallet_seed)?;
+    let wallet_addresses = sub_organization_addresses(hsm, &a, account_keys, wallet_seed)?;
     let organization = a.activity.organization_id.clone();
-    // The organizations the change names: its own and those its proposal changes.
-    let mut named: Vec<&str> = proposal.iter().chain(&issued).map(|c| c.organization_id.as_str()).collect();
-    named.push(&organization);
+    // The organizations the change may name: its own, and the sub-organization it creates.
+    let sub_organization = (a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION)
+        .then(|| derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0));
+    let named: Vec<&str> = std::iter::once(organization.as_str()).chain(sub_organization.as_deref()).collect();
     // Each attempt decides and checks the change on the state the changes staged before it leave
     // (one at a time per organization, under its lock; other organizations' changes are decided
     // meanwhile), stages it, and waits for its group commit; when the group fails (another
@@ -82,7 +77,7 @@ pub(super) fn apply_activity(
     let mut committed = false;
     let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
         for _attempt in 0..8 {
-            let (pending, evaluation) = {
+            let (pending, evaluation, changes) = {
                 let mut locked = rules.lock_organizations(named.iter().copied())?;
                 let head = rules.head(&organization)?;
                 let d = admission.decide_over(&a, head.loaded.clone())?;
@@ -90,26 +85,36 @@ pub(super) fn apply_activity(
                     state: &d.loaded.state,
                     activity_type: &a.activity.activity_type,
                     params: &a.activity.parameters,
-                    proposal: &proposal,
                     now_ms: crate::admission::now_ms(),
                     derive_id: &derive_id,
                     grants: &grants,
+                    wallet_addresses: &wallet_addresses,
+                    auth_proxy_key_issued: !issued.is_empty(),
                 };
-                if let Err(e) = transition::check(&input) {
-                    return Err(refuse(&a, RefusalReason::TransitionMismatch, &e.to_string()));
+                let asked = match transition::expected(&input) {
+                    Ok(asked) => asked,
+                    Err(e) => return Err(refuse(&a, RefusalReason::TransitionRefused, &e.to_string())),
+                };
+                let changes = with_issued(&a, asked, &issued)?;
+                if let Some(c) = changes.iter().find(|c| !named.contains(&c.organization_id.as_str())) {
+                    return Err(EnclaveError::Internal(format!("a change names organization {}", c.organization_id)));
                 }
                 let evaluation = d.evaluation.outcomes_json_text();
-                let mut changes = proposal.clone();
-                changes.extend(issued.iter().cloned());
                 if changes.is_empty() {
                     if let Some(unspent) = unspent.take() {
                         admission.spend(&a, unspent)?;
                         spent = true;
                     }
                     let version = d.loaded.state.version;
-                    let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                    let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
-                    return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
+                    return Ok(pb::ApplyActivityResponse {
+                        version,
+                        evaluation,
+                        changes: b"[]".to_vec(),
+                        app_proofs,
+                        log_link,
+                    });
                 }
                 let prepared = match rules.prepare_decided(&organization, &head, &changes) {
                     Ok(prepared) => prepared,
@@ -131,7 +136,7 @@ pub(super) fn apply_activity(
                 let staged = rules.stage_prepared(prepared);
                 drop(locked);
                 match staged {
-                    Ok(pending) => (pending, evaluation),
+                    Ok(pending) => (pending, evaluation, changes),
                     Err(e) if is_moved(&e) => continue,
                     Err(other) => return Err(other),
                 }
@@ -140,9 +145,10 @@ pub(super) fn apply_activity(
                 Ok(versions) => {
                     committed = true;
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
-                    let app_proofs = applied_proofs(hsm, &a, &proposal, version)?;
+                    let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
-                    return Ok(pb::ApplyActivityResponse { version, evaluation, app_proofs, log_link });
+                    let changes = serde_json::to_vec(&changes).map_err(|e| EnclaveError::Internal(e.to_string()))?;
+                    return Ok(pb::ApplyActivityResponse { version, evaluation, changes, app_proofs, log_link });
                 }
                 Err(e) if is_moved(&e) => continue,
                 Err(other) => return Err(other),
@@ -169,88 +175,77 @@ pub(super) fn apply_activity(
 fn applied_proofs(
     hsm: &crate::hsm::Hsm,
     a: &Admitted,
-    proposal: &[Change],
+    applied: &[Change],
     version: u64,
 ) -> Result<Vec<pb::AppProof>, EnclaveError> {
     if !a.activity.generate_app_proofs {
         return Ok(Vec::new());
     }
-    let changes = serde_json::to_value(proposal).map_err(|e| EnclaveError::Internal(e.to_string()))?;
+    let changes = serde_json::to_value(applied).map_err(|e| EnclaveError::Internal(e.to_string()))?;
     let result = serde_json::json!({
         "changesSha256": coffer_auth::proof::json_digest(&changes),
-        "changes": proposal.len(),
+        "changes": applied.len(),
         "stateVersionAfter": version.to_string(),
     });
     crate::proofs::of_call(hsm, a, result)
 }
 
-/// The accounts a `create_sub_organization` proposes for the sub-organization's wallet, each
-/// checked against the wallet `CreateWallet` made for it: the address the proposal states must
-/// be the one the wallet's sealed seed (`seed`) derives for that account of the body, and the
-/// account's sealed key (`keys`, in the body's order) must open under the sub-organization's id
-/// (derived from the body), the account's id and that address. So the sub-organization's state
-/// (and what the enclave signs of it) records only addresses the enclave derived, of one wallet
-/// whose seed and keys agree. Other activities bring no keys. (Which accounts and in what order
-/// the transition then checks exactly: one `PutAccounts` of the sub-organization, the body's.)
-fn sub_organization_accounts(
+/// The addresses of a new sub-organization's accounts, in the body's order: derived from the
+/// wallet `CreateWallet` made for it (`seed`, opened under the sub-organization's and the wallet's
+/// ids, both derived from the body), and each account's sealed key (`keys`, in the body's order)
+/// must open under the sub-organization's id, the account's derived id and that address. So the
+/// sub-organization's state (and what the enclave signs of it) records only addresses the
+/// enclave derived, of one wallet whose seed and keys agree. Other activities bring no keys.
+fn sub_organization_addresses(
     hsm: &crate::hsm::Hsm,
     a: &Admitted,
-    proposal: &[Change],
     keys: &[Vec<u8>],
     seed: &[u8],
-) -> Result<(), EnclaveError> {
-    let sub_organization = derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0);
-    let accounts: Vec<&coffer_org_rules::model::Account> = proposal
-        .iter()
-        .filter_map(|c| match &c.effect {
-            Effect::PutAccounts { accounts } => Some(accounts),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    if accounts.is_empty() && keys.is_empty() && seed.is_empty() {
-        return Ok(());
-    }
+) -> Result<Vec<String>, EnclaveError> {
     let unproven = |why: &str| refuse(a, RefusalReason::BindingMismatch, why);
-    let wallet = a.activity.parameters.get("wallet").unwrap_or(&serde_json::Value::Null);
-    let specs = coffer_auth::envelope::items(wallet, "accounts");
-    if a.activity.activity_type != coffer_auth::grants::CREATE_SUB_ORGANIZATION
-        || accounts.len() != keys.len()
-        || accounts.len() != specs.len()
-    {
-        return Err(unproven("the accounts proposed are not the sealed keys presented for them"));
+    let wallet = a.activity.parameters.get("wallet").filter(|w| !w.is_null());
+    let specs = wallet.map(|w| coffer_auth::envelope::items(w, "accounts")).unwrap_or_default();
+    let creating = a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION;
+    if specs.is_empty() || !creating {
+        // A sub-organization's wallet without accounts needs no key (its seed is not read).
+        if keys.is_empty() && (creating || seed.is_empty()) {
+            return Ok(Vec::new());
+        }
+        return Err(unproven("sealed keys were sent for an activity that makes no sub-organization accounts"));
     }
-    let derived =
+    if keys.len() != specs.len() {
+        return Err(unproven("the sealed keys are not one for each account the body lists"));
+    }
+    let sub_organization = derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0);
+    let wallet = wallet.unwrap_or(&serde_json::Value::Null);
+    let addresses =
         super::keys::sub_organization_addresses(hsm, &sub_organization, &a.activity.fingerprint, wallet, seed)
             .map_err(|_| unproven("the sub-organization's wallet seed is not one the enclave sealed for it"))?;
-    for (n, (account, blob)) in accounts.iter().zip(keys).enumerate() {
-        if derived.get(n) != Some(&account.address) {
-            return Err(unproven("a proposed account's address is not the one the wallet's seed derives"));
-        }
+    for (n, (address, blob)) in addresses.iter().zip(keys).enumerate() {
         let sealed = pb::SealedRef {
             kind: pb::BlobKind::WalletAccountKey as i32,
             organization_id: sub_organization.clone(),
-            resource_id: account.id.clone(),
+            resource_id: derived_id(&a.activity.fingerprint, transition::WALLET_ACCOUNT_ID, n),
             blob: blob.clone(),
             curve: coffer_auth::envelope::text(&specs[n], "curve").to_string(),
-            address: account.address.clone(),
-            address_format: account.address_format.clone(),
+            address: address.clone(),
+            address_format: coffer_auth::envelope::text(&specs[n], "addressFormat").to_string(),
             ..Default::default()
         };
         if super::sealed_refs::open_key(hsm, &sealed, crate::hsm::BlobKind::WalletAccountKey).is_err() {
-            return Err(unproven("a proposed account's address is not the one its sealed key was made for"));
+            return Err(unproven("an account's sealed key is not the one made for the address its seed derives"));
         }
     }
-    Ok(())
+    Ok(addresses)
 }
 
 /// The credentials this enclave issued for the activity itself (enable_auth_proxy's key, made by
 /// `EnableAuthProxy` before the activity's changes): each certificate must be genuine, issued for
-/// this activity's fingerprint in its organization, to the auth proxy user the proposal creates.
+/// this activity's fingerprint in its organization (checked here), to the auth proxy user the
+/// activity creates ([`with_issued`]).
 fn issued_credentials(
     admission: &Admission,
     a: &Admitted,
-    proposal: &[Change],
     certificates: &[Vec<u8>],
 ) -> Result<Vec<Change>, EnclaveError> {
     let mut out = Vec::new();
@@ -258,13 +253,9 @@ fn issued_credentials(
         let cert = admission.genuine_certificate(bytes).ok_or_else(|| {
             refuse(a, RefusalReason::CertificateInvalid, "an issued certificate is not one this enclave issued")
         })?;
-        let new_user = proposal.iter().any(|c| {
-            matches!(&c.effect, Effect::PutUser { user } if user.id == cert.user_id && c.organization_id == cert.organization_id)
-        });
         if a.activity.activity_type != ENABLE_AUTH_PROXY
             || cert.issuing_fingerprint != a.activity.fingerprint
             || cert.organization_id != a.activity.organization_id
-            || !new_user
         {
             return Err(refuse(
                 a,
@@ -289,6 +280,24 @@ fn issued_credentials(
     Ok(out)
 }
 
+/// The changes the body asks for, then the issued credentials, each of which must be for a user
+/// those changes create.
+fn with_issued(a: &Admitted, mut asked: Vec<Change>, issued: &[Change]) -> Result<Vec<Change>, EnclaveError> {
+    for c in issued {
+        let Effect::AddCredential { credential } = &c.effect else { continue };
+        let new_user = asked.iter().any(|made| {
+            matches!(&made.effect, Effect::PutUser { user } if user.id == credential.user_id && made.organization_id == c.organization_id)
+        });
+        if !new_user {
+            return Err(refuse(
+                a,
+                RefusalReason::BindingMismatch,
+                "an issued certificate is not this activity's own (enable_auth_proxy's key for its new user)",
+            ));
+        }
+    }
+    asked.extend(issued.iter().cloned());
+    Ok(asked)
+}
+
 const ENABLE_AUTH_PROXY: &str = "ACTIVITY_TYPE_ENABLE_AUTH_PROXY";
-/// `derived_id` purpose of the ids of credentials the enclave issued for an activity.
-const ISSUED_CREDENTIAL_ID: &str = "issued-credential";

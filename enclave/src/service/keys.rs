@@ -262,7 +262,7 @@ fn derive_account(seed: &keys::Seed, spec: &Value) -> Result<(Curve, SecretKey, 
 /// The addresses a new sub-organization's wallet gives the accounts its stamped body asks for
 /// (`wallet`: the body's `wallet`), derived from the wallet's sealed seed, opened under the
 /// sub-organization's id and the wallet's id, both derived from the body: what the
-/// sub-organization's state may record, whatever the gateway proposes.
+/// sub-organization's state records.
 pub(super) fn sub_organization_addresses(
     hsm: &Hsm,
     sub_organization: &str,

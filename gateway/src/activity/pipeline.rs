@@ -178,11 +178,12 @@ async fn execute(
         _ => e,
     };
     let mut outcome = (op.handler)(ctx, params).await.map_err(moved)?;
-    // Projected before certification: an API key already certified is one the enclave issued
-    // (a session or the auth proxy's key), which it recorded itself.
-    let mut proposal = crate::authority_proposal::proposal(&org, &outcome.writes);
-    crate::authority_proposal::mark_auth_proxy_signup(op.activity_type, signup_mark, &mut proposal);
-    crate::authority_proposal::set_auth_proxy_app_name(op.activity_type, &org, app_name, &mut proposal);
+    // What the records say the enclave changes, projected before certification: an API key
+    // already certified is one the enclave issued (a session or the auth proxy's key), which it
+    // records itself.
+    let mut ours = crate::record_changes::of_writes(&org, &outcome.writes);
+    crate::record_changes::mark_auth_proxy_signup(op.activity_type, signup_mark, &mut ours);
+    crate::record_changes::set_auth_proxy_app_name(op.activity_type, &org, app_name, &mut ours);
     let issued: Vec<Vec<u8>> = outcome
         .writes
         .iter()
@@ -210,7 +211,7 @@ async fn execute(
                 auth.log = Some(coffer_proto::v1::LogRequest { activity });
             }
             // A new sub-organization's wallet: its sealed seed and account keys, which the enclave
-            // checks the proposed addresses with.
+            // derives and checks the accounts' addresses with.
             let wallet_seed = outcome
                 .writes
                 .iter()
@@ -219,7 +220,8 @@ async fn execute(
                     _ => None,
                 })
                 .unwrap_or_default();
-            let sealed_keys: std::collections::HashMap<&str, Vec<u8>> = outcome
+            // ... in the body's order (the handler writes them so).
+            let account_keys: Vec<Vec<u8>> = outcome
                 .writes
                 .iter()
                 .filter_map(|w| match w {
@@ -227,10 +229,11 @@ async fn execute(
                     _ => None,
                 })
                 .flatten()
-                .map(|a| (a.id.as_str(), a.sealed_key.clone()))
+                .filter(|a| a.organization_id != org)
+                .map(|a| a.sealed_key.clone())
                 .collect();
-            let wallet = (wallet_seed, &sealed_keys);
-            apply_in_enclave(&state, auth, &proposal, issued, wallet, &returned)
+            let issued_count = issued.len();
+            let (evaluation, applied) = apply_in_enclave(&state, auth, issued, (wallet_seed, account_keys), &returned)
                 .await
                 .inspect_err(|e| {
                     // No answer, and no refusal: the enclave may have applied it (caught up later).
@@ -238,7 +241,21 @@ async fn execute(
                         crate::uncertain_outcomes::note(&org);
                     }
                 })
-                .map_err(moved)?
+                .map_err(moved)?;
+            // The records are written as the handler made them; should they not follow what the
+            // enclave applied (a gateway whose records drifted from the enclave's state), the
+            // organization is repaired from the enclave's signed state by the catch-up.
+            if let Err(n) = crate::record_changes::follows(&ours, &applied, issued_count) {
+                tracing::warn!(
+                    activity = %op.activity_type,
+                    organization = %org,
+                    change = n,
+                    "the gateway's records of an activity do not follow the changes the enclave applied: the \
+                     organization is repaired from the enclave's state"
+                );
+                crate::uncertain_outcomes::note(&org);
+            }
+            evaluation
         }
     };
     Ok((outcome, evaluation))
@@ -304,32 +321,18 @@ async fn decide_ahead(
 }
 
 /// Has the enclave decide an activity that uses no key (key operations are decided by their own
-/// enclave call) over the organization's authority state, and apply `proposal`, the changes the
-/// activity's writes make to it: the enclave refuses unless they are exactly what the stamped
-/// body asks for. `issued_certificates`: credentials the enclave issued for this activity before
-/// (enable_auth_proxy's key), which the projection leaves out.
+/// enclave call) over the organization's authority state, compute its changes from the stamped
+/// body and apply them: the outcomes it decided with, and the changes it applied.
+/// `issued_certificates`: credentials the enclave issued for this activity before
+/// (enable_auth_proxy's key). `wallet`: a new sub-organization's sealed seed and account keys.
 async fn apply_in_enclave(
     state: &Arc<AppState>,
     auth: coffer_proto::v1::Authorization,
-    proposal: &[coffer_org_rules::Change],
     issued_certificates: Vec<Vec<u8>>,
-    (sub_organization_wallet_seed, sealed_keys): (Vec<u8>, &std::collections::HashMap<&str, Vec<u8>>),
+    (sub_organization_wallet_seed, sub_organization_account_keys): (Vec<u8>, Vec<Vec<u8>>),
     returned: &crate::custody::Returned,
-) -> Result<String, ApiError> {
-    // A new sub-organization's accounts: their sealed keys, which the enclave opens to check
-    // the addresses proposed for its state.
-    let sub_organization_account_keys = proposal
-        .iter()
-        .filter_map(|c| match &c.effect {
-            coffer_org_rules::Effect::PutAccounts { accounts } => Some(accounts),
-            _ => None,
-        })
-        .flatten()
-        .filter_map(|a| sealed_keys.get(a.id.as_str()).cloned())
-        .collect();
-    let proposal = serde_json::to_vec(proposal).map_err(|_| ApiError::internal())?;
+) -> Result<(String, Vec<coffer_org_rules::Change>), ApiError> {
     let request = coffer_proto::v1::ApplyActivityRequest {
-        proposal,
         issued_certificates,
         sub_organization_account_keys,
         sub_organization_wallet_seed,
@@ -342,7 +345,10 @@ async fn apply_in_enclave(
         tracing::error!("the enclave applied a state change without deciding it");
         return Err(ApiError::internal());
     }
-    Ok(applied.evaluation)
+    // Changes that cannot be read count as none: the records then do not follow them, and the
+    // organization is repaired from the enclave's state.
+    let changes = serde_json::from_slice(&applied.changes).unwrap_or_default();
+    Ok((applied.evaluation, changes))
 }
 
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).

@@ -5,6 +5,8 @@ use std::collections::HashSet;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use coffer_org_rules::model::CredentialKind;
+
 use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::authenticator_json;
@@ -48,6 +50,7 @@ pub async fn authenticator_rows(
     org: &Organization,
     user_id: &str,
     params: &[AuthenticatorParams],
+    fingerprint: &str,
     now: crate::store::Nanos,
 ) -> Result<Vec<AuthenticatorRecord>, ApiError> {
     let origins = stamps::webauthn_origins(state, org).await?;
@@ -91,7 +94,7 @@ pub async fn authenticator_rows(
             }
         }
         rows.push(AuthenticatorRecord {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: super::credentials::credential_id(fingerprint, CredentialKind::Passkey, user_id, rows.len()),
             organization_id: org.id.clone(),
             user_id: user_id.to_string(),
             name: p.authenticator_name.clone(),
@@ -128,9 +131,15 @@ pub struct RecoverUserIntent {
 
 pub async fn recover_user(ctx: Ctx, intent: RecoverUserIntent) -> Result<Outcome, ApiError> {
     super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
-    let rows =
-        authenticator_rows(&ctx.state, &ctx.org, &intent.user_id, std::slice::from_ref(&intent.authenticator), ctx.now)
-            .await?;
+    let rows = authenticator_rows(
+        &ctx.state,
+        &ctx.org,
+        &intent.user_id,
+        std::slice::from_ref(&intent.authenticator),
+        &ctx.fingerprint,
+        ctx.now,
+    )
+    .await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     Ok(Outcome {
         result: json!({ "authenticatorId": ids }),
@@ -143,7 +152,9 @@ pub async fn create_authenticators(ctx: Ctx, intent: CreateAuthenticatorsIntent)
         return Err(ApiError::invalid("authenticators must not be empty"));
     }
     super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
-    let rows = authenticator_rows(&ctx.state, &ctx.org, &intent.user_id, &intent.authenticators, ctx.now).await?;
+    let rows =
+        authenticator_rows(&ctx.state, &ctx.org, &intent.user_id, &intent.authenticators, &ctx.fingerprint, ctx.now)
+            .await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     Ok(Outcome {
         result: json!({ "authenticatorIds": ids }),

@@ -9,6 +9,17 @@ use crate::activity::render::{authenticator_json, oauth_provider_json};
 use crate::error::ApiError;
 use crate::store::{Store, Write};
 
+/// The id of the `n`th credential of `kind` the stamped body (`fingerprint`) lists for `user_id`:
+/// derived from the body, as the enclave derives it for its state.
+pub fn credential_id(
+    fingerprint: &str,
+    kind: coffer_org_rules::model::CredentialKind,
+    user_id: &str,
+    n: usize,
+) -> String {
+    coffer_auth::envelope::derived_id(fingerprint, &coffer_org_rules::transition::credential_id_label(kind, user_id), n)
+}
+
 /// The writes registering a new user's inline `authenticators` and `oauthProviders` (raw
 /// `AuthenticatorParamsV2` / `OauthProviderParamsV2` JSON), committed after the user's insert:
 /// attestations are verified and OIDC tokens checked against their issuer exactly as
@@ -24,12 +35,12 @@ pub async fn inline_credentials(
     let mut writes = Vec::new();
     if !authenticators.is_empty() {
         let params: Vec<AuthenticatorParams> = decode(Value::Array(authenticators.to_vec()))?;
-        let rows = authenticator_rows(&ctx.state, &ctx.org, user_id, &params, ctx.now).await?;
+        let rows = authenticator_rows(&ctx.state, &ctx.org, user_id, &params, &ctx.fingerprint, ctx.now).await?;
         writes.push(Write::InsertAuthenticators(rows));
     }
     if !oauth_providers.is_empty() {
         let params: Vec<OauthProviderParams> = decode(Value::Array(oauth_providers.to_vec()))?;
-        let rows = provider_rows(&ctx.state, &ctx.org.id, user_id, &params, ctx.now).await?;
+        let rows = provider_rows(&ctx.state, &ctx.org.id, user_id, &params, &ctx.fingerprint, ctx.now).await?;
         writes.push(Write::InsertOauthProviders(rows));
     }
     Ok(writes)

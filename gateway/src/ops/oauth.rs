@@ -7,6 +7,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use coffer_org_rules::model::CredentialKind;
+
 use super::params::required;
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::activity::render::oauth_provider_json;
@@ -48,6 +50,7 @@ pub async fn provider_rows(
     org: &str,
     user_id: &str,
     params: &[OauthProviderParams],
+    fingerprint: &str,
     now: Nanos,
 ) -> Result<Vec<OauthProviderRecord>, ApiError> {
     let org_id = org.to_string();
@@ -77,7 +80,7 @@ pub async fn provider_rows(
             return Err(already_exists());
         }
         rows.push(OauthProviderRecord {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: super::credentials::credential_id(fingerprint, CredentialKind::OauthIdentity, user_id, rows.len()),
             organization_id: org.to_string(),
             user_id: user_id.to_string(),
             name: p.provider_name.clone(),
@@ -107,7 +110,9 @@ pub async fn create_oauth_providers(ctx: Ctx, intent: CreateOauthProvidersIntent
         return Err(ApiError::invalid("oauthProviders must not be empty"));
     }
     super::lookup::load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
-    let rows = provider_rows(&ctx.state, &ctx.org.id, &intent.user_id, &intent.oauth_providers, ctx.now).await?;
+    let rows =
+        provider_rows(&ctx.state, &ctx.org.id, &intent.user_id, &intent.oauth_providers, &ctx.fingerprint, ctx.now)
+            .await?;
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
     Ok(Outcome { result: json!({ "providerIds": ids }), writes: vec![Write::InsertOauthProviders(rows)] })
 }

@@ -90,7 +90,8 @@ pub async fn enable_auth_proxy(ctx: Ctx, _intent: Value) -> Result<Outcome, ApiE
             updated_at: ctx.now,
         }),
         Write::InsertApiKey(ApiKey {
-            id: uuid::Uuid::new_v4().to_string(),
+            // The id the enclave gives the key it issued, in its state.
+            id: ctx.derived_id(coffer_org_rules::transition::ISSUED_CREDENTIAL_ID, 0),
             organization_id: org.clone(),
             user_id: key.user_id.clone(),
             name: "Auth proxy key".into(),

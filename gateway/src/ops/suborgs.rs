@@ -161,7 +161,7 @@ pub async fn create_sub_organization(ctx: Ctx, intent: CreateSubOrganizationInte
                 p.user_name
             )));
         }
-        let keys = api_key_rows(&sub.id, user_id, &p.api_keys, ctx.now, &mut taken)?;
+        let keys = api_key_rows(&sub.id, user_id, &p.api_keys, &ctx.fingerprint, ctx.now, &mut taken)?;
         writes.push(Write::InsertUser(User {
             id: user_id.clone(),
             organization_id: sub.id.clone(),

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use coffer_org_rules::model::CredentialKind;
+
 use super::lookup::load_user;
 use super::params::dedup;
 use super::params::required;
@@ -95,6 +97,7 @@ pub fn api_key_rows(
     org: &str,
     user_id: &str,
     params: &[ApiKeyParams],
+    fingerprint: &str,
     now: Nanos,
     taken: &mut HashSet<String>,
 ) -> Result<Vec<ApiKey>, ApiError> {
@@ -113,7 +116,7 @@ pub fn api_key_rows(
                 ));
             }
             Ok(ApiKey {
-                id: uuid::Uuid::new_v4().to_string(),
+                id: super::credentials::credential_id(fingerprint, CredentialKind::ApiKey, user_id, i),
                 organization_id: org.to_string(),
                 user_id: user_id.to_string(),
                 name: p.api_key_name.clone(),
@@ -193,7 +196,7 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
         // Derived from the activity's fingerprint: the enclave recomputes it to certify the
         // user's credentials.
         let id = coffer_auth::envelope::derived_id(&ctx.fingerprint, coffer_auth::envelope::USER_ID, index);
-        let keys = api_key_rows(&ctx.org.id, &id, &p.api_keys, ctx.now, &mut taken)?;
+        let keys = api_key_rows(&ctx.org.id, &id, &p.api_keys, &ctx.fingerprint, ctx.now, &mut taken)?;
         writes.push(Write::InsertUser(User {
             id: id.clone(),
             organization_id: ctx.org.id.clone(),
@@ -309,7 +312,7 @@ pub async fn create_api_keys(ctx: Ctx, intent: CreateApiKeysIntent) -> Result<Ou
         return Err(ApiError::invalid("apiKeys must not be empty"));
     }
     let mut taken = org_public_keys(&ctx.state, &ctx.org.id).await?;
-    let keys = api_key_rows(&ctx.org.id, &intent.user_id, &intent.api_keys, ctx.now, &mut taken)?;
+    let keys = api_key_rows(&ctx.org.id, &intent.user_id, &intent.api_keys, &ctx.fingerprint, ctx.now, &mut taken)?;
     Ok(Outcome {
         result: json!({ "apiKeyIds": keys.iter().map(|k| k.id.clone()).collect::<Vec<_>>() }),
         writes: keys.into_iter().map(Write::InsertApiKey).collect(),

@@ -1,18 +1,15 @@
-//! What a transition reads ([`Input`]): the state, the stamped body, the proposal it checks and
-//! what coffer-auth derives from the body ([`Grant`], derived ids); and the readers every
-//! transition shares.
+//! What a transition reads ([`Input`]): the state, the stamped body, what coffer-auth derives
+//! from the body ([`Grant`], derived ids) and what the enclave's own work made for it (a new
+//! sub-organization's addresses, the auth proxy's key); and the readers every transition shares.
 
 use serde_json::Value;
 
 use crate::effect::{Change, Effect};
-use crate::model::{Millis, OrgState};
+use crate::model::{CredentialKind, Millis, OrgState};
 
-/// Why a proposal is refused.
+/// Why a stamped activity changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
-    /// The stamped body asks for something else than the proposal does.
-    #[error("the proposed changes are not what the stamped body asks for: {0}")]
-    Mismatch(String),
     /// The stamped body cannot be read as its activity type, or asks for what its organization's
     /// state refuses (a missing record, an unexported key deleted without `deleteWithoutExport`).
     #[error("the stamped body is not a valid {activity_type}: {reason}")]
@@ -45,6 +42,21 @@ pub const TAG_ID: &str = "tag";
 pub const CONTRACT_INTERFACE_ID: &str = "smart-contract-interface";
 pub const WEBHOOK_ENDPOINT_ID: &str = "webhook-endpoint";
 pub const OAUTH2_CREDENTIAL_ID: &str = "oauth2-credential";
+/// Label of [`Input::derive_id`] for the credentials the enclave issued for an activity itself
+/// (enable_auth_proxy's key), by position.
+pub const ISSUED_CREDENTIAL_ID: &str = "issued-credential";
+
+/// The label of [`Input::derive_id`] for the credentials of `kind` the body lists for `user_id`
+/// (the `n`th of them: index `n`): a credential's id is the body's, whichever process names it.
+pub fn credential_id_label(kind: CredentialKind, user_id: &str) -> String {
+    let kind = match kind {
+        CredentialKind::ApiKey => "api-key",
+        CredentialKind::Passkey => "passkey",
+        CredentialKind::OauthIdentity => "oauth-identity",
+        CredentialKind::Session => "session",
+    };
+    format!("credential/{kind}/{user_id}")
+}
 
 /// What a transition reads.
 pub struct Input<'a> {
@@ -52,7 +64,7 @@ pub struct Input<'a> {
     pub activity_type: &'a str,
     /// The stamped body's parameters.
     pub params: &'a Value,
-    pub proposal: &'a [Change],
+    /// The enclave's clock (an API key's expiry is counted from it).
     pub now_ms: Millis,
     /// `coffer_auth::envelope::derived_id(fingerprint, label, index)` of the stamped activity:
     /// the ids of the users ([`USER_ID`], by position in the body) and of the sub-organization
@@ -60,6 +72,12 @@ pub struct Input<'a> {
     pub derive_id: &'a dyn Fn(&str, usize) -> String,
     /// Every credential the stamped body grants (`coffer_auth::grants::granted_credentials`).
     pub grants: &'a [Grant],
+    /// A new sub-organization's wallet: the address of each account the body lists, in its
+    /// order, as the enclave derived them from the wallet's sealed seed (none otherwise).
+    pub wallet_addresses: &'a [String],
+    /// Whether the enclave issued the auth proxy's key for this activity (enable_auth_proxy's
+    /// first enabling: its certificate, checked genuine and this activity's own).
+    pub auth_proxy_key_issued: bool,
 }
 
 impl Input<'_> {
@@ -91,21 +109,6 @@ impl Input<'_> {
         dedup(raw_texts(self.params, key))
     }
 
-    /// The `n`th change of the proposal.
-    pub(crate) fn proposed(&self, n: usize) -> Option<&Effect> {
-        self.proposal.get(n).map(|c| &c.effect)
-    }
-
-    /// The id the proposal gives the credential made by its `n`th change: the gateway names new
-    /// credentials (nothing decides on a credential's id); an id already in use is refused.
-    pub(crate) fn new_id(&self, n: usize, taken: impl Fn(&str) -> bool) -> Result<String, TransitionError> {
-        let id = self.proposed(n).and_then(proposed_id).unwrap_or_default();
-        if id.is_empty() || id.len() > 128 || taken(&id) {
-            return Err(TransitionError::Mismatch(format!("change {n} does not name a new record")));
-        }
-        Ok(id)
-    }
-
     /// The id of the `index`th record labelled `label` (one of the `*_ID` labels) the stamped
     /// body makes, derived from it (no one names it); refused when the organization has it.
     pub(crate) fn derived_new_id(
@@ -121,9 +124,22 @@ impl Input<'_> {
         Ok(id)
     }
 
-    /// [`Input::new_id`] for the next change after `out`, also refusing an id `out` already made.
-    pub(crate) fn fresh(&self, out: &[Change], taken: impl Fn(&str) -> bool) -> Result<String, TransitionError> {
-        self.new_id(out.len(), |id| taken(id) || out.iter().any(|c| proposed_id(&c.effect).as_deref() == Some(id)))
+    /// The id of the `n`th credential of `kind` the body lists for `user_id` in
+    /// `organization_id` (derived from the body); refused when `taken` or already made in `out`.
+    pub(crate) fn credential_id(
+        &self,
+        kind: CredentialKind,
+        user_id: &str,
+        n: usize,
+        out: &[Change],
+        taken: impl Fn(&str) -> bool,
+    ) -> Result<String, TransitionError> {
+        let id = (self.derive_id)(&credential_id_label(kind, user_id), n);
+        let made = out.iter().any(|c| matches!(&c.effect, Effect::AddCredential { credential } if credential.id == id));
+        if id.is_empty() || taken(&id) || made {
+            return Err(self.invalid(format!("credential {id} the body makes exists already")));
+        }
+        Ok(id)
     }
 
     /// The public keys the body grants `user_id` of `organization_id` as `credential_type`, in
@@ -176,22 +192,6 @@ pub(crate) fn dedup(ids: Vec<String>) -> Vec<String> {
         }
     }
     out
-}
-
-/// The id of the record an effect creates, as proposed.
-pub(crate) fn proposed_id(e: &Effect) -> Option<String> {
-    Some(match e {
-        Effect::PutPolicy { policy } => policy.id.clone(),
-        Effect::AddCredential { credential } => credential.id.clone(),
-        Effect::PutUser { user } => user.id.clone(),
-        Effect::PutTag { tag, .. } => tag.id.clone(),
-        Effect::PutContractInterface { interface } => interface.id.clone(),
-        Effect::PutWebhookEndpoint { endpoint } => endpoint.id.clone(),
-        Effect::PutOauth2Credential { credential } => credential.id.clone(),
-        Effect::CreateOrganization { organization } => organization.id.clone(),
-        Effect::PutWallet { wallet } => wallet.id.clone(),
-        _ => return None,
-    })
 }
 
 /// An integer as the handlers read one: a JSON number, or a decimal string (trimmed).

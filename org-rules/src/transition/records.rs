@@ -216,16 +216,17 @@ pub fn auth_proxy_policy_consensus(user_id: &str) -> String {
     format!("approvers.any(user, user.id == '{user_id}')")
 }
 
-/// `enable_auth_proxy`. The first time (no auth proxy policy yet), the proxy's user (its id the enclave's, proposed as a
-/// new user without credentials: the enclave records the proxy's key itself) and the policy
-/// that lets it submit login activities; then, as on every enabling, the flag and the feature.
+/// `enable_auth_proxy`. The first time (no auth proxy policy yet, and the enclave issued the
+/// proxy's key for this activity), the proxy's user (its id derived from the body, without
+/// credentials: the enclave records the proxy's key itself) and the policy that lets it submit
+/// login activities; then, as on every enabling, the flag and the feature.
 pub(crate) fn enable_auth_proxy(i: &Input<'_>) -> Changes {
     if i.state.organization.auth_proxy_enabled {
         return Err(i.invalid("the auth proxy is already enabled"));
     }
     let mut out = Vec::new();
     let first = !i.state.policies.values().any(|p| p.name == AUTH_PROXY_POLICY_NAME);
-    if first && matches!(i.proposed(0), Some(Effect::PutUser { .. })) {
+    if first && i.auth_proxy_key_issued {
         let user_id = i.derived_new_id(USER_ID, 0, |id| i.state.users.contains_key(id))?;
         out.push(i.change(Effect::PutUser {
             user: User { id: user_id.clone(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() },

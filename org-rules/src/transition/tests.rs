@@ -1,5 +1,5 @@
-//! Each transition: the proposal the gateway's handler makes passes (and applies), and one with
-//! a security-relevant field changed is refused.
+//! Each transition: the changes it computes from the stamped body are the ones the handler's
+//! records stand for (and apply), and not one with a security-relevant field changed.
 
 use std::collections::BTreeMap;
 
@@ -34,37 +34,94 @@ fn c(effect: Effect) -> Change {
     Change { organization_id: "o".into(), effect }
 }
 
-fn run(s: &OrgState, ty: &str, params: &Value, proposal: &[Change], grants: &[Grant]) -> Result<(), TransitionError> {
-    check(&Input { state: s, activity_type: ty, params, proposal, now_ms: NOW, derive_id: &derive, grants })
+/// What the enclave's own work made for the activity (none by default).
+#[derive(Default)]
+struct Work {
+    wallet_addresses: Vec<String>,
+    auth_proxy_key_issued: bool,
 }
 
-/// Applies a proposal: this organization's changes to `s`, a new organization's to a new state.
-fn apply(s: &OrgState, proposal: &[Change]) {
+/// Whether the changes `expected` computes are `changes`: `Err(None)` when they differ,
+/// `Err(Some(_))` when the body is refused.
+fn run(
+    s: &OrgState,
+    ty: &str,
+    params: &Value,
+    changes: &[Change],
+    grants: &[Grant],
+) -> Result<(), Option<TransitionError>> {
+    run_with(s, ty, params, changes, grants, &Work::default())
+}
+
+fn run_with(
+    s: &OrgState,
+    ty: &str,
+    params: &Value,
+    changes: &[Change],
+    grants: &[Grant],
+    w: &Work,
+) -> Result<(), Option<TransitionError>> {
+    let input = Input {
+        state: s,
+        activity_type: ty,
+        params,
+        now_ms: NOW,
+        derive_id: &derive,
+        grants,
+        wallet_addresses: &w.wallet_addresses,
+        auth_proxy_key_issued: w.auth_proxy_key_issued,
+    };
+    match expected(&input) {
+        Ok(got) if got == changes => Ok(()),
+        Ok(_) => Err(None),
+        Err(e) => Err(Some(e)),
+    }
+}
+
+/// The id of the `n`th credential of `kind` the body lists for `user`.
+fn kid(kind: CredentialKind, user: &str, n: usize) -> String {
+    derive(&credential_id_label(kind, user), n)
+}
+
+/// Applies changes: this organization's changes to `s`, a new organization's to a new state.
+fn apply(s: &OrgState, changes: &[Change]) {
     let mut states: BTreeMap<String, OrgState> = BTreeMap::new();
     states.insert(s.organization.id.clone(), s.clone());
-    for ch in proposal {
+    for ch in changes {
         let st = states.entry(ch.organization_id.clone()).or_default();
         st.apply(&ch.effect).unwrap_or_else(|e| panic!("{ch:?}: {e}"));
     }
 }
 
-/// `good` passes and applies; every `(why, bad)` is refused.
+/// `good` is what the body asks and applies; no `(why, bad)` is.
 fn case(s: &OrgState, ty: &str, params: Value, grants: &[Grant], good: Vec<Change>, bad: Vec<(&str, Vec<Change>)>) {
-    assert_eq!(run(s, ty, &params, &good, grants), Ok(()), "{ty}");
-    apply(s, &good);
-    for (why, proposal) in bad {
-        assert!(run(s, ty, &params, &proposal, grants).is_err(), "{ty}: {why} was accepted");
-    }
-    // Nothing at all, and one change too many, are refused too.
-    assert!(run(s, ty, &params, &[], grants).is_err(), "{ty}: an empty proposal");
-    let mut more = good.clone();
-    more.push(c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["u".into()] }));
-    assert!(run(s, ty, &params, &more, grants).is_err(), "{ty}: an extra change");
+    case_with(s, ty, params, grants, &Work::default(), good, bad)
 }
 
-/// `proposal` with `f` applied to its change `n`.
-fn with(proposal: &[Change], n: usize, f: impl FnOnce(&mut Change)) -> Vec<Change> {
-    let mut out = proposal.to_vec();
+fn case_with(
+    s: &OrgState,
+    ty: &str,
+    params: Value,
+    grants: &[Grant],
+    w: &Work,
+    good: Vec<Change>,
+    bad: Vec<(&str, Vec<Change>)>,
+) {
+    assert_eq!(run_with(s, ty, &params, &good, grants, w), Ok(()), "{ty}");
+    apply(s, &good);
+    for (why, changes) in bad {
+        assert!(run_with(s, ty, &params, &changes, grants, w).is_err(), "{ty}: {why} was computed");
+    }
+    // Nothing at all, and one change too many, are not it either.
+    assert!(run_with(s, ty, &params, &[], grants, w).is_err(), "{ty}: no changes");
+    let mut more = good.clone();
+    more.push(c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["u".into()] }));
+    assert!(run_with(s, ty, &params, &more, grants, w).is_err(), "{ty}: an extra change");
+}
+
+/// `changes` with `f` applied to its change `n`.
+fn with(changes: &[Change], n: usize, f: impl FnOnce(&mut Change)) -> Vec<Change> {
+    let mut out = changes.to_vec();
     f(&mut out[n]);
     out
 }
@@ -143,7 +200,7 @@ fn every_type_with_a_transition_is_an_activity_type() {
 }
 
 #[test]
-fn a_proposal_must_be_what_the_body_asks() {
+fn the_changes_are_what_the_body_asks() {
     let s = state();
     let body = json!({"policyName": "n", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""});
     let ty = "ACTIVITY_TYPE_CREATE_POLICY_V3";
@@ -151,7 +208,7 @@ fn a_proposal_must_be_what_the_body_asks() {
     let named = vec![c(policy("p1", "EFFECT_ALLOW"))];
     let bad = vec![("another effect", vec![c(policy("policy-0", "EFFECT_DENY"))]), ("an id the gateway named", named)];
     case(&s, ty, body, &[], good, bad);
-    // A type with no transition proposes nothing.
+    // A type with no transition changes nothing.
     let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
     assert_eq!(run(&s, sign, &json!({}), &[], &[]), Ok(()));
     assert!(run(&s, sign, &json!({}), &[c(policy("p", "EFFECT_ALLOW"))], &[]).is_err());
@@ -206,7 +263,7 @@ fn root_quorum_is_the_bodys() {
     let bad = vec![c(Effect::SetRootQuorum { threshold: 1, user_ids: vec!["u".into()] })];
     case(&s, ty, json!({"threshold": " 1", "userIds": ["r", "u"]}), &[], good, vec![("another quorum", bad)]);
     let none = json!({"threshold": 3, "userIds": ["r", "u"]});
-    assert!(matches!(run(&s, ty, &none, &[], &[]), Err(TransitionError::Invalid { .. })));
+    assert!(matches!(run(&s, ty, &none, &[], &[]), Err(Some(TransitionError::Invalid { .. }))));
 }
 
 #[test]
@@ -214,7 +271,8 @@ fn an_api_key_is_the_one_in_the_body() {
     let s = state();
     let ty = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
     let body = json!({"userId": "r", "apiKeys": [{"apiKeyName": "k", "publicKey": " 0x02AB", "curveType": "API_KEY_CURVE_P256"}]});
-    let good = vec![c(key("k1", "r", "02ab"))];
+    let k1 = kid(CredentialKind::ApiKey, "r", 0);
+    let good = vec![c(key(&k1, "r", "02ab"))];
     case(
         &s,
         ty,
@@ -222,14 +280,15 @@ fn an_api_key_is_the_one_in_the_body() {
         &[],
         good.clone(),
         vec![
-            ("another key", vec![c(key("k1", "r", "02cd"))]),
-            ("another user", vec![c(key("k1", "u", "02ab"))]),
+            ("another key", vec![c(key(&k1, "r", "02cd"))]),
+            ("another user", vec![c(key(&k1, "u", "02ab"))]),
+            ("an id the gateway named", vec![c(key("k1", "r", "02ab"))]),
             ("another type", with(&good, 0, |ch| cred(ch).credential_type = "CREDENTIAL_TYPE_API_KEY_ED25519".into())),
             ("an expiry", with(&good, 0, |ch| cred(ch).expires_at_ms = 5)),
             ("another organization", with(&good, 0, |ch| ch.organization_id = "x".into())),
         ],
     );
-    // An expiry within a minute of now + expirationSeconds is the proposal's; further is refused.
+    // The expiry is now + expirationSeconds, on the enclave's clock.
     let body = json!({"userId": "r", "apiKeys": [{"apiKeyName": "k", "publicKey": "02ab", "curveType": "API_KEY_CURVE_P256", "expirationSeconds": "60"}]});
     let at = |ms: u64| with(&good, 0, |ch| cred(ch).expires_at_ms = ms);
     case(
@@ -237,8 +296,8 @@ fn an_api_key_is_the_one_in_the_body() {
         ty,
         body,
         &[],
-        at(NOW as u64 + 60_000 + 30),
-        vec![("a later expiry", at(NOW as u64 + 10 * 60_000)), ("none", at(0))],
+        at(NOW as u64 + 60_000),
+        vec![("a later expiry", at(NOW as u64 + 60_030)), ("none", at(0))],
     );
 }
 
@@ -309,7 +368,8 @@ fn passkeys_and_oauth_identities_are_the_granted_ones() {
     ];
     let ty = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
     let body = json!({"userId": "u", "authenticators": [{"authenticatorName": "a"}, {"authenticatorName": "b"}]});
-    let good = vec![c(passkey("a1", "u", "03aa")), c(passkey("a2", "u", "03bb"))];
+    let (a1, a2) = (kid(CredentialKind::Passkey, "u", 0), kid(CredentialKind::Passkey, "u", 1));
+    let good = vec![c(passkey(&a1, "u", "03aa")), c(passkey(&a2, "u", "03bb"))];
     case(
         &s,
         ty,
@@ -319,16 +379,17 @@ fn passkeys_and_oauth_identities_are_the_granted_ones() {
         vec![
             ("another public key", with(&good, 1, |ch| cred(ch).public_key = "03cc".into())),
             ("another user", with(&good, 0, |ch| cred(ch).user_id = "r".into())),
-            ("one id twice", with(&good, 1, |ch| cred(ch).id = "a1".into())),
+            ("one id twice", with(&good, 1, |ch| cred(ch).id = a1.clone())),
             ("one missing", good[..1].to_vec()),
         ],
     );
-    // A body and grants that disagree are refused whatever the proposal.
-    assert!(matches!(run(&s, ty, &body, &good, &grants[..1]), Err(TransitionError::Invalid { .. })));
+    // A body and grants that disagree are refused.
+    assert!(matches!(run(&s, ty, &body, &good, &grants[..1]), Err(Some(TransitionError::Invalid { .. }))));
 
     let ty = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2";
     let body = json!({"userId": "u", "oauthProviders": [{"providerName": "g", "oidcClaims": {}}]});
-    let good = vec![c(identity("p1", "u", "hash"))];
+    let p1 = kid(CredentialKind::OauthIdentity, "u", 0);
+    let good = vec![c(identity(&p1, "u", "hash"))];
     case(
         &s,
         ty,
@@ -337,7 +398,7 @@ fn passkeys_and_oauth_identities_are_the_granted_ones() {
         good.clone(),
         vec![
             ("another identity", with(&good, 0, |ch| cred(ch).public_key = "other".into())),
-            ("as a passkey", vec![c(passkey("p1", "u", "hash"))]),
+            ("as a passkey", vec![c(passkey(&p1, "u", "hash"))]),
         ],
     );
 }
@@ -367,7 +428,7 @@ fn create_users_makes_the_derived_users_with_the_bodys_credentials() {
     };
     let good = vec![
         user(&u0, "alice", "a@x.io"),
-        c(key("k1", &u0, "02ab")),
+        c(key(&kid(CredentialKind::ApiKey, &u0, 0), &u0, "02ab")),
         c(Effect::UpdateUser {
             id: u0.clone(),
             name: None,
@@ -375,8 +436,8 @@ fn create_users_makes_the_derived_users_with_the_bodys_credentials() {
             phone_number: None,
             tag_ids: Some(vec!["t1".into()]),
         }),
-        c(passkey("a1", &u0, "03aa")),
-        c(identity("o1", &u0, "hash")),
+        c(passkey(&kid(CredentialKind::Passkey, &u0, 0), &u0, "03aa")),
+        c(identity(&kid(CredentialKind::OauthIdentity, &u0, 0), &u0, "hash")),
         user(&u1, "bob", ""),
     ];
     case(
@@ -517,7 +578,7 @@ fn tags_are_the_bodys() {
         vec![("another member", update(Some("t2"), &["r"], &[])), ("another name", update(Some("x"), &["u"], &[]))],
     );
     let both = json!({"userTagId": "tag-0", "addUserIds": ["u"], "removeUserIds": ["u"]});
-    assert!(matches!(run(&s, ty, &both, &[], &[]), Err(TransitionError::Invalid { .. })));
+    assert!(matches!(run(&s, ty, &both, &[], &[]), Err(Some(TransitionError::Invalid { .. }))));
     let ty = "ACTIVITY_TYPE_DELETE_USER_TAGS";
     let del = |id: &str| vec![c(Effect::DeleteTags { kind: TagKind::User, ids: vec![id.into()] })];
     case(&s, ty, json!({"userTagIds": ["tag-0"]}), &[], del("tag-0"), vec![("another tag", del("t2"))]);
@@ -699,11 +760,15 @@ fn features_and_the_auth_proxy() {
     first.extend(enable.clone());
     let mut any = proxy_policy("user-0");
     any.consensus = "true".into();
-    case(
+    let issued = Work { auth_proxy_key_issued: true, ..Work::default() };
+    // Without the key the enclave issued for it, no proxy user and no policy.
+    assert_eq!(run(&s, ty, &json!({}), &enable, &[]), Ok(()));
+    case_with(
         &s,
         ty,
         json!({}),
         &[],
+        &issued,
         first.clone(),
         vec![
             (
@@ -724,7 +789,7 @@ fn features_and_the_auth_proxy() {
     for ch in &first {
         s.apply(&ch.effect).unwrap();
     }
-    assert!(run(&s, ty, &json!({}), &enable, &[]).is_err(), "already enabled");
+    assert!(run_with(&s, ty, &json!({}), &enable, &[], &issued).is_err(), "already enabled");
     let ty = "ACTIVITY_TYPE_DISABLE_AUTH_PROXY";
     let disable =
         vec![c(Effect::SetAuthProxy { enabled: false }), c(Effect::RemoveFeature { name: AUTH_PROXY_FEATURE.into() })];
@@ -775,7 +840,7 @@ fn features_and_the_auth_proxy() {
         ch.effect =
             Effect::PutUser { user: User { id: "py".into(), name: AUTH_PROXY_USER_NAME.into(), ..Default::default() } }
     });
-    case(&s, ty, json!({}), &[], enable, vec![("a second proxy user", again)]);
+    case_with(&s, ty, json!({}), &[], &issued, enable, vec![("a second proxy user", again)]);
 }
 
 #[test]
@@ -790,7 +855,7 @@ fn keys_are_deleted_only_once_exported_unless_the_body_says_otherwise() {
     case(&s, ty, json!({"walletIds": ["w1"]}), &[], del(&["w1"]), vec![("another wallet", del(&["w2"]))]);
     assert!(matches!(
         run(&s, ty, &json!({"walletIds": ["w2"]}), &del(&["w2"]), &[]),
-        Err(TransitionError::Invalid { .. })
+        Err(Some(TransitionError::Invalid { .. }))
     ));
     case(
         &s,
@@ -869,10 +934,10 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
     let good = vec![
         sc(Effect::CreateOrganization { organization: organization.clone() }),
         user(&u0, "alice", ""),
-        sc(key("k1", &u0, "02ab")),
-        sc(passkey("a1", &u0, "03aa")),
+        sc(key(&kid(CredentialKind::ApiKey, &u0, 0), &u0, "02ab")),
+        sc(passkey(&kid(CredentialKind::Passkey, &u0, 0), &u0, "03aa")),
         user(&u1, "bob", "b@x.io"),
-        sc(identity("o1", &u1, "hash")),
+        sc(identity(&kid(CredentialKind::OauthIdentity, &u1, 0), &u1, "hash")),
         feature("FEATURE_NAME_EMAIL_RECOVERY"),
         feature("FEATURE_NAME_EMAIL_AUTH"),
         feature("FEATURE_NAME_OTP_EMAIL_AUTH"),
@@ -884,11 +949,13 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
         f(&mut o);
         with(&good, 0, |ch| ch.effect = Effect::CreateOrganization { organization: o })
     };
-    case(
+    let work = Work { wallet_addresses: vec!["0xabc".into()], ..Work::default() };
+    case_with(
         &s,
         ty,
         body.clone(),
         &grants,
+        &work,
         good.clone(),
         vec![
             ("another organization id", org_with(&|o| o.id = "evil".into())),
@@ -946,14 +1013,21 @@ fn a_sub_organization_is_the_derived_one_with_the_bodys_root_users() {
     let mut marked_body = body.clone();
     marked_body[crate::transition::AUTH_PROXY_SIGNUP] = json!(true);
     let marked = org_with(&|o| o.auth_proxy_signup = true);
-    assert_eq!(run(&s, ty, &marked_body, &marked, &grants), Ok(()));
-    assert!(run(&s, ty, &marked_body, &good, &grants).is_err(), "an unmarked proposal of a marked sign-up");
+    assert_eq!(run_with(&s, ty, &marked_body, &marked, &grants, &work), Ok(()));
+    assert!(run_with(&s, ty, &marked_body, &good, &grants, &work).is_err(), "an unmarked marked sign-up");
     marked_body[crate::transition::AUTH_PROXY_SIGNUP] = json!("true");
-    assert!(run(&s, ty, &marked_body, &marked, &grants).is_err(), "only true marks");
+    assert!(run_with(&s, ty, &marked_body, &marked, &grants, &work).is_err(), "only true marks");
+    // The addresses are the enclave's, one for each account the body lists.
+    for addresses in [vec![], vec!["0xabc".to_string(), "0xdef".into()], vec![String::new()]] {
+        let w = Work { wallet_addresses: addresses, ..Work::default() };
+        assert!(matches!(run_with(&s, ty, &body, &good, &grants, &w), Err(Some(TransitionError::Invalid { .. }))));
+    }
+    let w = Work { wallet_addresses: vec!["0xdef".into()], ..Work::default() };
+    assert_eq!(run_with(&s, ty, &body, &good, &grants, &w), Err(None), "another address");
     // A sub-organization cannot have sub-organizations.
     let mut child = s.clone();
     child.organization.parent_id = Some("p".into());
-    assert!(matches!(run(&child, ty, &body, &good, &grants), Err(TransitionError::Invalid { .. })));
+    assert!(matches!(run_with(&child, ty, &body, &good, &grants, &work), Err(Some(TransitionError::Invalid { .. }))));
 }
 
 #[test]
@@ -966,6 +1040,6 @@ fn a_sub_organization_is_deleted_from_inside_with_its_keys_exported() {
     let elsewhere = vec![Change { organization_id: "p".into(), effect: Effect::DeleteOrganization }];
     case(&s, ty, json!({}), &[], good.clone(), vec![("the parent", elsewhere)]);
     s.apply(&Effect::PutPrivateKey { private_key: PrivateKey { id: "k".into(), ..Default::default() } }).unwrap();
-    assert!(matches!(run(&s, ty, &json!({}), &good, &[]), Err(TransitionError::Invalid { .. })));
+    assert!(matches!(run(&s, ty, &json!({}), &good, &[]), Err(Some(TransitionError::Invalid { .. }))));
     assert_eq!(run(&s, ty, &json!({"deleteWithoutExport": true}), &good, &[]), Ok(()));
 }

@@ -55,7 +55,8 @@ impl Target<'_> {
 
 /// Appends the credentials one user entry of a body lists (`apiKeys`, then `authenticators`,
 /// then `oauthProviders`), with `between` after the API keys, in the order the gateway writes
-/// them: its API key rows, then the inline credentials.
+/// them: its API key rows, then the inline credentials. Each one's id is derived from the body
+/// ([`super::input::credential_id_label`], by kind and position).
 fn user_credentials(
     i: &Input<'_>,
     t: &Target<'_>,
@@ -70,8 +71,8 @@ fn user_credentials(
     oauth_identities(i, t, user_id, items(entry, "oauthProviders").len(), out)
 }
 
-/// The API keys of one user the body lists, as credentials with the proposal's ids. A key's
-/// expiry is the proposal's when it is within a minute of `now + expirationSeconds`.
+/// The API keys of one user the body lists. A key's expiry is `now + expirationSeconds` on the
+/// enclave's clock.
 fn api_keys(
     i: &Input<'_>,
     t: &Target<'_>,
@@ -83,21 +84,10 @@ fn api_keys(
         let text = |f: &str| text_of(k, f).unwrap_or_default();
         let credential_type = api_key_type(&text("curveType"))
             .ok_or_else(|| i.invalid(format!("apiKeys[{n}].curveType is not a curve")))?;
-        let id = i.fresh(out, t.taken)?;
-        let proposed = match i.proposed(out.len()) {
-            Some(Effect::AddCredential { credential }) => credential.expires_at_ms,
-            _ => 0,
-        };
+        let id = i.credential_id(CredentialKind::ApiKey, user_id, n, out, t.taken)?;
         let expires_at_ms = match k.get("expirationSeconds").and_then(expiration_seconds) {
             None => 0,
-            Some(s) => {
-                let at = (i.now_ms.max(0) as u64).saturating_add(s.saturating_mul(1000));
-                if proposed.abs_diff(at) <= 60_000 {
-                    proposed
-                } else {
-                    at
-                }
-            }
+            Some(s) => (i.now_ms.max(0) as u64).saturating_add(s.saturating_mul(1000)),
         };
         out.push(t.change(Effect::AddCredential {
             credential: Credential {
@@ -144,8 +134,8 @@ fn granted_credentials(
     credential_type: &str,
     out: &mut Vec<Change>,
 ) -> Result<(), TransitionError> {
-    for public_key in i.granted(&t.organization_id, user_id, credential_type, count)? {
-        let id = i.fresh(out, t.taken)?;
+    for (n, public_key) in i.granted(&t.organization_id, user_id, credential_type, count)?.into_iter().enumerate() {
+        let id = i.credential_id(kind, user_id, n, out, t.taken)?;
         out.push(t.change(Effect::AddCredential {
             credential: Credential {
                 id,
@@ -284,9 +274,9 @@ const SUB_ORGANIZATION_FEATURES: &[(&str, &str)] = &[
 /// `create_sub_organization` (V8): the new organization (its id and its root users' derived
 /// from the body, its parent this organization), each root user with the credentials the body
 /// lists, its login features, and its wallet if the body asks for one. The wallet's ids are
-/// derived from the body, as the enclave's `create_wallet` derived them; its addresses are taken
-/// as proposed, for the new organization only, with the name and the account formats the body
-/// gives.
+/// derived from the body, as the enclave's `create_wallet` derived them; its addresses are the
+/// ones the enclave derived from the wallet's sealed seed ([`Input::wallet_addresses`]), with the
+/// name and the account formats the body gives.
 pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
     if let Some(parent) = &i.state.organization.parent_id {
         return Err(i.invalid(format!("organization {} is a sub-organization of {parent}", i.org())));
@@ -330,15 +320,15 @@ pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
     Ok(out)
 }
 
-/// The wallet of a new sub-organization, as proposed: a new wallet named as the body asks, then
-/// its accounts (if the body lists any) in the body's address formats, none exported.
+/// The wallet of a new sub-organization: a new wallet named as the body asks, then its accounts
+/// (if the body lists any) in the body's address formats at the addresses the enclave derived,
+/// none exported.
 fn sub_organization_wallet(
     i: &Input<'_>,
     t: &Target<'_>,
     body: &Value,
     out: &mut Vec<Change>,
 ) -> Result<(), TransitionError> {
-    let mismatch = |what: &str| TransitionError::Mismatch(format!("the sub-organization's wallet: {what}"));
     let wallet_id = (i.derive_id)(WALLET_ID, 0);
     let label = text_of(body, "walletName").filter(|n| !n.trim().is_empty());
     let wallet = Wallet {
@@ -352,29 +342,22 @@ fn sub_organization_wallet(
     if wanted.is_empty() {
         return Ok(());
     }
-    let Some(Change { organization_id, effect: Effect::PutAccounts { accounts } }) = i.proposal.get(out.len()) else {
-        return Err(mismatch("its accounts are not proposed"));
-    };
-    if organization_id != &t.organization_id || accounts.len() != wanted.len() {
-        return Err(mismatch("not the accounts the body asks for"));
+    if i.wallet_addresses.len() != wanted.len() || i.wallet_addresses.iter().any(String::is_empty) {
+        return Err(i.invalid("the sub-organization's wallet has no address for each account the body lists"));
     }
-    let mut checked: Vec<Account> = Vec::with_capacity(accounts.len());
-    for (n, (a, w)) in accounts.iter().zip(wanted).enumerate() {
-        let ok = a.id == (i.derive_id)(WALLET_ACCOUNT_ID, n)
-            && !a.address.is_empty()
-            && text_of(w, "addressFormat").as_deref() == Some(a.address_format.as_str());
-        if !ok {
-            return Err(mismatch("an account is not one the body asks for"));
-        }
-        checked.push(Account {
-            id: a.id.clone(),
+    let mut accounts: Vec<Account> = Vec::with_capacity(wanted.len());
+    for (n, (address, w)) in i.wallet_addresses.iter().zip(wanted).enumerate() {
+        let address_format = text_of(w, "addressFormat")
+            .ok_or_else(|| i.invalid(format!("wallet.accounts[{n}].addressFormat is missing")))?;
+        accounts.push(Account {
+            id: (i.derive_id)(WALLET_ACCOUNT_ID, n),
             wallet_id: wallet_id.clone(),
-            address: a.address.clone(),
-            address_format: a.address_format.clone(),
+            address: address.clone(),
+            address_format,
             exported: false,
         });
     }
-    out.push(t.change(Effect::PutAccounts { accounts: checked }));
+    out.push(t.change(Effect::PutAccounts { accounts }));
     Ok(())
 }
 

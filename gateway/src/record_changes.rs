@@ -1,10 +1,12 @@
-//! The authority state changes an activity's writes make (issue 24): what the gateway proposes
-//! to the enclave with the stamped request, which the enclave's `transition::check` recomputes
-//! from the stamped body. One arm per [`Write`] variant, whatever activity produced it.
+//! The authority state changes the gateway's record writes stand for: what its records of an
+//! activity say the enclave changed, checked against the changes the enclave computed and
+//! applied ([`follows`]), and what a gateway database's records amount to when its organizations
+//! are brought to the enclave (`orgs::authority_state_lines`). One arm per [`Write`] variant,
+//! whatever activity produced it.
 //!
 //! Project the handler's writes before `certify_credentials` fills in certificates: an API key
 //! that already carries one is a key the enclave issued itself (a session key, the auth proxy's
-//! key), which the enclave records on its own and the proposal leaves out.
+//! key), which the enclave records on its own and the projection leaves out.
 
 use coffer_org_rules::effect::{Change, Effect, TagKind};
 use coffer_org_rules::model::{
@@ -18,7 +20,7 @@ use crate::store::{ApiKey, Record, Write};
 
 /// The changes `writes` make to authority state, in order. `organization_id` is the activity's
 /// organization, for the writes that do not name one.
-pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
+pub fn of_writes(organization_id: &str, writes: &[Write]) -> Vec<Change> {
     let mut out = Vec::new();
     for w in writes {
         project(organization_id, w, &mut out);
@@ -27,14 +29,14 @@ pub fn proposal(organization_id: &str, writes: &[Write]) -> Vec<Change> {
 }
 
 /// The sub-organization of a `create_sub_organization` whose body marks it as the auth proxy's
-/// sign-up (`marked`: `coffer_org_rules::transition::marks_auth_proxy_signup` of the body,
-/// the rule the enclave checks the proposal with) is proposed marked: the mark lives in the
-/// authority state only, not in the gateway's database.
-pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut [Change]) {
+/// sign-up (`marked`: `coffer_org_rules::transition::marks_auth_proxy_signup` of the body, the
+/// rule the enclave's transition reads) is made marked: the mark lives in the authority state
+/// only, not in the gateway's database.
+pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, changes: &mut [Change]) {
     if activity_type != coffer_auth::grants::CREATE_SUB_ORGANIZATION || !marked {
         return;
     }
-    for c in proposal {
+    for c in changes {
         if let Effect::CreateOrganization { organization } = &mut c.effect {
             organization.auth_proxy_signup = true;
         }
@@ -42,20 +44,42 @@ pub fn mark_auth_proxy_signup(activity_type: &str, marked: bool, proposal: &mut 
 }
 
 /// An `update_auth_proxy_config` whose body sets `appName` (`app_name`:
-/// `coffer_org_rules::transition::auth_proxy_app_name` of the body, the rule the enclave
-/// checks the proposal with) is proposed with the name after its record's change: the enclave
-/// holds the proxy's sends to the name in its authority state, not to the gateway's record.
+/// `coffer_org_rules::transition::auth_proxy_app_name` of the body, the rule the enclave's
+/// transition reads) sets the name after its record's change: the enclave holds the proxy's
+/// sends to the name in its authority state, not to the gateway's record.
 pub fn set_auth_proxy_app_name(
     activity_type: &str,
     organization_id: &str,
     app_name: Option<String>,
-    proposal: &mut Vec<Change>,
+    changes: &mut Vec<Change>,
 ) {
     if activity_type != UPDATE_AUTH_PROXY_CONFIG {
         return;
     }
     if let Some(app_name) = app_name {
-        proposal.push(change(organization_id, Effect::SetAuthProxyAppName { app_name }));
+        changes.push(change(organization_id, Effect::SetAuthProxyAppName { app_name }));
+    }
+}
+
+/// Whether the gateway's records of an activity (`ours`, [`of_writes`]) follow the changes the
+/// enclave applied (`applied`, less the credentials it issued for the activity itself, which
+/// come last): the same changes in the same order, an API key's expiry within a minute (each
+/// process counts it from its own clock). `Err` holds the first change that differs.
+pub fn follows(ours: &[Change], applied: &[Change], issued: usize) -> Result<(), usize> {
+    let applied = &applied[..applied.len().saturating_sub(issued)];
+    let same = |(a, b): &(&Change, &Change)| match (&a.effect, &b.effect) {
+        (Effect::AddCredential { credential: x }, Effect::AddCredential { credential: y }) => {
+            a.organization_id == b.organization_id
+                && x.expires_at_ms.abs_diff(y.expires_at_ms) <= 60_000
+                && (x.expires_at_ms == 0) == (y.expires_at_ms == 0)
+                && Credential { expires_at_ms: 0, ..x.clone() } == Credential { expires_at_ms: 0, ..y.clone() }
+        }
+        _ => a == b,
+    };
+    match ours.iter().zip(applied).position(|pair| !same(&pair)) {
+        Some(n) => Err(n),
+        None if ours.len() != applied.len() => Err(ours.len().min(applied.len())),
+        None => Ok(()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The projection per write, and its agreement with the enclave's transitions: the real
-//! handlers run on a store, their writes are projected, and `transition::check` must accept the
-//! proposal for the stamped body (with the ids and grants coffer-auth derives from it).
+//! handlers run on a store, their writes are projected, and must follow the changes
+//! `transition::expected` computes for the stamped body (with the ids and grants coffer-auth
+//! derives from it).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -126,7 +127,7 @@ fn each_write_projects_to_its_effect() {
         expires_at_ms,
     };
     assert_eq!(
-        proposal("o", &writes),
+        of_writes("o", &writes),
         vec![
             c(Effect::AddCredential {
                 credential: credential(
@@ -185,8 +186,8 @@ const KEYS: [&str; 3] = [
     "0279be667ef9dcbbac55a06295ce870b07029bfcdb2dce28d959f2815b16f81798",
 ];
 
-/// A store and the authority states built from the same writes' proposals, kept in step: each
-/// activity runs its real handler, and its proposal must pass the enclave's check.
+/// A store and the authority states built from the same writes' changes, kept in step: each
+/// activity runs its real handler, and its records must follow the enclave's transition.
 struct Harness {
     _dir: TempDir,
     state: Arc<AppState>,
@@ -195,7 +196,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("coffer-proposal-test-{}", uuid::Uuid::new_v4()));
+        let dir = std::env::temp_dir().join(format!("coffer-record-changes-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let store = SqliteStore::open(&dir.join("coffer.db")).unwrap();
         let custody = crate::custody::Custody::connect_all(vec![crate::custody::transport::EnclaveEndpoint::Unix(
@@ -253,7 +254,7 @@ impl Harness {
     /// Writes the store and the states take without an activity.
     fn setup(&mut self, writes: Vec<Write>) {
         self.state.store.apply(&writes).unwrap();
-        self.apply(&proposal(ORG, &writes));
+        self.apply(&of_writes(ORG, &writes));
     }
 
     fn apply(&mut self, changes: &[Change]) {
@@ -263,8 +264,8 @@ impl Harness {
         }
     }
 
-    /// Runs the handler of `path` for `params` in `org`, checks its proposal as the enclave
-    /// would, and commits both; returns the result.
+    /// Runs the handler of `path` for `params` in `org`, checks that its records follow the
+    /// changes the enclave computes, and commits both; returns the result.
     async fn run(&mut self, org: &str, path: &str, params: Value) -> Value {
         let op = crate::ops::REGISTRY.activity(path).unwrap();
         let body = json!({"type": op.activity_type, "timestampMs": "1", "organizationId": org, "parameters": params});
@@ -292,7 +293,7 @@ impl Harness {
             returned: Default::default(),
         };
         let outcome = (op.handler)(ctx, stamped.parameters.clone()).await.unwrap_or_else(|e| panic!("{path}: {e:?}"));
-        let proposed = proposal(org, &outcome.writes);
+        let ours = of_writes(org, &outcome.writes);
         let grants: Vec<Grant> = coffer_auth::grants::granted_credentials(&stamped)
             .unwrap()
             .into_iter()
@@ -304,22 +305,37 @@ impl Harness {
             })
             .collect();
         let derive = |label: &str, i: usize| derived_id(&stamped.fingerprint, label, i);
+        // What the enclave's own work made: a new sub-organization's addresses (here the
+        // handler's, from its CreateWallet call), the auth proxy's key.
+        let wallet_addresses: Vec<String> = outcome
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::InsertAccounts(accounts) => Some(accounts),
+                _ => None,
+            })
+            .flatten()
+            .filter(|a| a.organization_id != org)
+            .map(|a| a.address.clone())
+            .collect();
+        let issued = outcome.writes.iter().any(|w| matches!(w, Write::InsertApiKey(k) if !k.certificate.is_empty()));
         let input = Input {
             state: &self.states[org],
             activity_type: op.activity_type,
             params: &stamped.parameters,
-            proposal: &proposed,
             now_ms: now_nanos() / 1_000_000,
             derive_id: &derive,
             grants: &grants,
+            wallet_addresses: &wallet_addresses,
+            auth_proxy_key_issued: issued,
         };
-        if let Err(e) = transition::check(&input) {
-            let expected = transition::expected(&input);
-            panic!("{path}: {e}\nproposed: {proposed:#?}\nexpected: {expected:#?}");
+        let expected = transition::expected(&input).unwrap_or_else(|e| panic!("{path}: {e}"));
+        if let Err(n) = follows(&ours, &expected, 0) {
+            panic!("{path}: change {n} differs\nours: {ours:#?}\nexpected: {expected:#?}");
         }
-        assert_eq!(transition::known(op.activity_type), !proposed.is_empty(), "{path}");
+        assert_eq!(transition::known(op.activity_type), !ours.is_empty(), "{path}");
         store.apply(&outcome.writes).unwrap();
-        self.apply(&proposed);
+        self.apply(&ours);
         outcome.result
     }
 }
@@ -329,7 +345,7 @@ fn key(n: usize) -> Value {
 }
 
 #[tokio::test]
-async fn the_handlers_proposals_are_what_the_transitions_expect() {
+async fn the_handlers_records_follow_the_transitions() {
     let mut h = Harness::new();
     let tag = h.run(ORG, "create_user_tag", json!({"userTagName": "ops", "userIds": ["member"]})).await["userTagId"]
         .as_str()
@@ -456,4 +472,37 @@ async fn the_handlers_proposals_are_what_the_transitions_expect() {
     assert_eq!((s.users.len(), s.credentials.len(), s.organization.features.len()), (2, 2, 3));
     h.run(&sub_id, "delete_sub_organization", json!({})).await;
     assert!(h.states[&sub_id].users.is_empty());
+}
+
+/// The records follow the enclave's changes only when they are the same, in the same order; an
+/// API key's expiry may differ by a minute (two clocks), not more, and not from none; the
+/// credentials the enclave issued itself (last) are left out.
+#[test]
+fn records_follow_only_the_changes_the_enclave_applied() {
+    let key = |expires_at_ms| Change {
+        organization_id: "o".into(),
+        effect: Effect::AddCredential {
+            credential: Credential {
+                id: "k".into(),
+                user_id: "u".into(),
+                kind: CredentialKind::ApiKey,
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: "02ab".into(),
+                expires_at_ms,
+            },
+        },
+    };
+    let flag = Change { organization_id: "o".into(), effect: Effect::SetAuthProxy { enabled: true } };
+    let ours = vec![key(100_000), flag.clone()];
+    assert_eq!(follows(&ours, &ours, 0), Ok(()));
+    assert_eq!(follows(&ours, &[key(150_000), flag.clone()], 0), Ok(()));
+    assert_eq!(follows(&ours, &[key(170_001), flag.clone()], 0), Err(0));
+    assert_eq!(follows(&[key(0), flag.clone()], &[key(30_000), flag.clone()], 0), Err(0));
+    assert_eq!(follows(&ours, &[flag.clone(), key(100_000)], 0), Err(0));
+    assert_eq!(follows(&ours, &ours[..1], 0), Err(1));
+    assert_eq!(follows(&ours[..1], &ours, 0), Err(1));
+    assert_eq!(follows(&ours[..1], &ours, 1), Ok(()));
+    let mut elsewhere = key(100_000);
+    elsewhere.organization_id = "x".into();
+    assert_eq!(follows(&ours, &[elsewhere, flag], 0), Err(0));
 }
