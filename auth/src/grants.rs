@@ -83,7 +83,13 @@ pub fn api_public_key(curve_type: &str, public_key: &str) -> Result<(String, &'s
     Ok((hex_key, credential_type))
 }
 
-/// `expirationSeconds`: absent, or a positive whole number of seconds.
+/// The longest `expirationSeconds` an API key may have (about 317 years): an expiry in
+/// milliseconds then fits both processes' arithmetic exactly
+/// (`coffer_org_rules::transition::MAX_API_KEY_EXPIRATION_SECONDS`).
+pub const MAX_API_KEY_EXPIRATION_SECONDS: u64 = 10_000_000_000;
+
+/// `expirationSeconds`: absent, or a positive whole number of seconds, at most
+/// [`MAX_API_KEY_EXPIRATION_SECONDS`].
 pub fn expiration(v: Option<&Value>) -> Result<Option<u64>, AuthError> {
     let parsed = match v {
         None | Some(Value::Null) => return Ok(None),
@@ -92,10 +98,11 @@ pub fn expiration(v: Option<&Value>) -> Result<Option<u64>, AuthError> {
         Some(_) => None,
     };
     match parsed {
-        Some(n) if n > 0 => Ok(Some(n)),
-        _ => Err(AuthError::invalid(
-            "invalid api key expiration: expirationSeconds must be a positive number of seconds",
-        )),
+        Some(n) if n > 0 && n <= MAX_API_KEY_EXPIRATION_SECONDS => Ok(Some(n)),
+        _ => Err(AuthError::invalid(format!(
+            "invalid api key expiration: expirationSeconds must be a positive number of seconds, at most \
+             {MAX_API_KEY_EXPIRATION_SECONDS}"
+        ))),
     }
 }
 
@@ -191,6 +198,19 @@ mod tests {
     fn activity(ty: &str, params: Value) -> StampedActivity {
         let body = serde_json::json!({"type": ty, "timestampMs": "1", "organizationId": "org", "parameters": params});
         StampedActivity::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn an_expiration_is_1_to_the_bound() {
+        use serde_json::json;
+        for ok in [json!(1), json!(" 60 "), json!(MAX_API_KEY_EXPIRATION_SECONDS)] {
+            assert!(expiration(Some(&ok)).unwrap().is_some(), "{ok}");
+        }
+        assert_eq!(expiration(None).unwrap(), None);
+        assert_eq!(expiration(Some(&Value::Null)).unwrap(), None);
+        for bad in [json!(0), json!("18446744073709551615"), json!(MAX_API_KEY_EXPIRATION_SECONDS + 1), json!(-1)] {
+            assert!(expiration(Some(&bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

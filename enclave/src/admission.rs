@@ -927,6 +927,7 @@ impl Admission {
     pub fn spend(&self, a: &Admitted, unspent: Unspent) -> Result<(), EnclaveError> {
         match self.remember(a, &unspent) {
             Ok(()) => {
+                coffer_process::crash_point::here("enclave-after-spend");
                 // Not a state change's: it may still be refused on a retry after its stamp was
                 // spent (a key use's work is done by now, as is an own call's at authorization).
                 let digest = &unspent.allowed.result_digest;

@@ -254,6 +254,7 @@ pub fn link_in_call(
     let to_link =
         ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission };
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
+    coffer_process::crash_point::here("enclave-after-link");
     Ok(pb::LogLink { link: Some(link), seq })
 }
 

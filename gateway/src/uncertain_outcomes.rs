@@ -1,5 +1,7 @@
 //! Organizations with a state change whose enclave call got no answer (the enclave may have
-//! applied it): the catch-up (`catch_up.rs`) repairs them from the enclave's state once it answers.
+//! applied it), or whose records did not follow the enclave's changes: the catch-up
+//! (`catch_up.rs`) repairs them from the enclave's state once it answers, and once no activity of
+//! theirs is between its enclave call and its commit here.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -11,6 +13,33 @@ const MAX_TRIES: u32 = 30;
 
 /// Each organization noted, and how many times its catch-up failed.
 static UNCERTAIN: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+
+/// Activities of each organization this gateway is running (from before their enclave calls to
+/// after their commit): a repair read between an enclave's commit and ours would write what the
+/// activity is about to write, or be overwritten by it.
+static WORKING: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+/// An activity of an organization at work ([`working`]); its organization's repair waits until
+/// it is dropped.
+pub struct Working(String);
+
+/// Marks an activity of `organization_id` as running until the guard is dropped.
+pub fn working(organization_id: &str) -> Working {
+    *WORKING.lock().unwrap_or_else(|e| e.into_inner()).entry(organization_id.to_string()).or_insert(0) += 1;
+    Working(organization_id.to_string())
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        let mut working = WORKING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = working.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                working.remove(&self.0);
+            }
+        }
+    }
+}
 
 /// Notes that a change of `organization_id` may have been applied by the enclave unanswered.
 pub fn note(organization_id: &str) {
@@ -37,9 +66,15 @@ fn keep(organization_id: &str, tries: u32) {
     }
 }
 
-/// Every organization noted since the last call, once, with its failed tries.
+/// Every organization noted since the last call, once, with its failed tries; one with an
+/// activity at work stays noted for a later call.
 pub fn take() -> Vec<(String, u32)> {
-    std::mem::take(&mut *UNCERTAIN.lock().unwrap_or_else(|e| e.into_inner())).into_iter().collect()
+    let working = WORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut kept = UNCERTAIN.lock().unwrap_or_else(|e| e.into_inner());
+    let (busy, ready): (BTreeMap<String, u32>, BTreeMap<String, u32>) =
+        std::mem::take(&mut *kept).into_iter().partition(|(o, _)| working.contains_key(o));
+    *kept = busy;
+    ready.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -57,5 +92,14 @@ mod tests {
         super::retry("uncertain-test-a", 3);
         super::retry("uncertain-test-b", super::MAX_TRIES - 1);
         assert_eq!(ours(super::take()), [("uncertain-test-a".into(), 4)]);
+        // An organization with an activity at work is taken only once it is done.
+        super::note("uncertain-test-c");
+        let first = super::working("uncertain-test-c");
+        let second = super::working("uncertain-test-c");
+        assert!(ours(super::take()).is_empty());
+        drop(first);
+        assert!(ours(super::take()).is_empty());
+        drop(second);
+        assert_eq!(ours(super::take()), [("uncertain-test-c".into(), 0)]);
     }
 }

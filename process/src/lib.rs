@@ -1,6 +1,8 @@
 //! What the enclave and gateway binaries do alike as processes: structured logs on stderr, and
 //! reading their TOML configuration file.
 
+pub mod crash_point;
+
 use std::path::Path;
 
 /// Logs JSON lines to stderr, filtered by `COFFER_LOG` when it is set, else by `default_filter`

@@ -94,6 +94,10 @@ pub struct Stack {
     refusals_seen: std::sync::Mutex<usize>,
     /// Whether [`Stack::assert_secret_absent`] planted its marker yet.
     planted: tokio::sync::Mutex<bool>,
+    /// Whether the test makes the gateway's records drift from the enclave's state on purpose
+    /// ([`Stack::expect_record_drift`]); otherwise a gateway that found its records not following
+    /// the enclave's changes fails the test when the stack is dropped.
+    drift_expected: std::sync::atomic::AtomicBool,
 }
 
 /// The kryoptic module when the run's end-to-end stacks use it (`COFFER_TEST_HSM=kryoptic`,
@@ -196,6 +200,7 @@ impl Stack {
             authority_store_url,
             refusals_seen: std::sync::Mutex::new(0),
             planted: tokio::sync::Mutex::new(false),
+            drift_expected: Default::default(),
             dir,
             base_url: String::new(),
             organization_id: String::new(),
@@ -868,12 +873,40 @@ impl Drop for Stack {
         }
         if std::thread::panicking() {
             self.print_warnings();
+        } else if !self.drift_expected.load(std::sync::atomic::Ordering::Relaxed) {
+            let drifted = self.log_lines_with(RECORD_DRIFT);
+            if !drifted.is_empty() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                panic!("the gateway's records did not follow the enclave's changes:\n{}", drifted.join("\n"));
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
+/// What the gateway logs when its records of an activity do not follow the changes the enclave
+/// applied (`gateway/src/activity/pipeline.rs`): a handler and its transition disagree, or the
+/// gateway's database was edited.
+const RECORD_DRIFT: &str = "do not follow the changes the enclave applied";
+
 impl Stack {
+    /// The test edits the gateway's database under it (or otherwise makes its records drift
+    /// from the enclave's state) on purpose: the gateway's repairs do not fail it.
+    pub fn expect_record_drift(&self) {
+        self.drift_expected.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every line of the stack's process logs that holds `needle`.
+    fn log_lines_with(&self, needle: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut out = Vec::new();
+        for path in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")) {
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+            out.extend(text.lines().filter(|l| l.contains(needle)).map(str::to_string));
+        }
+        out
+    }
+
     /// On a failing test: the last warnings and errors each process of the stack printed, so
     /// that CI's output says what the enclaves and gateways saw (the directory is removed next).
     fn print_warnings(&self) {

@@ -4560,6 +4560,7 @@ async fn a_sub_organization_records_only_addresses_the_enclave_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateways_records_follow_the_changes_the_enclave_computed() {
     let stack = Stack::start().await;
+    stack.expect_record_drift();
     let client = stack.client();
     let org = stack.organization_id.clone();
     policy(&client, &org, "deny-nothing", Effect::Allow, "false", None).await;

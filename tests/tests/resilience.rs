@@ -1291,3 +1291,145 @@ async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() 
     .await
     .expect("test took longer than 90 s (a request hung)");
 }
+
+/// Where a request's path is cut (`coffer_process::crash_point`), which process dies there, and
+/// whether the enclave had committed the change by then.
+const CRASH_POINTS: &[(&str, Process, bool)] = &[
+    // The stamp spent (replay entry and allow), nothing applied, signed or linked.
+    ("enclave-after-spend", Process::Enclave, false),
+    // A state change committed, not linked, not answered.
+    ("enclave-after-state-commit", Process::Enclave, true),
+    // Linked in its call, not answered.
+    ("enclave-after-link", Process::Enclave, true),
+    // The enclave's answer received, nothing recorded.
+    ("gateway-after-enclave-answer", Process::Gateway, true),
+    // Recorded, not answered.
+    ("gateway-after-commit", Process::Gateway, true),
+];
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Process {
+    Enclave,
+    Gateway,
+}
+
+/// POSTs a stamped body; `None` when the connection dies before an answer (the gateway crashed).
+async fn post_or_cut(base_url: &str, path: &str, body: &str, key: &TurnkeyP256ApiKey) -> Option<RawResponse> {
+    let stamp = key.stamp(body.as_bytes()).unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{base_url}{path}"))
+        .header(stamp.name, stamp.value)
+        .body(body.to_string())
+        .send()
+        .await
+        .ok()?;
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = resp.text().await.ok()?;
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Some(RawResponse { status, content_type, json, text })
+}
+
+/// The activity the gateway records for the stamped `body` (its id derived from the body), if any.
+async fn recorded(stack: &Stack, body: &str) -> Option<Value> {
+    let fingerprint = coffer_auth::envelope::StampedActivity::parse(body.as_bytes()).unwrap().fingerprint;
+    let id = coffer_auth::envelope::derived_id(&fingerprint, coffer_auth::envelope::ACTIVITY_ID, 0);
+    let query = json!({"organizationId": stack.organization_id, "activityId": id}).to_string();
+    let r = stack.post_raw("/public/v1/query/get_activity", query.as_bytes(), Some(&stack.api_key())).await;
+    (r.status == 200).then(|| r.json["activity"].clone())
+}
+
+/// Kill -9 at chosen points of the request's path (issue 40's matrix; on the run's store, so on
+/// both with the PostgreSQL pass): a policy write and a signature, each cut at every point of its
+/// path, in the enclave or in the gateway. Nothing cut is acknowledged; once the dead process is
+/// back, the gateway converges by itself to the enclave's state (`diff-state` finds nothing,
+/// within 20 s), shows the policy exactly when the enclave committed it, shows an activity only
+/// as the enclave did it (a signature recorded before the crash is the enclave's, and recovers to
+/// the account), and signs again.
+#[tokio::test]
+async fn a_crash_at_each_point_of_the_path_leaves_the_gateway_converging_to_the_enclave() {
+    for &(point, process, committed) in CRASH_POINTS {
+        tokio::time::timeout(Duration::from_secs(90), async {
+            let armed = std::env::temp_dir().join(format!("coffer-crash-point-{}", uuid::Uuid::new_v4()));
+            let mut stack = Stack::start_with(&[("COFFER_CRASH_POINT_FILE", armed.to_str().unwrap())]).await;
+            let key = stack.api_key();
+            let org = stack.organization_id.clone();
+            let address = create_eth_wallet(&stack, &key).await;
+            let proof_key = stack.proof_key().await;
+            let policy = |name: &str| {
+                let params = json!({"policyName": name, "effect": "EFFECT_ALLOW",
+                    "condition": "activity.type == 'ACTIVITY_TYPE_NONE'", "consensus": "true", "notes": ""});
+                submit_body("ACTIVITY_TYPE_CREATE_POLICY_V3", &org, params)
+            };
+            let cases = [
+                ("create_policy", policy(&format!("cut-{point}"))),
+                ("sign_raw_payload", sign_body(&org, &address, &format!("cut at {point}"))),
+            ];
+            for (path, body) in cases {
+                // Signing changes no state: no state commit to cut.
+                if path == "sign_raw_payload" && point == "enclave-after-state-commit" {
+                    continue;
+                }
+                std::fs::write(&armed, point).unwrap();
+                let answer = post_or_cut(&stack.base_url, &format!("/public/v1/submit/{path}"), &body, &key).await;
+                assert!(!armed.exists(), "{point} {path}: the point was not reached");
+                match process {
+                    Process::Gateway => {
+                        assert!(answer.is_none(), "{point} {path}: answered {answer:?}");
+                        stack.kill_gateway();
+                        stack.start_gateway();
+                    }
+                    Process::Enclave => {
+                        assert_unavailable(&answer.unwrap_or_else(|| panic!("{point} {path}: no answer")));
+                        stack.kill_enclave();
+                        stack.start_enclave();
+                    }
+                }
+                stack.wait_healthy().await;
+                // The gateway converges by itself.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let (status, diff) = stack.state_command("diff-state", &proof_key, &[]);
+                    if status == Some(0) {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "{point} {path}: the gateway did not converge in 20 s: {diff}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                let activity = recorded(&stack, &body).await;
+                let status = activity.as_ref().map(|a| a["status"].as_str().unwrap_or_default().to_string());
+                if path == "create_policy" {
+                    let list = json!({"organizationId": org}).to_string();
+                    let r = stack.post_raw("/public/v1/query/list_policies", list.as_bytes(), Some(&key)).await;
+                    let name = format!("cut-{point}");
+                    let shown = r.json["policies"].as_array().unwrap().iter().any(|p| p["policyName"] == name.as_str());
+                    assert_eq!(shown, committed, "{point}: the policy shown is not what the enclave committed");
+                }
+                if point == "gateway-after-commit" {
+                    // Recorded before the crash: as the enclave did it.
+                    assert_eq!(status.as_deref(), Some("ACTIVITY_STATUS_COMPLETED"), "{point} {path}");
+                    if path == "sign_raw_payload" {
+                        let message = format!("cut at {point}");
+                        let r = RawResponse {
+                            status: 200,
+                            content_type: Some("application/json".into()),
+                            json: json!({"activity": activity.clone().unwrap()}),
+                            text: String::new(),
+                        };
+                        assert_signed_by(&r, &message, &address);
+                    }
+                } else {
+                    // Never recorded completed: its answer never reached the gateway's records.
+                    assert_ne!(status.as_deref(), Some("ACTIVITY_STATUS_COMPLETED"), "{point} {path}: {activity:?}");
+                }
+            }
+            // Up again: a new signature.
+            let after = sign_body(&org, &address, "after");
+            let r = stack.post_raw("/public/v1/submit/sign_raw_payload", after.as_bytes(), Some(&key)).await;
+            assert_signed_by(&r, "after", &address);
+            let _ = std::fs::remove_file(&armed);
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{point}: not done in 90 s"));
+    }
+}

@@ -13,6 +13,10 @@ use crate::admission::{refuse, Admission, Admitted};
 use crate::decider::is_moved;
 use crate::error::{EnclaveError, RefusalReason};
 
+/// Most changes one activity may make (a body is at most 1 MiB; 60,000 users of a few bytes each
+/// would otherwise be one commit and a 10 MB answer).
+const MAX_CHANGES: usize = 10_000;
+
 /// Decides the stamped activity over its organization's state, computes its changes from the
 /// stamped body and applies them.
 pub(super) fn apply_activity(
@@ -95,6 +99,11 @@ pub(super) fn apply_activity(
                     Ok(asked) => asked,
                     Err(e) => return Err(refuse(&a, RefusalReason::TransitionRefused, &e.to_string())),
                 };
+                if asked.len() > MAX_CHANGES {
+                    let why =
+                        format!("the body makes {} changes, more than the {MAX_CHANGES} one activity may", asked.len());
+                    return Err(refuse(&a, RefusalReason::TransitionRefused, &why));
+                }
                 let changes = with_issued(&a, asked, &issued)?;
                 if let Some(c) = changes.iter().find(|c| !named.contains(&c.organization_id.as_str())) {
                     return Err(EnclaveError::Internal(format!("a change names organization {}", c.organization_id)));
@@ -144,6 +153,7 @@ pub(super) fn apply_activity(
             match rules.committed(pending) {
                 Ok(versions) => {
                     committed = true;
+                    coffer_process::crash_point::here("enclave-after-state-commit");
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
@@ -248,6 +258,11 @@ fn issued_credentials(
     a: &Admitted,
     certificates: &[Vec<u8>],
 ) -> Result<Vec<Change>, EnclaveError> {
+    // enable_auth_proxy issues one key: a second (the same one again, say) would be a credential
+    // of the proxy's user its organization never sees to delete.
+    if certificates.len() > 1 {
+        return Err(refuse(a, RefusalReason::BindingMismatch, "at most one issued certificate per activity"));
+    }
     let mut out = Vec::new();
     for (n, bytes) in certificates.iter().enumerate() {
         let cert = admission.genuine_certificate(bytes).ok_or_else(|| {

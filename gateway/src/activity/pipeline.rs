@@ -245,6 +245,7 @@ async fn execute(
             // The records are written as the handler made them; should they not follow what the
             // enclave applied (a gateway whose records drifted from the enclave's state), the
             // organization is repaired from the enclave's signed state by the catch-up.
+            // (Once this activity is committed here: `uncertain_outcomes::working`.)
             if let Err(n) = crate::record_changes::follows(&ours, &applied, issued_count) {
                 tracing::warn!(
                     activity = %op.activity_type,
@@ -254,6 +255,11 @@ async fn execute(
                      organization is repaired from the enclave's state"
                 );
                 crate::uncertain_outcomes::note(&org);
+                // The organization of the change that differs too (a new sub-organization's).
+                let differing = applied.get(n).or(ours.get(n)).map(|c| c.organization_id.as_str());
+                if let Some(other) = differing.filter(|o| *o != org) {
+                    crate::uncertain_outcomes::note(other);
+                }
             }
             evaluation
         }
@@ -578,6 +584,8 @@ pub async fn submit(
         authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;
     state.limits.charge_credential(caller.credential.id())?;
     let idem = idempotency_key(headers)?;
+    // Until it is committed here, no repair of its organization runs (`uncertain_outcomes`).
+    let _working = crate::uncertain_outcomes::working(&org.id);
 
     // Identical bytes are the same activity (the Rust client polls by re-posting them).
     let fp = fingerprint.clone();
@@ -693,6 +701,7 @@ pub async fn submit(
     };
     let (status, result) = match execute(op, ctx, env.parameters.clone(), Some(&record)).await {
         Ok((outcome, enclave_evaluation)) => {
+            coffer_process::crash_point::here("gateway-after-enclave-answer");
             writes.extend(outcome.writes);
             outcomes = Some(enclave_evaluation);
             (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
@@ -744,6 +753,7 @@ pub async fn submit(
     writes.extend(outbox.writes());
     let activity = match state.commit(record, writes).await {
         Ok(Committed::New(a)) => {
+            coffer_process::crash_point::here("gateway-after-commit");
             outbox.committed();
             crate::metrics::observe_activity(&a.activity_type, &a.status);
             a
@@ -964,6 +974,7 @@ async fn vote(
         return Ok(answer);
     }
     let _serial = vote_lock(&intent.fingerprint).lock().await;
+    let _working = crate::uncertain_outcomes::working(&org.id);
     for _attempt in 0..8 {
         let target = match vote_target(&state, registry, &org, &caller, &intent.fingerprint).await? {
             VoteTarget::Open(target) => *target,

@@ -358,6 +358,11 @@ fn api_error(s: tonic::Status) -> ApiError {
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::LimitExceeded) => {
             ApiError::invalid(s.message().to_string())
         }
+        // The stamped body asks for a change its organization's state refuses (the enclave
+        // computes it): bad input, a 400 with the enclave's words.
+        tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::TransitionRefused) => {
+            ApiError::invalid(s.message().to_string())
+        }
         // The organization's policies do not allow it: the words the API uses for every such
         // refusal (the enclave's reason is in its audit log and here).
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::PolicyDenied) => {
@@ -447,6 +452,8 @@ mod tests {
         // A cap the enclave decides is the request's fault: 400, its reason kept.
         let e = api_error(refused(pb::RefusalReason::LimitExceeded));
         assert_eq!((e.code, e.refusal), (Code::InvalidArgument, Some(pb::RefusalReason::LimitExceeded)));
+        let e = api_error(refused(pb::RefusalReason::TransitionRefused));
+        assert_eq!((e.code, e.refusal), (Code::InvalidArgument, Some(pb::RefusalReason::TransitionRefused)));
     }
 
     #[test]

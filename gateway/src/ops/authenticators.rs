@@ -94,7 +94,7 @@ pub async fn authenticator_rows(
             }
         }
         rows.push(AuthenticatorRecord {
-            id: super::credentials::credential_id(fingerprint, CredentialKind::Passkey, user_id, rows.len()),
+            id: super::params::credential_id(fingerprint, CredentialKind::Passkey, user_id, rows.len()),
             organization_id: org.id.clone(),
             user_id: user_id.to_string(),
             name: p.authenticator_name.clone(),

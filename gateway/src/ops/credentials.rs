@@ -9,17 +9,6 @@ use crate::activity::render::{authenticator_json, oauth_provider_json};
 use crate::error::ApiError;
 use crate::store::{Store, Write};
 
-/// The id of the `n`th credential of `kind` the stamped body (`fingerprint`) lists for `user_id`:
-/// derived from the body, as the enclave derives it for its state.
-pub fn credential_id(
-    fingerprint: &str,
-    kind: coffer_org_rules::model::CredentialKind,
-    user_id: &str,
-    n: usize,
-) -> String {
-    coffer_auth::envelope::derived_id(fingerprint, &coffer_org_rules::transition::credential_id_label(kind, user_id), n)
-}
-
 /// The writes registering a new user's inline `authenticators` and `oauthProviders` (raw
 /// `AuthenticatorParamsV2` / `OauthProviderParamsV2` JSON), committed after the user's insert:
 /// attestations are verified and OIDC tokens checked against their issuer exactly as

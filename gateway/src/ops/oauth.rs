@@ -80,7 +80,7 @@ pub async fn provider_rows(
             return Err(already_exists());
         }
         rows.push(OauthProviderRecord {
-            id: super::credentials::credential_id(fingerprint, CredentialKind::OauthIdentity, user_id, rows.len()),
+            id: super::params::credential_id(fingerprint, CredentialKind::OauthIdentity, user_id, rows.len()),
             organization_id: org.to_string(),
             user_id: user_id.to_string(),
             name: p.provider_name.clone(),

@@ -101,3 +101,14 @@ pub fn dedup(ids: &[String]) -> Vec<String> {
 /// A request without parameters.
 #[derive(Deserialize)]
 pub struct Empty {}
+
+/// The id of the `n`th credential of `kind` the stamped body (`fingerprint`) lists for `user_id`:
+/// derived from the body, as the enclave derives it for its state.
+pub fn credential_id(
+    fingerprint: &str,
+    kind: coffer_org_rules::model::CredentialKind,
+    user_id: &str,
+    n: usize,
+) -> String {
+    coffer_auth::envelope::derived_id(fingerprint, &coffer_org_rules::transition::credential_id_label(kind, user_id), n)
+}

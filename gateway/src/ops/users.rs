@@ -116,7 +116,7 @@ pub fn api_key_rows(
                 ));
             }
             Ok(ApiKey {
-                id: super::credentials::credential_id(fingerprint, CredentialKind::ApiKey, user_id, i),
+                id: super::params::credential_id(fingerprint, CredentialKind::ApiKey, user_id, i),
                 organization_id: org.to_string(),
                 user_id: user_id.to_string(),
                 name: p.api_key_name.clone(),

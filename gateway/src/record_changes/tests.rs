@@ -20,6 +20,7 @@ use crate::store::{now_nanos, AuthenticatorRecord, OauthProviderRecord, Organiza
 #[test]
 fn constants_agree_with_coffer_auth_and_the_handlers() {
     assert_eq!(transition::WEBAUTHN_CREDENTIAL_TYPE, coffer_auth::webauthn::CREDENTIAL_TYPE);
+    assert_eq!(transition::MAX_API_KEY_EXPIRATION_SECONDS, coffer_auth::grants::MAX_API_KEY_EXPIRATION_SECONDS);
     assert_eq!(transition::OAUTH_CREDENTIAL_TYPE, coffer_auth::grants::OAUTH_PROVIDER);
     assert_eq!(transition::USER_ID, coffer_auth::envelope::USER_ID);
     assert_eq!(transition::SUB_ORGANIZATION_ID, coffer_auth::envelope::SUB_ORGANIZATION_ID);

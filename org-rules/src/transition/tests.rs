@@ -299,6 +299,11 @@ fn an_api_key_is_the_one_in_the_body() {
         at(NOW as u64 + 60_000),
         vec![("a later expiry", at(NOW as u64 + 60_030)), ("none", at(0))],
     );
+    // An expiry that is not 1 to the bound is refused, whatever it would wrap to.
+    for bad in [json!("18446744073709551615"), json!(MAX_API_KEY_EXPIRATION_SECONDS + 1), json!("0"), json!("soon")] {
+        let body = json!({"userId": "r", "apiKeys": [{"apiKeyName": "k", "publicKey": "02ab", "curveType": "API_KEY_CURVE_P256", "expirationSeconds": bad}]});
+        assert!(matches!(run(&s, ty, &body, &good, &[]), Err(Some(TransitionError::Invalid { .. }))), "{bad}");
+    }
 }
 
 #[test]

@@ -35,6 +35,10 @@ fn stored_public_key(key: &str) -> String {
     key.strip_prefix("0x").unwrap_or(key).to_ascii_lowercase()
 }
 
+/// The longest `expirationSeconds` an API key may have (`coffer_auth::grants`' bound, which the
+/// gateway checks too): its expiry in milliseconds fits every process's arithmetic exactly.
+pub const MAX_API_KEY_EXPIRATION_SECONDS: u64 = 10_000_000_000;
+
 /// `expirationSeconds` as the gateway reads it (a decimal string or a number).
 fn expiration_seconds(v: &Value) -> Option<u64> {
     v.as_u64().or_else(|| v.as_str()?.trim().parse().ok())
@@ -85,9 +89,16 @@ fn api_keys(
         let credential_type = api_key_type(&text("curveType"))
             .ok_or_else(|| i.invalid(format!("apiKeys[{n}].curveType is not a curve")))?;
         let id = i.credential_id(CredentialKind::ApiKey, user_id, n, out, t.taken)?;
-        let expires_at_ms = match k.get("expirationSeconds").and_then(expiration_seconds) {
+        let expires_at_ms = match k.get("expirationSeconds").filter(|v| !v.is_null()) {
             None => 0,
-            Some(s) => (i.now_ms.max(0) as u64).saturating_add(s.saturating_mul(1000)),
+            Some(v) => match expiration_seconds(v) {
+                Some(s) if s > 0 && s <= MAX_API_KEY_EXPIRATION_SECONDS => (i.now_ms.max(0) as u64) + s * 1000,
+                _ => {
+                    return Err(i.invalid(format!(
+                        "apiKeys[{n}].expirationSeconds is not 1 to {MAX_API_KEY_EXPIRATION_SECONDS}"
+                    )))
+                }
+            },
         };
         out.push(t.change(Effect::AddCredential {
             credential: Credential {
