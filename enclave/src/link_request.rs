@@ -254,6 +254,16 @@ impl LinkRequest {
         Ok(Self { activity, result_key: subject.result_key })
     }
 
+    /// Whether the result it brings names the records a state change made as the enclave made
+    /// them (`made`: `coffer_org_rules::transition::made_ids` of the changes it computed).
+    pub fn states_made(&self, made: &[(&str, Value)]) -> Result<(), EnclaveError> {
+        let result = self.activity.get("result").and_then(|r| r.get(self.result_key)).unwrap_or(&Value::Null);
+        match made.iter().find(|(at, value)| result.pointer(at) != Some(value)) {
+            Some((at, _)) => Err(misstated(&format!("states {at} of its result as the enclave made it"))),
+            None => Ok(()),
+        }
+    }
+
     /// The activity as linked: with `result` (a key use's, as the enclave made it) under the
     /// asked key, and `app_proofs` (this call's, as the API renders them).
     pub fn completed(self, result: Option<&Value>, app_proofs: Vec<Value>) -> Value {

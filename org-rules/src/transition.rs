@@ -5,6 +5,7 @@
 
 mod input;
 mod records;
+mod results;
 mod users;
 
 pub use input::{
@@ -17,6 +18,7 @@ pub use records::{
     AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION, AUTH_PROXY_POLICY_NAME,
     AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME,
 };
+pub use results::made_ids;
 pub use users::{api_key_type, MAX_API_KEY_EXPIRATION_SECONDS, OAUTH_CREDENTIAL_TYPE, WEBAUTHN_CREDENTIAL_TYPE};
 
 use crate::effect::{Change, TagKind};

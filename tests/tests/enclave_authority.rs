@@ -4608,3 +4608,65 @@ async fn the_gateways_records_follow_the_changes_the_enclave_computed() {
     let (status, printed) = diff_state(&stack, &proof_key);
     assert_eq!((status, differences(&printed)), (Some(0), Vec::<String>::new()), "{printed}");
 }
+
+/// A state change's log link names only the records the enclave made (issue 40: ids in what the
+/// enclave attests come from it): root's `create_policy`, sent to `ApplyActivity` asking for its
+/// link with a result that names another policy id, is refused before anything is spent or
+/// applied (no allow); the same stamped body linked with the id the enclave derives is applied
+/// and linked, and the link's result names that policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
+    let stack = enforcing_stack().await;
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        Stack::now_ms(),
+        json!({"policyName": "linked", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+    );
+    let fingerprint = fingerprint_of(&create);
+    let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
+    let request = stamped(&root, &create, &cert);
+    let linked_with = |policy_id: &str| {
+        let mut activity = recorded_activity(
+            create.as_bytes(),
+            "ACTIVITY_STATUS_COMPLETED",
+            json!({"createPolicyResult": {"policyId": policy_id}}),
+        );
+        let members = activity.as_object_mut().unwrap();
+        members.remove("appProofs");
+        let c = <pb::CredentialCertificate as prost::Message>::decode(request.certificate.as_slice()).unwrap();
+        members.insert(
+            "votes".into(),
+            json!([{"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": c.public_key,
+                "message": create}]),
+        );
+        pb::ApplyActivityRequest {
+            auth: Some(pb::Authorization {
+                request: Some(request.clone()),
+                log: Some(pb::LogRequest { activity: activity.to_string().into_bytes() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(linked_with("another-policy")).await,
+        "apply_activity",
+        pb::RefusalReason::BindingMismatch,
+    );
+    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for a refused link");
+    let applied = enclave.clone().apply_activity(linked_with(&derived)).await.expect("linked with the enclave's id");
+    let applied = applied.into_inner();
+    assert!(applied.log_link.is_some_and(|l| l.link.is_some()), "not linked in its call");
+    let changes: Vec<coffer_org_rules::Change> = serde_json::from_slice(&applied.changes).unwrap();
+    assert!(
+        matches!(&changes[..], [coffer_org_rules::Change { effect: coffer_org_rules::Effect::PutPolicy { policy }, .. }] if policy.id == derived),
+        "{changes:?}"
+    );
+}

@@ -104,6 +104,13 @@ pub(super) fn apply_activity(
                         format!("the body makes {} changes, more than the {MAX_CHANGES} one activity may", asked.len());
                     return Err(refuse(&a, RefusalReason::TransitionRefused, &why));
                 }
+                // Its link states the records it made as made here (before anything is spent).
+                if let Some(link) = &link {
+                    let made = transition::made_ids(&a.activity.activity_type, &asked);
+                    if let Err(EnclaveError::Refused { reason, message, .. }) = link.states_made(&made) {
+                        return Err(refuse(&a, reason, &message));
+                    }
+                }
                 let changes = with_issued(&a, asked, &issued)?;
                 if let Some(c) = changes.iter().find(|c| !named.contains(&c.organization_id.as_str())) {
                     return Err(EnclaveError::Internal(format!("a change names organization {}", c.organization_id)));

@@ -331,6 +331,10 @@ impl Harness {
             auth_proxy_key_issued: issued,
         };
         let expected = transition::expected(&input).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // The result names what the changes made as the enclave checks it before linking.
+        for (at, value) in transition::made_ids(op.activity_type, &expected) {
+            assert_eq!(outcome.result.pointer(at), Some(&value), "{path}: {at} of {}", outcome.result);
+        }
         if let Err(n) = follows(&ours, &expected, 0) {
             panic!("{path}: change {n} differs\nours: {ours:#?}\nexpected: {expected:#?}");
         }
