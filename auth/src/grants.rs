@@ -84,7 +84,8 @@ pub fn api_public_key(curve_type: &str, public_key: &str) -> Result<(String, &'s
 }
 
 /// The longest `expirationSeconds` an API key may have (about 317 years): an expiry in
-/// milliseconds then fits both processes' arithmetic exactly
+/// milliseconds then never wraps in either process's arithmetic (the gateway's stamp check, in
+/// nanoseconds, saturates past the year 2262: both still see a key that has not expired)
 /// (`coffer_org_rules::transition::MAX_API_KEY_EXPIRATION_SECONDS`).
 pub const MAX_API_KEY_EXPIRATION_SECONDS: u64 = 10_000_000_000;
 

@@ -113,6 +113,14 @@ impl Unspent {
         self.allowed.result_digest = coffer_auth::proof::json_digest(result);
         self
     }
+
+    /// The same, with what a state change's result must state of the records it made
+    /// (`made`: `coffer_org_rules::transition::made_ids` of its changes) recorded with its allow:
+    /// a later link (`RecordActivity`) states them so, or is refused.
+    pub fn with_made(mut self, made: &[(&str, serde_json::Value)]) -> Self {
+        self.allowed.result_digest = crate::link_request::made_record(made);
+        self
+    }
 }
 
 /// The authority store's decision log, as an [`Admitted`] carries it.
@@ -931,7 +939,8 @@ impl Admission {
                 // Not a state change's: it may still be refused on a retry after its stamp was
                 // spent (a key use's work is done by now, as is an own call's at authorization).
                 let digest = &unspent.allowed.result_digest;
-                self.allowed(a, unspent.approved, unspent.audited, digest, !digest.is_empty());
+                let key_use = !digest.is_empty() && !digest.starts_with(crate::link_request::MADE_MARK);
+                self.allowed(a, unspent.approved, unspent.audited, digest, key_use);
                 Ok(())
             }
             Err(r) => {

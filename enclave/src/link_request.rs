@@ -218,6 +218,31 @@ pub fn check_recorded_votes(
     Ok(())
 }
 
+/// What a state change's allow records of the records it made
+/// (`coffer_org_rules::transition::made_ids`), for a link made later by `RecordActivity`: the
+/// members' pointers in clear and a digest of their values, marked apart from a key use's result
+/// digest ([`MADE_MARK`]).
+pub fn made_record(made: &[(&str, Value)]) -> String {
+    let pointers: Vec<&str> = made.iter().map(|(at, _)| *at).collect();
+    let values = Value::Array(made.iter().map(|(_, v)| v.clone()).collect());
+    format!("{MADE_MARK}{};{}", pointers.join(","), coffer_auth::proof::json_digest(&values))
+}
+
+/// The mark of a [`made_record`].
+pub const MADE_MARK: &str = "made:";
+
+/// Whether `result` (an activity's result value, under its result key) states the members a
+/// [`made_record`] recorded as they were made; `None` when `recorded` is not one.
+pub fn states_recorded_made(recorded: &str, result: &Value) -> Option<bool> {
+    let (pointers, digest) = recorded.strip_prefix(MADE_MARK)?.split_once(';')?;
+    let values: Vec<Value> = pointers
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| result.pointer(p).cloned().unwrap_or(Value::Null))
+        .collect();
+    Some(coffer_auth::proof::json_digest(&Value::Array(values)) == digest)
+}
+
 impl LinkRequest {
     /// `log`, checked against the stamped submission it is to link, which `approvals` (the votes
     /// whose stamps the enclave verified: the submitter's, then every approval's) approved.

@@ -428,10 +428,20 @@ fn link_activity(
             "the activity is reported completed but the enclave never authorized it",
         ));
     }
-    // A key use the enclave did is linked as it was done: completed, with the result the enclave
-    // made (the activity's one `result` member), not one the gateway wrote.
-    if !result_digest.is_empty() {
-        let result = activity.get("result").and_then(Value::as_object).filter(|r| r.len() == 1);
+    // A state change the enclave applied is linked completed only with a result that states the
+    // records it made as it made them (recorded with its allow).
+    let result = activity.get("result").and_then(Value::as_object).filter(|r| r.len() == 1);
+    let result_value = result.and_then(|r| r.values().next()).unwrap_or(&Value::Null);
+    if let Some(states) = crate::link_request::states_recorded_made(&result_digest, result_value) {
+        if status == ACTIVITY_COMPLETED && !states {
+            return Err(EnclaveError::refused(
+                RefusalReason::BindingMismatch,
+                "the enclave applied this change: it is linked completed only with the records it made, as it made them",
+            ));
+        }
+    } else if !result_digest.is_empty() {
+        // A key use the enclave did is linked as it was done: completed, with the result the
+        // enclave made (the activity's one `result` member), not one the gateway wrote.
         let made = result.and_then(|r| r.values().next()).map(proof::json_digest);
         if status != ACTIVITY_COMPLETED || made.as_deref() != Some(result_digest.as_str()) {
             return Err(EnclaveError::refused(

@@ -41,6 +41,31 @@ impl Drop for Working {
     }
 }
 
+/// A state change sent to the enclave whose outcome is not yet recorded here ([`unrecorded`]):
+/// dropped before [`Unrecorded::settled`], its organization is noted (the enclave may have applied
+/// it: no answer, a client that went away mid-request, a commit here that failed).
+pub struct Unrecorded(Option<String>);
+
+/// A state change of `organization_id` about to be sent to the enclave.
+pub fn unrecorded(organization_id: &str) -> Unrecorded {
+    Unrecorded(Some(organization_id.to_string()))
+}
+
+impl Unrecorded {
+    /// Its outcome is recorded here, or the enclave refused it (nothing applied).
+    pub fn settled(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unrecorded {
+    fn drop(&mut self) {
+        if let Some(organization_id) = self.0.take() {
+            note(&organization_id);
+        }
+    }
+}
+
 /// Notes that a change of `organization_id` may have been applied by the enclave unanswered.
 pub fn note(organization_id: &str) {
     keep(organization_id, 0);
@@ -101,5 +126,9 @@ mod tests {
         assert!(ours(super::take()).is_empty());
         drop(second);
         assert_eq!(ours(super::take()), [("uncertain-test-c".into(), 0)]);
+        // A change sent and never settled is noted; one settled is not.
+        super::unrecorded("uncertain-test-d").settled();
+        drop(super::unrecorded("uncertain-test-e"));
+        assert_eq!(ours(super::take()), [("uncertain-test-e".into(), 0)]);
     }
 }

@@ -4613,7 +4613,7 @@ async fn the_gateways_records_follow_the_changes_the_enclave_computed() {
 /// enclave attests come from it): root's `create_policy`, sent to `ApplyActivity` asking for its
 /// link with a result that names another policy id, is refused before anything is spent or
 /// applied (no allow); the same stamped body linked with the id the enclave derives is applied
-/// and linked, and the link's result names that policy.
+/// and linked. A change linked after it ran (`RecordActivity`) likewise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
     let stack = enforcing_stack().await;
@@ -4669,4 +4669,42 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         matches!(&changes[..], [coffer_org_rules::Change { effect: coffer_org_rules::Effect::PutPolicy { policy }, .. }] if policy.id == derived),
         "{changes:?}"
     );
+
+    // A change linked after it ran (`RecordActivity`: a webhook endpoint's, whose target the
+    // gateway resolves first): its allow records the endpoint the enclave made, and a link that
+    // states another is refused; the one that states it is linked.
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
+        &org,
+        Stack::now_ms(),
+        json!({"name": "hook", "url": "https://hooks.example/coffer"}),
+    );
+    let request = stamped(&root, &create, &cert);
+    let apply = pb::ApplyActivityRequest {
+        auth: Some(pb::Authorization { request: Some(request.clone()), ..Default::default() }),
+        ..Default::default()
+    };
+    enclave.clone().apply_activity(apply).await.expect("the endpoint");
+    let endpoint = coffer_auth::envelope::derived_id(
+        &fingerprint_of(&create),
+        coffer_org_rules::transition::WEBHOOK_ENDPOINT_ID,
+        0,
+    );
+    let recorded = |endpoint_id: &str| {
+        let result = json!({"createWebhookEndpointResult": {"endpointId": endpoint_id}});
+        let mut activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
+        activity["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+            "publicKey": public_key(&root), "message": create}]);
+        pb::RecordActivityRequest {
+            request: Some(request.clone()),
+            activity: activity.to_string().into_bytes(),
+            votes: vec![],
+        }
+    };
+    refused(
+        enclave.clone().record_activity(recorded("another-endpoint")).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    enclave.clone().record_activity(recorded(&endpoint)).await.expect("linked with the endpoint the enclave made");
 }

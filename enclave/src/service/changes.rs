@@ -104,13 +104,16 @@ pub(super) fn apply_activity(
                         format!("the body makes {} changes, more than the {MAX_CHANGES} one activity may", asked.len());
                     return Err(refuse(&a, RefusalReason::TransitionRefused, &why));
                 }
-                // Its link states the records it made as made here (before anything is spent).
+                // Its link states the records it made as made here: now, when it is linked in this
+                // call (before anything is spent), or later, by what its allow records.
+                let made = transition::made_ids(&a.activity.activity_type, &asked);
                 if let Some(link) = &link {
-                    let made = transition::made_ids(&a.activity.activity_type, &asked);
-                    if let Err(EnclaveError::Refused { reason, message, .. }) = link.states_made(&made) {
-                        return Err(refuse(&a, reason, &message));
-                    }
+                    link.states_made(&made).map_err(|e| match e {
+                        EnclaveError::Refused { reason, message, .. } => refuse(&a, reason, &message),
+                        other => other,
+                    })?;
                 }
+                unspent = unspent.take().map(|u| u.with_made(&made));
                 let changes = with_issued(&a, asked, &issued)?;
                 if let Some(c) = changes.iter().find(|c| !named.contains(&c.organization_id.as_str())) {
                     return Err(EnclaveError::Internal(format!("a change names organization {}", c.organization_id)));

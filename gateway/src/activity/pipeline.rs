@@ -152,7 +152,7 @@ async fn execute(
     ctx: Ctx,
     params: Value,
     recorded: Option<&ActivityRecord>,
-) -> Result<(super::registry::Outcome, String), ApiError> {
+) -> Result<Executed, ApiError> {
     let state = ctx.state.clone();
     let mut auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
@@ -193,6 +193,7 @@ async fn execute(
         })
         .collect();
     certify_credentials(&state, auth.clone(), &mut outcome.writes).await.map_err(moved)?;
+    let mut unrecorded = None;
     let evaluation = match coffer_org_rules::subjects::has_own_call(op.activity_type) {
         // Key uses, sessions, logins, one-time codes: their own call decided. Fails closed: an
         // enclave that answered without deciding (an older one in shadow mode, with the gateway
@@ -233,15 +234,22 @@ async fn execute(
                 .map(|a| a.sealed_key.clone())
                 .collect();
             let issued_count = issued.len();
-            let (evaluation, applied) = apply_in_enclave(&state, auth, issued, (wallet_seed, account_keys), &returned)
-                .await
-                .inspect_err(|e| {
-                    // No answer, and no refusal: the enclave may have applied it (caught up later).
-                    if e.code == Code::Unavailable && e.refusal.is_none() {
-                        crate::uncertain_outcomes::note(&org);
+            // Until its outcome is recorded (the caller settles it after its commit), a change the
+            // enclave may have applied notes its organization for repair: no answer, a client
+            // that went away, a commit here that failed.
+            let sent = crate::uncertain_outcomes::unrecorded(&org);
+            let answer = apply_in_enclave(&state, auth, issued, (wallet_seed, account_keys), &returned).await;
+            let (evaluation, applied) = match answer {
+                Ok(applied) => applied,
+                Err(e) => {
+                    // Refused: nothing applied.
+                    if e.refusal.is_some() {
+                        sent.settled();
                     }
-                })
-                .map_err(moved)?;
+                    return Err(moved(e));
+                }
+            };
+            unrecorded = Some(sent);
             // The records are written as the handler made them; should they not follow what the
             // enclave applied (a gateway whose records drifted from the enclave's state), the
             // organization is repaired from the enclave's signed state by the catch-up.
@@ -264,7 +272,16 @@ async fn execute(
             evaluation
         }
     };
-    Ok((outcome, evaluation))
+    Ok(Executed { outcome, evaluation, unrecorded })
+}
+
+/// What [`execute`] did: the handler's outcome, the enclave's policy evaluation (what the
+/// activity records), and, for a state change the enclave applied, its guard
+/// ([`crate::uncertain_outcomes::Unrecorded`]), to settle once the activity is committed here.
+struct Executed {
+    outcome: super::registry::Outcome,
+    evaluation: String,
+    unrecorded: Option<crate::uncertain_outcomes::Unrecorded>,
 }
 
 /// The refusal of an activity with a secret (otp_auth's code) that would wait for votes: it would
@@ -699,9 +716,11 @@ pub async fn submit(
         outcomes = evaluation;
         Ok((STATUS_CONSENSUS_NEEDED, json!({})))
     };
+    let mut unrecorded = None;
     let (status, result) = match execute(op, ctx, env.parameters.clone(), Some(&record)).await {
-        Ok((outcome, enclave_evaluation)) => {
+        Ok(Executed { outcome, evaluation: enclave_evaluation, unrecorded: sent }) => {
             coffer_process::crash_point::here("gateway-after-enclave-answer");
+            unrecorded = sent;
             writes.extend(outcome.writes);
             outcomes = Some(enclave_evaluation);
             (STATUS_COMPLETED, json!({ op.result_key: outcome.result }))
@@ -751,7 +770,11 @@ pub async fn submit(
         _ => state.read_store(|s| Outbox::for_activity(s, &org, &record, &writes))?,
     };
     writes.extend(outbox.writes());
-    let activity = match state.commit(record, writes).await {
+    let committed = state.commit(record, writes).await;
+    if committed.is_ok() {
+        unrecorded.take().map(crate::uncertain_outcomes::Unrecorded::settled);
+    }
+    let activity = match committed {
         Ok(Committed::New(a)) => {
             coffer_process::crash_point::here("gateway-after-commit");
             outbox.committed();
@@ -1003,6 +1026,7 @@ async fn vote(
 
         let mut writes;
         let mut fallback = None;
+        let mut unrecorded = None;
         if approve {
             // Decided by the enclave alone, with this vote and the earlier ones.
             let eval_write =
@@ -1055,7 +1079,8 @@ async fn vote(
                 update(STATUS_FAILED, json!({}), Some(json!({ "code": e.code as i32, "message": e.message })))
             };
             match ran {
-                Ok((outcome, enclave_evaluation)) => {
+                Ok(Executed { outcome, evaluation: enclave_evaluation, unrecorded: sent }) => {
+                    unrecorded = sent;
                     // The evaluation first: completing may delete the organization.
                     writes = outcome.writes;
                     writes.push(eval_write(Some(enclave_evaluation.clone())));
@@ -1126,6 +1151,7 @@ async fn vote(
         }
 
         let mut result = apply(&state, &org, &target, writes).await;
+        let mut fallback_used = false;
         if let (Err(e), Some(eval_write)) = (&result, fallback) {
             // The handler's effects failed inside the transaction: the activity fails instead.
             if !matches!(e, StoreError::Conflict(ref c) if c.kind == ConflictKind::ConsensusMoved) {
@@ -1138,10 +1164,17 @@ async fn vote(
                 };
                 let writes = vec![eval_write, update(STATUS_FAILED, json!({}), Some(failure))];
                 result = apply(&state, &org, &target, writes).await;
+                fallback_used = true;
             }
         }
         match result {
             Ok(()) => {
+                // Recorded: completed, or failed here after the enclave applied it (repaired
+                // then, as a dropped guard notes it).
+                if fallback_used {
+                    drop(unrecorded.take());
+                }
+                unrecorded.take().map(crate::uncertain_outcomes::Unrecorded::settled);
                 let fp = intent.fingerprint.clone();
                 let a = state.db(move |s| s.activity_by_fingerprint(&fp)).await??;
                 return Ok(json!({ "activity": render::activity(&a, false) }));

@@ -36,7 +36,7 @@ fn stored_public_key(key: &str) -> String {
 }
 
 /// The longest `expirationSeconds` an API key may have (`coffer_auth::grants`' bound, which the
-/// gateway checks too): its expiry in milliseconds fits every process's arithmetic exactly.
+/// gateway checks too): its expiry in milliseconds never wraps in either process's arithmetic.
 pub const MAX_API_KEY_EXPIRATION_SECONDS: u64 = 10_000_000_000;
 
 /// `expirationSeconds` as the gateway reads it (a decimal string or a number).
