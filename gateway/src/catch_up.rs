@@ -164,7 +164,8 @@ pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, 
 /// left.
 async fn repair(state: &Arc<AppState>, org: &str, proof_key: &[u8; 65]) -> anyhow::Result<(usize, usize)> {
     let sign = || signed_state(state, org, proof_key);
-    let rebuilt = crate::state_rebuild::rebuild(state.store.as_ref(), org, sign, true).await?;
+    let quiet = || !crate::uncertain_outcomes::is_working(org);
+    let rebuilt = crate::state_rebuild::rebuild(state.store.as_ref(), org, sign, true, &quiet).await?;
     let plan = rebuilt.plan;
     for left in &plan.left {
         tracing::warn!(organization = %org, kind = %left.kind, id = %left.id, reason = left.reason, "left as it is by the catch-up");

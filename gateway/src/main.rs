@@ -239,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
             let store = cfg.open_store()?;
             // The gateway's side read from the store rebuild writes, not from a gateway's answers.
             let sign = || state_diff::signed_state(&base_url, &organization_id, &key, &proof_key);
-            let rebuilt = state_rebuild::rebuild(store.as_ref(), &organization_id, sign, !dry_run).await?;
+            let rebuilt = state_rebuild::rebuild(store.as_ref(), &organization_id, sign, !dry_run, &|| true).await?;
             // Applied: the report is printed whatever the comparison after it answers.
             let (remains, after) = match &rebuilt.after {
                 None => (!rebuilt.before.agrees(), None),

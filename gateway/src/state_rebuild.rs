@@ -64,7 +64,13 @@ pub struct Rebuilt {
 /// with `store` itself, plans the repairs and, with `apply`, applies them in one transaction
 /// unless the state moved meanwhile (signed again just before), then compares again. What
 /// `coffer-gateway rebuild` and the gateway's catch-up both do.
-pub async fn rebuild<F, Fut>(store: &dyn Store, organization_id: &str, sign: F, apply: bool) -> anyhow::Result<Rebuilt>
+pub async fn rebuild<F, Fut>(
+    store: &dyn Store,
+    organization_id: &str,
+    sign: F,
+    apply: bool,
+    quiet: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<Rebuilt>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<SignedState>>,
@@ -86,6 +92,11 @@ where
             signed.version,
             again.version
         );
+    }
+    // Nothing of the organization between its enclave call and its commit here (which would
+    // commit over the repair, or under it).
+    if !quiet() {
+        anyhow::bail!("an activity of the organization is running: nothing repaired; run it again");
     }
     store.apply(&plan.writes)?;
     let after = Some(compare(&again));

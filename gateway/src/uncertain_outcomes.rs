@@ -23,6 +23,11 @@ static WORKING: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
 /// it is dropped.
 pub struct Working(String);
 
+/// Whether an activity of `organization_id` is running ([`working`]).
+pub fn is_working(organization_id: &str) -> bool {
+    WORKING.lock().unwrap_or_else(|e| e.into_inner()).contains_key(organization_id)
+}
+
 /// Marks an activity of `organization_id` as running until the guard is dropped.
 pub fn working(organization_id: &str) -> Working {
     *WORKING.lock().unwrap_or_else(|e| e.into_inner()).entry(organization_id.to_string()).or_insert(0) += 1;

@@ -772,7 +772,9 @@ pub async fn submit(
     writes.extend(outbox.writes());
     let committed = state.commit(record, writes).await;
     if committed.is_ok() {
-        unrecorded.take().map(crate::uncertain_outcomes::Unrecorded::settled);
+        if let Some(sent) = unrecorded.take() {
+            sent.settled();
+        }
     }
     let activity = match committed {
         Ok(Committed::New(a)) => {
@@ -1174,7 +1176,9 @@ async fn vote(
                 if fallback_used {
                     drop(unrecorded.take());
                 }
-                unrecorded.take().map(crate::uncertain_outcomes::Unrecorded::settled);
+                if let Some(sent) = unrecorded.take() {
+                    sent.settled();
+                }
                 let fp = intent.fingerprint.clone();
                 let a = state.db(move |s| s.activity_by_fingerprint(&fp)).await??;
                 return Ok(json!({ "activity": render::activity(&a, false) }));
