@@ -2779,6 +2779,27 @@ async fn policies_and_the_root_quorum_are_decided_in_the_enclave() {
     let tag_path = "/public/v1/submit/create_user_tag";
     let waiting = audited(&stack, "apply_activity", stack.post_raw(tag_path, bobs_tag.as_bytes(), Some(&bob))).await;
     waits_with_the_enclaves_outcomes(&c, &waiting);
+    // alice rejects it: the rejection records the policies the enclave reads for it, each
+    // rejected, not the gateway's policy rows (the forged one among them).
+    let rejection =
+        body("ACTIVITY_TYPE_REJECT_ACTIVITY", &org, Stack::now_ms(), json!({"fingerprint": fingerprint_of(&bobs_tag)}));
+    let r = stack.post_raw("/public/v1/submit/reject_activity", rejection.as_bytes(), Some(&alice)).await;
+    assert_eq!(
+        (r.status, r.json["activity"]["status"].as_str()),
+        (200, Some("ACTIVITY_STATUS_REJECTED")),
+        "{}",
+        r.text
+    );
+    let rejected: String = c
+        .query_row(
+            "SELECT evaluations FROM policy_evaluations WHERE activity_id = ?1 ORDER BY created_at DESC LIMIT 1",
+            [waiting.result.json["activity"]["id"].as_str().unwrap()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let rejected = coffer_gateway::store::outcomes::served(&rejected).to_string();
+    assert!(!rejected.contains("inserted"), "the gateway's forged policy was recorded: {rejected}");
+    assert!(rejected.contains("OUTCOME_REJECTED"), "no policy of the enclave's was recorded rejected: {rejected}");
 
     // (2) A root quorum of 2 (root and alice): root's stamp alone signs nothing, with alice's
     // approval it does.

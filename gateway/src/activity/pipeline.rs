@@ -23,7 +23,7 @@ use crate::store::{
 };
 use crate::webhook_delivery::Outbox;
 use coffer_policy::context::{VOTE_APPROVED, VOTE_REJECTED};
-use coffer_policy::decision::{self, Decision, Evaluation, PolicyOutcome};
+use coffer_policy::decision;
 use coffer_proto::v1::RefusalReason;
 
 const NO_SUCH_FINGERPRINT: &str =
@@ -1130,24 +1130,11 @@ async fn vote(
                 Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
             }
         } else {
-            let rejected = Evaluation {
-                decision: Decision::Deny,
-                reason: "REJECTED",
-                outcomes: state
-                    .read_store(|s| s.records(&org.id, crate::record_kinds::POLICY))?
-                    .iter()
-                    .map(|r| PolicyOutcome {
-                        policy_id: r.id.as_str().into(),
-                        policy_name: r.name.as_str().into(),
-                        effect: "".into(),
-                        outcome: decision::OUTCOME_REJECTED,
-                        clause: "",
-                        detail: None,
-                    })
-                    .collect(),
-            };
+            // The policies the enclave reads for the activity as it stands, each rejected: not a
+            // list of the gateway's own policy rows.
+            let outcomes = rejected_outcomes(&state, &org.id, &old_votes).await?;
             writes = vec![
-                evaluation_write(&org.id, &target.id, &vote, crate::store::outcomes::stored(&rejected), now),
+                evaluation_write(&org.id, &target.id, &vote, outcomes, now),
                 update(STATUS_REJECTED, json!({}), None),
             ];
         }
@@ -1188,6 +1175,38 @@ async fn vote(
         }
     }
     Err(ApiError::new(Code::Aborted, "REQUEST_INVALID", "the activity changed while voting: retry the vote"))
+}
+
+/// The evaluation a rejection records: the enclave's decision of the waiting activity as it
+/// stands (`DecideActivity` on its submitter's stamp and the earlier approvals' stamps, nothing
+/// run), with every policy it read rejected; none when the enclave decides nothing of it now (a
+/// stamp too old, a credential gone). Not recorded while the enclave cannot be reached.
+async fn rejected_outcomes(state: &Arc<AppState>, org: &str, old_votes: &[Value]) -> Result<String, ApiError> {
+    let Ok(submitter) = state.read_store(|s| submitter_caller(s, org, &old_votes[0])) else {
+        return Ok("[]".into());
+    };
+    let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
+    // The earlier approvals: the last as the approval the others stand beside.
+    let mut earlier = state.read_store(|s| Ok::<_, ApiError>(approval_stamps(s, org, &old_votes[1..])))?;
+    let approval = earlier.pop();
+    let auth = coffer_proto::v1::Authorization {
+        request: Some(submitter.stamped(original)),
+        approval,
+        votes: earlier,
+        log: None,
+    };
+    let evaluation = match decide_ahead(state, auth, Vec::new()).await {
+        Ok(Ahead::Runs(evaluation)) => Some(evaluation),
+        Ok(Ahead::Waits(evaluation)) => evaluation,
+        Err(e) if e.refusal.is_none() && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
+        Err(_) => None,
+    };
+    let mut outcomes: Vec<serde_json::Map<String, Value>> =
+        evaluation.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default();
+    for outcome in &mut outcomes {
+        outcome.insert("outcome".into(), json!(decision::OUTCOME_REJECTED));
+    }
+    serde_json::to_string(&outcomes).map_err(|_| ApiError::internal())
 }
 
 /// Applies a vote's `writes` to `target` in one transaction, with the webhook events of the
