@@ -22,16 +22,24 @@ struct Cli {
     command: Command,
 }
 
-/// What `diff-state` and `rebuild` ask the organization's signed state with: the gateway, the
-/// organization, an API key of it (a file) and the enclave's proof key (hex).
+/// Whom the commands that ask the public API ask: the gateway, the organization and an API key of
+/// it (a file).
 #[derive(clap::Args)]
-struct StateArgs {
+struct ApiArgs {
     #[arg(long)]
     base_url: String,
     #[arg(long)]
     organization_id: String,
     #[arg(long)]
     api_key_file: PathBuf,
+}
+
+/// What `diff-state` and `rebuild` ask the organization's signed state with: [`ApiArgs`] and the
+/// enclave's proof key (hex).
+#[derive(clap::Args)]
+struct StateArgs {
+    #[command(flatten)]
+    api: ApiArgs,
     #[arg(long)]
     proof_key: String,
 }
@@ -89,12 +97,8 @@ enum Command {
     /// the head the enclave signs now, every link up to it and the activities they name. Stamped
     /// with an API key of the organization read from a file (its P-256 private key as hex).
     ExportLog {
-        #[arg(long)]
-        base_url: String,
-        #[arg(long)]
-        organization_id: String,
-        #[arg(long)]
-        api_key_file: PathBuf,
+        #[command(flatten)]
+        api: ApiArgs,
         /// Where to write the export.
         #[arg(long)]
         out: PathBuf,
@@ -173,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
     }
     coffer_process::init_logging(&cfg.log);
     match cli.command {
-        Command::ExportLog { base_url, organization_id, api_key_file, out } => {
+        Command::ExportLog { api: ApiArgs { base_url, organization_id, api_key_file }, out } => {
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let log = coffer_gateway::activity_log::export(&base_url, &organization_id, &key).await?;
             std::fs::write(&out, serde_json::to_vec(&log)?)?;
@@ -214,7 +218,10 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::DiffState { state: StateArgs { base_url, organization_id, api_key_file, proof_key }, state_out } => {
+        Command::DiffState {
+            state: StateArgs { api: ApiArgs { base_url, organization_id, api_key_file }, proof_key },
+            state_out,
+        } => {
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
             let (diff, signed) =
@@ -232,7 +239,10 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Rebuild { state: StateArgs { base_url, organization_id, api_key_file, proof_key }, dry_run } => {
+        Command::Rebuild {
+            state: StateArgs { api: ApiArgs { base_url, organization_id, api_key_file }, proof_key },
+            dry_run,
+        } => {
             use coffer_gateway::{state_diff, state_rebuild};
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;

@@ -61,6 +61,23 @@ pub fn set_auth_proxy_app_name(
     }
 }
 
+/// The accounts of a new sub-organization's wallet among an activity's `writes` (the accounts of
+/// no organization but `organization_id`, the activity's own), in the order the handler wrote
+/// them: the body's.
+pub fn sub_organization_accounts<'w>(
+    organization_id: &'w str,
+    writes: &'w [Write],
+) -> impl Iterator<Item = &'w crate::store::WalletAccount> + 'w {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::InsertAccounts(accounts) => Some(accounts),
+            _ => None,
+        })
+        .flatten()
+        .filter(move |a| a.organization_id != organization_id)
+}
+
 /// Whether the gateway's records of an activity (`ours`, [`of_writes`]) follow the changes the
 /// enclave applied (`applied`, less the credentials it issued for the activity itself, which
 /// come last): the same changes in the same order, an API key's expiry within a minute (each

@@ -222,15 +222,7 @@ async fn execute(
                 })
                 .unwrap_or_default();
             // ... in the body's order (the handler writes them so).
-            let account_keys: Vec<Vec<u8>> = outcome
-                .writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::InsertAccounts(accounts) => Some(accounts),
-                    _ => None,
-                })
-                .flatten()
-                .filter(|a| a.organization_id != org)
+            let account_keys: Vec<Vec<u8>> = crate::record_changes::sub_organization_accounts(&org, &outcome.writes)
                 .map(|a| a.sealed_key.clone())
                 .collect();
             let issued_count = issued.len();

@@ -308,17 +308,8 @@ impl Harness {
         let derive = |label: &str, i: usize| derived_id(&stamped.fingerprint, label, i);
         // What the enclave's own work made: a new sub-organization's addresses (here the
         // handler's, from its CreateWallet call), the auth proxy's key.
-        let wallet_addresses: Vec<String> = outcome
-            .writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::InsertAccounts(accounts) => Some(accounts),
-                _ => None,
-            })
-            .flatten()
-            .filter(|a| a.organization_id != org)
-            .map(|a| a.address.clone())
-            .collect();
+        let wallet_addresses: Vec<String> =
+            sub_organization_accounts(org, &outcome.writes).map(|a| a.address.clone()).collect();
         let issued = outcome.writes.iter().any(|w| matches!(w, Write::InsertApiKey(k) if !k.certificate.is_empty()));
         let input = Input {
             state: &self.states[org],
