@@ -402,6 +402,37 @@ fn an_activity_is_linked_once(backend: Backend) {
     assert_eq!(of("o", "f4", done), Some(f4));
     assert_eq!(of("o", "f4", failed), None);
     assert_eq!(of("nobody", "f4", done), None);
+
+    // A group of more links than one statement binds is linked whole, and read back whole; a
+    // fingerprint or an id twice in one group moves nothing.
+    let names: Vec<(String, String)> = (0..150).map(|i| (format!("g{i}"), format!("b{i}"))).collect();
+    fn group<'a>(names: &'a [(String, String)], first: u64, done: &'static str) -> Vec<LinkedActivity<'a>> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, (f, id))| LinkedActivity {
+                fingerprint: f,
+                status: done,
+                activity_id: id,
+                activity_digest: f,
+                seq: first + i as u64,
+            })
+            .collect()
+    }
+    let mut twice = group(&names[..100], 1, done);
+    twice[99].activity_id = twice[3].activity_id;
+    let moved = a.advance_log("big", 0, 100, "hb", &twice);
+    assert!(matches!(moved, Err(StoreError::VersionMoved { found: None, .. })), "{moved:?}");
+    let mut twice = group(&names[..100], 1, done);
+    twice[70].fingerprint = twice[2].fingerprint;
+    assert!(a.advance_log("big", 0, 100, "hb", &twice).is_err());
+    a.advance_log("big", 0, 150, "hb", &group(&names, 1, done)).unwrap();
+    let mut asked: Vec<(&str, &str)> = names.iter().map(|(f, id)| (f.as_str(), id.as_str())).collect();
+    asked.push(("g-none", "b-none"));
+    let found = b.linked("big", &asked).unwrap();
+    assert_eq!(found.len(), 151);
+    assert!(found[..150].iter().all(|l| *l) && !found[150], "every link of the group, and no other");
+    assert_eq!(b.link_of("big", "g149", done).unwrap().map(|l| l.activity_id), Some("b149".to_string()));
 }
 
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {

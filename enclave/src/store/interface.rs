@@ -229,6 +229,21 @@ pub enum StoreError {
     Invalid(String),
 }
 
+/// The SQL layer's errors as the store's, in one place: a constraint that fired or a corrupt file
+/// is a store holding what it should not; anything else may pass on a retry.
+impl From<coffer_sql::SqlError> for StoreError {
+    fn from(e: coffer_sql::SqlError) -> Self {
+        use coffer_sql::SqlError;
+        match e {
+            SqlError::NotFound => StoreError::Corrupt("a row the store must hold is missing".into()),
+            SqlError::Unique(u) => StoreError::Corrupt(u.message),
+            SqlError::Corrupt(m) => StoreError::Corrupt(m),
+            SqlError::Busy => StoreError::Unavailable("the database is busy".into()),
+            SqlError::Deadlock(m) | SqlError::Backend(m) => StoreError::Unavailable(m),
+        }
+    }
+}
+
 /// The enclave tier's durable store. Every method is a blocking call (on the tokio runtime,
 /// PostgreSQL calls step off the executor themselves); every write is committed before the call
 /// returns. Shared by every enclave that opens the same file or database.

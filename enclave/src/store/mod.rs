@@ -8,13 +8,17 @@
 //! the configured URL.
 //!
 //! This file only declares the modules and re-exports. From the bottom up: `interface` (the
-//! types, the trait and [`StoreError`], the one error type of this boundary), the backends
-//! `sqlite` and `postgres`, and `open` on top. No module imports from one above it; the mapping
+//! types, the trait and [`StoreError`], the one error type of this boundary), `sql` (every
+//! statement both backends run, written once over `coffer-sql`), `backend` (what a backend
+//! provides, and the [`EnclaveStore`] it gets from `sql`), the backends `sqlite` and `postgres`
+//! (connections, durability, the replay window's counting), and `open` on top. No module imports from one above it; the mapping
 //! of [`StoreError`] into the enclave's `EnclaveError` lives in `crate::error`.
 
+mod backend;
 mod interface;
 mod open;
 mod postgres;
+mod sql;
 mod sqlite;
 
 pub use interface::{

@@ -24,13 +24,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::group_commit::{self, Reply, Turn};
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
+use coffer_sql::Db;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::interface::{
-    check_changes, version_of, ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, ReplayLane, ReplayShare, StoreError, StoreLimits, OUTCOME_REFUSE,
-    REASON_CONSENSUS_NEEDED,
-};
+use super::backend::Backend;
+use super::interface::{DecisionRecord, Remembered, ReplayLane, ReplayShare, StoreError, StoreLimits};
+use super::sql;
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
 const MIGRATIONS: &[&str] = &[
@@ -166,20 +165,20 @@ const MAX_BATCH: usize = 256;
 fn commit_group(shared: &Shared, batch: Vec<Job>) {
     let outcome = (|| {
         let mut conn = shared.writer.lock().map_err(poisoned)?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
-        let mut answers = Vec::with_capacity(batch.len());
-        let mut counts = Counts::default();
-        for j in &batch {
-            let answer = shared.remember_in(&tx, &mut counts, j)?;
-            if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
-                insert_decision(&tx, d)?;
-            }
-            answers.push(answer);
-        }
-        counts.flush(&tx)?;
         // Committed whatever the answers: pruning done on the way stays done.
-        tx.commit().map_err(sq)?;
-        Ok::<_, StoreError>(answers)
+        Db::transaction(&mut *conn, |db: &mut Connection| {
+            let mut answers = Vec::with_capacity(batch.len());
+            let mut counts = Counts::default();
+            for j in &batch {
+                let answer = shared.remember_in(db, &mut counts, j)?;
+                if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
+                    sql::insert_decision(db, d)?;
+                }
+                answers.push(answer);
+            }
+            counts.flush(db)?;
+            Ok::<_, StoreError>(answers)
+        })
     })();
     match outcome {
         Ok(answers) => {
@@ -233,17 +232,10 @@ fn start_checkpointer(path: PathBuf, stop: Arc<AtomicBool>) -> Result<(), StoreE
         .map_err(|e| StoreError::Unavailable(format!("starting the checkpoint thread: {e}")))
 }
 
+/// The driver's error as the store's, through the one mapping (`coffer-sql`'s, then
+/// [`StoreError`]'s `From`).
 fn sq(e: rusqlite::Error) -> StoreError {
-    match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreError::Corrupt(format!("sqlite: {e}")),
-        Some(ErrorCode::ConstraintViolation) => StoreError::Corrupt(format!("sqlite: {e}")),
-        _ => match e {
-            rusqlite::Error::InvalidColumnType(..) | rusqlite::Error::FromSqlConversionFailure(..) => {
-                StoreError::Corrupt(format!("sqlite: {e}"))
-            }
-            e => StoreError::Unavailable(format!("sqlite: {e}")),
-        },
-    }
+    coffer_sql::sqlite_error(e).into()
 }
 
 fn poisoned<T>(_: T) -> StoreError {
@@ -308,7 +300,7 @@ struct Counts {
 }
 
 impl Counts {
-    fn live_of(&mut self, tx: &Transaction<'_>, organization: &str) -> Result<i64, StoreError> {
+    fn live_of(&mut self, tx: &Connection, organization: &str) -> Result<i64, StoreError> {
         if let Some((stored, added)) = self.live.get(organization) {
             return Ok(stored + added);
         }
@@ -321,7 +313,7 @@ impl Counts {
         Ok(stored)
     }
 
-    fn total_live(&mut self, tx: &Transaction<'_>) -> Result<i64, StoreError> {
+    fn total_live(&mut self, tx: &Connection) -> Result<i64, StoreError> {
         let stored = match self.total {
             Some(t) => t,
             None => {
@@ -336,7 +328,7 @@ impl Counts {
     }
 
     /// Counts `n` more (or, negative, fewer) live entries of `organization`.
-    fn add(&mut self, tx: &Transaction<'_>, organization: &str, n: i64) -> Result<(), StoreError> {
+    fn add(&mut self, tx: &Connection, organization: &str, n: i64) -> Result<(), StoreError> {
         self.live_of(tx, organization)?;
         if let Some((_, added)) = self.live.get_mut(organization) {
             *added += n;
@@ -346,7 +338,7 @@ impl Counts {
     }
 
     /// Writes every changed count (the transaction holds the write lock: nobody else changed them).
-    fn flush(self, tx: &Transaction<'_>) -> Result<(), StoreError> {
+    fn flush(self, tx: &Connection) -> Result<(), StoreError> {
         for (organization, (stored, added)) in self.live {
             if added == 0 {
                 continue;
@@ -374,7 +366,7 @@ impl Counts {
 }
 
 /// Removes every expired replay entry.
-fn prune_all(tx: &Transaction<'_>, counts: &mut Counts, now_ms: i64) -> Result<(), StoreError> {
+fn prune_all(tx: &Connection, counts: &mut Counts, now_ms: i64) -> Result<(), StoreError> {
     let mut gone: HashMap<String, i64> = HashMap::new();
     {
         let mut st =
@@ -392,7 +384,7 @@ fn prune_all(tx: &Transaction<'_>, counts: &mut Counts, now_ms: i64) -> Result<(
 
 /// Whether `key` may be entered: no live entry has it (an expired one is removed). `false`: a
 /// live entry has it.
-fn make_way(tx: &Transaction<'_>, counts: &mut Counts, key: &[u8; 32], now_ms: i64) -> Result<bool, StoreError> {
+fn make_way(tx: &Connection, counts: &mut Counts, key: &[u8; 32], now_ms: i64) -> Result<bool, StoreError> {
     let existing: Option<(String, i64)> = tx
         .prepare_cached("SELECT organization_id, expires_ms FROM replay WHERE key = ?1")
         .and_then(|mut st| st.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())
@@ -407,12 +399,7 @@ fn make_way(tx: &Transaction<'_>, counts: &mut Counts, key: &[u8; 32], now_ms: i
 }
 
 /// Removes the expired replay entries of one organization.
-fn prune_organization(
-    tx: &Transaction<'_>,
-    counts: &mut Counts,
-    organization: &str,
-    now_ms: i64,
-) -> Result<(), StoreError> {
+fn prune_organization(tx: &Connection, counts: &mut Counts, organization: &str, now_ms: i64) -> Result<(), StoreError> {
     let n = tx
         .prepare_cached("DELETE FROM replay WHERE organization_id = ?1 AND expires_ms < ?2")
         .and_then(|mut st| st.execute(params![organization, now_ms]))
@@ -422,20 +409,6 @@ fn prune_organization(
 
 fn as_count(limit: u64) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX).max(1)
-}
-
-fn decision_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRecord> {
-    Ok(DecisionRecord {
-        at_ms: r.get(0)?,
-        organization_id: r.get(1)?,
-        operation: r.get(2)?,
-        fingerprint: r.get(3)?,
-        activity_type: r.get(4)?,
-        user_id: r.get(5)?,
-        outcome: r.get(6)?,
-        reason: r.get(7)?,
-        result_digest: r.get(8)?,
-    })
 }
 
 impl SqliteEnclaveStore {
@@ -527,25 +500,20 @@ impl Shared {
     }
 
     /// Prunes decisions past their retention, at most every [`PRUNE_DECISIONS_EVERY_MS`].
-    fn prune_decisions(&self, tx: &Transaction<'_>, now_ms: i64) -> Result<(), StoreError> {
+    fn prune_decisions(&self, db: &mut Connection, now_ms: i64) -> Result<(), StoreError> {
         if self.limits.decision_retention_ms <= 0 || now_ms < self.next_decision_prune_ms.load(Ordering::Relaxed) {
             return Ok(());
         }
         // At most a batch per commit it rides in (a backlog of old decisions would otherwise be
         // one long delete inside some request's commit); a full batch has the next commit go on.
-        let pruned = tx
-            .execute(
-                "DELETE FROM decisions WHERE seq IN (SELECT seq FROM decisions WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
-                [now_ms - self.limits.decision_retention_ms, PRUNE_DECISIONS_BATCH],
-            )
-            .map_err(sq)?;
+        let pruned = sql::prune_decisions(db, now_ms - self.limits.decision_retention_ms, PRUNE_DECISIONS_BATCH)?;
         let next = if pruned as i64 >= PRUNE_DECISIONS_BATCH { now_ms } else { now_ms + PRUNE_DECISIONS_EVERY_MS };
         self.next_decision_prune_ms.store(next, Ordering::Relaxed);
         Ok(())
     }
 
     /// One job's replay insert, in the group commit's transaction.
-    fn remember_in(&self, tx: &Transaction<'_>, counts: &mut Counts, job: &Job) -> Result<Remembered, StoreError> {
+    fn remember_in(&self, tx: &mut Connection, counts: &mut Counts, job: &Job) -> Result<Remembered, StoreError> {
         let Job { organization, key, expires_ms, now_ms, quota, lanes, .. } = job;
         let (organization, key, expires_ms, now_ms) = (organization.as_str(), *key, *expires_ms, *now_ms);
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
@@ -593,361 +561,48 @@ impl Shared {
     }
 }
 
-/// `PRAGMA synchronous=FULL` for one state change, back to NORMAL when dropped.
-struct FullSync<'a>(&'a Connection);
+impl Backend for SqliteEnclaveStore {
+    type Db = Connection;
 
-impl<'a> FullSync<'a> {
-    fn new(conn: &'a Connection) -> Result<Self, StoreError> {
-        conn.pragma_update(None, "synchronous", "FULL").map_err(sq)?;
-        Ok(Self(conn))
+    fn read<T: Send>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
+        self.shared.read(f)
     }
-}
 
-impl Drop for FullSync<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.pragma_update(None, "synchronous", "NORMAL") {
+    fn write<T: Send>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.writer.lock().map_err(poisoned)?;
+        if !durable {
+            return Db::transaction(&mut *conn, f);
+        }
+        // Back to NORMAL whatever the transaction's outcome.
+        conn.pragma_update(None, "synchronous", "FULL").map_err(sq)?;
+        let out = Db::transaction(&mut *conn, f);
+        if let Err(e) = conn.pragma_update(None, "synchronous", "NORMAL") {
             tracing::warn!(error = %e, "authority store: restoring synchronous=NORMAL");
         }
-    }
-}
-
-fn apply_in(tx: &Transaction<'_>, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
-    let mut versions = Vec::with_capacity(changes.len());
-    for c in changes {
-        let found: Option<i64> = tx
-            .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
-            .and_then(|mut st| st.query_row([&c.organization_id], |r| r.get(0)).optional())
-            .map_err(sq)?;
-        let found = found.map(version_of).transpose()?;
-        if found.unwrap_or(0) != c.expected_version {
-            return Err(StoreError::VersionMoved {
-                organization_id: c.organization_id.clone(),
-                expected: c.expected_version,
-                found,
-            });
-        }
-        for e in &c.puts {
-            tx.prepare_cached(
-                "INSERT INTO entries (organization_id, kind, id, data) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (organization_id, kind, id) DO UPDATE SET data = excluded.data",
-            )
-            .and_then(|mut st| st.execute(params![c.organization_id, e.kind, e.id, e.data]))
-            .map_err(sq)?;
-        }
-        for (kind, id) in &c.deletes {
-            tx.prepare_cached("DELETE FROM entries WHERE organization_id = ?1 AND kind = ?2 AND id = ?3")
-                .and_then(|mut st| st.execute(params![c.organization_id, kind, id]))
-                .map_err(sq)?;
-        }
-        let next = c.expected_version + 1;
-        tx.prepare_cached(
-            "INSERT INTO org_heads (organization_id, version) VALUES (?1, ?2)
-             ON CONFLICT (organization_id) DO UPDATE SET version = excluded.version",
-        )
-        .and_then(|mut st| st.execute(params![c.organization_id, next as i64]))
-        .map_err(sq)?;
-        versions.push(next);
-    }
-    Ok(versions)
-}
-
-/// Appends one decision (in the caller's transaction, or on its own).
-fn insert_decision(conn: &Connection, d: &DecisionRecord) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
-                                result_digest)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            d.at_ms,
-            d.organization_id,
-            d.operation,
-            d.fingerprint,
-            d.activity_type,
-            d.user_id,
-            d.outcome,
-            d.reason,
-            d.result_digest
-        ])
-    })
-    .map_err(sq)?;
-    Ok(())
-}
-
-impl EnclaveStore for SqliteEnclaveStore {
-    fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.read(|conn| {
-            conn.prepare_cached("SELECT blob FROM sealed_service_keys WHERE label = ?1")
-                .and_then(|mut st| st.query_row([label], |r| r.get(0)).optional())
-                .map_err(sq)
-        })
+        out
     }
 
-    fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
-        let conn = self.writer.lock().map_err(poisoned)?;
-        conn.prepare_cached("INSERT INTO sealed_service_keys (label, blob) VALUES (?1, ?2) ON CONFLICT DO NOTHING")
-            .and_then(|mut st| st.execute(rusqlite::params![label, blob]))
-            .map_err(sq)?;
-        drop(conn);
-        self.sealed_service_key(label)?
-            .ok_or_else(|| StoreError::Invalid(format!("sealed service key {label} vanished")))
-    }
-
-    fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
-        self.read(|conn| {
-            let row: Option<(i64, String)> = conn
-                .prepare_cached("SELECT links, head FROM log_heads WHERE organization_id = ?1")
-                .and_then(|mut st| st.query_row([org], |r| Ok((r.get(0)?, r.get(1)?))).optional())
-                .map_err(sq)?;
-            row.map(|(n, h)| Ok((version_of(n)?, h))).transpose()
-        })
-    }
-
-    fn advance_log(
-        &self,
-        org: &str,
-        expected: u64,
-        links: u64,
-        head: &str,
-        linked: &[LinkedActivity<'_>],
-    ) -> Result<(), StoreError> {
-        if links <= expected {
-            return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
-        }
-        let (from, to) = (expected as i64, links as i64);
-        let conn = self.writer.lock().map_err(poisoned)?;
-        let tx = conn.unchecked_transaction().map_err(sq)?;
-        let moved = if expected == 0 {
-            tx.prepare_cached(
-                "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-            )
-            .and_then(|mut st| st.execute(rusqlite::params![org, to, head]))
-        } else {
-            tx.prepare_cached("UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2")
-                .and_then(|mut st| st.execute(rusqlite::params![org, from, to, head]))
-        }
-        .map_err(sq)?
-            == 0;
-        let mut taken = 0;
-        if !moved {
-            let mut st = tx
-                .prepare_cached(
-                    "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
-                     SELECT ?1, ?2, ?3, ?4, ?5, ?6
-                     WHERE NOT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2)
-                       AND NOT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND activity_id = ?4)",
-                )
-                .map_err(sq)?;
-            for l in linked {
-                taken += st
-                    .execute(rusqlite::params![
-                        org,
-                        l.fingerprint,
-                        l.status,
-                        l.activity_id,
-                        l.seq as i64,
-                        l.activity_digest
-                    ])
-                    .map_err(sq)?;
-            }
-        }
-        // Moved, or an activity already linked in that status: nothing of it is kept.
-        if moved || taken != linked.len() {
-            drop(tx);
-            drop(conn);
-            let found = self.log_head(org)?.map(|(n, _)| n);
-            return Err(StoreError::VersionMoved { organization_id: org.to_string(), expected, found });
-        }
-        tx.commit().map_err(sq)?;
-        Ok(())
-    }
-
-    fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
-        self.read(|conn| {
-            let mut st = conn
-                .prepare_cached(
-                    // Two lookups, each on its index (one OR would scan the organization's links).
-                    "SELECT EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND fingerprint = ?2)
-                         OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?1 AND activity_id = ?3)",
-                )
-                .map_err(sq)?;
-            activities
-                .iter()
-                .map(|(fingerprint, activity_id)| {
-                    st.query_row(rusqlite::params![org, fingerprint, activity_id], |r| r.get(0)).map_err(sq)
-                })
-                .collect()
-        })
-    }
-
-    fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError> {
-        self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT activity_id, activity_digest FROM log_links
-                 WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3",
-            )
-            .and_then(|mut st| {
-                st.query_row(rusqlite::params![org, fingerprint, status], |r| {
-                    Ok(ActivityLink { activity_id: r.get(0)?, activity_digest: r.get(1)? })
-                })
-                .optional()
-            })
-            .map_err(sq)
-        })
-    }
-
-    fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
-        self.read(|conn| {
-            // One statement, one snapshot: the version and every entry (none: one row of NULLs).
-            let rows = conn
-                .prepare_cached(LOAD_ORGANIZATION)
-                .and_then(|mut st| {
-                    st.query_map([org], |r| {
-                        let entry = match r.get::<_, Option<String>>(1)? {
-                            Some(kind) => Some(Entry { kind, id: r.get(2)?, data: r.get(3)? }),
-                            None => None,
-                        };
-                        Ok((r.get::<_, i64>(0)?, entry))
-                    })?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-                })
-                .map_err(sq)?;
-            let Some(version) = rows.first().map(|(v, _)| *v) else { return Ok(None) };
-            let entries = rows.into_iter().filter_map(|(_, e)| e).collect();
-            Ok(Some(OrgHead { version: version_of(version)?, entries }))
-        })
-    }
-
-    fn version(&self, org: &str) -> Result<Option<u64>, StoreError> {
-        self.read(|conn| {
-            let v: Option<i64> = conn
-                .prepare_cached("SELECT version FROM org_heads WHERE organization_id = ?1")
-                .and_then(|mut st| st.query_row([org], |r| r.get(0)).optional())
-                .map_err(sq)?;
-            v.map(version_of).transpose()
-        })
-    }
-
-    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
-        check_changes(changes)?;
-        let conn = self.writer.lock().map_err(poisoned)?;
-        // Dropped in reverse order: the transaction (rolled back unless committed), then the
-        // setting back to NORMAL.
-        let _full = FullSync::new(&conn)?;
-        let tx = Transaction::new_unchecked(&conn, TransactionBehavior::Immediate).map_err(sq)?;
-        let versions = apply_in(&tx, changes)?;
-        tx.commit().map_err(sq)?;
-        Ok(versions)
-    }
-
-    fn organizations(&self) -> Result<Vec<String>, StoreError> {
-        self.read(|conn| {
-            conn.prepare_cached("SELECT organization_id FROM org_heads ORDER BY organization_id")
-                .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>())
-                .map_err(sq)
-        })
-    }
-
-    fn remember(
-        &self,
-        organization: &str,
-        key: [u8; 32],
-        expires_ms: i64,
-        now_ms: i64,
-    ) -> Result<Remembered, StoreError> {
-        self.remember_through(ReplayShare::of(organization), key, expires_ms, now_ms, None, None)
-    }
-
-    fn remember_within(
-        &self,
-        scope: &str,
-        key: [u8; 32],
-        expires_ms: i64,
-        now_ms: i64,
-        quota: u64,
-    ) -> Result<Remembered, StoreError> {
-        self.remember_through(ReplayShare::of(scope), key, expires_ms, now_ms, Some(quota), None)
-    }
-
-    fn remember_allowed(
+    fn remember_in_window(
         &self,
         share: &ReplayShare,
         key: [u8; 32],
         expires_ms: i64,
         now_ms: i64,
-        allowed: &DecisionRecord,
+        quota: Option<u64>,
+        allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
-        self.remember_through(share.clone(), key, expires_ms, now_ms, None, Some(allowed))
-    }
-
-    fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
-        self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM replay WHERE key = ?1 AND expires_ms > ?2)
-                     OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?3 AND fingerprint = ?4)",
-            )
-            .and_then(|mut st| st.query_row(params![key.as_slice(), now_ms, org, fingerprint], |r| r.get::<_, bool>(0)))
-            .map_err(sq)
-        })
-    }
-
-    fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
-        let conn = self.writer.lock().map_err(poisoned)?;
-        insert_decision(&conn, d)
-    }
-
-    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
-        self.read(|conn| {
-            let latest: Option<(String, String)> = conn
-                .prepare_cached(
-                    "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-                     ORDER BY result_digest <> '' DESC, seq DESC LIMIT 1",
-                )
-                .and_then(|mut st| {
-                    st.query_row(params![organization, fingerprint], |r| Ok((r.get(0)?, r.get(1)?))).optional()
-                })
-                .map_err(sq)?;
-            Ok(LatestDecision::of(latest))
-        })
-    }
-
-    fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError> {
-        self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT EXISTS(SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-                 AND outcome = ?3 AND reason = ?4 AND activity_type = ?5)",
-            )
-            .and_then(|mut st| {
-                let p = params![organization, fingerprint, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED, activity_type];
-                st.query_row(p, |r| r.get(0))
-            })
-            .map_err(sq)
-        })
-    }
-
-    fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read(|conn| {
-            conn.prepare_cached(
-                "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
-                        result_digest
-                 FROM decisions WHERE at_ms >= ?1 ORDER BY at_ms, seq LIMIT ?2",
-            )
-            .and_then(|mut st| st.query_map(params![since_ms, limit], decision_of)?.collect())
-            .map_err(sq)
-        })
+        self.remember_through(share.clone(), key, expires_ms, now_ms, quota, allowed)
     }
 }
-
-/// An organization's version and entries in one statement ([`EnclaveStore::load`]).
-const LOAD_ORGANIZATION: &str = "SELECT h.version, e.kind, e.id, e.data FROM org_heads h \
-     LEFT JOIN entries e ON e.organization_id = h.organization_id \
-     WHERE h.organization_id = ?1 ORDER BY e.kind, e.id";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{EnclaveStore, Entry, OrgChanges, OrgHead};
 
     fn limits(capacity: u64, per_organization: u64) -> StoreLimits {
         StoreLimits { replay_capacity: capacity, replay_per_organization: per_organization, decision_retention_ms: 0 }

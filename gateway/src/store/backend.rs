@@ -11,7 +11,7 @@ use super::model::{
     SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
 };
 use super::nowait;
-use super::sql::{self, Db};
+use super::sql::{self, Dialect};
 use super::write::Write;
 
 /// One activity waiting for the committer, and where to send its outcome.
@@ -34,7 +34,7 @@ pub fn gather(first: CommitJob, jobs: &mpsc::Receiver<CommitJob>, max: usize) ->
 }
 
 /// Commits a batch with the shared SQL, records the metrics, and answers every job.
-pub fn commit_and_reply<D: Db>(db: Result<&mut D, StoreError>, batch: Vec<CommitJob>) {
+pub fn commit_and_reply<D: Dialect>(db: Result<&mut D, StoreError>, batch: Vec<CommitJob>) {
     let results = match db {
         Ok(db) => {
             let started = std::time::Instant::now();
@@ -75,7 +75,7 @@ impl CommitQueue {
 /// What a backend provides: connections for reads and for write transactions, a committer for
 /// activities, and what has no portable SQL.
 pub trait Backend: Send + Sync + 'static {
-    type Db: Db;
+    type Db: Dialect;
     /// Runs a read (possibly more than once: reads are retried on transient errors).
     fn read<T: Send>(&self, f: impl FnMut(&mut Self::Db) -> Result<T, StoreError> + Send) -> Result<T, StoreError>;
     /// Runs `f` in a write transaction, committed if it succeeds.

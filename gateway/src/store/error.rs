@@ -22,6 +22,26 @@ pub enum StoreError {
     WouldWait,
 }
 
+/// The SQL layer's errors as the store's: the one place a driver's report becomes a decision
+/// (which uniqueness constraint fired, a busy lock to retry).
+impl From<coffer_sql::SqlError> for StoreError {
+    fn from(e: coffer_sql::SqlError) -> Self {
+        use coffer_sql::SqlError;
+        match e {
+            SqlError::NotFound => StoreError::NotFound,
+            SqlError::Busy => StoreError::Busy,
+            SqlError::Unique(u) => {
+                // PostgreSQL names the constraint, SQLite its columns.
+                let record_name = u.constraint == "records_organization_id_kind_name_key"
+                    || u.constraint.split(", ").any(|c| c == "records.name");
+                let constraint = if record_name { Constraint::RecordName } else { Constraint::Other };
+                StoreError::Unique(Unique::new(constraint, u.message))
+            }
+            SqlError::Deadlock(m) | SqlError::Corrupt(m) | SqlError::Backend(m) => StoreError::Backend(m),
+        }
+    }
+}
+
 /// Which precondition failed, where a caller answers one differently from the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConflictKind {

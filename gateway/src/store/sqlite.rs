@@ -4,15 +4,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, ErrorCode};
+use rusqlite::Connection;
 
 use super::backend::{commit_and_reply, gather, Backend, CommitJob, CommitQueue};
-use super::error::{Constraint, StoreError, Unique};
+use super::error::StoreError;
 use super::interface::CommitCallback;
 use super::model::ActivityRecord;
 use super::nowait;
-use super::sql::{self, Arg, Db, SqlRow, Value};
+use super::sql::{self, Db, Dialect};
 use super::write::Write;
 
 const READERS: usize = 4;
@@ -47,78 +46,15 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {
-    if let rusqlite::Error::SqliteFailure(f, msg) = &e {
-        use rusqlite::ffi::{SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE};
-        if matches!(f.extended_code, SQLITE_CONSTRAINT_UNIQUE | SQLITE_CONSTRAINT_PRIMARYKEY) {
-            // SQLite names the constraint's columns only in the message ("UNIQUE constraint failed:
-            // records.organization_id, records.kind, records.name"): read here, and nowhere else.
-            let message = msg.clone().unwrap_or_default();
-            let constraint = if message.contains("records.name") { Constraint::RecordName } else { Constraint::Other };
-            return StoreError::Unique(Unique::new(constraint, message));
-        }
-        if f.code == ErrorCode::DatabaseBusy {
-            return StoreError::Busy;
-        }
-    }
     StoreError::Backend(e.to_string())
 }
 
-impl rusqlite::ToSql for Arg<'_> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match *self {
-            Arg::Null => ValueRef::Null,
-            Arg::Int(v) => ValueRef::Integer(v),
-            Arg::Text(s) => ValueRef::Text(s.as_bytes()),
-            Arg::Bytes(b) => ValueRef::Blob(b),
-        }))
-    }
-}
-
-impl SqlRow for rusqlite::Row<'_> {
-    fn value(&self, i: usize) -> Result<Value, StoreError> {
-        Ok(match self.get_ref(i).map_err(backend)? {
-            ValueRef::Null => Value::Null,
-            ValueRef::Integer(v) => Value::Int(v),
-            ValueRef::Real(v) => Value::Int(v as i64),
-            ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
-            ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
-        })
-    }
-}
-
-/// Statements go through the connection's prepared-statement cache: preparing (parsing and
-/// planning) a statement cost more than running it in the gateway's profile.
-impl Db for Connection {
-    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+impl Dialect for Connection {
     const MIGRATION_LOCK: &'static str = "";
     const VOTE_COUNT: &'static str = "json_array_length(votes)";
     const INSERTION_ORDER: &'static str = "rowid";
     const TABLES_WITH_ORGANIZATION_ID: &'static str = "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) c
          WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' AND c.name = 'organization_id' ORDER BY m.name";
-
-    fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
-        let mut st = self.prepare_cached(sql).map_err(backend)?;
-        Ok(st.execute(rusqlite::params_from_iter(args)).map_err(backend)? as u64)
-    }
-
-    fn query<T>(
-        &mut self,
-        sql: &str,
-        args: &[Arg<'_>],
-        mut f: impl FnMut(&dyn SqlRow) -> Result<T, StoreError>,
-    ) -> Result<Vec<T>, StoreError> {
-        let mut st = self.prepare_cached(sql).map_err(backend)?;
-        let mut rows = st.query(rusqlite::params_from_iter(args)).map_err(backend)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(backend)? {
-            out.push(f(row)?);
-        }
-        Ok(out)
-    }
-
-    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        self.execute_batch(sql).map_err(backend)
-    }
 
     fn dialect(migration: &str) -> String {
         migration.to_string()
@@ -259,6 +195,7 @@ impl Backend for SqliteStore {
 mod tests {
     use super::*;
     use crate::store::error::ConflictKind;
+    use crate::store::error::Constraint;
     use crate::store::interface::Store;
     use crate::store::model::{Organization, Record, Wallet};
 

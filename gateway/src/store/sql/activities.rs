@@ -1,6 +1,6 @@
 //! Activities: their rows, the insert a commit starts with, Idempotency-Keys, and the reads.
 
-use super::db::{args, json_text, parse_json, Arg, Db, SqlRow};
+use super::db::{args, json_text, parse_json, Arg, Dialect, SqlRow};
 use crate::store::error::StoreError;
 use crate::store::model::{ActivityFilter, ActivityRecord, LogEntry, Nanos};
 
@@ -24,7 +24,7 @@ fn activity_row(r: &dyn SqlRow) -> Result<ActivityRecord, StoreError> {
 }
 
 /// Inserts the activity unless one with its fingerprint exists (then `false`, nothing written).
-pub fn insert<D: Db>(db: &mut D, a: &ActivityRecord, organization_id: &str) -> Result<bool, StoreError> {
+pub fn insert<D: Dialect>(db: &mut D, a: &ActivityRecord, organization_id: &str) -> Result<bool, StoreError> {
     let n = db.execute(
         &format!(
             "INSERT INTO activities ({ACTIVITY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
@@ -54,7 +54,7 @@ pub fn proofs_text(proofs: &[serde_json::Value]) -> Option<String> {
 }
 
 /// See `Write::InsertIdempotencyKey`.
-pub fn insert_idempotency_key<D: Db>(
+pub fn insert_idempotency_key<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     key: &str,
@@ -70,12 +70,12 @@ pub fn insert_idempotency_key<D: Db>(
     Ok(())
 }
 
-pub fn activity<D: Db>(db: &mut D, org: &str, id: &str) -> Result<ActivityRecord, StoreError> {
+pub fn activity<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<ActivityRecord, StoreError> {
     let sql = format!("SELECT {ACTIVITY_COLS} FROM activities WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], activity_row)
 }
 
-pub fn activity_by_fingerprint<D: Db>(db: &mut D, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
+pub fn activity_by_fingerprint<D: Dialect>(db: &mut D, fingerprint: &str) -> Result<ActivityRecord, StoreError> {
     let sql = format!("SELECT {ACTIVITY_COLS} FROM activities WHERE fingerprint = ?1");
     db.query_one(&sql, args![fingerprint], activity_row)
 }
@@ -83,7 +83,7 @@ pub fn activity_by_fingerprint<D: Db>(db: &mut D, fingerprint: &str) -> Result<A
 /// Newest first; `after` = older than the cursor, `before` = the page just newer than the
 /// cursor (an unknown cursor is ignored). Filters, cursors and the limit are all applied in
 /// SQL over the (organization, created_at, id) index: one page reads one page of rows.
-pub fn activities<D: Db>(db: &mut D, org: &str, f: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
+pub fn activities<D: Dialect>(db: &mut D, org: &str, f: &ActivityFilter) -> Result<Vec<ActivityRecord>, StoreError> {
     let mut cursor = |id: &Option<String>| -> Result<Option<(i64, String)>, StoreError> {
         let Some(id) = id else { return Ok(None) };
         db.query_opt(
@@ -120,7 +120,7 @@ pub fn activities<D: Db>(db: &mut D, org: &str, f: &ActivityFilter) -> Result<Ve
     Ok(items)
 }
 
-pub fn idempotency_key<D: Db>(db: &mut D, org: &str, key: &str) -> Result<(String, String), StoreError> {
+pub fn idempotency_key<D: Dialect>(db: &mut D, org: &str, key: &str) -> Result<(String, String), StoreError> {
     db.query_one(
         "SELECT intent_hash, activity_id FROM idempotency_keys WHERE organization_id = ?1 AND key = ?2",
         args![org, key],
@@ -129,7 +129,7 @@ pub fn idempotency_key<D: Db>(db: &mut D, org: &str, key: &str) -> Result<(Strin
 }
 
 /// See `Write::InsertLogLink`. A position taken already fails the transaction.
-pub fn insert_log_link<D: Db>(
+pub fn insert_log_link<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     seq: u64,
@@ -145,7 +145,7 @@ pub fn insert_log_link<D: Db>(
 
 /// One page of the organization's activity log from position `after` (exclusive), in order: each
 /// link with the activity it names as the activities table holds it now (`None` if it is gone).
-pub fn log_page<D: Db>(db: &mut D, org: &str, after: u64, limit: usize) -> Result<Vec<LogEntry>, StoreError> {
+pub fn log_page<D: Dialect>(db: &mut D, org: &str, after: u64, limit: usize) -> Result<Vec<LogEntry>, StoreError> {
     let cols = ACTIVITY_COLS.split(", ").map(|c| format!("a.{c}")).collect::<Vec<_>>().join(", ");
     let sql = format!(
         "SELECT l.seq, l.link, l.activity_id, {cols} FROM activity_log l
@@ -163,7 +163,7 @@ pub fn log_page<D: Db>(db: &mut D, org: &str, after: u64, limit: usize) -> Resul
 
 /// Finished activities of the organization that no link names (recorded while the enclave could
 /// not be reached, or before the log existed), oldest first, at most `limit`.
-pub fn unlogged<D: Db>(db: &mut D, org: &str, limit: usize) -> Result<Vec<ActivityRecord>, StoreError> {
+pub fn unlogged<D: Dialect>(db: &mut D, org: &str, limit: usize) -> Result<Vec<ActivityRecord>, StoreError> {
     let sql = format!(
         "SELECT {ACTIVITY_COLS} FROM activities a WHERE a.organization_id = ?1
            AND a.status IN ('ACTIVITY_STATUS_COMPLETED', 'ACTIVITY_STATUS_FAILED', 'ACTIVITY_STATUS_REJECTED')
@@ -176,7 +176,7 @@ pub fn unlogged<D: Db>(db: &mut D, org: &str, limit: usize) -> Result<Vec<Activi
 /// The columns of a row from the `.1`th on, as a row of their own.
 struct Offset<'a>(&'a dyn SqlRow, usize);
 impl SqlRow for Offset<'_> {
-    fn value(&self, i: usize) -> Result<super::db::Value, StoreError> {
+    fn value(&self, i: usize) -> Result<super::db::Value, super::db::SqlError> {
         self.0.value(i + self.1)
     }
 }

@@ -1,13 +1,13 @@
 //! Votes on activities awaiting consensus, and the policy evaluations each vote records.
 
-use super::db::{args, json_text, Db};
+use super::db::{args, json_text, Dialect};
 use crate::store::error::{Conflict, ConflictKind, StoreError};
 use crate::store::model::{Nanos, PolicyEvaluationRecord};
 use crate::store::write::CONSENSUS_MOVED;
 
 /// See `Write::UpdateConsensusActivity`.
 #[allow(clippy::too_many_arguments)]
-pub fn update_consensus_activity<D: Db>(
+pub fn update_consensus_activity<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     id: &str,
@@ -56,7 +56,7 @@ pub fn update_consensus_activity<D: Db>(
     Ok(())
 }
 
-pub fn insert_policy_evaluation<D: Db>(db: &mut D, e: &PolicyEvaluationRecord) -> Result<(), StoreError> {
+pub fn insert_policy_evaluation<D: Dialect>(db: &mut D, e: &PolicyEvaluationRecord) -> Result<(), StoreError> {
     db.execute(
         "INSERT INTO policy_evaluations (id, activity_id, organization_id, vote_id, evaluations, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -65,7 +65,7 @@ pub fn insert_policy_evaluation<D: Db>(db: &mut D, e: &PolicyEvaluationRecord) -
     Ok(())
 }
 
-pub fn policy_evaluations<D: Db>(
+pub fn policy_evaluations<D: Dialect>(
     db: &mut D,
     org: &str,
     activity_id: &str,

@@ -1,7 +1,7 @@
 //! Commits: activities with their writes, in one transaction per batch, and the dispatch of
 //! each write to its feature's SQL.
 
-use super::db::Db;
+use super::db::Dialect;
 use super::{activities, approvals, credentials, organizations, records, suborgs, tags, users, wallets, webhooks};
 use crate::store::error::StoreError;
 use crate::store::model::{ActivityRecord, Committed};
@@ -16,8 +16,11 @@ use crate::store::write::Write;
 /// back and the batch redone with a savepoint per activity, so one failure costs only its own
 /// activity. (On PostgreSQL each savepoint is two more round trips per activity on the committer,
 /// which a batch that fails nowhere — nearly every batch — need not pay.)
-pub fn commit_batch<D: Db>(db: &mut D, batch: &[(&ActivityRecord, &[Write])]) -> Vec<Result<Committed, StoreError>> {
-    let fail_all = |e: &StoreError| batch.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect();
+pub fn commit_batch<D: Dialect>(
+    db: &mut D,
+    batch: &[(&ActivityRecord, &[Write])],
+) -> Vec<Result<Committed, StoreError>> {
+    let fail_all = |e: &dyn std::fmt::Display| batch.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect();
     if let Err(e) = db.batch(D::BEGIN_WRITE) {
         return fail_all(&e);
     }
@@ -41,7 +44,7 @@ pub fn commit_batch<D: Db>(db: &mut D, batch: &[(&ActivityRecord, &[Write])]) ->
     }
 }
 
-fn commit_one<D: Db>(db: &mut D, activity: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
+fn commit_one<D: Dialect>(db: &mut D, activity: &ActivityRecord, writes: &[Write]) -> Result<Committed, StoreError> {
     // The record of a sub-organization's deletion goes to its parent's log.
     let organization_id = deletion_parent(writes, &activity.id).unwrap_or(&activity.organization_id);
     if activities::insert(db, activity, organization_id)? {
@@ -64,7 +67,7 @@ fn deletion_parent<'a>(writes: &'a [Write], activity_id: &str) -> Option<&'a Str
 
 /// Applies one write inside a transaction, with the SQL of the write's feature. Preconditions
 /// that fail return `Conflict` (the caller rolls back).
-pub fn apply_write<D: Db>(db: &mut D, w: &Write) -> Result<(), StoreError> {
+pub fn apply_write<D: Dialect>(db: &mut D, w: &Write) -> Result<(), StoreError> {
     match w {
         Write::InsertOrganization(o) => organizations::insert(db, o),
         Write::SetRootQuorum { organization_id, threshold, user_ids, updated_at } => {

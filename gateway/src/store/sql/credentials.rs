@@ -1,7 +1,7 @@
 //! Credentials: API keys, passkeys (authenticators) and OAuth providers, their certificates, and
 //! the list of those still without one.
 
-use super::db::{args, json_text, parse_json, unique_as, Db, SqlRow};
+use super::db::{args, json_text, parse_json, unique_as, Dialect, SqlRow};
 use super::page::{by_organization, keyset_page};
 use crate::store::error::StoreError;
 use crate::store::model::{
@@ -60,7 +60,7 @@ fn oauth_provider_row(r: &dyn SqlRow) -> Result<OauthProviderRecord, StoreError>
     })
 }
 
-pub fn insert_api_key<D: Db>(db: &mut D, k: &ApiKey) -> Result<(), StoreError> {
+pub fn insert_api_key<D: Dialect>(db: &mut D, k: &ApiKey) -> Result<(), StoreError> {
     db.execute(
         &format!("INSERT INTO api_keys ({API_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
         args![
@@ -80,7 +80,7 @@ pub fn insert_api_key<D: Db>(db: &mut D, k: &ApiKey) -> Result<(), StoreError> {
 }
 
 /// See `Write::DeleteApiKeys`.
-pub fn delete_api_keys<D: Db>(
+pub fn delete_api_keys<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     user_id: &str,
@@ -99,7 +99,7 @@ pub fn delete_api_keys<D: Db>(
 }
 
 /// See `Write::SetCertificate`.
-pub fn set_certificate<D: Db>(
+pub fn set_certificate<D: Dialect>(
     db: &mut D,
     kind: CredentialKind,
     id: &str,
@@ -121,7 +121,7 @@ pub fn set_certificate<D: Db>(
 }
 
 /// See `Write::InsertAuthenticators`.
-pub fn insert_authenticators<D: Db>(db: &mut D, list: &[AuthenticatorRecord]) -> Result<(), StoreError> {
+pub fn insert_authenticators<D: Dialect>(db: &mut D, list: &[AuthenticatorRecord]) -> Result<(), StoreError> {
     for a in list {
         db.execute(
             &format!("INSERT INTO authenticators ({AUTHENTICATOR_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
@@ -139,7 +139,7 @@ pub fn insert_authenticators<D: Db>(db: &mut D, list: &[AuthenticatorRecord]) ->
 }
 
 /// See `Write::DeleteAuthenticators`.
-pub fn delete_authenticators<D: Db>(
+pub fn delete_authenticators<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     user_id: &str,
@@ -158,7 +158,7 @@ pub fn delete_authenticators<D: Db>(
 }
 
 /// See `Write::InsertOauthProviders`.
-pub fn insert_oauth_providers<D: Db>(db: &mut D, list: &[OauthProviderRecord]) -> Result<(), StoreError> {
+pub fn insert_oauth_providers<D: Dialect>(db: &mut D, list: &[OauthProviderRecord]) -> Result<(), StoreError> {
     for p in list {
         db.execute(
             &format!(
@@ -183,7 +183,7 @@ pub fn insert_oauth_providers<D: Db>(db: &mut D, list: &[OauthProviderRecord]) -
 }
 
 /// See `Write::DeleteOauthProviders`.
-pub fn delete_oauth_providers<D: Db>(
+pub fn delete_oauth_providers<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     user_id: &str,
@@ -201,28 +201,28 @@ pub fn delete_oauth_providers<D: Db>(
     Ok(())
 }
 
-pub fn api_key_by_public_key<D: Db>(db: &mut D, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
+pub fn api_key_by_public_key<D: Dialect>(db: &mut D, org: &str, public_key: &str) -> Result<ApiKey, StoreError> {
     let sql = format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND public_key = ?2");
     db.query_one(&sql, args![org, public_key], api_key_row)
 }
 
-pub fn api_keys_of_user<D: Db>(db: &mut D, org: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+pub fn api_keys_of_user<D: Dialect>(db: &mut D, org: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError> {
     let sql = format!(
         "SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND user_id = ?2 ORDER BY created_at, id"
     );
     db.query(&sql, args![org, user_id], api_key_row)
 }
 
-pub fn api_key<D: Db>(db: &mut D, org: &str, id: &str) -> Result<ApiKey, StoreError> {
+pub fn api_key<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<ApiKey, StoreError> {
     let sql = format!("SELECT {API_KEY_COLS} FROM api_keys WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], api_key_row)
 }
 
-pub fn api_keys_page<D: Db>(db: &mut D, org: &str, page: &Page) -> Result<Vec<ApiKey>, StoreError> {
+pub fn api_keys_page<D: Dialect>(db: &mut D, org: &str, page: &Page) -> Result<Vec<ApiKey>, StoreError> {
     keyset_page(db, by_organization("api_keys", API_KEY_COLS, &[org]), page, api_key_row)
 }
 
-pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCredential>, StoreError> {
+pub fn uncertified_credentials<D: Dialect>(db: &mut D) -> Result<Vec<UncertifiedCredential>, StoreError> {
     let mut out = db.query(
         "SELECT id, organization_id, user_id, credential_type, public_key, expiration_seconds, created_at
          FROM api_keys WHERE length(certificate) = 0 ORDER BY created_at, id",
@@ -230,7 +230,7 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
         |r| {
             let expiration = r.opt_int(5)?;
             let created_at = r.int(6)?;
-            Ok(UncertifiedCredential {
+            Ok::<_, StoreError>(UncertifiedCredential {
                 kind: CredentialKind::ApiKey,
                 id: r.text(0)?,
                 organization_id: r.text(1)?,
@@ -247,7 +247,7 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
          WHERE length(certificate) = 0 ORDER BY created_at, id",
         args![],
         |r| {
-            Ok(UncertifiedCredential {
+            Ok::<_, StoreError>(UncertifiedCredential {
                 kind: CredentialKind::Authenticator,
                 id: r.text(0)?,
                 organization_id: r.text(1)?,
@@ -263,7 +263,7 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
          WHERE length(certificate) = 0 ORDER BY created_at, id",
         args![],
         |r| {
-            Ok(UncertifiedCredential {
+            Ok::<_, StoreError>(UncertifiedCredential {
                 kind: CredentialKind::OauthProvider,
                 id: r.text(0)?,
                 organization_id: r.text(1)?,
@@ -281,7 +281,7 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
          ORDER BY o.created_at, o.id",
         args![],
         |r| {
-            Ok(UncertifiedCredential {
+            Ok::<_, StoreError>(UncertifiedCredential {
                 kind: CredentialKind::ParentOrganization,
                 id: r.text(0)?,
                 organization_id: r.text(0)?,
@@ -295,12 +295,12 @@ pub fn uncertified_credentials<D: Db>(db: &mut D) -> Result<Vec<UncertifiedCrede
     Ok(out)
 }
 
-pub fn authenticator<D: Db>(db: &mut D, org: &str, id: &str) -> Result<AuthenticatorRecord, StoreError> {
+pub fn authenticator<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<AuthenticatorRecord, StoreError> {
     let sql = format!("SELECT {AUTHENTICATOR_COLS} FROM authenticators WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], authenticator_row)
 }
 
-pub fn authenticator_by_credential_id<D: Db>(
+pub fn authenticator_by_credential_id<D: Dialect>(
     db: &mut D,
     org: &str,
     credential_id: &str,
@@ -310,7 +310,7 @@ pub fn authenticator_by_credential_id<D: Db>(
     db.query_one(&sql, args![org, credential_id], authenticator_row)
 }
 
-pub fn authenticators_of_user<D: Db>(
+pub fn authenticators_of_user<D: Dialect>(
     db: &mut D,
     org: &str,
     user_id: &str,
@@ -321,7 +321,7 @@ pub fn authenticators_of_user<D: Db>(
     db.query(&sql, args![org, user_id], authenticator_row)
 }
 
-pub fn oauth_providers<D: Db>(
+pub fn oauth_providers<D: Dialect>(
     db: &mut D,
     org: &str,
     user_id: Option<&str>,

@@ -1,6 +1,6 @@
 //! The schema: numbered migrations, applied once each, in order.
 
-use super::db::{args, Db};
+use super::db::{args, Dialect};
 use crate::store::error::StoreError;
 
 /// Applied in order, once each, by both backends (in each one's dialect); append new files,
@@ -29,7 +29,7 @@ pub const MIGRATIONS: &[&str] = &[
 /// Brings the schema to the latest version, in one transaction (several gateways starting at
 /// once apply each migration once). A database newer than this build is refused: an older
 /// gateway must not write to a schema it does not know.
-pub fn migrate<D: Db>(db: &mut D) -> Result<(), StoreError> {
+pub fn migrate<D: Dialect>(db: &mut D) -> Result<(), StoreError> {
     db.transaction(|db| {
         if !D::MIGRATION_LOCK.is_empty() {
             db.batch(D::MIGRATION_LOCK)?;
@@ -55,6 +55,6 @@ pub fn migrate<D: Db>(db: &mut D) -> Result<(), StoreError> {
 }
 
 /// A read that succeeds when the database answers and is migrated (`/healthz`).
-pub fn ping<D: Db>(db: &mut D) -> Result<(), StoreError> {
+pub fn ping<D: Dialect>(db: &mut D) -> Result<(), StoreError> {
     db.query_one("SELECT COUNT(*) FROM schema_migrations", args![], |_| Ok(()))
 }

@@ -33,7 +33,7 @@ pub use credentials::{
     api_key, api_key_by_public_key, api_keys_of_user, api_keys_page, authenticator, authenticator_by_credential_id,
     authenticators_of_user, oauth_providers, uncertified_credentials,
 };
-pub use db::{Arg, Db, SqlRow, Value};
+pub use db::{Db, Dialect};
 #[cfg(test)]
 pub use migrations::MIGRATIONS;
 pub use migrations::{migrate, ping};

@@ -1,6 +1,6 @@
 //! Organizations: their rows, creation, root quorum, and the live-organization read.
 
-use super::db::{args, json_text, parse_json, Db, SqlRow};
+use super::db::{args, json_text, parse_json, Dialect, SqlRow};
 use crate::store::error::StoreError;
 use crate::store::model::{Nanos, Organization};
 
@@ -17,7 +17,7 @@ pub fn org_row(r: &dyn SqlRow) -> Result<Organization, StoreError> {
     })
 }
 
-pub fn insert<D: Db>(db: &mut D, o: &Organization) -> Result<(), StoreError> {
+pub fn insert<D: Dialect>(db: &mut D, o: &Organization) -> Result<(), StoreError> {
     db.execute(
         &format!("INSERT INTO organizations ({ORG_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
         args![
@@ -34,7 +34,7 @@ pub fn insert<D: Db>(db: &mut D, o: &Organization) -> Result<(), StoreError> {
 }
 
 /// Sets the root quorum; every user must be in the organization.
-pub fn set_root_quorum<D: Db>(
+pub fn set_root_quorum<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     threshold: i64,
@@ -56,7 +56,7 @@ pub fn set_root_quorum<D: Db>(
     Ok(())
 }
 
-pub fn organization<D: Db>(db: &mut D, id: &str) -> Result<Organization, StoreError> {
+pub fn organization<D: Dialect>(db: &mut D, id: &str) -> Result<Organization, StoreError> {
     let sql = format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1 AND deleted_at IS NULL");
     db.query_one(&sql, args![id], org_row)
 }

@@ -1,6 +1,6 @@
 //! Keyset pages: the one way the store's lists are read a page at a time.
 
-use super::db::{Arg, Db, SqlRow, Value};
+use super::db::{Arg, Dialect, SqlRow, Value};
 use crate::store::error::StoreError;
 use crate::store::model::Page;
 
@@ -17,7 +17,7 @@ pub struct Listing<'a> {
 /// the `order` columns (ending in a unique one), at most `page.limit`, strictly after or before
 /// the row whose id is a cursor (a cursor id outside `scope` is ignored). With an index on
 /// (scope columns, order columns) a page reads one page of rows, whatever the table holds.
-pub fn keyset_page<D: Db, T>(
+pub fn keyset_page<D: Dialect, T>(
     db: &mut D,
     list: Listing<'_>,
     page: &Page,
@@ -29,7 +29,7 @@ pub fn keyset_page<D: Db, T>(
         let Some(id) = id else { return Ok(None) };
         let sql = format!("SELECT {keys} FROM {table} WHERE {scope} AND id = ?");
         let bound: Vec<Arg<'_>> = args.iter().map(|a| Arg::Text(a)).chain([Arg::Text(id)]).collect();
-        db.query_opt(&sql, &bound, |r| (0..order.len()).map(|i| r.value(i)).collect())
+        Ok(db.query_opt(&sql, &bound, |r| (0..order.len()).map(|i| r.value(i)).collect::<Result<_, _>>())?)
     };
     let (after, before) = (cursor(&page.after)?, cursor(&page.before)?);
     let marks = vec!["?"; order.len()].join(", ");

@@ -1,7 +1,7 @@
 //! Records: rows without a table of their own (policies, tags, contract interfaces, features, TVC
 //! apps, ...), unique by name per organization and kind.
 
-use super::db::{args, json_text, parse_json, unique_as, Db, SqlRow};
+use super::db::{args, json_text, parse_json, unique_as, Dialect, SqlError, SqlRow};
 use super::page::{keyset_page, Listing};
 use crate::store::error::{Constraint, StoreError, Unique};
 use crate::store::model::{Page, Record};
@@ -21,7 +21,7 @@ fn record_row(r: &dyn SqlRow) -> Result<Record, StoreError> {
 
 /// Counts a change to `org`'s records of `kind` (`added`: how many more there are now, negative
 /// for deletions) in `record_counts`, which [`records_version`] reads.
-pub fn counted<D: Db>(db: &mut D, org: &str, kind: &str, added: i64) -> Result<(), StoreError> {
+pub fn counted<D: Dialect>(db: &mut D, org: &str, kind: &str, added: i64) -> Result<(), StoreError> {
     db.execute(
         "INSERT INTO record_counts (organization_id, kind, count, version) VALUES (?1, ?2, ?3, 1)
                  ON CONFLICT (organization_id, kind) DO UPDATE
@@ -31,7 +31,7 @@ pub fn counted<D: Db>(db: &mut D, org: &str, kind: &str, added: i64) -> Result<(
     Ok(())
 }
 
-fn exists<D: Db>(db: &mut D, r: &Record) -> Result<bool, StoreError> {
+fn exists<D: Dialect>(db: &mut D, r: &Record) -> Result<bool, StoreError> {
     let found = db.query(
         "SELECT 1 FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
         args![r.organization_id, r.kind, r.id],
@@ -40,7 +40,7 @@ fn exists<D: Db>(db: &mut D, r: &Record) -> Result<bool, StoreError> {
     Ok(!found.is_empty())
 }
 
-pub fn put<D: Db>(db: &mut D, r: &Record) -> Result<(), StoreError> {
+pub fn put<D: Dialect>(db: &mut D, r: &Record) -> Result<(), StoreError> {
     let added = if exists(db, r)? { 0 } else { 1 };
     db.execute(
         "INSERT INTO records (organization_id, kind, id, name, data, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -52,7 +52,7 @@ pub fn put<D: Db>(db: &mut D, r: &Record) -> Result<(), StoreError> {
 }
 
 /// See `Write::DeleteRecords`.
-pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[String]) -> Result<(), StoreError> {
+pub fn delete<D: Dialect>(db: &mut D, organization_id: &str, kind: &str, ids: &[String]) -> Result<(), StoreError> {
     for id in ids {
         let n = db.execute(
             "DELETE FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
@@ -66,7 +66,7 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[Strin
 }
 
 /// See `Write::PruneRecords`.
-pub fn prune<D: Db>(db: &mut D, organization_id: &str, kind: &str, created_before: i64) -> Result<(), StoreError> {
+pub fn prune<D: Dialect>(db: &mut D, organization_id: &str, kind: &str, created_before: i64) -> Result<(), StoreError> {
     let n = db.execute(
         "DELETE FROM records WHERE organization_id = ?1 AND kind = ?2 AND created_at < ?3",
         args![organization_id, kind, created_before],
@@ -78,10 +78,15 @@ pub fn prune<D: Db>(db: &mut D, organization_id: &str, kind: &str, created_befor
 }
 
 /// See `Write::PutRecordChecked`.
-pub fn put_checked<D: Db>(db: &mut D, r: &Record, unique_message: &str, must_exist: bool) -> Result<(), StoreError> {
+pub fn put_checked<D: Dialect>(
+    db: &mut D,
+    r: &Record,
+    unique_message: &str,
+    must_exist: bool,
+) -> Result<(), StoreError> {
     // Update-then-insert rather than ON CONFLICT: scoped to the organization whatever the
     // table's key is, so another organization's record with the same id is never touched.
-    let name_taken = |e: StoreError| match e {
+    let name_taken = |e: SqlError| match StoreError::from(e) {
         StoreError::Unique(u) if u.constraint == Constraint::RecordName => {
             StoreError::Unique(Unique::new(u.constraint, unique_message))
         }
@@ -110,7 +115,7 @@ pub fn put_checked<D: Db>(db: &mut D, r: &Record, unique_message: &str, must_exi
 }
 
 /// See `Write::RequireRecordSet`.
-pub fn require_set<D: Db>(
+pub fn require_set<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     kind: &str,
@@ -121,7 +126,7 @@ pub fn require_set<D: Db>(
     let rows = db.query(
         "SELECT id, data FROM records WHERE organization_id = ?1 AND kind = ?2",
         args![organization_id, kind],
-        |r| Ok((r.text(0)?, r.text(1)?)),
+        |r| Ok::<_, StoreError>((r.text(0)?, r.text(1)?)),
     )?;
     let mut found = std::collections::BTreeSet::new();
     for (id, data) in rows {
@@ -139,24 +144,24 @@ pub fn require_set<D: Db>(
     Ok(())
 }
 
-pub fn record<D: Db>(db: &mut D, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
+pub fn record<D: Dialect>(db: &mut D, org: &str, kind: &str, id: &str) -> Result<Record, StoreError> {
     let sql = format!("SELECT {RECORD_COLS} FROM records WHERE organization_id = ?1 AND kind = ?2 AND id = ?3");
     db.query_one(&sql, args![org, kind, id], record_row)
 }
 
 /// The record of `kind` with `id` in whichever organization holds it (ids are UUIDs).
-pub fn record_by_id<D: Db>(db: &mut D, kind: &str, id: &str) -> Result<Record, StoreError> {
+pub fn record_by_id<D: Dialect>(db: &mut D, kind: &str, id: &str) -> Result<Record, StoreError> {
     let sql = format!("SELECT {RECORD_COLS} FROM records WHERE kind = ?1 AND id = ?2");
     db.query_one(&sql, args![kind, id], record_row)
 }
 
 /// Every record of `kind` in every organization (at most 100,000; auth proxy configurations).
-pub fn records_of_kind<D: Db>(db: &mut D, kind: &str) -> Result<Vec<Record>, StoreError> {
+pub fn records_of_kind<D: Dialect>(db: &mut D, kind: &str) -> Result<Vec<Record>, StoreError> {
     let sql = format!("SELECT {RECORD_COLS} FROM records WHERE kind = ?1 ORDER BY created_at, id LIMIT 100000");
     db.query(&sql, args![kind], record_row)
 }
 
-pub fn records_page<D: Db>(db: &mut D, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
+pub fn records_page<D: Dialect>(db: &mut D, org: &str, kind: &str, page: &Page) -> Result<Vec<Record>, StoreError> {
     let list = Listing {
         table: "records",
         cols: RECORD_COLS,
@@ -169,11 +174,11 @@ pub fn records_page<D: Db>(db: &mut D, org: &str, kind: &str, page: &Page) -> Re
 
 /// How many records of `kind` `org` has, and a version that changes with every write of them
 /// (`(0, 0)`: never any). One row read, kept by every write (see [`counted`]).
-pub fn records_version<D: Db>(db: &mut D, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
+pub fn records_version<D: Dialect>(db: &mut D, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
     let rows = db.query(
         "SELECT count, version FROM record_counts WHERE organization_id = ?1 AND kind = ?2",
         args![org, kind],
-        |r| Ok((r.int(0)?, r.int(1)?)),
+        |r| Ok::<_, StoreError>((r.int(0)?, r.int(1)?)),
     )?;
     Ok(rows.into_iter().next().unwrap_or((0, 0)))
 }

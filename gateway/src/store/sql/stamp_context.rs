@@ -1,7 +1,7 @@
 //! The one joined read a stamped request starts with: organization, API key, user and flags.
 
 use super::credentials::{api_key_row, API_KEY_COLS};
-use super::db::{args, Db, SqlRow, Value};
+use super::db::{args, Dialect, SqlRow, Value};
 use super::organizations::{org_row, ORG_COLS};
 use super::users::{user_row, USER_COLS};
 use crate::store::error::StoreError;
@@ -15,7 +15,7 @@ struct Shifted<'a> {
 }
 
 impl SqlRow for Shifted<'_> {
-    fn value(&self, i: usize) -> Result<Value, StoreError> {
+    fn value(&self, i: usize) -> Result<Value, super::db::SqlError> {
         self.row.value(self.offset + i)
     }
 }
@@ -26,7 +26,7 @@ fn qualified(alias: &str, cols: &str) -> String {
 }
 
 /// See `Store::stamp_context`. The organization's own key sorts before its parent's.
-pub fn stamp_context<D: Db>(
+pub fn stamp_context<D: Dialect>(
     db: &mut D,
     org: &str,
     public_key: &str,

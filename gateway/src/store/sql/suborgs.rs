@@ -2,7 +2,7 @@
 //! organization's read, the filtered list of a parent's sub-organizations, and the footprint
 //! audit of what an organization holds.
 
-use super::db::{args, Db};
+use super::db::{args, Dialect};
 use super::organizations::{org_row, ORG_COLS};
 use crate::store::error::{Conflict, ConflictKind, StoreError};
 use crate::store::model::{Nanos, Organization, Page, SubOrgFilter};
@@ -31,7 +31,7 @@ pub const PURGED_ON_DELETION: &[&str] = &[
 pub const KEPT_ON_DELETION: &[&str] = &["activities", "activity_log", "policy_evaluations", "organizations"];
 
 /// See `Write::DeleteSubOrganization`.
-pub fn delete_sub_organization<D: Db>(
+pub fn delete_sub_organization<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     parent_id: &str,
@@ -85,12 +85,12 @@ pub fn delete_sub_organization<D: Db>(
     Ok(())
 }
 
-pub fn deleted_organization<D: Db>(db: &mut D, id: &str) -> Result<Organization, StoreError> {
+pub fn deleted_organization<D: Dialect>(db: &mut D, id: &str) -> Result<Organization, StoreError> {
     let sql = format!("SELECT {ORG_COLS} FROM organizations WHERE id = ?1 AND deleted_at IS NOT NULL");
     db.query_one(&sql, args![id], org_row)
 }
 
-pub fn sub_organization_ids<D: Db>(
+pub fn sub_organization_ids<D: Dialect>(
     db: &mut D,
     parent: &str,
     filter: &SubOrgFilter,
@@ -182,7 +182,7 @@ pub fn sub_organization_ids<D: Db>(
     Ok(ids)
 }
 
-pub fn organization_footprint<D: Db>(db: &mut D, org: &str) -> Result<Vec<(String, i64)>, StoreError> {
+pub fn organization_footprint<D: Dialect>(db: &mut D, org: &str) -> Result<Vec<(String, i64)>, StoreError> {
     let mut tables = db.query(D::TABLES_WITH_ORGANIZATION_ID, args![], |r| r.text(0))?;
     tables.push("organizations".into());
     tables.sort();

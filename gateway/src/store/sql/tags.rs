@@ -1,13 +1,13 @@
 //! Tags of users (`user_tags` rows) and of private keys (each key's `tags` list); the tags
 //! themselves are records.
 
-use super::db::{args, json_text, parse_json, unique_as, Db};
+use super::db::{args, json_text, parse_json, unique_as, Dialect};
 use crate::store::error::StoreError;
 use crate::store::model::Nanos;
 
 /// See `Write::UpdateTag`.
 #[allow(clippy::too_many_arguments)]
-pub fn update<D: Db>(
+pub fn update<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     kind: &str,
@@ -75,11 +75,11 @@ pub fn update<D: Db>(
 }
 
 /// See `Write::DeleteTags`.
-pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[String]) -> Result<(), StoreError> {
+pub fn delete<D: Dialect>(db: &mut D, organization_id: &str, kind: &str, ids: &[String]) -> Result<(), StoreError> {
     if kind == "private_key_tag" {
         let keys =
             db.query("SELECT id, tags FROM private_keys WHERE organization_id = ?1", args![organization_id], |r| {
-                Ok((r.text(0)?, r.text(1)?))
+                Ok::<_, StoreError>((r.text(0)?, r.text(1)?))
             })?;
         for (key, tags) in keys {
             let tags: Vec<String> = parse_json(tags);
@@ -104,7 +104,7 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, kind: &str, ids: &[Strin
     super::records::counted(db, organization_id, kind, -(ids.len() as i64))
 }
 
-pub fn user_tag_members<D: Db>(db: &mut D, org: &str) -> Result<Vec<(String, String)>, StoreError> {
+pub fn user_tag_members<D: Dialect>(db: &mut D, org: &str) -> Result<Vec<(String, String)>, StoreError> {
     db.query(
         "SELECT m.tag_id, m.user_id FROM user_tags m JOIN records r ON r.kind = m.tag_kind AND r.id = m.tag_id
          WHERE m.organization_id = ?1 ORDER BY r.created_at, r.id, m.user_id",
@@ -113,12 +113,12 @@ pub fn user_tag_members<D: Db>(db: &mut D, org: &str) -> Result<Vec<(String, Str
     )
 }
 
-pub fn user_tags_of<D: Db>(db: &mut D, org: &str, user_id: &str) -> Result<Vec<String>, StoreError> {
+pub fn user_tags_of<D: Dialect>(db: &mut D, org: &str, user_id: &str) -> Result<Vec<String>, StoreError> {
     db.query(
         "SELECT m.tag_id FROM user_tags m JOIN records r ON r.organization_id = m.organization_id
            AND r.kind = m.tag_kind AND r.id = m.tag_id
          WHERE m.user_id = ?2 AND m.organization_id = ?1 AND r.kind = 'user_tag' ORDER BY r.created_at, r.id",
         args![org, user_id],
-        |r| r.text(0),
+        |r| Ok::<_, StoreError>(r.text(0)?),
     )
 }

@@ -1,6 +1,6 @@
 //! Users: their rows, creation, updates (with their tag memberships), deletion and reads.
 
-use super::db::{args, parse_json, Db, SqlRow};
+use super::db::{args, parse_json, Dialect, SqlRow};
 use super::page::{by_organization, keyset_page};
 use crate::store::error::StoreError;
 use crate::store::model::{Nanos, Page, User};
@@ -19,7 +19,7 @@ pub fn user_row(r: &dyn SqlRow) -> Result<User, StoreError> {
     })
 }
 
-pub fn insert<D: Db>(db: &mut D, u: &User) -> Result<(), StoreError> {
+pub fn insert<D: Dialect>(db: &mut D, u: &User) -> Result<(), StoreError> {
     db.execute(
         &format!("INSERT INTO users ({USER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
         args![
@@ -38,7 +38,7 @@ pub fn insert<D: Db>(db: &mut D, u: &User) -> Result<(), StoreError> {
 
 /// See `Write::UpdateUser`.
 #[allow(clippy::too_many_arguments)]
-pub fn update<D: Db>(
+pub fn update<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     id: &str,
@@ -84,7 +84,7 @@ pub fn update<D: Db>(
 }
 
 /// See `Write::DeleteUsers`.
-pub fn delete<D: Db>(db: &mut D, organization_id: &str, ids: &[String]) -> Result<(), StoreError> {
+pub fn delete<D: Dialect>(db: &mut D, organization_id: &str, ids: &[String]) -> Result<(), StoreError> {
     let roots =
         db.query_opt("SELECT root_user_ids FROM organizations WHERE id = ?1", args![organization_id], |r| r.text(0))?;
     let roots: Vec<String> = roots.map(parse_json).unwrap_or_default();
@@ -105,11 +105,11 @@ pub fn delete<D: Db>(db: &mut D, organization_id: &str, ids: &[String]) -> Resul
     Ok(())
 }
 
-pub fn user<D: Db>(db: &mut D, org: &str, id: &str) -> Result<User, StoreError> {
+pub fn user<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<User, StoreError> {
     let sql = format!("SELECT {USER_COLS} FROM users WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], user_row)
 }
 
-pub fn users_page<D: Db>(db: &mut D, org: &str, page: &Page) -> Result<Vec<User>, StoreError> {
+pub fn users_page<D: Dialect>(db: &mut D, org: &str, page: &Page) -> Result<Vec<User>, StoreError> {
     keyset_page(db, by_organization("users", USER_COLS, &[org]), page, user_row)
 }

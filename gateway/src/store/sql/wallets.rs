@@ -1,6 +1,6 @@
 //! Keys: wallets, their accounts, private keys (with their addresses), and import targets.
 
-use super::db::{args, json_text, parse_json, unique_as, Db, SqlRow};
+use super::db::{args, json_text, parse_json, unique_as, Dialect, SqlRow};
 use super::page::{by_organization, keyset_page, Listing};
 use crate::store::error::{Conflict, StoreError};
 use crate::store::model::{now_nanos, ImportTarget, Named, Page, PrivateKey, Wallet, WalletAccount};
@@ -55,7 +55,7 @@ fn private_key_row(r: &dyn SqlRow) -> Result<PrivateKey, StoreError> {
     })
 }
 
-pub fn insert_wallet<D: Db>(db: &mut D, wl: &Wallet) -> Result<(), StoreError> {
+pub fn insert_wallet<D: Dialect>(db: &mut D, wl: &Wallet) -> Result<(), StoreError> {
     db.execute(
         &format!("INSERT INTO wallets ({WALLET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
         args![
@@ -74,7 +74,7 @@ pub fn insert_wallet<D: Db>(db: &mut D, wl: &Wallet) -> Result<(), StoreError> {
 }
 
 /// See `Write::InsertAccounts`.
-pub fn insert_accounts<D: Db>(db: &mut D, accounts: &[WalletAccount]) -> Result<(), StoreError> {
+pub fn insert_accounts<D: Dialect>(db: &mut D, accounts: &[WalletAccount]) -> Result<(), StoreError> {
     // An account's place in its wallet is the wallet's last plus one: the wallet's row is
     // locked first, so a transaction of another gateway deriving into the same wallet
     // waits for this one and then counts its accounts (a no-op write on SQLite, whose
@@ -100,7 +100,7 @@ pub fn insert_accounts<D: Db>(db: &mut D, accounts: &[WalletAccount]) -> Result<
     Ok(())
 }
 
-pub fn insert_private_keys<D: Db>(db: &mut D, keys: &[PrivateKey]) -> Result<(), StoreError> {
+pub fn insert_private_keys<D: Dialect>(db: &mut D, keys: &[PrivateKey]) -> Result<(), StoreError> {
     for k in keys {
         db.execute(
             &format!("INSERT INTO private_keys ({PRIVATE_KEY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
@@ -120,23 +120,23 @@ pub fn insert_private_keys<D: Db>(db: &mut D, keys: &[PrivateKey]) -> Result<(),
     Ok(())
 }
 
-pub fn mark_wallet_exported<D: Db>(db: &mut D, id: &str) -> Result<(), StoreError> {
+pub fn mark_wallet_exported<D: Dialect>(db: &mut D, id: &str) -> Result<(), StoreError> {
     db.execute("UPDATE wallets SET exported = 1, updated_at = ?2 WHERE id = ?1", args![id, now_nanos()])?;
     Ok(())
 }
 
-pub fn mark_private_key_exported<D: Db>(db: &mut D, id: &str) -> Result<(), StoreError> {
+pub fn mark_private_key_exported<D: Dialect>(db: &mut D, id: &str) -> Result<(), StoreError> {
     db.execute("UPDATE private_keys SET exported = 1, updated_at = ?2 WHERE id = ?1", args![id, now_nanos()])?;
     Ok(())
 }
 
-pub fn mark_account_exported<D: Db>(db: &mut D, id: &str) -> Result<(), StoreError> {
+pub fn mark_account_exported<D: Dialect>(db: &mut D, id: &str) -> Result<(), StoreError> {
     db.execute("UPDATE wallet_accounts SET exported = 1, updated_at = ?2 WHERE id = ?1", args![id, now_nanos()])?;
     Ok(())
 }
 
 /// See `Write::DeleteWallets`.
-pub fn delete_wallets<D: Db>(db: &mut D, ids: &[String], require_exported: bool) -> Result<(), StoreError> {
+pub fn delete_wallets<D: Dialect>(db: &mut D, ids: &[String], require_exported: bool) -> Result<(), StoreError> {
     for id in ids {
         match db.query_opt("SELECT exported FROM wallets WHERE id = ?1", args![id], |r| r.int(0))? {
             None => return Err(StoreError::conflict(format!("wallet not found: {id}"))),
@@ -152,7 +152,7 @@ pub fn delete_wallets<D: Db>(db: &mut D, ids: &[String], require_exported: bool)
 }
 
 /// See `Write::DeletePrivateKeys`.
-pub fn delete_private_keys<D: Db>(db: &mut D, ids: &[String], require_exported: bool) -> Result<(), StoreError> {
+pub fn delete_private_keys<D: Dialect>(db: &mut D, ids: &[String], require_exported: bool) -> Result<(), StoreError> {
     for id in ids {
         match db.query_opt("SELECT exported FROM private_keys WHERE id = ?1", args![id], |r| r.int(0))? {
             None => return Err(StoreError::conflict(format!("private key not found: {id}"))),
@@ -167,7 +167,7 @@ pub fn delete_private_keys<D: Db>(db: &mut D, ids: &[String], require_exported: 
     Ok(())
 }
 
-pub fn put_import_target<D: Db>(db: &mut D, t: &ImportTarget) -> Result<(), StoreError> {
+pub fn put_import_target<D: Dialect>(db: &mut D, t: &ImportTarget) -> Result<(), StoreError> {
     db.execute(
         "INSERT INTO import_targets (organization_id, user_id, sealed_key, created_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (organization_id, user_id) DO UPDATE SET sealed_key = excluded.sealed_key, created_at = excluded.created_at",
@@ -177,7 +177,7 @@ pub fn put_import_target<D: Db>(db: &mut D, t: &ImportTarget) -> Result<(), Stor
 }
 
 /// See `Write::TakeImportTarget`.
-pub fn take_import_target<D: Db>(
+pub fn take_import_target<D: Dialect>(
     db: &mut D,
     organization_id: &str,
     user_id: &str,
@@ -193,7 +193,7 @@ pub fn take_import_target<D: Db>(
     Ok(())
 }
 
-pub fn names_in_use<D: Db>(db: &mut D, org: &str, kind: Named, names: &[&str]) -> Result<Vec<String>, StoreError> {
+pub fn names_in_use<D: Dialect>(db: &mut D, org: &str, kind: Named, names: &[&str]) -> Result<Vec<String>, StoreError> {
     let sql = match kind {
         Named::Wallet => "SELECT name FROM wallets WHERE organization_id = ?1 AND name = ?2",
         Named::PrivateKey => "SELECT name FROM private_keys WHERE organization_id = ?1 AND name = ?2",
@@ -207,16 +207,16 @@ pub fn names_in_use<D: Db>(db: &mut D, org: &str, kind: Named, names: &[&str]) -
     Ok(taken)
 }
 
-pub fn wallet<D: Db>(db: &mut D, org: &str, id: &str) -> Result<Wallet, StoreError> {
+pub fn wallet<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<Wallet, StoreError> {
     let sql = format!("SELECT {WALLET_COLS} FROM wallets WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], wallet_row)
 }
 
-pub fn wallets_page<D: Db>(db: &mut D, org: &str, page: &Page) -> Result<Vec<Wallet>, StoreError> {
+pub fn wallets_page<D: Dialect>(db: &mut D, org: &str, page: &Page) -> Result<Vec<Wallet>, StoreError> {
     keyset_page(db, by_organization("wallets", WALLET_COLS, &[org]), page, wallet_row)
 }
 
-pub fn accounts_page<D: Db>(
+pub fn accounts_page<D: Dialect>(
     db: &mut D,
     org: &str,
     wallet_id: Option<&str>,
@@ -241,23 +241,23 @@ pub fn accounts_page<D: Db>(
     keyset_page(db, list, page, account_row)
 }
 
-pub fn account_by_address<D: Db>(db: &mut D, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
+pub fn account_by_address<D: Dialect>(db: &mut D, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
     let sql = format!(
         "SELECT {ACCOUNT_COLS} FROM wallet_accounts WHERE organization_id = ?1 AND address = ?2 ORDER BY created_at LIMIT 1"
     );
     db.query_one(&sql, args![org, address], account_row)
 }
 
-pub fn private_key<D: Db>(db: &mut D, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
+pub fn private_key<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
     let sql = format!("SELECT {PRIVATE_KEY_COLS} FROM private_keys WHERE organization_id = ?1 AND id = ?2");
     db.query_one(&sql, args![org, id], private_key_row)
 }
 
-pub fn private_keys_page<D: Db>(db: &mut D, org: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError> {
+pub fn private_keys_page<D: Dialect>(db: &mut D, org: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError> {
     keyset_page(db, by_organization("private_keys", PRIVATE_KEY_COLS, &[org]), page, private_key_row)
 }
 
-pub fn private_key_by_address<D: Db>(db: &mut D, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
+pub fn private_key_by_address<D: Dialect>(db: &mut D, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
     let sql = format!(
         "SELECT {} FROM private_keys k JOIN private_key_addresses a ON a.private_key_id = k.id
          WHERE a.organization_id = ?1 AND a.address = ?2 ORDER BY k.created_at LIMIT 1",
@@ -266,7 +266,7 @@ pub fn private_key_by_address<D: Db>(db: &mut D, org: &str, address: &str) -> Re
     db.query_one(&sql, args![org, address], private_key_row)
 }
 
-pub fn import_target<D: Db>(db: &mut D, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
+pub fn import_target<D: Dialect>(db: &mut D, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
     db.query_one(
         "SELECT organization_id, user_id, sealed_key, created_at FROM import_targets WHERE organization_id = ?1 AND user_id = ?2",
         args![org, user_id],

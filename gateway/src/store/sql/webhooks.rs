@@ -1,7 +1,7 @@
 //! The webhook outbox: deliveries enqueued with the activity change they report, claimed under
 //! leases by the gateways that send them, and their attempts.
 
-use super::db::{args, Arg, Db, SqlRow};
+use super::db::{args, Arg, Dialect, SqlRow};
 use crate::store::error::StoreError;
 use crate::store::model::{DueSkip, Nanos, WebhookAttempt, WebhookDelivery};
 
@@ -27,7 +27,7 @@ fn delivery_row(r: &dyn SqlRow) -> Result<WebhookDelivery, StoreError> {
     })
 }
 
-pub fn enqueue<D: Db>(db: &mut D, d: &WebhookDelivery) -> Result<(), StoreError> {
+pub fn enqueue<D: Dialect>(db: &mut D, d: &WebhookDelivery) -> Result<(), StoreError> {
     db.execute(
         &format!("INSERT INTO webhook_deliveries ({DELIVERY_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"),
         args![
@@ -53,7 +53,7 @@ pub fn enqueue<D: Db>(db: &mut D, d: &WebhookDelivery) -> Result<(), StoreError>
 }
 
 /// See `Write::DropWebhookDeliveries`.
-pub fn drop_pending<D: Db>(db: &mut D, organization_id: &str, endpoint_id: &str) -> Result<(), StoreError> {
+pub fn drop_pending<D: Dialect>(db: &mut D, organization_id: &str, endpoint_id: &str) -> Result<(), StoreError> {
     db.execute(
         "DELETE FROM webhook_deliveries WHERE organization_id = ?1 AND endpoint_id = ?2 AND status = 'PENDING'",
         args![organization_id, endpoint_id],
@@ -86,19 +86,19 @@ fn skipped(skip: &DueSkip) -> impl Iterator<Item = Arg<'_>> {
 
 /// Whether a pending delivery is due at `now`, not left out by `skip` (a read: most polls find
 /// nothing, and need not take the writer).
-pub fn any_due_webhook_delivery<D: Db>(db: &mut D, now: Nanos, skip: &DueSkip) -> Result<bool, StoreError> {
+pub fn any_due_webhook_delivery<D: Dialect>(db: &mut D, now: Nanos, skip: &DueSkip) -> Result<bool, StoreError> {
     let mut bound = vec![Arg::Int(now)];
     let mut sql = "SELECT 1 FROM webhook_deliveries WHERE status = 'PENDING' AND next_attempt_at <= ?1".to_string();
     sql.push_str(&skipping(skip, bound.len()));
     bound.extend(skipped(skip));
     sql.push_str(" LIMIT 1");
-    db.exists(&sql, &bound)
+    Ok(db.exists(&sql, &bound)?)
 }
 
 /// Inside a write transaction. The outer `next_attempt_at <= now` is checked again on the row
 /// as it is when its lock is had: on PostgreSQL a row another gateway claimed meanwhile no longer
 /// matches and is left to it.
-pub fn claim_due_webhook_deliveries<D: Db>(
+pub fn claim_due_webhook_deliveries<D: Dialect>(
     db: &mut D,
     now: Nanos,
     (lease_until, owner): (Nanos, &str),
@@ -124,7 +124,7 @@ pub fn claim_due_webhook_deliveries<D: Db>(
 
 /// Inside a write transaction: extends `owner`'s leases of `ids` to `lease_until`; the ids it
 /// still held (a lease that lapsed may have been claimed by another gateway since).
-pub fn renew_webhook_leases<D: Db>(
+pub fn renew_webhook_leases<D: Dialect>(
     db: &mut D,
     ids: &[String],
     (lease_until, owner): (Nanos, &str),
@@ -140,12 +140,12 @@ pub fn renew_webhook_leases<D: Db>(
     );
     let mut bound = vec![Arg::Int(lease_until), Arg::Text(owner)];
     bound.extend(ids.iter().map(|i| Arg::Text(i)));
-    db.query(&sql, &bound, |r| r.text(0))
+    Ok(db.query(&sql, &bound, |r| r.text(0))?)
 }
 
 /// Rows leased before leases had owners (`leased_by` empty, never attempted) count as `owner`'s:
 /// then one gateway held them all.
-pub fn release_webhook_leases<D: Db>(db: &mut D, now: Nanos, owner: &str) -> Result<usize, StoreError> {
+pub fn release_webhook_leases<D: Dialect>(db: &mut D, now: Nanos, owner: &str) -> Result<usize, StoreError> {
     let n = db.execute(
         "UPDATE webhook_deliveries SET next_attempt_at = ?1, leased_by = NULL
          WHERE status = 'PENDING' AND next_attempt_at > ?1
@@ -156,7 +156,10 @@ pub fn release_webhook_leases<D: Db>(db: &mut D, now: Nanos, owner: &str) -> Res
 }
 
 /// Inside a write transaction.
-pub fn record_webhook_attempts<D: Db>(db: &mut D, attempts: &[(String, WebhookAttempt)]) -> Result<(), StoreError> {
+pub fn record_webhook_attempts<D: Dialect>(
+    db: &mut D,
+    attempts: &[(String, WebhookAttempt)],
+) -> Result<(), StoreError> {
     for (id, a) in attempts {
         let n = db.query_opt(
             "UPDATE webhook_deliveries SET attempts = attempts + 1, status = ?2, next_attempt_at = ?3,
@@ -176,7 +179,7 @@ pub fn record_webhook_attempts<D: Db>(db: &mut D, attempts: &[(String, WebhookAt
     Ok(())
 }
 
-pub fn webhook_deliveries<D: Db>(
+pub fn webhook_deliveries<D: Dialect>(
     db: &mut D,
     org: &str,
     endpoint_id: &str,

@@ -1,0 +1,133 @@
+//! What a backend of the authority store provides (connections, how durable a write is, the
+//! replay window's counting) and the [`EnclaveStore`] every backend gets from the shared SQL in
+//! [`super::sql`].
+
+use coffer_sql::Db;
+
+use super::interface::{
+    ActivityLink, DecisionRecord, EnclaveStore, LatestDecision, LinkedActivity, OrgChanges, OrgHead, Remembered,
+    ReplayShare, StoreError,
+};
+use super::sql;
+
+/// A backend: its connections and what has no portable SQL.
+pub trait Backend: Send + Sync {
+    type Db: Db;
+    /// Runs a read on a connection of the store.
+    fn read<T: Send>(&self, f: impl FnOnce(&mut Self::Db) -> Result<T, StoreError> + Send) -> Result<T, StoreError>;
+    /// Runs `f` in a write transaction, committed before it returns if `f` succeeds, rolled back
+    /// if it fails. `durable`: on disk even through a power loss (SQLite fsyncs; PostgreSQL's
+    /// commits always are).
+    fn write<T: Send>(
+        &self,
+        durable: bool,
+        f: impl FnOnce(&mut Self::Db) -> Result<T, StoreError> + Send,
+    ) -> Result<T, StoreError>;
+    /// The replay window's insert ([`EnclaveStore::remember`] and its variants): charged to
+    /// `share`, under `quota` instead of the per-organization one if given (counted exactly),
+    /// with `allowed` recorded in the same transaction if the key was fresh.
+    fn remember_in_window(
+        &self,
+        share: &ReplayShare,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: Option<u64>,
+        allowed: Option<&DecisionRecord>,
+    ) -> Result<Remembered, StoreError>;
+}
+
+impl<B: Backend> EnclaveStore for B {
+    fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
+        self.read(|db| sql::load(db, org))
+    }
+    fn version(&self, org: &str) -> Result<Option<u64>, StoreError> {
+        self.read(|db| sql::version(db, org))
+    }
+    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
+        self.write(true, |db| sql::apply(db, changes))
+    }
+    fn organizations(&self) -> Result<Vec<String>, StoreError> {
+        self.read(sql::organizations)
+    }
+    fn log_head(&self, org: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.read(|db| sql::log_head(db, org))
+    }
+    fn advance_log(
+        &self,
+        org: &str,
+        expected: u64,
+        links: u64,
+        head: &str,
+        linked: &[LinkedActivity<'_>],
+    ) -> Result<(), StoreError> {
+        if links <= expected {
+            return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
+        }
+        match self.write(false, |db| sql::advance_log(db, org, expected, links, head, linked)) {
+            // Rolled back; the head as it is now, read after.
+            Err(StoreError::VersionMoved { .. }) => Err(StoreError::VersionMoved {
+                organization_id: org.to_string(),
+                expected,
+                found: self.log_head(org)?.map(|(n, _)| n),
+            }),
+            other => other,
+        }
+    }
+    fn linked(&self, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+        self.read(|db| sql::linked(db, org, activities))
+    }
+    fn link_of(&self, org: &str, fingerprint: &str, status: &str) -> Result<Option<ActivityLink>, StoreError> {
+        self.read(|db| sql::link_of(db, org, fingerprint, status))
+    }
+    fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(|db| sql::sealed_service_key(db, label))
+    }
+    fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
+        self.write(true, |db| sql::keep_sealed_service_key(db, label, blob))
+    }
+    fn remember(
+        &self,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_in_window(&ReplayShare::of(organization), key, expires_ms, now_ms, None, None)
+    }
+    fn remember_within(
+        &self,
+        scope: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: u64,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_in_window(&ReplayShare::of(scope), key, expires_ms, now_ms, Some(quota), None)
+    }
+    fn remember_allowed(
+        &self,
+        share: &ReplayShare,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        allowed: &DecisionRecord,
+    ) -> Result<Remembered, StoreError> {
+        self.remember_in_window(share, key, expires_ms, now_ms, None, Some(allowed))
+    }
+    fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
+        self.read(|db| sql::spent(db, &key, now_ms, org, fingerprint))
+    }
+    fn record_decision(&self, d: &DecisionRecord) -> Result<(), StoreError> {
+        self.write(false, |db| sql::insert_decision(db, d))
+    }
+    fn decided(&self, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
+        self.read(|db| sql::decided(db, organization, fingerprint))
+    }
+    fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError> {
+        self.read(|db| sql::waited_for_votes(db, organization, fingerprint, activity_type))
+    }
+    fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
+        self.read(|db| sql::decisions(db, since_ms, limit))
+    }
+}

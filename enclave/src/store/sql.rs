@@ -1,0 +1,314 @@
+//! The authority store's SQL, written once for SQLite and PostgreSQL over `coffer-sql`'s [`Db`]:
+//! states and their versions, the activity log's heads and links, sealed service keys and the
+//! decision log. What the backends do differently (the replay window's counting, durability,
+//! connections) is theirs; every statement here runs as written on both.
+
+use coffer_sql::{args, Arg, Db, SqlRow};
+
+use super::interface::{
+    check_changes, version_of, ActivityLink, DecisionRecord, Entry, LatestDecision, LinkedActivity, OrgChanges,
+    OrgHead, StoreError, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+};
+
+/// Most rows one statement binds when a call names many (links of one log group): a few
+/// statement texts per connection, far below both drivers' parameter limits.
+const ROWS_PER_STATEMENT: usize = 64;
+
+/// `(?a, ?b, …), (…)`: `rows` groups of `per_row` numbered placeholders from `?first` on.
+fn value_rows(rows: usize, per_row: usize, first: usize) -> String {
+    (0..rows)
+        .map(|r| {
+            let marks: Vec<String> = (0..per_row).map(|c| format!("?{}", first + r * per_row + c)).collect();
+            format!("({})", marks.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `?a, ?b, …`: `n` numbered placeholders from `?first` on.
+fn marks(n: usize, first: usize) -> String {
+    (first..first + n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ")
+}
+
+/// An organization's version and entries in one statement, one snapshot (none: one row of NULLs).
+pub fn load<D: Db>(db: &mut D, org: &str) -> Result<Option<OrgHead>, StoreError> {
+    let rows = db.query(
+        "SELECT h.version, e.kind, e.id, e.data FROM org_heads h
+         LEFT JOIN entries e ON e.organization_id = h.organization_id
+         WHERE h.organization_id = ?1 ORDER BY e.kind, e.id",
+        args![org],
+        |r| {
+            let entry = match r.opt_text(1)? {
+                Some(kind) => Some(Entry { kind, id: r.text(2)?, data: r.bytes(3)? }),
+                None => None,
+            };
+            Ok::<_, StoreError>((r.int(0)?, entry))
+        },
+    )?;
+    let Some(version) = rows.first().map(|(v, _)| *v) else { return Ok(None) };
+    let entries = rows.into_iter().filter_map(|(_, e)| e).collect();
+    Ok(Some(OrgHead { version: version_of(version)?, entries }))
+}
+
+pub fn version<D: Db>(db: &mut D, org: &str) -> Result<Option<u64>, StoreError> {
+    let v = db.query_opt("SELECT version FROM org_heads WHERE organization_id = ?1", args![org], |r| {
+        Ok::<_, StoreError>(r.int(0)?)
+    })?;
+    v.map(version_of).transpose()
+}
+
+pub fn organizations<D: Db>(db: &mut D) -> Result<Vec<String>, StoreError> {
+    db.query("SELECT organization_id FROM org_heads ORDER BY organization_id", &[], |r| Ok::<_, StoreError>(r.text(0)?))
+}
+
+/// Applies every change, each a compare-and-set on its organization's version (a row lock on the
+/// head, or the insert that must not collide); inside the caller's transaction, which a
+/// [`StoreError::VersionMoved`] rolls back whole.
+pub fn apply<D: Db>(db: &mut D, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
+    check_changes(changes)?;
+    let mut versions = Vec::with_capacity(changes.len());
+    for c in changes {
+        let next = c.expected_version + 1;
+        let set = if c.expected_version == 0 {
+            db.execute(
+                "INSERT INTO org_heads (organization_id, version) VALUES (?1, 1) ON CONFLICT DO NOTHING",
+                args![c.organization_id],
+            )?
+        } else {
+            db.execute(
+                "UPDATE org_heads SET version = ?3 WHERE organization_id = ?1 AND version = ?2",
+                args![c.organization_id, c.expected_version as i64, next as i64],
+            )?
+        };
+        if set == 0 {
+            return Err(StoreError::VersionMoved {
+                organization_id: c.organization_id.clone(),
+                expected: c.expected_version,
+                found: version(db, &c.organization_id)?,
+            });
+        }
+        for e in &c.puts {
+            db.execute(
+                "INSERT INTO entries (organization_id, kind, id, data) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (organization_id, kind, id) DO UPDATE SET data = excluded.data",
+                args![c.organization_id, e.kind, e.id, e.data],
+            )?;
+        }
+        for (kind, id) in &c.deletes {
+            db.execute(
+                "DELETE FROM entries WHERE organization_id = ?1 AND kind = ?2 AND id = ?3",
+                args![c.organization_id, kind, id],
+            )?;
+        }
+        versions.push(next);
+    }
+    Ok(versions)
+}
+
+pub fn log_head<D: Db>(db: &mut D, org: &str) -> Result<Option<(u64, String)>, StoreError> {
+    let row = db.query_opt("SELECT links, head FROM log_heads WHERE organization_id = ?1", args![org], |r| {
+        Ok::<_, StoreError>((r.int(0)?, r.text(1)?))
+    })?;
+    row.map(|(n, h)| Ok((version_of(n)?, h))).transpose()
+}
+
+/// Moves `org`'s log head from `expected` links to `links` and records each activity linked, in
+/// the caller's transaction. The head moved meanwhile, or an activity already linked (or linked
+/// twice in `linked`): [`StoreError::VersionMoved`] with `found: None`, and the caller rolls back.
+pub fn advance_log<D: Db>(
+    db: &mut D,
+    org: &str,
+    expected: u64,
+    links: u64,
+    head: &str,
+    linked: &[LinkedActivity<'_>],
+) -> Result<(), StoreError> {
+    let moved = || StoreError::VersionMoved { organization_id: org.to_string(), expected, found: None };
+    let (from, to) = (expected as i64, links as i64);
+    let set = if expected == 0 {
+        db.execute(
+            "INSERT INTO log_heads (organization_id, links, head) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            args![org, to, head],
+        )?
+    } else {
+        db.execute(
+            "UPDATE log_heads SET links = ?3, head = ?4 WHERE organization_id = ?1 AND links = ?2",
+            args![org, from, to, head],
+        )?
+    };
+    if set == 0 {
+        return Err(moved());
+    }
+    // Once per fingerprint and once per id within the group too (the statement below does not
+    // see its own rows on PostgreSQL).
+    for (i, l) in linked.iter().enumerate() {
+        if linked[..i].iter().any(|e| e.fingerprint == l.fingerprint || e.activity_id == l.activity_id) {
+            return Err(moved());
+        }
+    }
+    let mut taken = 0;
+    for chunk in linked.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO log_links (organization_id, fingerprint, status, activity_id, seq, activity_digest)
+             SELECT ?1, t.column1, t.column2, t.column3, CAST(t.column4 AS BIGINT), t.column5
+             FROM (VALUES {}) AS t
+             WHERE NOT EXISTS (SELECT 1 FROM log_links l WHERE l.organization_id = ?1 AND l.fingerprint = t.column1)
+               AND NOT EXISTS (SELECT 1 FROM log_links l WHERE l.organization_id = ?1 AND l.activity_id = t.column3)
+             ON CONFLICT DO NOTHING",
+            value_rows(chunk.len(), 5, 2)
+        );
+        let seqs: Vec<i64> = chunk.iter().map(|l| l.seq as i64).collect();
+        let mut bound = vec![Arg::Text(org)];
+        for (l, seq) in chunk.iter().zip(&seqs) {
+            bound.extend([
+                Arg::Text(l.fingerprint),
+                Arg::Text(l.status),
+                Arg::Text(l.activity_id),
+                Arg::Int(*seq),
+                Arg::Text(l.activity_digest),
+            ]);
+        }
+        taken += db.execute(&sql, &bound)?;
+    }
+    if taken != linked.len() as u64 {
+        return Err(moved());
+    }
+    Ok(())
+}
+
+/// For each (fingerprint, activity id): whether the log links that fingerprint or that id.
+pub fn linked<D: Db>(db: &mut D, org: &str, activities: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for chunk in activities.chunks(ROWS_PER_STATEMENT) {
+        // Two lookups, each on its index (one OR would scan the organization's links).
+        let n = chunk.len();
+        let sql = format!(
+            "SELECT fingerprint, activity_id FROM log_links WHERE organization_id = ?1 AND fingerprint IN ({})
+             UNION ALL
+             SELECT fingerprint, activity_id FROM log_links WHERE organization_id = ?1 AND activity_id IN ({})",
+            marks(n, 2),
+            marks(n, 2 + n)
+        );
+        let mut bound = vec![Arg::Text(org)];
+        bound.extend(chunk.iter().map(|(f, _)| Arg::Text(f)));
+        bound.extend(chunk.iter().map(|(_, a)| Arg::Text(a)));
+        found.extend(db.query(&sql, &bound, |r| Ok::<_, StoreError>((r.text(0)?, r.text(1)?)))?);
+    }
+    Ok(activities.iter().map(|(f, a)| found.iter().any(|(ff, aa)| ff == f || aa == a)).collect())
+}
+
+pub fn link_of<D: Db>(
+    db: &mut D,
+    org: &str,
+    fingerprint: &str,
+    status: &str,
+) -> Result<Option<ActivityLink>, StoreError> {
+    db.query_opt(
+        "SELECT activity_id, activity_digest FROM log_links
+         WHERE organization_id = ?1 AND fingerprint = ?2 AND status = ?3",
+        args![org, fingerprint, status],
+        |r| Ok::<_, StoreError>(ActivityLink { activity_id: r.text(0)?, activity_digest: r.text(1)? }),
+    )
+}
+
+pub fn sealed_service_key<D: Db>(db: &mut D, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    db.query_opt("SELECT blob FROM sealed_service_keys WHERE label = ?1", args![label], |r| {
+        Ok::<_, StoreError>(r.bytes(0)?)
+    })
+}
+
+/// Keeps `blob` under `label` unless one is kept already; answers the one kept.
+pub fn keep_sealed_service_key<D: Db>(db: &mut D, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
+    db.execute(
+        "INSERT INTO sealed_service_keys (label, blob) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        args![label, blob],
+    )?;
+    sealed_service_key(db, label)?.ok_or_else(|| StoreError::Invalid(format!("sealed service key {label} vanished")))
+}
+
+/// Whether the replay window holds `key` live, or the log links `fingerprint` in any status.
+pub fn spent<D: Db>(db: &mut D, key: &[u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM replay WHERE key = ?1 AND expires_ms > ?2)
+             OR EXISTS (SELECT 1 FROM log_links WHERE organization_id = ?3 AND fingerprint = ?4)",
+        args![key, now_ms, org, fingerprint],
+        |r| Ok::<_, StoreError>(r.flag(0)?),
+    )
+}
+
+/// Appends one decision.
+pub fn insert_decision<D: Db>(db: &mut D, d: &DecisionRecord) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO decisions (at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason,
+                                result_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        args![
+            d.at_ms,
+            d.organization_id,
+            d.operation,
+            d.fingerprint,
+            d.activity_type,
+            d.user_id,
+            d.outcome,
+            d.reason,
+            d.result_digest
+        ],
+    )?;
+    Ok(())
+}
+
+/// Deletes at most `batch` decisions made before `before_ms`, oldest first; how many it deleted.
+pub fn prune_decisions<D: Db>(db: &mut D, before_ms: i64, batch: i64) -> Result<u64, StoreError> {
+    Ok(db.execute(
+        "DELETE FROM decisions WHERE seq IN (SELECT seq FROM decisions WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
+        args![before_ms, batch],
+    )?)
+}
+
+pub fn decided<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
+    let latest = db.query_opt(
+        "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+         ORDER BY result_digest <> '' DESC, seq DESC LIMIT 1",
+        args![organization, fingerprint],
+        |r| Ok::<_, StoreError>((r.text(0)?, r.text(1)?)),
+    )?;
+    Ok(LatestDecision::of(latest))
+}
+
+pub fn waited_for_votes<D: Db>(
+    db: &mut D,
+    organization: &str,
+    fingerprint: &str,
+    activity_type: &str,
+) -> Result<bool, StoreError> {
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                        AND outcome = ?3 AND reason = ?4 AND activity_type = ?5)",
+        args![organization, fingerprint, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED, activity_type],
+        |r| Ok::<_, StoreError>(r.flag(0)?),
+    )
+}
+
+fn decision_of(r: &dyn SqlRow) -> Result<DecisionRecord, StoreError> {
+    Ok(DecisionRecord {
+        at_ms: r.int(0)?,
+        organization_id: r.text(1)?,
+        operation: r.text(2)?,
+        fingerprint: r.text(3)?,
+        activity_type: r.text(4)?,
+        user_id: r.text(5)?,
+        outcome: r.text(6)?,
+        reason: r.text(7)?,
+        result_digest: r.text(8)?,
+    })
+}
+
+pub fn decisions<D: Db>(db: &mut D, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    db.query(
+        "SELECT at_ms, organization_id, operation, fingerprint, activity_type, user_id, outcome, reason, result_digest
+         FROM decisions WHERE at_ms >= ?1 ORDER BY at_ms, seq LIMIT ?2",
+        args![since_ms, limit],
+        decision_of,
+    )
+}
