@@ -11,9 +11,10 @@ use coffer_proto::v1 as pb;
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
-use crate::store::{EnclaveStore, LinkedActivity, StoreError};
+use crate::store::{EnclaveStore, LinkedActivity, Remembered, Spend, StoreError};
 
-/// What one append records: the activity, as the enclave checked it.
+/// What one append records: the activity, as the enclave checked it, and the stamp its link
+/// spends (a key use's, spent with its link in one transaction).
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub organization_id: String,
@@ -22,6 +23,7 @@ pub struct Entry {
     pub activity_type: String,
     pub status: String,
     pub activity_digest: String,
+    pub spend: Option<Spend>,
 }
 
 /// Makes the proof of a link: signed when the flag says so, else with an empty signature (a link
@@ -41,6 +43,8 @@ struct Job {
 enum AppendFailure {
     /// The log has a link of this activity in this status already.
     AlreadyLinked,
+    /// Its stamp could not be spent (what the replay window found).
+    NotSpent(Remembered),
     /// The group failed (the message says how).
     Failed(String),
 }
@@ -88,6 +92,7 @@ impl ActivityLog {
                 RefusalReason::Replayed,
                 "the activity log has a link of this activity in this status already",
             ),
+            AppendFailure::NotSpent(remembered) => crate::error::not_spent(remembered),
             AppendFailure::Failed(message) => EnclaveError::Busy { reason: RefusalReason::Unspecified, message },
         })
     }
@@ -120,7 +125,7 @@ impl ActivityLog {
             match self.append_group(store, &organization_id, &entries, sign) {
                 Ok(appended) => {
                     for (job, a) in jobs.into_iter().zip(appended) {
-                        let _ = job.reply.send(Turn::Answer(a.ok_or(AppendFailure::AlreadyLinked)));
+                        let _ = job.reply.send(Turn::Answer(a));
                     }
                 }
                 Err(e) => {
@@ -134,17 +139,19 @@ impl ActivityLog {
     }
 
     /// One organization's part of a group: its links chained onto the head, the last one signed,
-    /// and the head moved past them all in one compare-and-set. An activity is linked once, in
-    /// one status (so a finished activity cannot be linked again as failed, nor another one under
-    /// its id): an entry of a fingerprint or id the log has already (or that comes twice) gets
-    /// `None`.
+    /// and the head moved past them all in one compare-and-set, with the stamps the links spend.
+    /// An activity is linked once, in one status (so a finished activity cannot be linked again as
+    /// failed, nor another one under its id): an entry of a fingerprint or id the log has already
+    /// (or that comes twice) gets [`AppendFailure::AlreadyLinked`]; one whose stamp cannot be
+    /// spent, [`AppendFailure::NotSpent`], and the others are linked without it.
     fn append_group(
         &self,
         store: &dyn EnclaveStore,
         organization_id: &str,
         all: &[&Entry],
         sign: Signer<'_>,
-    ) -> Result<Vec<Option<Appended>>, EnclaveError> {
+    ) -> Result<Vec<Result<Appended, AppendFailure>>, EnclaveError> {
+        let mut not_spent: Vec<Option<Remembered>> = vec![None; all.len()];
         for _ in 0..APPEND_TRIES {
             let asked: Vec<(&str, &str)> =
                 all.iter().map(|e| (e.fingerprint.as_str(), e.activity_id.as_str())).collect();
@@ -155,10 +162,23 @@ impl ActivityLog {
                 .enumerate()
                 .map(|(i, (f, a))| !linked_before[i] && !asked[..i].iter().any(|(ff, aa)| ff == f || aa == a))
                 .collect();
-            let entries: Vec<&Entry> = all.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| *e).collect();
-            if entries.is_empty() {
-                return Ok(vec![None; all.len()]);
+            let answer = |appended: &mut dyn Iterator<Item = Appended>| -> Vec<Result<Appended, AppendFailure>> {
+                fresh
+                    .iter()
+                    .zip(&not_spent)
+                    .map(|(fresh, unspent)| match (fresh, unspent) {
+                        (_, Some(r)) => Err(AppendFailure::NotSpent(*r)),
+                        (true, None) => appended.next().ok_or(AppendFailure::AlreadyLinked),
+                        (false, None) => Err(AppendFailure::AlreadyLinked),
+                    })
+                    .collect()
+            };
+            // Linked now: the entries fresh and not refused a spend (by place in `all`).
+            let places: Vec<usize> = (0..all.len()).filter(|i| fresh[*i] && not_spent[*i].is_none()).collect();
+            if places.is_empty() {
+                return Ok(answer(&mut std::iter::empty()));
             }
+            let entries: Vec<&Entry> = places.iter().map(|i| all[*i]).collect();
             let cached = self.heads.get(organization_id);
             let (start, mut head) = match cached {
                 Some(h) => h,
@@ -193,15 +213,23 @@ impl ActivityLog {
                     activity_id: &e.activity_id,
                     activity_digest: &e.activity_digest,
                     seq: *seq,
+                    spend: e.spend.as_ref(),
                 })
                 .collect();
             match store.advance_log(organization_id, start, links, &head, &linked) {
                 Ok(()) => {
                     self.heads.insert(organization_id, (links, head), HEAD_BYTES);
-                    let mut appended = appended.into_iter();
-                    return Ok(fresh.iter().map(|f| if *f { appended.next() } else { None }).collect());
+                    return Ok(answer(&mut appended.into_iter()));
                 }
-                Err(StoreError::VersionMoved { .. }) => self.heads.remove(organization_id),
+                // Nothing moved: linked again without them.
+                Err(StoreError::NotSpent(refused)) => {
+                    for (i, remembered) in refused {
+                        if let Some(place) = places.get(i) {
+                            not_spent[*place] = Some(remembered);
+                        }
+                    }
+                }
+                Err(StoreError::VersionMoved { .. } | StoreError::Conflict(_)) => self.heads.remove(organization_id),
                 Err(e) => {
                     self.heads.remove(organization_id);
                     return Err(e.into());
@@ -260,6 +288,7 @@ mod tests {
                                 activity_type: "T".into(),
                                 status: "ACTIVITY_STATUS_COMPLETED".into(),
                                 activity_digest: format!("{t}{i}"),
+                                spend: None,
                             };
                             log.append(store.as_ref(), entry, &sign).unwrap()
                         })
@@ -292,5 +321,88 @@ mod tests {
         }
         all.retain(|(p, _)| !p.signature.is_empty());
         assert!(!all.is_empty());
+    }
+
+    /// Links that spend their stamps, appended at once from 4 threads, every fifth stamp spent
+    /// already: each of those is refused as a replay and leaves no link and no allow; every other
+    /// link is made, its stamp spent and its allow recorded with it.
+    #[test]
+    fn a_link_spends_its_stamp_or_neither_is_kept() {
+        use crate::store::{DecisionRecord, ReplayShare, OUTCOME_ALLOW};
+        let store: Arc<dyn EnclaveStore> =
+            Arc::new(SqliteEnclaveStore::open_in_memory(StoreLimits::default()).unwrap());
+        let log = Arc::new(ActivityLog::default());
+        let (now, expires) = (1_000_000, 2_000_000);
+        let key = |t: usize, i: usize| -> [u8; 32] {
+            let mut k = [0u8; 32];
+            k[0] = t as u8;
+            k[1] = i as u8;
+            k
+        };
+        let spent_before = |i: usize| i.is_multiple_of(5);
+        for t in 0..4 {
+            for i in (0..40).filter(|i| spent_before(*i)) {
+                assert_eq!(store.remember("o", key(t, i), expires, now).unwrap(), Remembered::Fresh);
+            }
+        }
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (store, log) = (store.clone(), log.clone());
+                std::thread::spawn(move || {
+                    let sign = |_: &LogLink, _: bool| Ok(pb::AppProof::default());
+                    (0..40)
+                        .map(|i| {
+                            let fingerprint = format!("f-{t}-{i}");
+                            let allowed = DecisionRecord {
+                                at_ms: now,
+                                organization_id: "o".into(),
+                                fingerprint: fingerprint.clone(),
+                                outcome: OUTCOME_ALLOW.into(),
+                                ..Default::default()
+                            };
+                            let spend = Spend {
+                                share: ReplayShare::of("o"),
+                                key: key(t, i),
+                                expires_ms: expires,
+                                now_ms: now,
+                                allowed,
+                            };
+                            let entry = Entry {
+                                organization_id: "o".into(),
+                                activity_id: format!("a-{t}-{i}"),
+                                fingerprint,
+                                activity_type: "T".into(),
+                                status: "ACTIVITY_STATUS_COMPLETED".into(),
+                                activity_digest: format!("{t}-{i}"),
+                                spend: Some(spend),
+                            };
+                            (i, log.append(store.as_ref(), entry, &sign))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut linked = 0;
+        for (t, answers) in threads.into_iter().enumerate() {
+            for (i, answer) in answers.join().unwrap() {
+                let fingerprint = format!("f-{t}-{i}");
+                let decided = store.decided("o", &fingerprint).unwrap().logged;
+                let in_log = store.linked("o", &[(&fingerprint, "none")]).unwrap()[0];
+                if spent_before(i) {
+                    let refused = answer.unwrap_err();
+                    assert_eq!(refused.refusal_reason(), Some(RefusalReason::Replayed), "{refused}");
+                    assert!(!in_log, "a link whose stamp was spent already is not made");
+                    assert_eq!(decided, crate::store::LoggedDecision::Nothing, "nor its allow recorded");
+                } else {
+                    answer.unwrap();
+                    linked += 1;
+                    assert!(in_log);
+                    assert_eq!(decided, crate::store::LoggedDecision::Authorized, "the allow, with its link");
+                    assert!(store.spent(key(t, i), now, "other", "none").unwrap(), "the stamp, with its link");
+                }
+            }
+        }
+        assert_eq!(linked, 4 * 32);
+        assert_eq!(store.log_head("o").unwrap().map(|(n, _)| n), Some(128));
     }
 }

@@ -14,10 +14,10 @@ use serde_json::Value;
 use sha2::Digest;
 
 use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
-use crate::error::{EnclaveError, RefusalReason};
+use crate::error::{EnclaveError, RefusalReason, BUSY, REPLAYED};
 use crate::hsm::Hsm;
 use crate::link_request::{Ballot, LinkRequest};
-use crate::store::{DecisionRecord, EnclaveStore, Remembered, ReplayLane, ReplayShare, StoreError};
+use crate::store::{DecisionRecord, EnclaveStore, Remembered, ReplayLane, ReplayShare, Spend, StoreError};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
@@ -950,6 +950,33 @@ impl Admission {
         }
     }
 
+    /// Spends the stamp of `unspent` as part of `write`, which commits it with other work (a key
+    /// use's link) in one transaction of the authority store, or commits nothing: the allow is
+    /// audited once `write` succeeded; a stamp the window would not take is audited as refused.
+    pub fn spend_within<T>(
+        &self,
+        a: &Admitted,
+        unspent: Unspent,
+        write: impl FnOnce(Spend) -> Result<T, EnclaveError>,
+    ) -> Result<T, EnclaveError> {
+        let Unspent { share, key, expires, allowed, approved, audited } = unspent;
+        let digest = allowed.result_digest.clone();
+        let spend = Spend { share, key, expires_ms: expires, now_ms: now_ms(), allowed };
+        match write(spend) {
+            Ok(done) => {
+                let key_use = !digest.is_empty() && !digest.starts_with(crate::link_request::MADE_MARK);
+                self.allowed(a, approved, audited, &digest, key_use);
+                Ok(done)
+            }
+            Err(e) => {
+                if let EnclaveError::Refused { reason, message, .. } | EnclaveError::Busy { reason, message } = &e {
+                    Refusal::new(*reason, message.clone()).about(&a.activity, &a.credential).audit(a.operation);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// The replay entry and the allow of `unspent`, in one store call: refused as a replay when
     /// the window has the entry, busy when the organization's share or the window is full.
     fn remember(&self, a: &Admitted, unspent: &Unspent) -> Result<(), Refusal> {
@@ -958,13 +985,10 @@ impl Admission {
             .store
             .remember_allowed(&unspent.share, unspent.key, unspent.expires, now_ms(), &unspent.allowed)
             .map_err(|e| about(Refusal::store_failed(e)))?;
-        let refusal = match remembered {
-            Remembered::Fresh => return Ok(()),
-            Remembered::Replayed => (RefusalReason::Replayed, REPLAYED),
-            Remembered::OrganizationQuotaFull => (RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY),
-            Remembered::WindowFull => (RefusalReason::ReplayWindowFull, BUSY),
-        };
-        Err(about(Refusal::new(refusal.0, refusal.1)))
+        match crate::error::spend_refusal(remembered) {
+            None => Ok(()),
+            Some((reason, message)) => Err(about(Refusal::new(reason, message))),
+        }
     }
 
     /// The allow line of an authorization whose stamp was spent.
@@ -1417,8 +1441,6 @@ pub enum AttestedIdentity {
     VerificationToken { token: coffer_auth::verification_token::VerifiedToken, credential: pb::CredentialCertificate },
 }
 
-const BUSY: &str = "replay window is full: retry shortly";
-const REPLAYED: &str = "replayed request: this stamped body was already used for this operation";
 /// Most parents [`Admission::top_level_id`] walks up (a sub-organization's own sub-organizations,
 /// and a bound should a state ever name a cycle).
 const MAX_ORGANIZATION_DEPTH: usize = 16;
@@ -1426,8 +1448,6 @@ const MAX_ORGANIZATION_DEPTH: usize = 16;
 const ACTIVITY_CONSENSUS_NEEDED: &str = "ACTIVITY_STATUS_CONSENSUS_NEEDED";
 /// The replay window's share of operator calls (bootstrap), apart from every organization's.
 const OPERATOR_REPLAY_SHARE: &str = "coffer:operator";
-const ORGANIZATION_BUSY: &str =
-    "this organization's share of the replay window is full: retry once its recent requests have aged out";
 /// The one activity an attested stamp may submit.
 const ATTESTED_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 
@@ -1574,6 +1594,7 @@ mod tests {
             activity_type: "ACTIVITY_TYPE_SIGN_TRANSACTION_V2".into(),
             status: ACTIVITY_COMPLETED.into(),
             activity_digest: coffer_auth::proof::activity_digest(&activity),
+            spend: None,
         };
         let (log, store) = admission.activity_log();
         let unsigned = |_: &coffer_auth::proof::LogLink, _: bool| Ok(pb::AppProof::default());

@@ -2,7 +2,37 @@
 
 pub use coffer_proto::v1::RefusalReason;
 
-use crate::store::StoreError;
+use crate::store::{Remembered, StoreError};
+
+/// The replay window is full.
+pub const BUSY: &str = "replay window is full: retry shortly";
+/// The stamp was spent already.
+pub const REPLAYED: &str = "replayed request: this stamped body was already used for this operation";
+/// The organization's share of the replay window is full.
+pub const ORGANIZATION_BUSY: &str =
+    "this organization's share of the replay window is full: retry once its recent requests have aged out";
+
+/// Why a stamp could not be spent, as the caller is told: `None` for a fresh one.
+pub fn spend_refusal(remembered: Remembered) -> Option<(RefusalReason, &'static str)> {
+    match remembered {
+        Remembered::Fresh => None,
+        Remembered::Replayed => Some((RefusalReason::Replayed, REPLAYED)),
+        Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
+        Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
+    }
+}
+
+/// A stamp the replay window would not take, as an error: a replay is refused; a full share or
+/// window is busy (retrying later can succeed).
+pub fn not_spent(remembered: Remembered) -> EnclaveError {
+    match spend_refusal(remembered) {
+        Some((reason @ (RefusalReason::ReplayWindowFull | RefusalReason::OrganizationReplayQuota), message)) => {
+            EnclaveError::Busy { reason, message: message.into() }
+        }
+        Some((reason, message)) => EnclaveError::refused(reason, message),
+        None => EnclaveError::Internal("a fresh stamp reported as not spent".into()),
+    }
+}
 
 /// Everything that can go wrong inside the enclave. Messages never carry key material.
 #[derive(Debug, thiserror::Error)]
@@ -102,9 +132,10 @@ impl From<EnclaveError> for tonic::Status {
             // The one mapping of the authority store's errors: what can pass by retrying is
             // UNAVAILABLE (the gateway's "retry shortly"), the rest INTERNAL.
             EnclaveError::EnclaveStore(s) => match s {
-                StoreError::Unavailable(_) | StoreError::VersionMoved { .. } => {
-                    tonic::Status::unavailable(e.to_string())
-                }
+                StoreError::Unavailable(_)
+                | StoreError::VersionMoved { .. }
+                | StoreError::Conflict(_)
+                | StoreError::NotSpent(_) => tonic::Status::unavailable(e.to_string()),
                 StoreError::Corrupt(_) | StoreError::Invalid(_) => tonic::Status::internal(e.to_string()),
             },
         }

@@ -14,12 +14,12 @@ use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::activity_log::Entry;
-use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission};
+use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission, Unspent};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
 use crate::link_request::{Ballot, LinkRequest, ACTIVITY_COMPLETED, VOTE_APPROVED};
-use crate::store::LoggedDecision;
+use crate::store::{LoggedDecision, Spend};
 
 /// `payload`, signed by the proof key.
 fn signed(hsm: &Hsm, payload: String) -> Result<pb::AppProof, EnclaveError> {
@@ -176,7 +176,7 @@ pub fn record_activity(
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
     let to_link = match admission.authorized_lately(&fingerprint) {
-        Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission },
+        Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission, spend: None },
         None => {
             let (stamped, credential) = admission.verify_submission(request)?;
             // Its submitter is of its organization: a credential of another (a sign-up's, say)
@@ -204,7 +204,7 @@ pub fn record_activity(
                 public_key: credential.public_key,
                 result_digest: latest.result_digest,
             };
-            ToLink { fingerprint, logged: latest.logged, submission }
+            ToLink { fingerprint, logged: latest.logged, submission, spend: None }
         }
     };
     // The body is the one authorized (its fingerprint named it): what the activity must state.
@@ -231,16 +231,40 @@ pub fn record_activity(
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
 
+/// A key use's result and its link, together: the stamp is spent (its replay entry and its allow,
+/// with the result made) and the activity linked completed, with `result` and this call's
+/// `app_proofs`, in one transaction of the authority store, or neither is (a replay, a full share,
+/// a link the log refuses). Key work for another activity (a new sub-organization's wallet) asks
+/// for no link: its stamp is spent alone, and that activity's own call links it.
+pub fn spend_and_link(
+    hsm: &Hsm,
+    admission: &Admission,
+    a: &Admitted,
+    unspent: Unspent,
+    asked: Option<LinkRequest>,
+    result: &Value,
+    app_proofs: &[pb::AppProof],
+) -> Result<Option<pb::LogLink>, EnclaveError> {
+    let Some(asked) = asked else {
+        admission.spend(a, unspent)?;
+        return Ok(None);
+    };
+    admission
+        .spend_within(a, unspent, |spend| link_in_call(hsm, admission, a, asked, Some(result), app_proofs, Some(spend)))
+        .map(Some)
+}
+
 /// Links the activity `asked` (checked when the call was authorized) in this call: completed,
 /// with `result` when the call made it (a key use's, as its allow recorded it) and this call's
-/// `app_proofs`.
-pub fn link_in_call(
+/// `app_proofs`, spending `spend` in the same transaction if given.
+fn link_in_call(
     hsm: &Hsm,
     admission: &Admission,
     a: &Admitted,
     asked: LinkRequest,
     result: Option<&Value>,
     app_proofs: &[pb::AppProof],
+    spend: Option<Spend>,
 ) -> Result<pb::LogLink, EnclaveError> {
     let proofs = app_proofs.iter().map(|p| serde_json::to_value(unwired(p))).collect::<Result<Vec<_>, _>>();
     let activity = asked.completed(result, proofs.map_err(|e| EnclaveError::Internal(e.to_string()))?);
@@ -252,7 +276,7 @@ pub fn link_in_call(
         result_digest: result.map(proof::json_digest).unwrap_or_default(),
     };
     let to_link =
-        ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission };
+        ToLink { fingerprint: a.activity.fingerprint.clone(), logged: LoggedDecision::Authorized, submission, spend };
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     coffer_process::crash_point::here("enclave-after-link");
     Ok(pb::LogLink { link: Some(link), seq })
@@ -267,7 +291,7 @@ pub fn link_applied(
     asked: Option<LinkRequest>,
     app_proofs: &[pb::AppProof],
 ) -> Option<pb::LogLink> {
-    match link_in_call(hsm, admission, a, asked?, None, app_proofs) {
+    match link_in_call(hsm, admission, a, asked?, None, app_proofs, None) {
         Ok(linked) => Some(linked),
         Err(e) => {
             tracing::warn!(error = %e, fingerprint = %a.activity.fingerprint, "an activity was not linked in its call");
@@ -384,6 +408,8 @@ struct ToLink {
     fingerprint: String,
     logged: LoggedDecision,
     submission: DecidedSubmission,
+    /// The stamp spent with the link (a key use's), in the log's transaction.
+    spend: Option<Spend>,
 }
 
 /// Appends `activity` (as the API serves it) to its organization's log, if it is the decided
@@ -395,7 +421,7 @@ fn link_activity(
     to_link: ToLink,
     activity: &Value,
 ) -> Result<(pb::AppProof, u64), EnclaveError> {
-    let ToLink { fingerprint, logged, submission } = to_link;
+    let ToLink { fingerprint, logged, submission, spend } = to_link;
     let DecidedSubmission { organization_id, activity_type, result_digest, .. } = submission;
     let text = |k: &str| activity.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     if text("organizationId") != organization_id || text("fingerprint") != fingerprint || text("type") != activity_type
@@ -457,6 +483,7 @@ fn link_activity(
         activity_type,
         status,
         activity_digest: proof::activity_digest(activity),
+        spend,
     };
     let (log, store) = admission.activity_log();
     let sign = |link: &proof::LogLink, sign: bool| {

@@ -373,6 +373,7 @@ fn an_activity_is_linked_once(backend: Backend) {
         activity_id,
         activity_digest: fingerprint,
         seq,
+        spend: None,
     };
     let (done, failed) = ("ACTIVITY_STATUS_COMPLETED", "ACTIVITY_STATUS_FAILED");
     a.advance_log("o", 0, 2, "h2", &[link("f1", "a1", done, 1), link("f2", "a2", failed, 2)]).unwrap();
@@ -416,6 +417,7 @@ fn an_activity_is_linked_once(backend: Backend) {
                 activity_id: id,
                 activity_digest: f,
                 seq: first + i as u64,
+                spend: None,
             })
             .collect()
     }
@@ -433,6 +435,62 @@ fn an_activity_is_linked_once(backend: Backend) {
     assert_eq!(found.len(), 151);
     assert!(found[..150].iter().all(|l| *l) && !found[150], "every link of the group, and no other");
     assert_eq!(b.link_of("big", "g149", done).unwrap().map(|l| l.activity_id), Some("b149".to_string()));
+}
+
+/// A link's stamp is spent in the transaction that moves the log (issue 40, one commit per
+/// activity): a link whose stamp the window refuses (spent already, its share full) moves
+/// nothing and spends nothing, the others' stamps included; without it, the rest is linked and
+/// spent together, each allow recorded.
+fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
+    let limits = StoreLimits { replay_per_organization: 3, ..StoreLimits::default() };
+    let (_db, a, b) = two_stores(backend, limits);
+    let (now, expires) = (1_000_000, 2_000_000);
+    let spend = |k: u8, org: &str| Spend {
+        share: ReplayShare::of(org),
+        key: [k; 32],
+        expires_ms: expires,
+        now_ms: now,
+        allowed: DecisionRecord {
+            at_ms: now,
+            organization_id: org.into(),
+            fingerprint: format!("f{k}"),
+            outcome: OUTCOME_ALLOW.into(),
+            ..Default::default()
+        },
+    };
+    let (s1, s2, s3) = (spend(1, "o"), spend(2, "o"), spend(3, "o"));
+    let link = |f: &'static str, id: &'static str, seq: u64, spend: &'static Spend| LinkedActivity {
+        fingerprint: f,
+        status: "ACTIVITY_STATUS_COMPLETED",
+        activity_id: id,
+        activity_digest: f,
+        seq,
+        spend: Some(spend),
+    };
+    let (s1, s2, s3): (&'static Spend, &'static Spend, &'static Spend) =
+        (Box::leak(Box::new(s1)), Box::leak(Box::new(s2)), Box::leak(Box::new(s3)));
+    assert_eq!(b.remember("o", [2; 32], expires, now).unwrap(), Remembered::Fresh);
+    let refused = a.advance_log("o", 0, 2, "h2", &[link("f1", "a1", 1, s1), link("f2", "a2", 2, s2)]);
+    match refused {
+        Err(StoreError::NotSpent(r)) => assert_eq!(r, [(1, Remembered::Replayed)]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.log_head("o").unwrap(), None, "nothing moved");
+    assert!(!b.spent([1; 32], now, "o", "f1").unwrap(), "the other link's stamp is not spent either");
+    assert_eq!(b.decided("o", "f1").unwrap().logged, LoggedDecision::Nothing);
+    a.advance_log("o", 0, 1, "h1", &[link("f1", "a1", 1, s1)]).unwrap();
+    assert!(b.spent([1; 32], now, "nobody", "none").unwrap(), "spent with its link");
+    assert_eq!(b.decided("o", "f1").unwrap().logged, LoggedDecision::Authorized, "its allow with it");
+    assert_eq!(b.linked("o", &[("f1", "a1")]).unwrap(), [true]);
+    // The organization's share holds 3 entries ([2; 32] and [1; 32] so far): one more fits, the
+    // next is refused as its share full.
+    b.advance_log("o", 1, 2, "h2", &[link("f3", "a3", 2, s3)]).unwrap();
+    let s4: &'static Spend = Box::leak(Box::new(spend(4, "o")));
+    match a.advance_log("o", 2, 3, "h3", &[link("f4", "a4", 3, s4)]) {
+        Err(StoreError::NotSpent(r)) => assert_eq!(r, [(0, Remembered::OrganizationQuotaFull)]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.log_head("o").unwrap().map(|(n, _)| n), Some(2));
 }
 
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
@@ -470,6 +528,7 @@ conformance!(
     the_window_has_a_capacity,
     decisions_are_logged_for_every_enclave,
     an_activity_is_linked_once,
+    a_link_spends_its_stamp_in_its_transaction,
     old_decisions_are_pruned_in_batches,
     unsupported_urls_are_refused_without_their_password,
 );

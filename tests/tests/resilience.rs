@@ -1295,7 +1295,8 @@ async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() 
 /// Where a request's path is cut (`coffer_process::crash_point`), which process dies there, and
 /// whether the enclave had committed the change by then.
 const CRASH_POINTS: &[(&str, Process, bool)] = &[
-    // The stamp spent (replay entry and allow), nothing applied, signed or linked.
+    // A state change's stamp spent (replay entry and allow), nothing applied or linked. (A key
+    // use's stamp is spent with its link, in one transaction: no point between them.)
     ("enclave-after-spend", Process::Enclave, false),
     // A state change committed, not linked, not answered.
     ("enclave-after-state-commit", Process::Enclave, true),
@@ -1366,8 +1367,9 @@ async fn a_crash_at_each_point_of_the_path_leaves_the_gateway_converging_to_the_
                 ("sign_raw_payload", sign_body(&org, &address, &format!("cut at {point}"))),
             ];
             for (path, body) in cases {
-                // Signing changes no state: no state commit to cut.
-                if path == "sign_raw_payload" && point == "enclave-after-state-commit" {
+                // Signing changes no state, and spends its stamp with its link: no state commit and
+                // no spend alone to cut.
+                if path == "sign_raw_payload" && matches!(point, "enclave-after-state-commit" | "enclave-after-spend") {
                     continue;
                 }
                 std::fs::write(&armed, point).unwrap();

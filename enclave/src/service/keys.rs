@@ -64,20 +64,17 @@ pub(super) fn create_wallet(
     let phrase = keys::mnemonic_phrase(&entropy, "")?;
     let mut made = seal_wallet(hsm, &organization_id, &wallet_id, &phrase, &specs)?;
     let result = wallet_result(&wallet_id, &made.accounts);
-    // Spent once the work is done and before anything is recorded: a refused or failed call
-    // spends nothing and records nothing. A sub-organization's wallet is part of that activity's
-    // result, which the gateway renders.
-    admission.spend(&a, if own { unspent.with_result(&result) } else { unspent })?;
     made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
-    // Proofs of the ids checked new above; then the link, and only then the facts: a link the
-    // log refuses (the activity linked already, as failed, say) leaves nothing recorded, and no
-    // result leaves.
+    // Proofs of the ids checked new above; then the stamp spent with the link, once the work is
+    // done, and only then the facts: a refused or failed call spends nothing and records nothing,
+    // and a link the log refuses (the activity linked already, as failed, say) leaves nothing
+    // recorded, and no result leaves. A sub-organization's wallet is part of that activity's
+    // result, which the gateway renders (its stamp is spent alone, and that activity links it).
     made.app_proofs = wallet_proofs(hsm, &a, &organization_id, &wallet_id, &specs, &made.accounts)?;
+    let spent = if own { unspent.with_result(&result) } else { unspent };
+    made.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &made.app_proofs)?;
     if own {
-        made.log_link = link
-            .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
-            .transpose()?;
         key_facts::wallet_created(admission, &a, &wallet_id, false, &made)?;
     }
     Ok(made)
@@ -124,11 +121,9 @@ pub(super) fn derive_accounts(
     let seed = keys::seed_from_phrase(&phrase)?;
     let accounts = seal_accounts(hsm, &a.activity.organization_id, &seed, &specs)?;
     let result = json!({ "addresses": accounts.iter().map(|a| a.address.as_str()).collect::<Vec<_>>() });
-    admission.spend(&a, unspent.with_result(&result))?;
     let app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &seed_ref.resource_id, &specs, &accounts)?;
-    let log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&result);
+    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &app_proofs)?;
     // Recorded once linked: a link the log refuses records nothing.
     key_facts::accounts_derived(admission, &a, &seed_ref.resource_id, &accounts)?;
     let (evaluation, result) = (a.evaluation(), result.to_string().into_bytes());
@@ -164,13 +159,11 @@ pub(super) fn create_private_keys(
         .collect::<Result<Vec<_>, EnclaveError>>()?;
     let made: Vec<Value> = ids.iter().zip(&keys).map(|(id, k)| private_key_result(id, k)).collect();
     let api_result = json!({ "privateKeys": made });
-    admission.spend(&a, unspent.with_result(&api_result))?;
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&api_result);
+    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &app_proofs)?;
     // Recorded once linked: a link the log refuses records nothing.
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
     key_facts::private_keys_made(admission, &a, &made, false)?;

@@ -55,14 +55,13 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
         [one] if a.activity.activity_type == types::SIGN_RAW_PAYLOAD => one.clone(),
         _ => json!({ "signatures": rendered }),
     };
-    // Spent once the work is done: a refused or failed call spends nothing, and no signature
-    // leaves without its stamp spent and its allow (with the result made) in the decision log.
-    admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({ "signWith": text(p, "signWith"), "signatures": rendered });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
-        .transpose()?;
+    // Spent once the work is done, with the activity's link, in one transaction: a refused or
+    // failed call spends nothing, and no signature leaves without its stamp spent, its allow
+    // (with the result made) in the decision log and its link in the activity log.
+    let spent = unspent.with_result(&api_result);
+    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &app_proofs)?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignResponse { app_proofs, signatures, evaluation, result, log_link })
 }
@@ -111,15 +110,13 @@ pub(super) fn sign_transaction(
         }
     };
     let api_result = json!({ "signedTransaction": hex::encode(&signed_transaction) });
-    admission.spend(&a, unspent.with_result(&api_result))?;
     let result = json!({
         "signWith": text(p, "signWith"),
         "signedTransactionSha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&signed_transaction)),
     });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&api_result);
+    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &app_proofs)?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::SignTransactionResponse { app_proofs, signed_transaction, evaluation, result, log_link })
 }

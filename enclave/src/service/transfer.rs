@@ -60,10 +60,9 @@ pub(super) fn export_wallet(
     };
     let mut bundle = export(hsm, &a, phrase.as_bytes())?;
     let result = serde_json::json!({ "walletId": seed_ref.resource_id, "exportBundle": bundle.export_bundle });
-    admission.spend(&a, unspent.with_result(&result))?;
-    bundle.log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
-        .transpose()?;
+    // Spent with its link, once the work is done: a refused or failed call spends nothing.
+    let spent = unspent.with_result(&result);
+    bundle.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &bundle.app_proofs)?;
     // Exported once linked: a link the log refuses (the activity linked already, as failed, say)
     // marks nothing exported, and no bundle leaves.
     key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
@@ -111,10 +110,8 @@ pub(super) fn export_key(
         Some(id) => serde_json::json!({ "privateKeyId": id, "exportBundle": bundle.export_bundle }),
         None => serde_json::json!({ "address": key_ref.address, "exportBundle": bundle.export_bundle }),
     };
-    admission.spend(&a, unspent.with_result(&result))?;
-    bundle.log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &bundle.app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&result);
+    bundle.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &bundle.app_proofs)?;
     // Exported once linked (as above).
     key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
     bundle.result = result.to_string().into_bytes();
@@ -143,12 +140,10 @@ pub(super) fn init_import(
     let signer = HsmSigner::new(hsm)?;
     let import_bundle = bundle::import_bundle(&signer, &target.public, org, user)?;
     let api_result = serde_json::json!({ "importBundle": import_bundle });
-    admission.spend(&a, unspent.with_result(&api_result))?;
     let result = serde_json::json!({ "userId": user, "importBundleSha256": sha256_hex(&import_bundle) });
     let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    let log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&api_result);
+    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &app_proofs)?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::InitImportResponse { import_bundle, sealed_target_key, app_proofs, evaluation, result, log_link })
 }
@@ -171,13 +166,11 @@ pub(super) fn import_wallet(
     let phrase = checked_phrase(&plain)?;
     let mut made = seal_wallet(hsm, &a.activity.organization_id, &wallet_id, &phrase, &specs)?;
     let result = wallet_result(&wallet_id, &made.accounts);
-    admission.spend(&a, unspent.with_result(&result))?;
     made.result = result.to_string().into_bytes();
     made.evaluation = a.evaluation();
     made.app_proofs = wallet_proofs(hsm, &a, &a.activity.organization_id, &wallet_id, &specs, &made.accounts)?;
-    made.log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&result), &made.app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&result);
+    made.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &made.app_proofs)?;
     // Recorded once linked: a link the log refuses records nothing.
     key_facts::wallet_created(admission, &a, &wallet_id, true, &made)?;
     Ok(made)
@@ -203,14 +196,12 @@ pub(super) fn import_private_key(
     let mut made =
         seal_private_key(hsm, &a.activity.organization_id, &private_key_id, &key, items(p, "addressFormats"))?;
     let api_result = private_key_result(&private_key_id, &made);
-    admission.spend(&a, unspent.with_result(&api_result))?;
     made.result = api_result.to_string().into_bytes();
     made.evaluation = a.evaluation();
     let result = serde_json::json!({ "privateKeys": [key_json(&private_key_id, &made)] });
     made.app_proofs = crate::proofs::of_call(hsm, &a, result)?;
-    made.log_link = link
-        .map(|asked| crate::proofs::link_in_call(hsm, admission, &a, asked, Some(&api_result), &made.app_proofs))
-        .transpose()?;
+    let spent = unspent.with_result(&api_result);
+    made.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &made.app_proofs)?;
     // Recorded once linked: a link the log refuses records nothing.
     key_facts::private_keys_made(admission, &a, &[(&private_key_id, p, &made)], true)?;
     Ok(made)

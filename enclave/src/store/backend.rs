@@ -6,7 +6,7 @@ use coffer_sql::Db;
 
 use super::interface::{
     ActivityLink, DecisionRecord, EnclaveStore, LatestDecision, LinkedActivity, OrgChanges, OrgHead, Remembered,
-    ReplayShare, StoreError,
+    ReplayShare, Spend, StoreError,
 };
 use super::sql;
 
@@ -35,6 +35,10 @@ pub trait Backend: Send + Sync {
         quota: Option<u64>,
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError>;
+    /// Spends each stamp (its replay entry and its allow) inside the caller's write transaction;
+    /// answers those that could not be spent, by their place, with what the window found (the
+    /// caller then rolls back).
+    fn spend_in(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError>;
 }
 
 impl<B: Backend> EnclaveStore for B {
@@ -64,7 +68,20 @@ impl<B: Backend> EnclaveStore for B {
         if links <= expected {
             return Err(StoreError::Invalid(format!("the log moves forward only (from {expected} to {links})")));
         }
-        match self.write(false, |db| sql::advance_log(db, org, expected, links, head, linked)) {
+        let spends: Vec<(usize, &Spend)> =
+            linked.iter().enumerate().filter_map(|(i, l)| l.spend.map(|s| (i, s))).collect();
+        let spend_stamps = |db: &mut B::Db| {
+            if spends.is_empty() {
+                return Ok(());
+            }
+            let refused = self.spend_in(db, &spends)?;
+            if refused.is_empty() {
+                Ok(())
+            } else {
+                Err(StoreError::NotSpent(refused))
+            }
+        };
+        match self.write(false, |db| sql::advance_log(db, org, expected, links, head, linked, spend_stamps)) {
             // Rolled back; the head as it is now, read after.
             Err(StoreError::VersionMoved { .. }) => Err(StoreError::VersionMoved {
                 organization_id: org.to_string(),

@@ -177,6 +177,20 @@ pub struct LinkedActivity<'a> {
     pub activity_id: &'a str,
     pub activity_digest: &'a str,
     pub seq: u64,
+    /// The stamp the link spends, in the same transaction (a key use's: its replay entry and its
+    /// allow are committed with its link, or nothing is).
+    pub spend: Option<&'a Spend>,
+}
+
+/// A stamp to spend: its replay entry, charged to `share` until `expires_ms`, and the allow it
+/// stands for ([`EnclaveStore::remember_allowed`], as part of another write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spend {
+    pub share: ReplayShare,
+    pub key: [u8; 32],
+    pub expires_ms: i64,
+    pub now_ms: i64,
+    pub allowed: DecisionRecord,
 }
 
 /// The link of an activity in one status ([`EnclaveStore::link_of`]): the activity's id and the
@@ -227,6 +241,15 @@ pub enum StoreError {
     /// The call itself is malformed (one organization twice in one `apply`, an empty id, ...).
     #[error("invalid authority store call: {0}")]
     Invalid(String),
+    /// Some links of an [`EnclaveStore::advance_log`] could not spend their stamps (a replay, a
+    /// full share or window): nothing of the call was kept. Each is `(its place in the call's
+    /// links, what the replay window found)`; the others would have been spent.
+    #[error("{} stamps of the links could not be spent", .0.len())]
+    NotSpent(Vec<(usize, Remembered)>),
+    /// The transaction lost a race PostgreSQL broke (a deadlock): nothing of it was kept, and
+    /// running it again can succeed.
+    #[error("authority store conflict: {0}")]
+    Conflict(String),
 }
 
 /// The SQL layer's errors as the store's, in one place: a constraint that fired or a corrupt file
@@ -239,7 +262,8 @@ impl From<coffer_sql::SqlError> for StoreError {
             SqlError::Unique(u) => StoreError::Corrupt(u.message),
             SqlError::Corrupt(m) => StoreError::Corrupt(m),
             SqlError::Busy => StoreError::Unavailable("the database is busy".into()),
-            SqlError::Deadlock(m) | SqlError::Backend(m) => StoreError::Unavailable(m),
+            SqlError::Deadlock(m) => StoreError::Conflict(m),
+            SqlError::Backend(m) => StoreError::Unavailable(m),
         }
     }
 }
@@ -272,7 +296,9 @@ pub trait EnclaveStore: Send + Sync {
     /// records what each new link is of (`linked`, one per link), in one transaction. An activity
     /// is linked at most once, in one status: a link of a fingerprint or an activity id the log
     /// has already fails the whole move as `VersionMoved` (the caller, checking
-    /// [`EnclaveStore::linked`] again, leaves it out). Committed before it returns.
+    /// [`EnclaveStore::linked`] again, leaves it out). A link's [`LinkedActivity::spend`] is spent
+    /// in the same transaction: if any cannot be, nothing moves and the error is
+    /// [`StoreError::NotSpent`] naming each. Committed before it returns.
     fn advance_log(
         &self,
         org: &str,

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use coffer_sql::{args, off_executor, Db, PgConn, PgPool, SqlError};
 
 use super::backend::Backend;
-use super::interface::{DecisionRecord, Remembered, ReplayShare, StoreError, StoreLimits};
+use super::interface::{DecisionRecord, Remembered, ReplayShare, Spend, StoreError, StoreLimits};
 use super::sql;
 
 pub use coffer_sql::redact;
@@ -436,5 +436,48 @@ impl Backend for PostgresEnclaveStore {
             }
             Ok(answered)
         })
+    }
+
+    fn spend_in(&self, db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError> {
+        let quota = as_count(self.limits.replay_per_organization);
+        let mut refused = Vec::new();
+        let mut made = 0;
+        for (i, s) in spends {
+            let rows = 1 + s.share.lanes.len() as i64;
+            if !self.room_for(db, s.now_ms, rows)? {
+                refused.push((*i, Remembered::WindowFull));
+                continue;
+            }
+            // The lanes first, then the share, as a remember with an allow takes them.
+            let mut code = 0;
+            for lane in &s.share.lanes {
+                let lane_key = lane.key(&s.key);
+                let lane_quota = as_count(lane.quota);
+                match remember_code(db, "coffer_remember", &lane.scope, &lane_key, s.expires_ms, s.now_ms, lane_quota)?
+                {
+                    0 => made += 1,
+                    1 => {}
+                    full => {
+                        code = full;
+                        break;
+                    }
+                }
+            }
+            if code == 0 {
+                code =
+                    remember_code(db, "coffer_remember", &s.share.organization, &s.key, s.expires_ms, s.now_ms, quota)?;
+            }
+            match answer_of(code)? {
+                Remembered::Fresh => {
+                    sql::insert_decision(db, &s.allowed)?;
+                    made += 1;
+                }
+                other => refused.push((*i, other)),
+            }
+        }
+        if refused.is_empty() {
+            self.counted(made);
+        }
+        Ok(refused)
     }
 }

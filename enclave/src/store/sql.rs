@@ -112,9 +112,10 @@ pub fn log_head<D: Db>(db: &mut D, org: &str) -> Result<Option<(u64, String)>, S
     row.map(|(n, h)| Ok((version_of(n)?, h))).transpose()
 }
 
-/// Moves `org`'s log head from `expected` links to `links` and records each activity linked, in
-/// the caller's transaction. The head moved meanwhile, or an activity already linked (or linked
-/// twice in `linked`): [`StoreError::VersionMoved`] with `found: None`, and the caller rolls back.
+/// Moves `org`'s log head from `expected` links to `links`, runs `spend_stamps` (the links'
+/// stamps, spent by the backend), and records each activity linked, in the caller's transaction.
+/// The head moved meanwhile, or an activity already linked (or linked twice in `linked`):
+/// [`StoreError::VersionMoved`] with `found: None`, and the caller rolls back.
 pub fn advance_log<D: Db>(
     db: &mut D,
     org: &str,
@@ -122,6 +123,7 @@ pub fn advance_log<D: Db>(
     links: u64,
     head: &str,
     linked: &[LinkedActivity<'_>],
+    spend_stamps: impl FnOnce(&mut D) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let moved = || StoreError::VersionMoved { organization_id: org.to_string(), expected, found: None };
     let (from, to) = (expected as i64, links as i64);
@@ -146,6 +148,7 @@ pub fn advance_log<D: Db>(
             return Err(moved());
         }
     }
+    spend_stamps(db)?;
     let mut taken = 0;
     for chunk in linked.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(

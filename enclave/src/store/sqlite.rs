@@ -28,7 +28,7 @@ use coffer_sql::Db;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::Backend;
-use super::interface::{DecisionRecord, Remembered, ReplayLane, ReplayShare, StoreError, StoreLimits};
+use super::interface::{DecisionRecord, Remembered, ReplayLane, ReplayShare, Spend, StoreError, StoreLimits};
 use super::sql;
 
 /// The schema, one migration per entry; `PRAGMA user_version` is how many were applied.
@@ -515,7 +515,22 @@ impl Shared {
     /// One job's replay insert, in the group commit's transaction.
     fn remember_in(&self, tx: &mut Connection, counts: &mut Counts, job: &Job) -> Result<Remembered, StoreError> {
         let Job { organization, key, expires_ms, now_ms, quota, lanes, .. } = job;
-        let (organization, key, expires_ms, now_ms) = (organization.as_str(), *key, *expires_ms, *now_ms);
+        self.remember_entry(tx, counts, organization, *key, *expires_ms, *now_ms, *quota, lanes)
+    }
+
+    /// One replay entry (and one per lane), in the caller's transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn remember_entry(
+        &self,
+        tx: &mut Connection,
+        counts: &mut Counts,
+        organization: &str,
+        key: [u8; 32],
+        expires_ms: i64,
+        now_ms: i64,
+        quota: Option<u64>,
+        lanes: &[ReplayLane],
+    ) -> Result<Remembered, StoreError> {
         if now_ms >= self.next_prune_ms.load(Ordering::Relaxed) {
             self.next_prune_ms.store(now_ms + PRUNE_EVERY_MS, Ordering::Relaxed);
             prune_all(tx, counts, now_ms)?;
@@ -596,6 +611,24 @@ impl Backend for SqliteEnclaveStore {
         allowed: Option<&DecisionRecord>,
     ) -> Result<Remembered, StoreError> {
         self.remember_through(share.clone(), key, expires_ms, now_ms, quota, allowed)
+    }
+
+    fn spend_in(
+        &self,
+        db: &mut Connection,
+        spends: &[(usize, &Spend)],
+    ) -> Result<Vec<(usize, Remembered)>, StoreError> {
+        let mut counts = Counts::default();
+        let mut refused = Vec::new();
+        for (i, s) in spends {
+            let ReplayShare { organization, lanes } = &s.share;
+            match self.remember_entry(db, &mut counts, organization, s.key, s.expires_ms, s.now_ms, None, lanes)? {
+                Remembered::Fresh => sql::insert_decision(db, &s.allowed)?,
+                other => refused.push((*i, other)),
+            }
+        }
+        counts.flush(db)?;
+        Ok(refused)
     }
 }
 
