@@ -5,10 +5,12 @@ It implements only the subset of Helm's Go templates the chart uses, the way Hel
   {{ .Values.a.b }}  {{ .Release.Name }}  {{ .Release.Service }}  {{ .Chart.AppVersion }}
   {{- ... -}} (whitespace trimming)  {{/* comments */}}  {{ if X }} ... {{ else }} ... {{ end }}
   pipelines into: quote, toYaml, nindent N, indent N, sha256sum, required "msg" X, not X,
-  eq A B, ne A B (two strings or two booleans only), fail "msg"
+  eq A B, ne A B (two strings or two booleans only), int X, lt A B, gt A B (two ints only),
+  fail "msg"
 Anything else is an error rather than a guess, so a template it renders renders the same in helm.
 eq and ne refuse numbers: helm's values are float64 and a template's literals int, which Go's
-templates refuse to compare, so such a comparison would fail in helm.
+templates refuse to compare, so such a comparison would fail in helm. lt and gt compare only ints:
+a literal, or a value converted by sprig's `int` (`.Values.n | int | lt 1` is 1 < n).
 Stricter than helm on purpose: a missing value is an error (helm prints "<no value>"), and so is
 printing a number of a million or more, which helm (values are float64) prints as 1e+06.
 
@@ -30,8 +32,14 @@ class RenderError(Exception):
     pass
 
 
+class GoInt(int):
+    """An int as Go's templates have it: a literal, or what sprig's `int` returns. A number read
+    from values is not one (helm's values are float64), so lt and gt refuse it unconverted."""
+
+
 ACTION = re.compile(r"\{\{(-[ \t\r\n])?(.*?)([ \t\r\n]-)?\}\}", re.S)
-FUNCTIONS = {"quote", "toYaml", "nindent", "indent", "sha256sum", "required", "not", "eq", "ne", "fail"}
+FUNCTIONS = {"quote", "toYaml", "nindent", "indent", "sha256sum", "required", "not", "eq", "ne", "fail",
+             "int", "lt", "gt"}
 
 
 def tokenize(text, where):
@@ -132,7 +140,7 @@ class Renderer:
         if word.startswith('"'):
             return json.loads(word)
         if re.fullmatch(r"-?\d+", word):
-            return int(word)
+            return GoInt(word)
         if word in ("true", "false"):
             return word == "true"
         if word.startswith("."):
@@ -146,7 +154,7 @@ class Renderer:
 
     def call(self, fn, args, where):
         n = {"quote": 1, "toYaml": 1, "sha256sum": 1, "not": 1, "nindent": 2, "indent": 2, "required": 2,
-             "eq": 2, "ne": 2, "fail": 1}[fn]
+             "eq": 2, "ne": 2, "fail": 1, "int": 1, "lt": 2, "gt": 2}[fn]
         if len(args) != n:
             raise RenderError(f"{where}: {fn} takes {n} arguments, got {len(args)}")
         if fn == "quote":
@@ -162,6 +170,18 @@ class Renderer:
             if not (isinstance(a, str) and isinstance(b, str) or isinstance(a, bool) and isinstance(b, bool)):
                 raise RenderError(f"{where}: {fn} compares two strings or two booleans here, got {a!r} and {b!r}")
             return (a == b) == (fn == "eq")
+        if fn == "int":
+            v = args[0]
+            if isinstance(v, str) and re.fullmatch(r"-?\d+", v.strip()):
+                return GoInt(v.strip())
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+                raise RenderError(f"{where}: int wants a whole number here, got {v!r}")
+            return GoInt(int(v))
+        if fn in ("lt", "gt"):
+            a, b = args
+            if not (isinstance(a, GoInt) and isinstance(b, GoInt)):
+                raise RenderError(f"{where}: {fn} compares two ints here (a literal, or `| int`), got {a!r} and {b!r}")
+            return a < b if fn == "lt" else a > b
         if fn == "fail":
             if not isinstance(args[0], str):
                 raise RenderError(f"{where}: fail wants a string")

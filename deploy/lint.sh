@@ -37,6 +37,32 @@ else
   echo "systemd-analyze verify: SKIPPED (no systemd-analyze or system units on this machine)"
 fi
 
+# The tmpfiles.d snippet: systemd-tmpfiles itself creates its directories in a scratch root whose
+# passwd and group hold the units' users (lint_deploy.py checks they match the units). Any
+# message, or a directory missing, counts as a failure. It sets owners, so it needs root.
+if command -v systemd-tmpfiles >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+  troot="$(mktemp -d)"
+  mkdir -p "$troot/etc" "$troot/run" "$troot/var/lib"
+  cp /etc/passwd /etc/group "$troot/etc/"
+  printf '%s\n' 'coffer-enclave:x:10001:10001::/nonexistent:/usr/sbin/nologin' \
+    'coffer-gateway:x:10002:10002::/nonexistent:/usr/sbin/nologin' >> "$troot/etc/passwd"
+  printf '%s\n' 'coffer-ipc:x:10000:coffer-gateway' 'coffer-enclave:x:10001:' 'coffer-gateway:x:10002:' >> "$troot/etc/group"
+  out="$(systemd-tmpfiles --root="$troot" --create "$DEPLOY/systemd/coffer.tmpfiles.conf" 2>&1)" || out="${out:-failed}"
+  for d in $(awk '$1 == "d" { print $2 }' "$DEPLOY/systemd/coffer.tmpfiles.conf"); do
+    [ -d "$troot$d" ] || out="$out${out:+
+}$d was not created"
+  done
+  rm -rf "$troot"
+  if [ -n "$out" ]; then
+    printf '%s\n' "$out" >&2
+    echo "deploy/lint.sh: systemd-tmpfiles refuses systemd/coffer.tmpfiles.conf" >&2
+    exit 1
+  fi
+  echo "systemd-tmpfiles --create: systemd/coffer.tmpfiles.conf clean"
+else
+  echo "systemd-tmpfiles --create: SKIPPED (not installed, or not root: it sets owners)"
+fi
+
 # Shell syntax of every script here (shellcheck too, when installed).
 for s in "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh; do
   case "$(head -n1 "$s")" in

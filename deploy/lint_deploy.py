@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
@@ -64,8 +64,8 @@ def check_env(where, role, env):
             check(name.endswith("_FILE"), f"{where}: {name} looks like a secret value; pass a file (_FILE)")
         if role == "gateway":
             check(not re.search(r"(^|_)(HSM|PIN|PKCS11)(_|$)", name), f"{where}: {name}: the gateway gets nothing of the HSM")
-        if name == "COFFER_STORE_URL" and isinstance(value, str):
-            check(urlsplit(value).password is None, f"{where}: COFFER_STORE_URL carries a password in the file")
+        if name in ("COFFER_STORE_URL", "COFFER_AUTHORITY_STORE_URL") and isinstance(value, str):
+            check(urlsplit(value).password is None, f"{where}: {name} carries a password in the file")
 
 
 def port_of(addr):
@@ -117,9 +117,48 @@ def lint_systemd_config():
           f"systemd: socket {sock} is not in the enclave's RuntimeDirectory /run/{rundir}")
     check(sock in " ".join(cfg["enclave_unit"].get("ExecStartPost", [])),
           "systemd/coffer-enclave.service: ExecStartPost does not wait for the configured socket")
+    hidden = {p.lstrip("-") for line in cfg["gateway_unit"].get("InaccessiblePaths", []) for p in line.split()}
     check(cfg["enclave"].get("pin_file") in cfg["gateway_unit"].get("InaccessiblePaths", [""])[0].split(),
           "systemd/coffer-gateway.service: InaccessiblePaths= does not hide the enclave's pin_file")
-    print("  systemd/*.toml: keys known to the config structs; socket, RuntimeDirectory, pin_file agree")
+    # The authority store: SQLite in the enclave's StateDirectory, or PostgreSQL with its password
+    # in a file the gateway's unit cannot see.
+    statedir = {r: "/var/lib/" + cfg[r + "_unit"].get("StateDirectory", ["?"])[0] for r in ("enclave", "gateway")}
+    store = cfg["enclave"].get("authority_store", "")
+    if store.startswith("sqlite://"):
+        check(os.path.dirname(store[len("sqlite://"):]) == statedir["enclave"],
+              f"systemd: authority_store {store} is not in the enclave's StateDirectory {statedir['enclave']}")
+    else:
+        check(urlsplit(store).scheme in ("postgres", "postgresql") and urlsplit(store).password is None,
+              f"systemd: authority_store {store!r} is neither sqlite:// nor postgres:// without a password")
+        check(cfg["enclave"].get("authority_store_password_file") in hidden,
+              "systemd/coffer-gateway.service: InaccessiblePaths= does not hide authority_store_password_file")
+    check(statedir["enclave"] in hidden, "systemd/coffer-gateway.service: InaccessiblePaths= does not hide the enclave's StateDirectory")
+    gstore = cfg["gateway"].get("store_url", "")
+    check(not gstore.startswith("sqlite://") or os.path.dirname(gstore[len("sqlite://"):]) == statedir["gateway"],
+          f"systemd: the gateway's store_url {gstore} is not in its StateDirectory {statedir['gateway']}")
+    # tmpfiles.d: the same directories, owners and modes as the units' RuntimeDirectory= and
+    # StateDirectory=, so operator commands work before the first start and while a unit is
+    # stopped; the enclave's runtime directory outlives the unit, and a stale socket is removed.
+    tmpfiles = {}
+    for line in read(os.path.join(sd, "coffer.tmpfiles.conf")).splitlines():
+        f = line.split()
+        if f and not f[0].startswith("#"):
+            check(len(f) == 6 and f[0] == "d" and f[5] == "-", f"systemd/coffer.tmpfiles.conf: {line!r} is not `d PATH MODE USER GROUP -`")
+            tmpfiles[f[1]] = tuple(f[2:5])
+    want = {}
+    for role in ("enclave", "gateway"):
+        u = cfg[role + "_unit"]
+        owner = (u.get("User", ["?"])[0], u.get("Group", u.get("User", ["?"]))[0])
+        for kind, base in (("Runtime", "/run/"), ("State", "/var/lib/")):
+            for d in u.get(kind + "Directory", []):
+                want[base + d] = (u.get(kind + "DirectoryMode", ["0755"])[0],) + owner
+    check(tmpfiles == want, f"systemd/coffer.tmpfiles.conf: {tmpfiles} differs from the units' directories {want}")
+    eu = cfg["enclave_unit"]
+    check(eu.get("RuntimeDirectoryPreserve") == ["yes"], "systemd/coffer-enclave.service: RuntimeDirectoryPreserve=yes missing")
+    check(any(re.search(r"\brm -f " + re.escape(sock or "-") + r"$", x) for x in eu.get("ExecStartPre", [])),
+          "systemd/coffer-enclave.service: no ExecStartPre= removing a stale socket before ExecStartPost= waits for it")
+    print("  systemd/*.toml: keys known to the config structs; socket, RuntimeDirectory, pin_file, authority store agree;"
+          " coffer.tmpfiles.conf matches the units' directories")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +382,7 @@ def lint_compose(stages):
             check(ignored, f"compose.yaml: secret file {rel} is not ignored by git")
     gateways = [n for n, r in roles.items() if r == "gateway"]
     enclaves = [n for n, r in roles.items() if r == "enclave"]
-    check(len(gateways) >= 2 and enclaves, "compose.yaml: expected two gateways and an enclave")
+    check(len(gateways) >= 2 and len(enclaves) >= 2, "compose.yaml: expected two gateways and two enclaves")
     for e in enclaves:
         for g in gateways:
             shared = set(names_of(services[e].get("secrets"))) & set(names_of(services[g].get("secrets")))
@@ -359,9 +398,12 @@ def lint_compose(stages):
         env = as_env(services[g].get("environment"))
         socks = [p.strip() for p in (env.get("COFFER_ENCLAVE_SOCKETS") or env.get("COFFER_ENCLAVE_SOCKET") or "").split(",") if p.strip()]
         check(socks, f"compose.yaml: {g} names no enclave socket")
+        reached = set()
         for sock in socks:
             hit = [(src, os.path.relpath(sock, dst)) for src, dst, _ in mounts(services[g]) if under(sock, dst) and src in vols]
             check(any(h in sockets_by_volume for h in hit), f"compose.yaml: {g}'s socket {sock} is in no volume an enclave serves it in")
+            reached |= {sockets_by_volume[h] for h in hit if h in sockets_by_volume}
+        check(reached == set(enclaves), f"compose.yaml: {g} reaches {sorted(reached)}, not every enclave {sorted(enclaves)} (failover)")
         url = urlsplit(env.get("COFFER_STORE_URL", ""))
         check(url.scheme in ("postgres", "postgresql"), f"compose.yaml: {g}: COFFER_STORE_URL is not postgres://")
         db = services.get(url.hostname or "")
@@ -376,10 +418,66 @@ def lint_compose(stages):
             pwfile = env.get("STORE_PASSWORD_FILE", "")
             check(pwfile == denv.get("POSTGRES_PASSWORD_FILE"), f"compose.yaml: {g}: password file differs from the database's")
     pg = [s.get("image", "") for s in services.values() if str(s.get("image", "")).startswith("postgres:")]
-    check(len(pg) == 1 and pg[0].split(":")[1].split("-")[0] == "15", f"compose.yaml: PostgreSQL images {pg}, not one postgres:15")
+    check(pg and all(i.split(":")[1].split("-")[0] == "15" for i in pg), f"compose.yaml: PostgreSQL images {pg}, not postgres:15")
+    store = lint_compose_authority(services, vols, enclaves, gateways)
     lint_haproxy(services, gateways)
     print(f"  compose.yaml: {len(services)} services; volumes, secrets, networks, depends_on consistent;"
-          f" {', '.join(gateways)} share {', '.join(enclaves)}'s socket volume and the database")
+          f" {', '.join(gateways)} reach each of {', '.join(enclaves)} through its socket volume and share the database;"
+          f" the enclaves share the authority store ({store})")
+
+
+def lint_compose_authority(services, vols, enclaves, gateways):
+    """Every enclave on the same authority store, which no gateway can reach: PostgreSQL (through a
+    Unix socket volume or a network) with the password as a file, or SQLite on one named volume."""
+    urls = {e: as_env(services[e].get("environment")).get("COFFER_AUTHORITY_STORE_URL") for e in enclaves}
+    check(all(urls.values()) and len(set(urls.values())) == 1,
+          f"compose.yaml: the enclaves' COFFER_AUTHORITY_STORE_URL differ or are missing ({urls}): each would"
+          " refuse the organizations another bootstrapped")
+    url = next(iter(urls.values()), None) or ""
+    gw_mounts = {src for g in gateways for src, _, _ in mounts(services[g])}
+    gw_secrets = {x for g in gateways for x in names_of(services[g].get("secrets"))}
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://"):]
+        homes = {e: {src for src, dst, ro in mounts(services[e]) if src in vols and under(path, dst) and not ro} for e in enclaves}
+        shared = set.intersection(*homes.values()) if homes else set()
+        check(shared, f"compose.yaml: the SQLite authority store {path} is on no named volume every enclave mounts writable")
+        check(not shared & gw_mounts, "compose.yaml: a gateway mounts the authority store's volume")
+        return "SQLite, volume " + ", ".join(sorted(shared))
+    u = urlsplit(url)
+    if not check(u.scheme in ("postgres", "postgresql"), f"compose.yaml: COFFER_AUTHORITY_STORE_URL {url!r} is neither sqlite:// nor postgres://"):
+        return "?"
+    host = unquote(u.hostname or "")
+    if host.startswith("/"):
+        # A Unix socket directory: a volume the enclaves mount there and a PostgreSQL service
+        # mounts as its own socket directory.
+        vol = {e: {src for src, dst, _ in mounts(services[e]) if src in vols and dst.rstrip("/") == host.rstrip("/")} for e in enclaves}
+        shared = set.intersection(*vol.values()) if vol else set()
+        dbs = [n for n, s in services.items() if str(s.get("image", "")).startswith("postgres:")
+               and any(src in shared and dst.rstrip("/") in ("/var/run/postgresql", "/run/postgresql") for src, dst, _ in mounts(s))]
+        check(len(dbs) == 1, f"compose.yaml: the authority store's socket directory {host} is no PostgreSQL service's, on a volume every enclave mounts")
+        check(not shared & gw_mounts, "compose.yaml: a gateway mounts the authority store's socket volume")
+    else:
+        dbs = [host] if host in services else []
+        check(dbs, f"compose.yaml: the authority store's host {host} is no service")
+        for g in gateways:
+            check(not set(names_of(services[g].get("networks"))) & set(names_of(services[host].get("networks"))) if dbs else True,
+                  f"compose.yaml: {g} shares a network with the authority store {host}")
+    if not dbs:
+        return "?"
+    db = services[dbs[0]]
+    denv = as_env(db.get("environment"))
+    check(u.username == denv.get("POSTGRES_USER") and u.path.lstrip("/") == denv.get("POSTGRES_DB"),
+          f"compose.yaml: the authority store's user and database differ from {dbs[0]}'s POSTGRES_USER and POSTGRES_DB")
+    gw_dbs = {urlsplit(as_env(services[g].get("environment")).get("COFFER_STORE_URL", "")).hostname for g in gateways}
+    check(dbs[0] not in gw_dbs, f"compose.yaml: {dbs[0]} is the gateways' database too")
+    pwfile = denv.get("POSTGRES_PASSWORD_FILE", "")
+    secret = pwfile[len("/run/secrets/"):] if pwfile.startswith("/run/secrets/") else None
+    for e in enclaves:
+        check(as_env(services[e].get("environment")).get("COFFER_AUTHORITY_STORE_PASSWORD_FILE") == pwfile
+              and secret in names_of(services[e].get("secrets")),
+              f"compose.yaml: {e}: COFFER_AUTHORITY_STORE_PASSWORD_FILE is not {dbs[0]}'s password secret")
+    check(secret and secret not in gw_secrets, f"compose.yaml: a gateway gets the authority store's password secret {secret}")
+    return f"PostgreSQL service {dbs[0]}"
 
 
 def lint_haproxy(services, gateways):
@@ -412,7 +510,10 @@ def lint_haproxy(services, gateways):
 # Helm chart
 
 API = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1", "PodDisruptionBudget": "policy/v1",
-       "HorizontalPodAutoscaler": "autoscaling/v2", "Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
+       "HorizontalPodAutoscaler": "autoscaling/v2", "Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1",
+       "PersistentVolumeClaim": "v1"}
+# The containers that are the enclave's: they alone may mount its Secrets and its store.
+ENCLAVE_SIDE = {"enclave", "enclave-init"}
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -488,7 +589,7 @@ def lint_manifests(docs, values, variant, release, namespace):
         enc_dep = deps[enc_name]
         check(enc_dep["spec"].get("replicas") == values["enclave"]["replicas"] and enc_dep["spec"].get("replicas", 0) >= 1,
               f"{w}: enclave Deployment replicas are not enclave.replicas")
-        lint_enclave_pod(w + " enclave Deployment", pods["enclave"]["spec"], by_kind, values)
+        lint_enclave_pod(w + " enclave Deployment", pods["enclave"]["spec"], by_kind, values, release)
     # Services: each selects the pods of exactly one Deployment, and targets a port they have.
     svcs = by_kind.get("Service", {})
     want_svcs = {gw_name: "gateway"} | ({enc_name: "enclave"} if mode == "deployment" else {})
@@ -535,22 +636,81 @@ def lint_manifests(docs, values, variant, release, namespace):
         for ctr in gw_pod["spec"]["containers"]:
             check(ctr.get("resources", {}).get("requests", {}).get("cpu"),
                   f"{w}: container {ctr['name']} has no CPU request, which the HPA's utilization needs")
+    lint_authority_layout(w, by_kind, deps, pods, values, mode, release)
     jobs = list(by_kind.get("Job", {}).values())
-    check(len(jobs) == int(bool(values["enclave"]["initJob"]["enabled"])), f"{w}: init Job present != enabled")
+    store = values["enclave"]["authorityStore"]["type"]
+    check(len(jobs) == int(bool(values["enclave"]["initJob"]["enabled"]) and store == "postgres"),
+          f"{w}: init Job present != enabled with the authority store on PostgreSQL (on a volume, init is the pod's init container)")
     for job in jobs:
         check("pre-install" in job["metadata"].get("annotations", {}).get("helm.sh/hook", ""), f"{w}: the init Job is no pre-install hook")
         spec = job["spec"]["template"]["spec"]
         check(spec.get("restartPolicy") in ("Never", "OnFailure"), f"{w}: Job restartPolicy")
         containers, volumes, mounted = lint_pod_common(w + " Job", spec, by_kind)
         if check(set(containers) == {"enclave-init"}, f"{w} Job: containers {sorted(containers)}, expected enclave-init alone"):
-            lint_enclave_container(w + " Job", "enclave-init", containers, volumes, mounted, by_kind, values)
+            lint_enclave_container(w + " Job", "enclave-init", containers, volumes, mounted, by_kind, values, release)
             check(containers["enclave-init"].get("args") == ["init"], f"{w} Job: enclave-init does not run `init`")
-        allowed = {values["enclave"]["pinSecret"]} | extra_secrets(values)
+        allowed = {values["enclave"]["pinSecret"]} | extra_secrets(values) | authority_secrets(values)
         check(pod_secrets(spec) <= allowed, f"{w} Job: references Secrets {sorted(pod_secrets(spec) - allowed)} it has no use for")
+
+
+def lint_authority_layout(w, by_kind, deps, pods, values, mode, release):
+    """One authority store for every enclave container of the release (serving, init container,
+    init Job); on a volume, exactly one enclave, its Deployment replaced rather than rolled, and the
+    claim rendered (kept on uninstall) unless it is an existing one."""
+    a = values["enclave"]["authorityStore"]
+    urls = set()
+    specs = [p["spec"] for p in pods.values()] + [j["spec"]["template"]["spec"] for j in by_kind.get("Job", {}).values()]
+    for spec in specs:
+        for c in spec.get("containers", []) + (spec.get("initContainers") or []):
+            if c["name"] in ENCLAVE_SIDE:
+                urls.add(next((e.get("value") for e in c.get("env", []) if e["name"] == "COFFER_AUTHORITY_STORE_URL"), None))
+    check(len(urls) == 1 and None not in urls, f"{w}: the enclaves and init use authority stores {sorted(map(str, urls))}, not one")
+    pvcs = by_kind.get("PersistentVolumeClaim", {})
+    if a["type"] != "volume":
+        check(not pvcs, f"{w}: PersistentVolumeClaims {sorted(pvcs)} with the authority store on PostgreSQL")
+        return
+    holder = deps[f"{release}-gateway" if mode == "sidecar" else f"{release}-enclave"]
+    scaled = any(h["spec"]["scaleTargetRef"].get("name") == holder["metadata"]["name"]
+                 for h in by_kind.get("HorizontalPodAutoscaler", {}).values())
+    check(holder["spec"].get("replicas") == 1 and not scaled,
+          f"{w}: the authority store is one enclave's volume, but Deployment {holder['metadata']['name']} may run more than one pod")
+    check(holder["spec"].get("strategy", {}).get("type") == "Recreate",
+          f"{w}: Deployment {holder['metadata']['name']} holds the authority store's volume and is rolled, not recreated")
+    claim = a["volume"]["existingClaim"]
+    if claim:
+        check(not pvcs, f"{w}: a PersistentVolumeClaim rendered beside existingClaim {claim}")
+        return
+    name = f"{release}-enclave-authority"
+    if check(set(pvcs) == {name}, f"{w}: PersistentVolumeClaims {sorted(pvcs)}, expected {name}"):
+        pvc = pvcs[name]
+        check(pvc["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep",
+              f"{w}: PersistentVolumeClaim {name} is not kept by helm uninstall")
+        check(pvc["spec"].get("accessModes") == [a["volume"]["accessMode"]]
+              and pvc["spec"]["resources"]["requests"].get("storage") == a["volume"]["size"]
+              and pvc["spec"].get("storageClassName", "") == a["volume"]["storageClassName"],
+              f"{w}: PersistentVolumeClaim {name} does not follow enclave.authorityStore.volume")
+        check("helm.sh/hook" not in pvc["metadata"].get("annotations", {}), f"{w}: PersistentVolumeClaim {name} is a hook")
 
 
 def extra_secrets(values):
     return {v["secret"].get("secretName") for v in values.get("extraVolumes") or [] if "secret" in v}
+
+
+def authority_secrets(values):
+    a = values["enclave"]["authorityStore"]
+    return {a["postgres"]["passwordSecret"]} if a["type"] == "postgres" else set()
+
+
+def lint_init_container(w, spec, volumes, mounted, by_kind, values, release):
+    """The pod holding the one enclave on an authority store volume runs `coffer-enclave init`
+    first, as its init container (only this pod can mount the volume); no other pod has one."""
+    inits = {c["name"]: c for c in spec.get("initContainers") or []}
+    want = values["enclave"]["authorityStore"]["type"] == "volume" and bool(values["enclave"]["initJob"]["enabled"])
+    if check(set(inits) == ({"enclave-init"} if want else set()),
+             f"{w}: init containers {sorted(inits)}; expected enclave-init exactly with an authority store volume and init enabled"):
+        if want:
+            check(inits["enclave-init"].get("args") == ["init"], f"{w}: enclave-init does not run `init`")
+            lint_enclave_container(w, "enclave-init", inits, volumes, mounted, by_kind, values, release)
 
 
 # Fields of the Kubernetes API this chart may use; a misindented template puts keys elsewhere.
@@ -566,15 +726,18 @@ def lint_pod_common(w, spec, by_kind):
     """Fields, securityContexts, mounts. Returns containers by name, volumes by name, and
     mounted = {volume: [(container, mountPath, readOnly)]}."""
     check(set(spec) <= POD_FIELDS, f"{w}: unknown pod spec fields {sorted(set(spec) - POD_FIELDS)}")
-    check(not spec.get("initContainers"), f"{w}: init containers (the chart has none; a Secret there escapes these checks)")
-    for c in spec.get("containers", []):
+    inits = spec.get("initContainers") or []
+    # The only init container is the enclave's `init` beside an authority store volume (checked by
+    # lint_manifests); its mounts and securityContext are checked here with the others'.
+    check(all(c.get("name") == "enclave-init" for c in inits), f"{w}: init containers other than enclave-init")
+    for c in spec.get("containers", []) + inits:
         check(set(c) <= CONTAINER_FIELDS, f"{w}: unknown container fields {sorted(set(c) - CONTAINER_FIELDS)}")
         check(isinstance(c.get("resources", {}), dict), f"{w}: {c.get('name')}: resources is empty")
     containers = {c["name"]: c for c in spec.get("containers", [])}
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     check(spec.get("automountServiceAccountToken") is False, f"{w}: pods get a service account token they never use")
     mounted = {}
-    for c in containers.values():
+    for c in list(containers.values()) + inits:
         check(c.get("image"), f"{w}: container {c['name']} has no image")
         for m in c.get("volumeMounts", []):
             check(m["name"] in volumes, f"{w}: {c['name']} mounts undeclared volume {m['name']}")
@@ -614,12 +777,14 @@ def secret_file(w, path, owner, volumes, mounted, secret, key, what):
     items = {i["path"]: i["key"] for i in vol.get("items", [])}
     rel = os.path.relpath(path, mp)
     check(items.get(rel, rel if not vol.get("items") else None) == key, f"{w}: {what} is not key {key} of Secret {secret}")
-    check({c for c, _, _ in mounted[name]} == {owner}, f"{w}: the Secret volume of {what} is mounted outside the {owner} container")
+    side = ENCLAVE_SIDE if owner in ENCLAVE_SIDE else {owner}
+    check({c for c, _, _ in mounted[name]} <= side, f"{w}: the Secret volume of {what} is mounted outside the {owner} container")
     check(all(ro for _, _, ro in mounted[name]), f"{w}: the Secret volume of {what} is mounted writable")
 
 
-def lint_enclave_container(w, name, containers, volumes, mounted, by_kind, values):
-    """An enclave (serving, or the init Job): environment, module, and the PIN as a file."""
+def lint_enclave_container(w, name, containers, volumes, mounted, by_kind, values, release):
+    """An enclave (serving, its init container, or the init Job): environment, module, the PIN as
+    a file, and the authority store."""
     env, keys = container_env(containers[name], by_kind)
     check(not [e for e in env.values() if (e.get("valueFrom") or {}).get("secretKeyRef")]
           and not [ef for ef in containers[name].get("envFrom", []) if "secretRef" in ef],
@@ -628,7 +793,35 @@ def lint_enclave_container(w, name, containers, volumes, mounted, by_kind, value
     check(env.get("COFFER_PKCS11_MODULE", {}).get("value") == values["enclave"]["pkcs11Module"], f"{w}: PKCS#11 module not from values")
     secret_file(w, env.get("COFFER_HSM_PIN_FILE", {}).get("value"), name, volumes, mounted,
                 values["enclave"]["pinSecret"], values["enclave"]["pinKey"], "COFFER_HSM_PIN_FILE")
+    lint_authority_store(w, name, env, volumes, mounted, values, release)
     return env
+
+
+def lint_authority_store(w, name, env, volumes, mounted, values, release):
+    """COFFER_AUTHORITY_STORE_URL set by the chart (never the default beside the socket, on the
+    socket's memory emptyDir): PostgreSQL with the password as a file of its Secret, or SQLite on
+    a writable mount of the authority store's claim, which only the enclave's containers mount."""
+    a = values["enclave"]["authorityStore"]
+    url = env.get("COFFER_AUTHORITY_STORE_URL", {}).get("value") or ""
+    pvcs = {n: v["persistentVolumeClaim"].get("claimName") for n, v in volumes.items() if "persistentVolumeClaim" in v}
+    if a["type"] == "postgres":
+        u = urlsplit(url)
+        check(url == a["postgres"]["url"] and u.scheme in ("postgres", "postgresql") and u.password is None,
+              f"{w}: {name}: COFFER_AUTHORITY_STORE_URL {url!r} is not enclave.authorityStore.postgres.url (postgres://, no password)")
+        secret_file(w, env.get("COFFER_AUTHORITY_STORE_PASSWORD_FILE", {}).get("value"), name, volumes, mounted,
+                    a["postgres"]["passwordSecret"], a["postgres"]["passwordKey"], "COFFER_AUTHORITY_STORE_PASSWORD_FILE")
+        check(not pvcs, f"{w}: a PersistentVolumeClaim in the pod while the authority store is PostgreSQL")
+        return
+    claim = a["volume"]["existingClaim"] or f"{release}-enclave-authority"
+    path = url[len("sqlite://"):] if url.startswith("sqlite:///") else ""
+    check(path, f"{w}: {name}: COFFER_AUTHORITY_STORE_URL {url!r} is not sqlite:///PATH")
+    hits = [n for n, c in pvcs.items() if c == claim and any(who == name and under(path, mp) and not ro
+                                                            for who, mp, ro in mounted.get(n, []))]
+    check(path and hits, f"{w}: {name}: the SQLite authority store {path!r} is on no writable mount of the claim {claim}")
+    for n in pvcs:
+        check({who for who, _, _ in mounted.get(n, [])} <= ENCLAVE_SIDE,
+              f"{w}: the authority store's volume {n} is mounted outside the enclave's containers")
+    check("COFFER_AUTHORITY_STORE_PASSWORD_FILE" not in env, f"{w}: {name}: a password file for a SQLite authority store")
 
 
 def lint_gateway_container(w, gw, by_kind, values):
@@ -659,9 +852,10 @@ def lint_gateway_pod(w, spec, by_kind, values, mode, release, namespace):
     tls_env = {"COFFER_ENCLAVE_URLS", "COFFER_ENCLAVE_CLIENT_TLS_CA", "COFFER_ENCLAVE_CLIENT_TLS_CERT", "COFFER_ENCLAVE_CLIENT_TLS_KEY"}
     if mode == "sidecar":
         check(not (tls_env & set(genv)), f"{w}: sidecar gateway has {sorted(tls_env & set(genv))}")
-        allowed = {database, pin} | extra_secrets(values)
+        allowed = {database, pin} | extra_secrets(values) | authority_secrets(values)
         check(pod_secrets(spec) <= allowed, f"{w}: gateway pod references Secrets {sorted(pod_secrets(spec) - allowed)}")
-        env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values)
+        lint_init_container(w, spec, volumes, mounted, by_kind, values, release)
+        env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values, release)
         check(not {k for k in env if k.startswith("COFFER_ENCLAVE_TLS") or k == "COFFER_ENCLAVE_TCP_LISTEN"},
               f"{w}: the sidecar enclave listens on TCP")
         # The socket: same path in both, on an emptyDir both mount.
@@ -675,6 +869,8 @@ def lint_gateway_pod(w, spec, by_kind, values, mode, release, namespace):
     check(not {"COFFER_ENCLAVE_SOCKET", "COFFER_ENCLAVE_SOCKETS"} & set(genv),
           f"{w}: gateway without an enclave container still names a socket")
     check(not [n for n, v in volumes.items() if "emptyDir" in v], f"{w}: gateway pod has an emptyDir (the socket volume)")
+    check(not spec.get("initContainers") and not [n for n, v in volumes.items() if "persistentVolumeClaim" in v],
+          f"{w}: gateway pod without an enclave has an init container or a PersistentVolumeClaim")
     allowed = {database, gw_tls}
     check(pod_secrets(spec) <= allowed, f"{w}: gateway pod references Secrets {sorted(pod_secrets(spec) - allowed)}"
           f" (only {sorted(allowed)}: never the PIN, the enclave's key or the enclave's extraVolumes)")
@@ -691,14 +887,15 @@ def lint_gateway_pod(w, spec, by_kind, values, mode, release, namespace):
               and p.path in ("", "/"), f"{w}: COFFER_ENCLAVE_URLS {u} is not https://{release}-enclave.{namespace}.svc:7443")
 
 
-def lint_enclave_pod(w, spec, by_kind, values):
+def lint_enclave_pod(w, spec, by_kind, values, release):
     containers, volumes, mounted = lint_pod_common(w, spec, by_kind)
     if not check(set(containers) == {"enclave"}, f"{w}: containers {sorted(containers)}, expected enclave alone"):
         return
     enc = containers["enclave"]
-    env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values)
+    env = lint_enclave_container(w, "enclave", containers, volumes, mounted, by_kind, values, release)
+    lint_init_container(w, spec, volumes, mounted, by_kind, values, release)
     t, gw_tls = values["enclave"]["tls"], values["gateway"]["enclaveTls"]["existingSecret"]
-    allowed = {values["enclave"]["pinSecret"], t["existingSecret"]} | extra_secrets(values)
+    allowed = {values["enclave"]["pinSecret"], t["existingSecret"]} | extra_secrets(values) | authority_secrets(values)
     check(pod_secrets(spec) <= allowed, f"{w}: enclave pod references Secrets {sorted(pod_secrets(spec) - allowed)}"
           f" (never the gateway's client key {gw_tls} or the database URL)")
     for var, key in (("CERT", t["certKey"]), ("KEY", t["keyKey"]), ("CLIENT_CA", t["clientCaKey"])):
@@ -766,6 +963,9 @@ def lint_renderer():
                     ('{{ if ne .Values.m "deployment" }}A{{ else }}B{{ end }}', "B"),
                     ('{{ if eq .Values.b true }}A{{ end }}', "A"),
                     ('{{ .Values.m | eq "sidecar" }}', "false"),
+                    ('{{ if .Values.n | int | lt 1 }}A{{ else }}B{{ end }}', "A"),
+                    ('{{ if .Values.n | int | lt 2 }}A{{ else }}B{{ end }}', "B"),
+                    ('{{ .Values.n | int | gt 3 }}', "true"),
                     ('{{ .Release.Name }}-enclave.{{ .Release.Namespace }}.svc', "r-enclave.ns.svc")):
         try:
             got = render(t)
@@ -776,7 +976,8 @@ def lint_renderer():
     # outside the subset: the renderer must refuse them too.
     for t in ('{{ eq .Values.n 2 }}', '{{ eq 1 1 }}', '{{ eq .Values.m 1 }}', '{{ eq .Values.b "true" }}',
               '{{ fail "stop" }}', '{{ eq .Values.m }}', '{{ range .Values.m }}x{{ end }}', '{{ if eq (.Values.m) "x" }}{{ end }}',
-              '{{ .Values.missing }}', '{{ else if .Values.b }}'):
+              '{{ .Values.missing }}', '{{ else if .Values.b }}', '{{ lt .Values.n 1 }}', '{{ .Values.n | lt 1 }}',
+              '{{ .Values.b | int }}', '{{ .Values.m | int }}', '{{ lt .Values.m "x" }}'):
         try:
             render(t)
             check(False, f"helm_render.py: renders {t}, which it must refuse")
@@ -807,6 +1008,8 @@ def lint_helm():
     check(base["enclave"]["mode"] == "sidecar", "values.yaml: enclave.mode must default to sidecar (today's topology)")
     check(base["enclave"]["replicas"] == 2, "values.yaml: enclave.replicas must default to 2")
     check(base["enclave"]["networkPolicy"]["enabled"] is True, "values.yaml: enclave.networkPolicy.enabled must default to true")
+    check(base["enclave"]["authorityStore"]["type"] == "postgres",
+          "values.yaml: enclave.authorityStore.type must default to postgres (the default layout runs several enclaves)")
     try:
         helm_render.render_chart(chart, base)
         check(False, "helm: the default values render, but enclave.pkcs11Module must be required")
@@ -814,6 +1017,13 @@ def lint_helm():
         check("pkcs11Module" in str(e), f"helm: default values fail for another reason: {e}")
     lint_values = os.path.join(chart, "ci", "lint-values.yaml")
     dep = {"mode": "deployment"}
+    vol = {"authorityStore": {"type": "volume"}}
+    try:
+        helm_render.render_chart(chart, helm_render.load_values(
+            chart, [lint_values], {"enclave": {"authorityStore": {"postgres": {"url": ""}}}}))
+        check(False, "helm: renders without enclave.authorityStore.postgres.url, which type postgres requires")
+    except helm_render.RenderError as e:
+        check("required: enclave.authorityStore.postgres.url" in str(e), f"helm: a missing authority store URL refused for another reason: {e}")
     # Values the chart must refuse: (override, what the error names).
     refused = {
         "enclave.mode unknown": ({"enclave": {"mode": "sidecars"}}, "enclave.mode"),
@@ -822,6 +1032,12 @@ def lint_helm():
             "enclave.tls.existingSecret"),
         "gateway TLS Secret = PIN Secret": (
             {"enclave": dep, "gateway": {"enclaveTls": {"existingSecret": base["enclave"]["pinSecret"]}}}, "pinSecret"),
+        "enclave.authorityStore.type unknown": ({"enclave": {"authorityStore": {"type": "sqlite"}}}, "enclave.authorityStore.type"),
+        # A store of its own per enclave: the second would refuse the organizations the first has.
+        "authority store volume, 2 enclave pods": ({"enclave": dict(dep, **vol, replicas=2)}, "enclave.replicas"),
+        "authority store volume, sidecar with the HPA": ({"enclave": vol}, "autoscaling.enabled"),
+        "authority store volume, sidecar with 2 gateway pods": (
+            {"enclave": vol, "autoscaling": {"enabled": False}, "gateway": {"replicas": 2}}, "gateway.replicas"),
     }
     for what, (override, needle) in refused.items():
         try:
@@ -849,6 +1065,16 @@ def lint_helm():
         "deployment mode, HPA off, every optional list and map set, 3 enclaves": (
             helm_render.merge(every_optional, {"enclave": dict(dep, replicas=3), "autoscaling": {"enabled": False}}),
             "coffer", "hsm"),
+        "sidecar, one gateway pod, authority store on the chart's volume, every optional list and map set": (
+            helm_render.merge(every_optional, {"enclave": vol, "autoscaling": {"enabled": False}, "gateway": {"replicas": 1}}),
+            "solo", "default"),
+        "deployment mode, one enclave, authority store on an existing claim": (
+            {"enclave": dict(dep, replicas=1, authorityStore={"type": "volume", "volume": {
+                "existingClaim": "coffer-authority", "storageClassName": "fast"}})}, "coffer", "vault"),
+        "deployment mode, one enclave, authority store volume, init and PDB off": (
+            {"enclave": dict(dep, replicas=1, initJob={"enabled": False}, authorityStore={"type": "volume", "volume": {
+                "storageClassName": "fast", "accessMode": "ReadWriteOncePod"}}),
+             "podDisruptionBudget": {"enabled": False}}, "acme", "default"),
     }
     for variant, (override, release, namespace) in variants.items():
         values = helm_render.load_values(chart, [lint_values], override)
@@ -882,6 +1108,10 @@ def lint_helm():
                   f"NOTES.txt ({variant}): must point at enclave.mode=deployment (TCP with mutual TLS)")
     readme = read(os.path.join(chart, "README.md"))
     check(not re.search(r"not\s+in\s+this\s+chart", readme, re.I), "helm/coffer/README.md: still says the enclave Deployment is not in this chart")
+    for doc, text in (("helm/coffer/README.md", readme), ("deploy/README.md", read(os.path.join(DEPLOY, "README.md")))):
+        check(not re.search(r"in-memory\s+replay", text, re.I), f"{doc}: still speaks of an enclave's in-memory replay window")
+        check("COFFER_AUTHORITY_STORE_URL" in text and "enclave.authorityStore" in text,
+              f"{doc}: must describe the authority store's values (enclave.authorityStore, COFFER_AUTHORITY_STORE_URL)")
     check(all(s in readme for s in ("enclave.mode", "`sidecar`", "`deployment`"))
           and says_san(readme, "<release>-enclave.<namespace>.svc") and re.search(r"TCP\s+with\s+mutual\s+TLS", readme),
           "helm/coffer/README.md: must describe both enclave.mode values and that the server certificate's SAN"
@@ -891,9 +1121,10 @@ def lint_helm():
           and not re.search(r"does\s+not\s+template|not\s+in\s+this\s+chart", deploy_readme),
           "deploy/README.md: must describe enclave.mode and the SAN <release>-enclave.<namespace>.svc, and no longer say"
           " the chart does not template the enclave Deployment")
-    print(f"  helm/coffer: rendered {len(variants)} value sets in both enclave modes (the defaults must fail on"
-          f" enclave.pkcs11Module, {len(refused)} bad sets must be refused); kinds, apiVersions, selectors, Services,"
-          f" PDBs, NetworkPolicy, enclave URL, probes, socket, PIN, TLS Secrets, securityContexts")
+    print(f"  helm/coffer: rendered {len(variants)} value sets in both enclave modes and both authority stores (the"
+          f" defaults must fail on enclave.pkcs11Module, {len(refused)} bad sets must be refused, a PostgreSQL store"
+          f" needs its URL); kinds, apiVersions, selectors, Services, PDBs, NetworkPolicy, enclave URL, probes, socket,"
+          f" PIN, TLS Secrets, securityContexts, one authority store for every enclave and init, its password or volume")
 
 
 def walk(v, path=""):

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # DEVELOPMENT ONLY: creates, once, the random secrets deploy/compose.yaml reads as compose secret
-# files (HSM user PIN, SoftHSM SO PIN, PostgreSQL password) in deploy/secrets/, which git ignores.
+# files (HSM user PIN, SoftHSM SO PIN, the gateways' PostgreSQL password, the enclave tier's
+# PostgreSQL password) in deploy/secrets/, which git ignores.
 # Existing files are kept, so the token and the database stay usable across runs.
 set -euo pipefail
 dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/secrets"
 install -d -m 0700 "$dir"
-for name in hsm-pin hsm-so-pin postgres-password; do
+for name in hsm-pin hsm-so-pin postgres-password authority-db-password; do
   f="$dir/$name"
   [ -s "$f" ] && continue
   # Hex, as deploy/run.sh makes PINs: also safe inside a database URL. Mode 0644 on purpose:

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Entrypoint of the compose stack's enclave (DEVELOPMENT: SoftHSM). On every start, idempotently:
+# Entrypoint of the compose stack's first enclave, enclave-a (DEVELOPMENT: SoftHSM; enclave-b only
+# serves, once this made the token and the keys). On every start, idempotently:
 # create the token if it is missing, create Coffer's service keys if missing, then serve.
 # The same commands as deploy/run.sh: `coffer-enclave init-token` does what
 # `softhsm2-util --init-token` does, through PKCS#11, taking the SO PIN from its environment and
