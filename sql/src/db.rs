@@ -116,6 +116,9 @@ pub trait Db {
     ) -> Result<Vec<T>, E>;
     /// Runs statements without parameters (transaction control, migrations).
     fn batch(&mut self, sql: &str) -> Result<(), SqlError>;
+    /// Marks the connection unusable (a transaction it could not end): a pool drops it rather
+    /// than hand it to the next caller inside that transaction.
+    fn discard(&mut self) {}
 
     /// The first row, if any.
     fn query_opt<T, E: From<SqlError>>(
@@ -163,15 +166,12 @@ pub trait Db {
         Self: Sized,
     {
         self.batch(Self::BEGIN_WRITE)?;
-        match f(self) {
-            Ok(v) => {
-                self.batch("COMMIT")?;
-                Ok(v)
-            }
-            Err(e) => {
-                let _ = self.batch("ROLLBACK");
-                Err(e)
-            }
+        let outcome = f(self).and_then(|v| self.batch("COMMIT").map(|()| v).map_err(E::from));
+        // A failed COMMIT may leave the transaction open (SQLite's disk full, I/O error): it is
+        // rolled back like a failed `f`, and a connection that cannot roll back is not reused.
+        if outcome.is_err() && self.batch("ROLLBACK").is_err() {
+            self.discard();
         }
+        outcome
     }
 }

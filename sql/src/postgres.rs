@@ -114,6 +114,8 @@ fn placeholders(sql: &str) -> String {
 pub struct PgConn {
     client: Client,
     statements: HashMap<String, Statement>,
+    /// A transaction it could not end ([`Db::discard`]).
+    discarded: bool,
 }
 
 impl PgConn {
@@ -124,12 +126,12 @@ impl PgConn {
         // on the bound values; left to choose, PostgreSQL plans joins afresh on each execution
         // for its first five and often for good. Measured: 22 % less database CPU per read.
         client.batch_execute("SET plan_cache_mode = force_generic_plan").map_err(pg)?;
-        Ok(Self { client, statements: HashMap::new() })
+        Ok(Self { client, statements: HashMap::new(), discarded: false })
     }
 
-    /// Whether the connection broke (it is then dropped, not reused).
+    /// Whether the connection broke, or was discarded (it is then dropped, not reused).
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.discarded || self.client.is_closed()
     }
 
     fn statement(&mut self, sql: &str) -> Result<Statement, SqlError> {
@@ -170,6 +172,10 @@ impl Db for PgConn {
 
     fn batch(&mut self, sql: &str) -> Result<(), SqlError> {
         self.client.batch_execute(sql).map_err(pg)
+    }
+
+    fn discard(&mut self) {
+        self.discarded = true;
     }
 }
 

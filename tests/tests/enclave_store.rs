@@ -491,6 +491,21 @@ fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
         other => panic!("{other:?}"),
     }
     assert_eq!(a.log_head("o").unwrap().map(|(n, _)| n), Some(2));
+    // A spend refused after its lane took its entry undoes that entry at once: it counts against
+    // no later spend of the same call (both sign-ups' lane holds one entry).
+    let lane = ReplayLane { scope: "lane:signups".into(), quota: 1 };
+    let laned = |k: u8, org: &str| Spend {
+        share: ReplayShare { organization: org.into(), lanes: vec![lane.clone()] },
+        ..spend(k, org)
+    };
+    let (s5, s6): (&'static Spend, &'static Spend) =
+        (Box::leak(Box::new(laned(5, "o"))), Box::leak(Box::new(laned(6, "p"))));
+    match a.advance_log("o", 2, 4, "h4", &[link("f5", "a5", 3, s5), link("f6", "a6", 4, s6)]) {
+        Err(StoreError::NotSpent(r)) => assert_eq!(r, [(0, Remembered::OrganizationQuotaFull)], "only the first"),
+        other => panic!("{other:?}"),
+    }
+    a.advance_log("o", 2, 3, "h3", &[link("f6", "a6", 3, s6)]).unwrap();
+    assert!(b.spent([6; 32], now, "nobody", "none").unwrap());
 }
 
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {

@@ -440,43 +440,67 @@ impl Backend for PostgresEnclaveStore {
 
     fn spend_in(&self, db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError> {
         let quota = as_count(self.limits.replay_per_organization);
+        // A prune done here is undone if the transaction is (a refused spend rolls it back): it
+        // stays due then, whoever caused the rollback.
+        let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
         let mut refused = Vec::new();
         let mut made = 0;
         for (i, s) in spends {
             let rows = 1 + s.share.lanes.len() as i64;
-            if !self.room_for(db, s.now_ms, rows)? {
+            if !self.room_for(db, s.now_ms, made + rows)? {
                 refused.push((*i, Remembered::WindowFull));
                 continue;
             }
-            // The lanes first, then the share, as a remember with an allow takes them.
-            let mut code = 0;
-            for lane in &s.share.lanes {
-                let lane_key = lane.key(&s.key);
-                let lane_quota = as_count(lane.quota);
-                match remember_code(db, "coffer_remember", &lane.scope, &lane_key, s.expires_ms, s.now_ms, lane_quota)?
-                {
-                    0 => made += 1,
-                    1 => {}
-                    full => {
-                        code = full;
-                        break;
+            // The lanes first, then the share, as a remember with an allow takes them. A spend
+            // with lanes runs in a savepoint, so that the lane entries of one refused undo
+            // themselves at once and count against no later spend of the transaction.
+            let one = |db: &mut PgConn| -> Result<i64, StoreError> {
+                let mut entries = 0;
+                for lane in &s.share.lanes {
+                    let lane_key = lane.key(&s.key);
+                    let lane_quota = as_count(lane.quota);
+                    match remember_code(
+                        db,
+                        "coffer_remember",
+                        &lane.scope,
+                        &lane_key,
+                        s.expires_ms,
+                        s.now_ms,
+                        lane_quota,
+                    )? {
+                        0 => entries += 1,
+                        1 => {}
+                        full => return Err(StoreError::NotSpent(vec![(*i, answer_of(full)?)])),
                     }
                 }
-            }
-            if code == 0 {
-                code =
-                    remember_code(db, "coffer_remember", &s.share.organization, &s.key, s.expires_ms, s.now_ms, quota)?;
-            }
-            match answer_of(code)? {
-                Remembered::Fresh => {
-                    sql::insert_decision(db, &s.allowed)?;
-                    made += 1;
+                match answer_of(remember_code(
+                    db,
+                    "coffer_remember",
+                    &s.share.organization,
+                    &s.key,
+                    s.expires_ms,
+                    s.now_ms,
+                    quota,
+                )?)? {
+                    Remembered::Fresh => {
+                        sql::insert_decision(db, &s.allowed)?;
+                        Ok(entries + 1)
+                    }
+                    other => Err(StoreError::NotSpent(vec![(*i, other)])),
                 }
-                other => refused.push((*i, other)),
+            };
+            let spent = if s.share.lanes.is_empty() { one(db) } else { db.savepoint(one) };
+            match spent {
+                Ok(entries) => made += entries,
+                Err(StoreError::NotSpent(r)) => refused.extend(r),
+                Err(e) => return Err(e),
             }
         }
         if refused.is_empty() {
             self.counted(made);
+        } else {
+            self.next_prune_ms.store(due.0, Ordering::Relaxed);
+            self.next_decision_prune_ms.store(due.1, Ordering::Relaxed);
         }
         Ok(refused)
     }

@@ -620,6 +620,9 @@ impl Backend for SqliteEnclaveStore {
     ) -> Result<Vec<(usize, Remembered)>, StoreError> {
         let mut counts = Counts::default();
         let mut refused = Vec::new();
+        // A prune done here is undone if the transaction is (a refused spend rolls it back): it
+        // stays due then, whoever caused the rollback.
+        let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
         for (i, s) in spends {
             let ReplayShare { organization, lanes } = &s.share;
             match self.remember_entry(db, &mut counts, organization, s.key, s.expires_ms, s.now_ms, None, lanes)? {
@@ -628,6 +631,10 @@ impl Backend for SqliteEnclaveStore {
             }
         }
         counts.flush(db)?;
+        if !refused.is_empty() {
+            self.next_prune_ms.store(due.0, Ordering::Relaxed);
+            self.next_decision_prune_ms.store(due.1, Ordering::Relaxed);
+        }
         Ok(refused)
     }
 }
