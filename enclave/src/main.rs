@@ -50,7 +50,8 @@ enum Command {
     /// reads the gateway's activity fingerprints, one per line, from FILE (`-` = stdin), e.g.
     /// `sqlite3 coffer.db 'SELECT fingerprint FROM activities'`, and prints each unmatched
     /// decision as a JSON line (with the outcomes the log has after it for the same activity).
-    /// Exits 1 if there is any, 0 otherwise.
+    /// Exits 1 if there is any, 0 otherwise. Reads the enclave's store as configured and stops if
+    /// there is none there: it never creates one.
     Reconcile {
         /// The gateway's activity fingerprints, one per line; `-` reads stdin.
         #[arg(long, value_name = "FILE")]
@@ -256,7 +257,8 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
             known.insert(fingerprint.to_string());
         }
     }
-    let store = coffer_enclave::store::open(&cfg.store_settings())?;
+    // Never a new store: a reconciliation against an empty one would find nothing, and say so.
+    let store = coffer_enclave::store::open_existing(&cfg.store_settings())?;
     // (organization, operation, fingerprint) of each unmatched allow → the decision and the
     // outcomes logged after it for the same activity and operation.
     let mut unmatched: Vec<(DecisionRecord, Vec<String>)> = Vec::new();

@@ -1949,6 +1949,28 @@ async fn login_calls_refuse_unstamped_stale_uncertified_and_replayed_requests() 
 /// A stamped body used once through enclave A is a replay at enclave B; an organization that
 /// fills its share (`replay_quota_per_organization`, 6 here) gets the typed busy refusal while
 /// another organization's signing goes on, through both enclaves and through the gateway; and
+/// `coffer-enclave reconcile` refuses to guess (issue 41): run where no store is configured, it
+/// stops with an error naming what is missing, and creates no store where its default points
+/// (it used to create an empty `./.coffer/authority.sqlite` and report 0 unmatched, exit 0).
+#[test]
+fn reconcile_without_its_store_says_what_is_missing_and_creates_none() {
+    let dir = std::env::temp_dir().join(format!("coffer-reconcile-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new(coffer_tests::bin_dir().join("coffer-enclave"))
+        .current_dir(&dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(["reconcile", "--gateway-activities", "-"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "reconcile without a store succeeded: {stderr}");
+    assert!(stderr.contains("no authority store at") && stderr.contains("COFFER_AUTHORITY_STORE_URL"), "{stderr}");
+    assert!(!dir.join(".coffer").exists(), "reconcile created a store where its default points");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `coffer-enclave reconcile` lists the decisions the gateway has no activity for (the bodies sent
 /// straight to the socket), not the ones it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,6 @@ pub use interface::{
     OrgHead, Remembered, ReplayLane, ReplayShare, Spend, StoreError, StoreLimits, OUTCOME_ALLOW, OUTCOME_DONE,
     OUTCOME_FAILED, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
-pub use open::{default_url, open, redact, StoreSettings};
+pub use open::{default_url, open, open_existing, redact, StoreSettings};
 pub use postgres::PostgresEnclaveStore;
 pub use sqlite::SqliteEnclaveStore;

@@ -28,6 +28,21 @@ pub fn default_url(socket: &Path) -> String {
     format!("sqlite://{}", dir.join("authority.sqlite").display())
 }
 
+/// Opens the store `settings.url` names only if it exists already: for the operator commands
+/// that read what the enclave recorded (`reconcile`), which must never create an empty store in
+/// the place a default points to and report on it.
+pub fn open_existing(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreError> {
+    if let Some(path) = settings.url.trim().strip_prefix("sqlite://") {
+        if !path.is_empty() && !Path::new(path).exists() {
+            return Err(StoreError::Invalid(format!(
+                "no authority store at {path}: name the enclave's store (authority_store in its configuration, \
+                 COFFER_AUTHORITY_STORE_URL, or its socket's directory); this command never creates one"
+            )));
+        }
+    }
+    open(settings)
+}
+
 /// Opens (and migrates) the store `settings.url` names.
 pub fn open(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreError> {
     let url = settings.url.trim();
