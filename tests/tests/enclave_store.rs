@@ -508,6 +508,20 @@ fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
     assert!(b.spent([6; 32], now, "nobody", "none").unwrap());
 }
 
+/// An operator command that reads the store (`reconcile`) opens it only where one exists: a
+/// missing SQLite file, or a database without the store's schema, is refused and left as it was
+/// (issue 41: it used to make an empty store and report on it).
+fn only_an_existing_store_is_opened_where_one_must_exist(backend: Backend) {
+    let db = database(backend);
+    let settings = StoreSettings { url: db.url.clone(), password_file: None, limits: StoreLimits::default() };
+    let refused = open_existing(&settings).err().expect("no store there yet").to_string();
+    assert!(refused.contains("no authority store") && refused.contains("never creates one"), "{refused}");
+    // Nothing was made: a second try is refused the same way.
+    assert!(open_existing(&settings).is_err(), "the refused open created a store");
+    open(&settings).unwrap();
+    open_existing(&settings).unwrap();
+}
+
 fn unsupported_urls_are_refused_without_their_password(_backend: Backend) {
     let settings = StoreSettings { url: "mysql://enclave:hunter2@db/x".into(), ..Default::default() };
     let err = open(&settings).err().expect("refused").to_string();
@@ -544,6 +558,7 @@ conformance!(
     decisions_are_logged_for_every_enclave,
     an_activity_is_linked_once,
     a_link_spends_its_stamp_in_its_transaction,
+    only_an_existing_store_is_opened_where_one_must_exist,
     old_decisions_are_pruned_in_batches,
     unsupported_urls_are_refused_without_their_password,
 );

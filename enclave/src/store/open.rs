@@ -32,23 +32,31 @@ pub fn default_url(socket: &Path) -> String {
 /// that read what the enclave recorded (`reconcile`), which must never create an empty store in
 /// the place a default points to and report on it.
 pub fn open_existing(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreError> {
-    if let Some(path) = settings.url.trim().strip_prefix("sqlite://") {
-        if !path.is_empty() && !Path::new(path).exists() {
-            return Err(StoreError::Invalid(format!(
-                "no authority store at {path}: name the enclave's store (authority_store in its configuration, \
-                 COFFER_AUTHORITY_STORE_URL, or its socket's directory); this command never creates one"
-            )));
-        }
-    }
-    open(settings)
+    open_at(settings, true)
 }
 
 /// Opens (and migrates) the store `settings.url` names.
 pub fn open(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreError> {
+    open_at(settings, false)
+}
+
+/// What an operator is told when the store a command must read is not there.
+fn missing(what: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "no authority store {what}: name the enclave's store (authority_store in its configuration, \
+         COFFER_AUTHORITY_STORE_URL, or its socket's directory); this command never creates one"
+    ))
+}
+
+fn open_at(settings: &StoreSettings, must_exist: bool) -> Result<Arc<dyn EnclaveStore>, StoreError> {
     let url = settings.url.trim();
     if let Some(path) = url.strip_prefix("sqlite://") {
         if path.is_empty() {
             return Err(StoreError::Invalid("sqlite:// needs a path".into()));
+        }
+        // An empty file is no store either: SQLite would make one in it.
+        if must_exist && std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+            return Err(missing(&format!("at {path}")));
         }
         return Ok(Arc::new(SqliteEnclaveStore::open(Path::new(path), settings.limits)?));
     }
@@ -67,6 +75,9 @@ pub fn open(settings: &StoreSettings) -> Result<Arc<dyn EnclaveStore>, StoreErro
             None => None,
         };
         let config = PostgresEnclaveStore::config(url, password.as_deref().map(String::as_str))?;
+        if must_exist && !PostgresEnclaveStore::exists(&config)? {
+            return Err(missing(&format!("in the database {}", redact(url))));
+        }
         return Ok(Arc::new(PostgresEnclaveStore::open(config, settings.limits)?));
     }
     Err(StoreError::Invalid(format!(

@@ -226,6 +226,21 @@ impl PostgresEnclaveStore {
         })
     }
 
+    /// Whether the database `config` names holds an authority store (its schema table), read
+    /// without creating anything.
+    pub fn exists(config: &::postgres::Config) -> Result<bool, StoreError> {
+        off_executor(|| {
+            let mut c = PgConn::connect(config)?;
+            let found = c.query_one(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.tables
+                                WHERE table_schema = current_schema() AND table_name = 'authority_schema')",
+                &[],
+                |r| Ok::<_, StoreError>(r.flag(0)?),
+            )?;
+            Ok::<_, StoreError>(found)
+        })
+    }
+
     /// Parses `url` (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`) and sets `password` if given.
     pub fn config(url: &str, password: Option<&str>) -> Result<::postgres::Config, StoreError> {
         let mut config = ::postgres::Config::from_str(url)
@@ -317,13 +332,15 @@ impl PostgresEnclaveStore {
                 0 => {}
                 other => return Err(ShareStop::NotFresh(other)),
             }
-            sql::insert_decision(db, allowed).map_err(|e| ShareStop::Sql(SqlError::Backend(e.to_string())))?;
+            sql::insert_decision(db, allowed).map_err(ShareStop::Store)?;
             Ok(fresh + 1)
         });
         match outcome {
             Ok(made) => Ok((0, made)),
             Err(ShareStop::NotFresh(code)) => Ok((code, 0)),
             Err(ShareStop::Sql(e)) => Err(e),
+            Err(ShareStop::Store(StoreError::Conflict(m))) => Err(SqlError::Deadlock(m)),
+            Err(ShareStop::Store(e)) => Err(SqlError::Backend(e.to_string())),
         }
     }
 }
@@ -333,6 +350,8 @@ impl PostgresEnclaveStore {
 enum ShareStop {
     NotFresh(i64),
     Sql(SqlError),
+    /// The allow's insert, as the shared SQL reports it.
+    Store(StoreError),
 }
 
 impl From<SqlError> for ShareStop {

@@ -3,8 +3,9 @@
 //! (writes take SQLite's file lock, waiting up to five seconds).
 //!
 //! Durability, by what is written:
-//! - state changes (`apply`) commit with `synchronous=FULL`: the WAL is fsync'd before the call
-//!   returns, so a change survives a power loss once the enclave has answered;
+//! - state changes (`apply`) and sealed service keys commit with `synchronous=FULL`: the WAL is
+//!   fsync'd before the call returns, so a change survives a power loss once the enclave has
+//!   answered;
 //! - replay entries and decisions commit with `synchronous=NORMAL`: written to the WAL (the
 //!   kernel has them, so they survive a crash or kill of the enclave process) but fsync'd only at
 //!   the next checkpoint or state change. Chosen because an fsync per signing would halve signing

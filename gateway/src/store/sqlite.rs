@@ -45,8 +45,10 @@ fn committer(writer: Arc<Mutex<Connection>>, jobs: mpsc::Receiver<CommitJob>) {
     }
 }
 
+/// The driver's error where this backend calls it itself (opening, pragmas, checkpoints),
+/// through the one mapping.
 fn backend(e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    coffer_sql::sqlite_error(e).into()
 }
 
 impl Dialect for Connection {
