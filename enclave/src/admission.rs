@@ -107,6 +107,17 @@ pub struct Unspent {
 }
 
 impl Unspent {
+    /// The stamp to spend as part of another write of the authority store, as of now.
+    pub fn to_spend(&self) -> Spend {
+        Spend {
+            share: self.share.clone(),
+            key: self.key,
+            expires_ms: self.expires,
+            now_ms: now_ms(),
+            allowed: self.allowed.clone(),
+        }
+    }
+
     /// The same, with `result` (the activity's result as the enclave made it, in the API's shape)
     /// recorded with its allow: the log links the activity only as completed, with that result.
     pub fn with_result(mut self, result: &serde_json::Value) -> Self {
@@ -959,21 +970,31 @@ impl Admission {
         unspent: Unspent,
         write: impl FnOnce(Spend) -> Result<T, EnclaveError>,
     ) -> Result<T, EnclaveError> {
-        let Unspent { share, key, expires, allowed, approved, audited } = unspent;
-        let digest = allowed.result_digest.clone();
-        let spend = Spend { share, key, expires_ms: expires, now_ms: now_ms(), allowed };
-        match write(spend) {
+        match write(unspent.to_spend()) {
             Ok(done) => {
-                let key_use = !digest.is_empty() && !digest.starts_with(crate::link_request::MADE_MARK);
-                self.allowed(a, approved, audited, &digest, key_use);
+                self.spent_within(a, unspent);
                 Ok(done)
             }
             Err(e) => {
-                if let EnclaveError::Refused { reason, message, .. } | EnclaveError::Busy { reason, message } = &e {
-                    Refusal::new(*reason, message.clone()).about(&a.activity, &a.credential).audit(a.operation);
-                }
+                self.unspent_within(a, &e);
                 Err(e)
             }
+        }
+    }
+
+    /// The stamp of `unspent` was spent by another write ([`Unspent::to_spend`]), committed: its
+    /// allow is audited.
+    pub fn spent_within(&self, a: &Admitted, unspent: Unspent) {
+        let digest = &unspent.allowed.result_digest;
+        let key_use = !digest.is_empty() && !digest.starts_with(crate::link_request::MADE_MARK);
+        self.allowed(a, unspent.approved, unspent.audited, digest, key_use);
+    }
+
+    /// The write that was to spend a stamp failed with `e`, nothing kept: audited as the refusal
+    /// it is when it is one (a replay, a full share or window).
+    pub fn unspent_within(&self, a: &Admitted, e: &EnclaveError) {
+        if let EnclaveError::Refused { reason, message, .. } | EnclaveError::Busy { reason, message } = e {
+            Refusal::new(*reason, message.clone()).about(&a.activity, &a.credential).audit(a.operation);
         }
     }
 

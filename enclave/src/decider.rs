@@ -2,7 +2,7 @@
 //! read from the authority store (cached by version), stamping credentials checked live, the root
 //! quorum and policies decided over it, and changes written only as the stamped body asks.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
 
 use coffer_org_rules::decide::{self, PolicyIndex, Proposal, Vote};
@@ -14,7 +14,7 @@ use coffer_policy::decision::{Decision, Evaluation};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::group_commit::{self, Reply, Turn};
-use crate::store::{EnclaveStore, Entry, OrgChanges};
+use crate::store::{EnclaveStore, Entry, OrgChanges, Remembered, Spend, StoreError};
 
 /// One organization's state as loaded, with its policies compiled.
 #[derive(Debug)]
@@ -160,6 +160,50 @@ pub struct Staged {
     /// The organizations of the group being committed: a load that misses one of them waits
     /// for the commit to put its new state in the cache ([`Decider::load`]).
     committing: HashSet<String>,
+    /// The stamps the staged changes spend, and those committed lately.
+    stamps: StampsInFlight,
+}
+
+/// The replay keys of the stamps this enclave's staged changes spend (queued, or in the group
+/// being committed) and of the last [`SPENT_LATELY`] it committed. A twin of one (the same stamp
+/// sent again, decided before the first was committed) is refused as a replay before it is
+/// staged: in the group's transaction its refusal would move every change staged on its
+/// organizations (one replayed sign-up, every sign-up of its parent's).
+#[derive(Default)]
+struct StampsInFlight {
+    keys: HashSet<[u8; 32]>,
+    spent_lately: VecDeque<[u8; 32]>,
+}
+
+/// How many committed stamps [`StampsInFlight`] keeps: a few seconds of changes, more than the
+/// time from a decision's check of the store (`EnclaveStore::spent`) to its staging.
+const SPENT_LATELY: usize = 4096;
+
+impl StampsInFlight {
+    /// Takes `spend`'s key for a change about to be staged, unless a staged or lately committed
+    /// change spends it.
+    fn take(&mut self, spend: Option<&Spend>) -> Result<(), EnclaveError> {
+        match spend {
+            Some(s) if !self.keys.insert(s.key) => Err(crate::error::not_spent(Remembered::Replayed)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A staged change was answered: its stamp spent (kept a while), or not (let go: decided
+    /// again, it is staged again).
+    fn settle(&mut self, spend: Option<&Spend>, spent: bool) {
+        let Some(s) = spend else { return };
+        if !spent {
+            self.keys.remove(&s.key);
+            return;
+        }
+        self.spent_lately.push_back(s.key);
+        while self.spent_lately.len() > SPENT_LATELY {
+            if let Some(old) = self.spent_lately.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+    }
 }
 
 /// The state an organization's staged changes leave.
@@ -181,6 +225,8 @@ type Committed = Result<Vec<(String, u64)>, EnclaveError>;
 /// One staged change waiting for its group commit.
 struct StagedChange {
     organizations: Vec<String>,
+    /// The stamp of the activity that asked for it, spent in the group's transaction.
+    spend: Option<Spend>,
     reply: Reply<Committed>,
 }
 
@@ -233,7 +279,7 @@ fn moved() -> EnclaveError {
 /// Whether `e` says the state moved under a decision (decide again on the new state).
 pub fn is_moved(e: &EnclaveError) -> bool {
     matches!(e, EnclaveError::Busy { reason: RefusalReason::Unspecified, .. })
-        || matches!(e, EnclaveError::EnclaveStore(crate::store::StoreError::VersionMoved { .. }))
+        || matches!(e, EnclaveError::EnclaveStore(StoreError::VersionMoved { .. } | StoreError::Conflict(_)))
 }
 
 fn internal(what: &str) -> EnclaveError {
@@ -396,6 +442,14 @@ impl Decider {
     /// failed, or the committed state it was built on replaced (then decide again: this change
     /// alone, not the group its stale base would fail).
     pub fn stage_prepared(&self, prepared: Prepared) -> Result<Pending, EnclaveError> {
+        self.stage_prepared_spending(prepared, None)
+    }
+
+    /// [`Decider::stage_prepared`] for a change whose activity's stamp (`spend`) is spent in the
+    /// transaction that commits it: a stamp the replay window refuses fails this change alone (its
+    /// answer is [`crate::error::not_spent`]'s) and moves the changes staged on it; the rest of its
+    /// group commits without them.
+    pub fn stage_prepared_spending(&self, prepared: Prepared, spend: Option<Spend>) -> Result<Pending, EnclaveError> {
         // The committed version of each organization built on a committed state, read before the
         // heads are locked when the cache does not have it (no store call under that lock).
         let mut committed: HashMap<&str, Option<u64>> = HashMap::new();
@@ -409,6 +463,7 @@ impl Decider {
             }
         }
         let mut staged = self.changing()?;
+        staged.stamps.take(spend.as_ref())?;
         for (org, p) in &prepared.next {
             let unmoved = match (staged.heads.get(org), &p.built_on) {
                 (Some(now), Some(on)) => Arc::ptr_eq(on, &now.loaded),
@@ -416,10 +471,11 @@ impl Decider {
                 _ => false,
             };
             if !unmoved {
+                staged.stamps.settle(spend.as_ref(), false);
                 return Err(moved());
             }
         }
-        Ok(self.queue(&mut staged, prepared))
+        Ok(self.queue(&mut staged, prepared, spend))
     }
 
     /// Applies `changes` to each organization's head, all or nothing, and queues them for a group
@@ -551,12 +607,12 @@ impl Decider {
     }
 
     /// Every organization's effects applied: the heads move, and the change waits in the queue.
-    fn queue(&self, staged: &mut Staged, prepared: Prepared) -> Pending {
+    fn queue(&self, staged: &mut Staged, prepared: Prepared, spend: Option<Spend>) -> Pending {
         for (org, p) in prepared.next {
             staged.heads.insert(org, p.head);
         }
         let (reply, answer) = group_commit::channel();
-        staged.queue.push(StagedChange { organizations: prepared.order, reply });
+        staged.queue.push(StagedChange { organizations: prepared.order, spend, reply });
         let lead = !std::mem::replace(&mut staged.leading, true);
         Pending { answer, lead }
     }
@@ -572,7 +628,7 @@ impl Decider {
     /// Commits every change staged so far in one store transaction, settles the heads, answers
     /// each change, and hands the lead to the owner of the first change staged meanwhile.
     fn lead_group(&self) -> Result<(), EnclaveError> {
-        let (group, snapshot) = {
+        let (mut group, mut snapshot) = {
             let mut staged = self.changing()?;
             let group = std::mem::take(&mut staged.queue);
             let mut snapshot: Vec<(String, Head)> = Vec::new();
@@ -588,7 +644,25 @@ impl Decider {
             staged.committing = snapshot.iter().map(|(org, _)| org.clone()).collect();
             (group, snapshot)
         };
-        let result = self.commit_group(&snapshot);
+        coffer_process::crash_point::here("enclave-before-state-commit");
+        let result = loop {
+            let spends: Vec<(usize, &Spend)> =
+                group.iter().enumerate().filter_map(|(i, c)| c.spend.as_ref().map(|s| (i, s))).collect();
+            match self.commit_group(&snapshot, &spends) {
+                Err(EnclaveError::EnclaveStore(StoreError::NotSpent(refused))) => {
+                    drop(spends);
+                    let before = group.len();
+                    self.leave_out_unspent(&mut group, &mut snapshot, &refused)?;
+                    if group.is_empty() {
+                        break Ok(Vec::new());
+                    }
+                    if group.len() == before {
+                        break Err(internal("group commit refused stamps it does not have"));
+                    }
+                }
+                other => break other,
+            }
+        };
         let mut staged = self.changing()?;
         staged.committing.clear();
         let mut failed_later = Vec::new();
@@ -622,9 +696,11 @@ impl Decider {
                 }
                 Err(e) => Err(each(e)),
             };
+            staged.stamps.settle(change.spend.as_ref(), answer.is_ok());
             let _ = change.reply.send(Turn::Answer(answer));
         }
         for change in &failed_later {
+            staged.stamps.settle(change.spend.as_ref(), false);
             let _ = change.reply.send(Turn::Answer(Err(moved())));
         }
         match staged.queue.first() {
@@ -637,10 +713,73 @@ impl Decider {
         Ok(())
     }
 
+    /// After a group's transaction was rolled back because the stamps `refused` (by their place
+    /// in `group`) could not be spent: answers each such change with its refusal, and leaves out
+    /// of the group, of `snapshot` and of the heads every organization such a change named, with
+    /// every change (of the group or staged since) that names one of them, transitively; those
+    /// changes were decided on states that included a refused one, and are decided again
+    /// (moved). The rest of the group is committed without them.
+    fn leave_out_unspent(
+        &self,
+        group: &mut Vec<StagedChange>,
+        snapshot: &mut Vec<(String, Head)>,
+        refused: &[(usize, Remembered)],
+    ) -> Result<(), EnclaveError> {
+        let mut staged = self.changing()?;
+        let mut out: HashSet<String> = HashSet::new();
+        for (i, _) in refused {
+            if let Some(c) = group.get(*i) {
+                out.extend(c.organizations.iter().cloned());
+            }
+        }
+        // The organizations left out, closed over every change that names one of them.
+        loop {
+            let before = out.len();
+            for c in group.iter().chain(staged.queue.iter()) {
+                if c.organizations.iter().any(|o| out.contains(o)) {
+                    out.extend(c.organizations.iter().cloned());
+                }
+            }
+            if out.len() == before {
+                break;
+            }
+        }
+        let mut kept = Vec::with_capacity(group.len());
+        for (i, change) in std::mem::take(group).into_iter().enumerate() {
+            let answer = match refused.iter().find(|(r, _)| *r == i) {
+                Some((_, remembered)) => Err(crate::error::not_spent(*remembered)),
+                None if change.organizations.iter().any(|o| out.contains(o)) => Err(moved()),
+                None => {
+                    kept.push(change);
+                    continue;
+                }
+            };
+            staged.stamps.settle(change.spend.as_ref(), false);
+            let _ = change.reply.send(Turn::Answer(answer));
+        }
+        *group = kept;
+        let (moved_later, later): (Vec<_>, Vec<_>) = std::mem::take(&mut staged.queue)
+            .into_iter()
+            .partition(|c| c.organizations.iter().any(|o| out.contains(o)));
+        staged.queue = later;
+        for change in moved_later {
+            staged.stamps.settle(change.spend.as_ref(), false);
+            let _ = change.reply.send(Turn::Answer(Err(moved())));
+        }
+        staged.heads.retain(|org, _| !out.contains(org));
+        snapshot.retain(|(org, _)| !out.contains(org));
+        staged.committing.retain(|org| !out.contains(org));
+        Ok(())
+    }
+
     /// Writes the heads of `snapshot` (the entries their changes touched) in one transaction,
-    /// each only if its organization is still at the version its changes build on, fsync'd; the
-    /// cache then takes the committed states.
-    fn commit_group(&self, snapshot: &[(String, Head)]) -> Result<Vec<(String, u64)>, EnclaveError> {
+    /// each only if its organization is still at the version its changes build on, and spends
+    /// `spends` in it, fsync'd; the cache then takes the committed states.
+    fn commit_group(
+        &self,
+        snapshot: &[(String, Head)],
+        spends: &[(usize, &Spend)],
+    ) -> Result<Vec<(String, u64)>, EnclaveError> {
         let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
         let mut writes = Vec::new();
         for (org, head) in snapshot {
@@ -663,7 +802,7 @@ impl Decider {
                 deletes,
             });
         }
-        let versions = self.store.apply(&writes)?;
+        let versions = self.store.apply_spending(&writes, spends)?;
         for ((org, head), version) in snapshot.iter().zip(&versions) {
             if head.deleted {
                 self.cache.remove(org);
@@ -1111,6 +1250,77 @@ mod tests {
             staged(&r, &[put_user("o", "late")]),
             Err(EnclaveError::Refused { reason: RefusalReason::OrganizationUnknown, .. })
         ));
+    }
+
+    /// A group's stamps are spent in the transaction that commits it: a stamp the replay window
+    /// refuses fails its own change alone (answered as the replay it is), the change staged on it
+    /// is decided again, and the rest of the group commits with its stamps spent and its allows
+    /// recorded; nothing of the refused one, or of the one staged on it, is kept.
+    #[test]
+    fn a_refused_stamp_fails_its_change_alone_and_the_rest_of_its_group_commits() {
+        use crate::store::{DecisionRecord, LoggedDecision, ReplayShare, OUTCOME_ALLOW};
+        let r = rules();
+        bootstrap(&r, "a");
+        bootstrap(&r, "b");
+        let (now, expires) = (1_000, 1_000_000);
+        let spend = |org: &str, key: u8| Spend {
+            share: ReplayShare::of(org),
+            key: [key; 32],
+            expires_ms: expires,
+            now_ms: now,
+            allowed: DecisionRecord {
+                at_ms: now,
+                organization_id: org.into(),
+                operation: "apply_activity".into(),
+                fingerprint: format!("f{key}"),
+                outcome: OUTCOME_ALLOW.into(),
+                ..Default::default()
+            },
+        };
+        // A twin spent the stamp of key 2 already.
+        assert_eq!(r.store().remember("a", [2; 32], expires, now).unwrap(), Remembered::Fresh);
+        let vb = r.load("b").unwrap().unwrap().state.version;
+        let stage = |changes: &[Change], spent: Spend| {
+            let _locked = r.lock_organizations(changes.iter().map(|c| c.organization_id.as_str())).unwrap();
+            let prepared = r.prepare(changes, None).unwrap();
+            r.stage_prepared_spending(prepared, Some(spent)).unwrap()
+        };
+        // One group: b1 (leads), a1 (its stamp replayed), a2 (staged on a1), b2.
+        let b1 = stage(&[put_user("b", "b1")], spend("b", 1));
+        let a1 = stage(&[put_user("a", "a1")], spend("a", 2));
+        let a2 = stage(&[put_user("a", "a2")], spend("a", 3));
+        let b2 = stage(&[put_user("b", "b2")], spend("b", 4));
+        // A twin of a staged stamp is refused before it is staged (in the group it would move b1
+        // and b2), and so is a twin of one committed lately, below.
+        let twin = |key: u8| {
+            let _locked = r.lock_organizations(["b"]).unwrap();
+            let prepared = r.prepare(&[put_user("b", "twin")], None).unwrap();
+            r.stage_prepared_spending(prepared, Some(spend("b", key))).map(|_| ())
+        };
+        let replayed = |e: EnclaveError| matches!(e, EnclaveError::Refused { reason: RefusalReason::Replayed, .. });
+        assert!(replayed(twin(1).unwrap_err()));
+        assert_eq!(r.committed(b1).unwrap(), vec![("b".to_string(), vb + 1)]);
+        assert!(matches!(r.committed(a1).unwrap_err(), EnclaveError::Refused { reason: RefusalReason::Replayed, .. }));
+        assert!(is_moved(&r.committed(a2).unwrap_err()));
+        assert_eq!(r.committed(b2).unwrap(), vec![("b".to_string(), vb + 1)], "one transaction for b1 and b2");
+        // What the store has: b's two users, their stamps spent and allowed; nothing of a's.
+        let other = Decider::new(r.store().clone());
+        let (a, b) = (other.load("a").unwrap().unwrap(), other.load("b").unwrap().unwrap());
+        assert!(b.state.users.contains_key("b1") && b.state.users.contains_key("b2"));
+        assert!(!a.state.users.contains_key("a1") && !a.state.users.contains_key("a2"));
+        let head = r.head("a").unwrap().loaded.unwrap();
+        assert!(!head.state.users.contains_key("a1"), "the refused change's head is gone");
+        for key in [1, 4] {
+            assert_eq!(r.store().remember("b", [key; 32], expires, now).unwrap(), Remembered::Replayed);
+            let decided = r.store().decided("b", &format!("f{key}")).unwrap();
+            assert_eq!(decided.logged, LoggedDecision::Authorized);
+        }
+        assert_eq!(r.store().decided("a", "f3").unwrap().logged, LoggedDecision::Nothing);
+        assert!(replayed(twin(4).unwrap_err()), "committed lately");
+        // Decided again, a2 commits alone with its stamp, which it let go when it was moved.
+        let a2 = stage(&[put_user("a", "a2")], spend("a", 3));
+        assert_eq!(r.committed(a2).unwrap().len(), 1);
+        assert!(other.load("a").unwrap().unwrap().state.users.contains_key("a2"));
     }
 
     /// A change of organization A being decided (its lock held from its head to its staging, as

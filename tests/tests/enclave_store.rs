@@ -508,6 +508,47 @@ fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
     assert!(b.spent([6; 32], now, "nobody", "none").unwrap());
 }
 
+/// A state change's stamp is spent in the transaction that applies it (issue 40, one commit per
+/// activity): a stamp the window refuses applies nothing and spends nothing, the others' stamps
+/// included, and is named by its caller's number; without it, the changes and every stamp
+/// commit together, each allow recorded.
+fn a_change_spends_its_stamp_in_its_transaction(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let (now, expires) = (1_000_000, 2_000_000);
+    let spend = |k: u8, org: &str| Spend {
+        share: ReplayShare::of(org),
+        key: [k; 32],
+        expires_ms: expires,
+        now_ms: now,
+        allowed: DecisionRecord {
+            at_ms: now,
+            organization_id: org.into(),
+            fingerprint: format!("f{k}"),
+            outcome: OUTCOME_ALLOW.into(),
+            ..Default::default()
+        },
+    };
+    let (s1, s2) = (spend(1, "o"), spend(2, "p"));
+    assert_eq!(b.remember("p", [2; 32], expires, now).unwrap(), Remembered::Fresh);
+    let changes = [change("o", 0, vec![entry("user", "u1", b"1")], &[]), change("p", 0, vec![], &[])];
+    match a.apply_spending(&changes, &[(7, &s1), (9, &s2)]) {
+        Err(StoreError::NotSpent(r)) => assert_eq!(r, [(9, Remembered::Replayed)]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.version("o").unwrap(), None, "nothing applied");
+    assert!(!b.spent([1; 32], now, "nobody", "none").unwrap(), "the other stamp is not spent either");
+    assert_eq!(b.decided("o", "f1").unwrap().logged, LoggedDecision::Nothing);
+    assert_eq!(a.apply_spending(&changes[..1], &[(0, &s1)]).unwrap(), [1]);
+    assert!(b.spent([1; 32], now, "nobody", "none").unwrap(), "spent with its change");
+    assert_eq!(b.decided("o", "f1").unwrap().logged, LoggedDecision::Authorized, "its allow with it");
+    assert_eq!(b.load("o").unwrap().unwrap().entries.len(), 1);
+    // A moved version spends nothing.
+    let s3 = spend(3, "o");
+    let stale = [change("o", 0, vec![entry("user", "u2", b"2")], &[])];
+    assert!(matches!(a.apply_spending(&stale, &[(0, &s3)]), Err(StoreError::VersionMoved { .. })));
+    assert!(!b.spent([3; 32], now, "nobody", "none").unwrap());
+}
+
 /// An operator command that reads the store (`reconcile`) opens it only where one exists: a
 /// missing SQLite file, or a database without the store's schema, is refused and left as it was
 /// (issue 41: it used to make an empty store and report on it).
@@ -558,6 +599,7 @@ conformance!(
     decisions_are_logged_for_every_enclave,
     an_activity_is_linked_once,
     a_link_spends_its_stamp_in_its_transaction,
+    a_change_spends_its_stamp_in_its_transaction,
     only_an_existing_store_is_opened_where_one_must_exist,
     old_decisions_are_pruned_in_batches,
     unsupported_urls_are_refused_without_their_password,

@@ -1295,10 +1295,13 @@ async fn an_enclave_over_tcp_serves_only_clients_with_a_certificate_of_its_ca() 
 /// Where a request's path is cut (`coffer_process::crash_point`), which process dies there, and
 /// whether the enclave had committed the change by then.
 const CRASH_POINTS: &[(&str, Process, bool)] = &[
-    // A state change's stamp spent (replay entry and allow), nothing applied or linked. (A key
-    // use's stamp is spent with its link, in one transaction: no point between them.)
-    ("enclave-after-spend", Process::Enclave, false),
-    // A state change committed, not linked, not answered.
+    // (No point between a stamp's spending and its work: a state change's stamp, its replay entry
+    // and its allow, is spent in the transaction that applies the change, a key use's in the one
+    // that links it.)
+    // A state change decided and staged, its group's transaction not begun: nothing kept, its
+    // stamp included (the same body is taken again).
+    ("enclave-before-state-commit", Process::Enclave, false),
+    // A state change committed with its stamp spent, not linked, not answered.
     ("enclave-after-state-commit", Process::Enclave, true),
     // Linked in its call, not answered.
     ("enclave-after-link", Process::Enclave, true),
@@ -1367,9 +1370,8 @@ async fn a_crash_at_each_point_of_the_path_leaves_the_gateway_converging_to_the_
                 ("sign_raw_payload", sign_body(&org, &address, &format!("cut at {point}"))),
             ];
             for (path, body) in cases {
-                // Signing changes no state, and spends its stamp with its link: no state commit and
-                // no spend alone to cut.
-                if path == "sign_raw_payload" && matches!(point, "enclave-after-state-commit" | "enclave-after-spend") {
+                // Signing changes no state: no state commit to cut.
+                if path == "sign_raw_payload" && point.contains("state-commit") {
                     continue;
                 }
                 std::fs::write(&armed, point).unwrap();
@@ -1406,6 +1408,17 @@ async fn a_crash_at_each_point_of_the_path_leaves_the_gateway_converging_to_the_
                     let name = format!("cut-{point}");
                     let shown = r.json["policies"].as_array().unwrap().iter().any(|p| p["policyName"] == name.as_str());
                     assert_eq!(shown, committed, "{point}: the policy shown is not what the enclave committed");
+                    if !committed {
+                        // Its stamp was not spent either: the same body is taken, once.
+                        let again =
+                            stack.post_raw("/public/v1/submit/create_policy", body.as_bytes(), Some(&key)).await;
+                        assert_eq!(again.status, 200, "{point}: the same body again: {}", again.text);
+                        let r = stack.post_raw("/public/v1/query/list_policies", list.as_bytes(), Some(&key)).await;
+                        let shown =
+                            r.json["policies"].as_array().unwrap().iter().any(|p| p["policyName"] == name.as_str());
+                        assert!(shown, "{point}: the policy taken again is not shown");
+                        continue;
+                    }
                 }
                 if point == "gateway-after-commit" {
                     // Recorded before the crash: as the enclave did it.

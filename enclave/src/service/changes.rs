@@ -26,8 +26,10 @@ pub(super) fn apply_activity(
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
         subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !subjects::has_own_call(t)).collect();
-    // The stamp is spent once the change is decided, checked and ready to stage: a refused change
-    // spends nothing and leaves no allow in the decision log.
+    // The stamp is spent in the transaction that commits the change (or, for a change that changes
+    // nothing, once it is decided): a refused change spends nothing and leaves no allow in the
+    // decision log, and a change is never committed without its stamp spent, nor a stamp spent
+    // for a change that was not.
     let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
     // The activity to link in this call, when asked: checked before anything is applied.
     let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
@@ -76,13 +78,14 @@ pub(super) fn apply_activity(
     let named: Vec<&str> = std::iter::once(organization.as_str()).chain(sub_organization.as_deref()).collect();
     // Each attempt decides and checks the change on the state the changes staged before it leave
     // (one at a time per organization, under its lock; other organizations' changes are decided
-    // meanwhile), stages it, and waits for its group commit; when the group fails (another
-    // enclave moved the state), the change is decided again.
+    // meanwhile), stages it with its stamp, and waits for its group commit, which spends the stamp
+    // and applies the change in one transaction; when the group fails (another enclave moved the
+    // state, or a change this one was staged on was refused its stamp), it is decided again.
     let mut committed = false;
     let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
         for _attempt in 0..8 {
             let (pending, evaluation, changes) = {
-                let mut locked = rules.lock_organizations(named.iter().copied())?;
+                let locked = rules.lock_organizations(named.iter().copied())?;
                 let head = rules.head(&organization)?;
                 let d = admission.decide_over(&a, head.loaded.clone())?;
                 let input = Input {
@@ -141,28 +144,28 @@ pub(super) fn apply_activity(
                     Err(EnclaveError::Refused { reason, message, .. }) => return Err(refuse(&a, reason, &message)),
                     Err(other) => return Err(other),
                 };
-                // Decided, checked and applied to the heads: the stamp is spent now (a replay or a
-                // full replay share is refused here, audited by `spend`, and nothing is staged). Its
-                // commit is grouped with other requests', so the organizations' locks are let go
-                // meanwhile; a change staged on them in between makes this one decided again, under
-                // the locks throughout, its stamp spent.
-                if let Some(unspent) = unspent.take() {
-                    drop(locked);
-                    admission.spend(&a, unspent)?;
-                    spent = true;
-                    locked = rules.lock_organizations(named.iter().copied())?;
-                }
-                let staged = rules.stage_prepared(prepared);
+                // Decided, checked and applied to the heads: staged with its stamp, which the group
+                // commit spends with it (a replay or a full replay share fails this change alone,
+                // and nothing of it is kept).
+                let staged = rules.stage_prepared_spending(prepared, unspent.as_ref().map(|u| u.to_spend()));
                 drop(locked);
                 match staged {
                     Ok(pending) => (pending, evaluation, changes),
                     Err(e) if is_moved(&e) => continue,
-                    Err(other) => return Err(other),
+                    Err(other) => {
+                        // A twin of a stamp staged or lately committed is refused as the replay it is.
+                        admission.unspent_within(&a, &other);
+                        return Err(other);
+                    }
                 }
             };
             match rules.committed(pending) {
                 Ok(versions) => {
                     committed = true;
+                    if let Some(unspent) = unspent.take() {
+                        admission.spent_within(&a, unspent);
+                        spent = true;
+                    }
                     coffer_process::crash_point::here("enclave-after-state-commit");
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
@@ -171,7 +174,10 @@ pub(super) fn apply_activity(
                     return Ok(pb::ApplyActivityResponse { version, evaluation, changes, app_proofs, log_link });
                 }
                 Err(e) if is_moved(&e) => continue,
-                Err(other) => return Err(other),
+                Err(other) => {
+                    admission.unspent_within(&a, &other);
+                    return Err(other);
+                }
             }
         }
         Err(EnclaveError::Busy {

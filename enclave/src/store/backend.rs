@@ -39,6 +39,20 @@ pub trait Backend: Send + Sync {
     /// answers those that could not be spent, by their place, with what the window found (the
     /// caller then rolls back).
     fn spend_in(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError>;
+
+    /// [`Backend::spend_in`], every stamp or none: [`StoreError::NotSpent`] names those that could
+    /// not be spent (the caller's transaction then rolls back).
+    fn spent_all(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<(), StoreError> {
+        if spends.is_empty() {
+            return Ok(());
+        }
+        let refused = self.spend_in(db, spends)?;
+        if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::NotSpent(refused))
+        }
+    }
 }
 
 impl<B: Backend> EnclaveStore for B {
@@ -48,8 +62,12 @@ impl<B: Backend> EnclaveStore for B {
     fn version(&self, org: &str) -> Result<Option<u64>, StoreError> {
         self.read(|db| sql::version(db, org))
     }
-    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
-        self.write(true, |db| sql::apply(db, changes))
+    fn apply_spending(&self, changes: &[OrgChanges], spends: &[(usize, &Spend)]) -> Result<Vec<u64>, StoreError> {
+        self.write(true, |db| {
+            let versions = sql::apply(db, changes)?;
+            self.spent_all(db, spends)?;
+            Ok(versions)
+        })
     }
     fn organizations(&self) -> Result<Vec<String>, StoreError> {
         self.read(sql::organizations)
@@ -70,17 +88,7 @@ impl<B: Backend> EnclaveStore for B {
         }
         let spends: Vec<(usize, &Spend)> =
             linked.iter().enumerate().filter_map(|(i, l)| l.spend.map(|s| (i, s))).collect();
-        let spend_stamps = |db: &mut B::Db| {
-            if spends.is_empty() {
-                return Ok(());
-            }
-            let refused = self.spend_in(db, &spends)?;
-            if refused.is_empty() {
-                Ok(())
-            } else {
-                Err(StoreError::NotSpent(refused))
-            }
-        };
+        let spend_stamps = |db: &mut B::Db| self.spent_all(db, &spends);
         match self.write(false, |db| sql::advance_log(db, org, expected, links, head, linked, spend_stamps)) {
             // Rolled back; the head as it is now, read after.
             Err(StoreError::VersionMoved { .. }) => Err(StoreError::VersionMoved {

@@ -241,9 +241,9 @@ pub enum StoreError {
     /// The call itself is malformed (one organization twice in one `apply`, an empty id, ...).
     #[error("invalid authority store call: {0}")]
     Invalid(String),
-    /// Some links of an [`EnclaveStore::advance_log`] could not spend their stamps (a replay, a
-    /// full share or window): nothing of the call was kept. Each is `(its place in the call's
-    /// links, what the replay window found)`; the others would have been spent.
+    /// Some stamps of an [`EnclaveStore::advance_log`] or [`EnclaveStore::apply_spending`] could
+    /// not be spent (a replay, a full share or window): nothing of the call was kept. Each is
+    /// `(its number in the call, what the replay window found)`; the others would have been spent.
     #[error("{} stamps of the links could not be spent", .0.len())]
     NotSpent(Vec<(usize, Remembered)>),
     /// The transaction lost a race PostgreSQL broke (a deadlock): nothing of it was kept, and
@@ -285,7 +285,15 @@ pub trait EnclaveStore: Send + Sync {
     /// [`StoreError::VersionMoved`] naming the first organization that moved. Durable (fsync'd on
     /// SQLite, `synchronous_commit` on PostgreSQL) before it returns. An organization may appear
     /// once per call.
-    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError>;
+    fn apply(&self, changes: &[OrgChanges]) -> Result<Vec<u64>, StoreError> {
+        self.apply_spending(changes, &[])
+    }
+
+    /// [`EnclaveStore::apply`], spending `spends` (the stamps of the activities that asked for the
+    /// changes, each with the caller's number for it) in the same transaction: if any cannot be
+    /// spent, nothing is applied and the error is [`StoreError::NotSpent`] naming each by its
+    /// number.
+    fn apply_spending(&self, changes: &[OrgChanges], spends: &[(usize, &Spend)]) -> Result<Vec<u64>, StoreError>;
 
     /// Every organization that has a version, sorted.
     fn organizations(&self) -> Result<Vec<String>, StoreError>;
