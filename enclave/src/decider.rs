@@ -171,9 +171,17 @@ pub struct Staged {
 /// organizations (one replayed sign-up, every sign-up of its parent's).
 #[derive(Default)]
 struct StampsInFlight {
-    keys: HashSet<[u8; 32]>,
+    /// Each key and when its replay entry expires ([`IN_FLIGHT`] while its change is staged).
+    keys: HashMap<[u8; 32], i64>,
     spent_lately: VecDeque<[u8; 32]>,
 }
+
+/// [`StampsInFlight::keys`]' expiry of a stamp whose change is staged.
+const IN_FLIGHT: i64 = i64::MAX;
+
+/// How many times a group's transaction that PostgreSQL broke as a deadlock is run again before
+/// its changes are decided again.
+const GROUP_CONFLICT_RETRIES: u32 = 4;
 
 /// How many committed stamps [`StampsInFlight`] keeps: a few seconds of changes, more than the
 /// time from a decision's check of the store (`EnclaveStore::spent`) to its staging.
@@ -183,10 +191,12 @@ impl StampsInFlight {
     /// Takes `spend`'s key for a change about to be staged, unless a staged or lately committed
     /// change spends it.
     fn take(&mut self, spend: Option<&Spend>) -> Result<(), EnclaveError> {
-        match spend {
-            Some(s) if !self.keys.insert(s.key) => Err(crate::error::not_spent(Remembered::Replayed)),
-            _ => Ok(()),
+        let Some(s) = spend else { return Ok(()) };
+        if self.keys.get(&s.key).is_some_and(|expires| s.now_ms <= *expires) {
+            return Err(crate::error::not_spent(Remembered::Replayed));
         }
+        self.keys.insert(s.key, IN_FLIGHT);
+        Ok(())
     }
 
     /// A staged change was answered: its stamp spent (kept a while), or not (let go: decided
@@ -197,10 +207,14 @@ impl StampsInFlight {
             self.keys.remove(&s.key);
             return;
         }
+        self.keys.insert(s.key, s.expires_ms);
         self.spent_lately.push_back(s.key);
         while self.spent_lately.len() > SPENT_LATELY {
             if let Some(old) = self.spent_lately.pop_front() {
-                self.keys.remove(&old);
+                // Unless it is staged again (its entry expired, an approved run, say).
+                if self.keys.get(&old).is_some_and(|expires| *expires != IN_FLIGHT) {
+                    self.keys.remove(&old);
+                }
             }
         }
     }
@@ -645,6 +659,7 @@ impl Decider {
             (group, snapshot)
         };
         coffer_process::crash_point::here("enclave-before-state-commit");
+        let mut conflicts = 0;
         let result = loop {
             let spends: Vec<(usize, &Spend)> =
                 group.iter().enumerate().filter_map(|(i, c)| c.spend.as_ref().map(|s| (i, s))).collect();
@@ -659,6 +674,11 @@ impl Decider {
                     if group.len() == before {
                         break Err(internal("group commit refused stamps it does not have"));
                     }
+                }
+                // A deadlock another transaction broke says nothing of the states: the same
+                // group again, its heads kept, a few times.
+                Err(EnclaveError::EnclaveStore(StoreError::Conflict(_))) if conflicts < GROUP_CONFLICT_RETRIES => {
+                    conflicts += 1;
                 }
                 other => break other,
             }

@@ -146,8 +146,29 @@ pub(super) fn apply_activity(
                 };
                 // Decided, checked and applied to the heads: staged with its stamp, which the group
                 // commit spends with it (a replay or a full replay share fails this change alone,
-                // and nothing of it is kept).
-                let staged = rules.stage_prepared_spending(prepared, unspent.as_ref().map(|u| u.to_spend()));
+                // and nothing of it is kept). A change of two organizations (a new
+                // sub-organization, a sign-up's) spends its stamp first, in a commit of its own: a
+                // refusal in the group would move every change staged on its parent, other
+                // tenants' sign-ups included. Its commit is grouped with other requests', so the
+                // organizations' locks are let go meanwhile; a change staged on them in between
+                // makes this one decided again, its stamp spent.
+                let mut locked = locked;
+                let spend_in_group = match unspent.take() {
+                    Some(alone) if named.len() > 1 => {
+                        drop(locked);
+                        admission.spend(&a, alone)?;
+                        spent = true;
+                        locked = rules.lock_organizations(named.iter().copied())?;
+                        None
+                    }
+                    Some(in_group) => {
+                        let spend = in_group.to_spend();
+                        unspent = Some(in_group);
+                        Some(spend)
+                    }
+                    None => None,
+                };
+                let staged = rules.stage_prepared_spending(prepared, spend_in_group);
                 drop(locked);
                 match staged {
                     Ok(pending) => (pending, evaluation, changes),

@@ -63,10 +63,10 @@ impl<B: Backend> EnclaveStore for B {
         self.read(|db| sql::version(db, org))
     }
     fn apply_spending(&self, changes: &[OrgChanges], spends: &[(usize, &Spend)]) -> Result<Vec<u64>, StoreError> {
+        // The stamps first: one the window refuses rolls back before any change is written.
         self.write(true, |db| {
-            let versions = sql::apply(db, changes)?;
             self.spent_all(db, spends)?;
-            Ok(versions)
+            sql::apply(db, changes)
         })
     }
     fn organizations(&self) -> Result<Vec<String>, StoreError> {
