@@ -547,6 +547,17 @@ fn a_change_spends_its_stamp_in_its_transaction(backend: Backend) {
     let stale = [change("o", 0, vec![entry("user", "u2", b"2")], &[])];
     assert!(matches!(a.apply_spending(&stale, &[(0, &s3)]), Err(StoreError::VersionMoved { .. })));
     assert!(!b.spent([3; 32], now, "nobody", "none").unwrap());
+    // A stamp spent at or past its expiry is not (its expired entry would be replaced as if
+    // absent: spent twice, by two enclaves deciding it in its last moments).
+    let late = Spend { now_ms: expires, ..spend(4, "o") };
+    let next = [change("o", 1, vec![entry("user", "u3", b"3")], &[])];
+    match a.apply_spending(&next, &[(0, &late)]) {
+        Err(StoreError::NotSpent(r)) => assert_eq!(r, [(0, Remembered::Replayed)]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.version("o").unwrap(), Some(1), "nothing applied");
+    assert_eq!(a.remember("o", [4; 32], expires, expires).unwrap(), Remembered::Replayed);
+    assert_eq!(a.remember("o", [4; 32], expires, expires - 1).unwrap(), Remembered::Fresh, "nothing was kept");
 }
 
 /// An operator command that reads the store (`reconcile`) opens it only where one exists: a

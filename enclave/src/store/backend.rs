@@ -46,6 +46,11 @@ pub trait Backend: Send + Sync {
         if spends.is_empty() {
             return Ok(());
         }
+        let expired: Vec<(usize, Remembered)> =
+            spends.iter().filter(|(_, s)| !outlives(s.expires_ms, s.now_ms)).map(|(i, _)| (*i, EXPIRED)).collect();
+        if !expired.is_empty() {
+            return Err(StoreError::NotSpent(expired));
+        }
         let refused = self.spend_in(db, spends)?;
         if refused.is_empty() {
             Ok(())
@@ -54,6 +59,18 @@ pub trait Backend: Send + Sync {
         }
     }
 }
+
+/// Whether an entry expiring at `expires_ms` is live at `now_ms`. One that is not is never
+/// remembered: an expired entry of the same key is replaced as if absent, so a stamp spent past
+/// its expiry (decided in its last moments, spent after) could be spent twice, once by each of
+/// two enclaves.
+fn outlives(expires_ms: i64, now_ms: i64) -> bool {
+    expires_ms > now_ms
+}
+
+/// What the window answers for an entry that would be expired when remembered: as a replay (it
+/// cannot be told from one; its stamp must be made again either way).
+const EXPIRED: Remembered = Remembered::Replayed;
 
 impl<B: Backend> EnclaveStore for B {
     fn load(&self, org: &str) -> Result<Option<OrgHead>, StoreError> {
@@ -118,6 +135,9 @@ impl<B: Backend> EnclaveStore for B {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<Remembered, StoreError> {
+        if !outlives(expires_ms, now_ms) {
+            return Ok(EXPIRED);
+        }
         self.remember_in_window(&ReplayShare::of(organization), key, expires_ms, now_ms, None, None)
     }
     fn remember_within(
@@ -128,6 +148,9 @@ impl<B: Backend> EnclaveStore for B {
         now_ms: i64,
         quota: u64,
     ) -> Result<Remembered, StoreError> {
+        if !outlives(expires_ms, now_ms) {
+            return Ok(EXPIRED);
+        }
         self.remember_in_window(&ReplayShare::of(scope), key, expires_ms, now_ms, Some(quota), None)
     }
     fn remember_allowed(
@@ -138,6 +161,9 @@ impl<B: Backend> EnclaveStore for B {
         now_ms: i64,
         allowed: &DecisionRecord,
     ) -> Result<Remembered, StoreError> {
+        if !outlives(expires_ms, now_ms) {
+            return Ok(EXPIRED);
+        }
         self.remember_in_window(share, key, expires_ms, now_ms, None, Some(allowed))
     }
     fn spent(&self, key: [u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
