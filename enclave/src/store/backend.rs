@@ -40,6 +40,13 @@ pub trait Backend: Send + Sync {
     /// caller then rolls back).
     fn spend_in(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError>;
 
+    /// The replay window's housekeeping that is due (expired entries, old decisions, the total),
+    /// done before a write that spends stamps rather than inside it, where the backend's
+    /// transactions would hold what it touches for the whole write. Nothing by default.
+    fn before_spending(&self, _now_ms: i64) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// [`Backend::spend_in`], every stamp or none: [`StoreError::NotSpent`] names those that could
     /// not be spent (the caller's transaction then rolls back).
     fn spent_all(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<(), StoreError> {
@@ -80,6 +87,9 @@ impl<B: Backend> EnclaveStore for B {
         self.read(|db| sql::version(db, org))
     }
     fn apply_spending(&self, changes: &[OrgChanges], spends: &[(usize, &Spend)]) -> Result<Vec<u64>, StoreError> {
+        if let Some((_, s)) = spends.first() {
+            self.before_spending(s.now_ms)?;
+        }
         // The stamps first: one the window refuses rolls back before any change is written.
         self.write(true, |db| {
             self.spent_all(db, spends)?;
@@ -105,6 +115,9 @@ impl<B: Backend> EnclaveStore for B {
         }
         let spends: Vec<(usize, &Spend)> =
             linked.iter().enumerate().filter_map(|(i, l)| l.spend.map(|s| (i, s))).collect();
+        if let Some((_, s)) = spends.first() {
+            self.before_spending(s.now_ms)?;
+        }
         let spend_stamps = |db: &mut B::Db| self.spent_all(db, &spends);
         match self.write(false, |db| sql::advance_log(db, org, expected, links, head, linked, spend_stamps)) {
             // Rolled back; the head as it is now, read after.

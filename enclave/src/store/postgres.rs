@@ -457,6 +457,12 @@ impl Backend for PostgresEnclaveStore {
         })
     }
 
+    /// The prunes in a transaction of their own, so that a group's or a log's transaction does
+    /// not hold every row they touch (another enclave's spends then wait on it, or deadlock).
+    fn before_spending(&self, now_ms: i64) -> Result<(), StoreError> {
+        self.pool.with_conn(|db| Db::transaction(db, |db| self.housekeeping(db, now_ms).map(|_| ())))
+    }
+
     fn spend_in(&self, db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError> {
         let quota = as_count(self.limits.replay_per_organization);
         // A prune done here is undone if the transaction is (a refused spend rolls it back): it
