@@ -183,6 +183,30 @@ const IN_FLIGHT: i64 = i64::MAX;
 /// its changes are decided again.
 const GROUP_CONFLICT_RETRIES: u32 = 4;
 
+/// Held by a group's leader: should it panic (its group's callers then find their answers
+/// abandoned), the lead is given up and every staged change after it answered as moved, so that
+/// later changes are led again and decided again; no head or stamp of the lost group stays.
+struct GroupUnwinding<'a>(&'a Mutex<Staged>);
+
+impl Drop for GroupUnwinding<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut staged = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        staged.heads.clear();
+        staged.committing.clear();
+        staged.stamps = StampsInFlight::default();
+        for change in std::mem::take(&mut staged.queue) {
+            let _ = change.reply.send(Turn::Answer(Err(moved())));
+        }
+        staged.leading = false;
+        drop(staged);
+        // Left consistent above: usable again by the changes to come.
+        self.0.clear_poison();
+    }
+}
+
 /// How many committed stamps [`StampsInFlight`] keeps: a few seconds of changes, more than the
 /// time from a decision's check of the store (`EnclaveStore::spent`) to its staging.
 const SPENT_LATELY: usize = 4096;
@@ -642,6 +666,7 @@ impl Decider {
     /// Commits every change staged so far in one store transaction, settles the heads, answers
     /// each change, and hands the lead to the owner of the first change staged meanwhile.
     fn lead_group(&self) -> Result<(), EnclaveError> {
+        let _unwinding = GroupUnwinding(&self.changing);
         let (mut group, mut snapshot) = {
             let mut staged = self.changing()?;
             let group = std::mem::take(&mut staged.queue);

@@ -24,6 +24,10 @@ pub enum SqlError {
     /// wrong type).
     #[error("database corrupt: {0}")]
     Corrupt(String),
+    /// Another integrity constraint fired (a check, a value that may not be null, a reference):
+    /// the statement asked for something the schema forbids; running it again cannot succeed.
+    #[error("constraint failed: {0}")]
+    Constraint(String),
     /// Anything else (connection, I/O, a statement the database refused).
     #[error("database error: {0}")]
     Backend(String),

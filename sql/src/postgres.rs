@@ -33,6 +33,8 @@ fn pg(e: ::postgres::Error) -> SqlError {
         Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
             SqlError::Corrupt(format!("postgres: {e}"))
         }
+        // Class 23, integrity constraint violation (the unique one above).
+        Some(c) if c.code().starts_with("23") => SqlError::Constraint(format!("postgres: {e}")),
         _ => SqlError::Backend(format!("postgres: {e}")),
     }
 }

@@ -21,6 +21,7 @@ pub fn sqlite_error(e: rusqlite::Error) -> SqlError {
         match f.code {
             ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => return SqlError::Busy,
             ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => return SqlError::Corrupt(format!("sqlite: {e}")),
+            ErrorCode::ConstraintViolation => return SqlError::Constraint(format!("sqlite: {e}")),
             _ => {}
         }
     }
@@ -91,11 +92,13 @@ mod tests {
     #[test]
     fn errors_are_typed_and_rows_read_back_as_bound() {
         let db = &mut Connection::open_in_memory().unwrap();
-        Db::batch(db, "CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER, b BLOB)").unwrap();
+        Db::batch(db, "CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER CHECK (n > 0), b BLOB)").unwrap();
         let insert = "INSERT INTO t VALUES (?1, ?2, ?3)";
         assert_eq!(Db::execute(db, insert, args!["a", 7i64, vec![1u8, 2]]).unwrap(), 1);
         let err = Db::execute(db, insert, args!["a", 8i64, vec![3u8]]).unwrap_err();
         assert!(matches!(&err, SqlError::Unique(u) if u.constraint == "t.k"), "{err:?}");
+        let err = Db::execute(db, insert, args!["z", 0i64, vec![3u8]]).unwrap_err();
+        assert!(matches!(&err, SqlError::Constraint(m) if m.contains("CHECK")), "{err:?}");
         let row =
             db.query_one("SELECT k, n, b FROM t", &[], |r| Ok::<_, SqlError>((r.text(0)?, r.int(1)?, r.bytes(2)?)));
         assert_eq!(row.unwrap(), ("a".to_string(), 7, vec![1, 2]));

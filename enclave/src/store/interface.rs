@@ -260,7 +260,7 @@ impl From<coffer_sql::SqlError> for StoreError {
         match e {
             SqlError::NotFound => StoreError::Corrupt("a row the store must hold is missing".into()),
             SqlError::Unique(u) => StoreError::Corrupt(u.message),
-            SqlError::Corrupt(m) => StoreError::Corrupt(m),
+            SqlError::Corrupt(m) | SqlError::Constraint(m) => StoreError::Corrupt(m),
             SqlError::Busy => StoreError::Unavailable("the database is busy".into()),
             SqlError::Deadlock(m) => StoreError::Conflict(m),
             SqlError::Backend(m) => StoreError::Unavailable(m),

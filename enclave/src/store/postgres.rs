@@ -184,14 +184,7 @@ fn migrate(db: &mut PgConn) -> Result<(), StoreError> {
              INSERT INTO authority_schema (one, version) VALUES (1, 0) ON CONFLICT (one) DO NOTHING;",
         )?;
         let applied = db.query_one("SELECT version FROM authority_schema", &[], |r| Ok::<_, StoreError>(r.int(0)?))?;
-        let applied = usize::try_from(applied).map_err(|_| StoreError::Corrupt(format!("schema version {applied}")))?;
-        if applied > MIGRATIONS.len() {
-            return Err(StoreError::Corrupt(format!(
-                "schema version {applied} is newer than this enclave's ({}): run the newer enclave",
-                MIGRATIONS.len()
-            )));
-        }
-        for m in &MIGRATIONS[applied..] {
+        for m in sql::pending_migrations(applied, MIGRATIONS)? {
             db.batch(m)?;
         }
         db.execute("UPDATE authority_schema SET version = ?1", args![MIGRATIONS.len() as i64])?;

@@ -57,6 +57,18 @@ pub fn version<D: Db>(db: &mut D, org: &str) -> Result<Option<u64>, StoreError> 
     v.map(version_of).transpose()
 }
 
+/// The migrations of `migrations` a store at schema version `applied` has yet to apply; a store
+/// newer than this enclave (or with a version out of range) is refused.
+pub fn pending_migrations<'a>(applied: i64, migrations: &'a [&'a str]) -> Result<&'a [&'a str], StoreError> {
+    let applied = usize::try_from(applied).map_err(|_| StoreError::Corrupt(format!("schema version {applied}")))?;
+    migrations.get(applied..).ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "schema version {applied} is newer than this enclave's ({}): run the newer enclave",
+            migrations.len()
+        ))
+    })
+}
+
 pub fn organizations<D: Db>(db: &mut D) -> Result<Vec<String>, StoreError> {
     db.query("SELECT organization_id FROM org_heads ORDER BY organization_id", &[], |r| Ok::<_, StoreError>(r.text(0)?))
 }
@@ -314,4 +326,19 @@ pub fn decisions<D: Db>(db: &mut D, since_ms: i64, limit: usize) -> Result<Vec<D
         args![since_ms, limit],
         decision_of,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_migrations_a_store_has_not_applied_are_pending_and_a_newer_store_is_refused() {
+        let all = ["a", "b", "c"];
+        assert_eq!(pending_migrations(0, &all).unwrap(), ["a", "b", "c"]);
+        assert_eq!(pending_migrations(2, &all).unwrap(), ["c"]);
+        assert!(pending_migrations(3, &all).unwrap().is_empty());
+        assert!(matches!(pending_migrations(4, &all), Err(StoreError::Corrupt(e)) if e.contains("newer")));
+        assert!(matches!(pending_migrations(-1, &all), Err(StoreError::Corrupt(_))));
+    }
 }

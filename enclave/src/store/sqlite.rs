@@ -274,14 +274,7 @@ fn create_private(path: &Path) -> Result<(), StoreError> {
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sq)?;
     let applied: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sq)?;
-    let applied = usize::try_from(applied).map_err(|_| StoreError::Corrupt(format!("schema version {applied}")))?;
-    if applied > MIGRATIONS.len() {
-        return Err(StoreError::Corrupt(format!(
-            "schema version {applied} is newer than this enclave's ({}): run the newer enclave",
-            MIGRATIONS.len()
-        )));
-    }
-    for m in &MIGRATIONS[applied..] {
+    for m in sql::pending_migrations(applied, MIGRATIONS)? {
         tx.execute_batch(m).map_err(sq)?;
     }
     tx.pragma_update(None, "user_version", MIGRATIONS.len() as i64).map_err(sq)?;

@@ -37,7 +37,9 @@ impl From<coffer_sql::SqlError> for StoreError {
                 let constraint = if record_name { Constraint::RecordName } else { Constraint::Other };
                 StoreError::Unique(Unique::new(constraint, u.message))
             }
-            SqlError::Deadlock(m) | SqlError::Corrupt(m) | SqlError::Backend(m) => StoreError::Backend(m),
+            SqlError::Deadlock(m) | SqlError::Corrupt(m) | SqlError::Constraint(m) | SqlError::Backend(m) => {
+                StoreError::Backend(m)
+            }
         }
     }
 }
