@@ -88,6 +88,19 @@ OPERATOR_PUBLIC_KEY="$("$BIN/coffer-gateway" operator-keygen --out "$OPERATOR_KE
 [ -n "$OPERATOR_PUBLIC_KEY" ] || { echo "could not read the operator key $OPERATOR_KEY_FILE" >&2; exit 1; }
 unset COFFER_OPERATOR_KEY_FILE  # not inherited from the caller either
 
+# One line points any command at this stack: `set -a; . "$COFFER_HOME/env"; set +a` (operator
+# commands name their store and enclave, never a default). Paths only, no secret; 0600.
+{
+  echo "COFFER_STORE_URL=$COFFER_STORE_URL"
+  echo "COFFER_ENCLAVE_SOCKET=$COFFER_ENCLAVE_SOCKET"
+  echo "COFFER_AUTHORITY_STORE_URL=${AUTHORITY_STORE_URL:-sqlite://$COFFER_HOME/authority.sqlite}"
+  if [ -n "${AUTHORITY_PASSWORD_FILE:-}" ]; then echo "COFFER_AUTHORITY_STORE_PASSWORD_FILE=$AUTHORITY_PASSWORD_FILE"; fi
+  echo "SOFTHSM2_CONF=$SOFTHSM2_CONF"
+  echo "COFFER_TOKEN_LABEL=$COFFER_TOKEN_LABEL"
+  echo "COFFER_HSM_PIN_FILE=$HSM_PIN_FILE"
+  echo "COFFER_OPERATOR_KEY_FILE=$OPERATOR_KEY_FILE"
+} > "$COFFER_HOME/env"
+
 COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" COFFER_HSM_SO_PIN="$(cat "$COFFER_HOME/hsm-so-pin")" \
   "$BIN/coffer-enclave" init-token >/dev/null
 COFFER_HSM_PIN_FILE="$HSM_PIN_FILE" "$BIN/coffer-enclave" init >/dev/null
@@ -113,6 +126,7 @@ for _ in $(seq 1 200); do
   if curl -fsS "http://127.0.0.1:$COFFER_PORT/healthz" >/dev/null 2>&1; then
     echo "Coffer is up on http://127.0.0.1:$COFFER_PORT (auth proxy :$COFFER_AUTH_PROXY_PORT)"
     echo "development organization: $COFFER_HOME/dev-org.json; logs: $COFFER_HOME/logs/"
+    echo "operator commands: set -a; . $COFFER_HOME/env; set +a   (then e.g. coffer-gateway init-org ...)"
     echo "store: ${COFFER_STORE:-sqlite} (enclave tier: ${AUTHORITY_STORE_URL:-sqlite://$COFFER_HOME/authority.sqlite})"
     echo "login keys and OIDC issuer: http://127.0.0.1:$COFFER_PORT/public/v1/discovery/keys"
     echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"

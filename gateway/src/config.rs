@@ -58,6 +58,10 @@ pub struct GatewayConfig {
     /// The gateway's TLS files for `enclave_urls`, required with them. Environment:
     /// `COFFER_ENCLAVE_CLIENT_TLS_CA`, `COFFER_ENCLAVE_CLIENT_TLS_CERT`, `COFFER_ENCLAVE_CLIENT_TLS_KEY`.
     pub enclave_tls: Option<EnclaveTls>,
+    /// Which of the store and the enclaves were named (in the file, the environment or a flag)
+    /// rather than left to their defaults: operator commands never work on a default.
+    #[serde(skip)]
+    pub named: Named,
     /// Largest request body accepted, in bytes. Default 1 MiB (a 400 KiB contract ABI fits).
     pub body_limit: usize,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -155,6 +159,15 @@ impl Default for WebhookSettings {
     }
 }
 
+/// What a configuration names explicitly ([`GatewayConfig::named`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Named {
+    /// `store_url`, `COFFER_STORE_URL` or `--store-url`.
+    pub store: bool,
+    /// `enclave_socket(s)`, `enclave_urls`, their `COFFER_` variables or `--enclave-socket`.
+    pub enclaves: bool,
+}
+
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
@@ -170,6 +183,7 @@ impl Default for GatewayConfig {
             enclave_sockets: Vec::new(),
             enclave_urls: Vec::new(),
             enclave_tls: None,
+            named: Named::default(),
             body_limit: 1024 * 1024,
             log: "info".into(),
             body_read_timeout_ms: 10_000,
@@ -227,6 +241,17 @@ impl GatewayConfig {
     /// Reads `path` if given (a missing file is an error), then applies environment overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut cfg: Self = coffer_process::read_config(path)?;
+        let in_file = coffer_process::config_keys(path)?;
+        let named = |keys: &[&str], vars: &[&str]| {
+            keys.iter().any(|k| in_file.iter().any(|f| f == k)) || vars.iter().any(|v| std::env::var_os(v).is_some())
+        };
+        cfg.named = Named {
+            store: named(&["store_url"], &["COFFER_STORE_URL"]),
+            enclaves: named(
+                &["enclave_socket", "enclave_sockets", "enclave_urls"],
+                &["COFFER_ENCLAVE_SOCKET", "COFFER_ENCLAVE_SOCKETS", "COFFER_ENCLAVE_URLS"],
+            ),
+        };
         if let Ok(v) = std::env::var("COFFER_LISTEN") {
             cfg.listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_LISTEN: {e}"))?;
         }
@@ -346,6 +371,30 @@ impl GatewayConfig {
     /// several gateways share.
     pub fn open_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
         Ok(crate::store::open(&self.store_url)?)
+    }
+
+    /// The store an operator command works on: named explicitly, and existing (never created).
+    pub fn operator_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
+        if !self.named.store {
+            anyhow::bail!(
+                "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config \
+                 (operator commands never use the default {})",
+                GatewayConfig::default().store_url
+            );
+        }
+        Ok(crate::store::open_existing(&self.store_url)?)
+    }
+
+    /// The enclaves an operator command asks: named explicitly.
+    pub fn operator_enclaves(&self) -> anyhow::Result<Vec<crate::custody::transport::EnclaveEndpoint>> {
+        if !self.named.enclaves {
+            anyhow::bail!(
+                "no enclave named: pass --enclave-socket, set COFFER_ENCLAVE_SOCKET (or COFFER_ENCLAVE_SOCKETS, \
+                 COFFER_ENCLAVE_URLS), or give enclave_socket in --config (operator commands never use the default {})",
+                GatewayConfig::default().enclave_socket.display()
+            );
+        }
+        Ok(self.enclave_endpoints())
     }
 }
 

@@ -69,6 +69,10 @@ enum Command {
         #[arg(long)]
         enclave_socket: Option<PathBuf>,
     },
+    /// Create the gateway's store if it does not exist and bring its schema up to date (`serve`
+    /// does the same when it starts); prints the store, redacted, as JSON. The one operator
+    /// command that creates a store: the others refuse a store that does not exist.
+    Migrate,
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
     /// Make the operator's key pair: the private key into a new file (mode 0600, never
@@ -174,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
     let mut cfg = GatewayConfig::load(cli.config.as_deref())?;
     if let Some(u) = cli.store_url {
         cfg.store_url = u;
+        cfg.named.store = true;
     }
     coffer_process::init_logging(&cfg.log);
     match cli.command {
@@ -246,7 +251,7 @@ async fn main() -> anyhow::Result<()> {
             use coffer_gateway::{state_diff, state_rebuild};
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
             let proof_key = coffer_gateway::activity_log::proof_key(&proof_key)?;
-            let store = cfg.open_store()?;
+            let store = cfg.operator_store()?;
             // The gateway's side read from the store rebuild writes, not from a gateway's answers.
             let sign = || state_diff::signed_state(&base_url, &organization_id, &key, &proof_key);
             let rebuilt = state_rebuild::rebuild(store.as_ref(), &organization_id, sign, !dry_run, &|| true).await?;
@@ -262,6 +267,16 @@ async fn main() -> anyhow::Result<()> {
             if remains {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        Command::Migrate => {
+            if !cfg.named.store {
+                anyhow::bail!(
+                    "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config"
+                );
+            }
+            cfg.open_store()?;
+            println!("{}", serde_json::json!({ "store": coffer_sql::redact(&cfg.store_url), "migrated": true }));
             Ok(())
         }
         Command::Keygen => {
@@ -287,14 +302,14 @@ async fn main() -> anyhow::Result<()> {
             init_dev(&cfg, &out, &base_url, &auth_proxy_url).await
         }
         Command::UncertifiedCredentials => {
-            let store = cfg.open_store()?;
+            let store = cfg.operator_store()?;
             for c in store.uncertified_credentials()? {
                 println!("{}", serde_json::to_string(&c)?);
             }
             Ok(())
         }
         Command::AuthorityState { organization_ids } => {
-            let store = cfg.open_store()?;
+            let store = cfg.operator_store()?;
             for id in organization_ids {
                 for line in coffer_gateway::orgs::authority_state_lines(store.as_ref(), &id)? {
                     println!("{line}");
@@ -303,7 +318,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::ImportCertificates => {
-            let store = cfg.open_store()?;
+            let store = cfg.operator_store()?;
             let n = coffer_gateway::orgs::import_certificates(store.as_ref(), std::io::stdin().lock())?;
             println!("{}", serde_json::json!({ "certificatesStored": n }));
             Ok(())
@@ -313,10 +328,12 @@ async fn main() -> anyhow::Result<()> {
                 cfg.enclave_socket = s;
                 cfg.enclave_sockets.clear();
                 cfg.enclave_urls.clear();
+                cfg.named.enclaves = true;
             }
+            let store = cfg.operator_store()?;
+            let enclaves = cfg.operator_enclaves()?;
             let operator = cfg.operator_key()?;
-            let store = cfg.open_store()?;
-            let custody = Custody::connect_all(cfg.enclave_endpoints())?;
+            let custody = Custody::connect_all(enclaves)?;
             let created = coffer_gateway::orgs::create_root_org(
                 store.as_ref(),
                 &custody,

@@ -22,6 +22,15 @@ pub fn read_config<T: serde::de::DeserializeOwned + Default>(path: Option<&Path>
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// The top-level keys the configuration file `path` sets (none without a file): what was named
+/// rather than left to its default.
+pub fn config_keys(path: Option<&Path>) -> anyhow::Result<Vec<String>> {
+    let Some(path) = path else { return Ok(Vec::new()) };
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(table.keys().cloned().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

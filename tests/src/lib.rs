@@ -235,6 +235,9 @@ impl Stack {
         stack.start_enclave();
         wait_accepting(&stack.enclave_socket()).await;
         stack.enclave_startup = t.elapsed();
+        // The gateway's store, made by the one operator command that makes one (init-org, as
+        // every other, refuses a store that is not there).
+        stack.run("coffer-gateway", &["migrate"]);
         // The enclave bootstraps the organization: it chooses the ids and certifies the root key.
         let org: serde_json::Value =
             serde_json::from_str(&stack.run(

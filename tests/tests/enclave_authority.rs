@@ -1971,6 +1971,43 @@ fn reconcile_without_its_store_says_what_is_missing_and_creates_none() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The gateway's operator commands refuse to guess too (issue 41): `init-org` run where no store
+/// is named says so and creates none (it used to create `./.coffer/coffer.db`, have the enclave
+/// bootstrap the organization there, and leave the running gateway answering
+/// ORGANIZATION_NOT_FOUND); a named store that does not exist is not created either; `migrate`
+/// is the one command that makes one; then a missing enclave is named.
+#[test]
+fn init_org_names_what_is_missing_and_creates_no_store() {
+    let dir = std::env::temp_dir().join(format!("coffer-init-org-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gateway = |env: &[(&str, String)], args: &[&str]| {
+        let out = std::process::Command::new(coffer_tests::bin_dir().join("coffer-gateway"))
+            .current_dir(&dir)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let init_org = ["init-org", "--api-public-key", "02aa"];
+    let (ok, stderr) = gateway(&[], &init_org);
+    assert!(!ok && stderr.contains("no gateway store named") && stderr.contains("COFFER_STORE_URL"), "{stderr}");
+    let db = dir.join("gateway.db");
+    let named = [("COFFER_STORE_URL", format!("sqlite://{}", db.display()))];
+    let (ok, stderr) = gateway(&named, &init_org);
+    assert!(!ok && stderr.contains("no gateway store at") && stderr.contains("never creates one"), "{stderr}");
+    assert!(!db.exists(), "init-org created the store it was pointed at");
+    let (ok, stderr) = gateway(&named, &["migrate"]);
+    assert!(ok && db.exists(), "migrate: {stderr}");
+    let (ok, stderr) = gateway(&named, &init_org);
+    assert!(!ok && stderr.contains("no enclave named") && stderr.contains("COFFER_ENCLAVE_SOCKET"), "{stderr}");
+    assert!(!dir.join(".coffer").exists(), "a default was used");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `coffer-enclave reconcile` lists the decisions the gateway has no activity for (the bodies sent
 /// straight to the socket), not the ones it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

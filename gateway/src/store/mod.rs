@@ -31,7 +31,7 @@ pub use model::{
     PrivateKey, Record, StampContext, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
     WebhookDelivery, DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
-pub use open::open;
+pub use open::{open, open_existing};
 pub use postgres::PostgresStore;
 pub use sign_with::{sign_with_key, SignWithKey};
 pub use sql::{KEPT_ON_DELETION, PURGED_ON_DELETION};

@@ -89,6 +89,22 @@ impl PostgresStore {
         })
     }
 
+    /// Whether the database `url` names holds the gateway's schema (connects once, creates nothing).
+    pub fn exists(url: &str) -> Result<bool, StoreError> {
+        let config = ::postgres::Config::from_str(url)
+            .map_err(|e| StoreError::Backend(format!("store URL {}: {e}", redact(url))))?;
+        off_executor(|| {
+            let mut c = PgConn::connect(&config)?;
+            let found = c.query_one(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.tables
+                                WHERE table_schema = current_schema() AND table_name = 'schema_migrations')",
+                &[],
+                |r| r.flag(0),
+            )?;
+            Ok::<_, StoreError>(found)
+        })
+    }
+
     /// Runs `f` on a pooled connection ([`PgPool`]), unless in no-wait mode.
     fn with_conn<T: Send>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         if nowait::active() {
