@@ -32,6 +32,11 @@ impl ApiKeyFile {
             .map_err(|_| anyhow::anyhow!("{} holds no P-256 private key", path.display()))?;
         Ok(Self(key))
     }
+
+    /// The `X-Stamp` header's value for `body`, stamped with this key.
+    pub fn stamp(&self, body: &[u8]) -> String {
+        coffer_auth::operator::stamp(&self.0, body)
+    }
 }
 
 /// How long one query to the gateway may take, answer included.

@@ -75,6 +75,13 @@ enum Command {
     Migrate,
     /// Print a fresh P-256 API key pair as JSON (for development and tests).
     Keygen,
+    /// Print the `X-Stamp` header's value for the request body read on stdin (at most 1 MiB),
+    /// stamped with the API key read from a file (its P-256 private key as hex on the first line;
+    /// never argv): for `curl -H "X-Stamp: …"` and other hand-made requests.
+    Stamp {
+        #[arg(long)]
+        api_key_file: PathBuf,
+    },
     /// Make the operator's key pair: the private key into a new file (mode 0600, never
     /// overwritten; an existing file is kept and read), the public key printed as JSON for the
     /// enclave's `operator_public_keys`.
@@ -171,6 +178,9 @@ enum Command {
         enclave_socket: Option<PathBuf>,
     },
 }
+
+/// Most bytes `stamp` reads (the gateway's default body limit).
+const STAMP_BODY_LIMIT: u64 = 1 << 20;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -277,6 +287,17 @@ async fn main() -> anyhow::Result<()> {
             }
             cfg.open_store()?;
             println!("{}", serde_json::json!({ "store": coffer_sql::redact(&cfg.store_url), "migrated": true }));
+            Ok(())
+        }
+        Command::Stamp { api_key_file } => {
+            use std::io::Read;
+            let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;
+            let mut body = Vec::new();
+            std::io::stdin().take(STAMP_BODY_LIMIT + 1).read_to_end(&mut body)?;
+            if body.len() as u64 > STAMP_BODY_LIMIT {
+                anyhow::bail!("the body on stdin is over {STAMP_BODY_LIMIT} bytes");
+            }
+            println!("{}", key.stamp(&body));
             Ok(())
         }
         Command::Keygen => {

@@ -1,5 +1,6 @@
 //! End to end: organization features, the root quorum (root-quorum-only activities, threshold
-//! above one waits for consensus), `get_organization` and `get_organization_configs`.
+//! above one waits for consensus), `get_organization` and `get_organization_configs`, and a body
+//! stamped by `coffer-gateway stamp` (the README's curl).
 
 use coffer_tests::{refused, refused_raw, Stack};
 use serde_json::{json, Value};
@@ -383,4 +384,29 @@ async fn lists_page_with_pagination_options() {
     assert_eq!(r.json["users"].as_array().unwrap().len(), 1, "{}", r.text);
     assert_eq!(r.json["users"][0]["userId"], stack.user_id.as_str());
     assert_eq!(r.json["users"][0]["apiKeys"].as_array().unwrap().len(), 1, "{}", r.text);
+}
+
+/// `coffer-gateway stamp` makes the `X-Stamp` a hand-made request needs (README's curl): the body
+/// it stamped is answered; another body under the same stamp is refused.
+#[tokio::test]
+async fn a_body_stamped_by_the_stamp_command_is_answered_and_no_other() {
+    let stack = Stack::start().await;
+    let key_file = stack.dir.join("stamp-command.key");
+    std::fs::write(&key_file, format!("{}\n", stack.api_private_key)).unwrap();
+    let body = serde_json::json!({ "organizationId": stack.organization_id }).to_string();
+    let out = stack.run_with_stdin("coffer-gateway", &["stamp", "--api-key-file", key_file.to_str().unwrap()], &body);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stamp = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let post = |body: String| {
+        let (url, stamp) = (format!("{}/public/v1/query/whoami", stack.base_url), stamp.clone());
+        async move { reqwest::Client::new().post(url).header("X-Stamp", stamp).body(body).send().await.unwrap() }
+    };
+    let answered = post(body.clone()).await;
+    assert_eq!(answered.status(), 200);
+    let whoami: serde_json::Value = answered.json().await.unwrap();
+    assert_eq!(whoami["organizationId"], stack.organization_id.as_str());
+    assert_eq!(whoami["userId"], stack.user_id.as_str());
+    let other = serde_json::json!({ "organizationId": stack.organization_id, "x": 1 }).to_string();
+    assert_eq!(post(other).await.status(), 401, "a stamp stands for the body it stamped only");
+    let _ = std::fs::remove_file(&key_file);
 }
