@@ -589,6 +589,14 @@ fn comma_list(v: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// As the gateway's test: the one list names exactly what the enclave reads.
+    #[test]
+    fn the_environment_list_names_exactly_what_the_enclave_reads() {
+        use coffer_process::environment::{read_and_listed, Reader};
+        let (read, listed) = read_and_listed(env!("CARGO_MANIFEST_DIR"), Reader::Enclave);
+        assert_eq!(read, listed);
+    }
+
     #[test]
     fn proxy_sub_organizations_get_a_share_of_their_parents_sends() {
         let cfg: EnclaveConfig = toml::from_str("token_label = \"t\"").unwrap();

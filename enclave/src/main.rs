@@ -101,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         cfg.token_label = t;
     }
     coffer_process::init_logging(&cfg.log);
+    coffer_process::environment::warn_unknown(&[cfg.pin_env.as_str()]);
 
     match cli.command {
         Command::InitToken => {

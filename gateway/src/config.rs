@@ -414,6 +414,17 @@ impl<T: std::str::FromStr<Err = std::num::ParseIntError>> SetFromEnv for T {
 mod tests {
     use super::*;
 
+    /// The one list of environment variables (`coffer_process::environment`) names exactly those
+    /// this crate reads as the gateway's: one read here and not listed would never be warned
+    /// about as unknown, and would be missing from the documentation; one listed and not read
+    /// would be silently ignored.
+    #[test]
+    fn the_environment_list_names_exactly_what_the_gateway_reads() {
+        use coffer_process::environment::{read_and_listed, Reader};
+        let (read, listed) = read_and_listed(env!("CARGO_MANIFEST_DIR"), Reader::Gateway);
+        assert_eq!(read, listed);
+    }
+
     #[test]
     fn defaults_unknown_keys_and_store_url() {
         let cfg: GatewayConfig = toml::from_str("body_limit = 10").unwrap();

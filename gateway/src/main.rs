@@ -191,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
         cfg.named.store = true;
     }
     coffer_process::init_logging(&cfg.log);
+    coffer_process::environment::warn_unknown(&[]);
     match cli.command {
         Command::ExportLog { api: ApiArgs { base_url, organization_id, api_key_file }, out } => {
             let key = coffer_gateway::activity_log::ApiKeyFile::read(&api_key_file)?;

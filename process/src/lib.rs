@@ -2,6 +2,7 @@
 //! reading their TOML configuration file.
 
 pub mod crash_point;
+pub mod environment;
 
 use std::path::Path;
 

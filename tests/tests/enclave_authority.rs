@@ -1975,7 +1975,8 @@ fn reconcile_without_its_store_says_what_is_missing_and_creates_none() {
 /// is named says so and creates none (it used to create `./.coffer/coffer.db`, have the enclave
 /// bootstrap the organization there, and leave the running gateway answering
 /// ORGANIZATION_NOT_FOUND); a named store that does not exist is not created either; `migrate`
-/// is the one command that makes one; then a missing enclave is named.
+/// is the one command that makes one; then a missing enclave is named. And a misspelt `COFFER_`
+/// variable is warned about (it was silently ignored).
 #[test]
 fn init_org_names_what_is_missing_and_creates_no_store() {
     let dir = std::env::temp_dir().join(format!("coffer-init-org-{}", uuid::Uuid::new_v4()));
@@ -2005,6 +2006,12 @@ fn init_org_names_what_is_missing_and_creates_no_store() {
     let (ok, stderr) = gateway(&named, &init_org);
     assert!(!ok && stderr.contains("no enclave named") && stderr.contains("COFFER_ENCLAVE_SOCKET"), "{stderr}");
     assert!(!dir.join(".coffer").exists(), "a default was used");
+    // A misspelt variable is said, not silently ignored; a known one is not.
+    let misspelt = [("COFFER_STORE_ULR", "sqlite://x".to_string()), ("COFFER_LOG", "warn".to_string())];
+    let (ok, stderr) = gateway(&misspelt, &["keygen"]);
+    assert!(ok && stderr.contains("COFFER_STORE_ULR") && stderr.contains("misspelt"), "{stderr}");
+    let (ok, stderr) = gateway(&named, &["keygen"]);
+    assert!(ok && !stderr.contains("misspelt"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
