@@ -11,7 +11,7 @@
 # enclave's COFFER_AUTHORITY_STORE_URL, with COFFER_AUTHORITY_STORE_PASSWORD_FILE=PASSWORD_FILE.
 # The gateway is given neither. On this development server the gateway's role is the cluster's
 # superuser, which could still change that password from its own database: a separation for
-# hygiene here; production gives the enclave tier a server of its own (DESIGN.md "Authority state").
+# hygiene here; production gives the enclave tier a server of its own (docs/security.md, "Authority state").
 #
 # PostgreSQL refuses to run as root, and build and CI machines run as root: then the server runs
 # as the system user `coffer-pg` (created here once), which owns DIR. DIR's parent must let that

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The development launcher (`make run`): the whole stack on the embedded defaults, state in
-# $COFFER_HOME, idempotent, in the foreground until interrupted. See DESIGN.md section 5.
+# $COFFER_HOME, idempotent, in the foreground until interrupted (README "Quickstart").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

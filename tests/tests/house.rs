@@ -3,7 +3,8 @@
 //! - no import cycles between the files of a crate's `src/` tree (the module graph below);
 //! - no resolved package (`cargo metadata`) declares a `rust-version` newer than the workspace's,
 //!   and every crate inherits it;
-//! - every crate takes the workspace's lints.
+//! - every crate takes the workspace's lints;
+//! - README's layout table follows the tree.
 //!
 //! No process is started except `cargo metadata`, and nothing is built.
 
@@ -1134,4 +1135,37 @@ fn every_crate_uses_the_workspace_lints() {
         }
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// README's layout table follows the tree, as the import graph is kept: every path it names
+/// exists, and every top-level directory (hidden ones and `target/` aside) and every workspace
+/// member has its row.
+#[test]
+fn the_readme_layout_table_follows_the_tree() {
+    let root = workspace_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let section = readme.split("\n## Layout\n").nth(1).expect("README has a Layout section");
+    let table = section.split("\n## ").next().unwrap_or_default();
+    let named: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(String::from)
+        .collect();
+    assert!(named.len() >= 10, "the layout table has {} rows", named.len());
+    for path in &named {
+        assert!(root.join(path).exists(), "README's layout names {path}, which the tree does not have");
+    }
+    let mut dirs: Vec<String> = std::fs::read_dir(&root)
+        .expect("the workspace root")
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.') && n != "target")
+        .collect();
+    dirs.extend(workspace_members(&root));
+    for dir in dirs {
+        let row = format!("{}/", dir.trim_end_matches('/'));
+        assert!(named.contains(&row), "{row} has no row in README's layout table");
+    }
 }

@@ -1,6 +1,6 @@
 //! The enclave tier's durable store ("authority store"): each organization's authority state as
 //! versioned opaque entries, the replay window every enclave of a deployment shares (with a quota
-//! per organization), and the log of the enclave's decisions. See DESIGN.md "Authority state".
+//! per organization), and the log of the enclave's decisions. See docs/security.md, "Authority state".
 //!
 //! Two backends behind one trait ([`EnclaveStore`]): an SQLite file owned by the enclave's user
 //! (the default, `sqlite://PATH`), and a PostgreSQL database of the enclave tier for several
