@@ -35,7 +35,7 @@ test: deps lint-deploy lint
 	COFFER_TEST_STORE=postgres $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_POSTGRES))
 	COFFER_TEST_HSM=kryoptic $(KRYOPTIC_ENV) $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_KRYOPTIC))
 
-# Throughput and latency against the raw HSM, in one run (release build); see README "Performance".
+# Throughput and latency against the raw HSM, in one run (release build); see docs/performance.md "Performance".
 bench: deps
 	$(CARGO) build --release --bins --locked
 	COFFER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --release --locked -p coffer-tests --bin coffer-bench -- $(BENCH_ARGS)

@@ -7,7 +7,7 @@
 #
 # Features: what its own CI calls the dynamic build (system libcrypto), without EdDSA, which needs
 # OpenSSL >= 3.2 (Debian 12 has 3.0): on kryoptic the webhook signer is a sealed software key
-# (README "Pointing the enclave at a real HSM"), which this build therefore tests.
+# (docs/hsm.md "Pointing the enclave at a real HSM"), which this build therefore tests.
 set -euo pipefail
 
 version=1.5.4

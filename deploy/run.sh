@@ -68,7 +68,7 @@ export COFFER_AUTH_PROXY_LISTEN="127.0.0.1:$COFFER_AUTH_PROXY_PORT"
 # (default none: only Coffer's own).
 export COFFER_OIDC_ISSUER="${COFFER_OIDC_ISSUER:-http://127.0.0.1:$COFFER_PORT}"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
-# default refuses them). Said at start; see README "Webhooks".
+# default refuses them). Said at start; see docs/features.md "Webhooks".
 export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
 # One-time codes: the enclave sends them through COFFER_SMTP_URL when set (its password, if any, in
 # the file COFFER_SMTP_PASSWORD_FILE); without one, each message is written as an .eml file under

@@ -1,7 +1,7 @@
 //! The enclave's one HTTP client, for every outbound request it makes (OIDC issuers' discovery
 //! documents and JWKS, OAuth 2.0 code exchanges): no redirects, bounded time, and
 //! `User-Agent: coffer-enclave/<version>`. Where each request may go is decided by its caller,
-//! after the call's stamp and credential are verified (README "Security": no egress before
+//! after the call's stamp and credential are verified (docs/security.md "Security": no egress before
 //! authentication).
 
 /// What every outbound request of the enclave says it is.

@@ -32,8 +32,11 @@ enum Command {
     /// with the label exists. For development and CI with SoftHSM; real HSMs are provisioned
     /// with their vendor's tools.
     InitToken,
-    /// Create the service keys (KEK, bundle signer, certificate MAC key) in the token if missing
-    /// (idempotent), print the signer key.
+    /// Create the eight service keys in the token if missing (idempotent): the KEK, the bundle
+    /// signer, the credential-certificate MAC key, the webhook signer, the proof key, the
+    /// notarizer, the OIDC issuer key and the TLS fetcher's key (a module that cannot hold one
+    /// gets it sealed, in the authority store). Prints what it created and the keys clients and
+    /// auditors pin (the signer's and the proof key).
     Init,
     /// Serve the gRPC interface on the Unix socket.
     Serve,

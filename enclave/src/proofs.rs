@@ -133,7 +133,7 @@ pub struct BootFacts {
 
 /// The enclave's boot proof: its manifest (binary, version, configuration, HSM, service keys,
 /// start time) signed by the proof key. It attests what this process says of itself with a key
-/// only the HSM holds; there is no hardware attestation of the process (README "Proofs").
+/// only the HSM holds; there is no hardware attestation of the process (docs/proofs.md "Proofs").
 pub fn boot_proof(hsm: &Hsm, facts: &BootFacts) -> Result<pb::BootProof, EnclaveError> {
     use sha2::Digest;
     let started = facts.started_at_ms;

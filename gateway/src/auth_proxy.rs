@@ -52,7 +52,7 @@ pub struct AuthProxy {
     origins: Mutex<Option<(Instant, Arc<HashSet<String>>)>>,
 }
 
-/// The auth proxy's limits (gateway settings `auth_proxy_*`; see README "Operating limits").
+/// The auth proxy's limits (gateway settings `auth_proxy_*`; see docs/operations.md "Operating limits").
 #[derive(Debug, Clone, Copy)]
 pub struct ProxyLimits {
     pub per_config: u32,

@@ -74,7 +74,7 @@ pub struct GatewayConfig {
     /// queueing. Health and discovery have no limit. Defaults 64, 256, 1,024: a slot should not
     /// wait longer than the latency a client accepts, so size signing as (signatures per second
     /// the machine sustains) × (target latency) / 2 — 64 fits a 2-core machine's ~1,200/s and a
-    /// 250 ms p99 (see README "Performance").
+    /// 250 ms p99 (see docs/performance.md "Performance").
     pub max_in_flight_signing: usize,
     pub max_in_flight_writes: usize,
     pub max_in_flight_reads: usize,

@@ -14,7 +14,7 @@ use crate::store::Store;
 pub const NOT_AUTHORIZED: &str = "request not authorized";
 pub const ROOT_ONLY: &str = "request not authorized: only root quorum users may submit this activity";
 
-/// The settings of policy evaluation (see README "Operating limits").
+/// The settings of policy evaluation (see docs/operations.md "Operating limits").
 #[derive(Debug, Clone)]
 pub struct PolicySettings {
     /// Dry runs the gateway asks of the enclave at once.

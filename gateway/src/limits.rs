@@ -22,7 +22,7 @@ pub enum RequestClass {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub IpAddr);
 
-/// Serving limits (see README "Operating limits").
+/// Serving limits (see docs/operations.md "Operating limits").
 pub struct Limits {
     pub body_read_timeout: Duration,
     signing: Arc<Semaphore>,

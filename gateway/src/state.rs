@@ -22,7 +22,7 @@ impl AppState {
     /// WAL is reset), `f` runs again under `block_in_place`, where the worker first hands its
     /// queued tasks to another thread, so the wait never delays unrelated requests or `/healthz`.
     /// (Running every read under `block_in_place` cost 40% more gateway CPU per signature, see
-    /// README "Performance".) On a current-thread runtime (unit tests) the retry runs inline.
+    /// docs/performance.md "Performance".) On a current-thread runtime (unit tests) the retry runs inline.
     pub async fn db<T>(self: &Arc<Self>, f: impl Fn(&dyn Store) -> T) -> Result<T, crate::error::ApiError> {
         Ok(self.read_store(f))
     }

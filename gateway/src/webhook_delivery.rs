@@ -159,7 +159,7 @@ fn changes_endpoints(writes: &[Write]) -> bool {
     })
 }
 
-/// Delivery timing (see README "Webhooks").
+/// Delivery timing (see docs/features.md "Webhooks").
 #[derive(Debug, Clone, Copy)]
 pub struct Schedule {
     pub first_retry: Duration,

@@ -623,7 +623,7 @@ async fn the_enclave_logs_only_finished_activities_of_genuinely_stamped_submissi
 /// test): the hash chain recomputed here, signatures checked with the `p256` crate (the verifier
 /// uses `ring`), and every field of every link compared with what it must say.
 ///
-/// The format, as the enclave writes it (`coffer_auth::proof`; README "The activity log"): a
+/// The format, as the enclave writes it (`coffer_auth::proof`; docs/proofs.md "The activity log"): a
 /// proof is `{scheme, publicKey, proofPayload, signature}`, `publicKey` the proof key's point
 /// twice, `signature` r ‖ s over SHA-256 of the payload, or empty for a link inside a group (the
 /// chain carries it to the group's signed last link or to the signed head). A link's payload is

@@ -1,6 +1,7 @@
 //! PKCS#11 custody: one module load, a profile of what the module can do, one login held by an
-//! anchor session, a bounded session pool, and the service keys (the AES-256 KEK, the P-256
-//! bundle signer and the credential-certificate HMAC key, the login keys), found by label.
+//! anchor session, a bounded session pool, and the service keys found by label (the AES-256 KEK,
+//! the bundle signer, the credential-certificate HMAC key, the webhook signer, the proof key, the
+//! notarizer, and the login keys: the OIDC issuer's and the TLS fetcher's).
 
 mod error;
 mod kek;

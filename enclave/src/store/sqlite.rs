@@ -17,7 +17,7 @@
 //!   of the audit lines would.
 //! - activity log heads (`advance_log`) commit with `synchronous=NORMAL` too, for the same reason
 //!   (one per finished activity): a power loss can take back the last heads, and a verifier then
-//!   reports the links the gateway stored beyond them (README "The activity log").
+//!   reports the links the gateway stored beyond them (docs/proofs.md "The activity log").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::limits::ClientAddr;
 use tower::ServiceExt;
 
-/// Connection limits of one listener (see README "Operating limits").
+/// Connection limits of one listener (see docs/operations.md "Operating limits").
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub max_connections: usize,
