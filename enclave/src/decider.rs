@@ -183,17 +183,21 @@ const IN_FLIGHT: i64 = i64::MAX;
 /// its changes are decided again.
 const GROUP_CONFLICT_RETRIES: u32 = 4;
 
-/// Held by a group's leader: should it panic (its group's callers then find their answers
-/// abandoned), the lead is given up and every staged change after it answered as moved, so that
-/// later changes are led again and decided again; no head or stamp of the lost group stays.
-struct GroupUnwinding<'a>(&'a Mutex<Staged>);
+/// Held by a group's leader until it has answered its group and handed the lead on: should it
+/// stop before (a panic, or an error such as a poisoned lock; its group's callers then find their
+/// answers abandoned), the lead is given up and every staged change after it answered as moved,
+/// so that later changes are led again and decided again; no head or stamp of the lost group stays.
+struct GroupUnwinding<'a> {
+    changing: &'a Mutex<Staged>,
+    done: bool,
+}
 
 impl Drop for GroupUnwinding<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if self.done {
             return;
         }
-        let mut staged = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut staged = self.changing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         staged.heads.clear();
         staged.committing.clear();
         staged.stamps = StampsInFlight::default();
@@ -203,7 +207,7 @@ impl Drop for GroupUnwinding<'_> {
         staged.leading = false;
         drop(staged);
         // Left consistent above: usable again by the changes to come.
-        self.0.clear_poison();
+        self.changing.clear_poison();
     }
 }
 
@@ -666,7 +670,7 @@ impl Decider {
     /// Commits every change staged so far in one store transaction, settles the heads, answers
     /// each change, and hands the lead to the owner of the first change staged meanwhile.
     fn lead_group(&self) -> Result<(), EnclaveError> {
-        let _unwinding = GroupUnwinding(&self.changing);
+        let mut unwinding = GroupUnwinding { changing: &self.changing, done: false };
         let (mut group, mut snapshot) = {
             let mut staged = self.changing()?;
             let group = std::mem::take(&mut staged.queue);
@@ -755,6 +759,8 @@ impl Decider {
             }
             None => staged.leading = false,
         }
+        drop(staged);
+        unwinding.done = true;
         Ok(())
     }
 
@@ -825,7 +831,8 @@ impl Decider {
         snapshot: &[(String, Head)],
         spends: &[(usize, &Spend)],
     ) -> Result<Vec<(String, u64)>, EnclaveError> {
-        let _writing = self.writing.lock().map_err(|_| internal("write lock poisoned"))?;
+        // It guards no data: one poisoned by a panic inside a commit still orders commits.
+        let _writing = self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut writes = Vec::new();
         for (org, head) in snapshot {
             let (mut puts, mut deletes) = (Vec::new(), Vec::new());

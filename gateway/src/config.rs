@@ -241,17 +241,14 @@ impl GatewayConfig {
     /// Reads `path` if given (a missing file is an error), then applies environment overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut cfg: Self = coffer_process::read_config(path)?;
+        // What was named, as the values it left (an empty one names nothing; one not read, a
+        // variable that is not UTF-8, names nothing either).
         let in_file = coffer_process::config_keys(path)?;
-        let named = |keys: &[&str], vars: &[&str]| {
-            keys.iter().any(|k| in_file.iter().any(|f| f == k)) || vars.iter().any(|v| std::env::var_os(v).is_some())
+        let named = |key: &str, var: &str| {
+            in_file.iter().any(|f| f == key) || std::env::var(var).is_ok_and(|v| !v.trim().is_empty())
         };
-        cfg.named = Named {
-            store: named(&["store_url"], &["COFFER_STORE_URL"]),
-            enclaves: named(
-                &["enclave_socket", "enclave_sockets", "enclave_urls"],
-                &["COFFER_ENCLAVE_SOCKET", "COFFER_ENCLAVE_SOCKETS", "COFFER_ENCLAVE_URLS"],
-            ),
-        };
+        let (store_named, socket_named) =
+            (named("store_url", "COFFER_STORE_URL"), named("enclave_socket", "COFFER_ENCLAVE_SOCKET"));
         if let Ok(v) = std::env::var("COFFER_LISTEN") {
             cfg.listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_LISTEN: {e}"))?;
         }
@@ -305,6 +302,12 @@ impl GatewayConfig {
         } else if tls_env.iter().any(Option::is_some) {
             anyhow::bail!("COFFER_ENCLAVE_CLIENT_TLS_CA, _CERT and _KEY go together");
         }
+        cfg.named = Named {
+            store: store_named && !cfg.store_url.trim().is_empty(),
+            enclaves: (socket_named && !cfg.enclave_socket.as_os_str().is_empty())
+                || !cfg.enclave_sockets.is_empty()
+                || !cfg.enclave_urls.is_empty(),
+        };
         if let Some(url) = cfg.enclave_urls.iter().find(|u| !u.starts_with("https://")) {
             anyhow::bail!("enclave URL {url:?}: enclaves over TCP are reached with mutual TLS, https:// only");
         }
@@ -375,7 +378,7 @@ impl GatewayConfig {
 
     /// The store an operator command works on: named explicitly, and existing (never created).
     pub fn operator_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
-        if !self.named.store {
+        if !self.store_named() {
             anyhow::bail!(
                 "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config \
                  (operator commands never use the default {})",
@@ -383,6 +386,11 @@ impl GatewayConfig {
             );
         }
         Ok(crate::store::open_existing(&self.store_url)?)
+    }
+
+    /// Whether the store was named, as something (an empty name names nothing).
+    pub fn store_named(&self) -> bool {
+        self.named.store && !self.store_url.trim().is_empty()
     }
 
     /// The enclaves an operator command asks: named explicitly.

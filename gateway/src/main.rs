@@ -281,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            if !cfg.named.store {
+            if !cfg.store_named() {
                 anyhow::bail!(
                     "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config"
                 );

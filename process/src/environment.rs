@@ -109,6 +109,7 @@ pub const VARIABLES: &[(&str, Reader)] = &[
     ("COFFER_TEST_STORE", Reader::Tooling),
     ("COFFER_TOKEN_LABEL", Reader::Enclave),
     ("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", Reader::Gateway),
+    ("COFFER_WRITE_SEEDS", Reader::Tooling),
     ("COFFER_WRITE_TIMEOUT_MS", Reader::Gateway),
 ];
 

@@ -2001,10 +2001,20 @@ fn init_org_names_what_is_missing_and_creates_no_store() {
     let (ok, stderr) = gateway(&named, &init_org);
     assert!(!ok && stderr.contains("no gateway store at") && stderr.contains("never creates one"), "{stderr}");
     assert!(!db.exists(), "init-org created the store it was pointed at");
+    // Nor is a file that is no gateway store taken for one (the schema would be put into it).
+    let other = dir.join("other.db");
+    std::fs::write(&other, b"not the gateway's store").unwrap();
+    let (ok, stderr) = gateway(&[("COFFER_STORE_URL", format!("sqlite://{}", other.display()))], &init_org);
+    assert!(!ok && stderr.contains("no gateway store at"), "{stderr}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"not the gateway's store");
     let (ok, stderr) = gateway(&named, &["migrate"]);
     assert!(ok && db.exists(), "migrate: {stderr}");
     let (ok, stderr) = gateway(&named, &init_org);
     assert!(!ok && stderr.contains("no enclave named") && stderr.contains("COFFER_ENCLAVE_SOCKET"), "{stderr}");
+    // An empty list names no enclave either (it would fall back to the default socket).
+    let empty = [named[0].clone(), ("COFFER_ENCLAVE_SOCKETS", String::new())];
+    let (ok, stderr) = gateway(&empty, &init_org);
+    assert!(!ok && stderr.contains("no enclave named"), "{stderr}");
     assert!(!dir.join(".coffer").exists(), "a default was used");
     // A misspelt variable is said, not silently ignored; a known one is not.
     let misspelt = [("COFFER_STORE_ULR", "sqlite://x".to_string()), ("COFFER_LOG", "warn".to_string())];

@@ -407,6 +407,9 @@ async fn a_body_stamped_by_the_stamp_command_is_answered_and_no_other() {
     assert_eq!(whoami["organizationId"], stack.organization_id.as_str());
     assert_eq!(whoami["userId"], stack.user_id.as_str());
     let other = serde_json::json!({ "organizationId": stack.organization_id, "x": 1 }).to_string();
-    assert_eq!(post(other).await.status(), 401, "a stamp stands for the body it stamped only");
+    let refused = post(other).await;
+    assert_eq!(refused.status(), 401, "a stamp stands for the body it stamped only");
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(refused["message"], "could not verify api key signature", "{refused}");
     let _ = std::fs::remove_file(&key_file);
 }

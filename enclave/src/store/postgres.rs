@@ -452,8 +452,17 @@ impl Backend for PostgresEnclaveStore {
 
     /// The prunes in a transaction of their own, so that a group's or a log's transaction does
     /// not hold every row they touch (another enclave's spends then wait on it, or deadlock).
+    /// Best effort: a failure (a deadlock with another enclave's prune, say) is logged, the
+    /// prunes stay due, and the write goes on (its capacity check prunes if it must).
     fn before_spending(&self, now_ms: i64) -> Result<(), StoreError> {
-        self.pool.with_conn(|db| Db::transaction(db, |db| self.housekeeping(db, now_ms).map(|_| ())))
+        let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
+        let done = self.pool.with_conn(|db| Db::transaction(db, |db| self.housekeeping(db, now_ms).map(|_| ())));
+        if let Err(e) = done {
+            self.next_prune_ms.store(due.0, Ordering::Relaxed);
+            self.next_decision_prune_ms.store(due.1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "the replay window's housekeeping failed; it stays due");
+        }
+        Ok(())
     }
 
     fn spend_in(&self, db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError> {

@@ -16,6 +16,23 @@ pub fn open_existing(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError>
     open_at(url, true)
 }
 
+/// Whether `path` is an SQLite file with the gateway's schema, read without creating anything.
+fn sqlite_has_schema(path: &std::path::Path) -> bool {
+    if !path.is_file() {
+        return false;
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    rusqlite::Connection::open_with_flags(path, flags)
+        .and_then(|c| {
+            c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                [],
+                |r| r.get::<_, bool>(0),
+            )
+        })
+        .unwrap_or(false)
+}
+
 fn open_at(url: &str, must_exist: bool) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     let missing = |what: String| {
         StoreError::Backend(format!(
@@ -24,8 +41,12 @@ fn open_at(url: &str, must_exist: bool) -> Result<std::sync::Arc<dyn Store>, Sto
         ))
     };
     if let Some(path) = url.strip_prefix("sqlite://") {
-        // An empty file is no store either: SQLite would make one in it.
-        if must_exist && std::fs::metadata(path).map_or(true, |m| m.len() == 0) {
+        if path.is_empty() {
+            return Err(StoreError::Backend("sqlite:// needs a path".into()));
+        }
+        // A file holding the gateway's schema: not an empty one (SQLite would make a store in
+        // it), nor another database (the enclave's authority store, say), nor a directory.
+        if must_exist && !sqlite_has_schema(std::path::Path::new(path)) {
             return Err(missing(format!("at {path}")));
         }
         return Ok(std::sync::Arc::new(SqliteStore::open(std::path::Path::new(path))?));

@@ -95,12 +95,8 @@ impl PostgresStore {
             .map_err(|e| StoreError::Backend(format!("store URL {}: {e}", redact(url))))?;
         off_executor(|| {
             let mut c = PgConn::connect(&config)?;
-            let found = c.query_one(
-                "SELECT EXISTS (SELECT 1 FROM information_schema.tables
-                                WHERE table_schema = current_schema() AND table_name = 'schema_migrations')",
-                &[],
-                |r| r.flag(0),
-            )?;
+            // Whatever the role may read of it (information_schema lists only granted tables).
+            let found = c.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[], |r| r.flag(0))?;
             Ok::<_, StoreError>(found)
         })
     }
