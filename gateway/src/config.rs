@@ -303,7 +303,7 @@ impl GatewayConfig {
             anyhow::bail!("COFFER_ENCLAVE_CLIENT_TLS_CA, _CERT and _KEY go together");
         }
         cfg.named = Named {
-            store: store_named && !cfg.store_url.trim().is_empty(),
+            store: store_named,
             enclaves: (socket_named && !cfg.enclave_socket.as_os_str().is_empty())
                 || !cfg.enclave_sockets.is_empty()
                 || !cfg.enclave_urls.is_empty(),
@@ -378,19 +378,20 @@ impl GatewayConfig {
 
     /// The store an operator command works on: named explicitly, and existing (never created).
     pub fn operator_store(&self) -> anyhow::Result<std::sync::Arc<dyn crate::store::Store>> {
-        if !self.store_named() {
+        Ok(crate::store::open_existing(self.named_store_url()?)?)
+    }
+
+    /// The store URL an operator command may use: one named, as something (an empty name names
+    /// nothing), never the default.
+    pub fn named_store_url(&self) -> anyhow::Result<&str> {
+        if !self.named.store || self.store_url.trim().is_empty() {
             anyhow::bail!(
                 "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config \
                  (operator commands never use the default {})",
                 GatewayConfig::default().store_url
             );
         }
-        Ok(crate::store::open_existing(&self.store_url)?)
-    }
-
-    /// Whether the store was named, as something (an empty name names nothing).
-    pub fn store_named(&self) -> bool {
-        self.named.store && !self.store_url.trim().is_empty()
+        Ok(&self.store_url)
     }
 
     /// The enclaves an operator command asks: named explicitly.

@@ -281,13 +281,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate => {
-            if !cfg.store_named() {
-                anyhow::bail!(
-                    "no gateway store named: pass --store-url, set COFFER_STORE_URL, or give store_url in --config"
-                );
-            }
-            cfg.open_store()?;
-            println!("{}", serde_json::json!({ "store": coffer_sql::redact(&cfg.store_url), "migrated": true }));
+            let url = cfg.named_store_url()?;
+            coffer_gateway::store::open(url)?;
+            println!("{}", serde_json::json!({ "store": coffer_sql::redact(url), "migrated": true }));
             Ok(())
         }
         Command::Stamp { api_key_file } => {

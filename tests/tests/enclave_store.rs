@@ -437,6 +437,24 @@ fn an_activity_is_linked_once(backend: Backend) {
     assert_eq!(b.link_of("big", "g149", done).unwrap().map(|l| l.activity_id), Some("b149".to_string()));
 }
 
+/// The stamp `k` of `org` to spend at `now_ms` until `expires_ms`, with its allow (fingerprint
+/// `f{k}`).
+fn stamp_spend(k: u8, org: &str, now_ms: i64, expires_ms: i64) -> Spend {
+    Spend {
+        share: ReplayShare::of(org),
+        key: [k; 32],
+        expires_ms,
+        now_ms,
+        allowed: DecisionRecord {
+            at_ms: now_ms,
+            organization_id: org.into(),
+            fingerprint: format!("f{k}"),
+            outcome: OUTCOME_ALLOW.into(),
+            ..Default::default()
+        },
+    }
+}
+
 /// A link's stamp is spent in the transaction that moves the log (issue 40, one commit per
 /// activity): a link whose stamp the window refuses (spent already, its share full) moves
 /// nothing and spends nothing, the others' stamps included; without it, the rest is linked and
@@ -445,19 +463,7 @@ fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
     let limits = StoreLimits { replay_per_organization: 3, ..StoreLimits::default() };
     let (_db, a, b) = two_stores(backend, limits);
     let (now, expires) = (1_000_000, 2_000_000);
-    let spend = |k: u8, org: &str| Spend {
-        share: ReplayShare::of(org),
-        key: [k; 32],
-        expires_ms: expires,
-        now_ms: now,
-        allowed: DecisionRecord {
-            at_ms: now,
-            organization_id: org.into(),
-            fingerprint: format!("f{k}"),
-            outcome: OUTCOME_ALLOW.into(),
-            ..Default::default()
-        },
-    };
+    let spend = |k: u8, org: &str| stamp_spend(k, org, now, expires);
     let (s1, s2, s3) = (spend(1, "o"), spend(2, "o"), spend(3, "o"));
     let link = |f: &'static str, id: &'static str, seq: u64, spend: &'static Spend| LinkedActivity {
         fingerprint: f,
@@ -515,19 +521,7 @@ fn a_link_spends_its_stamp_in_its_transaction(backend: Backend) {
 fn a_change_spends_its_stamp_in_its_transaction(backend: Backend) {
     let (_db, a, b) = two_stores(backend, StoreLimits::default());
     let (now, expires) = (1_000_000, 2_000_000);
-    let spend = |k: u8, org: &str| Spend {
-        share: ReplayShare::of(org),
-        key: [k; 32],
-        expires_ms: expires,
-        now_ms: now,
-        allowed: DecisionRecord {
-            at_ms: now,
-            organization_id: org.into(),
-            fingerprint: format!("f{k}"),
-            outcome: OUTCOME_ALLOW.into(),
-            ..Default::default()
-        },
-    };
+    let spend = |k: u8, org: &str| stamp_spend(k, org, now, expires);
     let (s1, s2) = (spend(1, "o"), spend(2, "p"));
     assert_eq!(b.remember("p", [2; 32], expires, now).unwrap(), Remembered::Fresh);
     let changes = [change("o", 0, vec![entry("user", "u1", b"1")], &[]), change("p", 0, vec![], &[])];

@@ -85,7 +85,7 @@ pub(super) fn apply_activity(
     let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
         for _attempt in 0..8 {
             let (pending, evaluation, changes) = {
-                let locked = rules.lock_organizations(named.iter().copied())?;
+                let mut locked = rules.lock_organizations(named.iter().copied())?;
                 let head = rules.head(&organization)?;
                 let d = admission.decide_over(&a, head.loaded.clone())?;
                 let input = Input {
@@ -152,7 +152,6 @@ pub(super) fn apply_activity(
                 // tenants' sign-ups included. Its commit is grouped with other requests', so the
                 // organizations' locks are let go meanwhile; a change staged on them in between
                 // makes this one decided again, its stamp spent.
-                let mut locked = locked;
                 let spend_in_group = match unspent.take() {
                     Some(alone) if named.len() > 1 => {
                         drop(locked);
