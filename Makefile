@@ -34,6 +34,14 @@ test: deps lint-deploy lint
 	$(KRYOPTIC_ENV) $(CARGO) test --workspace --locked
 	COFFER_TEST_STORE=postgres $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_POSTGRES))
 	COFFER_TEST_HSM=kryoptic $(KRYOPTIC_ENV) $(CARGO) test --locked -p coffer-tests $(addprefix --test ,$(E2E_ON_KRYOPTIC))
+	COFFER_DEPLOY_BINARIES=target/debug ./deploy/test-deploy.sh
+
+# The images and the compose stack run for real with podman: build, sign through HAProxy with the
+# official client, restart an enclave, sign again (deploy/test-deploy.sh, as root; deploy/README.md,
+# "The compose stack, run for real"). With a release build; `make test` runs it with its own.
+.PHONY: test-deploy
+test-deploy: deps
+	./deploy/test-deploy.sh
 
 # Throughput and latency against the raw HSM, in one run (release build); see docs/performance.md "Performance".
 bench: deps

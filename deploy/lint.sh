@@ -64,7 +64,7 @@ else
 fi
 
 # Shell syntax of every script here (shellcheck too, when installed).
-for s in "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh; do
+for s in "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh "$DEPLOY"/test-deploy/*.sh; do
   case "$(head -n1 "$s")" in
     *bash*) shell="bash" ;;
     *) shell="sh" ;;
@@ -72,7 +72,7 @@ for s in "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh; do
   $shell -n "$s" || { echo "deploy/lint.sh: $s does not parse" >&2; exit 1; }
 done
 if command -v shellcheck >/dev/null 2>&1; then
-  shellcheck --severity=warning "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh
+  shellcheck --severity=warning "$DEPLOY"/*.sh "$DEPLOY"/compose/*.sh "$DEPLOY"/test-deploy/*.sh
   echo "shell scripts: syntax and shellcheck clean"
 else
   echo "shell scripts: syntax clean (shellcheck not installed: not run)"

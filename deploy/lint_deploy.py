@@ -212,22 +212,34 @@ def bin_names(member):
     return re.findall(r'\[\[bin\]\]\s*\nname\s*=\s*"([^"]+)"', read(os.path.join(ROOT, member, "Cargo.toml")))
 
 
+# Build contexts the Dockerfile takes by name, and the one stage that may read each.
+NAMED_CONTEXTS = {"binaries": "prebuilt"}
+
+
 def lint_dockerfile():
     path = os.path.join(DEPLOY, "Dockerfile")
     ignore = [l.strip() for l in read(path + ".dockerignore").splitlines() if l.strip() and not l.startswith("#")]
     stages, parent, current = {}, {}, None
-    copied, built_pkgs, bins_copied = set(), [], set()
+    copied, built_pkgs, bins_copied, bins_prebuilt = set(), [], set(), set()
+    # Global ARGs (before the first FROM) with their defaults: a FROM may name an image or a stage
+    # through one (`FROM ${BINARIES} AS ...`), and is checked with the default.
+    global_args = {}
     for word, rest in dockerfile_instructions(path):
         if word == "FROM":
             m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?$", rest, re.I)
             if not check(m, f"Dockerfile: cannot parse FROM {rest}"):
                 continue
-            image, current = m.group(1), (m.group(2) or f"#{len(stages)}")
+            named, current = m.group(1), (m.group(2) or f"#{len(stages)}")
+            image = re.sub(r"\$\{(\w+)\}", lambda a: global_args.get(a.group(1), "?"), named)
+            check("?" not in image, f"Dockerfile: FROM {named}: an ARG without a default before the first FROM")
             parent[current] = image if image in stages else None
-            check(image in stages or ":" in image, f"Dockerfile: FROM {image}: neither an earlier stage nor a tagged image")
+            check(image in stages or ":" in image or image == "scratch",
+                  f"Dockerfile: FROM {named}: neither an earlier stage nor a tagged image")
             stages[current] = {"user": None, "text": "", "entrypoint": False}
         elif current is None:
-            check(word in ("ARG",), f"Dockerfile: {word} before FROM")
+            if check(word in ("ARG",), f"Dockerfile: {word} before FROM"):
+                name, _, default = rest.partition("=")
+                global_args[name.strip()] = default.strip()
             continue
         stages[current]["text"] += f"\n{word} {rest}"
         if word == "USER":
@@ -239,9 +251,18 @@ def lint_dockerfile():
             flags = [a for a in args if a.startswith("--")]
             srcs = [a for a in args if not a.startswith("--")][:-1]
             src_stage = next((f.split("=", 1)[1] for f in flags if f.startswith("--from=")), None)
+            if src_stage in NAMED_CONTEXTS:
+                # A build context given by name (`--build-context`), only where it is meant to be.
+                check(current == NAMED_CONTEXTS[src_stage], f"Dockerfile: COPY --from={src_stage} outside stage {NAMED_CONTEXTS[src_stage]}")
+                bins_prebuilt |= {os.path.basename(s) for s in srcs}
+                continue
             if src_stage:
                 check(src_stage in stages and src_stage != current, f"Dockerfile: COPY --from={src_stage}: no earlier stage")
-                if src_stage == "build":
+                lineage, stage = [], src_stage
+                while stage:
+                    lineage.append(stage)
+                    stage = parent.get(stage)
+                if "build" in lineage:
                     bins_copied |= {os.path.basename(s) for s in srcs}
                 continue
             for s in srcs:
@@ -263,6 +284,7 @@ def lint_dockerfile():
         if check(pkg in names, f"Dockerfile: cargo build -p {pkg}: no such workspace package"):
             bins |= set(bin_names(names[pkg]))
     check(bins and bins == bins_copied, f"Dockerfile: binaries copied from build {sorted(bins_copied)} != built {sorted(bins)}")
+    check(bins == bins_prebuilt, f"Dockerfile: prebuilt binaries {sorted(bins_prebuilt)} != built {sorted(bins)}")
 
     def inherited(stage, key):
         while stage:

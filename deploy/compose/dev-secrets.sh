@@ -28,6 +28,6 @@ if [ ! -s "$dir/operator-key" ] || [ ! -s "$dir/operator-public-keys" ]; then
   (umask 077 && printf '%s\n' "$priv" > "$dir/operator-key.tmp" && mv "$dir/operator-key.tmp" "$dir/operator-key")
   (umask 022 && hexof pub > "$dir/operator-public-keys.tmp" && echo >> "$dir/operator-public-keys.tmp" \
     && mv "$dir/operator-public-keys.tmp" "$dir/operator-public-keys")
-  priv= pem= text=
+  priv='' pem='' text=''
   echo "created $dir/operator-key and operator-public-keys (development only)" >&2
 fi
