@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// `coffer-enclave.toml`. Every field has a documented default; unknown keys are refused.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnclaveConfig {
     /// PKCS#11 module. Default: SoftHSM's `/usr/lib/softhsm/libsofthsm2.so`.
@@ -118,7 +118,7 @@ pub struct EnclaveConfig {
 
 /// `[login]` of `coffer-enclave.toml`. The provider endpoints come from here and never from a
 /// request, so a taken-over gateway cannot send a client secret anywhere else.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoginSettings {
     /// The `iss` of the OIDC tokens Coffer issues: the gateway's public base URL, which serves
@@ -173,7 +173,7 @@ impl Default for LoginSettings {
 /// `[otp]` of `coffer-enclave.toml`: where one-time codes go and how often. The transport and the
 /// sender come from here and never from a request, so a taken-over gateway can neither read a
 /// code nor send mail in a name the deployment did not allow.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtpSettings {
     /// The SMTP server codes are sent through: `smtp://HOST[:PORT]` (plain, for a relay on
@@ -255,8 +255,8 @@ impl Default for OtpSettings {
 impl OtpSettings {
     /// Applies the `COFFER_SMTP_*`, `COFFER_MAIL_DIR` and `COFFER_OTP_*` overrides and checks the
     /// result.
-    fn load_env(&mut self) -> anyhow::Result<()> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    fn load_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+        let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
         if let Some(v) = var("COFFER_SMTP_URL") {
             self.smtp_url = Some(v);
         }
@@ -340,7 +340,7 @@ pub fn provider_url(url: &str) -> Result<url::Url, String> {
 
 /// PEM files for mutual TLS: this side's certificate chain and private key, and the CA that
 /// must have issued the other side's certificate.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     pub cert: PathBuf,
@@ -385,26 +385,32 @@ impl Default for EnclaveConfig {
 }
 
 impl EnclaveConfig {
-    /// Reads `path` if given (missing file is an error), then applies `COFFER_ENCLAVE_*` overrides.
+    /// Reads `path` if given (missing file is an error), then applies `COFFER_*` overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        Self::load_with(path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`EnclaveConfig::load`] with the environment `env` answers (a variable that is not
+    /// UTF-8 is unset).
+    pub fn load_with(path: Option<&std::path::Path>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let mut cfg: Self = coffer_process::read_config(path)?;
-        if let Ok(v) = std::env::var("COFFER_PKCS11_MODULE") {
+        if let Some(v) = env("COFFER_PKCS11_MODULE") {
             cfg.pkcs11_module = v.into();
         }
-        if let Ok(v) = std::env::var("COFFER_TOKEN_LABEL") {
+        if let Some(v) = env("COFFER_TOKEN_LABEL") {
             cfg.token_label = v;
         }
-        if let Ok(v) = std::env::var("COFFER_HSM_PROFILE") {
+        if let Some(v) = env("COFFER_HSM_PROFILE") {
             cfg.hsm_profile = v.trim().to_string();
         }
         crate::hsm::ModuleProfile::configured(&cfg.hsm_profile)?;
-        if let Ok(v) = std::env::var("COFFER_HSM_PIN_FILE") {
+        if let Some(v) = env("COFFER_HSM_PIN_FILE") {
             cfg.pin_file = Some(v.into());
         }
-        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
+        if let Some(v) = env("COFFER_ENCLAVE_SOCKET") {
             cfg.socket = v.into();
         }
-        if let Ok(v) = std::env::var("COFFER_ENFORCE_RULES") {
+        if let Some(v) = env("COFFER_ENFORCE_RULES") {
             cfg.enforce_rules = !matches!(v.trim(), "0" | "false");
         }
         if !cfg.enforce_rules {
@@ -413,21 +419,21 @@ impl EnclaveConfig {
                  (README \"Upgrading to the authority state\")"
             );
         }
-        if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_URL") {
+        if let Some(v) = env("COFFER_AUTHORITY_STORE_URL") {
             cfg.authority_store = Some(v).filter(|v| !v.trim().is_empty());
         }
-        if let Ok(v) = std::env::var("COFFER_AUTHORITY_STORE_PASSWORD_FILE") {
+        if let Some(v) = env("COFFER_AUTHORITY_STORE_PASSWORD_FILE") {
             cfg.authority_store_password_file = Some(v.into());
         }
-        if let Ok(v) = std::env::var("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
+        if let Some(v) = env("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
             cfg.replay_quota_per_organization =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_REPLAY_QUOTA_PER_ORGANIZATION: {e}"))?;
         }
-        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR") {
+        if let Some(v) = env("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR") {
             cfg.auth_proxy_signups_per_hour =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_HOUR: {e}"))?;
         }
-        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY") {
+        if let Some(v) = env("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY") {
             cfg.auth_proxy_signups_per_day =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_SIGNUPS_PER_DAY: {e}"))?;
         }
@@ -437,7 +443,7 @@ impl EnclaveConfig {
             ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", &mut cfg.max_policy_text_bytes_per_organization),
             ("COFFER_STATE_CACHE_MIB", &mut cfg.state_cache_mib),
         ] {
-            if let Ok(v) = std::env::var(var) {
+            if let Some(v) = env(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
             }
         }
@@ -445,18 +451,18 @@ impl EnclaveConfig {
             ("COFFER_REPLAY_QUOTA_PER_SIGNUP", &mut cfg.replay_quota_per_signup),
             ("COFFER_REPLAY_SIGNUPS_SHARE_PERCENT", &mut cfg.replay_signups_share_percent),
         ] {
-            if let Ok(v) = std::env::var(var) {
+            if let Some(v) = env(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
             }
         }
         if cfg.replay_signups_share_percent > 100 {
             anyhow::bail!("replay_signups_share_percent must be 0 to 100");
         }
-        if let Ok(v) = std::env::var("COFFER_ENCLAVE_TCP_LISTEN") {
+        if let Some(v) = env("COFFER_ENCLAVE_TCP_LISTEN") {
             cfg.tcp_listen = Some(v.parse().map_err(|e| anyhow::anyhow!("COFFER_ENCLAVE_TCP_LISTEN: {e}"))?);
         }
         let tls_env = ["COFFER_ENCLAVE_TLS_CERT", "COFFER_ENCLAVE_TLS_KEY", "COFFER_ENCLAVE_TLS_CLIENT_CA"]
-            .map(|k| std::env::var(k).ok().map(PathBuf::from));
+            .map(|k| env(k).map(PathBuf::from));
         if let [Some(cert), Some(key), Some(client_ca)] = tls_env {
             cfg.tls = Some(TlsFiles { cert, key, client_ca });
         } else if tls_env.iter().any(Option::is_some) {
@@ -469,18 +475,18 @@ impl EnclaveConfig {
             ("COFFER_OAUTH2_DISCORD_TOKEN_URL", &mut login.discord_token_url),
             ("COFFER_OAUTH2_DISCORD_USERINFO_URL", &mut login.discord_userinfo_url),
         ] {
-            if let Ok(v) = std::env::var(var) {
+            if let Some(v) = env(var) {
                 *field = v;
             }
         }
-        if let Ok(v) = std::env::var("COFFER_MAX_SESSION_SECONDS") {
+        if let Some(v) = env("COFFER_MAX_SESSION_SECONDS") {
             login.max_session_seconds =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_MAX_SESSION_SECONDS: {e}"))?;
         }
-        if let Ok(v) = std::env::var("COFFER_OIDC_ISSUER") {
+        if let Some(v) = env("COFFER_OIDC_ISSUER") {
             login.oidc_issuer = Some(v).filter(|v| !v.trim().is_empty());
         }
-        if let Ok(v) = std::env::var("COFFER_OIDC_ISSUERS_ALLOWED") {
+        if let Some(v) = env("COFFER_OIDC_ISSUERS_ALLOWED") {
             login.oidc_issuers_allowed = comma_list(&v);
         }
         for iss in &mut login.oidc_issuers_allowed {
@@ -497,13 +503,13 @@ impl EnclaveConfig {
             }
             login.oidc_issuer = Some(iss.trim_end_matches('/').to_string());
         }
-        if let Ok(v) = std::env::var("COFFER_OPERATOR_PUBLIC_KEYS") {
+        if let Some(v) = env("COFFER_OPERATOR_PUBLIC_KEYS") {
             cfg.operator_public_keys = comma_list(&v);
         }
-        if let Ok(v) = std::env::var("COFFER_OPERATOR_PUBLIC_KEYS_FILE") {
+        if let Some(v) = env("COFFER_OPERATOR_PUBLIC_KEYS_FILE") {
             cfg.operator_public_keys_file = Some(v.into()).filter(|p: &PathBuf| !p.as_os_str().is_empty());
         }
-        cfg.otp.load_env()?;
+        cfg.otp.load_env(env)?;
         if cfg.tcp_listen.is_some() && cfg.tls.is_none() {
             anyhow::bail!(
                 "tcp_listen needs [tls] cert, key and client_ca: the enclave serves TCP with mutual TLS only"
@@ -597,6 +603,34 @@ mod tests {
         assert_eq!(read, listed);
     }
 
+    /// docs/configuration.md's enclave table is this code's, as the gateway's is.
+    #[test]
+    fn the_configuration_table_is_the_code() {
+        use coffer_process::config_table::{derived, documented, markdown, Exceptions};
+        const CERT: (&str, &str) = ("COFFER_ENCLAVE_TLS_CERT", "/sample/cert");
+        const KEY: (&str, &str) = ("COFFER_ENCLAVE_TLS_KEY", "/sample/key");
+        const CA: (&str, &str) = ("COFFER_ENCLAVE_TLS_CLIENT_CA", "/sample/ca");
+        let exceptions = Exceptions {
+            with: &[
+                (CERT.0, &[KEY, CA]),
+                (KEY.0, &[CERT, CA]),
+                (CA.0, &[CERT, KEY]),
+                ("COFFER_ENCLAVE_TCP_LISTEN", &[CERT, KEY, CA]),
+            ],
+            // `false` is refused at start: shadow mode is retired.
+            refused_otherwise: &[("COFFER_ENFORCE_RULES", "enforce_rules")],
+        };
+        let load = |env: &dyn Fn(&str) -> Option<String>| {
+            let cfg = EnclaveConfig::load_with(None, env).map_err(|e| e.to_string())?;
+            serde_json::to_value(cfg).map_err(|e| e.to_string())
+        };
+        let defaults = serde_json::to_value(EnclaveConfig::default()).unwrap();
+        let code = derived(&defaults, coffer_process::environment::Reader::Enclave, &load, &exceptions);
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).unwrap();
+        let written = documented(&doc, "The enclave: `coffer-enclave.toml`");
+        assert!(written == code, "docs/configuration.md's enclave tables should be:\n{}", markdown(&code.0, &code.1));
+    }
+
     #[test]
     fn proxy_sub_organizations_get_a_share_of_their_parents_sends() {
         let cfg: EnclaveConfig = toml::from_str("token_label = \"t\"").unwrap();
@@ -616,7 +650,7 @@ mod tests {
         };
         assert_eq!(huge.sub_organizations_share(), u64::MAX, "no overflow");
         let mut over = OtpSettings { sub_organizations_share_percent: 101, ..OtpSettings::default() };
-        assert!(over.load_env().is_err(), "a share over 100% is refused at start");
+        assert!(over.load_env(&|_| None).is_err(), "a share over 100% is refused at start");
     }
 
     #[test]

@@ -3,12 +3,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::custody::transport::EnclaveTls;
 
 /// `coffer-gateway.toml`. Every field has a documented default; unknown keys are refused.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
     /// HTTP listen address of the API. Default `127.0.0.1:8080`.
@@ -141,7 +141,7 @@ pub struct GatewayConfig {
 }
 
 /// `[webhooks]` of `coffer-gateway.toml`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookSettings {
     /// Allow `http://` and loopback/private targets (development only; `make run` turns it on).
@@ -240,16 +240,21 @@ impl GatewayConfig {
 
     /// Reads `path` if given (a missing file is an error), then applies environment overrides.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        Self::load_with(path, &|name| std::env::var(name).ok())
+    }
+
+    /// [`GatewayConfig::load`] with the environment `env` answers (a variable that is not
+    /// UTF-8 is unset).
+    pub fn load_with(path: Option<&std::path::Path>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let mut cfg: Self = coffer_process::read_config(path)?;
         // What was named, as the values it left (an empty one names nothing; one not read, a
         // variable that is not UTF-8, names nothing either).
         let in_file = coffer_process::config_keys(path)?;
-        let named = |key: &str, var: &str| {
-            in_file.iter().any(|f| f == key) || std::env::var(var).is_ok_and(|v| !v.trim().is_empty())
-        };
+        let named =
+            |key: &str, var: &str| in_file.iter().any(|f| f == key) || env(var).is_some_and(|v| !v.trim().is_empty());
         let (store_named, socket_named) =
             (named("store_url", "COFFER_STORE_URL"), named("enclave_socket", "COFFER_ENCLAVE_SOCKET"));
-        if let Ok(v) = std::env::var("COFFER_LISTEN") {
+        if let Some(v) = env("COFFER_LISTEN") {
             cfg.listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_LISTEN: {e}"))?;
         }
         for (var, field) in [
@@ -259,44 +264,44 @@ impl GatewayConfig {
             ("COFFER_AUTH_PROXY_SIGNUPS_PER_IP_PER_HOUR", &mut cfg.auth_proxy_signups_per_ip_per_hour),
             ("COFFER_AUTH_PROXY_RANGE_FACTOR", &mut cfg.auth_proxy_range_factor),
         ] {
-            if let Ok(v) = std::env::var(var) {
+            if let Some(v) = env(var) {
                 *field = v.trim().parse().map_err(|e| anyhow::anyhow!("{var}: {e}"))?;
             }
         }
-        if let Ok(v) = std::env::var("COFFER_AUTH_PROXY_LISTEN") {
+        if let Some(v) = env("COFFER_AUTH_PROXY_LISTEN") {
             cfg.auth_proxy_listen = v.parse().map_err(|e| anyhow::anyhow!("COFFER_AUTH_PROXY_LISTEN: {e}"))?;
         }
-        if let Ok(v) = std::env::var("COFFER_OPS_LISTEN") {
+        if let Some(v) = env("COFFER_OPS_LISTEN") {
             cfg.ops_listen = match v.trim() {
                 "" => None,
                 addr => Some(addr.parse().map_err(|e| anyhow::anyhow!("COFFER_OPS_LISTEN: {e}"))?),
             };
         }
-        if let Ok(v) = std::env::var("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS") {
+        if let Some(v) = env("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS") {
             cfg.webhooks.allow_private_targets = match v.trim() {
                 "true" | "1" => true,
                 "false" | "0" | "" => false,
                 other => anyhow::bail!("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS: {other:?} is not true or false"),
             };
         }
-        if let Ok(v) = std::env::var("COFFER_OPERATOR_KEY_FILE") {
+        if let Some(v) = env("COFFER_OPERATOR_KEY_FILE") {
             cfg.operator_key_file = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty());
         }
-        if let Ok(v) = std::env::var("COFFER_STORE_URL") {
+        if let Some(v) = env("COFFER_STORE_URL") {
             cfg.store_url = v;
         }
-        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKET") {
+        if let Some(v) = env("COFFER_ENCLAVE_SOCKET") {
             cfg.enclave_socket = v.into();
         }
-        if let Ok(v) = std::env::var("COFFER_ENCLAVE_SOCKETS") {
+        if let Some(v) = env("COFFER_ENCLAVE_SOCKETS") {
             cfg.enclave_sockets = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(PathBuf::from).collect();
         }
-        if let Ok(v) = std::env::var("COFFER_ENCLAVE_URLS") {
+        if let Some(v) = env("COFFER_ENCLAVE_URLS") {
             cfg.enclave_urls = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
         }
         let tls_env =
             ["COFFER_ENCLAVE_CLIENT_TLS_CA", "COFFER_ENCLAVE_CLIENT_TLS_CERT", "COFFER_ENCLAVE_CLIENT_TLS_KEY"]
-                .map(|k| std::env::var(k).ok().map(PathBuf::from));
+                .map(|k| env(k).map(PathBuf::from));
         if let [Some(ca), Some(cert), Some(key)] = tls_env {
             cfg.enclave_tls = Some(EnclaveTls { ca, cert, key });
         } else if tls_env.iter().any(Option::is_some) {
@@ -314,10 +319,10 @@ impl GatewayConfig {
         if !cfg.enclave_urls.is_empty() && cfg.enclave_tls.is_none() {
             anyhow::bail!("enclave_urls need enclave_tls (ca, cert, key): enclaves over TCP use mutual TLS");
         }
-        if let Ok(v) = std::env::var("COFFER_INSTANCE_ID") {
+        if let Some(v) = env("COFFER_INSTANCE_ID") {
             cfg.instance_id = Some(v);
         }
-        if let Ok(v) = std::env::var("COFFER_BODY_LIMIT") {
+        if let Some(v) = env("COFFER_BODY_LIMIT") {
             cfg.body_limit = v.parse().map_err(|e| anyhow::anyhow!("COFFER_BODY_LIMIT: {e}"))?;
         }
         for (name, field) in [
@@ -339,7 +344,7 @@ impl GatewayConfig {
             ("COFFER_POLICY_CACHE_BYTES", &mut cfg.policy_cache_bytes),
             ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &mut cfg.max_policies_per_organization),
         ] {
-            if let Ok(v) = std::env::var(name) {
+            if let Some(v) = env(name) {
                 field.set(&v).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             }
         }
@@ -432,6 +437,35 @@ mod tests {
         use coffer_process::environment::{read_and_listed, Reader};
         let (read, listed) = read_and_listed(env!("CARGO_MANIFEST_DIR"), Reader::Gateway);
         assert_eq!(read, listed);
+    }
+
+    /// docs/configuration.md's gateway table is this code's: every key with its default, the
+    /// variable that sets it (found by setting each variable the gateway reads), and the
+    /// variables that set no key.
+    #[test]
+    fn the_configuration_table_is_the_code() {
+        use coffer_process::config_table::{derived, documented, markdown, Exceptions};
+        const CA: (&str, &str) = ("COFFER_ENCLAVE_CLIENT_TLS_CA", "/sample/ca");
+        const CERT: (&str, &str) = ("COFFER_ENCLAVE_CLIENT_TLS_CERT", "/sample/cert");
+        const KEY: (&str, &str) = ("COFFER_ENCLAVE_CLIENT_TLS_KEY", "/sample/key");
+        let exceptions = Exceptions {
+            with: &[
+                (CA.0, &[CERT, KEY]),
+                (CERT.0, &[CA, KEY]),
+                (KEY.0, &[CA, CERT]),
+                ("COFFER_ENCLAVE_URLS", &[CA, CERT, KEY]),
+            ],
+            refused_otherwise: &[],
+        };
+        let load = |env: &dyn Fn(&str) -> Option<String>| {
+            let cfg = GatewayConfig::load_with(None, env).map_err(|e| e.to_string())?;
+            serde_json::to_value(cfg).map_err(|e| e.to_string())
+        };
+        let defaults = serde_json::to_value(GatewayConfig::default()).unwrap();
+        let code = derived(&defaults, coffer_process::environment::Reader::Gateway, &load, &exceptions);
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).unwrap();
+        let written = documented(&doc, "The gateway: `coffer-gateway.toml`");
+        assert!(written == code, "docs/configuration.md's gateway tables should be:\n{}", markdown(&code.0, &code.1));
     }
 
     #[test]

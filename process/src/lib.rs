@@ -1,6 +1,7 @@
 //! What the enclave and gateway binaries do alike as processes: structured logs on stderr, and
 //! reading their TOML configuration file.
 
+pub mod config_table;
 pub mod crash_point;
 pub mod environment;
 

@@ -212,7 +212,7 @@ pub enum EnclaveEndpoint {
 
 /// PEM files for mutual TLS with enclaves over TCP: the CA that issued the enclaves'
 /// certificates, and the gateway's own certificate and private key.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnclaveTls {
     pub ca: PathBuf,
