@@ -375,6 +375,60 @@ fn remember_code(
     })
 }
 
+/// Most rows one locking statement names.
+const LOCK_ROWS_PER_STATEMENT: usize = 64;
+
+/// Locks the rows of the window's live counts that `spends` will update (each lane's and the
+/// share's, by scope and slot), all of them, in one order: every lane in the place it has in its
+/// share (a sign-up's own lane, then its parent's sign-ups' lane), then the organizations, each
+/// class by scope and slot. A single spend takes its rows in that order too (lanes, then its
+/// organization), so no two transactions hold rows the other waits for: spent in the order they
+/// came, two groups with the same organizations' stamps in other orders deadlocked, and one of
+/// them ran again after `deadlock_timeout`.
+fn lock_live_counts(db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<(), StoreError> {
+    let slot = |key: &[u8; 32]| i64::from(key[0] % 16);
+    let mut rows: Vec<(usize, String, i64)> = spends
+        .iter()
+        .flat_map(|(_, s)| {
+            let lanes =
+                s.share.lanes.iter().enumerate().map(|(place, l)| (place, l.scope.clone(), slot(&l.key(&s.key))));
+            lanes.chain(std::iter::once((usize::MAX, s.share.organization.clone(), slot(&s.key))))
+        })
+        .collect();
+    rows.sort();
+    rows.dedup();
+    if rows.len() < 2 {
+        return Ok(());
+    }
+    for chunk in rows.chunks(LOCK_ROWS_PER_STATEMENT) {
+        let args: Vec<coffer_sql::Arg<'_>> = chunk
+            .iter()
+            .flat_map(|(_, scope, slot)| [coffer_sql::Arg::Text(scope), coffer_sql::Arg::Int(*slot)])
+            .collect();
+        let values = |place: bool| -> String {
+            let row = |i: usize| match place {
+                true => format!("(?{}::text, ?{}::integer, {i})", 2 * i + 1, 2 * i + 2),
+                false => format!("(?{}::text, ?{}::integer, 0)", 2 * i + 1, 2 * i + 2),
+            };
+            (0..chunk.len()).map(row).collect::<Vec<_>>().join(", ")
+        };
+        // Rows not made yet are made first, in the same order (two first inserts of two rows in
+        // other orders deadlock too), with no entry counted.
+        let made = format!(
+            "INSERT INTO replay_live (organization_id, slot, live) VALUES {} ON CONFLICT (organization_id, slot) DO NOTHING",
+            values(false)
+        );
+        db.execute(&made, &args)?;
+        let lock = format!(
+            "SELECT 1 FROM replay_live l JOIN (VALUES {}) AS v(scope, slot, place) \
+             ON l.organization_id = v.scope AND l.slot = v.slot ORDER BY v.place FOR UPDATE OF l",
+            values(true)
+        );
+        db.query(&lock, &args, |_| Ok::<(), StoreError>(()))?;
+    }
+    Ok(())
+}
+
 fn answer_of(code: i64) -> Result<Remembered, StoreError> {
     match code {
         0 => Ok(Remembered::Fresh),
@@ -470,6 +524,7 @@ impl Backend for PostgresEnclaveStore {
         // A prune done here is undone if the transaction is (a refused spend rolls it back): it
         // stays due then, whoever caused the rollback.
         let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
+        lock_live_counts(db, spends)?;
         let mut refused = Vec::new();
         let mut made = 0;
         for (i, s) in spends {
