@@ -174,6 +174,29 @@ fn recorded_activity(body: &[u8], status: &str, result: Value) -> Value {
         "result": result, "appProofs": []})
 }
 
+/// An `ApplyActivity` for a state change as the gateway sends it: the stamped request and the
+/// activity to link in the same call (completed, `result` as the gateway renders it, the
+/// submitter's approval as its one vote; the enclave adds the app proofs).
+fn linked_apply(request: &pb::StampedRequest, body: &str, result: Value) -> pb::ApplyActivityRequest {
+    let mut activity = recorded_activity(body.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
+    let members = activity.as_object_mut().unwrap();
+    members.remove("appProofs");
+    let c = <pb::CredentialCertificate as prost::Message>::decode(request.certificate.as_slice()).unwrap();
+    members.insert(
+        "votes".into(),
+        json!([{"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": c.public_key,
+            "message": body}]),
+    );
+    pb::ApplyActivityRequest {
+        auth: Some(pb::Authorization {
+            request: Some(request.clone()),
+            log: Some(pb::LogRequest { activity: activity.to_string().into_bytes() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 async fn sign(
     enclave: &Enclave,
     auth: Option<pb::Authorization>,
@@ -4238,12 +4261,11 @@ async fn a_refused_change_spends_nothing() {
         coffer_auth::envelope::derived_id(&fingerprint_of(&create_users), coffer_org_rules::transition::USER_ID, 0);
     let update =
         body("ACTIVITY_TYPE_UPDATE_USER", &org, Stack::now_ms() + 1, json!({"userId": user_id, "userName": "renamed"}));
-    let apply = |stamped_body: &str| pb::ApplyActivityRequest {
-        auth: auth(stamped(&root, stamped_body, &cert)),
-        parent_certificate: vec![],
-        issued_certificates: vec![],
-        sub_organization_account_keys: vec![],
-        sub_organization_wallet_seed: vec![],
+    let created = json!({"createUsersResult": {"userIds": [user_id]}});
+    let updated = json!({"updateUserResult": {"userId": user_id}});
+    let apply = |stamped_body: &str| {
+        let result = if stamped_body == update { &updated } else { &created };
+        linked_apply(&stamped(&root, stamped_body, &cert), stamped_body, result.clone())
     };
     let fingerprint = fingerprint_of(&update);
     refused_for(
@@ -4255,8 +4277,7 @@ async fn a_refused_change_spends_nothing() {
     assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for a refused change");
     // Reported completed, it is not linked (a change the enclave decides alone is linked completed
     // only in the call that applies it).
-    let result = json!({"updateUserResult": {"userId": user_id}});
-    let activity = recorded_activity(update.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
+    let activity = recorded_activity(update.as_bytes(), "ACTIVITY_STATUS_COMPLETED", updated.clone());
     let record = pb::RecordActivityRequest {
         request: Some(stamped(&root, &update, &cert)),
         activity: activity.to_string().into_bytes(),
@@ -4707,10 +4728,10 @@ async fn the_gateways_records_follow_the_changes_the_enclave_computed() {
 }
 
 /// A state change's log link names only the records the enclave made (issue 40: ids in what the
-/// enclave attests come from it): root's `create_policy`, sent to `ApplyActivity` asking for its
-/// link with a result that names another policy id, is refused before anything is spent or
-/// applied (no allow); the same stamped body linked with the id the enclave derives is applied
-/// and linked. A change linked after it ran (`RecordActivity`) likewise.
+/// enclave attests come from it): root's `create_policy`, sent to `ApplyActivity` without asking
+/// for its link, or asking for it with a result that names another policy id, is refused before
+/// anything is spent or applied (no allow); the same stamped body linked with the id the enclave
+/// derives is applied and linked. A change linked after it ran (`RecordActivity`) likewise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
     let stack = enforcing_stack().await;
@@ -4728,29 +4749,21 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
     let fingerprint = fingerprint_of(&create);
     let derived = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
     let request = stamped(&root, &create, &cert);
-    let linked_with = |policy_id: &str| {
-        let mut activity = recorded_activity(
-            create.as_bytes(),
-            "ACTIVITY_STATUS_COMPLETED",
-            json!({"createPolicyResult": {"policyId": policy_id}}),
-        );
-        let members = activity.as_object_mut().unwrap();
-        members.remove("appProofs");
-        let c = <pb::CredentialCertificate as prost::Message>::decode(request.certificate.as_slice()).unwrap();
-        members.insert(
-            "votes".into(),
-            json!([{"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED", "publicKey": c.public_key,
-                "message": create}]),
-        );
-        pb::ApplyActivityRequest {
-            auth: Some(pb::Authorization {
-                request: Some(request.clone()),
-                log: Some(pb::LogRequest { activity: activity.to_string().into_bytes() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+    let linked_with =
+        |policy_id: &str| linked_apply(&request, &create, json!({"createPolicyResult": {"policyId": policy_id}}));
+    // Sent without its activity to link, it is refused before anything is spent or applied: the
+    // log would never show it (a taken-over gateway's way to change the organization unlogged).
+    let unlinked = pb::ApplyActivityRequest {
+        auth: Some(pb::Authorization { request: Some(request.clone()), ..Default::default() }),
+        ..Default::default()
     };
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(unlinked).await,
+        "apply_activity",
+        pb::RefusalReason::BindingMismatch,
+    );
+    assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for an unlinked change");
     refused_for(
         &stack,
         enclave.clone().apply_activity(linked_with("another-policy")).await,

@@ -34,6 +34,7 @@ pub(super) fn apply_activity(
     // The activity to link in this call, when asked: checked before anything is applied.
     let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
     let mut link = log.map(|log| a.link_request(log, false)).transpose()?;
+
     let rules = admission.rules();
     let mut unspent = Some(unspent);
     // Whether this call spent the stamp (not a twin's spend refused as a replay).
@@ -110,11 +111,23 @@ pub(super) fn apply_activity(
                 // Its link states the records it made as made here: now, when it is linked in this
                 // call (before anything is spent), or later, by what its allow records.
                 let made = transition::made_ids(&a.activity.activity_type, &asked);
-                if let Some(link) = &link {
-                    link.states_made(&made).map_err(|e| match e {
+                match &link {
+                    Some(link) => link.states_made(&made).map_err(|e| match e {
                         EnclaveError::Refused { reason, message, .. } => refuse(&a, reason, &message),
                         other => other,
-                    })?;
+                    })?,
+                    // A change that nothing before this call made is linked in this call or not
+                    // made: the log would never show it (`RecordActivity` refuses to link it
+                    // completed afterwards).
+                    None if subjects::linked_in_its_call(&a.activity.activity_type) => {
+                        return Err(refuse(
+                            &a,
+                            RefusalReason::BindingMismatch,
+                            "a state change is linked in the call that applies it: the authorization names no \
+                             activity to link",
+                        ))
+                    }
+                    None => {}
                 }
                 unspent = unspent.take().map(|u| u.with_made(&made));
                 let changes = with_issued(&a, asked, &issued)?;
