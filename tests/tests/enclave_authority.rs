@@ -4764,6 +4764,37 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         pb::RefusalReason::BindingMismatch,
     );
     assert_eq!(stack.decision_count(&org, &fingerprint, "allow"), 0, "an allow for an unlinked change");
+    // Nor applied once the log has it: a fresh body linked as failed first (`RecordActivity`
+    // links an activity the gateway failed before the enclave decided it) is then refused as
+    // spent (a stamp whose activity the log has counts as spent), not applied while the log says
+    // it failed.
+    let failed_first = body(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        Stack::now_ms(),
+        json!({"policyName": "failed first", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+    );
+    let failed_request = stamped(&root, &failed_first, &cert);
+    let mut failed = recorded_activity(failed_first.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": public_key(&root), "message": failed_first}]);
+    let record = pb::RecordActivityRequest {
+        request: Some(failed_request.clone()),
+        activity: failed.to_string().into_bytes(),
+        votes: vec![],
+    };
+    enclave.clone().record_activity(record).await.expect("linked as failed");
+    let failed_policy =
+        coffer_auth::envelope::derived_id(&fingerprint_of(&failed_first), coffer_org_rules::transition::POLICY_ID, 0);
+    let apply_failed =
+        linked_apply(&failed_request, &failed_first, json!({"createPolicyResult": {"policyId": failed_policy}}));
+    refused_for(
+        &stack,
+        enclave.clone().apply_activity(apply_failed).await,
+        "apply_activity",
+        pb::RefusalReason::Replayed,
+    );
+    assert_eq!(stack.decision_count(&org, &fingerprint_of(&failed_first), "allow"), 0, "applied though linked failed");
     refused_for(
         &stack,
         enclave.clone().apply_activity(linked_with("another-policy")).await,
