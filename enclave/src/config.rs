@@ -606,7 +606,7 @@ mod tests {
     /// docs/configuration.md's enclave table is this code's, as the gateway's is.
     #[test]
     fn the_configuration_table_is_the_code() {
-        use coffer_process::config_table::{derived, documented, markdown, Exceptions};
+        use coffer_process::config_table::{check_documented, Exceptions};
         const CERT: (&str, &str) = ("COFFER_ENCLAVE_TLS_CERT", "/sample/cert");
         const KEY: (&str, &str) = ("COFFER_ENCLAVE_TLS_KEY", "/sample/key");
         const CA: (&str, &str) = ("COFFER_ENCLAVE_TLS_CLIENT_CA", "/sample/ca");
@@ -625,10 +625,12 @@ mod tests {
             serde_json::to_value(cfg).map_err(|e| e.to_string())
         };
         let defaults = serde_json::to_value(EnclaveConfig::default()).unwrap();
-        let code = derived(&defaults, coffer_process::environment::Reader::Enclave, &load, &exceptions);
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).unwrap();
-        let written = documented(&doc, "The enclave: `coffer-enclave.toml`");
-        assert!(written == code, "docs/configuration.md's enclave tables should be:\n{}", markdown(&code.0, &code.1));
+        let doc = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"));
+        let reader = coffer_process::environment::Reader::Enclave;
+        let section = "The enclave: `coffer-enclave.toml`";
+        if let Err(e) = check_documented(doc, section, &defaults, reader, &load, &exceptions) {
+            panic!("{e}");
+        }
     }
 
     #[test]

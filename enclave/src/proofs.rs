@@ -459,10 +459,12 @@ fn link_activity(
     let result = activity.get("result").and_then(Value::as_object).filter(|r| r.len() == 1);
     let result_value = result.and_then(|r| r.values().next()).unwrap_or(&Value::Null);
     if let Some(states) = crate::link_request::states_recorded_made(&result_digest, result_value) {
-        if status == ACTIVITY_COMPLETED && !states {
+        // ... and never as failed or rejected: the change stands (a taken-over gateway's way to
+        // apply a change its log says never happened).
+        if status != ACTIVITY_COMPLETED || !states {
             return Err(EnclaveError::refused(
                 RefusalReason::BindingMismatch,
-                "the enclave applied this change: it is linked completed only with the records it made, as it made them",
+                "the enclave applied this change: it is linked only as completed, with the records it made, as it made them",
             ));
         }
     } else if !result_digest.is_empty() {

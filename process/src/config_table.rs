@@ -181,6 +181,24 @@ pub fn derived(
     (rows, no_key)
 }
 
+/// Whether the tables of `doc_path` under `section` are the ones the code says ([`derived`]):
+/// if not, the error holds the tables as the documentation should have them.
+pub fn check_documented(
+    doc_path: &std::path::Path,
+    section: &str,
+    defaults: &Value,
+    reader: Reader,
+    load: LoadWith<'_>,
+    exceptions: &Exceptions<'_>,
+) -> Result<(), String> {
+    let doc = std::fs::read_to_string(doc_path).map_err(|e| format!("{}: {e}", doc_path.display()))?;
+    let code = derived(defaults, reader, load, exceptions);
+    if documented(&doc, section) == code {
+        return Ok(());
+    }
+    Err(format!("{}, {section}, should be:\n{}", doc_path.display(), markdown(&code.0, &code.1)))
+}
+
 /// The table as markdown, for a failing check's message (what the documentation should say).
 pub fn markdown(rows: &[Row], no_key: &BTreeSet<String>) -> String {
     let mut out = String::from("| key | environment variable | default |\n|---|---|---|\n");

@@ -4826,6 +4826,21 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         ..Default::default()
     };
     enclave.clone().apply_activity(apply).await.expect("the endpoint");
+    // Applied, it is never linked as failed: the endpoint stands (a taken-over gateway's way to
+    // make a change its log says never happened).
+    let mut failed = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": public_key(&root), "message": create}]);
+    let record = pb::RecordActivityRequest {
+        request: Some(request.clone()),
+        activity: failed.to_string().into_bytes(),
+        votes: vec![],
+    };
+    refused(
+        enclave.clone().record_activity(record).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
     let endpoint = coffer_auth::envelope::derived_id(
         &fingerprint_of(&create),
         coffer_org_rules::transition::WEBHOOK_ENDPOINT_ID,

@@ -280,10 +280,13 @@ pub fn prune_decisions<D: Db>(db: &mut D, before_ms: i64, batch: i64) -> Result<
     )?)
 }
 
+/// The decision that stands for an activity: a key use's allow with the result it made, over
+/// anything later; else the latest (a state change's allow, whose `made:` record names the
+/// records it made, gives way to a failure recorded after it: the change was not applied).
 pub fn decided<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
     let latest = db.query_opt(
         "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-         ORDER BY result_digest <> '' DESC, seq DESC LIMIT 1",
+         ORDER BY (result_digest <> '' AND result_digest NOT LIKE 'made:%') DESC, seq DESC LIMIT 1",
         args![organization, fingerprint],
         |r| Ok::<_, StoreError>((r.text(0)?, r.text(1)?)),
     )?;
