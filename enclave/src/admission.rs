@@ -222,6 +222,18 @@ fn decision(a: &Admitted, outcome: &str, reason: &str) -> DecisionRecord {
     decision_of(a.operation, &a.activity, &a.credential, outcome, reason)
 }
 
+/// The operation name `ApplyActivity` is authorized under (its replay entries' and decisions').
+pub const APPLY_ACTIVITY: &str = "apply_activity";
+
+/// The replay window's key for a stamped body's `fingerprint` used by `operation`.
+fn replay_key_of(operation: &str, fingerprint: &str) -> [u8; 32] {
+    let mut key = sha2::Sha256::new();
+    key.update(operation.as_bytes());
+    key.update([0u8]);
+    key.update(fingerprint.as_bytes());
+    key.finalize().into()
+}
+
 fn decision_of(
     operation: &str,
     activity: &StampedActivity,
@@ -1196,11 +1208,7 @@ impl Admission {
                 return Err(Refusal::of_rules(refused).about(&activity, &credential));
             }
         };
-        let mut key = sha2::Sha256::new();
-        key.update(operation.as_bytes());
-        key.update([0u8]);
-        key.update(replay_key.0.as_bytes());
-        let key: [u8; 32] = key.finalize().into();
+        let key = replay_key_of(operation, &replay_key.0);
         // Charged to the body's top-level organization, as the enclave's state says: each
         // top-level organization has its share of the window, and its sub-organizations spend
         // that share, not a share each. A sign-up's own request (anyone can get one) is charged to
@@ -1306,6 +1314,33 @@ impl Admission {
     }
 
     /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
+    /// The replay entry `ApplyActivity` would spend for `stamped` (a state change), for a link
+    /// that states the activity finished otherwise (failed, rejected) to spend in the log's
+    /// transaction: of the two, whichever commits second is refused, so a change is never
+    /// applied while its log says it was not (the two calls made at once). Charged to its
+    /// top-level organization's share; recorded in the decision log as failed by `user_id`.
+    pub fn apply_spend_of(&self, stamped: &StampedActivity, user_id: &str) -> Result<Spend, EnclaveError> {
+        let now = now_ms();
+        let top_level = self.top_level_id(&stamped.organization_id, None)?;
+        Ok(Spend {
+            share: ReplayShare::of(top_level),
+            key: replay_key_of(APPLY_ACTIVITY, &stamped.fingerprint),
+            expires_ms: now.saturating_add(self.freshness_ms.max(1)),
+            now_ms: now,
+            allowed: DecisionRecord {
+                at_ms: now,
+                organization_id: stamped.organization_id.clone(),
+                operation: "record_activity".into(),
+                fingerprint: stamped.fingerprint.clone(),
+                activity_type: stamped.activity_type.clone(),
+                user_id: user_id.to_string(),
+                outcome: crate::store::OUTCOME_FAILED.into(),
+                reason: String::new(),
+                result_digest: String::new(),
+            },
+        })
+    }
+
     pub fn is_fresh(&self, timestamp_ms: i64) -> bool {
         (now_ms() - timestamp_ms).abs() <= self.freshness_ms
     }

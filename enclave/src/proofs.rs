@@ -227,6 +227,17 @@ pub fn record_activity(
             &stamped.activity_type,
         )?;
     crate::link_request::check_recorded_votes(&activity, &submitter, &votes, may_be_rejected)?;
+    // A state change not applied (never authorized) is linked as failed or rejected only with
+    // the replay entry its `ApplyActivity` would spend, in the link's transaction: an apply
+    // racing this link is then refused, or this link is (the apply committed first).
+    let mut to_link = to_link;
+    let applied_by_apply_activity = !coffer_org_rules::subjects::has_own_call(&stamped.activity_type);
+    if to_link.logged != LoggedDecision::Authorized
+        && applied_by_apply_activity
+        && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
+    {
+        to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
+    }
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }

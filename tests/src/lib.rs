@@ -502,6 +502,12 @@ impl Stack {
 
     /// How many decisions with `outcome` (`allow`, `refuse`, ...) the enclaves' decision log holds
     /// for the activity of `org` with `fingerprint` (its `decisions` table, read with SQL).
+    /// Links of the activity of `fingerprint` in `status` in the enclave tier's log of `org`.
+    pub fn link_count(&self, org: &str, fingerprint: &str, status: &str) -> usize {
+        let sql = "SELECT count(*) FROM log_links WHERE organization_id = $1 AND fingerprint || ' ' || status = $2";
+        count_rows(&self.authority_store(), sql, org, &format!("{fingerprint} {status}"))
+    }
+
     pub fn decision_count(&self, org: &str, fingerprint: &str, outcome: &str) -> usize {
         let sql = "SELECT count(*) FROM decisions WHERE organization_id = $1 AND fingerprint || ' ' || outcome = $2";
         count_rows(&self.authority_store(), sql, org, &format!("{fingerprint} {outcome}"))

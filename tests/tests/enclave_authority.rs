@@ -4784,6 +4784,11 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         votes: vec![],
     };
     enclave.clone().record_activity(record).await.expect("linked as failed");
+    assert_eq!(
+        stack.decision_count(&org, &fingerprint_of(&failed_first), "failed"),
+        1,
+        "linked failed with the replay entry its apply would spend"
+    );
     let failed_policy =
         coffer_auth::envelope::derived_id(&fingerprint_of(&failed_first), coffer_org_rules::transition::POLICY_ID, 0);
     let apply_failed =
@@ -4863,4 +4868,51 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         pb::RefusalReason::BindingMismatch,
     );
     enclave.clone().record_activity(recorded(&endpoint)).await.expect("linked with the endpoint the enclave made");
+}
+
+/// The two calls at once (issue 40, from a helper's attack): a taken-over gateway sends a state
+/// change to `ApplyActivity`, linked in its call, and at the same moment asks `RecordActivity`
+/// to link the same stamped body as failed. Whichever lands first, the log never says failed for
+/// a change that was applied: either the change is applied (its allow) and linked completed, or
+/// it is not applied and linked failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_and_its_failure_linked_at_once_never_disagree() {
+    let stack = enforcing_stack().await;
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let c = db(&stack);
+    let cert = certificate(&c, &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    let (mut applied, mut failed) = (0, 0);
+    for i in 0..40 {
+        let create = body(
+            "ACTIVITY_TYPE_CREATE_POLICY_V3",
+            &org,
+            Stack::now_ms() + i,
+            json!({"policyName": format!("race {i}"), "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+        );
+        let fingerprint = fingerprint_of(&create);
+        let request = stamped(&root, &create, &cert);
+        let policy = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
+        let apply = linked_apply(&request, &create, json!({"createPolicyResult": {"policyId": policy}}));
+        let mut activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+        activity["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+            "publicKey": public_key(&root), "message": create}]);
+        let record = pb::RecordActivityRequest {
+            request: Some(request),
+            activity: activity.to_string().into_bytes(),
+            votes: vec![],
+        };
+        let (mut e1, mut e2) = (enclave.clone(), enclave.clone());
+        let (_, _) = tokio::join!(e1.apply_activity(apply), e2.record_activity(record));
+        let allowed = stack.decision_count(&org, &fingerprint, "allow");
+        let completed = stack.link_count(&org, &fingerprint, "ACTIVITY_STATUS_COMPLETED");
+        let linked_failed = stack.link_count(&org, &fingerprint, "ACTIVITY_STATUS_FAILED");
+        match (allowed, completed, linked_failed) {
+            (1, 1, 0) => applied += 1,
+            (0, 0, 1) => failed += 1,
+            other => panic!("round {i}: (allows, completed links, failed links) = {other:?}"),
+        }
+    }
+    println!("applied and linked completed: {applied}; not applied, linked failed: {failed}");
 }

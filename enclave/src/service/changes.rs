@@ -30,7 +30,7 @@ pub(super) fn apply_activity(
     // nothing, once it is decided): a refused change spends nothing and leaves no allow in the
     // decision log, and a change is never committed without its stamp spent, nor a stamp spent
     // for a change that was not.
-    let (a, unspent) = admission.authorize_unspent("apply_activity", req.auth.as_ref(), &types)?;
+    let (a, unspent) = admission.authorize_unspent(crate::admission::APPLY_ACTIVITY, req.auth.as_ref(), &types)?;
     // The activity to link in this call, when asked: checked before anything is applied.
     let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
     let mut link = log.map(|log| a.link_request(log, false)).transpose()?;
