@@ -106,7 +106,10 @@ healthy() {
 }
 for group in "postgres authority-db" enclave-a enclave-b "gateway-a gateway-b" lb; do
   # shellcheck disable=SC2086 # a group is a list of services
-  "${compose[@]}" up -d --no-deps $group >/dev/null 2>&1
+  if ! out=$("${compose[@]}" up -d --no-deps $group 2>&1); then
+    printf '%s\n' "$out" >&2
+    exit 1
+  fi
   for service in $group; do
     [ "$service" = lb ] || healthy "$service" 180
   done
@@ -138,7 +141,8 @@ pair="$("$work/bin/coffer-gateway" keygen)"
 public="$(printf '%s\n' "$pair" | sed -n 's/.*"apiPublicKey":"\([0-9a-f]*\)".*/\1/p')"
 pair=
 org_json=$("${compose[@]}" run --rm -T -e COFFER_OPERATOR_KEY_FILE=/dev/stdin \
-  gateway-a init-org --name deploy-check --api-public-key "$public" < deploy/secrets/operator-key 2>/dev/null | tail -1)
+  gateway-a init-org --name deploy-check --api-public-key "$public" < deploy/secrets/operator-key 2>"$work/init-org.err" \
+  | tail -1) || { cat "$work/init-org.err" >&2; exit 1; }
 echo "$org_json"
 organization=$(printf '%s' "$org_json" | sed -n 's/.*"organizationId": *"\([^"]*\)".*/\1/p')
 [ -n "$organization" ] || { echo "init-org printed no organizationId" >&2; exit 1; }

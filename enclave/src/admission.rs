@@ -1216,19 +1216,9 @@ impl Admission {
         // neither one visitor nor all of them together hold the whole share. A fresh entry and
         // the allow it stands for are committed together: every allow is in the decision log
         // before anything is done, and if the store takes neither, nothing is done.
-        let top_level = self
-            .top_level_id(policy_org, Some(decided.loaded.clone()))
+        let share = self
+            .share_of(policy_org, via_parent, decided.loaded.clone())
             .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?;
-        let signup = &decided.loaded.state.organization;
-        let lanes = if !via_parent && signup.auth_proxy_signup && signup.parent_id.is_some() {
-            vec![
-                ReplayLane { scope: format!("replay/signup/{policy_org}"), quota: self.replay_per_signup },
-                ReplayLane { scope: format!("replay/signups-of/{top_level}"), quota: self.replay_all_signups },
-            ]
-        } else {
-            Vec::new()
-        };
-        let share = ReplayShare { organization: top_level, lanes };
         let approved = auth.is_some_and(|a| a.approval.is_some());
         let allowed = decision_of(
             operation,
@@ -1313,17 +1303,50 @@ impl Admission {
         }
     }
 
-    /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
+    /// The share of the replay window a request of `organization` (`loaded`, its state) is
+    /// charged to: its top-level organization's, as the enclave's state says (each top-level
+    /// organization has its share, and its sub-organizations spend that share, not a share
+    /// each). A sign-up's own request (anyone can get one; not its parent's, `via_parent`) is
+    /// charged to its lane and to the lane of all its top-level organization's sign-ups as well,
+    /// so that neither one visitor nor all of them together hold the whole share.
+    fn share_of(&self, organization: &str, via_parent: bool, loaded: Arc<Loaded>) -> Result<ReplayShare, StoreError> {
+        let top_level = self.top_level_id(organization, Some(loaded.clone()))?;
+        let signup = &loaded.state.organization;
+        let lanes = if !via_parent && signup.auth_proxy_signup && signup.parent_id.is_some() {
+            vec![
+                ReplayLane { scope: format!("replay/signup/{organization}"), quota: self.replay_per_signup },
+                ReplayLane { scope: format!("replay/signups-of/{top_level}"), quota: self.replay_all_signups },
+            ]
+        } else {
+            Vec::new()
+        };
+        Ok(ReplayShare { organization: top_level, lanes })
+    }
+
+    /// Whether `ApplyActivity` spent `stamped`'s replay entry, and it is still live (its
+    /// change applied, or failed after the spend: either way the apply cannot run again).
+    pub fn apply_spent(&self, stamped: &StampedActivity) -> Result<bool, EnclaveError> {
+        let key = replay_key_of(APPLY_ACTIVITY, &stamped.fingerprint);
+        // No fingerprint is linked under this name: only the replay entry is looked at.
+        Ok(self.store.spent(key, now_ms(), &stamped.organization_id, "")?)
+    }
+
     /// The replay entry `ApplyActivity` would spend for `stamped` (a state change), for a link
     /// that states the activity finished otherwise (failed, rejected) to spend in the log's
     /// transaction: of the two, whichever commits second is refused, so a change is never
-    /// applied while its log says it was not (the two calls made at once). Charged to its
-    /// top-level organization's share; recorded in the decision log as failed by `user_id`.
+    /// applied while its log says it was not (the two calls made at once). Charged to the share
+    /// the apply would be (a sign-up's lanes included); recorded in the decision log as failed
+    /// by `user_id`.
     pub fn apply_spend_of(&self, stamped: &StampedActivity, user_id: &str) -> Result<Spend, EnclaveError> {
         let now = now_ms();
-        let top_level = self.top_level_id(&stamped.organization_id, None)?;
+        let loaded = self.rules.load(&stamped.organization_id)?.ok_or_else(|| {
+            EnclaveError::refused(
+                RefusalReason::OrganizationUnknown,
+                "the enclave has no authority state for this organization",
+            )
+        })?;
         Ok(Spend {
-            share: ReplayShare::of(top_level),
+            share: self.share_of(&stamped.organization_id, false, loaded)?,
             key: replay_key_of(APPLY_ACTIVITY, &stamped.fingerprint),
             expires_ms: now.saturating_add(self.freshness_ms.max(1)),
             now_ms: now,
@@ -1341,6 +1364,7 @@ impl Admission {
         })
     }
 
+    /// Whether `timestamp_ms` is within the freshness window of the enclave's clock.
     pub fn is_fresh(&self, timestamp_ms: i64) -> bool {
         (now_ms() - timestamp_ms).abs() <= self.freshness_ms
     }

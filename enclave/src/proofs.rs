@@ -175,7 +175,15 @@ pub fn record_activity(
         .ok_or_else(|| EnclaveError::refused(RefusalReason::NoAuthorization, "no stamped request"))?;
     // A submission this enclave authorized lately had its stamp and certificate verified then.
     let fingerprint = coffer_auth::envelope::fingerprint(&request.body);
-    let to_link = match admission.authorized_lately(&fingerprint) {
+    // A state change `ApplyActivity` applies is linked by what the decision log says of it,
+    // never by an earlier call's allow this enclave remembers (a handler's call before the apply:
+    // that allow says nothing of whether the change was applied).
+    let applied_by_apply_activity = coffer_auth::envelope::StampedActivity::parse(&request.body).is_ok_and(|s| {
+        coffer_org_rules::subjects::subject(&s.activity_type).is_some()
+            && !coffer_org_rules::subjects::has_own_call(&s.activity_type)
+    });
+    let lately = admission.authorized_lately(&fingerprint).filter(|_| !applied_by_apply_activity);
+    let to_link = match lately {
         Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission, spend: None },
         None => {
             let (stamped, credential) = admission.verify_submission(request)?;
@@ -227,16 +235,20 @@ pub fn record_activity(
             &stamped.activity_type,
         )?;
     crate::link_request::check_recorded_votes(&activity, &submitter, &votes, may_be_rejected)?;
-    // A state change not applied (never authorized) is linked as failed or rejected only with
-    // the replay entry its `ApplyActivity` would spend, in the link's transaction: an apply
-    // racing this link is then refused, or this link is (the apply committed first).
+    // A state change linked as failed or rejected: if its `ApplyActivity` spent its replay entry
+    // (committed with the apply's allow), what the apply left decides (an applied change is
+    // linked only as completed; one that failed after its spend, as failed); if not, the link
+    // spends that entry in its own transaction, so that an apply racing it is refused, or the
+    // link is (the apply committed first).
     let mut to_link = to_link;
-    let applied_by_apply_activity = !coffer_org_rules::subjects::has_own_call(&stamped.activity_type);
-    if to_link.logged != LoggedDecision::Authorized
-        && applied_by_apply_activity
-        && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
-    {
-        to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
+    if applied_by_apply_activity && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED) {
+        if admission.apply_spent(&stamped)? {
+            let latest = admission.store().decided(&stamped.organization_id, &to_link.fingerprint)?;
+            to_link.logged = latest.logged;
+            to_link.submission.result_digest = latest.result_digest;
+        } else {
+            to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
+        }
     }
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })

@@ -4916,3 +4916,58 @@ async fn a_change_and_its_failure_linked_at_once_never_disagree() {
     }
     println!("applied and linked completed: {applied}; not applied, linked failed: {failed}");
 }
+
+/// A change whose handler calls the enclave before `ApplyActivity` (here the OAuth 2.0
+/// credential's certification) is, once applied, never linked as failed (issue 40, from a
+/// helper's review): the earlier call's allow, which the enclave remembers, says nothing of
+/// whether the change was applied; what the decision log says of the apply decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_after_an_earlier_call_is_not_linked_failed() {
+    let stack = enforcing_stack().await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let cert = certificate(&db(&stack), &stack.api_public_key);
+    let keys = enclave.clone().get_login_keys(pb::GetLoginKeysRequest {}).await.unwrap().into_inner();
+    let fetcher: [u8; 65] = keys.tls_fetcher_public_key.clone().try_into().expect("a 65-byte TLS fetcher key");
+    let secret = hex::encode(
+        coffer_crypto::qos::seal_quorum_envelope(X_CLIENT_SECRET.as_bytes(), &fetcher, &[0x42; 32]).unwrap(),
+    );
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_OAUTH2_CREDENTIAL",
+        &org,
+        Stack::now_ms(),
+        json!({"provider": "OAUTH2_PROVIDER_X", "clientId": X_CLIENT_ID, "encryptedClientSecret": secret}),
+    );
+    let request = stamped(&root, &create, &cert);
+    let credential_id = coffer_auth::envelope::derived_id(
+        &fingerprint_of(&create),
+        coffer_org_rules::transition::OAUTH2_CREDENTIAL_ID,
+        0,
+    );
+    enclave
+        .clone()
+        .certify_oauth2_credential(pb::CertifyOauth2CredentialRequest {
+            auth: auth(request.clone()),
+            credential_id,
+            current: None,
+        })
+        .await
+        .expect("certified");
+    let apply = pb::ApplyActivityRequest {
+        auth: Some(pb::Authorization { request: Some(request.clone()), ..Default::default() }),
+        ..Default::default()
+    };
+    enclave.clone().apply_activity(apply).await.expect("the credential");
+    let mut failed = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": public_key(&root), "message": create}]);
+    let record =
+        pb::RecordActivityRequest { request: Some(request), activity: failed.to_string().into_bytes(), votes: vec![] };
+    refused(
+        enclave.clone().record_activity(record).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    assert_eq!(stack.link_count(&org, &fingerprint_of(&create), "ACTIVITY_STATUS_FAILED"), 0);
+}

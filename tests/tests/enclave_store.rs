@@ -554,6 +554,34 @@ fn a_change_spends_its_stamp_in_its_transaction(backend: Backend) {
     assert_eq!(a.remember("o", [4; 32], expires, expires - 1).unwrap(), Remembered::Fresh, "nothing was kept");
 }
 
+/// What stands for a state change in the decision log (issue 40, from a helper's review): its
+/// allow, whose `made:` record names the records it made, over any refusal recorded after it (a
+/// twin refused once the change was applied does not undo it); a failure of the apply recorded
+/// after it stands over it (the change was not applied).
+fn an_applied_changes_allow_stands_over_a_later_refusal(backend: Backend) {
+    let (_db, a, _b) = two_stores(backend, StoreLimits::default());
+    let d = |fp: &str, operation: &str, outcome: &str, digest: &str| DecisionRecord {
+        at_ms: 10,
+        organization_id: "o".into(),
+        operation: operation.into(),
+        fingerprint: fp.into(),
+        activity_type: "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT".into(),
+        user_id: "u".into(),
+        outcome: outcome.into(),
+        reason: String::new(),
+        result_digest: digest.into(),
+    };
+    let made = "made:/endpointId;abc";
+    a.record_decision(&d("applied", "apply_activity", OUTCOME_ALLOW, made)).unwrap();
+    a.record_decision(&d("applied", "apply_activity", OUTCOME_REFUSE, "")).unwrap();
+    let stands = a.decided("o", "applied").unwrap();
+    assert_eq!((stands.logged, stands.result_digest.as_str()), (LoggedDecision::Authorized, made));
+    a.record_decision(&d("failed", "apply_activity", OUTCOME_ALLOW, made)).unwrap();
+    a.record_decision(&d("failed", "apply_activity", OUTCOME_FAILED, "")).unwrap();
+    a.record_decision(&d("failed", "apply_activity", OUTCOME_REFUSE, "")).unwrap();
+    assert_eq!(a.decided("o", "failed").unwrap().logged, LoggedDecision::Refused, "failed after its spend");
+}
+
 /// Two enclaves' group commits that spend stamps of the same organizations in other orders never
 /// deadlock (on PostgreSQL a deadlock fails one group, which runs again after `deadlock_timeout`):
 /// each transaction takes the window's count rows in one order. An SQLite store has one writer.
@@ -629,6 +657,7 @@ macro_rules! conformance {
 }
 
 conformance!(
+    an_applied_changes_allow_stands_over_a_later_refusal,
     groups_spending_in_other_orders_do_not_deadlock,
     sealed_service_keys_are_kept_once_for_every_enclave,
     versions_compare_and_set,

@@ -281,12 +281,17 @@ pub fn prune_decisions<D: Db>(db: &mut D, before_ms: i64, batch: i64) -> Result<
 }
 
 /// The decision that stands for an activity: a key use's allow with the result it made, over
-/// anything later; else the latest (a state change's allow, whose `made:` record names the
-/// records it made, gives way to a failure recorded after it: the change was not applied).
+/// anything later; then a state change's allow (its `made:` record names the records it made)
+/// or a failure of `ApplyActivity` recorded after it (the change was not applied), the later
+/// of the two, over any refusal (a twin refused after the change was applied does not undo
+/// it); else the latest.
 pub fn decided<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<LatestDecision, StoreError> {
     let latest = db.query_opt(
         "SELECT outcome, result_digest FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-         ORDER BY (result_digest <> '' AND result_digest NOT LIKE 'made:%') DESC, seq DESC LIMIT 1",
+         ORDER BY CASE
+             WHEN result_digest <> '' AND result_digest NOT LIKE 'made:%' THEN 2
+             WHEN result_digest LIKE 'made:%' OR (outcome = 'failed' AND operation = 'apply_activity') THEN 1
+             ELSE 0 END DESC, seq DESC LIMIT 1",
         args![organization, fingerprint],
         |r| Ok::<_, StoreError>((r.text(0)?, r.text(1)?)),
     )?;
