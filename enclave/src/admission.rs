@@ -1227,7 +1227,11 @@ impl Admission {
             crate::store::OUTCOME_ALLOW,
             if approved { "approved" } else { "" },
         );
-        let expires = replay_key.1.saturating_add(self.freshness_ms);
+        // Kept at least a freshness window past now, whatever the stamp's time: an entry spent in
+        // its stamp's last moments would otherwise expire right after its commit, and a
+        // `RecordActivity` that looked for it then (to link the same body failed) would find it
+        // gone, spend it again and link a change that stands as failed.
+        let expires = replay_key.1.max(now).saturating_add(self.freshness_ms);
         let unspent = Unspent { share, key, expires, allowed, approved, audited: false };
         let decisions = DecisionLog(self.store.clone());
         let policy_org = policy_org.clone();

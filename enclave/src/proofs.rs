@@ -240,13 +240,15 @@ pub fn record_activity(
     // linked only as completed; one that failed after its spend, as failed); if not, the link
     // spends that entry in its own transaction, so that an apply racing it is refused, or the
     // link is (the apply committed first).
+    // The decision log is read again after the replay entry was looked at: an apply that
+    // committed meanwhile is seen either way.
     let mut to_link = to_link;
     if applied_by_apply_activity && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED) {
-        if admission.apply_spent(&stamped)? {
-            let latest = admission.store().decided(&stamped.organization_id, &to_link.fingerprint)?;
-            to_link.logged = latest.logged;
-            to_link.submission.result_digest = latest.result_digest;
-        } else {
+        let spent_by_apply = admission.apply_spent(&stamped)?;
+        let latest = admission.store().decided(&stamped.organization_id, &to_link.fingerprint)?;
+        to_link.logged = latest.logged;
+        to_link.submission.result_digest = latest.result_digest;
+        if !spent_by_apply {
             to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
         }
     }

@@ -502,6 +502,12 @@ impl Stack {
 
     /// How many decisions with `outcome` (`allow`, `refuse`, ...) the enclaves' decision log holds
     /// for the activity of `org` with `fingerprint` (its `decisions` table, read with SQL).
+    /// Replay entries charged to `org` (a top-level organization) that live past `after_ms`.
+    pub fn replay_entries_past(&self, org: &str, after_ms: i64) -> usize {
+        let sql = "SELECT count(*) FROM replay WHERE organization_id = $1 AND expires_ms > CAST($2 AS BIGINT)";
+        count_rows(&self.authority_store(), sql, org, &after_ms.to_string())
+    }
+
     /// Links of the activity of `fingerprint` in `status` in the enclave tier's log of `org`.
     pub fn link_count(&self, org: &str, fingerprint: &str, status: &str) -> usize {
         let sql = "SELECT count(*) FROM log_links WHERE organization_id = $1 AND fingerprint || ' ' || status = $2";

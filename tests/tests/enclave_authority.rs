@@ -4971,3 +4971,37 @@ async fn a_change_made_after_an_earlier_call_is_not_linked_failed() {
     );
     assert_eq!(stack.link_count(&org, &fingerprint_of(&create), "ACTIVITY_STATUS_FAILED"), 0);
 }
+
+/// A spent stamp's replay entry lives at least a freshness window past its spend, whatever the
+/// stamp's own time (issue 40, from a helper's attack): a state change stamped in the last moments
+/// of its window used to leave an entry that expired right after its commit, so a
+/// `RecordActivity` linking the same body failed found the entry gone, spent it again and linked
+/// an applied change as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_stamp_is_remembered_a_freshness_window_past_its_spend() {
+    let stack = enforcing_stack().await;
+    let org = stack.organization_id.clone();
+    let root = stack.api_key();
+    let cert = certificate(&db(&stack), &public_key(&root));
+    let enclave = connect(stack.enclave_socket());
+    // Stamped 250 s ago, inside the 300 s window.
+    let create = body(
+        "ACTIVITY_TYPE_CREATE_POLICY_V3",
+        &org,
+        Stack::now_ms() - 250_000,
+        json!({"policyName": "late", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
+    );
+    let policy =
+        coffer_auth::envelope::derived_id(&fingerprint_of(&create), coffer_org_rules::transition::POLICY_ID, 0);
+    let before = stack.replay_entries_past(&org, 0);
+    let spent_at = Stack::now_ms() as i64;
+    let apply =
+        linked_apply(&stamped(&root, &create, &cert), &create, json!({"createPolicyResult": {"policyId": policy}}));
+    enclave.clone().apply_activity(apply).await.expect("applied");
+    assert_eq!(stack.replay_entries_past(&org, 0), before + 1, "one entry spent");
+    assert_eq!(
+        stack.replay_entries_past(&org, spent_at + 290_000),
+        1,
+        "the entry lives a freshness window past its spend, not 50 s"
+    );
+}
