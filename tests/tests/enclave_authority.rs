@@ -197,6 +197,20 @@ fn linked_apply(request: &pb::StampedRequest, body: &str, result: Value) -> pb::
     }
 }
 
+/// A `RecordActivity` that links the stamped `request` (of `body`) as failed, with its
+/// submitter's approval as its one vote: what a gateway sends for an activity it failed.
+fn linked_failed(request: &pb::StampedRequest, body: &str) -> pb::RecordActivityRequest {
+    let mut activity = recorded_activity(body.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
+    let c = <pb::CredentialCertificate as prost::Message>::decode(request.certificate.as_slice()).unwrap();
+    activity["votes"] = json!([{"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": c.public_key, "message": body}]);
+    pb::RecordActivityRequest {
+        request: Some(request.clone()),
+        activity: activity.to_string().into_bytes(),
+        votes: vec![],
+    }
+}
+
 async fn sign(
     enclave: &Enclave,
     auth: Option<pb::Authorization>,
@@ -4120,14 +4134,7 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
     let (cert, key) = (certificate(&c, &public_key(&root)), account_ref(&c, &a[0]));
     let enclave = connect(stack.enclave_socket());
     let signing = sign_body(&org, &a[0], "hidden", Stack::now_ms());
-    let mut activity = recorded_activity(signing.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
-    activity["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
-        "publicKey": public_key(&root), "message": signing}]);
-    let record = pb::RecordActivityRequest {
-        request: Some(stamped(&root, &signing, &cert)),
-        activity: activity.to_string().into_bytes(),
-        votes: vec![],
-    };
+    let record = linked_failed(&stamped(&root, &signing, &cert), &signing);
     enclave.clone().record_activity(record).await.expect("a fresh, undecided stamp is linked as failed");
     refused_for(
         &stack,
@@ -4775,14 +4782,7 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
         json!({"policyName": "failed first", "effect": "EFFECT_ALLOW", "condition": "false", "notes": ""}),
     );
     let failed_request = stamped(&root, &failed_first, &cert);
-    let mut failed = recorded_activity(failed_first.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
-    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
-        "publicKey": public_key(&root), "message": failed_first}]);
-    let record = pb::RecordActivityRequest {
-        request: Some(failed_request.clone()),
-        activity: failed.to_string().into_bytes(),
-        votes: vec![],
-    };
+    let record = linked_failed(&failed_request, &failed_first);
     enclave.clone().record_activity(record).await.expect("linked as failed");
     assert_eq!(
         stack.decision_count(&org, &fingerprint_of(&failed_first), "failed"),
@@ -4833,14 +4833,7 @@ async fn a_state_change_is_linked_only_with_the_ids_the_enclave_made() {
     enclave.clone().apply_activity(apply).await.expect("the endpoint");
     // Applied, it is never linked as failed: the endpoint stands (a taken-over gateway's way to
     // make a change its log says never happened).
-    let mut failed = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
-    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
-        "publicKey": public_key(&root), "message": create}]);
-    let record = pb::RecordActivityRequest {
-        request: Some(request.clone()),
-        activity: failed.to_string().into_bytes(),
-        votes: vec![],
-    };
+    let record = linked_failed(&request, &create);
     refused(
         enclave.clone().record_activity(record).await,
         tonic::Code::PermissionDenied,
@@ -4895,14 +4888,7 @@ async fn a_change_and_its_failure_linked_at_once_never_disagree() {
         let request = stamped(&root, &create, &cert);
         let policy = coffer_auth::envelope::derived_id(&fingerprint, coffer_org_rules::transition::POLICY_ID, 0);
         let apply = linked_apply(&request, &create, json!({"createPolicyResult": {"policyId": policy}}));
-        let mut activity = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
-        activity["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
-            "publicKey": public_key(&root), "message": create}]);
-        let record = pb::RecordActivityRequest {
-            request: Some(request),
-            activity: activity.to_string().into_bytes(),
-            votes: vec![],
-        };
+        let record = linked_failed(&request, &create);
         let (mut e1, mut e2) = (enclave.clone(), enclave.clone());
         let (_, _) = tokio::join!(e1.apply_activity(apply), e2.record_activity(record));
         let allowed = stack.decision_count(&org, &fingerprint, "allow");
@@ -4959,11 +4945,7 @@ async fn a_change_made_after_an_earlier_call_is_not_linked_failed() {
         ..Default::default()
     };
     enclave.clone().apply_activity(apply).await.expect("the credential");
-    let mut failed = recorded_activity(create.as_bytes(), "ACTIVITY_STATUS_FAILED", json!({}));
-    failed["votes"] = json!([{"userId": stack.user_id, "selection": "VOTE_SELECTION_APPROVED",
-        "publicKey": public_key(&root), "message": create}]);
-    let record =
-        pb::RecordActivityRequest { request: Some(request), activity: failed.to_string().into_bytes(), votes: vec![] };
+    let record = linked_failed(&request, &create);
     refused(
         enclave.clone().record_activity(record).await,
         tonic::Code::PermissionDenied,
