@@ -137,6 +137,25 @@ impl Unspent {
 /// The authority store's decision log, as an [`Admitted`] carries it.
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn EnclaveStore>);
+
+/// Records the failure of an authorized request after its [`Admitted`] was handed on (an async
+/// call's later steps): [`Admitted::failed_after_spend`], kept apart.
+#[derive(Debug, Clone)]
+pub struct FailureRecorder {
+    log: DecisionLog,
+    record: DecisionRecord,
+}
+
+impl FailureRecorder {
+    /// The request failed (`e`): its latest decision is no longer an allow, so nothing links it
+    /// completed (a login refused or failed after its stamp was spent, say).
+    pub fn failed(&self, e: &EnclaveError) {
+        let record = DecisionRecord { at_ms: now_ms(), reason: e.kind().to_string(), ..self.record.clone() };
+        if let Err(e) = self.log.0.record_decision(&record) {
+            tracing::error!(error = %e, operation = %record.operation, "the decision log did not take a failure");
+        }
+    }
+}
 impl Admitted {
     /// The policy outcomes the decision read, as recorded (JSON text).
     pub fn evaluation(&self) -> String {
@@ -181,6 +200,12 @@ impl Admitted {
     /// completed.
     pub fn failed_after_spend(&self, e: &EnclaveError) {
         self.decisions.failed(self, e.kind());
+    }
+
+    /// What records this authorization's failure once it has been handed on
+    /// ([`Admitted::failed_after_spend`]).
+    pub fn failure_recorder(&self) -> FailureRecorder {
+        FailureRecorder { log: self.decisions.clone(), record: decision(self, crate::store::OUTCOME_FAILED, "") }
     }
 
     /// What this authorization's allow line named, for its outcome line (`crate::audit`).
@@ -833,6 +858,16 @@ impl Admission {
         attested: Option<&AttestedIdentity>,
     ) -> Result<Admitted, EnclaveError> {
         let checked = self.check(operation, auth, types, parent_certificate, attested);
+        // Nor one the activity log has already (linked failed before it ran, say): it is
+        // finished, and what it did now would be hidden behind that link.
+        let checked = checked.and_then(|(a, unspent)| {
+            let (org, fingerprint) = (&a.activity.organization_id, &a.activity.fingerprint);
+            match self.store.spent(unspent.key, now_ms(), org, fingerprint) {
+                Ok(false) => Ok((a, unspent)),
+                Ok(true) => Err(Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential)),
+                Err(e) => Err(Refusal::new(RefusalReason::Unspecified, e.to_string())),
+            }
+        });
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {
             Ok((a, approved)) => {
                 self.allowed(&a, approved, false, "", true);

@@ -524,6 +524,8 @@ impl EnclaveConfig {
             webhook_endpoints: self.max_webhook_endpoints_per_organization,
             policies: self.max_policies_per_organization,
             policy_text_bytes: self.max_policy_text_bytes_per_organization,
+            // Half the state cache: the most the cache keeps of one state (the decider holds it so).
+            state_bytes: self.state_cache_mib.saturating_mul(1 << 20) / 2,
         }
     }
 
@@ -685,7 +687,12 @@ mod tests {
         assert_eq!(cfg.auth_proxy_signups_per_hour, 10_000);
         assert_eq!(
             cfg.limits(),
-            coffer_org_rules::Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
+            coffer_org_rules::Limits {
+                webhook_endpoints: 10,
+                policies: 100_000,
+                policy_text_bytes: 256 * 1024,
+                state_bytes: 32 << 20
+            }
         );
         let text: EnclaveConfig = toml::from_str("max_policy_text_bytes_per_organization = 4096").unwrap();
         assert_eq!(text.limits().policy_text_bytes, 4096);

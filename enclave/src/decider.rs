@@ -37,19 +37,11 @@ impl Loaded {
 /// What the states kept in memory may weigh together ([`footprint`]), by default.
 pub const DEFAULT_STATE_CACHE_BYTES: usize = 64 << 20;
 
-/// Estimated bytes of a loaded state apart from its items: the maps' roots and derived indexes
-/// (an organization with one user, API key, wallet and account measured about 15 KiB in all).
-const STATE_BYTES: usize = 12 * 1024;
-/// Estimated bytes of one item of a state (a user, credential, policy, wallet, account, ...).
-const ITEM_BYTES: usize = 768;
-/// Estimated bytes of a compiled policy per byte of its text (the densest source measured 86).
-const COMPILED_BYTES_PER_TEXT_BYTE: usize = 96;
-
-/// What `loaded` is charged in the cache of states, in estimated bytes: grows with its items and
-/// its policies' text, so that the cache's bound holds for large organizations as for small.
+/// What `loaded` is charged in the cache of states: its weight by the caps' measure
+/// ([`CapCounts::weight`]), which [`Limits::state_bytes`] bounds to half the cache, so that every
+/// state within the caps can be kept.
 pub fn footprint(loaded: &Loaded) -> usize {
-    let items = loaded.state.record_count();
-    STATE_BYTES + ITEM_BYTES * items + COMPILED_BYTES_PER_TEXT_BYTE * loaded.counts.policy_text_bytes
+    loaded.counts.weight()
 }
 
 /// A voter the enclave verified: the user, the certified credential, when the vote was stamped.
@@ -348,9 +340,11 @@ impl Decider {
         }
     }
 
-    /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`).
+    /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`);
+    /// a state's weight is capped at half the cache's budget whatever `limits` says, the most the
+    /// cache keeps of one state.
     pub fn limited(mut self, limits: Limits) -> Self {
-        self.limits = limits;
+        self.limits = Limits { state_bytes: self.cache.budget() / 2, ..limits };
         self
     }
 
@@ -361,6 +355,7 @@ impl Decider {
     /// The same rules, keeping at most `bytes` of states in memory ([`footprint`]).
     pub fn cache_budget(mut self, bytes: usize) -> Self {
         self.cache = BoundedCache::new(bytes);
+        self.limits.state_bytes = bytes / 2;
         self
     }
 
@@ -1133,6 +1128,41 @@ mod tests {
             assert!(r.decide(&format!("o{i}"), sign, &serde_json::json!({}), &root_vote(), &[], 2).is_ok());
         }
         assert!(r.cache_usage().1 <= budget);
+    }
+
+    /// Issue 40: a state heavier than half the cache was never kept, so every request of its
+    /// organization read and compiled it again, each holding its own copy (the bench's enclave
+    /// went from 60 to 750 MiB once one organization's policies passed that weight). A change
+    /// that would make a state that heavy is refused; every state within the cap stays cached.
+    #[test]
+    fn a_state_is_capped_at_the_weight_the_cache_keeps_and_is_never_read_again() {
+        let budget = 1 << 20;
+        let r = rules().cache_budget(budget);
+        assert_eq!(r.limits().state_bytes, budget / 2);
+        bootstrap(&r, "o");
+        let mut made = 0;
+        let refusal = loop {
+            match r.commit(&[put_user("o", &format!("u{made}"))]) {
+                Ok(_) => made += 1,
+                Err(e) => break e,
+            }
+            assert!(made < 10_000, "never refused");
+        };
+        let loaded = r.load("o").unwrap().unwrap();
+        assert_eq!(loaded.state.users.len(), made + 1, "the refused user is not there");
+        assert!(matches!(&refusal, EnclaveError::Refused { reason: RefusalReason::LimitExceeded, .. }), "{refusal}");
+        assert!(refusal.to_string().contains("state_cache_mib"), "{refusal}");
+        assert!(footprint(&loaded) <= budget / 2 && footprint(&loaded) > budget / 2 - 1024);
+        // At the cap, it is still kept: deciding reads nothing again.
+        let loads = r.loads();
+        let sign = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
+        for _ in 0..10 {
+            assert!(r.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).is_ok());
+        }
+        assert_eq!(r.loads(), loads, "states read again from the store");
+        // Shrinking passes, and makes room again.
+        r.commit(&[change("o", Effect::DeleteUsers { ids: vec!["u0".into(), "u1".into()] })]).unwrap();
+        r.commit(&[put_user("o", "again")]).unwrap();
     }
 
     /// Issue 40: each decision racing a commit of its organization read the whole state again

@@ -184,7 +184,16 @@ pub fn record_activity(
     });
     let lately = admission.authorized_lately(&fingerprint).filter(|_| !applied_by_apply_activity);
     let to_link = match lately {
-        Some(submission) => ToLink { fingerprint, logged: LoggedDecision::Authorized, submission, spend: None },
+        Some(submission) => {
+            // Remembered at its allow; a refusal or failure after it (recorded before the call
+            // answered) is read from the decision log.
+            let latest = admission.store().decided(&submission.organization_id, &fingerprint)?;
+            let logged = match latest.logged {
+                LoggedDecision::Refused => LoggedDecision::Refused,
+                _ => LoggedDecision::Authorized,
+            };
+            ToLink { fingerprint, logged, submission, spend: None }
+        }
         None => {
             let (stamped, credential) = admission.verify_submission(request)?;
             // Its submitter is of its organization: a credential of another (a sign-up's, say)
@@ -251,6 +260,17 @@ pub fn record_activity(
         if !spent_by_apply {
             to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
         }
+    }
+    // A login, session or one-time code the enclave did (its allow stands: no refusal or failure
+    // recorded after it) is linked only as completed: a successful login is not hidden as failed.
+    if coffer_org_rules::subjects::is_login_operation(&stamped.activity_type)
+        && to_link.logged == LoggedDecision::Authorized
+        && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
+    {
+        return Err(EnclaveError::refused(
+            RefusalReason::BindingMismatch,
+            "the enclave did this activity and it did not fail: it is linked only as completed",
+        ));
     }
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })

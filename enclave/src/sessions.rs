@@ -202,6 +202,7 @@ pub struct SessionGrant {
 /// verified OIDC claims of an `oauth_login`.
 pub fn grant(
     hsm: &Hsm,
+    admission: &Admission,
     a: &Admitted,
     identity: Option<&oidc::Claims>,
     provider_certificate: &[u8],
@@ -223,8 +224,22 @@ pub fn grant(
         }
         OAUTH_LOGIN => {
             let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
+            let user_id = provider_user(hsm, a, claims, provider_certificate)?;
+            // The certificate outlives the provider: deleted from its user (or the user deleted),
+            // it opens nothing, whichever certificate the gateway still has.
+            let provider = oidc::identity_hash(&claims.iss, &claims.sub, &claims.aud);
+            let live = admission.rules().load(&a.activity.organization_id)?.is_some_and(|l| {
+                l.state.live_credential(&user_id, &provider, OAUTH_PROVIDER, crate::admission::now_ms()).is_some()
+            });
+            if !live {
+                return Err(refuse(
+                    a,
+                    RefusalReason::CredentialRevoked,
+                    "the OAuth provider is no longer a credential of its user in this organization",
+                ));
+            }
             Ok(SessionGrant {
-                user_id: provider_user(hsm, a, claims, provider_certificate)?,
+                user_id,
                 public_key: session_public_key(p)?,
                 credential_type: "CREDENTIAL_TYPE_OAUTH_KEY_P256",
                 secret: None,

@@ -16,6 +16,11 @@ pub struct Limits {
     /// consensus and time window together ([`policy_text_bytes`]). It bounds what a decision compiles and
     /// what a compiled set holds, so each organization's set fits the evaluator's cache.
     pub policy_text_bytes: usize,
+    /// What one organization's state may weigh in the enclave's memory, loaded and its policies
+    /// compiled ([`CapCounts::weight`]). The enclave's decider sets it to half its state cache
+    /// (`state_cache_mib`), the most one state may take of it: a state that did not fit would be read and compiled again on
+    /// every request, each request holding its own copy.
+    pub state_bytes: usize,
 }
 
 /// The default webhook endpoint cap.
@@ -26,6 +31,16 @@ pub const DEFAULT_MAX_POLICIES: usize = 100_000;
 /// (`coffer_policy::MAX_CLAUSE_BYTES`), or deny lists of about 5,000 addresses. Compiled, the
 /// densest text (literal lists of numbers) takes about 90 times its size: 23 MiB.
 pub const DEFAULT_MAX_POLICY_TEXT_BYTES: usize = 256 * 1024;
+/// The default cap on a state's weight: half the enclave's default state cache (64 MiB).
+pub const DEFAULT_MAX_STATE_BYTES: usize = 32 << 20;
+
+/// Estimated bytes of a loaded state apart from its records: the maps' roots and derived indexes
+/// (an organization with one user, API key, wallet and account measured about 15 KiB in all).
+const STATE_BYTES: usize = 12 * 1024;
+/// Estimated bytes of one record of a state (a user, credential, policy, wallet, account, ...).
+const RECORD_BYTES: usize = 768;
+/// Estimated bytes of a compiled policy per byte of its text (the densest source measured 86).
+const COMPILED_BYTES_PER_TEXT_BYTE: usize = 96;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -33,6 +48,7 @@ impl Default for Limits {
             webhook_endpoints: DEFAULT_MAX_WEBHOOK_ENDPOINTS,
             policies: DEFAULT_MAX_POLICIES,
             policy_text_bytes: DEFAULT_MAX_POLICY_TEXT_BYTES,
+            state_bytes: DEFAULT_MAX_STATE_BYTES,
         }
     }
 }
@@ -49,6 +65,7 @@ pub enum Limit {
     WebhookEndpoints,
     Policies,
     PolicyTextBytes,
+    StateBytes,
 }
 
 impl Limit {
@@ -58,6 +75,7 @@ impl Limit {
             Limit::WebhookEndpoints => "webhook endpoints",
             Limit::Policies => "policies",
             Limit::PolicyTextBytes => "bytes of policy text (names, conditions, consensus and time windows together)",
+            Limit::StateBytes => "bytes of state in the enclave's memory (estimated from its records and policy text)",
         }
     }
 
@@ -67,6 +85,7 @@ impl Limit {
             Limit::WebhookEndpoints => "max_webhook_endpoints_per_organization",
             Limit::Policies => "max_policies_per_organization",
             Limit::PolicyTextBytes => "max_policy_text_bytes_per_organization",
+            Limit::StateBytes => "state_cache_mib, half of which one organization may take",
         }
     }
 }
@@ -86,8 +105,12 @@ pub struct LimitExceeded {
 
 impl Limits {
     /// No cap (the import of states as the gateway's records have them).
-    pub const UNBOUNDED: Limits =
-        Limits { webhook_endpoints: usize::MAX, policies: usize::MAX, policy_text_bytes: usize::MAX };
+    pub const UNBOUNDED: Limits = Limits {
+        webhook_endpoints: usize::MAX,
+        policies: usize::MAX,
+        policy_text_bytes: usize::MAX,
+        state_bytes: usize::MAX,
+    };
 
     /// Refuses the state a change leaves (counted `after`) when the change added to something
     /// (the state before it counted `before`) and leaves more of it than its cap. A change that
@@ -98,6 +121,7 @@ impl Limits {
             (Limit::WebhookEndpoints, self.webhook_endpoints, before.webhook_endpoints, after.webhook_endpoints),
             (Limit::Policies, self.policies, before.policies, after.policies),
             (Limit::PolicyTextBytes, self.policy_text_bytes, before.policy_text_bytes, after.policy_text_bytes),
+            (Limit::StateBytes, self.state_bytes, before.weight(), after.weight()),
         ];
         for (limit, max, was, count) in counts {
             if count > was && count > max {
@@ -115,6 +139,8 @@ pub struct CapCounts {
     pub webhook_endpoints: usize,
     pub policies: usize,
     pub policy_text_bytes: usize,
+    /// Every record of the state ([`OrgState::record_count`]).
+    pub records: usize,
 }
 
 fn text_bytes(p: &crate::model::Policy) -> usize {
@@ -128,7 +154,23 @@ impl CapCounts {
             webhook_endpoints: state.webhook_endpoints.len(),
             policies: state.policies.len(),
             policy_text_bytes: policy_text_bytes(state),
+            records: state.record_count(),
         }
+    }
+
+    /// The counts with `n` more records (none of them a policy or a webhook endpoint): what a
+    /// key use that makes wallets, accounts or keys will leave, checked before it makes them.
+    pub fn with_records(self, n: usize) -> Self {
+        Self { records: self.records.saturating_add(n), ..self }
+    }
+
+    /// What the state counted weighs in the enclave's memory, loaded and its policies compiled,
+    /// estimated (and over-estimated: 32 MiB by this measure took about 20 MiB of resident
+    /// memory): the state cache is charged this, and [`Limits::state_bytes`] caps it.
+    pub fn weight(&self) -> usize {
+        STATE_BYTES
+            .saturating_add(RECORD_BYTES.saturating_mul(self.records))
+            .saturating_add(COMPILED_BYTES_PER_TEXT_BYTE.saturating_mul(self.policy_text_bytes))
     }
 
     /// The counts of `after`, which a change of `before` (counted `self`) left, given the ids of
@@ -147,6 +189,7 @@ impl CapCounts {
             webhook_endpoints: after.webhook_endpoints.len(),
             policies: after.policies.len(),
             policy_text_bytes: (self.policy_text_bytes + weigh(after)).saturating_sub(weigh(before)),
+            records: after.record_count(),
         }
     }
 }
@@ -266,7 +309,7 @@ mod tests {
     fn the_defaults_are_the_documented_ones() {
         assert_eq!(
             Limits::default(),
-            Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024 }
+            Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024, state_bytes: 32 << 20 }
         );
     }
 }

@@ -463,6 +463,15 @@ pub fn has_own_call(activity_type: &str) -> bool {
     KEY_USES.contains(&activity_type) || OWN_CALL_OPERATIONS.contains(&activity_type)
 }
 
+/// Whether `activity_type` is a login, a session or a one-time code (an operation of its own
+/// call that is neither a key use nor a vote): done by its own call, linked afterwards by
+/// `RecordActivity`, as completed only if that call did not fail after its allow, and as failed
+/// only if it did (or was refused).
+pub fn is_login_operation(activity_type: &str) -> bool {
+    OWN_CALL_OPERATIONS.contains(&activity_type)
+        && !["ACTIVITY_TYPE_APPROVE_ACTIVITY", "ACTIVITY_TYPE_REJECT_ACTIVITY"].contains(&activity_type)
+}
+
 /// State changes whose handler calls the enclave before `ApplyActivity` (a sub-organization's
 /// wallet, an OAuth 2.0 credential's certification, the auth proxy's key) or reaches the network
 /// (a webhook target's name resolved, after the enclave's `DecideActivity` allowed it). The first

@@ -4987,3 +4987,150 @@ async fn a_spent_stamp_is_remembered_a_freshness_window_past_its_spend() {
         "the entry lives a freshness window past its spend, not 50 s"
     );
 }
+
+/// The helper's attack on logins (issue 40, 2026-11-30): an OAuth identity deleted from its user
+/// kept opening sessions as that user, because the enclave checked the provider's certificate
+/// (which the gateway keeps and can send after the deletion) and not the organization's state.
+/// Here a genuine `oauth_login`, then `delete_oauth_providers`, then the same identity's token with
+/// the old certificate on the enclave's socket: refused as revoked, no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_oauth_identity_opens_no_session_with_its_old_certificate() {
+    let signing = coffer_tests::passkey::fresh_key();
+    let issuer = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&signing)).await;
+    let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", issuer.as_str())]).await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let token_for = |session_public: &str| {
+        let nonce = hex::encode(sha2::Sha256::digest(session_public.as_bytes()));
+        let now = (Stack::now_ms() / 1000) as i64;
+        coffer_tests::oidc::es256_token(
+            &signing,
+            &json!({"iss": issuer, "sub": "leaver", "aud": "app", "exp": now + 600, "iat": now, "nonce": nonce}),
+        )
+    };
+    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
+        "oidcClaims": {"iss": issuer, "sub": "leaver", "aud": "app"}}]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_oauth_providers",
+            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let provider_id = r.json["activity"]["result"]["createOauthProvidersResultV2"]["providerIds"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", r.text))
+        .to_string();
+    let provider_cert: Vec<u8> = db(&stack)
+        .query_row("SELECT certificate FROM oauth_providers WHERE issuer = ?1", [&issuer], |r| r.get(0))
+        .unwrap();
+    let login = |session_public: &str| {
+        let params = json!({"oidcToken": token_for(session_public), "publicKey": session_public});
+        body("ACTIVITY_TYPE_OAUTH_LOGIN", &org, Stack::now_ms(), params)
+    };
+    let create = |b: String| {
+        let (e, request, provider) = (enclave.clone(), stamped(&root, &b, &root_cert), provider_cert.clone());
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest {
+                    auth: auth(request),
+                    provider_certificate: provider,
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    // While the identity is the root user's, it opens a session as root.
+    let first = public_key(&TurnkeyP256ApiKey::generate());
+    let session = create(login(&first)).await.expect("a live identity logs in");
+    assert!(!session.session.is_empty());
+
+    let delete = json!({"userId": stack.user_id, "providerIds": [provider_id]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/delete_oauth_providers",
+            body("ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS", &org, Stack::now_ms(), delete).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Deleted: the old certificate opens nothing.
+    let second = public_key(&TurnkeyP256ApiKey::generate());
+    let (reason, text) = refusal(create(login(&second)).await);
+    assert_eq!(reason, pb::RefusalReason::CredentialRevoked, "{text}");
+}
+
+/// The helper's attack on logins (issue 40, 2026-11-30): logins, sessions and one-time codes are
+/// linked by `RecordActivity` after their own call, and the log stated what the gateway said of
+/// them. Each on the enclave's socket, as a taken-over gateway would:
+/// - a login that failed after its allow (a session key that is no key) linked completed, with a
+///   made-up result;
+/// - a login the enclave did linked failed (hiding it);
+/// - a login linked failed before it ran, then run (its credential made behind a failed link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_is_linked_as_the_enclave_did_it() {
+    let stack = Stack::start().await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let login = |session_public: &str| {
+        body("ACTIVITY_TYPE_STAMP_LOGIN", &org, Stack::now_ms(), json!({"publicKey": session_public}))
+    };
+    let create = |request: pb::StampedRequest| {
+        let e = enclave.clone();
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
+                .await
+                .map(|r| r.into_inner())
+        }
+    };
+    let completed = |request: &pb::StampedRequest, b: &str, result: Value| pb::RecordActivityRequest {
+        request: Some(request.clone()),
+        activity: {
+            let mut a = recorded_activity(b.as_bytes(), "ACTIVITY_STATUS_COMPLETED", result);
+            let failed: Value = serde_json::from_slice(&linked_failed(request, b).activity).unwrap();
+            a["votes"] = failed["votes"].clone();
+            a.to_string().into_bytes()
+        },
+        votes: vec![],
+    };
+
+    // Failed after its allow (not a refusal of the rules): never linked completed.
+    let broken = login("not-a-key");
+    let request = stamped(&root, &broken, &root_cert);
+    let r = create(request.clone()).await;
+    assert_eq!(r.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let before = log_seq(&enclave, &org).await;
+    let made_up = json!({"stampLoginResult": {"session": "made.up.jwt"}});
+    refused(
+        enclave.clone().record_activity(completed(&request, &broken, made_up)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::NotDecided,
+    );
+    enclave.clone().record_activity(linked_failed(&request, &broken)).await.expect("linked as it went: failed");
+    assert_eq!(log_seq(&enclave, &org).await, before + 1);
+
+    // Done: never linked failed.
+    let done = login(&public_key(&TurnkeyP256ApiKey::generate()));
+    let request = stamped(&root, &done, &root_cert);
+    let session = create(request.clone()).await.expect("a login");
+    refused(
+        enclave.clone().record_activity(linked_failed(&request, &done)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    let result = json!({"stampLoginResult": {"session": session.session}});
+    enclave.clone().record_activity(completed(&request, &done, result)).await.expect("linked completed");
+
+    // Linked failed first (fresh, never decided): the login itself is then a replay.
+    let early = login(&public_key(&TurnkeyP256ApiKey::generate()));
+    let request = stamped(&root, &early, &root_cert);
+    enclave.clone().record_activity(linked_failed(&request, &early)).await.expect("a fresh stamp linked failed");
+    refused(create(request).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
+}

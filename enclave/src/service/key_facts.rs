@@ -21,8 +21,9 @@ fn record(admission: &Admission, a: &Admitted, effects: Vec<Effect>) -> Result<(
 
 /// Refuses the ids the gateway chose for new wallets, accounts and private keys unless each is
 /// new: named once in the call and never a wallet's, account's or private key's of
-/// `organization_id` (the state the facts go to, which remembers deleted ones). Checked before
-/// anything is sealed, proved or recorded; recording checks again
+/// `organization_id` (the state the facts go to, which remembers deleted ones), and the state
+/// with them within its caps (its weight). Checked before anything is sealed, proved or recorded;
+/// recording checks again
 /// ([`coffer_org_rules::Effect::PutWallet`] and the others never replace a key), so a call
 /// that raced another with the same id is refused there.
 pub(super) fn ensure_new_ids(
@@ -46,6 +47,10 @@ pub(super) fn ensure_new_ids(
                 RefusalReason::Replayed,
                 "the new keys' ids, derived from the stamped body, are taken: the body ran already",
             ));
+        }
+        let after = loaded.counts.with_records(ids.len());
+        if let Err(e) = admission.rules().limits().check(&loaded.counts, &after) {
+            return Err(refuse(a, RefusalReason::LimitExceeded, &e.to_string()));
         }
     }
     Ok(())

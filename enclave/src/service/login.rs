@@ -119,17 +119,26 @@ pub(super) async fn oauth2_authenticate(
     let h = hsm.clone();
     let authorized = run_blocking(move || {
         let a = admission.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
-        let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
-        admission.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
-        let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
-        Ok((a, credential, secret, audit::carry()))
+        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
+        let failures = a.failure_recorder();
+        let opened = (|| {
+            let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
+            admission.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
+            let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
+            Ok((credential, secret))
+        })();
+        let (credential, secret) = opened.inspect_err(|e| failures.failed(e))?;
+        Ok((a, credential, secret, audit::carry(), failures))
     })
     .await;
-    let (a, credential, secret, outcome) = match authorized {
+    let (a, credential, secret, outcome, failures) = match authorized {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
     let result = exchange_and_sign(hsm, &settings, issuer, a, credential, secret).await;
+    if let Err(e) = &result {
+        failures.failed(e);
+    }
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
@@ -251,19 +260,25 @@ pub(super) async fn create_session(
         };
         let a =
             au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, identity.as_ref())?;
-        let tokens = sessions::before_fetch(&h, &st, &a, pending, &r.provider_certificate)?;
+        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
+        let failures = a.failure_recorder();
+        let tokens = sessions::before_fetch(&h, &st, &a, pending, &r.provider_certificate)
+            .inspect_err(|e| failures.failed(e))?;
         let verification = match identity {
             Some(AttestedIdentity::VerificationToken { token, .. }) => Some(token),
             _ => None,
         };
-        Ok((a, tokens, verification, audit::carry()))
+        Ok((a, tokens, verification, audit::carry(), failures))
     })
     .await;
-    let (a, tokens, verification, outcome) = match authorized {
+    let (a, tokens, verification, outcome, failures) = match authorized {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
     let result = verify_and_open(hsm, admission, &settings, otp, req, a, tokens, verification).await;
+    if let Err(e) = &result {
+        failures.failed(e);
+    }
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
@@ -321,7 +336,7 @@ async fn verify_and_open(
                 super::otp::email_grant(&hsm, &admission, &o, &a)?
             }
             _ => {
-                let mut g = sessions::grant(&hsm, &a, identity.as_ref(), &req.provider_certificate)?;
+                let mut g = sessions::grant(&hsm, &admission, &a, identity.as_ref(), &req.provider_certificate)?;
                 // A verification token's login: once, and a session of the code's kind.
                 if let Some(token) = &verification {
                     let usage = crate::verification_token::Usage::Login;

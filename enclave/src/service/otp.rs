@@ -96,11 +96,13 @@ pub(super) async fn init_otp(
         let parent = (!req.parent_certificate.is_empty()).then_some(req.parent_certificate.as_slice());
         let types: &[&str] = if parent.is_some() { &[INIT_OTP_AUTH] } else { &[INIT_OTP, INIT_OTP_AUTH] };
         let a = admission.authorize_for("init_otp", req.auth.as_ref(), types, parent, None)?;
-        let prepared = prepare(&hsm, &admission, &o, &a)?;
-        Ok((prepared, audit::carry()))
+        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
+        let failures = a.failure_recorder();
+        let prepared = prepare(&hsm, &admission, &o, &a).inspect_err(|e| failures.failed(e))?;
+        Ok((prepared, audit::carry(), failures))
     })
     .await;
-    let ((response, outgoing), outcome) = match prepared {
+    let ((response, outgoing), outcome, failures) = match prepared {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
@@ -108,6 +110,9 @@ pub(super) async fn init_otp(
         Outgoing::Email(message) => otp.mailer.send(message).await,
         Outgoing::Sms { to, text } => otp.sms.send(&to, &text).await,
     };
+    if let Err(e) = &sent {
+        failures.failed(e);
+    }
     outcome.close(sent.as_ref().map(|_| ()));
     sent.map(|_| Response::new(response)).map_err(status)
 }
@@ -773,6 +778,19 @@ pub(super) fn verify_otp(
     req: pb::VerifyOtpRequest,
 ) -> Result<pb::VerifyOtpResponse, EnclaveError> {
     let a = admission.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
+    // Past its allow, a failure is recorded as the activity's: nothing links it completed.
+    let failures = a.failure_recorder();
+    verify_authorized(hsm, admission, otp, &req, a).inspect_err(|e| failures.failed(e))
+}
+
+/// The authorized part of [`verify_otp`].
+fn verify_authorized(
+    hsm: &Hsm,
+    admission: &Admission,
+    otp: &OtpService,
+    req: &pb::VerifyOtpRequest,
+    a: Admitted,
+) -> Result<pb::VerifyOtpResponse, EnclaveError> {
     let p = &a.activity.parameters;
     let org = a.activity.organization_id.as_str();
     let token_seconds = seconds(p, DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS)?;

@@ -948,7 +948,6 @@ const WEBHOOK: &str = "activity write with one subscribed webhook endpoint";
 /// time from a write's answer to its delivery's arrival.
 async fn webhook_scenario(
     stack: &Stack,
-    key: Arc<TurnkeyP256ApiKey>,
     args: &Args,
     seq: Arc<AtomicU64>,
     plain_write_rps: Option<f64>,
@@ -976,7 +975,17 @@ async fn webhook_scenario(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/bench", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let org = stack.organization_id.clone();
+    // An organization of its own: the plain write scenario filled the stack's with policies, and
+    // an organization is capped in policy text and in its state's weight.
+    let key = Arc::new(TurnkeyP256ApiKey::generate());
+    let created = stack.gateway_cli(&[
+        "init-org",
+        "--name",
+        "webhook-bench",
+        "--api-public-key",
+        &hex::encode(key.compressed_public_key()),
+    ]);
+    let org = created["organizationId"].as_str().context("the webhook scenario's organization")?.to_string();
     let filter = json!({"activityTypes": ["ACTIVITY_TYPE_CREATE_POLICY_V3"]}).to_string();
     let body = envelope(
         "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
@@ -1338,7 +1347,13 @@ async fn submit_all(
 /// [`MANY_ORGANIZATIONS`] sub-organizations' state loaded, and a non-root user's signing when the
 /// organization has [`MANY_POLICIES`] policies that do not apply to it, then as many that do.
 async fn authority_scale(args: &Args, seq: Arc<AtomicU64>) -> anyhow::Result<(Value, Vec<(&'static str, Sample)>)> {
-    let stack = Stack::start().await;
+    // 50,001 policies of about 120 bytes of text: caps and a state cache that let one
+    // organization hold them (6 MiB of text, about 600 MiB by the state's weight).
+    let stack = Stack::start_with(&[
+        ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", "8388608"),
+        ("COFFER_STATE_CACHE_MIB", "2048"),
+    ])
+    .await;
     let root = Arc::new(stack.api_key());
     let org = stack.organization_id.clone();
     let (enclave, _) = stack.pids();
@@ -2958,7 +2973,7 @@ async fn main() -> anyhow::Result<()> {
     let webhook_report = if wanted(WEBHOOK) {
         let plain = results.iter().find(|r| r.0.starts_with("activity write")).map(|r| r.2.rps());
         eprintln!("running: {WEBHOOK} with {} clients", args.clients);
-        Some(webhook_scenario(&stack, key.clone(), &args, seq.clone(), plain).await?)
+        Some(webhook_scenario(&stack, &args, seq.clone(), plain).await?)
     } else {
         None
     };
