@@ -297,7 +297,31 @@ pub struct Admission {
     log: crate::activity_log::ActivityLog,
     /// Submissions this enclave authorized lately, by fingerprint. Recording one in the log need
     /// not verify its stamp again.
-    authorized_lately: Mutex<HashMap<String, DecidedSubmission>>,
+    authorized_lately: Mutex<AuthorizedLately>,
+}
+
+/// Submissions authorized lately ([`Admission::authorized_lately`]), in two generations: when the
+/// newer holds half of [`AUTHORIZED_LATELY`], it becomes the older and the older is dropped. So
+/// the latest half are always kept: a flood of one tenant's authorizations forgets the oldest
+/// others', never all of them at once.
+#[derive(Default)]
+struct AuthorizedLately {
+    newer: HashMap<String, DecidedSubmission>,
+    older: HashMap<String, DecidedSubmission>,
+}
+
+impl AuthorizedLately {
+    fn insert(&mut self, fingerprint: String, submission: DecidedSubmission) {
+        if self.newer.len() >= AUTHORIZED_LATELY / 2 {
+            self.older = std::mem::take(&mut self.newer);
+        }
+        self.older.remove(&fingerprint);
+        self.newer.insert(fingerprint, submission);
+    }
+
+    fn remove(&mut self, fingerprint: &str) -> Option<DecidedSubmission> {
+        self.newer.remove(fingerprint).or_else(|| self.older.remove(fingerprint))
+    }
 }
 
 /// What the enclave decided of a stamped submission, as the log links it: its organization and
@@ -317,7 +341,7 @@ pub struct DecidedSubmission {
 /// check.
 pub const MAX_VOTES_LINKED: usize = 100;
 
-/// Most fingerprints [`Admission::authorized_lately`] keeps; past it the map starts over (a
+/// Most fingerprints [`Admission::authorized_lately`] keeps (the latest half always; a
 /// submission it forgot is verified again when recorded).
 const AUTHORIZED_LATELY: usize = 65_536;
 
@@ -1081,9 +1105,6 @@ impl Admission {
             return;
         }
         if let Ok(mut lately) = self.authorized_lately.lock() {
-            if lately.len() >= AUTHORIZED_LATELY {
-                lately.clear();
-            }
             let known = DecidedSubmission {
                 organization_id: a.activity.organization_id.clone(),
                 activity_type: a.activity.activity_type.clone(),
@@ -1608,6 +1629,31 @@ fn refused_by(a: &Admitted, refusal: Refusal) -> EnclaveError {
 mod tests {
     use super::*;
     use crate::link_request::ACTIVITY_COMPLETED;
+
+    /// A tenant's flood of authorizations once made the map start over, forgetting another
+    /// tenant's submission authorized a moment before (its attested login then unlinkable on any
+    /// other enclave); the latest half are always kept.
+    #[test]
+    fn a_flood_of_authorizations_never_forgets_the_latest() {
+        let submission = |n: usize| DecidedSubmission {
+            organization_id: format!("o{n}"),
+            activity_type: String::new(),
+            user_id: String::new(),
+            public_key: String::new(),
+            result_digest: String::new(),
+        };
+        let mut lately = AuthorizedLately::default();
+        for n in 0..AUTHORIZED_LATELY - 1 {
+            lately.insert(format!("flood-{n}"), submission(n));
+        }
+        lately.insert("legit".into(), submission(0));
+        for n in 0..AUTHORIZED_LATELY / 4 {
+            lately.insert(format!("more-{n}"), submission(n));
+        }
+        assert!(lately.remove("legit").is_some());
+        assert!(lately.remove("legit").is_none(), "forgotten once asked");
+        assert!(lately.newer.len() + lately.older.len() <= AUTHORIZED_LATELY);
+    }
 
     #[test]
     fn busy_or_refused_is_decided_on_the_reason_type() {

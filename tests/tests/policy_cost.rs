@@ -17,6 +17,8 @@ use turnkey_client::TurnkeyP256ApiKey;
 
 const MAX_POLICIES: usize = 1_000;
 const CACHE_MIB: usize = 48;
+/// Organization A's expensive policies.
+const COSTLY: usize = 25;
 
 /// An expensive policy that stays within the evaluator's step budget (20,000), so it costs time
 /// whatever the budget charges: a list of `n` zeros quantified, a few steps per element. It
@@ -106,7 +108,9 @@ async fn evaluation_cost_stays_with_its_organization() {
         // shed, whatever the machine's speed.
         ("COFFER_POLICY_QUEUE_TIMEOUT_MS", "120000"),
         ("COFFER_MAX_POLICIES_PER_ORGANIZATION", &MAX_POLICIES.to_string()),
-        // 750 policies of 6 KB: far past the default text cap, which the other test checks.
+        // 25 policies of 6 KB: past the default text cap, which the other test checks, and within
+        // the state's weight the cache keeps (half of it; the literal lists weigh about 96 bytes
+        // a byte of text compiled: 14.5 MB).
         ("COFFER_MAX_POLICY_TEXT_BYTES_PER_ORGANIZATION", "100000000"),
         ("COFFER_STATE_CACHE_MIB", &CACHE_MIB.to_string()),
     ])
@@ -114,7 +118,7 @@ async fn evaluation_cost_stays_with_its_organization() {
     let (root, org_a) = (stack.api_key(), stack.organization_id.clone());
 
     // (a), (b): organization A's expensive policies; B's cheap one.
-    let costly: Vec<String> = (0..750).map(|i| expensive(3_000, i)).collect();
+    let costly: Vec<String> = (0..COSTLY).map(|i| expensive(3_000, i)).collect();
     for (i, chunk) in costly.chunks(50).enumerate() {
         completed(&create_policies(&stack, &root, &org_a, &format!("costly-{i}"), chunk).await);
     }
@@ -128,7 +132,7 @@ async fn evaluation_cost_stays_with_its_organization() {
     let r =
         stack.post_raw("/public/v1/query/coffer_policy_dry_run", dry_run_body(&org_a).as_bytes(), Some(&alice)).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["policies"].as_array().map(Vec::len), Some(750), "{}", r.text);
+    assert_eq!(r.json["policies"].as_array().map(Vec::len), Some(COSTLY), "{}", r.text);
 
     // Two at once from A. The pool's own counters (slots taken, evaluations ended) tell how many
     // evaluations hold a slot: until A's first one ends, A's are all there are, and never more
@@ -182,16 +186,17 @@ async fn evaluation_cost_stays_with_its_organization() {
         let r = run.await.unwrap();
         // Served in turn (the queue wait is long enough for both).
         assert_eq!(r.status, 200, "{}", r.text);
-        assert_eq!(r.json["policies"].as_array().map(Vec::len), Some(750), "{}", r.text);
+        assert_eq!(r.json["policies"].as_array().map(Vec::len), Some(COSTLY), "{}", r.text);
     }
     let after = pool(&stack.base_url).await;
     assert_eq!(after.taken - before.taken, 3, "A's two evaluations and B's took a slot each");
     assert_eq!(after.taken, after.ended, "and ended");
 
-    // (c) The cap: A has 750; a batch that would pass 1,000 is refused whole, one that reaches it is
+    // (c) The cap: A has 25; a batch that would pass 1,000 is refused whole, one that reaches it is
     // not, and then one more is refused.
-    let small: Vec<String> =
-        (0..251).map(|i| format!("activity.type == 'ACTIVITY_TYPE_CREATE_WALLET' && {i} == {i}")).collect();
+    let small: Vec<String> = (0..MAX_POLICIES - COSTLY + 1)
+        .map(|i| format!("activity.type == 'ACTIVITY_TYPE_CREATE_WALLET' && {i} == {i}"))
+        .collect();
     let r = create_policies(&stack, &root, &org_a, "over", &small).await;
     refused_raw(
         &r,
@@ -199,7 +204,7 @@ async fn evaluation_cost_stays_with_its_organization() {
         "REQUEST_INVALID",
         &format!("too many policies: an organization may have at most {MAX_POLICIES}"),
     );
-    completed(&create_policies(&stack, &root, &org_a, "fill", &small[..250]).await);
+    completed(&create_policies(&stack, &root, &org_a, "fill", &small[..MAX_POLICIES - COSTLY]).await);
     let one = json!({"policyName": "one-more", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""});
     let r = submit(&stack, &root, &org_a, "create_policy", "ACTIVITY_TYPE_CREATE_POLICY_V3", one).await;
     refused_raw(&r, 400, "REQUEST_INVALID", "it has 1000, this adds 1");
