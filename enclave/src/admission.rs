@@ -138,22 +138,44 @@ impl Unspent {
 #[derive(Clone)]
 struct DecisionLog(Arc<dyn EnclaveStore>);
 
-/// Records the failure of an authorized request after its [`Admitted`] was handed on (an async
-/// call's later steps): [`Admitted::failed_after_spend`], kept apart.
+/// Records how a login, session or one-time code (`coffer_org_rules::subjects::is_login_operation`)
+/// ended, after its [`Admitted`] was handed on (an async call's later steps): the log links it as
+/// the decision log then says, completed only once done, failed only if not done.
 #[derive(Debug, Clone)]
-pub struct FailureRecorder {
+pub struct OutcomeRecorder {
     log: DecisionLog,
     record: DecisionRecord,
 }
 
-impl FailureRecorder {
-    /// The request failed (`e`): its latest decision is no longer an allow, so nothing links it
-    /// completed (a login refused or failed after its stamp was spent, say).
+impl OutcomeRecorder {
+    /// The request failed (`e`) after its allow: nothing links it completed.
     pub fn failed(&self, e: &EnclaveError) {
         let record = DecisionRecord { at_ms: now_ms(), reason: e.kind().to_string(), ..self.record.clone() };
         if let Err(e) = self.log.0.record_decision(&record) {
             tracing::error!(error = %e, operation = %record.operation, "the decision log did not take a failure");
         }
+    }
+
+    /// The request did its work: recorded before it answers (or it fails), so nothing links it
+    /// failed and it never runs again.
+    pub fn done(&self) -> Result<(), EnclaveError> {
+        let record = DecisionRecord {
+            at_ms: now_ms(),
+            outcome: crate::store::OUTCOME_DONE.into(),
+            result_digest: crate::store::DONE_MARK.into(),
+            ..self.record.clone()
+        };
+        self.log.0.record_decision(&record).map_err(EnclaveError::from)
+    }
+
+    /// `result` as the call answers it: done recorded when it did its work, the failure when not
+    /// (a failure to record done fails it).
+    pub fn close<T>(&self, result: Result<T, EnclaveError>) -> Result<T, EnclaveError> {
+        let result = result.and_then(|v| self.done().map(|()| v));
+        if let Err(e) = &result {
+            self.failed(e);
+        }
+        result
     }
 }
 impl Admitted {
@@ -202,10 +224,9 @@ impl Admitted {
         self.decisions.failed(self, e.kind());
     }
 
-    /// What records this authorization's failure once it has been handed on
-    /// ([`Admitted::failed_after_spend`]).
-    pub fn failure_recorder(&self) -> FailureRecorder {
-        FailureRecorder { log: self.decisions.clone(), record: decision(self, crate::store::OUTCOME_FAILED, "") }
+    /// What records how this authorization's request ended once it has been handed on.
+    pub fn outcome_recorder(&self) -> OutcomeRecorder {
+        OutcomeRecorder { log: self.decisions.clone(), record: decision(self, crate::store::OUTCOME_FAILED, "") }
     }
 
     /// What this authorization's allow line named, for its outcome line (`crate::audit`).
@@ -886,7 +907,11 @@ impl Admission {
         // finished, and what it did now would be hidden behind that link.
         let checked = checked.and_then(|(a, unspent)| {
             let (org, fingerprint) = (&a.activity.organization_id, &a.activity.fingerprint);
-            match self.store.spent(unspent.key, now_ms(), org, fingerprint) {
+            // Nor one done already (run again by a second approval once its replay entry expired,
+            // say): what it made stands.
+            let done =
+                || self.store.decided(org, fingerprint).map(|d| d.result_digest.starts_with(crate::store::DONE_MARK));
+            match self.store.spent(unspent.key, now_ms(), org, fingerprint).and_then(|spent| Ok(spent || done()?)) {
                 Ok(false) => Ok((a, unspent)),
                 Ok(true) => Err(Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential)),
                 Err(e) => Err(Refusal::new(RefusalReason::Unspecified, e.to_string())),
@@ -1386,9 +1411,8 @@ impl Admission {
     /// Whether `ApplyActivity` spent `stamped`'s replay entry, and it is still live (its
     /// change applied, or failed after the spend: either way the apply cannot run again).
     pub fn apply_spent(&self, stamped: &StampedActivity) -> Result<bool, EnclaveError> {
-        let key = replay_key_of(APPLY_ACTIVITY, &stamped.fingerprint);
         // No fingerprint is linked under this name: only the replay entry is looked at.
-        Ok(self.store.spent(key, now_ms(), &stamped.organization_id, "")?)
+        self.spent_by(APPLY_ACTIVITY, stamped)
     }
 
     /// The replay entry `ApplyActivity` would spend for `stamped` (a state change), for a link
@@ -1398,6 +1422,19 @@ impl Admission {
     /// the apply would be (a sign-up's lanes included); recorded in the decision log as failed
     /// by `user_id`.
     pub fn apply_spend_of(&self, stamped: &StampedActivity, user_id: &str) -> Result<Spend, EnclaveError> {
+        self.spend_of(APPLY_ACTIVITY, stamped, user_id)
+    }
+
+    /// Whether `operation`'s replay entry for `stamped` is spent ([`Admission::apply_spent`] for
+    /// another operation: a login's, say).
+    pub fn spent_by(&self, operation: &str, stamped: &StampedActivity) -> Result<bool, EnclaveError> {
+        let key = replay_key_of(operation, &stamped.fingerprint);
+        Ok(self.store.spent(key, now_ms(), &stamped.organization_id, "")?)
+    }
+
+    /// [`Admission::apply_spend_of`] for `operation` (a login's: linked failed, it collides with
+    /// the login's own spend).
+    pub fn spend_of(&self, operation: &str, stamped: &StampedActivity, user_id: &str) -> Result<Spend, EnclaveError> {
         let now = now_ms();
         let loaded = self.rules.load(&stamped.organization_id)?.ok_or_else(|| {
             EnclaveError::refused(
@@ -1407,7 +1444,7 @@ impl Admission {
         })?;
         Ok(Spend {
             share: self.share_of(&stamped.organization_id, false, loaded)?,
-            key: replay_key_of(APPLY_ACTIVITY, &stamped.fingerprint),
+            key: replay_key_of(operation, &stamped.fingerprint),
             expires_ms: now.saturating_add(self.freshness_ms.max(1)),
             now_ms: now,
             allowed: DecisionRecord {

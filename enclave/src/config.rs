@@ -694,6 +694,8 @@ mod tests {
                 state_bytes: 32 << 20
             }
         );
+        let small: EnclaveConfig = toml::from_str("state_cache_mib = 8").unwrap();
+        assert_eq!(small.limits().state_bytes, 4 << 20, "half the state cache");
         let text: EnclaveConfig = toml::from_str("max_policy_text_bytes_per_organization = 4096").unwrap();
         assert_eq!(text.limits().policy_text_bytes, 4096);
         let capped: EnclaveConfig = toml::from_str("max_webhook_endpoints_per_organization = 3").unwrap();

@@ -340,11 +340,11 @@ impl Decider {
         }
     }
 
-    /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`);
-    /// a state's weight is capped at half the cache's budget whatever `limits` says, the most the
-    /// cache keeps of one state.
+    /// The same rules with these per-organization caps (the enclave's `max_*_per_organization`,
+    /// and a state's weight: half the state cache, the most the cache keeps of one state, as the
+    /// enclave's configuration sets it).
     pub fn limited(mut self, limits: Limits) -> Self {
-        self.limits = Limits { state_bytes: self.cache.budget() / 2, ..limits };
+        self.limits = limits;
         self
     }
 
@@ -355,7 +355,6 @@ impl Decider {
     /// The same rules, keeping at most `bytes` of states in memory ([`footprint`]).
     pub fn cache_budget(mut self, bytes: usize) -> Self {
         self.cache = BoundedCache::new(bytes);
-        self.limits.state_bytes = bytes / 2;
         self
     }
 
@@ -613,7 +612,11 @@ impl Decider {
             // A deleted organization's state is empty, and its deletion names no entry it removed.
             let counts = match deleted {
                 true => CapCounts::of(&state),
-                false => head.loaded.counts.after(&head.loaded.state, &state, policies.iter().copied()),
+                false => head.loaded.counts.after(
+                    &head.loaded.state,
+                    &state,
+                    changed.iter().map(|(kind, id)| (*kind, id.as_str())),
+                ),
             };
             if !deleted {
                 self.limits
@@ -1137,8 +1140,7 @@ mod tests {
     #[test]
     fn a_state_is_capped_at_the_weight_the_cache_keeps_and_is_never_read_again() {
         let budget = 1 << 20;
-        let r = rules().cache_budget(budget);
-        assert_eq!(r.limits().state_bytes, budget / 2);
+        let r = rules().cache_budget(budget).limited(Limits { state_bytes: budget / 2, ..Limits::default() });
         bootstrap(&r, "o");
         let mut made = 0;
         let refusal = loop {

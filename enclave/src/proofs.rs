@@ -184,14 +184,17 @@ pub fn record_activity(
     });
     let lately = admission.authorized_lately(&fingerprint).filter(|_| !applied_by_apply_activity);
     let to_link = match lately {
-        Some(submission) => {
-            // Remembered at its allow; a refusal or failure after it (recorded before the call
-            // answered) is read from the decision log.
+        Some(mut submission) => {
+            // Remembered at its allow; how the call ended after it (done, refused, failed:
+            // recorded before it answered) is read from the decision log.
             let latest = admission.store().decided(&submission.organization_id, &fingerprint)?;
             let logged = match latest.logged {
                 LoggedDecision::Refused => LoggedDecision::Refused,
                 _ => LoggedDecision::Authorized,
             };
+            if latest.logged != LoggedDecision::Nothing {
+                submission.result_digest = latest.result_digest;
+            }
             ToLink { fingerprint, logged, submission, spend: None }
         }
         None => {
@@ -261,19 +264,44 @@ pub fn record_activity(
             to_link.spend = Some(admission.apply_spend_of(&stamped, &to_link.submission.user_id)?);
         }
     }
-    // A login, session or one-time code the enclave did (its allow stands: no refusal or failure
-    // recorded after it) is linked only as completed: a successful login is not hidden as failed.
-    if coffer_org_rules::subjects::is_login_operation(&stamped.activity_type)
-        && to_link.logged == LoggedDecision::Authorized
-        && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_COMPLETED)
-    {
-        return Err(EnclaveError::refused(
-            RefusalReason::BindingMismatch,
-            "the enclave did this activity and it did not fail: it is linked only as completed",
-        ));
+    // A login, session or one-time code is linked as its own call ended: completed only once
+    // done (not while it runs, nor after it failed), otherwise only if not done (a login done is
+    // not hidden as failed). Linked otherwise while its stamp is unspent, the link spends the
+    // replay entry the call would, in its own transaction: of the two, the second is refused.
+    if coffer_org_rules::subjects::is_login_operation(&stamped.activity_type) {
+        let done = to_link.submission.result_digest.starts_with(crate::store::DONE_MARK);
+        let completed = activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_COMPLETED);
+        if completed && !done {
+            return Err(EnclaveError::refused(
+                RefusalReason::NotDecided,
+                "the enclave has not done this activity: it is linked completed only once its call has",
+            ));
+        }
+        if !completed && done {
+            return Err(EnclaveError::refused(
+                RefusalReason::BindingMismatch,
+                "the enclave did this activity: it is linked only as completed",
+            ));
+        }
+        let operation = login_operation(&stamped.activity_type);
+        if !completed && !admission.spent_by(operation, &stamped)? {
+            to_link.spend = Some(admission.spend_of(operation, &stamped, &to_link.submission.user_id)?);
+        }
     }
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
+}
+
+/// The enclave operation that does a login, session or one-time code of `activity_type` (the
+/// name its replay entry is spent under).
+fn login_operation(activity_type: &str) -> &'static str {
+    use crate::sessions::{INIT_OTP, INIT_OTP_AUTH, LOGIN_TYPES, VERIFY_OTP};
+    match activity_type {
+        t if LOGIN_TYPES.contains(&t) => "create_session",
+        INIT_OTP | INIT_OTP_AUTH => "init_otp",
+        VERIFY_OTP => "verify_otp",
+        _ => "oauth2_authenticate",
+    }
 }
 
 /// A key use's result and its link, together: the stamp is spent (its replay entry and its allow,
@@ -512,7 +540,7 @@ fn link_activity(
                 "the enclave applied this change: it is linked only as completed, with the records it made, as it made them",
             ));
         }
-    } else if !result_digest.is_empty() {
+    } else if !result_digest.is_empty() && !result_digest.starts_with(crate::store::DONE_MARK) {
         // A key use the enclave did is linked as it was done: completed, with the result the
         // enclave made (the activity's one `result` member), not one the gateway wrote.
         let made = result.and_then(|r| r.values().next()).map(proof::json_digest);

@@ -17,8 +17,8 @@ pub struct Limits {
     /// what a compiled set holds, so each organization's set fits the evaluator's cache.
     pub policy_text_bytes: usize,
     /// What one organization's state may weigh in the enclave's memory, loaded and its policies
-    /// compiled ([`CapCounts::weight`]). The enclave's decider sets it to half its state cache
-    /// (`state_cache_mib`), the most one state may take of it: a state that did not fit would be read and compiled again on
+    /// compiled ([`CapCounts::weight`]). The enclave's configuration sets it to half its state
+    /// cache (`state_cache_mib`), the most one state may take of it: a state that did not fit would be read and compiled again on
     /// every request, each request holding its own copy.
     pub state_bytes: usize,
 }
@@ -41,6 +41,12 @@ const STATE_BYTES: usize = 12 * 1024;
 const RECORD_BYTES: usize = 768;
 /// Estimated bytes of a compiled policy per byte of its text (the densest source measured 86).
 const COMPILED_BYTES_PER_TEXT_BYTE: usize = 96;
+/// Estimated bytes a smart contract interface takes per byte of its body and address (the text
+/// kept, and the ABI the transaction facts read from it).
+const INTERFACE_BYTES_PER_BYTE: usize = 4;
+/// Estimated bytes of a retired key id (a deleted wallet's, account's or key's id, kept so that
+/// no id comes back).
+const RETIRED_ID_BYTES: usize = 96;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -141,6 +147,14 @@ pub struct CapCounts {
     pub policy_text_bytes: usize,
     /// Every record of the state ([`OrgState::record_count`]).
     pub records: usize,
+    /// Bytes of every smart contract interface's body and address.
+    pub interface_bytes: usize,
+    /// Retired key ids ([`OrgState::retired_key_ids`]).
+    pub retired_ids: usize,
+}
+
+fn interface_bytes(i: &crate::model::ContractInterface) -> usize {
+    i.body.len() + i.address.len()
 }
 
 fn text_bytes(p: &crate::model::Policy) -> usize {
@@ -155,6 +169,8 @@ impl CapCounts {
             policies: state.policies.len(),
             policy_text_bytes: policy_text_bytes(state),
             records: state.record_count(),
+            interface_bytes: state.contract_interfaces.values().map(interface_bytes).sum(),
+            retired_ids: state.retired_key_ids.len(),
         }
     }
 
@@ -171,25 +187,34 @@ impl CapCounts {
         STATE_BYTES
             .saturating_add(RECORD_BYTES.saturating_mul(self.records))
             .saturating_add(COMPILED_BYTES_PER_TEXT_BYTE.saturating_mul(self.policy_text_bytes))
+            .saturating_add(INTERFACE_BYTES_PER_BYTE.saturating_mul(self.interface_bytes))
+            .saturating_add(RETIRED_ID_BYTES.saturating_mul(self.retired_ids))
     }
 
-    /// The counts of `after`, which a change of `before` (counted `self`) left, given the ids of
-    /// the policies the change touched (put or deleted; repeats count once): the text of those
-    /// alone is read.
+    /// The counts of `after`, which a change of `before` (counted `self`) left, given the
+    /// (kind, id) of the entries the change touched (put or deleted; repeats count once): the
+    /// policies' text and the interfaces' bodies of those alone are read.
     pub fn after<'a>(
         &self,
         before: &OrgState,
         after: &OrgState,
-        touched_policies: impl IntoIterator<Item = &'a str>,
+        touched: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Self {
-        let touched: std::collections::BTreeSet<&str> = touched_policies.into_iter().collect();
-        let weigh =
-            |s: &OrgState| -> usize { touched.iter().filter_map(|id| s.policies.get(*id)).map(text_bytes).sum() };
+        use crate::model::kinds;
+        let touched: std::collections::BTreeSet<(&str, &str)> = touched.into_iter().collect();
+        let ids = |kind: &'static str| touched.iter().filter(move |(k, _)| *k == kind).map(|(_, id)| *id);
+        let text =
+            |s: &OrgState| -> usize { ids(kinds::POLICY).filter_map(|id| s.policies.get(id)).map(text_bytes).sum() };
+        let bodies = |s: &OrgState| -> usize {
+            ids(kinds::CONTRACT_INTERFACE).filter_map(|id| s.contract_interfaces.get(id)).map(interface_bytes).sum()
+        };
         Self {
             webhook_endpoints: after.webhook_endpoints.len(),
             policies: after.policies.len(),
-            policy_text_bytes: (self.policy_text_bytes + weigh(after)).saturating_sub(weigh(before)),
+            policy_text_bytes: (self.policy_text_bytes + text(after)).saturating_sub(text(before)),
             records: after.record_count(),
+            interface_bytes: (self.interface_bytes + bodies(after)).saturating_sub(bodies(before)),
+            retired_ids: after.retired_key_ids.len(),
         }
     }
 }
@@ -231,7 +256,7 @@ mod tests {
             .flatten()
             .collect();
         let before = CapCounts::of(s);
-        let after = before.after(s, &next, touched.iter().map(String::as_str));
+        let after = before.after(s, &next, touched.iter().map(|id| (crate::model::kinds::POLICY, id.as_str())));
         // Counted by what the change touched, as counted whole.
         assert_eq!(after, CapCounts::of(&next));
         limits.check(&before, &after)?;
@@ -303,6 +328,37 @@ mod tests {
         // Rewriting a policy shorter passes; longer past the cap does not.
         stage(&mut s, &limits, &[policy_of("1", "")]).unwrap();
         assert!(stage(&mut s, &limits, &[policy_of("2", &"y".repeat(200))]).is_err());
+    }
+
+    /// The helper's finding: a contract interface's body (up to 400 KiB each) was charged as any
+    /// record, so a tenant could hold hundreds of MB in a state that weighed a few.
+    #[test]
+    fn an_interface_weighs_its_body_and_is_counted_by_what_a_change_touched() {
+        use crate::model::{kinds, ContractInterface};
+        let mut s = OrgState::new(Organization { id: "o".into(), ..Default::default() });
+        let put = |id: &str, body: usize| Effect::PutContractInterface {
+            interface: ContractInterface {
+                id: id.into(),
+                address: "0xabc".into(),
+                interface_type: "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM".into(),
+                body: "x".repeat(body),
+            },
+        };
+        let before = CapCounts::of(&s);
+        let mut next = s.clone();
+        next.apply_all(&[put("a", 100_000)]).unwrap();
+        let after = before.after(&s, &next, [(kinds::CONTRACT_INTERFACE, "a")]);
+        assert_eq!(after, CapCounts::of(&next));
+        assert!(after.weight() >= before.weight() + 400_000, "{} -> {}", before.weight(), after.weight());
+        let limits = Limits { state_bytes: before.weight() + 100_000, ..Limits::default() };
+        assert_eq!(limits.check(&before, &after).unwrap_err().limit, Limit::StateBytes);
+        s = next;
+        // Replaced by a smaller one: lighter, and counted so.
+        let mut next = s.clone();
+        next.apply_all(&[put("a", 10)]).unwrap();
+        let smaller = after.after(&s, &next, [(kinds::CONTRACT_INTERFACE, "a")]);
+        assert_eq!(smaller, CapCounts::of(&next));
+        assert!(limits.check(&after, &smaller).is_ok());
     }
 
     #[test]

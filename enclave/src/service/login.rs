@@ -119,26 +119,23 @@ pub(super) async fn oauth2_authenticate(
     let h = hsm.clone();
     let authorized = run_blocking(move || {
         let a = admission.authorize("oauth2_authenticate", req.auth.as_ref(), &[types::OAUTH2_AUTHENTICATE])?;
-        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
-        let failures = a.failure_recorder();
+        // Past its allow, how it ends is recorded: the log links it so.
+        let outcome_log = a.outcome_recorder();
         let opened = (|| {
             let credential = req.credential.ok_or_else(|| EnclaveError::invalid("missing OAuth 2.0 credential"))?;
             admission.check_oauth2(&a, &credential, text(&a.activity.parameters, "oauth2CredentialId"))?;
             let secret = open_client_secret(&h, &credential.encrypted_client_secret)?;
             Ok((credential, secret))
         })();
-        let (credential, secret) = opened.inspect_err(|e| failures.failed(e))?;
-        Ok((a, credential, secret, audit::carry(), failures))
+        let (credential, secret) = opened.inspect_err(|e| outcome_log.failed(e))?;
+        Ok((a, credential, secret, audit::carry(), outcome_log))
     })
     .await;
-    let (a, credential, secret, outcome, failures) = match authorized {
+    let (a, credential, secret, outcome, outcome_log) = match authorized {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let result = exchange_and_sign(hsm, &settings, issuer, a, credential, secret).await;
-    if let Err(e) = &result {
-        failures.failed(e);
-    }
+    let result = outcome_log.close(exchange_and_sign(hsm, &settings, issuer, a, credential, secret).await);
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }
@@ -260,25 +257,22 @@ pub(super) async fn create_session(
         };
         let a =
             au.authorize_for("create_session", r.auth.as_ref(), sessions::LOGIN_TYPES, parent, identity.as_ref())?;
-        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
-        let failures = a.failure_recorder();
+        // Past its allow, how it ends is recorded: the log links it so.
+        let outcome_log = a.outcome_recorder();
         let tokens = sessions::before_fetch(&h, &st, &a, pending, &r.provider_certificate)
-            .inspect_err(|e| failures.failed(e))?;
+            .inspect_err(|e| outcome_log.failed(e))?;
         let verification = match identity {
             Some(AttestedIdentity::VerificationToken { token, .. }) => Some(token),
             _ => None,
         };
-        Ok((a, tokens, verification, audit::carry(), failures))
+        Ok((a, tokens, verification, audit::carry(), outcome_log))
     })
     .await;
-    let (a, tokens, verification, outcome, failures) = match authorized {
+    let (a, tokens, verification, outcome, outcome_log) = match authorized {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let result = verify_and_open(hsm, admission, &settings, otp, req, a, tokens, verification).await;
-    if let Err(e) = &result {
-        failures.failed(e);
-    }
+    let result = outcome_log.close(verify_and_open(hsm, admission, &settings, otp, req, a, tokens, verification).await);
     outcome.close(result.as_ref().map(|_| ()));
     result.map(Response::new).map_err(status)
 }

@@ -96,23 +96,20 @@ pub(super) async fn init_otp(
         let parent = (!req.parent_certificate.is_empty()).then_some(req.parent_certificate.as_slice());
         let types: &[&str] = if parent.is_some() { &[INIT_OTP_AUTH] } else { &[INIT_OTP, INIT_OTP_AUTH] };
         let a = admission.authorize_for("init_otp", req.auth.as_ref(), types, parent, None)?;
-        // Past its allow, a failure is recorded as the activity's: nothing links it completed.
-        let failures = a.failure_recorder();
-        let prepared = prepare(&hsm, &admission, &o, &a).inspect_err(|e| failures.failed(e))?;
-        Ok((prepared, audit::carry(), failures))
+        // Past its allow, how it ends is recorded: the log links it so.
+        let outcome_log = a.outcome_recorder();
+        let prepared = prepare(&hsm, &admission, &o, &a).inspect_err(|e| outcome_log.failed(e))?;
+        Ok((prepared, audit::carry(), outcome_log))
     })
     .await;
-    let ((response, outgoing), outcome, failures) = match prepared {
+    let ((response, outgoing), outcome, outcome_log) = match prepared {
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
-    let sent = match outgoing {
+    let sent = outcome_log.close(match outgoing {
         Outgoing::Email(message) => otp.mailer.send(message).await,
         Outgoing::Sms { to, text } => otp.sms.send(&to, &text).await,
-    };
-    if let Err(e) = &sent {
-        failures.failed(e);
-    }
+    });
     outcome.close(sent.as_ref().map(|_| ()));
     sent.map(|_| Response::new(response)).map_err(status)
 }
@@ -778,9 +775,9 @@ pub(super) fn verify_otp(
     req: pb::VerifyOtpRequest,
 ) -> Result<pb::VerifyOtpResponse, EnclaveError> {
     let a = admission.authorize("verify_otp", req.auth.as_ref(), &[VERIFY_OTP])?;
-    // Past its allow, a failure is recorded as the activity's: nothing links it completed.
-    let failures = a.failure_recorder();
-    verify_authorized(hsm, admission, otp, &req, a).inspect_err(|e| failures.failed(e))
+    // Past its allow, how it ends is recorded: the log links it so.
+    let outcome_log = a.outcome_recorder();
+    outcome_log.close(verify_authorized(hsm, admission, otp, &req, a))
 }
 
 /// The authorized part of [`verify_otp`].

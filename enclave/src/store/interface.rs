@@ -95,6 +95,11 @@ pub const OUTCOME_REFUSE: &str = "refuse";
 pub const OUTCOME_DONE: &str = "done";
 pub const OUTCOME_FAILED: &str = "failed";
 
+/// [`DecisionRecord::result_digest`] of a login's, session's or one-time code's [`OUTCOME_DONE`]:
+/// the call did its work and answered. Ranked with a key use's result over any later refusal or
+/// failure ([`EnclaveStore::decided`]): a login done is linked only as completed.
+pub const DONE_MARK: &str = "done:";
+
 /// [`DecisionRecord::reason`] of a refusal for want of approvals (the activity waits for votes).
 pub const REASON_CONSENSUS_NEEDED: &str = "REFUSAL_REASON_CONSENSUS_NEEDED";
 
