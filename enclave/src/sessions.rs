@@ -475,22 +475,24 @@ pub fn open_session(
     // are not, when the body says so), durably, before the session leaves the enclave.
     let credential_id = derived_id(&a.activity.fingerprint, SESSION_CREDENTIAL_ID, 0);
     let mut effects = Vec::new();
-    if a.activity.parameters.get("invalidateExisting").and_then(serde_json::Value::as_bool) == Some(true) {
-        if let Some(l) = admission.rules().load(&organization_id)? {
-            let earlier: Vec<String> = l
-                .state
-                .credentials
-                .values()
-                .filter(|c| c.user_id == g.user_id && c.kind == CredentialKind::Session)
-                .map(|c| c.id.clone())
-                .collect();
-            if !earlier.is_empty() {
-                effects.push(Effect::RemoveCredentials {
-                    user_id: g.user_id.clone(),
-                    kind: CredentialKind::Session,
-                    ids: earlier,
-                });
-            }
+    // The user's earlier sessions go when the body says so; those expired go anyway, so that
+    // logins do not grow the organization's state (capped by its weight) without end.
+    let invalidate = a.activity.parameters.get("invalidateExisting").and_then(serde_json::Value::as_bool) == Some(true);
+    if let Some(l) = admission.rules().load(&organization_id)? {
+        let now = crate::admission::now_ms();
+        let earlier: Vec<String> = l
+            .state
+            .credentials
+            .values()
+            .filter(|c| c.user_id == g.user_id && c.kind == CredentialKind::Session && (invalidate || !c.live(now)))
+            .map(|c| c.id.clone())
+            .collect();
+        if !earlier.is_empty() {
+            effects.push(Effect::RemoveCredentials {
+                user_id: g.user_id.clone(),
+                kind: CredentialKind::Session,
+                ids: earlier,
+            });
         }
     }
     effects.push(Effect::AddCredential {

@@ -5134,3 +5134,56 @@ async fn a_login_is_linked_as_the_enclave_did_it() {
     enclave.clone().record_activity(linked_failed(&request, &early)).await.expect("a fresh stamp linked failed");
     refused(create(request).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
 }
+
+/// Each login adds a session credential to the organization's state, whose weight is capped: a
+/// user's expired sessions go when the user opens a new one (before, they stayed forever, and a
+/// busy organization would have reached the cap and refused every login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_expired_sessions_leave_the_state_when_it_opens_another() {
+    let stack = Stack::start().await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let login = |seconds: &str| {
+        let session = public_key(&TurnkeyP256ApiKey::generate());
+        let b = body(
+            "ACTIVITY_TYPE_STAMP_LOGIN",
+            &org,
+            Stack::now_ms(),
+            json!({"publicKey": session, "expirationSeconds": seconds}),
+        );
+        let e = enclave.clone();
+        let request = stamped(&root, &b, &root_cert);
+        async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let sessions = || async {
+        let body = json!({ "organizationId": org, "nonce": "00112233445566778899aabbccddeeff" }).to_string();
+        let r = stack.post_raw("/public/v1/query/coffer_get_organization_state", body.as_bytes(), Some(&root)).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let state: Value = serde_json::from_str(r.json["stateJson"].as_str().unwrap()).unwrap();
+        let mut ids: Vec<String> = state["credential"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|c| c["kind"] == "session")
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let short = login("1").await;
+    let long = login("600").await;
+    assert_eq!(sessions().await.len(), 2);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let third = login("600").await;
+    let mut left = vec![long.credential_id, third.credential_id];
+    left.sort();
+    assert_eq!(sessions().await, left, "the expired one ({}) is gone, the live ones stay", short.credential_id);
+}
