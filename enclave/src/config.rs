@@ -524,8 +524,9 @@ impl EnclaveConfig {
             webhook_endpoints: self.max_webhook_endpoints_per_organization,
             policies: self.max_policies_per_organization,
             policy_text_bytes: self.max_policy_text_bytes_per_organization,
-            // Half the state cache: the most the cache keeps of one state (the decider holds it so).
+            // Half the state cache: the most the cache keeps of one state; a sign-up a sixteenth.
             state_bytes: self.state_cache_mib.saturating_mul(1 << 20) / 2,
+            signup_state_bytes: self.state_cache_mib.saturating_mul(1 << 20) / 16,
         }
     }
 
@@ -691,7 +692,8 @@ mod tests {
                 webhook_endpoints: 10,
                 policies: 100_000,
                 policy_text_bytes: 256 * 1024,
-                state_bytes: 32 << 20
+                state_bytes: 32 << 20,
+                signup_state_bytes: 4 << 20
             }
         );
         let small: EnclaveConfig = toml::from_str("state_cache_mib = 8").unwrap();

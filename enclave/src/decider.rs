@@ -620,6 +620,7 @@ impl Decider {
             };
             if !deleted {
                 self.limits
+                    .of(&state.organization)
                     .check(&head.loaded.counts, &counts)
                     .map_err(|e| EnclaveError::refused(RefusalReason::LimitExceeded, e.to_string()))?;
             }
@@ -1165,6 +1166,23 @@ mod tests {
         // Shrinking passes, and makes room again.
         r.commit(&[change("o", Effect::DeleteUsers { ids: vec!["u0".into(), "u1".into()] })]).unwrap();
         r.commit(&[put_user("o", "again")]).unwrap();
+
+        // A sign-up the auth proxy made weighs at most its own cap (an eighth).
+        let r = r.limited(Limits { state_bytes: budget / 2, signup_state_bytes: budget / 16, ..Limits::default() });
+        let signup = Organization {
+            id: "s".into(),
+            name: "s".into(),
+            parent_id: Some("o".into()),
+            auth_proxy_signup: true,
+            ..Default::default()
+        };
+        r.commit(&[change("s", Effect::CreateOrganization { organization: signup })]).unwrap();
+        let mut users = 0;
+        while r.commit(&[put_user("s", &format!("u{users}"))]).is_ok() {
+            users += 1;
+        }
+        let weight = footprint(&r.load("s").unwrap().unwrap());
+        assert!(users < made / 8 && weight <= budget / 16 && weight > budget / 16 - 1024, "{users}, {weight}");
     }
 
     /// Issue 40: each decision racing a commit of its organization read the whole state again

@@ -21,6 +21,11 @@ pub struct Limits {
     /// cache (`state_cache_mib`), the most one state may take of it: a state that did not fit would be read and compiled again on
     /// every request, each request holding its own copy.
     pub state_bytes: usize,
+    /// The same for a sign-up (a sub-organization the auth proxy made for a visitor): an
+    /// eighth of [`Limits::state_bytes`] by the enclave's configuration, so that a visitor's
+    /// sign-ups, each at its cap, cannot make the cache read and compile them again on every
+    /// request (sixteen of them fit where one organization at its cap takes half).
+    pub signup_state_bytes: usize,
 }
 
 /// The default webhook endpoint cap.
@@ -33,6 +38,8 @@ pub const DEFAULT_MAX_POLICIES: usize = 100_000;
 pub const DEFAULT_MAX_POLICY_TEXT_BYTES: usize = 256 * 1024;
 /// The default cap on a state's weight: half the enclave's default state cache (64 MiB).
 pub const DEFAULT_MAX_STATE_BYTES: usize = 32 << 20;
+/// The default cap on a sign-up's state's weight: an eighth of [`DEFAULT_MAX_STATE_BYTES`].
+pub const DEFAULT_MAX_SIGNUP_STATE_BYTES: usize = DEFAULT_MAX_STATE_BYTES / 8;
 
 /// Estimated bytes of a loaded state apart from its records: the maps' roots and derived indexes
 /// (an organization with one user, API key, wallet and account measured about 15 KiB in all).
@@ -55,6 +62,7 @@ impl Default for Limits {
             policies: DEFAULT_MAX_POLICIES,
             policy_text_bytes: DEFAULT_MAX_POLICY_TEXT_BYTES,
             state_bytes: DEFAULT_MAX_STATE_BYTES,
+            signup_state_bytes: DEFAULT_MAX_SIGNUP_STATE_BYTES,
         }
     }
 }
@@ -91,7 +99,7 @@ impl Limit {
             Limit::WebhookEndpoints => "max_webhook_endpoints_per_organization",
             Limit::Policies => "max_policies_per_organization",
             Limit::PolicyTextBytes => "max_policy_text_bytes_per_organization",
-            Limit::StateBytes => "state_cache_mib, half of which one organization may take",
+            Limit::StateBytes => "state_cache_mib, half of which one organization may take (a sign-up a sixteenth)",
         }
     }
 }
@@ -116,7 +124,17 @@ impl Limits {
         policies: usize::MAX,
         policy_text_bytes: usize::MAX,
         state_bytes: usize::MAX,
+        signup_state_bytes: usize::MAX,
     };
+
+    /// The caps of `organization`: a sign-up's state weighs at most
+    /// [`Limits::signup_state_bytes`].
+    pub fn of(&self, organization: &crate::model::Organization) -> Limits {
+        match organization.auth_proxy_signup && organization.parent_id.is_some() {
+            true => Limits { state_bytes: self.signup_state_bytes.min(self.state_bytes), ..*self },
+            false => *self,
+        }
+    }
 
     /// Refuses the state a change leaves (counted `after`) when the change added to something
     /// (the state before it counted `before`) and leaves more of it than its cap. A change that
@@ -362,10 +380,28 @@ mod tests {
     }
 
     #[test]
+    fn a_signup_weighs_at_most_its_own_cap() {
+        let limits = Limits::default();
+        let mut organization = Organization { id: "s".into(), ..Default::default() };
+        assert_eq!(limits.of(&organization), limits);
+        organization.auth_proxy_signup = true;
+        assert_eq!(limits.of(&organization), limits, "the proxy's own organization is not a sign-up");
+        organization.parent_id = Some("p".into());
+        assert_eq!(limits.of(&organization).state_bytes, 4 << 20);
+        assert_eq!(Limits::UNBOUNDED.of(&organization), Limits::UNBOUNDED);
+    }
+
+    #[test]
     fn the_defaults_are_the_documented_ones() {
         assert_eq!(
             Limits::default(),
-            Limits { webhook_endpoints: 10, policies: 100_000, policy_text_bytes: 256 * 1024, state_bytes: 32 << 20 }
+            Limits {
+                webhook_endpoints: 10,
+                policies: 100_000,
+                policy_text_bytes: 256 * 1024,
+                state_bytes: 32 << 20,
+                signup_state_bytes: 4 << 20
+            }
         );
     }
 }

@@ -49,7 +49,7 @@ pub(super) fn ensure_new_ids(
             ));
         }
         let after = loaded.counts.with_records(ids.len());
-        if let Err(e) = admission.rules().limits().check(&loaded.counts, &after) {
+        if let Err(e) = admission.rules().limits().of(&loaded.state.organization).check(&loaded.counts, &after) {
             return Err(refuse(a, RefusalReason::LimitExceeded, &e.to_string()));
         }
     }
