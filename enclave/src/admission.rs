@@ -343,10 +343,15 @@ impl AuthorizedLately {
     fn remove(&mut self, fingerprint: &str) -> Option<DecidedSubmission> {
         self.newer.remove(fingerprint).or_else(|| self.older.remove(fingerprint))
     }
+
+    fn get(&self, fingerprint: &str) -> Option<DecidedSubmission> {
+        self.newer.get(fingerprint).or_else(|| self.older.get(fingerprint)).cloned()
+    }
 }
 
 /// What the enclave decided of a stamped submission, as the log links it: its organization and
 /// type, and the result it made (kept by [`Admission::authorized_lately`]).
+#[derive(Clone)]
 pub struct DecidedSubmission {
     pub organization_id: String,
     pub activity_type: String,
@@ -554,9 +559,16 @@ impl Admission {
     }
 
     /// What this enclave authorized lately of the submission with `fingerprint` (its stamp and
-    /// certificate verified then): forgotten once asked.
+    /// certificate verified then), kept until it is linked ([`Admission::forget_authorized`]).
     pub fn authorized_lately(&self, fingerprint: &str) -> Option<DecidedSubmission> {
-        self.authorized_lately.lock().ok()?.remove(fingerprint)
+        self.authorized_lately.lock().ok()?.get(fingerprint)
+    }
+
+    /// Forgets what [`Admission::authorized_lately`] kept of `fingerprint` (it is linked).
+    pub fn forget_authorized(&self, fingerprint: &str) {
+        if let Ok(mut lately) = self.authorized_lately.lock() {
+            lately.remove(fingerprint);
+        }
     }
 
     /// The activity log: each organization's head, appended through the authority store.

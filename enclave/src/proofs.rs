@@ -182,6 +182,7 @@ pub fn record_activity(
         coffer_org_rules::subjects::subject(&s.activity_type).is_some()
             && !coffer_org_rules::subjects::has_own_call(&s.activity_type)
     });
+    let fingerprint_of_link = fingerprint.clone();
     let lately = admission.authorized_lately(&fingerprint).filter(|_| !applied_by_apply_activity);
     let to_link = match lately {
         Some(mut submission) => {
@@ -268,7 +269,7 @@ pub fn record_activity(
     // done (not while it runs, nor after it failed), otherwise only if not done (a login done is
     // not hidden as failed). Linked otherwise while its stamp is unspent, the link spends the
     // replay entry the call would, in its own transaction: of the two, the second is refused.
-    if coffer_org_rules::subjects::is_login_operation(&stamped.activity_type) {
+    if let Some(operation) = coffer_org_rules::subjects::login_operation(&stamped.activity_type) {
         let done = to_link.submission.result_digest.starts_with(crate::store::DONE_MARK);
         let completed = activity.get("status").and_then(Value::as_str) == Some(ACTIVITY_COMPLETED);
         if completed && !done {
@@ -277,31 +278,28 @@ pub fn record_activity(
                 "the enclave has not done this activity: it is linked completed only once its call has",
             ));
         }
-        if !completed && done {
+        // Not while its call may still run either (its allow stands, neither done nor failed):
+        // the call would finish behind the link. A call cut off there stays unlinked.
+        if !completed && to_link.logged == LoggedDecision::Authorized {
             return Err(EnclaveError::refused(
                 RefusalReason::BindingMismatch,
-                "the enclave did this activity: it is linked only as completed",
+                match done {
+                    true => "the enclave did this activity: it is linked only as completed",
+                    false => {
+                        "the enclave allowed this activity and it has not failed: it is linked failed only once it has"
+                    }
+                },
             ));
         }
-        let operation = login_operation(&stamped.activity_type);
         if !completed && !admission.spent_by(operation, &stamped)? {
             to_link.spend = Some(admission.spend_of(operation, &stamped, &to_link.submission.user_id)?);
         }
     }
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
+    // Linked: what this enclave remembered of it is no longer needed (a link refused keeps it,
+    // for the one enclave that can verify an attested stamp).
+    admission.forget_authorized(&fingerprint_of_link);
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
-}
-
-/// The enclave operation that does a login, session or one-time code of `activity_type` (the
-/// name its replay entry is spent under).
-fn login_operation(activity_type: &str) -> &'static str {
-    use crate::sessions::{INIT_OTP, INIT_OTP_AUTH, LOGIN_TYPES, VERIFY_OTP};
-    match activity_type {
-        t if LOGIN_TYPES.contains(&t) => "create_session",
-        INIT_OTP | INIT_OTP_AUTH => "init_otp",
-        VERIFY_OTP => "verify_otp",
-        _ => "oauth2_authenticate",
-    }
 }
 
 /// A key use's result and its link, together: the stamp is spent (its replay entry and its allow,

@@ -475,24 +475,34 @@ pub fn open_session(
     // are not, when the body says so), durably, before the session leaves the enclave.
     let credential_id = derived_id(&a.activity.fingerprint, SESSION_CREDENTIAL_ID, 0);
     let mut effects = Vec::new();
-    // The user's earlier sessions go when the body says so; those expired go anyway, so that
-    // logins do not grow the organization's state (capped by its weight) without end.
     let invalidate = a.activity.parameters.get("invalidateExisting").and_then(serde_json::Value::as_bool) == Some(true);
     if let Some(l) = admission.rules().load(&organization_id)? {
         let now = crate::admission::now_ms();
-        let earlier: Vec<String> = l
-            .state
-            .credentials
-            .values()
-            .filter(|c| c.user_id == g.user_id && c.kind == CredentialKind::Session && (invalidate || !c.live(now)))
-            .map(|c| c.id.clone())
-            .collect();
-        if !earlier.is_empty() {
-            effects.push(Effect::RemoveCredentials {
-                user_id: g.user_id.clone(),
-                kind: CredentialKind::Session,
-                ids: earlier,
-            });
+        let sessions = |expired_only: bool| -> Vec<String> {
+            l.state
+                .credentials
+                .values()
+                .filter(|c| c.user_id == g.user_id && c.kind == CredentialKind::Session)
+                .filter(|c| !expired_only || !c.live(now))
+                .map(|c| c.id.clone())
+                .collect()
+        };
+        let remove = |ids: Vec<String>| Effect::RemoveCredentials {
+            user_id: g.user_id.clone(),
+            kind: CredentialKind::Session,
+            ids,
+        };
+        let (earlier, expired) = (sessions(false), sessions(true));
+        if invalidate && !earlier.is_empty() {
+            effects.push(remove(earlier));
+        } else if !expired.is_empty() {
+            // The user's expired sessions leave the state, so that logins do not grow it (its
+            // weight is capped) without end: first, in a commit of their own, and best effort (a
+            // login of the same user at once may have removed them already).
+            let pruned = [Change { organization_id: organization_id.clone(), effect: remove(expired) }];
+            if let Err(e) = admission.rules().record(&pruned) {
+                tracing::debug!(error = %e, "expired sessions not removed");
+            }
         }
     }
     effects.push(Effect::AddCredential {
@@ -546,6 +556,20 @@ const SESSION_CREDENTIAL_ID: &str = "session-credential";
 
 #[cfg(test)]
 mod tests {
+    /// Each login type's call is authorized under the operation the registry names for it.
+    #[test]
+    fn the_registry_names_each_login_type_s_operation() {
+        use coffer_org_rules::subjects::login_operation;
+        for t in LOGIN_TYPES {
+            assert_eq!(login_operation(t), Some("create_session"), "{t}");
+        }
+        for t in [INIT_OTP, INIT_OTP_AUTH] {
+            assert_eq!(login_operation(t), Some("init_otp"), "{t}");
+        }
+        assert_eq!(login_operation(VERIFY_OTP), Some("verify_otp"));
+        assert_eq!(login_operation("ACTIVITY_TYPE_OAUTH2_AUTHENTICATE"), Some("oauth2_authenticate"));
+        assert_eq!(login_operation("ACTIVITY_TYPE_APPROVE_ACTIVITY"), None);
+    }
     use super::*;
     use coffer_org_rules::model::{Organization, User};
 

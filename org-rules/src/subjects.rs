@@ -472,6 +472,18 @@ pub fn is_login_operation(activity_type: &str) -> bool {
         && !["ACTIVITY_TYPE_APPROVE_ACTIVITY", "ACTIVITY_TYPE_REJECT_ACTIVITY"].contains(&activity_type)
 }
 
+/// The enclave operation that does a login, session or one-time code of `activity_type` (the
+/// name its call is authorized, and its replay entry spent, under); `None` for other types.
+pub fn login_operation(activity_type: &str) -> Option<&'static str> {
+    match activity_type {
+        "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE" => Some("oauth2_authenticate"),
+        "ACTIVITY_TYPE_INIT_OTP_V3" | "ACTIVITY_TYPE_INIT_OTP_AUTH_V3" => Some("init_otp"),
+        "ACTIVITY_TYPE_VERIFY_OTP_V2" => Some("verify_otp"),
+        t if is_login_operation(t) => Some("create_session"),
+        _ => None,
+    }
+}
+
 /// State changes whose handler calls the enclave before `ApplyActivity` (a sub-organization's
 /// wallet, an OAuth 2.0 credential's certification, the auth proxy's key) or reaches the network
 /// (a webhook target's name resolved, after the enclave's `DecideActivity` allowed it). The first

@@ -5187,3 +5187,80 @@ async fn a_users_expired_sessions_leave_the_state_when_it_opens_another() {
     left.sort();
     assert_eq!(sessions().await, left, "the expired one ({}) is gone, the live ones stay", short.credential_id);
 }
+
+/// The second helper's race (issue 40, 2026-11-30): a login linked failed while its call still
+/// ran (here, `oauth_login` fetching its issuer's keys) would finish behind that link. While the
+/// call runs, its allow stands alone and a failed link is refused; once it ended (here refused:
+/// the issuer answers 404), it is linked failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_still_running_is_not_linked_failed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", l.local_addr().unwrap());
+    let (asked_tx, mut asked) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let answer = release.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            let (asked_tx, answer) = (asked_tx.clone(), answer.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let _ = sock.read(&mut buf).await;
+                let _ = asked_tx.send(());
+                answer.notified().await;
+                let _ =
+                    sock.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await;
+            });
+        }
+    });
+    let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", issuer.as_str())]).await;
+    let enclave = connect(stack.enclave_socket());
+    let root = stack.api_key();
+    let org = stack.organization_id.clone();
+    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
+        "oidcClaims": {"iss": issuer, "sub": "victim", "aud": "app"}}]});
+    let r = stack
+        .post_raw(
+            "/public/v1/submit/create_oauth_providers",
+            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
+            Some(&root),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let provider: Vec<u8> = db(&stack)
+        .query_row("SELECT certificate FROM oauth_providers WHERE issuer = ?1", [&issuer], |r| r.get(0))
+        .unwrap();
+    let session_public = public_key(&TurnkeyP256ApiKey::generate());
+    let token = unsigned_token(&issuer, "victim", &session_public);
+    let b = body(
+        "ACTIVITY_TYPE_OAUTH_LOGIN",
+        &org,
+        Stack::now_ms(),
+        json!({"oidcToken": token, "publicKey": session_public}),
+    );
+    let request = stamped(&root, &b, &root_cert);
+    let running = {
+        let (e, request) = (enclave.clone(), request.clone());
+        tokio::spawn(async move {
+            e.clone()
+                .create_session(pb::CreateSessionRequest {
+                    auth: auth(request),
+                    provider_certificate: provider,
+                    ..Default::default()
+                })
+                .await
+        })
+    };
+    // The call is fetching: a failed link now is refused.
+    tokio::time::timeout(Duration::from_secs(30), asked.recv()).await.expect("the issuer was asked").unwrap();
+    refused(
+        enclave.clone().record_activity(linked_failed(&request, &b)).await,
+        tonic::Code::PermissionDenied,
+        pb::RefusalReason::BindingMismatch,
+    );
+    release.notify_one();
+    let ended = running.await.unwrap();
+    assert!(ended.is_err(), "the issuer had no keys: {ended:?}");
+    enclave.clone().record_activity(linked_failed(&request, &b)).await.expect("ended: linked failed");
+}
