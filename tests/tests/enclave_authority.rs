@@ -1591,22 +1591,10 @@ async fn attested_stamps_on_the_enclave_socket_log_in_only_the_certified_identit
     let iss = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&issuer_key)).await;
     let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", &iss)]).await;
     let enclave = connect(stack.enclave_socket());
-    let root = stack.api_key();
     let org = stack.organization_id.clone();
 
     // The root user gets the identity (iss, "u1", "app"): its certificate is the provider's.
-    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "local",
-        "oidcClaims": {"iss": iss, "sub": "u1", "aud": "app"}}]});
-    let r = stack
-        .post_raw(
-            "/public/v1/submit/create_oauth_providers",
-            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
-            Some(&root),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let provider_cert: Vec<u8> =
-        db(&stack).query_row("SELECT certificate FROM oauth_providers", [], |r| r.get(0)).unwrap();
+    let (_, provider_cert) = attach_root_identity(&stack, &iss, "u1").await;
     let root_cert = certificate(&db(&stack), &stack.api_public_key);
 
     let session = TurnkeyP256ApiKey::generate();
@@ -2243,6 +2231,24 @@ fn unsigned_token(iss: &str, sub: &str, session_public: &str) -> String {
     let nonce = hex::encode(sha2::Sha256::digest(session_public.as_bytes()));
     let claims = json!({"iss": iss, "sub": sub, "aud": "app", "exp": Stack::now_ms() / 1000 + 600, "nonce": nonce});
     format!("{}.{}.{}", b64(br#"{"alg":"ES256","kid":"k1"}"#), b64(claims.to_string().as_bytes()), b64(&[0; 64]))
+}
+
+/// Attaches the OAuth identity (`iss`, `sub`, audience "app") to the root user through the
+/// gateway: the provider's id and its certificate as the gateway keeps it.
+async fn attach_root_identity(stack: &Stack, iss: &str, sub: &str) -> (String, Vec<u8>) {
+    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
+        "oidcClaims": {"iss": iss, "sub": sub, "aud": "app"}}]});
+    let (root, org) = (stack.api_key(), &stack.organization_id);
+    let ty = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2";
+    let r = coffer_tests::submit(stack, &root, org, "create_oauth_providers", ty, attach).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let id = r.json["activity"]["result"]["createOauthProvidersResultV2"]["providerIds"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", r.text))
+        .to_string();
+    let certificate =
+        db(stack).query_row("SELECT certificate FROM oauth_providers WHERE id = ?1", [&id], |r| r.get(0)).unwrap();
+    (id, certificate)
 }
 
 /// `X-Stamp-Attested` of `body` by `session` with `token`, carrying `certificate`.
@@ -4988,6 +4994,23 @@ async fn a_spent_stamp_is_remembered_a_freshness_window_past_its_spend() {
     );
 }
 
+/// The enclave's socket as a taken-over gateway holds it, with the root user's key, its
+/// organization and the key's certificate.
+fn root_on_socket(stack: &Stack) -> (Enclave, TurnkeyP256ApiKey, String, Vec<u8>) {
+    let root_cert = certificate(&db(stack), &stack.api_public_key);
+    (connect(stack.enclave_socket()), stack.api_key(), stack.organization_id.clone(), root_cert)
+}
+
+/// `CreateSession` for `request`, with an OAuth provider's certificate (or none).
+async fn create_session(
+    enclave: &Enclave,
+    request: pb::StampedRequest,
+    provider_certificate: Vec<u8>,
+) -> Result<pb::CreateSessionResponse, tonic::Status> {
+    let req = pb::CreateSessionRequest { auth: auth(request), provider_certificate, ..Default::default() };
+    enclave.clone().create_session(req).await.map(|r| r.into_inner())
+}
+
 /// The helper's attack on logins (issue 40, 2026-11-30): an OAuth identity deleted from its user
 /// kept opening sessions as that user, because the enclave checked the provider's certificate
 /// (which the gateway keeps and can send after the deletion) and not the organization's state.
@@ -4998,10 +5021,7 @@ async fn a_deleted_oauth_identity_opens_no_session_with_its_old_certificate() {
     let signing = coffer_tests::passkey::fresh_key();
     let issuer = coffer_tests::oidc::issuer(coffer_tests::oidc::jwk(&signing)).await;
     let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", issuer.as_str())]).await;
-    let enclave = connect(stack.enclave_socket());
-    let root = stack.api_key();
-    let org = stack.organization_id.clone();
-    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let (enclave, root, org, root_cert) = root_on_socket(&stack);
     let token_for = |session_public: &str| {
         let nonce = hex::encode(sha2::Sha256::digest(session_public.as_bytes()));
         let now = (Stack::now_ms() / 1000) as i64;
@@ -5010,53 +5030,27 @@ async fn a_deleted_oauth_identity_opens_no_session_with_its_old_certificate() {
             &json!({"iss": issuer, "sub": "leaver", "aud": "app", "exp": now + 600, "iat": now, "nonce": nonce}),
         )
     };
-    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
-        "oidcClaims": {"iss": issuer, "sub": "leaver", "aud": "app"}}]});
-    let r = stack
-        .post_raw(
-            "/public/v1/submit/create_oauth_providers",
-            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
-            Some(&root),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let provider_id = r.json["activity"]["result"]["createOauthProvidersResultV2"]["providerIds"][0]
-        .as_str()
-        .unwrap_or_else(|| panic!("{}", r.text))
-        .to_string();
-    let provider_cert: Vec<u8> = db(&stack)
-        .query_row("SELECT certificate FROM oauth_providers WHERE issuer = ?1", [&issuer], |r| r.get(0))
-        .unwrap();
+    let (provider_id, provider_cert) = attach_root_identity(&stack, &issuer, "leaver").await;
     let login = |session_public: &str| {
         let params = json!({"oidcToken": token_for(session_public), "publicKey": session_public});
         body("ACTIVITY_TYPE_OAUTH_LOGIN", &org, Stack::now_ms(), params)
     };
-    let create = |b: String| {
-        let (e, request, provider) = (enclave.clone(), stamped(&root, &b, &root_cert), provider_cert.clone());
-        async move {
-            e.clone()
-                .create_session(pb::CreateSessionRequest {
-                    auth: auth(request),
-                    provider_certificate: provider,
-                    ..Default::default()
-                })
-                .await
-                .map(|r| r.into_inner())
-        }
-    };
+    let create = |b: String| create_session(&enclave, stamped(&root, &b, &root_cert), provider_cert.clone());
     // While the identity is the root user's, it opens a session as root.
     let first = public_key(&TurnkeyP256ApiKey::generate());
     let session = create(login(&first)).await.expect("a live identity logs in");
     assert!(!session.session.is_empty());
 
     let delete = json!({"userId": stack.user_id, "providerIds": [provider_id]});
-    let r = stack
-        .post_raw(
-            "/public/v1/submit/delete_oauth_providers",
-            body("ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS", &org, Stack::now_ms(), delete).as_bytes(),
-            Some(&root),
-        )
-        .await;
+    let r = coffer_tests::submit(
+        &stack,
+        &root,
+        &org,
+        "delete_oauth_providers",
+        "ACTIVITY_TYPE_DELETE_OAUTH_PROVIDERS",
+        delete,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text);
     // Deleted: the old certificate opens nothing.
     let second = public_key(&TurnkeyP256ApiKey::generate());
@@ -5074,22 +5068,11 @@ async fn a_deleted_oauth_identity_opens_no_session_with_its_old_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_is_linked_as_the_enclave_did_it() {
     let stack = Stack::start().await;
-    let enclave = connect(stack.enclave_socket());
-    let root = stack.api_key();
-    let org = stack.organization_id.clone();
-    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let (enclave, root, org, root_cert) = root_on_socket(&stack);
     let login = |session_public: &str| {
         body("ACTIVITY_TYPE_STAMP_LOGIN", &org, Stack::now_ms(), json!({"publicKey": session_public}))
     };
-    let create = |request: pb::StampedRequest| {
-        let e = enclave.clone();
-        async move {
-            e.clone()
-                .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
-                .await
-                .map(|r| r.into_inner())
-        }
-    };
+    let create = |request: pb::StampedRequest| create_session(&enclave, request, vec![]);
     let completed = |request: &pb::StampedRequest, b: &str, result: Value| pb::RecordActivityRequest {
         request: Some(request.clone()),
         activity: {
@@ -5141,10 +5124,7 @@ async fn a_login_is_linked_as_the_enclave_did_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_expired_sessions_leave_the_state_when_it_opens_another() {
     let stack = Stack::start().await;
-    let enclave = connect(stack.enclave_socket());
-    let root = stack.api_key();
-    let org = stack.organization_id.clone();
-    let root_cert = certificate(&db(&stack), &stack.api_public_key);
+    let (enclave, root, org, root_cert) = root_on_socket(&stack);
     let login = |seconds: &str| {
         let session = public_key(&TurnkeyP256ApiKey::generate());
         let b = body(
@@ -5153,15 +5133,9 @@ async fn a_users_expired_sessions_leave_the_state_when_it_opens_another() {
             Stack::now_ms(),
             json!({"publicKey": session, "expirationSeconds": seconds}),
         );
-        let e = enclave.clone();
         let request = stamped(&root, &b, &root_cert);
-        async move {
-            e.clone()
-                .create_session(pb::CreateSessionRequest { auth: auth(request), ..Default::default() })
-                .await
-                .unwrap()
-                .into_inner()
-        }
+        let enclave = &enclave;
+        async move { create_session(enclave, request, vec![]).await.unwrap() }
     };
     let sessions = || async {
         let body = json!({ "organizationId": org, "nonce": "00112233445566778899aabbccddeeff" }).to_string();
@@ -5214,23 +5188,8 @@ async fn a_login_still_running_is_not_linked_failed() {
         }
     });
     let stack = Stack::start_with(&[("COFFER_OIDC_ISSUERS_ALLOWED", issuer.as_str())]).await;
-    let enclave = connect(stack.enclave_socket());
-    let root = stack.api_key();
-    let org = stack.organization_id.clone();
-    let root_cert = certificate(&db(&stack), &stack.api_public_key);
-    let attach = json!({"userId": stack.user_id, "oauthProviders": [{"providerName": "p",
-        "oidcClaims": {"iss": issuer, "sub": "victim", "aud": "app"}}]});
-    let r = stack
-        .post_raw(
-            "/public/v1/submit/create_oauth_providers",
-            body("ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2", &org, Stack::now_ms(), attach).as_bytes(),
-            Some(&root),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let provider: Vec<u8> = db(&stack)
-        .query_row("SELECT certificate FROM oauth_providers WHERE issuer = ?1", [&issuer], |r| r.get(0))
-        .unwrap();
+    let (enclave, root, org, root_cert) = root_on_socket(&stack);
+    let (_, provider) = attach_root_identity(&stack, &issuer, "victim").await;
     let session_public = public_key(&TurnkeyP256ApiKey::generate());
     let token = unsigned_token(&issuer, "victim", &session_public);
     let b = body(
@@ -5242,15 +5201,7 @@ async fn a_login_still_running_is_not_linked_failed() {
     let request = stamped(&root, &b, &root_cert);
     let running = {
         let (e, request) = (enclave.clone(), request.clone());
-        tokio::spawn(async move {
-            e.clone()
-                .create_session(pb::CreateSessionRequest {
-                    auth: auth(request),
-                    provider_certificate: provider,
-                    ..Default::default()
-                })
-                .await
-        })
+        tokio::spawn(async move { create_session(&e, request, provider).await })
     };
     // The call is fetching: a failed link now is refused.
     tokio::time::timeout(Duration::from_secs(30), asked.recv()).await.expect("the issuer was asked").unwrap();

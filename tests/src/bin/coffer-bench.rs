@@ -977,15 +977,7 @@ async fn webhook_scenario(
     tokio::spawn(async move { axum::serve(listener, app).await });
     // An organization of its own: the plain write scenario filled the stack's with policies, and
     // an organization is capped in policy text and in its state's weight.
-    let key = Arc::new(TurnkeyP256ApiKey::generate());
-    let created = stack.gateway_cli(&[
-        "init-org",
-        "--name",
-        "webhook-bench",
-        "--api-public-key",
-        &hex::encode(key.compressed_public_key()),
-    ]);
-    let org = created["organizationId"].as_str().context("the webhook scenario's organization")?.to_string();
+    let (org, key) = new_organization(stack, "webhook-bench")?;
     let filter = json!({"activityTypes": ["ACTIVITY_TYPE_CREATE_POLICY_V3"]}).to_string();
     let body = envelope(
         "ACTIVITY_TYPE_CREATE_WEBHOOK_ENDPOINT",
@@ -1079,6 +1071,20 @@ async fn webhook_scenario(
         "undelivered": undelivered, "latencyP50Ms": p50, "latencyP99Ms": p99,
         "serverCpuUsPerWrite": cpu.map(|(g, e, t)| json!({"gateway": g, "enclave": e, "total": t})),
     }))
+}
+
+/// A new top-level organization (the operator's `init-org`) with a root key of its own.
+fn new_organization(stack: &Stack, name: &str) -> anyhow::Result<(String, Arc<TurnkeyP256ApiKey>)> {
+    let root = TurnkeyP256ApiKey::generate();
+    let created = stack.gateway_cli(&[
+        "init-org",
+        "--name",
+        name,
+        "--api-public-key",
+        &hex::encode(root.compressed_public_key()),
+    ]);
+    let org = created["organizationId"].as_str().with_context(|| format!("organization {name}"))?.to_string();
+    Ok((org, Arc::new(root)))
 }
 
 /// A short unique id for names made by one bench run.
@@ -1969,15 +1975,7 @@ async fn policy_isolation() -> anyhow::Result<Value> {
         costly.chunks(50).map(|c| envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org_a, json!({"policies": c}))).collect();
     submit_all(&stack.base_url, "/public/v1/submit/create_policies", root.clone(), bodies, 2).await?;
     let (alice, _) = member(&stack, &root, &org_a, "alice").await?;
-    let root_b = TurnkeyP256ApiKey::generate();
-    let created = stack.gateway_cli(&[
-        "init-org",
-        "--name",
-        "org-b",
-        "--api-public-key",
-        &hex::encode(root_b.compressed_public_key()),
-    ]);
-    let org_b = created["organizationId"].as_str().context("organization B")?.to_string();
+    let (org_b, root_b) = new_organization(&stack, "org-b")?;
     let cheap =
         json!({"policies": [{"policyName": "cheap", "effect": "EFFECT_ALLOW", "condition": "true", "notes": ""}]});
     let body = envelope("ACTIVITY_TYPE_CREATE_POLICIES", &org_b, cheap);
@@ -2126,17 +2124,7 @@ struct Tenant {
 async fn tenant(stack: &Stack, name: &str, own: Option<(String, Arc<TurnkeyP256ApiKey>)>) -> anyhow::Result<Tenant> {
     let (org, root) = match own {
         Some(o) => o,
-        None => {
-            let root = TurnkeyP256ApiKey::generate();
-            let created = stack.gateway_cli(&[
-                "init-org",
-                "--name",
-                name,
-                "--api-public-key",
-                &hex::encode(root.compressed_public_key()),
-            ]);
-            (created["organizationId"].as_str().context("organization")?.to_string(), Arc::new(root))
-        }
+        None => new_organization(stack, name)?,
     };
     let eth = ethereum_account(stack, &root, &org, name).await?;
     let (member, _) = member(stack, &root, &org, &format!("{name}-member")).await?;
