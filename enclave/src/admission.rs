@@ -919,14 +919,16 @@ impl Admission {
         // finished, and what it did now would be hidden behind that link.
         let checked = checked.and_then(|(a, unspent)| {
             let (org, fingerprint) = (&a.activity.organization_id, &a.activity.fingerprint);
-            // Nor one done already (run again by a second approval once its replay entry expired,
-            // say): what it made stands.
-            let done =
-                || self.store.decided(org, fingerprint).map(|d| d.result_digest.starts_with(crate::store::DONE_MARK));
+            // Nor a login done already (run again by a second approval once its replay entry
+            // expired, say): what it made stands.
+            let login = coffer_org_rules::subjects::login_operation(&a.activity.activity_type).is_some();
+            let done = || -> Result<bool, StoreError> {
+                Ok(login && self.store.decided(org, fingerprint)?.result_digest.starts_with(crate::store::DONE_MARK))
+            };
             match self.store.spent(unspent.key, now_ms(), org, fingerprint).and_then(|spent| Ok(spent || done()?)) {
                 Ok(false) => Ok((a, unspent)),
                 Ok(true) => Err(Refusal::new(RefusalReason::Replayed, REPLAYED).about(&a.activity, &a.credential)),
-                Err(e) => Err(Refusal::new(RefusalReason::Unspecified, e.to_string())),
+                Err(e) => Err(Refusal::store_failed(e).about(&a.activity, &a.credential)),
             }
         });
         match checked.and_then(|(a, unspent)| self.remember(&a, &unspent).map(|()| (a, unspent.approved))) {

@@ -182,7 +182,7 @@ pub fn record_activity(
         coffer_org_rules::subjects::subject(&s.activity_type).is_some()
             && !coffer_org_rules::subjects::has_own_call(&s.activity_type)
     });
-    let fingerprint_of_link = fingerprint.clone();
+    let linked_fingerprint = fingerprint.clone();
     let lately = admission.authorized_lately(&fingerprint).filter(|_| !applied_by_apply_activity);
     let to_link = match lately {
         Some(mut submission) => {
@@ -298,7 +298,7 @@ pub fn record_activity(
     let (link, seq) = link_activity(hsm, admission, to_link, &activity)?;
     // Linked: what this enclave remembered of it is no longer needed (a link refused keeps it,
     // for the one enclave that can verify an attested stamp).
-    admission.forget_authorized(&fingerprint_of_link);
+    admission.forget_authorized(&linked_fingerprint);
     Ok(pb::RecordActivityResponse { link: Some(link), seq })
 }
 

@@ -24,7 +24,7 @@ pub struct Limits {
     /// The same for a sign-up (a sub-organization the auth proxy made for a visitor): an
     /// eighth of [`Limits::state_bytes`] by the enclave's configuration, so that a visitor's
     /// sign-ups, each at its cap, cannot make the cache read and compile them again on every
-    /// request (sixteen of them fit where one organization at its cap takes half).
+    /// request (eight weigh what one organization at its cap does; sixteen fill the cache).
     pub signup_state_bytes: usize,
 }
 
@@ -384,9 +384,9 @@ mod tests {
         let limits = Limits::default();
         let mut organization = Organization { id: "s".into(), ..Default::default() };
         assert_eq!(limits.of(&organization), limits);
-        organization.auth_proxy_signup = true;
-        assert_eq!(limits.of(&organization), limits, "the proxy's own organization is not a sign-up");
         organization.parent_id = Some("p".into());
+        assert_eq!(limits.of(&organization), limits, "a sub-organization its parent made is not a sign-up");
+        organization.auth_proxy_signup = true;
         assert_eq!(limits.of(&organization).state_bytes, 4 << 20);
         assert_eq!(Limits::UNBOUNDED.of(&organization), Limits::UNBOUNDED);
     }

@@ -479,7 +479,14 @@ pub fn login_operation(activity_type: &str) -> Option<&'static str> {
         "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE" => Some("oauth2_authenticate"),
         "ACTIVITY_TYPE_INIT_OTP_V3" | "ACTIVITY_TYPE_INIT_OTP_AUTH_V3" => Some("init_otp"),
         "ACTIVITY_TYPE_VERIFY_OTP_V2" => Some("verify_otp"),
-        t if is_login_operation(t) => Some("create_session"),
+        "ACTIVITY_TYPE_OAUTH_LOGIN"
+        | "ACTIVITY_TYPE_STAMP_LOGIN"
+        | "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2"
+        | "ACTIVITY_TYPE_OTP_LOGIN_V2"
+        | "ACTIVITY_TYPE_OTP_AUTH"
+        | "ACTIVITY_TYPE_EMAIL_AUTH_V3"
+        | "ACTIVITY_TYPE_INIT_USER_EMAIL_RECOVERY_V2"
+        | "ACTIVITY_TYPE_CREATE_READ_ONLY_SESSION" => Some("create_session"),
         _ => None,
     }
 }
@@ -511,6 +518,16 @@ pub fn linked_in_its_call(activity_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_login_operation_has_its_operation_and_no_other_type_has_one() {
+        for t in OWN_CALL_OPERATIONS {
+            assert_eq!(login_operation(t).is_some(), is_login_operation(t), "{t}");
+        }
+        for t in KEY_USES {
+            assert_eq!(login_operation(t), None, "{t}");
+        }
+    }
 
     #[test]
     fn every_key_use_has_its_own_call_and_a_subject() {
