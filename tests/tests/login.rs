@@ -401,6 +401,7 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
         stack.user_id
     );
     tokio::time::sleep(Duration::from_millis(2600)).await;
+    let short_again = copy(&short);
     refused(whoami(short).await, 401, "API_KEY_EXPIRED", "expired");
 
     // Too long: refused by the enclave's maximum, nothing recorded.
@@ -415,6 +416,9 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
     assert_eq!(stamp_login(&stack, &root, &first_public, "600", false).await.status, 200);
     let first_copy = TurnkeyP256ApiKey::from_strings(hex::encode(first.private_key()), None).unwrap();
     assert!(whoami(first_copy).await.is_ok());
+    // That login removed the user's expired session, in the enclave's state and in the
+    // gateway's records alike: it is no longer a key at all.
+    refused(whoami(short_again).await, 401, "PUBLIC_KEY_NOT_FOUND", "could not find public key");
     let (second, second_public, _) = session_key();
     assert_eq!(stamp_login(&stack, &root, &second_public, "600", true).await.status, 200);
     // A key that is already a credential: refused (the root API key, or the live session key

@@ -60,23 +60,29 @@ async fn open_session(
     // The enclave chose the user; it must be one of this organization.
     let user = super::lookup::load_user(&ctx.state, &ctx.org.id, &session.user_id).await?;
     let mut writes = Vec::new();
-    if invalidate_existing {
-        let (org, uid) = (ctx.org.id.clone(), user.id.clone());
-        let earlier: Vec<String> = ctx
-            .state
-            .db(move |s| s.api_keys_of_user(&org, &uid))
-            .await??
-            .into_iter()
-            .filter(|k| SESSION_CREDENTIAL_TYPES.contains(&k.credential_type.as_str()))
-            .map(|k| k.id)
-            .collect();
-        if !earlier.is_empty() {
-            writes.push(Write::DeleteApiKeys {
-                organization_id: ctx.org.id.clone(),
-                user_id: user.id.clone(),
-                ids: earlier,
-            });
-        }
+    // The user's earlier sessions go when the body says so, its expired ones anyway: as the
+    // enclave's state has them.
+    let (org, uid, now) = (ctx.org.id.clone(), user.id.clone(), ctx.now);
+    let expired = move |k: &ApiKey| {
+        k.expiration_seconds
+            .is_some_and(|exp| now >= k.created_at.saturating_add((exp as i64).saturating_mul(1_000_000_000)))
+    };
+    let earlier: Vec<String> = ctx
+        .state
+        .db(move |s| s.api_keys_of_user(&org, &uid))
+        .await??
+        .into_iter()
+        .filter(|k| {
+            SESSION_CREDENTIAL_TYPES.contains(&k.credential_type.as_str()) && (invalidate_existing || expired(k))
+        })
+        .map(|k| k.id)
+        .collect();
+    if !earlier.is_empty() {
+        writes.push(Write::DeleteApiKeys {
+            organization_id: ctx.org.id.clone(),
+            user_id: user.id.clone(),
+            ids: earlier,
+        });
     }
     let seconds = (session.expires_at_ms / 1000).saturating_sub((ctx.now / 1_000_000_000).max(0) as u64);
     // The session key's id in the enclave's authority state.
