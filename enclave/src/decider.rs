@@ -456,7 +456,7 @@ impl Decider {
         decided_on: &DecidedOn,
         changes: &[Change],
     ) -> Result<Pending, EnclaveError> {
-        let prepared = self.prepare(changes, Some((organization_id, decided_on)))?;
+        let prepared = self.prepare(changes, Some((organization_id, decided_on)), &self.limits)?;
         self.stage_prepared(prepared)
     }
 
@@ -470,7 +470,7 @@ impl Decider {
         decided_on: &DecidedOn,
         changes: &[Change],
     ) -> Result<Prepared, EnclaveError> {
-        self.prepare(changes, Some((organization_id, decided_on)))
+        self.prepare(changes, Some((organization_id, decided_on)), &self.limits)
     }
 
     /// Queues what [`Decider::prepare_decided`] applied, unless one of its organizations' heads
@@ -516,15 +516,20 @@ impl Decider {
 
     /// Applies `changes` to each organization's head, all or nothing, and queues them for a group
     /// commit.
-    fn stage(&self, changes: &[Change]) -> Result<Pending, EnclaveError> {
-        let prepared = self.prepare(changes, None)?;
+    fn stage(&self, changes: &[Change], limits: &Limits) -> Result<Pending, EnclaveError> {
+        let prepared = self.prepare(changes, None, limits)?;
         self.stage_prepared(prepared)
     }
 
     /// The heads `changes` leave, each organization's effects applied and its caps checked;
     /// nothing is staged yet, and the heads are locked only to be read. The organization a
     /// decision was made for (`decided`) is built on the state decided on, never read again.
-    fn prepare(&self, changes: &[Change], decided: Option<(&str, &DecidedOn)>) -> Result<Prepared, EnclaveError> {
+    fn prepare(
+        &self,
+        changes: &[Change],
+        decided: Option<(&str, &DecidedOn)>,
+        limits: &Limits,
+    ) -> Result<Prepared, EnclaveError> {
         let mut order: Vec<String> = Vec::new();
         let mut by_org: HashMap<String, Vec<&Effect>> = HashMap::new();
         for c in changes {
@@ -619,7 +624,7 @@ impl Decider {
                 ),
             };
             if !deleted {
-                self.limits
+                limits
                     .of(&state.organization)
                     .check(&head.loaded.counts, &counts)
                     .map_err(|e| EnclaveError::refused(RefusalReason::LimitExceeded, e.to_string()))?;
@@ -873,6 +878,15 @@ impl Decider {
         self.commit(changes).map(|_| ())
     }
 
+    /// Records the facts of keys already made and linked: the state's weight was checked before
+    /// they were made (`service::key_facts::ensure_new_ids`), and is not again, since refusing
+    /// them now would leave a linked activity whose keys the state does not hold (two key uses
+    /// racing at the cap may pass it by what the second made). The other caps hold.
+    pub fn record_made(&self, changes: &[Change]) -> Result<(), EnclaveError> {
+        let limits = Limits { state_bytes: usize::MAX, signup_state_bytes: usize::MAX, ..self.limits };
+        self.commit_within(changes, &limits).map(|_| ())
+    }
+
     pub fn store(&self) -> &Arc<dyn EnclaveStore> {
         &self.store
     }
@@ -1011,10 +1025,15 @@ impl Decider {
     /// group fails on a moved state, staged again on the committed one. Returns the new version
     /// of each organization, in first-appearance order.
     pub fn commit(&self, changes: &[Change]) -> Result<Vec<(String, u64)>, EnclaveError> {
+        self.commit_within(changes, &self.limits)
+    }
+
+    /// [`Decider::commit`] within `limits`.
+    fn commit_within(&self, changes: &[Change], limits: &Limits) -> Result<Vec<(String, u64)>, EnclaveError> {
         for _attempt in 0..8 {
             let pending = {
                 let _locked = self.lock_organizations(changes.iter().map(|c| c.organization_id.as_str()))?;
-                match self.stage(changes) {
+                match self.stage(changes, limits) {
                     Err(e) if is_moved(&e) => continue,
                     other => other?,
                 }
@@ -1163,8 +1182,12 @@ mod tests {
             assert!(r.decide("o", sign, &serde_json::json!({}), &root_vote(), &[], 2).is_ok());
         }
         assert_eq!(r.loads(), loads, "states read again from the store");
+        // Facts of keys already made and linked are recorded past the weight (it was checked
+        // before they were made), not past the other caps.
+        assert!(r.record(&[put_user("o", "made")]).is_err());
+        r.record_made(&[put_user("o", "made")]).unwrap();
         // Shrinking passes, and makes room again.
-        r.commit(&[change("o", Effect::DeleteUsers { ids: vec!["u0".into(), "u1".into()] })]).unwrap();
+        r.commit(&[change("o", Effect::DeleteUsers { ids: vec!["u0".into(), "u1".into(), "u2".into()] })]).unwrap();
         r.commit(&[put_user("o", "again")]).unwrap();
 
         // A sign-up the auth proxy made weighs at most its own cap (an eighth).
@@ -1240,7 +1263,7 @@ mod tests {
     /// Stages `changes` with their organizations' locks held, as every caller does.
     fn staged(r: &Decider, changes: &[Change]) -> Result<Pending, EnclaveError> {
         let _locked = r.lock_organizations(changes.iter().map(|c| c.organization_id.as_str()))?;
-        r.stage(changes)
+        r.stage(changes, &r.limits())
     }
 
     /// Stages `changes` and waits for its group commit, deciding again (here: staging again)
@@ -1384,7 +1407,7 @@ mod tests {
         let vb = r.load("b").unwrap().unwrap().state.version;
         let stage = |changes: &[Change], spent: Spend| {
             let _locked = r.lock_organizations(changes.iter().map(|c| c.organization_id.as_str())).unwrap();
-            let prepared = r.prepare(changes, None).unwrap();
+            let prepared = r.prepare(changes, None, &r.limits()).unwrap();
             r.stage_prepared_spending(prepared, Some(spent)).unwrap()
         };
         // One group: b1 (leads), a1 (its stamp replayed), a2 (staged on a1), b2.
@@ -1396,7 +1419,7 @@ mod tests {
         // and b2), and so is a twin of one committed lately, below.
         let twin = |key: u8| {
             let _locked = r.lock_organizations(["b"]).unwrap();
-            let prepared = r.prepare(&[put_user("b", "twin")], None).unwrap();
+            let prepared = r.prepare(&[put_user("b", "twin")], None, &r.limits()).unwrap();
             r.stage_prepared_spending(prepared, Some(spend("b", key))).map(|_| ())
         };
         let replayed = |e: EnclaveError| matches!(e, EnclaveError::Refused { reason: RefusalReason::Replayed, .. });

@@ -15,7 +15,7 @@ fn record(admission: &Admission, a: &Admitted, effects: Vec<Effect>) -> Result<(
     let organization_id = &a.activity.organization_id;
     let changes: Vec<Change> =
         effects.into_iter().map(|effect| Change { organization_id: organization_id.clone(), effect }).collect();
-    admission.rules().record(&changes)?;
+    admission.rules().record_made(&changes)?;
     Ok(())
 }
 
