@@ -150,10 +150,7 @@ pub struct OutcomeRecorder {
 impl OutcomeRecorder {
     /// The request failed (`e`) after its allow: nothing links it completed.
     pub fn failed(&self, e: &EnclaveError) {
-        let record = DecisionRecord { at_ms: now_ms(), reason: e.kind().to_string(), ..self.record.clone() };
-        if let Err(e) = self.log.0.record_decision(&record) {
-            tracing::error!(error = %e, operation = %record.operation, "the decision log did not take a failure");
-        }
+        self.log.keep(&DecisionRecord { at_ms: now_ms(), reason: e.kind().to_string(), ..self.record.clone() });
     }
 
     /// The request did its work: recorded before it answers (or it fails), so nothing links it
@@ -249,16 +246,23 @@ impl std::fmt::Debug for DecisionLog {
 impl DecisionLog {
     /// Records a refusal of an authorized request; a failure to record is logged, the refusal stands.
     fn refused(&self, a: &Admitted, reason: RefusalReason) {
-        let record = decision(a, crate::store::OUTCOME_REFUSE, reason.as_str_name());
-        if let Err(e) = self.0.record_decision(&record) {
-            tracing::error!(error = %e, operation = a.operation, "the decision log did not take a refusal");
-        }
+        self.keep(&decision(a, crate::store::OUTCOME_REFUSE, reason.as_str_name()));
     }
 
     /// Records the failure (`what`: its kind) of an authorized request after its allow.
     fn failed(&self, a: &Admitted, what: &str) {
-        if let Err(e) = self.0.record_decision(&decision(a, crate::store::OUTCOME_FAILED, what)) {
-            tracing::error!(error = %e, operation = a.operation, "the decision log did not take a failure");
+        self.keep(&decision(a, crate::store::OUTCOME_FAILED, what));
+    }
+
+    /// Records `record`; a failure to record is logged, the outcome it records stands.
+    fn keep(&self, record: &DecisionRecord) {
+        if let Err(e) = self.0.record_decision(record) {
+            tracing::error!(
+                error = %e,
+                operation = %record.operation,
+                outcome = %record.outcome,
+                "the decision log did not take an outcome"
+            );
         }
     }
 }
