@@ -17,11 +17,18 @@ use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
 use crate::error::{EnclaveError, RefusalReason, BUSY, REPLAYED};
 use crate::hsm::Hsm;
 use crate::link_request::{Ballot, LinkRequest};
-use crate::store::{DecisionRecord, EnclaveStore, Remembered, ReplayLane, ReplayShare, Spend, StoreError};
+use crate::store::{
+    BallotKept, DecisionRecord, EnclaveStore, KeptBallot, LoggedDecision, Remembered, ReplayLane, ReplayShare, Spend,
+    StoreError,
+};
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
 pub const REJECT_ACTIVITY: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
+/// The operation of `DecideActivity`, the one call a rejection is sent to.
+const DECIDE_ACTIVITY: &str = "decide_activity";
+/// A rejected activity's refusal.
+const VOTE_REJECTED: &str = "the activity was rejected by a vote: nothing runs it";
 /// How long a waiting activity's original stamp stays usable (the vote lifetime).
 pub const VOTE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
 /// `issuing_fingerprint` prefix of certificates made by operator bootstrap.
@@ -987,7 +994,7 @@ impl Admission {
         types: &[&str],
         parent_certificate: Option<&[u8]>,
     ) -> Result<String, EnclaveError> {
-        const OPERATION: &str = "decide_activity";
+        const OPERATION: &str = DECIDE_ACTIVITY;
         match self.check(OPERATION, auth, types, parent_certificate, None) {
             Ok((a, _unspent)) => Ok(a.evaluation()),
             Err(r) => {
@@ -1208,12 +1215,9 @@ impl Admission {
         // approvals that each meet the consensus run it once while the first one's entry lives
         // (the freshness window): not a vote lifetime, which would let a tenant hold its share
         // of the shared window for a day with approved runs.
+        // A rejection cast just now (only `DecideActivity` is sent one): kept, never run.
+        let mut rejection: Option<(StampedActivity, pb::CredentialCertificate, &pb::StampedRequest)> = None;
         let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
-            // Earlier votes count only beside a fresh approval (the run after consensus).
-            None if auth.is_some_and(|a| !a.votes.is_empty()) => {
-                return Err(Refusal::new(RefusalReason::NotApproved, "votes are counted only with an approval")
-                    .about(&activity, &credential));
-            }
             None => {
                 self.fresh(&activity, now).map_err(|r| r.about(&activity, &credential))?;
                 (activity.fingerprint.clone(), activity.timestamp_ms)
@@ -1235,7 +1239,8 @@ impl Admission {
                     )
                     .about(&vote, &voter));
                 }
-                if vote.activity_type != APPROVE_ACTIVITY
+                let rejects = vote.activity_type == REJECT_ACTIVITY && operation == DECIDE_ACTIVITY;
+                if (vote.activity_type != APPROVE_ACTIVITY && !rejects)
                     || vote.organization_id != activity.organization_id
                     || named != Some(activity.fingerprint.as_str())
                 {
@@ -1246,15 +1251,42 @@ impl Admission {
                     .about(&vote, &voter));
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
-                voters.push(verified_vote(&voter, vote.timestamp_ms));
-                ballots.push(ballot(&voter, &approval.body));
-                (activity.fingerprint.clone(), vote.timestamp_ms)
+                let at = vote.timestamp_ms;
+                if rejects {
+                    rejection = Some((vote, voter, approval));
+                } else {
+                    voters.push(verified_vote(&voter, at));
+                    ballots.push(ballot(&voter, &approval.body));
+                }
+                (activity.fingerprint.clone(), at)
             }
         };
-        // The organization's rules decide before the replay window and the decision log take the
-        // request. Earlier votes of an activity that waited: each a genuine approval of this activity,
-        // within the vote lifetime; whether its credential is still live the rules decide.
-        for stamped in auth.map(|a| a.votes.as_slice()).unwrap_or_default() {
+        // Earlier votes of an activity that waited: the ones the enclave verified and kept itself
+        // (never the gateway's list), each verified again as a genuine approval of this activity
+        // within the vote lifetime; whether its credential is still live the rules decide. A
+        // rejection kept ends it: nothing runs it.
+        let fresh_voter =
+            voters.first().map(|v| v.user_id.clone()).or_else(|| rejection.as_ref().map(|r| r.1.user_id.clone()));
+        let kept = match fresh_voter {
+            Some(_) => self
+                .store
+                .ballots(&activity.organization_id, &activity.fingerprint, now)
+                .map_err(|e| Refusal::store_failed(e).about(&activity, &credential))?,
+            None => Vec::new(),
+        };
+        if rejection.is_none() && kept.iter().any(|b| b.rejected) {
+            return Err(Refusal::new(RefusalReason::VoteRejected, VOTE_REJECTED).about(&activity, &credential));
+        }
+        let earlier: Vec<pb::StampedRequest> = kept
+            .iter()
+            .filter(|b| !b.rejected && Some(&b.user_id) != fresh_voter.as_ref())
+            .map(|b| pb::StampedRequest::decode(b.stamped.as_slice()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| {
+                Refusal::store_failed(StoreError::Corrupt("a kept vote does not decode".into()))
+                    .about(&activity, &credential)
+            })?;
+        for stamped in &earlier {
             let (vote, voter) = self.verify_stamped(stamped, now, None)?;
             if vote.activity_type != APPROVE_ACTIVITY
                 || vote.organization_id != activity.organization_id
@@ -1273,14 +1305,16 @@ impl Admission {
         }
         let policy_org = if via_parent { &credential.organization_id } else { &activity.organization_id };
         let submitter = verified_vote(&credential, activity.timestamp_ms);
-        let decided = match self.rules.decide(
-            policy_org,
-            &activity.activity_type,
-            &activity.parameters,
-            &submitter,
-            &voters,
-            now,
-        ) {
+        let decision =
+            self.rules.decide(policy_org, &activity.activity_type, &activity.parameters, &submitter, &voters, now);
+        if let Some((vote, voter, stamped)) = rejection {
+            let evaluation = match &decision {
+                Ok(d) => d.evaluation.outcomes_json_text(),
+                Err(refused) => refused.evaluation.clone(),
+            };
+            return Err(self.reject(&activity, &vote, &voter, stamped, evaluation, now));
+        }
+        let decided = match decision {
             Ok(d) => d,
             Err(refused) => {
                 // One that waits for votes is in the decision log, once: the enclave found it
@@ -1303,6 +1337,14 @@ impl Admission {
                     if let Err(e) = self.store.record_decision(&waits) {
                         tracing::error!(error = %e, operation, "the decision log did not take a refusal");
                     }
+                }
+                // An approval that leaves it waiting is kept, and counted with the next one.
+                let approval = auth.and_then(|a| a.approval.as_ref());
+                if let (RefusalReason::ConsensusNeeded, Some(approval), Some(voter)) =
+                    (refused.reason, approval, voters.first())
+                {
+                    self.keep_vote(&activity, &voter.user_id, approval, false, now)
+                        .map_err(|r| r.about(&activity, &credential))?;
                 }
                 return Err(Refusal::of_rules(refused).about(&activity, &credential));
             }
@@ -1347,6 +1389,98 @@ impl Admission {
             ballots,
         };
         Ok((a, unspent))
+    }
+
+    /// Keeps `stamped`, `user_id`'s vote on the waiting `activity` (a rejection if `rejected`),
+    /// in the enclave's store until the activity can no longer be voted on.
+    fn keep_vote(
+        &self,
+        activity: &StampedActivity,
+        user_id: &str,
+        stamped: &pb::StampedRequest,
+        rejected: bool,
+        now: i64,
+    ) -> Result<(), Refusal> {
+        let ballot = KeptBallot {
+            organization_id: activity.organization_id.clone(),
+            fingerprint: activity.fingerprint.clone(),
+            user_id: user_id.to_string(),
+            rejected,
+            stamped: stamped.encode_to_vec(),
+            at_ms: now,
+            expires_ms: activity.timestamp_ms.saturating_add(VOTE_LIFETIME_MS).saturating_add(self.freshness_ms),
+        };
+        // The submitter's approval is the activity's own stamp, never kept.
+        match self.store.keep_ballot(&ballot, MAX_VOTES_LINKED - 1, now).map_err(Refusal::store_failed)? {
+            BallotKept::Kept => Ok(()),
+            BallotKept::VotedOtherwise => {
+                Err(Refusal::new(RefusalReason::NotApproved, "this user has voted otherwise on the activity"))
+            }
+            BallotKept::Full => Err(Refusal::new(
+                RefusalReason::NotApproved,
+                format!("an activity takes at most {MAX_VOTES_LINKED} votes"),
+            )),
+        }
+    }
+
+    /// `voter`'s rejection (`vote`, stamped as `stamped`) of the waiting `activity`: kept when
+    /// the voter may vote on it (a credential its organization's state holds live; a root user
+    /// for what only the root quorum decides) and the enclave found it waiting and never ran it.
+    /// Answered, kept or not, as a refusal: [`RefusalReason::VoteRejected`] with `evaluation`
+    /// (the activity's decision as it stood) once kept.
+    fn reject(
+        &self,
+        activity: &StampedActivity,
+        vote: &StampedActivity,
+        voter: &pb::CredentialCertificate,
+        stamped: &pb::StampedRequest,
+        evaluation: String,
+        now: i64,
+    ) -> Refusal {
+        let about = |r: Refusal| r.about(vote, voter);
+        let (org, fingerprint) = (&activity.organization_id, &activity.fingerprint);
+        let loaded = match self.rules.load(org) {
+            Ok(loaded) => loaded,
+            Err(EnclaveError::EnclaveStore(e)) => return about(Refusal::store_failed(e)),
+            Err(e) => return about(Refusal::new(RefusalReason::Unspecified, e.to_string())),
+        };
+        let live = loaded
+            .as_ref()
+            .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
+        if voter.organization_id != *org || live.is_none() {
+            return about(Refusal::new(
+                RefusalReason::CredentialRevoked,
+                "the rejection is not by a credential the organization holds live",
+            ));
+        }
+        let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
+        let root = loaded.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));
+        if root_only && !root {
+            return about(Refusal::new(
+                RefusalReason::NotApproved,
+                "only a root user votes on what only the root quorum decides",
+            ));
+        }
+        let waiting = || -> Result<bool, StoreError> {
+            Ok(self.store.waited_for_votes(org, fingerprint, &activity.activity_type)?
+                && self.store.decided(org, fingerprint)?.logged != LoggedDecision::Authorized)
+        };
+        match waiting() {
+            Ok(true) => {}
+            Ok(false) => {
+                return about(Refusal::new(
+                    RefusalReason::NotApproved,
+                    "the enclave never found this activity waiting for votes, or it ran",
+                ))
+            }
+            Err(e) => return about(Refusal::store_failed(e)),
+        }
+        if let Err(r) = self.keep_vote(activity, &voter.user_id, stamped, true, now) {
+            return about(r);
+        }
+        let mut refused = Refusal::new(RefusalReason::VoteRejected, VOTE_REJECTED);
+        refused.attached = Some(Box::new(Attached::Evaluation(evaluation)));
+        about(refused)
     }
 
     /// The top-level organization of `organization` in the enclave's authority state: itself when

@@ -125,7 +125,7 @@ pub fn check_recorded(stamped: &StampedActivity, activity: &[u8]) -> Result<Valu
 /// A vote's selection when it rejects.
 const REJECTED: &str = "VOTE_SELECTION_REJECTED";
 /// The status of an activity a vote rejected.
-const ACTIVITY_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
+pub const ACTIVITY_REJECTED: &str = "ACTIVITY_STATUS_REJECTED";
 
 /// A vote the enclave verified, as an activity states it: the voter's user, the selection, the
 /// key that stamped it and the stamped body (`message`).
@@ -199,7 +199,7 @@ fn same_votes(stated: &[Ballot], submitter: &Ballot, verified: &[Ballot]) -> Res
 /// then exactly the votes the enclave verified (`verified`), each user once, each stating the
 /// user, selection, key and stamped body (`message`) that was verified, and this activity's id.
 /// It is rejected if and only if one of them rejected it, and only when `may_be_rejected` (the
-/// enclave found it waiting for votes and never allowed it).
+/// enclave found it waiting for votes, never allowed it, and keeps a rejection of it).
 pub fn check_recorded_votes(
     activity: &Value,
     submitter: &Ballot,

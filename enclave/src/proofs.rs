@@ -18,7 +18,7 @@ use crate::admission::{now_ms, Admission, Admitted, DecidedSubmission, Unspent};
 use crate::bounded_cache::BoundedCache;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
-use crate::link_request::{Ballot, LinkRequest, ACTIVITY_COMPLETED, VOTE_APPROVED};
+use crate::link_request::{Ballot, LinkRequest, ACTIVITY_COMPLETED, ACTIVITY_REJECTED, VOTE_APPROVED};
 use crate::store::{LoggedDecision, Spend};
 
 /// `payload`, signed by the proof key.
@@ -241,12 +241,27 @@ pub fn record_activity(
         public_key: to_link.submission.public_key.clone(),
         message: String::from_utf8_lossy(&request.body).into_owned(),
     };
-    let may_be_rejected = to_link.logged != LoggedDecision::Authorized
+    // Rejected only with a rejection the enclave keeps (verified when it was cast), and then
+    // only rejected: a gateway cannot link as failed what a voter rejected, nor reject alone.
+    let never_ran = to_link.logged != LoggedDecision::Authorized;
+    let rejection_kept = never_ran
+        && admission
+            .store()
+            .ballots(&stamped.organization_id, &stamped.fingerprint, now_ms())?
+            .iter()
+            .any(|b| b.rejected);
+    let may_be_rejected = rejection_kept
         && admission.store().waited_for_votes(
             &stamped.organization_id,
             &stamped.fingerprint,
             &stamped.activity_type,
         )?;
+    if rejection_kept && activity.get("status").and_then(Value::as_str) != Some(ACTIVITY_REJECTED) {
+        return Err(EnclaveError::refused(
+            RefusalReason::BindingMismatch,
+            "the activity to link was rejected by a vote the enclave keeps, and is not stated rejected",
+        ));
+    }
     crate::link_request::check_recorded_votes(&activity, &submitter, &votes, may_be_rejected)?;
     // A state change linked as failed or rejected: if its `ApplyActivity` spent its replay entry
     // (committed with the apply's allow), what the apply left decides (an applied change is

@@ -148,7 +148,7 @@ fn log_shell(auth: &pb::Authorization) -> Option<pb::LogRequest> {
         return None;
     }
     let mut activity = recorded_activity(&request.body, "ACTIVITY_STATUS_COMPLETED", Value::Null);
-    let approvals = std::iter::once(request).chain(&auth.approval).chain(&auth.votes);
+    let approvals = std::iter::once(request).chain(&auth.approval);
     let votes: Vec<Value> = approvals
         .map(|a| {
             let c = pb::CredentialCertificate::decode(a.certificate.as_slice()).unwrap_or_default();
@@ -4154,8 +4154,7 @@ async fn a_stamp_linked_as_failed_signs_nothing() {
 
 /// An activity that waited for votes runs once, whichever approval runs it: a second approval
 /// that would also meet the consensus, sent straight to the enclave by a gateway holding both
-/// within the freshness window, is a replay: one signature, not two. Earlier votes without an
-/// approval count for nothing.
+/// within the freshness window, is a replay: one signature, not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     let stack = enforcing_stack().await;
@@ -4192,13 +4191,107 @@ async fn an_approved_activity_runs_once_whichever_approval_runs_it() {
     };
     let now = Stack::now_ms();
     let (by_alice, by_bob) = (approval(&alice, now), approval(&bob, now + 1));
-    // alice's approval presented as an earlier vote, with no approval: not counted, refused.
-    let votes_only =
-        by_alice.clone().map(|a| pb::Authorization { approval: None, votes: a.approval.into_iter().collect(), ..a });
-    refused(sign(&enclave, votes_only, &key).await, tonic::Code::PermissionDenied, pb::RefusalReason::NotApproved);
     let signed = sign(&enclave, by_alice, &key).await;
     assert_eq!(signed.unwrap_or_else(|e| panic!("alice's approval runs it: {e:?}")).signatures.len(), 1);
     refused(sign(&enclave, by_bob, &key).await, tonic::Code::PermissionDenied, pb::RefusalReason::Replayed);
+}
+
+/// `auth` with the approval of `earlier` stated among the votes of the activity it links (as the
+/// gateway records an activity that waited: every vote counted).
+fn also_stating(auth: Option<pb::Authorization>, earlier: &Option<pb::Authorization>) -> Option<pb::Authorization> {
+    use prost::Message;
+    let mut auth = auth?;
+    let vote = earlier.as_ref()?.approval.as_ref()?;
+    let log = auth.log.as_mut()?;
+    let mut activity: Value = serde_json::from_slice(&log.activity).ok()?;
+    let c = pb::CredentialCertificate::decode(vote.certificate.as_slice()).ok()?;
+    activity["votes"].as_array_mut()?.push(json!({"userId": c.user_id, "selection": "VOTE_SELECTION_APPROVED",
+        "publicKey": c.public_key, "message": String::from_utf8_lossy(&vote.body)}));
+    log.activity = serde_json::to_vec(&activity).ok()?;
+    Some(auth)
+}
+
+/// Votes are counted from what the enclave kept, not from the gateway's list: an approval that
+/// left the activity waiting counts with the next one though the gateway never presents it
+/// again, and a rejection the enclave kept ends the activity though the gateway drops it: a
+/// later approval that would meet the consensus runs nothing, and the activity is linked only
+/// as rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_are_the_ones_the_enclave_kept_and_a_rejection_ends_the_activity() {
+    let stack = enforcing_stack().await;
+    let client = stack.client();
+    let org = stack.organization_id.clone();
+    let (_, alice) = member(&client, &org, "alice").await;
+    let (_, bob) = member(&client, &org, "bob").await;
+    let (_, carol) = member(&client, &org, "carol").await;
+    let (_, dan) = member(&client, &org, "dan").await;
+    let (_, a) = wallet(&client, &org, "kept-votes").await;
+    let three = Some("approvers.count() >= 3".to_string());
+    policy(&client, &org, "three sign", Effect::Allow, "activity.type == 'ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2'", three)
+        .await;
+    let c = db(&stack);
+    let cert = |k: &TurnkeyP256ApiKey| certificate(&c, &public_key(k));
+    let enclave = connect(stack.enclave_socket());
+    let key = account_ref(&c, &a[0]);
+    let vote = |ty: &str, voter: &TurnkeyP256ApiKey, fingerprint: &str, submission: &pb::StampedRequest| {
+        let vote = body(ty, &org, Stack::now_ms(), json!({ "fingerprint": fingerprint }));
+        logged(pb::Authorization {
+            request: Some(submission.clone()),
+            approval: Some(stamped(voter, &vote, &cert(voter))),
+            ..Default::default()
+        })
+    };
+    let approve =
+        |voter, fingerprint, submission| vote("ACTIVITY_TYPE_APPROVE_ACTIVITY", voter, fingerprint, submission);
+    let reject = |voter, fingerprint, submission| vote("ACTIVITY_TYPE_REJECT_ACTIVITY", voter, fingerprint, submission);
+    let decide = |auth: Option<pb::Authorization>| {
+        let enclave = enclave.clone();
+        async move {
+            let auth = auth.map(|a| pb::Authorization { log: None, ..a });
+            enclave.clone().decide_activity(pb::DecideActivityRequest { auth, parent_certificate: vec![] }).await
+        }
+    };
+
+    // carol submits, alice approves: both wait. bob's approval alone (alice's never presented
+    // again) meets the three with the one the enclave kept.
+    let signing = sign_body(&org, &a[0], "kept", Stack::now_ms());
+    let (fingerprint, submission) = (fingerprint_of(&signing), stamped(&carol, &signing, &cert(&carol)));
+    let waits = sign(&enclave, auth(submission.clone()), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let by_alice = approve(&alice, &fingerprint, &submission);
+    let waits = sign(&enclave, by_alice.clone(), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let signed = sign(&enclave, also_stating(approve(&bob, &fingerprint, &submission), &by_alice), &key).await;
+    assert_eq!(signed.unwrap_or_else(|e| panic!("alice's kept vote counts: {e:?}")).signatures.len(), 1);
+
+    // carol submits again, alice approves, bob rejects (the enclave keeps it and answers the
+    // evaluation as it stood); dan's approval would make three, but nothing runs it.
+    let signing = sign_body(&org, &a[0], "rejected", Stack::now_ms());
+    let (fingerprint, submission) = (fingerprint_of(&signing), stamped(&carol, &signing, &cert(&carol)));
+    let waits = sign(&enclave, auth(submission.clone()), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let by_alice = approve(&alice, &fingerprint, &submission);
+    let waits = sign(&enclave, by_alice.clone(), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let rejected = decide(reject(&bob, &fingerprint, &submission)).await;
+    let status = rejected.expect_err("a rejection is answered as one");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::VoteRejected), "{status:?}");
+    let outcomes: Vec<Value> = serde_json::from_str(&coffer_proto::refusal_evaluation(&status).unwrap()).unwrap();
+    assert_eq!(outcomes.len(), 1, "the policy the activity waited on: {outcomes:?}");
+    // (Each linked as the gateway would state it once run: carol's, alice's and the voter's.)
+    for voter in [&dan, &bob] {
+        let runs = sign(&enclave, also_stating(approve(voter, &fingerprint, &submission), &by_alice), &key).await;
+        refused(runs, tonic::Code::PermissionDenied, pb::RefusalReason::VoteRejected);
+    }
+    // A rejection needs a voter the enclave holds live, on an activity it found waiting.
+    let unknown = sign_body(&org, &a[0], "never-submitted", Stack::now_ms());
+    let never = stamped(&carol, &unknown, &cert(&carol));
+    let status = decide(reject(&bob, &fingerprint_of(&unknown), &never)).await.expect_err("refused");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::NotApproved), "{status:?}");
+    // Linked as failed instead of rejected: refused.
+    let record = linked_failed(&submission, &signing);
+    let status = enclave.clone().record_activity(record).await.expect_err("a kept rejection is linked rejected only");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::BindingMismatch), "{status:?}");
 }
 
 /// E12 for key operations: a key use refused after its decision (the sealed key is not the one
@@ -4500,7 +4593,8 @@ async fn the_enclaves_signed_state_shows_what_a_rewritten_database_hides() {
 /// gateway that links a waiting activity as rejected, stating a rejection bob never made (no
 /// stamp, his approval's stamp, a stamp of another activity, alice's stamp, his stamp under
 /// another key or body, no vote at all), is refused and nothing is linked; nor is an activity
-/// the enclave never found waiting linked as rejected; bob's own rejection is linked.
+/// the enclave never found waiting linked as rejected; bob's own rejection is linked once the
+/// enclave keeps it (cast through `DecideActivity`, step 7), not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_links_only_votes_their_voters_stamped() {
     let stack = enforcing_stack().await;
@@ -4553,6 +4647,14 @@ async fn the_log_links_only_votes_their_voters_stamped() {
     other_body["votes"][1]["message"] = json!("{}");
     let before = log_seq(&enclave, &org).await;
     use pb::RefusalReason::{BindingMismatch, NotApproved};
+    // Step 7: bob's genuine rejection, never cast through the enclave, is not linked: the
+    // enclave keeps no rejection of the activity. Cast, it is kept (and nothing runs it).
+    let never_cast = enclave.clone().record_activity(record(&honest, vec![rejection.clone()])).await;
+    refused(never_cast, tonic::Code::PermissionDenied, BindingMismatch);
+    let cast = pb::Authorization { request: Some(submission.clone()), approval: Some(rejection.clone()), log: None };
+    let cast = pb::DecideActivityRequest { auth: Some(cast), parent_certificate: vec![] };
+    let cast = enclave.clone().decide_activity(cast).await;
+    refused(cast, tonic::Code::PermissionDenied, pb::RefusalReason::VoteRejected);
     let lies: Vec<(&str, pb::RecordActivityRequest, pb::RefusalReason)> = vec![
         ("no stamp", record(&honest, vec![]), BindingMismatch),
         ("his approval's stamp", record(&honest, vec![approval.clone()]), BindingMismatch),

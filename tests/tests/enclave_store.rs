@@ -363,6 +363,39 @@ fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
     assert_eq!(a.sealed_service_key("coffer-tls-fetcher-v1").unwrap(), None);
 }
 
+/// Votes kept on a waiting activity (issue 40, step 7): one per user, read by every enclave,
+/// replaced only by a vote of the same selection, at most as many as the activity takes, and
+/// gone once the activity can no longer be voted on.
+fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let ballot = |user: &str, rejected: bool, stamped: &[u8], expires_ms: i64| KeptBallot {
+        organization_id: "o1".into(),
+        fingerprint: "sha256:f".into(),
+        user_id: user.into(),
+        rejected,
+        stamped: stamped.to_vec(),
+        at_ms: 1_000,
+        expires_ms,
+    };
+    assert_eq!(a.keep_ballot(&ballot("alice", false, b"a1", 10_000), 2, 1_000).unwrap(), BallotKept::Kept);
+    // alice again: the same selection replaces her vote, a rejection is refused.
+    assert_eq!(b.keep_ballot(&ballot("alice", false, b"a2", 10_000), 2, 1_000).unwrap(), BallotKept::Kept);
+    assert_eq!(b.keep_ballot(&ballot("alice", true, b"a3", 10_000), 2, 1_000).unwrap(), BallotKept::VotedOtherwise);
+    assert_eq!(a.keep_ballot(&ballot("bob", true, b"b1", 20_000), 2, 1_000).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 10_000), 2, 1_000).unwrap(), BallotKept::Full);
+    let kept = b.ballots("o1", "sha256:f", 1_000).unwrap();
+    let seen: Vec<(&str, bool, &[u8])> =
+        kept.iter().map(|k| (k.user_id.as_str(), k.rejected, k.stamped.as_slice())).collect();
+    assert_eq!(seen, vec![("alice", false, &b"a2"[..]), ("bob", true, &b"b1"[..])]);
+    assert!(a.ballots("o1", "sha256:other", 1_000).unwrap().is_empty());
+    assert!(a.ballots("o2", "sha256:f", 1_000).unwrap().is_empty());
+    // Past alice's expiry: only bob's is read, and the next vote kept prunes hers.
+    assert_eq!(a.ballots("o1", "sha256:f", 15_000).unwrap().len(), 1);
+    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 20_000), 2, 15_000).unwrap(), BallotKept::Kept);
+    let users: Vec<String> = b.ballots("o1", "sha256:f", 0).unwrap().into_iter().map(|k| k.user_id).collect();
+    assert_eq!(users, ["bob", "carol"]);
+}
+
 /// The activity log's head moves by compare-and-set, and an activity is linked at most once in
 /// each status, whichever enclave links it: a move with one already linked is not made at all.
 fn an_activity_is_linked_once(backend: Backend) {
@@ -658,6 +691,7 @@ macro_rules! conformance {
 
 conformance!(
     an_applied_changes_allow_stands_over_a_later_refusal,
+    ballots_are_kept_once_per_user_until_they_expire,
     groups_spending_in_other_orders_do_not_deadlock,
     sealed_service_keys_are_kept_once_for_every_enclave,
     versions_compare_and_set,

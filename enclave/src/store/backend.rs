@@ -5,8 +5,8 @@
 use coffer_sql::Db;
 
 use super::interface::{
-    ActivityLink, DecisionRecord, EnclaveStore, LatestDecision, LinkedActivity, OrgChanges, OrgHead, Remembered,
-    ReplayShare, Spend, StoreError,
+    ActivityLink, BallotKept, DecisionRecord, EnclaveStore, KeptBallot, LatestDecision, LinkedActivity, OrgChanges,
+    OrgHead, Remembered, ReplayShare, Spend, StoreError,
 };
 use super::sql;
 
@@ -193,5 +193,11 @@ impl<B: Backend> EnclaveStore for B {
     }
     fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
         self.read(|db| sql::decisions(db, since_ms, limit))
+    }
+    fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
+        self.write(true, |db| sql::keep_ballot(db, ballot, max_per_activity, now_ms))
+    }
+    fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError> {
+        self.read(|db| sql::ballots(db, organization, fingerprint, now_ms))
     }
 }

@@ -103,6 +103,38 @@ pub const DONE_MARK: &str = "done:";
 /// [`DecisionRecord::reason`] of a refusal for want of approvals (the activity waits for votes).
 pub const REASON_CONSENSUS_NEEDED: &str = "REFUSAL_REASON_CONSENSUS_NEEDED";
 
+/// A vote the enclave verified on an activity it found waiting for votes, kept in its own store
+/// until the activity can no longer be voted on: what it counts when the next approval comes,
+/// whatever the gateway's records say. The vote is kept as it was stamped, and verified again
+/// when counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptBallot {
+    pub organization_id: String,
+    /// The waiting activity's fingerprint.
+    pub fingerprint: String,
+    /// The voter.
+    pub user_id: String,
+    /// A rejection (`reject_activity`); an approval otherwise.
+    pub rejected: bool,
+    /// The encoded `StampedRequest` of the vote.
+    pub stamped: Vec<u8>,
+    /// The enclave's clock when it kept the vote (ms since the Unix epoch).
+    pub at_ms: i64,
+    /// When the activity can no longer be voted on (ms): the ballot is pruned after.
+    pub expires_ms: i64,
+}
+
+/// What [`EnclaveStore::keep_ballot`] did with a vote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BallotKept {
+    /// Kept (a vote of the same selection by the same user replaced).
+    Kept,
+    /// The user voted otherwise on the activity already: nothing kept.
+    VotedOtherwise,
+    /// The activity has as many votes as it may: nothing kept.
+    Full,
+}
+
 /// One decision of the enclave (or the outcome of an execution it authorized), as the decision
 /// log keeps it: no secret, no payload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -391,6 +423,15 @@ pub trait EnclaveStore: Send + Sync {
     /// Whether the enclave ever refused the activity of `organization` with this fingerprint and
     /// type for want of approvals ([`REASON_CONSENSUS_NEEDED`]): it waited for votes.
     fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError>;
+
+    /// Keeps `ballot` (durably), unless its user voted otherwise on the activity, or the activity
+    /// has `max_per_activity` votes of other users already; ballots past their expiry are pruned
+    /// in the same transaction.
+    fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError>;
+
+    /// The unexpired ballots kept for the activity of `organization` with `fingerprint`, oldest
+    /// first.
+    fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

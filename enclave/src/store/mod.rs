@@ -22,9 +22,9 @@ mod sql;
 mod sqlite;
 
 pub use interface::{
-    ActivityLink, DecisionRecord, EnclaveStore, Entry, LatestDecision, LinkedActivity, LoggedDecision, OrgChanges,
-    OrgHead, Remembered, ReplayLane, ReplayShare, Spend, StoreError, StoreLimits, DONE_MARK, OUTCOME_ALLOW,
-    OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+    ActivityLink, BallotKept, DecisionRecord, EnclaveStore, Entry, KeptBallot, LatestDecision, LinkedActivity,
+    LoggedDecision, OrgChanges, OrgHead, Remembered, ReplayLane, ReplayShare, Spend, StoreError, StoreLimits,
+    DONE_MARK, OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
 pub use open::{default_url, open, open_existing, redact, StoreSettings};
 pub use postgres::PostgresEnclaveStore;

@@ -159,6 +159,19 @@ CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
     r"
 ALTER TABLE decisions ADD COLUMN result_digest TEXT NOT NULL DEFAULT '';
 ",
+    r"
+CREATE TABLE ballots (
+    organization_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    rejected BIGINT NOT NULL,
+    stamped BYTEA NOT NULL,
+    at_ms BIGINT NOT NULL,
+    expires_ms BIGINT NOT NULL,
+    PRIMARY KEY (organization_id, fingerprint, user_id)
+);
+CREATE INDEX ballots_expiry ON ballots (expires_ms);
+",
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).

@@ -6,8 +6,8 @@
 use coffer_sql::{args, Arg, Db, SqlRow};
 
 use super::interface::{
-    check_changes, version_of, ActivityLink, DecisionRecord, Entry, LatestDecision, LinkedActivity, OrgChanges,
-    OrgHead, StoreError, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+    check_changes, version_of, ActivityLink, BallotKept, DecisionRecord, Entry, KeptBallot, LatestDecision,
+    LinkedActivity, OrgChanges, OrgHead, StoreError, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
 };
 
 /// Most rows one statement binds when a call names many (links of one log group): a few
@@ -333,6 +333,53 @@ pub fn decisions<D: Db>(db: &mut D, since_ms: i64, limit: usize) -> Result<Vec<D
          FROM decisions WHERE at_ms >= ?1 ORDER BY at_ms, seq LIMIT ?2",
         args![since_ms, limit],
         decision_of,
+    )
+}
+
+/// Keeps `b` unless its user voted otherwise on the activity or it has `max` other voters; prunes
+/// expired ballots first.
+pub fn keep_ballot<D: Db>(db: &mut D, b: &KeptBallot, max: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
+    db.execute("DELETE FROM ballots WHERE expires_ms < ?1", args![now_ms])?;
+    let (others, own) = db.query_one(
+        "SELECT count(*), coalesce(max(CASE WHEN user_id = ?3 THEN rejected + 1 ELSE 0 END), 0) FROM ballots
+         WHERE organization_id = ?1 AND fingerprint = ?2",
+        args![b.organization_id, b.fingerprint, b.user_id],
+        |r| Ok::<_, StoreError>((r.int(0)?, r.int(1)?)),
+    )?;
+    let rejected = i64::from(b.rejected);
+    match own {
+        0 if usize::try_from(others).unwrap_or(usize::MAX) >= max => return Ok(BallotKept::Full),
+        0 => {}
+        own if own - 1 != rejected => return Ok(BallotKept::VotedOtherwise),
+        _ => {}
+    }
+    db.execute(
+        "INSERT INTO ballots (organization_id, fingerprint, user_id, rejected, stamped, at_ms, expires_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (organization_id, fingerprint, user_id)
+         DO UPDATE SET stamped = excluded.stamped, at_ms = excluded.at_ms, expires_ms = excluded.expires_ms",
+        args![b.organization_id, b.fingerprint, b.user_id, rejected, b.stamped, b.at_ms, b.expires_ms],
+    )?;
+    Ok(BallotKept::Kept)
+}
+
+/// The unexpired ballots of one activity, oldest first.
+pub fn ballots<D: Db>(db: &mut D, org: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError> {
+    db.query(
+        "SELECT user_id, rejected, stamped, at_ms, expires_ms FROM ballots
+         WHERE organization_id = ?1 AND fingerprint = ?2 AND expires_ms >= ?3 ORDER BY at_ms, user_id",
+        args![org, fingerprint, now_ms],
+        |r| {
+            Ok::<_, StoreError>(KeptBallot {
+                organization_id: org.to_string(),
+                fingerprint: fingerprint.to_string(),
+                user_id: r.text(0)?,
+                rejected: r.int(1)? != 0,
+                stamped: r.bytes(2)?,
+                at_ms: r.int(3)?,
+                expires_ms: r.int(4)?,
+            })
+        },
     )
 }
 

@@ -106,6 +106,19 @@ CREATE INDEX log_links_by_activity ON log_links (organization_id, activity_id);
     r"
 ALTER TABLE decisions ADD COLUMN result_digest TEXT NOT NULL DEFAULT '';
 ",
+    r"
+CREATE TABLE ballots (
+    organization_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    rejected INTEGER NOT NULL,
+    stamped BLOB NOT NULL,
+    at_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (organization_id, fingerprint, user_id)
+) WITHOUT ROWID;
+CREATE INDEX ballots_expiry ON ballots (expires_ms);
+",
 ];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own

@@ -682,7 +682,7 @@ pub async fn submit(
     let mut submission = Some(caller.stamped(body));
     // A key use is linked in the log by its own enclave call (one round trip).
     let log = is_key_use(op).then(|| log_request(&record));
-    let auth = coffer_proto::v1::Authorization { request: submission.clone(), approval: None, votes: Vec::new(), log };
+    let auth = coffer_proto::v1::Authorization { request: submission.clone(), approval: None, log };
     // A parent's credential acting for its sub-organization (a login) is decided with the
     // sub-organization's parent certificate.
     let parent_certificate = crate::ops::lookup::parent_certificate_of(&state, &org.id, caller.via_parent).await?;
@@ -908,12 +908,6 @@ fn submitter_caller(store: &dyn Store, org: &str, first_vote: &Value) -> Result<
     })
 }
 
-/// The stamped approvals among `votes` whose credential the store still has (the enclave
-/// verifies each and counts those still live in its state).
-fn approval_stamps(store: &dyn Store, org: &str, votes: &[Value]) -> Vec<coffer_proto::v1::StampedRequest> {
-    vote_stamps(store, org, votes.iter().filter(|v| v["selection"] == VOTE_APPROVED))
-}
-
 /// The stamped votes among `votes` whose credential the store still has: what the enclave
 /// verifies before it links an activity stating them.
 fn vote_stamps<'a>(
@@ -1040,15 +1034,12 @@ async fn vote(
             };
             let (ran, decision) = match state.read_store(|s| submitter_caller(s, &org.id, &old_votes[0])) {
                 Ok(submitter) => {
-                    // The enclave runs it on the original stamp, the earlier approvals' stamps
-                    // (it counts them itself) and this fresh approval.
+                    // The enclave runs it on the original stamp and this fresh approval, counted
+                    // with the earlier votes it kept itself.
                     let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
-                    let earlier =
-                        state.read_store(|s| Ok::<_, ApiError>(approval_stamps(s, &org.id, &old_votes[1..])))?;
                     let auth = coffer_proto::v1::Authorization {
                         request: Some(submitter.stamped(original)),
                         approval: Some(caller.stamped(body)),
-                        votes: earlier,
                         log: is_key_use(op).then(|| log_request(&completed_record)),
                     };
                     let decision = coffer_proto::v1::Authorization { log: None, ..auth.clone() };
@@ -1095,8 +1086,9 @@ async fn vote(
                 Err(e) if e.refusal == Some(RefusalReason::ConsensusNeeded) => {
                     writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                 }
-                // ... or denied: the vote is not recorded.
-                Err(e) if is_policy_refusal(&e) => return Err(e),
+                // ... or denied, or rejected by a vote the enclave keeps (one the gateway's
+                // records lost): the vote is not recorded.
+                Err(e) if is_policy_refusal(&e) || e.refusal == Some(RefusalReason::VoteRejected) => return Err(e),
                 // ... or not reached, or not answering: the vote is not recorded (send it again),
                 // and the activity still waits.
                 Err(e) if e.refusal.is_none() && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
@@ -1122,9 +1114,10 @@ async fn vote(
                 Err(e) => writes = vec![eval_write(e.evaluation.clone()), failed(&e)],
             }
         } else {
-            // The policies the enclave reads for the activity as it stands, each rejected: not a
+            // The enclave keeps the rejection (nothing runs the activity after it) and answers
+            // the policies it reads for the activity as it stands, each rejected here: not a
             // list of the gateway's own policy rows.
-            let outcomes = rejected_outcomes(&state, &org.id, &old_votes).await?;
+            let outcomes = rejected_in_enclave(&state, &org.id, &old_votes, caller.stamped(body)).await?;
             writes = vec![
                 evaluation_write(&org.id, &target.id, &vote, outcomes, now),
                 update(STATUS_REJECTED, json!({}), None),
@@ -1169,29 +1162,35 @@ async fn vote(
     Err(ApiError::new(Code::Aborted, "REQUEST_INVALID", "the activity changed while voting: retry the vote"))
 }
 
-/// The evaluation a rejection records: the enclave's decision of the waiting activity as it
-/// stands (`DecideActivity` on its submitter's stamp and the earlier approvals' stamps, nothing
-/// run), with every policy it read rejected; none when the enclave decides nothing of it now (a
-/// stamp too old, a credential gone). Not recorded while the enclave cannot be reached.
-async fn rejected_outcomes(state: &Arc<AppState>, org: &str, old_votes: &[Value]) -> Result<String, ApiError> {
+/// Has the enclave keep `rejection` of the waiting activity whose votes are `old_votes`, and
+/// answers the evaluation the rejection records: the enclave's decision of the activity as it
+/// stood (its submitter's stamp and the approvals the enclave kept), with every policy it read
+/// rejected. Not recorded while the enclave cannot be reached, nor when it refuses the rejection
+/// (a voter it does not hold live, an activity it never found waiting). With the submitter's
+/// credential gone from the gateway's records nothing can run the activity: rejected here alone,
+/// with no evaluation.
+async fn rejected_in_enclave(
+    state: &Arc<AppState>,
+    org: &str,
+    old_votes: &[Value],
+    rejection: coffer_proto::v1::StampedRequest,
+) -> Result<String, ApiError> {
     let Ok(submitter) = state.read_store(|s| submitter_caller(s, org, &old_votes[0])) else {
         return Ok("[]".into());
     };
     let original = old_votes[0]["message"].as_str().unwrap_or_default().as_bytes();
-    // The earlier approvals: the last as the approval the others stand beside.
-    let mut earlier = state.read_store(|s| Ok::<_, ApiError>(approval_stamps(s, org, &old_votes[1..])))?;
-    let approval = earlier.pop();
     let auth = coffer_proto::v1::Authorization {
         request: Some(submitter.stamped(original)),
-        approval,
-        votes: earlier,
+        approval: Some(rejection),
         log: None,
     };
     let evaluation = match decide_ahead(state, auth, Vec::new()).await {
-        Ok(Ahead::Runs(evaluation)) => Some(evaluation),
-        Ok(Ahead::Waits(evaluation)) => evaluation,
-        Err(e) if e.refusal.is_none() && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
-        Err(_) => None,
+        Err(e) if e.refusal == Some(RefusalReason::VoteRejected) => e.evaluation,
+        Err(e) => return Err(e),
+        Ok(_) => {
+            tracing::error!("the enclave answered a rejection as an allow");
+            return Err(ApiError::internal());
+        }
     };
     let mut outcomes: Vec<serde_json::Map<String, Value>> =
         evaluation.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default();

@@ -369,6 +369,10 @@ fn api_error(s: tonic::Status) -> ApiError {
             tracing::info!(error = %s.message(), "the enclave's decision denied a request");
             ApiError::forbidden(crate::evaluation_share::NOT_AUTHORIZED)
         }
+        // The activity voted on was rejected (a vote the enclave keeps): nothing runs it.
+        tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::VoteRejected) => {
+            ApiError::invalid(s.message().to_string())
+        }
         tonic::Code::PermissionDenied if refusal == Some(pb::RefusalReason::RootQuorumOnly) => {
             ApiError::forbidden(crate::evaluation_share::ROOT_ONLY)
         }
