@@ -14,21 +14,26 @@ use serde_json::Value;
 use sha2::Digest;
 
 use crate::decider::{Decided, Decider, Loaded, RulesRefusal, VerifiedVote};
-use crate::error::{EnclaveError, RefusalReason, BUSY, REPLAYED};
+use crate::error::{EnclaveError, RefusalReason, BUSY, REPLAYED, VOTE_REJECTED};
 use crate::hsm::Hsm;
 use crate::link_request::{Ballot, LinkRequest};
 use crate::store::{
-    BallotKept, DecisionRecord, EnclaveStore, KeptBallot, LoggedDecision, Remembered, ReplayLane, ReplayShare, Spend,
-    StoreError,
+    BallotKept, DecisionRecord, EnclaveStore, KeptBallot, Remembered, ReplayLane, ReplayShare, Spend, StoreError,
+    MAX_BALLOTS_PER_ORGANIZATION,
 };
 
 /// The activity type of a vote that lets a waiting activity run.
 pub const APPROVE_ACTIVITY: &str = "ACTIVITY_TYPE_APPROVE_ACTIVITY";
 pub const REJECT_ACTIVITY: &str = "ACTIVITY_TYPE_REJECT_ACTIVITY";
+/// Most bytes of a vote's stamped body (an `approve_activity` or `reject_activity` is a few
+/// hundred) and of its stamp (a passkey's is the largest): what the enclave keeps of a vote.
+const MAX_VOTE_BODY_BYTES: usize = 4 * 1024;
+const MAX_VOTE_STAMP_BYTES: usize = 16 * 1024;
+/// A count with no allow answered as a rejected allow (never: only allows are checked for votes).
+pub const NO_ALLOW_COUNTED: &str = "the replay window answered a count without an allow as rejected";
 /// The operation of `DecideActivity`, the one call a rejection is sent to.
 const DECIDE_ACTIVITY: &str = "decide_activity";
-/// A rejected activity's refusal.
-const VOTE_REJECTED: &str = "the activity was rejected by a vote: nothing runs it";
+
 /// How long a waiting activity's original stamp stays usable (the vote lifetime).
 pub const VOTE_LIFETIME_MS: i64 = 24 * 60 * 60 * 1000;
 /// `issuing_fingerprint` prefix of certificates made by operator bootstrap.
@@ -655,6 +660,7 @@ impl Admission {
                 Remembered::WindowFull => {
                     return Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
                 }
+                Remembered::Rejected => return Err(EnclaveError::Internal(NO_ALLOW_COUNTED.into())),
             }
         }
         Ok(())
@@ -1217,6 +1223,8 @@ impl Admission {
         // of the shared window for a day with approved runs.
         // A rejection cast just now (only `DecideActivity` is sent one): kept, never run.
         let mut rejection: Option<(StampedActivity, pb::CredentialCertificate, &pb::StampedRequest)> = None;
+        // An approval cast just now: kept if it leaves the activity waiting.
+        let mut approver: Option<(pb::CredentialCertificate, &pb::StampedRequest)> = None;
         let replay_key = match auth.and_then(|a| a.approval.as_ref()) {
             None => {
                 self.fresh(&activity, now).map_err(|r| r.about(&activity, &credential))?;
@@ -1251,12 +1259,28 @@ impl Admission {
                     .about(&vote, &voter));
                 }
                 self.fresh(&vote, now).map_err(|r| r.about(&vote, &voter))?;
+                // The submitter's approval is its submission's stamp: a vote of its own would
+                // count nothing and be linked twice.
+                if voter.user_id == credential.user_id && voter.organization_id == credential.organization_id {
+                    return Err(Refusal::new(RefusalReason::NotApproved, "the submitter votes by submitting")
+                        .about(&vote, &voter));
+                }
+                if approval.body.len() > MAX_VOTE_BODY_BYTES || approval.stamp.len() > MAX_VOTE_STAMP_BYTES {
+                    return Err(Refusal::new(
+                        RefusalReason::NotApproved,
+                        format!(
+                            "a vote's body is at most {MAX_VOTE_BODY_BYTES} bytes, its stamp {MAX_VOTE_STAMP_BYTES}"
+                        ),
+                    )
+                    .about(&vote, &voter));
+                }
                 let at = vote.timestamp_ms;
                 if rejects {
                     rejection = Some((vote, voter, approval));
                 } else {
                     voters.push(verified_vote(&voter, at));
                     ballots.push(ballot(&voter, &approval.body));
+                    approver = Some((voter, approval));
                 }
                 (activity.fingerprint.clone(), at)
             }
@@ -1277,29 +1301,14 @@ impl Admission {
         if rejection.is_none() && kept.iter().any(|b| b.rejected) {
             return Err(Refusal::new(RefusalReason::VoteRejected, VOTE_REJECTED).about(&activity, &credential));
         }
-        let earlier: Vec<pb::StampedRequest> = kept
-            .iter()
-            .filter(|b| !b.rejected && Some(&b.user_id) != fresh_voter.as_ref())
-            .map(|b| pb::StampedRequest::decode(b.stamped.as_slice()))
-            .collect::<Result<_, _>>()
-            .map_err(|_| {
-                Refusal::store_failed(StoreError::Corrupt("a kept vote does not decode".into()))
-                    .about(&activity, &credential)
-            })?;
-        for stamped in &earlier {
-            let (vote, voter) = self.verify_stamped(stamped, now, None)?;
-            if vote.activity_type != APPROVE_ACTIVITY
-                || vote.organization_id != activity.organization_id
-                || voter.organization_id != activity.organization_id
-                || vote.parameters.get("fingerprint").and_then(Value::as_str) != Some(activity.fingerprint.as_str())
-                || now - vote.timestamp_ms > VOTE_LIFETIME_MS
-            {
-                return Err(Refusal::new(
-                    RefusalReason::NotApproved,
-                    "a vote presented does not approve this activity",
-                )
-                .about(&vote, &voter));
-            }
+        // Each verified as of its own time (a credential that expired since still cast it; whether
+        // it is live now the rules decide); one that no longer verifies is not counted, and
+        // never refuses the vote cast now.
+        for b in kept.iter().filter(|b| !b.rejected && Some(&b.user_id) != fresh_voter.as_ref()) {
+            let Some((vote, voter, stamped)) = self.kept_approval(&activity, b) else {
+                tracing::warn!(organization = %b.organization_id, user = %b.user_id, "a kept vote is not counted");
+                continue;
+            };
             voters.push(verified_vote(&voter, vote.timestamp_ms));
             ballots.push(ballot(&voter, &stamped.body));
         }
@@ -1338,12 +1347,13 @@ impl Admission {
                         tracing::error!(error = %e, operation, "the decision log did not take a refusal");
                     }
                 }
-                // An approval that leaves it waiting is kept, and counted with the next one.
-                let approval = auth.and_then(|a| a.approval.as_ref());
-                if let (RefusalReason::ConsensusNeeded, Some(approval), Some(voter)) =
-                    (refused.reason, approval, voters.first())
-                {
-                    self.keep_vote(&activity, &voter.user_id, approval, false, now)
+                // An approval that leaves it waiting is kept, and counted with the next one: only
+                // one the rules count (a credential live now, a root user's on what only the
+                // root quorum decides), so that it never stands for, nor replaces, a vote that
+                // counts.
+                if let (RefusalReason::ConsensusNeeded, Some((voter, approval))) = (refused.reason, approver) {
+                    self.may_vote(&activity, &voter, now)
+                        .and_then(|()| self.keep_vote(&activity, &voter, approval, false, now))
                         .map_err(|r| r.about(&activity, &credential))?;
                 }
                 return Err(Refusal::of_rules(refused).about(&activity, &credential));
@@ -1391,22 +1401,76 @@ impl Admission {
         Ok((a, unspent))
     }
 
-    /// Keeps `stamped`, `user_id`'s vote on the waiting `activity` (a rejection if `rejected`),
-    /// in the enclave's store until the activity can no longer be voted on.
+    /// The approval kept in `b`, verified as of its own time as a vote on `activity`: none if it
+    /// does not decode or verify (nothing kept is trusted further than it verifies).
+    fn kept_approval(
+        &self,
+        activity: &StampedActivity,
+        b: &KeptBallot,
+    ) -> Option<(StampedActivity, pb::CredentialCertificate, pb::StampedRequest)> {
+        let stamped = pb::StampedRequest::decode(b.stamped.as_slice()).ok()?;
+        let at = StampedActivity::parse(&stamped.body).ok()?.timestamp_ms;
+        let (vote, voter) = self.verify_stamped(&stamped, at, None).ok()?;
+        let genuine = vote.activity_type == APPROVE_ACTIVITY
+            && vote.organization_id == activity.organization_id
+            && voter.organization_id == activity.organization_id
+            && voter.user_id == b.user_id
+            && vote.parameters.get("fingerprint").and_then(Value::as_str) == Some(activity.fingerprint.as_str());
+        genuine.then_some((vote, voter, stamped))
+    }
+
+    /// Whether `voter` may vote on `activity` now: a credential its organization's state holds
+    /// live, of a root user on what only the root quorum decides (the votes the rules count).
+    fn may_vote(&self, activity: &StampedActivity, voter: &pb::CredentialCertificate, now: i64) -> Result<(), Refusal> {
+        let loaded = match self.rules.load(&activity.organization_id) {
+            Ok(loaded) => loaded,
+            Err(EnclaveError::EnclaveStore(e)) => return Err(Refusal::store_failed(e)),
+            Err(e) => return Err(Refusal::new(RefusalReason::Unspecified, e.to_string())),
+        };
+        let live = loaded
+            .as_ref()
+            .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
+        if voter.organization_id != activity.organization_id || live.is_none() {
+            return Err(Refusal::new(
+                RefusalReason::CredentialRevoked,
+                "the vote is not by a credential the organization holds live",
+            ));
+        }
+        let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
+        let root = loaded.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));
+        if root_only && !root {
+            return Err(Refusal::new(
+                RefusalReason::NotApproved,
+                "only a root user votes on what only the root quorum decides",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keeps `stamped`, `voter`'s vote on the waiting `activity` (a rejection if `rejected`), in
+    /// the enclave's store until the activity can no longer be voted on: its body and stamp as
+    /// they came (bounded by the caller), its certificate as decoded and encoded again (nothing
+    /// its MAC does not cover).
     fn keep_vote(
         &self,
         activity: &StampedActivity,
-        user_id: &str,
+        voter: &pb::CredentialCertificate,
         stamped: &pb::StampedRequest,
         rejected: bool,
         now: i64,
     ) -> Result<(), Refusal> {
+        let canonical = pb::StampedRequest {
+            body: stamped.body.clone(),
+            stamp_header: stamped.stamp_header.clone(),
+            stamp: stamped.stamp.clone(),
+            certificate: voter.encode_to_vec(),
+        };
         let ballot = KeptBallot {
             organization_id: activity.organization_id.clone(),
             fingerprint: activity.fingerprint.clone(),
-            user_id: user_id.to_string(),
+            user_id: voter.user_id.clone(),
             rejected,
-            stamped: stamped.encode_to_vec(),
+            stamped: canonical.encode_to_vec(),
             at_ms: now,
             expires_ms: activity.timestamp_ms.saturating_add(VOTE_LIFETIME_MS).saturating_add(self.freshness_ms),
         };
@@ -1418,16 +1482,23 @@ impl Admission {
             }
             BallotKept::Full => Err(Refusal::new(
                 RefusalReason::NotApproved,
-                format!("an activity takes at most {MAX_VOTES_LINKED} votes"),
+                format!(
+                    "an activity takes at most {MAX_VOTES_LINKED} votes, and an organization's waiting activities \
+                     {MAX_BALLOTS_PER_ORGANIZATION}"
+                ),
             )),
+            BallotKept::Ran => {
+                Err(Refusal::new(RefusalReason::Replayed, "the activity ran: it can no longer be rejected"))
+            }
         }
     }
 
     /// `voter`'s rejection (`vote`, stamped as `stamped`) of the waiting `activity`: kept when
-    /// the voter may vote on it (a credential its organization's state holds live; a root user
-    /// for what only the root quorum decides) and the enclave found it waiting and never ran it.
-    /// Answered, kept or not, as a refusal: [`RefusalReason::VoteRejected`] with `evaluation`
-    /// (the activity's decision as it stood) once kept.
+    /// the voter may vote on it ([`Admission::may_vote`]) and the enclave found it waiting and
+    /// never allowed it (checked again in the keep's transaction, which a run's spend cannot
+    /// pass), and recorded in the decision log. Answered, kept or not, as a refusal:
+    /// [`RefusalReason::VoteRejected`] with `evaluation` (the activity's decision as it stood)
+    /// once kept.
     fn reject(
         &self,
         activity: &StampedActivity,
@@ -1438,45 +1509,38 @@ impl Admission {
         now: i64,
     ) -> Refusal {
         let about = |r: Refusal| r.about(vote, voter);
+        if let Err(r) = self.may_vote(activity, voter, now) {
+            return about(r);
+        }
         let (org, fingerprint) = (&activity.organization_id, &activity.fingerprint);
-        let loaded = match self.rules.load(org) {
-            Ok(loaded) => loaded,
-            Err(EnclaveError::EnclaveStore(e)) => return about(Refusal::store_failed(e)),
-            Err(e) => return about(Refusal::new(RefusalReason::Unspecified, e.to_string())),
-        };
-        let live = loaded
-            .as_ref()
-            .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
-        if voter.organization_id != *org || live.is_none() {
-            return about(Refusal::new(
-                RefusalReason::CredentialRevoked,
-                "the rejection is not by a credential the organization holds live",
-            ));
-        }
-        let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
-        let root = loaded.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));
-        if root_only && !root {
-            return about(Refusal::new(
-                RefusalReason::NotApproved,
-                "only a root user votes on what only the root quorum decides",
-            ));
-        }
-        let waiting = || -> Result<bool, StoreError> {
-            Ok(self.store.waited_for_votes(org, fingerprint, &activity.activity_type)?
-                && self.store.decided(org, fingerprint)?.logged != LoggedDecision::Authorized)
-        };
-        match waiting() {
+        match self.store.waited_for_votes(org, fingerprint, &activity.activity_type) {
             Ok(true) => {}
             Ok(false) => {
                 return about(Refusal::new(
                     RefusalReason::NotApproved,
-                    "the enclave never found this activity waiting for votes, or it ran",
+                    "the enclave never found this activity waiting for votes",
                 ))
             }
             Err(e) => return about(Refusal::store_failed(e)),
         }
-        if let Err(r) = self.keep_vote(activity, &voter.user_id, stamped, true, now) {
+        if let Err(r) = self.keep_vote(activity, voter, stamped, true, now) {
             return about(r);
+        }
+        // For good: the ballot lasts as long as the activity can be voted on, the log's line as
+        // long as the decision log keeps its lines (what a link of it later reads).
+        let line = DecisionRecord {
+            at_ms: now,
+            organization_id: org.clone(),
+            operation: DECIDE_ACTIVITY.into(),
+            fingerprint: fingerprint.clone(),
+            activity_type: activity.activity_type.clone(),
+            user_id: voter.user_id.clone(),
+            outcome: crate::store::OUTCOME_REFUSE.into(),
+            reason: crate::store::REASON_VOTE_REJECTED.into(),
+            result_digest: String::new(),
+        };
+        if let Err(e) = self.store.record_decision(&line) {
+            tracing::error!(error = %e, "the decision log did not take a rejection");
         }
         let mut refused = Refusal::new(RefusalReason::VoteRejected, VOTE_REJECTED);
         refused.attached = Some(Box::new(Attached::Evaluation(evaluation)));
@@ -1537,6 +1601,7 @@ impl Admission {
             Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
                 Err(EnclaveError::Busy { reason: RefusalReason::ReplayWindowFull, message: BUSY.into() })
             }
+            Remembered::Rejected => Err(EnclaveError::Internal(NO_ALLOW_COUNTED.into())),
         }
     }
 

@@ -12,6 +12,9 @@ pub const REPLAYED: &str = "replayed request: this stamped body was already used
 pub const ORGANIZATION_BUSY: &str =
     "this organization's share of the replay window is full: retry once its recent requests have aged out";
 
+/// A rejected activity's refusal.
+pub const VOTE_REJECTED: &str = "the activity was rejected by a vote: nothing runs it";
+
 /// Why a stamp could not be spent, as the caller is told: `None` for a fresh one.
 pub fn spend_refusal(remembered: Remembered) -> Option<(RefusalReason, &'static str)> {
     match remembered {
@@ -19,6 +22,7 @@ pub fn spend_refusal(remembered: Remembered) -> Option<(RefusalReason, &'static 
         Remembered::Replayed => Some((RefusalReason::Replayed, REPLAYED)),
         Remembered::OrganizationQuotaFull => Some((RefusalReason::OrganizationReplayQuota, ORGANIZATION_BUSY)),
         Remembered::WindowFull => Some((RefusalReason::ReplayWindowFull, BUSY)),
+        Remembered::Rejected => Some((RefusalReason::VoteRejected, VOTE_REJECTED)),
     }
 }
 

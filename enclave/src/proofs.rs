@@ -241,15 +241,23 @@ pub fn record_activity(
         public_key: to_link.submission.public_key.clone(),
         message: String::from_utf8_lossy(&request.body).into_owned(),
     };
-    // Rejected only with a rejection the enclave keeps (verified when it was cast), and then
-    // only rejected: a gateway cannot link as failed what a voter rejected, nor reject alone.
+    // Rejected only with a rejection the enclave kept (verified when it was cast; its ballot
+    // lasts while the activity can be voted on, its decision log line after), and then only
+    // rejected: a gateway cannot link as failed what a voter rejected, nor reject alone. The
+    // rejections it states are ones the enclave kept, while it keeps the ballots.
     let never_ran = to_link.logged != LoggedDecision::Authorized;
-    let rejection_kept = never_ran
-        && admission
-            .store()
-            .ballots(&stamped.organization_id, &stamped.fingerprint, now_ms())?
-            .iter()
-            .any(|b| b.rejected);
+    let (org, fp) = (&stamped.organization_id, &stamped.fingerprint);
+    let kept = admission.store().ballots(org, fp, now_ms())?;
+    let rejecters: Vec<&str> = kept.iter().filter(|b| b.rejected).map(|b| b.user_id.as_str()).collect();
+    let rejection_kept = never_ran && (!rejecters.is_empty() || admission.store().vote_rejected(org, fp)?);
+    if !kept.is_empty()
+        && votes.iter().any(|v| v.selection != VOTE_APPROVED && !rejecters.contains(&v.user_id.as_str()))
+    {
+        return Err(EnclaveError::refused(
+            RefusalReason::BindingMismatch,
+            "the activity to link states a rejection the enclave did not keep",
+        ));
+    }
     let may_be_rejected = rejection_kept
         && admission.store().waited_for_votes(
             &stamped.organization_id,

@@ -4286,12 +4286,48 @@ async fn votes_are_the_ones_the_enclave_kept_and_a_rejection_ends_the_activity()
     // A rejection needs a voter the enclave holds live, on an activity it found waiting.
     let unknown = sign_body(&org, &a[0], "never-submitted", Stack::now_ms());
     let never = stamped(&carol, &unknown, &cert(&carol));
-    let status = decide(reject(&bob, &fingerprint_of(&unknown), &never)).await.expect_err("refused");
+    let unknown_fingerprint = fingerprint_of(&unknown);
+    let status = decide(reject(&bob, &unknown_fingerprint, &never)).await.expect_err("refused");
     assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::NotApproved), "{status:?}");
     // Linked as failed instead of rejected: refused.
     let record = linked_failed(&submission, &signing);
     let status = enclave.clone().record_activity(record).await.expect_err("a kept rejection is linked rejected only");
     assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::BindingMismatch), "{status:?}");
+
+    // A kept approval whose key expired since blocks no one: it no longer counts, and the next
+    // approval and a rejection are taken. The submitter votes by submitting, not again.
+    let eve = TurnkeyP256ApiKey::generate();
+    let user = UserParamsV4 {
+        user_name: "eve".into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "eve".into(),
+            public_key: public_key(&eve),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: Some("2".into()),
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    client
+        .create_users(org.clone(), client.current_timestamp(), CreateUsersIntentV4 { users: vec![user] })
+        .await
+        .unwrap();
+    let signing = sign_body(&org, &a[0], "expired voter", Stack::now_ms());
+    let (fingerprint, submission) = (fingerprint_of(&signing), stamped(&carol, &signing, &cert(&carol)));
+    let waits = sign(&enclave, auth(submission.clone()), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let own = sign(&enclave, approve(&carol, &fingerprint, &submission), &key).await;
+    refused(own, tonic::Code::PermissionDenied, pb::RefusalReason::NotApproved);
+    let waits = sign(&enclave, approve(&eve, &fingerprint, &submission), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let waits = sign(&enclave, approve(&alice, &fingerprint, &submission), &key).await;
+    refused(waits, tonic::Code::PermissionDenied, pb::RefusalReason::ConsensusNeeded);
+    let status = decide(reject(&bob, &fingerprint, &submission)).await.expect_err("refused");
+    assert_eq!(coffer_proto::refusal_reason(&status), Some(pb::RefusalReason::VoteRejected), "{status:?}");
 }
 
 /// E12 for key operations: a key use refused after its decision (the sealed key is not the one

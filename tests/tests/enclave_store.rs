@@ -394,6 +394,33 @@ fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
     assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 20_000), 2, 15_000).unwrap(), BallotKept::Kept);
     let users: Vec<String> = b.ballots("o1", "sha256:f", 0).unwrap().into_iter().map(|k| k.user_id).collect();
     assert_eq!(users, ["bob", "carol"]);
+
+    // bob's kept rejection: a stamp of the activity is not spent, whichever way (an allow with
+    // its replay entry, or a spend inside a log's or a change's transaction), on either store.
+    let spend = |k: u8, fingerprint: &str| {
+        let mut s = stamp_spend(k, "o1", 15_000, 400_000);
+        s.allowed.fingerprint = fingerprint.into();
+        s
+    };
+    let f = spend(1, "sha256:f");
+    let remembered = b.remember_allowed(&f.share, f.key, f.expires_ms, f.now_ms, &f.allowed).unwrap();
+    assert_eq!(remembered, Remembered::Rejected);
+    let linked = LinkedActivity {
+        fingerprint: "sha256:f",
+        status: "ACTIVITY_STATUS_COMPLETED",
+        activity_id: "a-f",
+        activity_digest: "d",
+        seq: 1,
+        spend: Some(&f),
+    };
+    let moved = a.advance_log("o1", 0, 1, "h1", &[linked]);
+    assert!(matches!(moved, Err(StoreError::NotSpent(ref r)) if r == &[(0, Remembered::Rejected)]), "{moved:?}");
+    // An activity allowed (then failed, say) can no longer be rejected.
+    let g = spend(2, "sha256:g");
+    assert_eq!(a.remember_allowed(&g.share, g.key, g.expires_ms, g.now_ms, &g.allowed).unwrap(), Remembered::Fresh);
+    let mut late = ballot("dan", true, b"d1", 20_000);
+    late.fingerprint = "sha256:g".into();
+    assert_eq!(b.keep_ballot(&late, 2, 15_000).unwrap(), BallotKept::Ran);
 }
 
 /// The activity log's head moves by compare-and-set, and an activity is linked at most once in

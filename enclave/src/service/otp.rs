@@ -515,6 +515,7 @@ fn charge_send(
                     message: "replay window is full: retry shortly".into(),
                 })
             }
+            Remembered::Rejected => return Err(EnclaveError::Internal(crate::admission::NO_ALLOW_COUNTED.into())),
         }
     }
     Ok(())
@@ -742,6 +743,7 @@ fn open_record(
         Remembered::OrganizationQuotaFull | Remembered::WindowFull => {
             Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID))
         }
+        Remembered::Rejected => Err(EnclaveError::Internal(crate::admission::NO_ALLOW_COUNTED.into())),
     }
 }
 

@@ -40,6 +40,14 @@ pub trait Backend: Send + Sync {
     /// caller then rolls back).
     fn spend_in(&self, db: &mut Self::Db, spends: &[(usize, &Spend)]) -> Result<Vec<(usize, Remembered)>, StoreError>;
 
+    /// Serializes, until the caller's transaction ends, the writes that keep a rejection of or
+    /// spend a stamp for any of `activities` (organization, fingerprint), so that whichever
+    /// commits second sees the other. Nothing by default: a backend whose writes are serialized
+    /// already needs no lock.
+    fn lock_votes(&self, _db: &mut Self::Db, _activities: &[(&str, &str)]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The replay window's housekeeping that is due (expired entries, old decisions, the total),
     /// done before a write that spends stamps rather than inside it, where the backend's
     /// transactions would hold what it touches for the whole write. Nothing by default.
@@ -195,7 +203,13 @@ impl<B: Backend> EnclaveStore for B {
         self.read(|db| sql::decisions(db, since_ms, limit))
     }
     fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
-        self.write(true, |db| sql::keep_ballot(db, ballot, max_per_activity, now_ms))
+        self.write(true, |db| {
+            self.lock_votes(db, &[(&ballot.organization_id, &ballot.fingerprint)])?;
+            sql::keep_ballot(db, ballot, max_per_activity, now_ms)
+        })
+    }
+    fn vote_rejected(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+        self.read(|db| sql::vote_rejected(db, organization, fingerprint))
     }
     fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError> {
         self.read(|db| sql::ballots(db, organization, fingerprint, now_ms))

@@ -87,6 +87,10 @@ pub enum Remembered {
     OrganizationQuotaFull,
     /// The whole window holds `replay_capacity` live entries. Nothing was recorded.
     WindowFull,
+    /// The allow to record is of an activity a vote the enclave keeps rejected: nothing was
+    /// recorded (checked in the spend's transaction, so that a rejection and a run never both
+    /// commit).
+    Rejected,
 }
 
 /// `DecisionRecord::outcome` values.
@@ -102,6 +106,8 @@ pub const DONE_MARK: &str = "done:";
 
 /// [`DecisionRecord::reason`] of a refusal for want of approvals (the activity waits for votes).
 pub const REASON_CONSENSUS_NEEDED: &str = "REFUSAL_REASON_CONSENSUS_NEEDED";
+/// [`DecisionRecord::reason`] of a rejection the enclave kept.
+pub const REASON_VOTE_REJECTED: &str = "REFUSAL_REASON_VOTE_REJECTED";
 
 /// A vote the enclave verified on an activity it found waiting for votes, kept in its own store
 /// until the activity can no longer be voted on: what it counts when the next approval comes,
@@ -124,6 +130,9 @@ pub struct KeptBallot {
     pub expires_ms: i64,
 }
 
+/// Most votes the store keeps for one organization (all its waiting activities together).
+pub const MAX_BALLOTS_PER_ORGANIZATION: i64 = 10_000;
+
 /// What [`EnclaveStore::keep_ballot`] did with a vote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BallotKept {
@@ -131,8 +140,11 @@ pub enum BallotKept {
     Kept,
     /// The user voted otherwise on the activity already: nothing kept.
     VotedOtherwise,
-    /// The activity has as many votes as it may: nothing kept.
+    /// The activity has as many votes as it may, or its organization as many kept votes as the
+    /// store keeps for one: nothing kept.
     Full,
+    /// A rejection of an activity the enclave allowed (it ran, or began to): nothing kept.
+    Ran,
 }
 
 /// One decision of the enclave (or the outcome of an execution it authorized), as the decision
@@ -424,14 +436,21 @@ pub trait EnclaveStore: Send + Sync {
     /// type for want of approvals ([`REASON_CONSENSUS_NEEDED`]): it waited for votes.
     fn waited_for_votes(&self, organization: &str, fingerprint: &str, activity_type: &str) -> Result<bool, StoreError>;
 
-    /// Keeps `ballot` (durably), unless its user voted otherwise on the activity, or the activity
-    /// has `max_per_activity` votes of other users already; ballots past their expiry are pruned
-    /// in the same transaction.
+    /// Keeps `ballot` (durably), unless its user voted otherwise on the activity, the activity
+    /// has `max_per_activity` votes of other users already (its organization
+    /// [`MAX_BALLOTS_PER_ORGANIZATION`]), or it is a rejection of an activity the decision log
+    /// has an allow of; a batch of ballots past their expiry is pruned first. A rejection and a
+    /// stamp's spend of the same activity are serialized: whichever commits second sees the
+    /// other ([`Remembered::Rejected`], [`BallotKept::Ran`]).
     fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError>;
 
     /// The unexpired ballots kept for the activity of `organization` with `fingerprint`, oldest
     /// first.
     fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError>;
+
+    /// Whether the decision log records a rejection the enclave kept of the activity of
+    /// `organization` with this fingerprint ([`REASON_VOTE_REJECTED`]).
+    fn vote_rejected(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

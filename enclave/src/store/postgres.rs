@@ -315,6 +315,10 @@ impl PostgresEnclaveStore {
     ) -> Result<(i64, i64), SqlError> {
         let quota = as_count(self.limits.replay_per_organization);
         let outcome = Db::transaction(db, |db: &mut PgConn| {
+            lock_votes_of(db, &[(&allowed.organization_id, &allowed.fingerprint)]).map_err(ShareStop::Store)?;
+            if sql::rejected_by_vote(db, allowed).map_err(ShareStop::Store)? {
+                return Err(ShareStop::NotFresh(REJECTED_CODE));
+            }
             let mut fresh = 0;
             for lane in &share.lanes {
                 let lane_key = lane.key(key);
@@ -442,17 +446,41 @@ fn lock_live_counts(db: &mut PgConn, spends: &[(usize, &Spend)]) -> Result<(), S
     Ok(())
 }
 
+/// [`share_once`](PostgresEnclaveStore::share_once)'s code for an allow of a rejected activity.
+const REJECTED_CODE: i64 = 4;
+
+/// Takes the vote locks of `activities` (organization, fingerprint; empty fingerprints left out)
+/// in one order, before any row lock of the transaction, so that two transactions never wait on
+/// each other's (see [`Backend::lock_votes`]).
+fn lock_votes_of(db: &mut PgConn, activities: &[(&str, &str)]) -> Result<(), StoreError> {
+    let mut keys: Vec<String> =
+        activities.iter().filter(|(_, f)| !f.is_empty()).map(|(o, f)| format!("coffer-votes:{o}/{f}")).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        db.query_one("SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))::TEXT", args![key], |_| {
+            Ok::<_, StoreError>(())
+        })?;
+    }
+    Ok(())
+}
+
 fn answer_of(code: i64) -> Result<Remembered, StoreError> {
     match code {
         0 => Ok(Remembered::Fresh),
         1 => Ok(Remembered::Replayed),
         2 => Ok(Remembered::OrganizationQuotaFull),
+        REJECTED_CODE => Ok(Remembered::Rejected),
         other => Err(StoreError::Corrupt(format!("the replay function answered {other}"))),
     }
 }
 
 impl Backend for PostgresEnclaveStore {
     type Db = PgConn;
+
+    fn lock_votes(&self, db: &mut PgConn, activities: &[(&str, &str)]) -> Result<(), StoreError> {
+        lock_votes_of(db, activities)
+    }
 
     fn read<T: Send>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, StoreError> + Send) -> Result<T, StoreError> {
         self.pool.with_conn(f)
@@ -537,10 +565,17 @@ impl Backend for PostgresEnclaveStore {
         // A prune done here is undone if the transaction is (a refused spend rolls it back): it
         // stays due then, whoever caused the rollback.
         let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
+        let activities: Vec<(&str, &str)> =
+            spends.iter().map(|(_, s)| (s.allowed.organization_id.as_str(), s.allowed.fingerprint.as_str())).collect();
+        lock_votes_of(db, &activities)?;
         lock_live_counts(db, spends)?;
         let mut refused = Vec::new();
         let mut made = 0;
         for (i, s) in spends {
+            if sql::rejected_by_vote(db, &s.allowed)? {
+                refused.push((*i, Remembered::Rejected));
+                continue;
+            }
             let rows = 1 + s.share.lanes.len() as i64;
             if !self.room_for(db, s.now_ms, made + rows)? {
                 refused.push((*i, Remembered::WindowFull));

@@ -7,7 +7,8 @@ use coffer_sql::{args, Arg, Db, SqlRow};
 
 use super::interface::{
     check_changes, version_of, ActivityLink, BallotKept, DecisionRecord, Entry, KeptBallot, LatestDecision,
-    LinkedActivity, OrgChanges, OrgHead, StoreError, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED,
+    LinkedActivity, OrgChanges, OrgHead, StoreError, MAX_BALLOTS_PER_ORGANIZATION, OUTCOME_ALLOW, OUTCOME_REFUSE,
+    REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
 };
 
 /// Most rows one statement binds when a call names many (links of one log group): a few
@@ -312,6 +313,17 @@ pub fn waited_for_votes<D: Db>(
     )
 }
 
+/// Whether the decision log records a rejection the enclave kept of the activity `fingerprint`
+/// of `organization` (a refusal `REFUSAL_REASON_VOTE_REJECTED`).
+pub fn vote_rejected<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                        AND outcome = ?3 AND reason = ?4)",
+        args![organization, fingerprint, OUTCOME_REFUSE, REASON_VOTE_REJECTED],
+        |r| Ok::<_, StoreError>(r.flag(0)?),
+    )
+}
+
 fn decision_of(r: &dyn SqlRow) -> Result<DecisionRecord, StoreError> {
     Ok(DecisionRecord {
         at_ms: r.int(0)?,
@@ -336,10 +348,29 @@ pub fn decisions<D: Db>(db: &mut D, since_ms: i64, limit: usize) -> Result<Vec<D
     )
 }
 
-/// Keeps `b` unless its user voted otherwise on the activity or it has `max` other voters; prunes
-/// expired ballots first.
+/// Most expired ballots one keep prunes.
+const PRUNE_BALLOTS_BATCH: i64 = 64;
+
+/// Keeps `b` unless its user voted otherwise on the activity, it has `max` other voters (its
+/// organization [`MAX_BALLOTS_PER_ORGANIZATION`] ballots), or it is a rejection of an activity
+/// allowed already; prunes a batch of expired ballots first. The caller holds the activity's
+/// vote lock (PostgreSQL).
 pub fn keep_ballot<D: Db>(db: &mut D, b: &KeptBallot, max: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
-    db.execute("DELETE FROM ballots WHERE expires_ms < ?1", args![now_ms])?;
+    db.execute(
+        "DELETE FROM ballots WHERE (organization_id, fingerprint, user_id) IN
+             (SELECT organization_id, fingerprint, user_id FROM ballots WHERE expires_ms < ?1 LIMIT ?2)",
+        args![now_ms, PRUNE_BALLOTS_BATCH],
+    )?;
+    if b.rejected && ever_allowed(db, &b.organization_id, &b.fingerprint)? {
+        return Ok(BallotKept::Ran);
+    }
+    let kept =
+        db.query_one("SELECT count(*) FROM ballots WHERE organization_id = ?1", args![b.organization_id], |r| {
+            Ok::<_, StoreError>(r.int(0)?)
+        })?;
+    if kept >= MAX_BALLOTS_PER_ORGANIZATION {
+        return Ok(BallotKept::Full);
+    }
     let (others, own) = db.query_one(
         "SELECT count(*), coalesce(max(CASE WHEN user_id = ?3 THEN rejected + 1 ELSE 0 END), 0) FROM ballots
          WHERE organization_id = ?1 AND fingerprint = ?2",
@@ -361,6 +392,29 @@ pub fn keep_ballot<D: Db>(db: &mut D, b: &KeptBallot, max: usize, now_ms: i64) -
         args![b.organization_id, b.fingerprint, b.user_id, rejected, b.stamped, b.at_ms, b.expires_ms],
     )?;
     Ok(BallotKept::Kept)
+}
+
+/// Whether the decision log has an allow of the activity `fingerprint` of `org` (whatever came
+/// after it).
+fn ever_allowed<D: Db>(db: &mut D, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2 AND outcome = ?3)",
+        args![org, fingerprint, OUTCOME_ALLOW],
+        |r| Ok::<_, StoreError>(r.flag(0)?),
+    )
+}
+
+/// Whether a vote the store keeps rejected the activity `allowed` allows: its stamp is then not
+/// spent. The caller holds the activity's vote lock (PostgreSQL).
+pub fn rejected_by_vote<D: Db>(db: &mut D, allowed: &DecisionRecord) -> Result<bool, StoreError> {
+    if allowed.fingerprint.is_empty() {
+        return Ok(false);
+    }
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM ballots WHERE organization_id = ?1 AND fingerprint = ?2 AND rejected = 1)",
+        args![allowed.organization_id, allowed.fingerprint],
+        |r| Ok::<_, StoreError>(r.flag(0)?),
+    )
 }
 
 /// The unexpired ballots of one activity, oldest first.

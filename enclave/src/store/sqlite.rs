@@ -184,6 +184,12 @@ fn commit_group(shared: &Shared, batch: Vec<Job>) {
             let mut answers = Vec::with_capacity(batch.len());
             let mut counts = Counts::default();
             for j in &batch {
+                // An allow of an activity a kept vote rejected is not recorded (nor its entry):
+                // the writer is one, so a rejection kept before is seen, one kept after sees this.
+                if j.allowed.as_ref().map(|d| sql::rejected_by_vote(db, d)).transpose()?.unwrap_or(false) {
+                    answers.push(Remembered::Rejected);
+                    continue;
+                }
                 let answer = shared.remember_in(db, &mut counts, j)?;
                 if let (Remembered::Fresh, Some(d)) = (answer, &j.allowed) {
                     sql::insert_decision(db, d)?;
@@ -631,6 +637,10 @@ impl Backend for SqliteEnclaveStore {
         // stays due then, whoever caused the rollback.
         let due = (self.next_prune_ms.load(Ordering::Relaxed), self.next_decision_prune_ms.load(Ordering::Relaxed));
         for (i, s) in spends {
+            if sql::rejected_by_vote(db, &s.allowed)? {
+                refused.push((*i, Remembered::Rejected));
+                continue;
+            }
             let ReplayShare { organization, lanes } = &s.share;
             match self.remember_entry(db, &mut counts, organization, s.key, s.expires_ms, s.now_ms, None, lanes)? {
                 Remembered::Fresh => sql::insert_decision(db, &s.allowed)?,
