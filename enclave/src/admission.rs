@@ -1184,7 +1184,18 @@ impl Admission {
         let request = auth
             .and_then(|a| a.request.as_ref())
             .ok_or_else(|| Refusal::new(RefusalReason::NoAuthorization, "no stamped request"))?;
-        let (activity, credential) = self.verify_stamped(request, now, attested)?;
+        // A rejection is cast on the submission as it was stamped: a submitting credential that
+        // expired since leaves nothing to run, and must not leave the activity unrejectable.
+        let rejecting = operation == DECIDE_ACTIVITY
+            && auth
+                .and_then(|a| a.approval.as_ref())
+                .and_then(|v| StampedActivity::parse(&v.body).ok())
+                .is_some_and(|v| v.activity_type == REJECT_ACTIVITY);
+        let verified_at = match rejecting {
+            true => StampedActivity::parse(&request.body).map_or(now, |a| a.timestamp_ms),
+            false => now,
+        };
+        let (activity, credential) = self.verify_stamped(request, verified_at, attested)?;
         let via_parent = activity.organization_id != credential.organization_id;
         if via_parent {
             let parent = parent_certificate.and_then(|c| pb::CredentialCertificate::decode(c).ok()).filter(|p| {
@@ -1432,7 +1443,7 @@ impl Admission {
             .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
         if voter.organization_id != activity.organization_id || live.is_none() {
             return Err(Refusal::new(
-                RefusalReason::CredentialRevoked,
+                RefusalReason::NotApproved,
                 "the vote is not by a credential the organization holds live",
             ));
         }
@@ -1474,8 +1485,22 @@ impl Admission {
             at_ms: now,
             expires_ms: activity.timestamp_ms.saturating_add(VOTE_LIFETIME_MS).saturating_add(self.freshness_ms),
         };
+        // Each user's first rejection of it stays in the decision log too, as long as the log
+        // keeps its lines (what a link of it reads once the ballot expired).
+        let rejected_line = DecisionRecord {
+            at_ms: now,
+            organization_id: activity.organization_id.clone(),
+            operation: DECIDE_ACTIVITY.into(),
+            fingerprint: activity.fingerprint.clone(),
+            activity_type: activity.activity_type.clone(),
+            user_id: voter.user_id.clone(),
+            outcome: crate::store::OUTCOME_REFUSE.into(),
+            reason: crate::store::REASON_VOTE_REJECTED.into(),
+            result_digest: String::new(),
+        };
         // The submitter's approval is the activity's own stamp, never kept.
-        match self.store.keep_ballot(&ballot, MAX_VOTES_LINKED - 1, now).map_err(Refusal::store_failed)? {
+        let kept = self.store.keep_ballot(&ballot, MAX_VOTES_LINKED - 1, now, &rejected_line);
+        match kept.map_err(Refusal::store_failed)? {
             BallotKept::Kept => Ok(()),
             BallotKept::VotedOtherwise => {
                 Err(Refusal::new(RefusalReason::NotApproved, "this user has voted otherwise on the activity"))
@@ -1525,22 +1550,6 @@ impl Admission {
         }
         if let Err(r) = self.keep_vote(activity, voter, stamped, true, now) {
             return about(r);
-        }
-        // For good: the ballot lasts as long as the activity can be voted on, the log's line as
-        // long as the decision log keeps its lines (what a link of it later reads).
-        let line = DecisionRecord {
-            at_ms: now,
-            organization_id: org.clone(),
-            operation: DECIDE_ACTIVITY.into(),
-            fingerprint: fingerprint.clone(),
-            activity_type: activity.activity_type.clone(),
-            user_id: voter.user_id.clone(),
-            outcome: crate::store::OUTCOME_REFUSE.into(),
-            reason: crate::store::REASON_VOTE_REJECTED.into(),
-            result_digest: String::new(),
-        };
-        if let Err(e) = self.store.record_decision(&line) {
-            tracing::error!(error = %e, "the decision log did not take a rejection");
         }
         let mut refused = Refusal::new(RefusalReason::VoteRejected, VOTE_REJECTED);
         refused.attached = Some(Box::new(Attached::Evaluation(evaluation)));

@@ -247,12 +247,11 @@ pub fn record_activity(
     // rejections it states are ones the enclave kept, while it keeps the ballots.
     let never_ran = to_link.logged != LoggedDecision::Authorized;
     let (org, fp) = (&stamped.organization_id, &stamped.fingerprint);
+    let mut rejecters = admission.store().vote_rejecters(org, fp)?;
     let kept = admission.store().ballots(org, fp, now_ms())?;
-    let rejecters: Vec<&str> = kept.iter().filter(|b| b.rejected).map(|b| b.user_id.as_str()).collect();
-    let rejection_kept = never_ran && (!rejecters.is_empty() || admission.store().vote_rejected(org, fp)?);
-    if !kept.is_empty()
-        && votes.iter().any(|v| v.selection != VOTE_APPROVED && !rejecters.contains(&v.user_id.as_str()))
-    {
+    rejecters.extend(kept.into_iter().filter(|b| b.rejected).map(|b| b.user_id));
+    let rejection_kept = never_ran && !rejecters.is_empty();
+    if votes.iter().any(|v| v.selection != VOTE_APPROVED && !rejecters.contains(&v.user_id)) {
         return Err(EnclaveError::refused(
             RefusalReason::BindingMismatch,
             "the activity to link states a rejection the enclave did not keep",

@@ -532,6 +532,31 @@ async fn root_quorum_of_two_needs_both_roots() {
     let r = vote(&stack, &alice.key, &org, true, &fp).await;
     assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
     assert!(r.json["activity"]["result"]["createWalletResult"]["walletId"].is_string(), "{}", r.text);
+
+    // A state change the other root rejects: REJECTED, not applied, and linked in the log as
+    // rejected (the enclave keeps the rejection; the link spends nothing that runs).
+    let unset = SetOrganizationFeatureIntent { name: FeatureName::EmailAuth, value: Some("off".into()) };
+    let id = match root.set_organization_feature(org.clone(), root.current_timestamp(), unset).await {
+        Err(TurnkeyClientError::ActivityRequiresApproval(id)) => id,
+        other => panic!("expected ActivityRequiresApproval, got {other:?}"),
+    };
+    let waiting = get_activity(&stack, &alice.key, &org, &id).await;
+    let r = vote(&stack, &alice.key, &org, false, waiting["fingerprint"].as_str().unwrap()).await;
+    assert_eq!(
+        (r.status, r.json["activity"]["status"].as_str()),
+        (200, Some("ACTIVITY_STATUS_REJECTED")),
+        "{}",
+        r.text
+    );
+    assert_eq!(features(&stack, &org).await, json!([{"name": "FEATURE_NAME_EMAIL_AUTH", "value": "on"}]));
+    let body = json!({ "organizationId": org }).to_string();
+    let log =
+        stack.post_raw("/public/v1/query/coffer_list_activity_log", body.as_bytes(), Some(&stack.api_key())).await;
+    let linked: Vec<&Value> =
+        log.json["links"].as_array().unwrap().iter().filter(|l| l["activityId"] == id.as_str()).collect();
+    assert_eq!(linked.len(), 1, "{}", log.text);
+    let payload: Value = serde_json::from_str(linked[0]["link"]["proofPayload"].as_str().unwrap()).unwrap();
+    assert_eq!(payload["activityLogLink"]["status"], "ACTIVITY_STATUS_REJECTED", "{payload}");
 }
 
 /// The organization's wallet names, oldest first.

@@ -368,6 +368,14 @@ fn sealed_service_keys_are_kept_once_for_every_enclave(backend: Backend) {
 /// gone once the activity can no longer be voted on.
 fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
     let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    let line = DecisionRecord {
+        organization_id: "o1".into(),
+        fingerprint: "sha256:f".into(),
+        user_id: "bob".into(),
+        outcome: OUTCOME_REFUSE.into(),
+        reason: REASON_VOTE_REJECTED.into(),
+        ..Default::default()
+    };
     let ballot = |user: &str, rejected: bool, stamped: &[u8], expires_ms: i64| KeptBallot {
         organization_id: "o1".into(),
         fingerprint: "sha256:f".into(),
@@ -377,12 +385,15 @@ fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
         at_ms: 1_000,
         expires_ms,
     };
-    assert_eq!(a.keep_ballot(&ballot("alice", false, b"a1", 10_000), 2, 1_000).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&ballot("alice", false, b"a1", 10_000), 2, 1_000, &line).unwrap(), BallotKept::Kept);
     // alice again: the same selection replaces her vote, a rejection is refused.
-    assert_eq!(b.keep_ballot(&ballot("alice", false, b"a2", 10_000), 2, 1_000).unwrap(), BallotKept::Kept);
-    assert_eq!(b.keep_ballot(&ballot("alice", true, b"a3", 10_000), 2, 1_000).unwrap(), BallotKept::VotedOtherwise);
-    assert_eq!(a.keep_ballot(&ballot("bob", true, b"b1", 20_000), 2, 1_000).unwrap(), BallotKept::Kept);
-    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 10_000), 2, 1_000).unwrap(), BallotKept::Full);
+    assert_eq!(b.keep_ballot(&ballot("alice", false, b"a2", 10_000), 2, 1_000, &line).unwrap(), BallotKept::Kept);
+    assert_eq!(
+        b.keep_ballot(&ballot("alice", true, b"a3", 10_000), 2, 1_000, &line).unwrap(),
+        BallotKept::VotedOtherwise
+    );
+    assert_eq!(a.keep_ballot(&ballot("bob", true, b"b1", 20_000), 2, 1_000, &line).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 10_000), 2, 1_000, &line).unwrap(), BallotKept::Full);
     let kept = b.ballots("o1", "sha256:f", 1_000).unwrap();
     let seen: Vec<(&str, bool, &[u8])> =
         kept.iter().map(|k| (k.user_id.as_str(), k.rejected, k.stamped.as_slice())).collect();
@@ -391,9 +402,23 @@ fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
     assert!(a.ballots("o2", "sha256:f", 1_000).unwrap().is_empty());
     // Past alice's expiry: only bob's is read, and the next vote kept prunes hers.
     assert_eq!(a.ballots("o1", "sha256:f", 15_000).unwrap().len(), 1);
-    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 20_000), 2, 15_000).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&ballot("carol", false, b"c1", 20_000), 2, 15_000, &line).unwrap(), BallotKept::Kept);
     let users: Vec<String> = b.ballots("o1", "sha256:f", 0).unwrap().into_iter().map(|k| k.user_id).collect();
     assert_eq!(users, ["bob", "carol"]);
+    // bob's rejection is in the decision log, once, whatever he sends again.
+    assert_eq!(a.keep_ballot(&ballot("bob", true, b"b2", 20_000), 2, 15_000, &line).unwrap(), BallotKept::Kept);
+    assert_eq!(b.vote_rejecters("o1", "sha256:f").unwrap(), ["bob"]);
+    let lines = a.decisions(0, 100).unwrap();
+    assert_eq!(lines.iter().filter(|d| d.reason == REASON_VOTE_REJECTED).count(), 1, "{lines:?}");
+    // A first rejection is kept past the activity's cap (a veto is never refused); a second one
+    // is not.
+    let on_h = |user: &str, rejected: bool| KeptBallot {
+        fingerprint: "sha256:h".into(),
+        ..ballot(user, rejected, b"h", 20_000)
+    };
+    assert_eq!(a.keep_ballot(&on_h("alice", false), 1, 15_000, &line).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&on_h("bob", true), 1, 15_000, &line).unwrap(), BallotKept::Kept);
+    assert_eq!(a.keep_ballot(&on_h("carol", true), 1, 15_000, &line).unwrap(), BallotKept::Full);
 
     // bob's kept rejection: a stamp of the activity is not spent, whichever way (an allow with
     // its replay entry, or a spend inside a log's or a change's transaction), on either store.
@@ -416,11 +441,22 @@ fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
     let moved = a.advance_log("o1", 0, 1, "h1", &[linked]);
     assert!(matches!(moved, Err(StoreError::NotSpent(ref r)) if r == &[(0, Remembered::Rejected)]), "{moved:?}");
     // An activity allowed (then failed, say) can no longer be rejected.
+    let mut failed = spend(3, "sha256:f");
+    failed.allowed.outcome = OUTCOME_FAILED.into();
+    let linked = LinkedActivity {
+        fingerprint: "sha256:f",
+        status: "ACTIVITY_STATUS_REJECTED",
+        activity_id: "a-f",
+        activity_digest: "d",
+        seq: 1,
+        spend: Some(&failed),
+    };
+    a.advance_log("o1", 0, 1, "h1", &[linked]).expect("a link stating it rejected spends what runs nothing");
     let g = spend(2, "sha256:g");
     assert_eq!(a.remember_allowed(&g.share, g.key, g.expires_ms, g.now_ms, &g.allowed).unwrap(), Remembered::Fresh);
     let mut late = ballot("dan", true, b"d1", 20_000);
     late.fingerprint = "sha256:g".into();
-    assert_eq!(b.keep_ballot(&late, 2, 15_000).unwrap(), BallotKept::Ran);
+    assert_eq!(b.keep_ballot(&late, 2, 15_000, &line).unwrap(), BallotKept::Ran);
 }
 
 /// The activity log's head moves by compare-and-set, and an activity is linked at most once in

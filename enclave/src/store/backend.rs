@@ -202,14 +202,25 @@ impl<B: Backend> EnclaveStore for B {
     fn decisions(&self, since_ms: i64, limit: usize) -> Result<Vec<DecisionRecord>, StoreError> {
         self.read(|db| sql::decisions(db, since_ms, limit))
     }
-    fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
+    fn keep_ballot(
+        &self,
+        ballot: &KeptBallot,
+        max_per_activity: usize,
+        now_ms: i64,
+        rejected_line: &DecisionRecord,
+    ) -> Result<BallotKept, StoreError> {
+        // Best effort, and apart: the prune touches other activities' rows, which the keep's
+        // transaction (holding this activity's vote lock) must not wait on.
+        if let Err(e) = self.write(false, |db| sql::prune_ballots(db, now_ms)) {
+            tracing::warn!(error = %e, "expired votes were not pruned");
+        }
         self.write(true, |db| {
             self.lock_votes(db, &[(&ballot.organization_id, &ballot.fingerprint)])?;
-            sql::keep_ballot(db, ballot, max_per_activity, now_ms)
+            sql::keep_ballot(db, ballot, max_per_activity, now_ms, rejected_line)
         })
     }
-    fn vote_rejected(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
-        self.read(|db| sql::vote_rejected(db, organization, fingerprint))
+    fn vote_rejecters(&self, organization: &str, fingerprint: &str) -> Result<Vec<String>, StoreError> {
+        self.read(|db| sql::vote_rejecters(db, organization, fingerprint))
     }
     fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError> {
         self.read(|db| sql::ballots(db, organization, fingerprint, now_ms))

@@ -438,19 +438,27 @@ pub trait EnclaveStore: Send + Sync {
 
     /// Keeps `ballot` (durably), unless its user voted otherwise on the activity, the activity
     /// has `max_per_activity` votes of other users already (its organization
-    /// [`MAX_BALLOTS_PER_ORGANIZATION`]), or it is a rejection of an activity the decision log
-    /// has an allow of; a batch of ballots past their expiry is pruned first. A rejection and a
-    /// stamp's spend of the same activity are serialized: whichever commits second sees the
-    /// other ([`Remembered::Rejected`], [`BallotKept::Ran`]).
-    fn keep_ballot(&self, ballot: &KeptBallot, max_per_activity: usize, now_ms: i64) -> Result<BallotKept, StoreError>;
+    /// [`MAX_BALLOTS_PER_ORGANIZATION`]; a first rejection of the activity is kept past both),
+    /// or it is a rejection of an activity the decision log has an allow of. The first rejection
+    /// of the activity is recorded as `rejected_line` in the decision log, in the same
+    /// transaction. A batch of ballots past their expiry is pruned first, in a transaction of its
+    /// own. A rejection and a stamp's spend of the same activity are serialized: whichever
+    /// commits second sees the other ([`Remembered::Rejected`], [`BallotKept::Ran`]).
+    fn keep_ballot(
+        &self,
+        ballot: &KeptBallot,
+        max_per_activity: usize,
+        now_ms: i64,
+        rejected_line: &DecisionRecord,
+    ) -> Result<BallotKept, StoreError>;
 
     /// The unexpired ballots kept for the activity of `organization` with `fingerprint`, oldest
     /// first.
     fn ballots(&self, organization: &str, fingerprint: &str, now_ms: i64) -> Result<Vec<KeptBallot>, StoreError>;
 
-    /// Whether the decision log records a rejection the enclave kept of the activity of
-    /// `organization` with this fingerprint ([`REASON_VOTE_REJECTED`]).
-    fn vote_rejected(&self, organization: &str, fingerprint: &str) -> Result<bool, StoreError>;
+    /// The users whose rejection of the activity of `organization` with this fingerprint the
+    /// enclave kept, as the decision log records them ([`REASON_VOTE_REJECTED`]).
+    fn vote_rejecters(&self, organization: &str, fingerprint: &str) -> Result<Vec<String>, StoreError>;
 
     /// Decisions made at or after `since_ms`, oldest first, at most `limit` (page on with the last
     /// one's `at_ms`: decisions of the same millisecond may then come again).

@@ -313,14 +313,14 @@ pub fn waited_for_votes<D: Db>(
     )
 }
 
-/// Whether the decision log records a rejection the enclave kept of the activity `fingerprint`
-/// of `organization` (a refusal `REFUSAL_REASON_VOTE_REJECTED`).
-pub fn vote_rejected<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<bool, StoreError> {
-    db.query_one(
-        "SELECT EXISTS (SELECT 1 FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
-                        AND outcome = ?3 AND reason = ?4)",
+/// The users whose rejection of the activity `fingerprint` of `organization` the enclave kept,
+/// as the decision log records them (refusals `REFUSAL_REASON_VOTE_REJECTED`).
+pub fn vote_rejecters<D: Db>(db: &mut D, organization: &str, fingerprint: &str) -> Result<Vec<String>, StoreError> {
+    db.query(
+        "SELECT DISTINCT user_id FROM decisions WHERE organization_id = ?1 AND fingerprint = ?2
+                                             AND outcome = ?3 AND reason = ?4",
         args![organization, fingerprint, OUTCOME_REFUSE, REASON_VOTE_REJECTED],
-        |r| Ok::<_, StoreError>(r.flag(0)?),
+        |r| Ok::<_, StoreError>(r.text(0)?),
     )
 }
 
@@ -348,41 +348,59 @@ pub fn decisions<D: Db>(db: &mut D, since_ms: i64, limit: usize) -> Result<Vec<D
     )
 }
 
-/// Most expired ballots one keep prunes.
+/// Most expired ballots one prune deletes.
 const PRUNE_BALLOTS_BATCH: i64 = 64;
 
-/// Keeps `b` unless its user voted otherwise on the activity, it has `max` other voters (its
-/// organization [`MAX_BALLOTS_PER_ORGANIZATION`] ballots), or it is a rejection of an activity
-/// allowed already; prunes a batch of expired ballots first. The caller holds the activity's
-/// vote lock (PostgreSQL).
-pub fn keep_ballot<D: Db>(db: &mut D, b: &KeptBallot, max: usize, now_ms: i64) -> Result<BallotKept, StoreError> {
+/// Deletes a batch of ballots past their expiry (of any organization).
+pub fn prune_ballots<D: Db>(db: &mut D, now_ms: i64) -> Result<(), StoreError> {
     db.execute(
         "DELETE FROM ballots WHERE (organization_id, fingerprint, user_id) IN
              (SELECT organization_id, fingerprint, user_id FROM ballots WHERE expires_ms < ?1 LIMIT ?2)",
         args![now_ms, PRUNE_BALLOTS_BATCH],
     )?;
+    Ok(())
+}
+
+/// Keeps `b` unless its user voted otherwise on the activity, it has `max` other voters (its
+/// organization [`MAX_BALLOTS_PER_ORGANIZATION`] unexpired ballots: a first rejection of an
+/// activity is kept past that, so that a veto is never refused), or it is a rejection of an
+/// activity allowed already; a rejection new to the activity is recorded as `rejected_line` in
+/// the decision log, in the same transaction. The caller holds the activity's vote lock
+/// (PostgreSQL).
+pub fn keep_ballot<D: Db>(
+    db: &mut D,
+    b: &KeptBallot,
+    max: usize,
+    now_ms: i64,
+    rejected_line: &DecisionRecord,
+) -> Result<BallotKept, StoreError> {
     if b.rejected && ever_allowed(db, &b.organization_id, &b.fingerprint)? {
         return Ok(BallotKept::Ran);
     }
-    let kept =
-        db.query_one("SELECT count(*) FROM ballots WHERE organization_id = ?1", args![b.organization_id], |r| {
-            Ok::<_, StoreError>(r.int(0)?)
-        })?;
-    if kept >= MAX_BALLOTS_PER_ORGANIZATION {
-        return Ok(BallotKept::Full);
-    }
-    let (others, own) = db.query_one(
-        "SELECT count(*), coalesce(max(CASE WHEN user_id = ?3 THEN rejected + 1 ELSE 0 END), 0) FROM ballots
-         WHERE organization_id = ?1 AND fingerprint = ?2",
-        args![b.organization_id, b.fingerprint, b.user_id],
-        |r| Ok::<_, StoreError>((r.int(0)?, r.int(1)?)),
+    let (others, own, rejections) = db.query_one(
+        "SELECT count(*), coalesce(max(CASE WHEN user_id = ?3 THEN rejected + 1 ELSE 0 END), 0),
+                coalesce(max(rejected), 0)
+         FROM ballots WHERE organization_id = ?1 AND fingerprint = ?2 AND expires_ms >= ?4",
+        args![b.organization_id, b.fingerprint, b.user_id, now_ms],
+        |r| Ok::<_, StoreError>((r.int(0)?, r.int(1)?, r.int(2)?)),
     )?;
     let rejected = i64::from(b.rejected);
-    match own {
-        0 if usize::try_from(others).unwrap_or(usize::MAX) >= max => return Ok(BallotKept::Full),
-        0 => {}
-        own if own - 1 != rejected => return Ok(BallotKept::VotedOtherwise),
-        _ => {}
+    if own != 0 && own - 1 != rejected {
+        return Ok(BallotKept::VotedOtherwise);
+    }
+    if own == 0 {
+        let first_rejection = b.rejected && rejections == 0;
+        if usize::try_from(others).unwrap_or(usize::MAX) >= max && !first_rejection {
+            return Ok(BallotKept::Full);
+        }
+        let kept = db.query_one(
+            "SELECT count(*) FROM ballots WHERE organization_id = ?1 AND expires_ms >= ?2",
+            args![b.organization_id, now_ms],
+            |r| Ok::<_, StoreError>(r.int(0)?),
+        )?;
+        if kept >= MAX_BALLOTS_PER_ORGANIZATION && !first_rejection {
+            return Ok(BallotKept::Full);
+        }
     }
     db.execute(
         "INSERT INTO ballots (organization_id, fingerprint, user_id, rejected, stamped, at_ms, expires_ms)
@@ -391,6 +409,9 @@ pub fn keep_ballot<D: Db>(db: &mut D, b: &KeptBallot, max: usize, now_ms: i64) -
          DO UPDATE SET stamped = excluded.stamped, at_ms = excluded.at_ms, expires_ms = excluded.expires_ms",
         args![b.organization_id, b.fingerprint, b.user_id, rejected, b.stamped, b.at_ms, b.expires_ms],
     )?;
+    if b.rejected && own == 0 {
+        insert_decision(db, rejected_line)?;
+    }
     Ok(BallotKept::Kept)
 }
 
@@ -407,7 +428,8 @@ fn ever_allowed<D: Db>(db: &mut D, org: &str, fingerprint: &str) -> Result<bool,
 /// Whether a vote the store keeps rejected the activity `allowed` allows: its stamp is then not
 /// spent. The caller holds the activity's vote lock (PostgreSQL).
 pub fn rejected_by_vote<D: Db>(db: &mut D, allowed: &DecisionRecord) -> Result<bool, StoreError> {
-    if allowed.fingerprint.is_empty() {
+    // A spend that runs nothing (a link stating the activity failed or rejected) is never refused.
+    if allowed.fingerprint.is_empty() || allowed.outcome != OUTCOME_ALLOW {
         return Ok(false);
     }
     db.query_one(

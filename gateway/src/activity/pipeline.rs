@@ -1087,8 +1087,14 @@ async fn vote(
                     writes = vec![eval_write(e.evaluation), update(STATUS_CONSENSUS_NEEDED, json!({}), None)]
                 }
                 // ... or denied, or rejected by a vote the enclave keeps (one the gateway's
-                // records lost): the vote is not recorded.
-                Err(e) if is_policy_refusal(&e) || e.refusal == Some(RefusalReason::VoteRejected) => return Err(e),
+                // records lost), or the vote itself refused (not one the enclave keeps: a voter it
+                // does not hold live, too many votes): the vote is not recorded.
+                Err(e)
+                    if is_policy_refusal(&e)
+                        || matches!(e.refusal, Some(RefusalReason::VoteRejected | RefusalReason::NotApproved)) =>
+                {
+                    return Err(e)
+                }
                 // ... or not reached, or not answering: the vote is not recorded (send it again),
                 // and the activity still waits.
                 Err(e) if e.refusal.is_none() && matches!(e.code, Code::Unavailable | Code::Internal) => return Err(e),
@@ -1186,6 +1192,9 @@ async fn rejected_in_enclave(
     };
     let evaluation = match decide_ahead(state, auth, Vec::new()).await {
         Err(e) if e.refusal == Some(RefusalReason::VoteRejected) => e.evaluation,
+        // Past the vote lifetime nothing can run it: rejected here alone (the enclave keeps no
+        // rejection of it, and links it as rejected only with one).
+        Err(e) if e.refusal == Some(RefusalReason::Stale) => None,
         Err(e) => return Err(e),
         Ok(_) => {
             tracing::error!("the enclave answered a rejection as an allow");
