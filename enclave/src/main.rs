@@ -80,7 +80,12 @@ fn open_store(cfg: &EnclaveConfig) -> anyhow::Result<Arc<dyn coffer_enclave::sto
 }
 
 /// The HSM under its profile, with `store` keeping the service keys the module cannot hold.
-fn open_hsm(cfg: &EnclaveConfig, store: &Arc<dyn coffer_enclave::store::EnclaveStore>) -> anyhow::Result<Hsm> {
+/// `creates_keys`: `init` (the module must offer key generation too).
+fn open_hsm(
+    cfg: &EnclaveConfig,
+    store: &Arc<dyn coffer_enclave::store::EnclaveStore>,
+    creates_keys: bool,
+) -> anyhow::Result<Hsm> {
     Ok(Hsm::open(HsmSettings {
         module: cfg.pkcs11_module.clone(),
         token_label: cfg.token_label.clone(),
@@ -88,6 +93,7 @@ fn open_hsm(cfg: &EnclaveConfig, store: &Arc<dyn coffer_enclave::store::EnclaveS
         pool_size: cfg.session_pool,
         profile: coffer_enclave::hsm::ModuleProfile::configured(&cfg.hsm_profile)?,
         shelf: Some(Arc::new(coffer_enclave::service_key_shelf::ServiceKeyShelf(store.clone()))),
+        creates_keys,
     })?)
 }
 
@@ -129,8 +135,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Init => {
-            let hsm = open_hsm(&cfg, &open_store(&cfg)?)?;
+            let mut hsm = open_hsm(&cfg, &open_store(&cfg)?, true)?;
             let created = hsm.init_service_keys()?;
+            // What `serve` will check first, checked where the keys were made.
+            hsm.self_test()?;
             if !created.is_empty() && !hsm.profile().sees_other_processes_objects {
                 eprintln!(
                     "hsm_profile {:?}: this module shows a running enclave the keys another process made only after it restarts: restart every running enclave on this token",
@@ -175,7 +183,7 @@ async fn main() -> anyhow::Result<()> {
         Command::CertifyExisting => {
             use std::io::BufRead;
             let store = open_store(&cfg)?;
-            let hsm = Arc::new(open_hsm(&cfg, &store)?);
+            let hsm = Arc::new(open_hsm(&cfg, &store, false)?);
             let admission = coffer_enclave::admission::Admission::new(hsm, 0, store);
             for line in std::io::stdin().lock().lines() {
                 let line = line?;
@@ -327,7 +335,12 @@ fn reconcile(cfg: &EnclaveConfig, activities: &std::path::Path, since_ms: i64) -
 async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let started_at_ms = coffer_enclave::admission::now_ms();
     let store = open_store(&cfg)?;
-    let hsm = Arc::new(open_hsm(&cfg, &store)?);
+    let mut hsm = open_hsm(&cfg, &store, false)?;
+    // Seal and open under the KEK before any request: a profile that does not fit the module is
+    // refused now, with the profile to try, not found when a user signs.
+    hsm.self_test()?;
+    tracing::info!(profile = hsm.profile().name, "sealing self-test passed");
+    let hsm = Arc::new(hsm);
     let signer = hsm.signer_public_key()?;
     let admission = Arc::new(
         coffer_enclave::admission::Admission::new(

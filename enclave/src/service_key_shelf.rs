@@ -16,4 +16,8 @@ impl SealedKeyShelf for ServiceKeyShelf {
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, HsmError> {
         self.0.keep_sealed_service_key(label, blob).map_err(|e| HsmError::Shelf(e.to_string()))
     }
+
+    fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, HsmError> {
+        self.0.reserve_seals(kek_label, n).map_err(|e| HsmError::Shelf(e.to_string()))
+    }
 }

@@ -459,6 +459,16 @@ fn ballots_are_kept_once_per_user_until_they_expire(backend: Backend) {
     assert_eq!(b.keep_ballot(&late, 2, 15_000, &line).unwrap(), BallotKept::Ran);
 }
 
+/// Seals under a KEK are counted for every enclave on the store, per KEK.
+fn seals_are_counted_per_kek_for_every_enclave(backend: Backend) {
+    let (_db, a, b) = two_stores(backend, StoreLimits::default());
+    assert_eq!(a.reserve_seals("coffer-kek-v1", 1024).unwrap(), 1024);
+    assert_eq!(b.reserve_seals("coffer-kek-v1", 1024).unwrap(), 2048);
+    assert_eq!(b.reserve_seals("coffer-kek-v2", 1024).unwrap(), 1024);
+    assert_eq!(a.reserve_seals("coffer-kek-v1", 0).unwrap(), 2048);
+    assert_eq!(a.reserve_seals("coffer-kek-v1", 1 << 32).unwrap(), (1 << 32) + 2048);
+}
+
 /// The activity log's head moves by compare-and-set, and an activity is linked at most once in
 /// each status, whichever enclave links it: a move with one already linked is not made at all.
 fn an_activity_is_linked_once(backend: Backend) {
@@ -755,6 +765,7 @@ macro_rules! conformance {
 conformance!(
     an_applied_changes_allow_stands_over_a_later_refusal,
     ballots_are_kept_once_per_user_until_they_expire,
+    seals_are_counted_per_kek_for_every_enclave,
     groups_spending_in_other_orders_do_not_deadlock,
     sealed_service_keys_are_kept_once_for_every_enclave,
     versions_compare_and_set,

@@ -31,6 +31,16 @@ pub enum HsmError {
     NoShelf(&'static str),
     #[error("sealed service keys: {0}")]
     Shelf(String),
+    #[error("the sealing self-test failed under hsm_profile {profile:?}: {detail}; {hint}")]
+    SelfTest { profile: &'static str, detail: String, hint: &'static str },
+    #[error("a blob just sealed under hsm_profile {0:?} does not open again: the module does not seal as the profile says (run `coffer-enclave serve` for the self-test's advice)")]
+    SealNotReopened(&'static str),
+    #[error("the token holds {count} objects labelled {label:?}; Coffer uses exactly one key per label: remove the extra ones with the vendor's tools (two `coffer-enclave init` runs at once can make two)")]
+    DuplicateLabel { label: String, count: usize },
+    #[error("hsm_profile = \"auto\" does not recognise this PKCS#11 module ({0}): set hsm_profile to its vendor's profile, or to \"generic\" to run it under the generic profile's assumptions (caller IVs, keys in the module where it offers them)")]
+    UnknownModule(String),
+    #[error("the KEK {label:?} has sealed {count} blobs, the most one AES-GCM key with random 96-bit IVs may (NIST SP 800-38D §8.3): no more seals under it; rotate the KEK")]
+    KekExhausted { label: &'static str, count: u64 },
 }
 
 impl HsmError {

@@ -12,6 +12,7 @@ mod profile;
 mod proof_key;
 mod seal;
 mod sealed_keys;
+mod self_test;
 mod software_keys;
 mod token;
 

@@ -221,17 +221,26 @@ impl ModuleProfile {
         ]
         .into_iter()
         .find(|(needle, _)| who.contains(needle))
-        .map_or("generic", |(_, name)| name);
+        .map(|(_, name)| name)
+        .ok_or_else(|| {
+            HsmError::UnknownModule(
+                format!("{} {}", info.manufacturer_id(), info.library_description()).trim().to_string(),
+            )
+        })?;
         Self::named(name).ok_or_else(|| unknown(name))
     }
 
     /// Checks that the module in `slot` offers every mechanism this profile needs, with the
     /// uses it needs them for, and settles each `HsmIfOffered` key home; refuses with one
-    /// message naming everything missing. `probe` makes session objects (secp256k1).
+    /// message naming everything missing. `creates_keys`: the key-generation mechanisms are
+    /// needed too (`init`); `serve` needs only what it uses. A home `HsmIfOffered` is settled the
+    /// same way for both (in the module where it generates and uses such keys), so that `serve`
+    /// looks where `init` put the key. `probe` makes session objects (secp256k1).
     pub(crate) fn check(
         mut self,
         ctx: &Pkcs11,
         slot: Slot,
+        creates_keys: bool,
         probe: impl Fn(&Mechanism, &[Attribute], &[Attribute]) -> Result<(), cryptoki::error::Error>,
     ) -> Result<Self, HsmError> {
         let offered = |mechanism: MechanismType, uses: &[Use]| -> Vec<String> {
@@ -245,7 +254,9 @@ impl ModuleProfile {
             }
         };
         let mut missing = Vec::new();
-        missing.extend(offered(MechanismType::AES_KEY_GEN, &[Use::Generate]));
+        if creates_keys {
+            missing.extend(offered(MechanismType::AES_KEY_GEN, &[Use::Generate]));
+        }
         if self.iv_source == IvSource::MessageApi {
             if !ctx.is_fn_supported(Function::MessageEncryptInit) {
                 missing.push("C_MessageEncryptInit (the PKCS#11 3.0 message API)".into());
@@ -254,26 +265,31 @@ impl ModuleProfile {
         } else {
             missing.extend(offered(self.gcm_mechanism, &[Use::Encrypt, Use::Decrypt]));
         }
-        missing.extend(offered(MechanismType::ECC_KEY_PAIR_GEN, &[Use::GenerateKeyPair]));
+        if creates_keys {
+            missing.extend(offered(MechanismType::ECC_KEY_PAIR_GEN, &[Use::GenerateKeyPair]));
+        }
         missing.extend(offered(MechanismType::ECDSA, &[Use::Sign]));
-        let webhook = [
+        // Each key the module may hold: what making it takes, and what using it takes.
+        let webhook = (
             offered(MechanismType::ECC_EDWARDS_KEY_PAIR_GEN, &[Use::GenerateKeyPair]),
             offered(MechanismType::EDDSA, &[Use::Sign]),
-        ]
-        .concat();
-        let tls = offered(MechanismType::ECDH1_DERIVE, &[Use::Derive]);
-        let mac = [
+        );
+        let tls = (
+            offered(MechanismType::ECC_KEY_PAIR_GEN, &[Use::GenerateKeyPair]),
+            offered(MechanismType::ECDH1_DERIVE, &[Use::Derive]),
+        );
+        let mac = (
             offered(MechanismType::GENERIC_SECRET_KEY_GEN, &[Use::Generate]),
             offered(MechanismType::SHA256_HMAC, &[Use::Sign, Use::Verify]),
-        ]
-        .concat();
-        for (home, lacking) in
+        );
+        for (home, (making, using)) in
             [(&mut self.webhook_signer, webhook), (&mut self.tls_fetcher, tls), (&mut self.cert_mac, mac)]
         {
             match *home {
-                KeyHome::HsmIfOffered if lacking.is_empty() => *home = KeyHome::Hsm,
+                KeyHome::HsmIfOffered if making.is_empty() && using.is_empty() => *home = KeyHome::Hsm,
                 KeyHome::HsmIfOffered => *home = KeyHome::Sealed,
-                KeyHome::Hsm => missing.extend(lacking),
+                KeyHome::Hsm if creates_keys => missing.extend(making.into_iter().chain(using)),
+                KeyHome::Hsm => missing.extend(using),
                 KeyHome::Sealed => {}
             }
         }

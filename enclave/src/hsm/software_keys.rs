@@ -18,6 +18,8 @@ pub trait SealedKeyShelf: Send + Sync {
     /// Keeps `blob` under `label` unless a key is there already; returns the one kept (so that
     /// enclaves initialising at once agree on one key).
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, HsmError>;
+    /// Reserves `n` more seals under the KEK `kek_label`; answers how many are reserved now.
+    fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, HsmError>;
 }
 
 /// The sealed blobs read so far, by label (not secret: opening needs the HSM).

@@ -99,14 +99,31 @@ fn try_open(
     pool_size: usize,
     user_pin: AuthPin,
 ) -> Option<Result<Hsm, HsmError>> {
+    try_open_on(module, label, profile, pool_size, user_pin, label, 0)
+}
+
+/// [`try_open`] with the authority store `store` (a file of the module's test directory), which
+/// has `seals_before` seals reserved under the KEK before the token is opened.
+fn try_open_on(
+    module: Module,
+    label: &str,
+    profile: Option<ModuleProfile>,
+    pool_size: usize,
+    user_pin: AuthPin,
+    store: &str,
+    seals_before: u64,
+) -> Option<Result<Hsm, HsmError>> {
     // Token creation and profile checks from parallel tests go one at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let prepared = prepared(module)?;
     let so_pin = AuthPin::new("unit-so-pin".to_string().into());
     init_token(&prepared.path, label, &so_pin, &pin()).unwrap();
-    let store_url = format!("sqlite://{}", prepared.dir.join(format!("{label}.authority.sqlite")).display());
+    let store_url = format!("sqlite://{}", prepared.dir.join(format!("{store}.authority.sqlite")).display());
     let store = crate::store::open(&crate::store::StoreSettings { url: store_url, ..Default::default() }).unwrap();
+    if seals_before > 0 {
+        store.reserve_seals(KEK_LABEL, seals_before).unwrap();
+    }
     Some(Hsm::open(HsmSettings {
         module: prepared.path.clone(),
         token_label: label.into(),
@@ -114,6 +131,7 @@ fn try_open(
         pool_size,
         profile,
         shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
+        creates_keys: true,
     }))
 }
 
@@ -523,6 +541,83 @@ fn login_keys_sign_verifiably_and_ecdh_matches_software(hsm: &Arc<Hsm>, _module:
     assert!(hsm.tls_fetcher_ecdh(&[4u8; 65]).is_err());
 }
 
+fn the_sealing_self_test_passes_under_the_module_s_profile_and_names_one_to_try_otherwise(
+    _hsm: &Arc<Hsm>,
+    module: Module,
+) {
+    // The module's own profile, detected and configured: seals and opens, both ways.
+    for profile in [None, Some(detected(module))] {
+        let mut fitting = open(module, "unit", profile, 2).unwrap();
+        fitting.self_test().unwrap_or_else(|e| panic!("{e}"));
+    }
+    // A profile that does not fit the module is refused at start with the advice to change it:
+    // the module neither writes its IV back nor puts it in the output.
+    for iv_source in [IvSource::WrittenBack, IvSource::Appended, IvSource::Prepended] {
+        let wrong = ModuleProfile { iv_source, iv_len: 16, ..detected(module) };
+        let mut unfit = open(module, "unit", Some(wrong), 2).unwrap();
+        match unfit.self_test() {
+            Err(e @ HsmError::SelfTest { .. }) => {
+                let said = e.to_string();
+                assert!(said.contains("hsm_profile") && said.contains("try"), "{said}");
+            }
+            other => panic!("{iv_source:?}: {other:?}"),
+        }
+    }
+}
+
+fn a_label_held_twice_is_refused_by_init_and_serve(_hsm: &Arc<Hsm>, module: Module) {
+    let first = open(module, "dups", None, 2).unwrap();
+    first.init_service_keys().unwrap();
+    // A second KEK, as two `init` runs at once can make: which one a search finds first is the
+    // module's choice, so neither is used.
+    let usage = [Attribute::Encrypt(true), Attribute::Decrypt(true)];
+    let session = first.session().unwrap();
+    generate_secret(
+        &session,
+        cryptoki::mechanism::Mechanism::AesKeyGen,
+        cryptoki::object::KeyType::AES,
+        KEK_LABEL,
+        usage,
+    )
+    .unwrap();
+    drop(session);
+    drop(first);
+    let mut again = open(module, "dups", None, 2).unwrap();
+    for refused in [again.init_service_keys().map(|_| ()), again.self_test()] {
+        match refused {
+            Err(HsmError::DuplicateLabel { label, count }) => assert_eq!((label.as_str(), count), (KEK_LABEL, 2)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn a_kek_seals_at_most_2_to_the_32_blobs_counted_in_the_store(_hsm: &Arc<Hsm>, module: Module) {
+    let b = binding(BlobKind::PrivateKey, "o", "k");
+    let counted =
+        |store: &str, before: u64| try_open_on(module, "unit", None, 2, pin(), store, before).unwrap().unwrap();
+    // Counted in blocks reserved from the store: one seal reserves 1,024.
+    let fresh = counted("seals-fresh", 0);
+    fresh.seal(&b, &[1u8; 32]).unwrap();
+    fresh.seal(&b, &[2u8; 32]).unwrap();
+    let store = |name: &str| {
+        let url =
+            format!("sqlite://{}", prepared(module).unwrap().dir.join(format!("{name}.authority.sqlite")).display());
+        crate::store::open(&crate::store::StoreSettings { url, ..Default::default() }).unwrap()
+    };
+    assert_eq!(store("seals-fresh").reserve_seals(KEK_LABEL, 0).unwrap(), 1024);
+    // Two seals short of 2³²: two more, then none (rotation is the way out).
+    let full = counted("seals-full", (1u64 << 32) - 2);
+    full.seal(&b, &[3u8; 32]).unwrap();
+    full.seal(&b, &[4u8; 32]).unwrap();
+    match full.seal(&b, &[5u8; 32]) {
+        Err(HsmError::KekExhausted { label, count }) => assert_eq!((label, count), (KEK_LABEL, 1u64 << 32)),
+        other => panic!("{other:?}"),
+    }
+    // What was sealed before still opens.
+    let blob = fresh.seal(&b, &[6u8; 32]).unwrap();
+    assert_eq!(full.unseal(&b, &blob).unwrap().as_slice(), &[6u8; 32]);
+}
+
 on_both_modules!(
     login_keys_sign_verifiably_and_ecdh_matches_software,
     account_blob_under_another_curve_or_address_fails_to_open,
@@ -539,4 +634,7 @@ on_both_modules!(
     the_start_up_check_refuses_a_profile_whose_mechanism_is_missing,
     service_keys_are_sealed_where_the_module_cannot_hold_them,
     login_with_a_wrong_pin_is_refused,
+    the_sealing_self_test_passes_under_the_module_s_profile_and_names_one_to_try_otherwise,
+    a_label_held_twice_is_refused_by_init_and_serve,
+    a_kek_seals_at_most_2_to_the_32_blobs_counted_in_the_store,
 );

@@ -47,6 +47,10 @@ pub struct HsmSettings {
     /// Where sealed service keys are kept (the authority store); needed where the profile says
     /// a service key cannot live in the module.
     pub shelf: Option<Arc<dyn SealedKeyShelf>>,
+    /// Whether this process makes keys (`init`): the module must then offer the key-generation
+    /// mechanisms too; `serve` needs only the mechanisms it uses (a module with pre-provisioned
+    /// keys may offer no key generation at all).
+    pub creates_keys: bool,
 }
 
 impl std::fmt::Debug for HsmSettings {
@@ -58,6 +62,7 @@ impl std::fmt::Debug for HsmSettings {
             .field("pool_size", &self.pool_size)
             .field("profile", &self.profile.as_ref().map(|p| p.name))
             .field("shelf", &self.shelf.is_some())
+            .field("creates_keys", &self.creates_keys)
             .finish()
     }
 }
@@ -92,6 +97,8 @@ pub struct Hsm {
     slot: Slot,
     pin: AuthPin,
     profile: ModuleProfile,
+    /// Whether the profile was detected (`hsm_profile = "auto"`), not configured.
+    auto: bool,
     anchor: Mutex<Anchor>,
     pool: SessionPool,
     pub(super) shelf: Option<Arc<dyn SealedKeyShelf>>,
@@ -100,11 +107,30 @@ pub struct Hsm {
     webhook_public: OnceLock<[u8; 32]>,
     pub(super) login_public: OnceLock<LoginPublicKeys>,
     pub(super) proof_public: OnceLock<[u8; 65]>,
+    /// Seals this process may still make under the KEK before it reserves more from the store
+    /// ([`Hsm::count_seal`]).
+    seal_budget: Mutex<SealBudget>,
     /// Certificates whose MAC this process checked valid, by digest of what was checked: a
     /// credential stamps request after request with one certificate, and a MAC check in the HSM
     /// (a `C_VerifyInit` each) was about 9 % of the enclave's CPU per signature.
     verified_certificates: crate::bounded_cache::BoundedCache<()>,
 }
+
+/// The seals reserved for this process under the KEK: the next one's number and the end of the
+/// block (`next == end`: none left).
+#[derive(Default)]
+struct SealBudget {
+    next: u64,
+    end: u64,
+}
+
+/// Seals reserved from the store at a time: a durable write per 1,024 seals. A block an enclave
+/// does not use up (it stops) stays counted: the count is an upper bound.
+const SEAL_BLOCK: u64 = 1024;
+/// Seals under one KEK past which every reservation warns (2³¹)...
+const SEALS_WARN: u64 = 1 << 31;
+/// ...and at which sealing stops (2³², NIST SP 800-38D §8.3 for random 96-bit IVs).
+const SEALS_MAX: u64 = 1 << 32;
 
 /// Bytes of certificates checked valid the enclave remembers ([`Hsm::certificate_mac_valid`]):
 /// about 32,000 of them.
@@ -201,6 +227,7 @@ impl Hsm {
     /// profile needs (refusing with what is missing), finds the token by label and logs in once.
     pub fn open(settings: HsmSettings) -> Result<Self, HsmError> {
         let ctx = load_module(&settings.module)?;
+        let auto = settings.profile.is_none();
         let profile = match settings.profile {
             Some(profile) => profile,
             None => ModuleProfile::detect(&ctx)?,
@@ -213,7 +240,7 @@ impl Hsm {
             .ok_or_else(|| HsmError::TokenNotFound(settings.token_label.clone()))?;
         let session = ctx.open_rw_session(slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &settings.pin)?;
-        let profile = profile.check(&ctx, slot, |mechanism, public, private| {
+        let profile = profile.check(&ctx, slot, settings.creates_keys, |mechanism, public, private| {
             let (public, private) = session.generate_key_pair(mechanism, public, private)?;
             session.destroy_object(private)?;
             session.destroy_object(public)
@@ -235,6 +262,7 @@ impl Hsm {
             slot,
             pin: settings.pin,
             profile,
+            auto,
             anchor: Mutex::new(Anchor { _session: session, keys: None }),
             pool: SessionPool::new(limit),
             shelf: settings.shelf,
@@ -244,7 +272,35 @@ impl Hsm {
             login_public: OnceLock::new(),
             proof_public: OnceLock::new(),
             verified_certificates: crate::bounded_cache::BoundedCache::new(VERIFIED_CERTIFICATES_BYTES),
+            seal_budget: Mutex::default(),
         })
+    }
+
+    /// Counts one seal under the KEK against its bound, reserving a block of seals from the
+    /// authority store when this process has none left (every enclave on the store counts into
+    /// one total). Warns past 2³¹ seals, refuses at 2³². Not counted without a store (tests,
+    /// tools that seal nothing).
+    fn count_seal(&self) -> Result<(), HsmError> {
+        let Some(shelf) = &self.shelf else { return Ok(()) };
+        let mut budget = self.seal_budget.lock().map_err(|_| HsmError::Poisoned)?;
+        if budget.next == budget.end {
+            let end = shelf.reserve_seals(KEK_LABEL, SEAL_BLOCK)?;
+            *budget = SealBudget { next: end.saturating_sub(SEAL_BLOCK), end };
+            if end > SEALS_WARN {
+                tracing::warn!(
+                    kek = KEK_LABEL,
+                    seals = end,
+                    "the KEK is past 2^31 seals: rotate it before 2^32, where sealing stops"
+                );
+            } else {
+                tracing::info!(kek = KEK_LABEL, seals = end, "seals reserved under the KEK");
+            }
+        }
+        if budget.next >= SEALS_MAX {
+            return Err(HsmError::KekExhausted { label: KEK_LABEL, count: budget.next });
+        }
+        budget.next += 1;
+        Ok(())
     }
 
     /// Creates the service keys if they are missing (idempotent), each where the profile says:
@@ -316,6 +372,16 @@ impl Hsm {
     /// The profile the enclave runs under, its `HsmIfOffered` homes settled at start.
     pub fn profile(&self) -> &ModuleProfile {
         &self.profile
+    }
+
+    /// Whether the profile was detected from the module, not configured.
+    pub(super) fn auto_detected(&self) -> bool {
+        self.auto
+    }
+
+    /// Runs under `profile` from now on (the self-test's choice of how to seal).
+    pub(super) fn set_sealing(&mut self, profile: ModuleProfile) {
+        self.profile = profile;
     }
 
     /// A session from the pool (waits while all are leased); returns to it when dropped.
@@ -479,6 +545,7 @@ impl Hsm {
     /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM, the IV produced as the profile
     /// says and recorded in the blob), bound to `binding`.
     pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
+        self.count_seal()?;
         let aad = binding.aad(seal::VERSION, KEK_LABEL);
         let output = self
             .with_session(|s, keys| kek::encrypt(s, keys.kek, &self.profile, &aad, plaintext), "C_Encrypt (seal)")?
@@ -486,7 +553,16 @@ impl Hsm {
                 GcmFault::NoIvWrittenBack => HsmError::Malformed("the module wrote no GCM IV back (check hsm_profile)"),
                 GcmFault::ShortOutput => HsmError::Malformed("the module's GCM output has no room for its IV"),
             })?;
-        Ok(seal::encode(seal::VERSION, KEK_LABEL, self.profile.iv_source.code(), &output.iv, &output.ciphertext))
+        let blob =
+            seal::encode(seal::VERSION, KEK_LABEL, self.profile.iv_source.code(), &output.iv, &output.ciphertext);
+        // Opened once before it is kept: a module that seals what it cannot open again (a Luna in
+        // FIPS mode sent caller IVs) is found now, not when a user signs. One decrypt per seal;
+        // seals are never on the signing path.
+        match self.unseal(binding, &blob) {
+            Ok(opened) if opened.as_slice() == plaintext => Ok(blob),
+            Ok(_) | Err(HsmError::SealAuthentication) => Err(HsmError::SealNotReopened(self.profile.name)),
+            Err(e) => Err(e),
+        }
     }
 
     /// A blob in an earlier format (version 1 or 2, caller IVs), as earlier enclaves sealed
@@ -640,7 +716,7 @@ impl Hsm {
 
 /// Generates a 32-byte token secret key of `key_type` under `label` for two `usage`s: sensitive
 /// and never extractable.
-fn generate_secret(
+pub(super) fn generate_secret(
     session: &Session,
     mechanism: Mechanism,
     key_type: KeyType,
@@ -694,9 +770,15 @@ fn generate_pair(
         .map_err(|e| HsmError::call("C_GenerateKeyPair", e))
 }
 
+/// The one object of `class` labelled `label`, if any; refused if the token holds several (two
+/// `init` runs at once can make two, and which one a search finds first is the module's choice).
 pub(super) fn find_key(session: &Session, class: ObjectClass, label: &str) -> Result<Option<ObjectHandle>, HsmError> {
-    session
+    let found = session
         .find_objects(&[Attribute::Class(class), Attribute::Label(label.as_bytes().to_vec())])
-        .map(|v| v.first().copied())
-        .map_err(|e| HsmError::call("C_FindObjects", e))
+        .map_err(|e| HsmError::call("C_FindObjects", e))?;
+    match found.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        many => Err(HsmError::DuplicateLabel { label: label.to_string(), count: many.len() }),
+    }
 }

@@ -146,6 +146,9 @@ impl<B: Backend> EnclaveStore for B {
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read(|db| sql::sealed_service_key(db, label))
     }
+    fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, StoreError> {
+        self.write(true, |db| sql::reserve_seals(db, kek_label, n))
+    }
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
         self.write(true, |db| sql::keep_sealed_service_key(db, label, blob))
     }

@@ -376,6 +376,11 @@ pub trait EnclaveStore: Send + Sync {
     /// Keeps `blob` under `label` unless a key is there already; returns the one kept.
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError>;
 
+    /// Reserves `n` more seals under the KEK labelled `kek_label` (durably, counted for every
+    /// enclave on the store) and answers how many are reserved now, these included: the count a
+    /// KEK's seals are bounded by (NIST SP 800-38D §8.3, random 96-bit IVs).
+    fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, StoreError>;
+
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of
     /// the organization whenever it reaches its quota, all of them periodically and when the

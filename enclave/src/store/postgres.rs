@@ -172,6 +172,12 @@ CREATE TABLE ballots (
 );
 CREATE INDEX ballots_expiry ON ballots (expires_ms);
 ",
+    r"
+CREATE TABLE kek_seals (
+    kek_label TEXT PRIMARY KEY,
+    reserved BIGINT NOT NULL
+);
+",
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).

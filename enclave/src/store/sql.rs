@@ -242,6 +242,20 @@ pub fn keep_sealed_service_key<D: Db>(db: &mut D, label: &str, blob: &[u8]) -> R
     sealed_service_key(db, label)?.ok_or_else(|| StoreError::Invalid(format!("sealed service key {label} vanished")))
 }
 
+/// Adds `n` to the seals reserved under `kek_label`; answers the new total.
+pub fn reserve_seals<D: Db>(db: &mut D, kek_label: &str, n: u64) -> Result<u64, StoreError> {
+    let n = i64::try_from(n).map_err(|_| StoreError::Invalid(format!("{n} seals at once")))?;
+    db.execute(
+        "INSERT INTO kek_seals (kek_label, reserved) VALUES (?1, ?2)
+         ON CONFLICT (kek_label) DO UPDATE SET reserved = kek_seals.reserved + excluded.reserved",
+        args![kek_label, n],
+    )?;
+    let total = db.query_one("SELECT reserved FROM kek_seals WHERE kek_label = ?1", args![kek_label], |r| {
+        Ok::<_, StoreError>(r.int(0)?)
+    })?;
+    u64::try_from(total).map_err(|_| StoreError::Corrupt(format!("{total} seals reserved under {kek_label}")))
+}
+
 /// Whether the replay window holds `key` live, or the log links `fingerprint` in any status.
 pub fn spent<D: Db>(db: &mut D, key: &[u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
     db.query_one(

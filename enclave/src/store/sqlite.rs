@@ -119,6 +119,12 @@ CREATE TABLE ballots (
 ) WITHOUT ROWID;
 CREATE INDEX ballots_expiry ON ballots (expires_ms);
 ",
+    r"
+CREATE TABLE kek_seals (
+    kek_label TEXT PRIMARY KEY,
+    reserved INTEGER NOT NULL
+) WITHOUT ROWID;
+",
 ];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own

@@ -54,6 +54,7 @@ fn service() -> Arc<EnclaveService> {
                 pool_size: 4,
                 profile: None,
                 shelf: None,
+                creates_keys: true,
             };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");

@@ -461,6 +461,7 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
                     pool_size: 16,
                     profile: None,
                     shelf: None,
+                    creates_keys: false,
                 })
                 .expect("open token"),
             )

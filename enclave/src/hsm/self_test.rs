@@ -1,0 +1,119 @@
+//! The sealing self-test: before `serve` takes a request (and after `init` made its keys), a
+//! value is sealed and opened under the KEK with the configured profile, and the blob's layout
+//! is checked, so that a profile that does not fit the module is refused at start with one
+//! message naming the likely profile, not found when a user signs.
+
+use super::error::HsmError;
+use super::key_labels::KEK_LABEL;
+use super::profile::{IvSource, ModuleProfile};
+use super::seal::{self, BlobBinding, BlobKind, TAG_BITS};
+use super::token::Hsm;
+
+/// The binding the self-test seals under: a service blob no other code names.
+const SELF_TEST: BlobBinding<'static> = BlobBinding {
+    kind: BlobKind::ServiceKey,
+    organization_id: "",
+    resource_id: "coffer-seal-self-test",
+    curve: "",
+    address: "",
+    public_key: "",
+};
+
+/// What a failed self-test says to try, by the profile that failed.
+fn hint(profile: &ModuleProfile) -> &'static str {
+    match (profile.name, profile.iv_source) {
+        ("luna", _) => "a Luna HSM in FIPS mode generates its own IVs: set hsm_profile = \"luna-fips\"",
+        (_, IvSource::Caller) => {
+            "a module that chooses its own IVs needs its vendor's profile (luna-fips, cloudhsm, gcp-kms), or \"kryoptic\" for the PKCS#11 3.0 message API"
+        }
+        (_, IvSource::WrittenBack) => {
+            "the module does not write its IV back as this profile says: try hsm_profile = \"generic\" (caller IVs) or the vendor's profile"
+        }
+        (_, IvSource::Appended | IvSource::Prepended) => {
+            "the module does not put its IV in the output as this profile says: try hsm_profile = \"generic\" (caller IVs) or the vendor's profile"
+        }
+        (_, IvSource::MessageApi) => {
+            "the module's PKCS#11 3.0 message API does not seal as expected: try hsm_profile = \"generic\" (caller IVs)"
+        }
+    }
+}
+
+impl Hsm {
+    /// Seals and opens a fresh random value under the KEK with this profile, twice, and checks
+    /// what the module did: each blob records the profile's IV origin and length, the IVs are
+    /// not zero and differ, the ciphertext is the plaintext's length and a 16-byte tag, each opens
+    /// to the value sealed, and an altered or re-bound blob does not open. `Err` names what
+    /// failed and the profile to try.
+    pub(super) fn seal_round_trip(&self) -> Result<(), HsmError> {
+        let profile = self.profile();
+        let failed = |detail: String| HsmError::SelfTest { profile: profile.name, detail, hint: hint(profile) };
+        let value = self.random(32)?;
+        let first = self.seal(&SELF_TEST, &value).map_err(|e| failed(format!("sealing failed: {e}")))?;
+        let second = self.seal(&SELF_TEST, &value).map_err(|e| failed(format!("sealing failed: {e}")))?;
+        let (a, b) = (seal::decode(&first)?, seal::decode(&second)?);
+        let layout_ok = |p: &seal::ParsedBlob<'_>| {
+            p.version == seal::VERSION
+                && p.kek_label == KEK_LABEL
+                && p.iv_source == Some(profile.iv_source)
+                && p.iv.len() == profile.iv_len
+                && p.ciphertext.len() == value.len() + TAG_BITS / 8
+        };
+        if !layout_ok(&a) || !layout_ok(&b) {
+            return Err(failed(format!(
+                "a blob's layout is not the profile's ({} IV of {} bytes, a {}-byte tag)",
+                format!("{:?}", profile.iv_source).to_lowercase(),
+                profile.iv_len,
+                TAG_BITS / 8
+            )));
+        }
+        if a.iv.iter().all(|x| *x == 0) || a.iv == b.iv {
+            return Err(failed("the module sealed two values under the same (or a zero) IV".into()));
+        }
+        for blob in [&first, &second] {
+            match self.unseal(&SELF_TEST, blob) {
+                Ok(opened) if opened.as_slice() == value.as_slice() => {}
+                Ok(_) => return Err(failed("a blob it sealed opens to another value".into())),
+                Err(e) => return Err(failed(format!("a blob it sealed does not open: {e}"))),
+            }
+        }
+        let mut altered = first.clone();
+        if let Some(last) = altered.last_mut() {
+            *last ^= 1;
+        }
+        let elsewhere = BlobBinding { resource_id: "coffer-seal-self-test-elsewhere", ..SELF_TEST };
+        let refused = [self.unseal(&SELF_TEST, &altered), self.unseal(&elsewhere, &first)];
+        if refused.iter().any(|r| !matches!(r, Err(HsmError::SealAuthentication))) {
+            return Err(failed("an altered or re-bound blob was not refused: the tag is not checked".into()));
+        }
+        Ok(())
+    }
+
+    /// The self-test `serve` and `init` run ([`Hsm::seal_round_trip`]). A module detected as a
+    /// Luna (`hsm_profile = "auto"`) whose round trip fails with caller IVs is tried again as a
+    /// Luna in FIPS mode (its own 16-byte IVs, appended), and runs as one if that round-trips.
+    pub fn self_test(&mut self) -> Result<(), HsmError> {
+        let first = self.seal_round_trip();
+        let Err(failure) = first else { return Ok(()) };
+        if !(self.auto_detected() && self.profile().name == "luna") {
+            return Err(failure);
+        }
+        let fips = ModuleProfile::named("luna-fips").ok_or(failure)?;
+        let luna = self.profile().clone();
+        self.set_sealing(ModuleProfile {
+            name: fips.name,
+            iv_source: fips.iv_source,
+            iv_len: fips.iv_len,
+            ..luna.clone()
+        });
+        match self.seal_round_trip() {
+            Ok(()) => {
+                tracing::warn!("the module was detected as a Luna HSM and seals as one in FIPS mode: running as hsm_profile = \"luna-fips\" (set it to skip this test)");
+                Ok(())
+            }
+            Err(e) => {
+                self.set_sealing(luna);
+                Err(e)
+            }
+        }
+    }
+}
