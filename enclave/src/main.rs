@@ -136,9 +136,11 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Init => {
             let mut hsm = open_hsm(&cfg, &open_store(&cfg)?, true)?;
-            let created = hsm.init_service_keys()?;
-            // What `serve` will check first, checked where the keys were made.
+            // The KEK and the signer first, then the sealing self-test (which settles a Luna in
+            // FIPS mode), and only then the service keys, some of which are sealed under the KEK.
+            let mut created = hsm.init_resident_keys()?;
             hsm.self_test()?;
+            created.extend(hsm.init_service_keys()?);
             if !created.is_empty() && !hsm.profile().sees_other_processes_objects {
                 eprintln!(
                     "hsm_profile {:?}: this module shows a running enclave the keys another process made only after it restarts: restart every running enclave on this token",

@@ -33,13 +33,13 @@ pub enum HsmError {
     Shelf(String),
     #[error("the sealing self-test failed under hsm_profile {profile:?}: {detail}; {hint}")]
     SelfTest { profile: &'static str, detail: String, hint: &'static str },
-    #[error("a blob just sealed under hsm_profile {0:?} does not open again: the module does not seal as the profile says (run `coffer-enclave serve` for the self-test's advice)")]
+    #[error("a blob just sealed under hsm_profile {0:?} does not open again: the module does not seal as the profile says (the start-up self-test names the profile to try)")]
     SealNotReopened(&'static str),
-    #[error("the token holds {count} objects labelled {label:?}; Coffer uses exactly one key per label: remove the extra ones with the vendor's tools (two `coffer-enclave init` runs at once can make two)")]
+    #[error("the token holds {count} objects labelled {label:?}, and Coffer uses exactly one key per label, so it uses neither. Two `coffer-enclave init` runs at once can make two; on Cloud KMS every enabled version of a key is an object of its own (keep one enabled). Do not delete either before you know which one sealed the stored blobs: the other can go")]
     DuplicateLabel { label: String, count: usize },
     #[error("hsm_profile = \"auto\" does not recognise this PKCS#11 module ({0}): set hsm_profile to its vendor's profile, or to \"generic\" to run it under the generic profile's assumptions (caller IVs, keys in the module where it offers them)")]
     UnknownModule(String),
-    #[error("the KEK {label:?} has sealed {count} blobs, the most one AES-GCM key with random 96-bit IVs may (NIST SP 800-38D §8.3): no more seals under it; rotate the KEK")]
+    #[error("the KEK {label:?} has {count} seals counted (an upper bound), the most one AES-GCM key with random 96-bit IVs may make (NIST SP 800-38D §8.3): no more seals under it")]
     KekExhausted { label: &'static str, count: u64 },
 }
 

@@ -202,7 +202,8 @@ impl ModuleProfile {
         }
     }
 
-    /// The profile of the module's manufacturer (`C_GetInfo`), `generic` where none matches.
+    /// The profile of the module's manufacturer (`C_GetInfo`); a module none matches is refused
+    /// (`hsm_profile = "generic"` runs it under the generic profile).
     pub fn detect(ctx: &Pkcs11) -> Result<Self, HsmError> {
         let info = ctx.get_library_info().map_err(|e| HsmError::call("C_GetInfo", e))?;
         let who = format!("{} {}", info.manufacturer_id(), info.library_description()).to_ascii_lowercase();

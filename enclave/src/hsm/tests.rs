@@ -68,7 +68,7 @@ fn prepared(module: Module) -> Option<&'static Prepared> {
                 let dir = dir("kryoptic");
                 let conf = dir.join("token.conf");
                 // One slot per token the tests make (kryoptic has only the slots it is given).
-                let slots: String = (0..4)
+                let slots: String = (0..8)
                     .map(|n| {
                         let db = dir.join(format!("tokens/token{n}.sql"));
                         format!("[[slots]]\nslot = {n}\ndbtype = \"sqlite\"\ndbargs = \"{}\"\n", db.display())
@@ -113,6 +113,21 @@ fn try_open_on(
     store: &str,
     seals_before: u64,
 ) -> Option<Result<Hsm, HsmError>> {
+    try_open_as(module, label, profile, pool_size, user_pin, store, seals_before, true)
+}
+
+/// [`try_open_on`] as `serve` opens a token (`creates_keys` false) or as `init` does.
+#[allow(clippy::too_many_arguments)]
+fn try_open_as(
+    module: Module,
+    label: &str,
+    profile: Option<ModuleProfile>,
+    pool_size: usize,
+    user_pin: AuthPin,
+    store: &str,
+    seals_before: u64,
+    creates_keys: bool,
+) -> Option<Result<Hsm, HsmError>> {
     // Token creation and profile checks from parallel tests go one at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -131,7 +146,7 @@ fn try_open_on(
         pool_size,
         profile,
         shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
-        creates_keys: true,
+        creates_keys,
     }))
 }
 
@@ -545,9 +560,11 @@ fn the_sealing_self_test_passes_under_the_module_s_profile_and_names_one_to_try_
     _hsm: &Arc<Hsm>,
     module: Module,
 ) {
-    // The module's own profile, detected and configured: seals and opens, both ways.
-    for profile in [None, Some(detected(module))] {
-        let mut fitting = open(module, "unit", profile, 2).unwrap();
+    // The module's own profile, detected and configured, opened as `init` and as `serve` does:
+    // seals and opens.
+    for (profile, creates_keys) in [(None, true), (Some(detected(module)), true), (None, false)] {
+        let opened = try_open_as(module, "unit", profile, 2, pin(), "unit", 0, creates_keys);
+        let mut fitting = opened.unwrap().unwrap_or_else(|e| panic!("{e}"));
         fitting.self_test().unwrap_or_else(|e| panic!("{e}"));
     }
     // A profile that does not fit the module is refused at start with the advice to change it:

@@ -303,24 +303,34 @@ impl Hsm {
         Ok(())
     }
 
-    /// Creates the service keys if they are missing (idempotent), each where the profile says:
-    /// in the HSM, or sealed in the authority store. Returns what it created.
-    pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
-        // Each step leases a session of its own and returns it before sealing (which leases
-        // again): a pool bounded at one session must not wait for itself.
+    /// Creates the keys every module holds itself, the KEK and the bundle signer, if they are
+    /// missing; answers those it created. `init` makes them first, and runs the sealing
+    /// self-test before it seals any service key under the KEK.
+    pub fn init_resident_keys(&self) -> Result<Vec<&'static str>, HsmError> {
         let mut created = Vec::new();
         if find_key(&*self.session()?, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
             let usage = [Attribute::Encrypt(true), Attribute::Decrypt(true)];
             generate_secret(&*self.session()?, Mechanism::AesKeyGen, KeyType::AES, KEK_LABEL, usage)
                 .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
             created.push(KEK_LABEL);
-            // Sealed service keys are sealed under the KEK: it must be found from now on.
-            self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         }
         if find_key(&*self.session()?, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
             generate_pair(&*self.session()?, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
             created.push(SIGNER_LABEL);
         }
+        if !created.is_empty() {
+            // Found from now on (blobs are sealed under the KEK).
+            self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
+        }
+        Ok(created)
+    }
+
+    /// Creates the service keys if they are missing (idempotent), each where the profile says:
+    /// in the HSM, or sealed in the authority store. Returns what it created.
+    pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
+        // Each step leases a session of its own and returns it before sealing (which leases
+        // again): a pool bounded at one session must not wait for itself.
+        let mut created = self.init_resident_keys()?;
         let sealed_or_missing = |class, label| -> Result<bool, HsmError> {
             Ok(find_key(&*self.session()?, class, label)?.is_none() && !self.has_sealed_key(label)?)
         };
