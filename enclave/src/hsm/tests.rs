@@ -99,24 +99,12 @@ fn try_open(
     pool_size: usize,
     user_pin: AuthPin,
 ) -> Option<Result<Hsm, HsmError>> {
-    try_open_on(module, label, profile, pool_size, user_pin, label, 0)
+    try_open_as(module, label, profile, pool_size, user_pin, label, 0, true)
 }
 
 /// [`try_open`] with the authority store `store` (a file of the module's test directory), which
-/// has `seals_before` seals reserved under the KEK before the token is opened.
-fn try_open_on(
-    module: Module,
-    label: &str,
-    profile: Option<ModuleProfile>,
-    pool_size: usize,
-    user_pin: AuthPin,
-    store: &str,
-    seals_before: u64,
-) -> Option<Result<Hsm, HsmError>> {
-    try_open_as(module, label, profile, pool_size, user_pin, store, seals_before, true)
-}
-
-/// [`try_open_on`] as `serve` opens a token (`creates_keys` false) or as `init` does.
+/// has `seals_before` seals reserved under the KEK before the token is opened, as `serve` opens a
+/// token (`creates_keys` false) or as `init` does.
 #[allow(clippy::too_many_arguments)]
 fn try_open_as(
     module: Module,
@@ -611,7 +599,7 @@ fn a_label_held_twice_is_refused_by_init_and_serve(_hsm: &Arc<Hsm>, module: Modu
 fn a_kek_seals_at_most_2_to_the_32_blobs_counted_in_the_store(_hsm: &Arc<Hsm>, module: Module) {
     let b = binding(BlobKind::PrivateKey, "o", "k");
     let counted =
-        |store: &str, before: u64| try_open_on(module, "unit", None, 2, pin(), store, before).unwrap().unwrap();
+        |store: &str, before: u64| try_open_as(module, "unit", None, 2, pin(), store, before, true).unwrap().unwrap();
     // Counted in blocks reserved from the store: one seal reserves 1,024.
     let fresh = counted("seals-fresh", 0);
     fresh.seal(&b, &[1u8; 32]).unwrap();
