@@ -21,19 +21,37 @@ const DOMAIN_V1: &[u8] = b"coffer-seal-v1";
 const DOMAIN_V2: &[u8] = b"coffer-seal-v2";
 const DOMAIN_V3: &[u8] = b"coffer-seal-v3";
 
-/// The plaintext of an opened (unsealed) blob: wiped when dropped, never cloned, and its `Debug`
-/// prints only the length.
+/// The plaintext of an opened (unsealed) blob: locked in RAM while it lives (kept out of swap,
+/// where the process may lock memory), wiped when dropped (before its pages are unlocked), never
+/// cloned, and its `Debug` prints only the length.
 #[derive(zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
-pub struct OpenedBlob(Vec<u8>);
+pub struct OpenedBlob {
+    plaintext: Vec<u8>,
+    #[zeroize(skip)]
+    _locked: Option<region::LockGuard>,
+}
 
 impl OpenedBlob {
     pub(crate) fn new(plaintext: Vec<u8>) -> Self {
-        Self(plaintext)
+        let locked = match plaintext.is_empty() {
+            true => None,
+            false => region::lock(plaintext.as_ptr(), plaintext.len()).map_err(not_locked).ok(),
+        };
+        Self { plaintext, _locked: locked }
     }
 
     /// The plaintext.
     pub fn as_slice(&self) -> &[u8] {
-        &self.0
+        &self.plaintext
+    }
+}
+
+/// Logs, once per process, that opened secrets could not be locked in RAM (`RLIMIT_MEMLOCK`
+/// reached, or no right to lock): they are then used unlocked, as before, and may be swapped.
+fn not_locked(e: region::Error) {
+    static TOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(error = %e, "opened secrets cannot be locked in RAM (raise RLIMIT_MEMLOCK, e.g. LimitMEMLOCK= in systemd): they may be swapped");
     }
 }
 
@@ -41,19 +59,19 @@ impl std::ops::Deref for OpenedBlob {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.0
+        &self.plaintext
     }
 }
 
 impl AsRef<[u8]> for OpenedBlob {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.plaintext
     }
 }
 
 impl std::fmt::Debug for OpenedBlob {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OpenedBlob({} bytes)", self.0.len())
+        write!(f, "OpenedBlob({} bytes)", self.plaintext.len())
     }
 }
 
@@ -215,6 +233,14 @@ mod tests {
         assert_eq!(format!("{opened:?}"), "OpenedBlob(10 bytes)");
         assert_eq!(opened.as_slice(), b"seed words");
         assert_eq!(opened.len(), 10);
+    }
+
+    #[test]
+    fn opened_blobs_are_locked_in_ram_while_they_live() {
+        let opened = OpenedBlob::new(vec![7u8; 64]);
+        // This machine's RLIMIT_MEMLOCK (8 MiB) lets a process lock a page.
+        assert!(opened._locked.is_some(), "not locked");
+        assert!(OpenedBlob::new(Vec::new())._locked.is_none(), "nothing to lock");
     }
 
     #[test]
