@@ -524,10 +524,6 @@ impl Admission {
         }
         let not_a_vote = |why: &str| EnclaveError::refused(RefusalReason::NotApproved, why.to_string());
         let now = now_ms();
-        let state = match votes.is_empty() {
-            true => None,
-            false => self.rules.load(&activity.organization_id)?,
-        };
         let mut verified: Vec<Ballot> = Vec::with_capacity(votes.len());
         for stamped in votes {
             let vote = StampedActivity::parse(&stamped.body).map_err(|_| not_a_vote("a vote presented is no vote"))?;
@@ -549,18 +545,8 @@ impl Admission {
                 r.audit("record_activity");
                 r.into_error()
             })?;
-            let live = state
-                .as_ref()
-                .and_then(|l| l.state.live_credential(&voter.user_id, &voter.public_key, &voter.credential_type, now));
-            if voter.organization_id != activity.organization_id || live.is_none() {
-                return Err(not_a_vote("a vote presented is not by a credential the organization holds live"));
-            }
-            // Only root users vote on what only the root quorum decides (as the gateway lets vote).
-            let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
-            let root = state.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));
-            if root_only && !root {
-                return Err(not_a_vote("a vote presented is by a user who may not vote on a root quorum's activity"));
-            }
+            // A voter the rules count: live now, a root user on what only the root quorum decides.
+            self.may_vote(activity, &voter, now).map_err(Refusal::into_error)?;
             if verified.iter().any(|b| b.user_id == voter.user_id) {
                 return Err(not_a_vote("two votes presented are one user's"));
             }
