@@ -1,7 +1,8 @@
-//! Operator calls to the enclave: the body an operator's key stamps to bootstrap an organization.
-//! The gateway's `init-org` makes and stamps it; the enclave verifies the stamp against the
+//! Operator calls to the enclave: the bodies an operator's key stamps to bootstrap an
+//! organization, rotate the KEK or destroy an old one. The gateway's CLI (`init-org`,
+//! `rotate-kek`, `destroy-kek`) makes and stamps them; the enclave verifies the stamp against the
 //! operator keys of its own configuration, its freshness and that it was not used before, and
-//! certifies exactly the key it names. One format, written once, for both sides.
+//! does exactly what the body names. One format, written once, for both sides.
 
 use p256::ecdsa::signature::Signer;
 use serde::{Deserialize, Serialize};
@@ -22,47 +23,82 @@ pub struct BootstrapParameters {
     pub root_api_public_key: String,
 }
 
-/// A parsed bootstrap body.
+/// The `type` of a body that makes the KEK after `kekLabel` current.
+pub const ROTATE_KEK: &str = "COFFER_OPERATOR_ROTATE_KEK";
+/// The `type` of a body that destroys the KEK `kekLabel`.
+pub const DESTROY_KEK: &str = "COFFER_OPERATOR_DESTROY_KEK";
+
+/// What an operator does to a KEK: rotate from it (it must be the current one, so a rotation
+/// happens once however often its body is sent), or destroy it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KekParameters {
+    pub kek_label: String,
+    /// Destroying: the stored blobs the operator was shown to still name the KEK (the gateway's
+    /// count, `coffer-gateway kek-status`); the enclave destroys only at 0. Rotating: 0.
+    pub blobs_naming_it: u64,
+}
+
+/// A parsed operator body of `P`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootstrapBody {
+pub struct OperatorBody<P> {
     pub timestamp_ms: i64,
-    pub parameters: BootstrapParameters,
+    pub parameters: P,
     /// `crate::envelope::fingerprint` of the exact body: what replay refusal remembers.
     pub fingerprint: String,
 }
 
+/// A parsed bootstrap body.
+pub type BootstrapBody = OperatorBody<BootstrapParameters>;
+/// A parsed rotation or destruction body.
+pub type KekBody = OperatorBody<KekParameters>;
+
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Wire {
+struct Wire<P> {
     #[serde(rename = "type")]
     kind: String,
     timestamp_ms: String,
-    parameters: BootstrapParameters,
+    parameters: P,
+}
+
+fn body<P: Serialize + Clone>(kind: &str, parameters: &P, timestamp_ms: i64) -> Vec<u8> {
+    let wire = Wire { kind: kind.into(), timestamp_ms: timestamp_ms.to_string(), parameters: parameters.clone() };
+    serde_json::to_vec(&wire).unwrap_or_default()
+}
+
+fn parse<P: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<OperatorBody<P>, AuthError> {
+    let wire: Wire<P> = serde_json::from_slice(body).map_err(|_| {
+        AuthError::invalid(format!(
+            "not an operator body of type {kind} (type, timestampMs and parameters, nothing else)"
+        ))
+    })?;
+    if wire.kind != kind {
+        return Err(AuthError::invalid(format!("the operator body has type {:?}, not {kind}", wire.kind)));
+    }
+    let timestamp_ms =
+        wire.timestamp_ms.parse().map_err(|_| AuthError::invalid("an operator body has no valid timestampMs"))?;
+    Ok(OperatorBody { timestamp_ms, parameters: wire.parameters, fingerprint: crate::envelope::fingerprint(body) })
 }
 
 /// The body that asks for `parameters` at `timestamp_ms` (Unix milliseconds).
 pub fn bootstrap_body(parameters: &BootstrapParameters, timestamp_ms: i64) -> Vec<u8> {
-    let wire = Wire {
-        kind: BOOTSTRAP_ORGANIZATION.into(),
-        timestamp_ms: timestamp_ms.to_string(),
-        parameters: parameters.clone(),
-    };
-    serde_json::to_vec(&wire).unwrap_or_default()
+    body(BOOTSTRAP_ORGANIZATION, parameters, timestamp_ms)
 }
 
 /// Parses a bootstrap body: exactly the fields [`bootstrap_body`] writes, of that type.
 pub fn parse_bootstrap(body: &[u8]) -> Result<BootstrapBody, AuthError> {
-    let wire: Wire = serde_json::from_slice(body).map_err(|_| {
-        AuthError::invalid("not an operator bootstrap body (type, timestampMs and parameters, nothing else)")
-    })?;
-    if wire.kind != BOOTSTRAP_ORGANIZATION {
-        return Err(AuthError::invalid(format!("an operator bootstrap body has type {BOOTSTRAP_ORGANIZATION}")));
-    }
-    let timestamp_ms = wire
-        .timestamp_ms
-        .parse()
-        .map_err(|_| AuthError::invalid("an operator bootstrap body has no valid timestampMs"))?;
-    Ok(BootstrapBody { timestamp_ms, parameters: wire.parameters, fingerprint: crate::envelope::fingerprint(body) })
+    parse(BOOTSTRAP_ORGANIZATION, body)
+}
+
+/// The body of a KEK operation `kind` ([`ROTATE_KEK`] or [`DESTROY_KEK`]).
+pub fn kek_body(kind: &str, parameters: &KekParameters, timestamp_ms: i64) -> Vec<u8> {
+    body(kind, parameters, timestamp_ms)
+}
+
+/// Parses a KEK operation's body of type `kind`.
+pub fn parse_kek(kind: &str, body: &[u8]) -> Result<KekBody, AuthError> {
+    parse(kind, body)
 }
 
 /// The `X-Stamp` value of `body` by the operator's `key` (the API-key P-256 scheme, so
@@ -112,5 +148,10 @@ mod tests {
         ] {
             assert!(parse_bootstrap(other).is_err(), "{}", String::from_utf8_lossy(other));
         }
+        let kek = KekParameters { kek_label: "coffer-kek-v1".into(), blobs_naming_it: 0 };
+        let rotate = kek_body(ROTATE_KEK, &kek, 99);
+        assert_eq!(parse_kek(ROTATE_KEK, &rotate).unwrap().parameters, kek);
+        assert!(parse_kek(DESTROY_KEK, &rotate).is_err(), "a rotation is not a destruction");
+        assert!(parse_bootstrap(&rotate).is_err());
     }
 }

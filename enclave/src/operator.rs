@@ -1,8 +1,9 @@
-//! Operator authorization: `BootstrapOrganization` runs only for a body stamped, just now and
-//! once, by an operator key of the enclave's own configuration (`operator_public_keys`), never on
-//! the gateway's word. Every refusal and allow writes its `coffer_audit` line.
+//! Operator authorization: `BootstrapOrganization`, `RotateKek` and `DestroyKek` run only for a
+//! body stamped, just now and once, by an operator key of the enclave's own configuration
+//! (`operator_public_keys`), never on the gateway's word. Every refusal and allow writes its
+//! `coffer_audit` line.
 
-use coffer_auth::operator::{self, BootstrapBody};
+use coffer_auth::operator::{self, BootstrapBody, KekBody, OperatorBody};
 use coffer_auth::stamp;
 use coffer_proto::v1 as pb;
 
@@ -11,6 +12,10 @@ use crate::error::{EnclaveError, RefusalReason};
 
 /// The operation name of a bootstrap in audit lines and the replay window.
 pub const BOOTSTRAP_ORGANIZATION: &str = "bootstrap_organization";
+/// The operation name of a KEK rotation in audit lines and the replay window.
+pub const ROTATE_KEK: &str = "rotate_kek";
+/// The operation name of a KEK's destruction in audit lines and the replay window.
+pub const DESTROY_KEK: &str = "destroy_kek";
 
 /// The operators' public keys (compressed P-256, lowercase hex), from the configuration.
 #[derive(Debug, Clone, Default)]
@@ -18,13 +23,16 @@ pub struct Operators {
     keys: Vec<String>,
 }
 
-/// A bootstrap an operator stamped, verified.
+/// An operator body stamped by an operator, verified.
 #[derive(Debug)]
-pub struct OperatorBootstrap {
-    pub body: BootstrapBody,
+pub struct Stamped<B> {
+    pub body: B,
     /// The operator key that stamped it.
     pub operator: String,
 }
+
+/// A bootstrap an operator stamped, verified.
+pub type OperatorBootstrap = Stamped<BootstrapBody>;
 
 impl Operators {
     /// `keys` as `EnclaveConfig::operator_keys` checked them.
@@ -39,11 +47,36 @@ impl Operators {
         admission: &Admission,
         request: Option<&pb::StampedRequest>,
     ) -> Result<OperatorBootstrap, EnclaveError> {
+        self.authorize(admission, request, BOOTSTRAP_ORGANIZATION, operator::parse_bootstrap)
+    }
+
+    /// Verifies the operator's stamped KEK body of `operation` ([`ROTATE_KEK`] or
+    /// [`DESTROY_KEK`]) as [`Operators::authorize_bootstrap`] does a bootstrap's.
+    pub fn authorize_kek(
+        &self,
+        admission: &Admission,
+        request: Option<&pb::StampedRequest>,
+        operation: &'static str,
+    ) -> Result<Stamped<KekBody>, EnclaveError> {
+        let kind = match operation {
+            ROTATE_KEK => operator::ROTATE_KEK,
+            _ => operator::DESTROY_KEK,
+        };
+        self.authorize(admission, request, operation, |body| operator::parse_kek(kind, body))
+    }
+
+    fn authorize<P>(
+        &self,
+        admission: &Admission,
+        request: Option<&pb::StampedRequest>,
+        operation: &'static str,
+        parse: impl Fn(&[u8]) -> Result<OperatorBody<P>, coffer_auth::AuthError>,
+    ) -> Result<Stamped<OperatorBody<P>>, EnclaveError> {
         let refusal = |reason: RefusalReason, message: &str, fingerprint: &str, operator: &str| {
             tracing::warn!(
                 target: "coffer_audit",
                 decision = "refuse",
-                operation = BOOTSTRAP_ORGANIZATION,
+                operation,
                 reason = message,
                 reason_code = reason.as_str_name(),
                 credential = operator,
@@ -63,7 +96,7 @@ impl Operators {
         if self.keys.is_empty() {
             return Err(refuse(
                 RefusalReason::NotOperator,
-                "no operator key is configured (operator_public_keys): bootstrap is off",
+                "no operator key is configured (operator_public_keys): operator calls are off",
                 "",
             ));
         }
@@ -75,8 +108,8 @@ impl Operators {
             return Err(refuse(RefusalReason::NotOperator, "the stamp is not by an operator key", &s.public_key));
         }
         stamp::verify(&s, &request.body).map_err(|e| refuse(RefusalReason::NotOperator, &e.message, &s.public_key))?;
-        let body = operator::parse_bootstrap(&request.body)
-            .map_err(|e| refuse(RefusalReason::OperationMismatch, &e.message, &s.public_key))?;
+        let body =
+            parse(&request.body).map_err(|e| refuse(RefusalReason::OperationMismatch, &e.message, &s.public_key))?;
         if !admission.is_fresh(body.timestamp_ms) {
             return Err(refuse(
                 RefusalReason::Stale,
@@ -84,7 +117,7 @@ impl Operators {
                 &s.public_key,
             ));
         }
-        match admission.first_use(BOOTSTRAP_ORGANIZATION, &body.fingerprint, body.timestamp_ms) {
+        match admission.first_use(operation, &body.fingerprint, body.timestamp_ms) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(refuse(
@@ -95,7 +128,7 @@ impl Operators {
             }
             Err(e) => return Err(refuse(RefusalReason::ReplayWindowFull, &e.to_string(), &s.public_key)),
         }
-        Ok(OperatorBootstrap { body, operator: s.public_key })
+        Ok(Stamped { body, operator: s.public_key })
     }
 }
 

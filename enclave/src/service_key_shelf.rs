@@ -10,14 +10,42 @@ pub struct ServiceKeyShelf(pub Arc<dyn EnclaveStore>);
 
 impl SealedKeyShelf for ServiceKeyShelf {
     fn sealed_service_key(&self, label: &str) -> Result<Option<Vec<u8>>, HsmError> {
-        self.0.sealed_service_key(label).map_err(|e| HsmError::Shelf(e.to_string()))
+        self.0.sealed_service_key(label).map_err(shelf)
     }
 
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, HsmError> {
-        self.0.keep_sealed_service_key(label, blob).map_err(|e| HsmError::Shelf(e.to_string()))
+        self.0.keep_sealed_service_key(label, blob).map_err(shelf)
     }
 
     fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, HsmError> {
-        self.0.reserve_seals(kek_label, n).map_err(|e| HsmError::Shelf(e.to_string()))
+        self.0.reserve_seals(kek_label, n).map_err(shelf)
     }
+
+    fn seals_reserved(&self) -> Result<Vec<(String, u64)>, HsmError> {
+        self.0.seals_reserved().map_err(shelf)
+    }
+
+    fn sealed_service_keys(&self) -> Result<Vec<(String, Vec<u8>)>, HsmError> {
+        self.0.sealed_service_keys().map_err(shelf)
+    }
+
+    fn replace_sealed_service_key(&self, label: &str, old: &[u8], new: &[u8]) -> Result<bool, HsmError> {
+        self.0.replace_sealed_service_key(label, old, new).map_err(shelf)
+    }
+
+    fn keks(&self) -> Result<Vec<(u32, i64, Option<i64>)>, HsmError> {
+        Ok(self.0.keks().map_err(shelf)?.into_iter().map(|k| (k.version, k.made_ms, k.destroyed_ms)).collect())
+    }
+
+    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError> {
+        self.0.add_kek(version, made_ms).map_err(shelf)
+    }
+
+    fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError> {
+        self.0.kek_destroyed(version, at_ms).map_err(shelf)
+    }
+}
+
+fn shelf(e: crate::store::StoreError) -> HsmError {
+    HsmError::Shelf(e.to_string())
 }

@@ -18,6 +18,7 @@ pub mod ops;
 pub mod orgs;
 pub mod record_changes;
 pub mod record_kinds;
+pub mod reseal;
 pub mod serve;
 pub mod stamps;
 pub mod state;

@@ -55,6 +55,28 @@ enum Command {
         #[arg(long)]
         enclave_socket: Option<PathBuf>,
     },
+    /// What each KEK holds: the enclave's view (current, seals counted, in the HSM, sealed
+    /// service keys under it) and the blobs this gateway's store keeps under it. Prints JSON.
+    KekStatus,
+    /// Makes a new KEK current in the running enclave (stamped by the operator's key from
+    /// COFFER_OPERATOR_KEY_FILE): new seals use it from then on; run `reseal` next.
+    RotateKek,
+    /// Moves every blob the store keeps that names an older KEK to the current one, through the
+    /// enclave, while the service runs. Resumable: stop it at any point and run it again. Prints
+    /// progress on stderr and a JSON report (moved, already current, failed) on stdout; exit
+    /// status 1 if a blob did not open.
+    Reseal {
+        /// Blobs per enclave call (1 to 256).
+        #[arg(long, default_value_t = 128)]
+        batch: usize,
+    },
+    /// Destroys an old KEK in the HSM (stamped by the operator's key) once no stored blob names
+    /// it. A backup of the store from before the re-seal names it still: its blobs never open
+    /// again.
+    DestroyKek {
+        #[arg(long)]
+        label: String,
+    },
     /// Create an organization with a root user and its API public key, certified by the running
     /// enclave for the operator's stamp (key from COFFER_OPERATOR_KEY_FILE); prints the ids as JSON.
     InitOrg {
@@ -339,6 +361,39 @@ async fn main() -> anyhow::Result<()> {
             let store = cfg.operator_store()?;
             let n = coffer_gateway::orgs::import_certificates(store.as_ref(), std::io::stdin().lock())?;
             println!("{}", serde_json::json!({ "certificatesStored": n }));
+            Ok(())
+        }
+        Command::KekStatus => {
+            let custody = Custody::connect_all(cfg.operator_enclaves()?)?;
+            let report = coffer_gateway::reseal::status(cfg.operator_store()?.as_ref(), &custody).await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::RotateKek => {
+            let operator = cfg.operator_key()?;
+            let custody = Custody::connect_all(cfg.operator_enclaves()?)?;
+            let current = coffer_gateway::reseal::rotate(&custody, &operator).await?;
+            println!("{}", serde_json::json!({ "current": current }));
+            Ok(())
+        }
+        Command::Reseal { batch } => {
+            let custody = Custody::connect_all(cfg.operator_enclaves()?)?;
+            let store = cfg.operator_store()?;
+            let report = coffer_gateway::reseal::reseal(store.as_ref(), &custody, batch, |table, moved| {
+                eprintln!("{}", serde_json::json!({ "table": table, "moved": moved }));
+            })
+            .await?;
+            println!("{}", serde_json::to_string(&report)?);
+            if !report.failed.is_empty() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::DestroyKek { label } => {
+            let operator = cfg.operator_key()?;
+            let custody = Custody::connect_all(cfg.operator_enclaves()?)?;
+            coffer_gateway::reseal::destroy(cfg.operator_store()?.as_ref(), &custody, &operator, &label).await?;
+            println!("{}", serde_json::json!({ "destroyed": label }));
             Ok(())
         }
         Command::InitOrg { name, user_name, api_public_key, enclave_socket } => {

@@ -15,7 +15,7 @@ pub enum HsmError {
     TokenNotFound(String),
     #[error("service key {0:?} is missing from the token: run `coffer-enclave init` (and restart the enclave where the module does not see other processes' new objects)")]
     KeyMissing(&'static str),
-    #[error("sealed blob names KEK {0:?}, which this enclave does not hold")]
+    #[error("the token holds no KEK labelled {0:?} (never made here: run `coffer-enclave init`; or destroyed after a rotation)")]
     UnknownKek(String),
     #[error("sealed blob failed authentication")]
     SealAuthentication,
@@ -40,7 +40,11 @@ pub enum HsmError {
     #[error("hsm_profile = \"auto\" does not recognise this PKCS#11 module ({0}): set hsm_profile to its vendor's profile, or to \"generic\" to run it under the generic profile's assumptions (caller IVs, keys in the module where it offers them)")]
     UnknownModule(String),
     #[error("the KEK {label:?} has {count} seals counted (an upper bound), the most one AES-GCM key with random 96-bit IVs may make (NIST SP 800-38D §8.3): no more seals under it")]
-    KekExhausted { label: &'static str, count: u64 },
+    KekExhausted { label: String, count: u64 },
+    #[error("the rotation names KEK {named:?} as current, and {current:?} is: it rotated already (check `coffer-gateway kek-status`)")]
+    KekNotCurrent { named: String, current: String },
+    #[error("the KEK {label:?} is still used by {by}: it is not destroyed")]
+    KekInUse { label: String, by: &'static str },
 }
 
 impl HsmError {
@@ -57,6 +61,7 @@ impl From<HsmError> for EnclaveError {
         match e {
             HsmError::SealAuthentication | HsmError::UnknownKek(_) => EnclaveError::SealAuthentication,
             HsmError::Malformed(m) => EnclaveError::InvalidArgument(format!("malformed input: {m}")),
+            HsmError::KekNotCurrent { .. } | HsmError::KekInUse { .. } => EnclaveError::InvalidArgument(e.to_string()),
             HsmError::Poisoned => EnclaveError::Internal(e.to_string()),
             other => EnclaveError::Hsm(other.to_string()),
         }

@@ -1,8 +1,23 @@
 //! Which keys the token holds: the service keys' labels, and the login keys' names and public
 //! halves.
 
-/// Label of the AES-256 key-encryption key that seals all user key material.
+/// Label of the first AES-256 key-encryption key (KEK), which seals all user key material until a
+/// rotation makes `coffer-kek-v2` current, and so on ([`kek_label`]).
 pub const KEK_LABEL: &str = "coffer-kek-v1";
+const KEK_LABEL_PREFIX: &str = "coffer-kek-v";
+
+/// The label of KEK `version` (1, 2, ...).
+pub fn kek_label(version: u32) -> String {
+    format!("{KEK_LABEL_PREFIX}{version}")
+}
+
+/// The version a KEK label names: `coffer-kek-v` and a number from 1 on, in its shortest
+/// decimal form; `None` for any other label (no other key of the token is ever used as a KEK).
+pub fn kek_version(label: &str) -> Option<u32> {
+    let digits = label.strip_prefix(KEK_LABEL_PREFIX)?;
+    let version: u32 = digits.parse().ok()?;
+    (version >= 1 && digits == version.to_string()).then_some(version)
+}
 /// Label of the P-256 key pair that signs export and import envelopes.
 pub const SIGNER_LABEL: &str = "coffer-bundle-signer-v1";
 /// Label of the HMAC-SHA256 key that certifies credentials (organization, user, public key).

@@ -5,6 +5,7 @@
 
 mod error;
 mod kek;
+mod kek_rotation;
 mod key_labels;
 mod login_keys;
 mod pool;
@@ -17,9 +18,10 @@ mod software_keys;
 mod token;
 
 pub use error::HsmError;
+pub use kek_rotation::KekState;
 pub use key_labels::{
-    LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL,
-    SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
+    kek_label, kek_version, LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL,
+    PROOF_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
 pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};

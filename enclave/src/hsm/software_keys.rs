@@ -20,6 +20,19 @@ pub trait SealedKeyShelf: Send + Sync {
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, HsmError>;
     /// Reserves `n` more seals under the KEK `kek_label`; answers how many are reserved now.
     fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, HsmError>;
+    /// The seals reserved under each KEK label so far.
+    fn seals_reserved(&self) -> Result<Vec<(String, u64)>, HsmError>;
+    /// Every sealed service key: (label, blob).
+    fn sealed_service_keys(&self) -> Result<Vec<(String, Vec<u8>)>, HsmError>;
+    /// Replaces the sealed service key `label` by `new` if it is still `old`.
+    fn replace_sealed_service_key(&self, label: &str, old: &[u8], new: &[u8]) -> Result<bool, HsmError>;
+    /// The KEKs recorded by rotation or destruction: (version, made at, destroyed at), oldest
+    /// first. The current KEK is the newest (version 1 while none is recorded).
+    fn keks(&self) -> Result<Vec<(u32, i64, Option<i64>)>, HsmError>;
+    /// Records KEK `version` as made, if it is the next one; answers whether it did.
+    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError>;
+    /// Records KEK `version` as destroyed.
+    fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError>;
 }
 
 /// The sealed blobs read so far, by label (not secret: opening needs the HSM).

@@ -11,7 +11,7 @@ use cryptoki::types::AuthPin;
 use super::error::HsmError;
 use super::key_labels::*;
 use super::profile::{IvSource, KeyHome, ModuleProfile};
-use super::seal::{is_legacy, BlobBinding, BlobKind, LEGACY_VERSION, V2};
+use super::seal::{self, is_legacy, BlobBinding, BlobKind, LEGACY_VERSION, V2};
 use super::token::*;
 
 const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
@@ -615,7 +615,7 @@ fn a_kek_seals_at_most_2_to_the_32_blobs_counted_in_the_store(_hsm: &Arc<Hsm>, m
     full.seal(&b, &[3u8; 32]).unwrap();
     full.seal(&b, &[4u8; 32]).unwrap();
     match full.seal(&b, &[5u8; 32]) {
-        Err(HsmError::KekExhausted { label, count }) => assert_eq!((label, count), (KEK_LABEL, 1u64 << 32)),
+        Err(HsmError::KekExhausted { label, count }) => assert_eq!((label.as_str(), count), (KEK_LABEL, 1u64 << 32)),
         other => panic!("{other:?}"),
     }
     // What was sealed before still opens.
@@ -623,7 +623,60 @@ fn a_kek_seals_at_most_2_to_the_32_blobs_counted_in_the_store(_hsm: &Arc<Hsm>, m
     assert_eq!(full.unseal(&b, &blob).unwrap().as_slice(), &[6u8; 32]);
 }
 
+fn a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it(_hsm: &Arc<Hsm>, module: Module) {
+    let all_sealed = ModuleProfile {
+        webhook_signer: KeyHome::Sealed,
+        tls_fetcher: KeyHome::Sealed,
+        cert_mac: KeyHome::Sealed,
+        ..detected(module)
+    };
+    let open_on = |creates_keys| {
+        try_open_as(module, "rotate", Some(all_sealed.clone()), 2, pin(), "rotate", 0, creates_keys).unwrap().unwrap()
+    };
+    let hsm = open_on(true);
+    hsm.init_service_keys().unwrap();
+    let mac = hsm.certificate_mac(b"certificate").unwrap();
+    let b = binding(BlobKind::PrivateKey, "o", "k");
+    let old = hsm.seal(&b, &[7u8; 32]).unwrap();
+    let kek_of = |blob: &[u8]| seal::decode(blob).unwrap().kek_label.to_string();
+    assert_eq!(kek_of(&old), KEK_LABEL);
+    // A rotation names the KEK it rotates from: a stale one, or the same body again, rotates nothing.
+    assert!(matches!(hsm.rotate_kek("coffer-kek-v2", 1), Err(HsmError::KekNotCurrent { .. })));
+    assert_eq!(hsm.rotate_kek(KEK_LABEL, 1).unwrap(), "coffer-kek-v2");
+    assert!(matches!(hsm.rotate_kek(KEK_LABEL, 2), Err(HsmError::KekNotCurrent { .. })));
+    // New seals name the new KEK, in this process and in another on the same store.
+    assert_eq!(kek_of(&hsm.seal(&b, &[8u8; 32]).unwrap()), "coffer-kek-v2");
+    assert_eq!(kek_of(&open_on(false).seal(&b, &[8u8; 32]).unwrap()), "coffer-kek-v2");
+    // The old blob still opens; a re-seal moves it, once, and only under its own binding.
+    assert_eq!(hsm.unseal(&b, &old).unwrap().as_slice(), &[7u8; 32]);
+    assert!(matches!(
+        hsm.reseal(&binding(BlobKind::PrivateKey, "o", "other"), &old),
+        Err(HsmError::SealAuthentication)
+    ));
+    let moved = hsm.reseal(&b, &old).unwrap().expect("moved");
+    assert_eq!(kek_of(&moved), "coffer-kek-v2");
+    assert_eq!(hsm.unseal(&b, &moved).unwrap().as_slice(), &[7u8; 32]);
+    assert!(hsm.reseal(&b, &moved).unwrap().is_none(), "under the current KEK already");
+    // The sealed service keys moved at rotation, and work as before.
+    let states = hsm.kek_states().unwrap();
+    let summary: Vec<_> = states.iter().map(|k| (k.label.as_str(), k.current, k.in_token, k.service_keys)).collect();
+    assert_eq!(summary, vec![(KEK_LABEL, false, true, 0), ("coffer-kek-v2", true, true, 3)]);
+    assert!(states[1].seals >= 1024, "seals are counted under the new KEK");
+    assert_eq!(open_on(false).certificate_mac(b"certificate").unwrap(), mac);
+    // The current KEK is never destroyed; an old one is, and what names it opens no more.
+    assert!(matches!(hsm.destroy_kek("coffer-kek-v2", 3), Err(HsmError::KekInUse { .. })));
+    hsm.destroy_kek(KEK_LABEL, 3).unwrap();
+    assert!(matches!(hsm.unseal(&b, &old), Err(HsmError::UnknownKek(_))));
+    assert_eq!(hsm.unseal(&b, &moved).unwrap().as_slice(), &[7u8; 32]);
+    let first = &hsm.kek_states().unwrap()[0];
+    assert_eq!((first.in_token, first.destroyed_ms), (false, Some(3)));
+    // Only `coffer-kek-v<n>` labels are KEKs: a blob naming another key of the token is refused.
+    let forged = seal::encode(seal::VERSION, CERT_MAC_LABEL, 1, &[1u8; 12], &[0u8; 48]);
+    assert!(matches!(hsm.unseal(&b, &forged), Err(HsmError::UnknownKek(_))));
+}
+
 on_both_modules!(
+    a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it,
     login_keys_sign_verifiably_and_ecdh_matches_software,
     account_blob_under_another_curve_or_address_fails_to_open,
     legacy_blobs_open_under_their_version_1_binding,

@@ -18,8 +18,8 @@ use zeroize::Zeroizing;
 use super::error::HsmError;
 use super::kek::{self, GcmFault};
 use super::key_labels::{
-    LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL, SIGNER_LABEL,
-    TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
+    kek_label, kek_version, LoginPublicKeys, CERT_MAC_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL, PROOF_LABEL,
+    SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
 use super::pool::{Lease, SessionPool};
 #[cfg(test)]
@@ -70,7 +70,6 @@ impl std::fmt::Debug for HsmSettings {
 /// Handles of the service keys; valid only for the current login (re-resolved after recovery).
 #[derive(Clone, Copy)]
 pub(super) struct ServiceKeys {
-    kek: ObjectHandle,
     signer: ObjectHandle,
     /// Absent where the profile keeps the key sealed in the authority store (also for the
     /// webhook signer and the TLS-fetcher key).
@@ -89,6 +88,8 @@ struct Anchor {
     /// Kept open for the life of the process: closing the last session logs the token out.
     _session: Session,
     keys: Option<ServiceKeys>,
+    /// The KEKs found so far, by label.
+    keks: HashMap<String, ObjectHandle>,
 }
 
 /// A logged-in token with a pool of sessions. Cheap to share behind an `Arc`.
@@ -116,10 +117,11 @@ pub struct Hsm {
     verified_certificates: crate::bounded_cache::BoundedCache<()>,
 }
 
-/// The seals reserved for this process under the KEK: the next one's number and the end of the
-/// block (`next == end`: none left).
+/// The seals reserved for this process under the KEK `label`: the next one's number and the end
+/// of the block (`next == end`: none left).
 #[derive(Default)]
 struct SealBudget {
+    label: String,
     next: u64,
     end: u64,
 }
@@ -263,7 +265,7 @@ impl Hsm {
             pin: settings.pin,
             profile,
             auto,
-            anchor: Mutex::new(Anchor { _session: session, keys: None }),
+            anchor: Mutex::new(Anchor { _session: session, keys: None, keks: HashMap::new() }),
             pool: SessionPool::new(limit),
             shelf: settings.shelf,
             sealed_blobs: SealedBlobCache::default(),
@@ -276,47 +278,73 @@ impl Hsm {
         })
     }
 
-    /// Counts one seal under the KEK against its bound, reserving a block of seals from the
-    /// authority store when this process has none left (every enclave on the store counts into
-    /// one total). Warns past 2³¹ seals, refuses at 2³². Not counted without a store (tests,
-    /// tools that seal nothing).
-    fn count_seal(&self) -> Result<(), HsmError> {
+    /// Counts one seal under the KEK `label` against its bound, reserving a block of seals from
+    /// the authority store when this process has none left under it (every enclave on the store
+    /// counts into one total). Warns past 2³¹ seals, refuses at 2³². Not counted without a store
+    /// (tests, tools that seal nothing).
+    fn count_seal(&self, label: &str) -> Result<(), HsmError> {
         let Some(shelf) = &self.shelf else { return Ok(()) };
         let mut budget = self.seal_budget.lock().map_err(|_| HsmError::Poisoned)?;
-        if budget.next == budget.end {
-            let end = shelf.reserve_seals(KEK_LABEL, SEAL_BLOCK)?;
-            *budget = SealBudget { next: end.saturating_sub(SEAL_BLOCK), end };
+        if budget.label != label || budget.next == budget.end {
+            let end = shelf.reserve_seals(label, SEAL_BLOCK)?;
+            *budget = SealBudget { label: label.to_string(), next: end.saturating_sub(SEAL_BLOCK), end };
             if end > SEALS_WARN {
                 tracing::warn!(
-                    kek = KEK_LABEL,
+                    kek = label,
                     seals = end,
-                    "the KEK is past 2^31 seals: rotate it before 2^32, where sealing stops"
+                    "the KEK is past 2^31 seals: rotate it (coffer-gateway rotate-kek) before 2^32, where sealing stops"
                 );
             } else {
-                tracing::info!(kek = KEK_LABEL, seals = end, "seals reserved under the KEK");
+                tracing::info!(kek = label, seals = end, "seals reserved under the KEK");
             }
         }
         if budget.next >= SEALS_MAX {
-            return Err(HsmError::KekExhausted { label: KEK_LABEL, count: budget.next });
+            return Err(HsmError::KekExhausted { label: label.to_string(), count: budget.next });
         }
         budget.next += 1;
+        Ok(())
+    }
+
+    /// The label of the KEK new seals use: the newest the authority store records (rotation
+    /// adds one), `coffer-kek-v1` while it records none or the HSM has no store.
+    pub fn current_kek(&self) -> Result<String, HsmError> {
+        let newest = match &self.shelf {
+            Some(shelf) => shelf.keks()?.iter().map(|k| k.0).max().unwrap_or(1),
+            None => 1,
+        };
+        Ok(kek_label(newest.max(1)))
+    }
+
+    /// The handle of the KEK labelled `label` (found once per login); `UnknownKek` if the token
+    /// holds none (destroyed, or never made here).
+    pub(super) fn kek(&self, label: &str) -> Result<ObjectHandle, HsmError> {
+        if let Some(handle) = self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.get(label) {
+            return Ok(*handle);
+        }
+        let handle = find_key(&*self.session()?, ObjectClass::SECRET_KEY, label)?
+            .ok_or_else(|| HsmError::UnknownKek(label.to_string()))?;
+        self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.insert(label.to_string(), handle);
+        Ok(handle)
+    }
+
+    /// Forgets the handle of the KEK `label` (after it was destroyed).
+    pub(super) fn forget_kek(&self, label: &str) -> Result<(), HsmError> {
+        self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.remove(label);
         Ok(())
     }
 
     /// Creates the keys every module holds itself, the KEK and the bundle signer, if they are
     /// missing; answers those it created. `init` makes them first, and runs the sealing
     /// self-test before it seals any service key under the KEK.
-    pub fn init_resident_keys(&self) -> Result<Vec<&'static str>, HsmError> {
+    pub fn init_resident_keys(&self) -> Result<Vec<String>, HsmError> {
         let mut created = Vec::new();
-        if find_key(&*self.session()?, ObjectClass::SECRET_KEY, KEK_LABEL)?.is_none() {
-            let usage = [Attribute::Encrypt(true), Attribute::Decrypt(true)];
-            generate_secret(&*self.session()?, Mechanism::AesKeyGen, KeyType::AES, KEK_LABEL, usage)
-                .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
-            created.push(KEK_LABEL);
+        let kek = self.current_kek()?;
+        if self.make_kek(&kek)? {
+            created.push(kek);
         }
         if find_key(&*self.session()?, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.is_none() {
             generate_pair(&*self.session()?, Mechanism::EccKeyPairGen, OID_P256, SIGNER_LABEL, Attribute::Sign(true))?;
-            created.push(SIGNER_LABEL);
+            created.push(SIGNER_LABEL.to_string());
         }
         if !created.is_empty() {
             // Found from now on (blobs are sealed under the KEK).
@@ -325,9 +353,20 @@ impl Hsm {
         Ok(created)
     }
 
+    /// Makes the KEK `label` in the token unless it holds it already; answers whether it made it.
+    pub(super) fn make_kek(&self, label: &str) -> Result<bool, HsmError> {
+        if find_key(&*self.session()?, ObjectClass::SECRET_KEY, label)?.is_some() {
+            return Ok(false);
+        }
+        let usage = [Attribute::Encrypt(true), Attribute::Decrypt(true)];
+        generate_secret(&*self.session()?, Mechanism::AesKeyGen, KeyType::AES, label, usage)
+            .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
+        Ok(true)
+    }
+
     /// Creates the service keys if they are missing (idempotent), each where the profile says:
     /// in the HSM, or sealed in the authority store. Returns what it created.
-    pub fn init_service_keys(&self) -> Result<Vec<&'static str>, HsmError> {
+    pub fn init_service_keys(&self) -> Result<Vec<String>, HsmError> {
         // Each step leases a session of its own and returns it before sealing (which leases
         // again): a pool bounded at one session must not wait for itself.
         let mut created = self.init_resident_keys()?;
@@ -343,7 +382,7 @@ impl Hsm {
                 generate_secret(&*self.session()?, Mechanism::GenericSecretKeyGen, key_type, CERT_MAC_LABEL, usage)
                     .map_err(|e| HsmError::call("C_GenerateKey (certificate MAC key)", e))?;
             }
-            created.push(CERT_MAC_LABEL);
+            created.push(CERT_MAC_LABEL.to_string());
         }
         if sealed_or_missing(ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)? {
             if self.profile.webhook_signer == KeyHome::Sealed {
@@ -357,7 +396,7 @@ impl Hsm {
                     Attribute::Sign(true),
                 )?;
             }
-            created.push(WEBHOOK_SIGNER_LABEL);
+            created.push(WEBHOOK_SIGNER_LABEL.to_string());
         }
         for (label, usage) in [
             (NOTARIZER_LABEL, Attribute::Sign(true)),
@@ -373,7 +412,7 @@ impl Hsm {
             } else {
                 generate_pair(&*self.session()?, Mechanism::EccKeyPairGen, OID_P256, label, usage)?;
             }
-            created.push(label);
+            created.push(label.to_string());
         }
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keys = None;
         Ok(created)
@@ -416,11 +455,9 @@ impl Hsm {
             return Ok(keys);
         }
         let session = self.session()?;
-        let kek = find_key(&session, ObjectClass::SECRET_KEY, KEK_LABEL)?.ok_or(HsmError::KeyMissing(KEK_LABEL))?;
         let signer =
             find_key(&session, ObjectClass::PRIVATE_KEY, SIGNER_LABEL)?.ok_or(HsmError::KeyMissing(SIGNER_LABEL))?;
         let keys = ServiceKeys {
-            kek,
             signer,
             cert_mac: find_key(&session, ObjectClass::SECRET_KEY, CERT_MAC_LABEL)?,
             webhook: find_key(&session, ObjectClass::PRIVATE_KEY, WEBHOOK_SIGNER_LABEL)?,
@@ -440,7 +477,7 @@ impl Hsm {
         let session = self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &self.pin)?;
         let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
-        *anchor = Anchor { _session: session, keys: None };
+        *anchor = Anchor { _session: session, keys: None, keks: HashMap::new() };
         Ok(())
     }
 
@@ -451,9 +488,29 @@ impl Hsm {
         op: impl Fn(&Session, ServiceKeys) -> Result<T, CkError>,
         call: &'static str,
     ) -> Result<T, HsmError> {
+        self.with_session_using(|| self.keys(), op, call)
+    }
+
+    /// [`Hsm::with_session`] with the KEK labelled `label`.
+    fn with_kek<T>(
+        &self,
+        label: &str,
+        op: impl Fn(&Session, ObjectHandle) -> Result<T, CkError>,
+        call: &'static str,
+    ) -> Result<T, HsmError> {
+        self.with_session_using(|| self.kek(label), op, call)
+    }
+
+    /// [`Hsm::with_session`] with the handles `handles` finds (again after a recovery).
+    fn with_session_using<K, T>(
+        &self,
+        handles: impl Fn() -> Result<K, HsmError>,
+        op: impl Fn(&Session, K) -> Result<T, CkError>,
+        call: &'static str,
+    ) -> Result<T, HsmError> {
         let mut recovered = false;
         loop {
-            let keys = self.keys()?;
+            let keys = handles()?;
             let session = self.session()?;
             match op(&session, keys) {
                 Ok(v) => return Ok(v),
@@ -555,16 +612,26 @@ impl Hsm {
     /// Seals `plaintext` under the KEK (AES-256-GCM in the HSM, the IV produced as the profile
     /// says and recorded in the blob), bound to `binding`.
     pub fn seal(&self, binding: &BlobBinding<'_>, plaintext: &[u8]) -> Result<Vec<u8>, HsmError> {
-        self.count_seal()?;
-        let aad = binding.aad(seal::VERSION, KEK_LABEL);
+        self.seal_under(&self.current_kek()?, binding, plaintext)
+    }
+
+    /// [`Hsm::seal`] under the KEK labelled `kek_label`.
+    pub(super) fn seal_under(
+        &self,
+        kek_label: &str,
+        binding: &BlobBinding<'_>,
+        plaintext: &[u8],
+    ) -> Result<Vec<u8>, HsmError> {
+        self.count_seal(kek_label)?;
+        let aad = binding.aad(seal::VERSION, kek_label);
         let output = self
-            .with_session(|s, keys| kek::encrypt(s, keys.kek, &self.profile, &aad, plaintext), "C_Encrypt (seal)")?
+            .with_kek(kek_label, |s, kek| kek::encrypt(s, kek, &self.profile, &aad, plaintext), "C_Encrypt (seal)")?
             .map_err(|fault| match fault {
                 GcmFault::NoIvWrittenBack => HsmError::Malformed("the module wrote no GCM IV back (check hsm_profile)"),
                 GcmFault::ShortOutput => HsmError::Malformed("the module's GCM output has no room for its IV"),
             })?;
         let blob =
-            seal::encode(seal::VERSION, KEK_LABEL, self.profile.iv_source.code(), &output.iv, &output.ciphertext);
+            seal::encode(seal::VERSION, kek_label, self.profile.iv_source.code(), &output.iv, &output.ciphertext);
         // Opened once before it is kept: a module that seals what it cannot open again (a Luna in
         // FIPS mode sent caller IVs) is found now, not when a user signs. One decrypt per seal;
         // seals are never on the signing path.
@@ -584,12 +651,13 @@ impl Hsm {
         plaintext: &[u8],
         version: u8,
     ) -> Result<Vec<u8>, HsmError> {
-        let aad = binding.aad(version, KEK_LABEL);
+        let label = self.current_kek()?;
+        let aad = binding.aad(version, &label);
         let caller = ModuleProfile { iv_source: IvSource::Caller, iv_len: 12, ..self.profile.clone() };
         let output = self
-            .with_session(|s, keys| kek::encrypt(s, keys.kek, &caller, &aad, plaintext), "C_Encrypt (seal)")?
+            .with_kek(&label, |s, kek| kek::encrypt(s, kek, &caller, &aad, plaintext), "C_Encrypt (seal)")?
             .expect("caller IVs");
-        Ok(seal::encode(version, KEK_LABEL, 0, &output.iv, &output.ciphertext))
+        Ok(seal::encode(version, &label, 0, &output.iv, &output.ciphertext))
     }
 
     /// Opens (unseals) a sealed blob; fails with `SealAuthentication` if it was bound elsewhere or
@@ -597,12 +665,13 @@ impl Hsm {
     /// their legacy binding.
     pub fn unseal(&self, binding: &BlobBinding<'_>, blob: &[u8]) -> Result<OpenedBlob, HsmError> {
         let parsed = seal::decode(blob)?;
-        if parsed.kek_label != KEK_LABEL {
+        if kek_version(parsed.kek_label).is_none() {
             return Err(HsmError::UnknownKek(parsed.kek_label.to_string()));
         }
         let aad = binding.aad(parsed.version, parsed.kek_label);
-        let result = self.with_session(
-            |s, keys| kek::decrypt(s, keys.kek, &self.profile, parsed.iv, &aad, parsed.ciphertext).map(OpenedBlob::new),
+        let result = self.with_kek(
+            parsed.kek_label,
+            |s, kek| kek::decrypt(s, kek, &self.profile, parsed.iv, &aad, parsed.ciphertext).map(OpenedBlob::new),
             "C_Decrypt (open)",
         );
         match result {
@@ -730,7 +799,7 @@ pub(super) fn generate_secret(
     session: &Session,
     mechanism: Mechanism,
     key_type: KeyType,
-    label: &'static str,
+    label: &str,
     usage: [Attribute; 2],
 ) -> Result<(), CkError> {
     let mut template = vec![

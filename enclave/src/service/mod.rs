@@ -5,6 +5,7 @@
 mod bootstrap;
 mod changes;
 mod decisions;
+mod kek_admin;
 mod key_facts;
 mod keys;
 mod login;
@@ -102,6 +103,26 @@ impl Enclave for EnclaveService {
         let (hsm, admission, operators) = (self.hsm.clone(), self.admission.clone(), self.operators.clone());
         let req = req.into_inner();
         blocking(move || bootstrap::bootstrap_organization(&hsm, &admission, &operators, req)).await
+    }
+
+    async fn rotate_kek(&self, req: Request<pb::OperatorKekRequest>) -> Answer<pb::KekStatus> {
+        let (hsm, admission, operators) = (self.hsm.clone(), self.admission.clone(), self.operators.clone());
+        let req = req.into_inner();
+        blocking(move || kek_admin::rotate(&hsm, &admission, &operators, req)).await
+    }
+
+    async fn destroy_kek(&self, req: Request<pb::OperatorKekRequest>) -> Answer<pb::KekStatus> {
+        let (hsm, admission, operators) = (self.hsm.clone(), self.admission.clone(), self.operators.clone());
+        let req = req.into_inner();
+        blocking(move || kek_admin::destroy(&hsm, &admission, &operators, req)).await
+    }
+
+    async fn get_kek_status(&self, req: Request<pb::GetKekStatusRequest>) -> Answer<pb::KekStatus> {
+        self.run(req, |hsm, _, _| kek_admin::status(hsm)).await
+    }
+
+    async fn reseal_blobs(&self, req: Request<pb::ResealBlobsRequest>) -> Answer<pb::ResealBlobsResponse> {
+        self.run(req, |hsm, _, req| kek_admin::reseal_blobs(hsm, req)).await
     }
 
     async fn issue_certificates(

@@ -5,8 +5,8 @@
 use coffer_sql::Db;
 
 use super::interface::{
-    ActivityLink, BallotKept, DecisionRecord, EnclaveStore, KeptBallot, LatestDecision, LinkedActivity, OrgChanges,
-    OrgHead, Remembered, ReplayShare, Spend, StoreError,
+    ActivityLink, BallotKept, DecisionRecord, EnclaveStore, KekRecord, KeptBallot, LatestDecision, LinkedActivity,
+    OrgChanges, OrgHead, Remembered, ReplayShare, Spend, StoreError,
 };
 use super::sql;
 
@@ -151,6 +151,24 @@ impl<B: Backend> EnclaveStore for B {
     }
     fn keep_sealed_service_key(&self, label: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
         self.write(true, |db| sql::keep_sealed_service_key(db, label, blob))
+    }
+    fn seals_reserved(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read(sql::seals_reserved)
+    }
+    fn sealed_service_keys(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(sql::sealed_service_keys)
+    }
+    fn replace_sealed_service_key(&self, label: &str, old: &[u8], new: &[u8]) -> Result<bool, StoreError> {
+        self.write(true, |db| sql::replace_sealed_service_key(db, label, old, new))
+    }
+    fn keks(&self) -> Result<Vec<KekRecord>, StoreError> {
+        self.read(sql::keks)
+    }
+    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError> {
+        self.write(true, |db| sql::add_kek(db, version, made_ms))
+    }
+    fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError> {
+        self.write(true, |db| sql::kek_destroyed(db, version, at_ms))
     }
     fn remember(
         &self,

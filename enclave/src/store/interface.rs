@@ -250,6 +250,14 @@ pub struct ActivityLink {
     pub activity_digest: String,
 }
 
+/// A KEK the store records: one made by rotation (version 2 on), or one destroyed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KekRecord {
+    pub version: u32,
+    pub made_ms: i64,
+    pub destroyed_ms: Option<i64>,
+}
+
 /// The bounds of the replay window and of the decision log, given to a backend when it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {
@@ -380,6 +388,21 @@ pub trait EnclaveStore: Send + Sync {
     /// enclave on the store) and answers how many are reserved now, these included: the count a
     /// KEK's seals are bounded by (NIST SP 800-38D §8.3, random 96-bit IVs).
     fn reserve_seals(&self, kek_label: &str, n: u64) -> Result<u64, StoreError>;
+    /// The seals reserved under each KEK label so far.
+    fn seals_reserved(&self) -> Result<Vec<(String, u64)>, StoreError>;
+    /// Every sealed service key, (label, blob), by label.
+    fn sealed_service_keys(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// Replaces the sealed service key `label` by `new` if it is still `old` (a re-seal under a
+    /// newer KEK); answers whether it did.
+    fn replace_sealed_service_key(&self, label: &str, old: &[u8], new: &[u8]) -> Result<bool, StoreError>;
+    /// The KEKs recorded: made by rotation, or destroyed (version 1 is current until a rotation
+    /// records version 2).
+    fn keks(&self) -> Result<Vec<KekRecord>, StoreError>;
+    /// Records KEK `version` as made, if it is the next one; answers whether it did (another
+    /// enclave may have rotated first).
+    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError>;
+    /// Records KEK `version` as destroyed.
+    fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError>;
 
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of

@@ -178,6 +178,13 @@ CREATE TABLE kek_seals (
     reserved BIGINT NOT NULL
 );
 ",
+    r"
+CREATE TABLE keks (
+    version BIGINT PRIMARY KEY,
+    made_ms BIGINT NOT NULL,
+    destroyed_ms BIGINT
+);
+",
 ];
 
 /// The PostgreSQL authority store (`postgres://…`).

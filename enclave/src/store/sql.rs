@@ -6,7 +6,7 @@
 use coffer_sql::{args, Arg, Db, SqlRow};
 
 use super::interface::{
-    check_changes, version_of, ActivityLink, BallotKept, DecisionRecord, Entry, KeptBallot, LatestDecision,
+    check_changes, version_of, ActivityLink, BallotKept, DecisionRecord, Entry, KekRecord, KeptBallot, LatestDecision,
     LinkedActivity, OrgChanges, OrgHead, StoreError, MAX_BALLOTS_PER_ORGANIZATION, OUTCOME_ALLOW, OUTCOME_REFUSE,
     REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
 };
@@ -254,6 +254,58 @@ pub fn reserve_seals<D: Db>(db: &mut D, kek_label: &str, n: u64) -> Result<u64, 
         Ok::<_, StoreError>(r.int(0)?)
     })?;
     u64::try_from(total).map_err(|_| StoreError::Corrupt(format!("{total} seals reserved under {kek_label}")))
+}
+
+/// Every sealed service key: (label, blob), by label.
+pub fn sealed_service_keys<D: Db>(db: &mut D) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    db.query("SELECT label, blob FROM sealed_service_keys ORDER BY label", args![], |r| {
+        Ok::<_, StoreError>((r.text(0)?, r.bytes(1)?))
+    })
+}
+
+/// Replaces the sealed service key `label` with `new` if it is still `old`; answers whether it
+/// did.
+pub fn replace_sealed_service_key<D: Db>(db: &mut D, label: &str, old: &[u8], new: &[u8]) -> Result<bool, StoreError> {
+    Ok(db.execute("UPDATE sealed_service_keys SET blob = ?3 WHERE label = ?1 AND blob = ?2", args![label, old, new])?
+        == 1)
+}
+
+/// The KEKs recorded (those made by rotation, and any destroyed), oldest first.
+pub fn keks<D: Db>(db: &mut D) -> Result<Vec<KekRecord>, StoreError> {
+    db.query("SELECT version, made_ms, destroyed_ms FROM keks ORDER BY version", args![], |r| {
+        let version = r.int(0)?;
+        let version = u32::try_from(version).map_err(|_| StoreError::Corrupt(format!("KEK version {version}")))?;
+        Ok::<_, StoreError>(KekRecord { version, made_ms: r.int(1)?, destroyed_ms: r.opt_int(2)? })
+    })
+}
+
+/// The seals reserved under each KEK label.
+pub fn seals_reserved<D: Db>(db: &mut D) -> Result<Vec<(String, u64)>, StoreError> {
+    db.query("SELECT kek_label, reserved FROM kek_seals ORDER BY kek_label", args![], |r| {
+        Ok::<_, StoreError>((r.text(0)?, r.int(1)?.max(0) as u64))
+    })
+}
+
+/// Records KEK `version` as made at `made_ms` if it is the next one (one more than the newest
+/// recorded, or 2 when only the first exists); answers whether it did.
+pub fn add_kek<D: Db>(db: &mut D, version: u32, made_ms: i64) -> Result<bool, StoreError> {
+    let newest =
+        db.query_one("SELECT COALESCE(MAX(version), 1) FROM keks", args![], |r| Ok::<_, StoreError>(r.int(0)?))?;
+    if i64::from(version) != newest + 1 {
+        return Ok(false);
+    }
+    db.execute("INSERT INTO keks (version, made_ms) VALUES (?1, ?2)", args![i64::from(version), made_ms])?;
+    Ok(true)
+}
+
+/// Records KEK `version` as destroyed at `at_ms` (the first KEK gets a row of its own).
+pub fn kek_destroyed<D: Db>(db: &mut D, version: u32, at_ms: i64) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO keks (version, made_ms, destroyed_ms) VALUES (?1, 0, ?2)
+         ON CONFLICT (version) DO UPDATE SET destroyed_ms = excluded.destroyed_ms",
+        args![i64::from(version), at_ms],
+    )?;
+    Ok(())
 }
 
 /// Whether the replay window holds `key` live, or the log links `fingerprint` in any status.

@@ -125,6 +125,13 @@ CREATE TABLE kek_seals (
     reserved INTEGER NOT NULL
 ) WITHOUT ROWID;
 ",
+    r"
+CREATE TABLE keks (
+    version INTEGER PRIMARY KEY,
+    made_ms INTEGER NOT NULL,
+    destroyed_ms INTEGER
+);
+",
 ];
 
 /// How often (ms) expired replay entries are pruned as a whole; between, an organization's own

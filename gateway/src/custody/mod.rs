@@ -334,6 +334,26 @@ impl Custody {
         answer(self.client.clone().stamp_auth_proxy_request(request).await).map(|r| r.stamp)
     }
 
+    /// Makes the next KEK current (an operator's stamped body names the current one).
+    pub async fn rotate_kek(&self, request: pb::OperatorKekRequest) -> Result<pb::KekStatus, ApiError> {
+        answer(self.client.clone().rotate_kek(request).await)
+    }
+
+    /// Destroys an old KEK (an operator's stamped body names it).
+    pub async fn destroy_kek(&self, request: pb::OperatorKekRequest) -> Result<pb::KekStatus, ApiError> {
+        answer(self.client.clone().destroy_kek(request).await)
+    }
+
+    /// What each KEK holds.
+    pub async fn kek_status(&self) -> Result<pb::KekStatus, ApiError> {
+        answer(self.client.clone().get_kek_status(pb::GetKekStatusRequest {}).await)
+    }
+
+    /// Stored blobs sealed again under the current KEK.
+    pub async fn reseal_blobs(&self, blobs: Vec<pb::SealedRef>) -> Result<pb::ResealBlobsResponse, ApiError> {
+        answer(self.client.clone().reseal_blobs(pb::ResealBlobsRequest { blobs }).await)
+    }
+
     /// Operator bootstrap: a new organization with one root credential, ids chosen by the enclave.
     pub async fn bootstrap_organization(
         &self,

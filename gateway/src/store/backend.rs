@@ -7,8 +7,9 @@ use super::error::StoreError;
 use super::interface::{CommitCallback, Store};
 use super::model::{
     ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
-    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext,
-    SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
+    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, SealedBlobTable,
+    StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
+    WebhookDelivery,
 };
 use super::nowait;
 use super::sql::{self, Dialect};
@@ -158,6 +159,17 @@ impl<B: Backend> Store for B {
     }
     fn private_key_by_address(&self, org: &str, address: &str) -> Result<PrivateKey, StoreError> {
         self.read(|db| sql::private_key_by_address(db, org, address))
+    }
+    fn sealed_blobs_page(
+        &self,
+        table: SealedBlobTable,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredBlob>, StoreError> {
+        self.read(|db| sql::sealed_blobs_page(db, table, after, limit))
+    }
+    fn replace_sealed_blob(&self, stored: &StoredBlob, new: &[u8]) -> Result<bool, StoreError> {
+        self.write(|db| sql::replace_sealed_blob(db, stored, new))
     }
     fn import_target(&self, org: &str, user_id: &str) -> Result<ImportTarget, StoreError> {
         self.read(|db| sql::import_target(db, org, user_id))

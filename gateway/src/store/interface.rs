@@ -3,8 +3,9 @@
 use super::error::StoreError;
 use super::model::{
     ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
-    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, StampContext,
-    SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery,
+    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, SealedBlobTable,
+    StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
+    WebhookDelivery,
 };
 use super::write::Write;
 
@@ -49,6 +50,17 @@ pub trait Store: Send + Sync + 'static {
         self.users_page(organization_id, &Page::ALL)
     }
     fn api_keys_of_user(&self, organization_id: &str, user_id: &str) -> Result<Vec<ApiKey>, StoreError>;
+
+    /// Up to `limit` blobs the enclave sealed that `table` keeps, after the key `after` (`""`:
+    /// from the first), in key order.
+    fn sealed_blobs_page(
+        &self,
+        table: SealedBlobTable,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredBlob>, StoreError>;
+    /// Replaces `stored`'s blob by `new` if its row still holds the blob it was read with.
+    fn replace_sealed_blob(&self, stored: &StoredBlob, new: &[u8]) -> Result<bool, StoreError>;
 
     fn wallet(&self, organization_id: &str, id: &str) -> Result<Wallet, StoreError>;
     /// Wallets oldest first, one page.

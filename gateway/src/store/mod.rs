@@ -28,8 +28,8 @@ pub use interface::{CommitCallback, Store};
 pub use model::{
     now_nanos, ActivityFilter, ActivityRecord, AddressEntry, ApiKey, AuthenticatorRecord, Committed, CredentialKind,
     DueSkip, ImportTarget, LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord,
-    PrivateKey, Record, StampContext, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
-    WebhookDelivery, DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
+    PrivateKey, Record, SealedBlobTable, StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet,
+    WalletAccount, WebhookAttempt, WebhookDelivery, DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
 };
 pub use open::{open, open_existing};
 pub use postgres::PostgresStore;

@@ -172,6 +172,59 @@ pub struct Record {
     pub updated_at: Nanos,
 }
 
+/// Where the gateway keeps blobs the enclave sealed (re-sealed under a new KEK by
+/// `coffer-gateway reseal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SealedBlobTable {
+    #[default]
+    Wallets,
+    WalletAccounts,
+    PrivateKeys,
+    ImportTargets,
+    AuthProxyKeys,
+    OtpRecords,
+}
+
+impl SealedBlobTable {
+    pub const ALL: [SealedBlobTable; 6] = [
+        Self::Wallets,
+        Self::WalletAccounts,
+        Self::PrivateKeys,
+        Self::ImportTargets,
+        Self::AuthProxyKeys,
+        Self::OtpRecords,
+    ];
+
+    /// How the operator's tools name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Wallets => "wallet seeds",
+            Self::WalletAccounts => "wallet account keys",
+            Self::PrivateKeys => "private keys",
+            Self::ImportTargets => "import targets",
+            Self::AuthProxyKeys => "auth proxy keys",
+            Self::OtpRecords => "one-time code records",
+        }
+    }
+}
+
+/// One blob the gateway keeps, with the place it is bound to (what the enclave opens it under).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredBlob {
+    pub table: SealedBlobTable,
+    /// Its row's key, in page order.
+    pub key: String,
+    pub organization_id: String,
+    pub resource_id: String,
+    pub curve: String,
+    pub address: String,
+    pub address_format: String,
+    pub public_key: String,
+    pub blob: Vec<u8>,
+    /// A record's data as read (records keep their blob in it).
+    pub record_data: String,
+}
+
 /// A passkey (WebAuthn credential) of a user.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AuthenticatorRecord {

@@ -19,6 +19,7 @@ mod migrations;
 mod organizations;
 mod page;
 mod records;
+mod sealed_blobs;
 mod stamp_context;
 mod suborgs;
 mod tags;
@@ -39,6 +40,7 @@ pub use migrations::MIGRATIONS;
 pub use migrations::{migrate, ping};
 pub use organizations::organization;
 pub use records::{record, record_by_id, records_of_kind, records_page, records_version};
+pub use sealed_blobs::{replace_sealed_blob, sealed_blobs_page};
 pub use stamp_context::stamp_context;
 pub use suborgs::{
     deleted_organization, organization_footprint, sub_organization_ids, KEPT_ON_DELETION, PURGED_ON_DELETION,

@@ -1,0 +1,149 @@
+//! The KEK's operator calls (rotate, destroy), what each KEK holds, and re-sealing the blobs the
+//! gateway keeps under the current KEK.
+
+use coffer_proto::v1 as pb;
+
+use super::sealed_refs;
+use crate::admission::{now_ms, Admission};
+use crate::error::{EnclaveError, RefusalReason};
+use crate::hsm::{BlobBinding, BlobKind, Hsm, HsmError};
+use crate::operator::{Operators, DESTROY_KEK, ROTATE_KEK};
+
+/// Most blobs one `ResealBlobs` call moves.
+pub const MAX_RESEAL_BATCH: usize = 256;
+/// The longest blob `ResealBlobs` takes (a sealed seed or key is under 200 bytes; a code's record
+/// under 300).
+const MAX_RESEAL_BLOB: usize = 4096;
+
+/// Makes the KEK after the one the operator's stamped body names current.
+pub(super) fn rotate(
+    hsm: &Hsm,
+    admission: &Admission,
+    operators: &Operators,
+    req: pb::OperatorKekRequest,
+) -> Result<pb::KekStatus, EnclaveError> {
+    let stamped = operators.authorize_kek(admission, req.operator.as_ref(), ROTATE_KEK)?;
+    let from = &stamped.body.parameters.kek_label;
+    let to = hsm.rotate_kek(from, now_ms())?;
+    tracing::warn!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = ROTATE_KEK,
+        from = from.as_str(),
+        to = to.as_str(),
+        operator = stamped.operator.as_str(),
+        fingerprint = stamped.body.fingerprint.as_str(),
+        "enclave decision"
+    );
+    status(hsm)
+}
+
+/// Destroys the old KEK the operator's stamped body names, which must say that no stored blob
+/// names it any more.
+pub(super) fn destroy(
+    hsm: &Hsm,
+    admission: &Admission,
+    operators: &Operators,
+    req: pb::OperatorKekRequest,
+) -> Result<pb::KekStatus, EnclaveError> {
+    let stamped = operators.authorize_kek(admission, req.operator.as_ref(), DESTROY_KEK)?;
+    let p = &stamped.body.parameters;
+    if p.blobs_naming_it != 0 {
+        return Err(EnclaveError::refused(
+            RefusalReason::OperationMismatch,
+            format!(
+                "the operator's body counts {} stored blobs under {}: re-seal them first",
+                p.blobs_naming_it, p.kek_label
+            ),
+        ));
+    }
+    hsm.destroy_kek(&p.kek_label, now_ms())?;
+    tracing::warn!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = DESTROY_KEK,
+        kek = p.kek_label.as_str(),
+        operator = stamped.operator.as_str(),
+        fingerprint = stamped.body.fingerprint.as_str(),
+        "enclave decision"
+    );
+    status(hsm)
+}
+
+/// What each KEK holds.
+pub(super) fn status(hsm: &Hsm) -> Result<pb::KekStatus, EnclaveError> {
+    let keks = hsm.kek_states()?;
+    Ok(pb::KekStatus {
+        current: keks.iter().find(|k| k.current).map(|k| k.label.clone()).unwrap_or_default(),
+        keks: keks
+            .into_iter()
+            .map(|k| pb::KekInfo {
+                label: k.label,
+                current: k.current,
+                seals: k.seals,
+                made_ms: k.made_ms,
+                destroyed_ms: k.destroyed_ms.unwrap_or(0),
+                in_token: k.in_token,
+                service_keys: k.service_keys,
+            })
+            .collect(),
+    })
+}
+
+/// Seals each blob again under the current KEK, bound as before. A blob that does not open as
+/// its reference binds it gets an error of its own (the rest go on); the HSM or the store
+/// failing fails the call. Nothing here is a decision: what a blob may be used for is checked
+/// when it is used, and a re-sealed blob opens under exactly the binding it opened under.
+pub(super) fn reseal_blobs(hsm: &Hsm, req: pb::ResealBlobsRequest) -> Result<pb::ResealBlobsResponse, EnclaveError> {
+    if req.blobs.len() > MAX_RESEAL_BATCH {
+        return Err(EnclaveError::invalid(format!("at most {MAX_RESEAL_BATCH} blobs per call")));
+    }
+    let blobs = req
+        .blobs
+        .iter()
+        .map(|sealed| match reseal_one(hsm, sealed) {
+            Ok(blob) => Ok(pb::ResealedBlob { blob: blob.unwrap_or_default(), error: String::new() }),
+            Err(EnclaveError::SealAuthentication) => {
+                Ok(pb::ResealedBlob { blob: vec![], error: EnclaveError::SealAuthentication.to_string() })
+            }
+            Err(EnclaveError::InvalidArgument(why)) => Ok(pb::ResealedBlob { blob: vec![], error: why }),
+            Err(e) => Err(e),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(pb::ResealBlobsResponse { current: hsm.current_kek()?, blobs })
+}
+
+fn reseal_one(hsm: &Hsm, sealed: &pb::SealedRef) -> Result<Option<Vec<u8>>, EnclaveError> {
+    if sealed.blob.len() > MAX_RESEAL_BLOB {
+        return Err(EnclaveError::invalid(format!("a sealed blob is at most {MAX_RESEAL_BLOB} bytes")));
+    }
+    let kind = match pb::BlobKind::try_from(sealed.kind) {
+        Ok(pb::BlobKind::WalletSeed) => BlobKind::WalletSeed,
+        Ok(pb::BlobKind::WalletAccountKey) => BlobKind::WalletAccountKey,
+        Ok(pb::BlobKind::PrivateKey) => BlobKind::PrivateKey,
+        Ok(pb::BlobKind::ImportTarget) => BlobKind::ImportTarget,
+        Ok(pb::BlobKind::AuthProxyKey) => BlobKind::AuthProxyKey,
+        Ok(pb::BlobKind::OtpRecord) => BlobKind::OtpRecord,
+        _ => return Err(EnclaveError::invalid("unknown sealed blob kind")),
+    };
+    // A legacy (version 1) key binds no curve or address: it moves only if the key it holds is
+    // the one its reference names, as when it signs (the new blob binds them).
+    if crate::hsm::is_legacy(&sealed.blob) && matches!(kind, BlobKind::WalletAccountKey | BlobKind::PrivateKey) {
+        sealed_refs::open_key(hsm, sealed, kind)?;
+    }
+    let binding = BlobBinding {
+        kind,
+        organization_id: &sealed.organization_id,
+        resource_id: &sealed.resource_id,
+        curve: &sealed.curve,
+        address: &sealed.address,
+        public_key: &sealed.public_key,
+    };
+    match hsm.reseal(&binding, &sealed.blob) {
+        Ok(blob) => Ok(blob),
+        Err(HsmError::UnknownKek(label)) => {
+            Err(EnclaveError::invalid(format!("the blob names KEK {label:?}, which the token does not hold")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
