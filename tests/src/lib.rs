@@ -114,6 +114,11 @@ pub fn kryoptic_under_test() -> Option<String> {
 }
 
 impl Stack {
+    /// Gives `cmd` (one of the binaries) this stack's environment, as the stack runs them.
+    pub fn configure(&self, cmd: &mut Command) {
+        self.env(cmd);
+    }
+
     fn env(&self, cmd: &mut Command) {
         cmd.env("SOFTHSM2_CONF", self.dir.join("softhsm2.conf"))
             .env("COFFER_HSM_PIN", TEST_PIN)
