@@ -24,6 +24,12 @@ pub struct EnclaveConfig {
     /// `luna`, `luna-fips`, `nshield`, `yubihsm`, `gcp-kms` or `generic`. Default `auto`.
     /// Environment: `COFFER_HSM_PROFILE`.
     pub hsm_profile: String,
+    /// Most HSM-native keys (`FEATURE_NAME_COFFER_HSM_NATIVE_KEYS`: private keys made and used
+    /// in the module, never exported) the token may hold, every organization together: each is
+    /// an object of the module, whose storage is finite and shared. 0 (the default) offers none:
+    /// an organization with the feature then has its `create_private_keys` refused. Environment:
+    /// `COFFER_HSM_NATIVE_KEYS_MAX`.
+    pub hsm_native_keys_max: u64,
     /// Unix socket the gRPC service listens on. Default `./.coffer/enclave.sock`.
     pub socket: PathBuf,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -357,6 +363,7 @@ impl Default for EnclaveConfig {
             pin_file: None,
             session_pool: 16,
             hsm_profile: "auto".into(),
+            hsm_native_keys_max: 0,
             socket: PathBuf::from("./.coffer/enclave.sock"),
             log: "info".into(),
             freshness_window_secs: 300,
@@ -424,6 +431,10 @@ impl EnclaveConfig {
         }
         if let Some(v) = env("COFFER_AUTHORITY_STORE_PASSWORD_FILE") {
             cfg.authority_store_password_file = Some(v.into());
+        }
+        if let Some(v) = env("COFFER_HSM_NATIVE_KEYS_MAX") {
+            cfg.hsm_native_keys_max =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_HSM_NATIVE_KEYS_MAX: {e}"))?;
         }
         if let Some(v) = env("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
             cfg.replay_quota_per_organization =

@@ -94,6 +94,7 @@ fn open_hsm(
         profile: coffer_enclave::hsm::ModuleProfile::configured(&cfg.hsm_profile)?,
         shelf: Some(Arc::new(coffer_enclave::service_key_shelf::ServiceKeyShelf(store.clone()))),
         creates_keys,
+        native_keys_max: cfg.hsm_native_keys_max,
     })?)
 }
 
@@ -342,6 +343,12 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     // refused now, with the profile to try, not found when a user signs.
     hsm.self_test()?;
     tracing::info!(profile = hsm.profile().name, "sealing self-test passed");
+    // Sealed service keys a rotation did not get to move (it stopped after making the new KEK
+    // current) move now.
+    let moved = hsm.reseal_service_keys()?;
+    if moved > 0 {
+        tracing::info!(moved, kek = %hsm.current_kek()?, "sealed service keys moved to the current KEK");
+    }
     let hsm = Arc::new(hsm);
     let signer = hsm.signer_public_key()?;
     let admission = Arc::new(

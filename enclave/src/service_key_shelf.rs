@@ -44,6 +44,14 @@ impl SealedKeyShelf for ServiceKeyShelf {
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError> {
         self.0.kek_destroyed(version, at_ms).map_err(shelf)
     }
+
+    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, HsmError> {
+        self.0.add_native_key(label, org, made_ms, max).map_err(shelf)
+    }
+
+    fn remove_native_key(&self, label: &str) -> Result<(), HsmError> {
+        self.0.remove_native_key(label).map_err(shelf)
+    }
 }
 
 fn shelf(e: crate::store::StoreError) -> HsmError {

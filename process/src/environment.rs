@@ -54,6 +54,7 @@ pub const VARIABLES: &[(&str, Reader)] = &[
     ("COFFER_HEADER_READ_TIMEOUT_MS", Reader::Gateway),
     ("COFFER_HOME", Reader::Tooling),
     ("COFFER_HSM_PIN", Reader::Enclave),
+    ("COFFER_HSM_NATIVE_KEYS_MAX", Reader::Enclave),
     ("COFFER_HSM_PIN_FILE", Reader::Enclave),
     ("COFFER_HSM_PROFILE", Reader::Enclave),
     ("COFFER_HSM_SO_PIN", Reader::Enclave),

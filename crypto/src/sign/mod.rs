@@ -113,6 +113,32 @@ pub fn sign_payload(
     encoding: &str,
     hash_function: &str,
 ) -> Result<SignatureParts, CryptoError> {
+    match payload_to_sign(curve, payload, encoding, hash_function)? {
+        ToSign::Message(bytes) => {
+            let key = ed25519_dalek::SigningKey::from_bytes(secret);
+            let sig = key.sign(&bytes).to_bytes();
+            Ok(SignatureParts { r: hex::encode(&sig[..32]), s: hex::encode(&sig[32..]), v: "00".into() })
+        }
+        ToSign::Digest(digest) => Ok(sign_digest(curve, secret, &digest)?.parts()),
+    }
+}
+
+/// What a raw payload signature signs: the digest an ECDSA key signs, or the message an Ed25519
+/// key signs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToSign {
+    Digest([u8; 32]),
+    Message(Vec<u8>),
+}
+
+/// What a `curve` key signs for `payload` (decoded per `encoding`, hashed per `hash_function`),
+/// checked as [`sign_payload`] checks it.
+pub fn payload_to_sign(
+    curve: Curve,
+    payload: &str,
+    encoding: &str,
+    hash_function: &str,
+) -> Result<ToSign, CryptoError> {
     let enc = Encoding::parse(encoding)?;
     let hf = HashFunction::parse(hash_function)?;
     let hf_refused = |why: &str| CryptoError::invalid(format!("invalid hash function: {hash_function} {why}"));
@@ -134,7 +160,7 @@ pub fn sign_payload(
                 eip7702_digest(payload).map_err(|e| bad_payload(format_args!("invalid EIP-7702 authorization: {e}")))?
             }
         };
-        return sign_ecdsa(curve, secret, &digest);
+        return Ok(ToSign::Digest(digest));
     }
 
     match (curve, hf) {
@@ -154,9 +180,7 @@ pub fn sign_payload(
     };
 
     if curve == Curve::Ed25519 {
-        let key = ed25519_dalek::SigningKey::from_bytes(secret);
-        let sig = key.sign(&bytes).to_bytes();
-        return Ok(SignatureParts { r: hex::encode(&sig[..32]), s: hex::encode(&sig[32..]), v: "00".into() });
+        return Ok(ToSign::Message(bytes));
     }
 
     let digest: [u8; 32] = match hf {
@@ -164,13 +188,7 @@ pub fn sign_payload(
         HashFunction::Keccak256 => eip712::keccak256(&bytes),
         _ => <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| bad_payload("NO_OP requires a 32-byte digest"))?,
     };
-    sign_ecdsa(curve, secret, &digest)
-}
-
-/// RFC 6979 ECDSA over a 32-byte digest, normalized to low-S with the matching recovery id.
-fn sign_ecdsa(curve: Curve, secret: &[u8; 32], digest: &[u8; 32]) -> Result<SignatureParts, CryptoError> {
-    let sig = sign_digest(curve, secret, digest)?;
-    Ok(SignatureParts { r: hex::encode(sig.r), s: hex::encode(sig.s), v: format!("{:02x}", sig.recovery_id) })
+    Ok(ToSign::Digest(digest))
 }
 
 /// An ECDSA signature: r and s big-endian, low-S, and the recovery id (0 or 1) that matches it.
@@ -179,6 +197,52 @@ pub struct EcdsaSignature {
     pub r: [u8; 32],
     pub s: [u8; 32],
     pub recovery_id: u8,
+}
+
+impl EcdsaSignature {
+    /// As `sign_raw_payload` returns it: r, s, and v the recovery id.
+    pub fn parts(&self) -> SignatureParts {
+        SignatureParts { r: hex::encode(self.r), s: hex::encode(self.s), v: format!("{:02x}", self.recovery_id) }
+    }
+}
+
+/// A signature a key outside this process made (an HSM's `CKM_ECDSA`: `r ‖ s`, 64 bytes, any
+/// S) over `digest`, as Coffer returns signatures: normalized to low-S, with the recovery id
+/// found by trial (the one that recovers `public_key`, SEC1). Refused if it does not verify
+/// under `public_key` (a faulty signature never leaves).
+pub fn ecdsa_from_raw(
+    curve: Curve,
+    public_key: &[u8],
+    digest: &[u8; 32],
+    raw: &[u8],
+) -> Result<EcdsaSignature, CryptoError> {
+    let faulty = |why: &str| CryptoError::Internal(format!("the HSM's ECDSA signature {why}"));
+    if raw.len() != 64 {
+        return Err(faulty("is not 64 bytes"));
+    }
+    macro_rules! normalize {
+        ($ecdsa:path) => {{
+            use $ecdsa as ecdsa;
+            let key =
+                ecdsa::VerifyingKey::from_sec1_bytes(public_key).map_err(|_| faulty("has no valid public key"))?;
+            let sig = ecdsa::Signature::from_slice(raw).map_err(|_| faulty("is not a signature"))?;
+            let sig = sig.normalize_s().unwrap_or(sig);
+            let recovery_id = (0u8..2)
+                .find(|id| {
+                    let id = k256::ecdsa::RecoveryId::from_byte(*id).expect("0 and 1 are recovery ids");
+                    ecdsa::VerifyingKey::recover_from_prehash(digest, &sig, id).is_ok_and(|k| k == key)
+                })
+                .ok_or_else(|| faulty("does not verify under the key's public key"))?;
+            let (r, s) = sig.split_bytes();
+            (r.into(), s.into(), recovery_id)
+        }};
+    }
+    let (r, s, recovery_id) = match curve {
+        Curve::Secp256k1 => normalize!(k256::ecdsa),
+        Curve::P256 => normalize!(p256::ecdsa),
+        Curve::Ed25519 => return Err(CryptoError::Internal("ECDSA requested for ed25519".into())),
+    };
+    Ok(EcdsaSignature { r, s, recovery_id })
 }
 
 /// RFC 6979 ECDSA over a 32-byte digest (secp256k1 or P-256), normalized to low-S with the

@@ -310,3 +310,34 @@ fn refusals_by_message() {
         refusal(k1, r#"{"address":"0xB91aaa96B138A1B1D94c9df4628187132c5F2bf1","chainId":-1,"nonce":0}"#, e7702, noop);
     assert_eq!(m, "invalid payload: invalid EIP-7702 authorization: chainId: negative value for uint256");
 }
+
+#[test]
+fn a_signature_made_elsewhere_is_normalized_to_low_s_with_the_recovery_id_found_by_trial() {
+    let secret = [0x42u8; 32];
+    let digest = [0x17u8; 32];
+    for curve in [Curve::Secp256k1, Curve::P256] {
+        let public = crate::keys::public_key(curve, &secret).unwrap();
+        let ours = sign_digest(curve, &secret, &digest).unwrap();
+        // The same signature with S negated (high-S), as an HSM may return it.
+        let high_s = match curve {
+            Curve::Secp256k1 => {
+                let s = k256::ecdsa::Signature::from_scalars(ours.r, ours.s).unwrap();
+                let (r, s) = (s.r(), -*s.s());
+                [r.to_bytes().to_vec(), s.to_bytes().to_vec()].concat()
+            }
+            _ => {
+                let s = p256::ecdsa::Signature::from_scalars(ours.r, ours.s).unwrap();
+                let (r, s) = (s.r(), -*s.s());
+                [r.to_bytes().to_vec(), s.to_bytes().to_vec()].concat()
+            }
+        };
+        assert_ne!(&high_s[32..], &ours.s[..]);
+        for raw in [[ours.r, ours.s].concat(), high_s] {
+            assert_eq!(ecdsa_from_raw(curve, &public, &digest, &raw).unwrap(), ours, "{curve:?}");
+        }
+        let other = crate::keys::public_key(curve, &[0x43u8; 32]).unwrap();
+        assert!(ecdsa_from_raw(curve, &other, &digest, &[ours.r, ours.s].concat()).is_err(), "another key's");
+        assert!(ecdsa_from_raw(curve, &public, &[0x18u8; 32], &[ours.r, ours.s].concat()).is_err(), "another digest");
+        assert!(ecdsa_from_raw(curve, &public, &digest, &ours.r).is_err(), "32 bytes");
+    }
+}

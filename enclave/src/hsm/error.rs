@@ -45,6 +45,16 @@ pub enum HsmError {
     KekNotCurrent { named: String, current: String },
     #[error("the KEK {label:?} is still used by {by}: it is not destroyed")]
     KekInUse { label: String, by: &'static str },
+    #[error("this deployment's HSM does not make {0} keys that stay in it (FEATURE_NAME_COFFER_HSM_NATIVE_KEYS): use CURVE_P256, or a key sealed as usual")]
+    NativeCurveUnsupported(&'static str),
+    #[error("the HSM holds no key labelled {0:?} (an HSM-native key destroyed, or on another token)")]
+    NativeKeyMissing(String),
+    #[error("this deployment offers no HSM-native keys (FEATURE_NAME_COFFER_HSM_NATIVE_KEYS; the enclave's hsm_native_keys_max is 0): remove the feature to make keys sealed as usual")]
+    NativeKeysOff,
+    #[error("the HSM holds the most HSM-native keys this deployment allows ({0}, hsm_native_keys_max)")]
+    NativeKeysFull(u64),
+    #[error("{count} blobs were ever sealed under the KEKs before {label:?}, and as many have been re-sealed under it: no more re-seals")]
+    ResealsSpent { label: String, count: u64 },
 }
 
 impl HsmError {
@@ -61,7 +71,11 @@ impl From<HsmError> for EnclaveError {
         match e {
             HsmError::SealAuthentication | HsmError::UnknownKek(_) => EnclaveError::SealAuthentication,
             HsmError::Malformed(m) => EnclaveError::InvalidArgument(format!("malformed input: {m}")),
-            HsmError::KekNotCurrent { .. } | HsmError::KekInUse { .. } => EnclaveError::InvalidArgument(e.to_string()),
+            HsmError::KekNotCurrent { .. }
+            | HsmError::KekInUse { .. }
+            | HsmError::NativeCurveUnsupported(_)
+            | HsmError::NativeKeysOff
+            | HsmError::NativeKeysFull(_) => EnclaveError::InvalidArgument(e.to_string()),
             HsmError::Poisoned => EnclaveError::Internal(e.to_string()),
             other => EnclaveError::Hsm(other.to_string()),
         }

@@ -13,6 +13,13 @@ use super::token::{find_key, Hsm};
 /// One rotation at a time in this process (another enclave on the store loses at the store).
 static ROTATION: Mutex<()> = Mutex::new(());
 
+/// The seal counter's name for the re-seals made under a KEK (`<label>/reseals`).
+const RESEAL_COUNTER: &str = "/reseals";
+/// Re-seals allowed past the seals counted under older KEKs: blobs sealed before enclaves
+/// counted seals, and blobs of an older format moved on under the same KEK. About 1.6 % of a
+/// KEK's 2³² seals: what re-sealing the same blobs over and over can spend of it at most.
+const RESEAL_SPARE: u64 = 1 << 26;
+
 /// The binding the rotation's check seals under: a service blob no other code names.
 const ROTATION_CHECK: BlobBinding<'static> = BlobBinding {
     kind: BlobKind::ServiceKey,
@@ -55,14 +62,15 @@ impl Hsm {
             return Err(HsmError::KekNotCurrent { named: from.to_string(), current });
         }
         let version = kek_version(&current).ok_or_else(|| HsmError::UnknownKek(current.clone()))?;
-        let next = kek_label(version + 1);
+        let next_version = version.checked_add(1).ok_or_else(|| HsmError::UnknownKek(current.clone()))?;
+        let next = kek_label(next_version);
         if self.make_kek(&next)? {
             tracing::info!(kek = %next, "KEK made in the token");
         }
         let value = self.random(32)?;
         // Sealing re-opens the blob and compares (`Hsm::seal_under`).
         self.seal_under(&next, &ROTATION_CHECK, &value)?;
-        if !shelf.add_kek(version + 1, now_ms)? {
+        if !shelf.add_kek(next_version, now_ms)? {
             return Err(HsmError::KekNotCurrent { named: from.to_string(), current: self.current_kek()? });
         }
         tracing::warn!(from = %current, to = %next, "KEK rotated: new seals use the new KEK; re-seal stored blobs (coffer-gateway reseal)");
@@ -81,7 +89,26 @@ impl Hsm {
             return Ok(None);
         }
         let opened = self.unseal(binding, blob)?;
+        self.count_reseal(&current)?;
         self.seal_under(&current, binding, &opened).map(Some)
+    }
+
+    /// Counts one re-seal under the current KEK `current`, refused past the seals counted under
+    /// every older KEK (and a block to spare): no more blobs were ever sealed under them, so
+    /// re-sealing the same blobs again and again cannot spend the current KEK's seals.
+    fn count_reseal(&self, current: &str) -> Result<(), HsmError> {
+        let Some(shelf) = &self.shelf else { return Ok(()) };
+        let counter = format!("{current}{RESEAL_COUNTER}");
+        let older: u64 = shelf
+            .seals_reserved()?
+            .iter()
+            .filter(|(label, _)| label != current && !label.ends_with(RESEAL_COUNTER))
+            .map(|(_, n)| *n)
+            .sum();
+        if shelf.reserve_seals(&counter, 1)? > older + RESEAL_SPARE {
+            return Err(HsmError::ResealsSpent { label: current.to_string(), count: older });
+        }
+        Ok(())
     }
 
     /// Moves every sealed service key on the shelf to the current KEK (each replaced only if no
@@ -107,10 +134,20 @@ impl Hsm {
         let shelf = self.shelf.as_ref().ok_or(HsmError::NoShelf("the KEK rotation"))?;
         let _one = ROTATION.lock().map_err(|_| HsmError::Poisoned)?;
         let version = kek_version(label).ok_or_else(|| HsmError::UnknownKek(label.to_string()))?;
-        if label == self.current_kek()? {
+        let current = self.current_kek()?;
+        if label == current {
             return Err(HsmError::KekInUse { label: label.to_string(), by: "new seals (it is the current KEK)" });
         }
-        if self.kek_states()?.iter().any(|k| k.label == label && k.service_keys > 0) {
+        // Only a KEK a rotation replaced: never one of a version not made yet (which would
+        // become "current" once recorded).
+        let states = self.kek_states()?;
+        let Some(state) = states.iter().find(|k| k.label == label) else {
+            return Err(HsmError::UnknownKek(label.to_string()));
+        };
+        if kek_version(&current).is_none_or(|c| version >= c) || state.destroyed_ms.is_some() {
+            return Err(HsmError::UnknownKek(label.to_string()));
+        }
+        if state.service_keys > 0 {
             return Err(HsmError::KekInUse { label: label.to_string(), by: "a sealed service key" });
         }
         let session = self.session()?;

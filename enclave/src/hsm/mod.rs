@@ -8,6 +8,7 @@ mod kek;
 mod kek_rotation;
 mod key_labels;
 mod login_keys;
+mod native_keys;
 mod pool;
 mod profile;
 mod proof_key;
@@ -23,6 +24,12 @@ pub use key_labels::{
     kek_label, kek_version, LoginKey, LoginPublicKeys, CERT_MAC_LABEL, KEK_LABEL, NOTARIZER_LABEL, OIDC_ISSUER_LABEL,
     PROOF_LABEL, SIGNER_LABEL, TLS_FETCHER_LABEL, WEBHOOK_SIGNER_LABEL,
 };
+/// The KEK label a sealed blob names, if it is a blob.
+pub fn kek_of_blob(blob: &[u8]) -> Option<String> {
+    seal::decode(blob).ok().map(|p| p.kek_label.to_string())
+}
+
+pub use native_keys::{native_label, native_label_of, native_reference};
 pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
 pub use software_keys::SealedKeyShelf;

@@ -44,10 +44,19 @@ impl Hsm {
         Ok(())
     }
 
-    /// Opens the sealed software key labelled `label` (for one use; wiped when dropped).
+    /// Opens the sealed software key labelled `label` (for one use; wiped when dropped). A blob
+    /// that no longer opens (another enclave moved it to a new KEK, then the old one was
+    /// destroyed) is read again from the shelf, once.
     pub(super) fn open_sealed_key(&self, label: &'static str) -> Result<OpenedBlob, HsmError> {
         let blob = self.sealed_blob(label)?.ok_or(HsmError::KeyMissing(label))?;
-        let opened = self.unseal(&binding(label), &blob)?;
+        let opened = match self.unseal(&binding(label), &blob) {
+            Err(HsmError::UnknownKek(_) | HsmError::SealAuthentication) if self.shelf.is_some() => {
+                self.sealed_blobs.0.lock().map_err(|_| HsmError::Poisoned)?.remove(label);
+                let blob = self.sealed_blob(label)?.ok_or(HsmError::KeyMissing(label))?;
+                self.unseal(&binding(label), &blob)?
+            }
+            other => other?,
+        };
         if opened.len() != 32 {
             return Err(HsmError::Malformed("a sealed service key is not 32 bytes"));
         }

@@ -33,6 +33,10 @@ pub trait SealedKeyShelf: Send + Sync {
     fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError>;
+    /// Counts the HSM-native key `label` of `org` if fewer than `max` are; answers whether it did.
+    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, HsmError>;
+    /// Stops counting the HSM-native key `label`.
+    fn remove_native_key(&self, label: &str) -> Result<(), HsmError>;
 }
 
 /// The sealed blobs read so far, by label (not secret: opening needs the HSM).

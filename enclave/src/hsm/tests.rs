@@ -135,6 +135,7 @@ fn try_open_as(
         profile,
         shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
         creates_keys,
+        native_keys_max: 8,
     }))
 }
 
@@ -665,6 +666,11 @@ fn a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it(_hsm: &Arc<Hsm>,
     assert_eq!(open_on(false).certificate_mac(b"certificate").unwrap(), mac);
     // The current KEK is never destroyed; an old one is, and what names it opens no more.
     assert!(matches!(hsm.destroy_kek("coffer-kek-v2", 3), Err(HsmError::KekInUse { .. })));
+    // Nor one not made yet (recorded, it would become current) or malformed.
+    for never in ["coffer-kek-v9", "coffer-kek-v4294967295", "coffer-kek-v02", "coffer-cert-mac-v1"] {
+        assert!(matches!(hsm.destroy_kek(never, 3), Err(HsmError::UnknownKek(_))), "{never}");
+    }
+    assert_eq!(hsm.current_kek().unwrap(), "coffer-kek-v2");
     hsm.destroy_kek(KEK_LABEL, 3).unwrap();
     assert!(matches!(hsm.unseal(&b, &old), Err(HsmError::UnknownKek(_))));
     assert_eq!(hsm.unseal(&b, &moved).unwrap().as_slice(), &[7u8; 32]);

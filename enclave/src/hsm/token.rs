@@ -51,6 +51,8 @@ pub struct HsmSettings {
     /// mechanisms too; `serve` needs only the mechanisms it uses (a module with pre-provisioned
     /// keys may offer no key generation at all).
     pub creates_keys: bool,
+    /// Most HSM-native keys the token may hold (counted in the authority store); 0 offers none.
+    pub native_keys_max: u64,
 }
 
 impl std::fmt::Debug for HsmSettings {
@@ -108,6 +110,8 @@ pub struct Hsm {
     webhook_public: OnceLock<[u8; 32]>,
     pub(super) login_public: OnceLock<LoginPublicKeys>,
     pub(super) proof_public: OnceLock<[u8; 65]>,
+    /// Most HSM-native keys the token may hold ([`HsmSettings::native_keys_max`]).
+    pub(super) native_keys_max: u64,
     /// Seals this process may still make under the KEK before it reserves more from the store
     /// ([`Hsm::count_seal`]).
     seal_budget: Mutex<SealBudget>,
@@ -275,6 +279,7 @@ impl Hsm {
             proof_public: OnceLock::new(),
             verified_certificates: crate::bounded_cache::BoundedCache::new(VERIFIED_CERTIFICATES_BYTES),
             seal_budget: Mutex::default(),
+            native_keys_max: settings.native_keys_max,
         })
     }
 

@@ -94,14 +94,18 @@ pub(super) fn status(hsm: &Hsm) -> Result<pb::KekStatus, EnclaveError> {
 /// its reference binds it gets an error of its own (the rest go on); the HSM or the store
 /// failing fails the call. Nothing here is a decision: what a blob may be used for is checked
 /// when it is used, and a re-sealed blob opens under exactly the binding it opened under.
-pub(super) fn reseal_blobs(hsm: &Hsm, req: pb::ResealBlobsRequest) -> Result<pb::ResealBlobsResponse, EnclaveError> {
+pub(super) fn reseal_blobs(
+    hsm: &Hsm,
+    admission: &Admission,
+    req: pb::ResealBlobsRequest,
+) -> Result<pb::ResealBlobsResponse, EnclaveError> {
     if req.blobs.len() > MAX_RESEAL_BATCH {
         return Err(EnclaveError::invalid(format!("at most {MAX_RESEAL_BATCH} blobs per call")));
     }
-    let blobs = req
+    let blobs: Vec<pb::ResealedBlob> = req
         .blobs
         .iter()
-        .map(|sealed| match reseal_one(hsm, sealed) {
+        .map(|sealed| match reseal_one(hsm, admission, sealed) {
             Ok(blob) => Ok(pb::ResealedBlob { blob: blob.unwrap_or_default(), error: String::new() }),
             Err(EnclaveError::SealAuthentication) => {
                 Ok(pb::ResealedBlob { blob: vec![], error: EnclaveError::SealAuthentication.to_string() })
@@ -110,10 +114,21 @@ pub(super) fn reseal_blobs(hsm: &Hsm, req: pb::ResealBlobsRequest) -> Result<pb:
             Err(e) => Err(e),
         })
         .collect::<Result<_, _>>()?;
-    Ok(pb::ResealBlobsResponse { current: hsm.current_kek()?, blobs })
+    let moved = blobs.iter().filter(|b: &&pb::ResealedBlob| !b.blob.is_empty()).count();
+    let current = hsm.current_kek()?;
+    tracing::info!(
+        target: "coffer_audit",
+        decision = "allow",
+        operation = "reseal_blobs",
+        asked = req.blobs.len(),
+        moved,
+        kek = current.as_str(),
+        "enclave decision"
+    );
+    Ok(pb::ResealBlobsResponse { current, blobs })
 }
 
-fn reseal_one(hsm: &Hsm, sealed: &pb::SealedRef) -> Result<Option<Vec<u8>>, EnclaveError> {
+fn reseal_one(hsm: &Hsm, admission: &Admission, sealed: &pb::SealedRef) -> Result<Option<Vec<u8>>, EnclaveError> {
     if sealed.blob.len() > MAX_RESEAL_BLOB {
         return Err(EnclaveError::invalid(format!("a sealed blob is at most {MAX_RESEAL_BLOB} bytes")));
     }
@@ -126,10 +141,25 @@ fn reseal_one(hsm: &Hsm, sealed: &pb::SealedRef) -> Result<Option<Vec<u8>>, Encl
         Ok(pb::BlobKind::OtpRecord) => BlobKind::OtpRecord,
         _ => return Err(EnclaveError::invalid("unknown sealed blob kind")),
     };
-    // A legacy (version 1) key binds no curve or address: it moves only if the key it holds is
-    // the one its reference names, as when it signs (the new blob binds them).
-    if crate::hsm::is_legacy(&sealed.blob) && matches!(kind, BlobKind::WalletAccountKey | BlobKind::PrivateKey) {
-        sealed_refs::open_key(hsm, sealed, kind)?;
+    // A wallet, account or key moves only while its organization's authority state holds it,
+    // as it is used (a deleted one's blob stays as it is, and opens nowhere).
+    if matches!(kind, BlobKind::WalletSeed | BlobKind::WalletAccountKey | BlobKind::PrivateKey) {
+        let loaded = admission
+            .rules()
+            .load(&sealed.organization_id)?
+            .ok_or_else(|| EnclaveError::invalid("the blob's organization has no authority state"))?;
+        sealed_refs::held(&loaded.state, sealed, kind).map_err(EnclaveError::invalid)?;
+        // A legacy (version 1) key binds no curve or address: it moves only if the key it holds
+        // is the one its reference names, as when it signs, and a private key only with the
+        // addresses the state records for it (which fix its curve); the new blob binds them.
+        if crate::hsm::is_legacy(&sealed.blob) {
+            let unaddressed = kind == BlobKind::PrivateKey
+                && loaded.state.private_keys.get(&sealed.resource_id).is_none_or(|k| k.addresses.is_empty());
+            if unaddressed {
+                return Err(EnclaveError::invalid("a legacy private key with no addresses is not re-sealed"));
+            }
+            sealed_refs::open_key(hsm, sealed, kind)?;
+        }
     }
     let binding = BlobBinding {
         kind,
@@ -139,10 +169,13 @@ fn reseal_one(hsm: &Hsm, sealed: &pb::SealedRef) -> Result<Option<Vec<u8>>, Encl
         address: &sealed.address,
         public_key: &sealed.public_key,
     };
+    // A blob naming a KEK the token does not hold fails alone; the current KEK missing fails
+    // the call (`Hsm::reseal` seals only after the blob opened).
+    let named = crate::hsm::kek_of_blob(&sealed.blob);
     match hsm.reseal(&binding, &sealed.blob) {
         Ok(blob) => Ok(blob),
-        Err(HsmError::UnknownKek(label)) => {
-            Err(EnclaveError::invalid(format!("the blob names KEK {label:?}, which the token does not hold")))
+        Err(HsmError::UnknownKek(label)) if named.as_deref() == Some(label.as_str()) => {
+            Err(EnclaveError::invalid("the blob names a KEK the token does not hold (destroyed, or never made here)"))
         }
         Err(e) => Err(e.into()),
     }

@@ -122,7 +122,7 @@ impl Enclave for EnclaveService {
     }
 
     async fn reseal_blobs(&self, req: Request<pb::ResealBlobsRequest>) -> Answer<pb::ResealBlobsResponse> {
-        self.run(req, |hsm, _, req| kek_admin::reseal_blobs(hsm, req)).await
+        self.run(req, kek_admin::reseal_blobs).await
     }
 
     async fn issue_certificates(

@@ -56,7 +56,7 @@ pub(super) fn sealed<'a>(
 /// format) the reference names; the private key of a key blob, each of its recorded addresses
 /// the one the reference's curve and public key give. Import targets are a user's, not keys of
 /// the state: always held. `Err` says what is missing.
-fn held(state: &OrgState, sealed: &pb::SealedRef, kind: BlobKind) -> Result<(), &'static str> {
+pub(super) fn held(state: &OrgState, sealed: &pb::SealedRef, kind: BlobKind) -> Result<(), &'static str> {
     if state.organization.id != sealed.organization_id {
         return Err("the sealed key's organization has no authority state here");
     }

@@ -170,6 +170,12 @@ impl<B: Backend> EnclaveStore for B {
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError> {
         self.write(true, |db| sql::kek_destroyed(db, version, at_ms))
     }
+    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError> {
+        self.write(true, |db| sql::add_native_key(db, label, org, made_ms, max))
+    }
+    fn remove_native_key(&self, label: &str) -> Result<(), StoreError> {
+        self.write(true, |db| sql::remove_native_key(db, label))
+    }
     fn remember(
         &self,
         organization: &str,

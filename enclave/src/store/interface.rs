@@ -403,6 +403,11 @@ pub trait EnclaveStore: Send + Sync {
     fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError>;
+    /// Counts the HSM-native key `label` of `org` if the token holds fewer than `max`; answers
+    /// whether it did.
+    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError>;
+    /// Stops counting the HSM-native key `label` (destroyed, or never made).
+    fn remove_native_key(&self, label: &str) -> Result<(), StoreError>;
 
     /// The replay window: records `key` for `organization` until `expires_ms` unless a live
     /// entry (expiry `>= now_ms`) with that key exists. Entries that expired are pruned (those of

@@ -184,6 +184,11 @@ CREATE TABLE keks (
     made_ms BIGINT NOT NULL,
     destroyed_ms BIGINT
 );
+CREATE TABLE native_keys (
+    label TEXT PRIMARY KEY,
+    organization_id TEXT NOT NULL,
+    made_ms BIGINT NOT NULL
+);
 ",
 ];
 

@@ -308,6 +308,25 @@ pub fn kek_destroyed<D: Db>(db: &mut D, version: u32, at_ms: i64) -> Result<(), 
     Ok(())
 }
 
+/// Counts the HSM-native key `label` of `org` if fewer than `max` are counted; answers whether it
+/// did. (On PostgreSQL enclaves counting at once may pass `max` by a few: a safety bound.)
+pub fn add_native_key<D: Db>(db: &mut D, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError> {
+    let held = db.query_one("SELECT COUNT(*) FROM native_keys", args![], |r| Ok::<_, StoreError>(r.int(0)?))?;
+    if held.max(0) as u64 >= max {
+        return Ok(false);
+    }
+    Ok(db.execute(
+        "INSERT INTO native_keys (label, organization_id, made_ms) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+        args![label, org, made_ms],
+    )? == 1)
+}
+
+/// Stops counting the HSM-native key `label`.
+pub fn remove_native_key<D: Db>(db: &mut D, label: &str) -> Result<(), StoreError> {
+    db.execute("DELETE FROM native_keys WHERE label = ?1", args![label])?;
+    Ok(())
+}
+
 /// Whether the replay window holds `key` live, or the log links `fingerprint` in any status.
 pub fn spent<D: Db>(db: &mut D, key: &[u8; 32], now_ms: i64, org: &str, fingerprint: &str) -> Result<bool, StoreError> {
     db.query_one(

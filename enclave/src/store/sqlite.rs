@@ -131,6 +131,11 @@ CREATE TABLE keks (
     made_ms INTEGER NOT NULL,
     destroyed_ms INTEGER
 );
+CREATE TABLE native_keys (
+    label TEXT PRIMARY KEY,
+    organization_id TEXT NOT NULL,
+    made_ms INTEGER NOT NULL
+) WITHOUT ROWID;
 ",
 ];
 

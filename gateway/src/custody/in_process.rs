@@ -55,6 +55,7 @@ fn service() -> Arc<EnclaveService> {
                 profile: None,
                 shelf: None,
                 creates_keys: true,
+                native_keys_max: 0,
             };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");

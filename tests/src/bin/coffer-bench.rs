@@ -462,6 +462,7 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
                     profile: None,
                     shelf: None,
                     creates_keys: false,
+                    native_keys_max: 0,
                 })
                 .expect("open token"),
             )
