@@ -16,7 +16,7 @@ pub use input::{
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, oauth2_credential_value, proxy_app_name,
     AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION, AUTH_PROXY_POLICY_NAME,
-    AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME,
+    AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME, HSM_NATIVE_KEYS_FEATURE,
 };
 pub use results::made_ids;
 pub use users::{api_key_type, MAX_API_KEY_EXPIRATION_SECONDS, OAUTH_CREDENTIAL_TYPE, WEBAUTHN_CREDENTIAL_TYPE};

@@ -56,6 +56,9 @@ impl Hsm {
         now_ms: i64,
     ) -> Result<(String, Vec<u8>), HsmError> {
         let oid = curve_oid(curve)?;
+        if curve == Curve::Secp256k1 && !self.profile().native_secp256k1 {
+            return Err(HsmError::NativeCurveUnsupported(curve.wire_name()));
+        }
         let label = native_label(private_key_id);
         // Counted before it is made: the module's storage is shared by every organization.
         let shelf = self.shelf.as_ref().ok_or(HsmError::NoShelf("HSM-native keys"))?;

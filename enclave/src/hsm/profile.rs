@@ -88,8 +88,10 @@ pub struct ModuleProfile {
     /// Whether `coffer-enclave init-token` can work (`C_InitToken`); elsewhere the vendor's tools
     /// make the token or partition.
     pub init_token: bool,
-    /// Whether HSM-native secp256k1 key pairs are required (checked by making one at start).
-    /// No built-in profile needs it: user keys are software keys sealed under the KEK.
+    /// Whether the module makes secp256k1 key pairs (checked by making one at start): HSM-native
+    /// keys (`FEATURE_NAME_COFFER_HSM_NATIVE_KEYS`) are offered on secp256k1 only then, on P-256
+    /// everywhere. Set for SoftHSM; the vendor profiles leave it off until a run on the module
+    /// shows it (their documentation says Luna, CloudHSM, nShield and YubiHSM make them).
     pub native_secp256k1: bool,
 }
 
@@ -128,6 +130,7 @@ impl ModuleProfile {
                 webhook_signer: KeyHome::Hsm,
                 tls_fetcher: KeyHome::Hsm,
                 cert_mac: KeyHome::Hsm,
+                native_secp256k1: true,
                 ..base
             },
             // Ed25519 only when built against OpenSSL >= 3.2.

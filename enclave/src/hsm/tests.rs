@@ -10,6 +10,7 @@ use cryptoki::types::AuthPin;
 
 use super::error::HsmError;
 use super::key_labels::*;
+use super::native_keys::native_label;
 use super::profile::{IvSource, KeyHome, ModuleProfile};
 use super::seal::{self, is_legacy, BlobBinding, BlobKind, LEGACY_VERSION, V2};
 use super::token::*;
@@ -446,7 +447,10 @@ fn the_start_up_check_refuses_a_profile_whose_mechanism_is_missing(_hsm: &Arc<Hs
                 assert!(refusal(ed).unwrap().contains("CKM_EDDSA"));
             }
         }
-        Module::SoftHsm => assert_eq!(refusal(native_k1), None),
+        Module::SoftHsm => {
+            assert!(detected(module).native_secp256k1, "SoftHSM makes secp256k1 keys");
+            assert_eq!(refusal(native_k1), None)
+        }
     }
     let missing = refusal(vendor_gcm).unwrap();
     assert!(missing.contains("vendor mechanism 0x8001e101"), "names the vendor GCM: {missing}");
@@ -681,7 +685,76 @@ fn a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it(_hsm: &Arc<Hsm>,
     assert!(matches!(hsm.unseal(&b, &forged), Err(HsmError::UnknownKek(_))));
 }
 
+fn native_keys_are_made_and_used_in_the_module_and_never_leave_it(_hsm: &Arc<Hsm>, module: Module) {
+    use coffer_crypto::{sign, Curve};
+    let hsm = try_open_as(module, "native", None, 2, pin(), "native", 0, true).unwrap().unwrap();
+    hsm.init_service_keys().unwrap();
+    let digest = [0x5au8; 32];
+    let mut made = Vec::new();
+    for curve in [Curve::P256, Curve::Secp256k1] {
+        let id = format!("key-{curve:?}");
+        let (label, public) = match hsm.make_native_key(curve, "o", &id, 1) {
+            Err(HsmError::NativeCurveUnsupported(name)) if module == Module::Kryoptic && curve == Curve::Secp256k1 => {
+                assert_eq!(name, "CURVE_SECP256K1");
+                continue;
+            }
+            other => other.unwrap_or_else(|e| panic!("{curve:?}: {e:?}")),
+        };
+        assert_eq!((label.as_str(), public.len()), (native_label(&id).as_str(), 33));
+        // The private half is sensitive and never extractable: its value is not readable.
+        let session = hsm.session().unwrap();
+        let key = find_key(&session, ObjectClass::PRIVATE_KEY, &label).unwrap().unwrap();
+        let attrs = session.get_attributes(key, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
+        assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)));
+        assert!(session.get_attributes(key, &[AttributeType::Value]).map_or(true, |v| v.is_empty()));
+        drop(session);
+        // Signatures verify under the public key with the RustCrypto crates, low-S, and the
+        // recovery id recovers the key.
+        for _ in 0..4 {
+            let raw = hsm.sign_native(&label, &digest).unwrap();
+            let sig = sign::ecdsa_from_raw(curve, &public, &digest, &raw).unwrap();
+            match curve {
+                Curve::Secp256k1 => {
+                    use k256::ecdsa::{RecoveryId, Signature, VerifyingKey};
+                    let s = Signature::from_scalars(sig.r, sig.s).unwrap();
+                    assert!(s.normalize_s().is_none(), "low-S");
+                    let id = RecoveryId::from_byte(sig.recovery_id).unwrap();
+                    let recovered = VerifyingKey::recover_from_prehash(&digest, &s, id).unwrap();
+                    assert_eq!(recovered, VerifyingKey::from_sec1_bytes(&public).unwrap());
+                }
+                _ => {
+                    use p256::ecdsa::signature::hazmat::PrehashVerifier;
+                    let s = p256::ecdsa::Signature::from_scalars(sig.r, sig.s).unwrap();
+                    assert!(s.normalize_s().is_none(), "low-S");
+                    p256::ecdsa::VerifyingKey::from_sec1_bytes(&public).unwrap().verify_prehash(&digest, &s).unwrap();
+                }
+            }
+        }
+        made.push(label);
+    }
+    // Counted against the deployment's bound (8 in these tests), every organization together.
+    let mut n = made.len();
+    while n < 8 {
+        made.push(hsm.make_native_key(Curve::P256, "other", &format!("fill-{n}"), 1).unwrap().0);
+        n += 1;
+    }
+    assert!(matches!(hsm.make_native_key(Curve::P256, "o", "one-more", 1), Err(HsmError::NativeKeysFull(8))));
+    assert!(matches!(
+        hsm.make_native_key(Curve::Ed25519, "o", "ed", 1),
+        Err(HsmError::NativeCurveUnsupported("CURVE_ED25519"))
+    ));
+    // Destroyed, a key signs no more and its place is free again.
+    assert!(hsm.destroy_native_key(&made[0]).unwrap());
+    assert!(!hsm.destroy_native_key(&made[0]).unwrap(), "gone");
+    assert!(matches!(hsm.sign_native(&made[0], &digest), Err(HsmError::NativeKeyMissing(_))));
+    hsm.make_native_key(Curve::P256, "o", "one-more", 1).unwrap();
+    for label in made.iter().skip(1).chain([&native_label("one-more")]) {
+        hsm.destroy_native_key(label).unwrap();
+    }
+}
+
 on_both_modules!(
+    native_keys_are_made_and_used_in_the_module_and_never_leave_it,
     a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it,
     login_keys_sign_verifiably_and_ecdh_matches_software,
     account_blob_under_another_curve_or_address_fails_to_open,

@@ -200,6 +200,7 @@ pub(super) fn apply_activity(
                         spent = true;
                     }
                     coffer_process::crash_point::here("enclave-after-state-commit");
+                    destroy_deleted_native_keys(hsm, &changes);
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
@@ -227,6 +228,23 @@ pub(super) fn apply_activity(
         }
     }
     answer
+}
+
+/// Destroys the HSM-native keys of the private keys `changes` deleted (committed: nothing uses
+/// them any more). A key the module does not hold was not native; a failure is logged, and the
+/// key stays counted against `hsm_native_keys_max` until an operator removes it.
+fn destroy_deleted_native_keys(hsm: &crate::hsm::Hsm, changes: &[Change]) {
+    for change in changes {
+        let Effect::DeletePrivateKeys { ids } = &change.effect else { continue };
+        for id in ids {
+            let label = crate::hsm::native_label(id);
+            match hsm.destroy_native_key(&label) {
+                Ok(true) => tracing::info!(key = label.as_str(), "HSM-native key destroyed with its private key"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, key = label.as_str(), "an HSM-native key was not destroyed"),
+            }
+        }
+    }
 }
 
 /// When the stamped body asks: the proof of the decision and of the changes applied, with the

@@ -7,13 +7,14 @@ use coffer_auth::envelope::{
 use coffer_auth::grants;
 use coffer_crypto::keys::SecretKey;
 use coffer_crypto::{address, keys, Curve};
+use coffer_org_rules::transition;
 use coffer_proto::v1 as pb;
 use serde_json::{json, Value};
 use zeroize::Zeroizing;
 
 use super::key_facts;
 use super::sealed_refs::{open, sealed};
-use crate::admission::{refuse, Admission};
+use crate::admission::{now_ms, refuse, Admission};
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{BlobBinding, BlobKind, Hsm};
 
@@ -142,31 +143,77 @@ pub(super) fn create_private_keys(
     let private_key_ids = derived_ids(&a.activity.fingerprint, PRIVATE_KEY_ID, params.len());
     let ids: Vec<&str> = private_key_ids.iter().map(String::as_str).collect();
     key_facts::ensure_new_ids(admission, &a, &a.activity.organization_id, &ids)?;
-    let keys = params
-        .iter()
-        .zip(&private_key_ids)
-        .map(|(p, id)| {
-            let curve = Curve::parse(text(p, "curve"))?;
-            // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
-            let key = loop {
-                let key = SecretKey::from_slice(curve, &hsm.random(32)?)?;
-                if key.public_key().is_ok() {
-                    break key;
+    // The organization's setting, in the state the decision read.
+    let native = a.decided.loaded.state.organization.features.contains_key(transition::HSM_NATIVE_KEYS_FEATURE);
+    let organization_id = a.activity.organization_id.as_str();
+    let mut made_in_hsm = Vec::new();
+    let created = (|| {
+        let keys = params
+            .iter()
+            .zip(&private_key_ids)
+            .map(|(p, id)| {
+                let curve = Curve::parse(text(p, "curve"))?;
+                if native {
+                    let (label, public_key) = hsm.make_native_key(curve, organization_id, id, now_ms())?;
+                    made_in_hsm.push(label.clone());
+                    let reference = Zeroizing::new(crate::hsm::native_reference(&label));
+                    return seal_private_key_as(
+                        hsm,
+                        organization_id,
+                        id,
+                        curve,
+                        &public_key,
+                        &reference,
+                        items(p, "addressFormats"),
+                    );
                 }
-            };
-            seal_private_key(hsm, &a.activity.organization_id, id, &key, items(p, "addressFormats"))
-        })
-        .collect::<Result<Vec<_>, EnclaveError>>()?;
+                // Rejection-sample until the bytes are a valid scalar (always valid for Ed25519).
+                let key = loop {
+                    let key = SecretKey::from_slice(curve, &hsm.random(32)?)?;
+                    if key.public_key().is_ok() {
+                        break key;
+                    }
+                };
+                seal_private_key(hsm, organization_id, id, &key, items(p, "addressFormats"))
+            })
+            .collect::<Result<Vec<_>, EnclaveError>>()?;
+        finish_private_keys(hsm, admission, &a, unspent, link, params, &ids, &private_key_ids, keys)
+    })();
+    // Keys made in the HSM for a call that failed are destroyed: nothing names them.
+    if created.is_err() {
+        for label in &made_in_hsm {
+            if let Err(e) = hsm.destroy_native_key(label) {
+                tracing::warn!(error = %e, key = label.as_str(), "an HSM-native key of a failed call was not destroyed");
+            }
+        }
+    }
+    created
+}
+
+/// The rest of `create_private_keys` once the keys are made: proofs, the spend and link, the
+/// facts recorded.
+#[allow(clippy::too_many_arguments)]
+fn finish_private_keys(
+    hsm: &Hsm,
+    admission: &Admission,
+    a: &crate::admission::Admitted,
+    unspent: crate::admission::Unspent,
+    link: Option<crate::link_request::LinkRequest>,
+    params: &[Value],
+    ids: &[&str],
+    private_key_ids: &[String],
+    keys: Vec<pb::KeyMaterial>,
+) -> Result<pb::CreatePrivateKeysResponse, EnclaveError> {
     let made: Vec<Value> = ids.iter().zip(&keys).map(|(id, k)| private_key_result(id, k)).collect();
     let api_result = json!({ "privateKeys": made });
     let result =
         json!({ "privateKeys": private_key_ids.iter().zip(&keys).map(|(id, k)| key_json(id, k)).collect::<Vec<_>>() });
-    let app_proofs = crate::proofs::of_call(hsm, &a, result)?;
+    let app_proofs = crate::proofs::of_call(hsm, a, result)?;
     let spent = unspent.with_result(&api_result);
-    let log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &api_result, &app_proofs)?;
+    let log_link = crate::proofs::spend_and_link(hsm, admission, a, spent, link, &api_result, &app_proofs)?;
     // Recorded once linked: a link the log refuses records nothing.
     let made: Vec<_> = ids.iter().zip(params).zip(&keys).map(|((id, p), k)| (*id, p, k)).collect();
-    key_facts::private_keys_made(admission, &a, &made, false)?;
+    key_facts::private_keys_made(admission, a, &made, false)?;
     let (evaluation, result) = (a.evaluation(), api_result.to_string().into_bytes());
     Ok(pb::CreatePrivateKeysResponse { app_proofs, keys, evaluation, result, log_link })
 }
@@ -289,14 +336,29 @@ pub(super) fn seal_private_key(
     formats: &[Value],
 ) -> Result<pb::KeyMaterial, EnclaveError> {
     let public_key = key.public_key()?;
-    let addresses = addresses_for(key.curve(), &public_key, formats)?;
+    seal_private_key_as(hsm, organization_id, private_key_id, key.curve(), &public_key, key.secret_bytes(), formats)
+}
+
+/// A private key's material: `plaintext` (its secret, or an HSM-native key's reference) sealed
+/// bound to its organization, id, curve and `public_key`, and its addresses.
+fn seal_private_key_as(
+    hsm: &Hsm,
+    organization_id: &str,
+    private_key_id: &str,
+    curve: Curve,
+    public_key: &[u8],
+    plaintext: &[u8],
+    formats: &[Value],
+) -> Result<pb::KeyMaterial, EnclaveError> {
+    let public_key = public_key.to_vec();
+    let addresses = addresses_for(curve, &public_key, formats)?;
     let public_hex = hex::encode(&public_key);
     let binding = BlobBinding {
-        curve: key.curve().wire_name(),
+        curve: curve.wire_name(),
         public_key: &public_hex,
         ..BlobBinding::plain(BlobKind::PrivateKey, organization_id, private_key_id)
     };
-    let sealed_key = hsm.seal(&binding, key.secret_bytes())?;
+    let sealed_key = hsm.seal(&binding, plaintext)?;
     Ok(pb::KeyMaterial {
         public_key,
         addresses,

@@ -3,7 +3,7 @@
 //! through the HSM.
 
 use coffer_crypto::keys::SecretKey;
-use coffer_crypto::{address, Curve};
+use coffer_crypto::{address, sign, Curve};
 use coffer_org_rules::OrgState;
 use coffer_proto::v1 as pb;
 
@@ -114,11 +114,84 @@ pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<
     Ok(hsm.unseal(&binding, &sealed.blob)?)
 }
 
+/// A signing key as a call uses it: opened from its blob, or held by the HSM (an HSM-native
+/// private key, whose blob names the module's object and is bound to its public key).
+pub(super) enum UsableKey {
+    Opened(SecretKey),
+    InHsm { label: String, curve: Curve, public_key: Vec<u8> },
+}
+
+impl UsableKey {
+    pub(super) fn curve(&self) -> Curve {
+        match self {
+            Self::Opened(key) => key.curve(),
+            Self::InHsm { curve, .. } => *curve,
+        }
+    }
+
+    /// The public key (compressed SEC1; Ed25519's 32 bytes).
+    pub(super) fn public_key(&self) -> Result<Vec<u8>, EnclaveError> {
+        match self {
+            Self::Opened(key) => Ok(key.public_key()?),
+            Self::InHsm { public_key, .. } => Ok(public_key.clone()),
+        }
+    }
+
+    /// ECDSA over `digest`, low-S, with its recovery id: in software, or `CKM_ECDSA` in the HSM
+    /// (normalized, the recovery id found by trial, checked against the bound public key).
+    pub(super) fn sign_digest(&self, hsm: &Hsm, digest: &[u8; 32]) -> Result<sign::EcdsaSignature, EnclaveError> {
+        match self {
+            Self::Opened(key) => Ok(sign::sign_digest(key.curve(), key.secret_bytes(), digest)?),
+            Self::InHsm { label, curve, public_key } => {
+                let raw = hsm.sign_native(label, digest)?;
+                Ok(sign::ecdsa_from_raw(*curve, public_key, digest, &raw)?)
+            }
+        }
+    }
+
+    /// A raw payload's signature, as `sign_raw_payload` returns it.
+    pub(super) fn sign_payload(
+        &self,
+        hsm: &Hsm,
+        payload: &str,
+        encoding: &str,
+        hash_function: &str,
+    ) -> Result<sign::SignatureParts, EnclaveError> {
+        match self {
+            Self::Opened(key) => {
+                Ok(sign::sign_payload(key.curve(), key.secret_bytes(), payload, encoding, hash_function)?)
+            }
+            Self::InHsm { curve, .. } => match sign::payload_to_sign(*curve, payload, encoding, hash_function)? {
+                sign::ToSign::Digest(digest) => Ok(self.sign_digest(hsm, &digest)?.parts()),
+                sign::ToSign::Message(_) => Err(EnclaveError::invalid("an HSM-native key signs digests only")),
+            },
+        }
+    }
+
+    /// The secret itself, for Ed25519 signing and export; an HSM-native key has none to give.
+    pub(super) fn secret(&self) -> Result<&SecretKey, EnclaveError> {
+        match self {
+            Self::Opened(key) => Ok(key),
+            Self::InHsm { .. } => Err(EnclaveError::invalid(
+                "this private key is HSM-native (FEATURE_NAME_COFFER_HSM_NATIVE_KEYS): it never leaves the HSM, so it cannot be exported",
+            )),
+        }
+    }
+}
+
 /// Opens a signing key; its curve is the one the blob is bound to. A legacy blob binds no curve
 /// or address, so the key it holds must match the public key or address it is presented with.
-pub(super) fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<SecretKey, EnclaveError> {
+pub(super) fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<UsableKey, EnclaveError> {
     let curve = Curve::parse(&sealed.curve)?;
     let plain = open(hsm, sealed, kind)?;
+    // An HSM-native private key's blob names its object, bound to the key's public key.
+    if let Some(label) = crate::hsm::native_label_of(&plain) {
+        if kind != BlobKind::PrivateKey || crate::hsm::is_legacy(&sealed.blob) {
+            return Err(EnclaveError::SealAuthentication);
+        }
+        let public_key = hex::decode(&sealed.public_key).map_err(|_| EnclaveError::SealAuthentication)?;
+        return Ok(UsableKey::InHsm { label: label.to_string(), curve, public_key });
+    }
     let key = SecretKey::from_slice(curve, &plain)
         .map_err(|_| EnclaveError::Internal("sealed key is not 32 bytes".into()))?;
     if crate::hsm::is_legacy(&sealed.blob) {
@@ -131,7 +204,7 @@ pub(super) fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Res
             return Err(EnclaveError::SealAuthentication);
         }
     }
-    Ok(key)
+    Ok(UsableKey::Opened(key))
 }
 
 #[cfg(test)]
@@ -250,7 +323,7 @@ mod tests {
 
         let mut k = key_ref(pb::BlobKind::PrivateKey, legacy(BlobKind::PrivateKey), "CURVE_SECP256K1");
         k.public_key = hex::encode(&public_key);
-        assert_eq!(open_key(&hsm, &k, BlobKind::PrivateKey).unwrap().secret_bytes(), &secret);
+        assert_eq!(open_key(&hsm, &k, BlobKind::PrivateKey).unwrap().secret().unwrap().secret_bytes(), &secret);
         k.public_key = hex::encode(keys::public_key(Curve::Secp256k1, &[8u8; 32]).unwrap());
         assert!(matches!(open_key(&hsm, &k, BlobKind::PrivateKey), Err(EnclaveError::SealAuthentication)));
 

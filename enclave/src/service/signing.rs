@@ -39,13 +39,7 @@ pub(super) fn sign(hsm: &Hsm, admission: &Admission, req: pb::SignRequest) -> Re
     let signatures = payloads
         .into_iter()
         .map(|payload| {
-            let sig = sign::sign_payload(
-                key.curve(),
-                key.secret_bytes(),
-                payload,
-                text(p, "encoding"),
-                text(p, "hashFunction"),
-            )?;
+            let sig = key.sign_payload(hsm, payload, text(p, "encoding"), text(p, "hashFunction"))?;
             Ok(pb::Signature { r: sig.r, s: sig.s, v: sig.v })
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;
@@ -95,18 +89,18 @@ pub(super) fn sign_transaction(
     let signed_transaction = match &tx {
         coffer_chain::Unsigned::Ethereum(t) => {
             needs(Curve::Secp256k1, "Ethereum")?;
-            let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+            let sig = key.sign_digest(hsm, &t.signing_hash())?;
             t.signed(&sig.r, &sig.s, sig.recovery_id == 1)
         }
         coffer_chain::Unsigned::Tron(t) => {
             needs(Curve::Secp256k1, "Tron")?;
-            let sig = sign::sign_digest(Curve::Secp256k1, key.secret_bytes(), &t.signing_hash())?;
+            let sig = key.sign_digest(hsm, &t.signing_hash())?;
             t.signed(&sig.r, &sig.s, sig.recovery_id)
         }
         coffer_chain::Unsigned::Solana(t) => {
             needs(Curve::Ed25519, "Solana")?;
             let slot = t.signer_slot(&key.public_key()?).map_err(|e| EnclaveError::invalid(e.to_string()))?;
-            t.signed(slot, &sign::sign_ed25519(key.secret_bytes(), t.message()))
+            t.signed(slot, &sign::sign_ed25519(key.secret()?.secret_bytes(), t.message()))
         }
     };
     let api_result = json!({ "signedTransaction": hex::encode(&signed_transaction) });

@@ -105,7 +105,7 @@ pub(super) fn export_key(
     };
     let private_key_id = (kind == BlobKind::PrivateKey).then(|| key_ref.resource_id.clone());
     let key = open_key(hsm, key_ref, kind)?;
-    let mut bundle = export(hsm, &a, key.secret_bytes())?;
+    let mut bundle = export(hsm, &a, key.secret()?.secret_bytes())?;
     let result = match &private_key_id {
         Some(id) => serde_json::json!({ "privateKeyId": id, "exportBundle": bundle.export_bundle }),
         None => serde_json::json!({ "address": key_ref.address, "exportBundle": bundle.export_bundle }),

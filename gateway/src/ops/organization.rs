@@ -15,8 +15,10 @@ use crate::error::ApiError;
 use crate::record_kinds::{FEATURE, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG};
 use crate::store::{Organization, Page, Record, StoreError, Write};
 
-/// `FeatureName` values (`turnkey_client` 0.17.1), `FEATURE_NAME_UNSPECIFIED` excluded.
+/// `FeatureName` values (`turnkey_client` 0.17.1), `FEATURE_NAME_UNSPECIFIED` excluded, and
+/// Coffer's own (HSM-native keys).
 pub const FEATURE_NAMES: &[&str] = &[
+    coffer_org_rules::transition::HSM_NATIVE_KEYS_FEATURE,
     "FEATURE_NAME_ROOT_USER_EMAIL_RECOVERY",
     "FEATURE_NAME_WEBAUTHN_ORIGINS",
     "FEATURE_NAME_EMAIL_AUTH",

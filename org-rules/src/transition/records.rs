@@ -202,6 +202,9 @@ pub(crate) fn remove_organization_feature(i: &Input<'_>) -> Changes {
     Ok(vec![i.change(Effect::RemoveFeature { name: i.text("name")? })])
 }
 
+/// Coffer's own feature: the organization's new private keys (P-256, and secp256k1 where the
+/// module makes such keys) are made and used in the HSM and never leave it.
+pub const HSM_NATIVE_KEYS_FEATURE: &str = "FEATURE_NAME_COFFER_HSM_NATIVE_KEYS";
 /// The feature `enable_auth_proxy` sets and `disable_auth_proxy` removes.
 pub const AUTH_PROXY_FEATURE: &str = "FEATURE_NAME_AUTH_PROXY";
 /// The policy `enable_auth_proxy` makes for the proxy's user (gateway/src/ops/proxy_config.rs).
