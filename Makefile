@@ -26,7 +26,7 @@ E2E_ON_POSTGRES ?= approvals custody errors kek_rotation login organization otp 
 # The HSM layer's tests run on SoftHSM and on kryoptic (deploy/build-kryoptic.sh, cached), and these
 # end-to-end families run again with kryoptic as the enclave's module (README "Pointing the enclave
 # at a real HSM").
-E2E_ON_KRYOPTIC ?= custody kek_rotation login otp proofs transactions webhooks
+E2E_ON_KRYOPTIC ?= custody kek_rotation login native_keys otp proofs transactions webhooks
 KRYOPTIC_ENV = COFFER_KRYOPTIC_MODULE=$$(cat target/kryoptic-module) COFFER_REQUIRE_KRYOPTIC=1
 test: deps lint-deploy lint
 	$(CARGO) build --bins --locked
