@@ -150,7 +150,7 @@ async fn hsm_native_keys_sign_verifiably_and_never_leave_the_hsm() {
     }
 
     // Never exported: refused with the reason, and nothing spent or recorded as done.
-    let mut target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
+    let target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
     let r = client
         .export_private_key(
             org.clone(),
