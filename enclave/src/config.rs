@@ -30,6 +30,10 @@ pub struct EnclaveConfig {
     /// an organization with the feature then has its `create_private_keys` refused. Environment:
     /// `COFFER_HSM_NATIVE_KEYS_MAX`.
     pub hsm_native_keys_max: u64,
+    /// Most HSM-native keys one top-level organization may hold, its sub-organizations' with it
+    /// (the auth proxy's sign-ups are sub-organizations of one): no tenant takes the token's
+    /// whole bound. Default 100. Environment: `COFFER_HSM_NATIVE_KEYS_PER_ORGANIZATION`.
+    pub hsm_native_keys_per_organization: u64,
     /// Unix socket the gRPC service listens on. Default `./.coffer/enclave.sock`.
     pub socket: PathBuf,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
@@ -364,6 +368,7 @@ impl Default for EnclaveConfig {
             session_pool: 16,
             hsm_profile: "auto".into(),
             hsm_native_keys_max: 0,
+            hsm_native_keys_per_organization: 100,
             socket: PathBuf::from("./.coffer/enclave.sock"),
             log: "info".into(),
             freshness_window_secs: 300,
@@ -435,6 +440,10 @@ impl EnclaveConfig {
         if let Some(v) = env("COFFER_HSM_NATIVE_KEYS_MAX") {
             cfg.hsm_native_keys_max =
                 v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_HSM_NATIVE_KEYS_MAX: {e}"))?;
+        }
+        if let Some(v) = env("COFFER_HSM_NATIVE_KEYS_PER_ORGANIZATION") {
+            cfg.hsm_native_keys_per_organization =
+                v.trim().parse().map_err(|e| anyhow::anyhow!("COFFER_HSM_NATIVE_KEYS_PER_ORGANIZATION: {e}"))?;
         }
         if let Some(v) = env("COFFER_REPLAY_QUOTA_PER_ORGANIZATION") {
             cfg.replay_quota_per_organization =

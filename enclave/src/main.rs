@@ -94,7 +94,10 @@ fn open_hsm(
         profile: coffer_enclave::hsm::ModuleProfile::configured(&cfg.hsm_profile)?,
         shelf: Some(Arc::new(coffer_enclave::service_key_shelf::ServiceKeyShelf(store.clone()))),
         creates_keys,
-        native_keys_max: cfg.hsm_native_keys_max,
+        native_keys: coffer_enclave::hsm::NativeKeyBounds {
+            total: cfg.hsm_native_keys_max,
+            per_organization: cfg.hsm_native_keys_per_organization,
+        },
     })?)
 }
 
@@ -403,6 +406,29 @@ async fn serve(cfg: EnclaveConfig) -> anyhow::Result<()> {
     let operators = cfg.operator_keys()?;
     if operators.is_empty() {
         tracing::warn!("no operator_public_keys configured: BootstrapOrganization refuses every call");
+    }
+    // HSM-native keys nothing holds (a call that failed after making them, a deletion whose
+    // destruction failed) go, at start and every ten minutes, once older than any request that
+    // could still hold them.
+    {
+        let (hsm, admission) = (hsm.clone(), admission.clone());
+        let grace_ms = (cfg.freshness_window_secs as i64).saturating_mul(2000).max(600_000);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(600));
+            loop {
+                every.tick().await;
+                let (hsm, admission) = (hsm.clone(), admission.clone());
+                let swept = tokio::task::spawn_blocking(move || {
+                    coffer_enclave::service::remove_unheld_native_keys(&hsm, &admission, grace_ms)
+                })
+                .await;
+                match swept {
+                    Ok(Ok(0)) | Err(_) => {}
+                    Ok(Ok(n)) => tracing::info!(n, "HSM-native keys nothing holds were destroyed"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "HSM-native keys nothing holds were not swept"),
+                }
+            }
+        });
     }
     let service = Arc::new(
         EnclaveService::new(hsm, admission, Arc::new(cfg.login.clone()))

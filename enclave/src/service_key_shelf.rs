@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::hsm::{HsmError, SealedKeyShelf};
-use crate::store::EnclaveStore;
+use crate::hsm::{HsmError, NativeKeyBounds, SealedKeyShelf};
+use crate::store::{EnclaveStore, NativeKeyCounted, NativeKeyRow};
 
 /// Keeps sealed service keys in the enclave tier's authority store (`sealed_service_keys`).
 pub struct ServiceKeyShelf(pub Arc<dyn EnclaveStore>);
@@ -45,8 +45,32 @@ impl SealedKeyShelf for ServiceKeyShelf {
         self.0.kek_destroyed(version, at_ms).map_err(shelf)
     }
 
-    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, HsmError> {
-        self.0.add_native_key(label, org, made_ms, max).map_err(shelf)
+    fn count_native_key(
+        &self,
+        label: &str,
+        org: &str,
+        charged_to: &str,
+        made_ms: i64,
+        bounds: NativeKeyBounds,
+    ) -> Result<(), HsmError> {
+        let row =
+            NativeKeyRow { label: label.into(), organization_id: org.into(), charged_to: charged_to.into(), made_ms };
+        match self.0.add_native_key(&row, bounds.total, bounds.per_organization).map_err(shelf)? {
+            NativeKeyCounted::Counted => Ok(()),
+            NativeKeyCounted::TokenFull => Err(HsmError::NativeKeysFull),
+            NativeKeyCounted::OrganizationFull => Err(HsmError::NativeKeysFullForOrganization(bounds.per_organization)),
+            NativeKeyCounted::Exists => Err(HsmError::NativeKeyPending),
+        }
+    }
+
+    fn native_keys(&self, org: Option<&str>) -> Result<Vec<(String, String, i64)>, HsmError> {
+        Ok(self
+            .0
+            .native_keys(org)
+            .map_err(shelf)?
+            .into_iter()
+            .map(|k| (k.label, k.organization_id, k.made_ms))
+            .collect())
     }
 
     fn remove_native_key(&self, label: &str) -> Result<(), HsmError> {

@@ -55,6 +55,7 @@ pub const VARIABLES: &[(&str, Reader)] = &[
     ("COFFER_HOME", Reader::Tooling),
     ("COFFER_HSM_PIN", Reader::Enclave),
     ("COFFER_HSM_NATIVE_KEYS_MAX", Reader::Enclave),
+    ("COFFER_HSM_NATIVE_KEYS_PER_ORGANIZATION", Reader::Enclave),
     ("COFFER_HSM_PIN_FILE", Reader::Enclave),
     ("COFFER_HSM_PROFILE", Reader::Enclave),
     ("COFFER_HSM_SO_PIN", Reader::Enclave),

@@ -169,7 +169,7 @@ async fn hsm_native_keys_sign_verifiably_and_never_leave_the_hsm() {
     let over: Vec<_> =
         (0..=(3 - made)).map(|i| key_params(&format!("more{i}"), Curve::P256, AddressFormat::Compressed)).collect();
     let r = client.create_private_keys(org.clone(), client.current_timestamp(), create(over)).await;
-    refused(r, 400, "REQUEST_INVALID", "the most HSM-native keys this deployment allows (3");
+    refused(r, 400, "REQUEST_INVALID", "the most HSM-native keys this deployment allows");
     client
         .delete_private_keys(
             org.clone(),

@@ -51,8 +51,12 @@ pub enum HsmError {
     NativeKeyMissing(String),
     #[error("this deployment offers no HSM-native keys (FEATURE_NAME_COFFER_HSM_NATIVE_KEYS; the enclave's hsm_native_keys_max is 0): remove the feature to make keys sealed as usual")]
     NativeKeysOff,
-    #[error("the HSM holds the most HSM-native keys this deployment allows ({0}, hsm_native_keys_max)")]
-    NativeKeysFull(u64),
+    #[error("the HSM holds the most HSM-native keys this deployment allows (hsm_native_keys_max)")]
+    NativeKeysFull,
+    #[error("the organization (with its sub-organizations) holds the most HSM-native keys one may ({0}, hsm_native_keys_per_organization)")]
+    NativeKeysFullForOrganization(u64),
+    #[error("a key of this request is being made in the HSM, or was left by an attempt that failed (removed within minutes): retry shortly")]
+    NativeKeyPending,
     #[error("{count} blobs were ever sealed under the KEKs before {label:?}, and as many have been re-sealed under it: no more re-seals")]
     ResealsSpent { label: String, count: u64 },
 }
@@ -75,7 +79,9 @@ impl From<HsmError> for EnclaveError {
             | HsmError::KekInUse { .. }
             | HsmError::NativeCurveUnsupported(_)
             | HsmError::NativeKeysOff
-            | HsmError::NativeKeysFull(_) => EnclaveError::InvalidArgument(e.to_string()),
+            | HsmError::NativeKeysFull
+            | HsmError::NativeKeysFullForOrganization(_)
+            | HsmError::NativeKeyPending => EnclaveError::InvalidArgument(e.to_string()),
             HsmError::Poisoned => EnclaveError::Internal(e.to_string()),
             other => EnclaveError::Hsm(other.to_string()),
         }

@@ -29,7 +29,7 @@ pub fn kek_of_blob(blob: &[u8]) -> Option<String> {
     seal::decode(blob).ok().map(|p| p.kek_label.to_string())
 }
 
-pub use native_keys::{native_label, native_label_of, native_reference};
+pub use native_keys::{native_label, native_label_of, native_reference, NativeKeyBounds};
 pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
 pub use software_keys::SealedKeyShelf;

@@ -22,17 +22,32 @@ const OID_SECP256K1: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x0a];
 /// The label of the module's object for private key `private_key_id` (ids are the enclave's, so
 /// one object per key).
 pub fn native_label(private_key_id: &str) -> String {
-    format!("coffer-native-{private_key_id}")
+    format!("{NATIVE_LABEL_PREFIX}{private_key_id}")
 }
+
+const NATIVE_LABEL_PREFIX: &str = "coffer-native-";
 
 /// The plaintext sealed for the native key labelled `label`.
 pub fn native_reference(label: &str) -> Vec<u8> {
     [NATIVE_REFERENCE, label.as_bytes()].concat()
 }
 
-/// The label an opened blob names, if it is an HSM-native key's.
+/// The label an opened blob names, if it is an HSM-native key's (a software key's blob opens to
+/// exactly 32 bytes, whatever they are).
 pub fn native_label_of(opened: &[u8]) -> Option<&str> {
+    if opened.len() == 32 {
+        return None;
+    }
     std::str::from_utf8(opened.strip_prefix(NATIVE_REFERENCE)?).ok()
+}
+
+/// Bounds on the HSM-native keys of one token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NativeKeyBounds {
+    /// Every organization together; 0 offers none.
+    pub total: u64,
+    /// One top-level organization, its sub-organizations with it.
+    pub per_organization: u64,
 }
 
 fn curve_oid(curve: Curve) -> Result<&'static [u8], HsmError> {
@@ -44,14 +59,17 @@ fn curve_oid(curve: Curve) -> Result<&'static [u8], HsmError> {
 }
 
 impl Hsm {
-    /// Makes a `curve` key pair in the module for private key `private_key_id`: the private half
-    /// a token object, sensitive, never extractable, for signing only; the public half a session
-    /// object, read once. Answers the label and the compressed SEC1 public key. A module that does
-    /// not make keys on `curve` is refused as such.
+    /// Makes a `curve` key pair in the module for private key `private_key_id` of
+    /// `organization_id`, counted first against the token's and its top-level organization
+    /// `charged_to`'s bounds: the private half a token object, sensitive, never extractable, for
+    /// signing only; the public half a session object, read once. Answers the label and the
+    /// compressed SEC1 public key. A module that does not make keys on `curve` is refused as
+    /// such; whatever fails after the count leaves neither the object nor the count.
     pub fn make_native_key(
         &self,
         curve: Curve,
         organization_id: &str,
+        charged_to: &str,
         private_key_id: &str,
         now_ms: i64,
     ) -> Result<(String, Vec<u8>), HsmError> {
@@ -59,18 +77,18 @@ impl Hsm {
         if curve == Curve::Secp256k1 && !self.profile().native_secp256k1 {
             return Err(HsmError::NativeCurveUnsupported(curve.wire_name()));
         }
-        let label = native_label(private_key_id);
-        // Counted before it is made: the module's storage is shared by every organization.
         let shelf = self.shelf.as_ref().ok_or(HsmError::NoShelf("HSM-native keys"))?;
-        if self.native_keys_max == 0 {
+        if self.native_keys.total == 0 {
             return Err(HsmError::NativeKeysOff);
         }
-        if !shelf.add_native_key(&label, organization_id, now_ms, self.native_keys_max)? {
-            return Err(HsmError::NativeKeysFull(self.native_keys_max));
-        }
+        let label = native_label(private_key_id);
+        shelf.count_native_key(&label, organization_id, charged_to, now_ms, self.native_keys)?;
         let made = self.generate_native_key(curve, oid, &label);
         if made.is_err() {
-            shelf.remove_native_key(&label)?;
+            // Made and then failed (its point unreadable): destroyed with its count.
+            if let Err(e) = self.destroy_native_key(&label) {
+                tracing::warn!(error = %e, key = label.as_str(), "an HSM-native key that failed was not destroyed");
+            }
         }
         made.map(|public| (label, public))
     }
@@ -79,7 +97,14 @@ impl Hsm {
         let name = label.as_bytes().to_vec();
         let point = self.with_session(
             |s, _| {
-                let (public, _private) = s.generate_key_pair(
+                // Once only: a session recovered after the pair was made must not make a second
+                // object under the label.
+                let held =
+                    s.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Label(name.clone())])?;
+                if !held.is_empty() {
+                    return Ok(Err(HsmError::DuplicateLabel { label: label.to_string(), count: held.len() }));
+                }
+                let (public, private) = s.generate_key_pair(
                     &Mechanism::EccKeyPairGen,
                     &[
                         Attribute::Token(false),
@@ -97,17 +122,25 @@ impl Hsm {
                         Attribute::Id(name.clone()),
                     ],
                 )?;
-                let point = s.get_attributes(public, &[AttributeType::EcPoint])?.into_iter().find_map(|a| match a {
-                    Attribute::EcPoint(p) => Some(p),
-                    _ => None,
-                });
-                s.destroy_object(public)?;
-                Ok(point)
+                let read = s.get_attributes(public, &[AttributeType::EcPoint]);
+                let _ = s.destroy_object(public);
+                let point = match read {
+                    Ok(attrs) => attrs.into_iter().find_map(|a| match a {
+                        Attribute::EcPoint(p) => Some(p),
+                        _ => None,
+                    }),
+                    Err(e) => {
+                        let _ = s.destroy_object(private);
+                        return Err(e);
+                    }
+                };
+                Ok(Ok(point))
             },
             "C_GenerateKeyPair (HSM-native key)",
         );
         let point = match point {
-            Ok(point) => point.ok_or(HsmError::Malformed("the module gave the native key no public point"))?,
+            Ok(Ok(point)) => point.ok_or(HsmError::Malformed("the module gave the native key no public point"))?,
+            Ok(Err(e)) => return Err(e),
             Err(HsmError::Pkcs11 {
                 rv:
                     RvError::CurveNotSupported
@@ -124,12 +157,33 @@ impl Hsm {
             [0x04, 0x41, rest @ ..] if rest.len() == 65 => rest,
             raw => raw,
         };
-        let compressed = match curve {
+        match curve {
             Curve::Secp256k1 => k256::PublicKey::from_sec1_bytes(sec1).map(|k| k.to_sec1_bytes_compressed()),
             _ => p256::PublicKey::from_sec1_bytes(sec1).map(|k| k.to_sec1_bytes_compressed()),
         }
-        .map_err(|_| HsmError::Malformed("the native key's public point is not on its curve"))?;
-        Ok(compressed)
+        .map_err(|_| HsmError::Malformed("the native key's public point is not on its curve"))
+    }
+
+    /// Destroys every HSM-native key of `organization_id` (deleted with its state); answers how
+    /// many the module held.
+    pub fn destroy_native_keys_of(&self, organization_id: &str) -> Result<usize, HsmError> {
+        let Some(shelf) = &self.shelf else { return Ok(0) };
+        let mut held = 0;
+        for (label, _, _) in shelf.native_keys(Some(organization_id))? {
+            held += usize::from(self.destroy_native_key(&label)?);
+        }
+        Ok(held)
+    }
+
+    /// The HSM-native keys counted, made before `before_ms`: (private key id, organization).
+    pub fn native_keys_made_before(&self, before_ms: i64) -> Result<Vec<(String, String)>, HsmError> {
+        let Some(shelf) = &self.shelf else { return Ok(Vec::new()) };
+        Ok(shelf
+            .native_keys(None)?
+            .into_iter()
+            .filter(|(_, _, made)| *made < before_ms)
+            .filter_map(|(label, org, _)| Some((label.strip_prefix(NATIVE_LABEL_PREFIX)?.to_string(), org)))
+            .collect())
     }
 
     /// `CKM_ECDSA` over `digest` with the native key labelled `label`: `r ‖ s`, as the module

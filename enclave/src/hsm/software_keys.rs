@@ -33,8 +33,18 @@ pub trait SealedKeyShelf: Send + Sync {
     fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError>;
-    /// Counts the HSM-native key `label` of `org` if fewer than `max` are; answers whether it did.
-    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, HsmError>;
+    /// Counts the HSM-native key `label` of `org`, charged to its top-level organization
+    /// `charged_to`, within `bounds`; refused with why otherwise.
+    fn count_native_key(
+        &self,
+        label: &str,
+        org: &str,
+        charged_to: &str,
+        made_ms: i64,
+        bounds: super::native_keys::NativeKeyBounds,
+    ) -> Result<(), HsmError>;
+    /// The HSM-native keys counted (of `org` only, when given): (label, organization, made at).
+    fn native_keys(&self, org: Option<&str>) -> Result<Vec<(String, String, i64)>, HsmError>;
     /// Stops counting the HSM-native key `label`.
     fn remove_native_key(&self, label: &str) -> Result<(), HsmError>;
 }

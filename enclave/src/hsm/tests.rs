@@ -136,7 +136,7 @@ fn try_open_as(
         profile,
         shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
         creates_keys,
-        native_keys_max: 8,
+        native_keys: super::native_keys::NativeKeyBounds { total: 8, per_organization: 6 },
     }))
 }
 
@@ -693,7 +693,7 @@ fn native_keys_are_made_and_used_in_the_module_and_never_leave_it(_hsm: &Arc<Hsm
     let mut made = Vec::new();
     for curve in [Curve::P256, Curve::Secp256k1] {
         let id = format!("key-{curve:?}");
-        let (label, public) = match hsm.make_native_key(curve, "o", &id, 1) {
+        let (label, public) = match hsm.make_native_key(curve, "o", "top-a", &id, 1) {
             Err(HsmError::NativeCurveUnsupported(name)) if module == Module::Kryoptic && curve == Curve::Secp256k1 => {
                 assert_eq!(name, "CURVE_SECP256K1");
                 continue;
@@ -732,24 +732,41 @@ fn native_keys_are_made_and_used_in_the_module_and_never_leave_it(_hsm: &Arc<Hsm
         }
         made.push(label);
     }
-    // Counted against the deployment's bound (8 in these tests), every organization together.
+    // The same key again (a request's retry while its first attempt left the key) is refused as
+    // pending, not made twice.
+    assert!(matches!(hsm.make_native_key(Curve::P256, "o", "top-a", "key-P256", 1), Err(HsmError::NativeKeyPending)));
+    // Counted against one top-level organization's bound (6 here), then the token's (8).
     let mut n = made.len();
-    while n < 8 {
-        made.push(hsm.make_native_key(Curve::P256, "other", &format!("fill-{n}"), 1).unwrap().0);
+    while n < 6 {
+        made.push(hsm.make_native_key(Curve::P256, "sub-of-a", "top-a", &format!("fill-{n}"), 1).unwrap().0);
         n += 1;
     }
-    assert!(matches!(hsm.make_native_key(Curve::P256, "o", "one-more", 1), Err(HsmError::NativeKeysFull(8))));
     assert!(matches!(
-        hsm.make_native_key(Curve::Ed25519, "o", "ed", 1),
+        hsm.make_native_key(Curve::P256, "o", "top-a", "one-more", 1),
+        Err(HsmError::NativeKeysFullForOrganization(6))
+    ));
+    while n < 8 {
+        made.push(hsm.make_native_key(Curve::P256, "b", "top-b", &format!("fill-{n}"), 1).unwrap().0);
+        n += 1;
+    }
+    assert!(matches!(hsm.make_native_key(Curve::P256, "c", "top-c", "one-more", 1), Err(HsmError::NativeKeysFull)));
+    assert!(matches!(
+        hsm.make_native_key(Curve::Ed25519, "o", "top-a", "ed", 1),
         Err(HsmError::NativeCurveUnsupported("CURVE_ED25519"))
     ));
     // Destroyed, a key signs no more and its place is free again.
     assert!(hsm.destroy_native_key(&made[0]).unwrap());
     assert!(!hsm.destroy_native_key(&made[0]).unwrap(), "gone");
     assert!(matches!(hsm.sign_native(&made[0], &digest), Err(HsmError::NativeKeyMissing(_))));
-    hsm.make_native_key(Curve::P256, "o", "one-more", 1).unwrap();
-    for label in made.iter().skip(1).chain([&native_label("one-more")]) {
-        hsm.destroy_native_key(label).unwrap();
+    hsm.make_native_key(Curve::P256, "o", "top-a", "one-more", 1).unwrap();
+    // An organization's keys go with it; the sweep lists what was made before a time.
+    assert_eq!(hsm.destroy_native_keys_of("b").unwrap(), 8 - 6);
+    let listed = hsm.native_keys_made_before(2).unwrap();
+    assert_eq!(listed.len(), 6, "{listed:?}");
+    assert!(listed.contains(&("one-more".to_string(), "o".to_string())));
+    assert!(hsm.native_keys_made_before(1).unwrap().is_empty());
+    for (id, _) in listed {
+        hsm.destroy_native_key(&native_label(&id)).unwrap();
     }
 }
 

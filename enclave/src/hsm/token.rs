@@ -51,8 +51,9 @@ pub struct HsmSettings {
     /// mechanisms too; `serve` needs only the mechanisms it uses (a module with pre-provisioned
     /// keys may offer no key generation at all).
     pub creates_keys: bool,
-    /// Most HSM-native keys the token may hold (counted in the authority store); 0 offers none.
-    pub native_keys_max: u64,
+    /// Most HSM-native keys the token, and one top-level organization, may hold (counted in the
+    /// authority store); a total of 0 offers none.
+    pub native_keys: super::native_keys::NativeKeyBounds,
 }
 
 impl std::fmt::Debug for HsmSettings {
@@ -110,8 +111,8 @@ pub struct Hsm {
     webhook_public: OnceLock<[u8; 32]>,
     pub(super) login_public: OnceLock<LoginPublicKeys>,
     pub(super) proof_public: OnceLock<[u8; 65]>,
-    /// Most HSM-native keys the token may hold ([`HsmSettings::native_keys_max`]).
-    pub(super) native_keys_max: u64,
+    /// Most HSM-native keys the token and one organization may hold ([`HsmSettings::native_keys`]).
+    pub(super) native_keys: super::native_keys::NativeKeyBounds,
     /// Seals this process may still make under the KEK before it reserves more from the store
     /// ([`Hsm::count_seal`]).
     seal_budget: Mutex<SealBudget>,
@@ -200,16 +201,26 @@ pub fn init_token(
     user_pin: &AuthPin,
 ) -> Result<bool, HsmError> {
     let ctx = load_module(module)?;
-    let slots = ctx.get_slots_with_token().map_err(|e| HsmError::call("C_GetSlotList", e))?;
+    // SoftHSM adds its next free slot while another token is being initialised: a list taken
+    // then may have none, and the next one does.
     let mut free = None;
-    for slot in slots {
-        let info = ctx.get_token_info(slot).map_err(|e| HsmError::call("C_GetTokenInfo", e))?;
-        if info.token_initialized() {
-            if info.label().trim_end() == label {
-                return Ok(false);
+    for attempt in 0..3 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let slots = ctx.get_slots_with_token().map_err(|e| HsmError::call("C_GetSlotList", e))?;
+        for slot in slots {
+            let info = ctx.get_token_info(slot).map_err(|e| HsmError::call("C_GetTokenInfo", e))?;
+            if info.token_initialized() {
+                if info.label().trim_end() == label {
+                    return Ok(false);
+                }
+            } else if free.is_none() {
+                free = Some(slot);
             }
-        } else if free.is_none() {
-            free = Some(slot);
+        }
+        if free.is_some() {
+            break;
         }
     }
     let slot = free.ok_or_else(|| HsmError::TokenNotFound(format!("{label} (and no free slot to create it)")))?;
@@ -279,7 +290,7 @@ impl Hsm {
             proof_public: OnceLock::new(),
             verified_certificates: crate::bounded_cache::BoundedCache::new(VERIFIED_CERTIFICATES_BYTES),
             seal_budget: Mutex::default(),
-            native_keys_max: settings.native_keys_max,
+            native_keys: settings.native_keys,
         })
     }
 

@@ -230,11 +230,26 @@ pub(super) fn apply_activity(
     answer
 }
 
-/// Destroys the HSM-native keys of the private keys `changes` deleted (committed: nothing uses
-/// them any more). A key the module does not hold was not native; a failure is logged, and the
-/// key stays counted against `hsm_native_keys_max` until an operator removes it.
+/// Destroys the HSM-native keys of the private keys `changes` deleted, and of the organizations
+/// they deleted (committed: nothing uses them any more). A key the module does not hold was not
+/// native; a failure is logged, and the enclave's next start removes what nothing holds
+/// ([`crate::service::remove_unheld_native_keys`]).
 fn destroy_deleted_native_keys(hsm: &crate::hsm::Hsm, changes: &[Change]) {
     for change in changes {
+        if matches!(change.effect, Effect::DeleteOrganization) {
+            match hsm.destroy_native_keys_of(&change.organization_id) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    n,
+                    organization = change.organization_id.as_str(),
+                    "HSM-native keys destroyed with their organization"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, organization = change.organization_id.as_str(), "HSM-native keys of a deleted organization were not destroyed")
+                }
+            }
+            continue;
+        }
         let Effect::DeletePrivateKeys { ids } = &change.effect else { continue };
         for id in ids {
             let label = crate::hsm::native_label(id);

@@ -146,6 +146,11 @@ pub(super) fn create_private_keys(
     // The organization's setting, in the state the decision read.
     let native = a.decided.loaded.state.organization.features.contains_key(transition::HSM_NATIVE_KEYS_FEATURE);
     let organization_id = a.activity.organization_id.as_str();
+    // HSM-native keys are charged to the top-level organization, as the enclave's state says.
+    let charged_to = match native {
+        true => admission.top_level_id(organization_id, Some(a.decided.loaded.clone()))?,
+        false => String::new(),
+    };
     let mut made_in_hsm = Vec::new();
     let created = (|| {
         let keys = params
@@ -154,7 +159,7 @@ pub(super) fn create_private_keys(
             .map(|(p, id)| {
                 let curve = Curve::parse(text(p, "curve"))?;
                 if native {
-                    let (label, public_key) = hsm.make_native_key(curve, organization_id, id, now_ms())?;
+                    let (label, public_key) = hsm.make_native_key(curve, organization_id, &charged_to, id, now_ms())?;
                     made_in_hsm.push(label.clone());
                     let reference = Zeroizing::new(crate::hsm::native_reference(&label));
                     return seal_private_key_as(

@@ -43,6 +43,22 @@ pub struct EnclaveService {
     boot: Arc<std::sync::OnceLock<pb::BootProof>>,
 }
 
+/// Destroys the HSM-native keys counted more than `grace_ms` ago whose private key no
+/// organization's authority state holds: those of a call that failed after making them, or of a
+/// deletion whose destruction failed. Each is an object of the module nothing can use; answers
+/// how many went.
+pub fn remove_unheld_native_keys(hsm: &Hsm, admission: &Admission, grace_ms: i64) -> Result<usize, EnclaveError> {
+    let mut removed = 0;
+    for (private_key_id, organization_id) in hsm.native_keys_made_before(crate::admission::now_ms() - grace_ms)? {
+        let loaded = admission.rules().load(&organization_id)?;
+        if !loaded.is_some_and(|l| l.state.private_keys.contains_key(&private_key_id)) {
+            hsm.destroy_native_key(&crate::hsm::native_label(&private_key_id))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A call whose whole work is blocking: HSM, authority and the request in, the answer out.
 type BlockingCall<Q, T> = fn(&Hsm, &Admission, Q) -> Result<T, EnclaveError>;
 

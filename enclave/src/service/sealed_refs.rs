@@ -186,7 +186,10 @@ pub(super) fn open_key(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Res
     let plain = open(hsm, sealed, kind)?;
     // An HSM-native private key's blob names its object, bound to the key's public key.
     if let Some(label) = crate::hsm::native_label_of(&plain) {
-        if kind != BlobKind::PrivateKey || crate::hsm::is_legacy(&sealed.blob) {
+        if kind != BlobKind::PrivateKey
+            || crate::hsm::is_legacy(&sealed.blob)
+            || label != crate::hsm::native_label(&sealed.resource_id)
+        {
             return Err(EnclaveError::SealAuthentication);
         }
         let public_key = hex::decode(&sealed.public_key).map_err(|_| EnclaveError::SealAuthentication)?;

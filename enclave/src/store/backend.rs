@@ -6,7 +6,7 @@ use coffer_sql::Db;
 
 use super::interface::{
     ActivityLink, BallotKept, DecisionRecord, EnclaveStore, KekRecord, KeptBallot, LatestDecision, LinkedActivity,
-    OrgChanges, OrgHead, Remembered, ReplayShare, Spend, StoreError,
+    NativeKeyCounted, NativeKeyRow, OrgChanges, OrgHead, Remembered, ReplayShare, Spend, StoreError,
 };
 use super::sql;
 
@@ -170,8 +170,16 @@ impl<B: Backend> EnclaveStore for B {
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError> {
         self.write(true, |db| sql::kek_destroyed(db, version, at_ms))
     }
-    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError> {
-        self.write(true, |db| sql::add_native_key(db, label, org, made_ms, max))
+    fn add_native_key(
+        &self,
+        key: &NativeKeyRow,
+        total: u64,
+        per_organization: u64,
+    ) -> Result<NativeKeyCounted, StoreError> {
+        self.write(true, |db| sql::add_native_key(db, key, total, per_organization))
+    }
+    fn native_keys(&self, org: Option<&str>) -> Result<Vec<NativeKeyRow>, StoreError> {
+        self.read(|db| sql::native_keys(db, org))
     }
     fn remove_native_key(&self, label: &str) -> Result<(), StoreError> {
         self.write(true, |db| sql::remove_native_key(db, label))

@@ -250,6 +250,28 @@ pub struct ActivityLink {
     pub activity_digest: String,
 }
 
+/// An HSM-native key the store counts: the module's label, its organization, the top-level
+/// organization it is charged to, and when it was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NativeKeyRow {
+    pub label: String,
+    pub organization_id: String,
+    pub charged_to: String,
+    pub made_ms: i64,
+}
+
+/// Whether [`EnclaveStore::add_native_key`] counted a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeKeyCounted {
+    Counted,
+    /// The token holds its bound.
+    TokenFull,
+    /// The top-level organization holds its bound.
+    OrganizationFull,
+    /// A key of that label is counted already (an earlier attempt of the same request).
+    Exists,
+}
+
 /// A KEK the store records: one made by rotation (version 2 on), or one destroyed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KekRecord {
@@ -403,9 +425,16 @@ pub trait EnclaveStore: Send + Sync {
     fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError>;
-    /// Counts the HSM-native key `label` of `org` if the token holds fewer than `max`; answers
-    /// whether it did.
-    fn add_native_key(&self, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError>;
+    /// Counts the HSM-native key `key` if the token holds fewer than `total` and its top-level
+    /// organization fewer than `per_organization`.
+    fn add_native_key(
+        &self,
+        key: &NativeKeyRow,
+        total: u64,
+        per_organization: u64,
+    ) -> Result<NativeKeyCounted, StoreError>;
+    /// The HSM-native keys counted (of `org` only, when given), oldest first.
+    fn native_keys(&self, org: Option<&str>) -> Result<Vec<NativeKeyRow>, StoreError>;
     /// Stops counting the HSM-native key `label` (destroyed, or never made).
     fn remove_native_key(&self, label: &str) -> Result<(), StoreError>;
 

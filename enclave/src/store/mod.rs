@@ -23,9 +23,9 @@ mod sqlite;
 
 pub use interface::{
     ActivityLink, BallotKept, DecisionRecord, EnclaveStore, Entry, KekRecord, KeptBallot, LatestDecision,
-    LinkedActivity, LoggedDecision, OrgChanges, OrgHead, Remembered, ReplayLane, ReplayShare, Spend, StoreError,
-    StoreLimits, DONE_MARK, MAX_BALLOTS_PER_ORGANIZATION, OUTCOME_ALLOW, OUTCOME_DONE, OUTCOME_FAILED, OUTCOME_REFUSE,
-    REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
+    LinkedActivity, LoggedDecision, NativeKeyCounted, NativeKeyRow, OrgChanges, OrgHead, Remembered, ReplayLane,
+    ReplayShare, Spend, StoreError, StoreLimits, DONE_MARK, MAX_BALLOTS_PER_ORGANIZATION, OUTCOME_ALLOW, OUTCOME_DONE,
+    OUTCOME_FAILED, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
 };
 pub use open::{default_url, open, open_existing, redact, StoreSettings};
 pub use postgres::PostgresEnclaveStore;

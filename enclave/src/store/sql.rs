@@ -7,8 +7,8 @@ use coffer_sql::{args, Arg, Db, SqlRow};
 
 use super::interface::{
     check_changes, version_of, ActivityLink, BallotKept, DecisionRecord, Entry, KekRecord, KeptBallot, LatestDecision,
-    LinkedActivity, OrgChanges, OrgHead, StoreError, MAX_BALLOTS_PER_ORGANIZATION, OUTCOME_ALLOW, OUTCOME_REFUSE,
-    REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
+    LinkedActivity, NativeKeyCounted, NativeKeyRow, OrgChanges, OrgHead, StoreError, MAX_BALLOTS_PER_ORGANIZATION,
+    OUTCOME_ALLOW, OUTCOME_REFUSE, REASON_CONSENSUS_NEEDED, REASON_VOTE_REJECTED,
 };
 
 /// Most rows one statement binds when a call names many (links of one log group): a few
@@ -308,17 +308,54 @@ pub fn kek_destroyed<D: Db>(db: &mut D, version: u32, at_ms: i64) -> Result<(), 
     Ok(())
 }
 
-/// Counts the HSM-native key `label` of `org` if fewer than `max` are counted; answers whether it
-/// did. (On PostgreSQL enclaves counting at once may pass `max` by a few: a safety bound.)
-pub fn add_native_key<D: Db>(db: &mut D, label: &str, org: &str, made_ms: i64, max: u64) -> Result<bool, StoreError> {
-    let held = db.query_one("SELECT COUNT(*) FROM native_keys", args![], |r| Ok::<_, StoreError>(r.int(0)?))?;
-    if held.max(0) as u64 >= max {
-        return Ok(false);
+/// Counts the HSM-native key `label` of `org`, charged to the top-level organization
+/// `charged_to`, if the token holds fewer than `total` and `charged_to` fewer than
+/// `per_organization`. (On PostgreSQL enclaves counting at once may pass a bound by a few: a
+/// safety bound.)
+pub fn add_native_key<D: Db>(
+    db: &mut D,
+    key: &NativeKeyRow,
+    total: u64,
+    per_organization: u64,
+) -> Result<NativeKeyCounted, StoreError> {
+    let count = |db: &mut D, sql: &str, args: &[Arg<'_>]| -> Result<u64, StoreError> {
+        Ok(db.query_one(sql, args, |r| Ok::<_, StoreError>(r.int(0)?))?.max(0) as u64)
+    };
+    if count(db, "SELECT COUNT(*) FROM native_keys WHERE label = ?1", args![key.label])? > 0 {
+        return Ok(NativeKeyCounted::Exists);
     }
-    Ok(db.execute(
-        "INSERT INTO native_keys (label, organization_id, made_ms) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-        args![label, org, made_ms],
-    )? == 1)
+    if count(db, "SELECT COUNT(*) FROM native_keys", args![])? >= total {
+        return Ok(NativeKeyCounted::TokenFull);
+    }
+    if count(db, "SELECT COUNT(*) FROM native_keys WHERE charged_to = ?1", args![key.charged_to])? >= per_organization {
+        return Ok(NativeKeyCounted::OrganizationFull);
+    }
+    let added = db.execute(
+        "INSERT INTO native_keys (label, organization_id, charged_to, made_ms) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT DO NOTHING",
+        args![key.label, key.organization_id, key.charged_to, key.made_ms],
+    )?;
+    Ok(if added == 1 { NativeKeyCounted::Counted } else { NativeKeyCounted::Exists })
+}
+
+/// The HSM-native keys counted, of `org` only when given, oldest first.
+pub fn native_keys<D: Db>(db: &mut D, org: Option<&str>) -> Result<Vec<NativeKeyRow>, StoreError> {
+    let row = |r: &dyn SqlRow| {
+        Ok::<_, StoreError>(NativeKeyRow {
+            label: r.text(0)?,
+            organization_id: r.text(1)?,
+            charged_to: r.text(2)?,
+            made_ms: r.int(3)?,
+        })
+    };
+    match org {
+        Some(org) => db.query(
+            "SELECT label, organization_id, charged_to, made_ms FROM native_keys WHERE organization_id = ?1 ORDER BY made_ms",
+            args![org],
+            row,
+        ),
+        None => db.query("SELECT label, organization_id, charged_to, made_ms FROM native_keys ORDER BY made_ms", args![], row),
+    }
 }
 
 /// Stops counting the HSM-native key `label`.

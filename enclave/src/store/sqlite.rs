@@ -134,6 +134,7 @@ CREATE TABLE keks (
 CREATE TABLE native_keys (
     label TEXT PRIMARY KEY,
     organization_id TEXT NOT NULL,
+    charged_to TEXT NOT NULL,
     made_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
 ",

@@ -55,7 +55,7 @@ fn service() -> Arc<EnclaveService> {
                 profile: None,
                 shelf: None,
                 creates_keys: true,
-                native_keys_max: 0,
+                native_keys: Default::default(),
             };
             let hsm = Arc::new(Hsm::open(settings).expect("open the token"));
             hsm.init_service_keys().expect("service keys");

@@ -409,6 +409,27 @@ fn recovered_k1(n: u64, v: &Value) -> Result<Option<String>, String> {
     Ok(Some(format!("0x{}", hex::encode(&sha3::Keccak256::digest(&point.as_bytes()[1..])[12..]))))
 }
 
+/// A completed raw signing of [`payload`]`(n)` (SHA-256) by the P-256 key whose compressed
+/// public key is `public_key`: every 16th verified with the p256 crate, low-S required.
+fn check_p256(public_key: String) -> CheckResponse {
+    use p256::ecdsa::signature::Verifier;
+    let vk = p256::ecdsa::VerifyingKey::from_sec1_bytes(&hex::decode(&public_key).unwrap()).unwrap();
+    Arc::new(move |n, v| {
+        let r = &completed(v)?["signRawPayloadResult"];
+        if n % 16 != 0 {
+            return Ok(false);
+        }
+        let sig = hex::decode(format!("{}{}", r["r"].as_str().unwrap_or(""), r["s"].as_str().unwrap_or("")))
+            .map_err(|e| e.to_string())?;
+        let sig = p256::ecdsa::Signature::from_slice(&sig).map_err(|e| e.to_string())?;
+        if sig.normalize_s().is_some() {
+            return Err("a high-S signature".into());
+        }
+        vk.verify(&hex::decode(payload(n)).unwrap(), &sig).map_err(|e| e.to_string())?;
+        Ok(true)
+    })
+}
+
 fn check_ed(address: String) -> CheckResponse {
     let pk: [u8; 32] = bs58::decode(&address).into_vec().unwrap().try_into().unwrap();
     let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk).unwrap();
@@ -452,17 +473,28 @@ fn crypto_floor(stack: &Stack, floor: Floor, duration: Duration, threads: usize)
     let (conf, label, pin) = stack.token();
     let hsm = HSM
         .get_or_init(|| {
-            std::env::set_var("SOFTHSM2_CONF", &conf);
+            // The stack's module: SoftHSM, or kryoptic where the run's module is (its token in
+            // the stack's directory beside SoftHSM's configuration).
+            let module = match coffer_tests::kryoptic_under_test() {
+                Some(module) => {
+                    std::env::set_var("KRYOPTIC_CONF", conf.with_file_name("kryoptic.conf"));
+                    module
+                }
+                None => {
+                    std::env::set_var("SOFTHSM2_CONF", &conf);
+                    "/usr/lib/softhsm/libsofthsm2.so".into()
+                }
+            };
             Arc::new(
                 Hsm::open(HsmSettings {
-                    module: "/usr/lib/softhsm/libsofthsm2.so".into(),
+                    module: module.into(),
                     token_label: label.into(),
                     pin: cryptoki::types::AuthPin::new(pin.to_string().into()),
                     pool_size: 16,
                     profile: None,
                     shelf: None,
                     creates_keys: false,
-                    native_keys_max: 0,
+                    native_keys: Default::default(),
                 })
                 .expect("open token"),
             )
@@ -2770,6 +2802,7 @@ async fn main() -> anyhow::Result<()> {
         ("COFFER_OPS_LISTEN", &ops_addr),
         ("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true"),
         ("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", "1000000"),
+        ("COFFER_HSM_NATIVE_KEYS_MAX", "16"),
     ])
     .await;
     let ops_health_url = format!("http://{ops_addr}/healthz");
@@ -2805,6 +2838,41 @@ async fn main() -> anyhow::Result<()> {
         pk["privateKeyId"].as_str().context("key")?.to_string(),
         pk["addresses"][0]["address"].as_str().context("key")?.to_string(),
     );
+    // P-256 private keys: one sealed (this organization), one HSM-native and a secp256k1 one
+    // where the module makes them (an organization with FEATURE_NAME_COFFER_HSM_NATIVE_KEYS).
+    let private_key = |org: &str, name: &str, curve: &str, format: &str| {
+        envelope(
+            "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
+            org,
+            json!({"privateKeys": [{"privateKeyName": name, "curve": curve, "privateKeyTags": [], "addressFormats": [format]}]}),
+        )
+    };
+    let made = |r: &coffer_tests::RawResponse| -> Option<(String, String)> {
+        let pk = &r.json["activity"]["result"]["createPrivateKeysResultV2"]["privateKeys"][0];
+        Some((pk["privateKeyId"].as_str()?.to_string(), pk["addresses"][0]["address"].as_str()?.to_string()))
+    };
+    let body = private_key(&org, "bench-p256", "CURVE_P256", "ADDRESS_FORMAT_COMPRESSED");
+    let r = stack.post_raw("/public/v1/submit/create_private_keys", body.as_bytes(), Some(&key)).await;
+    let p256_sealed = made(&r).context("a sealed P-256 key")?;
+    let native_org = stack.gateway_cli(&["init-org", "--name", "native", "--api-public-key", &stack.api_public_key])
+        ["organizationId"]
+        .as_str()
+        .context("native organization")?
+        .to_string();
+    let body = envelope(
+        "ACTIVITY_TYPE_SET_ORGANIZATION_FEATURE",
+        &native_org,
+        json!({"name": "FEATURE_NAME_COFFER_HSM_NATIVE_KEYS", "value": "on"}),
+    );
+    let r = stack.post_raw("/public/v1/submit/set_organization_feature", body.as_bytes(), Some(&key)).await;
+    anyhow::ensure!(r.status == 200, "setting the HSM-native feature: {}", r.text);
+    let body = private_key(&native_org, "native-p256", "CURVE_P256", "ADDRESS_FORMAT_COMPRESSED");
+    let r = stack.post_raw("/public/v1/submit/create_private_keys", body.as_bytes(), Some(&key)).await;
+    let p256_native = made(&r).context("an HSM-native P-256 key")?;
+    let body = private_key(&native_org, "native-k1", "CURVE_SECP256K1", "ADDRESS_FORMAT_ETHEREUM");
+    let r = stack.post_raw("/public/v1/submit/create_private_keys", body.as_bytes(), Some(&key)).await;
+    // None where the module makes no secp256k1 keys (kryoptic).
+    let k1_native = made(&r);
     drop(client);
     // A second organization (same API key) with a long history, for the page query.
     let history_org = stack.gateway_cli(&["init-org", "--name", "history", "--api-public-key", &stack.api_public_key])
@@ -2833,7 +2901,7 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     let o = org.clone();
-    let scenarios = [
+    let mut scenarios = vec![
         Scenario {
             name: "sign secp256k1 wallet account (HEX, KECCAK256)",
             path: "/public/v1/submit/sign_raw_payload",
@@ -2865,6 +2933,18 @@ async fn main() -> anyhow::Result<()> {
             make: sign_body(org.clone(), pk_id.clone(), "HASH_FUNCTION_KECCAK256"),
             check: check_k1(pk_addr.clone()),
         },
+        Scenario {
+            name: "sign P-256 private key, sealed (HEX, SHA256)",
+            path: "/public/v1/submit/sign_raw_payload",
+            make: sign_body(org.clone(), p256_sealed.0.clone(), "HASH_FUNCTION_SHA256"),
+            check: check_p256(p256_sealed.1.clone()),
+        },
+        Scenario {
+            name: "sign P-256 private key, HSM-native (HEX, SHA256)",
+            path: "/public/v1/submit/sign_raw_payload",
+            make: sign_body(native_org.clone(), p256_native.0.clone(), "HASH_FUNCTION_SHA256"),
+            check: check_p256(p256_native.1.clone()),
+        },
         create_policy_scenario(o, "b".into()),
         Scenario {
             name: "read (list_activities, limit 10, 100k history)",
@@ -2894,6 +2974,14 @@ async fn main() -> anyhow::Result<()> {
             }),
         },
     ];
+    if let Some((id, address)) = k1_native {
+        scenarios.push(Scenario {
+            name: "sign secp256k1 private key, HSM-native (HEX, KECCAK256)",
+            path: "/public/v1/submit/sign_raw_payload",
+            make: sign_body(native_org.clone(), id, "HASH_FUNCTION_KECCAK256"),
+            check: check_k1(address),
+        });
+    }
 
     let floor_duration = args.duration.min(Duration::from_secs(5));
     eprintln!(
