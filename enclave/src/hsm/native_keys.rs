@@ -189,18 +189,11 @@ impl Hsm {
     /// `CKM_ECDSA` over `digest` with the native key labelled `label`: `r ‖ s`, as the module
     /// made it (any S; the caller normalizes and checks it).
     pub fn sign_native(&self, label: &str, digest: &[u8; 32]) -> Result<Vec<u8>, HsmError> {
-        self.with_session(
-            |s, _| {
-                let found = s.find_objects(&[
-                    Attribute::Class(ObjectClass::PRIVATE_KEY),
-                    Attribute::Label(label.as_bytes().to_vec()),
-                ])?;
-                let [key] = found.as_slice() else { return Ok(None) };
-                s.sign(&Mechanism::Ecdsa, *key, digest).map(Some)
-            },
+        self.with_session_using(
+            || self.native_handle(label),
+            |s, key| s.sign(&Mechanism::Ecdsa, key, digest),
             "C_Sign (HSM-native key)",
-        )?
-        .ok_or_else(|| HsmError::NativeKeyMissing(label.to_string()))
+        )
     }
 
     /// Destroys the native key labelled `label`; answers whether the module held it.
@@ -214,6 +207,7 @@ impl Hsm {
             None => false,
         };
         drop(session);
+        self.forget_native(label)?;
         if let Some(shelf) = &self.shelf {
             shelf.remove_native_key(label)?;
         }

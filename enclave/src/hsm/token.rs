@@ -93,7 +93,13 @@ struct Anchor {
     keys: Option<ServiceKeys>,
     /// The KEKs found so far, by label.
     keks: HashMap<String, ObjectHandle>,
+    /// HSM-native keys found so far, by label (at most [`NATIVE_HANDLES`]).
+    native: HashMap<String, ObjectHandle>,
 }
+
+/// HSM-native key handles remembered at most (about 100 bytes each); past it the memory starts
+/// over.
+const NATIVE_HANDLES: usize = 65_536;
 
 /// A logged-in token with a pool of sessions. Cheap to share behind an `Arc`.
 pub struct Hsm {
@@ -280,7 +286,7 @@ impl Hsm {
             pin: settings.pin,
             profile,
             auto,
-            anchor: Mutex::new(Anchor { _session: session, keys: None, keks: HashMap::new() }),
+            anchor: Mutex::new(Anchor { _session: session, keys: None, keks: HashMap::new(), native: HashMap::new() }),
             pool: SessionPool::new(limit),
             shelf: settings.shelf,
             sealed_blobs: SealedBlobCache::default(),
@@ -341,6 +347,28 @@ impl Hsm {
             .ok_or_else(|| HsmError::UnknownKek(label.to_string()))?;
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.insert(label.to_string(), handle);
         Ok(handle)
+    }
+
+    /// The handle of the HSM-native key labelled `label` (found once per login);
+    /// `NativeKeyMissing` if the token holds none.
+    pub(super) fn native_handle(&self, label: &str) -> Result<ObjectHandle, HsmError> {
+        if let Some(handle) = self.anchor.lock().map_err(|_| HsmError::Poisoned)?.native.get(label) {
+            return Ok(*handle);
+        }
+        let handle = find_key(&*self.session()?, ObjectClass::PRIVATE_KEY, label)?
+            .ok_or_else(|| HsmError::NativeKeyMissing(label.to_string()))?;
+        let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
+        if anchor.native.len() >= NATIVE_HANDLES {
+            anchor.native.clear();
+        }
+        anchor.native.insert(label.to_string(), handle);
+        Ok(handle)
+    }
+
+    /// Forgets the handle of the HSM-native key `label` (destroyed).
+    pub(super) fn forget_native(&self, label: &str) -> Result<(), HsmError> {
+        self.anchor.lock().map_err(|_| HsmError::Poisoned)?.native.remove(label);
+        Ok(())
     }
 
     /// Forgets the handle of the KEK `label` (after it was destroyed).
@@ -493,7 +521,7 @@ impl Hsm {
         let session = self.ctx.open_rw_session(self.slot).map_err(|e| HsmError::call("C_OpenSession", e))?;
         login(&session, &self.pin)?;
         let mut anchor = self.anchor.lock().map_err(|_| HsmError::Poisoned)?;
-        *anchor = Anchor { _session: session, keys: None, keks: HashMap::new() };
+        *anchor = Anchor { _session: session, keys: None, keks: HashMap::new(), native: HashMap::new() };
         Ok(())
     }
 
@@ -518,7 +546,7 @@ impl Hsm {
     }
 
     /// [`Hsm::with_session`] with the handles `handles` finds (again after a recovery).
-    fn with_session_using<K, T>(
+    pub(super) fn with_session_using<K, T>(
         &self,
         handles: impl Fn() -> Result<K, HsmError>,
         op: impl Fn(&Session, K) -> Result<T, CkError>,
