@@ -9,7 +9,7 @@ const TAG_LEN: usize = TAG_BITS / 8;
 const MAGIC: &[u8; 2] = b"CS";
 /// Version 3 records its IV's length and origin (an IV the HSM chose may be 16 bytes); version 2
 /// binds curve, usage and address or public key with a fixed 12-byte IV; version 1 blobs (kind,
-/// organization and resource only) still open, and `coffer-enclave reseal` moves them on.
+/// organization and resource only) still open, and `coffer-gateway reseal` moves them on.
 pub(crate) const VERSION: u8 = 3;
 pub(crate) const V2: u8 = 2;
 pub(crate) const LEGACY_VERSION: u8 = 1;
