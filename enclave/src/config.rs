@@ -21,7 +21,7 @@ pub struct EnclaveConfig {
     pub session_pool: usize,
     /// What the enclave may assume about the PKCS#11 module (README "Pointing the enclave at a
     /// real HSM"): `auto` (from the module's manufacturer), `softhsm`, `kryoptic`, `cloudhsm`,
-    /// `luna`, `luna-fips`, `nshield`, `yubihsm`, `gcp-kms` or `generic`. Default `auto`.
+    /// `luna`, `luna-fips`, `nshield`, `nshield-fips`, `yubihsm`, `gcp-kms` or `generic`. Default `auto`.
     /// Environment: `COFFER_HSM_PROFILE`.
     pub hsm_profile: String,
     /// Most HSM-native keys (`FEATURE_NAME_COFFER_HSM_NATIVE_KEYS`: private keys made and used

@@ -96,8 +96,19 @@ pub struct ModuleProfile {
 }
 
 /// The names `hsm_profile` accepts.
-pub const PROFILE_NAMES: [&str; 10] =
-    ["auto", "softhsm", "kryoptic", "cloudhsm", "luna", "luna-fips", "nshield", "yubihsm", "gcp-kms", "generic"];
+pub const PROFILE_NAMES: [&str; 11] = [
+    "auto",
+    "softhsm",
+    "kryoptic",
+    "cloudhsm",
+    "luna",
+    "luna-fips",
+    "nshield",
+    "nshield-fips",
+    "yubihsm",
+    "gcp-kms",
+    "generic",
+];
 
 const OID_SECP256K1: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x0a];
 
@@ -166,6 +177,19 @@ impl ModuleProfile {
             // Sees only the objects loaded when it started (unless CKNFAST_ASSUME_SINGLE_PROCESS=0).
             "nshield" => Self {
                 name: "nshield",
+                tls_fetcher: KeyHome::Sealed,
+                cert_mac: KeyHome::Hsm,
+                sees_other_processes_objects: false,
+                init_token: false,
+                ..base
+            },
+            // An nShield in a Security World conforming to FIPS 140 Level 3. Entrust's mechanism
+            // list says only that some mechanisms "may be restricted" in such a world; what is
+            // assumed is the PKCS#11 standard's way for a token that must choose its own GCM IV:
+            // a 12-byte IV written back into pIv. The sealing self-test checks it on the module.
+            "nshield-fips" => Self {
+                name: "nshield-fips",
+                iv_source: IvSource::WrittenBack,
                 tls_fetcher: KeyHome::Sealed,
                 cert_mac: KeyHome::Hsm,
                 sees_other_processes_objects: false,

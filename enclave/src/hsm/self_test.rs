@@ -22,6 +22,9 @@ const SELF_TEST: BlobBinding<'static> = BlobBinding {
 fn hint(profile: &ModuleProfile) -> &'static str {
     match (profile.name, profile.iv_source) {
         ("luna", _) => "a Luna HSM in FIPS mode generates its own IVs: set hsm_profile = \"luna-fips\"",
+        ("nshield", _) => {
+            "an nShield in a FIPS 140 Level 3 Security World may refuse a caller's IV: set hsm_profile = \"nshield-fips\""
+        }
         (_, IvSource::Caller) => {
             "a module that chooses its own IVs needs its vendor's profile (luna-fips, cloudhsm, gcp-kms), or \"kryoptic\" for the PKCS#11 3.0 message API"
         }
@@ -106,35 +109,49 @@ impl Hsm {
     }
 
     /// The self-test `serve` and `init` run ([`Hsm::seal_round_trip`]). A module detected as a
-    /// Luna (`hsm_profile = "auto"`) whose round trip fails with caller IVs is tried again as a
-    /// Luna in FIPS mode (its own 16-byte IVs, appended), and runs as one if that round-trips.
+    /// Luna or an nShield (`hsm_profile = "auto"`) whose round trip fails with caller IVs is tried
+    /// again as one in FIPS mode ([`fips_variant`]: its own IVs), and runs as one if that
+    /// round-trips.
     pub fn self_test(&mut self) -> Result<(), HsmError> {
         let first = self.seal_round_trip();
         let Err(failure) = first else { return Ok(()) };
         // Only a round trip that failed as sealing does (not a missing KEK, a store or a label
         // held twice) says something of how the module seals.
         let sealing_failed = matches!(failure, HsmError::SelfTest { .. } | HsmError::SealNotReopened(_));
-        if !(sealing_failed && self.auto_detected() && self.profile().name == "luna") {
+        let Some(fips) = fips_variant(self.profile().name).filter(|_| sealing_failed && self.auto_detected()) else {
             return Err(failure);
-        }
-        let Some(fips) = ModuleProfile::named("luna-fips") else { return Err(failure) };
-        let luna = self.profile().clone();
+        };
+        let detected = self.profile().clone();
         self.set_sealing(ModuleProfile {
             name: fips.name,
             iv_source: fips.iv_source,
             iv_len: fips.iv_len,
-            ..luna.clone()
+            ..detected.clone()
         });
         match self.seal_round_trip() {
             Ok(()) => {
-                tracing::warn!("the module was detected as a Luna HSM and seals as one in FIPS mode: running as hsm_profile = \"luna-fips\" (set it to skip this test)");
+                tracing::warn!(
+                    detected = detected.name,
+                    running_as = fips.name,
+                    "the module seals as one in FIPS mode: running under that profile (set hsm_profile to skip this test)"
+                );
                 Ok(())
             }
             Err(fips_failure) => {
-                self.set_sealing(luna);
-                tracing::info!(error = %fips_failure, "the round trip failed as luna-fips too");
+                self.set_sealing(detected);
+                tracing::info!(error = %fips_failure, profile = fips.name, "the round trip failed in FIPS mode too");
                 Err(failure)
             }
         }
+    }
+}
+
+/// The FIPS-mode profile of a vendor's profile, where the module chooses its own IVs in FIPS
+/// mode: `luna` → `luna-fips`, `nshield` → `nshield-fips`.
+fn fips_variant(profile: &str) -> Option<ModuleProfile> {
+    match profile {
+        "luna" => ModuleProfile::named("luna-fips"),
+        "nshield" => ModuleProfile::named("nshield-fips"),
+        _ => None,
     }
 }

@@ -573,6 +573,23 @@ fn the_sealing_self_test_passes_under_the_module_s_profile_and_names_one_to_try_
             other => panic!("{iv_source:?}: {other:?}"),
         }
     }
+    // Detected as a Luna or an nShield whose round trip fails, the module is tried as one in
+    // FIPS mode; where that fails too (neither SoftHSM nor kryoptic choose their IVs), the
+    // first failure is reported and the detected profile kept.
+    for vendor in ["luna", "nshield"] {
+        let failing = ModuleProfile { name: vendor, iv_source: IvSource::WrittenBack, ..detected(module) };
+        let mut tried = open(module, "unit", Some(failing), 2).unwrap();
+        tried.as_if_detected();
+        match tried.self_test() {
+            Err(HsmError::SelfTest { profile, .. }) => assert_eq!(profile, vendor),
+            other => panic!("{vendor}: {other:?}"),
+        }
+        assert_eq!((tried.profile().name, tried.profile().iv_source), (vendor, IvSource::WrittenBack));
+    }
+    assert_eq!(
+        ModuleProfile::named("nshield-fips").map(|p| (p.iv_source, p.iv_len)),
+        Some((IvSource::WrittenBack, 12))
+    );
 }
 
 fn a_label_held_twice_is_refused_by_init_and_serve(_hsm: &Arc<Hsm>, module: Module) {

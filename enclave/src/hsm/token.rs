@@ -472,6 +472,13 @@ impl Hsm {
         self.auto
     }
 
+    /// Runs as if its profile had been detected (`hsm_profile = "auto"`), for tests of what
+    /// detection does with a vendor's profile on a module of another vendor.
+    #[cfg(test)]
+    pub(super) fn as_if_detected(&mut self) {
+        self.auto = true;
+    }
+
     /// Runs under `profile` from now on (the self-test's choice of how to seal).
     pub(super) fn set_sealing(&mut self, profile: ModuleProfile) {
         self.profile = profile;
