@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::hsm::{HsmError, NativeKeyBounds, SealedKeyShelf};
+use crate::hsm::{HsmError, SealedKeyShelf};
 use crate::store::{EnclaveStore, NativeKeyCounted, NativeKeyRow};
 
 /// Keeps sealed service keys in the enclave tier's authority store (`sealed_service_keys`).
@@ -51,14 +51,14 @@ impl SealedKeyShelf for ServiceKeyShelf {
         org: &str,
         charged_to: &str,
         made_ms: i64,
-        bounds: NativeKeyBounds,
+        (total, per_organization): (u64, u64),
     ) -> Result<(), HsmError> {
         let row =
             NativeKeyRow { label: label.into(), organization_id: org.into(), charged_to: charged_to.into(), made_ms };
-        match self.0.add_native_key(&row, bounds.total, bounds.per_organization).map_err(shelf)? {
+        match self.0.add_native_key(&row, total, per_organization).map_err(shelf)? {
             NativeKeyCounted::Counted => Ok(()),
             NativeKeyCounted::TokenFull => Err(HsmError::NativeKeysFull),
-            NativeKeyCounted::OrganizationFull => Err(HsmError::NativeKeysFullForOrganization(bounds.per_organization)),
+            NativeKeyCounted::OrganizationFull => Err(HsmError::NativeKeysFullForOrganization(per_organization)),
             NativeKeyCounted::Exists => Err(HsmError::NativeKeyPending),
         }
     }

@@ -49,6 +49,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("verification_token", verification_token),
     ("client_signature", client_signature),
     ("canonical_contact", canonical_contact),
+    ("operator_body", operator_body),
 ];
 
 /// The issuer key the OIDC token seeds are signed with (P-256 secret `[5; 32]`), kid `fuzz`.
@@ -200,6 +201,33 @@ pub fn canonical_contact(data: &[u8]) -> Outcome {
         None => assert!(is_e164(&c), "{text:?} → {c:?}"),
     }
     Outcome::Accepted
+}
+
+/// An operator's body (`coffer_auth::operator`: a bootstrap, a KEK rotation or destruction), as
+/// the enclave reads it from the gateway before it checks the operator's stamp: a body parses as
+/// at most one type, and what parses is written back the same way, with the same fingerprint.
+pub fn operator_body(data: &[u8]) -> Outcome {
+    use coffer_auth::operator::{bootstrap_body, kek_body, parse_bootstrap, parse_kek, DESTROY_KEK, ROTATE_KEK};
+    let bootstrap = parse_bootstrap(data).ok();
+    let rotate = parse_kek(ROTATE_KEK, data).ok();
+    let destroy = parse_kek(DESTROY_KEK, data).ok();
+    let parsed = [bootstrap.is_some(), rotate.is_some(), destroy.is_some()].iter().filter(|p| **p).count();
+    assert!(parsed <= 1, "one body, one type: {:?}", String::from_utf8_lossy(data));
+    if let Some(b) = bootstrap {
+        assert_eq!(b.fingerprint, coffer_auth::envelope::fingerprint(data));
+        let again = parse_bootstrap(&bootstrap_body(&b.parameters, b.timestamp_ms)).expect("written back");
+        assert_eq!((again.parameters, again.timestamp_ms), (b.parameters, b.timestamp_ms));
+        return Outcome::Accepted;
+    }
+    for (kind, body) in [(ROTATE_KEK, rotate), (DESTROY_KEK, destroy)] {
+        if let Some(b) = body {
+            assert_eq!(b.fingerprint, coffer_auth::envelope::fingerprint(data));
+            let again = parse_kek(kind, &kek_body(kind, &b.parameters, b.timestamp_ms)).expect("written back");
+            assert_eq!((again.parameters, again.timestamp_ms), (b.parameters, b.timestamp_ms));
+            return Outcome::Accepted;
+        }
+    }
+    Outcome::Rejected
 }
 
 /// An OAuth 2.0 client secret envelope (`coffer_crypto::qos`): the hex text the SDK sends and,

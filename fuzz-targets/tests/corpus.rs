@@ -547,6 +547,22 @@ fn login_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         "message": message, "signature": hex::encode(signature.to_bytes()) });
     vec![
         ("client_signature", "signup".into(), signup.to_string().into_bytes()),
+        ("operator_body", "bootstrap".into(), {
+            let p = coffer_auth::operator::BootstrapParameters {
+                organization_name: "o".into(),
+                root_user_name: "root".into(),
+                root_api_public_key: "02ab".into(),
+            };
+            coffer_auth::operator::bootstrap_body(&p, 1_700_000_000_000)
+        }),
+        ("operator_body", "rotate-kek".into(), {
+            let p = coffer_auth::operator::KekParameters { kek_label: "coffer-kek-v1".into(), blobs_naming_it: 0 };
+            coffer_auth::operator::kek_body(coffer_auth::operator::ROTATE_KEK, &p, 1_700_000_000_000)
+        }),
+        ("operator_body", "destroy-kek".into(), {
+            let p = coffer_auth::operator::KekParameters { kek_label: "coffer-kek-v1".into(), blobs_naming_it: 0 };
+            coffer_auth::operator::kek_body(coffer_auth::operator::DESTROY_KEK, &p, 1_700_000_000_000)
+        }),
         ("canonical_contact", "quoted-tagged".into(), b"\"Victim+1\"@Example.COM".to_vec()),
         ("canonical_contact", "phone".into(), b"+1 (321) 456-7890".to_vec()),
         ("canonical_contact", "gmail-dots".into(), b"V.ic.tim+x@GoogleMail.com".to_vec()),

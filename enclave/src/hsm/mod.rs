@@ -29,11 +29,11 @@ pub fn kek_of_blob(blob: &[u8]) -> Option<String> {
     seal::decode(blob).ok().map(|p| p.kek_label.to_string())
 }
 
-pub use native_keys::{native_label, native_label_of, native_reference, NativeKeyBounds};
+pub use native_keys::{native_label, native_label_of, native_reference};
 pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
 pub use software_keys::SealedKeyShelf;
-pub use token::{init_token, Hsm, HsmSettings};
+pub use token::{init_token, Hsm, HsmSettings, NativeKeyBounds};
 
 /// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the
 /// decoder every blob an HSM opens goes through first, and its inverse. Not part of the API.

@@ -41,15 +41,6 @@ pub fn native_label_of(opened: &[u8]) -> Option<&str> {
     std::str::from_utf8(opened.strip_prefix(NATIVE_REFERENCE)?).ok()
 }
 
-/// Bounds on the HSM-native keys of one token.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NativeKeyBounds {
-    /// Every organization together; 0 offers none.
-    pub total: u64,
-    /// One top-level organization, its sub-organizations with it.
-    pub per_organization: u64,
-}
-
 fn curve_oid(curve: Curve) -> Result<&'static [u8], HsmError> {
     match curve {
         Curve::P256 => Ok(OID_P256),
@@ -82,7 +73,13 @@ impl Hsm {
             return Err(HsmError::NativeKeysOff);
         }
         let label = native_label(private_key_id);
-        shelf.count_native_key(&label, organization_id, charged_to, now_ms, self.native_keys)?;
+        shelf.count_native_key(
+            &label,
+            organization_id,
+            charged_to,
+            now_ms,
+            (self.native_keys.total, self.native_keys.per_organization),
+        )?;
         let made = self.generate_native_key(curve, oid, &label);
         if made.is_err() {
             // Made and then failed (its point unreadable): destroyed with its count.

@@ -34,14 +34,14 @@ pub trait SealedKeyShelf: Send + Sync {
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError>;
     /// Counts the HSM-native key `label` of `org`, charged to its top-level organization
-    /// `charged_to`, within `bounds`; refused with why otherwise.
+    /// `charged_to`, within `bounds` (the token's, one organization's); refused with why otherwise.
     fn count_native_key(
         &self,
         label: &str,
         org: &str,
         charged_to: &str,
         made_ms: i64,
-        bounds: super::native_keys::NativeKeyBounds,
+        bounds: (u64, u64),
     ) -> Result<(), HsmError>;
     /// The HSM-native keys counted (of `org` only, when given): (label, organization, made at).
     fn native_keys(&self, org: Option<&str>) -> Result<Vec<(String, String, i64)>, HsmError>;

@@ -136,7 +136,7 @@ fn try_open_as(
         profile,
         shelf: Some(Arc::new(crate::service_key_shelf::ServiceKeyShelf(store))),
         creates_keys,
-        native_keys: super::native_keys::NativeKeyBounds { total: 8, per_organization: 6 },
+        native_keys: NativeKeyBounds { total: 8, per_organization: 6 },
     }))
 }
 

@@ -53,7 +53,16 @@ pub struct HsmSettings {
     pub creates_keys: bool,
     /// Most HSM-native keys the token, and one top-level organization, may hold (counted in the
     /// authority store); a total of 0 offers none.
-    pub native_keys: super::native_keys::NativeKeyBounds,
+    pub native_keys: NativeKeyBounds,
+}
+
+/// Bounds on the HSM-native keys of one token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NativeKeyBounds {
+    /// Every organization together; 0 offers none.
+    pub total: u64,
+    /// One top-level organization, its sub-organizations with it.
+    pub per_organization: u64,
 }
 
 impl std::fmt::Debug for HsmSettings {
@@ -118,7 +127,7 @@ pub struct Hsm {
     pub(super) login_public: OnceLock<LoginPublicKeys>,
     pub(super) proof_public: OnceLock<[u8; 65]>,
     /// Most HSM-native keys the token and one organization may hold ([`HsmSettings::native_keys`]).
-    pub(super) native_keys: super::native_keys::NativeKeyBounds,
+    pub(super) native_keys: NativeKeyBounds,
     /// Seals this process may still make under the KEK before it reserves more from the store
     /// ([`Hsm::count_seal`]).
     seal_budget: Mutex<SealBudget>,
