@@ -180,3 +180,84 @@ fn reseal_one(hsm: &Hsm, admission: &Admission, sealed: &pb::SealedRef) -> Resul
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use coffer_org_rules::model::{AddressEntry, PrivateKey};
+    use coffer_org_rules::{Change, Effect, Organization};
+
+    use super::*;
+
+    fn key_ref(org: &str, id: &str, public_key: &str, blob: Vec<u8>) -> pb::SealedRef {
+        pb::SealedRef {
+            kind: pb::BlobKind::PrivateKey as i32,
+            organization_id: org.into(),
+            resource_id: id.into(),
+            blob,
+            curve: "CURVE_SECP256K1".into(),
+            public_key: public_key.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_key_the_state_holds_moves_under_its_own_binding_and_a_batch_is_bounded() {
+        let hsm = crate::hsm::tests::hsm();
+        let admission = Admission::in_memory(hsm.clone(), 300_000, 16).unwrap();
+        let secret = [0x21u8; 32];
+        let public = coffer_crypto::keys::public_key(coffer_crypto::Curve::Secp256k1, &secret).unwrap();
+        let public_hex = hex::encode(&public);
+        let eth = "ADDRESS_FORMAT_ETHEREUM";
+        let address = coffer_crypto::address::address(eth, coffer_crypto::Curve::Secp256k1, &public).unwrap();
+        let change = |effect| Change { organization_id: "reseal-org".into(), effect };
+        admission
+            .rules()
+            .import(
+                "reseal-org",
+                &[
+                    change(Effect::CreateOrganization {
+                        organization: Organization { id: "reseal-org".into(), ..Default::default() },
+                    }),
+                    change(Effect::PutPrivateKey {
+                        private_key: PrivateKey {
+                            id: "held".into(),
+                            addresses: vec![AddressEntry { format: eth.into(), address }],
+                            ..Default::default()
+                        },
+                    }),
+                ],
+            )
+            .unwrap();
+        let seal = |id: &str| {
+            let binding = BlobBinding {
+                curve: "CURVE_SECP256K1",
+                public_key: &public_hex,
+                ..BlobBinding::plain(BlobKind::PrivateKey, "reseal-org", id)
+            };
+            hsm.seal_as_version(&binding, &secret, 2).unwrap()
+        };
+        let ask = |refs: Vec<pb::SealedRef>| reseal_blobs(&hsm, &admission, pb::ResealBlobsRequest { blobs: refs });
+        // The held key's blob (an older format) moves; a key the state does not hold, a blob
+        // presented under another key, and another organization's do not.
+        let answer = ask(vec![
+            key_ref("reseal-org", "held", &public_hex, seal("held")),
+            key_ref("reseal-org", "gone", &public_hex, seal("gone")),
+            key_ref("reseal-org", "held", &public_hex, seal("gone")),
+            key_ref("other-org", "held", &public_hex, seal("held")),
+        ])
+        .unwrap();
+        let outcome: Vec<(bool, &str)> = answer.blobs.iter().map(|b| (!b.blob.is_empty(), b.error.as_str())).collect();
+        assert!(outcome[0].0 && outcome[0].1.is_empty(), "{outcome:?}");
+        assert!(!outcome[1].0 && outcome[1].1.contains("not in the organization's authority state"), "{outcome:?}");
+        assert!(!outcome[2].0 && outcome[2].1.contains("failed authentication"), "{outcome:?}");
+        assert!(!outcome[3].0 && outcome[3].1.contains("no authority state"), "{outcome:?}");
+        // What moved opens under the same binding, in the current format; again, it needs nothing.
+        let moved = answer.blobs[0].blob.clone();
+        assert!(!crate::hsm::is_legacy(&moved));
+        let again = ask(vec![key_ref("reseal-org", "held", &public_hex, moved)]).unwrap();
+        assert!(again.blobs[0].blob.is_empty() && again.blobs[0].error.is_empty());
+        // A batch is bounded before anything is opened.
+        let many = vec![key_ref("reseal-org", "held", &public_hex, vec![]); MAX_RESEAL_BATCH + 1];
+        assert!(matches!(ask(many), Err(EnclaveError::InvalidArgument(_))));
+    }
+}
