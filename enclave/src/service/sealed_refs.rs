@@ -257,6 +257,38 @@ mod tests {
     }
 
     #[test]
+    fn an_hsm_native_key_is_the_one_its_id_names_and_a_32_byte_secret_is_always_a_key() {
+        let hsm = crate::hsm::tests::hsm();
+        let public_hex = "02".to_string() + &"ab".repeat(32);
+        let sealed = |plaintext: &[u8]| {
+            let binding = BlobBinding {
+                curve: "CURVE_P256",
+                public_key: &public_hex,
+                ..BlobBinding::plain(BlobKind::PrivateKey, "o", "r")
+            };
+            pb::SealedRef {
+                public_key: public_hex.clone(),
+                ..key_ref(pb::BlobKind::PrivateKey, hsm.seal(&binding, plaintext).unwrap(), "CURVE_P256")
+            }
+        };
+        // The reference of key "r" is an HSM-native key; one naming another key's object is not
+        // opened at all.
+        let own = open_key(
+            &hsm,
+            &sealed(&crate::hsm::native_reference(&crate::hsm::native_label("r"))),
+            BlobKind::PrivateKey,
+        );
+        assert!(matches!(own, Ok(UsableKey::InHsm { ref label, .. }) if label == "coffer-native-r"));
+        assert!(own.unwrap().secret().is_err(), "no secret to export");
+        let other = crate::hsm::native_reference(&crate::hsm::native_label("another-key"));
+        assert!(matches!(open_key(&hsm, &sealed(&other), BlobKind::PrivateKey), Err(EnclaveError::SealAuthentication)));
+        // 32 bytes are a software key, whatever they start with (an imported key can).
+        let mut secret = [0x11u8; 32];
+        secret[..21].copy_from_slice(b"coffer-hsm-native-v1:");
+        assert!(matches!(open_key(&hsm, &sealed(&secret), BlobKind::PrivateKey), Ok(UsableKey::Opened(_))));
+    }
+
+    #[test]
     fn only_what_the_state_holds_now_is_held() {
         use coffer_org_rules::Effect;
         let account_public = keys::public_key(Curve::Secp256k1, &[3u8; 32]).unwrap();
