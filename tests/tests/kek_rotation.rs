@@ -48,6 +48,24 @@ async fn signs(stack: &Stack, address: &str, text: &str) {
     assert_eq!(recover_eth_address(&digest, &sig.r, &sig.s, &sig.v), address.to_lowercase());
 }
 
+/// Makes secp256k1 private keys with Ethereum addresses named `names`, in one activity.
+async fn ethereum_keys(stack: &Stack, names: &[String]) -> Vec<turnkey_client::generated::PrivateKeyResult> {
+    let client = stack.client();
+    let private_keys = names
+        .iter()
+        .map(|name| PrivateKeyParams {
+            private_key_name: name.clone(),
+            curve: Curve::Secp256k1,
+            private_key_tags: vec![],
+            address_formats: vec![AddressFormat::Ethereum],
+        })
+        .collect();
+    let intent =
+        CreatePrivateKeysIntentV2 { private_keys, external_signer_pubkey: None, external_signer_wrapping_key_id: None };
+    let created = client.create_private_keys(stack.organization_id.clone(), client.current_timestamp(), intent).await;
+    created.unwrap().result.private_keys
+}
+
 #[tokio::test]
 async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
     let stack = Arc::new(Stack::start().await);
@@ -76,29 +94,8 @@ async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
     let mut addresses = wallet.addresses.clone();
     let mut key_ids = Vec::new();
     for batch in 0..2 {
-        let private_keys = (0..10)
-            .map(|i| PrivateKeyParams {
-                private_key_name: format!("k{batch}-{i}"),
-                curve: Curve::Secp256k1,
-                private_key_tags: vec![],
-                address_formats: vec![AddressFormat::Ethereum],
-            })
-            .collect();
-        let keys = client
-            .create_private_keys(
-                org.clone(),
-                client.current_timestamp(),
-                CreatePrivateKeysIntentV2 {
-                    private_keys,
-                    external_signer_pubkey: None,
-                    external_signer_wrapping_key_id: None,
-                },
-            )
-            .await
-            .unwrap()
-            .result
-            .private_keys;
-        for k in keys {
+        let names: Vec<String> = (0..10).map(|i| format!("k{batch}-{i}")).collect();
+        for k in ethereum_keys(&stack, &names).await {
             addresses.push(k.addresses[0].address.clone());
             key_ids.push((k.private_key_id, k.addresses[0].address.clone()));
         }
@@ -125,25 +122,7 @@ async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
 
     // The operator rotates: new seals name the second KEK at once.
     assert_eq!(stack.gateway_cli(&["rotate-kek"])["current"], SECOND);
-    let late = client
-        .create_private_keys(
-            org.clone(),
-            client.current_timestamp(),
-            CreatePrivateKeysIntentV2 {
-                private_keys: vec![PrivateKeyParams {
-                    private_key_name: "late".into(),
-                    curve: Curve::Secp256k1,
-                    private_key_tags: vec![],
-                    address_formats: vec![AddressFormat::Ethereum],
-                }],
-                external_signer_pubkey: None,
-                external_signer_wrapping_key_id: None,
-            },
-        )
-        .await
-        .unwrap()
-        .result
-        .private_keys;
+    let late = ethereum_keys(&stack, &["late".to_string()]).await;
     addresses.push(late[0].addresses[0].address.clone());
     let status = stack.gateway_cli(&["kek-status"]);
     assert_eq!((stored_under(&status, FIRST), stored_under(&status, SECOND)), (24, 1), "{status}");

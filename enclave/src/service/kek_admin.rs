@@ -6,7 +6,7 @@ use coffer_proto::v1 as pb;
 use super::sealed_refs;
 use crate::admission::{now_ms, Admission};
 use crate::error::{EnclaveError, RefusalReason};
-use crate::hsm::{BlobBinding, BlobKind, Hsm, HsmError};
+use crate::hsm::{BlobKind, Hsm, HsmError};
 use crate::operator::{Operators, DESTROY_KEK, ROTATE_KEK};
 
 /// Most blobs one `ResealBlobs` call moves.
@@ -161,14 +161,7 @@ fn reseal_one(hsm: &Hsm, admission: &Admission, sealed: &pb::SealedRef) -> Resul
             sealed_refs::open_key(hsm, sealed, kind)?;
         }
     }
-    let binding = BlobBinding {
-        kind,
-        organization_id: &sealed.organization_id,
-        resource_id: &sealed.resource_id,
-        curve: &sealed.curve,
-        address: &sealed.address,
-        public_key: &sealed.public_key,
-    };
+    let binding = sealed_refs::binding_of(sealed, kind);
     // A blob naming a KEK the token does not hold fails alone; the current KEK missing fails
     // the call (`Hsm::reseal` seals only after the blob opened).
     let named = crate::hsm::kek_of_blob(&sealed.blob);
@@ -187,6 +180,7 @@ mod tests {
     use coffer_org_rules::{Change, Effect, Organization};
 
     use super::*;
+    use crate::hsm::BlobBinding;
 
     fn key_ref(org: &str, id: &str, public_key: &str, blob: Vec<u8>) -> pb::SealedRef {
         pb::SealedRef {

@@ -101,17 +101,21 @@ pub(super) fn held(state: &OrgState, sealed: &pb::SealedRef, kind: BlobKind) -> 
     }
 }
 
-/// Opens a sealed blob under the binding its reference names.
-pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<OpenedBlob, EnclaveError> {
-    let binding = BlobBinding {
+/// The binding a reference names for a blob of `kind`.
+pub(super) fn binding_of(sealed: &pb::SealedRef, kind: BlobKind) -> BlobBinding<'_> {
+    BlobBinding {
         kind,
         organization_id: &sealed.organization_id,
         resource_id: &sealed.resource_id,
         curve: &sealed.curve,
         address: &sealed.address,
         public_key: &sealed.public_key,
-    };
-    Ok(hsm.unseal(&binding, &sealed.blob)?)
+    }
+}
+
+/// Opens a sealed blob under the binding its reference names.
+pub(super) fn open(hsm: &Hsm, sealed: &pb::SealedRef, kind: BlobKind) -> Result<OpenedBlob, EnclaveError> {
+    Ok(hsm.unseal(&binding_of(sealed, kind), &sealed.blob)?)
 }
 
 /// A signing key as a call uses it: opened from its blob, or held by the HSM (an HSM-native
