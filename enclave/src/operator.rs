@@ -60,7 +60,8 @@ impl Operators {
     ) -> Result<Stamped<KekBody>, EnclaveError> {
         let kind = match operation {
             ROTATE_KEK => operator::ROTATE_KEK,
-            _ => operator::DESTROY_KEK,
+            DESTROY_KEK => operator::DESTROY_KEK,
+            other => return Err(EnclaveError::Internal(format!("{other} is not a KEK operation"))),
         };
         self.authorize(admission, request, operation, |body| operator::parse_kek(kind, body))
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::hsm::{HsmError, SealedKeyShelf};
+use crate::hsm::{HsmError, RecordedKek, SealedKeyShelf};
 use crate::store::{EnclaveStore, NativeKeyCounted, NativeKeyRow};
 
 /// Keeps sealed service keys in the enclave tier's authority store (`sealed_service_keys`).
@@ -33,12 +33,23 @@ impl SealedKeyShelf for ServiceKeyShelf {
         self.0.replace_sealed_service_key(label, old, new).map_err(shelf)
     }
 
-    fn keks(&self) -> Result<Vec<(u32, i64, Option<i64>)>, HsmError> {
-        Ok(self.0.keks().map_err(shelf)?.into_iter().map(|k| (k.version, k.made_ms, k.destroyed_ms)).collect())
+    fn keks(&self) -> Result<Vec<RecordedKek>, HsmError> {
+        Ok(self
+            .0
+            .keks()
+            .map_err(shelf)?
+            .into_iter()
+            .map(|k| RecordedKek {
+                version: k.version,
+                made_ms: k.made_ms,
+                destroyed_ms: k.destroyed_ms,
+                object_id: k.object_id,
+            })
+            .collect())
     }
 
-    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError> {
-        self.0.add_kek(version, made_ms).map_err(shelf)
+    fn add_kek(&self, version: u32, made_ms: i64, object_id: &[u8]) -> Result<bool, HsmError> {
+        self.0.add_kek(version, made_ms, object_id).map_err(shelf)
     }
 
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError> {

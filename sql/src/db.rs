@@ -85,6 +85,12 @@ pub trait SqlRow {
             other => Err(column_type(i, "bytes", &other)),
         }
     }
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, SqlError> {
+        match self.value(i)? {
+            Value::Null => Ok(None),
+            _ => self.bytes(i).map(Some),
+        }
+    }
     /// A boolean as both dialects answer one (`EXISTS (...)`: SQLite 0/1, PostgreSQL `bool`).
     fn flag(&self, i: usize) -> Result<bool, SqlError> {
         Ok(self.int(i)? != 0)

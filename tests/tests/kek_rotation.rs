@@ -120,8 +120,23 @@ async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
         })
     };
 
+    // Signing goes on through each step of the operator's (checked after each).
+    let goes_on = |what: &str| {
+        let before = signed.load(Ordering::Relaxed);
+        let what = what.to_string();
+        let signed = signed.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while signed.load(Ordering::Relaxed) < before + 3 {
+                assert!(std::time::Instant::now() < deadline, "signing stopped after {what}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    goes_on("start").await;
     // The operator rotates: new seals name the second KEK at once.
     assert_eq!(stack.gateway_cli(&["rotate-kek"])["current"], SECOND);
+    goes_on("the rotation").await;
     let late = ethereum_keys(&stack, &["late".to_string()]).await;
     addresses.push(late[0].addresses[0].address.clone());
     let status = stack.gateway_cli(&["kek-status"]);
@@ -156,6 +171,7 @@ async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
     assert_eq!(first["serviceKeys"], 0, "the enclave's own sealed keys moved at rotation: {status}");
     // A third run has nothing to do.
     assert_eq!(stack.gateway_cli(&["reseal"])["moved"], 0);
+    goes_on("the re-seal").await;
 
     // The current KEK is not destroyed (the store's blobs name it); the old one is.
     let refused = stack.run_with_stdin("coffer-gateway", &["destroy-kek", "--label", SECOND], "");
@@ -166,6 +182,7 @@ async fn the_kek_rotates_under_load_and_every_key_still_signs_and_exports() {
     let first = status["keks"].as_array().unwrap().iter().find(|k| k["label"] == FIRST).unwrap().clone();
     assert_eq!(first["inToken"], false, "{status}");
     assert!(first["destroyedMs"].as_i64().unwrap() > 0);
+    goes_on("the destruction").await;
 
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();

@@ -8,7 +8,7 @@ use cryptoki::object::ObjectClass;
 use super::error::HsmError;
 use super::key_labels::{kek_label, kek_version};
 use super::seal::{self, BlobBinding, BlobKind};
-use super::token::{find_key, Hsm};
+use super::token::Hsm;
 
 /// One rotation at a time in this process (another enclave on the store loses at the store).
 static ROTATION: Mutex<()> = Mutex::new(());
@@ -64,18 +64,35 @@ impl Hsm {
         let version = kek_version(&current).ok_or_else(|| HsmError::UnknownKek(current.clone()))?;
         let next_version = version.checked_add(1).ok_or_else(|| HsmError::UnknownKek(current.clone()))?;
         let next = kek_label(next_version);
-        if self.make_kek(&next)? {
-            tracing::info!(kek = %next, "KEK made in the token");
-        }
-        let value = self.random(32)?;
-        // Sealing re-opens the blob and compares (`Hsm::seal_under`).
-        self.seal_under(&next, &ROTATION_CHECK, &value)?;
-        if !shelf.add_kek(next_version, now_ms)? {
+        // A new object every time, told apart by a random CKA_ID the store records: two
+        // enclaves rotating at once (or a rotation that stopped before it was recorded) leave
+        // objects under the label, and the recorded one is the KEK.
+        let object_id = self.random(16)?.to_vec();
+        let handle = self.make_rotated_kek(&next, &object_id)?;
+        let made = (|| {
+            let value = self.random(32)?;
+            // Sealing re-opens the blob and compares (`Hsm::seal_under`).
+            self.seal_under(&next, &ROTATION_CHECK, &value)?;
+            shelf.add_kek(next_version, now_ms, &object_id)
+        })();
+        if !matches!(made, Ok(true)) {
+            // Not this object: another rotation was recorded first, or the check failed.
+            self.forget_kek(&next)?;
+            if let Err(e) = self.destroy_object(handle) {
+                tracing::warn!(error = %e, kek = %next, "a KEK object no rotation recorded was not destroyed");
+            }
+            made?;
             return Err(HsmError::KekNotCurrent { named: from.to_string(), current: self.current_kek()? });
         }
         tracing::warn!(from = %current, to = %next, "KEK rotated: new seals use the new KEK; re-seal stored blobs (coffer-gateway reseal)");
-        let moved = self.reseal_service_keys()?;
-        tracing::info!(moved, "sealed service keys moved to the new KEK");
+        // Recorded: the rotation stands. The enclave's sealed service keys move now, or at the
+        // next start of any enclave if this fails.
+        match self.reseal_service_keys() {
+            Ok(moved) => tracing::info!(moved, "sealed service keys moved to the new KEK"),
+            Err(e) => {
+                tracing::warn!(error = %e, "sealed service keys not moved yet: every enclave moves them at start")
+            }
+        }
         Ok(next)
     }
 
@@ -150,8 +167,15 @@ impl Hsm {
         if state.service_keys > 0 {
             return Err(HsmError::KekInUse { label: label.to_string(), by: "a sealed service key" });
         }
+        // Every object under the label: the KEK, and any a rotation made and did not record.
         let session = self.session()?;
-        if let Some(handle) = find_key(&session, ObjectClass::SECRET_KEY, label)? {
+        let held = session
+            .find_objects(&[
+                cryptoki::object::Attribute::Class(ObjectClass::SECRET_KEY),
+                cryptoki::object::Attribute::Label(label.as_bytes().to_vec()),
+            ])
+            .map_err(|e| HsmError::call("C_FindObjects", e))?;
+        for handle in held {
             session.destroy_object(handle).map_err(|e| HsmError::call("C_DestroyObject (KEK)", e))?;
         }
         drop(session);
@@ -168,12 +192,12 @@ impl Hsm {
             Some(shelf) => (shelf.keks()?, shelf.seals_reserved()?, shelf.sealed_service_keys()?),
             None => Default::default(),
         };
-        let newest = recorded.iter().map(|k| k.0).max().unwrap_or(1).max(1);
+        let newest = recorded.iter().map(|k| k.version).max().unwrap_or(1).max(1);
         let session = self.session()?;
         (1..=newest)
             .map(|version| {
                 let label = kek_label(version);
-                let record = recorded.iter().find(|k| k.0 == version);
+                let record = recorded.iter().find(|k| k.version == version);
                 let naming = service_keys
                     .iter()
                     .filter(|(_, blob)| seal::decode(blob).is_ok_and(|p| p.kek_label == label))
@@ -181,9 +205,15 @@ impl Hsm {
                 Ok(KekState {
                     current: version == newest,
                     seals: seals.iter().find(|(l, _)| *l == label).map_or(0, |(_, n)| *n),
-                    made_ms: record.map_or(0, |k| k.1),
-                    destroyed_ms: record.and_then(|k| k.2),
-                    in_token: find_key(&session, ObjectClass::SECRET_KEY, &label)?.is_some(),
+                    made_ms: record.map_or(0, |k| k.made_ms),
+                    destroyed_ms: record.and_then(|k| k.destroyed_ms),
+                    in_token: !session
+                        .find_objects(&[
+                            cryptoki::object::Attribute::Class(ObjectClass::SECRET_KEY),
+                            cryptoki::object::Attribute::Label(label.as_bytes().to_vec()),
+                        ])
+                        .map_err(|e| HsmError::call("C_FindObjects", e))?
+                        .is_empty(),
                     service_keys: naming as u32,
                     label,
                 })

@@ -32,7 +32,7 @@ pub fn kek_of_blob(blob: &[u8]) -> Option<String> {
 pub use native_keys::{native_label, native_label_of, native_reference};
 pub use profile::{IvSource, KeyHome, ModuleProfile, PROFILE_NAMES};
 pub use seal::{is_legacy, BlobBinding, BlobKind, OpenedBlob};
-pub use software_keys::SealedKeyShelf;
+pub use software_keys::{RecordedKek, SealedKeyShelf};
 pub use token::{init_token, Hsm, HsmSettings, NativeKeyBounds};
 
 /// The sealed-blob format alone, without an HSM, for the fuzz targets (`fuzz-targets/`): the

@@ -26,11 +26,12 @@ pub trait SealedKeyShelf: Send + Sync {
     fn sealed_service_keys(&self) -> Result<Vec<(String, Vec<u8>)>, HsmError>;
     /// Replaces the sealed service key `label` by `new` if it is still `old`.
     fn replace_sealed_service_key(&self, label: &str, old: &[u8], new: &[u8]) -> Result<bool, HsmError>;
-    /// The KEKs recorded by rotation or destruction: (version, made at, destroyed at), oldest
-    /// first. The current KEK is the newest (version 1 while none is recorded).
-    fn keks(&self) -> Result<Vec<(u32, i64, Option<i64>)>, HsmError>;
-    /// Records KEK `version` as made, if it is the next one; answers whether it did.
-    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, HsmError>;
+    /// The KEKs recorded by rotation or destruction, oldest first. The current KEK is the newest
+    /// (version 1 while none is recorded).
+    fn keks(&self) -> Result<Vec<RecordedKek>, HsmError>;
+    /// Records KEK `version` (the module's object `object_id`) as made, if it is the next one;
+    /// answers whether it did.
+    fn add_kek(&self, version: u32, made_ms: i64, object_id: &[u8]) -> Result<bool, HsmError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), HsmError>;
     /// Counts the HSM-native key `label` of `org`, charged to its top-level organization
@@ -47,6 +48,16 @@ pub trait SealedKeyShelf: Send + Sync {
     fn native_keys(&self, org: Option<&str>) -> Result<Vec<(String, String, i64)>, HsmError>;
     /// Stops counting the HSM-native key `label`.
     fn remove_native_key(&self, label: &str) -> Result<(), HsmError>;
+}
+
+/// A KEK the shelf records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedKek {
+    pub version: u32,
+    pub made_ms: i64,
+    pub destroyed_ms: Option<i64>,
+    /// The `CKA_ID` of the module's object: which of several objects under the label it is.
+    pub object_id: Option<Vec<u8>>,
 }
 
 /// The sealed blobs read so far, by label (not secret: opening needs the HSM).

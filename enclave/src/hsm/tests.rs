@@ -664,6 +664,10 @@ fn a_rotated_kek_seals_what_comes_next_and_old_blobs_move_to_it(_hsm: &Arc<Hsm>,
     assert_eq!(kek_of(&old), KEK_LABEL);
     // A rotation names the KEK it rotates from: a stale one, or the same body again, rotates nothing.
     assert!(matches!(hsm.rotate_kek("coffer-kek-v2", 1), Err(HsmError::KekNotCurrent { .. })));
+    // A rotation that stopped before it was recorded (or lost to another enclave's) left an
+    // object under the next label: the recorded one is the KEK, in every process.
+    hsm.make_rotated_kek("coffer-kek-v2", b"left-over").unwrap();
+    hsm.forget_kek("coffer-kek-v2").unwrap();
     assert_eq!(hsm.rotate_kek(KEK_LABEL, 1).unwrap(), "coffer-kek-v2");
     assert!(matches!(hsm.rotate_kek(KEK_LABEL, 2), Err(HsmError::KekNotCurrent { .. })));
     // New seals name the new KEK, in this process and in another on the same store.

@@ -340,22 +340,62 @@ impl Hsm {
     /// adds one), `coffer-kek-v1` while it records none or the HSM has no store.
     pub fn current_kek(&self) -> Result<String, HsmError> {
         let newest = match &self.shelf {
-            Some(shelf) => shelf.keks()?.iter().map(|k| k.0).max().unwrap_or(1),
+            Some(shelf) => shelf.keks()?.iter().map(|k| k.version).max().unwrap_or(1),
             None => 1,
         };
         Ok(kek_label(newest.max(1)))
     }
 
     /// The handle of the KEK labelled `label` (found once per login); `UnknownKek` if the token
-    /// holds none (destroyed, or never made here).
+    /// holds none (destroyed, or never made here). A rotated KEK is the object of the `CKA_ID`
+    /// the store recorded for it where the label has several (a rotation that lost a race, or
+    /// stopped before it was recorded, leaves one).
     pub(super) fn kek(&self, label: &str) -> Result<ObjectHandle, HsmError> {
         if let Some(handle) = self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.get(label) {
             return Ok(*handle);
         }
-        let handle = find_key(&*self.session()?, ObjectClass::SECRET_KEY, label)?
-            .ok_or_else(|| HsmError::UnknownKek(label.to_string()))?;
+        let session = self.session()?;
+        let by_label = [Attribute::Class(ObjectClass::SECRET_KEY), Attribute::Label(label.as_bytes().to_vec())];
+        let mut found = session.find_objects(&by_label).map_err(|e| HsmError::call("C_FindObjects", e))?;
+        if found.len() > 1 {
+            let recorded = match (&self.shelf, kek_version(label)) {
+                (Some(shelf), Some(version)) => {
+                    shelf.keks()?.into_iter().find(|k| k.version == version).and_then(|k| k.object_id)
+                }
+                _ => None,
+            };
+            if let Some(id) = recorded {
+                let mut by_id = by_label.to_vec();
+                by_id.push(Attribute::Id(id));
+                found = session.find_objects(&by_id).map_err(|e| HsmError::call("C_FindObjects", e))?;
+            }
+        }
+        let handle = match found.as_slice() {
+            [] => return Err(HsmError::UnknownKek(label.to_string())),
+            [one] => *one,
+            many => return Err(HsmError::DuplicateLabel { label: label.to_string(), count: many.len() }),
+        };
+        drop(session);
         self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.insert(label.to_string(), handle);
         Ok(handle)
+    }
+
+    /// Makes a new KEK object labelled `label` with `CKA_ID` `object_id` (a rotation's), and
+    /// remembers it as the KEK of that label in this process.
+    pub(super) fn make_rotated_kek(&self, label: &str, object_id: &[u8]) -> Result<ObjectHandle, HsmError> {
+        let mut template = secret_template(KeyType::AES, label);
+        template.extend([Attribute::Id(object_id.to_vec()), Attribute::Encrypt(true), Attribute::Decrypt(true)]);
+        let handle = self
+            .session()?
+            .generate_key(&Mechanism::AesKeyGen, &template)
+            .map_err(|e| HsmError::call("C_GenerateKey (KEK)", e))?;
+        self.anchor.lock().map_err(|_| HsmError::Poisoned)?.keks.insert(label.to_string(), handle);
+        Ok(handle)
+    }
+
+    /// Destroys the object `handle`.
+    pub(super) fn destroy_object(&self, handle: ObjectHandle) -> Result<(), HsmError> {
+        self.session()?.destroy_object(handle).map_err(|e| HsmError::call("C_DestroyObject", e))
     }
 
     /// The handle of the HSM-native key labelled `label` (found once per login);
@@ -862,7 +902,14 @@ pub(super) fn generate_secret(
     label: &str,
     usage: [Attribute; 2],
 ) -> Result<(), CkError> {
-    let mut template = vec![
+    let mut template = secret_template(key_type, label);
+    template.extend(usage);
+    session.generate_key(&mechanism, &template).map(|_| ())
+}
+
+/// A 32-byte token secret key of `key_type` under `label`: sensitive and never extractable.
+fn secret_template(key_type: KeyType, label: &str) -> Vec<Attribute> {
+    vec![
         Attribute::Class(ObjectClass::SECRET_KEY),
         Attribute::KeyType(key_type),
         Attribute::ValueLen(32.into()),
@@ -871,9 +918,7 @@ pub(super) fn generate_secret(
         Attribute::Sensitive(true),
         Attribute::Extractable(false),
         Attribute::Label(label.as_bytes().to_vec()),
-    ];
-    template.extend(usage);
-    session.generate_key(&mechanism, &template).map(|_| ())
+    ]
 }
 
 /// Generates a token key pair under `label` for one `usage` (`Sign` or `Derive`): the private

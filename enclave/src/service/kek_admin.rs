@@ -152,7 +152,7 @@ fn reseal_one(hsm: &Hsm, admission: &Admission, sealed: &pb::SealedRef) -> Resul
         // A legacy (version 1) key binds no curve or address: it moves only if the key it holds
         // is the one its reference names, as when it signs, and a private key only with the
         // addresses the state records for it (which fix its curve); the new blob binds them.
-        if crate::hsm::is_legacy(&sealed.blob) {
+        if crate::hsm::is_legacy(&sealed.blob) && kind != BlobKind::WalletSeed {
             let unaddressed = kind == BlobKind::PrivateKey
                 && loaded.state.private_keys.get(&sealed.resource_id).is_none_or(|k| k.addresses.is_empty());
             if unaddressed {
@@ -170,13 +170,16 @@ fn reseal_one(hsm: &Hsm, admission: &Admission, sealed: &pb::SealedRef) -> Resul
         Err(HsmError::UnknownKek(label)) if named.as_deref() == Some(label.as_str()) => {
             Err(EnclaveError::invalid("the blob names a KEK the token does not hold (destroyed, or never made here)"))
         }
+        // The current KEK missing is this enclave's, not the blob's (restart it after a rotation
+        // where the module does not show other processes' objects).
+        Err(e @ HsmError::UnknownKek(_)) => Err(EnclaveError::Hsm(e.to_string())),
         Err(e) => Err(e.into()),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use coffer_org_rules::model::{AddressEntry, PrivateKey};
+    use coffer_org_rules::model::{AddressEntry, PrivateKey, Wallet};
     use coffer_org_rules::{Change, Effect, Organization};
 
     use super::*;
@@ -212,6 +215,7 @@ mod tests {
                     change(Effect::CreateOrganization {
                         organization: Organization { id: "reseal-org".into(), ..Default::default() },
                     }),
+                    change(Effect::PutWallet { wallet: Wallet { id: "wallet".into(), ..Default::default() } }),
                     change(Effect::PutPrivateKey {
                         private_key: PrivateKey {
                             id: "held".into(),
@@ -250,6 +254,21 @@ mod tests {
         assert!(!crate::hsm::is_legacy(&moved));
         let again = ask(vec![key_ref("reseal-org", "held", &public_hex, moved)]).unwrap();
         assert!(again.blobs[0].blob.is_empty() && again.blobs[0].error.is_empty());
+        // A wallet's seed in the first format (bound to kind, organization and wallet only) moves
+        // too, to the current format.
+        let seed_binding = BlobBinding::plain(BlobKind::WalletSeed, "reseal-org", "wallet");
+        let old_seed = hsm.seal_as_version(&seed_binding, b"abandon abandon about", 1).unwrap();
+        let seed_ref = pb::SealedRef {
+            kind: pb::BlobKind::WalletSeed as i32,
+            organization_id: "reseal-org".into(),
+            resource_id: "wallet".into(),
+            blob: old_seed,
+            ..Default::default()
+        };
+        let moved = ask(vec![seed_ref]).unwrap().blobs.remove(0);
+        assert!(moved.error.is_empty(), "{}", moved.error);
+        assert!(!crate::hsm::is_legacy(&moved.blob));
+        assert_eq!(hsm.unseal(&seed_binding, &moved.blob).unwrap().as_slice(), b"abandon abandon about");
         // A batch is bounded before anything is opened.
         let many = vec![key_ref("reseal-org", "held", &public_hex, vec![]); MAX_RESEAL_BATCH + 1];
         assert!(matches!(ask(many), Err(EnclaveError::InvalidArgument(_))));

@@ -52,8 +52,13 @@ pub fn remove_unheld_native_keys(hsm: &Hsm, admission: &Admission, grace_ms: i64
     for (private_key_id, organization_id) in hsm.native_keys_made_before(crate::admission::now_ms() - grace_ms)? {
         let loaded = admission.rules().load(&organization_id)?;
         if !loaded.is_some_and(|l| l.state.private_keys.contains_key(&private_key_id)) {
-            hsm.destroy_native_key(&crate::hsm::native_label(&private_key_id))?;
-            removed += 1;
+            // One that fails is logged and tried again at the next sweep; the rest go on.
+            match hsm.destroy_native_key(&crate::hsm::native_label(&private_key_id)) {
+                Ok(_) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, key = private_key_id.as_str(), "an HSM-native key nothing holds was not destroyed")
+                }
+            }
         }
     }
     Ok(removed)

@@ -164,8 +164,8 @@ impl<B: Backend> EnclaveStore for B {
     fn keks(&self) -> Result<Vec<KekRecord>, StoreError> {
         self.read(sql::keks)
     }
-    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError> {
-        self.write(true, |db| sql::add_kek(db, version, made_ms))
+    fn add_kek(&self, version: u32, made_ms: i64, object_id: &[u8]) -> Result<bool, StoreError> {
+        self.write(true, |db| sql::add_kek(db, version, made_ms, object_id))
     }
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError> {
         self.write(true, |db| sql::kek_destroyed(db, version, at_ms))

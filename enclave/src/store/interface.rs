@@ -278,6 +278,8 @@ pub struct KekRecord {
     pub version: u32,
     pub made_ms: i64,
     pub destroyed_ms: Option<i64>,
+    /// The `CKA_ID` of the module's object (a rotated KEK's; the first has none).
+    pub object_id: Option<Vec<u8>>,
 }
 
 /// The bounds of the replay window and of the decision log, given to a backend when it opens.
@@ -422,7 +424,7 @@ pub trait EnclaveStore: Send + Sync {
     fn keks(&self) -> Result<Vec<KekRecord>, StoreError>;
     /// Records KEK `version` as made, if it is the next one; answers whether it did (another
     /// enclave may have rotated first).
-    fn add_kek(&self, version: u32, made_ms: i64) -> Result<bool, StoreError>;
+    fn add_kek(&self, version: u32, made_ms: i64, object_id: &[u8]) -> Result<bool, StoreError>;
     /// Records KEK `version` as destroyed.
     fn kek_destroyed(&self, version: u32, at_ms: i64) -> Result<(), StoreError>;
     /// Counts the HSM-native key `key` if the token holds fewer than `total` and its top-level

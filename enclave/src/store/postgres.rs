@@ -182,7 +182,8 @@ CREATE TABLE kek_seals (
 CREATE TABLE keks (
     version BIGINT PRIMARY KEY,
     made_ms BIGINT NOT NULL,
-    destroyed_ms BIGINT
+    destroyed_ms BIGINT,
+    object_id BYTEA
 );
 CREATE TABLE native_keys (
     label TEXT PRIMARY KEY,

@@ -272,10 +272,15 @@ pub fn replace_sealed_service_key<D: Db>(db: &mut D, label: &str, old: &[u8], ne
 
 /// The KEKs recorded (those made by rotation, and any destroyed), oldest first.
 pub fn keks<D: Db>(db: &mut D) -> Result<Vec<KekRecord>, StoreError> {
-    db.query("SELECT version, made_ms, destroyed_ms FROM keks ORDER BY version", args![], |r| {
+    db.query("SELECT version, made_ms, destroyed_ms, object_id FROM keks ORDER BY version", args![], |r| {
         let version = r.int(0)?;
         let version = u32::try_from(version).map_err(|_| StoreError::Corrupt(format!("KEK version {version}")))?;
-        Ok::<_, StoreError>(KekRecord { version, made_ms: r.int(1)?, destroyed_ms: r.opt_int(2)? })
+        Ok::<_, StoreError>(KekRecord {
+            version,
+            made_ms: r.int(1)?,
+            destroyed_ms: r.opt_int(2)?,
+            object_id: r.opt_bytes(3)?,
+        })
     })
 }
 
@@ -288,14 +293,17 @@ pub fn seals_reserved<D: Db>(db: &mut D) -> Result<Vec<(String, u64)>, StoreErro
 
 /// Records KEK `version` as made at `made_ms` if it is the next one (one more than the newest
 /// recorded, or 2 when only the first exists); answers whether it did.
-pub fn add_kek<D: Db>(db: &mut D, version: u32, made_ms: i64) -> Result<bool, StoreError> {
+pub fn add_kek<D: Db>(db: &mut D, version: u32, made_ms: i64, object_id: &[u8]) -> Result<bool, StoreError> {
     let newest =
         db.query_one("SELECT COALESCE(MAX(version), 1) FROM keks", args![], |r| Ok::<_, StoreError>(r.int(0)?))?;
     if i64::from(version) != newest + 1 {
         return Ok(false);
     }
-    db.execute("INSERT INTO keks (version, made_ms) VALUES (?1, ?2)", args![i64::from(version), made_ms])?;
-    Ok(true)
+    // Two enclaves recording at once: the second finds the row there.
+    Ok(db.execute(
+        "INSERT INTO keks (version, made_ms, object_id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+        args![i64::from(version), made_ms, object_id],
+    )? == 1)
 }
 
 /// Records KEK `version` as destroyed at `at_ms` (the first KEK gets a row of its own).

@@ -129,7 +129,8 @@ CREATE TABLE kek_seals (
 CREATE TABLE keks (
     version INTEGER PRIMARY KEY,
     made_ms INTEGER NOT NULL,
-    destroyed_ms INTEGER
+    destroyed_ms INTEGER,
+    object_id BLOB
 );
 CREATE TABLE native_keys (
     label TEXT PRIMARY KEY,
