@@ -123,6 +123,16 @@ pub static SUBJECTS: &[Subject] = &[
     ),
     s("ACTIVITY_TYPE_CREATE_USERS_V4", "USER", "CREATE", false, "createUsersIntentV4", "createUsersResult"),
     s("ACTIVITY_TYPE_UPDATE_USER", "USER", "UPDATE", false, "updateUserIntent", "updateUserResult"),
+    s("ACTIVITY_TYPE_UPDATE_USER_NAME", "USER", "UPDATE", false, "updateUserNameIntent", "updateUserNameResult"),
+    s("ACTIVITY_TYPE_UPDATE_USER_EMAIL", "USER", "UPDATE", false, "updateUserEmailIntent", "updateUserEmailResult"),
+    s(
+        "ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER",
+        "USER",
+        "UPDATE",
+        false,
+        "updateUserPhoneNumberIntent",
+        "updateUserPhoneNumberResult",
+    ),
     s("ACTIVITY_TYPE_DELETE_USERS", "USER", "DELETE", false, "deleteUsersIntent", "deleteUsersResult"),
     s(
         "ACTIVITY_TYPE_CREATE_API_KEYS_V2",

@@ -640,3 +640,128 @@ async fn user_and_private_key_tags_with_atomic_updates() {
     assert!(key_tags(&c, &org, k2).await.is_empty());
     assert_eq!(pk_list().await.unwrap().private_key_tags.len(), 1);
 }
+
+#[tokio::test]
+async fn a_users_name_email_and_phone_number_change_one_at_a_time() {
+    use turnkey_client::generated::{UpdateUserEmailIntent, UpdateUserNameIntent, UpdateUserPhoneNumberIntent};
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    let alice_key = TurnkeyP256ApiKey::generate();
+    let mut params = user_params("alice", vec![p256_params("laptop", &alice_key, None)], vec![]);
+    params.user_email = Some("alice@example.com".into());
+    params.user_phone_number = Some("+13214567890".into());
+    let alice_id = root
+        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+
+    // Each changes its one field and answers the user's id, in the client's result shape.
+    let named = root
+        .update_user_name(
+            org.clone(),
+            root.current_timestamp(),
+            UpdateUserNameIntent { user_id: alice_id.clone(), user_name: "Alice B.".into() },
+        )
+        .await
+        .unwrap();
+    assert_eq!(named.result.user_id, alice_id);
+    let emailed = root
+        .update_user_email(
+            org.clone(),
+            root.current_timestamp(),
+            UpdateUserEmailIntent {
+                user_id: alice_id.clone(),
+                user_email: "alice@new.example".into(),
+                verification_token: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(emailed.result.user_id, alice_id);
+    let u = user(&root, &org, &alice_id).await;
+    assert_eq!(
+        (u.user_name.as_str(), u.user_email.as_deref(), u.user_phone_number.as_deref()),
+        ("Alice B.", Some("alice@new.example"), Some("+13214567890"))
+    );
+    // An empty phone number clears it; a malformed one is refused and changes nothing.
+    root.update_user_phone_number(
+        org.clone(),
+        root.current_timestamp(),
+        UpdateUserPhoneNumberIntent {
+            user_id: alice_id.clone(),
+            user_phone_number: String::new(),
+            verification_token: None,
+        },
+    )
+    .await
+    .unwrap();
+    let r = root
+        .update_user_phone_number(
+            org.clone(),
+            root.current_timestamp(),
+            UpdateUserPhoneNumberIntent {
+                user_id: alice_id.clone(),
+                user_phone_number: "call me".into(),
+                verification_token: None,
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(TurnkeyClientError::UnexpectedHttpStatus(400, _))), "{r:?}");
+    let r = root
+        .update_user_name(
+            org.clone(),
+            root.current_timestamp(),
+            UpdateUserNameIntent { user_id: UNKNOWN_ID.into(), user_name: "ghost".into() },
+        )
+        .await;
+    assert!(matches!(r, Err(TurnkeyClientError::UnexpectedHttpStatus(404 | 400, _))), "{r:?}");
+    let u = user(&root, &org, &alice_id).await;
+    assert_eq!((u.user_name.as_str(), u.user_phone_number.as_deref()), ("Alice B.", None));
+
+    // Alice may rename herself; renaming the root user, with no policy allowing her, is refused
+    // by the enclave and changes nothing.
+    let alice_public = hex::encode(alice_key.compressed_public_key());
+    let alice_again =
+        TurnkeyP256ApiKey::from_strings(hex::encode(alice_key.private_key()), Some(alice_public)).unwrap();
+    let alice = stack.client_with(alice_key);
+    alice
+        .update_user_name(
+            org.clone(),
+            alice.current_timestamp(),
+            UpdateUserNameIntent { user_id: alice_id.clone(), user_name: "Al".into() },
+        )
+        .await
+        .unwrap();
+    let body = serde_json::json!({
+        "type": "ACTIVITY_TYPE_UPDATE_USER_NAME",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": { "userId": stack.user_id, "userName": "taken over" },
+    })
+    .to_string();
+    stack.refusals_accounted();
+    let r = stack.post_raw("/public/v1/submit/update_user_name", body.as_bytes(), Some(&alice_again)).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::PolicyDenied);
+    assert_eq!(user(&root, &org, &alice_id).await.user_name, "Al");
+    assert_eq!(user(&root, &org, &stack.user_id).await.user_name, "root");
+
+    // The same bytes again are the same activity.
+    let body = serde_json::json!({
+        "type": "ACTIVITY_TYPE_UPDATE_USER_EMAIL",
+        "timestampMs": Stack::now_ms().to_string(),
+        "organizationId": org,
+        "parameters": { "userId": alice_id, "userEmail": "" },
+    })
+    .to_string();
+    let first = stack.post_raw("/public/v1/submit/update_user_email", body.as_bytes(), Some(&stack.api_key())).await;
+    let again = stack.post_raw("/public/v1/submit/update_user_email", body.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.json["activity"]["id"], again.json["activity"]["id"]);
+    assert_eq!(first.json["activity"]["result"]["updateUserEmailResult"]["userId"], alice_id.as_str());
+    assert_eq!(first.json["activity"]["intent"]["updateUserEmailIntent"]["userId"], alice_id.as_str());
+    assert_eq!(user(&root, &org, &alice_id).await.user_email, None);
+}

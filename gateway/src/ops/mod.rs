@@ -198,6 +198,30 @@ pub static ACTIVITIES: &[Operation] = &[
         users::update_user
     ),
     op!(
+        "update_user_name",
+        "ACTIVITY_TYPE_UPDATE_USER_NAME",
+        "updateUserNameIntent",
+        "updateUserNameResult",
+        "USER" / "UPDATE",
+        users::update_user_name
+    ),
+    op!(
+        "update_user_email",
+        "ACTIVITY_TYPE_UPDATE_USER_EMAIL",
+        "updateUserEmailIntent",
+        "updateUserEmailResult",
+        "USER" / "UPDATE",
+        users::update_user_email
+    ),
+    op!(
+        "update_user_phone_number",
+        "ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER",
+        "updateUserPhoneNumberIntent",
+        "updateUserPhoneNumberResult",
+        "USER" / "UPDATE",
+        users::update_user_phone_number
+    ),
+    op!(
         "delete_users",
         "ACTIVITY_TYPE_DELETE_USERS",
         "deleteUsersIntent",

@@ -274,6 +274,81 @@ pub async fn update_user(ctx: Ctx, intent: UpdateUserIntent) -> Result<Outcome, 
     })
 }
 
+/// `update_user_name`: the user's name alone.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateUserNameIntent {
+    user_id: String,
+    user_name: String,
+}
+
+pub async fn update_user_name(ctx: Ctx, intent: UpdateUserNameIntent) -> Result<Outcome, ApiError> {
+    required(&intent.user_name, "userName")?;
+    one_field(ctx, intent.user_id, Some(intent.user_name), None, None).await
+}
+
+/// `update_user_email`: the user's email alone (empty clears it). A changed email is no longer
+/// verified; the verification token clients may send with it is taken and not used yet.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateUserEmailIntent {
+    user_id: String,
+    user_email: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    verification_token: Option<String>,
+}
+
+pub async fn update_user_email(ctx: Ctx, intent: UpdateUserEmailIntent) -> Result<Outcome, ApiError> {
+    let email = match intent.user_email.as_str() {
+        "" => String::new(),
+        e => valid_email(e)?,
+    };
+    one_field(ctx, intent.user_id, None, Some(email), None).await
+}
+
+/// `update_user_phone_number`: the user's phone number alone (empty clears it), as the email.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateUserPhoneNumberIntent {
+    user_id: String,
+    user_phone_number: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    verification_token: Option<String>,
+}
+
+pub async fn update_user_phone_number(ctx: Ctx, intent: UpdateUserPhoneNumberIntent) -> Result<Outcome, ApiError> {
+    let phone = match intent.user_phone_number.as_str() {
+        "" => String::new(),
+        p => valid_phone(p)?,
+    };
+    one_field(ctx, intent.user_id, None, None, Some(phone)).await
+}
+
+/// One of a user's name, email or phone number changed.
+async fn one_field(
+    ctx: Ctx,
+    user_id: String,
+    name: Option<String>,
+    email: Option<String>,
+    phone_number: Option<String>,
+) -> Result<Outcome, ApiError> {
+    load_user(&ctx.state, &ctx.org.id, &user_id).await?;
+    Ok(Outcome {
+        result: json!({ "userId": user_id }),
+        writes: vec![Write::UpdateUser {
+            organization_id: ctx.org.id.clone(),
+            id: user_id,
+            name,
+            email,
+            phone_number,
+            tag_ids: None,
+            updated_at: ctx.now,
+        }],
+    })
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeleteUsersIntent {

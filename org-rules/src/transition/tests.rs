@@ -513,6 +513,50 @@ fn update_user_is_the_bodys() {
         tag_ids: None,
     })];
     case(&s, ty, body, &[], good, vec![("another user", other), ("the email kept", email_kept)]);
+    // One field each: the name, the email, the phone number; nothing else changes.
+    let update = |name: Option<&str>, email: Option<&str>, phone: Option<&str>| {
+        vec![c(Effect::UpdateUser {
+            id: "u".into(),
+            name: name.map(Into::into),
+            email: email.map(Into::into),
+            phone_number: phone.map(Into::into),
+            tag_ids: None,
+        })]
+    };
+    let ty = "ACTIVITY_TYPE_UPDATE_USER_NAME";
+    let good = update(Some("m"), None, None);
+    case(
+        &s,
+        ty,
+        json!({"userId": "u", "userName": "m"}),
+        &[],
+        good,
+        vec![("the email too", update(Some("m"), Some(""), None))],
+    );
+    let none = Work::default();
+    let refused = |params: Value| run_with(&s, ty, &params, &update(Some(" "), None, None), &[], &none).is_err();
+    assert!(refused(json!({"userId": "u", "userName": " "})), "an empty name");
+    assert!(refused(json!({"userId": "nobody", "userName": " "})), "no such user");
+    let ty = "ACTIVITY_TYPE_UPDATE_USER_EMAIL";
+    let good = update(None, Some("new@example.com"), None);
+    case(
+        &s,
+        ty,
+        json!({"userId": "u", "userEmail": "new@example.com"}),
+        &[],
+        good,
+        vec![("the name too", update(Some("n"), Some("new@example.com"), None))],
+    );
+    let ty = "ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER";
+    let good = update(None, None, Some(""));
+    case(
+        &s,
+        ty,
+        json!({"userId": "u", "userPhoneNumber": ""}),
+        &[],
+        good,
+        vec![("the email instead", update(None, Some(""), None))],
+    );
     let ty = "ACTIVITY_TYPE_DELETE_USERS";
     let good = vec![c(Effect::DeleteUsers { ids: vec!["u".into()] })];
     case(

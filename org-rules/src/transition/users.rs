@@ -266,6 +266,25 @@ pub(crate) fn update_user(i: &Input<'_>) -> Changes {
     })])
 }
 
+/// `update_user_name`, `update_user_email`, `update_user_phone_number`: the one field `field`
+/// of an existing user (a name is never empty; an empty email or phone number clears it). A
+/// changed email or phone number is no longer verified ([`Effect::UpdateUser`]); a verification
+/// token the body carries does not verify it (yet).
+pub(crate) fn update_user_field(i: &Input<'_>, field: &str) -> Changes {
+    let id = existing_user(i)?;
+    let value = i.params.get(field).and_then(Value::as_str).ok_or_else(|| i.invalid(format!("{field} is required")))?;
+    let value = Some(value.to_string());
+    let effect = match field {
+        "userName" if value.as_deref().is_some_and(|v| v.trim().is_empty()) => {
+            return Err(i.invalid("userName must not be empty"))
+        }
+        "userName" => Effect::UpdateUser { id, name: value, email: None, phone_number: None, tag_ids: None },
+        "userEmail" => Effect::UpdateUser { id, name: None, email: value, phone_number: None, tag_ids: None },
+        _ => Effect::UpdateUser { id, name: None, email: None, phone_number: value, tag_ids: None },
+    };
+    Ok(vec![i.change(effect)])
+}
+
 /// The root quorum threshold of a new sub-organization: from 1 to its number of root users.
 fn threshold(i: &Input<'_>, root_users: usize) -> Result<i64, TransitionError> {
     match integer(i.params.get("rootQuorumThreshold")) {
