@@ -133,6 +133,9 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         },
     };
     match w {
+        Write::RenameOrganization { id, name, .. } => {
+            out.push(change(id, Effect::SetOrganizationName { name: name.clone() }))
+        }
         Write::InsertOrganization(o) => out.push(change(
             &o.id,
             Effect::CreateOrganization {

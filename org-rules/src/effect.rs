@@ -118,6 +118,10 @@ pub enum Effect {
         name: String,
         value: String,
     },
+    /// Renames the organization.
+    SetOrganizationName {
+        name: String,
+    },
     RemoveFeature {
         name: String,
     },
@@ -503,6 +507,10 @@ impl OrgState {
             }
             Effect::SetFeature { name, value } => {
                 self.organization.features.insert(name.clone(), value.clone());
+                t.push(org);
+            }
+            Effect::SetOrganizationName { name } => {
+                self.organization.name = name.clone();
                 t.push(org);
             }
             Effect::RemoveFeature { name } => {

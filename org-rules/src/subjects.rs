@@ -360,6 +360,14 @@ pub static SUBJECTS: &[Subject] = &[
         "updateRootQuorumIntent",
         "updateRootQuorumResult",
     ),
+    s(
+        "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
+        "ORGANIZATION",
+        "UPDATE",
+        true,
+        "updateOrganizationNameIntent",
+        "updateOrganizationNameResult",
+    ),
     s("ACTIVITY_TYPE_CREATE_TVC_APP", "TVC_APP", "CREATE", false, "createTvcAppIntent", "createTvcAppResult"),
     s(
         "ACTIVITY_TYPE_CREATE_TVC_DEPLOYMENT",

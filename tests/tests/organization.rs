@@ -413,3 +413,65 @@ async fn a_body_stamped_by_the_stamp_command_is_answered_and_no_other() {
     assert_eq!(refused["message"], "could not verify api key signature", "{refused}");
     let _ = std::fs::remove_file(&key_file);
 }
+
+#[tokio::test]
+async fn the_organization_is_renamed_by_its_root_quorum_only() {
+    use turnkey_client::generated::GetWhoamiRequest;
+    let stack = Stack::start().await;
+    let root = stack.client();
+    let org = stack.organization_id.clone();
+    async fn rename(
+        c: &Client,
+        org: &str,
+        name: &str,
+    ) -> Result<
+        turnkey_client::ActivityResult<turnkey_client::generated::UpdateOrganizationNameResult>,
+        TurnkeyClientError,
+    > {
+        let intent = turnkey_client::generated::UpdateOrganizationNameIntent { organization_name: name.into() };
+        c.update_organization_name(org.to_string(), c.current_timestamp(), intent).await
+    }
+    let renamed = rename(&root, &org, "Acme treasury").await.unwrap().result;
+    assert_eq!((renamed.organization_id.as_str(), renamed.organization_name.as_str()), (org.as_str(), "Acme treasury"));
+    let name = || async {
+        root.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap().organization_name
+    };
+    assert_eq!(name().await, "Acme treasury");
+    refused(rename(&root, &org, "  ").await, 400, "REQUEST_INVALID", "organizationName must not be empty");
+
+    // A non-root user may not, even with a policy that allows her everything.
+    let alice_key = TurnkeyP256ApiKey::generate();
+    let params = UserParamsV4 {
+        user_name: "alice".into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "alice".into(),
+            public_key: hex::encode(alice_key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let alice_id = root
+        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    let everything = CreatePolicyIntentV3 {
+        policy_name: "alice may".into(),
+        effect: Effect::Allow,
+        condition: Some("true".into()),
+        consensus: Some(format!("approvers.any(user, user.id == '{alice_id}')")),
+        notes: String::new(),
+        time: None,
+    };
+    root.create_policy(org.clone(), root.current_timestamp(), everything).await.unwrap();
+    let alice = stack.client_with(alice_key);
+    refused(rename(&alice, &org, "Alice's now").await, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    assert_eq!(name().await, "Acme treasury");
+}

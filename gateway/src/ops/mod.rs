@@ -447,6 +447,14 @@ pub static ACTIVITIES: &[Operation] = &[
         authenticators::recover_user
     ),
     op!(root_quorum
+        "update_organization_name",
+        "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
+        "updateOrganizationNameIntent",
+        "updateOrganizationNameResult",
+        "ORGANIZATION" / "UPDATE",
+        organization::update_organization_name
+    ),
+    op!(root_quorum
         "enable_auth_proxy",
         "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
         "enableAuthProxyIntent",

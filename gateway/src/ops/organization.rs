@@ -68,6 +68,27 @@ pub struct SetOrganizationFeatureIntent {
     value: Option<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateOrganizationNameIntent {
+    organization_name: String,
+}
+
+/// Renames the organization (root quorum only).
+pub async fn update_organization_name(ctx: Ctx, intent: UpdateOrganizationNameIntent) -> Result<Outcome, ApiError> {
+    if intent.organization_name.trim().is_empty() {
+        return Err(ApiError::invalid("organizationName must not be empty"));
+    }
+    Ok(Outcome {
+        result: json!({ "organizationId": ctx.org.id, "organizationName": intent.organization_name }),
+        writes: vec![Write::RenameOrganization {
+            id: ctx.org.id.clone(),
+            name: intent.organization_name,
+            updated_at: ctx.now,
+        }],
+    })
+}
+
 /// Sets (or overrides) a feature; the result is the organization's features afterwards.
 pub async fn set_organization_feature(ctx: Ctx, intent: SetOrganizationFeatureIntent) -> Result<Outcome, ApiError> {
     let name = feature_name(&intent.name)?;

@@ -381,6 +381,7 @@ async fn the_handlers_records_follow_the_transitions() {
     h.run(ORG, "delete_oauth_providers", json!({"userId": "member", "providerIds": providers["providerIds"]})).await;
     h.run(ORG, "update_user", json!({"userId": alice, "userName": "Alice", "userEmail": "", "userTagIds": []})).await;
     h.run(ORG, "update_user_name", json!({"userId": alice, "userName": "Alice B."})).await;
+    h.run(ORG, "update_organization_name", json!({"organizationName": "renamed"})).await;
     h.run(ORG, "update_user_email", json!({"userId": alice, "userEmail": "alice@example.com"})).await;
     h.run(ORG, "update_user_phone_number", json!({"userId": alice, "userPhoneNumber": "+14155550100"})).await;
     h.run(ORG, "update_user_email", json!({"userId": alice, "userEmail": ""})).await;

@@ -9,6 +9,12 @@ use super::model::{
 #[derive(Debug, Clone)]
 pub enum Write {
     InsertOrganization(Organization),
+    /// `update_organization_name`.
+    RenameOrganization {
+        id: String,
+        name: String,
+        updated_at: Nanos,
+    },
     InsertUser(User),
     InsertApiKey(ApiKey),
     /// Stores the enclave certificate of a credential created before certificates existed.

@@ -570,6 +570,17 @@ fn update_user_is_the_bodys() {
 }
 
 #[test]
+fn the_organization_is_renamed_to_a_name_that_is_not_blank() {
+    let s = state();
+    let ty = "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME";
+    let good = vec![c(Effect::SetOrganizationName { name: "Acme".into() })];
+    let other = vec![c(Effect::SetOrganizationName { name: "acme".into() })];
+    case(&s, ty, json!({"organizationName": "Acme"}), &[], good, vec![("another name", other)]);
+    let blank = vec![c(Effect::SetOrganizationName { name: " ".into() })];
+    assert!(run_with(&s, ty, &json!({"organizationName": " "}), &blank, &[], &Work::default()).is_err());
+}
+
+#[test]
 fn tags_are_the_bodys() {
     let mut s = state();
     let ty = "ACTIVITY_TYPE_CREATE_USER_TAG";

@@ -70,6 +70,7 @@ fn deletion_parent<'a>(writes: &'a [Write], activity_id: &str) -> Option<&'a Str
 pub fn apply_write<D: Dialect>(db: &mut D, w: &Write) -> Result<(), StoreError> {
     match w {
         Write::InsertOrganization(o) => organizations::insert(db, o),
+        Write::RenameOrganization { id, name, updated_at } => organizations::rename(db, id, name, *updated_at),
         Write::SetRootQuorum { organization_id, threshold, user_ids, updated_at } => {
             organizations::set_root_quorum(db, organization_id, *threshold, user_ids, *updated_at)
         }

@@ -34,6 +34,18 @@ pub fn insert<D: Dialect>(db: &mut D, o: &Organization) -> Result<(), StoreError
 }
 
 /// Sets the root quorum; every user must be in the organization.
+/// Renames organization `organization_id`.
+pub fn rename<D: Dialect>(db: &mut D, organization_id: &str, name: &str, updated_at: Nanos) -> Result<(), StoreError> {
+    let n = db.execute(
+        "UPDATE organizations SET name = ?2, updated_at = ?3 WHERE id = ?1",
+        args![organization_id, name, updated_at],
+    )?;
+    if n == 0 {
+        return Err(StoreError::conflict(format!("organization not found: {organization_id}")));
+    }
+    Ok(())
+}
+
 pub fn set_root_quorum<D: Dialect>(
     db: &mut D,
     organization_id: &str,
