@@ -25,6 +25,26 @@ fn feature(name: FeatureName, value: &str) -> Feature {
     Feature { name, value: Some(value.into()) }
 }
 
+/// Creates the non-root user "alice" with one P-256 API key, `key`; answers her id.
+async fn alice_with_key(root: &Client, org: &str, key: &TurnkeyP256ApiKey) -> String {
+    let params = UserParamsV4 {
+        user_name: "alice".into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: "alice".into(),
+            public_key: hex::encode(key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let created = root.create_users(org.into(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] });
+    created.await.unwrap().result.user_ids[0].clone()
+}
+
 async fn configs(c: &Client, org: &str) -> (Vec<Feature>, Quorum) {
     let cfg = c
         .get_organization_configs(GetOrganizationConfigsRequest { organization_id: org.into() })
@@ -181,27 +201,7 @@ async fn root_quorum_end_to_end() {
 
     // A second user (not root yet) may not submit root-quorum-only activities.
     let alice_key = TurnkeyP256ApiKey::generate();
-    let params = UserParamsV4 {
-        user_name: "alice".into(),
-        user_email: None,
-        user_phone_number: None,
-        api_keys: vec![ApiKeyParamsV2 {
-            api_key_name: "alice".into(),
-            public_key: hex::encode(alice_key.compressed_public_key()),
-            curve_type: ApiKeyCurve::P256,
-            expiration_seconds: None,
-        }],
-        authenticators: vec![],
-        oauth_providers: vec![],
-        user_tags: vec![],
-    };
-    let alice_id = root
-        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
-        .await
-        .unwrap()
-        .result
-        .user_ids[0]
-        .clone();
+    let alice_id = alice_with_key(&root, &org, &alice_key).await;
     let alice = stack.client_with(alice_key);
     let before = stack.activity_count(&stack.api_key(), &org).await;
     assert_eq!(before, 2, "the quorum update and alice's creation");
@@ -441,27 +441,7 @@ async fn the_organization_is_renamed_by_its_root_quorum_only() {
 
     // A non-root user may not, even with a policy that allows her everything.
     let alice_key = TurnkeyP256ApiKey::generate();
-    let params = UserParamsV4 {
-        user_name: "alice".into(),
-        user_email: None,
-        user_phone_number: None,
-        api_keys: vec![ApiKeyParamsV2 {
-            api_key_name: "alice".into(),
-            public_key: hex::encode(alice_key.compressed_public_key()),
-            curve_type: ApiKeyCurve::P256,
-            expiration_seconds: None,
-        }],
-        authenticators: vec![],
-        oauth_providers: vec![],
-        user_tags: vec![],
-    };
-    let alice_id = root
-        .create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![params] })
-        .await
-        .unwrap()
-        .result
-        .user_ids[0]
-        .clone();
+    let alice_id = alice_with_key(&root, &org, &alice_key).await;
     let everything = CreatePolicyIntentV3 {
         policy_name: "alice may".into(),
         effect: Effect::Allow,

@@ -8,7 +8,7 @@ use cryptoki::object::ObjectClass;
 use super::error::HsmError;
 use super::key_labels::{kek_label, kek_version};
 use super::seal::{self, BlobBinding, BlobKind};
-use super::token::Hsm;
+use super::token::{objects_labelled, Hsm};
 
 /// One rotation at a time in this process (another enclave on the store loses at the store).
 static ROTATION: Mutex<()> = Mutex::new(());
@@ -169,13 +169,7 @@ impl Hsm {
         }
         // Every object under the label: the KEK, and any a rotation made and did not record.
         let session = self.session()?;
-        let held = session
-            .find_objects(&[
-                cryptoki::object::Attribute::Class(ObjectClass::SECRET_KEY),
-                cryptoki::object::Attribute::Label(label.as_bytes().to_vec()),
-            ])
-            .map_err(|e| HsmError::call("C_FindObjects", e))?;
-        for handle in held {
+        for handle in objects_labelled(&session, ObjectClass::SECRET_KEY, label)? {
             session.destroy_object(handle).map_err(|e| HsmError::call("C_DestroyObject (KEK)", e))?;
         }
         drop(session);
@@ -207,13 +201,7 @@ impl Hsm {
                     seals: seals.iter().find(|(l, _)| *l == label).map_or(0, |(_, n)| *n),
                     made_ms: record.map_or(0, |k| k.made_ms),
                     destroyed_ms: record.and_then(|k| k.destroyed_ms),
-                    in_token: !session
-                        .find_objects(&[
-                            cryptoki::object::Attribute::Class(ObjectClass::SECRET_KEY),
-                            cryptoki::object::Attribute::Label(label.as_bytes().to_vec()),
-                        ])
-                        .map_err(|e| HsmError::call("C_FindObjects", e))?
-                        .is_empty(),
+                    in_token: !objects_labelled(&session, ObjectClass::SECRET_KEY, &label)?.is_empty(),
                     service_keys: naming as u32,
                     label,
                 })

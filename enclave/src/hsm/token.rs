@@ -355,8 +355,7 @@ impl Hsm {
             return Ok(*handle);
         }
         let session = self.session()?;
-        let by_label = [Attribute::Class(ObjectClass::SECRET_KEY), Attribute::Label(label.as_bytes().to_vec())];
-        let mut found = session.find_objects(&by_label).map_err(|e| HsmError::call("C_FindObjects", e))?;
+        let mut found = objects_labelled(&session, ObjectClass::SECRET_KEY, label)?;
         if found.len() > 1 {
             let recorded = match (&self.shelf, kek_version(label)) {
                 (Some(shelf), Some(version)) => {
@@ -365,8 +364,11 @@ impl Hsm {
                 _ => None,
             };
             if let Some(id) = recorded {
-                let mut by_id = by_label.to_vec();
-                by_id.push(Attribute::Id(id));
+                let by_id = [
+                    Attribute::Class(ObjectClass::SECRET_KEY),
+                    Attribute::Label(label.as_bytes().to_vec()),
+                    Attribute::Id(id),
+                ];
                 found = session.find_objects(&by_id).map_err(|e| HsmError::call("C_FindObjects", e))?;
             }
         }
@@ -954,12 +956,21 @@ fn generate_pair(
         .map_err(|e| HsmError::call("C_GenerateKeyPair", e))
 }
 
+/// Every object of `class` labelled `label` (a KEK's label may have several: see [`Hsm::kek`]).
+pub(super) fn objects_labelled(
+    session: &Session,
+    class: ObjectClass,
+    label: &str,
+) -> Result<Vec<ObjectHandle>, HsmError> {
+    session
+        .find_objects(&[Attribute::Class(class), Attribute::Label(label.as_bytes().to_vec())])
+        .map_err(|e| HsmError::call("C_FindObjects", e))
+}
+
 /// The one object of `class` labelled `label`, if any; refused if the token holds several (two
 /// `init` runs at once can make two, and which one a search finds first is the module's choice).
 pub(super) fn find_key(session: &Session, class: ObjectClass, label: &str) -> Result<Option<ObjectHandle>, HsmError> {
-    let found = session
-        .find_objects(&[Attribute::Class(class), Attribute::Label(label.as_bytes().to_vec())])
-        .map_err(|e| HsmError::call("C_FindObjects", e))?;
+    let found = objects_labelled(session, class, label)?;
     match found.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some(*one)),
