@@ -33,7 +33,6 @@ pub fn insert<D: Dialect>(db: &mut D, o: &Organization) -> Result<(), StoreError
     Ok(())
 }
 
-/// Sets the root quorum; every user must be in the organization.
 /// Renames organization `organization_id`.
 pub fn rename<D: Dialect>(db: &mut D, organization_id: &str, name: &str, updated_at: Nanos) -> Result<(), StoreError> {
     let n = db.execute(
@@ -46,6 +45,7 @@ pub fn rename<D: Dialect>(db: &mut D, organization_id: &str, name: &str, updated
     Ok(())
 }
 
+/// Sets the root quorum; every user must be in the organization.
 pub fn set_root_quorum<D: Dialect>(
     db: &mut D,
     organization_id: &str,
