@@ -1198,7 +1198,8 @@ impl Admission {
                 .about(&activity, &credential));
             }
         }
-        if !types.contains(&activity.activity_type.as_str()) {
+        // An older version a current client still sends asks for its current version's operation.
+        if !types.contains(&coffer_org_rules::subjects::current_version(&activity.activity_type)) {
             return Err(Refusal::new(
                 RefusalReason::OperationMismatch,
                 format!("the stamped body is {}, which does not ask for this operation", activity.activity_type),

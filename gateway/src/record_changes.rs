@@ -228,6 +228,12 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::MarkAccountExported(id) => out.push(change(org, Effect::MarkAccountExported { id: id.clone() })),
         Write::DeleteWallets { ids, .. } => out.push(change(org, Effect::DeleteWallets { ids: ids.clone() })),
         Write::DeletePrivateKeys { ids, .. } => out.push(change(org, Effect::DeletePrivateKeys { ids: ids.clone() })),
+        Write::RenameWallet { id, name, .. } => {
+            out.push(change(org, Effect::RenameWallet { id: id.clone(), label: name.clone() }))
+        }
+        Write::DeleteAccounts { organization_id, ids, .. } => {
+            out.push(change(organization_id, Effect::DeleteAccounts { ids: ids.clone() }))
+        }
         Write::PutRecord(record) | Write::PutRecordChecked { record, .. } => out.extend(put_record(record)),
         Write::DeleteRecords { organization_id, kind, ids } => out.extend(delete_records(organization_id, kind, ids)),
         // One-time code records are not authority state: the enclave keeps what decides.

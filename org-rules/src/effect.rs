@@ -89,6 +89,15 @@ pub enum Effect {
     DeleteWallets {
         ids: Vec<String>,
     },
+    /// A wallet's new name (`update_wallet`).
+    RenameWallet {
+        id: String,
+        label: String,
+    },
+    /// Accounts removed from their wallets (`delete_wallet_accounts`); their ids are retired.
+    DeleteAccounts {
+        ids: Vec<String>,
+    },
     /// A new private key, with an id no key record has; never a replacement.
     PutPrivateKey {
         private_key: PrivateKey,
@@ -469,6 +478,19 @@ impl OrgState {
                     t.push((ACCOUNT, a.id.clone()));
                     self.retire(ACCOUNT, [a.id], &mut t);
                 }
+            }
+            Effect::RenameWallet { id, label } => {
+                let w = self.wallets.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: WALLET, id: id.clone() })?;
+                w.label = label.clone();
+                t.push((WALLET, id.clone()));
+            }
+            Effect::DeleteAccounts { ids } => {
+                let gone: Vec<Account> = ids.iter().filter_map(|id| self.accounts.get(id).cloned()).collect();
+                remove_all(&mut self.accounts, ACCOUNT, ids, &mut t)?;
+                for a in &gone {
+                    self.unindex_account(a);
+                }
+                self.retire(ACCOUNT, ids.iter().cloned(), &mut t);
             }
             Effect::PutPrivateKey { private_key } => {
                 self.ensure_new_key_id(&private_key.id)?;

@@ -4,6 +4,7 @@
 pub mod decide;
 pub mod effect;
 pub mod facts;
+pub mod fields;
 pub mod limits;
 pub mod model;
 pub mod subjects;

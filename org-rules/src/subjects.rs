@@ -39,6 +39,15 @@ pub static SUBJECTS: &[Subject] = &[
         "createWalletAccountsResult",
     ),
     s("ACTIVITY_TYPE_DELETE_WALLETS", "WALLET", "DELETE", false, "deleteWalletsIntent", "deleteWalletsResult"),
+    s("ACTIVITY_TYPE_UPDATE_WALLET", "WALLET", "UPDATE", false, "updateWalletIntent", "updateWalletResult"),
+    s(
+        "ACTIVITY_TYPE_DELETE_WALLET_ACCOUNTS",
+        "WALLET",
+        "DELETE",
+        false,
+        "deleteWalletAccountsIntent",
+        "deleteWalletAccountsResult",
+    ),
     s(
         "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
         "PRIVATE_KEY",
@@ -247,6 +256,8 @@ pub static SUBJECTS: &[Subject] = &[
     s("ACTIVITY_TYPE_INIT_OTP_V3", "OTP", "CREATE", false, "initOtpIntentV3", "initOtpResultV2"),
     s("ACTIVITY_TYPE_VERIFY_OTP_V2", "OTP", "VERIFY", false, "verifyOtpIntentV2", "verifyOtpResult"),
     s("ACTIVITY_TYPE_OTP_LOGIN_V2", "AUTH", "CREATE", false, "otpLoginIntentV2", "otpLoginResult"),
+    s("ACTIVITY_TYPE_VERIFY_OTP", "OTP", "VERIFY", false, "verifyOtpIntent", "verifyOtpResult"),
+    s("ACTIVITY_TYPE_OTP_LOGIN", "AUTH", "CREATE", false, "otpLoginIntent", "otpLoginResult"),
     s("ACTIVITY_TYPE_INIT_OTP_AUTH_V3", "OTP", "CREATE", false, "initOtpAuthIntentV3", "initOtpAuthResultV2"),
     s("ACTIVITY_TYPE_OTP_AUTH", "AUTH", "CREATE", false, "otpAuthIntent", "otpAuthResult"),
     s("ACTIVITY_TYPE_EMAIL_AUTH_V3", "AUTH", "CREATE", false, "emailAuthIntentV3", "emailAuthResult"),
@@ -414,6 +425,7 @@ pub const REDACTED: &str = "<redacted>";
 
 /// The parameters of `activity_type` its record keeps only as [`REDACTED`].
 pub fn secret_parameters(activity_type: &str) -> &'static [&'static str] {
+    let activity_type = current_version(activity_type);
     SECRET_PARAMETERS.iter().find(|(t, _)| *t == activity_type).map_or(&[], |(_, p)| p)
 }
 
@@ -428,6 +440,21 @@ pub fn recorded_parameters(activity_type: &str, mut parameters: serde_json::Valu
         }
     }
     parameters
+}
+
+/// Older versions of an activity type that current official clients still send, each with the
+/// version it is run as (`@turnkey/core` 2.7.1's `otpLogin` and `verifyOtp` send the first
+/// versions' types with the current versions' parameters). Each keeps its own subject (its intent
+/// and result keys, and the type policies see); the operation it asks for is the current one's.
+pub const OLDER_VERSIONS: &[(&str, &str)] = &[
+    ("ACTIVITY_TYPE_OTP_LOGIN", "ACTIVITY_TYPE_OTP_LOGIN_V2"),
+    ("ACTIVITY_TYPE_VERIFY_OTP", "ACTIVITY_TYPE_VERIFY_OTP_V2"),
+];
+
+/// The version `activity_type` is run as: the current version of an [`OLDER_VERSIONS`] type,
+/// else `activity_type` itself. Every check of what operation a type asks for reads this.
+pub fn current_version(activity_type: &str) -> &str {
+    OLDER_VERSIONS.iter().find(|(older, _)| *older == activity_type).map_or(activity_type, |(_, current)| current)
 }
 
 /// The subject of `activity_type`, if it is one Coffer runs.
@@ -478,6 +505,7 @@ pub const OWN_CALL_OPERATIONS: &[&str] = &[
 /// the gateway never sends it to the enclave's `ApplyActivity`, which refuses it.
 /// (enable_auth_proxy makes its key with `EnableAuthProxy`, then goes through `ApplyActivity`.)
 pub fn has_own_call(activity_type: &str) -> bool {
+    let activity_type = current_version(activity_type);
     KEY_USES.contains(&activity_type) || OWN_CALL_OPERATIONS.contains(&activity_type)
 }
 
@@ -486,6 +514,7 @@ pub fn has_own_call(activity_type: &str) -> bool {
 /// `RecordActivity`, as completed only if that call did not fail after its allow, and as failed
 /// only if it did (or was refused).
 pub fn is_login_operation(activity_type: &str) -> bool {
+    let activity_type = current_version(activity_type);
     OWN_CALL_OPERATIONS.contains(&activity_type)
         && !["ACTIVITY_TYPE_APPROVE_ACTIVITY", "ACTIVITY_TYPE_REJECT_ACTIVITY"].contains(&activity_type)
 }
@@ -493,7 +522,7 @@ pub fn is_login_operation(activity_type: &str) -> bool {
 /// The enclave operation that does a login, session or one-time code of `activity_type` (the
 /// name its call is authorized, and its replay entry spent, under); `None` for other types.
 pub fn login_operation(activity_type: &str) -> Option<&'static str> {
-    match activity_type {
+    match current_version(activity_type) {
         "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE" => Some("oauth2_authenticate"),
         "ACTIVITY_TYPE_INIT_OTP_V3" | "ACTIVITY_TYPE_INIT_OTP_AUTH_V3" => Some("init_otp"),
         "ACTIVITY_TYPE_VERIFY_OTP_V2" => Some("verify_otp"),
@@ -527,6 +556,7 @@ pub const CALLS_BEFORE_APPLY: &[&str] = &[
 /// (`RecordActivity` refuses it completed): a key use, or a state change `ApplyActivity` does
 /// with nothing made before it.
 pub fn linked_in_its_call(activity_type: &str) -> bool {
+    let activity_type = current_version(activity_type);
     KEY_USES.contains(&activity_type)
         || (subject(activity_type).is_some()
             && !OWN_CALL_OPERATIONS.contains(&activity_type)
@@ -536,6 +566,22 @@ pub fn linked_in_its_call(activity_type: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_older_version_is_run_as_its_current_version_and_keeps_its_own_names() {
+        for (older, current) in OLDER_VERSIONS {
+            let (o, c) = (subject(older).unwrap(), subject(current).unwrap());
+            assert_eq!((o.resource, o.action, o.root_quorum), (c.resource, c.action, c.root_quorum), "{older}");
+            assert_ne!(o.intent_key, c.intent_key, "{older}");
+            assert_eq!(current_version(older), *current);
+            assert_eq!(login_operation(older), login_operation(current), "{older}");
+            assert_eq!(has_own_call(older), has_own_call(current), "{older}");
+            assert_eq!(linked_in_its_call(older), linked_in_its_call(current), "{older}");
+            assert!(!OLDER_VERSIONS.iter().any(|(o, _)| o == current), "{current} is older still");
+        }
+        assert_eq!(current_version("ACTIVITY_TYPE_OTP_AUTH"), "ACTIVITY_TYPE_OTP_AUTH");
+        assert_eq!(login_operation("ACTIVITY_TYPE_VERIFY_OTP"), Some("verify_otp"));
+    }
 
     #[test]
     fn every_login_operation_has_its_operation_and_no_other_type_has_one() {

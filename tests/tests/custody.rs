@@ -603,4 +603,125 @@ async fn wallet_deletion_rule_and_identical_resubmission() {
         .await
         .unwrap();
     assert!(client.get_wallets(GetWalletsRequest { organization_id: org }).await.unwrap().wallets.is_empty());
+    wallet_renamed_and_accounts_deleted(&stack).await;
+}
+
+/// A wallet's accounts as (id, address), in listing order.
+async fn accounts(client: &Client, org: &str, wallet_id: &str) -> Vec<(String, String)> {
+    let req = GetWalletAccountsRequest {
+        organization_id: org.into(),
+        wallet_id: Some(wallet_id.into()),
+        include_wallet_details: None,
+        pagination_options: None,
+    };
+    let a = client.get_wallet_accounts(req).await.unwrap().accounts;
+    a.into_iter().map(|a| (a.wallet_account_id, a.address)).collect()
+}
+
+async fn delete_accounts(
+    client: &Client,
+    org: &str,
+    ids: Vec<String>,
+    without_export: Option<bool>,
+) -> Result<
+    turnkey_client::ActivityResult<turnkey_client::generated::DeleteWalletAccountsResult>,
+    turnkey_client::TurnkeyClientError,
+> {
+    let intent = turnkey_client::generated::DeleteWalletAccountsIntent {
+        wallet_account_ids: ids,
+        delete_without_export: without_export,
+    };
+    client.delete_wallet_accounts(org.into(), client.current_timestamp(), intent).await
+}
+
+/// `update_wallet` and `delete_wallet_accounts`: a rename the enclave refuses to a user without a
+/// policy; an account deleted only once its key left (it or its wallet exported) unless
+/// `deleteWithoutExport`, its sealed key gone with it, and no signature from its address after.
+async fn wallet_renamed_and_accounts_deleted(stack: &Stack) {
+    use turnkey_client::generated::UpdateWalletIntent;
+    let (client, org) = (stack.client(), stack.organization_id.clone());
+    let made = client
+        .create_wallet(
+            org.clone(),
+            client.current_timestamp(),
+            CreateWalletIntent { wallet_name: "hot".into(), accounts: four_accounts(), mnemonic_length: None },
+        )
+        .await
+        .unwrap()
+        .result;
+    let wallet_id = made.wallet_id.clone();
+    client
+        .update_wallet(
+            org.clone(),
+            client.current_timestamp(),
+            UpdateWalletIntent { wallet_id: wallet_id.clone(), wallet_name: "cold".into() },
+        )
+        .await
+        .unwrap();
+    assert_eq!(wallets(&client, &org).await, [(wallet_id.clone(), "cold".to_string(), false, false)]);
+    let r = client
+        .update_wallet(
+            org.clone(),
+            client.current_timestamp(),
+            UpdateWalletIntent { wallet_id: wallet_id.clone(), wallet_name: "a\u{1b}[2Jb".into() },
+        )
+        .await;
+    refused(r, 400, "REQUEST_INVALID", "walletName must not contain control characters");
+
+    // A user without a policy: the enclave refuses both, and nothing changes.
+    let member_key = turnkey_api_key_stamper::TurnkeyP256ApiKey::generate();
+    let r = coffer_tests::submit(
+        stack,
+        &stack.api_key(),
+        &org,
+        "create_users",
+        "ACTIVITY_TYPE_CREATE_USERS_V4",
+        serde_json::json!({"users": [{"userName": "member", "userTags": [], "authenticators": [], "oauthProviders": [],
+            "apiKeys": [{"apiKeyName": "k", "publicKey": hex::encode(member_key.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}]}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let before = accounts(&client, &org, &wallet_id).await;
+    assert_eq!(before.len(), 4);
+    stack.refusals_accounted();
+    for (path, ty, params) in [
+        (
+            "update_wallet",
+            "ACTIVITY_TYPE_UPDATE_WALLET",
+            serde_json::json!({"walletId": wallet_id, "walletName": "mine"}),
+        ),
+        (
+            "delete_wallet_accounts",
+            "ACTIVITY_TYPE_DELETE_WALLET_ACCOUNTS",
+            serde_json::json!({"walletAccountIds": [before[0].0], "deleteWithoutExport": true}),
+        ),
+    ] {
+        let r = coffer_tests::submit(stack, &member_key, &org, path, ty, params).await;
+        stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::PolicyDenied);
+    }
+    assert_eq!(wallets(&client, &org).await[0].1, "cold");
+    assert_eq!(accounts(&client, &org, &wallet_id).await, before);
+
+    // Never exported: refused, then deleted with deleteWithoutExport.
+    let r = delete_accounts(&client, &org, vec![before[0].0.clone()], None).await;
+    refused(r, 400, "WALLET_ACCOUNT_NOT_EXPORTED", &format!("wallet account {} was never exported", before[0].0));
+    let r = delete_accounts(&client, &org, vec![before[1].0.clone(), before[1].0.clone()], Some(true)).await;
+    refused(r, 400, "REQUEST_INVALID", &format!("walletAccountIds names {} twice", before[1].0));
+    let done = delete_accounts(&client, &org, vec![before[0].0.clone()], Some(true)).await.unwrap().result;
+    assert_eq!(done.wallet_account_ids, [before[0].0.clone()]);
+    // Exported: deleted without the flag.
+    let target = turnkey_enclave_encrypt::ExportClient::new(&stack.quorum_public_key());
+    let export = ExportWalletAccountIntent {
+        address: before[1].1.clone(),
+        target_public_key: target.target_public_key().unwrap(),
+    };
+    client.export_wallet_account(org.clone(), client.current_timestamp(), export).await.unwrap();
+    delete_accounts(&client, &org, vec![before[1].0.clone()], None).await.unwrap();
+    assert_eq!(accounts(&client, &org, &wallet_id).await, before[2..].to_vec());
+    // The deleted account's address signs nothing (the enclave's state no longer holds it).
+    let sign = sign_intent(&before[0].1, &"00".repeat(32), PayloadEncoding::Hexadecimal, HashFunction::Keccak256);
+    let r = client.sign_raw_payload(org.clone(), client.current_timestamp(), sign).await;
+    assert!(r.is_err(), "a deleted account signed");
+    // The sealed keys went with their rows (a no-op update counts the rows left).
+    assert_eq!(stack.tamper_store("UPDATE wallet_accounts SET address = address WHERE wallet_id = $1", &wallet_id), 2);
 }

@@ -361,6 +361,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let grace = add_user(&root, &org, "grace@example.test").await;
     email_credentials(&stack, &smtp, &grace).await;
     sms_login(&stack, &texts).await;
+    first_versions(&stack, &smtp).await;
     proxy_flow(&stack, &smtp).await;
     drop(stack);
     let _ = std::fs::remove_dir_all(&dir);
@@ -1131,6 +1132,54 @@ async fn sms_login(stack: &Stack, texts: &Texts) {
     assert_eq!(claims(&token)["verification_type"], "OTP_TYPE_SMS");
     let result = root.otp_login(org.clone(), Stack::now_ms(), login(&token, &session)).await.unwrap().result;
     assert_eq!(claims(&result.session)["user_id"], henry);
+}
+
+/// `@turnkey/core` 2.7.1's `verifyOtp` and `otpLogin` send `ACTIVITY_TYPE_VERIFY_OTP` and
+/// `ACTIVITY_TYPE_OTP_LOGIN` with the current versions' parameters: they verify and log in, each
+/// recorded under its own type with its own intent key; the first shape's plaintext `otpCode` is
+/// refused with a 400 that names the field to send instead.
+async fn first_versions(stack: &Stack, smtp: &SmtpServer) {
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    let ivy = add_user(&root, &org, "ivy@example.test").await;
+    let before = smtp.seen();
+    let sent = root.init_otp(org.clone(), Stack::now_ms(), init("ivy@example.test", None, None, None)).await.unwrap();
+    let (code, _) = smtp.code_for(&before, "ivy@example.test");
+    let session = TurnkeyP256ApiKey::generate();
+    let bundle = encrypted(
+        stack,
+        &sent.result.otp_encryption_target_bundle,
+        &org,
+        &code,
+        &hex::encode(session.compressed_public_key()),
+    );
+    let plain = json!({ "otpId": sent.result.otp_id, "otpCode": code });
+    let r = submit(stack, &stack.api_key(), &org, "verify_otp", "ACTIVITY_TYPE_VERIFY_OTP", plain).await;
+    stack.refused_by_gateway(&r, 400, "REQUEST_INVALID", "encryptedOtpBundle");
+    let verify = json!({ "otpId": sent.result.otp_id, "encryptedOtpBundle": bundle });
+    let r = submit(stack, &stack.api_key(), &org, "verify_otp", "ACTIVITY_TYPE_VERIFY_OTP", verify).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity = &r.json["activity"];
+    assert_eq!(activity["type"], "ACTIVITY_TYPE_VERIFY_OTP");
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED");
+    assert_eq!(activity["intent"]["verifyOtpIntent"]["otpId"], sent.result.otp_id, "{activity}");
+    let token = activity["result"]["verifyOtpResult"]["verificationToken"].as_str().expect("a token").to_string();
+    // Another type at the path is refused, naming the one expected.
+    let r = submit(stack, &stack.api_key(), &org, "verify_otp", "ACTIVITY_TYPE_OTP_LOGIN", json!({})).await;
+    coffer_tests::refused_raw(&r, 400, "REQUEST_INVALID", "expected ACTIVITY_TYPE_VERIFY_OTP_V2");
+    let login = serde_json::to_value(login(&token, &session)).unwrap();
+    let r = submit(stack, &stack.api_key(), &org, "otp_login", "ACTIVITY_TYPE_OTP_LOGIN", login.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity = &r.json["activity"];
+    assert_eq!(
+        (activity["type"].as_str(), activity["status"].as_str()),
+        (Some("ACTIVITY_TYPE_OTP_LOGIN"), Some("ACTIVITY_STATUS_COMPLETED"))
+    );
+    assert!(activity["intent"]["otpLoginIntent"]["verificationToken"].is_string(), "{activity}");
+    let jwt = activity["result"]["otpLoginResult"]["session"].as_str().expect("a session");
+    assert_eq!(claims(jwt)["user_id"], ivy);
+    // The token logs in once, whichever version spends it.
+    let r = submit(stack, &stack.api_key(), &org, "otp_login", "ACTIVITY_TYPE_OTP_LOGIN_V2", login).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
 }
 
 /// One-time code limits count a mailbox, not its spellings: quoted, in capitals or with a `+tag`,

@@ -123,15 +123,20 @@ pub(super) fn private_keys_made(
     record(admission, a, effects)
 }
 
-/// A wallet's mnemonic or a key left the enclave: policies see `exported` from now on.
+/// A wallet's mnemonic, a private key or an account's key left the enclave: policies and the
+/// deletion rules see `exported` from now on.
 pub(super) fn exported(
     admission: &Admission,
     a: &Admitted,
     wallet_id: Option<&str>,
     private_key_id: Option<&str>,
+    account_id: Option<&str>,
 ) -> Result<(), EnclaveError> {
     let Some(loaded) = admission.rules().load(&a.activity.organization_id)? else { return Ok(()) };
     let mut effects = Vec::new();
+    if let Some(id) = account_id.filter(|id| loaded.state.accounts.contains_key(*id)) {
+        effects.push(Effect::MarkAccountExported { id: id.to_string() });
+    }
     if let Some(id) = wallet_id.filter(|id| loaded.state.wallets.contains_key(*id)) {
         effects.push(Effect::MarkWalletExported { id: id.to_string() });
     }

@@ -323,7 +323,7 @@ async fn verify_and_open(
     }
     let o = otp.clone();
     let (mut session, message) = run_blocking(move || {
-        let g = match a.activity.activity_type.as_str() {
+        let g = match coffer_org_rules::subjects::current_version(&a.activity.activity_type) {
             sessions::OTP_LOGIN => super::otp::login_grant(&hsm, &admission, &a)?,
             sessions::OTP_AUTH => super::otp::otp_auth_grant(&hsm, &admission, &o, &a, &req.sealed_otp)?,
             t if [sessions::EMAIL_AUTH, sessions::INIT_USER_EMAIL_RECOVERY].contains(&t) => {

@@ -65,7 +65,7 @@ pub(super) fn export_wallet(
     bundle.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &bundle.app_proofs)?;
     // Exported once linked: a link the log refuses (the activity linked already, as failed, say)
     // marks nothing exported, and no bundle leaves.
-    key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None)?;
+    key_facts::exported(admission, &a, Some(&seed_ref.resource_id), None, None)?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }
@@ -113,7 +113,8 @@ pub(super) fn export_key(
     let spent = unspent.with_result(&result);
     bundle.log_link = crate::proofs::spend_and_link(hsm, admission, &a, spent, link, &result, &bundle.app_proofs)?;
     // Exported once linked (as above).
-    key_facts::exported(admission, &a, None, private_key_id.as_deref())?;
+    let account = private_key_id.is_none().then_some(key_ref.resource_id.as_str());
+    key_facts::exported(admission, &a, None, private_key_id.as_deref(), account)?;
     bundle.result = result.to_string().into_bytes();
     Ok(bundle)
 }

@@ -576,18 +576,18 @@ pub async fn submit(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, ApiError> {
-    let op = registry
+    let current = registry
         .activity(path)
         .ok_or_else(|| ApiError::not_found(format!("unknown activity endpoint: submit/{path}")))?;
     let stamp = stamps::verified_stamp(headers, body)?;
     let now = now_nanos();
     let env = Envelope::decode(submission::parse_body(body)?, now / 1_000_000)?;
-    if env.activity_type != op.activity_type {
-        return Err(ApiError::invalid(format!(
+    let op = registry.activity_version(path, &env.activity_type).ok_or_else(|| {
+        ApiError::invalid(format!(
             "invalid activity type {:?} for submit/{path}: expected {}",
-            env.activity_type, op.activity_type
-        )));
-    }
+            env.activity_type, current.activity_type
+        ))
+    })?;
     let fingerprint = submission::fingerprint(body);
     let (org, caller, known) =
         authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;

@@ -154,12 +154,19 @@ impl Registry {
         self.activities.iter().find(|o| o.path == path)
     }
 
+    /// The operation `activity_type` asks for at `submit/<path>`: the current version, or an
+    /// older version a current client still sends (`subjects::OLDER_VERSIONS`), registered at the
+    /// same path with its own intent and result keys.
+    pub fn activity_version(&self, path: &str, activity_type: &str) -> Option<&'static Operation> {
+        self.activities.iter().find(|o| o.path == path && o.activity_type == activity_type)
+    }
+
     /// The query at `query/<path>`.
     pub fn query(&self, path: &str) -> Option<&'static Query> {
         self.queries.iter().find(|q| q.path == path)
     }
 
-    /// The registered operation of an activity type (the latest version each client sends).
+    /// The registered operation of an activity type (the current version, or an older one).
     pub fn activity_by_type(&self, activity_type: &str) -> Option<&'static Operation> {
         self.activities.iter().find(|o| o.activity_type == activity_type)
     }

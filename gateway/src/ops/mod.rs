@@ -83,6 +83,22 @@ pub static ACTIVITIES: &[Operation] = &[
         wallets::delete_wallets
     ),
     op!(
+        "update_wallet",
+        "ACTIVITY_TYPE_UPDATE_WALLET",
+        "updateWalletIntent",
+        "updateWalletResult",
+        "WALLET" / "UPDATE",
+        wallets::update_wallet
+    ),
+    op!(
+        "delete_wallet_accounts",
+        "ACTIVITY_TYPE_DELETE_WALLET_ACCOUNTS",
+        "deleteWalletAccountsIntent",
+        "deleteWalletAccountsResult",
+        "WALLET" / "DELETE",
+        wallets::delete_wallet_accounts
+    ),
+    op!(
         "create_private_keys",
         "ACTIVITY_TYPE_CREATE_PRIVATE_KEYS_V2",
         "createPrivateKeysIntentV2",
@@ -398,6 +414,23 @@ pub static ACTIVITIES: &[Operation] = &[
         "AUTH" / "CREATE",
         sessions::otp_login
     ),
+    // Older versions (subjects::OLDER_VERSIONS), after the current one at the same path.
+    op!(
+        "verify_otp",
+        "ACTIVITY_TYPE_VERIFY_OTP",
+        "verifyOtpIntent",
+        "verifyOtpResult",
+        "OTP" / "VERIFY",
+        otp::verify_otp
+    ),
+    op!(login
+        "otp_login",
+        "ACTIVITY_TYPE_OTP_LOGIN",
+        "otpLoginIntent",
+        "otpLoginResult",
+        "AUTH" / "CREATE",
+        sessions::otp_login
+    ),
     op!(login
         "init_otp_auth",
         "ACTIVITY_TYPE_INIT_OTP_AUTH_V3",
@@ -701,7 +734,11 @@ mod tests {
 
     #[test]
     fn registry_paths_are_unique_and_keys_follow_the_rule() {
-        let mut paths: Vec<_> = ACTIVITIES.iter().map(|o| o.path).chain(QUERIES.iter().map(|q| q.path)).collect();
+        // A path is registered once, but for older versions (after their current one).
+        let current =
+            |o: &&Operation| !coffer_org_rules::subjects::OLDER_VERSIONS.iter().any(|(t, _)| *t == o.activity_type);
+        let mut paths: Vec<_> =
+            ACTIVITIES.iter().filter(current).map(|o| o.path).chain(QUERIES.iter().map(|q| q.path)).collect();
         let n = paths.len();
         paths.sort_unstable();
         paths.dedup();
@@ -728,6 +765,23 @@ mod tests {
             );
         }
         assert_eq!(ACTIVITIES.len(), coffer_org_rules::subjects::SUBJECTS.len());
+    }
+
+    #[test]
+    fn an_older_version_is_served_at_its_current_versions_path_after_it() {
+        for (older, current) in coffer_org_rules::subjects::OLDER_VERSIONS {
+            let o = REGISTRY.activity_by_type(older).unwrap();
+            let c = REGISTRY.activity_by_type(current).unwrap();
+            assert_eq!(o.path, c.path, "{older}");
+            assert_eq!(o.parent_may_act, c.parent_may_act, "{older}");
+            assert_eq!(
+                REGISTRY.activity(o.path).unwrap().activity_type,
+                *current,
+                "the current version is found first"
+            );
+            assert_eq!(REGISTRY.activity_version(o.path, older).unwrap().intent_key, o.intent_key);
+        }
+        assert!(REGISTRY.activity_version("otp_login", "ACTIVITY_TYPE_VERIFY_OTP").is_none());
     }
 
     #[test]

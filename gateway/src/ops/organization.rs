@@ -76,9 +76,7 @@ pub struct UpdateOrganizationNameIntent {
 
 /// Renames the organization (root quorum only).
 pub async fn update_organization_name(ctx: Ctx, intent: UpdateOrganizationNameIntent) -> Result<Outcome, ApiError> {
-    if intent.organization_name.trim().is_empty() {
-        return Err(ApiError::invalid("organizationName must not be empty"));
-    }
+    super::users::valid_name("organizationName", &intent.organization_name)?;
     Ok(Outcome {
         result: json!({ "organizationId": ctx.org.id, "organizationName": intent.organization_name }),
         writes: vec![Write::RenameOrganization {

@@ -41,21 +41,9 @@ pub fn users_json(s: &dyn Store, org: &str, users: &[User]) -> Result<Vec<Value>
         .collect())
 }
 
-/// `userEmail`: a plausible address (one `@`, a dotted domain, no spaces).
+/// `userEmail`: a plausible address (`coffer_org_rules::fields::email`).
 pub fn valid_email(email: &str) -> Result<String, ApiError> {
-    let ok = match email.split_once('@') {
-        Some((local, domain)) => {
-            !local.is_empty()
-                && domain.contains('.')
-                && !domain.starts_with('.')
-                && !domain.ends_with('.')
-                && !domain.contains('@')
-                && !email.chars().any(char::is_whitespace)
-                && email.len() <= 254
-        }
-        None => false,
-    };
-    if !ok {
+    if !coffer_org_rules::fields::email(email) {
         return Err(ApiError::new(Code::InvalidArgument, "INVALID_EMAIL", format!("invalid email: {email:?}")));
     }
     Ok(email.to_string())
@@ -63,10 +51,15 @@ pub fn valid_email(email: &str) -> Result<String, ApiError> {
 
 /// `userPhoneNumber`: E.164, e.g. `+13214567890`.
 pub fn valid_phone(phone: &str) -> Result<String, ApiError> {
-    if !coffer_auth::verification_token::is_e164(phone) {
+    if !coffer_org_rules::fields::phone(phone) {
         return Err(ApiError::invalid(format!("invalid phone number: {phone:?} (expected E.164, e.g. +13214567890)")));
     }
     Ok(phone.to_string())
+}
+
+/// A name field (`coffer_org_rules::fields::name`), as a 400 naming it.
+pub fn valid_name(field: &str, value: &str) -> Result<(), ApiError> {
+    coffer_org_rules::fields::name(field, value).map_err(ApiError::invalid)
 }
 
 /// `ApiKeyParamsV2`.
@@ -283,7 +276,7 @@ pub struct UpdateUserNameIntent {
 }
 
 pub async fn update_user_name(ctx: Ctx, intent: UpdateUserNameIntent) -> Result<Outcome, ApiError> {
-    required(&intent.user_name, "userName")?;
+    valid_name("userName", &intent.user_name)?;
     one_field(ctx, intent.user_id, Some(intent.user_name), None, None).await
 }
 
@@ -528,6 +521,15 @@ mod tests {
         assert!(valid_phone("+13214567890").is_ok());
         for bad in ["13214567890", "+1", "+1-321-456", "+1234567890123456"] {
             assert!(valid_phone(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The enclave's rule (`coffer_org_rules::fields::phone`) and the one-time codes' rule
+    /// (`coffer_auth::verification_token::is_e164`) agree: a number one accepts, the other does.
+    #[test]
+    fn both_phone_number_rules_agree() {
+        for v in ["+1234", "+123", "+123456789012345", "+1234567890123456", "+1 234", "1234", "+12a4", "", "+"] {
+            assert_eq!(coffer_org_rules::fields::phone(v), coffer_auth::verification_token::is_e164(v), "{v:?}");
         }
     }
 }

@@ -205,6 +205,66 @@ pub async fn delete_wallets(ctx: Ctx, intent: DeleteWalletsIntent) -> Result<Out
     })
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateWalletIntent {
+    wallet_id: String,
+    #[serde(default)]
+    wallet_name: String,
+}
+
+/// `update_wallet`: a wallet's new name.
+pub async fn update_wallet(ctx: Ctx, intent: UpdateWalletIntent) -> Result<Outcome, ApiError> {
+    super::users::valid_name("walletName", &intent.wallet_name)?;
+    let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
+    Ok(Outcome {
+        result: json!({ "walletId": wallet.id }),
+        writes: vec![Write::RenameWallet { id: wallet.id, name: intent.wallet_name, updated_at: ctx.now }],
+    })
+}
+
+/// At most this many accounts in one `delete_wallet_accounts` (a wallet makes at most 100 in one
+/// call too).
+const MAX_ACCOUNTS_DELETED: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteWalletAccountsIntent {
+    wallet_account_ids: Vec<String>,
+    delete_without_export: Option<bool>,
+}
+
+/// `delete_wallet_accounts`: accounts and their sealed keys go; one whose key never left (nor its
+/// wallet's seed) only with `deleteWithoutExport` (checked by the enclave, and again by the write).
+pub async fn delete_wallet_accounts(ctx: Ctx, intent: DeleteWalletAccountsIntent) -> Result<Outcome, ApiError> {
+    let ids = intent.wallet_account_ids;
+    if ids.is_empty() || ids.len() > MAX_ACCOUNTS_DELETED {
+        return Err(ApiError::invalid(format!("walletAccountIds must name 1 to {MAX_ACCOUNTS_DELETED} accounts")));
+    }
+    let require_exported = !intent.delete_without_export.unwrap_or(false);
+    // Checked before the enclave sees the activity (it refuses it too), for the answer the
+    // official clients know, and again in the transaction (the write).
+    for (n, id) in ids.iter().enumerate() {
+        if ids[..n].contains(id) {
+            return Err(ApiError::invalid(format!("walletAccountIds names {id} twice")));
+        }
+        let (org, id2) = (ctx.org.id.clone(), id.clone());
+        let left = ctx.state.db(move |s| s.account_key_left(&org, &id2)).await?.map_err(|e| match e {
+            StoreError::NotFound => ApiError::not_found(format!("wallet account not found: {id}")),
+            other => other.into(),
+        })?;
+        if !left && require_exported {
+            return Err(
+                StoreError::Conflict(crate::store::Conflict::not_exported(&format!("wallet account {id}"))).into()
+            );
+        }
+    }
+    Ok(Outcome {
+        result: json!({ "walletAccountIds": ids }),
+        writes: vec![Write::DeleteAccounts { organization_id: ctx.org.id.clone(), ids, require_exported }],
+    })
+}
+
 pub async fn list_wallets(ctx: QueryCtx, req: super::params::ListRequest) -> Result<Value, ApiError> {
     let (org, page) = (ctx.org.id.clone(), req.page()?);
     let wallets = ctx.state.db(move |s| s.wallets_page(&org, &page)).await??;

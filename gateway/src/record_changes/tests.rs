@@ -231,6 +231,20 @@ impl Harness {
                 updated_at: 1,
             })
         };
+        let account = |id: &str, wallet_id: &str| crate::store::WalletAccount {
+            id: id.into(),
+            organization_id: ORG.into(),
+            wallet_id: wallet_id.into(),
+            curve: "CURVE_SECP256K1".into(),
+            path_format: "PATH_FORMAT_BIP32".into(),
+            path: format!("m/44'/60'/0'/0/{}", id.len()),
+            address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
+            address: format!("0x{id}"),
+            public_key: "02aa".into(),
+            sealed_key: vec![2; 48],
+            created_at: 1,
+            updated_at: 1,
+        };
         let mut root_key = api_key("root-key", vec![], None);
         (root_key.organization_id, root_key.user_id, root_key.public_key) = (ORG.into(), "root".into(), KEYS[0].into());
         h.setup(vec![
@@ -248,6 +262,7 @@ impl Harness {
             Write::InsertApiKey(root_key),
             wallet("w-exported", true),
             wallet("w-kept", false),
+            Write::InsertAccounts(vec![account("acct-exported", "w-exported"), account("acct-kept", "w-kept")]),
         ]);
         h
     }
@@ -443,6 +458,9 @@ async fn the_handlers_records_follow_the_transitions() {
     )
     .await;
     h.run(ORG, "remove_organization_feature", json!({"name": "FEATURE_NAME_WEBAUTHN_ORIGINS"})).await;
+    h.run(ORG, "update_wallet", json!({"walletId": "w-kept", "walletName": "kept, renamed"})).await;
+    h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-exported"]})).await;
+    h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-kept"], "deleteWithoutExport": true})).await;
     h.run(ORG, "delete_wallets", json!({"walletIds": ["w-exported"]})).await;
     h.run(ORG, "delete_wallets", json!({"walletIds": ["w-kept"], "deleteWithoutExport": true})).await;
     h.run(ORG, "delete_user_tags", json!({"userTagIds": [tag]})).await;

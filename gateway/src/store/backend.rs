@@ -151,6 +151,9 @@ impl<B: Backend> Store for B {
     fn account_by_address(&self, org: &str, address: &str) -> Result<WalletAccount, StoreError> {
         self.read(|db| sql::account_by_address(db, org, address))
     }
+    fn account_key_left(&self, org: &str, id: &str) -> Result<bool, StoreError> {
+        self.read(|db| sql::account_key_left(db, org, id))
+    }
     fn private_key(&self, org: &str, id: &str) -> Result<PrivateKey, StoreError> {
         self.read(|db| sql::private_key(db, org, id))
     }

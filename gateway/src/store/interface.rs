@@ -79,6 +79,9 @@ pub trait Store: Send + Sync + 'static {
         self.accounts_page(organization_id, wallet_id, &Page::ALL)
     }
     fn account_by_address(&self, organization_id: &str, address: &str) -> Result<WalletAccount, StoreError>;
+    /// Whether the key of account `id` left the enclave (it or its wallet was exported);
+    /// `NotFound` if the organization has no such account.
+    fn account_key_left(&self, organization_id: &str, id: &str) -> Result<bool, StoreError>;
     fn private_key(&self, organization_id: &str, id: &str) -> Result<PrivateKey, StoreError>;
     /// Private keys oldest first, one page.
     fn private_keys_page(&self, organization_id: &str, page: &Page) -> Result<Vec<PrivateKey>, StoreError>;

@@ -38,6 +38,19 @@ pub enum Write {
         ids: Vec<String>,
         require_exported: bool,
     },
+    /// `update_wallet`.
+    RenameWallet {
+        id: String,
+        name: String,
+        updated_at: Nanos,
+    },
+    /// Accounts of `organization_id` and their sealed keys; fails the whole transaction if one is
+    /// not there, or if `require_exported` is set and neither it nor its wallet was exported.
+    DeleteAccounts {
+        organization_id: String,
+        ids: Vec<String>,
+        require_exported: bool,
+    },
     /// Inserts a record, or replaces the one with the same kind and id.
     PutRecord(Record),
     /// Deletes records; fails the transaction if any does not exist.

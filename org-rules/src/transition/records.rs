@@ -198,12 +198,10 @@ pub(crate) fn set_organization_feature(i: &Input<'_>) -> Changes {
     Ok(vec![i.change(Effect::SetFeature { name, value: i.opt_text("value").unwrap_or_default() })])
 }
 
-/// `update_organization_name`: a name that is not blank.
+/// `update_organization_name`: a name (`fields::name`).
 pub(crate) fn update_organization_name(i: &Input<'_>) -> Changes {
     let name = i.text("organizationName")?;
-    if name.trim().is_empty() {
-        return Err(i.invalid("organizationName must not be empty"));
-    }
+    crate::fields::name("organizationName", &name).map_err(|reason| i.invalid(reason))?;
     Ok(vec![i.change(Effect::SetOrganizationName { name })])
 }
 

@@ -904,6 +904,73 @@ fn features_and_the_auth_proxy() {
 }
 
 #[test]
+fn a_wallet_is_renamed_and_its_accounts_deleted_once_exported_unless_the_body_says_otherwise() {
+    let mut s = state();
+    s.apply(&Effect::PutWallet { wallet: Wallet { id: "w1".into(), ..Default::default() } }).unwrap();
+    s.apply(&Effect::PutWallet { wallet: Wallet { id: "w2".into(), ..Default::default() } }).unwrap();
+    s.apply(&Effect::MarkWalletExported { id: "w1".into() }).unwrap();
+    let account = |id: &str, wallet_id: &str| Account {
+        id: id.into(),
+        wallet_id: wallet_id.into(),
+        address: format!("0x{id}"),
+        address_format: "ADDRESS_FORMAT_ETHEREUM".into(),
+        exported: false,
+    };
+    let accounts = vec![account("a1", "w1"), account("a2", "w2"), account("a3", "w2")];
+    s.apply(&Effect::PutAccounts { accounts }).unwrap();
+    s.apply(&Effect::MarkAccountExported { id: "a3".into() }).unwrap();
+
+    let ty = "ACTIVITY_TYPE_UPDATE_WALLET";
+    let rename = |id: &str, label: &str| vec![c(Effect::RenameWallet { id: id.into(), label: label.into() })];
+    case(
+        &s,
+        ty,
+        json!({"walletId": "w2", "walletName": "cold"}),
+        &[],
+        rename("w2", "cold"),
+        vec![("another wallet", rename("w1", "cold"))],
+    );
+    for bad in [
+        json!({"walletId": "w2", "walletName": " "}),
+        json!({"walletId": "w9", "walletName": "x"}),
+        json!({"walletId": "w2", "walletName": "a\nb"}),
+    ] {
+        assert!(run(&s, ty, &bad, &rename("w2", "x"), &[]).is_err(), "{bad}");
+    }
+
+    let ty = "ACTIVITY_TYPE_DELETE_WALLET_ACCOUNTS";
+    let del = |ids: &[&str]| vec![c(Effect::DeleteAccounts { ids: ids.iter().map(|s| s.to_string()).collect() })];
+    // a1's wallet was exported, a3 itself was: both go without the flag; a2 needs it.
+    case(&s, ty, json!({"walletAccountIds": ["a1", "a3"]}), &[], del(&["a1", "a3"]), vec![("fewer", del(&["a1"]))]);
+    assert!(matches!(
+        run(&s, ty, &json!({"walletAccountIds": ["a2"]}), &del(&["a2"]), &[]),
+        Err(Some(TransitionError::Invalid { .. }))
+    ));
+    case(
+        &s,
+        ty,
+        json!({"walletAccountIds": ["a2"], "deleteWithoutExport": true}),
+        &[],
+        del(&["a2"]),
+        vec![("another", del(&["a3"]))],
+    );
+    for bad in [
+        json!({"walletAccountIds": []}),
+        json!({"walletAccountIds": ["a1", "a1"]}),
+        json!({"walletAccountIds": ["zz"], "deleteWithoutExport": true}),
+    ] {
+        assert!(run(&s, ty, &bad, &del(&["a1"]), &[]).is_err(), "{bad}");
+    }
+    // Applied: the accounts are gone, their ids retired, their addresses no longer index them.
+    let mut after = s.clone();
+    after.apply(&Effect::DeleteAccounts { ids: vec!["a2".into()] }).unwrap();
+    assert!(!after.accounts.contains_key("a2") && after.accounts.contains_key("a3"));
+    assert!(after.retired_key_ids.contains_key("a2"));
+    assert!(after.account_by_address("0xa2").is_none() && after.account_by_address("0xa3").is_some());
+    assert!(after.apply(&Effect::DeleteAccounts { ids: vec!["a2".into()] }).is_err());
+}
+
+#[test]
 fn keys_are_deleted_only_once_exported_unless_the_body_says_otherwise() {
     let mut s = state();
     s.apply(&Effect::PutWallet { wallet: Wallet { id: "w1".into(), ..Default::default() } }).unwrap();

@@ -273,11 +273,19 @@ pub(crate) fn update_user(i: &Input<'_>) -> Changes {
 pub(crate) fn update_user_field(i: &Input<'_>, field: &str) -> Changes {
     let id = existing_user(i)?;
     let value = i.params.get(field).and_then(Value::as_str).ok_or_else(|| i.invalid(format!("{field} is required")))?;
+    // An email or phone number is checked here too (the gateway's check is not the enclave's);
+    // "" removes it.
+    let checked = match field {
+        "userName" => crate::fields::name(field, value),
+        "userEmail" if !value.is_empty() && !crate::fields::email(value) => Err(format!("invalid email: {value:?}")),
+        "userPhoneNumber" if !value.is_empty() && !crate::fields::phone(value) => {
+            Err(format!("invalid phone number: {value:?}"))
+        }
+        _ => Ok(()),
+    };
+    checked.map_err(|reason| i.invalid(reason))?;
     let value = Some(value.to_string());
     let effect = match field {
-        "userName" if value.as_deref().is_some_and(|v| v.trim().is_empty()) => {
-            return Err(i.invalid("userName must not be empty"))
-        }
         "userName" => Effect::UpdateUser { id, name: value, email: None, phone_number: None, tag_ids: None },
         "userEmail" => Effect::UpdateUser { id, name: None, email: value, phone_number: None, tag_ids: None },
         _ => Effect::UpdateUser { id, name: None, email: None, phone_number: value, tag_ids: None },
@@ -424,6 +432,37 @@ pub(crate) fn delete_wallets(i: &Input<'_>) -> Changes {
         }
     }
     Ok(vec![i.change(Effect::DeleteWallets { ids })])
+}
+
+/// `update_wallet`: a wallet of the organization gets a new name (`fields::name`).
+pub(crate) fn update_wallet(i: &Input<'_>) -> Changes {
+    let id = i.text("walletId")?;
+    let name = text_of(i.params, "walletName").unwrap_or_default();
+    crate::fields::name("walletName", &name).map_err(|reason| i.invalid(reason))?;
+    if !i.state.wallets.contains_key(&id) {
+        return Err(i.invalid(format!("wallet not found: {id}")));
+    }
+    Ok(vec![i.change(Effect::RenameWallet { id, label: name })])
+}
+
+/// `delete_wallet_accounts`: accounts of the organization's wallets, each once; an account whose
+/// key never left (neither it nor its wallet exported) only with `deleteWithoutExport`.
+pub(crate) fn delete_wallet_accounts(i: &Input<'_>) -> Changes {
+    let ids = super::input::raw_texts(i.params, "walletAccountIds");
+    if ids.is_empty() {
+        return Err(i.invalid("walletAccountIds must not be empty"));
+    }
+    for (n, id) in ids.iter().enumerate() {
+        if ids[..n].contains(id) {
+            return Err(i.invalid(format!("walletAccountIds names {id} twice")));
+        }
+        let account = i.state.accounts.get(id).ok_or_else(|| i.invalid(format!("wallet account not found: {id}")))?;
+        let exported = account.exported || i.state.wallets.get(&account.wallet_id).is_some_and(|w| w.exported);
+        if !exported && !without_export(i) {
+            return Err(i.invalid(format!("wallet account {id} was never exported")));
+        }
+    }
+    Ok(vec![i.change(Effect::DeleteAccounts { ids })])
 }
 
 /// `delete_private_keys`: the ids as given; unexported keys only with `deleteWithoutExport`.

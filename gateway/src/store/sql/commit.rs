@@ -116,6 +116,10 @@ pub fn apply_write<D: Dialect>(db: &mut D, w: &Write) -> Result<(), StoreError> 
         Write::MarkPrivateKeyExported(id) => wallets::mark_private_key_exported(db, id),
         Write::MarkAccountExported(id) => wallets::mark_account_exported(db, id),
         Write::DeleteWallets { ids, require_exported } => wallets::delete_wallets(db, ids, *require_exported),
+        Write::RenameWallet { id, name, updated_at } => wallets::rename_wallet(db, id, name, *updated_at),
+        Write::DeleteAccounts { organization_id, ids, require_exported } => {
+            wallets::delete_accounts(db, organization_id, ids, *require_exported)
+        }
         Write::DeletePrivateKeys { ids, require_exported } => wallets::delete_private_keys(db, ids, *require_exported),
         Write::PutImportTarget(t) => wallets::put_import_target(db, t),
         Write::TakeImportTarget { organization_id, user_id, sealed_key } => {

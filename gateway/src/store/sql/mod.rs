@@ -48,8 +48,8 @@ pub use suborgs::{
 pub use tags::{user_tag_members, user_tags_of};
 pub use users::{user, users_page};
 pub use wallets::{
-    account_by_address, accounts_page, import_target, names_in_use, private_key, private_key_by_address,
-    private_keys_page, wallet, wallets_page,
+    account_by_address, account_key_left, accounts_page, import_target, names_in_use, private_key,
+    private_key_by_address, private_keys_page, wallet, wallets_page,
 };
 pub use webhooks::{
     any_due_webhook_delivery, claim_due_webhook_deliveries, record_webhook_attempts, release_webhook_leases,

@@ -3,7 +3,7 @@
 use super::db::{args, json_text, parse_json, unique_as, Dialect, SqlRow};
 use super::page::{by_organization, keyset_page, Listing};
 use crate::store::error::{Conflict, StoreError};
-use crate::store::model::{now_nanos, ImportTarget, Named, Page, PrivateKey, Wallet, WalletAccount};
+use crate::store::model::{now_nanos, ImportTarget, Named, Nanos, Page, PrivateKey, Wallet, WalletAccount};
 
 const WALLET_COLS: &str = "id, organization_id, name, exported, imported, sealed_seed, created_at, updated_at";
 fn wallet_row(r: &dyn SqlRow) -> Result<Wallet, StoreError> {
@@ -149,6 +149,48 @@ pub fn delete_wallets<D: Dialect>(db: &mut D, ids: &[String], require_exported: 
         db.execute("DELETE FROM wallets WHERE id = ?1", args![id])?;
     }
     Ok(())
+}
+
+/// See `Write::RenameWallet`.
+pub fn rename_wallet<D: Dialect>(db: &mut D, id: &str, name: &str, updated_at: Nanos) -> Result<(), StoreError> {
+    let n = db.execute("UPDATE wallets SET name = ?2, updated_at = ?3 WHERE id = ?1", args![id, name, updated_at])?;
+    if n == 0 {
+        return Err(StoreError::conflict(format!("wallet not found: {id}")));
+    }
+    Ok(())
+}
+
+/// See `Write::DeleteAccounts`.
+pub fn delete_accounts<D: Dialect>(
+    db: &mut D,
+    organization_id: &str,
+    ids: &[String],
+    require_exported: bool,
+) -> Result<(), StoreError> {
+    for id in ids {
+        match account_key_left(db, organization_id, id) {
+            Err(StoreError::NotFound) => return Err(StoreError::conflict(format!("wallet account not found: {id}"))),
+            Ok(false) if require_exported => {
+                return Err(StoreError::Conflict(Conflict::not_exported(&format!("wallet account {id}"))))
+            }
+            other => other.map(drop)?,
+        }
+        db.execute("DELETE FROM wallet_accounts WHERE id = ?1", args![id])?;
+    }
+    Ok(())
+}
+
+/// Whether the key of account `id` of `organization_id` left the enclave: the account or its
+/// wallet was exported. `NotFound` if the organization has no such account.
+pub fn account_key_left<D: Dialect>(db: &mut D, organization_id: &str, id: &str) -> Result<bool, StoreError> {
+    db.query_one(
+        "SELECT a.exported + w.exported FROM wallet_accounts a JOIN wallets w ON w.id = a.wallet_id
+         WHERE a.id = ?1 AND a.organization_id = ?2",
+        args![id, organization_id],
+        |r| r.int(0),
+    )
+    .map(|n| n > 0)
+    .map_err(StoreError::from)
 }
 
 /// See `Write::DeletePrivateKeys`.
