@@ -7,6 +7,10 @@ use crate::envelope::{derived_id, items, text, StampedActivity, SUB_ORGANIZATION
 use crate::{webauthn, AuthError};
 
 pub const CREATE_USERS: &str = "ACTIVITY_TYPE_CREATE_USERS_V4";
+/// Users with API keys alone (`apiOnlyUsers`), whose keys name no curve: [`API_ONLY_CURVE`].
+pub const CREATE_API_ONLY_USERS: &str = "ACTIVITY_TYPE_CREATE_API_ONLY_USERS";
+/// The curve of an API key that names none (the first `ApiKeyParams`, `create_api_only_users`).
+pub const API_ONLY_CURVE: &str = "API_KEY_CURVE_P256";
 pub const CREATE_API_KEYS: &str = "ACTIVITY_TYPE_CREATE_API_KEYS_V2";
 pub const CREATE_AUTHENTICATORS: &str = "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2";
 pub const CREATE_SUB_ORGANIZATION: &str = "ACTIVITY_TYPE_CREATE_SUB_ORGANIZATION_V8";
@@ -152,6 +156,27 @@ fn user_grants(org: &str, user_id: &str, user: &Value, out: &mut Vec<Grant>) -> 
     Ok(())
 }
 
+/// The activity types that add credentials ([`granted_credentials`]).
+pub const GRANTING_TYPES: &[&str] = &[
+    CREATE_USERS,
+    CREATE_API_ONLY_USERS,
+    CREATE_API_KEYS,
+    CREATE_AUTHENTICATORS,
+    CREATE_SUB_ORGANIZATION,
+    RECOVER_USER,
+    CREATE_OAUTH_PROVIDERS,
+];
+
+/// An API key of `create_api_only_users` as `create_users` lists it: its curve
+/// [`API_ONLY_CURVE`] (a curve it names is ignored, as the first `ApiKeyParams` has none).
+pub fn api_only_key(key: &Value) -> Value {
+    let mut key = key.clone();
+    if let Some(k) = key.as_object_mut() {
+        k.insert("curveType".into(), Value::String(API_ONLY_CURVE.into()));
+    }
+    key
+}
+
 /// Every credential `activity` adds, with the organization and user it belongs to. Users a body
 /// creates (and a sub-organization) get ids derived from its fingerprint ([`derived_id`]).
 pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, AuthError> {
@@ -170,6 +195,13 @@ pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, Aut
         CREATE_USERS => {
             for (i, u) in items(p, "users").iter().enumerate() {
                 user_grants(org, &derived_id(fp, USER_ID, i), u, &mut out)?;
+            }
+        }
+        CREATE_API_ONLY_USERS => {
+            for (i, u) in items(p, "apiOnlyUsers").iter().enumerate() {
+                let keys: Vec<Value> = items(u, "apiKeys").iter().map(api_only_key).collect();
+                let u = serde_json::json!({ "apiKeys": keys });
+                user_grants(org, &derived_id(fp, USER_ID, i), &u, &mut out)?;
             }
         }
         CREATE_SUB_ORGANIZATION => {

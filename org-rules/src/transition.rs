@@ -19,7 +19,9 @@ pub use records::{
     AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME, HSM_NATIVE_KEYS_FEATURE,
 };
 pub use results::made_ids;
-pub use users::{api_key_type, MAX_API_KEY_EXPIRATION_SECONDS, OAUTH_CREDENTIAL_TYPE, WEBAUTHN_CREDENTIAL_TYPE};
+pub use users::{
+    api_key_type, API_ONLY_CURVE, MAX_API_KEY_EXPIRATION_SECONDS, OAUTH_CREDENTIAL_TYPE, WEBAUTHN_CREDENTIAL_TYPE,
+};
 
 use crate::effect::{Change, TagKind};
 use crate::model::CredentialKind;
@@ -37,6 +39,7 @@ pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_DELETE_POLICIES",
     "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM",
     "ACTIVITY_TYPE_CREATE_USERS_V4",
+    "ACTIVITY_TYPE_CREATE_API_ONLY_USERS",
     "ACTIVITY_TYPE_UPDATE_USER",
     "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
     "ACTIVITY_TYPE_UPDATE_USER_NAME",
@@ -88,6 +91,7 @@ fn transition(activity_type: &str) -> Option<Transition> {
         "ACTIVITY_TYPE_DELETE_POLICIES" => r::delete_policies,
         "ACTIVITY_TYPE_UPDATE_ROOT_QUORUM" => r::update_root_quorum,
         "ACTIVITY_TYPE_CREATE_USERS_V4" => u::create_users,
+        "ACTIVITY_TYPE_CREATE_API_ONLY_USERS" => u::create_api_only_users,
         "ACTIVITY_TYPE_UPDATE_USER" => u::update_user,
         "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME" => r::update_organization_name,
         "ACTIVITY_TYPE_UPDATE_USER_NAME" => |i| u::update_user_field(i, "userName"),

@@ -764,4 +764,73 @@ async fn a_users_name_email_and_phone_number_change_one_at_a_time() {
     assert_eq!(first.json["activity"]["result"]["updateUserEmailResult"]["userId"], alice_id.as_str());
     assert_eq!(first.json["activity"]["intent"]["updateUserEmailIntent"]["userId"], alice_id.as_str());
     assert_eq!(user(&root, &org, &alice_id).await.user_email, None);
+    api_only_users(&stack, &alice_again).await;
+}
+
+/// `create_api_only_users` (no method in the Rust client: its request types, posted stamped):
+/// users with P-256 API keys alone, whose keys stamp at once; a user without a policy is refused
+/// by the enclave; bad names and emails change nothing.
+async fn api_only_users(stack: &Stack, alice: &TurnkeyP256ApiKey) {
+    use turnkey_client::generated::immutable::activity::api::ApiKeyParams;
+    use turnkey_client::generated::immutable::activity::v1::{ApiOnlyUserParams, CreateApiOnlyUsersIntent};
+    let org = stack.organization_id.clone();
+    let ci_key = TurnkeyP256ApiKey::generate();
+    let intent = |name: &str, email: Option<&str>, key: &TurnkeyP256ApiKey| {
+        serde_json::to_value(CreateApiOnlyUsersIntent {
+            api_only_users: vec![ApiOnlyUserParams {
+                user_name: name.into(),
+                user_email: email.map(String::from),
+                user_tags: vec![],
+                api_keys: vec![ApiKeyParams {
+                    api_key_name: "deploy".into(),
+                    public_key: hex::encode(key.compressed_public_key()),
+                    expiration_seconds: Some("3600".into()),
+                }],
+            }],
+        })
+        .unwrap()
+    };
+    let ty = "ACTIVITY_TYPE_CREATE_API_ONLY_USERS";
+    stack.refusals_accounted();
+    let r = coffer_tests::submit(stack, alice, &org, "create_api_only_users", ty, intent("ci", None, &ci_key)).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::PolicyDenied);
+    for (name, email, needle) in
+        [("ci\nfake log line", None, "control characters"), ("ci", Some("not-an-address"), "invalid email")]
+    {
+        let r = coffer_tests::submit(
+            stack,
+            &stack.api_key(),
+            &org,
+            "create_api_only_users",
+            ty,
+            intent(name, email, &ci_key),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{}", r.text);
+        assert!(r.text.contains(needle), "{}", r.text);
+    }
+    let r = coffer_tests::submit(
+        stack,
+        &stack.api_key(),
+        &org,
+        "create_api_only_users",
+        ty,
+        intent("ci", Some("ci@example.com"), &ci_key),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity = &r.json["activity"];
+    assert_eq!(activity["type"], ty);
+    let user_id = activity["result"]["createApiOnlyUsersResult"]["userIds"][0].as_str().expect("a user id").to_string();
+    assert_eq!(activity["intent"]["createApiOnlyUsersIntent"]["apiOnlyUsers"][0]["userName"], "ci");
+    // The new key stamps as the new user, with no authenticator, a P-256 key that expires.
+    let ci = stack.client_with(ci_key);
+    let whoami = ci.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, user_id);
+    let u = user(&stack.client(), &org, &user_id).await;
+    assert_eq!((u.user_name.as_str(), u.user_email.as_deref()), ("ci", Some("ci@example.com")));
+    assert!(u.authenticators.is_empty());
+    assert_eq!(u.api_keys.len(), 1);
+    assert_eq!(u.api_keys[0].credential.as_ref().unwrap().r#type, CredentialType::ApiKeyP256);
+    assert!(u.api_keys[0].expiration_seconds.is_some());
 }

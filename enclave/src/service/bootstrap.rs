@@ -101,18 +101,7 @@ pub(super) fn issue_certificates(
     admission: &Admission,
     req: pb::IssueCertificatesRequest,
 ) -> Result<pb::IssueCertificatesResponse, EnclaveError> {
-    let a = admission.authorize(
-        "issue_certificates",
-        req.auth.as_ref(),
-        &[
-            grants::CREATE_USERS,
-            grants::CREATE_API_KEYS,
-            grants::CREATE_AUTHENTICATORS,
-            grants::CREATE_SUB_ORGANIZATION,
-            grants::RECOVER_USER,
-            grants::CREATE_OAUTH_PROVIDERS,
-        ],
-    )?;
+    let a = admission.authorize("issue_certificates", req.auth.as_ref(), grants::GRANTING_TYPES)?;
     let granted = granted_credentials(&a.activity)?;
     let certificates = req
         .credentials

@@ -206,6 +206,14 @@ pub static ACTIVITIES: &[Operation] = &[
         users::create_users
     ),
     op!(
+        "create_api_only_users",
+        "ACTIVITY_TYPE_CREATE_API_ONLY_USERS",
+        "createApiOnlyUsersIntent",
+        "createApiOnlyUsersResult",
+        "USER" / "CREATE",
+        users::create_api_only_users
+    ),
+    op!(
         "update_user",
         "ACTIVITY_TYPE_UPDATE_USER",
         "updateUserIntent",

@@ -181,7 +181,7 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
     let mut writes = Vec::new();
     let mut user_ids = Vec::with_capacity(intent.users.len());
     for (index, p) in intent.users.iter().enumerate() {
-        required(&p.user_name, "userName")?;
+        valid_name("userName", &p.user_name)?;
         let email = p.user_email.as_deref().filter(|e| !e.is_empty()).map(valid_email).transpose()?;
         let phone = p.user_phone_number.as_deref().filter(|e| !e.is_empty()).map(valid_phone).transpose()?;
         let tags = dedup(&p.user_tags);
@@ -221,6 +221,61 @@ pub async fn create_users(ctx: Ctx, intent: CreateUsersIntent) -> Result<Outcome
         user_ids.push(id);
     }
     Ok(Outcome { result: json!({ "userIds": user_ids }), writes })
+}
+
+/// The first `ApiKeyParams`: no curve (P-256, `coffer_auth::grants::API_ONLY_CURVE`).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiOnlyKeyParams {
+    api_key_name: String,
+    public_key: String,
+    expiration_seconds: Option<Value>,
+}
+
+/// `ApiOnlyUserParams`: a user with API keys alone.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiOnlyUserParams {
+    user_name: String,
+    user_email: Option<String>,
+    #[serde(default)]
+    user_tags: Vec<String>,
+    #[serde(default)]
+    api_keys: Vec<ApiOnlyKeyParams>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateApiOnlyUsersIntent {
+    #[serde(default)]
+    api_only_users: Vec<ApiOnlyUserParams>,
+}
+
+/// `create_api_only_users`: `create_users` of users with API keys alone, each P-256.
+pub async fn create_api_only_users(ctx: Ctx, intent: CreateApiOnlyUsersIntent) -> Result<Outcome, ApiError> {
+    let users = intent
+        .api_only_users
+        .into_iter()
+        .map(|u| UserParams {
+            user_name: u.user_name,
+            user_email: u.user_email,
+            user_phone_number: None,
+            api_keys: u
+                .api_keys
+                .into_iter()
+                .map(|k| ApiKeyParams {
+                    api_key_name: k.api_key_name,
+                    public_key: k.public_key,
+                    curve_type: coffer_auth::grants::API_ONLY_CURVE.to_string(),
+                    expiration_seconds: k.expiration_seconds,
+                })
+                .collect(),
+            authenticators: vec![],
+            oauth_providers: vec![],
+            user_tags: u.user_tags,
+        })
+        .collect();
+    create_users(ctx, CreateUsersIntent { users }).await
 }
 
 #[derive(Deserialize)]

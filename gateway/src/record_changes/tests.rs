@@ -23,6 +23,7 @@ fn constants_agree_with_coffer_auth_and_the_handlers() {
     assert_eq!(transition::MAX_API_KEY_EXPIRATION_SECONDS, coffer_auth::grants::MAX_API_KEY_EXPIRATION_SECONDS);
     assert_eq!(transition::OAUTH_CREDENTIAL_TYPE, coffer_auth::grants::OAUTH_PROVIDER);
     assert_eq!(transition::USER_ID, coffer_auth::envelope::USER_ID);
+    assert_eq!(transition::API_ONLY_CURVE, coffer_auth::grants::API_ONLY_CURVE);
     assert_eq!(transition::SUB_ORGANIZATION_ID, coffer_auth::envelope::SUB_ORGANIZATION_ID);
     assert_eq!(transition::WALLET_ID, coffer_auth::envelope::WALLET_ID);
     assert_eq!(transition::WALLET_ACCOUNT_ID, coffer_auth::envelope::WALLET_ACCOUNT_ID);
@@ -396,6 +397,13 @@ async fn the_handlers_records_follow_the_transitions() {
     h.run(ORG, "delete_oauth_providers", json!({"userId": "member", "providerIds": providers["providerIds"]})).await;
     h.run(ORG, "update_user", json!({"userId": alice, "userName": "Alice", "userEmail": "", "userTagIds": []})).await;
     h.run(ORG, "update_user_name", json!({"userId": alice, "userName": "Alice B."})).await;
+    h.run(
+        ORG,
+        "create_api_only_users",
+        json!({"apiOnlyUsers": [{"userName": "ci", "userEmail": "ci@example.com", "userTags": [],
+            "apiKeys": [{"apiKeyName": "deploy", "publicKey": "028e533b6fa0bf7b4625bb30667c01fb607ef9f8b8a80fef5b300628703187b2a3", "expirationSeconds": "3600"}]}]}),
+    )
+    .await;
     h.run(ORG, "update_organization_name", json!({"organizationName": "renamed"})).await;
     h.run(ORG, "update_user_email", json!({"userId": alice, "userEmail": "alice@example.com"})).await;
     h.run(ORG, "update_user_phone_number", json!({"userId": alice, "userPhoneNumber": "+14155550100"})).await;

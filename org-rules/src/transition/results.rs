@@ -29,7 +29,7 @@ pub fn made_ids(activity_type: &str, changes: &[Change]) -> Vec<(&'static str, V
     match activity_type {
         "ACTIVITY_TYPE_CREATE_POLICY_V3" => vec![("/policyId", first(policies()))],
         "ACTIVITY_TYPE_CREATE_POLICIES" => vec![("/policyIds", json!(policies()))],
-        "ACTIVITY_TYPE_CREATE_USERS_V4" => vec![("/userIds", json!(users()))],
+        "ACTIVITY_TYPE_CREATE_USERS_V4" | "ACTIVITY_TYPE_CREATE_API_ONLY_USERS" => vec![("/userIds", json!(users()))],
         "ACTIVITY_TYPE_CREATE_API_KEYS_V2" => vec![("/apiKeyIds", credentials(CredentialKind::ApiKey))],
         "ACTIVITY_TYPE_CREATE_AUTHENTICATORS_V2" => vec![("/authenticatorIds", credentials(CredentialKind::Passkey))],
         "ACTIVITY_TYPE_RECOVER_USER" => vec![("/authenticatorId", credentials(CredentialKind::Passkey))],

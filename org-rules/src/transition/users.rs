@@ -254,6 +254,39 @@ pub(crate) fn create_users(i: &Input<'_>) -> Changes {
     Ok(out)
 }
 
+/// The curve of an API key of `create_api_only_users` (the first `ApiKeyParams` names none), as
+/// `coffer_auth::grants::API_ONLY_CURVE` grants it.
+pub const API_ONLY_CURVE: &str = "API_KEY_CURVE_P256";
+
+/// `create_api_only_users`: [`create_users`] of the `apiOnlyUsers` with their names, emails,
+/// tags and API keys alone, each key of [`API_ONLY_CURVE`].
+pub(crate) fn create_api_only_users(i: &Input<'_>) -> Changes {
+    let users: Vec<Value> = items(i.params, "apiOnlyUsers")
+        .iter()
+        .map(|u| {
+            let keys: Vec<Value> = items(u, "apiKeys")
+                .iter()
+                .map(|k| {
+                    let mut k = k.clone();
+                    if let Some(m) = k.as_object_mut() {
+                        m.insert("curveType".into(), Value::String(API_ONLY_CURVE.into()));
+                    }
+                    k
+                })
+                .collect();
+            let field = |f: &str| u.get(f).cloned().unwrap_or(Value::Null);
+            serde_json::json!({
+                "userName": field("userName"),
+                "userEmail": field("userEmail"),
+                "userTags": field("userTags"),
+                "apiKeys": keys,
+            })
+        })
+        .collect();
+    let params = serde_json::json!({ "users": users });
+    create_users(&Input { params: &params, ..*i })
+}
+
 pub(crate) fn update_user(i: &Input<'_>) -> Changes {
     let id = existing_user(i)?;
     let tags = i.texts("userTagIds");
