@@ -498,6 +498,18 @@ mod tests {
     }
 
     #[test]
+    fn a_time_window_holds_or_not_at_a_given_instant() {
+        let at = |rfc: &str| {
+            crate::time_window_holds(&format!("time.now < Timestamp('{rfc}')"), 1_700_000_000 * 1_000_000_000)
+        };
+        assert_eq!(at("2025-01-01T00:00:00Z"), Ok(true));
+        assert_eq!(at("2020-01-01T00:00:00Z"), Ok(false));
+        assert_eq!(crate::time_window_holds("", 0), Ok(true));
+        assert!(crate::time_window_holds("time.now < Timestamp('2030-01-01')", 0).is_err());
+        assert!(crate::time_window_holds("activity.type == 'x'", 0).is_err(), "a window names time alone");
+    }
+
+    #[test]
     fn time_window_and_consensus_by_user() {
         let p = policy("t", "EFFECT_ALLOW", "", "approvers.any(user, user.id == 'boss')");
         let mut r = roots(&["u"], "w");

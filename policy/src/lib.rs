@@ -57,6 +57,15 @@ pub fn parse_time(src: &str) -> Result<Expr, PolicyError> {
     parse_optional(src, TIME_ROOTS)
 }
 
+/// Whether a policy's `time` window holds at `now` (nanoseconds since the epoch); a blank window
+/// always holds. An error (the window does not parse, or fails to evaluate) is its message.
+pub fn time_window_holds(src: &str, now: context::Nanos) -> Result<bool, String> {
+    let window = parse_time(src).map_err(|e| e.to_string())?;
+    let time = std::collections::BTreeMap::from([("now".to_string(), eval::Val::Time(i128::from(now)))]);
+    let roots = std::collections::BTreeMap::from([("time".to_string(), eval::Val::Map(time))]);
+    eval::eval_bool(&window, &roots).map_err(|e| e.message)
+}
+
 fn parse_optional(src: &str, roots: &[&str]) -> Result<Expr, PolicyError> {
     parser::check_length(src, &Limits::DEFAULT)?;
     if src.trim().is_empty() {

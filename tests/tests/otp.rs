@@ -638,6 +638,21 @@ async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &s
     let (status, r) = proxy_post(stack, config_id, "signup_v2", signed_by(&key, signup)).await;
     assert_eq!(status, 200, "{r}");
     let (henrys, henry) = (r["organizationId"].as_str().unwrap().to_string(), r["userId"].clone());
+    // The sign-up's verified email finds its sub-organization (list_verified_suborgs); an address
+    // nobody verified finds none, and only EMAIL and PHONE_NUMBER are filters.
+    let verified = |filter_type: &str, value: &str| turnkey_client::generated::GetVerifiedSubOrgIdsRequest {
+        organization_id: org.to_string(),
+        filter_type: filter_type.into(),
+        filter_value: value.into(),
+        pagination_options: None,
+    };
+    let root = stack.client();
+    let found = root.get_verified_sub_org_ids(verified("EMAIL", "henry@example.test")).await.unwrap();
+    assert_eq!(found.organization_ids, [henrys.clone()]);
+    let none = root.get_verified_sub_org_ids(verified("EMAIL", "nobody@example.test")).await.unwrap();
+    assert!(none.organization_ids.is_empty());
+    let r = root.get_verified_sub_org_ids(verified("NAME", "henry")).await;
+    coffer_tests::refused(r, 400, "REQUEST_INVALID", "EMAIL or PHONE_NUMBER");
     let (status, r) = attested_login(stack, &token, &key, org).await;
     assert_eq!(status, 200, "{r}");
     let c = claims(r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap());

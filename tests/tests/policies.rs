@@ -319,6 +319,33 @@ async fn policies_end_to_end() {
     assert_eq!(left[1].policy_id, reuse.result.policy_id);
     // create, create, create_policies, update, create, delete, delete_policies.
     assert_eq!(stack.activity_count(&stack.api_key(), &org).await, 7);
+    active_policies(&c, &org).await;
+}
+
+/// `get_active_policies`: a policy whose time window is over is inactive, one inside it and one
+/// without a window are active, each as the enclave's decisions read the window.
+async fn active_policies(c: &Client, org: &str) {
+    let mut over = intent("over", Effect::Deny, Some("true"), None);
+    over.time = Some("time.now < Timestamp('2020-01-01T00:00:00Z')".into());
+    let mut inside = intent("inside", Effect::Deny, Some("false"), None);
+    inside.time = Some("time.now < Timestamp('2100-01-01T00:00:00Z')".into());
+    let mut ids = Vec::new();
+    for i in [over, inside, intent("always", Effect::Allow, Some("false"), None)] {
+        ids.push(c.create_policy(org.into(), c.current_timestamp(), i).await.unwrap().result.policy_id);
+    }
+    let before = Stack::now_ms() as u64;
+    let r = c
+        .get_active_policies(turnkey_client::generated::GetActivePoliciesRequest { organization_id: org.into() })
+        .await
+        .unwrap();
+    assert!(r.evaluated_at_ms >= before && r.evaluated_at_ms <= Stack::now_ms() as u64 + 1, "{}", r.evaluated_at_ms);
+    let status = |id: &str| r.statuses.iter().find(|s| s.policy_id == id).unwrap_or_else(|| panic!("{id}: {r:?}"));
+    let over = status(&ids[0]);
+    assert_eq!((over.active, over.time_expr.as_deref()), (false, Some("time.now < Timestamp('2020-01-01T00:00:00Z')")));
+    assert!(status(&ids[1]).active && status(&ids[1]).error.is_none());
+    assert_eq!((status(&ids[2]).active, status(&ids[2]).time_expr.as_deref()), (true, None));
+    assert!(r.statuses.iter().all(|s| s.organization_id == org));
+    assert_eq!(r.statuses.len(), policies(c, org).await.len());
 }
 
 /// A JSON document of exactly `len` bytes.

@@ -726,6 +726,8 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_tvc_deployment", handler: query_handler!(tvc::get_tvc_deployment) },
     Query { path: "list_tvc_operators", handler: query_handler!(tvc::list_tvc_operators) },
     Query { path: "list_suborgs", handler: query_handler!(suborgs::list_suborgs) },
+    Query { path: "list_verified_suborgs", handler: query_handler!(suborgs::list_verified_suborgs) },
+    Query { path: "get_active_policies", handler: query_handler!(policies::get_active_policies) },
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },

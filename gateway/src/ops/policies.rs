@@ -267,3 +267,28 @@ pub async fn list_policies(ctx: QueryCtx, req: super::params::ListRequest) -> Re
     let records = ctx.state.db(move |s| s.records_page(&org, POLICY, &page)).await??;
     Ok(json!({ "policies": records.iter().map(policy_json).collect::<Vec<_>>() }))
 }
+
+/// `get_active_policies`: each policy of the organization, and whether its time window holds
+/// now (a policy without one is active; one whose window fails to evaluate is not, with the
+/// error). The window is evaluated as the enclave's decisions do (`coffer_policy`).
+pub async fn get_active_policies(ctx: QueryCtx, _req: Value) -> Result<Value, ApiError> {
+    let org = ctx.org.id.clone();
+    let records = ctx.state.db(move |s| s.records_page(&org, POLICY, &crate::store::Page::ALL)).await??;
+    let now = crate::store::now_nanos();
+    let statuses: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let window = r.data.get("time").and_then(Value::as_str).unwrap_or_default();
+            let mut status = json!({ "organizationId": ctx.org.id, "policyId": r.id });
+            match coffer_policy::time_window_holds(window, now) {
+                Ok(active) => status["active"] = json!(active),
+                Err(error) => (status["active"], status["error"]) = (json!(false), json!(error)),
+            }
+            if !window.trim().is_empty() {
+                status["timeExpr"] = json!(window);
+            }
+            status
+        })
+        .collect();
+    Ok(json!({ "statuses": statuses, "evaluatedAtMs": (now / 1_000_000).to_string() }))
+}

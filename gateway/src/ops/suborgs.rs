@@ -348,16 +348,35 @@ pub async fn filter(
 /// `list_suborgs`: ids of the organization's sub-organizations, oldest first, `limit` (default
 /// 10) at a time; `after` / `before` are sub-organization ids.
 pub async fn list_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Value, ApiError> {
-    let p = req.pagination_options;
-    let cursor = |c: Option<String>| c.filter(|c| !c.is_empty());
-    let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
-    let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
     let filter = filter(
         oidc_tokens::own_keys(&ctx.state).await,
         req.filter_type.as_deref().unwrap_or_default(),
         req.filter_value.as_deref().unwrap_or_default(),
     )
     .await?;
+    sub_organization_ids(ctx, req.pagination_options, filter).await
+}
+
+/// `list_verified_suborgs`: [`list_suborgs`] of the sub-organizations with a user whose email
+/// (`filterType` `EMAIL`) or phone number (`PHONE_NUMBER`) is `filterValue` and verified.
+pub async fn list_verified_suborgs(ctx: QueryCtx, req: ListSubOrgsRequest) -> Result<Value, ApiError> {
+    let value = req.filter_value.unwrap_or_default();
+    if value.trim().is_empty() {
+        return Err(ApiError::invalid("filterValue is required"));
+    }
+    let filter = match req.filter_type.as_deref().unwrap_or_default() {
+        "EMAIL" => SubOrgFilter::VerifiedEmail(value),
+        "PHONE_NUMBER" => SubOrgFilter::VerifiedPhoneNumber(value),
+        other => return Err(ApiError::invalid(format!("invalid filter type: {other:?} (EMAIL or PHONE_NUMBER)"))),
+    };
+    sub_organization_ids(ctx, req.pagination_options, filter).await
+}
+
+/// The ids of the organization's sub-organizations that `filter` keeps, one page.
+async fn sub_organization_ids(ctx: QueryCtx, p: Pagination, filter: SubOrgFilter) -> Result<Value, ApiError> {
+    let cursor = |c: Option<String>| c.filter(|c| !c.is_empty());
+    let limit = Pagination { limit: cursor(p.limit), before: None, after: None }.limit()?;
+    let page = Page { limit, before: cursor(p.before), after: cursor(p.after) };
     for id in [&page.after, &page.before].into_iter().flatten() {
         let cursor = id.clone();
         let parent = match ctx.state.db(move |s| s.organization(&cursor)).await? {
