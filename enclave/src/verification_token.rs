@@ -44,6 +44,8 @@ pub enum Usage {
     Signup,
     /// A login (`otp_login`, or a `stamp_login` the token attests).
     Login,
+    /// A user's new email or phone number (`update_user_email`, `update_user_phone_number`).
+    Contact,
 }
 
 /// Spends `token` for `usage` in the store every enclave shares: `true` the first time, `false`
@@ -53,6 +55,7 @@ pub fn spend(admission: &Admission, token: &VerifiedToken, usage: Usage, now_ms:
     let scope = match usage {
         Usage::Signup => "otp-tokens-spent/signup",
         Usage::Login => "otp-tokens-spent/login",
+        Usage::Contact => "otp-tokens-spent/contact",
     };
     Ok(admission.count_within(scope, &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
@@ -121,6 +124,57 @@ pub fn check_signup(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<()
     let usage = coffer_auth::client_signature::signup_usage(p, Some(&token.id));
     check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
     if !spend(admission, &token, Usage::Signup, now)? {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    Ok(())
+}
+
+/// The activity types whose `verificationToken` verifies the contact they set, with the field
+/// that holds it and the kind of code that verifies it.
+pub const CONTACT_UPDATES: [(&str, &str, &str); 2] = [
+    ("ACTIVITY_TYPE_UPDATE_USER_EMAIL", "userEmail", "OTP_TYPE_EMAIL"),
+    ("ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER", "userPhoneNumber", "OTP_TYPE_SMS"),
+];
+
+/// An `update_user_email` or `update_user_phone_number` with a `verificationToken`: the token is
+/// this enclave's and unexpired, was issued by the organization or its parent (whose auth proxy
+/// verifies its sub-organizations' users), verified a code of the field's kind sent to exactly
+/// the new value, and is spent (once, for a contact). The transition then marks the contact
+/// verified (`coffer_org_rules`' `update_user_field`).
+pub fn check_contact(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(), EnclaveError> {
+    let p = &a.activity.parameters;
+    let Some((_, field, kind)) = CONTACT_UPDATES.iter().find(|(t, _, _)| *t == a.activity.activity_type) else {
+        return Err(EnclaveError::Internal("a contact check of another activity".into()));
+    };
+    let value = text(p, field).trim();
+    if value.is_empty() {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "a verification token verifies a contact, not its removal",
+        ));
+    }
+    let now = crate::admission::now_ms();
+    let token = match read(hsm, text(p, "verificationToken"), now) {
+        Ok(t) => t,
+        Err(e) => {
+            refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
+            return Err(e);
+        }
+    };
+    let org = &a.activity.organization_id;
+    let parent = admission.rules().load(org)?.and_then(|l| l.state.organization.parent_id.clone());
+    if token.organization_id != *org && Some(&token.organization_id) != parent.as_ref() {
+        return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
+    }
+    if token.verification_type != *kind || !value.eq_ignore_ascii_case(&token.contact) {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "the new email or phone number is not the contact the verification token verified",
+        ));
+    }
+    if !spend(admission, &token, Usage::Contact, now)? {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(())

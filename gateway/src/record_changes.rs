@@ -228,6 +228,9 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::MarkAccountExported(id) => out.push(change(org, Effect::MarkAccountExported { id: id.clone() })),
         Write::DeleteWallets { ids, .. } => out.push(change(org, Effect::DeleteWallets { ids: ids.clone() })),
         Write::DeletePrivateKeys { ids, .. } => out.push(change(org, Effect::DeletePrivateKeys { ids: ids.clone() })),
+        Write::MarkContactsVerified { organization_id, id } => {
+            out.push(change(organization_id, Effect::MarkContactsVerified { id: id.clone() }))
+        }
         Write::RenameWallet { id, name, .. } => {
             out.push(change(org, Effect::RenameWallet { id: id.clone(), label: name.clone() }))
         }

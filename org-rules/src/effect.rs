@@ -89,6 +89,11 @@ pub enum Effect {
     DeleteWallets {
         ids: Vec<String>,
     },
+    /// Every contact of a user is verified (a verification token verified the one just set, and
+    /// the other is verified or absent).
+    MarkContactsVerified {
+        id: String,
+    },
     /// A wallet's new name (`update_wallet`).
     RenameWallet {
         id: String,
@@ -478,6 +483,11 @@ impl OrgState {
                     t.push((ACCOUNT, a.id.clone()));
                     self.retire(ACCOUNT, [a.id], &mut t);
                 }
+            }
+            Effect::MarkContactsVerified { id } => {
+                let user = self.users.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: USER, id: id.clone() })?;
+                user.contacts_verified = true;
+                t.push((USER, id.clone()));
             }
             Effect::RenameWallet { id, label } => {
                 let w = self.wallets.get_mut(id).ok_or_else(|| ApplyError::Missing { kind: WALLET, id: id.clone() })?;

@@ -145,7 +145,7 @@ fn transition(activity_type: &str) -> Option<Transition> {
     })
 }
 
-pub use users::{marks_auth_proxy_signup, AUTH_PROXY_SIGNUP};
+pub use users::{marks_auth_proxy_signup, verifies_contacts, AUTH_PROXY_SIGNUP};
 
 /// Whether [`expected`] knows what `activity_type` does to authority state.
 pub fn known(activity_type: &str) -> bool {

@@ -660,6 +660,56 @@ async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &s
     let (status, r) = attested_login_with(stack, &token, &key, org, true).await;
     stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
     // a login once
+    contact_change_needs_its_code(stack, smtp, config_id, org, &key, &henrys, henry.as_str().unwrap()).await;
+}
+
+/// Henry (signed up with a verified email, logged in with `key`) changes his email: without a
+/// verification token the new address is his word, and a code login to it finds nobody; with a
+/// token of that very address (and only that one, once) it is verified, and the login finds him.
+async fn contact_change_needs_its_code(
+    stack: &Stack,
+    smtp: &SmtpServer,
+    config_id: &str,
+    org: &str,
+    key: &TurnkeyP256ApiKey,
+    henrys: &str,
+    henry: &str,
+) {
+    let key = TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap();
+    let change = |email: &str, token: Option<&str>| {
+        let mut p = json!({ "userId": henry, "userEmail": email });
+        if let Some(t) = token {
+            p["verificationToken"] = json!(t);
+        }
+        submit(stack, &key, henrys, "update_user_email", "ACTIVITY_TYPE_UPDATE_USER_EMAIL", p)
+    };
+    let r = change("henry.new@example.test", None).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let key2 = TurnkeyP256ApiKey::generate();
+    let key2_hex = hex::encode(key2.compressed_public_key());
+    let token = token_for(stack, smtp, config_id, org, &key2_hex, "henry.new@example.test").await;
+    let (status, r) = attested_login(stack, &token, &key2, henrys).await;
+    stack.refused_by_gateway(
+        (status, r),
+        401,
+        "PUBLIC_KEY_NOT_FOUND",
+        "no user of this organization has the verified email or phone number",
+    );
+    // A token of the new address verifies only that address.
+    stack.refusals_accounted();
+    let r = change("henry.other@example.test", Some(&token)).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
+    let r = change("henry.new@example.test", Some("not-a-token")).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
+    let r = change("henry.new@example.test", Some(&token)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Once.
+    let r = change("henry.new@example.test", Some(&token)).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
+    let (status, r) = attested_login(stack, &token, &key2, henrys).await;
+    assert_eq!(status, 200, "{r}");
+    let c = claims(r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap());
+    assert_eq!(c["user_id"], henry);
 }
 
 /// A visitor signs up with a key only, then sets someone else's address on their own user: the

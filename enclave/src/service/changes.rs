@@ -53,6 +53,12 @@ pub(super) fn apply_activity(
     {
         crate::verification_token::check_signup(hsm, admission, &a)?;
     }
+    // A new email or phone number with a verification token: the contact it verified, once.
+    if crate::verification_token::CONTACT_UPDATES.iter().any(|(t, _, _)| *t == a.activity.activity_type)
+        && !coffer_auth::envelope::text(&a.activity.parameters, "verificationToken").is_empty()
+    {
+        crate::verification_token::check_contact(hsm, admission, &a)?;
+    }
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
     let fingerprint = a.activity.fingerprint.clone();

@@ -332,18 +332,18 @@ pub struct UpdateUserNameIntent {
 
 pub async fn update_user_name(ctx: Ctx, intent: UpdateUserNameIntent) -> Result<Outcome, ApiError> {
     valid_name("userName", &intent.user_name)?;
-    one_field(ctx, intent.user_id, Some(intent.user_name), None, None).await
+    one_field(ctx, intent.user_id, Some(intent.user_name), None, None, None).await
 }
 
 /// `update_user_email`: the user's email alone (empty clears it). A changed email is no longer
-/// verified; the verification token clients may send with it is taken and not used yet.
+/// verified, unless a verification token of the new address comes with it (checked and spent by
+/// the enclave; `coffer_org_rules::transition::verifies_contacts`).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UpdateUserEmailIntent {
     user_id: String,
     user_email: String,
     #[serde(default)]
-    #[allow(dead_code)]
     verification_token: Option<String>,
 }
 
@@ -352,7 +352,7 @@ pub async fn update_user_email(ctx: Ctx, intent: UpdateUserEmailIntent) -> Resul
         "" => String::new(),
         e => valid_email(e)?,
     };
-    one_field(ctx, intent.user_id, None, Some(email), None).await
+    one_field(ctx, intent.user_id, None, Some(email), None, intent.verification_token).await
 }
 
 /// `update_user_phone_number`: the user's phone number alone (empty clears it), as the email.
@@ -362,7 +362,6 @@ pub struct UpdateUserPhoneNumberIntent {
     user_id: String,
     user_phone_number: String,
     #[serde(default)]
-    #[allow(dead_code)]
     verification_token: Option<String>,
 }
 
@@ -371,7 +370,7 @@ pub async fn update_user_phone_number(ctx: Ctx, intent: UpdateUserPhoneNumberInt
         "" => String::new(),
         p => valid_phone(p)?,
     };
-    one_field(ctx, intent.user_id, None, None, Some(phone)).await
+    one_field(ctx, intent.user_id, None, None, Some(phone), intent.verification_token).await
 }
 
 /// One of a user's name, email or phone number changed.
@@ -381,20 +380,34 @@ async fn one_field(
     name: Option<String>,
     email: Option<String>,
     phone_number: Option<String>,
+    verification_token: Option<String>,
 ) -> Result<Outcome, ApiError> {
-    load_user(&ctx.state, &ctx.org.id, &user_id).await?;
-    Ok(Outcome {
-        result: json!({ "userId": user_id }),
-        writes: vec![Write::UpdateUser {
-            organization_id: ctx.org.id.clone(),
-            id: user_id,
-            name,
-            email,
-            phone_number,
-            tag_ids: None,
-            updated_at: ctx.now,
-        }],
-    })
+    let user = load_user(&ctx.state, &ctx.org.id, &user_id).await?;
+    let (field, value) = match (&email, &phone_number) {
+        (Some(e), _) => ("userEmail", e.as_str()),
+        (_, Some(p)) => ("userPhoneNumber", p.as_str()),
+        _ => ("userName", ""),
+    };
+    let token = verification_token.is_some_and(|t| !t.is_empty());
+    let contacts = (
+        user.contacts_verified,
+        user.email.as_deref().unwrap_or_default(),
+        user.phone_number.as_deref().unwrap_or_default(),
+    );
+    let verified = coffer_org_rules::transition::verifies_contacts(contacts, field, value, token);
+    let mut writes = vec![Write::UpdateUser {
+        organization_id: ctx.org.id.clone(),
+        id: user_id.clone(),
+        name,
+        email,
+        phone_number,
+        tag_ids: None,
+        updated_at: ctx.now,
+    }];
+    if verified {
+        writes.push(Write::MarkContactsVerified { organization_id: ctx.org.id.clone(), id: user_id.clone() });
+    }
+    Ok(Outcome { result: json!({ "userId": user_id }), writes })
 }
 
 #[derive(Deserialize)]

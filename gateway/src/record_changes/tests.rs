@@ -408,6 +408,15 @@ async fn the_handlers_records_follow_the_transitions() {
     h.run(ORG, "update_user_email", json!({"userId": alice, "userEmail": "alice@example.com"})).await;
     h.run(ORG, "update_user_phone_number", json!({"userId": alice, "userPhoneNumber": "+14155550100"})).await;
     h.run(ORG, "update_user_email", json!({"userId": alice, "userEmail": ""})).await;
+    // A verification token (the enclave checks it before the transition) verifies the new contact
+    // when the other one is absent.
+    h.run(
+        ORG,
+        "update_user_phone_number",
+        json!({"userId": alice, "userPhoneNumber": "+14155550101", "verificationToken": "t"}),
+    )
+    .await;
+    assert!(h.states[ORG].users[alice.as_str()].contacts_verified);
     h.run(
         ORG,
         "update_user_tag",

@@ -38,6 +38,11 @@ pub enum Write {
         ids: Vec<String>,
         require_exported: bool,
     },
+    /// Every contact of user `id` is verified (`Effect::MarkContactsVerified`).
+    MarkContactsVerified {
+        organization_id: String,
+        id: String,
+    },
     /// `update_wallet`.
     RenameWallet {
         id: String,

@@ -904,6 +904,62 @@ fn features_and_the_auth_proxy() {
 }
 
 #[test]
+fn a_contact_set_with_its_verification_token_is_verified_if_the_other_one_is() {
+    let mut s = state();
+    let user = |id: &str, email: &str, phone: &str, verified: bool| User {
+        id: id.into(),
+        name: id.into(),
+        email: email.into(),
+        phone_number: phone.into(),
+        contacts_verified: verified,
+        ..Default::default()
+    };
+    s.apply(&Effect::PutUser { user: user("u1", "a@b.example", "", true) }).unwrap();
+    s.apply(&Effect::PutUser { user: user("u2", "c@d.example", "+14155550100", false) }).unwrap();
+    let ty = "ACTIVITY_TYPE_UPDATE_USER_EMAIL";
+    let update = |id: &str, email: &str| {
+        c(Effect::UpdateUser {
+            id: id.into(),
+            name: None,
+            email: Some(email.into()),
+            phone_number: None,
+            tag_ids: None,
+        })
+    };
+    let mark = |id: &str| c(Effect::MarkContactsVerified { id: id.into() });
+    let body =
+        |id: &str, email: &str, token: &str| json!({"userId": id, "userEmail": email, "verificationToken": token});
+    // u1 has no phone number: the token verifies it again.
+    let good = vec![update("u1", "n@b.example"), mark("u1")];
+    case(&s, ty, body("u1", "n@b.example", "t"), &[], good, vec![("unverified", vec![update("u1", "n@b.example")])]);
+    // Without a token, or to remove the address, it is not verified.
+    case(&s, ty, body("u1", "n@b.example", ""), &[], vec![update("u1", "n@b.example")], vec![]);
+    case(
+        &s,
+        ty,
+        body("u1", "", "t"),
+        &[],
+        vec![update("u1", "")],
+        vec![("verified", vec![update("u1", ""), mark("u1")])],
+    );
+    // u2's phone number was never verified: a verified email does not make it so.
+    case(&s, ty, body("u2", "n@d.example", "t"), &[], vec![update("u2", "n@d.example")], vec![]);
+    let mut after = s.clone();
+    after
+        .apply(&Effect::UpdateUser {
+            id: "u1".into(),
+            name: None,
+            email: Some("x@y.example".into()),
+            phone_number: None,
+            tag_ids: None,
+        })
+        .unwrap();
+    assert!(!after.users["u1"].contacts_verified);
+    after.apply(&Effect::MarkContactsVerified { id: "u1".into() }).unwrap();
+    assert!(after.users["u1"].contacts_verified);
+}
+
+#[test]
 fn a_wallet_is_renamed_and_its_accounts_deleted_once_exported_unless_the_body_says_otherwise() {
     let mut s = state();
     s.apply(&Effect::PutWallet { wallet: Wallet { id: "w1".into(), ..Default::default() } }).unwrap();

@@ -299,10 +299,24 @@ pub(crate) fn update_user(i: &Input<'_>) -> Changes {
     })])
 }
 
+/// Whether setting `field` (`userEmail` or `userPhoneNumber`) of `user` to `value` with a
+/// verification token of it leaves every contact of the user verified: the token verifies the
+/// new one, and the other is verified already (`contacts_verified`) or absent.
+/// `user` is its `(contacts_verified, email, phone number)`, empty for none.
+pub fn verifies_contacts(user: (bool, &str, &str), field: &str, value: &str, token: bool) -> bool {
+    let (contacts_verified, email, phone_number) = user;
+    let other_verified = match field {
+        "userEmail" => contacts_verified || phone_number.is_empty(),
+        "userPhoneNumber" => contacts_verified || email.is_empty(),
+        _ => return false,
+    };
+    token && !value.is_empty() && other_verified
+}
+
 /// `update_user_name`, `update_user_email`, `update_user_phone_number`: the one field `field`
 /// of an existing user (a name is never empty; an empty email or phone number clears it). A
 /// changed email or phone number is no longer verified ([`Effect::UpdateUser`]); a verification
-/// token the body carries does not verify it (yet).
+/// token the body carries verifies it ([`Effect::MarkContactsVerified`]).
 pub(crate) fn update_user_field(i: &Input<'_>, field: &str) -> Changes {
     let id = existing_user(i)?;
     let value = i.params.get(field).and_then(Value::as_str).ok_or_else(|| i.invalid(format!("{field} is required")))?;
@@ -317,13 +331,25 @@ pub(crate) fn update_user_field(i: &Input<'_>, field: &str) -> Changes {
         _ => Ok(()),
     };
     checked.map_err(|reason| i.invalid(reason))?;
+    // A verification token was checked and spent by the enclave before this runs.
+    let token = text_of(i.params, "verificationToken").is_some_and(|t| !t.is_empty());
+    let user = &i.state.users[&id];
+    let verified = verifies_contacts((user.contacts_verified, &user.email, &user.phone_number), field, value, token);
     let value = Some(value.to_string());
     let effect = match field {
-        "userName" => Effect::UpdateUser { id, name: value, email: None, phone_number: None, tag_ids: None },
-        "userEmail" => Effect::UpdateUser { id, name: None, email: value, phone_number: None, tag_ids: None },
-        _ => Effect::UpdateUser { id, name: None, email: None, phone_number: value, tag_ids: None },
+        "userName" => {
+            Effect::UpdateUser { id: id.clone(), name: value, email: None, phone_number: None, tag_ids: None }
+        }
+        "userEmail" => {
+            Effect::UpdateUser { id: id.clone(), name: None, email: value, phone_number: None, tag_ids: None }
+        }
+        _ => Effect::UpdateUser { id: id.clone(), name: None, email: None, phone_number: value, tag_ids: None },
     };
-    Ok(vec![i.change(effect)])
+    let mut out = vec![i.change(effect)];
+    if verified {
+        out.push(i.change(Effect::MarkContactsVerified { id }));
+    }
+    Ok(out)
 }
 
 /// The root quorum threshold of a new sub-organization: from 1 to its number of root users.

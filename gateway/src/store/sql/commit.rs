@@ -116,6 +116,7 @@ pub fn apply_write<D: Dialect>(db: &mut D, w: &Write) -> Result<(), StoreError> 
         Write::MarkPrivateKeyExported(id) => wallets::mark_private_key_exported(db, id),
         Write::MarkAccountExported(id) => wallets::mark_account_exported(db, id),
         Write::DeleteWallets { ids, require_exported } => wallets::delete_wallets(db, ids, *require_exported),
+        Write::MarkContactsVerified { organization_id, id } => users::mark_contacts_verified(db, organization_id, id),
         Write::RenameWallet { id, name, updated_at } => wallets::rename_wallet(db, id, name, *updated_at),
         Write::DeleteAccounts { organization_id, ids, require_exported } => {
             wallets::delete_accounts(db, organization_id, ids, *require_exported)

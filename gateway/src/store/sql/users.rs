@@ -113,3 +113,15 @@ pub fn user<D: Dialect>(db: &mut D, org: &str, id: &str) -> Result<User, StoreEr
 pub fn users_page<D: Dialect>(db: &mut D, org: &str, page: &Page) -> Result<Vec<User>, StoreError> {
     keyset_page(db, by_organization("users", USER_COLS, &[org]), page, user_row)
 }
+
+/// See `Write::MarkContactsVerified`.
+pub fn mark_contacts_verified<D: Dialect>(db: &mut D, organization_id: &str, id: &str) -> Result<(), StoreError> {
+    let n = db.execute(
+        "UPDATE users SET contacts_verified = 1 WHERE id = ?1 AND organization_id = ?2",
+        args![id, organization_id],
+    )?;
+    if n == 0 {
+        return Err(StoreError::conflict(format!("user not found: {id}")));
+    }
+    Ok(())
+}
