@@ -83,6 +83,12 @@ pub struct GatewayConfig {
     /// 10,000 and 5,000 (a load balancer funnels many clients through one address).
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
+    /// Proxies whose `X-Forwarded-For` names the client (CIDRs; IPv4 or IPv6): from a peer in
+    /// them, the client is the right-most address of the header that is not itself a trusted
+    /// proxy; from any other peer, the header is ignored and the client is the peer. Read by the
+    /// IP allowlists (README "IP allowlists"). Default: none (the header is never read).
+    /// Environment: `COFFER_TRUSTED_PROXIES`, comma-separated.
+    pub trusted_proxies: Vec<String>,
     /// Longest wait for a request's headers, from a connection's start or its previous response:
     /// slow-header and idle connections are closed. Default 10,000 ms.
     pub header_read_timeout_ms: u64,
@@ -192,6 +198,7 @@ impl Default for GatewayConfig {
             max_in_flight_reads: 1024,
             max_connections: 10_000,
             max_connections_per_ip: 5_000,
+            trusted_proxies: Vec::new(),
             header_read_timeout_ms: 10_000,
             write_timeout_ms: 30_000,
             max_header_bytes: 64 * 1024,
@@ -318,6 +325,12 @@ impl GatewayConfig {
         }
         if !cfg.enclave_urls.is_empty() && cfg.enclave_tls.is_none() {
             anyhow::bail!("enclave_urls need enclave_tls (ca, cert, key): enclaves over TCP use mutual TLS");
+        }
+        if let Some(v) = env("COFFER_TRUSTED_PROXIES") {
+            cfg.trusted_proxies = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        }
+        if let Some(bad) = cfg.trusted_proxies.iter().find(|p| crate::ip_allowlists::parse_network(p).is_none()) {
+            anyhow::bail!("trusted_proxies: {bad:?} is not an address or a CIDR (such as 10.0.0.0/8)");
         }
         if let Some(v) = env("COFFER_INSTANCE_ID") {
             cfg.instance_id = Some(v);

@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::activity::pipeline;
 use crate::custody::transport;
 use crate::error::ApiError;
+use crate::ip_allowlists::Origin;
 use crate::limits::{ClientAddr, RequestClass};
 use crate::state::AppState;
 
@@ -130,7 +131,8 @@ async fn submit(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    respond(pipeline::submit(state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
+    let origin = origin(&state, client, &headers);
+    respond(pipeline::submit_from(origin, state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
 }
 
 async fn query(
@@ -148,7 +150,14 @@ async fn query(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    respond(pipeline::query(state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
+    let origin = origin(&state, client, &headers);
+    respond(pipeline::query_from(origin, state, &crate::ops::REGISTRY, &name, &headers, &bytes).await)
+}
+
+/// Where an API request comes from, for the IP allowlists.
+fn origin(state: &AppState, client: Option<Extension<ClientAddr>>, headers: &HeaderMap) -> Origin {
+    let peer = client.map(|Extension(ClientAddr(ip))| ip);
+    Origin::Network(peer.and_then(|p| crate::ip_allowlists::client_address(p, headers, &state.limits.trusted_proxies)))
 }
 
 /// The bundle signer's key, for clients to pin (`dangerouslyOverrideSignerPublicKey` in JS,

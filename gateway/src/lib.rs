@@ -9,6 +9,7 @@ pub mod custody;
 pub mod error;
 pub mod evaluation_share;
 pub mod http;
+pub mod ip_allowlists;
 pub mod limits;
 pub mod login_public_keys;
 pub mod metrics;

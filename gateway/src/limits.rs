@@ -30,6 +30,9 @@ pub struct Limits {
     reads: Arc<Semaphore>,
     per_ip: Option<RateLimiter<IpAddr>>,
     per_credential: Option<RateLimiter<String>>,
+    /// `trusted_proxies`: the peers whose `X-Forwarded-For` names the client
+    /// (`ip_allowlists::client_address`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Limits {
@@ -42,6 +45,12 @@ impl Limits {
             reads: sem(cfg.max_in_flight_reads),
             per_ip: RateLimiter::per_second(cfg.rate_limit_per_ip),
             per_credential: RateLimiter::per_second(cfg.rate_limit_per_credential),
+            // Checked when the configuration was read.
+            trusted_proxies: cfg
+                .trusted_proxies
+                .iter()
+                .filter_map(|p| crate::ip_allowlists::parse_network(p))
+                .collect(),
         }
     }
 

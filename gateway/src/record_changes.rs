@@ -360,6 +360,10 @@ fn put_record(r: &Record) -> Option<Change> {
             },
         },
         kinds::FEATURE => Effect::SetFeature { name: r.id.clone(), value: text("value") },
+        kinds::IP_ALLOWLIST => Effect::PutIpAllowlist {
+            key: crate::ip_allowlists::key_of(&r.id).to_string(),
+            allowlist: serde_json::from_value(r.data.clone()).ok()?,
+        },
         kinds::AUTH_PROXY => {
             Effect::SetAuthProxy { enabled: r.data.get("enabled").and_then(Value::as_bool).unwrap_or(false) }
         }
@@ -383,6 +387,10 @@ fn delete_records(org: &str, kind: &str, ids: &[String]) -> Vec<Change> {
         kinds::OAUTH2_CREDENTIAL => Effect::DeleteOauth2Credentials { ids },
         kinds::FEATURE => return ids.into_iter().map(|name| change(org, Effect::RemoveFeature { name })).collect(),
         kinds::AUTH_PROXY => Effect::SetAuthProxy { enabled: false },
+        kinds::IP_ALLOWLIST => {
+            let remove = |id: String| Effect::RemoveIpAllowlist { key: crate::ip_allowlists::key_of(&id).to_string() };
+            return ids.into_iter().map(|id| change(org, remove(id))).collect();
+        }
         _ => return Vec::new(),
     };
     vec![change(org, effect)]

@@ -27,6 +27,9 @@ pub const OTP: &str = "otp";
 /// registered it. id = name = the key (lowercase hex), as stored. The auth proxy's anonymous
 /// `PUBLIC_KEY` lookups find only these.
 pub const PROVEN_KEY: &str = "proven_key";
+/// An IP allowlist (`coffer_org_rules::model::IpAllowlist` as data): the organization's (id
+/// `organization`) or an API key's (id: its public key).
+pub const IP_ALLOWLIST: &str = "ip_allowlist";
 /// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
 pub const TVC_APP: &str = "tvc_app";
 pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
@@ -46,6 +49,7 @@ pub const ALL: &[&str] = &[
     PARENT_CERTIFICATE,
     OTP,
     PROVEN_KEY,
+    IP_ALLOWLIST,
     TVC_APP,
     TVC_DEPLOYMENT,
     TVC_OPERATOR_SET,

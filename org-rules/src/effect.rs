@@ -136,6 +136,15 @@ pub enum Effect {
     SetOrganizationName {
         name: String,
     },
+    /// The organization's IP allowlist (`key` [`crate::model::ORGANIZATION_ALLOWLIST`]) or an API
+    /// key's (its public key), set whole.
+    PutIpAllowlist {
+        key: String,
+        allowlist: crate::model::IpAllowlist,
+    },
+    RemoveIpAllowlist {
+        key: String,
+    },
     RemoveFeature {
         name: String,
     },
@@ -543,6 +552,16 @@ impl OrgState {
             }
             Effect::SetOrganizationName { name } => {
                 self.organization.name = name.clone();
+                t.push(org);
+            }
+            Effect::PutIpAllowlist { key, allowlist } => {
+                self.organization.ip_allowlists.insert(key.clone(), allowlist.clone());
+                t.push(org);
+            }
+            Effect::RemoveIpAllowlist { key } => {
+                if self.organization.ip_allowlists.remove(key).is_none() {
+                    return Err(ApplyError::Missing { kind: ORGANIZATION, id: format!("IP allowlist {key:?}") });
+                }
                 t.push(org);
             }
             Effect::RemoveFeature { name } => {

@@ -37,6 +37,34 @@ pub struct Organization {
     /// empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub auth_proxy_app_name: String,
+    /// `set_ip_allowlist`: the organization's list (key [`ORGANIZATION_ALLOWLIST`]) and each API
+    /// key's (by public key). Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ip_allowlists: BTreeMap<String, IpAllowlist>,
+}
+
+/// The key of the organization-wide list in [`Organization::ip_allowlists`] (an API key's is its
+/// public key, which is never empty).
+pub const ORGANIZATION_ALLOWLIST: &str = "";
+
+/// An IP allowlist: the client addresses requests may come from (enforced by the gateway, which
+/// alone sees them; README "IP allowlists").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct IpAllowlist {
+    /// The organization's list is enforced only while enabled (and an API key's only while the
+    /// organization's is); always true for an API key's.
+    pub enabled: bool,
+    /// `ALLOW` or `DENY`: what a request whose address cannot be evaluated gets.
+    pub on_evaluation_error: String,
+    pub rules: Vec<IpRule>,
+}
+
+/// One CIDR of an [`IpAllowlist`], as given (checked to parse), with its label.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct IpRule {
+    pub cidr: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub label: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -387,6 +387,24 @@ pub static SUBJECTS: &[Subject] = &[
         "updateOrganizationNameIntent",
         "updateOrganizationNameResult",
     ),
+    // Not in the hosted service's policy table: Coffer's choice, the organization's settings
+    // (README "IP allowlists").
+    s(
+        "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
+        "ORGANIZATION",
+        "UPDATE",
+        false,
+        "setIpAllowlistIntent",
+        "setIpAllowlistResult",
+    ),
+    s(
+        "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
+        "ORGANIZATION",
+        "UPDATE",
+        false,
+        "removeIpAllowlistIntent",
+        "removeIpAllowlistResult",
+    ),
     s("ACTIVITY_TYPE_CREATE_TVC_APP", "TVC_APP", "CREATE", false, "createTvcAppIntent", "createTvcAppResult"),
     s(
         "ACTIVITY_TYPE_CREATE_TVC_DEPLOYMENT",

@@ -14,9 +14,10 @@ pub use input::{
     WEBHOOK_ENDPOINT_ID,
 };
 pub use records::{
-    auth_proxy_app_name, auth_proxy_policy_consensus, oauth2_credential_value, proxy_app_name,
-    AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION, AUTH_PROXY_POLICY_NAME,
-    AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME, HSM_NATIVE_KEYS_FEATURE,
+    auth_proxy_app_name, auth_proxy_policy_consensus, ip_allowlist, ip_allowlist_key, oauth2_credential_value,
+    proxy_app_name, AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION,
+    AUTH_PROXY_POLICY_NAME, AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME, HSM_NATIVE_KEYS_FEATURE,
+    MAX_IP_ALLOWLISTS, MAX_IP_RULES,
 };
 pub use results::made_ids;
 pub use users::{
@@ -42,6 +43,8 @@ pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_CREATE_API_ONLY_USERS",
     "ACTIVITY_TYPE_UPDATE_USER",
     "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
+    "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
+    "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
     "ACTIVITY_TYPE_UPDATE_USER_NAME",
     "ACTIVITY_TYPE_UPDATE_USER_EMAIL",
     "ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER",
@@ -94,6 +97,8 @@ fn transition(activity_type: &str) -> Option<Transition> {
         "ACTIVITY_TYPE_CREATE_API_ONLY_USERS" => u::create_api_only_users,
         "ACTIVITY_TYPE_UPDATE_USER" => u::update_user,
         "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME" => r::update_organization_name,
+        "ACTIVITY_TYPE_SET_IP_ALLOWLIST" => r::set_ip_allowlist,
+        "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST" => r::remove_ip_allowlist,
         "ACTIVITY_TYPE_UPDATE_USER_NAME" => |i| u::update_user_field(i, "userName"),
         "ACTIVITY_TYPE_UPDATE_USER_EMAIL" => |i| u::update_user_field(i, "userEmail"),
         "ACTIVITY_TYPE_UPDATE_USER_PHONE_NUMBER" => |i| u::update_user_field(i, "userPhoneNumber"),

@@ -31,6 +31,7 @@ const SAMPLES: &[&str] = &[
     "coffer@example.com",
     "generic",
     "true",
+    "10.0.0.0/8",
 ];
 
 /// One row of a key table: the key (`table.key` inside a table), its variables (", " between

@@ -115,6 +115,7 @@ pub const VARIABLES: &[(&str, Reader)] = &[
     ("COFFER_TEST_HSM", Reader::Tooling),
     ("COFFER_TEST_STORE", Reader::Tooling),
     ("COFFER_TOKEN_LABEL", Reader::Enclave),
+    ("COFFER_TRUSTED_PROXIES", Reader::Gateway),
     ("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", Reader::Gateway),
     ("COFFER_WRITE_SEEDS", Reader::Tooling),
     ("COFFER_WRITE_TIMEOUT_MS", Reader::Gateway),

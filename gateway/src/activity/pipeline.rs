@@ -14,6 +14,7 @@ use super::render;
 use super::submission::{self, Envelope};
 use super::{STATUS_COMPLETED, STATUS_CONSENSUS_NEEDED, STATUS_FAILED, STATUS_REJECTED, TYPE_APPROVE, TYPE_REJECT};
 use crate::error::{ApiError, Code};
+use crate::ip_allowlists::Origin;
 use crate::record_kinds::PARENT_CERTIFICATE;
 use crate::stamps::{self, Caller, Credential};
 use crate::state::AppState;
@@ -568,8 +569,21 @@ async fn idempotent_replay(
     }
 }
 
-/// `POST /public/v1/submit/<path>`.
+/// `POST /public/v1/submit/<path>` from the gateway itself ([`Origin::Internal`]: no IP
+/// allowlist applies).
 pub async fn submit(
+    state: Arc<AppState>,
+    registry: &'static Registry,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    submit_from(Origin::Internal, state, registry, path, headers, body).await
+}
+
+/// `POST /public/v1/submit/<path>` from `origin`.
+pub async fn submit_from(
+    origin: Origin,
     state: Arc<AppState>,
     registry: &'static Registry,
     path: &str,
@@ -591,6 +605,7 @@ pub async fn submit(
     let fingerprint = submission::fingerprint(body);
     let (org, caller, known) =
         authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;
+    crate::ip_allowlists::enforce(&state, &org, &caller, origin).await?;
     state.limits.charge_credential(caller.credential.id())?;
     let idem = idempotency_key(headers)?;
     // Until it is committed here, no repair of its organization runs (`uncertain_outcomes`).
@@ -1271,8 +1286,21 @@ async fn apply(
     Ok(())
 }
 
-/// `POST /public/v1/query/<path>`: authenticate, check read access, answer.
+/// `POST /public/v1/query/<path>` from the gateway itself: authenticate, check read access,
+/// answer ([`Origin::Internal`]: no IP allowlist applies).
 pub async fn query(
+    state: Arc<AppState>,
+    registry: &'static Registry,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    query_from(Origin::Internal, state, registry, path, headers, body).await
+}
+
+/// `POST /public/v1/query/<path>` from `origin`.
+pub async fn query_from(
+    origin: Origin,
     state: Arc<AppState>,
     registry: &'static Registry,
     path: &str,
@@ -1293,6 +1321,7 @@ pub async fn query(
     if matches!(caller.credential, Credential::Attested(_) | Credential::VerificationToken(_)) {
         return Err(ApiError::forbidden("request not authorized: an attested stamp may only submit stamp_login"));
     }
+    crate::ip_allowlists::enforce(&state, &org, &caller, origin).await?;
     state.limits.charge_credential(caller.credential.id())?;
     request.remove("organizationId");
     let params = submission::strip_nulls(Value::Object(request));

@@ -2,6 +2,7 @@
 //! grouped one file per resource family.
 
 pub mod activities;
+pub mod allowlists;
 pub mod approvals;
 pub mod authenticators;
 pub mod contracts;
@@ -495,6 +496,22 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "UPDATE",
         organization::update_organization_name
     ),
+    op!(
+        "set_ip_allowlist",
+        "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
+        "setIpAllowlistIntent",
+        "setIpAllowlistResult",
+        "ORGANIZATION" / "UPDATE",
+        allowlists::set_ip_allowlist
+    ),
+    op!(
+        "remove_ip_allowlist",
+        "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
+        "removeIpAllowlistIntent",
+        "removeIpAllowlistResult",
+        "ORGANIZATION" / "UPDATE",
+        allowlists::remove_ip_allowlist
+    ),
     op!(root_quorum
         "enable_auth_proxy",
         "ACTIVITY_TYPE_ENABLE_AUTH_PROXY",
@@ -728,6 +745,7 @@ pub static QUERIES: &[Query] = &[
     Query { path: "list_suborgs", handler: query_handler!(suborgs::list_suborgs) },
     Query { path: "list_verified_suborgs", handler: query_handler!(suborgs::list_verified_suborgs) },
     Query { path: "get_active_policies", handler: query_handler!(policies::get_active_policies) },
+    Query { path: "get_ip_allowlist", handler: query_handler!(allowlists::get_ip_allowlist) },
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },

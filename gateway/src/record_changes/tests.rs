@@ -475,6 +475,15 @@ async fn the_handlers_records_follow_the_transitions() {
     )
     .await;
     h.run(ORG, "remove_organization_feature", json!({"name": "FEATURE_NAME_WEBAUTHN_ORIGINS"})).await;
+    h.run(ORG, "set_ip_allowlist", json!({"rules": [{"cidr": "10.0.0.0/8", "label": "office"}], "enabled": true}))
+        .await;
+    h.run(ORG, "set_ip_allowlist", json!({"publicKey": KEYS[0], "rules": [{"cidr": "2001:db8::/32"}]})).await;
+    // Enabled stays as it was when the body leaves it out.
+    h.run(ORG, "set_ip_allowlist", json!({"rules": [], "onEvaluationError": "ALLOW"})).await;
+    assert!(h.states[ORG].organization.ip_allowlists[""].enabled);
+    h.run(ORG, "remove_ip_allowlist", json!({"publicKey": KEYS[0]})).await;
+    h.run(ORG, "remove_ip_allowlist", json!({})).await;
+    assert!(h.states[ORG].organization.ip_allowlists.is_empty());
     h.run(ORG, "update_wallet", json!({"walletId": "w-kept", "walletName": "kept, renamed"})).await;
     h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-exported"]})).await;
     h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-kept"], "deleteWithoutExport": true})).await;

@@ -10,7 +10,9 @@ use super::input::{
     USER_ID, WEBHOOK_ENDPOINT_ID,
 };
 use crate::effect::{Change, Effect, TagKind};
-use crate::model::{ContractInterface, Named, Policy, Tag, User};
+use crate::model::{
+    ContractInterface, CredentialKind, IpAllowlist, IpRule, Named, Policy, Tag, User, ORGANIZATION_ALLOWLIST,
+};
 
 type Changes = Result<Vec<Change>, TransitionError>;
 
@@ -203,6 +205,85 @@ pub(crate) fn update_organization_name(i: &Input<'_>) -> Changes {
     let name = i.text("organizationName")?;
     crate::fields::name("organizationName", &name).map_err(|reason| i.invalid(reason))?;
     Ok(vec![i.change(Effect::SetOrganizationName { name })])
+}
+
+/// The most rules one IP allowlist holds, and the most allowlists (the organization's and its API
+/// keys') one organization holds.
+pub const MAX_IP_RULES: usize = 100;
+pub const MAX_IP_ALLOWLISTS: usize = 100;
+
+/// The key of the list `publicKey` names (lowercase hex), or the organization's own when absent.
+pub fn ip_allowlist_key(params: &Value) -> String {
+    match params.get("publicKey").and_then(Value::as_str).filter(|k| !k.trim().is_empty()) {
+        None => ORGANIZATION_ALLOWLIST.to_string(),
+        Some(key) => key.trim().trim_start_matches("0x").to_ascii_lowercase(),
+    }
+}
+
+/// The list a `setIpAllowlistIntent` sets, with its key ([`ip_allowlist_key`]), given the one it
+/// replaces: each rule a CIDR (IPv4 or IPv6) with an optional label, at most [`MAX_IP_RULES`];
+/// `onEvaluationError` `ALLOW` or `DENY` (default); `enabled` only for the organization's list
+/// (default: as it was, else off: setting rules enforces nothing until asked), an API key's
+/// being enforced whenever the organization's is. One rule for the enclave's transition and the
+/// gateway's record.
+pub fn ip_allowlist(params: &Value, existing: Option<&IpAllowlist>) -> Result<(String, IpAllowlist), String> {
+    let key = ip_allowlist_key(params);
+    let rules = super::input::items(params, "rules");
+    if rules.len() > MAX_IP_RULES {
+        return Err(format!("rules: at most {MAX_IP_RULES}"));
+    }
+    let mut parsed = Vec::with_capacity(rules.len());
+    for (n, r) in rules.iter().enumerate() {
+        let cidr = super::input::text_of(r, "cidr").unwrap_or_default();
+        if cidr.trim().parse::<ipnet::IpNet>().is_err() {
+            return Err(format!("rules[{n}].cidr is not a CIDR (such as 203.0.113.0/24 or 2001:db8::/32): {cidr:?}"));
+        }
+        let label = super::input::text_of(r, "label").unwrap_or_default();
+        if !label.is_empty() {
+            crate::fields::name(&format!("rules[{n}].label"), &label)?;
+        }
+        parsed.push(IpRule { cidr: cidr.trim().to_string(), label });
+    }
+    let on_evaluation_error = match params.get("onEvaluationError").and_then(Value::as_str).unwrap_or_default() {
+        "" | "DENY" => "DENY",
+        "ALLOW" => "ALLOW",
+        other => return Err(format!("onEvaluationError is ALLOW or DENY, not {other:?}")),
+    };
+    let enabled = match params.get("enabled").and_then(Value::as_bool) {
+        _ if key != ORGANIZATION_ALLOWLIST => true,
+        Some(e) => e,
+        None => existing.is_some_and(|l| l.enabled),
+    };
+    Ok((key, IpAllowlist { enabled, on_evaluation_error: on_evaluation_error.to_string(), rules: parsed }))
+}
+
+/// `set_ip_allowlist` ([`ip_allowlist`]): only a top-level organization has lists (its
+/// sub-organizations' requests are not evaluated); an API key's list names an API key of the
+/// organization; at most [`MAX_IP_ALLOWLISTS`].
+pub(crate) fn set_ip_allowlist(i: &Input<'_>) -> Changes {
+    if i.state.organization.parent_id.is_some() {
+        return Err(i.invalid("IP allowlists belong to a top-level organization: a sub-organization has none"));
+    }
+    let lists = &i.state.organization.ip_allowlists;
+    let key = ip_allowlist_key(i.params);
+    let (key, allowlist) = ip_allowlist(i.params, lists.get(&key)).map_err(|reason| i.invalid(reason))?;
+    let api_key = |k: &str| i.state.credentials.values().any(|c| c.kind == CredentialKind::ApiKey && c.public_key == k);
+    if key != ORGANIZATION_ALLOWLIST && !api_key(&key) {
+        return Err(i.invalid(format!("publicKey {key} is not an API key of this organization")));
+    }
+    if !lists.contains_key(&key) && lists.len() >= MAX_IP_ALLOWLISTS {
+        return Err(i.invalid(format!("an organization has at most {MAX_IP_ALLOWLISTS} IP allowlists")));
+    }
+    Ok(vec![i.change(Effect::PutIpAllowlist { key, allowlist })])
+}
+
+/// `remove_ip_allowlist`: the organization's list or an API key's (`publicKey`), which must exist.
+pub(crate) fn remove_ip_allowlist(i: &Input<'_>) -> Changes {
+    let key = ip_allowlist_key(i.params);
+    if !i.state.organization.ip_allowlists.contains_key(&key) {
+        return Err(i.invalid("no such IP allowlist"));
+    }
+    Ok(vec![i.change(Effect::RemoveIpAllowlist { key })])
 }
 
 pub(crate) fn remove_organization_feature(i: &Input<'_>) -> Changes {

@@ -904,6 +904,61 @@ fn features_and_the_auth_proxy() {
 }
 
 #[test]
+fn ip_allowlists_are_a_top_level_organizations_with_parsed_rules() {
+    use crate::model::{IpAllowlist, IpRule};
+    let mut s = state();
+    let key = "02abcd".to_string();
+    s.apply(&self::key("k1", "r", &key)).unwrap();
+    let ty = "ACTIVITY_TYPE_SET_IP_ALLOWLIST";
+    let list = |enabled: bool, rules: &[(&str, &str)]| IpAllowlist {
+        enabled,
+        on_evaluation_error: "DENY".into(),
+        rules: rules.iter().map(|(c, l)| IpRule { cidr: c.to_string(), label: l.to_string() }).collect(),
+    };
+    let put = |key: &str, l: IpAllowlist| vec![c(Effect::PutIpAllowlist { key: key.into(), allowlist: l })];
+    let body =
+        json!({"rules": [{"cidr": " 10.0.0.0/8 ", "label": "office"}, {"cidr": "2001:db8::/32"}], "enabled": true});
+    let good = put("", list(true, &[("10.0.0.0/8", "office"), ("2001:db8::/32", "")]));
+    case(
+        &s,
+        ty,
+        body,
+        &[],
+        good,
+        vec![("disabled", put("", list(false, &[("10.0.0.0/8", "office"), ("2001:db8::/32", "")])))],
+    );
+    // A new list left without `enabled` is off; an API key's is always on.
+    case(&s, ty, json!({"rules": []}), &[], put("", list(false, &[])), vec![]);
+    case(
+        &s,
+        ty,
+        json!({"publicKey": key.to_uppercase(), "rules": [], "enabled": false}),
+        &[],
+        put(&key, list(true, &[])),
+        vec![],
+    );
+    for bad in [
+        json!({"rules": [{"cidr": "10.0.0.0/33"}]}),
+        json!({"rules": [{"cidr": "example.com"}]}),
+        json!({"rules": [], "onEvaluationError": "MAYBE"}),
+        json!({"publicKey": "02ff", "rules": []}),
+        json!({"rules": [{"cidr": "10.0.0.0/8", "label": "a\nb"}]}),
+    ] {
+        assert!(run(&s, ty, &bad, &put("", list(false, &[])), &[]).is_err(), "{bad}");
+    }
+    let ty = "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST";
+    assert!(
+        run(&s, ty, &json!({}), &[c(Effect::RemoveIpAllowlist { key: "".into() })], &[]).is_err(),
+        "none to remove"
+    );
+    s.apply(&Effect::PutIpAllowlist { key: "".into(), allowlist: list(true, &[]) }).unwrap();
+    case(&s, ty, json!({}), &[], vec![c(Effect::RemoveIpAllowlist { key: "".into() })], vec![]);
+    // A sub-organization has none.
+    s.organization.parent_id = Some("parent".into());
+    assert!(run(&s, "ACTIVITY_TYPE_SET_IP_ALLOWLIST", &json!({"rules": []}), &put("", list(false, &[])), &[]).is_err());
+}
+
+#[test]
 fn a_contact_set_with_its_verification_token_is_verified_if_the_other_one_is() {
     let mut s = state();
     let user = |id: &str, email: &str, phone: &str, verified: bool| User {
