@@ -22,7 +22,7 @@ lint-deploy: deps
 # Everything on SQLite (the store's conformance suite on SQLite and PostgreSQL), then every
 # end-to-end family again on PostgreSQL, with the same binaries, except enclave_authority (it
 # rewrites the SQLite file under the gateway, as an attacker with the database would).
-E2E_ON_POSTGRES ?= approvals custody errors kek_rotation login organization otp passkeys policies policy_cost proofs resilience suborgs transactions tvc users webhooks
+E2E_ON_POSTGRES ?= approvals custody errors ip_allowlists kek_rotation login organization otp passkeys policies policy_cost proofs resilience suborgs transactions tvc users webhooks
 # The HSM layer's tests run on SoftHSM and on kryoptic (deploy/build-kryoptic.sh, cached), and these
 # end-to-end families run again with kryoptic as the enclave's module (README "Pointing the enclave
 # at a real HSM").

@@ -199,6 +199,29 @@ async fn app_proofs_verify_name_what_the_enclave_did_and_match_the_boot_proof() 
         .get_boot_proof(GetBootProofRequest { organization_id: org.clone(), ephemeral_key: "04".repeat(130) })
         .await;
     assert!(other.is_err(), "no boot proof for another key");
+
+    // get_attestation (no Rust client method): the boot proof as a CBOR document, the proof key
+    // and the manifest's digest, and no hardware attestation claimed.
+    let stack = &stack;
+    let ask = |enclave_type: &str| {
+        let body = json!({ "organizationId": org, "enclaveType": enclave_type }).to_string();
+        let key = stack.api_key();
+        async move { stack.post_raw("/public/v1/query/get_attestation", body.as_bytes(), Some(&key)).await }
+    };
+    let r = ask("signer").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let document = b64.decode(r.json["attestationDocument"].as_str().unwrap()).unwrap();
+    let document: ciborium::Value = ciborium::from_reader(document.as_slice()).unwrap();
+    let field =
+        |name: &str| document.as_map().unwrap().iter().find(|(k, _)| k.as_text() == Some(name)).map(|(_, v)| v.clone());
+    assert_eq!(field("public_key").unwrap().as_bytes().map(hex::encode), Some(key.clone()));
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(b64.decode(&boot.qos_manifest_b64).unwrap()).to_vec();
+    assert_eq!(field("user_data").unwrap().as_bytes(), Some(&digest));
+    assert_eq!(field("attestation").unwrap().as_text(), Some("none"));
+    assert_eq!(field("enclave_type").unwrap().as_text(), Some("signer"));
+    let proof: AppProof = serde_json::from_slice(field("boot_proof").unwrap().as_bytes().unwrap()).unwrap();
+    assert!(verifies(&proof));
+    coffer_tests::refused_raw(&ask("tpm").await, 400, "REQUEST_INVALID", "enclaveType is one of");
 }
 
 /// Runs one SQL statement on the stack's gateway database (`$1`… placeholders, text values).

@@ -746,6 +746,7 @@ pub static QUERIES: &[Query] = &[
     Query { path: "list_verified_suborgs", handler: query_handler!(suborgs::list_verified_suborgs) },
     Query { path: "get_active_policies", handler: query_handler!(policies::get_active_policies) },
     Query { path: "get_ip_allowlist", handler: query_handler!(allowlists::get_ip_allowlist) },
+    Query { path: "get_attestation", handler: query_handler!(proofs::get_attestation) },
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },

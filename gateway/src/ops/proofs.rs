@@ -6,6 +6,7 @@ use base64::Engine;
 use coffer_proto::v1 as pb;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sha2::Digest;
 
 use crate::activity::registry::QueryCtx;
 use crate::activity::render;
@@ -70,6 +71,44 @@ pub async fn get_boot_proof(ctx: QueryCtx, req: GetBootProofRequest) -> Result<V
         return Err(ApiError::not_found("no boot proof for this ephemeral key"));
     }
     Ok(json!({ "bootProof": boot_proof_json(&boot)? }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetAttestationRequest {
+    #[serde(default)]
+    enclave_type: String,
+}
+
+/// The enclave types the hosted service attests; Coffer's one enclave answers for each.
+const ENCLAVE_TYPES: [&str; 4] = ["ump", "notarizer", "signer", "evm-parser"];
+
+/// `query/get_attestation`: what Coffer can truthfully attest, its boot proof, as a CBOR map in
+/// base64 (`attestationDocument`): `module_id` (the enclave app), `enclave_type` (as asked),
+/// `timestamp` (start, ms), `public_key` (the proof key, bytes), `user_data` (SHA-256 of the
+/// manifest, as a Nitro document binds its manifest), `boot_proof` (the signed proof, JSON
+/// bytes) and `attestation: "none"`. It is not a Nitro COSE_Sign1 document and proves no
+/// hardware measurement (docs/proofs.md "Boot proofs").
+pub async fn get_attestation(ctx: QueryCtx, req: GetAttestationRequest) -> Result<Value, ApiError> {
+    if !ENCLAVE_TYPES.contains(&req.enclave_type.as_str()) {
+        return Err(ApiError::invalid(format!("enclaveType is one of {}", ENCLAVE_TYPES.join(", "))));
+    }
+    let boot = ctx.state.custody.boot_proof().await?;
+    let proof = boot.proof.as_ref().ok_or_else(ApiError::internal)?;
+    let public_key = hex::decode(&proof.public_key).map_err(|_| ApiError::internal())?;
+    let text = |s: &str| ciborium::Value::Text(s.to_string());
+    let document = ciborium::Value::Map(vec![
+        (text("module_id"), text(ENCLAVE_APP)),
+        (text("enclave_type"), text(&req.enclave_type)),
+        (text("timestamp"), ciborium::Value::Integer(boot.started_at_ms.into())),
+        (text("public_key"), ciborium::Value::Bytes(public_key)),
+        (text("user_data"), ciborium::Value::Bytes(sha2::Sha256::digest(proof.proof_payload.as_bytes()).to_vec())),
+        (text("boot_proof"), ciborium::Value::Bytes(render::app_proof(proof).to_string().into_bytes())),
+        (text("attestation"), text("none")),
+    ]);
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&document, &mut bytes).map_err(|_| ApiError::internal())?;
+    Ok(json!({ "attestationDocument": base64::engine::general_purpose::STANDARD.encode(bytes) }))
 }
 
 #[derive(Deserialize)]
