@@ -813,6 +813,37 @@ mod tests {
         assert!(REGISTRY.activity_version("otp_login", "ACTIVITY_TYPE_VERIFY_OTP").is_none());
     }
 
+    /// The paths of `@turnkey/http` 6.6.0's generated fetchers (docs/turnkey-http-6.6.0-paths.txt)
+    /// this registry serves, as README's "API coverage" counts them, and every path it does not
+    /// serve named there with its reason.
+    #[test]
+    fn readme_counts_the_served_paths_and_names_every_other_one() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let paths = std::fs::read_to_string(root.join("docs/turnkey-http-6.6.0-paths.txt")).unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let section = readme.split("\n## API coverage").nth(1).expect("README has an API coverage section");
+        let section = section.split("\n## ").next().unwrap();
+        let (mut served, mut left) = (0, Vec::new());
+        let paths: Vec<&str> = paths.lines().filter(|l| !l.trim().is_empty()).collect();
+        for p in &paths {
+            let is_served = match p.strip_prefix("/public/v1/submit/") {
+                Some(name) => REGISTRY.activity(name).is_some(),
+                None => p.strip_prefix("/public/v1/query/").is_some_and(|name| REGISTRY.query(name).is_some()),
+            };
+            if is_served {
+                served += 1;
+            } else {
+                left.push(*p);
+            }
+        }
+        let count = format!("**{served} of {}**", paths.len());
+        assert!(section.contains(&count), "README's API coverage should say {count}");
+        for p in left {
+            let name = p.rsplit('/').next().unwrap();
+            assert!(section.contains(&format!("`{name}`")), "README's API coverage does not name {p}");
+        }
+    }
+
     #[test]
     fn pagination_limit() {
         assert_eq!(Pagination::default().limit().unwrap(), 10);
