@@ -432,14 +432,42 @@ fn stamping_credential_id(a: &Admitted) -> Result<String, EnclaveError> {
         })
 }
 
+/// The session profile a login's `sessionProfileId` names, with its id: one of the organization's
+/// or, for a sub-organization, of its parent's (a parent makes profiles for its users' sessions).
+/// `None` when the body names none; a 400 when it names one that is neither.
+pub fn named_profile(
+    admission: &Admission,
+    a: &Admitted,
+) -> Result<Option<(String, coffer_org_rules::model::SessionProfile)>, EnclaveError> {
+    let id = text(&a.activity.parameters, "sessionProfileId").trim();
+    if id.is_empty() {
+        return Ok(None);
+    }
+    let rules = admission.rules();
+    let Some(own) = rules.load(&a.activity.organization_id)? else {
+        return Err(EnclaveError::invalid("sessionProfileId names no session profile of this organization"));
+    };
+    if let Some(p) = own.state.organization.session_profiles.get(id) {
+        return Ok(Some((id.to_string(), p.clone())));
+    }
+    if let Some(parent) = own.state.organization.parent_id.as_deref() {
+        if let Some(p) = rules.load(parent)?.and_then(|l| l.state.organization.session_profiles.get(id).cloned()) {
+            return Ok(Some((id.to_string(), p)));
+        }
+    }
+    Err(EnclaveError::invalid("sessionProfileId names no session profile of this organization or its parent"))
+}
+
 /// Certifies the session key and signs its JWT; for a read-write session also encrypts the key
-/// to the body's `targetPublicKey`.
+/// to the body's `targetPublicKey`. With a session profile, the JWT's `session_type` is the
+/// profile's name and it carries `session_profile_id` and `scope`.
 pub fn open_session(
     hsm: &Hsm,
     admission: &Admission,
     a: &Admitted,
     g: SessionGrant,
     seconds: u64,
+    profile: Option<&(String, coffer_org_rules::model::SessionProfile)>,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
     // A session cannot outlive the credential (API key, session) that opened it.
     let expires_at_ms = session_expiry(admission, a, seconds);
@@ -453,13 +481,18 @@ pub fn open_session(
         issuing_fingerprint: a.activity.fingerprint.clone(),
         mac: vec![],
     })?;
-    let claims = json!({
+    let mut claims = json!({
         "exp": expires_at_ms / 1000,
         "public_key": g.public_key,
         "session_type": "SESSION_TYPE_READ_WRITE",
         "user_id": g.user_id,
         "organization_id": organization_id,
     });
+    if let Some((id, p)) = profile {
+        claims["session_type"] = json!(p.name);
+        claims["session_profile_id"] = json!(id);
+        claims["scope"] = json!(p.scope);
+    }
     let session = coffer_crypto::session::assemble_session_jwt(&claims, |digest| {
         hsm.sign_digest_with(LoginKey::Notarizer, digest)
             .map_err(|e| coffer_crypto::CryptoError::Internal(e.to_string()))

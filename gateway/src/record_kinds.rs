@@ -30,6 +30,8 @@ pub const PROVEN_KEY: &str = "proven_key";
 /// An IP allowlist (`coffer_org_rules::model::IpAllowlist` as data): the organization's (id
 /// `organization`) or an API key's (id: its public key).
 pub const IP_ALLOWLIST: &str = "ip_allowlist";
+/// A session profile (`coffer_org_rules::model::SessionProfile` as data), by its id.
+pub const SESSION_PROFILE: &str = "session_profile";
 /// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
 pub const TVC_APP: &str = "tvc_app";
 pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
@@ -50,6 +52,7 @@ pub const ALL: &[&str] = &[
     OTP,
     PROVEN_KEY,
     IP_ALLOWLIST,
+    SESSION_PROFILE,
     TVC_APP,
     TVC_DEPLOYMENT,
     TVC_OPERATOR_SET,

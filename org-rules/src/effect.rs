@@ -145,6 +145,11 @@ pub enum Effect {
     RemoveIpAllowlist {
         key: String,
     },
+    /// A new session profile, with an id no profile has.
+    PutSessionProfile {
+        id: String,
+        profile: crate::model::SessionProfile,
+    },
     RemoveFeature {
         name: String,
     },
@@ -556,6 +561,13 @@ impl OrgState {
             }
             Effect::PutIpAllowlist { key, allowlist } => {
                 self.organization.ip_allowlists.insert(key.clone(), allowlist.clone());
+                t.push(org);
+            }
+            Effect::PutSessionProfile { id, profile } => {
+                if self.organization.session_profiles.contains_key(id) {
+                    return Err(ApplyError::Exists { kind: ORGANIZATION, id: format!("session profile {id}") });
+                }
+                self.organization.session_profiles.insert(id.clone(), profile.clone());
                 t.push(org);
             }
             Effect::RemoveIpAllowlist { key } => {

@@ -41,6 +41,24 @@ pub struct Organization {
     /// key's (by public key). Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ip_allowlists: BTreeMap<String, IpAllowlist>,
+    /// `create_session_profile`, by id: never changed nor deleted (as the hosted service's).
+    /// Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub session_profiles: BTreeMap<String, SessionProfile>,
+}
+
+/// A session profile: what the sessions that name it are (the enclave issues them so).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SessionProfile {
+    /// The `session_type` of its sessions' JWTs.
+    pub name: String,
+    /// Policy language (a condition), carried in its sessions' JWTs as `scope`.
+    pub scope: String,
+    /// The longest its sessions live; `None`: as the login asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiration_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub notes: String,
 }
 
 /// The key of the organization-wide list in [`Organization::ip_allowlists`] (an API key's is its

@@ -387,6 +387,15 @@ pub static SUBJECTS: &[Subject] = &[
         "updateOrganizationNameIntent",
         "updateOrganizationNameResult",
     ),
+    // SESSION_PROFILE / CREATE: the kind is in the hosted service's table, the resource inferred.
+    s(
+        "ACTIVITY_TYPE_CREATE_SESSION_PROFILE",
+        "SESSION_PROFILE",
+        "CREATE",
+        false,
+        "createSessionProfileIntent",
+        "createSessionProfileResult",
+    ),
     // Not in the hosted service's policy table: Coffer's choice, the organization's settings
     // (README "IP allowlists").
     s(

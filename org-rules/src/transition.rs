@@ -10,14 +10,14 @@ mod users;
 
 pub use input::{
     credential_id_label, Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, ISSUED_CREDENTIAL_ID,
-    OAUTH2_CREDENTIAL_ID, POLICY_ID, SUB_ORGANIZATION_ID, TAG_ID, USER_ID, WALLET_ACCOUNT_ID, WALLET_ID,
-    WEBHOOK_ENDPOINT_ID,
+    OAUTH2_CREDENTIAL_ID, POLICY_ID, SESSION_PROFILE_ID, SUB_ORGANIZATION_ID, TAG_ID, USER_ID, WALLET_ACCOUNT_ID,
+    WALLET_ID, WEBHOOK_ENDPOINT_ID,
 };
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, ip_allowlist, ip_allowlist_key, oauth2_credential_value,
-    proxy_app_name, AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION,
+    proxy_app_name, session_profile, AUTH_PROXY_APP_NAME_MAX_CHARS, AUTH_PROXY_FEATURE, AUTH_PROXY_POLICY_CONDITION,
     AUTH_PROXY_POLICY_NAME, AUTH_PROXY_USER_NAME, DEFAULT_AUTH_PROXY_APP_NAME, HSM_NATIVE_KEYS_FEATURE,
-    MAX_IP_ALLOWLISTS, MAX_IP_RULES,
+    MAX_IP_ALLOWLISTS, MAX_IP_RULES, MAX_SESSION_PROFILES, MAX_SESSION_PROFILE_SECONDS,
 };
 pub use results::made_ids;
 pub use users::{
@@ -44,6 +44,7 @@ pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_UPDATE_USER",
     "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
     "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
+    "ACTIVITY_TYPE_CREATE_SESSION_PROFILE",
     "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
     "ACTIVITY_TYPE_UPDATE_USER_NAME",
     "ACTIVITY_TYPE_UPDATE_USER_EMAIL",
@@ -98,6 +99,7 @@ fn transition(activity_type: &str) -> Option<Transition> {
         "ACTIVITY_TYPE_UPDATE_USER" => u::update_user,
         "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME" => r::update_organization_name,
         "ACTIVITY_TYPE_SET_IP_ALLOWLIST" => r::set_ip_allowlist,
+        "ACTIVITY_TYPE_CREATE_SESSION_PROFILE" => r::create_session_profile,
         "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST" => r::remove_ip_allowlist,
         "ACTIVITY_TYPE_UPDATE_USER_NAME" => |i| u::update_user_field(i, "userName"),
         "ACTIVITY_TYPE_UPDATE_USER_EMAIL" => |i| u::update_user_field(i, "userEmail"),

@@ -462,6 +462,61 @@ async fn stamp_login_sessions_expire_and_invalidate_existing_removes_earlier_one
         session_profile_id: None,
     };
     refused(client.stamp_login(org.clone(), Stack::now_ms(), bad).await, 400, "REQUEST_INVALID", "publicKey");
+    session_profiles(&stack).await;
+}
+
+/// Session profiles: made through the activity path and read back; a login that names one gets
+/// a session no longer than the profile's lifetime, whose JWT carries the profile's name as its
+/// `session_type`, its id and its scope; a login naming no profile of the organization is refused.
+async fn session_profiles(stack: &Stack) {
+    use turnkey_client::generated::{CreateSessionProfileIntent, GetSessionProfileRequest, GetSessionProfilesRequest};
+    let (client, org) = (stack.client(), stack.organization_id.clone());
+    let intent = |name: &str, scope: &str, seconds: Option<&str>| CreateSessionProfileIntent {
+        session_profile_name: name.into(),
+        scope: scope.into(),
+        expiration_seconds: seconds.map(String::from),
+        notes: Some("signing only".into()),
+    };
+    let scope = "activity.resource == 'PRIVATE_KEY' && activity.action == 'SIGN'";
+    let made = client
+        .create_session_profile(org.clone(), client.current_timestamp(), intent("signer", scope, Some("60")))
+        .await;
+    let id = made.unwrap().result.session_profile_id;
+    let r = client
+        .create_session_profile(org.clone(), client.current_timestamp(), intent("bad", "activity.resource ==", None))
+        .await;
+    refused(r, 400, "REQUEST_INVALID", "invalid scope");
+    let read = client
+        .get_session_profile(GetSessionProfileRequest { organization_id: org.clone(), session_profile_id: id.clone() })
+        .await
+        .unwrap()
+        .session_profile
+        .unwrap();
+    assert_eq!(
+        (read.session_profile_name.as_str(), read.scope.as_str(), read.expiration_seconds.as_deref()),
+        ("signer", scope, Some("60"))
+    );
+    let all = client.get_session_profiles(GetSessionProfilesRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(all.session_profiles.len(), 1);
+
+    // A login asking for an hour under the profile gets its minute, and the profile's claims.
+    let (_, public, _) = session_key();
+    let p = json!({"publicKey": public, "expirationSeconds": "3600", "sessionProfileId": id});
+    let r = submit(stack, &stack.api_key(), &org, "stamp_login", "ACTIVITY_TYPE_STAMP_LOGIN", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let jwt = r.json["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap().to_string();
+    let claims = session_claims(stack, &jwt).await;
+    let now = (Stack::now_ms() / 1000) as u64;
+    let exp = claims["exp"].as_u64().unwrap();
+    assert!((now..=now + 61).contains(&exp), "exp {exp} now {now}");
+    assert_eq!(
+        (claims["session_type"].as_str(), claims["session_profile_id"].as_str(), claims["scope"].as_str()),
+        (Some("signer"), Some(id.as_str()), Some(scope))
+    );
+    let (_, public, _) = session_key();
+    let p = json!({"publicKey": public, "sessionProfileId": "00000000-0000-4000-8000-000000000000"});
+    let r = submit(stack, &stack.api_key(), &org, "stamp_login", "ACTIVITY_TYPE_STAMP_LOGIN", p).await;
+    refused_raw(&r, 400, "REQUEST_INVALID", "sessionProfileId names no session profile");
 }
 
 #[tokio::test]

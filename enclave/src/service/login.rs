@@ -298,6 +298,10 @@ async fn verify_and_open(
     verification: Option<coffer_auth::verification_token::VerifiedToken>,
 ) -> Result<pb::CreateSessionResponse, EnclaveError> {
     let seconds = sessions::session_seconds(&a.activity.parameters, settings.max_session_seconds)?;
+    // A session profile the login names: its organization's (or its parent's), whose lifetime
+    // caps the session's and whose name and scope its JWT carries.
+    let profile = sessions::named_profile(&admission, &a)?;
+    let seconds = profile.as_ref().and_then(|(_, p)| p.expiration_seconds).map_or(seconds, |max| seconds.min(max));
     let mut verified = Vec::with_capacity(tokens.len());
     for t in &tokens {
         verified.push(sessions::verify_pending(&hsm, settings, &a, t).await?);
@@ -342,7 +346,7 @@ async fn verify_and_open(
                 g
             }
         };
-        let session = sessions::open_session(&hsm, &admission, &a, g, seconds)?;
+        let session = sessions::open_session(&hsm, &admission, &a, g, seconds, profile.as_ref())?;
         let message = match by_email {
             true => Some(super::otp::email_bundle(&admission, &o, &a, &session.credential_bundle)?),
             false => None,

@@ -18,6 +18,7 @@ pub mod policies;
 pub mod proofs;
 pub mod proxy_config;
 pub mod sealed;
+pub mod session_profiles;
 pub mod sessions;
 pub mod signing;
 pub mod suborgs;
@@ -497,6 +498,14 @@ pub static ACTIVITIES: &[Operation] = &[
         organization::update_organization_name
     ),
     op!(
+        "create_session_profile",
+        "ACTIVITY_TYPE_CREATE_SESSION_PROFILE",
+        "createSessionProfileIntent",
+        "createSessionProfileResult",
+        "SESSION_PROFILE" / "CREATE",
+        session_profiles::create_session_profile
+    ),
+    op!(
         "set_ip_allowlist",
         "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
         "setIpAllowlistIntent",
@@ -747,6 +756,8 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_active_policies", handler: query_handler!(policies::get_active_policies) },
     Query { path: "get_ip_allowlist", handler: query_handler!(allowlists::get_ip_allowlist) },
     Query { path: "get_attestation", handler: query_handler!(proofs::get_attestation) },
+    Query { path: "get_session_profile", handler: query_handler!(session_profiles::get_session_profile) },
+    Query { path: "get_session_profiles", handler: query_handler!(session_profiles::get_session_profiles) },
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },
     Query { path: "coffer_policy_dry_run", handler: query_handler!(approvals::policy_dry_run) },
     Query { path: "list_webhook_endpoints", handler: query_handler!(webhooks::list_webhook_endpoints) },

@@ -483,6 +483,15 @@ async fn the_handlers_records_follow_the_transitions() {
     assert!(h.states[ORG].organization.ip_allowlists[""].enabled);
     h.run(ORG, "remove_ip_allowlist", json!({"publicKey": KEYS[0]})).await;
     h.run(ORG, "remove_ip_allowlist", json!({})).await;
+    let profile = h
+        .run(
+            ORG,
+            "create_session_profile",
+            json!({"sessionProfileName": "signer", "scope": "activity.action == 'SIGN'", "expirationSeconds": "60"}),
+        )
+        .await;
+    let id = profile["sessionProfileId"].as_str().unwrap();
+    assert_eq!(h.states[ORG].organization.session_profiles[id].expiration_seconds, Some(60));
     assert!(h.states[ORG].organization.ip_allowlists.is_empty());
     h.run(ORG, "update_wallet", json!({"walletId": "w-kept", "walletName": "kept, renamed"})).await;
     h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-exported"]})).await;

@@ -6,12 +6,13 @@
 use serde_json::Value;
 
 use super::input::{
-    integer, raw_texts, Input, TransitionError, CONTRACT_INTERFACE_ID, OAUTH2_CREDENTIAL_ID, POLICY_ID, TAG_ID,
-    USER_ID, WEBHOOK_ENDPOINT_ID,
+    integer, raw_texts, Input, TransitionError, CONTRACT_INTERFACE_ID, OAUTH2_CREDENTIAL_ID, POLICY_ID,
+    SESSION_PROFILE_ID, TAG_ID, USER_ID, WEBHOOK_ENDPOINT_ID,
 };
 use crate::effect::{Change, Effect, TagKind};
 use crate::model::{
-    ContractInterface, CredentialKind, IpAllowlist, IpRule, Named, Policy, Tag, User, ORGANIZATION_ALLOWLIST,
+    ContractInterface, CredentialKind, IpAllowlist, IpRule, Named, Policy, SessionProfile, Tag, User,
+    ORGANIZATION_ALLOWLIST,
 };
 
 type Changes = Result<Vec<Change>, TransitionError>;
@@ -275,6 +276,50 @@ pub(crate) fn set_ip_allowlist(i: &Input<'_>) -> Changes {
         return Err(i.invalid(format!("an organization has at most {MAX_IP_ALLOWLISTS} IP allowlists")));
     }
     Ok(vec![i.change(Effect::PutIpAllowlist { key, allowlist })])
+}
+
+/// The most session profiles one organization holds (they are never deleted).
+pub const MAX_SESSION_PROFILES: usize = 100;
+/// The longest a session profile's sessions may be asked to live (`expirationSeconds`): a year.
+pub const MAX_SESSION_PROFILE_SECONDS: u64 = 365 * 24 * 3600;
+
+/// The profile a `createSessionProfileIntent` makes: a name (`fields::name`), a scope that
+/// parses as a policy condition (bounded as one), an optional lifetime of 1 s to
+/// [`MAX_SESSION_PROFILE_SECONDS`], notes of at most 1,024 characters. One rule for the
+/// enclave's transition and the gateway's record.
+pub fn session_profile(params: &Value) -> Result<SessionProfile, String> {
+    let text = |k: &str| params.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = text("sessionProfileName");
+    crate::fields::name("sessionProfileName", &name)?;
+    let scope = text("scope");
+    if scope.trim().is_empty() {
+        return Err("scope is missing".into());
+    }
+    coffer_policy::parse_condition(&scope).map_err(|e| format!("invalid scope: {e}"))?;
+    let expiration_seconds = match params.get("expirationSeconds").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => match super::users::expiration_seconds(v) {
+            Some(s) if (1..=MAX_SESSION_PROFILE_SECONDS).contains(&s) => Some(s),
+            _ => return Err(format!("expirationSeconds is not 1 to {MAX_SESSION_PROFILE_SECONDS}")),
+        },
+    };
+    let notes = text("notes");
+    if notes.chars().count() > 1024 {
+        return Err("notes: at most 1024 characters".into());
+    }
+    Ok(SessionProfile { name, scope, expiration_seconds, notes })
+}
+
+/// `create_session_profile` ([`session_profile`]), its id derived from the body; at most
+/// [`MAX_SESSION_PROFILES`].
+pub(crate) fn create_session_profile(i: &Input<'_>) -> Changes {
+    let profiles = &i.state.organization.session_profiles;
+    if profiles.len() >= MAX_SESSION_PROFILES {
+        return Err(i.invalid(format!("an organization has at most {MAX_SESSION_PROFILES} session profiles")));
+    }
+    let profile = session_profile(i.params).map_err(|reason| i.invalid(reason))?;
+    let id = i.derived_new_id(SESSION_PROFILE_ID, 0, |id| profiles.contains_key(id))?;
+    Ok(vec![i.change(Effect::PutSessionProfile { id, profile })])
 }
 
 /// `remove_ip_allowlist`: the organization's list or an API key's (`publicKey`), which must exist.

@@ -959,6 +959,34 @@ fn ip_allowlists_are_a_top_level_organizations_with_parsed_rules() {
 }
 
 #[test]
+fn a_session_profile_has_a_name_a_scope_that_parses_and_a_bounded_lifetime() {
+    use crate::model::SessionProfile;
+    let s = state();
+    let ty = "ACTIVITY_TYPE_CREATE_SESSION_PROFILE";
+    let id = derive(SESSION_PROFILE_ID, 0);
+    let put = |name: &str, seconds: Option<u64>| {
+        let profile = SessionProfile {
+            name: name.into(),
+            scope: "true".into(),
+            expiration_seconds: seconds,
+            notes: String::new(),
+        };
+        vec![c(Effect::PutSessionProfile { id: id.clone(), profile })]
+    };
+    let body = json!({"sessionProfileName": "ro", "scope": "true", "expirationSeconds": "600"});
+    case(&s, ty, body, &[], put("ro", Some(600)), vec![("no lifetime", put("ro", None))]);
+    for bad in [
+        json!({"sessionProfileName": " ", "scope": "true"}),
+        json!({"sessionProfileName": "ro", "scope": ""}),
+        json!({"sessionProfileName": "ro", "scope": "activity.type =="}),
+        json!({"sessionProfileName": "ro", "scope": "true", "expirationSeconds": "0"}),
+        json!({"sessionProfileName": "ro", "scope": "true", "expirationSeconds": "31536001"}),
+    ] {
+        assert!(run(&s, ty, &bad, &put("ro", None), &[]).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn a_contact_set_with_its_verification_token_is_verified_if_the_other_one_is() {
     let mut s = state();
     let user = |id: &str, email: &str, phone: &str, verified: bool| User {

@@ -40,7 +40,7 @@ fn stored_public_key(key: &str) -> String {
 pub const MAX_API_KEY_EXPIRATION_SECONDS: u64 = 10_000_000_000;
 
 /// `expirationSeconds` as the gateway reads it (a decimal string or a number).
-fn expiration_seconds(v: &Value) -> Option<u64> {
+pub(crate) fn expiration_seconds(v: &Value) -> Option<u64> {
     v.as_u64().or_else(|| v.as_str()?.trim().parse().ok())
 }
 
