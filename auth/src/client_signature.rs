@@ -26,6 +26,13 @@ pub fn signup_usage(p: &Value, token_id: Option<&str>) -> Value {
     usage
 }
 
+/// What a verification token's key signs to set the contact it verified on a user (Coffer's own
+/// usage, `update_user_email` / `update_user_phone_number` not stamped by that key):
+/// `{"updateContact": {"userId", "contact"}, "tokenId", "type": "USAGE_TYPE_UPDATE_CONTACT"}`.
+pub fn update_contact_usage(user_id: &str, contact: &str, token_id: &str) -> Value {
+    json!({ "updateContact": { "userId": user_id, "contact": contact }, "tokenId": token_id, "type": "USAGE_TYPE_UPDATE_CONTACT" })
+}
+
 /// The body's `clientSignature` (in `p`) is `key_hex`'s (compressed P-256, lowercase hex) over
 /// `usage`: the message, parsed, must be exactly it; P-256 over SHA-256 of its bytes, `r ‖ s` hex.
 pub fn check(p: &Value, key_hex: &str, usage: &Value) -> Result<(), &'static str> {

@@ -139,8 +139,12 @@ pub const CONTACT_UPDATES: [(&str, &str, &str); 2] = [
 /// An `update_user_email` or `update_user_phone_number` with a `verificationToken`: the token is
 /// this enclave's and unexpired, was issued by the organization or its parent (whose auth proxy
 /// verifies its sub-organizations' users), verified a code of the field's kind sent to exactly
-/// the new value, and is spent (once, for a contact). The transition then marks the contact
-/// verified (`coffer_org_rules`' `update_user_field`).
+/// the new value; the user is the stamping credential's own; the token's key stamped the body or
+/// signed `update_contact_usage` in its `clientSignature` (a token alone is no bearer secret:
+/// whoever saw it, the gateway included, cannot spend it); and it is spent, for a contact and for
+/// any other use (a token that logged in or signed up verifies no contact, and one that verified
+/// a contact does neither after). The transition then marks the contact verified
+/// (`coffer_org_rules`' `update_user_field`).
 pub fn check_contact(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(), EnclaveError> {
     let p = &a.activity.parameters;
     let Some((_, field, kind)) = CONTACT_UPDATES.iter().find(|(t, _, _)| *t == a.activity.activity_type) else {
@@ -174,7 +178,25 @@ pub fn check_contact(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(
             "the new email or phone number is not the contact the verification token verified",
         ));
     }
-    if !spend(admission, &token, Usage::Contact, now)? {
+    let user_id = text(p, "userId");
+    if user_id != a.credential.user_id {
+        return Err(refuse(
+            a,
+            RefusalReason::BindingMismatch,
+            "a verification token verifies a contact of the stamping user only",
+        ));
+    }
+    let stamped_by_token_key = a.credential.public_key.eq_ignore_ascii_case(&token.public_key);
+    if !stamped_by_token_key {
+        let usage = coffer_auth::client_signature::update_contact_usage(user_id, value, &token.id);
+        check_client_signature(p, &token, &usage).map_err(|m| refuse(a, RefusalReason::BindingMismatch, m))?;
+    }
+    // Spent for every use at once: each scope answers whether it was fresh.
+    let mut fresh = true;
+    for usage in [Usage::Contact, Usage::Login, Usage::Signup] {
+        fresh &= spend(admission, &token, usage, now)?;
+    }
+    if !fresh {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
     }
     Ok(())

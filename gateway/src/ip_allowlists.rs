@@ -63,29 +63,28 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// The client of a request from `peer` with `headers`: the peer, unless it is one of
 /// `trusted` proxies, in which case the right-most `X-Forwarded-For` address that is not itself
 /// trusted (each proxy appends the address it saw; only the trusted ones' additions are
-/// believed). `None`: a trusted proxy's header that names no usable address.
+/// believed). Hops are read one by one from the right, as bytes: what lies left of the hop that
+/// names the client (a client's own forged prefix, even one that is not text) is never read.
+/// `None`: the hop that should name the client names no address.
 pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Option<IpAddr> {
     let peer = canonical(peer);
     let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(&ip));
     if !is_trusted(peer) {
         return Some(peer);
     }
-    let mut hops: Vec<&str> = Vec::new();
-    for value in headers.get_all("x-forwarded-for") {
-        let Ok(text) = value.to_str() else { return None };
-        hops.extend(text.split(','));
-    }
-    if hops.is_empty() {
-        return Some(peer);
-    }
+    let hops: Vec<&[u8]> =
+        headers.get_all("x-forwarded-for").iter().flat_map(|v| v.as_bytes().split(|b| *b == b',')).collect();
+    let mut last = peer;
     for hop in hops.iter().rev() {
-        let ip = canonical(hop.trim().parse::<IpAddr>().ok()?);
+        let ip = std::str::from_utf8(hop).ok().and_then(|h| h.trim().parse::<IpAddr>().ok()).map(canonical)?;
         if !is_trusted(ip) {
             return Some(ip);
         }
+        last = ip;
     }
-    // Every hop a trusted proxy: the first one is the client as far as anyone can tell.
-    hops.first().and_then(|h| h.trim().parse().ok()).map(canonical)
+    // No header, or every hop a trusted proxy: the left-most is the client as far as anyone can
+    // tell.
+    Some(last)
 }
 
 /// Whether `list` lets `client` through: an address in one of its rules. A rule that no longer
@@ -181,6 +180,14 @@ mod tests {
         // No header: the proxy itself; a garbled hop: no address.
         assert_eq!(client_address(ip("10.0.0.2"), &headers(&[]), &trusted), Some(ip("10.0.0.2")));
         assert_eq!(client_address(ip("10.0.0.2"), &headers(&["nonsense"]), &trusted), None);
+        // A client's own prefix, even bytes that are not text, is never read: the proxy's hop is.
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", axum::http::HeaderValue::from_bytes(b"\xff, 198.51.100.9").unwrap());
+        assert_eq!(client_address(ip("10.0.0.2"), &h, &trusted), Some(ip("198.51.100.9")));
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", axum::http::HeaderValue::from_bytes(b"\xff").unwrap());
+        assert_eq!(client_address(ip("10.0.0.2"), &h, &trusted), None);
+        assert_eq!(client_address(ip("10.0.0.2"), &headers(&["10.0.0.3"]), &trusted), Some(ip("10.0.0.3")));
         // IPv4-mapped IPv6 is the IPv4 address.
         assert_eq!(client_address(ip("::ffff:198.51.100.7"), &headers(&[]), &[]), Some(ip("198.51.100.7")));
     }

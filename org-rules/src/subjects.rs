@@ -396,21 +396,14 @@ pub static SUBJECTS: &[Subject] = &[
         "createSessionProfileIntent",
         "createSessionProfileResult",
     ),
-    // Not in the hosted service's policy table: Coffer's choice, the organization's settings
-    // (README "IP allowlists").
-    s(
-        "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
-        "ORGANIZATION",
-        "UPDATE",
-        false,
-        "setIpAllowlistIntent",
-        "setIpAllowlistResult",
-    ),
+    // Not in the hosted service's policy table: Coffer's choice, the root quorum's, as the
+    // organization's name (README "IP allowlists").
+    s("ACTIVITY_TYPE_SET_IP_ALLOWLIST", "ORGANIZATION", "UPDATE", true, "setIpAllowlistIntent", "setIpAllowlistResult"),
     s(
         "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
         "ORGANIZATION",
         "UPDATE",
-        false,
+        true,
         "removeIpAllowlistIntent",
         "removeIpAllowlistResult",
     ),
@@ -452,7 +445,9 @@ pub static SUBJECTS: &[Subject] = &[
 ];
 
 /// Parameters an activity record keeps only as [`REDACTED`] (otp_auth's typed code): they reach
-/// the enclave in the stamped body, and no stored, served or logged copy of the activity.
+/// the enclave in the stamped body, and no stored, served or logged copy of the activity. (A
+/// contact's verification token is recorded: it is spent for every use by the change that
+/// carries it, and was good only with its key's word.)
 const SECRET_PARAMETERS: &[(&str, &[&str])] = &[("ACTIVITY_TYPE_OTP_AUTH", &["otpCode"])];
 
 /// What a secret parameter is recorded as.

@@ -75,13 +75,27 @@ async fn allowlists_let_through_only_their_addresses_and_forwarded_for_only_from
     )
     .await
     .unwrap();
-    // Bob, without a policy: the enclave refuses his list.
+    // Bob, not a root user: the enclave refuses his lists, even with a policy that allows him
+    // everything (the root quorum's alone, as the organization's name): no list of his own that
+    // lets everything in, no organization list.
+    let everything = turnkey_client::generated::CreatePolicyIntentV3 {
+        policy_name: "bob may".into(),
+        effect: turnkey_client::generated::immutable::common::v1::Effect::Allow,
+        condition: Some("true".into()),
+        consensus: Some("true".into()),
+        notes: String::new(),
+        time: None,
+    };
+    root.create_policy(org.clone(), root.current_timestamp(), everything).await.unwrap();
     let bob_client =
         stack.client_with(TurnkeyP256ApiKey::from_strings(hex::encode(bob_key.private_key()), None).unwrap());
+    let bob_hex = hex::encode(bob_key.compressed_public_key());
     stack.refusals_accounted();
-    let r =
-        bob_client.set_ip_allowlist(org.clone(), bob_client.current_timestamp(), set(None, Some(true), vec![])).await;
-    stack.refused_for(r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::PolicyDenied);
+    let wide = vec![rule("0.0.0.0/0", None), rule("::/0", None)];
+    for intent in [set(Some(&bob_hex), None, wide), set(None, Some(true), vec![])] {
+        let r = bob_client.set_ip_allowlist(org.clone(), bob_client.current_timestamp(), intent).await;
+        stack.refused_for(r, 403, "REQUEST_NOT_AUTHORIZED", coffer_proto::v1::RefusalReason::RootQuorumOnly);
+    }
     // A rule that is not a CIDR changes nothing.
     let r = root
         .set_ip_allowlist(org.clone(), root.current_timestamp(), set(None, Some(true), vec![rule("10.0.0.0/33", None)]))

@@ -648,7 +648,7 @@ async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &s
     };
     let root = stack.client();
     let found = root.get_verified_sub_org_ids(verified("EMAIL", "henry@example.test")).await.unwrap();
-    assert_eq!(found.organization_ids, [henrys.clone()]);
+    assert_eq!(found.organization_ids, std::slice::from_ref(&henrys));
     let none = root.get_verified_sub_org_ids(verified("EMAIL", "nobody@example.test")).await.unwrap();
     assert!(none.organization_ids.is_empty());
     let r = root.get_verified_sub_org_ids(verified("NAME", "henry")).await;
@@ -676,17 +676,29 @@ async fn contact_change_needs_its_code(
     henry: &str,
 ) {
     let key = TurnkeyP256ApiKey::from_strings(hex::encode(key.private_key()), None).unwrap();
-    let change = |email: &str, token: Option<&str>| {
+    let key2 = TurnkeyP256ApiKey::generate();
+    let key2_hex = hex::encode(key2.compressed_public_key());
+    // Stamped by Henry's session key, the change carries the clientSignature of the token's key
+    // (key2, which verified the code) over the change; `signed_by` None sends none.
+    let change = |email: &str, token: Option<&str>, signed_by: Option<&TurnkeyP256ApiKey>| {
         let mut p = json!({ "userId": henry, "userEmail": email });
         if let Some(t) = token {
             p["verificationToken"] = json!(t);
         }
+        if let (Some(t), Some(k)) = (token, signed_by) {
+            let usage = json!({ "updateContact": { "userId": henry, "contact": email },
+                "tokenId": claims(t)["id"], "type": "USAGE_TYPE_UPDATE_CONTACT" })
+            .to_string();
+            let signer = p256::ecdsa::SigningKey::from_slice(&k.private_key()).unwrap();
+            let signature: p256::ecdsa::Signature = signer.sign(usage.as_bytes());
+            p["clientSignature"] = json!({ "publicKey": hex::encode(k.compressed_public_key()),
+                "scheme": "CLIENT_SIGNATURE_SCHEME_API_P256", "message": usage,
+                "signature": hex::encode(signature.to_bytes()) });
+        }
         submit(stack, &key, henrys, "update_user_email", "ACTIVITY_TYPE_UPDATE_USER_EMAIL", p)
     };
-    let r = change("henry.new@example.test", None).await;
+    let r = change("henry.new@example.test", None, None).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let key2 = TurnkeyP256ApiKey::generate();
-    let key2_hex = hex::encode(key2.compressed_public_key());
     let token = token_for(stack, smtp, config_id, org, &key2_hex, "henry.new@example.test").await;
     let (status, r) = attested_login(stack, &token, &key2, henrys).await;
     stack.refused_by_gateway(
@@ -695,18 +707,30 @@ async fn contact_change_needs_its_code(
         "PUBLIC_KEY_NOT_FOUND",
         "no user of this organization has the verified email or phone number",
     );
-    // A token of the new address verifies only that address.
+    // A token of the new address verifies only that address, and only with its key's word: a
+    // token alone (which the gateway, say, saw go by) verifies nothing.
     stack.refusals_accounted();
-    let r = change("henry.other@example.test", Some(&token)).await;
+    let r = change("henry.other@example.test", Some(&token), Some(&key2)).await;
     stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
-    let r = change("henry.new@example.test", Some("not-a-token")).await;
+    let r = change("henry.new@example.test", Some("not-a-token"), None).await;
     stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
-    let r = change("henry.new@example.test", Some(&token)).await;
+    let r = change("henry.new@example.test", Some(&token), None).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
+    let r = change("henry.new@example.test", Some(&token), Some(&key)).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::BindingMismatch);
+    let r = change("henry.new@example.test", Some(&token), Some(&key2)).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    // Once.
-    let r = change("henry.new@example.test", Some(&token)).await;
+    // Once, for every use: neither this change again nor a login with it.
+    let r = change("henry.new@example.test", Some(&token), Some(&key2)).await;
     stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
     let (status, r) = attested_login(stack, &token, &key2, henrys).await;
+    stack.refused_for((status, r), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
+    // A new code of the new address logs Henry in.
+    let key3 = TurnkeyP256ApiKey::generate();
+    let token =
+        token_for(stack, smtp, config_id, org, &hex::encode(key3.compressed_public_key()), "henry.new@example.test")
+            .await;
+    let (status, r) = attested_login(stack, &token, &key3, henrys).await;
     assert_eq!(status, 200, "{r}");
     let c = claims(r["activity"]["result"]["stampLoginResult"]["session"].as_str().unwrap());
     assert_eq!(c["user_id"], henry);

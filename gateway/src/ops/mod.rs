@@ -505,7 +505,7 @@ pub static ACTIVITIES: &[Operation] = &[
         "SESSION_PROFILE" / "CREATE",
         session_profiles::create_session_profile
     ),
-    op!(
+    op!(root_quorum
         "set_ip_allowlist",
         "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
         "setIpAllowlistIntent",
@@ -513,7 +513,7 @@ pub static ACTIVITIES: &[Operation] = &[
         "ORGANIZATION" / "UPDATE",
         allowlists::set_ip_allowlist
     ),
-    op!(
+    op!(root_quorum
         "remove_ip_allowlist",
         "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
         "removeIpAllowlistIntent",

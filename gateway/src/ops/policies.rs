@@ -275,20 +275,26 @@ pub async fn get_active_policies(ctx: QueryCtx, _req: Value) -> Result<Value, Ap
     let org = ctx.org.id.clone();
     let records = ctx.state.db(move |s| s.records_page(&org, POLICY, &crate::store::Page::ALL)).await??;
     let now = crate::store::now_nanos();
-    let statuses: Vec<Value> = records
-        .iter()
-        .map(|r| {
-            let window = r.data.get("time").and_then(Value::as_str).unwrap_or_default();
-            let mut status = json!({ "organizationId": ctx.org.id, "policyId": r.id });
-            match coffer_policy::time_window_holds(window, now) {
-                Ok(active) => status["active"] = json!(active),
-                Err(error) => (status["active"], status["error"]) = (json!(false), json!(error)),
-            }
-            if !window.trim().is_empty() {
-                status["timeExpr"] = json!(window);
-            }
-            status
-        })
-        .collect();
+    // Parsing as many windows as the organization has policies is work off the async runtime.
+    let organization_id = ctx.org.id.clone();
+    let statuses = tokio::task::spawn_blocking(move || {
+        records
+            .iter()
+            .map(|r| {
+                let window = r.data.get("time").and_then(Value::as_str).unwrap_or_default();
+                let mut status = json!({ "organizationId": organization_id, "policyId": r.id });
+                match coffer_policy::time_window_holds(window, now) {
+                    Ok(active) => status["active"] = json!(active),
+                    Err(error) => (status["active"], status["error"]) = (json!(false), json!(error)),
+                }
+                if !window.trim().is_empty() {
+                    status["timeExpr"] = json!(window);
+                }
+                status
+            })
+            .collect::<Vec<Value>>()
+    })
+    .await
+    .map_err(|_| ApiError::internal())?;
     Ok(json!({ "statuses": statuses, "evaluatedAtMs": (now / 1_000_000).to_string() }))
 }

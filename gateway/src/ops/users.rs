@@ -293,7 +293,7 @@ pub struct UpdateUserIntent {
 pub async fn update_user(ctx: Ctx, intent: UpdateUserIntent) -> Result<Outcome, ApiError> {
     load_user(&ctx.state, &ctx.org.id, &intent.user_id).await?;
     if let Some(name) = &intent.user_name {
-        required(name, "userName")?;
+        valid_name("userName", name)?;
     }
     // An empty email or phone number clears it.
     let email = match intent.user_email.as_deref() {

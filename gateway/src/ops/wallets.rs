@@ -217,6 +217,9 @@ pub struct UpdateWalletIntent {
 pub async fn update_wallet(ctx: Ctx, intent: UpdateWalletIntent) -> Result<Outcome, ApiError> {
     super::users::valid_name("walletName", &intent.wallet_name)?;
     let wallet = load_wallet(&ctx.state, &ctx.org.id, &intent.wallet_id).await?;
+    if wallet.name != intent.wallet_name {
+        super::params::ensure_names_free(&ctx.state, &ctx.org.id, Named::Wallet, &[&intent.wallet_name]).await?;
+    }
     Ok(Outcome {
         result: json!({ "walletId": wallet.id }),
         writes: vec![Write::RenameWallet { id: wallet.id, name: intent.wallet_name, updated_at: ctx.now }],

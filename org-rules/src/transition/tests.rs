@@ -1100,6 +1100,13 @@ fn a_wallet_is_renamed_and_its_accounts_deleted_once_exported_unless_the_body_sa
     ] {
         assert!(run(&s, ty, &bad, &del(&["a1"]), &[]).is_err(), "{bad}");
     }
+    // Another wallet's name, or a body naming another wallet than the accounts', is refused.
+    let mut named = s.clone();
+    named.apply(&Effect::RenameWallet { id: "w1".into(), label: "cold".into() }).unwrap();
+    let r = run(&named, "ACTIVITY_TYPE_UPDATE_WALLET", &json!({"walletId": "w2", "walletName": "cold"}), &[], &[]);
+    assert!(r.is_err(), "a second wallet named cold");
+    let decoy = json!({"walletAccountIds": ["a2"], "walletId": "w1", "deleteWithoutExport": true});
+    assert!(run(&s, ty, &decoy, &del(&["a2"]), &[]).is_err(), "accounts of another wallet than the body names");
     // Applied: the accounts are gone, their ids retired, their addresses no longer index them.
     let mut after = s.clone();
     after.apply(&Effect::DeleteAccounts { ids: vec!["a2".into()] }).unwrap();

@@ -217,14 +217,26 @@ pub(crate) fn remove_credentials(i: &Input<'_>, kind: CredentialKind, key: &str)
 /// no tags yet.
 fn new_user(i: &Input<'_>, id: &str, entry: &Value) -> Result<User, TransitionError> {
     let name = text_of(entry, "userName").filter(|n| !n.trim().is_empty());
-    Ok(User {
-        id: id.to_string(),
-        name: name.ok_or_else(|| i.invalid("userName is missing"))?,
-        email: text_of(entry, "userEmail").unwrap_or_default(),
-        phone_number: text_of(entry, "userPhoneNumber").unwrap_or_default(),
-        tag_ids: Vec::new(),
-        contacts_verified: false,
-    })
+    let name = name.ok_or_else(|| i.invalid("userName is missing"))?;
+    let email = text_of(entry, "userEmail").unwrap_or_default();
+    let phone_number = text_of(entry, "userPhoneNumber").unwrap_or_default();
+    check_user_fields(Some(&name), Some(&email), Some(&phone_number)).map_err(|reason| i.invalid(reason))?;
+    Ok(User { id: id.to_string(), name, email, phone_number, tag_ids: Vec::new(), contacts_verified: false })
+}
+
+/// A user's name (`fields::name`), email and phone number (each valid, or empty for none), where
+/// given.
+fn check_user_fields(name: Option<&str>, email: Option<&str>, phone: Option<&str>) -> Result<(), String> {
+    if let Some(n) = name {
+        crate::fields::name("userName", n)?;
+    }
+    if let Some(e) = email.filter(|e| !e.is_empty() && !crate::fields::email(e)) {
+        return Err(format!("invalid email: {e:?}"));
+    }
+    if let Some(p) = phone.filter(|p| !p.is_empty() && !crate::fields::phone(p)) {
+        return Err(format!("invalid phone number: {p:?}"));
+    }
+    Ok(())
 }
 
 pub(crate) fn create_users(i: &Input<'_>) -> Changes {
@@ -289,6 +301,8 @@ pub(crate) fn create_api_only_users(i: &Input<'_>) -> Changes {
 
 pub(crate) fn update_user(i: &Input<'_>) -> Changes {
     let id = existing_user(i)?;
+    let (name, email, phone) = (i.opt_text("userName"), i.opt_text("userEmail"), i.opt_text("userPhoneNumber"));
+    check_user_fields(name.as_deref(), email.as_deref(), phone.as_deref()).map_err(|reason| i.invalid(reason))?;
     let tags = i.texts("userTagIds");
     Ok(vec![i.change(Effect::UpdateUser {
         id,
@@ -386,12 +400,16 @@ pub(crate) fn create_sub_organization(i: &Input<'_>) -> Changes {
     if sub.is_empty() || sub == i.org() {
         return Err(i.invalid("the sub-organization id is not a new one"));
     }
+    let sub_name = i.opt_text("subOrganizationName").unwrap_or_default();
+    if !sub_name.is_empty() {
+        crate::fields::name("subOrganizationName", &sub_name).map_err(|reason| i.invalid(reason))?;
+    }
     let user_ids: Vec<String> = (0..root_users.len()).map(|n| (i.derive_id)(USER_ID, n)).collect();
     let nothing_taken = |_: &str| false;
     let t = Target { organization_id: sub.clone(), taken: &nothing_taken };
     let organization = Organization {
         id: sub.clone(),
-        name: i.opt_text("subOrganizationName").unwrap_or_default(),
+        name: sub_name,
         parent_id: Some(i.org()),
         root_quorum_threshold: threshold(i, root_users.len())?,
         root_user_ids: user_ids.clone(),
@@ -501,6 +519,11 @@ pub(crate) fn update_wallet(i: &Input<'_>) -> Changes {
     if !i.state.wallets.contains_key(&id) {
         return Err(i.invalid(format!("wallet not found: {id}")));
     }
+    // Names are unique (policies may read `wallet.label`: a rename must not make a wallet pass
+    // for another).
+    if i.state.wallets.values().any(|w| w.id != id && w.label == name) {
+        return Err(i.invalid(format!("walletName {name:?} is another wallet's")));
+    }
     Ok(vec![i.change(Effect::RenameWallet { id, label: name })])
 }
 
@@ -511,11 +534,17 @@ pub(crate) fn delete_wallet_accounts(i: &Input<'_>) -> Changes {
     if ids.is_empty() {
         return Err(i.invalid("walletAccountIds must not be empty"));
     }
+    // A body that names a wallet (what policies read as `wallet`) deletes accounts of that wallet
+    // only.
+    let named_wallet = text_of(i.params, "walletId");
     for (n, id) in ids.iter().enumerate() {
         if ids[..n].contains(id) {
             return Err(i.invalid(format!("walletAccountIds names {id} twice")));
         }
         let account = i.state.accounts.get(id).ok_or_else(|| i.invalid(format!("wallet account not found: {id}")))?;
+        if named_wallet.as_ref().is_some_and(|w| *w != account.wallet_id) {
+            return Err(i.invalid(format!("wallet account {id} is not of the wallet the body names")));
+        }
         let exported = account.exported || i.state.wallets.get(&account.wallet_id).is_some_and(|w| w.exported);
         if !exported && !without_export(i) {
             return Err(i.invalid(format!("wallet account {id} was never exported")));
