@@ -19,10 +19,19 @@ use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::{Hsm, LoginKey};
 
 pub const OAUTH_LOGIN: &str = "ACTIVITY_TYPE_OAUTH_LOGIN";
+/// The first OAuth login (`oauth`): the token's identity, and a new key the enclave makes and
+/// encrypts to `targetPublicKey` (the token's nonce binds that target), instead of a session of
+/// the client's key.
+pub const OAUTH: &str = "ACTIVITY_TYPE_OAUTH";
+/// Whether `activity_type` logs in by an OIDC token's identity.
+pub fn by_oidc_token(activity_type: &str) -> bool {
+    activity_type == OAUTH_LOGIN || activity_type == OAUTH
+}
 pub const STAMP_LOGIN: &str = "ACTIVITY_TYPE_STAMP_LOGIN";
 pub const CREATE_READ_WRITE_SESSION: &str = "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2";
 pub const LOGIN_TYPES: &[&str] = &[
     OAUTH_LOGIN,
+    OAUTH,
     STAMP_LOGIN,
     CREATE_READ_WRITE_SESSION,
     OTP_LOGIN,
@@ -100,7 +109,7 @@ pub fn before_fetch(
     provider_certificate: &[u8],
 ) -> Result<Vec<PendingToken>, EnclaveError> {
     let mut pending = Vec::new();
-    if a.activity.activity_type == OAUTH_LOGIN {
+    if by_oidc_token(&a.activity.activity_type) {
         let token = text(&a.activity.parameters, "oidcToken").trim();
         if token.is_empty() {
             return Err(EnclaveError::invalid("oidcToken is required"));
@@ -156,13 +165,13 @@ pub async fn verify_pending(
 
 /// An `oauth_login` body's verified claims must have as nonce the lowercase hex SHA-256 of the
 /// body's `publicKey` string (spec §14).
-pub fn check_nonce(p: &Value, claims: &oidc::Claims) -> Result<(), EnclaveError> {
-    let public_key = text(p, "publicKey");
-    let expected = hex::encode(sha2::Sha256::digest(public_key.as_bytes()));
+pub fn check_nonce(activity_type: &str, p: &Value, claims: &oidc::Claims) -> Result<(), EnclaveError> {
+    let field = if activity_type == OAUTH { "targetPublicKey" } else { "publicKey" };
+    let expected = hex::encode(sha2::Sha256::digest(text(p, field).as_bytes()));
     if claims.nonce.as_deref() != Some(expected.as_str()) {
-        return Err(EnclaveError::invalid(
-            "invalid OIDC token: its nonce is not the SHA-256 of the session public key (sha256(publicKey) as lowercase hex)",
-        ));
+        return Err(EnclaveError::invalid(format!(
+            "invalid OIDC token: its nonce is not the SHA-256 of the {field} (sha256({field}) as lowercase hex)"
+        )));
     }
     Ok(())
 }
@@ -222,7 +231,7 @@ pub fn grant(
                 secret: None,
             })
         }
-        OAUTH_LOGIN => {
+        t @ (OAUTH_LOGIN | OAUTH) => {
             let claims = identity.ok_or_else(|| EnclaveError::Internal("oauth_login without its identity".into()))?;
             let user_id = provider_user(hsm, a, claims, provider_certificate)?;
             // The certificate outlives the provider: deleted from its user (or the user deleted),
@@ -237,6 +246,18 @@ pub fn grant(
                     RefusalReason::CredentialRevoked,
                     "the OAuth provider is no longer a credential of its user in this organization",
                 ));
+            }
+            if t == OAUTH {
+                if text(p, "targetPublicKey").is_empty() {
+                    return Err(EnclaveError::invalid("targetPublicKey is required"));
+                }
+                let (secret, public_key) = new_session_key(hsm)?;
+                return Ok(SessionGrant {
+                    user_id,
+                    public_key,
+                    credential_type: "CREDENTIAL_TYPE_OAUTH_KEY_P256",
+                    secret: Some(secret),
+                });
             }
             Ok(SessionGrant {
                 user_id,

@@ -264,6 +264,7 @@ pub static SUBJECTS: &[Subject] = &[
     s("ACTIVITY_TYPE_INIT_OTP_V3", "OTP", "CREATE", false, "initOtpIntentV3", "initOtpResultV2"),
     s("ACTIVITY_TYPE_VERIFY_OTP_V2", "OTP", "VERIFY", false, "verifyOtpIntentV2", "verifyOtpResult"),
     s("ACTIVITY_TYPE_OTP_LOGIN_V2", "AUTH", "CREATE", false, "otpLoginIntentV2", "otpLoginResult"),
+    s("ACTIVITY_TYPE_OAUTH", "AUTH", "CREATE", false, "oauthIntent", "oauthResult"),
     s("ACTIVITY_TYPE_VERIFY_OTP", "OTP", "VERIFY", false, "verifyOtpIntent", "verifyOtpResult"),
     s("ACTIVITY_TYPE_OTP_LOGIN", "AUTH", "CREATE", false, "otpLoginIntent", "otpLoginResult"),
     s("ACTIVITY_TYPE_INIT_OTP_AUTH_V3", "OTP", "CREATE", false, "initOtpAuthIntentV3", "initOtpAuthResultV2"),
@@ -517,6 +518,7 @@ pub const KEY_USES: &[&str] = &[
 pub const OWN_CALL_OPERATIONS: &[&str] = &[
     "ACTIVITY_TYPE_OAUTH2_AUTHENTICATE",
     "ACTIVITY_TYPE_OAUTH_LOGIN",
+    "ACTIVITY_TYPE_OAUTH",
     "ACTIVITY_TYPE_STAMP_LOGIN",
     "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2",
     "ACTIVITY_TYPE_INIT_OTP_V3",
@@ -557,6 +559,7 @@ pub fn login_operation(activity_type: &str) -> Option<&'static str> {
         "ACTIVITY_TYPE_INIT_OTP_V3" | "ACTIVITY_TYPE_INIT_OTP_AUTH_V3" => Some("init_otp"),
         "ACTIVITY_TYPE_VERIFY_OTP_V2" => Some("verify_otp"),
         "ACTIVITY_TYPE_OAUTH_LOGIN"
+        | "ACTIVITY_TYPE_OAUTH"
         | "ACTIVITY_TYPE_STAMP_LOGIN"
         | "ACTIVITY_TYPE_CREATE_READ_WRITE_SESSION_V2"
         | "ACTIVITY_TYPE_OTP_LOGIN_V2"

@@ -314,6 +314,42 @@ async fn oauth2_credentials_code_exchange_oidc_token_and_oauth_login() {
     let r = client.oauth_login(org.clone(), Stack::now_ms(), replay).await;
     refused_by_enclave(&stack, r, 400, "REQUEST_INVALID", "nonce", RefusalReason::IdentityInvalid);
 
+    // The first OAuth login (`oauth`, no Rust client method): a token whose nonce binds the
+    // target key gets a new key of the user, made by the enclave and encrypted to the target
+    // (opened with the test's own HPKE), stored as an OAuth key; the same token's nonce binds no
+    // other target.
+    let target = p256::SecretKey::from_slice(&[0x33; 32]).unwrap();
+    let target_hex = hex::encode(target.public_key().to_encoded_point(false).as_bytes());
+    let target_nonce = hex::encode(sha2::Sha256::digest(target_hex.as_bytes()));
+    let bound = Oauth2AuthenticateIntent { nonce: target_nonce, ..intent(AUTH_CODE) };
+    let token = client.oauth2_authenticate(org.clone(), Stack::now_ms(), bound).await.unwrap().result.oidc_token;
+    let p = json!({"oidcToken": token, "targetPublicKey": target_hex, "apiKeyName": "legacy oauth"});
+    let r = submit(&stack, &stack.api_key(), &org, "oauth", "ACTIVITY_TYPE_OAUTH", p).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let result = &r.json["activity"]["result"]["oauthResult"];
+    assert_eq!(result["userId"], stack.user_id.as_str(), "{}", r.text);
+    let secret = independent::open_credential_bundle(result["credentialBundle"].as_str().unwrap(), &[0x33; 32]);
+    let legacy = TurnkeyP256ApiKey::from_strings(hex::encode(secret.as_slice()), None).unwrap();
+    let body = json!({"organizationId": org, "apiKeyId": result["apiKeyId"]});
+    let got = stack.post_raw("/public/v1/query/get_api_key", body.to_string().as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(
+        got.json["apiKey"]["credential"]["publicKey"],
+        hex::encode(legacy.compressed_public_key()),
+        "{}",
+        got.text
+    );
+    assert_eq!(got.json["apiKey"]["credential"]["type"], "CREDENTIAL_TYPE_OAUTH_KEY_P256");
+    assert_eq!(got.json["apiKey"]["apiKeyName"], "legacy oauth");
+    let whoami = stack.client_with(legacy).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(whoami.user_id, stack.user_id);
+    let other =
+        hex::encode(p256::SecretKey::from_slice(&[0x44; 32]).unwrap().public_key().to_encoded_point(false).as_bytes());
+    let p = json!({"oidcToken": token, "targetPublicKey": other});
+    stack.refusals_accounted();
+    let r = submit(&stack, &stack.api_key(), &org, "oauth", "ACTIVITY_TYPE_OAUTH", p).await;
+    refused_raw(&r, 400, "REQUEST_INVALID", "nonce is not the SHA-256 of the targetPublicKey");
+    stack.refused_for(&r, 400, "REQUEST_INVALID", RefusalReason::IdentityInvalid);
+
     // Deleted: gone from reads, and no code is exchanged with it.
     let delete = DeleteOauth2CredentialIntent { oauth2_credential_id: credential_id.clone() };
     client.delete_oauth2_credential(org.clone(), Stack::now_ms(), delete).await.unwrap();

@@ -307,12 +307,12 @@ async fn verify_and_open(
         verified.push(sessions::verify_pending(&hsm, settings, &a, t).await?);
     }
     // The oauth_login token comes first (`before_fetch`); its nonce binds the session key.
-    let identity = if a.activity.activity_type == sessions::OAUTH_LOGIN {
+    let identity = if sessions::by_oidc_token(&a.activity.activity_type) {
         let claims = verified
             .into_iter()
             .next()
             .ok_or_else(|| EnclaveError::Internal("oauth_login without its token".into()))?;
-        if let Err(e) = sessions::check_nonce(&a.activity.parameters, &claims) {
+        if let Err(e) = sessions::check_nonce(&a.activity.activity_type, &a.activity.parameters, &claims) {
             refuse(&a, RefusalReason::IdentityInvalid, &e.to_string());
             return Err(e);
         }

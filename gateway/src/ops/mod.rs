@@ -424,6 +424,14 @@ pub static ACTIVITIES: &[Operation] = &[
         "AUTH" / "CREATE",
         sessions::otp_login
     ),
+    op!(login
+        "oauth",
+        "ACTIVITY_TYPE_OAUTH",
+        "oauthIntent",
+        "oauthResult",
+        "AUTH" / "CREATE",
+        sessions::oauth
+    ),
     // Older versions (subjects::OLDER_VERSIONS), after the current one at the same path.
     op!(
         "verify_otp",

@@ -136,6 +136,47 @@ pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, 
     Ok(Outcome { result: json!({ "session": session.session }), writes })
 }
 
+/// `oauthIntent`: the first OAuth login.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OauthIntent {
+    oidc_token: String,
+    target_public_key: String,
+    api_key_name: Option<String>,
+    /// Read by the enclave from the stamped body; declared so a malformed value is a 400 here.
+    #[allow(dead_code)]
+    expiration_seconds: Option<Value>,
+    invalidate_existing: Option<bool>,
+}
+
+/// `oauth`: the user with the OIDC token's identity gets a new key, made by the enclave and
+/// encrypted to `targetPublicKey` (which the token's nonce binds); its public half is stored.
+pub async fn oauth(ctx: Ctx, intent: OauthIntent) -> Result<Outcome, ApiError> {
+    required(&intent.oidc_token, "oidcToken")?;
+    required(&intent.target_public_key, "targetPublicKey")?;
+    let claims = oidc_tokens::verify(oidc_tokens::own_keys(&ctx.state).await, &intent.oidc_token).await?;
+    let provider = crate::stamps::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
+        ApiError::new(
+            Code::NotFound,
+            "OAUTH_PROVIDER_NOT_FOUND",
+            "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
+        )
+    })?;
+    let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    let (session, user, api_key_id, writes) = open_session(
+        &ctx,
+        pb::CreateSessionRequest { provider_certificate: provider.certificate, ..Default::default() },
+        intent.invalidate_existing.unwrap_or(false),
+        name,
+        None,
+    )
+    .await?;
+    Ok(Outcome {
+        result: json!({ "userId": user.id, "apiKeyId": api_key_id, "credentialBundle": session.credential_bundle }),
+        writes,
+    })
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StampLoginIntent {
