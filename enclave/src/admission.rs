@@ -53,15 +53,21 @@ fn mac_input(fields: &[&[u8]]) -> Vec<u8> {
 
 /// The bytes a certificate's MAC covers: every field but the MAC, length-prefixed.
 pub fn certificate_mac_input(c: &pb::CredentialCertificate) -> Vec<u8> {
-    mac_input(&[
+    let expires = c.expires_at_ms.to_be_bytes();
+    let mut fields: Vec<&[u8]> = vec![
         CERT_DOMAIN,
         c.organization_id.as_bytes(),
         c.user_id.as_bytes(),
         c.credential_type.as_bytes(),
         c.public_key.as_bytes(),
-        &c.expires_at_ms.to_be_bytes(),
+        &expires,
         c.issuing_fingerprint.as_bytes(),
-    ])
+    ];
+    // A session profile's scope, when there is one (certificates without one keep their input).
+    if !c.session_scope.is_empty() {
+        fields.push(c.session_scope.as_bytes());
+    }
+    mac_input(&fields)
 }
 
 const OAUTH2_DOMAIN: &[u8] = b"coffer-oauth2-credential-v1";
@@ -1847,6 +1853,7 @@ fn verified_vote(c: &pb::CredentialCertificate, at_ms: i64) -> VerifiedVote {
         user_id: c.user_id.clone(),
         public_key: c.public_key.clone(),
         credential_type: c.credential_type.clone(),
+        session_scope: c.session_scope.clone(),
         at_ms,
     }
 }
@@ -1960,6 +1967,7 @@ mod tests {
             expires_at_ms: 5,
             issuing_fingerprint: "f".into(),
             mac: vec![1],
+            session_scope: String::new(),
         };
         let input = certificate_mac_input(&base);
         let variants = [
@@ -1969,6 +1977,7 @@ mod tests {
             pb::CredentialCertificate { public_key: "03".into(), ..base.clone() },
             pb::CredentialCertificate { expires_at_ms: 6, ..base.clone() },
             pb::CredentialCertificate { issuing_fingerprint: "g".into(), ..base.clone() },
+            pb::CredentialCertificate { session_scope: "true".into(), ..base.clone() },
         ];
         for v in variants {
             assert_ne!(certificate_mac_input(&v), input, "{v:?}");

@@ -50,6 +50,9 @@ pub struct VerifiedVote {
     pub user_id: String,
     pub public_key: String,
     pub credential_type: String,
+    /// The scope of the session profile the credential's session was issued under (its
+    /// certificate's), empty for none.
+    pub session_scope: String,
     pub at_ms: Millis,
 }
 
@@ -1011,11 +1014,17 @@ impl Decider {
                 format!("{activity_type} is not an activity the enclave decides"),
             )
         })?;
-        // Votes whose credential is no longer live do not count.
-        let counted: Vec<(Credential, Millis)> = voters.iter().filter_map(|v| live(v).map(|c| (c, v.at_ms))).collect();
+        // Votes whose credential is no longer live do not count, nor a session profile's (a
+        // session scoped to some activities approves none of another's).
+        let counted: Vec<(Credential, Millis)> = voters
+            .iter()
+            .filter(|v| v.session_scope.is_empty())
+            .filter_map(|v| live(v).map(|c| (c, v.at_ms)))
+            .collect();
         let mut votes = vec![Vote { user_id: &own.user_id, credential: &own, at_ms: submitter.at_ms }];
         votes.extend(counted.iter().map(|(c, at)| Vote { user_id: &c.user_id, credential: c, at_ms: *at }));
-        let proposal = Proposal { subject, params, submitter: &own.user_id, votes, now_ms };
+        let scope = Some(submitter.session_scope.as_str()).filter(|s| !s.is_empty());
+        let proposal = Proposal { subject, params, submitter: &own.user_id, votes, now_ms, scope };
         let evaluation = decide::decide(state, &loaded.index, &proposal);
         Ok(Decided { loaded: loaded.clone(), evaluation })
     }
@@ -1101,6 +1110,7 @@ mod tests {
             user_id: "root".into(),
             public_key: "02aa".into(),
             credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+            session_scope: String::new(),
             at_ms: 1,
         }
     }

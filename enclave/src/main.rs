@@ -206,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
                     expires_at_ms: v["expiresAtMs"].as_u64().unwrap_or(0),
                     issuing_fingerprint: "operator:certify-existing".into(),
                     mac: vec![],
+                    session_scope: String::new(),
                 };
                 tracing::info!(
                     target: "coffer_audit",

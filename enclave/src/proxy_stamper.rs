@@ -48,6 +48,7 @@ pub fn enable(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<pb::Enab
         expires_at_ms: 0,
         issuing_fingerprint: a.activity.fingerprint.clone(),
         mac: vec![],
+        session_scope: String::new(),
     })?;
     // The proxy user, its key and the switch enter the authority state with the activity's
     // changes (ApplyActivity, which checks this certificate is the one issued here).

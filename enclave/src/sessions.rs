@@ -479,6 +479,18 @@ pub fn named_profile(
     Err(EnclaveError::invalid("sessionProfileId names no session profile of this organization or its parent"))
 }
 
+/// The scope of a session opened by a credential with scope `opener` (empty: none) under a
+/// profile with scope `profile`: both hold (a session of a profile cannot log in again out of
+/// its scope, whatever profile it names).
+pub fn session_scope(opener: &str, profile: Option<&str>) -> String {
+    match (opener.is_empty(), profile) {
+        (true, None) => String::new(),
+        (true, Some(p)) => p.to_string(),
+        (false, None) => opener.to_string(),
+        (false, Some(p)) => format!("({opener}) && ({p})"),
+    }
+}
+
 /// Certifies the session key and signs its JWT; for a read-write session also encrypts the key
 /// to the body's `targetPublicKey`. With a session profile, the JWT's `session_type` is the
 /// profile's name and it carries `session_profile_id` and `scope`.
@@ -501,6 +513,7 @@ pub fn open_session(
         expires_at_ms,
         issuing_fingerprint: a.activity.fingerprint.clone(),
         mac: vec![],
+        session_scope: session_scope(&a.credential.session_scope, profile.map(|(_, p)| p.scope.as_str())),
     })?;
     let mut claims = json!({
         "exp": expires_at_ms / 1000,
@@ -625,6 +638,16 @@ mod tests {
         assert_eq!(login_operation("ACTIVITY_TYPE_APPROVE_ACTIVITY"), None);
     }
     use super::*;
+
+    #[test]
+    fn a_scoped_session_logs_in_again_only_within_its_scope() {
+        assert_eq!(session_scope("", None), "");
+        assert_eq!(session_scope("", Some("a")), "a");
+        assert_eq!(session_scope("a", None), "a");
+        assert_eq!(session_scope("a", Some("b")), "(a) && (b)");
+        let both = session_scope("activity.type == 'X'", Some("true"));
+        assert!(coffer_policy::parse_condition(&both).is_ok(), "{both}");
+    }
     use coffer_org_rules::model::{Organization, User};
 
     fn certificate(credential_type: &str, expires_at_ms: u64) -> pb::CredentialCertificate {

@@ -184,7 +184,13 @@ pub struct Proposal<'a> {
     /// Every approving vote, the submitter's first.
     pub votes: Vec<Vote<'a>>,
     pub now_ms: Millis,
+    /// The submitting session's profile scope (policy language), which the activity must
+    /// satisfy whatever else decides it, the root quorum included.
+    pub scope: Option<&'a str>,
 }
+
+/// The reason of a denial by a session profile's scope.
+pub const SESSION_PROFILE_SCOPE: &str = "SESSION_PROFILE_SCOPE";
 
 /// Decides `p` over `state` (spec 12.2): the root quorum alone decides root-quorum-only
 /// activities; others need an allowing policy (or an implicit permission) and no deny, and a
@@ -197,6 +203,24 @@ pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evalua
     let approvals = context::live_votes(&votes, VOTE_APPROVED, now);
     let voters = context::voter_ids(&approvals);
     let roots = voters.iter().filter(|v| org.root_user_ids.contains(v)).count() as i64;
+    let facts = ActivityFacts {
+        activity_type: p.subject.activity_type,
+        resource: p.subject.resource,
+        action: p.subject.action,
+        params: p.params,
+        approvals,
+        now,
+    };
+    let org_facts = facts::organization_facts(state, p.params, &voters);
+    let ctx = context::build(&facts, &org_facts);
+    // A session profile's scope first: what it does not allow, nothing does.
+    if let Some(scope) = p.scope {
+        let allowed =
+            coffer_policy::parse_condition(scope).ok().and_then(|e| coffer_policy::eval::eval_bool(&e, &ctx).ok());
+        if allowed != Some(true) {
+            return Evaluation::root(Decision::Deny, SESSION_PROFILE_SCOPE);
+        }
+    }
     if roots >= org.root_quorum_threshold.max(1) {
         return Evaluation::root(Decision::Allow, "ROOT_QUORUM");
     }
@@ -208,16 +232,6 @@ pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evalua
         };
     }
     let policies = index.applicable(p.subject);
-    let facts = ActivityFacts {
-        activity_type: p.subject.activity_type,
-        resource: p.subject.resource,
-        action: p.subject.action,
-        params: p.params,
-        approvals,
-        now,
-    };
-    let org_facts = facts::organization_facts(state, p.params, &voters);
-    let ctx = context::build(&facts, &org_facts);
     let implicit = context::own_credentials(p.subject.activity_type, p.params, p.submitter);
     let mut e = decision::decide(&policies, &ctx, false, implicit);
     if e.decision == Decision::Deny && roots > 0 {
@@ -260,6 +274,10 @@ mod tests {
     }
 
     fn run(s: &OrgState, ty: &str, voters: &[&str]) -> Decision {
+        run_scoped(s, ty, voters, None)
+    }
+
+    fn run_scoped(s: &OrgState, ty: &str, voters: &[&str], scope: Option<&str>) -> Decision {
         let creds: Vec<Credential> = voters.iter().map(|v| cred(v)).collect();
         let p = Proposal {
             subject: subject(ty).unwrap(),
@@ -267,8 +285,22 @@ mod tests {
             submitter: voters[0],
             votes: creds.iter().map(|c| Vote { user_id: &c.user_id, credential: c, at_ms: 1_000 }).collect(),
             now_ms: 2_000,
+            scope,
         };
         decide(s, &PolicyIndex::of(s), &p).decision
+    }
+
+    /// A session profile's scope bounds what its session submits, the root quorum's included: a
+    /// scope that does not hold, or does not evaluate, denies.
+    #[test]
+    fn a_session_profiles_scope_denies_what_it_does_not_allow() {
+        let s = org(1, &["r1"]);
+        let signing = Some("activity.resource == 'PRIVATE_KEY' && activity.action == 'SIGN'");
+        assert_eq!(run_scoped(&s, SIGN, &["r1"], signing), Decision::Allow);
+        assert_eq!(run_scoped(&s, "ACTIVITY_TYPE_CREATE_USERS_V4", &["r1"], signing), Decision::Deny);
+        assert_eq!(run_scoped(&s, SIGN, &["r1"], Some("activity.resource ==")), Decision::Deny, "does not parse");
+        assert_eq!(run_scoped(&s, SIGN, &["r1"], Some("'a'")), Decision::Deny, "not a bool");
+        assert_eq!(run(&s, "ACTIVITY_TYPE_CREATE_USERS_V4", &["r1"]), Decision::Allow);
     }
 
     const SIGN: &str = "ACTIVITY_TYPE_SIGN_RAW_PAYLOAD_V2";
@@ -362,6 +394,7 @@ mod tests {
                 Vote { user_id: "r2", credential: &b, at_ms: 1_000 },
             ],
             now_ms: 100 * 3_600_000,
+            scope: None,
         };
         assert_eq!(decide(&s, &PolicyIndex::of(&s), &p).decision, Decision::ConsensusNeeded);
     }

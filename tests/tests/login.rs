@@ -513,7 +513,7 @@ async fn session_profiles(stack: &Stack) {
         expiration_seconds: seconds.map(String::from),
         notes: Some("signing only".into()),
     };
-    let scope = "activity.resource == 'PRIVATE_KEY' && activity.action == 'SIGN'";
+    let scope = "activity.type == 'ACTIVITY_TYPE_CREATE_USER_TAG'";
     let made = client
         .create_session_profile(org.clone(), client.current_timestamp(), intent("signer", scope, Some("60")))
         .await;
@@ -536,7 +536,7 @@ async fn session_profiles(stack: &Stack) {
     assert_eq!(all.session_profiles.len(), 1);
 
     // A login asking for an hour under the profile gets its minute, and the profile's claims.
-    let (_, public, _) = session_key();
+    let (scoped, public, _) = session_key();
     let p = json!({"publicKey": public, "expirationSeconds": "3600", "sessionProfileId": id});
     let r = submit(stack, &stack.api_key(), &org, "stamp_login", "ACTIVITY_TYPE_STAMP_LOGIN", p).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -549,6 +549,22 @@ async fn session_profiles(stack: &Stack) {
         (claims["session_type"].as_str(), claims["session_profile_id"].as_str(), claims["scope"].as_str()),
         (Some("signer"), Some(id.as_str()), Some(scope))
     );
+    // The session does what its scope allows, and the enclave refuses the rest, though its user
+    // is the root quorum; it still reads.
+    let tag = json!({"userTagName": "by the session", "userIds": []});
+    let r = submit(stack, &scoped, &org, "create_user_tag", "ACTIVITY_TYPE_CREATE_USER_TAG", tag).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    stack.refusals_accounted();
+    let key_tag = json!({"privateKeyTagName": "not in scope", "privateKeyIds": []});
+    let r =
+        submit(stack, &scoped, &org, "create_private_key_tag", "ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG", key_tag).await;
+    refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "request not authorized");
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", RefusalReason::PolicyDenied);
+    let refusals = stack.audit("refuse", "apply_activity");
+    let last = refusals.last().expect("the enclave's refusal");
+    assert!(last["reason"].as_str().unwrap_or_default().starts_with("SESSION_PROFILE_SCOPE"), "{last}");
+    let whoami = stack.client_with(scoped).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await;
+    assert_eq!(whoami.unwrap().user_id, stack.user_id);
     let (_, public, _) = session_key();
     let p = json!({"publicKey": public, "sessionProfileId": "00000000-0000-4000-8000-000000000000"});
     let r = submit(stack, &stack.api_key(), &org, "stamp_login", "ACTIVITY_TYPE_STAMP_LOGIN", p).await;

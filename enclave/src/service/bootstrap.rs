@@ -92,6 +92,7 @@ pub(super) fn bootstrap_organization(
         expires_at_ms: 0,
         issuing_fingerprint: format!("{BOOTSTRAP}{organization_id}"),
         mac: vec![],
+        session_scope: String::new(),
     })?;
     Ok(pb::BootstrapOrganizationResponse { organization_id, user_id, certificate, api_key_id })
 }
@@ -130,6 +131,7 @@ pub(super) fn issue_certificates(
                 expires_at_ms: admission.expiry(grant.expiration_seconds),
                 issuing_fingerprint: a.activity.fingerprint.clone(),
                 mac: vec![],
+                session_scope: String::new(),
             })
         })
         .collect::<Result<Vec<_>, EnclaveError>>()?;

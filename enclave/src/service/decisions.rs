@@ -59,6 +59,7 @@ pub(super) fn dry_run_activity(
         user_id: certificate.user_id,
         public_key: certificate.public_key,
         credential_type: certificate.credential_type,
+        session_scope: certificate.session_scope,
         at_ms: 0,
     };
     let e = admission.dry_run(&req.organization_id, credential, &req.activity_type, &params)?;

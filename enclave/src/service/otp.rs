@@ -1022,6 +1022,7 @@ pub(super) fn token_login_identity(
         expires_at_ms: token.expires_ms.max(0) as u64,
         issuing_fingerprint: String::new(),
         mac: Vec::new(),
+        session_scope: String::new(),
     };
     Ok(crate::admission::AttestedIdentity::VerificationToken { token, credential })
 }
