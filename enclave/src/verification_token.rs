@@ -60,6 +60,14 @@ pub fn spend(admission: &Admission, token: &VerifiedToken, usage: Usage, now_ms:
     Ok(admission.count_within(scope, &token.id, kept_until, now_ms, u64::MAX)? == Remembered::Fresh)
 }
 
+/// The body's `verificationToken`, read ([`read`]) with the refusal's audit line when it is not
+/// a genuine, unexpired token.
+fn read_stamped(hsm: &Hsm, a: &Admitted, now_ms: i64) -> Result<VerifiedToken, EnclaveError> {
+    read(hsm, text(&a.activity.parameters, "verificationToken"), now_ms).inspect_err(|_| {
+        refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
+    })
+}
+
 /// The body's `clientSignature` (in `p`) by the token's key over `usage`
 /// (`coffer_auth::client_signature::check`).
 pub fn check_client_signature(p: &Value, token: &VerifiedToken, usage: &Value) -> Result<(), &'static str> {
@@ -89,13 +97,7 @@ pub fn signup_contacts(p: &Value) -> Vec<(&'static str, String)> {
 pub fn check_signup(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(), EnclaveError> {
     let p = &a.activity.parameters;
     let now = crate::admission::now_ms();
-    let token = match read(hsm, text(p, "verificationToken"), now) {
-        Ok(t) => t,
-        Err(e) => {
-            refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
-            return Err(e);
-        }
-    };
+    let token = read_stamped(hsm, a, now)?;
     // The token's organization signs its users up (into a new sub-organization of it).
     if token.organization_id != a.activity.organization_id {
         return Err(refuse(a, RefusalReason::OtpInvalid, OTP_INVALID));
@@ -159,13 +161,7 @@ pub fn check_contact(hsm: &Hsm, admission: &Admission, a: &Admitted) -> Result<(
         ));
     }
     let now = crate::admission::now_ms();
-    let token = match read(hsm, text(p, "verificationToken"), now) {
-        Ok(t) => t,
-        Err(e) => {
-            refuse(a, RefusalReason::OtpInvalid, OTP_INVALID);
-            return Err(e);
-        }
-    };
+    let token = read_stamped(hsm, a, now)?;
     let org = &a.activity.organization_id;
     let parent = admission.rules().load(org)?.and_then(|l| l.state.organization.parent_id.clone());
     if token.organization_id != *org && Some(&token.organization_id) != parent.as_ref() {

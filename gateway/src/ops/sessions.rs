@@ -113,18 +113,23 @@ pub struct OauthLoginIntent {
     invalidate_existing: Option<bool>,
 }
 
-pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, ApiError> {
-    required(&intent.oidc_token, "oidcToken")?;
-    required(&intent.public_key, "publicKey")?;
-    // Which user has the token's identity: found here, proven to the enclave by its certificate.
-    let claims = oidc_tokens::verify(oidc_tokens::own_keys(&ctx.state).await, &intent.oidc_token).await?;
-    let provider = crate::stamps::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
+/// Which user of the organization has the OIDC token's identity: found here, proven to the
+/// enclave by its certificate (which the enclave checks against the token it verifies itself).
+async fn token_identity(ctx: &Ctx, token: &str) -> Result<crate::store::OauthProviderRecord, ApiError> {
+    let claims = oidc_tokens::verify(oidc_tokens::own_keys(&ctx.state).await, token).await?;
+    crate::stamps::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
         ApiError::new(
             Code::NotFound,
             "OAUTH_PROVIDER_NOT_FOUND",
             "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
         )
-    })?;
+    })
+}
+
+pub async fn oauth_login(ctx: Ctx, intent: OauthLoginIntent) -> Result<Outcome, ApiError> {
+    required(&intent.oidc_token, "oidcToken")?;
+    required(&intent.public_key, "publicKey")?;
+    let provider = token_identity(&ctx, &intent.oidc_token).await?;
     let (session, _, _, writes) = open_session(
         &ctx,
         pb::CreateSessionRequest { provider_certificate: provider.certificate, ..Default::default() },
@@ -154,14 +159,7 @@ pub struct OauthIntent {
 pub async fn oauth(ctx: Ctx, intent: OauthIntent) -> Result<Outcome, ApiError> {
     required(&intent.oidc_token, "oidcToken")?;
     required(&intent.target_public_key, "targetPublicKey")?;
-    let claims = oidc_tokens::verify(oidc_tokens::own_keys(&ctx.state).await, &intent.oidc_token).await?;
-    let provider = crate::stamps::oauth_identity(&ctx.state, &ctx.org.id, &claims).await?.ok_or_else(|| {
-        ApiError::new(
-            Code::NotFound,
-            "OAUTH_PROVIDER_NOT_FOUND",
-            "no user of this organization has an oauth provider matching the OIDC token (issuer, subject, audience)",
-        )
-    })?;
+    let provider = token_identity(&ctx, &intent.oidc_token).await?;
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
     let (session, user, api_key_id, writes) = open_session(
         &ctx,
