@@ -221,7 +221,8 @@ impl Admitted {
             .enumerate()
             .filter(|(n, (_, v))| {
                 *n == 0
-                    || (state.live_credential(&v.user_id, &v.public_key, &v.credential_type, now).is_some()
+                    || (v.session_scope.is_empty()
+                        && state.live_credential(&v.user_id, &v.public_key, &v.credential_type, now).is_some()
                         && (!root_only || state.organization.root_user_ids.contains(&v.user_id)))
             })
             .map(|(_, (b, _))| b.clone())
@@ -1439,6 +1440,11 @@ impl Admission {
                 RefusalReason::NotApproved,
                 "the vote is not by a credential the organization holds live",
             ));
+        }
+        // A session of a session profile submits what its scope allows and votes on nothing (its
+        // vote would reject, or stand in for its user's counting one).
+        if !voter.session_scope.is_empty() {
+            return Err(Refusal::new(RefusalReason::NotApproved, "a session of a session profile does not vote"));
         }
         let root_only = coffer_org_rules::subjects::subject(&activity.activity_type).is_some_and(|s| s.root_quorum);
         let root = loaded.as_ref().is_some_and(|l| l.state.organization.root_user_ids.contains(&voter.user_id));

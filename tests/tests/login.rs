@@ -563,6 +563,41 @@ async fn session_profiles(stack: &Stack) {
     let refusals = stack.audit("refuse", "apply_activity");
     let last = refusals.last().expect("the enclave's refusal");
     assert!(last["reason"].as_str().unwrap_or_default().starts_with("SESSION_PROFILE_SCOPE"), "{last}");
+    // Nor does it vote: an activity waiting for the root's approval (Bob's tag, under a policy
+    // that needs it) is neither rejected nor approved by the scoped session, and the root's own
+    // key then approves it.
+    let bob_key = TurnkeyP256ApiKey::generate();
+    let bob = json!({"users": [{"userName": "bob", "userTags": [], "authenticators": [], "oauthProviders": [],
+        "apiKeys": [{"apiKeyName": "bob", "publicKey": hex::encode(bob_key.compressed_public_key()), "curveType": "API_KEY_CURVE_P256"}]}]});
+    let r = submit(stack, &stack.api_key(), &org, "create_users", "ACTIVITY_TYPE_CREATE_USERS_V4", bob).await;
+    let bob_id = r.json["activity"]["result"]["createUsersResult"]["userIds"][0].as_str().unwrap().to_string();
+    let policy = json!({"policyName": "bob tags with the root's approval", "effect": "EFFECT_ALLOW",
+        "condition": "activity.type == 'ACTIVITY_TYPE_CREATE_USER_TAG'",
+        "consensus": format!("approvers.any(user, user.id == '{}')", stack.user_id), "notes": ""});
+    let r = submit(stack, &stack.api_key(), &org, "create_policy", "ACTIVITY_TYPE_CREATE_POLICY_V3", policy).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let tag = json!({"userTagName": "bob's", "userIds": [bob_id]});
+    let r = submit(stack, &bob_key, &org, "create_user_tag", "ACTIVITY_TYPE_CREATE_USER_TAG", tag).await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_CONSENSUS_NEEDED", "{}", r.text);
+    let fingerprint = r.json["activity"]["fingerprint"].as_str().unwrap().to_string();
+    let scoped_copy = TurnkeyP256ApiKey::from_strings(hex::encode(scoped.private_key()), None).unwrap();
+    for (path, ty) in
+        [("reject_activity", "ACTIVITY_TYPE_REJECT_ACTIVITY"), ("approve_activity", "ACTIVITY_TYPE_APPROVE_ACTIVITY")]
+    {
+        stack.refusals_accounted();
+        let r = submit(stack, &scoped_copy, &org, path, ty, json!({"fingerprint": fingerprint})).await;
+        stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", RefusalReason::NotApproved);
+    }
+    let r = submit(
+        stack,
+        &stack.api_key(),
+        &org,
+        "approve_activity",
+        "ACTIVITY_TYPE_APPROVE_ACTIVITY",
+        json!({"fingerprint": fingerprint}),
+    )
+    .await;
+    assert_eq!(r.json["activity"]["status"], "ACTIVITY_STATUS_COMPLETED", "{}", r.text);
     let whoami = stack.client_with(scoped).get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await;
     assert_eq!(whoami.unwrap().user_id, stack.user_id);
     let (_, public, _) = session_key();

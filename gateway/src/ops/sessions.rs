@@ -161,6 +161,9 @@ pub async fn oauth(ctx: Ctx, intent: OauthIntent) -> Result<Outcome, ApiError> {
     required(&intent.target_public_key, "targetPublicKey")?;
     let provider = token_identity(&ctx, &intent.oidc_token).await?;
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    if let Some(n) = &name {
+        super::users::valid_name("apiKeyName", n)?;
+    }
     let (session, user, api_key_id, writes) = open_session(
         &ctx,
         pb::CreateSessionRequest { provider_certificate: provider.certificate, ..Default::default() },
@@ -264,6 +267,9 @@ async fn email_credential(ctx: &Ctx, intent: EmailCredentialIntent) -> Result<(U
     required(&intent.email, "email")?;
     required(&intent.target_public_key, "targetPublicKey")?;
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    if let Some(n) = &name {
+        super::users::valid_name("apiKeyName", n)?;
+    }
     let (_, user, api_key_id, writes) =
         open_session(ctx, pb::CreateSessionRequest::default(), intent.invalidate_existing.unwrap_or(false), name, None)
             .await?;
@@ -351,6 +357,9 @@ pub async fn create_read_write_session(ctx: Ctx, intent: CreateReadWriteSessionI
         super::lookup::load_user(&ctx.state, &ctx.org.id, u).await?;
     }
     let name = intent.api_key_name.filter(|n| !n.trim().is_empty());
+    if let Some(n) = &name {
+        super::users::valid_name("apiKeyName", n)?;
+    }
     let (session, user, api_key_id, writes) = open_session(
         &ctx,
         pb::CreateSessionRequest::default(),
