@@ -329,7 +329,7 @@ impl GatewayConfig {
         if let Some(v) = env("COFFER_TRUSTED_PROXIES") {
             cfg.trusted_proxies = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
         }
-        if let Some(bad) = cfg.trusted_proxies.iter().find(|p| crate::ip_allowlists::parse_network(p).is_none()) {
+        if let Some(bad) = cfg.trusted_proxies.iter().find(|p| crate::client_address::parse_network(p).is_none()) {
             anyhow::bail!("trusted_proxies: {bad:?} is not an address or a CIDR (such as 10.0.0.0/8)");
         }
         if let Some(v) = env("COFFER_INSTANCE_ID") {

@@ -157,7 +157,7 @@ async fn query(
 /// Where an API request comes from, for the IP allowlists.
 fn origin(state: &AppState, client: Option<Extension<ClientAddr>>, headers: &HeaderMap) -> Origin {
     let peer = client.map(|Extension(ClientAddr(ip))| ip);
-    Origin::Network(peer.and_then(|p| crate::ip_allowlists::client_address(p, headers, &state.limits.trusted_proxies)))
+    Origin::Network(peer.and_then(|p| crate::client_address::client_address(p, headers, &state.limits.trusted_proxies)))
 }
 
 /// The bundle signer's key, for clients to pin (`dangerouslyOverrideSignerPublicKey` in JS,

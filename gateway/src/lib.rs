@@ -4,6 +4,7 @@ pub mod activity;
 pub mod activity_log;
 pub mod auth_proxy;
 pub mod catch_up;
+pub mod client_address;
 pub mod config;
 pub mod custody;
 pub mod error;

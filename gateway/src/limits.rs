@@ -31,7 +31,7 @@ pub struct Limits {
     per_ip: Option<RateLimiter<IpAddr>>,
     per_credential: Option<RateLimiter<String>>,
     /// `trusted_proxies`: the peers whose `X-Forwarded-For` names the client
-    /// (`ip_allowlists::client_address`).
+    /// (`client_address::client_address`).
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
@@ -49,7 +49,7 @@ impl Limits {
             trusted_proxies: cfg
                 .trusted_proxies
                 .iter()
-                .filter_map(|p| crate::ip_allowlists::parse_network(p))
+                .filter_map(|p| crate::client_address::parse_network(p))
                 .collect(),
         }
     }
