@@ -31,33 +31,48 @@ pub struct CaughtUp {
     pub left: usize,
 }
 
+/// When a starting gateway catches up a second time: past the deadline of the enclave calls a
+/// dead gateway may have left in flight (`custody::transport`, 30 s).
+const SECOND_PASS_AFTER: std::time::Duration = std::time::Duration::from_secs(35);
+
+/// One catch-up of a starting gateway, retried while the enclave cannot be reached yet (a
+/// minute), logged.
+async fn catch_up_at_start(state: &Arc<AppState>, since: i64) {
+    for attempt in 1..=60 {
+        match catch_up(state, since).await {
+            Ok(done) => {
+                tracing::info!(
+                    unrecorded = done.unrecorded,
+                    compared = done.compared,
+                    repaired = done.repaired,
+                    repairs = done.repairs,
+                    left = done.left,
+                    "caught up with the enclave"
+                );
+                return;
+            }
+            Err(e) if attempt == 60 => tracing::warn!(
+                error = %e.message,
+                "not caught up with the enclave: run coffer-gateway rebuild for the organizations coffer-enclave reconcile names"
+            ),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+        }
+    }
+}
+
 /// Catches the store up with what the enclave allowed in the last [`WINDOW_MS`] and the store has
-/// no record of, in the background, retrying while the enclave cannot be reached yet (a minute).
-/// Then, every [`UNCERTAIN_EVERY`], repairs the organizations whose change got no answer from
+/// no record of, in the background, retrying while the enclave cannot be reached yet (a minute),
+/// and once more after [`SECOND_PASS_AFTER`]. Then, every [`UNCERTAIN_EVERY`], repairs the organizations whose change got no answer from
 /// the enclave (`uncertain_outcomes`), once the enclave answers again.
 pub fn spawn(state: Arc<AppState>) {
     let since = crate::store::now_nanos() / 1_000_000 - WINDOW_MS;
     tokio::spawn(async move {
-        for attempt in 1..=60 {
-            match catch_up(&state, since).await {
-                Ok(done) => {
-                    tracing::info!(
-                        unrecorded = done.unrecorded,
-                        compared = done.compared,
-                        repaired = done.repaired,
-                        repairs = done.repairs,
-                        left = done.left,
-                        "caught up with the enclave"
-                    );
-                    break;
-                }
-                Err(e) if attempt == 60 => tracing::warn!(
-                    error = %e.message,
-                    "not caught up with the enclave: run coffer-gateway rebuild for the organizations coffer-enclave reconcile names"
-                ),
-                Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
-            }
-        }
+        catch_up_at_start(&state, since).await;
+        // Once more when every enclave call a dead gateway could have left in flight has ended
+        // (the calls' deadline): one the enclave committed after the first pass compared is
+        // repaired too.
+        tokio::time::sleep(SECOND_PASS_AFTER).await;
+        catch_up_at_start(&state, since).await;
         loop {
             tokio::time::sleep(UNCERTAIN_EVERY).await;
             let organizations = crate::uncertain_outcomes::take();

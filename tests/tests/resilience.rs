@@ -638,6 +638,19 @@ async fn gateway_kill_9_under_load_loses_no_acknowledged_activity() {
             unanswered += u;
         }
         assert!(unanswered <= CLIENTS, "at most one request per client was cut off: {unanswered}");
+        // The enclave finishes the calls the dead gateway left in flight (on a loaded machine this
+        // can outlast the restart): its policies stop changing before the gateway comes back, so
+        // that the catch-up below sees what the enclave committed (the gateway's second pass
+        // covers a restart faster than that in production).
+        let mut seen = (stack.authority_entry_count(&org, "policy"), Instant::now());
+        let settle = Instant::now() + Duration::from_secs(20);
+        while seen.1.elapsed() < Duration::from_millis(1_000) && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = stack.authority_entry_count(&org, "policy");
+            if now != seen.0 {
+                seen = (now, Instant::now());
+            }
+        }
 
         // The restarted gateway logs its catch-up with the enclave.
         stack.set_env("COFFER_LOG", "warn,coffer_gateway::catch_up=info");
