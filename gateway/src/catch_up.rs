@@ -70,9 +70,12 @@ pub fn spawn(state: Arc<AppState>) {
         catch_up_at_start(&state, since).await;
         // Once more when every enclave call a dead gateway could have left in flight has ended
         // (the calls' deadline): one the enclave committed after the first pass compared is
-        // repaired too.
-        tokio::time::sleep(SECOND_PASS_AFTER).await;
-        catch_up_at_start(&state, since).await;
+        // repaired too. Beside the repairs below, which must not wait for it.
+        let second = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(SECOND_PASS_AFTER).await;
+            catch_up_at_start(&second, since).await;
+        });
         loop {
             tokio::time::sleep(UNCERTAIN_EVERY).await;
             let organizations = crate::uncertain_outcomes::take();
