@@ -19,12 +19,23 @@ pub const CREATE_OAUTH_PROVIDERS: &str = "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V
 pub const RECOVER_USER: &str = "ACTIVITY_TYPE_RECOVER_USER";
 /// The credential `init_user_email_recovery` sends by email: it may submit `recover_user` only.
 pub const RECOVERY_CREDENTIAL_TYPE: &str = "CREDENTIAL_TYPE_RECOVER_USER_KEY_P256";
+/// `accept_invitation` (a Coffer path; `AcceptInvitationIntentV2` with `apiKey`): the invited
+/// user, made with the API key the receiver brings, which stamps it.
+pub const ACCEPT_INVITATION: &str = "ACTIVITY_TYPE_ACCEPT_INVITATION_V2";
+/// The credential type of the key an invitation's acceptance is stamped with: never certified,
+/// never stored; it stands for the invitation (its code checked by the enclave) while the
+/// enclave decides the acceptance, the only activity it may submit.
+pub const INVITATION_ACCEPTANCE: &str = "COFFER_INVITATION_ACCEPTANCE";
 
 /// Whether a credential of `credential_type` may submit an activity of `activity_type`: every
 /// credential may submit anything its policies allow, except a recovery credential, which may
-/// only recover its user. Checked by the gateway and the enclave alike.
+/// only recover its user, and an invitation's acceptance key, which may only accept it. Checked by the gateway and the enclave alike.
 pub fn credential_may_submit(credential_type: &str, activity_type: &str) -> bool {
-    credential_type != RECOVERY_CREDENTIAL_TYPE || activity_type == RECOVER_USER
+    match credential_type {
+        RECOVERY_CREDENTIAL_TYPE => activity_type == RECOVER_USER,
+        INVITATION_ACCEPTANCE => activity_type == ACCEPT_INVITATION,
+        _ => true,
+    }
 }
 
 /// The credential type of an OAuth provider's certificate: its `public_key` is the identity hash
@@ -165,6 +176,7 @@ pub const GRANTING_TYPES: &[&str] = &[
     CREATE_SUB_ORGANIZATION,
     RECOVER_USER,
     CREATE_OAUTH_PROVIDERS,
+    ACCEPT_INVITATION,
 ];
 
 /// An API key of `create_api_only_users` as `create_users` lists it: its curve
@@ -203,6 +215,11 @@ pub fn granted_credentials(activity: &StampedActivity) -> Result<Vec<Grant>, Aut
                 let u = serde_json::json!({ "apiKeys": keys });
                 user_grants(org, &derived_id(fp, USER_ID, i), &u, &mut out)?;
             }
+        }
+        ACCEPT_INVITATION => {
+            let key = api_only_key(p.get("apiKey").unwrap_or(&Value::Null));
+            let u = serde_json::json!({ "apiKeys": [key] });
+            user_grants(org, &derived_id(fp, USER_ID, 0), &u, &mut out)?;
         }
         CREATE_SUB_ORGANIZATION => {
             let sub = derived_id(fp, SUB_ORGANIZATION_ID, 0);
@@ -251,6 +268,8 @@ mod tests {
         assert!(credential_may_submit(RECOVERY_CREDENTIAL_TYPE, RECOVER_USER));
         assert!(!credential_may_submit(RECOVERY_CREDENTIAL_TYPE, CREATE_API_KEYS));
         assert!(credential_may_submit("CREDENTIAL_TYPE_API_KEY_P256", CREATE_API_KEYS));
+        assert!(credential_may_submit(INVITATION_ACCEPTANCE, ACCEPT_INVITATION));
+        assert!(!credential_may_submit(INVITATION_ACCEPTANCE, CREATE_API_KEYS));
         let a = activity(RECOVER_USER, serde_json::json!({"userId": "u", "authenticator": {"attestation": {}}}));
         assert!(granted_credentials(&a).is_err(), "the one authenticator is verified like any other");
     }

@@ -50,7 +50,9 @@ impl Scheme {
     /// session).
     pub fn signs_for(self, credential_type: &str) -> bool {
         credential_type == self.credential_type()
-            || (self == Self::P256 && SESSION_CREDENTIAL_TYPES.contains(&credential_type))
+            || (self == Self::P256
+                && (SESSION_CREDENTIAL_TYPES.contains(&credential_type)
+                    || credential_type == crate::grants::INVITATION_ACCEPTANCE))
     }
 }
 

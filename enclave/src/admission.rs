@@ -42,7 +42,7 @@ pub const BOOTSTRAP: &str = "bootstrap:";
 const CERT_DOMAIN: &[u8] = b"coffer-credential-certificate-v1";
 
 /// Length-prefixed fields: what an HSM MAC covers (the first field is the domain).
-fn mac_input(fields: &[&[u8]]) -> Vec<u8> {
+pub fn mac_input(fields: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     for field in fields {
         out.extend_from_slice(&(field.len() as u32).to_be_bytes());
@@ -961,8 +961,9 @@ impl Admission {
         operation: &'static str,
         auth: Option<&pb::Authorization>,
         types: &[&str],
+        attested: Option<&AttestedIdentity>,
     ) -> Result<(Admitted, Unspent), EnclaveError> {
-        let (a, unspent) = self.check(operation, auth, types, None, None).map_err(|r| {
+        let (a, unspent) = self.check(operation, auth, types, None, attested).map_err(|r| {
             r.audit(operation);
             r.into_error()
         })?;
@@ -1036,7 +1037,7 @@ impl Admission {
         auth: Option<&pb::Authorization>,
         types: &[&str],
     ) -> Result<(Admitted, Unspent, Option<LinkRequest>), EnclaveError> {
-        let (a, mut unspent) = self.authorize_unspent(operation, auth, types)?;
+        let (a, mut unspent) = self.authorize_unspent(operation, auth, types, None)?;
         let log = auth.and_then(|auth| auth.log.as_ref());
         let link = match (coffer_org_rules::subjects::KEY_USES.contains(&a.activity.activity_type.as_str()), log) {
             (true, Some(log)) => Some(a.link_request(log, true)?),
@@ -1724,6 +1725,9 @@ impl Admission {
             {
                 Some(credential.clone())
             }
+            Some(AttestedIdentity::Invitation { credential }) if req.stamp_header.eq_ignore_ascii_case("x-stamp") => {
+                Some(credential.clone())
+            }
             _ => None,
         };
         let cert = match token_login {
@@ -1841,6 +1845,11 @@ pub enum AttestedIdentity {
     /// it: the user of the body's organization with the token's verified contact, of type
     /// `coffer_auth::grants::VERIFICATION_TOKEN`, never certified.
     VerificationToken { token: coffer_auth::verification_token::VerifiedToken, credential: pb::CredentialCertificate },
+    /// The key an invitation's acceptance brings, its code checked
+    /// (`service::invitations::acceptance_identity`): the credential stands for the invitation,
+    /// of type `coffer_auth::grants::INVITATION_ACCEPTANCE`, never certified, for the user the
+    /// acceptance makes; it authorizes an `X-Stamp` of that key.
+    Invitation { credential: pb::CredentialCertificate },
 }
 
 /// Most parents [`Admission::top_level_id`] walks up (a sub-organization's own sub-organizations,

@@ -991,8 +991,12 @@ impl Decider {
             // caller verified the token, unspent and unexpired) for the one login it stamps.
             let token = v.credential_type == coffer_auth::grants::VERIFICATION_TOKEN
                 && state.users.get(&v.user_id).is_some_and(|u| u.contacts_verified);
+            // An invitation's acceptance key is none either: it stands for the invitation (its
+            // code checked) and for the user the acceptance makes, whom the state has not.
+            let invitation = v.credential_type == coffer_auth::grants::INVITATION_ACCEPTANCE
+                && !state.users.contains_key(&v.user_id);
             stored.or_else(|| {
-                token.then(|| Credential {
+                (token || invitation).then(|| Credential {
                     id: format!("verification-token:{}", v.public_key),
                     user_id: v.user_id.clone(),
                     kind: CredentialKind::Session,

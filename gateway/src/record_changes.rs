@@ -363,6 +363,9 @@ fn put_record(r: &Record) -> Option<Change> {
         kinds::SESSION_PROFILE => {
             Effect::PutSessionProfile { id: r.id.clone(), profile: serde_json::from_value(r.data.clone()).ok()? }
         }
+        kinds::INVITATION => {
+            Effect::PutInvitation { id: r.id.clone(), invitation: serde_json::from_value(r.data.clone()).ok()? }
+        }
         kinds::IP_ALLOWLIST => Effect::PutIpAllowlist {
             key: crate::ip_allowlists::key_of(&r.id).to_string(),
             allowlist: serde_json::from_value(r.data.clone()).ok()?,

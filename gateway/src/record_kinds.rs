@@ -32,6 +32,8 @@ pub const PROVEN_KEY: &str = "proven_key";
 pub const IP_ALLOWLIST: &str = "ip_allowlist";
 /// A session profile (`coffer_org_rules::model::SessionProfile` as data), by its id.
 pub const SESSION_PROFILE: &str = "session_profile";
+/// An invitation (`coffer_org_rules::model::Invitation` as data), by its id.
+pub const INVITATION: &str = "invitation";
 /// Turnkey Verifiable Cloud: apps, deployments, operator sets and operators.
 pub const TVC_APP: &str = "tvc_app";
 pub const TVC_DEPLOYMENT: &str = "tvc_deployment";
@@ -53,6 +55,7 @@ pub const ALL: &[&str] = &[
     PROVEN_KEY,
     IP_ALLOWLIST,
     SESSION_PROFILE,
+    INVITATION,
     TVC_APP,
     TVC_DEPLOYMENT,
     TVC_OPERATOR_SET,

@@ -196,6 +196,9 @@ pub const SESSION_PROFILE_SCOPE: &str = "SESSION_PROFILE_SCOPE";
 /// activities; others need an allowing policy (or an implicit permission) and no deny, and a
 /// policy's consensus is met only by the votes presented. A root user's activity the root quorum
 /// could still approve is `ConsensusNeeded`, not `Deny`.
+/// The activity an invitation's receiver accepts it with.
+pub const ACCEPT_INVITATION: &str = "ACTIVITY_TYPE_ACCEPT_INVITATION_V2";
+
 pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evaluation {
     let org = &state.organization;
     let now = p.now_ms.saturating_mul(1_000_000);
@@ -220,6 +223,14 @@ pub fn decide(state: &OrgState, index: &PolicyIndex, p: &Proposal<'_>) -> Evalua
         if allowed != Some(true) {
             return Evaluation::root(Decision::Deny, SESSION_PROFILE_SCOPE);
         }
+    }
+    // An invitation's acceptance is decided by the invitation (the enclave checked its code and
+    // the key the receiver brings): it is stamped for the user it makes, whom no one else is.
+    if p.subject.activity_type == ACCEPT_INVITATION {
+        return match state.users.contains_key(p.submitter) {
+            false => Evaluation::root(Decision::Allow, "INVITATION"),
+            true => Evaluation::root(Decision::Deny, "INVITATION_ONLY"),
+        };
     }
     if roots >= org.root_quorum_threshold.max(1) {
         return Evaluation::root(Decision::Allow, "ROOT_QUORUM");

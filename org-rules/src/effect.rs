@@ -145,6 +145,11 @@ pub enum Effect {
     RemoveIpAllowlist {
         key: String,
     },
+    /// An invitation, new or with a new status.
+    PutInvitation {
+        id: String,
+        invitation: crate::model::Invitation,
+    },
     /// A new session profile, with an id no profile has.
     PutSessionProfile {
         id: String,
@@ -561,6 +566,10 @@ impl OrgState {
             }
             Effect::PutIpAllowlist { key, allowlist } => {
                 self.organization.ip_allowlists.insert(key.clone(), allowlist.clone());
+                t.push(org);
+            }
+            Effect::PutInvitation { id, invitation } => {
+                self.organization.invitations.insert(id.clone(), invitation.clone());
                 t.push(org);
             }
             Effect::PutSessionProfile { id, profile } => {

@@ -45,6 +45,26 @@ pub struct Organization {
     /// Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub session_profiles: BTreeMap<String, SessionProfile>,
+    /// `create_invitations`, by id, with their status (accepted and revoked ones are kept, as
+    /// the hosted service lists them). Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub invitations: BTreeMap<String, Invitation>,
+}
+
+/// An invitation to join the organization: who receives it (the enclave mails them its
+/// acceptance code) and the user its acceptance makes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Invitation {
+    pub receiver_user_name: String,
+    pub receiver_email: String,
+    /// User tag ids the accepted user carries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receiver_user_tags: Vec<String>,
+    /// `ACCESS_TYPE_WEB`, `ACCESS_TYPE_API` or `ACCESS_TYPE_ALL`.
+    pub access_type: String,
+    pub sender_user_id: String,
+    /// `INVITATION_STATUS_CREATED`, `_ACCEPTED` or `_REVOKED`.
+    pub status: String,
 }
 
 /// A session profile: what the sessions that name it are (the enclave issues them so).

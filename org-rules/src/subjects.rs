@@ -388,6 +388,31 @@ pub static SUBJECTS: &[Subject] = &[
         "updateOrganizationNameIntent",
         "updateOrganizationNameResult",
     ),
+    s(
+        "ACTIVITY_TYPE_CREATE_INVITATIONS",
+        "INVITATION",
+        "CREATE",
+        false,
+        "createInvitationsIntent",
+        "createInvitationsResult",
+    ),
+    s(
+        "ACTIVITY_TYPE_DELETE_INVITATION",
+        "INVITATION",
+        "DELETE",
+        false,
+        "deleteInvitationIntent",
+        "deleteInvitationResult",
+    ),
+    // Decided by the invitation and its acceptance code, not by policies (decide.rs).
+    s(
+        "ACTIVITY_TYPE_ACCEPT_INVITATION_V2",
+        "INVITATION",
+        "ACCEPT",
+        false,
+        "acceptInvitationIntentV2",
+        "acceptInvitationResult",
+    ),
     // SESSION_PROFILE / CREATE: the kind is in the hosted service's table, the resource inferred.
     s(
         "ACTIVITY_TYPE_CREATE_SESSION_PROFILE",

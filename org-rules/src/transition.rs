@@ -4,14 +4,19 @@
 //! addresses and the auth proxy's key come from the enclave's own work.
 
 mod input;
+mod invitations;
 mod records;
 mod results;
 mod users;
 
 pub use input::{
-    credential_id_label, Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, ISSUED_CREDENTIAL_ID,
+    credential_id_label, Grant, Input, TransitionError, CONTRACT_INTERFACE_ID, INVITATION_ID, ISSUED_CREDENTIAL_ID,
     OAUTH2_CREDENTIAL_ID, POLICY_ID, SESSION_PROFILE_ID, SUB_ORGANIZATION_ID, TAG_ID, USER_ID, WALLET_ACCOUNT_ID,
     WALLET_ID, WEBHOOK_ENDPOINT_ID,
+};
+pub use invitations::{
+    invitation, ACCESS_TYPES, INVITATION_ACCEPTED, INVITATION_CREATED, INVITATION_REVOKED,
+    MAX_INVITATIONS_PER_ACTIVITY, MAX_OPEN_INVITATIONS, WEB_ONLY,
 };
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, ip_allowlist, ip_allowlist_key, oauth2_credential_value,
@@ -45,6 +50,9 @@ pub const TYPES: &[&str] = &[
     "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME",
     "ACTIVITY_TYPE_SET_IP_ALLOWLIST",
     "ACTIVITY_TYPE_CREATE_SESSION_PROFILE",
+    "ACTIVITY_TYPE_CREATE_INVITATIONS",
+    "ACTIVITY_TYPE_DELETE_INVITATION",
+    "ACTIVITY_TYPE_ACCEPT_INVITATION_V2",
     "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST",
     "ACTIVITY_TYPE_UPDATE_USER_NAME",
     "ACTIVITY_TYPE_UPDATE_USER_EMAIL",
@@ -100,6 +108,9 @@ fn transition(activity_type: &str) -> Option<Transition> {
         "ACTIVITY_TYPE_UPDATE_ORGANIZATION_NAME" => r::update_organization_name,
         "ACTIVITY_TYPE_SET_IP_ALLOWLIST" => r::set_ip_allowlist,
         "ACTIVITY_TYPE_CREATE_SESSION_PROFILE" => r::create_session_profile,
+        "ACTIVITY_TYPE_CREATE_INVITATIONS" => invitations::create_invitations,
+        "ACTIVITY_TYPE_DELETE_INVITATION" => invitations::delete_invitation,
+        "ACTIVITY_TYPE_ACCEPT_INVITATION_V2" => invitations::accept_invitation,
         "ACTIVITY_TYPE_REMOVE_IP_ALLOWLIST" => r::remove_ip_allowlist,
         "ACTIVITY_TYPE_UPDATE_USER_NAME" => |i| u::update_user_field(i, "userName"),
         "ACTIVITY_TYPE_UPDATE_USER_EMAIL" => |i| u::update_user_field(i, "userEmail"),

@@ -128,6 +128,7 @@ async fn email_codes_log_in_once_and_nothing_else_gets_through() {
     let alice = add_user(&root, &org, "alice@example.test").await;
     let ts = || Stack::now_ms();
     first_versions(&stack, &smtp).await;
+    invitations(&stack, &smtp).await;
 
     // The code arrives by mail (a MIME message, plain text and HTML, from the enclave's sender),
     // 9 Crockford base32 characters by default.
@@ -1794,4 +1795,183 @@ async fn sign_ups_spend_their_own_lanes_of_the_replay_window_not_their_parents_s
     // The parent's share (40) is far from spent: its own requests go on.
     let r = tag(&stack, &root, &org, 0).await;
     assert_eq!(r.status, 200, "the parent's: {}", r.text);
+}
+
+/// What an invitation's message says: its invitation id, acceptance code and encryption target
+/// (the body is base64: the target is one long line).
+fn invitation_mail(
+    smtp: &SmtpServer,
+    seen: &std::collections::HashSet<std::path::PathBuf>,
+    to: &str,
+) -> (String, String, String, String) {
+    let new: Vec<String> = smtp
+        .messages()
+        .into_iter()
+        .filter(|(f, m)| !seen.contains(f) && m.contains(&format!("To: {to}")))
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(new.len(), 1, "one invitation to {to}");
+    let raw = new[0].replace("\r\n", "\n");
+    let (headers, body) = raw.split_once("\n\n").unwrap();
+    assert!(headers.contains("Subject: Your invitation"), "{headers}");
+    let body: String = body.lines().map(str::trim).collect();
+    let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(body).unwrap()).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+            .to_string()
+    };
+    let bundle = text.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no target in {text}")).to_string();
+    (field("Invitation:"), field("Acceptance code:"), bundle, text)
+}
+
+/// Invitations: made by a user with a policy for them (one without is refused by the enclave),
+/// mailed by the enclave with nothing the inviter wrote, accepted once with the key the receiver
+/// brings and the code encrypted with it, which then stamps as the new user; a wrong code, a key
+/// that is not the brought one, a revoked invitation and a second acceptance are refused.
+async fn invitations(stack: &Stack, smtp: &SmtpServer) {
+    use turnkey_client::generated::immutable::common::v1::AccessType;
+    use turnkey_client::generated::{
+        CreateInvitationsIntent, CreateUserTagIntent, DeleteInvitationIntent, InvitationParams,
+    };
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    let ts = || Stack::now_ms();
+    let me = root.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap().user_id;
+    let tag = root
+        .create_user_tag(org.clone(), ts(), CreateUserTagIntent { user_tag_name: "invited".into(), user_ids: vec![] })
+        .await
+        .unwrap()
+        .result
+        .user_tag_id;
+    let invite = |email: &str, sender: &str, access: AccessType| CreateInvitationsIntent {
+        invitations: vec![InvitationParams {
+            receiver_user_name: "Grace <b>Hopper</b>".into(),
+            receiver_user_email: email.into(),
+            receiver_user_tags: vec![tag.clone()],
+            access_type: access,
+            sender_user_id: sender.into(),
+        }],
+    };
+    // A user without a policy for invitations is refused by the enclave.
+    let bob_key = TurnkeyP256ApiKey::generate();
+    let bob = root
+        .create_users(
+            org.clone(),
+            ts(),
+            CreateUsersIntentV4 {
+                users: vec![UserParamsV4 {
+                    user_name: "bob".into(),
+                    user_email: None,
+                    user_phone_number: None,
+                    api_keys: vec![ApiKeyParamsV2 {
+                        api_key_name: "bob".into(),
+                        public_key: hex::encode(bob_key.compressed_public_key()),
+                        curve_type: ApiKeyCurve::P256,
+                        expiration_seconds: None,
+                    }],
+                    authenticators: vec![],
+                    oauth_providers: vec![],
+                    user_tags: vec![],
+                }],
+            },
+        )
+        .await
+        .unwrap()
+        .result
+        .user_ids[0]
+        .clone();
+    stack.refusals_accounted();
+    let as_bob = stack.client_with(bob_key);
+    stack.refused_for(
+        as_bob.create_invitations(org.clone(), ts(), invite("x@example.test", &bob, AccessType::Api)).await,
+        403,
+        "REQUEST_NOT_AUTHORIZED",
+        Reason::PolicyDenied,
+    );
+    // Sent in another user's name: refused.
+    let r = root.create_invitations(org.clone(), ts(), invite("x@example.test", &bob, AccessType::Api)).await;
+    coffer_tests::refused(r, 400, "REQUEST_INVALID", "senderUserId");
+
+    let before = smtp.seen();
+    let made =
+        root.create_invitations(org.clone(), ts(), invite("grace@example.test", &me, AccessType::Api)).await.unwrap();
+    let invitation = made.result.invitation_ids[0].clone();
+    let (id, code, target, text) = invitation_mail(smtp, &before, "grace@example.test");
+    assert_eq!(id, invitation);
+    assert_eq!(code.len(), 8, "{code}");
+    assert!(!text.contains("Grace") && !text.contains("<b>"), "nothing the inviter wrote is sent: {text}");
+    let get_organization = json!({ "organizationId": org }).to_string();
+    let listed =
+        stack.post_raw("/public/v1/query/get_organization", get_organization.as_bytes(), Some(&stack.api_key())).await;
+    let invitations = &listed.json["organizationData"]["invitations"];
+    assert_eq!(invitations[0]["invitationId"], invitation, "{listed:?}");
+    assert_eq!(invitations[0]["status"], "INVITATION_STATUS_CREATED");
+    assert_eq!(invitations[0]["receiverEmail"], "grace@example.test");
+
+    // Accepted with the key Grace brings, which stamps the acceptance and is encrypted with the code.
+    let grace = TurnkeyP256ApiKey::generate();
+    let grace_hex = hex::encode(grace.compressed_public_key());
+    let accept = |key_hex: &str, bundle: String| {
+        json!({ "invitationId": invitation, "userId": "", "encryptedOtpBundle": bundle,
+            "apiKey": { "apiKeyName": "grace", "publicKey": key_hex } })
+    };
+    let ty = "ACTIVITY_TYPE_ACCEPT_INVITATION_V2";
+    let wrong = encrypted(stack, &target, &org, "00000000", &grace_hex);
+    let r = submit(stack, &grace, &org, "accept_invitation", ty, accept(&grace_hex, wrong)).await;
+    coffer_tests::refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "acceptance code");
+    // The right code, stamped by another key than the one brought: refused.
+    let other = TurnkeyP256ApiKey::generate();
+    let right = encrypted(stack, &target, &org, &code.to_lowercase(), &grace_hex);
+    let r = submit(stack, &other, &org, "accept_invitation", ty, accept(&grace_hex, right.clone())).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    // The code encrypted with another key than the stamping one: refused.
+    let other_hex = hex::encode(other.compressed_public_key());
+    let r = submit(stack, &other, &org, "accept_invitation", ty, accept(&other_hex, right.clone())).await;
+    coffer_tests::refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "acceptance code");
+    let r = submit(stack, &grace, &org, "accept_invitation", ty, accept(&grace_hex, right.clone())).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let activity = &r.json["activity"];
+    assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED", "{activity}");
+    let user_id = activity["result"]["acceptInvitationResult"]["userId"].as_str().unwrap().to_string();
+    assert_eq!(activity["result"]["acceptInvitationResult"]["invitationId"], invitation);
+    let grace_private = hex::encode(grace.private_key());
+    let as_grace = stack.client_with(grace);
+    let who = as_grace.get_whoami(GetWhoamiRequest { organization_id: org.clone() }).await.unwrap();
+    assert_eq!(who.user_id, user_id);
+    let user = root
+        .get_user(turnkey_client::generated::GetUserRequest { organization_id: org.clone(), user_id: user_id.clone() })
+        .await
+        .unwrap()
+        .user
+        .unwrap();
+    assert_eq!(
+        (user.user_name.as_str(), user.user_email.as_deref(), user.user_tags.clone()),
+        ("Grace <b>Hopper</b>", Some("grace@example.test"), vec![tag.clone()])
+    );
+    assert_eq!(stack.link_count(&org, activity["fingerprint"].as_str().unwrap(), "ACTIVITY_STATUS_COMPLETED"), 1);
+    // Once: a second acceptance (a new body) is refused.
+    let again = encrypted(stack, &target, &org, &code, &grace_hex);
+    let grace = TurnkeyP256ApiKey::from_strings(grace_private, None).unwrap();
+    let r = submit(stack, &grace, &org, "accept_invitation", ty, accept(&grace_hex, again)).await;
+    coffer_tests::refused_raw(&r, 400, "REQUEST_INVALID", "INVITATION_STATUS_ACCEPTED");
+    let listed =
+        stack.post_raw("/public/v1/query/get_organization", get_organization.as_bytes(), Some(&stack.api_key())).await;
+    assert_eq!(listed.json["organizationData"]["invitations"][0]["status"], "INVITATION_STATUS_ACCEPTED");
+
+    // Revoked, an invitation is accepted no more.
+    let before = smtp.seen();
+    let second =
+        root.create_invitations(org.clone(), ts(), invite("hopper@example.test", &me, AccessType::All)).await.unwrap();
+    let second = second.result.invitation_ids[0].clone();
+    let (_, code, target, _) = invitation_mail(smtp, &before, "hopper@example.test");
+    root.delete_invitation(org.clone(), ts(), DeleteInvitationIntent { invitation_id: second.clone() }).await.unwrap();
+    let late = TurnkeyP256ApiKey::generate();
+    let late_hex = hex::encode(late.compressed_public_key());
+    let bundle = encrypted(stack, &target, &org, &code, &late_hex);
+    let body = json!({ "invitationId": second, "encryptedOtpBundle": bundle, "apiKey": { "apiKeyName": "late", "publicKey": late_hex } });
+    let r = submit(stack, &late, &org, "accept_invitation", ty, body).await;
+    coffer_tests::refused_raw(&r, 400, "REQUEST_INVALID", "INVITATION_STATUS_REVOKED");
+    let _ = bob;
 }

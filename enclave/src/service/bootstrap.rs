@@ -99,10 +99,19 @@ pub(super) fn bootstrap_organization(
 
 /// Certificates for exactly the credentials the stamped body adds.
 pub(super) fn issue_certificates(
+    hsm: &Hsm,
     admission: &Admission,
     req: pb::IssueCertificatesRequest,
 ) -> Result<pb::IssueCertificatesResponse, EnclaveError> {
-    let a = admission.authorize("issue_certificates", req.auth.as_ref(), grants::GRANTING_TYPES)?;
+    // An invitation's acceptance, stamped by the key it brings (its code checked here too).
+    let attested = super::invitations::acceptance_identity(hsm, admission, req.auth.as_ref())?;
+    let a = admission.authorize_for(
+        "issue_certificates",
+        req.auth.as_ref(),
+        grants::GRANTING_TYPES,
+        None,
+        attested.as_ref(),
+    )?;
     let granted = granted_credentials(&a.activity)?;
     let certificates = req
         .credentials

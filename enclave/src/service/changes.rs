@@ -9,6 +9,7 @@ use coffer_org_rules::transition::{self, Grant, Input, ISSUED_CREDENTIAL_ID};
 use coffer_org_rules::{Change, Credential, Effect};
 use coffer_proto::v1 as pb;
 
+use super::invitations;
 use crate::admission::{refuse, Admission, Admitted};
 use crate::decider::is_moved;
 use crate::error::{EnclaveError, RefusalReason};
@@ -19,18 +20,25 @@ const MAX_CHANGES: usize = 10_000;
 
 /// Decides the stamped activity over its organization's state, computes its changes from the
 /// stamped body and applies them.
+/// The messages it leaves in `mails` (the invitations it made) are sent by the caller.
 pub(super) fn apply_activity(
     hsm: &crate::hsm::Hsm,
     admission: &Admission,
+    otp: &super::otp::OtpService,
     req: pb::ApplyActivityRequest,
+    mails: &mut Vec<lettre::Message>,
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
         subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !subjects::has_own_call(t)).collect();
+    // An invitation's acceptance is stamped by the key it brings, standing for the invitation
+    // once its code checks.
+    let attested = invitations::acceptance_identity(hsm, admission, req.auth.as_ref())?;
     // The stamp is spent in the transaction that commits the change (or, for a change that changes
     // nothing, once it is decided): a refused change spends nothing and leaves no allow in the
     // decision log, and a change is never committed without its stamp spent, nor a stamp spent
     // for a change that was not.
-    let (a, unspent) = admission.authorize_unspent(crate::admission::APPLY_ACTIVITY, req.auth.as_ref(), &types)?;
+    let (a, unspent) =
+        admission.authorize_unspent(crate::admission::APPLY_ACTIVITY, req.auth.as_ref(), &types, attested.as_ref())?;
     // The activity to link in this call, when asked: checked before anything is applied.
     let log = req.auth.as_ref().and_then(|auth| auth.log.as_ref());
     let mut link = log.map(|log| a.link_request(log, false)).transpose()?;
@@ -58,6 +66,17 @@ pub(super) fn apply_activity(
         && !coffer_auth::envelope::text(&a.activity.parameters, "verificationToken").is_empty()
     {
         crate::verification_token::check_contact(hsm, admission, &a)?;
+    }
+    // Invitations are mailed: counted against the send limits before anything is committed.
+    if a.activity.activity_type == invitations::CREATE_INVITATIONS {
+        if !otp.mailer.configured() {
+            return Err(refuse(
+                &a,
+                RefusalReason::TransitionRefused,
+                "invitations are mailed: they need the enclave's mail transport ([otp] smtp_url or mail_dir)",
+            ));
+        }
+        invitations::charge(admission, &otp.settings, &a)?;
     }
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
@@ -207,6 +226,10 @@ pub(super) fn apply_activity(
                     }
                     coffer_process::crash_point::here("enclave-after-state-commit");
                     destroy_deleted_native_keys(hsm, &changes);
+                    match invitations::messages(hsm, &otp.settings, &changes) {
+                        Ok(made) => mails.extend(made),
+                        Err(e) => tracing::warn!(error = %e, "an invitation's message could not be made"),
+                    }
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);

@@ -5,6 +5,7 @@
 mod bootstrap;
 mod changes;
 mod decisions;
+mod invitations;
 mod kek_admin;
 mod key_facts;
 mod keys;
@@ -150,7 +151,7 @@ impl Enclave for EnclaveService {
         &self,
         req: Request<pb::IssueCertificatesRequest>,
     ) -> Answer<pb::IssueCertificatesResponse> {
-        self.run(req, |_, admission, req| bootstrap::issue_certificates(admission, req)).await
+        self.run(req, bootstrap::issue_certificates).await
     }
 
     async fn create_wallet(&self, req: Request<pb::CreateWalletRequest>) -> Answer<pb::CreateWalletResponse> {
@@ -247,7 +248,20 @@ impl Enclave for EnclaveService {
     }
 
     async fn apply_activity(&self, req: Request<pb::ApplyActivityRequest>) -> Answer<pb::ApplyActivityResponse> {
-        self.run(req, changes::apply_activity).await
+        let (hsm, admission, otp) = (self.hsm.clone(), self.admission.clone(), self.otp.clone());
+        let req = req.into_inner();
+        let o = otp.clone();
+        let (response, mails) = blocking(move || {
+            let mut mails = Vec::new();
+            changes::apply_activity(&hsm, &admission, &o, req, &mut mails).map(|r| (r, mails))
+        })
+        .await?
+        .into_inner();
+        // Committed: a message that fails is the operator's to see (logged), not the activity's.
+        for message in mails {
+            let _ = otp.mailer.send(message).await;
+        }
+        Ok(Response::new(response))
     }
 
     async fn get_boot_proof(&self, _req: Request<pb::GetBootProofRequest>) -> Answer<pb::BootProof> {

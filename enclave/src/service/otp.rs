@@ -34,7 +34,7 @@ const MAX_CODE_SECONDS: u64 = 600;
 const DEFAULT_TOKEN_SECONDS: u64 = 3600;
 const MAX_TOKEN_SECONDS: u64 = 86_400;
 /// Crockford's base32 alphabet (no I, L, O, U): what alphanumeric codes are drawn from.
-const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+pub(super) const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const HOUR_MS: i64 = 3_600_000;
 
 /// The services one-time codes need besides the HSM and the admission.
@@ -348,7 +348,7 @@ fn prepare(
 /// organization itself, or, for a sub-organization the auth proxy signed up
 /// (`Organization::auth_proxy_signup`, from the enclave's own state), its parent, whose auth
 /// proxy app name (else its name) it carries and nothing the sub-organization chose.
-struct Sender {
+pub(super) struct Sender {
     /// The organization whose hourly allowance (`sends_per_organization_per_hour`) is charged.
     allowance: String,
     /// For a marked sub-organization's own send (not its parent's credential acting for it), the
@@ -373,7 +373,7 @@ const CUSTOMISATION: &[&str] = &[
 
 /// The [`Sender`] of the activity's organization, from its authority state (and its parent's).
 /// A parent's own credential acting for its sub-organization brands as it likes, as the parent.
-fn sender_of(admission: &Admission, a: &Admitted) -> Result<Sender, EnclaveError> {
+pub(super) fn sender_of(admission: &Admission, a: &Admitted) -> Result<Sender, EnclaveError> {
     let org = a.activity.organization_id.as_str();
     let own = Sender { allowance: org.to_string(), marked: None, brand: None };
     let Some(loaded) = admission.rules().load(org)? else { return Ok(own) };
@@ -462,10 +462,23 @@ impl Sender {
 /// own), for a marked sub-organization's own send its allowance and
 /// then its parent's sub-organizations' share, then per organization (an hour each). The same
 /// stamped body is never counted twice.
-fn charge_send(
+pub(super) fn charge_send(
     admission: &Admission,
     s: &OtpSettings,
     a: &Admitted,
+    sender: &Sender,
+    contact: &str,
+    user_identifier: &str,
+) -> Result<(), EnclaveError> {
+    charge_message(admission, s, &a.activity.fingerprint, sender, contact, user_identifier)
+}
+
+/// [`charge_send`] of the message `what` (a body's fingerprint, or one of the messages a body
+/// sends: each counted once).
+pub(super) fn charge_message(
+    admission: &Admission,
+    s: &OtpSettings,
+    what: &str,
     sender: &Sender,
     contact: &str,
     user_identifier: &str,
@@ -501,7 +514,7 @@ fn charge_send(
     scopes.push((format!("otp-sends/organization/{org}"), s.sends_per_organization_per_hour));
     let now = now_ms();
     for (scope, quota) in scopes {
-        match admission.count_within(&scope, &a.activity.fingerprint, now.saturating_add(HOUR_MS), now, quota)? {
+        match admission.count_within(&scope, what, now.saturating_add(HOUR_MS), now, quota)? {
             Remembered::Fresh | Remembered::Replayed => {}
             Remembered::OrganizationQuotaFull => {
                 return Err(EnclaveError::Busy {

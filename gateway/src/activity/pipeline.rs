@@ -603,8 +603,15 @@ pub async fn submit_from(
         ))
     })?;
     let fingerprint = submission::fingerprint(body);
-    let (org, caller, known) =
-        authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?;
+    // An invitation's acceptance is stamped by the key it brings, which no one has yet.
+    let (org, caller, known) = match op.activity_type == coffer_auth::grants::ACCEPT_INVITATION {
+        true => {
+            let org = organization(&state, env.organization_id.clone()).await?;
+            let caller = stamps::invitation_caller(&state, &org, stamp, &env.parameters, &fingerprint).await?;
+            (org, caller, Prefetched::default())
+        }
+        false => authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?,
+    };
     crate::ip_allowlists::enforce(&state, &org, &caller, origin).await?;
     state.limits.charge_credential(caller.credential.id())?;
     let idem = idempotency_key(headers)?;
@@ -632,12 +639,11 @@ pub async fn submit_from(
             "request not authorized: an attested stamp (X-Stamp-Attested) may only submit stamp_login",
         ));
     }
-    if let Credential::ApiKey(k) = &caller.credential {
-        if !coffer_auth::grants::credential_may_submit(&k.credential_type, op.activity_type) {
-            return Err(ApiError::forbidden(
-                "request not authorized: a recovery credential may only submit recover_user",
-            ));
-        }
+    if !coffer_auth::grants::credential_may_submit(caller.credential.credential_type(), op.activity_type) {
+        return Err(ApiError::forbidden(
+            "request not authorized: a recovery credential may only submit recover_user, an invitation's key only \
+             accept_invitation",
+        ));
     }
     if caller.via_parent && !op.parent_may_act {
         return Err(ApiError::forbidden(

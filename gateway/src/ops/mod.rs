@@ -7,6 +7,7 @@ pub mod approvals;
 pub mod authenticators;
 pub mod contracts;
 pub mod credentials;
+pub mod invitations;
 pub mod keys;
 pub mod lookup;
 pub mod oauth;
@@ -504,6 +505,31 @@ pub static ACTIVITIES: &[Operation] = &[
         "updateOrganizationNameResult",
         "ORGANIZATION" / "UPDATE",
         organization::update_organization_name
+    ),
+    op!(
+        "create_invitations",
+        "ACTIVITY_TYPE_CREATE_INVITATIONS",
+        "createInvitationsIntent",
+        "createInvitationsResult",
+        "INVITATION" / "CREATE",
+        invitations::create_invitations
+    ),
+    op!(
+        "delete_invitation",
+        "ACTIVITY_TYPE_DELETE_INVITATION",
+        "deleteInvitationIntent",
+        "deleteInvitationResult",
+        "INVITATION" / "DELETE",
+        invitations::delete_invitation
+    ),
+    // Coffer's path (no `@turnkey/http` fetcher): stamped by the API key the receiver brings.
+    op!(
+        "accept_invitation",
+        "ACTIVITY_TYPE_ACCEPT_INVITATION_V2",
+        "acceptInvitationIntentV2",
+        "acceptInvitationResult",
+        "INVITATION" / "ACCEPT",
+        invitations::accept_invitation
     ),
     op!(
         "create_session_profile",

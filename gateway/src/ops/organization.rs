@@ -12,7 +12,7 @@ use super::tags;
 use super::{keys, users, wallets};
 use crate::activity::registry::{Ctx, Outcome, QueryCtx};
 use crate::error::ApiError;
-use crate::record_kinds::{FEATURE, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG};
+use crate::record_kinds::{FEATURE, INVITATION, POLICY, PRIVATE_KEY_TAG, SMART_CONTRACT_INTERFACE, USER_TAG};
 use crate::store::{Organization, Page, Record, StoreError, Write};
 
 /// `FeatureName` values (`turnkey_client` 0.17.1), `FEATURE_NAME_UNSPECIFIED` excluded, and
@@ -206,7 +206,7 @@ pub async fn get_organization(ctx: QueryCtx, _req: super::params::Empty) -> Resu
                 "users": users::users_json(s, id, &user_rows)?,
                 "policies": s.records_page(id, POLICY, &first)?.iter().map(policies::policy_json).collect::<Vec<_>>(),
                 "privateKeys": s.private_keys_page(id, &first)?.iter().map(keys::private_key_json).collect::<Vec<_>>(),
-                "invitations": [],
+                "invitations": s.records_page(id, INVITATION, &first)?.iter().map(super::invitations::invitation_json).collect::<Vec<_>>(),
                 "tags": tag_rows.iter().map(tags::tag_json).collect::<Vec<_>>(),
                 "rootQuorum": quorum_json(&org),
                 "features": features_json(&features),

@@ -132,7 +132,7 @@ async fn org_public_keys(state: &Arc<AppState>, org: &str) -> Result<HashSet<Str
 }
 
 /// Fails with 404 unless every id is a user tag of the organization.
-async fn check_user_tags(state: &Arc<AppState>, org: &str, ids: &[String]) -> Result<(), ApiError> {
+pub(super) async fn check_user_tags(state: &Arc<AppState>, org: &str, ids: &[String]) -> Result<(), ApiError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -276,6 +276,30 @@ pub async fn create_api_only_users(ctx: Ctx, intent: CreateApiOnlyUsersIntent) -
         })
         .collect();
     create_users(ctx, CreateUsersIntent { users }).await
+}
+
+/// The user an invitation's acceptance makes: `create_users` of one user with the invitation's
+/// name, email and tags and the one P-256 API key the receiver brings.
+pub async fn create_invited_user(
+    ctx: Ctx,
+    invitation: &coffer_org_rules::model::Invitation,
+    key: ApiOnlyKeyParams,
+) -> Result<Outcome, ApiError> {
+    let user = UserParams {
+        user_name: invitation.receiver_user_name.clone(),
+        user_email: Some(invitation.receiver_email.clone()),
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParams {
+            api_key_name: key.api_key_name,
+            public_key: key.public_key,
+            curve_type: coffer_auth::grants::API_ONLY_CURVE.to_string(),
+            expiration_seconds: key.expiration_seconds,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: invitation.receiver_user_tags.clone(),
+    };
+    create_users(ctx, CreateUsersIntent { users: vec![user] }).await
 }
 
 #[derive(Deserialize)]

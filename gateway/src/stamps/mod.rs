@@ -46,6 +46,16 @@ pub enum Credential {
     /// A key attested by a verification token, acting as the user with the token's contact (it
     /// may only log in).
     VerificationToken(TokenLogin),
+    /// The key an invitation's acceptance brings, acting as the user it makes (it may only
+    /// accept the invitation; the enclave checks its code).
+    Invitation(InvitationAcceptance),
+}
+
+/// Who an invitation's acceptance acts as: the user it makes in the invitation's organization.
+#[derive(Debug, Clone)]
+pub struct InvitationAcceptance {
+    pub organization_id: String,
+    pub invitation_id: String,
 }
 
 /// Who a verification token's attested stamp logs in: the user of a sub-organization whose
@@ -68,6 +78,7 @@ impl Credential {
             Credential::Authenticator(a) => &a.organization_id,
             Credential::Attested(p) => &p.organization_id,
             Credential::VerificationToken(t) => &t.organization_id,
+            Credential::Invitation(i) => &i.organization_id,
         }
     }
     pub fn id(&self) -> &str {
@@ -76,6 +87,7 @@ impl Credential {
             Credential::Authenticator(a) => &a.id,
             Credential::Attested(p) => &p.id,
             Credential::VerificationToken(t) => &t.token_id,
+            Credential::Invitation(i) => &i.invitation_id,
         }
     }
     /// The `CREDENTIAL_TYPE_*` of the credential.
@@ -85,17 +97,24 @@ impl Credential {
             Credential::Authenticator(_) => webauthn::CREDENTIAL_TYPE,
             Credential::Attested(_) => "CREDENTIAL_TYPE_OAUTH_KEY_P256",
             Credential::VerificationToken(_) => coffer_auth::grants::VERIFICATION_TOKEN,
+            Credential::Invitation(_) => coffer_auth::grants::INVITATION_ACCEPTANCE,
         }
     }
     pub fn api_key(&self) -> Option<&ApiKey> {
         match self {
             Credential::ApiKey(k) => Some(k),
-            Credential::Authenticator(_) | Credential::Attested(_) | Credential::VerificationToken(_) => None,
+            Credential::Authenticator(_)
+            | Credential::Attested(_)
+            | Credential::VerificationToken(_)
+            | Credential::Invitation(_) => None,
         }
     }
     pub fn authenticator(&self) -> Option<&AuthenticatorRecord> {
         match self {
-            Credential::ApiKey(_) | Credential::Attested(_) | Credential::VerificationToken(_) => None,
+            Credential::ApiKey(_)
+            | Credential::Attested(_)
+            | Credential::VerificationToken(_)
+            | Credential::Invitation(_) => None,
             Credential::Authenticator(a) => Some(a),
         }
     }
@@ -106,8 +125,8 @@ impl Credential {
             Credential::Authenticator(a) => &a.certificate,
             // The OAuth identity's certificate: the enclave checks the token against it.
             Credential::Attested(p) => &p.certificate,
-            // None: the enclave checks the token itself.
-            Credential::VerificationToken(_) => &[],
+            // None: the enclave checks the token (the invitation's code) itself.
+            Credential::VerificationToken(_) | Credential::Invitation(_) => &[],
         }
     }
 }
@@ -338,6 +357,7 @@ pub async fn resolve(state: &Arc<AppState>, org: &Organization, stamp: Stamp) ->
         Credential::Authenticator(a) => a.user_id.clone(),
         Credential::Attested(p) => p.user_id.clone(),
         Credential::VerificationToken(t) => t.user_id.clone(),
+        Credential::Invitation(_) => return Err(ApiError::internal()),
     };
     let user = state.db(move |s| s.user(&key_org, &user_id)).await?.map_err(|e| match e {
         StoreError::NotFound => {
@@ -527,6 +547,63 @@ fn check_api_key(stamp: &stamp::ApiStamp, api_key: &ApiKey) -> Result<(), ApiErr
 
 /// The caller of an API-key stamp whose key and user were read together
 /// ([`crate::store::Store::stamp_context`]), checked as [`resolve`] checks them.
+/// The caller of an invitation's acceptance (`accept_invitation`): an `X-Stamp` (verified when
+/// read) by the API key the body brings, for an invitation of `org` that is open here, acting as
+/// the user the acceptance makes (`create_users`' id for the body). The enclave checks the
+/// invitation's code and decides.
+pub async fn invitation_caller(
+    state: &Arc<AppState>,
+    org: &Organization,
+    stamp: Stamp,
+    params: &serde_json::Value,
+    fingerprint: &str,
+) -> Result<Caller, ApiError> {
+    let Stamp::ApiKey(stamp, raw_stamp) = stamp else {
+        return Err(ApiError::unauthenticated(
+            "SIGNATURE_INVALID",
+            "an invitation's acceptance is stamped (X-Stamp) by the API key it brings",
+        ));
+    };
+    let brought = params.get("apiKey").map(|k| coffer_auth::envelope::text(k, "publicKey").trim().to_ascii_lowercase());
+    if brought.as_deref() != Some(stamp.public_key.as_str()) {
+        return Err(ApiError::unauthenticated(
+            "PUBLIC_KEY_NOT_FOUND",
+            "an invitation's acceptance is stamped by the API key it brings (apiKey.publicKey)",
+        ));
+    }
+    let invitation_id = coffer_auth::envelope::text(params, "invitationId").trim().to_string();
+    let (o, i) = (org.id.clone(), invitation_id.clone());
+    let record = state.db(move |s| s.record(&o, crate::record_kinds::INVITATION, &i)).await?.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found(format!("invitation not found: {invitation_id:?}")),
+        other => other.into(),
+    })?;
+    let invitation: coffer_org_rules::model::Invitation =
+        serde_json::from_value(record.data).map_err(|_| ApiError::internal())?;
+    if invitation.status != coffer_org_rules::transition::INVITATION_CREATED {
+        return Err(ApiError::invalid(format!("invitation {invitation_id} is {}", invitation.status)));
+    }
+    let now = now_nanos();
+    let user = User {
+        id: coffer_auth::envelope::derived_id(fingerprint, coffer_auth::envelope::USER_ID, 0),
+        organization_id: org.id.clone(),
+        name: invitation.receiver_user_name,
+        email: Some(invitation.receiver_email),
+        phone_number: None,
+        contacts_verified: false,
+        created_at: now,
+        updated_at: now,
+    };
+    Ok(Caller {
+        user,
+        credential: Credential::Invitation(InvitationAcceptance { organization_id: org.id.clone(), invitation_id }),
+        public_key: stamp.public_key,
+        scheme: stamp.scheme.wire_name(),
+        signature: stamp.signature,
+        via_parent: false,
+        raw_stamp,
+    })
+}
+
 pub fn api_key_caller(
     stamp: stamp::ApiStamp,
     raw_stamp: RawStamp,

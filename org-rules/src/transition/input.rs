@@ -43,6 +43,7 @@ pub const CONTRACT_INTERFACE_ID: &str = "smart-contract-interface";
 pub const WEBHOOK_ENDPOINT_ID: &str = "webhook-endpoint";
 pub const OAUTH2_CREDENTIAL_ID: &str = "oauth2-credential";
 pub const SESSION_PROFILE_ID: &str = "session-profile";
+pub const INVITATION_ID: &str = "invitation";
 /// Label of [`Input::derive_id`] for the credentials the enclave issued for an activity itself
 /// (enable_auth_proxy's key), by position.
 pub const ISSUED_CREDENTIAL_ID: &str = "issued-credential";

@@ -36,6 +36,10 @@ pub fn made_ids(activity_type: &str, changes: &[Change]) -> Vec<(&'static str, V
         "ACTIVITY_TYPE_CREATE_OAUTH_PROVIDERS_V2" => {
             vec![("/providerIds", credentials(CredentialKind::OauthIdentity))]
         }
+        "ACTIVITY_TYPE_CREATE_INVITATIONS" => {
+            vec![("/invitationIds", json!(of(|e| matches!(e, Effect::PutInvitation { .. }))))]
+        }
+        "ACTIVITY_TYPE_ACCEPT_INVITATION_V2" => vec![("/userId", first(users()))],
         "ACTIVITY_TYPE_CREATE_USER_TAG" => vec![("/userTagId", tag())],
         "ACTIVITY_TYPE_CREATE_PRIVATE_KEY_TAG" => vec![("/privateKeyTagId", tag())],
         "ACTIVITY_TYPE_CREATE_SMART_CONTRACT_INTERFACE" => {
@@ -86,6 +90,7 @@ fn made(e: &Effect) -> Option<&str> {
         Effect::CreateOrganization { organization } => &organization.id,
         Effect::PutWallet { wallet } => &wallet.id,
         Effect::PutTag { tag, .. } => &tag.id,
+        Effect::PutInvitation { id, .. } => id,
         _ => return None,
     })
 }

@@ -1316,3 +1316,85 @@ fn a_sub_organization_is_deleted_from_inside_with_its_keys_exported() {
     assert!(matches!(run(&s, ty, &json!({}), &good, &[]), Err(Some(TransitionError::Invalid { .. }))));
     assert_eq!(run(&s, ty, &json!({"deleteWithoutExport": true}), &good, &[]), Ok(()));
 }
+
+#[test]
+fn invitations_are_made_revoked_and_accepted_once_as_their_bodies_say() {
+    use crate::model::Invitation;
+    let mut s = state();
+    s.apply(&Effect::PutTag { kind: crate::effect::TagKind::User, tag: Tag { id: "t".into(), name: "t".into() } })
+        .unwrap();
+    let ty = "ACTIVITY_TYPE_CREATE_INVITATIONS";
+    let params = |email: &str, tags: Value, access: &str, sender: &str| {
+        json!({"invitations": [{"receiverUserName": "Ada", "receiverUserEmail": email, "receiverUserTags": tags,
+            "accessType": access, "senderUserId": sender}]})
+    };
+    let invited = |status: &str| Invitation {
+        receiver_user_name: "Ada".into(),
+        receiver_email: "ada@example.com".into(),
+        receiver_user_tags: vec!["t".into()],
+        access_type: "ACCESS_TYPE_API".into(),
+        sender_user_id: "u".into(),
+        status: status.into(),
+    };
+    let id = derive(INVITATION_ID, 0);
+    let put = |status: &str| c(Effect::PutInvitation { id: id.clone(), invitation: invited(status) });
+    let body = params("ada@example.com", json!(["t", "t"]), "ACCESS_TYPE_API", "u");
+    case(&s, ty, body, &[], vec![put(INVITATION_CREATED)], vec![("accepted at once", vec![put(INVITATION_ACCEPTED)])]);
+    for bad in [
+        params("not an email", json!([]), "ACCESS_TYPE_API", "u"),
+        params("ada@example.com", json!(["no-such-tag"]), "ACCESS_TYPE_API", "u"),
+        params("ada@example.com", json!([]), "ACCESS_TYPE_ROOT", "u"),
+        params("ada@example.com", json!([]), "ACCESS_TYPE_API", "nobody"),
+        json!({"invitations": []}),
+    ] {
+        assert!(run(&s, ty, &bad, &[put(INVITATION_CREATED)], &[]).is_err(), "{bad}");
+    }
+    s.apply(&put(INVITATION_CREATED).effect).unwrap();
+
+    // Accepted: the invited user (derived id), its tags, the brought key, its email verified.
+    let ty = "ACTIVITY_TYPE_ACCEPT_INVITATION_V2";
+    let user = derive(USER_ID, 0);
+    let body = json!({"invitationId": id, "userId": "", "apiKey": {"apiKeyName": "k", "publicKey": "02aa"}});
+    let accepted = vec![
+        c(Effect::PutUser {
+            user: User { id: user.clone(), name: "Ada".into(), email: "ada@example.com".into(), ..Default::default() },
+        }),
+        c(Effect::AddCredential {
+            credential: Credential {
+                id: kid(CredentialKind::ApiKey, &user, 0),
+                user_id: user.clone(),
+                kind: CredentialKind::ApiKey,
+                credential_type: "CREDENTIAL_TYPE_API_KEY_P256".into(),
+                public_key: "02aa".into(),
+                expires_at_ms: 0,
+            },
+        }),
+        c(Effect::UpdateUser {
+            id: user.clone(),
+            name: None,
+            email: None,
+            phone_number: None,
+            tag_ids: Some(vec!["t".into()]),
+        }),
+        c(Effect::MarkContactsVerified { id: user.clone() }),
+        put(INVITATION_ACCEPTED),
+    ];
+    let unverified: Vec<Change> =
+        accepted.iter().filter(|ch| !matches!(ch.effect, Effect::MarkContactsVerified { .. })).cloned().collect();
+    case(&s, ty, body.clone(), &[], accepted.clone(), vec![("not verified", unverified)]);
+    assert!(run(&s, ty, &json!({"invitationId": id}), &accepted, &[]).is_err(), "no key");
+    // Revoked (or accepted), it is accepted no more; a web-only one is not accepted with a key.
+    let ty_delete = "ACTIVITY_TYPE_DELETE_INVITATION";
+    case(&s, ty_delete, json!({"invitationId": id}), &[], vec![put(INVITATION_REVOKED)], vec![]);
+    let mut revoked = s.clone();
+    revoked.apply(&put(INVITATION_REVOKED).effect).unwrap();
+    assert!(run(&revoked, ty, &body, &accepted, &[]).is_err(), "revoked");
+    assert!(run(&revoked, ty_delete, &json!({"invitationId": id}), &[put(INVITATION_REVOKED)], &[]).is_err());
+    let mut web = s.clone();
+    web.apply(&Effect::PutInvitation {
+        id: id.clone(),
+        invitation: Invitation { access_type: WEB_ONLY.into(), ..invited(INVITATION_CREATED) },
+    })
+    .unwrap();
+    assert!(run(&web, ty, &body, &accepted, &[]).is_err(), "web only");
+}

@@ -1,0 +1,133 @@
+//! Invitations: `create_invitations` records who is invited (the enclave then mails each receiver
+//! the invitation's acceptance code), `delete_invitation` revokes one, and
+//! `accept_invitation` makes the invited user with the API key the receiver brings.
+
+use serde_json::{json, Value};
+
+use super::input::{dedup, items, raw_texts, text_of, Input, INVITATION_ID};
+use super::users::{create_users, API_ONLY_CURVE};
+use super::TransitionError;
+use crate::effect::{Change, Effect};
+use crate::model::Invitation;
+
+/// Most invitations one activity makes (each is a message the enclave sends).
+pub const MAX_INVITATIONS_PER_ACTIVITY: usize = 10;
+/// Most invitations an organization keeps waiting for their receivers at once.
+pub const MAX_OPEN_INVITATIONS: usize = 100;
+pub const INVITATION_CREATED: &str = "INVITATION_STATUS_CREATED";
+pub const INVITATION_ACCEPTED: &str = "INVITATION_STATUS_ACCEPTED";
+pub const INVITATION_REVOKED: &str = "INVITATION_STATUS_REVOKED";
+pub const ACCESS_TYPES: &[&str] = &["ACCESS_TYPE_WEB", "ACCESS_TYPE_API", "ACCESS_TYPE_ALL"];
+/// The access type whose receiver signs in with a passkey (which an acceptance cannot bring
+/// yet): accepted with an API key only as `ACCESS_TYPE_API` or `ACCESS_TYPE_ALL`.
+pub const WEB_ONLY: &str = "ACCESS_TYPE_WEB";
+
+/// One `InvitationParams` of `create_invitations`, checked: the receiver's name and email as a
+/// user's are, its tags listed once, a known access type and a sender. Whether the tags and the
+/// sender exist is the organization's state's to say.
+pub fn invitation(params: &Value) -> Result<Invitation, String> {
+    let text = |k: &str| text_of(params, k).unwrap_or_default();
+    let name = text("receiverUserName");
+    crate::fields::name("receiverUserName", &name)?;
+    let email = text("receiverUserEmail");
+    if !crate::fields::email(&email) {
+        return Err(format!("receiverUserEmail: not an email address: {email:?}"));
+    }
+    let access_type = text("accessType");
+    if !ACCESS_TYPES.contains(&access_type.as_str()) {
+        return Err(format!("accessType must be one of {}", ACCESS_TYPES.join(", ")));
+    }
+    let sender = text("senderUserId");
+    if sender.trim().is_empty() {
+        return Err("senderUserId is missing".into());
+    }
+    Ok(Invitation {
+        receiver_user_name: name,
+        receiver_email: email,
+        receiver_user_tags: dedup(raw_texts(params, "receiverUserTags")),
+        access_type,
+        sender_user_id: sender,
+        status: INVITATION_CREATED.into(),
+    })
+}
+
+/// `create_invitations`: each invitation ([`invitation`]) with an id derived from the body; its
+/// tags user tags of the organization and its sender one of its users; at most
+/// [`MAX_INVITATIONS_PER_ACTIVITY`] at once and [`MAX_OPEN_INVITATIONS`] open.
+pub(crate) fn create_invitations(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
+    let listed = items(i.params, "invitations");
+    if listed.is_empty() || listed.len() > MAX_INVITATIONS_PER_ACTIVITY {
+        return Err(i.invalid(format!("invitations: 1 to {MAX_INVITATIONS_PER_ACTIVITY} of them")));
+    }
+    let invitations = &i.state.organization.invitations;
+    let open = invitations.values().filter(|v| v.status == INVITATION_CREATED).count();
+    if open + listed.len() > MAX_OPEN_INVITATIONS {
+        return Err(i.invalid(format!("an organization has at most {MAX_OPEN_INVITATIONS} open invitations")));
+    }
+    let mut out = Vec::with_capacity(listed.len());
+    for (n, params) in listed.iter().enumerate() {
+        let invitation = invitation(params).map_err(|reason| i.invalid(format!("invitations[{n}]: {reason}")))?;
+        if let Some(tag) = invitation.receiver_user_tags.iter().find(|t| !i.state.user_tags.contains_key(*t)) {
+            return Err(i.invalid(format!("invitations[{n}]: no user tag {tag}")));
+        }
+        if !i.state.users.contains_key(&invitation.sender_user_id) {
+            return Err(i.invalid(format!("invitations[{n}]: no user {}", invitation.sender_user_id)));
+        }
+        let id = i.derived_new_id(INVITATION_ID, n, |id| invitations.contains_key(id))?;
+        out.push(i.change(Effect::PutInvitation { id, invitation }));
+    }
+    Ok(out)
+}
+
+/// The invitation the body names (`invitationId`), which must be open.
+pub fn open_invitation<'s>(i: &'s Input<'_>) -> Result<(String, &'s Invitation), TransitionError> {
+    let id = i.text("invitationId")?;
+    match i.state.organization.invitations.get(&id) {
+        Some(v) if v.status == INVITATION_CREATED => Ok((id, v)),
+        Some(v) => Err(i.invalid(format!("invitation {id} is {}", v.status))),
+        None => Err(i.invalid(format!("no invitation {id}"))),
+    }
+}
+
+/// `delete_invitation`: an open invitation is revoked (kept, as the hosted service lists it).
+pub(crate) fn delete_invitation(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
+    let (id, open) = open_invitation(i)?;
+    let invitation = Invitation { status: INVITATION_REVOKED.into(), ..open.clone() };
+    Ok(vec![i.change(Effect::PutInvitation { id, invitation })])
+}
+
+/// `accept_invitation`: the invited user, as `create_users` makes it (id derived from the body),
+/// with the invitation's name, email and tags and the body's `apiKey` (P-256), its email verified
+/// (the acceptance code came to it: the enclave checked it before), and the invitation accepted.
+/// A web-only invitation is refused ([`WEB_ONLY`]).
+pub(crate) fn accept_invitation(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
+    let (id, open) = open_invitation(i)?;
+    if open.access_type == WEB_ONLY {
+        return Err(i.invalid(
+            "a web-only invitation (ACCESS_TYPE_WEB) is accepted with a passkey, which Coffer does not take yet",
+        ));
+    }
+    let key = i.params.get("apiKey").filter(|k| k.is_object()).ok_or_else(|| i.invalid("apiKey is missing"))?;
+    let mut key = key.clone();
+    key["curveType"] = json!(API_ONLY_CURVE);
+    let params = json!({ "users": [{
+        "userName": open.receiver_user_name,
+        "userEmail": open.receiver_email,
+        "userTags": open.receiver_user_tags,
+        "apiKeys": [key],
+    }]});
+    let mut out = create_users(&Input { params: &params, ..*i })?;
+    let user_id = out
+        .iter()
+        .find_map(|c| match &c.effect {
+            Effect::PutUser { user } => Some(user.id.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| i.invalid("no user made"))?;
+    out.push(i.change(Effect::MarkContactsVerified { id: user_id }));
+    out.push(i.change(Effect::PutInvitation {
+        id,
+        invitation: Invitation { status: INVITATION_ACCEPTED.into(), ..open.clone() },
+    }));
+    Ok(out)
+}
