@@ -7,8 +7,29 @@ use std::time::Duration;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
+use coffer_proto::v1::EmailEvent;
+
 use crate::config::OtpSettings;
 use crate::error::EnclaveError;
+
+/// [`EmailEvent::event_type`] of a message the transport took.
+pub const SENT: &str = "Send";
+/// [`EmailEvent::event_type`] of a message the transport did not take.
+pub const SEND_FAILED: &str = "SendFailure";
+
+/// What the enclave records of `message`, sent for `organization_id`: its ids and addresses,
+/// never its content.
+pub fn event_of(message: &Message, organization_id: &str, event_type: &str) -> EmailEvent {
+    let envelope = message.envelope();
+    EmailEvent {
+        organization_id: organization_id.to_string(),
+        message_id: message.headers().get_raw("Message-ID").unwrap_or_default().to_string(),
+        from_address: envelope.from().map(ToString::to_string).unwrap_or_default(),
+        to_address: envelope.to().iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        event_type: event_type.to_string(),
+        timestamp_ms: crate::admission::now_ms(),
+    }
+}
 
 /// How long one SMTP conversation may take before the send fails.
 const SMTP_TIMEOUT: Duration = Duration::from_secs(15);

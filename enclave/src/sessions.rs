@@ -615,6 +615,7 @@ pub fn open_session(
         credential_bundle,
         credential_id,
         evaluation: a.evaluation(),
+        email_events: Vec::new(),
     })
 }
 

@@ -240,7 +240,11 @@ fn project(org: &str, w: &Write, out: &mut Vec<Change>) {
         Write::PutRecord(record) | Write::PutRecordChecked { record, .. } => out.extend(put_record(record)),
         Write::DeleteRecords { organization_id, kind, ids } => out.extend(delete_records(organization_id, kind, ids)),
         // One-time code records are not authority state: the enclave keeps what decides.
-        Write::PutImportTarget(_) | Write::TakeImportTarget { .. } | Write::PruneRecords { .. } => {}
+        Write::PutImportTarget(_)
+        | Write::TakeImportTarget { .. }
+        | Write::PruneRecords { .. }
+        | Write::InsertEmailEvents(_)
+        | Write::PruneEmailEvents { .. } => {}
         Write::UpdateUser { organization_id, id, name, email, phone_number, tag_ids, .. } => out.push(change(
             organization_id,
             Effect::UpdateUser {

@@ -1974,4 +1974,52 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
     let r = submit(stack, &late, &org, "accept_invitation", ty, body).await;
     coffer_tests::refused_raw(&r, 400, "REQUEST_INVALID", "INVITATION_STATUS_REVOKED");
     let _ = bob;
+    email_events(stack, smtp).await;
+}
+
+/// `list_email_events`: what the enclave reported sending, by recipient (any case), newest first,
+/// paged, filtered by type; each event's message id is the one the message carries.
+async fn email_events(stack: &Stack, smtp: &SmtpServer) {
+    use turnkey_client::generated::external::options::v1::Pagination;
+    use turnkey_client::generated::ListEmailEventsRequest;
+    let (root, org) = (stack.client(), stack.organization_id.clone());
+    let list = |email: &str, event_type: &str, pagination: Option<Pagination>| ListEmailEventsRequest {
+        organization_id: org.clone(),
+        email: email.into(),
+        event_type: event_type.into(),
+        pagination_options: pagination,
+    };
+    let events = root.list_email_events(list("GRACE@example.test", "", None)).await.unwrap().email_events;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!((e.event_type.as_str(), e.to_address.as_str()), ("Send", "grace@example.test"));
+    assert_eq!((e.organization_id.as_str(), e.from_address.as_str()), (org.as_str(), "no-reply@localhost"));
+    let carried =
+        smtp.messages().into_iter().filter(|(_, m)| m.contains(&format!("Message-ID: {}", e.message_id))).count();
+    assert_eq!(carried, 1, "the event's message id is its message's: {}", e.message_id);
+    assert!(root
+        .list_email_events(list("grace@example.test", "SendFailure", None))
+        .await
+        .unwrap()
+        .email_events
+        .is_empty());
+    // Two codes to one address: newest first, a page at a time.
+    for _ in 0..2 {
+        root.init_otp(org.clone(), Stack::now_ms(), init("events@example.test", None, None, None)).await.unwrap();
+    }
+    let all = root.list_email_events(list("events@example.test", "Send", None)).await.unwrap().email_events;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all[0].created_at.parse::<u64>().unwrap() >= all[1].created_at.parse::<u64>().unwrap(), "newest first");
+    let page = |limit: &str, before: &str, after: &str| {
+        Some(Pagination { limit: limit.into(), before: before.into(), after: after.into() })
+    };
+    let first = root.list_email_events(list("events@example.test", "", page("1", "", ""))).await.unwrap().email_events;
+    assert_eq!(first.iter().map(|e| &e.id).collect::<Vec<_>>(), vec![&all[0].id]);
+    let next = root.list_email_events(list("events@example.test", "", page("1", "", &all[0].id))).await.unwrap();
+    assert_eq!(next.email_events.iter().map(|e| &e.id).collect::<Vec<_>>(), vec![&all[1].id]);
+    let back = root.list_email_events(list("events@example.test", "", page("5", &all[1].id, ""))).await.unwrap();
+    assert_eq!(back.email_events.iter().map(|e| &e.id).collect::<Vec<_>>(), vec![&all[0].id]);
+    // A request without a recipient is refused.
+    let r = root.list_email_events(list("", "", None)).await;
+    coffer_tests::refused(r, 400, "REQUEST_INVALID", "email is required");
 }

@@ -26,7 +26,7 @@ pub(super) fn apply_activity(
     admission: &Admission,
     otp: &super::otp::OtpService,
     req: pb::ApplyActivityRequest,
-    mails: &mut Vec<lettre::Message>,
+    mails: &mut Vec<(lettre::Message, String)>,
 ) -> Result<pb::ApplyActivityResponse, EnclaveError> {
     let types: Vec<&str> =
         subjects::SUBJECTS.iter().map(|s| s.activity_type).filter(|t| !subjects::has_own_call(t)).collect();
@@ -174,6 +174,7 @@ pub(super) fn apply_activity(
                         changes: b"[]".to_vec(),
                         app_proofs,
                         log_link,
+                        email_events: Vec::new(),
                     });
                 }
                 let prepared = match rules.prepare_decided(&organization, &head, &changes) {
@@ -234,7 +235,14 @@ pub(super) fn apply_activity(
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);
                     let changes = serde_json::to_vec(&changes).map_err(|e| EnclaveError::Internal(e.to_string()))?;
-                    return Ok(pb::ApplyActivityResponse { version, evaluation, changes, app_proofs, log_link });
+                    return Ok(pb::ApplyActivityResponse {
+                        version,
+                        evaluation,
+                        changes,
+                        app_proofs,
+                        log_link,
+                        email_events: Vec::new(),
+                    });
                 }
                 Err(e) if is_moved(&e) => continue,
                 Err(other) => {

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use zeroize::{Zeroize, Zeroizing};
 
 use super::otp::{charge_message, sender_of, CROCKFORD};
-use crate::admission::{mac_input, now_ms, Admission, Admitted, AttestedIdentity};
+use crate::admission::{mac_input, now_ms, refuse, Admission, Admitted, AttestedIdentity};
 use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
 use crate::hsm::Hsm;
@@ -56,10 +56,15 @@ fn acceptance_target(hsm: &Hsm, org: &str, id: &str) -> Result<coffer_crypto::bu
 
 /// Counts the message of each invitation `create_invitations` makes against the send limits of
 /// one-time codes (per receiver, per organization; a sub-organization the auth proxy signed up
-/// against its own and its parent's share), before anything is committed.
+/// against its own and its parent's share), before anything is committed; each must name the
+/// stamping user as its sender.
 pub(super) fn charge(admission: &Admission, settings: &OtpSettings, a: &Admitted) -> Result<(), EnclaveError> {
     let sender = sender_of(admission, a)?;
     let listed = coffer_auth::envelope::items(&a.activity.parameters, "invitations");
+    // Sent in the stamping user's name, and no one else's.
+    if listed.iter().any(|v| text(v, "senderUserId") != a.credential.user_id) {
+        return Err(refuse(a, RefusalReason::BindingMismatch, "senderUserId is not the stamping user"));
+    }
     for (n, invitation) in listed.iter().enumerate() {
         let email = text(invitation, "receiverUserEmail").trim();
         let what = format!("{}/{n}", a.activity.fingerprint);
@@ -68,7 +73,7 @@ pub(super) fn charge(admission: &Admission, settings: &OtpSettings, a: &Admitted
     Ok(())
 }
 
-/// The messages of the invitations `changes` open: to each receiver, from the operator's sender,
+/// The messages of the invitations `changes` open, each with its organization: to each receiver, from the operator's sender,
 /// its invitation and organization ids, its code and its signed encryption target. Nothing of it
 /// is the body's words (no names, no sender's text): the organization's members choose only who
 /// receives it.
@@ -76,7 +81,7 @@ pub(super) fn messages(
     hsm: &Hsm,
     settings: &OtpSettings,
     changes: &[Change],
-) -> Result<Vec<lettre::Message>, EnclaveError> {
+) -> Result<Vec<(lettre::Message, String)>, EnclaveError> {
     let mut out = Vec::new();
     for c in changes {
         let Effect::PutInvitation { id, invitation } = &c.effect else { continue };
@@ -105,6 +110,7 @@ pub(super) fn messages(
             .parse()
             .map_err(|_| EnclaveError::invalid("receiverUserEmail: not an email address"))?;
         let message = lettre::Message::builder()
+            .message_id(None)
             .from(Mailbox::new(Some(settings.sender_name.clone()), from))
             .to(Mailbox::new(None, to))
             .subject("Your invitation")
@@ -115,7 +121,7 @@ pub(super) fn messages(
                     .body(body.to_string()),
             )
             .map_err(|_| EnclaveError::invalid("the invitation's email could not be built"))?;
-        out.push(message);
+        out.push((message, org.to_string()));
     }
     Ok(out)
 }

@@ -348,7 +348,11 @@ async fn verify_and_open(
         };
         let session = sessions::open_session(&hsm, &admission, &a, g, seconds, profile.as_ref())?;
         let message = match by_email {
-            true => Some(super::otp::email_bundle(&admission, &o, &a, &session.credential_bundle)?),
+            true => {
+                let m = super::otp::email_bundle(&admission, &o, &a, &session.credential_bundle)?;
+                let event = crate::mail::event_of(&m, &a.activity.organization_id, crate::mail::SENT);
+                Some((m, event))
+            }
             false => None,
         };
         Ok((session, message))
@@ -356,10 +360,11 @@ async fn verify_and_open(
     .await?;
     // The credential of email_auth and recovery reaches only the inbox: nothing of it is answered
     // but its public half and certificate.
-    if let Some(m) = message {
+    if let Some((m, event)) = message {
         session.credential_bundle.clear();
         session.session.clear();
         otp.mailer.send(m).await?;
+        session.email_events.push(event);
     }
     Ok(session)
 }

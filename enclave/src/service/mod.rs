@@ -251,15 +251,18 @@ impl Enclave for EnclaveService {
         let (hsm, admission, otp) = (self.hsm.clone(), self.admission.clone(), self.otp.clone());
         let req = req.into_inner();
         let o = otp.clone();
-        let (response, mails) = blocking(move || {
+        let (mut response, mails) = blocking(move || {
             let mut mails = Vec::new();
             changes::apply_activity(&hsm, &admission, &o, req, &mut mails).map(|r| (r, mails))
         })
         .await?
         .into_inner();
-        // Committed: a message that fails is the operator's to see (logged), not the activity's.
-        for message in mails {
-            let _ = otp.mailer.send(message).await;
+        // Committed: a message that fails is recorded so (and logged), not the activity's failure.
+        for (message, organization_id) in mails {
+            let event = crate::mail::event_of(&message, &organization_id, crate::mail::SENT);
+            let sent = otp.mailer.send(message).await;
+            let event_type = if sent.is_ok() { crate::mail::SENT } else { crate::mail::SEND_FAILED };
+            response.email_events.push(pb::EmailEvent { event_type: event_type.into(), ..event });
         }
         Ok(Response::new(response))
     }

@@ -106,8 +106,13 @@ pub(super) async fn init_otp(
         Ok(v) => v,
         Err(e) => return Err(status(e)),
     };
+    let mut response = response;
     let sent = outcome_log.close(match outgoing {
-        Outgoing::Email(message) => otp.mailer.send(message).await,
+        Outgoing::Email(message, event) => {
+            let sent = otp.mailer.send(message).await;
+            response.email_events.extend(sent.is_ok().then_some(event));
+            sent
+        }
         Outgoing::Sms { to, text } => otp.sms.send(&to, &text).await,
     });
     outcome.close(sent.as_ref().map(|_| ()));
@@ -133,8 +138,12 @@ impl Channel {
 
 /// A message ready to send.
 enum Outgoing {
-    Email(lettre::Message),
-    Sms { to: String, text: Zeroizing<String> },
+    /// The message, and what is recorded of it once sent.
+    Email(lettre::Message, pb::EmailEvent),
+    Sms {
+        to: String,
+        text: Zeroizing<String>,
+    },
 }
 
 /// What a well-formed `initOtpIntentV3` asks for.
@@ -325,7 +334,11 @@ fn prepare(
         None => String::new(),
     };
     let outgoing = match params.channel {
-        Channel::Email => Outgoing::Email(message(&params, &code)?),
+        Channel::Email => {
+            let message = message(&params, &code)?;
+            let event = crate::mail::event_of(&message, org, crate::mail::SENT);
+            Outgoing::Email(message, event)
+        }
         Channel::Sms => Outgoing::Sms { to: params.contact.clone(), text: sms_text(&params, &code) },
     };
     drop(code);
@@ -341,7 +354,15 @@ fn prepare(
     let result = json!({ "otpId": otp_id });
     let app_proofs = crate::proofs::of_call(hsm, a, result)?;
     let evaluation = a.evaluation();
-    Ok((pb::InitOtpResponse { otp_id, otp_encryption_target_bundle, sealed_otp, evaluation, app_proofs }, outgoing))
+    let response = pb::InitOtpResponse {
+        otp_id,
+        otp_encryption_target_bundle,
+        sealed_otp,
+        evaluation,
+        app_proofs,
+        email_events: Vec::new(),
+    };
+    Ok((response, outgoing))
 }
 
 /// Who what an organization sends goes out as, and whose allowance it counts against: the
@@ -608,6 +629,7 @@ pub fn email_bundle(
     let to: lettre::Address =
         params.contact.parse().map_err(|_| EnclaveError::invalid("email: not an email address"))?;
     let mut builder = lettre::Message::builder()
+        .message_id(None)
         .from(params.from.clone())
         .to(Mailbox::new(None, to))
         .subject(format!("Your {} {what} credential", params.app_name));
@@ -697,6 +719,7 @@ fn message(p: &InitParams, code: &str) -> Result<lettre::Message, EnclaveError> 
     let (plain, html) = bodies(p, code);
     let to: lettre::Address = p.contact.parse().map_err(|_| EnclaveError::invalid("contact: not an email address"))?;
     let mut builder = lettre::Message::builder()
+        .message_id(None)
         .from(p.from.clone())
         .to(Mailbox::new(None, to))
         .subject(format!("Your {} code", p.app_name));

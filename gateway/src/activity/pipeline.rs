@@ -157,6 +157,7 @@ async fn execute(
     let state = ctx.state.clone();
     let mut auth = ctx.auth.clone();
     let org = ctx.org.id.clone();
+    let (fingerprint, now) = (ctx.fingerprint.clone(), ctx.now);
     let returned = ctx.returned.clone();
     let signup_mark = coffer_org_rules::transition::marks_auth_proxy_signup(&params);
     let app_name = coffer_org_rules::transition::auth_proxy_app_name(&params).ok().flatten();
@@ -233,7 +234,11 @@ async fn execute(
             let sent = crate::uncertain_outcomes::unrecorded(&org);
             let answer = apply_in_enclave(&state, auth, issued, (wallet_seed, account_keys), &returned).await;
             let (evaluation, applied) = match answer {
-                Ok(applied) => applied,
+                Ok((evaluation, applied, email_events)) => {
+                    // The invitations it mailed.
+                    outcome.writes.extend(crate::ops::email_events::writes(&org, &fingerprint, now, &email_events));
+                    (evaluation, applied)
+                }
                 Err(e) => {
                     // Refused: nothing applied.
                     if e.refusal.is_some() {
@@ -347,7 +352,7 @@ async fn apply_in_enclave(
     issued_certificates: Vec<Vec<u8>>,
     (sub_organization_wallet_seed, sub_organization_account_keys): (Vec<u8>, Vec<Vec<u8>>),
     returned: &crate::custody::Returned,
-) -> Result<(String, Vec<coffer_org_rules::Change>), ApiError> {
+) -> Result<(String, Vec<coffer_org_rules::Change>, Vec<coffer_proto::v1::EmailEvent>), ApiError> {
     let request = coffer_proto::v1::ApplyActivityRequest {
         issued_certificates,
         sub_organization_account_keys,
@@ -364,7 +369,7 @@ async fn apply_in_enclave(
     // Changes that cannot be read count as none: the records then do not follow them, and the
     // organization is repaired from the enclave's state.
     let changes = serde_json::from_slice(&applied.changes).unwrap_or_default();
-    Ok((applied.evaluation, changes))
+    Ok((applied.evaluation, changes, applied.email_events))
 }
 
 /// The app proofs an activity collected, as the API renders them (`v1AppProof`).

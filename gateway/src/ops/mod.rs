@@ -7,6 +7,7 @@ pub mod approvals;
 pub mod authenticators;
 pub mod contracts;
 pub mod credentials;
+pub mod email_events;
 pub mod invitations;
 pub mod keys;
 pub mod lookup;
@@ -790,6 +791,7 @@ pub static QUERIES: &[Query] = &[
     Query { path: "get_active_policies", handler: query_handler!(policies::get_active_policies) },
     Query { path: "get_ip_allowlist", handler: query_handler!(allowlists::get_ip_allowlist) },
     Query { path: "get_attestation", handler: query_handler!(proofs::get_attestation) },
+    Query { path: "list_email_events", handler: query_handler!(email_events::list_email_events) },
     Query { path: "get_session_profile", handler: query_handler!(session_profiles::get_session_profile) },
     Query { path: "get_session_profiles", handler: query_handler!(session_profiles::get_session_profiles) },
     Query { path: "get_policy_evaluations", handler: query_handler!(approvals::get_policy_evaluations) },

@@ -61,7 +61,9 @@ async fn new_code(ctx: &Ctx, intent: InitOtpIntent) -> Result<(pb::InitOtpRespon
         created_at: ctx.now,
         updated_at: ctx.now,
     });
-    Ok((resp, vec![record, expired]))
+    let mut writes = vec![record, expired];
+    writes.extend(super::email_events::writes(&ctx.org.id, &ctx.fingerprint, ctx.now, &resp.email_events));
+    Ok((resp, writes))
 }
 
 /// The sealed record of code `otp_id` of `ctx`'s organization; empty when there is none (the

@@ -270,9 +270,10 @@ async fn email_credential(ctx: &Ctx, intent: EmailCredentialIntent) -> Result<(U
     if let Some(n) = &name {
         super::users::valid_name("apiKeyName", n)?;
     }
-    let (_, user, api_key_id, writes) =
+    let (session, user, api_key_id, mut writes) =
         open_session(ctx, pb::CreateSessionRequest::default(), intent.invalidate_existing.unwrap_or(false), name, None)
             .await?;
+    writes.extend(super::email_events::writes(&ctx.org.id, &ctx.fingerprint, ctx.now, &session.email_events));
     Ok((user, api_key_id, writes))
 }
 

@@ -6,10 +6,10 @@ use std::sync::{mpsc, Mutex};
 use super::error::StoreError;
 use super::interface::{CommitCallback, Store};
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
-    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, SealedBlobTable,
-    StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
-    WebhookDelivery,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, EmailEventRecord, ImportTarget,
+    LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record,
+    SealedBlobTable, StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount,
+    WebhookAttempt, WebhookDelivery,
 };
 use super::nowait;
 use super::sql::{self, Dialect};
@@ -206,6 +206,15 @@ impl<B: Backend> Store for B {
     }
     fn records_version(&self, org: &str, kind: &str) -> Result<(i64, i64), StoreError> {
         self.read(|db| sql::records_version(db, org, kind))
+    }
+    fn email_events_page(
+        &self,
+        org: &str,
+        to: &str,
+        event_type: Option<&str>,
+        page: &Page,
+    ) -> Result<Vec<EmailEventRecord>, StoreError> {
+        self.read(|db| sql::email_events::page(db, org, to, event_type, page))
     }
     fn ping(&self) -> Result<(), StoreError> {
         self.read(sql::ping)

@@ -2,10 +2,10 @@
 
 use super::error::StoreError;
 use super::model::{
-    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, ImportTarget, LogEntry, Named,
-    Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record, SealedBlobTable,
-    StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt,
-    WebhookDelivery,
+    ActivityFilter, ActivityRecord, ApiKey, AuthenticatorRecord, Committed, DueSkip, EmailEventRecord, ImportTarget,
+    LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord, PrivateKey, Record,
+    SealedBlobTable, StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet, WalletAccount,
+    WebhookAttempt, WebhookDelivery,
 };
 use super::write::Write;
 
@@ -112,6 +112,15 @@ pub trait Store: Send + Sync + 'static {
     /// How many records of `kind` there are and their latest `updated_at`: a version that
     /// changes whenever one is added, changed or removed (cheap: an index walk, no rows read).
     fn records_version(&self, organization_id: &str, kind: &str) -> Result<(i64, i64), StoreError>;
+
+    /// `org`'s events of messages to `to` (any case), of `event_type` when given, newest first.
+    fn email_events_page(
+        &self,
+        organization_id: &str,
+        to: &str,
+        event_type: Option<&str>,
+        page: &Page,
+    ) -> Result<Vec<EmailEventRecord>, StoreError>;
 
     /// Cheap liveness probe for `/healthz`.
     fn ping(&self) -> Result<(), StoreError>;

@@ -27,9 +27,10 @@ pub use error::{found, Conflict, ConflictKind, Constraint, StoreError, Unique};
 pub use interface::{CommitCallback, Store};
 pub use model::{
     now_nanos, ActivityFilter, ActivityRecord, AddressEntry, ApiKey, AuthenticatorRecord, Committed, CredentialKind,
-    DueSkip, ImportTarget, LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page, PolicyEvaluationRecord,
-    PrivateKey, Record, SealedBlobTable, StampContext, StoredBlob, SubOrgFilter, UncertifiedCredential, User, Wallet,
-    WalletAccount, WebhookAttempt, WebhookDelivery, DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING,
+    DueSkip, EmailEventRecord, ImportTarget, LogEntry, Named, Nanos, OauthProviderRecord, Organization, Page,
+    PolicyEvaluationRecord, PrivateKey, Record, SealedBlobTable, StampContext, StoredBlob, SubOrgFilter,
+    UncertifiedCredential, User, Wallet, WalletAccount, WebhookAttempt, WebhookDelivery, DELIVERY_DELIVERED,
+    DELIVERY_FAILED, DELIVERY_PENDING,
 };
 pub use open::{open, open_existing};
 pub use postgres::PostgresStore;

@@ -295,6 +295,21 @@ pub enum SubOrgFilter {
     },
 }
 
+/// A message the enclave sent for an organization (`query/list_email_events`): never its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmailEventRecord {
+    pub organization_id: String,
+    pub id: String,
+    pub to_address: String,
+    /// `Send` or `SendFailure` (`coffer_proto::v1::EmailEvent`).
+    pub event_type: String,
+    pub message_id: String,
+    pub from_address: String,
+    /// When the enclave sent it.
+    pub timestamp_ms: i64,
+    pub created_at: Nanos,
+}
+
 /// A page of a list: at most `limit` items, strictly after / before the cursor ids (in the
 /// list's order; an id that is not in the list is ignored).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,8 +1,8 @@
 //! The writes: every effect an activity (or the operator) applies inside one transaction.
 
 use super::model::{
-    ApiKey, AuthenticatorRecord, CredentialKind, ImportTarget, Nanos, OauthProviderRecord, Organization,
-    PolicyEvaluationRecord, PrivateKey, Record, User, Wallet, WalletAccount, WebhookDelivery,
+    ApiKey, AuthenticatorRecord, CredentialKind, EmailEventRecord, ImportTarget, Nanos, OauthProviderRecord,
+    Organization, PolicyEvaluationRecord, PrivateKey, Record, User, Wallet, WalletAccount, WebhookDelivery,
 };
 
 /// One effect of an activity, applied inside the activity's transaction.
@@ -66,6 +66,13 @@ pub enum Write {
     },
     /// Deletes the records of a kind made before `created_before` (nanoseconds), however many
     /// there are, none included: for records that expire (one-time codes).
+    /// Messages the enclave reports it sent (`email_events`).
+    InsertEmailEvents(Vec<EmailEventRecord>),
+    /// An organization's email events made before `created_before` go.
+    PruneEmailEvents {
+        organization_id: String,
+        created_before: Nanos,
+    },
     PruneRecords {
         organization_id: String,
         kind: String,

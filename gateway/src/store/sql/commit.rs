@@ -2,7 +2,9 @@
 //! each write to its feature's SQL.
 
 use super::db::Dialect;
-use super::{activities, approvals, credentials, organizations, records, suborgs, tags, users, wallets, webhooks};
+use super::{
+    activities, approvals, credentials, email_events, organizations, records, suborgs, tags, users, wallets, webhooks,
+};
 use crate::store::error::StoreError;
 use crate::store::model::{ActivityRecord, Committed};
 use crate::store::write::Write;
@@ -128,6 +130,10 @@ pub fn apply_write<D: Dialect>(db: &mut D, w: &Write) -> Result<(), StoreError> 
         }
         Write::PutRecord(r) => records::put(db, r),
         Write::DeleteRecords { organization_id, kind, ids } => records::delete(db, organization_id, kind, ids),
+        Write::InsertEmailEvents(events) => email_events::insert(db, events),
+        Write::PruneEmailEvents { organization_id, created_before } => {
+            email_events::prune(db, organization_id, *created_before)
+        }
         Write::PruneRecords { organization_id, kind, created_before } => {
             records::prune(db, organization_id, kind, *created_before)
         }

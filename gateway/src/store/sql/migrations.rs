@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0016_proofs.sql"),
     include_str!("../migrations/0017_verified_contacts.sql"),
     include_str!("../migrations/0018_webhook_top_level.sql"),
+    include_str!("../migrations/0019_email_events.sql"),
 ];
 
 /// Brings the schema to the latest version, in one transaction (several gateways starting at

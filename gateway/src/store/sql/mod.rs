@@ -15,6 +15,7 @@ mod approvals;
 mod commit;
 mod credentials;
 mod db;
+pub mod email_events;
 mod migrations;
 mod organizations;
 mod page;

@@ -24,6 +24,7 @@ pub const PURGED_ON_DELETION: &[&str] = &[
     "private_keys",
     "records",
     "record_counts",
+    "email_events",
     "idempotency_keys",
     "webhook_deliveries",
 ];
