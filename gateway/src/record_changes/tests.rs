@@ -493,6 +493,34 @@ async fn the_handlers_records_follow_the_transitions() {
     let id = profile["sessionProfileId"].as_str().unwrap();
     assert_eq!(h.states[ORG].organization.session_profiles[id].expiration_seconds, Some(60));
     assert!(h.states[ORG].organization.ip_allowlists.is_empty());
+    let invitation = |email: &str, access: &str| {
+        json!({"receiverUserName": "grace", "receiverUserEmail": email, "receiverUserTags": [],
+            "accessType": access, "senderUserId": "root"})
+    };
+    let invited = h
+        .run(
+            ORG,
+            "create_invitations",
+            json!({"invitations": [invitation("g@x.io", "ACCESS_TYPE_API"), invitation("h@x.io", "ACCESS_TYPE_ALL")]}),
+        )
+        .await;
+    let (first, second) = (invited["invitationIds"][0].clone(), invited["invitationIds"][1].clone());
+    // 2G of P-256, a key no one in the organization has.
+    let brought = "037cf27b188d034f7e8a52380304b51ac3c08969e277f21b35a60b48fc47669978";
+    let accepted = h
+        .run(
+            ORG,
+            "accept_invitation",
+            json!({"invitationId": first, "userId": "", "encryptedOtpBundle": "{}",
+                "apiKey": {"apiKeyName": "grace", "publicKey": brought}}),
+        )
+        .await;
+    let grace = accepted["userId"].as_str().unwrap();
+    assert!(h.states[ORG].users[grace].contacts_verified);
+    h.run(ORG, "delete_invitation", json!({"invitationId": second})).await;
+    let statuses: Vec<&str> = h.states[ORG].organization.invitations.values().map(|v| v.status.as_str()).collect();
+    assert_eq!(statuses.len(), 2);
+    assert!(statuses.contains(&"INVITATION_STATUS_ACCEPTED") && statuses.contains(&"INVITATION_STATUS_REVOKED"));
     h.run(ORG, "update_wallet", json!({"walletId": "w-kept", "walletName": "kept, renamed"})).await;
     h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-exported"]})).await;
     h.run(ORG, "delete_wallet_accounts", json!({"walletAccountIds": ["acct-kept"], "deleteWithoutExport": true})).await;
