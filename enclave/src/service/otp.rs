@@ -109,7 +109,7 @@ pub(super) async fn init_otp(
     let mut response = response;
     let sent = outcome_log.close(match outgoing {
         Outgoing::Email(message, event) => {
-            let sent = otp.mailer.send(message).await;
+            let sent = otp.mailer.send(*message).await;
             response.email_events.extend(sent.is_ok().then_some(event));
             sent
         }
@@ -139,7 +139,7 @@ impl Channel {
 /// A message ready to send.
 enum Outgoing {
     /// The message, and what is recorded of it once sent.
-    Email(lettre::Message, pb::EmailEvent),
+    Email(Box<lettre::Message>, pb::EmailEvent),
     Sms {
         to: String,
         text: Zeroizing<String>,
@@ -337,7 +337,7 @@ fn prepare(
         Channel::Email => {
             let message = message(&params, &code)?;
             let event = crate::mail::event_of(&message, org, crate::mail::SENT);
-            Outgoing::Email(message, event)
+            Outgoing::Email(Box::new(message), event)
         }
         Channel::Sms => Outgoing::Sms { to: params.contact.clone(), text: sms_text(&params, &code) },
     };
