@@ -2,7 +2,8 @@
 //! report them, listed newest first by recipient, and kept for a bounded time.
 
 use super::db::{args, Dialect, SqlRow};
-use crate::store::{EmailEventRecord, Page, StoreError};
+use crate::store::error::StoreError;
+use crate::store::model::{EmailEventRecord, Page};
 
 const COLS: &str = "organization_id, id, to_address, event_type, message_id, from_address, timestamp_ms, created_at";
 
