@@ -1895,10 +1895,12 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
     coffer_tests::refused(r, 400, "REQUEST_INVALID", "senderUserId");
 
     let before = smtp.seen();
-    let made =
-        root.create_invitations(org.clone(), ts(), invite("grace@example.test", &me, AccessType::Api)).await.unwrap();
+    let made = root
+        .create_invitations(org.clone(), ts(), invite("invited.grace@example.test", &me, AccessType::Api))
+        .await
+        .unwrap();
     let invitation = made.result.invitation_ids[0].clone();
-    let (id, code, target, text) = invitation_mail(smtp, &before, "grace@example.test");
+    let (id, code, target, text) = invitation_mail(smtp, &before, "invited.grace@example.test");
     assert_eq!(id, invitation);
     assert_eq!(code.len(), 8, "{code}");
     assert!(!text.contains("Grace") && !text.contains("<b>"), "nothing the inviter wrote is sent: {text}");
@@ -1908,7 +1910,7 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
     let invitations = &listed.json["organizationData"]["invitations"];
     assert_eq!(invitations[0]["invitationId"], invitation, "{listed:?}");
     assert_eq!(invitations[0]["status"], "INVITATION_STATUS_CREATED");
-    assert_eq!(invitations[0]["receiverEmail"], "grace@example.test");
+    assert_eq!(invitations[0]["receiverEmail"], "invited.grace@example.test");
 
     // Accepted with the key Grace brings, which stamps the acceptance and is encrypted with the code.
     let grace = TurnkeyP256ApiKey::generate();
@@ -1948,7 +1950,7 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
         .unwrap();
     assert_eq!(
         (user.user_name.as_str(), user.user_email.as_deref(), user.user_tags.clone()),
-        ("Grace <b>Hopper</b>", Some("grace@example.test"), vec![tag.clone()])
+        ("Grace <b>Hopper</b>", Some("invited.grace@example.test"), vec![tag.clone()])
     );
     assert_eq!(stack.link_count(&org, activity["fingerprint"].as_str().unwrap(), "ACTIVITY_STATUS_COMPLETED"), 1);
     // Once: a second acceptance (a new body) is refused.
@@ -1962,10 +1964,12 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
 
     // Revoked, an invitation is accepted no more.
     let before = smtp.seen();
-    let second =
-        root.create_invitations(org.clone(), ts(), invite("hopper@example.test", &me, AccessType::All)).await.unwrap();
+    let second = root
+        .create_invitations(org.clone(), ts(), invite("invited.hopper@example.test", &me, AccessType::All))
+        .await
+        .unwrap();
     let second = second.result.invitation_ids[0].clone();
-    let (_, code, target, _) = invitation_mail(smtp, &before, "hopper@example.test");
+    let (_, code, target, _) = invitation_mail(smtp, &before, "invited.hopper@example.test");
     root.delete_invitation(org.clone(), ts(), DeleteInvitationIntent { invitation_id: second.clone() }).await.unwrap();
     let late = TurnkeyP256ApiKey::generate();
     let late_hex = hex::encode(late.compressed_public_key());
@@ -1989,16 +1993,16 @@ async fn email_events(stack: &Stack, smtp: &SmtpServer) {
         event_type: event_type.into(),
         pagination_options: pagination,
     };
-    let events = root.list_email_events(list("GRACE@example.test", "", None)).await.unwrap().email_events;
+    let events = root.list_email_events(list("INVITED.GRACE@example.test", "", None)).await.unwrap().email_events;
     assert_eq!(events.len(), 1, "{events:?}");
     let e = &events[0];
-    assert_eq!((e.event_type.as_str(), e.to_address.as_str()), ("Send", "grace@example.test"));
+    assert_eq!((e.event_type.as_str(), e.to_address.as_str()), ("Send", "invited.grace@example.test"));
     assert_eq!((e.organization_id.as_str(), e.from_address.as_str()), (org.as_str(), "no-reply@localhost"));
     let carried =
         smtp.messages().into_iter().filter(|(_, m)| m.contains(&format!("Message-ID: {}", e.message_id))).count();
     assert_eq!(carried, 1, "the event's message id is its message's: {}", e.message_id);
     assert!(root
-        .list_email_events(list("grace@example.test", "SendFailure", None))
+        .list_email_events(list("invited.grace@example.test", "SendFailure", None))
         .await
         .unwrap()
         .email_events

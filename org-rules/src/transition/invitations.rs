@@ -4,9 +4,9 @@
 
 use serde_json::{json, Value};
 
+use super::input::TransitionError;
 use super::input::{dedup, items, raw_texts, text_of, Input, INVITATION_ID};
 use super::users::{create_users, API_ONLY_CURVE};
-use super::input::TransitionError;
 use crate::effect::{Change, Effect};
 use crate::model::Invitation;
 
