@@ -15,8 +15,9 @@ use crate::store::{Page, Record, StoreError, Write};
 pub async fn create_session_profile(ctx: Ctx, params: Value) -> Result<Outcome, ApiError> {
     let profile = coffer_org_rules::transition::session_profile(&params).map_err(ApiError::invalid)?;
     let (org, max) = (ctx.org.id.clone(), coffer_org_rules::transition::MAX_SESSION_PROFILES);
-    let count = ctx.state.db(move |s| s.records_page(&org, SESSION_PROFILE, &Page::ALL).map(|r| r.len())).await??;
-    if count >= max {
+    // The count the store keeps with every write of them (one row read, not every profile).
+    let (count, _) = ctx.state.db(move |s| s.records_version(&org, SESSION_PROFILE)).await??;
+    if count >= max as i64 {
         return Err(ApiError::invalid(format!("an organization has at most {max} session profiles")));
     }
     let id = ctx.derived_id(coffer_org_rules::transition::SESSION_PROFILE_ID, 0);
