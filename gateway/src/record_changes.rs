@@ -397,6 +397,9 @@ fn delete_records(org: &str, kind: &str, ids: &[String]) -> Vec<Change> {
         kinds::OAUTH2_CREDENTIAL => Effect::DeleteOauth2Credentials { ids },
         kinds::FEATURE => return ids.into_iter().map(|name| change(org, Effect::RemoveFeature { name })).collect(),
         kinds::AUTH_PROXY => Effect::SetAuthProxy { enabled: false },
+        kinds::INVITATION => {
+            return ids.into_iter().map(|id| change(org, Effect::RemoveInvitation { id })).collect();
+        }
         kinds::IP_ALLOWLIST => {
             let remove = |id: String| Effect::RemoveIpAllowlist { key: crate::ip_allowlists::key_of(&id).to_string() };
             return ids.into_iter().map(|id| change(org, remove(id))).collect();

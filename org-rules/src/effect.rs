@@ -145,10 +145,14 @@ pub enum Effect {
     RemoveIpAllowlist {
         key: String,
     },
-    /// An invitation, new or with a new status.
+    /// A new invitation, with an id no invitation has.
     PutInvitation {
         id: String,
         invitation: crate::model::Invitation,
+    },
+    /// An open invitation, accepted or revoked: it goes.
+    RemoveInvitation {
+        id: String,
     },
     /// A new session profile, with an id no profile has.
     PutSessionProfile {
@@ -569,7 +573,16 @@ impl OrgState {
                 t.push(org);
             }
             Effect::PutInvitation { id, invitation } => {
+                if self.organization.invitations.contains_key(id) {
+                    return Err(ApplyError::Exists { kind: ORGANIZATION, id: format!("invitation {id}") });
+                }
                 self.organization.invitations.insert(id.clone(), invitation.clone());
+                t.push(org);
+            }
+            Effect::RemoveInvitation { id } => {
+                if self.organization.invitations.remove(id).is_none() {
+                    return Err(ApplyError::Missing { kind: ORGANIZATION, id: format!("invitation {id}") });
+                }
                 t.push(org);
             }
             Effect::PutSessionProfile { id, profile } => {

@@ -45,8 +45,8 @@ pub struct Organization {
     /// Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub session_profiles: BTreeMap<String, SessionProfile>,
-    /// `create_invitations`, by id, with their status (accepted and revoked ones are kept, as
-    /// the hosted service lists them). Left out when empty.
+    /// `create_invitations`, by id: the open ones (an accepted or revoked invitation goes, so
+    /// that what an organization keeps is bounded). Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub invitations: BTreeMap<String, Invitation>,
 }
@@ -63,7 +63,7 @@ pub struct Invitation {
     /// `ACCESS_TYPE_WEB`, `ACCESS_TYPE_API` or `ACCESS_TYPE_ALL`.
     pub access_type: String,
     pub sender_user_id: String,
-    /// `INVITATION_STATUS_CREATED`, `_ACCEPTED` or `_REVOKED`.
+    /// `INVITATION_STATUS_CREATED`: an open invitation (the only ones kept).
     pub status: String,
 }
 

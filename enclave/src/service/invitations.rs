@@ -6,7 +6,6 @@
 
 use coffer_auth::envelope::{derived_id, text, StampedActivity, USER_ID};
 use coffer_auth::grants::{ACCEPT_INVITATION, INVITATION_ACCEPTANCE};
-use coffer_org_rules::transition::INVITATION_CREATED;
 use coffer_org_rules::{Change, Effect};
 use coffer_proto::v1 as pb;
 use lettre::message::{header::ContentType, Mailbox, SinglePart};
@@ -85,9 +84,6 @@ pub(super) fn messages(
     let mut out = Vec::new();
     for c in changes {
         let Effect::PutInvitation { id, invitation } = &c.effect else { continue };
-        if invitation.status != INVITATION_CREATED {
-            continue;
-        }
         let org = c.organization_id.as_str();
         let code = acceptance_code(hsm, org, id)?;
         let target = acceptance_target(hsm, org, id)?;
@@ -173,10 +169,7 @@ pub(super) fn acceptance_identity(
     }
     let org = activity.organization_id.as_str();
     let id = text(p, "invitationId").trim();
-    let open = admission
-        .rules()
-        .load(org)?
-        .is_some_and(|l| l.state.organization.invitations.get(id).is_some_and(|v| v.status == INVITATION_CREATED));
+    let open = admission.rules().load(org)?.is_some_and(|l| l.state.organization.invitations.contains_key(id));
     if !open {
         return Err(refused(RefusalReason::OtpInvalid, INVITATION_INVALID));
     }

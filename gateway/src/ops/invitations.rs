@@ -3,10 +3,7 @@
 //! one makes with the API key its receiver brings.
 
 use coffer_org_rules::model::Invitation;
-use coffer_org_rules::transition::{
-    INVITATION_ACCEPTED, INVITATION_CREATED, INVITATION_ID, INVITATION_REVOKED, MAX_INVITATIONS_PER_ACTIVITY,
-    MAX_OPEN_INVITATIONS,
-};
+use coffer_org_rules::transition::{INVITATION_ID, MAX_INVITATIONS_PER_ACTIVITY, MAX_OPEN_INVITATIONS};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -15,7 +12,7 @@ use crate::activity::registry::{Ctx, Outcome};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
 use crate::record_kinds::INVITATION;
-use crate::store::{Page, Record, StoreError, Write};
+use crate::store::{Record, StoreError, Write};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -31,14 +28,9 @@ pub async fn create_invitations(ctx: Ctx, intent: CreateInvitationsIntent) -> Re
         return Err(ApiError::invalid(format!("invitations: 1 to {MAX_INVITATIONS_PER_ACTIVITY} of them")));
     }
     let org = ctx.org.id.clone();
-    let open = ctx
-        .state
-        .db(move |s| s.records_page(&org, INVITATION, &Page::ALL))
-        .await??
-        .iter()
-        .filter(|r| r.data.get("status").and_then(Value::as_str) == Some(INVITATION_CREATED))
-        .count();
-    if open + intent.invitations.len() > MAX_OPEN_INVITATIONS {
+    // Only open invitations are kept: the store's count of them (one row read).
+    let (open, _) = ctx.state.db(move |s| s.records_version(&org, INVITATION)).await??;
+    if open as usize + intent.invitations.len() > MAX_OPEN_INVITATIONS {
         return Err(ApiError::invalid(format!("an organization has at most {MAX_OPEN_INVITATIONS} open invitations")));
     }
     let mut writes = Vec::new();
@@ -51,36 +43,43 @@ pub async fn create_invitations(ctx: Ctx, intent: CreateInvitationsIntent) -> Re
         }
         super::users::check_user_tags(&ctx.state, &ctx.org.id, &invitation.receiver_user_tags).await?;
         let id = ctx.derived_id(INVITATION_ID, n);
-        writes.push(Write::PutRecord(record(&ctx, &id, &invitation, ctx.now)?));
+        writes.push(Write::PutRecord(record(&ctx, &id, &invitation)?));
         ids.push(id);
     }
     Ok(Outcome { result: json!({ "invitationIds": ids }), writes })
 }
 
-fn record(ctx: &Ctx, id: &str, invitation: &Invitation, created_at: i64) -> Result<Record, ApiError> {
+fn record(ctx: &Ctx, id: &str, invitation: &Invitation) -> Result<Record, ApiError> {
     Ok(Record {
         organization_id: ctx.org.id.clone(),
         kind: INVITATION.into(),
         id: id.to_string(),
         name: id.to_string(),
         data: serde_json::to_value(invitation).map_err(|_| ApiError::internal())?,
-        created_at,
+        created_at: ctx.now,
         updated_at: ctx.now,
     })
 }
 
-/// The open invitation `id` of the activity's organization, and when it was made.
-async fn open_invitation(ctx: &Ctx, id: &str) -> Result<(Invitation, i64), ApiError> {
-    let (org, i) = (ctx.org.id.clone(), id.to_string());
-    let r = ctx.state.db(move |s| s.record(&org, INVITATION, &i)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found(format!("invitation not found: {id}")),
+/// The open invitation `id` of `org` (an accepted or revoked one is gone).
+pub async fn open_invitation(
+    state: &std::sync::Arc<crate::state::AppState>,
+    org: &str,
+    id: &str,
+) -> Result<Invitation, ApiError> {
+    let (o, i) = (org.to_string(), id.to_string());
+    let r = state.db(move |s| s.record(&o, INVITATION, &i)).await?.map_err(|e| match e {
+        StoreError::NotFound => {
+            ApiError::not_found(format!("no open invitation {id:?} (accepted, revoked or never made)"))
+        }
         other => other.into(),
     })?;
-    let invitation: Invitation = serde_json::from_value(r.data).map_err(|_| ApiError::internal())?;
-    if invitation.status != INVITATION_CREATED {
-        return Err(ApiError::invalid(format!("invitation {id} is {}", invitation.status)));
-    }
-    Ok((invitation, r.created_at))
+    serde_json::from_value(r.data).map_err(|_| ApiError::internal())
+}
+
+/// The write that removes invitation `id` of the activity's organization, accepted or revoked.
+fn closed(ctx: &Ctx, id: &str) -> Write {
+    Write::DeleteRecords { organization_id: ctx.org.id.clone(), kind: INVITATION.into(), ids: vec![id.to_string()] }
 }
 
 #[derive(Deserialize)]
@@ -89,11 +88,10 @@ pub struct DeleteInvitationIntent {
     invitation_id: String,
 }
 
-/// `delete_invitation`: an open invitation is revoked (kept, and listed so).
+/// `delete_invitation`: an open invitation is revoked: it goes.
 pub async fn delete_invitation(ctx: Ctx, intent: DeleteInvitationIntent) -> Result<Outcome, ApiError> {
-    let (open, created_at) = open_invitation(&ctx, &intent.invitation_id).await?;
-    let revoked = Invitation { status: INVITATION_REVOKED.into(), ..open };
-    let writes = vec![Write::PutRecord(record(&ctx, &intent.invitation_id, &revoked, created_at)?)];
+    open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
+    let writes = vec![closed(&ctx, &intent.invitation_id)];
     Ok(Outcome { result: json!({ "invitationId": intent.invitation_id }), writes })
 }
 
@@ -113,7 +111,7 @@ pub struct AcceptInvitationIntent {
 }
 
 /// `accept_invitation`: the invited user with the invitation's name, email (verified: its code
-/// came to it) and tags, and the brought API key; the invitation accepted.
+/// came to it) and tags, and the brought API key; the accepted invitation goes.
 pub async fn accept_invitation(ctx: Ctx, intent: AcceptInvitationIntent) -> Result<Outcome, ApiError> {
     let Some(key) = intent.api_key else {
         return Err(ApiError::invalid(match intent.authenticator {
@@ -126,19 +124,18 @@ pub async fn accept_invitation(ctx: Ctx, intent: AcceptInvitationIntent) -> Resu
     if intent.encrypted_otp_bundle.trim().is_empty() {
         return Err(ApiError::invalid("encryptedOtpBundle is required: the invitation's code, encrypted"));
     }
-    let (open, created_at) = open_invitation(&ctx, &intent.invitation_id).await?;
+    let open = open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
     if open.access_type == coffer_org_rules::transition::WEB_ONLY {
         return Err(ApiError::invalid(
             "a web-only invitation (ACCESS_TYPE_WEB) is accepted with a passkey, which Coffer does not take yet",
         ));
     }
-    let accepted = Invitation { status: INVITATION_ACCEPTED.into(), ..open.clone() };
-    let invitation_record = record(&ctx, &intent.invitation_id, &accepted, created_at)?;
+    let accepted = closed(&ctx, &intent.invitation_id);
     let (organization_id, invitation_id) = (ctx.org.id.clone(), intent.invitation_id.clone());
     let mut made = super::users::create_invited_user(ctx, &open, key).await?;
     let user_id = made.result["userIds"][0].as_str().unwrap_or_default().to_string();
     made.writes.push(Write::MarkContactsVerified { organization_id, id: user_id.clone() });
-    made.writes.push(Write::PutRecord(invitation_record));
+    made.writes.push(accepted);
     Ok(Outcome { result: json!({ "invitationId": invitation_id, "userId": user_id }), writes: made.writes })
 }
 

@@ -572,16 +572,7 @@ pub async fn invitation_caller(
         ));
     }
     let invitation_id = coffer_auth::envelope::text(params, "invitationId").trim().to_string();
-    let (o, i) = (org.id.clone(), invitation_id.clone());
-    let record = state.db(move |s| s.record(&o, crate::record_kinds::INVITATION, &i)).await?.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found(format!("invitation not found: {invitation_id:?}")),
-        other => other.into(),
-    })?;
-    let invitation: coffer_org_rules::model::Invitation =
-        serde_json::from_value(record.data).map_err(|_| ApiError::internal())?;
-    if invitation.status != coffer_org_rules::transition::INVITATION_CREATED {
-        return Err(ApiError::invalid(format!("invitation {invitation_id} is {}", invitation.status)));
-    }
+    let invitation = crate::ops::invitations::open_invitation(state, &org.id, &invitation_id).await?;
     let now = now_nanos();
     let user = User {
         id: coffer_auth::envelope::derived_id(fingerprint, coffer_auth::envelope::USER_ID, 0),

@@ -14,9 +14,8 @@ use crate::model::Invitation;
 pub const MAX_INVITATIONS_PER_ACTIVITY: usize = 10;
 /// Most invitations an organization keeps waiting for their receivers at once.
 pub const MAX_OPEN_INVITATIONS: usize = 100;
+/// The status of an open invitation (an accepted or revoked one is removed).
 pub const INVITATION_CREATED: &str = "INVITATION_STATUS_CREATED";
-pub const INVITATION_ACCEPTED: &str = "INVITATION_STATUS_ACCEPTED";
-pub const INVITATION_REVOKED: &str = "INVITATION_STATUS_REVOKED";
 pub const ACCESS_TYPES: &[&str] = &["ACCESS_TYPE_WEB", "ACCESS_TYPE_API", "ACCESS_TYPE_ALL"];
 /// The access type whose receiver signs in with a passkey (which an acceptance cannot bring
 /// yet): accepted with an API key only as `ACCESS_TYPE_API` or `ACCESS_TYPE_ALL`.
@@ -60,8 +59,7 @@ pub(crate) fn create_invitations(i: &Input<'_>) -> Result<Vec<Change>, Transitio
         return Err(i.invalid(format!("invitations: 1 to {MAX_INVITATIONS_PER_ACTIVITY} of them")));
     }
     let invitations = &i.state.organization.invitations;
-    let open = invitations.values().filter(|v| v.status == INVITATION_CREATED).count();
-    if open + listed.len() > MAX_OPEN_INVITATIONS {
+    if invitations.len() + listed.len() > MAX_OPEN_INVITATIONS {
         return Err(i.invalid(format!("an organization has at most {MAX_OPEN_INVITATIONS} open invitations")));
     }
     let mut out = Vec::with_capacity(listed.len());
@@ -83,22 +81,20 @@ pub(crate) fn create_invitations(i: &Input<'_>) -> Result<Vec<Change>, Transitio
 pub fn open_invitation<'s>(i: &'s Input<'_>) -> Result<(String, &'s Invitation), TransitionError> {
     let id = i.text("invitationId")?;
     match i.state.organization.invitations.get(&id) {
-        Some(v) if v.status == INVITATION_CREATED => Ok((id, v)),
-        Some(v) => Err(i.invalid(format!("invitation {id} is {}", v.status))),
-        None => Err(i.invalid(format!("no invitation {id}"))),
+        Some(v) => Ok((id, v)),
+        None => Err(i.invalid(format!("no open invitation {id} (accepted, revoked or never made)"))),
     }
 }
 
-/// `delete_invitation`: an open invitation is revoked (kept, as the hosted service lists it).
+/// `delete_invitation`: an open invitation is revoked: it goes.
 pub(crate) fn delete_invitation(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
-    let (id, open) = open_invitation(i)?;
-    let invitation = Invitation { status: INVITATION_REVOKED.into(), ..open.clone() };
-    Ok(vec![i.change(Effect::PutInvitation { id, invitation })])
+    let (id, _) = open_invitation(i)?;
+    Ok(vec![i.change(Effect::RemoveInvitation { id })])
 }
 
 /// `accept_invitation`: the invited user, as `create_users` makes it (id derived from the body),
 /// with the invitation's name, email and tags and the body's `apiKey` (P-256), its email verified
-/// (the acceptance code came to it: the enclave checked it before), and the invitation accepted.
+/// (the acceptance code came to it: the enclave checked it before); the accepted invitation goes.
 /// A web-only invitation is refused ([`WEB_ONLY`]).
 pub(crate) fn accept_invitation(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
     let (id, open) = open_invitation(i)?;
@@ -125,9 +121,6 @@ pub(crate) fn accept_invitation(i: &Input<'_>) -> Result<Vec<Change>, Transition
         })
         .ok_or_else(|| i.invalid("no user made"))?;
     out.push(i.change(Effect::MarkContactsVerified { id: user_id }));
-    out.push(i.change(Effect::PutInvitation {
-        id,
-        invitation: Invitation { status: INVITATION_ACCEPTED.into(), ..open.clone() },
-    }));
+    out.push(i.change(Effect::RemoveInvitation { id }));
     Ok(out)
 }

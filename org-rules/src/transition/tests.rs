@@ -1318,7 +1318,7 @@ fn a_sub_organization_is_deleted_from_inside_with_its_keys_exported() {
 }
 
 #[test]
-fn invitations_are_made_revoked_and_accepted_once_as_their_bodies_say() {
+fn invitations_are_made_as_their_bodies_say_and_go_once_accepted_or_revoked() {
     use crate::model::Invitation;
     let mut s = state();
     s.apply(&Effect::PutTag { kind: crate::effect::TagKind::User, tag: Tag { id: "t".into(), name: "t".into() } })
@@ -1339,7 +1339,13 @@ fn invitations_are_made_revoked_and_accepted_once_as_their_bodies_say() {
     let id = derive(INVITATION_ID, 0);
     let put = |status: &str| c(Effect::PutInvitation { id: id.clone(), invitation: invited(status) });
     let body = params("ada@example.com", json!(["t", "t"]), "ACCESS_TYPE_API", "u");
-    case(&s, ty, body, &[], vec![put(INVITATION_CREATED)], vec![("accepted at once", vec![put(INVITATION_ACCEPTED)])]);
+    let other = |status: &str| {
+        c(Effect::PutInvitation {
+            id: id.clone(),
+            invitation: Invitation { access_type: "ACCESS_TYPE_ALL".into(), ..invited(status) },
+        })
+    };
+    case(&s, ty, body, &[], vec![put(INVITATION_CREATED)], vec![("another access", vec![other(INVITATION_CREATED)])]);
     for bad in [
         params("not an email", json!([]), "ACCESS_TYPE_API", "u"),
         params("ada@example.com", json!(["no-such-tag"]), "ACCESS_TYPE_API", "u"),
@@ -1377,7 +1383,7 @@ fn invitations_are_made_revoked_and_accepted_once_as_their_bodies_say() {
             tag_ids: Some(vec!["t".into()]),
         }),
         c(Effect::MarkContactsVerified { id: user.clone() }),
-        put(INVITATION_ACCEPTED),
+        c(Effect::RemoveInvitation { id: id.clone() }),
     ];
     let unverified: Vec<Change> =
         accepted.iter().filter(|ch| !matches!(ch.effect, Effect::MarkContactsVerified { .. })).cloned().collect();
@@ -1385,12 +1391,14 @@ fn invitations_are_made_revoked_and_accepted_once_as_their_bodies_say() {
     assert!(run(&s, ty, &json!({"invitationId": id}), &accepted, &[]).is_err(), "no key");
     // Revoked (or accepted), it is accepted no more; a web-only one is not accepted with a key.
     let ty_delete = "ACTIVITY_TYPE_DELETE_INVITATION";
-    case(&s, ty_delete, json!({"invitationId": id}), &[], vec![put(INVITATION_REVOKED)], vec![]);
+    let remove = c(Effect::RemoveInvitation { id: id.clone() });
+    case(&s, ty_delete, json!({"invitationId": id}), &[], vec![remove.clone()], vec![]);
     let mut revoked = s.clone();
-    revoked.apply(&put(INVITATION_REVOKED).effect).unwrap();
+    revoked.apply(&remove.effect).unwrap();
+    assert!(revoked.organization.invitations.is_empty());
     assert!(run(&revoked, ty, &body, &accepted, &[]).is_err(), "revoked");
-    assert!(run(&revoked, ty_delete, &json!({"invitationId": id}), &[put(INVITATION_REVOKED)], &[]).is_err());
-    let mut web = s.clone();
+    assert!(run(&revoked, ty_delete, &json!({"invitationId": id}), &[remove.clone()], &[]).is_err());
+    let mut web = revoked.clone();
     web.apply(&Effect::PutInvitation {
         id: id.clone(),
         invitation: Invitation { access_type: WEB_ONLY.into(), ..invited(INVITATION_CREATED) },
