@@ -326,9 +326,11 @@ fn encode<T: Serialize>(kind: &'static str, id: &str, item: &T) -> Entry {
 
 impl OrgState {
     /// How many records it holds (users, credentials, policies, tags, wallets, accounts, keys,
-    /// contract interfaces, webhook endpoints, OAuth 2.0 credentials), the retired ids aside.
+    /// contract interfaces, webhook endpoints, OAuth 2.0 credentials, open invitations), the
+    /// retired ids aside.
     pub fn record_count(&self) -> usize {
-        self.users.len()
+        self.organization.invitations.len()
+            + self.users.len()
             + self.credentials.len()
             + self.policies.len()
             + self.user_tags.len()

@@ -15,7 +15,8 @@ pub use input::{
     WALLET_ID, WEBHOOK_ENDPOINT_ID,
 };
 pub use invitations::{
-    invitation, ACCESS_TYPES, INVITATION_CREATED, MAX_INVITATIONS_PER_ACTIVITY, MAX_OPEN_INVITATIONS, WEB_ONLY,
+    invitation, ACCESS_TYPES, INVITATION_CREATED, MAX_INVITATIONS_PER_ACTIVITY, MAX_INVITATION_TAGS,
+    MAX_OPEN_INVITATIONS, WEB_ONLY,
 };
 pub use records::{
     auth_proxy_app_name, auth_proxy_policy_consensus, ip_allowlist, ip_allowlist_key, oauth2_credential_value,

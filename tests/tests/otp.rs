@@ -1890,6 +1890,13 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
         "REQUEST_NOT_AUTHORIZED",
         Reason::PolicyDenied,
     );
+    // To an address a member has (an acceptance verifies it: logins by it would be ambiguous).
+    stack.refused_for(
+        root.create_invitations(org.clone(), ts(), invite("alice@example.test", &me, AccessType::Api)).await,
+        400,
+        "REQUEST_INVALID",
+        Reason::TransitionRefused,
+    );
     // Sent in another user's name: refused.
     let r = root.create_invitations(org.clone(), ts(), invite("x@example.test", &bob, AccessType::Api)).await;
     coffer_tests::refused(r, 400, "REQUEST_INVALID", "senderUserId");
@@ -1932,8 +1939,15 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
     let other_hex = hex::encode(other.compressed_public_key());
     let r = submit(stack, &other, &org, "accept_invitation", ty, accept(&other_hex, right.clone())).await;
     coffer_tests::refused_raw(&r, 403, "REQUEST_NOT_AUTHORIZED", "acceptance code");
-    let r = submit(stack, &grace, &org, "accept_invitation", ty, accept(&grace_hex, right.clone())).await;
+    let accepting = json!({"type": ty, "timestampMs": Stack::now_ms().to_string(), "organizationId": org,
+        "parameters": accept(&grace_hex, right.clone())})
+    .to_string();
+    let path = "/public/v1/submit/accept_invitation";
+    let r = stack.post_raw(path, accepting.as_bytes(), Some(&grace)).await;
     assert_eq!(r.status, 200, "{}", r.text);
+    // The same bytes again (the client's poll, a retry) answer the same activity, the invitation gone.
+    let again = stack.post_raw(path, accepting.as_bytes(), Some(&grace)).await;
+    assert_eq!((again.status, &again.json["activity"]["id"]), (200, &r.json["activity"]["id"]), "{}", again.text);
     let activity = &r.json["activity"];
     assert_eq!(activity["status"], "ACTIVITY_STATUS_COMPLETED", "{activity}");
     let user_id = activity["result"]["acceptInvitationResult"]["userId"].as_str().unwrap().to_string();

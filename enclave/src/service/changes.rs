@@ -67,7 +67,7 @@ pub(super) fn apply_activity(
     {
         crate::verification_token::check_contact(hsm, admission, &a)?;
     }
-    // Invitations are mailed: counted against the send limits before anything is committed.
+    // Invitations are mailed: there must be a transport to mail them with.
     if a.activity.activity_type == invitations::CREATE_INVITATIONS {
         if !otp.mailer.configured() {
             return Err(refuse(
@@ -76,7 +76,6 @@ pub(super) fn apply_activity(
                 "invitations are mailed: they need the enclave's mail transport ([otp] smtp_url or mail_dir)",
             ));
         }
-        invitations::charge(admission, &otp.settings, &a)?;
     }
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).
@@ -132,6 +131,12 @@ pub(super) fn apply_activity(
                     let why =
                         format!("the body makes {} changes, more than the {MAX_CHANGES} one activity may", asked.len());
                     return Err(refuse(&a, RefusalReason::TransitionRefused, &why));
+                }
+                // Invitations are mailed: each counted against the send limits once the body is
+                // checked, before anything is committed (the same body is counted once however
+                // often it is decided again).
+                if a.activity.activity_type == invitations::CREATE_INVITATIONS {
+                    invitations::charge(admission, &otp.settings, &a, &asked)?;
                 }
                 // Its link states the records it made as made here: now, when it is linked in this
                 // call (before anything is spent), or later, by what its allow records.
@@ -227,10 +232,7 @@ pub(super) fn apply_activity(
                     }
                     coffer_process::crash_point::here("enclave-after-state-commit");
                     destroy_deleted_native_keys(hsm, &changes);
-                    match invitations::messages(hsm, &otp.settings, &changes) {
-                        Ok(made) => mails.extend(made),
-                        Err(e) => tracing::warn!(error = %e, "an invitation's message could not be made"),
-                    }
+                    mails.extend(invitations::messages(hsm, &otp.settings, &changes));
                     let version = versions.iter().find(|(org, _)| org == &organization).map_or(0, |(_, v)| *v);
                     let app_proofs = applied_proofs(hsm, &a, &changes, version)?;
                     let log_link = crate::proofs::link_applied(hsm, admission, &a, link.take(), &app_proofs);

@@ -23,11 +23,15 @@ use crate::store::Remembered;
 pub const CREATE_INVITATIONS: &str = "ACTIVITY_TYPE_CREATE_INVITATIONS";
 /// Characters of an acceptance code (Crockford base32: 40 bits).
 const CODE_LENGTH: usize = 8;
-/// Most acceptances tried with wrong codes per invitation, ever: past them it is dead.
+/// Most acceptances tried per invitation in an hour (a 40-bit code: guessing it takes about
+/// 25 million years at this rate).
 pub const MAX_ACCEPTANCE_ATTEMPTS: u64 = 5;
-/// How long the count of an invitation's attempts is kept (an invitation waits until accepted or
-/// deleted; a year bounds the store's entry).
-const ATTEMPTS_KEPT_MS: i64 = 366 * 24 * 3_600_000;
+/// Most acceptances tried in an hour for all the invitations of one top-level organization and
+/// its sub-organizations together: what attempts hold of the replay window every organization
+/// shares is bounded by the top-level organizations, which the operator makes.
+pub const MAX_ACCEPTANCE_ATTEMPTS_PER_TOP_LEVEL: u64 = 1_000;
+/// How long an attempt counts.
+const ATTEMPT_WINDOW_MS: i64 = 3_600_000;
 const INVITATION_INVALID: &str =
     "the invitation is not open, or its acceptance code or encrypted bundle is not the one it was sent";
 
@@ -53,21 +57,41 @@ fn acceptance_target(hsm: &Hsm, org: &str, id: &str) -> Result<coffer_crypto::bu
     Ok(coffer_crypto::bundle::new_import_target(&seed)?)
 }
 
-/// Counts the message of each invitation `create_invitations` makes against the send limits of
-/// one-time codes (per receiver, per organization; a sub-organization the auth proxy signed up
-/// against its own and its parent's share), before anything is committed; each must name the
-/// stamping user as its sender.
-pub(super) fn charge(admission: &Admission, settings: &OtpSettings, a: &Admitted) -> Result<(), EnclaveError> {
-    let sender = sender_of(admission, a)?;
-    let listed = coffer_auth::envelope::items(&a.activity.parameters, "invitations");
-    // Sent in the stamping user's name, and no one else's.
-    if listed.iter().any(|v| text(v, "senderUserId") != a.credential.user_id) {
-        return Err(refuse(a, RefusalReason::BindingMismatch, "senderUserId is not the stamping user"));
+/// Counts the message of each invitation `create_invitations` makes (`changes`, the checked
+/// transition's) against the send limits of one-time codes (per receiver, per organization; a
+/// sub-organization the auth proxy signed up against its own and its parent's share), before
+/// anything is committed; each must name the stamping user as its sender and a receiver the mail
+/// transport can address.
+pub(super) fn charge(
+    admission: &Admission,
+    settings: &OtpSettings,
+    a: &Admitted,
+    changes: &[Change],
+) -> Result<(), EnclaveError> {
+    let made: Vec<&coffer_org_rules::model::Invitation> = changes
+        .iter()
+        .filter_map(|c| match &c.effect {
+            Effect::PutInvitation { invitation, .. } => Some(invitation),
+            _ => None,
+        })
+        .collect();
+    for invitation in &made {
+        // Sent in the stamping user's name, and no one else's.
+        if invitation.sender_user_id != a.credential.user_id {
+            return Err(refuse(a, RefusalReason::BindingMismatch, "senderUserId is not the stamping user"));
+        }
+        if invitation.receiver_email.parse::<lettre::Address>().is_err() {
+            return Err(refuse(
+                a,
+                RefusalReason::TransitionRefused,
+                "receiverUserEmail: not an address mail can go to",
+            ));
+        }
     }
-    for (n, invitation) in listed.iter().enumerate() {
-        let email = text(invitation, "receiverUserEmail").trim();
+    let sender = sender_of(admission, a)?;
+    for (n, invitation) in made.iter().enumerate() {
         let what = format!("{}/{n}", a.activity.fingerprint);
-        charge_message(admission, settings, &what, &sender, email, "")?;
+        charge_message(admission, settings, &what, &sender, &invitation.receiver_email, "")?;
     }
     Ok(())
 }
@@ -76,50 +100,57 @@ pub(super) fn charge(admission: &Admission, settings: &OtpSettings, a: &Admitted
 /// its invitation and organization ids, its code and its signed encryption target. Nothing of it
 /// is the body's words (no names, no sender's text): the organization's members choose only who
 /// receives it.
-pub(super) fn messages(
-    hsm: &Hsm,
-    settings: &OtpSettings,
-    changes: &[Change],
-) -> Result<Vec<(lettre::Message, String)>, EnclaveError> {
+pub(super) fn messages(hsm: &Hsm, settings: &OtpSettings, changes: &[Change]) -> Vec<(lettre::Message, String)> {
     let mut out = Vec::new();
     for c in changes {
         let Effect::PutInvitation { id, invitation } = &c.effect else { continue };
-        let org = c.organization_id.as_str();
-        let code = acceptance_code(hsm, org, id)?;
-        let target = acceptance_target(hsm, org, id)?;
-        let bundle =
-            coffer_crypto::bundle::import_bundle(&super::transfer::HsmSigner::new(hsm)?, &target.public, org, "")?;
-        let body = Zeroizing::new(format!(
-            "You are invited to join an organization of this Coffer deployment.\n\n\
-             Organization: {org}\nInvitation: {id}\nAcceptance code: {}\n\n\
-             To accept, submit accept_invitation for this invitation, stamped with the API key you bring, with \
-             the code and that key's public key encrypted to this acceptance target (as a one-time code's \
-             encryptedOtpBundle):\n\n{bundle}\n\nIf you did not expect this invitation, ignore this email.\n",
-            code.as_str()
-        ));
-        let from: lettre::Address = settings
-            .sender
-            .parse()
-            .map_err(|_| EnclaveError::Internal("[otp] sender is not an email address".into()))?;
-        let to: lettre::Address = invitation
-            .receiver_email
-            .parse()
-            .map_err(|_| EnclaveError::invalid("receiverUserEmail: not an email address"))?;
-        let message = lettre::Message::builder()
-            .message_id(None)
-            .from(Mailbox::new(Some(settings.sender_name.clone()), from))
-            .to(Mailbox::new(None, to))
-            .subject("Your invitation")
-            .singlepart(
-                SinglePart::builder()
-                    .header(ContentType::TEXT_PLAIN)
-                    .header(lettre::message::header::ContentTransferEncoding::Base64)
-                    .body(body.to_string()),
-            )
-            .map_err(|_| EnclaveError::invalid("the invitation's email could not be built"))?;
-        out.push((message, org.to_string()));
+        match message(hsm, settings, &c.organization_id, id, invitation) {
+            Ok(m) => out.push((m, c.organization_id.clone())),
+            // Committed: the operator's log says which one was not sent.
+            Err(e) => tracing::warn!(error = %e, invitation = %id, "an invitation's message could not be made"),
+        }
     }
-    Ok(out)
+    out
+}
+
+/// The message of invitation `id` of `org` ([`messages`]).
+fn message(
+    hsm: &Hsm,
+    settings: &OtpSettings,
+    org: &str,
+    id: &str,
+    invitation: &coffer_org_rules::model::Invitation,
+) -> Result<lettre::Message, EnclaveError> {
+    let code = acceptance_code(hsm, org, id)?;
+    let target = acceptance_target(hsm, org, id)?;
+    let bundle = coffer_crypto::bundle::import_bundle(&super::transfer::HsmSigner::new(hsm)?, &target.public, org, "")?;
+    let body = Zeroizing::new(format!(
+        "You are invited to join an organization of this Coffer deployment.\n\n\
+         Organization: {org}\nInvitation: {id}\nAcceptance code: {}\n\n\
+         To accept, submit accept_invitation for this invitation, stamped with the API key you bring, with \
+         the code and that key's public key encrypted to this acceptance target (as a one-time code's \
+         encryptedOtpBundle):\n\n{bundle}\n\nIf you did not expect this invitation, ignore this email.\n",
+        code.as_str()
+    ));
+    let from: lettre::Address =
+        settings.sender.parse().map_err(|_| EnclaveError::Internal("[otp] sender is not an email address".into()))?;
+    let to: lettre::Address = invitation
+        .receiver_email
+        .parse()
+        .map_err(|_| EnclaveError::invalid("receiverUserEmail: not an email address"))?;
+    let message = lettre::Message::builder()
+        .message_id(None)
+        .from(Mailbox::new(Some(settings.sender_name.clone()), from))
+        .to(Mailbox::new(None, to))
+        .subject("Your invitation")
+        .singlepart(
+            SinglePart::builder()
+                .header(ContentType::TEXT_PLAIN)
+                .header(lettre::message::header::ContentTransferEncoding::Base64)
+                .body(body.to_string()),
+        )
+        .map_err(|_| EnclaveError::invalid("the invitation's email could not be built"))?;
+    Ok(message)
 }
 
 /// What the receiver encrypts to the invitation's target: the code, and the key it brings.
@@ -162,6 +193,9 @@ pub(super) fn acceptance_identity(
     }
     let stamp =
         coffer_auth::stamp::parse(&request.stamp).map_err(|e| refused(RefusalReason::StampInvalid, &e.message))?;
+    // The brought key's own signature first: no attempt is counted for a body its key did not
+    // stamp (a gateway cannot spend an invitation's attempts without the receiver's key).
+    coffer_auth::stamp::verify(&stamp, &request.body).map_err(|e| refused(RefusalReason::StampInvalid, &e.message))?;
     let p = &activity.parameters;
     let brought = p.get("apiKey").map(|k| text(k, "publicKey").trim().to_ascii_lowercase()).unwrap_or_default();
     if brought.is_empty() || brought != stamp.public_key {
@@ -169,16 +203,23 @@ pub(super) fn acceptance_identity(
     }
     let org = activity.organization_id.as_str();
     let id = text(p, "invitationId").trim();
-    let open = admission.rules().load(org)?.is_some_and(|l| l.state.organization.invitations.contains_key(id));
-    if !open {
+    let loaded = admission.rules().load(org)?;
+    if !loaded.as_ref().is_some_and(|l| l.state.organization.invitations.contains_key(id)) {
         return Err(refused(RefusalReason::OtpInvalid, INVITATION_INVALID));
     }
-    // The attempt counts before the code is looked at (the same stamped body once).
+    // The attempt counts before the code is looked at (the same stamped body once): for the
+    // invitation's top-level organization, then for the invitation.
     let now = now_ms();
-    let scope = format!("invitation-attempts/{org}/{id}");
-    match admission.count_within(&scope, &activity.fingerprint, now + ATTEMPTS_KEPT_MS, now, MAX_ACCEPTANCE_ATTEMPTS)? {
-        Remembered::Fresh | Remembered::Replayed => {}
-        _ => return Err(refused(RefusalReason::OtpInvalid, INVITATION_INVALID)),
+    let top = admission.top_level_id(org, loaded)?;
+    let counts = [
+        (format!("invitation-attempts-of/{top}"), MAX_ACCEPTANCE_ATTEMPTS_PER_TOP_LEVEL),
+        (format!("invitation-attempts/{org}/{id}"), MAX_ACCEPTANCE_ATTEMPTS),
+    ];
+    for (scope, quota) in counts {
+        match admission.count_within(&scope, &activity.fingerprint, now + ATTEMPT_WINDOW_MS, now, quota)? {
+            Remembered::Fresh | Remembered::Replayed => {}
+            _ => return Err(refused(RefusalReason::OtpRateLimited, "too many acceptances tried lately: retry later")),
+        }
     }
     let target = acceptance_target(hsm, org, id)?;
     let plain = coffer_crypto::bundle::open_encrypted_bundle(&target.secret, text(p, "encryptedOtpBundle"))

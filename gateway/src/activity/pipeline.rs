@@ -612,6 +612,15 @@ pub async fn submit_from(
     let (org, caller, known) = match op.activity_type == coffer_auth::grants::ACCEPT_INVITATION {
         true => {
             let org = organization(&state, env.organization_id.clone()).await?;
+            // An acceptance done already (its invitation gone) answers as the activity it was.
+            let fp = fingerprint.clone();
+            match state.db(move |s| s.activity_by_fingerprint(&fp)).await? {
+                Ok(done) if done.organization_id == org.id => {
+                    return Ok(json!({ "activity": render::activity(&done, false) }));
+                }
+                Ok(_) | Err(StoreError::NotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
             let caller = stamps::invitation_caller(&state, &org, stamp, &env.parameters, &fingerprint).await?;
             (org, caller, Prefetched::default())
         }

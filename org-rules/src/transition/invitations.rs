@@ -14,6 +14,8 @@ use crate::model::Invitation;
 pub const MAX_INVITATIONS_PER_ACTIVITY: usize = 10;
 /// Most invitations an organization keeps waiting for their receivers at once.
 pub const MAX_OPEN_INVITATIONS: usize = 100;
+/// Most user tags one invitation gives.
+pub const MAX_INVITATION_TAGS: usize = 32;
 /// The status of an open invitation (an accepted or revoked one is removed).
 pub const INVITATION_CREATED: &str = "INVITATION_STATUS_CREATED";
 pub const ACCESS_TYPES: &[&str] = &["ACCESS_TYPE_WEB", "ACCESS_TYPE_API", "ACCESS_TYPE_ALL"];
@@ -40,10 +42,14 @@ pub fn invitation(params: &Value) -> Result<Invitation, String> {
     if sender.trim().is_empty() {
         return Err("senderUserId is missing".into());
     }
+    let tags = raw_texts(params, "receiverUserTags");
+    if tags.len() > MAX_INVITATION_TAGS {
+        return Err(format!("receiverUserTags: at most {MAX_INVITATION_TAGS}"));
+    }
     Ok(Invitation {
         receiver_user_name: name,
         receiver_email: email,
-        receiver_user_tags: dedup(raw_texts(params, "receiverUserTags")),
+        receiver_user_tags: dedup(tags),
         access_type,
         sender_user_id: sender,
         status: INVITATION_CREATED.into(),
@@ -51,7 +57,9 @@ pub fn invitation(params: &Value) -> Result<Invitation, String> {
 }
 
 /// `create_invitations`: each invitation ([`invitation`]) with an id derived from the body; its
-/// tags user tags of the organization and its sender one of its users; at most
+/// tags user tags of the organization and its sender one of its users; its receiver no user of
+/// the organization has the email of (an acceptance verifies it: two users with one verified
+/// email would make logins by it ambiguous), nor another invitation of the body or open; at most
 /// [`MAX_INVITATIONS_PER_ACTIVITY`] at once and [`MAX_OPEN_INVITATIONS`] open.
 pub(crate) fn create_invitations(i: &Input<'_>) -> Result<Vec<Change>, TransitionError> {
     let listed = items(i.params, "invitations");
@@ -71,6 +79,17 @@ pub(crate) fn create_invitations(i: &Input<'_>) -> Result<Vec<Change>, Transitio
         if !i.state.users.contains_key(&invitation.sender_user_id) {
             return Err(i.invalid(format!("invitations[{n}]: no user {}", invitation.sender_user_id)));
         }
+        let email = invitation.receiver_email.as_str();
+        let taken = email_taken(i.state, email)
+            || invitations.values().any(|v| v.receiver_email.eq_ignore_ascii_case(email))
+            || out.iter().any(|c: &Change| {
+                matches!(&c.effect, Effect::PutInvitation { invitation, .. } if invitation.receiver_email.eq_ignore_ascii_case(email))
+            });
+        if taken {
+            return Err(i.invalid(format!(
+                "invitations[{n}]: a user or an open invitation of this organization has {email} already"
+            )));
+        }
         let id = i.derived_new_id(INVITATION_ID, n, |id| invitations.contains_key(id))?;
         out.push(i.change(Effect::PutInvitation { id, invitation }));
     }
@@ -84,6 +103,11 @@ pub fn open_invitation<'s>(i: &'s Input<'_>) -> Result<(String, &'s Invitation),
         Some(v) => Ok((id, v)),
         None => Err(i.invalid(format!("no open invitation {id} (accepted, revoked or never made)"))),
     }
+}
+
+/// Whether a user of the organization has `email` (without case).
+fn email_taken(state: &crate::model::OrgState, email: &str) -> bool {
+    state.users.values().any(|u| u.email.eq_ignore_ascii_case(email))
 }
 
 /// `delete_invitation`: an open invitation is revoked: it goes.
@@ -102,6 +126,9 @@ pub(crate) fn accept_invitation(i: &Input<'_>) -> Result<Vec<Change>, Transition
         return Err(i.invalid(
             "a web-only invitation (ACCESS_TYPE_WEB) is accepted with a passkey, which Coffer does not take yet",
         ));
+    }
+    if email_taken(i.state, &open.receiver_email) {
+        return Err(i.invalid("a user of this organization has the invitation's email already"));
     }
     let key = i.params.get("apiKey").filter(|k| k.is_object()).ok_or_else(|| i.invalid("apiKey is missing"))?;
     let mut key = key.clone();

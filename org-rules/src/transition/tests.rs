@@ -1351,11 +1351,27 @@ fn invitations_are_made_as_their_bodies_say_and_go_once_accepted_or_revoked() {
         params("ada@example.com", json!(["no-such-tag"]), "ACCESS_TYPE_API", "u"),
         params("ada@example.com", json!([]), "ACCESS_TYPE_ROOT", "u"),
         params("ada@example.com", json!([]), "ACCESS_TYPE_API", "nobody"),
+        params("ada@example.com", json!(vec!["t"; MAX_INVITATION_TAGS + 1]), "ACCESS_TYPE_API", "u"),
         json!({"invitations": []}),
     ] {
         assert!(run(&s, ty, &bad, &[put(INVITATION_CREATED)], &[]).is_err(), "{bad}");
     }
+    // A receiver a user has the email of, or twice in one body: refused (an acceptance verifies
+    // the email, and two users with one verified email would make logins by it ambiguous).
+    let mut with_ada = s.clone();
+    with_ada
+        .apply(&Effect::PutUser {
+            user: User { id: "ada".into(), name: "ada".into(), email: "ADA@example.com".into(), ..Default::default() },
+        })
+        .unwrap();
+    let body = params("ada@example.com", json!(["t"]), "ACCESS_TYPE_API", "u");
+    assert!(run(&with_ada, ty, &body, &[put(INVITATION_CREATED)], &[]).is_err(), "a user has the email");
+    let mut twice = params("ada@example.com", json!(["t"]), "ACCESS_TYPE_API", "u");
+    let again = twice["invitations"][0].clone();
+    twice["invitations"].as_array_mut().unwrap().push(again);
+    assert!(run(&s, ty, &twice, &[put(INVITATION_CREATED)], &[]).is_err(), "one receiver twice");
     s.apply(&put(INVITATION_CREATED).effect).unwrap();
+    assert!(run(&s, ty, &body, &[put(INVITATION_CREATED)], &[]).is_err(), "an open invitation has the email");
 
     // Accepted: the invited user (derived id), its tags, the brought key, its email verified.
     let ty = "ACTIVITY_TYPE_ACCEPT_INVITATION_V2";
@@ -1389,6 +1405,13 @@ fn invitations_are_made_as_their_bodies_say_and_go_once_accepted_or_revoked() {
         accepted.iter().filter(|ch| !matches!(ch.effect, Effect::MarkContactsVerified { .. })).cloned().collect();
     case(&s, ty, body.clone(), &[], accepted.clone(), vec![("not verified", unverified)]);
     assert!(run(&s, ty, &json!({"invitationId": id}), &accepted, &[]).is_err(), "no key");
+    let mut taken = s.clone();
+    taken
+        .apply(&Effect::PutUser {
+            user: User { id: "ada".into(), name: "ada".into(), email: "ada@example.com".into(), ..Default::default() },
+        })
+        .unwrap();
+    assert!(run(&taken, ty, &body, &accepted, &[]).is_err(), "a user has the email now");
     // Revoked (or accepted), it is accepted no more; a web-only one is not accepted with a key.
     let ty_delete = "ACTIVITY_TYPE_DELETE_INVITATION";
     let remove = c(Effect::RemoveInvitation { id: id.clone() });
