@@ -15,6 +15,7 @@ pub mod limits;
 pub mod login_public_keys;
 pub mod metrics;
 pub mod oidc_tokens;
+pub mod open_invitations;
 pub mod operator_key;
 pub mod ops;
 pub mod orgs;

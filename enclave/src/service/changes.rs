@@ -68,14 +68,12 @@ pub(super) fn apply_activity(
         crate::verification_token::check_contact(hsm, admission, &a)?;
     }
     // Invitations are mailed: there must be a transport to mail them with.
-    if a.activity.activity_type == invitations::CREATE_INVITATIONS {
-        if !otp.mailer.configured() {
-            return Err(refuse(
-                &a,
-                RefusalReason::TransitionRefused,
-                "invitations are mailed: they need the enclave's mail transport ([otp] smtp_url or mail_dir)",
-            ));
-        }
+    if a.activity.activity_type == invitations::CREATE_INVITATIONS && !otp.mailer.configured() {
+        return Err(refuse(
+            &a,
+            RefusalReason::TransitionRefused,
+            "invitations are mailed: they need the enclave's mail transport ([otp] smtp_url or mail_dir)",
+        ));
     }
     // What coffer-auth derives from the stamped body: new users' and the sub-organization's ids,
     // and the passkeys and OAuth identities it grants (parsed from attestations and tokens).

@@ -12,7 +12,7 @@ use crate::activity::registry::{Ctx, Outcome};
 use crate::activity::render::timestamp;
 use crate::error::ApiError;
 use crate::record_kinds::INVITATION;
-use crate::store::{Record, StoreError, Write};
+use crate::store::{Record, Write};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -61,22 +61,6 @@ fn record(ctx: &Ctx, id: &str, invitation: &Invitation) -> Result<Record, ApiErr
     })
 }
 
-/// The open invitation `id` of `org` (an accepted or revoked one is gone).
-pub async fn open_invitation(
-    state: &std::sync::Arc<crate::state::AppState>,
-    org: &str,
-    id: &str,
-) -> Result<Invitation, ApiError> {
-    let (o, i) = (org.to_string(), id.to_string());
-    let r = state.db(move |s| s.record(&o, INVITATION, &i)).await?.map_err(|e| match e {
-        StoreError::NotFound => {
-            ApiError::not_found(format!("no open invitation {id:?} (accepted, revoked or never made)"))
-        }
-        other => other.into(),
-    })?;
-    serde_json::from_value(r.data).map_err(|_| ApiError::internal())
-}
-
 /// The write that removes invitation `id` of the activity's organization, accepted or revoked.
 fn closed(ctx: &Ctx, id: &str) -> Write {
     Write::DeleteRecords { organization_id: ctx.org.id.clone(), kind: INVITATION.into(), ids: vec![id.to_string()] }
@@ -90,7 +74,7 @@ pub struct DeleteInvitationIntent {
 
 /// `delete_invitation`: an open invitation is revoked: it goes.
 pub async fn delete_invitation(ctx: Ctx, intent: DeleteInvitationIntent) -> Result<Outcome, ApiError> {
-    open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
+    crate::open_invitations::open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
     let writes = vec![closed(&ctx, &intent.invitation_id)];
     Ok(Outcome { result: json!({ "invitationId": intent.invitation_id }), writes })
 }
@@ -124,7 +108,7 @@ pub async fn accept_invitation(ctx: Ctx, intent: AcceptInvitationIntent) -> Resu
     if intent.encrypted_otp_bundle.trim().is_empty() {
         return Err(ApiError::invalid("encryptedOtpBundle is required: the invitation's code, encrypted"));
     }
-    let open = open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
+    let open = crate::open_invitations::open_invitation(&ctx.state, &ctx.org.id, &intent.invitation_id).await?;
     if open.access_type == coffer_org_rules::transition::WEB_ONLY {
         return Err(ApiError::invalid(
             "a web-only invitation (ACCESS_TYPE_WEB) is accepted with a passkey, which Coffer does not take yet",

@@ -572,7 +572,7 @@ pub async fn invitation_caller(
         ));
     }
     let invitation_id = coffer_auth::envelope::text(params, "invitationId").trim().to_string();
-    let invitation = crate::ops::invitations::open_invitation(state, &org.id, &invitation_id).await?;
+    let invitation = crate::open_invitations::open_invitation(state, &org.id, &invitation_id).await?;
     let now = now_nanos();
     let user = User {
         id: coffer_auth::envelope::derived_id(fingerprint, coffer_auth::envelope::USER_ID, 0),

@@ -1420,7 +1420,7 @@ fn invitations_are_made_as_their_bodies_say_and_go_once_accepted_or_revoked() {
     revoked.apply(&remove.effect).unwrap();
     assert!(revoked.organization.invitations.is_empty());
     assert!(run(&revoked, ty, &body, &accepted, &[]).is_err(), "revoked");
-    assert!(run(&revoked, ty_delete, &json!({"invitationId": id}), &[remove.clone()], &[]).is_err());
+    assert!(run(&revoked, ty_delete, &json!({"invitationId": id}), std::slice::from_ref(&remove), &[]).is_err());
     let mut web = revoked.clone();
     web.apply(&Effect::PutInvitation {
         id: id.clone(),
