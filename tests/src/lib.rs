@@ -1238,6 +1238,35 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
     kb / 1024.0
 }
 
+/// A new user of `org`, made by `client` (a root's), with one new P-256 API key (no email, no
+/// tags): its id and the key.
+pub async fn user_with_key(
+    client: &TurnkeyClient<TurnkeyP256ApiKey>,
+    org: &str,
+    name: &str,
+) -> (String, TurnkeyP256ApiKey) {
+    use turnkey_client::generated::immutable::common::v1::ApiKeyCurve;
+    use turnkey_client::generated::{ApiKeyParamsV2, CreateUsersIntentV4, UserParamsV4};
+    let key = TurnkeyP256ApiKey::generate();
+    let user = UserParamsV4 {
+        user_name: name.into(),
+        user_email: None,
+        user_phone_number: None,
+        api_keys: vec![ApiKeyParamsV2 {
+            api_key_name: name.into(),
+            public_key: hex::encode(key.compressed_public_key()),
+            curve_type: ApiKeyCurve::P256,
+            expiration_seconds: None,
+        }],
+        authenticators: vec![],
+        oauth_providers: vec![],
+        user_tags: vec![],
+    };
+    let intent = CreateUsersIntentV4 { users: vec![user] };
+    let made = client.create_users(org.into(), client.current_timestamp(), intent).await.expect("the user is made");
+    (made.result.user_ids[0].clone(), key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

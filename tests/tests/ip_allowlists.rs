@@ -8,10 +8,8 @@ use std::net::IpAddr;
 
 use coffer_tests::{refused_raw, RawResponse, Stack};
 use serde_json::{json, Value};
-use turnkey_client::generated::immutable::common::v1::ApiKeyCurve;
 use turnkey_client::generated::{
-    ApiKeyParamsV2, CreateUsersIntentV4, GetIpAllowlistRequest, IpAllowlistIntentRule, RemoveIpAllowlistIntent,
-    SetIpAllowlistIntent, UserParamsV4,
+    GetIpAllowlistRequest, IpAllowlistIntentRule, RemoveIpAllowlistIntent, SetIpAllowlistIntent,
 };
 use turnkey_client::TurnkeyP256ApiKey;
 
@@ -46,22 +44,7 @@ async fn allowlists_let_through_only_their_addresses_and_forwarded_for_only_from
     let (root, org) = (stack.client(), stack.organization_id.clone());
     let root_key = stack.api_key();
     let root_hex = hex::encode(root_key.compressed_public_key());
-    let bob_key = TurnkeyP256ApiKey::generate();
-    let bob = UserParamsV4 {
-        user_name: "bob".into(),
-        user_email: None,
-        user_phone_number: None,
-        api_keys: vec![ApiKeyParamsV2 {
-            api_key_name: "bob".into(),
-            public_key: hex::encode(bob_key.compressed_public_key()),
-            curve_type: ApiKeyCurve::P256,
-            expiration_seconds: None,
-        }],
-        authenticators: vec![],
-        oauth_providers: vec![],
-        user_tags: vec![],
-    };
-    root.create_users(org.clone(), root.current_timestamp(), CreateUsersIntentV4 { users: vec![bob] }).await.unwrap();
+    let (_, bob_key) = coffer_tests::user_with_key(&root, &org, "bob").await;
     let set = |public_key: Option<&str>, enabled: Option<bool>, rules: Vec<IpAllowlistIntentRule>| {
         SetIpAllowlistIntent { public_key: public_key.map(String::from), enabled, rules, on_evaluation_error: None }
     };

@@ -660,6 +660,14 @@ async fn otp_sign_up_then_log_in(stack: &Stack, smtp: &SmtpServer, config_id: &s
     assert_eq!((&c["user_id"], c["organization_id"].as_str()), (&henry, Some(henrys.as_str())));
     let (status, r) = attested_login_with(stack, &token, &key, org, true).await;
     stack.refused_for((status, r.clone()), 403, "REQUEST_NOT_AUTHORIZED", Reason::OtpInvalid);
+    // A visitor's sub-organization mails no invitations (they would go anywhere in the operator's
+    // name): refused by the enclave before anything is sent or counted.
+    let before = smtp.seen();
+    let invitation = json!({ "invitations": [{ "receiverUserName": "x", "receiverUserEmail": "spam@example.test",
+        "receiverUserTags": [], "accessType": "ACCESS_TYPE_API", "senderUserId": henry }] });
+    let r = submit(stack, &key, &henrys, "create_invitations", "ACTIVITY_TYPE_CREATE_INVITATIONS", invitation).await;
+    stack.refused_for(&r, 403, "REQUEST_NOT_AUTHORIZED", Reason::CustomizationNotAllowed);
+    assert_eq!(smtp.seen(), before, "nothing was mailed");
     // a login once
     contact_change_needs_its_code(stack, smtp, config_id, org, &key, &henrys, henry.as_str().unwrap()).await;
 }
@@ -1855,33 +1863,7 @@ async fn invitations(stack: &Stack, smtp: &SmtpServer) {
         }],
     };
     // A user without a policy for invitations is refused by the enclave.
-    let bob_key = TurnkeyP256ApiKey::generate();
-    let bob = root
-        .create_users(
-            org.clone(),
-            ts(),
-            CreateUsersIntentV4 {
-                users: vec![UserParamsV4 {
-                    user_name: "bob".into(),
-                    user_email: None,
-                    user_phone_number: None,
-                    api_keys: vec![ApiKeyParamsV2 {
-                        api_key_name: "bob".into(),
-                        public_key: hex::encode(bob_key.compressed_public_key()),
-                        curve_type: ApiKeyCurve::P256,
-                        expiration_seconds: None,
-                    }],
-                    authenticators: vec![],
-                    oauth_providers: vec![],
-                    user_tags: vec![],
-                }],
-            },
-        )
-        .await
-        .unwrap()
-        .result
-        .user_ids[0]
-        .clone();
+    let (bob, bob_key) = coffer_tests::user_with_key(&root, &org, "bob").await;
     stack.refusals_accounted();
     let as_bob = stack.client_with(bob_key);
     stack.refused_for(

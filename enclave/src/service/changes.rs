@@ -104,6 +104,27 @@ pub(super) fn apply_activity(
     // meanwhile), stages it with its stamp, and waits for its group commit, which spends the stamp
     // and applies the change in one transaction; when the group fails (another enclave moved the
     // state, or a change this one was staged on was refused its stamp), it is decided again.
+    // Invitations are mailed: each counted against the send limits once the body is checked on
+    // the organization's state as it is (outside its lock), before anything is committed; decided
+    // again below, the same body is counted once.
+    if a.activity.activity_type == invitations::CREATE_INVITATIONS {
+        let loaded = rules
+            .load(&organization)?
+            .ok_or_else(|| refuse(&a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
+        let input = Input {
+            state: &loaded.state,
+            activity_type: &a.activity.activity_type,
+            params: &a.activity.parameters,
+            now_ms: crate::admission::now_ms(),
+            derive_id: &derive_id,
+            grants: &grants,
+            wallet_addresses: &wallet_addresses,
+            auth_proxy_key_issued: false,
+        };
+        let asked =
+            transition::expected(&input).map_err(|e| refuse(&a, RefusalReason::TransitionRefused, &e.to_string()))?;
+        invitations::charge(admission, &otp.settings, &a, &asked)?;
+    }
     let mut committed = false;
     let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
         for _attempt in 0..8 {
@@ -129,12 +150,6 @@ pub(super) fn apply_activity(
                     let why =
                         format!("the body makes {} changes, more than the {MAX_CHANGES} one activity may", asked.len());
                     return Err(refuse(&a, RefusalReason::TransitionRefused, &why));
-                }
-                // Invitations are mailed: each counted against the send limits once the body is
-                // checked, before anything is committed (the same body is counted once however
-                // often it is decided again).
-                if a.activity.activity_type == invitations::CREATE_INVITATIONS {
-                    invitations::charge(admission, &otp.settings, &a, &asked)?;
                 }
                 // Its link states the records it made as made here: now, when it is linked in this
                 // call (before anything is spent), or later, by what its allow records.

@@ -9,10 +9,9 @@ use coffer_auth::grants::{ACCEPT_INVITATION, INVITATION_ACCEPTANCE};
 use coffer_org_rules::{Change, Effect};
 use coffer_proto::v1 as pb;
 use lettre::message::{header::ContentType, Mailbox, SinglePart};
-use serde::Deserialize;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
-use super::otp::{charge_message, sender_of, CROCKFORD};
+use super::otp::{charge_message, sender_of, EncryptedCode, CROCKFORD};
 use crate::admission::{mac_input, now_ms, refuse, Admission, Admitted, AttestedIdentity};
 use crate::config::OtpSettings;
 use crate::error::{EnclaveError, RefusalReason};
@@ -26,9 +25,12 @@ const CODE_LENGTH: usize = 8;
 /// Most acceptances tried per invitation in an hour (a 40-bit code: guessing it takes about
 /// 25 million years at this rate).
 pub const MAX_ACCEPTANCE_ATTEMPTS: u64 = 5;
+/// Most acceptances tried in an hour for all the invitations of one organization.
+pub const MAX_ACCEPTANCE_ATTEMPTS_PER_ORGANIZATION: u64 = 50;
 /// Most acceptances tried in an hour for all the invitations of one top-level organization and
-/// its sub-organizations together: what attempts hold of the replay window every organization
-/// shares is bounded by the top-level organizations, which the operator makes.
+/// its sub-organizations together (which its own credentials made: a visitor's sub-organization
+/// sends no invitations): what attempts hold of the replay window every organization shares is
+/// bounded by the top-level organizations, which the operator makes.
 pub const MAX_ACCEPTANCE_ATTEMPTS_PER_TOP_LEVEL: u64 = 1_000;
 /// How long an attempt counts.
 const ATTEMPT_WINDOW_MS: i64 = 3_600_000;
@@ -75,20 +77,33 @@ pub(super) fn charge(
             _ => None,
         })
         .collect();
+    let sender = sender_of(admission, a)?;
+    // A sub-organization the auth proxy signed up (a visitor's) mails no one: its messages would
+    // go to any address in the operator's name.
+    if sender.marked.is_some() {
+        return Err(refuse(
+            a,
+            RefusalReason::CustomizationNotAllowed,
+            "a sub-organization signed up through the auth proxy sends no invitations",
+        ));
+    }
+    let mut mailboxes = std::collections::BTreeSet::new();
     for invitation in &made {
         // Sent in the stamping user's name, and no one else's.
         if invitation.sender_user_id != a.credential.user_id {
             return Err(refuse(a, RefusalReason::BindingMismatch, "senderUserId is not the stamping user"));
         }
-        if invitation.receiver_email.parse::<lettre::Address>().is_err() {
+        // An address mail can go to, each mailbox once (every spelling of one counts as it).
+        let mailbox = coffer_auth::verification_token::canonical_contact(&invitation.receiver_email);
+        let addressable = invitation.receiver_email.parse::<lettre::Address>().is_ok();
+        if !addressable || !mailbox.is_some_and(|m| mailboxes.insert(m)) {
             return Err(refuse(
                 a,
                 RefusalReason::TransitionRefused,
-                "receiverUserEmail: not an address mail can go to",
+                "receiverUserEmail: not an address mail can go to, or one mailbox twice",
             ));
         }
     }
-    let sender = sender_of(admission, a)?;
     for (n, invitation) in made.iter().enumerate() {
         let what = format!("{}/{n}", a.activity.fingerprint);
         charge_message(admission, settings, &what, &sender, &invitation.receiver_email, "")?;
@@ -153,20 +168,6 @@ fn message(
     Ok(message)
 }
 
-/// What the receiver encrypts to the invitation's target: the code, and the key it brings.
-#[derive(Deserialize)]
-struct Sent {
-    otp_code: String,
-    #[serde(default)]
-    public_key: String,
-}
-
-impl Drop for Sent {
-    fn drop(&mut self) {
-        self.otp_code.zeroize();
-    }
-}
-
 /// The identity an `accept_invitation` stamped with the key it brings acts as, checked before
 /// its stamp is authorized: `None` for any other request. The body's `apiKey.publicKey` is the
 /// stamp's key; the invitation is open in the organization's state; within
@@ -194,7 +195,8 @@ pub(super) fn acceptance_identity(
     let stamp =
         coffer_auth::stamp::parse(&request.stamp).map_err(|e| refused(RefusalReason::StampInvalid, &e.message))?;
     // The brought key's own signature first: no attempt is counted for a body its key did not
-    // stamp (a gateway cannot spend an invitation's attempts without the receiver's key).
+    // stamp (any key may be brought: the signature binds the body to it, so that the same body
+    // sent again is the same attempt).
     coffer_auth::stamp::verify(&stamp, &request.body).map_err(|e| refused(RefusalReason::StampInvalid, &e.message))?;
     let p = &activity.parameters;
     let brought = p.get("apiKey").map(|k| text(k, "publicKey").trim().to_ascii_lowercase()).unwrap_or_default();
@@ -208,12 +210,14 @@ pub(super) fn acceptance_identity(
         return Err(refused(RefusalReason::OtpInvalid, INVITATION_INVALID));
     }
     // The attempt counts before the code is looked at (the same stamped body once): for the
-    // invitation's top-level organization, then for the invitation.
+    // invitation, then its organization, then its top-level organization (an attempt one lane
+    // refuses spends none of the next).
     let now = now_ms();
     let top = admission.top_level_id(org, loaded)?;
     let counts = [
-        (format!("invitation-attempts-of/{top}"), MAX_ACCEPTANCE_ATTEMPTS_PER_TOP_LEVEL),
         (format!("invitation-attempts/{org}/{id}"), MAX_ACCEPTANCE_ATTEMPTS),
+        (format!("invitation-attempts-of-organization/{org}"), MAX_ACCEPTANCE_ATTEMPTS_PER_ORGANIZATION),
+        (format!("invitation-attempts-of/{top}"), MAX_ACCEPTANCE_ATTEMPTS_PER_TOP_LEVEL),
     ];
     for (scope, quota) in counts {
         match admission.count_within(&scope, &activity.fingerprint, now + ATTEMPT_WINDOW_MS, now, quota)? {
@@ -224,7 +228,7 @@ pub(super) fn acceptance_identity(
     let target = acceptance_target(hsm, org, id)?;
     let plain = coffer_crypto::bundle::open_encrypted_bundle(&target.secret, text(p, "encryptedOtpBundle"))
         .map_err(|_| refused(RefusalReason::OtpInvalid, INVITATION_INVALID))?;
-    let sent: Sent =
+    let sent: EncryptedCode =
         serde_json::from_slice(&plain).map_err(|_| refused(RefusalReason::OtpInvalid, INVITATION_INVALID))?;
     let code = acceptance_code(hsm, org, id)?;
     let given = Zeroizing::new(sent.otp_code.trim().to_ascii_uppercase());

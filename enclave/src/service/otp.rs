@@ -377,7 +377,7 @@ pub(super) struct Sender {
     /// (`sends_per_sub_organization_per_hour`), then its share of the parent's that every marked
     /// sub-organization of that parent spends together (`sub_organizations_share_percent`), so
     /// that the rest of the parent's allowance (its auth proxy's login codes) is beyond their reach.
-    marked: Option<String>,
+    pub(super) marked: Option<String>,
     /// For a marked sub-organization, the only app name its messages carry (the parent's name).
     brand: Option<String>,
 }
@@ -805,6 +805,21 @@ fn accept_code(admission: &Admission, a: &Admitted, record: &OtpRecord, code: &s
     Ok(())
 }
 
+/// What a client encrypts to a code's target (`encryptedOtpBundle`, `encryptOtpCodeToBundle`):
+/// the code as typed, and the key it binds the code to. Zeroized when dropped.
+#[derive(Deserialize)]
+pub(super) struct EncryptedCode {
+    pub otp_code: String,
+    #[serde(default)]
+    pub public_key: String,
+}
+
+impl Drop for EncryptedCode {
+    fn drop(&mut self) {
+        self.otp_code.zeroize();
+    }
+}
+
 /// `verify_otp`: the record opened, the attempt counted, the code compared, the token signed.
 pub(super) fn verify_otp(
     hsm: &Hsm,
@@ -840,18 +855,7 @@ fn verify_authorized(
     secret.copy_from_slice(&decoded);
     let plain = coffer_crypto::bundle::open_encrypted_bundle(&secret, text(p, "encryptedOtpBundle"))
         .map_err(|_| EnclaveError::invalid("encryptedOtpBundle: not the code encrypted to this otp's target"))?;
-    #[derive(Deserialize)]
-    struct Sent {
-        otp_code: String,
-        #[serde(default)]
-        public_key: String,
-    }
-    impl Drop for Sent {
-        fn drop(&mut self) {
-            self.otp_code.zeroize();
-        }
-    }
-    let sent: Sent = serde_json::from_slice(&plain)
+    let sent: EncryptedCode = serde_json::from_slice(&plain)
         .map_err(|_| EnclaveError::invalid("encryptedOtpBundle: not {\"otp_code\", \"public_key\"}"))?;
     // The key the token will name, checked before the code so that no answer depends on the
     // code being right. Required: a token without a key would be a bearer token the gateway

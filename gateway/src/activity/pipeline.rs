@@ -611,6 +611,7 @@ pub async fn submit_from(
     // An invitation's acceptance is stamped by the key it brings, which no one has yet.
     let (org, caller, known) = match op.activity_type == coffer_auth::grants::ACCEPT_INVITATION {
         true => {
+            let stamped = stamps::acceptance_stamp(stamp, &env.parameters)?;
             let org = organization(&state, env.organization_id.clone()).await?;
             // An acceptance done already (its invitation gone) answers as the activity it was.
             let fp = fingerprint.clone();
@@ -621,7 +622,7 @@ pub async fn submit_from(
                 Ok(_) | Err(StoreError::NotFound) => {}
                 Err(e) => return Err(e.into()),
             }
-            let caller = stamps::invitation_caller(&state, &org, stamp, &env.parameters, &fingerprint).await?;
+            let caller = stamps::invitation_caller(&state, &org, stamped, &env.parameters, &fingerprint).await?;
             (org, caller, Prefetched::default())
         }
         false => authenticate(&state, env.organization_id.clone(), stamp, Some(&fingerprint), false).await?,

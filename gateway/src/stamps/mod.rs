@@ -545,19 +545,9 @@ fn check_api_key(stamp: &stamp::ApiStamp, api_key: &ApiKey) -> Result<(), ApiErr
     Ok(())
 }
 
-/// The caller of an API-key stamp whose key and user were read together
-/// ([`crate::store::Store::stamp_context`]), checked as [`resolve`] checks them.
-/// The caller of an invitation's acceptance (`accept_invitation`): an `X-Stamp` (verified when
-/// read) by the API key the body brings, for an invitation of `org` that is open here, acting as
-/// the user the acceptance makes (`create_users`' id for the body). The enclave checks the
-/// invitation's code and decides.
-pub async fn invitation_caller(
-    state: &Arc<AppState>,
-    org: &Organization,
-    stamp: Stamp,
-    params: &serde_json::Value,
-    fingerprint: &str,
-) -> Result<Caller, ApiError> {
+/// An invitation's acceptance stamp: an `X-Stamp` (verified when read) by the API key the body
+/// brings (`apiKey.publicKey`).
+pub fn acceptance_stamp(stamp: Stamp, params: &serde_json::Value) -> Result<(stamp::ApiStamp, RawStamp), ApiError> {
     let Stamp::ApiKey(stamp, raw_stamp) = stamp else {
         return Err(ApiError::unauthenticated(
             "SIGNATURE_INVALID",
@@ -571,6 +561,19 @@ pub async fn invitation_caller(
             "an invitation's acceptance is stamped by the API key it brings (apiKey.publicKey)",
         ));
     }
+    Ok((stamp, raw_stamp))
+}
+
+/// The caller of an invitation's acceptance (`accept_invitation`, its [`acceptance_stamp`]), for
+/// an invitation of `org` that is open here, acting as the user the acceptance makes
+/// (`create_users`' id for the body). The enclave checks the invitation's code and decides.
+pub async fn invitation_caller(
+    state: &Arc<AppState>,
+    org: &Organization,
+    (stamp, raw_stamp): (stamp::ApiStamp, RawStamp),
+    params: &serde_json::Value,
+    fingerprint: &str,
+) -> Result<Caller, ApiError> {
     let invitation_id = coffer_auth::envelope::text(params, "invitationId").trim().to_string();
     let invitation = crate::open_invitations::open_invitation(state, &org.id, &invitation_id).await?;
     let now = now_nanos();
@@ -595,6 +598,8 @@ pub async fn invitation_caller(
     })
 }
 
+/// The caller of an API-key stamp whose key and user were read together
+/// ([`crate::store::Store::stamp_context`]), checked as [`resolve`] checks them.
 pub fn api_key_caller(
     stamp: stamp::ApiStamp,
     raw_stamp: RawStamp,
