@@ -99,11 +99,19 @@ pub(super) fn apply_activity(
     let sub_organization = (a.activity.activity_type == coffer_auth::grants::CREATE_SUB_ORGANIZATION)
         .then(|| derived_id(&a.activity.fingerprint, transition::SUB_ORGANIZATION_ID, 0));
     let named: Vec<&str> = std::iter::once(organization.as_str()).chain(sub_organization.as_deref()).collect();
-    // Each attempt decides and checks the change on the state the changes staged before it leave
-    // (one at a time per organization, under its lock; other organizations' changes are decided
-    // meanwhile), stages it with its stamp, and waits for its group commit, which spends the stamp
-    // and applies the change in one transaction; when the group fails (another enclave moved the
-    // state, or a change this one was staged on was refused its stamp), it is decided again.
+    // The changes the stamped body asks of `state`.
+    let expected_over = |state: &coffer_org_rules::OrgState| {
+        transition::expected(&Input {
+            state,
+            activity_type: &a.activity.activity_type,
+            params: &a.activity.parameters,
+            now_ms: crate::admission::now_ms(),
+            derive_id: &derive_id,
+            grants: &grants,
+            wallet_addresses: &wallet_addresses,
+            auth_proxy_key_issued: !issued.is_empty(),
+        })
+    };
     // Invitations are mailed: each counted against the send limits once the body is checked on
     // the organization's state as it is (outside its lock), before anything is committed; decided
     // again below, the same body is counted once.
@@ -111,20 +119,15 @@ pub(super) fn apply_activity(
         let loaded = rules
             .load(&organization)?
             .ok_or_else(|| refuse(&a, RefusalReason::OrganizationUnknown, "the organization has no authority state"))?;
-        let input = Input {
-            state: &loaded.state,
-            activity_type: &a.activity.activity_type,
-            params: &a.activity.parameters,
-            now_ms: crate::admission::now_ms(),
-            derive_id: &derive_id,
-            grants: &grants,
-            wallet_addresses: &wallet_addresses,
-            auth_proxy_key_issued: false,
-        };
         let asked =
-            transition::expected(&input).map_err(|e| refuse(&a, RefusalReason::TransitionRefused, &e.to_string()))?;
+            expected_over(&loaded.state).map_err(|e| refuse(&a, RefusalReason::TransitionRefused, &e.to_string()))?;
         invitations::charge(admission, &otp.settings, &a, &asked)?;
     }
+    // Each attempt decides and checks the change on the state the changes staged before it leave
+    // (one at a time per organization, under its lock; other organizations' changes are decided
+    // meanwhile), stages it with its stamp, and waits for its group commit, which spends the stamp
+    // and applies the change in one transaction; when the group fails (another enclave moved the
+    // state, or a change this one was staged on was refused its stamp), it is decided again.
     let mut committed = false;
     let mut apply = || -> Result<pb::ApplyActivityResponse, EnclaveError> {
         for _attempt in 0..8 {
@@ -132,17 +135,7 @@ pub(super) fn apply_activity(
                 let mut locked = rules.lock_organizations(named.iter().copied())?;
                 let head = rules.head(&organization)?;
                 let d = admission.decide_over(&a, head.loaded.clone())?;
-                let input = Input {
-                    state: &d.loaded.state,
-                    activity_type: &a.activity.activity_type,
-                    params: &a.activity.parameters,
-                    now_ms: crate::admission::now_ms(),
-                    derive_id: &derive_id,
-                    grants: &grants,
-                    wallet_addresses: &wallet_addresses,
-                    auth_proxy_key_issued: !issued.is_empty(),
-                };
-                let asked = match transition::expected(&input) {
+                let asked = match expected_over(&d.loaded.state) {
                     Ok(asked) => asked,
                     Err(e) => return Err(refuse(&a, RefusalReason::TransitionRefused, &e.to_string())),
                 };
