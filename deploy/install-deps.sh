@@ -4,7 +4,8 @@
 # in CI) builds with, protoc (for the gRPC contract), and
 # PyYAML for deploy/lint.sh (python3-yaml pulls in python3), aiosmtpd (a real SMTP server the
 # one-time code tests send to), and PostgreSQL's server binaries (the
-# PostgreSQL store's tests and `COFFER_STORE=postgres make run` start a private server with them).
+# PostgreSQL store's tests and `COFFER_STORE=postgres make run` start a private server with them),
+# and Chromium with its chromedriver (the console's browser tests).
 set -euo pipefail
 
 need=()
@@ -23,6 +24,10 @@ ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || need+=(libclang-dev)
 [ -e /usr/include/sqlite3.h ] || need+=(libsqlite3-dev)
 [ -e /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+# The console's browser tests (tests/tests/console.rs): Debian's Chromium, driven by its
+# chromedriver over WebDriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 echo "installing: ${need[*]}" >&2

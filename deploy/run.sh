@@ -70,6 +70,9 @@ export COFFER_OIDC_ISSUER="${COFFER_OIDC_ISSUER:-http://127.0.0.1:$COFFER_PORT}"
 # Development only: webhooks may target http:// and loopback/private receivers (the gateway's
 # default refuses them). Said at start; see docs/features.md "Webhooks".
 export COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS="${COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS:-true}"
+# The operator console at /console (README "The console"); open it at http://localhost:PORT/console
+# (a passkey's origin must be a secure one: localhost is, 127.0.0.1 is not for every browser).
+export COFFER_CONSOLE="${COFFER_CONSOLE:-true}"
 # One-time codes: the enclave sends them through COFFER_SMTP_URL when set (its password, if any, in
 # the file COFFER_SMTP_PASSWORD_FILE); without one, each message is written as an .eml file under
 # $COFFER_HOME/mail/, so a developer can log in by email with nothing else installed.
@@ -129,6 +132,7 @@ for _ in $(seq 1 200); do
     echo "operator commands: set -a; . $COFFER_HOME/env; set +a   (then e.g. coffer-gateway init-org ...)"
     echo "store: ${COFFER_STORE:-sqlite} (enclave tier: ${AUTHORITY_STORE_URL:-sqlite://$COFFER_HOME/authority.sqlite})"
     echo "login keys and OIDC issuer: http://127.0.0.1:$COFFER_PORT/public/v1/discovery/keys"
+    [ "$COFFER_CONSOLE" = true ] && echo "console: http://localhost:$COFFER_PORT/console (sign in with dev-org.json's API key or a registered passkey)"
     echo "webhooks: private and http:// targets allowed (COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS=$COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS; never in production)"
     break
   fi

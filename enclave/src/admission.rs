@@ -1014,12 +1014,16 @@ impl Admission {
         credential: VerifiedVote,
         activity_type: &str,
         params: &Value,
-    ) -> Result<coffer_policy::decision::Evaluation, EnclaveError> {
+    ) -> Result<(coffer_policy::decision::Evaluation, Option<coffer_policy::context::TransactionFacts>), EnclaveError>
+    {
         let now = now_ms();
         let loaded = self.rules.load(organization_id)?;
+        // The transaction as the policies see it, from the same state: what a console shows.
+        let transaction = (loaded.as_ref())
+            .and_then(|l| coffer_org_rules::facts::organization_facts(&l.state, params, &[]).transaction);
         let credential = VerifiedVote { at_ms: now, ..credential };
         Decider::evaluate_over(loaded, organization_id, activity_type, params, &credential, &[], now)
-            .map(|d| d.evaluation)
+            .map(|d| (d.evaluation, transaction))
             .map_err(|r| EnclaveError::Refused { reason: r.reason, message: r.message, evaluation: String::new() })
     }
 

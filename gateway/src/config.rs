@@ -144,6 +144,10 @@ pub struct GatewayConfig {
     /// ask the enclave to bootstrap an organization (`operator_key`). Readable by the operator's
     /// account only; `serve` never reads it. Env `COFFER_OPERATOR_KEY_FILE`. Default: none.
     pub operator_key_file: Option<PathBuf>,
+    /// Serve the operator console at `/console` (static pages compiled into the gateway that
+    /// stamp every request in the browser: README "The console"). Env `COFFER_CONSOLE=true`.
+    /// Default false: a gateway serves only the API unless its operator asks for the pages.
+    pub console: bool,
 }
 
 /// `[webhooks]` of `coffer-gateway.toml`.
@@ -214,6 +218,7 @@ impl Default for GatewayConfig {
             webhooks: WebhookSettings::default(),
             instance_id: None,
             operator_key_file: None,
+            console: false,
         }
     }
 }
@@ -289,6 +294,13 @@ impl GatewayConfig {
                 "true" | "1" => true,
                 "false" | "0" | "" => false,
                 other => anyhow::bail!("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS: {other:?} is not true or false"),
+            };
+        }
+        if let Some(v) = env("COFFER_CONSOLE") {
+            cfg.console = match v.trim() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                other => anyhow::bail!("COFFER_CONSOLE: {other:?} is not true or false"),
             };
         }
         if let Some(v) = env("COFFER_OPERATOR_KEY_FILE") {

@@ -17,8 +17,10 @@ use crate::ip_allowlists::Origin;
 use crate::limits::{ClientAddr, RequestClass};
 use crate::state::AppState;
 
-pub fn router(state: Arc<AppState>) -> Router {
+pub fn router(state: Arc<AppState>, console: bool) -> Router {
+    let pages = if console { crate::console::routes() } else { Router::new() };
     Router::new()
+        .merge(pages)
         .route("/public/v1/submit/:name", post(submit))
         .route("/public/v1/query/:name", post(query))
         .route("/public/v1/discovery/enclave_signer", get(enclave_signer))
@@ -38,6 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(count_request))
+        .layer(axum::middleware::map_response(crate::console::no_sniffing))
         .with_state(state)
 }
 
@@ -65,6 +68,7 @@ fn operation_label(path: &str) -> String {
         | "/public/v1/discovery/keys"
         | "/.well-known/openid-configuration"
         | "/.well-known/jwks.json" => path.to_string(),
+        p if p == "/console" || p.starts_with("/console/") => "console".into(),
         _ => "other".into(),
     }
 }

@@ -6,6 +6,7 @@ pub mod auth_proxy;
 pub mod catch_up;
 pub mod client_address;
 pub mod config;
+pub mod console;
 pub mod custody;
 pub mod error;
 pub mod evaluation_share;

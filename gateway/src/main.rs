@@ -567,7 +567,7 @@ async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         }
         let _ = stop_tx.send(true);
     };
-    serve(listener, coffer_gateway::http::router(state), limits, shutdown).await?;
+    serve(listener, coffer_gateway::http::router(state, cfg.console), limits, shutdown).await?;
     proxy.await??;
     if let Some(ops) = ops {
         tokio::task::spawn_blocking(move || ops.join())

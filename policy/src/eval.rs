@@ -125,6 +125,23 @@ impl Val {
         }
     }
 
+    /// Back to JSON, for showing facts as policies see them: integers beyond JSON's safe range
+    /// (2^53) and `Uint`s as decimal strings, times as Unix nanoseconds in a string.
+    pub fn to_json(&self) -> Json {
+        const SAFE: i128 = 1 << 53;
+        match self {
+            Val::Null => Json::Null,
+            Val::Bool(b) => Json::Bool(*b),
+            Val::Int(i) if (-SAFE..=SAFE).contains(i) => Json::from(*i as i64),
+            Val::Int(i) => Json::String(i.to_string()),
+            Val::Uint(u) => Json::String(u.clone()),
+            Val::Str(s) => Json::String(s.clone()),
+            Val::List(l) => Json::Array(l.iter().map(Val::to_json).collect()),
+            Val::Map(m) => Json::Object(m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+            Val::Time(t) => Json::String(t.to_string()),
+        }
+    }
+
     fn type_name(&self) -> &'static str {
         match self {
             Val::Null => "null",
@@ -885,6 +902,21 @@ mod tests {
     use super::*;
     use crate::{parse_condition, parse_consensus};
     use serde_json::json;
+
+    #[test]
+    fn to_json_keeps_small_numbers_and_writes_large_ones_as_text() {
+        let v = Val::Map(BTreeMap::from([
+            ("small".to_string(), Val::Int(42)),
+            ("wei".to_string(), Val::Int(10i128.pow(18))),
+            ("huge".to_string(), Val::Uint("340282366920938463463374607431768211456".into())),
+            ("list".to_string(), Val::List(vec![Val::Bool(true), Val::Null, Val::Str("a".into())])),
+        ]));
+        assert_eq!(
+            v.to_json(),
+            serde_json::json!({"small": 42, "wei": "1000000000000000000",
+                "huge": "340282366920938463463374607431768211456", "list": [true, null, "a"]})
+        );
+    }
 
     fn roots(v: Json) -> BTreeMap<String, Val> {
         match Val::from_json(&v) {

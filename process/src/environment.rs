@@ -32,6 +32,7 @@ pub const VARIABLES: &[(&str, Reader)] = &[
     ("COFFER_BODY_LIMIT", Reader::Gateway),
     ("COFFER_BODY_READ_TIMEOUT_MS", Reader::Gateway),
     ("COFFER_CACHE_DIR", Reader::Tooling),
+    ("COFFER_CONSOLE", Reader::Gateway),
     ("COFFER_CRASH_POINT_FILE", Reader::Both),
     ("COFFER_DEPLOY_API_KEY_FILE", Reader::Tooling),
     ("COFFER_DEPLOY_BINARIES", Reader::Tooling),

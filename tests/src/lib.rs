@@ -8,6 +8,7 @@ pub mod postgres;
 pub mod rlp;
 pub mod smtp;
 pub mod tls;
+pub mod webdriver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -62,7 +62,7 @@ pub(super) fn dry_run_activity(
         session_scope: certificate.session_scope,
         at_ms: 0,
     };
-    let e = admission.dry_run(&req.organization_id, credential, &req.activity_type, &params)?;
+    let (e, transaction) = admission.dry_run(&req.organization_id, credential, &req.activity_type, &params)?;
     let policies: Vec<Value> = e
         .outcomes
         .iter()
@@ -81,6 +81,14 @@ pub(super) fn dry_run_activity(
         decision: e.decision.as_str().to_string(),
         reason: e.reason.to_string(),
         policies: serde_json::to_vec(&policies).map_err(|e| EnclaveError::Internal(e.to_string()))?,
+        transaction: match transaction {
+            Some(t) => {
+                let tx: serde_json::Map<String, Value> = t.tx.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+                serde_json::to_vec(&json!({ "root": t.root, "tx": tx }))
+                    .map_err(|e| EnclaveError::Internal(e.to_string()))?
+            }
+            None => Vec::new(),
+        },
     })
 }
 

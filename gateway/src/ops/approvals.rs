@@ -50,7 +50,8 @@ pub struct DryRunRequest {
 }
 
 /// The decision the caller's submission of `activity` would get now, with every policy's
-/// outcome and the clause that decided it. Records nothing and runs nothing.
+/// outcome and the clause that decided it, and the transaction it carries as the transaction
+/// policies see it (`{root, tx}`, or null). Records nothing and runs nothing.
 pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, ApiError> {
     let Value::Object(mut body) = req.activity else {
         return Err(ApiError::invalid("activity must be a submission body object"));
@@ -70,8 +71,8 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         ));
     }
     let caller = &ctx.caller;
-    let (decision, reason, policies) = if caller.via_parent {
-        ("DECISION_DENY".to_string(), "PARENT_ORGANIZATION_CREDENTIAL".to_string(), json!([]))
+    let (decision, reason, policies, transaction) = if caller.via_parent {
+        ("DECISION_DENY".to_string(), "PARENT_ORGANIZATION_CREDENTIAL".to_string(), json!([]), Value::Null)
     } else {
         // The enclave's decision over its authority state, within the organization's share of
         // the evaluations the gateway asks for.
@@ -88,7 +89,11 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         let custody = &ctx.state.custody;
         let answer = crate::evaluation_share::share().run(top_level, custody.dry_run_activity(request)).await??;
         let policies: Value = serde_json::from_slice(&answer.policies).map_err(|_| ApiError::internal())?;
-        (answer.decision, answer.reason, policies)
+        let transaction = match answer.transaction.is_empty() {
+            true => Value::Null,
+            false => serde_json::from_slice(&answer.transaction).map_err(|_| ApiError::internal())?,
+        };
+        (answer.decision, answer.reason, policies, transaction)
     };
     Ok(json!({
         "decision": decision,
@@ -97,6 +102,7 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         "resource": op.resource,
         "action": op.action,
         "policies": policies,
+        "transaction": transaction,
     }))
 }
 
