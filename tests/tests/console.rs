@@ -67,6 +67,16 @@ async fn sign_in_with_key(browser: &Browser, url: &str, org: &str, public: &str,
     assert!(browser.find("#api-private").await.is_none());
 }
 
+/// Signs in with the browser's passkey; returns who the console says signed in, and how.
+async fn sign_in_with_passkey(browser: &Browser, url: &str, org: &str) -> String {
+    browser.goto(url).await;
+    browser.fill("#org-id", org).await;
+    browser.click("#passkey-signin").await;
+    browser.wait_for("#main section[data-ready]").await;
+    assert_eq!(error_text(browser).await, "");
+    browser.text("#who").await
+}
+
 async fn activity(stack: &Stack, id: &str) -> Value {
     let body = json!({"organizationId": stack.organization_id, "activityId": id}).to_string();
     let r = stack.post_raw("/public/v1/query/get_activity", body.as_bytes(), Some(&stack.api_key())).await;
@@ -387,12 +397,7 @@ async fn console_in_a_real_browser() {
     root.update_root_quorum(org.clone(), root.current_timestamp(), intent).await.unwrap();
     // While one root's word is a quorum, the passkey signs a dry run and a login that certifies a
     // key made in the tab; that key stamps the pages after it, the passkey nothing more.
-    browser.goto(&url).await;
-    browser.fill("#org-id", &org).await;
-    browser.click("#passkey-signin").await;
-    browser.wait_for("#main section[data-ready]").await;
-    assert_eq!(error_text(&browser).await, "");
-    let who = browser.text("#who").await;
+    let who = sign_in_with_passkey(&browser, &url, &org).await;
     assert!(who.starts_with(&format!("alice ({alice_id})")) && who.ends_with("a session key for 15 minutes"), "{who}");
     open(&browser, "pending").await;
     open(&browser, "organization").await;
@@ -421,12 +426,7 @@ async fn console_in_a_real_browser() {
     // Now a login of hers would itself wait for a vote: none is submitted, and her passkey
     // stamps every request, her votes included.
     let before = activity_count(&stack).await;
-    browser.goto(&url).await;
-    browser.fill("#org-id", &org).await;
-    browser.click("#passkey-signin").await;
-    browser.wait_for("#main section[data-ready]").await;
-    assert_eq!(error_text(&browser).await, "");
-    let who = browser.text("#who").await;
+    let who = sign_in_with_passkey(&browser, &url, &org).await;
     assert!(
         who.starts_with(&format!("alice ({alice_id})")) && who.ends_with("your passkey for every request"),
         "{who}"

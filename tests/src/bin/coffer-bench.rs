@@ -1130,6 +1130,90 @@ fn uuid_like() -> String {
 const APP_PROOFS: &str = "sign secp256k1 wallet account with app proofs";
 /// Signing with app proofs, at least this share of signing without (issue: one more HSM signature).
 const APP_PROOFS_RATIO_TARGET: f64 = 0.7;
+/// The console section's name (for `--only`).
+const CONSOLE: &str = "console pages";
+/// Each console page interactive within this, from the hash change to the page built
+/// (issue 44).
+const CONSOLE_PAGE_TARGET_MS: f64 = 500.0;
+/// The console's first load, transferred, at most this (issue 44).
+const CONSOLE_FIRST_LOAD_TARGET_BYTES: f64 = 200.0 * 1024.0;
+/// How many times each page is opened; the slowest is reported against the target.
+const CONSOLE_ROUNDS: usize = 5;
+
+/// The console section: headless Chromium (`coffer_tests::webdriver`) signs in with the root's
+/// API key and opens every page [`CONSOLE_ROUNDS`] times on the main stack as the scenarios left
+/// it (thousands of activities), timed in the page from the hash change until the page is built
+/// (its requests stamped, answered and drawn); and what the first load transferred, from the
+/// browser's own resource timing.
+async fn console_pages(stack: &Stack, key: &TurnkeyP256ApiKey, org: &str) -> anyhow::Result<Value> {
+    let browser = coffer_tests::webdriver::Browser::start().await;
+    let url = stack.base_url.replace("127.0.0.1", "localhost") + "/console";
+    browser.goto(&url).await;
+    let loaded = browser
+        .execute(
+            "const n = performance.getEntriesByType('navigation')[0];
+             const r = performance.getEntriesByType('resource');
+             return {bytes: n.transferSize + r.reduce((a, e) => a + e.transferSize, 0),
+                     interactiveMs: n.domInteractive, loadMs: n.loadEventEnd}",
+            vec![],
+        )
+        .await;
+    browser.fill("#org-id", org).await;
+    browser.click("details summary").await;
+    browser.fill("#api-public", &hex::encode(key.compressed_public_key())).await;
+    browser.fill("#api-private", &hex::encode(key.private_key())).await;
+    browser.click("#apikey-signin").await;
+    browser.wait_for("#main section[data-ready]").await;
+    let list = json!({"organizationId": org, "paginationOptions": {"limit": "1"}}).to_string();
+    let latest = stack.post_raw("/public/v1/query/list_activities", list.as_bytes(), Some(key)).await;
+    let activity = latest.json["activities"][0]["id"].as_str().context("an activity")?.to_string();
+    let mut pages = Vec::new();
+    for page in [
+        "organization",
+        "pending",
+        "activities",
+        &format!("activity/{activity}"),
+        "wallets",
+        "policies",
+        "webhooks",
+        "create",
+    ] {
+        let mut ms = Vec::new();
+        for _ in 0..CONSOLE_ROUNDS {
+            let took = browser
+                .execute_async(
+                    "const [hash, done] = [arguments[0], arguments[arguments.length - 1]];
+                     const main = document.querySelector('#main');
+                     const start = performance.now();
+                     const seen = new MutationObserver(() => {
+                       if (main.querySelector('section[data-ready]')) { seen.disconnect(); done(performance.now() - start); }
+                     });
+                     seen.observe(main, {subtree: true, childList: true, attributes: true});
+                     main.querySelector('section').removeAttribute('data-ready');
+                     location.hash = hash === location.hash.slice(1) ? hash + '?again=' + start : hash;",
+                    vec![json!(page)],
+                )
+                .await;
+            ms.push(took.as_f64().context("a time")?);
+        }
+        if browser.find("#error:not([hidden])").await.is_some() {
+            bail!("console page {page}: {}", browser.text("#error").await);
+        }
+        ms.sort_by(f64::total_cmp);
+        let name = page.split('/').next().unwrap_or(page);
+        pages.push(json!({"page": name, "medianMs": ms[ms.len() / 2], "maxMs": ms[ms.len() - 1],
+            "pass": ms[ms.len() - 1] <= CONSOLE_PAGE_TARGET_MS}));
+    }
+    browser.quit().await;
+    let bytes = loaded["bytes"].as_f64().unwrap_or(f64::MAX);
+    Ok(json!({
+        "firstLoadBytes": bytes, "firstLoadTargetBytes": CONSOLE_FIRST_LOAD_TARGET_BYTES,
+        "firstLoadPass": bytes <= CONSOLE_FIRST_LOAD_TARGET_BYTES,
+        "firstLoadInteractiveMs": loaded["interactiveMs"], "pageTargetMs": CONSOLE_PAGE_TARGET_MS,
+        "pages": pages,
+    }))
+}
+
 /// The activity-log section's name (for `--only`).
 const ACTIVITY_LOG: &str = "activity log export";
 /// How many links the activity-log section exports and verifies.
@@ -2803,6 +2887,7 @@ async fn main() -> anyhow::Result<()> {
         ("COFFER_WEBHOOK_ALLOW_PRIVATE_TARGETS", "true"),
         ("COFFER_REPLAY_QUOTA_PER_ORGANIZATION", "1000000"),
         ("COFFER_HSM_NATIVE_KEYS_MAX", "16"),
+        ("COFFER_CONSOLE", "true"),
     ])
     .await;
     let ops_health_url = format!("http://{ops_addr}/healthz");
@@ -3003,7 +3088,8 @@ async fn main() -> anyhow::Result<()> {
     let mut results = Vec::new();
     // A term of `--only` that is a whole section's name selects that section alone (`scale` is
     // part of `authority scale`); any other term, every scenario whose name contains it.
-    let sections = [SCALE, AUTHORITY_SCALE, POLICY_COST, TENANT_ISOLATION, OTP_DELIVERY, WEBHOOK, ACTIVITY_LOG, BURST];
+    let sections =
+        [SCALE, AUTHORITY_SCALE, POLICY_COST, TENANT_ISOLATION, OTP_DELIVERY, WEBHOOK, ACTIVITY_LOG, CONSOLE, BURST];
     let wanted = |name: &str| {
         args.only
             .as_deref()
@@ -3105,6 +3191,12 @@ async fn main() -> anyhow::Result<()> {
         None
     };
     phase_peak("the activity log export");
+    let console_report = if wanted(CONSOLE) {
+        eprintln!("running: {CONSOLE} ({CONSOLE_ROUNDS} rounds)");
+        Some(console_pages(&stack, &key, &org).await?)
+    } else {
+        None
+    };
     // Last, as it is the most disruptive: thousands of signing clients at once.
     let burst_report = if wanted(BURST) {
         let clients = burst_fits(args.burst_clients);
@@ -3204,6 +3296,24 @@ async fn main() -> anyhow::Result<()> {
             l["verifySeconds"].as_f64().unwrap_or(0.0)
         );
     }
+    if let Some(c) = &console_report {
+        let pass = |v: &Value| if v.as_bool() == Some(true) { "PASS" } else { "MISSED" };
+        println!(
+            "console first load: {:.1} KB transferred (target ≤ {:.0} KB): {}",
+            c["firstLoadBytes"].as_f64().unwrap_or(0.0) / 1024.0,
+            CONSOLE_FIRST_LOAD_TARGET_BYTES / 1024.0,
+            pass(&c["firstLoadPass"])
+        );
+        for p in c["pages"].as_array().into_iter().flatten() {
+            println!(
+                "console page {:<14} median {:>6.1} ms, slowest {:>6.1} ms (target ≤ {CONSOLE_PAGE_TARGET_MS:.0} ms): {}",
+                p["page"].as_str().unwrap_or(""),
+                p["medianMs"].as_f64().unwrap_or(0.0),
+                p["maxMs"].as_f64().unwrap_or(0.0),
+                pass(&p["pass"])
+            );
+        }
+    }
     if let Some(t) = &transaction_report {
         let pct = |k: &str| t[k].as_f64().map_or("n/a".to_string(), |r| format!("{:.1}%", r * 100.0));
         println!(
@@ -3261,6 +3371,7 @@ async fn main() -> anyhow::Result<()> {
         "transactionSigning": transaction_report,
         "appProofs": proofs_report,
         "activityLog": log_report,
+        "console": console_report,
         "peakRssMiB": {"enclave": rss.0, "gateway": rss.1, "targetMiB": MAIN_RSS_TARGET_MIB, "pass": main_rss_pass},
         "peakRssMiBByPhase": peaks_by_phase.iter().map(|(p, e, g)| json!({"after": p, "enclave": e, "gateway": g})).collect::<Vec<_>>(),
         "gatewayPeakRssGrowthMiB": rss_growth.iter().map(|(n, g)| json!({"scenario": n, "growth": g})).collect::<Vec<_>>(),
