@@ -1,7 +1,7 @@
 //! Ethereum contract calls decoded with an uploaded ABI (alloy-json-abi, alloy-dyn-abi):
 //! `eth.tx.function_name`, `function_signature` and `contract_call_args` by argument name.
 
-use alloy_dyn_abi::{DynSolValue, JsonAbiExt};
+use alloy_dyn_abi::{DynSolType, DynSolValue, JsonAbiExt, Specifier};
 use alloy_json_abi::JsonAbi;
 use coffer_policy::eval::Val;
 
@@ -18,22 +18,99 @@ impl Abi {
         serde_json::from_str(json).map(Abi).map_err(|e| TxError(format!("not a valid Ethereum ABI: {e}")))
     }
 
+    /// The selectors of the ABI's functions.
+    pub fn selectors(&self) -> impl Iterator<Item = [u8; 4]> + '_ {
+        self.0.functions().map(|f| f.selector().0)
+    }
+
     /// The facts of a call with `data`: nothing when no function of the ABI has its selector
     /// or its arguments do not decode (a policy naming them then gets an evaluation error).
     pub fn call_facts(&self, data: &[u8]) -> Option<Facts> {
         let selector = data.get(..4)?;
         let function = self.0.functions().find(|f| f.selector().as_slice() == selector)?;
+        let types = function.inputs.iter().map(|p| p.resolve().ok()).collect::<Option<Vec<_>>>()?;
+        within_budget(&types, &data[4..])?;
         let values = function.abi_decode_input(&data[4..]).ok()?;
         let mut args = Facts::new();
         for (i, (param, value)) in function.inputs.iter().zip(values).enumerate() {
             let name = if param.name.is_empty() { i.to_string() } else { param.name.clone() };
-            args.insert(name, value_of(&value));
+            // Two arguments of one name: a policy could not tell them apart, nor a reader.
+            if args.insert(name, value_of(&value)).is_some() {
+                return None;
+            }
         }
         let mut f = Facts::new();
         f.insert("function_name".into(), text(function.name.clone()));
         f.insert("function_signature".into(), text(function.signature()));
         f.insert("contract_call_args".into(), Val::Map(args));
         Some(f)
+    }
+}
+
+/// Whether arguments of `types` encoded in `data` decode to no more than `data` itself holds
+/// (plus a little), walked before anything is decoded. The ABI encoding lets offsets point at the
+/// same place, so that 28 KB of nested arrays aliasing one another decode to millions of values;
+/// an encoder never does that, and such a call decodes to nothing here (`None`).
+fn within_budget(types: &[DynSolType], data: &[u8]) -> Option<()> {
+    let mut budget = data.len().checked_add(1024)?;
+    sequence(types.iter(), types.len(), data, 0, &mut budget)
+}
+
+/// One 32-byte word as an offset or a length (`None` past `usize` or the data).
+fn word(data: &[u8], at: usize) -> Option<usize> {
+    let w = data.get(at..at.checked_add(32)?)?;
+    if w[..24].iter().any(|b| *b != 0) {
+        return None;
+    }
+    usize::try_from(u64::from_be_bytes(w[24..].try_into().ok()?)).ok()
+}
+
+fn charge(budget: &mut usize, bytes: usize) -> Option<()> {
+    *budget = budget.checked_sub(bytes)?;
+    Some(())
+}
+
+/// `count` values of `types`, their heads from `base` (a dynamic one's head is its offset from
+/// `base`), each charged what it decodes to.
+fn sequence<'a>(
+    types: impl Iterator<Item = &'a DynSolType> + Clone,
+    count: usize,
+    data: &[u8],
+    base: usize,
+    budget: &mut usize,
+) -> Option<()> {
+    let mut head = base;
+    for ty in types.take(count) {
+        if ty.is_dynamic() {
+            value(ty, data, base.checked_add(word(data, head)?)?, budget)?;
+            head = head.checked_add(32)?;
+        } else {
+            value(ty, data, head, budget)?;
+            head = head.checked_add(ty.minimum_words().checked_mul(32)?)?;
+        }
+    }
+    Some(())
+}
+
+/// The value of `ty` encoded at `at`, charged 32 bytes a word and its length for bytes.
+fn value(ty: &DynSolType, data: &[u8], at: usize, budget: &mut usize) -> Option<()> {
+    match ty {
+        DynSolType::Bytes | DynSolType::String => {
+            let len = word(data, at)?;
+            charge(budget, len.checked_add(32)?)?;
+            data.get(at.checked_add(32)?..at.checked_add(32)?.checked_add(len)?).map(|_| ())
+        }
+        DynSolType::Array(inner) => {
+            let n = word(data, at)?;
+            charge(budget, 32)?;
+            sequence(std::iter::repeat(inner.as_ref()), n, data, at.checked_add(32)?, budget)
+        }
+        DynSolType::FixedArray(inner, n) => sequence(std::iter::repeat(inner.as_ref()), *n, data, at, budget),
+        DynSolType::Tuple(items) => sequence(items.iter(), items.len(), data, at, budget),
+        _ => {
+            charge(budget, 32)?;
+            data.get(at..at.checked_add(32)?).map(|_| ())
+        }
     }
 }
 
@@ -85,6 +162,71 @@ mod tests {
         assert!(abi.call_facts(&hex::decode("095ea7b3").unwrap()).is_none());
         assert!(abi.call_facts(&data[..40]).is_none());
         assert!(Abi::parse("{not an abi").is_err());
+    }
+
+    fn words(ws: &[usize]) -> Vec<u8> {
+        ws.iter()
+            .flat_map(|w| {
+                let mut b = [0u8; 32];
+                b[24..].copy_from_slice(&(*w as u64).to_be_bytes());
+                b
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nested_arrays_that_alias_one_another_decode_to_nothing() {
+        let abi = Abi::parse(
+            r#"[{"type":"function","name":"f","stateMutability":"nonpayable",
+            "inputs":[{"name":"a","type":"uint256[][][]"}],"outputs":[]}]"#,
+        )
+        .unwrap();
+        let selector = abi.0.functions().next().unwrap().selector();
+        // Honestly encoded: [[[7, 8]]] decodes.
+        let mut honest = selector.to_vec();
+        honest.extend(words(&[32, 1, 32, 1, 32, 2, 7, 8]));
+        let f = abi.call_facts(&honest).expect("an honest encoding decodes");
+        assert_eq!(
+            f["contract_call_args"],
+            Val::Map(
+                [("a".to_string(), Val::List(vec![Val::List(vec![Val::List(vec![Val::Int(7), Val::Int(8)])])]))].into()
+            )
+        );
+        // 64 offsets per level, all to the same next level: 64^3 values from 6 KB. Refused
+        // before decoding; without the walk this is 262,144 values.
+        let n = 64;
+        let level = |next: usize| {
+            let mut w = vec![n];
+            w.extend(std::iter::repeat_n(next, n));
+            w
+        };
+        // Offsets are relative to each array's element area (after its length word).
+        let level_bytes = (n + 1) * 32;
+        let mut w = vec![32];
+        w.extend(level(level_bytes - 32)); // level 1 at 32: elements point to level 2
+        w.extend(level(level_bytes - 32)); // level 2 at 32 + level_bytes: to level 3
+        w.extend(level(0)); // level 3: n uint256 (0 read as values)
+        let mut aliased = selector.to_vec();
+        aliased.extend(words(&w));
+        assert!(abi.call_facts(&aliased).is_none());
+        let f = abi.0.functions().next().unwrap();
+        let decoded = f.abi_decode_input(&aliased[4..]).expect("alloy alone decodes it");
+        let DynSolValue::Array(l1) = &decoded[0] else { panic!() };
+        let DynSolValue::Array(l2) = &l1[0] else { panic!() };
+        let DynSolValue::Array(l3) = &l2[0] else { panic!() };
+        assert_eq!((l1.len(), l2.len(), l3.len()), (n, n, n), "what the walk keeps from being decoded");
+    }
+
+    #[test]
+    fn arguments_of_one_name_decode_to_nothing() {
+        let abi = Abi::parse(
+            r#"[{"type":"function","name":"g","stateMutability":"nonpayable",
+            "inputs":[{"name":"to","type":"address"},{"name":"to","type":"address"}],"outputs":[]}]"#,
+        )
+        .unwrap();
+        let mut data = abi.0.functions().next().unwrap().selector().to_vec();
+        data.extend(words(&[1, 2]));
+        assert!(abi.call_facts(&data).is_none());
     }
 
     #[test]

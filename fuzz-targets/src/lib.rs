@@ -43,6 +43,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("eip7702", eip7702),
     ("sealed_blob", sealed_blob),
     ("transaction", transaction),
+    ("abi_call", abi_call),
     ("oidc_token", oidc_token),
     ("qos_envelope", qos_envelope),
     ("activity_log", activity_log),
@@ -704,6 +705,37 @@ pub fn sealed_blob(data: &[u8]) -> Outcome {
 
 // ---------------------------------------------------------------------------------------------
 // coffer-chain
+
+/// A contract call decoded with an uploaded ABI: the first byte picks one of [`FUZZ_ABIS`], the
+/// rest is the call's arguments (after the function's selector). What decodes stands for no more
+/// values than the arguments' own words (offsets that alias one another decode to nothing).
+pub fn abi_call(data: &[u8]) -> Outcome {
+    use coffer_policy::eval::Val;
+
+    fn leaves(v: &Val) -> usize {
+        match v {
+            Val::List(l) => l.iter().map(leaves).sum::<usize>() + 1,
+            Val::Map(m) => m.values().map(leaves).sum::<usize>() + 1,
+            _ => 1,
+        }
+    }
+    let Some((&pick, args)) = data.split_first() else { return Outcome::Rejected };
+    let abi = coffer_chain::abi::Abi::parse(FUZZ_ABIS[pick as usize % FUZZ_ABIS.len()]).expect("a fixed ABI");
+    let mut call = abi.selectors().next().expect("one function").to_vec();
+    call.extend_from_slice(args);
+    let Some(facts) = abi.call_facts(&call) else { return Outcome::Rejected };
+    let decoded = leaves(&facts["contract_call_args"]);
+    assert!(decoded <= 2 * (args.len() + 1024) / 32 + 8, "{decoded} values from {} bytes", args.len());
+    Outcome::Accepted
+}
+
+/// The ABIs [`abi_call`] decodes with: a token transfer, and nested dynamic types an attacker
+/// would alias.
+pub const FUZZ_ABIS: &[&str] = &[
+    r#"[{"type":"function","name":"transfer","inputs":[{"name":"to","type":"address"},{"name":"value","type":"uint256"}],"outputs":[],"stateMutability":"nonpayable"}]"#,
+    r#"[{"type":"function","name":"f","inputs":[{"name":"a","type":"uint256[][][]"}],"outputs":[],"stateMutability":"nonpayable"}]"#,
+    r#"[{"type":"function","name":"g","inputs":[{"name":"calls","type":"bytes[]"},{"name":"t","type":"tuple[]","components":[{"name":"s","type":"string"},{"name":"k","type":"uint8[2]"}]}],"outputs":[],"stateMutability":"nonpayable"}]"#,
+];
 
 /// An unsigned transaction: the first byte picks the chain (0 Ethereum, 1 Solana, 2 Tron, modulo
 /// 3), the rest is the transaction's bytes as `sign_transaction` carries them after hex. What

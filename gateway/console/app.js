@@ -141,6 +141,9 @@ const submit = (name, type, parameters, stamper) =>
 // ---- DOM ----------------------------------------------------------------------------------
 
 const $ = (sel) => document.querySelector(sel);
+// Text direction controls in a tenant's words would reorder what the operator reads: shown as
+// the replacement character instead.
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
 function h(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -148,7 +151,7 @@ function h(tag, attrs, ...children) {
     if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
     else e.setAttribute(k, v === true ? '' : String(v));
   }
-  for (const c of children.flat()) if (c !== null && c !== undefined && c !== false) e.append(c instanceof Node ? c : String(c));
+  for (const c of children.flat()) if (c !== null && c !== undefined && c !== false) e.append(c instanceof Node ? c : String(c).replace(BIDI, '\ufffd'));
   return e;
 }
 const table = (heads, rows, attrs) =>
@@ -157,7 +160,9 @@ const table = (heads, rows, attrs) =>
     : h('p', { class: 'muted' }, 'None.');
 const list = (items) => (items.length ? h('ul', {}, items.map((i) => h('li', {}, i))) : '—');
 const mono = (s) => h('code', {}, s);
-const pre = (v) => h('pre', {}, typeof v === 'string' ? v : JSON.stringify(v, null, 2));
+// At most 20,000 characters of a value are drawn: the API keeps the rest.
+const clip = (t) => (t.length > 20000 ? t.slice(0, 20000) + ` … (${t.length - 20000} more characters)` : t);
+const pre = (v) => h('pre', {}, clip(typeof v === 'string' ? v : JSON.stringify(v, null, 2)));
 const time = (t) => (t && t.seconds ? new Date(Number(t.seconds) * 1000).toISOString().replace('.000Z', 'Z') : '');
 const short = (s) => (s && s.length > 20 ? s.slice(0, 10) + '…' + s.slice(-8) : s || '');
 const statusOf = (s) => h('span', { class: 'status-' + s }, (s || '').replace('ACTIVITY_STATUS_', ''));
@@ -169,18 +174,24 @@ function showError(e) {
   box.hidden = !e;
 }
 
+// A page is built off screen and shown whole once its requests are answered; a page asked for
+// later wins over one still loading.
+let shown = 0;
 async function page(title, build) {
   const main = $('#main');
+  const mine = ++shown;
   const section = h('section', { 'aria-labelledby': 'page-title' }, h('h2', { id: 'page-title' }, title));
-  main.replaceChildren(section, h('p', { role: 'status' }, 'Loading…'));
+  main.replaceChildren(h('p', { role: 'status' }, 'Loading…'));
   showError(null);
+  let failed = null;
   try {
     await build(section);
-    main.replaceChildren(section);
   } catch (e) {
-    main.replaceChildren(section);
-    showError(e);
+    failed = e;
   }
+  if (mine !== shown) return;
+  main.replaceChildren(section);
+  showError(failed);
   section.setAttribute('data-ready', '');
 }
 
@@ -343,30 +354,38 @@ async function activitiesPage(s, params) {
 }
 
 async function pendingPage(s) {
-  const items = (await query('list_activities', { filterByStatus: ['ACTIVITY_STATUS_CONSENSUS_NEEDED'], paginationOptions: { limit: '100' } })).activities || [];
-  s.append(
-    h('p', {}, 'Activities waiting for approval votes. Open one to read it in full before you vote.'),
-    table(
+  const pending = paged(
+    async (after, size) => (await query('list_activities', { filterByStatus: ['ACTIVITY_STATUS_CONSENSUS_NEEDED'], ...pageOpts(after, size) })).activities || [],
+    (a) => a.id,
+    (items) => table(
       ['Created', 'Type', 'Votes', 'Yours to cast', 'Activity'],
       items.map((a) => [time(a.createdAt), a.type.replace('ACTIVITY_TYPE_', ''), String((a.votes || []).length), a.canApprove ? 'yes' : 'no', activityLink(a)]),
-      { id: 'pending' },
+      { class: 'pending' },
     ),
   );
+  s.append(h('p', {}, 'Activities waiting for approval votes. Open one to read it in full before you vote.'), h('div', { id: 'pending' }, pending.box));
+  await pending.start();
 }
 
 // A transaction as the transaction policies see it (the enclave's own facts of it).
+// Every fact is shown; what changes who controls the account, or what no interface decodes, is
+// called out above them.
 function transactionView(t) {
   const tx = t.tx || {};
-  const rows = [['Chain', t.root]];
-  for (const k of ['chain_id', 'from', 'to', 'value', 'nonce', 'gas', 'gas_price', 'type']) if (tx[k] !== undefined) rows.push([k, mono(String(tx[k]))]);
-  if (tx.function_name) rows.push(['function', mono(tx.function_signature || tx.function_name)]);
+  const show = (v) => mono(clip(typeof v === 'string' ? v : JSON.stringify(v)));
+  const first = ['chain_id', 'from', 'to', 'value', 'function_signature'];
+  const keys = first.filter((k) => k in tx).concat(Object.keys(tx).filter((k) => !first.includes(k) && k !== 'contract_call_args' && k !== 'function_name'));
+  const warnings = [];
+  if (Array.isArray(tx.authorization_list) && tx.authorization_list.length) warnings.push("It carries an EIP-7702 authorization list: it delegates the signer's account to other code.");
+  if (typeof tx.data === 'string' && tx.data.length > 2 && !tx.function_signature) warnings.push('Its call data is not decoded: no contract interface of the organization matches it.');
+  if (tx.function_signature && typeof tx.data === 'string') warnings.push(`Decoded with the organization's interface for selector ${tx.data.slice(0, 10)}.`);
   const args = tx.contract_call_args;
-  const argRows = args && typeof args === 'object' ? Object.entries(args).map(([k, v]) => [k, mono(typeof v === 'string' ? v : JSON.stringify(v))]) : [];
+  const argRows = args && typeof args === 'object' ? Object.entries(args).map(([k, v]) => [k, show(v)]) : [];
   return h('div', { id: 'transaction' },
-    h('h3', {}, 'Transaction'),
-    table(['Field', 'Value'], rows),
-    argRows.length ? h('div', {}, h('h3', {}, 'Arguments'), table(['Name', 'Value'], argRows, { id: 'call-args' })) : '',
-    h('details', {}, h('summary', {}, 'All facts'), pre(t)));
+    h('h3', {}, 'Transaction (', t.root, ')'),
+    warnings.length ? h('ul', { class: 'warnings' }, warnings.map((w) => h('li', {}, w))) : '',
+    table(['Fact', 'Value'], keys.map((k) => [k, show(tx[k])])),
+    argRows.length ? h('div', {}, h('h3', {}, 'Arguments'), table(['Name', 'Value'], argRows, { id: 'call-args' })) : '');
 }
 
 async function activityPage(s, id) {
@@ -380,20 +399,18 @@ async function activityPage(s, id) {
       h('dt', {}, 'Created'), h('dd', {}, time(a.createdAt)),
       h('dt', {}, 'Fingerprint'), h('dd', {}, mono(a.fingerprint))),
   );
-  const votes = h('div');
-  if (a.status === 'ACTIVITY_STATUS_CONSENSUS_NEEDED' && a.canApprove) votes.append(voteControls(a));
-  s.append(votes, h('h3', {}, 'Intent'), pre(a.intent));
+  s.append(h('h3', {}, 'Intent'), pre(a.intent));
   if (/^ACTIVITY_TYPE_SIGN_TRANSACTION/.test(a.type) && intentKey) {
     try {
       const r = await query('coffer_policy_dry_run', { activity: { type: a.type, parameters: a.intent[intentKey] } });
-      s.append(r.transaction ? transactionView(r.transaction) : h('p', {}, 'The transaction does not parse.'));
+      s.append(r.transaction ? transactionView(r.transaction) : h('p', {}, 'No transaction facts: it does not parse, or a parent organization\'s credential reads it.'));
     } catch (e) {
       s.append(h('p', {}, 'The transaction could not be decoded: ' + e.message));
     }
   }
   s.append(
     h('h3', {}, 'Votes'),
-    table(['User', 'Selection', 'Credential', 'At'], (a.votes || []).map((v) => [v.user ? v.user.userName + ' (' + v.userId + ')' : v.userId, (v.selection || '').replace('VOTE_SELECTION_', ''), mono(short(v.publicKey || '')), time(v.createdAt)]), { id: 'votes' }),
+    table(['User ID', 'Name', 'Selection', 'Credential', 'At'], (a.votes || []).map((v) => [mono(v.userId), v.user ? v.user.userName : '', (v.selection || '').replace('VOTE_SELECTION_', ''), mono(short(v.publicKey || '')), time(v.createdAt)]), { id: 'votes' }),
   );
   const evals = (await query('get_policy_evaluations', { activityId: a.id })).policyEvaluations || [];
   s.append(
@@ -404,6 +421,8 @@ async function activityPage(s, id) {
   );
   if (a.failure) s.append(h('h3', {}, 'Failure'), pre(a.failure));
   if ((a.appProofs || []).length) s.append(h('h3', {}, 'App proofs'), table(['Scheme', 'Payload', 'Signature'], a.appProofs.map((p) => [p.scheme, pre(p.proofPayload), mono(short(p.signature))]), { id: 'app-proofs' }));
+  // The vote comes last, once everything it is about is on the page.
+  if (a.status === 'ACTIVITY_STATUS_CONSENSUS_NEEDED' && a.canApprove) s.append(h('h3', {}, 'Your vote'), voteControls(a));
 }
 
 // Approve or reject, each after a confirmation naming the fingerprint the vote is bound to.
@@ -579,8 +598,12 @@ async function signIn(kind) {
   try {
     if (kind === 'key') {
       const priv = $('#api-private');
-      const stamper = await KeyStamper.fromHex($('#api-public').value, priv.value);
-      priv.value = '';
+      let stamper;
+      try {
+        stamper = await KeyStamper.fromHex($('#api-public').value, priv.value);
+      } finally {
+        priv.value = '';
+      }
       await signedIn(stamper, 'an API key');
     } else {
       // Where the organization's rules let the user log in alone, the passkey signs one login
@@ -614,4 +637,11 @@ document.addEventListener('DOMContentLoaded', () => {
     location.reload();
   });
   window.addEventListener('hashchange', route);
+  // Leaving the page drops the key; a page brought back from the browser's cache starts over.
+  window.addEventListener('pagehide', () => {
+    S.stamper = null;
+  });
+  window.addEventListener('pageshow', (e) => {
+    if (e.persisted) location.reload();
+  });
 });

@@ -107,6 +107,10 @@ fn interface<'a>(state: &'a OrgState, interface_type: &str, address: &str) -> Op
         .map(|i| i.body.as_str())
 }
 
+/// Most bytes of a transaction's facts shown as JSON (the dry run's `transaction`): the enclave
+/// writes them within it, the gateway takes no more.
+pub const MAX_SHOWN_TRANSACTION_BYTES: usize = 64 * 1024;
+
 /// The facts of the transaction a `sign_transaction` intent carries (`None`: none, or it does
 /// not parse). `signer`: the Ethereum address `signWith` resolved to.
 pub fn transaction_facts(state: &OrgState, params: &Value, signer: Option<&str>) -> Option<TransactionFacts> {

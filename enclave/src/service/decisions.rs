@@ -81,15 +81,57 @@ pub(super) fn dry_run_activity(
         decision: e.decision.as_str().to_string(),
         reason: e.reason.to_string(),
         policies: serde_json::to_vec(&policies).map_err(|e| EnclaveError::Internal(e.to_string()))?,
-        transaction: match transaction {
-            Some(t) => {
-                let tx: serde_json::Map<String, Value> = t.tx.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
-                serde_json::to_vec(&json!({ "root": t.root, "tx": tx }))
-                    .map_err(|e| EnclaveError::Internal(e.to_string()))?
-            }
-            None => Vec::new(),
-        },
+        transaction: transaction.map(|t| transaction_json(&t)).unwrap_or_default(),
     })
+}
+
+const MAX_DRY_RUN_TRANSACTION: usize = coffer_org_rules::facts::MAX_SHOWN_TRANSACTION_BYTES;
+
+/// A transaction's facts as JSON `{root, tx}`, within [`MAX_DRY_RUN_TRANSACTION`]: past it, the
+/// largest facts (the call data, the decoded arguments, ...) are each replaced by a note of their
+/// size, largest first, until it fits.
+fn transaction_json(t: &coffer_policy::context::TransactionFacts) -> Vec<u8> {
+    let mut facts: Vec<(String, Value, usize)> = (t.tx.iter())
+        .map(|(k, v)| {
+            let v = v.to_json();
+            let size = v.to_string().len();
+            (k.clone(), v, size)
+        })
+        .collect();
+    let total = |f: &[(String, Value, usize)]| f.iter().map(|(k, _, n)| k.len() + n + 4).sum::<usize>();
+    facts.sort_by_key(|(_, _, n)| std::cmp::Reverse(*n));
+    let mut i = 0;
+    while total(&facts) > MAX_DRY_RUN_TRANSACTION - 64 && i < facts.len() {
+        let note = Value::String(format!("(not shown: {} bytes)", facts[i].2));
+        facts[i].2 = note.to_string().len();
+        facts[i].1 = note;
+        i += 1;
+    }
+    let tx: serde_json::Map<String, Value> = facts.into_iter().map(|(k, v, _)| (k, v)).collect();
+    json!({ "root": t.root, "tx": tx }).to_string().into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coffer_policy::eval::Val;
+
+    #[test]
+    fn a_transaction_too_large_to_show_keeps_its_small_facts() {
+        let facts = coffer_policy::context::TransactionFacts {
+            root: "eth",
+            tx: [
+                ("to".to_string(), Val::Str("0xabc".into())),
+                ("data".to_string(), Val::Str(format!("0x{}", "ab".repeat(100_000)))),
+                ("value".to_string(), Val::Int(5)),
+            ]
+            .into(),
+        };
+        let shown = transaction_json(&facts);
+        assert!(shown.len() <= MAX_DRY_RUN_TRANSACTION, "{}", shown.len());
+        let v: Value = serde_json::from_slice(&shown).unwrap();
+        assert_eq!(v, json!({"root": "eth", "tx": {"to": "0xabc", "value": 5, "data": "(not shown: 200004 bytes)"}}));
+    }
 }
 
 /// Most decisions one `ListAllowed` call reads.

@@ -89,9 +89,11 @@ pub async fn policy_dry_run(ctx: QueryCtx, req: DryRunRequest) -> Result<Value, 
         let custody = &ctx.state.custody;
         let answer = crate::evaluation_share::share().run(top_level, custody.dry_run_activity(request)).await??;
         let policies: Value = serde_json::from_slice(&answer.policies).map_err(|_| ApiError::internal())?;
-        let transaction = match answer.transaction.is_empty() {
-            true => Value::Null,
-            false => serde_json::from_slice(&answer.transaction).map_err(|_| ApiError::internal())?,
+        // The enclave keeps it within its bound; an answer past that is no enclave's.
+        let transaction = match answer.transaction.len() {
+            0 => Value::Null,
+            n if n > coffer_org_rules::facts::MAX_SHOWN_TRANSACTION_BYTES => return Err(ApiError::internal()),
+            _ => serde_json::from_slice(&answer.transaction).map_err(|_| ApiError::internal())?,
         };
         (answer.decision, answer.reason, policies, transaction)
     };

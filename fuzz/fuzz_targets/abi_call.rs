@@ -1,0 +1,2 @@
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| { let _ = coffer_fuzz_targets::abi_call(data); });
