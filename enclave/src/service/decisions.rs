@@ -111,29 +111,6 @@ fn transaction_json(t: &coffer_policy::context::TransactionFacts) -> Vec<u8> {
     json!({ "root": t.root, "tx": tx }).to_string().into_bytes()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use coffer_policy::eval::Val;
-
-    #[test]
-    fn a_transaction_too_large_to_show_keeps_its_small_facts() {
-        let facts = coffer_policy::context::TransactionFacts {
-            root: "eth",
-            tx: [
-                ("to".to_string(), Val::Str("0xabc".into())),
-                ("data".to_string(), Val::Str(format!("0x{}", "ab".repeat(100_000)))),
-                ("value".to_string(), Val::Int(5)),
-            ]
-            .into(),
-        };
-        let shown = transaction_json(&facts);
-        assert!(shown.len() <= MAX_DRY_RUN_TRANSACTION, "{}", shown.len());
-        let v: Value = serde_json::from_slice(&shown).unwrap();
-        assert_eq!(v, json!({"root": "eth", "tx": {"to": "0xabc", "value": 5, "data": "(not shown: 200004 bytes)"}}));
-    }
-}
-
 /// Most decisions one `ListAllowed` call reads.
 const MAX_ALLOWED_LISTED: usize = 10_000;
 
@@ -162,4 +139,27 @@ pub(super) fn list_allowed(
         });
     }
     Ok(pb::ListAllowedResponse { allowed, scanned, last_at_ms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coffer_policy::eval::Val;
+
+    #[test]
+    fn a_transaction_too_large_to_show_keeps_its_small_facts() {
+        let facts = coffer_policy::context::TransactionFacts {
+            root: "eth",
+            tx: [
+                ("to".to_string(), Val::Str("0xabc".into())),
+                ("data".to_string(), Val::Str(format!("0x{}", "ab".repeat(100_000)))),
+                ("value".to_string(), Val::Int(5)),
+            ]
+            .into(),
+        };
+        let shown = transaction_json(&facts);
+        assert!(shown.len() <= MAX_DRY_RUN_TRANSACTION, "{}", shown.len());
+        let v: Value = serde_json::from_slice(&shown).unwrap();
+        assert_eq!(v, json!({"root": "eth", "tx": {"to": "0xabc", "value": 5, "data": "(not shown: 200004 bytes)"}}));
+    }
 }
