@@ -13,9 +13,17 @@ use crate::facts::{hex0x, text, uint, Facts};
 pub struct Abi(JsonAbi);
 
 impl Abi {
-    /// Parses an ABI's JSON text (an array of items).
+    /// Parses an ABI's JSON text (an array of items). A function argument's type may nest at most
+    /// [`MAX_TYPE_NESTING`] arrays and tuples.
     pub fn parse(json: &str) -> Result<Self, TxError> {
-        serde_json::from_str(json).map(Abi).map_err(|e| TxError(format!("not a valid Ethereum ABI: {e}")))
+        let abi: JsonAbi = serde_json::from_str(json).map_err(|e| TxError(format!("not a valid Ethereum ABI: {e}")))?;
+        if let Some(f) = abi.functions().find(|f| f.inputs.iter().any(|p| nesting(p) > MAX_TYPE_NESTING)) {
+            return Err(TxError(format!(
+                "not a valid Ethereum ABI: an argument of {} nests arrays and tuples deeper than {MAX_TYPE_NESTING}",
+                f.name
+            )));
+        }
+        Ok(Abi(abi))
     }
 
     /// The selectors of the ABI's functions.
@@ -47,12 +55,38 @@ impl Abi {
     }
 }
 
-/// Whether arguments of `types` encoded in `data` decode to no more than `data` itself holds
+/// Deepest nesting of arrays and tuples in a function argument's type: the decoder, and the
+/// type's own drop, recurse that deep.
+pub const MAX_TYPE_NESTING: usize = 32;
+
+/// An upper bound of how deep `p`'s type nests: every `[` and `(` of its text, and its components.
+fn nesting(p: &alloy_json_abi::Param) -> usize {
+    let own = p.ty.bytes().filter(|b| *b == b'[' || *b == b'(').count();
+    own.saturating_add(p.components.iter().map(nesting).max().map_or(0, |d| d.saturating_add(1)))
+}
+
+/// How many values the decoder lays out for `ty` before it reads a byte (one per array element
+/// of a fixed size, one per array and tuple), saturating.
+fn template(ty: &DynSolType) -> usize {
+    match ty {
+        DynSolType::FixedArray(inner, n) => n.saturating_mul(template(inner)).saturating_add(1),
+        DynSolType::Array(inner) => template(inner).saturating_add(1),
+        DynSolType::Tuple(items) => items.iter().fold(1usize, |sum, t| sum.saturating_add(template(t))),
+        _ => 1,
+    }
+}
+
+/// Whether arguments of `types` encoded in `data` decode to no more than twice what `data` holds
 /// (plus a little), walked before anything is decoded. The ABI encoding lets offsets point at the
 /// same place, so that 28 KB of nested arrays aliasing one another decode to millions of values;
-/// an encoder never does that, and such a call decodes to nothing here (`None`).
+/// an encoder never does that, and such a call decodes to nothing here (`None`). So do types that
+/// take no words (`()`, `T[0]`: counted nowhere, they could be repeated without end) and types
+/// whose layout alone exceeds the budget (`uint256[33554432][]`, laid out even when empty).
 fn within_budget(types: &[DynSolType], data: &[u8]) -> Option<()> {
-    let mut budget = data.len().checked_add(1024)?;
+    let mut budget = data.len().checked_mul(2)?.checked_add(1024)?;
+    if types.iter().map(template).fold(0usize, usize::saturating_add) > budget / 32 {
+        return None;
+    }
     sequence(types.iter(), types.len(), data, 0, &mut budget)
 }
 
@@ -92,8 +126,12 @@ fn sequence<'a>(
     Some(())
 }
 
-/// The value of `ty` encoded at `at`, charged 32 bytes a word and its length for bytes.
+/// The value of `ty` encoded at `at`, charged 32 bytes a word, its length for bytes, and 32 for
+/// every array and tuple.
 fn value(ty: &DynSolType, data: &[u8], at: usize, budget: &mut usize) -> Option<()> {
+    if ty.minimum_words() == 0 {
+        return None;
+    }
     match ty {
         DynSolType::Bytes | DynSolType::String => {
             let len = word(data, at)?;
@@ -105,8 +143,14 @@ fn value(ty: &DynSolType, data: &[u8], at: usize, budget: &mut usize) -> Option<
             charge(budget, 32)?;
             sequence(std::iter::repeat(inner.as_ref()), n, data, at.checked_add(32)?, budget)
         }
-        DynSolType::FixedArray(inner, n) => sequence(std::iter::repeat(inner.as_ref()), *n, data, at, budget),
-        DynSolType::Tuple(items) => sequence(items.iter(), items.len(), data, at, budget),
+        DynSolType::FixedArray(inner, n) => {
+            charge(budget, 32)?;
+            sequence(std::iter::repeat(inner.as_ref()), *n, data, at, budget)
+        }
+        DynSolType::Tuple(items) => {
+            charge(budget, 32)?;
+            sequence(items.iter(), items.len(), data, at, budget)
+        }
         _ => {
             charge(budget, 32)?;
             data.get(at..at.checked_add(32)?).map(|_| ())
@@ -215,6 +259,38 @@ mod tests {
         let DynSolValue::Array(l2) = &l1[0] else { panic!() };
         let DynSolValue::Array(l3) = &l2[0] else { panic!() };
         assert_eq!((l1.len(), l2.len(), l3.len()), (n, n, n), "what the walk keeps from being decoded");
+    }
+
+    #[test]
+    fn types_of_no_words_or_a_huge_layout_decode_to_nothing() {
+        let one = |ty: &str| {
+            Abi::parse(&format!(
+                r#"[{{"type":"function","name":"h","stateMutability":"nonpayable","inputs":[{{"name":"a","type":"{ty}"}}],"outputs":[]}}]"#
+            ))
+            .unwrap()
+        };
+        let call = |abi: &Abi, args: &[usize]| {
+            let mut data = abi.0.functions().next().unwrap().selector().to_vec();
+            data.extend(words(args));
+            abi.call_facts(&data)
+        };
+        // A length of 2^62 zero-sized tuples: refused at once, not walked 2^62 times.
+        let empties = Abi::parse(
+            r#"[{"type":"function","name":"h","stateMutability":"nonpayable",
+            "inputs":[{"name":"a","type":"tuple[]","components":[]}],"outputs":[]}]"#,
+        )
+        .unwrap();
+        assert!(call(&empties, &[32, 1 << 62]).is_none());
+        // Laid out as 2^25 values before a byte is read, though the array is empty.
+        assert!(call(&one("uint256[33554432][]"), &[32, 0]).is_none());
+        // Honest small ones still decode.
+        assert!(call(&one("uint256[2][]"), &[32, 1, 5, 6]).is_some());
+        // Nesting deeper than the bound is refused when the ABI is read.
+        let deep = format!("uint256{}", "[1]".repeat(MAX_TYPE_NESTING + 1));
+        let text = format!(
+            r#"[{{"type":"function","name":"d","stateMutability":"nonpayable","inputs":[{{"name":"a","type":"{deep}"}}],"outputs":[]}}]"#
+        );
+        assert!(Abi::parse(&text).unwrap_err().0.contains("deeper than 32"));
     }
 
     #[test]

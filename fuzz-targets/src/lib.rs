@@ -729,12 +729,13 @@ pub fn abi_call(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-/// The ABIs [`abi_call`] decodes with: a token transfer, and nested dynamic types an attacker
-/// would alias.
+/// The ABIs [`abi_call`] decodes with: a token transfer, nested dynamic types an attacker would
+/// alias, and types that take no words or lay out millions of values.
 pub const FUZZ_ABIS: &[&str] = &[
     r#"[{"type":"function","name":"transfer","inputs":[{"name":"to","type":"address"},{"name":"value","type":"uint256"}],"outputs":[],"stateMutability":"nonpayable"}]"#,
     r#"[{"type":"function","name":"f","inputs":[{"name":"a","type":"uint256[][][]"}],"outputs":[],"stateMutability":"nonpayable"}]"#,
     r#"[{"type":"function","name":"g","inputs":[{"name":"calls","type":"bytes[]"},{"name":"t","type":"tuple[]","components":[{"name":"s","type":"string"},{"name":"k","type":"uint8[2]"}]}],"outputs":[],"stateMutability":"nonpayable"}]"#,
+    r#"[{"type":"function","name":"e","inputs":[{"name":"a","type":"tuple[]","components":[]},{"name":"b","type":"uint256[33554432][]"}],"outputs":[],"stateMutability":"nonpayable"}]"#,
 ];
 
 /// An unsigned transaction: the first byte picks the chain (0 Ethereum, 1 Solana, 2 Tron, modulo

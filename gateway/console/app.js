@@ -374,13 +374,19 @@ function transactionView(t) {
   const tx = t.tx || {};
   const show = (v) => mono(clip(typeof v === 'string' ? v : JSON.stringify(v)));
   const first = ['chain_id', 'from', 'to', 'value', 'function_signature'];
-  const keys = first.filter((k) => k in tx).concat(Object.keys(tx).filter((k) => !first.includes(k) && k !== 'contract_call_args' && k !== 'function_name'));
-  const warnings = [];
-  if (Array.isArray(tx.authorization_list) && tx.authorization_list.length) warnings.push("It carries an EIP-7702 authorization list: it delegates the signer's account to other code.");
-  if (typeof tx.data === 'string' && tx.data.length > 2 && !tx.function_signature) warnings.push('Its call data is not decoded: no contract interface of the organization matches it.');
-  if (tx.function_signature && typeof tx.data === 'string') warnings.push(`Decoded with the organization's interface for selector ${tx.data.slice(0, 10)}.`);
   const args = tx.contract_call_args;
-  const argRows = args && typeof args === 'object' ? Object.entries(args).map(([k, v]) => [k, show(v)]) : [];
+  const argsShown = args && typeof args === 'object' && !Array.isArray(args);
+  const keys = first.filter((k) => k in tx).concat(Object.keys(tx).filter((k) => !first.includes(k) && k !== 'function_name' && !(k === 'contract_call_args' && argsShown)));
+  const warnings = [];
+  const al = tx.authorization_list;
+  if ((Array.isArray(al) && al.length) || typeof al === 'string') warnings.push("It carries an EIP-7702 authorization list: it delegates the signer's account to other code.");
+  const hexData = typeof tx.data === 'string' && /^0x[0-9a-f]*$/.test(tx.data);
+  if (hexData && tx.data.length > 2 && !tx.function_signature) warnings.push('Its call data is not decoded: no contract interface of the organization matches it.');
+  if (tx.function_signature && hexData) warnings.push(`Decoded with the organization's interface for selector ${tx.data.slice(0, 10)}.`);
+  const hidden = Object.keys(tx).filter((k) => typeof tx[k] === 'string' && tx[k].startsWith('(not shown:'));
+  if (argsShown) hidden.push(...Object.keys(args).filter((k) => typeof args[k] === 'string' && args[k].startsWith('(not shown:')).map((k) => 'argument ' + k));
+  if (hidden.length) warnings.push(`Too large to show here: ${hidden.join(', ')}. Read them through the API before you vote.`);
+  const argRows = argsShown ? Object.entries(args).map(([k, v]) => [k, show(v)]) : [];
   return h('div', { id: 'transaction' },
     h('h3', {}, 'Transaction (', t.root, ')'),
     warnings.length ? h('ul', { class: 'warnings' }, warnings.map((w) => h('li', {}, w))) : '',
@@ -631,6 +637,9 @@ async function signIn(kind) {
 document.addEventListener('DOMContentLoaded', () => {
   $('#passkey-signin').addEventListener('click', () => signIn('passkey'));
   $('#apikey-signin').addEventListener('click', () => signIn('key'));
+  // The private key's field is masked without being a password field (which password managers
+  // offer to save); where a browser cannot mask it so, it is a password field after all.
+  if (!CSS.supports('-webkit-text-security', 'disc')) $('#api-private').type = 'password';
   $('#signout').addEventListener('click', () => {
     S.stamper = null;
     location.hash = '';

@@ -88,26 +88,54 @@ pub(super) fn dry_run_activity(
 const MAX_DRY_RUN_TRANSACTION: usize = coffer_org_rules::facts::MAX_SHOWN_TRANSACTION_BYTES;
 
 /// A transaction's facts as JSON `{root, tx}`, within [`MAX_DRY_RUN_TRANSACTION`]: past it, the
-/// largest facts (the call data, the decoded arguments, ...) are each replaced by a note of their
-/// size, largest first, until it fits.
+/// largest facts (the call data, a decoded argument, ...; each argument of `contract_call_args`
+/// on its own) are each replaced by a note of their size, largest first, until it fits.
 fn transaction_json(t: &coffer_policy::context::TransactionFacts) -> Vec<u8> {
-    let mut facts: Vec<(String, Value, usize)> = (t.tx.iter())
-        .map(|(k, v)| {
-            let v = v.to_json();
-            let size = v.to_string().len();
-            (k.clone(), v, size)
-        })
-        .collect();
-    let total = |f: &[(String, Value, usize)]| f.iter().map(|(k, _, n)| k.len() + n + 4).sum::<usize>();
-    facts.sort_by_key(|(_, _, n)| std::cmp::Reverse(*n));
-    let mut i = 0;
-    while total(&facts) > MAX_DRY_RUN_TRANSACTION - 64 && i < facts.len() {
-        let note = Value::String(format!("(not shown: {} bytes)", facts[i].2));
-        facts[i].2 = note.to_string().len();
-        facts[i].1 = note;
-        i += 1;
+    const ARGS: &str = "contract_call_args";
+    // (fact, argument of `contract_call_args`, value, its size as JSON)
+    let mut facts: Vec<(String, Option<String>, Value, usize)> = Vec::new();
+    let mut tx = serde_json::Map::new();
+    for (k, v) in &t.tx {
+        match (k.as_str(), v.to_json()) {
+            (ARGS, Value::Object(args)) => {
+                tx.insert(ARGS.into(), json!({}));
+                for (name, v) in args {
+                    let size = v.to_string().len();
+                    facts.push((k.clone(), Some(name), v, size));
+                }
+            }
+            (_, v) => {
+                let size = v.to_string().len();
+                facts.push((k.clone(), None, v, size));
+            }
+        }
     }
-    let tx: serde_json::Map<String, Value> = facts.into_iter().map(|(k, v, _)| (k, v)).collect();
+    let weight = |(k, arg, _, n): &(String, Option<String>, Value, usize)| {
+        k.len() + arg.as_ref().map_or(0, |a| a.len() + 4) + n + 4
+    };
+    let mut total: usize = facts.iter().map(weight).sum();
+    facts.sort_by_key(|f| std::cmp::Reverse(f.3));
+    for f in facts.iter_mut() {
+        if total <= MAX_DRY_RUN_TRANSACTION - 64 {
+            break;
+        }
+        let before = weight(f);
+        f.2 = Value::String(format!("(not shown: {} bytes)", f.3));
+        f.3 = f.2.to_string().len();
+        total = total - before + weight(f);
+    }
+    for (k, arg, v, _) in facts {
+        match arg {
+            Some(name) => {
+                if let Some(Value::Object(args)) = tx.get_mut(&k) {
+                    args.insert(name, v);
+                }
+            }
+            None => {
+                tx.insert(k, v);
+            }
+        }
+    }
     json!({ "root": t.root, "tx": tx }).to_string().into_bytes()
 }
 
@@ -161,5 +189,25 @@ mod tests {
         assert!(shown.len() <= MAX_DRY_RUN_TRANSACTION, "{}", shown.len());
         let v: Value = serde_json::from_slice(&shown).unwrap();
         assert_eq!(v, json!({"root": "eth", "tx": {"to": "0xabc", "value": 5, "data": "(not shown: 200004 bytes)"}}));
+    }
+
+    #[test]
+    fn a_large_argument_is_hidden_alone() {
+        let args = Val::Map(
+            [
+                ("to".to_string(), Val::Str("0x44".into())),
+                ("blob".to_string(), Val::Str(format!("0x{}", "cd".repeat(50_000)))),
+            ]
+            .into(),
+        );
+        let facts = coffer_policy::context::TransactionFacts {
+            root: "eth",
+            tx: [("contract_call_args".to_string(), args), ("function_name".to_string(), Val::Str("f".into()))].into(),
+        };
+        let v: Value = serde_json::from_slice(&transaction_json(&facts)).unwrap();
+        assert_eq!(
+            v["tx"],
+            json!({"function_name": "f", "contract_call_args": {"to": "0x44", "blob": "(not shown: 100004 bytes)"}})
+        );
     }
 }
