@@ -29,6 +29,9 @@ pub struct CaughtUp {
     /// Repairs made, and differences left (key material, what only the enclave has).
     pub repairs: usize,
     pub left: usize,
+    /// Organizations whose repair could not be made now (the enclave's state moved while it was
+    /// read, an activity was running): repaired by the gateway's later passes (`uncertain_outcomes`).
+    pub deferred: usize,
 }
 
 /// When a starting gateway catches up a second time: past the deadline of the enclave calls a
@@ -47,6 +50,7 @@ async fn catch_up_at_start(state: &Arc<AppState>, since: i64) {
                     repaired = done.repaired,
                     repairs = done.repairs,
                     left = done.left,
+                    deferred = done.deferred,
                     "caught up with the enclave"
                 );
                 return;
@@ -171,6 +175,7 @@ pub async fn catch_up(state: &Arc<AppState>, since_ms: i64) -> Result<CaughtUp, 
             Err(e) => {
                 tracing::warn!(organization = %org, error = %e, "not caught up with the enclave yet");
                 crate::uncertain_outcomes::note(org);
+                done.deferred += 1;
             }
         }
     }

@@ -87,10 +87,12 @@ where
     let again = sign().await?;
     if (again.version, again.log.seq) != (signed.version, signed.log.seq) {
         anyhow::bail!(
-            "the organization changed while it was read (the enclave's state went from version {} to {}): nothing \
-             repaired; run it again with the organization quiet",
+            "the organization changed while it was read (the enclave's state went from version {} to {}, its log \
+             from {} to {}): nothing repaired; run it again with the organization quiet",
             signed.version,
-            again.version
+            again.version,
+            signed.log.seq,
+            again.log.seq
         );
     }
     // Nothing of the organization between its enclave call and its commit here (which would
