@@ -4,7 +4,7 @@
 // textContent only: nothing the API returns is ever parsed as HTML.
 'use strict';
 
-const S = { org: null, stamper: null, who: null };
+const S = { org: null, stamper: null, who: null, session: null };
 const enc = new TextEncoder();
 
 // ---- bytes --------------------------------------------------------------------------------
@@ -623,6 +623,7 @@ async function signIn(kind) {
       if (d.decision === 'DECISION_ALLOW') {
         const r = await submit('stamp_login', 'ACTIVITY_TYPE_STAMP_LOGIN', params, passkeyStamper);
         if (r.activity.status !== 'ACTIVITY_STATUS_COMPLETED') throw new Error('the login did not complete: ' + r.activity.status);
+        S.session = session;
         await signedIn(session, 'a session key for 15 minutes');
       } else {
         await signedIn(passkeyStamper, 'your passkey for every request');
@@ -640,8 +641,20 @@ document.addEventListener('DOMContentLoaded', () => {
   // The private key's field is masked without being a password field (which password managers
   // offer to save); where a browser cannot mask it so, it is a password field after all.
   if (!CSS.supports('-webkit-text-security', 'disc')) $('#api-private').type = 'password';
-  $('#signout').addEventListener('click', () => {
+  $('#signout').addEventListener('click', async () => {
+    // A session key this tab made is deleted by itself before it is dropped, so that it is
+    // no credential of the user's past the sign-out. Signed out even if that fails.
+    try {
+      if (S.session && S.stamper === S.session) {
+        const keys = (await query('get_api_keys', { userId: S.who.userId })).apiKeys || [];
+        const mine = keys.find((k) => k.credential.publicKey === S.session.publicKey);
+        if (mine) await submit('delete_api_keys', 'ACTIVITY_TYPE_DELETE_API_KEYS', { userId: S.who.userId, apiKeyIds: [mine.apiKeyId] });
+      }
+    } catch (_) {
+      /* it expires within 15 minutes anyway */
+    }
     S.stamper = null;
+    S.session = null;
     location.hash = '';
     location.reload();
   });

@@ -402,8 +402,21 @@ async fn console_in_a_real_browser() {
     open(&browser, "pending").await;
     open(&browser, "organization").await;
     assert_eq!(signatures(browser.credentials(&authenticator).await), registered + 2);
+    let alice_keys = || async {
+        let body = json!({"organizationId": org, "userId": alice_id}).to_string();
+        let r = stack.post_raw("/public/v1/query/get_api_keys", body.as_bytes(), Some(&root_key)).await;
+        r.json["apiKeys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["apiKeyName"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(alice_keys().await.len(), 2, "her key and the tab's session key");
+    // Signing out deletes the tab's session key: no credential of hers outlives the tab.
     browser.click("#signout").await;
     browser.wait_for("#signin").await;
+    assert_eq!(alice_keys().await, vec!["alice".to_string()]);
 
     // Root quorum 2 of 2 (root and alice); then three activities wait for alice's vote.
     let intent = UpdateRootQuorumIntent { threshold: 2, user_ids: vec![stack.user_id.clone(), alice_id.clone()] };
