@@ -107,7 +107,7 @@ fn charge(budget: &mut usize, bytes: usize) -> Option<()> {
 /// `count` values of `types`, their heads from `base` (a dynamic one's head is its offset from
 /// `base`), each charged what it decodes to.
 fn sequence<'a>(
-    types: impl Iterator<Item = &'a DynSolType> + Clone,
+    types: impl Iterator<Item = &'a DynSolType>,
     count: usize,
     data: &[u8],
     base: usize,

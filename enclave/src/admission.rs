@@ -1019,8 +1019,8 @@ impl Admission {
         let now = now_ms();
         let loaded = self.rules.load(organization_id)?;
         // The transaction as the policies see it, from the same state: what a console shows.
-        let transaction = (loaded.as_ref())
-            .and_then(|l| coffer_org_rules::facts::organization_facts(&l.state, params, &[]).transaction);
+        let transaction =
+            (loaded.as_ref()).and_then(|l| coffer_org_rules::facts::signed_transaction_facts(&l.state, params));
         let credential = VerifiedVote { at_ms: now, ..credential };
         Decider::evaluate_over(loaded, organization_id, activity_type, params, &credential, &[], now)
             .map(|d| (d.evaluation, transaction))

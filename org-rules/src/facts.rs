@@ -58,16 +58,11 @@ pub fn organization_facts(state: &OrgState, params: &Value, voters: &[String]) -
         facts.wallet = state.wallets.get(&a.wallet_id).map(wallet_facts).or(facts.wallet.take());
         facts.wallet_account = Some(a.address.clone());
     };
-    let mut signer = None;
-    match text("signWith").and_then(|sw| sign_with(state, sw)) {
-        Some(SignWith::Account(a)) => {
-            signer = (a.address_format == "ADDRESS_FORMAT_ETHEREUM").then(|| a.address.clone());
-            put_account(&mut facts, a);
-        }
-        Some(SignWith::PrivateKey(k)) => {
-            signer = k.addresses.iter().find(|e| e.format == "ADDRESS_FORMAT_ETHEREUM").map(|e| e.address.clone());
-            facts.private_key = Some(private_key_facts(k));
-        }
+    let signing = text("signWith").and_then(|sw| sign_with(state, sw));
+    let signer = signing.as_ref().and_then(ethereum_signer);
+    match signing {
+        Some(SignWith::Account(a)) => put_account(&mut facts, a),
+        Some(SignWith::PrivateKey(k)) => facts.private_key = Some(private_key_facts(k)),
         None => {}
     }
     if let Some(a) = text("address").and_then(|address| state.account_by_address(address)) {
@@ -86,6 +81,23 @@ pub fn organization_facts(state: &OrgState, params: &Value, voters: &[String]) -
         facts.wallets = Some(ws.collect());
     }
     facts
+}
+
+/// The Ethereum address a `signWith` signs as, if it has one.
+fn ethereum_signer(signing: &SignWith) -> Option<String> {
+    match signing {
+        SignWith::Account(a) => (a.address_format == "ADDRESS_FORMAT_ETHEREUM").then(|| a.address.clone()),
+        SignWith::PrivateKey(k) => {
+            k.addresses.iter().find(|e| e.format == "ADDRESS_FORMAT_ETHEREUM").map(|e| e.address.clone())
+        }
+    }
+}
+
+/// The facts of the transaction `params` carry, as [`organization_facts`] gives them, without the
+/// organization's other facts (what a dry run shows).
+pub fn signed_transaction_facts(state: &OrgState, params: &Value) -> Option<TransactionFacts> {
+    let signing = params.get("signWith").and_then(Value::as_str).and_then(|sw| sign_with(state, sw));
+    transaction_facts(state, params, signing.as_ref().and_then(ethereum_signer).as_deref())
 }
 
 const ETHEREUM_INTERFACE: &str = "SMART_CONTRACT_INTERFACE_TYPE_ETHEREUM";

@@ -62,3 +62,35 @@ pub fn rlp_payload(item: &[u8]) -> Vec<u8> {
     let (h, len) = rlp_header(item);
     item[h..h + len].to_vec()
 }
+
+/// An unsigned EIP-1559 transaction on chain 1 (fees fixed, no access list).
+pub fn eip1559(nonce: u64, to: &str, value: u128, data: &[u8]) -> Vec<u8> {
+    eip1559_value(nonce, to, rlp_uint(value), data)
+}
+
+/// [`eip1559`] with its value already RLP-encoded (a value no `u128` holds).
+pub fn eip1559_value(nonce: u64, to: &str, value: Vec<u8>, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x02];
+    out.extend(rlp_list(&[
+        rlp_uint(1),
+        rlp_uint(nonce.into()),
+        rlp_uint(1_000_000_000),
+        rlp_uint(30_000_000_000),
+        rlp_uint(100_000),
+        rlp_bytes(&hex::decode(to.trim_start_matches("0x")).unwrap()),
+        value,
+        rlp_bytes(data),
+        rlp_list(&[]),
+    ]));
+    out
+}
+
+/// ERC-20 `transfer(address,uint256)` call data.
+pub fn erc20_transfer(to: &str, amount: u64) -> Vec<u8> {
+    let mut data = hex::decode("a9059cbb").unwrap();
+    data.extend([0u8; 12]);
+    data.extend(hex::decode(to.trim_start_matches("0x")).unwrap());
+    data.extend([0u8; 24]);
+    data.extend(amount.to_be_bytes());
+    data
+}

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use coffer_tests::rlp::{rlp_bytes, rlp_list, rlp_uint};
+use coffer_tests::rlp::{eip1559, erc20_transfer};
 use coffer_tests::webdriver::Browser;
 use coffer_tests::{submit, user_with_key, Stack};
 use serde_json::{json, Value};
@@ -99,23 +99,6 @@ async fn submitted(
     let r = submit(stack, key, &stack.organization_id, path, ty, parameters).await;
     assert_eq!(r.status, 200, "{}", r.text);
     (r.json["activity"]["id"].as_str().unwrap().into(), r.json["activity"]["status"].as_str().unwrap().into())
-}
-
-/// An unsigned EIP-1559 transaction on chain 1 calling `to` with `data`.
-fn eip1559(to: &str, data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x02];
-    out.extend(rlp_list(&[
-        rlp_uint(1),
-        rlp_uint(7),
-        rlp_uint(1_000_000_000),
-        rlp_uint(30_000_000_000),
-        rlp_uint(100_000),
-        rlp_bytes(&hex::decode(to.trim_start_matches("0x")).unwrap()),
-        rlp_uint(0),
-        rlp_bytes(data),
-        rlp_list(&[]),
-    ]));
-    out
 }
 
 const TOKEN: &str = "0xabcdefabcdefabcdefabcdefabcdefabcdefabcd";
@@ -427,13 +410,8 @@ async fn console_in_a_real_browser() {
     assert_eq!(status, "ACTIVITY_STATUS_CONSENSUS_NEEDED");
     let (rejected, _) =
         submitted(&stack, &root_key, "create_wallet", "ACTIVITY_TYPE_CREATE_WALLET", wallet("rejected")).await;
-    let mut data = hex::decode("a9059cbb").unwrap();
-    data.extend([0u8; 12]);
-    data.extend(hex::decode(RECIPIENT.trim_start_matches("0x")).unwrap());
-    data.extend([0u8; 24]);
-    data.extend(250u64.to_be_bytes());
     let (transfer, status) = submitted(&stack, &root_key, "sign_transaction", "ACTIVITY_TYPE_SIGN_TRANSACTION_V2", json!({
-        "signWith": eth, "unsignedTransaction": hex::encode(eip1559(TOKEN, &data)), "type": "TRANSACTION_TYPE_ETHEREUM"})).await;
+        "signWith": eth, "unsignedTransaction": hex::encode(eip1559(7, TOKEN, 0, &erc20_transfer(RECIPIENT, 250))), "type": "TRANSACTION_TYPE_ETHEREUM"})).await;
     assert_eq!(status, "ACTIVITY_STATUS_CONSENSUS_NEEDED");
 
     // Now a login of hers would itself wait for a vote: none is submitted, and her passkey

@@ -3,7 +3,9 @@
 //! code (k256 recovery, ed25519-dalek verification, the tests' own RLP splitter), and
 //! policies over `eth.tx`, ABI-decoded calls and `solana.tx` for a user who is not root.
 
-use coffer_tests::rlp::{rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint};
+use coffer_tests::rlp::{
+    eip1559, eip1559_value, erc20_transfer, rlp_bytes, rlp_items, rlp_list, rlp_payload, rlp_uint,
+};
 use coffer_tests::{eth_address, peak_rss_mib, recover_secp256k1 as recover, refused, settled, Stack};
 use prost::Message;
 use serde_json::Value;
@@ -71,37 +73,6 @@ fn check_signed_ethereum(unsigned: &[u8], signed: &[u8], address: &str) {
         }
     };
     assert_eq!(eth_address(&recover(&digest, &r, &s, parity)), address.to_lowercase());
-}
-
-/// An unsigned EIP-1559 transaction on chain 1.
-fn eip1559(nonce: u64, to: &str, value: u128, data: &[u8]) -> Vec<u8> {
-    eip1559_value(nonce, to, rlp_uint(value), data)
-}
-
-fn eip1559_value(nonce: u64, to: &str, value: Vec<u8>, data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x02];
-    out.extend(rlp_list(&[
-        rlp_uint(1),
-        rlp_uint(nonce.into()),
-        rlp_uint(1_000_000_000),
-        rlp_uint(30_000_000_000),
-        rlp_uint(100_000),
-        rlp_bytes(&hex::decode(to.trim_start_matches("0x")).unwrap()),
-        value,
-        rlp_bytes(data),
-        rlp_list(&[]),
-    ]));
-    out
-}
-
-/// ERC-20 `transfer(address,uint256)` call data.
-fn erc20_transfer(to: &str, amount: u64) -> Vec<u8> {
-    let mut data = hex::decode("a9059cbb").unwrap();
-    data.extend([0u8; 12]);
-    data.extend(hex::decode(to.trim_start_matches("0x")).unwrap());
-    data.extend([0u8; 24]);
-    data.extend(amount.to_be_bytes());
-    data
 }
 
 // ---- Solana, built here byte by byte ------------------------------------------------------
